@@ -1,0 +1,75 @@
+"""The compile pipeline: one ordered list of phases, an IR dump after each.
+
+    graph      kiln's Relax rewrites before lowering (transpose-matmul fusion, ...)
+    legalize   Relax ops -> TIR PrimFuncs, then operator fusion
+    schedule   the target's TIR schedules (dlight rules or a tuned database)
+    lower      dataflow -> VM-level Relax
+    finalize   memory planning and VM lowering
+
+`kiln compile --dump-ir DIR` writes DIR/<n>-<phase>.py (TVMScript) after each phase.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import tvm
+from tvm import relax
+
+from kiln.targets import TargetProfile
+
+
+def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]:
+    return [
+        ("graph", [
+            # nn.Linear emits matmul(x, permute_dims(W)); fused, W is read in place, never re-transposed.
+            relax.transform.FuseTransposeMatmul(),
+            relax.transform.DeadCodeElimination(),
+        ]),
+        ("legalize", [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination(),
+        ]),
+        ("schedule", profile.schedule_passes()),
+        ("lower", [
+            relax.transform.RewriteDataflowReshape(),
+            relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(),
+            relax.transform.CallTIRRewrite(),
+        ]),
+        ("finalize", [
+            relax.transform.StaticPlanBlockMemory(),
+            *([relax.transform.RewriteCUDAGraph()] if profile.device == "cuda" else []),
+            relax.transform.LowerAllocTensor(),
+            relax.transform.KillAfterLastUse(),
+            relax.transform.LowerRuntimeBuiltin(),
+            relax.transform.ComputePrimValue(),
+            relax.transform.VMShapeLower(),
+            relax.transform.AttachGlobalSymbol(),
+        ]),
+    ]
+
+
+def build_pipeline(profile: TargetProfile, dump_dir: Path | None = None,
+                   progress: Callable[[str, float], None] | None = None) -> tvm.transform.Pass:
+    """A module pass that runs every phase in order under the profile's target."""
+
+    @tvm.transform.module_pass(opt_level=0, name="kiln_pipeline")
+    def _pipeline(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        for i, (name, passes) in enumerate(phases(profile)):
+            start = time.perf_counter()
+            mod = tvm.transform.Sequential(passes, name=name)(mod)
+            if progress:
+                progress(name, time.perf_counter() - start)
+            if dump_dir is not None:
+                dump_dir.mkdir(parents=True, exist_ok=True)
+                (dump_dir / f"{i}-{name}.py").write_text(mod.script(show_meta=False))
+        return mod
+
+    return _pipeline

@@ -1,0 +1,43 @@
+"""The one spec builder for every model's entry functions.
+
+Every architecture exposes the same entry functions with the same signatures,
+so the runtime can drive any artifact by name. Shapes use symbolic dims:
+`seq_len` (tokens in one call), `batch_size` (sequences in one call).
+"""
+
+from __future__ import annotations
+
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
+
+ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode", "batch_verify",
+                   "create_paged_kv_cache")
+
+_PACKED = {"param_mode": "packed", "effect_mode": "none"}
+_NO_PARAMS = {"param_mode": "none", "effect_mode": "none"}
+
+
+def build_spec(model: nn.Module, hidden_size: int, dtype: str) -> dict:
+    """The export spec for a causal LM whose methods are named as ENTRY_FUNCTIONS."""
+    kv = nn.spec.Object(object_type=PagedKVCache)
+
+    def embeds(*shape):
+        return nn.spec.Tensor([*shape, hidden_size], dtype)
+
+    spec = {
+        "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "$": _PACKED},
+        "prefill": {"input_embed": embeds(1, "seq_len"), "paged_kv_cache": kv, "$": _PACKED},
+        "decode": {"input_embed": embeds(1, 1), "paged_kv_cache": kv, "$": _PACKED},
+        "batch_prefill": {"input_embeds": embeds(1, "seq_len"),
+                          "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
+                          "paged_kv_cache": kv, "$": _PACKED},
+        "batch_decode": {"input_embeds": embeds("batch_size", 1), "paged_kv_cache": kv, "$": _PACKED},
+        "batch_verify": {"input_embeds": embeds(1, "seq_len"), "paged_kv_cache": kv, "$": _PACKED},
+        "create_paged_kv_cache": {
+            "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
+            "page_size": int, "support_sliding_window": int, "$": _NO_PARAMS},
+    }
+    missing = [name for name in ENTRY_FUNCTIONS if not callable(getattr(model, name, None))]
+    if missing:
+        raise TypeError(f"{type(model).__name__} lacks entry functions {missing}")
+    return spec

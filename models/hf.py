@@ -1,0 +1,148 @@
+"""Hugging Face model directories: config.json + safetensors (single or sharded) or PyTorch .bin."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .source import ModelLoadError, ModelSource
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
+              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+              "BOOL": np.bool_}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json")
+
+
+def _widen(a: np.ndarray, bf16: bool) -> np.ndarray:
+    if bf16:   # bfloat16 is the top half of a float32
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a if a.dtype in (np.float32, np.float16) else a.astype(np.float32)
+
+
+class SafetensorsWeights:
+    """Memory-maps .safetensors shards and reads tensors one at a time (no torch needed)."""
+
+    def __init__(self, files: list[Path]):
+        self._where: dict[str, tuple[Path, dict, int]] = {}
+        for f in files:
+            header, offset = _read_st_header(f)
+            for name, info in header.items():
+                if name != "__metadata__":
+                    self._where[name] = (f, info, offset)
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def get(self, name: str) -> np.ndarray:
+        f, info, offset = self._where[name]
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ModelLoadError(f"{f}: tensor {name} has unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        a = np.memmap(f, dtype=np.uint8, mode="r", offset=offset + start, shape=(end - start,))
+        a = np.array(a.view(dtype).reshape(info["shape"]))
+        return _widen(a, info["dtype"] == "BF16")
+
+
+def _read_st_header(f: Path) -> tuple[dict, int]:
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        raw = fh.read(8)
+        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else size
+        if n + 8 > size:
+            raise ModelLoadError(f"{f} is truncated or not a safetensors file; re-download it")
+        try:
+            header = json.loads(fh.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{f} has a corrupt safetensors header ({e}); re-download it") from None
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise ModelLoadError(f"{f} is truncated ({size} bytes, header says {8 + n + end}); re-download it")
+    return header, 8 + n
+
+
+class TorchBinWeights:
+    """pytorch_model*.bin through torch.load(weights_only=True): never plain pickle."""
+
+    def __init__(self, files: list[Path]):
+        try:
+            import torch
+        except ImportError:
+            raise ModelLoadError("reading pytorch_model.bin needs torch: pip install torch==2.13.0") from None
+        self._torch = torch
+        self._tensors: dict = {}
+        for f in files:
+            try:
+                self._tensors.update(torch.load(f, map_location="cpu", weights_only=True, mmap=True))
+            except Exception as e:  # torch raises many types for a bad file
+                raise ModelLoadError(f"cannot read {f} with torch.load(weights_only=True): {e}") from None
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def get(self, name: str) -> np.ndarray:
+        t = self._tensors[name]
+        if t.dtype == self._torch.bfloat16:
+            t = t.float()
+        return _widen(t.numpy(), False)
+
+
+def _weight_files(d: Path) -> tuple[str, list[Path]]:
+    for index, kind in (("model.safetensors.index.json", "safetensors"), ("pytorch_model.bin.index.json", "bin")):
+        if (d / index).exists():
+            try:
+                shards = sorted(set(json.loads((d / index).read_text())["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError) as e:
+                raise ModelLoadError(f"{d / index} is not a valid shard index ({e}); re-download it") from None
+            missing = [s for s in shards if not (d / s).exists()]
+            if missing:
+                raise ModelLoadError(f"{d} is missing shards {missing} listed in {index}; download them")
+            return kind, [d / s for s in shards]
+    st = sorted(d.glob("*.safetensors"))
+    if st:
+        return "safetensors", st
+    bins = sorted(d.glob("pytorch_model*.bin"))
+    if bins:
+        return "bin", bins
+    raise ModelLoadError(f"{d} has no weights (looked for *.safetensors, model.safetensors.index.json, "
+                         "pytorch_model*.bin); download the model's weight files into it")
+
+
+def _hash_files(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def load_hf_dir(d: Path) -> ModelSource:
+    cfg_path = d / "config.json"
+    if not cfg_path.exists():
+        raise ModelLoadError(f"{d} has no config.json; pass a Hugging Face model directory "
+                             "(config.json + *.safetensors) or a .gguf file")
+    try:
+        hf_config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON ({e}); fix or re-download it") from None
+    kind, files = _weight_files(d)
+    weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
+
+    def write_tokenizer(dest: Path) -> list[str]:
+        copied = []
+        for name in TOKENIZER_FILES:
+            if (d / name).exists():
+                shutil.copy2(d / name, dest / name)
+                copied.append(name)
+        return copied
+
+    return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights,
+                       write_tokenizer=write_tokenizer, content_hash=_hash_files([cfg_path, *files]))

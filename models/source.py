@@ -1,0 +1,48 @@
+"""Where a model's config and weights come from: an HF directory or a GGUF file.
+
+A `ModelSource` is what `kiln.models.load(path)` returns. The compiler reads
+weights by their Hugging Face names, in Hugging Face layout, whatever the file
+format on disk: loaders translate names and layouts (GGUF's permuted Q/K rows,
+for one) so that model definitions see one convention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+import numpy as np
+
+
+class ModelLoadError(ValueError):
+    """A model path that cannot be read: says what is wrong and how to fix it."""
+
+
+class WeightSource(Protocol):
+    """Tensors by Hugging Face name, in Hugging Face layout (Linear weights [out, in])."""
+
+    def names(self) -> list[str]:
+        """Every tensor name the source holds."""
+        ...
+
+    def get(self, name: str) -> np.ndarray:
+        """One tensor as float32 or float16 numpy (bf16 and quantized types are widened to float32)."""
+        ...
+
+
+@dataclass
+class ModelSource:
+    """A loaded (not yet compiled) model: its HF-style config, weights and tokenizer."""
+
+    path: Path
+    format: str                       # "hf" | "gguf"
+    hf_config: dict                   # config.json-style dict (model_type, hidden_size, ...)
+    weights: WeightSource
+    write_tokenizer: Callable[[Path], list[str]] | None = None  # writes tokenizer files into a dir, returns names
+    content_hash: str = ""            # sha256 over config and weight files
+    notes: list[str] = field(default_factory=list)
+
+    def iter_weights(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.weights.names():
+            yield name, self.weights.get(name)
