@@ -113,13 +113,19 @@ def _engine(model: str):
 @click.argument("prompt")
 @_sampling_options
 @click.option("--chat/--raw", "as_chat", default=False, help="wrap PROMPT in the model's chat template")
+@click.option("--ids", "as_ids", is_flag=True, help="PROMPT is comma-separated token ids, not text")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
 @_friendly_errors
-def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, as_chat, as_json) -> None:
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, as_chat, as_ids, as_json) -> None:
     """Generate a continuation of PROMPT with MODEL (an artifact, or a model compiled on first use)."""
     engine = _engine(model)
     params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
-    ids = engine.render_chat([{"role": "user", "content": prompt}]) if as_chat else engine.encode(prompt)
+    if as_ids:
+        ids = _parse_ids(prompt)
+    elif as_chat:
+        ids = engine.render_chat([{"role": "user", "content": prompt}])
+    else:
+        ids = engine.encode(prompt)
     if as_json:
         out = engine.generate(ids, params)
         click.echo(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
@@ -128,6 +134,13 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, a
     for delta in engine.generate_stream(ids, params):
         click.echo(delta.text, nl=False)
     click.echo()
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise click.BadParameter(f"--ids expects comma-separated integers like 1,2,3, got {text!r}") from None
 
 
 @main.command()
