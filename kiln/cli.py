@@ -177,6 +177,28 @@ def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system) -> No
 
 
 @main.command()
+@click.argument("model")
+@click.option("--prompt-len", default=128, show_default=True)
+@click.option("--gen-len", default=64, show_default=True)
+@click.option("--batch", default=1, show_default=True)
+@click.option("--runs", default=3, show_default=True, help="timed runs after one warm-up")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object as the last line")
+@_friendly_errors
+def bench(model, prompt_len, gen_len, batch, runs, as_json) -> None:
+    """Benchmark MODEL (artifact or model): prefill/decode tok/s, TTFT, TPOT, peak RSS (medians)."""
+    from kiln.runtime.bench import bench as run_bench
+    engine = _engine(model)
+    r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
+    if as_json:
+        click.echo(json.dumps(r.as_dict()))
+        return
+    click.echo(f"{engine.artifact.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}, median of {runs}\n"
+               f"  prefill {r.prefill_tok_s:8.1f} tok/s   (TTFT {r.ttft_ms:.1f} ms)\n"
+               f"  decode  {r.decode_tok_s:8.1f} tok/s   (TPOT {r.tpot_ms:.2f} ms)\n"
+               f"  peak RSS {r.peak_rss_mb:.0f} MB")
+
+
+@main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print kiln-config.json")
 @_friendly_errors
