@@ -1,66 +1,156 @@
-"""Engine: the Python API over one artifact.
+"""Engine: the Python API over one artifact, and the step that every front end runs.
 
     engine = Engine("dist/smollm2-q0f32-cpu")
     out = engine.generate("Hello", SamplingParams(max_tokens=32, temperature=0))
     for delta in engine.generate_stream("Hello"): print(delta.text, end="")
 
-There is one generation path: `_run` admits requests while KV pages allow,
-prefills the admitted ones in one ragged batch, then decodes every running
-request one token per step, and yields a StreamDelta per token. generate()
-collects that stream; closing a stream early frees its sequences.
+step() is the whole serving loop in five lines: the scheduler decides a batch
+(continuous batching, chunked prefill, prefix reuse, preemption), the KV state
+is brought in line with it, the runner computes logits, the sampler picks
+tokens, and each request turns its token into a StreamDelta. generate() and
+AsyncEngine (the server) both run this same step; the non-streaming reply is
+the collected stream.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence as Seq
 
 from .artifact import Artifact
+from .kv_pages import PageAccountant
 from .model_runner import ModelRunner
+from .prefix_cache import PrefixCache
 from .protocol import GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
 from .sampler import Sampler
+from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
 from .tokenizer import Tokenizer
 
-Prompt = str | Sequence[int]
+Prompt = str | Seq[int]
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_num_seqs: int | None = None        # default: the artifact's max_batch_size
-    max_total_tokens: int | None = None    # KV capacity; default: one full context + a page per sequence
-    verify: bool = True                    # check artifact hashes on load
+    max_num_seqs: int | None = None          # default: the artifact's max_batch_size
+    max_total_tokens: int | None = None      # KV capacity; default: one full context + a page per sequence
+    max_tokens_per_step: int | None = None   # chunked-prefill token budget; default: the artifact's prefill chunk
+    policy: str = "fcfs"                     # or "priority"
+    enable_prefix_cache: bool = True
+    verify: bool = True                      # check artifact hashes on load
 
 
 class Engine:
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
-        self.config = config or EngineConfig()
-        self.artifact = Artifact.load(artifact, verify=self.config.verify)
-        self.runner = ModelRunner(self.artifact, self.config.max_num_seqs, self.config.max_total_tokens)
+        self.config = config = config or EngineConfig()
+        self.artifact = Artifact.load(artifact, verify=config.verify)
+        self.runner = ModelRunner(self.artifact, config.max_num_seqs, config.max_total_tokens)
         has_tok = (self.artifact.path / "tokenizer.json").is_file()
         self.tokenizer = Tokenizer.from_dir(self.artifact.path) if has_tok else None
         eos = set(self.artifact.config.get("eos_token_ids") or [])
         self.eos_token_ids = frozenset(eos | set(self.tokenizer.eos_token_ids if self.tokenizer else ()))
+        budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_num_seqs=self.runner.max_num_seqs, max_tokens_per_step=budget,
+                            policy=config.policy, enable_prefix_cache=config.enable_prefix_cache),
+            PageAccountant(self.runner.free_pages(), self.runner.page_size),
+            PrefixCache() if config.enable_prefix_cache else None)
         self.sampler = Sampler()
+        self._grammars = None
+        self._requests: dict[int, Request] = {}      # seq id -> live request
         self._seq_ids = itertools.count()
 
-    # -- public API ---------------------------------------------------------------------
+    # -- the serving step -------------------------------------------------------------
+    def step(self) -> list[tuple[Request, StreamDelta]]:
+        """Advance every scheduled request by one forward pass; returns the deltas produced."""
+        batch = self.scheduler.schedule()
+        self._sync_kv(batch)
+        chunks = batch.chunks
+        if not chunks:
+            return []
+        logits = self.runner.run([c.seq.seq_id for c in chunks],
+                                 [c.seq.token_ids(c.start, c.end) for c in chunks])
+        self.scheduler.update(batch)
+        rows = [i for i, c in enumerate(chunks) if c.needs_logits]
+        requests = [self._requests[chunks[i].seq.seq_id] for i in rows]
+        result = self.sampler.sample(logits[rows], self.sampler.prepare(requests))
+        out = [(r, r.append(t, lp)) for r, t, lp in zip(requests, result.tokens, result.logprobs)]
+        for r, _ in out:
+            if r.finished:
+                self._finish(r)
+        return out
+
+    def _sync_kv(self, batch: ScheduledBatch) -> None:
+        """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""
+        for seq_id in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
+            self.runner.remove_sequence(seq_id)
+        for seq_id in batch.new_seqs:
+            self.runner.add_sequence(seq_id)
+        for parent, child, pos in batch.forks:
+            self.runner.fork_sequence(parent, child, pos)
+
+    def _finish(self, r: Request) -> None:
+        self._requests.pop(r.seq_id, None)
+        for seq_id in self.scheduler.finish(r.seq, r.finish_reason):
+            self.runner.remove_sequence(seq_id)
+
+    # -- adding and aborting requests --------------------------------------------------
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None, index: int = 0,
+                    priority: int = 0) -> list[Request]:
+        """Queue one prompt; returns its params.n output streams (forked from the prompt's KV)."""
+        params = params or SamplingParams()
+        ids = self._prompt_ids(prompt)
+        bad_bias = [t for t in params.logit_bias if not 0 <= t < self.runner.vocab_size]
+        if bad_bias:
+            raise InvalidRequestError(f"logit_bias names token {bad_bias[0]}, outside the vocabulary "
+                                      f"[0, {self.runner.vocab_size})", "logit_bias")
+        if not self.scheduler.fits(len(ids) + params.max_tokens):
+            raise InvalidRequestError(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
+                                      "more KV pages than the engine holds; raise EngineConfig.max_total_tokens",
+                                      "max_tokens")
+        requests = []
+        for k in range(params.n):
+            fork = (requests[0].seq_id, len(ids) - 1) if k else None
+            seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
+                           priority=priority, fork_from=fork)
+            requests.append(Request(index + k, seq, params, self.runner.context_window, self.eos_token_ids,
+                                    self.tokenizer, self._grammar(params), _rng_seed_offset=k))
+        for r in requests:           # validated all before queueing any
+            self._requests[r.seq_id] = r
+            self.scheduler.add(r.seq)
+        return requests
+
+    def abort(self, request: Request) -> None:
+        """Stop a request wherever it is (waiting, prefilling, decoding) and free its pages."""
+        if self._requests.pop(request.seq_id, None) is None:
+            return
+        request.abort()
+        was_in_kv = request.seq.num_computed > 0 or request.seq.status.name == "RUNNING"
+        self.scheduler.abort(request.seq_id)
+        if was_in_kv:
+            self.runner.remove_sequence(request.seq_id)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- the synchronous API (runs step() until its requests finish) -------------------
     def generate(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None):
         """One GenerationOutput for a prompt (text or token ids), or a list of them for a list of prompts."""
         prompts, single = _as_batch(prompt)
-        requests = self._requests(prompts, params)
-        for _ in self._run(requests):
+        requests = self._add_all(prompts, params)
+        for _ in self._stream(requests):
             pass
-        outputs = [GenerationOutput(r.output_ids, r.text, r.finish_reason, r.prompt_ids) for r in requests]
-        return outputs[0] if single else outputs
+        outputs = [GenerationOutput(r.output_ids, r.text, r.finish_reason, r.prompt_ids, r.logprobs)
+                   for r in requests]
+        return outputs[0] if single and len(outputs) == 1 else outputs
 
     def generate_stream(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None
                         ) -> Iterator[StreamDelta]:
         prompts, _ = _as_batch(prompt)
-        yield from self._run(self._requests(prompts, params))
+        yield from self._stream(self._add_all(prompts, params))
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> GenerationOutput:
         return self.generate(self.render_chat(messages), params)
@@ -75,55 +165,45 @@ class Engine:
     def encode(self, text: str) -> list[int]:
         return self._need_tokenizer().encode(text)
 
-    # -- the generation loop ------------------------------------------------------------
-    def _requests(self, prompts: list[Prompt], params: SamplingParams | None) -> list[Request]:
-        params = params or SamplingParams()
-        return [Request(i, next(self._seq_ids), self._prompt_ids(p), params, self.runner.context_window,
-                        self.eos_token_ids, self.tokenizer) for i, p in enumerate(prompts)]
+    def _add_all(self, prompts: list[Prompt], params: SamplingParams | None) -> list[Request]:
+        n = (params or SamplingParams()).n
+        requests: list[Request] = []
+        try:
+            for i, p in enumerate(prompts):
+                requests += self.add_request(p, params, index=i * n)
+        except Exception:
+            for r in requests:
+                self.abort(r)
+            raise
+        return requests
+
+    def _stream(self, requests: list[Request]) -> Iterator[StreamDelta]:
+        """Step until these requests finish, yielding their deltas; closing early aborts them."""
+        mine = set(map(id, requests))
+        try:
+            while any(not r.finished for r in requests):
+                for r, delta in self.step():
+                    if id(r) in mine:
+                        yield delta
+        finally:
+            for r in requests:
+                if not r.finished:
+                    self.abort(r)
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         self.runner.check_tokens(ids)
         return ids
 
-    def _run(self, requests: list[Request]) -> Iterator[StreamDelta]:
-        waiting, running = deque(requests), []
-        try:
-            while waiting or running:
-                admitted = self._admit(waiting, running)
-                if admitted:
-                    for r in admitted:
-                        self.runner.add_sequence(r.seq_id)
-                    running += admitted
-                    logits = self.runner.prefill([r.seq_id for r in admitted], [r.prompt_ids for r in admitted])
-                    batch = admitted
-                else:
-                    logits = self.runner.decode([r.seq_id for r in running], [r.output_ids[-1] for r in running])
-                    batch = running
-                tokens = self.sampler.sample(logits, self.sampler.prepare(batch))
-                for r, t in zip(batch, tokens):
-                    yield r.append(t)
-                for r in [r for r in running if r.finished]:
-                    self.runner.remove_sequence(r.seq_id)
-                    running.remove(r)
-        finally:
-            for r in running:
-                self.runner.remove_sequence(r.seq_id)
-
-    def _admit(self, waiting: deque, running: list[Request]) -> list[Request]:
-        """Take waiting requests while sequences and KV pages (for their whole length) are free."""
-        page = self.runner.page_size
-        pages = lambda r: -(-(len(r.prompt_ids) + r.params.max_tokens) // page)  # noqa: E731
-        budget = self.runner.max_total_tokens // page - sum(pages(r) for r in running)
-        admitted = []
-        while waiting and len(running) + len(admitted) < self.runner.max_num_seqs and pages(waiting[0]) <= budget:
-            budget -= pages(waiting[0])
-            admitted.append(waiting.popleft())
-        if waiting and not running and not admitted:
-            r = waiting[0]
-            raise InvalidRequestError(f"request {r.index} needs {pages(r) * page} KV tokens but the engine holds "
-                                      f"{self.runner.max_total_tokens}; raise EngineConfig.max_total_tokens")
-        return admitted
+    def _grammar(self, params: SamplingParams):
+        rf = params.response_format
+        if not rf or rf.get("type") == "text":
+            return None
+        if self._grammars is None:
+            from .grammar import GrammarCompiler
+            self._grammars = GrammarCompiler(self._need_tokenizer(), self.runner.vocab_size,
+                                            stop_token_ids=sorted(self.eos_token_ids))
+        return self._grammars.compile(rf)
 
     def _need_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:

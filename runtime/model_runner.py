@@ -72,24 +72,31 @@ class ModelRunner:
                                       "pass ids produced by this model's tokenizer", "prompt")
         return arr.astype(np.int32)
 
-    def prefill(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
-        """Append each sequence's tokens to its KV; logits of each sequence's last token [batch, vocab]."""
-        last = [None] * len(seq_ids)
-        for chunk in _chunks(list(seq_ids), [list(t) for t in tokens], self.prefill_chunk):
-            ids, lens, pieces = zip(*chunk)
-            logits = self._batch_prefill(ids, lens, np.concatenate(pieces))
-            for (i, _, _), row in zip(chunk, logits):
-                last[list(seq_ids).index(i)] = row
-        return np.stack(last)
+    def run(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
+        """One forward over a ragged batch: append each sequence's tokens; last-token logits [batch, vocab].
 
-    def _batch_prefill(self, seq_ids, lengths, flat_tokens: np.ndarray) -> np.ndarray:
-        embeds = self._embed(flat_tokens)                                   # [1, total, hidden]
+        All-single-token batches take the decode kernel; anything else one batch_prefill call
+        (the caller keeps the total within the artifact's prefill chunk).
+        """
+        if all(len(t) == 1 for t in tokens):
+            return self.decode(seq_ids, [t[0] for t in tokens])
+        lengths = [len(t) for t in tokens]
+        flat = np.concatenate([np.asarray(t, dtype=np.int32) for t in tokens])
+        embeds = self._embed(flat)                                          # [1, total, hidden]
         positions = np.cumsum(lengths, dtype=np.int32) - 1                  # last token of each
-        _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple(list(lengths)))
+        _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple(lengths))
         logits, _ = self._fn["batch_prefill"](embeds, tvm.runtime.tensor(positions, self.device),
                                               self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
         return logits.numpy()[0]                                            # [batch, vocab]
+
+    def prefill(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
+        """Append whole prompts, split into calls of at most prefill_chunk tokens; last-token logits."""
+        last = {}
+        for chunk in _chunks(list(seq_ids), [list(t) for t in tokens], self.prefill_chunk):
+            ids, _, pieces = zip(*chunk)
+            last.update(zip(ids, self.run(ids, pieces)))
+        return np.stack([last[s] for s in seq_ids])
 
     def decode(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per sequence; next-token logits [batch, vocab]."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 class InvalidRequestError(ValueError):
@@ -30,6 +30,15 @@ class SamplingParams:
     stop: Sequence[str] = ()          # stop strings (not included in the output)
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
+    min_p: float = 0.0                # drop tokens with p < min_p * p_max
+    repetition_penalty: float = 1.0   # > 1 discourages tokens already in prompt or output (HF/vLLM style)
+    frequency_penalty: float = 0.0    # OpenAI: logit -= f * count in output
+    presence_penalty: float = 0.0     # OpenAI: logit -= p * (count > 0)
+    logit_bias: Mapping[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    logprobs: bool = False            # return the sampled token's logprob
+    top_logprobs: int = 0             # and this many most likely alternatives (0..20)
+    n: int = 1                        # completions per prompt, forked from the prompt's KV
+    response_format: Mapping | None = None   # {"type": "json_object"} | {"type": "json_schema", "json_schema": {...}}
 
     def __post_init__(self) -> None:
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
@@ -46,6 +55,28 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings", "stop")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}", "min_p")
+        _check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
+               f"repetition_penalty must be > 0, got {self.repetition_penalty!r}", "repetition_penalty")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            _check(_is_number(v) and -2 <= v <= 2, f"{name} must be in [-2, 2], got {v!r}", name)
+        try:
+            bias = {int(k): float(v) for k, v in dict(self.logit_bias or {}).items()}
+        except (TypeError, ValueError):
+            raise InvalidRequestError("logit_bias must map token ids to numbers", "logit_bias") from None
+        _check(all(-100 <= v <= 100 for v in bias.values()), "logit_bias values must be in [-100, 100]", "logit_bias")
+        object.__setattr__(self, "logit_bias", bias)
+        _check(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
+               f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs!r}", "top_logprobs")
+        _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}", "n")
+        rf = self.response_format
+        _check(rf is None or (isinstance(rf, Mapping) and rf.get("type") in ("text", "json_object", "json_schema")),
+               "response_format.type must be one of text, json_object, json_schema", "response_format")
+
+    @property
+    def needs_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
 
     @property
     def greedy(self) -> bool:
@@ -61,14 +92,24 @@ def _check(ok: bool, message: str, param: str) -> None:
         raise InvalidRequestError(message, param)
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The sampled token's log-probability and the most likely alternatives (OpenAI's logprobs)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]      # [(token id, logprob)] best first, len = top_logprobs
+
+
 @dataclass
 class StreamDelta:
     """New output of one request since the last delta."""
 
-    index: int                        # which prompt of the call
+    index: int                        # which prompt (or which of n completions) of the call
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" when finished
+    finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -79,6 +120,7 @@ class GenerationOutput:
     text: str
     finish_reason: str
     prompt_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def usage(self) -> dict:

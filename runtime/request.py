@@ -1,8 +1,10 @@
-"""Request: one prompt's state while it generates.
+"""Request: one output stream's state while it generates.
 
-Counters are derived (num_tokens, remaining), not kept by hand; invariants are
-checked where a request is built. append() is the only mutation: it takes a
-sampled token and returns the StreamDelta it produces.
+The token history lives in the scheduler's Sequence (one source of truth);
+the Request adds what the engine needs on top: sampling state, the
+detokenizer and stop matching. Counters are derived, not kept by hand.
+append() is the only mutation: it takes a sampled token and returns the
+StreamDelta it produces.
 """
 
 from __future__ import annotations
@@ -11,63 +13,98 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .protocol import InvalidRequestError, SamplingParams, StreamDelta
+from .protocol import InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
+from .scheduler import Sequence
 from .tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    index: int                          # position in the caller's list of prompts
-    seq_id: int                         # KV-cache sequence id
-    prompt_ids: list[int]
+    index: int                          # which prompt (or which of n completions) of the caller's call
+    seq: Sequence
     params: SamplingParams
     context_window: int
     eos_token_ids: frozenset[int]
     tokenizer: Tokenizer | None = None
-    output_ids: list[int] = field(default_factory=list)
+    grammar: object | None = None       # runtime.grammar.GrammarState when response_format asks for JSON
     finish_reason: str | None = None
     text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    _rng_seed_offset: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        n = len(self.prompt_ids)
+        n = len(self.seq.prompt_ids)
         if n == 0:
             raise InvalidRequestError("the prompt is empty; pass some text or token ids", "prompt")
         if n + self.params.max_tokens > self.context_window:
             raise InvalidRequestError(
                 f"the prompt ({n} tokens) plus max_tokens ({self.params.max_tokens}) exceeds the context "
                 f"window of {self.context_window} tokens; shorten the prompt or lower max_tokens", "max_tokens")
-        self.rng = np.random.default_rng(self.params.seed)
+        seed = self.params.seed
+        self.rng = np.random.default_rng(None if seed is None else (seed, self._rng_seed_offset))
         self._detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
         self._stops = StopStringMatcher(self.params.stop)
-        self._stop_ids = set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(self.eos_token_ids))
+        eos = set() if self.params.ignore_eos else set(self.eos_token_ids)
+        self._stop_ids = set(self.params.stop_token_ids) | eos
+        if self.params.needs_logprobs:
+            self.logprobs = []
+
+    @property
+    def seq_id(self) -> int:
+        return self.seq.seq_id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.seq.prompt_ids
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.seq.output_ids
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
     def remaining(self) -> int:
         return self.params.max_tokens - len(self.output_ids)
 
-    def append(self, token: int) -> StreamDelta:
+    def append(self, token: int, logprob: TokenLogprob | None = None) -> StreamDelta:
         """Record a sampled token; returns the new text (held back across stop-string prefixes)."""
         self.output_ids.append(token)
+        if logprob is not None and self.logprobs is not None:
+            self.logprobs.append(logprob)
         text, hit = "", False
-        stop_token = token in self._stop_ids
+        stop_token = token in self._stop_ids or (self.grammar is not None and token in self.grammar.stop_token_ids)
         if self._detok is not None and not stop_token:   # a stop token's text is never shown
             text, hit = self._stops.feed(self._detok.push(token))
-        if stop_token or hit:
+        grammar_done = self.grammar is not None and self._grammar_accepts(token)
+        if stop_token or hit or grammar_done:
             self.finish_reason = "stop"
         elif self.remaining == 0:
             self.finish_reason = "length"
-        if self.finished and not hit and self._detok is not None:
-            # release what was held back: a partial character, a prefix of a stop string
-            tail, hit = self._stops.feed(self._detok.flush())
-            text += tail if hit else tail + self._stops.flush()
-            self.finish_reason = "stop" if hit else self.finish_reason
+        if self.finished and not hit:
+            text += self._release_held_text()
         self.text += text
-        return StreamDelta(self.index, text, [token], self.finish_reason)
+        return StreamDelta(self.index, text, [token], self.finish_reason,
+                           [logprob] if logprob is not None and self.logprobs is not None else None)
+
+    def abort(self) -> StreamDelta:
+        self.finish_reason = "abort"
+        return StreamDelta(self.index, "", [], "abort")
+
+    def _grammar_accepts(self, token: int) -> bool:
+        """Advance the grammar; True once it has terminated (the JSON value is complete)."""
+        if not self.grammar.is_terminated():
+            self.grammar.accept(token)
+        return self.grammar.is_terminated()
+
+    def _release_held_text(self) -> str:
+        """At the end: a partial character, a prefix of a stop string that never completed."""
+        if self._detok is None:
+            return ""
+        tail, hit = self._stops.feed(self._detok.flush())
+        if hit:
+            self.finish_reason = "stop"
+            return tail
+        return tail + self._stops.flush()

@@ -1,0 +1,226 @@
+"""Structured output: JSON constrained by xgrammar token masks.
+
+    GrammarCompiler(tokenizer, vocab_size)           once per engine
+      .compile(response_format) -> GrammarState      once per request (None for "text")
+    per step:  Sampler.prepare   -> state.fill_mask(bitmask, row)   (which tokens may come next)
+               after sampling    -> state.accept(token)
+               state.is_terminated() -> the request stops ("stop")
+
+A GrammarState wraps one xgrammar GrammarMatcher. Once the JSON value is
+complete the mask allows only the stop (eos) tokens; accepting one of them
+terminates the matcher, which is how the engine learns the output is done
+(Request.append asks is_terminated() after accept). The eos token therefore
+has to be sampled even when the request says ignore_eos.
+
+The vocabulary is handed to xgrammar from kiln's own Tokenizer (tokenizer.json),
+never through transformers. xgrammar imports torch and transformers itself
+when its package loads, so this module imports it lazily: engines that serve
+no structured-output request never pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .protocol import InvalidRequestError
+from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import xgrammar
+
+_OPENAI_WRAPPER_KEYS = frozenset({"name", "description", "strict", "schema"})
+
+
+def bitmask_width(vocab_size: int) -> int:
+    """int32 words per row of a packed token bitmask (bit j of word i is token 32 * i + j)."""
+    return (vocab_size + 31) // 32
+
+
+def unpack_bitmask(bitmask: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Packed int32 bitmask [rows, words] -> allowed [rows, vocab_size] bool (tokens past the mask: False)."""
+    as_bytes = np.ascontiguousarray(bitmask, dtype="<i4").view(np.uint8)      # [rows, words * 4]
+    bits = np.unpackbits(as_bytes, axis=-1, bitorder="little").view(bool)     # [rows, words * 32]
+    if bits.shape[-1] >= vocab_size:
+        return bits[..., :vocab_size]
+    pad = np.zeros((*bits.shape[:-1], vocab_size - bits.shape[-1]), bool)
+    return np.concatenate([bits, pad], axis=-1)
+
+
+def _import_xgrammar():
+    try:
+        import xgrammar
+    except ImportError as e:
+        raise InvalidRequestError(
+            "response_format json_object / json_schema needs the xgrammar package on the server; "
+            "install it with `pip install 'kiln[serve]'` or send response_format {'type': 'text'}",
+            "response_format") from e
+    return xgrammar
+
+
+class GrammarState:
+    """One request's position in its grammar: the mask of the next token, accept, terminated."""
+
+    def __init__(self, matcher: xgrammar.GrammarMatcher, vocab_size: int, stop_token_ids: Iterable[int]):
+        self._matcher = matcher
+        self.vocab_size = vocab_size          # mask width in tokens = the model's logits width
+        self.stop_token_ids = frozenset(stop_token_ids)
+
+    def fill_mask(self, bitmask: np.ndarray, index: int = 0) -> None:
+        """Write the allowed next tokens into ``bitmask[index]`` (int32 [rows, bitmask_width(vocab)]).
+
+        Once terminated nothing may follow, so only the stop tokens are left set
+        (a request is normally finished by then and never asks).
+        """
+        if bitmask.dtype != np.int32 or bitmask.ndim != 2 or bitmask.shape[1] != bitmask_width(self.vocab_size):
+            raise ValueError(f"bitmask must be int32 [rows, {bitmask_width(self.vocab_size)}], "
+                             f"got {bitmask.dtype} {list(bitmask.shape)}")
+        if self._matcher.is_terminated():
+            words = bitmask.view(np.uint32)
+            words[index] = 0
+            for t in self.stop_token_ids:
+                words[index, t // 32] |= np.uint32(1 << (t % 32))
+            return
+        self._matcher.fill_next_token_bitmask(bitmask, index)
+
+    def allowed_mask(self) -> np.ndarray:
+        """Allowed next tokens as bool [vocab_size] (for tests and inspection; the sampler packs masks)."""
+        bitmask = np.full((1, bitmask_width(self.vocab_size)), -1, np.int32)
+        self.fill_mask(bitmask)
+        return unpack_bitmask(bitmask, self.vocab_size)[0]
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by a sampled token. False: the grammar rejects it (cannot happen under its own mask)."""
+        if self._matcher.is_terminated():
+            return False      # nothing follows a stop token (and xgrammar would log a warning)
+        return bool(self._matcher.accept_token(int(token_id)))
+
+    def is_completed(self) -> bool:
+        """The text so far is a complete value: a stop token is allowed now."""
+        return bool(self._matcher.is_completed())
+
+    def is_terminated(self) -> bool:
+        """A stop token was accepted after a complete value: the request is done."""
+        return bool(self._matcher.is_terminated())
+
+
+class GrammarCompiler:
+    """Compiles response_format into GrammarStates for one tokenizer; compiled grammars are cached.
+
+    ``vocab_size`` is the model's logits width, which may exceed the tokenizer's
+    (padded embeddings): the extra ids never decode, so they are never allowed.
+    ``stop_token_ids`` default to the tokenizer's eos tokens; the engine should
+    pass every id that ends a request (its eos set).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None,
+                 stop_token_ids: Iterable[int] | None = None, cache_size: int = 128):
+        xgr = _import_xgrammar()
+        self.vocab_size = int(vocab_size or tokenizer.vocab_size)
+        stops = sorted(t for t in set(stop_token_ids if stop_token_ids is not None else tokenizer.eos_token_ids)
+                       if 0 <= t < self.vocab_size)
+        if not stops:
+            raise InvalidRequestError("this model cannot do structured output: its tokenizer has no eos token to "
+                                      "end the JSON with; send response_format {'type': 'text'}", "response_format")
+        self.stop_token_ids = tuple(stops)
+        self.tokenizer_info = tokenizer_info(tokenizer, self.vocab_size, self.stop_token_ids)
+        self._xgr = xgr
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max(1, min(8, os.cpu_count() or 1)))
+        self._cache: OrderedDict[str, xgrammar.CompiledGrammar] = OrderedDict()
+        self._cache_size = cache_size
+
+    @property
+    def cached_grammars(self) -> int:
+        """How many compiled grammars are cached (a schema compiles once, then every request reuses it)."""
+        return len(self._cache)
+
+    def compile(self, response_format: Mapping[str, Any] | None) -> GrammarState | None:
+        """A fresh GrammarState for {"type": "json_object"} or {"type": "json_schema", ...}; None for text."""
+        kind, schema = _parse_response_format(response_format)
+        if kind == "text":
+            return None
+        key = "json_object" if schema is None else json.dumps(schema)   # key order matters: it orders properties
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._compile(schema, key)
+            self._cache[key] = compiled
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return GrammarState(self._xgr.GrammarMatcher(compiled), self.vocab_size, self.stop_token_ids)
+
+    def _compile(self, schema: dict | None, schema_json: str) -> xgrammar.CompiledGrammar:
+        if schema is None:
+            return self._compiler.compile_builtin_json_grammar()
+        try:
+            return self._compiler.compile_json_schema(schema_json)
+        except (RuntimeError, ValueError) as e:
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            reason = re.sub(r"^\[[^\]]*\]\s*\S+\.cc:\d+:\s*", "", lines[-1])   # drop "[time] file.cc:123: "
+            raise InvalidRequestError(f"response_format.json_schema is not a usable JSON schema: {reason}",
+                                      "response_format") from None
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> xgrammar.TokenizerInfo:
+    """xgrammar's view of the vocabulary, built from tokenizer.json alone (no transformers).
+
+    Ids are laid out as the model sees them (``vocab_size`` wide). Special added
+    tokens other than the stop tokens are passed as empty strings, which
+    xgrammar treats as never allowed: a chat marker cannot appear inside JSON.
+    The vocabulary's encoding (byte-level BPE, byte-fallback, raw) is read from
+    the tokenizer.json backend exactly as xgrammar's from_huggingface does.
+    """
+    xgr = _import_xgrammar()
+    hf = tokenizer._tok
+    stops = set(stop_token_ids)
+    encoded: list[str] = [""] * vocab_size
+    for token, i in hf.get_vocab(with_added_tokens=True).items():
+        if i < vocab_size and (i not in tokenizer.special_token_ids or i in stops):
+            encoded[i] = token
+    meta = xgr.TokenizerInfo._detect_metadata_from_hf(hf.to_str())
+    return xgr.TokenizerInfo(encoded, meta["vocab_type"], vocab_size=vocab_size,
+                             stop_token_ids=sorted(stops), add_prefix_space=meta["add_prefix_space"])
+
+
+def _parse_response_format(rf: Mapping[str, Any] | None) -> tuple[str, dict | None]:
+    """("text", None) | ("json_object", None) | ("json_schema", schema); names what is wrong otherwise.
+
+    json_schema takes OpenAI's {"json_schema": {"name": ..., "schema": {...}}} or a
+    bare schema under "json_schema".
+    """
+    if rf is None:
+        return "text", None
+    if not isinstance(rf, Mapping):
+        raise InvalidRequestError(f"response_format must be an object, got {type(rf).__name__}", "response_format")
+    kind = rf.get("type")
+    if kind in ("text", "json_object"):
+        return kind, None
+    if kind != "json_schema":
+        raise InvalidRequestError(f"response_format.type must be text, json_object or json_schema, got {kind!r}",
+                                  "response_format")
+    spec = rf.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise InvalidRequestError('response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}',
+                                  "response_format")
+    if "schema" in spec:
+        schema = spec["schema"]
+    elif spec and set(spec) <= _OPENAI_WRAPPER_KEYS:
+        raise InvalidRequestError('response_format.json_schema has no "schema"; put the JSON schema there',
+                                  "response_format")
+    else:
+        schema = spec
+    if not isinstance(schema, Mapping):
+        raise InvalidRequestError(f"response_format.json_schema.schema must be an object, got {type(schema).__name__}",
+                                  "response_format")
+    try:
+        return "json_schema", json.loads(json.dumps(schema))
+    except (TypeError, ValueError) as e:
+        raise InvalidRequestError(f"response_format.json_schema.schema is not JSON-serializable: {e}",
+                                  "response_format") from None

@@ -1,0 +1,154 @@
+"""PageAccountant: host-side bookkeeping of the paged KV cache's pages.
+
+TVM's paged KV cache owns the pages on the device; this object mirrors how
+many it uses so the scheduler can decide, before any device call, whether a
+sequence can be admitted, grow by a token, or be forked. It never sees a
+batch: the scheduler asks can_allocate / can_append / can_fork and then calls
+allocate / append / fork / free.
+
+Pages are reference counted, mirroring TVM's fork semantics: a child forked
+at `pos` shares the parent's pages that lie fully inside the first `pos`
+tokens, and gets a fresh page holding a copy of a partially covered one. A
+page returns to the free list when the last sequence holding it is freed.
+
+Each sequence holds exactly pages_needed(num_tokens) pages, in token order.
+Misuse (unknown or duplicate ids, allocating past capacity) is a programming
+error in the caller and raises KeyError / RuntimeError.
+"""
+
+from __future__ import annotations
+
+
+class PageAccountant:
+    def __init__(self, total_pages: int, page_size: int):
+        if total_pages < 1 or page_size < 1:
+            raise ValueError(f"need at least one page of at least one token, got total_pages={total_pages}, "
+                             f"page_size={page_size}")
+        self.total_pages = total_pages
+        self.page_size = page_size
+        self._free_ids: list[int] = list(range(total_pages - 1, -1, -1))   # a stack; pops page 0 first
+        self._refs: list[int] = [0] * total_pages                          # holders per page
+        self._pages: dict[int, list[int]] = {}                             # seq id -> page ids, in order
+        self._tokens: dict[int, int] = {}                                  # seq id -> tokens held
+
+    # -- queries ----------------------------------------------------------------------
+    @property
+    def free_pages(self) -> int:
+        return len(self._free_ids)
+
+    @property
+    def used_pages(self) -> int:
+        return self.total_pages - len(self._free_ids)
+
+    def pages_needed(self, num_tokens: int) -> int:
+        """Pages that hold `num_tokens` tokens of one unshared sequence."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        return -(-num_tokens // self.page_size)
+
+    def num_tokens(self, seq_id: int) -> int:
+        return self._tokens[self._known(seq_id)]
+
+    def pages_of(self, seq_id: int) -> tuple[int, ...]:
+        """The page ids a sequence holds, in token order (shared ones included)."""
+        return tuple(self._pages[self._known(seq_id)])
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._pages
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    def seq_ids(self) -> list[int]:
+        return list(self._pages)
+
+    # -- decisions --------------------------------------------------------------------
+    def can_allocate(self, num_tokens: int) -> bool:
+        return self.pages_needed(num_tokens) <= self.free_pages
+
+    def can_append(self, seq_id: int, num_new_tokens: int) -> bool:
+        return self._extra_pages(seq_id, num_new_tokens) <= self.free_pages
+
+    def can_fork(self, parent_id: int, pos: int, num_tokens: int) -> bool:
+        """Can a child forked from `parent_id` at `pos` then grow to `num_tokens` tokens?"""
+        self._check_fork_pos(parent_id, pos)
+        shared = pos // self.page_size
+        return self.pages_needed(max(num_tokens, pos)) - shared <= self.free_pages
+
+    # -- changes ----------------------------------------------------------------------
+    def allocate(self, seq_id: int, num_tokens: int) -> None:
+        """Register a new sequence holding `num_tokens` tokens."""
+        if seq_id in self._pages:
+            raise RuntimeError(f"sequence {seq_id} already holds pages")
+        self._pages[seq_id] = self._take(self.pages_needed(num_tokens), f"allocate sequence {seq_id}")
+        self._tokens[seq_id] = num_tokens
+
+    def append(self, seq_id: int, num_new_tokens: int) -> None:
+        """Grow a sequence by `num_new_tokens` tokens, taking pages when it crosses a page boundary."""
+        if num_new_tokens < 0:
+            raise ValueError(f"cannot append {num_new_tokens} tokens")
+        extra = self._extra_pages(seq_id, num_new_tokens)
+        self._pages[seq_id] += self._take(extra, f"append {num_new_tokens} tokens to sequence {seq_id}")
+        self._tokens[seq_id] += num_new_tokens
+
+    def fork(self, parent_id: int, child_id: int, pos: int) -> None:
+        """Make `child_id` hold the parent's first `pos` tokens (TVM ForkSequence semantics).
+
+        Full pages inside [0, pos) are shared (one more reference each); a partially
+        covered page is copied into a fresh page of the child.
+        """
+        self._check_fork_pos(parent_id, pos)
+        if child_id in self._pages:
+            raise RuntimeError(f"cannot fork into sequence {child_id}: it already holds pages")
+        full, partial = divmod(pos, self.page_size)
+        shared = self._pages[parent_id][:full]
+        fresh = self._take(1 if partial else 0, f"fork sequence {parent_id} into {child_id} at {pos}")
+        for page in shared:
+            self._refs[page] += 1
+        self._pages[child_id] = shared + fresh
+        self._tokens[child_id] = pos
+
+    def free(self, seq_id: int) -> None:
+        """Drop a sequence; pages nobody else holds become free."""
+        for page in self._pages.pop(self._known(seq_id)):
+            self._refs[page] -= 1
+            if self._refs[page] == 0:
+                self._free_ids.append(page)
+        del self._tokens[seq_id]
+
+    def check(self) -> None:
+        """Verify the bookkeeping is self-consistent (for tests and debugging); raises RuntimeError."""
+        refs = [0] * self.total_pages
+        for seq_id, pages in self._pages.items():
+            if len(pages) != self.pages_needed(self._tokens[seq_id]):
+                raise RuntimeError(f"sequence {seq_id} holds {len(pages)} pages for {self._tokens[seq_id]} tokens")
+            for page in pages:
+                refs[page] += 1
+        if refs != self._refs:
+            raise RuntimeError("page reference counts disagree with the pages sequences hold")
+        held = {p for p, r in enumerate(refs) if r > 0}
+        if held & set(self._free_ids) or len(held) + len(self._free_ids) != self.total_pages:
+            raise RuntimeError(f"{len(held)} held + {len(self._free_ids)} free pages != {self.total_pages} total")
+
+    # -- internals --------------------------------------------------------------------
+    def _known(self, seq_id: int) -> int:
+        if seq_id not in self._pages:
+            raise KeyError(f"sequence {seq_id} holds no pages")
+        return seq_id
+
+    def _extra_pages(self, seq_id: int, num_new_tokens: int) -> int:
+        return self.pages_needed(self.num_tokens(seq_id) + num_new_tokens) - len(self._pages[seq_id])
+
+    def _check_fork_pos(self, parent_id: int, pos: int) -> None:
+        length = self.num_tokens(parent_id)
+        if not 0 <= pos <= length:
+            raise RuntimeError(f"fork position {pos} is outside parent sequence {parent_id} of {length} tokens")
+
+    def _take(self, n: int, what: str) -> list[int]:
+        if n > len(self._free_ids):
+            raise RuntimeError(f"cannot {what}: needs {n} pages, {len(self._free_ids)} free "
+                               f"of {self.total_pages} (check can_allocate/can_append/can_fork first)")
+        pages = [self._free_ids.pop() for _ in range(n)]
+        for page in pages:
+            self._refs[page] = 1
+        return pages

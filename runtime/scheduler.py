@@ -1,0 +1,409 @@
+"""Scheduler: decides, each step, which tokens of which sequences the next forward computes.
+
+Iteration-level continuous batching with chunked prefill (nano-vllm's shape):
+
+  1. decode  every running sequence with one new token gets it, best first; when its
+             page cannot grow, evict prefix-cache entries, then preempt the worst
+             running sequence (recompute: its KV is dropped and it waits again);
+  2. prefill running sequences with more uncomputed tokens take chunks of the budget;
+  3. admit   waiting sequences, in policy order, while max_num_seqs, the token budget
+             and the pages for their whole current length allow. On admission a
+             sequence forks its fork_from parent or the longest prefix-cache match
+             instead of recomputing the shared tokens.
+
+schedule() makes no device calls; it returns a ScheduledBatch that says what the
+engine must do to TVM's KV cache before the forward (evict / preempted: remove;
+new_seqs: add; forks: fork) and which token ranges to compute. Page bookkeeping
+is the PageAccountant's; prefix matching is the PrefixCache's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .kv_pages import PageAccountant
+from .prefix_cache import PrefixCache
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"        # queued (never admitted, or preempted): holds no KV
+    RUNNING = "running"        # admitted: holds KV for num_computed tokens
+    FINISHED = "finished"      # finished or aborted
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The scheduler's view of one output stream. Counters are derived from the token lists."""
+
+    seq_id: int
+    prompt_ids: list[int]
+    max_tokens: int
+    priority: int = 0                        # lower = more urgent; used when policy == "priority"
+    arrival: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)   # the engine appends sampled tokens
+    num_computed: int = 0                    # tokens whose KV is in the cache
+    status: SeqStatus = SeqStatus.WAITING
+    fork_from: tuple[int, int] | None = None  # (parent seq id, pos): share the parent's first pos tokens
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if self.fork_from is not None and not 0 <= self.fork_from[1] <= len(self.prompt_ids):
+            raise ValueError(f"fork position {self.fork_from[1]} is outside the prompt of "
+                             f"{len(self.prompt_ids)} tokens (a fork shares only prompt tokens)")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without copying the whole history."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n:end - n]
+        return self.prompt_ids[start:] + self.output_ids[:end - n]
+
+    @property
+    def is_prefill(self) -> bool:
+        """More than the one next token to compute, or the prompt is not all in the cache yet."""
+        return self.num_computed < len(self.prompt_ids) or self.num_uncomputed > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+
+@dataclass
+class Chunk:
+    """Compute tokens [start, end) of seq; logits come back iff end == seq.num_tokens."""
+
+    seq: Sequence
+    start: int
+    end: int
+    needs_logits: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def is_decode(self) -> bool:
+        return self.end - self.start == 1 and self.start >= len(self.seq.prompt_ids)
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's decisions. Apply to the KV cache in this order, then run the chunks."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    new_seqs: list[int] = field(default_factory=list)           # add_sequence
+    forks: list[tuple[int, int, int]] = field(default_factory=list)   # (parent, child, pos): fork_sequence
+    preempted: list[Sequence] = field(default_factory=list)     # remove_sequence (recomputed later)
+    evict: list[int] = field(default_factory=list)              # remove_sequence (prefix-cache entries)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool(self.chunks) and all(c.is_decode for c in self.chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32             # running sequences at once (the forward's batch size)
+    max_tokens_per_step: int = 512     # token budget per forward; a decode counts 1
+    policy: str = "fcfs"               # or "priority": (priority, arrival) order
+    enable_prefix_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.max_num_seqs < 1 or self.max_tokens_per_step < 1:
+            raise ValueError(f"max_num_seqs ({self.max_num_seqs}) and max_tokens_per_step "
+                             f"({self.max_tokens_per_step}) must be >= 1")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, pages: PageAccountant, prefix_cache: PrefixCache | None = None):
+        self.config = config
+        self.pages = pages
+        self.prefix_cache = prefix_cache if config.enable_prefix_cache else None
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._live: dict[int, Sequence] = {}     # seq id -> waiting or running sequence
+        self._pinned: set[int] = set()           # cache entries forked from in the current step
+
+    # -- state ------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def fits(self, num_tokens: int) -> bool:
+        """Could a sequence of num_tokens ever be held, with the whole KV cache to itself?"""
+        return self.pages.pages_needed(num_tokens) <= self.pages.total_pages
+
+    # -- requests in and out ----------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence. Raises ValueError for one that could never run (check fits() first)."""
+        if seq.seq_id in self._live or seq.seq_id in self.pages:
+            raise ValueError(f"sequence id {seq.seq_id} is already in use")
+        if not seq.prompt_ids:
+            raise ValueError(f"sequence {seq.seq_id} has an empty prompt")
+        if not self.fits(len(seq.prompt_ids) + seq.max_tokens):
+            raise ValueError(f"sequence {seq.seq_id} ({len(seq.prompt_ids)} prompt + {seq.max_tokens} new tokens) "
+                             f"needs more than the {self.pages.total_pages} KV pages there are")
+        seq.status, seq.num_computed = SeqStatus.WAITING, 0
+        self._live[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def abort(self, seq_id: int) -> Sequence | None:
+        """Drop a sequence in any state and free its pages; None if it is not live.
+
+        The sequence held KV (the engine must remove it) iff it was RUNNING before the call.
+        """
+        seq = self._live.get(seq_id)
+        if seq is not None:
+            self._release(seq, "abort")
+        return seq
+
+    def finish(self, seq: Sequence, reason: str) -> list[int]:
+        """End a sequence; returns the seq ids the engine must remove from the KV cache now.
+
+        With the prefix cache on, a fully computed sequence donates its KV: it stays in
+        the KV cache (not returned) unless the cache already covers its tokens. Cached
+        entries the donation makes redundant are returned too.
+        """
+        if self._live.get(seq.seq_id) is not seq:
+            return []
+        held = seq.seq_id in self.pages
+        donate = (self.prefix_cache is not None and held and seq.num_computed > 0
+                  and self.pages.num_tokens(seq.seq_id) == seq.num_computed)
+        self._release(seq, reason, free=not donate)
+        if not donate:
+            return [seq.seq_id] if held else []
+        released = self.prefix_cache.insert(seq.token_ids(0, seq.num_computed), seq.seq_id)
+        for seq_id in released:
+            self.pages.free(seq_id)
+        return released
+
+    def clear_prefix_cache(self) -> list[int]:
+        """Drop every cached entry; returns the seq ids the engine must remove from the KV cache."""
+        if self.prefix_cache is None:
+            return []
+        released = self.prefix_cache.clear()
+        for seq_id in released:
+            self.pages.free(seq_id)
+        return released
+
+    # -- the step ---------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        """Decide the next forward: decodes, then prefill chunks, then admissions."""
+        batch = ScheduledBatch()
+        self._pinned.clear()
+        budget = self._schedule_decodes(batch, self.config.max_tokens_per_step)
+        budget = self._schedule_prefills(batch, budget)
+        if not batch.preempted:          # short of pages: let the preempted go first next step
+            self._admit(batch, budget)
+        return batch
+
+    def update(self, batch: ScheduledBatch) -> None:
+        """After the forward: the chunks' tokens are now in the KV cache."""
+        for chunk in batch.chunks:
+            seq = chunk.seq
+            if seq.status is not SeqStatus.RUNNING:
+                continue                 # aborted since schedule()
+            if chunk.start != seq.num_computed:
+                raise RuntimeError(f"sequence {seq.seq_id}: chunk starts at {chunk.start} but "
+                                   f"{seq.num_computed} tokens are computed")
+            seq.num_computed = chunk.end
+
+    def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
+        for seq in sorted(self.running, key=self._key):
+            if budget == 0:
+                break
+            if seq.status is not SeqStatus.RUNNING or seq.is_prefill or seq.num_uncomputed != 1:
+                continue
+            if not self._grow_or_preempt(seq, batch):
+                continue                 # it was the worst: preempted itself
+            batch.chunks.append(Chunk(seq, seq.num_computed, seq.num_tokens, True))
+            budget -= 1
+        return budget
+
+    def _schedule_prefills(self, batch: ScheduledBatch, budget: int) -> int:
+        scheduled = {id(c.seq) for c in batch.chunks}
+        for seq in sorted(self.running, key=self._key):
+            if budget == 0:
+                break
+            if id(seq) in scheduled or seq.num_uncomputed == 0:
+                continue
+            end = seq.num_computed + min(seq.num_uncomputed, budget)
+            if self.pages.num_tokens(seq.seq_id) < end:   # admission reserved the whole length
+                raise RuntimeError(f"sequence {seq.seq_id} holds pages for fewer tokens than it computes")
+            batch.chunks.append(Chunk(seq, seq.num_computed, end, end == seq.num_tokens))
+            budget -= end - seq.num_computed
+        return budget
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        for seq in self._waiting_order():
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                return
+            if self._parent_pending(seq):
+                continue                 # its fork parent's prompt is not in the KV cache yet
+            fits, source = self._make_room(seq, batch)
+            if not fits:
+                return                   # head of line waits for pages
+            budget -= self._start(seq, source, budget, batch)
+
+    # -- admission helpers --------------------------------------------------------------
+    def _waiting_order(self) -> list[Sequence]:
+        if self.config.policy == "priority":
+            return sorted(self.waiting, key=self._key)
+        return list(self.waiting)
+
+    def _parent_pending(self, seq: Sequence) -> bool:
+        """True while a fork_from parent is alive but has not computed the shared tokens."""
+        if seq.fork_from is None:
+            return False
+        parent = self._live.get(seq.fork_from[0])
+        if parent is None:               # finished or aborted: fall back to the prefix cache / prefill
+            seq.fork_from = None
+            return False
+        return parent.status is not SeqStatus.RUNNING or parent.num_computed < seq.fork_from[1]
+
+    def _fork_source(self, seq: Sequence) -> tuple[int, int] | None:
+        """(parent id, pos) to fork instead of computing tokens [0, pos); None to prefill all."""
+        if seq.fork_from is not None:
+            parent_id, pos = seq.fork_from
+        elif self.prefix_cache is not None:
+            # Query all but the last token: at least one token is computed, so logits come back.
+            parent_id, pos = self.prefix_cache.peek(seq.token_ids(0, seq.num_tokens - 1))
+        else:
+            return None
+        pos = min(pos, seq.num_tokens - 1)
+        return (parent_id, pos) if parent_id is not None and pos > 0 else None
+
+    def _make_room(self, seq: Sequence, batch: ScheduledBatch) -> tuple[bool, tuple[int, int] | None]:
+        """Evict cache entries until seq fits: (fits, fork source).
+
+        Other entries go first (LRU); the matched entry itself only when nothing else is
+        left, after which the sequence is planned again without it.
+        """
+        source = self._fork_source(seq)
+        while not self._fits_now(seq, source):
+            keep = self._pinned | ({source[0]} if source else set())
+            if self._evict(batch, keep):
+                continue
+            cached = source is not None and self.prefix_cache is not None and source[0] in self.prefix_cache
+            if not cached or source[0] in self._pinned:
+                return False, None
+            self._evict(batch, self._pinned, only=source[0])
+            source = self._fork_source(seq)
+        return True, source
+
+    def _fits_now(self, seq: Sequence, source: tuple[int, int] | None) -> bool:
+        if source is None:
+            return self.pages.can_allocate(seq.num_tokens)
+        return self.pages.can_fork(source[0], source[1], seq.num_tokens)
+
+    def _start(self, seq: Sequence, source: tuple[int, int] | None, budget: int, batch: ScheduledBatch) -> int:
+        """Admit seq (pages for its whole length, KV by add or fork) and give it a first chunk."""
+        sid = seq.seq_id
+        if source is None:
+            self.pages.allocate(sid, seq.num_tokens)
+            batch.new_seqs.append(sid)
+        else:
+            parent_id, pos = source
+            if self.prefix_cache is not None and parent_id in self.prefix_cache:
+                if self.prefix_cache.match(seq.token_ids(0, seq.num_tokens - 1)) != source:
+                    raise RuntimeError("prefix cache changed between peek and match")
+                self._pinned.add(parent_id)
+            self.pages.fork(parent_id, sid, pos)
+            self.pages.append(sid, seq.num_tokens - pos)
+            batch.forks.append((parent_id, sid, pos))
+            seq.num_computed = pos
+        seq.status = SeqStatus.RUNNING
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        end = seq.num_computed + min(seq.num_uncomputed, budget)
+        batch.chunks.append(Chunk(seq, seq.num_computed, end, end == seq.num_tokens))
+        return end - seq.num_computed
+
+    # -- pages: growth, eviction, preemption ---------------------------------------------
+    def _grow_or_preempt(self, seq: Sequence, batch: ScheduledBatch) -> bool:
+        """Reserve seq's next token; evict cache entries, then preempt the worst running sequence."""
+        scheduled = {id(c.seq) for c in batch.chunks}
+        need = seq.num_tokens - self.pages.num_tokens(seq.seq_id)
+        while not self.pages.can_append(seq.seq_id, need):
+            if self._evict(batch, self._pinned):
+                continue
+            victim = max((s for s in self.running if id(s) not in scheduled), key=self._key)
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        self.pages.append(seq.seq_id, need)
+        return True
+
+    def _evict(self, batch: ScheduledBatch, keep: set[int], only: int | None = None) -> bool:
+        """Drop one prefix-cache entry (LRU, or `only`) and free its pages; False if none may go."""
+        if self.prefix_cache is None:
+            return False
+        if only is None:
+            only = self.prefix_cache.evict_lru(exclude=keep)
+            if only is None:
+                return False
+        else:
+            self.prefix_cache.remove(only)
+        self.pages.free(only)
+        batch.evict.append(only)
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        """Recompute-style preemption: drop the KV; the sequence waits at the front of the queue."""
+        self.pages.free(seq.seq_id)
+        self.running.remove(seq)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _release(self, seq: Sequence, reason: str, free: bool = True) -> None:
+        """Take seq out of the queues; FINISHED. Frees its pages unless told not to."""
+        del self._live[seq.seq_id]
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            if free:
+                self.pages.free(seq.seq_id)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _key(self, seq: Sequence) -> tuple:
+        """Sort key, best first: (priority, arrival) under "priority", arrival under "fcfs"."""
+        if self.config.policy == "priority":
+            return (seq.priority, seq.arrival, seq.seq_id)
+        return (seq.arrival, seq.seq_id)

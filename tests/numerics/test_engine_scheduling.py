@@ -1,0 +1,75 @@
+"""The scheduler's decisions (continuous batching, chunked prefill, prefix reuse, preemption, n > 1,
+abort) run on the real compiled model and never change what a request generates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.numerics
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_artifacts):
+    """Each prompt generated alone, with no prefix cache: the reference outputs."""
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
+    return lambda prompt, params=GREEDY: engine.generate(prompt, params).token_ids
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, 500, size=int(rng.integers(2, 60))).tolist() for _ in range(n)]
+
+
+def test_continuous_batching_with_small_step_budget(tiny_artifacts, baseline):
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(max_tokens_per_step=16))
+    prompts = _prompts(6)
+    outs = engine.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [baseline(p) for p in prompts]
+
+
+def test_prefix_cache_hit_reuses_kv_and_gives_same_tokens(tiny_artifacts, baseline):
+    engine = Engine(tiny_artifacts["tied"])
+    shared = list(range(10, 90))                                  # 80-token shared prefix
+    first = engine.generate(shared + [5, 6], GREEDY)
+    hits_before = engine.scheduler.prefix_cache.hit_tokens
+    second = engine.generate(shared + [7, 8, 9], GREEDY)
+    assert engine.scheduler.prefix_cache.hit_tokens - hits_before >= 64
+    assert first.token_ids == baseline(shared + [5, 6])
+    assert second.token_ids == baseline(shared + [7, 8, 9])
+
+
+def test_preemption_under_tiny_kv_budget_gives_same_tokens(tiny_artifacts, baseline):
+    # 10 pages of 16 tokens: four ~60-token requests cannot all stay resident while decoding.
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(max_total_tokens=160, enable_prefix_cache=False))
+    prompts = [p[:50] + [1] * max(0, 40 - len(p)) for p in _prompts(4, seed=3)]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [baseline(p, params) for p in prompts]
+    assert engine.scheduler.pages.used_pages == 0
+
+
+def test_n_completions_fork_from_the_prompt(tiny_artifacts, baseline):
+    engine = Engine(tiny_artifacts["tied"])
+    prompt = list(range(40, 70))
+    outs = engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0, n=3, ignore_eos=True))
+    assert len(outs) == 3 and all(o.token_ids == baseline(prompt, SamplingParams(
+        max_tokens=8, temperature=0.0, ignore_eos=True)) for o in outs)
+    sampled = engine.generate(prompt, SamplingParams(max_tokens=8, temperature=1.5, n=3, seed=1, ignore_eos=True))
+    assert len({tuple(o.token_ids) for o in sampled}) > 1         # different streams, same seed
+    again = engine.generate(prompt, SamplingParams(max_tokens=8, temperature=1.5, n=3, seed=1, ignore_eos=True))
+    assert [o.token_ids for o in again] == [o.token_ids for o in sampled]
+
+
+def test_closing_a_stream_aborts_and_frees_pages(tiny_artifacts):
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
+    free = engine.runner.free_pages()
+    stream = engine.generate_stream([list(range(5, 50)), [3, 4, 5]], SamplingParams(max_tokens=50))
+    for _, _delta in zip(range(3), stream):
+        pass
+    stream.close()
+    assert not engine.has_work
+    assert engine.scheduler.pages.used_pages == 0 and engine.runner.free_pages() == free

