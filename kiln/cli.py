@@ -102,10 +102,7 @@ def _params(max_tokens, temperature, top_p, top_k, seed, stop):
 
 def _engine(model: str):
     import kiln
-    if kiln.is_artifact(model):
-        return kiln.Engine(model)
-    with _Progress() as progress:
-        return kiln.load(model, progress=progress)
+    return kiln.Engine(model if kiln.is_artifact(model) else _compiled(model))
 
 
 @main.command()
@@ -196,6 +193,34 @@ def bench(model, prompt_len, gen_len, batch, runs, as_json) -> None:
                f"  prefill {r.prefill_tok_s:8.1f} tok/s   (TTFT {r.ttft_ms:.1f} ms)\n"
                f"  decode  {r.decode_tok_s:8.1f} tok/s   (TPOT {r.tpot_ms:.2f} ms)\n"
                f"  peak RSS {r.peak_rss_mb:.0f} MB")
+
+
+@main.command()
+@click.argument("model", default=DEFAULT_MODEL)
+@click.option("--host", default="127.0.0.1", show_default=True, help="bind address (0.0.0.0 exposes it)")
+@click.option("--port", default=8000, show_default=True)
+@click.option("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
+@click.option("--model-name", default=None, help="the name clients pass as `model` [artifact name]")
+@click.option("--max-num-seqs", type=int, help="most sequences in one batch [artifact's max batch]")
+@click.option("--max-tokens-per-step", type=int, help="chunked-prefill token budget per step")
+@click.option("--max-total-tokens", type=int, help="KV cache capacity in tokens")
+@click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
+@_friendly_errors
+def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
+          no_prefix_cache) -> None:
+    """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
+    import kiln
+    from kiln.runtime.server import ServerArgs, serve as run_server
+    path = model if kiln.is_artifact(model) else _compiled(model)
+    engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
+                               max_total_tokens=max_total_tokens, enable_prefix_cache=not no_prefix_cache)
+    run_server(path, ServerArgs(host=host, port=port, api_key=api_key, model_name=model_name, engine=engine))
+
+
+def _compiled(model: str) -> Path:
+    import kiln
+    with _Progress() as progress:
+        return kiln.ensure_artifact(model, progress=progress)
 
 
 @main.command()

@@ -106,10 +106,6 @@ class Engine:
         if bad_bias:
             raise InvalidRequestError(f"logit_bias names token {bad_bias[0]}, outside the vocabulary "
                                       f"[0, {self.runner.vocab_size})", "logit_bias")
-        if not self.scheduler.fits(len(ids) + params.max_tokens):
-            raise InvalidRequestError(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
-                                      "more KV pages than the engine holds; raise EngineConfig.max_total_tokens",
-                                      "max_tokens")
         requests = []
         for k in range(params.n):
             fork = (requests[0].seq_id, len(ids) - 1) if k else None
@@ -117,6 +113,10 @@ class Engine:
                            priority=priority, fork_from=fork)
             requests.append(Request(index + k, seq, params, self.runner.context_window, self.eos_token_ids,
                                     self.tokenizer, self._grammar(params), _rng_seed_offset=k))
+        if not self.scheduler.fits(len(ids) + params.max_tokens):
+            raise InvalidRequestError(f"the prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) needs "
+                                      "more KV pages than the engine holds; raise EngineConfig.max_total_tokens",
+                                      "max_tokens")
         for r in requests:           # validated all before queueing any
             self._requests[r.seq_id] = r
             self.scheduler.add(r.seq)
@@ -160,7 +160,13 @@ class Engine:
 
     def render_chat(self, messages: list[dict]) -> list[int]:
         tok = self._need_tokenizer()
-        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+        try:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        except InvalidRequestError:
+            raise
+        except ValueError as e:       # bad roles, contents, or a template that raised
+            raise InvalidRequestError(str(e), "messages") from None
+        return tok.encode(text, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
         return self._need_tokenizer().encode(text)

@@ -158,9 +158,11 @@ class GrammarCompiler:
 
     def _compile(self, schema: dict | None, schema_json: str) -> xgrammar.CompiledGrammar:
         if schema is None:
-            return self._compiler.compile_builtin_json_grammar()
+            # OpenAI's json_object means a JSON object (not any value); compact whitespace keeps
+            # greedy decoding from looping on spaces.
+            return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
         try:
-            return self._compiler.compile_json_schema(schema_json)
+            return self._compiler.compile_json_schema(schema_json, any_whitespace=False)
         except (RuntimeError, ValueError) as e:
             lines = str(e).strip().splitlines() or [type(e).__name__]
             reason = re.sub(r"^\[[^\]]*\]\s*\S+\.cc:\d+:\s*", "", lines[-1])   # drop "[time] file.cc:123: "

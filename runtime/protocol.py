@@ -49,7 +49,8 @@ class SamplingParams:
                f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         _check(isinstance(self.top_k, int) and self.top_k >= 0,
                f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}", "top_k")
-        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}", "seed")
+        _check(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+               f"seed must be an integer >= 0, got {self.seed!r}", "seed")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         _check(all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings", "stop")

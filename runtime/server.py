@@ -1,0 +1,315 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one AsyncEngine.
+
+    kiln serve dist/smollm2-q0f32-cpu --port 8000 --api-key sk-local
+    # or from Python:
+    from kiln.runtime import EngineConfig
+    from kiln.runtime.server import ServerArgs, serve
+    serve("dist/smollm2-q0f32-cpu", ServerArgs(port=8000, engine=EngineConfig(max_num_seqs=32)))
+
+    client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="sk-local")
+    client.chat.completions.create(model="smollm2-q0f32-cpu", messages=[{"role": "user", "content": "Hi"}])
+
+Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE),
+GET /v1/models, GET /health, GET /metrics (Prometheus text). With an API key set,
+the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
+
+A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
+-> Metrics.track -> Reply.add per delta -> SSE chunks, or the collected reply. Every
+error is answered in OpenAI's format; bad input is a 4xx, never a 500. A client that
+disconnects cancels the task consuming its stream, which closes the engine's
+generator and aborts the request (its KV pages are freed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import openai_api as api
+from .async_engine import AsyncEngine
+from .engine import Engine, EngineConfig
+from .metrics import Metrics
+from .protocol import InvalidRequestError, SamplingParams, StreamDelta
+
+log = logging.getLogger("kiln.server")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    host: str = "127.0.0.1"               # loopback only unless told otherwise
+    port: int = 8000
+    api_key: str | None = None            # when set, /v1 routes need "Authorization: Bearer <api_key>"
+    model_name: str | None = None         # the name clients pass as `model`; default: the artifact's folder name
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    log_level: str = "info"
+
+
+def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
+    """Load ``artifact`` and serve it until interrupted (blocking)."""
+    import uvicorn
+
+    engine = Engine(artifact, args.engine)
+    aengine = AsyncEngine(engine)
+    app = create_app(aengine, replace(args, model_name=args.model_name or Path(artifact).resolve().name))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    finally:
+        aengine.stop()
+
+
+def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
+    """A FastAPI app serving ``engine`` (the caller owns the engine; the app never stops it)."""
+    state = _ServerState(engine, args.model_name or engine.engine.artifact.path.name, args.api_key)
+    app = FastAPI(title="kiln", docs_url=None, redoc_url=None)
+    app.state.kiln = state
+    _install_error_handlers(app)
+    auth = [Depends(state.check_api_key)]
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.started,
+                                             "owned_by": "kiln", "max_model_len": state.context_window}]}
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        state.check_model(body.model)
+        ids = state.render_chat(body.messages)
+        params = api.chat_params(body, len(ids), state.context_window)
+        reply = api.Reply("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
+                          include_usage=_include_usage(body))
+        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: api.CompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        state.check_model(body.model)
+        prompt = api.completion_prompt(body)
+        ids = state.engine.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        params = api.completion_params(body)
+        reply = api.Reply("completion", state.model_name, len(ids), state.token_text,
+                          logprobs=params.needs_logprobs, include_usage=_include_usage(body))
+        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
+
+    return app
+
+
+def _token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
+    """(text, bytes) of one token. A byte-level BPE piece that ends inside a UTF-8 character decodes
+    to U+FFFD; its bytes come from the piece itself, and its text is "bytes:\\xNN..." as OpenAI writes it."""
+    if tokenizer is None:
+        return f"<token {token_id}>", b""
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return text, text.encode("utf-8")
+    piece = tokenizer.id_to_token(token_id) or ""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):      # byte-fallback token
+        raw = bytes([int(piece[3:5], 16)])
+    elif piece and all(c in _BYTE_LEVEL for c in piece):
+        raw = bytes(_BYTE_LEVEL[c] for c in piece)
+    else:
+        return text, text.encode("utf-8")
+    try:
+        return raw.decode("utf-8"), raw
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _include_usage(body: api.CompletionRequest | api.ChatCompletionRequest) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+class _ServerState:
+    """What the routes share: the engine, its served name, the API key, metrics, token texts."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None):
+        self.engine = engine
+        self.model_name = model_name
+        self.api_key = api_key
+        self.started = int(time.time())
+        self.metrics = Metrics(engine.engine)
+        artifact = engine.engine.artifact
+        self.context_window = int(getattr(artifact, "context_window", 0) or engine.engine.runner.context_window)
+        self._token_texts: dict[int, tuple[str, bytes]] = {}
+
+    # -- checks (raise APIError, answered by the handlers below) -----------------------------
+    async def check_api_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise api.APIError(401, "missing or incorrect API key; send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise api.APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                               "model", code="model_not_found")
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        try:
+            return self.engine.engine.render_chat(api.chat_messages(messages))
+        except InvalidRequestError:
+            raise
+        except ValueError as e:                 # the tokenizer names the bad message
+            raise InvalidRequestError(str(e), "messages") from None
+
+    def token_text(self, token_id: int) -> tuple[str, bytes]:
+        """A token's text and bytes for logprobs (cached; ids are few)."""
+        entry = self._token_texts.get(token_id)
+        if entry is None:
+            entry = self._token_texts[token_id] = _token_text(self.engine.engine.tokenizer, token_id)
+        return entry
+
+    # -- one generation path ---------------------------------------------------------------
+    async def respond(self, request: Request, reply: api.Reply, ids: list[int], params: SamplingParams,
+                      priority: int, stream: bool, arrival: float) -> Response:
+        deltas = self.metrics.track(self.engine.generate(ids, params, priority=priority), len(ids), arrival)
+        if not stream:
+            if not await _collect(request, reply, deltas):
+                return Response(status_code=499)    # nobody is listening; nginx's "client closed request"
+            return JSONResponse(reply.final())
+        try:
+            first = await anext(deltas)   # bad input raises here, before any byte of the stream is sent
+        except BaseException:
+            await deltas.aclose()
+            raise
+        return _EventStream(_sse(reply, first, deltas), media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _collect(request: Request, reply: api.Reply, deltas: AsyncIterator[StreamDelta]) -> bool:
+    """Feed every delta to ``reply``; False if the client went away meanwhile (its request is aborted)."""
+    async def consume() -> None:
+        async with aclosing(deltas):
+            async for delta in deltas:
+                if delta.finish_reason == "error":
+                    raise api.APIError(500, "the engine failed while generating; see the server log",
+                                       type="server_error", code="internal_error")
+                reply.add(delta)
+
+    async def disconnected() -> None:       # the body is read, so the next message is the disconnect
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watch = asyncio.create_task(consume()), asyncio.create_task(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            return False
+        task.result()                       # raises what consume raised (bad input: InvalidRequestError)
+        return True
+    finally:                                # the client left, the reply is done, or the handler was cancelled
+        for t in (task, watch):
+            t.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+
+
+async def _sse(reply: api.Reply, first: StreamDelta, deltas: AsyncIterator[StreamDelta]) -> AsyncIterator[str]:
+    """Server-sent events: one chunk per delta, the usage chunk if asked for, then [DONE]."""
+    async with aclosing(deltas):
+        delta: StreamDelta | None = first
+        while delta is not None:
+            if delta.finish_reason == "error":
+                yield _event(api.error_body("the engine failed while generating; see the server log",
+                                            "server_error", code="internal_error"))
+                return
+            chunk = reply.add(delta)
+            if chunk is not None:
+                yield _event(chunk)
+            delta = await anext(deltas, None)
+    if reply.include_usage:
+        yield _event(reply.usage_chunk())
+    yield "data: [DONE]\n\n"
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """A StreamingResponse that always closes its body iterator, so a disconnect aborts the request
+    deterministically (not whenever the abandoned generator is garbage-collected)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+# -- errors in OpenAI's format ---------------------------------------------------------------
+def _install_error_handlers(app: FastAPI) -> None:
+    def answer(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(api.error_body(message, type, param, code), status_code=status, headers=headers)
+
+    @app.exception_handler(api.APIError)
+    async def api_error(_: Request, e: api.APIError) -> JSONResponse:
+        return answer(e.status, e.message, e.type, e.param, e.code)
+
+    @app.exception_handler(InvalidRequestError)
+    async def invalid_request(_: Request, e: InvalidRequestError) -> JSONResponse:
+        return answer(400, str(e), param=e.param)
+
+    @app.exception_handler(ValueError)       # tokenizer / chat template validation
+    async def value_error(_: Request, e: ValueError) -> JSONResponse:
+        return answer(400, str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        where = ".".join(loc)
+        message = f"{where}: {first.get('msg', 'invalid value')}" if where else first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":
+            reason = first.get("ctx", {}).get("error", "")
+            return answer(400, f"the request body is not valid JSON: {reason}".rstrip(": "))
+        return answer(400, message, param=loc[0] if loc else None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return answer(e.status_code, str(e.detail), code=None)
+
+    @app.exception_handler(Exception)
+    async def server_error(_: Request, e: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return answer(500, f"internal server error: {type(e).__name__}", "server_error", code="internal_error")
