@@ -1,0 +1,52 @@
+"""Helpers shared by the benchmark scripts in tools/ (bench_vs_transformers.py, compare_llamacpp.py)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import numpy as np
+
+
+def read_bandwidth_gbs(size_mb: int = 512) -> float:
+    """Memory read bandwidth in GB/s: best of 5 numpy sums over a buffer much larger than the caches."""
+    a = np.ones(size_mb * (1 << 20) // 8)
+    best = min(_timed(a.sum) for _ in range(5))
+    return a.nbytes / best / 1e9
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def bench_transformers(model_arg: str, prompt_len: int, gen_len: int, runs: int) -> dict:
+    """transformers float32 with its KV cache, torch threads = cores: median prefill and decode tok/s."""
+    import torch
+    import transformers
+    from kiln import models
+    path = models.resolve(model_arg)
+    kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    root = str(path.parent if path.suffix == ".gguf" else path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32, **kw).eval()
+    torch.set_num_threads(os.cpu_count() or 1)
+    rng = np.random.default_rng(0)
+    prefill, steps = [], []
+    for run in range(runs + 1):
+        ids = torch.tensor(rng.integers(0, model.config.vocab_size, size=(1, prompt_len)))
+        with torch.no_grad():
+            t = time.perf_counter()
+            out = model(ids, use_cache=True)
+            p = time.perf_counter() - t
+            past, tok, times = out.past_key_values, out.logits[:, -1:].argmax(-1), []
+            for _ in range(gen_len):
+                t = time.perf_counter()
+                out = model(tok, past_key_values=past, use_cache=True)
+                times.append(time.perf_counter() - t)
+                past, tok = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        if run:
+            prefill.append(p)
+            steps.append(statistics.median(times))
+    return {"prefill_tok_s": prompt_len / statistics.median(prefill), "decode_tok_s": 1 / statistics.median(steps)}
