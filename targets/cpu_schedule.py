@@ -1,0 +1,445 @@
+"""dlight-style CPU schedule rules: no matmul, norm or elementwise kernel runs as a scalar loop.
+
+Use ``tvm.s_tir.dlight.ApplyDefaultSchedule(*cpu_schedule_rules())`` under ``with target:``
+after FuseTIR; each PrimFunc gets the first rule that matches:
+
+* ``Matmul``: ``C[s, i, j] = sum_k A[s, i, k] * B[s, j, k]`` (``nn.Linear`` after
+  FuseTransposeMatmul) plus a fused elementwise epilogue.  Each thread keeps a
+  ``tile_m x tile_n`` tile of vectors of k partial sums in registers (rfactor over
+  ``k_inner = vector_lanes``): a 1-row call is a GEMV streaming each W row once, a 128-row call
+  reuses every W load ``tile_m`` times.  The symbolic rows are padded to ``tile_m`` inside the
+  A loads, so the tile has no predicate and its accumulators stay registers.  NN (B[k, j])
+  vectorises j instead; a static single row (decode entry) is a plain GEMV.
+* ``RowReduction``: reductions over the last axis (RMSNorm, softmax) and their spatial
+  neighbours: parallel rows, all blocks computed at the row, reductions vectorised by rfactor.
+* ``Elementwise``: all-spatial functions (residual add, silu * mul, rotary, cast, take):
+  all inlined, outer loops fused and parallel, the innermost loop vectorised.
+
+Functions already scheduled (attr ``tirx.is_scheduled``) or matched by no rule are left alone
+(they still build, as scalar loops); so are those where a rule hits a schedule error (logged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tvm_ffi
+from tvm import ir, s_tir, tirx
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import ScheduleRule, get_extent
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers, get_index_map
+from tvm.target import Target
+from tvm.target.codegen import llvm_get_vector_width
+
+logger = logging.getLogger(__name__)
+
+# Calls too costly to recompute per element, so blocks using them are never inlined.
+_EXPENSIVE_CALLS = ("exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "pow")
+_REDUCE, _SPATIAL = tirx.IterVar.CommReduce, tirx.IterVar.DataPar
+# LowerTVMBuiltin keeps a CPU buffer on the stack only if its scope is "global" and it is
+# smaller than kMaxStackAlloca (1 KB); anything else (any "local" buffer!) becomes a
+# TVMBackendAllocWorkspace heap block, which LLVM often cannot keep in registers.  So the
+# accumulator tiles stay "global" and under this size.
+_STACK_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class CPUKnobs:
+    """Tile sizes shared by the CPU rules (defaults tuned on 2-core znver5, AVX-512, f32)."""
+
+    vector_lanes: int = 16  # elements per SIMD vector: 16 f32 on AVX-512, 8 on AVX2
+    tile_m: int = 2  # matmul register tile: A rows sharing each W load
+    tile_n: int = 6  # matmul register tile: W rows sharing each A load (see _STACK_BYTES)
+    unroll_k: int = 1  # extra unroll of the k_outer loop (1 = none)
+
+    def __post_init__(self) -> None:
+        for name in ("vector_lanes", "tile_m", "tile_n", "unroll_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"CPUKnobs.{name} must be a positive int, got {value!r}")
+        if self.vector_lanes < 2 or self.vector_lanes & (self.vector_lanes - 1):
+            raise ValueError(f"CPUKnobs.vector_lanes must be a power of two >= 2, got {self.vector_lanes}")
+        if self.tile_m * self.tile_n > 24:
+            raise ValueError(f"tile_m * tile_n = {self.tile_m * self.tile_n} accumulators would spill the "
+                             "vector registers (32 on AVX-512, 16 on AVX2); keep it <= 24")
+
+    @classmethod
+    def for_lanes(cls, vector_lanes: int) -> CPUKnobs:
+        """Defaults for a vector width: a 2x6 tile on AVX-512, 2x4 with AVX2's 16 registers."""
+        return cls(vector_lanes=vector_lanes, tile_n=6 if vector_lanes >= 16 else 4)
+
+
+def vector_lanes_for_target(target: Target, dtype_bits: int = 32) -> int:
+    """SIMD lanes of ``dtype_bits``-wide elements for an llvm target (16 for f32 on AVX-512)."""
+    bits = llvm_get_vector_width(target)
+    return max(bits // dtype_bits, 4) if bits > 0 else 128 // dtype_bits
+
+
+def cpu_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) -> list[ScheduleRule]:
+    """The CPU rules in the order ApplyDefaultSchedule should try them (most specific first).
+
+    ``knobs`` sets every size; without it, ``CPUKnobs.for_lanes(vector_lanes)``."""
+    if knobs is not None and vector_lanes not in (16, knobs.vector_lanes):
+        raise ValueError(f"vector_lanes={vector_lanes} conflicts with knobs.vector_lanes="
+                         f"{knobs.vector_lanes}; set it in the knobs only")
+    knobs = knobs or CPUKnobs.for_lanes(vector_lanes)
+    return [Matmul(knobs), RowReduction(knobs), Elementwise(knobs)]
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+class _Rule(CPUScheduleRule):
+    """Common gatekeeping: llvm target, not yet scheduled; a schedule error means no match."""
+
+    def __init__(self, knobs: CPUKnobs | None = None) -> None:
+        self.knobs = knobs or CPUKnobs()
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+            return None
+        try:
+            return self.schedule(s_tir.Schedule(func))
+        except (RuntimeError, ValueError) as err:  # s_tir.ScheduleError is a RuntimeError
+            logger.warning("%s left a function unscheduled: %s", type(self).__name__, str(err)[-300:])
+            return None
+
+    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
+        raise NotImplementedError
+
+
+def _static(extent) -> int | None:
+    return int(extent) if isinstance(extent, (int, tirx.IntImm)) else None
+
+
+def _largest_divisor(n: int, limit: int, ok: Callable[[int], bool] = lambda d: True) -> int:
+    """Largest d <= limit dividing n (and passing ``ok``); 1 if none."""
+    return next((d for d in range(min(limit, n), 0, -1) if n % d == 0 and ok(d)), 1)
+
+
+def _pow2_divisor(n: int, limit: int) -> int:  # vector widths must be powers of two
+    return _largest_divisor(n, limit, lambda d: d & (d - 1) == 0)
+
+
+def _root_blocks(sch: s_tir.Schedule) -> list[s_tir.SBlockRV]:
+    return sch.get_child_blocks(sch.get_sblock("root"))
+
+
+def _is_reduction(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
+    return any(iv.iter_type == _REDUCE for iv in sch.get(block).iter_vars)
+
+
+def _vectorize_inner(sch: s_tir.Schedule, loop: s_tir.LoopRV, lanes: int) -> s_tir.LoopRV:
+    """Vectorise ``loop`` by the largest power of two <= lanes dividing its static extent;
+    returns the outer remainder loop (``loop`` itself when nothing could be vectorised)."""
+    width = _pow2_divisor(_static(get_extent(sch, loop)) or 1, lanes)
+    if width < 2:
+        return loop
+    outer, inner = sch.split(loop, [None, width])
+    sch.vectorize(inner)
+    return outer
+
+
+def _schedule_spatial_block(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) -> None:
+    """A stand-alone spatial block: vectorised innermost loop, all other loops fused, parallel."""
+    loops = sch.get_loops(block)
+    if loops:
+        outer = _vectorize_inner(sch, loops[-1], lanes)
+        sch.parallel(sch.fuse(*loops[:-1], outer) if len(loops) > 1 else outer)
+
+
+def _inline_all(sch: s_tir.Schedule, keep: Callable[[s_tir.SBlockRV], bool] = lambda b: False) -> None:
+    """Inline (into consumers, else into the producer) every block not ``keep``-ed, to fixpoint."""
+
+    def inline_one() -> bool:
+        for block in _root_blocks(sch):
+            if keep(block):
+                continue
+            for primitive in (sch.compute_inline, sch.reverse_compute_inline):
+                try:
+                    primitive(block)
+                    return True
+                except RuntimeError:
+                    pass
+        return False
+
+    while inline_one():
+        pass
+
+
+def _has_expensive_call(stmt: tirx.Stmt) -> bool:
+    """Whether a block body calls exp/rsqrt/...; anything but a single store counts as costly."""
+    if not isinstance(stmt, tirx.BufferStore):
+        return True
+    stack = [stmt.value]
+    while stack:
+        expr = stack.pop()
+        if isinstance(expr, ir.Call):
+            if expr.op.name.rsplit(".", 1)[-1] in _EXPENSIVE_CALLS:
+                return True
+            stack.extend(expr.args)
+        stack.extend(getattr(expr, f) for f in ("a", "b", "value", "condition", "true_value", "false_value")
+                     if isinstance(getattr(expr, f, None), ir.Expr))
+    return False
+
+
+# ----------------------------------------------------------------------------- Matmul
+
+
+class Matmul(_Rule):
+    """Register-blocked, vectorised, parallel matmul with its epilogue computed at the tile.
+
+    Matches a PrimFunc with exactly one reduction block ``C[s, i, j] += A[s, i, k] * B[s, j, k]``
+    (batch and unit axes are fused by dlight's index maps) whose A and B are contiguous along
+    k (NT), or whose B is contiguous along j (NN), and only spatial blocks around it.
+    N and K must be static; the rows (i) may be symbolic.
+    """
+
+    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
+        blocks = _root_blocks(sch)
+        kinds = [{iv.iter_type for iv in sch.get(b).iter_vars} for b in blocks]
+        reductions = [b for b, k in zip(blocks, kinds) if _REDUCE in k]
+        if len(reductions) != 1 or any(k - {_SPATIAL, _REDUCE} for k in kinds):
+            return None
+        main = reductions[0]
+        layout = _matmul_layout(sch.get(main))
+        if layout == "gemv":  # static single row: C[.., j] = sum_k A[.., k] * B[j, k]
+            auto_inline_producers(sch, main)
+            auto_inline_consumers(sch, main)
+            *spatial, k = sch.get_loops(main)
+            j = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+            return self._schedule_nt(sch, main, [], None, j, k)
+        if layout is None:
+            return None
+        # Normalise to C[S, I, J] += A[S, I, K] * B[S, J, K] (dlight's gpu Matmul recipe).
+        read_a, read_b = sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1))
+        write_c = sch.reindex(main, ("write", 0))
+        block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+        sch.transform_layout(read_a, ("write", 0), a_map)
+        sch.transform_layout(read_b, ("write", 0), b_map)
+        sch.transform_layout(write_c, ("read", 0), c_map)
+        sch.transform_block_layout(main, block_map)
+        auto_inline_producers(sch, main)  # the reindex copies and any elementwise prologue
+        if layout == "nn":
+            return self._schedule_nn(sch, main)
+        tile_m = self._pad_rows(sch, main, self.knobs.tile_m)
+        s, i, j, k = sch.get_loops(main)
+        return self._schedule_nt(sch, main, [s], (i, tile_m), j, k)
+
+    def _schedule_nt(self, sch, main, outer: list, rows: tuple | None, j, k) -> s_tir.Schedule | None:
+        """Tile (rows x j) in registers, each a vector of k partial sums; ``rows`` is the
+        symbolic row loop and its tile, None for a single static row (GEMV)."""
+        knobs = self.knobs
+        n, k_len = _static(get_extent(sch, j)), _static(get_extent(sch, k))
+        lanes = _pow2_divisor(k_len or 1, knobs.vector_lanes)
+        if n is None or lanes < 4:
+            return None
+        # tile_m x tile_n vectors of partial sums, kept under the stack limit (so in registers).
+        col_bytes = (rows[1] if rows else 1) * lanes * tvm_ffi.dtype(sch.get(main).writes[0].source.dtype).itemsize
+        tile_n = _largest_divisor(n, knobs.tile_n, lambda t: t * col_bytes < _STACK_BYTES)
+        j_o, j_i = sch.split(j, [None, tile_n])
+        k_o, k_i = sch.split(k, [None, lanes])
+        row_tile = list(sch.split(rows[0], [None, rows[1]])) if rows else []  # [i_o, i_i]
+        # The W tile (tile_n rows of W) stays in L1 while the row tiles stream past it.
+        sch.reorder(*outer, j_o, *row_tile[:1], k_o, *row_tile[1:], j_i, k_i)
+        rf = sch.rfactor(k_i, factor_axis=len(sch.get(main).writes[0].region))  # rf[.., lane]
+        loops = sch.get_loops(rf)
+        tile, depth = loops[len(outer) + bool(rows)], len(outer) + 1 + bool(rows)
+        sch.reverse_compute_at(main, tile, preserve_unit_loops=True)
+        lane, *spatial = sch.get_loops(main)[depth:]
+        sch.reorder(*spatial, lane)  # then sum each accumulator's lanes
+        self._epilogue_at_tile(sch, main, tile)
+        sch.parallel(sch.fuse(*loops[:depth]) if depth > 1 else tile)
+        k_o, *inner, k_i = loops[depth:]
+        if knobs.unroll_k > 1 and (k_len // lanes) % knobs.unroll_k == 0:
+            k_o, k_u = sch.split(k_o, [None, knobs.unroll_k])
+            sch.unroll(k_u)
+        for loop in inner:
+            sch.unroll(loop)
+        sch.vectorize(k_i)
+        init = sch.decompose_reduction(rf, k_o)
+        sch.vectorize(sch.get_loops(init)[-1])
+        sch.decompose_reduction(main, sch.get_loops(main)[-1])
+        return sch
+
+    def _schedule_nn(self, sch: s_tir.Schedule, main: s_tir.SBlockRV) -> s_tir.Schedule | None:
+        """4 rows x 2 vectors of columns: broadcast A[i, k] times a vector of B[k, j]."""
+        n = _static(get_extent(sch, sch.get_loops(main)[2]))
+        lanes = _pow2_divisor(n or 1, self.knobs.vector_lanes)
+        if n is None or lanes < 4:
+            return None
+        tile_m, tile_v = self._pad_rows(sch, main, 4), _largest_divisor(n // lanes, 2)
+        s, i, j, k = sch.get_loops(main)
+        i_o, i_i = sch.split(i, [None, tile_m])
+        j_o, j_v, j_l = sch.split(j, [None, tile_v, lanes])
+        sch.reorder(s, j_o, i_o, k, i_i, j_v, j_l)
+        self._epilogue_at_tile(sch, main, i_o)
+        sch.parallel(sch.fuse(s, j_o, i_o))
+        sch.unroll(i_i)
+        sch.unroll(j_v)
+        sch.vectorize(j_l)
+        init = sch.decompose_reduction(main, k)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return sch
+
+    @staticmethod
+    def _pad_rows(sch: s_tir.Schedule, main: s_tir.SBlockRV, tile_m: int) -> int:
+        """Pad the rows to a multiple of ``tile_m`` inside the A loads (``A[i] if i < m else
+        0``): without a predicate on the tile its accumulators compact to registers.  Returns
+        the row tile used: 1 when the rows fuse two symbolic axes (b * m), which pad_einsum
+        cannot pad."""
+        if tile_m > 1:
+            try:
+                sch.pad_einsum(main, [1, tile_m, 1, 1])
+            except RuntimeError:
+                tile_m = 1
+            auto_inline_producers(sch, main)
+        auto_inline_consumers(sch, main)  # the C reindex copy and the epilogue become one block
+        return tile_m
+
+    def _epilogue_at_tile(self, sch: s_tir.Schedule, main: s_tir.SBlockRV, tile: s_tir.LoopRV) -> None:
+        """Run the (single, fused) epilogue right after each tile, C staying in registers;
+        several consumers run afterwards as parallel loops over C in memory."""
+        consumers = sch.get_consumers(main)
+        if len(consumers) != 1:
+            for consumer in consumers:
+                _schedule_spatial_block(sch, consumer, self.knobs.vector_lanes)
+            return
+        sch.reverse_compute_at(consumers[0], tile, preserve_unit_loops=True)
+        _vectorize_inner(sch, sch.get_loops(consumers[0])[-1], self.knobs.vector_lanes)
+
+
+def _matmul_layout(block: s_tir.SBlock) -> str | None:
+    """'nt' if A and B are both contiguous along k, 'nn' if B is contiguous along j, 'gemv'
+    for an NT product with no row axis at all (static m = 1: A has only unit axes and k)."""
+    reduce_vars = [iv.var for iv in block.iter_vars if iv.iter_type == _REDUCE]
+    if len(block.reads) != 2 or len(block.writes) != 1 or len(reduce_vars) != 1:
+        return None
+    k = reduce_vars[0]
+    a_last, b_last = (read.region[-1].min for read in block.reads)
+    if get_index_map(block) is None:
+        a_vars = {v for r in block.reads[0].region for v in tirx.analysis.undefined_vars(r.min)}
+        unit = {iv.var for iv in block.iter_vars if _static(iv.dom.extent) == 1}
+        only_k = all(v.same_as(k) or any(v.same_as(u) for u in unit) for v in a_vars)
+        k_last = block.iter_vars[-1].var.same_as(k)  # the GEMV path takes the last loop as k
+        return "gemv" if only_k and k_last and a_last.same_as(k) and b_last.same_as(k) else None
+    if a_last.same_as(k) and b_last.same_as(k):
+        return "nt"
+    return "nn" if isinstance(b_last, tirx.Var) and b_last.same_as(block.writes[0].region[-1].min) else None
+
+
+# ----------------------------------------------------------------------------- RowReduction
+
+
+class RowReduction(_Rule):
+    """Reductions over the innermost axis of each row, with their spatial producers/consumers.
+
+    Matches when every reduction block is ``S..S R`` over a contiguously read last axis and all
+    blocks share the output's leading (row) loops.  Cheap spatial blocks are inlined; blocks
+    calling exp/rsqrt (softmax's exp, RMSNorm's per-row rsqrt) stay computed once per row.
+    """
+
+    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
+        infos = normalize_prim_func(sch)
+        if not infos or all(info.is_injective() for info in infos):
+            return None
+        kinds = [info.dom_kind() for info in infos]
+        if any("R" in kind and kind != "S" * (len(kind) - 1) + "R" for kind in kinds):
+            return None  # only S..S R reductions (one reduce axis, innermost)
+        lanes = self.knobs.vector_lanes
+        _inline_all(sch, keep=lambda b: _is_reduction(sch, b) or _has_expensive_call(sch.get(b).body))
+        blocks = _root_blocks(sch)
+        reductions = [b for b in blocks if _is_reduction(sch, b)]
+        rows = _row_rank(sch, blocks, reductions)
+        if rows is None or not all(_reads_row_contiguously(sch.get(b)) for b in reductions):
+            return None
+        # Vector partial sums first: rfactor wants the reduction alone in its loop nest.
+        rf_blocks = [rf for rf in (self._rfactor(sch, b, lanes) for b in reductions) if rf is not None]
+        blocks = _root_blocks(sch)
+        if rows:  # one parallel row loop holding every block (a single static row has none)
+            out_loops = sch.get_loops(blocks[-1])
+            row = sch.fuse(*out_loops[:rows]) if rows > 1 else out_loops[0]
+            sch.parallel(row)
+            for block in reversed(blocks[:-1]):
+                sch.compute_at(block, row, preserve_unit_loops=True)
+        for block in blocks:
+            inner = sch.get_loops(block)[1 if rows else 0:]  # the loops inside the row
+            if inner and not _is_reduction(sch, block):
+                _vectorize_inner(sch, sch.fuse(*inner) if len(inner) > 1 else inner[0], lanes)
+        for rf in rf_blocks:
+            if rows:  # compute_at put the lane loop outside k_outer: swap them
+                lane, *_, k_outer = sch.get_loops(rf)[1:]
+                sch.reorder(k_outer, lane)
+            else:
+                *_, k_outer, lane = sch.get_loops(rf)
+            sch.vectorize(lane)
+            init = sch.decompose_reduction(rf, k_outer)
+            sch.vectorize(sch.get_loops(init)[-1])
+        return sch
+
+    @staticmethod
+    def _rfactor(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) -> s_tir.SBlockRV | None:
+        """Split the row reduction into ``lanes`` vector partial sums; returns the rf block."""
+        extent = _static(get_extent(sch, sch.get_loops(block)[-1]))
+        if extent is None or extent % lanes or extent <= lanes:
+            return None
+        _, k_i = sch.split(sch.get_loops(block)[-1], [None, lanes])
+        try:
+            rf = sch.rfactor(k_i, factor_axis=len(sch.get(block).writes[0].region))
+        except RuntimeError:
+            return None  # a combiner rfactor does not know (argmax): stays a serial loop
+        return rf
+
+
+def _row_rank(sch: s_tir.Schedule, blocks: list, reductions: list) -> int | None:
+    """How many leading loops (the rows) every block shares with the output block; None if
+    a block does not cover the rows."""
+
+    def same(a, b) -> bool:
+        return _static(a) == _static(b) if isinstance(a, int) or isinstance(b, int) else tvm_ffi.structural_equal(a, b)
+
+    out_extents = [get_extent(sch, loop) for loop in sch.get_loops(blocks[-1])]
+    rows = min(len(sch.get(b).iter_vars) - 1 for b in reductions)  # all S..S R after normalising
+    rows = max(0, min(rows, len(out_extents) - 1))
+    for block in blocks:
+        extents = [get_extent(sch, loop) for loop in sch.get_loops(block)][:rows]
+        if len(extents) < rows or not all(map(same, extents, out_extents)):
+            return None
+    return rows
+
+
+def _reads_row_contiguously(block: s_tir.SBlock) -> bool:
+    """Every read that depends on the reduce var indexes it in its last dimension."""
+    k = next(iv.var for iv in block.iter_vars if iv.iter_type == _REDUCE)
+    for read in block.reads:
+        uses = any(v.same_as(k) for r in read.region for v in tirx.analysis.undefined_vars(r.min))
+        if uses and not read.region[-1].min.same_as(k):
+            return False
+    return True
+
+
+# ----------------------------------------------------------------------------- Elementwise
+
+
+class Elementwise(_Rule):
+    """All-spatial functions: everything inlined, then parallel + vectorised per output.
+
+    Matches residual adds, silu * mul, rotary, casts, reshapes and take (embedding gather).
+    """
+
+    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
+        infos = normalize_prim_func(sch)
+        if not infos or not all(info.is_injective() for info in infos):
+            return None
+        _inline_all(sch)
+        for block in _root_blocks(sch):
+            _schedule_spatial_block(sch, block, self.knobs.vector_lanes)
+        return sch
+
+
+__all__ = ["CPUKnobs", "Elementwise", "Matmul", "RowReduction", "cpu_schedule_rules", "vector_lanes_for_target"]
