@@ -231,34 +231,38 @@ def test_32_concurrent_streams_complete_and_pages_drain(server):
 
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str | None, int]:
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"Request number {i}"}], max_tokens=16,
-            temperature=0.7, seed=i, stream=True, stream_options={"include_usage": True})
+            model=MODEL, messages=[{"role": "user", "content": f"Request number {i}"}], max_tokens=48,
+            temperature=0.7, seed=i, stream=True, stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True})
         reason, usage = None, 0
         async for chunk in stream:
             reason = next((c.finish_reason for c in chunk.choices if c.finish_reason), reason)
             usage = chunk.usage.completion_tokens if chunk.usage else usage
         return reason, usage
 
-    async def watch_gauges(peaks: dict[str, float], done: asyncio.Event) -> None:
-        async with httpx.AsyncClient() as http:
+    def watch_gauges(peaks: dict[str, float], done: threading.Event) -> None:
+        """Polls /metrics from its own thread, so the clients' event loop cannot starve it."""
+        with httpx.Client() as http:
             while not done.is_set():
-                for line in (await http.get(f"{server.url}/metrics")).text.splitlines():
+                for line in http.get(f"{server.url}/metrics").text.splitlines():
                     name, _, value = line.partition(" ")
                     if name in peaks:
                         peaks[name] = max(peaks[name], float(value))
-                await asyncio.sleep(0.01)
+                time.sleep(0.005)
 
-    async def main(peaks: dict[str, float]) -> list[tuple[str | None, int]]:
-        done = asyncio.Event()
-        watcher = asyncio.create_task(watch_gauges(peaks, done))
+    async def main() -> list[tuple[str | None, int]]:
         async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
-            results = await asyncio.gather(*(one(client, i) for i in range(32)))
-        done.set()
-        await watcher
-        return results
+            return await asyncio.gather(*(one(client, i) for i in range(32)))
 
     peaks = dict.fromkeys(("kiln_kv_pages_used", "kiln_requests_running", "kiln_requests_waiting"), 0.0)
-    results = asyncio.run(main(peaks))
+    done = threading.Event()
+    watcher = threading.Thread(target=watch_gauges, args=(peaks, done))
+    watcher.start()
+    try:
+        results = asyncio.run(main())
+    finally:
+        done.set()
+        watcher.join()
     assert all(reason in ("stop", "length") and n >= 1 for reason, n in results)
     assert peaks["kiln_kv_pages_used"] > 0 and 0 < peaks["kiln_requests_running"] <= 16, peaks
     wait_for(lambda: server.metric("kiln_kv_pages_used") == 0 and server.metric("kiln_requests_running") == 0
