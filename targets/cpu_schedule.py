@@ -52,7 +52,7 @@ class CPUKnobs:
 
     vector_lanes: int = 16  # elements per SIMD vector: 16 f32 on AVX-512, 8 on AVX2
     tile_m: int = 2  # matmul register tile: A rows sharing each W load
-    tile_n: int = 6  # matmul register tile: W rows sharing each A load (see _STACK_BYTES)
+    tile_n: int = 4  # matmul register tile: W rows sharing each A load (see _STACK_BYTES)
     unroll_k: int = 1  # extra unroll of the k_outer loop (1 = none)
 
     def __post_init__(self) -> None:
@@ -66,11 +66,6 @@ class CPUKnobs:
             raise ValueError(f"tile_m * tile_n = {self.tile_m * self.tile_n} accumulators would spill the "
                              "vector registers (32 on AVX-512, 16 on AVX2); keep it <= 24")
 
-    @classmethod
-    def for_lanes(cls, vector_lanes: int) -> CPUKnobs:
-        """Defaults for a vector width: a 2x6 tile on AVX-512, 2x4 with AVX2's 16 registers."""
-        return cls(vector_lanes=vector_lanes, tile_n=6 if vector_lanes >= 16 else 4)
-
 
 def vector_lanes_for_target(target: Target, dtype_bits: int = 32) -> int:
     """SIMD lanes of ``dtype_bits``-wide elements for an llvm target (16 for f32 on AVX-512)."""
@@ -81,11 +76,11 @@ def vector_lanes_for_target(target: Target, dtype_bits: int = 32) -> int:
 def cpu_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) -> list[ScheduleRule]:
     """The CPU rules in the order ApplyDefaultSchedule should try them (most specific first).
 
-    ``knobs`` sets every size; without it, ``CPUKnobs.for_lanes(vector_lanes)``."""
+    ``knobs`` sets every size; without it, ``CPUKnobs(vector_lanes=vector_lanes)``."""
     if knobs is not None and vector_lanes not in (16, knobs.vector_lanes):
         raise ValueError(f"vector_lanes={vector_lanes} conflicts with knobs.vector_lanes="
                          f"{knobs.vector_lanes}; set it in the knobs only")
-    knobs = knobs or CPUKnobs.for_lanes(vector_lanes)
+    knobs = knobs or CPUKnobs(vector_lanes=vector_lanes)
     return [Matmul(knobs), RowReduction(knobs), Elementwise(knobs)]
 
 
@@ -240,7 +235,8 @@ class Matmul(_Rule):
         if n is None or lanes < 4:
             return None
         # tile_m x tile_n vectors of partial sums, kept under the stack limit (so in registers).
-        col_bytes = (rows[1] if rows else 1) * lanes * tvm_ffi.dtype(sch.get(main).writes[0].source.dtype).itemsize
+        dtype = tvm_ffi.dtype(sch.get(main).writes[0].source.dtype)
+        col_bytes = (rows[1] if rows else 1) * lanes * dtype.itemsize
         tile_n = _largest_divisor(n, knobs.tile_n, lambda t: t * col_bytes < _STACK_BYTES)
         j_o, j_i = sch.split(j, [None, tile_n])
         k_o, k_i = sch.split(k, [None, lanes])
@@ -401,7 +397,9 @@ def _row_rank(sch: s_tir.Schedule, blocks: list, reductions: list) -> int | None
     a block does not cover the rows."""
 
     def same(a, b) -> bool:
-        return _static(a) == _static(b) if isinstance(a, int) or isinstance(b, int) else tvm_ffi.structural_equal(a, b)
+        if isinstance(a, int) or isinstance(b, int):
+            return _static(a) == _static(b)
+        return tvm_ffi.structural_equal(a, b)
 
     out_extents = [get_extent(sch, loop) for loop in sch.get_loops(blocks[-1])]
     rows = min(len(sch.get(b).iter_vars) - 1 for b in reductions)  # all S..S R after normalising
@@ -442,4 +440,5 @@ class Elementwise(_Rule):
         return sch
 
 
-__all__ = ["CPUKnobs", "Elementwise", "Matmul", "RowReduction", "cpu_schedule_rules", "vector_lanes_for_target"]
+__all__ = ["CPUKnobs", "Elementwise", "Matmul", "RowReduction", "cpu_schedule_rules",
+           "vector_lanes_for_target"]

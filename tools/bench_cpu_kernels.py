@@ -13,6 +13,7 @@ cores from OpenBLAS.  The machine should be otherwise idle; numbers on a shared 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -36,24 +37,21 @@ class BenchArgs:
     repeat: int
     threads: int
     bandwidth_gbs: float
-    tile_m: int
-    tile_n: int
-    unroll_k: int
-    vector_lanes: int
+    knob_overrides: dict  # CPUKnobs fields set on the command line
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     parser.add_argument("--rows", default="1,128", help="comma list of m (rows of x) to time")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     parser.add_argument("--repeat", type=int, default=7, help="timed repeats; the median is reported")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="TVM_NUM_THREADS for the kernels")
-    parser.add_argument("--bandwidth-gbs", type=float, default=21.0, help="memory read bandwidth to compare m=1 against")
-    parser.add_argument("--tile-m", type=int, default=2, help="CPUKnobs.tile_m")
-    parser.add_argument("--tile-n", type=int, default=8, help="CPUKnobs.tile_n")
-    parser.add_argument("--unroll-k", type=int, default=1, help="CPUKnobs.unroll_k")
-    parser.add_argument("--vector-lanes", type=int, default=16, help="CPUKnobs.vector_lanes (8 on AVX2)")
+    parser.add_argument("--bandwidth-gbs", type=float, default=21.0,
+                        help="memory read bandwidth (GB/s) the m=1 weight stream is compared with")
+    for knob in ("tile_m", "tile_n", "unroll_k", "vector_lanes"):
+        parser.add_argument(f"--{knob.replace('_', '-')}", type=int, help=f"override CPUKnobs.{knob}")
     ns = parser.parse_args(argv)
     unknown = [s for s in ns.shapes.split(",") if s not in SHAPES]
     if unknown:
@@ -65,10 +63,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         repeat=ns.repeat,
         threads=ns.threads,
         bandwidth_gbs=ns.bandwidth_gbs,
-        tile_m=ns.tile_m,
-        tile_n=ns.tile_n,
-        unroll_k=ns.unroll_k,
-        vector_lanes=ns.vector_lanes,
+        knob_overrides={k: getattr(ns, k) for k in ("tile_m", "tile_n", "unroll_k", "vector_lanes")
+                        if getattr(ns, k) is not None},
     )
 
 
@@ -132,7 +128,8 @@ def build_kernel(func, target, rules):
     if not scheduled.attrs.get("tirx.is_scheduled", False):
         return None, schedule_s, 0.0
     start = time.perf_counter()
-    kernel = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=target).jit()
+    module = tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")})
+    kernel = tvm.compile(module, target=target).jit()
     return kernel, schedule_s, time.perf_counter() - start
 
 
@@ -174,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # TVM's default is one thread per 2 cores
     numpy_times = {
-        (name, m): numpy_seconds(*SHAPES[name], m, args.dtype, args.repeat) for name in args.shapes for m in args.rows
+        (name, m): numpy_seconds(*SHAPES[name], m, args.dtype, args.repeat)
+        for name in args.shapes
+        for m in args.rows
     }
     import tvm
 
@@ -188,11 +187,14 @@ def main(argv: list[str] | None = None) -> int:
             "num-cores": args.threads,
         }
     )
-    rules = cpu_schedule_rules(knobs=CPUKnobs(args.vector_lanes, args.tile_m, args.tile_n, args.unroll_k))
-    print(f"{args.dtype}, {args.threads} threads, medians of {args.repeat}; bandwidth ref {args.bandwidth_gbs} GB/s")
+    knobs = dataclasses.replace(CPUKnobs(), **args.knob_overrides)
+    rules = cpu_schedule_rules(knobs=knobs)
+    print(f"{args.dtype}, {args.threads} threads, {knobs}, medians of {args.repeat}; "
+          f"bandwidth ref {args.bandwidth_gbs} GB/s")
     print(
-        f"{'shape':8s} {'N':>6s} {'K':>5s} {'m':>4s} | {'tvm us':>9s} {'GFLOP/s':>7s} {'W GB/s':>6s} {'%bw':>6s} | "
-        f"{'numpy us':>9s} {'GFLOP/s':>7s} {'W GB/s':>6s} | {'speedup':>5s} | {'sch ms':>5s} {'bld ms':>6s} | max err"
+        f"{'shape':8s} {'N':>6s} {'K':>5s} {'m':>4s} | {'tvm us':>9s} {'GFLOP/s':>7s} {'W GB/s':>6s} "
+        f"{'%bw':>6s} | {'numpy us':>9s} {'GFLOP/s':>7s} {'W GB/s':>6s} | {'speedup':>5s} | "
+        f"{'sch ms':>5s} {'bld ms':>6s} | max err"
     )
     for name in args.shapes:
         for line in bench_shape(name, args, target, rules, numpy_times):
