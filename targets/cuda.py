@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import tvm
+
 from .profile import TargetProfile
 
 # Shared memory per block TVM may use (KB * 1024); set explicitly to avoid TVM's 48 KB guess.
 _SMEM = {"sm_80": 166912, "sm_86": 101376, "sm_89": 101376, "sm_90": 232448}
 
 
+@tvm.transform.module_pass(opt_level=0, name="kiln.NoTensorCores")
+def _no_tensor_cores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """Mark every PrimFunc `dlight.do_not_tensorize`.
+
+    In apache-tvm 0.27.0.post1, dlight's tensor-core matmul path (MatmulTensorization, taken for
+    float16 on sm_70+) segfaults inside s_tir Tensorize on SmolLM2's NT matmuls, killing the
+    process. The SIMT matmul schedule builds; remove this once the crash is fixed upstream.
+    """
+    out = tvm.IRModule(attrs=mod.attrs)
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            func = func.with_attr("dlight.do_not_tensorize", True)
+        out[gv] = func
+    return out
+
+
 def _schedule(profile: TargetProfile) -> list:
     from tvm.s_tir import dlight as dl
-    return [dl.ApplyDefaultSchedule(
+    return [_no_tensor_cores, dl.ApplyDefaultSchedule(
         dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Reduction(),
         dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
 
