@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 from kiln import models
 from kiln.models import ModelSource
 from kiln.targets import TargetProfile, get_profile
+from kiln.targets.cpu_schedule import TUNED_ATTR
 
 from .artifact import ParamWriter, staged_artifact, write_config
 from .pipeline import build_pipeline
-from .quantize import QuantScheme, get_scheme
+from .quantize import QuantPlan, QuantScheme, get_scheme
 from .spec import ENTRY_FUNCTIONS, build_spec
 
 # progress(stage, done, total): stages are "load", "export", "compile:<phase>", "weights", "write"
@@ -44,32 +44,53 @@ def default_name(source: ModelSource, quant: str, target: str) -> str:
     return f"{stem}-{quant}-{target}"
 
 
-def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Path:
-    """Compile and write the artifact; returns its directory."""
+@dataclass(frozen=True)
+class Exported:
+    """A model loaded, quantized and exported to Relax: where compile_model and `kiln tune` start."""
+    source: ModelSource
+    arch: object                            # models' registered architecture
+    config: object                          # its config dataclass
+    profile: TargetProfile
+    scheme: QuantScheme
+    plan: QuantPlan
+    mod: tvm.IRModule                       # the entry functions, before the pipeline
+    named_params: list
+
+
+def export_model(opts: CompileOptions, progress: Progress | None = None) -> Exported:
+    """Load, quantize (swap in quantized modules) and export the model for opts.target."""
     report = progress or (lambda *_: None)
     report("load", 0, 1)
     source = models.load(opts.model)
     arch, config, model = models.build(source)
-    scheme = get_scheme(opts.quant, source.format)
     profile = get_profile(opts.target)
-    model = scheme.apply(model)
+    scheme = get_scheme(opts.quant, source.format, profile.device)
+    plan = scheme.apply(model, source, arch.weight_map(config))   # swaps in quantized modules
     report("load", 1, 1)
-
-    context = min(opts.context_window or config.context_window_size, config.context_window_size)
-    chunk = min(opts.prefill_chunk or profile.prefill_chunk, context)
-    dest = opts.output or Path("dist") / default_name(source, scheme.name, profile.name)
-
-    start = time.perf_counter()
     report("export", 0, 1)
     with profile.tvm_target():
         mod, named_params = model.export_tvm(
             spec=build_spec(model, config.hidden_size, scheme.model_dtype))
     report("export", 1, 1)
-    lib_built = _build_lib(mod, profile, opts.dump_ir, report)
+    return Exported(source, arch, config, profile, scheme, plan, mod, named_params)
+
+
+def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Path:
+    """Compile and write the artifact; returns its directory."""
+    report = progress or (lambda *_: None)
+    start = time.perf_counter()
+    ex = export_model(opts, report)
+    source, arch, config, profile, scheme, plan = ex.source, ex.arch, ex.config, ex.profile, ex.scheme, ex.plan
+    named_params = ex.named_params
+
+    context = min(opts.context_window or config.context_window_size, config.context_window_size)
+    chunk = min(opts.prefill_chunk or profile.prefill_chunk, context)
+    dest = opts.output or Path("dist") / default_name(source, scheme.name, profile.name)
+    lib_built, tuned_kernels = _build_lib(ex.mod, profile, opts.dump_ir, report)
 
     with staged_artifact(dest) as stage:
         lib_built.export_library(str(stage / profile.lib_name))
-        names = _write_params(stage / "params", source, arch, config, scheme, named_params, report)
+        names = _write_params(stage / "params", source, arch, config, plan, named_params, report)
         tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
         report("write", 0, 1)
         write_config(stage, {
@@ -78,7 +99,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
             "model": {"name": dest.name, "arch": arch.name, "config": _config_dict(config),
                       "source": {"path": str(source.path), "format": source.format,
                                  "content_hash": source.content_hash}},
-            "quantization": {"name": scheme.name, "dtype": scheme.model_dtype},
+            "quantization": plan.describe(),
             "target": {"name": profile.name, "device": profile.device, "tvm_target": profile.target,
                        "lib": profile.lib_name},
             "entry_functions": list(ENTRY_FUNCTIONS),
@@ -95,13 +116,15 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
             "eos_token_ids": list(config.eos_token_ids),
             "tokenizer_files": tokenizer_files,
             "compile_seconds": round(time.perf_counter() - start, 2),
-            "notes": [*source.notes, *config.notes],
+            "tuned_kernels": tuned_kernels,         # kernels scheduled with `kiln tune` database knobs
+            "notes": [*source.notes, *config.notes, *plan.notes],
         })
         report("write", 1, 1)
     return dest.resolve()
 
 
-def _build_lib(mod, profile: TargetProfile, dump_ir: Path | None, report: Progress):
+def _build_lib(mod, profile: TargetProfile, dump_ir: Path | None, report: Progress) -> tuple[object, int]:
+    """(the built executable, how many kernels took knobs from the tuning database)."""
     phase_names = []
 
     def on_phase(name: str, _seconds: float) -> None:
@@ -109,17 +132,36 @@ def _build_lib(mod, profile: TargetProfile, dump_ir: Path | None, report: Progre
         report(f"compile:{name}", len(phase_names), 5)
 
     pipeline = build_pipeline(profile, dump_ir, on_phase)
-    return relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline)
+    tuned, ctx = _CountTuned(), tvm.transform.PassContext.current()
+    with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
+                                   disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
+                                   instruments=[*ctx.instruments, tuned]):
+        return relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline), tuned.count
 
 
-def _write_params(params_dir: Path, source: ModelSource, arch, config, scheme: QuantScheme,
+@tvm.instrument.pass_instrument
+class _CountTuned:
+    """Counts the kernels scheduled with tuning-database knobs (the ``Tuned`` rules mark them) right
+    after the pipeline's schedule phase: later passes may fold kernels together."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name == "schedule":
+            self.count = sum(1 for _, f in mod.functions_items()
+                             if isinstance(f, tirx.PrimFunc) and f.attrs is not None and TUNED_ATTR in f.attrs)
+
+
+def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: QuantPlan,
                   named_params, report: Progress) -> list[str]:
-    """Stream each parameter: gather its HF tensors, concatenate, convert, write, drop."""
+    """Stream each weight: convert its HF tensors one at a time (quantized: into planes), write, drop."""
     wmap = arch.weight_map(config)
     available = set(source.weights.names())
+    params = {name: (tuple(int(d) for d in p.shape), p.dtype) for name, p in named_params}
+    weights = plan.weight_names(list(params))
     writer = ParamWriter(params_dir)
-    names = []
-    for i, (name, param) in enumerate(named_params):
+    for i, name in enumerate(weights):
         hf_names = wmap.get(name)
         if hf_names is None:
             raise ValueError(f"{arch.name}: parameter {name} has no entry in the weight map")
@@ -127,18 +169,15 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, scheme: Q
         if missing:
             raise models.ModelLoadError(f"{source.path} lacks tensors {missing}; the checkpoint is "
                                         f"incomplete or not a {arch.name} model")
-        parts = [source.weights.get(n) for n in hf_names]
-        value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-        expected = tuple(int(d) for d in param.shape)
-        if value.shape != expected:
-            raise models.ModelLoadError(f"{source.path}: {name} has shape {value.shape}, the config "
-                                        f"implies {expected}; config.json does not match the weights")
-        for out_name, array in scheme.convert(name, value).items():
+        float_shape = params[name][0] if name in params else None      # None: a quantized weight
+        for out_name, array in plan.convert(name, hf_names, source, float_shape).items():
+            if (array.shape, str(array.dtype)) != params[out_name]:
+                raise ValueError(f"internal error: {out_name} converted to {array.dtype}{list(array.shape)}, "
+                                 f"the module expects {params[out_name][1]}{list(params[out_name][0])}")
             writer.add(out_name, array)
-            names.append(out_name)
-        report("weights", i + 1, len(named_params))
+        report("weights", i + 1, len(weights))
     writer.close()
-    return names
+    return list(params)
 
 
 def _config_dict(config) -> dict:

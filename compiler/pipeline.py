@@ -20,12 +20,22 @@ from tvm import relax
 
 from kiln.targets import TargetProfile
 
+from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
+from .passes.fuse_dequantize_take import FuseDequantizeTake
+from .passes.fuse_add_rms_norm import FuseAddRMSNorm
+from .passes.low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
+
 
 def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]:
     return [
         ("graph", [
             # nn.Linear emits matmul(x, permute_dims(W)); fused, W is read in place, never re-transposed.
             relax.transform.FuseTransposeMatmul(),
+            # Quantized weights: dequantize fused into its matmul / embedding gather (one kernel each).
+            FuseDequantizeMatmul(),
+            FuseDequantizeTake(),
+            # Residual add + the RMSNorm over the sum: one kernel writing both (see its docstring).
+            FuseAddRMSNorm(),
             relax.transform.DeadCodeElimination(),
         ]),
         ("legalize", [
@@ -35,9 +45,13 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             relax.transform.FuseOps(),
             relax.transform.FuseTIR(),
             relax.transform.DeadCodeElimination(),
+            # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; see lower).
+            *([LowBatchGEMV(max_rows=4)] if profile.device == "cpu" else []),
         ]),
         ("schedule", profile.schedule_passes()),
         ("lower", [
+            # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4` (no-op without copies).
+            DispatchLowBatchGEMV(),
             relax.transform.RewriteDataflowReshape(),
             relax.transform.ToNonDataflow(),
             relax.transform.RemovePurityChecking(),

@@ -1,47 +1,238 @@
 """Quantization schemes: how weights are stored in the artifact and computed with.
 
-A scheme rewrites the nn.Module from outside (swapping Linear/Embedding for
-quantized forms when it quantizes) and converts each weight tensor, one at a
-time, into the arrays the rewritten module's parameters expect.
+A scheme rewrites the nn.Module from outside (swapping nn.Linear / nn.Embedding for the
+quantized forms in compiler/quant_modules.py) and returns a `QuantPlan`: which format
+each weight got, and how to convert the source tensors, one weight at a time, into the
+arrays the rewritten module's parameters expect.
 
-Names follow MLC's convention: q<weight bits>f<compute float bits>; q0 keeps
-weights in floating point. `auto` picks the scheme for a model and target.
+Names follow MLC's convention: q<weight bits>f<compute float bits>; q0 keeps weights
+in floating point. Schemes:
+
+    q0f32, q0f16   float weights
+    q4f32, q4f16   4-bit, group 32 along K, value = (q - 8) * scale, scale in f32 / f16
+    q8f32          int8, group 32 along K, value = q * scale
+    as-stored      a GGUF's own formats: Q4_0 / Q4_1 / Q8_0 kept bit-exact, K-quants
+                   re-quantized to q4 (lossy, noted), F16/F32 tensors kept as float
+    auto           as-stored for GGUF, the target's best 4-bit scheme for HF weights
+
+Linear weights (qkv, o, gate_up, down, an untied lm_head) and the embedding table are
+quantized; norms and biases stay float. The LM head (an untied lm_head, or the embedding
+when the head is tied to it) is kept 8-bit by the 4-bit schemes, like llama.cpp's output
+tensor. Groups run along K, so converting each HF tensor of a fused weight (q/k/v,
+gate/up) and concatenating the planes along N is exact.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from tvm.relax.frontend import nn
+
+from kiln.models import ModelLoadError, ModelSource
+
+from . import quant_pack
+from .quant_modules import QuantFormat, QuantizedEmbedding, QuantizedLinear
+
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+_K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
 
 
 @dataclass(frozen=True)
 class QuantScheme:
     name: str
-    model_dtype: str            # activations and unquantized weights
+    model_dtype: str            # activations, scales and unquantized weights
     description: str
+    kind: str | None = None     # quantized format for float sources: "q4", "q8"; None keeps float
+    group_size: int = 32
+    as_stored: bool = False     # keep a GGUF's own quantized formats
 
-    def apply(self, model: nn.Module) -> nn.Module:
-        """Rewrite the module for this scheme (q0: only cast to the compute dtype)."""
+    def apply(self, model: nn.Module, source: ModelSource, weight_map: dict[str, list[str]]) -> QuantPlan:
+        """Cast the model to the compute dtype, swap quantized modules in, return the plan."""
         model.to(self.model_dtype)
-        return model
+        plan = QuantPlan(self, dict(source.hf_config))
+        _swap_modules(model, "", lambda path, m: plan.decide(path, m, source, weight_map))
+        plan.finish()
+        return plan
 
     def convert(self, name: str, weight: np.ndarray) -> dict[str, np.ndarray]:
-        """One model parameter's value -> the artifact tensors that replace it."""
+        """A float parameter's value -> {its artifact name: the array in the compute dtype}."""
         return {name: np.ascontiguousarray(weight.astype(self.model_dtype, copy=False))}
 
 
-SCHEMES: dict[str, QuantScheme] = {
-    "q0f32": QuantScheme("q0f32", "float32", "float32 weights and compute (reference numerics)"),
-    "q0f16": QuantScheme("q0f16", "float16", "float16 weights and compute"),
-}
+SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
+    QuantScheme("q0f32", "float32", "float32 weights and compute (reference numerics)"),
+    QuantScheme("q0f16", "float16", "float16 weights and compute"),
+    QuantScheme("q4f32", "float32", "4-bit weights (group 32, float32 scales), float32 compute", kind="q4"),
+    QuantScheme("q4f16", "float16", "4-bit weights (group 32, float16 scales), float16 compute", kind="q4"),
+    QuantScheme("q8f32", "float32", "8-bit weights (group 32, float32 scales), float32 compute", kind="q8"),
+    QuantScheme("as-stored", "float32", "a GGUF's Q4_0/Q4_1/Q8_0 weights kept exactly, K-quants as 4-bit, "
+                "float32 compute", kind="q4", as_stored=True),
+)}
+BEST_4BIT = {"cpu": "q4f32"}    # device -> auto's scheme for float (HF) weights; others: q4f16
 
 
-def get_scheme(name: str, source_format: str | None = None) -> QuantScheme:
-    """The scheme for --quant; `auto` picks q0f32 until 4-bit kernels land."""
+def get_scheme(name: str, source_format: str | None = None, device: str = "cpu") -> QuantScheme:
+    """The scheme for --quant; `auto` is as-stored for a GGUF, else the device's best 4-bit scheme."""
     if name == "auto":
-        name = "q0f32"
+        name = "as-stored" if source_format == "gguf" else BEST_4BIT.get(device, "q4f16")
     if name not in SCHEMES:
         raise ValueError(f"unknown quantization {name!r}; choose one of: auto, {', '.join(SCHEMES)}")
+    if SCHEMES[name].as_stored and source_format not in (None, "gguf"):
+        raise ValueError(f"--quant as-stored keeps a GGUF file's own formats, but this model is {source_format}; "
+                         "use q4f32, q4f16 or q8f32 for Hugging Face weights")
     return SCHEMES[name]
+
+
+@dataclass
+class QuantPlan:
+    """Per weight of one model: its format (None = float) and how to convert its tensors."""
+
+    scheme: QuantScheme
+    hf_config: dict
+    formats: dict[str, QuantFormat | None] = field(default_factory=dict)   # weight name -> format
+    shapes: dict[str, tuple[int, int]] = field(default_factory=dict)       # quantized: [N, K]
+    notes: list[str] = field(default_factory=list)
+    _planes: dict[str, str] = field(default_factory=dict)                  # plane param -> weight name
+    _requantized: Counter = field(default_factory=Counter)                 # GGUF type -> tensors
+    _kept: Counter = field(default_factory=Counter)                        # GGUF type -> tensors
+
+    # -- rewriting the model -------------------------------------------------------------
+    def decide(self, path: str, module: nn.Module, source: ModelSource,
+               weight_map: dict[str, list[str]]) -> nn.Module:
+        """The module to put at `path`: a quantized form of a Linear/Embedding, or itself."""
+        if not isinstance(module, (nn.Linear, nn.Embedding)):
+            return module
+        name = f"{path}.weight"
+        rows, cols = (module.out_features, module.in_features) if isinstance(module, nn.Linear) \
+            else (module.num, module.dim)
+        fmt = self._format_for(name, weight_map.get(name, []), source, cols, self._is_lm_head(module))
+        self.formats[name] = fmt
+        if fmt is None:
+            return module
+        self.shapes[name] = (int(rows), int(cols))
+        dtype = self.scheme.model_dtype
+        if isinstance(module, nn.Linear):
+            new = QuantizedLinear(module.in_features, module.out_features, fmt, dtype, bias=module.bias is not None)
+        else:
+            new = QuantizedEmbedding(module.num, module.dim, fmt, dtype)
+        self._planes.update({f"{path}.{plane}": name for plane in fmt.plane_names})
+        return new
+
+    def _is_lm_head(self, module: nn.Module) -> bool:
+        """The output projection: a vocab-sized Linear, or the token table when tied to it."""
+        vocab = self.hf_config.get("vocab_size")
+        if isinstance(module, nn.Linear):
+            return module.out_features == vocab
+        return module.num == vocab and bool(self.hf_config.get("tie_word_embeddings"))
+
+    def _format_for(self, name: str, hf_names: list[str], source: ModelSource, cols: int,
+                    lm_head: bool) -> QuantFormat | None:
+        scheme = self.scheme
+        if scheme.kind is None or cols % scheme.group_size:
+            return None
+        if not scheme.as_stored:
+            # The LM head is the most precision-sensitive weight: 8-bit, as llama.cpp does for
+            # its output tensor (SmolLM2 perplexity: +28% with a 4-bit head, +15% with 8-bit).
+            kind = "q8" if lm_head and scheme.kind == "q4" else scheme.kind
+            return QuantFormat(kind, scheme.group_size, scheme.model_dtype)
+        types = [source.weights.tensor_type(n) for n in hf_names]
+        if types and all(t in _FLOAT_TYPES for t in types):
+            return None                                   # stored as float: kept as float
+        if len(set(types)) == 1 and types[0] in quant_pack.GGUF_EXACT_KIND:
+            self._kept.update(types)
+            return QuantFormat(quant_pack.GGUF_EXACT_KIND[types[0]], quant_pack.GGUF_BLOCK, "float32")
+        self._requantized.update(types)        # K-quants, or parts stored in different formats
+        return QuantFormat("q4", scheme.group_size, "float32")
+
+    def finish(self) -> None:
+        if self._kept:
+            kept = ", ".join(f"{n} {t} as {quant_pack.GGUF_EXACT_KIND[t]}" for t, n in sorted(self._kept.items()))
+            self.notes.append(f"GGUF weights kept bit-exact (as-stored): {kept}")
+        if self._requantized:
+            counts = ", ".join(f"{n} {t}" for t, n in sorted(self._requantized.items()))
+            what = "K-quants" if set(self._requantized) <= set(_K_QUANTS) else "mixed-format weights"
+            self.notes.append(f"{what} re-quantized to q4f32 (lossy): {counts}")
+
+    # -- converting the weights ----------------------------------------------------------
+    def weight_names(self, param_names: list[str]) -> list[str]:
+        """The weights (weight-map keys) behind the module's parameters, in parameter order."""
+        return list(dict.fromkeys(self._planes.get(p, p) for p in param_names))
+
+    def convert(self, name: str, hf_names: list[str], source: ModelSource,
+                float_shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
+        """One weight's HF tensors -> {artifact tensor name: array}, one HF tensor at a time.
+
+        float_shape: the shape the config implies for a weight kept as float."""
+        fmt = self.formats.get(name)
+        if fmt is None:
+            parts = [source.weights.get(n) for n in hf_names]
+            value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            _check_shape(source, name, value.shape, float_shape or value.shape)
+            return self.scheme.convert(name, value)
+        rows, cols = self.shapes[name]
+        planes = [self._planes_of(fmt, n, source, cols) for n in hf_names]
+        _check_shape(source, name, (sum(p["qweight"].shape[0] for p in planes), cols), (rows, cols))
+        prefix = name[: -len(".weight")]
+        return {f"{prefix}.{plane}": np.ascontiguousarray(np.concatenate([p[plane] for p in planes], axis=0))
+                for plane in fmt.plane_names}
+
+    def _planes_of(self, fmt: QuantFormat, hf_name: str, source: ModelSource, cols: int) -> quant_pack.Planes:
+        if self.scheme.as_stored:
+            type_name = source.weights.tensor_type(hf_name)
+            if quant_pack.GGUF_EXACT_KIND.get(type_name) == fmt.kind:
+                _, raw, shape = source.weights.get_raw(hf_name)
+                _check_shape(source, hf_name, (shape[0], shape[-1]), (shape[0], cols))
+                return quant_pack.from_gguf_blocks(type_name, self._hf_row_order(hf_name, raw))
+        w = source.weights.get(hf_name)
+        _check_shape(source, hf_name, w.shape[1:], (cols,))
+        return quant_pack.quantize(fmt, w)
+
+    def _hf_row_order(self, hf_name: str, raw: np.ndarray) -> np.ndarray:
+        """Raw GGUF rows of q_proj / k_proj are in llama.cpp's RoPE order; restore HF order
+        (GGUFWeights.get does the same for the float values)."""
+        from kiln.models.gguf import unpermute_rows
+        heads = {".self_attn.q_proj.": "num_attention_heads", ".self_attn.k_proj.": "num_key_value_heads"}
+        key = next((k for part, k in heads.items() if part in hf_name), None)
+        return unpermute_rows(raw, self.hf_config[key]) if key else raw
+
+    # -- the artifact's record -------------------------------------------------------------
+    def describe(self) -> dict:
+        """kiln-config.json "quantization": the scheme, and each weight format used."""
+        used = Counter(fmt.kind if fmt else self.scheme.model_dtype for fmt in self.formats.values())
+        formats = {fmt.kind: fmt.describe() for fmt in self.formats.values() if fmt is not None}
+        out: dict = {"name": self.scheme.name, "dtype": self.scheme.model_dtype}
+        if formats:
+            main = max(formats, key=lambda k: used[k])
+            out.update(bits=formats[main]["bits"], group_size=formats[main]["group_size"])
+        out["formats"] = {k: {**formats.get(k, {}), "weights": n} for k, n in sorted(used.items())}
+        if len(used) > 1:                                   # mixed: every weight's format
+            out["tensors"] = {name: fmt.kind if fmt else self.scheme.model_dtype for name, fmt in self.formats.items()}
+        return out
+
+
+def _check_shape(source: ModelSource, name: str, got: tuple, expected: tuple) -> None:
+    if tuple(got) != tuple(expected):
+        raise ModelLoadError(f"{source.path}: {name} has shape {tuple(got)}, the config implies "
+                             f"{tuple(expected)}; config.json does not match the weights")
+
+
+def _swap_modules(module: nn.Module, prefix: str, replace: Callable[[str, nn.Module], nn.Module]) -> None:
+    """Walk the module tree; put replace(path, child) in place of each child module."""
+    for attr, child in list(vars(module).items()):
+        path = f"{prefix}{attr}"
+        if isinstance(child, nn.ModuleList):
+            for i, item in enumerate(child):
+                new = replace(f"{path}.{i}", item)
+                if new is item:
+                    _swap_modules(item, f"{path}.{i}.", replace)
+                else:
+                    child[i] = new
+        elif isinstance(child, nn.Module):
+            new = replace(path, child)
+            if new is child:
+                _swap_modules(child, f"{path}.", replace)
+            else:
+                setattr(module, attr, new)

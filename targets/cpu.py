@@ -3,41 +3,39 @@
 from __future__ import annotations
 
 import platform
+from typing import TYPE_CHECKING
 
 import tvm
 
 from .profile import TargetProfile
+
+if TYPE_CHECKING:
+    from .cpu_schedule import KnobLookup
 
 # These machines list AMX in /proc/cpuinfo but fault on AMX instructions (SIGILL at tileloadd):
 # never let LLVM pick AMX, whatever -mcpu says.
 NO_AMX = ["-amx-tile", "-amx-int8", "-amx-bf16", "-amx-fp16", "-amx-complex"]
 
 
-def host_vector_lanes(mcpu: str, features: set[str]) -> int:
-    """float32 lanes in one vector register: 16 with AVX-512, 8 with AVX2, 4 on NEON/SSE."""
-    if "avx512f" in features:
-        return 16
-    if "avx2" in features:
-        return 8
-    return 4
-
-
-def _cpu_features() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def _schedule(profile: TargetProfile) -> list:
     from tvm.s_tir import dlight as dl
-    from .cpu_schedule import cpu_schedule_rules
-    lanes = host_vector_lanes(profile.target.get("mcpu", ""), _cpu_features())
-    return [dl.ApplyDefaultSchedule(*cpu_schedule_rules(vector_lanes=lanes))]
+    return [dl.ApplyDefaultSchedule(*schedule_rules(profile))]
+
+
+def schedule_rules(profile: TargetProfile, lookup: KnobLookup | None = None) -> list:
+    """The CPU rules in order; the matmul rules are ``Tuned``: per-kernel knobs from ``lookup``
+    (default: the target's tuning database, targets/tuning.py, which `kiln tune` writes)."""
+    from .cpu_quant_schedule import QuantMatmul, quant_schedule_rules
+    from .cpu_fused_schedule import LowBatchGEMV, cpu_fused_schedule_rules  # kernels kiln's own passes emit
+    from .cpu_schedule import Matmul, Tuned, cpu_schedule_rules, vector_lanes_for_target
+    from .tuning import TuningDB
+    lanes = vector_lanes_for_target(profile.tvm_target())      # the target's, not the host's (android)
+    # QuantMatmul first: dequantize-matmuls (it branches on the rows itself: a one-row GEMV that
+    # inlines the dequantize, more rows dequantize each W tile once; LowBatchGEMV copies none).
+    rules = [*quant_schedule_rules(vector_lanes=lanes), *cpu_fused_schedule_rules(vector_lanes=lanes),
+             *cpu_schedule_rules(vector_lanes=lanes)]
+    lookup = lookup or TuningDB.for_profile(profile).lookup
+    return [Tuned(r, lookup) if isinstance(r, (Matmul, QuantMatmul, LowBatchGEMV)) else r for r in rules]
 
 
 def cpu_profile(num_cores: int | None = None) -> TargetProfile:

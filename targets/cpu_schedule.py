@@ -15,12 +15,17 @@ after FuseTIR; each PrimFunc gets the first rule that matches:
 * ``Elementwise``: all-spatial functions (residual add, silu * mul, rotary, cast, take):
   all inlined, outer loops fused and parallel, the innermost loop vectorised.
 
+``Tuned(rule, lookup)`` gives a knob-taking rule (Matmul here; QuantMatmul, LowBatchGEMV) per-function
+knobs from a lookup (the target's tuning database, targets/tuning.py, written by ``kiln tune``) and
+marks each function scheduled that way with the attr ``kiln.tuned_knobs``.
+
 Functions already scheduled (attr ``tirx.is_scheduled``) or matched by no rule are left alone
 (they still build, as scalar loops); so are those where a rule hits a schedule error (logged).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -440,5 +445,36 @@ class Elementwise(_Rule):
         return sch
 
 
-__all__ = ["CPUKnobs", "Elementwise", "Matmul", "RowReduction", "cpu_schedule_rules",
-           "vector_lanes_for_target"]
+# ----------------------------------------------------------------------------- Tuned knobs
+
+TUNED_ATTR = "kiln.tuned_knobs"  # PrimFunc attr: the knobs a tuning database gave it ("tile_m=2,...")
+KnobLookup = Callable[[tirx.PrimFunc], "CPUKnobs | None"]  # per-function knobs, None = the rule's own
+
+
+def knobs_label(knobs: CPUKnobs) -> str:
+    """The tunable knobs as ``tile_m=2,tile_n=4,unroll_k=1`` (vector_lanes is the target's)."""
+    return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}"
+
+
+class Tuned(ScheduleRule):
+    """``rule`` with per-function knobs: where ``lookup(func)`` has knobs, ``type(rule)(knobs)``
+    schedules the function and marks it ``TUNED_ATTR``; elsewhere (or should those knobs not
+    schedule it) ``rule`` itself does.  The wrapped class must take the knobs as its one
+    constructor argument (Matmul, QuantMatmul and LowBatchGEMV do); vector_lanes stays the rule's."""
+
+    def __init__(self, rule: ScheduleRule, lookup: KnobLookup) -> None:
+        self.rule, self.lookup = rule, lookup
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        knobs = self.lookup(func) if isinstance(func, tirx.PrimFunc) else None
+        if knobs is not None:
+            knobs = dataclasses.replace(knobs, vector_lanes=self.rule.knobs.vector_lanes)
+            marked = func.with_attr(TUNED_ATTR, knobs_label(knobs))
+            sch = type(self.rule)(knobs).apply(marked, target, tunable)
+            if sch is not None:
+                return sch
+        return self.rule.apply(func, target, tunable)
+
+
+__all__ = ["CPUKnobs", "Elementwise", "KnobLookup", "Matmul", "RowReduction", "TUNED_ATTR", "Tuned",
+           "cpu_schedule_rules", "knobs_label", "vector_lanes_for_target"]

@@ -1,0 +1,72 @@
+"""FuseDequantizeMatmul: one kernel per quantized Linear instead of dequantize + matmul.
+
+Matches (in Relax dataflow blocks, before legalization):
+
+    w = R.call_tir(dequantize_<kind>, (qweight, scale[, min]))   # W [N, K] from its planes
+    y = R.call_tir(NT_matmul, (x, w))                             # y = x @ W.T
+
+and also `R.matmul(x, R.permute_dims(w))` on such a `w` (it runs FuseTransposeMatmul
+first, which rewrites that form into the NT_matmul call above).
+
+Emits a private Relax function with the attributes {"Primitive": True, "Composite":
+"kiln.dequantize_matmul"} holding both calls, called in their place; FuseTIR then merges
+it into one PrimFunc whose dequantize block feeds the matmul block.
+
+Why it pays: FuseOps does not fuse an injective producer into a matmul (TVM_NOTES), so
+without this pass every call dequantizes the whole weight to a float [N, K] buffer in
+memory (4 bytes per weight written and read back, 8x the 4-bit planes) before the matmul
+reads it. Fused, the schedule (targets/cpu_quant_schedule.py) decodes the weights in
+registers (one-row GEMV) or one small L1-resident tile at a time (matmul), so decode
+streams only the 4-bit planes.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl.pattern import GlobalVarPattern, TuplePattern, is_op, wildcard
+
+PATTERN_NAME = "kiln.dequantize_matmul"
+
+
+def _is_call_to(expr: relax.Expr, prefix: str) -> bool:
+    """Whether expr is R.call_tir of a PrimFunc whose name starts with prefix (kiln's quantized
+    modules name their ops `dequantize_<kind>`; FuseTransposeMatmul names its `NT_matmul`)."""
+    if not isinstance(expr, relax.Call) or not expr.args:
+        return False
+    callee = expr.args[0]
+    return isinstance(callee, relax.GlobalVar) and callee.name_hint.startswith(prefix)
+
+
+def _pattern():
+    x, planes = wildcard(), wildcard()
+    deq = is_op("relax.call_tir")(GlobalVarPattern(), planes, add_constraint=False)
+    matmul = is_op("relax.call_tir")(GlobalVarPattern(), TuplePattern([x, deq]), add_constraint=False)
+
+    def check(ctx: relax.transform.PatternCheckContext) -> bool:
+        return (_is_call_to(ctx.annotated_expr["deq"], "dequantize_")
+                and _is_call_to(ctx.annotated_expr["matmul"], "NT_matmul"))
+
+    return matmul, {"x": x, "deq": deq, "matmul": matmul}, check
+
+
+@tvm.transform.module_pass(opt_level=0, name="FuseDequantizeMatmul")
+class FuseDequantizeMatmul:  # pylint: disable=too-few-public-methods
+    """Group dequantize -> NT matmul into one Primitive function (see the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod = _without_leftovers(relax.transform.FuseTransposeMatmul()(mod))
+        return relax.transform.FuseOpsByPattern([(PATTERN_NAME, *_pattern())], bind_constants=False)(mod)
+
+
+def _without_leftovers(mod: tvm.IRModule) -> tvm.IRModule:
+    """Drop the grouped functions FuseTransposeMatmul matched and then replaced (never called)."""
+    dead = [gv for gv, f in mod.functions_items()
+            if isinstance(f, relax.Function) and f.attrs is not None
+            and f.attrs.get("Composite") == "transpose_matmul_fuse"]
+    for gv in dead:
+        del mod[gv]
+    return mod
+
+
+__all__ = ["FuseDequantizeMatmul", "PATTERN_NAME"]

@@ -1,0 +1,158 @@
+"""Quantized stand-ins for nn.Linear and nn.Embedding, and the weight formats they store.
+
+A quantized weight W[N, K] (Hugging Face layout: N output rows, K inputs) is kept as
+planes, groups of `group_size` consecutive elements of a row sharing one scale:
+
+    q4   qweight uint32 [N, K/8]   value = (q - 8) * scale           q in 0..15
+    q4m  qweight uint32 [N, K/8]   value = q * scale + min           (llama.cpp Q4_1)
+    q8   qweight int8   [N, K]     value = q * scale                 (llama.cpp Q8_0)
+         scale (and min) [N, K/group_size] in the format's scale dtype
+
+4-bit codes are packed 8 to a uint32 along K: element k of a row lives in word k // 8
+at bits 4 * (k % 8).
+
+The modules' forward emits a `dequantize_<format>` op (a TE function over the planes,
+giving the float W) followed by exactly what the float modules emit
+(`matmul(x, permute_dims(W))`, `take(W, ids)`), so the graph keeps the float structure
+and the passes in compiler/passes/ fuse the dequantize into its consumer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+KINDS = ("q4", "q4m", "q8")
+_VALUE = {"q4": "(q - 8) * scale", "q4m": "q * scale + min", "q8": "q * scale"}
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """How one weight is stored: its code kind, group size and scale dtype."""
+
+    kind: str                   # one of KINDS
+    group_size: int = 32
+    scale_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown quantized format {self.kind!r}; known: {', '.join(KINDS)}")
+        if self.group_size % 8:
+            raise ValueError(f"group_size must be a multiple of 8, got {self.group_size}")
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.kind == "q8" else 4
+
+    @property
+    def plane_names(self) -> tuple[str, ...]:
+        return ("qweight", "scale", "min") if self.kind == "q4m" else ("qweight", "scale")
+
+    def planes(self, rows: int, cols: int) -> dict[str, tuple[tuple[int, int], str]]:
+        """{plane name: (shape, dtype)} for a [rows, cols] weight."""
+        if cols % self.group_size:
+            raise ValueError(f"a {self.kind} weight needs its last dim ({cols}) to be a multiple of "
+                             f"the group size {self.group_size}")
+        codes = ((rows, cols), "int8") if self.kind == "q8" else ((rows, cols // 8), "uint32")
+        groups = ((rows, cols // self.group_size), self.scale_dtype)
+        return {"qweight": codes, "scale": groups, **({"min": groups} if self.kind == "q4m" else {})}
+
+    def describe(self) -> dict:
+        """The artifact's record of this format (kiln-config.json "quantization")."""
+        return {"kind": self.kind, "bits": self.bits, "group_size": self.group_size,
+                "scale_dtype": self.scale_dtype, "value": _VALUE[self.kind]}
+
+
+def dequantize(fmt: QuantFormat, dtype: str, planes: list[Tensor]) -> Tensor:
+    """The float weight [N, K] (in `dtype`) from its planes, as one `dequantize_<kind>` op."""
+
+    def compute(qweight: te.Tensor, scale: te.Tensor, minimum: te.Tensor | None = None) -> te.Tensor:
+        rows, cols = qweight.shape[0], qweight.shape[1] * (1 if fmt.kind == "q8" else 8)
+        return te.compute((rows, cols), lambda n, k: dequantize_element(fmt, dtype, qweight, scale, minimum, n, k),
+                          name="dequantize")
+
+    return op.tensor_expr_op(compute, f"dequantize_{fmt.kind}", planes)
+
+
+def dequantize_element(fmt: QuantFormat, dtype: str, qweight, scale, minimum, n, k) -> tirx.PrimExpr:
+    """W[n, k] as a TIR expression over the plane buffers (TE tensors or TIR buffers)."""
+    g = k // fmt.group_size
+    s = scale[n, g].astype(dtype)
+    if fmt.kind == "q8":
+        return qweight[n, k].astype(dtype) * s
+    shift = (k % 8 * 4).astype("uint32")
+    q = ((qweight[n, k // 8] >> shift) & tirx.const(15, "uint32")).astype(dtype)
+    if fmt.kind == "q4":
+        return (q - tirx.const(8, dtype)) * s
+    return q * s + minimum[n, g].astype(dtype)
+
+
+class _QuantizedWeight(nn.Module):
+    """The planes of one quantized [rows, cols] weight as nn.Parameters (fixed dtypes)."""
+
+    def _init_planes(self, fmt: QuantFormat, rows: int, cols: int, dtype: str) -> None:
+        self.format = fmt
+        self.dtype = dtype                  # the dequantized weight's (compute) dtype
+        for name, (shape, plane_dtype) in fmt.planes(rows, cols).items():
+            setattr(self, name, nn.Parameter(shape, plane_dtype))
+
+    def dequantized_weight(self) -> Tensor:
+        return dequantize(self.format, self.dtype, [getattr(self, p) for p in self.format.plane_names])
+
+    def to(self, dtype: str | None = None) -> None:
+        """Only the compute dtype follows `to`; the planes keep their storage dtypes."""
+        if dtype is not None:
+            self.dtype = dtype
+        for item in self.__dict__.values():
+            if isinstance(item, nn.Module):
+                item.to(dtype)
+
+
+class QuantizedLinear(_QuantizedWeight):
+    """nn.Linear(in_features, out_features) with its weight [out, in] in a QuantFormat."""
+
+    def __init__(self, in_features: int, out_features: int, fmt: QuantFormat, dtype: str,
+                 bias: bool = False):
+        self.in_features = in_features
+        self.out_features = out_features
+        self._init_planes(fmt, out_features, in_features, dtype)
+        self.bias = nn.Parameter((out_features,), dtype) if bias else None
+
+    def to(self, dtype: str | None = None) -> None:
+        super().to(dtype)
+        if dtype is not None and self.bias is not None:
+            self.bias.to(dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.dequantized_weight()                      # [out, in]
+        y = op.matmul(x, op.permute_dims(w))               # [.., out]
+        return y + self.bias if self.bias is not None else y
+
+
+class QuantizedEmbedding(_QuantizedWeight):
+    """nn.Embedding(num, dim) with its table [num, dim] in a QuantFormat.
+
+    `weight` is the dequantized table, so a tied LM head (`matmul(x, permute_dims(
+    embed.weight))`) reads the same quantized planes."""
+
+    def __init__(self, num: int, dim: int, fmt: QuantFormat, dtype: str):
+        self.num = num
+        self.dim = dim
+        self._init_planes(fmt, num, dim, dtype)
+
+    @property
+    def weight(self) -> Tensor:
+        return self.dequantized_weight()                   # [num, dim]
+
+    def forward(self, ids: Tensor) -> Tensor:
+        table = self.dequantized_weight()                  # [num, dim]
+        if ids.ndim == 1:
+            return op.take(table, ids, axis=0)             # [seq, dim]
+        rows = op.take(table, op.reshape(ids, shape=[-1]), axis=0)
+        return op.reshape(rows, shape=[*ids.shape, self.dim])
+
+
+__all__ = ["KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "dequantize_element"]

@@ -1,0 +1,122 @@
+"""Numpy side of the quantized formats (see quant_modules.QuantFormat for the layouts).
+
+    quantize(fmt, w)          float [N, K] -> planes (what q4f32 / q4f16 / q8f32 store)
+    dequantize(fmt, planes)   planes -> float [N, K], the reference the kernels are tested against
+    from_gguf_blocks(type, raw)  llama.cpp Q4_0 / Q4_1 / Q8_0 blocks -> planes, values unchanged
+
+Everything works row by row along K, so converting the HF tensors of a fused weight
+(q/k/v, gate/up) one at a time and concatenating the planes along N is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .quant_modules import QuantFormat
+
+Planes = dict[str, np.ndarray]
+
+# llama.cpp block layouts: bytes per block of 32 weights, and which kiln kind holds them exactly.
+GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+GGUF_EXACT_KIND = {"Q4_0": "q4", "Q4_1": "q4m", "Q8_0": "q8"}
+GGUF_BLOCK = 32
+_ROWS_PER_CHUNK = 4096
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """uint8 codes 0..15 [N, K] -> uint32 [N, K/8]; element k sits in word k // 8 at bits 4 * (k % 8)."""
+    n, k = q.shape
+    words = q.reshape(n, k // 8, 8).astype(np.uint32) << (4 * np.arange(8, dtype=np.uint32))
+    return np.bitwise_or.reduce(words, axis=-1)
+
+
+def unpack_nibbles(words: np.ndarray) -> np.ndarray:
+    """uint32 [N, K/8] -> uint8 codes [N, K] (the inverse of pack_nibbles)."""
+    n, kw = words.shape
+    q = (words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
+    return q.astype(np.uint8).reshape(n, kw * 8)
+
+
+def quantize(fmt: QuantFormat, w: np.ndarray) -> Planes:
+    """Round a float weight [N, K] to `fmt` (group-wise along K, round to nearest).
+
+    q4: llama.cpp Q4_0's rule, scale = (the group's value of largest magnitude) / -8, so
+    that extreme is exactly -8 * scale; q8: scale = max|w| / 127; q4m: [min, max] in 15 steps.
+    """
+    n, k = w.shape
+    fmt.planes(n, k)                                     # validates K against the group size
+    if n > _ROWS_PER_CHUNK:                              # bound the float temporaries
+        parts = [quantize(fmt, w[i:i + _ROWS_PER_CHUNK]) for i in range(0, n, _ROWS_PER_CHUNK)]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    groups = w.astype(np.float32).reshape(n, k // fmt.group_size, fmt.group_size)
+    if fmt.kind == "q4m":
+        lo, hi = groups.min(-1, keepdims=True), groups.max(-1, keepdims=True)
+        scale = _stored(((hi - lo) / 15), fmt.scale_dtype)
+        minimum = _stored(lo, fmt.scale_dtype)
+        q = np.clip(np.rint((groups - minimum) * _inverse(scale)), 0, 15).astype(np.uint8)
+        return {"qweight": pack_nibbles(q.reshape(n, k)), "scale": scale[..., 0], "min": minimum[..., 0]}
+    if fmt.kind == "q4":
+        extreme = np.take_along_axis(groups, np.abs(groups).argmax(-1)[..., None], axis=-1)
+        scale = _stored(extreme / -8, fmt.scale_dtype)
+        q = np.clip(np.rint(groups * _inverse(scale)) + 8, 0, 15).astype(np.uint8)
+        return {"qweight": pack_nibbles(q.reshape(n, k)), "scale": scale[..., 0]}
+    scale = _stored(np.abs(groups).max(-1, keepdims=True) / 127, fmt.scale_dtype)
+    q = np.clip(np.rint(groups * _inverse(scale)), -127, 127).astype(np.int8)
+    return {"qweight": q.reshape(n, k), "scale": scale[..., 0]}
+
+
+def _stored(scale: np.ndarray, dtype: str) -> np.ndarray:
+    """The scale as stored (rounded to its dtype); quantizing against it keeps codes consistent."""
+    return scale.astype(dtype)
+
+
+def _inverse(scale: np.ndarray) -> np.ndarray:
+    s = scale.astype(np.float32)
+    with np.errstate(divide="ignore"):
+        return np.where(s == 0, np.float32(0), np.float32(1) / s)
+
+
+def dequantize(fmt: QuantFormat, planes: Planes, dtype: str = "float32") -> np.ndarray:
+    """planes -> float [N, K] in `dtype`, with the same operations the TE dequantize performs."""
+    q = planes["qweight"]
+    if fmt.kind != "q8":
+        q = unpack_nibbles(q)
+    n, k = q.shape
+    scale = np.repeat(planes["scale"].astype(dtype), fmt.group_size, axis=1)
+    values = q.astype(dtype)
+    if fmt.kind == "q4":
+        return (values - np.asarray(8, dtype)) * scale
+    if fmt.kind == "q4m":
+        return values * scale + np.repeat(planes["min"].astype(dtype), fmt.group_size, axis=1)
+    return values * scale
+
+
+# ----------------------------------------------------------------------------- GGUF blocks
+
+
+def from_gguf_blocks(type_name: str, raw: np.ndarray) -> Planes:
+    """llama.cpp blocks (uint8 [rows, bytes_per_row]) of Q4_0 / Q4_1 / Q8_0 -> kiln planes.
+
+    Values are unchanged: codes are re-laid (nibbles into kiln's uint32 order) and the f16
+    d (and Q4_1's m) widened to float32 planes, which is exact.
+    """
+    if type_name not in GGUF_BLOCK_BYTES:
+        raise ValueError(f"{type_name} blocks cannot be kept as stored; known: {', '.join(GGUF_BLOCK_BYTES)}")
+    rows = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(rows, -1, GGUF_BLOCK_BYTES[type_name])  # [rows, K/32, bytes]
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # [rows, K/32]
+    if type_name == "Q8_0":
+        q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
+        return {"qweight": q, "scale": d}
+    start = 2 if type_name == "Q4_0" else 4
+    qs = blocks[..., start:]                                                          # [rows, K/32, 16]
+    # Block byte j holds element j in its low nibble and element j + 16 in its high nibble.
+    codes = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1).reshape(rows, -1)
+    planes = {"qweight": pack_nibbles(codes), "scale": d}
+    if type_name == "Q4_1":
+        planes["min"] = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    return planes
+
+
+__all__ = ["GGUF_BLOCK_BYTES", "GGUF_EXACT_KIND", "Planes", "dequantize", "from_gguf_blocks", "pack_nibbles",
+           "quantize", "unpack_nibbles"]

@@ -1,0 +1,152 @@
+"""CPU schedule rules for the kernels kiln's own passes emit; tried before cpu_schedule's rules.
+
+* ``AddRMSNorm``: the two-output ``y = x + r; n = rms_norm(y, w)`` kernel from
+  compiler/passes/fuse_add_rms_norm.py.  cpu_schedule's RowReduction cannot take it: its first
+  block writes an output (y), and ``compute_at`` refuses to move output blocks.  Here every block
+  is instead moved *under* the first block's row loop (``reverse_compute_at``): one parallel loop
+  over the rows; inside it the vectorised add, the sum of squares as 16 vector partial sums
+  (rfactor), rsqrt once per row and the vectorised scale, the row staying in L1 throughout.
+* ``LowBatchGEMV``: the matmul copies compiler/passes/low_batch_gemv.py tagged
+  ``"kiln.gemv": R``, run only when the rows are <= R: cpu_schedule's Matmul with a one-row
+  register tile over 6 weight rows (``gemv_knobs``; no row padding, no ``A[i] if i < m`` select in
+  the inner loop), rows and column tiles one parallel loop, k vectorised.  Padding the rows to R
+  and unrolling them (a 4x3 tile) measured slower than this at 1 and 4 rows.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule, get_extent
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+from tvm.target import Target
+
+from .cpu_schedule import CPUKnobs, Matmul
+
+logger = logging.getLogger(__name__)
+
+GEMV_ATTR = "kiln.gemv"  # PrimFunc attr set by compiler/passes/low_batch_gemv.py: the row bound R
+_REDUCE = tirx.IterVar.CommReduce
+
+
+def cpu_fused_schedule_rules(vector_lanes: int = 16) -> list[ScheduleRule]:
+    """The rules for kiln-emitted kernels, to list ahead of ``cpu_schedule_rules``."""
+    return [LowBatchGEMV(gemv_knobs(vector_lanes)), AddRMSNorm(CPUKnobs(vector_lanes=vector_lanes))]
+
+
+def gemv_knobs(vector_lanes: int = 16) -> CPUKnobs:
+    """A one-row tile over 6 weight rows: the best of 1x4/1x6/1x8/1x12 and a padded 4x3 at 1-4
+    rows on SmolLM2's projection shapes (znver5, cold weights)."""
+    return CPUKnobs(vector_lanes=vector_lanes, tile_m=1, tile_n=6)
+
+
+class AddRMSNorm(CPUScheduleRule):
+    """A row reduction whose producer block writes an output: ``y = x + r`` then rms_norm(y).
+
+    Matches a PrimFunc whose first block is spatial, with exactly one reduction block
+    ``S..S R`` reading its rows contiguously, every block covering the same leading row loops.
+    """
+
+    def __init__(self, knobs: CPUKnobs | None = None) -> None:
+        self.knobs = knobs or CPUKnobs()
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        match = _match_add_norm(sch, blocks, func.params)
+        if match is None:
+            return None
+        try:
+            return self._schedule(sch, blocks, *match)
+        except (RuntimeError, ValueError) as err:  # s_tir.ScheduleError is a RuntimeError
+            logger.warning("AddRMSNorm left a function unscheduled: %s", str(err)[-300:])
+            return None
+
+    def _schedule(self, sch: s_tir.Schedule, blocks: list, reduction, rows: int) -> s_tir.Schedule:
+        lanes = self.knobs.vector_lanes
+        k_len = get_extent(sch, sch.get_loops(reduction)[-1])
+        rf = None
+        if isinstance(k_len, int) and k_len % lanes == 0 and k_len > lanes:
+            _, k_i = sch.split(sch.get_loops(reduction)[-1], [None, lanes])
+            rf = sch.rfactor(k_i, factor_axis=len(sch.get(reduction).writes[0].region))  # rf[row.., lane]
+        first, *rest = blocks
+        row_loops = sch.get_loops(first)[:rows]
+        row = sch.fuse(*row_loops) if rows > 1 else row_loops[0]
+        for block in ([rf] if rf is not None else []) + rest:
+            sch.reverse_compute_at(block, row)  # no unit loops left under the row
+        sch.parallel(row)
+        for block in [first, *rest]:
+            inner = sch.get_loops(block)[1:]
+            if inner and not any(iv.iter_type == _REDUCE for iv in sch.get(block).iter_vars):
+                _vectorize(sch, sch.fuse(*inner) if len(inner) > 1 else inner[0], lanes)
+        if rf is not None:
+            lane, k_outer = sch.get_loops(rf)[1:]  # in the rf block's iter order: lane, then k_outer
+            sch.reorder(k_outer, lane)
+            sch.vectorize(lane)
+            init = sch.decompose_reduction(rf, k_outer)
+            sch.vectorize(sch.get_loops(init)[-1])
+        return sch
+
+
+def _match_add_norm(sch: s_tir.Schedule, blocks: list, params) -> tuple | None:
+    """(reduction block, row count) if ``blocks`` are a spatial block writing an output (a param),
+    one S..S R row reduction over that output and spatial blocks, all over the same leading
+    rows; else None."""
+    stmts = [sch.get(b) for b in blocks]
+    kinds = [[iv.iter_type for iv in s.iter_vars] for s in stmts]
+    reductions = [i for i, k in enumerate(kinds) if _REDUCE in k]
+    if len(blocks) < 3 or len(reductions) != 1 or reductions[0] == 0 or _REDUCE in kinds[0]:
+        return None
+    red = stmts[reductions[0]]
+    if kinds[reductions[0]][-1] != _REDUCE or kinds[reductions[0]].count(_REDUCE) != 1:
+        return None
+    k = red.iter_vars[-1].var
+    if len(red.reads) != 1 or not red.reads[0].region[-1].min.same_as(k):
+        return None
+    y = stmts[0].writes[0].source
+    if not red.reads[0].source.same_as(y) or not any(y.same_as(p) for p in params):
+        return None  # the reduction must read the first block's output, the sum (a param)
+    rows = len(red.iter_vars) - 1
+    if rows < 1:
+        return None
+    extents = [[get_extent(sch, loop) for loop in sch.get_loops(b)] for b in blocks]
+    want = extents[reductions[0]][:rows]
+    for ext in extents:
+        if len(ext) < rows or any(not _same(a, b) for a, b in zip(ext[:rows], want)):
+            return None
+    return blocks[reductions[0]], rows
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, int) or isinstance(b, int):
+        return isinstance(a, int) and isinstance(b, int) and a == b
+    return tvm_ffi.structural_equal(a, b)
+
+
+def _vectorize(sch: s_tir.Schedule, loop, lanes: int) -> None:
+    """Vectorise ``loop`` by the largest power of two <= lanes dividing its static extent."""
+    extent = get_extent(sch, loop)
+    if not isinstance(extent, int):
+        return
+    width = next((w for w in (lanes, lanes // 2, lanes // 4, 2) if w >= 2 and extent % w == 0), 1)
+    if width > 1:
+        sch.vectorize(sch.split(loop, [None, width])[1])
+
+
+class LowBatchGEMV(CPUScheduleRule):
+    """Matmuls tagged ``"kiln.gemv"``: cpu_schedule's Matmul with ``knobs`` (``gemv_knobs()``
+    unless a tuning database gives others through ``Tuned``)."""
+
+    def __init__(self, knobs: CPUKnobs | None = None) -> None:
+        self.knobs = knobs or gemv_knobs()
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or func.attrs is None or GEMV_ATTR not in func.attrs:
+            return None
+        return Matmul(self.knobs).apply(func, target, tunable)

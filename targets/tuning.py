@@ -1,0 +1,165 @@
+"""The per-target tuning database: schedule knobs `kiln tune` measured best, per kernel.
+
+Where it lives::
+
+    $KILN_CACHE_DIR/tuning/<profile>-<hash>.json      (KILN_CACHE_DIR unset: ~/.cache/kiln)
+
+the same root as ``kiln.cache_dir()``; ``<hash>`` is 12 hex digits of the sha256 of the TVM
+target dict (kind, mcpu, mattr, mtriple, num-cores, ...), so a database is only ever applied to
+the target it was measured on.  ``kiln compile`` reads it through ``TuningDB.lookup`` (a
+``KnobLookup`` for the ``Tuned`` rules, targets/cpu_schedule.py); compiler/tune.py writes it.
+
+The format (version 1)::
+
+    {"version": 1, "target": {<the TVM target dict>},
+     "entries": {<kernel key>: {"knobs": {"tile_m": 4, "tile_n": 2, "unroll_k": 1, "vector_lanes": 16},
+                                "us_m1": 41.2, "us_m128": 2101.0,          # median us, tuned knobs
+                                "default_us_m1": 44.0, "default_us_m128": 2390.5,
+                                "tuned_at": "2025-01-01T12:00:00+00:00", "function": "NT_matmul5"}}}
+
+A kernel key is the structural hash of the unscheduled PrimFunc (``kernel_key``): the same for
+every recompile of a model and shared by identical kernels of every layer (or model).  ``us_*``
+is None for a row count the kernel does not serve; a kernel whose default knobs won keeps them
+(so it is not searched again).  A missing file is an empty database; an unreadable, corrupt or
+foreign one is ignored with a warning: it never breaks a compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm_ffi
+from tvm import tirx
+
+from .cpu_schedule import TUNED_ATTR, CPUKnobs
+from .profile import TargetProfile
+
+FORMAT_VERSION = 1
+# Not part of a kernel's identity: names, schedule marks, and the name of a kernel's low-batch GEMV
+# copy (compiler/passes/low_batch_gemv.py), so keys do not depend on function names.
+_VOLATILE_ATTRS = ("global_symbol", "tirx.is_scheduled", TUNED_ATTR, "kiln.gemv_copy")
+
+
+def tuning_dir() -> Path:
+    """$KILN_CACHE_DIR/tuning, else ~/.cache/kiln/tuning (``kiln.cache_dir()``'s rule: targets
+    may not import the kiln face, tests/compiler/test_tuning.py checks the two agree)."""
+    return Path(os.environ.get("KILN_CACHE_DIR") or Path.home() / ".cache" / "kiln") / "tuning"
+
+
+def target_key(profile: TargetProfile) -> str:
+    """``<profile name>-<12 hex of sha256(target dict)>``, e.g. ``cpu-3f9a0c1b2d4e``."""
+    digest = hashlib.sha256(json.dumps(profile.target, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{profile.name}-{digest}"
+
+
+def db_path(profile: TargetProfile) -> Path:
+    return tuning_dir() / f"{target_key(profile)}.json"
+
+
+def kernel_key(func: tirx.PrimFunc) -> str:
+    """16 hex digits of the structural hash of ``func`` without its name/schedule attrs."""
+    for attr in _VOLATILE_ATTRS:
+        if func.attrs is not None and attr in func.attrs:
+            func = func.without_attr(attr)
+    return f"{tvm_ffi.structural_hash(func) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+@dataclass(frozen=True)
+class TuneEntry:
+    """The knobs chosen for one kernel and the medians (microseconds) that chose them."""
+
+    knobs: CPUKnobs
+    us_m1: float | None
+    us_m128: float | None
+    default_us_m1: float | None
+    default_us_m128: float | None
+    tuned_at: str                   # ISO 8601, UTC
+    function: str = ""              # the PrimFunc's name when tuned (for people reading the file)
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "knobs": dataclasses.asdict(self.knobs)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TuneEntry:
+        """Raises TypeError/ValueError/KeyError on a malformed entry."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"knobs"}
+        timings = {k: data.get(k) for k in fields if k != "tuned_at" and k != "function"}
+        for name, value in timings.items():
+            if value is not None and not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number or null, got {value!r}")
+        return cls(knobs=CPUKnobs(**data["knobs"]), tuned_at=str(data["tuned_at"]),
+                   function=str(data.get("function", "")), **timings)
+
+
+@dataclass
+class TuningDB:
+    """Knobs per kernel key for one target; ``lookup`` is the ``KnobLookup`` the rules call."""
+
+    path: Path
+    target: dict
+    entries: dict[str, TuneEntry] = field(default_factory=dict)
+
+    @classmethod
+    def for_profile(cls, profile: TargetProfile) -> TuningDB:
+        """The profile's database at ``db_path(profile)`` (empty if there is none yet)."""
+        return cls.load(db_path(profile), profile.target)
+
+    @classmethod
+    def load(cls, path: Path, target: dict) -> TuningDB:
+        """Read ``path``; a missing file gives an empty database, a bad one a warning and an empty
+        one (a bad entry: a warning, the rest kept)."""
+        db = cls(Path(path), dict(target))
+        if not db.path.exists():
+            return db
+        try:
+            data = json.loads(db.path.read_text())
+            if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+                raise ValueError(f"not a version-{FORMAT_VERSION} kiln tuning database")
+            if data.get("target") != db.target:
+                raise ValueError(f"it was tuned for another target ({data.get('target')})")
+            raw_entries = data["entries"]
+            if not isinstance(raw_entries, dict):
+                raise ValueError("'entries' is not an object")
+        except (OSError, ValueError, KeyError) as err:      # json.JSONDecodeError is a ValueError
+            warnings.warn(f"ignoring the tuning database {db.path}: {err}; compile uses the default "
+                          f"schedule knobs (re-run `kiln tune` to rewrite it)", stacklevel=2)
+            return db
+        for key, raw in raw_entries.items():
+            try:
+                db.entries[str(key)] = TuneEntry.from_json(raw)
+            except (TypeError, ValueError, KeyError, AttributeError) as err:
+                warnings.warn(f"ignoring entry {key} of the tuning database {db.path}: {err!r}", stacklevel=2)
+        return db
+
+    def save(self) -> None:
+        """Write atomically: a temp file in the same folder, fsync, then os.replace."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"version": FORMAT_VERSION, "target": self.target,
+                "entries": {k: e.to_json() for k, e in sorted(self.entries.items())}}
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def lookup(self, func: tirx.PrimFunc) -> CPUKnobs | None:
+        """The tuned knobs for ``func``, or None (the rule's defaults)."""
+        if not self.entries:
+            return None
+        entry = self.entries.get(kernel_key(func))
+        return entry.knobs if entry is not None else None
+
+
+__all__ = ["FORMAT_VERSION", "TuneEntry", "TuningDB", "db_path", "kernel_key", "target_key", "tuning_dir"]
