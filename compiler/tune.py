@@ -140,6 +140,7 @@ def tune_model(opts: TuneOptions, progress: Callable[[TuneStatus], None] | None 
         now = time.perf_counter()
         if now >= deadline:
             break
+
         def on_step(j: int, n: int, gain: float, i: int = i, name: str = kernel.name) -> None:
             report(TuneStatus(i + 1, len(todo), name, j, n, gain))
 
