@@ -29,7 +29,7 @@ from tvm.relax.dpl.pattern import GlobalVarPattern, TuplePattern, is_op, wildcar
 PATTERN_NAME = "kiln.dequantize_matmul"
 
 
-def _is_call_to(expr: relax.Expr, prefix: str) -> bool:
+def is_call_tir_to(expr: relax.Expr, prefix: str) -> bool:
     """Whether expr is R.call_tir of a PrimFunc whose name starts with prefix (kiln's quantized
     modules name their ops `dequantize_<kind>`; FuseTransposeMatmul names its `NT_matmul`)."""
     if not isinstance(expr, relax.Call) or not expr.args:
@@ -44,8 +44,8 @@ def _pattern():
     matmul = is_op("relax.call_tir")(GlobalVarPattern(), TuplePattern([x, deq]), add_constraint=False)
 
     def check(ctx: relax.transform.PatternCheckContext) -> bool:
-        return (_is_call_to(ctx.annotated_expr["deq"], "dequantize_")
-                and _is_call_to(ctx.annotated_expr["matmul"], "NT_matmul"))
+        return (is_call_tir_to(ctx.annotated_expr["deq"], "dequantize_")
+                and is_call_tir_to(ctx.annotated_expr["matmul"], "NT_matmul"))
 
     return matmul, {"x": x, "deq": deq, "matmul": matmul}, check
 
@@ -69,4 +69,4 @@ def _without_leftovers(mod: tvm.IRModule) -> tvm.IRModule:
     return mod
 
 
-__all__ = ["FuseDequantizeMatmul", "PATTERN_NAME"]
+__all__ = ["FuseDequantizeMatmul", "PATTERN_NAME", "is_call_tir_to"]

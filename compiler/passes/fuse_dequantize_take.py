@@ -21,16 +21,9 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl.pattern import GlobalVarPattern, is_op, wildcard
 
+from .fuse_dequantize_matmul import is_call_tir_to
+
 PATTERN_NAME = "kiln.dequantize_take"
-
-
-def _is_call_to(expr: relax.Expr, prefix: str) -> bool:
-    """Whether expr is R.call_tir of a PrimFunc whose name starts with prefix (kiln's quantized
-    modules name their ops `dequantize_<kind>`; FuseTransposeMatmul names its `NT_matmul`)."""
-    if not isinstance(expr, relax.Call) or not expr.args:
-        return False
-    callee = expr.args[0]
-    return isinstance(callee, relax.GlobalVar) and callee.name_hint.startswith(prefix)
 
 
 def _pattern():
@@ -41,7 +34,7 @@ def _pattern():
     def check(ctx: relax.transform.PatternCheckContext) -> bool:
         call = ctx.annotated_expr["take"]
         axis = call.attrs.axis
-        return _is_call_to(ctx.annotated_expr["deq"], "dequantize_") and axis is not None and int(axis) == 0
+        return is_call_tir_to(ctx.annotated_expr["deq"], "dequantize_") and axis is not None and int(axis) == 0
 
     return take, {"ids": ids, "deq": deq, "take": take}, check
 
