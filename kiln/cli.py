@@ -181,20 +181,33 @@ def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system) -> No
 @click.option("--gen-len", default=64, show_default=True)
 @click.option("--batch", default=1, show_default=True)
 @click.option("--runs", default=3, show_default=True, help="timed runs after one warm-up")
+@click.option("--profile", is_flag=True,
+              help="after the bench, time every kernel of one prefill and of the mean decode step "
+                   "(a VM instrument, a few us per call; reports both wall times); JSON key \"profile\"")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object as the last line")
 @_friendly_errors
-def bench(model, prompt_len, gen_len, batch, runs, as_json) -> None:
-    """Benchmark MODEL (artifact or model): prefill/decode tok/s, TTFT, TPOT, peak RSS (medians)."""
-    from kiln.runtime.bench import bench as run_bench
+def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
+    """Benchmark MODEL (artifact or model): prefill/decode tok/s, TTFT, TPOT, peak RSS (medians).
+
+    --profile then runs the same shape again (a warm-up, then RUNS plain and RUNS instrumented runs)
+    and breaks the prefill and the mean decode step down by kernel: ms, % of the step, calls, ms per
+    call. The VM's builtins are grouped as "VM overhead"; attention kernels keep their own lines.
+    On a GPU each VM call syncs the device, so the instrumented step is slower there.
+    """
+    from kiln.runtime.bench import bench as run_bench, profile_kernels
     engine = _engine(model)
     r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
+    p = profile_kernels(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch,
+                        runs=runs) if profile else None
     if as_json:
-        click.echo(json.dumps(r.as_dict()))
+        click.echo(json.dumps({**r.as_dict(), **({"profile": p.as_dict()} if p is not None else {})}))
         return
     click.echo(f"{engine.artifact.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}, median of {runs}\n"
                f"  prefill {r.prefill_tok_s:8.1f} tok/s   (TTFT {r.ttft_ms:.1f} ms)\n"
                f"  decode  {r.decode_tok_s:8.1f} tok/s   (TPOT {r.tpot_ms:.2f} ms)\n"
                f"  peak RSS {r.peak_rss_mb:.0f} MB")
+    if p is not None:
+        click.echo(p.table())
 
 
 @main.command()

@@ -3,6 +3,9 @@
 Each run prefills `batch` prompts of `prompt_len` random tokens in one ragged
 call, then decodes `gen_len` tokens for all of them, timing each call. Medians
 over `runs` after one warm-up run.
+
+`profile_kernels` breaks one prefill and the mean decode step down by kernel,
+timing every VM Call instruction through the VM's instrument hook.
 """
 
 from __future__ import annotations
@@ -10,9 +13,12 @@ from __future__ import annotations
 import resource
 import statistics
 import time
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import tvm
+from tvm import relax
 
 from .model_runner import ModelRunner
 
@@ -33,13 +39,17 @@ class BenchResult:
         return asdict(self)
 
 
-def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: int = 1, runs: int = 3,
-          seed: int = 0) -> BenchResult:
+def _check_fits(runner: ModelRunner, prompt_len: int, gen_len: int, batch: int) -> None:
     if prompt_len + gen_len > runner.context_window:
         raise ValueError(f"prompt_len + gen_len ({prompt_len + gen_len}) exceeds the context window "
                          f"({runner.context_window})")
     if batch > runner.max_num_seqs:
         raise ValueError(f"batch {batch} exceeds the engine's max_num_seqs ({runner.max_num_seqs})")
+
+
+def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: int = 1, runs: int = 3,
+          seed: int = 0) -> BenchResult:
+    _check_fits(runner, prompt_len, gen_len, batch)
     rng = np.random.default_rng(seed)
     prefill_s, step_s = [], []
     for run in range(runs + 1):                                   # run 0 warms up
@@ -65,3 +75,185 @@ def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: 
     return BenchResult(prefill_tok_s=batch * prompt_len / p, decode_tok_s=batch / d, ttft_ms=p * 1e3,
                        tpot_ms=d * 1e3, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                        prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
+
+
+# ---- per-kernel profile -------------------------------------------------------------------------
+
+VM_OVERHEAD = "VM overhead"
+_ATTENTION = "vm.builtin.attention_kv_cache_"      # the paged-KV attention kernels: kept by name
+_SHAPE_FUNCS = ("shape_func", "compute_symbolic_expr")   # host shape code the VM's shape lowering emits
+
+
+def kernel_group(symbol: str) -> str:
+    """The profile line a VM call counts towards: the VM's own builtins (alloc_tensor, make_shape,
+    null_value, reshape, tuple_getitem, ...) and shape functions are one VM_OVERHEAD line; attention
+    builtins and compiled kernels keep their symbol."""
+    if symbol.startswith(_ATTENTION):
+        return symbol
+    if symbol.startswith("vm.builtin.") or symbol.startswith(_SHAPE_FUNCS):
+        return VM_OVERHEAD
+    return symbol
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    name: str                  # kernel symbol, or VM_OVERHEAD
+    ms_per_step: float
+    pct: float                 # of the instrumented step's wall time
+    calls_per_step: float
+    ms_per_call: float
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    wall_ms: float             # the step with the instrument on
+    wall_ms_uninstrumented: float
+    kernel_sum_ms: float       # sum over all VM calls, instrumented
+    outside_ms: float          # wall_ms - kernel_sum_ms: Python, KV begin/end_forward, logits copy, callbacks
+    outside_pct: float         # so that sum(k.pct) + outside_pct == 100
+    calls_per_step: float
+    overhead_us_per_call: float    # (wall_ms - wall_ms_uninstrumented) / calls: the instrument's cost
+    kernels: tuple[KernelTime, ...]    # slowest first
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    prefill: StepProfile       # one prefill of prompt_len tokens per sequence
+    decode: StepProfile        # mean of gen_len decode steps
+    prompt_len: int
+    gen_len: int
+    batch: int
+    runs: int                  # each step is the mean over this many instrumented (and plain) runs
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        """Human-readable breakdown, one block per step kind."""
+        runs = f"mean of {self.runs} run{'s' if self.runs > 1 else ''}"
+        return "\n".join([_step_table(f"prefill of {self.prompt_len} tokens x {self.batch} ({runs})", self.prefill),
+                          _step_table(f"decode step x {self.batch} (mean of {self.gen_len} steps, {runs})",
+                                      self.decode)])
+
+
+class _CallTimer:
+    """A VM instrument: host time of every Call instruction, summed by symbol (nested calls excluded)."""
+
+    def __init__(self, device: tvm.runtime.Device):
+        # CPU kernels run synchronously; on a GPU wait for the queue so each call owns its kernel time.
+        is_cpu = device.dlpack_device_type() == tvm.cpu().dlpack_device_type()
+        self.sync = None if is_cpu else device.sync
+        self.seconds: Counter[str] = Counter()      # float values: Counter.update adds them
+        self.calls: Counter[str] = Counter()
+        self._open: list[list[float]] = []      # [start, time spent in nested calls]
+
+    def __call__(self, func, symbol: str, before_run: bool, ret_value, *args) -> int:
+        if self.sync is not None:
+            self.sync()
+        now = time.perf_counter()
+        if before_run:
+            self._open.append([now, 0.0])
+        else:
+            start, nested = self._open.pop()
+            self.seconds[symbol] += now - start - nested
+            self.calls[symbol] += 1
+            if self._open:
+                self._open[-1][1] += now - start
+        return int(relax.VMInstrumentReturnKind.NO_OP)
+
+    def take(self) -> tuple[Counter, Counter]:
+        """(seconds, calls) by symbol recorded since the last take; resets."""
+        out = self.seconds, self.calls
+        self.seconds, self.calls = Counter(), Counter()
+        return out
+
+
+def _run_once(runner: ModelRunner, seqs: list[int], prompts: list[list[int]], gen_len: int,
+              after_prefill=lambda: None) -> tuple[float, float]:
+    """Prefill, then gen_len greedy decode steps: (prefill seconds, mean decode-step seconds)."""
+    for s in seqs:
+        runner.add_sequence(s)
+    try:
+        t0 = time.perf_counter()
+        logits = runner.prefill(seqs, prompts)
+        prefill_s = time.perf_counter() - t0
+        after_prefill()
+        decode_s = 0.0
+        for _ in range(gen_len):
+            tokens = logits.argmax(-1).tolist()
+            t = time.perf_counter()
+            logits = runner.decode(seqs, tokens)
+            decode_s += time.perf_counter() - t
+    finally:
+        for s in seqs:
+            runner.remove_sequence(s)
+    return prefill_s, decode_s / gen_len
+
+
+def profile_kernels(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: int = 1,
+                    runs: int = 1, seed: int = 0) -> KernelProfile:
+    """Per-kernel time of one prefill and of the mean decode step.
+
+    After a warm-up, runs the same prompts `runs` times without and `runs` times with a VM instrument
+    that times each Call instruction on the host (interleaved), and averages. The instrument costs a
+    few microseconds per call (mostly in the outside-VM-calls remainder, some in the ~1 us builtins of
+    VM_OVERHEAD), which is why both wall times are reported. On a GPU every call syncs the
+    device, so kernels are timed correctly but the instrumented run is slower.
+    """
+    _check_fits(runner, prompt_len, gen_len, batch)
+    if gen_len < 1 or runs < 1:
+        raise ValueError(f"the profile needs gen_len >= 1 and runs >= 1 (got {gen_len}, {runs})")
+    prompts = np.random.default_rng(seed).integers(0, runner.vocab_size, size=(batch, prompt_len)).tolist()
+    seqs = list(range(batch))
+    timer = _CallTimer(runner.device)
+    plain, instrumented = [], []                      # (prefill seconds, decode-step seconds) per run
+    prefill = (Counter(), Counter())                  # (seconds, calls) by symbol, summed over runs
+    decode = (Counter(), Counter())
+    _run_once(runner, seqs, prompts, gen_len)                            # warm-up
+    for _ in range(runs):
+        plain.append(_run_once(runner, seqs, prompts, gen_len))
+        runner.vm.set_instrument(timer)
+        try:
+            instrumented.append(_run_once(runner, seqs, prompts, gen_len,
+                                          after_prefill=lambda: _add(prefill, timer.take())))
+        finally:
+            runner.vm.set_instrument(None)                               # None removes the instrument
+        _add(decode, timer.take())
+    (plain_p, plain_d), (wall_p, wall_d) = np.mean(plain, axis=0), np.mean(instrumented, axis=0)
+    return KernelProfile(prefill=_step_profile(*prefill, runs, wall_p, plain_p),
+                         decode=_step_profile(*decode, runs * gen_len, wall_d, plain_d),
+                         prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
+
+
+def _add(total: tuple[Counter, Counter], part: tuple[Counter, Counter]) -> None:
+    total[0].update(part[0])
+    total[1].update(part[1])
+
+
+def _step_profile(seconds: Counter, calls: Counter, steps: int, wall_s: float, plain_s: float) -> StepProfile:
+    """Group symbols into profile lines and normalise to one step (wall_s and plain_s are per step)."""
+    group_s, group_n = defaultdict(float), Counter()
+    for symbol, s in seconds.items():
+        group_s[kernel_group(symbol)] += s / steps
+        group_n[kernel_group(symbol)] += calls[symbol]
+    kernels = sorted((KernelTime(name=g, ms_per_step=s * 1e3, pct=100 * s / wall_s,
+                                 calls_per_step=group_n[g] / steps, ms_per_call=s * 1e3 * steps / group_n[g])
+                      for g, s in group_s.items()), key=lambda k: -k.ms_per_step)
+    kernel_s = sum(group_s.values())
+    n_calls = sum(calls.values()) / steps
+    return StepProfile(wall_ms=wall_s * 1e3, wall_ms_uninstrumented=plain_s * 1e3, kernel_sum_ms=kernel_s * 1e3,
+                       outside_ms=(wall_s - kernel_s) * 1e3, outside_pct=100 * (wall_s - kernel_s) / wall_s,
+                       calls_per_step=n_calls, overhead_us_per_call=(wall_s - plain_s) * 1e6 / max(n_calls, 1),
+                       kernels=tuple(kernels))
+
+
+def _step_table(title: str, p: StepProfile) -> str:
+    lines = [f"{title}: {p.wall_ms_uninstrumented:.2f} ms uninstrumented, {p.wall_ms:.2f} ms instrumented "
+             f"({p.overhead_us_per_call:+.1f} us per VM call); VM calls sum to {p.kernel_sum_ms:.2f} ms "
+             f"in {p.calls_per_step:.0f} calls",
+             f"  {'ms/step':>9} {'%':>6} {'calls':>7} {'ms/call':>9}  kernel"]
+    for k in p.kernels:
+        lines.append(f"  {k.ms_per_step:9.3f} {k.pct:6.1f} {k.calls_per_step:7.0f} {k.ms_per_call:9.4f}  {k.name}")
+    lines.append(f"  {p.outside_ms:9.3f} {p.outside_pct:6.1f} {'':>7} {'':>9}  "
+                 "(outside VM calls: Python, KV begin/end_forward, logits copy, instrument callbacks)")
+    return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""`kiln bench --profile`: a per-kernel breakdown of the prefill and decode step that adds up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kiln.runtime.bench import VM_OVERHEAD, kernel_group
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("symbol, group", [
+    ("vm.builtin.alloc_tensor", VM_OVERHEAD),
+    ("vm.builtin.make_shape", VM_OVERHEAD),
+    ("shape_func3", VM_OVERHEAD),
+    ("vm.builtin.attention_kv_cache_attention_with_fused_qkv",) * 2,
+    ("fused_dequantize_q4_NT_matmul5", "fused_dequantize_q4_NT_matmul5"),
+])
+def test_kernel_group(symbol, group):
+    assert kernel_group(symbol) == group
+
+
+@pytest.fixture(scope="module")
+def profile_json(tiny_artifacts) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "bench", str(tiny_artifacts["tied"]), "--prompt-len", "16",
+                           "--gen-len", "4", "--runs", "1", "--profile", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_bench_keys_still_there(profile_json):
+    assert profile_json["prompt_len"] == 16 and profile_json["gen_len"] == 4 and profile_json["tpot_ms"] > 0
+    assert profile_json["profile"]["prompt_len"] == 16 and profile_json["profile"]["gen_len"] == 4
+
+
+@pytest.mark.parametrize("step", ["prefill", "decode"])
+def test_profile_adds_up(profile_json, step):
+    p = profile_json["profile"][step]
+    names = [k["name"] for k in p["kernels"]]
+    assert any("matmul" in n for n in names), names
+    assert any(n.startswith("vm.builtin.attention_kv_cache_") for n in names), names
+    assert VM_OVERHEAD in names and not any(n.startswith("vm.builtin.") and "attention" not in n for n in names)
+    for k in p["kernels"]:
+        if "matmul" in k["name"] or "attention" in k["name"]:
+            assert k["ms_per_step"] > 0 and k["ms_per_call"] > 0 and k["calls_per_step"] >= 1, k
+        assert k["ms_per_step"] == pytest.approx(k["ms_per_call"] * k["calls_per_step"], rel=1e-6)
+    kernel_sum = sum(k["ms_per_step"] for k in p["kernels"])
+    assert kernel_sum == pytest.approx(p["kernel_sum_ms"], rel=1e-6)
+    assert 0 < kernel_sum <= p["wall_ms"] * 1.01 + 0.05            # timed inside the step's wall time
+    assert p["wall_ms_uninstrumented"] > 0
+    assert sum(k["pct"] for k in p["kernels"]) + p["outside_pct"] == pytest.approx(100, abs=0.01)
+    assert p["calls_per_step"] == pytest.approx(sum(k["calls_per_step"] for k in p["kernels"]))
