@@ -24,6 +24,7 @@ from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
 from .passes.fuse_dequantize_take import FuseDequantizeTake
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
+from .passes.cpu_attention import UseKilnCPUAttention
 
 
 def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]:
@@ -48,7 +49,11 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; see lower).
             *([LowBatchGEMV(max_rows=4)] if profile.device == "cpu" else []),
         ]),
-        ("schedule", profile.schedule_passes()),
+        ("schedule", [
+            # The KV cache's CPU attention kernels: TVM's scalar loops out, kiln's vectorised ones in.
+            *([UseKilnCPUAttention()] if profile.device == "cpu" else []),
+            *profile.schedule_passes(),
+        ]),
         ("lower", [
             # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4` (no-op without copies).
             DispatchLowBatchGEMV(),
