@@ -25,6 +25,7 @@ from .passes.fuse_dequantize_take import FuseDequantizeTake
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
 from .passes.cpu_attention import UseKilnCPUAttention
+from .passes.fast_silu import FastSiLU
 
 
 def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]:
@@ -37,6 +38,8 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             FuseDequantizeTake(),
             # Residual add + the RMSNorm over the sum: one kernel writing both (see its docstring).
             FuseAddRMSNorm(),
+            # float32 SiLU with a polynomial exp (LLVM scalarises vector exp into libm calls).
+            *([FastSiLU()] if profile.device == "cpu" else []),
             relax.transform.DeadCodeElimination(),
         ]),
         ("legalize", [
