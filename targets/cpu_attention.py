@@ -330,10 +330,63 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
     return batch_prefill_paged_kv
 
 
+def split_rotary_cpu(theta: float, scale: float, d: int, h_q: int, h_kv: int, dtype: str):
+    """Split fused qkv into q, k, v and apply RoPE (rotate-half) to q and k: TVM's ``fused_rope``.
+
+    Same signature and arithmetic as TVM's default-scaling kernel (freq = pos * scale /
+    theta^(2i/d), cos and sin in float32), but cos/sin are computed once per token and
+    frequency, not once per element: TVM's evaluates pow, cos and sin (three libm calls)
+    for each of the (h_q + h_kv) * d elements of a token."""
+    half = d // 2
+    fused = h_q + 2 * h_kv
+
+    @T.macro(hygienic=False)
+    def rotate(dst, dst_head, src_head, s, cs, sn, half):
+        for i in T.vectorized(half):
+            dst[s, dst_head, i] = T.Cast(dtype, T.Cast("float32", qkv[s, src_head, i]) * cs[i]
+                                         - T.Cast("float32", qkv[s, src_head, i + half]) * sn[i])
+            dst[s, dst_head, i + half] = T.Cast(dtype, T.Cast("float32", qkv[s, src_head, i + half]) * cs[i]
+                                                + T.Cast("float32", qkv[s, src_head, i]) * sn[i])
+
+    @T.prim_func
+    def fused_rope(var_qkv: T.handle, var_position_map: T.handle, var_q: T.handle, var_k: T.handle,
+                   var_v: T.handle, apply_rope: T.int64):
+        T.func_attr({"op_pattern": 8, "tirx.noalias": True, "tirx.is_scheduled": True})
+        seq_len = T.int32()
+        position_map_elem_offset = T.int32()
+        qkv = T.match_buffer(var_qkv, (seq_len, fused, d), dtype)
+        q = T.match_buffer(var_q, (seq_len, h_q, d), dtype)
+        k = T.match_buffer(var_k, (seq_len, h_kv, d), dtype)
+        v = T.match_buffer(var_v, (seq_len, h_kv, d), dtype)
+        position_map = T.match_buffer(var_position_map, (seq_len,), "int32", elem_offset=position_map_elem_offset)
+        for s in T.parallel(seq_len):
+            cs = T.alloc_buffer((half,), "float32")
+            sn = T.alloc_buffer((half,), "float32")
+            for i in T.serial(half):
+                cs[i] = T.cos(T.Cast("float32", position_map[s]) * T.float32(scale)
+                              / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(d)))
+                sn[i] = T.sin(T.Cast("float32", position_map[s]) * T.float32(scale)
+                              / T.pow(T.float32(theta), T.Cast("float32", i * 2) / T.float32(d)))
+            if apply_rope > T.int64(0):
+                for h in T.serial(h_q):
+                    rotate(q, h, h, s, cs, sn, half)
+                for h in T.serial(h_kv):
+                    rotate(k, h, h_q + h, s, cs, sn, half)
+            else:
+                for h, i in T.grid(h_q, d):
+                    q[s, h, i] = qkv[s, h, i]
+                for h, i in T.grid(h_kv, d):
+                    k[s, h, i] = qkv[s, h_q + h, i]
+            for h, i in T.grid(h_kv, d):
+                v[s, h, i] = qkv[s, h_q + h_kv + h, i]
+
+    return fused_rope
+
+
 def _check(h_q: int, h_kv: int, d: int, lanes: int) -> None:
     if h_q % h_kv or d % lanes:
         raise ValueError(f"kiln CPU attention needs h_q % h_kv == 0 and head_dim % {lanes} == 0 "
                          f"(got h_q={h_q}, h_kv={h_kv}, head_dim={d})")
 
 
-__all__ = ["attention_prefill_ragged_cpu", "attention_paged_cpu", "fast_exp2"]
+__all__ = ["attention_prefill_ragged_cpu", "attention_paged_cpu", "fast_exp2", "split_rotary_cpu"]

@@ -9,26 +9,35 @@ PrimFuncs in place with targets/cpu_attention.py's kernel of the same signature,
 head counts, head dim, page size and dtype off the original's buffers, so the KV cache's
 runtime calls the new code without knowing.
 
-It leaves the module alone when the cache applies RoPE inside the attention kernel
-(``RopeMode.INLINE``, which kiln's kernels do not implement), and leaves the sliding-window
-and tree-attention variants as TVM wrote them.
+It also replaces ``fused_rope`` (the split of fused qkv into q, k, v with RoPE applied,
+which the cache runs before attention) with ``split_rotary_cpu``, but only when it is
+structurally equal to TVM's default-scaling kernel for the cache's head counts, head dim,
+theta and scale: scaled RoPE (llama3, yarn, longrope) keeps TVM's.
 
-Measured on SmolLM2-135M q4f32, 2-core znver5: attention (the whole
-``attention_with_fused_qkv`` builtin: rotary, KV append and attention) went from 97 ms to
-see the closing note in docs of a 128-token prefill; see targets/cpu_attention.py.
+It leaves the module alone when the cache applies RoPE inside the attention kernel
+(``RopeMode.INLINE``, which kiln's kernels do not implement) or when it finds no single
+KV-cache creation to read those parameters from, and leaves the sliding-window and
+tree-attention variants as TVM wrote them.
 """
 
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprVisitor, visitor
 from tvm.relax.frontend.nn.llm.kv_cache import RopeMode
+from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
 
-from kiln.targets.cpu_attention import attention_paged_cpu, attention_prefill_ragged_cpu
+from kiln.targets.cpu_attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
 
 _CREATE = "vm.builtin.paged_attention_kv_cache_create"
-_ROPE_MODE_ARG = 8          # position of rope_mode among the create call's arguments (TVM 0.27)
+_CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
+# Positions among the create call's arguments (TIRPagedKVCache, TVM 0.27).
+_ROPE_MODE_ARG = 8
+_ROPE_ARGS = (2, 3, 4, 9, 10)     # num_attention_heads, num_key_value_heads, qk_head_dim, rope_scale, rope_theta
+_SUPPORTED_ROPE_MODES = (int(RopeMode.NONE), int(RopeMode.NORMAL))
+_ROPE_NAME = "fused_rope"         # TVM's llama_rope_with_position_map, added as "tir_split_rotary"
 
 
 def _shape(func: tirx.PrimFunc, param: int) -> tuple[list, str]:
@@ -63,26 +72,47 @@ REPLACEMENTS = {
 
 
 @visitor
-class _RopeModes(PyExprVisitor):
-    """Collects the rope_mode argument of every KV-cache create call."""
+class _CacheCreations(PyExprVisitor):
+    """Collects the arguments of every KV-cache create call."""
 
     def __init__(self) -> None:
-        self.modes: list[int] = []
+        self.calls: list[list[relax.Expr]] = []
 
     def visit_call_(self, call: relax.Call) -> None:  # noqa: N802 (TVM's visitor naming)
-        if isinstance(call.op, relax.ExternFunc) and call.op.global_symbol == _CREATE:
-            arg = call.args[_ROPE_MODE_ARG]
-            self.modes.append(int(arg.value.value) if isinstance(arg, relax.PrimValue) else -1)
+        args = list(call.args)
+        if call.op.same_as(_CALL_PURE_PACKED) and args:       # R.call_pure_packed("vm.builtin...", *args)
+            callee, args = args[0], args[1:]
+        else:
+            callee = call.op
+        if isinstance(callee, relax.ExternFunc) and callee.global_symbol == _CREATE:
+            self.calls.append(args)
         for a in call.args:
             self.visit_expr(a)
 
 
-def _uses_inline_rope(mod: tvm.ir.IRModule) -> bool:
-    finder = _RopeModes()
+def _cache_creations(mod: tvm.ir.IRModule) -> list[list[relax.Expr]]:
+    finder = _CacheCreations()
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
             finder.visit_expr(func)
-    return any(m not in (int(RopeMode.NONE), int(RopeMode.NORMAL)) for m in finder.modes)
+    return finder.calls
+
+
+def _prim(arg: relax.Expr) -> float | None:
+    """The number of an IntImm / FloatImm argument (TVM 0.27 passes prim values as such), else None."""
+    return arg.value if isinstance(arg, (tirx.IntImm, tirx.FloatImm)) else None
+
+
+def _rope_replacement(func: tirx.PrimFunc, create_args: list[relax.Expr]) -> tirx.PrimFunc | None:
+    """kiln's split_rotary_cpu when ``func`` is exactly TVM's default-scaling RoPE for this cache."""
+    h_q, h_kv, d, scale, theta = (_prim(create_args[i]) for i in _ROPE_ARGS)
+    if None in (h_q, h_kv, d, scale, theta):
+        return None
+    dtype = str(func.params[0].dtype)
+    tvm_default = llama_rope_with_position_map(theta, scale, int(d), int(h_q), int(h_kv), dtype, {}, int(d))
+    if not tvm_ffi.structural_equal(func.with_attrs(tvm_default.attrs) if func.attrs else func, tvm_default):
+        return None                                     # scaled (llama3, yarn, ...) or partial rotary: keep TVM's
+    return split_rotary_cpu(theta, scale, int(d), int(h_q), int(h_kv), dtype)
 
 
 @tvm.transform.module_pass(opt_level=0, name="UseKilnCPUAttention")
@@ -90,13 +120,20 @@ class UseKilnCPUAttention:
     """Replace TVM's CPU paged-attention PrimFuncs (by name) with kiln's, keeping their attrs."""
 
     def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        if _uses_inline_rope(mod):
-            return mod
+        creations = _cache_creations(mod)
+        if len(creations) != 1 or _prim(creations[0][_ROPE_MODE_ARG]) not in _SUPPORTED_ROPE_MODES:
+            return mod                                  # no cache, several, or RoPE inside attention
+        mod = mod.clone()
         for gv, func in list(mod.functions.items()):
-            make = REPLACEMENTS.get(gv.name_hint)
-            if make is None or not isinstance(func, tirx.PrimFunc):
+            if not isinstance(func, tirx.PrimFunc):
                 continue
-            new = make(func)
+            if gv.name_hint == _ROPE_NAME:
+                new = _rope_replacement(func, creations[0])
+            else:
+                make = REPLACEMENTS.get(gv.name_hint)
+                new = make(func) if make else None
+            if new is None:
+                continue
             for key, value in func.attrs.items() if func.attrs else ():
                 new = new.with_attr(key, value)
             mod[gv] = new.with_attr("tirx.is_scheduled", True).with_attr("tirx.noalias", True)
