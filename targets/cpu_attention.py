@@ -84,6 +84,20 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf):
     m[mi] = alpha_buf[1]
 
 
+def fast_exp2_kernel(lanes: int = 16):
+    """fast_exp2 as a PrimFunc, in place over a [n, lanes] float32 buffer (for tests and benchmarks)."""
+
+    @T.prim_func
+    def exp2_inplace(a: T.handle):
+        n = T.int32()
+        A = T.match_buffer(a, (n, lanes), "float32")
+        for i in T.serial(n):
+            tmp = T.alloc_buffer((lanes,), "float32")
+            fast_exp2(A, i, lanes, tmp)
+
+    return exp2_inplace
+
+
 def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = 16,
                                  block_q: int = 32, block_k: int = 64):
     """Self-attention of a prefill's new tokens (same signature as TVM's ragged CPU kernel)."""
@@ -389,4 +403,4 @@ def _check(h_q: int, h_kv: int, d: int, lanes: int) -> None:
                          f"(got h_q={h_q}, h_kv={h_kv}, head_dim={d})")
 
 
-__all__ = ["attention_prefill_ragged_cpu", "attention_paged_cpu", "fast_exp2", "split_rotary_cpu"]
+__all__ = ["attention_prefill_ragged_cpu", "attention_paged_cpu", "fast_exp2", "fast_exp2_kernel", "split_rotary_cpu"]

@@ -117,7 +117,7 @@ def _rope_replacement(func: tirx.PrimFunc, create_args: list[relax.Expr]) -> tir
 
 @tvm.transform.module_pass(opt_level=0, name="UseKilnCPUAttention")
 class UseKilnCPUAttention:
-    """Replace TVM's CPU paged-attention PrimFuncs (by name) with kiln's, keeping their attrs."""
+    """Replace TVM's CPU paged-attention and RoPE PrimFuncs (by name) with kiln's, keeping their symbols."""
 
     def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         creations = _cache_creations(mod)
@@ -134,7 +134,7 @@ class UseKilnCPUAttention:
                 new = make(func) if make else None
             if new is None:
                 continue
-            for key, value in func.attrs.items() if func.attrs else ():
-                new = new.with_attr(key, value)
-            mod[gv] = new.with_attr("tirx.is_scheduled", True).with_attr("tirx.noalias", True)
+            # kiln's own attrs (plain scheduled TIR, not s_tir), under the original's symbol
+            symbol = func.attrs.get("global_symbol", gv.name_hint) if func.attrs else gv.name_hint
+            mod[gv] = new.with_attr("global_symbol", symbol)
         return mod

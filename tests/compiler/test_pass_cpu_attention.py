@@ -1,0 +1,149 @@
+"""UseKilnCPUAttention and FastSiLU: what they replace, what they must leave alone, and the numbers.
+
+UseKilnCPUAttention swaps whole PrimFuncs, so its before/after is checked structurally: after
+the pass each KV-cache kernel equals kiln's kernel built for the cache's shapes, and everything
+else is TVM's, untouched. The kernels' numerics are in tests/numerics/test_cpu_attention.py;
+the whole model against transformers in tests/numerics/test_llama_numerics.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+from tvm.relax.frontend.nn.llm.kv_cache import RopeMode, TIRPagedKVCache
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from kiln.compiler import pipeline
+from kiln.compiler.passes.cpu_attention import UseKilnCPUAttention
+from kiln.compiler.passes.fast_silu import FastSiLU
+from kiln.targets import get_profile
+from kiln.targets.cpu_attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
+
+pytestmark = pytest.mark.compiler
+H_Q, H_KV, D, THETA = 4, 2, 16, 10000.0
+REPLACED = {
+    "batch_prefill_ragged_kv": lambda: attention_prefill_ragged_cpu(H_KV, H_Q, D, "float32"),
+    "batch_prefill_paged_kv_cpu": lambda: attention_paged_cpu(H_KV, H_Q, D, "float32", 16, decode=False),
+    "batch_decode_paged_kv_cpu": lambda: attention_paged_cpu(H_KV, H_Q, D, "float32", 16, decode=True),
+    "fused_rope": lambda: split_rotary_cpu(THETA, 1.0, D, H_Q, H_KV, "float32"),
+}
+UNTOUCHED = ("batch_prefill_paged_kv_cpu_sliding_window", "batch_decode_paged_kv_cpu_sliding_window",
+             "batch_tree_attn", "tree_attn_paged_kv_cpu", "merge_state_inplace_cpu")
+
+
+class CacheOnly(nn.Module):
+    def __init__(self, rope_mode=RopeMode.NORMAL, rope_scaling=None):
+        self.rope_mode, self.rope_scaling = rope_mode, rope_scaling or {}
+
+    def create_paged_kv_cache(self, max_batch_size, max_total_seq_len, prefill_chunk_size, page_size,
+                              support_sliding_window):
+        return TIRPagedKVCache(
+            attn_kind="mha", max_batch_size=max_batch_size, max_total_seq_len=max_total_seq_len,
+            prefill_chunk_size=prefill_chunk_size, page_size=page_size,
+            support_sliding_window=support_sliding_window, layer_partition=relax.ShapeExpr([0, 2]),
+            num_hidden_layers=2, num_attention_heads=H_Q, num_key_value_heads=H_KV, qk_head_dim=D,
+            v_head_dim=D, mla_original_qk_head_dim=0, mla_original_v_head_dim=0, rope_mode=self.rope_mode,
+            rope_scale=1, rope_theta=THETA, rope_scaling=self.rope_scaling, rope_ext_factors=relax.prim_value(0),
+            rotary_dim=D, enable_disaggregation=False, dtype="float32", target=tvm.target.Target.current())
+
+
+def export(**kwargs) -> tvm.IRModule:
+    spec = {"create_paged_kv_cache": {name: int for name in ("max_batch_size", "max_total_seq_len",
+                                                             "prefill_chunk_size", "page_size",
+                                                             "support_sliding_window")}
+            | {"$": {"param_mode": "none", "effect_mode": "none"}}}
+    with get_profile("cpu").tvm_target():
+        mod, _ = CacheOnly(**kwargs).export_tvm(spec=spec)
+    return mod
+
+
+def _same(a, b) -> bool:
+    return tvm_ffi.structural_equal(a.without_attr("global_symbol"), b.without_attr("global_symbol"))
+
+
+def test_replaces_the_cache_kernels_and_nothing_else():
+    before = export()
+    after = UseKilnCPUAttention()(before)
+    for name, make in REPLACED.items():
+        assert after[name].attrs["tirx.is_scheduled"] and after[name].attrs["global_symbol"] == \
+            before[name].attrs["global_symbol"]
+        assert _same(after[name], make()), name
+        assert not _same(before[name], after[name]), f"{name}: the input module was changed in place"
+    for name in UNTOUCHED:
+        assert _same(after[name], before[name]), name
+
+
+def test_leaves_inline_rope_alone():
+    before = export(rope_mode=RopeMode.INLINE)           # RoPE inside attention: kiln's kernels assert it off
+    after = UseKilnCPUAttention()(before)
+    for name in REPLACED:
+        assert _same(after[name], before[name]), name
+
+
+def test_keeps_tvm_rope_for_scaled_rope():
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    before = export(rope_scaling=llama3)
+    after = UseKilnCPUAttention()(before)
+    assert _same(after["fused_rope"], before["fused_rope"])
+    assert _same(after["batch_decode_paged_kv_cpu"], REPLACED["batch_decode_paged_kv_cpu"]())
+
+
+def test_module_without_a_cache_is_unchanged():
+    mod = tvm.IRModule({"main": REPLACED["batch_decode_paged_kv_cpu"]()})
+    assert UseKilnCPUAttention()(mod).same_as(mod)
+
+
+# ---------------------------------------------------------------------------------------- FastSiLU
+
+@I.ir_module
+class SiLUBefore:
+    @R.function
+    def main(x: R.Tensor((2, 8), "float32"), y: R.Tensor((2, 8), "float16")):
+        with R.dataflow():
+            a = R.nn.silu(x)
+            b = R.sigmoid(x)
+            c = R.nn.silu(y)                                  # float16: left to the default lowering
+            R.output(a, b, c)
+        return a, b, c
+
+
+def test_fast_silu_before_after():
+    after = FastSiLU()(SiLUBefore)
+    text = after["main"].script()
+    assert "R.nn.silu(x)" not in text and "R.sigmoid" not in text
+    assert "R.nn.silu(y)" in text
+    assert {gv.name_hint for gv, f in after.functions_items() if isinstance(f, tvm.tirx.PrimFunc)} == \
+        {"fast_silu", "fast_sigmoid"}
+    for name in ("fast_silu", "fast_sigmoid"):                   # a polynomial exp, no libm call left
+        body = after[name].script()
+        assert "T.reinterpret" in body and "T.exp(" not in body and "T.sigmoid(" not in body, body
+
+
+class GatedSiLU(nn.Module):
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        gate, up = op.split(x, 2, axis=-1)
+        return op.silu(gate) * up
+
+
+def test_fast_silu_through_the_cpu_pipeline_matches_numpy(monkeypatch):
+    mod, _ = GatedSiLU().export_tvm(spec={"forward": {"x": nn.spec.Tensor([1, "n", 64], "float32")}})
+    profile = get_profile("cpu")
+    x = np.random.default_rng(0).normal(0, 4, (1, 37, 64)).astype("float32")
+    x[0, 0, :4] = [-100.0, 100.0, 0.0, -20.0]                      # saturation on both sides
+    gate, up = x[..., :32].astype(np.float64), x[..., 32:].astype(np.float64)
+    expected = gate / (1 + np.exp(-gate)) * up
+    real = pipeline.phases
+    for with_pass in (True, False):
+        if not with_pass:
+            monkeypatch.setattr(pipeline, "phases", lambda p: [(n, [q for q in ps if q.info.name != "FastSiLU"])
+                                                               for n, ps in real(p)])
+        ex = relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline.build_pipeline(profile))
+        got = relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

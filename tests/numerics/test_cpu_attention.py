@@ -1,0 +1,184 @@
+"""kiln's CPU attention and RoPE kernels (targets/cpu_attention.py) against numpy references.
+
+Each kernel is compiled alone for the host and called the way TVM's paged KV cache calls it:
+ragged prefill (new tokens among themselves), paged prefill (new tokens against cached
+pages), decode (one token per sequence), and the qkv split with RoPE. Page slots past a
+sequence's length hold NaN, as stale cache memory may: they must never reach the output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
+
+from kiln.targets import get_profile
+from kiln.targets.cpu_attention import (
+    attention_paged_cpu,
+    attention_prefill_ragged_cpu,
+    fast_exp2_kernel,
+    split_rotary_cpu,
+)
+
+pytestmark = pytest.mark.numerics
+PAGE = 16
+SM_SCALE = 0.125
+# (h_q, h_kv, head_dim): SmolLM2's GQA shape and the tiny test Llama's
+SHAPES = [(9, 3, 64), (4, 2, 16)]
+
+
+def _build(func):
+    return tvm.compile(tvm.IRModule({"main": func}), target=get_profile("cpu").tvm_target())["main"]
+
+
+def _t(a):
+    return tvm.runtime.tensor(a)
+
+
+def reference(q, k, v, causal):
+    """Softmax attention in float64; q [n, h_q, d], k/v [m, h_kv, d]; lse in log2 units."""
+    n, h_q, _ = q.shape
+    m, h_kv, _ = k.shape
+    out, lse = np.zeros(q.shape), np.zeros((n, h_q))
+    for h in range(h_q):
+        s = q[:, h].astype(np.float64) @ k[:, h // (h_q // h_kv)].T.astype(np.float64) * SM_SCALE
+        if causal:
+            s = np.where(np.arange(m)[None, :] < m - n + np.arange(n)[:, None] + 1, s, -np.inf)
+        mx = s.max(-1, keepdims=True)
+        p = np.exp(s - mx)
+        out[:, h] = p / p.sum(-1, keepdims=True) @ v[:, h // (h_q // h_kv)]
+        lse[:, h] = (mx[:, 0] + np.log(p.sum(-1))) / np.log(2)
+    return out, lse
+
+
+@pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
+@pytest.mark.parametrize("causal", [1, 0])
+def test_ragged_prefill(h_q, h_kv, d, causal):
+    rng = np.random.default_rng(0)
+    lens = [130, 1, 37]                                 # over the 32-row / 64-column blocks, and one token
+    ind = np.concatenate([[0], np.cumsum(lens)]).astype("int32")
+    q, k, v = (rng.standard_normal((ind[-1], h, d)).astype("float32") for h in (h_q, h_kv, h_kv))
+    out, lse = np.zeros_like(q), np.zeros((ind[-1], h_q), "float32")
+    args = [_t(q), _t(ind), _t(k), _t(v), _t(ind), _t(np.zeros(ind[-1], "int32")),
+            _t(np.zeros(len(lens), "int32")), _t(out), _t(lse)]
+    _build(attention_prefill_ragged_cpu(h_kv, h_q, d, "float32"))(*args, causal, 0, 1.0, 1e4, SM_SCALE)
+    for b in range(len(lens)):
+        rows = slice(ind[b], ind[b + 1])
+        ref_out, ref_lse = reference(q[rows], k[rows], v[rows], causal)
+        np.testing.assert_allclose(args[7].numpy()[rows], ref_out, atol=2e-6)
+        np.testing.assert_allclose(args[8].numpy()[rows], ref_lse, atol=2e-6)
+
+
+class PagedCache:
+    """Sequences of kv_lens tokens scattered over shuffled pages; unused slots are NaN."""
+
+    def __init__(self, h_kv: int, d: int, kv_lens: list[int], seed: int = 1):
+        rng = np.random.default_rng(seed)
+        self.kv_lens = kv_lens
+        n_pages = [-(-n // PAGE) for n in kv_lens]
+        self.pages = np.full((sum(n_pages) + 2, 2, h_kv, PAGE, d), np.nan, "float32")
+        self.values = rng.permutation(len(self.pages))[:sum(n_pages)].astype("int32")
+        self.indptr = np.concatenate([[0], np.cumsum(n_pages)]).astype("int32")
+        self.last_len = np.array([n - (p - 1) * PAGE if p else 0 for n, p in zip(kv_lens, n_pages)], "int32")
+        self.k, self.v = [], []
+        for b, n in enumerate(kv_lens):
+            kv = rng.standard_normal((2, n, h_kv, d)).astype("float32")
+            for pos in range(n):
+                page = self.values[self.indptr[b] + pos // PAGE]
+                self.pages[page, :, :, pos % PAGE] = kv[:, pos]
+            self.k.append(kv[0])
+            self.v.append(kv[1])
+
+    def args(self):
+        return [_t(self.pages), _t(self.indptr), _t(self.values), _t(self.last_len)]
+
+
+@pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
+def test_decode(h_q, h_kv, d):
+    cache = PagedCache(h_kv, d, [37, 16, 200, 0, 1])
+    batch = len(cache.kv_lens)
+    q = np.random.default_rng(2).standard_normal((batch, h_q, d)).astype("float32")
+    out, lse = _t(np.zeros_like(q)), _t(np.zeros((batch, h_q), "float32"))
+    zeros = _t(np.zeros(batch, "int32"))
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=True))(
+        _t(q), *cache.args(), zeros, zeros, out, lse, 0, 1.0, 1e4, SM_SCALE)
+    for b, n in enumerate(cache.kv_lens):
+        if n == 0:                                  # no keys: zeros, and the empty-row lse TVM uses
+            assert not out.numpy()[b].any() and (lse.numpy()[b] == -5e4).all()
+            continue
+        ref_out, ref_lse = reference(q[b:b + 1], cache.k[b], cache.v[b], causal=0)
+        np.testing.assert_allclose(out.numpy()[b], ref_out[0], atol=2e-6)
+        np.testing.assert_allclose(lse.numpy()[b], ref_lse[0], atol=2e-6)
+
+
+@pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
+@pytest.mark.parametrize("causal", [0, 1])
+def test_paged_prefill(h_q, h_kv, d, causal):
+    cache = PagedCache(h_kv, d, [37, 16, 200, 5])
+    q_lens = [5, 16, 40, 0]
+    q_ind = np.concatenate([[0], np.cumsum(q_lens)]).astype("int32")
+    q = np.random.default_rng(3).standard_normal((q_ind[-1], h_q, d)).astype("float32")
+    out, lse = _t(np.zeros_like(q)), _t(np.zeros((len(q), h_q), "float32"))
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=False))(
+        _t(q), _t(q_ind), *cache.args(), _t(np.zeros(len(q_lens), "int32")), _t(np.zeros(len(q), "int32")),
+        out, lse, causal, 0, 1.0, 1e4, SM_SCALE)
+    for b, n in enumerate(q_lens):
+        rows = slice(q_ind[b], q_ind[b + 1])
+        if n:
+            ref_out, ref_lse = reference(q[rows], cache.k[b], cache.v[b], causal)
+            np.testing.assert_allclose(out.numpy()[rows], ref_out, atol=2e-6)
+            np.testing.assert_allclose(lse.numpy()[rows], ref_lse, atol=2e-6)
+
+
+def test_float16_decode_within_half_precision():
+    h_q, h_kv, d = 4, 2, 16
+    cache = PagedCache(h_kv, d, [50])
+    q = np.random.default_rng(4).standard_normal((1, h_q, d)).astype("float32")
+    out, lse = _t(np.zeros((1, h_q, d), "float16")), _t(np.zeros((1, h_q), "float32"))
+    zeros = _t(np.zeros(1, "int32"))
+    pages = cache.pages.astype("float16")
+    _build(attention_paged_cpu(h_kv, h_q, d, "float16", PAGE, decode=True))(
+        _t(q.astype("float16")), _t(pages), *cache.args()[1:], zeros, zeros, out, lse, 0, 1.0, 1e4, SM_SCALE)
+    ref_out, _ = reference(q.astype("float16").astype("float32"), cache.k[0].astype("float16").astype("float32"),
+                           cache.v[0].astype("float16").astype("float32"), causal=0)
+    np.testing.assert_allclose(out.numpy()[0].astype("float32"), ref_out[0], atol=2e-3)
+
+
+def test_rotary_split_matches_hf_rotate_half_and_tvm():
+    h_q, h_kv, d, theta = 9, 3, 64, 100000.0
+    n = 70
+    rng = np.random.default_rng(5)
+    qkv = rng.standard_normal((n, h_q + 2 * h_kv, d)).astype("float32")
+    pos = rng.integers(0, 4000, n).astype("int32")
+    inv_freq = 1.0 / theta ** (np.arange(0, d, 2) / d)
+    ang = pos[:, None].astype(np.float64) * inv_freq[None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
+    rot = lambda x: np.concatenate([-x[..., d // 2:], x[..., :d // 2]], -1)  # noqa: E731 (HF rotate_half)
+    expected = [qkv[:, :h_q] * cos + rot(qkv[:, :h_q]) * sin,
+                qkv[:, h_q:h_q + h_kv] * cos + rot(qkv[:, h_q:h_q + h_kv]) * sin, qkv[:, h_q + h_kv:]]
+    results = []
+    profile = get_profile("cpu")
+    tvm_kernel = tvm.IRModule({"main": llama_rope_with_position_map(theta, 1.0, d, h_q, h_kv, "float32", {}, d)})
+    with profile.tvm_target():
+        tvm_kernel = tvm.transform.Sequential(profile.schedule_passes())(tvm_kernel)
+    for kernel in (split_rotary_cpu(theta, 1.0, d, h_q, h_kv, "float32"), tvm_kernel["main"]):
+        outs = [_t(np.zeros((n, h, d), "float32")) for h in (h_q, h_kv, h_kv)]
+        _build(kernel)(_t(qkv), _t(pos), *outs, 1)
+        results.append([o.numpy() for o in outs])
+    for got, want in zip(results[0], expected):
+        np.testing.assert_allclose(got, want, atol=5e-4)      # float32 angles up to 4000 rad
+    for got, tvm_got in zip(*results):
+        np.testing.assert_allclose(got, tvm_got, atol=1e-6)   # same arithmetic as TVM's kernel
+    outs = [_t(np.zeros((n, h, d), "float32")) for h in (h_q, h_kv, h_kv)]
+    _build(split_rotary_cpu(theta, 1.0, d, h_q, h_kv, "float32"))(_t(qkv), _t(pos), *outs, 0)   # apply_rope=0
+    for got, want in zip(outs, (qkv[:, :h_q], qkv[:, h_q:h_q + h_kv], qkv[:, h_q + h_kv:])):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_fast_exp2_relative_error():
+    x = np.concatenate([np.linspace(-126, 0, 4000), np.linspace(0, 60, 800)]).astype("float32").reshape(-1, 16)
+    buf = _t(x)
+    _build(fast_exp2_kernel(16))(buf)
+    rel = np.abs(buf.numpy() - np.exp2(x.astype(np.float64))) / np.exp2(x.astype(np.float64))
+    assert rel.max() < 5e-7, rel.max()
