@@ -212,7 +212,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
     rows_per_task = 1 if decode else block_q
 
     @T.macro(hygienic=False)
-    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype):
+    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, lanes):
         """Rows q_row0 .. q_row0 + rows of head h of sequence b against its pages."""
         hk: T.int32 = h // group
         p0: T.int32 = page_indptr[b]
@@ -224,6 +224,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         m = T.alloc_buffer((rows_per_task,), "float32")
         l = T.alloc_buffer((rows_per_task,), "float32")
         Kt = T.alloc_buffer((d, page_size), "float32")
+        dacc = T.alloc_buffer((page_size, lanes), "float32")
         S = T.alloc_buffer((rows_per_task, page_size), "float32")
         acc = T.alloc_buffer((page_size,), "float32")
         oacc = T.alloc_buffer((d,), "float32")
@@ -237,17 +238,34 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             l[i] = T.float32(0.0)
         for pg in T.serial((kv_end + page_size - 1) // page_size):
             page_no: T.int32 = page_values[p0 + pg]
-            for dd in T.serial(d):
+            if rows_per_task == 1:
+                # One query row: a dot product per key row (lanes-wide partial sums, then summed),
+                # cheaper than transposing the page for a single row.
+                for j in T.serial(page_size):
+                    for ll in T.vectorized(lanes):
+                        dacc[j, ll] = T.float32(0.0)
+                    for dv in T.serial(d // lanes):
+                        for ll in T.vectorized(lanes):
+                            dacc[j, ll] = dacc[j, ll] + Qs[0, dv * lanes + ll] * T.Cast(
+                                "float32", pages[page_no, 0, hk, j, dv * lanes + ll])
                 for j in T.vectorized(page_size):
-                    Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
-            for i in T.serial(rows):
-                for j in T.vectorized(page_size):
-                    acc[j] = T.float32(0.0)
+                    S[0, j] = T.float32(0.0)
+                for ll in T.serial(lanes):
+                    for j in T.vectorized(page_size):
+                        S[0, j] = S[0, j] + dacc[j, ll]
+            else:
                 for dd in T.serial(d):
                     for j in T.vectorized(page_size):
-                        acc[j] = acc[j] + Qs[i, dd] * Kt[dd, j]
-                for j in T.vectorized(page_size):
-                    S[i, j] = acc[j]
+                        Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
+                for i in T.serial(rows):
+                    for j in T.vectorized(page_size):
+                        acc[j] = T.float32(0.0)
+                    for dd in T.serial(d):
+                        for j in T.vectorized(page_size):
+                            acc[j] = acc[j] + Qs[i, dd] * Kt[dd, j]
+                    for j in T.vectorized(page_size):
+                        S[i, j] = acc[j]
+            for i in T.serial(rows):
                 online_softmax_block(
                     S, i, page_size,
                     T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + i + 1), kn)
@@ -298,7 +316,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
             for task in T.parallel(batch_size * h_q):
                 q_first: T.int32 = task // h_q
-                attend(task // h_q, 1, 1, 0, task // h_q, task % h_q, group, page_size, rows_per_task, d, dtype)
+                attend(task // h_q, 1, 1, 0, task // h_q, task % h_q, group, page_size, rows_per_task, d, dtype, lanes)
 
         return batch_decode_paged_kv
 
@@ -339,7 +357,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             n_qt: T.int32 = (qn + block_q - 1) // block_q
             for task in T.parallel(h_q * n_qt):
                 attend(q_first + task % n_qt * block_q, T.min(block_q, qn - task % n_qt * block_q), qn, causal,
-                       b, task // n_qt, group, page_size, rows_per_task, d, dtype)
+                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes)
 
     return batch_prefill_paged_kv
 
