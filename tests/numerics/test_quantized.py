@@ -125,6 +125,40 @@ def test_quantized_planes_follow_the_documented_layout():
     assert np.abs(value - w).max() <= np.abs(planes["scale"]).max() * 1.01   # within one step
 
 
+def test_q4_scale_is_the_least_squares_fit_and_beats_absmax():
+    rng = np.random.default_rng(1)
+    w = rng.standard_t(4, size=(64, 128)).astype(np.float32)      # heavy tails, like real weights
+    w[3, 32:64] = 0                                               # an all-zero group
+    planes = quant_pack.quantize(QuantFormat("q4"), w)
+    levels = quant_pack.unpack_nibbles(planes["qweight"]).astype(np.float32).reshape(64, 4, 32) - 8
+    groups = w.reshape(64, 4, 32)
+    with np.errstate(invalid="ignore"):
+        fit = np.nan_to_num((groups * levels).sum(-1) / (levels * levels).sum(-1))
+    np.testing.assert_allclose(planes["scale"], fit, rtol=1e-5, atol=0)
+    assert planes["scale"][3, 1] == 0 and (levels[3, 1] == 0).all()
+    # Q4_0's rule, the group's extreme / -8, is one of the candidates: never better, per group.
+    extreme = np.take_along_axis(groups, np.abs(groups).argmax(-1)[..., None], -1) / -8
+    absmax = np.clip(np.rint(groups / np.where(extreme == 0, 1, extreme)), -8, 7) * extreme
+    err = ((quant_pack.dequantize(QuantFormat("q4"), planes).reshape(64, 4, 32) - groups) ** 2).sum(-1)
+    err_absmax = ((absmax - groups) ** 2).sum(-1)
+    assert (err <= err_absmax * (1 + 1e-5)).all()
+    assert err.sum() < 0.95 * err_absmax.sum(), (err.sum(), err_absmax.sum())   # measured 0.92
+
+
+def test_4bit_schemes_keep_the_lm_head_and_the_end_layers_8bit(tmp_path):
+    from tiny_models import write_tiny_llama
+    from kiln.compiler.quantize import get_scheme
+    source = models.load(write_tiny_llama(tmp_path / "hf", tied=True, num_hidden_layers=16))
+    arch, config, model = models.build(source)
+    plan = get_scheme("q4f32").apply(model, source, arch.weight_map(config))
+    eight_bit = {name for name, fmt in plan.formats.items() if fmt is not None and fmt.kind == "q8"}
+    ends = {f"model.layers.{i}.{w}.weight" for i in (0, 1, 14, 15)    # round(16 / 8) = 2 each side
+            for w in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    assert eight_bit == ends | {"model.embed_tokens.weight"}
+    assert "q4f32 keeps 17 weights 8-bit: the LM head (model.embed_tokens.weight) and layers 0, 1, 14, 15 " \
+           "(the first and last eighth)" in plan.notes
+
+
 # ----------------------------------------------------------------------------- as-stored GGUF
 
 
@@ -302,9 +336,11 @@ def test_smollm2_perplexity(smollm2_artifact, smollm2_quantized):
     q4 = perplexity(smollm2_quantized["q4f32"], text)
     assert 5 < base < 60, base
     assert abs(stored / base - 1) < 1e-3, (stored, base)         # same values, same kernels
-    # Measured: q0f32 21.56, q4f32 24.76 (+15%): the GGUF is already 4-bit (Q4_1, asymmetric), so
-    # q4f32 re-rounds every weight onto a symmetric grid. The issue's target was +5%.
-    assert q4 / base < 1.20, (q4, base)
+    # Measured: q0f32 21.56, as-stored 21.56, q4f32 22.17 (+2.9%). The GGUF is already 4-bit (Q4_1,
+    # asymmetric), so q4f32 re-rounds each weight onto a symmetric grid: 24.95 (+16%) with Q4_0's
+    # scale, 24.42 (+13%) with the least-squares scale search, 22.17 with the first and last
+    # eighth of the layers 8-bit as well (compiler/quantize.py).
+    assert q4 / base < 1.05, (q4, base)
 
 
 @pytest.mark.slow
