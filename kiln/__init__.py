@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -35,16 +37,41 @@ def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | 
     return compile_model(opts, progress)
 
 
+@lru_cache(maxsize=1)
+def compiler_fingerprint() -> str:
+    """kiln's and TVM's versions plus a hash of kiln's own sources: a cached artifact is reused only
+    when the code that would rebuild it is the same (a new kiln, or an edited checkout, recompiles)."""
+    import tvm
+
+    import kiln.compiler
+    import kiln.models
+    import kiln.targets
+    digest = hashlib.sha256(f"{__version__}|{tvm.__version__}".encode())
+    for package in (kiln.compiler, kiln.models, kiln.targets):
+        root = Path(package.__file__).resolve().parent
+        for f in sorted(root.rglob("*.py")):
+            digest.update(f"{package.__name__}/{f.relative_to(root).as_posix()}".encode() + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def ensure_artifact(model_or_artifact: str | Path, target: str = "cpu", quant: str = "auto",
                     progress: Callable[[str, int, int], None] | None = None) -> Path:
-    """An artifact path for a model: itself if it is one, else compiled once into the cache, keyed by content hash."""
+    """An artifact path for a model: itself if it is one, else compiled once into the cache.
+
+    The cache key covers the model's content, the compiler (``compiler_fingerprint``) and the
+    target's tuning database (``kiln tune`` results), so none of them can go stale unseen."""
     if is_artifact(model_or_artifact):
         return Path(model_or_artifact)
     from kiln import models
     from kiln.compiler.quantize import get_scheme
+    from kiln.targets import get_profile
+    from kiln.targets.tuning import db_path
     source = models.load(model_or_artifact)
     scheme = get_scheme(quant, source.format)
-    dest = cache_dir() / "artifacts" / f"{source.content_hash[:16]}-{scheme.name}-{target}"
+    tuning = db_path(get_profile(target))
+    key = hashlib.sha256(f"{source.content_hash}|{compiler_fingerprint()}|".encode()
+                         + (tuning.read_bytes() if tuning.is_file() else b"")).hexdigest()
+    dest = cache_dir() / "artifacts" / f"{key[:16]}-{scheme.name}-{target}"
     if is_artifact(dest):
         try:
             Artifact.load(dest)
