@@ -417,7 +417,10 @@ def load_gguf(path: Path) -> ModelSource:
 def _notes(weights: GGUFWeights, config: dict) -> list[str]:
     """Human-readable remarks on what loading changed or left out."""
     counts = Counter(weights.tensor_type(name) for name in weights.names())
-    notes = [f"{n} {ty} tensors dequantized to float32" for ty, n in sorted(counts.items()) if ty not in ("F32", "F16")]
+    # What the file holds; what became of it (kept bit-exact, re-quantized, dequantized) is the
+    # quantization plan's note, which depends on --quant.
+    quantized = [f"{n} {ty}" for ty, n in sorted(counts.items()) if ty not in ("F32", "F16")]
+    notes = [f"GGUF holds {', '.join(quantized)} tensors"] if quantized else []
     if config["tie_word_embeddings"]:
         notes.append("no output.weight: lm_head is tied to the token embedding")
     if weights.unmapped:

@@ -99,7 +99,7 @@ def test_config_matches_transformers(source, hf_model):
 def test_source_metadata(source, gguf_path):
     assert source.format == "gguf"
     assert len(source.content_hash) == 64
-    assert any("Q4_1" in note and "float32" in note for note in source.notes)
+    assert any("Q4_1" in note and "GGUF holds" in note for note in source.notes)
     w = source.weights
     assert w.tensor_type("model.layers.0.self_attn.q_proj.weight") == "Q4_1"
     ty, raw, shape = w.get_raw("model.layers.0.self_attn.k_proj.weight")
