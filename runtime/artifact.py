@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,17 +89,30 @@ class Artifact:
 
     def load_params(self) -> list[np.ndarray]:
         """Host arrays in the order of config["params"] (the order the entry functions take them)."""
+        return list(self.iter_params())
+
+    def iter_params(self) -> Iterator[np.ndarray]:
+        """The same arrays one at a time, each read into its own buffer: a consumer that copies
+        each to the device and drops it holds one tensor on the host, not the model (a memory map
+        would keep every touched page resident beside the device copies until unmapped)."""
         index = json.loads((self.path / "params" / "tensor-cache.json").read_text())
         by_name = {t["name"]: t for t in index["tensors"]}
-        shards = [np.memmap(self.path / "params" / s, dtype=np.uint8, mode="r") for s in index["shards"]]
-        out = []
-        for name in self.config["params"]:
-            t = by_name.get(name)
-            if t is None:
-                raise ArtifactError(f"artifact {self.path}: params/tensor-cache.json lacks {name}; recompile it")
-            raw = shards[t["shard"]][t["offset"]:t["offset"] + t["nbytes"]]
-            out.append(raw.view(np.dtype(t["dtype"])).reshape(t["shape"]))
-        return out
+        missing = [name for name in self.config["params"] if name not in by_name]
+        if missing:
+            raise ArtifactError(f"artifact {self.path}: params/tensor-cache.json lacks {missing[0]}; recompile it")
+        files = [open(self.path / "params" / s, "rb") for s in index["shards"]]
+        try:
+            for name in self.config["params"]:
+                t = by_name[name]
+                buf = np.empty(t["shape"], np.dtype(t["dtype"]))
+                files[t["shard"]].seek(t["offset"])
+                if files[t["shard"]].readinto(memoryview(buf).cast("B")) != t["nbytes"]:
+                    raise ArtifactError(f"artifact {self.path}: shard {index['shards'][t['shard']]} is truncated; "
+                                        "recompile it")
+                yield buf
+        finally:
+            for f in files:
+                f.close()
 
 
 def _sha256(path: Path) -> str:

@@ -45,7 +45,7 @@ class ModelRunner:
         # Room for one full-context sequence plus a partly filled page per other sequence.
         self.max_total_tokens = max_total_tokens or self.context_window + self.max_num_seqs * self.page_size
         self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
-        self.params = [tvm.runtime.tensor(a, self.device) for a in artifact.load_params()]
+        self.params = [tvm.runtime.tensor(a, self.device) for a in artifact.iter_params()]   # one host copy at a time
         self.kv = self.vm["create_paged_kv_cache"](
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
             ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]), ShapeTuple([0]))
