@@ -28,6 +28,19 @@ from .passes.cpu_attention import UseKilnCPUAttention
 from .passes.fast_silu import FastSiLU
 
 
+def legalize_passes() -> list[tvm.transform.Pass]:
+    """Relax ops -> TIR PrimFuncs, then TVM's operator fusion: the target-independent part of the
+    legalize phase (also what tests and tools/bench_cpu_kernels.py run before a schedule rule)."""
+    return [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ]
+
+
 def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]:
     return [
         ("graph", [
@@ -43,12 +56,7 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             relax.transform.DeadCodeElimination(),
         ]),
         ("legalize", [
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
-            relax.transform.FuseOps(),
-            relax.transform.FuseTIR(),
-            relax.transform.DeadCodeElimination(),
+            *legalize_passes(),
             # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; see lower).
             *([LowBatchGEMV(max_rows=4)] if profile.device == "cpu" else []),
         ]),

@@ -93,6 +93,8 @@ def nt_matmul_func(n: int, k: int, dtype: str, target, rows: int | str = "m"):
     from tvm import relax, tirx
     from tvm.relax.frontend import nn
 
+    from kiln.compiler.pipeline import legalize_passes
+
     class Proj(nn.Module):
         def __init__(self) -> None:
             self.proj = nn.Linear(k, n, bias=False, dtype=dtype)
@@ -105,11 +107,7 @@ def nt_matmul_func(n: int, k: int, dtype: str, target, rows: int | str = "m"):
         mod = tvm.transform.Sequential(
             [
                 relax.transform.FuseTransposeMatmul(),
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
+                *legalize_passes(),
             ]
         )(mod)
     (func,) = [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]

@@ -11,6 +11,7 @@ from tvm import relax, tirx
 from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
 from tvm.relax.frontend import nn
 
+from kiln.compiler.pipeline import legalize_passes
 from kiln.targets.cpu_schedule import (
     CPUKnobs,
     Elementwise,
@@ -48,11 +49,7 @@ def compile_cpu(
         mod = tvm.transform.Sequential(
             [
                 relax.transform.FuseTransposeMatmul(),
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
+                *legalize_passes(),
                 dl.ApplyDefaultSchedule(*rules),
             ]
         )(mod)
