@@ -23,7 +23,7 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
-from .cpu_schedule import CPUKnobs, Matmul
+from .cpu_schedule import CPUKnobs, KilnCPURule, Matmul
 
 logger = logging.getLogger(__name__)
 
@@ -42,31 +42,17 @@ def gemv_knobs(vector_lanes: int = 16) -> CPUKnobs:
     return CPUKnobs(vector_lanes=vector_lanes, tile_m=1, tile_n=6)
 
 
-class AddRMSNorm(CPUScheduleRule):
+class AddRMSNorm(KilnCPURule):
     """A row reduction whose producer block writes an output: ``y = x + r`` then rms_norm(y).
 
     Matches a PrimFunc whose first block is spatial, with exactly one reduction block
     ``S..S R`` reading its rows contiguously, every block covering the same leading row loops.
     """
 
-    def __init__(self, knobs: CPUKnobs | None = None) -> None:
-        self.knobs = knobs or CPUKnobs()
-
-    def apply(self, func: tirx.PrimFunc, target: Target, _tunable: bool) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
-            return None
-        sch = s_tir.Schedule(func)
+    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        match = _match_add_norm(sch, blocks, func.params)
-        if match is None:
-            return None
-        try:
-            return self._schedule(sch, blocks, *match)
-        except (RuntimeError, ValueError) as err:  # s_tir.ScheduleError is a RuntimeError
-            logger.warning("AddRMSNorm left a function unscheduled: %s", str(err)[-300:])
-            return None
+        match = _match_add_norm(sch, blocks, sch.mod["main"].params)
+        return None if match is None else self._schedule(sch, blocks, *match)
 
     def _schedule(self, sch: s_tir.Schedule, blocks: list, reduction, rows: int) -> s_tir.Schedule:
         lanes = self.knobs.vector_lanes

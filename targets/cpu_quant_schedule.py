@@ -33,7 +33,7 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, get_index_map
 from tvm.target import Target
 
-from .cpu_schedule import CPUKnobs
+from .cpu_schedule import CPUKnobs, normalize_matmul
 
 logger = logging.getLogger(__name__)
 
@@ -98,14 +98,7 @@ class QuantMatmul(ScheduleRule):
         one-row GEMV tile; panel=True dequantizes each W tile into a buffer."""
         sch = s_tir.Schedule(func)
         deq, main = _find_dequant_matmul(sch)
-        # Normalise to C[S, I, J] += A[S, I, K] * B[S, J, K] (dlight's gpu Matmul recipe).
-        read_a, read_b = sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1))
-        write_c = sch.reindex(main, ("write", 0))
-        block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
-        sch.transform_layout(read_a, ("write", 0), a_map)
-        sch.transform_layout(read_b, ("write", 0), b_map)
-        sch.transform_layout(write_c, ("read", 0), c_map)
-        sch.transform_block_layout(main, block_map)
+        read_a, read_b, _ = normalize_matmul(sch, main)
         sch.compute_inline(read_a)
         sch.compute_inline(deq)                 # read_b now dequantizes straight into B[S, J, K]
         deq = read_b

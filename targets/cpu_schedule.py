@@ -92,8 +92,9 @@ def cpu_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) ->
 # ----------------------------------------------------------------------------- shared helpers
 
 
-class _Rule(CPUScheduleRule):
-    """Common gatekeeping: llvm target, not yet scheduled; a schedule error means no match."""
+class KilnCPURule(CPUScheduleRule):
+    """Common gatekeeping of kiln's CPU rules: llvm target, not yet scheduled; a schedule error
+    means no match (logged). Subclasses implement ``schedule(sch)``, returning None on no match."""
 
     def __init__(self, knobs: CPUKnobs | None = None) -> None:
         self.knobs = knobs or CPUKnobs()
@@ -111,6 +112,19 @@ class _Rule(CPUScheduleRule):
 
     def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
         raise NotImplementedError
+
+
+def normalize_matmul(sch: s_tir.Schedule, main) -> tuple:
+    """Rewrite a matmul block to C[S, I, J] += A[S, I, K] * B[S, J, K] (dlight's gpu Matmul
+    recipe); returns the reindex blocks (read_a, read_b, write_c) for the caller to inline."""
+    read_a, read_b = sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1))
+    write_c = sch.reindex(main, ("write", 0))
+    block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(read_a, ("write", 0), a_map)
+    sch.transform_layout(read_b, ("write", 0), b_map)
+    sch.transform_layout(write_c, ("read", 0), c_map)
+    sch.transform_block_layout(main, block_map)
+    return read_a, read_b, write_c
 
 
 def _static(extent) -> int | None:
@@ -191,7 +205,7 @@ def _has_expensive_call(stmt: tirx.Stmt) -> bool:
 # ----------------------------------------------------------------------------- Matmul
 
 
-class Matmul(_Rule):
+class Matmul(KilnCPURule):
     """Register-blocked, vectorised, parallel matmul with its epilogue computed at the tile.
 
     Matches a PrimFunc with exactly one reduction block ``C[s, i, j] += A[s, i, k] * B[s, j, k]``
@@ -216,14 +230,7 @@ class Matmul(_Rule):
             return self._schedule_nt(sch, main, [], None, j, k)
         if layout is None:
             return None
-        # Normalise to C[S, I, J] += A[S, I, K] * B[S, J, K] (dlight's gpu Matmul recipe).
-        read_a, read_b = sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1))
-        write_c = sch.reindex(main, ("write", 0))
-        block_map, a_map, b_map, c_map = get_index_map(sch.get(main))
-        sch.transform_layout(read_a, ("write", 0), a_map)
-        sch.transform_layout(read_b, ("write", 0), b_map)
-        sch.transform_layout(write_c, ("read", 0), c_map)
-        sch.transform_block_layout(main, block_map)
+        normalize_matmul(sch, main)
         auto_inline_producers(sch, main)  # the reindex copies and any elementwise prologue
         if layout == "nn":
             return self._schedule_nn(sch, main)
@@ -337,7 +344,7 @@ def _matmul_layout(block: s_tir.SBlock) -> str | None:
 # ----------------------------------------------------------------------------- RowReduction
 
 
-class RowReduction(_Rule):
+class RowReduction(KilnCPURule):
     """Reductions over the innermost axis of each row, with their spatial producers/consumers.
 
     Matches when every reduction block is ``S..S R`` over a contiguously read last axis and all
@@ -429,7 +436,7 @@ def _reads_row_contiguously(block: s_tir.SBlock) -> bool:
 # ----------------------------------------------------------------------------- Elementwise
 
 
-class Elementwise(_Rule):
+class Elementwise(KilnCPURule):
     """All-spatial functions: everything inlined, then parallel + vectorised per output.
 
     Matches residual adds, silu * mul, rotary, casts, reshapes and take (embedding gather).
