@@ -8,8 +8,10 @@ the same signatures (compiler/passes/cpu_attention.py swaps them into the module
 * Work is split over threads by (kv head, block of query rows) for prefill and by
   (sequence, query head) for decode.
 * Keys are read a block at a time (``block_k`` rows of a ragged prefill, one page of the
-  paged cache) and transposed into ``Kt[d, block_k]``, so ``S = q . K^T`` is a sum of
-  broadcast-q times key-vector FMAs: no horizontal reductions.
+  paged cache). With many query rows the block is transposed into ``Kt[d, block_k]``, so
+  ``S = q . K^T`` is a sum of broadcast-q times key-vector FMAs (no horizontal reductions);
+  a decode row instead takes one dot product per key row (lanes-wide partial sums, then
+  summed), cheaper than transposing a page for one row.
 * Softmax is online (flash-attention style): running max ``m`` and sum ``l`` per row,
   the output rescaled by ``exp2(m_old - m_new)`` per block; ``O += P V`` vectorises over
   the head dimension.
