@@ -2,6 +2,6 @@
 
 from .build import CompileOptions, compile_model
 from .quantize import SCHEMES, get_scheme
-from .spec import ENTRY_FUNCTIONS, build_spec
+from .spec import build_spec
 
-__all__ = ["CompileOptions", "ENTRY_FUNCTIONS", "SCHEMES", "build_spec", "compile_model", "get_scheme"]
+__all__ = ["CompileOptions", "SCHEMES", "build_spec", "compile_model", "get_scheme"]

@@ -17,10 +17,13 @@ from kiln.models import ModelSource
 from kiln.targets import TargetProfile, get_profile
 from kiln.targets.cpu_schedule import TUNED_ATTR
 
-from .artifact import ParamWriter, staged_artifact, write_config
+from kiln.runtime.contract import (ENTRY_FUNCTIONS, ArtifactConfig, KVCacheLayout, ModelInfo, PARAMS_DIR,
+                                   ParamWriter, SourceInfo, TargetInfo, write_config)
+
+from .artifact import staged_artifact
 from .pipeline import build_pipeline
 from .quantize import QuantPlan, QuantScheme, get_scheme
-from .spec import ENTRY_FUNCTIONS, build_spec
+from .spec import build_spec
 
 # progress(stage, done, total): stages are "load", "export", "compile:<phase>", "weights", "write"
 Progress = Callable[[str, int, int], None]
@@ -90,35 +93,32 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
 
     with staged_artifact(dest) as stage:
         lib_built.export_library(str(stage / profile.lib_name))
-        names = _write_params(stage / "params", source, arch, config, plan, named_params, report)
+        names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report)
         tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
         report("write", 0, 1)
-        write_config(stage, {
-            "kiln_version": _kiln_version(),
-            "tvm_version": tvm.__version__,
-            "model": {"name": dest.name, "arch": arch.name, "config": _config_dict(config),
-                      "source": {"path": str(source.path), "format": source.format,
-                                 "content_hash": source.content_hash}},
-            "quantization": plan.describe(),
-            "target": {"name": profile.name, "device": profile.device, "tvm_target": profile.target,
-                       "lib": profile.lib_name},
-            "entry_functions": list(ENTRY_FUNCTIONS),
-            "params": names,
-            "vocab_size": config.vocab_size,
-            "hidden_size": config.hidden_size,
-            "context_window_size": context,
-            "prefill_chunk_size": chunk,
-            "max_batch_size": opts.max_batch_size,
-            "kv_cache": {"page_size": profile.page_size, "num_layers": config.num_hidden_layers,
-                         "num_kv_heads": config.num_key_value_heads, "head_dim": config.head_dim,
-                         "dtype": scheme.model_dtype},
-            "bos_token_id": config.bos_token_id,
-            "eos_token_ids": list(config.eos_token_ids),
-            "tokenizer_files": tokenizer_files,
-            "compile_seconds": round(time.perf_counter() - start, 2),
-            "tuned_kernels": tuned_kernels,         # kernels scheduled with `kiln tune` database knobs
-            "notes": [*source.notes, *config.notes, *plan.notes],
-        })
+        write_config(stage, ArtifactConfig(
+            kiln_version=_kiln_version(),
+            tvm_version=tvm.__version__,
+            model=ModelInfo(dest.name, arch.name, _config_dict(config),
+                            SourceInfo(source.format, source.content_hash, str(source.path))),
+            quantization=plan.describe(),
+            target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
+            entry_functions=ENTRY_FUNCTIONS,
+            params=names,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            context_window_size=context,
+            prefill_chunk_size=chunk,
+            max_batch_size=opts.max_batch_size,
+            kv_cache=KVCacheLayout(profile.page_size, config.num_hidden_layers, config.num_key_value_heads,
+                                   config.head_dim, scheme.model_dtype),
+            bos_token_id=config.bos_token_id,
+            eos_token_ids=config.eos_token_ids,
+            tokenizer_files=tokenizer_files,
+            compile_seconds=round(time.perf_counter() - start, 2),
+            tuned_kernels=tuned_kernels,
+            notes=(*source.notes, *config.notes, *plan.notes),
+        ))
         report("write", 1, 1)
     return dest.resolve()
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
-ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode", "batch_verify",
-                   "create_paged_kv_cache")
+from kiln.runtime.contract import ENTRY_FUNCTIONS
+
 
 _PACKED = {"param_mode": "packed", "effect_mode": "none"}
 _NO_PARAMS = {"param_mode": "none", "effect_mode": "none"}

@@ -15,10 +15,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from kiln.runtime import (Artifact, ArtifactError, Engine, EngineConfig, GenerationOutput, InvalidRequestError,
-                          SamplingParams, StreamDelta, is_artifact)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kiln.runtime import Engine, EngineConfig
 
 __version__ = "0.1.0"
+_RUNTIME_EXPORTS = ("Artifact", "ArtifactError", "Engine", "EngineConfig", "GenerationOutput", "InvalidRequestError",
+                    "SamplingParams", "StreamDelta", "is_artifact")
+
+
+def __getattr__(name: str):
+    """The runtime's public names, imported on first use (`import kiln` loads no TVM)."""
+    if name not in _RUNTIME_EXPORTS:
+        raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+    import kiln.runtime
+    return getattr(kiln.runtime, name)
 
 
 def cache_dir() -> Path:
@@ -60,6 +72,7 @@ def ensure_artifact(model_or_artifact: str | Path, target: str = "cpu", quant: s
 
     The cache key covers the model's content, the compiler (``compiler_fingerprint``) and the
     target's tuning database (``kiln tune`` results), so none of them can go stale unseen."""
+    from kiln.runtime.artifact import Artifact, ArtifactError, is_artifact
     if is_artifact(model_or_artifact):
         return Path(model_or_artifact)
     from kiln import models
@@ -81,9 +94,10 @@ def ensure_artifact(model_or_artifact: str | Path, target: str = "cpu", quant: s
     return compile(str(model_or_artifact), target=target, quant=scheme.name, output=dest, progress=progress)
 
 
-def load(model_or_artifact: str | Path, config: EngineConfig | None = None,
-         progress: Callable[[str, int, int], None] | None = None) -> Engine:
+def load(model_or_artifact: str | Path, config: "EngineConfig | None" = None,
+         progress: Callable[[str, int, int], None] | None = None) -> "Engine":
     """An Engine for an artifact, or for a model compiled for this CPU on first use."""
+    from kiln.runtime.engine import Engine
     return Engine(ensure_artifact(model_or_artifact, progress=progress), config)
 
 

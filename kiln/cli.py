@@ -248,19 +248,18 @@ def info(artifact, as_json) -> None:
     art = Artifact.load(artifact)
     c = art.config
     if as_json:
-        click.echo(json.dumps(c, indent=2))
+        click.echo(json.dumps(c.to_dict(), indent=2))
         return
-    m = c["model"]["config"]
-    n_params = sum(1 for _ in c["params"])
-    click.echo(f"{art.path}\n  model      {c['model']['arch']}  layers={m['num_hidden_layers']} "
+    m = c.model.config
+    click.echo(f"{art.path}\n  model      {c.model.arch}  layers={m['num_hidden_layers']} "
                f"hidden={m['hidden_size']} heads={m['num_attention_heads']}/{m['num_key_value_heads']} "
-               f"vocab={c['vocab_size']}\n  quant      {c['quantization']['name']}\n"
-               f"  target     {c['target']['name']} ({c['target']['device']}, {c['target']['lib']})\n"
-               f"  context    {c['context_window_size']} tokens, prefill chunk {c['prefill_chunk_size']}\n"
-               f"  params     {n_params} tensors\n  tvm        {c.get('tvm_version')}\n"
-               f"  source     {c['model']['source']['path']} ({c['model']['source']['format']})\n"
-               f"  hashes     ok ({len(c['files'])} files)")
-    for note in c.get("notes", []):
+               f"vocab={c.vocab_size}\n  quant      {c.quantization['name']}\n"
+               f"  target     {c.target.name} ({c.target.device}, {c.target.lib})\n"
+               f"  context    {c.context_window_size} tokens, prefill chunk {c.prefill_chunk_size}\n"
+               f"  params     {len(c.params)} tensors\n  tvm        {c.tvm_version}\n"
+               f"  source     {c.model.source.path} ({c.model.source.format})\n"
+               f"  hashes     ok ({len(c.files)} files)")
+    for note in c.notes:
         click.echo(f"  note       {note}")
 
 

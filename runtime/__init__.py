@@ -1,34 +1,26 @@
 """The kiln runtime (kiln.runtime): artifact loader, model runner, sampler, engine.
 
 Imports neither kiln.compiler nor kiln.models: an artifact runs where no compiler is installed.
+Lazy: `import kiln.runtime.scheduler` (plain Python) loads no TVM; the names below are imported
+on first use.
 """
 
-import sys as _sys
+from importlib import import_module as _import_module
+
+_EXPORTS = {
+    "Artifact": "artifact", "ArtifactError": "contract", "is_artifact": "artifact",
+    "Engine": "engine", "EngineConfig": "engine",
+    "GenerationOutput": "protocol", "InvalidRequestError": "protocol", "SamplingParams": "protocol",
+    "StreamDelta": "protocol",
+}
 
 
-def _import_tvm_without_torch() -> None:
-    """Import TVM with torch hidden, unless either is already imported.
-
-    tvm_ffi imports torch whenever it is installed (for its torch-tensor conversions): about
-    200 MB of resident memory and a second of start-up in every serving process, though the
-    runtime hands TVM only numpy arrays and TVM tensors. A later ``import torch`` (xgrammar's
-    token bitmask, transformers in tests) still works; only tvm_ffi's torch conversions stay off.
-    """
-    if "tvm_ffi" in _sys.modules or "torch" in _sys.modules:
-        return
-    _sys.modules["torch"] = None                    # makes tvm_ffi's `import torch` fail softly
-    try:
-        import tvm  # noqa: F401
-    finally:
-        if "torch" in _sys.modules and _sys.modules["torch"] is None:
-            del _sys.modules["torch"]
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
 
 
-_import_tvm_without_torch()
-
-from .artifact import Artifact, ArtifactError, is_artifact  # noqa: E402
-from .engine import Engine, EngineConfig  # noqa: E402
-from .protocol import GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta  # noqa: E402
-
-__all__ = ["Artifact", "ArtifactError", "Engine", "EngineConfig", "GenerationOutput", "InvalidRequestError",
-           "SamplingParams", "StreamDelta", "is_artifact"]
+__all__ = sorted(_EXPORTS)

@@ -49,7 +49,7 @@ class Engine:
         self.runner = ModelRunner(self.artifact, config.max_num_seqs, config.max_total_tokens)
         has_tok = (self.artifact.path / "tokenizer.json").is_file()
         self.tokenizer = Tokenizer.from_dir(self.artifact.path) if has_tok else None
-        eos = set(self.artifact.config.get("eos_token_ids") or [])
+        eos = set(self.artifact.config.eos_token_ids)
         self.eos_token_ids = frozenset(eos | set(self.tokenizer.eos_token_ids if self.tokenizer else ()))
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
         self.scheduler = Scheduler(

@@ -16,7 +16,8 @@ os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0)) if has
                                              else os.cpu_count() or 1))
 
 import numpy as np
-import tvm
+
+from ._tvm import tvm
 from tvm import relax
 from tvm.runtime import ShapeTuple
 
@@ -39,9 +40,9 @@ class ModelRunner:
         self.device = device_for(artifact.device)
         self.vocab_size = artifact.vocab_size
         self.context_window = artifact.context_window
-        self.prefill_chunk = int(cfg["prefill_chunk_size"])
-        self.page_size = int(cfg["kv_cache"]["page_size"])
-        self.max_num_seqs = max_num_seqs or int(cfg["max_batch_size"])
+        self.prefill_chunk = cfg.prefill_chunk_size
+        self.page_size = cfg.kv_cache.page_size
+        self.max_num_seqs = max_num_seqs or cfg.max_batch_size
         # Room for one full-context sequence plus a partly filled page per other sequence.
         self.max_total_tokens = max_total_tokens or self.context_window + self.max_num_seqs * self.page_size
         self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)

@@ -37,7 +37,7 @@ def main() -> None:
         compile_s = time.perf_counter() - t
     engine = kiln.Engine(art)
     k = bench(engine.runner, args.prompt_len, args.gen_len, 1, args.runs).as_dict()
-    src = engine.artifact.config["model"]["source"]["path"]
+    src = engine.artifact.config.model.source.path
     hf = bench_transformers(src, args.prompt_len, args.gen_len, args.runs)
     weight_bytes = sum((engine.artifact.path / "params" / f).stat().st_size
                        for f in os.listdir(engine.artifact.path / "params") if f.endswith(".bin"))

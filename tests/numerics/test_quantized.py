@@ -41,7 +41,7 @@ def _format_of(planes: dict[str, np.ndarray], group_size: int = 32) -> QuantForm
 def dequantized_weights(art: Path) -> dict[str, np.ndarray]:
     """{HF tensor name: float32 weight} from the artifact's planes (fused weights split back)."""
     artifact = Artifact.load(art)
-    params = dict(zip(artifact.config["params"], artifact.load_params()))
+    params = dict(zip(artifact.config.params, artifact.load_params()))
     source = models.load(art / "hf")
     arch, config, _ = models.build(source)
     out = {}

@@ -1,0 +1,256 @@
+"""The artifact contract: the one definition of dist/<name>/ that the compiler writes and the runtime reads.
+
+    kiln-config.json   ArtifactConfig (below) + the sha256 of every other file
+    lib.<so|tar|...>   the compiled module (its name is ArtifactConfig.target.lib)
+    params/            tensor-cache.json + shard-NNN.bin (raw little-endian tensors, ParamWriter/ParamReader)
+    tokenizer files    tokenizer.json, tokenizer_config.json, ... (listed in tokenizer_files)
+
+Plain Python and numpy, no TVM: the compiler (kiln.compiler.artifact) imports this module and
+nothing else of the runtime; the runtime (kiln.runtime.artifact) validates every artifact through
+it. A change to the layout bumps FORMAT_VERSION, and an artifact of another version is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CONFIG_NAME = "kiln-config.json"
+FORMAT_VERSION = 1
+PARAMS_DIR = "params"
+PARAMS_INDEX = "tensor-cache.json"                 # inside PARAMS_DIR
+PARAMS_INDEX_FORMAT = "kiln-tensors-1"
+SHARD_BYTES = 64 << 20
+# What every artifact exports, called by name: the runtime drives any model through these.
+ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode", "batch_verify",
+                   "create_paged_kv_cache")
+ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
+
+
+class ArtifactError(ValueError):
+    """An artifact that cannot be used as it is; the message says how to fix it."""
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under root except kiln-config.json, by relative path."""
+    return {p.relative_to(root).as_posix(): sha256_file(p)
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != CONFIG_NAME}
+
+
+# ----------------------------------------------------------------------------- the config record
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    format: str                                  # "hf" | "gguf"
+    content_hash: str
+    path: str = ""                               # where it was compiled from (informational)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    arch: str
+    config: dict                                 # the family's config dataclass, as a dict
+    source: SourceInfo
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    name: str                                    # the preset: cpu, cuda, rocm-gfx942, ...
+    device: str                                  # tvm.runtime.device kind the runtime opens
+    tvm_target: dict
+    lib: str                                     # file name of the compiled module
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    page_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    layer_kinds: tuple[str, ...] = ()            # per layer: "full" | "sliding"; empty = all full
+    sliding_window: int | None = None            # tokens, for "sliding" layers
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
+        bad = [k for k in self.layer_kinds if k not in ATTENTION_KINDS]
+        _require(not bad, f"kv_cache.layer_kinds has {bad[:1]}; known kinds: {', '.join(ATTENTION_KINDS)}")
+        _require(not self.layer_kinds or len(self.layer_kinds) == self.num_layers,
+                 f"kv_cache.layer_kinds lists {len(self.layer_kinds)} layers, the model has {self.num_layers}")
+        _require("sliding" not in self.layer_kinds or (self.sliding_window or 0) > 0,
+                 "kv_cache has sliding-window layers but no sliding_window size")
+
+
+@dataclass(frozen=True)
+class ArtifactConfig:
+    """kiln-config.json, validated: every field the runtime relies on is present and consistent."""
+
+    model: ModelInfo
+    quantization: dict                           # scheme name, dtype, per-format counts (informational)
+    target: TargetInfo
+    entry_functions: tuple[str, ...]
+    params: tuple[str, ...]                      # parameter names, in the order the entry functions take them
+    vocab_size: int
+    hidden_size: int
+    context_window_size: int
+    prefill_chunk_size: int
+    max_batch_size: int
+    kv_cache: KVCacheLayout
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    tokenizer_files: tuple[str, ...] = ()
+    kiln_version: str = ""
+    tvm_version: str = ""
+    compile_seconds: float = 0.0
+    tuned_kernels: int = 0                       # kernels scheduled with `kiln tune` knobs
+    notes: tuple[str, ...] = ()
+    files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256 (set when written)
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        for name in ("entry_functions", "params", "eos_token_ids", "tokenizer_files", "notes"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        missing = [f for f in ENTRY_FUNCTIONS if f not in self.entry_functions]
+        _require(not missing, f"the artifact lacks entry functions {missing}")
+        for name in ("vocab_size", "hidden_size", "context_window_size", "prefill_chunk_size", "max_batch_size"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
+        _require(self.prefill_chunk_size <= self.context_window_size,
+                 f"prefill_chunk_size ({self.prefill_chunk_size}) exceeds context_window_size "
+                 f"({self.context_window_size})")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "ArtifactConfig":
+        """Validate a parsed kiln-config.json; ArtifactError names the first problem."""
+        _require(isinstance(d, dict), "the config is not a JSON object")
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ArtifactError(f"artifact format {version}, this kiln reads {FORMAT_VERSION}; "
+                                "recompile it with this kiln")
+        try:
+            return cls(**{**d, "model": ModelInfo(**{**d["model"], "source": SourceInfo(**d["model"]["source"])}),
+                          "target": TargetInfo(**d["target"]), "kv_cache": KVCacheLayout(**d["kv_cache"])})
+        except KeyError as e:
+            raise ArtifactError(f"the config lacks field {e.args[0]!r}") from None
+        except TypeError as e:      # a missing or unknown field in one of the records
+            raise ArtifactError(f"the config does not match the artifact schema ({e})") from None
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ArtifactError(message)
+
+
+def write_config(root: Path, config: ArtifactConfig) -> None:
+    """kiln-config.json for a finished artifact directory: the record plus every other file's sha256."""
+    config = dataclasses.replace(config, files=file_hashes(root), format_version=FORMAT_VERSION)
+    (root / CONFIG_NAME).write_text(json.dumps(config.to_dict(), indent=2))
+
+
+def read_config(root: Path) -> ArtifactConfig:
+    """The validated record of the artifact at root (ArtifactError says what is wrong and how to fix it)."""
+    path = root / CONFIG_NAME
+    if not path.is_file():
+        raise ArtifactError(f"{root} is not a kiln artifact (no {CONFIG_NAME}); compile the model "
+                            f"with `kiln compile MODEL -o {root}`")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path} is not valid JSON ({e}); recompile the artifact") from None
+    try:
+        return ArtifactConfig.from_dict(raw)
+    except ArtifactError as e:
+        raise ArtifactError(f"{path}: {e}; recompile the artifact with `kiln compile`") from None
+
+
+def verify_files(root: Path, config: ArtifactConfig) -> None:
+    """Every file the config lists exists and matches its sha256."""
+    for rel, digest in config.files.items():
+        f = root / rel
+        if not f.is_file():
+            raise ArtifactError(f"artifact {root} is missing {rel}; recompile it")
+        if sha256_file(f) != digest:
+            raise ArtifactError(f"artifact {root}: {rel} does not match its hash in {CONFIG_NAME} "
+                                "(edited or corrupted); recompile it with `kiln compile`")
+
+
+# ----------------------------------------------------------------------------- parameter shards
+
+
+class ParamWriter:
+    """Appends tensors to ~64 MB shards; only the tensor being written is held in memory."""
+
+    def __init__(self, params_dir: Path):
+        self.dir = params_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.tensors: list[dict] = []
+        self.shards: list[str] = []
+        self._fh = None
+        self._size = 0
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array)
+        if self._fh is None or (self._size and self._size + data.nbytes > SHARD_BYTES):
+            self._open_shard()
+        self.tensors.append({"name": name, "dtype": str(data.dtype), "shape": list(data.shape),
+                             "shard": len(self.shards) - 1, "offset": self._size, "nbytes": data.nbytes})
+        self._fh.write(data.tobytes())
+        self._size += data.nbytes
+
+    def _open_shard(self) -> None:
+        if self._fh:
+            self._fh.close()
+        self.shards.append(f"shard-{len(self.shards):03d}.bin")
+        self._fh = open(self.dir / self.shards[-1], "wb")
+        self._size = 0
+
+    def close(self) -> None:
+        if self._fh:
+            self._fh.close()
+        index = {"format": PARAMS_INDEX_FORMAT, "shards": self.shards, "tensors": self.tensors}
+        (self.dir / PARAMS_INDEX).write_text(json.dumps(index, indent=1))
+
+
+def iter_params(root: Path, names: tuple[str, ...]) -> Iterator[np.ndarray]:
+    """The named tensors of the artifact at root, in order, each read into its own buffer: a
+    consumer that copies each to the device and drops it holds one tensor on the host, not the
+    model (a memory map would keep every touched page resident beside the device copies)."""
+    params_dir = root / PARAMS_DIR
+    try:
+        index = json.loads((params_dir / PARAMS_INDEX).read_text())
+        by_name = {t["name"]: t for t in index["tensors"]}
+        shards = index["shards"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ArtifactError(f"artifact {root}: {PARAMS_DIR}/{PARAMS_INDEX} is unreadable ({e}); recompile it") from None
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise ArtifactError(f"artifact {root}: {PARAMS_DIR}/{PARAMS_INDEX} lacks {missing[0]}; recompile it")
+    files = [open(params_dir / s, "rb") for s in shards]
+    try:
+        for name in names:
+            t = by_name[name]
+            buf = np.empty(t["shape"], np.dtype(t["dtype"]))
+            files[t["shard"]].seek(t["offset"])
+            if files[t["shard"]].readinto(memoryview(buf).cast("B")) != t["nbytes"]:
+                raise ArtifactError(f"artifact {root}: shard {shards[t['shard']]} is truncated; recompile it")
+            yield buf
+    finally:
+        for f in files:
+            f.close()
