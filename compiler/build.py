@@ -14,8 +14,7 @@ from tvm import relax, tirx
 
 from kiln import models
 from kiln.models import ModelSource
-from kiln.targets import TargetProfile, get_profile
-from kiln.targets.cpu_schedule import TUNED_ATTR
+from kiln.targets import DEFAULT_TARGET, TargetProfile, get_profile
 
 from kiln.runtime.contract import (ENTRY_FUNCTIONS, ArtifactConfig, KVCacheLayout, ModelInfo, PARAMS_DIR,
                                    ParamWriter, SourceInfo, TargetInfo, write_config)
@@ -32,7 +31,7 @@ Progress = Callable[[str, int, int], None]
 @dataclass(frozen=True)
 class CompileOptions:
     model: str                              # HF dir, .gguf file or alias
-    target: str = "cpu"
+    target: str = DEFAULT_TARGET
     quant: str = "auto"
     output: Path | None = None              # default dist/<name>-<quant>-<target>
     dump_ir: Path | None = None
@@ -67,7 +66,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     source = models.load(opts.model)
     arch, config, model = models.build(source)
     profile = get_profile(opts.target)
-    scheme = get_scheme(opts.quant, source.format, profile.device)
+    scheme = get_scheme(opts.quant, source.format, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config))   # swaps in quantized modules
     report("load", 1, 1)
     report("export", 0, 1)
@@ -92,7 +91,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
     lib_built, tuned_kernels = _build_lib(ex.mod, profile, opts.dump_ir, report)
 
     with staged_artifact(dest) as stage:
-        lib_built.export_library(str(stage / profile.lib_name))
+        profile.export(lib_built, stage / profile.lib_name)
         names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report)
         tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
         report("write", 0, 1)
@@ -132,7 +131,8 @@ def _build_lib(mod, profile: TargetProfile, dump_ir: Path | None, report: Progre
         report(f"compile:{name}", len(phase_names), 5)
 
     pipeline = build_pipeline(profile, dump_ir, on_phase)
-    tuned, ctx = _CountTuned(), tvm.transform.PassContext.current()
+    space = profile.tuning_space()
+    tuned, ctx = _CountTuned(space.marker_attr if space else None), tvm.transform.PassContext.current()
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
                                    disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
                                    instruments=[*ctx.instruments, tuned]):
@@ -144,13 +144,13 @@ class _CountTuned:
     """Counts the kernels scheduled with tuning-database knobs (the ``Tuned`` rules mark them) right
     after the pipeline's schedule phase: later passes may fold kernels together."""
 
-    def __init__(self) -> None:
-        self.count = 0
+    def __init__(self, marker_attr: str | None) -> None:
+        self.marker_attr, self.count = marker_attr, 0
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
-        if info.name == "schedule":
+        if info.name == "schedule" and self.marker_attr:
             self.count = sum(1 for _, f in mod.functions_items()
-                             if isinstance(f, tirx.PrimFunc) and f.attrs is not None and TUNED_ATTR in f.attrs)
+                             if isinstance(f, tirx.PrimFunc) and f.attrs is not None and self.marker_attr in f.attrs)
 
 
 def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: QuantPlan,

@@ -2,7 +2,7 @@
 
     graph      kiln's Relax rewrites before lowering (transpose-matmul fusion, ...)
     legalize   Relax ops -> TIR PrimFuncs, then operator fusion
-    schedule   the target's TIR schedules (dlight rules or a tuned database)
+    schedule   the target's TIR schedules (its rules or a tuned database)
     lower      dataflow -> VM-level Relax
     finalize   memory planning and VM lowering
 
@@ -20,17 +20,14 @@ from tvm import relax
 
 from kiln.targets import TargetProfile
 
+from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
 from .passes.fuse_dequantize_take import FuseDequantizeTake
-from .passes.fuse_add_rms_norm import FuseAddRMSNorm
-from .passes.low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
-from .passes.cpu_attention import UseKilnCPUAttention
-from .passes.fast_silu import FastSiLU
 
 
 def legalize_passes() -> list[tvm.transform.Pass]:
     """Relax ops -> TIR PrimFuncs, then TVM's operator fusion: the target-independent part of the
-    legalize phase (also what tests and tools/bench_cpu_kernels.py run before a schedule rule)."""
+    legalize phase (also what tests and the kernel benchmarks in tools/ run before a schedule rule)."""
     return [
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
@@ -42,6 +39,7 @@ def legalize_passes() -> list[tvm.transform.Pass]:
 
 
 def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]:
+    """The phases in order; `profile.passes(phase)` is where the target's own passes go in each."""
     return [
         ("graph", [
             # nn.Linear emits matmul(x, permute_dims(W)); fused, W is read in place, never re-transposed.
@@ -51,23 +49,19 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             FuseDequantizeTake(),
             # Residual add + the RMSNorm over the sum: one kernel writing both (see its docstring).
             FuseAddRMSNorm(),
-            # float32 SiLU with a polynomial exp (LLVM scalarises vector exp into libm calls).
-            *([FastSiLU()] if profile.device == "cpu" else []),
+            *profile.passes("graph"),
             relax.transform.DeadCodeElimination(),
         ]),
         ("legalize", [
             *legalize_passes(),
-            # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; see lower).
-            *([LowBatchGEMV(max_rows=4)] if profile.device == "cpu" else []),
+            *profile.passes("legalize"),
         ]),
         ("schedule", [
-            # The KV cache's CPU attention kernels: TVM's scalar loops out, kiln's vectorised ones in.
-            *([UseKilnCPUAttention()] if profile.device == "cpu" else []),
-            *profile.schedule_passes(),
+            # The target's TIR schedules (its rules, tuned knobs) and kernel swaps.
+            *profile.passes("schedule"),
         ]),
         ("lower", [
-            # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4` (no-op without copies).
-            DispatchLowBatchGEMV(),
+            *profile.passes("lower"),
             relax.transform.RewriteDataflowReshape(),
             relax.transform.ToNonDataflow(),
             relax.transform.RemovePurityChecking(),
@@ -75,7 +69,7 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
         ]),
         ("finalize", [
             relax.transform.StaticPlanBlockMemory(),
-            *([relax.transform.RewriteCUDAGraph()] if profile.device == "cuda" else []),
+            *profile.passes("finalize"),
             relax.transform.LowerAllocTensor(),
             relax.transform.KillAfterLastUse(),
             relax.transform.LowerRuntimeBuiltin(),

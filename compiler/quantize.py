@@ -80,13 +80,13 @@ SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
     QuantScheme("as-stored", "float32", "a GGUF's Q4_0/Q4_1/Q8_0 weights kept exactly, K-quants as 4-bit, "
                 "float32 compute", kind="q4", as_stored=True),
 )}
-BEST_4BIT = {"cpu": "q4f32"}    # device -> auto's scheme for float (HF) weights; others: q4f16
 
 
-def get_scheme(name: str, source_format: str | None = None, device: str = "cpu") -> QuantScheme:
-    """The scheme for --quant; `auto` is as-stored for a GGUF, else the device's best 4-bit scheme."""
+def get_scheme(name: str, source_format: str | None = None, target_default: str = "q4f16") -> QuantScheme:
+    """The scheme for --quant; `auto` is as-stored for a GGUF, else the target's default
+    (TargetProfile.default_quant)."""
     if name == "auto":
-        name = "as-stored" if source_format == "gguf" else BEST_4BIT.get(device, "q4f16")
+        name = "as-stored" if source_format == "gguf" else target_default
     if name not in SCHEMES:
         raise ValueError(f"unknown quantization {name!r}; choose one of: auto, {', '.join(SCHEMES)}")
     if SCHEMES[name].as_stored and source_format not in (None, "gguf"):

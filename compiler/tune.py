@@ -1,16 +1,19 @@
-"""`kiln tune`: search the CPU schedule knobs of a model's hot kernels, measured on this machine.
+"""`kiln tune`: search the schedule knobs of a model's hot kernels, measured on this machine.
 
-    kiln tune smollm2 --budget 3     ->  $KILN_CACHE_DIR/tuning/cpu-<hash>.json (targets/tuning.py)
+    kiln tune smollm2 --budget 3     ->  the target's tuning database
+
+The search is generic; what is searched comes from the target's tuning space
+(TargetProfile.tuning_space(): its rules, knobs, candidate grid and database).
 
 1. Export the model as compile does (build.export_model); run the pipeline's graph + legalize phases.
-2. Collect the distinct PrimFuncs a ``Tuned`` rule (targets/cpu.py) schedules, hottest first: called
-   from HOT_ENTRIES (a ``kiln.gemv`` copy counts its original's calls), by weight bytes x calls.
-3. Each kernel gets an equal share of the budget left: the defaults, then a small grid of
-   (tile_m, tile_n, unroll_k) nearest them first, each scheduled by compile's own rules, built
-   alone and timed at the rows it serves: m=1 (decode, weights streamed from memory: see _Bench)
-   and m=128 (prefill).  A kernel with a ``kiln.gemv`` copy only runs above the copy's row bound:
-   timed at m=128, the copy at m=1 (tile_m, which only shapes many-row calls, then stays at its
-   default); static-shape kernels at their own shape (filed as m=1).  A schedule identical to
+2. Collect the distinct PrimFuncs a tunable rule of the space schedules, hottest first: called
+   from HOT_ENTRIES (a low-row copy of a kernel counts its original's calls), by weight bytes x calls.
+3. Each kernel gets an equal share of the budget left: the defaults, then the space's candidates
+   nearest them first, each scheduled by compile's own rules, built alone and timed at the rows
+   it serves: m=1 (decode, weights streamed from memory: see _Bench) and m=128 (prefill).  A
+   kernel with a low-row copy only runs above the copy's row bound: timed at m=128, the copy at
+   m=1 (knobs that only shape many-row calls then stay at their defaults); static-shape kernels
+   at their own shape (filed as m=1).  A schedule identical to
    one already timed is skipped; one whose output differs from the default's is rejected.
 4. Score: the decode-weighted mean of time / default time.  The best is kept only if, re-timed in
    3 back-to-back pairs with the defaults, it still wins by more than ``min_gain`` (noise); else
@@ -20,7 +23,6 @@ The database is saved atomically after every kernel: an interrupted run loses no
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -28,7 +30,6 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -38,11 +39,7 @@ import tvm.s_tir.dlight as dl
 import tvm_ffi
 from tvm import relax, tirx
 
-from kiln.targets import TargetProfile, get_profile
-from kiln.targets.cpu import schedule_rules
-from kiln.targets.cpu_fused_schedule import GEMV_ATTR
-from kiln.targets.cpu_schedule import TUNED_ATTR, CPUKnobs, Tuned, vector_lanes_for_target
-from kiln.targets.tuning import TuneEntry, TuningDB, kernel_key
+from kiln.targets import DEFAULT_TARGET, TargetProfile, TuningSpace, get_profile
 
 from .build import CompileOptions, export_model
 from .pipeline import phases
@@ -58,7 +55,7 @@ _CALL_TIR = ("relax.call_tir", "relax.call_tir_inplace")
 @dataclass(frozen=True)
 class TuneOptions:
     model: str                          # HF dir, .gguf file or alias, as for compile
-    target: str = "cpu"
+    target: str = DEFAULT_TARGET
     quant: str = "auto"                 # tune the kernels of the quantization you compile with
     budget_minutes: float = 10.0        # wall time for the whole run, export included
     retune: bool = False                # search kernels the database already has, too
@@ -90,7 +87,7 @@ class TuneStatus:
 class KernelResult:
     name: str
     key: str
-    knobs: CPUKnobs                     # what the database now holds for it
+    knobs: object                       # what the database now holds for it (the space's knob type)
     improved: bool                      # knobs other than the defaults won by > min_gain
     us: dict[int, float]                # rows -> median microseconds with `knobs`
     default_us: dict[int, float]        # rows -> median microseconds with the defaults
@@ -109,7 +106,7 @@ class TuneReport:
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    key: str                            # targets.tuning.kernel_key
+    key: str                            # TuningSpace.kernel_key
     func: tirx.PrimFunc                 # unscheduled
     rows: tuple[int, ...]               # the row counts it is timed at
     priority: tuple
@@ -121,17 +118,18 @@ def tune_model(opts: TuneOptions, progress: Callable[[TuneStatus], None] | None 
     deadline = start + opts.budget_minutes * 60
     report = progress or (lambda _status: None)
     profile = get_profile(opts.target)
-    if profile.device != "cpu" or not profile.runnable_here:
-        raise ValueError(f"kiln tune times kernels on this machine's CPU; --target {opts.target} is not it "
-                         "(use --target cpu)")
+    space = profile.tuning_space()
+    if space is None or not profile.runnable_here:
+        raise ValueError(f"kiln tune times kernels on this machine; --target {opts.target} "
+                         f"{'has no tuning space' if space is None else 'does not run here'} (use --target {DEFAULT_TARGET})")
     exported = export_model(CompileOptions(model=opts.model, target=opts.target, quant=opts.quant))
-    # Time with the threads the runtime uses (runtime/model_runner.py): TVM halves x86 cores unless told.
+    # Time with the threads the runtime uses (runtime/model_runner.py): TVM's pool halves the cores unless told.
     os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     with profile.tvm_target():
         mod = tvm.transform.Sequential([p for name, passes in phases(profile) if name in ("graph", "legalize")
                                         for p in passes])(exported.mod)
-    db = TuningDB.for_profile(profile)
-    kernels = find_kernels(mod, profile)
+    db = space.database()
+    kernels = find_kernels(mod, profile, space)
     todo = [k for k in kernels if opts.retune or k.key not in db.entries]
     already, todo = len(kernels) - len(todo), todo[:opts.max_kernels]
     report(TuneStatus(0, len(todo)))
@@ -144,7 +142,7 @@ def tune_model(opts: TuneOptions, progress: Callable[[TuneStatus], None] | None 
         def on_step(j: int, n: int, gain: float, i: int = i, name: str = kernel.name) -> None:
             report(TuneStatus(i + 1, len(todo), name, j, n, gain))
 
-        tuned = _tune_kernel(kernel, profile, opts, now + (deadline - now) / (len(todo) - i), on_step)
+        tuned = _tune_kernel(kernel, profile, space, opts, now + (deadline - now) / (len(todo) - i), on_step)
         if tuned is not None:
             result, db.entries[kernel.key] = tuned
             db.save()
@@ -152,21 +150,22 @@ def tune_model(opts: TuneOptions, progress: Callable[[TuneStatus], None] | None 
     return TuneReport(db.path, results, already, len(todo) - len(results), time.perf_counter() - start)
 
 
-def find_kernels(mod: tvm.IRModule, profile: TargetProfile) -> list[Kernel]:
-    """The distinct PrimFuncs a ``Tuned`` rule schedules, hottest first.  A ``kiln.gemv`` copy
-    runs where its original is called (rows <= its bound), so it shares the original's calls."""
+def find_kernels(mod: tvm.IRModule, profile: TargetProfile, space: TuningSpace) -> list[Kernel]:
+    """The distinct PrimFuncs a tunable rule schedules, hottest first.  A low-row copy runs
+    where its original is called (rows <= its bound), so it shares the original's calls."""
     target = profile.tvm_target()
-    rules = schedule_rules(profile, lookup=lambda _func: None)
+    rules = space.rules(lookup=lambda _func: None)
+    kernel_key = space.kernel_key
     prims = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
     by_name = _hot_call_counts(mod)
     calls = Counter({kernel_key(f): by_name[name] for name, f in prims if by_name[name]})
-    twin = {name: kernel_key(f.without_attr(GEMV_ATTR)) for name, f in prims if GEMV_ATTR in _attrs(f)}
+    twin = {name: kernel_key(original) for name, f in prims if (original := space.original_of(f)) is not None}
     found: dict[str, Kernel] = {}
     with target:
         for name, func in prims:
             rule = next((r for r in rules if r.apply(func, target, False) is not None), None)
             shapes = [_shape(p) for p in func.params]
-            if not isinstance(rule, Tuned) or any(s is None for s in shapes):
+            if rule is None or not space.is_tunable(rule) or any(s is None for s in shapes):
                 continue
             key = kernel_key(func)
             static = not any(isinstance(d, tirx.Var) for s in shapes for d in s)
@@ -181,34 +180,21 @@ def find_kernels(mod: tvm.IRModule, profile: TargetProfile) -> list[Kernel]:
     return sorted(found.values(), key=lambda k: k.priority, reverse=True)
 
 
-def candidate_grid(default: CPUKnobs, rows_tile: bool = True) -> list[CPUKnobs]:
-    """(tile_m, tile_n, unroll_k) with <= 24 accumulators, nearest the defaults first; tile_m
-    stays the default's unless ``rows_tile`` (it only shapes calls over many rows)."""
-    grid = [dataclasses.replace(default, tile_m=m, tile_n=n, unroll_k=u)
-            for m in ((1, 2, 4, 8) if rows_tile else (default.tile_m,))
-            for n in (1, 2, 4, 8) for u in (1, 2, 4) if m * n <= 24]
-
-    def distance(k: CPUKnobs) -> float:
-        return sum(abs(math.log2(getattr(k, f) / getattr(default, f))) for f in ("tile_m", "tile_n", "unroll_k"))
-
-    return sorted((k for k in grid if k != default), key=distance)
-
-
 def score(us: dict[int, float], default_us: dict[int, float], decode_weight: float) -> float:
     """Weighted mean of us / default_us over the row counts timed (m=1 weighs decode_weight)."""
     weights = {m: decode_weight if m == DECODE_ROWS else 1.0 - decode_weight for m in us}
     return sum(weights[m] * us[m] / default_us[m] for m in us) / sum(weights.values())
 
 
-def _tune_kernel(kernel: Kernel, profile: TargetProfile, opts: TuneOptions, deadline: float,
-                 on_step: Callable[[int, int, float], None]) -> tuple[KernelResult, TuneEntry] | None:
-    bench = _Bench(kernel, profile, opts.repeat)
-    default = CPUKnobs(vector_lanes=vector_lanes_for_target(profile.tvm_target()))
+def _tune_kernel(kernel: Kernel, profile: TargetProfile, space: TuningSpace, opts: TuneOptions, deadline: float,
+                 on_step: Callable[[int, int, float], None]) -> tuple[KernelResult, object] | None:
+    bench = _Bench(kernel, profile, space, opts.repeat)
+    default = space.default_knobs()
     default_us = bench.measure(default)
     if default_us is None:
         logger.warning("kiln tune: %s does not schedule with the default knobs; skipped", kernel.name)
         return None
-    grid = candidate_grid(default, rows_tile=PREFILL_ROWS in kernel.rows)
+    grid = space.candidates(default, rows_tile=PREFILL_ROWS in kernel.rows)
     best, best_score = default, 1.0
     for j, knobs in enumerate(grid, 1):
         if time.perf_counter() >= deadline:
@@ -230,10 +216,7 @@ def _tune_kernel(kernel: Kernel, profile: TargetProfile, opts: TuneOptions, dead
         else:
             us = default_us
     result = KernelResult(kernel.name, kernel.key, chosen, chosen != default, us, default_us, len(bench.times))
-    entry = TuneEntry(chosen, us.get(DECODE_ROWS), us.get(PREFILL_ROWS), default_us.get(DECODE_ROWS),
-                      default_us.get(PREFILL_ROWS), datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                      kernel.name)
-    return result, entry
+    return result, space.entry(chosen, us, default_us, kernel.name)
 
 
 class _Bench:
@@ -244,8 +227,8 @@ class _Bench:
     step over the whole model (a hot-cache GEMV is up to 2x faster and ranks knobs differently).
     The prefill row count reuses each weight tile many times: one copy."""
 
-    def __init__(self, kernel: Kernel, profile: TargetProfile, repeat: int) -> None:
-        self.kernel, self.profile, self.repeat = kernel, profile, repeat
+    def __init__(self, kernel: Kernel, profile: TargetProfile, space: TuningSpace, repeat: int) -> None:
+        self.kernel, self.space, self.repeat = kernel, space, repeat
         self.target = profile.tvm_target()
         rng = np.random.default_rng(0)
         self.args: dict[int, list[list]] = {}          # rows -> argument sets the calls cycle through
@@ -258,18 +241,18 @@ class _Bench:
             self.args[m] = [first] + [[tvm.runtime.tensor(a) if w else t for a, w, t in zip(arrays, weights, first)]
                                       for _ in range(copies - 1)]
         self.reference: dict[int, list[np.ndarray]] = {}      # the default knobs' results
-        self.libs: dict[CPUKnobs, tvm.runtime.Module] = {}
-        self.times: dict[CPUKnobs, dict[int, float]] = {}
+        self.libs: dict[object, tvm.runtime.Module] = {}
+        self.times: dict[object, dict[int, float]] = {}
         self.seen: set[str] = set()
 
-    def measure(self, knobs: CPUKnobs) -> dict[int, float] | None:
+    def measure(self, knobs) -> dict[int, float] | None:
         """Median us per row count; None if the knobs do not schedule the kernel, give a
         schedule already timed, or compute a different result than the defaults."""
         with self.target:
-            rules = schedule_rules(self.profile, lookup=lambda _func: knobs)
+            rules = self.space.rules(lookup=lambda _func: knobs)
             func = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({"main": self.kernel.func}))["main"]
-        identity = kernel_key(func)
-        if TUNED_ATTR not in func.attrs or identity in self.seen:
+        identity = self.space.kernel_key(func)
+        if self.space.marker_attr not in func.attrs or identity in self.seen:
             return None
         self.seen.add(identity)
         lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=self.target)
@@ -285,7 +268,7 @@ class _Bench:
         self.times[knobs] = self.time(knobs)
         return self.times[knobs]
 
-    def time(self, knobs: CPUKnobs) -> dict[int, float]:
+    def time(self, knobs) -> dict[int, float]:
         """Median microseconds per call over ``repeat`` rounds of >= 10 ms, cycling the argument
         sets (the ~1 us a call from Python adds is the same for every candidate)."""
         fn, out = self.libs[knobs]["main"], {}
@@ -316,10 +299,6 @@ def _hot_call_counts(mod: tvm.IRModule) -> Counter:
         if isinstance(func, relax.Function) and gv.name_hint in HOT_ENTRIES:
             relax.analysis.post_order_visit(func, visit)
     return counts
-
-
-def _attrs(func: tirx.PrimFunc) -> dict:
-    return dict(func.attrs) if func.attrs is not None else {}
 
 
 def _shape(param: tirx.Var) -> list | None:

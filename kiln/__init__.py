@@ -78,12 +78,12 @@ def ensure_artifact(model_or_artifact: str | Path, target: str = "cpu", quant: s
     from kiln import models
     from kiln.compiler.quantize import get_scheme
     from kiln.targets import get_profile
-    from kiln.targets.tuning import db_path
     source = models.load(model_or_artifact)
-    scheme = get_scheme(quant, source.format)
-    tuning = db_path(get_profile(target))
+    profile = get_profile(target)
+    scheme = get_scheme(quant, source.format, profile.default_quant)
+    tuning = profile.tuning_db_path()
     key = hashlib.sha256(f"{source.content_hash}|{compiler_fingerprint()}|".encode()
-                         + (tuning.read_bytes() if tuning.is_file() else b"")).hexdigest()
+                         + (tuning.read_bytes() if tuning and tuning.is_file() else b"")).hexdigest()
     dest = cache_dir() / "artifacts" / f"{key[:16]}-{scheme.name}-{target}"
     if is_artifact(dest):
         try:

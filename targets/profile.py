@@ -1,32 +1,95 @@
-"""TargetProfile: everything the compiler and runtime need to know about one device family."""
+"""TargetProfile: everything device-specific that the compiler and runtime need, in one record.
+
+The compiler asks a profile, never a device name: the passes it adds to each pipeline phase
+(``passes(phase)``), its default quantization, how its module is exported (.so, a static .tar
+system library, .dylib, .wasm), its tuning space (or none), and the runtime device kind written
+into the artifact. A family module (targets/cpu/, targets/cuda.py, targets/rocm.py, ...) builds
+its presets; targets/__init__.py lists them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 import tvm
+
+# The pipeline's phases (compiler/pipeline.py), in order; a profile may add passes to each.
+PHASES = ("graph", "legalize", "schedule", "lower", "finalize")
+# Module formats a profile may export: shared object, static system library (.tar of objects), dylib, wasm.
+EXPORT_FORMATS = ("so", "tar", "dylib", "wasm")
+
+
+class TuningSpace(Protocol):
+    """What `kiln tune` (compiler/tune.py) searches for a target: schedule knobs per kernel,
+    measured on the device itself, stored in a per-target database that compiles then read."""
+
+    marker_attr: str                                  # PrimFunc attr the tuned rules set
+
+    def rules(self, lookup: Callable[[Any], Any] | None = None) -> list:
+        """The schedule rules, per-kernel knobs from ``lookup`` (default: the database's)."""
+
+    def is_tunable(self, rule: Any) -> bool:
+        """Whether ``rule`` takes per-kernel knobs."""
+
+    def default_knobs(self) -> Any: ...
+
+    def candidates(self, default: Any, rows_tile: bool) -> list:
+        """Knob settings to try, nearest ``default`` first (``rows_tile``: many-row calls too)."""
+
+    def original_of(self, func: Any) -> Any | None:
+        """For a kernel that is a low-row copy of another (runs in its place), that original."""
+
+    def kernel_key(self, func: Any) -> str: ...
+
+    def database(self) -> Any:
+        """The target's tuning database (entries by kernel key; ``save()``; ``path``)."""
+
+    def entry(self, knobs: Any, us: dict[int, float], default_us: dict[int, float], function: str) -> Any:
+        """A database entry: the chosen knobs and the median microseconds per row count."""
 
 
 @dataclass(frozen=True)
 class TargetProfile:
-    name: str                       # what users type: cpu, cuda, android, ...
-    target: dict                    # TVM target, JSON dict form
-    device: str                     # runtime device kind: "cpu" | "cuda" | ...
-    export_format: str              # "so" | "tar" | "dylib" | "wasm"
-    runnable_here: bool             # False for cross targets (android)
+    name: str                       # what users type: cpu, cuda, rocm-gfx942, android, ...
+    target: dict                    # TVM target, JSON dict form, complete (no guessed defaults)
+    device: str                     # runtime device kind, tvm.runtime.device(device): "cpu" | "cuda" | ...
+    export_format: str              # one of EXPORT_FORMATS
+    runnable_here: bool             # False for cross targets (android, GPUs on a CPU machine)
+    default_quant: str = "q4f16"    # `--quant auto` for float (Hugging Face) weights
     page_size: int = 16             # KV cache tokens per page
     prefill_chunk: int = 2048       # most tokens one prefill call takes
-    schedule: Callable[["TargetProfile"], list] = field(default=lambda p: [], compare=False)
+    phase_passes: Callable[["TargetProfile", str], list] = field(default=lambda p, phase: [], compare=False)
+    tuning: Callable[["TargetProfile"], TuningSpace] | None = field(default=None, compare=False)
     description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.export_format not in EXPORT_FORMATS:
+            raise ValueError(f"{self.name}: export format {self.export_format!r}; known: {', '.join(EXPORT_FORMATS)}")
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target(self.target)
 
-    def schedule_passes(self) -> list[tvm.transform.Pass]:
-        """The target's TIR scheduling passes (dlight rules or a tuned database)."""
-        return self.schedule(self)
+    def passes(self, phase: str) -> list[tvm.transform.Pass]:
+        """The passes this target adds to a pipeline phase (see compiler/pipeline.py for where)."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown pipeline phase {phase!r}; phases: {', '.join(PHASES)}")
+        return list(self.phase_passes(self, phase))
+
+    def tuning_space(self) -> TuningSpace | None:
+        """The knobs `kiln tune` may search here, or None when the target has none."""
+        return self.tuning(self) if self.tuning is not None else None
+
+    def tuning_db_path(self) -> Path | None:
+        """The file a compile reads tuned knobs from (it may not exist yet), or None."""
+        space = self.tuning_space()
+        return space.database().path if space is not None else None
 
     @property
     def lib_name(self) -> str:
         return f"lib.{self.export_format}"
+
+    def export(self, executable: Any, path: Path) -> None:
+        """Write the built module: a shared object, or a static system library packed as .tar."""
+        executable.export_library(str(path))

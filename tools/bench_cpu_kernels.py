@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     import tvm
 
-    from kiln.targets.cpu_schedule import CPUKnobs, cpu_schedule_rules
+    from kiln.targets.cpu.schedule import CPUKnobs, cpu_schedule_rules
 
     target = tvm.target.Target(
         {

@@ -13,21 +13,21 @@ FuseOps fuses it into the norm without writing it out.
 Emits one ``R.call_tir`` to a TE-built PrimFunc ``fuse_add_rms_norm`` returning ``(y, n)``,
 per row: ``y = x + r``; ``ss = sum(f32(y)^2)``; ``inv = rsqrt(ss / h + eps)``;
 ``n = inv * f32(y) * f32(w)`` -- the stages and arithmetic of TVM's legalized rms_norm, so the
-results are bit-identical.  targets/cpu_fused_schedule.py's AddRMSNorm rule schedules it: one
+results are bit-identical.  A target's AddRMSNorm rule schedules it: one
 parallel loop over the rows, the vectorised add, sum of squares (rfactor) and scale all computed
 at the row, ``inv`` once per row.
 
 Why it pays: the row of y is written once and read back from L1 by the reduction and the scale,
 instead of one kernel writing y and the next reading it from memory; on targets where the add
 is not already fused into the matmul epilogue it also saves a kernel launch.  TVM 0.27 ships no
-such pass (none in relax.transform; dlight's gpu.RMSNorm schedules a plain rms_norm only, and has
-no CPU counterpart); MLC-LLM's is a hand-written CUDA-thread kernel for fp16/bf16 only, so this
+such pass (none in relax.transform; dlight's RMSNorm rule schedules a plain rms_norm only, for
+thread-parallel devices); MLC-LLM's is a hand-written thread-block kernel for fp16/bf16 only, so this
 one is written in TE and left to the target's schedule rules.
 
 Measured on SmolLM2-135M q0f32, 2-core znver5 shared with other jobs (artifacts compiled back to
 back, decode steps after a 128-token prompt, interleaved rounds, per-round time ratio with/without,
 median [IQR]): decode batch 1 0.96 [0.95-1.00], batch 4 0.95 [0.94-0.96], prefill 128 1.00 --
-neutral to a few percent.  On the CPU pipeline FuseOps would otherwise fold the add into the
+neutral to a few percent.  On that pipeline FuseOps would otherwise fold the add into the
 o_proj/down_proj matmul as an epilogue, so the fused kernel replaces rms_norm one for one (same
 launch count), and all rms_norm kernels together take ~1% of a decode step and 0.3% of a prefill.
 Where the add is a kernel of its own (a matmul fused by pattern, without epilogue) it saves a

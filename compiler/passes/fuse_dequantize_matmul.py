@@ -15,7 +15,7 @@ it into one PrimFunc whose dequantize block feeds the matmul block.
 Why it pays: FuseOps does not fuse an injective producer into a matmul (TVM_NOTES), so
 without this pass every call dequantizes the whole weight to a float [N, K] buffer in
 memory (4 bytes per weight written and read back, 8x the 4-bit planes) before the matmul
-reads it. Fused, the schedule (targets/cpu_quant_schedule.py) decodes the weights in
+reads it. Fused, the target's quantized-matmul schedule rule decodes the weights in
 registers (one-row GEMV) or one small L1-resident tile at a time (matmul), so decode
 streams only the 4-bit planes.
 """

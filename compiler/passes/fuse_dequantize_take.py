@@ -7,7 +7,7 @@ Matches (in Relax dataflow blocks, before legalization):
 
 Emits a private Relax function with the attributes {"Primitive": True, "Composite":
 "kiln.dequantize_take"} holding both, called in their place; after LegalizeOps and
-FuseTIR it is one PrimFunc, and the CPU Elementwise rule inlines the dequantize block
+FuseTIR it is one PrimFunc, and an elementwise schedule rule inlines the dequantize block
 into the gather, so out[i, d] = dequantize(planes[ids[i], d]).
 
 Why it pays: unfused, every `embed` call dequantizes the whole table (SmolLM2: 49152 x 576,

@@ -12,14 +12,13 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
 from tvm.relax.frontend import nn
 
 from kiln.compiler.pipeline import legalize_passes
-from kiln.targets.cpu_schedule import (
+from kiln.targets.cpu.schedule import (
     CPUKnobs,
-    Elementwise,
     Matmul,
-    RowReduction,
     cpu_schedule_rules,
     vector_lanes_for_target,
 )
+from kiln.targets.cpu.rowwise import Elementwise, RowReduction
 
 pytestmark = pytest.mark.compiler
 

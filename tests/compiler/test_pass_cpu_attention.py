@@ -20,10 +20,10 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from kiln.compiler import pipeline
-from kiln.compiler.passes.cpu_attention import UseKilnCPUAttention
-from kiln.compiler.passes.fast_silu import FastSiLU
+from kiln.targets.cpu.attention_pass import UseKilnCPUAttention
+from kiln.targets.cpu.fast_silu import FastSiLU
 from kiln.targets import get_profile
-from kiln.targets.cpu_attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
+from kiln.targets.cpu.attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
 
 pytestmark = pytest.mark.compiler
 H_Q, H_KV, D, THETA = 4, 2, 16, 10000.0

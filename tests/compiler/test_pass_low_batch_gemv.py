@@ -16,7 +16,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from kiln.compiler import pipeline
-from kiln.compiler.passes.low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
+from kiln.targets.cpu.low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
 from kiln.targets import get_profile
 
 pytestmark = pytest.mark.compiler

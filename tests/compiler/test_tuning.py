@@ -1,4 +1,4 @@
-"""The tuning database (targets/tuning.py) and `kiln tune` (compiler/tune.py): the database
+"""The tuning database (targets/cpu/tuning.py) and `kiln tune` (compiler/tune.py): the database
 round-trips, is written atomically and ignored with a warning when bad; its knobs change the
 schedule; tuning a tiny model writes entries that the next compile uses, with unchanged logits."""
 
@@ -18,9 +18,8 @@ from tvm.relax.frontend import nn
 
 import kiln
 from kiln.targets import get_profile
-from kiln.targets.cpu import schedule_rules
-from kiln.targets.cpu_schedule import TUNED_ATTR, CPUKnobs
-from kiln.targets.tuning import TuneEntry, TuningDB, db_path, kernel_key, target_key, tuning_dir
+from kiln.targets.cpu.schedule import CPUKnobs
+from kiln.targets.cpu.tuning import TUNED_ATTR, TuneEntry, TuningDB, db_path, kernel_key, target_key, tuning_dir
 
 pytestmark = pytest.mark.compiler
 
@@ -58,7 +57,7 @@ def entry(knobs: CPUKnobs = KNOBS) -> TuneEntry:
 def schedule(func: tirx.PrimFunc, db: TuningDB) -> tirx.PrimFunc:
     profile = get_profile("cpu")
     with profile.tvm_target():
-        return dl.ApplyDefaultSchedule(*schedule_rules(profile, db.lookup))(tvm.IRModule({"main": func}))["main"]
+        return dl.ApplyDefaultSchedule(*profile.tuning_space().rules(db.lookup))(tvm.IRModule({"main": func}))["main"]
 
 
 def test_db_round_trips_and_looks_up_by_kernel(tmp_path, linear_func):
@@ -94,7 +93,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     def broken_dump(*_args, **_kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("kiln.targets.tuning.json.dump", broken_dump)
+    monkeypatch.setattr("kiln.targets.cpu.tuning.json.dump", broken_dump)
     db.entries["k2"] = entry()
     with pytest.raises(OSError, match="disk full"):
         db.save()

@@ -1,4 +1,4 @@
-"""kiln's CPU attention and RoPE kernels (targets/cpu_attention.py) against numpy references.
+"""kiln's CPU attention and RoPE kernels (targets/cpu/attention.py) against numpy references.
 
 Each kernel is compiled alone for the host and called the way TVM's paged KV cache calls it:
 ragged prefill (new tokens among themselves), paged prefill (new tokens against cached
@@ -14,7 +14,7 @@ import tvm
 from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
 
 from kiln.targets import get_profile
-from kiln.targets.cpu_attention import (
+from kiln.targets.cpu.attention import (
     attention_paged_cpu,
     attention_prefill_ragged_cpu,
     fast_exp2_kernel,

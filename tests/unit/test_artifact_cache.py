@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import kiln
 from kiln.targets import get_profile
-from kiln.targets.tuning import db_path
 
 
 def test_cache_key_follows_model_compiler_and_tuning(tiny_dirs, monkeypatch):
@@ -17,7 +16,7 @@ def test_cache_key_follows_model_compiler_and_tuning(tiny_dirs, monkeypatch):
     edited = kiln.ensure_artifact(model, quant="q0f32")
     assert edited != first and kiln.is_artifact(edited)
 
-    db = db_path(get_profile("cpu"))
+    db = get_profile("cpu").tuning_db_path()
     db.parent.mkdir(parents=True, exist_ok=True)
     try:
         db.write_text('{"version": 1, "kernels": {}}')

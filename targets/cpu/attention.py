@@ -3,7 +3,7 @@
 TVM 0.27's CPU kernels (``_attention_prefill_ragged_cpu``, ``_attention_prefill_cpu``,
 ``_attention_decode_cpu``) are scalar loops over one thread: they took 47% of a
 128-token SmolLM2 prefill and 40% of a decode step. These are drop-in replacements with
-the same signatures (compiler/passes/cpu_attention.py swaps them into the module):
+the same signatures (attention_pass.py swaps them into the module):
 
 * Work is split over threads by (kv head, block of query rows) for prefill and by
   (sequence, query head) for decode.

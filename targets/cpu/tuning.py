@@ -7,7 +7,8 @@ Where it lives::
 the same root as ``kiln.cache_dir()``; ``<hash>`` is 12 hex digits of the sha256 of the TVM
 target dict (kind, mcpu, mattr, mtriple, num-cores, ...), so a database is only ever applied to
 the target it was measured on.  ``kiln compile`` reads it through ``TuningDB.lookup`` (a
-``KnobLookup`` for the ``Tuned`` rules, targets/cpu_schedule.py); compiler/tune.py writes it.
+``KnobLookup`` for the ``Tuned`` rules below); compiler/tune.py writes it through
+``CPUTuning``, the CPU profile's tuning space.
 
 The format (version 1)::
 
@@ -32,19 +33,55 @@ import json
 import os
 import tempfile
 import warnings
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tvm_ffi
-from tvm import tirx
+import math
+from collections.abc import Callable
 
-from .cpu_schedule import TUNED_ATTR, CPUKnobs
-from .profile import TargetProfile
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from ..profile import TargetProfile
+from .low_batch_gemv import COPY_ATTR, GEMV_ATTR
+from .schedule import CPUKnobs, vector_lanes_for_target
 
 FORMAT_VERSION = 1
+TUNED_ATTR = "kiln.tuned_knobs"  # PrimFunc attr: the knobs a tuning database gave it ("tile_m=2,...")
+KnobLookup = Callable[[tirx.PrimFunc], "CPUKnobs | None"]  # per-function knobs, None = the rule's own
+
+
+def knobs_label(knobs: CPUKnobs) -> str:
+    """The tunable knobs as ``tile_m=2,tile_n=4,unroll_k=1`` (vector_lanes is the target's)."""
+    return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}"
+
+
+class Tuned(ScheduleRule):
+    """``rule`` with per-function knobs: where ``lookup(func)`` has knobs, ``type(rule)(knobs)``
+    schedules the function and marks it ``TUNED_ATTR``; elsewhere (or should those knobs not
+    schedule it) ``rule`` itself does.  The wrapped class must take the knobs as its one
+    constructor argument (Matmul, QuantMatmul and LowBatchGEMV do); vector_lanes stays the rule's."""
+
+    def __init__(self, rule: ScheduleRule, lookup: KnobLookup) -> None:
+        self.rule, self.lookup = rule, lookup
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        knobs = self.lookup(func) if isinstance(func, tirx.PrimFunc) else None
+        if knobs is not None:
+            knobs = dataclasses.replace(knobs, vector_lanes=self.rule.knobs.vector_lanes)
+            marked = func.with_attr(TUNED_ATTR, knobs_label(knobs))
+            sch = type(self.rule)(knobs).apply(marked, target, tunable)
+            if sch is not None:
+                return sch
+        return self.rule.apply(func, target, tunable)
+
+
 # Not part of a kernel's identity: names, schedule marks, and the name of a kernel's low-batch GEMV
-# copy (compiler/passes/low_batch_gemv.py), so keys do not depend on function names.
-_VOLATILE_ATTRS = ("global_symbol", "tirx.is_scheduled", TUNED_ATTR, "kiln.gemv_copy")
+# copy (low_batch_gemv.py), so keys do not depend on function names.
+_VOLATILE_ATTRS = ("global_symbol", "tirx.is_scheduled", TUNED_ATTR, COPY_ATTR)
 
 
 def tuning_dir() -> Path:
@@ -162,4 +199,57 @@ class TuningDB:
         return entry.knobs if entry is not None else None
 
 
-__all__ = ["FORMAT_VERSION", "TuneEntry", "TuningDB", "db_path", "kernel_key", "target_key", "tuning_dir"]
+# ----------------------------------------------------------------------------- the tuning space
+
+
+class CPUTuning:
+    """The CPU profile's tuning space (targets/profile.py TuningSpace): the matmul-like rules'
+    (tile_m, tile_n, unroll_k) per kernel, in the profile's tuning database."""
+
+    marker_attr = TUNED_ATTR
+
+    def __init__(self, profile: TargetProfile, rules: Callable[[TargetProfile], list],
+                 tunable: tuple[type, ...]) -> None:
+        self.profile, self._rules, self._tunable = profile, rules, tunable
+
+    def rules(self, lookup: KnobLookup | None = None) -> list:
+        """The CPU rules in order, the tunable ones wrapped in ``Tuned`` with ``lookup``'s knobs
+        (default: the database's)."""
+        lookup = lookup or self.database().lookup
+        return [Tuned(r, lookup) if isinstance(r, self._tunable) else r for r in self._rules(self.profile)]
+
+    def is_tunable(self, rule) -> bool:
+        return isinstance(rule, Tuned)
+
+    def default_knobs(self) -> CPUKnobs:
+        return CPUKnobs(vector_lanes=vector_lanes_for_target(self.profile.tvm_target()))
+
+    def candidates(self, default: CPUKnobs, rows_tile: bool = True) -> list[CPUKnobs]:
+        """(tile_m, tile_n, unroll_k) with <= 24 accumulators, nearest the defaults first; tile_m
+        stays the default's unless ``rows_tile`` (it only shapes calls over many rows)."""
+        grid = [dataclasses.replace(default, tile_m=m, tile_n=n, unroll_k=u)
+                for m in ((1, 2, 4, 8) if rows_tile else (default.tile_m,))
+                for n in (1, 2, 4, 8) for u in (1, 2, 4) if m * n <= 24]
+
+        def distance(k: CPUKnobs) -> float:
+            return sum(abs(math.log2(getattr(k, f) / getattr(default, f))) for f in ("tile_m", "tile_n", "unroll_k"))
+
+        return sorted((k for k in grid if k != default), key=distance)
+
+    def original_of(self, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+        """A ``kiln.gemv`` copy runs where its original is called (rows <= its bound)."""
+        return func.without_attr(GEMV_ATTR) if func.attrs is not None and GEMV_ATTR in func.attrs else None
+
+    def kernel_key(self, func: tirx.PrimFunc) -> str:
+        return kernel_key(func)
+
+    def database(self) -> TuningDB:
+        return TuningDB.for_profile(self.profile)
+
+    def entry(self, knobs: CPUKnobs, us: dict[int, float], default_us: dict[int, float], function: str) -> TuneEntry:
+        return TuneEntry(knobs, us.get(1), us.get(128), default_us.get(1), default_us.get(128),
+                         datetime.now(timezone.utc).isoformat(timespec="seconds"), function)
+
+
+__all__ = ["FORMAT_VERSION", "TUNED_ATTR", "CPUTuning", "KnobLookup", "TuneEntry", "Tuned", "TuningDB", "db_path",
+           "kernel_key", "knobs_label", "target_key", "tuning_dir"]

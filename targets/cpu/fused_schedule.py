@@ -1,13 +1,13 @@
-"""CPU schedule rules for the kernels kiln's own passes emit; tried before cpu_schedule's rules.
+"""CPU schedule rules for the kernels kiln's own passes emit; tried before schedule.py's rules.
 
 * ``AddRMSNorm``: the two-output ``y = x + r; n = rms_norm(y, w)`` kernel from
-  compiler/passes/fuse_add_rms_norm.py.  cpu_schedule's RowReduction cannot take it: its first
+  compiler/passes/fuse_add_rms_norm.py.  rowwise.py's RowReduction cannot take it: its first
   block writes an output (y), and ``compute_at`` refuses to move output blocks.  Here every block
   is instead moved *under* the first block's row loop (``reverse_compute_at``): one parallel loop
   over the rows; inside it the vectorised add, the sum of squares as 16 vector partial sums
   (rfactor), rsqrt once per row and the vectorised scale, the row staying in L1 throughout.
-* ``LowBatchGEMV``: the matmul copies compiler/passes/low_batch_gemv.py tagged
-  ``"kiln.gemv": R``, run only when the rows are <= R: cpu_schedule's Matmul with a one-row
+* ``LowBatchGEMV``: the matmul copies low_batch_gemv.py tagged
+  ``"kiln.gemv": R``, run only when the rows are <= R: schedule.py's Matmul with a one-row
   register tile over 6 weight rows (``gemv_knobs``; no row padding, no ``A[i] if i < m`` select in
   the inner loop), rows and column tiles one parallel loop, k vectorised.  Padding the rows to R
   and unrolling them (a 4x3 tile) measured slower than this at 1 and 4 rows.
@@ -23,11 +23,11 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
-from .cpu_schedule import CPUKnobs, KilnCPURule, Matmul
+from .low_batch_gemv import GEMV_ATTR
+from .schedule import CPUKnobs, KilnCPURule, Matmul
 
 logger = logging.getLogger(__name__)
 
-GEMV_ATTR = "kiln.gemv"  # PrimFunc attr set by compiler/passes/low_batch_gemv.py: the row bound R
 _REDUCE = tirx.IterVar.CommReduce
 
 
@@ -126,7 +126,7 @@ def _vectorize(sch: s_tir.Schedule, loop, lanes: int) -> None:
 
 
 class LowBatchGEMV(CPUScheduleRule):
-    """Matmuls tagged ``"kiln.gemv"``: cpu_schedule's Matmul with ``knobs`` (``gemv_knobs()``
+    """Matmuls tagged ``"kiln.gemv"``: schedule.py's Matmul with ``knobs`` (``gemv_knobs()``
     unless a tuning database gives others through ``Tuned``)."""
 
     def __init__(self, knobs: CPUKnobs | None = None) -> None:

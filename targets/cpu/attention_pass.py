@@ -5,7 +5,7 @@ named ``batch_prefill_ragged_kv`` (a prefill's new tokens among themselves),
 ``batch_prefill_paged_kv_cpu`` (new tokens against cached pages: chunked prefill, prefix-cache
 hits) and ``batch_decode_paged_kv_cpu`` (one token per sequence against its pages), and hands
 them to ``vm.builtin.paged_attention_kv_cache_create``. This pass replaces each of those
-PrimFuncs in place with targets/cpu_attention.py's kernel of the same signature, reading the
+PrimFuncs in place with attention.py's kernel of the same signature, reading the
 head counts, head dim, page size and dtype off the original's buffers, so the KV cache's
 runtime calls the new code without knowing.
 
@@ -29,7 +29,7 @@ from tvm.relax.expr_functor import PyExprVisitor, visitor
 from tvm.relax.frontend.nn.llm.kv_cache import RopeMode
 from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
 
-from kiln.targets.cpu_attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
+from .attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
 
 _CREATE = "vm.builtin.paged_attention_kv_cache_create"
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")

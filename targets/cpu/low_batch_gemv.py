@@ -107,7 +107,7 @@ def is_nt_matmul(func: tirx.PrimFunc) -> bool:
     if not all(r.region[-1].min.same_as(reduce_vars[0]) for r in (a, b)):
         return False
     # Both operands read straight from params: a dequantize prologue (quantized weights) is left
-    # to its own rule, which dispatches on the rows itself (targets/cpu_quant_schedule.py).
+    # to its own rule, which dispatches on the rows itself (quant_schedule.py).
     if not all(any(r.source.same_as(p) for p in func.params) for r in (a, b)):
         return False
     return _static(b.source.shape) and not _static(a.source.shape)

@@ -33,16 +33,15 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, get_index_map
 from tvm.target import Target
 
-from .cpu_schedule import CPUKnobs, normalize_matmul
+from .schedule import _STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, _static, normalize_matmul
 
 logger = logging.getLogger(__name__)
 
 _REDUCE = tirx.IterVar.CommReduce
-_STACK_BYTES = 1024      # accumulator tiles stay under LowerTVMBuiltin's stack limit (registers)
 
 
 def quant_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) -> list[ScheduleRule]:
-    """Rules to put before the float CPU rules (cpu_schedule.cpu_schedule_rules)."""
+    """Rules to put before the float CPU rules (schedule.cpu_schedule_rules)."""
     return [QuantMatmul(knobs or default_knobs(vector_lanes))]
 
 
@@ -52,18 +51,6 @@ def default_knobs(vector_lanes: int) -> CPUKnobs:
     if vector_lanes >= 16:
         return CPUKnobs(vector_lanes=vector_lanes, tile_m=2, tile_n=8)
     return CPUKnobs(vector_lanes=vector_lanes)
-
-
-def _static(extent) -> int | None:
-    return int(extent) if isinstance(extent, (int, tirx.IntImm)) else None
-
-
-def _largest_divisor(n: int, limit: int, ok=lambda d: True) -> int:
-    return next((d for d in range(min(limit, n), 0, -1) if n % d == 0 and ok(d)), 1)
-
-
-def _pow2_divisor(n: int, limit: int) -> int:
-    return _largest_divisor(n, limit, lambda d: d & (d - 1) == 0)
 
 
 class QuantMatmul(ScheduleRule):

@@ -16,7 +16,7 @@ after FuseTIR; each PrimFunc gets the first rule that matches:
   all inlined, outer loops fused and parallel, the innermost loop vectorised.
 
 ``Tuned(rule, lookup)`` gives a knob-taking rule (Matmul here; QuantMatmul, LowBatchGEMV) per-function
-knobs from a lookup (the target's tuning database, targets/tuning.py, written by ``kiln tune``) and
+knobs from a lookup (the target's tuning database, targets/cpu/tuning.py, written by ``kiln tune``) and
 marks each function scheduled that way with the attr ``kiln.tuned_knobs``.
 
 Functions already scheduled (attr ``tirx.is_scheduled``) or matched by no rule are left alone
@@ -25,14 +25,12 @@ Functions already scheduled (attr ``tirx.is_scheduled``) or matched by no rule a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import ir, s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers, get_index_map
@@ -85,6 +83,7 @@ def cpu_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) ->
     if knobs is not None and vector_lanes not in (16, knobs.vector_lanes):
         raise ValueError(f"vector_lanes={vector_lanes} conflicts with knobs.vector_lanes="
                          f"{knobs.vector_lanes}; set it in the knobs only")
+    from .rowwise import Elementwise, RowReduction
     knobs = knobs or CPUKnobs(vector_lanes=vector_lanes)
     return [Matmul(knobs), RowReduction(knobs), Elementwise(knobs)]
 
@@ -341,147 +340,4 @@ def _matmul_layout(block: s_tir.SBlock) -> str | None:
     return "nn" if isinstance(b_last, tirx.Var) and b_last.same_as(block.writes[0].region[-1].min) else None
 
 
-# ----------------------------------------------------------------------------- RowReduction
-
-
-class RowReduction(KilnCPURule):
-    """Reductions over the innermost axis of each row, with their spatial producers/consumers.
-
-    Matches when every reduction block is ``S..S R`` over a contiguously read last axis and all
-    blocks share the output's leading (row) loops.  Cheap spatial blocks are inlined; blocks
-    calling exp/rsqrt (softmax's exp, RMSNorm's per-row rsqrt) stay computed once per row.
-    """
-
-    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
-        infos = normalize_prim_func(sch)
-        if not infos or all(info.is_injective() for info in infos):
-            return None
-        kinds = [info.dom_kind() for info in infos]
-        if any("R" in kind and kind != "S" * (len(kind) - 1) + "R" for kind in kinds):
-            return None  # only S..S R reductions (one reduce axis, innermost)
-        lanes = self.knobs.vector_lanes
-        _inline_all(sch, keep=lambda b: _is_reduction(sch, b) or _has_expensive_call(sch.get(b).body))
-        blocks = _root_blocks(sch)
-        reductions = [b for b in blocks if _is_reduction(sch, b)]
-        rows = _row_rank(sch, blocks, reductions)
-        if rows is None or not all(_reads_row_contiguously(sch.get(b)) for b in reductions):
-            return None
-        # Vector partial sums first: rfactor wants the reduction alone in its loop nest.
-        rf_blocks = [rf for rf in (self._rfactor(sch, b, lanes) for b in reductions) if rf is not None]
-        blocks = _root_blocks(sch)
-        if rows:  # one parallel row loop holding every block (a single static row has none)
-            out_loops = sch.get_loops(blocks[-1])
-            row = sch.fuse(*out_loops[:rows]) if rows > 1 else out_loops[0]
-            sch.parallel(row)
-            for block in reversed(blocks[:-1]):
-                sch.compute_at(block, row, preserve_unit_loops=True)
-        for block in blocks:
-            inner = sch.get_loops(block)[1 if rows else 0:]  # the loops inside the row
-            if inner and not _is_reduction(sch, block):
-                _vectorize_inner(sch, sch.fuse(*inner) if len(inner) > 1 else inner[0], lanes)
-        for rf in rf_blocks:
-            if rows:  # compute_at put the lane loop outside k_outer: swap them
-                lane, *_, k_outer = sch.get_loops(rf)[1:]
-                sch.reorder(k_outer, lane)
-            else:
-                *_, k_outer, lane = sch.get_loops(rf)
-            sch.vectorize(lane)
-            init = sch.decompose_reduction(rf, k_outer)
-            sch.vectorize(sch.get_loops(init)[-1])
-        return sch
-
-    @staticmethod
-    def _rfactor(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) -> s_tir.SBlockRV | None:
-        """Split the row reduction into ``lanes`` vector partial sums; returns the rf block."""
-        extent = _static(get_extent(sch, sch.get_loops(block)[-1]))
-        if extent is None or extent % lanes or extent <= lanes:
-            return None
-        _, k_i = sch.split(sch.get_loops(block)[-1], [None, lanes])
-        try:
-            rf = sch.rfactor(k_i, factor_axis=len(sch.get(block).writes[0].region))
-        except RuntimeError:
-            return None  # a combiner rfactor does not know (argmax): stays a serial loop
-        return rf
-
-
-def _row_rank(sch: s_tir.Schedule, blocks: list, reductions: list) -> int | None:
-    """How many leading loops (the rows) every block shares with the output block; None if
-    a block does not cover the rows."""
-
-    def same(a, b) -> bool:
-        if isinstance(a, int) or isinstance(b, int):
-            return _static(a) == _static(b)
-        return tvm_ffi.structural_equal(a, b)
-
-    out_extents = [get_extent(sch, loop) for loop in sch.get_loops(blocks[-1])]
-    rows = min(len(sch.get(b).iter_vars) - 1 for b in reductions)  # all S..S R after normalising
-    rows = max(0, min(rows, len(out_extents) - 1))
-    for block in blocks:
-        extents = [get_extent(sch, loop) for loop in sch.get_loops(block)][:rows]
-        if len(extents) < rows or not all(map(same, extents, out_extents)):
-            return None
-    return rows
-
-
-def _reads_row_contiguously(block: s_tir.SBlock) -> bool:
-    """Every read that depends on the reduce var indexes it in its last dimension."""
-    k = next(iv.var for iv in block.iter_vars if iv.iter_type == _REDUCE)
-    for read in block.reads:
-        uses = any(v.same_as(k) for r in read.region for v in tirx.analysis.undefined_vars(r.min))
-        if uses and not read.region[-1].min.same_as(k):
-            return False
-    return True
-
-
-# ----------------------------------------------------------------------------- Elementwise
-
-
-class Elementwise(KilnCPURule):
-    """All-spatial functions: everything inlined, then parallel + vectorised per output.
-
-    Matches residual adds, silu * mul, rotary, casts, reshapes and take (embedding gather).
-    """
-
-    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
-        infos = normalize_prim_func(sch)
-        if not infos or not all(info.is_injective() for info in infos):
-            return None
-        _inline_all(sch)
-        for block in _root_blocks(sch):
-            _schedule_spatial_block(sch, block, self.knobs.vector_lanes)
-        return sch
-
-
-# ----------------------------------------------------------------------------- Tuned knobs
-
-TUNED_ATTR = "kiln.tuned_knobs"  # PrimFunc attr: the knobs a tuning database gave it ("tile_m=2,...")
-KnobLookup = Callable[[tirx.PrimFunc], "CPUKnobs | None"]  # per-function knobs, None = the rule's own
-
-
-def knobs_label(knobs: CPUKnobs) -> str:
-    """The tunable knobs as ``tile_m=2,tile_n=4,unroll_k=1`` (vector_lanes is the target's)."""
-    return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}"
-
-
-class Tuned(ScheduleRule):
-    """``rule`` with per-function knobs: where ``lookup(func)`` has knobs, ``type(rule)(knobs)``
-    schedules the function and marks it ``TUNED_ATTR``; elsewhere (or should those knobs not
-    schedule it) ``rule`` itself does.  The wrapped class must take the knobs as its one
-    constructor argument (Matmul, QuantMatmul and LowBatchGEMV do); vector_lanes stays the rule's."""
-
-    def __init__(self, rule: ScheduleRule, lookup: KnobLookup) -> None:
-        self.rule, self.lookup = rule, lookup
-
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        knobs = self.lookup(func) if isinstance(func, tirx.PrimFunc) else None
-        if knobs is not None:
-            knobs = dataclasses.replace(knobs, vector_lanes=self.rule.knobs.vector_lanes)
-            marked = func.with_attr(TUNED_ATTR, knobs_label(knobs))
-            sch = type(self.rule)(knobs).apply(marked, target, tunable)
-            if sch is not None:
-                return sch
-        return self.rule.apply(func, target, tunable)
-
-
-__all__ = ["CPUKnobs", "Elementwise", "KnobLookup", "Matmul", "RowReduction", "TUNED_ATTR", "Tuned",
-           "cpu_schedule_rules", "knobs_label", "vector_lanes_for_target"]
+__all__ = ["CPUKnobs", "KilnCPURule", "Matmul", "cpu_schedule_rules", "normalize_matmul", "vector_lanes_for_target"]

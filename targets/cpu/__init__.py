@@ -1,0 +1,85 @@
+"""CPUs through LLVM: this host (x86-64 or AArch64) and cross-compiled Android AArch64.
+
+Everything CPU-specific lives in this folder: the profile (below), the schedule rules
+(schedule.py, rowwise.py, quant_schedule.py, fused_schedule.py), the paged-attention and RoPE
+kernels (attention.py) and the pass that swaps them into TVM's KV cache (attention_pass.py),
+FastSiLU (fast_silu.py), the low-batch GEMV copies (low_batch_gemv.py), and the tuning space
+and database `kiln tune` fills (tuning.py).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import tvm
+
+from ..profile import TargetProfile
+
+# These machines list AMX in /proc/cpuinfo but fault on AMX instructions (SIGILL at tileloadd):
+# never let LLVM pick AMX, whatever -mcpu says.
+NO_AMX = ["-amx-tile", "-amx-int8", "-amx-bf16", "-amx-fp16", "-amx-complex"]
+LOW_BATCH_ROWS = 4          # matmuls over <= this many rows take their GEMV copy (low_batch_gemv.py)
+
+
+def _phase_passes(profile: TargetProfile, phase: str) -> list:
+    """The CPU's additions to each pipeline phase (compiler/pipeline.py says where they run)."""
+    from .attention_pass import UseKilnCPUAttention
+    from .fast_silu import FastSiLU
+    from .low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
+    if phase == "graph":
+        # float32 SiLU with a polynomial exp (LLVM scalarises vector exp into libm calls).
+        return [FastSiLU()]
+    if phase == "legalize":
+        # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; folded in at lower).
+        return [LowBatchGEMV(max_rows=LOW_BATCH_ROWS)]
+    if phase == "schedule":
+        from tvm.s_tir import dlight as dl
+        # The KV cache's attention kernels: TVM's scalar loops out, kiln's vectorised ones in;
+        # then every kernel gets the first CPU rule that matches (tuned knobs where the database has them).
+        return [UseKilnCPUAttention(), dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
+    if phase == "lower":
+        # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.
+        return [DispatchLowBatchGEMV()]
+    return []
+
+
+def schedule_rules(profile: TargetProfile) -> list:
+    """The CPU rules in order, before tuning wraps the knob-taking ones (see tuning.CPUTuning)."""
+    from .fused_schedule import cpu_fused_schedule_rules  # kernels kiln's own passes emit
+    from .quant_schedule import quant_schedule_rules
+    from .schedule import cpu_schedule_rules, vector_lanes_for_target
+    lanes = vector_lanes_for_target(profile.tvm_target())      # the target's, not the host's (android)
+    # QuantMatmul first: dequantize-matmuls (it branches on the rows itself: a one-row GEMV that
+    # inlines the dequantize, more rows dequantize each W tile once; LowBatchGEMV copies none).
+    return [*quant_schedule_rules(vector_lanes=lanes), *cpu_fused_schedule_rules(vector_lanes=lanes),
+            *cpu_schedule_rules(vector_lanes=lanes)]
+
+
+def _tuning(profile: TargetProfile):
+    from .fused_schedule import LowBatchGEMV
+    from .quant_schedule import QuantMatmul
+    from .schedule import Matmul
+    from .tuning import CPUTuning
+    return CPUTuning(profile, schedule_rules, tunable=(Matmul, QuantMatmul, LowBatchGEMV))
+
+
+def _cpu(name: str, target: dict, export_format: str, runnable_here: bool, description: str) -> TargetProfile:
+    # q4f32: float32 compute is as fast as f16 on CPUs without f16 arithmetic, and exact-er.
+    return TargetProfile(name=name, target=target, device="cpu", export_format=export_format,
+                         runnable_here=runnable_here, default_quant="q4f32", phase_passes=_phase_passes,
+                         tuning=_tuning, description=description)
+
+
+def cpu_profile(num_cores: int | None = None) -> TargetProfile:
+    mcpu = tvm.target.codegen.llvm_get_system_cpu()
+    target = {"kind": "llvm", "mcpu": mcpu, "num-cores": num_cores or os.cpu_count() or 1}
+    if platform.machine() in ("x86_64", "AMD64"):
+        target["mattr"] = list(NO_AMX)
+    return _cpu("cpu", target, "so", True, f"this machine's CPU ({mcpu}, LLVM)")
+
+
+def android_profile() -> TargetProfile:
+    """AArch64 Android phones: LLVM cross-compile, packed as a static .tar for the app build."""
+    target = {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": ["+neon"], "num-cores": 4}
+    return _cpu("android", target, "tar", False, "Android AArch64 CPU (static library for the app build)")
