@@ -62,10 +62,11 @@ class Exported:
 def export_model(opts: CompileOptions, progress: Progress | None = None) -> Exported:
     """Load, quantize (swap in quantized modules) and export the model for opts.target."""
     report = progress or (lambda *_: None)
+    profile = get_profile(opts.target)
+    profile.check_toolchain(profile)
     report("load", 0, 1)
     source = models.load(opts.model)
     arch, config, model = models.build(source)
-    profile = get_profile(opts.target)
     scheme = get_scheme(opts.quant, source.format, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config))   # swaps in quantized modules
     report("load", 1, 1)

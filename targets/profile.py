@@ -21,6 +21,10 @@ PHASES = ("graph", "legalize", "schedule", "lower", "finalize")
 EXPORT_FORMATS = ("so", "tar", "dylib", "wasm")
 
 
+class ToolchainError(ValueError):
+    """A host tool that a target's build needs is missing; the message names the fix."""
+
+
 class TuningSpace(Protocol):
     """What `kiln tune` (compiler/tune.py) searches for a target: schedule knobs per kernel,
     measured on the device itself, stored in a per-target database that compiles then read."""
@@ -62,6 +66,8 @@ class TargetProfile:
     prefill_chunk: int = 2048       # most tokens one prefill call takes
     phase_passes: Callable[["TargetProfile", str], list] = field(default=lambda p, phase: [], compare=False)
     tuning: Callable[["TargetProfile"], TuningSpace] | None = field(default=None, compare=False)
+    # Raises, in one line naming the fix, when a host tool the build needs is missing.
+    check_toolchain: Callable[["TargetProfile"], None] = field(default=lambda p: None, compare=False)
     description: str = ""
 
     def __post_init__(self) -> None:

@@ -1,19 +1,53 @@
 """AMD GPUs through TVM's ROCm (AMDGPU LLVM) codegen, scheduled with the shared GPU rules.
 
-The code object is linked with ld.lld (Debian: `apt-get install lld`); the artifact runs where
-TVM's ROCm runtime and a ROCm driver are (its runtime device kind is "rocm").
+Building needs two host tools besides TVM: an ld.lld as new as TVM's LLVM (22 for apache-tvm
+0.27; older ones reject its code objects with "unknown abi version") to link the code object,
+and ROCm's device libraries (ocml.bc, ...) to link math functions. Both come from a ROCm install
+($ROCM_PATH or /opt/rocm) or from Debian: `apt-get install lld-22 rocm-device-libs`.
+The artifact runs where TVM's ROCm runtime and a ROCm driver are (runtime device "rocm").
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+from pathlib import Path
+
 from .gpu import gpu_phase_passes
-from .profile import TargetProfile
+from .profile import TargetProfile, ToolchainError
 
 # Per architecture: wavefront size TVM's kernels assume, shared memory (LDS) per workgroup, what it is.
 _ARCHS = {
     "gfx942": (64, 65536, "AMD Instinct MI300 (CDNA 3)"),
     "gfx1100": (32, 65536, "AMD Radeon RX 7900 (RDNA 3)"),
 }
+_FIX = "install ROCm (or set ROCM_PATH), or on Debian: apt-get install lld-22 rocm-device-libs"
+
+
+def device_library_dir() -> Path | None:
+    """The folder holding ROCm's device bitcode (ocml.bc, ...), or None."""
+    roots = [os.environ.get("ROCM_PATH", ""), "/opt/rocm", *glob.glob("/usr/lib/*-linux-gnu")]
+    return next((Path(r) / "amdgcn" / "bitcode" for r in roots
+                 if r and (Path(r) / "amdgcn" / "bitcode" / "ocml.bc").is_file()), None)
+
+
+def _check_toolchain(profile: TargetProfile) -> None:
+    """Fail before the compile, in one line, when a tool the ROCm build needs is missing."""
+    import tvm
+    import tvm_ffi
+    import tvm.support.rocm as rocm_support          # registers TVM's own bitcode-path callback
+    major = tvm.target.codegen.llvm_version_major()
+    if not any(shutil.which(f"ld.lld-{major}{v}") for v in ("", ".0")) and \
+            not shutil.which(f"{os.environ.get('ROCM_PATH', '/opt/rocm')}/llvm/bin/ld.lld"):
+        raise ToolchainError(f"--target {profile.name} links with ld.lld-{major} (TVM's LLVM {major}), "
+                           f"which is not installed: {_FIX}")
+    bitcode = device_library_dir()
+    if bitcode is None:
+        raise ToolchainError(f"--target {profile.name} needs ROCm's device libraries (ocml.bc), not found: {_FIX}")
+    tvm_ffi.register_global_func("tvm_callback_rocm_bitcode_path",
+                                 lambda rocdl_dir=None: rocm_support.callback_rocm_bitcode_path(str(bitcode)),
+                                 override=True)
 
 
 def rocm_profile(arch: str) -> TargetProfile:
@@ -25,4 +59,4 @@ def rocm_profile(arch: str) -> TargetProfile:
               "host": {"kind": "llvm"}}
     return TargetProfile(name=f"rocm-{arch}", target=target, device="rocm", export_format="so",
                          runnable_here=False, default_quant="q4f16", phase_passes=gpu_phase_passes,
-                         description=f"{what}, {arch}")
+                         check_toolchain=_check_toolchain, description=f"{what}, {arch}")
