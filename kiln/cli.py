@@ -64,8 +64,11 @@ def main() -> None:
 
 @main.command("compile")
 @click.argument("model")
-@click.option("--target", default="cpu", show_default=True, help="cpu, cuda, cuda-sm90, android, ...")
-@click.option("--quant", default="auto", show_default=True, help="auto (as-stored for GGUF, q4f32 for HF on CPU), q0f32, q0f16, q4f32, q4f16, q8f32, as-stored")
+@click.option("--target", default="cpu", show_default=True,
+              help="cpu, cuda[-sm80|-sm86|-sm89|-sm90], rocm[-gfx942|-gfx1100], android")
+@click.option("--quant", default="auto", show_default=True,
+              help="auto (as-stored for GGUF; for HF weights the target's default: q4f32 on CPUs, q4f16 on GPUs), "
+                   "q0f32, q0f16, q4f32, q4f16, q8f32, as-stored")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="artifact dir [dist/<model>-<quant>-<target>]")
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="write the IR after each pipeline phase here")
 @click.option("--context-window", type=int, help="cap the context window (KV memory)")
