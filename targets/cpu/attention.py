@@ -117,6 +117,8 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
         batch_size = T.int32()
         qo_len = T.int32()
         kv_len = T.int32()
+        output = T.match_buffer(var_output, (qo_len, h_q, d), dtype)
+        lse = T.match_buffer(var_lse, (qo_len, h_q), "float32")
         q_indptr_elem_offset = T.int32()
         kv_indptr_elem_offset = T.int32()
         q_rope_position_elem_offset = T.int32()
@@ -130,8 +132,6 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                                          elem_offset=q_rope_position_elem_offset)
         k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
                                            elem_offset=k_rope_pos_offset_elem_offset)
-        output = T.match_buffer(var_output, (qo_len, h_q, d), dtype)
-        lse = T.match_buffer(var_lse, (qo_len, h_q), "float32")
         assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
 
         for b in T.serial(batch_size):
@@ -296,6 +296,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         ):
             T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
             batch_size = T.int32()
+            output = T.match_buffer(var_output, (batch_size, h_q, d), dtype)
+            lse = T.match_buffer(var_lse, (batch_size, h_q), "float32")
             nnz_pages = T.int32()
             max_num_pages = T.int32()
             page_indptr_elem_offset = T.int32()
@@ -313,8 +315,6 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                                                elem_offset=k_rope_pos_offset_elem_offset)
             q_rope_position = T.match_buffer(var_q_rope_position, (batch_size,), "int32",
                                              elem_offset=q_rope_position_elem_offset)
-            output = T.match_buffer(var_output, (batch_size, h_q, d), dtype)
-            lse = T.match_buffer(var_lse, (batch_size, h_q), "float32")
             assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
             for task in T.parallel(batch_size * h_q):
                 q_first: T.int32 = task // h_q

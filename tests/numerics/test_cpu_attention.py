@@ -161,7 +161,7 @@ def test_rotary_split_matches_hf_rotate_half_and_tvm():
     profile = get_profile("cpu")
     tvm_kernel = tvm.IRModule({"main": llama_rope_with_position_map(theta, 1.0, d, h_q, h_kv, "float32", {}, d)})
     with profile.tvm_target():
-        tvm_kernel = tvm.transform.Sequential(profile.schedule_passes())(tvm_kernel)
+        tvm_kernel = tvm.transform.Sequential(profile.passes("schedule"))(tvm_kernel)
     for kernel in (split_rotary_cpu(theta, 1.0, d, h_q, h_kv, "float32"), tvm_kernel["main"]):
         outs = [_t(np.zeros((n, h, d), "float32")) for h in (h_q, h_kv, h_kv)]
         _build(kernel)(_t(qkv), _t(pos), *outs, 1)
