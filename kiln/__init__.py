@@ -57,12 +57,14 @@ def compiler_fingerprint() -> str:
 
     import kiln.compiler
     import kiln.models
+    import kiln.runtime.contract
     import kiln.targets
     digest = hashlib.sha256(f"{__version__}|{tvm.__version__}".encode())
     for package in (kiln.compiler, kiln.models, kiln.targets):
         root = Path(package.__file__).resolve().parent
         for f in sorted(root.rglob("*.py")):
             digest.update(f"{package.__name__}/{f.relative_to(root).as_posix()}".encode() + f.read_bytes())
+    digest.update(Path(kiln.runtime.contract.__file__).read_bytes())      # the artifact format itself
     return digest.hexdigest()[:16]
 
 
