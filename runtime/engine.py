@@ -26,7 +26,8 @@ from .prefix_cache import PrefixCache
 from .protocol import GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
 from .sampler import Sampler
-from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
+from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from .sequence import SeqStatus, Sequence
 from .tokenizer import Tokenizer
 
 Prompt = str | Seq[int]
@@ -127,7 +128,7 @@ class Engine:
         if self._requests.pop(request.seq_id, None) is None:
             return
         request.abort()
-        was_in_kv = request.seq.num_computed > 0 or request.seq.status.name == "RUNNING"
+        was_in_kv = request.seq.num_computed > 0 or request.seq.status is SeqStatus.RUNNING
         self.scheduler.abort(request.seq_id)
         if was_in_kv:
             self.runner.remove_sequence(request.seq_id)

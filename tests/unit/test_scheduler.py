@@ -16,8 +16,8 @@ import pytest
 
 from kiln.runtime.kv_pages import PageAccountant
 from kiln.runtime.prefix_cache import PrefixCache
-from kiln.runtime.scheduler import (ScheduledBatch, Scheduler, SchedulerConfig, Sequence,
-                                    SeqStatus)
+from kiln.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from kiln.runtime.sequence import SeqStatus, Sequence
 
 pytestmark = pytest.mark.unit
 
