@@ -23,7 +23,7 @@ from .artifact import Artifact
 from .kv_pages import PageAccountant
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
-from .protocol import GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
+from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
 from .sampler import Sampler
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -136,6 +136,11 @@ class Engine:
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    def stats(self) -> EngineStats:
+        """Running and waiting sequences, KV pages, prefix-cache hits, now. Safe to call from
+        another thread while step() runs (the server's /metrics does): see Scheduler.stats."""
+        return self.scheduler.stats()
 
     # -- the synchronous API (runs step() until its requests finish) -------------------
     def generate(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None):

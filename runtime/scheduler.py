@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .kv_pages import PageAccountant
 from .prefix_cache import PrefixCache
+from .protocol import EngineStats
 from .sequence import SeqStatus, Sequence
 
 
@@ -101,6 +102,21 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def stats(self) -> EngineStats:
+        """Queue lengths, KV pages and prefix-cache counters now (Engine.stats, for metrics).
+
+        May be called from another thread while the engine steps: each count is one read
+        (len(), or a copy made in C), so a concurrent step skews one reading, never raises.
+        """
+        cache = self.prefix_cache
+        cached = frozenset(cache.seq_ids()) if cache is not None else frozenset()
+        used, cached_pages, free = self.pages.split_usage(cached)
+        return EngineStats(running=len(self.running), waiting=len(self.waiting), kv_pages_used=used,
+                           kv_pages_cached=cached_pages, kv_pages_free=free, kv_pages_total=self.pages.total_pages,
+                           kv_page_size=self.pages.page_size, prefix_cache_seqs=len(cached),
+                           prefix_cache_hit_tokens=cache.hit_tokens if cache is not None else 0,
+                           prefix_cache_queried_tokens=cache.queried_tokens if cache is not None else 0)
 
     def fits(self, num_tokens: int) -> bool:
         """Could a sequence of num_tokens ever be held, with the whole KV cache to itself?"""
