@@ -38,13 +38,21 @@ class RequestHandle:
         loop = asyncio.get_running_loop()
         return cls(loop, loop.create_future(), asyncio.Queue())
 
-    def resolve(self, error: Exception | None) -> None:
-        """From the engine thread: the AddRequest was applied (None) or refused (error)."""
-        self.loop.call_soon_threadsafe(_resolve, self.accepted, error)
+    def resolve(self, error: Exception | None) -> bool:
+        """From the engine thread: the AddRequest was applied (None) or refused (error).
+        False when the caller's event loop is closed: nobody is listening any more."""
+        return self._call(_resolve, self.accepted, error)
 
-    def send(self, delta: StreamDelta) -> None:
-        """From the engine thread: one more delta for the caller."""
-        self.loop.call_soon_threadsafe(self.deltas.put_nowait, delta)
+    def send(self, delta: StreamDelta) -> bool:
+        """From the engine thread: one more delta for the caller (False: the caller is gone)."""
+        return self._call(self.deltas.put_nowait, delta)
+
+    def _call(self, fn, *args) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:                  # the loop is closed; the engine thread must go on
+            return False
 
 
 class AsyncEngine:
@@ -122,7 +130,8 @@ class AsyncEngine:
             return
         for r in handle.requests:
             self._handles[id(r)] = handle
-        handle.resolve(None)
+        if not handle.resolve(None):
+            self._abort(handle)
 
     def _abort(self, handle: RequestHandle) -> None:
         for r in handle.requests:
@@ -135,7 +144,8 @@ class AsyncEngine:
             return
         if request.finished:
             self._handles.pop(id(request), None)
-        handle.send(delta)
+        if not handle.send(delta):
+            self._abort(handle)
 
     def _fail_all(self, error: Exception) -> None:
         for handle in {id(h): h for h in self._handles.values()}.values():
