@@ -228,11 +228,33 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
           no_prefix_cache) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
-    from kiln.runtime.server import ServerArgs, serve as run_server
+    server = _server_module()                 # before any compile: without the serve extra, say so now
     path = model if kiln.is_artifact(model) else _compiled(model)
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
                                max_total_tokens=max_total_tokens, enable_prefix_cache=not no_prefix_cache)
-    run_server(path, ServerArgs(host=host, port=port, api_key=api_key, model_name=model_name, engine=engine))
+    server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=model_name,
+                                         engine=engine))
+
+
+# What `pip install "kiln[serve]"` brings that the server cannot start without (xgrammar is only
+# needed by response_format requests, which are answered with a 400 without it).
+_SERVE_EXTRA = ("fastapi", "uvicorn", "prometheus_client")
+_SERVE_MODULES = {*_SERVE_EXTRA, "starlette", "pydantic"}
+
+
+def _server_module():
+    """kiln.runtime.server; exits with one line naming the fix when the `serve` extra is missing."""
+    import importlib
+    try:
+        for name in _SERVE_EXTRA:
+            importlib.import_module(name)
+        return importlib.import_module("kiln.runtime.server")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in _SERVE_MODULES:
+            raise
+        click.echo(f"error: `kiln serve` needs the serve extra ({e.name} is not installed): "
+                   f'pip install "kiln[serve]"', err=True)
+        sys.exit(1)
 
 
 def _compiled(model: str) -> Path:

@@ -9,7 +9,7 @@ from importlib import import_module as _import_module
 
 _EXPORTS = {
     "Artifact": "artifact", "ArtifactError": "contract", "is_artifact": "artifact",
-    "Engine": "engine", "EngineConfig": "engine",
+    "Engine": "engine", "EngineConfig": "engine", "EngineStats": "protocol",
     "GenerationOutput": "protocol", "InvalidRequestError": "protocol", "SamplingParams": "protocol",
     "StreamDelta": "protocol",
 }

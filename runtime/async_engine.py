@@ -1,9 +1,9 @@
 """AsyncEngine: one background thread runs Engine.step(); callers await their deltas.
 
-The engine's state is touched only by the loop thread: add and abort arrive
-through a command queue and are applied between steps. Each request's deltas
-go to an asyncio.Queue on the caller's event loop. A caller that stops
-iterating (a client disconnect cancels the task) aborts its request, which
+The engine's state is touched only by the loop thread: callers put typed commands
+(protocol.AddRequest / AbortRequest) on a queue, applied between steps. Each call's
+deltas go to an asyncio.Queue on the caller's event loop (its RequestHandle). A caller
+that stops iterating (a client disconnect cancels the task) aborts its request, which
 frees its KV pages.
 """
 
@@ -12,32 +12,54 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from .engine import Engine, Prompt
-from .protocol import SamplingParams, StreamDelta
+from .protocol import AbortRequest, AddRequest, EngineCommand, SamplingParams, StreamDelta
 from .request import Request
 
 
-@dataclass
-class _Handle:
-    """The caller's side of one add_request: its output streams and where their deltas go."""
+@dataclass(eq=False)
+class RequestHandle:
+    """The caller's side of one AddRequest: where the engine thread answers and sends deltas.
+
+    Created on the caller's event loop; the engine thread reaches it only through
+    loop.call_soon_threadsafe (and sets ``requests`` before resolving ``accepted``).
+    """
 
     loop: asyncio.AbstractEventLoop
-    deltas: asyncio.Queue
+    accepted: asyncio.Future                 # None once queued; the InvalidRequestError that refused it
+    deltas: asyncio.Queue                    # StreamDeltas of every output stream, in order
     requests: list[Request] = field(default_factory=list)
-    arrival: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
+
+    @classmethod
+    def on_running_loop(cls) -> "RequestHandle":
+        loop = asyncio.get_running_loop()
+        return cls(loop, loop.create_future(), asyncio.Queue())
+
+    def resolve(self, error: Exception | None) -> bool:
+        """From the engine thread: the AddRequest was applied (None) or refused (error).
+        False when the caller's event loop is closed: nobody is listening any more."""
+        return self._call(_resolve, self.accepted, error)
+
+    def send(self, delta: StreamDelta) -> bool:
+        """From the engine thread: one more delta for the caller (False: the caller is gone)."""
+        return self._call(self.deltas.put_nowait, delta)
+
+    def _call(self, fn, *args) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:                  # the loop is closed; the engine thread must go on
+            return False
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, on_step: Callable[["AsyncEngine", list], None] | None = None):
+    def __init__(self, engine: Engine):
         self.engine = engine
-        self.on_step = on_step                 # metrics hook: (self, [(request, delta)]) after each step
-        self._commands: queue.Queue = queue.Queue()
-        self._handles: dict[int, _Handle] = {}  # id(request) -> handle
+        self._commands: queue.Queue[EngineCommand] = queue.Queue()
+        self._handles: dict[int, RequestHandle] = {}  # id(request) -> handle; the loop thread's alone
         self._wake = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
@@ -46,20 +68,20 @@ class AsyncEngine:
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
                        priority: int = 0) -> AsyncIterator[StreamDelta]:
         """Yield this prompt's deltas (params.n streams interleaved, told apart by delta.index)."""
-        handle = _Handle(asyncio.get_running_loop(), asyncio.Queue())
-        done = asyncio.get_running_loop().create_future()
-        self._submit(("add", prompt, params, priority, handle, done))
-        await done                            # raises InvalidRequestError for bad input
-        remaining = len(handle.requests)
+        handle = RequestHandle.on_running_loop()
+        self._submit(AddRequest(prompt, params, priority, handle))
+        remaining = -1                        # unknown until the engine thread has queued it
         try:
+            await handle.accepted             # raises InvalidRequestError for bad input
+            remaining = len(handle.requests)
             while remaining:
                 delta = await handle.deltas.get()
                 if delta.finish_reason is not None:
                     remaining -= 1
                 yield delta
         finally:
-            if remaining:
-                self._submit(("abort", handle))
+            if remaining:                     # the caller left early (even before the add was applied)
+                self._submit(AbortRequest(handle))
 
     def stop(self) -> None:
         self._stopped = True
@@ -67,7 +89,7 @@ class AsyncEngine:
         self._thread.join(timeout=10)
 
     # -- the loop thread ----------------------------------------------------------------
-    def _submit(self, command: tuple) -> None:
+    def _submit(self, command: EngineCommand) -> None:
         self._commands.put(command)
         self._wake.set()
 
@@ -85,8 +107,6 @@ class AsyncEngine:
                 continue
             for request, delta in out:
                 self._deliver(request, delta)
-            if self.on_step:
-                self.on_step(self, out)
 
     def _apply_commands(self) -> None:
         while True:
@@ -94,37 +114,44 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "add":
-                _, prompt, params, priority, handle, done = command
-                try:
-                    handle.requests = self.engine.add_request(prompt, params, priority=priority)
-                    for r in handle.requests:
-                        self._handles[id(r)] = handle
-                    handle.loop.call_soon_threadsafe(_resolve, done, None)
-                except Exception as e:
-                    handle.loop.call_soon_threadsafe(_resolve, done, e)
+            if isinstance(command, AddRequest):
+                self._add(command)
+            elif isinstance(command, AbortRequest):
+                self._abort(command.handle)
             else:
-                handle = command[1]
-                for r in handle.requests:
-                    self._handles.pop(id(r), None)
-                    self.engine.abort(r)
+                raise TypeError(f"unknown engine command {command!r}")
+
+    def _add(self, command: AddRequest) -> None:
+        handle = command.handle
+        try:
+            handle.requests = self.engine.add_request(command.prompt, command.params, priority=command.priority)
+        except Exception as e:
+            handle.resolve(e)
+            return
+        for r in handle.requests:
+            self._handles[id(r)] = handle
+        if not handle.resolve(None):
+            self._abort(handle)
+
+    def _abort(self, handle: RequestHandle) -> None:
+        for r in handle.requests:
+            self._handles.pop(id(r), None)
+            self.engine.abort(r)
 
     def _deliver(self, request: Request, delta: StreamDelta) -> None:
         handle = self._handles.get(id(request))
         if handle is None:
             return
-        if handle.first_token_at is None:
-            handle.first_token_at = time.monotonic()
         if request.finished:
             self._handles.pop(id(request), None)
-        handle.loop.call_soon_threadsafe(handle.deltas.put_nowait, delta)
+        if not handle.send(delta):
+            self._abort(handle)
 
     def _fail_all(self, error: Exception) -> None:
         for handle in {id(h): h for h in self._handles.values()}.values():
             for r in handle.requests:
                 self.engine.abort(r)
-                handle.loop.call_soon_threadsafe(handle.deltas.put_nowait,
-                                                 StreamDelta(r.index, "", [], "error"))
+                handle.send(StreamDelta(r.index, "", [], "error"))
         self._handles.clear()
 
     @property

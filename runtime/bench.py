@@ -17,8 +17,9 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import tvm
-from tvm import relax
+
+from ._tvm import tvm
+from tvm.runtime.vm import VMInstrumentReturnKind
 
 from .model_runner import ModelRunner
 
@@ -159,7 +160,7 @@ class _CallTimer:
             self.calls[symbol] += 1
             if self._open:
                 self._open[-1][1] += now - start
-        return int(relax.VMInstrumentReturnKind.NO_OP)
+        return int(VMInstrumentReturnKind.NO_OP)
 
     def take(self) -> tuple[Counter, Counter]:
         """(seconds, calls) by symbol recorded since the last take; resets."""

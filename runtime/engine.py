@@ -23,10 +23,11 @@ from .artifact import Artifact
 from .kv_pages import PageAccountant
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
-from .protocol import GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
+from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
 from .sampler import Sampler
-from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig, Sequence
+from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from .sequence import SeqStatus, Sequence
 from .tokenizer import Tokenizer
 
 Prompt = str | Seq[int]
@@ -127,7 +128,7 @@ class Engine:
         if self._requests.pop(request.seq_id, None) is None:
             return
         request.abort()
-        was_in_kv = request.seq.num_computed > 0 or request.seq.status.name == "RUNNING"
+        was_in_kv = request.seq.num_computed > 0 or request.seq.status is SeqStatus.RUNNING
         self.scheduler.abort(request.seq_id)
         if was_in_kv:
             self.runner.remove_sequence(request.seq_id)
@@ -135,6 +136,11 @@ class Engine:
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    def stats(self) -> EngineStats:
+        """Running and waiting sequences, KV pages, prefix-cache hits, now. Safe to call from
+        another thread while step() runs (the server's /metrics does): see Scheduler.stats."""
+        return self.scheduler.stats()
 
     # -- the synchronous API (runs step() until its requests finish) -------------------
     def generate(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None):

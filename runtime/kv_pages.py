@@ -14,9 +14,14 @@ page returns to the free list when the last sequence holding it is freed.
 Each sequence holds exactly pages_needed(num_tokens) pages, in token order.
 Misuse (unknown or duplicate ids, allocating past capacity) is a programming
 error in the caller and raises KeyError / RuntimeError.
+
+Only the engine thread changes an accountant; the read-only queries free_pages,
+used_pages and split_usage may also be asked from another thread (metrics).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 
 class PageAccountant:
@@ -61,6 +66,23 @@ class PageAccountant:
 
     def seq_ids(self) -> list[int]:
         return list(self._pages)
+
+    def split_usage(self, cached: Collection[int]) -> tuple[int, int, int]:
+        """(pages held by sequences outside `cached`, pages held only by `cached` ones, free pages).
+
+        Shared pages count once, as the first kind when any outside sequence holds them; the
+        three add up to total_pages. Safe from another thread while the engine thread changes
+        the accountant: it reads one copy of the table (list() of a dict with int keys runs in C
+        without releasing the GIL), so a concurrent change skews one reading, never raises.
+        """
+        live: set[int] = set()
+        for seq_id, pages in list(self._pages.items()):
+            if seq_id not in cached:
+                live.update(pages)
+        free = len(self._free_ids)
+        held = self.total_pages - free
+        used = min(len(live), held)
+        return used, held - used, free
 
     # -- decisions --------------------------------------------------------------------
     def can_allocate(self, num_tokens: int) -> bool:
@@ -119,7 +141,7 @@ class PageAccountant:
     def check(self) -> None:
         """Verify the bookkeeping is self-consistent (for tests and debugging); raises RuntimeError."""
         refs = [0] * self.total_pages
-        for seq_id, pages in self._pages.items():
+        for seq_id, pages in list(self._pages.items()):
             if len(pages) != self.pages_needed(self._tokens[seq_id]):
                 raise RuntimeError(f"sequence {seq_id} holds {len(pages)} pages for {self._tokens[seq_id]} tokens")
             for page in pages:

@@ -3,8 +3,9 @@
 Two sources:
   - per request, measured where the server consumes the delta stream (Metrics.track):
     time to first token, time per output token, prompt and generation token counters;
-  - engine state, read when /metrics is scraped (_EngineCollector): running and waiting
-    requests, KV pages, prefix-cache hit tokens. Nothing is pushed from the engine thread.
+  - engine state, read when /metrics is scraped (_EngineCollector): Engine.stats(), a typed
+    EngineStats (running and waiting sequences, KV pages, prefix-cache hit tokens). Nothing is
+    pushed from the engine thread; stats() is safe to call while it steps.
 
 kiln_kv_pages_used counts the pages held by live requests (pages they share with the
 prefix cache included). Pages that only the prefix cache still holds (finished
@@ -15,14 +16,14 @@ kiln_kv_pages_cached, so a drained server reads kiln_kv_pages_used 0.
 from __future__ import annotations
 
 import time
-from contextlib import aclosing, suppress
-from typing import Any, AsyncIterator, Iterable
+from contextlib import aclosing
+from typing import AsyncIterator, Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .protocol import StreamDelta
+from .protocol import EngineStats, StreamDelta
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -30,7 +31,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine: Any):
+    def __init__(self, stats: Callable[[], EngineStats]):
+        """``stats``: the engine's state at scrape time (Engine.stats)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.ttft = Histogram("kiln_time_to_first_token_seconds", "Request arrival to its first generated token.",
                               buckets=_LATENCY_BUCKETS, registry=self.registry)
@@ -41,7 +43,7 @@ class Metrics:
                                      registry=self.registry)
         self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated for clients.",
                                          registry=self.registry)
-        self.registry.register(_EngineCollector(engine))
+        self.registry.register(_EngineCollector(stats))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this registry."""
@@ -72,90 +74,23 @@ class Metrics:
 
 
 class _EngineCollector(Collector):
-    """Reads the scheduler's state at scrape time, tolerating small differences in its attribute names."""
+    """Engine.stats() as gauges and a counter, read at scrape time."""
 
-    def __init__(self, engine: Any):
-        self.engine = engine
+    def __init__(self, stats: Callable[[], EngineStats]):
+        self.stats = stats
 
     def collect(self) -> Iterable[Metric]:
-        s = getattr(self.engine, "scheduler", None)
-        pages = _first(s, "pages", "page_accountant", "kv_pages", "accountant")
-        cache = _first(s, "prefix_cache", "cache")
-        running = _count(s, "num_running", "running")
-        waiting = _count(s, "num_waiting", "waiting")
-        used, cached = _pages_used_and_cached(pages, cache)
-        total = _number(pages, "total_pages", "num_total_pages", "num_pages")
-        free = _number(pages, "free_pages", "num_free_pages")
-        if total is None and used is not None and free is not None:
-            total = used + (cached or 0) + free
-        yield _gauge("kiln_requests_running", "Requests being prefilled or decoded.", running)
-        yield _gauge("kiln_requests_waiting", "Requests queued for admission.", waiting)
-        yield _gauge("kiln_kv_pages_used", "KV pages held by live requests.", used)
-        yield _gauge("kiln_kv_pages_cached", "KV pages held only by the prefix cache (evictable).", cached)
-        yield _gauge("kiln_kv_pages_total", "KV pages the engine manages.", total)
+        s = self.stats()
+        yield _gauge("kiln_requests_running", "Sequences being prefilled or decoded.", s.running)
+        yield _gauge("kiln_requests_waiting", "Sequences queued for admission.", s.waiting)
+        yield _gauge("kiln_kv_pages_used", "KV pages held by live requests.", s.kv_pages_used)
+        yield _gauge("kiln_kv_pages_cached", "KV pages held only by the prefix cache (evictable).", s.kv_pages_cached)
+        yield _gauge("kiln_kv_pages_free", "KV pages free.", s.kv_pages_free)
+        yield _gauge("kiln_kv_pages_total", "KV pages the engine manages.", s.kv_pages_total)
         hits = CounterMetricFamily("kiln_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.")
-        hits.add_metric([], _number(cache, "hit_tokens", "num_hit_tokens", "hits") or 0)
+        hits.add_metric([], s.prefix_cache_hit_tokens)
         yield hits
 
 
-def _pages_used_and_cached(pages: Any, cache: Any) -> tuple[int | None, int | None]:
-    """(pages held by live sequences, pages held only by prefix-cache sequences).
-
-    A live sequence forked from a cached one shares its pages; those count as used.
-    Read from the HTTP thread while the engine thread runs: a sequence freed
-    meanwhile is skipped, which at worst skews one scrape.
-    """
-    total_used = _number(pages, "used_pages", "num_used_pages")
-    if cache is None or not hasattr(pages, "seq_ids") or not hasattr(pages, "pages_of"):
-        return total_used, None if cache is None else 0
-    try:
-        cached_ids = set(cache.seq_ids())
-        live: set[int] = set()
-        for seq_id in pages.seq_ids():
-            if seq_id not in cached_ids:
-                with suppress(KeyError):
-                    live.update(pages.pages_of(seq_id))
-    except Exception:  # a scrape must never fail because an engine attribute moved
-        return total_used, None
-    used = len(live)
-    return used, None if total_used is None else max(0, total_used - used)
-
-
-def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, value=0 if value is None else value)
-
-
-def _first(obj: Any, *names: str) -> Any:
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None
-
-
-def _number(obj: Any, *names: str) -> float | None:
-    """The first of ``names`` on ``obj`` that is (or, called, returns) a number."""
-    for name in names:
-        try:
-            value = getattr(obj, name, None)
-            if callable(value):
-                value = value()
-        except Exception:  # a scrape must never fail because an engine attribute moved
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def _count(obj: Any, *names: str) -> float | None:
-    """A number attribute, or the length of a collection attribute."""
-    value = _number(obj, *names)
-    if value is not None:
-        return value
-    for name in names:
-        coll = getattr(obj, name, None)
-        try:
-            return len(coll)
-        except TypeError:
-            continue
-    return None
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)

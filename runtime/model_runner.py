@@ -1,6 +1,7 @@
 """ModelRunner: calls an artifact's entry functions by name and drives the paged KV cache.
 
-The only place the runtime touches TVM. Token ids are checked on the host
+The only place the runtime touches TVM, through `tvm.runtime` alone (runtime/_tvm.py): the
+artifact runs on a runtime-only TVM. Token ids are checked on the host
 before any call (an out-of-range id would make the embedding gather read out
 of bounds), and a prefill longer than the artifact's chunk is split.
 """
@@ -17,9 +18,9 @@ os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0)) if has
 
 import numpy as np
 
-from ._tvm import tvm
-from tvm import relax
+from ._tvm import open_device, tvm
 from tvm.runtime import ShapeTuple
+from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact
 from .protocol import InvalidRequestError
@@ -29,15 +30,11 @@ _KV = {name: tvm.get_global_func(f"vm.builtin.{name}") for name in (
     "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages")}
 
 
-def device_for(kind: str, index: int = 0) -> tvm.runtime.Device:
-    return tvm.runtime.device(kind, index)
-
-
 class ModelRunner:
     def __init__(self, artifact: Artifact, max_num_seqs: int | None = None, max_total_tokens: int | None = None):
         cfg = artifact.config
         self.artifact = artifact
-        self.device = device_for(artifact.device)
+        self.device = open_device(artifact.device)            # loads the device's TVM runtime if needed
         self.vocab_size = artifact.vocab_size
         self.context_window = artifact.context_window
         self.prefill_chunk = cfg.prefill_chunk_size
@@ -45,7 +42,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs or cfg.max_batch_size
         # Room for one full-context sequence plus a partly filled page per other sequence.
         self.max_total_tokens = max_total_tokens or self.context_window + self.max_num_seqs * self.page_size
-        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
+        self.vm = VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
         self.params = [tvm.runtime.tensor(a, self.device) for a in artifact.iter_params()]   # one host copy at a time
         self.kv = self.vm["create_paged_kv_cache"](
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),

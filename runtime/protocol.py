@@ -1,13 +1,18 @@
 """Typed messages between the runtime's stages.
 
     prompt -> Request (tokenized, validated) -> Engine loop -> StreamDelta* -> GenerationOutput
+    AsyncEngine.generate -> AddRequest / AbortRequest -> the engine thread (between steps)
+    Engine.stats() -> EngineStats -> metrics (read from the HTTP thread at scrape time)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from .async_engine import RequestHandle
 
 
 class InvalidRequestError(ValueError):
@@ -127,3 +132,44 @@ class GenerationOutput:
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt_token_ids), "completion_tokens": len(self.token_ids),
                 "total_tokens": len(self.prompt_token_ids) + len(self.token_ids)}
+
+
+# -- commands to the engine thread (AsyncEngine puts them on its queue; applied between steps) ------
+@dataclass(frozen=True)
+class AddRequest:
+    """Queue one prompt. The engine thread answers through ``handle``: the requests it made
+    (params.n output streams), or the error that refused the prompt."""
+
+    prompt: str | Sequence[int]
+    params: SamplingParams | None
+    priority: int
+    handle: RequestHandle
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """Stop every output stream of an earlier AddRequest and free their KV pages (the caller left)."""
+
+    handle: RequestHandle
+
+
+EngineCommand = AddRequest | AbortRequest
+
+
+# -- engine state, for metrics -------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's state at one moment (Engine.stats()). Counts are sequences (a request with n > 1
+    has n), KV pages are the scheduler's page accounting. kv_pages_used + kv_pages_cached +
+    kv_pages_free == kv_pages_total."""
+
+    running: int                      # sequences admitted: being prefilled or decoded
+    waiting: int                      # sequences queued for admission (new or preempted)
+    kv_pages_used: int                # pages held by live sequences (pages shared with the prefix cache too)
+    kv_pages_cached: int              # pages only the prefix cache holds (finished requests' KV, evictable)
+    kv_pages_free: int
+    kv_pages_total: int
+    kv_page_size: int                 # tokens per page
+    prefix_cache_seqs: int            # finished sequences whose KV the prefix cache keeps
+    prefix_cache_hit_tokens: int      # prompt tokens admission found in the prefix cache (not recomputed)
+    prefix_cache_queried_tokens: int  # prompt tokens admission looked up

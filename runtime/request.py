@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .protocol import InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
-from .scheduler import Sequence
+from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
 

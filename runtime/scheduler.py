@@ -19,72 +19,13 @@ is the PageAccountant's; prefix matching is the PrefixCache's.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 
 from .kv_pages import PageAccountant
 from .prefix_cache import PrefixCache
-
-
-class SeqStatus(Enum):
-    WAITING = "waiting"        # queued (never admitted, or preempted): holds no KV
-    RUNNING = "running"        # admitted: holds KV for num_computed tokens
-    FINISHED = "finished"      # finished or aborted
-
-
-@dataclass(eq=False)
-class Sequence:
-    """The scheduler's view of one output stream. Counters are derived from the token lists."""
-
-    seq_id: int
-    prompt_ids: list[int]
-    max_tokens: int
-    priority: int = 0                        # lower = more urgent; used when policy == "priority"
-    arrival: float = field(default_factory=time.monotonic)
-    output_ids: list[int] = field(default_factory=list)   # the engine appends sampled tokens
-    num_computed: int = 0                    # tokens whose KV is in the cache
-    status: SeqStatus = SeqStatus.WAITING
-    fork_from: tuple[int, int] | None = None  # (parent seq id, pos): share the parent's first pos tokens
-    finish_reason: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
-        if self.fork_from is not None and not 0 <= self.fork_from[1] <= len(self.prompt_ids):
-            raise ValueError(f"fork position {self.fork_from[1]} is outside the prompt of "
-                             f"{len(self.prompt_ids)} tokens (a fork shares only prompt tokens)")
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    def token_ids(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + output, without copying the whole history."""
-        n = len(self.prompt_ids)
-        if end <= n:
-            return self.prompt_ids[start:end]
-        if start >= n:
-            return self.output_ids[start - n:end - n]
-        return self.prompt_ids[start:] + self.output_ids[:end - n]
-
-    @property
-    def is_prefill(self) -> bool:
-        """More than the one next token to compute, or the prompt is not all in the cache yet."""
-        return self.num_computed < len(self.prompt_ids) or self.num_uncomputed > 1
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED
+from .protocol import EngineStats
+from .sequence import SeqStatus, Sequence
 
 
 @dataclass
@@ -161,6 +102,21 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    def stats(self) -> EngineStats:
+        """Queue lengths, KV pages and prefix-cache counters now (Engine.stats, for metrics).
+
+        May be called from another thread while the engine steps: each count is one read
+        (len(), or a copy made in C), so a concurrent step skews one reading, never raises.
+        """
+        cache = self.prefix_cache
+        cached = frozenset(cache.seq_ids()) if cache is not None else frozenset()
+        used, cached_pages, free = self.pages.split_usage(cached)
+        return EngineStats(running=len(self.running), waiting=len(self.waiting), kv_pages_used=used,
+                           kv_pages_cached=cached_pages, kv_pages_free=free, kv_pages_total=self.pages.total_pages,
+                           kv_page_size=self.pages.page_size, prefix_cache_seqs=len(cached),
+                           prefix_cache_hit_tokens=cache.hit_tokens if cache is not None else 0,
+                           prefix_cache_queried_tokens=cache.queried_tokens if cache is not None else 0)
 
     def fits(self, num_tokens: int) -> bool:
         """Could a sequence of num_tokens ever be held, with the whole KV cache to itself?"""

@@ -163,9 +163,8 @@ class _ServerState:
         self.model_name = model_name
         self.api_key = api_key
         self.started = int(time.time())
-        self.metrics = Metrics(engine.engine)
-        artifact = engine.engine.artifact
-        self.context_window = int(getattr(artifact, "context_window", 0) or engine.engine.runner.context_window)
+        self.metrics = Metrics(engine.engine.stats)
+        self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
 
     # -- checks (raise APIError, answered by the handlers below) -----------------------------

@@ -314,6 +314,8 @@ def test_metrics_exposition(server):
     assert server.metric("kiln_prompt_tokens_total") > 0
     assert server.metric("kiln_prefix_cache_hit_tokens_total") > 0
     assert server.metric("kiln_time_per_output_token_seconds_count") > 0
+    pages = [server.metric(f"kiln_kv_pages_{k}") for k in ("used", "cached", "free", "total")]
+    assert pages[0] + pages[1] + pages[2] == pages[3] > 0
 
 
 # -- bad input: OpenAI error bodies, 4xx, the server stays up ---------------------------------

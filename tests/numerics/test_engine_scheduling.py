@@ -73,3 +73,27 @@ def test_closing_a_stream_aborts_and_frees_pages(tiny_artifacts):
     stream.close()
     assert not engine.has_work
     assert engine.scheduler.pages.used_pages == 0 and engine.runner.free_pages() == free
+
+
+def test_engine_stats_follow_the_scheduler(tiny_artifacts):
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(max_num_seqs=2))
+    sched, shared = engine.scheduler, list(range(10, 60))
+    engine.generate(shared + [1], GREEDY)                 # finished: its KV stays in the prefix cache
+    s = engine.stats()
+    assert (s.running, s.waiting, s.kv_pages_used, s.prefix_cache_seqs) == (0, 0, 0, 1)
+    assert s.kv_pages_cached == sched.pages.used_pages > 0 and s.kv_page_size == engine.runner.page_size
+    assert s.kv_pages_free == engine.runner.free_pages() == s.kv_pages_total - s.kv_pages_cached   # TVM agrees
+
+    for prompt in (shared + [2], [3] * 40, [4] * 40):
+        engine.add_request(prompt, GREEDY)
+    engine.step()                                         # two admitted (max_num_seqs), one waits
+    s = engine.stats()
+    live = {p for q in sched.running for p in sched.pages.pages_of(q.seq_id)}
+    assert (s.running, s.waiting, s.kv_pages_used) == (2, 1, len(live))
+    assert s.kv_pages_cached == sched.pages.used_pages - len(live) and s.kv_pages_free == sched.pages.free_pages
+    assert s.prefix_cache_hit_tokens == sched.prefix_cache.hit_tokens == len(shared)   # the first fork
+    while engine.has_work:
+        engine.step()
+    s = engine.stats()
+    assert (s.running, s.waiting, s.kv_pages_used) == (0, 0, 0)
+    assert s.kv_pages_cached + s.kv_pages_free == s.kv_pages_total == sched.pages.total_pages

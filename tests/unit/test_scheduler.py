@@ -16,8 +16,8 @@ import pytest
 
 from kiln.runtime.kv_pages import PageAccountant
 from kiln.runtime.prefix_cache import PrefixCache
-from kiln.runtime.scheduler import (ScheduledBatch, Scheduler, SchedulerConfig, Sequence,
-                                    SeqStatus)
+from kiln.runtime.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from kiln.runtime.sequence import SeqStatus, Sequence
 
 pytestmark = pytest.mark.unit
 
@@ -92,6 +92,19 @@ def check_invariants(eng: FakeEngine) -> None:
     for seq in sched.waiting:
         assert seq.status is SeqStatus.WAITING and seq.num_computed == 0 and seq.seq_id not in pages
     assert len(sched.running) <= sched.config.max_num_seqs
+    check_stats(sched, cached)
+
+
+def check_stats(sched: Scheduler, cached: set[int]) -> None:
+    """Scheduler.stats() (what Engine.stats() and /metrics report) agrees with the state it summarises."""
+    stats, pages = sched.stats(), sched.pages
+    live_pages = {p for s in sched.running for p in pages.pages_of(s.seq_id)}
+    assert (stats.running, stats.waiting, stats.prefix_cache_seqs) == (len(sched.running), len(sched.waiting),
+                                                                        len(cached))
+    assert (stats.kv_pages_used, stats.kv_pages_cached, stats.kv_pages_free, stats.kv_pages_total) == (
+        len(live_pages), pages.used_pages - len(live_pages), pages.free_pages, pages.total_pages)
+    hits = sched.prefix_cache.hit_tokens if sched.prefix_cache is not None else 0
+    assert stats.prefix_cache_hit_tokens == hits and stats.kv_page_size == pages.page_size
 
 
 def make(total_pages=64, page_size=16, cache=False, **config) -> tuple[Scheduler, FakeEngine]:

@@ -1,0 +1,114 @@
+"""AsyncEngine on the tiny model: its typed commands (protocol.AddRequest / AbortRequest) reach the
+engine thread, which streams the same tokens as Engine.generate, refuses bad input through the
+caller, and frees a request's pages whenever its caller stops listening, even before it was queued."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import pytest
+
+from kiln.runtime import Engine, EngineConfig, InvalidRequestError, SamplingParams
+from kiln.runtime.async_engine import AsyncEngine
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = list(range(30, 70))
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+LONG = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture()
+def aengine(tiny_artifacts, monkeypatch):
+    """An AsyncEngine whose engine records every request it makes in `.made`."""
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
+    engine.made = []
+    add = engine.add_request
+
+    def recording_add(*args, **kwargs):
+        requests = add(*args, **kwargs)
+        engine.made += requests
+        return requests
+
+    monkeypatch.setattr(engine, "add_request", recording_add)
+    a = AsyncEngine(engine)
+    yield a
+    a.stop()
+
+
+def wait_until_done(aengine: AsyncEngine, timeout: float = 30.0) -> None:
+    """Until every request the engine made has finished and its pages are free."""
+    engine = aengine.engine
+
+    def done() -> bool:
+        return (bool(engine.made) and all(r.finished for r in engine.made) and not engine.has_work
+                and engine.stats().kv_pages_used == 0)
+
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the engine did not finish its requests"
+        time.sleep(0.02)
+
+
+def test_streams_the_same_tokens_as_engine_generate(aengine, tiny_artifacts):
+    expected = Engine(tiny_artifacts["tied"]).generate(PROMPT, GREEDY).token_ids
+
+    async def collect():
+        return [d async for d in aengine.generate(PROMPT, GREEDY)]
+
+    deltas = asyncio.run(collect())
+    assert [t for d in deltas for t in d.token_ids] == expected
+    assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
+    wait_until_done(aengine)
+
+
+def test_bad_input_is_raised_to_the_caller(aengine):
+    async def first_delta():
+        return await anext(aengine.generate([1, 10 ** 9], GREEDY))
+
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        asyncio.run(first_delta())
+    assert not aengine.engine.made and not aengine.engine.has_work
+
+
+def test_closing_the_stream_aborts_and_frees_pages(aengine):
+    async def two_deltas_then_close():
+        stream = aengine.generate(PROMPT, LONG)
+        await anext(stream)
+        await anext(stream)
+        await stream.aclose()
+        await asyncio.to_thread(wait_until_done, aengine)      # the caller's loop stays open meanwhile
+
+    asyncio.run(two_deltas_then_close())
+    (request,) = aengine.engine.made
+    assert request.finish_reason == "abort" and len(request.output_ids) < LONG.max_tokens
+
+
+def test_cancelled_before_the_add_was_applied_still_aborts(aengine):
+    async def cancel_early():
+        task = asyncio.ensure_future(anext(aengine.generate(PROMPT, LONG)))
+        await asyncio.sleep(0)             # the AddRequest is queued; the caller awaits its acceptance
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(wait_until_done, aengine)
+
+    asyncio.run(cancel_early())
+    (request,) = aengine.engine.made
+    assert request.finish_reason == "abort" and len(request.output_ids) < LONG.max_tokens
+
+
+def test_a_caller_whose_event_loop_closed_does_not_stop_the_engine(aengine):
+    stream = aengine.generate(PROMPT, LONG)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(anext(stream))
+    loop.close()                           # gone mid-stream, its generator never closed
+    wait_until_done(aengine)
+    assert aengine.engine.made[0].finish_reason == "abort"
+
+    async def collect():
+        return [d async for d in aengine.generate(PROMPT, GREEDY)]
+
+    assert sum(len(d.token_ids) for d in asyncio.run(collect())) == GREEDY.max_tokens
+    asyncio.run(stream.aclose())
