@@ -163,15 +163,15 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
     weights = plan.weight_names(list(params))
     writer = ParamWriter(params_dir)
     for i, name in enumerate(weights):
-        hf_names = wmap.get(name)
-        if hf_names is None:
+        entry = wmap.get(name)
+        if entry is None:
             raise ValueError(f"{arch.name}: parameter {name} has no entry in the weight map")
-        missing = [n for n in hf_names if n not in available]
+        missing = [n for n in models.weight_spec(entry).hf_names if n not in available]
         if missing:
             raise models.ModelLoadError(f"{source.path} lacks tensors {missing}; the checkpoint is "
                                         f"incomplete or not a {arch.name} model")
         float_shape = params[name][0] if name in params else None      # None: a quantized weight
-        for out_name, array in plan.convert(name, hf_names, source, float_shape).items():
+        for out_name, array in plan.convert(name, entry, source, float_shape).items():
             if (array.shape, str(array.dtype)) != params[out_name]:
                 raise ValueError(f"internal error: {out_name} converted to {array.dtype}{list(array.shape)}, "
                                  f"the module expects {params[out_name][1]}{list(params[out_name][0])}")

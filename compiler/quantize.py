@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 from tvm.relax.frontend import nn
 
-from kiln.models import ModelLoadError, ModelSource
+from kiln.models import ModelLoadError, ModelSource, WeightSpec, weight_spec
 
 from . import quant_pack
 from .quant_modules import QuantFormat, QuantizedEmbedding, QuantizedLinear
@@ -58,7 +58,7 @@ class QuantScheme:
     group_size: int = 32
     as_stored: bool = False     # keep a GGUF's own quantized formats
 
-    def apply(self, model: nn.Module, source: ModelSource, weight_map: dict[str, list[str]]) -> QuantPlan:
+    def apply(self, model: nn.Module, source: ModelSource, weight_map: dict) -> QuantPlan:
         """Cast the model to the compute dtype, swap quantized modules in, return the plan."""
         model.to(self.model_dtype)
         plan = QuantPlan(self, dict(source.hf_config))
@@ -111,14 +111,14 @@ class QuantPlan:
 
     # -- rewriting the model -------------------------------------------------------------
     def decide(self, path: str, module: nn.Module, source: ModelSource,
-               weight_map: dict[str, list[str]]) -> nn.Module:
+               weight_map: dict) -> nn.Module:
         """The module to put at `path`: a quantized form of a Linear/Embedding, or itself."""
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             return module
         name = f"{path}.weight"
         rows, cols = (module.out_features, module.in_features) if isinstance(module, nn.Linear) \
             else (module.num, module.dim)
-        fmt = self._format_for(name, weight_map.get(name, []), source, cols, self._is_lm_head(module))
+        fmt = self._format_for(name, weight_spec(weight_map.get(name, [])), source, cols, self._is_lm_head(module))
         self.formats[name] = fmt
         if fmt is None:
             return module
@@ -138,7 +138,7 @@ class QuantPlan:
             return module.out_features == vocab
         return module.num == vocab and bool(self.hf_config.get("tie_word_embeddings"))
 
-    def _format_for(self, name: str, hf_names: list[str], source: ModelSource, cols: int,
+    def _format_for(self, name: str, spec: WeightSpec, source: ModelSource, cols: int,
                     lm_head: bool) -> QuantFormat | None:
         scheme = self.scheme
         if scheme.kind is None or cols % scheme.group_size:
@@ -151,10 +151,10 @@ class QuantPlan:
                 kind = "q8"
                 self._kept_8bit.append(name)
             return QuantFormat(kind, scheme.group_size, scheme.model_dtype)
-        types = [source.weights.tensor_type(n) for n in hf_names]
+        types = [source.weights.tensor_type(n) for n in spec.hf_names]
         if types and all(t in _FLOAT_TYPES for t in types):
             return None                                   # stored as float: kept as float
-        if len(set(types)) == 1 and types[0] in quant_pack.GGUF_EXACT_KIND:
+        if len(set(types)) == 1 and types[0] in quant_pack.GGUF_EXACT_KIND and spec.transform is None:
             self._kept.update(types)
             return QuantFormat(quant_pack.GGUF_EXACT_KIND[types[0]], quant_pack.GGUF_BLOCK, "float32")
         self._requantized.update(types)        # K-quants, or parts stored in different formats
@@ -193,19 +193,27 @@ class QuantPlan:
         """The weights (weight-map keys) behind the module's parameters, in parameter order."""
         return list(dict.fromkeys(self._planes.get(p, p) for p in param_names))
 
-    def convert(self, name: str, hf_names: list[str], source: ModelSource,
+    def convert(self, name: str, entry: list[str] | WeightSpec, source: ModelSource,
                 float_shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
-        """One weight's HF tensors -> {artifact tensor name: array}, one HF tensor at a time.
+        """One weight's HF tensors -> {artifact tensor name: array}, one HF tensor at a time
+        (a weight with a transform: all of them, concatenated and transformed, at once).
 
         float_shape: the shape the config implies for a weight kept as float."""
-        fmt = self.formats.get(name)
-        if fmt is None:
-            parts = [source.weights.get(n) for n in hf_names]
+        spec, fmt = weight_spec(entry), self.formats.get(name)
+        if fmt is None or spec.transform is not None:
+            parts = [source.weights.get(n) for n in spec.hf_names]
             value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            value = spec.transform(value) if spec.transform is not None else value
+            if fmt is not None:
+                return self._planes_dict(name, fmt, [quant_pack.quantize(fmt, value)], source)
             _check_shape(source, name, value.shape, float_shape or value.shape)
             return self.scheme.convert(name, value)
+        cols = self.shapes[name][1]
+        return self._planes_dict(name, fmt, [self._planes_of(fmt, n, source, cols) for n in spec.hf_names], source)
+
+    def _planes_dict(self, name: str, fmt: QuantFormat, planes: list, source: ModelSource) -> dict[str, np.ndarray]:
+        """Per-tensor planes, concatenated along N, as {artifact tensor name: array}."""
         rows, cols = self.shapes[name]
-        planes = [self._planes_of(fmt, n, source, cols) for n in hf_names]
         _check_shape(source, name, (sum(p["qweight"].shape[0] for p in planes), cols), (rows, cols))
         prefix = name[: -len(".weight")]
         return {f"{prefix}.{plane}": np.ascontiguousarray(np.concatenate([p[plane] for p in planes], axis=0))
@@ -217,18 +225,10 @@ class QuantPlan:
             if quant_pack.GGUF_EXACT_KIND.get(type_name) == fmt.kind:
                 _, raw, shape = source.weights.get_raw(hf_name)
                 _check_shape(source, hf_name, (shape[0], shape[-1]), (shape[0], cols))
-                return quant_pack.from_gguf_blocks(type_name, self._hf_row_order(hf_name, raw))
+                return quant_pack.from_gguf_blocks(type_name, raw)
         w = source.weights.get(hf_name)
         _check_shape(source, hf_name, w.shape[1:], (cols,))
         return quant_pack.quantize(fmt, w)
-
-    def _hf_row_order(self, hf_name: str, raw: np.ndarray) -> np.ndarray:
-        """Raw GGUF rows of q_proj / k_proj are in llama.cpp's RoPE order; restore HF order
-        (GGUFWeights.get does the same for the float values)."""
-        from kiln.models.gguf import unpermute_rows
-        heads = {".self_attn.q_proj.": "num_attention_heads", ".self_attn.k_proj.": "num_key_value_heads"}
-        key = next((k for part, k in heads.items() if part in hf_name), None)
-        return unpermute_rows(raw, self.hf_config[key]) if key else raw
 
     # -- the artifact's record -------------------------------------------------------------
     def describe(self) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .causal_lm import WeightSpec, weight_spec
 from .registry import ARCHITECTURES, Architecture, find_architecture, supported
 from .source import ModelLoadError, ModelSource
 
@@ -54,4 +55,4 @@ def build(source: ModelSource):
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "ModelLoadError", "ModelSource", "build", "find_architecture",
-           "load", "resolve", "supported"]
+           "load", "resolve", "supported", "WeightSpec", "weight_spec"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
-import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -28,14 +27,22 @@ from pathlib import Path
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QType
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from .gguf_meta import meta as _meta
+from .gguf_tokenizer import _BYTE_TO_UNICODE, _check_tokenizer, write_gguf_tokenizer  # noqa: F401
 from .source import ModelLoadError, ModelSource
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# GGUF general.architecture -> (HF model_type, HF architectures, whether llama.cpp's converter
+# permuted the q/k rows for its RoPE: it does for llama, not for qwen2).
+GGUF_ARCHITECTURES = {
+    "llama": ("llama", ["LlamaForCausalLM"], True),
+    "qwen2": ("qwen2", ["Qwen2ForCausalLM"], False),
+}
+SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
-# llama.cpp tensor names -> HF Llama names. Per-layer names are "blk.N.<key>.weight".
+# llama.cpp tensor names -> HF names (the same for every supported architecture). Per-layer
+# names are "blk.N.<key>.weight" (and ".bias" where the model has biases, as Qwen2's q/k/v).
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -52,9 +59,8 @@ _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
-_MISSING = object()
 
 
 # ----------------------------------------------------------------------------- locating and opening
@@ -102,18 +108,6 @@ def _open_reader(path: Path) -> gguf.GGUFReader:
     return reader
 
 
-def _meta(reader: gguf.GGUFReader, key: str, default=_MISSING):
-    """One metadata value as a Python value (int, float, bool, str or list)."""
-    field = reader.get_field(key)
-    if field is None:
-        if default is _MISSING:
-            raise ModelLoadError(
-                f"GGUF metadata key {key!r} is missing; re-convert the model with llama.cpp's convert_hf_to_gguf.py"
-            )
-        return default
-    return field.contents()
-
-
 def _f32(value: float) -> float:
     """A float32 metadata value as the shortest decimal that round-trips (9.99999974e-06 -> 1e-05)."""
     return float(str(np.float32(value)))
@@ -131,19 +125,21 @@ def _file_sha256(path: Path) -> str:
 
 
 def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
-    """An HF config.json-style dict from the GGUF metadata of a llama-architecture model."""
+    """An HF config.json-style dict from the GGUF metadata (llama.cpp writes the same keys for
+    every supported architecture, under its name)."""
     arch = _meta(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}. "
             "Load the original Hugging Face checkpoint instead"
         )
+    model_type, architectures, _ = GGUF_ARCHITECTURES[arch]
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
     n_head = _meta(reader, key("attention.head_count"))
     config = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
+        "model_type": model_type,
+        "architectures": list(architectures),
         "hidden_size": _meta(reader, key("embedding_length")),
         "intermediate_size": _meta(reader, key("feed_forward_length")),
         "num_hidden_layers": _meta(reader, key("block_count")),
@@ -198,7 +194,7 @@ def _hf_name(gguf_name: str) -> str | None:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
     if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -206,13 +202,13 @@ class GGUFWeights:
     """A `WeightSource` over a GGUFReader: HF names, HF layout, dequantized on `get`.
 
     Tensors stay memory-mapped until asked for. `get` widens quantized and bf16
-    data to float32 (f16 stays float16) and un-permutes q_proj/k_proj rows.
-    `get_raw` hands out the stored bytes for kernels that consume quantized
-    blocks directly; note that raw q_proj/k_proj rows are still in llama.cpp's
-    permuted order: reorder them with `unpermute_rows(raw, n_head)`.
+    data to float32 (f16 stays float16); `get_raw` hands out the stored blocks for
+    kernels that consume them directly. Both return rows in HF order: where llama.cpp
+    permuted q_proj/k_proj rows for its RoPE (`permuted`, per architecture), they are
+    un-permuted here (quantized blocks run along rows, so whole block rows move).
     """
 
-    def __init__(self, reader: gguf.GGUFReader, n_head: int, n_head_kv: int):
+    def __init__(self, reader: gguf.GGUFReader, n_head: int, n_head_kv: int, permuted: bool = True):
         self._tensors = {}  # HF name -> ReaderTensor
         self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart (e.g. rope_freqs.weight)
         for t in reader.tensors:
@@ -227,7 +223,7 @@ class GGUFWeights:
                 )
             self._tensors[hf] = t
         # Row permutation head counts: q_proj uses n_head, k_proj n_head_kv.
-        self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv}
+        self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if permuted else {}
 
     def names(self) -> list[str]:
         return list(self._tensors)
@@ -246,17 +242,19 @@ class GGUFWeights:
             data = np.array(t.data, dtype=np.float16)  # copy out of the read-only map
         else:
             data = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        data = data.reshape(self.shape(name))
-        n_head = self._row_permutation_heads(name)
-        return unpermute_rows(data, n_head) if n_head else data
+        return self._hf_rows(name, data.reshape(self.shape(name)))
 
     def get_raw(self, name: str) -> tuple[str, np.ndarray, tuple[int, ...]]:
-        """(type name, stored bytes as uint8 [rows, bytes_per_row], HF shape); Q/K rows still permuted."""
+        """(type name, stored bytes as uint8 [rows, bytes_per_row] in HF row order, HF shape)."""
         t = self._tensor(name)
         shape = self.shape(name)
         n_rows = int(np.prod(shape[:-1], dtype=np.int64))  # 1 for 1-D tensors
         raw = np.asarray(t.data).view(np.uint8).reshape(n_rows, -1)
-        return t.tensor_type.name, raw, shape
+        return t.tensor_type.name, self._hf_rows(name, raw), shape
+
+    def _hf_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        n_head = self._row_permutation_heads(name)
+        return unpermute_rows(rows, n_head) if n_head else rows
 
     def _row_permutation_heads(self, name: str) -> int:
         """Head count for llama.cpp's row permutation of `name`, 0 when it is not permuted."""
@@ -268,130 +266,11 @@ class GGUFWeights:
         return self._tensors[name]
 
 
-# ----------------------------------------------------------------------------- tokenizer
-
-# Pre-tokenizer splits by tokenizer.ggml.pre, transcribed from llama.cpp's
-# llama-vocab.cpp: the regexes run in order, each splitting the pieces the
-# previous one made, before the byte-level mapping.
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_PRE_SPLITS = {
-    **dict.fromkeys(["default", "gpt-2", "gpt2", "mpt", "olmo", "jais"], [_GPT2_SPLIT]),
-    # Single digits first (SmolLM's own tokenizer.json: Digits(individual_digits) + ByteLevel).
-    **dict.fromkeys(
-        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"], [r"\p{N}", _GPT2_SPLIT]
-    ),
-    **dict.fromkeys(["llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx"], [_LLAMA3_SPLIT]),
-    **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen"], [_QWEN2_SPLIT]),
-}
-_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
-
-
-def _check_tokenizer(reader: gguf.GGUFReader) -> None:
-    """Raise when the file's tokenizer is one we cannot rebuild."""
-    model = _meta(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ModelLoadError(f"GGUF tokenizer model {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE)")
-    pre = _meta(reader, "tokenizer.ggml.pre", "default")
-    if pre not in _PRE_SPLITS:
-        supported = ", ".join(sorted(_PRE_SPLITS))
-        raise ModelLoadError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {supported}")
-
-
-def build_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
-    """A `tokenizers.Tokenizer` equal to the byte-level BPE the GGUF metadata describes."""
-    _check_tokenizer(reader)
-    tokens = _meta(reader, "tokenizer.ggml.tokens")
-    types = _meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    merges = [tuple(m.split(" ", 1)) for m in _meta(reader, "tokenizer.ggml.merges")]
-    added = {i for i, ty in enumerate(types) if ty in (_CONTROL, _USER_DEFINED)}
-    vocab = {_byte_level_spelling(tok) if i not in added else tok: i for i, tok in enumerate(tokens)}
-
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    splits = _PRE_SPLITS[_meta(reader, "tokenizer.ggml.pre", "default")]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
-    # Control tokens are special (skipped by decode(skip_special_tokens=True));
-    # user-defined ones (like <think>) are matched whole but decoded as text.
-    control = [i for i in sorted(added) if types[i] == _CONTROL]
-    user = [i for i in sorted(added) if types[i] == _USER_DEFINED]
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
-    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
-    tok.post_processor = _post_processor(reader, tokens)
-    return tok
-
-
-def _byte_level_spelling(token: str) -> str:
-    """A vocabulary entry in the byte-level alphabet; llama.cpp stores them that way already."""
-    if all(c in _UNICODE_ALPHABET for c in token):
-        return token
-    return "".join(_BYTE_TO_UNICODE[b] for b in token.encode("utf-8"))
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's map from bytes to printable characters (the byte-level BPE alphabet)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    extra = [b for b in range(256) if b not in printable]
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(extra)}}
-
-
-_BYTE_TO_UNICODE = _bytes_to_unicode()
-_UNICODE_ALPHABET = frozenset(_BYTE_TO_UNICODE.values())
-
-
-def _post_processor(reader: gguf.GGUFReader, tokens: list[str]):
-    """Prepend BOS when the file says to (tokenizer.ggml.add_bos_token); gpt2-style default is no."""
-    bos_id = _meta(reader, "tokenizer.ggml.bos_token_id", None)
-    if not _meta(reader, "tokenizer.ggml.add_bos_token", False) or bos_id is None:
-        return processors.ByteLevel(trim_offsets=False)
-    bos = tokens[bos_id]
-    return processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
-    )
-
-
-def gguf_tokenizer_config(reader: gguf.GGUFReader) -> dict:
-    """tokenizer_config.json contents: special tokens, BOS policy, chat template."""
-    tokens = _meta(reader, "tokenizer.ggml.tokens")
-    config: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"), ("unk_token", "unknown")):
-        token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id", None)
-        if token_id is not None and token_id < len(tokens):
-            config[name] = tokens[token_id]
-    config["add_bos_token"] = bool(_meta(reader, "tokenizer.ggml.add_bos_token", False))
-    config["add_eos_token"] = bool(_meta(reader, "tokenizer.ggml.add_eos_token", False))
-    arch = _meta(reader, "general.architecture")
-    config["model_max_length"] = _meta(reader, f"{arch}.context_length", None)
-    template = _meta(reader, "tokenizer.chat_template", None)
-    if template is not None:
-        config["chat_template"] = template
-    return config
-
-
-def write_gguf_tokenizer(reader: gguf.GGUFReader, dest: Path) -> list[str]:
-    """Write tokenizer.json and tokenizer_config.json for the GGUF's tokenizer into `dest`."""
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    build_gguf_tokenizer(reader).save(str(dest / "tokenizer.json"))
-    (dest / "tokenizer_config.json").write_text(json.dumps(gguf_tokenizer_config(reader), indent=2, ensure_ascii=False))
-    return ["tokenizer.json", "tokenizer_config.json"]
-
-
 # ----------------------------------------------------------------------------- entry point
 
 
 def load_gguf(path: Path) -> ModelSource:
-    """Open a llama GGUF: validate it, read its config, map its weights, hash its bytes."""
+    """Open a GGUF (llama or qwen2): validate it, read its config, map its weights, hash its bytes."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(
@@ -399,7 +278,8 @@ def load_gguf(path: Path) -> ModelSource:
         )
     reader = _open_reader(path)
     config = gguf_hf_config(reader)
-    weights = GGUFWeights(reader, config["num_attention_heads"], config["num_key_value_heads"])
+    permuted = GGUF_ARCHITECTURES[_meta(reader, "general.architecture")][2]
+    weights = GGUFWeights(reader, config["num_attention_heads"], config["num_key_value_heads"], permuted)
     has_tokenizer = reader.get_field("tokenizer.ggml.model") is not None
     if has_tokenizer:
         _check_tokenizer(reader)

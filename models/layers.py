@@ -1,68 +1,140 @@
 """Shared building blocks for decoder-only transformers, in tvm.relax.frontend.nn.
 
-Every architecture in models/ is assembled from these. Attention runs through
-TVM's paged KV cache (`PagedKVCache.attention_with_fused_qkv`), which applies
-RoPE to q/k inside the cache (RopeMode.NORMAL, HF rotate-half convention), so
-the layers here hold no position state.
+Every family in models/ is assembled from these, switched by `Flags` (what differs between
+Llama, Qwen, Gemma, Phi or GPT-2 is a handful of them). Attention runs through TVM's paged KV
+cache (`PagedKVCache.attention_with_fused_qkv`), which applies RoPE to q/k inside the cache
+(RopeMode.NORMAL, HF rotate-half convention), so the layers hold no position state.
 
-Weights keep Hugging Face's layout (Linear weight [out, in]); q/k/v and
-gate/up projections are stored fused, and each model's weight map says how the
-HF tensors concatenate into them.
+Weights keep Hugging Face's layout (Linear weight [out, in]); q/k/v and gate/up projections
+are stored fused, and each family's weight map says how the HF tensors concatenate into them.
+With the default flags the graph is exactly Llama's (op.rms_norm, fused qkv, op.silu on the
+split gate/up): the compiler's fusion passes match those ops.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
+NORMS = ("rms", "rms_1p", "layer")          # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with bias
+ACTIVATIONS = ("silu", "gelu_tanh")
 
-class RMSNorm(nn.Module):
-    """y = x / rms(x) * weight, over the last axis."""
 
-    def __init__(self, hidden_size: int, eps: float):
+@dataclass(frozen=True)
+class Flags:
+    """How a family's decoder differs from Llama's; every default is Llama's choice."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False                   # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    norm: str = "rms"                       # one of NORMS, for every norm of the model
+    activation: str = "silu"                # one of ACTIVATIONS
+    gated_mlp: bool = True                  # down(act(gate(x)) * up(x)); False: down(act(up(x))) (GPT-2)
+    sandwich_norms: bool = False            # norms after attention and MLP too (Gemma 2/3)
+    embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(hidden))
+    final_logit_softcap: float | None = None  # logits = tanh(logits / c) * c (Gemma 2)
+    attn_logit_softcap: float | None = None   # not expressible in TVM's paged attention: refused
+    query_pre_attn_scalar: float | None = None  # sm_scale = scalar ** -0.5 instead of head_dim ** -0.5
+    learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMS:
+            raise ValueError(f"norm {self.norm!r} is not one of {', '.join(NORMS)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        if self.attn_logit_softcap:
+            raise ValueError("attention logit soft-capping is not supported: TVM's paged-attention kernels "
+                             "take only a softmax scale (attn_logit_softcapping must be null)")
+
+
+class Norm(nn.Module):
+    """The normalisation `kind` names (see NORMS), over the last axis."""
+
+    def __init__(self, hidden_size: int, eps: float, kind: str = "rms"):
+        self.kind, self.eps = kind, eps
         self.weight = nn.Parameter((hidden_size,))
-        self.eps = eps
+        if kind == "layer":
+            self.bias = nn.Parameter((hidden_size,))
 
     def forward(self, x: Tensor) -> Tensor:
-        return op.rms_norm(x, self.weight, axes=[-1], epsilon=self.eps)
+        if self.kind == "layer":
+            return op.layer_norm(x, x.shape[-1], self.weight, self.bias, eps=self.eps)
+        weight = self.weight + 1.0 if self.kind == "rms_1p" else self.weight
+        return op.rms_norm(x, weight, axes=[-1], epsilon=self.eps)
 
 
-class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up fused into one Linear."""
+def _activation(x: Tensor, kind: str) -> Tensor:
+    return op.silu(x) if kind == "silu" else op.gelu(x, approximate="tanh")
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+class MLP(nn.Module):
+    """Gated: down(act(gate(x)) * up(x)), gate and up fused into one Linear; else down(act(up(x)))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, flags: Flags = Flags()):
+        self.gated, self.activation = flags.gated_mlp, flags.activation
+        if self.gated:
+            self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=flags.mlp_bias)
+        else:
+            self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=flags.mlp_bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=flags.mlp_bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate_up = self.gate_up_proj(x)                       # [b, s, 2 * inter]
-        gate, up = op.split(gate_up, 2, axis=-1)             # [b, s, inter] each
-        return self.down_proj(op.silu(gate) * up)
+        if not self.gated:
+            return self.down_proj(_activation(self.up_proj(x), self.activation))
+        gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)    # [b, s, inter] each
+        return self.down_proj(_activation(gate, self.activation) * up)
 
 
 class PagedAttention(nn.Module):
     """Multi-head attention with grouped KV heads over TVM's paged KV cache."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 qkv_bias: bool = False):
+                 flags: Flags = Flags(), eps: float = 1e-6):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
                              f"num_key_value_heads ({num_kv_heads})")
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        scalar = flags.query_pre_attn_scalar or head_dim
+        self.sm_scale = float(scalar) ** -0.5
+        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
+        if flags.qk_norm:
+            self.q_norm = Norm(head_dim, eps, flags.norm)
+            self.k_norm = Norm(head_dim, eps, flags.norm)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int) -> Tensor:
         b, s, _ = x.shape
-        qkv = self.qkv_proj(x)                                # [b, s, (h + 2 * h_kv) * d]
-        qkv = op.reshape(qkv, (b, s, self.num_heads + 2 * self.num_kv_heads, self.head_dim))
-        out = kv_cache.attention_with_fused_qkv(
-            layer_id, qkv, self.num_heads, sm_scale=self.head_dim ** -0.5)  # [b, s, h, d]
-        return self.o_proj(op.reshape(out, (b, s, self.num_heads * self.head_dim)))
+        h, h_kv = self.num_heads, self.num_kv_heads
+        qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
+        if hasattr(self, "q_norm"):
+            q, k, v = op.split(qkv, [h, h + h_kv], axis=2)
+            qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=2)
+        out = kv_cache.attention_with_fused_qkv(layer_id, qkv, h, sm_scale=self.sm_scale)   # [b, s, h, d]
+        return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block; with sandwich norms the attention and MLP outputs are normed too."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, eps: float, flags: Flags = Flags()):
+        self.input_layernorm = Norm(hidden_size, eps, flags.norm)
+        self.self_attn = PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps)
+        self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)       # before the MLP
+        self.mlp = MLP(hidden_size, intermediate_size, flags)
+        if flags.sandwich_norms:
+            self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
+            self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output
+
+    def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int) -> Tensor:
+        attn = self.self_attn(self.input_layernorm(x), kv_cache, layer_id)
+        x = x + (self.post_attn_norm(attn) if hasattr(self, "post_attn_norm") else attn)
+        mlp = self.mlp(self.post_attention_layernorm(x))
+        return x + (self.post_mlp_norm(mlp) if hasattr(self, "post_mlp_norm") else mlp)
 
 
 def tied_logits(x: Tensor, embed: nn.Embedding) -> Tensor:

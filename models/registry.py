@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import llama
+from . import llama, qwen2
 from .source import ModelLoadError
 
 
@@ -16,7 +16,7 @@ class Architecture:
     model_types: tuple[str, ...]          # config.json "model_type"
     config_cls: Any                       # has from_hf(dict)
     model_cls: Callable                   # nn.Module taking the config
-    weight_map: Callable                  # config -> {param name: [hf names]}
+    weight_map: Callable                  # config -> {param name: [hf names] or WeightSpec}
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -27,6 +27,14 @@ ARCHITECTURES: dict[str, Architecture] = {
         config_cls=llama.LlamaConfig,
         model_cls=llama.LlamaForCausalLM,
         weight_map=llama.weight_map,
+    ),
+    "qwen2": Architecture(
+        name="qwen2",
+        hf_architectures=("Qwen2ForCausalLM",),
+        model_types=("qwen2",),
+        config_cls=qwen2.Qwen2Config,
+        model_cls=qwen2.Qwen2ForCausalLM,
+        weight_map=qwen2.weight_map,
     ),
 }
 

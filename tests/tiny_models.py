@@ -31,22 +31,65 @@ def write_tokenizer(dest: Path, vocab_size: int) -> None:
         "model_max_length": 256}))
 
 
+_TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+             bos_token_id=None, eos_token_id=2)
+
+
 def write_tiny_llama(dest: Path, tied: bool, seed: int = 0, vocab_size: int = 512, **overrides) -> Path:
     """A 2-layer GQA Llama (4 query heads, 2 KV heads) with random weights, saved as safetensors."""
+    return write_tiny("Llama", dest, tied, seed, vocab_size, **overrides)
+
+
+def write_tiny_qwen2(dest: Path, tied: bool, seed: int = 0, vocab_size: int = 512, **overrides) -> Path:
+    """The same shape as a Qwen2 (q/k/v biases, randomised like the weights)."""
+    return write_tiny("Qwen2", dest, tied, seed, vocab_size, **overrides)
+
+
+def write_tiny(family: str, dest: Path, tied: bool, seed: int = 0, vocab_size: int = 512, **overrides) -> Path:
+    """transformers' <family>ForCausalLM at the tiny shape above, random weights, saved as safetensors."""
     import torch
     import transformers
-    cfg = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-               tie_word_embeddings=tied, rms_norm_eps=1e-5, rope_theta=10000.0, bos_token_id=None,
-               eos_token_id=2)
-    cfg.update(overrides)
+    cfg = dict(_TINY, vocab_size=vocab_size, tie_word_embeddings=tied, **overrides)
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
-    with torch.no_grad():   # random-init Llama has tiny logits; widen them so numerics tests bite
-        for p in model.parameters():
+    config = getattr(transformers, f"{family}Config")(**cfg)
+    model = getattr(transformers, f"{family}ForCausalLM")(config)
+    with torch.no_grad():   # random-init models have tiny logits; widen them so numerics tests bite
+        for name, p in model.named_parameters():
             if p.ndim == 2:
                 p.normal_(0.0, 0.08)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.5)
     dest.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dest)
     write_tokenizer(dest, vocab_size)
     return dest
+
+
+def reference_logits(model, ids: list[int]):
+    """transformers' logits at every position [seq, vocab] (numpy)."""
+    import torch
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def assert_prefill_and_decode_match(artifact: Path, reference, ids: list[int], tol: float, steps: int = 5) -> None:
+    """The compiled model's logits equal the reference's: every prefill position (batch_verify), the
+    last-token prefill, then `steps` greedy decode steps."""
+    import numpy as np
+
+    from kiln.runtime.artifact import Artifact
+    from kiln.runtime.model_runner import ModelRunner
+    runner = ModelRunner(Artifact.load(artifact))
+    expected = reference_logits(reference, ids)
+    runner.add_sequence(0)                     # every prefill position (batch_verify)
+    np.testing.assert_allclose(runner.verify(0, ids), expected, atol=tol, rtol=0)
+    runner.add_sequence(1)                     # last-token prefill, then greedy decode steps
+    logits = runner.prefill([1], [ids])[0]
+    np.testing.assert_allclose(logits, expected[-1], atol=tol, rtol=0)
+    seq = list(ids)
+    for _ in range(steps):
+        seq.append(int(np.argmax(logits)))
+        logits = runner.decode([1], [seq[-1]])[0]
+        np.testing.assert_allclose(logits, reference_logits(reference, seq)[-1], atol=tol, rtol=0)
+    assert np.abs(expected).max() > 0.5, "logits too small for the tolerance to mean anything"

@@ -17,7 +17,7 @@ from tvm.script import tirx as T
 
 from kiln.compiler import pipeline
 from kiln.compiler.passes.fuse_add_rms_norm import FuseAddRMSNorm
-from kiln.models.layers import GatedMLP, RMSNorm
+from kiln.models.layers import MLP, Norm
 from kiln.targets import get_profile
 
 pytestmark = pytest.mark.compiler
@@ -140,9 +140,9 @@ class PreNormStack(nn.Module):
     """Two pre-norm layers (x = x + proj(norm(x)); x = x + mlp(norm(x))) and a final norm."""
 
     def __init__(self, layers: int = 2):
-        self.norms = nn.ModuleList([RMSNorm(HIDDEN, EPS) for _ in range(2 * layers + 1)])
+        self.norms = nn.ModuleList([Norm(HIDDEN, EPS) for _ in range(2 * layers + 1)])
         self.projs = nn.ModuleList([nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(layers)])
-        self.mlps = nn.ModuleList([GatedMLP(HIDDEN, INTER) for _ in range(layers)])
+        self.mlps = nn.ModuleList([MLP(HIDDEN, INTER) for _ in range(layers)])
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         for i, (proj, mlp) in enumerate(zip(self.projs, self.mlps)):

@@ -9,6 +9,7 @@ import torch
 from kiln import Engine, SamplingParams
 from kiln.runtime.model_runner import ModelRunner
 from kiln.runtime import Artifact
+from tiny_models import assert_prefill_and_decode_match, reference_logits
 
 pytestmark = pytest.mark.numerics
 TOL = 1e-4
@@ -21,31 +22,13 @@ def references(tiny_dirs):
             for k, d in tiny_dirs.items()}
 
 
-def _ref_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()        # [seq, vocab]
+_ref_logits = reference_logits                                   # [seq, vocab]
 
 
 @pytest.mark.parametrize("kind", ["tied", "untied"])
 def test_prefill_and_decode_logits_match_transformers(kind, tiny_artifacts, references):
-    runner = ModelRunner(Artifact.load(tiny_artifacts[kind]))
-    ref = references[kind]
-    rng = np.random.default_rng(7)
-    ids = rng.integers(0, 512, size=23).tolist()
-    expected = _ref_logits(ref, ids)
-
-    runner.add_sequence(0)                     # every prefill position (batch_verify)
-    np.testing.assert_allclose(runner.verify(0, ids), expected, atol=TOL, rtol=0)
-
-    runner.add_sequence(1)                     # last-token prefill, then 5 greedy decode steps
-    logits = runner.prefill([1], [ids])[0]
-    np.testing.assert_allclose(logits, expected[-1], atol=TOL, rtol=0)
-    seq = list(ids)
-    for _ in range(5):
-        seq.append(int(np.argmax(logits)))
-        logits = runner.decode([1], [seq[-1]])[0]
-        np.testing.assert_allclose(logits, _ref_logits(ref, seq)[-1], atol=TOL, rtol=0)
-    assert np.abs(expected).max() > 0.5, "logits too small for the tolerance to mean anything"
+    ids = np.random.default_rng(7).integers(0, 512, size=23).tolist()
+    assert_prefill_and_decode_match(tiny_artifacts[kind], references[kind], ids, TOL)
 
 
 def test_ragged_batch_prefill_and_decode_match_per_sequence(tiny_artifacts, references):

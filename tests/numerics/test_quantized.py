@@ -215,7 +215,7 @@ def write_gguf(path: Path, hf_dir: Path, types: dict[str, str]) -> tuple[Path, d
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_key_length(c.head_dim)
     w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_layer_norm_rms_eps(c.norm_eps)
     w.add_rope_freq_base(c.rope_theta)
     rng, stored = np.random.default_rng(3), {}
     for name in source.weights.names():

@@ -105,8 +105,8 @@ def test_source_metadata(source, gguf_path):
     ty, raw, shape = w.get_raw("model.layers.0.self_attn.k_proj.weight")
     assert (ty, raw.dtype, shape) == ("Q4_1", np.uint8, (192, 576))
     assert raw.shape == (192, 576 // 32 * 20)  # Q4_1 block: 32 weights in 20 bytes
-    # Un-permuting the raw blocks then dequantizing gives exactly get().
-    k = gguf.quants.dequantize(kg.unpermute_rows(raw, n_head=3), QType.Q4_1).reshape(shape)
+    # The raw blocks come in HF row order: dequantizing them gives exactly get().
+    k = gguf.quants.dequantize(raw, QType.Q4_1).reshape(shape)
     np.testing.assert_array_equal(k, w.get("model.layers.0.self_attn.k_proj.weight"))
 
 
@@ -313,8 +313,11 @@ def test_tiny_raw_rows(tiny_gguf, tiny_hf):
     name = "model.layers.1.self_attn.k_proj.weight"
     ty, raw, shape = w.get_raw(name)
     assert (ty, shape, raw.shape) == ("Q8_0", (N_KV * HEAD_DIM, HIDDEN), (N_KV * HEAD_DIM, HIDDEN // 32 * 34))
-    k = gguf.quants.dequantize(kg.unpermute_rows(raw, N_KV), QType.Q8_0).reshape(shape)
+    k = gguf.quants.dequantize(raw, QType.Q8_0).reshape(shape)      # raw rows come in HF order too
     np.testing.assert_array_equal(k, w.get(name))
+    stored = np.asarray(w._tensor(name).data).view(np.uint8).reshape(raw.shape)
+    assert not np.array_equal(stored, raw)                              # llama.cpp's order, un-permuted
+    np.testing.assert_array_equal(kg.unpermute_rows(stored, N_KV), raw)
 
 
 def test_tiny_config_and_tokenizer(tiny_gguf, tmp_path):
@@ -339,7 +342,7 @@ def test_unsupported_tensor_type(tiny_hf, tmp_path):
 
 
 def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
-    with pytest.raises(ModelLoadError, match="'gpt2' is not supported; supported: llama"):
+    with pytest.raises(ModelLoadError, match="'gpt2' is not supported; supported: llama, qwen2"):
         kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="gpt2"))
     with pytest.raises(ModelLoadError, match="tokenizer model 'llama' is not supported"):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="llama"))

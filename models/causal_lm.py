@@ -1,0 +1,297 @@
+"""The one causal-LM base every family builds on: config fields, entry functions, KV-cache spec.
+
+A family file (llama.py, qwen2.py, ...) holds only what differs: its config mapping (a
+`DecoderConfig` subclass: extra HF fields, `flags()`, per-layer attention), and its weight map
+(usually `decoder_weight_map` with a few names changed). Everything else is here:
+
+    CausalLM(config)   embed, prefill, decode, batch_prefill, batch_decode, batch_verify,
+                       create_paged_kv_cache (the names the runtime calls; compiler/spec.py exports
+                       them), over `DecoderLayer`s built from models/layers.py with the family's Flags.
+
+The KV cache gets one attention kind per layer (full, or sliding window with its size) and one
+RoPE for all layers: TVM's paged KV cache applies RoPE itself with a single theta/scaling, so a
+model whose layers differ in RoPE is refused at build time (the model-zoo issue adds it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import numpy as np
+from tvm import relax, te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
+from tvm.target import Target
+
+from .config import ConfigField, read_fields
+from .layers import DecoderLayer, Flags, Norm, tied_logits
+
+# HF field names shared by the decoder families (a family adds its own or overrides these).
+DECODER_FIELDS = (
+    ConfigField("vocab_size", ("vocab_size",)),
+    ConfigField("hidden_size", ("hidden_size", "n_embd", "d_model")),
+    ConfigField("intermediate_size", ("intermediate_size", "ffn_dim", "n_inner")),
+    ConfigField("num_hidden_layers", ("num_hidden_layers", "n_layer", "num_layers")),
+    ConfigField("num_attention_heads", ("num_attention_heads", "n_head", "num_heads")),
+    ConfigField("num_key_value_heads", ("num_key_value_heads", "num_kv_heads"), default="num_attention_heads"),
+    ConfigField("head_dim", ("head_dim",), default=None),
+    ConfigField("norm_eps", ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps"), default=1e-6),
+    ConfigField("rope_theta", ("rope_theta",), default=10000.0),
+    ConfigField("context_window_size", ("max_position_embeddings", "max_sequence_length", "n_positions",
+                                        "seq_length")),
+    ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=False),
+    ConfigField("rope_scaling", ("rope_scaling",), default=None),
+    ConfigField("bos_token_id", ("bos_token_id",), default=None),
+    ConfigField("eos_token_ids", ("eos_token_id",), default=()),
+)
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One layer's attention: its kind and RoPE (what TIRPagedKVCache needs per layer)."""
+
+    kind: str = "full"                      # "full" | "sliding"
+    window: int | None = None               # tokens, for "sliding"
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Fields every decoder family has; `from_hf` maps a config.json dict through `FIELDS`."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    norm_eps: float
+    rope_theta: float
+    context_window_size: int
+    tie_word_embeddings: bool
+    rope_scaling: dict | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    ARCH: ClassVar[str] = "decoder"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = DECODER_FIELDS
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "llama3")    # rope_scaling types the family takes
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "DecoderConfig":
+        """Map a Hugging Face config.json dict; a ValueError names every field tried when one is missing."""
+        values = read_fields(hf, cls.FIELDS, arch=cls.ARCH)
+        if values["head_dim"] is None:
+            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+        eos = values["eos_token_ids"]
+        values["eos_token_ids"] = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,))
+        scaling = values["rope_scaling"]
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type"))
+            if kind not in (*cls.ROPE_TYPES, None):
+                raise ValueError(f"rope_scaling type {kind!r} is not supported for {cls.ARCH} yet "
+                                 f"(supported: {', '.join(cls.ROPE_TYPES)})")
+            values["rope_scaling"] = None if kind in ("default", None) else dict(scaling, rope_type=kind)
+        notes: list[str] = []
+        values = cls.adapt(values, hf, notes)
+        return cls(**values, notes=tuple(notes))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        """A family's own mapping after the shared one (extra fields, caps, refusals)."""
+        return values
+
+    def flags(self) -> Flags:
+        return Flags()
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        """Per layer: full attention with the model's RoPE, unless a family says otherwise."""
+        return (LayerAttention("full", None, self.rope_theta, self.rope_scaling),) * self.num_hidden_layers
+
+
+class DecoderStack(nn.Module):
+    def __init__(self, c: DecoderConfig, flags: Flags):
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        if flags.learned_positions:
+            self.embed_positions = nn.Embedding(c.context_window_size, c.hidden_size)
+        self.layers = nn.ModuleList([
+            DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                         c.head_dim, c.norm_eps, flags) for _ in range(c.num_hidden_layers)])
+        self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
+
+    def forward(self, x: Tensor, kv_cache: PagedKVCache) -> Tensor:
+        if hasattr(self, "embed_positions"):                     # absolute positions, from the cache
+            b, s, d = x.shape
+            positions = kv_cache.get_query_positions(b * s)      # [b * s]
+            x = x + op.reshape(self.embed_positions(positions), (b, s, d))
+        for layer_id, layer in enumerate(self.layers):
+            x = layer(x, kv_cache, layer_id)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    """Entry functions (see runtime/contract.py ENTRY_FUNCTIONS). Logits are always float32."""
+
+    def __init__(self, config: DecoderConfig):
+        self.config, self.flags = config, config.flags()
+        self.attention = config.layer_attention()
+        _check_uniform_rope(self.attention)
+        self.model = DecoderStack(config, self.flags)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.dtype = "float32"
+
+    def to(self, dtype: str | None = None) -> None:
+        super().to(dtype=dtype)
+        if dtype is not None:
+            self.dtype = dtype
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        if self.config.tie_word_embeddings:
+            logits = tied_logits(hidden, self.model.embed_tokens)
+        else:
+            logits = self.lm_head(hidden)
+        logits = logits if logits.dtype == "float32" else logits.astype("float32")
+        cap = self.flags.final_logit_softcap
+        return op.tanh(logits / cap) * cap if cap else logits
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        x = self.model.embed_tokens(input_ids)                   # [seq, hidden]
+        scale = self.flags.embed_scale
+        return x * scale if scale else x
+
+    def prefill(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
+        hidden = self.model(input_embed, paged_kv_cache)         # [1, seq, hidden]
+        return self._logits(_last_token(hidden)), paged_kv_cache  # [1, 1, vocab]
+
+    def decode(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
+        return self._logits(self.model(input_embed, paged_kv_cache)), paged_kv_cache
+
+    def batch_prefill(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
+        hidden = self.model(input_embeds, paged_kv_cache)        # [1, total_seq, hidden]
+        hidden = op.take(hidden, logit_positions, axis=1)        # [1, batch, hidden]
+        return self._logits(hidden), paged_kv_cache              # [1, batch, vocab]
+
+    def batch_decode(self, input_embeds: Tensor, paged_kv_cache: PagedKVCache):
+        return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache  # [batch, 1, vocab]
+
+    def batch_verify(self, input_embeds: Tensor, paged_kv_cache: PagedKVCache):
+        return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache  # [1, seq, vocab]
+
+    def create_paged_kv_cache(self, max_batch_size: tirx.Var, max_total_seq_len: tirx.Var,
+                              prefill_chunk_size: tirx.Var, page_size: tirx.Var,
+                              support_sliding_window: tirx.Var) -> PagedKVCache:
+        c, first = self.config, self.attention[0]
+        kinds = [a.kind for a in self.attention]
+        windows = {a.window for a in self.attention if a.kind == "sliding"}
+        return TIRPagedKVCache(
+            attn_kind="mha" if set(kinds) == {"full"} else ["mha_sliding" if k == "sliding" else "mha" for k in kinds],
+            max_batch_size=max_batch_size,
+            max_total_seq_len=max_total_seq_len,
+            prefill_chunk_size=prefill_chunk_size,
+            page_size=page_size,
+            support_sliding_window=support_sliding_window,
+            layer_partition=relax.ShapeExpr([0, c.num_hidden_layers]),
+            num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads,
+            qk_head_dim=c.head_dim,
+            v_head_dim=c.head_dim,
+            mla_original_qk_head_dim=0,
+            mla_original_v_head_dim=0,
+            rope_mode=RopeMode.NONE if self.flags.learned_positions else RopeMode.NORMAL,
+            rope_scale=1,
+            rope_theta=first.rope_theta,
+            rope_scaling=first.rope_scaling or {},
+            rope_ext_factors=relax.prim_value(0),  # only longrope uses it
+            rotary_dim=c.head_dim,
+            enable_disaggregation=False,
+            dtype=self.dtype,
+            target=Target.current(),
+            **({"layer_sliding_window_size": windows.pop()} if windows else {}),
+        )
+
+
+def _check_uniform_rope(layers: tuple[LayerAttention, ...]) -> None:
+    ropes = {(a.rope_theta, repr(a.rope_scaling)) for a in layers}
+    if len(ropes) > 1:
+        raise ValueError(f"the layers use {len(ropes)} different RoPE settings; TVM's paged KV cache applies one "
+                         "RoPE to every layer, so per-layer RoPE bases are not supported yet")
+    windows = {a.window for a in layers if a.kind == "sliding"}
+    if len(windows) > 1:
+        raise ValueError(f"sliding-window layers use {len(windows)} window sizes; the KV cache takes one")
+
+
+def _last_token(hidden: Tensor) -> Tensor:
+    """hidden[:, -1:, :] as a TE op (the sequence length is symbolic)."""
+    def compute(x: te.Tensor):
+        b, s, d = x.shape
+        return te.compute((b, 1, d), lambda i, _, k: x[i, s - 1, k], name="last_token")
+    return op.tensor_expr_op(compute, "last_token", [hidden])
+
+
+# ----------------------------------------------------------------------------- weight maps
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """A parameter made from HF tensors: concatenated along axis 0, then `transform`ed (e.g. a
+    Conv1D weight transposed to [out, in]). A plain list of names is a WeightSpec without transform."""
+
+    hf_names: tuple[str, ...]
+    transform: Callable[[np.ndarray], np.ndarray] | None = None
+
+
+WeightMap = dict[str, "list[str] | WeightSpec"]
+
+
+def weight_spec(entry: "list[str] | WeightSpec") -> WeightSpec:
+    """A weight-map entry as a WeightSpec (a plain list of HF names has no transform)."""
+    return entry if isinstance(entry, WeightSpec) else WeightSpec(tuple(entry))
+# kiln's local names -> the HF names of a Llama-style checkpoint; families override entries.
+LLAMA_NAMES = {
+    "embed_tokens": "model.embed_tokens", "embed_positions": "model.embed_positions", "norm": "model.norm",
+    "lm_head": "lm_head", "layer": "model.layers.{i}",
+    "input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
+    "post_attn_norm": "post_attn_norm", "post_mlp_norm": "post_mlp_norm",
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+    "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
+}
+
+
+def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) -> WeightMap:
+    """kiln parameter name -> the HF tensor names (concatenated along axis 0) that make it."""
+    f, n = c.flags(), names
+    norm_parts = ("weight", "bias") if f.norm == "layer" else ("weight",)
+    m: WeightMap = {"model.embed_tokens.weight": [f"{n['embed_tokens']}.weight"]}
+    if f.learned_positions:
+        m["model.embed_positions.weight"] = [f"{n['embed_positions']}.weight"]
+    m.update({f"model.norm.{p}": [f"{n['norm']}.{p}"] for p in norm_parts})
+    if not c.tie_word_embeddings:
+        m["lm_head.weight"] = [f"{n['lm_head']}.weight"]
+    for i in range(c.num_hidden_layers):
+        k, h = f"model.layers.{i}", n["layer"].format(i=i)
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        norms += ["post_attn_norm", "post_mlp_norm"] if f.sandwich_norms else []
+        for norm in norms:
+            m.update({f"{k}.{norm}.{p}": [f"{h}.{n[norm]}.{p}"] for p in norm_parts})
+        qkv = [f"{h}.{n[x]}" for x in ("q_proj", "k_proj", "v_proj")]
+        m[f"{k}.self_attn.qkv_proj.weight"] = [f"{x}.weight" for x in qkv]
+        if f.qkv_bias:
+            m[f"{k}.self_attn.qkv_proj.bias"] = [f"{x}.bias" for x in qkv]
+        if f.qk_norm:
+            m[f"{k}.self_attn.q_norm.weight"] = [f"{h}.{n['q_norm']}.weight"]
+            m[f"{k}.self_attn.k_norm.weight"] = [f"{h}.{n['k_norm']}.weight"]
+        mlp = ("gate_proj", "up_proj") if f.gated_mlp else ("up_proj",)
+        projs = {"self_attn.o_proj": ([n["o_proj"]], f.o_bias), "mlp.down_proj": ([n["down_proj"]], f.mlp_bias),
+                 "mlp.gate_up_proj" if f.gated_mlp else "mlp.up_proj": ([n[x] for x in mlp], f.mlp_bias)}
+        for param, (parts, bias) in projs.items():
+            for p in ("weight", "bias") if bias else ("weight",):
+                m[f"{k}.{param}.{p}"] = [f"{h}.{x}.{p}" for x in parts]
+    return m

@@ -1,0 +1,128 @@
+"""The tokenizer a GGUF file describes, rebuilt as a `tokenizers.Tokenizer` plus tokenizer_config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+from .gguf_meta import meta as _meta
+from .source import ModelLoadError
+
+# Pre-tokenizer splits by tokenizer.ggml.pre, transcribed from llama.cpp's
+# llama-vocab.cpp: the regexes run in order, each splitting the pieces the
+# previous one made, before the byte-level mapping.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE_SPLITS = {
+    **dict.fromkeys(["default", "gpt-2", "gpt2", "mpt", "olmo", "jais"], [_GPT2_SPLIT]),
+    # Single digits first (SmolLM's own tokenizer.json: Digits(individual_digits) + ByteLevel).
+    **dict.fromkeys(
+        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"], [r"\p{N}", _GPT2_SPLIT]
+    ),
+    **dict.fromkeys(["llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx"], [_LLAMA3_SPLIT]),
+    **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen"], [_QWEN2_SPLIT]),
+}
+_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
+
+
+def _check_tokenizer(reader: gguf.GGUFReader) -> None:
+    """Raise when the file's tokenizer is one we cannot rebuild."""
+    model = _meta(reader, "tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ModelLoadError(f"GGUF tokenizer model {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE)")
+    pre = _meta(reader, "tokenizer.ggml.pre", "default")
+    if pre not in _PRE_SPLITS:
+        supported = ", ".join(sorted(_PRE_SPLITS))
+        raise ModelLoadError(f"GGUF pre-tokenizer {pre!r} is not supported; supported: {supported}")
+
+
+def build_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
+    """A `tokenizers.Tokenizer` equal to the byte-level BPE the GGUF metadata describes."""
+    _check_tokenizer(reader)
+    tokens = _meta(reader, "tokenizer.ggml.tokens")
+    types = _meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in _meta(reader, "tokenizer.ggml.merges")]
+    added = {i for i, ty in enumerate(types) if ty in (_CONTROL, _USER_DEFINED)}
+    vocab = {_byte_level_spelling(tok) if i not in added else tok: i for i, tok in enumerate(tokens)}
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    splits = _PRE_SPLITS[_meta(reader, "tokenizer.ggml.pre", "default")]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    # Control tokens are special (skipped by decode(skip_special_tokens=True));
+    # user-defined ones (like <think>) are matched whole but decoded as text.
+    control = [i for i in sorted(added) if types[i] == _CONTROL]
+    user = [i for i in sorted(added) if types[i] == _USER_DEFINED]
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
+    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
+    tok.post_processor = _post_processor(reader, tokens)
+    return tok
+
+
+def _byte_level_spelling(token: str) -> str:
+    """A vocabulary entry in the byte-level alphabet; llama.cpp stores them that way already."""
+    if all(c in _UNICODE_ALPHABET for c in token):
+        return token
+    return "".join(_BYTE_TO_UNICODE[b] for b in token.encode("utf-8"))
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from bytes to printable characters (the byte-level BPE alphabet)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    extra = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(extra)}}
+
+
+_BYTE_TO_UNICODE = _bytes_to_unicode()
+_UNICODE_ALPHABET = frozenset(_BYTE_TO_UNICODE.values())
+
+
+def _post_processor(reader: gguf.GGUFReader, tokens: list[str]):
+    """Prepend BOS when the file says to (tokenizer.ggml.add_bos_token); gpt2-style default is no."""
+    bos_id = _meta(reader, "tokenizer.ggml.bos_token_id", None)
+    if not _meta(reader, "tokenizer.ggml.add_bos_token", False) or bos_id is None:
+        return processors.ByteLevel(trim_offsets=False)
+    bos = tokens[bos_id]
+    return processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
+    )
+
+
+def gguf_tokenizer_config(reader: gguf.GGUFReader) -> dict:
+    """tokenizer_config.json contents: special tokens, BOS policy, chat template."""
+    tokens = _meta(reader, "tokenizer.ggml.tokens")
+    config: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"), ("unk_token", "unknown")):
+        token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id", None)
+        if token_id is not None and token_id < len(tokens):
+            config[name] = tokens[token_id]
+    config["add_bos_token"] = bool(_meta(reader, "tokenizer.ggml.add_bos_token", False))
+    config["add_eos_token"] = bool(_meta(reader, "tokenizer.ggml.add_eos_token", False))
+    arch = _meta(reader, "general.architecture")
+    config["model_max_length"] = _meta(reader, f"{arch}.context_length", None)
+    template = _meta(reader, "tokenizer.chat_template", None)
+    if template is not None:
+        config["chat_template"] = template
+    return config
+
+
+def write_gguf_tokenizer(reader: gguf.GGUFReader, dest: Path) -> list[str]:
+    """Write tokenizer.json and tokenizer_config.json for the GGUF's tokenizer into `dest`."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    build_gguf_tokenizer(reader).save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps(gguf_tokenizer_config(reader), indent=2, ensure_ascii=False))
+    return ["tokenizer.json", "tokenizer_config.json"]
