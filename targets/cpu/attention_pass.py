@@ -71,6 +71,16 @@ REPLACEMENTS = {
 }
 
 
+def _replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """kiln's kernel for TVM's `name`, or None: not one kiln replaces, or a shape its kernels do not
+    take (head_dim not a multiple of the vector width, different k/v head dims), which keeps TVM's."""
+    make = REPLACEMENTS.get(name)
+    try:
+        return make(func) if make else None
+    except ValueError:          # raised by the kernel builders' shape checks only
+        return None
+
+
 @visitor
 class _CacheCreations(PyExprVisitor):
     """Collects the arguments of every KV-cache create call."""
@@ -130,8 +140,7 @@ class UseKilnCPUAttention:
             if gv.name_hint == _ROPE_NAME:
                 new = _rope_replacement(func, creations[0])
             else:
-                make = REPLACEMENTS.get(gv.name_hint)
-                new = make(func) if make else None
+                new = _replacement(gv.name_hint, func)
             if new is None:
                 continue
             # kiln's own attrs (plain scheduled TIR, not s_tir), under the original's symbol
