@@ -110,8 +110,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
             context_window_size=context,
             prefill_chunk_size=chunk,
             max_batch_size=opts.max_batch_size,
-            kv_cache=KVCacheLayout(profile.page_size, config.num_hidden_layers, config.num_key_value_heads,
-                                   config.head_dim, scheme.model_dtype),
+            kv_cache=_kv_layout(config, profile.page_size, scheme.model_dtype),
             bos_token_id=config.bos_token_id,
             eos_token_ids=config.eos_token_ids,
             tokenizer_files=tokenizer_files,
@@ -179,6 +178,14 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
         report("weights", i + 1, len(weights))
     writer.close()
     return list(params)
+
+
+def _kv_layout(config, page_size: int, dtype: str) -> KVCacheLayout:
+    """The KV cache as the model creates it: per-layer attention kinds and the sliding window."""
+    layers = config.layer_attention()
+    windows = {a.window for a in layers if a.kind == "sliding"}
+    return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
+                         layer_kinds=tuple(a.kind for a in layers), sliding_window=windows.pop() if windows else None)
 
 
 def _config_dict(config) -> dict:

@@ -1,5 +1,6 @@
 """The target seam: compiler/ asks the TargetProfile and names no device; a family added under
-targets/ only (ROCm) writes its artifact; the CPU profile's passes sit where the pipeline says."""
+targets/ only (ROCm) writes its artifact; the CPU profile's passes sit where the pipeline says;
+the compiler writes the KV layout into the contract."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 import kiln
 from kiln.compiler.pipeline import phases
+from kiln.runtime.contract import ENTRY_FUNCTIONS, read_config
 from kiln.targets import PHASES, ToolchainError, get_profile, names
 
 pytestmark = pytest.mark.compiler
@@ -74,3 +76,9 @@ def test_rocm_artifact_is_written(name, arch, wave, tiny_dirs, tmp_path):
     lib = (art / "lib.so").read_bytes()
     assert f"amdgcn-amd-amdhsa-hcc-{arch}".encode() in lib      # the linked code object for this GPU
     kiln.Artifact.load(art)                                      # hashes verify
+
+
+def test_compiled_artifact_records_its_kv_layout(tiny_artifacts):
+    config = read_config(tiny_artifacts["tied"])
+    assert config.kv_cache.layer_kinds == ("full", "full") and config.kv_cache.sliding_window is None
+    assert config.model.arch == "llama" and config.entry_functions == ENTRY_FUNCTIONS

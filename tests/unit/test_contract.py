@@ -1,0 +1,82 @@
+"""The artifact contract (runtime/contract.py): the config record validates, round-trips, and
+refuses what the runtime cannot use; parameter shards read back what was written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from kiln.runtime import contract as c
+
+pytestmark = pytest.mark.unit
+
+
+def _config(**changes) -> c.ArtifactConfig:
+    base = c.ArtifactConfig(
+        model=c.ModelInfo("m", "llama", {"hidden_size": 8}, c.SourceInfo("hf", "ab" * 32, "/models/m")),
+        quantization={"name": "q0f32"}, target=c.TargetInfo("cpu", "cpu", {"kind": "llvm"}, "lib.so"),
+        entry_functions=c.ENTRY_FUNCTIONS, params=("w",), vocab_size=16, hidden_size=8, context_window_size=64,
+        prefill_chunk_size=32, max_batch_size=4,
+        kv_cache=c.KVCacheLayout(16, 2, 1, 4, "float32", layer_kinds=("sliding", "full"), sliding_window=32))
+    return dataclasses.replace(base, **changes)
+
+
+def _write_artifact(root, config: c.ArtifactConfig) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    writer = c.ParamWriter(root / c.PARAMS_DIR)
+    writer.add("w", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.close()
+    (root / "lib.so").write_bytes(b"\x7fELF stand-in")
+    c.write_config(root, config)
+
+
+def test_round_trip_through_the_file(tmp_path):
+    _write_artifact(tmp_path / "a", _config())
+    back = c.read_config(tmp_path / "a")
+    assert back == dataclasses.replace(_config(), files=back.files)
+    assert set(back.files) == {"lib.so", "params/shard-000.bin", "params/tensor-cache.json"}
+    c.verify_files(tmp_path / "a", back)
+    np.testing.assert_array_equal(next(c.iter_params(tmp_path / "a", ("w",))), np.arange(6.0).reshape(2, 3))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.pop("vocab_size"), "vocab_size"),
+    (lambda d: d.update(format_version=0), "artifact format 0, this kiln reads 1"),
+    (lambda d: d["kv_cache"].update(layer_kinds=["full", "local"]), "known kinds: full, sliding"),
+    (lambda d: d["kv_cache"].update(layer_kinds=["full"]), "lists 1 layers, the model has 2"),
+    (lambda d: d["kv_cache"].update(sliding_window=None), "no sliding_window size"),
+    (lambda d: d.update(prefill_chunk_size=128), "exceeds context_window_size"),
+    (lambda d: d.update(entry_functions=["embed"]), "lacks entry functions"),
+    (lambda d: d["target"].pop("device"), "does not match the artifact schema"),
+])
+def test_bad_configs_are_refused_by_name(tmp_path, edit, message):
+    _write_artifact(tmp_path, _config())
+    raw = json.loads((tmp_path / c.CONFIG_NAME).read_text())
+    edit(raw)
+    (tmp_path / c.CONFIG_NAME).write_text(json.dumps(raw))
+    with pytest.raises(c.ArtifactError, match=message) as err:
+        c.read_config(tmp_path)
+    assert "recompile" in str(err.value)
+
+
+def test_tampered_or_missing_files_fail_verification(tmp_path):
+    _write_artifact(tmp_path, _config())
+    config = c.read_config(tmp_path)
+    (tmp_path / "lib.so").write_bytes(b"changed")
+    with pytest.raises(c.ArtifactError, match="lib.so does not match its hash"):
+        c.verify_files(tmp_path, config)
+    (tmp_path / "lib.so").unlink()
+    with pytest.raises(c.ArtifactError, match="missing lib.so"):
+        c.verify_files(tmp_path, config)
+
+
+def test_truncated_shard_is_refused(tmp_path):
+    _write_artifact(tmp_path, _config())
+    shard = tmp_path / c.PARAMS_DIR / "shard-000.bin"
+    shard.write_bytes(shard.read_bytes()[:10])
+    with pytest.raises(c.ArtifactError, match="truncated"):
+        list(c.iter_params(tmp_path, ("w",)))
+
