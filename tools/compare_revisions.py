@@ -89,12 +89,15 @@ def main() -> None:
     medians = {name: {m: statistics.median(r[m] for r in rs) for m in METRICS} for name, rs in rounds.items()}
     print(f"\n{args.model} --quant {args.quant}, prompt {args.prompt_len}, gen {args.gen_len}, batch {args.batch}, "
           f"medians of {args.rounds} alternating rounds (before = {args.before})")
+    # Each round's two runs sit back to back: their ratio cancels noise that drifts over minutes.
+    paired = {m: statistics.median(a[m] / b[m] for a, b in zip(rounds["after"], rounds["before"])) for m in METRICS}
     for m in METRICS:
         b, a = medians["before"][m], medians["after"][m]
-        print(f"  {m:<14} before {b:9.2f}   after {a:9.2f}   after/before {a / b:.3f}")
+        print(f"  {m:<14} before {b:9.2f}   after {a:9.2f}   after/before {a / b:.3f}   "
+              f"median of per-round ratios {paired[m]:.3f}")
     if args.json:
         args.json.write_text(json.dumps({"before_rev": args.before, "args": vars(args) | {"json": str(args.json)},
-                                         "rounds": rounds, "medians": medians}, indent=1))
+                                         "rounds": rounds, "medians": medians, "paired_ratios": paired}, indent=1))
 
 
 if __name__ == "__main__":
