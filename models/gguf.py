@@ -18,7 +18,6 @@ Two layout differences matter:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as md
 import re
 from collections import Counter
@@ -30,7 +29,7 @@ from gguf import GGMLQuantizationType as QType
 
 from .gguf_meta import meta as _meta
 from .gguf_tokenizer import _BYTE_TO_UNICODE, _check_tokenizer, write_gguf_tokenizer  # noqa: F401
-from .source import ModelLoadError, ModelSource
+from .source import ModelLoadError, ModelSource, content_hash
 
 # GGUF general.architecture -> (HF model_type, HF architectures, whether llama.cpp's converter
 # permuted the q/k rows for its RoPE: it does for llama, not for qwen2).
@@ -111,14 +110,6 @@ def _open_reader(path: Path) -> gguf.GGUFReader:
 def _f32(value: float) -> float:
     """A float32 metadata value as the shortest decimal that round-trips (9.99999974e-06 -> 1e-05)."""
     return float(str(np.float32(value)))
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------- config
@@ -289,7 +280,7 @@ def load_gguf(path: Path) -> ModelSource:
         hf_config=config,
         weights=weights,
         write_tokenizer=(lambda d: write_gguf_tokenizer(reader, d)) if has_tokenizer else None,
-        content_hash=_file_sha256(path),
+        content_hash=content_hash([path]),
         notes=_notes(weights, config),
     )
 

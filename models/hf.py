@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .source import ModelLoadError, ModelSource
+from .source import ModelLoadError, ModelSource, content_hash
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
               "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -114,16 +113,6 @@ def _weight_files(d: Path) -> tuple[str, list[Path]]:
                          "pytorch_model*.bin); download the model's weight files into it")
 
 
-def _hash_files(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def load_hf_dir(d: Path) -> ModelSource:
     cfg_path = d / "config.json"
     if not cfg_path.exists():
@@ -145,4 +134,4 @@ def load_hf_dir(d: Path) -> ModelSource:
         return copied
 
     return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights,
-                       write_tokenizer=write_tokenizer, content_hash=_hash_files([cfg_path, *files]))
+                       write_tokenizer=write_tokenizer, content_hash=content_hash([cfg_path, *files]))

@@ -8,11 +8,23 @@ for one) so that model definitions see one convention.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 import numpy as np
+
+
+def content_hash(files: list[Path]) -> str:
+    """sha256 over each file's name and bytes, in order: what a compiled model is keyed by."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 class ModelLoadError(ValueError):
