@@ -85,7 +85,7 @@ class DecoderConfig:
     @classmethod
     def from_hf(cls, hf: dict) -> "DecoderConfig":
         """Map a Hugging Face config.json dict; a ValueError names every field tried when one is missing."""
-        values = read_fields(hf, cls.FIELDS, arch=cls.ARCH)
+        values = read_fields(_flat_rope(hf), cls.FIELDS, arch=cls.ARCH)
         if values["head_dim"] is None:
             values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
         eos = values["eos_token_ids"]
@@ -112,6 +112,17 @@ class DecoderConfig:
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         """Per layer: full attention with the model's RoPE, unless a family says otherwise."""
         return (LayerAttention("full", None, self.rope_theta, self.rope_scaling),) * self.num_hidden_layers
+
+
+def _flat_rope(hf: dict) -> dict:
+    """transformers 5 writes RoPE as `rope_parameters: {rope_type, rope_theta, factor, ...}` instead of
+    top-level `rope_theta` and `rope_scaling`: read either."""
+    params = hf.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_theta" not in params:
+        return hf                       # absent, or per layer type (Gemma 3): the family maps it
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    default = scaling.get("rope_type", scaling.get("type", "default")) == "default"
+    return {**hf, "rope_theta": params["rope_theta"], "rope_scaling": None if default else scaling}
 
 
 class DecoderStack(nn.Module):

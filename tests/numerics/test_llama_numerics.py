@@ -87,3 +87,21 @@ def test_q0f16_logits_close_to_transformers(tiny_dirs, tmp_path, references):
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, expected, atol=3e-2 * np.abs(expected).max(), rtol=0)
     assert (got.argmax(-1) == expected.argmax(-1)).mean() > 0.9
+
+
+def test_llama3_rope_scaling_from_transformers5_rope_parameters(tmp_path):
+    """transformers 5 saves rope_theta and rope_scaling inside `rope_parameters`; both must be read."""
+    import json
+
+    import kiln
+    import transformers
+    from tiny_models import write_tiny_llama
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    d = write_tiny_llama(tmp_path / "hf", tied=False, seed=2, rope_theta=500000.0, rope_scaling=scaling)
+    assert "rope_parameters" in json.loads((d / "config.json").read_text())
+    art = kiln.compile(str(d), quant="q0f32", output=tmp_path / "art")
+    assert kiln.Artifact.load(art).config.model.config["rope_theta"] == 500000.0
+    ref = transformers.LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    assert_prefill_and_decode_match(art, ref, list(range(5, 45)), TOL, steps=3)
+

@@ -24,7 +24,7 @@ def qwen2(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("qwen2")
     out = {}
     for kind, tied in (("tied", True), ("untied", False)):
-        d = write_tiny_qwen2(root / kind, tied=tied, seed=3 if tied else 4)
+        d = write_tiny_qwen2(root / kind, tied=tied, seed=3 if tied else 4, rope_theta=1e6)   # Qwen2's theta
         art = kiln.compile(str(d), target="cpu", quant="q0f32", output=root / f"{kind}-art")
         ref = transformers.Qwen2ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
         out[kind] = (d, art, ref)
