@@ -264,6 +264,40 @@ def _compiled(model: str) -> Path:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per preset, one per line")
+def targets(as_json) -> None:
+    """List the --target presets: the device, the library, the default quantization, and whether an
+    artifact builds and runs on this machine (a missing build tool is named with its fix)."""
+    from kiln.targets import ToolchainError, get_profile, names
+    for name in names():
+        p = get_profile(name)
+        try:
+            p.check_toolchain(p)
+            builds = "yes"
+        except ToolchainError as e:
+            builds = f"no ({e})"
+        # A cross-compiled CPU target (android) never runs here; a GPU preset does where its GPU is.
+        runs = p.runnable_here or (p.device != "cpu" and _has_device(p.device))
+        row = {"preset": name, "name": p.name, "device": p.device, "lib": p.lib_name, "default_quant": p.default_quant,
+               "builds_here": builds, "runs_here": runs, "description": p.description}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo(f"{name:<14} {p.device:<5} {p.lib_name:<8} {p.default_quant:<6} "
+                       f"runs here: {'yes' if runs else 'no ':<4} builds here: {builds:<4} {p.description}")
+
+
+def _has_device(kind: str) -> bool:
+    """Whether this machine has a `kind` device TVM can open (a GPU preset runs where its GPU is)."""
+    from kiln.runtime._tvm import open_device
+    try:
+        open_device(kind)
+        return True
+    except ValueError:          # ArtifactError: no driver, no device, no runtime for it
+        return False
+
+
+@main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print kiln-config.json")
 @_friendly_errors
