@@ -13,24 +13,21 @@ import hashlib
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from typing import TYPE_CHECKING
+import kiln.runtime as _runtime          # lazy itself: its names load on first use, no TVM here
 
 if TYPE_CHECKING:
     from kiln.runtime import Engine, EngineConfig
 
 __version__ = "0.1.0"
-_RUNTIME_EXPORTS = ("Artifact", "ArtifactError", "Engine", "EngineConfig", "GenerationOutput", "InvalidRequestError",
-                    "SamplingParams", "StreamDelta", "is_artifact")
 
 
 def __getattr__(name: str):
-    """The runtime's public names, imported on first use (`import kiln` loads no TVM)."""
-    if name not in _RUNTIME_EXPORTS:
+    """The runtime's public names (kiln.runtime.__all__), imported on first use."""
+    if name not in _runtime.__all__:
         raise AttributeError(f"module 'kiln' has no attribute {name!r}")
-    import kiln.runtime
-    return getattr(kiln.runtime, name)
+    return getattr(_runtime, name)
 
 
 def cache_dir() -> Path:
@@ -103,5 +100,4 @@ def load(model_or_artifact: str | Path, config: "EngineConfig | None" = None,
     return Engine(ensure_artifact(model_or_artifact, progress=progress), config)
 
 
-__all__ = ["Artifact", "ArtifactError", "Engine", "EngineConfig", "GenerationOutput", "InvalidRequestError",
-           "SamplingParams", "StreamDelta", "cache_dir", "compile", "ensure_artifact", "load"]
+__all__ = [*_runtime.__all__, "cache_dir", "compile", "ensure_artifact", "load"]
