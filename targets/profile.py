@@ -50,6 +50,9 @@ class TuningSpace(Protocol):
     def database(self) -> Any:
         """The target's tuning database (entries by kernel key; ``save()``; ``path``)."""
 
+    def database_path(self) -> Path:
+        """Where that database lives (it may not exist yet), without reading it."""
+
     def entry(self, knobs: Any, us: dict[int, float], default_us: dict[int, float], function: str) -> Any:
         """A database entry: the chosen knobs and the median microseconds per row count."""
 
@@ -90,7 +93,7 @@ class TargetProfile:
     def tuning_db_path(self) -> Path | None:
         """The file a compile reads tuned knobs from (it may not exist yet), or None."""
         space = self.tuning_space()
-        return space.database().path if space is not None else None
+        return space.database_path() if space is not None else None
 
     @property
     def lib_name(self) -> str:

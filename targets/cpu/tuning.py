@@ -30,15 +30,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import tempfile
 import warnings
-from datetime import datetime, timezone
-from dataclasses import dataclass, field
-from pathlib import Path
-
-import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
 
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -245,6 +244,9 @@ class CPUTuning:
 
     def database(self) -> TuningDB:
         return TuningDB.for_profile(self.profile)
+
+    def database_path(self) -> Path:
+        return db_path(self.profile)
 
     def entry(self, knobs: CPUKnobs, us: dict[int, float], default_us: dict[int, float], function: str) -> TuneEntry:
         return TuneEntry(knobs, us.get(1), us.get(128), default_us.get(1), default_us.get(128),
