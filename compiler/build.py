@@ -14,6 +14,7 @@ from tvm import relax, tirx
 
 from kiln import models
 from kiln.models import ModelSource
+from kiln.models.causal_lm import sliding_window
 from kiln.targets import DEFAULT_TARGET, TargetProfile, get_profile
 
 from kiln.runtime.contract import (ENTRY_FUNCTIONS, ArtifactConfig, KVCacheLayout, ModelInfo, PARAMS_DIR,
@@ -183,9 +184,8 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
 def _kv_layout(config, page_size: int, dtype: str) -> KVCacheLayout:
     """The KV cache as the model creates it: per-layer attention kinds and the sliding window."""
     layers = config.layer_attention()
-    windows = {a.window for a in layers if a.kind == "sliding"}
     return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
-                         layer_kinds=tuple(a.kind for a in layers), sliding_window=windows.pop() if windows else None)
+                         layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers))
 
 
 def _config_dict(config) -> dict:

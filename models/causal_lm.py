@@ -152,6 +152,7 @@ class CausalLM(nn.Module):
         self.config, self.flags = config, config.flags()
         self.attention = config.layer_attention()
         _check_uniform_rope(self.attention)
+        self.sliding_window = sliding_window(self.attention)
         self.model = DecoderStack(config, self.flags)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -199,7 +200,6 @@ class CausalLM(nn.Module):
                               support_sliding_window: tirx.Var) -> PagedKVCache:
         c, first = self.config, self.attention[0]
         kinds = [a.kind for a in self.attention]
-        windows = {a.window for a in self.attention if a.kind == "sliding"}
         return TIRPagedKVCache(
             attn_kind="mha" if set(kinds) == {"full"} else ["mha_sliding" if k == "sliding" else "mha" for k in kinds],
             max_batch_size=max_batch_size,
@@ -224,7 +224,7 @@ class CausalLM(nn.Module):
             enable_disaggregation=False,
             dtype=self.dtype,
             target=Target.current(),
-            **({"layer_sliding_window_size": windows.pop()} if windows else {}),
+            **({"layer_sliding_window_size": self.sliding_window} if self.sliding_window else {}),
         )
 
 
@@ -233,9 +233,14 @@ def _check_uniform_rope(layers: tuple[LayerAttention, ...]) -> None:
     if len(ropes) > 1:
         raise ValueError(f"the layers use {len(ropes)} different RoPE settings; TVM's paged KV cache applies one "
                          "RoPE to every layer, so per-layer RoPE bases are not supported yet")
+
+
+def sliding_window(layers: tuple[LayerAttention, ...]) -> int | None:
+    """The one window size of the sliding-window layers, None without any (the KV cache takes one)."""
     windows = {a.window for a in layers if a.kind == "sliding"}
     if len(windows) > 1:
         raise ValueError(f"sliding-window layers use {len(windows)} window sizes; the KV cache takes one")
+    return windows.pop() if windows else None
 
 
 def _last_token(hidden: Tensor) -> Tensor:

@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QType
 
 from .gguf_meta import meta as _meta
-from .gguf_tokenizer import _BYTE_TO_UNICODE, _check_tokenizer, write_gguf_tokenizer  # noqa: F401
+from .gguf_tokenizer import _check_tokenizer, write_gguf_tokenizer
 from .source import ModelLoadError, ModelSource, content_hash
 
 # GGUF general.architecture -> (HF model_type, HF architectures, whether llama.cpp's converter

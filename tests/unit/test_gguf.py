@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as QType
 from tokenizers import Tokenizer
 
 from kiln.models import gguf as kg
+from kiln.models import gguf_tokenizer
 from kiln.models.source import ModelLoadError
 
 pytestmark = pytest.mark.unit
@@ -208,7 +209,7 @@ def _q8_roundtrip(w: np.ndarray) -> np.ndarray:
 
 def _tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     """256 byte tokens, a few merges, one control token."""
-    byte_tokens = list(kg._BYTE_TO_UNICODE.values())
+    byte_tokens = list(gguf_tokenizer._BYTE_TO_UNICODE.values())
     merges = ["h e", "l l", "he ll", "hell o", "Ġ w"]
     tokens = byte_tokens + ["he", "ll", "hell", "hello", "Ġw", "<|endoftext|>"]
     types = [1] * (len(tokens) - 1) + [3]
