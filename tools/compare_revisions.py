@@ -47,7 +47,7 @@ def install_revision(rev: str, work: Path) -> Path:
 def side_env(site: Path | None, cache: Path) -> dict:
     """The environment of one side: its code first on PYTHONPATH (None: this checkout), its own cache."""
     env = dict(os.environ, KILN_CACHE_DIR=str(cache))
-    env["PYTHONPATH"] = str(site) if site else str(ROOT / ".pkg") if (ROOT / ".pkg").is_dir() else ""
+    env["PYTHONPATH"] = str(site) if site else ""          # "": the installed (editable) checkout
     return env
 
 
