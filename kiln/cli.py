@@ -287,6 +287,22 @@ def targets(as_json) -> None:
                        f"runs here: {'yes' if runs else 'no ':<4} builds here: {builds:<4} {p.description}")
 
 
+@main.command("models")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per family, one per line")
+def models_cmd(as_json) -> None:
+    """List the model families kiln compiles, with the config.json architectures, model types and GGUF
+    architecture names each accepts (a Hugging Face folder, a .gguf file or an ONNX export of one)."""
+    from kiln.models.registry import ARCHITECTURES, gguf_architectures
+    for a in ARCHITECTURES.values():
+        row = {"family": a.name, "hf_architectures": list(a.hf_architectures), "model_types": list(a.model_types),
+               "gguf_architectures": list(gguf_architectures(a))}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo(f"{a.name:<8} HF {', '.join(a.hf_architectures):<58} "
+                       f"GGUF {', '.join(row['gguf_architectures']) or '-'}")
+
+
 def _has_device(kind: str) -> bool:
     """Whether this machine has a `kind` device TVM can open (a GPU preset runs where its GPU is)."""
     from kiln.runtime._tvm import open_device

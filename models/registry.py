@@ -36,8 +36,19 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
 )}
 
 
+def gguf_architectures(arch: Architecture) -> tuple[str, ...]:
+    """The GGUF `general.architecture` names that load as `arch` (models/gguf.py maps them)."""
+    from .gguf import GGUF_ARCHITECTURES
+    return tuple(g for g, (model_type, *_rest) in GGUF_ARCHITECTURES.items() if model_type in arch.model_types)
+
+
 def supported() -> str:
-    return ", ".join(f"{a.name} ({'/'.join(a.hf_architectures)})" for a in ARCHITECTURES.values())
+    """Every family with the config.json architectures and GGUF architecture names it accepts."""
+    rows = []
+    for a in ARCHITECTURES.values():
+        gguf = gguf_architectures(a)
+        rows.append(f"{a.name} ({'/'.join(a.hf_architectures)}{'; GGUF ' + '/'.join(gguf) if gguf else ''})")
+    return ", ".join(rows)
 
 
 def find_architecture(hf_config: dict) -> Architecture:
