@@ -90,7 +90,8 @@ def ensure_artifact(model_or_artifact: str | Path, target: str = "cpu", quant: s
             return dest
         except ArtifactError:
             pass      # a damaged cache entry is rebuilt below
-    return compile(str(model_or_artifact), target=target, quant=scheme.name, output=dest, progress=progress)
+    return compile(str(model_or_artifact), target=target, quant=scheme.name, output=dest, progress=progress,
+                   force=True)
 
 
 def load(model_or_artifact: str | Path, config: "EngineConfig | None" = None,

@@ -73,14 +73,16 @@ def main() -> None:
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="write the IR after each pipeline phase here")
 @click.option("--context-window", type=int, help="cap the context window (KV memory)")
 @click.option("--prefill-chunk", type=int, help="most tokens one prefill call takes")
+@click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @_friendly_errors
-def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk) -> None:
+def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
     """Compile MODEL (HF directory, .gguf file, or `smollm2`) into an artifact directory."""
     import kiln
     start = time.perf_counter()
     with _Progress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
-                            progress=progress, context_window=context_window, prefill_chunk=prefill_chunk)
+                            progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
+                            force=force)
     tuned = json.loads((path / "kiln-config.json").read_text()).get("tuned_kernels", 0)
     click.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s"
                + (f" ({tuned} kernels with knobs from `kiln tune`)" if tuned else ""))
