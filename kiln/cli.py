@@ -56,7 +56,26 @@ class _Progress:
         self.bar.update(self.tasks[key], completed=done, total=total, description=label)
 
 
-@click.group()
+class _Group(click.Group):
+    """Usage errors (a bad option value, a missing argument) in one line too, with where to look."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx else "kiln"
+            click.echo(f"error: {e.format_message()} (see `{cmd} --help`)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_Group)
 @click.version_option(package_name="kiln")
 def main() -> None:
     """kiln: compile LLMs through Apache TVM and run them (generate, chat)."""
@@ -182,10 +201,10 @@ def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system) -> No
 
 @main.command()
 @click.argument("model")
-@click.option("--prompt-len", default=128, show_default=True)
-@click.option("--gen-len", default=64, show_default=True)
-@click.option("--batch", default=1, show_default=True)
-@click.option("--runs", default=3, show_default=True, help="timed runs after one warm-up")
+@click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--gen-len", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1), help="timed runs after one warm-up")
 @click.option("--profile", is_flag=True,
               help="after the bench, time every kernel of one prefill and of the mean decode step "
                    "(a VM instrument, a few us per call; reports both wall times); JSON key \"profile\"")
@@ -218,12 +237,12 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @main.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--host", default="127.0.0.1", show_default=True, help="bind address (0.0.0.0 exposes it)")
-@click.option("--port", default=8000, show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
 @click.option("--model-name", default=None, help="the name clients pass as `model` [artifact name]")
-@click.option("--max-num-seqs", type=int, help="most sequences in one batch [artifact's max batch]")
-@click.option("--max-tokens-per-step", type=int, help="chunked-prefill token budget per step")
-@click.option("--max-total-tokens", type=int, help="KV cache capacity in tokens")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="most sequences in one batch [artifact's max batch]")
+@click.option("--max-tokens-per-step", type=click.IntRange(min=1), help="chunked-prefill token budget per step")
+@click.option("--max-total-tokens", type=click.IntRange(min=1), help="KV cache capacity in tokens")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
@@ -232,9 +251,13 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     import kiln
     server = _server_module()                 # before any compile: without the serve extra, say so now
     path = model if kiln.is_artifact(model) else _compiled(model)
+    # Named after what the user gave (`smollm2`, a model folder or file, an artifact's folder), so the
+    # name survives recompiles, tunes and upgrades; the cache's hash-named folder stays an alias.
+    given = Path(str(model).rstrip("/"))
+    name = model_name or (given.stem if given.suffix in (".gguf", ".onnx") else given.name)
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
                                max_total_tokens=max_total_tokens, enable_prefix_cache=not no_prefix_cache)
-    server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=model_name,
+    server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                          engine=engine))
 
 

@@ -75,3 +75,18 @@ def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, t
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.glob(".art.*")), "the killed compile's staging directory was not cleaned up"
     assert (out / "kiln-config.json").is_file()
+
+
+def test_bad_option_values_are_one_line(tmp_path):
+    assert_clean_error(kiln_cli("serve", str(tmp_path), "--port", "99999"), "--port", "65535")
+    assert_clean_error(kiln_cli("bench", str(tmp_path), "--batch", "0"), "--batch", "x>=1")
+
+
+def test_an_android_artifact_on_this_machine_is_one_line(tmp_path, tiny_dirs):
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("checks an AArch64 artifact on an x86 host")
+    out = tmp_path / "android"
+    proc = kiln_cli("compile", str(tiny_dirs["tied"]), "--quant", "q0f32", "--target", "android", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert_clean_error(kiln_cli("generate", str(out), "hello"), "for android", "aarch64", "--target cpu")
