@@ -120,7 +120,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
             kiln_version=_kiln_version(),
             tvm_version=tvm.__version__,
             model=ModelInfo(dest.name, arch.name, _config_dict(config),
-                            SourceInfo(source.format, source.content_hash, str(source.path))),
+                            SourceInfo(source.format, source.content_hash, source.path.name)),
             quantization=plan.describe(),
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
             entry_functions=ENTRY_FUNCTIONS,

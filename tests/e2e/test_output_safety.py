@@ -3,6 +3,7 @@ previous artifact whole (compiler/artifact.py: check_output, staged_artifact).""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -60,6 +61,7 @@ def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, t
     out = tmp_path / "art"
     assert compile_tiny(tiny_dirs, out).returncode == 0
     first = (out / "kiln-config.json").read_text()
+    assert json.loads(first)["model"]["source"]["path"] == "tied"     # a name, never the machine's full path
     assert_clean_error(compile_tiny(tiny_dirs, out), "already holds a kiln artifact", "--force")
     for sig in (signal.SIGINT, signal.SIGKILL):
         proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
