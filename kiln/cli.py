@@ -312,6 +312,39 @@ def targets(as_json) -> None:
                        f"runs here: {'yes' if runs else 'no ':<4} builds here: {builds:<4} {p.description}")
 
 
+@main.group()
+def cache() -> None:
+    """The compile-on-first-use cache ($KILN_CACHE_DIR/artifacts, default ~/.cache/kiln/artifacts)."""
+
+
+@cache.command("list")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per entry, one per line")
+def cache_list(as_json) -> None:
+    """Every cached artifact: model, quantization, target, size and last use (oldest first)."""
+    from kiln.cache import artifacts_dir, entries
+    found = entries()
+    for e in found:
+        row = {"path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target, "bytes": e.bytes,
+               "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo(f"{row['last_used']}  {e.bytes / 1e6:8.1f} MB  {e.quant:<9} {e.target:<8} {e.model}  "
+                       f"({e.path.name})")
+    if not as_json:
+        click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
+
+
+@cache.command("clean")
+@click.option("--older-than", default=None, help="only entries unused for this long: 90s, 30m, 12h, 7d, 2w")
+@_friendly_errors
+def cache_clean(older_than) -> None:
+    """Remove cached artifacts (all, or those unused for --older-than); they recompile on next use."""
+    from kiln.cache import clean, parse_age
+    removed = clean(parse_age(older_than) if older_than else None)
+    click.echo(f"removed {len(removed)} entries, {sum(e.bytes for e in removed) / 1e6:.1f} MB")
+
+
 @main.command("models")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per family, one per line")
 def models_cmd(as_json) -> None:
