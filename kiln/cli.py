@@ -172,31 +172,10 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--system", default=None, help="system prompt")
 @_friendly_errors
 def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system) -> None:
-    """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits."""
-    engine = _engine(model)
-    params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
-    history = [{"role": "system", "content": system}] if system else []
-    click.echo("kiln chat — /reset clears the conversation, /exit or Ctrl-D quits", err=True)
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            click.echo()
-            return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            history = history[:1] if system else []
-            continue
-        if not line.strip():
-            continue
-        history.append({"role": "user", "content": line})
-        reply = []
-        for delta in engine.chat_stream(history, params):
-            reply.append(delta.text)
-            click.echo(delta.text, nl=False)
-        click.echo()
-        history.append({"role": "assistant", "content": "".join(reply)})
+    """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits,
+    Ctrl-C stops a reply; arrow keys edit and recall lines."""
+    from kiln.chat import run_chat
+    run_chat(_engine(model), _params(max_tokens, temperature, top_p, top_k, seed, stop), system)
 
 
 @main.command()
