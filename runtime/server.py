@@ -26,12 +26,15 @@ import asyncio
 import json
 import logging
 import secrets
+import signal
+import threading
 import time
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -57,17 +60,44 @@ class ServerArgs:
     log_level: str = "info"
 
 
-def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
-    """Load ``artifact`` and serve it until interrupted (blocking)."""
-    import uvicorn
+GRACE_SECONDS = 5          # SIGTERM/Ctrl-C: how long in-flight requests may take to finish
 
+
+def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
+    """Load ``artifact`` and serve it until SIGTERM or Ctrl-C (blocking), then drain and return.
+
+    On the signal the listening socket closes (no new requests), in-flight requests get
+    GRACE_SECONDS to finish, the rest are cancelled (their sequences aborted), and serve returns,
+    so `kiln serve` exits 0 (uvicorn itself would re-raise the signal and die by it)."""
+    start = time.monotonic()
+    print(f"loading {artifact} ...", flush=True)
     engine = Engine(artifact, args.engine)
     aengine = AsyncEngine(engine)
     app = create_app(aengine, replace(args, model_name=args.model_name or Path(artifact).resolve().name))
+    name = app.state.kiln.model_name
+    print(f"loaded in {time.monotonic() - start:.1f} s; ready: http://{args.host}:{args.port}/v1 "
+          f"(model {name!r})", flush=True)
+    server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                            timeout_graceful_shutdown=GRACE_SECONDS))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        server.run()
     finally:
         aengine.stop()
+
+
+class _DrainingServer(uvicorn.Server):
+    @contextmanager
+    def capture_signals(self):
+        """uvicorn's graceful shutdown on SIGINT/SIGTERM, without re-raising the signal afterwards."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
