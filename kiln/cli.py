@@ -102,7 +102,10 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
                             progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
                             force=force)
-    tuned = json.loads((path / "kiln-config.json").read_text()).get("tuned_kernels", 0)
+    written = json.loads((path / "kiln-config.json").read_text())
+    tuned = written.get("tuned_kernels", 0)
+    for note in written.get("notes", []):
+        click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s"
                + (f" ({tuned} kernels with knobs from `kiln tune`)" if tuned else ""))
 

@@ -133,5 +133,8 @@ def load_hf_dir(d: Path) -> ModelSource:
                 copied.append(name)
         return copied
 
+    notes = [] if (d / "tokenizer.json").exists() else [
+        "no tokenizer.json: the artifact takes token ids only (`kiln generate --ids`, token-id prompts on the "
+        "server); put the model's tokenizer.json in the folder and recompile to use text"]
     return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights,
-                       write_tokenizer=write_tokenizer, content_hash=content_hash([cfg_path, *files]))
+                       write_tokenizer=write_tokenizer, content_hash=content_hash([cfg_path, *files]), notes=notes)

@@ -92,3 +92,13 @@ def test_an_android_artifact_on_this_machine_is_one_line(tmp_path, tiny_dirs):
     proc = kiln_cli("compile", str(tiny_dirs["tied"]), "--quant", "q0f32", "--target", "android", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
     assert_clean_error(kiln_cli("generate", str(out), "hello"), "for android", "aarch64", "--target cpu")
+
+
+def test_a_folder_without_tokenizer_compiles_with_a_note(tmp_path, tiny_dirs):
+    import shutil
+    src = tmp_path / "src"
+    shutil.copytree(tiny_dirs["tied"], src)
+    (src / "tokenizer.json").unlink()
+    proc = compile_tiny({"tied": src}, tmp_path / "a")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: no tokenizer.json: the artifact takes token ids only" in proc.stderr
