@@ -71,13 +71,20 @@ class Engine:
         chunks = batch.chunks
         if not chunks:
             return []
-        logits = self.runner.run([c.seq.seq_id for c in chunks],
-                                 [c.seq.token_ids(c.start, c.end) for c in chunks])
+        full = [c.all_logits for c in chunks]
+        logits = self.runner.run([c.seq.seq_id for c in chunks], [c.seq.token_ids(c.start, c.end) for c in chunks],
+                                 full)
+        logits, scored = logits if any(full) else (logits, {})
         self.scheduler.update(batch)
+        for i, rows in scored.items():          # prompt logprobs (echo): every scored position
+            self._requests[chunks[i].seq.seq_id].score_prompt(chunks[i].start, rows)
         rows = [i for i, c in enumerate(chunks) if c.needs_logits]
+        scoring_only = [i for i in rows if self._requests[chunks[i].seq.seq_id].params.max_tokens == 0]
+        rows = [i for i in rows if i not in scoring_only]
         requests = [self._requests[chunks[i].seq.seq_id] for i in rows]
         result = self.sampler.sample(logits[rows], self.sampler.prepare(requests))
         out = [(r, r.append(t, lp)) for r, t, lp in zip(requests, result.tokens, result.logprobs)]
+        out += [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
         for r, _ in out:
             if r.finished:
                 self._finish(r)
@@ -111,7 +118,7 @@ class Engine:
         for k in range(params.n):
             fork = (requests[0].seq_id, len(ids) - 1) if k else None
             seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
-                           priority=priority, fork_from=fork)
+                           priority=priority, fork_from=fork, prompt_logits=params.prompt_logprobs is not None and not k)
             requests.append(Request(index + k, seq, params, self.runner.context_window, self.eos_token_ids,
                                     self.tokenizer, self._grammar(params), _rng_seed_offset=k))
         if not self.scheduler.fits(len(ids) + params.max_tokens):
@@ -149,8 +156,10 @@ class Engine:
         requests = self._add_all(prompts, params)
         for _ in self._stream(requests):
             pass
-        outputs = [GenerationOutput(r.output_ids, r.text, r.finish_reason, r.prompt_ids, r.logprobs)
-                   for r in requests]
+        # The first of a prompt's n copies scores it (index i * n); the others share its prompt logprobs.
+        scored = {r.index: r.prompt_logprobs for r in requests if r.prompt_logprobs is not None}
+        outputs = [GenerationOutput(r.output_ids, r.text, r.finish_reason, r.prompt_ids, r.logprobs,
+                                    scored.get(r.index - r.index % r.params.n)) for r in requests]
         return outputs[0] if single and len(outputs) == 1 else outputs
 
     def generate_stream(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None

@@ -77,23 +77,34 @@ class ModelRunner:
                                       "pass ids produced by this model's tokenizer", "prompt")
         return arr.astype(np.int32)
 
-    def run(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
+    def run(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], full: Sequence[bool] = ()):
         """One forward over a ragged batch: append each sequence's tokens; last-token logits [batch, vocab].
 
         All-single-token batches take the decode kernel; anything else one batch_prefill call
-        (the caller keeps the total within the artifact's prefill chunk).
+        (the caller keeps the total within the artifact's prefill chunk). With `full` (a flag per
+        sequence), batch_prefill also gathers the flagged sequences' logits at every position and
+        the result is (last-token logits, {row: logits [n, vocab] of that sequence's tokens}).
         """
-        if all(len(t) == 1 for t in tokens):
+        full = list(full) or [False] * len(seq_ids)
+        if all(len(t) == 1 for t in tokens) and not any(full):
             return self.decode(seq_ids, [t[0] for t in tokens])
         lengths = [len(t) for t in tokens]
         flat = np.concatenate([np.asarray(t, dtype=np.int32) for t in tokens])
         embeds = self._embed(flat)                                          # [1, total, hidden]
-        positions = np.cumsum(lengths, dtype=np.int32) - 1                  # last token of each
+        ends = np.cumsum(lengths, dtype=np.int32)
+        spans = [np.arange(e - n, e, dtype=np.int32) if f else np.array([e - 1], np.int32)
+                 for e, n, f in zip(ends, lengths, full)]                   # positions whose logits come back
+        positions = np.concatenate(spans)
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple(lengths))
         logits, _ = self._fn["batch_prefill"](embeds, tvm.runtime.tensor(positions, self.device),
                                               self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
-        return logits.numpy()[0]                                            # [batch, vocab]
+        logits = logits.numpy()[0]                                          # [positions, vocab]
+        if not any(full):
+            return logits                                                   # [batch, vocab]
+        stops = np.cumsum([len(p) for p in spans])
+        scored = {i: logits[stop - len(span):stop] for i, (span, stop) in enumerate(zip(spans, stops)) if full[i]}
+        return logits[stops - 1], scored
 
     def prefill(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
         """Append whole prompts, split into calls of at most prefill_chunk tokens; last-token logits."""

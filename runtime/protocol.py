@@ -43,11 +43,16 @@ class SamplingParams:
     logprobs: bool = False            # return the sampled token's logprob
     top_logprobs: int = 0             # and this many most likely alternatives (0..20)
     n: int = 1                        # completions per prompt, forked from the prompt's KV
+    prompt_logprobs: int | None = None  # each prompt token's logprob and this many alternatives (None: off)
     response_format: Mapping | None = None   # {"type": "json_object"} | {"type": "json_schema", "json_schema": {...}}
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
-               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
+        least = 0 if self.prompt_logprobs is not None else 1      # 0: score the prompt only (echo)
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= least,
+               f"max_tokens must be an integer >= {least}, got {self.max_tokens!r}", "max_tokens")
+        _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
+                                                and 0 <= self.prompt_logprobs <= 20),
+               f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}", "prompt_logprobs")
         _check(_is_number(self.temperature) and self.temperature >= 0,
                f"temperature must be a number >= 0, got {self.temperature!r}", "temperature")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1,
@@ -116,6 +121,8 @@ class StreamDelta:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # on the first delta, when asked: one per
+                                                               # prompt token, None for the first
 
 
 @dataclass
@@ -127,6 +134,7 @@ class GenerationOutput:
     finish_reason: str
     prompt_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def usage(self) -> dict:

@@ -30,7 +30,9 @@ class Request:
     finish_reason: str | None = None
     text: str = ""
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # per prompt token (None for the first)
     _rng_seed_offset: int = field(default=0, repr=False)
+    _first_sent: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         n = len(self.seq.prompt_ids)
@@ -48,6 +50,8 @@ class Request:
         self._stop_ids = set(self.params.stop_token_ids) | eos
         if self.params.needs_logprobs:
             self.logprobs = []
+        if self.seq.prompt_logits:
+            self.prompt_logprobs = [None] * n
 
     @property
     def seq_id(self) -> int:
@@ -69,6 +73,29 @@ class Request:
     def remaining(self) -> int:
         return self.params.max_tokens - len(self.output_ids)
 
+    def score_prompt(self, start: int, logits: np.ndarray) -> None:
+        """Record prompt logprobs from the logits at positions start.. (row j predicts token j + 1)."""
+        from .sampler import token_logprobs
+        prompt = self.seq.prompt_ids
+        rows = min(len(logits), len(prompt) - 1 - start)        # the last prompt row predicts the output
+        if rows <= 0 or self.prompt_logprobs is None:
+            return
+        targets = np.asarray(prompt[start + 1:start + 1 + rows])
+        top = np.full(rows, self.params.prompt_logprobs, np.int64)
+        self.prompt_logprobs[start + 1:start + 1 + rows] = token_logprobs(logits[:rows], targets, top)
+
+    def finish_scored(self) -> StreamDelta:
+        """A max_tokens=0 request (score the prompt, generate nothing): done once its prompt is computed."""
+        self.finish_reason = "length"
+        return self._delta(StreamDelta(self.index, "", [], "length"))
+
+    def _delta(self, delta: StreamDelta) -> StreamDelta:
+        """The first delta of a request carries its prompt logprobs, when it asked for them."""
+        if not self._first_sent:
+            self._first_sent = True
+            delta.prompt_logprobs = self.prompt_logprobs
+        return delta
+
     def append(self, token: int, logprob: TokenLogprob | None = None) -> StreamDelta:
         """Record a sampled token; returns the new text (held back across stop-string prefixes)."""
         self.output_ids.append(token)
@@ -86,8 +113,8 @@ class Request:
         if self.finished and not hit:
             text += self._release_held_text()
         self.text += text
-        return StreamDelta(self.index, text, [token], self.finish_reason,
-                           [logprob] if logprob is not None and self.logprobs is not None else None)
+        return self._delta(StreamDelta(self.index, text, [token], self.finish_reason,
+                                       [logprob] if logprob is not None and self.logprobs is not None else None))
 
     def abort(self) -> StreamDelta:
         self.finish_reason = "abort"

@@ -139,7 +139,7 @@ class Sampler:
             tokens[rows] = _draw(scaled, batch.top_k[rows], batch.top_p[rows], batch.min_p[rows],
                                  [batch.rngs[i] for i in rows])
         logprobs: list[TokenLogprob | None] = [None] * len(tokens)
-        for i, lp in zip(lp_rows, _logprobs(lp_x, tokens[lp_rows], batch.num_logprobs[lp_rows])):
+        for i, lp in zip(lp_rows, token_logprobs(lp_x, tokens[lp_rows], batch.num_logprobs[lp_rows])):
             logprobs[i] = lp
         return SampleResult([int(t) for t in tokens], logprobs)
 
@@ -284,7 +284,7 @@ def _cross_index(weights: np.ndarray, block_cum: np.ndarray, target: np.ndarray,
 
 # ---- logprobs and prepare helpers -----------------------------------------------------
 
-def _logprobs(x: np.ndarray, tokens: np.ndarray, num_top: np.ndarray) -> list[TokenLogprob]:
+def token_logprobs(x: np.ndarray, tokens: np.ndarray, num_top: np.ndarray) -> list[TokenLogprob]:
     """log_softmax of processed logits x [r, vocab]: each row's token and its num_top best alternatives."""
     if not x.shape[0]:
         return []

@@ -45,6 +45,11 @@ class Chunk:
     def is_decode(self) -> bool:
         return self.end - self.start == 1 and self.start >= len(self.seq.prompt_ids)
 
+    @property
+    def all_logits(self) -> bool:
+        """Logits at every position (the prompt's are scored: prompt logprobs, echo)."""
+        return self.seq.prompt_logits and self.start < len(self.seq.prompt_ids)
+
 
 @dataclass
 class ScheduledBatch:
@@ -252,6 +257,8 @@ class Scheduler:
 
     def _fork_source(self, seq: Sequence) -> tuple[int, int] | None:
         """(parent id, pos) to fork instead of computing tokens [0, pos); None to prefill all."""
+        if seq.prompt_logits:
+            return None                  # every prompt position's logits are wanted: compute them all
         if seq.fork_from is not None:
             parent_id, pos = seq.fork_from
         elif self.prefix_cache is not None:

@@ -31,6 +31,7 @@ class Sequence:
     num_computed: int = 0                    # tokens whose KV is in the cache
     status: SeqStatus = SeqStatus.WAITING
     fork_from: tuple[int, int] | None = None  # (parent seq id, pos): share the parent's first pos tokens
+    prompt_logits: bool = False              # compute every prompt token (no prefix reuse), logits at each
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:
