@@ -17,8 +17,8 @@ from kiln.models import ModelSource
 from kiln.models.causal_lm import sliding_window
 from kiln.targets import DEFAULT_TARGET, TargetProfile, get_profile
 
-from kiln.runtime.contract import (ENTRY_FUNCTIONS, ArtifactConfig, KVCacheLayout, ModelInfo, PARAMS_DIR,
-                                   ParamWriter, SourceInfo, TargetInfo, write_config)
+from kiln.runtime.contract import (ENTRY_FUNCTIONS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
+                                   KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config)
 
 from .artifact import check_output, staged_artifact
 from .pipeline import build_pipeline
@@ -123,7 +123,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
                             SourceInfo(source.format, source.content_hash, source.path.name)),
             quantization=plan.describe(),
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
-            entry_functions=ENTRY_FUNCTIONS,
+            entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS),
             params=names,
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,

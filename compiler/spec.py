@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
-from kiln.runtime.contract import ENTRY_FUNCTIONS
+from kiln.runtime.contract import ENTRY_FUNCTIONS, OPTIONAL_ENTRY_FUNCTIONS
 
 
 _PACKED = {"param_mode": "packed", "effect_mode": "none"}
@@ -31,13 +31,17 @@ def build_spec(model: nn.Module, hidden_size: int, dtype: str) -> dict:
         "batch_prefill": {"input_embeds": embeds(1, "seq_len"),
                           "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
                           "paged_kv_cache": kv, "$": _PACKED},
+        "batch_hidden": {"input_embeds": embeds(1, "seq_len"),
+                         "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
+                         "paged_kv_cache": kv, "$": _PACKED},
         "batch_decode": {"input_embeds": embeds("batch_size", 1), "paged_kv_cache": kv, "$": _PACKED},
         "batch_verify": {"input_embeds": embeds(1, "seq_len"), "paged_kv_cache": kv, "$": _PACKED},
         "create_paged_kv_cache": {
             "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
             "page_size": int, "support_sliding_window": int, "$": _NO_PARAMS},
     }
-    missing = [name for name in ENTRY_FUNCTIONS if not callable(getattr(model, name, None))]
+    missing = [name for name in (*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS)
+               if not callable(getattr(model, name, None))]
     if missing:
         raise TypeError(f"{type(model).__name__} lacks entry functions {missing}")
     return spec

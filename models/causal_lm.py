@@ -201,6 +201,11 @@ class CausalLM(nn.Module):
         hidden = op.take(hidden, logit_positions, axis=1)        # [1, batch, hidden]
         return self._logits(hidden), paged_kv_cache              # [1, batch, vocab]
 
+    def batch_hidden(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
+        """batch_prefill's final (normed) hidden states instead of logits: what embeddings pool."""
+        hidden = op.take(self.model(input_embeds, paged_kv_cache), logit_positions, axis=1)   # [1, batch, hidden]
+        return (hidden if hidden.dtype == "float32" else hidden.astype("float32")), paged_kv_cache
+
     def batch_decode(self, input_embeds: Tensor, paged_kv_cache: PagedKVCache):
         return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache  # [batch, 1, vocab]
 

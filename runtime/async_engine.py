@@ -15,8 +15,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from .engine import Engine, Prompt
-from .protocol import AbortRequest, AddRequest, EngineCommand, SamplingParams, StreamDelta
+from .engine import Engine, EngineBusy, Prompt
+from .protocol import (AbortRequest, AddRequest, EmbedRequest, EngineCommand, InvalidRequestError, SamplingParams,
+                       StreamDelta)
 from .request import Request
 
 
@@ -60,6 +61,7 @@ class AsyncEngine:
         self.engine = engine
         self._commands: queue.Queue[EngineCommand] = queue.Queue()
         self._handles: dict[int, RequestHandle] = {}  # id(request) -> handle; the loop thread's alone
+        self._deferred: list[EmbedRequest] = []        # waiting for KV pages; retried after each step
         self._wake = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
@@ -82,6 +84,13 @@ class AsyncEngine:
         finally:
             if remaining:                     # the caller left early (even before the add was applied)
                 self._submit(AbortRequest(handle))
+
+    async def embed(self, inputs: list[Prompt]) -> list:
+        """Engine.embed on the engine thread, between steps: [(embedding, token count)] per input."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._submit(EmbedRequest(list(inputs), loop, future))
+        return await future
 
     def stop(self) -> None:
         self._stopped = True
@@ -107,6 +116,9 @@ class AsyncEngine:
                 continue
             for request, delta in out:
                 self._deliver(request, delta)
+            for command in self._deferred:
+                self._commands.put(command)
+            self._deferred.clear()
 
     def _apply_commands(self) -> None:
         while True:
@@ -118,6 +130,8 @@ class AsyncEngine:
                 self._add(command)
             elif isinstance(command, AbortRequest):
                 self._abort(command.handle)
+            elif isinstance(command, EmbedRequest):
+                self._embed(command)
             else:
                 raise TypeError(f"unknown engine command {command!r}")
 
@@ -132,6 +146,29 @@ class AsyncEngine:
             self._handles[id(r)] = handle
         if not handle.resolve(None):
             self._abort(handle)
+
+    def _embed(self, command: EmbedRequest) -> None:
+        try:
+            result, error = self.engine.embed(command.inputs), None
+        except EngineBusy as e:
+            if self.engine.has_work:
+                self._deferred.append(command)      # pages come back as requests finish
+                return
+            for seq_id in self.engine.scheduler.clear_prefix_cache():   # idle: the cache is all that holds pages
+                self.engine.runner.remove_sequence(seq_id)
+            try:
+                result, error = self.engine.embed(command.inputs), None
+            except EngineBusy:
+                result, error = None, InvalidRequestError(
+                    f"{e}: the input needs more KV pages than the engine holds; shorten it", "input")
+            except Exception as again:  # noqa: BLE001 - answered to the caller
+                result, error = None, again
+        except Exception as e:  # noqa: BLE001 - answered to the caller
+            result, error = None, e
+        try:
+            command.loop.call_soon_threadsafe(_settle, command.future, result, error)
+        except RuntimeError:                       # the caller's loop is closed
+            pass
 
     def _abort(self, handle: RequestHandle) -> None:
         for r in handle.requests:
@@ -157,6 +194,15 @@ class AsyncEngine:
     @property
     def num_live(self) -> int:
         return len(self._handles)
+
+
+def _settle(future: asyncio.Future, result, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 def _resolve(future: asyncio.Future, error: Exception | None) -> None:

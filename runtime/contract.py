@@ -31,6 +31,8 @@ SHARD_BYTES = 64 << 20
 # What every artifact exports, called by name: the runtime drives any model through these.
 ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode", "batch_verify",
                    "create_paged_kv_cache")
+# Entry functions newer artifacts have and older ones may lack: a feature that needs one says so.
+OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden",)       # final hidden states (embeddings)
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
 
 

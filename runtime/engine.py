@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
+import numpy as np
+
 from .artifact import Artifact
 from .kv_pages import PageAccountant
 from .model_runner import ModelRunner
@@ -31,6 +33,10 @@ from .sequence import SeqStatus, Sequence
 from .tokenizer import Tokenizer
 
 Prompt = str | Seq[int]
+
+
+class EngineBusy(RuntimeError):
+    """The engine cannot take this work now (no free KV pages); retry after a step."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,33 @@ class Engine:
         except ValueError as e:       # bad roles, contents, or a template that raised
             raise InvalidRequestError(str(e), "messages") from None
         return tok.encode(text, add_special_tokens=False)
+
+    def embed(self, inputs: list[Prompt]) -> list[tuple[np.ndarray, int]]:
+        """(embedding, token count) per input: the final hidden state at the last token, L2-normalised
+        (the pooling of decoder-only embedding models). Runs between steps, beside the batch: the
+        KV pages it borrows are accounted like a sequence's and given back at once. Raises
+        EngineBusy when the pages are not free now (the caller retries after a step)."""
+        ids = [self._prompt_ids(p) for p in inputs]
+        for i, t in enumerate(ids):
+            if not t:
+                raise InvalidRequestError(f"input {i} is empty", "input")
+            if len(t) > self.runner.context_window:
+                raise InvalidRequestError(f"input {i} is {len(t)} tokens, more than the context window of "
+                                          f"{self.runner.context_window}; shorten it", "input")
+        out = []
+        for t in ids:
+            pages, sid = self.scheduler.pages, next(self._seq_ids)
+            if not pages.can_allocate(len(t)):
+                raise EngineBusy("no free KV pages for an embedding now")
+            pages.allocate(sid, len(t))
+            self.runner.add_sequence(sid)
+            try:
+                h = self.runner.last_hidden(sid, t).astype(np.float64)
+            finally:
+                self.runner.remove_sequence(sid)
+                pages.free(sid)
+            out.append(((h / max(np.linalg.norm(h), 1e-12)).astype(np.float32), len(t)))
+        return out
 
     def encode(self, text: str) -> list[int]:
         return self._need_tokenizer().encode(text)

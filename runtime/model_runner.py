@@ -49,6 +49,8 @@ class ModelRunner:
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
             ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]), ShapeTuple([0]))
         self._fn = {name: self.vm[name] for name in ("embed", "batch_prefill", "batch_decode", "batch_verify")}
+        if "batch_hidden" in cfg.entry_functions:
+            self._fn["batch_hidden"] = self.vm["batch_hidden"]
 
     # -- sequences --------------------------------------------------------------------
     def add_sequence(self, seq_id: int) -> None:
@@ -130,6 +132,21 @@ class ModelRunner:
         logits, _ = self._fn["batch_verify"](embeds, self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
         return logits.numpy()[0]
+
+    def last_hidden(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
+        """Append tokens to one (new) sequence, a prefill chunk at a time; the final hidden state of the
+        last token [hidden] (what embeddings pool). Needs an artifact with the batch_hidden entry."""
+        if "batch_hidden" not in self._fn:
+            raise InvalidRequestError("this artifact was compiled before kiln could return hidden states; "
+                                      "recompile it with `kiln compile` to serve embeddings", "input")
+        hidden = None
+        for start in range(0, len(tokens), self.prefill_chunk):
+            piece = np.asarray(tokens[start:start + self.prefill_chunk], dtype=np.int32)
+            _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(piece)]))
+            hidden, _ = self._fn["batch_hidden"](self._embed(piece), tvm.runtime.tensor(
+                np.array([len(piece) - 1], np.int32), self.device), self.kv, self.params)
+            _KV["kv_state_end_forward"](self.kv)
+        return hidden.numpy()[0, 0]
 
     def _embed(self, ids: np.ndarray):
         out = self._fn["embed"](tvm.runtime.tensor(ids.astype(np.int32), self.device), self.params)

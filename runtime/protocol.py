@@ -161,7 +161,17 @@ class AbortRequest:
     handle: RequestHandle
 
 
-EngineCommand = AddRequest | AbortRequest
+@dataclass(frozen=True)
+class EmbedRequest:
+    """Embed these inputs (text or token ids) between steps; the engine thread resolves ``future``
+    (on ``loop``) with Engine.embed's result, or the error that refused them."""
+
+    inputs: Sequence[str | Sequence[int]]
+    loop: object                      # asyncio.AbstractEventLoop of the caller
+    future: object                    # asyncio.Future
+
+
+EngineCommand = AddRequest | AbortRequest | EmbedRequest
 
 
 # -- engine state, for metrics -------------------------------------------------------------------

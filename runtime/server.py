@@ -9,9 +9,9 @@
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="sk-local")
     client.chat.completions.create(model="smollm2-q0f32-cpu", messages=[{"role": "user", "content": "Hi"}])
 
-Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE),
-GET /v1/models, GET /health, GET /metrics (Prometheus text). With an API key set,
-the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
+Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE), POST /v1/embeddings
+(runtime/embeddings_api.py), GET /v1/models, GET /health, GET /metrics (Prometheus text). With an
+API key set, the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
 -> Metrics.track -> Reply.add per delta -> SSE chunks, or the collected reply. Every
@@ -40,6 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import embeddings_api
 from . import openai_api as api
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
@@ -124,6 +125,8 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": state.started, "owned_by": "kiln",
              "root": state.model_name, "max_model_len": state.context_window} for name in state.names]}
+
+    embeddings_api.install(app, state, auth)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
