@@ -99,16 +99,19 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def completion_prompt(req: CompletionRequest) -> str | list[int]:
-    """The one prompt of a completions request: text or token ids (a list of several is refused)."""
-    if req.echo or req.suffix:
-        raise APIError(400, "echo and suffix are not supported", "echo" if req.echo else "suffix")
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The prompts of a completions request: one string or token-id list, or a list of them (each
+    answered as its own choices, `n` per prompt, indices prompt * n + k)."""
+    if req.suffix:
+        raise APIError(400, "suffix (fill-in-the-middle) is not supported; leave it out", "suffix")
     p = req.prompt
-    if isinstance(p, str) or all(isinstance(t, int) for t in p):
-        return p
-    if len(p) != 1:
-        raise APIError(400, f"a list of {len(p)} prompts is not supported; send one request per prompt", "prompt")
-    return p[0]
+    if isinstance(p, str):
+        return [p]
+    if not p:
+        raise APIError(400, "prompt is an empty list; pass a string, token ids, or a list of them", "prompt")
+    if all(isinstance(t, int) for t in p):
+        return [list(p)]
+    return list(p)
 
 
 def chat_params(req: ChatCompletionRequest, prompt_len: int, context_window: int) -> SamplingParams:
@@ -121,11 +124,18 @@ def chat_params(req: ChatCompletionRequest, prompt_len: int, context_window: int
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
+    """With echo and logprobs the prompt's tokens are scored too (how lm-eval computes loglikelihoods);
+    max_tokens 0 (score only) needs echo, as in OpenAI's API."""
     max_tokens = 16 if req.max_tokens is None else req.max_tokens   # OpenAI's default for completions
-    return _params(req, max_tokens, req.logprobs is not None, req.logprobs or 0)
+    if max_tokens == 0 and not req.echo:
+        raise APIError(400, "max_tokens 0 generates nothing; it needs echo: true (to score the prompt)", "max_tokens")
+    scored = req.echo and (req.logprobs is not None or max_tokens == 0)
+    return _params(req, max_tokens, req.logprobs is not None, req.logprobs or 0,
+                   prompt_logprobs=(req.logprobs or 0) if scored else None)
 
 
-def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logprobs: int) -> SamplingParams:
+def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logprobs: int,
+            prompt_logprobs: int | None = None) -> SamplingParams:
     def pick(value, default):
         return default if value is None else value
 
@@ -137,7 +147,8 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
         stop=pick(req.stop, ()), ignore_eos=req.ignore_eos,
         presence_penalty=pick(req.presence_penalty, 0.0), frequency_penalty=pick(req.frequency_penalty, 0.0),
         repetition_penalty=pick(req.repetition_penalty, 1.0), logit_bias=_logit_bias(req.logit_bias),
-        logprobs=logprobs, top_logprobs=top_logprobs, response_format=req.response_format)
+        logprobs=logprobs, top_logprobs=top_logprobs, response_format=req.response_format,
+        prompt_logprobs=prompt_logprobs)
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
@@ -166,14 +177,21 @@ def chat_logprobs(lps: list[TokenLogprob], text: TokenText) -> dict:
 
 
 def completion_logprobs(lps: list[TokenLogprob], text: TokenText, offset: int) -> dict:
-    """{"tokens", "token_logprobs", "top_logprobs", "text_offset"}, as OpenAI's completions API."""
+    """{"tokens", "token_logprobs", "top_logprobs", "text_offset"}, as OpenAI's completions API. An echoed
+    prompt's first token has no logprob: its TokenLogprob is `unscored(token_id)` (logprob NaN)."""
     tokens = [text(lp.token_id)[0] for lp in lps]
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
-    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{text(i)[0]: l for i, l in lp.top} for lp in lps], "text_offset": offsets}
+    first = [lp.logprob != lp.logprob for lp in lps]          # NaN: an unscored first prompt token
+    return {"tokens": tokens, "token_logprobs": [None if f else lp.logprob for lp, f in zip(lps, first)],
+            "top_logprobs": [None if f else {text(i)[0]: l for i, l in lp.top} for lp, f in zip(lps, first)],
+            "text_offset": offsets}
+
+
+def unscored(token_id: int) -> TokenLogprob:
+    return TokenLogprob(token_id, float("nan"), [])
 
 
 @dataclass
@@ -185,9 +203,18 @@ class _Choice:
     text_offset: int = 0                  # completions logprobs: where the next token starts
 
 
+@dataclass(frozen=True)
+class Echo:
+    """What `echo` puts before each choice of one prompt: its text and token ids."""
+    text: str
+    ids: list[int]
+
+
 @dataclass
 class Reply:
-    """One request's reply, built delta by delta: the chunks of a stream, or the collected response."""
+    """One request's reply, built delta by delta: the chunks of a stream, or the collected response.
+    With `echo` (completions), a choice starts with its prompt's text, and its logprobs with the
+    prompt tokens' (from the first delta of the prompt's first choice: prompt_logprobs)."""
 
     kind: Literal["chat", "completion"]
     model: str
@@ -198,6 +225,9 @@ class Reply:
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, _Choice] = field(default_factory=dict)
+    echo: list[Echo] | None = None        # per prompt; choice index // n picks it
+    n: int = 1
+    _scored: dict[int, list] = field(default_factory=dict)   # prompt -> its prompt logprobs
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.kind == "chat" else "cmpl-") + secrets.token_hex(12)
@@ -210,19 +240,21 @@ class Reply:
         """Record a delta; returns its stream chunk (None when it carries nothing to show)."""
         first = delta.index not in self.choices
         choice = self.choices.setdefault(delta.index, _Choice())
-        choice.text += delta.text
+        text, lps = delta.text, (delta.logprobs or []) if self.logprobs else []
+        if first and self.echo is not None:
+            text, lps = self._echoed(delta) + text, self._echoed_logprobs(delta) + lps
+        choice.text += text
         choice.num_tokens += len(delta.token_ids)
         choice.finish_reason = delta.finish_reason
-        lps = (delta.logprobs or []) if self.logprobs else []
         choice.logprobs += lps
-        if not (first or delta.text or delta.finish_reason or lps):
+        if not (first or text or delta.finish_reason or lps):
             return None
         if self.kind == "chat":
-            body: dict[str, Any] = {"delta": {"role": "assistant", "content": delta.text} if first
-                                    else {"content": delta.text},
+            body: dict[str, Any] = {"delta": {"role": "assistant", "content": text} if first
+                                    else {"content": text},
                                     "logprobs": chat_logprobs(lps, self.token_text) if lps else None}
         else:
-            body = {"text": delta.text,
+            body = {"text": text,
                     "logprobs": completion_logprobs(lps, self.token_text, choice.text_offset) if lps else None}
         choice.text_offset += sum(len(self.token_text(lp.token_id)[0]) for lp in lps)
         chunk = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion",
@@ -230,6 +262,19 @@ class Reply:
         if self.include_usage:
             chunk["usage"] = None
         return chunk
+
+    def _echoed(self, delta: StreamDelta) -> str:
+        prompt = delta.index // self.n
+        if delta.prompt_logprobs is not None:
+            self._scored[prompt] = delta.prompt_logprobs
+        return self.echo[prompt].text
+
+    def _echoed_logprobs(self, delta: StreamDelta) -> list[TokenLogprob]:
+        if not self.logprobs:
+            return []
+        prompt = delta.index // self.n
+        scored = self._scored.get(prompt) or [None] * len(self.echo[prompt].ids)
+        return [lp if lp is not None else unscored(t) for t, lp in zip(self.echo[prompt].ids, scored)]
 
     def usage(self) -> dict:
         completion = sum(c.num_tokens for c in self.choices.values())

@@ -136,17 +136,19 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         params = api.chat_params(body, len(ids), state.context_window)
         reply = api.Reply("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
                           include_usage=_include_usage(body))
-        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
+        return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: api.CompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         state.check_model(body.model)
-        prompt = api.completion_prompt(body)
-        ids = state.engine.engine.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        prompts = api.completion_prompts(body)
         params = api.completion_params(body)
-        reply = api.Reply("completion", state.model_name, len(ids), state.token_text,
-                          logprobs=params.needs_logprobs, include_usage=_include_usage(body))
+        ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        echo = [api.Echo(p if isinstance(p, str) else state.decode(i), i) for p, i in zip(prompts, ids)]
+        reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_text,
+                          logprobs=params.needs_logprobs, include_usage=_include_usage(body),
+                          echo=echo if body.echo else None, n=params.n)
         return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
 
     return app
@@ -237,9 +239,13 @@ class _ServerState:
         return entry
 
     # -- one generation path ---------------------------------------------------------------
-    async def respond(self, request: Request, reply: api.Reply, ids: list[int], params: SamplingParams,
+    def decode(self, ids: list[int]) -> str:
+        tok = self.engine.engine.tokenizer
+        return tok.decode(ids) if tok is not None else ""
+
+    async def respond(self, request: Request, reply: api.Reply, prompts: list[list[int]], params: SamplingParams,
                       priority: int, stream: bool, arrival: float) -> Response:
-        deltas = self.metrics.track(self.engine.generate(ids, params, priority=priority), len(ids), arrival)
+        deltas = self.metrics.track(self._generate_all(prompts, params, priority), sum(map(len, prompts)), arrival)
         if not stream:
             if not await _collect(request, reply, deltas):
                 return Response(status_code=499)    # nobody is listening; nginx's "client closed request"
@@ -251,6 +257,37 @@ class _ServerState:
             raise
         return _EventStream(_sse(reply, first, deltas), media_type="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+    async def _generate_all(self, prompts: list[list[int]], params: SamplingParams,
+                            priority: int) -> AsyncIterator[StreamDelta]:
+        """The deltas of every prompt as they come, prompt i's choice k renumbered i * n + k."""
+        if len(prompts) == 1:
+            async for delta in self.engine.generate(prompts[0], params, priority=priority):
+                yield delta
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, prompt: list[int]) -> None:
+            try:
+                async for delta in self.engine.generate(prompt, params, priority=priority):
+                    delta.index += i * params.n
+                    queue.put_nowait(delta)
+            except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+                queue.put_nowait(e)
+            finally:
+                queue.put_nowait(None)
+        tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prompts)]
+        try:
+            for _ in tasks:
+                while (item := await queue.get()) is not None:
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _collect(request: Request, reply: api.Reply, deltas: AsyncIterator[StreamDelta]) -> bool:

@@ -344,7 +344,10 @@ BAD_INPUTS = [
     ("negative-seed", COMPLETIONS, {"prompt": "hi", "seed": -1}, "seed"),
     ("token-outside-vocab", COMPLETIONS, {"prompt": [1, 2, 99999]}, "prompt"),
     ("empty-prompt", COMPLETIONS, {"prompt": ""}, "prompt"),
-    ("several-prompts", COMPLETIONS, {"prompt": ["a", "b"]}, "prompt"),
+    ("empty-prompt-list", COMPLETIONS, {"prompt": []}, "prompt"),
+    ("max-tokens-zero-without-echo", COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ("suffix", COMPLETIONS, {"prompt": "hi", "suffix": "end"}, "suffix"),
+    ("one-of-several-prompts-too-long", COMPLETIONS, {"prompt": ["a", "hello " * 300]}, "max_tokens"),
     ("bools-as-token-ids", COMPLETIONS, {"prompt": [True, 5]}, "prompt"),
     ("missing-prompt", COMPLETIONS, {"max_tokens": 4}, "prompt"),
 ]
