@@ -51,6 +51,16 @@ def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     return seq[len(prompt):]
 
 
+def test_mistral_sliding_window_slides_every_layer():
+    from kiln.models.llama import LlamaConfig
+    hf = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=32768, sliding_window=4096)
+    c = LlamaConfig.from_hf(hf)
+    assert c.context_window_size == 32768 and {(a.kind, a.window) for a in c.layer_attention()} == {("sliding", 4096)}
+    for off in (dict(sliding_window=None), dict(sliding_window=32768)):
+        assert {a.kind for a in LlamaConfig.from_hf(dict(hf, **off)).layer_attention()} == {"full"}
+
+
 def test_artifact_records_the_window(models):
     kinds = {name: Artifact.load(art).config.kv_cache for name, (art, _, _) in models.items()}
     assert kinds["mistral"].layer_kinds == ("sliding", "sliding") and kinds["mistral"].sliding_window == WINDOW
