@@ -46,9 +46,6 @@ class ModelRunner:
         self.prefill_chunk = cfg.prefill_chunk_size
         self.page_size = cfg.kv_cache.page_size
         self.window = SlidingWindow.of(cfg.kv_cache)
-        if self.window and self.window.per_sequence and self.page_size < 2:
-            raise ValueError("a per-sequence sliding window needs pages of at least 2 tokens (TVM reuses a "
-                             "freed page within the forward that frees it); recompile with a larger page size")
         self.max_num_seqs = max_num_seqs or cfg.max_batch_size
         # Room for one full-context sequence plus a partly filled page per other sequence.
         self.max_total_tokens = max_total_tokens or self.context_window + self.max_num_seqs * self.page_size
@@ -115,11 +112,6 @@ class ModelRunner:
         """
         if all(len(t) == 1 for t in tokens):
             return self.decode(seq_ids, [t[0] for t in tokens])
-        if self.window and self.window.per_sequence:      # multi-token appends first (sliding_window.py)
-            order = sorted(range(len(tokens)), key=lambda i: len(tokens[i]) == 1)
-            if order != sorted(order):
-                logits = self.run([seq_ids[i] for i in order], [tokens[i] for i in order])
-                return logits[np.argsort(order)]
         lengths = [len(t) for t in tokens]
         self._check_window(seq_ids, lengths)
         flat = np.concatenate([np.asarray(t, dtype=np.int32) for t in tokens])

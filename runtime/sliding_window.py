@@ -12,10 +12,9 @@ per_sequence  every layer slides (Mistral). The cache is created with support_sl
               leave (so a sequence holds at most ~kept + page_size tokens of pages), and applies
               RoPE inside attention. A new token attends to every kept token (no mask), so
               a forward is exact only while it ends within the first `size` tokens or appends
-              one token: `max_chunk`. TVM frees a page while the same forward still reads its
-              last slot, and may hand it to a later sequence of that forward: multi-token
-              appends go first in a forward (ModelRunner), so only one-token appends, which
-              write a fresh page's first slot, can take it.
+              one token: `max_chunk`. (A page freed in BeginForward may go to another sequence
+              of the same forward: harmless, as with the window on TVM writes each layer's new
+              KV after that layer's attention has read the pages.)
 per_layer     some layers slide, others are full (Qwen2 with max_window_layers, Gemma 2/3). The
               full layers need every page, so nothing is freed; sliding layers read the last
               `size` cached tokens with a per-row mask over them, but the new tokens of one

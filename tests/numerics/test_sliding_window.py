@@ -140,3 +140,21 @@ def test_mixed_layers_keep_every_page(models):
             computed = request.seq.num_computed
             assert engine.runner.sequence_length(request.seq_id) == computed
             assert engine.scheduler.pages.total_pages - engine.runner.free_pages() == -(-computed // page)
+
+
+def test_prompts_arriving_while_a_sequence_slides_match_transformers(models):
+    """A fresh prompt arrives at every step for one page's worth of steps, so some forward
+    both frees a page of the sliding sequence and hands pages to the newcomer."""
+    art, ref, _ = models["mistral"]
+    engine = Engine(art, EngineConfig(max_total_tokens=8 * 16, max_tokens_per_step=40))
+    [long] = engine.add_request(IDS[:20], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    short = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    arrivals = []
+    for k in range(18):
+        engine.step()
+        prompt = IDS[k:k + 19]
+        arrivals += [(prompt, r) for r in engine.add_request(prompt, short)]
+    while engine.has_work:
+        engine.step()
+    assert long.output_ids == greedy_reference(ref, IDS[:20], 40)
+    assert all(r.output_ids == greedy_reference(ref, p, 3) for p, r in arrivals)
