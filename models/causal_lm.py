@@ -217,8 +217,13 @@ class CausalLM(nn.Module):
                               support_sliding_window: tirx.Var) -> PagedKVCache:
         c, first = self.config, self.attention[0]
         kinds = [a.kind for a in self.attention]
+        # Every layer sliding (Mistral): plain "mha" layers and a per-sequence window the runtime
+        # enables, so TVM frees the pages that leave it; cached keys then move, so TVM applies RoPE
+        # inside attention (it forces that whenever the window is on). Mixed: per-layer windows.
+        windowed = set(kinds) == {"sliding"}
         return TIRPagedKVCache(
-            attn_kind="mha" if set(kinds) == {"full"} else ["mha_sliding" if k == "sliding" else "mha" for k in kinds],
+            attn_kind="mha" if set(kinds) == {"full"} or windowed
+            else ["mha_sliding" if k == "sliding" else "mha" for k in kinds],
             max_batch_size=max_batch_size,
             max_total_seq_len=max_total_seq_len,
             prefill_chunk_size=prefill_chunk_size,
@@ -232,7 +237,10 @@ class CausalLM(nn.Module):
             v_head_dim=c.head_dim,
             mla_original_qk_head_dim=0,
             mla_original_v_head_dim=0,
-            rope_mode=RopeMode.NONE if self.flags.learned_positions or self.rope_in_graph else RopeMode.NORMAL,
+            # RoPE in the graph: the cache rotates nothing (keys are stored rotated; RoPE is relative, so a
+            # sliding cache that moves them stays exact). Every layer sliding: TVM rotates inside attention.
+            rope_mode=(RopeMode.NONE if self.flags.learned_positions or self.rope_in_graph
+                       else RopeMode.INLINE if windowed else RopeMode.NORMAL),
             rope_scale=1,
             rope_theta=first.rope_theta,
             rope_scaling={} if self.rope_in_graph else first.rope_scaling or {},

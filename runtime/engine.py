@@ -45,7 +45,7 @@ class EngineConfig:
     max_total_tokens: int | None = None      # KV capacity; default: one full context + a page per sequence
     max_tokens_per_step: int | None = None   # chunked-prefill token budget; default: the artifact's prefill chunk
     policy: str = "fcfs"                     # or "priority"
-    enable_prefix_cache: bool = True
+    enable_prefix_cache: bool = True         # always off for a sliding-window artifact (its KV is never shared)
     verify: bool = True                      # check artifact hashes on load
 
 
@@ -59,11 +59,14 @@ class Engine:
         eos = set(self.artifact.config.eos_token_ids)
         self.eos_token_ids = frozenset(eos | set(self.tokenizer.eos_token_ids if self.tokenizer else ()))
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
+        window = self.runner.window        # sliding-window KV is never shared: no prefix cache, no forks
+        prefix_cache = config.enable_prefix_cache and window is None
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=self.runner.max_num_seqs, max_tokens_per_step=budget,
-                            policy=config.policy, enable_prefix_cache=config.enable_prefix_cache),
-            PageAccountant(self.runner.free_pages(), self.runner.page_size),
-            PrefixCache() if config.enable_prefix_cache else None)
+                            policy=config.policy, enable_prefix_cache=prefix_cache, sliding_window=window),
+            PageAccountant(self.runner.free_pages(), self.runner.page_size,
+                           window.max_pages(self.runner.page_size) if window else None),
+            PrefixCache() if prefix_cache else None)
         self.sampler = Sampler()
         self._grammars = None
         self._requests: dict[int, Request] = {}      # seq id -> live request
@@ -122,7 +125,7 @@ class Engine:
                                       f"[0, {self.runner.vocab_size})", "logit_bias")
         requests = []
         for k in range(params.n):
-            fork = (requests[0].seq_id, len(ids) - 1) if k else None
+            fork = (requests[0].seq_id, len(ids) - 1) if k and self.runner.window is None else None
             seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
                            priority=priority, fork_from=fork, prompt_logits=params.prompt_logprobs is not None and not k)
             requests.append(Request(index + k, seq, params, self.runner.context_window, self.eos_token_ids,

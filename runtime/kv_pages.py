@@ -11,7 +11,11 @@ at `pos` shares the parent's pages that lie fully inside the first `pos`
 tokens, and gets a fresh page holding a copy of a partially covered one. A
 page returns to the free list when the last sequence holding it is freed.
 
-Each sequence holds exactly pages_needed(num_tokens) pages, in token order.
+Each sequence holds exactly pages_needed(num_tokens) pages, in token order. With a per-sequence
+sliding window (runtime/sliding_window.py) TVM frees the pages a sequence's oldest tokens leave,
+so a sequence never holds more than `max_pages_per_seq`: pages_needed caps there (TVM holds one
+page fewer at times; never more, so admitting by the cap never overfills the cache). Such
+sequences cannot be forked.
 Misuse (unknown or duplicate ids, allocating past capacity) is a programming
 error in the caller and raises KeyError / RuntimeError.
 
@@ -25,12 +29,13 @@ from collections.abc import Collection
 
 
 class PageAccountant:
-    def __init__(self, total_pages: int, page_size: int):
-        if total_pages < 1 or page_size < 1:
+    def __init__(self, total_pages: int, page_size: int, max_pages_per_seq: int | None = None):
+        if total_pages < 1 or page_size < 1 or (max_pages_per_seq is not None and max_pages_per_seq < 1):
             raise ValueError(f"need at least one page of at least one token, got total_pages={total_pages}, "
-                             f"page_size={page_size}")
+                             f"page_size={page_size}, max_pages_per_seq={max_pages_per_seq}")
         self.total_pages = total_pages
         self.page_size = page_size
+        self.max_pages_per_seq = max_pages_per_seq
         self._free_ids: list[int] = list(range(total_pages - 1, -1, -1))   # a stack; pops page 0 first
         self._refs: list[int] = [0] * total_pages                          # holders per page
         self._pages: dict[int, list[int]] = {}                             # seq id -> page ids, in order
@@ -46,10 +51,11 @@ class PageAccountant:
         return self.total_pages - len(self._free_ids)
 
     def pages_needed(self, num_tokens: int) -> int:
-        """Pages that hold `num_tokens` tokens of one unshared sequence."""
+        """Pages that hold `num_tokens` tokens of one unshared sequence (at most max_pages_per_seq)."""
         if num_tokens < 0:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        return -(-num_tokens // self.page_size)
+        pages = -(-num_tokens // self.page_size)
+        return pages if self.max_pages_per_seq is None else min(pages, self.max_pages_per_seq)
 
     def num_tokens(self, seq_id: int) -> int:
         return self._tokens[self._known(seq_id)]
@@ -94,6 +100,7 @@ class PageAccountant:
     def can_fork(self, parent_id: int, pos: int, num_tokens: int) -> bool:
         """Can a child forked from `parent_id` at `pos` then grow to `num_tokens` tokens?"""
         self._check_fork_pos(parent_id, pos)
+        self._check_forkable()
         shared = pos // self.page_size
         return self.pages_needed(max(num_tokens, pos)) - shared <= self.free_pages
 
@@ -120,6 +127,7 @@ class PageAccountant:
         covered page is copied into a fresh page of the child.
         """
         self._check_fork_pos(parent_id, pos)
+        self._check_forkable()
         if child_id in self._pages:
             raise RuntimeError(f"cannot fork into sequence {child_id}: it already holds pages")
         full, partial = divmod(pos, self.page_size)
@@ -165,6 +173,11 @@ class PageAccountant:
         length = self.num_tokens(parent_id)
         if not 0 <= pos <= length:
             raise RuntimeError(f"fork position {pos} is outside parent sequence {parent_id} of {length} tokens")
+
+    def _check_forkable(self) -> None:
+        if self.max_pages_per_seq is not None:
+            raise RuntimeError("sequences under a per-sequence sliding window cannot be forked (TVM forks them "
+                               "only inside attention sinks); schedule them without forks")
 
     def _take(self, n: int, what: str) -> list[int]:
         if n > len(self._free_ids):

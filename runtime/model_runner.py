@@ -4,6 +4,10 @@ The only place the runtime touches TVM, through `tvm.runtime` alone (runtime/_tv
 artifact runs on a runtime-only TVM. Token ids are checked on the host
 before any call (an out-of-range id would make the embedding gather read out
 of bounds), and a prefill longer than the artifact's chunk is split.
+
+A sliding-window artifact (runtime/sliding_window.py) gets a cache with TVM's per-sequence window
+when every layer slides (enabled on each sequence as it is added), and every forward is checked
+against the window's chunk bound: an append TVM's kernels would compute wrongly is refused.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
 from .protocol import InvalidRequestError
+from .sliding_window import SlidingWindow
 
 _KV = {name: tvm.get_global_func(f"vm.builtin.{name}") for name in (
     "kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_fork_sequence", "kv_state_popn",
-    "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages")}
+    "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages",
+    "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq")}
 
 
 class ModelRunner:
@@ -40,6 +46,7 @@ class ModelRunner:
         self.context_window = artifact.context_window
         self.prefill_chunk = cfg.prefill_chunk_size
         self.page_size = cfg.kv_cache.page_size
+        self.window = SlidingWindow.of(cfg.kv_cache)
         self.max_num_seqs = max_num_seqs or cfg.max_batch_size
         # Room for one full-context sequence plus a partly filled page per other sequence.
         self.max_total_tokens = max_total_tokens or self.context_window + self.max_num_seqs * self.page_size
@@ -47,7 +54,8 @@ class ModelRunner:
         self.params = [tvm.runtime.tensor(a, self.device) for a in artifact.iter_params()]   # one host copy at a time
         self.kv = self.vm["create_paged_kv_cache"](
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
-            ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]), ShapeTuple([0]))
+            ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]),
+            ShapeTuple([int(bool(self.window and self.window.per_sequence))]))
         self._fn = {name: self.vm[name] for name in ("embed", "batch_prefill", "batch_decode", "batch_verify")}
         if "batch_hidden" in cfg.entry_functions:
             self._fn["batch_hidden"] = self.vm["batch_hidden"]
@@ -55,11 +63,17 @@ class ModelRunner:
     # -- sequences --------------------------------------------------------------------
     def add_sequence(self, seq_id: int) -> None:
         _KV["kv_state_add_sequence"](self.kv, seq_id)
+        if self.window and self.window.per_sequence:
+            _KV["attention_kv_cache_enable_sliding_window_for_seq"](self.kv, seq_id, self.window.kept,
+                                                                    self.window.attention_sink)
 
     def remove_sequence(self, seq_id: int) -> None:
         _KV["kv_state_remove_sequence"](self.kv, seq_id)
 
     def fork_sequence(self, parent: int, child: int, fork_pos: int = -1) -> None:
+        if self.window:
+            raise RuntimeError("sliding-window sequences cannot be forked (TVM cannot share windowed KV "
+                               "correctly); add the child and compute its prompt instead")
         _KV["kv_state_fork_sequence"](self.kv, parent, child, fork_pos)
 
     def pop_tokens(self, seq_id: int, n: int) -> None:
@@ -67,6 +81,20 @@ class ModelRunner:
 
     def free_pages(self) -> int:
         return int(_KV["attention_kv_cache_get_num_available_pages"](self.kv))
+
+    def sequence_length(self, seq_id: int) -> int:
+        """Tokens TVM holds for the sequence (with a per-sequence window: at most window.kept)."""
+        return int(_KV["attention_kv_cache_get_sequence_length"](self.kv, seq_id))
+
+    def _check_window(self, seq_ids: Sequence[int], lengths: Sequence[int]) -> None:
+        if self.window is None:
+            return
+        for seq_id, n in zip(seq_ids, lengths):
+            held = self.sequence_length(seq_id)
+            if n > self.window.max_chunk(held):
+                raise ValueError(f"sequence {seq_id} appends {n} tokens after {held}, but the {self.window.size}-token "
+                                 f"sliding window allows {self.window.max_chunk(held)} per forward; split the "
+                                 "append (the Scheduler and ModelRunner.prefill do)")
 
     # -- forward passes ---------------------------------------------------------------
     def check_tokens(self, ids: Sequence[int]) -> np.ndarray:
@@ -91,6 +119,7 @@ class ModelRunner:
         if all(len(t) == 1 for t in tokens) and not any(full):
             return self.decode(seq_ids, [t[0] for t in tokens])
         lengths = [len(t) for t in tokens]
+        self._check_window(seq_ids, lengths)
         flat = np.concatenate([np.asarray(t, dtype=np.int32) for t in tokens])
         embeds = self._embed(flat)                                          # [1, total, hidden]
         ends = np.cumsum(lengths, dtype=np.int32)
@@ -111,7 +140,10 @@ class ModelRunner:
     def prefill(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
         """Append whole prompts, split into calls of at most prefill_chunk tokens; last-token logits."""
         last = {}
-        for chunk in _chunks(list(seq_ids), [list(t) for t in tokens], self.prefill_chunk):
+        limit = None
+        if self.window:
+            limit = lambda seq_id: self.window.max_chunk(self.sequence_length(seq_id))   # noqa: E731
+        for chunk in _chunks(list(seq_ids), [list(t) for t in tokens], self.prefill_chunk, limit):
             ids, _, pieces = zip(*chunk)
             last.update(zip(ids, self.run(ids, pieces)))
         return np.stack([last[s] for s in seq_ids])
@@ -127,6 +159,7 @@ class ModelRunner:
 
     def verify(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one sequence and return the logits at every position [n, vocab]."""
+        self._check_window([seq_id], [len(tokens)])
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(tokens)]))
         logits, _ = self._fn["batch_verify"](embeds, self.kv, self.params)
@@ -153,13 +186,14 @@ class ModelRunner:
         return out._create_view(ShapeTuple([1, *out.shape]))                      # [1, n, hidden]
 
 
-def _chunks(seq_ids: list[int], tokens: list[list[int]], budget: int):
-    """Split a ragged prefill into calls of at most `budget` tokens: yields [(seq_id, n, ids)]."""
+def _chunks(seq_ids: list[int], tokens: list[list[int]], budget: int, limit=None):
+    """Split a ragged prefill into calls of at most `budget` tokens, and at most limit(seq_id) of one
+    sequence (a sliding window's bound, asked before each call): yields [(seq_id, n, ids)]."""
     pending = [(s, np.asarray(t, dtype=np.int32)) for s, t in zip(seq_ids, tokens)]
     while pending:
         chunk, used, rest = [], 0, []
         for s, t in pending:
-            take = min(len(t), budget - used)
+            take = min(len(t), budget - used, limit(s) if limit else len(t))
             if take <= 0 or any(c[0] == s for c in chunk):
                 rest.append((s, t))
                 continue

@@ -11,6 +11,10 @@ Iteration-level continuous batching with chunked prefill (nano-vllm's shape):
              sequence forks its fork_from parent or the longest prefix-cache match
              instead of recomputing the shared tokens.
 
+With a sliding-window artifact (runtime/sliding_window.py) a sequence appends at most
+window.max_chunk tokens per forward, and nothing is forked or prefix-cached (TVM cannot share a
+windowed sequence's KV): each sequence computes its own prompt.
+
 schedule() makes no device calls; it returns a ScheduledBatch that says what the
 engine must do to TVM's KV cache before the forward (evict / preempted: remove;
 new_seqs: add; forks: fork) and which token ranges to compute. Page bookkeeping
@@ -26,6 +30,7 @@ from .kv_pages import PageAccountant
 from .prefix_cache import PrefixCache
 from .protocol import EngineStats
 from .sequence import SeqStatus, Sequence
+from .sliding_window import SlidingWindow
 
 
 @dataclass
@@ -76,8 +81,12 @@ class SchedulerConfig:
     max_tokens_per_step: int = 512     # token budget per forward; a decode counts 1
     policy: str = "fcfs"               # or "priority": (priority, arrival) order
     enable_prefix_cache: bool = True
+    sliding_window: SlidingWindow | None = None   # the artifact's; bounds chunks, rules out sharing KV
 
     def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.enable_prefix_cache:
+            raise ValueError("prefix caching cannot share the KV of a sliding-window model; "
+                             "set enable_prefix_cache=False")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
         if self.max_num_seqs < 1 or self.max_tokens_per_step < 1:
@@ -221,7 +230,7 @@ class Scheduler:
                 break
             if id(seq) in scheduled or seq.num_uncomputed == 0:
                 continue
-            end = seq.num_computed + min(seq.num_uncomputed, budget)
+            end = self._chunk_end(seq, budget)
             if self.pages.num_tokens(seq.seq_id) < end:   # admission reserved the whole length
                 raise RuntimeError(f"sequence {seq.seq_id} holds pages for fewer tokens than it computes")
             batch.chunks.append(Chunk(seq, seq.num_computed, end, end == seq.num_tokens))
@@ -239,6 +248,13 @@ class Scheduler:
                 return                   # head of line waits for pages
             budget -= self._start(seq, source, budget, batch)
 
+    def _chunk_end(self, seq: Sequence, budget: int) -> int:
+        """Where seq's next chunk ends: its uncomputed tokens, within the budget and the window's bound."""
+        take = min(seq.num_uncomputed, budget)
+        if self.config.sliding_window is not None:
+            take = min(take, self.config.sliding_window.max_chunk(seq.num_computed))
+        return seq.num_computed + take
+
     # -- admission helpers --------------------------------------------------------------
     def _waiting_order(self) -> list[Sequence]:
         if self.config.policy == "priority":
@@ -247,6 +263,8 @@ class Scheduler:
 
     def _parent_pending(self, seq: Sequence) -> bool:
         """True while a fork_from parent is alive but has not computed the shared tokens."""
+        if seq.fork_from is not None and self.config.sliding_window is not None:
+            seq.fork_from = None         # windowed KV cannot be shared: prefill the prompt
         if seq.fork_from is None:
             return False
         parent = self._live.get(seq.fork_from[0])
@@ -311,7 +329,7 @@ class Scheduler:
         seq.status = SeqStatus.RUNNING
         self.waiting.remove(seq)
         self.running.append(seq)
-        end = seq.num_computed + min(seq.num_uncomputed, budget)
+        end = self._chunk_end(seq, budget)
         batch.chunks.append(Chunk(seq, seq.num_computed, end, end == seq.num_tokens))
         return end - seq.num_computed
 

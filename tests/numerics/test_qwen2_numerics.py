@@ -39,13 +39,20 @@ def test_prefill_and_decode_logits_match_transformers(kind, qwen2):
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
 
 
-def test_sliding_window_caps_the_context_with_a_note():
+def test_sliding_window_layers_follow_max_window_layers():
     from kiln.models.qwen2 import Qwen2Config
-    hf = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-              max_position_embeddings=4096, use_sliding_window=True, sliding_window=1024)
-    c = Qwen2Config.from_hf(hf)
-    assert c.context_window_size == 1024 and "sliding window (1024 tokens)" in c.notes[0]
-    assert Qwen2Config.from_hf(dict(hf, use_sliding_window=False)).context_window_size == 4096
+    hf = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+              max_position_embeddings=4096, use_sliding_window=True, sliding_window=1024, max_window_layers=1)
+    c = Qwen2Config.from_hf(hf)         # transformers: layer i slides iff i >= max_window_layers
+    assert c.context_window_size == 4096 and c.sliding_layers == (1, 2, 3) and c.sliding_window == 1024
+    assert [a.kind for a in c.layer_attention()] == ["full", "sliding", "sliding", "sliding"]
+    assert [a.window for a in c.layer_attention()] == [None, 1024, 1024, 1024]
+    explicit = Qwen2Config.from_hf(dict(hf, layer_types=["sliding_attention", "full_attention"] * 2))
+    assert explicit.sliding_layers == (0, 2)
+    for off in (dict(use_sliding_window=False), dict(sliding_window=8192), dict(max_window_layers=4)):
+        assert {a.kind for a in Qwen2Config.from_hf(dict(hf, **off)).layer_attention()} == {"full"}
+    with pytest.raises(ValueError, match="layer_types lists 2 layers"):
+        Qwen2Config.from_hf(dict(hf, layer_types=["full_attention"] * 2))
 
 
 def write_qwen2_gguf(hf_dir, path, q8_layer: int | None = None) -> dict[str, np.ndarray]:
