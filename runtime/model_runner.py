@@ -172,9 +172,13 @@ class ModelRunner:
         if "batch_hidden" not in self._fn:
             raise InvalidRequestError("this artifact was compiled before kiln could return hidden states; "
                                       "recompile it with `kiln compile` to serve embeddings", "input")
-        hidden = None
-        for start in range(0, len(tokens), self.prefill_chunk):
-            piece = np.asarray(tokens[start:start + self.prefill_chunk], dtype=np.int32)
+        hidden, start = None, 0
+        while start < len(tokens):
+            take = self.prefill_chunk
+            if self.window:                                     # the sliding window's bound per forward
+                take = min(take, self.window.max_chunk(self.sequence_length(seq_id)))
+            piece = np.asarray(tokens[start:start + take], dtype=np.int32)
+            start += len(piece)
             _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(piece)]))
             hidden, _ = self._fn["batch_hidden"](self._embed(piece), tvm.runtime.tensor(
                 np.array([len(piece) - 1], np.int32), self.device), self.kv, self.params)
