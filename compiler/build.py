@@ -20,7 +20,7 @@ from kiln.targets import DEFAULT_TARGET, TargetProfile, get_profile
 from kiln.runtime.contract import (ENTRY_FUNCTIONS, ArtifactConfig, KVCacheLayout, ModelInfo, PARAMS_DIR,
                                    ParamWriter, SourceInfo, TargetInfo, write_config)
 
-from .artifact import staged_artifact
+from .artifact import check_output, staged_artifact
 from .pipeline import build_pipeline
 from .quantize import QuantPlan, QuantScheme, get_scheme
 from .spec import build_spec
@@ -39,6 +39,19 @@ class CompileOptions:
     context_window: int | None = None       # cap the model's context (KV memory)
     prefill_chunk: int | None = None
     max_batch_size: int = 32
+    force: bool = False                     # replace an existing artifact at `output`
+
+    def validate(self) -> None:
+        """Everything checkable before the model is read: the target, the quantization name, the
+        numbers, and the output path (a compile never deletes what it did not write)."""
+        get_profile(self.target)
+        get_scheme(self.quant)
+        for name in ("context_window", "prefill_chunk", "max_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.output is not None:
+            check_output(self.output, self.force)
 
 
 def default_name(source: ModelSource, quant: str, target: str) -> str:
@@ -63,6 +76,7 @@ class Exported:
 def export_model(opts: CompileOptions, progress: Progress | None = None) -> Exported:
     """Load, quantize (swap in quantized modules) and export the model for opts.target."""
     report = progress or (lambda *_: None)
+    opts.validate()
     profile = get_profile(opts.target)
     profile.check_toolchain(profile)
     report("load", 0, 1)
@@ -87,9 +101,14 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
     source, arch, config, profile, scheme, plan = ex.source, ex.arch, ex.config, ex.profile, ex.scheme, ex.plan
     named_params = ex.named_params
 
-    context = min(opts.context_window or config.context_window_size, config.context_window_size)
+    if opts.context_window and opts.context_window > config.context_window_size:
+        raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "
+                         f"({config.context_window_size} tokens); pass at most {config.context_window_size}")
+    context = opts.context_window or config.context_window_size
     chunk = min(opts.prefill_chunk or profile.prefill_chunk, context)
     dest = opts.output or Path("dist") / default_name(source, scheme.name, profile.name)
+    if opts.output is None:
+        check_output(dest, opts.force)
     lib_built, tuned_kernels = _build_lib(ex.mod, profile, opts.dump_ir, report)
 
     with staged_artifact(dest) as stage:
@@ -101,7 +120,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
             kiln_version=_kiln_version(),
             tvm_version=tvm.__version__,
             model=ModelInfo(dest.name, arch.name, _config_dict(config),
-                            SourceInfo(source.format, source.content_hash, str(source.path))),
+                            SourceInfo(source.format, source.content_hash, source.path.name)),
             quantization=plan.describe(),
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
             entry_functions=ENTRY_FUNCTIONS,

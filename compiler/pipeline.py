@@ -20,6 +20,7 @@ from tvm import relax
 
 from kiln.targets import TargetProfile
 
+from .passes.clip_take import ClipTake
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
 from .passes.fuse_dequantize_take import FuseDequantizeTake
@@ -49,6 +50,8 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             FuseDequantizeTake(),
             # Residual add + the RMSNorm over the sum: one kernel writing both (see its docstring).
             FuseAddRMSNorm(),
+            # Gathers clamp their indices (no out-of-range reads, no TOPI warning per compile).
+            ClipTake(),
             *profile.passes("graph"),
             relax.transform.DeadCodeElimination(),
         ]),

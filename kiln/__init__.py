@@ -84,13 +84,18 @@ def ensure_artifact(model_or_artifact: str | Path, target: str = "cpu", quant: s
     key = hashlib.sha256(f"{source.content_hash}|{compiler_fingerprint()}|".encode()
                          + (tuning.read_bytes() if tuning and tuning.is_file() else b"")).hexdigest()
     dest = cache_dir() / "artifacts" / f"{key[:16]}-{scheme.name}-{target}"
+    from kiln import cache
     if is_artifact(dest):
         try:
             Artifact.load(dest)
+            cache.touch(dest)
             return dest
         except ArtifactError:
             pass      # a damaged cache entry is rebuilt below
-    return compile(str(model_or_artifact), target=target, quant=scheme.name, output=dest, progress=progress)
+    path = compile(str(model_or_artifact), target=target, quant=scheme.name, output=dest, progress=progress,
+                   force=True)
+    cache.supersede(path)     # the entry a tune, an upgrade or an edit made stale
+    return path
 
 
 def load(model_or_artifact: str | Path, config: "EngineConfig | None" = None,

@@ -56,7 +56,26 @@ class _Progress:
         self.bar.update(self.tasks[key], completed=done, total=total, description=label)
 
 
-@click.group()
+class _Group(click.Group):
+    """Usage errors (a bad option value, a missing argument) in one line too, with where to look."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx else "kiln"
+            click.echo(f"error: {e.format_message()} (see `{cmd} --help`)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_Group)
 @click.version_option(package_name="kiln")
 def main() -> None:
     """kiln: compile LLMs through Apache TVM and run them (generate, chat)."""
@@ -73,14 +92,16 @@ def main() -> None:
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="write the IR after each pipeline phase here")
 @click.option("--context-window", type=int, help="cap the context window (KV memory)")
 @click.option("--prefill-chunk", type=int, help="most tokens one prefill call takes")
+@click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @_friendly_errors
-def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk) -> None:
+def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
     """Compile MODEL (HF directory, .gguf file, or `smollm2`) into an artifact directory."""
     import kiln
     start = time.perf_counter()
     with _Progress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
-                            progress=progress, context_window=context_window, prefill_chunk=prefill_chunk)
+                            progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
+                            force=force)
     tuned = json.loads((path / "kiln-config.json").read_text()).get("tuned_kernels", 0)
     click.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s"
                + (f" ({tuned} kernels with knobs from `kiln tune`)" if tuned else ""))
@@ -151,39 +172,18 @@ def _parse_ids(text: str) -> list[int]:
 @click.option("--system", default=None, help="system prompt")
 @_friendly_errors
 def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system) -> None:
-    """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits."""
-    engine = _engine(model)
-    params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
-    history = [{"role": "system", "content": system}] if system else []
-    click.echo("kiln chat — /reset clears the conversation, /exit or Ctrl-D quits", err=True)
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            click.echo()
-            return
-        if line.strip() in ("/exit", "/quit"):
-            return
-        if line.strip() == "/reset":
-            history = history[:1] if system else []
-            continue
-        if not line.strip():
-            continue
-        history.append({"role": "user", "content": line})
-        reply = []
-        for delta in engine.chat_stream(history, params):
-            reply.append(delta.text)
-            click.echo(delta.text, nl=False)
-        click.echo()
-        history.append({"role": "assistant", "content": "".join(reply)})
+    """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits,
+    Ctrl-C stops a reply; arrow keys edit and recall lines."""
+    from kiln.chat import run_chat
+    run_chat(_engine(model), _params(max_tokens, temperature, top_p, top_k, seed, stop), system)
 
 
 @main.command()
 @click.argument("model")
-@click.option("--prompt-len", default=128, show_default=True)
-@click.option("--gen-len", default=64, show_default=True)
-@click.option("--batch", default=1, show_default=True)
-@click.option("--runs", default=3, show_default=True, help="timed runs after one warm-up")
+@click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--gen-len", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1), help="timed runs after one warm-up")
 @click.option("--profile", is_flag=True,
               help="after the bench, time every kernel of one prefill and of the mean decode step "
                    "(a VM instrument, a few us per call; reports both wall times); JSON key \"profile\"")
@@ -216,12 +216,12 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @main.command()
 @click.argument("model", default=DEFAULT_MODEL)
 @click.option("--host", default="127.0.0.1", show_default=True, help="bind address (0.0.0.0 exposes it)")
-@click.option("--port", default=8000, show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 routes")
 @click.option("--model-name", default=None, help="the name clients pass as `model` [artifact name]")
-@click.option("--max-num-seqs", type=int, help="most sequences in one batch [artifact's max batch]")
-@click.option("--max-tokens-per-step", type=int, help="chunked-prefill token budget per step")
-@click.option("--max-total-tokens", type=int, help="KV cache capacity in tokens")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), help="most sequences in one batch [artifact's max batch]")
+@click.option("--max-tokens-per-step", type=click.IntRange(min=1), help="chunked-prefill token budget per step")
+@click.option("--max-total-tokens", type=click.IntRange(min=1), help="KV cache capacity in tokens")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
@@ -230,9 +230,13 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     import kiln
     server = _server_module()                 # before any compile: without the serve extra, say so now
     path = model if kiln.is_artifact(model) else _compiled(model)
+    # Named after what the user gave (`smollm2`, a model folder or file, an artifact's folder), so the
+    # name survives recompiles, tunes and upgrades; the cache's hash-named folder stays an alias.
+    given = Path(str(model).rstrip("/"))
+    name = model_name or (given.stem if given.suffix in (".gguf", ".onnx") else given.name)
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
                                max_total_tokens=max_total_tokens, enable_prefix_cache=not no_prefix_cache)
-    server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=model_name,
+    server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                          engine=engine))
 
 
@@ -285,6 +289,55 @@ def targets(as_json) -> None:
         else:
             click.echo(f"{name:<14} {p.device:<5} {p.lib_name:<8} {p.default_quant:<6} "
                        f"runs here: {'yes' if runs else 'no ':<4} builds here: {builds:<4} {p.description}")
+
+
+@main.group()
+def cache() -> None:
+    """The compile-on-first-use cache ($KILN_CACHE_DIR/artifacts, default ~/.cache/kiln/artifacts)."""
+
+
+@cache.command("list")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per entry, one per line")
+def cache_list(as_json) -> None:
+    """Every cached artifact: model, quantization, target, size and last use (oldest first)."""
+    from kiln.cache import artifacts_dir, entries
+    found = entries()
+    for e in found:
+        row = {"path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target, "bytes": e.bytes,
+               "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo(f"{row['last_used']}  {e.bytes / 1e6:8.1f} MB  {e.quant:<9} {e.target:<8} {e.model}  "
+                       f"({e.path.name})")
+    if not as_json:
+        click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
+
+
+@cache.command("clean")
+@click.option("--older-than", default=None, help="only entries unused for this long: 90s, 30m, 12h, 7d, 2w")
+@_friendly_errors
+def cache_clean(older_than) -> None:
+    """Remove cached artifacts (all, or those unused for --older-than); they recompile on next use."""
+    from kiln.cache import clean, parse_age
+    removed = clean(parse_age(older_than) if older_than else None)
+    click.echo(f"removed {len(removed)} entries, {sum(e.bytes for e in removed) / 1e6:.1f} MB")
+
+
+@main.command("models")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per family, one per line")
+def models_cmd(as_json) -> None:
+    """List the model families kiln compiles, with the config.json architectures, model types and GGUF
+    architecture names each accepts (a Hugging Face folder, a .gguf file or an ONNX export of one)."""
+    from kiln.models.registry import ARCHITECTURES, gguf_architectures
+    for a in ARCHITECTURES.values():
+        row = {"family": a.name, "hf_architectures": list(a.hf_architectures), "model_types": list(a.model_types),
+               "gguf_architectures": list(gguf_architectures(a))}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo(f"{a.name:<8} HF {', '.join(a.hf_architectures):<58} "
+                       f"GGUF {', '.join(row['gguf_architectures']) or '-'}")
 
 
 def _has_device(kind: str) -> bool:

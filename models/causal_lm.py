@@ -8,9 +8,9 @@ A family file (llama.py, qwen2.py, ...) holds only what differs: its config mapp
                        create_paged_kv_cache (the names the runtime calls; compiler/spec.py exports
                        them), over `DecoderLayer`s built from models/layers.py with the family's Flags.
 
-The KV cache gets one attention kind per layer (full, or sliding window with its size) and one
-RoPE for all layers: TVM's paged KV cache applies RoPE itself with a single theta/scaling, so a
-model whose layers differ in RoPE is refused at build time (the model-zoo issue adds it).
+The KV cache gets one attention kind per layer (full, or sliding window with its size). TVM's
+paged KV cache applies RoPE itself with a single theta/scaling; a model whose layers differ in
+RoPE, or whose scaling the cache lacks, rotates q and k in the graph instead (models/rope.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tvm.target import Target
 
 from .config import ConfigField, read_fields
 from .layers import DecoderLayer, Flags, Norm, tied_logits
+from .rope import GRAPH_SCALINGS, inv_freq
 
 # HF field names shared by the decoder families (a family adds its own or overrides these).
 DECODER_FIELDS = (
@@ -125,23 +126,34 @@ def _flat_rope(hf: dict) -> dict:
     return {**hf, "rope_theta": params["rope_theta"], "rope_scaling": None if default else scaling}
 
 
+def rope_in_graph(layers: tuple[LayerAttention, ...]) -> bool:
+    """Whether q and k are rotated in the graph: the layers' RoPE differ, or the cache lacks the scaling."""
+    ropes = {(a.rope_theta, repr(a.rope_scaling)) for a in layers}
+    kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
+    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS))
+
+
 class DecoderStack(nn.Module):
-    def __init__(self, c: DecoderConfig, flags: Flags):
+    def __init__(self, c: DecoderConfig, flags: Flags, attention: tuple[LayerAttention, ...]):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         if flags.learned_positions:
             self.embed_positions = nn.Embedding(c.context_window_size, c.hidden_size)
+        in_graph = rope_in_graph(attention) and not flags.learned_positions
+        self.needs_positions = in_graph or flags.learned_positions
         self.layers = nn.ModuleList([
             DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
-                         c.head_dim, c.norm_eps, flags) for _ in range(c.num_hidden_layers)])
+                         c.head_dim, c.norm_eps, flags,
+                         inv_freq(c.head_dim, a.rope_theta, a.rope_scaling) if in_graph else None)
+            for a in attention])
         self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache) -> Tensor:
-        if hasattr(self, "embed_positions"):                     # absolute positions, from the cache
-            b, s, d = x.shape
-            positions = kv_cache.get_query_positions(b * s)      # [b * s]
+        b, s, d = x.shape
+        positions = kv_cache.get_query_positions(b * s) if self.needs_positions else None   # [b * s]
+        if hasattr(self, "embed_positions"):                     # absolute positions
             x = x + op.reshape(self.embed_positions(positions), (b, s, d))
         for layer_id, layer in enumerate(self.layers):
-            x = layer(x, kv_cache, layer_id)
+            x = layer(x, kv_cache, layer_id, positions)
         return self.norm(x)
 
 
@@ -151,9 +163,9 @@ class CausalLM(nn.Module):
     def __init__(self, config: DecoderConfig):
         self.config, self.flags = config, config.flags()
         self.attention = config.layer_attention()
-        _check_uniform_rope(self.attention)
         self.sliding_window = sliding_window(self.attention)
-        self.model = DecoderStack(config, self.flags)
+        self.rope_in_graph = rope_in_graph(self.attention)
+        self.model = DecoderStack(config, self.flags, self.attention)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.dtype = "float32"
@@ -215,10 +227,10 @@ class CausalLM(nn.Module):
             v_head_dim=c.head_dim,
             mla_original_qk_head_dim=0,
             mla_original_v_head_dim=0,
-            rope_mode=RopeMode.NONE if self.flags.learned_positions else RopeMode.NORMAL,
+            rope_mode=RopeMode.NONE if self.flags.learned_positions or self.rope_in_graph else RopeMode.NORMAL,
             rope_scale=1,
             rope_theta=first.rope_theta,
-            rope_scaling=first.rope_scaling or {},
+            rope_scaling={} if self.rope_in_graph else first.rope_scaling or {},
             rope_ext_factors=relax.prim_value(0),  # only longrope uses it
             rotary_dim=c.head_dim,
             enable_disaggregation=False,
@@ -226,13 +238,6 @@ class CausalLM(nn.Module):
             target=Target.current(),
             **({"layer_sliding_window_size": self.sliding_window} if self.sliding_window else {}),
         )
-
-
-def _check_uniform_rope(layers: tuple[LayerAttention, ...]) -> None:
-    ropes = {(a.rope_theta, repr(a.rope_scaling)) for a in layers}
-    if len(ropes) > 1:
-        raise ValueError(f"the layers use {len(ropes)} different RoPE settings; TVM's paged KV cache applies one "
-                         "RoPE to every layer, so per-layer RoPE bases are not supported yet")
 
 
 def sliding_window(layers: tuple[LayerAttention, ...]) -> int | None:

@@ -19,8 +19,10 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
+from .rope import apply_rope
+
 NORMS = ("rms", "rms_1p", "layer")          # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with bias
-ACTIVATIONS = ("silu", "gelu_tanh")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ class Norm(nn.Module):
 
 
 def _activation(x: Tensor, kind: str) -> Tensor:
-    return op.silu(x) if kind == "silu" else op.gelu(x, approximate="tanh")
+    if kind == "silu":
+        return op.silu(x)
+    return op.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none")
 
 
 class MLP(nn.Module):
@@ -93,11 +97,12 @@ class PagedAttention(nn.Module):
     """Multi-head attention with grouped KV heads over TVM's paged KV cache."""
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 flags: Flags = Flags(), eps: float = 1e-6):
+                 flags: Flags = Flags(), eps: float = 1e-6, rope: tuple | None = None):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
                              f"num_key_value_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.rope = rope                    # (inverse frequencies, cos/sin factor) when RoPE is in the graph
         scalar = flags.query_pre_attn_scalar or head_dim
         self.sm_scale = float(scalar) ** -0.5
         self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
@@ -106,13 +111,17 @@ class PagedAttention(nn.Module):
             self.q_norm = Norm(head_dim, eps, flags.norm)
             self.k_norm = Norm(head_dim, eps, flags.norm)
 
-    def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int) -> Tensor:
+    def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
         b, s, _ = x.shape
         h, h_kv = self.num_heads, self.num_kv_heads
         qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
-        if hasattr(self, "q_norm"):
+        if hasattr(self, "q_norm") or self.rope:
             q, k, v = op.split(qkv, [h, h + h_kv], axis=2)
-            qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=2)
+            if hasattr(self, "q_norm"):
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.rope:
+                q, k = (apply_rope(t, positions, *self.rope) for t in (q, k))
+            qkv = op.concat([q, k, v], dim=2)
         out = kv_cache.attention_with_fused_qkv(layer_id, qkv, h, sm_scale=self.sm_scale)   # [b, s, h, d]
         return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
 
@@ -121,17 +130,17 @@ class DecoderLayer(nn.Module):
     """Pre-norm residual block; with sandwich norms the attention and MLP outputs are normed too."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int, eps: float, flags: Flags = Flags()):
+                 head_dim: int, eps: float, flags: Flags = Flags(), rope: tuple | None = None):
         self.input_layernorm = Norm(hidden_size, eps, flags.norm)
-        self.self_attn = PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps)
+        self.self_attn = PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)
         self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)       # before the MLP
         self.mlp = MLP(hidden_size, intermediate_size, flags)
         if flags.sandwich_norms:
             self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
             self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output
 
-    def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int) -> Tensor:
-        attn = self.self_attn(self.input_layernorm(x), kv_cache, layer_id)
+    def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
+        attn = self.self_attn(self.input_layernorm(x), kv_cache, layer_id, positions)
         x = x + (self.post_attn_norm(attn) if hasattr(self, "post_attn_norm") else attn)
         mlp = self.mlp(self.post_attention_layernorm(x))
         return x + (self.post_mlp_norm(mlp) if hasattr(self, "post_mlp_norm") else mlp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import llama, qwen2
+from . import gemma, gpt2, llama, phi3, qwen2, qwen3
 from .source import ModelLoadError
 
 
@@ -19,28 +19,36 @@ class Architecture:
     weight_map: Callable                  # config -> {param name: [hf names] or WeightSpec}
 
 
-ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture(
-        name="llama",
-        hf_architectures=("LlamaForCausalLM", "MistralForCausalLM"),
-        model_types=("llama", "mistral"),
-        config_cls=llama.LlamaConfig,
-        model_cls=llama.LlamaForCausalLM,
-        weight_map=llama.weight_map,
-    ),
-    "qwen2": Architecture(
-        name="qwen2",
-        hf_architectures=("Qwen2ForCausalLM",),
-        model_types=("qwen2",),
-        config_cls=qwen2.Qwen2Config,
-        model_cls=qwen2.Qwen2ForCausalLM,
-        weight_map=qwen2.weight_map,
-    ),
-}
+def _arch(name, hf_architectures, model_types, module, config_cls, model_cls) -> Architecture:
+    return Architecture(name, hf_architectures, model_types, config_cls, model_cls, module.weight_map)
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
+    _arch("llama", ("LlamaForCausalLM", "MistralForCausalLM"), ("llama", "mistral"), llama,
+          llama.LlamaConfig, llama.LlamaForCausalLM),
+    _arch("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qwen2, qwen2.Qwen2Config, qwen2.Qwen2ForCausalLM),
+    _arch("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), qwen3, qwen3.Qwen3Config, qwen3.Qwen3ForCausalLM),
+    _arch("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), gemma, gemma.Gemma2Config, gemma.Gemma2ForCausalLM),
+    _arch("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3_text", "gemma3"), gemma,
+          gemma.Gemma3Config, gemma.Gemma3ForCausalLM),
+    _arch("phi3", ("Phi3ForCausalLM",), ("phi3",), phi3, phi3.Phi3Config, phi3.Phi3ForCausalLM),
+    _arch("gpt2", ("GPT2LMHeadModel",), ("gpt2",), gpt2, gpt2.GPT2Config, gpt2.GPT2LMHeadModel),
+)}
+
+
+def gguf_architectures(arch: Architecture) -> tuple[str, ...]:
+    """The GGUF `general.architecture` names that load as `arch` (models/gguf.py maps them)."""
+    from .gguf import GGUF_ARCHITECTURES
+    return tuple(g for g, (model_type, *_rest) in GGUF_ARCHITECTURES.items() if model_type in arch.model_types)
 
 
 def supported() -> str:
-    return ", ".join(f"{a.name} ({'/'.join(a.hf_architectures)})" for a in ARCHITECTURES.values())
+    """Every family with the config.json architectures and GGUF architecture names it accepts."""
+    rows = []
+    for a in ARCHITECTURES.values():
+        gguf = gguf_architectures(a)
+        rows.append(f"{a.name} ({'/'.join(a.hf_architectures)}{'; GGUF ' + '/'.join(gguf) if gguf else ''})")
+    return ", ".join(rows)
 
 
 def find_architecture(hf_config: dict) -> Architecture:

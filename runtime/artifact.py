@@ -6,6 +6,7 @@ sha256 differs from kiln-config.json is refused with a message naming it.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,26 @@ from .contract import CONFIG_NAME, ArtifactConfig, ArtifactError, iter_params, r
 
 def is_artifact(path: str | Path) -> bool:
     return (Path(path) / CONFIG_NAME).is_file()
+
+
+_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+
+
+def check_host(artifact: "Artifact") -> None:
+    """ArtifactError, in one line, when a CPU artifact was built for another machine: another
+    architecture (an android or aarch64 build on x86), or a static library meant for an app build."""
+    t = artifact.config.target
+    triple = t.tvm_target.get("mtriple") if t.tvm_target.get("kind") == "llvm" else None
+    where = f"{t.name} ({triple})" if triple else t.name
+    if triple:
+        arch = _ARCH_ALIASES.get(triple.split("-")[0].lower(), triple.split("-")[0].lower())
+        host = _ARCH_ALIASES.get(platform.machine().lower(), platform.machine().lower())
+        if arch != host:
+            raise ArtifactError(f"this artifact is for {where}; this machine is {host}. Run it on that device, "
+                                "or compile the model for this machine: `kiln compile MODEL --target cpu`")
+    if not t.lib.endswith((".so", ".dylib", ".dll")):
+        raise ArtifactError(f"this artifact's library ({t.lib}) is a static library for an app build ({where}), "
+                            "not loadable here; compile with `--target cpu` to run it on this machine")
 
 
 @dataclass(frozen=True)

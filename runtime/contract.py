@@ -56,7 +56,7 @@ def file_hashes(root: Path) -> dict[str, str]:
 class SourceInfo:
     format: str                                  # "hf" | "gguf"
     content_hash: str
-    path: str = ""                               # where it was compiled from (informational)
+    path: str = ""                               # the source's file or folder name (informational; never a full path)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from ._tvm import open_device, tvm
 from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
-from .artifact import Artifact
+from .artifact import Artifact, check_host
 from .protocol import InvalidRequestError
 
 _KV = {name: tvm.get_global_func(f"vm.builtin.{name}") for name in (
@@ -34,6 +34,7 @@ class ModelRunner:
     def __init__(self, artifact: Artifact, max_num_seqs: int | None = None, max_total_tokens: int | None = None):
         cfg = artifact.config
         self.artifact = artifact
+        check_host(artifact)
         self.device = open_device(artifact.device)            # loads the device's TVM runtime if needed
         self.vocab_size = artifact.vocab_size
         self.context_window = artifact.context_window

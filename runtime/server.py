@@ -52,6 +52,7 @@ class ServerArgs:
     port: int = 8000
     api_key: str | None = None            # when set, /v1 routes need "Authorization: Bearer <api_key>"
     model_name: str | None = None         # the name clients pass as `model`; default: the artifact's folder name
+    aliases: tuple[str, ...] = ()         # other names accepted and listed (e.g. the cache's hash id)
     engine: EngineConfig = field(default_factory=EngineConfig)
     log_level: str = "info"
 
@@ -71,7 +72,10 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
 
 def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     """A FastAPI app serving ``engine`` (the caller owns the engine; the app never stops it)."""
-    state = _ServerState(engine, args.model_name or engine.engine.artifact.path.name, args.api_key)
+    folder = engine.engine.artifact.path.resolve().name
+    name = args.model_name or folder
+    state = _ServerState(engine, name, tuple(dict.fromkeys(a for a in (*args.aliases, folder) if a != name)),
+                         args.api_key)
     app = FastAPI(title="kiln", docs_url=None, redoc_url=None)
     app.state.kiln = state
     _install_error_handlers(app)
@@ -87,8 +91,9 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": state.started,
-                                             "owned_by": "kiln", "max_model_len": state.context_window}]}
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": state.started, "owned_by": "kiln",
+             "root": state.model_name, "max_model_len": state.context_window} for name in state.names]}
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
@@ -158,9 +163,10 @@ def _include_usage(body: api.CompletionRequest | api.ChatCompletionRequest) -> b
 class _ServerState:
     """What the routes share: the engine, its served name, the API key, metrics, token texts."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None):
+    def __init__(self, engine: AsyncEngine, model_name: str, aliases: tuple[str, ...], api_key: str | None):
         self.engine = engine
         self.model_name = model_name
+        self.names = (model_name, *aliases)          # every name a request may use; replies say model_name
         self.api_key = api_key
         self.started = int(time.time())
         self.metrics = Metrics(engine.engine.stats)
@@ -177,8 +183,9 @@ class _ServerState:
                                code="invalid_api_key")
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise api.APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+        if model is not None and model not in self.names:
+            raise api.APIError(404, f"the model {model!r} does not exist; this server serves "
+                                    f"{' or '.join(repr(n) for n in self.names)}",
                                "model", code="model_not_found")
 
     def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:

@@ -209,7 +209,8 @@ class IncrementalDetokenizer:
     """Turns a stream of generated ids into text deltas.
 
     Concatenating every ``push`` result and ``flush()`` gives exactly
-    ``tokenizer.decode(ids, skip_special_tokens)``. Each step decodes a small window:
+    ``tokenizer.decode(ids, skip_special_tokens)``, less an incomplete character at the very
+    end (a reply cut by max_tokens inside a multi-byte character ends before it, not in U+FFFD). Each step decodes a small window:
     the ids of the previous delta (``[prefix, read)``) plus the ids not yet emitted
     (``[read, end)``), and emits the text past the previous delta's decoding (the
     prefix-offset / read-offset method of vLLM and HF's TextStreamer). The
@@ -247,9 +248,11 @@ class IncrementalDetokenizer:
         return self._advance(text)
 
     def flush(self) -> str:
-        """Return whatever is held back (an incomplete character decodes to U+FFFD), at the end of a stream."""
-        text = self._tokenizer.decode(self._ids[self._prefix:])
-        return self._advance(text) if self._read < len(self._ids) else ""
+        """Return whatever is held back at the end of a stream, without a trailing incomplete character."""
+        if self._read >= len(self._ids):
+            return ""
+        text = self._tokenizer.decode(self._ids[self._prefix:]).rstrip(REPLACEMENT_CHAR)
+        return self._advance(text) if len(text) > len(self._prefix_text) else ""
 
     def _advance(self, text: str) -> str:
         """Emit text past the window's prefix and slide the window forward to the new ids."""

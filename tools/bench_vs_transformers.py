@@ -21,6 +21,8 @@ from _bench_common import bench_transformers, read_bandwidth_gbs
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="model (compiled q0f32 for the CPU) or artifact dir")
+    ap.add_argument("--source", help="the model transformers loads, when MODEL is an artifact (artifacts record "
+                                     "only their source's file name)")
     ap.add_argument("--quant", default="q0f32")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=64)
@@ -33,11 +35,13 @@ def main() -> None:
     art = args.model
     if not kiln.is_artifact(art):
         t = time.perf_counter()
-        art = kiln.compile(args.model, quant=args.quant, output=f"dist/bench-{args.quant}-cpu")
+        art = kiln.compile(args.model, quant=args.quant, output=f"dist/bench-{args.quant}-cpu", force=True)
         compile_s = time.perf_counter() - t
     engine = kiln.Engine(art)
     k = bench(engine.runner, args.prompt_len, args.gen_len, 1, args.runs).as_dict()
-    src = engine.artifact.config.model.source.path
+    src = args.model if art is not args.model else args.source
+    if src is None:
+        raise SystemExit("MODEL is an artifact: pass --source with the model it was compiled from")
     hf = bench_transformers(src, args.prompt_len, args.gen_len, args.runs)
     weight_bytes = sum((engine.artifact.path / "params" / f).stat().st_size
                        for f in os.listdir(engine.artifact.path / "params") if f.endswith(".bin"))

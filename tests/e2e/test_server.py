@@ -112,7 +112,10 @@ def collect_stream(stream) -> tuple[dict[int, str], dict[int, str | None], list]
 def test_health_models_and_loopback_default(server):
     assert ServerArgs().host == "127.0.0.1"
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
-    assert [m.id for m in server.client().models.list()] == [MODEL]
+    ids = [m.id for m in server.client().models.list()]
+    assert ids[0] == MODEL and len(ids) == 2          # the given name, then the artifact folder's as an alias
+    reply = server.client().completions.create(model=ids[1], prompt="hi", max_tokens=1)
+    assert reply.model == MODEL
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.8, "seed": 1234}],

@@ -7,7 +7,6 @@ cumsum, one filter at a time, as the filters are usually described).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -218,7 +217,8 @@ def test_logprobs_without_alternatives():
     assert lp.top == [] and lp.logprob == pytest.approx(_log_softmax(LOGITS)[lp.token_id], abs=1e-6)
 
 
-def test_speed_32_by_49152(capsys):
+def test_mixed_batch_32_by_49152():
+    """Every kind of sampling parameter in one SmolLM2-sized batch."""
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((32, 49152)) * 3).astype(np.float32)
     kinds = [dict(temperature=0), dict(temperature=0.7, top_p=0.9), dict(temperature=0.8, top_k=50),
@@ -226,11 +226,5 @@ def test_speed_32_by_49152(capsys):
     requests = [FakeRequest(SamplingParams(seed=i, **kinds[i % 4]), rng.integers(0, 49152, 500).tolist(),
                             rng.integers(0, 49152, 100).tolist()) for i in range(32)]
     sampler = Sampler()
-    timings = []
-    for _ in range(10):
-        start = time.perf_counter()
-        result = sampler.sample(logits, sampler.prepare(requests))
-        timings.append(time.perf_counter() - start)
+    result = sampler.sample(logits, sampler.prepare(requests))
     assert len(result.tokens) == 32 and all(0 <= t < 49152 for t in result.tokens)
-    with capsys.disabled():
-        print(f"\nprepare + sample, 32 x 49152 mixed params: median {np.median(timings) * 1e3:.1f} ms")

@@ -1,0 +1,128 @@
+"""Gemma 2 and Gemma 3 (text): the causal-LM base with Gemma's choices switched on.
+
+Both: embeddings scaled by sqrt(hidden), RMSNorm as x/rms * (1 + w), tanh-GELU gating, norms before
+and after attention and MLP, softmax scale query_pre_attn_scalar ** -0.5, a tied head, and layers
+that alternate sliding-window and global attention (`layer_types`, else the family's pattern).
+Gemma 2 soft-caps the final logits (and the attention logits: TVM's paged attention takes only a
+softmax scale, so a checkpoint with attn_logit_softcapping set is refused, see layers.Flags).
+Gemma 3 drops soft-capping for a per-head QK norm, and gives sliding layers their own RoPE base
+(`rope_local_base_freq`) while global layers may scale theirs: RoPE is then applied in the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
+    decoder_weight_map
+from .config import ConfigField
+from .layers import Flags
+
+# HF Gemma names for the four norms of a layer (kiln: input, post_attention = before the MLP,
+# post_attn = on the attention output, post_mlp = on the MLP output).
+NAMES = dict(LLAMA_NAMES, post_attention_layernorm="pre_feedforward_layernorm",
+             post_attn_norm="post_attention_layernorm", post_mlp_norm="post_feedforward_layernorm")
+ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+
+_GEMMA_FIELDS = (
+    *(ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
+      if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+    ConfigField("query_pre_attn_scalar", ("query_pre_attn_scalar",), default="head_dim"),
+    ConfigField("sliding_window", ("sliding_window",), default=None),
+    ConfigField("layer_types", ("layer_types",), default=None),
+    ConfigField("activation", ("hidden_activation", "hidden_act"), default="gelu_pytorch_tanh"),
+    ConfigField("final_logit_softcapping", ("final_logit_softcapping",), default=None),
+    ConfigField("attn_logit_softcapping", ("attn_logit_softcapping",), default=None),
+)
+
+
+@dataclass(frozen=True)
+class Gemma2Config(DecoderConfig):
+    query_pre_attn_scalar: float | None = None
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    activation: str = "gelu_tanh"
+    final_logit_softcapping: float | None = None
+    attn_logit_softcapping: float | None = None
+
+    ARCH: ClassVar[str] = "gemma2"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = _GEMMA_FIELDS
+    PATTERN: ClassVar[int] = 2                  # every PATTERN-th layer is global (Gemma 2: odd layers)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if values["activation"] not in ACTIVATIONS:
+            raise ValueError(f"hidden_activation {values['activation']!r} is not supported for {cls.ARCH} "
+                             f"(supported: {', '.join(ACTIVATIONS)})")
+        n = values["num_hidden_layers"]
+        pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or cls.PATTERN
+        types = values["layer_types"] or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                                          for i in range(n)]
+        if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"layer_types must list 'full_attention' or 'sliding_attention' for each of the {n} "
+                             f"layers; got {types}")
+        if values["attn_logit_softcapping"]:
+            raise ValueError(f"attn_logit_softcapping={values['attn_logit_softcapping']} is not supported: TVM's "
+                             "paged-attention kernels take only a softmax scale, and dropping the cap changes the model")
+        if values["query_pre_attn_scalar"] is None:
+            values["query_pre_attn_scalar"] = values["head_dim"]
+        return dict(values, layer_types=tuple(types), activation=ACTIVATIONS[values["activation"]])
+
+    def flags(self) -> Flags:
+        return Flags(norm="rms_1p", activation=self.activation, sandwich_norms=True, embed_scale=self.hidden_size ** 0.5,
+                     qk_norm=self.ARCH == "gemma3", final_logit_softcap=self.final_logit_softcapping,
+                     attn_logit_softcap=self.attn_logit_softcapping,
+                     query_pre_attn_scalar=self.query_pre_attn_scalar)
+
+    def layer_rope(self, kind: str) -> tuple[float, dict | None]:
+        return self.rope_theta, self.rope_scaling
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
+        return tuple(LayerAttention("sliding" if t == "sliding_attention" and window else "full",
+                                    window if t == "sliding_attention" else None, *self.layer_rope(t))
+                     for t in self.layer_types)
+
+
+@dataclass(frozen=True)
+class Gemma3Config(Gemma2Config):
+    local_rope_theta: float = 10000.0
+    weight_prefix: str = "model"
+
+    ARCH: ClassVar[str] = "gemma3"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *_GEMMA_FIELDS, ConfigField("local_rope_theta", ("rope_local_base_freq",), default=10000.0))
+    PATTERN: ClassVar[int] = 6
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "linear")
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "Gemma3Config":
+        """Gemma3ForConditionalGeneration keeps the text model's config under `text_config` and its weights
+        under language_model (transformers 4 names) or model.language_model (transformers 5)."""
+        prefix = "model"
+        if isinstance(hf.get("text_config"), dict):
+            v5 = int(str(hf.get("transformers_version", "4")).split(".")[0]) >= 5
+            prefix = "model.language_model" if v5 else "language_model.model"
+            hf = {**hf["text_config"], **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf}}
+        params = hf.get("rope_parameters")
+        if isinstance(params, dict) and "full_attention" in params:     # transformers 5: RoPE per layer type
+            full, local = params["full_attention"], params.get("sliding_attention", {})
+            scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+            default = scaling.get("rope_type", "default") == "default"
+            hf = {**hf, "rope_theta": full.get("rope_theta", 1e6), "rope_scaling": None if default else scaling,
+                  "rope_local_base_freq": local.get("rope_theta", 10000.0)}
+        c = super().from_hf(hf)
+        return c if prefix == "model" else cls(**{**c.__dict__, "weight_prefix": prefix})
+
+    def layer_rope(self, kind: str) -> tuple[float, dict | None]:
+        return (self.local_rope_theta, None) if kind == "sliding_attention" else (self.rope_theta, self.rope_scaling)
+
+
+Gemma2ForCausalLM = Gemma3ForCausalLM = CausalLM
+
+
+def weight_map(c: Gemma2Config) -> WeightMap:
+    prefix = getattr(c, "weight_prefix", "model")
+    names = dict(NAMES, embed_tokens=f"{prefix}.embed_tokens", norm=f"{prefix}.norm", layer=f"{prefix}.layers.{{i}}")
+    return decoder_weight_map(c, names)

@@ -1,0 +1,64 @@
+"""Rotary position embedding applied in the model graph, for RoPE the KV cache cannot apply.
+
+TVM's paged KV cache rotates q and k itself, with one theta and one scaling for every layer,
+and knows the `default`, `llama3`, `longrope` and `yarn` scalings. Models whose layers differ
+(Gemma 3: a local base for sliding layers, a global base with linear scaling for the others)
+or whose scaling the cache lacks (`linear`) rotate q and k here instead, and create the cache
+with RopeMode.NONE. The inverse frequencies are computed in float32 numpy the way transformers
+computes them (modeling_rope_utils), so the angles agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from tvm import te, tirx
+from tvm.relax.frontend.nn import Tensor, op
+
+CACHE_SCALINGS = ("llama3",)         # scalings kiln leaves to the KV cache's fused RoPE kernel
+GRAPH_SCALINGS = ("linear", "longrope")
+
+
+def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[np.ndarray, float]:
+    """(inverse frequencies [head_dim / 2] float32, factor on cos and sin), as transformers computes them.
+    A longrope scaling carries its `factor` (families fill it in from the position counts)."""
+    exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    base = np.float32(theta) ** exponent
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "default":
+        return (np.float32(1.0) / base).astype(np.float32), 1.0
+    if kind == "linear":
+        return ((np.float32(1.0) / base) / np.float32(scaling["factor"])).astype(np.float32), 1.0
+    if kind == "longrope":
+        # Short factors: kiln caps the context at original_max_position_embeddings (see models/phi3.py),
+        # where transformers uses them too.
+        original = scaling["original_max_position_embeddings"]
+        factor = scaling["factor"]
+        attention = scaling.get("attention_factor")
+        if attention is None:
+            attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        short = np.asarray(scaling["short_factor"], dtype=np.float32)
+        return (np.float32(1.0) / (short * base)).astype(np.float32), float(attention)
+    raise ValueError(f"RoPE scaling {kind!r} cannot be applied in the graph "
+                     f"(supported: default, {', '.join(GRAPH_SCALINGS)})")
+
+
+def apply_rope(x: Tensor, positions: Tensor, freqs: np.ndarray, factor: float) -> Tensor:
+    """Rotate x [batch, seq, heads, head_dim] by its positions [batch * seq] (transformers' rotate-half
+    convention: the first half of each head pairs with the second half)."""
+    table = Tensor.from_const(freqs)
+
+    def compute(x: te.Tensor, pos: te.Tensor, inv: te.Tensor):
+        _, s, _, d = x.shape
+        half = d // 2
+
+        def rotated(b, t, h, i):
+            angle = pos[b * s + t].astype("float32") * inv[tirx.floormod(i, half)]
+            partner = tirx.if_then_else(i < half, -x[b, t, h, i + half].astype("float32"),
+                                        x[b, t, h, tirx.max(i - half, 0)].astype("float32"))
+            out = x[b, t, h, i].astype("float32") * (tirx.cos(angle) * np.float32(factor)) \
+                + partner * (tirx.sin(angle) * np.float32(factor))
+            return out.astype(x.dtype)
+        return te.compute(x.shape, rotated, name="rope")
+    return op.tensor_expr_op(compute, "rope", [x, positions, table])

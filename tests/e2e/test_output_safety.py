@@ -1,0 +1,94 @@
+"""`kiln compile -o DIR` never deletes what it did not write, and an interrupted compile leaves the
+previous artifact whole (compiler/artifact.py: check_output, staged_artifact)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_cli_errors import assert_clean_error, kiln_cli
+
+pytestmark = pytest.mark.e2e
+
+
+def compile_tiny(tiny_dirs, out, *extra):
+    return kiln_cli("compile", str(tiny_dirs["tied"]), "--quant", "q0f32", "-o", str(out), *extra)
+
+
+def test_directory_with_other_files_is_refused_and_kept(tmp_path, tiny_dirs):
+    (tmp_path / "u").mkdir()
+    (tmp_path / "u" / "notes.txt").write_text("important")
+    assert_clean_error(compile_tiny(tiny_dirs, tmp_path / "u"), "not a kiln artifact", str(tmp_path / "u"))
+    assert (tmp_path / "u" / "notes.txt").read_text() == "important"
+
+
+def test_current_directory_is_refused_and_kept(tmp_path, tiny_dirs):
+    (tmp_path / "keep.txt").write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "-o", "."],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert_clean_error(proc, "current directory")
+    assert (tmp_path / "keep.txt").read_text() == "x"
+
+
+def test_existing_file_is_refused(tmp_path, tiny_dirs):
+    (tmp_path / "f").write_text("data")
+    assert_clean_error(compile_tiny(tiny_dirs, tmp_path / "f"), "not a directory")
+    assert (tmp_path / "f").read_text() == "data"
+
+
+def test_options_are_checked_before_the_model_is_read(tmp_path):
+    # The model path does not exist: the option errors must come first.
+    missing = str(tmp_path / "no-model")
+    assert_clean_error(kiln_cli("compile", missing, "--quant", "q3"), "unknown quantization")
+    assert_clean_error(kiln_cli("compile", missing, "--target", "tpu"), "tpu")
+    assert_clean_error(kiln_cli("compile", missing, "--context-window", "0"), "--context-window must be at least 1")
+
+
+def test_context_window_beyond_the_model_is_refused(tmp_path, tiny_dirs):
+    assert_clean_error(kiln_cli("compile", str(tiny_dirs["tied"]), "--context-window", "100000", "-o",
+                                str(tmp_path / "a")), "exceeds the model's context window", "256")
+    assert not (tmp_path / "a").exists()
+
+
+def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, tiny_dirs):
+    out = tmp_path / "art"
+    assert compile_tiny(tiny_dirs, out).returncode == 0
+    first = (out / "kiln-config.json").read_text()
+    assert json.loads(first)["model"]["source"]["path"] == "tied"     # a name, never the machine's full path
+    assert_clean_error(compile_tiny(tiny_dirs, out), "already holds a kiln artifact", "--force")
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
+                                 "q0f32", "-o", str(out), "--force"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while not list(tmp_path.glob(".art.partial-*")) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)                      # the staging directory exists: the write is under way
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+        assert (out / "kiln-config.json").read_text() == first, sig
+    proc = compile_tiny(tiny_dirs, out, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.glob(".art.*")), "the killed compile's staging directory was not cleaned up"
+    assert (out / "kiln-config.json").is_file()
+
+
+def test_bad_option_values_are_one_line(tmp_path):
+    assert_clean_error(kiln_cli("serve", str(tmp_path), "--port", "99999"), "--port", "65535")
+    assert_clean_error(kiln_cli("bench", str(tmp_path), "--batch", "0"), "--batch", "x>=1")
+
+
+def test_an_android_artifact_on_this_machine_is_one_line(tmp_path, tiny_dirs):
+    import platform
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("checks an AArch64 artifact on an x86 host")
+    out = tmp_path / "android"
+    proc = kiln_cli("compile", str(tiny_dirs["tied"]), "--quant", "q0f32", "--target", "android", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert_clean_error(kiln_cli("generate", str(out), "hello"), "for android", "aarch64", "--target cpu")

@@ -1,0 +1,85 @@
+"""Every family in models/ against transformers: tiny random-init models compiled q0f32 for the CPU give
+transformers' logits (every prefill position, the last-token prefill, 5 decode steps) within 1e-4.
+
+    qwen3    QK norm, explicit head_dim (tied and untied)
+    gemma2   (1+w) RMSNorm, tanh-GELU gating, sandwich norms, embedding scale, final-logit
+             soft-capping, query_pre_attn_scalar
+    gemma3   the above with QK norm and per-layer RoPE (local base on sliding layers, linear
+             scaling on global ones: RoPE in the graph)
+    phi3     fused qkv and gate_up checkpoints, LongRoPE (short factors, cos/sin factor), MHA
+    gpt2     LayerNorm, learned positions, plain GELU MLP, biases, Conv1D weights transposed
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln.models import ModelLoadError, build, load
+from tiny_models import assert_prefill_and_decode_match, write_tokenizer
+
+pytestmark = pytest.mark.numerics
+TOL = 1e-4
+IDS = np.random.default_rng(5).integers(0, 512, size=19).tolist()
+SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
+GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)
+LONGROPE = dict(rope_type="longrope", short_factor=[1.0 + 0.25 * i for i in range(8)],
+                long_factor=[4.0] * 8, original_max_position_embeddings=128)
+
+# case -> (transformers model class, config class, config overrides)
+CASES = {
+    "qwen3-tied": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
+    "qwen3-untied": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=False)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(GEMMA, final_logit_softcapping=3.0, sliding_window=4096)),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        GEMMA, num_hidden_layers=3, sliding_window=4096,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(num_key_value_heads=4, max_position_embeddings=512,
+                                                     original_max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=0,
+                                                     rope_parameters=dict(LONGROPE, rope_theta=10000.0))),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_inner=None,
+                                                   activation_function="gelu_new")),
+}
+
+
+def write_family(case: str, dest, seed: int = 0):
+    """The case's transformers model, random weights widened so the tolerance bites, saved with a tokenizer."""
+    import transformers
+    model_cls, config_cls, overrides = CASES[case]
+    cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if case == "gpt2" else dict(SMALL, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg, attn_implementation="eager"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
+    dest.mkdir(parents=True)
+    model.save_pretrained(dest)
+    write_tokenizer(dest, 512)
+    return model.eval()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_family_matches_transformers(case, tmp_path):
+    ref = write_family(case, tmp_path / "hf")
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+
+
+def test_phi3_longrope_caps_the_context_with_a_note(tmp_path):
+    write_family("phi3", tmp_path / "hf")
+    _, config, _ = build(load(tmp_path / "hf"))
+    assert config.context_window_size == 128
+    assert any("LongRoPE" in n for n in config.notes)
+
+
+def test_gemma2_attention_softcap_is_refused_not_ignored(tmp_path):
+    write_family("gemma2", tmp_path / "hf")
+    cfg = tmp_path / "hf" / "config.json"
+    cfg.write_text(cfg.read_text().replace('"attn_logit_softcapping": null', '"attn_logit_softcapping": 50.0'))
+    with pytest.raises(ModelLoadError, match="attn_logit_softcapping=50.0 is not supported"):
+        build(load(tmp_path / "hf"))
