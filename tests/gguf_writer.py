@@ -44,7 +44,7 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     w.add_name(hf_dir.name)
     tensors = _tensors(cfg, arch, load_file(str(hf_dir / "model.safetensors")))
     _metadata(w, cfg, arch, tensors)
-    _tokenizer(w, hf_dir)
+    _tokenizer(w, hf_dir, cfg["vocab_size"])
     for name, value in tensors.items():
         type_name = (types or {}).get(name, (types or {}).get(name.split(".")[-2], default))
         if value.ndim == 1 or type_name == "F32":
@@ -180,14 +180,15 @@ def _llama3_factors(cfg: dict, s: dict) -> np.ndarray:
     return np.asarray(out, np.float32)
 
 
-def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
-    """A byte-level BPE tokenizer.json as llama.cpp's _set_vocab_gpt2 writes it."""
+def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer.json as llama.cpp's _set_vocab_gpt2 writes it: ids the tokenizer
+    lacks, up to the model's vocab_size, become [PAD<i>] tokens of type UNUSED."""
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
     tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
     vocab = dict(tok["model"]["vocab"])
     special = {t["content"]: t["id"] for t in tok["added_tokens"]}
     vocab.update(special)
-    tokens = [None] * (max(vocab.values()) + 1)
+    tokens = [None] * max(max(vocab.values()) + 1, vocab_size)
     for text, i in vocab.items():
         tokens[i] = text
     tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
@@ -195,7 +196,7 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
-    w.add_token_types([3 if t in special else 1 for t in tokens])
+    w.add_token_types([3 if t in special else 5 if t.startswith("[PAD") else 1 for t in tokens])
     w.add_token_merges(merges)
     for key, add in (("eos_token", w.add_eos_token_id), ("bos_token", w.add_bos_token_id)):
         if tok_cfg.get(key) in special:
