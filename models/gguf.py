@@ -9,11 +9,13 @@ compiler sees a GGUF exactly as it would see the original HF checkpoint:
     source.hf_config["num_hidden_layers"]             # 30
     source.weights.get("model.layers.0.self_attn.q_proj.weight")  # [576, 576] float32
 
-Two layout differences matter:
+Layout differences undone here:
   * dims are listed fastest-first in GGUF (ne0 = in_features), so a reader
     shape of [in, out] is numpy/HF [out, in];
-  * llama.cpp's converter permutes the rows of q_proj/k_proj so that each
-    head's rotary pairs are adjacent; `unpermute_rows` restores HF order.
+  * per architecture (models/gguf_arch.py): llama's q_proj/k_proj rows permuted
+    so each head's rotary pairs are adjacent (`unpermute_rows` restores HF order),
+    Gemma's norms stored + 1, GPT-2's Conv1D weights transposed, and RoPE
+    scaling stored as tensors (rope_freqs, rope_factors_long/short).
 """
 
 from __future__ import annotations
