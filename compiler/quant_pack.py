@@ -2,7 +2,8 @@
 
     quantize(fmt, w)          float [N, K] -> planes (what q4f32 / q4f16 / q8f32 store)
     dequantize(fmt, planes)   planes -> float [N, K], the reference the kernels are tested against
-    from_gguf_blocks(type, raw)  llama.cpp Q4_0 / Q4_1 / Q8_0 blocks -> planes, values unchanged
+
+(llama.cpp's blocks -> planes, values unchanged, is quant_gguf.from_gguf_blocks.)
 
 Everything works row by row along K, so converting the HF tensors of a fused weight
 (q/k/v, gate/up) one at a time and concatenating the planes along N is exact.
@@ -16,10 +17,6 @@ from .quant_modules import QuantFormat
 
 Planes = dict[str, np.ndarray]
 
-# llama.cpp block layouts: bytes per block of 32 weights, and which kiln kind holds them exactly.
-GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-GGUF_EXACT_KIND = {"Q4_0": "q4", "Q4_1": "q4m", "Q8_0": "q8"}
-GGUF_BLOCK = 32
 _ROWS_PER_CHUNK = 4096
 _Q4_DIVISORS = np.arange(-9, -5.9, 0.25, dtype=np.float32)   # q4 candidate scales: extreme / d
 
@@ -122,32 +119,4 @@ def dequantize(fmt: QuantFormat, planes: Planes, dtype: str = "float32") -> np.n
     return values * scale
 
 
-# ----------------------------------------------------------------------------- GGUF blocks
-
-
-def from_gguf_blocks(type_name: str, raw: np.ndarray) -> Planes:
-    """llama.cpp blocks (uint8 [rows, bytes_per_row]) of Q4_0 / Q4_1 / Q8_0 -> kiln planes.
-
-    Values are unchanged: codes are re-laid (nibbles into kiln's uint32 order) and the f16
-    d (and Q4_1's m) widened to float32 planes, which is exact.
-    """
-    if type_name not in GGUF_BLOCK_BYTES:
-        raise ValueError(f"{type_name} blocks cannot be kept as stored; known: {', '.join(GGUF_BLOCK_BYTES)}")
-    rows = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(rows, -1, GGUF_BLOCK_BYTES[type_name])  # [rows, K/32, bytes]
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # [rows, K/32]
-    if type_name == "Q8_0":
-        q = blocks[..., 2:].copy().view(np.int8).reshape(rows, -1)
-        return {"qweight": q, "scale": d}
-    start = 2 if type_name == "Q4_0" else 4
-    qs = blocks[..., start:]                                                          # [rows, K/32, 16]
-    # Block byte j holds element j in its low nibble and element j + 16 in its high nibble.
-    codes = np.concatenate([qs & np.uint8(15), qs >> np.uint8(4)], axis=-1).reshape(rows, -1)
-    planes = {"qweight": pack_nibbles(codes), "scale": d}
-    if type_name == "Q4_1":
-        planes["min"] = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    return planes
-
-
-__all__ = ["GGUF_BLOCK_BYTES", "GGUF_EXACT_KIND", "Planes", "dequantize", "from_gguf_blocks", "pack_nibbles",
-           "quantize", "unpack_nibbles"]
+__all__ = ["Planes", "dequantize", "pack_nibbles", "quantize", "unpack_nibbles"]

@@ -11,8 +11,9 @@ in floating point. Schemes:
     q0f32, q0f16   float weights
     q4f32, q4f16   4-bit, group 32 along K, value = (q - 8) * scale, scale in f32 / f16
     q8f32          int8, group 32 along K, value = q * scale
-    as-stored      a GGUF's own formats: Q4_0 / Q4_1 / Q8_0 kept bit-exact, K-quants
-                   re-quantized to q4 (lossy, noted), F16/F32 tensors kept as float
+    as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q2_K, Q3_K, Q4_K and Q6_K kept
+                   exactly (quant_gguf.GGUF_EXACT), Q5_1 / Q5_K re-quantized to q8 (lossy, noted),
+                   F16/BF16/F32 tensors kept as float
     auto           as-stored for GGUF, the target's best 4-bit scheme for HF weights
 
 Linear weights (qkv, o, gate_up, down, an untied lm_head) and the embedding table are
@@ -42,11 +43,11 @@ from tvm.relax.frontend import nn
 
 from kiln.models import ModelLoadError, ModelSource, WeightSpec, weight_spec
 
-from . import quant_pack
+from . import quant_gguf, quant_pack
 from .quant_modules import QuantFormat, QuantizedEmbedding, QuantizedLinear
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-_K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+_FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K")   # re-quantized to q4, the rest to q8
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,8 @@ SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
     QuantScheme("q4f32", "float32", "4-bit weights (group 32, float32 scales), float32 compute", kind="q4"),
     QuantScheme("q4f16", "float16", "4-bit weights (group 32, float16 scales), float16 compute", kind="q4"),
     QuantScheme("q8f32", "float32", "8-bit weights (group 32, float32 scales), float32 compute", kind="q8"),
-    QuantScheme("as-stored", "float32", "a GGUF's Q4_0/Q4_1/Q8_0 weights kept exactly, K-quants as 4-bit, "
-                "float32 compute", kind="q4", as_stored=True),
+    QuantScheme("as-stored", "float32", "a GGUF's quantized weights kept exactly where a kiln kernel holds "
+                "them, the rest re-quantized to 4/8-bit, float32 compute", kind="q4", as_stored=True),
 )}
 
 
@@ -105,7 +106,7 @@ class QuantPlan:
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict)       # quantized: [N, K]
     notes: list[str] = field(default_factory=list)
     _planes: dict[str, str] = field(default_factory=dict)                  # plane param -> weight name
-    _requantized: Counter = field(default_factory=Counter)                 # GGUF type -> tensors
+    _requantized: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (type, kind) -> HF names
     _kept: Counter = field(default_factory=Counter)                        # GGUF type -> tensors
     _kept_8bit: list[str] = field(default_factory=list)                    # by a 4-bit scheme
 
@@ -154,11 +155,17 @@ class QuantPlan:
         types = [source.weights.tensor_type(n) for n in spec.hf_names]
         if types and all(t in _FLOAT_TYPES for t in types):
             return None                                   # stored as float: kept as float
-        if len(set(types)) == 1 and types[0] in quant_pack.GGUF_EXACT_KIND and spec.transform is None:
-            self._kept.update(types)
-            return QuantFormat(quant_pack.GGUF_EXACT_KIND[types[0]], quant_pack.GGUF_BLOCK, "float32")
-        self._requantized.update(types)        # K-quants, or parts stored in different formats
-        return QuantFormat("q4", scheme.group_size, "float32")
+        exact = {quant_gguf.GGUF_EXACT.get(t) for t in types}
+        if len(exact) == 1 and None not in exact and spec.transform is None:
+            self._kept.update(types)                      # one exact form for every part
+            kind, group = exact.pop()
+            return QuantFormat(kind, group, "float32")
+        # No exact form (Q5_1, Q5_K), parts of one fused weight stored differently, or a layout
+        # transform: re-quantize, to 8-bit unless every part had 4 bits or fewer.
+        kind = "q4" if all(t in _FOUR_BITS_OR_LESS for t in types) else "q8"
+        for hf_name, t in zip(spec.hf_names, types):
+            self._requantized.setdefault((t, kind), []).append(hf_name)
+        return QuantFormat(kind, scheme.group_size, "float32")
 
     def _at_the_ends(self, name: str) -> bool:
         """Whether a weight is in the first or last eighth of the layers (round(layers / 8) each
@@ -181,12 +188,10 @@ class QuantPlan:
                 parts.append(f"layers {', '.join(map(str, layers))} (the first and last eighth)")
             self.notes.append(f"{self.scheme.name} keeps {len(self._kept_8bit)} weights 8-bit: {' and '.join(parts)}")
         if self._kept:
-            kept = ", ".join(f"{n} {t} as {quant_pack.GGUF_EXACT_KIND[t]}" for t, n in sorted(self._kept.items()))
+            kept = ", ".join(f"{n} {t} as {_label(*quant_gguf.GGUF_EXACT[t])}" for t, n in sorted(self._kept.items()))
             self.notes.append(f"GGUF weights kept bit-exact (as-stored): {kept}")
-        if self._requantized:
-            counts = ", ".join(f"{n} {t}" for t, n in sorted(self._requantized.items()))
-            what = "K-quants" if set(self._requantized) <= set(_K_QUANTS) else "mixed-format weights"
-            self.notes.append(f"{what} re-quantized to q4f32 (lossy): {counts}")
+        for (t, kind), names in sorted(self._requantized.items()):
+            self.notes.append(f"GGUF {t} tensors re-quantized to {kind} (lossy): {_compact(names)}")
 
     # -- converting the weights ----------------------------------------------------------
     def weight_names(self, param_names: list[str]) -> list[str]:
@@ -222,10 +227,10 @@ class QuantPlan:
     def _planes_of(self, fmt: QuantFormat, hf_name: str, source: ModelSource, cols: int) -> quant_pack.Planes:
         if self.scheme.as_stored:
             type_name = source.weights.tensor_type(hf_name)
-            if quant_pack.GGUF_EXACT_KIND.get(type_name) == fmt.kind:
+            if quant_gguf.GGUF_EXACT.get(type_name) == (fmt.kind, fmt.group_size):
                 _, raw, shape = source.weights.get_raw(hf_name)
                 _check_shape(source, hf_name, (shape[0], shape[-1]), (shape[0], cols))
-                return quant_pack.from_gguf_blocks(type_name, raw)
+                return quant_gguf.from_gguf_blocks(type_name, raw)
         w = source.weights.get(hf_name)
         _check_shape(source, hf_name, w.shape[1:], (cols,))
         return quant_pack.quantize(fmt, w)
@@ -233,16 +238,44 @@ class QuantPlan:
     # -- the artifact's record -------------------------------------------------------------
     def describe(self) -> dict:
         """kiln-config.json "quantization": the scheme, and each weight format used."""
-        used = Counter(fmt.kind if fmt else self.scheme.model_dtype for fmt in self.formats.values())
-        formats = {fmt.kind: fmt.describe() for fmt in self.formats.values() if fmt is not None}
+        used = Counter(_label(fmt.kind, fmt.group_size) if fmt else self.scheme.model_dtype
+                       for fmt in self.formats.values())
+        formats = {_label(fmt.kind, fmt.group_size): fmt.describe() for fmt in self.formats.values() if fmt is not None}
         out: dict = {"name": self.scheme.name, "dtype": self.scheme.model_dtype}
         if formats:
             main = max(formats, key=lambda k: used[k])
             out.update(bits=formats[main]["bits"], group_size=formats[main]["group_size"])
         out["formats"] = {k: {**formats.get(k, {}), "weights": n} for k, n in sorted(used.items())}
         if len(used) > 1:                                   # mixed: every weight's format
-            out["tensors"] = {name: fmt.kind if fmt else self.scheme.model_dtype for name, fmt in self.formats.items()}
+            out["tensors"] = {name: _label(fmt.kind, fmt.group_size) if fmt else self.scheme.model_dtype
+                              for name, fmt in self.formats.items()}
         return out
+
+
+def _label(kind: str, group_size: int) -> str:
+    """A format's name in notes and kiln-config.json: its kind, with the group size when not 32."""
+    return kind if group_size == 32 else f"{kind}g{group_size}"
+
+
+def _compact(names: list[str]) -> str:
+    """HF tensor names with their layer indices folded: model.layers.{0-3,7}.mlp.down_proj.weight."""
+    layers: dict[str, list[int]] = {}
+    for name in names:
+        i = _layer_of(name)
+        key = name if i is None else name.replace(f".layers.{i}.", ".layers.{}.", 1)
+        layers.setdefault(key, []).extend([] if i is None else [i])
+    out = []
+    for key, ids in layers.items():
+        ids, runs = sorted(set(ids)), []
+        for i in ids:
+            if runs and i == runs[-1][1] + 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        span = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+        out.append(key.replace("{}", f"{{{span}}}" if len(runs) > 1 or runs[0][0] != runs[0][1] else span)
+                   if ids else key)
+    return ", ".join(out)
 
 
 def _layer_of(name: str) -> int | None:

@@ -9,11 +9,13 @@ compiler sees a GGUF exactly as it would see the original HF checkpoint:
     source.hf_config["num_hidden_layers"]             # 30
     source.weights.get("model.layers.0.self_attn.q_proj.weight")  # [576, 576] float32
 
-Two layout differences matter:
+Layout differences undone here:
   * dims are listed fastest-first in GGUF (ne0 = in_features), so a reader
     shape of [in, out] is numpy/HF [out, in];
-  * llama.cpp's converter permutes the rows of q_proj/k_proj so that each
-    head's rotary pairs are adjacent; `unpermute_rows` restores HF order.
+  * per architecture (models/gguf_arch.py): llama's q_proj/k_proj rows permuted
+    so each head's rotary pairs are adjacent (`unpermute_rows` restores HF order),
+    Gemma's norms stored + 1, GPT-2's Conv1D weights transposed, and RoPE
+    scaling stored as tensors (rope_freqs, rope_factors_long/short).
 """
 
 from __future__ import annotations
@@ -27,39 +29,23 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
+from .gguf_arch import GGUF_ARCHS, LLAMA_GLOBAL, LLAMA_LAYER, GGUFArch
 from .gguf_meta import meta as _meta
 from .gguf_tokenizer import _check_tokenizer, write_gguf_tokenizer
 from .source import ModelLoadError, ModelSource, content_hash
 
-# GGUF general.architecture -> (HF model_type, HF architectures, whether llama.cpp's converter
-# permuted the q/k rows for its RoPE: it does for llama, not for qwen2).
-GGUF_ARCHITECTURES = {
-    "llama": ("llama", ["LlamaForCausalLM"], True),
-    "qwen2": ("qwen2", ["Qwen2ForCausalLM"], False),
-}
+# GGUF general.architecture -> (HF model_type, HF architectures, whether llama.cpp permuted q/k rows).
+GGUF_ARCHITECTURES = {name: (a.model_type, list(a.architectures), a.permuted) for name, a in GGUF_ARCHS.items()}
 SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
-SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-
-# llama.cpp tensor names -> HF names (the same for every supported architecture). Per-layer
-# names are "blk.N.<key>.weight" (and ".bias" where the model has biases, as Qwen2's q/k/v).
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",  # absent when the embeddings are tied
-}
-_LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
+SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# Tensors llama.cpp derives from the HF config (RoPE scaling); gguf_arch reads them back into it.
+CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+# The llama table (tests write llama-layout files from it).
+_GLOBAL_NAMES = {f"{k}.weight": f"{v}.weight" for k, v in LLAMA_GLOBAL.items()}
+_LAYER_NAMES = dict(LLAMA_LAYER)
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-
+_GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
 # ----------------------------------------------------------------------------- locating and opening
@@ -115,28 +101,33 @@ def _f32(value: float) -> float:
 # ----------------------------------------------------------------------------- config
 
 
-def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
-    """An HF config.json-style dict from the GGUF metadata (llama.cpp writes the same keys for
-    every supported architecture, under its name)."""
+def _arch(reader: gguf.GGUFReader) -> tuple[str, GGUFArch]:
     arch = _meta(reader, "general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
+    if arch not in GGUF_ARCHS:
         raise ModelLoadError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}. "
             "Load the original Hugging Face checkpoint instead"
         )
-    model_type, architectures, _ = GGUF_ARCHITECTURES[arch]
+    return arch, GGUF_ARCHS[arch]
+
+
+def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
+    """An HF config.json-style dict from the GGUF metadata: the keys llama.cpp writes for every
+    architecture (under its name), then the architecture's own (models/gguf_arch.py)."""
+    arch, spec = _arch(reader)
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
     n_head = _meta(reader, key("attention.head_count"))
+    eps = _meta(reader, key("attention.layer_norm_rms_epsilon"), None)
     config = {
-        "model_type": model_type,
-        "architectures": list(architectures),
+        "model_type": spec.model_type,
+        "architectures": list(spec.architectures),
         "hidden_size": _meta(reader, key("embedding_length")),
         "intermediate_size": _meta(reader, key("feed_forward_length")),
         "num_hidden_layers": _meta(reader, key("block_count")),
         "num_attention_heads": n_head,
         "num_key_value_heads": _meta(reader, key("attention.head_count_kv"), n_head),
-        "rms_norm_eps": _f32(_meta(reader, key("attention.layer_norm_rms_epsilon"))),
+        "rms_norm_eps": _f32(eps if eps is not None else _meta(reader, key("attention.layer_norm_epsilon"))),
         "rope_theta": _f32(_meta(reader, key("rope.freq_base"), 10000.0)),
         "max_position_embeddings": _meta(reader, key("context_length")),
         "vocab_size": _vocab_size(reader, tensors),
@@ -149,6 +140,7 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     head_dim = _meta(reader, key("attention.key_length"), None)
     if head_dim is not None:
         config["head_dim"] = head_dim
+    spec.config(reader, arch, tensors, config)
     return config
 
 
@@ -180,41 +172,55 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
     return rows.reshape(n_head, half, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
-def _hf_name(gguf_name: str) -> str | None:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
+def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in spec.layer_names:
+        return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[m.group(2)]}.{m.group(3)}"
+    m = _GLOBAL_RE.fullmatch(gguf_name)
+    if m and m.group(1) in spec.global_names:
+        return f"{spec.global_names[m.group(1)]}.{m.group(2)}"
     return None
+
+
+def _gguf_key(gguf_name: str) -> str:
+    """blk.3.attn_qkv.weight -> attn_qkv; token_embd.weight -> token_embd."""
+    return gguf_name.split(".")[-2]
 
 
 class GGUFWeights:
     """A `WeightSource` over a GGUFReader: HF names, HF layout, dequantized on `get`.
 
-    Tensors stay memory-mapped until asked for. `get` widens quantized and bf16
-    data to float32 (f16 stays float16); `get_raw` hands out the stored blocks for
-    kernels that consume them directly. Both return rows in HF order: where llama.cpp
-    permuted q_proj/k_proj rows for its RoPE (`permuted`, per architecture), they are
-    un-permuted here (quantized blocks run along rows, so whole block rows move).
+    Tensors stay memory-mapped until asked for. `get` widens quantized and bf16 data to
+    float32 (f16 stays float16) and undoes the architecture's storage quirks (gguf_arch.GGUFArch):
+    q/k rows permuted for llama.cpp's RoPE, norms stored + 1, Conv1D weights transposed.
+    `get_raw` hands out the stored blocks for kernels that consume them directly, rows in HF
+    order (quantized blocks run along rows, so whole block rows move); it refuses tensors whose
+    values or layout `get` changes otherwise.
     """
 
-    def __init__(self, reader: gguf.GGUFReader, n_head: int, n_head_kv: int, permuted: bool = True):
+    def __init__(self, reader: gguf.GGUFReader, n_head: int, n_head_kv: int, spec: GGUFArch = GGUF_ARCHS["llama"]):
         self._tensors = {}  # HF name -> ReaderTensor
-        self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart (e.g. rope_freqs.weight)
+        self._spec = spec
+        self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart
+        by_name = {t.name: t for t in reader.tensors}
         for t in reader.tensors:
-            hf = _hf_name(t.name)
-            if hf is None:
-                self.unmapped.append(t.name)
+            hf = _hf_name(spec, t.name)
+            if hf is None or t.name in CONFIG_TENSORS:
+                if t.name not in CONFIG_TENSORS:
+                    self.unmapped.append(t.name)
                 continue
             if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
                 raise ModelLoadError(
-                    f"GGUF tensor {t.name} has type {t.tensor_type.name}, which kiln cannot dequantize; "
-                    f"supported: {', '.join(SUPPORTED_TENSOR_TYPES)}. Re-quantize the model to one of those"
+                    f"GGUF tensor {t.name} has type {t.tensor_type.name}, which kiln cannot read; supported: "
+                    f"{', '.join(SUPPORTED_TENSOR_TYPES)}. Re-quantize the model to one of those "
+                    "(llama-quantize --allow-requantize in.gguf out.gguf Q4_K_M)"
                 )
+            if spec.model_type == "gpt2" and t.name == "output.weight" and _same_bytes(t, by_name.get("token_embd.weight")):
+                self.unmapped.append(t.name)       # the converter's copy of wte: GPT-2 ties its head
+                continue
             self._tensors[hf] = t
         # Row permutation head counts: q_proj uses n_head, k_proj n_head_kv.
-        self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if permuted else {}
+        self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if spec.permuted else {}
 
     def names(self) -> list[str]:
         return list(self._tensors)
@@ -224,8 +230,9 @@ class GGUFWeights:
         return self._tensor(name).tensor_type.name
 
     def shape(self, name: str) -> tuple[int, ...]:
-        """HF shape of a tensor (GGUF lists dims in reverse)."""
-        return tuple(int(d) for d in reversed(self._tensor(name).shape))
+        """HF shape of a tensor (GGUF lists dims fastest first: reversed, except for Conv1D weights)."""
+        dims = tuple(int(d) for d in self._tensor(name).shape)
+        return dims if self._transposed(name) else dims[::-1]
 
     def get(self, name: str) -> np.ndarray:
         t = self._tensor(name)
@@ -233,15 +240,26 @@ class GGUFWeights:
             data = np.array(t.data, dtype=np.float16)  # copy out of the read-only map
         else:
             data = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-        return self._hf_rows(name, data.reshape(self.shape(name)))
+        stored = tuple(int(d) for d in reversed(t.shape))                  # [out, in] as llama.cpp keeps it
+        data = self._hf_rows(name, data.reshape(stored))
+        if self._spec.norm_shift and t.name.endswith("norm.weight"):
+            data = data - np.asarray(self._spec.norm_shift, data.dtype)
+        return np.ascontiguousarray(data.T) if self._transposed(name) else data
 
     def get_raw(self, name: str) -> tuple[str, np.ndarray, tuple[int, ...]]:
         """(type name, stored bytes as uint8 [rows, bytes_per_row] in HF row order, HF shape)."""
         t = self._tensor(name)
+        if self._transposed(name) or (self._spec.norm_shift and t.name.endswith("norm.weight")):
+            raise ValueError(f"{name} is stored transposed or shifted in a {self._spec.model_type} GGUF; "
+                             "read it with get()")
         shape = self.shape(name)
         n_rows = int(np.prod(shape[:-1], dtype=np.int64))  # 1 for 1-D tensors
         raw = np.asarray(t.data).view(np.uint8).reshape(n_rows, -1)
         return t.tensor_type.name, self._hf_rows(name, raw), shape
+
+    def _transposed(self, name: str) -> bool:
+        t = self._tensor(name)
+        return len(t.shape) == 2 and _gguf_key(t.name) in self._spec.transposed
 
     def _hf_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         n_head = self._row_permutation_heads(name)
@@ -257,11 +275,15 @@ class GGUFWeights:
         return self._tensors[name]
 
 
+def _same_bytes(a, b) -> bool:
+    return b is not None and a.tensor_type == b.tensor_type and np.array_equal(np.asarray(a.data), np.asarray(b.data))
+
+
 # ----------------------------------------------------------------------------- entry point
 
 
 def load_gguf(path: Path) -> ModelSource:
-    """Open a GGUF (llama or qwen2): validate it, read its config, map its weights, hash its bytes."""
+    """Open a GGUF (see SUPPORTED_ARCHITECTURES): validate it, read its config, map its weights, hash its bytes."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(
@@ -269,8 +291,9 @@ def load_gguf(path: Path) -> ModelSource:
         )
     reader = _open_reader(path)
     config = gguf_hf_config(reader)
-    permuted = GGUF_ARCHITECTURES[_meta(reader, "general.architecture")][2]
-    weights = GGUFWeights(reader, config["num_attention_heads"], config["num_key_value_heads"], permuted)
+    _, spec = _arch(reader)
+    n_head = config.get("num_attention_heads", config.get("n_head"))
+    weights = GGUFWeights(reader, n_head, config.get("num_key_value_heads", n_head), spec)
     has_tokenizer = reader.get_field("tokenizer.ggml.model") is not None
     if has_tokenizer:
         _check_tokenizer(reader)
@@ -293,7 +316,9 @@ def _notes(weights: GGUFWeights, config: dict) -> list[str]:
     quantized = [f"{n} {ty}" for ty, n in sorted(counts.items()) if ty not in ("F32", "F16")]
     notes = [f"GGUF holds {', '.join(quantized)} tensors"] if quantized else []
     if config["tie_word_embeddings"]:
-        notes.append("no output.weight: lm_head is tied to the token embedding")
+        notes.append("lm_head is tied to the token embedding")
     if weights.unmapped:
         notes.append(f"GGUF tensors with no HF counterpart were skipped: {', '.join(weights.unmapped)}")
+    if config.get("rope_scaling"):
+        notes.append(f"RoPE scaling {config['rope_scaling']['rope_type']!r} read from the GGUF")
     return notes

@@ -33,9 +33,10 @@ PROMPT = [int(i) for i in np.random.default_rng(7).integers(0, 512, size=23)]
 # ----------------------------------------------------------------------------- references
 
 
-def _format_of(planes: dict[str, np.ndarray], group_size: int = 32) -> QuantFormat:
+def _format_of(planes: dict[str, np.ndarray]) -> QuantFormat:
     kind = "q8" if planes["qweight"].dtype == np.int8 else ("q4m" if "min" in planes else "q4")
-    return QuantFormat(kind, group_size, str(planes["scale"].dtype))
+    cols = planes["qweight"].shape[1] * (1 if kind == "q8" else 8)
+    return QuantFormat(kind, cols // planes["scale"].shape[1], str(planes["scale"].dtype))
 
 
 def dequantized_weights(art: Path) -> dict[str, np.ndarray]:
@@ -276,24 +277,37 @@ def test_as_stored_gguf_is_bit_exact_and_matches_reference(stored_type, tiny_dir
     check_against_reference(art, atol=1e-4)
 
 
-def test_k_quants_are_requantized_to_q4_with_a_note(tmp_path):
+def test_mixed_gguf_types_kept_exact_or_requantized_with_a_note(tmp_path):
+    """One llama GGUF holding every type a real file uses: the ones a kiln kernel holds stay bit-exact
+    (K-quants with group 16 or 32), Q5_1 / Q5_K and the fused weights whose parts differ are
+    re-quantized to 8-bit and named in the notes; the logits match the dequantized reference."""
+    from gguf_writer import write_gguf
     from tiny_models import write_tiny_llama
-    hf_dir = write_tiny_llama(tmp_path / "hf", tied=True, hidden_size=256, intermediate_size=256,
-                              num_hidden_layers=1, head_dim=64)
-    types = {**dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "Q4_0"),
-             "gate_proj": "Q4_K", "up_proj": "Q4_K", "down_proj": "Q6_K"}      # embedding stays F32
-    path, stored = write_gguf(tmp_path / "k.gguf", hf_dir, types)
+    hf_dir = write_tiny_llama(tmp_path / "hf", tied=False, hidden_size=256, intermediate_size=256,
+                              num_hidden_layers=2, head_dim=64)
+    types = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q4_K", "attn_output": "Q5_0", "ffn_gate": "Q2_K",
+             "ffn_up": "Q2_K", "ffn_down": "Q5_K", "token_embd": "Q3_K", "output": "Q6_K",
+             "blk.1.attn_v.weight": "Q6_K", "blk.1.ffn_down.weight": "Q5_1", "blk.1.ffn_up.weight": "BF16"}
+    path = write_gguf(hf_dir, tmp_path / "mixed.gguf", types)
     art = compile_with_reference(path, hf_dir, "as-stored", tmp_path / "art")
     cfg = json.loads((art / "kiln-config.json").read_text())
-    assert "K-quants re-quantized to q4f32 (lossy): 2 Q4_K, 1 Q6_K" in cfg["notes"]
-    assert cfg["quantization"]["tensors"]["model.embed_tokens.weight"] == "float32"
-    assert cfg["quantization"]["tensors"]["model.layers.0.mlp.down_proj.weight"] == "q4"
-    params = dict(zip(cfg["params"], Artifact.load(art).load_params()))
-    name = "model.layers.0.mlp.down_proj.weight"
-    down = _gguf_values(stored[name], "Q6_K", name, {})
-    want = quant_pack.quantize(QuantFormat("q4"), down)
-    for plane in ("qweight", "scale"):
-        np.testing.assert_array_equal(params[f"model.layers.0.mlp.down_proj.{plane}"], want[plane])
+    tensors = cfg["quantization"]["tensors"]
+    assert tensors["model.layers.0.self_attn.qkv_proj.weight"] == "q4m"                  # Q4_K: exact
+    assert tensors["model.layers.1.self_attn.qkv_proj.weight"] == "q8"                   # Q4_K + Q6_K: re-quantized
+    assert tensors["model.layers.0.mlp.gate_up_proj.weight"] == "q4mg16"                 # Q2_K: exact
+    assert (tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]) == ("q4g16", "q8g16")   # Q3_K, Q6_K
+    assert tensors["model.layers.0.self_attn.o_proj.weight"] == "q8"                     # Q5_0: exact
+    notes = cfg["notes"]
+    assert "GGUF Q5_K tensors re-quantized to q8 (lossy): model.layers.0.mlp.down_proj.weight" in notes
+    assert "GGUF Q5_1 tensors re-quantized to q8 (lossy): model.layers.1.mlp.down_proj.weight" in notes
+    assert ("GGUF Q4_K tensors re-quantized to q8 (lossy): model.layers.1.self_attn.q_proj.weight, "
+            "model.layers.1.self_attn.k_proj.weight") in notes
+    assert any(n.startswith("GGUF weights kept bit-exact (as-stored):") and "Q6_K as q8g16" in n for n in notes)
+    values, weights = dequantized_weights(art), models.load(path).weights     # get(): gguf-py's values
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                 "model.layers.1.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+                 "model.embed_tokens.weight", "lm_head.weight"):
+        np.testing.assert_array_equal(values[name].view(np.uint32), weights.get(name).view(np.uint32), err_msg=name)
     check_against_reference(art, atol=1e-4)
 
 

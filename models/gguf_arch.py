@@ -1,0 +1,213 @@
+"""Per GGUF architecture: the HF config its metadata describes, and its tensors' HF names and layout.
+
+llama.cpp's converter (convert_hf_to_gguf.py) writes each family its own way; this module undoes
+that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
+
+    arch     HF model            tensors as llama.cpp stores them
+    llama    Llama / Mistral     q/k rows permuted for its RoPE; Llama 3 scaling as rope_freqs.weight
+    qwen2    Qwen2               as HF (q/k/v biases)
+    qwen3    Qwen3               as HF, plus attn_q_norm / attn_k_norm
+    gemma2   Gemma 2             every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
+    gemma3   Gemma 3 (text)      the same, q/k norms included
+    phi3     Phi-3               q/k/v fused (attn_qkv), gate/up fused (ffn_up); LongRoPE factors as
+                                 rope_factors_long / rope_factors_short
+    gpt2     GPT-2               Conv1D weights transposed to [out, in]; output.weight a copy of wte
+
+What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
+Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
+use RoPE base 10000, and both scale queries by head_dim ** -0.5 except the 27B models
+(46 / 62 layers), which use (hidden / heads) ** -0.5.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gguf
+import numpy as np
+
+from .gguf_meta import meta
+from .source import ModelLoadError
+
+LLAMA_LAYER = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+LLAMA_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+GEMMA_LAYER = {**LLAMA_LAYER, **QK_NORMS, "post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
+              "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
+              "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
+GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
+               "output": "lm_head"}
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    """How one GGUF architecture maps to Hugging Face."""
+
+    model_type: str
+    architectures: tuple[str, ...]
+    layer_names: dict[str, str]                     # blk.N.<key> -> <layer prefix>.N.<value>
+    global_names: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GLOBAL))
+    layer_prefix: str = "model.layers"
+    permuted: bool = False                          # llama.cpp permuted q/k rows for its RoPE
+    norm_shift: float = 0.0                         # added to every *norm.weight by the converter
+    transposed: tuple[str, ...] = ()                # GGUF keys whose HF layout is [in, out] (Conv1D)
+    config: Callable[[gguf.GGUFReader, str, dict, dict], None] = lambda reader, arch, tensors, c: None
+
+
+def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
+    return meta(reader, f"{arch}.{name}", default)
+
+
+def _f32(value: float) -> float:
+    """A float32 metadata value as the shortest decimal that round-trips (9.99999974e-06 -> 1e-05)."""
+    return float(str(np.float32(value)))
+
+
+def _head_dim(reader, arch: str, c: dict) -> None:
+    head_dim = _key(reader, arch, "attention.key_length") or _key(reader, arch, "rope.dimension_count")
+    if head_dim is not None:
+        c["head_dim"] = head_dim
+
+
+def _rope_scaling(reader, arch: str) -> dict | None:
+    """rope.scaling.type linear (the one llama.cpp writes as metadata alone) -> HF rope_scaling."""
+    kind = _key(reader, arch, "rope.scaling.type")
+    factor = _key(reader, arch, "rope.scaling.factor")
+    if kind in (None, "none") or factor in (None, 1.0):
+        return None
+    if kind != "linear":
+        raise ModelLoadError(f"GGUF rope.scaling.type {kind!r} is not supported for {arch} (supported: linear); "
+                             "load the original Hugging Face checkpoint instead")
+    return {"rope_type": "linear", "factor": _f32(factor)}
+
+
+def _llama(reader, arch, tensors, c):
+    _head_dim(reader, arch, c)
+    if (window := _key(reader, arch, "attention.sliding_window")):     # Mistral
+        c.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=window)
+    c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+    if "rope_freqs.weight" in tensors:
+        c["rope_scaling"] = llama3_scaling(_tensor_values(tensors["rope_freqs.weight"]), c, reader, arch)
+    elif (scaling := _rope_scaling(reader, arch)) is not None:
+        c["rope_scaling"] = scaling
+
+
+def _qwen3(reader, arch, tensors, c):
+    _head_dim(reader, arch, c)
+    c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+
+
+def _gemma(pattern: int, layers_27b: int):
+    def config(reader, arch, tensors, c):
+        head_dim = _key(reader, arch, "attention.key_length") or c["hidden_size"] // c["num_attention_heads"]
+        big = c["num_hidden_layers"] == layers_27b                     # llama.cpp's LLM_TYPE_27B
+        c.update(head_dim=head_dim, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings="output.weight" not in tensors,
+                 query_pre_attn_scalar=c["hidden_size"] // c["num_attention_heads"] if big else head_dim,
+                 attn_logit_softcapping=_key(reader, arch, "attn_logit_softcapping"),
+                 final_logit_softcapping=_key(reader, arch, "final_logit_softcapping"))
+        for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+            c[cap] = _f32(c[cap]) if c[cap] else None
+        window = _key(reader, arch, "attention.sliding_window")
+        swa = _key(reader, arch, "attention.sliding_window_pattern", pattern)
+        if isinstance(swa, list):                                      # per layer: true = sliding
+            types = ["sliding_attention" if s else "full_attention" for s in swa]
+        else:
+            types = ["sliding_attention" if window and (i + 1) % swa else "full_attention"
+                     for i in range(c["num_hidden_layers"])]
+        c.update(sliding_window=window or None, layer_types=types)
+        if arch == "gemma3":
+            c["rope_theta"] = _f32(_key(reader, arch, "rope.freq_base", 1e6))
+            c["rope_local_base_freq"] = _f32(_key(reader, arch, "rope.freq_base_swa", 10000.0))
+            c["rope_scaling"] = _rope_scaling(reader, arch)
+    return config
+
+
+def _phi3(reader, arch, tensors, c):
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    rotary = _key(reader, arch, "rope.dimension_count", head_dim)
+    if rotary != head_dim:
+        c["partial_rotary_factor"] = rotary / head_dim
+    c["sliding_window"] = _key(reader, arch, "attention.sliding_window") or None
+    original = _key(reader, arch, "rope.scaling.original_context_length")
+    if original is not None:
+        c["original_max_position_embeddings"] = original
+    if "rope_factors_long.weight" in tensors:
+        c["rope_scaling"] = {
+            "rope_type": "longrope", "original_max_position_embeddings": original,
+            "long_factor": [_f32(x) for x in _tensor_values(tensors["rope_factors_long.weight"])],
+            "short_factor": [_f32(x) for x in _tensor_values(tensors["rope_factors_short.weight"])]}
+
+
+def _gpt2(reader, arch, tensors, c):
+    c.update(n_layer=c.pop("num_hidden_layers"), n_embd=c.pop("hidden_size"), n_head=c.pop("num_attention_heads"),
+             n_ctx=c["max_position_embeddings"], n_positions=c.pop("max_position_embeddings"),
+             n_inner=c.pop("intermediate_size"), layer_norm_epsilon=c.pop("rms_norm_eps"),
+             activation_function="gelu_new", tie_word_embeddings=True)
+    for k in ("num_key_value_heads", "rope_theta"):
+        c.pop(k, None)
+
+
+GGUF_ARCHS: dict[str, GGUFArch] = {
+    "llama": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "qwen2": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER),
+    "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
+    "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
+    "gemma3": GGUFArch("gemma3_text", ("Gemma3ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(6, 62)),
+    "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
+    "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",
+                     transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),
+}
+
+
+def _tensor_values(t) -> np.ndarray:
+    return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1)
+
+
+def llama3_scaling(freqs: np.ndarray, c: dict, reader, arch: str) -> dict | None:
+    """HF's llama3 rope_scaling from llama.cpp's rope_freqs.weight (one divisor per frequency).
+
+    The converter stores, per frequency f with wavelength w = 2 pi / f: 1 where w < L / high,
+    `factor` where w > L / low, and between them 1 / ((1 - s) / factor + s) with s = (L / w - low) /
+    (high - low) (L: original_max_position_embeddings). The divisors fix factor and s, which is
+    linear in 1 / w: s = a / w + b with a = L / (high - low), b = -low / (high - low). Any L then
+    gives the same frequencies; we take rope.scaling.original_context_length, else Llama 3's 8192.
+    The result is checked by recomputing every divisor."""
+    factor = float(freqs.max())
+    if factor <= 1.0:
+        return None
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    theta = c.get("rope_theta", 10000.0)
+    wavelen = 2 * math.pi * theta ** (np.arange(0, head_dim, 2) / head_dim)
+    mid = (freqs > 1.0 + 1e-6) & (freqs < factor * (1 - 1e-6))
+    original = int(_key(reader, arch, "rope.scaling.original_context_length", 8192))
+    if mid.sum() >= 2:
+        smooth = (factor / freqs[mid] - 1) / (factor - 1)              # from 1/d = (1 - s)/factor + s
+        a, b = np.polyfit(1 / wavelen[mid], smooth, 1)
+        low = -b * original / a
+        high = low + original / a
+    else:                                                              # no interpolated band to fit: Llama 3's
+        low, high = 1.0, 4.0
+    scaling = {"rope_type": "llama3", "factor": _f32(factor), "low_freq_factor": float(np.float32(low)),
+               "high_freq_factor": float(np.float32(high)), "original_max_position_embeddings": original}
+    if not np.allclose(_llama3_divisors(wavelen, scaling), freqs, rtol=1e-4, atol=0):
+        raise ModelLoadError("rope_freqs.weight does not follow Llama 3's RoPE scaling, the only one kiln reads "
+                             "from it; load the original Hugging Face checkpoint instead")
+    return scaling
+
+
+def _llama3_divisors(wavelen: np.ndarray, s: dict) -> np.ndarray:
+    low_wavelen = s["original_max_position_embeddings"] / s["low_freq_factor"]
+    high_wavelen = s["original_max_position_embeddings"] / s["high_freq_factor"]
+    smooth = (s["original_max_position_embeddings"] / wavelen - s["low_freq_factor"]) \
+        / (s["high_freq_factor"] - s["low_freq_factor"])
+    mid = 1 / ((1 - smooth) / s["factor"] + smooth)
+    return np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, s["factor"], mid))

@@ -1,0 +1,206 @@
+"""Write a Hugging Face checkpoint as a GGUF the way llama.cpp's convert_hf_to_gguf.py lays it out.
+
+For tests: kiln's GGUF reader must turn this file back into the checkpoint it came from. So the
+writer does what the converter does, independently of the reader: tensor names from gguf-py's
+own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, and per family
+
+    llama    q/k rows permuted per head; Llama 3 RoPE scaling as a rope_freqs.weight tensor;
+             a sliding window (Mistral) as attention.sliding_window
+    gemma*   every *norm.weight stored + 1; no output.weight (tied)
+    phi3     fused attn_qkv / ffn_up kept; LongRoPE factors as rope_factors_long / _short
+    gpt2     Conv1D weights transposed to [out, in]; output.weight a copy of token_embd
+
+and the tokenizer as `gpt2` (byte-level BPE) metadata from the checkpoint's tokenizer.json.
+`types` picks the storage type per GGUF tensor key ("attn_v", "token_embd", ...) or full name;
+1-D tensors are always F32, like the converter's.
+
+    write_gguf(hf_dir, tmp / "m.gguf", types={"ffn_down": "Q6_K"}, default="Q4_K")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QType
+from safetensors.numpy import load_file
+
+from gguf_quants import quantize
+
+# HF model_type -> GGUF architecture.
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+             "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2"}
+
+
+def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32") -> Path:
+    """hf_dir (config.json, model.safetensors, tokenizer files) -> a GGUF at `path`."""
+    hf_dir = Path(hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    arch = GGUF_ARCH[cfg["model_type"]]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(hf_dir.name)
+    tensors = _tensors(cfg, arch, load_file(str(hf_dir / "model.safetensors")))
+    _metadata(w, cfg, arch, tensors)
+    _tokenizer(w, hf_dir, cfg["vocab_size"])
+    for name, value in tensors.items():
+        type_name = (types or {}).get(name, (types or {}).get(name.split(".")[-2], default))
+        if value.ndim == 1 or type_name == "F32":
+            w.add_tensor(name, np.ascontiguousarray(value, np.float32))
+        elif type_name == "F16":
+            w.add_tensor(name, value.astype(np.float16))
+        else:
+            w.add_tensor(name, quantize(value, type_name), raw_dtype=QType[type_name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _rope(cfg: dict) -> tuple[float, dict | None]:
+    """(theta, scaling) of the global layers, from transformers 4 or 5 style fields."""
+    params = cfg.get("rope_parameters") or {}
+    params = params.get("full_attention", params)
+    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    scaling = cfg.get("rope_scaling") or {k: v for k, v in params.items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    return theta, (None if kind == "default" else dict(scaling, rope_type=kind))
+
+
+def _head_dim(cfg: dict) -> int:
+    return cfg.get("head_dim") or cfg.get("hidden_size", cfg.get("n_embd")) // cfg.get(
+        "num_attention_heads", cfg.get("n_head"))
+
+
+def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
+    if arch == "gpt2":
+        w.add_block_count(cfg["n_layer"])
+        w.add_context_length(cfg["n_ctx"] if "n_ctx" in cfg else cfg["n_positions"])
+        w.add_embedding_length(cfg["n_embd"])
+        w.add_feed_forward_length(4 * cfg["n_embd"])
+        w.add_head_count(cfg["n_head"])
+        w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+        return
+    theta, scaling = _rope(cfg)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch != "gemma2":                                   # Gemma 2's converter leaves the base at its default
+        w.add_rope_freq_base(theta)
+    if "head_dim" in cfg or arch.startswith("gemma"):
+        w.add_key_length(_head_dim(cfg))
+        w.add_value_length(_head_dim(cfg))
+    if arch == "llama":
+        w.add_vocab_size(cfg["vocab_size"])
+        w.add_rope_dimension_count(_head_dim(cfg))
+        if cfg.get("sliding_window"):
+            w.add_sliding_window(cfg["sliding_window"])
+    if scaling and scaling["rope_type"] == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(scaling["factor"])
+    if arch.startswith("gemma"):
+        if cfg.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_sliding_window(cfg["sliding_window"])
+    if arch == "phi3":
+        original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
+            "original_max_position_embeddings", cfg["max_position_embeddings"])
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_rope_dimension_count(_head_dim(cfg))
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        if scaling:
+            scale = cfg["max_position_embeddings"] / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+
+
+def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """GGUF name -> float32 array as llama.cpp stores it (HF name mapped, values transformed)."""
+    n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n_layer)
+    n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
+    n_kv = cfg.get("num_key_value_heads") or n_head
+    out = {}
+    for hf_name, value in hf.items():
+        value = value.astype(np.float32)
+        if hf_name == "lm_head.weight" and (cfg.get("tie_word_embeddings", True) or arch == "gpt2"):
+            continue
+        if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"gguf-py maps no {arch} tensor to {hf_name}")
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+            value = _permute(value, n_head if "attn_q" in name else n_kv)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            value = value + 1
+        if arch == "gpt2" and value.ndim == 2 and name.split(".")[-2] in ("attn_qkv", "attn_output", "ffn_up", "ffn_down"):
+            value = value.T
+        out[name] = np.ascontiguousarray(value)
+    if arch == "gpt2":
+        out["output.weight"] = out["token_embd.weight"]
+    _, scaling = _rope(cfg)
+    if arch == "llama" and scaling and scaling["rope_type"] == "llama3":
+        out["rope_freqs.weight"] = _llama3_factors(cfg, scaling)
+    if arch == "phi3" and scaling:
+        out["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
+        out["rope_factors_short.weight"] = np.asarray(scaling["short_factor"], np.float32)
+    return out
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: interleave each head's two rotary halves."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _llama3_factors(cfg: dict, s: dict) -> np.ndarray:
+    """llama.cpp's rope_freqs.weight for Llama 3 scaling: one divisor per RoPE frequency."""
+    theta, dim = _rope(cfg)[0], _head_dim(cfg)
+    freqs = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    old = s.get("original_max_position_embeddings", 8192)
+    low, high, factor = s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0), s.get("factor", 8.0)
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
+def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer.json as llama.cpp's _set_vocab_gpt2 writes it: ids the tokenizer
+    lacks, up to the model's vocab_size, become [PAD<i>] tokens of type UNUSED."""
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    vocab = dict(tok["model"]["vocab"])
+    special = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    vocab.update(special)
+    tokens = [None] * max(max(vocab.values()) + 1, vocab_size)
+    for text, i in vocab.items():
+        tokens[i] = text
+    tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in special else 5 if t.startswith("[PAD") else 1 for t in tokens])
+    w.add_token_merges(merges)
+    for key, add in (("eos_token", w.add_eos_token_id), ("bos_token", w.add_bos_token_id)):
+        if tok_cfg.get(key) in special:
+            add(special[tok_cfg[key]])
+    w.add_add_bos_token(bool(tok_cfg.get("add_bos_token")))
+    if tok_cfg.get("chat_template"):
+        w.add_chat_template(tok_cfg["chat_template"])

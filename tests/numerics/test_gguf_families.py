@@ -1,0 +1,77 @@
+"""GGUF files laid out the way llama.cpp's converter writes them, one per architecture kiln reads,
+compiled q0f32 for the CPU: the logits equal transformers' on the Hugging Face model the GGUF was
+written from (every prefill position, the last-token prefill, 5 decode steps) within 1e-4.
+
+The configs stay within what a GGUF can say (llama.cpp fixes Gemma's layer pattern and
+query_pre_attn_scalar = head_dim), and each case exercises its architecture's quirk: Q/K row
+permutation and Llama 3 RoPE factors (llama), the sliding window (mistral), QK norms (qwen3),
++1 norms and soft-capping (gemma2), per-layer RoPE bases with linear scaling (gemma3),
+fused tensors and LongRoPE factor tensors (phi3), transposed Conv1D and the copied head (gpt2).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from gguf_writer import write_gguf
+from kiln.models.gguf import load_gguf
+from tiny_models import assert_prefill_and_decode_match, write_tokenizer
+
+pytestmark = pytest.mark.numerics
+TOL = 1e-4
+IDS = np.random.default_rng(6).integers(0, 512, size=19).tolist()
+SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, tie_word_embeddings=False)
+GEMMA = dict(head_dim=16, query_pre_attn_scalar=16, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
+             tie_word_embeddings=True)
+
+# case -> (transformers model class, config class, config overrides)
+CASES = {
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}),
+    "llama3-rope": ("LlamaForCausalLM", "LlamaConfig", dict(rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=8.0,
+        original_max_position_embeddings=1024))),
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=128)),
+    "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(GEMMA, final_logit_softcapping=3.0, sliding_window=4096)),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
+        GEMMA, num_hidden_layers=6, sliding_window=4096,     # llama.cpp's pattern: layer 5 global
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config", dict(
+        num_key_value_heads=4, max_position_embeddings=512, original_max_position_embeddings=128, pad_token_id=0,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.25 * i for i in range(8)],
+                             long_factor=[4.0] * 8, original_max_position_embeddings=128))),
+    "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_inner=None,
+                                                   activation_function="gelu_new")),
+}
+
+
+def write_hf(case: str, dest, seed: int = 0):
+    """The case's transformers model with widened random weights, saved with a tokenizer."""
+    import transformers
+    model_cls, config_cls, overrides = CASES[case]
+    cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if case == "gpt2" else dict(SMALL, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg, attn_implementation="eager"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
+    dest.mkdir(parents=True)
+    model.save_pretrained(dest)
+    write_tokenizer(dest, 512)
+    return model.eval()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gguf_family_matches_transformers(case, tmp_path):
+    ref = write_hf(case, tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / f"{case}.gguf")
+    source = load_gguf(path)
+    assert source.hf_config["model_type"] == ref.config.model_type
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)

@@ -1,0 +1,81 @@
+"""Every GGUF tensor type real files use, read by kiln against gguf-py's numpy dequantize.
+
+For each type: the test quantizer's blocks decode (gguf-py) close to the input; a GGUF holding
+them loads (get() = gguf-py's values, llama q/k rows un-permuted); where a kiln kernel holds the
+type exactly (quant_gguf.GGUF_EXACT) the planes dequantize to the same float32 bits. Any other
+type is refused in one line naming the tensor, its type, the supported list and the fix.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QType
+
+from gguf_quants import quantize
+from gguf_writer import write_gguf
+from kiln.compiler.quant_gguf import GGUF_EXACT, from_gguf_blocks
+from kiln.compiler.quant_modules import QuantFormat
+from kiln.compiler.quant_pack import dequantize
+from kiln.models import ModelLoadError
+from kiln.models.gguf import SUPPORTED_TENSOR_TYPES, load_gguf
+from tiny_models import write_tiny_llama
+
+pytestmark = pytest.mark.unit
+TYPES = [t for t in SUPPORTED_TENSOR_TYPES if t != "F32"]
+RMS_BOUND = {"F16": 1e-3, "BF16": 5e-3, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_0": 0.06, "Q5_1": 0.06, "Q5_K": 0.06,
+             "Q4_0": 0.12, "Q4_1": 0.1, "Q4_K": 0.1, "Q3_K": 0.2, "Q2_K": 0.4}
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("hf"), tied=False, hidden_size=256, intermediate_size=256,
+                            num_hidden_layers=1, head_dim=64)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_type_loads_as_gguf_py_dequantizes_it(type_name, hf_dir, tmp_path):
+    w = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32)
+    if type_name not in ("F16", "BF16"):
+        raw = quantize(w, type_name)
+        ref = gguf.quants.dequantize(raw, QType[type_name]).reshape(w.shape)
+        assert np.sqrt(((ref - w) ** 2).mean()) < RMS_BOUND[type_name]
+        if type_name in GGUF_EXACT:
+            kind, group = GGUF_EXACT[type_name]
+            got = dequantize(QuantFormat(kind, group), from_gguf_blocks(type_name, raw))
+            np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    path = write_gguf(hf_dir, tmp_path / "t.gguf", default=type_name)
+    source, reader = load_gguf(path), gguf.GGUFReader(path)
+    stored = {t.name: t for t in reader.tensors}
+    for hf_name, gguf_name in (("model.layers.0.self_attn.k_proj.weight", "blk.0.attn_k.weight"),
+                               ("model.layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight")):
+        t = stored[gguf_name]
+        assert t.tensor_type.name == type_name == source.weights.tensor_type(hf_name)
+        want = gguf.quants.dequantize(t.data, t.tensor_type).reshape(source.weights.shape(hf_name))
+        if "k_proj" in hf_name:                        # llama.cpp permuted its rows: compare in HF order
+            from kiln.models.gguf import unpermute_rows
+            want = unpermute_rows(want, source.hf_config["num_key_value_heads"])
+        np.testing.assert_array_equal(source.weights.get(hf_name).astype(np.float32), want, err_msg=hf_name)
+
+
+def test_unknown_type_is_refused_in_one_line(hf_dir, tmp_path):
+    path = write_gguf(hf_dir, tmp_path / "iq.gguf")
+    reader = gguf.GGUFReader(path)
+    w = gguf.GGUFWriter(str(tmp_path / "iq4.gguf"), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith(("llama.", "tokenizer.")):
+            w.add_key_value(field.name, field.contents(), field.types[0],
+                            field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        if t.name == "blk.0.attn_v.weight":                # IQ4_NL: 32 weights in 18 bytes
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            w.add_tensor(t.name, np.zeros((rows, cols // 32 * 18), np.uint8), raw_dtype=QType.IQ4_NL)
+        else:
+            w.add_tensor(t.name, np.array(t.data))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    with pytest.raises(ModelLoadError) as err:
+        load_gguf(tmp_path / "iq4.gguf")
+    message = str(err.value)
+    assert "\n" not in message and "blk.0.attn_v.weight has type IQ4_NL" in message
+    assert "Q2_K" in message and "Q6_K" in message and "llama-quantize" in message
