@@ -106,7 +106,7 @@ def _arch(reader: gguf.GGUFReader) -> tuple[str, GGUFArch]:
     if arch not in GGUF_ARCHS:
         raise ModelLoadError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}. "
-            "Load the original Hugging Face checkpoint instead"
+            "`kiln models` lists the families kiln compiles"
         )
     return arch, GGUF_ARCHS[arch]
 
