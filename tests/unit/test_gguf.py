@@ -344,7 +344,7 @@ def test_unsupported_tensor_type(tiny_hf, tmp_path):
 
 def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
     with pytest.raises(ModelLoadError, match="'falcon' is not supported; supported: llama, qwen2, qwen3, gemma2, "
-                                             "gemma3, phi3, gpt2. Load the original"):
+                                             "gemma3, phi3, gpt2. `kiln models` lists"):
         kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="falcon"))
     with pytest.raises(ModelLoadError, match="tokenizer model 'llama' is not supported"):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="llama"))
