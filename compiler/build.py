@@ -71,6 +71,7 @@ class Exported:
     plan: QuantPlan
     mod: tvm.IRModule                       # the entry functions, before the pipeline
     named_params: list
+    window_mode: str                        # how the KV cache slides ("" without sliding layers)
 
 
 def export_model(opts: CompileOptions, progress: Progress | None = None) -> Exported:
@@ -90,7 +91,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
         mod, named_params = model.export_tvm(
             spec=build_spec(model, config.hidden_size, scheme.model_dtype))
     report("export", 1, 1)
-    return Exported(source, arch, config, profile, scheme, plan, mod, named_params)
+    return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "")
 
 
 def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Path:
@@ -130,7 +131,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
             context_window_size=context,
             prefill_chunk_size=chunk,
             max_batch_size=opts.max_batch_size,
-            kv_cache=_kv_layout(config, profile.page_size, scheme.model_dtype),
+            kv_cache=_kv_layout(config, profile.page_size, scheme.model_dtype, ex.window_mode),
             bos_token_id=config.bos_token_id,
             eos_token_ids=config.eos_token_ids,
             tokenizer_files=tokenizer_files,
@@ -200,11 +201,12 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
     return list(params)
 
 
-def _kv_layout(config, page_size: int, dtype: str) -> KVCacheLayout:
-    """The KV cache as the model creates it: per-layer attention kinds and the sliding window."""
+def _kv_layout(config, page_size: int, dtype: str, window_mode: str) -> KVCacheLayout:
+    """The KV cache as the model creates it: per-layer attention kinds, the sliding window and its mode."""
     layers = config.layer_attention()
     return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
-                         layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers))
+                         layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers),
+                         window_mode=window_mode)
 
 
 def _config_dict(config) -> dict:

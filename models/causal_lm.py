@@ -170,6 +170,23 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.dtype = "float32"
 
+    @property
+    def window_mode(self) -> str | None:
+        """How the KV cache slides: "per_sequence" when every layer slides (Mistral) and the cache applies
+        RoPE: plain "mha" layers and a per-sequence window the runtime enables, so TVM frees the pages
+        that leave it (cached keys move, so TVM applies RoPE inside attention). "per_layer" otherwise
+        (mixed layers): per-layer windows over every page. None without sliding layers."""
+        kinds = {a.kind for a in self.attention}
+        if "sliding" not in kinds:
+            return None
+        cache_rope = not (self.rope_in_graph or self.flags.learned_positions)
+        if kinds == {"sliding"} and not cache_rope:
+            # TVM 0.27's per-layer windows crash when no layer is full, and its per-sequence window
+            # renumbers the positions a graph-side RoPE reads.
+            raise ValueError("every layer slides and RoPE is applied in the graph (scaled or learned positions): "
+                             "TVM's paged KV cache supports neither; drop sliding_window or the rope scaling")
+        return "per_sequence" if kinds == {"sliding"} else "per_layer"
+
     def to(self, dtype: str | None = None) -> None:
         super().to(dtype=dtype)
         if dtype is not None:
@@ -217,10 +234,7 @@ class CausalLM(nn.Module):
                               support_sliding_window: tirx.Var) -> PagedKVCache:
         c, first = self.config, self.attention[0]
         kinds = [a.kind for a in self.attention]
-        # Every layer sliding (Mistral): plain "mha" layers and a per-sequence window the runtime
-        # enables, so TVM frees the pages that leave it; cached keys then move, so TVM applies RoPE
-        # inside attention (it forces that whenever the window is on). Mixed: per-layer windows.
-        windowed = set(kinds) == {"sliding"}
+        windowed = self.window_mode == "per_sequence"
         return TIRPagedKVCache(
             attn_kind="mha" if set(kinds) == {"full"} or windowed
             else ["mha_sliding" if k == "sliding" else "mha" for k in kinds],

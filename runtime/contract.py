@@ -86,6 +86,7 @@ class KVCacheLayout:
     dtype: str
     layer_kinds: tuple[str, ...] = ()            # per layer: "full" | "sliding"; empty = all full
     sliding_window: int | None = None            # tokens, for "sliding" layers
+    window_mode: str = ""                        # "per_sequence" | "per_layer" (models/causal_lm.py); "": by kinds
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
@@ -95,6 +96,8 @@ class KVCacheLayout:
                  f"kv_cache.layer_kinds lists {len(self.layer_kinds)} layers, the model has {self.num_layers}")
         _require("sliding" not in self.layer_kinds or (self.sliding_window or 0) > 0,
                  "kv_cache has sliding-window layers but no sliding_window size")
+        _require(self.window_mode in ("", "per_sequence", "per_layer"),
+                 f"kv_cache.window_mode {self.window_mode!r} is not per_sequence or per_layer")
 
 
 @dataclass(frozen=True)

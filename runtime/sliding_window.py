@@ -49,7 +49,8 @@ class SlidingWindow:
         """The artifact's window, None when no layer slides."""
         if "sliding" not in layout.layer_kinds:
             return None
-        return cls(int(layout.sliding_window), per_sequence=set(layout.layer_kinds) == {"sliding"})
+        mode = layout.window_mode or ("per_sequence" if set(layout.layer_kinds) == {"sliding"} else "per_layer")
+        return cls(int(layout.sliding_window), per_sequence=mode == "per_sequence")
 
     @property
     def kept(self) -> int:

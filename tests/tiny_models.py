@@ -73,6 +73,15 @@ def reference_logits(model, ids: list[int]):
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
+def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy tokens, each from a full forward over the whole sequence (no cache)."""
+    import numpy as np
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(np.argmax(reference_logits(model, seq)[-1])))
+    return seq[len(prompt):]
+
+
 def assert_prefill_and_decode_match(artifact: Path, reference, ids: list[int], tol: float, steps: int = 5) -> None:
     """The compiled model's logits equal the reference's: every prefill position (batch_verify), the
     last-token prefill, then `steps` greedy decode steps."""

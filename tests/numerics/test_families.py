@@ -47,10 +47,11 @@ CASES = {
 }
 
 
-def write_family(case: str, dest, seed: int = 0):
+def write_family(case: str, dest, seed: int = 0, **extra):
     """The case's transformers model, random weights widened so the tolerance bites, saved with a tokenizer."""
     import transformers
     model_cls, config_cls, overrides = CASES[case]
+    overrides = dict(overrides, **extra)
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if case == "gpt2" else dict(SMALL, **overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg, attn_implementation="eager"))

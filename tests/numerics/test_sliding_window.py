@@ -12,7 +12,7 @@ import kiln
 from kiln import Engine, EngineConfig, SamplingParams
 from kiln.runtime.artifact import Artifact
 from kiln.runtime.model_runner import ModelRunner
-from tiny_models import reference_logits, write_tiny
+from tiny_models import greedy_reference, reference_logits, write_tiny
 
 pytestmark = pytest.mark.numerics
 TOL = 1e-4
@@ -41,14 +41,6 @@ def models(tmp_path_factory) -> dict:
         full = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager", **no_window).eval()
         out[name] = (art, ref, full)
     return out
-
-
-def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy tokens, each from a full forward over the whole sequence (no cache)."""
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(int(np.argmax(reference_logits(model, seq)[-1])))
-    return seq[len(prompt):]
 
 
 def test_mistral_sliding_window_slides_every_layer():

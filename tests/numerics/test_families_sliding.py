@@ -1,0 +1,65 @@
+"""Families whose layers slide, on prompts and generations longer than the window, against transformers:
+Gemma 2 (alternating sliding/global layers), Gemma 3 (the same with per-layer RoPE in the graph), and
+Phi-3 (every layer slides: TVM's per-sequence window). Every layer sliding with RoPE in the graph is refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import Engine, EngineConfig, SamplingParams
+from kiln.runtime.artifact import Artifact
+from kiln.runtime.model_runner import ModelRunner
+from test_families import write_family
+from tiny_models import greedy_reference, reference_logits
+
+pytestmark = pytest.mark.numerics
+TOL = 1e-4
+WINDOW = 16
+IDS = np.random.default_rng(8).integers(3, 500, size=40).tolist()
+CASES = {"gemma2": dict(sliding_window=WINDOW), "gemma3": dict(sliding_window=WINDOW),
+         # Phi-3-mini-4k's shape: every layer slides, RoPE unscaled (applied by the cache)
+         "phi3": dict(sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def family(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    ref = write_family(request.param, root / "hf", seed=3, **CASES[request.param])
+    art = kiln.compile(str(root / "hf"), target="cpu", quant="q0f32", output=root / "art")
+    return request.param, art, ref
+
+
+def test_prompt_longer_than_the_window_and_decode_match_transformers(family):
+    name, art, ref = family
+    runner = ModelRunner(Artifact.load(art))
+    assert "sliding" in Artifact.load(art).config.kv_cache.layer_kinds
+    expected = reference_logits(ref, IDS)
+    runner.add_sequence(0)
+    got, pos = [], 0
+    while pos < len(IDS):
+        n = runner.window.max_chunk(runner.sequence_length(0))
+        got.append(runner.verify(0, IDS[pos:pos + n]))
+        pos += n
+    np.testing.assert_allclose(np.concatenate(got), expected, atol=TOL, rtol=0)
+    runner.add_sequence(1)
+    logits, seq = runner.prefill([1], [IDS])[0], list(IDS)
+    for _ in range(5):
+        seq.append(int(np.argmax(logits)))
+        logits = runner.decode([1], [seq[-1]])[0]
+        np.testing.assert_allclose(logits, reference_logits(ref, seq)[-1], atol=TOL, rtol=0)
+
+
+def test_engine_greedy_past_the_window_matches_transformers(family):
+    name, art, ref = family
+    engine = Engine(art, EngineConfig(max_tokens_per_step=24))
+    outs = engine.generate([IDS[:6], IDS], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [greedy_reference(ref, IDS[:6], 24), greedy_reference(ref, IDS, 24)]
+
+
+def test_every_layer_sliding_with_rope_in_the_graph_is_refused(tmp_path):
+    from kiln.models import ModelLoadError
+    write_family("phi3", tmp_path / "hf", sliding_window=WINDOW)          # LongRoPE: RoPE in the graph
+    with pytest.raises((ValueError, ModelLoadError), match="TVM's paged KV cache supports neither"):
+        kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
