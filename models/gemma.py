@@ -3,8 +3,8 @@
 Both: embeddings scaled by sqrt(hidden), RMSNorm as x/rms * (1 + w), tanh-GELU gating, norms before
 and after attention and MLP, softmax scale query_pre_attn_scalar ** -0.5, a tied head, and layers
 that alternate sliding-window and global attention (`layer_types`, else the family's pattern).
-Gemma 2 soft-caps the final logits (and the attention logits: TVM's paged attention takes only a
-softmax scale, so a checkpoint with attn_logit_softcapping set is refused, see layers.Flags).
+Gemma 2 soft-caps the final logits and the attention scores (the latter inside the target's
+attention kernels: kiln's CPU kernels do; other targets refuse the model, see TargetProfile.attn_softcap).
 Gemma 3 drops soft-capping for a per-head QK norm, and gives sliding layers their own RoPE base
 (`rope_local_base_freq`) while global layers may scale theirs: RoPE is then applied in the graph.
 """
@@ -62,9 +62,6 @@ class Gemma2Config(DecoderConfig):
         if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"layer_types must list 'full_attention' or 'sliding_attention' for each of the {n} "
                              f"layers; got {types}")
-        if values["attn_logit_softcapping"]:
-            raise ValueError(f"attn_logit_softcapping={values['attn_logit_softcapping']} is not supported: TVM's "
-                             "paged-attention kernels take only a softmax scale, and dropping the cap changes the model")
         if values["query_pre_attn_scalar"] is None:
             values["query_pre_attn_scalar"] = values["head_dim"]
         return dict(values, layer_types=tuple(types), activation=ACTIVATIONS[values["activation"]])

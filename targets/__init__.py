@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .profile import PHASES, TargetProfile, ToolchainError, TuningSpace
+from .profile import PHASES, SOFTCAP_ATTR, TargetProfile, ToolchainError, TuningSpace
 
 
 def _cpu() -> TargetProfile:
@@ -61,4 +61,4 @@ def get_profile(name: str) -> TargetProfile:
     return _PROFILES[name]()
 
 
-__all__ = ["DEFAULT_TARGET", "PHASES", "TargetProfile", "ToolchainError", "TuningSpace", "get_profile", "names"]
+__all__ = ["DEFAULT_TARGET", "PHASES", "SOFTCAP_ATTR", "TargetProfile", "ToolchainError", "TuningSpace", "get_profile", "names"]

@@ -16,6 +16,9 @@ from typing import Any, Callable, Protocol
 import tvm
 
 # The pipeline's phases (compiler/pipeline.py), in order; a profile may add passes to each.
+# IRModule attribute: the model's attention logit soft-cap (Gemma 2), for targets with attn_softcap.
+SOFTCAP_ATTR = "kiln_attn_logit_softcap"
+
 PHASES = ("graph", "legalize", "schedule", "lower", "finalize")
 # Module formats a profile may export: shared object, static system library (.tar of objects), dylib, wasm.
 EXPORT_FORMATS = ("so", "tar", "dylib", "wasm")
@@ -65,6 +68,7 @@ class TargetProfile:
     export_format: str              # one of EXPORT_FORMATS
     runnable_here: bool             # False for cross targets (android, GPUs on a CPU machine)
     default_quant: str = "q4f16"    # `--quant auto` for float (Hugging Face) weights
+    attn_softcap: bool = False      # its attention kernels can soft-cap scores (module attr kiln_attn_logit_softcap)
     page_size: int = 16             # KV cache tokens per page
     prefill_chunk: int = 2048       # most tokens one prefill call takes
     phase_passes: Callable[["TargetProfile", str], list] = field(default=lambda p, phase: [], compare=False)

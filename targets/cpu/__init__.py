@@ -25,6 +25,7 @@ LOW_BATCH_ROWS = 4          # matmuls over <= this many rows take their GEMV cop
 def _phase_passes(profile: TargetProfile, phase: str) -> list:
     """The CPU's additions to each pipeline phase (compiler/pipeline.py says where they run)."""
     from .attention_pass import UseKilnCPUAttention
+    from .attention_softcap import SoftcapTVMAttention
     from .fast_silu import FastSiLU
     from .low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
     if phase == "graph":
@@ -37,7 +38,8 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         from tvm.s_tir import dlight as dl
         # The KV cache's attention kernels: TVM's scalar loops out, kiln's vectorised ones in;
         # then every kernel gets the first CPU rule that matches (tuned knobs where the database has them).
-        return [UseKilnCPUAttention(), dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
+        # A soft-capped model (Gemma 2) has the cap in kiln's kernels and written into TVM's that remain.
+        return [UseKilnCPUAttention(), SoftcapTVMAttention(), dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
     if phase == "lower":
         # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.
         return [DispatchLowBatchGEMV()]
@@ -68,6 +70,7 @@ def _cpu(name: str, target: dict, export_format: str, runnable_here: bool, descr
     # q4f32: float32 compute is as fast as f16 on CPUs without f16 arithmetic, and exact-er.
     return TargetProfile(name=name, target=target, device="cpu", export_format=export_format,
                          runnable_here=runnable_here, default_quant="q4f32", phase_passes=_phase_passes,
+                         attn_softcap=True,
                          tuning=_tuning, description=description)
 
 

@@ -62,11 +62,16 @@ def fast_exp2(buf, row, n, tmp):
 
 
 @T.macro(hygienic=False)
-def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf):
+def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
     """Turn row i of scores S into probabilities against the running max/sum (m, l at mi).
 
     Columns j >= valid_cols get probability 0. Leaves alpha_buf[0] = exp2(m_old - m_new),
-    the factor by which the row's previous output must be scaled."""
+    the factor by which the row's previous output must be scaled. `cap` > 0 soft-caps the
+    scores first, cap * tanh(s / cap) (Gemma 2; in the log2 domain: the model's cap * log2 e);
+    a constant 0 leaves them alone (the branch folds away)."""
+    if cap > T.float32(0.0):
+        for j in T.serial(n):
+            S[i, j] = cap * T.tanh(S[i, j] / T.max(cap, T.float32(1e-30)))    # max: 0 must parse
     # Masked columns first (they may hold stale page memory, even NaN), then the max.
     for j in T.vectorized(n):
         S[i, j] = T.if_then_else(j < valid_cols, S[i, j], T.float32(NEG))
@@ -101,9 +106,11 @@ def fast_exp2_kernel(lanes: int = 16):
 
 
 def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = 16,
-                                 block_q: int = 32, block_k: int = 64):
-    """Self-attention of a prefill's new tokens (same signature as TVM's ragged CPU kernel)."""
+                                 block_q: int = 32, block_k: int = 64, softcap: float | None = None):
+    """Self-attention of a prefill's new tokens (same signature as TVM's ragged CPU kernel).
+    `softcap`: the model's attention logit soft-cap (None: none)."""
     group = h_q // h_kv
+    cap = _log2_cap(softcap)
     _check(h_q, h_kv, d, lanes)
 
     @T.prim_func
@@ -182,7 +189,7 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                             online_softmax_block(
                                 S, i, block_k,
                                 T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + i + 1), kn) - c0,
-                                m, l, g * block_q + i, tmp, scal)
+                                m, l, g * block_q + i, tmp, scal, T.float32(cap))
                             for dd in T.vectorized(d):
                                 oacc[dd] = O[g * block_q + i, dd] * scal[0]
                             for j in T.serial(T.min(block_k, kv_end - c0)):
@@ -203,7 +210,7 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
 
 
 def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, decode: bool,
-                        lanes: int = 16, block_q: int = 16):
+                        lanes: int = 16, block_q: int = 16, softcap: float | None = None):
     """Attention of new query rows over the paged cache (TVM's prefill or decode CPU signature).
 
     ``decode=True``: one row per sequence (Q is [batch, h_q, d]), one task per (sequence,
@@ -212,9 +219,10 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
     group = h_q // h_kv
     _check(h_q, h_kv, d, lanes)
     rows_per_task = 1 if decode else block_q
+    cap = _log2_cap(softcap)
 
     @T.macro(hygienic=False)
-    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, lanes):
+    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, lanes, cap):
         """Rows q_row0 .. q_row0 + rows of head h of sequence b against its pages."""
         hk: T.int32 = h // group
         p0: T.int32 = page_indptr[b]
@@ -272,7 +280,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                     S, i, page_size,
                     T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + i + 1), kn)
                     - pg * page_size,
-                    m, l, i, tmp, scal)
+                    m, l, i, tmp, scal, cap)
                 for dd in T.vectorized(d):
                     oacc[dd] = O[i, dd] * scal[0]
                 for j in T.serial(T.min(page_size, kv_end - pg * page_size)):
@@ -318,7 +326,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
             for task in T.parallel(batch_size * h_q):
                 q_first: T.int32 = task // h_q
-                attend(task // h_q, 1, 1, 0, task // h_q, task % h_q, group, page_size, rows_per_task, d, dtype, lanes)
+                attend(task // h_q, 1, 1, 0, task // h_q, task % h_q, group, page_size, rows_per_task, d, dtype, lanes,
+                       T.float32(cap))
 
         return batch_decode_paged_kv
 
@@ -359,7 +368,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             n_qt: T.int32 = (qn + block_q - 1) // block_q
             for task in T.parallel(h_q * n_qt):
                 attend(q_first + task % n_qt * block_q, T.min(block_q, qn - task % n_qt * block_q), qn, causal,
-                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes)
+                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, T.float32(cap))
 
     return batch_prefill_paged_kv
 
@@ -415,6 +424,11 @@ def split_rotary_cpu(theta: float, scale: float, d: int, h_q: int, h_kv: int, dt
                 v[s, h, i] = qkv[s, h_q + h_kv + h, i]
 
     return fused_rope
+
+
+def _log2_cap(softcap: float | None) -> float:
+    """The soft-cap in the kernels' log2 score domain (0: none)."""
+    return float(softcap) * LOG2E if softcap else 0.0
 
 
 def _check(h_q: int, h_kv: int, d: int, lanes: int) -> None:

@@ -30,6 +30,7 @@ from tvm.relax.frontend.nn.llm.kv_cache import RopeMode
 from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
 
 from .attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
+from .attention_softcap import KILN_KERNEL_ATTR, module_softcap
 
 _CREATE = "vm.builtin.paged_attention_kv_cache_create"
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
@@ -45,21 +46,21 @@ def _shape(func: tirx.PrimFunc, param: int) -> tuple[list, str]:
     return [int(x) if isinstance(x, tirx.IntImm) else x for x in buf.shape], str(buf.dtype)
 
 
-def _ragged(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def _ragged(func: tirx.PrimFunc, softcap: float | None) -> tirx.PrimFunc:
     (_, h_q, d), dtype = _shape(func, 0)            # q [qo_len, h_q, d]
     (_, h_kv, _), _ = _shape(func, 2)               # k [kv_len, h_kv, d]
     (_, _, d_v), _ = _shape(func, 3)
     if d_v != d:
         raise ValueError("different key and value head dims")
-    return attention_prefill_ragged_cpu(h_kv, h_q, d, dtype)
+    return attention_prefill_ragged_cpu(h_kv, h_q, d, dtype, softcap=softcap)
 
 
 def _paged(decode: bool):
-    def make(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    def make(func: tirx.PrimFunc, softcap: float | None) -> tirx.PrimFunc:
         (_, h_q, d), dtype = _shape(func, 0)        # q [rows, h_q, d]
         pages_param = 1 if decode else 2            # pages [max_pages, 2, h_kv, page_size, d]
         (_, _, h_kv, page_size, _), _ = _shape(func, pages_param)
-        return attention_paged_cpu(h_kv, h_q, d, dtype, page_size, decode=decode)
+        return attention_paged_cpu(h_kv, h_q, d, dtype, page_size, decode=decode, softcap=softcap)
     return make
 
 
@@ -71,12 +72,12 @@ REPLACEMENTS = {
 }
 
 
-def _replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def _replacement(name: str, func: tirx.PrimFunc, softcap: float | None = None) -> tirx.PrimFunc | None:
     """kiln's kernel for TVM's `name`, or None: not one kiln replaces, or a shape its kernels do not
     take (head_dim not a multiple of the vector width, different k/v head dims), which keeps TVM's."""
     make = REPLACEMENTS.get(name)
     try:
-        return make(func) if make else None
+        return make(func, softcap) if make else None
     except ValueError:          # raised by the kernel builders' shape checks only
         return None
 
@@ -131,6 +132,7 @@ class UseKilnCPUAttention:
 
     def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         creations = _cache_creations(mod)
+        softcap = module_softcap(mod)
         if len(creations) != 1 or _prim(creations[0][_ROPE_MODE_ARG]) not in _SUPPORTED_ROPE_MODES:
             return mod                                  # no cache, several, or RoPE inside attention
         mod = mod.clone()
@@ -140,10 +142,10 @@ class UseKilnCPUAttention:
             if gv.name_hint == _ROPE_NAME:
                 new = _rope_replacement(func, creations[0])
             else:
-                new = _replacement(gv.name_hint, func)
+                new = _replacement(gv.name_hint, func, softcap)
             if new is None:
                 continue
             # kiln's own attrs (plain scheduled TIR, not s_tir), under the original's symbol
             symbol = func.attrs.get("global_symbol", gv.name_hint) if func.attrs else gv.name_hint
-            mod[gv] = new.with_attr("global_symbol", symbol)
+            mod[gv] = new.with_attr("global_symbol", symbol).with_attr(KILN_KERNEL_ATTR, True)
         return mod

@@ -64,7 +64,8 @@ def export(**kwargs) -> tvm.IRModule:
 
 
 def _same(a, b) -> bool:
-    return tvm_ffi.structural_equal(a.without_attr("global_symbol"), b.without_attr("global_symbol"))
+    strip = lambda f: f.without_attr("global_symbol").without_attr("kiln.attention")   # noqa: E731
+    return tvm_ffi.structural_equal(strip(a), strip(b))
 
 
 def test_replaces_the_cache_kernels_and_nothing_else():
