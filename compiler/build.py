@@ -16,6 +16,7 @@ from kiln import models
 from kiln.models import ModelSource
 from kiln.models.causal_lm import sliding_window
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
+from kiln.targets import names as target_names
 
 from kiln.runtime.contract import (ENTRY_FUNCTIONS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
                                    KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config)
@@ -93,8 +94,9 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     softcap = model.flags.attn_logit_softcap
     if softcap:
         if not profile.attn_softcap:
+            able = ", ".join(n for n in target_names() if get_profile(n).attn_softcap)
             raise ValueError(f"this model soft-caps attention scores (attn_logit_softcapping={softcap}), which "
-                             f"kiln's {profile.name} attention kernels do not implement yet; compile for a CPU target")
+                             f"kiln's {profile.name} attention kernels do not implement yet; use --target {able}")
         mod = mod.with_attr(SOFTCAP_ATTR, float(softcap))
     report("export", 1, 1)
     return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "")
