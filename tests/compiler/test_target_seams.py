@@ -12,7 +12,7 @@ import pytest
 
 import kiln
 from kiln.compiler.pipeline import phases
-from kiln.runtime.contract import ENTRY_FUNCTIONS, read_config
+from kiln.runtime.contract import ENTRY_FUNCTIONS, OPTIONAL_ENTRY_FUNCTIONS, read_config
 from kiln.targets import PHASES, ToolchainError, get_profile, names
 
 pytestmark = pytest.mark.compiler
@@ -81,4 +81,4 @@ def test_rocm_artifact_is_written(name, arch, wave, tiny_dirs, tmp_path):
 def test_compiled_artifact_records_its_kv_layout(tiny_artifacts):
     config = read_config(tiny_artifacts["tied"])
     assert config.kv_cache.layer_kinds == ("full", "full") and config.kv_cache.sliding_window is None
-    assert config.model.arch == "llama" and config.entry_functions == ENTRY_FUNCTIONS
+    assert config.model.arch == "llama" and config.entry_functions == (*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS)
