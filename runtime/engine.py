@@ -123,6 +123,10 @@ class Engine:
         if bad_bias:
             raise InvalidRequestError(f"logit_bias names token {bad_bias[0]}, outside the vocabulary "
                                       f"[0, {self.runner.vocab_size})", "logit_bias")
+        if params.n > self.runner.max_num_seqs:
+            raise InvalidRequestError(f"n ({params.n}) is more than the {self.runner.max_num_seqs} sequences this "
+                                      "engine runs at once; lower n or raise max_num_seqs (kiln serve --max-num-seqs)",
+                                      "n")
         requests = []
         for k in range(params.n):
             fork = (requests[0].seq_id, len(ids) - 1) if k and self.runner.window is None else None

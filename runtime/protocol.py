@@ -23,6 +23,10 @@ class InvalidRequestError(ValueError):
         self.param = param
 
 
+MAX_TEMPERATURE = 2.0    # OpenAI's range; higher is noise from the whole vocabulary
+MAX_N = 128              # OpenAI's limit; an engine also refuses n above its max_num_seqs
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens and when to stop. Validated on construction."""
@@ -53,8 +57,8 @@ class SamplingParams:
         _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
                                                 and 0 <= self.prompt_logprobs <= 20),
                f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}", "prompt_logprobs")
-        _check(_is_number(self.temperature) and self.temperature >= 0,
-               f"temperature must be a number >= 0, got {self.temperature!r}", "temperature")
+        _check(_is_number(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE,
+               f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature!r}", "temperature")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1,
                f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         _check(isinstance(self.top_k, int) and self.top_k >= 0,
@@ -80,7 +84,8 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", bias)
         _check(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
                f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs!r}", "top_logprobs")
-        _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}", "n")
+        _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N,
+               f"n must be an integer in [1, {MAX_N}], got {self.n!r}", "n")
         rf = self.response_format
         _check(rf is None or (isinstance(rf, Mapping) and rf.get("type") in ("text", "json_object", "json_schema")),
                "response_format.type must be one of text, json_object, json_schema", "response_format")

@@ -334,6 +334,9 @@ BAD_INPUTS = [
     ("top-p-zero", CHAT, {**ONE, "top_p": 0}, "top_p"),
     ("top-p-above-one", CHAT, {**ONE, "top_p": 1.5}, "top_p"),
     ("n-zero", CHAT, {**ONE, "n": 0}, "n"),
+    ("temperature-huge", CHAT, {**ONE, "temperature": 1e9}, "temperature"),
+    ("n-huge", CHAT, {**ONE, "n": 1000}, "n"),
+    ("n-above-max-num-seqs", CHAT, {**ONE, "n": 17}, "n"),   # the fixture serves 16 sequences
     ("beyond-context", CHAT, {**ONE, "max_tokens": 250}, "max_tokens"),
     ("beyond-kv", CHAT, {**ONE, "max_tokens": 100000}, "max_tokens"),
     ("top-logprobs-without-logprobs", CHAT, {**ONE, "top_logprobs": 2}, "top_logprobs"),
