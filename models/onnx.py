@@ -29,6 +29,7 @@ import numpy as np
 
 from .causal_lm import weight_spec
 from .hf import has_weights, read_config, tokenizer_files
+from .registry import find_architecture
 from .source import ModelLoadError, ModelSource, content_hash
 
 GRAPH_NAMES = ("model.onnx", "decoder_model_merged.onnx", "decoder_model.onnx")   # preferred, in order
@@ -81,15 +82,17 @@ class Use:
     ref: Ref                  # for a MatMul/Gemm B input: transposed = the initializer is [in, out]
     role: str                 # "matmul" | "gather" | "scale" | "bias" | "mul" | "add" | "other"
     scope: str | None         # the torch module path the node came from, when the exporter said
-    order: int                # the node's position in the graph
 
 
 def _scope(node) -> str | None:
     """The module path of a node: dynamo's name_scopes metadata, or a TorchScript node name."""
     for p in node.metadata_props:
         if p.key == "pkg.torch.onnx.name_scopes":
-            scopes = ast.literal_eval(p.value)
-            return scopes[-2] if len(scopes) >= 2 else None    # the last entry names the op
+            try:
+                scopes = ast.literal_eval(p.value)
+            except (ValueError, SyntaxError):
+                return None
+            return scopes[-2] if isinstance(scopes, list) and len(scopes) >= 2 else None   # the last names the op
     if node.name.startswith("/"):
         return ".".join(node.name.strip("/").split("/")[:-1]) or None
     return None
@@ -138,7 +141,7 @@ class Graph:
                     role, trans = _role(node, index)
                     # MatMul reads B as [in, out]: transposed unless a Transpose (or transB) came between
                     stored = Ref(ref.init, not (ref.transposed ^ trans)) if role == "matmul" else ref
-                    self.uses.append(Use(stored, role, _scope(node), len(self.uses)))
+                    self.uses.append(Use(stored, role, _scope(node)))
             for attr in node.attribute:       # If/Loop bodies (optimum's merged decoder)
                 subgraphs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
                 for sub in subgraphs:
@@ -160,19 +163,23 @@ def _prefix(graph: Graph, wanted: list[str]) -> str:
 
 
 def _by_scope(uses: list[Use], leaf: str, graph: Graph) -> Ref | None:
-    """The weight or bias of one module among the initializers its nodes use."""
-    uses = [u for u in uses if graph.size(u.ref.init) > 1]
-    matmul = {u.ref for u in uses if u.role == "matmul"}
-    vectors = {u.ref for u in uses if u.role != "matmul" and len(graph.inits[u.ref.init].dims) == 1}
+    """The weight or bias of one module among the (non-scalar) initializers its nodes use: a Linear's
+    MatMul operand, an embedding's table, a norm's scale (a LayerNormalization input, or the vector
+    a Mul applies); a bias is a Gemm/LayerNormalization bias or the vector an Add applies."""
+    def only(roles: tuple[str, ...], vector: bool = False) -> set[Ref]:
+        return {u.ref for u in uses if u.role in roles and graph.size(u.ref.init) > 1
+                and (not vector or len(graph.inits[u.ref.init].dims) == 1)}
+
     if leaf == "weight":
-        picks = [matmul, {u.ref for u in uses if u.role == "gather"}, {u.ref for u in uses if u.role == "scale"},
-                 vectors, {u.ref for u in uses if u.role == "mul" and u.ref in vectors}]
+        found = only(("matmul",)) or only(("gather",)) or only(("scale",))
+        if not found:
+            vectors = only(("mul", "add", "other"), vector=True)
+            found = vectors if len(vectors) == 1 else only(("mul",), vector=True)
     elif leaf == "bias":
-        picks = [{u.ref for u in uses if u.role == "bias"}, vectors if matmul else set(),
-                 {u.ref for u in uses if u.role == "add" and u.ref in vectors}]
+        found = only(("bias",)) or only(("add",), vector=True)
     else:
         return None
-    return next((next(iter(p)) for p in picks if len(p) == 1), None)
+    return next(iter(found)) if len(found) == 1 else None
 
 
 def _layer_key(kiln_param: str) -> tuple[float, int]:
@@ -184,7 +191,7 @@ def _layer_key(kiln_param: str) -> tuple[float, int]:
 
 def _by_position(graph: Graph, wmap: dict, shapes: dict, refs: dict[str, Ref], path: Path) -> None:
     """Pair the Linear weights not found yet with the unclaimed MatMul initializers, in graph order."""
-    embed = [n for n in weight_spec(wmap["model.embed_tokens.weight"]).hf_names if n not in refs]
+    embed = [n for n in weight_spec(wmap.get("model.embed_tokens.weight", [])).hf_names if n not in refs]
     table = next((u.ref for u in graph.uses if u.role == "gather" and len(graph.inits[u.ref.init].dims) == 2
                   and u.ref.init not in {r.init for r in refs.values()}), None)
     if embed and table is not None:      # the table a Gather reads is the token embedding
@@ -268,7 +275,6 @@ def load_onnx(path: Path) -> ModelSource:
         import onnx
     except ImportError:
         raise ModelLoadError("reading ONNX needs the onnx package: pip install 'kiln[onnx]'") from None
-    from .registry import find_architecture
     file = _pick_graph(path) if path.is_dir() else path
     try:
         model = onnx.load(str(file), load_external_data=False)
