@@ -41,8 +41,8 @@ NORM_OPS = {"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalizat
 PASS_THROUGH = {"Identity", "Cast"}
 # kiln's (family-independent) Linear parameters, in the order a layer runs them.
 FORWARD = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.up_proj", "mlp.down_proj")
-EXPORT_HINT = ("export the float model with torch.onnx.export or optimum-cli export onnx, without weight "
-               "quantization or graph optimization")
+EXPORT_HINT = ("export the float model again without weight quantization or constant folding (torch.onnx.export "
+               "with optimize=False, or do_constant_folding=False with dynamo=False)")
 
 
 def onnx_graphs(d: Path) -> list[Path]:
@@ -162,12 +162,17 @@ def _prefix(graph: Graph, wanted: list[str]) -> str:
     return counts.most_common(1)[0][0] if counts else ""
 
 
-def _by_scope(uses: list[Use], leaf: str, graph: Graph) -> Ref | None:
+def _by_scope(uses: list[Use], leaf: str, graph: Graph, params: set[str]) -> Ref | None:
     """The weight or bias of one module among the (non-scalar) initializers its nodes use: a Linear's
     MatMul operand, an embedding's table, a norm's scale (a LayerNormalization input, or the vector
-    a Mul applies); a bias is a Gemm/LayerNormalization bias or the vector an Add applies."""
+    a Mul applies); a bias is a Gemm/LayerNormalization bias or the vector an Add applies.
+
+    A MatMul operand or a table may be a folded tensor (`onnx::MatMul_N`: a transposed weight);
+    anything else must be one of `params` (named as a parameter: a tied or merged one), since a
+    folded vector may hold other values (Gemma's norms fold 1 + w)."""
     def only(roles: tuple[str, ...], vector: bool = False) -> set[Ref]:
         return {u.ref for u in uses if u.role in roles and graph.size(u.ref.init) > 1
+                and (u.role in ("matmul", "gather") or u.ref.init in params)
                 and (not vector or len(graph.inits[u.ref.init].dims) == 1)}
 
     if leaf == "weight":
@@ -312,13 +317,14 @@ def _map_weights(graph: Graph, wmap: dict, shapes: dict, path: Path, arch: str) 
     prefix = _prefix(graph, wanted)
     refs = {w: Ref(prefix + w) for w in wanted if prefix + w in graph.inits}
     how = {"by name": len(refs)}
+    params = {n for n in graph.inits if n.startswith(prefix) and n.endswith((".weight", ".bias"))}
     scoped: dict[str, list[Use]] = {}
     for u in graph.uses:
         if u.scope and u.scope.startswith(prefix):
             scoped.setdefault(u.scope[len(prefix):], []).append(u)
     for w in wanted:
         module, _, leaf = w.rpartition(".")
-        if w not in refs and module in scoped and (ref := _by_scope(scoped[module], leaf, graph)):
+        if w not in refs and module in scoped and (ref := _by_scope(scoped[module], leaf, graph, params)):
             refs[w] = ref
     how["by module scope"] = len(refs) - how["by name"]
     _by_position(graph, wmap, shapes, refs, path)

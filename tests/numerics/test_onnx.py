@@ -38,11 +38,12 @@ class LogitsOnly(torch.nn.Module):
         return self.m(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits
 
 
-def export(family: str, root: Path, tied: bool, seed: int, dynamo: bool, external: bool) -> tuple[Path, Path]:
+def export(family: str, root: Path, tied: bool, seed: int, dynamo: bool, external: bool,
+           **options) -> tuple[Path, Path]:
     """A tiny HF model (norm weights randomised too) and its ONNX export in optimum's layout:
     (HF folder, ONNX folder with model.onnx [+ model.onnx_data], config.json, tokenizer files)."""
     import transformers
-    hf = write_tiny(family, root / "hf", tied=tied, seed=seed)
+    hf = write_tiny(family, root / "hf", tied=tied, seed=seed, **options.pop("config", {}))
     model = getattr(transformers, f"{family}ForCausalLM").from_pretrained(hf, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -55,7 +56,7 @@ def export(family: str, root: Path, tied: bool, seed: int, dynamo: bool, externa
     kw = (dict(dynamic_shapes=({1: torch.export.Dim("seq", min=2, max=256)},), external_data=False) if dynamo
           else dict(dynamic_axes={"input_ids": {1: "seq"}, "logits": {1: "seq"}}, opset_version=17))
     torch.onnx.export(LogitsOnly(model).eval(), (ids,), str(out / "model.onnx"), input_names=["input_ids"],
-                      output_names=["logits"], dynamo=dynamo, **kw)
+                      output_names=["logits"], dynamo=dynamo, **kw, **options)
     if external:
         onnx.save_model(onnx.load(str(out / "model.onnx")), str(out / "model.onnx"), save_as_external_data=True,
                         all_tensors_to_one_file=True, location="model.onnx_data", size_threshold=0)
@@ -196,6 +197,18 @@ def test_encoder_graph_is_refused(tmp_path, exports):
     assert "encoder" in msg and "last_hidden_state" in msg
     (tmp_path / "encoder_model.onnx").write_bytes(b"")
     assert "encoder-decoder" in refusal(tmp_path)
+
+
+def test_folded_norms_are_refused_unfolded_ones_map(tmp_path):
+    """Gemma's (1 + w) norms: the dynamo exporter's optimizer folds them into new tensors that no name or
+    scope undoes (refused, saying how to export instead); exported with optimize=False they map by name."""
+    gemma = dict(config=dict(head_dim=16))
+    hf, folded = export("Gemma2", tmp_path / "folded", tied=True, seed=9, dynamo=True, external=False, **gemma)
+    msg = refusal(folded)
+    assert "no initializer for" in msg and "norm" in msg and "optimize=False" in msg
+    hf, plain = export("Gemma2", tmp_path / "plain", tied=True, seed=9, dynamo=True, external=False,
+                       optimize=False, **gemma)
+    assert_same_weights(plain, hf)
 
 
 def test_cli_refusal_is_one_line(exports, tmp_path):
