@@ -311,7 +311,8 @@ def load_onnx(path: Path) -> ModelSource:
                        content_hash=content_hash(files), notes=notes)
 
 
-def _map_weights(graph: Graph, wmap: dict, shapes: dict, path: Path, arch: str) -> tuple[dict[str, Ref], dict[str, int]]:
+def _map_weights(graph: Graph, wmap: dict, shapes: dict, path: Path,
+                 arch: str) -> tuple[dict[str, Ref], dict[str, int]]:
     """Every HF name the weight map needs -> its initializer, by name, then module scope, then position."""
     wanted = list(dict.fromkeys(n for entry in wmap.values() for n in weight_spec(entry).hf_names))
     prefix = _prefix(graph, wanted)
