@@ -32,7 +32,7 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class CompileOptions:
-    model: str                              # HF dir, .gguf file or alias
+    model: str                              # HF dir, .gguf or .onnx file, or alias
     target: str = DEFAULT_TARGET
     quant: str = "auto"
     output: Path | None = None              # default dist/<name>-<quant>-<target>

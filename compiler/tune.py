@@ -54,7 +54,7 @@ _CALL_TIR = ("relax.call_tir", "relax.call_tir_inplace")
 
 @dataclass(frozen=True)
 class TuneOptions:
-    model: str                          # HF dir, .gguf file or alias, as for compile
+    model: str                          # HF dir, .gguf or .onnx file, or alias, as for compile
     target: str = DEFAULT_TARGET
     quant: str = "auto"                 # tune the kernels of the quantization you compile with
     budget_minutes: float = 10.0        # wall time for the whole run, export included

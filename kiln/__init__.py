@@ -38,7 +38,7 @@ def cache_dir() -> Path:
 def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | Path | None = None,
             dump_ir: str | Path | None = None, progress: Callable[[str, int, int], None] | None = None,
             **options) -> Path:
-    """Compile a model (HF directory, .gguf file or alias) into an artifact directory; returns its path."""
+    """Compile a model (HF directory, .gguf or .onnx file, or alias) into an artifact directory; returns its path."""
     from kiln.compiler import CompileOptions, compile_model
     opts = CompileOptions(model=model, target=target, quant=quant,
                           output=Path(output) if output else None,

@@ -95,7 +95,7 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @_friendly_errors
 def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
-    """Compile MODEL (HF directory, .gguf file, or `smollm2`) into an artifact directory."""
+    """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory."""
     import kiln
     start = time.perf_counter()
     with _Progress() as progress:

@@ -1,7 +1,7 @@
 """Model definitions, configs, weight maps and loaders (kiln.models).
 
-`load(path)` reads a Hugging Face directory, a .gguf file, or the alias
-`smollm2`; `build(source)` returns the architecture, its config and the
+`load(path)` reads a Hugging Face directory, a .gguf file, an ONNX export (a .onnx
+file or a folder holding one), or the alias `smollm2`; `build(source)` returns the architecture, its config and the
 nn.Module. Nothing here knows about compiling or serving.
 """
 
@@ -24,7 +24,7 @@ def resolve(path_or_alias: str | Path) -> Path:
     p = Path(path_or_alias).expanduser()
     if not p.exists():
         raise ModelLoadError(f"no such file or directory: {p}. Pass a Hugging Face model directory, "
-                             f"a .gguf file, or one of the aliases: {', '.join(ALIASES)}")
+                             f"a .gguf or .onnx file, or one of the aliases: {', '.join(ALIASES)}")
     return p
 
 
@@ -33,13 +33,17 @@ def load(path_or_alias: str | Path) -> ModelSource:
     p = resolve(path_or_alias)
     if p.is_dir():
         from .hf import load_hf_dir
-        source = load_hf_dir(p)
+        from .onnx import is_onnx_dir, load_onnx
+        source = load_onnx(p) if is_onnx_dir(p) else load_hf_dir(p)
+    elif p.suffix == ".onnx":
+        from .onnx import load_onnx
+        source = load_onnx(p)
     elif p.suffix == ".gguf":
         from .gguf import load_gguf
         source = load_gguf(p)
     else:
-        raise ModelLoadError(f"{p} is neither a model directory nor a .gguf file. Pass a Hugging Face "
-                             "model directory (config.json + weights) or a .gguf file")
+        raise ModelLoadError(f"{p} is neither a model directory nor a .gguf or .onnx file. Pass a Hugging Face "
+                             "model directory (config.json + weights), a .gguf file or an ONNX export")
     find_architecture(source.hf_config)   # fail early on an unknown architecture
     return source
 

@@ -6,6 +6,7 @@ import json
 import shutil
 import struct
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -113,18 +114,33 @@ def _weight_files(d: Path) -> tuple[str, list[Path]]:
                          "pytorch_model*.bin); download the model's weight files into it")
 
 
+def read_config(cfg_path: Path) -> dict:
+    try:
+        return json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON ({e}); fix or re-download it") from None
+
+
 def load_hf_dir(d: Path) -> ModelSource:
     cfg_path = d / "config.json"
     if not cfg_path.exists():
         raise ModelLoadError(f"{d} has no config.json; pass a Hugging Face model directory "
                              "(config.json + *.safetensors) or a .gguf file")
-    try:
-        hf_config = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{cfg_path} is not valid JSON ({e}); fix or re-download it") from None
+    hf_config = read_config(cfg_path)
     kind, files = _weight_files(d)
     weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
+    write_tokenizer, notes = tokenizer_files(d)
+    return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights,
+                       write_tokenizer=write_tokenizer, content_hash=content_hash([cfg_path, *files]), notes=notes)
 
+
+def has_weights(d: Path) -> bool:
+    """Whether a folder holds Hugging Face weight files (safetensors, .bin or their shard index)."""
+    return any(any(d.glob(p)) for p in ("*.safetensors", "pytorch_model*.bin", "*.bin.index.json"))
+
+
+def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
+    """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one."""
     def write_tokenizer(dest: Path) -> list[str]:
         copied = []
         for name in TOKENIZER_FILES:
@@ -136,5 +152,4 @@ def load_hf_dir(d: Path) -> ModelSource:
     notes = [] if (d / "tokenizer.json").exists() else [
         "no tokenizer.json: the artifact takes token ids only (`kiln generate --ids`, token-id prompts on the "
         "server); put the model's tokenizer.json in the folder and recompile to use text"]
-    return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights,
-                       write_tokenizer=write_tokenizer, content_hash=content_hash([cfg_path, *files]), notes=notes)
+    return write_tokenizer, notes

@@ -1,4 +1,4 @@
-"""Where a model's config and weights come from: an HF directory or a GGUF file.
+"""Where a model's config and weights come from: an HF directory, a GGUF file or an ONNX export.
 
 A `ModelSource` is what `kiln.models.load(path)` returns. The compiler reads
 weights by their Hugging Face names, in Hugging Face layout, whatever the file
@@ -48,7 +48,7 @@ class ModelSource:
     """A loaded (not yet compiled) model: its HF-style config, weights and tokenizer."""
 
     path: Path
-    format: str                       # "hf" | "gguf"
+    format: str                       # "hf" | "gguf" | "onnx"
     hf_config: dict                   # config.json-style dict (model_type, hidden_size, ...)
     weights: WeightSource
     write_tokenizer: Callable[[Path], list[str]] | None = None  # writes tokenizer files into a dir, returns names

@@ -56,7 +56,7 @@ def file_hashes(root: Path) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class SourceInfo:
-    format: str                                  # "hf" | "gguf"
+    format: str                                  # "hf" | "gguf" | "onnx"
     content_hash: str
     path: str = ""                               # the source's file or folder name (informational; never a full path)
 
