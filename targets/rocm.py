@@ -19,6 +19,7 @@ from .profile import TargetProfile, ToolchainError
 
 # Per architecture: wavefront size TVM's kernels assume, shared memory (LDS) per workgroup, what it is.
 _ARCHS = {
+    "gfx90a": (64, 65536, "AMD Instinct MI200 (CDNA 2)"),
     "gfx942": (64, 65536, "AMD Instinct MI300 (CDNA 3)"),
     "gfx1100": (32, 65536, "AMD Radeon RX 7900 (RDNA 3)"),
 }
