@@ -85,7 +85,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     source = models.load(opts.model)
     arch, config, model = models.build(source)
     scheme = get_scheme(opts.quant, source.format, profile.default_quant)
-    plan = scheme.apply(model, source, arch.weight_map(config))   # swaps in quantized modules
+    plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage)
     report("load", 1, 1)
     report("export", 0, 1)
     with profile.tvm_target():

@@ -78,6 +78,7 @@ class TargetProfile:
     # Writes the built module to a path (a linker the host lacks by default); None: TVM's export_library.
     exporter: Callable[[Any, Path], None] | None = field(default=None, compare=False)
     system_lib: bool = False        # functions register themselves at load (static linking into an app)
+    eight_bit_storage: bool = True  # kernels may read 8-bit integers (q8 weights); False: 4-bit only
     description: str = ""
 
     def __post_init__(self) -> None:

@@ -96,3 +96,12 @@ def test_portable_x86_artifact_matches_this_machines(many, tiny_artifacts):
     portable = kiln.Engine(many[0] / "x86-64-v3").generate(prompt, params).token_ids
     host = kiln.Engine(tiny_artifacts["tied"]).generate(prompt, params).token_ids
     assert portable == host and len(portable) == 8
+
+
+def test_q8_is_refused_where_kernels_cannot_read_8_bit_integers(tiny_dirs, tmp_path):
+    """WGSL has no 8-bit types: webgpu keeps every weight 4-bit (its WGSL is validated in
+    test_webgpu_kernels.py) and refuses --quant q8f32 in one line."""
+    assert get_profile("webgpu").eight_bit_storage is False
+    with pytest.raises(ValueError, match="--quant q8f32 stores 8-bit integers"):
+        kiln.compile(str(tiny_dirs["tied"]), target="webgpu", quant="q8f32", output=tmp_path / "w")
+    assert not (tmp_path / "w").exists()
