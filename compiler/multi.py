@@ -93,7 +93,8 @@ def compile_many(opts: CompileOptions, spec: str, out: Path | None = None,
     check_out_dir(out, targets, opts.force)
     outcomes = []
     for i, target in enumerate(targets):
-        outcome = _compile_isolated(dataclasses.replace(opts, target=target, output=out / target))
+        dump = opts.dump_ir / target if opts.dump_ir else None
+        outcome = _compile_isolated(dataclasses.replace(opts, target=target, output=out / target, dump_ir=dump))
         outcomes.append(outcome)
         if on_done:
             on_done(outcome, i + 1, len(targets))

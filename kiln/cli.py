@@ -104,7 +104,7 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
     import kiln
     from kiln.compiler.multi import is_many
     if is_many(target):
-        _compile_many(model, target, quant, output, context_window, prefill_chunk, force)
+        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, force)
         return
     start = time.perf_counter()
     with _Progress() as progress:
@@ -119,11 +119,11 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
                + (f" ({tuned} kernels with knobs from `kiln tune`)" if tuned else ""))
 
 
-def _compile_many(model, spec, quant, output, context_window, prefill_chunk, force) -> None:
+def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
     from kiln.compiler import CompileOptions
     from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
-    opts = CompileOptions(model=model, quant=quant, context_window=context_window, prefill_chunk=prefill_chunk,
-                          force=force)
+    opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
+                          prefill_chunk=prefill_chunk, force=force)       # --dump-ir DIR: DIR/<preset>/
     opts.validate()                 # the numbers and the quantization, before any target compiles
     targets, skipped = parse_targets(spec)
     for name, why in skipped.items():

@@ -105,3 +105,13 @@ def test_q8_is_refused_where_kernels_cannot_read_8_bit_integers(tiny_dirs, tmp_p
     with pytest.raises(ValueError, match="--quant q8f32 stores 8-bit integers"):
         kiln.compile(str(tiny_dirs["tied"]), target="webgpu", quant="q8f32", output=tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+def test_an_error_inside_a_preset_compile_is_recorded_in_one_line(tmp_path):
+    from kiln.compiler import CompileOptions
+    from kiln.compiler.multi import compile_many
+    result = compile_many(CompileOptions(model=str(tmp_path / "no-such-model")), "cpu,vulkan", tmp_path / "out")
+    assert [o.target for o in result.failed] == ["cpu", "vulkan"]
+    assert "no-such-model" in result.failed[0].error and "\n" not in result.failed[0].error
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert manifest["artifacts"] == [] and [f["target"] for f in manifest["failures"]] == ["cpu", "vulkan"]
