@@ -85,7 +85,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     source = models.load(opts.model)
     arch, config, model = models.build(source)
     scheme = get_scheme(opts.quant, source.format, profile.default_quant)
-    plan = scheme.apply(model, source, arch.weight_map(config))   # swaps in quantized modules
+    plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage)
     report("load", 1, 1)
     report("export", 0, 1)
     with profile.tvm_target():
@@ -118,7 +118,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
     dest = opts.output or Path("dist") / default_name(source, scheme.name, profile.name)
     if opts.output is None:
         check_output(dest, opts.force)
-    lib_built, tuned_kernels = _build_lib(ex.mod, profile, opts.dump_ir, report)
+    lib_built, tuned_kernels = build_lib(ex.mod, profile, opts.dump_ir, report)
 
     with staged_artifact(dest) as stage:
         profile.export(lib_built, stage / profile.lib_name)
@@ -151,8 +151,10 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
     return dest.resolve()
 
 
-def _build_lib(mod, profile: TargetProfile, dump_ir: Path | None, report: Progress) -> tuple[object, int]:
-    """(the built executable, how many kernels took knobs from the tuning database)."""
+def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
+              report: Progress | None = None) -> tuple[object, int]:
+    """Run the pipeline and build: (the executable, how many kernels took knobs from the tuning database)."""
+    report = report or (lambda *_: None)
     phase_names = []
 
     def on_phase(name: str, _seconds: float) -> None:
@@ -165,7 +167,8 @@ def _build_lib(mod, profile: TargetProfile, dump_ir: Path | None, report: Progre
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
                                    disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
                                    instruments=[*ctx.instruments, tuned]):
-        return relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline), tuned.count
+        return relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline,
+                           system_lib=profile.system_lib), tuned.count
 
 
 @tvm.instrument.pass_instrument

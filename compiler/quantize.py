@@ -59,10 +59,14 @@ class QuantScheme:
     group_size: int = 32
     as_stored: bool = False     # keep a GGUF's own quantized formats
 
-    def apply(self, model: nn.Module, source: ModelSource, weight_map: dict) -> QuantPlan:
-        """Cast the model to the compute dtype, swap quantized modules in, return the plan."""
+    def apply(self, model: nn.Module, source: ModelSource, weight_map: dict, eight_bit: bool = True) -> QuantPlan:
+        """Cast the model to the compute dtype, swap quantized modules in, return the plan.
+        ``eight_bit=False``: the target has no 8-bit storage, so every quantized weight is 4-bit."""
+        if self.kind == "q8" and not eight_bit:
+            raise ValueError(f"--quant {self.name} stores 8-bit integers, which this target's kernels cannot "
+                             "read; use q4f32 or q4f16")
         model.to(self.model_dtype)
-        plan = QuantPlan(self, dict(source.hf_config))
+        plan = QuantPlan(self, dict(source.hf_config), eight_bit=eight_bit)
         _swap_modules(model, "", lambda path, m: plan.decide(path, m, source, weight_map))
         plan.finish()
         return plan
@@ -102,6 +106,7 @@ class QuantPlan:
 
     scheme: QuantScheme
     hf_config: dict
+    eight_bit: bool = True                  # q8 allowed (the target reads 8-bit integers)
     formats: dict[str, QuantFormat | None] = field(default_factory=dict)   # weight name -> format
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict)       # quantized: [N, K]
     notes: list[str] = field(default_factory=list)
@@ -148,7 +153,7 @@ class QuantPlan:
             # The LM head is the most precision-sensitive weight: 8-bit, as llama.cpp does for
             # its output tensor (SmolLM2 perplexity: +28% with a 4-bit head, +16% with 8-bit).
             kind = scheme.kind
-            if kind == "q4" and (lm_head or self._at_the_ends(name)):
+            if kind == "q4" and self.eight_bit and (lm_head or self._at_the_ends(name)):
                 kind = "q8"
                 self._kept_8bit.append(name)
             return QuantFormat(kind, scheme.group_size, scheme.model_dtype)
@@ -156,13 +161,15 @@ class QuantPlan:
         if types and all(t in _FLOAT_TYPES for t in types):
             return None                                   # stored as float: kept as float
         exact = {quant_gguf.GGUF_EXACT.get(t) for t in types}
+        if not self.eight_bit:
+            exact = {e if e is None or e[0] != "q8" else None for e in exact}
         if len(exact) == 1 and None not in exact and spec.transform is None:
             self._kept.update(types)                      # one exact form for every part
             kind, group = exact.pop()
             return QuantFormat(kind, group, "float32")
         # No exact form (Q5_1, Q5_K), parts of one fused weight stored differently, or a layout
         # transform: re-quantize, to 8-bit unless every part had 4 bits or fewer.
-        kind = "q4" if all(t in _FOUR_BITS_OR_LESS for t in types) else "q8"
+        kind = "q4" if not self.eight_bit or all(t in _FOUR_BITS_OR_LESS for t in types) else "q8"
         for hf_name, t in zip(spec.hf_names, types):
             self._requantized.setdefault((t, kind), []).append(hf_name)
         return QuantFormat(kind, scheme.group_size, "float32")

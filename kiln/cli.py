@@ -84,7 +84,8 @@ def main() -> None:
 @main.command("compile")
 @click.argument("model")
 @click.option("--target", default="cpu", show_default=True,
-              help="cpu, cuda[-sm80|-sm86|-sm89|-sm90], rocm[-gfx942|-gfx1100], android")
+              help="a preset from `kiln targets` (cpu, cuda, rocm, metal, ios, android, android-opencl, webgpu, "
+                   "...), a comma list, or `all` (one artifact per preset, with a kiln-manifest.json)")
 @click.option("--quant", default="auto", show_default=True,
               help="auto (as-stored for GGUF; for HF weights the target's default: q4f32 on CPUs, q4f16 on GPUs), "
                    "q0f32, q0f16, q4f32, q4f16, q8f32, as-stored")
@@ -95,8 +96,16 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @_friendly_errors
 def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
-    """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory."""
+    """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory.
+
+    With several targets (`--target all`, or a comma list) each preset's artifact goes to
+    OUT/<preset> (OUT: -o, default dist/<model>) beside OUT/kiln-manifest.json; a preset that fails
+    does not stop the others, and the exit status is 1 if any failed."""
     import kiln
+    from kiln.compiler.multi import is_many
+    if is_many(target):
+        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, force)
+        return
     start = time.perf_counter()
     with _Progress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
@@ -108,6 +117,30 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s"
                + (f" ({tuned} kernels with knobs from `kiln tune`)" if tuned else ""))
+
+
+def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
+    from kiln.compiler import CompileOptions
+    from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
+    opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
+                          prefill_chunk=prefill_chunk, force=force)       # --dump-ir DIR: DIR/<preset>/
+    opts.validate()                 # the numbers and the quantization, before any target compiles
+    targets, skipped = parse_targets(spec)
+    for name, why in skipped.items():
+        click.echo(f"skipping {name}: {why}", err=True)
+    click.echo(f"compiling {model} for {len(targets)} targets: {', '.join(targets)}", err=True)
+
+    def done(o, i, n):
+        what = f"ok, {o.path.name}/ in {o.seconds:.0f} s" if o.error is None else f"FAILED: {o.error}"
+        click.echo(f"[{i}/{n}] {o.target}: {what}", err=True)
+
+    result = compile_many(opts, spec, output, done)
+    ok = len(result.outcomes) - len(result.failed)
+    click.echo(f"wrote {ok} artifacts and {result.out_dir / MANIFEST_NAME}")
+    if result.failed:
+        click.echo(f"error: {len(result.failed)} of {len(result.outcomes)} targets failed: "
+                   + "; ".join(f"{o.target} ({o.error})" for o in result.failed), err=True)
+        sys.exit(1)
 
 
 def _sampling_options(fn):
@@ -273,9 +306,10 @@ def _compiled(model: str) -> Path:
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per preset, one per line")
 def targets(as_json) -> None:
-    """List the --target presets: the device, the library, the default quantization, and whether an
-    artifact builds and runs on this machine (a missing build tool is named with its fix)."""
-    from kiln.targets import ToolchainError, get_profile, names
+    """List the --target presets: what each produces (device, library), whether its artifact runs on
+    this machine, and whether it builds here (a missing build tool is named with its fix)."""
+    from kiln.targets import UNSUPPORTED, ToolchainError, get_profile, names
+    rows = []
     for name in names():
         p = get_profile(name)
         try:
@@ -285,13 +319,21 @@ def targets(as_json) -> None:
             builds = f"no ({e})"
         # A cross-compiled CPU target (android) never runs here; a GPU preset does where its GPU is.
         runs = p.runnable_here or (p.device != "cpu" and _has_device(p.device))
-        row = {"preset": name, "name": p.name, "device": p.device, "lib": p.lib_name, "default_quant": p.default_quant,
-               "builds_here": builds, "runs_here": runs, "description": p.description}
-        if as_json:
+        rows.append({"preset": name, "name": p.name, "device": p.device, "lib": p.lib_name,
+                     "default_quant": p.default_quant, "runs_here": runs, "builds_here": builds,
+                     "description": p.description})
+    for name, why in UNSUPPORTED.items():
+        rows.append({"preset": name, "name": name, "device": name, "lib": None, "default_quant": None,
+                     "runs_here": False, "builds_here": f"no ({why})", "description": "not built by kiln"})
+    if as_json:
+        for row in rows:
             click.echo(json.dumps(row))
-        else:
-            click.echo(f"{name:<14} {p.device:<5} {p.lib_name:<8} {p.default_quant:<6} "
-                       f"runs here: {'yes' if runs else 'no ':<4} builds here: {builds:<4} {p.description}")
+        return
+    click.echo(f"{'preset':<15} {'device':<7} {'library':<10} {'quant':<6} {'runs here':<10} {'builds here':<12} "
+               "what")
+    for r in rows:
+        click.echo(f"{r['preset']:<15} {r['device']:<7} {r['lib'] or '-':<10} {r['default_quant'] or '-':<6} "
+                   f"{'yes' if r['runs_here'] else 'no':<10} {r['builds_here']:<12} {r['description']}")
 
 
 @main.group()

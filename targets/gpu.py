@@ -1,12 +1,17 @@
 """What every GPU family shares: dlight's GPU schedule rules, and the passes a GPU profile adds.
 
-CUDA, ROCm (and Metal, WebGPU, OpenCL when they come) take the same rule list; each family
-module only sets its TVM target (warp size, shared memory, thread limits) and export format.
+CUDA, ROCm, Metal, OpenCL and WebGPU take the same rule list; each family module only sets its
+TVM target (warp size, shared memory, thread limits), its host and its export format, and dlight
+sizes its schedules from those limits.
 """
 
 from __future__ import annotations
 
+from unittest import mock
+
 import tvm
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.gpu import matmul as _dlight_matmul
 
 
 @tvm.transform.module_pass(opt_level=0, name="kiln.NoTensorCores")
@@ -25,16 +30,34 @@ def no_tensor_cores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return out
 
 
+def _no_simdgroup(*_args, **_kwargs):
+    raise NotImplementedError("simdgroup matmul disabled")
+
+
+class Matmul(dl.gpu.Matmul):
+    """dlight's GPU matmul, without its Metal simdgroup path.
+
+    On a Metal target dl.gpu.Matmul first tries MetalMatmul (simdgroup_multiply_accumulate through
+    s_tir Tensorize), which in apache-tvm 0.27.0.post1 segfaults on the tiny Llama's matmuls as the
+    CUDA tensor-core path does; when that rule raises, dl.gpu.Matmul falls back to its SIMT schedule.
+    Remove once Tensorize is fixed upstream.
+    """
+
+    def apply(self, func, target, tunable):
+        if target.kind.name != "metal":
+            return super().apply(func, target, tunable)
+        with mock.patch.object(_dlight_matmul.MetalMatmul, "apply", _no_simdgroup):
+            return super().apply(func, target, tunable)
+
+
 def gpu_schedule_rules() -> list:
     """dlight's GPU rules, most specific first."""
-    from tvm.s_tir import dlight as dl
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Reduction(),
+    return [Matmul(), dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
 def gpu_phase_passes(profile, phase: str) -> list:
     """A GPU profile's additions to the pipeline phases (compiler/pipeline.py)."""
-    from tvm.s_tir import dlight as dl
     if phase == "schedule":
         return [no_tensor_cores, dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     return []

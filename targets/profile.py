@@ -75,6 +75,10 @@ class TargetProfile:
     tuning: Callable[["TargetProfile"], TuningSpace] | None = field(default=None, compare=False)
     # Raises, in one line naming the fix, when a host tool the build needs is missing.
     check_toolchain: Callable[["TargetProfile"], None] = field(default=lambda p: None, compare=False)
+    # Writes the built module to a path (a linker the host lacks by default); None: TVM's export_library.
+    exporter: Callable[[Any, Path], None] | None = field(default=None, compare=False)
+    system_lib: bool = False        # functions register themselves at load (static linking into an app)
+    eight_bit_storage: bool = True  # kernels may read 8-bit integers (q8 weights); False: 4-bit only
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -105,4 +109,7 @@ class TargetProfile:
 
     def export(self, executable: Any, path: Path) -> None:
         """Write the built module: a shared object, or a static system library packed as .tar."""
-        executable.export_library(str(path))
+        if self.exporter is not None:
+            self.exporter(executable, path)
+        else:
+            executable.export_library(str(path))

@@ -19,6 +19,7 @@ from .profile import TargetProfile, ToolchainError
 
 # Per architecture: wavefront size TVM's kernels assume, shared memory (LDS) per workgroup, what it is.
 _ARCHS = {
+    "gfx90a": (64, 65536, "AMD Instinct MI200 (CDNA 2)"),
     "gfx942": (64, 65536, "AMD Instinct MI300 (CDNA 3)"),
     "gfx1100": (32, 65536, "AMD Radeon RX 7900 (RDNA 3)"),
 }
@@ -54,8 +55,10 @@ def rocm_profile(arch: str) -> TargetProfile:
     if arch not in _ARCHS:
         raise ValueError(f"unknown ROCm arch {arch!r}; choose one of {', '.join(_ARCHS)}")
     wave, lds, what = _ARCHS[arch]
+    # 256 threads per workgroup: built without the GPU, TVM's AMDGPU codegen declares every kernel
+    # for at most 256 (amdgpu-flat-work-group-size 1,256), so no kernel may launch more.
     target = {"kind": "rocm", "mcpu": arch, "mtriple": "amdgcn-amd-amdhsa-hcc", "thread_warp_size": wave,
-              "max_shared_memory_per_block": lds, "max_threads_per_block": 1024, "max_num_threads": 256,
+              "max_shared_memory_per_block": lds, "max_threads_per_block": 256, "max_num_threads": 256,
               "host": {"kind": "llvm"}}
     return TargetProfile(name=f"rocm-{arch}", target=target, device="rocm", export_format="so",
                          runnable_here=False, default_quant="q4f16", phase_passes=gpu_phase_passes,

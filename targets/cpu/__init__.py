@@ -1,4 +1,4 @@
-"""CPUs through LLVM: this host (x86-64 or AArch64) and cross-compiled Android AArch64.
+"""CPUs through LLVM: this host, portable x86-64 and AArch64 Linux builds, and Android AArch64.
 
 Everything CPU-specific lives in this folder: the profile (below), the schedule rules
 (schedule.py, rowwise.py, quant_schedule.py, fused_schedule.py), the paged-attention and RoPE
@@ -14,6 +14,7 @@ import platform
 
 import tvm
 
+from ..link import lld_exporter, require_lld
 from ..profile import TargetProfile
 
 # These machines list AMX in /proc/cpuinfo but fault on AMX instructions (SIGILL at tileloadd):
@@ -66,12 +67,12 @@ def _tuning(profile: TargetProfile):
     return CPUTuning(profile, schedule_rules, tunable=(Matmul, QuantMatmul, LowBatchGEMV))
 
 
-def _cpu(name: str, target: dict, export_format: str, runnable_here: bool, description: str) -> TargetProfile:
+def _cpu(name: str, target: dict, export_format: str, runnable_here: bool, description: str,
+         **extra) -> TargetProfile:
     # q4f32: float32 compute is as fast as f16 on CPUs without f16 arithmetic, and exact-er.
     return TargetProfile(name=name, target=target, device="cpu", export_format=export_format,
                          runnable_here=runnable_here, default_quant="q4f32", phase_passes=_phase_passes,
-                         attn_softcap=True,
-                         tuning=_tuning, description=description)
+                         attn_softcap=True, tuning=_tuning, description=description, **extra)
 
 
 def cpu_profile(num_cores: int | None = None) -> TargetProfile:
@@ -84,5 +85,40 @@ def cpu_profile(num_cores: int | None = None) -> TargetProfile:
 
 def android_profile() -> TargetProfile:
     """AArch64 Android phones: LLVM cross-compile, packed as a static .tar for the app build."""
-    target = {"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": ["+neon"], "num-cores": 4}
+    target = {"kind": "llvm", "mtriple": "aarch64-linux-android", "mcpu": "generic", "mattr": ["+neon"],
+              "num-cores": 4}
     return _cpu("android", target, "tar", False, "Android AArch64 CPU (static library for the app build)")
+
+
+# Portable x86-64 levels: LLVM's micro-architecture level names, and the /proc/cpuinfo flags a
+# machine needs to run code built for them.
+_X86_LEVELS = {
+    "x86-64-v3": ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"},
+                  "x86-64 with AVX2 and FMA (Haswell, Zen and later)"),
+    "x86-64-avx512": ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+                      "x86-64 with AVX-512 F/BW/CD/DQ/VL (Skylake-SP, Zen 4 and later)"),
+}
+
+
+def _host_cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def x86_64_profile(name: str) -> TargetProfile:
+    """A portable x86-64 Linux build for every machine at this micro-architecture level."""
+    mcpu, needs, what = _X86_LEVELS[name]
+    here = platform.machine() in ("x86_64", "AMD64") and needs <= _host_cpu_flags()
+    target = {"kind": "llvm", "mtriple": "x86_64-pc-linux-gnu", "mcpu": mcpu, "mattr": list(NO_AMX), "num-cores": 4}
+    return _cpu(name, target, "so", here, f"{what}, Linux .so")
+
+
+def aarch64_profile() -> TargetProfile:
+    """AArch64 Linux (Graviton, Ampere, Jetson, Raspberry Pi 4/5): a .so linked by ld.lld."""
+    target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic", "mattr": ["+neon"], "num-cores": 4}
+    here = platform.machine() in ("aarch64", "arm64")
+    return _cpu("aarch64", target, "so", here, "AArch64 Linux CPU (NEON), .so",
+                check_toolchain=lambda p: require_lld("elf", p.name), exporter=lld_exporter("elf"))

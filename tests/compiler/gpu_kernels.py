@@ -1,0 +1,157 @@
+"""Helpers for running a GPU artifact's kernels outside TVM (OpenCL on pocl, WGSL on wgpu).
+
+A preset is built as `kiln compile` builds it (export_model + build_lib); the scheduled TIR is kept
+(an instrument on the pipeline) because it holds what the kernel source does not: each kernel's
+launch extents (its thread bindings) and which parameter is which. The kernels picked are the
+ones the issue names: the quantized GEMV (decode), a quantized matmul (prefill) and the paged
+decode attention kernel.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+
+from kiln.compiler.build import CompileOptions, build_lib, export_model
+
+
+@dataclass
+class Built:
+    executable: object                  # relax VMExecutable
+    scheduled: tvm.IRModule             # the module after kiln's pipeline (scheduled PrimFuncs)
+    profile: object
+    artifact_source: str = ""          # the device source read back from the exported library
+
+    def device_source(self) -> str:
+        """The device module's source (OpenCL C, Metal, WGSL), as the artifact carries it."""
+        host = self.executable.mod.imports[0]
+        return host.imports[0].inspect_source()
+
+    def func(self, name: str) -> tvm.tirx.PrimFunc:
+        return self.scheduled[name]
+
+    def prim_funcs(self) -> dict[str, tvm.tirx.PrimFunc]:
+        return {gv.name_hint: f for gv, f in self.scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def build(model_dir, target: str, quant: str) -> Built:
+    @tvm.instrument.pass_instrument
+    class Keep:
+        mod = None
+
+        def run_after_pass(self, mod, info):
+            if info.name == "kiln_pipeline":
+                Keep.mod = mod
+
+    ex = export_model(CompileOptions(model=str(model_dir), target=target, quant=quant))
+    with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
+        executable, _ = build_lib(ex.mod, ex.profile)
+    return Built(executable, Keep.mod, ex.profile)
+
+
+def buffers(func) -> list:
+    return [p for p in func.params if hasattr(p, "shape") and not p.is_scalar()]
+
+
+def is_q4_matmul(func, rows: str) -> bool:
+    """A dequantize-matmul over 4-bit weights: (qweight uint32 [N, K/8], scale [N, K/32], x, out);
+    rows "one": x is [1, 1, K] (the decode GEMV); "seq": x is [1, seq_len, K] (prefill)."""
+    b = buffers(func)
+    if len(b) != 4 or b[0].dtype != "uint32" or len(b[0].shape) != 2 or len(b[2].shape) != 3:
+        return False
+    k = int(b[0].shape[1]) * 8
+    x = [str(d) for d in b[2].shape]
+    if x[-1] != str(k) and x[-1] != f"T.int64({k})":
+        return False
+    one = all(isinstance(d, tvm.tirx.IntImm) and int(d) == 1 for d in b[2].shape[:2])
+    seq = isinstance(b[2].shape[0], tvm.tirx.IntImm) and not isinstance(b[2].shape[1], tvm.tirx.IntImm)
+    return one if rows == "one" else seq
+
+
+def _evaluate(expr: str, values: dict[str, int]) -> int:
+    text = re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", expr)
+    return int(eval(text, {"__builtins__": {}}, dict(values)))  # noqa: S307 (TVMScript shape arithmetic)
+
+
+def launch(func, values: dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(blocks, threads) per axis x, y, z, from the PrimFunc's thread bindings."""
+    extents = {}
+    for m in re.finditer(r'T\.thread_binding\((.+?), thread="((?:blockIdx|threadIdx)\.[xyz])"', func.script()):
+        value = _evaluate(m.group(1), values)
+        if extents.setdefault(m.group(2), value) != value:
+            raise ValueError(f"{m.group(2)} bound to {extents[m.group(2)]} and {value} in one kernel")
+    blocks = tuple(extents.get(f"blockIdx.{a}", 1) for a in "xyz")
+    threads = tuple(extents.get(f"threadIdx.{a}", 1) for a in "xyz")
+    return blocks, threads
+
+
+def shape_values(func, arrays: dict[str, np.ndarray]) -> dict[str, int]:
+    """Symbolic sizes read off the arrays given for the buffers (elem offsets are 0)."""
+    values: dict[str, int] = {}
+    for b in buffers(func):
+        offset = str(b.elem_offset)
+        if offset.isidentifier():
+            values[offset] = 0
+        if b.name not in arrays:
+            continue
+        if len(b.shape) != arrays[b.name].ndim:
+            raise ValueError(f"{b.name}: {arrays[b.name].shape} for a {len(b.shape)}-d buffer")
+        for dim, size in zip(b.shape, arrays[b.name].shape):
+            if str(dim).isidentifier():
+                values[str(dim)] = size
+    for b in buffers(func):
+        if b.name in arrays:
+            want = tuple(_evaluate(str(d), values) for d in b.shape)
+            if want != arrays[b.name].shape:
+                raise ValueError(f"{b.name}: shape {arrays[b.name].shape}, the kernel expects {want}")
+    return values
+
+
+_KERNEL_SIG = r"__kernel void {name}\((?P<args>[^)]*)\)\s*\{{"
+
+
+def kernel_args(source: str, name: str) -> list[tuple[str, str]]:
+    """(kind, name) per argument of an OpenCL kernel: ("buffer", buffer name) or (c type, scalar name)."""
+    m = re.search(_KERNEL_SIG.format(name=re.escape(name)), source)
+    if m is None:
+        raise ValueError(f"kernel {name} is not in the source")
+    out = []
+    for arg in m.group("args").split(","):
+        words = arg.replace("*", " * ").split()
+        if "*" in words:
+            out.append(("buffer", words[-1].removesuffix("_ptr")))
+        else:
+            out.append((words[-2], words[-1]))
+    return out
+
+
+def kernel_chunk(source: str, name: str) -> str:
+    """The part of TVM's per-kernel source (sections start with `// Function: NAME`) for one kernel."""
+    parts = re.split(r"^// Function: ", source, flags=re.M)
+    for part in parts:
+        if part.startswith(name + "\n"):
+            return "// Function: " + part
+    raise ValueError(f"no section for {name}")
+
+
+def reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale):
+    """Decode attention over a paged KV cache, in numpy: (output [B, H, D], lse [B, H] base 2)."""
+    b_count, h_qo, _ = q.shape
+    h_kv = pages.shape[2]
+    out = np.zeros_like(q)
+    lse = np.zeros((b_count, h_qo), np.float32)
+    for b in range(b_count):
+        seq_pages = values[indptr[b]:indptr[b + 1]]
+        length = (len(seq_pages) - 1) * page_size + last_len[b]
+        k = np.concatenate([pages[p, 0] for p in seq_pages], axis=1)[:, :length]   # [H_kv, L, D]
+        v = np.concatenate([pages[p, 1] for p in seq_pages], axis=1)[:, :length]
+        for h in range(h_qo):
+            kv = h // (h_qo // h_kv)
+            s = (k[kv] @ q[b, h]) * sm_scale
+            w = np.exp(s - s.max())
+            out[b, h] = (w / w.sum()) @ v[kv]
+            lse[b, h] = (s.max() + np.log(w.sum())) / np.log(2)
+    return out, lse
