@@ -32,13 +32,19 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory) -> dict[str, tuple[Path, Path, subprocess.CompletedProcess]]:
-    """family -> (model dir, q0f32 artifact, the `kiln compile --check` run that wrote it)."""
+    """family -> (model dir, q0f32 artifact, the `kiln compile --check` run that wrote it); both compile at once."""
     root = tmp_path_factory.mktemp("check")
-    out = {}
+    runs = {}
     for family in ("Llama", "Qwen2"):
         model = write_tiny(family, root / family, tied=family == "Llama")
-        art = root / f"{family}-art"
-        out[family] = model, art, kiln_cli("compile", str(model), "--quant", "q0f32", "-o", str(art), "--check")
+        args = [sys.executable, "-P", "-m", "kiln.cli", "compile", str(model), "--quant", "q0f32",
+                "-o", str(root / f"{family}-art"), "--check"]
+        runs[family] = model, root / f"{family}-art", args, subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = {}
+    for family, (model, art, args, proc) in runs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        out[family] = model, art, subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
     return out
 
 
@@ -68,12 +74,13 @@ def test_wrong_rope_theta_fails_against_the_right_golden(checked, tmp_path):
     wrong = tmp_path / "wrong-model"
     shutil.copytree(model, wrong)
     cfg = json.loads((wrong / "config.json").read_text())
-    cfg["rope_theta"] = 1000.0
+    assert cfg["rope_parameters"]["rope_theta"] == 10000.0
+    cfg["rope_parameters"]["rope_theta"] = 1000.0
     (wrong / "config.json").write_text(json.dumps(cfg))
     bad = kiln.compile(str(wrong), quant="q0f32", output=tmp_path / "bad", golden=False)
 
-    proc = kiln_cli("check", str(bad))                         # --no-golden: nothing to check against
-    assert proc.returncode == 1 and "nothing to check against" in error_lines(proc)[0]
+    with pytest.raises(kiln.ArtifactError, match="nothing to check against"):   # golden=False (--no-golden)
+        kiln.check(bad)
 
     shutil.copy(art / GOLDEN_NAME, bad / GOLDEN_NAME)          # the right model's golden, hashes consistent
     config = json.loads((bad / CONFIG_NAME).read_text())
@@ -94,10 +101,8 @@ def test_corrupted_golden_is_refused(checked, tmp_path):
     data = bytearray((art / GOLDEN_NAME).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (art / GOLDEN_NAME).write_bytes(bytes(data))
-    proc = kiln_cli("check", str(art))
-    assert proc.returncode == 1
-    lines = error_lines(proc)
-    assert len(lines) == 1 and GOLDEN_NAME in lines[0] and "does not match its hash" in lines[0]
+    with pytest.raises(kiln.ArtifactError, match=f"{GOLDEN_NAME} does not match its hash"):
+        kiln.check(art)
 
 
 def test_check_with_no_golden_is_a_usage_error(checked):
