@@ -411,9 +411,16 @@ def info(artifact, as_json) -> None:
                f"  context    {c.context_window_size} tokens, prefill chunk {c.prefill_chunk_size}\n"
                f"  params     {len(c.params)} tensors\n  tvm        {c.tvm_version}\n"
                f"  source     {c.model.source.path} ({c.model.source.format})\n"
-               f"  hashes     ok ({len(c.files)} files)")
+               f"  hashes     ok ({len(c.files)} files)\n"
+               f"  golden     {_golden_line(c.golden)}")
     for note in c.notes:
         click.echo(f"  note       {note}")
+
+
+def _golden_line(golden: dict) -> str:
+    if "file" in golden:
+        return f"{golden['prompts']} prompts, top-{golden['top_k']} of {golden['reference']} (`kiln check`)"
+    return f"none ({golden.get('skipped', 'compiled before kiln stored golden logits')})"
 
 
 class _TuneProgress:

@@ -122,3 +122,18 @@ def test_golden_matches_transformers(checked):
         np.testing.assert_allclose(np.take_along_axis(logits, p.top_ids, -1), p.top_values, atol=1e-5)
         np.testing.assert_array_equal(p.top_ids[:, 0], logits.argmax(-1))
         assert np.all(np.diff(p.top_values, axis=-1) <= 0)
+
+
+def test_without_transformers_the_reference_is_kilns_own_float32_build(checked, tmp_path, monkeypatch):
+    """A source transformers cannot read gets its golden from kiln's q0f32 build for this machine."""
+    import kiln.compiler.build as build
+    monkeypatch.setattr(build, "transformers_reference", lambda source: (None, "transformers cannot load it"))
+    model, right, _ = checked["Qwen2"]
+    art = kiln.compile(str(model), quant="q0f16", output=tmp_path / "art")
+    golden = json.loads((art / CONFIG_NAME).read_text())["golden"]
+    assert golden["reference"] == "kiln q0f32 cpu (transformers cannot load it)"
+    for ours, theirs in zip(read_golden(art), read_golden(right)):     # the same numbers as transformers'
+        np.testing.assert_array_equal(ours.ids, theirs.ids)
+        np.testing.assert_allclose(ours.top_values, theirs.top_values, atol=1e-4)
+    report = kiln.check(art)
+    assert report.ok and report.scheme == "q0f16", report.table()
