@@ -133,11 +133,19 @@ def runs_here(path: str | Path) -> None:
 
 
 def prompt_logits(runner, seq_id: int, ids) -> np.ndarray:
-    """The logits at every position of ids [n, vocab], through batch_prefill as serving runs it."""
+    """The logits at every position of ids [n, vocab], through batch_prefill as serving runs it (in
+    pieces of at most a prefill chunk, and of what a sliding window allows per forward)."""
     runner.add_sequence(seq_id)
     try:
-        _, full = runner.run([seq_id], [list(ids)], full=[True])
-        return full[0]
+        out, start = [], 0
+        while start < len(ids):
+            take = runner.prefill_chunk
+            if runner.window:
+                take = min(take, runner.window.max_chunk(runner.sequence_length(seq_id)))
+            _, full = runner.run([seq_id], [list(ids[start:start + take])], full=[True])
+            out.append(full[0])
+            start += take
+        return np.concatenate(out)
     finally:
         runner.remove_sequence(seq_id)
 
