@@ -118,18 +118,20 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
     click.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s"
                + (f" ({tuned} kernels with knobs from `kiln tune`)" if tuned else ""))
     if check_after:
-        from kiln.runtime.check import ArtifactError, runs_here
+        _check(path, only_here=True)
+
+
+def _check(path: Path, only_here: bool = False) -> None:
+    """Print the per-prompt table; a failure exits 1 with one line naming the reason. only_here: an
+    artifact that cannot run on this machine is skipped with a note instead."""
+    import kiln
+    from kiln.runtime.check import ArtifactError, runs_here
+    if only_here:
         try:
             runs_here(path)
         except ArtifactError as e:
             click.echo(f"check skipped: {e}", err=True)
             return
-        _check(path)
-
-
-def _check(path: Path) -> None:
-    """Print the per-prompt table; a failure exits 1 with one line naming the reason."""
-    import kiln
     with _Progress() as progress:
         report = kiln.check(path, progress)
     click.echo(report.table())
@@ -398,6 +400,7 @@ def _has_device(kind: str) -> bool:
 def info(artifact, as_json) -> None:
     """Describe a compiled ARTIFACT and verify its file hashes."""
     from kiln import Artifact
+    from kiln.runtime.check import golden_summary
     art = Artifact.load(artifact)
     c = art.config
     if as_json:
@@ -412,15 +415,9 @@ def info(artifact, as_json) -> None:
                f"  params     {len(c.params)} tensors\n  tvm        {c.tvm_version}\n"
                f"  source     {c.model.source.path} ({c.model.source.format})\n"
                f"  hashes     ok ({len(c.files)} files)\n"
-               f"  golden     {_golden_line(c.golden)}")
+               f"  golden     {golden_summary(c.golden)}")
     for note in c.notes:
         click.echo(f"  note       {note}")
-
-
-def _golden_line(golden: dict) -> str:
-    if "file" in golden:
-        return f"{golden['prompts']} prompts, top-{golden['top_k']} of {golden['reference']} (`kiln check`)"
-    return f"none ({golden.get('skipped', 'compiled before kiln stored golden logits')})"
 
 
 class _TuneProgress:

@@ -123,6 +123,13 @@ class CheckReport:
         return "\n".join(lines)
 
 
+def golden_summary(golden: dict) -> str:
+    """One line on an artifact's golden record (ArtifactConfig.golden), for `kiln info`."""
+    if "file" in golden:
+        return f"{golden['prompts']} prompts, top-{golden['top_k']} of {golden['reference']} (`kiln check`)"
+    return f"none ({golden.get('skipped', 'compiled before kiln stored golden logits')})"
+
+
 def runs_here(path: str | Path) -> None:
     """ArtifactError (one line) unless the artifact at path can run on this machine."""
     from ._tvm import open_device
