@@ -1,9 +1,9 @@
 """Golden logits: a reference's top-k logits on a few short prompts, stored in the artifact
 (contract.write_golden) so that `kiln check` can tell a correct build from a wrong one anywhere it runs.
 
-The reference is transformers on the same weights in float32 when it reads the source (a Hugging
-Face folder, or a GGUF file through its GGUF loader); otherwise the caller's fallback (the face
-passes kiln's own float32 build of the same source for the host). Cheap by design: three prompts
+The reference is transformers on the same weights in float32 when it can build the model (a Hugging
+Face folder; a GGUF's config and dequantized tensors as kiln reads them); otherwise the caller's
+fallback (the face passes kiln's own float32 build of the same source for the host). Cheap by design: three prompts
 of at most 16 tokens, one forward each.
 """
 
@@ -49,19 +49,14 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
         import transformers
     except ImportError:
         return None, "transformers is not installed"
-    if source.format == "hf":
-        where, extra = source.path, {}
-    elif source.format == "gguf":
-        where, extra = source.path.parent, {"gguf_file": source.path.name}
-    else:
+    if source.format not in ("hf", "gguf"):
         return None, f"transformers does not read {source.format} models"
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()
     try:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                where, dtype=torch.float32, attn_implementation="eager", **extra).eval()
-    except Exception as e:      # an architecture or a GGUF this transformers cannot load
+            model = (_hf_model if source.format == "hf" else _gguf_model)(source, torch, transformers).eval()
+    except Exception as e:      # an architecture this transformers lacks, a config it rejects
         return None, f"transformers cannot load it ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
     finally:
         transformers.logging.set_verbosity(verbosity)
@@ -69,7 +64,31 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
     def forward(ids: list[int]) -> np.ndarray:
         with torch.no_grad():
             return model(torch.tensor([ids])).logits[0].float().numpy()
-    return forward, f"transformers {transformers.__version__} float32"
+    via = " (GGUF tensors as kiln reads them)" if source.format == "gguf" else ""
+    return forward, f"transformers {transformers.__version__} float32{via}"
+
+
+def _hf_model(source, torch, transformers):
+    return transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32,
+                                                             attn_implementation="eager")
+
+
+def _gguf_model(source, torch, transformers):
+    """transformers' model built from the config kiln read out of the GGUF, with the GGUF's tensors as
+    kiln's reader hands them over (dequantized, Hugging Face layout): transformers' own GGUF loader
+    drops settings kiln reads (Llama 3 RoPE factors, Gemma soft-capping, per-layer RoPE bases)."""
+    cfg = dict(source.hf_config, pad_token_id=None)     # no effect on logits; a default may lie outside the vocab
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
+    missing, _ = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
+    missing = [m for m in missing if m not in tied and not m.endswith(("rotary_emb.inv_freq", "attn.bias",
+                                                                       "attn.masked_bias"))]
+    if missing:
+        raise ValueError(f"the GGUF lacks {missing[:3]} under transformers' names")
+    model.tie_weights()
+    return model
 
 
 def compute_golden(prompts: list[list[int]], forward: LogitsFn, report: Callable[[str, int, int], None],
