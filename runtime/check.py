@@ -29,13 +29,14 @@ class Tolerance:
 # The one tolerance table. Worst values measured against transformers float32 (tiny llama/qwen2 and
 # SmolLM2-135M from its Q4_1 GGUF; max logit error / KL / top-1):
 #   q0f32      8e-5 / 2e-11 / 100%     (a wrong RoPE theta: errors of whole logits)
-#   q0f16      0.23 / 3e-4  / 94%      q8f32 0.035 / 5e-5 / 81% (tiny models' flat logits: near ties)
+#   q0f16      0.23 / 3e-4  / 94%
+#   q8f32      0.67 / 3e-3 / 100% SmolLM2; tiny 0.035 / 5e-5 / 81% (tiny models' flat logits: near ties)
 #   q4f32/f16  0.56 / 0.01 / 44% tiny; SmolLM2 (4-bit re-quantized from Q4_1) 8.7 / 0.47 / 57%
 #   as-stored  SmolLM2 Q4_1 kept bit-exact: 8e-5 / 2e-11 / 100%; K-quants are re-quantized (4-bit row)
 TOLERANCES = {
     "q0f32": Tolerance(max_logit_error=1e-3, kl=1e-6, top1=1.0),
     "q0f16": Tolerance(max_logit_error=0.5, kl=5e-3, top1=0.7),
-    "q8f32": Tolerance(max_logit_error=0.5, kl=5e-3, top1=0.7),
+    "q8f32": Tolerance(max_logit_error=1.5, kl=0.02, top1=0.7),
     "q4f32": Tolerance(max_logit_error=15.0, kl=1.0, top1=0.4),
     "q4f16": Tolerance(max_logit_error=15.0, kl=1.0, top1=0.4),
     "as-stored": Tolerance(max_logit_error=15.0, kl=1.0, top1=0.4),
