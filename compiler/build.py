@@ -165,6 +165,7 @@ def _write_golden(stage: Path, source: ModelSource, config, wanted: bool, fallba
     if not wanted:
         return {"skipped": "compiled with --no-golden"}
     prompts = golden_prompts(stage / "tokenizer.json", config.vocab_size, config.bos_token_id)
+    report("golden", 0, len(prompts))                   # while the reference loads
     forward, reference = transformers_reference(source)
     if forward is None:
         if fallback is None:

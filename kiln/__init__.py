@@ -47,17 +47,19 @@ def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | 
                           output=Path(output) if output else None,
                           dump_ir=Path(dump_ir) if dump_ir else None, **options)
     with tempfile.TemporaryDirectory(prefix="kiln-golden-") as tmp:
-        return compile_model(opts, progress, lambda why: _own_reference(model, Path(tmp) / "ref", why))
+        return compile_model(opts, progress, lambda why: _own_reference(model, Path(tmp) / "ref", why, progress))
 
 
-def _own_reference(model: str, dest: Path, why: str):
+def _own_reference(model: str, dest: Path, why: str, progress: Callable[[str, int, int], None] | None):
     """The golden reference where transformers cannot read the model: kiln's own float32 build of it
-    for this machine (compiled into dest, which the caller removes afterwards)."""
+    for this machine (compiled into dest, which the caller removes afterwards), its stages' progress
+    reported as "golden-reference"."""
     from kiln.runtime.artifact import Artifact
     from kiln.runtime.check import prompt_logits
     from kiln.runtime.model_runner import ModelRunner
     from kiln.targets import DEFAULT_TARGET
-    ref = compile(model, target=DEFAULT_TARGET, quant="q0f32", output=dest, golden=False)
+    on_step = progress and (lambda _stage, done, total: progress("golden-reference", done, total))
+    ref = compile(model, target=DEFAULT_TARGET, quant="q0f32", output=dest, golden=False, progress=on_step)
     runner = ModelRunner(Artifact.load(ref), max_num_seqs=1)
     return (lambda ids: prompt_logits(runner, 0, ids)), f"kiln q0f32 {DEFAULT_TARGET} ({why})"
 

@@ -32,7 +32,8 @@ class _Progress:
     """Renders compile progress events (stage, done, total) on stderr with rich."""
 
     LABELS = {"load": "reading model", "export": "exporting Relax IR", "weights": "converting weights",
-              "golden": "golden logits", "check": "checking golden prompts", "write": "writing artifact"}
+              "golden": "golden logits", "golden-reference": "golden reference build",
+              "check": "checking golden prompts", "write": "writing artifact"}
 
     def __init__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
