@@ -18,16 +18,20 @@ from kiln.models.causal_lm import sliding_window
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (ENTRY_FUNCTIONS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
-                                   KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config)
+from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
+                                   KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config,
+                                   write_golden)
 
 from .artifact import check_output, staged_artifact
+from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
 from .pipeline import build_pipeline
 from .quantize import QuantPlan, QuantScheme, get_scheme
 from .spec import build_spec
 
-# progress(stage, done, total): stages are "load", "export", "compile:<phase>", "weights", "write"
+# progress(stage, done, total): stages are "load", "export", "compile:<phase>", "weights", "golden", "write"
 Progress = Callable[[str, int, int], None]
+# The reference for golden logits where transformers cannot read the source: given why not, it returns one.
+Fallback = Callable[[str], Reference]
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class CompileOptions:
     prefill_chunk: int | None = None
     max_batch_size: int = 32
     force: bool = False                     # replace an existing artifact at `output`
+    golden: bool = True                     # store golden logits (compiler/golden.py) for `kiln check`
 
     def validate(self) -> None:
         """Everything checkable before the model is read: the target, the quantization name, the
@@ -102,8 +107,9 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "")
 
 
-def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Path:
-    """Compile and write the artifact; returns its directory."""
+def compile_model(opts: CompileOptions, progress: Progress | None = None, fallback: Fallback | None = None) -> Path:
+    """Compile and write the artifact; returns its directory. `fallback` gives the golden reference
+    where transformers cannot read the source (without one, such an artifact stores none and says why)."""
     report = progress or (lambda *_: None)
     start = time.perf_counter()
     ex = export_model(opts, report)
@@ -124,6 +130,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
         profile.export(lib_built, stage / profile.lib_name)
         names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report)
         tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
+        golden = _write_golden(stage, source, config, opts.golden, fallback, report)
         report("write", 0, 1)
         write_config(stage, ArtifactConfig(
             kiln_version=_kiln_version(),
@@ -146,9 +153,27 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None) -> Pat
             compile_seconds=round(time.perf_counter() - start, 2),
             tuned_kernels=tuned_kernels,
             notes=(*source.notes, *config.notes, *plan.notes),
+            golden=golden,
         ))
         report("write", 1, 1)
     return dest.resolve()
+
+
+def _write_golden(stage: Path, source: ModelSource, config, wanted: bool, fallback: Fallback | None,
+                  report: Progress) -> dict:
+    """golden.npz in the stage; returns the config's record of it (or of why there is none)."""
+    if not wanted:
+        return {"skipped": "compiled with --no-golden"}
+    prompts = golden_prompts(stage / "tokenizer.json", config.vocab_size, config.bos_token_id)
+    report("golden", 0, len(prompts))                   # while the reference loads
+    forward, reference = transformers_reference(source)
+    if forward is None:
+        if fallback is None:
+            return {"skipped": f"no reference: {reference}"}
+        forward, reference = fallback(reference)
+    write_golden(stage, compute_golden(prompts, forward, report))
+    return {"file": GOLDEN_NAME, "reference": reference, "prompts": len(prompts),
+            "tokens": [len(p) for p in prompts], "top_k": min(TOP_K, config.vocab_size)}
 
 
 def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,

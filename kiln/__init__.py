@@ -38,12 +38,36 @@ def cache_dir() -> Path:
 def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | Path | None = None,
             dump_ir: str | Path | None = None, progress: Callable[[str, int, int], None] | None = None,
             **options) -> Path:
-    """Compile a model (HF directory, .gguf or .onnx file, or alias) into an artifact directory; returns its path."""
+    """Compile a model (HF directory, .gguf or .onnx file, or alias) into an artifact directory; returns its path.
+    ``golden=False`` stores no golden logits (nothing for `kiln check` to compare with)."""
+    import tempfile
+
     from kiln.compiler import CompileOptions, compile_model
     opts = CompileOptions(model=model, target=target, quant=quant,
                           output=Path(output) if output else None,
                           dump_ir=Path(dump_ir) if dump_ir else None, **options)
-    return compile_model(opts, progress)
+    with tempfile.TemporaryDirectory(prefix="kiln-golden-") as tmp:
+        return compile_model(opts, progress, lambda why: _own_reference(model, Path(tmp) / "ref", why, progress))
+
+
+def _own_reference(model: str, dest: Path, why: str, progress: Callable[[str, int, int], None] | None):
+    """The golden reference where transformers cannot read the model: kiln's own float32 build of it
+    for this machine (compiled into dest, which the caller removes afterwards), its stages' progress
+    reported as "golden-reference"."""
+    from kiln.runtime.artifact import Artifact
+    from kiln.runtime.check import prompt_logits
+    from kiln.runtime.model_runner import ModelRunner
+    from kiln.targets import DEFAULT_TARGET
+    on_step = progress and (lambda _stage, done, total: progress("golden-reference", done, total))
+    ref = compile(model, target=DEFAULT_TARGET, quant="q0f32", output=dest, golden=False, progress=on_step)
+    runner = ModelRunner(Artifact.load(ref), max_num_seqs=1)
+    return (lambda ids: prompt_logits(runner, 0, ids)), f"kiln q0f32 {DEFAULT_TARGET} ({why})"
+
+
+def check(artifact: str | Path, progress: Callable[[str, int, int], None] | None = None):
+    """Run an artifact on its golden prompts here; a CheckReport (runtime/check.py) with .ok and .table()."""
+    from kiln.runtime.check import check_artifact
+    return check_artifact(artifact, progress)
 
 
 @lru_cache(maxsize=1)
@@ -105,4 +129,4 @@ def load(model_or_artifact: str | Path, config: "EngineConfig | None" = None,
     return Engine(ensure_artifact(model_or_artifact, progress=progress), config)
 
 
-__all__ = [*_runtime.__all__, "cache_dir", "compile", "ensure_artifact", "load"]
+__all__ = [*_runtime.__all__, "cache_dir", "check", "compile", "ensure_artifact", "load"]

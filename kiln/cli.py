@@ -32,7 +32,8 @@ class _Progress:
     """Renders compile progress events (stage, done, total) on stderr with rich."""
 
     LABELS = {"load": "reading model", "export": "exporting Relax IR", "weights": "converting weights",
-              "write": "writing artifact"}
+              "golden": "golden logits", "golden-reference": "golden reference build",
+              "check": "checking golden prompts", "write": "writing artifact"}
 
     def __init__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -94,36 +95,77 @@ def main() -> None:
 @click.option("--context-window", type=int, help="cap the context window (KV memory)")
 @click.option("--prefill-chunk", type=int, help="most tokens one prefill call takes")
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
+@click.option("--check", "check_after", is_flag=True,
+              help="then run the artifact on its golden prompts (as `kiln check`) if it runs on this machine")
+@click.option("--no-golden", is_flag=True, help="store no golden logits (then `kiln check` has nothing to compare)")
 @_friendly_errors
-def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
+def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, force, check_after,
+                no_golden) -> None:
     """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory.
 
+    Unless --no-golden, the reference's top-k logits on three short prompts go into the artifact
+    (transformers float32 on the same weights, else kiln's own float32 build for this machine).
     With several targets (`--target all`, or a comma list) each preset's artifact goes to
     OUT/<preset> (OUT: -o, default dist/<model>) beside OUT/kiln-manifest.json; a preset that fails
     does not stop the others, and the exit status is 1 if any failed."""
     import kiln
     from kiln.compiler.multi import is_many
+    if check_after and no_golden:
+        raise click.UsageError("--check needs the golden logits that --no-golden leaves out; pass one of them")
     if is_many(target):
-        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, force)
+        if check_after:
+            raise click.UsageError("--check runs one artifact; with several targets run `kiln check` on each")
+        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, force, not no_golden)
         return
     start = time.perf_counter()
     with _Progress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
                             progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
-                            force=force)
+                            force=force, golden=not no_golden)
     written = json.loads((path / "kiln-config.json").read_text())
     tuned = written.get("tuned_kernels", 0)
     for note in written.get("notes", []):
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {path} in {time.perf_counter() - start:.1f} s"
                + (f" ({tuned} kernels with knobs from `kiln tune`)" if tuned else ""))
+    if check_after:
+        _check(path, only_here=True)
 
 
-def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, force) -> None:
+def _check(path: Path, only_here: bool = False) -> None:
+    """Print the per-prompt table; a failure exits 1 with one line naming the reason. only_here: an
+    artifact that cannot run on this machine is skipped with a note instead."""
+    import kiln
+    from kiln.runtime.check import ArtifactError, runs_here
+    if only_here:
+        try:
+            runs_here(path)
+        except ArtifactError as e:
+            click.echo(f"check skipped: {e}", err=True)
+            return
+    with _Progress() as progress:
+        report = kiln.check(path, progress)
+    click.echo(report.table())
+    if not report.ok:
+        click.echo(f"error: {report.reason()}", err=True)
+        sys.exit(1)
+
+
+@main.command("check")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@_friendly_errors
+def check_cmd(artifact) -> None:
+    """Run ARTIFACT on its golden prompts on its device and compare with the stored reference logits:
+    per prompt the max logit error (over the reference's top-k ids), top-1 agreement and KL divergence
+    (over the top-k). Exits 1, with one line saying why, beyond the quantization scheme's tolerance."""
+    _check(artifact)
+
+
+def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, force, golden) -> None:
     from kiln.compiler import CompileOptions
     from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
     opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
-                          prefill_chunk=prefill_chunk, force=force)       # --dump-ir DIR: DIR/<preset>/
+                          prefill_chunk=prefill_chunk, force=force, golden=golden)   # --dump-ir: DIR/<preset>/
     opts.validate()                 # the numbers and the quantization, before any target compiles
     targets, skipped = parse_targets(spec)
     for name, why in skipped.items():
@@ -402,6 +444,7 @@ def _has_device(kind: str) -> bool:
 def info(artifact, as_json) -> None:
     """Describe a compiled ARTIFACT and verify its file hashes."""
     from kiln import Artifact
+    from kiln.runtime.check import golden_summary
     art = Artifact.load(artifact)
     c = art.config
     if as_json:
@@ -415,7 +458,8 @@ def info(artifact, as_json) -> None:
                f"  context    {c.context_window_size} tokens, prefill chunk {c.prefill_chunk_size}\n"
                f"  params     {len(c.params)} tensors\n  tvm        {c.tvm_version}\n"
                f"  source     {c.model.source.path} ({c.model.source.format})\n"
-               f"  hashes     ok ({len(c.files)} files)")
+               f"  hashes     ok ({len(c.files)} files)\n"
+               f"  golden     {golden_summary(c.golden)}")
     for note in c.notes:
         click.echo(f"  note       {note}")
 

@@ -4,6 +4,7 @@
     lib.<so|tar|...>   the compiled module (its name is ArtifactConfig.target.lib)
     params/            tensor-cache.json + shard-NNN.bin (raw little-endian tensors, ParamWriter/ParamReader)
     tokenizer files    tokenizer.json, tokenizer_config.json, ... (listed in tokenizer_files)
+    golden.npz         reference top-k logits of a few prompts (write_golden/read_golden; `kiln check`)
 
 Plain Python and numpy, no TVM: the compiler (kiln.compiler.artifact) imports this module and
 nothing else of the runtime; the runtime (kiln.runtime.artifact) validates every artifact through
@@ -34,6 +35,7 @@ ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode"
 # Entry functions newer artifacts have and older ones may lack: a feature that needs one says so.
 OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden",)       # final hidden states (embeddings)
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
+GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none
 
 
 class ArtifactError(ValueError):
@@ -123,6 +125,7 @@ class ArtifactConfig:
     compile_seconds: float = 0.0
     tuned_kernels: int = 0                       # kernels scheduled with `kiln tune` knobs
     notes: tuple[str, ...] = ()
+    golden: dict = field(default_factory=dict)   # {"file", "reference", "prompts", "top_k"} or {"skipped": why}
     files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256 (set when written)
     format_version: int = FORMAT_VERSION
 
@@ -194,6 +197,40 @@ def verify_files(root: Path, config: ArtifactConfig) -> None:
         if sha256_file(f) != digest:
             raise ArtifactError(f"artifact {root}: {rel} does not match its hash in {CONFIG_NAME} "
                                 "(edited or corrupted); recompile it with `kiln compile`")
+
+
+# ----------------------------------------------------------------------------- golden logits
+
+
+@dataclass(frozen=True)
+class GoldenPrompt:
+    """One prompt's token ids and the reference's top-k logits at every position."""
+    ids: np.ndarray                              # [n] int32
+    top_ids: np.ndarray                          # [n, k] int32, best first
+    top_values: np.ndarray                       # [n, k] float32
+
+
+def write_golden(root: Path, prompts: list[GoldenPrompt]) -> None:
+    arrays = {}
+    for i, p in enumerate(prompts):
+        arrays.update({f"ids_{i}": p.ids.astype(np.int32), f"top_ids_{i}": p.top_ids.astype(np.int32),
+                       f"top_values_{i}": p.top_values.astype(np.float32)})
+    np.savez(root / GOLDEN_NAME, **arrays)
+
+
+def read_golden(root: Path) -> list[GoldenPrompt]:
+    """The golden prompts of the artifact at root (its hash already verified); ArtifactError names the file."""
+    try:
+        with np.load(root / GOLDEN_NAME, allow_pickle=False) as z:
+            count = len([k for k in z.files if k.startswith("ids_")])
+            prompts = [GoldenPrompt(z[f"ids_{i}"], z[f"top_ids_{i}"], z[f"top_values_{i}"]) for i in range(count)]
+    except (OSError, ValueError, KeyError) as e:
+        raise ArtifactError(f"artifact {root}: {GOLDEN_NAME} is unreadable ({e}); recompile it") from None
+    for p in prompts:
+        _require(p.ids.ndim == 1 and p.top_ids.shape == p.top_values.shape == (len(p.ids), p.top_ids.shape[1]),
+                 f"artifact {root}: {GOLDEN_NAME} has inconsistent shapes; recompile it")
+    _require(bool(prompts), f"artifact {root}: {GOLDEN_NAME} holds no prompts; recompile it")
+    return prompts
 
 
 # ----------------------------------------------------------------------------- parameter shards

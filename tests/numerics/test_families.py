@@ -1,5 +1,6 @@
 """Every family in models/ against transformers: tiny random-init models compiled q0f32 for the CPU give
-transformers' logits (every prefill position, the last-token prefill, 5 decode steps) within 1e-4.
+transformers' logits (every prefill position, the last-token prefill, 5 decode steps) within 1e-4, and
+pass `kiln check` against the golden logits the compile stored.
 
     qwen3    QK norm, explicit head_dim (tied and untied)
     gemma2   (1+w) RMSNorm, tanh-GELU gating, sandwich norms, embedding scale, final-logit and
@@ -70,6 +71,8 @@ def test_family_matches_transformers(case, tmp_path):
     ref = write_family(case, tmp_path / "hf")
     art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
 
 
 def test_phi3_longrope_caps_the_context_with_a_note(tmp_path):

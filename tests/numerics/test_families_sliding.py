@@ -31,6 +31,12 @@ def family(request, tmp_path_factory):
     return request.param, art, ref
 
 
+def test_the_artifact_passes_kiln_check(family):
+    """Its golden prompts (up to 16 tokens: the whole window) through the sliding-window cache."""
+    report = kiln.check(family[1])
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+
+
 def test_prompt_longer_than_the_window_and_decode_match_transformers(family):
     name, art, ref = family
     runner = ModelRunner(Artifact.load(art))

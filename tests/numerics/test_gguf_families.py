@@ -1,6 +1,7 @@
 """GGUF files laid out the way llama.cpp's converter writes them, one per architecture kiln reads,
 compiled q0f32 for the CPU: the logits equal transformers' on the Hugging Face model the GGUF was
-written from (every prefill position, the last-token prefill, 5 decode steps) within 1e-4.
+written from (every prefill position, the last-token prefill, 5 decode steps) within 1e-4, and pass
+`kiln check`.
 
 The configs stay within what a GGUF can say (llama.cpp fixes Gemma's layer pattern and
 query_pre_attn_scalar = head_dim), and each case exercises its architecture's quirk: Q/K row
@@ -75,3 +76,5 @@ def test_gguf_family_matches_transformers(case, tmp_path):
     assert source.hf_config["model_type"] == ref.config.model_type
     art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    report = kiln.check(art)        # golden: transformers on the config and tensors kiln read from the GGUF
+    assert report.ok and report.reference.startswith("transformers"), report.table()

@@ -1,0 +1,107 @@
+"""Golden logits: a reference's top-k logits on a few short prompts, stored in the artifact
+(contract.write_golden) so that `kiln check` can tell a correct build from a wrong one anywhere it runs.
+
+The reference is transformers on the same weights in float32 when it can build the model (a Hugging
+Face folder; a GGUF's config and dequantized tensors as kiln reads them); otherwise the caller's
+fallback (the face passes kiln's own float32 build of the same source for the host). Cheap by design: three prompts
+of at most 16 tokens, one forward each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kiln.runtime.contract import GoldenPrompt
+
+TOP_K = 32
+MAX_TOKENS = 16
+TEXTS = ("The capital of France is Paris, and the capital of Germany is",
+         "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+         "Once upon a time, in a small village by the sea, there lived a")
+
+LogitsFn = Callable[[list[int]], np.ndarray]            # token ids [n] -> logits [n, vocab]
+Reference = tuple[LogitsFn, str]                        # (the forward, what it is, for the artifact's record)
+
+
+def golden_prompts(tokenizer_json: Path | None, vocab_size: int, bos_token_id: int | None) -> list[list[int]]:
+    """TEXTS through the model's tokenizer (BOS first when the model has one), cut to MAX_TOKENS;
+    seeded random ids when there is no tokenizer.json."""
+    bos = [bos_token_id] if bos_token_id is not None and bos_token_id < vocab_size else []
+    if tokenizer_json is not None and tokenizer_json.is_file():
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(tokenizer_json))
+        prompts = [bos + [i for i in tok.encode(t, add_special_tokens=False).ids if i < vocab_size] for t in TEXTS]
+        if all(len(p) >= 4 for p in prompts):
+            return [p[:MAX_TOKENS] for p in prompts]
+    rng = np.random.default_rng(0)
+    return [bos + rng.integers(0, vocab_size, size=n - len(bos)).tolist() for n in (8, 12, MAX_TOKENS)]
+
+
+def transformers_reference(source) -> Reference | tuple[None, str]:
+    """transformers' float32 forward over the source's weights, or (None, why it cannot read them)."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None, "transformers is not installed"
+    if source.format not in ("hf", "gguf"):
+        return None, f"transformers does not read {source.format} models"
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
+            model = (_hf_model if source.format == "hf" else _gguf_model)(source, torch, transformers).eval()
+    except Exception as e:      # an architecture this transformers lacks, a config it rejects
+        return None, f"transformers cannot load it ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+    def forward(ids: list[int]) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits[0].float().numpy()
+    via = " (GGUF tensors as kiln reads them)" if source.format == "gguf" else ""
+    return forward, f"transformers {transformers.__version__} float32{via}"
+
+
+def _hf_model(source, torch, transformers):
+    return transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32,
+                                                             attn_implementation="eager")
+
+
+def _gguf_model(source, torch, transformers):
+    """transformers' model built from the config kiln read out of the GGUF, with the GGUF's tensors as
+    kiln's reader hands them over (dequantized, Hugging Face layout): transformers' own GGUF loader
+    drops settings kiln reads (Llama 3 RoPE factors, Gemma soft-capping, per-layer RoPE bases)."""
+    cfg = dict(source.hf_config, pad_token_id=None)     # no effect on logits; a default may lie outside the vocab
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
+    missing, _ = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
+    missing = [m for m in missing if m not in tied and not m.endswith(("rotary_emb.inv_freq", "attn.bias",
+                                                                       "attn.masked_bias"))]
+    if missing:
+        raise ValueError(f"the GGUF lacks {missing[:3]} under transformers' names")
+    model.tie_weights()
+    return model
+
+
+def compute_golden(prompts: list[list[int]], forward: LogitsFn, report: Callable[[str, int, int], None],
+                   top_k: int = TOP_K) -> list[GoldenPrompt]:
+    """Each prompt's top-k ids and logits at every position, reporting ("golden", i, n)."""
+    out = []
+    report("golden", 0, len(prompts))
+    for i, ids in enumerate(prompts):
+        logits = np.asarray(forward(list(ids)), dtype=np.float32)          # [n, vocab]
+        k = min(top_k, logits.shape[-1])
+        top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+        out.append(GoldenPrompt(np.asarray(ids, np.int32), top.astype(np.int32),
+                                np.take_along_axis(logits, top, axis=-1)))
+        report("golden", i + 1, len(prompts))
+    return out
+
