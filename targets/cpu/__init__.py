@@ -26,6 +26,7 @@ LOW_BATCH_ROWS = 4          # matmuls over <= this many rows take their GEMV cop
 def _phase_passes(profile: TargetProfile, phase: str) -> list:
     """The CPU's additions to each pipeline phase (compiler/pipeline.py says where they run)."""
     from .attention_pass import UseKilnCPUAttention
+    from .attention_fix import FixTVMSlidingPrefill
     from .attention_softcap import SoftcapTVMAttention
     from .fast_silu import FastSiLU
     from .low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
@@ -40,7 +41,7 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         # The KV cache's attention kernels: TVM's scalar loops out, kiln's vectorised ones in;
         # then every kernel gets the first CPU rule that matches (tuned knobs where the database has them).
         # A soft-capped model (Gemma 2) has the cap in kiln's kernels and written into TVM's that remain.
-        return [UseKilnCPUAttention(), SoftcapTVMAttention(), dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
+        return [UseKilnCPUAttention(), FixTVMSlidingPrefill(), SoftcapTVMAttention(), dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
     if phase == "lower":
         # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.
         return [DispatchLowBatchGEMV()]
