@@ -1,0 +1,149 @@
+"""`kiln targets`, `kiln cache`, `kiln models`, `kiln info`: the commands that describe what kiln
+has and builds (kiln/cli.py adds COMMANDS to the `kiln` group), and the one-line error wrapper
+every command uses."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+def friendly_errors(fn):
+    """Bad input exits non-zero with one line naming the problem and the fix, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, OSError) as e:   # kiln's input errors are ValueError subclasses
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per preset, one per line")
+def targets(as_json) -> None:
+    """List the --target presets: what each produces (device, library), whether its artifact runs on
+    this machine, and whether it builds here (a missing build tool is named with its fix)."""
+    from kiln.targets import UNSUPPORTED, ToolchainError, get_profile, names
+    rows = []
+    for name in names():
+        p = get_profile(name)
+        try:
+            p.check_toolchain(p)
+            builds = "yes"
+        except ToolchainError as e:
+            builds = f"no ({e})"
+        # A cross-compiled CPU target (android) never runs here; a GPU preset does where its GPU is.
+        runs = p.runnable_here or (p.device != "cpu" and _has_device(p.device))
+        rows.append({"preset": name, "name": p.name, "device": p.device, "lib": p.lib_name,
+                     "default_quant": p.default_quant, "runs_here": runs, "builds_here": builds,
+                     "description": p.description})
+    for name, why in UNSUPPORTED.items():
+        rows.append({"preset": name, "name": name, "device": name, "lib": None, "default_quant": None,
+                     "runs_here": False, "builds_here": f"no ({why})", "description": "not built by kiln"})
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    click.echo(f"{'preset':<15} {'device':<7} {'library':<10} {'quant':<6} {'runs here':<10} {'builds here':<12} "
+               "what")
+    for r in rows:
+        click.echo(f"{r['preset']:<15} {r['device']:<7} {r['lib'] or '-':<10} {r['default_quant'] or '-':<6} "
+                   f"{'yes' if r['runs_here'] else 'no':<10} {r['builds_here']:<12} {r['description']}")
+
+
+@click.group()
+def cache() -> None:
+    """The compile-on-first-use cache ($KILN_CACHE_DIR/artifacts, default ~/.cache/kiln/artifacts)."""
+
+
+@cache.command("list")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per entry, one per line")
+def cache_list(as_json) -> None:
+    """Every cached artifact: model, quantization, target, size and last use (oldest first)."""
+    from kiln.cache import artifacts_dir, entries
+    found = entries()
+    for e in found:
+        row = {"path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target, "bytes": e.bytes,
+               "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo(f"{row['last_used']}  {e.bytes / 1e6:8.1f} MB  {e.quant:<9} {e.target:<8} {e.model}  "
+                       f"({e.path.name})")
+    if not as_json:
+        click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
+
+
+@cache.command("clean")
+@click.option("--older-than", default=None, help="only entries unused for this long: 90s, 30m, 12h, 7d, 2w")
+@friendly_errors
+def cache_clean(older_than) -> None:
+    """Remove cached artifacts (all, or those unused for --older-than); they recompile on next use."""
+    from kiln.cache import clean, parse_age
+    removed = clean(parse_age(older_than) if older_than else None)
+    click.echo(f"removed {len(removed)} entries, {sum(e.bytes for e in removed) / 1e6:.1f} MB")
+
+
+@click.command("models")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per family, one per line")
+def models_cmd(as_json) -> None:
+    """List the model families kiln compiles, with the config.json architectures, model types and GGUF
+    architecture names each accepts (a Hugging Face folder, a .gguf file or an ONNX export of one)."""
+    from kiln.models.registry import ARCHITECTURES, gguf_architectures
+    for a in ARCHITECTURES.values():
+        row = {"family": a.name, "hf_architectures": list(a.hf_architectures), "model_types": list(a.model_types),
+               "gguf_architectures": list(gguf_architectures(a))}
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            click.echo(f"{a.name:<8} HF {', '.join(a.hf_architectures):<58} "
+                       f"GGUF {', '.join(row['gguf_architectures']) or '-'}")
+
+
+def _has_device(kind: str) -> bool:
+    """Whether this machine has a `kind` device TVM can open (a GPU preset runs where its GPU is)."""
+    from kiln.runtime._tvm import open_device
+    try:
+        open_device(kind)
+        return True
+    except ValueError:          # ArtifactError: no driver, no device, no runtime for it
+        return False
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print kiln-config.json")
+@friendly_errors
+def info(artifact, as_json) -> None:
+    """Describe a compiled ARTIFACT and verify its file hashes."""
+    from kiln import Artifact
+    from kiln.runtime.check import golden_summary
+    art = Artifact.load(artifact)
+    c = art.config
+    if as_json:
+        click.echo(json.dumps(c.to_dict(), indent=2))
+        return
+    m = c.model.config
+    click.echo(f"{art.path}\n  model      {c.model.arch}  layers={m['num_hidden_layers']} "
+               f"hidden={m['hidden_size']} heads={m['num_attention_heads']}/{m['num_key_value_heads']} "
+               f"vocab={c.vocab_size}\n  quant      {c.quantization['name']}\n"
+               f"  target     {c.target.name} ({c.target.device}, {c.target.lib})\n"
+               f"  context    {c.context_window_size} tokens, prefill chunk {c.prefill_chunk_size}\n"
+               f"  params     {len(c.params)} tensors\n  tvm        {c.tvm_version}\n"
+               f"  source     {c.model.source.path} ({c.model.source.format})\n"
+               f"  hashes     ok ({len(c.files)} files)\n"
+               f"  golden     {golden_summary(c.golden)}")
+    for note in c.notes:
+        click.echo(f"  note       {note}")
+
+
+COMMANDS = (targets, cache, models_cmd, info)
