@@ -10,7 +10,8 @@
     client.chat.completions.create(model="smollm2-q0f32-cpu", messages=[{"role": "user", "content": "Hi"}])
 
 Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE), POST /v1/embeddings
-(runtime/embeddings_api.py), GET /v1/models, GET /health, GET /metrics (Prometheus text). With an
+(runtime/embeddings_api.py), POST /tokenize, /detokenize, GET /tokenizer_info (runtime/tokenize_api.py),
+GET /v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus text). With an
 API key set, the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
@@ -40,7 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import embeddings_api
+from . import embeddings_api, tokenize_api
 from . import openai_api as api
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
@@ -122,11 +123,10 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": state.started, "owned_by": "kiln",
-             "root": state.model_name, "max_model_len": state.context_window} for name in state.names]}
+        return {"object": "list", "data": [state.model_card(name) for name in state.names]}
 
     embeddings_api.install(app, state, auth)
+    tokenize_api.install(app, state, auth)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
@@ -222,6 +222,10 @@ class _ServerState:
             raise api.APIError(404, f"the model {model!r} does not exist; this server serves "
                                     f"{' or '.join(repr(n) for n in self.names)}",
                                "model", code="model_not_found")
+
+    def model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.started, "owned_by": "kiln",
+                "root": self.model_name, "max_model_len": self.context_window}
 
     def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         try:

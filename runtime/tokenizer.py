@@ -127,6 +127,13 @@ class Tokenizer:
 
     # ---- chat template ------------------------------------------------------------
 
+    def info(self) -> dict[str, Any]:
+        """The special tokens' texts and the chat template (None without one), as the config gives them."""
+        out = {key: text for key in ("bos_token", "eos_token", "pad_token", "unk_token")
+               if (text := _token_text(self._config.get(key))) is not None}
+        template = self._config.get("chat_template")
+        return {**out, "chat_template": template if isinstance(template, str) else None}
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
     ) -> str:

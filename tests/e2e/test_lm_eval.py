@@ -24,7 +24,10 @@ DOCS = [
 ]
 
 
-def test_lm_eval_multiple_choice_equals_kiln_logprobs(server, tiny_dirs, tiny_artifacts, tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["huggingface", "remote"])
+def test_lm_eval_multiple_choice_equals_kiln_logprobs(server, tiny_dirs, tiny_artifacts, tmp_path, monkeypatch,
+                                                      backend):
+    """remote: lm-eval tokenizes through the server's /tokenizer_info, /tokenize and /detokenize."""
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -37,7 +40,7 @@ def test_lm_eval_multiple_choice_equals_kiln_logprobs(server, tiny_dirs, tiny_ar
     results = lm_eval.simple_evaluate(
         model="local-completions",
         model_args=f"base_url={server.url}/v1/completions,model={MODEL},tokenizer={tiny_dirs['tied']},"
-                   "tokenizer_backend=huggingface,num_concurrent=1,max_retries=1",
+                   f"tokenizer_backend={backend},num_concurrent=1,max_retries=1",
         tasks=["kiln_mc"], task_manager=TaskManager(include_path=str(tmp_path)), batch_size=4, log_samples=True)
     samples = results["samples"]["kiln_mc"]
     assert len(samples) == len(DOCS) and 0.0 <= results["results"]["kiln_mc"]["acc,none"] <= 1.0
@@ -49,7 +52,9 @@ def test_lm_eval_multiple_choice_equals_kiln_logprobs(server, tiny_dirs, tiny_ar
         args = sample["arguments"]          # in process: [(context, continuation)]; the saved file: a dict
         pairs = [(a["arg_0"], a["arg_1"]) for a in args.values()] if isinstance(args, dict) else args
         for (context, continuation), resp in zip(pairs, sample["resps"]):
-            whole, ctx = tok.encode(context + continuation), tok.encode(context)
+            special = backend == "huggingface"       # the remote tokenizer asks for no special tokens
+            whole = tok.encode(context + continuation, add_special_tokens=special)
+            ctx = tok.encode(context, add_special_tokens=special)
             out = engine.generate(whole, SamplingParams(max_tokens=0, prompt_logprobs=0))
             mine = sum(lp.logprob for lp in out.prompt_logprobs[len(ctx):])
             np.testing.assert_allclose(float(resp[0][0]), mine, atol=1e-4, rtol=0)
