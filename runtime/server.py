@@ -23,6 +23,7 @@ generator and aborts the request (its KV pages are freed).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -40,7 +41,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import embeddings_api
+from . import embeddings_api, tools
 from . import openai_api as api
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
@@ -109,6 +110,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
                          args.api_key)
     app = FastAPI(title="kiln", docs_url=None, redoc_url=None)
     app.state.kiln = state
+    threading.Thread(target=_preload_grammars, args=(engine.engine,), name="kiln-xgrammar", daemon=True).start()
     _install_error_handlers(app)
     auth = [Depends(state.check_api_key)]
 
@@ -132,10 +134,15 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         state.check_model(body.model)
-        ids = state.render_chat(body.messages)
+        tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
+        ids = await asyncio.to_thread(tools.render, state.engine.engine, api.chat_messages(body.messages), tool_req)
         params = api.chat_params(body, len(ids), state.context_window)
-        reply = api.Reply("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
-                          include_usage=_include_usage(body))
+        if tool_req is not None and tool_req.forced:
+            params = replace(params, response_format=tool_req.response_format())
+        await state.compile_grammar(params)
+        kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
+        reply = kind("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
+                     include_usage=_include_usage(body), continuous_usage=_continuous_usage(body))
         return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
 
     @app.post("/v1/completions", dependencies=auth)
@@ -144,11 +151,12 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         state.check_model(body.model)
         prompts = api.completion_prompts(body)
         params = api.completion_params(body)
+        await state.compile_grammar(params)
         ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         echo = [api.Echo(p if isinstance(p, str) else state.decode(i), i) for p, i in zip(prompts, ids)]
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_text,
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
-                          echo=echo if body.echo else None, n=params.n)
+                          continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n)
         return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
 
     return app
@@ -189,6 +197,18 @@ def _byte_level_alphabet() -> dict[str, int]:
 
 
 _BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _preload_grammars(engine: Any) -> None:
+    """Import xgrammar and build the vocabulary's tokenizer info at start, off every request's path."""
+    try:
+        engine.grammar_compiler()
+    except Exception as e:  # noqa: BLE001 - no tokenizer or no xgrammar: structured output says so per request
+        log.info("structured output not preloaded: %s", e)
+
+
+def _continuous_usage(body: api.CompletionRequest | api.ChatCompletionRequest) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.continuous_usage_stats)
 
 
 def _include_usage(body: api.CompletionRequest | api.ChatCompletionRequest) -> bool:
@@ -237,6 +257,13 @@ class _ServerState:
         if entry is None:
             entry = self._token_texts[token_id] = _token_text(self.engine.engine.tokenizer, token_id)
         return entry
+
+    async def compile_grammar(self, params: SamplingParams) -> None:
+        """Compile a response_format's grammar into the engine's cache in a worker thread, so the engine
+        thread only looks it up (a new schema can take seconds to compile)."""
+        rf = params.response_format
+        if rf and rf.get("type") != "text":
+            await asyncio.to_thread(lambda: self.engine.engine.grammar_compiler().compile(rf))
 
     # -- one generation path ---------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:
