@@ -215,12 +215,14 @@ def render(engine: Any, messages: list[dict], tools: ToolRequest | None) -> list
 
 
 class ToolReply(Reply):
-    """A chat Reply whose choices may end in tool calls: the text is held back until a choice finishes,
-    then sent as content or as tool_calls deltas (finish_reason "tool_calls")."""
+    """A chat Reply whose choices may end in tool calls. Streaming, text is sent as content until it
+    could be the start of a `<tool_call>` tag (a forced call holds it all); when the choice finishes,
+    its calls are sent as tool_calls deltas (finish_reason "tool_calls"), or the held text as content."""
 
     def __init__(self, *args: Any, tools: ToolRequest, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tools = tools
+        self._sent: dict[int, int] = {}       # choice -> characters already sent as content
 
     def _split(self, text: str) -> tuple[str | None, list[dict]]:
         return parse_tool_calls(text, self.tools.forced, self.tools.parallel)
@@ -230,16 +232,22 @@ class ToolReply(Reply):
         chunk = super().add(delta)
         if chunk is None:
             return None
-        body = chunk["choices"][0]
-        body["delta"] = {"role": "assistant", "content": ""} if first else {}
+        body, text = chunk["choices"][0], self.choices[delta.index].text
+        sent = self._sent.get(delta.index, 0)
+        body["delta"] = {"role": "assistant"} if first else {}
         if delta.finish_reason is None:
-            return chunk if first else None
-        content, calls = self._split(self.choices[delta.index].text)
+            safe = 0 if self.tools.forced else _safe_prefix(text)
+            self._sent[delta.index] = max(sent, safe)
+            if safe <= sent and not first:
+                return None
+            body["delta"]["content"] = text[sent:safe] if safe > sent else ""
+            return chunk
+        content, calls = self._split(text)
         if calls:
             body["delta"]["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
             body["finish_reason"] = "tool_calls"
-        elif content:
-            body["delta"]["content"] = content
+        elif len(text) > sent:
+            body["delta"]["content"] = text[sent:]
         return chunk
 
     def final(self) -> dict:
@@ -250,3 +258,16 @@ class ToolReply(Reply):
                 choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
                 choice["finish_reason"] = "tool_calls"
         return out
+
+
+def _safe_prefix(text: str) -> int:
+    """How much of a reply so far can be sent as content: up to a `<tool_call>` tag, or to a tail that
+    could still become one."""
+    tag = "<tool_call>"
+    at = text.find(tag)
+    if at >= 0:
+        return at
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return len(text) - k
+    return len(text)

@@ -79,3 +79,18 @@ def test_messages_for_a_template_without_tools():
     assert '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>' in out[2]["content"]
     assert out[3] == {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}
     assert req.messages(history, template_uses_tools=True)[0] == history[0]
+
+
+def test_streamed_text_is_held_back_only_where_a_call_may_start():
+    from kiln.runtime.protocol import StreamDelta
+    from kiln.runtime.tools import ToolReply
+    reply = ToolReply("chat", "m", 3, lambda t: ("", b""), tools=ToolRequest.parse([WEATHER], "auto", None))
+    pieces = ["Hello", " there <tool", '_call>{"name": "weather", "arguments": {"city": "Oslo"}}', "</tool_call>"]
+    chunks = [reply.add(StreamDelta(0, p, [1])) for p in pieces]
+    chunks.append(reply.add(StreamDelta(0, "", [], finish_reason="stop")))
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c)
+    assert content == "Hello there "
+    last = chunks[-1]["choices"][0]
+    assert last["finish_reason"] == "tool_calls" and last["delta"]["tool_calls"][0]["function"]["name"] == "weather"
+    final = reply.final()["choices"][0]
+    assert final["message"]["content"] == "Hello there" and final["finish_reason"] == "tool_calls"
