@@ -138,7 +138,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         ids = await asyncio.to_thread(tools.render, state.engine.engine, api.chat_messages(body.messages), tool_req)
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
-            params = replace(params, response_format=tool_req.response_format())
+            params = replace(params, response_format=tool_req.forced_format(body.response_format))
         await state.compile_grammar(params)
         kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
         reply = kind("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,

@@ -89,6 +89,13 @@ class ToolRequest:
                 out.insert(0, {"role": "system", "content": block})
         return out
 
+    def forced_format(self, response_format: dict | None) -> dict | None:
+        """The forced call's response_format; a request's own (other than text) would contradict it."""
+        if response_format and response_format.get("type") != "text":
+            raise APIError(400, "response_format cannot be combined with a required or named tool_choice: "
+                                "the reply is the tool call's JSON", "response_format")
+        return self.response_format()
+
     def response_format(self) -> dict | None:
         """For a forced choice: a JSON schema whose values are exactly the allowed calls."""
         if not self.forced:

@@ -94,3 +94,11 @@ def test_streamed_text_is_held_back_only_where_a_call_may_start():
     assert last["finish_reason"] == "tool_calls" and last["delta"]["tool_calls"][0]["function"]["name"] == "weather"
     final = reply.final()["choices"][0]
     assert final["message"]["content"] == "Hello there" and final["finish_reason"] == "tool_calls"
+
+
+def test_a_forced_call_refuses_a_response_format():
+    req = ToolRequest.parse([WEATHER], "required", None)
+    assert req.forced_format({"type": "text"}) == req.response_format()
+    with pytest.raises(APIError, match="response_format cannot be combined") as e:
+        req.forced_format({"type": "json_object"})
+    assert e.value.param == "response_format"
