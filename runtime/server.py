@@ -23,6 +23,7 @@ generator and aborts the request (its KV pages are freed).
 from __future__ import annotations
 
 import asyncio
+import os
 import functools
 import json
 import logging
@@ -30,6 +31,7 @@ import secrets
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -199,6 +201,14 @@ def _byte_level_alphabet() -> dict[str, int]:
 _BYTE_LEVEL = _byte_level_alphabet()
 
 
+def _lower_priority() -> None:
+    """Grammar compiles yield the CPU to the engine thread: a running stream keeps its pace."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):        # not Linux: the compile just shares the CPU
+        pass
+
+
 def _preload_grammars(engine: Any) -> None:
     """Import xgrammar and build the vocabulary's tokenizer info at start, off every request's path."""
     try:
@@ -227,6 +237,7 @@ class _ServerState:
         self.metrics = Metrics(engine.engine.stats)
         self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
+        self._grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
 
     # -- checks (raise APIError, answered by the handlers below) -----------------------------
     async def check_api_key(self, request: Request) -> None:
@@ -263,7 +274,8 @@ class _ServerState:
         thread only looks it up (a new schema can take seconds to compile)."""
         rf = params.response_format
         if rf and rf.get("type") != "text":
-            await asyncio.to_thread(lambda: self.engine.engine.grammar_compiler().compile(rf))
+            await asyncio.get_running_loop().run_in_executor(
+                self._grammar_pool, lambda: self.engine.engine.grammar_compiler().compile(rf))
 
     # -- one generation path ---------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:

@@ -56,7 +56,7 @@ def test_a_new_schema_does_not_stall_a_running_stream(served):
             tvm.get_global_func("runtime.config_threadpool")(0, 1)
             configured.append(True)
         out = step()
-        if any(r.index == 0 and r.params.max_tokens == 120 for r, _ in out):
+        if any(r.index == 0 and r.params.max_tokens == 400 for r, _ in out):
             stamps.append(time.monotonic())
         return out
 
@@ -74,7 +74,7 @@ def test_a_new_schema_does_not_stall_a_running_stream(served):
     thread = threading.Thread(target=compile_new_schema)
     thread.start()
     try:
-        for chunk in client.chat.completions.create(model=server.model, messages=hi, max_tokens=120, stream=True,
+        for chunk in client.chat.completions.create(model=server.model, messages=hi, max_tokens=400, stream=True,
                                                     temperature=0, extra_body={"ignore_eos": True}):
             if len(stamps) == 20:
                 started.set()
@@ -85,6 +85,11 @@ def test_a_new_schema_does_not_stall_a_running_stream(served):
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     t0, t1 = span["t"]
     during = [b - a for a, b in zip(stamps, stamps[1:]) if a < t1 and b > t0]
+    before = [b - a for a, b in zip(stamps, stamps[1:]) if b <= t0]
     median = statistics.median(gaps)
-    assert t1 - t0 > 3 * median, "the schema compiled too fast to show a stall; make it larger"
-    assert during and max(during) < 3 * median, ((max(during), median, t1 - t0), median, t1 - t0)
+    assert t1 - t0 > 10 * median, "the schema compiled too fast to show a stall; make it larger"
+    assert during and before, ("the stream did not run across the schema request", len(stamps), stamps[0] - t0, stamps[-1] - t0, t1 - t0)
+    # 3 x the median step; on a loaded shared machine the steps before the request already jitter
+    # that much, so the bound is the larger of the two (a blocked engine would gap for t1 - t0).
+    bound = max(3 * median, 2 * max(before))
+    assert max(during) < bound < (t1 - t0) / 3, (max(during), median, max(before), t1 - t0)
