@@ -95,9 +95,13 @@ ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 def test_parse_with_pydantic_function_tool(client):
     tool = openai.pydantic_function_tool(Weather)
-    got = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[tool], max_tokens=64,
+    got = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[tool], max_tokens=64, n=8,
                                         tool_choice={"type": "function", "function": {"name": "Weather"}})
-    choice = got.choices[0]
+    for choice in got.choices:
+        check_choice(choice)
+
+
+def check_choice(choice):
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
     assert call.id.startswith("call_") and call.function.name == "Weather"
