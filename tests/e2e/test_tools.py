@@ -95,7 +95,7 @@ ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 def test_parse_with_pydantic_function_tool(client):
     tool = openai.pydantic_function_tool(Weather)
-    got = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[tool], max_tokens=64, n=8,
+    got = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[tool], max_tokens=160, n=8,
                                         tool_choice={"type": "function", "function": {"name": "Weather"}})
     for choice in got.choices:
         check_choice(choice)
@@ -112,7 +112,7 @@ def check_choice(choice):
 def test_required_picks_one_of_the_tools(client):
     tools = [openai.pydantic_function_tool(Weather), openai.pydantic_function_tool(Clock)]
     got = client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required",
-                                         parallel_tool_calls=False, max_tokens=64, temperature=0.8, seed=3)
+                                         parallel_tool_calls=False, max_tokens=160, temperature=0.8, seed=3)
     calls = got.choices[0].message.tool_calls
     assert len(calls) == 1 and got.choices[0].finish_reason == "tool_calls"
     model = {"Weather": Weather, "Clock": Clock}[calls[0].function.name]
@@ -123,7 +123,7 @@ def test_two_turn_conversation_and_developer_role(client):
     tools = [openai.pydantic_function_tool(Clock)]
     first = client.chat.completions.create(
         model=MODEL, messages=[{"role": "developer", "content": "Use tools."}, *ASK], tools=tools,
-        tool_choice={"type": "function", "function": {"name": "Clock"}}, max_tokens=64)
+        tool_choice={"type": "function", "function": {"name": "Clock"}}, max_tokens=160)
     call = first.choices[0].message.tool_calls[0]
     history = [{"role": "developer", "content": "Use tools."}, *ASK,
                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
@@ -135,7 +135,7 @@ def test_two_turn_conversation_and_developer_role(client):
 
 
 def test_streamed_deltas_reassemble_to_the_same_call(client):
-    kwargs = dict(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(Weather)], max_tokens=64,
+    kwargs = dict(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(Weather)], max_tokens=160,
                   tool_choice={"type": "function", "function": {"name": "Weather"}}, temperature=0)
     whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
     name, args, finish, ids = "", "", None, set()
@@ -186,6 +186,6 @@ def test_continuous_usage_stats(served):
 def test_langchain_structured_output_with_function_calling(served):
     from langchain_openai import ChatOpenAI
     server, _ = served
-    llm = ChatOpenAI(model=MODEL, base_url=f"{server.url}/v1", api_key="unused", max_tokens=64, max_retries=0)
+    llm = ChatOpenAI(model=MODEL, base_url=f"{server.url}/v1", api_key="unused", max_tokens=160, max_retries=0)
     got = llm.with_structured_output(Weather, method="function_calling").invoke("Weather in Rome?")
     assert isinstance(got, Weather)
