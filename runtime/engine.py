@@ -15,6 +15,7 @@ the collected stream.
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
@@ -69,6 +70,7 @@ class Engine:
             PrefixCache() if prefix_cache else None)
         self.sampler = Sampler()
         self._grammars = None
+        self._grammars_lock = threading.Lock()
         self._requests: dict[int, Request] = {}      # seq id -> live request
         self._seq_ids = itertools.count()
 
@@ -260,11 +262,17 @@ class Engine:
         rf = params.response_format
         if not rf or rf.get("type") == "text":
             return None
-        if self._grammars is None:
-            from .grammar import GrammarCompiler
-            self._grammars = GrammarCompiler(self._need_tokenizer(), self.runner.vocab_size,
-                                            stop_token_ids=sorted(self.eos_token_ids))
-        return self._grammars.compile(rf)
+        return self.grammar_compiler().compile(rf)
+
+    def grammar_compiler(self):
+        """The engine's GrammarCompiler, built on first use (thread-safe: the server builds it, and
+        compiles each new schema into its cache, off the engine thread)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from .grammar import GrammarCompiler
+                self._grammars = GrammarCompiler(self._need_tokenizer(), self.runner.vocab_size,
+                                                stop_token_ids=sorted(self.eos_token_ids))
+            return self._grammars
 
     def _need_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:

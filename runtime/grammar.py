@@ -131,7 +131,8 @@ class GrammarCompiler:
         self.stop_token_ids = tuple(stops)
         self.tokenizer_info = tokenizer_info(tokenizer, self.vocab_size, self.stop_token_ids)
         self._xgr = xgr
-        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max(1, min(8, os.cpu_count() or 1)))
+        # compiles run beside the engine thread (server.py compiles off it): leave that thread a core
+        self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max(1, min(8, (os.cpu_count() or 2) - 1)))
         self._cache: OrderedDict[str, xgrammar.CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
 

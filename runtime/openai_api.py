@@ -42,6 +42,7 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 # -- request bodies ------------------------------------------------------------------------
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False   # vLLM's extension: usage on every chunk
 
 
 class _GenerationRequest(BaseModel):
@@ -56,6 +57,7 @@ class _GenerationRequest(BaseModel):
     top_k: int | None = None              # extension
     min_p: float | None = None            # extension
     n: int | None = None
+    best_of: int | None = None            # only best_of == n is accepted (no server-side ranking)
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = None
@@ -75,6 +77,9 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[Any] | None = None        # runtime/tools.py validates them
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_GenerationRequest):
@@ -139,6 +144,9 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
     def pick(value, default):
         return default if value is None else value
 
+    if req.best_of is not None and req.best_of != pick(req.n, 1):
+        raise InvalidRequestError(f"best_of {req.best_of} is not supported: kiln does not rank candidates; "
+                                  "leave best_of out or set it equal to n", "best_of")
     if req.seed is not None and req.seed < 0:
         raise InvalidRequestError(f"seed must be an integer >= 0, got {req.seed}", "seed")
     return SamplingParams(
@@ -222,6 +230,7 @@ class Reply:
     token_text: TokenText
     logprobs: bool = False
     include_usage: bool = False           # streaming: usage null on every chunk, then a usage chunk
+    continuous_usage: bool = False        # streaming: the usage so far on every chunk instead of null
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     choices: dict[int, _Choice] = field(default_factory=dict)
@@ -259,8 +268,8 @@ class Reply:
         choice.text_offset += sum(len(self.token_text(lp.token_id)[0]) for lp in lps)
         chunk = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion",
                                [{"index": delta.index, **body, "finish_reason": delta.finish_reason}])
-        if self.include_usage:
-            chunk["usage"] = None
+        if self.include_usage or self.continuous_usage:
+            chunk["usage"] = self.usage() if self.continuous_usage else None
         return chunk
 
     def _echoed(self, delta: StreamDelta) -> str:

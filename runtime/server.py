@@ -24,12 +24,15 @@ generator and aborts the request (its KV pages are freed).
 from __future__ import annotations
 
 import asyncio
+import os
+import functools
 import json
 import logging
 import secrets
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,7 +44,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import embeddings_api, tokenize_api
+from . import embeddings_api, tokenize_api, tools
 from . import openai_api as api
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
@@ -110,6 +113,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
                          args.api_key)
     app = FastAPI(title="kiln", docs_url=None, redoc_url=None)
     app.state.kiln = state
+    threading.Thread(target=_preload_grammars, args=(engine.engine,), name="kiln-xgrammar", daemon=True).start()
     _install_error_handlers(app)
     auth = [Depends(state.check_api_key)]
 
@@ -132,10 +136,15 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         state.check_model(body.model)
-        ids = state.render_chat(body.messages)
+        tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
+        ids = await asyncio.to_thread(tools.render, state.engine.engine, api.chat_messages(body.messages), tool_req)
         params = api.chat_params(body, len(ids), state.context_window)
-        reply = api.Reply("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
-                          include_usage=_include_usage(body))
+        if tool_req is not None and tool_req.forced:
+            params = replace(params, response_format=tool_req.forced_format(body.response_format))
+        await state.compile_grammar(params)
+        kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
+        reply = kind("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
+                     include_usage=_include_usage(body), continuous_usage=_continuous_usage(body))
         return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
 
     @app.post("/v1/completions", dependencies=auth)
@@ -144,11 +153,12 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         state.check_model(body.model)
         prompts = api.completion_prompts(body)
         params = api.completion_params(body)
+        await state.compile_grammar(params)
         ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         echo = [api.Echo(p if isinstance(p, str) else state.decode(i), i) for p, i in zip(prompts, ids)]
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_text,
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
-                          echo=echo if body.echo else None, n=params.n)
+                          continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n)
         return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
 
     return app
@@ -191,6 +201,26 @@ def _byte_level_alphabet() -> dict[str, int]:
 _BYTE_LEVEL = _byte_level_alphabet()
 
 
+def _lower_priority() -> None:
+    """Grammar compiles yield the CPU to the engine thread: a running stream keeps its pace."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):        # not Linux: the compile just shares the CPU
+        pass
+
+
+def _preload_grammars(engine: Any) -> None:
+    """Import xgrammar and build the vocabulary's tokenizer info at start, off every request's path."""
+    try:
+        engine.grammar_compiler()
+    except Exception as e:  # noqa: BLE001 - no tokenizer or no xgrammar: structured output says so per request
+        log.info("structured output not preloaded: %s", e)
+
+
+def _continuous_usage(body: api.CompletionRequest | api.ChatCompletionRequest) -> bool:
+    return bool(body.stream and body.stream_options and body.stream_options.continuous_usage_stats)
+
+
 def _include_usage(body: api.CompletionRequest | api.ChatCompletionRequest) -> bool:
     return bool(body.stream and body.stream_options and body.stream_options.include_usage)
 
@@ -207,6 +237,7 @@ class _ServerState:
         self.metrics = Metrics(engine.engine.stats)
         self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
+        self._grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
 
     # -- checks (raise APIError, answered by the handlers below) -----------------------------
     async def check_api_key(self, request: Request) -> None:
@@ -227,20 +258,20 @@ class _ServerState:
         return {"id": name, "object": "model", "created": self.started, "owned_by": "kiln",
                 "root": self.model_name, "max_model_len": self.context_window}
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        try:
-            return self.engine.engine.render_chat(api.chat_messages(messages))
-        except InvalidRequestError:
-            raise
-        except ValueError as e:                 # the tokenizer names the bad message
-            raise InvalidRequestError(str(e), "messages") from None
-
     def token_text(self, token_id: int) -> tuple[str, bytes]:
         """A token's text and bytes for logprobs (cached; ids are few)."""
         entry = self._token_texts.get(token_id)
         if entry is None:
             entry = self._token_texts[token_id] = _token_text(self.engine.engine.tokenizer, token_id)
         return entry
+
+    async def compile_grammar(self, params: SamplingParams) -> None:
+        """Compile a response_format's grammar into the engine's cache in a worker thread, so the engine
+        thread only looks it up (a new schema can take seconds to compile)."""
+        rf = params.response_format
+        if rf and rf.get("type") != "text":
+            await asyncio.get_running_loop().run_in_executor(
+                self._grammar_pool, lambda: self.engine.engine.grammar_compiler().compile(rf))
 
     # -- one generation path ---------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:

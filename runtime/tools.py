@@ -1,0 +1,280 @@
+"""Tool calling for /v1/chat/completions: tools into the prompt, the model's calls out as `tool_calls`.
+
+    ToolRequest.parse(body)          validate tools / tool_choice / parallel_tool_calls (400 naming the field)
+      .messages(messages, template)  developer -> system; assistant tool_calls and tool results for the template
+      .prompt_tools(template)        the jinja `tools` variable, or None when the default system block is used
+      .response_format()             required / named choice: a JSON schema over the allowed calls (xgrammar)
+    parse_tool_calls(text, forced)   the reply's text -> (content, [OpenAI tool call])
+
+The convention (Hermes / Qwen): a call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+A template that does not use `tools` gets DEFAULT_TOOL_PROMPT as (the start of) its system message.
+When the choice is forced, the output is constrained to the call's JSON itself, without the tags.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from .openai_api import APIError, Reply
+from .protocol import StreamDelta
+
+DEFAULT_TOOL_PROMPT = (
+    "You may call one or more functions to assist with the user query. The functions are described "
+    "as JSON schemas:\n{tools}\nTo call a function, answer with one line per call of the form\n"
+    '<tool_call>{{"name": <function-name>, "arguments": <arguments-json-object>}}</tool_call>')
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    tools: list[dict]                 # OpenAI's [{"type": "function", "function": {...}}], validated
+    choice: str                       # "auto" | "required" | "none" | "named"
+    named: str | None = None          # the forced function's name (choice "named")
+    parallel: bool = True
+
+    @classmethod
+    def parse(cls, tools: list | None, tool_choice: Any, parallel: bool | None) -> ToolRequest | None:
+        """None when the request has no tools (and then a tool_choice other than none/auto is refused)."""
+        if not tools:
+            if tool_choice not in (None, "none", "auto"):
+                raise APIError(400, "tool_choice needs tools; pass some tools or leave tool_choice out", "tool_choice")
+            return None
+        checked = [_check_tool(i, t) for i, t in enumerate(tools)]
+        names = [t["function"]["name"] for t in checked]
+        if len(set(names)) != len(names):
+            raise APIError(400, "tools: function names must be unique", "tools")
+        if tool_choice is None or tool_choice in ("auto", "none", "required"):
+            return cls(checked, tool_choice or "auto", None, parallel is not False)
+        fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
+            raise APIError(400, 'tool_choice must be "none", "auto", "required" or '
+                                '{"type": "function", "function": {"name": ...}}', "tool_choice")
+        if name not in names:
+            raise APIError(400, f"tool_choice names {name!r}, which is not among tools ({', '.join(names)})",
+                           "tool_choice")
+        return cls(checked, "named", name, parallel is not False)
+
+    @property
+    def active(self) -> bool:
+        return self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        return self.choice in ("required", "named")
+
+    def allowed(self) -> list[dict]:
+        return [t for t in self.tools if self.named is None or t["function"]["name"] == self.named]
+
+    def prompt_tools(self, template_uses_tools: bool) -> list[dict] | None:
+        return self.allowed() if self.active and template_uses_tools else None
+
+    def messages(self, messages: list[dict], template_uses_tools: bool) -> list[dict]:
+        """Messages the template can render; with a template that knows no tools, calls become text."""
+        out = []
+        for m in messages:
+            m = dict(m)
+            if not template_uses_tools:
+                m = _as_text(m)
+            out.append(m)
+        if self.active and not template_uses_tools:
+            block = DEFAULT_TOOL_PROMPT.format(tools="\n".join(json.dumps(t["function"]) for t in self.allowed()))
+            if out and out[0].get("role") == "system":
+                out[0] = {**out[0], "content": block + "\n\n" + (out[0].get("content") or "")}
+            else:
+                out.insert(0, {"role": "system", "content": block})
+        return out
+
+    def forced_format(self, response_format: dict | None) -> dict | None:
+        """The forced call's response_format; a request's own (other than text) would contradict it."""
+        if response_format and response_format.get("type") != "text":
+            raise APIError(400, "response_format cannot be combined with a required or named tool_choice: "
+                                "the reply is the tool call's JSON", "response_format")
+        return self.response_format()
+
+    def response_format(self) -> dict | None:
+        """For a forced choice: a JSON schema whose values are exactly the allowed calls."""
+        if not self.forced:
+            return None
+        calls = [{"type": "object", "properties": {
+            "name": {"const": t["function"]["name"]},
+            "arguments": t["function"].get("parameters") or {"type": "object"}},
+            "required": ["name", "arguments"], "additionalProperties": False} for t in self.allowed()]
+        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
+
+
+def normalize_messages(messages: list[dict]) -> list[dict]:
+    """developer -> system; an assistant's tool_calls arguments (JSON strings) -> objects for templates;
+    content None -> ""."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("role") == "developer":
+            m["role"] = "system"
+        if m.get("content") is None and m.get("role") in ("assistant", "tool"):
+            m["content"] = ""
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_call_for_template(c) for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def template_uses_tools(source: str | None) -> bool:
+    return bool(source) and "tools" in source
+
+
+def parse_tool_calls(text: str, forced: bool, parallel: bool = True) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls). Forced: the text is one call's JSON. Otherwise the tagged calls are taken
+    out of the text; if any is not a valid call, the whole text stays content and no call is made."""
+    if forced:
+        call = _call(text)
+        return (None, [call]) if call else (text, [])
+    found = list(_CALL.finditer(text))
+    if not found:
+        return text, []
+    calls = [_call(m.group(1)) for m in found]
+    if any(c is None for c in calls):
+        return text, []
+    content = _CALL.sub("", text).strip()
+    return content or None, calls if parallel else calls[:1]
+
+
+def _call(text: str) -> dict | None:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(args, dict):
+        return None
+    return {"id": "call_" + secrets.token_hex(12), "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def _check_tool(i: int, tool: Any) -> dict:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+        raise APIError(400, f'{where} must be {{"type": "function", "function": {{...}}}}', "tools")
+    fn = tool.get("function")
+    if not isinstance(fn, dict):
+        raise APIError(400, f"{where}.function must be an object", "tools")
+    name = fn.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+        raise APIError(400, f"{where}.function.name must be 1-64 letters, digits, _ . or -, got {name!r}", "tools")
+    params = fn.get("parameters")
+    if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+        raise APIError(400, f"{where}.function.parameters must be a JSON schema of type object", "tools")
+    try:
+        json.dumps(params)
+    except (TypeError, ValueError):
+        raise APIError(400, f"{where}.function.parameters is not JSON", "tools") from None
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def _call_for_template(call: dict) -> dict:
+    fn = dict(call.get("function") or {})
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn["arguments"] = json.loads(fn["arguments"])
+        except ValueError:
+            raise APIError(400, "an assistant tool_calls[].function.arguments is not JSON", "messages") from None
+    return {**call, "function": fn}
+
+
+def _as_text(m: dict) -> dict:
+    """A message for a template that knows no tools: calls as tagged text, a tool result as a user turn."""
+    if m.get("tool_calls"):
+        calls = "\n".join("<tool_call>" + json.dumps({"name": c["function"].get("name"),
+                                                      "arguments": c["function"].get("arguments")})
+                          + "</tool_call>" for c in m["tool_calls"])
+        return {"role": "assistant", "content": ((m.get("content") or "") + "\n" + calls).strip()}
+    if m.get("role") == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+    return {k: v for k, v in m.items() if k != "name"}
+
+
+def render(engine: Any, messages: list[dict], tools: ToolRequest | None) -> list[int]:
+    """Prompt ids of a chat request with its tools (runs in a worker thread, never on the engine's)."""
+    tok = engine._need_tokenizer()
+    messages = normalize_messages(messages)
+    extra: dict[str, Any] = {}
+    if tools is not None:
+        source = tok._config.get("chat_template")
+        if not source:
+            raise APIError(400, "this model's tokenizer has no chat template, so tools cannot be put in a "
+                                "prompt; send a completions request instead", "tools")
+        uses = template_uses_tools(json.dumps(source))
+        messages = tools.messages(messages, uses)
+        if tools.prompt_tools(uses) is not None:
+            extra["tools"] = tools.prompt_tools(uses)
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, **extra)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
+    return tok.encode(text, add_special_tokens=False)
+
+
+class ToolReply(Reply):
+    """A chat Reply whose choices may end in tool calls. Streaming, text is sent as content until it
+    could be the start of a `<tool_call>` tag (a forced call holds it all); when the choice finishes,
+    its calls are sent as tool_calls deltas (finish_reason "tool_calls"), or the held text as content."""
+
+    def __init__(self, *args: Any, tools: ToolRequest, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.tools = tools
+        self._sent: dict[int, int] = {}       # choice -> characters already sent as content
+
+    def _split(self, text: str) -> tuple[str | None, list[dict]]:
+        return parse_tool_calls(text, self.tools.forced, self.tools.parallel)
+
+    def add(self, delta: StreamDelta) -> dict | None:
+        first = delta.index not in self.choices
+        chunk = super().add(delta)
+        if chunk is None:
+            return None
+        body, text = chunk["choices"][0], self.choices[delta.index].text
+        sent = self._sent.get(delta.index, 0)
+        body["delta"] = {"role": "assistant"} if first else {}
+        if delta.finish_reason is None:
+            safe = 0 if self.tools.forced else _safe_prefix(text)
+            self._sent[delta.index] = max(sent, safe)
+            if safe <= sent and not first:
+                return None
+            body["delta"]["content"] = text[sent:safe] if safe > sent else ""
+            return chunk
+        content, calls = self._split(text)
+        if calls:
+            body["delta"]["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+            body["finish_reason"] = "tool_calls"
+        elif len(text) > sent:
+            body["delta"]["content"] = text[sent:]
+        return chunk
+
+    def final(self) -> dict:
+        out = super().final()
+        for choice in out["choices"]:
+            content, calls = self._split(choice["message"]["content"])
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls"
+        return out
+
+
+def _safe_prefix(text: str) -> int:
+    """How much of a reply so far can be sent as content: up to a `<tool_call>` tag, or to a tail that
+    could still become one."""
+    tag = "<tool_call>"
+    at = text.find(tag)
+    if at >= 0:
+        return at
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return len(text) - k
+    return len(text)

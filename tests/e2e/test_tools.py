@@ -1,0 +1,191 @@
+"""Tool calling through the official openai SDK and langchain-openai, against a tiny compiled model.
+
+The tiny model is random, so its free text never holds a call: these tests force calls with
+tool_choice (xgrammar keeps the output to the allowed calls' JSON) and check what comes back, and
+render prompts through both a template that uses `tools` (Qwen-like, set below) and one that does
+not (the tiny tokenizer's ChatML, which gets kiln's default tool block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Literal
+
+import openai
+import pytest
+import uvicorn
+from pydantic import BaseModel
+
+from kiln.runtime.async_engine import AsyncEngine
+from kiln.runtime.engine import Engine, EngineConfig
+from kiln.runtime.server import ServerArgs, create_app
+from test_server import Server, wait_for
+from tiny_models import write_tiny_llama
+
+pytestmark = pytest.mark.e2e
+MODEL = "tiny-tools"
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls', []) %}<tool_call>{{ c['function'] | tojson }}</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class Weather(BaseModel):
+    city: Literal["Oslo", "Rome", "Lima"]
+    celsius: bool
+
+
+class Clock(BaseModel):
+    zone: Literal["UTC", "CET"]
+
+
+@contextlib.contextmanager
+def serving(artifact):
+    """The tiny model served on loopback; yields (Server, its Engine) so a test can swap the template."""
+    engine = Engine(artifact, EngineConfig(max_num_seqs=8))
+    aengine = AsyncEngine(engine)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(aengine, ServerArgs(model_name=MODEL)), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, what="the server to start")
+        yield Server(f"http://127.0.0.1:{sock.getsockname()[1]}", MODEL), engine
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        aengine.stop()
+        sock.close()
+
+
+def long_context_artifact(tmp: Path) -> Path:
+    """The tiny Llama with a 2048-token window: tool schemas take hundreds of its 512-vocab tokens."""
+    import kiln
+    write_tiny_llama(tmp / "model", tied=True, max_position_embeddings=2048)
+    return kiln.compile(str(tmp / "model"), target="cpu", quant="q0f32", output=tmp / "art")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with serving(long_context_artifact(tmp_path_factory.mktemp("tools"))) as (server, engine):
+        yield server, engine
+
+
+@pytest.fixture(params=["tools-template", "chatml"])
+def client(request, served):
+    server, engine = served
+    config = engine.tokenizer._config
+    original = config["chat_template"]
+    if request.param == "tools-template":
+        config["chat_template"] = TOOLS_TEMPLATE
+    try:
+        yield server.client()
+    finally:
+        config["chat_template"] = original
+
+
+ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def test_parse_with_pydantic_function_tool(client):
+    tool = openai.pydantic_function_tool(Weather)
+    got = client.chat.completions.parse(model=MODEL, messages=ASK, tools=[tool], max_tokens=160, n=8,
+                                        tool_choice={"type": "function", "function": {"name": "Weather"}})
+    for choice in got.choices:
+        check_choice(choice)
+
+
+def check_choice(choice):
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.function.name == "Weather"
+    assert isinstance(call.function.parsed_arguments, Weather)
+    assert Weather.model_validate_json(call.function.arguments) == call.function.parsed_arguments
+
+
+def test_required_picks_one_of_the_tools(client):
+    tools = [openai.pydantic_function_tool(Weather), openai.pydantic_function_tool(Clock)]
+    got = client.chat.completions.create(model=MODEL, messages=ASK, tools=tools, tool_choice="required",
+                                         parallel_tool_calls=False, max_tokens=160, temperature=0.8, seed=3)
+    calls = got.choices[0].message.tool_calls
+    assert len(calls) == 1 and got.choices[0].finish_reason == "tool_calls"
+    model = {"Weather": Weather, "Clock": Clock}[calls[0].function.name]
+    model.model_validate_json(calls[0].function.arguments)
+
+
+def test_two_turn_conversation_and_developer_role(client):
+    tools = [openai.pydantic_function_tool(Clock)]
+    first = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "developer", "content": "Use tools."}, *ASK], tools=tools,
+        tool_choice={"type": "function", "function": {"name": "Clock"}}, max_tokens=160)
+    call = first.choices[0].message.tool_calls[0]
+    history = [{"role": "developer", "content": "Use tools."}, *ASK,
+               {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "12:00"}]
+    second = client.chat.completions.create(model=MODEL, messages=history, tools=tools, max_tokens=8,
+                                            temperature=0)
+    assert second.choices[0].finish_reason in ("stop", "length")
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_streamed_deltas_reassemble_to_the_same_call(client):
+    kwargs = dict(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(Weather)], max_tokens=160,
+                  tool_choice={"type": "function", "function": {"name": "Weather"}}, temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls[0]
+    name, args, finish, ids = "", "", None, set()
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or []:
+                ids.add(d.id) if d.id else None
+                name += d.function.name or ""
+                args += d.function.arguments or ""
+    assert finish == "tool_calls" and len(ids) == 1
+    assert (name, json.loads(args)) == (whole.function.name, json.loads(whole.function.arguments))
+
+
+def test_tool_choice_none_and_refusals(client):
+    got = client.chat.completions.create(model=MODEL, messages=ASK, tools=[openai.pydantic_function_tool(Weather)],
+                                         tool_choice="none", max_tokens=4, temperature=0)
+    assert got.choices[0].message.tool_calls is None
+    bad = {"type": "function", "function": {"name": "w", "parameters": {"type": "array"}}}
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\]\.function\.parameters"):
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[bad], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=2, best_of=3)
+
+
+def test_no_template_is_refused_for_tools(served):
+    server, engine = served
+    config = engine.tokenizer._config
+    original = config.pop("chat_template")
+    try:
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            server.client().chat.completions.create(model=MODEL, messages=ASK, max_tokens=4,
+                                                    tools=[openai.pydantic_function_tool(Weather)])
+    finally:
+        config["chat_template"] = original
+
+
+def test_continuous_usage_stats(served):
+    server, _ = served
+    chunks = list(server.client().chat.completions.create(
+        model=MODEL, messages=ASK, max_tokens=5, stream=True, temperature=0,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counted = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert all(c.usage is not None for c in chunks)
+    assert counted == sorted(counted) and chunks[-1].usage.completion_tokens == 5
+
+
+def test_langchain_structured_output_with_function_calling(served):
+    from langchain_openai import ChatOpenAI
+    server, _ = served
+    llm = ChatOpenAI(model=MODEL, base_url=f"{server.url}/v1", api_key="unused", max_tokens=160, max_retries=0)
+    got = llm.with_structured_output(Weather, method="function_calling").invoke("Weather in Rome?")
+    assert isinstance(got, Weather)
