@@ -10,13 +10,14 @@ frees its KV pages.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from .engine import Engine, EngineBusy, Prompt
-from .protocol import (AbortRequest, AddRequest, EmbedRequest, EngineCommand, InvalidRequestError, SamplingParams,
+from .protocol import (AbortRequest, AddRequest, CancelAll, EmbedRequest, EngineCommand, InvalidRequestError, SamplingParams,
                        StreamDelta)
 from .request import Request
 
@@ -56,6 +57,9 @@ class RequestHandle:
             return False
 
 
+_log = logging.getLogger("kiln.engine")
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -92,6 +96,10 @@ class AsyncEngine:
         self._submit(EmbedRequest(list(inputs), loop, future))
         return await future
 
+    def cancel_all(self) -> None:
+        """End every live request (finish_reason "shutdown"); thread-safe, applied between steps."""
+        self._submit(CancelAll())
+
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()
@@ -111,8 +119,9 @@ class AsyncEngine:
                 continue
             try:
                 out = self.engine.step()
-            except Exception as e:  # a failed step must not kill the server: fail the live requests
-                self._fail_all(e)
+            except Exception:  # a failed step must not kill the server: fail the live requests
+                _log.exception("an engine step failed; its requests are answered with an error")
+                self._fail_all("error")
                 continue
             for request, delta in out:
                 self._deliver(request, delta)
@@ -132,6 +141,8 @@ class AsyncEngine:
                 self._abort(command.handle)
             elif isinstance(command, EmbedRequest):
                 self._embed(command)
+            elif isinstance(command, CancelAll):
+                self._fail_all("shutdown")
             else:
                 raise TypeError(f"unknown engine command {command!r}")
 
@@ -184,11 +195,11 @@ class AsyncEngine:
         if not handle.send(delta):
             self._abort(handle)
 
-    def _fail_all(self, error: Exception) -> None:
+    def _fail_all(self, reason: str) -> None:
         for handle in {id(h): h for h in self._handles.values()}.values():
             for r in handle.requests:
                 self.engine.abort(r)
-                handle.send(StreamDelta(r.index, "", [], "error"))
+                handle.send(StreamDelta(r.index, "", [], reason))
         self._handles.clear()
 
     @property

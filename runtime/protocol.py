@@ -124,7 +124,8 @@ class StreamDelta:
     index: int                        # which prompt (or which of n completions) of the call
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
+    finish_reason: str | None = None  # "stop" | "length" | "abort" when finished; "error" (a failed step),
+                                      # "shutdown" (cancelled by a server shutting down)
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None   # on the first delta, when asked: one per
                                                                # prompt token, None for the first
@@ -160,6 +161,11 @@ class AddRequest:
 
 
 @dataclass(frozen=True)
+class CancelAll:
+    """End every live request with finish_reason "shutdown" and free its KV pages (a draining server)."""
+
+
+@dataclass(frozen=True)
 class AbortRequest:
     """Stop every output stream of an earlier AddRequest and free their KV pages (the caller left)."""
 
@@ -176,7 +182,7 @@ class EmbedRequest:
     future: object                    # asyncio.Future
 
 
-EngineCommand = AddRequest | AbortRequest | EmbedRequest
+EngineCommand = AddRequest | AbortRequest | EmbedRequest | CancelAll
 
 
 # -- engine state, for metrics -------------------------------------------------------------------

@@ -84,6 +84,7 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
           f"(model {name!r})", flush=True)
     server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                             timeout_graceful_shutdown=GRACE_SECONDS))
+    server.on_grace_end = aengine.cancel_all
     try:
         server.run()
     finally:
@@ -91,6 +92,17 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
+    on_grace_end = staticmethod(lambda: None)    # ends the requests still running (503 / an error event)
+
+    async def shutdown(self, sockets=None) -> None:
+        """uvicorn's shutdown, but a second before its grace period ends (when it would cancel the
+        handlers and answer 500) the requests still running are ended, so they answer 503."""
+        timer = asyncio.get_running_loop().call_later(max(0.0, GRACE_SECONDS - 1), self.on_grace_end)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
     @contextmanager
     def capture_signals(self):
         """uvicorn's graceful shutdown on SIGINT/SIGTERM, without re-raising the signal afterwards."""
@@ -330,9 +342,8 @@ async def _collect(request: Request, reply: api.Reply, deltas: AsyncIterator[Str
     async def consume() -> None:
         async with aclosing(deltas):
             async for delta in deltas:
-                if delta.finish_reason == "error":
-                    raise api.APIError(500, "the engine failed while generating; see the server log",
-                                       type="server_error", code="internal_error")
+                if delta.finish_reason in _FAILED:
+                    raise api.APIError(*_FAILED[delta.finish_reason])
                 reply.add(delta)
 
     async def disconnected() -> None:       # the body is read, so the next message is the disconnect
@@ -352,14 +363,22 @@ async def _collect(request: Request, reply: api.Reply, deltas: AsyncIterator[Str
         await asyncio.gather(task, watch, return_exceptions=True)
 
 
+_FAILED = {      # finish reasons that end a request without an answer: APIError's arguments
+    "error": (500, "the engine failed while generating; see the server log", None, "server_error",
+              "internal_error"),
+    "shutdown": (503, "the server is shutting down and cancelled this request; send it again (to another "
+                      "replica, or once the server is back)", None, "server_error", "shutting_down"),
+}
+
+
 async def _sse(reply: api.Reply, first: StreamDelta, deltas: AsyncIterator[StreamDelta]) -> AsyncIterator[str]:
     """Server-sent events: one chunk per delta, the usage chunk if asked for, then [DONE]."""
     async with aclosing(deltas):
         delta: StreamDelta | None = first
         while delta is not None:
-            if delta.finish_reason == "error":
-                yield _event(api.error_body("the engine failed while generating; see the server log",
-                                            "server_error", code="internal_error"))
+            if delta.finish_reason in _FAILED:
+                _, message, _, type_, code = _FAILED[delta.finish_reason]
+                yield _event(api.error_body(message, type_, code=code))
                 return
             chunk = reply.add(delta)
             if chunk is not None:

@@ -41,6 +41,7 @@ HELLO = [{"role": "user", "content": "Say hello to the world."}]
 class Server:
     url: str
     model: str
+    engine: AsyncEngine | None = None
 
     def client(self, api_key: str = "unused") -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=120)
@@ -65,7 +66,7 @@ def running_server(artifact: Path, args: ServerArgs) -> Iterator[Server]:
     thread.start()
     try:
         wait_for(lambda: server.started, what="the server to start")
-        yield Server(f"http://127.0.0.1:{sock.getsockname()[1]}", args.model_name or Path(artifact).name)
+        yield Server(f"http://127.0.0.1:{sock.getsockname()[1]}", args.model_name or Path(artifact).name, aengine)
     finally:
         server.should_exit = True
         thread.join(timeout=30)

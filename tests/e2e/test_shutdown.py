@@ -3,6 +3,7 @@ finish or end within the grace period, exit code 0."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -12,6 +13,10 @@ import time
 
 import httpx
 import pytest
+
+from kiln.runtime import EngineConfig
+from kiln.runtime.server import ServerArgs
+from test_server import running_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -64,3 +69,32 @@ def test_sigterm_drains_and_exits_zero(tiny_artifacts):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_requests_cut_by_the_grace_period_answer_503_not_500(tiny_artifacts):
+    """What a drain does once the grace period is over (AsyncEngine.cancel_all): a queued request
+    answers 503 shutting_down, a running stream ends with that error event; nothing answers 500."""
+    args = ServerArgs(engine=EngineConfig(max_num_seqs=1))
+    with running_server(tiny_artifacts["tied"], args) as server:
+        body = {"prompt": "hello", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+        lines, answers = [], []
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True},
+                              timeout=60) as r:
+                lines.extend(r.iter_lines())
+
+        def queued() -> None:
+            answers.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
+        threads = [threading.Thread(target=stream), threading.Thread(target=queued)]
+        threads[0].start()
+        wait_for(lambda: server.engine.num_live >= 1, what="the stream to start")
+        threads[1].start()
+        wait_for(lambda: server.engine.num_live >= 2, what="the second request to queue")
+        server.engine.cancel_all()
+        for t in threads:
+            t.join(timeout=60)
+        assert answers[0].status_code == 503 and answers[0].json()["error"]["code"] == "shutting_down"
+        events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+        assert events[-1]["error"]["code"] == "shutting_down", events[-1]
+        wait_for(lambda: server.metric("kiln_kv_pages_used") == 0, what="the KV pages to be freed")
