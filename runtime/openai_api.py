@@ -46,9 +46,10 @@ class StreamOptions(BaseModel):
 
 
 class _GenerationRequest(BaseModel):
-    """Fields shared by both routes. Unknown fields are ignored; None means "the default"."""
+    """Fields shared by both routes. An unknown field is refused (400 naming it), never ignored;
+    None means "the default"."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None              # must name the served model when given
     max_tokens: int | None = None
@@ -69,7 +70,9 @@ class _GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False              # extension
     priority: int = 0                     # extension: used by the "priority" scheduling policy
-    user: str | None = None               # accepted and ignored
+    user: str | None = None               # OpenAI's end-user tag: accepted; it changes no output
+    metadata: dict[str, str] | None = None   # OpenAI's tags for stored completions: accepted; no output change
+    store: Literal[False] | None = None   # kiln stores nothing: store=true is refused
 
 
 class ChatCompletionRequest(_GenerationRequest):

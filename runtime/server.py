@@ -430,6 +430,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         where = ".".join(loc)
         message = f"{where}: {first.get('msg', 'invalid value')}" if where else first.get("msg", "invalid request")
+        if first.get("type") == "extra_forbidden":
+            message = f"{where} is not supported by this server; leave it out (GET /openapi.json lists the fields)"
         if first.get("type") == "json_invalid":
             reason = first.get("ctx", {}).get("error", "")
             return answer(400, f"the request body is not valid JSON: {reason}".rstrip(": "))

@@ -335,6 +335,9 @@ BAD_INPUTS = [
     ("top-p-zero", CHAT, {**ONE, "top_p": 0}, "top_p"),
     ("top-p-above-one", CHAT, {**ONE, "top_p": 1.5}, "top_p"),
     ("n-zero", CHAT, {**ONE, "n": 0}, "n"),
+    ("unknown-field", CHAT, {**ONE, "functions": [{"name": "f"}]}, "functions"),
+    ("store-true", CHAT, {**ONE, "store": True}, "store"),
+    ("unknown-completion-field", COMPLETIONS, {"prompt": "hi", "best_of_n": 2}, "best_of_n"),
     ("temperature-huge", CHAT, {**ONE, "temperature": 1e9}, "temperature"),
     ("n-huge", CHAT, {**ONE, "n": 1000}, "n"),
     ("n-above-max-num-seqs", CHAT, {**ONE, "n": 17}, "n"),   # the fixture serves 16 sequences
