@@ -44,7 +44,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import embeddings_api, tokenize_api, tools
+from . import embeddings_api, responses_api, tokenize_api, tools
 from . import openai_api as api
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
@@ -143,6 +143,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
 
     embeddings_api.install(app, state, auth)
     tokenize_api.install(app, state, auth)
+    responses_api.install(app, state, auth)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
