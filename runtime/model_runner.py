@@ -98,14 +98,13 @@ class ModelRunner:
 
     # -- forward passes ---------------------------------------------------------------
     def check_tokens(self, ids: Sequence[int]) -> np.ndarray:
-        arr = np.asarray(ids, dtype=np.int64)
-        if arr.ndim != 1:
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids):
             raise InvalidRequestError("token ids must be a flat list of integers", "prompt")
-        bad = arr[(arr < 0) | (arr >= self.vocab_size)]
-        if bad.size:
-            raise InvalidRequestError(f"token id {int(bad[0])} is outside the vocabulary [0, {self.vocab_size}); "
+        bad = [int(t) for t in ids if not 0 <= t < self.vocab_size]      # before any fixed-width conversion
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size}); "
                                       "pass ids produced by this model's tokenizer", "prompt")
-        return arr.astype(np.int32)
+        return np.asarray(ids, dtype=np.int32)
 
     def run(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], full: Sequence[bool] = ()):
         """One forward over a ragged batch: append each sequence's tokens; last-token logits [batch, vocab].

@@ -123,7 +123,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     name = args.model_name or folder
     state = _ServerState(engine, name, tuple(dict.fromkeys(a for a in (*args.aliases, folder) if a != name)),
                          args.api_key)
-    app = FastAPI(title="kiln", docs_url=None, redoc_url=None)
+    app = FastAPI(title="kiln", redoc_url=None)    # /docs and /openapi.json describe every route
     app.state.kiln = state
     threading.Thread(target=_preload_grammars, args=(engine.engine,), name="kiln-xgrammar", daemon=True).start()
     _install_error_handlers(app)
@@ -168,6 +168,8 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         params = api.completion_params(body)
         await state.compile_grammar(params)
         ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        for i in ids:
+            state.engine.engine.runner.check_tokens(i)     # before the echo decodes them
         echo = [api.Echo(p if isinstance(p, str) else state.decode(i), i) for p, i in zip(prompts, ids)]
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_text,
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),

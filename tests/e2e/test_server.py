@@ -350,6 +350,8 @@ BAD_INPUTS = [
     ("prompt-too-long", COMPLETIONS, {"prompt": "hello " * 300}, "max_tokens"),
     ("negative-seed", COMPLETIONS, {"prompt": "hi", "seed": -1}, "seed"),
     ("token-outside-vocab", COMPLETIONS, {"prompt": [1, 2, 99999]}, "prompt"),
+    ("negative-token-echo", COMPLETIONS, {"prompt": [3, -80665], "echo": True}, "prompt"),  # found by schemathesis
+    ("token-beyond-int64", COMPLETIONS, {"prompt": [3, 2 ** 70]}, "prompt"),
     ("empty-prompt", COMPLETIONS, {"prompt": ""}, "prompt"),
     ("empty-prompt-list", COMPLETIONS, {"prompt": []}, "prompt"),
     ("max-tokens-zero-without-echo", COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, "max_tokens"),
