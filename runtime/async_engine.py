@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from .engine import Engine, EngineBusy, Prompt
-from .protocol import (AbortRequest, AddRequest, CancelAll, EmbedRequest, EngineCommand, InvalidRequestError, SamplingParams,
-                       StreamDelta)
+from .protocol import (AbortRequest, AddRequest, EmbedRequest, EngineCommand, InvalidRequestError, SamplingParams,
+                       ShuttingDown, StreamDelta)
 from .request import Request
 
 
@@ -68,6 +68,8 @@ class AsyncEngine:
         self._deferred: list[EmbedRequest] = []        # waiting for KV pages; retried after each step
         self._wake = threading.Event()
         self._stopped = False
+        self._live: set[RequestHandle] = set()         # calls not yet finished (cancel_all ends them)
+        self._live_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
         self._thread.start()
 
@@ -75,17 +77,23 @@ class AsyncEngine:
                        priority: int = 0) -> AsyncIterator[StreamDelta]:
         """Yield this prompt's deltas (params.n streams interleaved, told apart by delta.index)."""
         handle = RequestHandle.on_running_loop()
+        with self._live_lock:
+            self._live.add(handle)
         self._submit(AddRequest(prompt, params, priority, handle))
         remaining = -1                        # unknown until the engine thread has queued it
         try:
-            await handle.accepted             # raises InvalidRequestError for bad input
+            await handle.accepted             # raises InvalidRequestError for bad input, ShuttingDown
             remaining = len(handle.requests)
             while remaining:
                 delta = await handle.deltas.get()
+                yield delta
+                if delta.finish_reason == "shutdown":
+                    return                    # cancel_all: the whole call ends here
                 if delta.finish_reason is not None:
                     remaining -= 1
-                yield delta
         finally:
+            with self._live_lock:
+                self._live.discard(handle)
             if remaining:                     # the caller left early (even before the add was applied)
                 self._submit(AbortRequest(handle))
 
@@ -97,8 +105,13 @@ class AsyncEngine:
         return await future
 
     def cancel_all(self) -> None:
-        """End every live request (finish_reason "shutdown"); thread-safe, applied between steps."""
-        self._submit(CancelAll())
+        """End every live call now, from any thread (a server draining past its grace period): one
+        waiting for the engine raises ShuttingDown, a running one gets a "shutdown" delta. Their
+        requests are then aborted (KV pages freed) between steps, without waiting for the engine."""
+        with self._live_lock:
+            live = list(self._live)
+        for handle in live:
+            handle._call(_shut_down, handle)
 
     def stop(self) -> None:
         self._stopped = True
@@ -141,8 +154,6 @@ class AsyncEngine:
                 self._abort(command.handle)
             elif isinstance(command, EmbedRequest):
                 self._embed(command)
-            elif isinstance(command, CancelAll):
-                self._fail_all("shutdown")
             else:
                 raise TypeError(f"unknown engine command {command!r}")
 
@@ -205,6 +216,14 @@ class AsyncEngine:
     @property
     def num_live(self) -> int:
         return len(self._handles)
+
+
+def _shut_down(handle: RequestHandle) -> None:
+    """On the caller's loop: end one call (see AsyncEngine.cancel_all)."""
+    if not handle.accepted.done():
+        handle.accepted.set_exception(ShuttingDown())
+    else:
+        handle.deltas.put_nowait(StreamDelta(0, "", [], "shutdown"))
 
 
 def _settle(future: asyncio.Future, result, error: Exception | None) -> None:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from .async_engine import RequestHandle
 
 
+class ShuttingDown(Exception):
+    """The server is draining and cancelled this call before it ran (answered 503)."""
+
+
 class InvalidRequestError(ValueError):
     """Bad user input to the runtime (a parameter, a prompt); the message names it and the fix."""
 
@@ -161,11 +165,6 @@ class AddRequest:
 
 
 @dataclass(frozen=True)
-class CancelAll:
-    """End every live request with finish_reason "shutdown" and free its KV pages (a draining server)."""
-
-
-@dataclass(frozen=True)
 class AbortRequest:
     """Stop every output stream of an earlier AddRequest and free their KV pages (the caller left)."""
 
@@ -182,7 +181,7 @@ class EmbedRequest:
     future: object                    # asyncio.Future
 
 
-EngineCommand = AddRequest | AbortRequest | EmbedRequest | CancelAll
+EngineCommand = AddRequest | AbortRequest | EmbedRequest
 
 
 # -- engine state, for metrics -------------------------------------------------------------------

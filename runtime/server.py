@@ -49,7 +49,7 @@ from . import openai_api as api
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
 from .metrics import Metrics
-from .protocol import InvalidRequestError, SamplingParams, StreamDelta
+from .protocol import InvalidRequestError, SamplingParams, ShuttingDown, StreamDelta
 
 log = logging.getLogger("kiln.server")
 
@@ -425,6 +425,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValueError)       # tokenizer / chat template validation
     async def value_error(_: Request, e: ValueError) -> JSONResponse:
         return answer(400, str(e))
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(_: Request, _e: ShuttingDown) -> JSONResponse:
+        status, message, param, type_, code = _FAILED["shutdown"]
+        return answer(status, message, type_, param, code)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
