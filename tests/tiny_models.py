@@ -102,3 +102,19 @@ def assert_prefill_and_decode_match(artifact: Path, reference, ids: list[int], t
         logits = runner.decode([1], [seq[-1]])[0]
         np.testing.assert_allclose(logits, reference_logits(reference, seq)[-1], atol=tol, rtol=0)
     assert np.abs(expected).max() > 0.5, "logits too small for the tolerance to mean anything"
+
+
+def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: int = 0):
+    """A transformers model (class names as strings) with random weights widened so a 1e-4 tolerance
+    bites (norm weights around 1), saved to dest with a tokenizer; returned in eval mode."""
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg, attn_implementation="eager"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
+    dest.mkdir(parents=True)
+    model.save_pretrained(dest)
+    write_tokenizer(dest, cfg.get("vocab_size", 512))
+    return model.eval()

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import kiln
 from gguf_writer import write_gguf
 from kiln.models.gguf import load_gguf
-from tiny_models import assert_prefill_and_decode_match, write_tokenizer
+from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
 TOL = 1e-4
@@ -54,18 +53,9 @@ CASES = {
 
 def write_hf(case: str, dest, seed: int = 0):
     """The case's transformers model with widened random weights, saved with a tokenizer."""
-    import transformers
     model_cls, config_cls, overrides = CASES[case]
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if case == "gpt2" else dict(SMALL, **overrides)
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg, attn_implementation="eager"))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
-    dest.mkdir(parents=True)
-    model.save_pretrained(dest)
-    write_tokenizer(dest, 512)
-    return model.eval()
+    return write_widened(model_cls, config_cls, cfg, dest, seed)
 
 
 @pytest.mark.parametrize("case", list(CASES))
