@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -50,3 +54,30 @@ def bench_transformers(model_arg: str, prompt_len: int, gen_len: int, runs: int)
             prefill.append(p)
             steps.append(statistics.median(times))
     return {"prefill_tok_s": prompt_len / statistics.median(prefill), "decode_tok_s": 1 / statistics.median(steps)}
+
+
+@contextlib.contextmanager
+def kiln_server(model: str, *extra: str, timeout: float = 900):
+    """`kiln serve MODEL` on a free loopback port until the block ends; yields its base URL."""
+    import httpx
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", model, "--port", str(port), *extra],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"`kiln serve {model}` did not start")
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
