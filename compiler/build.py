@@ -26,7 +26,7 @@ from .artifact import check_output, staged_artifact
 from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
 from .pipeline import build_pipeline
 from .quantize import QuantPlan, QuantScheme, get_scheme
-from .spec import build_spec
+from .spec import bound_shapes, build_spec
 
 # progress(stage, done, total): stages are "load", "export", "compile:<phase>", "weights", "golden", "write"
 Progress = Callable[[str, int, int], None]
@@ -78,6 +78,8 @@ class Exported:
     mod: tvm.IRModule                       # the entry functions, before the pipeline
     named_params: list
     window_mode: str                        # how the KV cache slides ("" without sliding layers)
+    context: int                            # tokens a sequence may hold (the model's, or --context-window)
+    chunk: int                              # most tokens one forward takes (the memory plan's bound)
 
 
 def export_model(opts: CompileOptions, progress: Progress | None = None) -> Exported:
@@ -92,6 +94,11 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     scheme = get_scheme(opts.quant, source.format, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage)
     report("load", 1, 1)
+    if opts.context_window and opts.context_window > config.context_window_size:
+        raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "
+                         f"({config.context_window_size} tokens); pass at most {config.context_window_size}")
+    context = opts.context_window or config.context_window_size
+    chunk = min(opts.prefill_chunk or profile.prefill_chunk, context)
     report("export", 0, 1)
     with profile.tvm_target():
         mod, named_params = model.export_tvm(
@@ -103,8 +110,10 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
             raise ValueError(f"this model soft-caps attention scores (attn_logit_softcapping={softcap}), which "
                              f"kiln's {profile.name} attention kernels do not implement yet; use --target {able}")
         mod = mod.with_attr(SOFTCAP_ATTR, float(softcap))
+    mod = bound_shapes(mod, chunk, opts.max_batch_size)
     report("export", 1, 1)
-    return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "")
+    return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "",
+                    context, chunk)
 
 
 def compile_model(opts: CompileOptions, progress: Progress | None = None, fallback: Fallback | None = None) -> Path:
@@ -116,11 +125,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
     source, arch, config, profile, scheme, plan = ex.source, ex.arch, ex.config, ex.profile, ex.scheme, ex.plan
     named_params = ex.named_params
 
-    if opts.context_window and opts.context_window > config.context_window_size:
-        raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "
-                         f"({config.context_window_size} tokens); pass at most {config.context_window_size}")
-    context = opts.context_window or config.context_window_size
-    chunk = min(opts.prefill_chunk or profile.prefill_chunk, context)
+    context, chunk = ex.context, ex.chunk
     dest = opts.output or Path("dist") / default_name(source, scheme.name, profile.name)
     if opts.output is None:
         check_output(dest, opts.force)

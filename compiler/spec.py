@@ -7,6 +7,7 @@ so the runtime can drive any artifact by name. Shapes use symbolic dims:
 
 from __future__ import annotations
 
+from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
@@ -45,3 +46,29 @@ def build_spec(model: nn.Module, hidden_size: int, dtype: str) -> dict:
     if missing:
         raise TypeError(f"{type(model).__name__} lacks entry functions {missing}")
     return spec
+
+
+# Entry functions whose output TVM may size at the bound: all but batch_verify, whose output is
+# the logits at every position (a prefill chunk times the vocabulary at the bound).
+_BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode")
+
+
+def bound_shapes(mod, prefill_chunk: int, max_batch_size: int):
+    """Give each entry function upper bounds for `seq_len` and `batch_size`, so TVM plans its memory
+    once, at those sizes, instead of allocating per call shape (the VM's pool keeps one buffer per
+    size it has seen, so a server's memory would grow with every new prompt length and batch).
+
+    The runner keeps every call within them (runtime/model_runner.py): a forward's tokens within
+    the chunk, its sequences and returned logit rows within max_batch_size.
+    """
+    for gv, func in list(mod.functions_items()):
+        name = gv.name_hint
+        if not isinstance(func, relax.Function) or name not in (*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS):
+            continue
+        seq_len = max(prefill_chunk, max_batch_size) if name == "embed" else prefill_chunk  # decode embeds a batch
+        func = func.with_attr("tir_var_upper_bound", {"seq_len": seq_len, "batch_size": max_batch_size})
+        func = func.with_attr("tir_non_negative_var", ["seq_len", "batch_size"])
+        if name in _BOUNDED_OUTPUT:
+            func = func.with_attr("relax.memory_plan_dynamic_func_output", True)
+        mod[gv] = func
+    return mod

@@ -81,13 +81,16 @@ def main() -> None:
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="write the IR after each pipeline phase here")
 @click.option("--context-window", type=int, help="cap the context window (KV memory)")
 @click.option("--prefill-chunk", type=int, help="most tokens one prefill call takes")
+@click.option("--max-batch-size", type=int, default=32, show_default=True,
+              help="most sequences one forward runs (what `kiln serve --max-num-seqs` may use; memory is "
+                   "planned for it)")
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @click.option("--check", "check_after", is_flag=True,
               help="then run the artifact on its golden prompts (as `kiln check`) if it runs on this machine")
 @click.option("--no-golden", is_flag=True, help="store no golden logits (then `kiln check` has nothing to compare)")
 @_friendly_errors
-def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, force, check_after,
-                no_golden) -> None:
+def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size, force,
+                check_after, no_golden) -> None:
     """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory.
 
     Unless --no-golden, the reference's top-k logits on three short prompts go into the artifact
@@ -102,13 +105,14 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
     if is_many(target):
         if check_after:
             raise click.UsageError("--check runs one artifact; with several targets run `kiln check` on each")
-        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, force, not no_golden)
+        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size, force,
+                      not no_golden)
         return
     start = time.perf_counter()
     with _Progress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
                             progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
-                            force=force, golden=not no_golden)
+                            max_batch_size=max_batch_size, force=force, golden=not no_golden)
     written = json.loads((path / "kiln-config.json").read_text())
     tuned = written.get("tuned_kernels", 0)
     for note in written.get("notes", []):
@@ -148,11 +152,12 @@ def check_cmd(artifact) -> None:
     _check(artifact)
 
 
-def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, force, golden) -> None:
+def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size, force,
+                  golden) -> None:
     from kiln.compiler import CompileOptions
     from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
-    opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
-                          prefill_chunk=prefill_chunk, force=force, golden=golden)   # --dump-ir: DIR/<preset>/
+    opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,  # dump: DIR/<preset>/
+                          prefill_chunk=prefill_chunk, max_batch_size=max_batch_size, force=force, golden=golden)
     opts.validate()                 # the numbers and the quantization, before any target compiles
     targets, skipped = parse_targets(spec)
     for name, why in skipped.items():

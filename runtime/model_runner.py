@@ -5,6 +5,10 @@ artifact runs on a runtime-only TVM. Token ids are checked on the host
 before any call (an out-of-range id would make the embedding gather read out
 of bounds), and a prefill longer than the artifact's chunk is split.
 
+Every call stays within the bounds the artifact's memory was planned for (compiler/spec.py
+bound_shapes): at most a prefill chunk of tokens per forward, and at most max_batch_size sequences
+or returned logit rows (a forward that scores more prompt positions is split).
+
 A sliding-window artifact (runtime/sliding_window.py) gets a cache with TVM's per-sequence window
 when every layer slides (enabled on each sequence as it is added), and every forward is checked
 against the window's chunk bound: an append TVM's kernels would compute wrongly is refused.
@@ -47,7 +51,12 @@ class ModelRunner:
         self.prefill_chunk = cfg.prefill_chunk_size
         self.page_size = cfg.kv_cache.page_size
         self.window = SlidingWindow.of(cfg.kv_cache)
+        self.max_batch_size = cfg.max_batch_size          # sequences, or logit rows, per forward
         self.max_num_seqs = max_num_seqs or cfg.max_batch_size
+        if not 1 <= self.max_num_seqs <= self.max_batch_size:
+            raise ValueError(f"max_num_seqs {self.max_num_seqs} is outside what this artifact was compiled for "
+                             f"(1 to {self.max_batch_size} sequences at once); pass at most {self.max_batch_size}"
+                             " or recompile with `kiln compile --max-batch-size N`")
         # Room for one full-context sequence plus a partly filled page per other sequence.
         self.max_total_tokens = max_total_tokens or self.context_window + self.max_num_seqs * self.page_size
         self.vm = VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
@@ -109,32 +118,45 @@ class ModelRunner:
     def run(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], full: Sequence[bool] = ()):
         """One forward over a ragged batch: append each sequence's tokens; last-token logits [batch, vocab].
 
-        All-single-token batches take the decode kernel; anything else one batch_prefill call
-        (the caller keeps the total within the artifact's prefill chunk). With `full` (a flag per
-        sequence), batch_prefill also gathers the flagged sequences' logits at every position and
-        the result is (last-token logits, {row: logits [n, vocab] of that sequence's tokens}).
+        All-single-token batches take the decode kernel; anything else batch_prefill (the caller
+        keeps the total within the artifact's prefill chunk). With `full` (a flag per sequence),
+        batch_prefill also gathers the flagged sequences' logits at every position and the result is
+        (last-token logits, {row: logits [n, vocab] of that sequence's tokens}); more rows than
+        max_batch_size are gathered over several forwards.
         """
         full = list(full) or [False] * len(seq_ids)
         if all(len(t) == 1 for t in tokens) and not any(full):
             return self.decode(seq_ids, [t[0] for t in tokens])
+        total = sum(len(t) for t in tokens)
+        if total > self.prefill_chunk:
+            raise ValueError(f"a forward of {total} tokens exceeds the artifact's prefill chunk ({self.prefill_chunk})")
+        self._check_window(seq_ids, lengths=[len(t) for t in tokens])
+        last, scored = {}, {}
+        for part in _row_bounded(list(zip(range(len(seq_ids)), tokens, full)), self.max_batch_size):
+            rows = self._forward([seq_ids[i] for i, _, _ in part], [t for _, t, _ in part], [f for _, _, f in part])
+            for (i, _, f), r in zip(part, rows):
+                last[i] = r[-1]
+                if f:
+                    scored.setdefault(i, []).append(r)
+        logits = np.stack([last[i] for i in range(len(seq_ids))])
+        if not any(full):
+            return logits                                                   # [batch, vocab]
+        return logits, {i: np.concatenate(r) for i, r in scored.items()}
+
+    def _forward(self, seq_ids, tokens, full) -> list[np.ndarray]:
+        """One batch_prefill call; per sequence the logits it returns: every position if full, else the last."""
         lengths = [len(t) for t in tokens]
-        self._check_window(seq_ids, lengths)
         flat = np.concatenate([np.asarray(t, dtype=np.int32) for t in tokens])
         embeds = self._embed(flat)                                          # [1, total, hidden]
         ends = np.cumsum(lengths, dtype=np.int32)
         spans = [np.arange(e - n, e, dtype=np.int32) if f else np.array([e - 1], np.int32)
                  for e, n, f in zip(ends, lengths, full)]                   # positions whose logits come back
-        positions = np.concatenate(spans)
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple(lengths))
-        logits, _ = self._fn["batch_prefill"](embeds, tvm.runtime.tensor(positions, self.device),
+        logits, _ = self._fn["batch_prefill"](embeds, tvm.runtime.tensor(np.concatenate(spans), self.device),
                                               self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
         logits = logits.numpy()[0]                                          # [positions, vocab]
-        if not any(full):
-            return logits                                                   # [batch, vocab]
-        stops = np.cumsum([len(p) for p in spans])
-        scored = {i: logits[stop - len(span):stop] for i, (span, stop) in enumerate(zip(spans, stops)) if full[i]}
-        return logits[stops - 1], scored
+        return np.split(logits, np.cumsum([len(p) for p in spans])[:-1])
 
     def prefill(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
         """Append whole prompts, split into calls of at most prefill_chunk tokens; last-token logits."""
@@ -185,8 +207,29 @@ class ModelRunner:
         return hidden.numpy()[0, 0]
 
     def _embed(self, ids: np.ndarray):
+        if len(ids) > max(self.prefill_chunk, self.max_batch_size):         # the planned bound of `embed`
+            raise ValueError(f"{len(ids)} tokens in one call exceed the artifact's prefill chunk "
+                             f"({self.prefill_chunk})")
         out = self._fn["embed"](tvm.runtime.tensor(ids.astype(np.int32), self.device), self.params)
         return out._create_view(ShapeTuple([1, *out.shape]))                      # [1, n, hidden]
+
+
+def _row_bounded(items: list, bound: int):
+    """Split one forward's (index, tokens, full) items into forwards that return at most `bound`
+    logit rows (a full item one per token, others one): in order, each sequence once per forward."""
+    part, rows = [], 0
+    for i, toks, full in sorted(items, key=lambda item: bool(item[2])):    # single-row items first
+        while len(toks):
+            take = min(len(toks), bound - rows) if full else len(toks)
+            if take <= 0 or rows + (take if full else 1) > bound:
+                yield part
+                part, rows = [], 0
+                continue
+            part.append((i, toks[:take], full))
+            rows += take if full else 1
+            toks = toks[take:]
+    if part:
+        yield part
 
 
 def _chunks(seq_ids: list[int], tokens: list[list[int]], budget: int, limit=None):
