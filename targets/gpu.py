@@ -63,8 +63,20 @@ def gpu_phase_passes(profile, phase: str) -> list:
     return []
 
 
+@tvm.transform.module_pass(opt_level=0, name="kiln.RewriteCUDAGraph")
+def rewrite_cuda_graph(mod: tvm.IRModule, ctx) -> tvm.IRModule:
+    """TVM's RewriteCUDAGraph, switched on: alone it does nothing unless the PassContext sets
+    `relax.backend.use_cuda_graph`. It captures the regions whose memory is planned statically
+    (compiler/spec.py bound_shapes); batch_decode's once per batch size."""
+    for gv, func in list(mod.functions_items()):
+        if gv.name_hint == "batch_decode" and isinstance(func, tvm.relax.Function):
+            mod[gv] = func.with_attr("relax.rewrite_cuda_graph.capture_symbolic_vars", ["batch_size"])
+    with tvm.transform.PassContext(opt_level=ctx.opt_level, config={**ctx.config, "relax.backend.use_cuda_graph": True}):
+        return tvm.relax.transform.RewriteCUDAGraph()(mod)
+
+
 def cuda_graph_phase_passes(profile, phase: str) -> list:
     """gpu_phase_passes, plus decode captured as CUDA graphs where the runtime supports them."""
     if phase == "finalize":
-        return [tvm.relax.transform.RewriteCUDAGraph()]
+        return [rewrite_cuda_graph]
     return gpu_phase_passes(profile, phase)

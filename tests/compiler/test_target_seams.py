@@ -54,7 +54,7 @@ def test_cpu_passes_land_in_their_phases():
     assert by_phase["schedule"][0] == "UseKilnCPUAttention"
     assert by_phase["lower"][0] == "DispatchLowBatchGEMV"
     cuda = {name: [p.info.name for p in passes] for name, passes in phases(get_profile("cuda"))}
-    assert "RewriteCUDAGraph" in cuda["finalize"] and "FastSiLU" not in cuda["graph"]
+    assert "kiln.RewriteCUDAGraph" in cuda["finalize"] and "FastSiLU" not in cuda["graph"]
 
 
 def test_unknown_phase_is_refused():
