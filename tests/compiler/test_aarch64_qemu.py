@@ -46,9 +46,10 @@ def _tool():
     return module
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def aarch64_root() -> Path:
-    """The cached arm64 root; built here on CI (CI=true, as root), else skip saying how to build it."""
+    """The cached arm64 root; built here on CI (CI=true, as root), else skip saying how to build it.
+    Session-scoped so that it is set up (or skips) before the session's compiled artifacts."""
     tool = _tool()
     if tool.missing_tools():
         pytest.skip(f"QEMU user-mode emulation needs host tools: {tool.missing_tools()}")
