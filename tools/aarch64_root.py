@@ -109,7 +109,8 @@ def python_command(root: Path) -> list[str]:
 def python_env(root: Path, *paths: str) -> dict[str, str]:
     """This environment with the root's site folder (then `paths`) on PYTHONPATH and the runtime-only
     TVM (libtvm_runtime alone, as an app ships it; the full library also loads, ~4x slower here)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / SITE), *filter(None, paths)]), "TVM_USE_RUNTIME_LIB": "1"}
+    path = os.pathsep.join([str(root / SITE), *filter(None, paths)])
+    return {**os.environ, "PYTHONPATH": path, "TVM_USE_RUNTIME_LIB": "1"}
 
 
 def kiln_tree(dest: Path) -> Path:

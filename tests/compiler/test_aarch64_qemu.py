@@ -60,9 +60,11 @@ def aarch64_root() -> Path:
         pytest.skip(f"no arm64 root at {root}: build it once with `python tools/aarch64_root.py` (as root, ~30 s)")
     log = root.parent / "build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        tool.build(root, log=f)
-    return root
+    try:
+        with open(log, "w") as f:
+            return tool.build(root, log=f)
+    except (subprocess.CalledProcessError, SystemExit) as e:
+        pytest.fail(f"building the arm64 root failed ({e}); the end of {log}:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +87,9 @@ def test_aarch64_library_under_qemu_matches_the_x86_build(aarch64_root, aarch64_
     tool = _tool()
     native = _drive([sys.executable, "-P"], {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}, tiny_artifacts["untied"],
                     tmp_path / "x86.npy")
-    arm = _drive(tool.python_command(aarch64_root), tool.python_env(aarch64_root, str(tool.kiln_tree(tmp_path / "src"))),
-                 aarch64_artifact, tmp_path / "arm.npy")
+    kiln_src = tool.kiln_tree(tmp_path / "src")          # this interpreter's kiln, for the emulated one
+    arm = _drive(tool.python_command(aarch64_root), tool.python_env(aarch64_root, str(kiln_src)), aarch64_artifact,
+                 tmp_path / "arm.npy")
     assert arm["machine"] == "aarch64"
     assert arm["tokens"] == native["tokens"]
     assert arm["check_ok"], arm["check"]
