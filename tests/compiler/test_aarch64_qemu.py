@@ -1,7 +1,7 @@
 """`--target aarch64` run on this x86-64 machine: the artifact's lib.so, loaded by TVM's aarch64
 runtime (runtime-only, as an app ships it) in an arm64 Debian root under QEMU user-mode emulation
 (tools/aarch64_root.py), generates the x86 `cpu` build's greedy tokens with the same logits, and
-passes its golden check against transformers."""
+passes its golden check against transformers; float32 and 4-bit weights."""
 
 from __future__ import annotations
 
@@ -67,13 +67,18 @@ def aarch64_root() -> Path:
         pytest.fail(f"building the arm64 root failed ({e}); the end of {log}:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def aarch64_artifact(tiny_dirs, tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["q0f32", "q4f32"])
+def builds(request, tiny_dirs, tiny_artifacts, tmp_path_factory) -> tuple[Path, Path]:
+    """(aarch64 artifact, x86 `cpu` artifact) of the untied tiny Llama, in this quantization scheme."""
+    quant, model = request.param, str(tiny_dirs["untied"])
+    out = tmp_path_factory.mktemp(f"aarch64-{quant}")
     try:
-        return kiln.compile(str(tiny_dirs["untied"]), target="aarch64", quant="q0f32",
-                            output=tmp_path_factory.mktemp("aarch64") / "art")
+        arm = kiln.compile(model, target="aarch64", quant=quant, output=out / "aarch64")
     except ToolchainError as e:
         pytest.skip(str(e))
+    if quant == "q0f32":
+        return arm, tiny_artifacts["untied"]
+    return arm, kiln.compile(model, target="cpu", quant=quant, output=out / "cpu")
 
 
 def _drive(python: list[str], env: dict[str, str], artifact: Path, logits: Path) -> dict:
@@ -83,12 +88,12 @@ def _drive(python: list[str], env: dict[str, str], artifact: Path, logits: Path)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_aarch64_library_under_qemu_matches_the_x86_build(aarch64_root, aarch64_artifact, tiny_artifacts, tmp_path):
-    tool = _tool()
-    native = _drive([sys.executable, "-P"], {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}, tiny_artifacts["untied"],
+def test_aarch64_library_under_qemu_matches_the_x86_build(aarch64_root, builds, tmp_path):
+    tool, (arm_artifact, x86_artifact) = _tool(), builds
+    native = _drive([sys.executable, "-P"], {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}, x86_artifact,
                     tmp_path / "x86.npy")
     kiln_src = tool.kiln_tree(tmp_path / "src")          # this interpreter's kiln, for the emulated one
-    arm = _drive(tool.python_command(aarch64_root), tool.python_env(aarch64_root, str(kiln_src)), aarch64_artifact,
+    arm = _drive(tool.python_command(aarch64_root), tool.python_env(aarch64_root, str(kiln_src)), arm_artifact,
                  tmp_path / "arm.npy")
     assert arm["machine"] == "aarch64"
     assert arm["tokens"] == native["tokens"]
