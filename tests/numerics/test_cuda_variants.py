@@ -1,0 +1,76 @@
+"""Every CUDA preset's artifact of a tiny model against the CPU build, on a GPU machine (skips here):
+f32 logits at every prompt position, and batched decode through the captured CUDA graphs (one per
+batch size, replayed), and the q4f16 artifact's golden check (`kiln check`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.runtime.artifact import Artifact
+from kiln.runtime.check import prompt_logits
+from kiln.runtime.model_runner import ModelRunner
+from kiln.targets import get_profile, names
+
+pytestmark = [pytest.mark.gpu, pytest.mark.numerics]
+TOL = 1e-3          # f32 on both devices; only the reduction order differs
+
+
+def _cuda_version() -> tuple[int, int] | None:
+    import tvm
+    dev = tvm.cuda(0)
+    if not dev.exist:
+        return None
+    major, minor = dev.compute_version.split(".")
+    return int(major), int(minor)
+
+
+def _runnable(preset: str, have: tuple[int, int]) -> bool:
+    """An sm_XY library runs on the same major version at an equal or later minor."""
+    arch = get_profile(preset).target["arch"]                     # "sm_90"
+    major, minor = int(arch[3:-1]), int(arch[-1])
+    return major == have[0] and minor <= have[1]
+
+
+CUDA_PRESETS = [n for n in names() if get_profile(n).device == "cuda"]
+GPU = _cuda_version()
+if GPU is None:
+    pytest.skip("no CUDA GPU here: run on a GPU machine", allow_module_level=True)
+
+
+def _decode_rows(art, prompts, steps=4):
+    """Greedy batched decode: the logits of every step for every sequence, batch sizes len(prompts) then 1."""
+    runner = ModelRunner(Artifact.load(art), max_num_seqs=len(prompts))
+    out = []
+    for s, p in enumerate(prompts):
+        runner.add_sequence(s)
+    logits = runner.prefill(list(range(len(prompts))), prompts)
+    for _ in range(steps):
+        out.append(logits)
+        logits = runner.decode(list(range(len(prompts))), logits.argmax(-1).tolist())
+    for s in range(1, len(prompts)):
+        runner.remove_sequence(s)
+    for _ in range(steps):                      # batch 1 after batch N: another captured graph
+        logits = runner.decode([0], logits[:1].argmax(-1).tolist())
+        out.append(logits)
+    return out
+
+
+@pytest.mark.parametrize("preset", CUDA_PRESETS)
+def test_cuda_preset_matches_the_cpu_build(preset, tiny_dirs, tiny_artifacts, tmp_path):
+    if not _runnable(preset, GPU):
+        pytest.skip(f"{preset} does not run on compute capability {GPU[0]}.{GPU[1]}")
+    art = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q0f32", output=tmp_path / "f32")
+    ids = np.random.default_rng(0).integers(3, 512, size=40).tolist()
+    got = prompt_logits(ModelRunner(Artifact.load(art), max_num_seqs=1), 0, ids)
+    want = prompt_logits(ModelRunner(Artifact.load(tiny_artifacts["tied"]), max_num_seqs=1), 0, ids)
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+    prompts = [ids[:7], ids[7:20], ids[20:23]]
+    for g, w in zip(_decode_rows(art, prompts), _decode_rows(tiny_artifacts["tied"], prompts)):
+        np.testing.assert_allclose(g, w, atol=TOL, rtol=0)
+
+    q4 = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", output=tmp_path / "q4")
+    report = kiln.check(q4)
+    assert report.ok, report.reason()
