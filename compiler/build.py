@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
+import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -217,13 +221,13 @@ class _CountTuned:
 
 def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: QuantPlan,
                   named_params, report: Progress) -> list[str]:
-    """Stream each weight: convert its HF tensors one at a time (quantized: into planes), write, drop."""
+    """Convert each weight from its HF tensors (quantized: into planes) on every core, and write them in
+    order: at most one weight per core, plus the one being written, is held at once."""
     wmap = arch.weight_map(config)
     available = set(source.weights.names())
     params = {name: (tuple(int(d) for d in p.shape), p.dtype) for name, p in named_params}
     weights = plan.weight_names(list(params))
-    writer = ParamWriter(params_dir)
-    for i, name in enumerate(weights):
+    for name in weights:                                # every problem named before any work starts
         entry = wmap.get(name)
         if entry is None:
             raise ValueError(f"{arch.name}: parameter {name} has no entry in the weight map")
@@ -231,8 +235,14 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
         if missing:
             raise models.ModelLoadError(f"{source.path} lacks tensors {missing}; the checkpoint is "
                                         f"incomplete or not a {arch.name} model")
+
+    def convert(name: str) -> dict:
         float_shape = params[name][0] if name in params else None      # None: a quantized weight
-        for out_name, array in plan.convert(name, entry, source, float_shape).items():
+        return plan.convert(name, wmap[name], source, float_shape)
+
+    writer = ParamWriter(params_dir)
+    for i, converted in enumerate(_in_order(convert, weights, _workers())):
+        for out_name, array in converted.items():
             if (array.shape, str(array.dtype)) != params[out_name]:
                 raise ValueError(f"internal error: {out_name} converted to {array.dtype}{list(array.shape)}, "
                                  f"the module expects {params[out_name][1]}{list(params[out_name][0])}")
@@ -240,6 +250,30 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
         report("weights", i + 1, len(weights))
     writer.close()
     return list(params)
+
+
+def _workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _in_order(fn, items: list, workers: int):
+    """fn over items on `workers` threads (numpy and the readers release the GIL), yielded in order,
+    with at most `workers` results computed ahead of the consumer."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="kiln-convert")
+    pending = collections.deque()
+    rest = iter(items)
+    try:
+        for item in itertools.islice(rest, workers):
+            pending.append(pool.submit(fn, item))
+        while pending:
+            yield pending.popleft().result()
+            for item in itertools.islice(rest, 1):
+                pending.append(pool.submit(fn, item))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _kv_layout(config, page_size: int, dtype: str, window_mode: str) -> KVCacheLayout:

@@ -32,3 +32,4 @@ def test_more_sequences_than_compiled_for_is_refused(tiny_artifacts):
     art = Artifact.load(tiny_artifacts["tied"])
     with pytest.raises(ValueError, match=r"1 to 32 sequences.*--max-batch-size"):
         ModelRunner(art, max_num_seqs=art.config.max_batch_size + 1)
+
