@@ -125,7 +125,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
                          args.api_key)
     app = FastAPI(title="kiln", redoc_url=None)    # /docs and /openapi.json describe every route
     app.state.kiln = state
-    threading.Thread(target=_preload_grammars, args=(engine.engine,), name="kiln-xgrammar", daemon=True).start()
+    state.grammar_pool.submit(_preload_grammars, engine.engine)
     _install_error_handlers(app)
     auth = [Depends(state.check_api_key)]
 
@@ -154,7 +154,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
             params = replace(params, response_format=tool_req.forced_format(body.response_format))
-        await state.compile_grammar(params)
+        params = await state.compile_grammar(params)
         kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
         reply = kind("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body))
@@ -165,8 +165,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         arrival = time.monotonic()
         state.check_model(body.model)
         prompts = api.completion_prompts(body)
-        params = api.completion_params(body)
-        await state.compile_grammar(params)
+        params = await state.compile_grammar(api.completion_params(body))
         ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for i in ids:
             state.engine.engine.runner.check_tokens(i)     # before the echo decodes them
@@ -217,7 +216,8 @@ _BYTE_LEVEL = _byte_level_alphabet()
 
 
 def _lower_priority() -> None:
-    """Grammar compiles yield the CPU to the engine thread: a running stream keeps its pace."""
+    """Grammar compiles (and the threads xgrammar starts for them, which inherit this) yield the CPU
+    to the engine thread: a running stream keeps its pace while a new schema compiles."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):        # not Linux: the compile just shares the CPU
@@ -252,7 +252,7 @@ class _ServerState:
         self.metrics = Metrics(engine.engine.stats)
         self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
-        self._grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
+        self.grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
 
     # -- checks (raise APIError, answered by the handlers below) -----------------------------
     async def check_api_key(self, request: Request) -> None:
@@ -280,13 +280,15 @@ class _ServerState:
             entry = self._token_texts[token_id] = _token_text(self.engine.engine.tokenizer, token_id)
         return entry
 
-    async def compile_grammar(self, params: SamplingParams) -> None:
-        """Compile a response_format's grammar into the engine's cache in a worker thread, so the engine
-        thread only looks it up (a new schema can take seconds to compile)."""
+    async def compile_grammar(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with its response_format's grammar compiled in a low-priority worker thread (a new
+        schema can take seconds), so the engine thread only builds the request's matcher from it."""
         rf = params.response_format
-        if rf and rf.get("type") != "text":
-            await asyncio.get_running_loop().run_in_executor(
-                self._grammar_pool, lambda: self.engine.engine.grammar_compiler().compile(rf))
+        if not rf or rf.get("type") == "text":
+            return params
+        prepared = await asyncio.get_running_loop().run_in_executor(
+            self.grammar_pool, lambda: self.engine.engine.grammar_compiler().prepare(rf))
+        return replace(params, response_format=prepared)
 
     # -- one generation path ---------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:
