@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from .openai_api import APIError
+from .reply_models import Model, TokenizerInfo
 
 
 class TokenizeRequest(BaseModel):
@@ -85,13 +86,13 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
             raise APIError(400, f"token {bad[0]} is outside the vocabulary [0, {tok.vocab_size})", "tokens")
         return {"prompt": await run_in_threadpool(tok.decode, body.tokens)}
 
-    @app.get("/tokenizer_info", dependencies=auth)
+    @app.get("/tokenizer_info", dependencies=auth, response_model=TokenizerInfo)
     async def tokenizer_info() -> dict:
         tok = tokenizer()
         return {**tok.info(), "vocab_size": tok.vocab_size, "model_max_length": state.context_window,
                 "eos_token_ids": sorted(tok.eos_token_ids), "bos_token_id": tok.bos_token_id}
 
-    @app.get("/v1/models/{model_id}", dependencies=auth)
+    @app.get("/v1/models/{model_id}", dependencies=auth, response_model=Model)
     async def model(model_id: str) -> dict:
         state.check_model(model_id)
         return state.model_card(model_id)
