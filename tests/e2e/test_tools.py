@@ -24,6 +24,7 @@ from kiln.runtime import tools
 from kiln.runtime.async_engine import AsyncEngine
 from kiln.runtime.engine import Engine, EngineConfig
 from kiln.runtime.server import ServerArgs, create_app
+from test_openapi_replies import documented
 from test_server import Server, wait_for
 from tiny_models import write_tiny_llama
 
@@ -175,6 +176,13 @@ def test_logprobs_of_every_token_with_tools(served, client, choice):
     assert plain.choices[0].logprobs.token_logprobs == pytest.approx([lp.logprob for lp in lps], abs=1e-5)
     assert [v for t in plain.choices[0].logprobs.top_logprobs for v in sorted(t.values())] == pytest.approx(
         [v for lp in lps for v in sorted(t.logprob for t in lp.top_logprobs)], abs=1e-5)
+
+
+def test_tool_call_replies_are_documented(served):
+    server, _ = served
+    body = {"model": MODEL, "messages": ASK, "tools": [openai.pydantic_function_tool(Weather)], "logprobs": True,
+            "tool_choice": "required", "max_tokens": 160}
+    assert documented(server.url, "POST", "/v1/chat/completions", json=body)["choices"][0]["message"]["tool_calls"]
 
 
 def test_tool_choice_none_and_refusals(client):
