@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .protocol import InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 
@@ -75,8 +75,21 @@ class _GenerationRequest(BaseModel):
     store: Literal[False] | None = None   # kiln stores nothing: store=true is refused
 
 
+class ChatMessageParam(BaseModel):
+    """One chat message. Other fields a client sends back (an SDK's refusal, audio, ...) are passed
+    through to the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None    # text, or text parts [{"type": "text", "text": ...}]
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None        # an assistant's calls (its content may be null)
+    tool_call_id: str | None = None                       # the call a tool message answers
+
+
 class ChatCompletionRequest(_GenerationRequest):
-    messages: list[dict[str, Any]]
+    messages: list[ChatMessageParam] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -93,10 +106,11 @@ class CompletionRequest(_GenerationRequest):
 
 
 # -- requests -> prompt and SamplingParams ------------------------------------------------
-def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI messages with content-part lists ([{"type": "text", "text": ...}]) flattened to strings."""
+def chat_messages(messages: list[ChatMessageParam]) -> list[dict[str, Any]]:
+    """OpenAI messages as the dicts a chat template reads, content-part lists flattened to strings."""
     out = []
     for i, m in enumerate(messages):
+        m = m.model_dump(exclude_unset=True)
         content = m.get("content")
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

@@ -10,13 +10,12 @@ Tokenizer work runs in a worker thread, never on the engine's.
 
 from __future__ import annotations
 
-from typing import Any
 
 from fastapi import Depends, FastAPI
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
-from .openai_api import APIError
+from .openai_api import APIError, ChatMessageParam
 from .reply_models import Model, TokenizerInfo
 
 
@@ -25,7 +24,7 @@ class TokenizeRequest(BaseModel):
 
     model: str | None = None
     prompt: str | None = None                         # text ...
-    messages: list[dict[str, Any]] | None = None      # ... or a chat, rendered by the model's template
+    messages: list[ChatMessageParam] | None = Field(None, min_length=1)   # ... or a chat, by the model's template
     add_special_tokens: bool = True                   # text only: the tokenizer's BOS etc.
     add_generation_prompt: bool = True                # messages only
 
