@@ -16,7 +16,8 @@ API key set, the /v1 routes need `Authorization: Bearer <key>`; /health and /met
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
 -> Metrics.track -> Reply.add per delta -> SSE chunks, or the collected reply. Every
-error is answered in OpenAI's format; bad input is a 4xx, never a 500. A client that
+error is answered in OpenAI's format (http_errors.py); bad input is a 4xx, never a 500. Reply
+bodies are documented in /openapi.json by reply_models.py. A client that
 disconnects cancels the task consuming its stream, which closes the engine's
 generator and aborts the request (its KV pages are freed).
 """

@@ -93,13 +93,17 @@ def test_requests_cut_by_the_grace_period_answer_503_not_500(tiny_artifacts):
             embedded.append(httpx.post(f"{server.url}/v1/embeddings", json={"input": "hello"}, timeout=60))
         embedded, inside, release = [], threading.Event(), threading.Event()
         engine = server.engine.engine
-        embed = engine.embed
+        embed, step = engine.embed, engine.step
 
         def held_embed(inputs):
             inside.set()
             release.wait(timeout=60)
             return embed(inputs)
-        engine.embed = held_embed
+
+        def slow_step():              # the stream lasts 2 s, so the second request queues behind it
+            time.sleep(0.01)
+            return step()
+        engine.embed, engine.step = held_embed, slow_step
         threads = [threading.Thread(target=f) for f in (stream, queued, embedding)]
         threads[0].start()
         wait_for(lambda: server.engine.num_live >= 1, what="the stream to start")
@@ -112,7 +116,6 @@ def test_requests_cut_by_the_grace_period_answer_503_not_500(tiny_artifacts):
         release.set()
         for t in threads:
             t.join(timeout=60)
-        engine.embed = embed
         for answer in (answers[0], embedded[0]):
             assert answer.status_code == 503 and answer.json()["error"]["code"] == "shutting_down", answer.text
         events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
