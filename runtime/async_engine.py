@@ -69,6 +69,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stopped = False
         self._live: set[RequestHandle] = set()         # calls not yet finished (cancel_all ends them)
+        self._live_embeds: set[asyncio.Future] = set()  # embed calls not yet answered (likewise)
         self._live_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
         self._thread.start()
@@ -101,17 +102,29 @@ class AsyncEngine:
         """Engine.embed on the engine thread, between steps: [(embedding, token count)] per input."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._submit(EmbedRequest(list(inputs), loop, future))
-        return await future
+        with self._live_lock:
+            self._live_embeds.add(future)
+        try:
+            self._submit(EmbedRequest(list(inputs), loop, future))
+            return await future               # raises ShuttingDown after cancel_all
+        finally:
+            with self._live_lock:
+                self._live_embeds.discard(future)
 
     def cancel_all(self) -> None:
         """End every live call now, from any thread (a server draining past its grace period): one
-        waiting for the engine raises ShuttingDown, a running one gets a "shutdown" delta. Their
-        requests are then aborted (KV pages freed) between steps, without waiting for the engine."""
+        waiting for the engine (an embed call too) raises ShuttingDown, a running one gets a "shutdown"
+        delta. Their requests are then aborted (KV pages freed) between steps, without waiting for the
+        engine; an embed call's inputs are then skipped."""
         with self._live_lock:
-            live = list(self._live)
+            live, embeds = list(self._live), list(self._live_embeds)
         for handle in live:
             handle._call(_shut_down, handle)
+        for future in embeds:
+            try:
+                future.get_loop().call_soon_threadsafe(_settle, future, None, ShuttingDown())
+            except RuntimeError:              # the caller's loop is closed
+                pass
 
     def stop(self) -> None:
         self._stopped = True
@@ -170,6 +183,8 @@ class AsyncEngine:
             self._abort(handle)
 
     def _embed(self, command: EmbedRequest) -> None:
+        if command.future.done():            # answered by cancel_all, or the caller went away
+            return
         try:
             result, error = self.engine.embed(command.inputs), None
         except EngineBusy as e:

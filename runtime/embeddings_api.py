@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, StrictInt
 
 from .openai_api import APIError
+from .reply_models import EmbeddingList
 
 
 class EmbeddingRequest(BaseModel):
@@ -47,7 +48,7 @@ def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
 def install(app: FastAPI, state, auth: list[Depends]) -> None:
     """Add the route; `state` is the server's _ServerState (engine, names, model check)."""
 
-    @app.post("/v1/embeddings", dependencies=auth)
+    @app.post("/v1/embeddings", dependencies=auth, response_model=EmbeddingList)
     async def embeddings(body: EmbeddingRequest) -> dict:
         state.check_model(body.model)
         results = await state.engine.embed(embedding_inputs(body))

@@ -110,6 +110,15 @@ class GrammarState:
         return bool(self._matcher.is_terminated())
 
 
+class PreparedFormat(dict):
+    """A response_format that carries its compiled grammar (GrammarCompiler.prepare): the engine
+    thread then neither parses the schema nor looks it up."""
+
+    def __init__(self, response_format: Mapping[str, Any], grammar: xgrammar.CompiledGrammar):
+        super().__init__(response_format)
+        self.grammar = grammar
+
+
 class GrammarCompiler:
     """Compiles response_format into GrammarStates for one tokenizer; compiled grammars are cached.
 
@@ -143,6 +152,20 @@ class GrammarCompiler:
 
     def compile(self, response_format: Mapping[str, Any] | None) -> GrammarState | None:
         """A fresh GrammarState for {"type": "json_object"} or {"type": "json_schema", ...}; None for text."""
+        compiled = self._compiled(response_format)
+        if compiled is None:
+            return None
+        return GrammarState(self._xgr.GrammarMatcher(compiled), self.vocab_size, self.stop_token_ids)
+
+    def prepare(self, response_format: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """``response_format`` with its grammar compiled (slow for a new schema: call it off the engine
+        thread); compile() of the result then only builds a matcher. Text formats come back as given."""
+        compiled = self._compiled(response_format)
+        return response_format if compiled is None else PreparedFormat(response_format, compiled)
+
+    def _compiled(self, response_format: Mapping[str, Any] | None) -> xgrammar.CompiledGrammar | None:
+        if isinstance(response_format, PreparedFormat):
+            return response_format.grammar
         kind, schema = _parse_response_format(response_format)
         if kind == "text":
             return None
@@ -155,7 +178,7 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        return GrammarState(self._xgr.GrammarMatcher(compiled), self.vocab_size, self.stop_token_ids)
+        return compiled
 
     def _compile(self, schema: dict | None, schema_json: str) -> xgrammar.CompiledGrammar:
         if schema is None:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .protocol import InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 
@@ -75,8 +75,21 @@ class _GenerationRequest(BaseModel):
     store: Literal[False] | None = None   # kiln stores nothing: store=true is refused
 
 
+class ChatMessageParam(BaseModel):
+    """One chat message. Other fields a client sends back (an SDK's refusal, audio, ...) are passed
+    through to the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None    # text, or text parts [{"type": "text", "text": ...}]
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None        # an assistant's calls (its content may be null)
+    tool_call_id: str | None = None                       # the call a tool message answers
+
+
 class ChatCompletionRequest(_GenerationRequest):
-    messages: list[dict[str, Any]]
+    messages: list[ChatMessageParam] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
@@ -93,10 +106,11 @@ class CompletionRequest(_GenerationRequest):
 
 
 # -- requests -> prompt and SamplingParams ------------------------------------------------
-def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI messages with content-part lists ([{"type": "text", "text": ...}]) flattened to strings."""
+def chat_messages(messages: list[ChatMessageParam]) -> list[dict[str, Any]]:
+    """OpenAI messages as the dicts a chat template reads, content-part lists flattened to strings."""
     out = []
     for i, m in enumerate(messages):
+        m = m.model_dump(exclude_unset=True)
         content = m.get("content")
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -314,3 +328,41 @@ class Reply:
     def _envelope(self, object: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": object, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices}
+
+
+# -- token texts for logprobs --------------------------------------------------------------
+def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
+    """(text, bytes) of one token. A byte-level BPE piece that ends inside a UTF-8 character decodes
+    to U+FFFD; its bytes come from the piece itself, and its text is "bytes:\\xNN..." as OpenAI writes it."""
+    if tokenizer is None:
+        return f"<token {token_id}>", b""
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return text, text.encode("utf-8")
+    piece = tokenizer.id_to_token(token_id) or ""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):      # byte-fallback token
+        raw = bytes([int(piece[3:5], 16)])
+    elif piece and all(c in _BYTE_LEVEL for c in piece):
+        raw = bytes(_BYTE_LEVEL[c] for c in piece)
+    else:
+        return text, text.encode("utf-8")
+    try:
+        return raw.decode("utf-8"), raw
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()

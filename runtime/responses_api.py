@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import tools
+from . import reply_models, tools
 from .openai_api import APIError
 from .protocol import SamplingParams
 
@@ -102,7 +102,8 @@ class _Response:
 def install(app: FastAPI, state, auth: list[Depends]) -> None:
     """Add the route; `state` is the server's _ServerState."""
 
-    @app.post("/v1/responses", dependencies=auth)
+    @app.post("/v1/responses", dependencies=auth, response_model=reply_models.Response,
+              responses=reply_models.with_stream("A response, or its events as a stream"))
     async def responses(body: ResponsesRequest):
         state.check_model(body.model)
         ids = await asyncio.to_thread(tools.render, state.engine.engine, messages_of(body), None)

@@ -16,7 +16,8 @@ API key set, the /v1 routes need `Authorization: Bearer <key>`; /health and /met
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
 -> Metrics.track -> Reply.add per delta -> SSE chunks, or the collected reply. Every
-error is answered in OpenAI's format; bad input is a 4xx, never a 500. A client that
+error is answered in OpenAI's format (http_errors.py); bad input is a 4xx, never a 500. Reply
+bodies are documented in /openapi.json by reply_models.py. A client that
 disconnects cancels the task consuming its stream, which closes the engine's
 generator and aborts the request (its KV pages are freed).
 """
@@ -40,16 +41,16 @@ from typing import Any, AsyncIterator
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from . import embeddings_api, responses_api, tokenize_api, tools
 from . import openai_api as api
+from . import reply_models as rm
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
+from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
 from .metrics import Metrics
-from .protocol import InvalidRequestError, SamplingParams, ShuttingDown, StreamDelta
+from .protocol import SamplingParams, StreamDelta
 
 log = logging.getLogger("kiln.server")
 
@@ -123,21 +124,22 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     name = args.model_name or folder
     state = _ServerState(engine, name, tuple(dict.fromkeys(a for a in (*args.aliases, folder) if a != name)),
                          args.api_key)
-    app = FastAPI(title="kiln", redoc_url=None)    # /docs and /openapi.json describe every route
+    app = FastAPI(title="kiln", redoc_url=None, responses=ERRORS)   # /docs and /openapi.json describe every route
     app.state.kiln = state
-    threading.Thread(target=_preload_grammars, args=(engine.engine,), name="kiln-xgrammar", daemon=True).start()
-    _install_error_handlers(app)
+    state.grammar_pool.submit(_preload_grammars, engine.engine)
+    install_error_handlers(app)
+    document_errors(app)
     auth = [Depends(state.check_api_key)]
 
-    @app.get("/health")
+    @app.get("/health", response_model=rm.Health)
     async def health() -> dict:
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models", dependencies=auth, response_model=rm.ModelList)
     async def models() -> dict:
         return {"object": "list", "data": [state.model_card(name) for name in state.names]}
 
@@ -145,7 +147,8 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     tokenize_api.install(app, state, auth)
     responses_api.install(app, state, auth)
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions", dependencies=auth, response_model=rm.ChatCompletion,
+              responses=rm.with_stream("A chat.completion, or its chunks as a stream"))
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         state.check_model(body.model)
@@ -154,19 +157,19 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
             params = replace(params, response_format=tool_req.forced_format(body.response_format))
-        await state.compile_grammar(params)
+        params = await state.compile_grammar(params)
         kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
         reply = kind("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body))
         return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions", dependencies=auth, response_model=rm.Completion,
+              responses=rm.with_stream("A text_completion, or its chunks as a stream"))
     async def completions(body: api.CompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         state.check_model(body.model)
         prompts = api.completion_prompts(body)
-        params = api.completion_params(body)
-        await state.compile_grammar(params)
+        params = await state.compile_grammar(api.completion_params(body))
         ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for i in ids:
             state.engine.engine.runner.check_tokens(i)     # before the echo decodes them
@@ -179,45 +182,9 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     return app
 
 
-def _token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
-    """(text, bytes) of one token. A byte-level BPE piece that ends inside a UTF-8 character decodes
-    to U+FFFD; its bytes come from the piece itself, and its text is "bytes:\\xNN..." as OpenAI writes it."""
-    if tokenizer is None:
-        return f"<token {token_id}>", b""
-    text = tokenizer.decode([token_id])
-    if "\ufffd" not in text:
-        return text, text.encode("utf-8")
-    piece = tokenizer.id_to_token(token_id) or ""
-    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):      # byte-fallback token
-        raw = bytes([int(piece[3:5], 16)])
-    elif piece and all(c in _BYTE_LEVEL for c in piece):
-        raw = bytes(_BYTE_LEVEL[c] for c in piece)
-    else:
-        return text, text.encode("utf-8")
-    try:
-        return raw.decode("utf-8"), raw
-    except UnicodeDecodeError:
-        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
-
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-_BYTE_LEVEL = _byte_level_alphabet()
-
-
 def _lower_priority() -> None:
-    """Grammar compiles yield the CPU to the engine thread: a running stream keeps its pace."""
+    """Grammar compiles (and the threads xgrammar starts for them, which inherit this) yield the CPU
+    to the engine thread: a running stream keeps its pace while a new schema compiles."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):        # not Linux: the compile just shares the CPU
@@ -252,7 +219,7 @@ class _ServerState:
         self.metrics = Metrics(engine.engine.stats)
         self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
-        self._grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
+        self.grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
 
     # -- checks (raise APIError, answered by the handlers below) -----------------------------
     async def check_api_key(self, request: Request) -> None:
@@ -277,16 +244,18 @@ class _ServerState:
         """A token's text and bytes for logprobs (cached; ids are few)."""
         entry = self._token_texts.get(token_id)
         if entry is None:
-            entry = self._token_texts[token_id] = _token_text(self.engine.engine.tokenizer, token_id)
+            entry = self._token_texts[token_id] = api.token_text(self.engine.engine.tokenizer, token_id)
         return entry
 
-    async def compile_grammar(self, params: SamplingParams) -> None:
-        """Compile a response_format's grammar into the engine's cache in a worker thread, so the engine
-        thread only looks it up (a new schema can take seconds to compile)."""
+    async def compile_grammar(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with its response_format's grammar compiled in a low-priority worker thread (a new
+        schema can take seconds), so the engine thread only builds the request's matcher from it."""
         rf = params.response_format
-        if rf and rf.get("type") != "text":
-            await asyncio.get_running_loop().run_in_executor(
-                self._grammar_pool, lambda: self.engine.engine.grammar_compiler().compile(rf))
+        if not rf or rf.get("type") == "text":
+            return params
+        prepared = await asyncio.get_running_loop().run_in_executor(
+            self.grammar_pool, lambda: self.engine.engine.grammar_compiler().prepare(rf))
+        return replace(params, response_format=prepared)
 
     # -- one generation path ---------------------------------------------------------------
     def decode(self, ids: list[int]) -> str:
@@ -345,8 +314,8 @@ async def _collect(request: Request, reply: api.Reply, deltas: AsyncIterator[Str
     async def consume() -> None:
         async with aclosing(deltas):
             async for delta in deltas:
-                if delta.finish_reason in _FAILED:
-                    raise api.APIError(*_FAILED[delta.finish_reason])
+                if delta.finish_reason in FAILED:
+                    raise api.APIError(*FAILED[delta.finish_reason])
                 reply.add(delta)
 
     async def disconnected() -> None:       # the body is read, so the next message is the disconnect
@@ -366,21 +335,13 @@ async def _collect(request: Request, reply: api.Reply, deltas: AsyncIterator[Str
         await asyncio.gather(task, watch, return_exceptions=True)
 
 
-_FAILED = {      # finish reasons that end a request without an answer: APIError's arguments
-    "error": (500, "the engine failed while generating; see the server log", None, "server_error",
-              "internal_error"),
-    "shutdown": (503, "the server is shutting down and cancelled this request; send it again (to another "
-                      "replica, or once the server is back)", None, "server_error", "shutting_down"),
-}
-
-
 async def _sse(reply: api.Reply, first: StreamDelta, deltas: AsyncIterator[StreamDelta]) -> AsyncIterator[str]:
     """Server-sent events: one chunk per delta, the usage chunk if asked for, then [DONE]."""
     async with aclosing(deltas):
         delta: StreamDelta | None = first
         while delta is not None:
-            if delta.finish_reason in _FAILED:
-                _, message, _, type_, code = _FAILED[delta.finish_reason]
+            if delta.finish_reason in FAILED:
+                _, message, _, type_, code = FAILED[delta.finish_reason]
                 yield _event(api.error_body(message, type_, code=code))
                 return
             chunk = reply.add(delta)
@@ -405,51 +366,3 @@ class _EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-
-# -- errors in OpenAI's format ---------------------------------------------------------------
-def _install_error_handlers(app: FastAPI) -> None:
-    def answer(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse(api.error_body(message, type, param, code), status_code=status, headers=headers)
-
-    @app.exception_handler(api.APIError)
-    async def api_error(_: Request, e: api.APIError) -> JSONResponse:
-        return answer(e.status, e.message, e.type, e.param, e.code)
-
-    @app.exception_handler(InvalidRequestError)
-    async def invalid_request(_: Request, e: InvalidRequestError) -> JSONResponse:
-        return answer(400, str(e), param=e.param)
-
-    @app.exception_handler(ValueError)       # tokenizer / chat template validation
-    async def value_error(_: Request, e: ValueError) -> JSONResponse:
-        return answer(400, str(e))
-
-    @app.exception_handler(ShuttingDown)
-    async def shutting_down(_: Request, _e: ShuttingDown) -> JSONResponse:
-        status, message, param, type_, code = _FAILED["shutdown"]
-        return answer(status, message, type_, param, code)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
-        errors = e.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        where = ".".join(loc)
-        message = f"{where}: {first.get('msg', 'invalid value')}" if where else first.get("msg", "invalid request")
-        if first.get("type") == "extra_forbidden":
-            message = f"{where} is not supported by this server; leave it out (GET /openapi.json lists the fields)"
-        if first.get("type") == "json_invalid":
-            reason = first.get("ctx", {}).get("error", "")
-            return answer(400, f"the request body is not valid JSON: {reason}".rstrip(": "))
-        return answer(400, message, param=loc[0] if loc else None)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return answer(e.status_code, str(e.detail), code=None)
-
-    @app.exception_handler(Exception)
-    async def server_error(_: Request, e: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return answer(500, f"internal server error: {type(e).__name__}", "server_error", code="internal_error")

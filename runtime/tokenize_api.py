@@ -10,13 +10,13 @@ Tokenizer work runs in a worker thread, never on the engine's.
 
 from __future__ import annotations
 
-from typing import Any
 
 from fastapi import Depends, FastAPI
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
-from .openai_api import APIError
+from .openai_api import APIError, ChatMessageParam
+from .reply_models import Model, TokenizerInfo
 
 
 class TokenizeRequest(BaseModel):
@@ -24,7 +24,7 @@ class TokenizeRequest(BaseModel):
 
     model: str | None = None
     prompt: str | None = None                         # text ...
-    messages: list[dict[str, Any]] | None = None      # ... or a chat, rendered by the model's template
+    messages: list[ChatMessageParam] | None = Field(None, min_length=1)   # ... or a chat, by the model's template
     add_special_tokens: bool = True                   # text only: the tokenizer's BOS etc.
     add_generation_prompt: bool = True                # messages only
 
@@ -85,13 +85,13 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
             raise APIError(400, f"token {bad[0]} is outside the vocabulary [0, {tok.vocab_size})", "tokens")
         return {"prompt": await run_in_threadpool(tok.decode, body.tokens)}
 
-    @app.get("/tokenizer_info", dependencies=auth)
+    @app.get("/tokenizer_info", dependencies=auth, response_model=TokenizerInfo)
     async def tokenizer_info() -> dict:
         tok = tokenizer()
         return {**tok.info(), "vocab_size": tok.vocab_size, "model_max_length": state.context_window,
                 "eos_token_ids": sorted(tok.eos_token_ids), "bos_token_id": tok.bos_token_id}
 
-    @app.get("/v1/models/{model_id}", dependencies=auth)
+    @app.get("/v1/models/{model_id}", dependencies=auth, response_model=Model)
     async def model(model_id: str) -> dict:
         state.check_model(model_id)
         return state.model_card(model_id)

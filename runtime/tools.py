@@ -19,7 +19,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from .openai_api import APIError, Reply
+from .openai_api import APIError, Reply, chat_logprobs
 from .protocol import StreamDelta
 
 DEFAULT_TOOL_PROMPT = (
@@ -224,12 +224,14 @@ def render(engine: Any, messages: list[dict], tools: ToolRequest | None) -> list
 class ToolReply(Reply):
     """A chat Reply whose choices may end in tool calls. Streaming, text is sent as content until it
     could be the start of a `<tool_call>` tag (a forced call holds it all); when the choice finishes,
-    its calls are sent as tool_calls deltas (finish_reason "tool_calls"), or the held text as content."""
+    its calls are sent as tool_calls deltas (finish_reason "tool_calls"), or the held text as content.
+    Every token's logprobs are sent once, in order: a held-back token's with the next chunk sent."""
 
     def __init__(self, *args: Any, tools: ToolRequest, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tools = tools
         self._sent: dict[int, int] = {}       # choice -> characters already sent as content
+        self._sent_logprobs: dict[int, int] = {}   # choice -> tokens whose logprobs were sent
 
     def _split(self, text: str) -> tuple[str | None, list[dict]]:
         return parse_tool_calls(text, self.tools.forced, self.tools.parallel)
@@ -248,14 +250,20 @@ class ToolReply(Reply):
             if safe <= sent and not first:
                 return None
             body["delta"]["content"] = text[sent:safe] if safe > sent else ""
-            return chunk
-        content, calls = self._split(text)
-        if calls:
-            body["delta"]["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-            body["finish_reason"] = "tool_calls"
-        elif len(text) > sent:
-            body["delta"]["content"] = text[sent:]
+        else:
+            content, calls = self._split(text)
+            if calls:
+                body["delta"]["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+                body["finish_reason"] = "tool_calls"
+            elif len(text) > sent:
+                body["delta"]["content"] = text[sent:]
+        body["logprobs"] = self._unsent_logprobs(delta.index)
         return chunk
+
+    def _unsent_logprobs(self, index: int) -> dict | None:
+        lps = self.choices[index].logprobs
+        done, self._sent_logprobs[index] = self._sent_logprobs.get(index, 0), len(lps)
+        return chat_logprobs(lps[done:], self.token_text) if len(lps) > done else None
 
     def final(self) -> dict:
         out = super().final()

@@ -72,8 +72,10 @@ def test_sigterm_drains_and_exits_zero(tiny_artifacts):
 
 
 def test_requests_cut_by_the_grace_period_answer_503_not_500(tiny_artifacts):
-    """What a drain does once the grace period is over (AsyncEngine.cancel_all): a queued request
-    answers 503 shutting_down, a running stream ends with that error event; nothing answers 500."""
+    """What a drain does once the grace period is over (AsyncEngine.cancel_all): a queued request and
+    an embeddings call answer 503 shutting_down, a running stream ends with that error event; nothing
+    answers 500. The engine thread is held inside the embedding meanwhile: cancel_all never waits
+    for it (a slow step)."""
     args = ServerArgs(engine=EngineConfig(max_num_seqs=1))
     with running_server(tiny_artifacts["tied"], args) as server:
         body = {"prompt": "hello", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
@@ -86,15 +88,36 @@ def test_requests_cut_by_the_grace_period_answer_503_not_500(tiny_artifacts):
 
         def queued() -> None:
             answers.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
-        threads = [threading.Thread(target=stream), threading.Thread(target=queued)]
+
+        def embedding() -> None:
+            embedded.append(httpx.post(f"{server.url}/v1/embeddings", json={"input": "hello"}, timeout=60))
+        embedded, inside, release = [], threading.Event(), threading.Event()
+        engine = server.engine.engine
+        embed, step = engine.embed, engine.step
+
+        def held_embed(inputs):
+            inside.set()
+            release.wait(timeout=60)
+            return embed(inputs)
+
+        def slow_step():              # the stream lasts 2 s, so the second request queues behind it
+            time.sleep(0.01)
+            return step()
+        engine.embed, engine.step = held_embed, slow_step
+        threads = [threading.Thread(target=f) for f in (stream, queued, embedding)]
         threads[0].start()
         wait_for(lambda: server.engine.num_live >= 1, what="the stream to start")
         threads[1].start()
         wait_for(lambda: server.engine.num_live >= 2, what="the second request to queue")
+        threads[2].start()
+        wait_for(inside.is_set, what="the embedding to reach the engine")
         server.engine.cancel_all()
+        threads[2].join(timeout=60)
+        release.set()
         for t in threads:
             t.join(timeout=60)
-        assert answers[0].status_code == 503 and answers[0].json()["error"]["code"] == "shutting_down"
+        for answer in (answers[0], embedded[0]):
+            assert answer.status_code == 503 and answer.json()["error"]["code"] == "shutting_down", answer.text
         events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
         assert events[-1]["error"]["code"] == "shutting_down", events[-1]
         wait_for(lambda: server.metric("kiln_kv_pages_used") == 0, what="the KV pages to be freed")

@@ -20,9 +20,11 @@ import pytest
 import uvicorn
 from pydantic import BaseModel
 
+from kiln.runtime import tools
 from kiln.runtime.async_engine import AsyncEngine
 from kiln.runtime.engine import Engine, EngineConfig
 from kiln.runtime.server import ServerArgs, create_app
+from test_openapi_replies import documented
 from test_server import Server, wait_for
 from tiny_models import write_tiny_llama
 
@@ -148,6 +150,39 @@ def test_streamed_deltas_reassemble_to_the_same_call(client):
                 args += d.function.arguments or ""
     assert finish == "tool_calls" and len(ids) == 1
     assert (name, json.loads(args)) == (whole.function.name, json.loads(whole.function.arguments))
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "Weather"}}, "auto"])
+def test_logprobs_of_every_token_with_tools(served, client, choice):
+    """Held-back text (a call, or what might start one) still has its tokens' logprobs: all of them,
+    streamed or not, equal to the same prompt's greedy completion without the tool machinery."""
+    _, engine = served
+    tool = openai.pydantic_function_tool(Weather)
+    kwargs = dict(model=MODEL, messages=ASK, tools=[tool], tool_choice=choice, temperature=0, logprobs=True,
+                  top_logprobs=2, max_tokens=12 if choice == "auto" else 160)    # (1 alternative where 1 is allowed)
+    whole = client.chat.completions.create(**kwargs)
+    lps = whole.choices[0].logprobs.content
+    assert len(lps) == whole.usage.completion_tokens and all(1 <= len(lp.top_logprobs) <= 2 for lp in lps)
+    streamed = [lp for chunk in client.chat.completions.create(**kwargs, stream=True) for c in chunk.choices
+                if c.logprobs for lp in c.logprobs.content]
+    assert [lp.token for lp in streamed] == [lp.token for lp in lps]
+    assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in lps], abs=1e-5)
+
+    request = tools.ToolRequest.parse([tool], choice, None)
+    ids = tools.render(engine, ASK, request)
+    plain = client.completions.create(model=MODEL, prompt=ids, max_tokens=kwargs["max_tokens"], temperature=0,
+                                      logprobs=2, extra_body={"response_format": request.response_format()})
+    assert plain.choices[0].logprobs.tokens == [lp.token for lp in lps]
+    assert plain.choices[0].logprobs.token_logprobs == pytest.approx([lp.logprob for lp in lps], abs=1e-5)
+    assert [v for t in plain.choices[0].logprobs.top_logprobs for v in sorted(t.values())] == pytest.approx(
+        [v for lp in lps for v in sorted(t.logprob for t in lp.top_logprobs)], abs=1e-5)
+
+
+def test_tool_call_replies_are_documented(served):
+    server, _ = served
+    body = {"model": MODEL, "messages": ASK, "tools": [openai.pydantic_function_tool(Weather)], "logprobs": True,
+            "tool_choice": "required", "max_tokens": 160}
+    assert documented(server.url, "POST", "/v1/chat/completions", json=body)["choices"][0]["message"]["tool_calls"]
 
 
 def test_tool_choice_none_and_refusals(client):

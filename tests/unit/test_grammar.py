@@ -183,6 +183,15 @@ def test_states_are_independent_and_compiled_grammars_cached(tokenizer, compiler
     assert compiler.compile({"type": "text"}) is None and compiler.compile(None) is None
 
 
+def test_a_prepared_format_carries_its_grammar(tokenizer, compiler, monkeypatch):
+    rf = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"y": {"type": "null"}}}}}
+    prepared = compiler.prepare(rf)
+    assert prepared == rf and compiler.prepare({"type": "text"}) == {"type": "text"} and compiler.prepare(None) is None
+    monkeypatch.setattr("kiln.runtime.grammar._parse_response_format", None)   # the engine thread never parses it
+    state = compiler.compile(prepared)
+    assert state.allowed_mask()[tokenizer._tok.token_to_id("{")] and not state.accept(tokenizer._tok.token_to_id("["))
+
+
 @pytest.mark.parametrize("rf, words", [
     ({"type": "json_schema", "json_schema": {"schema": {"type": "frobnicate"}}}, "frobnicate"),
     ({"type": "json_schema", "json_schema": {"schema": {"$ref": "#/$defs/missing"}}}, "missing"),

@@ -1,0 +1,207 @@
+"""The server's reply bodies as pydantic models, so /openapi.json and /docs describe every field.
+
+The routes build their replies as dicts (openai_api.Reply, embeddings_api, responses_api, ...);
+these models document them (FastAPI `response_model`), and schemathesis checks every reply it
+provokes against them (tests/e2e/test_schemathesis.py). Streams are documented as
+text/event-stream (STREAM): one JSON chunk per `data:` line, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+# -- /v1/chat/completions ---------------------------------------------------------------------
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str                        # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+# -- /v1/completions --------------------------------------------------------------------------
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]    # None: an echoed prompt's first token (nothing scores it)
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReason | None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str | None
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+# -- /v1/embeddings ---------------------------------------------------------------------------
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str          # floats, or base64 of little-endian float32
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+# -- /v1/models, /tokenizer_info, /health -----------------------------------------------------
+class Model(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str                             # the served model's name (an alias's too)
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class TokenizerInfo(BaseModel):
+    bos_token: str | None = None
+    eos_token: str | None = None
+    pad_token: str | None = None
+    unk_token: str | None = None
+    chat_template: str | None
+    vocab_size: int
+    model_max_length: int
+    eos_token_ids: list[int]
+    bos_token_id: int | None
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+# -- /v1/responses ----------------------------------------------------------------------------
+class OutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[Any]
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"]
+    id: str
+    role: Literal["assistant"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputText]
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens: int
+    output_tokens_details: dict[str, int]
+    total_tokens: int
+
+
+class Response(BaseModel):
+    id: str
+    object: Literal["response"]
+    created_at: int
+    model: str
+    status: Literal["completed", "incomplete", "in_progress", "failed"]
+    error: dict[str, Any] | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    metadata: dict[str, str]
+    output: list[OutputMessage]
+    parallel_tool_calls: bool
+    tool_choice: Literal["none"]
+    tools: list[Any]
+    store: bool
+    temperature: float | None
+    top_p: float | None
+    text: dict[str, Any]
+    usage: ResponseUsage | None
+
+
+def with_stream(description: str) -> dict[int | str, dict[str, Any]]:
+    """A route's 200 answer documented as JSON (its response_model) or, with stream: true, an event
+    stream; the schema describes one event, as schemathesis reads it (OpenAPI 3.2's itemSchema)."""
+    event = {"type": "object", "required": ["data"],
+             "properties": {"event": {"type": "string"}, "data": {"type": "string", "description": STREAM}}}
+    return {200: {"description": description, "content": {"text/event-stream": {"schema": event}}}}
+
+
+STREAM = ('one JSON object per event (the OpenAI SDK\'s chunk or event objects, or an {"error": ...} that '
+          'ends the stream); chat and completions streams end with "[DONE]"')
