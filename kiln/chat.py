@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Callable
 
@@ -58,6 +59,9 @@ def _save_history(readline, path) -> None:
 def run_chat(engine, params, system: str | None) -> None:
     from rich.console import Console
     _readline()
+    # Ctrl-C must stop a reply even when kiln was started with SIGINT ignored (a background job of a
+    # non-interactive shell, nohup): Python then installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     status_console = Console(stderr=True)
     context = engine.artifact.context_window
     reserve = max(1, min(params.max_tokens or context // 4, context // 2))   # room left for the reply
