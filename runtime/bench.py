@@ -45,7 +45,8 @@ def _check_fits(runner: ModelRunner, prompt_len: int, gen_len: int, batch: int) 
         raise ValueError(f"prompt_len + gen_len ({prompt_len + gen_len}) exceeds the context window "
                          f"({runner.context_window})")
     if batch > runner.max_num_seqs:
-        raise ValueError(f"batch {batch} exceeds the engine's max_num_seqs ({runner.max_num_seqs})")
+        raise ValueError(f"batch {batch} exceeds the {runner.max_num_seqs} sequences this artifact runs at once; "
+                         f"recompile it with `kiln compile --max-batch-size {batch}`")
 
 
 def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: int = 1, runs: int = 3,
