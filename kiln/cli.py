@@ -11,6 +11,7 @@ import click
 
 from kiln.cli_info import COMMANDS
 from kiln.cli_info import friendly_errors as _friendly_errors
+from kiln.cli_info import parse_size
 
 DEFAULT_MODEL = "smollm2"
 
@@ -292,12 +293,14 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @click.option("--max-num-seqs", type=click.IntRange(min=1), help="most sequences in one batch [artifact's max batch]")
 @click.option("--max-tokens-per-step", type=click.IntRange(min=1), help="chunked-prefill token budget per step")
 @click.option("--max-total-tokens", type=click.IntRange(min=1), help="KV cache capacity in tokens")
+@click.option("--kv-cache-memory", help="KV cache capacity as memory, e.g. 2GiB or 512MB (instead of --max-total-tokens)")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
-          no_prefix_cache) -> None:
+          kv_cache_memory, no_prefix_cache) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
+    kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
     server = _server_module()                 # before any compile: without the serve extra, say so now
     path = model if kiln.is_artifact(model) else _compiled(model)
     # Named after what the user gave (`smollm2`, a model folder or file, an artifact's folder), so the
@@ -305,7 +308,8 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     given = Path(str(model).rstrip("/"))
     name = model_name or (given.stem if given.suffix in (".gguf", ".onnx") else given.name)
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
-                               max_total_tokens=max_total_tokens, enable_prefix_cache=not no_prefix_cache)
+                               max_total_tokens=max_total_tokens, kv_cache_bytes=kv_bytes,
+                               enable_prefix_cache=not no_prefix_cache)
     server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                          engine=engine))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -147,3 +148,17 @@ def info(artifact, as_json) -> None:
 
 
 COMMANDS = (targets, cache, models_cmd, info)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(text: str, option: str) -> int:
+    """'2GiB', '512MB', '1.5g', '1048576' -> bytes; anything else a usage error naming the option."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not unit or float(m.group(1)) <= 0:
+        raise click.BadParameter(f"{text!r} is not a size; write e.g. 2GiB, 512MB or a number of bytes",
+                                 param_hint=option)
+    return int(float(m.group(1)) * unit)

@@ -90,6 +90,12 @@ class KVCacheLayout:
     sliding_window: int | None = None            # tokens, for "sliding" layers
     window_mode: str = ""                        # "per_sequence" | "per_layer" (models/causal_lm.py); "": by kinds
 
+    @property
+    def bytes_per_token(self) -> int:
+        """KV cache bytes one token takes: keys and values of every layer (TVM pages all layers alike)."""
+        itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}.get(self.dtype, 4)
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
         bad = [k for k in self.layer_kinds if k not in ATTENTION_KINDS]

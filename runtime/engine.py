@@ -45,6 +45,7 @@ class EngineBusy(RuntimeError):
 class EngineConfig:
     max_num_seqs: int | None = None          # default: the artifact's max_batch_size
     max_total_tokens: int | None = None      # KV capacity; default: one full context + a page per sequence
+    kv_cache_bytes: int | None = None        # or KV capacity as memory (whole pages that fit)
     max_tokens_per_step: int | None = None   # chunked-prefill token budget; default: the artifact's prefill chunk
     policy: str = "fcfs"                     # or "priority"
     enable_prefix_cache: bool = True         # always off for a sliding-window artifact (its KV is never shared)
@@ -55,7 +56,7 @@ class Engine:
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         self.artifact = Artifact.load(artifact, verify=config.verify)
-        self.runner = ModelRunner(self.artifact, config.max_num_seqs, config.max_total_tokens)
+        self.runner = ModelRunner(self.artifact, config.max_num_seqs, _kv_tokens(self.artifact, config))
         has_tok = (self.artifact.path / "tokenizer.json").is_file()
         self.tokenizer = Tokenizer.from_dir(self.artifact.path) if has_tok else None
         eos = set(self.artifact.config.eos_token_ids)
@@ -294,3 +295,18 @@ def _as_batch(prompt) -> tuple[list[Prompt], bool]:
     if all(isinstance(x, int) or hasattr(x, "__index__") and not isinstance(x, (str, list)) for x in items):
         return [items], True
     return items, False
+
+
+def _kv_tokens(artifact: Artifact, config: EngineConfig) -> int | None:
+    """The KV capacity in tokens: max_total_tokens, or as many whole pages as kv_cache_bytes holds."""
+    if config.kv_cache_bytes is None:
+        return config.max_total_tokens
+    if config.max_total_tokens is not None:
+        raise ValueError("give the KV cache size once: as tokens (max_total_tokens) or as memory (kv_cache_bytes)")
+    layout = artifact.config.kv_cache
+    per_page = layout.bytes_per_token * layout.page_size
+    pages = config.kv_cache_bytes // per_page
+    if pages < 1:
+        raise ValueError(f"a KV cache of {config.kv_cache_bytes} bytes holds no {layout.page_size}-token page of "
+                         f"this model ({per_page} bytes); give at least {per_page} bytes")
+    return pages * layout.page_size
