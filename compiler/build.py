@@ -47,7 +47,7 @@ class CompileOptions:
     dump_ir: Path | None = None
     context_window: int | None = None       # cap the model's context (KV memory)
     prefill_chunk: int | None = None
-    max_batch_size: int = 32
+    max_batch_size: int | None = None       # default: the target's (32 on CPUs, 256 on CUDA and ROCm)
     force: bool = False                     # replace an existing artifact at `output`
     golden: bool = True                     # store golden logits (compiler/golden.py) for `kiln check`
 
@@ -84,6 +84,7 @@ class Exported:
     window_mode: str                        # how the KV cache slides ("" without sliding layers)
     context: int                            # tokens a sequence may hold (the model's, or --context-window)
     chunk: int                              # most tokens one forward takes (the memory plan's bound)
+    max_batch: int                          # most sequences (or logit rows) one forward takes (the other)
 
 
 def export_model(opts: CompileOptions, progress: Progress | None = None) -> Exported:
@@ -114,10 +115,11 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
             raise ValueError(f"this model soft-caps attention scores (attn_logit_softcapping={softcap}), which "
                              f"kiln's {profile.name} attention kernels do not implement yet; use --target {able}")
         mod = mod.with_attr(SOFTCAP_ATTR, float(softcap))
-    mod = bound_shapes(mod, chunk, opts.max_batch_size)
+    max_batch = opts.max_batch_size or profile.max_batch_size
+    mod = bound_shapes(mod, chunk, max_batch)
     report("export", 1, 1)
     return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "",
-                    context, chunk)
+                    context, chunk, max_batch)
 
 
 def compile_model(opts: CompileOptions, progress: Progress | None = None, fallback: Fallback | None = None) -> Path:
@@ -154,7 +156,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             hidden_size=config.hidden_size,
             context_window_size=context,
             prefill_chunk_size=chunk,
-            max_batch_size=opts.max_batch_size,
+            max_batch_size=ex.max_batch,
             kv_cache=_kv_layout(config, profile.page_size, scheme.model_dtype, ex.window_mode),
             bos_token_id=config.bos_token_id,
             eos_token_ids=config.eos_token_ids,

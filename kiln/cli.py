@@ -82,9 +82,9 @@ def main() -> None:
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="write the IR after each pipeline phase here")
 @click.option("--context-window", type=int, help="cap the context window (KV memory)")
 @click.option("--prefill-chunk", type=int, help="most tokens one prefill call takes")
-@click.option("--max-batch-size", type=int, default=32, show_default=True,
+@click.option("--max-batch-size", type=int,
               help="most sequences one forward runs (what `kiln serve --max-num-seqs` may use; memory is "
-                   "planned for it)")
+                   "planned for it) [the target's: 32 on CPUs, 256 on CUDA and ROCm]")
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @click.option("--check", "check_after", is_flag=True,
               help="then run the artifact on its golden prompts (as `kiln check`) if it runs on this machine")

@@ -71,6 +71,7 @@ class TargetProfile:
     attn_softcap: bool = False      # its attention kernels can soft-cap scores (module attr kiln_attn_logit_softcap)
     page_size: int = 16             # KV cache tokens per page
     prefill_chunk: int = 2048       # most tokens one prefill call takes
+    max_batch_size: int = 32        # sequences one forward runs, unless `kiln compile --max-batch-size`
     phase_passes: Callable[["TargetProfile", str], list] = field(default=lambda p, phase: [], compare=False)
     tuning: Callable[["TargetProfile"], TuningSpace] | None = field(default=None, compare=False)
     # Raises, in one line naming the fix, when a host tool the build needs is missing.

@@ -62,4 +62,4 @@ def rocm_profile(arch: str) -> TargetProfile:
               "host": {"kind": "llvm"}}
     return TargetProfile(name=f"rocm-{arch}", target=target, device="rocm", export_format="so",
                          runnable_here=False, default_quant="q4f16", phase_passes=gpu_phase_passes,
-                         check_toolchain=_check_toolchain, description=f"{what}, {arch}")
+                         check_toolchain=_check_toolchain, max_batch_size=256, description=f"{what}, {arch}")

@@ -17,6 +17,7 @@ def test_cross_target_artifact(target, lib, device, tiny_dirs, tmp_path):
     art = kiln.compile(str(tiny_dirs["tied"]), target=target, quant="q0f16", output=tmp_path / target)
     cfg = json.loads((art / "kiln-config.json").read_text())
     assert cfg["target"]["lib"] == lib and cfg["target"]["device"] == device
+    assert cfg["max_batch_size"] == (256 if device == "cuda" else 32)     # server GPUs batch wider
     assert (art / lib).stat().st_size > 10_000
     assert set(cfg["files"]) >= {lib, "params/tensor-cache.json", "tokenizer.json"}
     kiln.Artifact.load(art)                                  # hashes verify
