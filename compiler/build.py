@@ -47,7 +47,7 @@ class CompileOptions:
     dump_ir: Path | None = None
     context_window: int | None = None       # cap the model's context (KV memory)
     prefill_chunk: int | None = None
-    max_batch_size: int | None = None       # default: the target's (32 on CPUs, 256 on CUDA and ROCm)
+    max_batch_size: int | None = None       # default: the target profile's max_batch_size
     force: bool = False                     # replace an existing artifact at `output`
     golden: bool = True                     # store golden logits (compiler/golden.py) for `kiln check`
 
