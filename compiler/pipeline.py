@@ -20,6 +20,7 @@ from tvm import relax
 
 from kiln.targets import TargetProfile
 
+from .passes.accumulate_f32 import AccumulateInFloat32
 from .passes.clip_take import ClipTake
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
@@ -43,6 +44,8 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
     """The phases in order; `profile.passes(phase)` is where the target's own passes go in each."""
     return [
         ("graph", [
+            # Float16 matmuls sum in float32 (weights and activations stay float16 in memory).
+            AccumulateInFloat32(),
             # nn.Linear emits matmul(x, permute_dims(W)); fused, W is read in place, never re-transposed.
             relax.transform.FuseTransposeMatmul(),
             # Quantized weights: dequantize fused into its matmul / embedding gather (one kernel each).

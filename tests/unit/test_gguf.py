@@ -346,6 +346,6 @@ def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
     with pytest.raises(ModelLoadError, match="'falcon' is not supported; supported: llama, qwen2, qwen3, gemma2, "
                                              "gemma3, phi3, gpt2. `kiln models` lists"):
         kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="falcon"))
-    with pytest.raises(ModelLoadError,
-                       match=r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"):
+    refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
+    with pytest.raises(ModelLoadError, match=refusal):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="rwkv"))
