@@ -1,11 +1,11 @@
 """AccumulateInFloat32: float16 matmuls sum their products in float32, on every target.
 
 A Relax `matmul` of float16 operands legalizes to a reduction whose accumulator has the output's
-dtype. On a GPU that is a float16 register: over K = 576..14336 products the rounding grows with
-K, and SmolLM2 q0f16 on an H100 differed from transformers fp32 by 1.55 (transformers' own fp16,
-which accumulates in float32 like cuBLAS: 0.18; kiln q0f16 on a CPU, where LLVM keeps the partial
-sums wider: 0.32). Rewritten here, before FuseTransposeMatmul / FuseDequantizeMatmul build their
-kernels:
+dtype: a float16 register wherever the hardware has float16 arithmetic. Over K = 576..14336
+products the rounding grows with K: SmolLM2 q0f16 differed from transformers fp32 by 1.55 on an
+accelerator (transformers' own fp16, which sums in float32 as the vendor BLAS does: 0.18) and by
+0.32 on a host whose code generator kept some partial sums wider (TVM_NOTES). Rewritten here,
+before FuseTransposeMatmul / FuseDequantizeMatmul build their kernels:
 
     y = matmul(a, b)                   ->  y = astype(matmul(a, b, out_dtype="float32"), "float16")
     z = astype(matmul(a, b), float32)  ->  z = matmul(a, b, out_dtype="float32")   (the logits)
