@@ -99,8 +99,15 @@ class _QuantizedWeight(nn.Module):
         for name, (shape, plane_dtype) in fmt.planes(rows, cols).items():
             setattr(self, name, nn.Parameter(shape, plane_dtype))
 
+    @property
+    def weight_dtype(self) -> str:
+        """The dequantized weight's dtype: float32 whenever the scales are (a GGUF's exact formats
+        under float16 compute stay exact: q * scale rounded to float16 would not be), else the
+        compute dtype."""
+        return "float32" if self.format.scale_dtype == "float32" else self.dtype
+
     def dequantized_weight(self) -> Tensor:
-        return dequantize(self.format, self.dtype, [getattr(self, p) for p in self.format.plane_names])
+        return dequantize(self.format, self.weight_dtype, [getattr(self, p) for p in self.format.plane_names])
 
     def to(self, dtype: str | None = None) -> None:
         """Only the compute dtype follows `to`; the planes keep their storage dtypes."""
@@ -128,7 +135,10 @@ class QuantizedLinear(_QuantizedWeight):
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.dequantized_weight()                      # [out, in]
-        y = op.matmul(x, op.permute_dims(w))               # [.., out]
+        if w.dtype == x.dtype:
+            y = op.matmul(x, op.permute_dims(w))           # [.., out]
+        else:                                              # float16 x, exact float32 w: sum in float32
+            y = op.matmul(x, op.permute_dims(w), out_dtype="float32").astype(self.dtype)
         return y + self.bias if self.bias is not None else y
 
 
@@ -149,10 +159,9 @@ class QuantizedEmbedding(_QuantizedWeight):
 
     def forward(self, ids: Tensor) -> Tensor:
         table = self.dequantized_weight()                  # [num, dim]
-        if ids.ndim == 1:
-            return op.take(table, ids, axis=0)             # [seq, dim]
-        rows = op.take(table, op.reshape(ids, shape=[-1]), axis=0)
-        return op.reshape(rows, shape=[*ids.shape, self.dim])
+        rows = op.take(table, ids if ids.ndim == 1 else op.reshape(ids, shape=[-1]), axis=0)
+        rows = rows if rows.dtype == self.dtype else rows.astype(self.dtype)
+        return rows if ids.ndim == 1 else op.reshape(rows, shape=[*ids.shape, self.dim])
 
 
 __all__ = ["KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "dequantize_element"]

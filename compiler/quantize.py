@@ -14,6 +14,8 @@ in floating point. Schemes:
     as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q2_K, Q3_K, Q4_K and Q6_K kept
                    exactly (quant_gguf.GGUF_EXACT), Q5_1 / Q5_K re-quantized to q8 (lossy, noted),
                    F16/BF16/F32 tensors kept as float
+    as-stored-f16  the same weights, float16 activations (for GPUs): the planes keep float32
+                   scales, so each weight dequantizes exactly, in float32, inside its matmul
     auto           as-stored for GGUF, the target's best 4-bit scheme for HF weights
 
 Linear weights (qkv, o, gate_up, down, an untied lm_head) and the embedding table are
@@ -84,6 +86,8 @@ SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
     QuantScheme("q8f32", "float32", "8-bit weights (group 32, float32 scales), float32 compute", kind="q8"),
     QuantScheme("as-stored", "float32", "a GGUF's quantized weights kept exactly where a kiln kernel holds "
                 "them, the rest re-quantized to 4/8-bit, float32 compute", kind="q4", as_stored=True),
+    QuantScheme("as-stored-f16", "float16", "as-stored with float16 activations: the weights still dequantize "
+                "exactly (float32, inside each matmul), every sum in float32", kind="q4", as_stored=True),
 )}
 
 

@@ -145,5 +145,7 @@ class DecoderLayer(nn.Module):
 
 
 def tied_logits(x: Tensor, embed: nn.Embedding) -> Tensor:
-    """Tied output projection: logits = x @ E.T with the embedding table E [vocab, hidden]."""
-    return op.matmul(x, op.permute_dims(embed.weight))
+    """Tied output projection: logits = x @ E.T with the embedding table E [vocab, hidden]
+    (a quantized table may dequantize to float32 under float16 compute: then summed in float32)."""
+    table = embed.weight
+    return op.matmul(x, op.permute_dims(table), out_dtype="float32" if table.dtype != x.dtype else None)

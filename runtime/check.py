@@ -40,6 +40,7 @@ TOLERANCES = {
     "q4f32": Tolerance(max_logit_error=15.0, kl=1.0, top1=0.4),
     "q4f16": Tolerance(max_logit_error=15.0, kl=1.0, top1=0.4),
     "as-stored": Tolerance(max_logit_error=15.0, kl=1.0, top1=0.4),
+    "as-stored-f16": Tolerance(max_logit_error=15.0, kl=1.0, top1=0.4),
 }
 
 
