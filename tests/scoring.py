@@ -24,3 +24,33 @@ def perplexity(art: Path, text: str) -> float:
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+
+
+def greedy_against(art: Path, model, ids: list[int], steps: int, near_tie: float,
+                   atol: float | None = None) -> int:
+    """Greedy decode of `ids` on the artifact against a transformers model recomputing the whole
+    sequence each step: each step's argmax must agree, and the logits within `atol` when given,
+    until the model's top two come within `near_tie`. Returns how many tokens were compared."""
+    runner = ModelRunner(Artifact.load(art))
+    runner.add_sequence(0)
+    logits = runner.prefill([0], [ids])[0]
+    seq, compared = list(ids), 0
+    for _ in range(steps):
+        expected = last_logits(model, seq)
+        top2 = np.sort(expected)[-2:]
+        if top2[1] - top2[0] < near_tie:
+            break
+        if atol is not None:
+            np.testing.assert_allclose(logits, expected, atol=atol, rtol=0)
+        assert int(np.argmax(logits)) == int(np.argmax(expected)), (compared, seq[len(ids):])
+        compared += 1
+        seq.append(int(np.argmax(expected)))
+        logits = runner.decode([0], [seq[-1]])[0]
+    return compared
+
+
+def last_logits(model, seq: list[int]) -> np.ndarray:
+    """A transformers causal LM's float32 logits at the last position of `seq`."""
+    import torch
+    with torch.no_grad():
+        return model(torch.tensor([seq])).logits[0, -1].float().numpy()

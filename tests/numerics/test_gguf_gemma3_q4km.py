@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 import kiln
 from gguf_writer import write_gguf
-from kiln.runtime import Artifact
-from kiln.runtime.model_runner import ModelRunner
+from scoring import greedy_against
 from tiny_models import write_tokenizer
 
 pytestmark = pytest.mark.numerics
@@ -67,19 +65,5 @@ def test_gemma3_q4_k_m_greedy_matches_transformers(gemma3_q4km):
     prompt = Template(template).render(messages=[{"role": "user", "content": "Paged attention and the quick brown fox?"}],
                                        add_generation_prompt=True)
     ids = Tokenizer.from_file(str(art / "tokenizer.json")).encode(prompt).ids
-    runner = ModelRunner(Artifact.load(art))
-    runner.add_sequence(0)
-    logits = runner.prefill([0], [ids])[0]
-    seq, compared = list(ids), 0
-    for _ in range(STEPS):
-        with torch.no_grad():
-            expected = ref(torch.tensor([seq])).logits[0, -1].numpy()
-        top2 = np.sort(expected)[-2:]
-        if top2[1] - top2[0] < NEAR_TIE:
-            break
-        assert int(np.argmax(logits)) == int(np.argmax(expected)), (compared, seq[len(ids):])
-        np.testing.assert_allclose(logits, expected, atol=LOGIT_ATOL, rtol=0)
-        compared += 1
-        seq.append(int(np.argmax(expected)))
-        logits = runner.decode([0], [seq[-1]])[0]
+    compared = greedy_against(art, ref, ids, STEPS, NEAR_TIE, LOGIT_ATOL)
     assert compared >= 8, f"a near-tie after only {compared} tokens"

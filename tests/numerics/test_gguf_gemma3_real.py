@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
 import kiln
 from kiln.models import resolve
 from kiln.models.packaged import PACKAGED, installed
-from kiln.runtime import Artifact
-from kiln.runtime.model_runner import ModelRunner
-from scoring import PERPLEXITY_TEXT, perplexity
+from scoring import PERPLEXITY_TEXT, greedy_against, perplexity
 
 pytestmark = [pytest.mark.numerics, pytest.mark.slow]
 # Gemma's turn format (the base model's GGUF carries no chat template).
@@ -72,21 +69,7 @@ def test_greedy_chat_matches_transformers(builds, reference):
     kept = next(n for n in cfg_notes if n.startswith("GGUF weights kept bit-exact"))
     assert all(t in kept for t in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")), kept
     ids = Tokenizer.from_file(str(art / "tokenizer.json")).encode(CHAT).ids
-    runner = ModelRunner(Artifact.load(art))
-    runner.add_sequence(0)
-    logits = runner.prefill([0], [ids])[0]
-    seq, compared = list(ids), 0
-    for _ in range(STEPS):
-        with torch.no_grad():
-            expected = model(torch.tensor([seq])).logits[0, -1].numpy()
-        top2 = np.sort(expected)[-2:]
-        if top2[1] - top2[0] < NEAR_TIE:
-            break
-        np.testing.assert_allclose(logits, expected, atol=LOGIT_ATOL, rtol=0)
-        assert int(np.argmax(logits)) == int(np.argmax(expected)), (compared, seq[len(ids):])
-        compared += 1
-        seq.append(int(np.argmax(expected)))
-        logits = runner.decode([0], [seq[-1]])[0]
+    compared = greedy_against(art, model, ids, STEPS, NEAR_TIE, LOGIT_ATOL)
     assert compared >= 16, f"a near-tie after only {compared} tokens"
 
 

@@ -25,7 +25,7 @@ from kiln.compiler.quant_modules import QuantFormat
 from kiln.models import gguf as kg
 from kiln.runtime import Artifact
 from kiln.runtime.model_runner import ModelRunner
-from scoring import PERPLEXITY_TEXT, perplexity
+from scoring import PERPLEXITY_TEXT, greedy_against, perplexity
 
 pytestmark = pytest.mark.numerics
 PROMPT = [int(i) for i in np.random.default_rng(7).integers(0, 512, size=23)]
@@ -406,17 +406,7 @@ def test_smollm2_float16_is_as_close_to_float32_as_transformers_fp16(quant, smol
         error, fp16_error = np.abs(got - f32).max(), np.abs(f16 - f32).max()
         assert error <= 2 * fp16_error, (error, fp16_error)
         # Greedy: kiln's float16 tokens are transformers fp16's, up to the first near-tie (top-2 gap < 0.5).
-        seq, logits, compared = list(ids), got[-1], 0
-        for _ in range(8):
-            with torch.no_grad():
-                expected = ref16(torch.tensor([seq])).logits[0, -1].float().numpy()
-            top2 = np.sort(expected)[-2:]
-            if top2[1] - top2[0] < 0.5:
-                break
-            assert int(np.argmax(logits)) == int(np.argmax(expected)), seq[len(ids):]
-            seq.append(int(np.argmax(expected)))
-            logits = runner.decode([0], [seq[-1]])[0]
-            compared += 1
+        compared = greedy_against(art, ref16, ids, 8, near_tie=0.5)
         assert compared >= 6, f"a near-tie after {compared} tokens"
 
 
