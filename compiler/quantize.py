@@ -14,7 +14,7 @@ in floating point. Schemes:
     as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q2_K, Q3_K, Q4_K and Q6_K kept
                    exactly (quant_gguf.GGUF_EXACT), Q5_1 / Q5_K re-quantized to q8 (lossy, noted),
                    F16/BF16/F32 tensors kept as float
-    as-stored-f16  the same weights, float16 activations (for GPUs): the planes keep float32
+    as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
     auto           as-stored for GGUF, the target's best 4-bit scheme for HF weights
 
