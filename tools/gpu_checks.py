@@ -90,7 +90,8 @@ def numerics(args) -> dict:
     if not args.quick:
         log = Path(args.out) / "gpu_tests.log"
         with log.open("w") as f:
-            rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+            # -P: the checkout's kiln/ must not shadow the package laid out in .gpu/site (gpu_session.py).
+            rc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                                  "tests/numerics/test_cuda_variants.py"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
         result["gpu_tests"] = {"rc": rc.returncode, "tail": log.read_text().strip().splitlines()[-1:]}
         print("gpu tests:", result["gpu_tests"], flush=True)

@@ -16,9 +16,10 @@ machine is warm, so send the next call at once), the last one unpacking and chec
     run(carry=[".gpu/part-NN"], command="python3 tools/gpu_session.py unpack && "
         ". .gpu/env.sh && python3 tools/gpu_checks.py numerics --out $OUT")
 
-`unpack` joins the parts, checks their SHA-256, installs the carried wheels (apache-tvm,
-apache-tvm-ffi for cp312, gguf) into .gpu/site with pip (--no-index), lays kiln out there as
-symlinks into the checkout, and writes .gpu/env.sh (PYTHONPATH, the SmolLM2 GGUF's path).
+`unpack` joins the parts, checks their SHA-256, writes the wheels' files (apache-tvm,
+apache-tvm-ffi for cp312, gguf: packed raw, so xz compresses the libraries) into .gpu/site,
+lays kiln out there as symlinks into the checkout, and writes .gpu/env.sh (PYTHONPATH, the
+SmolLM2 GGUF's path).
 tools/gpu_checks.py says what each check measures. `.gpu/` is git-ignored.
 """
 
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +64,19 @@ def stage(python: str, with_smollm2: bool) -> None:
     print(f"packing {', '.join(members)} (xz, a few minutes)", flush=True)
     with lzma.open(blob, "wb", preset=6) as xz, tarfile.open(fileobj=xz, mode="w|") as tar:
         for name, path in members.items():
-            tar.add(path, arcname=name)
+            if not name.endswith(".whl"):
+                tar.add(path, arcname=name)
+                continue
+            # A wheel is a deflated zip laid out for site-packages: store its files raw, so that xz
+            # sees the uncompressed libraries (libtvm_compiler.so: 259 MB -> 59 MB).
+            with zipfile.ZipFile(path) as whl:
+                for entry in whl.infolist():
+                    if entry.is_dir():
+                        continue
+                    info = tarfile.TarInfo(f"site/{entry.filename}")
+                    info.size, info.mode = entry.file_size, 0o755 if entry.filename.endswith(".so") else 0o644
+                    with whl.open(entry) as f:
+                        tar.addfile(info, f)
     digest, sizes = hashlib.sha256(blob.read_bytes()).hexdigest(), []
     with blob.open("rb") as f:
         n = 0
@@ -106,17 +120,16 @@ def unpack() -> None:
     blob = b"".join((kept / n / "data").read_bytes() for n in names)
     if hashlib.sha256(blob).hexdigest() != manifest["sha256"]:
         sys.exit("the joined parts do not match the staged SHA-256; stage and carry them again")
-    site, models, wheels = GPU / "site", GPU / "models", GPU / "wheels-there"
-    for d in (site, wheels):
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
+    site, models = GPU / "site", GPU / "models"
+    shutil.rmtree(site, ignore_errors=True)
+    site.mkdir(parents=True)
     models.mkdir(exist_ok=True)
     with lzma.open(io.BytesIO(blob)) as xz, tarfile.open(fileobj=xz, mode="r|") as tar:
         for member in tar:
-            dest = wheels if member.name.endswith(".whl") else models
-            (dest / member.name).write_bytes(tar.extractfile(member).read())
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
-                    "--target", str(site), *map(str, sorted(wheels.glob("*.whl")))], check=True)
+            dest = site / member.name[len("site/"):] if member.name.startswith("site/") else models / member.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(tar.extractfile(member).read())
+            dest.chmod(member.mode)
     _link_kiln(site / "_kiln" / "kiln")
     env = [f'export PYTHONPATH="{site / "_kiln"}:{site}${{PYTHONPATH:+:$PYTHONPATH}}"',
            "export PYTHONUNBUFFERED=1",
@@ -127,13 +140,14 @@ def unpack() -> None:
     print("unpacked into", site, "; now: . .gpu/env.sh", flush=True)
     check = "import tvm, kiln; d = tvm.cuda(0); print('tvm', tvm.__version__, 'cuda', d.exist, " \
             "d.exist and d.compute_version)"
-    subprocess.run(["bash", "-c", f". {GPU / 'env.sh'} && {sys.executable} -c \"{check}\""], check=False)
+    subprocess.run(["bash", "-c", f". {GPU / 'env.sh'} && {sys.executable} -P -c \"{check}\""], check=False)
 
 
 def _link_kiln(pkg: Path) -> None:
     """The `kiln` package as pyproject's package-dir lays it out, made of symlinks into this
     checkout (no build: the device's setuptools may predate the one pyproject asks for).
-    Run the CLI as `python3 -m kiln.cli`."""
+    Run the CLI as `python3 -P -m kiln.cli`: -P keeps the checkout's own kiln/ (no subpackages
+    there) from shadowing it when the working directory is the checkout."""
     pkg.mkdir(parents=True)
     for f in (ROOT / "kiln").iterdir():
         if f.suffix == ".py":
