@@ -198,9 +198,28 @@ def _params(max_tokens, temperature, top_p, top_k, seed, stop):
                           seed=seed, stop=tuple(stop))
 
 
-def _engine(model: str):
+def _chat_template_option(fn):
+    return click.option("--chat-template", "chat_template", metavar="NAME|FILE",
+                        help="use this chat template instead of the model's (a jinja file, or built-in: "
+                             "chatml, gemma, llama3); for models that ship none")(fn)
+
+
+def _template_source(value: str | None) -> str | None:
+    """The option's template source, checked before any model is read."""
+    if value is None:
+        return None
+    from kiln.runtime.chat_templates import resolve_chat_template
+    try:
+        return resolve_chat_template(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _engine(model: str, chat_template: str | None = None):
     import kiln
-    return kiln.Engine(model if kiln.is_artifact(model) else _compiled(model))
+    source = _template_source(chat_template)
+    return kiln.Engine(model if kiln.is_artifact(model) else _compiled(model),
+                       kiln.EngineConfig(chat_template=source))
 
 
 @main.command()
@@ -210,10 +229,12 @@ def _engine(model: str):
 @click.option("--chat/--raw", "as_chat", default=False, help="wrap PROMPT in the model's chat template")
 @click.option("--ids", "as_ids", is_flag=True, help="PROMPT is comma-separated token ids, not text")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
+@_chat_template_option
 @_friendly_errors
-def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, as_chat, as_ids, as_json) -> None:
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, as_chat, as_ids, as_json,
+             chat_template) -> None:
     """Generate a continuation of PROMPT with MODEL (an artifact, or a model compiled on first use)."""
-    engine = _engine(model)
+    engine = _engine(model, chat_template)
     params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
     if as_ids:
         ids = _parse_ids(prompt)
@@ -242,12 +263,13 @@ def _parse_ids(text: str) -> list[int]:
 @click.argument("model", default=DEFAULT_MODEL)
 @_sampling_options
 @click.option("--system", default=None, help="system prompt")
+@_chat_template_option
 @_friendly_errors
-def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system) -> None:
+def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system, chat_template) -> None:
     """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits,
     Ctrl-C stops a reply; arrow keys edit and recall lines."""
     from kiln.chat import run_chat
-    run_chat(_engine(model), _params(max_tokens, temperature, top_p, top_k, seed, stop), system)
+    run_chat(_engine(model, chat_template), _params(max_tokens, temperature, top_p, top_k, seed, stop), system)
 
 
 @main.command()
@@ -296,12 +318,14 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @click.option("--max-total-tokens", type=click.IntRange(min=1), help="KV cache capacity in tokens")
 @click.option("--kv-cache-memory", help="KV cache capacity as memory, e.g. 2GiB or 512MB (instead of --max-total-tokens)")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
+@_chat_template_option
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
-          kv_cache_memory, no_prefix_cache) -> None:
+          kv_cache_memory, no_prefix_cache, chat_template) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
+    template = _template_source(chat_template)
     server = _server_module()                 # before any compile: without the serve extra, say so now
     path = model if kiln.is_artifact(model) else _compiled(model)
     # Named after what the user gave (`smollm2`, a model folder or file, an artifact's folder), so the
@@ -310,7 +334,7 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     name = model_name or (given.stem if given.suffix in (".gguf", ".onnx") else given.name)
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
                                max_total_tokens=max_total_tokens, kv_cache_bytes=kv_bytes,
-                               enable_prefix_cache=not no_prefix_cache)
+                               enable_prefix_cache=not no_prefix_cache, chat_template=template)
     server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                          engine=engine))
 

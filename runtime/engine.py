@@ -50,6 +50,7 @@ class EngineConfig:
     policy: str = "fcfs"                     # or "priority"
     enable_prefix_cache: bool = True         # always off for a sliding-window artifact (its KV is never shared)
     verify: bool = True                      # check artifact hashes on load
+    chat_template: str | None = None         # jinja source replacing the artifact's (runtime/chat_templates.py)
 
 
 class Engine:
@@ -59,6 +60,8 @@ class Engine:
         self.runner = ModelRunner(self.artifact, config.max_num_seqs, _kv_tokens(self.artifact, config))
         has_tok = (self.artifact.path / "tokenizer.json").is_file()
         self.tokenizer = Tokenizer.from_dir(self.artifact.path) if has_tok else None
+        if config.chat_template is not None and self.tokenizer is not None:
+            self.tokenizer.set_chat_template(config.chat_template)
         eos = set(self.artifact.config.eos_token_ids)
         self.eos_token_ids = frozenset(eos | set(self.tokenizer.eos_token_ids if self.tokenizer else ()))
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)

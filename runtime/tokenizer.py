@@ -134,6 +134,11 @@ class Tokenizer:
         template = self._config.get("chat_template")
         return {**out, "chat_template": template if isinstance(template, str) else None}
 
+    def set_chat_template(self, source: str) -> None:
+        """Use `source` (jinja) instead of the config's chat template (`--chat-template`)."""
+        self._config = {**self._config, "chat_template": source}
+        self._template = None
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
     ) -> str:
