@@ -101,8 +101,9 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     gemma = arch.startswith("gemma")
     tokens = list(_meta(reader, "tokenizer.ggml.tokens"))
     types = _meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    respelled = {i for i, t in enumerate(tokens) if gemma and t and not t.strip(" ")}
     if gemma:
-        tokens = [_SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+        tokens = [_SPACE * len(t) if i in respelled else t for i, t in enumerate(tokens)]
         priority = {t: -float(i) for i, t in enumerate(tokens)}
     else:
         priority = dict(zip(tokens, map(float, _meta(reader, "tokenizer.ggml.scores"))))
@@ -123,7 +124,7 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     # Runs of spaces respelled above are plain vocabulary now; every other user-defined token
     # (newline runs, HTML tags) is matched whole, as llama.cpp does.
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, ty in zip(tokens, types) if ty == _USER_DEFINED and not t.startswith(_SPACE)])
+                    for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _USER_DEFINED and i not in respelled])
     post = _post_processor(reader, tokens)
     if post is not None:
         tok.post_processor = post
