@@ -291,8 +291,14 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
     call. The VM's builtins are grouped as "VM overhead"; attention kernels keep their own lines.
     On a GPU each VM call syncs the device, so the instrumented step is slower there.
     """
-    from kiln.runtime.bench import bench as run_bench, profile_kernels
-    engine = _engine(model)
+    import kiln
+    from kiln.runtime.bench import bench as run_bench, kv_tokens_needed, profile_kernels
+    path = model if kiln.is_artifact(model) else _compiled(model)
+    art = kiln.Artifact.load(path)
+    # The KV cache is sized for the benchmarked shape (at least the engine's default capacity).
+    need = kv_tokens_needed(art.config.kv_cache.page_size, prompt_len, gen_len, batch)
+    default = art.context_window + art.config.max_batch_size * art.config.kv_cache.page_size
+    engine = kiln.Engine(path, kiln.EngineConfig(max_total_tokens=max(need, default)))
     r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
     p = profile_kernels(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch,
                         runs=runs) if profile else None

@@ -40,6 +40,11 @@ class BenchResult:
         return asdict(self)
 
 
+def kv_tokens_needed(page_size: int, prompt_len: int, gen_len: int, batch: int) -> int:
+    """KV capacity (tokens, in whole pages) that `batch` sequences of prompt_len + gen_len need."""
+    return batch * -(-(prompt_len + gen_len) // page_size) * page_size
+
+
 def _check_fits(runner: ModelRunner, prompt_len: int, gen_len: int, batch: int) -> None:
     if prompt_len + gen_len > runner.context_window:
         raise ValueError(f"prompt_len + gen_len ({prompt_len + gen_len}) exceeds the context window "
@@ -47,6 +52,11 @@ def _check_fits(runner: ModelRunner, prompt_len: int, gen_len: int, batch: int) 
     if batch > runner.max_num_seqs:
         raise ValueError(f"batch {batch} exceeds the {runner.max_num_seqs} sequences this artifact runs at once; "
                          f"recompile it with `kiln compile --max-batch-size {batch}`")
+    need = kv_tokens_needed(runner.page_size, prompt_len, gen_len, batch)
+    have = runner.free_pages() * runner.page_size
+    if need > have:
+        raise ValueError(f"batch {batch} x {prompt_len + gen_len} tokens needs {need} tokens of KV cache; this runner "
+                         f"holds {have} (give it max_total_tokens >= {need})")
 
 
 def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: int = 1, runs: int = 3,

@@ -56,3 +56,22 @@ def test_profile_adds_up(profile_json, step):
     assert p["wall_ms_uninstrumented"] > 0
     assert sum(k["pct"] for k in p["kernels"]) + p["outside_pct"] == pytest.approx(100, abs=0.01)
     assert p["calls_per_step"] == pytest.approx(sum(k["calls_per_step"] for k in p["kernels"]))
+
+
+def test_bench_sizes_the_kv_cache_for_its_shape_and_the_runner_refuses_what_does_not_fit(tiny_artifacts):
+    """Batch x (prompt + gen) beyond the default capacity (one full context plus a page per sequence)
+    ran into TVM's "The KV cache is full" mid-run; the CLI now sizes the cache for the shape, and a
+    runner given too little is refused before anything runs."""
+    from kiln.runtime import Artifact
+    from kiln.runtime.bench import bench
+    from kiln.runtime.model_runner import ModelRunner
+    art = tiny_artifacts["tied"]
+    context = Artifact.load(art).context_window
+    shape = ["--batch", "8", "--prompt-len", str(context // 2), "--gen-len", "8", "--runs", "1", "--json"]
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "bench", str(art), *shape],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["batch"] == 8
+    runner = ModelRunner(Artifact.load(art), max_num_seqs=8)          # the default capacity
+    with pytest.raises(ValueError, match=r"needs \d+ tokens of KV cache; this runner holds \d+"):
+        bench(runner, prompt_len=context // 2, gen_len=8, batch=8, runs=1)
