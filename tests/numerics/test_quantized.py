@@ -376,6 +376,13 @@ F16_PROMPTS = [[{"role": "user", "content": "Name the largest planet in the sola
 
 
 @pytest.fixture(scope="module")
+def smollm2_f16(smollm2_gguf, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("smollm2-f16")
+    return {q: kiln.compile(str(smollm2_gguf), quant=q, output=out / q, golden=False)
+            for q in ("q0f16", "as-stored-f16")}
+
+
+@pytest.fixture(scope="module")
 def smollm2_fp32_fp16(smollm2_gguf):
     import transformers
     load = lambda dtype: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
@@ -385,14 +392,13 @@ def smollm2_fp32_fp16(smollm2_gguf):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quant", ["q0f16", "as-stored-f16"])
-def test_smollm2_float16_is_as_close_to_float32_as_transformers_fp16(quant, smollm2_gguf, smollm2_fp32_fp16,
-                                                                     tmp_path):
+def test_smollm2_float16_is_as_close_to_float32_as_transformers_fp16(quant, smollm2_f16, smollm2_fp32_fp16):
     """Float16 activations, every matmul summed in float32 (compiler/passes/accumulate_f32.py; the
     as-stored-f16 weights dequantize in float32). Measured on this CPU, max |logit - transformers
     fp32| over a chat prompt: q0f16 0.14 (0.32 with float16 sums), as-stored-f16 0.17;
     transformers' own fp16 0.16-0.19."""
     from kiln import Engine
-    art = kiln.compile(str(smollm2_gguf), quant=quant, output=tmp_path / quant, golden=False)
+    art = smollm2_f16[quant]
     ref32, ref16 = smollm2_fp32_fp16
     engine = Engine(art)
     for messages in F16_PROMPTS:
@@ -411,8 +417,8 @@ def test_smollm2_float16_is_as_close_to_float32_as_transformers_fp16(quant, smol
 
 
 @pytest.mark.slow
-def test_as_stored_f16_keeps_the_gguf_planes_bit_for_bit(smollm2_gguf, smollm2_quantized, tmp_path):
-    f16 = Artifact.load(kiln.compile(str(smollm2_gguf), quant="as-stored-f16", output=tmp_path / "f16", golden=False))
+def test_as_stored_f16_keeps_the_gguf_planes_bit_for_bit(smollm2_f16, smollm2_quantized):
+    f16 = Artifact.load(smollm2_f16["as-stored-f16"])
     f32 = Artifact.load(smollm2_quantized["as-stored"])
     planes = {n: v for n, v in zip(f32.config.params, f32.load_params())
               if n.rsplit(".", 1)[1] in ("qweight", "scale", "min")}
