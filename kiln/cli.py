@@ -158,7 +158,8 @@ def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_c
                   golden) -> None:
     from kiln.compiler import CompileOptions
     from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
-    opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,  # dump: DIR/<preset>/
+    # --dump-ir: DIR/<preset>/
+    opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
                           prefill_chunk=prefill_chunk, max_batch_size=max_batch_size, force=force, golden=golden)
     opts.validate()                 # the numbers and the quantization, before any target compiles
     targets, skipped = parse_targets(spec)
@@ -293,12 +294,12 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
     """
     import kiln
     from kiln.runtime.bench import bench as run_bench, kv_tokens_needed, profile_kernels
+    from kiln.runtime.model_runner import default_kv_tokens
     path = model if kiln.is_artifact(model) else _compiled(model)
-    art = kiln.Artifact.load(path)
+    art = kiln.Artifact.load(path, verify=False)                 # its config only; the Engine verifies
     # The KV cache is sized for the benchmarked shape (at least the engine's default capacity).
     need = kv_tokens_needed(art.config.kv_cache.page_size, prompt_len, gen_len, batch)
-    default = art.context_window + art.config.max_batch_size * art.config.kv_cache.page_size
-    engine = kiln.Engine(path, kiln.EngineConfig(max_total_tokens=max(need, default)))
+    engine = kiln.Engine(path, kiln.EngineConfig(max_total_tokens=max(need, default_kv_tokens(art))))
     r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
     p = profile_kernels(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch,
                         runs=runs) if profile else None
@@ -322,7 +323,8 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @click.option("--max-num-seqs", type=click.IntRange(min=1), help="most sequences in one batch [artifact's max batch]")
 @click.option("--max-tokens-per-step", type=click.IntRange(min=1), help="chunked-prefill token budget per step")
 @click.option("--max-total-tokens", type=click.IntRange(min=1), help="KV cache capacity in tokens")
-@click.option("--kv-cache-memory", help="KV cache capacity as memory, e.g. 2GiB or 512MB (instead of --max-total-tokens)")
+@click.option("--kv-cache-memory",
+              help="KV cache capacity as memory, e.g. 2GiB or 512MB (instead of --max-total-tokens)")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
 @_chat_template_option
 @_friendly_errors

@@ -40,6 +40,13 @@ _KV = {name: tvm.get_global_func(f"vm.builtin.{name}") for name in (
     "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq")}
 
 
+def default_kv_tokens(artifact: Artifact, max_num_seqs: int | None = None) -> int:
+    """The KV capacity a runner gets unless told otherwise: room for one full-context sequence plus a
+    partly filled page per other sequence."""
+    cfg = artifact.config
+    return artifact.context_window + (max_num_seqs or cfg.max_batch_size) * cfg.kv_cache.page_size
+
+
 class ModelRunner:
     def __init__(self, artifact: Artifact, max_num_seqs: int | None = None, max_total_tokens: int | None = None):
         cfg = artifact.config
@@ -57,8 +64,7 @@ class ModelRunner:
             raise ValueError(f"max_num_seqs {self.max_num_seqs} is outside what this artifact was compiled for "
                              f"(1 to {self.max_batch_size} sequences at once); pass at most {self.max_batch_size}"
                              " or recompile with `kiln compile --max-batch-size N`")
-        # Room for one full-context sequence plus a partly filled page per other sequence.
-        self.max_total_tokens = max_total_tokens or self.context_window + self.max_num_seqs * self.page_size
+        self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
         self.vm = VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
         self.params = [tvm.runtime.tensor(a, self.device) for a in artifact.iter_params()]   # one host copy at a time
         self.kv = self.vm["create_paged_kv_cache"](

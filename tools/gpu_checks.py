@@ -155,10 +155,10 @@ def weight_bytes(art: Path) -> int:
 def kiln_bench(art: Path, batch: int, args) -> dict:
     from kiln.runtime import Artifact
     from kiln.runtime.bench import bench, kv_tokens_needed
-    from kiln.runtime.model_runner import ModelRunner
+    from kiln.runtime.model_runner import ModelRunner, default_kv_tokens
     artifact = Artifact.load(art)
     kv = kv_tokens_needed(artifact.config.kv_cache.page_size, args.prompt_len, args.gen_len, batch)
-    runner = ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, artifact.context_window))
+    runner = ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)))
     r = bench(runner, prompt_len=args.prompt_len, gen_len=args.gen_len, batch=batch, runs=args.runs)
     return {"prefill_tok_s": round(r.prefill_tok_s), "decode_tok_s": round(r.decode_tok_s, 1),
             "tpot_ms": round(r.tpot_ms, 3)}
