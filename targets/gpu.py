@@ -13,6 +13,9 @@ import tvm
 from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.gpu import matmul as _dlight_matmul
 
+from .add_rms_norm import match_add_norm
+from .row_dispatch import dispatch_on_rows, is_scheduled, output_rows
+
 
 @tvm.transform.module_pass(opt_level=0, name="kiln.NoTensorCores")
 def no_tensor_cores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -50,16 +53,99 @@ class Matmul(dl.gpu.Matmul):
             return super().apply(func, target, tunable)
 
 
+class AddRMSNorm(dl.gpu.base.GPUScheduleRule):
+    """The fused ``y = x + r; n = rms_norm(y, w)`` kernel (compiler/passes/fuse_add_rms_norm.py):
+    one thread block per row, its threads striding over the row, the sum of squares a
+    cross-thread reduction, rsqrt recomputed where the scale uses it.
+
+    dlight has no rule for it (GeneralReduction refuses a first block that writes an output),
+    so it fell to Fallback: a serial loop over each row, 83 us per call on an H100 at batch 1
+    (issue 10). Each thread reads back only the elements of y it wrote itself (the add, the
+    reduction and the scale split the row the same way), so no barrier is needed on y.
+    """
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tvm.tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = tvm.s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        match = match_add_norm(sch, blocks, func.params)
+        if match is None or len(blocks) != 4:
+            return None
+        reduction, rows = match
+        first, _, scale, norm = blocks
+        if not sch.get(reduction).same_as(sch.get(blocks[1])):
+            return None
+        sch.compute_inline(scale)                              # rsqrt, per element of the scale
+        threads = min(256, int(target.max_num_threads))
+        row_loops = sch.get_loops(first)[:rows]
+        row = sch.fuse(*row_loops) if rows > 1 else row_loops[0]
+        for block in (reduction, norm):
+            sch.reverse_compute_at(block, row)
+        sch.set_scope(reduction, 0, "shared")
+        sch.bind(row, "blockIdx.x")
+        for block in (first, reduction, norm):
+            inner = sch.get_loops(block)[1:]
+            serial, tx = sch.split(sch.fuse(*inner) if len(inner) > 1 else inner[0], [None, threads])
+            sch.reorder(tx, serial)                            # element o * threads + tx
+            sch.bind(tx, "threadIdx.x")
+        return sch
+
+
 def gpu_schedule_rules() -> list:
-    """dlight's GPU rules, most specific first."""
-    return [Matmul(), dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Reduction(),
+    """dlight's GPU rules, most specific first, after kiln's own for the kernels it emits."""
+    return [AddRMSNorm(), Matmul(), dl.gpu.GEMV(), dl.gpu.LowBatchGEMV(), dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
-def gpu_phase_passes(profile, phase: str) -> list:
-    """A GPU profile's additions to the pipeline phases (compiler/pipeline.py)."""
+# Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket) per GEMV branch, the
+# tiled matmul above the last bound (the split MLC-LLM's LowBatchGemvSpecialize uses).
+LOW_BATCH_BRANCHES = ((2, 2), (8, 4))
+
+
+@tvm.transform.module_pass(opt_level=0, name="kiln.LowBatchGEMV")
+class LowBatchGEMV:
+    """Matmuls over a symbolic row count get GEMV schedules for few rows (targets/row_dispatch.py).
+
+    batch_decode's matmuls are `[batch_size, 1, K] x [N, K]`: with batch_size symbolic, dlight's
+    GEMV rule does not match and its Matmul rule takes them, a tiled schedule that at one row
+    keeps most threads idle and re-reads the weights through shared memory: the 4-bit matmuls of
+    an 8B model streamed 65-130 GB/s of an H100's 3,350 (issue 10). Each such PrimFunc is
+    scheduled `len(branches) + 1` times, by dlight's LowBatchGEMV (rows padded to its bucket) and
+    by the tiled Matmul, and the schedules become one kernel that branches on the rows.
+    Prefill's matmuls (rows = seq_len) get the same branches: short chunks take the GEMV.
+    """
+
+    def __init__(self, branches=LOW_BATCH_BRANCHES) -> None:
+        self.branches = tuple(branches)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = tvm.target.Target.current(allow_none=False)
+        out = tvm.IRModule(attrs=mod.attrs, global_infos=mod.global_infos)
+        for gv, func in mod.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc) and not is_scheduled(func) and output_rows(func) is not None:
+                func = self._dispatch(func, target) or func
+            out[gv] = func
+        return out
+
+    def _dispatch(self, func, target):
+        lows = [dl.gpu.LowBatchGEMV(bucket).apply(func, target, False) for _, bucket in self.branches]
+        if any(not isinstance(s, tvm.s_tir.Schedule) for s in lows):
+            return None
+        tiled = Matmul().apply(func, target, False)
+        if not isinstance(tiled, tvm.s_tir.Schedule):
+            return None
+        merged = dispatch_on_rows(func, [(rows, s.mod["main"]) for (rows, _), s in zip(self.branches, lows)],
+                                  tiled.mod["main"], thread_invariant=True)
+        return merged.with_attr("tirx.is_scheduled", True)
+
+
+def gpu_phase_passes(profile, phase: str, low_batch: bool = True) -> list:
+    """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `low_batch=False`
+    leaves out the GEMV branches of LowBatchGEMV (the tiled matmul at every row count)."""
     if phase == "schedule":
-        return [no_tensor_cores, dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+        return [no_tensor_cores, *([LowBatchGEMV()] if low_batch else []),
+                dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     return []
 
 

@@ -11,7 +11,8 @@ before FuseTransposeMatmul / FuseDequantizeMatmul build their kernels:
     z = astype(matmul(a, b), float32)  ->  z = matmul(a, b, out_dtype="float32")   (the logits)
 
 TVM's FuseTransposeMatmul turns `out_dtype` into `f32(a) * f32(b)` summed in float32, FuseOps
-folds the cast back into the same kernel's epilogue, and every target's schedule rule keeps its
+folds the cast back into the same kernel's epilogue (for quantized weights FuseDequantizeMatmul
+takes the cast into its dequantize-matmul group for the same end), and every target's schedule rule keeps its
 accumulator in the reduction's dtype: the weights and activations stay float16 in memory, so the
 bytes a decode step reads do not change. Norms already reduce in float32 (TOPI's rms_norm,
 compiler/passes/fuse_add_rms_norm.py) and so does TVM's paged attention softmax.

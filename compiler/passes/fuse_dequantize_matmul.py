@@ -4,6 +4,7 @@ Matches (in Relax dataflow blocks, before legalization):
 
     w = R.call_tir(dequantize_<kind>, (qweight, scale[, min]))   # W [N, K] from its planes
     y = R.call_tir(NT_matmul, (x, w))                             # y = x @ W.T
+    z = R.astype(y, "float16")                                    # if there (AccumulateInFloat32)
 
 and also `R.matmul(x, R.permute_dims(w))` on such a `w` (it runs FuseTransposeMatmul
 first, which rewrites that form into the NT_matmul call above).
@@ -38,16 +39,20 @@ def is_call_tir_to(expr: relax.Expr, prefix: str) -> bool:
     return isinstance(callee, relax.GlobalVar) and callee.name_hint.startswith(prefix)
 
 
-def _pattern():
+def _pattern(cast: bool):
+    """dequantize -> NT matmul, and with `cast` the float32 -> float16 cast after it that
+    AccumulateInFloat32 adds (in the group it is the kernel's epilogue, not a kernel of its own
+    reading the float32 sums back from memory)."""
     x, planes = wildcard(), wildcard()
     deq = is_op("relax.call_tir")(GlobalVarPattern(), planes, add_constraint=False)
     matmul = is_op("relax.call_tir")(GlobalVarPattern(), TuplePattern([x, deq]), add_constraint=False)
+    root = is_op("relax.astype")(matmul) if cast else matmul
 
     def check(ctx: relax.transform.PatternCheckContext) -> bool:
         return (is_call_tir_to(ctx.annotated_expr["deq"], "dequantize_")
                 and is_call_tir_to(ctx.annotated_expr["matmul"], "NT_matmul"))
 
-    return matmul, {"x": x, "deq": deq, "matmul": matmul}, check
+    return root, {"x": x, "deq": deq, "matmul": matmul, "root": root}, check
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseDequantizeMatmul")
@@ -56,7 +61,8 @@ class FuseDequantizeMatmul:  # pylint: disable=too-few-public-methods
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = _without_leftovers(relax.transform.FuseTransposeMatmul()(mod))
-        return relax.transform.FuseOpsByPattern([(PATTERN_NAME, *_pattern())], bind_constants=False)(mod)
+        patterns = [(PATTERN_NAME, *_pattern(cast=True)), (PATTERN_NAME, *_pattern(cast=False))]
+        return relax.transform.FuseOpsByPattern(patterns, bind_constants=False)(mod)
 
 
 def _without_leftovers(mod: tvm.IRModule) -> tvm.IRModule:

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import logging
 
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
+from ..add_rms_norm import REDUCE, match_add_norm
 from .low_batch_gemv import GEMV_ATTR
 from .schedule import CPUKnobs, KilnCPURule, Matmul
 
 logger = logging.getLogger(__name__)
-
-_REDUCE = tirx.IterVar.CommReduce
 
 
 def cpu_fused_schedule_rules(vector_lanes: int = 16) -> list[ScheduleRule]:
@@ -51,7 +49,7 @@ class AddRMSNorm(KilnCPURule):
 
     def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
-        match = _match_add_norm(sch, blocks, sch.mod["main"].params)
+        match = match_add_norm(sch, blocks, sch.mod["main"].params)
         return None if match is None else self._schedule(sch, blocks, *match)
 
     def _schedule(self, sch: s_tir.Schedule, blocks: list, reduction, rows: int) -> s_tir.Schedule:
@@ -69,7 +67,7 @@ class AddRMSNorm(KilnCPURule):
         sch.parallel(row)
         for block in [first, *rest]:
             inner = sch.get_loops(block)[1:]
-            if inner and not any(iv.iter_type == _REDUCE for iv in sch.get(block).iter_vars):
+            if inner and not any(iv.iter_type == REDUCE for iv in sch.get(block).iter_vars):
                 _vectorize(sch, sch.fuse(*inner) if len(inner) > 1 else inner[0], lanes)
         if rf is not None:
             lane, k_outer = sch.get_loops(rf)[1:]  # in the rf block's iter order: lane, then k_outer
@@ -78,41 +76,6 @@ class AddRMSNorm(KilnCPURule):
             init = sch.decompose_reduction(rf, k_outer)
             sch.vectorize(sch.get_loops(init)[-1])
         return sch
-
-
-def _match_add_norm(sch: s_tir.Schedule, blocks: list, params) -> tuple | None:
-    """(reduction block, row count) if ``blocks`` are a spatial block writing an output (a param),
-    one S..S R row reduction over that output and spatial blocks, all over the same leading
-    rows; else None."""
-    stmts = [sch.get(b) for b in blocks]
-    kinds = [[iv.iter_type for iv in s.iter_vars] for s in stmts]
-    reductions = [i for i, k in enumerate(kinds) if _REDUCE in k]
-    if len(blocks) < 3 or len(reductions) != 1 or reductions[0] == 0 or _REDUCE in kinds[0]:
-        return None
-    red = stmts[reductions[0]]
-    if kinds[reductions[0]][-1] != _REDUCE or kinds[reductions[0]].count(_REDUCE) != 1:
-        return None
-    k = red.iter_vars[-1].var
-    if len(red.reads) != 1 or not red.reads[0].region[-1].min.same_as(k):
-        return None
-    y = stmts[0].writes[0].source
-    if not red.reads[0].source.same_as(y) or not any(y.same_as(p) for p in params):
-        return None  # the reduction must read the first block's output, the sum (a param)
-    rows = len(red.iter_vars) - 1
-    if rows < 1:
-        return None
-    extents = [[get_extent(sch, loop) for loop in sch.get_loops(b)] for b in blocks]
-    want = extents[reductions[0]][:rows]
-    for ext in extents:
-        if len(ext) < rows or any(not _same(a, b) for a, b in zip(ext[:rows], want)):
-            return None
-    return blocks[reductions[0]], rows
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, int) or isinstance(b, int):
-        return isinstance(a, int) and isinstance(b, int) and a == b
-    return tvm_ffi.structural_equal(a, b)
 
 
 def _vectorize(sch: s_tir.Schedule, loop, lanes: int) -> None:

@@ -12,8 +12,8 @@ with ``"kiln.gemv_copy": "f_gemv"``.  The copy shares ``f``'s param vars, so its
 drops into ``f`` as is.  Relax call sites are untouched.
 
 ``DispatchLowBatchGEMV()`` (start of lower, after scheduling) folds each scheduled copy back into
-its original: ``f``'s body becomes ``if rows <= R: <f_gemv body> else: <f body>`` (ConvertSSA
-then renames the copy's loop vars) and ``f_gemv`` leaves the module.  A copy the target did not
+its original: ``f``'s body becomes ``if rows <= R: <f_gemv body> else: <f body>``
+(targets/row_dispatch.py) and ``f_gemv`` leaves the module.  A copy the target did not
 schedule is dropped and ``f`` left as it was.
 
 Why the dispatch sits inside the kernel and not in Relax: a Relax ``If`` per call site (tried
@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax, s_tir, tirx
+
+from ..row_dispatch import dispatch_on_rows, is_scheduled, is_static, output_rows, same_params
 
 GEMV_ATTR = "kiln.gemv"        # on the copy: the row bound R (read by the schedule rule)
 COPY_ATTR = "kiln.gemv_copy"   # on the original: the copy's name (read by DispatchLowBatchGEMV)
@@ -80,8 +82,8 @@ class DispatchLowBatchGEMV:
             if _copy_name(func):
                 copy = funcs[mod.get_global_var(_copy_name(func))]
                 func = func.without_attr(COPY_ATTR)
-                if _scheduled(func) and _scheduled(copy) and _same_params(func, copy):
-                    func = _dispatch(func, copy, int(copy.attrs[GEMV_ATTR]))
+                if is_scheduled(func) and is_scheduled(copy) and same_params(func, copy):
+                    func = dispatch_on_rows(func, [(int(copy.attrs[GEMV_ATTR]), copy)], func)
             out[gv] = func
         return tvm.IRModule(out, attrs=mod.attrs, global_infos=mod.global_infos)
 
@@ -110,46 +112,9 @@ def is_nt_matmul(func: tirx.PrimFunc) -> bool:
     # to its own rule, which dispatches on the rows itself (quant_schedule.py).
     if not all(any(r.source.same_as(p) for p in func.params) for r in (a, b)):
         return False
-    return _static(b.source.shape) and not _static(a.source.shape)
-
-
-def output_rows(func: tirx.PrimFunc) -> tirx.PrimExpr | None:
-    """The product of all dims but the last of ``func``'s output (its last param), if symbolic."""
-    if not func.params or getattr(func.params[-1], "shape", None) is None:
-        return None
-    shape = list(func.params[-1].shape)
-    if len(shape) < 2 or _static(shape[:-1]):
-        return None
-    rows = shape[0]
-    for dim in shape[1:-1]:
-        rows = rows * dim
-    return rows
-
-
-def _static(shape) -> bool:
-    return all(isinstance(d, tirx.IntImm) for d in shape)
+    return is_static(b.source.shape) and not is_static(a.source.shape)
 
 
 def _copy_name(func) -> str | None:
     attrs = func.attrs if isinstance(func, tirx.PrimFunc) else None
     return str(attrs[COPY_ATTR]) if attrs is not None and COPY_ATTR in attrs else None
-
-
-def _scheduled(func: tirx.PrimFunc) -> bool:
-    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
-
-
-def _same_params(a: tirx.PrimFunc, b: tirx.PrimFunc) -> bool:
-    """The copy shares the original's param vars (schedules keep them), so its body drops in."""
-    return len(a.params) == len(b.params) and all(p.same_as(q) for p, q in zip(a.params, b.params))
-
-
-def _dispatch(func: tirx.PrimFunc, copy: tirx.PrimFunc, max_rows: int) -> tirx.PrimFunc:
-    """``func`` with the body ``if rows <= R: copy.body else: func.body`` under a fresh root."""
-    cond = output_rows(func) <= max_rows
-    root = s_tir.SBlock([], [], [], "root", tirx.IfThenElse(cond, copy.body, func.body))
-    merged = func.with_body(s_tir.SBlockRealize([], True, root))
-    # Both bodies were scheduled from one function, so they define the same loop and block
-    # vars; ConvertSSA gives the copy's its own.
-    gv = tvm.ir.GlobalVar("main")
-    return s_tir.transform.ConvertSSA()(tvm.IRModule({gv: merged}))[gv]

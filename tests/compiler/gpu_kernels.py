@@ -23,6 +23,7 @@ class Built:
     executable: object                  # relax VMExecutable
     scheduled: tvm.IRModule             # the module after kiln's pipeline (scheduled PrimFuncs)
     profile: object
+    host: tvm.IRModule                  # after SplitHostDevice: the host code that launches each kernel
     artifact_source: str = ""          # the device source read back from the exported library
 
     def device_source(self) -> str:
@@ -40,16 +41,43 @@ class Built:
 def build(model_dir, target: str, quant: str) -> Built:
     @tvm.instrument.pass_instrument
     class Keep:
-        mod = None
+        mod = host = None
 
         def run_after_pass(self, mod, info):
             if info.name == "kiln_pipeline":
                 Keep.mod = mod
+            if info.name == "tirx.SplitHostDevice":
+                Keep.host = mod
 
     ex = export_model(CompileOptions(model=str(model_dir), target=target, quant=quant))
     with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
         executable, _ = build_lib(ex.mod, ex.profile)
-    return Built(executable, Keep.mod, ex.profile)
+    return Built(executable, Keep.mod, ex.profile, Keep.host)
+
+
+def build_prim_func(name: str, func: tvm.tirx.PrimFunc, target: str) -> Built:
+    """One PrimFunc scheduled by a GPU preset's rules and compiled alone for its target (kernel
+    NAME_kernel), for shapes the tiny model does not have."""
+    from tvm.s_tir import dlight as dl
+
+    from kiln.targets import get_profile
+    from kiln.targets.gpu import gpu_schedule_rules
+
+    @tvm.instrument.pass_instrument
+    class Keep:
+        host = None
+
+        def run_after_pass(self, mod, info):
+            if info.name == "tirx.SplitHostDevice":
+                Keep.host = mod
+
+    profile = get_profile(target)
+    mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
+    with profile.tvm_target():
+        mod = dl.ApplyDefaultSchedule(*gpu_schedule_rules())(mod)
+    with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
+        executable = tvm.compile(mod, target=profile.tvm_target())
+    return Built(executable, mod, profile, Keep.host, executable.mod.imports[0].inspect_source())
 
 
 def buffers(func) -> list:
@@ -58,7 +86,8 @@ def buffers(func) -> list:
 
 def is_q4_matmul(func, rows: str) -> bool:
     """A dequantize-matmul over 4-bit weights: (qweight uint32 [N, K/8], scale [N, K/32], x, out);
-    rows "one": x is [1, 1, K] (the decode GEMV); "seq": x is [1, seq_len, K] (prefill)."""
+    rows "one": x is [1, 1, K] (single-sequence decode); "seq": x is [1, seq_len, K] (prefill);
+    "batch": x is [batch_size, 1, K] (batch_decode, what the runtime calls every step)."""
     b = buffers(func)
     if len(b) != 4 or b[0].dtype != "uint32" or len(b[0].shape) != 2 or len(b[2].shape) != 3:
         return False
@@ -68,12 +97,50 @@ def is_q4_matmul(func, rows: str) -> bool:
         return False
     one = all(isinstance(d, tvm.tirx.IntImm) and int(d) == 1 for d in b[2].shape[:2])
     seq = isinstance(b[2].shape[0], tvm.tirx.IntImm) and not isinstance(b[2].shape[1], tvm.tirx.IntImm)
-    return one if rows == "one" else seq
+    batch = not isinstance(b[2].shape[0], tvm.tirx.IntImm) and isinstance(b[2].shape[1], tvm.tirx.IntImm)
+    return {"one": one, "seq": seq, "batch": batch}[rows]
+
+
+def row_branches(func) -> list[tuple[int | None, tvm.tirx.PrimFunc]]:
+    """The branches of a kernel that picks its schedule by its rows (targets/row_dispatch.py): its
+    root holds `if rows <= R1: A elif rows <= R2: B else: C`, and TVM emits one device kernel per
+    branch, named NAME_kernel, NAME_kernel_1, ... in that order. (R, the branch as a PrimFunc with
+    func's params) per branch, R None for the last; [(None, func)] for a kernel without branches."""
+    body = func.body
+    if isinstance(body, tvm.s_tir.SBlockRealize):
+        body = body.block.body
+    out = []
+    while isinstance(body, tvm.tirx.IfThenElse):
+        cond = body.condition
+        if isinstance(cond, tvm.ir.expr.Call) and cond.op.name == "tirx.tvm_thread_invariant":
+            cond = cond.args[0]
+        if not isinstance(cond, tvm.tirx.LE):
+            return [(None, func)]               # not a row dispatch: a kernel's own branch
+        out.append((int(cond.b), func.with_body(body.then_case)))
+        body = body.else_case
+    return out + [(None, func.with_body(body))] if out else [(None, func)]
+
+
+def branch_kernel(name: str, index: int) -> str:
+    """The device kernel TVM emits for branch `index` of PrimFunc NAME (one kernel per branch)."""
+    return f"{name}_kernel" if index == 0 else f"{name}_kernel_{index}"
 
 
 def _evaluate(expr: str, values: dict[str, int]) -> int:
     text = re.sub(r"T\.int(?:32|64)\((-?\d+)\)", r"\1", expr)
     return int(eval(text, {"__builtins__": {}}, dict(values)))  # noqa: S307 (TVMScript shape arithmetic)
+
+
+def host_values(built: Built, name: str, values: dict[str, int]) -> dict[str, int]:
+    """`values` and the scalars PrimFunc NAME's host code computes before a launch and passes to a
+    kernel (TIR's common-subexpression variables such as `cse_v4 = (seq_len + 1) // 2`)."""
+    out = dict(values)
+    for m in re.finditer(r"^\s*(\w+): T\.let\[T\.int(?:32|64)\] = (.+)$", built.host[name].script(), re.M):
+        try:
+            out[m.group(1)] = _evaluate(m.group(2).replace("T.min(", "min(").replace("T.max(", "max("), out)
+        except NameError:
+            pass                                # a let over values this call does not have
+    return out
 
 
 def launch(func, values: dict[str, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:

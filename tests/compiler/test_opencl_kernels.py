@@ -13,12 +13,15 @@ import tarfile
 
 import numpy as np
 import pytest
+import tvm
+from tvm import te
 
+from kiln.compiler.passes.fuse_add_rms_norm import add_rms_norm_te
 from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize, quantize
 
-from gpu_kernels import (build, buffers, is_q4_matmul, kernel_args, kernel_chunk, launch, reference_attention,
-                         shape_values)
+from gpu_kernels import (branch_kernel, build, build_prim_func, buffers, host_values, is_q4_matmul, kernel_args,
+                         kernel_chunk, launch, reference_attention, row_branches, shape_values)
 
 pytestmark = pytest.mark.compiler
 cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
@@ -56,12 +59,16 @@ def _source_in_artifact(lib) -> str:
 
 
 def _run(queue, built, name: str, arrays: dict[str, np.ndarray], scalars: dict[str, float | int] | None = None):
-    """Build kernel NAME_kernel from the artifact's source on the OpenCL device, launch it as the
-    PrimFunc's thread bindings say, and return every buffer afterwards (by PrimFunc buffer name)."""
+    """Build PrimFunc NAME's kernel from the artifact's source on the OpenCL device (for a kernel
+    that branches on its rows, the branch the host code would pick), launch it as that branch's
+    thread bindings say, and return every buffer afterwards (by PrimFunc buffer name)."""
     func = built.func(name)
     values = {**shape_values(func, arrays), **(scalars or {})}
-    blocks, threads = launch(func, values)
-    kernel_name = f"{name}_kernel"
+    rows = _rows(func, values)
+    index, branch = next((i, f) for i, (bound, f) in enumerate(row_branches(func)) if bound is None or rows <= bound)
+    blocks, threads = launch(branch, values)
+    kernel_name = branch_kernel(name, index)
+    values = host_values(built, name, values)
     program = cl.Program(queue.context, kernel_chunk(built.artifact_source, kernel_name)).build()
     mf = cl.mem_flags
     device = {n: cl.Buffer(queue.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
@@ -77,17 +84,27 @@ def _run(queue, built, name: str, arrays: dict[str, np.ndarray], scalars: dict[s
     return out
 
 
+def _rows(func, values: dict[str, int]) -> int:
+    """The rows of the output (all dims but the last), as the call's sizes make them."""
+    rows = 1
+    for dim in buffers(func)[-1].shape[:-1]:
+        rows *= int(dim) if isinstance(dim, tvm.tirx.IntImm) else values[str(dim)]
+    return rows
+
+
 def _q4_case(func, rows: int, seed: int):
-    """Random weights quantized as kiln stores them, inputs, and numpy's x @ W^T with W dequantized."""
+    """Random weights quantized as kiln stores them, inputs of `rows` rows (x [1, rows, K] or
+    [rows, 1, K], whichever dim is symbolic), and numpy's x @ W^T with W dequantized."""
     qweight, scale, x, out = buffers(func)
     n, k = int(qweight.shape[0]), int(qweight.shape[1]) * 8
     rng = np.random.default_rng(seed)
     fmt = QuantFormat("q4", k // int(scale.shape[1]), "float32")
     planes = quantize(fmt, rng.normal(0, 0.5, (n, k)).astype(np.float32))
-    xs = rng.normal(0, 1, (1, rows, k)).astype(np.float32)
+    lead = (rows, 1) if not isinstance(x.shape[0], tvm.tirx.IntImm) else (1, rows)
+    xs = rng.normal(0, 1, (*lead, k)).astype(np.float32)
     arrays = {qweight.name: planes["qweight"], scale.name: planes["scale"], x.name: xs,
-              out.name: np.zeros((1, rows, n), np.float32)}
-    return arrays, out.name, xs[0] @ dequantize(fmt, planes).T
+              out.name: np.zeros((*lead, n), np.float32)}
+    return arrays, out.name, xs.reshape(rows, k) @ dequantize(fmt, planes).T
 
 
 def test_artifact_carries_the_built_opencl_source(built):
@@ -95,12 +112,26 @@ def test_artifact_carries_the_built_opencl_source(built):
     assert built.artifact_source.count("__kernel void batch_decode_paged_kv_kernel(") >= 1
 
 
-@pytest.mark.parametrize("rows", ["one", "seq"], ids=["gemv", "matmul"])
-def test_q4_matmul_on_opencl(queue, built, rows):
-    name = next(n for n, f in sorted(built.prim_funcs().items()) if is_q4_matmul(f, rows))
-    arrays, out, expected = _q4_case(built.func(name), 1 if rows == "one" else 13, seed=len(name))
-    got = _run(queue, built, name, arrays)[out][0]
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+@pytest.mark.parametrize("kind, rows", [("one", 1), ("seq", 1), ("seq", 13), ("seq", 40),
+                                        ("batch", 1), ("batch", 2), ("batch", 5), ("batch", 13)])
+def test_q4_matmul_on_opencl(queue, built, kind, rows):
+    """Each 4-bit matmul kernel, and each branch of those that pick a schedule by their rows
+    (GEMV for 1-2 and 3-8 rows, tiled above: targets/gpu.py), against numpy."""
+    name = next(n for n, f in sorted(built.prim_funcs().items()) if is_q4_matmul(f, kind))
+    arrays, out, expected = _q4_case(built.func(name), rows, seed=len(name) + rows)
+    got = _run(queue, built, name, arrays)[out]
+    np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_decode_matmuls_branch_on_rows(built):
+    """batch_decode's matmuls (what every decode step runs) get the GEMV branches: without them
+    the tiled matmul schedule took them at one row (issue 10)."""
+    names = [n for n, f in built.prim_funcs().items() if is_q4_matmul(f, "batch")]
+    assert names
+    for name in names:
+        bounds = [bound for bound, _ in row_branches(built.func(name))]
+        assert bounds == [2, 8, None], name
+        assert all(f"__kernel void {branch_kernel(name, i)}(" in built.artifact_source for i in range(3))
 
 
 def test_decode_attention_on_opencl(queue, built):
@@ -124,3 +155,35 @@ def test_decode_attention_on_opencl(queue, built):
     out, lse = reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale)
     np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def wide_add_norm():
+    """The fused add + RMSNorm over 600-wide rows (more than one pass of the work-group, the last
+    one partial): SmolLM2's 576 and an 8B model's 4096 are not multiples of the thread count either."""
+    n = te.var("rows", "int64")
+    x, r = (te.placeholder((n, 600), "float32", name=s) for s in ("x", "r"))
+    w = te.placeholder((600,), "float32", name="w")
+    func = te.create_prim_func([x, r, w, *add_rms_norm_te(x, r, w, 1e-6)])
+    return build_prim_func("add_norm", func, "android-opencl"), 1e-6
+
+
+@pytest.mark.parametrize("case, rows", [("tiny", 1), ("tiny", 7), ("wide", 1), ("wide", 3)])
+def test_add_rms_norm_on_opencl(queue, built, wide_add_norm, case, rows):
+    """The fused residual add + RMSNorm (one work-group per row, a cross-thread sum of squares)."""
+    if case == "tiny":
+        kernels, eps = built, 1e-5                              # the tiny Llama's rms_norm_eps
+        name = sorted(n for n in built.prim_funcs() if n.startswith("fuse_add_rms_norm"))[0]
+    else:
+        (kernels, eps), name = wide_add_norm, "add_norm"
+    x, r, w, y, n = buffers(kernels.func(name))
+    rng = np.random.default_rng(rows)
+    shape = tuple(rows if not isinstance(d, tvm.tirx.IntImm) else int(d) for d in x.shape)
+    xs, rs = rng.normal(0, 1, shape).astype(np.float32), rng.normal(0, 1, shape).astype(np.float32)
+    ws = rng.normal(1, 0.1, int(w.shape[0])).astype(np.float32)
+    got = _run(queue, kernels, name, {x.name: xs, r.name: rs, w.name: ws,
+                                      y.name: np.zeros(shape, np.float32), n.name: np.zeros(shape, np.float32)})
+    total = xs + rs
+    np.testing.assert_allclose(got[y.name], total, rtol=1e-6)
+    norm = total / np.sqrt((total.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * ws
+    np.testing.assert_allclose(got[n.name], norm, rtol=1e-4, atol=1e-5)
