@@ -107,7 +107,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     report("export", 0, 1)
     with profile.tvm_target():
         mod, named_params = model.export_tvm(
-            spec=build_spec(model, config.hidden_size, scheme.model_dtype))
+            spec=build_spec(model, config.hidden_size, config.vocab_size, scheme.model_dtype))
     softcap = model.flags.attn_logit_softcap
     if softcap:
         if not profile.attn_softcap:

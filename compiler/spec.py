@@ -18,7 +18,7 @@ _PACKED = {"param_mode": "packed", "effect_mode": "none"}
 _NO_PARAMS = {"param_mode": "none", "effect_mode": "none"}
 
 
-def build_spec(model: nn.Module, hidden_size: int, dtype: str) -> dict:
+def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str) -> dict:
     """The export spec for a causal LM whose methods are named as ENTRY_FUNCTIONS."""
     kv = nn.spec.Object(object_type=PagedKVCache)
 
@@ -37,6 +37,7 @@ def build_spec(model: nn.Module, hidden_size: int, dtype: str) -> dict:
                          "paged_kv_cache": kv, "$": _PACKED},
         "batch_decode": {"input_embeds": embeds("batch_size", 1), "paged_kv_cache": kv, "$": _PACKED},
         "batch_verify": {"input_embeds": embeds(1, "seq_len"), "paged_kv_cache": kv, "$": _PACKED},
+        "greedy_tokens": {"logits": nn.spec.Tensor(["batch_size", 1, vocab_size], "float32"), "$": _NO_PARAMS},
         "create_paged_kv_cache": {
             "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
             "page_size": int, "support_sliding_window": int, "$": _NO_PARAMS},
@@ -50,7 +51,7 @@ def build_spec(model: nn.Module, hidden_size: int, dtype: str) -> dict:
 
 # Entry functions whose output TVM may size at the bound: all but batch_verify, whose output is
 # the logits at every position (a prefill chunk times the vocabulary at the bound).
-_BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode")
+_BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode", "greedy_tokens")
 
 
 def bound_shapes(mod, prefill_chunk: int, max_batch_size: int):

@@ -229,6 +229,12 @@ class CausalLM(nn.Module):
     def batch_verify(self, input_embeds: Tensor, paged_kv_cache: PagedKVCache):
         return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache  # [1, seq, vocab]
 
+    def greedy_tokens(self, logits: Tensor) -> Tensor:
+        """batch_decode's logits [batch, 1, vocab] -> each row's argmax [batch] int32 (the first of
+        equal maxima, as numpy's argmax): greedy decoding without copying the logits back."""
+        best = op.wrap_nested(relax.op.argmax(logits._expr, axis=-1, keepdims=False), name="argmax")  # [batch, 1]
+        return op.reshape(best.astype("int32"), [logits.shape[0]])
+
     def create_paged_kv_cache(self, max_batch_size: tirx.Var, max_total_seq_len: tirx.Var,
                               prefill_chunk_size: tirx.Var, page_size: tirx.Var,
                               support_sliding_window: tirx.Var) -> PagedKVCache:

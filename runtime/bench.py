@@ -1,8 +1,9 @@
 """Offline benchmark of one artifact: prefill and decode throughput, TTFT, TPOT, peak RSS.
 
 Each run prefills `batch` prompts of `prompt_len` random tokens in one ragged
-call, then decodes `gen_len` tokens for all of them, timing each call. Medians
-over `runs` after one warm-up run.
+call, then decodes `gen_len` tokens for all of them, timing each call: a greedy
+server step (ModelRunner.decode_greedy: the tokens picked on the device where the
+artifact can, only they copied back). Medians over `runs` after one warm-up run.
 
 `profile_kernels` breaks one prefill and the mean decode step down by kernel,
 timing every VM Call instruction through the VM's instrument hook.
@@ -72,11 +73,10 @@ def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: 
         t0 = time.perf_counter()
         logits = runner.prefill(seqs, prompts)
         t1 = time.perf_counter()
-        steps = []
+        tokens, steps = logits.argmax(-1), []
         for _ in range(gen_len):
-            tokens = logits.argmax(-1).tolist()
             t = time.perf_counter()
-            logits = runner.decode(seqs, tokens)
+            tokens = runner.decode_greedy(seqs, tokens.tolist())         # a greedy server step
             steps.append(time.perf_counter() - t)
         for s in seqs:
             runner.remove_sequence(s)
@@ -189,12 +189,12 @@ def _run_once(runner: ModelRunner, seqs: list[int], prompts: list[list[int]], ge
         t0 = time.perf_counter()
         logits = runner.prefill(seqs, prompts)
         prefill_s = time.perf_counter() - t0
+        tokens = logits.argmax(-1)
         after_prefill()
         decode_s = 0.0
         for _ in range(gen_len):
-            tokens = logits.argmax(-1).tolist()
             t = time.perf_counter()
-            logits = runner.decode(seqs, tokens)
+            tokens = runner.decode_greedy(seqs, tokens.tolist())
             decode_s += time.perf_counter() - t
     finally:
         for s in seqs:

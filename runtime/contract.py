@@ -33,7 +33,9 @@ SHARD_BYTES = 64 << 20
 ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode", "batch_verify",
                    "create_paged_kv_cache")
 # Entry functions newer artifacts have and older ones may lack: a feature that needs one says so.
-OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden",)       # final hidden states (embeddings)
+# batch_hidden: final hidden states (embeddings); greedy_tokens: the argmax of batch_decode's logits,
+# taken where they are, so a greedy decode step copies one int32 per sequence back instead of the logits.
+OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden", "greedy_tokens")
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none
 

@@ -29,7 +29,7 @@ from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
-from .sampler import Sampler
+from .sampler import Sampler, plain_greedy
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
 from .tokenizer import Tokenizer
@@ -88,6 +88,8 @@ class Engine:
         chunks = batch.chunks
         if not chunks:
             return []
+        if self._greedy_on_device(chunks):
+            return self._greedy_step(batch)
         full = [c.all_logits for c in chunks]
         logits = self.runner.run([c.seq.seq_id for c in chunks], [c.seq.token_ids(c.start, c.end) for c in chunks],
                                  full)
@@ -102,6 +104,26 @@ class Engine:
         result = self.sampler.sample(logits[rows], self.sampler.prepare(requests))
         out = [(r, r.append(t, lp)) for r, t, lp in zip(requests, result.tokens, result.logprobs)]
         out += [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
+        for r, _ in out:
+            if r.finished:
+                self._finish(r)
+        self._trimmer.maybe()
+        return out
+
+    def _greedy_on_device(self, chunks) -> bool:
+        """A decode step (one token per sequence) whose every sequence takes its greedy token
+        from the raw logits: the device picks the tokens and only they are copied back."""
+        return self.runner.greedy_on_device and all(
+            c.end - c.start == 1 and c.needs_logits and not c.all_logits
+            and self._requests[c.seq.seq_id].params.max_tokens > 0
+            and plain_greedy(self._requests[c.seq.seq_id]) for c in chunks)
+
+    def _greedy_step(self, batch: ScheduledBatch) -> list[tuple[Request, StreamDelta]]:
+        chunks = batch.chunks
+        tokens = self.runner.decode_greedy([c.seq.seq_id for c in chunks],
+                                           [c.seq.token_ids(c.start, c.end)[0] for c in chunks])
+        self.scheduler.update(batch)
+        out = [(r, r.append(int(t), None)) for r, t in zip((self._requests[c.seq.seq_id] for c in chunks), tokens)]
         for r, _ in out:
             if r.finished:
                 self._finish(r)

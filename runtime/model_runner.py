@@ -31,6 +31,7 @@ from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
+from .contract import OPTIONAL_ENTRY_FUNCTIONS
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 
@@ -72,8 +73,15 @@ class ModelRunner:
             ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]),
             ShapeTuple([int(bool(self.window and self.window.per_sequence))]))
         self._fn = {name: self.vm[name] for name in ("embed", "batch_prefill", "batch_decode", "batch_verify")}
-        if "batch_hidden" in cfg.entry_functions:
-            self._fn["batch_hidden"] = self.vm["batch_hidden"]
+        for name in OPTIONAL_ENTRY_FUNCTIONS:
+            if name in cfg.entry_functions:
+                self._fn[name] = self.vm[name]
+
+    @property
+    def greedy_on_device(self) -> bool:
+        """Whether decode_greedy picks tokens where the logits are (artifacts built before
+        greedy_tokens existed copy the logits back and take the argmax here)."""
+        return "greedy_tokens" in self._fn
 
     # -- sequences --------------------------------------------------------------------
     def add_sequence(self, seq_id: int) -> None:
@@ -177,12 +185,23 @@ class ModelRunner:
 
     def decode(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per sequence; next-token logits [batch, vocab]."""
+        return self._decode(seq_ids, tokens).numpy()[:, 0, :]
+
+    def decode_greedy(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """One token per sequence; each sequence's greedy next token [batch] (np.argmax of its
+        logits: the first of equal maxima), chosen on the device when the artifact can."""
+        logits = self._decode(seq_ids, tokens)
+        if not self.greedy_on_device:
+            return np.argmax(logits.numpy()[:, 0, :], axis=1)
+        return self._fn["greedy_tokens"](logits).numpy()
+
+    def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int]):
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]
         embeds = embeds._create_view(ShapeTuple([len(seq_ids), 1, embeds.shape[-1]]))      # [batch, 1, hidden]
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * len(seq_ids)))
         logits, _ = self._fn["batch_decode"](embeds, self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
-        return logits.numpy()[:, 0, :]
+        return logits                                                       # [batch, 1, vocab] on the device
 
     def verify(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one sequence and return the logits at every position [n, vocab]."""

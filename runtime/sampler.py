@@ -144,6 +144,15 @@ class Sampler:
         return SampleResult([int(t) for t in tokens], logprobs)
 
 
+def plain_greedy(request: Request) -> bool:
+    """Whether sample() would return np.argmax of the request's raw logits and nothing else: greedy,
+    nothing that changes the logits (bias, penalties, a grammar) and no logprobs. Such rows can
+    have their token picked where the logits are (ModelRunner.decode_greedy)."""
+    p = request.params
+    return (p.greedy and not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
+            and not p.presence_penalty and not p.needs_logprobs and getattr(request, "grammar", None) is None)
+
+
 def process_logits(x: np.ndarray, batch: SamplingBatch) -> None:
     """Bias, grammar mask and penalties, in place on x [batch, vocab] (the logits logprobs are taken from)."""
     vocab = x.shape[1]

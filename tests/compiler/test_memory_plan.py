@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.compiler
 
-BOUNDED = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode")
+BOUNDED = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode", "greedy_tokens")
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])

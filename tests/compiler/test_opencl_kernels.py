@@ -187,3 +187,18 @@ def test_add_rms_norm_on_opencl(queue, built, wide_add_norm, case, rows):
     np.testing.assert_allclose(got[y.name], total, rtol=1e-6)
     norm = total / np.sqrt((total.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps) * ws
     np.testing.assert_allclose(got[n.name], norm, rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_tokens_on_opencl(queue, built):
+    """greedy_tokens' argmax (a decode step copies back one token per sequence): numpy's argmax,
+    the first of equal maxima included."""
+    name = next(n for n in built.prim_funcs() if "argmax" in n)
+    logits, out = buffers(built.func(name))
+    vocab = int(logits.shape[-1])
+    x = np.random.default_rng(3).normal(0, 4, (5, 1, vocab)).astype(np.float32)
+    x[1, 0, [7, vocab - 1]] = x[1].max() + 1                  # a tie: the first index wins
+    x[2, 0, :] = -1e30
+    x[2, 0, 300:] = 2.5                                         # a tie over a whole tail
+    got = _run(queue, built, name, {logits.name: x, out.name: np.full((5, 1), -7, np.int32)})[out.name]
+    np.testing.assert_array_equal(got[:, 0], np.argmax(x[:, 0], axis=1))
+    assert got[1, 0] == 7 and got[2, 0] == 300

@@ -97,3 +97,19 @@ def test_engine_stats_follow_the_scheduler(tiny_artifacts):
     s = engine.stats()
     assert (s.running, s.waiting, s.kv_pages_used) == (0, 0, 0)
     assert s.kv_pages_cached + s.kv_pages_free == s.kv_pages_total == sched.pages.total_pages
+
+
+def test_greedy_tokens_picked_on_the_device_equal_the_samplers(tiny_artifacts, baseline):
+    """Plain greedy decode steps take their tokens from the artifact's greedy_tokens (only the
+    tokens come back); asking for logprobs keeps the logits on the host path: same tokens."""
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
+    assert engine.runner.greedy_on_device
+    calls = []
+    decode_greedy = engine.runner.decode_greedy
+    engine.runner.decode_greedy = lambda *a: calls.append(len(a[0])) or decode_greedy(*a)
+    prompts = _prompts(5, seed=7)
+    on_device = [o.token_ids for o in engine.generate(prompts, GREEDY)]
+    assert calls and max(calls) == 5                              # batched decode steps went through it
+    calls.clear()
+    host = engine.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=True))
+    assert not calls and [o.token_ids for o in host] == on_device
