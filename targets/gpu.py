@@ -114,21 +114,35 @@ class LowBatchGEMV:
     scheduled `len(branches) + 1` times, by dlight's LowBatchGEMV (rows padded to its bucket) and
     by the tiled Matmul, and the schedules become one kernel that branches on the rows.
     Prefill's matmuls (rows = seq_len) get the same branches: short chunks take the GEMV.
+
+    `narrow_index`: the merged kernel computes its indices in int32 (TVM's ForceNarrowIndexToInt32),
+    and a matmul whose buffers could hold 2**31 elements or more at the entry functions' bounds
+    keeps the tiled schedule alone (targets/rocm.py says why it needs this).
     """
 
-    def __init__(self, branches=LOW_BATCH_BRANCHES) -> None:
+    def __init__(self, branches=LOW_BATCH_BRANCHES, narrow_index: bool = False) -> None:
         self.branches = tuple(branches)
+        self.narrow_index = narrow_index
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
+        bounds = _symbolic_bounds(mod)
         out = tvm.IRModule(attrs=mod.attrs, global_infos=mod.global_infos)
         for gv, func in mod.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc) and not is_scheduled(func) and output_rows(func) is not None:
-                func = self._dispatch(func, target) or func
+                if not self.narrow_index or _fits_int32(func, bounds):
+                    func = self._dispatch(func, target) or func
             out[gv] = func
         return out
 
     def _dispatch(self, func, target):
+        merged = self._merged(func, target)
+        if merged is None or not self.narrow_index:
+            return merged
+        gv = tvm.ir.GlobalVar("main")
+        return tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({gv: merged}))[gv]
+
+    def _merged(self, func, target):
         lows = [dl.gpu.LowBatchGEMV(bucket).apply(func, target, False) for _, bucket in self.branches]
         if any(not isinstance(s, tvm.s_tir.Schedule) for s in lows):
             return None
@@ -140,12 +154,39 @@ class LowBatchGEMV:
         return merged.with_attr("tirx.is_scheduled", True)
 
 
-def gpu_phase_passes(profile, phase: str, low_batch: bool = True) -> list:
-    """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `low_batch=False`
-    leaves out the GEMV branches of LowBatchGEMV (the tiled matmul at every row count)."""
+def _symbolic_bounds(mod: tvm.IRModule) -> dict[str, int]:
+    """The largest value each symbolic size takes at any entry function's bound (compiler/spec.py)."""
+    bounds: dict[str, int] = {}
+    for _, func in mod.functions_items():
+        if isinstance(func, tvm.relax.Function) and func.attrs is not None and "tir_var_upper_bound" in func.attrs:
+            for name, value in func.attrs["tir_var_upper_bound"].items():
+                bounds[str(name)] = max(bounds.get(str(name), 0), int(value))
+    return bounds
+
+
+def _fits_int32(func: tvm.tirx.PrimFunc, bounds: dict[str, int]) -> bool:
+    """Every buffer of `func` holds fewer than 2**31 elements with its symbolic sizes at their bounds."""
+    for param in func.params:
+        if getattr(param, "shape", None) is None:
+            continue                                           # a scalar
+        elements = 1
+        for dim in param.shape:
+            if isinstance(dim, tvm.tirx.IntImm):
+                elements *= int(dim)
+            elif isinstance(dim, tvm.tirx.Var) and dim.name in bounds:
+                elements *= bounds[dim.name]
+            else:
+                return False
+        if elements >= 2 ** 31:
+            return False
+    return True
+
+
+def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
+    """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `narrow_index`:
+    LowBatchGEMV's kernels index in int32 (see there)."""
     if phase == "schedule":
-        return [no_tensor_cores, *([LowBatchGEMV()] if low_batch else []),
-                dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+        return [no_tensor_cores, LowBatchGEMV(narrow_index=narrow_index), dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     return []
 
 

@@ -24,11 +24,11 @@ _ARCHS = {
     "gfx942": (64, 65536, "AMD Instinct MI300 (CDNA 3)"),
     "gfx1100": (32, 65536, "AMD Radeon RX 7900 (RDNA 3)"),
 }
-# Without LowBatchGEMV's GEMV branches: their cross-thread sums broadcast from lane 64 * threadIdx.y,
+# LowBatchGEMV's kernels index in int32: their cross-thread sums broadcast from lane 64 * threadIdx.y,
 # an int64 where the kernel's sizes are symbolic, and TVM 0.27's AMDGPU codegen hands that to
 # llvm.amdgcn.ds.bpermute (an i32 operand) uncast: "Call parameter type does not match function
-# signature" kills the build. Put them back once the lane is narrowed upstream (or by a pass here).
-_PHASE_PASSES = functools.partial(gpu_phase_passes, low_batch=False)
+# signature" kills the build. Drop narrow_index once the lane is narrowed upstream.
+_PHASE_PASSES = functools.partial(gpu_phase_passes, narrow_index=True)
 _FIX = "install ROCm (or set ROCM_PATH), or on Debian: apt-get install lld-22 rocm-device-libs"
 
 

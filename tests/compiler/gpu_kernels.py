@@ -9,6 +9,7 @@ decode attention kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -38,7 +39,8 @@ class Built:
         return {gv.name_hint: f for gv, f in self.scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
-def build(model_dir, target: str, quant: str) -> Built:
+def build(model_dir, target: str, quant: str, phase_passes=None) -> Built:
+    """The preset built as `kiln compile` builds it (its phase passes replaced, if given)."""
     @tvm.instrument.pass_instrument
     class Keep:
         mod = host = None
@@ -50,9 +52,10 @@ def build(model_dir, target: str, quant: str) -> Built:
                 Keep.host = mod
 
     ex = export_model(CompileOptions(model=str(model_dir), target=target, quant=quant))
+    profile = ex.profile if phase_passes is None else dataclasses.replace(ex.profile, phase_passes=phase_passes)
     with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
-        executable, _ = build_lib(ex.mod, ex.profile)
-    return Built(executable, Keep.mod, ex.profile, Keep.host)
+        executable, _ = build_lib(ex.mod, profile)
+    return Built(executable, Keep.mod, profile, Keep.host)
 
 
 def build_prim_func(name: str, func: tvm.tirx.PrimFunc, target: str) -> Built:

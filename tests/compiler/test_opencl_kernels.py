@@ -8,6 +8,7 @@ the q4f16 kernels differ only in their element type.
 
 from __future__ import annotations
 
+import functools
 import struct
 import tarfile
 
@@ -19,6 +20,7 @@ from tvm import te
 from kiln.compiler.passes.fuse_add_rms_norm import add_rms_norm_te
 from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize, quantize
+from kiln.targets.gpu import gpu_phase_passes
 
 from gpu_kernels import (branch_kernel, build, build_prim_func, buffers, host_values, is_q4_matmul, kernel_args,
                          kernel_chunk, launch, reference_attention, row_branches, shape_values)
@@ -46,6 +48,15 @@ def built(tiny_dirs, tmp_path_factory):
     lib = tmp_path_factory.mktemp("opencl") / "lib.tar"
     b.profile.export(b.executable, lib)
     b.artifact_source = _source_in_artifact(lib)
+    return b
+
+
+@pytest.fixture(scope="module")
+def built_narrow(tiny_dirs):
+    """The same preset with the row-dispatched matmuls indexed in int32, as the ROCm presets build
+    them (targets/rocm.py); run here because no ROCm device is."""
+    b = build(tiny_dirs["tied"], "android-opencl", "q4f32", functools.partial(gpu_phase_passes, narrow_index=True))
+    b.artifact_source = b.device_source()
     return b
 
 
@@ -112,12 +123,18 @@ def test_artifact_carries_the_built_opencl_source(built):
     assert built.artifact_source.count("__kernel void batch_decode_paged_kv_kernel(") >= 1
 
 
-@pytest.mark.parametrize("kind, rows", [("one", 1), ("seq", 1), ("seq", 13), ("seq", 40),
-                                        ("batch", 1), ("batch", 2), ("batch", 5), ("batch", 13)])
-def test_q4_matmul_on_opencl(queue, built, kind, rows):
+@pytest.mark.parametrize("kind, rows", [("one", 1), ("seq", 1), ("seq", 13), ("seq", 40), ("batch", 1),
+                                        ("batch", 2), ("batch", 5), ("batch", 13), ("narrow", 2), ("narrow", 5),
+                                        ("narrow", 40)])
+def test_q4_matmul_on_opencl(queue, request, kind, rows):
     """Each 4-bit matmul kernel, and each branch of those that pick a schedule by their rows
-    (GEMV for 1-2 and 3-8 rows, tiled above: targets/gpu.py), against numpy."""
+    (GEMV for 1-2 and 3-8 rows, tiled above: targets/gpu.py), against numpy; "narrow": the
+    batch_decode matmul with int32 indices."""
+    built = request.getfixturevalue("built_narrow" if kind == "narrow" else "built")
+    kind = "batch" if kind == "narrow" else kind
     name = next(n for n, f in sorted(built.prim_funcs().items()) if is_q4_matmul(f, kind))
+    if request.node.callspec.params["kind"] == "narrow":
+        assert "int64" not in built.func(name).script().split("):", 1)[1]
     arrays, out, expected = _q4_case(built.func(name), rows, seed=len(name) + rows)
     got = _run(queue, built, name, arrays)[out]
     np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
