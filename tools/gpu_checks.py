@@ -19,8 +19,8 @@ torch.compile), and the batch-1 floor: the artifact's weight bytes over the devi
 copy bandwidth torch measures.
 
 bench8b: writes a random-init Llama-3-8B-architecture checkpoint (fp16 safetensors), compiles it
-q4f16 (compile and weight-conversion time), and measures batch-1 decode against the floor,
-batch-64 decode and 16 x 128-token prefill.
+q4f16 (compile and weight-conversion time), and measures batch-1 decode against the floor (and
+its slowest kernels), batch-64 decode and 16 x 128-token prefill.
 
 `--target cpu --device cpu --quick` runs the same code on a CPU machine (a dry run: small batches,
 few tokens, no torch.compile), which is how this file is tested without a GPU.
@@ -152,16 +152,30 @@ def weight_bytes(art: Path) -> int:
     return sum(f.stat().st_size for f in (art / "params").glob("*") if f.suffix != ".json")
 
 
-def kiln_bench(art: Path, batch: int, args) -> dict:
+def _runner(art: Path, batch: int, args):
     from kiln.runtime import Artifact
-    from kiln.runtime.bench import bench, kv_tokens_needed
+    from kiln.runtime.bench import kv_tokens_needed
     from kiln.runtime.model_runner import ModelRunner, default_kv_tokens
     artifact = Artifact.load(art)
     kv = kv_tokens_needed(artifact.config.kv_cache.page_size, args.prompt_len, args.gen_len, batch)
-    runner = ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)))
-    r = bench(runner, prompt_len=args.prompt_len, gen_len=args.gen_len, batch=batch, runs=args.runs)
+    return ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)))
+
+
+def kiln_bench(art: Path, batch: int, args) -> dict:
+    from kiln.runtime.bench import bench
+    r = bench(_runner(art, batch, args), prompt_len=args.prompt_len, gen_len=args.gen_len, batch=batch, runs=args.runs)
     return {"prefill_tok_s": round(r.prefill_tok_s), "decode_tok_s": round(r.decode_tok_s, 1),
             "tpot_ms": round(r.tpot_ms, 3)}
+
+
+def kernel_profile(art: Path, batch: int, args, top: int = 12) -> dict:
+    """Where a decode step's time goes (`kiln bench --profile`): the slowest kernels, ms per step."""
+    from kiln.runtime.bench import profile_kernels
+    p = profile_kernels(_runner(art, batch, args), prompt_len=args.prompt_len, gen_len=min(args.gen_len, 16),
+                        batch=batch).decode
+    return {"wall_ms": round(p.wall_ms, 3), "wall_ms_uninstrumented": round(p.wall_ms_uninstrumented, 3),
+            "calls_per_step": p.calls_per_step, "outside_ms": round(p.outside_ms, 3),
+            "kernels": [(k.name, round(k.ms_per_step, 4), round(k.calls_per_step, 1)) for k in p.kernels[:top]]}
 
 
 def torch_bench(model, batch: int, args, compiled: bool = False) -> dict:
@@ -242,6 +256,7 @@ def bench8b(args) -> dict:
               "copy_bandwidth_gbs": round(bw), "batch1_floor_tok_s": round(floor, 1)}
     result["batch 1"] = kiln_bench(art, 1, args)
     result["batch1_pct_of_floor"] = round(100 * result["batch 1"]["decode_tok_s"] / floor, 1)
+    result["batch 1 decode profile"] = kernel_profile(art, 1, args)
     for b in ([2] if args.quick else [16, 64]):
         result[f"batch {b}"] = kiln_bench(art, b, args)
     print(json.dumps(result), flush=True)
