@@ -230,10 +230,9 @@ class CausalLM(nn.Module):
         return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache  # [1, seq, vocab]
 
     def greedy_tokens(self, logits: Tensor) -> Tensor:
-        """batch_decode's logits [batch, 1, vocab] -> each row's argmax [batch] int32 (the first of
-        equal maxima, as numpy's argmax): greedy decoding without copying the logits back."""
-        best = op.wrap_nested(relax.op.argmax(logits._expr, axis=-1, keepdims=False), name="argmax")  # [batch, 1]
-        return op.reshape(best.astype("int32"), [logits.shape[0]])
+        """batch_decode's logits [batch, 1, vocab] -> each row's argmax [batch] int32: greedy
+        decoding without copying the logits back."""
+        return op.tensor_expr_op(_argmax_te, "greedy_argmax", [logits])
 
     def create_paged_kv_cache(self, max_batch_size: tirx.Var, max_total_seq_len: tirx.Var,
                               prefill_chunk_size: tirx.Var, page_size: tirx.Var,
@@ -279,6 +278,36 @@ def sliding_window(layers: tuple[LayerAttention, ...]) -> int | None:
     if len(windows) > 1:
         raise ValueError(f"sliding-window layers use {len(windows)} window sizes; the KV cache takes one")
     return windows.pop() if windows else None
+
+
+def _argmax_te(x: te.Tensor) -> te.Tensor:
+    """[b, 1, vocab] float32 -> [b] int32, the first of equal maxima (numpy's argmax, an all -inf
+    row included).
+
+    Its own reduction rather than relax's argmax, which carries the index in int64, a type WGSL
+    lacks. The index rides as a float32 (exact below 2**24, far above any vocabulary): an int32
+    index cast from the int64 axis gets its comparison rewritten by TVM's simplifier into a form
+    its cross-thread reduction no longer recognises, and an int32 axis breaks that reduction's
+    loop conditions. The reducer is TOPI's argmax in form and identity (-1, the lowest float); a
+    row none of whose values beats the lowest float (all -inf) keeps -1 and becomes 0, as in numpy."""
+    if int(x.shape[-1]) > 1 << 24:
+        raise ValueError(f"greedy_tokens indexes the vocabulary in float32, exact below 2**24; "
+                         f"this one has {int(x.shape[-1])} entries")
+    def combine(lhs, rhs):
+        (i, v), (j, w) = lhs, rhs
+        first = tirx.Or(v > w, tirx.And(v == w, i < j))
+        return tirx.Select(first, i, j), tirx.Select(v > w, v, w)
+
+    def identity(i_dtype, v_dtype):
+        return tirx.const(-1, i_dtype), tirx.min_value(v_dtype)
+
+    argmax = te.comm_reducer(combine, identity, name="argmax")
+    b, _, vocab = x.shape
+    k = te.reduce_axis((0, vocab), name="k")
+    index, _ = te.compute((b,), lambda r: argmax((tirx.Cast("float32", k), x[r, 0, k]), axis=k), name="argmax_red")
+    # The reduction's (index, value) pair stays inside the kernel; a spatial stage writes the index.
+    return te.compute((b,), lambda r: tirx.Cast("int32", tirx.max(index[r], tirx.const(0.0, "float32"))),
+                      name="argmax")
 
 
 def _last_token(hidden: Tensor) -> Tensor:

@@ -216,6 +216,7 @@ def test_greedy_tokens_on_opencl(queue, built):
     x[1, 0, [7, vocab - 1]] = x[1].max() + 1                  # a tie: the first index wins
     x[2, 0, :] = -1e30
     x[2, 0, 300:] = 2.5                                         # a tie over a whole tail
-    got = _run(queue, built, name, {logits.name: x, out.name: np.full((5, 1), -7, np.int32)})[out.name]
-    np.testing.assert_array_equal(got[:, 0], np.argmax(x[:, 0], axis=1))
-    assert got[1, 0] == 7 and got[2, 0] == 300
+    x[3, 0, :] = -np.inf                                        # nothing allowed: numpy says 0
+    got = _run(queue, built, name, {logits.name: x, out.name: np.full(5, -7, np.int32)})[out.name]
+    np.testing.assert_array_equal(got, np.argmax(x[:, 0], axis=1))
+    assert got[1] == 7 and got[2] == 300 and got[3] == 0
