@@ -74,3 +74,30 @@ def test_cuda_preset_matches_the_cpu_build(preset, tiny_dirs, tiny_artifacts, tm
     q4 = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", output=tmp_path / "q4")
     report = kiln.check(q4)
     assert report.ok, report.reason()
+
+
+def test_cuda_row_branches_and_greedy_tokens(tiny_dirs, tmp_path):
+    """batch_decode at 1, 2, 5 and 13 sequences (the matmuls' GEMV branches for <= 2 and <= 8
+    rows, tiled above: targets/gpu.py) against the CPU build of the same 4-bit weights, and the
+    tokens greedy_tokens picks on the GPU against numpy's argmax of the same logits."""
+    preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
+    gpu = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f32", output=tmp_path / "gpu")
+    cpu = kiln.compile(str(tiny_dirs["tied"]), target="cpu", quant="q4f32", output=tmp_path / "cpu")
+    rng = np.random.default_rng(5)
+    for batch in (1, 2, 5, 13):
+        prompts = [rng.integers(3, 512, size=int(rng.integers(2, 30))).tolist() for _ in range(batch)]
+        for g, w in zip(_decode_rows(gpu, prompts, steps=2), _decode_rows(cpu, prompts, steps=2)):
+            np.testing.assert_allclose(g, w, atol=TOL, rtol=0)
+    runner = ModelRunner(Artifact.load(gpu), max_num_seqs=5)
+    assert runner.greedy_on_device
+    seqs = list(range(5))
+    for s in seqs:
+        runner.add_sequence(s)
+    tokens = runner.prefill(seqs, [rng.integers(3, 512, size=9).tolist() for _ in seqs]).argmax(-1)
+    for _ in range(3):
+        logits = runner.decode(seqs, tokens.tolist())
+        for s in seqs:                                            # the same step again, tokens picked on the GPU
+            runner.pop_tokens(s, 1)
+        on_device = runner.decode_greedy(seqs, tokens.tolist())
+        np.testing.assert_array_equal(on_device, logits.argmax(-1))
+        tokens = on_device
