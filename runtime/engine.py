@@ -85,11 +85,18 @@ class Engine:
         """Advance every scheduled request by one forward pass; returns the deltas produced."""
         batch = self.scheduler.schedule()
         self._sync_kv(batch)
-        chunks = batch.chunks
-        if not chunks:
+        if not batch.chunks:
             return []
-        if self._greedy_on_device(chunks):
-            return self._greedy_step(batch)
+        out = self._greedy_step(batch) if self._greedy_on_device(batch.chunks) else self._sampled_step(batch)
+        for r, _ in out:
+            if r.finished:
+                self._finish(r)
+        self._trimmer.maybe()
+        return out
+
+    def _sampled_step(self, batch: ScheduledBatch) -> list[tuple[Request, StreamDelta]]:
+        """The forward returns logits; the sampler picks each token (and scores prompts) on the host."""
+        chunks = batch.chunks
         full = [c.all_logits for c in chunks]
         logits = self.runner.run([c.seq.seq_id for c in chunks], [c.seq.token_ids(c.start, c.end) for c in chunks],
                                  full)
@@ -103,12 +110,7 @@ class Engine:
         requests = [self._requests[chunks[i].seq.seq_id] for i in rows]
         result = self.sampler.sample(logits[rows], self.sampler.prepare(requests))
         out = [(r, r.append(t, lp)) for r, t, lp in zip(requests, result.tokens, result.logprobs)]
-        out += [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
-        for r, _ in out:
-            if r.finished:
-                self._finish(r)
-        self._trimmer.maybe()
-        return out
+        return out + [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
 
     def _greedy_on_device(self, chunks) -> bool:
         """A decode step (one token per sequence) whose every sequence takes its greedy token
@@ -123,12 +125,7 @@ class Engine:
         tokens = self.runner.decode_greedy([c.seq.seq_id for c in chunks],
                                            [c.seq.token_ids(c.start, c.end)[0] for c in chunks])
         self.scheduler.update(batch)
-        out = [(r, r.append(int(t), None)) for r, t in zip((self._requests[c.seq.seq_id] for c in chunks), tokens)]
-        for r, _ in out:
-            if r.finished:
-                self._finish(r)
-        self._trimmer.maybe()
-        return out
+        return [(r, r.append(int(t), None)) for r, t in zip((self._requests[c.seq.seq_id] for c in chunks), tokens)]
 
     def _sync_kv(self, batch: ScheduledBatch) -> None:
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""

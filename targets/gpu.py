@@ -186,7 +186,8 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `narrow_index`:
     LowBatchGEMV's kernels index in int32 (see there)."""
     if phase == "schedule":
-        return [no_tensor_cores, LowBatchGEMV(narrow_index=narrow_index), dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+        return [no_tensor_cores, LowBatchGEMV(narrow_index=narrow_index),
+                dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     return []
 
 
