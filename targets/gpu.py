@@ -126,7 +126,7 @@ class LowBatchGEMV:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
-        bounds = _symbolic_bounds(mod)
+        bounds = _symbolic_bounds(mod) if self.narrow_index else {}
         out = tvm.IRModule(attrs=mod.attrs, global_infos=mod.global_infos)
         for gv, func in mod.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc) and not is_scheduled(func) and output_rows(func) is not None:

@@ -57,9 +57,8 @@ def dispatch_on_rows(func: tirx.PrimFunc, branches: Sequence[tuple[int, tirx.Pri
     rows = output_rows(func)
     if rows is None:
         raise ValueError("dispatch_on_rows: the function's output rows are static")
-    for _, copy in branches:
-        if not same_params(func, copy) or not same_params(func, otherwise):
-            raise ValueError("dispatch_on_rows: the schedules do not share the function's params")
+    if not all(same_params(func, f) for f in (otherwise, *(copy for _, copy in branches))):
+        raise ValueError("dispatch_on_rows: the schedules do not share the function's params")
     body = otherwise.body
     for max_rows, copy in reversed(list(branches)):
         cond = rows <= max_rows

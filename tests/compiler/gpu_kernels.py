@@ -39,23 +39,29 @@ class Built:
         return {gv.name_hint: f for gv, f in self.scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
+@tvm.instrument.pass_instrument
+class _Keep:
+    """Keeps the module as it is after each of the named passes, by pass name."""
+
+    def __init__(self, *names: str) -> None:
+        self.names, self.mods = names, {}
+
+    def run_after_pass(self, mod, info):
+        if info.name in self.names:
+            self.mods[info.name] = mod
+
+
+_HOST = "tirx.SplitHostDevice"
+
+
 def build(model_dir, target: str, quant: str, phase_passes=None) -> Built:
     """The preset built as `kiln compile` builds it (its phase passes replaced, if given)."""
-    @tvm.instrument.pass_instrument
-    class Keep:
-        mod = host = None
-
-        def run_after_pass(self, mod, info):
-            if info.name == "kiln_pipeline":
-                Keep.mod = mod
-            if info.name == "tirx.SplitHostDevice":
-                Keep.host = mod
-
     ex = export_model(CompileOptions(model=str(model_dir), target=target, quant=quant))
     profile = ex.profile if phase_passes is None else dataclasses.replace(ex.profile, phase_passes=phase_passes)
-    with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
+    keep = _Keep("kiln_pipeline", _HOST)
+    with tvm.transform.PassContext(opt_level=3, instruments=[keep]):
         executable, _ = build_lib(ex.mod, profile)
-    return Built(executable, Keep.mod, profile, Keep.host)
+    return Built(executable, keep.mods["kiln_pipeline"], profile, keep.mods[_HOST])
 
 
 def build_prim_func(name: str, func: tvm.tirx.PrimFunc, target: str) -> Built:
@@ -66,21 +72,14 @@ def build_prim_func(name: str, func: tvm.tirx.PrimFunc, target: str) -> Built:
     from kiln.targets import get_profile
     from kiln.targets.gpu import gpu_schedule_rules
 
-    @tvm.instrument.pass_instrument
-    class Keep:
-        host = None
-
-        def run_after_pass(self, mod, info):
-            if info.name == "tirx.SplitHostDevice":
-                Keep.host = mod
-
     profile = get_profile(target)
     mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
     with profile.tvm_target():
         mod = dl.ApplyDefaultSchedule(*gpu_schedule_rules())(mod)
-    with tvm.transform.PassContext(opt_level=3, instruments=[Keep()]):
+    keep = _Keep(_HOST)
+    with tvm.transform.PassContext(opt_level=3, instruments=[keep]):
         executable = tvm.compile(mod, target=profile.tvm_target())
-    return Built(executable, mod, profile, Keep.host, executable.mod.imports[0].inspect_source())
+    return Built(executable, mod, profile, keep.mods[_HOST], executable.mod.imports[0].inspect_source())
 
 
 def buffers(func) -> list:
