@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import math
 import os
 import re
 import time
@@ -135,7 +136,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
     dest = opts.output or Path("dist") / default_name(source, scheme.name, profile.name)
     if opts.output is None:
         check_output(dest, opts.force)
-    lib_built, tuned_kernels = build_lib(ex.mod, profile, opts.dump_ir, report)
+    lib_built, facts = build_lib(ex.mod, profile, opts.dump_ir, report)
 
     with staged_artifact(dest) as stage:
         profile.export(lib_built, stage / profile.lib_name)
@@ -162,7 +163,8 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             eos_token_ids=config.eos_token_ids,
             tokenizer_files=tokenizer_files,
             compile_seconds=round(time.perf_counter() - start, 2),
-            tuned_kernels=tuned_kernels,
+            tuned_kernels=facts.tuned_kernels,
+            activation_bytes=facts.activation_bytes,
             notes=(*source.notes, *config.notes, *plan.notes),
             golden=golden,
         ))
@@ -188,8 +190,8 @@ def _write_golden(stage: Path, source: ModelSource, config, wanted: bool, fallba
 
 
 def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
-              report: Progress | None = None) -> tuple[object, int]:
-    """Run the pipeline and build: (the executable, how many kernels took knobs from the tuning database)."""
+              report: Progress | None = None) -> tuple[object, BuildFacts]:
+    """Run the pipeline and build: the executable, and what the pipeline saw on the way (BuildFacts)."""
     report = report or (lambda *_: None)
     phase_names = []
 
@@ -199,26 +201,58 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
 
     pipeline = build_pipeline(profile, dump_ir, on_phase)
     space = profile.tuning_space()
-    tuned, ctx = _CountTuned(space.marker_attr if space else None), tvm.transform.PassContext.current()
+    facts, ctx = _Observe(space.marker_attr if space else None), tvm.transform.PassContext.current()
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
                                    disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
-                                   instruments=[*ctx.instruments, tuned]):
+                                   instruments=[*ctx.instruments, facts]):
         return relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline,
-                           system_lib=profile.system_lib), tuned.count
+                           system_lib=profile.system_lib), facts.facts
+
+
+@dataclass
+class BuildFacts:
+    tuned_kernels: int = 0          # kernels scheduled with tuning-database knobs
+    activation_bytes: int = 0       # every constant-size buffer the Relax functions allocate, summed
+
+
+_ALLOC_STORAGE = tvm.ir.Op.get("relax.vm.alloc_storage")
 
 
 @tvm.instrument.pass_instrument
-class _CountTuned:
-    """Counts the kernels scheduled with tuning-database knobs (the ``Tuned`` rules mark them) right
-    after the pipeline's schedule phase: later passes may fold kernels together."""
+class _Observe:
+    """Reads the module between phases: the kernels scheduled with tuning-database knobs (the
+    ``Tuned`` rules mark them) right after the schedule phase, since later passes may fold kernels
+    together; and after memory planning, the bytes of device memory the Relax functions allocate.
+
+    That sum is what the VM's pooled allocator can hold at once if every entry function runs (it
+    reuses a freed buffer only for the same size), so the runtime can size the KV cache from the
+    device's free memory. Allocations whose size is only known at run time are left out: bound_shapes
+    makes every entry function's constant except batch_verify's output."""
 
     def __init__(self, marker_attr: str | None) -> None:
-        self.marker_attr, self.count = marker_attr, 0
+        self.marker_attr, self.facts = marker_attr, BuildFacts()
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
         if info.name == "schedule" and self.marker_attr:
-            self.count = sum(1 for _, f in mod.functions_items()
-                             if isinstance(f, tirx.PrimFunc) and f.attrs is not None and self.marker_attr in f.attrs)
+            self.facts.tuned_kernels = sum(
+                1 for _, f in mod.functions_items()
+                if isinstance(f, tirx.PrimFunc) and f.attrs is not None and self.marker_attr in f.attrs)
+        elif info.name == "finalize":
+            self.facts.activation_bytes = sum(_constant_allocations(f) for _, f in mod.functions_items()
+                                              if isinstance(f, relax.Function))
+
+
+def _constant_allocations(func: relax.Function) -> int:
+    sizes = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(_ALLOC_STORAGE):
+            shape = expr.args[0]
+            if isinstance(shape, relax.ShapeExpr) and all(isinstance(v, tirx.IntImm) for v in shape.values):
+                sizes.append(math.prod(int(v) for v in shape.values))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return sum(sizes)
 
 
 def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: QuantPlan,

@@ -325,11 +325,15 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @click.option("--max-total-tokens", type=click.IntRange(min=1), help="KV cache capacity in tokens")
 @click.option("--kv-cache-memory",
               help="KV cache capacity as memory, e.g. 2GiB or 512MB (instead of --max-total-tokens)")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
+              help="KV cache capacity as the share of the device's memory the server may take (weights, "
+                   "activations and KV cache), e.g. 0.9 [0.9 on CUDA and ROCm; elsewhere one full context "
+                   "plus a page per sequence]; on a CPU, a share of the machine's memory")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
 @_chat_template_option
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
-          kv_cache_memory, no_prefix_cache, chat_template) -> None:
+          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, chat_template) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -342,6 +346,7 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     name = model_name or (given.stem if given.suffix in (".gguf", ".onnx") else given.name)
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
                                max_total_tokens=max_total_tokens, kv_cache_bytes=kv_bytes,
+                               gpu_memory_utilization=gpu_memory_utilization,
                                enable_prefix_cache=not no_prefix_cache, chat_template=template)
     server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                          engine=engine))

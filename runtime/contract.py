@@ -132,6 +132,7 @@ class ArtifactConfig:
     tvm_version: str = ""
     compile_seconds: float = 0.0
     tuned_kernels: int = 0                       # kernels scheduled with `kiln tune` knobs
+    activation_bytes: int = 0                    # device memory the planned buffers take at most; 0: unknown
     notes: tuple[str, ...] = ()
     golden: dict = field(default_factory=dict)   # {"file", "reference", "prompts", "top_k"} or {"skipped": why}
     files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256 (set when written)

@@ -25,6 +25,7 @@ import numpy as np
 from .artifact import Artifact
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
+from .memory_budget import DEFAULT_GPU_UTILIZATION, SERVER_DEVICES
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
@@ -44,8 +45,11 @@ class EngineBusy(RuntimeError):
 @dataclass(frozen=True)
 class EngineConfig:
     max_num_seqs: int | None = None          # default: the artifact's max_batch_size
-    max_total_tokens: int | None = None      # KV capacity; default: one full context + a page per sequence
-    kv_cache_bytes: int | None = None        # or KV capacity as memory (whole pages that fit)
+    # KV capacity, given one way at most. Default: on CUDA and ROCm, gpu_memory_utilization 0.9; elsewhere
+    # one full context + a page per sequence.
+    max_total_tokens: int | None = None      # as tokens
+    kv_cache_bytes: int | None = None        # as memory (whole pages that fit)
+    gpu_memory_utilization: float | None = None   # as the share of the device's memory the engine may take
     max_tokens_per_step: int | None = None   # chunked-prefill token budget; default: the artifact's prefill chunk
     policy: str = "fcfs"                     # or "priority"
     enable_prefix_cache: bool = True         # always off for a sliding-window artifact (its KV is never shared)
@@ -57,7 +61,7 @@ class Engine:
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         self.artifact = Artifact.load(artifact, verify=config.verify)
-        self.runner = ModelRunner(self.artifact, config.max_num_seqs, _kv_tokens(self.artifact, config))
+        self.runner = ModelRunner(self.artifact, config.max_num_seqs, *_kv_size(self.artifact, config))
         has_tok = (self.artifact.path / "tokenizer.json").is_file()
         self.tokenizer = Tokenizer.from_dir(self.artifact.path) if has_tok else None
         if config.chat_template is not None and self.tokenizer is not None:
@@ -319,16 +323,21 @@ def _as_batch(prompt) -> tuple[list[Prompt], bool]:
     return items, False
 
 
-def _kv_tokens(artifact: Artifact, config: EngineConfig) -> int | None:
-    """The KV capacity in tokens: max_total_tokens, or as many whole pages as kv_cache_bytes holds."""
-    if config.kv_cache_bytes is None:
-        return config.max_total_tokens
-    if config.max_total_tokens is not None:
-        raise ValueError("give the KV cache size once: as tokens (max_total_tokens) or as memory (kv_cache_bytes)")
-    layout = artifact.config.kv_cache
-    per_page = layout.bytes_per_token * layout.page_size
-    pages = config.kv_cache_bytes // per_page
-    if pages < 1:
-        raise ValueError(f"a KV cache of {config.kv_cache_bytes} bytes holds no {layout.page_size}-token page of "
-                         f"this model ({per_page} bytes); give at least {per_page} bytes")
-    return pages * layout.page_size
+def _kv_size(artifact: Artifact, config: EngineConfig) -> tuple[int | None, float | None]:
+    """The KV capacity the config asks for, as ModelRunner takes it: (tokens, memory utilization),
+    one of them set, or neither for the runner's default."""
+    given = [name for name in ("max_total_tokens", "kv_cache_bytes", "gpu_memory_utilization")
+             if getattr(config, name) is not None]
+    if len(given) > 1:
+        raise ValueError(f"give the KV cache size once, not as {' and '.join(given)}")
+    if config.kv_cache_bytes is not None:
+        layout = artifact.config.kv_cache
+        per_page = layout.bytes_per_token * layout.page_size
+        pages = config.kv_cache_bytes // per_page
+        if pages < 1:
+            raise ValueError(f"a KV cache of {config.kv_cache_bytes} bytes holds no {layout.page_size}-token page "
+                             f"of this model ({per_page} bytes); give at least {per_page} bytes")
+        return pages * layout.page_size, None
+    if not given and artifact.device in SERVER_DEVICES:
+        return None, DEFAULT_GPU_UTILIZATION
+    return config.max_total_tokens, config.gpu_memory_utilization

@@ -32,6 +32,7 @@ from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
 from .contract import OPTIONAL_ENTRY_FUNCTIONS
+from .memory_budget import device_memory, kv_tokens_for_memory
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 
@@ -49,7 +50,14 @@ def default_kv_tokens(artifact: Artifact, max_num_seqs: int | None = None) -> in
 
 
 class ModelRunner:
-    def __init__(self, artifact: Artifact, max_num_seqs: int | None = None, max_total_tokens: int | None = None):
+    def __init__(self, artifact: Artifact, max_num_seqs: int | None = None, max_total_tokens: int | None = None,
+                 memory_utilization: float | None = None):
+        """max_total_tokens: the KV capacity in tokens; or memory_utilization, the fraction of the device's
+        memory this runner may take, the KV cache getting what the weights and activations leave
+        (runtime/memory_budget.py); neither: default_kv_tokens."""
+        if max_total_tokens is not None and memory_utilization is not None:
+            raise ValueError("give the KV cache size once: as tokens (max_total_tokens) or as a share of the "
+                             "device's memory (memory_utilization)")
         cfg = artifact.config
         self.artifact = artifact
         check_host(artifact)
@@ -65,9 +73,16 @@ class ModelRunner:
             raise ValueError(f"max_num_seqs {self.max_num_seqs} is outside what this artifact was compiled for "
                              f"(1 to {self.max_batch_size} sequences at once); pass at most {self.max_batch_size}"
                              " or recompile with `kiln compile --max-batch-size N`")
-        self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
         self.vm = VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
-        self.params = [tvm.runtime.tensor(a, self.device) for a in artifact.iter_params()]   # one host copy at a time
+        self.params, loaded = [], 0
+        for a in artifact.iter_params():                      # one host copy at a time
+            self.params.append(tvm.runtime.tensor(a, self.device))
+            loaded += a.nbytes
+        if memory_utilization is not None:
+            memory = device_memory(artifact.device, self.device, loaded)
+            max_total_tokens = kv_tokens_for_memory(memory, memory_utilization, cfg.activation_bytes,
+                                                    cfg.kv_cache, self.max_num_seqs, self.context_window)
+        self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
         self.kv = self.vm["create_paged_kv_cache"](
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
             ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]),

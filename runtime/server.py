@@ -81,8 +81,11 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
     aengine = AsyncEngine(engine)
     app = create_app(aengine, replace(args, model_name=args.model_name or Path(artifact).resolve().name))
     name = app.state.kiln.model_name
-    print(f"loaded in {time.monotonic() - start:.1f} s; ready: http://{args.host}:{args.port}/v1 "
-          f"(model {name!r})", flush=True)
+    runner = engine.runner
+    kv_bytes = runner.max_total_tokens * engine.artifact.config.kv_cache.bytes_per_token
+    print(f"loaded in {time.monotonic() - start:.1f} s; KV cache {runner.max_total_tokens} tokens "
+          f"({kv_bytes / 2**30:.2f} GiB), up to {runner.max_num_seqs} sequences at once", flush=True)
+    print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r})", flush=True)
     server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                             timeout_graceful_shutdown=GRACE_SECONDS))
     server.on_grace_end = aengine.cancel_all

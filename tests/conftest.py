@@ -64,16 +64,21 @@ def ir_functions(ir: str) -> dict[str, str]:
 def dumped_ir(tiny_dirs, tmp_path_factory):
     """dumped_ir(target, phase): the tied tiny Llama built for `target` (4-bit: q4f32 on the CPU,
     q4f16 elsewhere) as `kiln compile --dump-ir` writes it; the functions after `phase`
-    ("graph", "legalize", "schedule", "lower", "finalize"), by name."""
+    ("graph", "legalize", "schedule", "lower", "finalize"), by name. dumped_ir.artifact(target): the
+    artifact directory that build wrote."""
     import kiln
     built = {}
 
-    def dump(target: str, phase: str) -> dict[str, str]:
+    def artifact(target: str) -> Path:
         if target not in built:
             out = tmp_path_factory.mktemp(f"ir-{target}")
             kiln.compile(str(tiny_dirs["tied"]), target=target, quant="q4f32" if target == "cpu" else "q4f16",
                          output=out / "art", dump_ir=out / "ir", golden=False)
-            built[target] = out / "ir"
-        (path,) = built[target].glob(f"*-{phase}.py")
+            built[target] = out
+        return built[target] / "art"
+
+    def dump(target: str, phase: str) -> dict[str, str]:
+        (path,) = (artifact(target).parent / "ir").glob(f"*-{phase}.py")
         return ir_functions(path.read_text())
+    dump.artifact = artifact
     return dump

@@ -83,7 +83,7 @@ def facts(args) -> dict:
 def numerics(args) -> dict:
     import torch
 
-    from kiln import Engine
+    from kiln import Engine, EngineConfig
     from kiln.runtime import Artifact
     from kiln.runtime.model_runner import ModelRunner
     result = {"facts": facts(args)}
@@ -105,7 +105,7 @@ def numerics(args) -> dict:
 
     for quant in ("as-stored", "q0f16", "as-stored-f16"):
         art, seconds = compile_timed(src, quant, args)
-        engine, rows = Engine(art), []
+        engine, rows = Engine(art, EngineConfig(max_num_seqs=1)), []      # its chat template only
         for prompt in PROMPTS:
             ids = engine.render_chat([{"role": "user", "content": prompt}])
             runner = ModelRunner(Artifact.load(art))
@@ -216,6 +216,8 @@ def bench_cmd(args) -> dict:
                                    "batch1_pct_of_floor": round(100 * rows[1]["decode_tok_s"] / floor, 1),
                                    **{f"batch {b}": r for b, r in rows.items()}}
         print(quant, json.dumps(result[f"kiln {quant}"]), flush=True)
+    result["serving limits"] = serving_limits(art)
+    print("serving limits", json.dumps(result["serving limits"]), flush=True)
     model = transformers_model(src, torch.float16, args.device)
     result["torch fp16 static"] = {f"batch {b}": torch_bench(model, b, args) for b in batches[:3]}
     print("torch", json.dumps(result["torch fp16 static"]), flush=True)
@@ -225,6 +227,28 @@ def bench_cmd(args) -> dict:
         except Exception as e:  # noqa: BLE001 - a torch.compile failure is a figure, not a stop
             result["torch fp16 static+compile"] = {"error": f"{type(e).__name__}: {e}"[:300]}
         print("torch compiled", json.dumps(result["torch fp16 static+compile"]), flush=True)
+    return result
+
+
+def serving_limits(art: Path) -> dict:
+    """What an engine (`kiln serve`) takes from the machine by default, and its one-line refusal of
+    more sequences than the artifact was compiled for."""
+    import gc
+
+    from kiln.runtime import Engine, EngineConfig
+    engine = Engine(art)
+    runner, layout = engine.runner, engine.artifact.config.kv_cache
+    result = {"max_num_seqs": runner.max_num_seqs, "kv_tokens": runner.max_total_tokens,
+              "kv_gib": round(runner.max_total_tokens * layout.bytes_per_token / 2**30, 2),
+              "activation_gib": round(engine.artifact.config.activation_bytes / 2**30, 3)}
+    over = runner.max_batch_size + 1
+    del engine, runner
+    gc.collect()
+    try:
+        Engine(art, EngineConfig(max_num_seqs=over))
+        result["over_limit"] = "accepted (a defect)"
+    except ValueError as e:
+        result["over_limit"] = str(e)
     return result
 
 

@@ -103,3 +103,12 @@ def test_interrupted_compile_leaves_no_artifact(tmp_path, tiny_dirs):
     out = tmp_path / "out"
     assert_clean_error(kiln_cli("compile", str(broken), "-o", str(out)), "shape")
     assert not out.exists() and not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_serve_refuses_limits_the_artifact_or_machine_cannot_meet(tiny_artifacts):
+    """More sequences than the artifact was compiled for, or a memory share that leaves the KV cache
+    nothing: one line naming the fix, before any port is opened."""
+    art = str(tiny_artifacts["tied"])
+    assert_clean_error(kiln_cli("serve", art, "--max-num-seqs", "999"), "max_num_seqs 999", "--max-batch-size")
+    assert_clean_error(kiln_cli("serve", art, "--gpu-memory-utilization", "0.000001"),
+                       "full context", "raise --gpu-memory-utilization")

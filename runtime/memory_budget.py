@@ -1,0 +1,99 @@
+"""The KV cache sized from the device's memory (vLLM's --gpu-memory-utilization).
+
+Of the device's total memory, a fraction `utilization` may be this engine's. When the cache is
+made the weights are already on the device, and the artifact records the most its planned
+activation buffers take (ArtifactConfig.activation_bytes), so the KV cache gets
+
+    free now - total * (1 - utilization) - activation bytes
+
+in whole pages: what other processes hold stays theirs, and a tenth (at 0.9) is left for the
+device runtime, the attention kernels' scratch and allocations sized at run time. It never gets
+more than every sequence at its full context can use, and it must hold at least one sequence
+at the full context, else the engine refuses to start and says what to change.
+
+The memory comes from TVM's device attributes (CUDA reports free and total; ROCm, OpenCL and
+Metal only total, so free is total less what this engine loaded); on the CPU from the kernel's
+MemAvailable, within the process's cgroup limit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .contract import KVCacheLayout
+
+DEFAULT_GPU_UTILIZATION = 0.9
+# Devices a server runs on, with memory of their own: an engine there sizes its KV cache from the
+# device's memory unless told a size. Elsewhere (CPUs, Apple and phone GPUs sharing the system's
+# memory with the app) the default stays one full context plus a page per sequence.
+SERVER_DEVICES = ("cuda", "rocm")
+
+
+class MemoryBudgetError(ValueError):
+    """The KV cache cannot be sized from memory as asked; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    free: int
+    total: int
+
+
+def device_memory(kind: str, device, loaded_bytes: int) -> DeviceMemory:
+    """Free and total bytes of the device an engine runs on; `loaded_bytes` (what the engine put
+    there itself) is taken off the total where the device reports no free memory."""
+    if kind == "cpu":
+        return host_memory()
+    total = device.total_global_memory
+    if not total:
+        raise MemoryBudgetError(f"TVM reports no memory size for this {kind} device; give the KV cache "
+                                "size instead (--kv-cache-memory or --max-total-tokens)")
+    free = device.available_global_memory
+    return DeviceMemory(int(free) if free is not None else max(0, int(total) - loaded_bytes), int(total))
+
+
+def host_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> DeviceMemory:
+    """The machine's available and total memory, as Linux reports them, within this process's
+    cgroup (v2) limit if it has one; elsewhere sysconf's free pages."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        free, total = (int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "MemTotal"))
+    except (OSError, KeyError, ValueError):
+        page = os.sysconf("SC_PAGE_SIZE")
+        free, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text())
+            total = min(total, int(limit))
+            free = min(free, max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return DeviceMemory(free, total)
+
+
+def kv_tokens_for_memory(memory: DeviceMemory, utilization: float, activation_bytes: int,
+                         layout: KVCacheLayout, max_num_seqs: int, context_window: int) -> int:
+    """KV capacity in tokens (whole pages) for `utilization` of the device's memory."""
+    if not 0 < utilization <= 1:
+        raise MemoryBudgetError(f"memory utilization {utilization} is not a fraction in (0, 1]; e.g. 0.9")
+    per_page = layout.bytes_per_token * layout.page_size
+    reserved = int(memory.total * (1 - utilization))
+    budget = memory.free - reserved - activation_bytes
+    pages_per_seq = math.ceil(context_window / layout.page_size)
+    pages = min(max(budget, 0) // per_page, max_num_seqs * pages_per_seq)
+    if pages < pages_per_seq:
+        raise MemoryBudgetError(
+            f"the KV cache needs {_gib(pages_per_seq * per_page)} for one sequence at the full context "
+            f"({context_window} tokens), but at memory utilization {utilization} it gets {_gib(max(budget, 0))} "
+            f"({_gib(memory.free)} free of {_gib(memory.total)}, {_gib(reserved)} kept back, "
+            f"{_gib(activation_bytes)} for activations); raise --gpu-memory-utilization, free the device, "
+            "or compile with a smaller --context-window")
+    return pages * layout.page_size
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
