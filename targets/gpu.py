@@ -17,14 +17,25 @@ from .add_rms_norm import match_add_norm
 from .row_dispatch import dispatch_on_rows, is_scheduled, output_rows
 
 
+def tensorize_works() -> bool:
+    """Whether s_tir Tensorize can run in this process.
+
+    Tensorize deep-copies each intrinsic through TVM's JSON serializer. apache-tvm 0.27.0.post1 asks
+    for apache-tvm-ffi>=0.1.14.post0, and 0.1.15 segfaults serializing any TIR node with a dtype
+    field (a PrimType, an IntImm), so every tensorized schedule (CUDA tensor cores, Metal simdgroup
+    matrices) killed the compile. pyproject pins 0.1.14.post1; with another tvm-ffi those rules stay
+    off and the matmuls take dlight's SIMT schedule, slower but built."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        parts = version("apache-tvm-ffi").split(".")[:3]
+        return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts) < (0, 1, 15)
+    except PackageNotFoundError:
+        return False
+
+
 @tvm.transform.module_pass(opt_level=0, name="kiln.NoTensorCores")
 def no_tensor_cores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Mark every PrimFunc `dlight.do_not_tensorize`.
-
-    In apache-tvm 0.27.0.post1, dlight's tensor-core matmul path (MatmulTensorization, taken for
-    float16 on sm_70+) segfaults inside s_tir Tensorize on SmolLM2's NT matmuls, killing the
-    process. The SIMT matmul schedule builds; remove this once the crash is fixed upstream.
-    """
+    """Mark every PrimFunc `dlight.do_not_tensorize` (where tensorize_works() is false)."""
     out = tvm.IRModule(attrs=mod.attrs)
     for gv, func in mod.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc):
@@ -38,16 +49,13 @@ def _no_simdgroup(*_args, **_kwargs):
 
 
 class Matmul(dl.gpu.Matmul):
-    """dlight's GPU matmul, without its Metal simdgroup path.
-
-    On a Metal target dl.gpu.Matmul first tries MetalMatmul (simdgroup_multiply_accumulate through
-    s_tir Tensorize), which in apache-tvm 0.27.0.post1 segfaults on the tiny Llama's matmuls as the
-    CUDA tensor-core path does; when that rule raises, dl.gpu.Matmul falls back to its SIMT schedule.
-    Remove once Tensorize is fixed upstream.
-    """
+    """dlight's GPU matmul: tensor cores on CUDA sm_70+ for float16 with every dimension above 64 or
+    symbolic (prefill, batches), simdgroup matrices on Metal, a SIMT tiled schedule elsewhere.
+    Where tensorize_works() is false, Metal's simdgroup path is skipped (dl.gpu.Matmul falls back to
+    SIMT when that rule raises) as CUDA's is by no_tensor_cores."""
 
     def apply(self, func, target, tunable):
-        if target.kind.name != "metal":
+        if target.kind.name != "metal" or tensorize_works():
             return super().apply(func, target, tunable)
         with mock.patch.object(_dlight_matmul.MetalMatmul, "apply", _no_simdgroup):
             return super().apply(func, target, tunable)
@@ -186,7 +194,7 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `narrow_index`:
     LowBatchGEMV's kernels index in int32 (see there)."""
     if phase == "schedule":
-        return [no_tensor_cores, LowBatchGEMV(narrow_index=narrow_index),
+        return [*([] if tensorize_works() else [no_tensor_cores]), LowBatchGEMV(narrow_index=narrow_index),
                 dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     return []
 

@@ -101,3 +101,36 @@ def test_cuda_row_branches_and_greedy_tokens(tiny_dirs, tmp_path):
         on_device = runner.decode_greedy(seqs, tokens.tolist())
         np.testing.assert_array_equal(on_device, logits.argmax(-1))
         tokens = on_device
+
+
+def test_cuda_tensor_core_matmul():
+    """A float16 projection over symbolic rows takes the tensor cores (dlight's wmma matmul, float32
+    sums): at 5, 100 and 300 rows (padded to its 128-row tiles) it equals numpy's float32 product
+    of the same float16 values, to float16's rounding."""
+    import tvm
+    from tvm.relax.frontend import nn
+    from tvm.runtime.vm import VirtualMachine
+
+    from kiln.compiler.build import build_lib
+    from kiln.compiler.passes.accumulate_f32 import AccumulateInFloat32
+
+    class Proj(nn.Module):
+        def __init__(self):
+            self.proj = nn.Linear(256, 512, bias=False, dtype="float16")
+
+        def forward(self, x: nn.Tensor) -> nn.Tensor:
+            return self.proj(x)
+
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    mod, _ = Proj().export_tvm(spec={"forward": {"x": nn.spec.Tensor([1, "n", 256], "float16")}})
+    executable, _ = build_lib(AccumulateInFloat32()(mod), get_profile(preset))
+    assert "wmma::mma_sync" in executable.mod.imports[0].imports[0].inspect_source()
+    dev = tvm.cuda(0)
+    vm = VirtualMachine(executable, dev)
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((512, 256)) * 0.05).astype(np.float16)
+    for n in (5, 100, 300):
+        x = rng.standard_normal((1, n, 256)).astype(np.float16)
+        got = vm["forward"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev)).numpy()
+        want = x.astype(np.float32) @ w.astype(np.float32).T
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
