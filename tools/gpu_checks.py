@@ -178,6 +178,40 @@ def kernel_profile(art: Path, batch: int, args, top: int = 12) -> dict:
             "kernels": [(k.name, round(k.ms_per_step, 4), round(k.calls_per_step, 1)) for k in p.kernels[:top]]}
 
 
+def gemv_vs_low_batch(art: Path, args, steps: int = 64) -> dict:
+    """ms per batch-1 decode step, same weights and KV: through batch_decode (what the runtime calls;
+    its matmuls take dlight's LowBatchGEMV at <= 2 rows, targets/gpu.py) and through the static
+    `decode` entry (dlight's GEMV rule, which only matches a static row). If `decode` is clearly
+    faster, a GEMV branch at one row in LowBatchGEMV pays (TVM 0.27 has no Python TIR mutator to
+    re-target a specialized schedule's buffers, which that branch needs)."""
+    from tvm.runtime import ShapeTuple
+
+    from kiln.runtime.model_runner import _KV
+    runner = _runner(art, 1, args)
+    runner.add_sequence(0)
+    runner.prefill([0], [list(range(3, 3 + args.prompt_len))])
+    embeds = runner._embed(np.asarray([5], dtype=np.int32))            # [1, 1, hidden]
+    result = {}
+    for name in ("batch_decode", "decode"):
+        fn = runner.vm[name]
+
+        def step():
+            _KV["kv_state_begin_forward"](runner.kv, ShapeTuple([0]), ShapeTuple([1]))
+            fn(embeds, runner.kv, runner.params)
+            _KV["kv_state_end_forward"](runner.kv)
+            runner.pop_tokens(0, 1)
+
+        for _ in range(8):
+            step()
+        runner.device.sync()
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        runner.device.sync()
+        result[f"{name}_ms"] = round((time.perf_counter() - t) / steps * 1e3, 3)
+    return result
+
+
 def torch_bench(model, batch: int, args, compiled: bool = False) -> dict:
     """transformers generate() with a static cache: decode tok/s from (G tokens - 1 token) time."""
     import torch
@@ -281,6 +315,7 @@ def bench8b(args) -> dict:
     result["batch 1"] = kiln_bench(art, 1, args)
     result["batch1_pct_of_floor"] = round(100 * result["batch 1"]["decode_tok_s"] / floor, 1)
     result["batch 1 decode profile"] = kernel_profile(art, 1, args)
+    result["batch 1 GEMV vs LowBatchGEMV"] = gemv_vs_low_batch(art, args)
     for b in ([2] if args.quick else [16, 64]):
         result[f"batch {b}"] = kiln_bench(art, b, args)
     print(json.dumps(result), flush=True)
