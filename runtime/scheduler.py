@@ -336,11 +336,13 @@ class Scheduler:
     # -- pages: growth, eviction, preemption ---------------------------------------------
     def _grow_or_preempt(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """Reserve seq's next token; evict cache entries, then preempt the worst running sequence."""
-        scheduled = {id(c.seq) for c in batch.chunks}
         need = seq.num_tokens - self.pages.num_tokens(seq.seq_id)
+        scheduled = None                 # built only when a victim is needed: this runs per decode, per step
         while not self.pages.can_append(seq.seq_id, need):
             if self._evict(batch, self._pinned):
                 continue
+            if scheduled is None:
+                scheduled = {id(c.seq) for c in batch.chunks}
             victim = max((s for s in self.running if id(s) not in scheduled), key=self._key)
             self._preempt(victim, batch)
             if victim is seq:
