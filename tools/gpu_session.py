@@ -41,7 +41,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / ".gpu"
 PART_BYTES = 58 * 2**20            # + the repository (~1.3 MB) stays under the tool's 64 MiB
-WHEELS = ("apache-tvm==0.27.0.post1", "apache-tvm-ffi==0.1.15.post2", "gguf==0.19.0")
+
+def _pinned_tvm() -> tuple[str, ...]:
+    """apache-tvm and apache-tvm-ffi as pyproject.toml pins them (the ffi version decides whether
+    the tensor-core matmuls build: targets/gpu.py tensorize_works)."""
+    import tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return tuple(d for d in deps if d.startswith("apache-tvm"))
+
+
+WHEELS = (*_pinned_tvm(), "gguf==0.19.0")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64")
 
@@ -138,8 +147,9 @@ def unpack() -> None:
         env.append(f'export KILN_SMOLLM2_GGUF="{models / "smollm2.gguf"}"')
     (GPU / "env.sh").write_text("\n".join(env) + "\n")
     print("unpacked into", site, "; now: . .gpu/env.sh", flush=True)
-    check = "import tvm, kiln; d = tvm.cuda(0); print('tvm', tvm.__version__, 'cuda', d.exist, " \
-            "d.exist and d.compute_version)"
+    check = "import tvm, kiln; from kiln.targets.gpu import tensorize_works; d = tvm.cuda(0); " \
+            "print('tvm', tvm.__version__, 'cuda', d.exist, d.exist and d.compute_version, " \
+            "'tensor cores', tensorize_works())"
     subprocess.run(["bash", "-c", f". {GPU / 'env.sh'} && {sys.executable} -P -c \"{check}\""], check=False)
 
 
