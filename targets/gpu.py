@@ -22,9 +22,10 @@ def tensorize_works() -> bool:
 
     Tensorize deep-copies each intrinsic through TVM's JSON serializer. apache-tvm 0.27.0.post1 asks
     for apache-tvm-ffi>=0.1.14.post0, and 0.1.15 segfaults serializing any TIR node with a dtype
-    field (a PrimType, an IntImm), so every tensorized schedule (CUDA tensor cores, Metal simdgroup
-    matrices) killed the compile. pyproject pins 0.1.14.post1; with another tvm-ffi those rules stay
-    off and the matmuls take dlight's SIMT schedule, slower but built."""
+    field (a PrimType, an IntImm), so every tensorized schedule (CUDA's tensor cores; Metal's
+    simdgroup matrices, which kiln skips for another reason: Matmul) killed the compile. pyproject
+    pins 0.1.14.post1; with another tvm-ffi the tensor cores stay off and the matmuls take dlight's
+    SIMT schedule, slower but built."""
     from importlib.metadata import PackageNotFoundError, version
     try:
         parts = version("apache-tvm-ffi").split(".")[:3]
@@ -50,12 +51,17 @@ def _no_simdgroup(*_args, **_kwargs):
 
 class Matmul(dl.gpu.Matmul):
     """dlight's GPU matmul: tensor cores on CUDA sm_70+ for float16 with every dimension above 64 or
-    symbolic (prefill, batches), simdgroup matrices on Metal, a SIMT tiled schedule elsewhere.
-    Where tensorize_works() is false, Metal's simdgroup path is skipped (dl.gpu.Matmul falls back to
-    SIMT when that rule raises) as CUDA's is by no_tensor_cores."""
+    symbolic (prefill, batches), a SIMT tiled schedule elsewhere, never Metal's simdgroup path.
+
+    On Metal dl.gpu.Matmul first tries MetalMatmul (simdgroup matrices). With the tvm-ffi pin it no
+    longer crashes, but it builds nothing here: on kiln's float16 matmuls (float32 sums) it fails and
+    falls back to SIMT, after re-parsing its intrinsics' TVMScript on every call (measured: a
+    float16 256x512 projection took 25.8 s to build with it and produced no simdgroup code; the tiny
+    Llama's Metal build 30.5 s against 4.5 s without it). So it is skipped (dl.gpu.Matmul takes the
+    SIMT schedule when that rule raises)."""
 
     def apply(self, func, target, tunable):
-        if target.kind.name != "metal" or tensorize_works():
+        if target.kind.name != "metal":
             return super().apply(func, target, tunable)
         with mock.patch.object(_dlight_matmul.MetalMatmul, "apply", _no_simdgroup):
             return super().apply(func, target, tunable)
