@@ -17,7 +17,10 @@ from .quant_modules import QuantFormat
 
 Planes = dict[str, np.ndarray]
 
-_ROWS_PER_CHUNK = 4096
+# Rows are quantized a chunk at a time, about this many values: the float32 groups and the q4
+# search's temporaries stay in cache (measured on a 2-core Zen 4: 8192x2048 at 26.6 M values/s in
+# 4096-row chunks, 34.9 M in 256-row ones; the same bits either way).
+_CHUNK_VALUES = 1 << 19
 _Q4_DIVISORS = np.arange(-9, -5.9, 0.25, dtype=np.float32)   # q4 candidate scales: extreme / d
 
 
@@ -43,8 +46,9 @@ def quantize(fmt: QuantFormat, w: np.ndarray) -> Planes:
     """
     n, k = w.shape
     fmt.planes(n, k)                                     # validates K against the group size
-    if n > _ROWS_PER_CHUNK:                              # bound the float temporaries
-        parts = [quantize(fmt, w[i:i + _ROWS_PER_CHUNK]) for i in range(0, n, _ROWS_PER_CHUNK)]
+    rows = max(1, _CHUNK_VALUES // k)
+    if n > rows:
+        parts = [quantize(fmt, w[i:i + rows]) for i in range(0, n, rows)]
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     groups = w.astype(np.float32).reshape(n, k // fmt.group_size, fmt.group_size)
     if fmt.kind == "q4m":

@@ -147,6 +147,19 @@ def test_q4_scale_is_the_least_squares_fit_and_beats_absmax():
     assert err.sum() < 0.95 * err_absmax.sum(), (err.sum(), err_absmax.sum())   # measured 0.92
 
 
+@pytest.mark.parametrize("kind", ["q4", "q4m", "q8"])
+def test_quantizing_in_row_chunks_gives_the_same_planes(kind, monkeypatch):
+    """Rows are quantized a cache-sized chunk at a time (quant_pack._CHUNK_VALUES): each row only
+    depends on itself, so any chunking gives the same bits."""
+    w = np.random.default_rng(2).standard_normal((37, 256)).astype(np.float16)
+    whole = quant_pack.quantize(QuantFormat(kind), w)
+    monkeypatch.setattr(quant_pack, "_CHUNK_VALUES", 5 * 256)         # 5-row chunks, a partial last one
+    chunked = quant_pack.quantize(QuantFormat(kind), w)
+    assert whole.keys() == chunked.keys()
+    for name in whole:
+        np.testing.assert_array_equal(whole[name], chunked[name])
+
+
 def test_4bit_schemes_keep_the_lm_head_and_the_end_layers_8bit(tmp_path):
     from tiny_models import write_tiny_llama
     from kiln.compiler.quantize import get_scheme
