@@ -7,6 +7,10 @@ sizes its schedules from those limits.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import linecache
+import sys
 from unittest import mock
 
 import tvm
@@ -32,6 +36,34 @@ def tensorize_works() -> bool:
         return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in parts) < (0, 1, 15)
     except PackageNotFoundError:
         return False
+
+
+def load_tensor_core_intrinsics() -> None:
+    """Import TVM's CUDA tensor-core intrinsics (dlight's tensor-core matmul imports them on its
+    first use) with TVMScript's source lookups cut short.
+
+    The module parses ~250 TVMScript functions at import, and each `@T.prim_func` calls
+    inspect.stack(), which reads the source line of every frame on the stack (getsourcefile scans
+    sys.modules per frame): 25 s with TVM alone, 40 s once torch is loaded. The parser reads one
+    of those lines (the decorator's caller, `is_defined_in_class`) and the frames' locals; a stack
+    with just that line built the same intrinsics in 1.8 s."""
+    if "tvm.s_tir.tensor_intrin.cuda" in sys.modules:
+        return
+
+    def stack(context: int = 1) -> list[inspect.FrameInfo]:
+        frames, frame = [], sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
+            frame = frame.f_back
+        if len(frames) > 2:
+            f = frames[2]
+            line = linecache.getline(f.filename, f.lineno)
+            frames[2] = inspect.FrameInfo(f.frame, f.filename, f.lineno, f.function, [line] if line else None, 0)
+        return frames
+
+    with mock.patch.object(inspect, "stack", stack):
+        importlib.import_module("tvm.s_tir.tensor_intrin.cuda")
 
 
 @tvm.transform.module_pass(opt_level=0, name="kiln.NoTensorCores")
@@ -200,8 +232,12 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `narrow_index`:
     LowBatchGEMV's kernels index in int32 (see there)."""
     if phase == "schedule":
-        return [*([] if tensorize_works() else [no_tensor_cores]), LowBatchGEMV(narrow_index=narrow_index),
-                dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+        if not tensorize_works():
+            return [no_tensor_cores, LowBatchGEMV(narrow_index=narrow_index),
+                    dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+        if profile.target.get("kind") == "cuda":
+            load_tensor_core_intrinsics()
+        return [LowBatchGEMV(narrow_index=narrow_index), dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     return []
 
 
