@@ -70,7 +70,11 @@ def transformers_model(src: Path, dtype, device: str):
 def facts(args) -> dict:
     import torch
     import tvm
-    out = {"tvm": tvm.__version__, "torch": torch.__version__, "python": sys.version.split()[0]}
+    from importlib.metadata import version
+
+    from kiln.targets.gpu import tensorize_works
+    out = {"tvm": tvm.__version__, "tvm_ffi": version("apache-tvm-ffi"), "torch": torch.__version__,
+           "python": sys.version.split()[0], "tensor_cores": tensorize_works()}
     if args.device == "cuda":
         dev = tvm.cuda(0)
         out.update(gpu=torch.cuda.get_device_name(0), compute=dev.compute_version if dev.exist else None)
