@@ -25,7 +25,6 @@ import numpy as np
 from .artifact import Artifact
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
-from .memory_budget import DEFAULT_GPU_UTILIZATION, SERVER_DEVICES
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
@@ -325,7 +324,7 @@ def _as_batch(prompt) -> tuple[list[Prompt], bool]:
 
 def _kv_size(artifact: Artifact, config: EngineConfig) -> tuple[int | None, float | None]:
     """The KV capacity the config asks for, as ModelRunner takes it: (tokens, memory utilization),
-    one of them set, or neither for the runner's default."""
+    one of them set, or neither for the runner's default (on CUDA and ROCm: 0.9 of the device)."""
     given = [name for name in ("max_total_tokens", "kv_cache_bytes", "gpu_memory_utilization")
              if getattr(config, name) is not None]
     if len(given) > 1:
@@ -338,6 +337,4 @@ def _kv_size(artifact: Artifact, config: EngineConfig) -> tuple[int | None, floa
             raise ValueError(f"a KV cache of {config.kv_cache_bytes} bytes holds no {layout.page_size}-token page "
                              f"of this model ({per_page} bytes); give at least {per_page} bytes")
         return pages * layout.page_size, None
-    if not given and artifact.device in SERVER_DEVICES:
-        return None, DEFAULT_GPU_UTILIZATION
     return config.max_total_tokens, config.gpu_memory_utilization

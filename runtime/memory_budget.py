@@ -13,7 +13,8 @@ at the full context, else the engine refuses to start and says what to change.
 
 The memory comes from TVM's device attributes (CUDA reports free and total; ROCm, OpenCL and
 Metal only total, so free is total less what this engine loaded); on the CPU from the kernel's
-MemAvailable, within the process's cgroup limit.
+MemAvailable, within the process's cgroup limit. A device that reports no size keeps the default
+capacity (ModelRunner), and a share asked of it is refused.
 """
 
 from __future__ import annotations
@@ -42,15 +43,15 @@ class DeviceMemory:
     total: int
 
 
-def device_memory(kind: str, device, loaded_bytes: int) -> DeviceMemory:
-    """Free and total bytes of the device an engine runs on; `loaded_bytes` (what the engine put
-    there itself) is taken off the total where the device reports no free memory."""
+def device_memory(kind: str, device, loaded_bytes: int) -> DeviceMemory | None:
+    """Free and total bytes of the device an engine runs on (None where TVM reports no size);
+    `loaded_bytes` (what the engine put there itself) is taken off the total where the device
+    reports no free memory."""
     if kind == "cpu":
         return host_memory()
     total = device.total_global_memory
     if not total:
-        raise MemoryBudgetError(f"TVM reports no memory size for this {kind} device; give the KV cache "
-                                "size instead (--kv-cache-memory or --max-total-tokens)")
+        return None
     free = device.available_global_memory
     return DeviceMemory(int(free) if free is not None else max(0, int(total) - loaded_bytes), int(total))
 
@@ -73,6 +74,11 @@ def host_memory(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys
     except (OSError, ValueError):
         pass
     return DeviceMemory(free, total)
+
+
+def no_memory_size(kind: str) -> MemoryBudgetError:
+    return MemoryBudgetError(f"TVM reports no memory size for this {kind} device; give the KV cache size "
+                             "instead (--kv-cache-memory or --max-total-tokens)")
 
 
 def kv_tokens_for_memory(memory: DeviceMemory, utilization: float, activation_bytes: int,

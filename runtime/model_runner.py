@@ -32,7 +32,8 @@ from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
 from .contract import OPTIONAL_ENTRY_FUNCTIONS
-from .memory_budget import device_memory, kv_tokens_for_memory
+from .memory_budget import (DEFAULT_GPU_UTILIZATION, SERVER_DEVICES, device_memory, kv_tokens_for_memory,
+                            no_memory_size)
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 
@@ -54,7 +55,8 @@ class ModelRunner:
                  memory_utilization: float | None = None):
         """max_total_tokens: the KV capacity in tokens; or memory_utilization, the fraction of the device's
         memory this runner may take, the KV cache getting what the weights and activations leave
-        (runtime/memory_budget.py); neither: default_kv_tokens."""
+        (runtime/memory_budget.py). Neither: on CUDA and ROCm, DEFAULT_GPU_UTILIZATION where the device
+        reports its memory; elsewhere default_kv_tokens."""
         if max_total_tokens is not None and memory_utilization is not None:
             raise ValueError("give the KV cache size once: as tokens (max_total_tokens) or as a share of the "
                              "device's memory (memory_utilization)")
@@ -78,10 +80,16 @@ class ModelRunner:
         for a in artifact.iter_params():                      # one host copy at a time
             self.params.append(tvm.runtime.tensor(a, self.device))
             loaded += a.nbytes
-        if memory_utilization is not None:
+        share = memory_utilization
+        if max_total_tokens is None and share is None and artifact.device in SERVER_DEVICES:
+            share = DEFAULT_GPU_UTILIZATION
+        if share is not None:
             memory = device_memory(artifact.device, self.device, loaded)
-            max_total_tokens = kv_tokens_for_memory(memory, memory_utilization, cfg.activation_bytes,
-                                                    cfg.kv_cache, self.max_num_seqs, self.context_window)
+            if memory is None and memory_utilization is not None:
+                raise no_memory_size(artifact.device)
+            if memory is not None:
+                max_total_tokens = kv_tokens_for_memory(memory, share, cfg.activation_bytes, cfg.kv_cache,
+                                                        self.max_num_seqs, self.context_window)
         self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
         self.kv = self.vm["create_paged_kv_cache"](
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),

@@ -112,7 +112,7 @@ def numerics(args) -> dict:
         engine, rows = Engine(art, EngineConfig(max_num_seqs=1)), []      # its chat template only
         for prompt in PROMPTS:
             ids = engine.render_chat([{"role": "user", "content": prompt}])
-            runner = ModelRunner(Artifact.load(art))
+            runner = ModelRunner(Artifact.load(art), max_num_seqs=1)
             runner.add_sequence(0)
             got = runner.verify(0, ids)
             f32, f16 = last(ref32, ids), last(ref16, ids)
