@@ -80,16 +80,8 @@ class ModelRunner:
         for a in artifact.iter_params():                      # one host copy at a time
             self.params.append(tvm.runtime.tensor(a, self.device))
             loaded += a.nbytes
-        share = memory_utilization
-        if max_total_tokens is None and share is None and artifact.device in SERVER_DEVICES:
-            share = DEFAULT_GPU_UTILIZATION
-        if share is not None:
-            memory = device_memory(artifact.device, self.device, loaded)
-            if memory is None and memory_utilization is not None:
-                raise no_memory_size(artifact.device)
-            if memory is not None:
-                max_total_tokens = kv_tokens_for_memory(memory, share, cfg.activation_bytes, cfg.kv_cache,
-                                                        self.max_num_seqs, self.context_window)
+        if max_total_tokens is None:
+            max_total_tokens = self._kv_tokens_for_memory(memory_utilization, loaded)
         self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
         self.kv = self.vm["create_paged_kv_cache"](
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
@@ -99,6 +91,21 @@ class ModelRunner:
         for name in OPTIONAL_ENTRY_FUNCTIONS:
             if name in cfg.entry_functions:
                 self._fn[name] = self.vm[name]
+
+    def _kv_tokens_for_memory(self, share: float | None, loaded: int) -> int | None:
+        """KV tokens for `share` of the device's memory, the weights (`loaded` bytes) already on it;
+        with no share, DEFAULT_GPU_UTILIZATION on CUDA and ROCm. None: the default capacity (no
+        share asked, and the device is not one of those or reports no memory size)."""
+        kind, cfg = self.artifact.device, self.artifact.config
+        if share is None and kind not in SERVER_DEVICES:
+            return None
+        memory = device_memory(kind, self.device, loaded)
+        if memory is None:
+            if share is not None:
+                raise no_memory_size(kind)
+            return None
+        return kv_tokens_for_memory(memory, DEFAULT_GPU_UTILIZATION if share is None else share,
+                                    cfg.activation_bytes, cfg.kv_cache, self.max_num_seqs, self.context_window)
 
     @property
     def greedy_on_device(self) -> bool:

@@ -7,6 +7,7 @@ sizes its schedules from those limits.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import linecache
@@ -21,6 +22,7 @@ from .add_rms_norm import match_add_norm
 from .row_dispatch import dispatch_on_rows, is_scheduled, output_rows
 
 
+@functools.cache
 def tensorize_works() -> bool:
     """Whether s_tir Tensorize can run in this process.
 
@@ -231,14 +233,14 @@ def _fits_int32(func: tvm.tirx.PrimFunc, bounds: dict[str, int]) -> bool:
 def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `narrow_index`:
     LowBatchGEMV's kernels index in int32 (see there)."""
-    if phase == "schedule":
-        if not tensorize_works():
-            return [no_tensor_cores, LowBatchGEMV(narrow_index=narrow_index),
-                    dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
-        if profile.target.get("kind") == "cuda":
-            load_tensor_core_intrinsics()
-        return [LowBatchGEMV(narrow_index=narrow_index), dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
-    return []
+    if phase != "schedule":
+        return []
+    passes = [LowBatchGEMV(narrow_index=narrow_index), dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+    if not tensorize_works():
+        return [no_tensor_cores, *passes]
+    if profile.target.get("kind") == "cuda":
+        load_tensor_core_intrinsics()
+    return passes
 
 
 @tvm.transform.module_pass(opt_level=0, name="kiln.RewriteCUDAGraph")
