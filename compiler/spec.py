@@ -38,6 +38,8 @@ def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str) 
         "batch_decode": {"input_embeds": embeds("batch_size", 1), "paged_kv_cache": kv, "$": _PACKED},
         "batch_verify": {"input_embeds": embeds(1, "seq_len"), "paged_kv_cache": kv, "$": _PACKED},
         "greedy_tokens": {"logits": nn.spec.Tensor(["batch_size", 1, vocab_size], "float32"), "$": _NO_PARAMS},
+        "sample_tokens": {"logits": nn.spec.Tensor(["batch_size", 1, vocab_size], "float32"),
+                          "params": nn.spec.Tensor(["batch_size", 5], "float32"), "$": _NO_PARAMS},
         "create_paged_kv_cache": {
             "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
             "page_size": int, "support_sliding_window": int, "$": _NO_PARAMS},
@@ -51,7 +53,8 @@ def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str) 
 
 # Entry functions whose output TVM may size at the bound: all but batch_verify, whose output is
 # the logits at every position (a prefill chunk times the vocabulary at the bound).
-_BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode", "greedy_tokens")
+_BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode", "greedy_tokens",
+                  "sample_tokens")
 
 
 def bound_shapes(mod, prefill_chunk: int, max_batch_size: int):

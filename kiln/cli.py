@@ -332,10 +332,14 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
                    "activations and KV cache), e.g. 0.9 [0.9 on CUDA and ROCm; elsewhere one full context "
                    "plus a page per sequence]; on a CPU, a share of the machine's memory")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
+@click.option("--sampling-on", type=click.Choice(["auto", "device", "host"]), default="auto", show_default=True,
+              help="where sampled decode tokens are drawn (temperature, top-k/p, min-p; requests with penalties, "
+                   "bias, grammars or logprobs always on the host): device copies back one token per sequence; "
+                   "auto is device on GPUs, host on CPUs")
 @_chat_template_option
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
-          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, chat_template) -> None:
+          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, chat_template) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -349,7 +353,8 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
                                max_total_tokens=max_total_tokens, kv_cache_bytes=kv_bytes,
                                gpu_memory_utilization=gpu_memory_utilization,
-                               enable_prefix_cache=not no_prefix_cache, chat_template=template)
+                               enable_prefix_cache=not no_prefix_cache, chat_template=template,
+                               device_sampling={"auto": None, "device": True, "host": False}[sampling_on])
     server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                          engine=engine))
 

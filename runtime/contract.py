@@ -34,8 +34,9 @@ ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode"
                    "create_paged_kv_cache")
 # Entry functions newer artifacts have and older ones may lack: a feature that needs one says so.
 # batch_hidden: final hidden states (embeddings); greedy_tokens: the argmax of batch_decode's logits,
-# taken where they are, so a greedy decode step copies one int32 per sequence back instead of the logits.
-OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden", "greedy_tokens")
+# taken where they are, so a greedy decode step copies one int32 per sequence back instead of the logits;
+# sample_tokens: the same for sampled rows (temperature, top-k, top-p, min-p: models/sampling.py).
+OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden", "greedy_tokens", "sample_tokens")
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none
 

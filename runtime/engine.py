@@ -29,7 +29,7 @@ from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
-from .sampler import Sampler, plain_greedy
+from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
 from .tokenizer import Tokenizer
@@ -54,6 +54,10 @@ class EngineConfig:
     enable_prefix_cache: bool = True         # always off for a sliding-window artifact (its KV is never shared)
     verify: bool = True                      # check artifact hashes on load
     chat_template: str | None = None         # jinja source replacing the artifact's (runtime/chat_templates.py)
+    # Draw sampled decode tokens where the logits are (the artifact's sample_tokens) instead of copying
+    # them back to the host Sampler. None: on for GPU artifacts (a bisection per row is slower than
+    # numpy's partial sort on a CPU's few threads).
+    device_sampling: bool | None = None
 
 
 class Engine:
@@ -77,6 +81,14 @@ class Engine:
                            window.max_pages(self.runner.page_size) if window else None),
             PrefixCache() if prefix_cache else None)
         self.sampler = Sampler()
+        if config.device_sampling and not self.runner.samples_on_device:
+            raise ValueError("this artifact was compiled before kiln could sample on the device (it lacks "
+                             "sample_tokens); recompile it with `kiln compile`, or sample on the host "
+                             "(EngineConfig.device_sampling=False, `kiln serve --sampling-on host`)")
+        device_sampling = config.device_sampling
+        if device_sampling is None:
+            device_sampling = self.artifact.device != "cpu" and self.runner.samples_on_device
+        self.samples_on_device = device_sampling     # plain sampled decode steps draw where the logits are
         self._grammars = None
         self._grammars_lock = threading.Lock()
         self._requests: dict[int, Request] = {}      # seq id -> live request
@@ -90,7 +102,8 @@ class Engine:
         self._sync_kv(batch)
         if not batch.chunks:
             return []
-        out = self._greedy_step(batch) if self._greedy_on_device(batch.chunks) else self._sampled_step(batch)
+        picked = self._picked_on_device(batch.chunks)
+        out = self._sampled_step(batch) if picked is None else self._device_step(batch, picked)
         for r, _ in out:
             if r.finished:
                 self._finish(r)
@@ -115,20 +128,28 @@ class Engine:
         out = [(r, r.append(t, lp)) for r, t, lp in zip(requests, result.tokens, result.logprobs)]
         return out + [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
 
-    def _greedy_on_device(self, chunks) -> bool:
-        """A decode step (one token per sequence) whose every sequence takes its greedy token
-        from the raw logits: the device picks the tokens and only they are copied back."""
-        return self.runner.greedy_on_device and all(
-            c.end - c.start == 1 and c.needs_logits and not c.all_logits
-            and self._requests[c.seq.seq_id].params.max_tokens > 0
-            and plain_greedy(self._requests[c.seq.seq_id]) for c in chunks)
+    def _picked_on_device(self, chunks) -> str | None:
+        """For a decode step (one token per sequence) whose every sequence draws from its raw logits
+        (plain_sampling), how the device picks the tokens so only they are copied back: "greedy"
+        (every row greedy: greedy_tokens) or "sampled" (sample_tokens); None: the Sampler does."""
+        requests = [self._requests[c.seq.seq_id] for c in chunks]
+        if not all(c.end - c.start == 1 and c.needs_logits and not c.all_logits and r.params.max_tokens > 0
+                   and plain_sampling(r) for c, r in zip(chunks, requests)):
+            return None
+        if self.runner.greedy_on_device and all(r.params.greedy for r in requests):
+            return "greedy"
+        return "sampled" if self.samples_on_device else None
 
-    def _greedy_step(self, batch: ScheduledBatch) -> list[tuple[Request, StreamDelta]]:
+    def _device_step(self, batch: ScheduledBatch, picked: str) -> list[tuple[Request, StreamDelta]]:
         chunks = batch.chunks
-        tokens = self.runner.decode_greedy([c.seq.seq_id for c in chunks],
-                                           [c.seq.token_ids(c.start, c.end)[0] for c in chunks])
+        requests = [self._requests[c.seq.seq_id] for c in chunks]
+        seq_ids, last = [c.seq.seq_id for c in chunks], [c.seq.token_ids(c.start, c.end)[0] for c in chunks]
+        if picked == "greedy":
+            tokens = self.runner.decode_greedy(seq_ids, last)
+        else:
+            tokens = self.runner.decode_sampled(seq_ids, last, device_params(requests))
         self.scheduler.update(batch)
-        return [(r, r.append(int(t), None)) for r, t in zip((self._requests[c.seq.seq_id] for c in chunks), tokens)]
+        return [(r, r.append(int(t), None)) for r, t in zip(requests, tokens)]
 
     def _sync_kv(self, batch: ScheduledBatch) -> None:
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""

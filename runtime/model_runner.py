@@ -225,6 +225,17 @@ class ModelRunner:
             return np.argmax(logits.numpy()[:, 0, :], axis=1)
         return self._fn["greedy_tokens"](logits).numpy()
 
+    @property
+    def samples_on_device(self) -> bool:
+        """Whether decode_sampled can draw tokens where the logits are (the sample_tokens entry)."""
+        return "sample_tokens" in self._fn
+
+    def decode_sampled(self, seq_ids: Sequence[int], tokens: Sequence[int], params: np.ndarray) -> np.ndarray:
+        """One token per sequence, drawn on the device from its logits as the row of `params` says
+        (temperature, top_k, top_p, min_p, u: runtime/sampler.py device_params); [batch] int32."""
+        logits = self._decode(seq_ids, tokens)
+        return self._fn["sample_tokens"](logits, tvm.runtime.tensor(params, self.device)).numpy()
+
     def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int]):
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]
         embeds = embeds._create_view(ShapeTuple([len(seq_ids), 1, embeds.shape[-1]]))      # [batch, 1, hidden]

@@ -144,13 +144,29 @@ class Sampler:
         return SampleResult([int(t) for t in tokens], logprobs)
 
 
-def plain_greedy(request: Request) -> bool:
-    """Whether sample() would return np.argmax of the request's raw logits and nothing else: greedy,
-    nothing that changes the logits (bias, penalties, a grammar) and no logprobs. Such rows can
-    have their token picked where the logits are (ModelRunner.decode_greedy)."""
+def plain_sampling(request: Request) -> bool:
+    """Whether sample() draws the request's token from its raw logits with temperature, top-k, top-p
+    and min-p alone: nothing that changes the logits (bias, penalties, a grammar) and no logprobs.
+    Such rows can have their token drawn where the logits are (ModelRunner.decode_sampled)."""
     p = request.params
-    return (p.greedy and not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
+    return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
             and not p.presence_penalty and not p.needs_logprobs and getattr(request, "grammar", None) is None)
+
+
+_BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))
+
+
+def device_params(requests: Sequence[Request]) -> np.ndarray:
+    """The rows sample_tokens takes (models/sampling.py): (temperature, top_k, top_p, min_p, u) per
+    request, float32 [batch, 5]. Greedy rows get temperature 0; a sampled row takes the one draw
+    from its generator that sample() would take, so a seeded request draws the same stream of
+    uniforms on either path."""
+    out = np.zeros((len(requests), 5), np.float32)
+    for row, r in zip(out, requests):
+        p = r.params
+        if not p.greedy:
+            row[:] = (p.temperature, min(p.top_k, 1 << 24), p.top_p, p.min_p, min(np.float32(r.rng.random()), _BELOW_ONE))
+    return out
 
 
 def process_logits(x: np.ndarray, batch: SamplingBatch) -> None:

@@ -216,6 +216,48 @@ def gemv_vs_low_batch(art: Path, args, steps: int = 64) -> dict:
     return result
 
 
+def sampled_decode(art: Path, batch: int, args) -> dict:
+    """ms per sampled decode step (temperature 0.7, top-p 0.9, top-k 50) at `batch` sequences: the
+    logits copied back to the host Sampler, against sample_tokens drawing on the device
+    (models/sampling.py), and how often the two paths' tokens agree on the same logits."""
+    from types import SimpleNamespace
+
+    from kiln.runtime import SamplingParams
+    import tvm
+
+    from kiln.runtime.sampler import Sampler, _draw, device_params
+    runner = _runner(art, batch, args)
+    ids = list(range(batch))
+    for i in ids:
+        runner.add_sequence(i)
+    runner.prefill(ids, [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids])
+    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=50)
+    steps = max(2, min(16, args.gen_len // 2))
+    sampler, result = Sampler(), {}
+    for path in ("host", "device"):
+        reqs = [SimpleNamespace(params=params, rng=np.random.default_rng(i), grammar=None, prompt_ids=[],
+                                output_ids=[]) for i in ids]
+        tokens = [5] * batch
+        for n in range(steps + 2):                          # two warm-up steps
+            if n == 2:
+                runner.device.sync()
+                t = time.perf_counter()
+            if path == "host":
+                tokens = sampler.sample(runner.decode(ids, tokens), sampler.prepare(reqs)).tokens
+            else:
+                tokens = [int(x) for x in runner.decode_sampled(ids, tokens, device_params(reqs))]
+        result[f"{path}_ms"] = round((time.perf_counter() - t) / steps * 1e3, 3)
+    logits_dev = runner._decode(ids, tokens)
+    rows = device_params([SimpleNamespace(params=params, rng=np.random.default_rng(i)) for i in ids])
+    on_device = runner._fn["sample_tokens"](logits_dev, tvm.runtime.tensor(rows, runner.device)).numpy()
+    logits = logits_dev.numpy()[:, 0, :]
+    host = [int(_draw((logits[r] / np.float32(0.7))[None], np.array([50]), np.array([0.9], np.float32),
+                      np.array([0.0], np.float32), [SimpleNamespace(random=lambda u=float(rows[r, 4]): u)])[0])
+            for r in range(batch)]
+    result["same_token_rows"] = f"{int(np.sum(on_device == np.array(host)))}/{batch}"
+    return result
+
+
 def torch_bench(model, batch: int, args, compiled: bool = False) -> dict:
     """transformers generate() with a static cache: decode tok/s from (G tokens - 1 token) time."""
     import torch
@@ -246,14 +288,17 @@ def bench_cmd(args) -> dict:
     bw = copy_bandwidth_gbs(args.device)
     result = {"facts": facts(args), "copy_bandwidth_gbs": round(bw)}
     batches = [1, 4] if args.quick else [1, 16, 64, 256]
+    arts = {}
     for quant in ("q4f16", "as-stored-f16"):
-        art, seconds = compile_timed(src, quant, args, max_batch_size=max(batches))
+        art, seconds = arts[quant] = compile_timed(src, quant, args, max_batch_size=max(batches))
         floor = bw * 1e9 / weight_bytes(art)
         rows = {b: kiln_bench(art, b, args) for b in batches}
         result[f"kiln {quant}"] = {"compile_s": round(seconds, 1), "batch1_floor_tok_s": round(floor),
                                    "batch1_pct_of_floor": round(100 * rows[1]["decode_tok_s"] / floor, 1),
                                    **{f"batch {b}": r for b, r in rows.items()}}
         print(quant, json.dumps(result[f"kiln {quant}"]), flush=True)
+    result["sampled decode"] = {f"batch {b}": sampled_decode(arts["q4f16"][0], b, args) for b in batches[-2:]}
+    print("sampled decode", json.dumps(result["sampled decode"]), flush=True)
     result["serving limits"] = serving_limits(art)
     print("serving limits", json.dumps(result["serving limits"]), flush=True)
     model = transformers_model(src, torch.float16, args.device)

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.compiler
 
-BOUNDED = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode", "greedy_tokens")
+BOUNDED = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode", "greedy_tokens", "sample_tokens")
 
 
 @pytest.mark.parametrize("target", ["cpu", "cuda"])

@@ -20,10 +20,12 @@ from tvm import te
 from kiln.compiler.passes.fuse_add_rms_norm import add_rms_norm_te
 from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize, quantize
+from kiln.models.sampling import sample_kernel
 from kiln.targets.gpu import gpu_phase_passes
 
 from gpu_kernels import (branch_kernel, build, build_prim_func, buffers, host_values, is_q4_matmul, kernel_args,
                          kernel_chunk, launch, reference_attention, row_branches, shape_values)
+from sampling_cases import host_tokens, sampling_case
 
 pytestmark = pytest.mark.compiler
 cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl)")
@@ -220,3 +222,21 @@ def test_greedy_tokens_on_opencl(queue, built):
     got = _run(queue, built, name, {logits.name: x, out.name: np.full(5, -7, np.int32)})[out.name]
     np.testing.assert_array_equal(got, np.argmax(x[:, 0], axis=1))
     assert got[1] == 7 and got[2] == 300 and got[3] == 0
+
+
+@pytest.fixture(scope="module")
+def wide_sampler():
+    """sample_tokens for SmolLM2's 49152-token vocabulary (192 tokens per lane)."""
+    return build_prim_func("sample_tokens", sample_kernel(49152, gpu=True), "android-opencl")
+
+
+@pytest.mark.parametrize("case", ["tiny", "wide"])
+def test_sample_tokens_on_opencl(queue, built, wide_sampler, case):
+    """sample_tokens' GPU kernel (a work-group per row: bisected top-k/top-p thresholds, then the
+    inverse CDF in vocabulary order) draws the host Sampler's token in every row, given its uniform."""
+    kernels = built if case == "tiny" else wide_sampler
+    name = next(n for n in kernels.prim_funcs() if n.startswith("sample_tokens"))
+    logits, params, out = buffers(kernels.func(name))
+    x, p = sampling_case(40, int(logits.shape[-1]), seed=len(case))
+    got = _run(queue, kernels, name, {logits.name: x, params.name: p, out.name: np.full(40, -7, np.int32)})[out.name]
+    np.testing.assert_array_equal(got, host_tokens(x, p))

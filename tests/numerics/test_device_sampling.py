@@ -1,0 +1,83 @@
+"""sample_tokens (models/sampling.py) against the host Sampler: the kernel on its own (the CPU
+variant; the GPU variant runs on OpenCL in tests/compiler/test_opencl_kernels.py), and engines
+whose sampled decode steps draw on the device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from kiln.models.sampling import sample_kernel
+from kiln.runtime import Engine, EngineConfig, SamplingParams
+from kiln.runtime.sampler import device_params
+
+from sampling_cases import host_tokens, sampling_case
+
+pytestmark = pytest.mark.numerics
+
+
+@pytest.mark.parametrize("vocab", [7, 1000, 49152])
+def test_kernel_draws_the_samplers_tokens(vocab):
+    """Greedy rows (temperature 0, top_k 1, tied maxima), temperature alone, top-k, top-p, min-p and
+    their mixes: the token numpy's Sampler draws with the same uniform, in every row."""
+    name = "sample_tokens"
+    lib = tvm.compile(tvm.IRModule({name: sample_kernel(vocab, gpu=False).with_attr("global_symbol", name)}),
+                      target={"kind": "llvm"})
+    logits, params = sampling_case(48, vocab, seed=vocab)
+    out = tvm.runtime.tensor(np.zeros(len(params), np.int32))
+    lib[name](tvm.runtime.tensor(logits), tvm.runtime.tensor(params), out)
+    np.testing.assert_array_equal(out.numpy(), host_tokens(logits, params))
+
+
+def _prompts(n: int) -> list[list[int]]:
+    rng = np.random.default_rng(3)
+    return [rng.integers(3, 200, rng.integers(4, 20)).tolist() for _ in range(n)]
+
+
+def test_engine_draws_sampled_decode_tokens_on_the_device(tiny_artifacts):
+    """Seeded sampled requests (temperature, top-k, top-p, min-p) give the same tokens whether their
+    decode steps draw on the device or on the host; a step with a logprobs request stays on the host."""
+    params = [SamplingParams(max_tokens=12, temperature=t, top_k=k, top_p=p, min_p=m, seed=i, ignore_eos=True)
+              for i, (t, k, p, m) in enumerate([(0.8, 0, 1.0, 0.0), (1.0, 20, 0.9, 0.0), (0.6, 0, 0.8, 0.05),
+                                                (1.2, 5, 1.0, 0.0), (0.0, 0, 1.0, 0.0)])]
+    outputs = {}
+    for on_device in (True, False):
+        engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False, device_sampling=on_device))
+        calls = []
+        decode_sampled = engine.runner.decode_sampled
+        engine.runner.decode_sampled = lambda *a: calls.append(len(a[0])) or decode_sampled(*a)
+        requests = [engine.add_request(p, sp)[0] for p, sp in zip(_prompts(5), params)]
+        while engine.has_work:
+            engine.step()
+        assert (max(calls) == 5) if on_device else not calls
+        outputs[on_device] = [r.output_ids for r in requests]
+    assert outputs[True] == outputs[False]
+    assert len({tuple(o) for o in outputs[True]}) == 5
+
+
+def test_device_params_take_the_samplers_draw(tiny_artifacts):
+    """device_params consumes one uniform per sampled row from the request's own generator (as the
+    host Sampler does) and none for a greedy row."""
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(device_sampling=True))
+    sampled = engine.add_request([5, 6, 7], SamplingParams(max_tokens=8, temperature=0.7, top_k=3, top_p=0.5, min_p=0.1, seed=9))[0]
+    greedy = engine.add_request([5, 6, 7], SamplingParams(max_tokens=8, temperature=0.0, seed=9))[0]
+    rows = device_params([sampled, greedy])
+    want_u = np.random.default_rng((9, 0)).random()
+    np.testing.assert_allclose(rows[0], [0.7, 3, 0.5, 0.1, want_u], rtol=1e-6)
+    assert not rows[1].any()
+    assert greedy.rng.random() == np.random.default_rng((9, 0)).random()      # untouched
+
+
+def test_device_sampling_refused_for_an_artifact_without_the_kernel(tiny_artifacts, tmp_path):
+    """An artifact compiled before sample_tokens existed samples on the host by default; asking for
+    device sampling is refused in one line naming the fixes, not silently ignored."""
+    import json
+    import shutil
+    old = shutil.copytree(tiny_artifacts["tied"], tmp_path / "old")
+    config = json.loads((old / "kiln-config.json").read_text())
+    config["entry_functions"] = [f for f in config["entry_functions"] if f != "sample_tokens"]
+    (old / "kiln-config.json").write_text(json.dumps(config))
+    assert not Engine(old, EngineConfig(device_sampling=None)).samples_on_device
+    with pytest.raises(ValueError, match="recompile it with `kiln compile`, or sample on the host"):
+        Engine(old, EngineConfig(device_sampling=True))
