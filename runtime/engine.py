@@ -25,6 +25,7 @@ import numpy as np
 from .artifact import Artifact
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
+from .memory_budget import check_utilization
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
@@ -350,6 +351,8 @@ def _kv_size(artifact: Artifact, config: EngineConfig) -> tuple[int | None, floa
              if getattr(config, name) is not None]
     if len(given) > 1:
         raise ValueError(f"give the KV cache size once, not as {' and '.join(given)}")
+    if config.gpu_memory_utilization is not None:
+        check_utilization(config.gpu_memory_utilization)       # before any weight is loaded
     if config.kv_cache_bytes is not None:
         layout = artifact.config.kv_cache
         per_page = layout.bytes_per_token * layout.page_size

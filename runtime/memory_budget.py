@@ -81,11 +81,15 @@ def no_memory_size(kind: str) -> MemoryBudgetError:
                              "instead (--kv-cache-memory or --max-total-tokens)")
 
 
+def check_utilization(utilization: float) -> None:
+    if not (isinstance(utilization, (int, float)) and not isinstance(utilization, bool) and 0 < utilization <= 1):
+        raise MemoryBudgetError(f"memory utilization {utilization!r} is not a fraction in (0, 1]; e.g. 0.9")
+
+
 def kv_tokens_for_memory(memory: DeviceMemory, utilization: float, activation_bytes: int,
                          layout: KVCacheLayout, max_num_seqs: int, context_window: int) -> int:
     """KV capacity in tokens (whole pages) for `utilization` of the device's memory."""
-    if not 0 < utilization <= 1:
-        raise MemoryBudgetError(f"memory utilization {utilization} is not a fraction in (0, 1]; e.g. 0.9")
+    check_utilization(utilization)
     per_page = layout.bytes_per_token * layout.page_size
     reserved = int(memory.total * (1 - utilization))
     budget = memory.free - reserved - activation_bytes

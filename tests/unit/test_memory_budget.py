@@ -85,3 +85,12 @@ def test_engine_sized_by_memory_on_this_machine(tiny_artifacts):
     with pytest.raises(ValueError, match="give the KV cache size once, not as max_total_tokens and "
                                          "gpu_memory_utilization"):
         kiln.Engine(art.path, kiln.EngineConfig(max_total_tokens=512, gpu_memory_utilization=0.5))
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.2, True, "0.9"])
+def test_engine_refuses_a_bad_utilization_before_loading(tiny_artifacts, monkeypatch, bad):
+    """A share outside (0, 1] is refused in one line before any weight is read."""
+    import kiln.runtime.model_runner as model_runner
+    monkeypatch.setattr(model_runner.ModelRunner, "__init__", lambda *a, **k: pytest.fail("weights were loaded"))
+    with pytest.raises(MemoryBudgetError, match=r"is not a fraction in \(0, 1\]; e\.g\. 0\.9"):
+        kiln.Engine(tiny_artifacts["tied"], kiln.EngineConfig(gpu_memory_utilization=bad))
