@@ -130,27 +130,30 @@ class Engine:
         return out + [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
 
     def _picked_on_device(self, chunks) -> str | None:
-        """For a decode step (one token per sequence) whose every sequence draws from its raw logits
-        (plain_sampling), how the device picks the tokens so only they are copied back: "greedy"
-        (every row greedy: greedy_tokens) or "sampled" (sample_tokens); None: the Sampler does."""
-        requests = [self._requests[c.seq.seq_id] for c in chunks]
-        if not all(c.end - c.start == 1 and c.needs_logits and not c.all_logits and r.params.max_tokens > 0
-                   and plain_sampling(r) for c, r in zip(chunks, requests)):
+        """For a step (decodes, prefill chunks or both) whose every sequence that takes a token draws
+        it from its raw logits (plain_sampling) and none scores its prompt, how the device picks the
+        tokens so only they are copied back: "greedy" (all greedy: greedy_tokens) or "sampled"
+        (sample_tokens); None: the logits come back to the Sampler."""
+        taking = [self._requests[c.seq.seq_id] for c in chunks if c.needs_logits]
+        if any(c.all_logits for c in chunks) or not all(
+                r.params.max_tokens > 0 and plain_sampling(r) for r in taking):
             return None
-        if self.runner.greedy_on_device and all(r.params.greedy for r in requests):
+        if self.runner.greedy_on_device and all(r.params.greedy for r in taking):
             return "greedy"
         return "sampled" if self.samples_on_device else None
 
     def _device_step(self, batch: ScheduledBatch, picked: str) -> list[tuple[Request, StreamDelta]]:
         chunks = batch.chunks
-        requests = [self._requests[c.seq.seq_id] for c in chunks]
-        seq_ids, last = [c.seq.seq_id for c in chunks], [c.seq.token_ids(c.start, c.end)[0] for c in chunks]
-        if picked == "greedy":
-            tokens = self.runner.decode_greedy(seq_ids, last)
-        else:
-            tokens = self.runner.decode_sampled(seq_ids, last, device_params(requests))
+        rows = [i for i, c in enumerate(chunks) if c.needs_logits]        # the others are mid-prompt chunks
+        requests = [self._requests[chunks[i].seq.seq_id] for i in rows]
+        params = None
+        if picked == "sampled":
+            params = np.zeros((len(chunks), 5), np.float32)                # greedy rows for the mid-prompt chunks
+            params[rows] = device_params(requests)
+        tokens = self.runner.next_tokens([c.seq.seq_id for c in chunks],
+                                         [c.seq.token_ids(c.start, c.end) for c in chunks], params)
         self.scheduler.update(batch)
-        return [(r, r.append(int(t), None)) for r, t in zip(requests, tokens)]
+        return [(r, r.append(int(tokens[i]), None)) for i, r in zip(rows, requests)]
 
     def _sync_kv(self, batch: ScheduledBatch) -> None:
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""

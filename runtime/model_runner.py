@@ -171,10 +171,7 @@ class ModelRunner:
         full = list(full) or [False] * len(seq_ids)
         if all(len(t) == 1 for t in tokens) and not any(full):
             return self.decode(seq_ids, [t[0] for t in tokens])
-        total = sum(len(t) for t in tokens)
-        if total > self.prefill_chunk:
-            raise ValueError(f"a forward of {total} tokens exceeds the artifact's prefill chunk ({self.prefill_chunk})")
-        self._check_window(seq_ids, lengths=[len(t) for t in tokens])
+        self._check_forward(seq_ids, tokens)
         last, scored = {}, {}
         for part in _row_bounded(list(zip(range(len(seq_ids)), tokens, full)), self.max_batch_size):
             rows = self._forward([seq_ids[i] for i, _, _ in part], [t for _, t, _ in part], [f for _, _, f in part])
@@ -187,8 +184,20 @@ class ModelRunner:
             return logits                                                   # [batch, vocab]
         return logits, {i: np.concatenate(r) for i, r in scored.items()}
 
+    def _check_forward(self, seq_ids, tokens) -> None:
+        total = sum(len(t) for t in tokens)
+        if total > self.prefill_chunk:
+            raise ValueError(f"a forward of {total} tokens exceeds the artifact's prefill chunk ({self.prefill_chunk})")
+        self._check_window(seq_ids, lengths=[len(t) for t in tokens])
+
     def _forward(self, seq_ids, tokens, full) -> list[np.ndarray]:
         """One batch_prefill call; per sequence the logits it returns: every position if full, else the last."""
+        logits, spans = self._forward_on_device(seq_ids, tokens, full)
+        logits = logits.numpy()[0]                                          # [positions, vocab]
+        return np.split(logits, np.cumsum([len(p) for p in spans])[:-1])
+
+    def _forward_on_device(self, seq_ids, tokens, full):
+        """One batch_prefill call: (its logits [1, positions, vocab] on the device, each sequence's positions)."""
         lengths = [len(t) for t in tokens]
         flat = np.concatenate([np.asarray(t, dtype=np.int32) for t in tokens])
         embeds = self._embed(flat)                                          # [1, total, hidden]
@@ -199,8 +208,7 @@ class ModelRunner:
         logits, _ = self._fn["batch_prefill"](embeds, tvm.runtime.tensor(np.concatenate(spans), self.device),
                                               self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
-        logits = logits.numpy()[0]                                          # [positions, vocab]
-        return np.split(logits, np.cumsum([len(p) for p in spans])[:-1])
+        return logits, spans
 
     def prefill(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
         """Append whole prompts, split into calls of at most prefill_chunk tokens; last-token logits."""
@@ -220,21 +228,35 @@ class ModelRunner:
     def decode_greedy(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per sequence; each sequence's greedy next token [batch] (np.argmax of its
         logits: the first of equal maxima), chosen on the device when the artifact can."""
-        logits = self._decode(seq_ids, tokens)
-        if not self.greedy_on_device:
-            return np.argmax(logits.numpy()[:, 0, :], axis=1)
-        return self._fn["greedy_tokens"](logits).numpy()
+        return self.next_tokens(seq_ids, [[t] for t in tokens])
 
     @property
     def samples_on_device(self) -> bool:
-        """Whether decode_sampled can draw tokens where the logits are (the sample_tokens entry)."""
+        """Whether next_tokens can draw tokens where the logits are (the sample_tokens entry)."""
         return "sample_tokens" in self._fn
 
     def decode_sampled(self, seq_ids: Sequence[int], tokens: Sequence[int], params: np.ndarray) -> np.ndarray:
         """One token per sequence, drawn on the device from its logits as the row of `params` says
         (temperature, top_k, top_p, min_p, u: runtime/sampler.py device_params); [batch] int32."""
-        logits = self._decode(seq_ids, tokens)
-        return self._fn["sample_tokens"](logits, tvm.runtime.tensor(params, self.device)).numpy()
+        return self.next_tokens(seq_ids, [[t] for t in tokens], params)
+
+    def next_tokens(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
+                    params: np.ndarray | None = None) -> np.ndarray:
+        """One forward over a ragged batch, as run() (decode steps, prefill chunks, or both), whose
+        next token per sequence is picked where the logits are, so only the tokens come back:
+        params None, each row's argmax (greedy_tokens; np.argmax of the copied logits for artifacts
+        without it); else drawn by sample_tokens from the row of params [batch, 5]. [batch] int32."""
+        if all(len(t) == 1 for t in tokens):
+            logits = self._decode(seq_ids, [t[0] for t in tokens])              # [batch, 1, vocab]
+        else:
+            self._check_forward(seq_ids, tokens)
+            logits, _ = self._forward_on_device(seq_ids, tokens, [False] * len(seq_ids))
+            logits = logits._create_view(ShapeTuple([len(seq_ids), 1, logits.shape[-1]]))
+        if params is not None:
+            return self._fn["sample_tokens"](logits, tvm.runtime.tensor(params, self.device)).numpy()
+        if not self.greedy_on_device:
+            return np.argmax(logits.numpy()[:, 0, :], axis=1)
+        return self._fn["greedy_tokens"](logits).numpy()
 
     def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int]):
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]

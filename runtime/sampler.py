@@ -147,7 +147,7 @@ class Sampler:
 def plain_sampling(request: Request) -> bool:
     """Whether sample() draws the request's token from its raw logits with temperature, top-k, top-p
     and min-p alone: nothing that changes the logits (bias, penalties, a grammar) and no logprobs.
-    Such rows can have their token drawn where the logits are (ModelRunner.decode_sampled)."""
+    Such rows can have their token drawn where the logits are (ModelRunner.next_tokens)."""
     p = request.params
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
             and not p.presence_penalty and not p.needs_logprobs and getattr(request, "grammar", None) is None)

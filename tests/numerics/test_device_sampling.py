@@ -35,25 +35,44 @@ def _prompts(n: int) -> list[list[int]]:
     return [rng.integers(3, 200, rng.integers(4, 20)).tolist() for _ in range(n)]
 
 
-def test_engine_draws_sampled_decode_tokens_on_the_device(tiny_artifacts):
+def test_engine_draws_sampled_tokens_on_the_device(tiny_artifacts):
     """Seeded sampled requests (temperature, top-k, top-p, min-p) give the same tokens whether their
-    decode steps draw on the device or on the host; a step with a logprobs request stays on the host."""
+    steps draw on the device or on the host: decode steps, and steps where later arrivals' prompt
+    chunks (one of them split over several steps) run beside the decodes; a greedy request
+    among them. A logprobs request sends its steps to the host."""
     params = [SamplingParams(max_tokens=12, temperature=t, top_k=k, top_p=p, min_p=m, seed=i, ignore_eos=True)
               for i, (t, k, p, m) in enumerate([(0.8, 0, 1.0, 0.0), (1.0, 20, 0.9, 0.0), (0.6, 0, 0.8, 0.05),
                                                 (1.2, 5, 1.0, 0.0), (0.0, 0, 1.0, 0.0)])]
+    prompts = _prompts(5)
+    prompts[3] = list(range(3, 90))                              # longer than one step's token budget
     outputs = {}
     for on_device in (True, False):
-        engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False, device_sampling=on_device))
+        engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False, device_sampling=on_device,
+                                                             max_tokens_per_step=40))
         calls = []
-        decode_sampled = engine.runner.decode_sampled
-        engine.runner.decode_sampled = lambda *a: calls.append(len(a[0])) or decode_sampled(*a)
-        requests = [engine.add_request(p, sp)[0] for p, sp in zip(_prompts(5), params)]
+        next_tokens = engine.runner.next_tokens
+        engine.runner.next_tokens = lambda *a: calls.append([len(t) for t in a[1]]) or next_tokens(*a)
+        requests = [engine.add_request(p, sp)[0] for p, sp in zip(prompts[:2], params[:2])]
+        for _ in range(3):
+            engine.step()
+        requests += [engine.add_request(p, sp)[0] for p, sp in zip(prompts[2:], params[2:])]
         while engine.has_work:
             engine.step()
-        assert (max(calls) == 5) if on_device else not calls
+        if on_device:
+            assert any(max(c) > 1 and min(c) == 1 for c in calls)     # prompt chunks beside decodes
+            assert any(len(c) == 5 and max(c) == 1 for c in calls)    # plain decode steps
+        else:
+            assert not calls
         outputs[on_device] = [r.output_ids for r in requests]
     assert outputs[True] == outputs[False]
     assert len({tuple(o) for o in outputs[True]}) == 5
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(device_sampling=True))
+    engine.runner.next_tokens = lambda *a: pytest.fail("a logprobs request's step was drawn on the device")
+    requests = [engine.add_request(prompts[0], SamplingParams(max_tokens=4, temperature=0.7, logprobs=True, seed=1))[0],
+                engine.add_request(prompts[1], SamplingParams(max_tokens=4, temperature=0.7, seed=2))[0]]
+    while engine.has_work:
+        engine.step()
+    assert all(len(r.output_ids) == 4 for r in requests) and len(requests[0].logprobs) == 4
 
 
 def test_device_params_take_the_samplers_draw(tiny_artifacts):
