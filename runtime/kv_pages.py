@@ -114,11 +114,21 @@ class PageAccountant:
 
     def append(self, seq_id: int, num_new_tokens: int) -> None:
         """Grow a sequence by `num_new_tokens` tokens, taking pages when it crosses a page boundary."""
+        if not self.try_append(seq_id, num_new_tokens):
+            self._take(self._extra_pages(seq_id, num_new_tokens), f"append {num_new_tokens} tokens to sequence {seq_id}")
+
+    def try_append(self, seq_id: int, num_new_tokens: int) -> bool:
+        """append() if the free pages allow it (True), else change nothing (False): can_append and
+        append in one look-up, what the scheduler does for every decoding sequence every step."""
         if num_new_tokens < 0:
             raise ValueError(f"cannot append {num_new_tokens} tokens")
         extra = self._extra_pages(seq_id, num_new_tokens)
-        self._pages[seq_id] += self._take(extra, f"append {num_new_tokens} tokens to sequence {seq_id}")
+        if extra > len(self._free_ids):
+            return False
+        if extra:
+            self._pages[seq_id] += self._take(extra, "")
         self._tokens[seq_id] += num_new_tokens
+        return True
 
     def fork(self, parent_id: int, child_id: int, pos: int) -> None:
         """Make `child_id` hold the parent's first `pos` tokens (TVM ForkSequence semantics).
@@ -167,7 +177,10 @@ class PageAccountant:
         return seq_id
 
     def _extra_pages(self, seq_id: int, num_new_tokens: int) -> int:
-        return self.pages_needed(self.num_tokens(seq_id) + num_new_tokens) - len(self._pages[seq_id])
+        pages = self._pages.get(seq_id)
+        if pages is None:
+            raise KeyError(f"sequence {seq_id} holds no pages")
+        return self.pages_needed(self._tokens[seq_id] + num_new_tokens) - len(pages)
 
     def _check_fork_pos(self, parent_id: int, pos: int) -> None:
         length = self.num_tokens(parent_id)

@@ -212,10 +212,13 @@ class Scheduler:
             seq.num_computed = chunk.end
 
     def _schedule_decodes(self, batch: ScheduledBatch, budget: int) -> int:
+        running = SeqStatus.RUNNING
         for seq in sorted(self.running, key=self._key):
             if budget == 0:
                 break
-            if seq.status is not SeqStatus.RUNNING or seq.is_prefill or seq.num_uncomputed != 1:
+            n = len(seq.prompt_ids) + len(seq.output_ids)
+            # a decode: running, the prompt in the cache, exactly the newest token to compute
+            if seq.status is not running or seq.num_computed != n - 1 or seq.num_computed < len(seq.prompt_ids):
                 continue
             if not self._grow_or_preempt(seq, batch):
                 continue                 # it was the worst: preempted itself
@@ -337,7 +340,9 @@ class Scheduler:
     def _grow_or_preempt(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """Reserve seq's next token; evict cache entries, then preempt the worst running sequence."""
         need = seq.num_tokens - self.pages.num_tokens(seq.seq_id)
-        scheduled = None                 # built only when a victim is needed: this runs per decode, per step
+        if self.pages.try_append(seq.seq_id, need):
+            return True                  # the common case: this runs per decode, per step
+        scheduled = None                 # built only when a victim is needed
         while not self.pages.can_append(seq.seq_id, need):
             if self._evict(batch, self._pinned):
                 continue

@@ -35,6 +35,11 @@ def test_capacity_checks():
     with pytest.raises(RuntimeError):
         acc.append(1, 9)
     assert acc.num_tokens(1) == 24 and acc.used_pages == 3     # a failed change changes nothing
+    assert not acc.try_append(1, 9) and acc.num_tokens(1) == 24 and acc.used_pages == 3
+    assert acc.try_append(1, 1) and (acc.num_tokens(1), acc.used_pages) == (25, 4)
+    assert acc.try_append(1, 7) and (acc.num_tokens(1), acc.used_pages) == (32, 4)   # within the page: none taken
+    with pytest.raises(KeyError, match="sequence 7"):
+        acc.try_append(7, 1)
     acc.check()
 
 
