@@ -297,7 +297,8 @@ def bench_cmd(args) -> dict:
                                    "batch1_pct_of_floor": round(100 * rows[1]["decode_tok_s"] / floor, 1),
                                    **{f"batch {b}": r for b, r in rows.items()}}
         print(quant, json.dumps(result[f"kiln {quant}"]), flush=True)
-    result["sampled decode"] = {f"batch {b}": sampled_decode(arts["q4f16"][0], b, args) for b in batches[-2:]}
+    result["sampled decode"] = {f"batch {b}": sampled_decode(arts["q4f16"][0], b, args)
+                                for b in dict.fromkeys((batches[0], *batches[-2:]))}
     print("sampled decode", json.dumps(result["sampled decode"]), flush=True)
     result["serving limits"] = serving_limits(art)
     print("serving limits", json.dumps(result["serving limits"]), flush=True)

@@ -134,3 +134,33 @@ def test_cuda_tensor_core_matmul():
         got = vm["forward"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev)).numpy()
         want = x.astype(np.float32) @ w.astype(np.float32).T
         np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
+
+
+def test_cuda_sample_tokens_draw_the_samplers_tokens(tiny_dirs, tmp_path):
+    """sample_tokens on the GPU (models/sampling.py; a work-group per row) draws, in every row, the
+    token the host Sampler draws from the same logits with the same uniform; and an engine whose
+    sampled steps draw there gives a seeded request's host tokens."""
+    import tvm
+
+    from kiln.models.sampling import sample_kernel
+    from kiln.runtime import Engine, EngineConfig, SamplingParams
+
+    from sampling_cases import host_tokens, sampling_case
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    target = get_profile(preset).tvm_target()
+    for vocab in (1000, 49152, 128256):
+        lib = tvm.compile(tvm.IRModule({"s": sample_kernel(vocab, gpu=True).with_attr("global_symbol", "s")}),
+                          target=target)
+        logits, params = sampling_case(64, vocab, seed=vocab)
+        dev = tvm.cuda(0)
+        out = tvm.runtime.tensor(np.zeros(64, np.int32), dev)
+        lib["s"](tvm.runtime.tensor(logits, dev), tvm.runtime.tensor(params, dev), out)
+        np.testing.assert_array_equal(out.numpy(), host_tokens(logits, params))
+    art = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q0f32", output=tmp_path / "f32")
+    sp = SamplingParams(max_tokens=16, temperature=0.8, top_p=0.9, top_k=40, seed=3, ignore_eos=True)
+    runs = {}
+    for on_device in (True, False):
+        engine = Engine(art, EngineConfig(device_sampling=on_device))
+        assert engine.samples_on_device == on_device
+        runs[on_device] = engine.generate([5, 6, 7, 8], sp).token_ids
+    assert runs[True] == runs[False]
