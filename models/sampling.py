@@ -16,13 +16,15 @@ Each row follows Sampler.sample for a row with no bias, mask, penalty or logprob
                                 u x their sum: the first token whose running sum exceeds it.
 
 No sort: a threshold is the largest v with F(v) >= target for a non-increasing F (count or mass of
-x >= v), found by bisection over the float's order-preserving 32-bit key, so it lands exactly on a
-logit (32 passes over the row, only for rows that ask for top-k or top-p). Sums are float32 in
-another order than numpy's, so a draw can differ from the host's where u falls within rounding of
-a boundary between two tokens; the thresholds are exact values of the row.
+x >= v), found by searching the float's order-preserving 32-bit key, so it lands exactly on a logit:
+each pass over the row counts 7 pivots at once, cutting the key range 8 ways (12 passes instead of
+bisection's 32), only for rows that ask for top-k or top-p. Sums are float32 in another order than
+numpy's, so a draw can differ from the host's where u falls within rounding of a boundary between
+two tokens; the thresholds are exact values of the row.
 
-One work-group of LANES threads per row on GPUs (tree reductions in shared memory); on CPUs one
-row per parallel iteration with the lanes run in turn.
+One work-group of LANES threads per row on GPUs (reductions in shared memory); on CPUs one row per
+parallel iteration with the lanes run in turn. Tested against the host Sampler on the CPU variant,
+and the GPU variant on OpenCL (pocl) and WebGPU (wgpu on lavapipe).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ import numpy as np
 from tvm.script import tirx as T
 
 LANES = 256                      # threads per row on a GPU (WebGPU's and Metal's work-group limit)
-PARAMS = ("temperature", "top_k", "top_p", "min_p", "u")    # the columns of `params`, in order
+SEGMENTS = 8                     # a threshold search splits its key range 8 ways per pass over the row
+ROUNDS = 13                      # passes of a search: 12 narrow 2**32 keys to one at 8 segments (W -> W/8 + 7)
 
 
 def _key_of(f: float) -> int:
@@ -43,9 +46,10 @@ def _key_of(f: float) -> int:
 def sample_kernel(vocab: int, gpu: bool):
     """The PrimFunc (logits [batch, 1, vocab] f32, params [batch, 5] f32, out [batch] i32)."""
     lanes = LANES if gpu else 1
-    chunk = -(-vocab // lanes)                        # contiguous tokens per lane (the draw)
-    strided = -(-vocab // lanes)                      # strided tokens per lane (the other passes)
+    per_lane = -(-vocab // lanes)                     # tokens per lane: strided in the passes, contiguous in the draw
     steps = lanes.bit_length() - 1
+    span = min(8, lanes)                              # per-pivot sums: lanes added per group
+    groups = lanes // span
     scope = "shared" if gpu else "local"
     lowest = -3.4028234663852886e38
     lowest_key = _key_of(lowest)
@@ -70,6 +74,43 @@ def sample_kernel(vocab: int, gpu: bool):
                 if tx < (lanes >> (k + 1)):
                     red[tx] = combine(red[tx], red[tx + (lanes >> (k + 1))])
             sync()
+
+    @T.macro
+    def sum_rows(red, red2, red3, acc):
+        """red3[j] = the sum over red[j, 0:lanes], for every pivot j: lanes sum groups of `span`
+        into red2, then one lane per pivot sums the groups (a tree per pivot would put several
+        shared accesses under one `if`, where TVM cannot place the barriers it wants)."""
+        sync()
+        for tx in lane(max(lanes, (SEGMENTS - 1) * groups)):         # on a CPU (one lane): a loop
+            if tx < (SEGMENTS - 1) * groups:
+                acc[0] = T.float32(0)
+                for e in range(span):
+                    acc[0] = acc[0] + red[tx // groups + 1, tx % groups * span + e]
+                red2[tx // groups + 1, tx % groups] = acc[0]
+        sync()
+        for tx in lane(max(lanes, SEGMENTS - 1)):
+            if tx < SEGMENTS - 1:
+                acc[0] = T.float32(0)
+                for q in range(groups):
+                    acc[0] = acc[0] + red2[tx + 1, q]
+                red3[tx + 1] = acc[0]
+        sync()
+
+    @T.macro
+    def split(bs, pv):
+        """Pivots splitting the keys (lo, hi) into SEGMENTS parts (steps of at least 1; in uint32,
+        where hi - lo cannot overflow, and pivots past hi never wrap: hi <= key(max) + 1)."""
+        pv[0] = bs[0]
+        pv[SEGMENTS] = bs[1]
+        for j in range(1, SEGMENTS):
+            pv[j] = T.Cast("int32", T.Cast("uint32", bs[0]) + T.max(
+                (T.Cast("uint32", bs[1]) - T.Cast("uint32", bs[0])) // T.uint32(SEGMENTS), T.uint32(1)) * T.uint32(j))
+
+    @T.macro
+    def narrow(bs, pv):
+        """(lo, hi) = (pv[c], pv[c + 1]) for the last pivot c that still meets the target (0: none)."""
+        bs[0] = pv[bs[2]]
+        bs[1] = T.min(pv[bs[2] + 1], pv[SEGMENTS])
 
     def key(f):
         """A float32's 32-bit key: orders as the float does (negative floats flipped)."""
@@ -109,8 +150,16 @@ def sample_kernel(vocab: int, gpu: bool):
                 # locals before any branch tests it: TVM's barrier placement wants no shared
                 # loads in conditions)
                 st = T.sblock_alloc_buffer((6,), "float32", scope="local")
-                # bisection bounds (keys): 0 lo, 1 hi, 2 mid, 3 a reduction's result
+                # search bounds (keys): 0 lo, 1 hi, 2 the segment picked, 3 a reduction's result
                 bs = T.sblock_alloc_buffer((4,), "int32", scope="local")
+                pv = T.sblock_alloc_buffer((SEGMENTS + 1,), "int32", scope="local")      # lo, pivots, hi
+                # per pivot: this lane's count or mass of x >= pivot (counts in float32: exact below 2**24)
+                acc_f = T.sblock_alloc_buffer((SEGMENTS,), "float32", scope="local")
+                red_p = T.sblock_alloc_buffer((SEGMENTS, lanes), "float32", scope=scope)
+                red_g = T.sblock_alloc_buffer((SEGMENTS, groups), "float32", scope=scope)
+                red_s = T.sblock_alloc_buffer((SEGMENTS,), "float32", scope=scope)
+                kx = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                wx = T.sblock_alloc_buffer((1,), "float32", scope="local")
                 temperature: T.let[T.float32] = params[row, 0]
                 top_k: T.let[T.int32] = T.Cast("int32", params[row, 1])
                 top_p: T.let[T.float32] = params[row, 2]
@@ -120,7 +169,7 @@ def sample_kernel(vocab: int, gpu: bool):
                 # the row's maximum
                 for tx in lane(lanes):
                     part_f[0] = T.float32(lowest)
-                    for i in range(strided):
+                    for i in range(per_lane):
                         if i * lanes + tx < vocab:
                             part_f[0] = T.max(part_f[0], logits[row, 0, i * lanes + tx])
                     red_f[tx] = part_f[0]
@@ -131,7 +180,7 @@ def sample_kernel(vocab: int, gpu: bool):
                     # greedy: the first index holding the maximum
                     for tx in lane(lanes):
                         part_i[0] = vocab
-                        for i in range(strided):
+                        for i in range(per_lane):
                             if i * lanes + tx < vocab:
                                 if logits[row, 0, i * lanes + tx] == st[4]:
                                     part_i[0] = T.min(part_i[0], i * lanes + tx)
@@ -150,22 +199,28 @@ def sample_kernel(vocab: int, gpu: bool):
                         # the largest v with count(x >= v) >= top_k: the k-th largest x
                         bs[0] = lowest_key
                         bs[1] = key(st[0]) + 1
-                        for _ in range(32):
+                        for rnd in range(ROUNDS):  # noqa: B007 (a round of the search)
                             if bs[0] < bs[1] - 1:
-                                bs[2] = (bs[0] >> 1) + (bs[1] >> 1) + T.bitwise_and(T.bitwise_and(bs[0], bs[1]), 1)
+                                sync()
+                                split(bs, pv)
                                 for tx in lane(lanes):
-                                    part_i[0] = 0
-                                    for i in range(strided):
+                                    for j in range(SEGMENTS):
+                                        acc_f[j] = T.float32(0)
+                                    for i in range(per_lane):
                                         if i * lanes + tx < vocab:
-                                            if key(logits[row, 0, i * lanes + tx] / temperature) >= bs[2]:
-                                                part_i[0] = part_i[0] + 1
-                                    red_i[tx] = part_i[0]
-                                tree(red_i, add)
-                                bs[3] = red_i[0]
-                                if bs[3] >= top_k:
-                                    bs[0] = bs[2]
-                                else:
-                                    bs[1] = bs[2]
+                                            kx[0] = key(logits[row, 0, i * lanes + tx] / temperature)
+                                            for j in range(1, SEGMENTS):
+                                                if kx[0] >= pv[j]:
+                                                    acc_f[j] = acc_f[j] + T.float32(1)
+                                    for j in range(1, SEGMENTS):
+                                        red_p[j, tx] = acc_f[j]
+                                sum_rows(red_p, red_g, red_s, wx)
+                                bs[2] = 0
+                                for j in range(1, SEGMENTS):
+                                    st[5] = red_s[j]
+                                    if st[5] >= T.Cast("float32", top_k):
+                                        bs[2] = j
+                                narrow(bs, pv)
                                 sync()
                         st[2] = unkey(bs[0])
                         st[1] = T.max(st[1], st[2])
@@ -173,7 +228,7 @@ def sample_kernel(vocab: int, gpu: bool):
                         # target: top_p of the mass top-k keeps (all of it without top-k)
                         for tx in lane(lanes):
                             part_f[0] = T.float32(0)
-                            for i in range(strided):
+                            for i in range(per_lane):
                                 if i * lanes + tx < vocab:
                                     if logits[row, 0, i * lanes + tx] / temperature >= st[2]:
                                         part_f[0] = part_f[0] + T.exp(logits[row, 0, i * lanes + tx] / temperature
@@ -185,36 +240,43 @@ def sample_kernel(vocab: int, gpu: bool):
                         # the largest v whose tokens x >= v hold the target mass
                         bs[0] = key(st[2])
                         bs[1] = key(st[0]) + 1
-                        for _ in range(32):
+                        for rnd in range(ROUNDS):  # noqa: B007 (a round of the search)
                             if bs[0] < bs[1] - 1:
-                                bs[2] = (bs[0] >> 1) + (bs[1] >> 1) + T.bitwise_and(T.bitwise_and(bs[0], bs[1]), 1)
+                                sync()
+                                split(bs, pv)
                                 for tx in lane(lanes):
-                                    part_f[0] = T.float32(0)
-                                    for i in range(strided):
+                                    for j in range(SEGMENTS):
+                                        acc_f[j] = T.float32(0)
+                                    for i in range(per_lane):
                                         if i * lanes + tx < vocab:
-                                            if key(logits[row, 0, i * lanes + tx] / temperature) >= bs[2]:
-                                                part_f[0] = part_f[0] + T.exp(
-                                                    logits[row, 0, i * lanes + tx] / temperature - st[0])
-                                    red_f[tx] = part_f[0]
-                                tree(red_f, add)
-                                st[5] = red_f[0]
-                                if st[5] >= st[3]:
-                                    bs[0] = bs[2]
-                                else:
-                                    bs[1] = bs[2]
+                                            kx[0] = key(logits[row, 0, i * lanes + tx] / temperature)
+                                            if kx[0] >= pv[1]:
+                                                wx[0] = T.exp(logits[row, 0, i * lanes + tx] / temperature - st[0])
+                                                for j in range(1, SEGMENTS):
+                                                    if kx[0] >= pv[j]:
+                                                        acc_f[j] = acc_f[j] + wx[0]
+                                    for j in range(1, SEGMENTS):
+                                        red_p[j, tx] = acc_f[j]
+                                sum_rows(red_p, red_g, red_s, wx)
+                                bs[2] = 0
+                                for j in range(1, SEGMENTS):
+                                    st[5] = red_s[j]
+                                    if st[5] >= st[3]:
+                                        bs[2] = j
+                                narrow(bs, pv)
                                 sync()
                         st[1] = T.max(st[1], unkey(bs[0]))
                     # the draw: each lane's contiguous chunk sum and its last token of positive weight
                     for tx in lane(lanes):
                         part_f[0] = T.float32(0)
                         part_i[0] = -1
-                        for i in range(chunk):
-                            if tx * chunk + i < vocab:
-                                if logits[row, 0, tx * chunk + i] / temperature >= st[1]:
-                                    if T.exp(logits[row, 0, tx * chunk + i] / temperature - st[0]) > T.float32(0):
-                                        part_f[0] = part_f[0] + T.exp(logits[row, 0, tx * chunk + i] / temperature
+                        for i in range(per_lane):
+                            if tx * per_lane + i < vocab:
+                                if logits[row, 0, tx * per_lane + i] / temperature >= st[1]:
+                                    if T.exp(logits[row, 0, tx * per_lane + i] / temperature - st[0]) > T.float32(0):
+                                        part_f[0] = part_f[0] + T.exp(logits[row, 0, tx * per_lane + i] / temperature
                                                                       - st[0])
-                                        part_i[0] = tx * chunk + i
+                                        part_i[0] = tx * per_lane + i
                         red_f[tx] = part_f[0]
                         red_i[tx] = part_i[0]
                     sync()
@@ -243,17 +305,17 @@ def sample_kernel(vocab: int, gpu: bool):
                             else:
                                 bs[0] = -1
                                 bs[1] = -1
-                                for i in range(chunk):
-                                    if bs[0] < 0 and part_i[0] * chunk + i < vocab:
-                                        if logits[row, 0, part_i[0] * chunk + i] / temperature >= st[1]:
-                                            if T.exp(logits[row, 0, part_i[0] * chunk + i] / temperature
+                                for i in range(per_lane):
+                                    if bs[0] < 0 and part_i[0] * per_lane + i < vocab:
+                                        if logits[row, 0, part_i[0] * per_lane + i] / temperature >= st[1]:
+                                            if T.exp(logits[row, 0, part_i[0] * per_lane + i] / temperature
                                                      - st[0]) > T.float32(0):
-                                                bs[1] = part_i[0] * chunk + i
+                                                bs[1] = part_i[0] * per_lane + i
                                                 part_f[0] = part_f[0] + T.exp(
-                                                    logits[row, 0, part_i[0] * chunk + i] / temperature - st[0])
+                                                    logits[row, 0, part_i[0] * per_lane + i] / temperature - st[0])
                                                 if part_f[0] > st[3]:
                                                     bs[0] = bs[1]
-                                # no crossing inside (rounding): the chunk's last kept token
+                                # no crossing inside (rounding): the per_lane's last kept token
                                 out[row] = T.if_then_else(bs[0] >= 0, bs[0], T.max(bs[1], 0))
 
     return sample_tokens

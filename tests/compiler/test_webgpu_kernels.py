@@ -16,6 +16,7 @@ from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize, quantize
 
 from gpu_kernels import build, buffers, is_q4_matmul, launch, shape_values
+from sampling_cases import host_tokens, sampling_case
 
 pytestmark = pytest.mark.compiler
 wgpu = pytest.importorskip("wgpu", reason="wgpu is not installed (pip install wgpu)")
@@ -120,3 +121,18 @@ def test_q4_gemv_runs_on_webgpu(adapter, q4f32):
     got = _run_wgsl(adapter.request_device_sync(), wgsl_kernels(q4f32.device_source())[f"{name}_kernel"],
                     f"{name}_kernel", arrays, values, blocks)[out.name]
     np.testing.assert_allclose(got[0, 0], xs[0, 0] @ dequantize(fmt, planes).T, rtol=1e-4, atol=1e-4)
+
+
+def test_sample_tokens_runs_on_webgpu(adapter, q4f32):
+    """sample_tokens' WGSL (models/sampling.py: a work-group per row, the threshold searches in
+    uint32 key arithmetic) draws the host Sampler's token in every row, given its uniform."""
+    name = next(n for n in sorted(q4f32.prim_funcs()) if n.startswith("sample_tokens"))
+    func = q4f32.func(name)
+    logits, params, out = buffers(func)
+    x, p = sampling_case(24, int(logits.shape[-1]), seed=11)
+    arrays = {logits.name: x, params.name: p, out.name: np.full(24, -7, np.int32)}
+    values = shape_values(func, arrays)
+    blocks, _threads = launch(func, values)
+    got = _run_wgsl(adapter.request_device_sync(), wgsl_kernels(q4f32.device_source())[f"{name}_kernel"],
+                    f"{name}_kernel", arrays, values, blocks)[out.name]
+    np.testing.assert_array_equal(got, host_tokens(x, p))
