@@ -109,8 +109,10 @@ def sample_kernel(vocab: int, gpu: bool):
     @T.macro
     def narrow(bs, pv):
         """(lo, hi) = (pv[c], pv[c + 1]) for the last pivot c that still meets the target (0: none)."""
-        bs[0] = pv[bs[2]]
-        bs[1] = T.min(pv[bs[2] + 1], pv[SEGMENTS])
+        for j in range(SEGMENTS):          # not pv[bs[2]]: a data-dependent index crashes LLVM's AMDGPU backend
+            if j == bs[2]:
+                bs[0] = pv[j]
+                bs[1] = T.min(pv[j + 1], pv[SEGMENTS])
 
     def key(f):
         """A float32's 32-bit key: orders as the float does (negative floats flipped)."""
@@ -131,6 +133,39 @@ def sample_kernel(vocab: int, gpu: bool):
 
     def imax(a, b):
         return T.max(a, b)
+
+    @T.macro
+    def search(x, row, temperature, st, bs, pv, acc_f, kx, wx, red_p, red_g, red_s, target, weighted):
+        """Narrow the keys (bs[0], bs[1]) to the largest key v whose tokens x / temperature >= v
+        number (weighted: hold the mass exp(x / temperature - st[0])) at least target; every lane
+        ends with the same bounds."""
+        for rnd in range(ROUNDS):  # noqa: B007 (a round of the search)
+            if bs[0] < bs[1] - 1:
+                split(bs, pv)
+                for tx in lane(lanes):
+                    for j in range(SEGMENTS):
+                        acc_f[j] = T.float32(0)
+                    for i in range(per_lane):
+                        if i * lanes + tx < vocab:
+                            kx[0] = key(x[row, 0, i * lanes + tx] / temperature)
+                            if kx[0] >= pv[1]:
+                                if weighted:
+                                    wx[0] = T.exp(x[row, 0, i * lanes + tx] / temperature - st[0])
+                                else:
+                                    wx[0] = T.float32(1)
+                                for j in range(1, SEGMENTS):
+                                    if kx[0] >= pv[j]:
+                                        acc_f[j] = acc_f[j] + wx[0]
+                    for j in range(1, SEGMENTS):
+                        red_p[j, tx] = acc_f[j]
+                sum_rows(red_p, red_g, red_s, wx)
+                bs[2] = 0
+                for j in range(1, SEGMENTS):
+                    st[5] = red_s[j]
+                    if st[5] >= target:
+                        bs[2] = j
+                narrow(bs, pv)
+                sync()
 
     @T.prim_func(private=True, s_tir=True)
     def sample_tokens(var_logits: T.handle, var_params: T.handle, var_out: T.handle):
@@ -199,29 +234,8 @@ def sample_kernel(vocab: int, gpu: bool):
                         # the largest v with count(x >= v) >= top_k: the k-th largest x
                         bs[0] = lowest_key
                         bs[1] = key(st[0]) + 1
-                        for rnd in range(ROUNDS):  # noqa: B007 (a round of the search)
-                            if bs[0] < bs[1] - 1:
-                                sync()
-                                split(bs, pv)
-                                for tx in lane(lanes):
-                                    for j in range(SEGMENTS):
-                                        acc_f[j] = T.float32(0)
-                                    for i in range(per_lane):
-                                        if i * lanes + tx < vocab:
-                                            kx[0] = key(logits[row, 0, i * lanes + tx] / temperature)
-                                            for j in range(1, SEGMENTS):
-                                                if kx[0] >= pv[j]:
-                                                    acc_f[j] = acc_f[j] + T.float32(1)
-                                    for j in range(1, SEGMENTS):
-                                        red_p[j, tx] = acc_f[j]
-                                sum_rows(red_p, red_g, red_s, wx)
-                                bs[2] = 0
-                                for j in range(1, SEGMENTS):
-                                    st[5] = red_s[j]
-                                    if st[5] >= T.Cast("float32", top_k):
-                                        bs[2] = j
-                                narrow(bs, pv)
-                                sync()
+                        search(logits, row, temperature, st, bs, pv, acc_f, kx, wx, red_p, red_g, red_s,
+                               T.Cast("float32", top_k), False)
                         st[2] = unkey(bs[0])
                         st[1] = T.max(st[1], st[2])
                     if top_p < T.float32(1):
@@ -240,31 +254,7 @@ def sample_kernel(vocab: int, gpu: bool):
                         # the largest v whose tokens x >= v hold the target mass
                         bs[0] = key(st[2])
                         bs[1] = key(st[0]) + 1
-                        for rnd in range(ROUNDS):  # noqa: B007 (a round of the search)
-                            if bs[0] < bs[1] - 1:
-                                sync()
-                                split(bs, pv)
-                                for tx in lane(lanes):
-                                    for j in range(SEGMENTS):
-                                        acc_f[j] = T.float32(0)
-                                    for i in range(per_lane):
-                                        if i * lanes + tx < vocab:
-                                            kx[0] = key(logits[row, 0, i * lanes + tx] / temperature)
-                                            if kx[0] >= pv[1]:
-                                                wx[0] = T.exp(logits[row, 0, i * lanes + tx] / temperature - st[0])
-                                                for j in range(1, SEGMENTS):
-                                                    if kx[0] >= pv[j]:
-                                                        acc_f[j] = acc_f[j] + wx[0]
-                                    for j in range(1, SEGMENTS):
-                                        red_p[j, tx] = acc_f[j]
-                                sum_rows(red_p, red_g, red_s, wx)
-                                bs[2] = 0
-                                for j in range(1, SEGMENTS):
-                                    st[5] = red_s[j]
-                                    if st[5] >= st[3]:
-                                        bs[2] = j
-                                narrow(bs, pv)
-                                sync()
+                        search(logits, row, temperature, st, bs, pv, acc_f, kx, wx, red_p, red_g, red_s, st[3], True)
                         st[1] = T.max(st[1], unkey(bs[0]))
                     # the draw: each lane's contiguous chunk sum and its last token of positive weight
                     for tx in lane(lanes):
