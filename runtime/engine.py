@@ -56,7 +56,7 @@ class EngineConfig:
     verify: bool = True                      # check artifact hashes on load
     chat_template: str | None = None         # jinja source replacing the artifact's (runtime/chat_templates.py)
     # Draw sampled decode tokens where the logits are (the artifact's sample_tokens) instead of copying
-    # them back to the host Sampler. None: on for GPU artifacts (a bisection per row is slower than
+    # them back to the host Sampler. None: on for GPU artifacts (the per-row threshold search is slower than
     # numpy's partial sort on a CPU's few threads).
     device_sampling: bool | None = None
 

@@ -115,7 +115,8 @@ class PageAccountant:
     def append(self, seq_id: int, num_new_tokens: int) -> None:
         """Grow a sequence by `num_new_tokens` tokens, taking pages when it crosses a page boundary."""
         if not self.try_append(seq_id, num_new_tokens):
-            self._take(self._extra_pages(seq_id, num_new_tokens), f"append {num_new_tokens} tokens to sequence {seq_id}")
+            extra = self._extra_pages(seq_id, num_new_tokens)
+            self._take(extra, f"append {num_new_tokens} tokens to sequence {seq_id}")          # raises
 
     def try_append(self, seq_id: int, num_new_tokens: int) -> bool:
         """append() if the free pages allow it (True), else change nothing (False): can_append and

@@ -165,7 +165,8 @@ def device_params(requests: Sequence[Request]) -> np.ndarray:
     for row, r in zip(out, requests):
         p = r.params
         if not p.greedy:
-            row[:] = (p.temperature, min(p.top_k, 1 << 24), p.top_p, p.min_p, min(np.float32(r.rng.random()), _BELOW_ONE))
+            u = min(np.float32(r.rng.random()), _BELOW_ONE)        # float32 rounding must not reach 1
+            row[:] = (p.temperature, min(p.top_k, 1 << 24), p.top_p, p.min_p, u)
     return out
 
 

@@ -79,7 +79,8 @@ def test_device_params_take_the_samplers_draw(tiny_artifacts):
     """device_params consumes one uniform per sampled row from the request's own generator (as the
     host Sampler does) and none for a greedy row."""
     engine = Engine(tiny_artifacts["tied"], EngineConfig(device_sampling=True))
-    sampled = engine.add_request([5, 6, 7], SamplingParams(max_tokens=8, temperature=0.7, top_k=3, top_p=0.5, min_p=0.1, seed=9))[0]
+    sampled = engine.add_request([5, 6, 7], SamplingParams(max_tokens=8, temperature=0.7, top_k=3, top_p=0.5,
+                                                           min_p=0.1, seed=9))[0]
     greedy = engine.add_request([5, 6, 7], SamplingParams(max_tokens=8, temperature=0.0, seed=9))[0]
     rows = device_params([sampled, greedy])
     want_u = np.random.default_rng((9, 0)).random()
