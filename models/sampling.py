@@ -29,6 +29,8 @@ and the GPU variant on OpenCL (pocl) and WebGPU (wgpu on lavapipe).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tvm.script import tirx as T
 
@@ -43,8 +45,10 @@ def _key_of(f: float) -> int:
     return b ^ 0x7FFFFFFF if b < 0 else b
 
 
+@functools.cache
 def sample_kernel(vocab: int, gpu: bool):
-    """The PrimFunc (logits [batch, 1, vocab] f32, params [batch, 5] f32, out [batch] i32)."""
+    """The PrimFunc (logits [batch, 1, vocab] f32, params [batch, 5] f32, out [batch] i32). Cached:
+    parsing the TVMScript takes ~0.5 s, once per process and shape rather than once per compile."""
     lanes = LANES if gpu else 1
     per_lane = -(-vocab // lanes)                     # tokens per lane: strided in the passes, contiguous in the draw
     steps = lanes.bit_length() - 1
