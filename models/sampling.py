@@ -126,17 +126,8 @@ def sample_kernel(vocab: int, gpu: bool):
     def unkey(k):
         return T.reinterpret("float32", T.if_then_else(k < 0, T.bitwise_xor(k, 0x7FFFFFFF), k))
 
-    def fmax(a, b):
-        return T.max(a, b)
-
     def add(a, b):
         return a + b
-
-    def imin(a, b):
-        return T.min(a, b)
-
-    def imax(a, b):
-        return T.max(a, b)
 
     @T.macro
     def search(x, row, temperature, st, bs, pv, acc_f, kx, wx, red_p, red_g, red_s, target, weighted):
@@ -212,7 +203,7 @@ def sample_kernel(vocab: int, gpu: bool):
                         if i * lanes + tx < vocab:
                             part_f[0] = T.max(part_f[0], logits[row, 0, i * lanes + tx])
                     red_f[tx] = part_f[0]
-                tree(red_f, fmax)
+                tree(red_f, T.max)
                 st[4] = red_f[0]
                 sync()
                 if temperature == T.float32(0) or top_k == 1:
@@ -224,7 +215,7 @@ def sample_kernel(vocab: int, gpu: bool):
                                 if logits[row, 0, i * lanes + tx] == st[4]:
                                     part_i[0] = T.min(part_i[0], i * lanes + tx)
                         red_i[tx] = part_i[0]
-                    tree(red_i, imin)
+                    tree(red_i, T.min)
                     for tx in lane(lanes):
                         if tx == 0:
                             out[row] = T.min(red_i[0], vocab - 1)

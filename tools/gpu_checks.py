@@ -222,10 +222,12 @@ def sampled_decode(art: Path, batch: int, args) -> dict:
     (models/sampling.py), and how often the two paths' tokens agree on the same logits."""
     from types import SimpleNamespace
 
-    from kiln.runtime import SamplingParams
     import tvm
 
-    from kiln.runtime.sampler import Sampler, _draw, device_params
+    from kiln.runtime import SamplingParams
+    from kiln.runtime.sampler import Sampler, device_params
+    sys.path.insert(0, str(ROOT / "tests"))
+    from sampling_cases import host_tokens                  # the host Sampler's token for a params row
     runner = _runner(art, batch, args)
     ids = list(range(batch))
     for i in ids:
@@ -250,11 +252,8 @@ def sampled_decode(art: Path, batch: int, args) -> dict:
     logits_dev = runner._decode(ids, tokens)
     rows = device_params([SimpleNamespace(params=params, rng=np.random.default_rng(i)) for i in ids])
     on_device = runner._fn["sample_tokens"](logits_dev, tvm.runtime.tensor(rows, runner.device)).numpy()
-    logits = logits_dev.numpy()[:, 0, :]
-    host = [int(_draw((logits[r] / np.float32(0.7))[None], np.array([50]), np.array([0.9], np.float32),
-                      np.array([0.0], np.float32), [SimpleNamespace(random=lambda u=float(rows[r, 4]): u)])[0])
-            for r in range(batch)]
-    result["same_token_rows"] = f"{int(np.sum(on_device == np.array(host)))}/{batch}"
+    host = host_tokens(logits_dev.numpy(), rows)
+    result["same_token_rows"] = f"{int(np.sum(on_device == host))}/{batch}"
     return result
 
 
