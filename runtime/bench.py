@@ -92,16 +92,21 @@ def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: 
 # ---- per-kernel profile -------------------------------------------------------------------------
 
 VM_OVERHEAD = "VM overhead"
+CUDA_GRAPHS = "CUDA graph replays (the kernels captured in them)"
 _ATTENTION = "vm.builtin.attention_kv_cache_"      # the paged-KV attention kernels: kept by name
+_CUDA_GRAPH = "vm.builtin.cuda_graph.run_or_capture"
 _SHAPE_FUNCS = ("shape_func", "compute_symbolic_expr")   # host shape code the VM's shape lowering emits
 
 
 def kernel_group(symbol: str) -> str:
     """The profile line a VM call counts towards: the VM's own builtins (alloc_tensor, make_shape,
     null_value, reshape, tuple_getitem, ...) and shape functions are one VM_OVERHEAD line; attention
-    builtins and compiled kernels keep their symbol."""
+    builtins and compiled kernels keep their symbol; a CUDA graph's replay (every kernel captured in
+    it: most of a decode step on CUDA) is a line of its own."""
     if symbol.startswith(_ATTENTION):
         return symbol
+    if symbol == _CUDA_GRAPH:
+        return CUDA_GRAPHS
     if symbol.startswith("vm.builtin.") or symbol.startswith(_SHAPE_FUNCS):
         return VM_OVERHEAD
     return symbol

@@ -159,9 +159,10 @@ def references(src: Path, args) -> tuple:
     return transformers_model(src, torch.float32, args.device), transformers_model(src, torch.float16, args.device)
 
 
-def scheme_numerics(src: Path, quant: str, refs: tuple, args) -> dict:
+def scheme_numerics(src: Path, quant: str, refs: tuple, args, compiled: dict | None = None) -> dict:
     """One scheme's max |logit - transformers fp32| over PROMPTS (every position) beside transformers
-    fp16's own, and its greedy agreement with transformers fp16 up to the first near-tie."""
+    fp16's own, and its greedy agreement with transformers fp16 up to the first near-tie.
+    `compiled`: {"artifact", "compile_s"} of a compile already done."""
     import torch
 
     from kiln import Engine, EngineConfig
@@ -173,7 +174,10 @@ def scheme_numerics(src: Path, quant: str, refs: tuple, args) -> dict:
         with torch.no_grad():
             return model(torch.tensor([seq], device=args.device)).logits[0].float().cpu().numpy()
 
-    art, seconds = compile_timed(src, quant, args)
+    if compiled and "artifact" in compiled:
+        art, seconds = Path(compiled["artifact"]), compiled["compile_s"]
+    else:
+        art, seconds = compile_timed(src, quant, args)
     engine, rows = Engine(art, EngineConfig(max_num_seqs=1)), []      # its chat template only
     for prompt in PROMPTS:
         ids = engine.render_chat([{"role": "user", "content": prompt}])
@@ -260,6 +264,34 @@ def kernel_profile(art: Path, batch: int, args, top: int = 12) -> dict:
             "kernels": [(k.name, round(k.ms_per_step, 4), round(k.calls_per_step, 1)) for k in p.kernels[:top]]}
 
 
+def gpu_kernel_times(art: Path, batch: int, args, steps: int = 16, top: int = 14) -> dict:
+    """GPU time per greedy decode step at `batch` sequences, kernel by kernel, as CUPTI records it
+    (torch.profiler sees every kernel in the process, TVM's inside CUDA graphs included), against
+    the step's wall time: busy_ms well under wall_ms means the host, not the GPU, sets the pace."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    runner = _runner(art, batch, args)
+    ids = list(range(batch))
+    for i in ids:
+        runner.add_sequence(i)
+    runner.prefill(ids, [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids])
+    tokens = [5] * batch
+    for _ in range(4):                                     # warm-up: CUDA graphs captured
+        tokens = [int(t) for t in runner.decode_greedy(ids, tokens)]
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            tokens = [int(t) for t in runner.decode_greedy(ids, tokens)]
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / steps
+    rows = [(e.key, e.device_time_total / steps / 1e3, e.count / steps) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return {"wall_ms": round(wall * 1e3, 3), "busy_ms": round(sum(r[1] for r in rows), 3),
+            "kernels": [(name[:90], round(ms, 4), round(calls, 1)) for name, ms, calls in rows[:top]]}
+
+
 def gemv_vs_low_batch(art: Path, args, steps: int = 64) -> dict:
     """ms per batch-1 decode step, same weights and KV: through batch_decode (what the runtime calls;
     its matmuls take dlight's LowBatchGEMV at <= 2 rows, targets/gpu.py) and through the static
@@ -335,13 +367,16 @@ def sampled_decode(art: Path, batch: int, args) -> dict:
     return result
 
 
-def torch_bench(model, batch: int, args, compiled: bool = False) -> dict:
-    """transformers generate() with a static cache: decode tok/s from (G tokens - 1 token) time."""
+def torch_bench(model, batch: int, args) -> dict:
+    """transformers generate() with a static cache: decode tok/s from (G tokens - 1 token) time.
+
+    On CUDA, transformers (5.x, generation/utils.py `_valid_auto_compile_criteria`) compiles the
+    decoding forward with torch.compile by itself when the cache is static, so these are the
+    "static cache + torch.compile" figures; wrapping forward in torch.compile once more made
+    generate() fail ("accessing tensor output of CUDAGraphs that has been overwritten", H100)."""
     import torch
     ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt_len), device=args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    if compiled:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
 
     def run(n: int) -> float:
         sync()
@@ -382,12 +417,6 @@ def bench_cmd(args) -> dict:
     model = transformers_model(src, torch.float16, args.device)
     result["torch fp16 static"] = {f"batch {b}": torch_bench(model, b, args) for b in batches[:3]}
     print("torch", json.dumps(result["torch fp16 static"]), flush=True)
-    if args.device == "cuda" and not args.quick:
-        try:
-            result["torch fp16 static+compile"] = {"batch 1": torch_bench(model, 1, args, compiled=True)}
-        except Exception as e:  # noqa: BLE001 - a torch.compile failure is a figure, not a stop
-            result["torch fp16 static+compile"] = {"error": f"{type(e).__name__}: {e}"[:300]}
-        print("torch compiled", json.dumps(result["torch fp16 static+compile"]), flush=True)
     return result
 
 
@@ -417,9 +446,8 @@ LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32
                  num_key_value_heads=8, vocab_size=128256)
 
 
-def llama8b_checkpoint(args, device: str | None = None) -> tuple[Path, float]:
-    """A random-init Llama-3-8B-architecture checkpoint (fp16 safetensors) in --work, written once,
-    initialised on `device` (default --device)."""
+def llama8b_checkpoint(args) -> tuple[Path, float]:
+    """A random-init Llama-3-8B-architecture checkpoint (fp16 safetensors) in --work, written once."""
     import torch
     import transformers
     size = LLAMA3_8B if not args.quick else dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -429,7 +457,7 @@ def llama8b_checkpoint(args, device: str | None = None) -> tuple[Path, float]:
     src, t = Path(args.work) / "llama3-8b-arch", time.perf_counter()
     if not (src / "config.json").is_file():
         torch.set_default_dtype(torch.float16)
-        with torch.device(device or args.device):
+        with torch.device(args.device):
             model = transformers.LlamaForCausalLM(config)
         torch.set_default_dtype(torch.float32)
         model.save_pretrained(src)
@@ -441,9 +469,13 @@ def llama8b_checkpoint(args, device: str | None = None) -> tuple[Path, float]:
 
 
 def prep8b(args) -> dict:
-    """The 8B checkpoint (initialised on the CPU: the GPU stays free for what runs beside) and its
-    q4f16 artifact: what `all` runs in a second process beside the SmolLM2 checks."""
-    src, written = llama8b_checkpoint(args, "cpu")
+    """The 8B checkpoint and its q4f16 artifact: what `all` runs in a second process beside the
+    SmolLM2 checks. The checkpoint is initialised on --device (on 12 CPU cores it did not finish in
+    four minutes, H100 machine); --out/prep8b.checkpoint says when it is written, so that `all`
+    times nothing on the GPU before then."""
+    src, written = llama8b_checkpoint(args)
+    (Path(args.out) / "prep8b.checkpoint").write_text(f"{written:.1f}")
+    print(f"checkpoint written in {written:.0f} s", flush=True)
     stages: dict[str, list[float]] = {}
 
     def progress(stage: str, _done: int, _total: int) -> None:
@@ -470,16 +502,21 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
     result["batch 1"] = kiln_bench(art, 1, args)
     result["batch1_pct_of_floor"] = round(100 * result["batch 1"]["decode_tok_s"] / floor, 1)
     print("8b batch 1", json.dumps(result), flush=True)
-    result["batch 1 decode profile"] = kernel_profile(art, 1, args)
-    print("8b profile", json.dumps(result["batch 1 decode profile"]), flush=True)
     for b in ([2] if args.quick else [16, 64]):
         result[f"batch {b}"] = kiln_bench(art, b, args)
         print(f"8b batch {b}", json.dumps(result[f"batch {b}"]), flush=True)
+    for b in (1, 16):
+        key = f"batch {b} decode kernels"
+        result[key] = gpu_kernel_times(art, b, args) if args.device == "cuda" else kernel_profile(art, b, args)
+        print(f"8b {key}", json.dumps(result[key]), flush=True)
+    result["batch 1 GEMV vs LowBatchGEMV"] = gemv_vs_low_batch(art, args)
+    print("8b GEMV vs LowBatchGEMV", json.dumps(result["batch 1 GEMV vs LowBatchGEMV"]), flush=True)
     gc.collect()
     if torch_too:
         src = Path(args.work) / "llama3-8b-arch"
         model = transformers_model(src, torch.float16, args.device)
-        result["torch fp16 static"] = {f"batch {b}": torch_bench(model, b, args) for b in ([2] if args.quick else [16, 64])}
+        batches = [2] if args.quick else [16, 64]
+        result["torch fp16 static"] = {f"batch {b}": torch_bench(model, b, args) for b in batches}
         print("8b torch", json.dumps(result["torch fp16 static"]), flush=True)
         del model
         gc.collect()
@@ -489,11 +526,10 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
 
 
 def bench8b(args) -> dict:
-    llama8b_checkpoint(args)                            # on --device: faster than prep8b's CPU
     prep = prep8b(args)
+    print("8b compile", json.dumps(prep), flush=True)
     art = Path(prep["artifact"])
     result = {"facts": facts(args), **prep, **measure8b(art, args)}
-    result["batch 1 GEMV vs LowBatchGEMV"] = gemv_vs_low_batch(art, args)
     print(json.dumps(result), flush=True)
     return result
 
@@ -539,15 +575,30 @@ def run_all(args) -> dict:
     src = smollm2_gguf()
     batches = [1, 4] if args.quick else [1, 16, 64, 256]
     step("facts", 0, lambda: facts(args))
+    # Weight conversions first (CPU), while the second process writes the 8B checkpoint from the GPU.
+    arts = {}
+    for quant in SMOLLM2_SCHEMES:
+        step(f"convert {quant}", 30, lambda quant=quant: dict(zip(("artifact", "compile_s"),
+                                                                   compile_timed(src, quant, args))))
+        arts[quant] = result[f"convert {quant}"]
+
+    def checkpoint_written() -> dict:
+        while child.poll() is None and not (out / "prep8b.checkpoint").is_file():
+            time.sleep(1)
+        return {"returncode": child.poll(), "log": _tail(out / "prep8b.log", 2)}
+
+    step("8B checkpoint written", 0, checkpoint_written)
     bw = step("copy_bandwidth_gbs", 0, lambda: round(copy_bandwidth_gbs(args.device)))
 
     def smollm2_kiln() -> dict:
-        art, seconds = compile_timed(src, "q4f16", args)
+        art, seconds = Path(arts["q4f16"]["artifact"]), arts["q4f16"]["compile_s"]
         floor = bw * 1e9 / weight_bytes(art)
         rows = {}
         for b in batches:
             rows[f"batch {b}"] = kiln_bench(art, b, args)
             print(f"q4f16 batch {b}", rows[f"batch {b}"], flush=True)
+        if args.device == "cuda":
+            rows["batch 1 decode kernels"] = gpu_kernel_times(art, 1, args)
         return {"artifact": str(art), "compile_s": round(seconds, 1), "batch1_floor_tok_s": round(floor),
                 "batch1_pct_of_floor": round(100 * rows["batch 1"]["decode_tok_s"] / floor, 1), **rows}
 
@@ -564,12 +615,9 @@ def run_all(args) -> dict:
 
     def numerics_q0f16() -> dict:
         refs.extend(references(src, args))
-        return scheme_numerics(src, "q0f16", tuple(refs), args)
+        return scheme_numerics(src, "q0f16", tuple(refs), args, arts.get("q0f16"))
 
     step("numerics q0f16", 60, numerics_q0f16)
-    if args.device == "cuda" and not args.quick and model16 is not None:
-        step("smollm2 torch fp16 static+compile", 150,
-             lambda: {"batch 1": torch_bench(model16, 1, args, compiled=True)})
     model16 = None
     os.sched_setaffinity(0, cores)                      # the 8B steps may use every core once it is built
 
@@ -594,7 +642,8 @@ def run_all(args) -> dict:
                                             for b in dict.fromkeys((batches[0], *batches[-2:]))})
     if refs:
         for quant in ("as-stored", "as-stored-f16"):
-            step(f"numerics {quant}", 45, lambda quant=quant: scheme_numerics(src, quant, tuple(refs), args))
+            step(f"numerics {quant}", 45,
+                 lambda quant=quant: scheme_numerics(src, quant, tuple(refs), args, arts.get(quant)))
     refs.clear()
     if not args.quick:
         step("gpu tests", 120, lambda: gpu_tests(args))

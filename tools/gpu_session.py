@@ -13,8 +13,8 @@ machine is warm, so send the next call at once), the last one unpacking and chec
 
     run(carry=[".gpu/part-01"], command="python3 tools/gpu_session.py receive")
     ...
-    run(carry=[".gpu/part-NN"], command="python3 tools/gpu_session.py unpack && "
-        ". .gpu/env.sh && python3 tools/gpu_checks.py numerics --out $OUT")
+    run(carry=[".gpu/part-NN", ".gpu/prebuilt"], command="python3 tools/gpu_session.py unpack && "
+        ". .gpu/env.sh && python3 tools/gpu_checks.py all --out $OUT")
 
 `unpack` joins the parts, checks their SHA-256, writes the wheels' files (apache-tvm,
 apache-tvm-ffi for cp312, gguf: packed raw, so xz compresses the libraries) into .gpu/site,
@@ -101,9 +101,12 @@ def stage(python: str, with_smollm2: bool) -> None:
     print(f"{len(sizes)} parts, {sum(sizes) / 2**20:.0f} MiB in all; carry one per call:")
     for n in range(1, len(sizes) + 1):
         last = n == len(sizes)
-        command = ("python3 tools/gpu_session.py unpack && . .gpu/env.sh && python3 tools/gpu_checks.py numerics "
-                   "--out $OUT" if last else "python3 tools/gpu_session.py receive")
-        print(f'  run(carry=[".gpu/part-{n:02d}"], command="{command}")')
+        command = ("export TQDM_DISABLE=1; python3 tools/gpu_session.py unpack && . .gpu/env.sh && "
+                   "python3 tools/gpu_checks.py all --out $OUT --runs 2 --budget 525 2>&1 | tee $OUT/all.log"
+                   if last else "python3 tools/gpu_session.py receive")
+        carry = f'".gpu/part-{n:02d}"' + (', ".gpu/prebuilt"' if last else "")
+        print(f'  run(carry=[{carry}], {"timeout_s=600, " if last else ""}command="{command}")')
+    print("(first, for the last call: python tools/gpu_checks.py prebuild --target cuda-sm90 --work /tmp/pbw)")
 
 
 def receive() -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kiln.runtime.bench import VM_OVERHEAD, kernel_group
+from kiln.runtime.bench import CUDA_GRAPHS, VM_OVERHEAD, kernel_group
 
 pytestmark = pytest.mark.e2e
 
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.e2e
     ("shape_func3", VM_OVERHEAD),
     ("vm.builtin.attention_kv_cache_attention_with_fused_qkv",) * 2,
     ("fused_dequantize_q4_NT_matmul5", "fused_dequantize_q4_NT_matmul5"),
+    ("vm.builtin.cuda_graph.run_or_capture", CUDA_GRAPHS),
 ])
 def test_kernel_group(symbol, group):
     assert kernel_group(symbol) == group
