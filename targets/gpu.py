@@ -168,8 +168,9 @@ class LowBatchGEMV:
     keeps the tiled schedule alone (targets/rocm.py says why it needs this).
     """
 
-    def __init__(self, branches=LOW_BATCH_BRANCHES, narrow_index: bool = False) -> None:
-        self.branches = tuple(branches)
+    def __init__(self, branches=None, narrow_index: bool = False) -> None:
+        # LOW_BATCH_BRANCHES read here, not bound at import: tools/gpu_checks.py `variants` builds others.
+        self.branches = tuple(branches if branches is not None else LOW_BATCH_BRANCHES)
         self.narrow_index = narrow_index
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:

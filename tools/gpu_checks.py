@@ -29,6 +29,7 @@ few tokens, no torch.compile), which is how this file is tested without a GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -55,13 +56,21 @@ def smollm2_gguf() -> Path:
 PREBUILT = ROOT / ".gpu" / "prebuilt"
 
 
-def _prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None) -> str:
+# Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES: rows up to R
+# take dlight's LowBatchGEMV with bucket B; more rows the tensor-core matmul, whose 128 x 128 tiles
+# leave most of an H100 idle below 128 rows: the 8B's decode step took 22-24 ms at 16 and 64).
+VARIANTS = {"base": None, "gemv16": ((2, 2), (8, 4), (16, 8)), "gemv32": ((2, 2), (8, 4), (16, 8), (32, 8))}
+VARIANT_BATCHES = (1, 4, 8, 16, 24, 32, 64)
+
+
+def _prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None, variant: str = "base") -> str:
     """The file name of a library built here for (model, scheme, target, batch bound, compiler)."""
     import kiln
     from kiln.targets import get_profile
     batch = max_batch_size or get_profile(target).max_batch_size
     model = f"{src.stat().st_size}b" if src.is_file() else src.name      # the GGUF's name differs there
-    return f"{model}-{quant}-{target}-b{batch}-{kiln.compiler_fingerprint()}"
+    tail = "" if variant == "base" else f"-{variant}"
+    return f"{model}-{quant}-{target}-b{batch}-{kiln.compiler_fingerprint()}{tail}"
 
 
 class _Prebuilt:
@@ -74,45 +83,71 @@ class _Prebuilt:
         shutil.copyfile(self.lib, path)
 
 
-def compile_timed(src: Path, quant: str, args, **kw) -> tuple[Path, float]:
+def compile_timed(src: Path, quant: str, args, variant: str = "base", **kw) -> tuple[Path, float]:
     """kiln.compile into --work; returns (artifact, seconds). Where `prebuild` left this compile's
     library in .gpu/prebuilt (same model, scheme, target, batch bound and kiln sources), TVM's build
-    is skipped and the seconds are those of the weight conversion alone."""
+    is skipped and the seconds are those of the weight conversion alone. `variant`: a VARIANTS key,
+    the GPU matmuls' row-count branches to build with."""
     import kiln
     from kiln.compiler import build
-    out = Path(args.work) / f"{src.stem}-{quant}-{args.target}"
-    name = _prebuilt_name(src, quant, args.target, kw.get("max_batch_size"))
+    from kiln.targets import gpu
+    out = Path(args.work) / (f"{src.stem}-{quant}-{args.target}" + ("" if variant == "base" else f"-{variant}"))
+    name = _prebuilt_name(src, quant, args.target, kw.get("max_batch_size"), variant)
     packed, facts, lib = PREBUILT / f"{name}.so.xz", PREBUILT / f"{name}.json", Path(args.work) / f"{name}.so"
-    real = build.build_lib
+    real, branches = build.build_lib, gpu.LOW_BATCH_BRANCHES
     if packed.is_file() and facts.is_file():
         import lzma
         lib.write_bytes(lzma.decompress(packed.read_bytes()))
         build.build_lib = lambda *_a, **_k: (_Prebuilt(lib), build.BuildFacts(**json.loads(facts.read_text())))
         print(f"{src.stem} {quant}: the library built beforehand ({lib.name}); converting the weights", flush=True)
+    gpu.LOW_BATCH_BRANCHES = VARIANTS[variant] or branches
     t = time.perf_counter()
     try:
         art = kiln.compile(str(src), target=args.target, quant=quant, output=out, golden=False, force=True, **kw)
     finally:
-        build.build_lib = real
+        build.build_lib, gpu.LOW_BATCH_BRANCHES = real, branches
     return art, time.perf_counter() - t
 
 
+
+
 def prebuild(args) -> dict:
-    """Here, before a GPU session: build SmolLM2's libraries for --target (every scheme the checks
-    compile) into .gpu/prebuilt, so the device spends its minutes converting weights, not compiling."""
-    src, done = smollm2_gguf(), {}
+    """Here, before a GPU session: build into .gpu/prebuilt the libraries the device would otherwise
+    compile: SmolLM2 for every scheme the checks use, the 8B model (max batch 256) and the 2-layer
+    8B-shaped model for every VARIANTS entry (both from shapes-only checkpoints: the library does not
+    depend on the weights), so the device spends its minutes converting weights, not compiling."""
+    import tempfile
+
+    from kiln.compiler import CompileOptions
+    from kiln.compiler.build import build_lib, export_model
+    from kiln.targets import gpu
     PREBUILT.mkdir(parents=True, exist_ok=True)
-    for quant in SMOLLM2_SCHEMES:
-        art, seconds = compile_timed(src, quant, args)
-        name = _prebuilt_name(src, quant, args.target, None)
-        cfg = json.loads((art / "kiln-config.json").read_text())
-        import lzma
-        (PREBUILT / f"{name}.so.xz").write_bytes(lzma.compress((art / cfg["target"]["lib"]).read_bytes()))
-        facts = {"tuned_kernels": cfg.get("tuned_kernels", 0), "activation_bytes": cfg.get("activation_bytes", 0)}
-        (PREBUILT / f"{name}.json").write_text(json.dumps(facts))
-        shutil.rmtree(art)
-        done[quant] = round(seconds, 1)
-        print(f"{quant}: built in {seconds:.0f} s -> {name}.so.xz", flush=True)
+    done, shapes = {}, Path(tempfile.mkdtemp(prefix="kiln-shapes-"))
+    jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
+    name, config = llama8b_config(args)
+    jobs.append((shapes_only_checkpoint(shapes / name, config), "q4f16", "base", 256))
+    name, config = llama8b_config(args, layers=VARIANT_LAYERS)
+    jobs += [(shapes_only_checkpoint(shapes / name, config), "q4f16", v, None) for v in VARIANTS]
+    try:
+        for src, quant, variant, max_batch in jobs:
+            t = time.perf_counter()
+            ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
+                                             max_batch_size=max_batch), lambda *_: None)
+            branches = gpu.LOW_BATCH_BRANCHES
+            gpu.LOW_BATCH_BRANCHES = VARIANTS[variant] or branches
+            try:
+                lib, facts = build_lib(ex.mod, ex.profile)
+            finally:
+                gpu.LOW_BATCH_BRANCHES = branches
+            key = _prebuilt_name(src, quant, args.target, max_batch, variant)
+            ex.profile.export(lib, shapes / "lib")
+            import lzma
+            (PREBUILT / f"{key}.so.xz").write_bytes(lzma.compress((shapes / "lib").read_bytes()))
+            (PREBUILT / f"{key}.json").write_text(json.dumps(dataclasses.asdict(facts)))
+            done[key] = round(time.perf_counter() - t, 1)
+            print(f"{src.name} {quant} {variant}: built in {done[key]:.0f} s -> {key}.so.xz", flush=True)
+    finally:
+        shutil.rmtree(shapes, ignore_errors=True)
     return done
 
 
@@ -264,17 +299,23 @@ def kernel_profile(art: Path, batch: int, args, top: int = 12) -> dict:
             "kernels": [(k.name, round(k.ms_per_step, 4), round(k.calls_per_step, 1)) for k in p.kernels[:top]]}
 
 
+def _prefilled(art: Path, batch: int, args):
+    """A runner for `batch` sequences, each holding a --prompt-len prompt; (runner, sequence ids)."""
+    runner = _runner(art, batch, args)
+    ids = list(range(batch))
+    for i in ids:
+        runner.add_sequence(i)
+    runner.prefill(ids, [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids])
+    return runner, ids
+
+
 def gpu_kernel_times(art: Path, batch: int, args, steps: int = 16, top: int = 14) -> dict:
     """GPU time per greedy decode step at `batch` sequences, kernel by kernel, as CUPTI records it
     (torch.profiler sees every kernel in the process, TVM's inside CUDA graphs included), against
     the step's wall time: busy_ms well under wall_ms means the host, not the GPU, sets the pace."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    runner = _runner(art, batch, args)
-    ids = list(range(batch))
-    for i in ids:
-        runner.add_sequence(i)
-    runner.prefill(ids, [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids])
+    runner, ids = _prefilled(art, batch, args)
     tokens = [5] * batch
     for _ in range(4):                                     # warm-up: CUDA graphs captured
         tokens = [int(t) for t in runner.decode_greedy(ids, tokens)]
@@ -289,7 +330,39 @@ def gpu_kernel_times(art: Path, batch: int, args, steps: int = 16, top: int = 14
             if e.device_time_total > 0]
     rows.sort(key=lambda r: -r[1])
     return {"wall_ms": round(wall * 1e3, 3), "busy_ms": round(sum(r[1] for r in rows), 3),
+            "matmul_ms": round(sum(r[1] for r in rows if "matmul" in r[0]), 3),
             "kernels": [(name[:90], round(ms, 4), round(calls, 1)) for name, ms, calls in rows[:top]]}
+
+
+def variants(args) -> dict:
+    """The GPU matmuls' row-count branches (VARIANTS) side by side on the 2-layer 8B-shaped model, the
+    same weights in each: per decode step at VARIANT_BATCHES sequences, the GPU time of the matmul
+    kernels, the busy and wall time (CUPTI; on a CPU the step time), and the largest logit
+    difference from `base` (a wrong schedule shows here, not only in the timing)."""
+    import gc
+    src, _ = llama8b_checkpoint(args, layers=VARIANT_LAYERS)
+    batches = (1, 2) if args.quick else VARIANT_BATCHES
+    result, reference = {}, {}
+    for variant in VARIANTS:
+        art, seconds = compile_timed(src, "q4f16", args, variant)
+        rows = {"compile_s": round(seconds, 1)}
+        for b in batches:
+            runner, ids = _prefilled(art, b, args)
+            logits = runner.decode(ids, [5] * b)
+            reference.setdefault(b, logits)
+            row = {"max_diff_vs_base": float(np.abs(logits - reference[b]).max())}
+            del runner
+            gc.collect()
+            if args.device == "cuda":
+                times = gpu_kernel_times(art, b, args, top=4)
+                row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "kernels")})
+            else:
+                row["tpot_ms"] = kiln_bench(art, b, args)["tpot_ms"]
+            rows[f"batch {b}"] = row
+            print(variant, f"batch {b}", json.dumps(row), flush=True)
+        result[variant] = rows
+        shutil.rmtree(art, ignore_errors=True)
+    return result
 
 
 def gemv_vs_low_batch(art: Path, args, steps: int = 64) -> dict:
@@ -338,11 +411,7 @@ def sampled_decode(art: Path, batch: int, args) -> dict:
     from kiln.runtime.sampler import Sampler, device_params
     sys.path.insert(0, str(ROOT / "tests"))
     from sampling_cases import host_tokens                  # the host Sampler's token for a params row
-    runner = _runner(art, batch, args)
-    ids = list(range(batch))
-    for i in ids:
-        runner.add_sequence(i)
-    runner.prefill(ids, [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids])
+    runner, ids = _prefilled(art, batch, args)
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=50)
     steps = max(2, min(16, args.gen_len // 2))
     sampler, result = Sampler(), {}
@@ -446,15 +515,30 @@ LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32
                  num_key_value_heads=8, vocab_size=128256)
 
 
-def llama8b_checkpoint(args) -> tuple[Path, float]:
-    """A random-init Llama-3-8B-architecture checkpoint (fp16 safetensors) in --work, written once."""
-    import torch
+VARIANT_LAYERS = 2                   # the 8B's layer shapes, 2 of them (and a 32000 vocabulary): variants
+
+
+def llama8b_config(args, layers: int | None = None):
+    """The Llama-3-8B architecture (tiny with --quick); `layers`: that many of its layers and a
+    32000-token vocabulary (the same matmul shapes, a fraction of the weights). Returns (name, config)."""
     import transformers
     size = LLAMA3_8B if not args.quick else dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)
-    config = transformers.LlamaConfig(**size, max_position_embeddings=8192, rope_theta=500000.0,
-                                      tie_word_embeddings=False)
-    src, t = Path(args.work) / "llama3-8b-arch", time.perf_counter()
+    name = "llama3-8b-arch"
+    if layers:
+        size = {**size, "num_hidden_layers": layers, "vocab_size": min(size["vocab_size"], 32000)}
+        name = f"llama3-8b-arch-{layers}layers"
+    return name, transformers.LlamaConfig(**size, max_position_embeddings=8192, rope_theta=500000.0,
+                                          tie_word_embeddings=False)
+
+
+def llama8b_checkpoint(args, layers: int | None = None) -> tuple[Path, float]:
+    """A random-init checkpoint of llama8b_config (fp16 safetensors) in --work, written once,
+    initialised on --device."""
+    import torch
+    import transformers
+    name, config = llama8b_config(args, layers)
+    src, t = Path(args.work) / name, time.perf_counter()
     if not (src / "config.json").is_file():
         torch.set_default_dtype(torch.float16)
         with torch.device(args.device):
@@ -466,6 +550,32 @@ def llama8b_checkpoint(args) -> tuple[Path, float]:
             torch.cuda.empty_cache()
         _tokenizer_for(src, config.vocab_size)
     return src, time.perf_counter() - t
+
+
+def shapes_only_checkpoint(dest: Path, config) -> Path:
+    """A checkpoint of `config` whose one safetensors file has the real header but no data (a sparse
+    file of the right size, zeros if read): enough to build the library, which depends on the
+    shapes alone, on a machine without the disk or the minutes for the weights."""
+    import struct
+
+    import torch
+    import transformers
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    header, offset = {}, 0
+    for name, tensor in model.state_dict().items():
+        size = tensor.numel() * 2
+        header[name] = {"dtype": "F16", "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)
+    config.save_pretrained(dest)
+    _tokenizer_for(dest, config.vocab_size)
+    return dest
 
 
 def prep8b(args) -> dict:
@@ -513,15 +623,23 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
     print("8b GEMV vs LowBatchGEMV", json.dumps(result["batch 1 GEMV vs LowBatchGEMV"]), flush=True)
     gc.collect()
     if torch_too:
-        src = Path(args.work) / "llama3-8b-arch"
-        model = transformers_model(src, torch.float16, args.device)
-        batches = [2] if args.quick else [16, 64]
-        result["torch fp16 static"] = {f"batch {b}": torch_bench(model, b, args) for b in batches}
-        print("8b torch", json.dumps(result["torch fp16 static"]), flush=True)
-        del model
-        gc.collect()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
+        result["torch fp16 static"] = torch8b(args)
+    return result
+
+
+def torch8b(args) -> dict:
+    """transformers fp16 with a static cache on the 8B checkpoint: 16 x 128 prefill and decode at 16
+    and 64 sequences (what the issue compares kiln's batch-64 decode and prefill with)."""
+    import gc
+
+    import torch
+    model = transformers_model(Path(args.work) / "llama3-8b-arch", torch.float16, args.device)
+    result = {f"batch {b}": torch_bench(model, b, args) for b in ([2] if args.quick else [16, 64])}
+    print("8b torch", json.dumps(result), flush=True)
+    del model
+    gc.collect()
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
     return result
 
 
@@ -603,22 +721,6 @@ def run_all(args) -> dict:
                 "batch1_pct_of_floor": round(100 * rows["batch 1"]["decode_tok_s"] / floor, 1), **rows}
 
     q4 = step("smollm2 q4f16 kiln", 60, smollm2_kiln)
-    model16 = None
-
-    def smollm2_torch() -> dict:
-        nonlocal model16
-        model16 = transformers_model(src, torch.float16, args.device)
-        return {f"batch {b}": torch_bench(model16, b, args) for b in batches[:3]}
-
-    step("smollm2 torch fp16 static", 40, smollm2_torch)
-    refs = []
-
-    def numerics_q0f16() -> dict:
-        refs.extend(references(src, args))
-        return scheme_numerics(src, "q0f16", tuple(refs), args, arts.get("q0f16"))
-
-    step("numerics q0f16", 60, numerics_q0f16)
-    model16 = None
     os.sched_setaffinity(0, cores)                      # the 8B steps may use every core once it is built
 
     def llama8b() -> dict:
@@ -632,9 +734,25 @@ def run_all(args) -> dict:
         if child.returncode != 0 or not prep_file.is_file():
             return {"error": f"prep8b exited {child.returncode}", "log": _tail(out / "prep8b.log")}
         prep = json.loads(prep_file.read_text())
-        return {**prep, **measure8b(Path(prep["artifact"]), args)}
+        return {**prep, **measure8b(Path(prep["artifact"]), args, torch_too=False)}
 
-    step("llama3-8b-arch q4f16", 120, llama8b)
+    big = step("llama3-8b-arch q4f16", 120, llama8b)
+    step("low-batch variants", 90, lambda: variants(args))
+    if "artifact" in big:
+        step("llama3-8b-arch transformers fp16 static", 120, lambda: torch8b(args))
+
+    def smollm2_torch() -> dict:
+        model = transformers_model(src, torch.float16, args.device)
+        return {f"batch {b}": torch_bench(model, b, args) for b in batches[:3]}
+
+    step("smollm2 torch fp16 static", 90, smollm2_torch)
+    refs = []
+
+    def numerics_q0f16() -> dict:
+        refs.extend(references(src, args))
+        return scheme_numerics(src, "q0f16", tuple(refs), args, arts.get("q0f16"))
+
+    step("numerics q0f16", 60, numerics_q0f16)
     if "artifact" in q4:
         # After the 8B steps: an Engine sizes its KV cache from most of the GPU's free memory.
         step("serving limits", 20, lambda: serving_limits(Path(q4["artifact"])))
@@ -667,7 +785,7 @@ def _tokenizer_for(dest: Path, vocab: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["all", "numerics", "bench", "bench8b", "prep8b", "prebuild"])
+    ap.add_argument("command", choices=["all", "numerics", "bench", "bench8b", "variants", "prep8b", "prebuild"])
     ap.add_argument("--out", default=".", help="where <command>.json goes (on the device: $OUT)")
     ap.add_argument("--work", default=str(ROOT / ".gpu" / "work"), help="artifacts and checkpoints [.gpu/work]")
     ap.add_argument("--target", default="cuda-sm90")
@@ -683,8 +801,8 @@ def main() -> None:
         args.prompt_len, args.gen_len, args.runs = min(args.prompt_len, 16), min(args.gen_len, 8), 1
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.work).mkdir(parents=True, exist_ok=True)
-    result = {"all": run_all, "numerics": numerics, "bench": bench_cmd, "bench8b": bench8b, "prep8b": prep8b,
-              "prebuild": prebuild}[args.command](args)
+    result = {"all": run_all, "numerics": numerics, "bench": bench_cmd, "bench8b": bench8b, "variants": variants,
+              "prep8b": prep8b, "prebuild": prebuild}[args.command](args)
     (Path(args.out) / f"{args.command}.json").write_text(json.dumps(result, indent=1))
 
 

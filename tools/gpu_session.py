@@ -106,7 +106,8 @@ def stage(python: str, with_smollm2: bool) -> None:
                    if last else "python3 tools/gpu_session.py receive")
         carry = f'".gpu/part-{n:02d}"' + (', ".gpu/prebuilt"' if last else "")
         print(f'  run(carry=[{carry}], {"timeout_s=600, " if last else ""}command="{command}")')
-    print("(first, for the last call: python tools/gpu_checks.py prebuild --target cuda-sm90 --work /tmp/pbw)")
+    print("(before the last call: python tools/gpu_checks.py prebuild --target cuda-sm90 --device cpu "
+          "--work /tmp/pbw)")
 
 
 def receive() -> None:
