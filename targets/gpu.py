@@ -146,8 +146,8 @@ def gpu_schedule_rules() -> list:
             dl.gpu.GeneralReduction(), dl.gpu.Fallback()]
 
 
-# Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket) per GEMV branch, the
-# tiled matmul above the last bound (the split MLC-LLM's LowBatchGemvSpecialize uses).
+# Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket or a schedule rule) per branch,
+# the tiled matmul above the last bound (the split MLC-LLM's LowBatchGemvSpecialize uses).
 LOW_BATCH_BRANCHES = ((2, 2), (8, 4))
 
 
@@ -192,14 +192,19 @@ class LowBatchGEMV:
         return tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({gv: merged}))[gv]
 
     def _merged(self, func, target):
-        lows = [dl.gpu.LowBatchGEMV(bucket).apply(func, target, False) for _, bucket in self.branches]
-        if any(not isinstance(s, tvm.s_tir.Schedule) for s in lows):
-            return None
+        branches = []
+        for rows, rule in self.branches:
+            # A bucket: dlight's LowBatchGEMV; else a schedule rule, whose branch is left out where it
+            # does not apply (a tensor-core rule on a target without tensor cores).
+            sch = (dl.gpu.LowBatchGEMV(rule) if isinstance(rule, int) else rule).apply(func, target, False)
+            if isinstance(sch, tvm.s_tir.Schedule):
+                branches.append((rows, sch.mod["main"]))
+            elif isinstance(rule, int):
+                return None
         tiled = Matmul().apply(func, target, False)
         if not isinstance(tiled, tvm.s_tir.Schedule):
             return None
-        merged = dispatch_on_rows(func, [(rows, s.mod["main"]) for (rows, _), s in zip(self.branches, lows)],
-                                  tiled.mod["main"], thread_invariant=True)
+        merged = dispatch_on_rows(func, branches, tiled.mod["main"], thread_invariant=True)
         return merged.with_attr("tirx.is_scheduled", True)
 
 

@@ -55,11 +55,23 @@ def smollm2_gguf() -> Path:
 
 PREBUILT = ROOT / ".gpu" / "prebuilt"
 
-
 # Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES: rows up to R
-# take dlight's LowBatchGEMV with bucket B; more rows the tensor-core matmul, whose 128 x 128 tiles
-# leave most of an H100 idle below 128 rows: the 8B's decode step took 22-24 ms at 16 and 64).
-VARIANTS = {"base": None, "gemv16": ((2, 2), (8, 4), (16, 8)), "gemv32": ((2, 2), (8, 4), (16, 8), (32, 8))}
+# take dlight's LowBatchGEMV with bucket B, or, for a dict, targets/narrow_tiles.py's tensor-core
+# tiles; more rows the tensor-core matmul, whose 128 x 128 tiles leave most of an H100 idle below
+# 128 rows: the 8B's decode step took 22-24 ms at 16 and 64). "tc64": 16 x 32 tiles (2 warps) up to
+# 64 rows; "tc64w": 32 x 32 (4 warps).
+VARIANTS = {"base": None, "gemv16": ((2, 2), (8, 4), (16, 8)),
+            "tc64": ((2, 2), (8, 4), (64, {})),
+            "tc64w": ((2, 2), (8, 4), (64, {"warp_rows": 2, "warp_cols": 2}))}
+
+
+def variant_branches(variant: str):
+    """VARIANTS[variant] as LowBatchGEMV takes it, or None for the shipped branches."""
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    spec = VARIANTS[variant]
+    return spec and tuple((rows, NarrowTensorCoreMatmul(**b) if isinstance(b, dict) else b) for rows, b in spec)
+
+
 VARIANT_BATCHES = (1, 4, 8, 16, 24, 32, 64)
 
 
@@ -100,7 +112,7 @@ def compile_timed(src: Path, quant: str, args, variant: str = "base", **kw) -> t
         lib.write_bytes(lzma.decompress(packed.read_bytes()))
         build.build_lib = lambda *_a, **_k: (_Prebuilt(lib), build.BuildFacts(**json.loads(facts.read_text())))
         print(f"{src.stem} {quant}: the library built beforehand ({lib.name}); converting the weights", flush=True)
-    gpu.LOW_BATCH_BRANCHES = VARIANTS[variant] or branches
+    gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or branches
     t = time.perf_counter()
     try:
         art = kiln.compile(str(src), target=args.target, quant=quant, output=out, golden=False, force=True, **kw)
@@ -134,7 +146,7 @@ def prebuild(args) -> dict:
             ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
                                              max_batch_size=max_batch), lambda *_: None)
             branches = gpu.LOW_BATCH_BRANCHES
-            gpu.LOW_BATCH_BRANCHES = VARIANTS[variant] or branches
+            gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or branches
             try:
                 lib, facts = build_lib(ex.mod, ex.profile)
             finally:

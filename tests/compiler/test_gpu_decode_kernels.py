@@ -29,3 +29,31 @@ def test_batch_decode_has_no_cast_kernels(dumped_ir):
     called = _called(dumped_ir("cuda", "schedule"), "batch_decode")
     assert not [f for f in called if re.search(r"(^|_)cast\d*(_|$)", f)], called
     assert sum(f.endswith("_relax_astype") for f in called) >= 4
+
+
+def test_narrow_tensor_core_branch_builds_for_cuda(tiny_dirs):
+    """The branch tools/gpu_checks.py `variants` offers an H100 beside the shipped ones: rows up to
+    64 on 16 x 32 wmma tiles (targets/narrow_tiles.py) build into the tiny model's CUDA library, a
+    64-thread tensor-core kernel for every matmul over batch_size rows; on a target without tensor
+    cores the rule stands aside."""
+    from gpu_kernels import build
+
+    from kiln.targets import get_profile, gpu
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+
+    def passes(profile, phase):
+        if phase != "schedule":
+            return gpu.cuda_graph_phase_passes(profile, phase)
+        return [gpu.LowBatchGEMV(((2, 2), (8, 4), (64, NarrowTensorCoreMatmul()))),
+                *gpu.gpu_phase_passes(profile, phase)[1:]]
+
+    built = build(tiny_dirs["tied"], "cuda", "q4f16", phase_passes=passes)
+    source = built.executable.mod.imports[0].imports[0].inspect_source()
+    narrow = dict(re.findall(r"__launch_bounds__\(64\) (\w+_NT_matmul\w*?)\([^;{]*\{\n(.*?)\n}\n", source, re.S))
+    batch = [name for name, f in built.prim_funcs().items() if "_NT_matmul" in name and "batch_size" in f.script()]
+    assert batch
+    for name in batch:
+        kernel = next((body for k, body in narrow.items() if k.startswith(f"{name}_kernel")), None)
+        assert kernel is not None and "wmma::mma_sync" in kernel, name
+    func = built.prim_funcs()[batch[0]]
+    assert NarrowTensorCoreMatmul().apply(func, get_profile("android-opencl").tvm_target(), False) is None

@@ -1,0 +1,163 @@
+"""A tensor-core matmul for a few dozen rows: small tiles, so that every SM gets thread blocks.
+
+dlight's tensor-core matmul (MatmulTensorization) gives each thread block a 128-row x 128-column
+tile of C. A decode step of 16-64 sequences has one such row of tiles, N / 128 thread blocks: 32
+for a 4096-column projection on an H100's 132 SMs. Measured (H100, 8B-architecture q4f16): a decode
+step took 22 ms at 16 sequences and 24 ms at 64, the weights streamed at ~250 GB/s of 3,000.
+
+NarrowTensorCoreMatmul tiles `16 * warp_rows * frag_rows` rows x `16 * warp_cols * frag_cols`
+columns (default 16 x 32: a 4096-column projection gets 128 blocks per 16 rows), one warp per
+(warp_row, warp_col), each warp `frag_rows x frag_cols` 16x16x16 wmma fragments (float16 in,
+float32 sums), K in steps of `16 * k_frags` staged through shared memory, double-buffered, with
+the weights' dequantize computed as they are staged. It is a LowBatchGEMV branch for a bounded
+row count (targets/gpu.py), offered to the H100 by tools/gpu_checks.py `variants` beside the shipped
+branches; it builds only for CUDA (sm_70+) with working Tensorize, and refuses (None) elsewhere.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, check_sm_version,
+                                        get_in_out_dtypes, get_index_map, get_reduction_blocks)
+
+WARP = 32          # threads per warp
+VECTOR = 4         # elements per thread per staged copy (float16: 8 bytes)
+FRAG = 16          # the wmma fragment's side
+
+
+class NarrowTensorCoreMatmul(GPUScheduleRule):
+    def __init__(self, warp_rows: int = 1, warp_cols: int = 2, frag_rows: int = 1, frag_cols: int = 1,
+                 k_frags: int = 4) -> None:
+        self.warp_rows, self.warp_cols = warp_rows, warp_cols
+        self.frag_rows, self.frag_cols, self.k_frags = frag_rows, frag_cols, k_frags
+
+    @property
+    def rows(self) -> int:
+        """Rows of C per thread block."""
+        return FRAG * self.warp_rows * self.frag_rows
+
+    @property
+    def cols(self) -> int:
+        """Columns of C per thread block."""
+        return FRAG * self.warp_cols * self.frag_cols
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        if target.kind.name != "cuda" or check_sm_version(str(target.attrs.get("arch", ""))) < 70:
+            return None
+        if func.attrs is not None and "dlight.do_not_tensorize" in func.attrs:
+            return None
+        from .gpu import tensorize_works
+        if not tensorize_works():
+            return None
+        try:
+            return self._schedule(func)
+        except (RuntimeError, AssertionError):   # not a matmul, or one this tiling does not fit
+            return None
+
+    def _schedule(self, func) -> s_tir.Schedule | None:
+        sch = s_tir.Schedule(func)
+        found = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        if found is None:
+            return None
+        main = found[0]
+
+        # C[S, I, J] += A[S, I, K] * B[S, J, K], the layout the fragments take.
+        staged_a, staged_b = sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1))
+        staged_c = sch.reindex(main, ("write", 0))
+        maps = get_index_map(sch.get(main))
+        if maps is None:
+            return None
+        whole, a_map, b_map, c_map = maps
+        sch.transform_layout(staged_a, ("write", 0), a_map)
+        sch.transform_layout(staged_b, ("write", 0), b_map)
+        sch.transform_layout(staged_c, ("read", 0), c_map)
+        sch.transform_block_layout(main, whole)
+        in_dtype, out_dtype = get_in_out_dtypes(sch.get(main))
+        if in_dtype != "float16" or out_dtype not in ("float16", "float32"):
+            return None
+        k_step = FRAG * self.k_frags
+        sch.pad_einsum(main, [1, self.rows, self.cols, k_step])
+
+        # Fragment loops innermost; the rest: blocks over (row tile, column tile), warps, fragments.
+        batch, i, j, k = sch.get_loops(main)
+        i, i_frag = sch.split(i, [None, FRAG])
+        j, j_frag = sch.split(j, [None, FRAG])
+        k, k_frag = sch.split(k, [None, FRAG])
+        sch.reorder(i, j, k, i_frag, j_frag, k_frag)
+        tile = sch.blockize(i_frag)
+        i_block, i_warp, i_rep = sch.split(i, [None, self.warp_rows, self.frag_rows])
+        j_block, j_warp, j_rep = sch.split(j, [None, self.warp_cols, self.frag_cols])
+        k_outer, k_inner = sch.split(k, [None, self.k_frags])
+        sch.reorder(i_block, j_block, i_warp, j_warp, k_outer, k_inner, i_rep, j_rep)
+        sch.bind(batch, "blockIdx.z")
+        sch.bind(sch.fuse(i_block, j_block), "blockIdx.x")
+        warp = sch.fuse(i_warp, j_warp)
+        sch.bind(warp, "threadIdx.y")
+        warps = self.warp_rows * self.warp_cols
+        # Stage k_outer's slice of A and B in shared memory, loads and the stage after them pipelined.
+        sch.annotate(k_outer, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+        sch.annotate(k_outer, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+        sch.annotate(k_inner, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k_inner, "software_pipeline_stage", [0, 0, 1])
+
+        def stage(operand: int):
+            copy = sch.cache_read(tile, operand, "shared.dyn")
+            sch.compute_at(copy, k_outer)
+            flat = sch.fuse(*sch.get_loops(copy)[-2:])
+            _, ty, tx, vec = sch.split(flat, [None, warps, WARP, VECTOR])
+            sch.bind(ty, "threadIdx.y")
+            sch.bind(tx, "threadIdx.x")
+            sch.vectorize(vec)
+            sch.storage_align(copy, 0, axis=-2, factor=16, offset=8)      # no bank conflicts
+            sch.annotate(copy, "tirx.manifest_shared_memory_local_stage", 1)
+            sch.annotate(copy, "double_buffer_scope", 0)
+            auto_inline_producers(sch, copy)                               # dequantize as it stages
+            return copy
+
+        stage(0)
+        stage(1)
+        frag_a = sch.cache_read(tile, 0, "wmma.matrix_a")
+        frag_b = sch.cache_read(tile, 1, "wmma.matrix_b")
+        sch.compute_at(frag_a, k_inner)
+        sch.compute_at(frag_b, k_inner)
+        out_shared = sch.cache_write(tile, 0, "shared")
+        sch.storage_align(out_shared, 0, -2, 16, 4)
+        acc = sch.cache_write(tile, 0, "wmma.accumulator")
+        sch.reverse_compute_at(acc, warp)
+        sch.reverse_compute_at(out_shared, warp)
+        r, c = sch.get_loops(acc)[-2:]
+        r_outer, r_frag = sch.split(r, [None, FRAG])
+        c_outer, c_frag = sch.split(c, [None, FRAG])
+        sch.reorder(r_outer, c_outer, r_frag, c_frag)
+        init = sch.decompose_reduction(tile, k_outer)
+        init_inner = sch.get_child_blocks(init)[0]
+
+        for frag, intrin in ((frag_a, "load_a"), (frag_b, "load_b")):
+            r, c = sch.get_loops(frag)[-2:]
+            r_outer, r_frag = sch.split(r, [None, FRAG])
+            c_outer, c_frag = sch.split(c, [None, FRAG])
+            sch.reorder(r_outer, c_outer, r_frag, c_frag)
+            sch.unroll(r_outer)
+            sch.unroll(c_outer)
+            sch.tensorize(r_frag, _intrinsics(out_dtype)[intrin])
+        intrins = _intrinsics(out_dtype)
+        sch.tensorize(sch.get_loops(init_inner)[-2], intrins["init"])
+        sch.tensorize(sch.get_loops(acc)[-2], intrins["store"])
+        sch.tensorize(sch.get_loops(main)[-3], intrins["compute"])
+
+        auto_inline_consumer_chain(sch, out_shared)                        # the epilogue, then C
+        flat = sch.fuse(*sch.get_loops(out_shared)[-2:])
+        _, tx, vec = sch.split(flat, [None, WARP, VECTOR])
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vec)
+        return sch
+
+
+def _intrinsics(out_dtype: str) -> dict[str, str]:
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+    return get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
+                                 out_dtype=out_dtype, trans_b=True)
