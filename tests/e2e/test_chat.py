@@ -63,8 +63,17 @@ def test_ctrl_c_at_the_prompt_does_not_quit_and_exit_does(tiny_artifacts):
     term = Terminal("chat", str(tiny_artifacts["tied"]), "--max-tokens", "8", "--temperature", "0")
     try:
         term.read_until(">>> ")
-        term.send("\x03")                                  # Ctrl-C: the terminal sends SIGINT
-        term.read_until("/exit quits")
+        # Ctrl-C: the terminal sends SIGINT. One that lands after the prompt is written but before
+        # CPython's readline waits in select() is only noticed at the next keystroke (a CPython race,
+        # seen on a loaded 2-core machine), so press it again as a person would.
+        for attempt in range(5):
+            term.send("\x03")
+            try:
+                term.read_until("/exit quits", timeout=15)
+                break
+            except AssertionError:
+                if attempt == 4:
+                    raise
         term.send("hello\r")
         term.read_until(">>> ", count=3)                  # the reply came, then a new prompt
         assert term.proc.poll() is None
