@@ -124,6 +124,9 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         frag_b = sch.cache_read(tile, 1, "wmma.matrix_b")
         sch.compute_at(frag_a, k_inner)
         sch.compute_at(frag_b, k_inner)
+        # C's tile in static shared memory: in the dynamic pool beside the float16 stages, TVM's
+        # merged allocation aliased it at small tiles and lowering failed ("tvm_access_ptr element
+        # type must match the source buffer", float16 vs float32).
         out_shared = sch.cache_write(tile, 0, "shared")
         sch.storage_align(out_shared, 0, -2, 16, 4)
         acc = sch.cache_write(tile, 0, "wmma.accumulator")

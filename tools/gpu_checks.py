@@ -180,6 +180,7 @@ def facts(args) -> dict:
 
     from kiln.targets.gpu import tensorize_works
     out = {"tvm": tvm.__version__, "tvm_ffi": version("apache-tvm-ffi"), "torch": torch.__version__,
+           "transformers": version("transformers"),
            "python": sys.version.split()[0], "tensor_cores": tensorize_works()}
     if args.device == "cuda":
         dev = tvm.cuda(0)
