@@ -139,6 +139,7 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         init = sch.decompose_reduction(tile, k_outer)
         init_inner = sch.get_child_blocks(init)[0]
 
+        intrins = _intrinsics(out_dtype)
         for frag, intrin in ((frag_a, "load_a"), (frag_b, "load_b")):
             r, c = sch.get_loops(frag)[-2:]
             r_outer, r_frag = sch.split(r, [None, FRAG])
@@ -146,8 +147,7 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
             sch.reorder(r_outer, c_outer, r_frag, c_frag)
             sch.unroll(r_outer)
             sch.unroll(c_outer)
-            sch.tensorize(r_frag, _intrinsics(out_dtype)[intrin])
-        intrins = _intrinsics(out_dtype)
+            sch.tensorize(r_frag, intrins[intrin])
         sch.tensorize(sch.get_loops(init_inner)[-2], intrins["init"])
         sch.tensorize(sch.get_loops(acc)[-2], intrins["store"])
         sch.tensorize(sch.get_loops(main)[-3], intrins["compute"])

@@ -29,8 +29,10 @@ few tokens, no torch.compile), which is how this file is tested without a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -72,6 +74,18 @@ def variant_branches(variant: str):
     return spec and tuple((rows, NarrowTensorCoreMatmul(**b) if isinstance(b, dict) else b) for rows, b in spec)
 
 
+@contextlib.contextmanager
+def built_with(variant: str):
+    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches."""
+    from kiln.targets import gpu
+    shipped = gpu.LOW_BATCH_BRANCHES
+    gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or shipped
+    try:
+        yield
+    finally:
+        gpu.LOW_BATCH_BRANCHES = shipped
+
+
 VARIANT_BATCHES = (1, 4, 8, 16, 24, 32, 64)
 
 
@@ -102,22 +116,20 @@ def compile_timed(src: Path, quant: str, args, variant: str = "base", **kw) -> t
     the GPU matmuls' row-count branches to build with."""
     import kiln
     from kiln.compiler import build
-    from kiln.targets import gpu
     out = Path(args.work) / (f"{src.stem}-{quant}-{args.target}" + ("" if variant == "base" else f"-{variant}"))
     name = _prebuilt_name(src, quant, args.target, kw.get("max_batch_size"), variant)
     packed, facts, lib = PREBUILT / f"{name}.so.xz", PREBUILT / f"{name}.json", Path(args.work) / f"{name}.so"
-    real, branches = build.build_lib, gpu.LOW_BATCH_BRANCHES
+    real = build.build_lib
     if packed.is_file() and facts.is_file():
-        import lzma
         lib.write_bytes(lzma.decompress(packed.read_bytes()))
         build.build_lib = lambda *_a, **_k: (_Prebuilt(lib), build.BuildFacts(**json.loads(facts.read_text())))
         print(f"{src.stem} {quant}: the library built beforehand ({lib.name}); converting the weights", flush=True)
-    gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or branches
     t = time.perf_counter()
     try:
-        art = kiln.compile(str(src), target=args.target, quant=quant, output=out, golden=False, force=True, **kw)
+        with built_with(variant):
+            art = kiln.compile(str(src), target=args.target, quant=quant, output=out, golden=False, force=True, **kw)
     finally:
-        build.build_lib, gpu.LOW_BATCH_BRANCHES = real, branches
+        build.build_lib = real
     return art, time.perf_counter() - t
 
 
@@ -132,7 +144,6 @@ def prebuild(args) -> dict:
 
     from kiln.compiler import CompileOptions
     from kiln.compiler.build import build_lib, export_model
-    from kiln.targets import gpu
     PREBUILT.mkdir(parents=True, exist_ok=True)
     done, shapes = {}, Path(tempfile.mkdtemp(prefix="kiln-shapes-"))
     jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
@@ -145,15 +156,10 @@ def prebuild(args) -> dict:
             t = time.perf_counter()
             ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
                                              max_batch_size=max_batch), lambda *_: None)
-            branches = gpu.LOW_BATCH_BRANCHES
-            gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or branches
-            try:
+            with built_with(variant):
                 lib, facts = build_lib(ex.mod, ex.profile)
-            finally:
-                gpu.LOW_BATCH_BRANCHES = branches
             key = _prebuilt_name(src, quant, args.target, max_batch, variant)
             ex.profile.export(lib, shapes / "lib")
-            import lzma
             (PREBUILT / f"{key}.so.xz").write_bytes(lzma.compress((shapes / "lib").read_bytes()))
             (PREBUILT / f"{key}.json").write_text(json.dumps(dataclasses.asdict(facts)))
             done[key] = round(time.perf_counter() - t, 1)
@@ -322,14 +328,14 @@ def _prefilled(art: Path, batch: int, args):
     return runner, ids
 
 
-def gpu_kernel_times(art: Path, batch: int, args, steps: int = 16, top: int = 14) -> dict:
-    """GPU time per greedy decode step at `batch` sequences, kernel by kernel, as CUPTI records it
-    (torch.profiler sees every kernel in the process, TVM's inside CUDA graphs included), against
-    the step's wall time: busy_ms well under wall_ms means the host, not the GPU, sets the pace."""
+def gpu_kernel_times(runner, ids: list[int], steps: int = 16, top: int = 14) -> dict:
+    """GPU time per greedy decode step of sequences `ids` (a runner from _prefilled), kernel by
+    kernel, as CUPTI records it (torch.profiler sees every kernel in the process, TVM's inside CUDA
+    graphs included), against the step's wall time: busy_ms well under wall_ms means the host, not
+    the GPU, sets the pace."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    runner, ids = _prefilled(art, batch, args)
-    tokens = [5] * batch
+    tokens = [5] * len(ids)
     for _ in range(4):                                     # warm-up: CUDA graphs captured
         tokens = [int(t) for t in runner.decode_greedy(ids, tokens)]
     torch.cuda.synchronize()
@@ -364,12 +370,12 @@ def variants(args) -> dict:
             logits = runner.decode(ids, [5] * b)
             reference.setdefault(b, logits)
             row = {"max_diff_vs_base": float(np.abs(logits - reference[b]).max())}
+            if args.device == "cuda":
+                times = gpu_kernel_times(runner, ids, top=4)
+                row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "kernels")})
             del runner
             gc.collect()
-            if args.device == "cuda":
-                times = gpu_kernel_times(art, b, args, top=4)
-                row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "kernels")})
-            else:
+            if args.device != "cuda":
                 row["tpot_ms"] = kiln_bench(art, b, args)["tpot_ms"]
             rows[f"batch {b}"] = row
             print(variant, f"batch {b}", json.dumps(row), flush=True)
@@ -630,7 +636,8 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
         print(f"8b batch {b}", json.dumps(result[f"batch {b}"]), flush=True)
     for b in (1, 16):
         key = f"batch {b} decode kernels"
-        result[key] = gpu_kernel_times(art, b, args) if args.device == "cuda" else kernel_profile(art, b, args)
+        result[key] = (gpu_kernel_times(*_prefilled(art, b, args)) if args.device == "cuda"
+                       else kernel_profile(art, b, args))
         print(f"8b {key}", json.dumps(result[key]), flush=True)
     result["batch 1 GEMV vs LowBatchGEMV"] = gemv_vs_low_batch(art, args)
     print("8b GEMV vs LowBatchGEMV", json.dumps(result["batch 1 GEMV vs LowBatchGEMV"]), flush=True)
@@ -729,7 +736,7 @@ def run_all(args) -> dict:
             rows[f"batch {b}"] = kiln_bench(art, b, args)
             print(f"q4f16 batch {b}", rows[f"batch {b}"], flush=True)
         if args.device == "cuda":
-            rows["batch 1 decode kernels"] = gpu_kernel_times(art, 1, args)
+            rows["batch 1 decode kernels"] = gpu_kernel_times(*_prefilled(art, 1, args))
         return {"artifact": str(art), "compile_s": round(seconds, 1), "batch1_floor_tok_s": round(floor),
                 "batch1_pct_of_floor": round(100 * rows["batch 1"]["decode_tok_s"] / floor, 1), **rows}
 
