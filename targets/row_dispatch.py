@@ -5,7 +5,7 @@ at 1 row and at thousands. One schedule cannot serve both: a tiled matmul wastes
 bandwidth, a GEMV wastes a prefill's arithmetic. Scheduled twice (or more) from the same
 PrimFunc, the schedules' bodies become the branches of one body::
 
-    if rows <= 2: <GEMV for 2 rows> elif rows <= 8: <GEMV for 4-row buckets> else: <matmul>
+    if rows <= 1: <GEMV for 1 row> elif rows <= 4: <GEMV for 4 rows> else: <matmul>
 
 The branch sits at the top of the PrimFunc, outside every loop: on a GPU it is host code picking
 which kernel to launch; on a CPU, one compare per call. Used by the CPU's low-batch GEMV copies
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import ir, s_tir, tirx
 
 
 def output_rows(func: tirx.PrimFunc) -> tirx.PrimExpr | None:
@@ -69,3 +69,34 @@ def dispatch_on_rows(func: tirx.PrimFunc, branches: Sequence[tuple[int, tirx.Pri
     # ConvertSSA gives each its own.
     gv = tvm.ir.GlobalVar("main")
     return s_tir.transform.ConvertSSA()(tvm.IRModule({gv: merged}))[gv]
+
+
+def one_row(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``func`` with its row count bound to 1, its buffers static in the rows (rules that only take
+    a static row apply: dlight's GEMV); None unless the output's rows are one symbolic size."""
+    out = func.params[-1]
+    dims = [d for d in out.shape[:-1] if not isinstance(d, tirx.IntImm)]
+    if len(dims) != 1 or not isinstance(dims[0], tirx.Var) or list(out.strides):
+        return None
+    one = tirx.IntImm(str(dims[0].ty.dtype), 1)
+    shape = [one if d.same_as(dims[0]) else d for d in out.shape]
+    # Every other field is the original's own object: specialize binds only what differs.
+    bound = tirx.decl_buffer(shape, out.dtype, name=out.name, elem_offset=out.elem_offset, strides=out.strides)
+    return func.specialize({out: bound})
+
+
+def over_params(func: tirx.PrimFunc, scheduled: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """``scheduled`` (a schedule of ``one_row(func)``) as a body over ``func``'s own params, so that
+    it can be a branch of dispatch_on_rows: each buffer the binding replaced is declared a
+    match_buffer view of the original's first row (TVM's LowerMatchBuffer maps its accesses back).
+    None where a replaced buffer has a symbolic offset or strides (a view the match cannot express)."""
+    matches = []
+    for bound, original in zip(scheduled.params, func.params):
+        if bound.same_as(original):
+            continue
+        if getattr(bound, "shape", None) is None or list(bound.strides) or not isinstance(bound.elem_offset, tirx.IntImm):
+            return None
+        region = [ir.Range.from_min_extent(tirx.IntImm(str(d.ty.dtype), 0), d) for d in bound.shape]
+        matches.append(s_tir.MatchBufferRegion(bound, tirx.BufferRegion(original, region)))
+    view = s_tir.SBlock([], [], [], "one_row", scheduled.body, match_buffers=matches)
+    return func.with_body(s_tir.SBlockRealize([], True, view))

@@ -14,13 +14,17 @@ def _called(funcs: dict[str, str], relax_func: str) -> list[str]:
     return re.findall(r"R\.call_tir\(cls\.(\w+)", funcs[relax_func])
 
 
-def test_batch_decode_matmuls_branch_to_gemv_at_few_rows(dumped_ir):
+def test_batch_decode_matmuls_branch_on_rows(dumped_ir):
+    """dlight's GEMV at one row (over a view of the first row), LowBatchGEMV for 2 and 3-4 rows, 32 x
+    32 tensor-core tiles up to 64, dlight's tiled matmul above (targets/gpu.py LOW_BATCH_BRANCHES)."""
     funcs = dumped_ir("cuda", "schedule")
     matmuls = sorted({f for f in _called(funcs, "batch_decode") if "_NT_matmul" in f})
     assert len(matmuls) >= 5                     # qkv, o, gate-up, down, lm head
     for name in matmuls:
-        assert "T.tvm_thread_invariant(batch_size <= T.int64(2))" in funcs[name], name
-        assert "T.tvm_thread_invariant(batch_size <= T.int64(8))" in funcs[name], name
+        bounds = re.findall(r"T\.tvm_thread_invariant\(batch_size <= T\.int64\((\d+)\)\)", funcs[name])
+        assert bounds == ["1", "2", "4", "64"], name
+        first = funcs[name].split("T.tvm_thread_invariant(batch_size <= T.int64(2))")[0]
+        assert re.search(r"= T\.match_buffer\(\w+\[T\.int64\(0\), T\.int64\(0\), T\.int64\(0\):", first), name
 
 
 def test_batch_decode_has_no_cast_kernels(dumped_ir):
@@ -32,28 +36,22 @@ def test_batch_decode_has_no_cast_kernels(dumped_ir):
 
 
 def test_narrow_tensor_core_branch_builds_for_cuda(tiny_dirs):
-    """The branch tools/gpu_checks.py `variants` offers an H100 beside the shipped ones: rows up to
-    64 on 16 x 32 wmma tiles (targets/narrow_tiles.py) build into the tiny model's CUDA library, a
-    64-thread tensor-core kernel for every matmul over batch_size rows; on a target without tensor
-    cores the rule stands aside."""
+    """The branch for 5-64 rows: 32 x 32 wmma tiles (targets/narrow_tiles.py, 4 warps) build into the
+    tiny model's CUDA library, a 128-thread tensor-core kernel for every matmul over batch_size
+    rows; on a target without tensor cores the rule stands aside."""
     from gpu_kernels import build
 
     from kiln.targets import get_profile, gpu
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
 
-    def passes(profile, phase):
-        if phase != "schedule":
-            return gpu.cuda_graph_phase_passes(profile, phase)
-        return [gpu.LowBatchGEMV(((2, 2), (8, 4), (64, NarrowTensorCoreMatmul()))),
-                *gpu.gpu_phase_passes(profile, phase)[1:]]
-
-    built = build(tiny_dirs["tied"], "cuda", "q4f16", phase_passes=passes)
+    built = build(tiny_dirs["tied"], "cuda", "q4f16")
     source = built.executable.mod.imports[0].imports[0].inspect_source()
-    narrow = dict(re.findall(r"__launch_bounds__\(64\) (\w+_NT_matmul\w*?)\([^;{]*\{\n(.*?)\n}\n", source, re.S))
+    narrow = dict(re.findall(r"__launch_bounds__\(128\) (\w+_NT_matmul\w*?)\([^;{]*\{\n(.*?)\n}\n", source, re.S))
     batch = [name for name, f in built.prim_funcs().items() if "_NT_matmul" in name and "batch_size" in f.script()]
     assert batch
     for name in batch:
-        kernel = next((body for k, body in narrow.items() if k.startswith(f"{name}_kernel")), None)
-        assert kernel is not None and "wmma::mma_sync" in kernel, name
+        kernels = [body for k, body in narrow.items() if k.startswith(f"{name}_kernel")]
+        assert any("wmma::mma_sync" in body for body in kernels), name
     func = built.prim_funcs()[batch[0]]
     assert NarrowTensorCoreMatmul().apply(func, get_profile("android-opencl").tvm_target(), False) is None
+    assert [b for _, b in gpu.LOW_BATCH_BRANCHES if isinstance(b, NarrowTensorCoreMatmul)][0].rows == 32

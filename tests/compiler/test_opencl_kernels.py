@@ -125,12 +125,12 @@ def test_artifact_carries_the_built_opencl_source(built):
     assert built.artifact_source.count("__kernel void batch_decode_paged_kv_kernel(") >= 1
 
 
-@pytest.mark.parametrize("kind, rows", [("one", 1), ("seq", 1), ("seq", 13), ("seq", 40), ("batch", 1),
-                                        ("batch", 2), ("batch", 5), ("batch", 13), ("narrow", 2), ("narrow", 5),
-                                        ("narrow", 40)])
+@pytest.mark.parametrize("kind, rows", [("one", 1), ("seq", 1), ("seq", 3), ("seq", 13), ("seq", 40),
+                                        ("batch", 1), ("batch", 2), ("batch", 3), ("batch", 13), ("narrow", 1),
+                                        ("narrow", 2), ("narrow", 4), ("narrow", 40)])
 def test_q4_matmul_on_opencl(queue, request, kind, rows):
     """Each 4-bit matmul kernel, and each branch of those that pick a schedule by their rows
-    (GEMV for 1-2 and 3-8 rows, tiled above: targets/gpu.py), against numpy; "narrow": the
+    (GEMV for 1, 2 and 3-4 rows, tiled above: targets/gpu.py), against numpy; "narrow": the
     batch_decode matmul with int32 indices."""
     built = request.getfixturevalue("built_narrow" if kind == "narrow" else "built")
     kind = "batch" if kind == "narrow" else kind
@@ -149,8 +149,8 @@ def test_batch_decode_matmuls_branch_on_rows(built):
     assert names
     for name in names:
         bounds = [bound for bound, _ in row_branches(built.func(name))]
-        assert bounds == [2, 8, None], name
-        assert all(f"__kernel void {branch_kernel(name, i)}(" in built.artifact_source for i in range(3))
+        assert bounds == [1, 2, 4, None], name                # no tensor cores here: no 64-row branch
+        assert all(f"__kernel void {branch_kernel(name, i)}(" in built.artifact_source for i in range(4))
 
 
 def test_decode_attention_on_opencl(queue, built):
