@@ -11,6 +11,10 @@ Everything works row by row along K, so converting the HF tensors of a fused wei
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from .quant_modules import QuantFormat
@@ -27,8 +31,8 @@ _Q4_DIVISORS = np.arange(-9, -5.9, 0.25, dtype=np.float32)   # q4 candidate scal
 def pack_nibbles(q: np.ndarray) -> np.ndarray:
     """uint8 codes 0..15 [N, K] -> uint32 [N, K/8]; element k sits in word k // 8 at bits 4 * (k % 8)."""
     n, k = q.shape
-    words = q.reshape(n, k // 8, 8).astype(np.uint32) << (4 * np.arange(8, dtype=np.uint32))
-    return np.bitwise_or.reduce(words, axis=-1)
+    pairs = np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4))      # byte j: elements 2j, 2j + 1
+    return pairs.view("<u4").astype(np.uint32, copy=False).reshape(n, k // 8)   # 4 bytes per word, little end first
 
 
 def unpack_nibbles(words: np.ndarray) -> np.ndarray:
@@ -48,7 +52,7 @@ def quantize(fmt: QuantFormat, w: np.ndarray) -> Planes:
     fmt.planes(n, k)                                     # validates K against the group size
     rows = max(1, _CHUNK_VALUES // k)
     if n > rows:
-        parts = [quantize(fmt, w[i:i + rows]) for i in range(0, n, rows)]
+        parts = list(_chunks().map(lambda i: quantize(fmt, w[i:i + rows]), range(0, n, rows)))
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     groups = w.astype(np.float32).reshape(n, k // fmt.group_size, fmt.group_size)
     if fmt.kind == "q4m":
@@ -66,6 +70,15 @@ def quantize(fmt: QuantFormat, w: np.ndarray) -> Planes:
     return {"qweight": q.reshape(n, k), "scale": scale[..., 0]}
 
 
+@functools.cache
+def _chunks() -> ThreadPoolExecutor:
+    """The threads every quantize() call shares for its row chunks, one per core: a weight's chunks
+    spread over all of them (numpy releases the GIL), so one large weight (an 8B model's 525 M-value
+    embedding) is not one core's work while the others wait for it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return ThreadPoolExecutor(cores, thread_name_prefix="kiln-quantize")
+
+
 def _q4_levels(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 groups [n, G, size] -> levels -8..7 [n, G, size] and scales [n, G, 1].
 
@@ -79,17 +92,25 @@ def _q4_levels(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     extreme = np.take_along_axis(groups, np.abs(groups).argmax(-1)[..., None], axis=-1)   # [n, G, 1]
     inverse = _inverse(extreme)
-    levels, best = np.empty_like(groups), np.zeros_like(groups)
-    best_fit = np.full(extreme.shape[:-1], -1, np.float32)        # [n, G]; an all-zero group keeps 0s
+    levels = np.empty_like(groups)
+    best_fit = np.full(extreme.shape[:-1], -1, np.float32)        # [n, G]
+    best_d = np.zeros_like(extreme)                               # the winner's d; 0: none won (all-zero, NaN)
     for d in _Q4_DIVISORS:
-        np.multiply(groups, inverse * d, out=levels)
-        np.clip(np.rint(levels, out=levels), -8, 7, out=levels)
+        _round_levels(groups, inverse * d, levels)
         fit = _dot(groups, levels) ** 2 * _inverse(_dot(levels, levels))
         better = fit > best_fit
         np.copyto(best_fit, fit, where=better)
-        np.copyto(best, levels, where=better[..., None])
-    scale = _dot(groups, best) * _inverse(_dot(best, best))
-    return best, scale[..., None]
+        np.copyto(best_d[..., 0], d, where=better)
+    _round_levels(groups, inverse * best_d, levels)               # the winner's levels, recomputed alike
+    np.copyto(levels, 0, where=best_d == 0)
+    scale = _dot(groups, levels) * _inverse(_dot(levels, levels))
+    return levels, scale[..., None]
+
+
+def _round_levels(groups: np.ndarray, step: np.ndarray, out: np.ndarray) -> None:
+    """out = clip(rint(groups * step), -8, 7), in place."""
+    np.multiply(groups, step, out=out)
+    np.clip(np.rint(out, out=out), -8, 7, out=out)
 
 
 def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
