@@ -8,6 +8,7 @@ import itertools
 import math
 import os
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -136,11 +137,12 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
     dest = opts.output or Path("dist") / default_name(source, scheme.name, profile.name)
     if opts.output is None:
         check_output(dest, opts.force)
-    lib_built, facts = build_lib(ex.mod, profile, opts.dump_ir, report)
-
     with staged_artifact(dest) as stage:
-        profile.export(lib_built, stage / profile.lib_name)
-        names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report)
+        # The library builds (TVM) while the weights convert (numpy, every core): a compile takes
+        # the longer of the two, not their sum.
+        building = _Background(lambda: _build_into(stage / profile.lib_name, ex.mod, profile, opts.dump_ir, report))
+        names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report, building.check)
+        facts = building.result()
         tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
         golden = _write_golden(stage, source, config, opts.golden, fallback, report)
         report("write", 0, 1)
@@ -255,8 +257,43 @@ def _constant_allocations(func: relax.Function) -> int:
     return sum(sizes)
 
 
+def _build_into(lib: Path, mod, profile: TargetProfile, dump_ir: Path | None, report: Progress) -> BuildFacts:
+    built, facts = build_lib(mod, profile, dump_ir, report)
+    profile.export(built, lib)
+    return facts
+
+
+class _Background:
+    """fn() on a thread of its own, started at once, under the caller's PassContext (TVM keeps the
+    current one per thread). A daemon: an interrupted compile does not wait for it to exit."""
+
+    def __init__(self, fn) -> None:
+        ctx, self._done, self._value, self._error = tvm.transform.PassContext.current(), threading.Event(), None, None
+
+        def run() -> None:
+            try:
+                with ctx:
+                    self._value = fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+                self._error = e
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="kiln-build", daemon=True).start()
+
+    def check(self) -> None:
+        """Raise what fn raised, if it has already failed (work beside it can stop early)."""
+        if self._done.is_set() and self._error is not None:
+            raise self._error
+
+    def result(self):
+        self._done.wait()
+        self.check()
+        return self._value
+
+
 def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: QuantPlan,
-                  named_params, report: Progress) -> list[str]:
+                  named_params, report: Progress, check=lambda: None) -> list[str]:
     """Convert each weight from its HF tensors (quantized: into planes) on every core, and write them in
     order: at most one weight per core, plus the one being written, is held at once."""
     wmap = arch.weight_map(config)
@@ -284,6 +321,7 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
                                  f"the module expects {params[out_name][1]}{list(params[out_name][0])}")
             writer.add(out_name, array)
         report("weights", i + 1, len(weights))
+        check()
     writer.close()
     return list(params)
 

@@ -102,3 +102,18 @@ def test_a_folder_without_tokenizer_compiles_with_a_note(tmp_path, tiny_dirs):
     proc = compile_tiny({"tied": src}, tmp_path / "a")
     assert proc.returncode == 0, proc.stderr
     assert "note: no tokenizer.json: the artifact takes token ids only" in proc.stderr
+
+
+def test_a_failing_library_build_stops_the_compile_and_leaves_nothing(tmp_path, tiny_dirs, monkeypatch):
+    """The library builds on a thread beside the weight conversion (compiler/build.py): its error is
+    the compile's error, raised on the caller's thread, and the staged artifact is removed."""
+    import kiln
+    from kiln.compiler import build
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("the TVM build failed here")
+
+    monkeypatch.setattr(build, "build_lib", fail)
+    with pytest.raises(RuntimeError, match="the TVM build failed here"):
+        kiln.compile(str(tiny_dirs["tied"]), quant="q0f32", output=tmp_path / "a", golden=False)
+    assert list(tmp_path.iterdir()) == []
