@@ -16,14 +16,34 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 
 
+_HASH_BLOCK = 1 << 26         # 64 MiB
+
+
 def content_hash(files: list[Path]) -> str:
-    """sha256 over each file's name and bytes, in order: what a compiled model is keyed by."""
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 20):
+    """sha256 over each file's name and the sha256 of each 64 MiB block of its bytes, in order: what
+    a compiled model is keyed by. The blocks are hashed on every core (hashlib releases the GIL):
+    one sha256 over the bytes took ~11 s for an 8B checkpoint's 16 GB."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    def block(item: tuple[Path, int]) -> bytes:
+        path, start = item
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            left = _HASH_BLOCK
+            while left and (chunk := fh.read(min(left, 1 << 20))):
                 h.update(chunk)
+                left -= len(chunk)
+        return h.digest()
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    h = hashlib.sha256()
+    with ThreadPoolExecutor(cores, thread_name_prefix="kiln-hash") as pool:
+        for f in files:
+            h.update(f.name.encode())
+            for digest in pool.map(block, [(f, start) for start in range(0, max(f.stat().st_size, 1), _HASH_BLOCK)]):
+                h.update(digest)
     return h.hexdigest()
 
 
