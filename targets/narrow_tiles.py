@@ -9,9 +9,12 @@ NarrowTensorCoreMatmul tiles `16 * warp_rows * frag_rows` rows x `16 * warp_cols
 columns (default 16 x 32: a 4096-column projection gets 128 blocks per 16 rows), one warp per
 (warp_row, warp_col), each warp `frag_rows x frag_cols` 16x16x16 wmma fragments (float16 in,
 float32 sums), K in steps of `16 * k_frags` staged through shared memory, double-buffered, with
-the weights' dequantize computed as they are staged. It is a LowBatchGEMV branch for a bounded
-row count (targets/gpu.py), offered to the H100 by tools/gpu_checks.py `variants` beside the shipped
-branches; it builds only for CUDA (sm_70+) with working Tensorize, and refuses (None) elsewhere.
+the weights' dequantize computed as they are staged. It is LowBatchGEMV's branch for 5-64 rows
+(targets/gpu.py) with 32 x 32 tiles (warp_rows=2, warp_cols=2): on an H100 (tools/gpu_checks.py
+`variants`, 2 layers of the 8B model) the matmuls of a decode step took 0.71 ms at 16 rows and
+1.03 at 64 against 1.43 and 1.44 on dlight's tiles, logits identical. Rows past the last tile are
+padded (pad_einsum: their loads read 0, their stores are skipped). It builds only for CUDA
+(sm_70+) with working Tensorize, and refuses (None) elsewhere.
 """
 
 from __future__ import annotations

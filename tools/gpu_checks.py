@@ -57,14 +57,14 @@ def smollm2_gguf() -> Path:
 
 PREBUILT = ROOT / ".gpu" / "prebuilt"
 
-# Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES: rows up to R
-# take dlight's LowBatchGEMV with bucket B, or, for a dict, targets/narrow_tiles.py's tensor-core
-# tiles; more rows the tensor-core matmul, whose 128 x 128 tiles leave most of an H100 idle below
-# 128 rows: the 8B's decode step took 22-24 ms at 16 and 64). "tc64": 16 x 32 tiles (2 warps) up to
-# 64 rows; "tc64w": 32 x 32 (4 warps).
-VARIANTS = {"base": None, "gemv16": ((2, 2), (8, 4), (16, 8)),
-            "tc64": ((2, 2), (8, 4), (64, {})),
-            "tc64w": ((2, 2), (8, 4), (64, {"warp_rows": 2, "warp_cols": 2}))}
+# Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES: rows up to
+# R take dlight's LowBatchGEMV with bucket B, or, for a dict, targets/narrow_tiles.py's tensor-core
+# tiles with those options; more rows dlight's tensor-core matmul on 128 x 128 tiles). "base": what
+# ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4, 32 x 32 tiles to 64 rows), chosen from
+# this harness's H100 run; "gemv8": the branches before it (LowBatchGEMV to 8 rows, 128 x 128 tiles
+# above: the 8B's decode step took 22-24 ms at 16-64 sequences); "tc64": 16 x 32 tiles (2 warps).
+VARIANTS = {"base": None, "gemv8": ((2, 2), (8, 4)),
+            "tc64": ((2, 2), (4, 4), (64, {}))}
 
 
 def variant_branches(variant: str):
@@ -86,7 +86,7 @@ def built_with(variant: str):
         gpu.LOW_BATCH_BRANCHES = shipped
 
 
-VARIANT_BATCHES = (1, 4, 8, 16, 24, 32, 64)
+VARIANT_BATCHES = (1, 2, 4, 5, 8, 13, 16, 32, 64)    # 5, 13: partial tiles
 
 
 def _prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None, variant: str = "base") -> str:
@@ -353,7 +353,7 @@ def gpu_kernel_times(runner, ids: list[int], steps: int = 16, top: int = 14) -> 
             "kernels": [(name[:90], round(ms, 4), round(calls, 1)) for name, ms, calls in rows[:top]]}
 
 
-def variants(args) -> dict:
+def variants(args, deadline: float | None = None) -> dict:
     """The GPU matmuls' row-count branches (VARIANTS) side by side on the 2-layer 8B-shaped model, the
     same weights in each: per decode step at VARIANT_BATCHES sequences, the GPU time of the matmul
     kernels, the busy and wall time (CUPTI; on a CPU the step time), and the largest logit
@@ -363,6 +363,9 @@ def variants(args) -> dict:
     batches = (1, 2) if args.quick else VARIANT_BATCHES
     result, reference = {}, {}
     for variant in VARIANTS:
+        if deadline is not None and time.monotonic() > deadline - 45:
+            result[variant] = {"skipped": "out of time"}
+            continue
         art, seconds = compile_timed(src, "q4f16", args, variant)
         rows = {"compile_s": round(seconds, 1)}
         for b in batches:
@@ -757,7 +760,6 @@ def run_all(args) -> dict:
         return {**prep, **measure8b(Path(prep["artifact"]), args, torch_too=False)}
 
     big = step("llama3-8b-arch q4f16", 120, llama8b)
-    step("low-batch variants", 90, lambda: variants(args))
     if "artifact" in big:
         step("llama3-8b-arch transformers fp16 static", 120, lambda: torch8b(args))
 
@@ -785,6 +787,7 @@ def run_all(args) -> dict:
     refs.clear()
     if not args.quick:
         step("gpu tests", 120, lambda: gpu_tests(args))
+    step("low-batch variants", 60, lambda: variants(args, deadline))
     if child.poll() is None:
         child.kill()
     return result
