@@ -77,9 +77,10 @@ def test_cuda_preset_matches_the_cpu_build(preset, tiny_dirs, tiny_artifacts, tm
 
 
 def test_cuda_row_branches_and_greedy_tokens(tiny_dirs, tmp_path):
-    """batch_decode at 1, 2, 5 and 13 sequences (the matmuls' GEMV branches for <= 2 and <= 8
-    rows, tiled above: targets/gpu.py) against the CPU build of the same 4-bit weights, and the
-    tokens greedy_tokens picks on the GPU against numpy's argmax of the same logits."""
+    """batch_decode at 1, 2, 5 and 13 sequences (the matmuls' GEMV branches for 1, 2 and 3-4 rows,
+    tiled above: targets/gpu.py; float32 activations, so no tensor-core branch) against the CPU
+    build of the same 4-bit weights, and the tokens greedy_tokens picks on the GPU against numpy's
+    argmax of the same logits."""
     preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
     gpu = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f32", output=tmp_path / "gpu")
     cpu = kiln.compile(str(tiny_dirs["tied"]), target="cpu", quant="q4f32", output=tmp_path / "cpu")
@@ -103,10 +104,32 @@ def test_cuda_row_branches_and_greedy_tokens(tiny_dirs, tmp_path):
         tokens = on_device
 
 
+def test_cuda_q4f16_row_branches_agree(tiny_dirs, tmp_path):
+    """q4f16 (float16 activations: every branch, the tensor-core ones too): one decode step of 3, 5,
+    13, 40 and 70 sequences (GEMV bucket, 32 x 32 tiles partly filled, 128 x 128 tiles) gives each
+    sequence the logits it gets decoded alone (the 1-row GEMV), to float16's rounding."""
+    preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
+    art = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", output=tmp_path / "gpu")
+    rng = np.random.default_rng(7)
+    for batch in (3, 5, 13, 40, 70):
+        runner = ModelRunner(Artifact.load(art), max_num_seqs=batch)
+        seqs = list(range(batch))
+        for s in seqs:
+            runner.add_sequence(s)
+        tokens = runner.prefill(seqs, [rng.integers(3, 512, size=int(rng.integers(2, 20))).tolist()
+                                       for _ in seqs]).argmax(-1).tolist()
+        together = runner.decode(seqs, tokens)
+        for s in seqs:
+            runner.pop_tokens(s, 1)
+            alone = runner.decode([s], [tokens[s]])
+            np.testing.assert_allclose(together[s], alone[0], atol=3e-2, rtol=0, err_msg=f"batch {batch}, row {s}")
+
+
 def test_cuda_tensor_core_matmul():
-    """A float16 projection over symbolic rows takes the tensor cores (dlight's wmma matmul, float32
-    sums): at 5, 100 and 300 rows (padded to its 128-row tiles) it equals numpy's float32 product
-    of the same float16 values, to float16's rounding."""
+    """A float16 projection over symbolic rows takes each row branch (targets/gpu.py): dlight's
+    GEMV at 1 row, LowBatchGEMV at 3, 32 x 32 wmma tiles at 5, 40 and 64 (padded), dlight's wmma
+    matmul on 128 x 128 tiles at 100 and 300 (float32 sums throughout): each equals numpy's float32
+    product of the same float16 values, to float16's rounding."""
     import tvm
     from tvm.relax.frontend import nn
     from tvm.runtime.vm import VirtualMachine
@@ -124,12 +147,13 @@ def test_cuda_tensor_core_matmul():
     preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
     mod, _ = Proj().export_tvm(spec={"forward": {"x": nn.spec.Tensor([1, "n", 256], "float16")}})
     executable, _ = build_lib(AccumulateInFloat32()(mod), get_profile(preset))
-    assert "wmma::mma_sync" in executable.mod.imports[0].imports[0].inspect_source()
+    source = executable.mod.imports[0].imports[0].inspect_source()
+    assert "wmma::mma_sync" in source and "__launch_bounds__(128)" in source
     dev = tvm.cuda(0)
     vm = VirtualMachine(executable, dev)
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((512, 256)) * 0.05).astype(np.float16)
-    for n in (5, 100, 300):
+    for n in (1, 3, 5, 40, 64, 100, 300):
         x = rng.standard_normal((1, n, 256)).astype(np.float16)
         got = vm["forward"](tvm.runtime.tensor(x, dev), tvm.runtime.tensor(w, dev)).numpy()
         want = x.astype(np.float32) @ w.astype(np.float32).T
