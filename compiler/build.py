@@ -6,7 +6,6 @@ import collections
 import dataclasses
 import itertools
 import math
-import os
 import re
 import threading
 import time
@@ -21,6 +20,7 @@ from tvm import relax, tirx
 from kiln import models
 from kiln.models import ModelSource
 from kiln.models.causal_lm import sliding_window
+from kiln.models.source import usable_cores
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
 from kiln.targets import names as target_names
 
@@ -314,7 +314,7 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
         return plan.convert(name, wmap[name], source, float_shape)
 
     writer = ParamWriter(params_dir)
-    for i, converted in enumerate(_in_order(convert, weights, _workers())):
+    for i, converted in enumerate(_in_order(convert, weights, usable_cores())):
         for out_name, array in converted.items():
             if (array.shape, str(array.dtype)) != params[out_name]:
                 raise ValueError(f"internal error: {out_name} converted to {array.dtype}{list(array.shape)}, "
@@ -324,10 +324,6 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
         check()
     writer.close()
     return list(params)
-
-
-def _workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _in_order(fn, items: list, workers: int):

@@ -12,10 +12,11 @@ Everything works row by row along K, so converting the HF tensors of a fused wei
 from __future__ import annotations
 
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from kiln.models.source import usable_cores
 
 from .quant_modules import QuantFormat
 
@@ -75,8 +76,7 @@ def _chunks() -> ThreadPoolExecutor:
     """The threads every quantize() call shares for its row chunks, one per core: a weight's chunks
     spread over all of them (numpy releases the GIL), so one large weight (an 8B model's 525 M-value
     embedding) is not one core's work while the others wait for it."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return ThreadPoolExecutor(cores, thread_name_prefix="kiln-quantize")
+    return ThreadPoolExecutor(usable_cores(), thread_name_prefix="kiln-quantize")
 
 
 def _q4_levels(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

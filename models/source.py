@@ -9,6 +9,7 @@ for one) so that model definitions see one convention.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
@@ -19,11 +20,15 @@ import numpy as np
 _HASH_BLOCK = 1 << 26         # 64 MiB
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def content_hash(files: list[Path]) -> str:
     """sha256 over each file's name and the sha256 of each 64 MiB block of its bytes, in order: what
     a compiled model is keyed by. The blocks are hashed on every core (hashlib releases the GIL):
     one sha256 over the bytes took ~11 s for an 8B checkpoint's 16 GB."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
     def block(item: tuple[Path, int]) -> bytes:
@@ -37,9 +42,8 @@ def content_hash(files: list[Path]) -> str:
                 left -= len(chunk)
         return h.digest()
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     h = hashlib.sha256()
-    with ThreadPoolExecutor(cores, thread_name_prefix="kiln-hash") as pool:
+    with ThreadPoolExecutor(usable_cores(), thread_name_prefix="kiln-hash") as pool:
         for f in files:
             h.update(f.name.encode())
             for digest in pool.map(block, [(f, start) for start in range(0, max(f.stat().st_size, 1), _HASH_BLOCK)]):
