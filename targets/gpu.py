@@ -155,10 +155,11 @@ class OneRowGEMV:
     entry, whose matmuls dlight's GEMV schedules (issue 10)."""
 
     def apply(self, func, target, tunable):
-        bound = one_row(func)
-        if bound is None:
+        try:
+            bound = one_row(func)
+            sch = None if bound is None else dl.gpu.GEMV().apply(bound, target, tunable)
+        except (RuntimeError, ValueError, AssertionError):    # not a GEMV at one row: no branch
             return None
-        sch = dl.gpu.GEMV().apply(bound, target, tunable)
         return over_params(func, sch.mod["main"]) if isinstance(sch, tvm.s_tir.Schedule) else None
 
 
