@@ -39,6 +39,7 @@ import tvm.s_tir.dlight as dl
 import tvm_ffi
 from tvm import relax, tirx
 
+from kiln.models.source import usable_cores
 from kiln.targets import DEFAULT_TARGET, TargetProfile, TuningSpace, get_profile
 
 from .build import CompileOptions, export_model
@@ -124,7 +125,7 @@ def tune_model(opts: TuneOptions, progress: Callable[[TuneStatus], None] | None 
                          f"{'has no tuning space' if space is None else 'does not run here'} (use --target {DEFAULT_TARGET})")
     exported = export_model(CompileOptions(model=opts.model, target=opts.target, quant=opts.quant))
     # Time with the threads the runtime uses (runtime/model_runner.py): TVM's pool halves the cores unless told.
-    os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+    os.environ.setdefault("TVM_NUM_THREADS", str(usable_cores()))
     with profile.tvm_target():
         mod = tvm.transform.Sequential([p for name, passes in phases(profile) if name in ("graph", "legalize")
                                         for p in passes])(exported.mod)
