@@ -1,7 +1,9 @@
-"""Weight conversion on every core: results in order, bounded work ahead, errors raised."""
+"""Weight conversion on every core: results in order, bounded work ahead, errors raised; the
+source's content hash, its blocks hashed on every core."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
@@ -27,3 +29,21 @@ def test_parallel_conversion_keeps_order_bounds_work_ahead_and_raises():
     assert len(started) <= 2 + 3                              # consumed + at most `workers` ahead
     with pytest.raises(ValueError, match="bad weight 7"):
         list(gen)
+
+
+def test_content_hash_is_sha256_of_names_and_block_digests(tmp_path, monkeypatch):
+    from kiln.models import source
+    monkeypatch.setattr(source, "_HASH_BLOCK", 1000)
+    data = bytes(range(256)) * 10                                  # 2560 bytes: 3 blocks, a partial last
+    (tmp_path / "a.bin").write_bytes(data)
+    (tmp_path / "b.json").write_bytes(b"")
+    files = [tmp_path / "a.bin", tmp_path / "b.json"]
+    want = hashlib.sha256()
+    want.update(b"a.bin")
+    for start in (0, 1000, 2000):
+        want.update(hashlib.sha256(data[start:start + 1000]).digest())
+    want.update(b"b.json")
+    want.update(hashlib.sha256(b"").digest())
+    assert source.content_hash(files) == want.hexdigest()
+    (tmp_path / "a.bin").write_bytes(data[:2500] + b"x" + data[2501:])   # one byte in the last block
+    assert source.content_hash(files) != want.hexdigest()
