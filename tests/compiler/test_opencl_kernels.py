@@ -20,6 +20,7 @@ from tvm import te
 from kiln.compiler.passes.fuse_add_rms_norm import add_rms_norm_te
 from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize, quantize
+from kiln.models.causal_lm import _argmax_chunks, _argmax_of_chunks_te, _chunk_argmax_te
 from kiln.models.sampling import sample_kernel
 from kiln.targets.gpu import gpu_phase_passes
 
@@ -222,6 +223,32 @@ def test_greedy_tokens_on_opencl(queue, built):
     got = _run(queue, built, name, {logits.name: x, out.name: np.full(5, -7, np.int32)})[out.name]
     np.testing.assert_array_equal(got, np.argmax(x[:, 0], axis=1))
     assert got[1] == 7 and got[2] == 300 and got[3] == 0
+
+
+def test_greedy_tokens_in_chunks_on_opencl(queue):
+    """A large vocabulary's argmax in two kernels (each chunk's winner, then the row's): numpy's argmax,
+    with ties inside a chunk, across chunks and over a whole tail, and an all -inf row."""
+    vocab = 8192
+    chunks = _argmax_chunks(vocab)
+    assert chunks == 8 and _argmax_chunks(128256) == 64 and _argmax_chunks(512) == 1 and _argmax_chunks(50257) == 1
+    x_te = te.placeholder((tvm.tirx.Var("batch_size", "int64"), tvm.tirx.IntImm("int64", 1), tvm.tirx.IntImm("int64", vocab)),
+                          "float32", name="logits")
+    winners_te = _chunk_argmax_te(x_te, chunks)
+    first = build_prim_func("argmax_chunks", te.create_prim_func([x_te, winners_te]), "android-opencl")
+    w_te = te.placeholder(winners_te.shape, "float32", name="winners")
+    second = build_prim_func("argmax_rows", te.create_prim_func([w_te, _argmax_of_chunks_te(w_te)]), "android-opencl")
+    x = np.random.default_rng(4).normal(0, 4, (6, 1, vocab)).astype(np.float32)
+    x[1, 0, [7, 9, 5000]] = x[1].max() + 1                    # ties in the first chunk and a later one
+    x[2, 0, :] = -1e30
+    x[2, 0, 3000:] = 2.5                                        # a tie from inside the third chunk to the end
+    x[3, 0, :] = -np.inf                                        # nothing allowed: numpy says 0
+    x[4, 0, vocab - 1] = 1e9                                    # the very last logit
+    logits, winners = buffers(first.func("argmax_chunks"))
+    w = _run(queue, first, "argmax_chunks", {logits.name: x, winners.name: np.zeros((6, chunks, 2), np.float32)})
+    w_in, out = buffers(second.func("argmax_rows"))
+    got = _run(queue, second, "argmax_rows", {w_in.name: w[winners.name], out.name: np.full(6, -7, np.int32)})[out.name]
+    np.testing.assert_array_equal(got, np.argmax(x[:, 0], axis=1))
+    assert got[1] == 7 and got[2] == 3000 and got[3] == 0 and got[4] == vocab - 1
 
 
 @pytest.fixture(scope="module")
