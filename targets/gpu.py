@@ -154,10 +154,13 @@ class OneRowGEMV:
     through batch_decode (LowBatchGEMV's 2-row bucket) and 3.87 ms through the static `decode`
     entry, whose matmuls dlight's GEMV schedules (issue 10)."""
 
+    def __init__(self, rule=None) -> None:
+        self.rule = rule or dl.gpu.GEMV()       # another rule for one static row (targets/wide_gemv.py)
+
     def apply(self, func, target, tunable):
         try:
             bound = one_row(func)
-            sch = None if bound is None else dl.gpu.GEMV().apply(bound, target, tunable)
+            sch = None if bound is None else self.rule.apply(bound, target, tunable)
         except (RuntimeError, ValueError, AssertionError):    # not a GEMV at one row: no branch
             return None
         return over_params(func, sch.mod["main"]) if isinstance(sch, tvm.s_tir.Schedule) else None

@@ -57,21 +57,20 @@ def smollm2_gguf() -> Path:
 
 PREBUILT = ROOT / ".gpu" / "prebuilt"
 
-# Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES: rows up to
-# R take dlight's LowBatchGEMV with bucket B, or, for a dict, targets/narrow_tiles.py's tensor-core
-# tiles with those options; more rows dlight's tensor-core matmul on 128 x 128 tiles). "base": what
-# ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4, 32 x 32 tiles to 64 rows), chosen from
-# this harness's H100 run; "gemv8": the branches before it (LowBatchGEMV to 8 rows, 128 x 128 tiles
-# above: the 8B's decode step took 22-24 ms at 16-64 sequences); "tc64": 16 x 32 tiles (2 warps).
-VARIANTS = {"base": None, "gemv8": ((2, 2), (8, 4)),
-            "tc64": ((2, 2), (4, 4), (64, {}))}
+# Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES). "base": what
+# ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4, 32 x 32 tensor-core tiles to 64 rows,
+# chosen from this harness's second H100 run against LowBatchGEMV to 8 rows and 16 x 32 tiles);
+# "wide": targets/wide_gemv.py's GEMV at 1 row (a lane per group of 32 values, 128-bit loads),
+# "wide-r2": the same with two rows a warp (each activation load serves both), the rest as in base.
+VARIANTS = {"base": None, "wide": {}, "wide-r2": {"rows_per_warp": 2}}
 
 
 def variant_branches(variant: str):
     """VARIANTS[variant] as LowBatchGEMV takes it, or None for the shipped branches."""
-    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    from kiln.targets.gpu import LOW_BATCH_BRANCHES, OneRowGEMV
+    from kiln.targets.wide_gemv import WideGEMV
     spec = VARIANTS[variant]
-    return spec and tuple((rows, NarrowTensorCoreMatmul(**b) if isinstance(b, dict) else b) for rows, b in spec)
+    return None if spec is None else ((1, OneRowGEMV(WideGEMV(**spec))), *LOW_BATCH_BRANCHES[1:])
 
 
 @contextlib.contextmanager

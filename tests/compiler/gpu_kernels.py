@@ -75,7 +75,7 @@ def build_prim_func(name: str, func: tvm.tirx.PrimFunc, target: str) -> Built:
     profile = get_profile(target)
     mod = tvm.IRModule({name: func.with_attr("global_symbol", name)})
     with profile.tvm_target():
-        mod = dl.ApplyDefaultSchedule(*gpu_schedule_rules())(mod)
+        mod = dl.ApplyDefaultSchedule(*gpu_schedule_rules())(mod)     # a scheduled func is kept as it is
     keep = _Keep(_HOST)
     with tvm.transform.PassContext(opt_level=3, instruments=[keep]):
         executable = tvm.compile(mod, target=profile.tvm_target())

@@ -267,3 +267,50 @@ def test_sample_tokens_on_opencl(queue, built, wide_sampler, case):
     x, p = sampling_case(40, int(logits.shape[-1]), seed=len(case))
     got = _run(queue, kernels, name, {logits.name: x, params.name: p, out.name: np.full(40, -7, np.int32)})[out.name]
     np.testing.assert_array_equal(got, host_tokens(x, p))
+
+
+def _q4_gemv_te(n: int, k: int):
+    """kiln's 4-bit dequantize-matmul at one row, float32 (pocl has no half): words [N, K/8], scales
+    [N, K/32], x [1, 1, K] -> [1, 1, N], with an elementwise epilogue."""
+    i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731 (the pipeline's index type)
+    words = te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight")
+    scale = te.placeholder((i64(n), i64(k // 32)), "float32", name="scale")
+    x = te.placeholder((i64(1), i64(1), i64(k)), "float32", name="x")
+    deq = te.compute((i64(n), i64(k)), lambda r, c: (tvm.tirx.Cast("float32", (words[r, c // 8] >> tvm.tirx.Cast(
+        "uint32", c % 8 * 4)) & tvm.tirx.const(15, "uint32")) - tvm.tirx.const(8, "float32")) * scale[r, c // 32],
+        name="dequantize")
+    j = te.reduce_axis((i64(0), i64(k)), name="k")
+    mm = te.compute((i64(1), i64(1), i64(n)), lambda a, b, r: te.sum(x[a, b, j] * deq[r, j], axis=j), name="NT_matmul")
+    out = te.compute(mm.shape, lambda a, b, r: mm[a, b, r] * tvm.tirx.const(0.5, "float32"), name="epilogue")
+    return te.create_prim_func([words, scale, x, out])
+
+
+@pytest.mark.parametrize("options", [{}, {"rows_per_warp": 2, "warps": 2}], ids=["row-a-warp", "two-rows-a-warp"])
+def test_wide_gemv_on_opencl(queue, options):
+    """targets/wide_gemv.py's 4-bit GEMV (a lane per group of 32 values: one 4-word load, its scale and
+    activations; the lanes' sums reduced across the warp) against numpy's dequantized matmul."""
+    from kiln.targets import get_profile
+    from kiln.targets.wide_gemv import WideGEMV
+
+    n, k = 48, 2048
+    func = _q4_gemv_te(n, k)
+    with get_profile("android-opencl").tvm_target():
+        sch = WideGEMV(**options).apply(func, tvm.target.Target.current())
+    assert sch is not None
+    source = sch.mod["main"].with_attr("tirx.is_scheduled", True)
+    built = build_prim_func("wide_gemv", source, "android-opencl")
+    assert "vload4" in built.artifact_source or "uint4" in built.artifact_source    # the 4-word loads
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.05, (n, k)).astype(np.float32)
+    fmt = QuantFormat("q4", 32, "float32")
+    planes = quantize(fmt, w)
+    x = rng.normal(0, 1, (1, 1, k)).astype(np.float32)
+    words, scale, xb, out = buffers(built.func("wide_gemv"))
+    got = _run(queue, built, "wide_gemv", {words.name: planes["qweight"], scale.name: planes["scale"], xb.name: x,
+                                           out.name: np.zeros((1, 1, n), np.float32)})[out.name]
+    expected = 0.5 * (x[0, 0].astype(np.float64) @ dequantize(fmt, planes).T.astype(np.float64))
+    np.testing.assert_allclose(got[0, 0], expected, rtol=1e-4, atol=1e-4)
+    # Shapes it does not take: K not a multiple of 32 lanes x 32 values; rows not a multiple of a block's.
+    with get_profile("android-opencl").tvm_target():
+        assert WideGEMV(**options).apply(_q4_gemv_te(n, 1024 + 32), tvm.target.Target.current()) is None
+        assert WideGEMV(**options).apply(_q4_gemv_te(n + 1, k), tvm.target.Target.current()) is None
