@@ -28,7 +28,7 @@ from tvm.target import Target
 from .config import ConfigField, read_fields
 from .layers import DecoderLayer, Flags, Norm, tied_logits
 from .rope import GRAPH_SCALINGS, inv_freq
-from .sampling import sample_kernel
+from .sampling import lanes_for, sample_kernel
 
 # HF field names shared by the decoder families (a family adds its own or overrides these).
 DECODER_FIELDS = (
@@ -244,8 +244,10 @@ class CausalLM(nn.Module):
         """batch_decode's logits [batch, 1, vocab] and per row (temperature, top_k, top_p, min_p, u)
         [batch, 5] -> each row's sampled token [batch] int32 (models/sampling.py): a sampled decode
         step without copying the logits back."""
-        gpu = Target.current().kind.name != "llvm"
-        return op.tensor_ir_op(sample_kernel(int(logits.shape[-1]), gpu), "sample_tokens", [logits, params],
+        target = Target.current()
+        gpu = target.kind.name != "llvm"
+        lanes = lanes_for(int(target.attrs["max_num_threads"]) if "max_num_threads" in target.attrs else None)
+        return op.tensor_ir_op(sample_kernel(int(logits.shape[-1]), gpu, lanes), "sample_tokens", [logits, params],
                                out=Tensor.placeholder([logits.shape[0]], "int32"))
 
     def create_paged_kv_cache(self, max_batch_size: tirx.Var, max_total_seq_len: tirx.Var,

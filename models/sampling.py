@@ -22,7 +22,9 @@ bisection's 32), only for rows that ask for top-k or top-p. Sums are float32 in 
 numpy's, so a draw can differ from the host's where u falls within rounding of a boundary between
 two tokens; the thresholds are exact values of the row.
 
-One work-group of LANES threads per row on GPUs (reductions in shared memory); on CPUs one row per
+One work-group per row on GPUs (LANES threads, WIDE_LANES where the target allows that many: each
+pass over a 128,256-logit row is 501 dependent-latency loads a lane at 256 lanes, one SM's work while
+the rest idle at batch 1; reductions in shared memory); on CPUs one row per
 parallel iteration with the lanes run in turn. Tested against the host Sampler on the CPU variant,
 and the GPU variant on OpenCL (pocl) and WebGPU (wgpu on lavapipe).
 """
@@ -35,6 +37,7 @@ import numpy as np
 from tvm.script import tirx as T
 
 LANES = 256                      # threads per row on a GPU (WebGPU's and Metal's work-group limit)
+WIDE_LANES = 1024                # where the target's work-groups take that many (CUDA)
 SEGMENTS = 8                     # a threshold search splits its key range 8 ways per pass over the row
 ROUNDS = 13                      # passes of a search: 12 narrow 2**32 keys to one at 8 segments (W -> W/8 + 7)
 
@@ -45,11 +48,19 @@ def _key_of(f: float) -> int:
     return b ^ 0x7FFFFFFF if b < 0 else b
 
 
+def lanes_for(max_num_threads: int | None) -> int:
+    """Threads per row for a GPU target whose work-groups take at most `max_num_threads`."""
+    return WIDE_LANES if (max_num_threads or 0) >= WIDE_LANES else LANES
+
+
 @functools.cache
-def sample_kernel(vocab: int, gpu: bool):
-    """The PrimFunc (logits [batch, 1, vocab] f32, params [batch, 5] f32, out [batch] i32). Cached:
-    parsing the TVMScript takes ~0.5 s, once per process and shape rather than once per compile."""
-    lanes = LANES if gpu else 1
+def sample_kernel(vocab: int, gpu: bool, lanes: int = LANES):
+    """The PrimFunc (logits [batch, 1, vocab] f32, params [batch, 5] f32, out [batch] i32), `lanes`
+    threads per row on a GPU (a power of two, 8 or more). Cached: parsing the TVMScript takes
+    ~0.5 s, once per process and shape rather than once per compile."""
+    if gpu and (lanes < 8 or lanes & (lanes - 1)):
+        raise ValueError(f"sample_kernel: {lanes} lanes; give a power of two of at least 8")
+    lanes = lanes if gpu else 1
     per_lane = -(-vocab // lanes)                     # tokens per lane: strided in the passes, contiguous in the draw
     steps = lanes.bit_length() - 1
     span = min(8, lanes)                              # per-pivot sums: lanes added per group

@@ -148,22 +148,28 @@ def gpu_schedule_rules() -> list:
 
 
 class OneRowGEMV:
-    """dlight's GEMV rule for a call of one row: the rule matches only a static row, so it schedules
-    the function with its rows bound to 1, over the original buffers' first row (row_dispatch
+    """dlight's GEMV rule (or the given rules, the first that applies) for a call of one row: the rule
+    matches only a static row, so it schedules the function with its rows bound to 1, over the original buffers' first row (row_dispatch
     over_params). Measured (H100, 8B-architecture q4f16, batch 1): a decode step took 6.45 ms
     through batch_decode (LowBatchGEMV's 2-row bucket) and 3.87 ms through the static `decode`
     entry, whose matmuls dlight's GEMV schedules (issue 10)."""
 
-    def __init__(self, rule=None) -> None:
-        self.rule = rule or dl.gpu.GEMV()       # another rule for one static row (targets/wide_gemv.py)
+    def __init__(self, *rules) -> None:
+        self.rules = rules or (dl.gpu.GEMV(),)  # rules for one static row, the first that applies wins
 
     def apply(self, func, target, tunable):
         try:
             bound = one_row(func)
-            sch = None if bound is None else self.rule.apply(bound, target, tunable)
-        except (RuntimeError, ValueError, AssertionError):    # not a GEMV at one row: no branch
+        except (RuntimeError, ValueError):                        # rows TVM cannot bind: no branch
             return None
-        return over_params(func, sch.mod["main"]) if isinstance(sch, tvm.s_tir.Schedule) else None
+        for rule in self.rules if bound is not None else ():
+            try:
+                sch = rule.apply(bound, target, tunable)
+            except (RuntimeError, ValueError, AssertionError):    # not a GEMV at one row
+                continue
+            if isinstance(sch, tvm.s_tir.Schedule):
+                return over_params(func, sch.mod["main"])
+        return None
 
 
 # Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket or a schedule rule) per branch,

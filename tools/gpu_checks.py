@@ -60,17 +60,22 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES). "base": what
 # ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4, 32 x 32 tensor-core tiles to 64 rows,
 # chosen from this harness's second H100 run against LowBatchGEMV to 8 rows and 16 x 32 tiles);
-# "wide": targets/wide_gemv.py's GEMV at 1 row (a lane per group of 32 values, 128-bit loads),
+# "wide": targets/wide_gemv.py's GEMV at 1 row for the 4-bit layers (a lane per group of 32 values,
+# 128-bit loads; the 8-bit ones keep dlight's GEMV),
 # "wide-r2": the same with two rows a warp (each activation load serves both), the rest as in base.
 VARIANTS = {"base": None, "wide": {}, "wide-r2": {"rows_per_warp": 2}}
 
 
 def variant_branches(variant: str):
     """VARIANTS[variant] as LowBatchGEMV takes it, or None for the shipped branches."""
+    from tvm.s_tir import dlight as dl
+
     from kiln.targets.gpu import LOW_BATCH_BRANCHES, OneRowGEMV
     from kiln.targets.wide_gemv import WideGEMV
     spec = VARIANTS[variant]
-    return None if spec is None else ((1, OneRowGEMV(WideGEMV(**spec))), *LOW_BATCH_BRANCHES[1:])
+    if spec is None:
+        return None
+    return ((1, OneRowGEMV(WideGEMV(**spec), dl.gpu.GEMV())), *LOW_BATCH_BRANCHES[1:])    # 8-bit layers: dlight's
 
 
 @contextlib.contextmanager

@@ -257,11 +257,17 @@ def wide_sampler():
     return build_prim_func("sample_tokens", sample_kernel(49152, gpu=True), "android-opencl")
 
 
-@pytest.mark.parametrize("case", ["tiny", "wide"])
-def test_sample_tokens_on_opencl(queue, built, wide_sampler, case):
+@pytest.fixture(scope="module")
+def wider_sampler():
+    """The same with CUDA's 1,024 lanes a row (48 tokens per lane; pocl takes 4,096-thread work-groups)."""
+    return build_prim_func("sample_tokens", sample_kernel(49152, gpu=True, lanes=1024), "android-opencl")
+
+
+@pytest.mark.parametrize("case", ["tiny", "wide", "1024 lanes"])
+def test_sample_tokens_on_opencl(queue, built, wide_sampler, wider_sampler, case):
     """sample_tokens' GPU kernel (a work-group per row: bisected top-k/top-p thresholds, then the
     inverse CDF in vocabulary order) draws the host Sampler's token in every row, given its uniform."""
-    kernels = built if case == "tiny" else wide_sampler
+    kernels = {"tiny": built, "wide": wide_sampler, "1024 lanes": wider_sampler}[case]
     name = next(n for n in kernels.prim_funcs() if n.startswith("sample_tokens"))
     logits, params, out = buffers(kernels.func(name))
     x, p = sampling_case(40, int(logits.shape[-1]), seed=len(case))

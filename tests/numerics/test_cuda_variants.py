@@ -166,15 +166,15 @@ def test_cuda_sample_tokens_draw_the_samplers_tokens(tiny_dirs, tmp_path):
     sampled steps draw there gives a seeded request's host tokens."""
     import tvm
 
-    from kiln.models.sampling import sample_kernel
+    from kiln.models.sampling import lanes_for, sample_kernel
     from kiln.runtime import Engine, EngineConfig, SamplingParams
 
     from sampling_cases import host_tokens, sampling_case
     preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
     target = get_profile(preset).tvm_target()
     for vocab in (1000, 49152, 128256):
-        lib = tvm.compile(tvm.IRModule({"s": sample_kernel(vocab, gpu=True).with_attr("global_symbol", "s")}),
-                          target=target)
+        kernel = sample_kernel(vocab, gpu=True, lanes=lanes_for(int(target.attrs["max_num_threads"])))
+        lib = tvm.compile(tvm.IRModule({"s": kernel.with_attr("global_symbol", "s")}), target=target)
         logits, params = sampling_case(64, vocab, seed=vocab)
         dev = tvm.cuda(0)
         out = tvm.runtime.tensor(np.zeros(64, np.int32), dev)
