@@ -99,7 +99,8 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     source = models.load(opts.model)
     arch, config, model = models.build(source)
     scheme = get_scheme(opts.quant, source.format, profile.default_quant)
-    plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage)
+    plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,
+                        codes_by_bits=profile.codes_by_bits)
     report("load", 1, 1)
     if opts.context_window and opts.context_window > config.context_window_size:
         raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "

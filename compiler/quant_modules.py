@@ -66,36 +66,63 @@ class QuantFormat:
                 "scale_dtype": self.scale_dtype, "value": _VALUE[self.kind]}
 
 
-def dequantize(fmt: QuantFormat, dtype: str, planes: list[Tensor]) -> Tensor:
+def dequantize(fmt: QuantFormat, dtype: str, planes: list[Tensor], by_bits: bool = False) -> Tensor:
     """The float weight [N, K] (in `dtype`) from its planes, as one `dequantize_<kind>` op."""
 
     def compute(qweight: te.Tensor, scale: te.Tensor, minimum: te.Tensor | None = None) -> te.Tensor:
         rows, cols = qweight.shape[0], qweight.shape[1] * (1 if fmt.kind == "q8" else 8)
-        return te.compute((rows, cols), lambda n, k: dequantize_element(fmt, dtype, qweight, scale, minimum, n, k),
-                          name="dequantize")
+        return te.compute((rows, cols), lambda n, k: dequantize_element(fmt, dtype, qweight, scale, minimum, n, k,
+                                                                        by_bits), name="dequantize")
 
     return op.tensor_expr_op(compute, f"dequantize_{fmt.kind}", planes)
 
 
-def dequantize_element(fmt: QuantFormat, dtype: str, qweight, scale, minimum, n, k) -> tirx.PrimExpr:
-    """W[n, k] as a TIR expression over the plane buffers (TE tensors or TIR buffers)."""
+def dequantize_element(fmt: QuantFormat, dtype: str, qweight, scale, minimum, n, k,
+                       by_bits: bool = False) -> tirx.PrimExpr:
+    """W[n, k] as a TIR expression over the plane buffers (TE tensors or TIR buffers); `by_bits`:
+    the integer codes become floats through their bits (code_value), the same values."""
     g = k // fmt.group_size
     s = scale[n, g].astype(dtype)
     if fmt.kind == "q8":
+        if by_bits and dtype in _MAGIC:                  # int8 -> 0..255 by flipping the sign bit
+            code = qweight[n, k].astype("uint8").astype("uint32") ^ tirx.const(0x80, "uint32")
+            return code_value(code, dtype, 128) * s
         return qweight[n, k].astype(dtype) * s
     shift = (k % 8 * 4).astype("uint32")
-    q = ((qweight[n, k // 8] >> shift) & tirx.const(15, "uint32")).astype(dtype)
+    code = (qweight[n, k // 8] >> shift) & tirx.const(15, "uint32")
+    offset = 8 if fmt.kind == "q4" else 0
+    if by_bits and dtype in _MAGIC:
+        q = code_value(code, dtype, offset)
+    else:
+        q = code.astype(dtype) - tirx.const(offset, dtype) if offset else code.astype(dtype)
     if fmt.kind == "q4":
-        return (q - tirx.const(8, dtype)) * s
+        return q * s
     return q * s + minimum[n, g].astype(dtype)
+
+
+# A float whose bits with the code OR-ed into its low mantissa bits are that float plus the code
+# (1024 in float16: the step is 1 up to 2048; 2**23 in float32), and the bits to OR into.
+_MAGIC = {"float16": (1024, 0x6400, "uint16"), "float32": (1 << 23, 0x4B000000, "uint32")}
+
+
+def code_value(code: tirx.PrimExpr, dtype: str, offset: int) -> tirx.PrimExpr:
+    """An integer code 0..255 (uint32) minus `offset`, as `dtype`, without an integer-to-float
+    conversion: (base | code) read as a float is base + code, and base + code - (base + offset) is
+    exact. The same value as code.astype(dtype) - offset, in bit operations and one subtraction;
+    where conversions are a slow instruction class (NVIDIA GPUs convert 16 values per SM and clock)
+    and every weight value needs one, that caps a GEMV below the memory bandwidth."""
+    base, bits, word = _MAGIC[dtype]
+    pattern = (code | tirx.const(bits, "uint32")).astype(word)
+    return tirx.reinterpret(dtype, pattern) - tirx.const(base + offset, dtype)
 
 
 class _QuantizedWeight(nn.Module):
     """The planes of one quantized [rows, cols] weight as nn.Parameters (fixed dtypes)."""
 
-    def _init_planes(self, fmt: QuantFormat, rows: int, cols: int, dtype: str) -> None:
+    def _init_planes(self, fmt: QuantFormat, rows: int, cols: int, dtype: str, by_bits: bool) -> None:
         self.format = fmt
         self.dtype = dtype                  # the dequantized weight's (compute) dtype
+        self.by_bits = by_bits              # codes to floats by their bits (dequantize_element)
         for name, (shape, plane_dtype) in fmt.planes(rows, cols).items():
             setattr(self, name, nn.Parameter(shape, plane_dtype))
 
@@ -107,7 +134,8 @@ class _QuantizedWeight(nn.Module):
         return "float32" if self.format.scale_dtype == "float32" else self.dtype
 
     def dequantized_weight(self) -> Tensor:
-        return dequantize(self.format, self.weight_dtype, [getattr(self, p) for p in self.format.plane_names])
+        return dequantize(self.format, self.weight_dtype, [getattr(self, p) for p in self.format.plane_names],
+                          self.by_bits)
 
     def to(self, dtype: str | None = None) -> None:
         """Only the compute dtype follows `to`; the planes keep their storage dtypes."""
@@ -122,10 +150,10 @@ class QuantizedLinear(_QuantizedWeight):
     """nn.Linear(in_features, out_features) with its weight [out, in] in a QuantFormat."""
 
     def __init__(self, in_features: int, out_features: int, fmt: QuantFormat, dtype: str,
-                 bias: bool = False):
+                 bias: bool = False, by_bits: bool = False):
         self.in_features = in_features
         self.out_features = out_features
-        self._init_planes(fmt, out_features, in_features, dtype)
+        self._init_planes(fmt, out_features, in_features, dtype, by_bits)
         self.bias = nn.Parameter((out_features,), dtype) if bias else None
 
     def to(self, dtype: str | None = None) -> None:
@@ -148,10 +176,10 @@ class QuantizedEmbedding(_QuantizedWeight):
     `weight` is the dequantized table, so a tied LM head (`matmul(x, permute_dims(
     embed.weight))`) reads the same quantized planes."""
 
-    def __init__(self, num: int, dim: int, fmt: QuantFormat, dtype: str):
+    def __init__(self, num: int, dim: int, fmt: QuantFormat, dtype: str, by_bits: bool = False):
         self.num = num
         self.dim = dim
-        self._init_planes(fmt, num, dim, dtype)
+        self._init_planes(fmt, num, dim, dtype, by_bits)
 
     @property
     def weight(self) -> Tensor:
@@ -164,4 +192,5 @@ class QuantizedEmbedding(_QuantizedWeight):
         return rows if ids.ndim == 1 else op.reshape(rows, shape=[*ids.shape, self.dim])
 
 
-__all__ = ["KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "dequantize", "dequantize_element"]
+__all__ = ["KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "code_value", "dequantize",
+           "dequantize_element"]

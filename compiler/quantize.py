@@ -61,14 +61,17 @@ class QuantScheme:
     group_size: int = 32
     as_stored: bool = False     # keep a GGUF's own quantized formats
 
-    def apply(self, model: nn.Module, source: ModelSource, weight_map: dict, eight_bit: bool = True) -> QuantPlan:
+    def apply(self, model: nn.Module, source: ModelSource, weight_map: dict, eight_bit: bool = True,
+              codes_by_bits: bool = False) -> QuantPlan:
         """Cast the model to the compute dtype, swap quantized modules in, return the plan.
-        ``eight_bit=False``: the target has no 8-bit storage, so every quantized weight is 4-bit."""
+        ``eight_bit=False``: the target has no 8-bit storage, so every quantized weight is 4-bit.
+        ``codes_by_bits``: the kernels turn integer codes into floats by their bits
+        (quant_modules.code_value; the same values)."""
         if self.kind == "q8" and not eight_bit:
             raise ValueError(f"--quant {self.name} stores 8-bit integers, which this target's kernels cannot "
                              "read; use q4f32 or q4f16")
         model.to(self.model_dtype)
-        plan = QuantPlan(self, dict(source.hf_config), eight_bit=eight_bit)
+        plan = QuantPlan(self, dict(source.hf_config), eight_bit=eight_bit, codes_by_bits=codes_by_bits)
         _swap_modules(model, "", lambda path, m: plan.decide(path, m, source, weight_map))
         plan.finish()
         return plan
@@ -111,6 +114,7 @@ class QuantPlan:
     scheme: QuantScheme
     hf_config: dict
     eight_bit: bool = True                  # q8 allowed (the target reads 8-bit integers)
+    codes_by_bits: bool = False             # dequantize codes to floats by their bits (quant_modules.code_value)
     formats: dict[str, QuantFormat | None] = field(default_factory=dict)   # weight name -> format
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict)       # quantized: [N, K]
     notes: list[str] = field(default_factory=list)
@@ -135,9 +139,10 @@ class QuantPlan:
         self.shapes[name] = (int(rows), int(cols))
         dtype = self.scheme.model_dtype
         if isinstance(module, nn.Linear):
-            new = QuantizedLinear(module.in_features, module.out_features, fmt, dtype, bias=module.bias is not None)
+            new = QuantizedLinear(module.in_features, module.out_features, fmt, dtype, bias=module.bias is not None,
+                                  by_bits=self.codes_by_bits)
         else:
-            new = QuantizedEmbedding(module.num, module.dim, fmt, dtype)
+            new = QuantizedEmbedding(module.num, module.dim, fmt, dtype, by_bits=self.codes_by_bits)
         self._planes.update({f"{path}.{plane}": name for plane in fmt.plane_names})
         return new
 

@@ -80,6 +80,7 @@ class TargetProfile:
     exporter: Callable[[Any, Path], None] | None = field(default=None, compare=False)
     system_lib: bool = False        # functions register themselves at load (static linking into an app)
     eight_bit_storage: bool = True  # kernels may read 8-bit integers (q8 weights); False: 4-bit only
+    codes_by_bits: bool = False     # dequantize integer codes to floats by their bits (compiler/quant_modules.py)
     description: str = ""
 
     def __post_init__(self) -> None:

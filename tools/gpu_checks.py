@@ -57,37 +57,47 @@ def smollm2_gguf() -> Path:
 
 PREBUILT = ROOT / ".gpu" / "prebuilt"
 
-# Row-count branches of the GPU matmuls to compare (targets/gpu.py LOW_BATCH_BRANCHES). "base": what
-# ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4, 32 x 32 tensor-core tiles to 64 rows,
-# chosen from this harness's second H100 run against LowBatchGEMV to 8 rows and 16 x 32 tiles);
-# "wide": targets/wide_gemv.py's GEMV at 1 row for the 4-bit layers (a lane per group of 32 values,
-# 128-bit loads; the 8-bit ones keep dlight's GEMV),
-# "wide-r2": the same with two rows a warp (each activation load serves both), the rest as in base.
-VARIANTS = {"base": None, "wide": {}, "wide-r2": {"rows_per_warp": 2}}
+# Kernel variants to compare. "base": what ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4,
+# 32 x 32 tensor-core tiles to 64 rows, chosen from this harness's second H100 run against
+# LowBatchGEMV to 8 rows and 16 x 32 tiles). "wide": targets/wide_gemv.py's GEMV at 1 row for the
+# 4-bit layers (a lane per group of 32 values, 128-bit loads; 8-bit layers keep dlight's GEMV).
+# "bits": the profile's codes_by_bits (4-bit codes become float16 through their bits, no integer-to-
+# float conversion: compiler/quant_modules.py code_value), every kernel; "wide-bits": both.
+VARIANTS = {"base": {}, "wide": {"wide": {}}, "bits": {"bits": True}, "wide-bits": {"wide": {}, "bits": True}}
 
 
 def variant_branches(variant: str):
-    """VARIANTS[variant] as LowBatchGEMV takes it, or None for the shipped branches."""
+    """VARIANTS[variant]'s row branches as LowBatchGEMV takes them, or None for the shipped ones."""
     from tvm.s_tir import dlight as dl
 
     from kiln.targets.gpu import LOW_BATCH_BRANCHES, OneRowGEMV
     from kiln.targets.wide_gemv import WideGEMV
-    spec = VARIANTS[variant]
-    if spec is None:
+    wide = VARIANTS[variant].get("wide")
+    if wide is None:
         return None
-    return ((1, OneRowGEMV(WideGEMV(**spec), dl.gpu.GEMV())), *LOW_BATCH_BRANCHES[1:])    # 8-bit layers: dlight's
+    return ((1, OneRowGEMV(WideGEMV(**wide), dl.gpu.GEMV())), *LOW_BATCH_BRANCHES[1:])
 
 
 @contextlib.contextmanager
 def built_with(variant: str):
-    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches."""
+    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches, and the CUDA
+    presets' profiles carry its codes_by_bits."""
+    import dataclasses
+
+    from kiln import targets
     from kiln.targets import gpu
-    shipped = gpu.LOW_BATCH_BRANCHES
+    shipped, profiles = gpu.LOW_BATCH_BRANCHES, dict(targets._PROFILES)
     gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or shipped
+    if VARIANTS[variant].get("bits"):
+        for name, make in profiles.items():
+            if name.startswith("cuda"):
+                targets._PROFILES[name] = lambda make=make: dataclasses.replace(make(), codes_by_bits=True)
     try:
         yield
     finally:
         gpu.LOW_BATCH_BRANCHES = shipped
+        targets._PROFILES.clear()
+        targets._PROFILES.update(profiles)
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 8, 13, 16, 32, 64)    # 5, 13: partial tiles

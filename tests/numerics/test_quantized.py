@@ -147,6 +147,37 @@ def test_q4_scale_is_the_least_squares_fit_and_beats_absmax():
     assert err.sum() < 0.95 * err_absmax.sum(), (err.sum(), err_absmax.sum())   # measured 0.92
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("kind", ["q4", "q4m", "q8"])
+def test_dequantize_by_bits_gives_the_converted_values(kind, dtype):
+    """quant_modules.code_value (codes to floats through their bits, TargetProfile.codes_by_bits) gives
+    every weight the same bits as converting the codes, for every code (random planes hold them all),
+    built and run by TVM on this CPU."""
+    import tvm
+    from tvm import te
+
+    from kiln.compiler.quant_modules import dequantize_element
+
+    fmt = QuantFormat(kind, 32, "float16" if dtype == "float16" else "float32")
+    w = np.random.default_rng(3).standard_normal((64, 256)).astype(np.float32)
+    planes = quant_pack.quantize(fmt, w)
+    placeholders = [te.placeholder(a.shape, str(a.dtype), name=n) for n, a in planes.items()]
+    outs = {}
+    for by_bits in (False, True):
+        minimum = placeholders[2] if kind == "q4m" else None
+        out = te.compute((64, 256), lambda n, k: dequantize_element(fmt, dtype, placeholders[0], placeholders[1],
+                                                                    minimum, n, k, by_bits), name="dequantize")
+        lib = tvm.compile(te.create_prim_func([*placeholders, out]), target=tvm.target.Target({"kind": "llvm"}))
+        args = [tvm.runtime.tensor(a) for a in planes.values()] + [tvm.runtime.tensor(np.zeros((64, 256), dtype))]
+        lib(*args)
+        outs[by_bits] = args[-1].numpy()
+    assert len(np.unique(quant_pack.unpack_nibbles(planes["qweight"]) if kind != "q8" else planes["qweight"])) \
+        == (16 if kind != "q8" else 255)                                  # every code occurs
+    np.testing.assert_array_equal(outs[True].view(np.uint16 if dtype == "float16" else np.uint32),
+                                  outs[False].view(np.uint16 if dtype == "float16" else np.uint32))
+    np.testing.assert_allclose(outs[False], quant_pack.dequantize(fmt, planes, dtype), rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("kind", ["q4", "q4m", "q8"])
 def test_quantizing_in_row_chunks_gives_the_same_planes(kind, monkeypatch):
     """Rows are quantized a cache-sized chunk at a time (quant_pack._CHUNK_VALUES): each row only
