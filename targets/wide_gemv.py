@@ -75,7 +75,7 @@ class WideGEMV:
         sch.compute_at(scale, row)
         acts = sch.cache_read(partial, _read_index(sch, partial, x), "local")
         sch.compute_at(acts, steps)
-        _, vec = sch.split(sch.get_loops(acts)[-1], [None, 8])      # 8 float16 = 128 bits
+        _, vec = sch.split(sch.get_loops(acts)[-1], [None, 128 // tvm.DataType(x.dtype).bits])     # 128 bits
         sch.vectorize(vec)
         sch.unroll(value)
         sch.unroll(row)
