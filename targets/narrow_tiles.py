@@ -27,14 +27,20 @@ from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline
 
 WARP = 32          # threads per warp
 VECTOR = 4         # elements per thread per staged copy (float16: 8 bytes)
+GROUP = 32         # group_loads: weight values per thread per staged copy (4 packed words)
 FRAG = 16          # the wmma fragment's side
 
 
 class NarrowTensorCoreMatmul(GPUScheduleRule):
+    """`group_loads`: the 4-bit weights are staged a group of 32 values per thread, its 4 packed words
+    in one 128-bit load (otherwise a thread stages VECTOR values, a 16-bit slice of a word); needs
+    the B tile (columns x K step) to hold 32 values for each thread of the block."""
+
     def __init__(self, warp_rows: int = 1, warp_cols: int = 2, frag_rows: int = 1, frag_cols: int = 1,
-                 k_frags: int = 4) -> None:
+                 k_frags: int = 4, group_loads: bool = False) -> None:
         self.warp_rows, self.warp_cols = warp_rows, warp_cols
         self.frag_rows, self.frag_cols, self.k_frags = frag_rows, frag_cols, k_frags
+        self.group_loads = group_loads
 
     @property
     def rows(self) -> int:
@@ -63,6 +69,7 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
 
     def _schedule(self, func) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
+        packed = _reads_packed_words(sch)
         found = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
         if found is None:
             return None
@@ -102,27 +109,44 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         sch.bind(warp, "threadIdx.y")
         warps = self.warp_rows * self.warp_cols
         # Stage k_outer's slice of A and B in shared memory, loads and the stage after them pipelined.
+        group = (self.group_loads and packed and self.cols % warps == 0 and k_step % GROUP == 0
+                 and self.cols // warps * (k_step // GROUP) == WARP)
+        # (group_loads: B's register stage is its packed words' 128-bit load, the same place in the order.)
         sch.annotate(k_outer, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
         sch.annotate(k_outer, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
         sch.annotate(k_inner, "software_pipeline_order", [0, 1, 2])
         sch.annotate(k_inner, "software_pipeline_stage", [0, 0, 1])
 
-        def stage(operand: int):
+        def stage(operand: int, group: bool = False):
             copy = sch.cache_read(tile, operand, "shared.dyn")
             sch.compute_at(copy, k_outer)
-            flat = sch.fuse(*sch.get_loops(copy)[-2:])
-            _, ty, tx, vec = sch.split(flat, [None, warps, WARP, VECTOR])
+            if group:        # a warp per cols / warps columns; a lane per group of 32 values of one
+                col, kk = sch.get_loops(copy)[-2:]
+                ty, col = sch.split(col, [warps, None])
+                kg, vec = sch.split(kk, [None, GROUP])
+                tx = sch.fuse(col, kg)
+                _, vec = sch.split(vec, [None, 8])     # 4 stores of 8 (128 bits each) into shared memory
+            else:
+                flat = sch.fuse(*sch.get_loops(copy)[-2:])
+                _, ty, tx, vec = sch.split(flat, [None, warps, WARP, VECTOR])
             sch.bind(ty, "threadIdx.y")
             sch.bind(tx, "threadIdx.x")
             sch.vectorize(vec)
             sch.storage_align(copy, 0, axis=-2, factor=16, offset=8)      # no bank conflicts
-            sch.annotate(copy, "tirx.manifest_shared_memory_local_stage", 1)
+            if not group:
+                sch.annotate(copy, "tirx.manifest_shared_memory_local_stage", 1)
             sch.annotate(copy, "double_buffer_scope", 0)
             auto_inline_producers(sch, copy)                               # dequantize as it stages
+            if group:
+                words = next(i for i, r in enumerate(sch.get(copy).reads)
+                             if r.source.dtype == "uint32" and len(r.source.shape) == 2)
+                packed = sch.cache_read(copy, words, "local")             # the group's 4 words
+                sch.compute_at(packed, tx)
+                sch.vectorize(sch.get_loops(packed)[-1])
             return copy
 
         stage(0)
-        stage(1)
+        stage(1, group)
         frag_a = sch.cache_read(tile, 0, "wmma.matrix_a")
         frag_b = sch.cache_read(tile, 1, "wmma.matrix_b")
         sch.compute_at(frag_a, k_inner)
@@ -161,6 +185,12 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
         return sch
+
+
+def _reads_packed_words(sch) -> bool:
+    """Whether some block of the function reads kiln's 4-bit packed words (uint32 [N, K / 8])."""
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    return any(r.source.dtype == "uint32" and len(r.source.shape) == 2 for b in blocks for r in sch.get(b).reads)
 
 
 def _intrinsics(out_dtype: str) -> dict[str, str]:

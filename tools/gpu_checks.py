@@ -62,8 +62,12 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # LowBatchGEMV to 8 rows and 16 x 32 tiles). "wide": targets/wide_gemv.py's GEMV at 1 row for the
 # 4-bit layers (a lane per group of 32 values, 128-bit loads; 8-bit layers keep dlight's GEMV).
 # "bits": the profile's codes_by_bits (4-bit codes become float16 through their bits, no integer-to-
-# float conversion: compiler/quant_modules.py code_value), every kernel; "wide-bits": both.
-VARIANTS = {"base": {}, "wide": {"wide": {}}, "bits": {"bits": True}, "wide-bits": {"wide": {}, "bits": True}}
+# float conversion: compiler/quant_modules.py code_value), every kernel. "tcgroup": the 5-64-row
+# tensor-core tiles staging the 4-bit weights a group of 32 values per thread (one 128-bit load of
+# its words; K in steps of 128). "all": the three together.
+_TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
+VARIANTS = {"base": {}, "wide": {"wide": {}}, "bits": {"bits": True}, "tcgroup": {"tc": _TC_GROUP},
+            "all": {"wide": {}, "bits": True, "tc": _TC_GROUP}}
 
 
 def variant_branches(variant: str):
@@ -71,11 +75,17 @@ def variant_branches(variant: str):
     from tvm.s_tir import dlight as dl
 
     from kiln.targets.gpu import LOW_BATCH_BRANCHES, OneRowGEMV
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
     from kiln.targets.wide_gemv import WideGEMV
-    wide = VARIANTS[variant].get("wide")
-    if wide is None:
+    spec = VARIANTS[variant]
+    if "wide" not in spec and "tc" not in spec:
         return None
-    return ((1, OneRowGEMV(WideGEMV(**wide), dl.gpu.GEMV())), *LOW_BATCH_BRANCHES[1:])
+    branches = list(LOW_BATCH_BRANCHES)
+    if "wide" in spec:
+        branches[0] = (1, OneRowGEMV(WideGEMV(**spec["wide"]), dl.gpu.GEMV()))    # 8-bit layers: dlight's
+    if "tc" in spec:
+        branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
+    return tuple(branches)
 
 
 @contextlib.contextmanager

@@ -92,3 +92,43 @@ def test_wide_gemv_builds_for_cuda_with_128_bit_loads(dtype):
     steps = k // (32 * 32)                                              # a warp's groups per row, unrolled
     assert source.count(f"*({'uint4' if dtype == 'float16' else 'float4'}*)(x_local") == per_group * steps
     assert "__shfl_down_sync" in source
+
+
+def test_tensor_core_tiles_stage_4bit_groups_with_128_bit_loads():
+    """NarrowTensorCoreMatmul(group_loads=True) (a gpu_checks variant): each thread stages a group of
+    32 weight values, its 4 packed words in one 128-bit load into a 4-word register buffer (not one
+    the size of the tile), dequantized into shared memory in 128-bit stores; the wmma tiles after."""
+    import tvm
+    from tvm import te
+
+    from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+    from kiln.targets import get_profile
+    from kiln.targets.gpu import load_tensor_core_intrinsics, tensorize_works
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+
+    if not tensorize_works():
+        pytest.skip("this apache-tvm-ffi crashes in Tensorize (targets/gpu.py tensorize_works)")
+    load_tensor_core_intrinsics()
+    n, k = 512, 1024
+    i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
+    fmt = QuantFormat("q4", 32, "float16")
+    rows = tvm.tirx.Var("batch_size", "int64")
+    words = te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight")
+    scale = te.placeholder((i64(n), i64(k // 32)), "float16", name="scale")
+    x = te.placeholder((rows, i64(1), i64(k)), "float16", name="x")
+    deq = te.compute((i64(n), i64(k)), lambda r, c: dequantize_element(fmt, "float16", words, scale, None, r, c),
+                     name="dequantize")
+    j = te.reduce_axis((i64(0), i64(k)), name="k")
+    out = te.compute((rows, i64(1), i64(n)), lambda a, b, r: te.sum(
+        x[a, b, j].astype("float32") * deq[r, j].astype("float32"), axis=j), name="NT_matmul")
+    cast = te.compute(out.shape, lambda a, b, r: out[a, b, r].astype("float16"), name="compute")
+    profile = get_profile("cuda-sm90")
+    rule = NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, k_frags=8, group_loads=True)
+    with profile.tvm_target():
+        sch = rule.apply(te.create_prim_func([words, scale, x, cast]), tvm.target.Target.current(), False)
+    assert sch is not None
+    func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "mm")
+    source = tvm.compile(tvm.IRModule({"mm": func}), target=profile.tvm_target()).mod.imports[0].inspect_source()
+    assert re.search(r"uint qweight_local_ptr\[4\];", source)
+    assert "*(uint4*)(qweight_local_ptr + 0) = *(uint4*)(qweight_ptr" in source
+    assert "wmma::mma_sync" in source
