@@ -108,9 +108,9 @@ _MAGIC = {"float16": (1024, 0x6400, "uint16"), "float32": (1 << 23, 0x4B000000, 
 def code_value(code: tirx.PrimExpr, dtype: str, offset: int) -> tirx.PrimExpr:
     """An integer code 0..255 (uint32) minus `offset`, as `dtype`, without an integer-to-float
     conversion: (base | code) read as a float is base + code, and base + code - (base + offset) is
-    exact. The same value as code.astype(dtype) - offset, in bit operations and one subtraction;
-    where conversions are a slow instruction class (NVIDIA GPUs convert 16 values per SM and clock)
-    and every weight value needs one, that caps a GEMV below the memory bandwidth."""
+    exact. The same value as code.astype(dtype) - offset, in bit operations and one subtraction,
+    for targets whose integer-to-float conversions are slow enough to cap a GEMV (every weight value
+    needs one): TargetProfile.codes_by_bits says where."""
     base, bits, word = _MAGIC[dtype]
     pattern = (code | tirx.const(bits, "uint32")).astype(word)
     return tirx.reinterpret(dtype, pattern) - tirx.const(base + offset, dtype)
