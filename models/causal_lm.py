@@ -234,7 +234,11 @@ class CausalLM(nn.Module):
         """batch_decode's logits [batch, 1, vocab] -> each row's argmax [batch] int32: greedy
         decoding without copying the logits back. A large vocabulary is reduced in two kernels, each
         row's chunks first (see _argmax_chunks)."""
-        chunks = _argmax_chunks(int(logits.shape[-1]))
+        vocab = int(logits.shape[-1])
+        if vocab > 1 << 24:
+            raise ValueError(f"greedy_tokens indexes the vocabulary in float32, exact below 2**24; "
+                             f"this one has {vocab} entries")
+        chunks = _argmax_chunks(vocab)
         if chunks == 1:
             return op.tensor_expr_op(_argmax_te, "greedy_argmax", [logits])
         winners = op.tensor_expr_op(lambda x: _chunk_argmax_te(x, chunks), "greedy_argmax_chunks", [logits])
@@ -360,9 +364,6 @@ def _argmax_te(x: te.Tensor) -> te.Tensor:
     its cross-thread reduction no longer recognises, and an int32 axis breaks that reduction's
     loop conditions. The reducer is TOPI's argmax in form and identity (-1, the lowest float); a
     row none of whose values beats the lowest float (all -inf) keeps -1 and becomes 0, as in numpy."""
-    if int(x.shape[-1]) > 1 << 24:
-        raise ValueError(f"greedy_tokens indexes the vocabulary in float32, exact below 2**24; "
-                         f"this one has {int(x.shape[-1])} entries")
     b, _, vocab = x.shape
     k = te.reduce_axis((0, vocab), name="k")
     index, _ = te.compute((b,), lambda r: _argmax_reducer()((tirx.Cast("float32", k), x[r, 0, k]), axis=k),
