@@ -149,8 +149,8 @@ def gpu_schedule_rules() -> list:
 
 class OneRowGEMV:
     """dlight's GEMV rule (or the given rules, the first that applies) for a call of one row: the rule
-    matches only a static row, so it schedules the function with its rows bound to 1, over the original buffers' first row (row_dispatch
-    over_params). Measured (H100, 8B-architecture q4f16, batch 1): a decode step took 6.45 ms
+    matches only a static row, so it schedules the function with its rows bound to 1, over the
+    original buffers' first row (row_dispatch over_params). Measured (H100, 8B-architecture q4f16, batch 1): a decode step took 6.45 ms
     through batch_decode (LowBatchGEMV's 2-row bucket) and 3.87 ms through the static `decode`
     entry, whose matmuls dlight's GEMV schedules (issue 10)."""
 
@@ -162,7 +162,9 @@ class OneRowGEMV:
             bound = one_row(func)
         except (RuntimeError, ValueError):                        # rows TVM cannot bind: no branch
             return None
-        for rule in self.rules if bound is not None else ():
+        if bound is None:
+            return None
+        for rule in self.rules:
             try:
                 sch = rule.apply(bound, target, tunable)
             except (RuntimeError, ValueError, AssertionError):    # not a GEMV at one row

@@ -25,9 +25,10 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, check_sm_version,
                                         get_in_out_dtypes, get_index_map, get_reduction_blocks)
 
+from .wide_gemv import GROUP, is_packed_words        # GROUP: 4-bit values per scale (4 packed words)
+
 WARP = 32          # threads per warp
 VECTOR = 4         # elements per thread per staged copy (float16: 8 bytes)
-GROUP = 32         # group_loads: weight values per thread per staged copy (4 packed words)
 FRAG = 16          # the wmma fragment's side
 
 
@@ -138,11 +139,10 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
             sch.annotate(copy, "double_buffer_scope", 0)
             auto_inline_producers(sch, copy)                               # dequantize as it stages
             if group:
-                words = next(i for i, r in enumerate(sch.get(copy).reads)
-                             if r.source.dtype == "uint32" and len(r.source.shape) == 2)
-                packed = sch.cache_read(copy, words, "local")             # the group's 4 words
-                sch.compute_at(packed, tx)
-                sch.vectorize(sch.get_loops(packed)[-1])
+                words = next(i for i, r in enumerate(sch.get(copy).reads) if is_packed_words(r.source))
+                words_local = sch.cache_read(copy, words, "local")        # the group's 4 words
+                sch.compute_at(words_local, tx)
+                sch.vectorize(sch.get_loops(words_local)[-1])
             return copy
 
         stage(0)
@@ -190,7 +190,7 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
 def _reads_packed_words(sch) -> bool:
     """Whether some block of the function reads kiln's 4-bit packed words (uint32 [N, K / 8])."""
     blocks = sch.get_child_blocks(get_root_block(sch))
-    return any(r.source.dtype == "uint32" and len(r.source.shape) == 2 for b in blocks for r in sch.get(b).reads)
+    return any(is_packed_words(r.source) for b in blocks for r in sch.get(b).reads)
 
 
 def _intrinsics(out_dtype: str) -> dict[str, str]:

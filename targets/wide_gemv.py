@@ -66,7 +66,8 @@ class WideGEMV:
         sch.bind(warp, "threadIdx.y")
         sch.bind(lane, "threadIdx.x")
         # One group of packed words per lane and step, in one vector load; its activations alike.
-        scales, x = _scales(sch, partial, words), _activation(sch, partial, words)
+        scales = _scales(sch, partial, words)
+        x = _activation(sch, partial, words, scales)
         weight_index = _read_index(sch, partial, words)
         packed = sch.cache_read(partial, weight_index, "local")
         sch.compute_at(packed, row)
@@ -98,6 +99,11 @@ class WideGEMV:
         return sch
 
 
+def is_packed_words(buffer) -> bool:
+    """Whether `buffer` is kiln's 4-bit packed words (uint32 [N, K / 8])."""
+    return buffer.dtype == "uint32" and len(buffer.shape) == 2
+
+
 def _extent(sch, loop) -> int | None:
     extent = sch.get(loop).extent
     return int(extent) if isinstance(extent, tirx.IntImm) else None
@@ -109,7 +115,7 @@ def _q4_layout(sch, dequant, matmul):
     deq = sch.get(dequant)
     if len(deq.writes) != 1 or any(iv.iter_type != tirx.IterVar.DataPar for iv in deq.iter_vars):
         return None
-    words = next((r.source for r in deq.reads if r.source.dtype == "uint32" and len(r.source.shape) == 2), None)
+    words = next((r.source for r in deq.reads if is_packed_words(r.source)), None)
     out = deq.writes[0].source
     if words is None or len(out.shape) != 2 or not all(isinstance(d, tirx.IntImm) for d in out.shape):
         return None
@@ -133,9 +139,8 @@ def _scales(sch, block, words):
     return found[0]
 
 
-def _activation(sch, block, words):
+def _activation(sch, block, words, scales):
     """The buffer `block` reads besides the packed words and their scales: the row of activations."""
-    scales = _scales(sch, block, words)
     rest = [r.source for r in sch.get(block).reads if not r.source.same_as(words) and not r.source.same_as(scales)]
     if len(rest) != 1:
         raise ValueError("not one activation buffer")
