@@ -44,6 +44,14 @@ def test_ragged_batch_prefill_and_decode_match_per_sequence(tiny_artifacts, refe
     step = runner.decode([10, 11, 12], nxt)
     for i, p in enumerate(prompts):
         np.testing.assert_allclose(step[i], _ref_logits(ref, p + [nxt[i]])[-1], atol=TOL, rtol=0)
+    # A smaller batch next: its ids go through the front of the same device buffer (allocated once).
+    ids_buffer = runner._buffers["ids"]
+    after = [int(np.argmax(r)) for r in step]
+    step2 = runner.decode([10, 12], [after[0], after[2]])
+    assert runner._buffers["ids"] is ids_buffer
+    for row, i in enumerate((0, 2)):
+        want = _ref_logits(ref, prompts[i] + [nxt[i], after[i]])[-1]
+        np.testing.assert_allclose(step2[row], want, atol=TOL, rtol=0)
 
 
 def test_batch_of_three_prompts_gives_same_tokens_as_one_at_a_time(tiny_artifacts):
