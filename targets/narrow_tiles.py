@@ -25,11 +25,16 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, check_sm_version,
                                         get_in_out_dtypes, get_index_map, get_reduction_blocks)
 
-from .wide_gemv import GROUP, is_packed_words        # GROUP: 4-bit values per scale (4 packed words)
-
+GROUP = 32         # 4-bit values per scale: 4 packed words (compiler/quant_modules.py)
 WARP = 32          # threads per warp
 VECTOR = 4         # elements per thread per staged copy (float16: 8 bytes)
 FRAG = 16          # the wmma fragment's side
+
+
+
+def is_packed_words(buffer) -> bool:
+    """Whether `buffer` is kiln's 4-bit packed words (uint32 [N, K / 8])."""
+    return buffer.dtype == "uint32" and len(buffer.shape) == 2
 
 
 class NarrowTensorCoreMatmul(GPUScheduleRule):

@@ -59,32 +59,25 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 
 # Kernel variants to compare. "base": what ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4,
 # 32 x 32 tensor-core tiles to 64 rows, chosen from this harness's second H100 run against
-# LowBatchGEMV to 8 rows and 16 x 32 tiles). "wide": targets/wide_gemv.py's GEMV at 1 row for the
-# 4-bit layers (a lane per group of 32 values, 128-bit loads; 8-bit layers keep dlight's GEMV).
-# "bits": the profile's codes_by_bits (4-bit codes become float16 through their bits, no integer-to-
-# float conversion: compiler/quant_modules.py code_value), every kernel. "tcgroup": the 5-64-row
-# tensor-core tiles staging the 4-bit weights a group of 32 values per thread (one 128-bit load of
-# its words; K in steps of 128). "all": the three together.
+# LowBatchGEMV to 8 rows and 16 x 32 tiles). "bits": the profile's codes_by_bits (4-bit codes become
+# float16 through their bits, no integer-to-float conversion: compiler/quant_modules.py code_value),
+# every kernel. "tcgroup": the 5-64-row tensor-core tiles staging the 4-bit weights a group of 32
+# values per thread (one 128-bit load of its words; K in steps of 128). "all": the two together.
+# (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18% slower than dlight's at one
+# row on the H100, 2026-11-26, and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
-VARIANTS = {"base": {}, "wide": {"wide": {}}, "bits": {"bits": True}, "tcgroup": {"tc": _TC_GROUP},
-            "all": {"wide": {}, "bits": True, "tc": _TC_GROUP}}
+VARIANTS = {"base": {}, "bits": {"bits": True}, "tcgroup": {"tc": _TC_GROUP}, "all": {"bits": True, "tc": _TC_GROUP}}
 
 
 def variant_branches(variant: str):
     """VARIANTS[variant]'s row branches as LowBatchGEMV takes them, or None for the shipped ones."""
-    from tvm.s_tir import dlight as dl
-
-    from kiln.targets.gpu import LOW_BATCH_BRANCHES, OneRowGEMV
+    from kiln.targets.gpu import LOW_BATCH_BRANCHES
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
-    from kiln.targets.wide_gemv import WideGEMV
     spec = VARIANTS[variant]
-    if "wide" not in spec and "tc" not in spec:
+    if "tc" not in spec:
         return None
     branches = list(LOW_BATCH_BRANCHES)
-    if "wide" in spec:
-        branches[0] = (1, OneRowGEMV(WideGEMV(**spec["wide"]), dl.gpu.GEMV()))    # 8-bit layers: dlight's
-    if "tc" in spec:
-        branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
+    branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
     return tuple(branches)
 
 
@@ -110,7 +103,7 @@ def built_with(variant: str):
         targets._PROFILES.update(profiles)
 
 
-VARIANT_BATCHES = (1, 2, 4, 5, 8, 13, 16, 32, 64)    # 5, 13: partial tiles
+VARIANT_BATCHES = (1, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
 
 
 def _prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None, variant: str = "base") -> str:
@@ -178,9 +171,9 @@ def prebuild(args) -> dict:
     try:
         for src, quant, variant, max_batch in jobs:
             t = time.perf_counter()
-            ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
-                                             max_batch_size=max_batch), lambda *_: None)
-            with built_with(variant):
+            with built_with(variant):          # export too: codes_by_bits shapes the dequantize ops
+                ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
+                                                 max_batch_size=max_batch), lambda *_: None)
                 lib, facts = build_lib(ex.mod, ex.profile)
             key = _prebuilt_name(src, quant, args.target, max_batch, variant)
             ex.profile.export(lib, shapes / "lib")
@@ -740,6 +733,9 @@ def run_all(args) -> dict:
     src = smollm2_gguf()
     batches = [1, 4] if args.quick else [1, 16, 64, 256]
     step("facts", 0, lambda: facts(args))
+    # First the kernel variants: they decide what ships (tools/README.md), the rest re-measures it.
+    share = time.monotonic() + min(args.budget * 0.5, 240)
+    step("low-batch variants", 60, lambda: variants(args, min(share, deadline)))
     # Weight conversions first (CPU), while the second process writes the 8B checkpoint from the GPU.
     arts = {}
     for quant in SMOLLM2_SCHEMES:
@@ -811,7 +807,6 @@ def run_all(args) -> dict:
     refs.clear()
     if not args.quick:
         step("gpu tests", 120, lambda: gpu_tests(args))
-    step("low-batch variants", 60, lambda: variants(args, deadline))
     if child.poll() is None:
         child.kill()
     return result

@@ -102,7 +102,7 @@ def stage(python: str, with_smollm2: bool) -> None:
     for n in range(1, len(sizes) + 1):
         last = n == len(sizes)
         command = ("export TQDM_DISABLE=1; python3 tools/gpu_session.py unpack && . .gpu/env.sh && "
-                   "python3 tools/gpu_checks.py all --out $OUT --runs 2 --budget 525 2>&1 | tee $OUT/all.log"
+                   "python3 tools/gpu_checks.py all --out $OUT --runs 2 --budget 420 2>&1 | tee $OUT/all.log"
                    if last else "python3 tools/gpu_session.py receive")
         carry = f'".gpu/part-{n:02d}"' + (', ".gpu/prebuilt"' if last else "")
         print(f'  run(carry=[{carry}], {"timeout_s=600, " if last else ""}command="{command}")')

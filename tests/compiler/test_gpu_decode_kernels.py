@@ -57,43 +57,6 @@ def test_narrow_tensor_core_branch_builds_for_cuda(tiny_dirs):
     assert [b for _, b in gpu.LOW_BATCH_BRANCHES if isinstance(b, NarrowTensorCoreMatmul)][0].rows == 32
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_wide_gemv_builds_for_cuda_with_128_bit_loads(dtype):
-    """targets/wide_gemv.py at a Llama-8B projection's shape (4096 x 4096, 4-bit): the CUDA kernel a
-    lane per group of 32 values, its 4 packed words and its activations each in 128-bit loads, the
-    lanes' sums in warp shuffles (pocl runs the same schedule against numpy: test_opencl_kernels)."""
-    import tvm
-    from tvm import te
-
-    from kiln.compiler.quant_modules import QuantFormat, dequantize_element
-    from kiln.targets import get_profile
-    from kiln.targets.wide_gemv import WideGEMV
-
-    n = k = 4096
-    i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
-    fmt = QuantFormat("q4", 32, "float16")
-    words = te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight")
-    scale = te.placeholder((i64(n), i64(k // 32)), "float16", name="scale")
-    x = te.placeholder((i64(1), i64(1), i64(k)), dtype, name="x")
-    deq = te.compute((i64(n), i64(k)), lambda r, c: dequantize_element(fmt, dtype, words, scale, None, r, c),
-                     name="dequantize")
-    j = te.reduce_axis((i64(0), i64(k)), name="k")
-    out = te.compute((i64(1), i64(1), i64(n)), lambda a, b, r: te.sum(
-        x[a, b, j].astype("float32") * deq[r, j].astype("float32"), axis=j), name="NT_matmul")
-    cast = te.compute(out.shape, lambda a, b, r: out[a, b, r].astype(dtype), name="compute")
-    profile = get_profile("cuda-sm90")
-    with profile.tvm_target():
-        sch = WideGEMV().apply(te.create_prim_func([words, scale, x, cast]), tvm.target.Target.current())
-    assert sch is not None
-    func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "gemv")
-    source = tvm.compile(tvm.IRModule({"gemv": func}), target=profile.tvm_target()).mod.imports[0].inspect_source()
-    assert "*(uint4*)(qweight_local" in source                         # the group's 4 words at once
-    per_group = 4 if dtype == "float16" else 8                         # 32 activations in 128-bit loads
-    steps = k // (32 * 32)                                              # a warp's groups per row, unrolled
-    assert source.count(f"*({'uint4' if dtype == 'float16' else 'float4'}*)(x_local") == per_group * steps
-    assert "__shfl_down_sync" in source
-
-
 def test_tensor_core_tiles_stage_4bit_groups_with_128_bit_loads():
     """NarrowTensorCoreMatmul(group_loads=True) (a gpu_checks variant): each thread stages a group of
     32 weight values, its 4 packed words in one 128-bit load into a 4-word register buffer (not one
