@@ -23,9 +23,12 @@ from .quant_modules import QuantFormat
 Planes = dict[str, np.ndarray]
 
 # Rows are quantized a chunk at a time, about this many values: the float32 groups and the q4
-# search's temporaries stay in cache (measured on a 2-core Zen 4: 8192x2048 at 26.6 M values/s in
-# 4096-row chunks, 34.9 M in 256-row ones; the same bits either way).
-_CHUNK_VALUES = 1 << 19
+# search's temporaries stay near the core (measured on a 2-core Zen 4: 8192x2048 at 26.6 M values/s
+# in 4096-row chunks, 34.9 M in 256-row ones; the same bits either way). Not smaller: each numpy
+# call takes the GIL between chunks' work, and threads contend for it (an 8192x4096 float16 weight
+# on 2 AMD EPYC cores, 1 / 2 threads, M values/s: 2**15 33.4 / 25.7, 2**17 43.1 / 64.1, 2**19
+# 47.3 / 91.0, 2**20 48.8 / 94.3); the 8B on the H100 host's 12 worker threads reached 164 M/s.
+_CHUNK_VALUES = 1 << 20
 _Q4_DIVISORS = np.arange(-9, -5.9, 0.25, dtype=np.float32)   # q4 candidate scales: extreme / d
 
 
