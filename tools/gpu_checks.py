@@ -62,22 +62,31 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # LowBatchGEMV to 8 rows and 16 x 32 tiles). "bits": the profile's codes_by_bits (4-bit codes become
 # float16 through their bits, no integer-to-float conversion: compiler/quant_modules.py code_value),
 # every kernel. "tcgroup": the 5-64-row tensor-core tiles staging the 4-bit weights a group of 32
-# values per thread (one 128-bit load of its words; K in steps of 128). "all": the two together.
-# (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18% slower than dlight's at one
-# row on the H100, 2026-11-26, and is gone.)
+# values per thread (one 128-bit load of its words; K in steps of 128).
+# "q4gemv": targets/q4_gemv.py at one row for the 4-bit layers (two values dequantized per integer
+# operation, ~5.4 SASS instructions a value against dlight's 8.1; the 8-bit ones keep dlight's GEMV).
+# "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
+# slower than dlight's at one row on the H100, 2026-11-26, and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
-VARIANTS = {"base": {}, "bits": {"bits": True}, "tcgroup": {"tc": _TC_GROUP}, "all": {"bits": True, "tc": _TC_GROUP}}
+VARIANTS = {"base": {}, "q4gemv": {"gemv": {}}, "tcgroup": {"tc": _TC_GROUP}, "bits": {"bits": True},
+            "all": {"gemv": {}, "tc": _TC_GROUP}}
 
 
 def variant_branches(variant: str):
     """VARIANTS[variant]'s row branches as LowBatchGEMV takes them, or None for the shipped ones."""
-    from kiln.targets.gpu import LOW_BATCH_BRANCHES
+    from tvm.s_tir import dlight as dl
+
+    from kiln.targets.gpu import LOW_BATCH_BRANCHES, OneRowGEMV
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    from kiln.targets.q4_gemv import Q4GEMV
     spec = VARIANTS[variant]
-    if "tc" not in spec:
+    if "tc" not in spec and "gemv" not in spec:
         return None
     branches = list(LOW_BATCH_BRANCHES)
-    branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
+    if "gemv" in spec:
+        branches[0] = (1, OneRowGEMV(Q4GEMV(**spec["gemv"]), dl.gpu.GEMV()))
+    if "tc" in spec:
+        branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
     return tuple(branches)
 
 

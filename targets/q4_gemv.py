@@ -1,0 +1,182 @@
+"""A 4-bit GEMV at one row that dequantizes two values per integer operation (CUDA).
+
+Why: on an H100 (2026-11-26) the 8B's 4-bit GEMVs under dlight's GEMV schedule and its 8-bit LM
+head ran at the same ~3e12 weight values a second, twice the bytes a value for the 8-bit one: the
+kernels are capped by the SM's issue rate, not by memory. dlight's kernel spends ~8.1 SASS
+instructions a value (tools/sass_counts.py): a shift and a mask for each code, an int-to-float
+conversion, the subtraction and the scale as half-precision pairs after repacking them, a
+conversion of the weight and one of the activation to float32, the multiply-add.
+
+Here the arithmetic is written for the packed layout (compiler/quant_modules.py: value k of a row
+at bits 4 * (k % 8) of word k // 8): values j and j + 4 of a word sit 16 bits apart, so
+
+    (word >> 4j) & 0x000F000F | 0x64006400      read as two float16 = 1024 + code, one pair
+
+(1024 + c in float16 is exact, 0x6400 being 1024's bits with an empty 10-bit mantissa), minus 1032
+and times the scale as float16 pairs: the same float16 value (c - 8) * scale the dequantize op
+rounds to, bit for bit. Then each weight to float32 and a float32 multiply-add, as the matmul
+defines. Each warp takes `rows` rows, its lanes consecutive words (coalesced 32-bit loads, as
+dlight's), so an activation's conversion serves `rows` rows; the lanes' sums meet in shuffles.
+~5.4 SASS instructions a value at 2 rows a warp (8.1 for dlight's), counted on the cuda-sm90 build.
+
+Matched (Q4GEMV.apply): a one-row function exactly `dequantize` (kiln's q4 in float16, group 32,
+either code form) -> `NT_matmul` (float32 sums of float16 activations times the weights) ->
+optionally a cast of the sums; N a multiple of warps x rows, K of 256. Anything else: None.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.script import tirx as T
+from tvm_ffi import structural_equal
+
+from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+
+LANES = 32                      # a warp
+WORD = 8                        # 4-bit values a packed word
+PAIR_MASK, FLOAT16_1024 = 0x000F000F, 0x64006400
+
+
+def q4_gemv(n: int, k: int, out_dtype: str, rows: int = 2, warps: int = 4, threads: bool = True) -> tirx.PrimFunc:
+    """out[0, 0, :n] = (x[0, 0, :k] . dequantized W[n, k]) for kiln's q4 float16 planes (W words
+    [n, k/8], scales [n, k/32]). `threads`: bound to CUDA blocks, threads and shuffles; False, the
+    same arithmetic in serial loops (for a CPU to check it)."""
+    words_per_row, groups = k // WORD, k // 32
+    steps, blocks = words_per_row // LANES, n // (warps * rows)
+    lanes_total = blocks * warps
+
+    @T.macro
+    def lane_sums(acc, xf, wf, W, S, X, warp, lane):
+        for r in T.unroll(rows):
+            acc[r] = T.float32(0)
+        for step in T.unroll(steps):            # every load issued ahead, as dlight does
+            word = step * LANES + lane
+            for i in T.vectorized(WORD):
+                xf[i] = T.Cast("float32", X[0, 0, word * WORD + i])
+            for r in T.unroll(rows):
+                row = warp * rows + r
+                scale = T.Broadcast(S[row, word // 4], 2)
+                for j in T.unroll(4):
+                    bits = T.bitwise_or(T.bitwise_and(T.shift_right(W[row, word], T.uint32(4 * j)),
+                                                      T.uint32(PAIR_MASK)), T.uint32(FLOAT16_1024))
+                    pair = (T.reinterpret("float16x2", bits) - T.Broadcast(T.float16(1032), 2)) * scale
+                    wf[T.Ramp(0, 1, 2)] = T.Cast("float32x2", pair)
+                    acc[r] = acc[r] + xf[j] * wf[0] + xf[j + 4] * wf[1]
+
+    if threads:
+        @T.prim_func(private=True)
+        def kernel(W: T.Buffer((T.int64(n), T.int64(words_per_row)), "uint32"),
+                   S: T.Buffer((T.int64(n), T.int64(groups)), "float16"),
+                   X: T.Buffer((T.int64(1), T.int64(1), T.int64(k)), "float16"),
+                   Y: T.Buffer((T.int64(1), T.int64(1), T.int64(n)), out_dtype)):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            for bx in T.thread_binding(blocks, thread="blockIdx.x"):
+                for ty in T.thread_binding(warps, thread="threadIdx.y"):
+                    for tx in T.thread_binding(LANES, thread="threadIdx.x"):
+                        acc = T.alloc_buffer((rows,), "float32", scope="local")
+                        xf = T.alloc_buffer((WORD,), "float32", scope="local")
+                        wf = T.alloc_buffer((2,), "float32", scope="local")
+                        lane_sums(acc, xf, wf, W, S, X, bx * warps + ty, tx)
+                        for r in T.unroll(rows):
+                            for o in T.unroll(5):                   # offsets 16, 8, 4, 2, 1
+                                acc[r] = acc[r] + T.tvm_warp_shuffle_down(
+                                    T.tvm_warp_activemask(), acc[r], T.shift_right(LANES // 2, o), LANES, LANES)
+                            if tx == 0:
+                                Y[0, 0, (bx * warps + ty) * rows + r] = T.Cast(out_dtype, acc[r])
+        return kernel
+
+    @T.prim_func(private=True)
+    def serial(W: T.Buffer((T.int64(n), T.int64(words_per_row)), "uint32"),
+               S: T.Buffer((T.int64(n), T.int64(groups)), "float16"),
+               X: T.Buffer((T.int64(1), T.int64(1), T.int64(k)), "float16"),
+               Y: T.Buffer((T.int64(1), T.int64(1), T.int64(n)), out_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        partial = T.alloc_buffer((lanes_total, LANES, rows), "float32")
+        for warp, lane in T.grid(lanes_total, LANES):
+            acc = T.alloc_buffer((rows,), "float32")
+            xf = T.alloc_buffer((WORD,), "float32")
+            wf = T.alloc_buffer((2,), "float32")
+            lane_sums(acc, xf, wf, W, S, X, warp, lane)
+            for r in T.serial(rows):
+                partial[warp, lane, r] = acc[r]
+        for warp, r in T.grid(lanes_total, rows):
+            total = T.alloc_buffer((1,), "float32")
+            total[0] = T.float32(0)
+            for lane in T.serial(LANES):
+                total[0] = total[0] + partial[warp, lane, r]
+            Y[0, 0, warp * rows + r] = T.Cast(out_dtype, total[0])
+    return serial
+
+
+class Q4GEMV:
+    """A OneRowGEMV rule (targets/gpu.py): q4_gemv for a matched one-row 4-bit dequantize-matmul on
+    CUDA, its params in the function's order; None for anything else (the next rule decides)."""
+
+    def __init__(self, rows: int = 2, warps: int = 4) -> None:
+        self.rows, self.warps = rows, warps
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+            return None
+        match = _match(func)
+        if match is None:
+            return None
+        roles, n, k, out_dtype = match
+        if n % (self.rows * self.warps) or k % (LANES * WORD):
+            return None
+        kernel = q4_gemv(n, k, out_dtype, self.rows, self.warps)
+        params = [kernel.params[role] for role in roles]    # W, S, X, Y placed where func has them
+        return s_tir.Schedule(tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs))
+
+
+def _match(func: tirx.PrimFunc):
+    """(the role, 0-3 for W, S, X, Y, of each of func's params in order; N; K; the out dtype) if func
+    is a one-row q4 float16 dequantize-matmul as kiln emits it, else None."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks) > 3:
+        return None
+    deq, mm = blocks[0], blocks[1]
+    reads = [r.source for r in deq.reads]
+    if len(reads) != 2 or reads[0].dtype != "uint32" or reads[1].dtype != "float16":
+        return None
+    words, scales = reads
+    n, k = (_int(d) for d in deq.writes[0].source.shape)
+    if n is None or k is None or [_int(d) for d in scales.shape] != [n, k // 32]:
+        return None
+    v_n, v_k = (iv.var for iv in deq.iter_vars)
+    value = deq.body.value
+    if not any(structural_equal(value, dequantize_element(QuantFormat("q4", 32, "float16"), "float16", words,
+                                                                 scales, None, v_n, v_k, by_bits))
+               for by_bits in (False, True)):
+        return None
+    x = next((r.source for r in mm.reads if not r.source.same_as(deq.writes[0].source)), None)
+    sums = mm.writes[0].source
+    if x is None or x.dtype != "float16" or sums.dtype != "float32" or [_int(d) for d in x.shape] != [1, 1, k]:
+        return None
+    i0, i1, i2, vk = (iv.var for iv in mm.iter_vars)
+    dequantized = deq.writes[0].source
+    expected = sums[i0, i1, i2] + x[i0, i1, vk].astype("float32") * dequantized[i2, vk].astype("float32")
+    if not structural_equal(mm.body.value, expected):
+        return None
+    out = sums
+    if len(blocks) == 3:
+        cast = blocks[2]
+        out = cast.writes[0].source
+        c0, c1, c2 = (iv.var for iv in cast.iter_vars)
+        if not structural_equal(cast.body.value, sums[c0, c1, c2].astype(out.dtype)):
+            return None
+    if [_int(d) for d in out.shape] != [1, 1, n]:
+        return None
+    roles = [b.name for b in (words, scales, x, out)]
+    names = [p.name for p in func.params]
+    if sorted(names) != sorted(roles) or len(set(roles)) != 4:
+        return None
+    return [roles.index(name) for name in names], n, k, str(out.dtype)
+
+
+def _int(dim) -> int | None:
+    return int(dim) if isinstance(dim, tirx.IntImm) else None
+
+
+__all__ = ["Q4GEMV", "q4_gemv"]
