@@ -1,0 +1,102 @@
+"""targets/q4_gemv.py: the 4-bit GEMV that dequantizes two values per integer operation.
+
+Its arithmetic runs here (the same TIR in serial loops, built for this CPU) against numpy's
+float16 dequantization; the CUDA kernel (threads, shuffles) is built for cuda-sm90 from a function
+shaped as kiln's fused dequantize-matmul, through the OneRowGEMV branch that would carry it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+from kiln.compiler.quant_pack import quantize, unpack_nibbles
+from kiln.targets import get_profile
+from kiln.targets.q4_gemv import Q4GEMV, q4_gemv
+
+FMT = QuantFormat("q4", 32, "float16")
+
+
+def _planes(n: int, k: int, seed: int):
+    rng = np.random.default_rng(seed)
+    planes = quantize(FMT, rng.normal(0, 0.05, (n, k)).astype(np.float32))
+    x = rng.normal(0, 1, (1, 1, k)).astype(np.float16)
+    return planes, x
+
+
+def _reference(planes, x, round_weights: bool) -> np.ndarray:
+    """x . W in float64, W dequantized as the dequantize op does (rounded to float16) or exactly."""
+    codes = unpack_nibbles(planes["qweight"]).astype(np.float64) - 8
+    scales = np.repeat(planes["scale"].astype(np.float64), 32, axis=1)
+    w = (codes * scales).astype(np.float16).astype(np.float64) if round_weights else codes * scales
+    return x[0, 0].astype(np.float64) @ w.T
+
+
+@pytest.mark.parametrize("n, k, rows, warps", [(64, 512, 2, 4), (48, 768, 1, 3), (32, 256, 4, 2)])
+def test_arithmetic_gives_the_float16_dequantized_weights_product(n, k, rows, warps):
+    """The serial form of the kernel (the same per-lane arithmetic and lane-to-word mapping) on this
+    CPU: float32 sums within float32 rounding of x . W with W rounded to float16 as the dequantize op
+    rounds it, and measurably off the unrounded product (so the rounding is what is matched)."""
+    func = q4_gemv(n, k, "float32", rows, warps, threads=False).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    planes, x = _planes(n, k, seed=n + k)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (planes["qweight"], planes["scale"], x, np.zeros((1, 1, n), np.float32))]
+    lib["main"](*args)
+    got = args[3].numpy()[0, 0].astype(np.float64)
+    rounded, exact = _reference(planes, x, True), _reference(planes, x, False)
+    scale = np.abs(x[0, 0]).astype(np.float64) @ np.abs(np.repeat(planes["scale"], 32, axis=1).astype(np.float64) * 8).T
+    np.testing.assert_array_less(np.abs(got - rounded), 1e-6 * scale + 1e-7)
+    assert np.abs(got - exact).max() > 10 * np.abs(got - rounded).max()
+
+
+def _fused_q4_matmul(n: int, k: int, out_dtype: str = "float16", fmt: QuantFormat = FMT):
+    """A function shaped as kiln's fused 4-bit dequantize-matmul over `batch_size` rows (decode)."""
+    i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
+    rows = tvm.tirx.Var("batch_size", "int64")
+    words = te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight")
+    scale = te.placeholder((i64(n), i64(k // fmt.group_size)), fmt.scale_dtype, name="scale")
+    x = te.placeholder((rows, i64(1), i64(k)), "float16", name="x")
+    deq = te.compute((i64(n), i64(k)), lambda r, c: dequantize_element(fmt, fmt.scale_dtype, words, scale, None, r, c),
+                     name="dequantize")
+    j = te.reduce_axis((i64(0), i64(k)), name="k")
+    sums = te.compute((rows, i64(1), i64(n)), lambda a, b, r: te.sum(
+        x[a, b, j].astype("float32") * deq[r, j].astype("float32"), axis=j), name="NT_matmul")
+    if out_dtype == "float32":
+        return te.create_prim_func([words, scale, x, sums])
+    out = te.compute(sums.shape, lambda a, b, r: sums[a, b, r].astype(out_dtype), name="compute")
+    return te.create_prim_func([words, scale, x, out])
+
+
+@pytest.mark.parametrize("out_dtype", ["float16", "float32"])
+def test_one_row_branch_builds_for_cuda(out_dtype):
+    """OneRowGEMV(Q4GEMV()) on the fused function at an 8B projection's shape (4096 x 4096): the
+    CUDA kernel has the float16-pair magic, the pair arithmetic and the lanes' shuffles."""
+    from kiln.targets.gpu import OneRowGEMV
+    from kiln.targets.row_dispatch import dispatch_on_rows
+    profile = get_profile("cuda-sm90")
+    func = _fused_q4_matmul(4096, 4096, out_dtype)
+    with profile.tvm_target():
+        branch = OneRowGEMV(Q4GEMV()).apply(func, tvm.target.Target.current(), False)
+        assert branch is not None
+        merged = dispatch_on_rows(func, [(1, branch)], branch, thread_invariant=True)
+    merged = merged.with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "gemv")
+    source = tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
+    assert str(0x64006400) in source and str(0x000F000F) in source      # the pair's bits
+    assert "half2" in source and "__shfl_down_sync" in source
+
+
+def test_rule_refuses_what_it_does_not_compute():
+    """None (the next rule decides) for 8-bit codes, float32 scales (an as-stored GGUF's exact
+    planes), rows that do not fill its warps, K not a multiple of 256, and other targets."""
+    from kiln.targets.row_dispatch import one_row
+    cuda = get_profile("cuda-sm90").tvm_target()
+    rule = Q4GEMV()
+    assert rule.apply(one_row(_fused_q4_matmul(256, 512)), cuda, False) is not None
+    assert rule.apply(one_row(_fused_q4_matmul(256, 512, fmt=QuantFormat("q4", 32, "float32"))), cuda, False) is None
+    assert rule.apply(one_row(_fused_q4_matmul(260, 512)), cuda, False) is None
+    assert rule.apply(one_row(_fused_q4_matmul(256, 544)), cuda, False) is None
+    assert rule.apply(one_row(_fused_q4_matmul(256, 512)), get_profile("rocm").tvm_target(), False) is None
