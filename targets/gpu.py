@@ -174,6 +174,21 @@ class OneRowGEMV:
         return None
 
 
+class FirstOf:
+    """The first of `rules` that schedules the function (a LOW_BATCH_BRANCHES entry: a kiln rule for
+    the layers it knows, dlight's bucket for the others)."""
+
+    def __init__(self, *rules) -> None:
+        self.rules = rules
+
+    def apply(self, func, target, tunable):
+        for rule in self.rules:
+            sch = rule.apply(func, target, tunable)
+            if sch is not None:
+                return sch
+        return None
+
+
 # Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket or a schedule rule) per branch,
 # the tiled matmul above the last bound (the split MLC-LLM's LowBatchGemvSpecialize uses). Measured
 # on an H100 (tools/gpu_checks.py `variants`, 2 layers of the 8B-architecture model, q4f16, the

@@ -32,88 +32,104 @@ from tvm_ffi import structural_equal
 
 from kiln.compiler.quant_modules import QuantFormat, dequantize_element
 
+from .row_dispatch import over_params
+
 LANES = 32                      # a warp
 WORD = 8                        # 4-bit values a packed word
 PAIR_MASK, FLOAT16_1024 = 0x000F000F, 0x64006400
 
 
-def q4_gemv(n: int, k: int, out_dtype: str, rows: int = 2, warps: int = 4, threads: bool = True) -> tirx.PrimFunc:
-    """out[0, 0, :n] = (x[0, 0, :k] . dequantized W[n, k]) for kiln's q4 float16 planes (W words
-    [n, k/8], scales [n, k/32]). `threads`: bound to CUDA blocks, threads and shuffles; False, the
-    same arithmetic in serial loops (for a CPU to check it)."""
+def q4_gemv(n: int, k: int, out_dtype: str, per_warp: int = 2, warps: int = 4, threads: bool = True,
+            batch: int = 1, count=None) -> tirx.PrimFunc:
+    """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most `batch`; count
+    None: 1, static) over kiln's q4 float16 planes (W words [n, k/8], scales [n, k/32]).
+    `per_warp`: weight rows a warp computes. `threads`: bound to CUDA blocks, threads and shuffles;
+    False: the same arithmetic in serial loops (for a CPU to check it)."""
     words_per_row, groups = k // WORD, k // 32
-    steps, blocks = words_per_row // LANES, n // (warps * rows)
-    lanes_total = blocks * warps
+    steps, blocks = words_per_row // LANES, n // (warps * per_warp)
+    warps_total = blocks * warps
+    rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
 
     @T.macro
     def lane_sums(acc, xf, wf, W, S, X, warp, lane):
-        for r in T.unroll(rows):
-            acc[r] = T.float32(0)
+        for i in T.unroll(per_warp * batch):
+            acc[i] = T.float32(0)
         for step in T.unroll(steps):            # every load issued ahead, as dlight does
             word = step * LANES + lane
-            for i in T.vectorized(WORD):
-                xf[i] = T.Cast("float32", X[0, 0, word * WORD + i])
-            for r in T.unroll(rows):
-                row = warp * rows + r
+            for b in T.unroll(batch):
+                if T.Cast("int64", b) < rows:
+                    for i in T.vectorized(WORD):
+                        xf[b * WORD + i] = T.Cast("float32", X[b, 0, word * WORD + i])
+                else:                           # (unrolled: TVM's CUDA code for a float32x8 zero does not compile)
+                    for i in T.unroll(WORD):
+                        xf[b * WORD + i] = T.float32(0)
+            for r in T.unroll(per_warp):
+                row = warp * per_warp + r
                 scale = T.Broadcast(S[row, word // 4], 2)
                 for j in T.unroll(4):
                     bits = T.bitwise_or(T.bitwise_and(T.shift_right(W[row, word], T.uint32(4 * j)),
                                                       T.uint32(PAIR_MASK)), T.uint32(FLOAT16_1024))
                     pair = (T.reinterpret("float16x2", bits) - T.Broadcast(T.float16(1032), 2)) * scale
                     wf[T.Ramp(0, 1, 2)] = T.Cast("float32x2", pair)
-                    acc[r] = acc[r] + xf[j] * wf[0] + xf[j + 4] * wf[1]
+                    for b in T.unroll(batch):
+                        acc[r * batch + b] = acc[r * batch + b] + xf[b * WORD + j] * wf[0] + xf[b * WORD + j + 4] * wf[1]
 
     if threads:
         @T.prim_func(private=True)
         def kernel(W: T.Buffer((T.int64(n), T.int64(words_per_row)), "uint32"),
                    S: T.Buffer((T.int64(n), T.int64(groups)), "float16"),
-                   X: T.Buffer((T.int64(1), T.int64(1), T.int64(k)), "float16"),
-                   Y: T.Buffer((T.int64(1), T.int64(1), T.int64(n)), out_dtype)):
+                   X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
+                   Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
             for bx in T.thread_binding(blocks, thread="blockIdx.x"):
                 for ty in T.thread_binding(warps, thread="threadIdx.y"):
                     for tx in T.thread_binding(LANES, thread="threadIdx.x"):
-                        acc = T.alloc_buffer((rows,), "float32", scope="local")
-                        xf = T.alloc_buffer((WORD,), "float32", scope="local")
+                        acc = T.alloc_buffer((per_warp * batch,), "float32", scope="local")
+                        xf = T.alloc_buffer((batch * WORD,), "float32", scope="local")
                         wf = T.alloc_buffer((2,), "float32", scope="local")
                         lane_sums(acc, xf, wf, W, S, X, bx * warps + ty, tx)
-                        for r in T.unroll(rows):
+                        for r, b in T.grid(per_warp, batch):
                             for o in T.unroll(5):                   # offsets 16, 8, 4, 2, 1
-                                acc[r] = acc[r] + T.tvm_warp_shuffle_down(
-                                    T.tvm_warp_activemask(), acc[r], T.shift_right(LANES // 2, o), LANES, LANES)
-                            if tx == 0:
-                                Y[0, 0, (bx * warps + ty) * rows + r] = T.Cast(out_dtype, acc[r])
+                                acc[r * batch + b] = acc[r * batch + b] + T.tvm_warp_shuffle_down(
+                                    T.tvm_warp_activemask(), acc[r * batch + b], T.shift_right(LANES // 2, o),
+                                    LANES, LANES)
+                            if tx == 0 and T.Cast("int64", b) < rows:
+                                Y[b, 0, (bx * warps + ty) * per_warp + r] = T.Cast(out_dtype, acc[r * batch + b])
         return kernel
 
     @T.prim_func(private=True)
     def serial(W: T.Buffer((T.int64(n), T.int64(words_per_row)), "uint32"),
                S: T.Buffer((T.int64(n), T.int64(groups)), "float16"),
-               X: T.Buffer((T.int64(1), T.int64(1), T.int64(k)), "float16"),
-               Y: T.Buffer((T.int64(1), T.int64(1), T.int64(n)), out_dtype)):
+               X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
+               Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
         T.func_attr({"tirx.noalias": True})
-        partial = T.alloc_buffer((lanes_total, LANES, rows), "float32")
-        for warp, lane in T.grid(lanes_total, LANES):
-            acc = T.alloc_buffer((rows,), "float32")
-            xf = T.alloc_buffer((WORD,), "float32")
+        partial = T.alloc_buffer((warps_total, LANES, per_warp * batch), "float32")
+        for warp, lane in T.grid(warps_total, LANES):
+            acc = T.alloc_buffer((per_warp * batch,), "float32")
+            xf = T.alloc_buffer((batch * WORD,), "float32")
             wf = T.alloc_buffer((2,), "float32")
             lane_sums(acc, xf, wf, W, S, X, warp, lane)
-            for r in T.serial(rows):
-                partial[warp, lane, r] = acc[r]
-        for warp, r in T.grid(lanes_total, rows):
+            for i in T.serial(per_warp * batch):
+                partial[warp, lane, i] = acc[i]
+        for warp, r, b in T.grid(warps_total, per_warp, batch):
             total = T.alloc_buffer((1,), "float32")
             total[0] = T.float32(0)
             for lane in T.serial(LANES):
-                total[0] = total[0] + partial[warp, lane, r]
-            Y[0, 0, warp * rows + r] = T.Cast(out_dtype, total[0])
+                total[0] = total[0] + partial[warp, lane, r * batch + b]
+            if T.Cast("int64", b) < rows:
+                Y[b, 0, warp * per_warp + r] = T.Cast(out_dtype, total[0])
     return serial
 
 
 class Q4GEMV:
-    """A OneRowGEMV rule (targets/gpu.py): q4_gemv for a matched one-row 4-bit dequantize-matmul on
-    CUDA, its params in the function's order; None for anything else (the next rule decides)."""
+    """q4_gemv for a matched 4-bit dequantize-matmul on CUDA; None for anything else (the next rule
+    decides). `batch` 1: a OneRowGEMV rule (targets/gpu.py; the function's rows bound to 1), giving
+    a Schedule of the kernel with its params in the function's order. `batch` > 1: a
+    LOW_BATCH_BRANCHES rule for up to `batch` rows, giving the kernel as a body over the function's
+    own params (its rows symbolic; rows past the call's count are neither read nor written)."""
 
-    def __init__(self, rows: int = 2, warps: int = 4) -> None:
-        self.rows, self.warps = rows, warps
+    def __init__(self, per_warp: int = 2, warps: int = 4, batch: int = 1) -> None:
+        self.per_warp, self.warps, self.batch = per_warp, warps, batch
 
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
@@ -121,17 +137,21 @@ class Q4GEMV:
         match = _match(func)
         if match is None:
             return None
-        roles, n, k, out_dtype = match
-        if n % (self.rows * self.warps) or k % (LANES * WORD):
+        roles, n, k, out_dtype, rows = match
+        if n % (self.per_warp * self.warps) or k % (LANES * WORD):
             return None
-        kernel = q4_gemv(n, k, out_dtype, self.rows, self.warps)
+        one = isinstance(rows, tirx.IntImm)
+        if one != (self.batch == 1) or (one and int(rows) != 1):
+            return None
+        kernel = q4_gemv(n, k, out_dtype, self.per_warp, self.warps, batch=self.batch, count=None if one else rows)
         params = [kernel.params[role] for role in roles]    # W, S, X, Y placed where func has them
-        return s_tir.Schedule(tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs))
+        ordered = tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs)
+        return s_tir.Schedule(ordered) if one else over_params(func, ordered)
 
 
 def _match(func: tirx.PrimFunc):
-    """(the role, 0-3 for W, S, X, Y, of each of func's params in order; N; K; the out dtype) if func
-    is a one-row q4 float16 dequantize-matmul as kiln emits it, else None."""
+    """(the role, 0-3 for W, S, X, Y, of each of func's params in order; N; K; the out dtype; the
+    rows, 1 or a symbolic size) if func is a q4 float16 dequantize-matmul as kiln emits it, else None."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks) > 3:
@@ -147,12 +167,15 @@ def _match(func: tirx.PrimFunc):
     v_n, v_k = (iv.var for iv in deq.iter_vars)
     value = deq.body.value
     if not any(structural_equal(value, dequantize_element(QuantFormat("q4", 32, "float16"), "float16", words,
-                                                                 scales, None, v_n, v_k, by_bits))
+                                                          scales, None, v_n, v_k, by_bits))
                for by_bits in (False, True)):
         return None
     x = next((r.source for r in mm.reads if not r.source.same_as(deq.writes[0].source)), None)
     sums = mm.writes[0].source
-    if x is None or x.dtype != "float16" or sums.dtype != "float32" or [_int(d) for d in x.shape] != [1, 1, k]:
+    if x is None or x.dtype != "float16" or sums.dtype != "float32" or len(x.shape) != 3:
+        return None
+    rows = x.shape[0]
+    if not (isinstance(rows, tirx.Var) or _int(rows) == 1) or [_int(d) for d in x.shape[1:]] != [1, k]:
         return None
     i0, i1, i2, vk = (iv.var for iv in mm.iter_vars)
     dequantized = deq.writes[0].source
@@ -166,13 +189,14 @@ def _match(func: tirx.PrimFunc):
         c0, c1, c2 = (iv.var for iv in cast.iter_vars)
         if not structural_equal(cast.body.value, sums[c0, c1, c2].astype(out.dtype)):
             return None
-    if [_int(d) for d in out.shape] != [1, 1, n]:
+    same_rows = out.shape[0].same_as(rows) or (_int(rows) is not None and _int(out.shape[0]) == _int(rows))
+    if not same_rows or [_int(d) for d in out.shape[1:]] != [1, n]:
         return None
     roles = [b.name for b in (words, scales, x, out)]
     names = [p.name for p in func.params]
     if sorted(names) != sorted(roles) or len(set(roles)) != 4:
         return None
-    return [roles.index(name) for name in names], n, k, str(out.dtype)
+    return [roles.index(name) for name in names], n, k, str(out.dtype), rows
 
 
 def _int(dim) -> int | None:

@@ -68,7 +68,7 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
 # slower than dlight's at one row on the H100, 2026-11-26, and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
-VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 4)}, "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
+VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4)}, "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "bits": {"bits": True}, "all": {"gemv": {}, "tc": _TC_GROUP}}      # batches: the rows it changes (+ a control)
 
 
@@ -76,15 +76,16 @@ def variant_branches(variant: str):
     """VARIANTS[variant]'s row branches as LowBatchGEMV takes them, or None for the shipped ones."""
     from tvm.s_tir import dlight as dl
 
-    from kiln.targets.gpu import LOW_BATCH_BRANCHES, OneRowGEMV
+    from kiln.targets.gpu import LOW_BATCH_BRANCHES, FirstOf, OneRowGEMV
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
     from kiln.targets.q4_gemv import Q4GEMV
     spec = VARIANTS[variant]
     if "tc" not in spec and "gemv" not in spec:
         return None
     branches = list(LOW_BATCH_BRANCHES)
-    if "gemv" in spec:
+    if "gemv" in spec:                  # 1, 2 and 3-4 rows; 8-bit layers keep dlight's GEMV and buckets
         branches[0] = (1, OneRowGEMV(Q4GEMV(**spec["gemv"]), dl.gpu.GEMV()))
+        branches[1:3] = [(b, FirstOf(Q4GEMV(**spec["gemv"], batch=b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)]
     if "tc" in spec:
         branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
     return tuple(branches)
@@ -112,7 +113,7 @@ def built_with(variant: str):
         targets._PROFILES.update(profiles)
 
 
-VARIANT_BATCHES = (1, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
+VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
 
 
 def _prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None, variant: str = "base") -> str:

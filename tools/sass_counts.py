@@ -79,8 +79,10 @@ def sass_kernels(source: str, arch: str) -> dict[str, list[str]]:
     with tempfile.TemporaryDirectory(prefix="kiln-sass-") as tmp:
         cu, cubin = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
         cu.write_text(source)
-        subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "-w", "-o", str(cubin), str(cu)], check=True,
-                       stdout=subprocess.DEVNULL)
+        built = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "-w", "-o", str(cubin), str(cu)],
+                               capture_output=True, text=True)
+        if built.returncode:
+            raise SystemExit(f"nvcc failed on the generated CUDA:\n{built.stderr[-3000:]}")
         text = subprocess.run([nvdisasm(), "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
     kernels: dict[str, list[str]] = {}
     name = None

@@ -7,6 +7,9 @@ shaped as kiln's fused dequantize-matmul, through the OneRowGEMV branch that wou
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 import tvm
@@ -18,6 +21,17 @@ from kiln.targets import get_profile
 from kiln.targets.q4_gemv import Q4GEMV, q4_gemv
 
 FMT = QuantFormat("q4", 32, "float16")
+
+
+def _nvcc_compiles(source: str, tmp_path) -> None:
+    """nvcc turns the generated CUDA into sm_90 code (TVM's own build here only generates the
+    source: a float32x8 constant once generated CUDA that nvcc refused)."""
+    if shutil.which("nvcc") is None:
+        return
+    (tmp_path / "k.cu").write_text(source)
+    done = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-w", "-o", str(tmp_path / "k.cubin"),
+                           str(tmp_path / "k.cu")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _planes(n: int, k: int, seed: int):
@@ -53,6 +67,26 @@ def test_arithmetic_gives_the_float16_dequantized_weights_product(n, k, rows, wa
     assert np.abs(got - exact).max() > 10 * np.abs(got - rounded).max()
 
 
+@pytest.mark.parametrize("batch, count", [(2, 2), (4, 3), (4, 1)])
+def test_rows_past_the_count_are_neither_read_nor_written(batch, count):
+    """The kernel for up to `batch` activation rows, called with `count` of them (symbolic rows):
+    each row's sums as the one-row product gives them, the outputs past it left alone (its serial
+    form on this CPU, the rows' buffers exactly `count` long)."""
+    n, k = 32, 512
+    rows = tvm.tirx.Var("batch_size", "int64")
+    func = q4_gemv(n, k, "float32", 2, 2, threads=False, batch=batch, count=rows).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    planes, _ = _planes(n, k, seed=batch)
+    x = np.random.default_rng(count).normal(0, 1, (count, 1, k)).astype(np.float16)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (planes["qweight"], planes["scale"], x,
+                                                 np.full((count, 1, n), 7, np.float32))]
+    lib["main"](*args)
+    got = args[3].numpy()
+    for b in range(count):
+        np.testing.assert_allclose(got[b, 0], _reference(planes, x[b:b + 1], True), rtol=1e-5, atol=1e-5)
+
+
 def _fused_q4_matmul(n: int, k: int, out_dtype: str = "float16", fmt: QuantFormat = FMT):
     """A function shaped as kiln's fused 4-bit dequantize-matmul over `batch_size` rows (decode)."""
     i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
@@ -72,7 +106,7 @@ def _fused_q4_matmul(n: int, k: int, out_dtype: str = "float16", fmt: QuantForma
 
 
 @pytest.mark.parametrize("out_dtype", ["float16", "float32"])
-def test_one_row_branch_builds_for_cuda(out_dtype):
+def test_one_row_branch_builds_for_cuda(out_dtype, tmp_path):
     """OneRowGEMV(Q4GEMV()) on the fused function at an 8B projection's shape (4096 x 4096): the
     CUDA kernel has the float16-pair magic, the pair arithmetic and the lanes' shuffles."""
     from kiln.targets.gpu import OneRowGEMV
@@ -87,10 +121,31 @@ def test_one_row_branch_builds_for_cuda(out_dtype):
     source = tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
     assert str(0x64006400) in source and str(0x000F000F) in source      # the pair's bits
     assert "half2" in source and "__shfl_down_sync" in source
+    _nvcc_compiles(source, tmp_path)
+
+
+def test_row_bucket_builds_for_cuda(tmp_path):
+    """Q4GEMV(batch=4) as a LOW_BATCH_BRANCHES entry over symbolic rows: a body over the function's
+    own params, merged with the others by dispatch_on_rows, built for cuda-sm90."""
+    from kiln.targets.gpu import FirstOf, Matmul
+    from kiln.targets.row_dispatch import dispatch_on_rows
+    from tvm.s_tir import dlight as dl
+    profile = get_profile("cuda-sm90")
+    func = _fused_q4_matmul(4096, 4096)
+    with profile.tvm_target():
+        target = tvm.target.Target.current()
+        branch = FirstOf(Q4GEMV(batch=4), dl.gpu.LowBatchGEMV(4)).apply(func, target, False)
+        assert isinstance(branch, tvm.tirx.PrimFunc)                  # Q4GEMV's (dlight's is a Schedule)
+        tiled = Matmul().apply(func, target, False).mod["main"]
+        merged = dispatch_on_rows(func, [(4, branch)], tiled, thread_invariant=True)
+    merged = merged.with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "gemv")
+    source = tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
+    assert str(0x64006400) in source and "__shfl_down_sync" in source
+    _nvcc_compiles(source, tmp_path)
 
 
 def test_rule_refuses_what_it_does_not_compute():
-    """None (the next rule decides) for 8-bit codes, float32 scales (an as-stored GGUF's exact
+    """None (the next rule decides) for float32 scales (an as-stored GGUF's exact
     planes), rows that do not fill its warps, K not a multiple of 256, and other targets."""
     from kiln.targets.row_dispatch import one_row
     cuda = get_profile("cuda-sm90").tvm_target()
@@ -100,3 +155,6 @@ def test_rule_refuses_what_it_does_not_compute():
     assert rule.apply(one_row(_fused_q4_matmul(260, 512)), cuda, False) is None
     assert rule.apply(one_row(_fused_q4_matmul(256, 544)), cuda, False) is None
     assert rule.apply(one_row(_fused_q4_matmul(256, 512)), get_profile("rocm").tvm_target(), False) is None
+    assert rule.apply(_fused_q4_matmul(256, 512), cuda, False) is None             # symbolic rows: a bucket's
+    assert Q4GEMV(batch=2).apply(one_row(_fused_q4_matmul(256, 512)), cuda, False) is None
+    assert Q4GEMV(batch=2).apply(_fused_q4_matmul(256, 512), cuda, False) is not None

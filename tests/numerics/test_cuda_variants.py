@@ -192,7 +192,8 @@ def test_cuda_sample_tokens_draw_the_samplers_tokens(tiny_dirs, tmp_path):
 
 def test_cuda_q4_gemv_kernel():
     """targets/q4_gemv.py's kernel (a gpu_checks variant, off by default) on the GPU at 8B projection
-    shapes: the float32 sums of x times W, W rounded to float16 as the dequantize op rounds it."""
+    shapes, one row and 3 rows of a 4-row kernel: the float32 sums of x times W, W rounded to float16
+    as the dequantize op rounds it."""
     import tvm
 
     from kiln.compiler.quant_modules import QuantFormat
@@ -202,14 +203,15 @@ def test_cuda_q4_gemv_kernel():
     preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
     dev = tvm.cuda(0)
     rng = np.random.default_rng(3)
-    for n, k in ((4096, 4096), (1024, 14336)):
-        kernel = q4_gemv(n, k, "float32").with_attr("global_symbol", "gemv")
+    for (n, k), (batch, count) in zip(((4096, 4096), (1024, 14336), (4096, 4096)), ((1, 1), (1, 1), (4, 3))):
+        rows = None if batch == 1 else tvm.tirx.Var("batch_size", "int64")
+        kernel = q4_gemv(n, k, "float32", batch=batch, count=rows).with_attr("global_symbol", "gemv")
         lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
         planes = quantize(QuantFormat("q4", 32, "float16"), rng.normal(0, 0.05, (n, k)).astype(np.float32))
-        x = rng.normal(0, 1, (1, 1, k)).astype(np.float16)
-        out = tvm.runtime.tensor(np.zeros((1, 1, n), np.float32), dev)
+        x = rng.normal(0, 1, (count, 1, k)).astype(np.float16)
+        out = tvm.runtime.tensor(np.zeros((count, 1, n), np.float32), dev)
         lib["gemv"](tvm.runtime.tensor(planes["qweight"], dev), tvm.runtime.tensor(planes["scale"], dev),
                     tvm.runtime.tensor(x, dev), out)
         w = ((unpack_nibbles(planes["qweight"]).astype(np.float64) - 8)
              * np.repeat(planes["scale"].astype(np.float64), 32, axis=1)).astype(np.float16).astype(np.float64)
-        np.testing.assert_allclose(out.numpy()[0, 0], x[0, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
