@@ -1,11 +1,12 @@
-"""A 4-bit GEMV at one row that dequantizes two values per integer operation (CUDA).
+"""A 4-bit GEMV for 1-4 rows that dequantizes two values per integer operation (CUDA).
 
 Why: on an H100 (2026-11-26) the 8B's 4-bit GEMVs under dlight's GEMV schedule and its 8-bit LM
 head ran at the same ~3e12 weight values a second, twice the bytes a value for the 8-bit one: the
 kernels are capped by the SM's issue rate, not by memory. dlight's kernel spends ~8.1 SASS
-instructions a value (tools/sass_counts.py): a shift and a mask for each code, an int-to-float
-conversion, the subtraction and the scale as half-precision pairs after repacking them, a
-conversion of the weight and one of the activation to float32, the multiply-add.
+instructions a value at one row (tools/sass_counts.py): a shift and a mask for each code, an
+int-to-float conversion, the subtraction and the scale as half-precision pairs after repacking
+them, a conversion of the weight and one of the activation to float32, the multiply-add; its 2-
+and 4-row buckets dequantize again for every row.
 
 Here the arithmetic is written for the packed layout (compiler/quant_modules.py: value k of a row
 at bits 4 * (k % 8) of word k // 8): values j and j + 4 of a word sit 16 bits apart, so
@@ -14,14 +15,17 @@ at bits 4 * (k % 8) of word k // 8): values j and j + 4 of a word sit 16 bits ap
 
 (1024 + c in float16 is exact, 0x6400 being 1024's bits with an empty 10-bit mantissa), minus 1032
 and times the scale as float16 pairs: the same float16 value (c - 8) * scale the dequantize op
-rounds to, bit for bit. Then each weight to float32 and a float32 multiply-add, as the matmul
-defines. Each warp takes `rows` rows, its lanes consecutive words (coalesced 32-bit loads, as
-dlight's), so an activation's conversion serves `rows` rows; the lanes' sums meet in shuffles.
-~5.4 SASS instructions a value at 2 rows a warp (8.1 for dlight's), counted on the cuda-sm90 build.
+rounds to, bit for bit. Then each weight to float32 and a float32 multiply-add per activation row,
+as the matmul defines. Each warp takes `per_warp` weight rows, its lanes consecutive words
+(coalesced 32-bit loads, as dlight's), so an activation's conversion serves `per_warp` rows and a
+weight's dequantization every activation row; the lanes' sums meet in shuffles. Counted on the
+cuda-sm90 build of the 8B's layers (SASS instructions a weight value): 5.25 at one row (dlight's
+8.1), 8.5 for 2 rows, 12.6 for 4.
 
-Matched (Q4GEMV.apply): a one-row function exactly `dequantize` (kiln's q4 in float16, group 32,
-either code form) -> `NT_matmul` (float32 sums of float16 activations times the weights) ->
-optionally a cast of the sums; N a multiple of warps x rows, K of 256. Anything else: None.
+Matched (Q4GEMV.apply): a function exactly `dequantize` (kiln's q4 in float16, group 32, either
+code form) -> `NT_matmul` (float32 sums of float16 activations times the weights) -> optionally a
+cast of the sums, over one row or symbolic rows; N a multiple of warps x per_warp, K of 256.
+Anything else: None.
 """
 
 from __future__ import annotations

@@ -63,8 +63,9 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # float16 through their bits, no integer-to-float conversion: compiler/quant_modules.py code_value),
 # every kernel. "tcgroup": the 5-64-row tensor-core tiles staging the 4-bit weights a group of 32
 # values per thread (one 128-bit load of its words; K in steps of 128).
-# "q4gemv": targets/q4_gemv.py at one row for the 4-bit layers (two values dequantized per integer
-# operation, ~5.4 SASS instructions a value against dlight's 8.1; the 8-bit ones keep dlight's GEMV).
+# "q4gemv": targets/q4_gemv.py at 1, 2 and 3-4 rows for the 4-bit layers (two values dequantized per
+# integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
+# dlight's 8.1; the 8-bit layers keep dlight's GEMV and buckets).
 # "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
 # slower than dlight's at one row on the H100, 2026-11-26, and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
