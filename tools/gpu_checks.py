@@ -63,13 +63,13 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # float16 through their bits, no integer-to-float conversion: compiler/quant_modules.py code_value),
 # every kernel. "tcgroup": the 5-64-row tensor-core tiles staging the 4-bit weights a group of 32
 # values per thread (one 128-bit load of its words; K in steps of 128).
-# "q4gemv": targets/q4_gemv.py at 1, 2 and 3-4 rows for the 4-bit layers (two values dequantized per
-# integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
-# dlight's 8.1; the 8-bit layers keep dlight's GEMV and buckets).
+# "q4gemv": targets/q4_gemv.py at 1, 2, 3-4 and 5-8 rows for the 4-bit layers (two values dequantized
+# per integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
+# dlight's 8.1, 21.6 for 8 rows; the 8-bit layers keep dlight's GEMV and buckets and the tiles).
 # "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
 # slower than dlight's at one row on the H100, 2026-11-26, and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
-VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4)}, "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
+VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)}, "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "bits": {"bits": True}, "all": {"gemv": {}, "tc": _TC_GROUP}}      # batches: the rows it changes (+ a control)
 
 
@@ -84,11 +84,12 @@ def variant_branches(variant: str):
     if "tc" not in spec and "gemv" not in spec:
         return None
     branches = list(LOW_BATCH_BRANCHES)
-    if "gemv" in spec:                  # 1, 2 and 3-4 rows; 8-bit layers keep dlight's GEMV and buckets
-        branches[0] = (1, OneRowGEMV(Q4GEMV(**spec["gemv"]), dl.gpu.GEMV()))
-        branches[1:3] = [(b, FirstOf(Q4GEMV(**spec["gemv"], batch=b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)]
     if "tc" in spec:
         branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
+    if "gemv" in spec:                  # 1, 2, 3-4 and 5-8 rows; 8-bit layers keep what they had
+        branches[0] = (1, OneRowGEMV(Q4GEMV(**spec["gemv"]), dl.gpu.GEMV()))
+        branches[1:3] = [(b, FirstOf(Q4GEMV(**spec["gemv"], batch=b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)]
+        branches.insert(-1, (8, FirstOf(Q4GEMV(**spec["gemv"], batch=8), branches[-1][1])))
     return tuple(branches)
 
 
