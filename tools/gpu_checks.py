@@ -69,8 +69,10 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
 # slower than dlight's at one row on the H100, 2026-11-26, and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
-VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)}, "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
-            "bits": {"bits": True}, "all": {"gemv": {}, "tc": _TC_GROUP}}      # batches: the rows it changes (+ a control)
+# In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
+VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
+            "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
+            "all": {"gemv": {}, "tc": _TC_GROUP, "batches": (1, 5, 16, 64)}, "bits": {"bits": True, "batches": (1, 16)}}
 
 
 def variant_branches(variant: str):
