@@ -150,9 +150,9 @@ def gpu_schedule_rules() -> list:
 class OneRowGEMV:
     """dlight's GEMV rule (or the given rules, the first that applies) for a call of one row: the rule
     matches only a static row, so it schedules the function with its rows bound to 1, over the
-    original buffers' first row (row_dispatch over_params). Measured (H100, 8B-architecture q4f16, batch 1): a decode step took 6.45 ms
-    through batch_decode (LowBatchGEMV's 2-row bucket) and 3.87 ms through the static `decode`
-    entry, whose matmuls dlight's GEMV schedules (issue 10)."""
+    original buffers' first row (row_dispatch over_params). Measured (H100, 8B-architecture q4f16,
+    batch 1): a decode step took 6.45 ms through batch_decode (LowBatchGEMV's 2-row bucket) and
+    3.87 ms through the static `decode` entry, whose matmuls dlight's GEMV schedules (issue 10)."""
 
     def __init__(self, *rules) -> None:
         self.rules = rules or (dl.gpu.GEMV(),)  # rules for one static row, the first that applies wins

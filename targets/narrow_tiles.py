@@ -31,7 +31,6 @@ VECTOR = 4         # elements per thread per staged copy (float16: 8 bytes)
 FRAG = 16          # the wmma fragment's side
 
 
-
 def is_packed_words(buffer) -> bool:
     """Whether `buffer` is kiln's 4-bit packed words (uint32 [N, K / 8])."""
     return buffer.dtype == "uint32" and len(buffer.shape) == 2

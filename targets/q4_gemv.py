@@ -1,4 +1,4 @@
-"""A 4-bit GEMV for 1-4 rows that dequantizes two values per integer operation (CUDA).
+"""A 4-bit GEMV for a few rows that dequantizes two values per integer operation (CUDA).
 
 Why: on an H100 (2026-11-26) the 8B's 4-bit GEMVs under dlight's GEMV schedule and its 8-bit LM
 head ran at the same ~3e12 weight values a second, twice the bytes a value for the 8-bit one: the
@@ -20,7 +20,7 @@ as the matmul defines. Each warp takes `per_warp` weight rows, its lanes consecu
 (coalesced 32-bit loads, as dlight's), so an activation's conversion serves `per_warp` rows and a
 weight's dequantization every activation row; the lanes' sums meet in shuffles. Counted on the
 cuda-sm90 build of the 8B's layers (SASS instructions a weight value): 5.25 at one row (dlight's
-8.1), 8.5 for 2 rows, 12.6 for 4.
+8.1), 8.5 for 2 rows, 12.6 for 4, 21.6 for 8.
 
 Matched (Q4GEMV.apply): a function exactly `dequantize` (kiln's q4 in float16, group 32, either
 code form) -> `NT_matmul` (float32 sums of float16 activations times the weights) -> optionally a
@@ -76,7 +76,8 @@ def q4_gemv(n: int, k: int, out_dtype: str, per_warp: int = 2, warps: int = 4, t
                     pair = (T.reinterpret("float16x2", bits) - T.Broadcast(T.float16(1032), 2)) * scale
                     wf[T.Ramp(0, 1, 2)] = T.Cast("float32x2", pair)
                     for b in T.unroll(batch):
-                        acc[r * batch + b] = acc[r * batch + b] + xf[b * WORD + j] * wf[0] + xf[b * WORD + j + 4] * wf[1]
+                        acc[r * batch + b] = (acc[r * batch + b] + xf[b * WORD + j] * wf[0]
+                                              + xf[b * WORD + j + 4] * wf[1])
 
     if threads:
         @T.prim_func(private=True)
@@ -144,8 +145,8 @@ class Q4GEMV:
         roles, n, k, out_dtype, rows = match
         if n % (self.per_warp * self.warps) or k % (LANES * WORD):
             return None
-        one = isinstance(rows, tirx.IntImm)
-        if one != (self.batch == 1) or (one and int(rows) != 1):
+        one = isinstance(rows, tirx.IntImm)                 # _match: a static row count is 1
+        if one != (self.batch == 1):
             return None
         kernel = q4_gemv(n, k, out_dtype, self.per_warp, self.warps, batch=self.batch, count=None if one else rows)
         params = [kernel.params[role] for role in roles]    # W, S, X, Y placed where func has them

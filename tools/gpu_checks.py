@@ -72,7 +72,8 @@ _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
 VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
-            "all": {"gemv": {}, "tc": _TC_GROUP, "batches": (1, 5, 16, 64)}, "bits": {"bits": True, "batches": (1, 16)}}
+            "all": {"gemv": {}, "tc": _TC_GROUP, "batches": (1, 5, 16, 64)},
+            "bits": {"bits": True, "batches": (1, 16)}}
 
 
 def variant_branches(variant: str):
@@ -399,7 +400,8 @@ def variants(args, deadline: float | None = None) -> dict:
             continue
         art, seconds = compile_timed(src, "q4f16", args, variant)
         rows = {"compile_s": round(seconds, 1)}
-        for b in ([b for b in batches if b in spec["batches"]] if "batches" in spec and not args.quick else batches):
+        wanted = batches if args.quick else spec.get("batches", batches)
+        for b in (b for b in batches if b in wanted):
             runner, ids = _prefilled(art, b, args)
             logits = runner.decode(ids, [5] * b)
             reference.setdefault(b, logits)

@@ -16,7 +16,7 @@ import tvm
 from tvm import te
 
 from kiln.compiler.quant_modules import QuantFormat, dequantize_element
-from kiln.compiler.quant_pack import quantize, unpack_nibbles
+from kiln.compiler.quant_pack import dequantize, quantize
 from kiln.targets import get_profile
 from kiln.targets.q4_gemv import Q4GEMV, q4_gemv
 
@@ -42,10 +42,8 @@ def _planes(n: int, k: int, seed: int):
 
 
 def _reference(planes, x, round_weights: bool) -> np.ndarray:
-    """x . W in float64, W dequantized as the dequantize op does (rounded to float16) or exactly."""
-    codes = unpack_nibbles(planes["qweight"]).astype(np.float64) - 8
-    scales = np.repeat(planes["scale"].astype(np.float64), 32, axis=1)
-    w = (codes * scales).astype(np.float16).astype(np.float64) if round_weights else codes * scales
+    """x . W in float64, W dequantized as the dequantize op does (in float16) or exactly."""
+    w = dequantize(FMT, planes, "float16" if round_weights else "float64").astype(np.float64)
     return x[0, 0].astype(np.float64) @ w.T
 
 
@@ -58,7 +56,8 @@ def test_arithmetic_gives_the_float16_dequantized_weights_product(n, k, rows, wa
     lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
     planes, x = _planes(n, k, seed=n + k)
     dev = tvm.cpu()
-    args = [tvm.runtime.tensor(a, dev) for a in (planes["qweight"], planes["scale"], x, np.zeros((1, 1, n), np.float32))]
+    out = np.zeros((1, 1, n), np.float32)
+    args = [tvm.runtime.tensor(a, dev) for a in (planes["qweight"], planes["scale"], x, out)]
     lib["main"](*args)
     got = args[3].numpy()[0, 0].astype(np.float64)
     rounded, exact = _reference(planes, x, True), _reference(planes, x, False)

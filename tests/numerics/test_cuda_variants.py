@@ -197,21 +197,21 @@ def test_cuda_q4_gemv_kernel():
     import tvm
 
     from kiln.compiler.quant_modules import QuantFormat
-    from kiln.compiler.quant_pack import quantize, unpack_nibbles
+    from kiln.compiler.quant_pack import dequantize, quantize
     from kiln.targets.q4_gemv import q4_gemv
 
     preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
     dev = tvm.cuda(0)
     rng = np.random.default_rng(3)
+    fmt = QuantFormat("q4", 32, "float16")
     for (n, k), (batch, count) in zip(((4096, 4096), (1024, 14336), (4096, 4096)), ((1, 1), (1, 1), (4, 3))):
         rows = None if batch == 1 else tvm.tirx.Var("batch_size", "int64")
         kernel = q4_gemv(n, k, "float32", batch=batch, count=rows).with_attr("global_symbol", "gemv")
         lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
-        planes = quantize(QuantFormat("q4", 32, "float16"), rng.normal(0, 0.05, (n, k)).astype(np.float32))
+        planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
         x = rng.normal(0, 1, (count, 1, k)).astype(np.float16)
         out = tvm.runtime.tensor(np.zeros((count, 1, n), np.float32), dev)
         lib["gemv"](tvm.runtime.tensor(planes["qweight"], dev), tvm.runtime.tensor(planes["scale"], dev),
                     tvm.runtime.tensor(x, dev), out)
-        w = ((unpack_nibbles(planes["qweight"]).astype(np.float64) - 8)
-             * np.repeat(planes["scale"].astype(np.float64), 32, axis=1)).astype(np.float16).astype(np.float64)
+        w = dequantize(fmt, planes, "float16").astype(np.float64)            # as the dequantize op rounds it
         np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
