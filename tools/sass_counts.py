@@ -99,16 +99,19 @@ def sass_kernels(source: str, arch: str) -> dict[str, list[str]]:
 
 
 def main() -> None:
+    from gpu_checks import VARIANTS
+
+    from kiln.targets import get_profile, names
+    cuda = [name for name in names() if get_profile(name).device == "cuda"]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", help="a model kiln compiles (a path or an alias) [the 8B's 2 layers]")
-    ap.add_argument("--target", default="cuda-sm90")
+    ap.add_argument("--target", default="cuda-sm90", choices=cuda)
     ap.add_argument("--quant", default="q4f16")
-    ap.add_argument("--variant", default="base", help="a gpu_checks.py VARIANTS entry [base]")
+    ap.add_argument("--variant", default="base", choices=list(VARIANTS), help="a gpu_checks.py VARIANTS entry")
     ap.add_argument("--kernels", default="NT_matmul", help="regex over kernel names [NT_matmul]")
     ap.add_argument("--top", type=int, default=12, help="opcodes shown per kernel [12]")
     ap.add_argument("--json", help="also write {kernel: {total, opcodes}} here")
     args = ap.parse_args()
-    from kiln.targets import get_profile
     arch = get_profile(args.target).tvm_target().arch
     with tempfile.TemporaryDirectory(prefix="kiln-shapes-") as tmp:
         model = args.model
