@@ -19,6 +19,7 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.gpu import matmul as _dlight_matmul
 
 from .add_rms_norm import match_add_norm
+from .decode_attention import UseKilnDecodeAttention
 from .narrow_tiles import NarrowTensorCoreMatmul
 from .row_dispatch import dispatch_on_rows, is_scheduled, one_row, output_rows, over_params
 
@@ -288,12 +289,20 @@ def _fits_int32(func: tvm.tirx.PrimFunc, bounds: dict[str, int]) -> bool:
     return True
 
 
+# Target kinds whose KV cache decodes through targets/decode_attention.py instead of TVM's kernel
+# (CUDA: TVM's took 16.8 us a call at batch 1 on the H100 for 0.5 MB of keys and values; the others
+# keep TVM's until a device of theirs measures the swap).
+DECODE_ATTENTION_KINDS = ("cuda",)
+
+
 def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     """A GPU profile's additions to the pipeline phases (compiler/pipeline.py); `narrow_index`:
     LowBatchGEMV's kernels index in int32 (see there)."""
     if phase != "schedule":
         return []
     passes = [LowBatchGEMV(narrow_index=narrow_index), dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+    if profile.target.get("kind") in DECODE_ATTENTION_KINDS:
+        passes.insert(0, UseKilnDecodeAttention())
     if not tensorize_works():
         return [no_tensor_cores, *passes]
     if profile.target.get("kind") == "cuda":

@@ -66,11 +66,15 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "q4gemv": targets/q4_gemv.py at 1, 2, 3-4 and 5-8 rows for the 4-bit layers (two values dequantized
 # per integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
 # dlight's 8.1, 21.6 for 8 rows; the 8-bit layers keep dlight's GEMV and buckets and the tiles).
-# "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
-# slower than dlight's at one row on the H100, 2026-11-26, and is gone.)
+# "all": q4gemv and tcgroup. "tvmattn": TVM's paged decode attention kernel where base has
+# targets/decode_attention.py's (shipped for CUDA unmeasured: TVM's took 16.8 us a call at batch 1
+# on the H100, 2-byte gathers and a barrier every 16 tokens). (A GEMV giving each lane a whole
+# group of 32 values, "wide", ran 9-18% slower than dlight's at one row on the H100, 2026-11-26,
+# and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
-VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
+VARIANTS = {"base": {}, "tvmattn": {"tvm_attention": True, "batches": (1, 16, 64)},
+            "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "all": {"gemv": {}, "tc": _TC_GROUP, "batches": (1, 5, 16, 64)},
             "bits": {"bits": True, "batches": (1, 16)}}
@@ -98,14 +102,17 @@ def variant_branches(variant: str):
 
 @contextlib.contextmanager
 def built_with(variant: str):
-    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches, and the CUDA
-    presets' profiles carry its codes_by_bits."""
+    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches (and TVM's decode
+    attention for "tvmattn"), and the CUDA presets' profiles carry its codes_by_bits."""
     import dataclasses
 
     from kiln import targets
     from kiln.targets import gpu
     shipped, profiles = gpu.LOW_BATCH_BRANCHES, dict(targets._PROFILES)
+    attention = gpu.DECODE_ATTENTION_KINDS
     gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or shipped
+    if VARIANTS[variant].get("tvm_attention"):
+        gpu.DECODE_ATTENTION_KINDS = ()
     if VARIANTS[variant].get("bits"):
         for name, make in profiles.items():
             if name.startswith("cuda"):
@@ -113,7 +120,7 @@ def built_with(variant: str):
     try:
         yield
     finally:
-        gpu.LOW_BATCH_BRANCHES = shipped
+        gpu.LOW_BATCH_BRANCHES, gpu.DECODE_ATTENTION_KINDS = shipped, attention
         targets._PROFILES.clear()
         targets._PROFILES.update(profiles)
 
@@ -365,16 +372,45 @@ def gpu_kernel_times(runner, ids: list[int], steps: int = 16, top: int = 14) -> 
     kernel, as CUPTI records it (torch.profiler sees every kernel in the process, TVM's inside CUDA
     graphs included), against the step's wall time: busy_ms well under wall_ms means the host, not
     the GPU, sets the pace."""
+    tokens = [5] * len(ids)
+
+    def step() -> None:
+        nonlocal tokens
+        tokens = [int(t) for t in runner.decode_greedy(ids, tokens)]
+
+    for _ in range(4):                                     # warm-up: CUDA graphs captured
+        step()
+    return _cupti_times(step, steps, top)
+
+
+def prefill_kernel_times(art: Path, batch: int, args, steps: int = 4, top: int = 14) -> dict:
+    """The same for a prefill of `batch` sequences of --prompt-len tokens (each step adds the
+    sequences, prefills them and drops them): which kernels the issue's 16 x 128 prefill spends."""
+    runner = _runner(art, batch, args)
+    ids = list(range(batch))
+    prompts = [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids]
+
+    def step() -> None:
+        for i in ids:
+            runner.add_sequence(i)
+        runner.prefill(ids, prompts)
+        for i in ids:
+            runner.remove_sequence(i)
+
+    step()
+    return _cupti_times(step, steps, top)
+
+
+def _cupti_times(step, steps: int, top: int) -> dict:
+    """step() `steps` times under torch.profiler (CUPTI): wall and GPU-busy ms a step, the matmul and
+    decode attention kernels' share, and the `top` kernels (name, ms a step, calls a step)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    tokens = [5] * len(ids)
-    for _ in range(4):                                     # warm-up: CUDA graphs captured
-        tokens = [int(t) for t in runner.decode_greedy(ids, tokens)]
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(steps):
-            tokens = [int(t) for t in runner.decode_greedy(ids, tokens)]
+            step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t) / steps
     rows = [(e.key, e.device_time_total / steps / 1e3, e.count / steps) for e in prof.key_averages()
@@ -382,6 +418,7 @@ def gpu_kernel_times(runner, ids: list[int], steps: int = 16, top: int = 14) -> 
     rows.sort(key=lambda r: -r[1])
     return {"wall_ms": round(wall * 1e3, 3), "busy_ms": round(sum(r[1] for r in rows), 3),
             "matmul_ms": round(sum(r[1] for r in rows if "matmul" in r[0]), 3),
+            "attention_ms": round(sum(r[1] for r in rows if "batch_decode_paged_kv" in r[0]), 3),
             "kernels": [(name[:90], round(ms, 4), round(calls, 1)) for name, ms, calls in rows[:top]]}
 
 
@@ -408,7 +445,7 @@ def variants(args, deadline: float | None = None) -> dict:
             row = {"max_diff_vs_base": float(np.abs(logits - reference[b]).max())}
             if args.device == "cuda":
                 times = gpu_kernel_times(runner, ids, top=4)
-                row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "kernels")})
+                row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "attention_ms", "kernels")})
             del runner
             gc.collect()
             if args.device != "cuda":
@@ -417,40 +454,6 @@ def variants(args, deadline: float | None = None) -> dict:
             print(variant, f"batch {b}", json.dumps(row), flush=True)
         result[variant] = rows
         shutil.rmtree(art, ignore_errors=True)
-    return result
-
-
-def gemv_vs_low_batch(art: Path, args, steps: int = 64) -> dict:
-    """ms per batch-1 decode step, same weights and KV: through batch_decode (what the runtime calls;
-    its matmuls take dlight's LowBatchGEMV at <= 2 rows, targets/gpu.py) and through the static
-    `decode` entry (dlight's GEMV rule, which only matches a static row). If `decode` is clearly
-    faster, a GEMV branch at one row in LowBatchGEMV pays (TVM 0.27 has no Python TIR mutator to
-    re-target a specialized schedule's buffers, which that branch needs)."""
-    from tvm.runtime import ShapeTuple
-
-    from kiln.runtime.model_runner import _KV
-    runner = _runner(art, 1, args)
-    runner.add_sequence(0)
-    runner.prefill([0], [list(range(3, 3 + args.prompt_len))])
-    embeds = runner._embed(np.asarray([5], dtype=np.int32))            # [1, 1, hidden]
-    result = {}
-    for name in ("batch_decode", "decode"):
-        fn = runner.vm[name]
-
-        def step():
-            _KV["kv_state_begin_forward"](runner.kv, ShapeTuple([0]), ShapeTuple([1]))
-            fn(embeds, runner.kv, runner.params)
-            _KV["kv_state_end_forward"](runner.kv)
-            runner.pop_tokens(0, 1)
-
-        for _ in range(8):
-            step()
-        runner.device.sync()
-        t = time.perf_counter()
-        for _ in range(steps):
-            step()
-        runner.device.sync()
-        result[f"{name}_ms"] = round((time.perf_counter() - t) / steps * 1e3, 3)
     return result
 
 
@@ -659,7 +662,6 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
     beside transformers fp16 with a static cache on the same checkpoint."""
     import gc
 
-    import torch
     bw = copy_bandwidth_gbs(args.device)
     floor = bw * 1e9 / weight_bytes(art)
     result = {"weight_gb": round(weight_bytes(art) / 1e9, 2), "copy_bandwidth_gbs": round(bw),
@@ -675,8 +677,10 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
         result[key] = (gpu_kernel_times(*_prefilled(art, b, args)) if args.device == "cuda"
                        else kernel_profile(art, b, args))
         print(f"8b {key}", json.dumps(result[key]), flush=True)
-    result["batch 1 GEMV vs LowBatchGEMV"] = gemv_vs_low_batch(art, args)
-    print("8b GEMV vs LowBatchGEMV", json.dumps(result["batch 1 GEMV vs LowBatchGEMV"]), flush=True)
+    if args.device == "cuda":
+        key = f"prefill {16 if not args.quick else 2} x {args.prompt_len} kernels"
+        result[key] = prefill_kernel_times(art, 16 if not args.quick else 2, args)
+        print(f"8b {key}", json.dumps(result[key]), flush=True)
     gc.collect()
     if torch_too:
         result["torch fp16 static"] = torch8b(args)

@@ -126,21 +126,31 @@ def _rope_replacement(func: tirx.PrimFunc, create_args: list[relax.Expr]) -> tir
     return split_rotary_cpu(theta, scale, int(d), int(h_q), int(h_kv), dtype)
 
 
+def rope_before_attention(mod: tvm.ir.IRModule) -> list[relax.Expr] | None:
+    """The arguments of the module's one KV-cache creation if that cache applies RoPE before its
+    attention kernels (or not at all), else None: no cache, several, or RoPE inside attention
+    (``RopeMode.INLINE``, which kiln's kernels do not implement)."""
+    creations = _cache_creations(mod)
+    if len(creations) != 1 or _prim(creations[0][_ROPE_MODE_ARG]) not in _SUPPORTED_ROPE_MODES:
+        return None
+    return creations[0]
+
+
 @tvm.transform.module_pass(opt_level=0, name="UseKilnCPUAttention")
 class UseKilnCPUAttention:
     """Replace TVM's CPU paged-attention and RoPE PrimFuncs (by name) with kiln's, keeping their symbols."""
 
     def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        creations = _cache_creations(mod)
+        creation = rope_before_attention(mod)
         softcap = module_softcap(mod)
-        if len(creations) != 1 or _prim(creations[0][_ROPE_MODE_ARG]) not in _SUPPORTED_ROPE_MODES:
-            return mod                                  # no cache, several, or RoPE inside attention
+        if creation is None:
+            return mod
         mod = mod.clone()
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, tirx.PrimFunc):
                 continue
             if gv.name_hint == _ROPE_NAME:
-                new = _rope_replacement(func, creations[0])
+                new = _rope_replacement(func, creation)
             else:
                 new = _replacement(gv.name_hint, func, softcap)
             if new is None:

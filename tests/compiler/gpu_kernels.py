@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,17 +208,25 @@ def kernel_chunk(source: str, name: str) -> str:
     raise ValueError(f"no section for {name}")
 
 
-def reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale):
-    """Decode attention over a paged KV cache, in numpy: (output [B, H, D], lse [B, H] base 2)."""
+def reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale, window=None):
+    """Decode attention over a paged KV cache, in numpy: (output [B, H, D], lse [B, H] base 2).
+    `window`: (offsets, sinks) per sequence for the sliding-window kernels, which attend to the
+    first `sink` tokens and those from `offset` on. A sequence without tokens: output 0 and lse
+    -5e4, as TVM's kernels write them."""
     b_count, h_qo, _ = q.shape
     h_kv = pages.shape[2]
     out = np.zeros_like(q)
-    lse = np.zeros((b_count, h_qo), np.float32)
+    lse = np.full((b_count, h_qo), -5e4, np.float32)
     for b in range(b_count):
         seq_pages = values[indptr[b]:indptr[b + 1]]
+        if len(seq_pages) == 0:
+            continue
         length = (len(seq_pages) - 1) * page_size + last_len[b]
-        k = np.concatenate([pages[p, 0] for p in seq_pages], axis=1)[:, :length]   # [H_kv, L, D]
-        v = np.concatenate([pages[p, 1] for p in seq_pages], axis=1)[:, :length]
+        keep = np.arange(length)
+        if window is not None:
+            keep = np.r_[0:window[1][b], window[0][b]:length]
+        k = np.concatenate([pages[p, 0] for p in seq_pages], axis=1)[:, keep]   # [H_kv, L, D]
+        v = np.concatenate([pages[p, 1] for p in seq_pages], axis=1)[:, keep]
         for h in range(h_qo):
             kv = h // (h_qo // h_kv)
             s = (k[kv] @ q[b, h]) * sm_scale
@@ -224,3 +234,14 @@ def reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale)
             out[b, h] = (w / w.sum()) @ v[kv]
             lse[b, h] = (s.max() + np.log(w.sum())) / np.log(2)
     return out, lse
+
+
+def nvcc_compiles(source: str, tmp_path) -> None:
+    """nvcc turns generated CUDA into sm_90 code (TVM's own build here only generates the source: a
+    float32x8 constant once generated CUDA that nvcc refused). Nothing checked without nvcc."""
+    if shutil.which("nvcc") is None:
+        return
+    (tmp_path / "k.cu").write_text(source)
+    done = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-w", "-o", str(tmp_path / "k.cubin"),
+                           str(tmp_path / "k.cu")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -95,3 +95,25 @@ def test_tensor_core_tiles_stage_4bit_groups_with_128_bit_loads():
     assert re.search(r"uint qweight_local_ptr\[4\];", source)
     assert "*(uint4*)(qweight_local_ptr + 0) = *(uint4*)(qweight_ptr" in source
     assert "wmma::mma_sync" in source
+
+
+def test_cuda_decodes_with_kilns_attention_kernel(dumped_ir, tmp_path):
+    """The CUDA build's KV cache decodes through targets/decode_attention.py (both the plain and the
+    sliding-window kernel, TVM's symbols kept); its keys and values load 16 bytes a thread (TVM's
+    kernel gathers 2 bytes at a time: its pages' element offset leaves the rows' alignment
+    unknown), and nvcc compiles it. A head dim that does not split into 16-byte lanes of a warp
+    keeps TVM's kernel."""
+    from gpu_kernels import build_prim_func, nvcc_compiles
+
+    from kiln.targets.decode_attention import decode_attention, replacement
+    funcs = dumped_ir("cuda", "schedule")
+    for name in ("batch_decode_paged_kv", "batch_decode_paged_kv_sliding_window"):
+        assert '"kiln.attention": True' in funcs[name], name
+    kernels = build_prim_func("batch_decode_paged_kv", decode_attention(8, 32, 128, "float16", 16), "cuda-sm90")
+    loads = re.findall(r"\*\(uint4\*\)\(\w+_rows_ptr \+ \d+\) = \*\(uint4\*\)\(pages_ptr \+", kernels.artifact_source)
+    assert len(loads) == 8                                  # keys and values of 4 unrolled tokens
+    nvcc_compiles(kernels.artifact_source, tmp_path)
+    with pytest.raises(ValueError, match="16-byte lanes"):
+        decode_attention(8, 32, 96, "float16", 16)           # 12 lanes: does not tile a warp
+    tvm_kernel = kernels.func("batch_decode_paged_kv")
+    assert replacement("batch_prefill_paged_kv", tvm_kernel) is None

@@ -1,6 +1,7 @@
 """The android-opencl artifact's kernels, built and run by a real OpenCL implementation on this CPU
 (pocl, through pyopencl) against numpy: the 4-bit GEMV (decode), a 4-bit matmul (prefill) and
-the paged decode attention kernel. The source run is the one the artifact's library carries.
+the paged decode attention kernel. The source run is the one the artifact's library carries; kiln's
+own decode attention kernel (targets/decode_attention.py, what CUDA builds carry) is built alone.
 
 pocl's CPU device has no half precision, so the model is built with q4f32 (float32 activations);
 the q4f16 kernels differ only in their element type.
@@ -173,6 +174,39 @@ def test_decode_attention_on_opencl(queue, built):
                 "output": np.zeros_like(q), "lse": np.zeros((3, h_qo), np.float32)},
                {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": sm_scale})
     out, lse = reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale)
+    np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("h_kv, h_qo, d, warps, unroll, sliding", [
+    (2, 8, 64, 2, 2, False),        # GQA 4, 16 lanes a row (2 tokens a warp), 8 tokens a step
+    (3, 9, 32, 4, 4, False),        # GQA 3 (SmolLM2's), 8 lanes a row
+    (2, 2, 128, 8, 4, False),       # no GQA, a row a warp, 32 tokens a step
+    (2, 8, 64, 2, 2, True),         # the sliding-window form: a sink, then the window
+])
+def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sliding):
+    """targets/decode_attention.py, what CUDA builds decode with: sequences of 20, 16, 81 and no
+    tokens (several unrolled steps, partial ones, an empty sequence's -5e4 lse as TVM writes it)."""
+    from kiln.targets.decode_attention import decode_attention
+    name = "batch_decode_paged_kv" + ("_sliding_window" if sliding else "")
+    kernels = build_prim_func(name, decode_attention(h_kv, h_qo, d, "float32", 16, sliding, warps, unroll),
+                              "android-opencl")
+    rng = np.random.default_rng(d + h_qo)
+    indptr = np.array([0, 2, 3, 9, 9], np.int32)
+    values = np.array([3, 0, 5, 1, 6, 2, 7, 8, 4], np.int32)
+    last_len = np.array([4, 16, 1, 5], np.int32)
+    offsets, sinks = np.array([6, 0, 40, 0], np.int32), np.array([2, 0, 4, 0], np.int32)
+    q = rng.normal(0, 1, (4, h_qo, d)).astype(np.float32)
+    pages = rng.normal(0, 1, (9, 2, h_kv, 16, d)).astype(np.float32)
+    zeros = np.zeros(4, np.int32)
+    got = _run(queue, kernels, name,
+               {"Q": q, "pages": pages, "page_table_indptr": indptr, "page_table_values": values,
+                "length_info": np.stack([last_len, offsets, sinks]) if sliding else last_len,
+                "k_rope_pos_offset": zeros, "q_rope_position": zeros,
+                "output": np.full_like(q, 7.0), "lse": np.zeros((4, h_qo), np.float32)},
+               {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": d ** -0.5})
+    out, lse = reference_attention(q, pages, indptr, values, last_len, 16, d ** -0.5,
+                                   (offsets, sinks) if sliding else None)
     np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
 

@@ -7,9 +7,6 @@ shaped as kiln's fused dequantize-matmul, through the OneRowGEMV branch that wou
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 import tvm
@@ -20,18 +17,9 @@ from kiln.compiler.quant_pack import dequantize, quantize
 from kiln.targets import get_profile
 from kiln.targets.q4_gemv import Q4GEMV, q4_gemv
 
+from gpu_kernels import nvcc_compiles
+
 FMT = QuantFormat("q4", 32, "float16")
-
-
-def _nvcc_compiles(source: str, tmp_path) -> None:
-    """nvcc turns the generated CUDA into sm_90 code (TVM's own build here only generates the
-    source: a float32x8 constant once generated CUDA that nvcc refused)."""
-    if shutil.which("nvcc") is None:
-        return
-    (tmp_path / "k.cu").write_text(source)
-    done = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-w", "-o", str(tmp_path / "k.cubin"),
-                           str(tmp_path / "k.cu")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def _planes(n: int, k: int, seed: int):
@@ -120,7 +108,7 @@ def test_one_row_branch_builds_for_cuda(out_dtype, tmp_path):
     source = tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
     assert str(0x64006400) in source and str(0x000F000F) in source      # the pair's bits
     assert "half2" in source and "__shfl_down_sync" in source
-    _nvcc_compiles(source, tmp_path)
+    nvcc_compiles(source, tmp_path)
 
 
 def test_row_bucket_builds_for_cuda(tmp_path):
@@ -140,7 +128,7 @@ def test_row_bucket_builds_for_cuda(tmp_path):
     merged = merged.with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "gemv")
     source = tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
     assert str(0x64006400) in source and "__shfl_down_sync" in source
-    _nvcc_compiles(source, tmp_path)
+    nvcc_compiles(source, tmp_path)
 
 
 def test_rule_refuses_what_it_does_not_compute():

@@ -215,3 +215,37 @@ def test_cuda_q4_gemv_kernel():
                     tvm.runtime.tensor(x, dev), out)
         w = dequantize(fmt, planes, "float16").astype(np.float64)            # as the dequantize op rounds it
         np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("h_kv, h_qo, d", [(8, 32, 128), (3, 9, 64)])     # the 8B's heads, SmolLM2's
+def test_cuda_decode_attention_kernel(h_kv, h_qo, d):
+    """targets/decode_attention.py's kernel (what CUDA builds decode with) on the GPU in float16
+    against numpy: sequences of 20, 16, 1,009 and no tokens."""
+    import sys
+    from pathlib import Path
+
+    import tvm
+
+    from kiln.targets.decode_attention import decode_attention
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))
+    from gpu_kernels import reference_attention
+
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    kernel = decode_attention(h_kv, h_qo, d, "float16", 16).with_attr("global_symbol", "attn")
+    lib = tvm.compile(tvm.IRModule({"attn": kernel}), target=get_profile(preset).tvm_target())
+    dev, rng = tvm.cuda(0), np.random.default_rng(d)
+    counts = [2, 1, 64, 0]
+    indptr = np.cumsum([0, *counts]).astype(np.int32)
+    values = rng.permutation(sum(counts) + 3)[:sum(counts)].astype(np.int32)
+    last_len = np.array([4, 16, 1, 5], np.int32)
+    q = rng.normal(0, 1, (4, h_qo, d)).astype(np.float16)
+    pages = rng.normal(0, 1, (sum(counts) + 3, 2, h_kv, 16, d)).astype(np.float16)
+    out = tvm.runtime.tensor(np.zeros_like(q), dev)
+    lse = tvm.runtime.tensor(np.zeros((4, h_qo), np.float32), dev)
+    zeros = tvm.runtime.tensor(np.zeros(4, np.int32), dev)
+    lib["attn"](*(tvm.runtime.tensor(a, dev) for a in (q, pages, indptr, values, last_len)), zeros, zeros,
+                out, lse, 0, 1.0, 10000.0, d ** -0.5)
+    want_out, want_lse = reference_attention(q.astype(np.float32), pages.astype(np.float32), indptr, values,
+                                             last_len, 16, d ** -0.5)
+    np.testing.assert_allclose(out.numpy().astype(np.float32), want_out, rtol=1e-2, atol=2e-3)
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-3)

@@ -1,0 +1,251 @@
+"""Paged decode attention for GPUs that keeps many KV loads in flight (one token a sequence).
+
+Why: on an H100 (2026-11-26) TVM's decode kernel (relax/frontend/nn/llm/_decode_kernels.py) took
+16.8 us a call for the 8B's 128-token sequences at batch 1, where reading the layer's 0.5 MB of
+keys and values takes ~0.2 us: 32 of 4.27 ms a step. A work-group per sequence and KV head (8 at
+batch 1) walks the tokens 16 at a time, each step a page-table load, then the K/V rows, then a
+barrier, then a shuffle reduction per token and query head, one after another: latency, not
+bandwidth.
+
+Here a work-group (a sequence and a KV head, with every query head of its group) splits the
+sequence between its warps and those warps never wait on each other until the end. A token's
+row is read by `lanes` threads, 16 bytes each (D = 128 float16: 16 lanes, two tokens a warp); a
+thread loads `unroll` tokens' keys and values before using any, so each warp keeps
+unroll x 2 x 16 bytes a lane in flight; then each query head's score is the lanes' partial dot
+products summed across those lanes (tvm_thread_allreduce: warp shuffles on CUDA, shared memory
+where a target has none), and each slot (a warp's tokens) keeps its own online softmax. At the
+end the slots' (max, sum, output) meet once in shared memory.
+
+The function is a drop-in for TVM's: the same name, parameters and results (output [B, H_qo, D],
+lse [B, H_qo] in base 2, max -5e4 and sum 1 for a sequence without tokens), rotary_mode ignored:
+kiln swaps it in only where the cache applies RoPE before attention (UseKilnDecodeAttention).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+
+from .cpu.attention_pass import rope_before_attention
+from .cpu.attention_softcap import KILN_KERNEL_ATTR
+
+WARP = 32
+LOG2E = math.log2(math.e)
+_EMPTY_MAX = -5e4                  # TVM's initial max: what an empty sequence's lse reads
+
+
+def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, sliding_window: bool = False,
+                     warps: int = 8, unroll: int = 4) -> tirx.PrimFunc:
+    """The decode kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d` in `page_size`
+    pages of `dtype`; `warps` per work-group, `unroll` tokens a slot loads at once. ValueError when
+    a token's row does not split into 16-byte lanes that tile a warp."""
+    if h_qo % h_kv:
+        raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
+    group = h_qo // h_kv
+    vec = 16 // tvm.DataType(dtype).itemsize if dtype in ("float16", "bfloat16", "float32") else 0
+    lanes = d // vec if vec and d % vec == 0 else 0
+    if not lanes or lanes > WARP or WARP % lanes:
+        raise ValueError(f"head dim {d} in {dtype} does not split into 16-byte lanes of a warp")
+    per_warp = WARP // lanes
+    slots = per_warp * warps                     # tokens the work-group reads at one unrolled position
+    threads = WARP * warps
+    step = slots * unroll
+    symbol = "batch_decode_paged_kv" + ("_sliding_window" if sliding_window else "")
+
+    def chunk_len(begin, end, b, length_info):
+        pages = end - begin - 1
+        if sliding_window:                       # [last page length, window offset, sink size]
+            return pages * page_size + length_info[0, b] - length_info[1, b] + length_info[2, b]
+        return pages * page_size + length_info[b]
+
+    def seq_offset(t, b, length_info):
+        if sliding_window:                       # the sink, then the window
+            return T.if_then_else(t < length_info[2, b], t, t - length_info[2, b] + length_info[1, b])
+        return t
+
+    @T.prim_func(s_tir=True)
+    def kernel(Q_handle: T.handle, pages_handle: T.handle, page_table_indptr_handle: T.handle,
+               page_table_values_handle: T.handle, var_length_info: T.handle, k_rope_pos_offset_handle: T.handle,
+               q_rope_position_handle: T.handle, output_handle: T.handle, lse_handle: T.handle,
+               rotary_mode: T.int32, rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+        T.func_attr({"tirx.is_scheduled": True, "global_symbol": symbol, "tirx.noalias": True})
+        B = T.int32()
+        nnz_pages = T.int32()
+        max_num_pages = T.int64()          # int64: a large cache's pages pass 2**31 elements
+        page_indptr_elem_offset = T.int32()
+        page_values_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        length_info_elem_offset = T.int32()
+        Q = T.match_buffer(Q_handle, (B, h_qo, d), dtype)
+        # No elem_offset (TVM's kernel takes any): with one, the analyzer cannot prove a row's 16 bytes
+        # aligned and the loads become 8 gathers of 2 bytes. The cache allocates each layer's pages
+        # whole; a view into them is refused by the argument checks, not read wrongly.
+        pages = T.match_buffer(pages_handle, (max_num_pages, 2, h_kv, page_size, d), dtype)
+        page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32",
+                                           elem_offset=page_indptr_elem_offset)
+        page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32",
+                                           elem_offset=page_values_elem_offset)
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",
+                                           elem_offset=k_rope_pos_offset_elem_offset)
+        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",
+                                         elem_offset=q_rope_position_elem_offset)
+        output = T.match_buffer(output_handle, (B, h_qo, d), dtype)
+        lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
+        length_info = T.match_buffer(var_length_info, (3, B) if sliding_window else (B,), "int32",
+                                     elem_offset=length_info_elem_offset)
+
+        for bx in T.thread_binding(B, thread="blockIdx.x"):
+            for by in T.thread_binding(h_kv, thread="blockIdx.y"):
+                for tz in T.thread_binding(warps, thread="threadIdx.z"):
+                    for ty in T.thread_binding(per_warp, thread="threadIdx.y"):
+                        for tx in T.thread_binding(lanes, thread="threadIdx.x"):
+                            with T.sblock("attn"):
+                                q = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+                                k_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
+                                v_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
+                                scores = T.sblock_alloc_buffer((unroll, group), "float32", scope="local")
+                                part = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                                summed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                                run_max = T.sblock_alloc_buffer((group,), "float32", scope="local")
+                                run_sum = T.sblock_alloc_buffer((group,), "float32", scope="local")
+                                acc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+                                new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                                length = T.sblock_alloc_buffer((1,), "int32", scope="local")
+                                merged = T.sblock_alloc_buffer((4,), "float32", scope="local")
+                                slot_out = T.sblock_alloc_buffer((slots, d), "float32", scope="shared")
+                                slot_state = T.sblock_alloc_buffer((slots, 2), "float32", scope="shared")
+
+                                slot: T.let[T.int32] = tz * per_warp + ty
+                                begin: T.let[T.int32] = page_table_indptr[bx]
+                                end: T.let[T.int32] = page_table_indptr[bx + 1]
+                                length[0] = T.if_then_else(begin != end, chunk_len(begin, end, bx, length_info), 0)
+                                for i in T.unroll(group):
+                                    for j in T.unroll(vec):     # (no float32x8 in CUDA C)
+                                        q[i, j] = (T.Cast("float32", Q[bx, by * group + i, tx * vec + j])
+                                                   * (sm_scale * T.float32(LOG2E)))
+                                    run_max[i] = T.float32(_EMPTY_MAX)
+                                    run_sum[i] = T.float32(0)
+                                    for j in T.unroll(vec):
+                                        acc[i, j] = T.float32(0)
+
+                                for it in T.serial(T.ceildiv(length[0], step)):
+                                    # every load of the unrolled tokens first
+                                    for u in T.unroll(unroll):
+                                        t: T.let[T.int32] = (it * unroll + u) * slots + slot
+                                        if t < length[0]:
+                                            pos: T.let[T.int32] = seq_offset(t, bx, length_info)
+                                            page: T.let[T.int32] = page_table_values[begin + pos // page_size]
+                                            for j in T.vectorized(vec):
+                                                k_rows[u, j] = pages[page, 0, by, pos % page_size, tx * vec + j]
+                                            for j in T.vectorized(vec):
+                                                v_rows[u, j] = pages[page, 1, by, pos % page_size, tx * vec + j]
+                                        else:
+                                            for j in T.unroll(vec):
+                                                k_rows[u, j] = T.Cast(dtype, 0)
+                                                v_rows[u, j] = T.Cast(dtype, 0)
+                                    # scores: each lane's part of the dot product, summed over the row's lanes
+                                    # (serial loops: TVM lowers one allreduce per statement; nvcc unrolls them)
+                                    for u in T.serial(unroll):
+                                        for i in T.serial(group):
+                                            part[0] = T.float32(0)
+                                            for j in T.unroll(vec):
+                                                part[0] = part[0] + q[i, j] * T.Cast("float32", k_rows[u, j])
+                                            with T.sblock("lanes_sum"):
+                                                T.reads(part[0])
+                                                T.writes(summed[0])
+                                                T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]),
+                                                       "reduce_scope", T.int32(0))
+                                                T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx,
+                                                                       dtype="void")
+                                            scores[u, i] = summed[0]
+                                    # the slot's online softmax
+                                    for i in T.unroll(group):
+                                        new_max[0] = run_max[i]
+                                        for u in T.unroll(unroll):
+                                            if (it * unroll + u) * slots + slot < length[0]:
+                                                new_max[0] = T.max(new_max[0], scores[u, i])
+                                        rescale: T.let[T.float32] = T.exp2(run_max[i] - new_max[0])
+                                        run_sum[i] = run_sum[i] * rescale
+                                        for j in T.unroll(vec):
+                                            acc[i, j] = acc[i, j] * rescale
+                                        for u in T.unroll(unroll):
+                                            if (it * unroll + u) * slots + slot < length[0]:
+                                                p: T.let[T.float32] = T.exp2(scores[u, i] - new_max[0])
+                                                run_sum[i] = run_sum[i] + p
+                                                for j in T.unroll(vec):
+                                                    acc[i, j] = acc[i, j] + p * T.Cast("float32", v_rows[u, j])
+                                        run_max[i] = new_max[0]
+
+                                # the slots' states merged, one query head at a time
+                                for i in T.serial(group):
+                                    for j in T.unroll(vec):
+                                        slot_out[slot, tx * vec + j] = acc[i, j]
+                                    if tx == 0:
+                                        slot_state[slot, 0] = run_max[i]
+                                        slot_state[slot, 1] = run_sum[i]
+                                    T.tvm_storage_sync("shared")
+                                    for rep in T.serial((d + threads - 1) // threads):
+                                        dim: T.let[T.int32] = rep * threads + slot * lanes + tx
+                                        if dim < d:
+                                            merged[0] = T.float32(_EMPTY_MAX)        # the max
+                                            for s in T.serial(slots):
+                                                merged[0] = T.max(merged[0], slot_state[s, 0])
+                                            merged[1] = T.float32(0)                  # the sum
+                                            merged[2] = T.float32(0)                  # the output
+                                            for s in T.serial(slots):
+                                                w: T.let[T.float32] = T.exp2(slot_state[s, 0] - merged[0])
+                                                merged[1] = merged[1] + slot_state[s, 1] * w
+                                                merged[2] = merged[2] + slot_out[s, dim] * w
+                                            merged[3] = T.if_then_else(merged[1] > T.float32(0), merged[1],
+                                                                       T.float32(1))
+                                            output[bx, by * group + i, dim] = T.Cast(dtype, merged[2] / merged[3])
+                                            if dim == 0:
+                                                lse[bx, by * group + i] = merged[0] + T.log2(merged[3])
+                                    T.tvm_storage_sync("shared")
+
+    return kernel
+
+
+# The KV cache's decode kernels kiln replaces (module names = TVM's global symbols).
+_DECODE = {"batch_decode_paged_kv": False, "batch_decode_paged_kv_sliding_window": True}
+
+
+def replacement(name: str, func: tirx.PrimFunc, **knobs) -> tirx.PrimFunc | None:
+    """kiln's kernel for TVM's decode kernel `name` (same shapes, read off its buffers), or None."""
+    if name not in _DECODE:
+        return None
+    q, pages = func.params[0], func.params[1]          # TVM 0.27: buffer params carry shape and dtype
+    _, h_qo, d = q.shape
+    _, _, h_kv, page_size, _ = pages.shape
+    try:
+        return decode_attention(int(h_kv), int(h_qo), int(d), str(q.dtype), int(page_size),
+                                sliding_window=_DECODE[name], **knobs)
+    except ValueError:
+        return None
+
+
+@tvm.transform.module_pass(opt_level=0, name="UseKilnDecodeAttention")
+class UseKilnDecodeAttention:
+    """Replace the KV cache's decode kernels (by name) with decode_attention's, keeping their symbols;
+    the module unchanged where the cache applies RoPE inside attention or is not there."""
+
+    def __init__(self, **knobs) -> None:
+        self.knobs = knobs                          # decode_attention's warps / unroll
+
+    def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
+        if rope_before_attention(mod) is None:
+            return mod
+        mod = mod.clone()
+        for gv, func in list(mod.functions_items()):
+            if isinstance(func, tirx.PrimFunc):
+                new = replacement(gv.name_hint, func, **self.knobs)
+                if new is not None:
+                    mod[gv] = new.with_attr(KILN_KERNEL_ATTR, True)
+        return mod
+
+
+__all__ = ["UseKilnDecodeAttention", "decode_attention", "replacement"]
