@@ -16,9 +16,16 @@ products summed across those lanes (tvm_thread_allreduce: warp shuffles on CUDA,
 where a target has none), and each slot (a warp's tokens) keeps its own online softmax. At the
 end the slots' (max, sum, output) meet once in shared memory.
 
+Long sequences in a small batch (few work-groups: 8 for the 8B at batch 1) are split: the host
+code picks, per call, how many work-groups share each sequence from what it knows (the batch
+and the pages it holds: split_count); each writes its share's (max, sum, unnormalised output)
+to a workspace and a second kernel merges them. Where nothing is split, one kernel runs.
+
 The function is a drop-in for TVM's: the same name, parameters and results (output [B, H_qo, D],
-lse [B, H_qo] in base 2, max -5e4 and sum 1 for a sequence without tokens), rotary_mode ignored:
-kiln swaps it in only where the cache applies RoPE before attention (UseKilnDecodeAttention).
+lse [B, H_qo] in base 2, output 0 and lse -5e4 for a sequence without tokens), rotary_mode
+ignored: kiln swaps it in only where the cache applies RoPE before attention
+(UseKilnDecodeAttention). Its pages must start at their buffer's start (no element offset), as
+the cache allocates them.
 """
 
 from __future__ import annotations
@@ -37,11 +44,18 @@ LOG2E = math.log2(math.e)
 _EMPTY_MAX = -5e4                  # TVM's initial max: what an empty sequence's lse reads
 
 
+# Splitting a sequence between work-groups (each writes its share's softmax state to a workspace, a
+# second kernel merges them) pays when there are few work-groups and long sequences: at most this
+# many work-groups in all, each split at least MIN_SPLIT tokens (a few of its unrolled steps).
+TARGET_GROUPS, MIN_SPLIT, MAX_SPLITS = 256, 256, 32
+
+
 def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, sliding_window: bool = False,
-                     warps: int = 8, unroll: int = 4) -> tirx.PrimFunc:
+                     warps: int = 8, unroll: int = 4, splits: int | None = None) -> tirx.PrimFunc:
     """The decode kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d` in `page_size`
-    pages of `dtype`; `warps` per work-group, `unroll` tokens a slot loads at once. ValueError when
-    a token's row does not split into 16-byte lanes that tile a warp."""
+    pages of `dtype`; `warps` per work-group, `unroll` tokens a slot loads at once. `splits`: how many
+    work-groups share a sequence; None: chosen at each call from the batch and the pages it holds
+    (split_count). ValueError when a token's row does not split into 16-byte lanes that tile a warp."""
     if h_qo % h_kv:
         raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
     group = h_qo // h_kv
@@ -66,6 +80,138 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
             return T.if_then_else(t < length_info[2, b], t, t - length_info[2, b] + length_info[1, b])
         return t
 
+    def attend(split: bool):
+        """One work-group's walk: sequence bx, KV head by, its tokens [lo, hi) (split: share bs of
+        n_splits; else all of them); the slots' states merged, then written: normalised to output
+        and lse, or (split) as they are to the workspace."""
+        @T.macro
+        def body(Q, pages, page_table_indptr, page_table_values, length_info, output, lse, ws_o, ws_md,
+                 sm_scale, bx, by, bs, n_splits, tz, ty, tx):
+            with T.sblock("attn"):
+                q = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+                k_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
+                v_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
+                scores = T.sblock_alloc_buffer((unroll, group), "float32", scope="local")
+                part = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                summed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                run_max = T.sblock_alloc_buffer((group,), "float32", scope="local")
+                run_sum = T.sblock_alloc_buffer((group,), "float32", scope="local")
+                acc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+                new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                span = T.sblock_alloc_buffer((2,), "int32", scope="local")        # [lo, hi)
+                merged = T.sblock_alloc_buffer((4,), "float32", scope="local")
+                slot_out = T.sblock_alloc_buffer((slots, d), "float32", scope="shared")
+                slot_state = T.sblock_alloc_buffer((slots, 2), "float32", scope="shared")
+
+                slot: T.let[T.int32] = tz * per_warp + ty
+                begin: T.let[T.int32] = page_table_indptr[bx]
+                end: T.let[T.int32] = page_table_indptr[bx + 1]
+                length: T.let[T.int32] = T.if_then_else(begin != end, chunk_len(begin, end, bx, length_info), 0)
+                if split:
+                    share: T.let[T.int32] = T.ceildiv(length, n_splits)
+                    span[0] = T.min(bs * share, length)
+                    span[1] = T.min(bs * share + share, length)
+                else:
+                    span[0] = 0
+                    span[1] = length
+                for i in T.unroll(group):
+                    for j in T.unroll(vec):     # (no float32x8 in CUDA C)
+                        q[i, j] = T.Cast("float32", Q[bx, by * group + i, tx * vec + j]) * (sm_scale * T.float32(LOG2E))
+                    run_max[i] = T.float32(_EMPTY_MAX)
+                    run_sum[i] = T.float32(0)
+                    for j in T.unroll(vec):
+                        acc[i, j] = T.float32(0)
+
+                for it in T.serial(T.ceildiv(span[1] - span[0], step)):
+                    # every load of the unrolled tokens first
+                    for u in T.unroll(unroll):
+                        t: T.let[T.int32] = span[0] + (it * unroll + u) * slots + slot
+                        if t < span[1]:
+                            pos: T.let[T.int32] = seq_offset(t, bx, length_info)
+                            page: T.let[T.int32] = page_table_values[begin + pos // page_size]
+                            for j in T.vectorized(vec):
+                                k_rows[u, j] = pages[page, 0, by, pos % page_size, tx * vec + j]
+                            for j in T.vectorized(vec):
+                                v_rows[u, j] = pages[page, 1, by, pos % page_size, tx * vec + j]
+                        else:
+                            for j in T.unroll(vec):
+                                k_rows[u, j] = T.Cast(dtype, 0)
+                                v_rows[u, j] = T.Cast(dtype, 0)
+                    # scores: each lane's part of the dot product, summed over the row's lanes
+                    # (serial loops: TVM lowers one allreduce per statement; nvcc unrolls them)
+                    for u in T.serial(unroll):
+                        for i in T.serial(group):
+                            part[0] = T.float32(0)
+                            for j in T.unroll(vec):
+                                part[0] = part[0] + q[i, j] * T.Cast("float32", k_rows[u, j])
+                            with T.sblock("lanes_sum"):
+                                T.reads(part[0])
+                                T.writes(summed[0])
+                                T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]), "reduce_scope", T.int32(0))
+                                T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx, dtype="void")
+                            scores[u, i] = summed[0]
+                    # the slot's online softmax
+                    for i in T.unroll(group):
+                        new_max[0] = run_max[i]
+                        for u in T.unroll(unroll):
+                            if span[0] + (it * unroll + u) * slots + slot < span[1]:
+                                new_max[0] = T.max(new_max[0], scores[u, i])
+                        rescale: T.let[T.float32] = T.exp2(run_max[i] - new_max[0])
+                        run_sum[i] = run_sum[i] * rescale
+                        for j in T.unroll(vec):
+                            acc[i, j] = acc[i, j] * rescale
+                        for u in T.unroll(unroll):
+                            if span[0] + (it * unroll + u) * slots + slot < span[1]:
+                                p: T.let[T.float32] = T.exp2(scores[u, i] - new_max[0])
+                                run_sum[i] = run_sum[i] + p
+                                for j in T.unroll(vec):
+                                    acc[i, j] = acc[i, j] + p * T.Cast("float32", v_rows[u, j])
+                        run_max[i] = new_max[0]
+
+                # the slots' states merged, one query head at a time
+                for i in T.serial(group):
+                    for j in T.unroll(vec):
+                        slot_out[slot, tx * vec + j] = acc[i, j]
+                    if tx == 0:
+                        slot_state[slot, 0] = run_max[i]
+                        slot_state[slot, 1] = run_sum[i]
+                    T.tvm_storage_sync("shared")
+                    for rep in T.serial((d + threads - 1) // threads):
+                        dim: T.let[T.int32] = rep * threads + slot * lanes + tx
+                        if dim < d:
+                            merge_states(merged, slot_state, slot_out, slots, dim)
+                            if split:
+                                ws_o[bx, bs, by * group + i, dim] = merged[2]
+                                if dim == 0:
+                                    ws_md[bx, bs, by * group + i, 0] = merged[0]
+                                    ws_md[bx, bs, by * group + i, 1] = merged[1]
+                            else:
+                                output[bx, by * group + i, dim] = T.Cast(dtype, merged[2] / merged[3])
+                                if dim == 0:
+                                    lse[bx, by * group + i] = merged[0] + T.log2(merged[3])
+                    T.tvm_storage_sync("shared")
+        return body
+
+    @T.macro
+    def merge_states(merged, state, out, count, dim):
+        """merged = (max, sum, output, sum or 1 where 0) of `count` online-softmax states: state[s] =
+        (max, sum), out[s, dim] the unnormalised output; no tokens at all: output 0, max -5e4."""
+        merged[0] = T.float32(_EMPTY_MAX)
+        for s in T.serial(count):
+            merged[0] = T.max(merged[0], state[s, 0])
+        merged[1] = T.float32(0)
+        merged[2] = T.float32(0)
+        for s in T.serial(count):
+            w: T.let[T.float32] = T.exp2(state[s, 0] - merged[0])
+            merged[1] = merged[1] + state[s, 1] * w
+            merged[2] = merged[2] + out[s, dim] * w
+        merged[3] = T.if_then_else(merged[1] > T.float32(0), merged[1], T.float32(1))
+
+    whole, share = attend(False), attend(True)
+
+    def n_split(batch, pages):
+        return split_count(batch, pages, h_kv, page_size) if splits is None else splits
+
     @T.prim_func(s_tir=True)
     def kernel(Q_handle: T.handle, pages_handle: T.handle, page_table_indptr_handle: T.handle,
                page_table_values_handle: T.handle, var_length_info: T.handle, k_rope_pos_offset_handle: T.handle,
@@ -89,125 +235,63 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
                                            elem_offset=page_indptr_elem_offset)
         page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32",
                                            elem_offset=page_values_elem_offset)
-        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",  # noqa: F841 (RoPE: applied before)
                                            elem_offset=k_rope_pos_offset_elem_offset)
-        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",
+        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",  # noqa: F841
                                          elem_offset=q_rope_position_elem_offset)
         output = T.match_buffer(output_handle, (B, h_qo, d), dtype)
         lse = T.match_buffer(lse_handle, (B, h_qo), "float32")
         length_info = T.match_buffer(var_length_info, (3, B) if sliding_window else (B,), "int32",
                                      elem_offset=length_info_elem_offset)
+        # the splits' states (allocated on every call: a few KB where nothing is split)
+        ws_o = T.alloc_buffer((B, n_split(B, nnz_pages), h_qo, d), "float32")
+        ws_md = T.alloc_buffer((B, n_split(B, nnz_pages), h_qo, 2), "float32")
 
-        for bx in T.thread_binding(B, thread="blockIdx.x"):
-            for by in T.thread_binding(h_kv, thread="blockIdx.y"):
-                for tz in T.thread_binding(warps, thread="threadIdx.z"):
-                    for ty in T.thread_binding(per_warp, thread="threadIdx.y"):
-                        for tx in T.thread_binding(lanes, thread="threadIdx.x"):
-                            with T.sblock("attn"):
-                                q = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
-                                k_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
-                                v_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
-                                scores = T.sblock_alloc_buffer((unroll, group), "float32", scope="local")
-                                part = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                                summed = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                                run_max = T.sblock_alloc_buffer((group,), "float32", scope="local")
-                                run_sum = T.sblock_alloc_buffer((group,), "float32", scope="local")
-                                acc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
-                                new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                                length = T.sblock_alloc_buffer((1,), "int32", scope="local")
-                                merged = T.sblock_alloc_buffer((4,), "float32", scope="local")
-                                slot_out = T.sblock_alloc_buffer((slots, d), "float32", scope="shared")
-                                slot_state = T.sblock_alloc_buffer((slots, 2), "float32", scope="shared")
-
-                                slot: T.let[T.int32] = tz * per_warp + ty
-                                begin: T.let[T.int32] = page_table_indptr[bx]
-                                end: T.let[T.int32] = page_table_indptr[bx + 1]
-                                length[0] = T.if_then_else(begin != end, chunk_len(begin, end, bx, length_info), 0)
-                                for i in T.unroll(group):
-                                    for j in T.unroll(vec):     # (no float32x8 in CUDA C)
-                                        q[i, j] = (T.Cast("float32", Q[bx, by * group + i, tx * vec + j])
-                                                   * (sm_scale * T.float32(LOG2E)))
-                                    run_max[i] = T.float32(_EMPTY_MAX)
-                                    run_sum[i] = T.float32(0)
-                                    for j in T.unroll(vec):
-                                        acc[i, j] = T.float32(0)
-
-                                for it in T.serial(T.ceildiv(length[0], step)):
-                                    # every load of the unrolled tokens first
-                                    for u in T.unroll(unroll):
-                                        t: T.let[T.int32] = (it * unroll + u) * slots + slot
-                                        if t < length[0]:
-                                            pos: T.let[T.int32] = seq_offset(t, bx, length_info)
-                                            page: T.let[T.int32] = page_table_values[begin + pos // page_size]
-                                            for j in T.vectorized(vec):
-                                                k_rows[u, j] = pages[page, 0, by, pos % page_size, tx * vec + j]
-                                            for j in T.vectorized(vec):
-                                                v_rows[u, j] = pages[page, 1, by, pos % page_size, tx * vec + j]
-                                        else:
-                                            for j in T.unroll(vec):
-                                                k_rows[u, j] = T.Cast(dtype, 0)
-                                                v_rows[u, j] = T.Cast(dtype, 0)
-                                    # scores: each lane's part of the dot product, summed over the row's lanes
-                                    # (serial loops: TVM lowers one allreduce per statement; nvcc unrolls them)
-                                    for u in T.serial(unroll):
-                                        for i in T.serial(group):
-                                            part[0] = T.float32(0)
-                                            for j in T.unroll(vec):
-                                                part[0] = part[0] + q[i, j] * T.Cast("float32", k_rows[u, j])
-                                            with T.sblock("lanes_sum"):
-                                                T.reads(part[0])
-                                                T.writes(summed[0])
-                                                T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]),
-                                                       "reduce_scope", T.int32(0))
-                                                T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx,
-                                                                       dtype="void")
-                                            scores[u, i] = summed[0]
-                                    # the slot's online softmax
-                                    for i in T.unroll(group):
-                                        new_max[0] = run_max[i]
-                                        for u in T.unroll(unroll):
-                                            if (it * unroll + u) * slots + slot < length[0]:
-                                                new_max[0] = T.max(new_max[0], scores[u, i])
-                                        rescale: T.let[T.float32] = T.exp2(run_max[i] - new_max[0])
-                                        run_sum[i] = run_sum[i] * rescale
-                                        for j in T.unroll(vec):
-                                            acc[i, j] = acc[i, j] * rescale
-                                        for u in T.unroll(unroll):
-                                            if (it * unroll + u) * slots + slot < length[0]:
-                                                p: T.let[T.float32] = T.exp2(scores[u, i] - new_max[0])
-                                                run_sum[i] = run_sum[i] + p
-                                                for j in T.unroll(vec):
-                                                    acc[i, j] = acc[i, j] + p * T.Cast("float32", v_rows[u, j])
-                                        run_max[i] = new_max[0]
-
-                                # the slots' states merged, one query head at a time
-                                for i in T.serial(group):
-                                    for j in T.unroll(vec):
-                                        slot_out[slot, tx * vec + j] = acc[i, j]
-                                    if tx == 0:
-                                        slot_state[slot, 0] = run_max[i]
-                                        slot_state[slot, 1] = run_sum[i]
-                                    T.tvm_storage_sync("shared")
-                                    for rep in T.serial((d + threads - 1) // threads):
-                                        dim: T.let[T.int32] = rep * threads + slot * lanes + tx
-                                        if dim < d:
-                                            merged[0] = T.float32(_EMPTY_MAX)        # the max
-                                            for s in T.serial(slots):
-                                                merged[0] = T.max(merged[0], slot_state[s, 0])
-                                            merged[1] = T.float32(0)                  # the sum
-                                            merged[2] = T.float32(0)                  # the output
-                                            for s in T.serial(slots):
-                                                w: T.let[T.float32] = T.exp2(slot_state[s, 0] - merged[0])
-                                                merged[1] = merged[1] + slot_state[s, 1] * w
-                                                merged[2] = merged[2] + slot_out[s, dim] * w
-                                            merged[3] = T.if_then_else(merged[1] > T.float32(0), merged[1],
-                                                                       T.float32(1))
-                                            output[bx, by * group + i, dim] = T.Cast(dtype, merged[2] / merged[3])
-                                            if dim == 0:
-                                                lse[bx, by * group + i] = merged[0] + T.log2(merged[3])
-                                    T.tvm_storage_sync("shared")
+        if n_split(B, nnz_pages) <= 1:
+            for bx in T.thread_binding(B, thread="blockIdx.x"):
+                for by in T.thread_binding(h_kv, thread="blockIdx.y"):
+                    for tz in T.thread_binding(warps, thread="threadIdx.z"):
+                        for ty in T.thread_binding(per_warp, thread="threadIdx.y"):
+                            for tx in T.thread_binding(lanes, thread="threadIdx.x"):
+                                whole(Q, pages, page_table_indptr, page_table_values, length_info, output, lse,
+                                      ws_o, ws_md, sm_scale, bx, by, 0, 1, tz, ty, tx)
+        else:
+            for bx in T.thread_binding(B, thread="blockIdx.x"):
+                for by in T.thread_binding(h_kv, thread="blockIdx.y"):
+                    for bs in T.thread_binding(n_split(B, nnz_pages), thread="blockIdx.z"):
+                        for tz in T.thread_binding(warps, thread="threadIdx.z"):
+                            for ty in T.thread_binding(per_warp, thread="threadIdx.y"):
+                                for tx in T.thread_binding(lanes, thread="threadIdx.x"):
+                                    share(Q, pages, page_table_indptr, page_table_values, length_info, output,
+                                          lse, ws_o, ws_md, sm_scale, bx, by, bs, n_split(B, nnz_pages), tz, ty, tx)
+            for bx in T.thread_binding(B, thread="blockIdx.x"):
+                for hq in T.thread_binding(h_qo, thread="blockIdx.y"):
+                    for dim in T.thread_binding(d, thread="threadIdx.x"):
+                        with T.sblock("merge"):
+                            T.reads(ws_o[bx, 0:n_split(B, nnz_pages), hq, dim],
+                                    ws_md[bx, 0:n_split(B, nnz_pages), hq, 0:2])
+                            T.writes(output[bx, hq, dim], lse[bx, hq])
+                            merged = T.sblock_alloc_buffer((4,), "float32", scope="local")
+                            state = T.decl_buffer((n_split(B, nnz_pages), 2), "float32", data=ws_md.data,
+                                                  elem_offset=(bx * n_split(B, nnz_pages) * h_qo + hq) * 2,
+                                                  strides=(h_qo * 2, 1))
+                            out = T.decl_buffer((n_split(B, nnz_pages), d), "float32", data=ws_o.data,
+                                                elem_offset=(bx * n_split(B, nnz_pages) * h_qo + hq) * d,
+                                                strides=(h_qo * d, 1))
+                            merge_states(merged, state, out, n_split(B, nnz_pages), dim)
+                            output[bx, hq, dim] = T.Cast(dtype, merged[2] / merged[3])
+                            if dim == 0:
+                                lse[bx, hq] = merged[0] + T.log2(merged[3])
 
     return kernel
+
+
+def split_count(batch, pages, h_kv: int, page_size: int):
+    """How many work-groups share each sequence, from what the host knows at the call: the batch and
+    the pages it holds. 1 (no split) unless the sequences average MIN_SPLIT tokens and the batch
+    makes fewer than TARGET_GROUPS work-groups."""
+    tokens = pages * page_size // T.max(batch, 1)
+    return T.max(1, T.min(T.min(tokens // MIN_SPLIT, TARGET_GROUPS // T.max(batch * h_kv, 1)), MAX_SPLITS))
 
 
 # The KV cache's decode kernels kiln replaces (module names = TVM's global symbols).

@@ -73,7 +73,7 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
-VARIANTS = {"base": {}, "tvmattn": {"tvm_attention": True, "batches": (1, 16, 64)},
+VARIANTS = {"base": {}, "tvmattn": {"tvm_attention": True, "batches": (1, 16, 64), "long": True},
             "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "all": {"gemv": {}, "tc": _TC_GROUP, "batches": (1, 5, 16, 64)},
@@ -126,6 +126,7 @@ def built_with(variant: str):
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
+LONG_PROMPT = 4000                         # base and "long" variants: batch 1 after this many tokens too
 
 
 def _prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None, variant: str = "base") -> str:
@@ -438,20 +439,25 @@ def variants(args, deadline: float | None = None) -> dict:
         art, seconds = compile_timed(src, "q4f16", args, variant)
         rows = {"compile_s": round(seconds, 1)}
         wanted = batches if args.quick else spec.get("batches", batches)
-        for b in (b for b in batches if b in wanted):
-            runner, ids = _prefilled(art, b, args)
+        cases = [(b, args.prompt_len) for b in batches if b in wanted]
+        if not args.quick and (variant == "base" or spec.get("long")):
+            cases.append((1, LONG_PROMPT))              # a long sequence: the decode attention splits it
+        for b, prompt in cases:
+            run_args = argparse.Namespace(**{**vars(args), "prompt_len": prompt})
+            runner, ids = _prefilled(art, b, run_args)
             logits = runner.decode(ids, [5] * b)
-            reference.setdefault(b, logits)
-            row = {"max_diff_vs_base": float(np.abs(logits - reference[b]).max())}
+            reference.setdefault((b, prompt), logits)
+            row = {"max_diff_vs_base": float(np.abs(logits - reference[(b, prompt)]).max())}
             if args.device == "cuda":
                 times = gpu_kernel_times(runner, ids, top=4)
                 row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "attention_ms", "kernels")})
             del runner
             gc.collect()
             if args.device != "cuda":
-                row["tpot_ms"] = kiln_bench(art, b, args)["tpot_ms"]
-            rows[f"batch {b}"] = row
-            print(variant, f"batch {b}", json.dumps(row), flush=True)
+                row["tpot_ms"] = kiln_bench(art, b, run_args)["tpot_ms"]
+            name = f"batch {b}" + ("" if prompt == args.prompt_len else f", {prompt}-token prompt")
+            rows[name] = row
+            print(variant, name, json.dumps(row), flush=True)
         result[variant] = rows
         shutil.rmtree(art, ignore_errors=True)
     return result

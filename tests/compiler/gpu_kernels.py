@@ -159,6 +159,29 @@ def launch(func, values: dict[str, int]) -> tuple[tuple[int, int, int], tuple[in
     return blocks, threads
 
 
+def host_launches(built: Built, name: str, values: dict[str, int | float]) -> list[tuple[str, list, dict]]:
+    """The kernel launches of PrimFunc NAME's host code in order, for a function without host-side
+    branches (several kernels, a workspace): (kernel, its arguments: a buffer name or a number, the
+    launch extents by thread tag). Element offsets are 0; other scalars come from `values` and the
+    host code's lets."""
+    values = host_values(built, name, values)
+    out = []
+    for m in re.finditer(r'T\.call_ffi_kernel\("(\w+)", (.*?), launch_params=\[(.*?)\]', built.host[name].script()):
+        args = [a.strip() for a in m.group(2).split(",")]
+        tags = [t.strip().strip('"') for t in m.group(3).split(",")]
+        extents = [_evaluate(a, values) for a in args[len(args) - len(tags):]]
+        resolved = []
+        for a in args[:len(args) - len(tags)]:
+            if a.endswith(".data"):
+                resolved.append(re.sub(r"_\d+$", "", a.removesuffix(".data")))
+            elif a.endswith(".elem_offset"):
+                resolved.append(0)
+            else:
+                resolved.append(values[a] if a in values else _evaluate(a, values))
+        out.append((m.group(1), resolved, dict(zip(tags, extents))))
+    return out
+
+
 def shape_values(func, arrays: dict[str, np.ndarray]) -> dict[str, int]:
     """Symbolic sizes read off the arrays given for the buffers (elem offsets are 0)."""
     values: dict[str, int] = {}

@@ -110,10 +110,27 @@ def test_cuda_decodes_with_kilns_attention_kernel(dumped_ir, tmp_path):
     for name in ("batch_decode_paged_kv", "batch_decode_paged_kv_sliding_window"):
         assert '"kiln.attention": True' in funcs[name], name
     kernels = build_prim_func("batch_decode_paged_kv", decode_attention(8, 32, 128, "float16", 16), "cuda-sm90")
-    loads = re.findall(r"\*\(uint4\*\)\(\w+_rows_ptr \+ \d+\) = \*\(uint4\*\)\(pages_ptr \+", kernels.artifact_source)
-    assert len(loads) == 8                                  # keys and values of 4 unrolled tokens
-    nvcc_compiles(kernels.artifact_source, tmp_path)
+    source = kernels.artifact_source
+    bodies = dict(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\([^;{]*\{\n(.*?)\n}\n", source, re.S))
+    for kernel in ("batch_decode_paged_kv_kernel", "batch_decode_paged_kv_kernel_1"):     # whole, split
+        loads = re.findall(r"\*\(uint4\*\)\(\w+_rows_ptr \+ \d+\) = \*\(uint4\*\)\(pages_ptr \+", bodies[kernel])
+        assert len(loads) == 8, kernel                      # keys and values of 4 unrolled tokens
+    assert "make_uint4(pages_ptr[" not in source and "batch_decode_paged_kv_kernel_2" in source   # + the merge
+    nvcc_compiles(source, tmp_path)
     with pytest.raises(ValueError, match="16-byte lanes"):
         decode_attention(8, 32, 96, "float16", 16)           # 12 lanes: does not tile a warp
     tvm_kernel = kernels.func("batch_decode_paged_kv")
     assert replacement("batch_prefill_paged_kv", tvm_kernel) is None
+
+
+@pytest.mark.parametrize("batch, tokens, splits", [(1, 128, 1), (1, 255, 1), (1, 4096, 16), (16, 4096, 2),
+                                                   (64, 4096, 1), (1, 65536, 32), (3, 1024, 4)])
+def test_decode_attention_splits_long_sequences_of_small_batches(batch, tokens, splits):
+    """How many work-groups share a sequence (the 8B's 8 KV heads, 16-token pages): none at 128 tokens
+    (one pass of the unsplit kernel), enough for ~256 work-groups at 4,096 tokens and batch 1, none
+    once the batch alone makes 256."""
+    import tvm
+
+    from kiln.targets.decode_attention import split_count
+    count = split_count(tvm.tirx.IntImm("int32", batch), tvm.tirx.IntImm("int32", batch * tokens // 16), 8, 16)
+    assert int(count) == splits                             # (constants fold as the expression is built)

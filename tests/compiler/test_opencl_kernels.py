@@ -25,8 +25,8 @@ from kiln.models.causal_lm import _argmax_chunks, _argmax_of_chunks_te, _chunk_a
 from kiln.models.sampling import sample_kernel
 from kiln.targets.gpu import gpu_phase_passes
 
-from gpu_kernels import (branch_kernel, build, build_prim_func, buffers, host_values, is_q4_matmul, kernel_args,
-                         kernel_chunk, launch, reference_attention, row_branches, shape_values)
+from gpu_kernels import (branch_kernel, build, build_prim_func, buffers, host_launches, host_values, is_q4_matmul,
+                         kernel_args, kernel_chunk, launch, reference_attention, row_branches, shape_values)
 from sampling_cases import host_tokens, sampling_case
 
 pytestmark = pytest.mark.compiler
@@ -178,19 +178,45 @@ def test_decode_attention_on_opencl(queue, built):
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("h_kv, h_qo, d, warps, unroll, sliding", [
-    (2, 8, 64, 2, 2, False),        # GQA 4, 16 lanes a row (2 tokens a warp), 8 tokens a step
-    (3, 9, 32, 4, 4, False),        # GQA 3 (SmolLM2's), 8 lanes a row
-    (2, 2, 128, 8, 4, False),       # no GQA, a row a warp, 32 tokens a step
-    (2, 8, 64, 2, 2, True),         # the sliding-window form: a sink, then the window
+def _run_launches(queue, built, name: str, arrays: dict[str, np.ndarray], scalars: dict[str, float | int]):
+    """Every kernel PrimFunc NAME's host code launches, in order, as it launches them (its workspaces
+    among `arrays`, by name); every buffer afterwards."""
+    values = {**shape_values(built.func(name), arrays), **scalars}
+    mf = cl.mem_flags
+    device = {n: cl.Buffer(queue.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
+              for n, a in arrays.items()}
+    for kernel, args, extents in host_launches(built, name, values):
+        program = cl.Program(queue.context, kernel_chunk(built.artifact_source, kernel)).build()
+        kinds = kernel_args(built.artifact_source, kernel)
+        cl_args = [device[a] if kind == "buffer" else _CL_TYPES[kind](a) for (kind, _), a in zip(kinds, args)]
+        threads = tuple(extents.get(f"threadIdx.{a}", 1) for a in "xyz")
+        blocks = tuple(extents.get(f"blockIdx.{a}", 1) for a in "xyz")
+        getattr(program, kernel)(queue, tuple(b * t for b, t in zip(blocks, threads)), threads, *cl_args)
+    out = {n: np.empty_like(a) for n, a in arrays.items()}
+    for n in arrays:
+        cl.enqueue_copy(queue, out[n], device[n])
+    queue.finish()
+    return out
+
+
+@pytest.mark.parametrize("h_kv, h_qo, d, warps, unroll, sliding, splits", [
+    (2, 8, 64, 2, 2, False, 1),     # GQA 4, 16 lanes a row (2 tokens a warp), 8 tokens a step
+    (3, 9, 32, 4, 4, False, 1),     # GQA 3 (SmolLM2's), 8 lanes a row
+    (2, 2, 128, 8, 4, False, 1),    # no GQA, a row a warp, 32 tokens a step
+    (2, 8, 64, 2, 2, True, 1),      # the sliding-window form: a sink, then the window
+    (2, 8, 64, 2, 2, False, 3),     # each sequence split between 3 work-groups, then merged
+    (3, 9, 32, 4, 4, False, 7),     # 7 splits: some of them empty
+    (2, 8, 64, 2, 2, True, 3),
 ])
-def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sliding):
+def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sliding, splits):
     """targets/decode_attention.py, what CUDA builds decode with: sequences of 20, 16, 81 and no
-    tokens (several unrolled steps, partial ones, an empty sequence's -5e4 lse as TVM writes it)."""
+    tokens (several unrolled steps, partial ones, an empty sequence's -5e4 lse as TVM writes it),
+    whole or split between work-groups (the splits' states in a workspace, a second kernel merging them)."""
     from kiln.targets.decode_attention import decode_attention
     name = "batch_decode_paged_kv" + ("_sliding_window" if sliding else "")
-    kernels = build_prim_func(name, decode_attention(h_kv, h_qo, d, "float32", 16, sliding, warps, unroll),
+    kernels = build_prim_func(name, decode_attention(h_kv, h_qo, d, "float32", 16, sliding, warps, unroll, splits),
                               "android-opencl")
+    assert len(host_launches(kernels, name, {"B": 4, "nnz_pages": 9, "sm_scale": 1.0})) == (1 if splits == 1 else 2)
     rng = np.random.default_rng(d + h_qo)
     indptr = np.array([0, 2, 3, 9, 9], np.int32)
     values = np.array([3, 0, 5, 1, 6, 2, 7, 8, 4], np.int32)
@@ -199,12 +225,14 @@ def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sl
     q = rng.normal(0, 1, (4, h_qo, d)).astype(np.float32)
     pages = rng.normal(0, 1, (9, 2, h_kv, 16, d)).astype(np.float32)
     zeros = np.zeros(4, np.int32)
-    got = _run(queue, kernels, name,
-               {"Q": q, "pages": pages, "page_table_indptr": indptr, "page_table_values": values,
-                "length_info": np.stack([last_len, offsets, sinks]) if sliding else last_len,
-                "k_rope_pos_offset": zeros, "q_rope_position": zeros,
-                "output": np.full_like(q, 7.0), "lse": np.zeros((4, h_qo), np.float32)},
-               {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": d ** -0.5})
+    got = _run_launches(queue, kernels, name,
+                        {"Q": q, "pages": pages, "page_table_indptr": indptr, "page_table_values": values,
+                         "length_info": np.stack([last_len, offsets, sinks]) if sliding else last_len,
+                         "k_rope_pos_offset": zeros, "q_rope_position": zeros,
+                         "output": np.full_like(q, 7.0), "lse": np.zeros((4, h_qo), np.float32),
+                         "ws_o": np.full(4 * splits * h_qo * d, np.nan, np.float32),
+                         "ws_md": np.full(4 * splits * h_qo * 2, np.nan, np.float32)},
+                        {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": d ** -0.5})
     out, lse = reference_attention(q, pages, indptr, values, last_len, 16, d ** -0.5,
                                    (offsets, sinks) if sliding else None)
     np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)

@@ -218,9 +218,11 @@ def test_cuda_q4_gemv_kernel():
 
 
 @pytest.mark.parametrize("h_kv, h_qo, d", [(8, 32, 128), (3, 9, 64)])     # the 8B's heads, SmolLM2's
-def test_cuda_decode_attention_kernel(h_kv, h_qo, d):
+@pytest.mark.parametrize("counts", [[2, 1, 64, 0], [150, 0, 3]])        # pages a sequence
+def test_cuda_decode_attention_kernel(h_kv, h_qo, d, counts):
     """targets/decode_attention.py's kernel (what CUDA builds decode with) on the GPU in float16
-    against numpy: sequences of 20, 16, 1,009 and no tokens."""
+    against numpy: sequences of 20, 16, 1,009 and no tokens (each walked by one work-group), and of
+    2,388, none and 33 (the long one split between 3 work-groups, then merged)."""
     import sys
     from pathlib import Path
 
@@ -234,15 +236,15 @@ def test_cuda_decode_attention_kernel(h_kv, h_qo, d):
     kernel = decode_attention(h_kv, h_qo, d, "float16", 16).with_attr("global_symbol", "attn")
     lib = tvm.compile(tvm.IRModule({"attn": kernel}), target=get_profile(preset).tvm_target())
     dev, rng = tvm.cuda(0), np.random.default_rng(d)
-    counts = [2, 1, 64, 0]
+    b = len(counts)
     indptr = np.cumsum([0, *counts]).astype(np.int32)
     values = rng.permutation(sum(counts) + 3)[:sum(counts)].astype(np.int32)
-    last_len = np.array([4, 16, 1, 5], np.int32)
-    q = rng.normal(0, 1, (4, h_qo, d)).astype(np.float16)
+    last_len = np.array([4, 16, 1, 5][:b], np.int32)
+    q = rng.normal(0, 1, (b, h_qo, d)).astype(np.float16)
     pages = rng.normal(0, 1, (sum(counts) + 3, 2, h_kv, 16, d)).astype(np.float16)
     out = tvm.runtime.tensor(np.zeros_like(q), dev)
-    lse = tvm.runtime.tensor(np.zeros((4, h_qo), np.float32), dev)
-    zeros = tvm.runtime.tensor(np.zeros(4, np.int32), dev)
+    lse = tvm.runtime.tensor(np.zeros((b, h_qo), np.float32), dev)
+    zeros = tvm.runtime.tensor(np.zeros(b, np.int32), dev)
     lib["attn"](*(tvm.runtime.tensor(a, dev) for a in (q, pages, indptr, values, last_len)), zeros, zeros,
                 out, lse, 0, 1.0, 10000.0, d ** -0.5)
     want_out, want_lse = reference_attention(q.astype(np.float32), pages.astype(np.float32), indptr, values,
