@@ -226,7 +226,7 @@ class QuantPlan:
             value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
             value = spec.transform(value) if spec.transform is not None else value
             if fmt is not None:
-                return self._planes_dict(name, fmt, [quant_pack.quantize(fmt, value)], source)
+                return self._planes_dict(name, fmt, [_quantized(fmt, value, name, source)], source)
             _check_shape(source, name, value.shape, float_shape or value.shape)
             return self.scheme.convert(name, value)
         cols = self.shapes[name][1]
@@ -249,7 +249,7 @@ class QuantPlan:
                 return quant_gguf.from_gguf_blocks(type_name, raw)
         w = source.weights.get(hf_name)
         _check_shape(source, hf_name, w.shape[1:], (cols,))
-        return quant_pack.quantize(fmt, w)
+        return _quantized(fmt, w, hf_name, source)
 
     # -- the artifact's record -------------------------------------------------------------
     def describe(self) -> dict:
@@ -298,6 +298,14 @@ def _layer_of(name: str) -> int | None:
     """The decoder layer index in a weight name (model.layers.<i>.), or None."""
     match = re.search(r"\.layers\.(\d+)\.", name)
     return int(match.group(1)) if match else None
+
+
+def _quantized(fmt: QuantFormat, w: np.ndarray, name: str, source: ModelSource) -> quant_pack.Planes:
+    """quant_pack.quantize, its refusals (NaN or infinite weights) naming the tensor and the file."""
+    try:
+        return quant_pack.quantize(fmt, w)
+    except ValueError as e:
+        raise ModelLoadError(f"{source.path}: {name}: {e}") from None
 
 
 def _check_shape(source: ModelSource, name: str, got: tuple, expected: tuple) -> None:

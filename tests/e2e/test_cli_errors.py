@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -103,6 +104,21 @@ def test_interrupted_compile_leaves_no_artifact(tmp_path, tiny_dirs):
     out = tmp_path / "out"
     assert_clean_error(kiln_cli("compile", str(broken), "-o", str(out)), "shape")
     assert not out.exists() and not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_nan_weights_are_refused_by_name(tmp_path, tiny_dirs):
+    """A checkpoint holding a NaN (a corrupt download, a broken export) fails the q4 conversion with
+    the tensor named, and writes nothing."""
+    from safetensors.numpy import load_file, save_file
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_dirs["tied"], broken)
+    tensors = load_file(broken / "model.safetensors")
+    name = next(n for n in sorted(tensors) if n.endswith("mlp.down_proj.weight"))
+    tensors[name][1, 3] = np.nan
+    save_file(tensors, broken / "model.safetensors")
+    out = tmp_path / "out"
+    assert_clean_error(kiln_cli("compile", str(broken), "--quant", "q4f32", "-o", str(out)), name, "NaN", "corrupt")
+    assert not out.exists()
 
 
 def test_serve_refuses_limits_the_artifact_or_machine_cannot_meet(tiny_artifacts):
