@@ -11,8 +11,9 @@ run on every core.
 The same bits as the numpy reference: the same candidates in the same order, products and the
 two dot products in float64 (exact for float16 and bfloat16 weights: quant_pack._dot computes
 them the same way), the same float32 roundings (rint: round half to even), the first maximum
-for a group's extreme (NaN first, as numpy's argmax), the first best candidate. tests/unit
-test_quant_kernel.py holds the two to each other.
+for a group's extreme, the first best candidate (tests/unit/test_quant_kernel.py holds the two to
+each other). Finite weights only: a group holding NaN or infinity gets a non-finite scale, and
+q4_quantize refuses the weight (numpy would quantize it to garbage).
 """
 
 from __future__ import annotations

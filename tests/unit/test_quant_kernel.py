@@ -52,6 +52,11 @@ def test_kernel_follows_the_rules_on_special_groups(dtype):
     np.testing.assert_allclose(dequantize(fmt, got)[2, 32:64], 0.25, rtol=1e-6)
 
 
+def test_kernel_tries_the_reference_candidates():
+    from kiln.compiler.quant_pack import _Q4_DIVISORS
+    assert quant_kernel.DIVISORS == [float(d) for d in _Q4_DIVISORS]
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite_weights_are_refused(bad):
     w = np.random.default_rng(0).normal(0, 1, (4, 64)).astype(np.float16)
