@@ -871,7 +871,7 @@ def main() -> None:
     Path(args.work).mkdir(parents=True, exist_ok=True)
     result = {"all": run_all, "numerics": numerics, "bench": bench_cmd, "bench8b": bench8b, "variants": variants,
               "prep8b": prep8b, "prebuild": prebuild}[args.command](args)
-    (Path(args.out) / f"{args.command}.json").write_text(json.dumps(result, indent=1))
+    (Path(args.out) / f"{args.command}.json").write_text(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":
