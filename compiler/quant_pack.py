@@ -18,7 +18,6 @@ import numpy as np
 
 from kiln.models.source import usable_cores
 
-from . import quant_kernel
 from .quant_modules import QuantFormat
 
 Planes = dict[str, np.ndarray]
@@ -27,8 +26,8 @@ Planes = dict[str, np.ndarray]
 # numpy's q4 search: its float32 groups and temporaries stay near the core, and each numpy call takes
 # the GIL between chunks' work (an 8192x4096 float16 weight on 2 AMD EPYC cores, 1 / 2 threads,
 # M values/s: 2**15 33.4 / 25.7, 2**17 43.1 / 64.1, 2**19 47.3 / 91.0, 2**20 48.8 / 94.3; the 8B on
-# the H100 host's 12 worker threads reached 164 M/s). quant_kernel's compiled q4 (what conversion
-# runs) releases the GIL for the whole chunk.
+# the H100 host's 12 worker threads reached 164 M/s). The host profile's compiled q4 quantizer (what
+# conversion runs) releases the GIL for the whole chunk.
 _CHUNK_VALUES = 1 << 20
 _Q4_DIVISORS = np.arange(-9, -5.9, 0.25, dtype=np.float32)   # q4 candidate scales: extreme / d
 
@@ -50,8 +49,8 @@ def unpack_nibbles(words: np.ndarray) -> np.ndarray:
 def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes:
     """Round a float weight [N, K] to `fmt`, group-wise along K.
 
-    q4: the scale with the least squared error among candidates (see _q4_levels), computed by
-    quant_kernel's compiled kernel (the same bits; `reference`: by numpy here);
+    q4: the scale with the least squared error among candidates (see _q4_levels), computed by the
+    host profile's compiled quantizer where it has one (the same bits; `reference`: by numpy here);
     q8: scale = max|w| / 127; q4m: [min, max] in 15 steps.
     """
     n, k = w.shape
@@ -60,8 +59,8 @@ def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes
     if n > rows:
         parts = list(_chunks().map(lambda i: quantize(fmt, w[i:i + rows], reference), range(0, n, rows)))
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-    if fmt.kind == "q4" and fmt.group_size == quant_kernel.GROUP and not reference:
-        return quant_kernel.q4_quantize(w, fmt.scale_dtype)
+    if fmt.kind == "q4" and fmt.group_size == 32 and not reference and _host_q4() is not None:
+        return _host_q4()(w, fmt.scale_dtype)
     groups = w.astype(np.float32).reshape(n, k // fmt.group_size, fmt.group_size)
     if fmt.kind == "q4m":
         lo, hi = groups.min(-1, keepdims=True), groups.max(-1, keepdims=True)
@@ -76,6 +75,13 @@ def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes
     scale = _stored(np.abs(groups).max(-1, keepdims=True) / 127, fmt.scale_dtype)
     q = np.clip(np.rint(groups * _inverse(scale)), -127, 127).astype(np.int8)
     return {"qweight": q.reshape(n, k), "scale": scale[..., 0]}
+
+
+@functools.cache
+def _host_q4():
+    """The q4 quantizer the machine running kiln offers (its profile's q4_quantizer), or None."""
+    from kiln.targets import DEFAULT_TARGET, get_profile
+    return get_profile(DEFAULT_TARGET).q4_quantizer
 
 
 @functools.cache
@@ -122,7 +128,7 @@ def _round_levels(groups: np.ndarray, step: np.ndarray, out: np.ndarray) -> None
 
 def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """sum(a * b) over the last axis, products and sum in float64 (exact for float16 and bfloat16
-    weights, so any summation order gives these bits: quant_kernel's does), rounded to float32."""
+    weights, so any summation order gives these bits: the compiled quantizer's does), rounded to float32."""
     return np.einsum("...i,...i->...", a, b, dtype=np.float64).astype(np.float32)
 
 

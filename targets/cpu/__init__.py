@@ -16,6 +16,7 @@ import tvm
 
 from ..link import lld_exporter, require_lld
 from ..profile import TargetProfile
+from .quant_kernel import q4_quantize
 
 # These machines list AMX in /proc/cpuinfo but fault on AMX instructions (SIGILL at tileloadd):
 # never let LLVM pick AMX, whatever -mcpu says.
@@ -81,7 +82,7 @@ def cpu_profile(num_cores: int | None = None) -> TargetProfile:
     target = {"kind": "llvm", "mcpu": mcpu, "num-cores": num_cores or os.cpu_count() or 1}
     if platform.machine() in ("x86_64", "AMD64"):
         target["mattr"] = list(NO_AMX)
-    return _cpu("cpu", target, "so", True, f"this machine's CPU ({mcpu}, LLVM)")
+    return _cpu("cpu", target, "so", True, f"this machine's CPU ({mcpu}, LLVM)", q4_quantizer=q4_quantize)
 
 
 def android_profile() -> TargetProfile:

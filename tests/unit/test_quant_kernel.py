@@ -1,4 +1,4 @@
-"""compiler/quant_kernel.py: the compiled q4 quantizer conversion runs, against quant_pack's numpy
+"""targets/cpu/quant_kernel.py: the compiled q4 quantizer conversion runs, against quant_pack's numpy
 search (quantize(reference=True)): the same codes and scales, bit for bit, for float16 and float32
 weights, float16 and float32 scales, a partial last block and fewer groups than a block, and the
 groups that test the rules (all zero, one value, constant, halves that round to even, a tie for
@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.compiler import quant_kernel
 from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize, quantize
+from kiln.targets import get_profile
+from kiln.targets.cpu import quant_kernel
 
 pytestmark = pytest.mark.unit
 
@@ -50,6 +51,10 @@ def test_kernel_follows_the_rules_on_special_groups(dtype):
     np.testing.assert_array_equal(got["scale"], want["scale"])
     assert got["scale"][0, 0] == 0 and (dequantize(fmt, got)[0, :32] == 0).all()
     np.testing.assert_allclose(dequantize(fmt, got)[2, 32:64], 0.25, rtol=1e-6)
+
+
+def test_the_host_profile_offers_it():
+    assert get_profile("cpu").q4_quantizer is quant_kernel.q4_quantize
 
 
 def test_kernel_tries_the_reference_candidates():

@@ -12,7 +12,8 @@ The same bits as the numpy reference: the same candidates in the same order, pro
 two dot products in float64 (exact for float16 and bfloat16 weights: quant_pack._dot computes
 them the same way), the same float32 roundings (rint: round half to even), the first maximum
 for a group's extreme, the first best candidate (tests/unit/test_quant_kernel.py holds the two to
-each other). Finite weights only: a group holding NaN or infinity gets a non-finite scale, and
+each other). The host CPU profile offers it (TargetProfile.q4_quantizer) and
+compiler/quant_pack.quantize takes it from there. Finite weights only: a group holding NaN or infinity gets a non-finite scale, and
 q4_quantize refuses the weight (numpy would quantize it to garbage).
 """
 
@@ -138,11 +139,11 @@ def _compiled(src_dtype: str, scale_dtype: str):
     """The kernel for (weight dtype, scale dtype), built once a process for this CPU (~1 s)."""
     import tvm
 
-    from kiln.targets import get_profile
+    from . import cpu_profile
     with _LOCK:
         if (src_dtype, scale_dtype) not in _BUILT:
             func = q4_quantize_func(src_dtype, scale_dtype)
-            lib = tvm.compile(tvm.IRModule({"q4_quantize": func}), target=get_profile("cpu").tvm_target())
+            lib = tvm.compile(tvm.IRModule({"q4_quantize": func}), target=cpu_profile().tvm_target())
             _BUILT[src_dtype, scale_dtype] = lib["q4_quantize"]
         return _BUILT[src_dtype, scale_dtype]
 
