@@ -298,7 +298,7 @@ def split_count(batch, pages, h_kv: int, page_size: int):
 _DECODE = {"batch_decode_paged_kv": False, "batch_decode_paged_kv_sliding_window": True}
 
 
-def replacement(name: str, func: tirx.PrimFunc, **knobs) -> tirx.PrimFunc | None:
+def replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """kiln's kernel for TVM's decode kernel `name` (same shapes, read off its buffers), or None."""
     if name not in _DECODE:
         return None
@@ -307,7 +307,7 @@ def replacement(name: str, func: tirx.PrimFunc, **knobs) -> tirx.PrimFunc | None
     _, _, h_kv, page_size, _ = pages.shape
     try:
         return decode_attention(int(h_kv), int(h_qo), int(d), str(q.dtype), int(page_size),
-                                sliding_window=_DECODE[name], **knobs)
+                                sliding_window=_DECODE[name])
     except ValueError:
         return None
 
@@ -317,16 +317,13 @@ class UseKilnDecodeAttention:
     """Replace the KV cache's decode kernels (by name) with decode_attention's, keeping their symbols;
     the module unchanged where the cache applies RoPE inside attention or is not there."""
 
-    def __init__(self, **knobs) -> None:
-        self.knobs = knobs                          # decode_attention's warps / unroll
-
     def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         if rope_before_attention(mod) is None:
             return mod
         mod = mod.clone()
         for gv, func in list(mod.functions_items()):
             if isinstance(func, tirx.PrimFunc):
-                new = replacement(gv.name_hint, func, **self.knobs)
+                new = replacement(gv.name_hint, func)
                 if new is not None:
                     mod[gv] = new.with_attr(KILN_KERNEL_ATTR, True)
         return mod

@@ -364,8 +364,13 @@ def _prefilled(art: Path, batch: int, args):
     ids = list(range(batch))
     for i in ids:
         runner.add_sequence(i)
-    runner.prefill(ids, [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids])
+    runner.prefill(ids, _prompts(ids, args))
     return runner, ids
+
+
+def _prompts(ids: list[int], args) -> list[list[int]]:
+    """A --prompt-len prompt for each sequence, each its own tokens."""
+    return [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids]
 
 
 def gpu_kernel_times(runner, ids: list[int], steps: int = 16, top: int = 14) -> dict:
@@ -389,7 +394,7 @@ def prefill_kernel_times(art: Path, batch: int, args, steps: int = 4, top: int =
     sequences, prefills them and drops them): which kernels the issue's 16 x 128 prefill spends."""
     runner = _runner(art, batch, args)
     ids = list(range(batch))
-    prompts = [list(range(3 + i, 3 + i + args.prompt_len)) for i in ids]
+    prompts = _prompts(ids, args)
 
     def step() -> None:
         for i in ids:
@@ -684,8 +689,9 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
                        else kernel_profile(art, b, args))
         print(f"8b {key}", json.dumps(result[key]), flush=True)
     if args.device == "cuda":
-        key = f"prefill {16 if not args.quick else 2} x {args.prompt_len} kernels"
-        result[key] = prefill_kernel_times(art, 16 if not args.quick else 2, args)
+        rows = 2 if args.quick else 16
+        key = f"prefill {rows} x {args.prompt_len} kernels"
+        result[key] = prefill_kernel_times(art, rows, args)
         print(f"8b {key}", json.dumps(result[key]), flush=True)
     gc.collect()
     if torch_too:

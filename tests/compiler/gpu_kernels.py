@@ -222,6 +222,12 @@ def kernel_args(source: str, name: str) -> list[tuple[str, str]]:
     return out
 
 
+def cuda_kernels(source: str) -> dict[str, tuple[int, str]]:
+    """{kernel: (threads it is launched with, its body)} of TVM's generated CUDA source."""
+    found = re.findall(r"__launch_bounds__\((\d+)\) (\w+)\([^;{]*\{\n(.*?)\n}\n", source, re.S)
+    return {name: (int(threads), body) for threads, name, body in found}
+
+
 def kernel_chunk(source: str, name: str) -> str:
     """The part of TVM's per-kernel source (sections start with `// Function: NAME`) for one kernel."""
     parts = re.split(r"^// Function: ", source, flags=re.M)

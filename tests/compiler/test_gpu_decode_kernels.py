@@ -39,14 +39,14 @@ def test_narrow_tensor_core_branch_builds_for_cuda(tiny_dirs):
     """The branch for 5-64 rows: 32 x 32 wmma tiles (targets/narrow_tiles.py, 4 warps) build into the
     tiny model's CUDA library, a 128-thread tensor-core kernel for every matmul over batch_size
     rows; on a target without tensor cores the rule stands aside."""
-    from gpu_kernels import build
+    from gpu_kernels import build, cuda_kernels
 
     from kiln.targets import get_profile, gpu
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
 
     built = build(tiny_dirs["tied"], "cuda", "q4f16")
     source = built.executable.mod.imports[0].imports[0].inspect_source()
-    narrow = dict(re.findall(r"__launch_bounds__\(128\) (\w+_NT_matmul\w*?)\([^;{]*\{\n(.*?)\n}\n", source, re.S))
+    narrow = {name: body for name, (threads, body) in cuda_kernels(source).items() if threads == 128}
     batch = [name for name, f in built.prim_funcs().items() if "_NT_matmul" in name and "batch_size" in f.script()]
     assert batch
     for name in batch:
@@ -103,7 +103,7 @@ def test_cuda_decodes_with_kilns_attention_kernel(dumped_ir, tmp_path):
     kernel gathers 2 bytes at a time: its pages' element offset leaves the rows' alignment
     unknown), and nvcc compiles it. A head dim that does not split into 16-byte lanes of a warp
     keeps TVM's kernel."""
-    from gpu_kernels import build_prim_func, nvcc_compiles
+    from gpu_kernels import build_prim_func, cuda_kernels, nvcc_compiles
 
     from kiln.targets.decode_attention import decode_attention, replacement
     funcs = dumped_ir("cuda", "schedule")
@@ -111,9 +111,9 @@ def test_cuda_decodes_with_kilns_attention_kernel(dumped_ir, tmp_path):
         assert '"kiln.attention": True' in funcs[name], name
     kernels = build_prim_func("batch_decode_paged_kv", decode_attention(8, 32, 128, "float16", 16), "cuda-sm90")
     source = kernels.artifact_source
-    bodies = dict(re.findall(r"__global__ void __launch_bounds__\(\d+\) (\w+)\([^;{]*\{\n(.*?)\n}\n", source, re.S))
+    bodies = cuda_kernels(source)
     for kernel in ("batch_decode_paged_kv_kernel", "batch_decode_paged_kv_kernel_1"):     # whole, split
-        loads = re.findall(r"\*\(uint4\*\)\(\w+_rows_ptr \+ \d+\) = \*\(uint4\*\)\(pages_ptr \+", bodies[kernel])
+        loads = re.findall(r"\*\(uint4\*\)\(\w+_rows_ptr \+ \d+\) = \*\(uint4\*\)\(pages_ptr \+", bodies[kernel][1])
         assert len(loads) == 8, kernel                      # keys and values of 4 unrolled tokens
     assert "make_uint4(pages_ptr[" not in source and "batch_decode_paged_kv_kernel_2" in source   # + the merge
     nvcc_compiles(source, tmp_path)

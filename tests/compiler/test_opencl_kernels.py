@@ -84,14 +84,21 @@ def _run(queue, built, name: str, arrays: dict[str, np.ndarray], scalars: dict[s
     blocks, threads = launch(branch, values)
     kernel_name = branch_kernel(name, index)
     values = host_values(built, name, values)
-    program = cl.Program(queue.context, kernel_chunk(built.artifact_source, kernel_name)).build()
+    args = [n if kind == "buffer" else values[n] for kind, n in kernel_args(built.artifact_source, kernel_name)]
+    return _execute(queue, built.artifact_source, arrays, [(kernel_name, args, blocks, threads)])
+
+
+def _execute(queue, source: str, arrays: dict[str, np.ndarray], launches: list) -> dict[str, np.ndarray]:
+    """`arrays` on the OpenCL device, then each launch in order: (kernel in `source`, its arguments
+    in order, a buffer name or a number, blocks and threads per axis x, y, z); every buffer afterwards."""
     mf = cl.mem_flags
     device = {n: cl.Buffer(queue.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
               for n, a in arrays.items()}
-    args = [device[n] if kind == "buffer" else _CL_TYPES[kind](values[n])
-            for kind, n in kernel_args(built.artifact_source, kernel_name)]
-    global_size = tuple(b * t for b, t in zip(blocks, threads))
-    getattr(program, kernel_name)(queue, global_size, threads, *args)
+    for kernel, args, blocks, threads in launches:
+        program = cl.Program(queue.context, kernel_chunk(source, kernel)).build()
+        cl_args = [device[a] if kind == "buffer" else _CL_TYPES[kind](a)
+                   for (kind, _), a in zip(kernel_args(source, kernel), args)]
+        getattr(program, kernel)(queue, tuple(b * t for b, t in zip(blocks, threads)), threads, *cl_args)
     out = {n: np.empty_like(a) for n, a in arrays.items()}
     for n in arrays:
         cl.enqueue_copy(queue, out[n], device[n])
@@ -182,21 +189,10 @@ def _run_launches(queue, built, name: str, arrays: dict[str, np.ndarray], scalar
     """Every kernel PrimFunc NAME's host code launches, in order, as it launches them (its workspaces
     among `arrays`, by name); every buffer afterwards."""
     values = {**shape_values(built.func(name), arrays), **scalars}
-    mf = cl.mem_flags
-    device = {n: cl.Buffer(queue.context, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ascontiguousarray(a))
-              for n, a in arrays.items()}
-    for kernel, args, extents in host_launches(built, name, values):
-        program = cl.Program(queue.context, kernel_chunk(built.artifact_source, kernel)).build()
-        kinds = kernel_args(built.artifact_source, kernel)
-        cl_args = [device[a] if kind == "buffer" else _CL_TYPES[kind](a) for (kind, _), a in zip(kinds, args)]
-        threads = tuple(extents.get(f"threadIdx.{a}", 1) for a in "xyz")
-        blocks = tuple(extents.get(f"blockIdx.{a}", 1) for a in "xyz")
-        getattr(program, kernel)(queue, tuple(b * t for b, t in zip(blocks, threads)), threads, *cl_args)
-    out = {n: np.empty_like(a) for n, a in arrays.items()}
-    for n in arrays:
-        cl.enqueue_copy(queue, out[n], device[n])
-    queue.finish()
-    return out
+    launches = [(kernel, args, tuple(extents.get(f"blockIdx.{a}", 1) for a in "xyz"),
+                 tuple(extents.get(f"threadIdx.{a}", 1) for a in "xyz"))
+                for kernel, args, extents in host_launches(built, name, values)]
+    return _execute(queue, built.artifact_source, arrays, launches)
 
 
 @pytest.mark.parametrize("h_kv, h_qo, d, warps, unroll, sliding, splits", [
