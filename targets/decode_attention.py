@@ -21,6 +21,11 @@ code picks, per call, how many work-groups share each sequence from what it know
 and the pages it holds: split_count); each writes its share's (max, sum, unnormalised output)
 to a workspace and a second kernel merges them. Where nothing is split, one kernel runs.
 
+Measured (H100, 2026-11-27, tools/gpu_checks.py `variants`, 2 of the 8B's layers, 128-token
+prompts): 8 us a call at batch 1 against TVM's 17, 9.5 against 18 at 16 sequences, 23.5 against
+42.5 at 64, and 17 against 400 at one sequence after a 4,000-token prompt (split); logits within
+0.006 of TVM's kernel's.
+
 The function is a drop-in for TVM's: the same name, parameters and results (output [B, H_qo, D],
 lse [B, H_qo] in base 2, output 0 and lse -5e4 for a sequence without tokens), rotary_mode
 ignored: kiln swaps it in only where the cache applies RoPE before attention

@@ -66,15 +66,13 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "q4gemv": targets/q4_gemv.py at 1, 2, 3-4 and 5-8 rows for the 4-bit layers (two values dequantized
 # per integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
 # dlight's 8.1, 21.6 for 8 rows; the 8-bit layers keep dlight's GEMV and buckets and the tiles).
-# "all": q4gemv and tcgroup. "tvmattn": TVM's paged decode attention kernel where base has
-# targets/decode_attention.py's (shipped for CUDA unmeasured: TVM's took 16.8 us a call at batch 1
-# on the H100, 2-byte gathers and a barrier every 16 tokens). (A GEMV giving each lane a whole
-# group of 32 values, "wide", ran 9-18% slower than dlight's at one row on the H100, 2026-11-26,
-# and is gone.)
+# "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
+# slower than dlight's at one row on the H100, 2026-11-26, and is gone; "tvmattn", TVM's paged
+# decode attention in place of targets/decode_attention.py's, took twice its time at 1-64 sequences
+# and 23 times after a 4,000-token prompt, 2026-11-27, and is gone.)
 _TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
-VARIANTS = {"base": {}, "tvmattn": {"tvm_attention": True, "batches": (1, 16, 64), "long": True},
-            "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
+VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "all": {"gemv": {}, "tc": _TC_GROUP, "batches": (1, 5, 16, 64)},
             "bits": {"bits": True, "batches": (1, 16)}}
@@ -102,17 +100,14 @@ def variant_branches(variant: str):
 
 @contextlib.contextmanager
 def built_with(variant: str):
-    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches (and TVM's decode
-    attention for "tvmattn"), and the CUDA presets' profiles carry its codes_by_bits."""
+    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches, and the CUDA
+    presets' profiles carry its codes_by_bits."""
     import dataclasses
 
     from kiln import targets
     from kiln.targets import gpu
     shipped, profiles = gpu.LOW_BATCH_BRANCHES, dict(targets._PROFILES)
-    attention = gpu.DECODE_ATTENTION_KINDS
     gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or shipped
-    if VARIANTS[variant].get("tvm_attention"):
-        gpu.DECODE_ATTENTION_KINDS = ()
     if VARIANTS[variant].get("bits"):
         for name, make in profiles.items():
             if name.startswith("cuda"):
@@ -120,13 +115,12 @@ def built_with(variant: str):
     try:
         yield
     finally:
-        gpu.LOW_BATCH_BRANCHES, gpu.DECODE_ATTENTION_KINDS = shipped, attention
+        gpu.LOW_BATCH_BRANCHES = shipped
         targets._PROFILES.clear()
         targets._PROFILES.update(profiles)
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
-LONG_PROMPT = 4000                         # base and "long" variants: batch 1 after this many tokens too
 
 
 def _prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None, variant: str = "base") -> str:
@@ -361,11 +355,25 @@ def kernel_profile(art: Path, batch: int, args, top: int = 12) -> dict:
 def _prefilled(art: Path, batch: int, args):
     """A runner for `batch` sequences, each holding a --prompt-len prompt; (runner, sequence ids)."""
     runner = _runner(art, batch, args)
+    return runner, _prefill(runner, batch, args)
+
+
+def _prefill(runner, batch: int, args) -> list[int]:
+    """Sequences 0 .. batch-1 added to `runner`, each holding a --prompt-len prompt; their ids."""
     ids = list(range(batch))
     for i in ids:
         runner.add_sequence(i)
     runner.prefill(ids, _prompts(ids, args))
-    return runner, ids
+    return ids
+
+
+def _step_ms(runner, ids: list[int], steps: int = 8) -> float:
+    """Wall ms per greedy decode step of sequences `ids` (where no CUPTI is at hand)."""
+    tokens = runner.decode_greedy(ids, [5] * len(ids))
+    t = time.perf_counter()
+    for _ in range(steps):
+        tokens = runner.decode_greedy(ids, [int(x) for x in tokens])
+    return round((time.perf_counter() - t) / steps * 1e3, 3)
 
 
 def _prompts(ids: list[int], args) -> list[list[int]]:
@@ -444,25 +452,25 @@ def variants(args, deadline: float | None = None) -> dict:
         art, seconds = compile_timed(src, "q4f16", args, variant)
         rows = {"compile_s": round(seconds, 1)}
         wanted = batches if args.quick else spec.get("batches", batches)
-        cases = [(b, args.prompt_len) for b in batches if b in wanted]
-        if not args.quick and (variant == "base" or spec.get("long")):
-            cases.append((1, LONG_PROMPT))              # a long sequence: the decode attention splits it
-        for b, prompt in cases:
-            run_args = argparse.Namespace(**{**vars(args), "prompt_len": prompt})
-            runner, ids = _prefilled(art, b, run_args)
+        runner = _runner(art, max(wanted), args)       # one per variant: loading it cost more than a row
+        for b in (b for b in batches if b in wanted):
+            t = time.perf_counter()
+            ids = _prefill(runner, b, args)
             logits = runner.decode(ids, [5] * b)
-            reference.setdefault((b, prompt), logits)
-            row = {"max_diff_vs_base": float(np.abs(logits - reference[(b, prompt)]).max())}
+            reference.setdefault(b, logits)
+            row = {"max_diff_vs_base": float(np.abs(logits - reference[b]).max())}
             if args.device == "cuda":
                 times = gpu_kernel_times(runner, ids, top=4)
                 row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "attention_ms", "kernels")})
-            del runner
-            gc.collect()
-            if args.device != "cuda":
-                row["tpot_ms"] = kiln_bench(art, b, run_args)["tpot_ms"]
-            name = f"batch {b}" + ("" if prompt == args.prompt_len else f", {prompt}-token prompt")
-            rows[name] = row
-            print(variant, name, json.dumps(row), flush=True)
+            else:
+                row["tpot_ms"] = _step_ms(runner, ids)
+            for i in ids:
+                runner.remove_sequence(i)
+            row["row_s"] = round(time.perf_counter() - t, 1)
+            rows[f"batch {b}"] = row
+            print(variant, f"batch {b}", json.dumps(row), flush=True)
+        del runner
+        gc.collect()
         result[variant] = rows
         shutil.rmtree(art, ignore_errors=True)
     return result
