@@ -22,6 +22,7 @@ from .add_rms_norm import match_add_norm
 from .decode_attention import UseKilnDecodeAttention
 from .narrow_tiles import NarrowTensorCoreMatmul
 from .row_dispatch import dispatch_on_rows, is_scheduled, one_row, output_rows, over_params
+from .workspace_outputs import WorkspaceOutputs
 
 
 @functools.cache
@@ -300,7 +301,8 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     LowBatchGEMV's kernels index in int32 (see there)."""
     if phase != "schedule":
         return []
-    passes = [LowBatchGEMV(narrow_index=narrow_index), dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+    passes = [LowBatchGEMV(narrow_index=narrow_index), WorkspaceOutputs(),
+              dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     if profile.target.get("kind") in DECODE_ATTENTION_KINDS:
         passes.insert(0, UseKilnDecodeAttention())
     if not tensorize_works():

@@ -15,6 +15,15 @@ the weights' dequantize computed as they are staged. It is LowBatchGEMV's branch
 1.03 at 64 against 1.43 and 1.44 on dlight's tiles, logits identical. Rows past the last tile are
 padded (pad_einsum: their loads read 0, their stores are skipped). It builds only for CUDA
 (sm_70+) with working Tensorize, and refuses (None) elsewhere.
+
+Split K (`target_blocks`): those tiles still stream the weights at a tenth of the bandwidth (H100,
+2026-11-27: 134 us a call for the 8B's down projection at 16 rows, 11 us of bytes). A 4096-column
+projection has 128 column tiles, one thread block per SM, and each block waits on one K step's
+loads (~1 KB of weights) at a time: latency. With `target_blocks`, K is cut into `split_count`
+slices (rfactor), so that about that many blocks run: each writes its slice's float32 sums to a
+workspace [slices, 1, rows, N] and a second kernel adds the slices in order (deterministic) and
+applies the epilogue. The workspace is a parameter of the kernel, not an allocation inside it
+(targets/workspace_outputs.py: Relax plans it like any tensor, so CUDA graphs replay over it).
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ GROUP = 32         # 4-bit values per scale: 4 packed words (compiler/quant_modu
 WARP = 32          # threads per warp
 VECTOR = 4         # elements per thread per staged copy (float16: 8 bytes)
 FRAG = 16          # the wmma fragment's side
+MIN_SLICE_STEPS = 4   # split K: each slice at least this many K steps (the pipeline's prologue pays)
+SUM_THREADS = 256     # split K: threads per block of the kernel adding the slices
 
 
 def is_packed_words(buffer) -> bool:
@@ -42,10 +53,20 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
     the B tile (columns x K step) to hold 32 values for each thread of the block."""
 
     def __init__(self, warp_rows: int = 1, warp_cols: int = 2, frag_rows: int = 1, frag_cols: int = 1,
-                 k_frags: int = 4, group_loads: bool = False) -> None:
+                 k_frags: int = 4, group_loads: bool = False, target_blocks: int = 0) -> None:
         self.warp_rows, self.warp_cols = warp_rows, warp_cols
         self.frag_rows, self.frag_cols, self.k_frags = frag_rows, frag_cols, k_frags
         self.group_loads = group_loads
+        self.target_blocks = target_blocks          # 0: K is not split
+
+    def split_count(self, n: int, k: int) -> int:
+        """K slices for an N x K weight: the most (a power of 2) with at most target_blocks blocks
+        over one row of tiles, each slice at least MIN_SLICE_STEPS K steps."""
+        step, tiles, count = FRAG * self.k_frags, -(-n // self.cols), 1
+        while (tiles * count * 2 <= self.target_blocks and k % (step * count * 2) == 0
+               and k // (count * 2) >= MIN_SLICE_STEPS * step):
+            count *= 2
+        return count
 
     @property
     def rows(self) -> int:
@@ -68,9 +89,13 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         if not tensorize_works():
             return None
         try:
-            return self._schedule(func)
+            sch = self._schedule(func)
         except (RuntimeError, AssertionError):   # not a matmul, or one this tiling does not fit
             return None
+        if sch is None or not self.target_blocks:
+            return sch
+        from .workspace_outputs import lift_workspace
+        return lift_workspace(sch.mod["main"])            # the slices' sums become a parameter
 
     def _schedule(self, func) -> s_tir.Schedule | None:
         sch = s_tir.Schedule(func)
@@ -96,9 +121,17 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
             return None
         k_step = FRAG * self.k_frags
         sch.pad_einsum(main, [1, self.rows, self.cols, k_step])
+        batch, i, j, k = sch.get_loops(main)
+        slices, sums = 1, None
+        if self.target_blocks:
+            slices = self.split_count(int(sch.get(j).extent), int(sch.get(k).extent))
+        if slices > 1:
+            sums, (k_slice, k) = main, sch.split(k, [slices, None])
+            main = sch.rfactor(k_slice, 0)      # [slices, 1, rows, N] float32, summed by `sums`
+            batch, i, j, k_slice, k = sch.get_loops(main)
+            sch.reorder(k_slice, batch, i, j, k)
 
         # Fragment loops innermost; the rest: blocks over (row tile, column tile), warps, fragments.
-        batch, i, j, k = sch.get_loops(main)
         i, i_frag = sch.split(i, [None, FRAG])
         j, j_frag = sch.split(j, [None, FRAG])
         k, k_frag = sch.split(k, [None, FRAG])
@@ -109,6 +142,8 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         k_outer, k_inner = sch.split(k, [None, self.k_frags])
         sch.reorder(i_block, j_block, i_warp, j_warp, k_outer, k_inner, i_rep, j_rep)
         sch.bind(batch, "blockIdx.z")
+        if sums is not None:
+            sch.bind(k_slice, "blockIdx.y")
         sch.bind(sch.fuse(i_block, j_block), "blockIdx.x")
         warp = sch.fuse(i_warp, j_warp)
         sch.bind(warp, "threadIdx.y")
@@ -130,7 +165,7 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
                 ty, col = sch.split(col, [warps, None])
                 kg, vec = sch.split(kk, [None, GROUP])
                 tx = sch.fuse(col, kg)
-                _, vec = sch.split(vec, [None, 8])     # 4 stores of 8 (128 bits each) into shared memory
+                _, vec = sch.split(vec, [None, 4])     # 8 stores of 4 (64 bits): nvcc refuses TVM's uint32x8
             else:
                 flat = sch.fuse(*sch.get_loops(copy)[-2:])
                 _, ty, tx, vec = sch.split(flat, [None, warps, WARP, VECTOR])
@@ -183,11 +218,19 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         sch.tensorize(sch.get_loops(acc)[-2], intrins["store"])
         sch.tensorize(sch.get_loops(main)[-3], intrins["compute"])
 
-        auto_inline_consumer_chain(sch, out_shared)                        # the epilogue, then C
+        if sums is None:
+            auto_inline_consumer_chain(sch, out_shared)                    # the epilogue, then C
         flat = sch.fuse(*sch.get_loops(out_shared)[-2:])
         _, tx, vec = sch.split(flat, [None, WARP, VECTOR])
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
+        if sums is not None:            # a thread per output: the slices added in order, the epilogue
+            total = sch.cache_write(sums, 0, "local")
+            auto_inline_consumer_chain(sch, total)
+            bx, tx = sch.split(sch.fuse(*sch.get_loops(total)), [None, SUM_THREADS])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+            sch.compute_at(sums, tx)
         return sch
 
 

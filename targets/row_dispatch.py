@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import tvm
 from tvm import ir, s_tir, tirx
 
+from .workspace_outputs import WORKSPACE_ATTR, workspace_count
+
 
 def output_rows(func: tirx.PrimFunc) -> tirx.PrimExpr | None:
     """The product of all dims but the last of ``func``'s output (its last param), if symbolic."""
@@ -42,8 +44,11 @@ def is_scheduled(func: tirx.PrimFunc) -> bool:
 
 
 def same_params(a: tirx.PrimFunc, b: tirx.PrimFunc) -> bool:
-    """Both were scheduled from one function (schedules keep its param vars), so bodies swap."""
-    return len(a.params) == len(b.params) and all(p.same_as(q) for p, q in zip(a.params, b.params))
+    """Both were scheduled from one function (schedules keep its param vars), so bodies swap; `b`
+    may add workspace parameters after them (targets/workspace_outputs.py)."""
+    extra = workspace_count(b) - workspace_count(a)
+    return (len(a.params) + extra == len(b.params) and extra >= 0
+            and all(p.same_as(q) for p, q in zip(a.params, b.params)))
 
 
 def dispatch_on_rows(func: tirx.PrimFunc, branches: Sequence[tuple[int, tirx.PrimFunc]],
@@ -63,8 +68,14 @@ def dispatch_on_rows(func: tirx.PrimFunc, branches: Sequence[tuple[int, tirx.Pri
     for max_rows, copy in reversed(list(branches)):
         cond = rows <= max_rows
         body = tirx.IfThenElse(tirx.op.tvm_thread_invariant(cond) if thread_invariant else cond, copy.body, body)
-    root = s_tir.SBlock([], [], [], "root", body)
-    merged = func.with_body(s_tir.SBlockRealize([], True, root))
+    root = s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", body))
+    # Workspace parameters of any schedule follow the function's own (targets/workspace_outputs.py).
+    workspace = [p for f in (*(copy for _, copy in branches), otherwise)
+                 for p in f.params[len(func.params):]]
+    merged = func.with_body(root)
+    if workspace:
+        merged = tirx.PrimFunc([*func.params, *workspace], root, func.ret_type, func.attrs)
+        merged = merged.with_attr(WORKSPACE_ATTR, len(workspace))
     # The bodies were scheduled from one function, so they define the same loop and block vars;
     # ConvertSSA gives each its own.
     gv = tvm.ir.GlobalVar("main")

@@ -66,15 +66,21 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "q4gemv": targets/q4_gemv.py at 1, 2, 3-4 and 5-8 rows for the 4-bit layers (two values dequantized
 # per integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
 # dlight's 8.1, 21.6 for 8 rows; the 8-bit layers keep dlight's GEMV and buckets and the tiles).
-# "all": q4gemv and tcgroup. (A GEMV giving each lane a whole group of 32 values, "wide", ran 9-18%
-# slower than dlight's at one row on the H100, 2026-11-26, and is gone; "tvmattn", TVM's paged
-# decode attention in place of targets/decode_attention.py's, took twice its time at 1-64 sequences
-# and 23 times after a 4,000-token prompt, 2026-11-27, and is gone.)
-_TC_GROUP = {"warp_rows": 2, "warp_cols": 2, "k_frags": 8, "group_loads": True}
+# "splitk": the 5-64-row tiles with K split between thread blocks (targets/narrow_tiles.py
+# target_blocks: ~1,024 blocks where a 4096-column projection had 128, the slices' sums added by a
+# second kernel); "tcsplit": tcgroup's tiles split so. (A GEMV giving each lane a whole group of 32
+# values, "wide", ran 9-18% slower than dlight's at one row on the H100, 2026-11-26, and is gone;
+# "tvmattn", TVM's paged decode attention in place of targets/decode_attention.py's, took twice its
+# time at 1-64 sequences and 23 times after a 4,000-token prompt, 2026-11-27, and is gone; "all",
+# q4gemv with tcgroup, is left to follow from those two.)
+_TC = {"warp_rows": 2, "warp_cols": 2}
+_TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
+SPLIT_BLOCKS = 1024
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
-VARIANTS = {"base": {}, "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
+VARIANTS = {"base": {}, "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
+            "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
-            "all": {"gemv": {}, "tc": _TC_GROUP, "batches": (1, 5, 16, 64)},
+            "tcsplit": {"tc": {**_TC_GROUP, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
             "bits": {"bits": True, "batches": (1, 16)}}
 
 

@@ -57,22 +57,12 @@ def test_narrow_tensor_core_branch_builds_for_cuda(tiny_dirs):
     assert [b for _, b in gpu.LOW_BATCH_BRANCHES if isinstance(b, NarrowTensorCoreMatmul)][0].rows == 32
 
 
-def test_tensor_core_tiles_stage_4bit_groups_with_128_bit_loads():
-    """NarrowTensorCoreMatmul(group_loads=True) (a gpu_checks variant): each thread stages a group of
-    32 weight values, its 4 packed words in one 128-bit load into a 4-word register buffer (not one
-    the size of the tile), dequantized into shared memory in 128-bit stores; the wmma tiles after."""
+def _q4_matmul(n: int, k: int):
+    """[batch_size, 1, k] x kiln's q4 [n, k] (float32 sums) cast to float16, as batch_decode has it."""
     import tvm
     from tvm import te
 
     from kiln.compiler.quant_modules import QuantFormat, dequantize_element
-    from kiln.targets import get_profile
-    from kiln.targets.gpu import load_tensor_core_intrinsics, tensorize_works
-    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
-
-    if not tensorize_works():
-        pytest.skip("this apache-tvm-ffi crashes in Tensorize (targets/gpu.py tensorize_works)")
-    load_tensor_core_intrinsics()
-    n, k = 512, 1024
     i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
     fmt = QuantFormat("q4", 32, "float16")
     rows = tvm.tirx.Var("batch_size", "int64")
@@ -85,16 +75,109 @@ def test_tensor_core_tiles_stage_4bit_groups_with_128_bit_loads():
     out = te.compute((rows, i64(1), i64(n)), lambda a, b, r: te.sum(
         x[a, b, j].astype("float32") * deq[r, j].astype("float32"), axis=j), name="NT_matmul")
     cast = te.compute(out.shape, lambda a, b, r: out[a, b, r].astype("float16"), name="compute")
-    profile = get_profile("cuda-sm90")
-    rule = NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, k_frags=8, group_loads=True)
-    with profile.tvm_target():
-        sch = rule.apply(te.create_prim_func([words, scale, x, cast]), tvm.target.Target.current(), False)
+    return te.create_prim_func([words, scale, x, cast])
+
+
+def _scheduled(rule, func):
+    """`rule` applied for cuda-sm90 (None where it refuses): the PrimFunc, named mm."""
+    import tvm
+
+    from kiln.targets import get_profile
+    from kiln.targets.gpu import load_tensor_core_intrinsics, tensorize_works
+    if not tensorize_works():
+        pytest.skip("this apache-tvm-ffi crashes in Tensorize (targets/gpu.py tensorize_works)")
+    load_tensor_core_intrinsics()
+    with get_profile("cuda-sm90").tvm_target():
+        sch = rule.apply(func, tvm.target.Target.current(), False)
     assert sch is not None
-    func = sch.mod["main"].with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "mm")
-    source = tvm.compile(tvm.IRModule({"mm": func}), target=profile.tvm_target()).mod.imports[0].inspect_source()
+    func = sch.mod["main"] if isinstance(sch, tvm.s_tir.Schedule) else sch
+    return func.with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "mm")
+
+
+def _cuda_build(func):
+    """(device source, host LLVM IR) of `func` built alone for cuda-sm90."""
+    import tvm
+
+    from kiln.targets import get_profile
+    lib = tvm.compile(tvm.IRModule({"mm": func}), target=get_profile("cuda-sm90").tvm_target()).mod
+    return lib.imports[0].inspect_source(), lib.inspect_source()
+
+
+def test_tensor_core_tiles_stage_4bit_groups_with_128_bit_loads(tmp_path):
+    """NarrowTensorCoreMatmul(group_loads=True) (a gpu_checks variant): each thread stages a group of
+    32 weight values, its 4 packed words in one 128-bit load into a 4-word register buffer (not one
+    the size of the tile), dequantized into shared memory 4 values a store (TVM writes 8 32-bit lanes
+    as a ulonglong4 nvcc refuses); the wmma tiles after; nvcc compiles it."""
+    from gpu_kernels import nvcc_compiles
+
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    rule = NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, k_frags=8, group_loads=True)
+    source, _ = _cuda_build(_scheduled(rule, _q4_matmul(512, 1024)))
     assert re.search(r"uint qweight_local_ptr\[4\];", source)
     assert "*(uint4*)(qweight_local_ptr + 0) = *(uint4*)(qweight_ptr" in source
     assert "wmma::mma_sync" in source
+    nvcc_compiles(source, tmp_path)
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_split_k_tiles_sum_the_slices_in_a_second_kernel(group, tmp_path):
+    """With target_blocks (gpu_checks' splitk and tcsplit): the 8B's down projection (4096 columns:
+    128 tiles) splits K in 8, each block's float32 sums to a workspace that is a parameter of the
+    function, [slices, 1, rows padded to the tile, N] (no device allocation inside it: the host code
+    asks for no workspace), added by a second, 256-thread kernel; nvcc compiles both. The gate-up
+    projection (28,672 columns, 896 tiles) is not split."""
+    from gpu_kernels import nvcc_compiles
+
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    from kiln.targets.workspace_outputs import workspace_count
+    extra = {"k_frags": 8, "group_loads": True} if group else {}
+    rule = NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, target_blocks=1024, **extra)
+    assert (rule.split_count(4096, 14336), rule.split_count(28672, 4096), rule.split_count(4096, 4096)) == (8, 1, 8)
+    func = _scheduled(rule, _q4_matmul(4096, 14336))
+    assert workspace_count(func) == 1
+    ws = func.params[-1]
+    assert str(ws.dtype) == "float32" and [int(d) for d in (ws.shape[0], ws.shape[1], ws.shape[3])] == [8, 1, 4096]
+    assert "batch_size" in str(ws.shape[2])                  # the rows, padded to the tile
+    source, host = _cuda_build(func)
+    kernels = re.findall(r"__launch_bounds__\((\d+)\) (\w+)\(", source)
+    assert sorted(set(kernels)) == [("128", "mm_kernel"), ("256", "mm_kernel_1")]
+    assert "AllocWorkspace" not in host
+    nvcc_compiles(source, tmp_path)
+    assert workspace_count(_scheduled(rule, _q4_matmul(28672, 4096))) == 0
+
+
+def test_split_k_calls_allocate_the_workspace(monkeypatch):
+    """A projection built whole for cuda-sm90 with split tiles for 5-64 rows: the row-dispatched
+    kernel takes the workspace after its output, the Relax call allocates it (two outputs, the
+    planned memory of any tensor), and no kernel allocates device memory itself."""
+    import tvm
+    from gpu_kernels import _Keep
+    from tvm.relax.frontend import nn
+
+    from kiln.compiler.build import build_lib
+    from kiln.compiler.passes.accumulate_f32 import AccumulateInFloat32
+    from kiln.targets import get_profile, gpu
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    from kiln.targets.workspace_outputs import workspace_count
+
+    class Proj(nn.Module):
+        def __init__(self):
+            self.proj = nn.Linear(2048, 512, bias=False, dtype="float16")
+
+        def forward(self, x: nn.Tensor) -> nn.Tensor:
+            return self.proj(x)
+
+    split = NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, target_blocks=1024)
+    monkeypatch.setattr(gpu, "LOW_BATCH_BRANCHES", (*gpu.LOW_BATCH_BRANCHES[:-1], (64, split)))
+    mod, _ = Proj().export_tvm(spec={"forward": {"x": nn.spec.Tensor([1, "n", 2048], "float16")}})
+    keep = _Keep("kiln_pipeline")
+    with tvm.transform.PassContext(opt_level=3, instruments=[keep]):
+        executable, _ = build_lib(AccumulateInFloat32()(mod), get_profile("cuda-sm90"))
+    scheduled = keep.mods["kiln_pipeline"]
+    funcs = {gv.name_hint: f for gv, f in scheduled.functions_items() if workspace_count(f)}
+    assert len(funcs) == 1 and int(list(funcs.values())[0].params[-1].shape[0]) == 8
+    assert "AllocWorkspace" not in executable.mod.imports[0].inspect_source()
+    assert re.search(r"R\.vm\.alloc_tensor\([^)]*R\.dtype\(\"float32\"\)", scheduled["forward"].script())
 
 
 def test_cuda_decodes_with_kilns_attention_kernel(dumped_ir, tmp_path):
