@@ -29,7 +29,7 @@ prompts): 8 us a call at batch 1 against TVM's 17, 9.5 against 18 at 16 sequence
 The function is a drop-in for TVM's: the same name, parameters and results (output [B, H_qo, D],
 lse [B, H_qo] in base 2, output 0 and lse -5e4 for a sequence without tokens), rotary_mode
 ignored: kiln swaps it in only where the cache applies RoPE before attention
-(UseKilnDecodeAttention). Its pages must start at their buffer's start (no element offset), as
+(targets/kiln_attention.py). Its pages must start at their buffer's start (no element offset), as
 the cache allocates them.
 """
 
@@ -41,8 +41,6 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .cpu.attention_pass import rope_before_attention
-from .cpu.attention_softcap import KILN_KERNEL_ATTR
 
 WARP = 32
 LOG2E = math.log2(math.e)
@@ -53,6 +51,22 @@ _EMPTY_MAX = -5e4                  # TVM's initial max: what an empty sequence's
 # second kernel merges them) pays when there are few work-groups and long sequences: at most this
 # many work-groups in all, each split at least MIN_SPLIT tokens (a few of its unrolled steps).
 TARGET_GROUPS, MIN_SPLIT, MAX_SPLITS = 256, 256, 32
+
+
+@T.macro
+def merge_states(merged, state, out, count, dim):
+    """merged = (max, sum, output, sum or 1 where 0) of `count` online-softmax states: state[s] =
+    (max, sum), out[s, dim] the unnormalised output; no tokens at all: output 0, max -5e4."""
+    merged[0] = T.float32(_EMPTY_MAX)
+    for s in T.serial(count):
+        merged[0] = T.max(merged[0], state[s, 0])
+    merged[1] = T.float32(0)
+    merged[2] = T.float32(0)
+    for s in T.serial(count):
+        w: T.let[T.float32] = T.exp2(state[s, 0] - merged[0])
+        merged[1] = merged[1] + state[s, 1] * w
+        merged[2] = merged[2] + out[s, dim] * w
+    merged[3] = T.if_then_else(merged[1] > T.float32(0), merged[1], T.float32(1))
 
 
 def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, sliding_window: bool = False,
@@ -197,21 +211,6 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
                     T.tvm_storage_sync("shared")
         return body
 
-    @T.macro
-    def merge_states(merged, state, out, count, dim):
-        """merged = (max, sum, output, sum or 1 where 0) of `count` online-softmax states: state[s] =
-        (max, sum), out[s, dim] the unnormalised output; no tokens at all: output 0, max -5e4."""
-        merged[0] = T.float32(_EMPTY_MAX)
-        for s in T.serial(count):
-            merged[0] = T.max(merged[0], state[s, 0])
-        merged[1] = T.float32(0)
-        merged[2] = T.float32(0)
-        for s in T.serial(count):
-            w: T.let[T.float32] = T.exp2(state[s, 0] - merged[0])
-            merged[1] = merged[1] + state[s, 1] * w
-            merged[2] = merged[2] + out[s, dim] * w
-        merged[3] = T.if_then_else(merged[1] > T.float32(0), merged[1], T.float32(1))
-
     whole, share = attend(False), attend(True)
 
     def n_split(batch, pages):
@@ -317,21 +316,4 @@ def replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return None
 
 
-@tvm.transform.module_pass(opt_level=0, name="UseKilnDecodeAttention")
-class UseKilnDecodeAttention:
-    """Replace the KV cache's decode kernels (by name) with decode_attention's, keeping their symbols;
-    the module unchanged where the cache applies RoPE inside attention or is not there."""
-
-    def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        if rope_before_attention(mod) is None:
-            return mod
-        mod = mod.clone()
-        for gv, func in list(mod.functions_items()):
-            if isinstance(func, tirx.PrimFunc):
-                new = replacement(gv.name_hint, func)
-                if new is not None:
-                    mod[gv] = new.with_attr(KILN_KERNEL_ATTR, True)
-        return mod
-
-
-__all__ = ["UseKilnDecodeAttention", "decode_attention", "replacement"]
+__all__ = ["decode_attention", "merge_states", "replacement", "split_count"]

@@ -19,7 +19,7 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.gpu import matmul as _dlight_matmul
 
 from .add_rms_norm import match_add_norm
-from .decode_attention import UseKilnDecodeAttention
+from .kiln_attention import UseKilnAttention
 from .narrow_tiles import NarrowTensorCoreMatmul
 from .row_dispatch import dispatch_on_rows, is_scheduled, one_row, output_rows, over_params
 from .workspace_outputs import WorkspaceOutputs
@@ -294,6 +294,11 @@ def _fits_int32(func: tvm.tirx.PrimFunc, bounds: dict[str, int]) -> bool:
 # (CUDA: on the H100 kiln's took 8 us a call at batch 1 where TVM's took 17, 1/23 of TVM's time after
 # a 4,000-token prompt; the others keep TVM's until a device of theirs measures the swap).
 DECODE_ATTENTION_KINDS = ("cuda",)
+# Target kinds whose KV cache prefills through targets/prefill_attention.py (CUDA: TVM's ragged
+# prefill took 22.7 of the 8B's 168 ms of GPU time for 16 x 128 tokens on the H100, 3 TFLOP/s;
+# kiln's is unmeasured there: if measure8b's `prefill 16 x 128 kernels` shows more than that for
+# batch_prefill_ragged_kv_kernel, empty this).
+PREFILL_ATTENTION_KINDS = ("cuda",)
 
 
 def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
@@ -303,8 +308,9 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
         return []
     passes = [LowBatchGEMV(narrow_index=narrow_index), WorkspaceOutputs(),
               dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
-    if profile.target.get("kind") in DECODE_ATTENTION_KINDS:
-        passes.insert(0, UseKilnDecodeAttention())
+    kind = profile.target.get("kind")
+    if kind in DECODE_ATTENTION_KINDS or kind in PREFILL_ATTENTION_KINDS:
+        passes.insert(0, UseKilnAttention(kind in DECODE_ATTENTION_KINDS, kind in PREFILL_ATTENTION_KINDS))
     if not tensorize_works():
         return [no_tensor_cores, *passes]
     if profile.target.get("kind") == "cuda":

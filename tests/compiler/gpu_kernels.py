@@ -274,3 +274,22 @@ def nvcc_compiles(source: str, tmp_path) -> None:
     done = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-w", "-o", str(tmp_path / "k.cubin"),
                            str(tmp_path / "k.cu")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def reference_prefill(q, k, v, q_indptr, kv_indptr, causal: bool, sm_scale: float):
+    """Each query token's attention over its sequence's keys (the last len(q) of them are the
+    queries' own: causal lets token p see keys up to kv_len - q_len + p), in float64; lse base 2."""
+    h_qo, h_kv = q.shape[1], k.shape[1]
+    out, lse = np.zeros(q.shape), np.zeros(q.shape[:2])
+    for b in range(len(q_indptr) - 1):
+        q_len, kv_len = q_indptr[b + 1] - q_indptr[b], kv_indptr[b + 1] - kv_indptr[b]
+        for p in range(q_len):
+            seen = kv_len - q_len + p + 1 if causal else kv_len
+            for h in range(h_qo):
+                keys = k[kv_indptr[b]:kv_indptr[b] + seen, h // (h_qo // h_kv)].astype(np.float64)
+                vals = v[kv_indptr[b]:kv_indptr[b] + seen, h // (h_qo // h_kv)].astype(np.float64)
+                s = keys @ q[q_indptr[b] + p, h].astype(np.float64) * sm_scale
+                w = np.exp(s - s.max())
+                out[q_indptr[b] + p, h] = w @ vals / w.sum()
+                lse[q_indptr[b] + p, h] = (s.max() + np.log(w.sum())) / np.log(2)
+    return out, lse

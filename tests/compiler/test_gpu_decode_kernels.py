@@ -206,6 +206,26 @@ def test_cuda_decodes_with_kilns_attention_kernel(dumped_ir, tmp_path):
     assert replacement("batch_prefill_paged_kv", tvm_kernel) is None
 
 
+def test_cuda_prefills_with_kilns_ragged_attention_kernel(dumped_ir, tmp_path):
+    """The CUDA build's ragged prefill kernel is targets/prefill_attention.py's (TVM's symbol kept,
+    the paged prefill kernels TVM's own): one 128-thread kernel for the 8B's heads, keys and values
+    loaded 16 bytes a thread (2 unrolled tokens), nvcc compiles it."""
+    from gpu_kernels import build_prim_func, cuda_kernels, nvcc_compiles
+
+    from kiln.targets.prefill_attention import prefill_attention, prefill_replacement
+    funcs = dumped_ir("cuda", "schedule")
+    assert '"kiln.attention": True' in funcs["batch_prefill_ragged_kv"]
+    assert '"kiln.attention": True' not in funcs["batch_prefill_paged_kv"]
+    kernels = build_prim_func("batch_prefill_ragged_kv", prefill_attention(8, 32, 128, "float16"), "cuda-sm90")
+    source = kernels.artifact_source
+    (threads, body), = cuda_kernels(source).values()
+    assert threads == 128
+    loads = re.findall(r"\*\(uint4\*\)\(\w_rows_ptr \+ \d+\) = \*\(uint4\*\)\([kv]_ptr \+", body)
+    assert len(loads) == 4
+    nvcc_compiles(source, tmp_path)
+    assert prefill_replacement("batch_prefill_paged_kv", kernels.func("batch_prefill_ragged_kv")) is None
+
+
 @pytest.mark.parametrize("batch, tokens, splits", [(1, 128, 1), (1, 255, 1), (1, 4096, 16), (16, 4096, 2),
                                                    (64, 4096, 1), (1, 65536, 32), (3, 1024, 4)])
 def test_decode_attention_splits_long_sequences_of_small_batches(batch, tokens, splits):

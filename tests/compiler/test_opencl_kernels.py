@@ -26,7 +26,8 @@ from kiln.models.sampling import sample_kernel
 from kiln.targets.gpu import gpu_phase_passes
 
 from gpu_kernels import (branch_kernel, build, build_prim_func, buffers, host_launches, host_values, is_q4_matmul,
-                         kernel_args, kernel_chunk, launch, reference_attention, row_branches, shape_values)
+                         kernel_args, kernel_chunk, launch, reference_attention, reference_prefill, row_branches,
+                         shape_values)
 from sampling_cases import host_tokens, sampling_case
 
 pytestmark = pytest.mark.compiler
@@ -231,6 +232,29 @@ def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sl
                         {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": d ** -0.5})
     out, lse = reference_attention(q, pages, indptr, values, last_len, 16, d ** -0.5,
                                    (offsets, sinks) if sliding else None)
+    np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("h_kv, h_qo, d, causal", [(2, 8, 64, True), (3, 9, 32, True), (2, 8, 64, False)])
+def test_kiln_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal):
+    """targets/prefill_attention.py, what CUDA builds prefill with: three sequences of 5, 37 and
+    1 new tokens, the second after 4 cached ones (more keys than queries), each token a work-group
+    finding its sequence by binary search and walking only the keys it may see."""
+    from kiln.targets.prefill_attention import prefill_attention
+    name = "batch_prefill_ragged_kv"
+    kernels = build_prim_func(name, prefill_attention(h_kv, h_qo, d, "float32", warps=2, unroll=2), "android-opencl")
+    rng = np.random.default_rng(d + h_qo)
+    q_indptr, kv_indptr = np.array([0, 5, 42, 43], np.int32), np.array([0, 5, 46, 47], np.int32)
+    q = rng.normal(0, 1, (43, h_qo, d)).astype(np.float32)
+    k, v = (rng.normal(0, 1, (47, h_kv, d)).astype(np.float32) for _ in range(2))
+    got = _run_launches(queue, kernels, name,
+                        {"q": q, "q_indptr": q_indptr, "k": k, "v": v, "kv_indptr": kv_indptr,
+                         "q_rope_position": np.zeros(43, np.int32), "k_rope_pos_offset": np.zeros(3, np.int32),
+                         "output": np.full_like(q, 7.0), "lse": np.zeros((43, h_qo), np.float32)},
+                        {"causal": int(causal), "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0,
+                         "sm_scale": d ** -0.5})
+    out, lse = reference_prefill(q, k, v, q_indptr, kv_indptr, causal, d ** -0.5)
     np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
 

@@ -258,3 +258,33 @@ def test_cuda_decode_attention_kernel(h_kv, h_qo, d, counts):
                                              last_len, 16, d ** -0.5)
     np.testing.assert_allclose(out.numpy().astype(np.float32), want_out, rtol=1e-2, atol=2e-3)
     np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("h_kv, h_qo, d", [(8, 32, 128), (3, 9, 64)])     # the 8B's heads, SmolLM2's
+def test_cuda_prefill_attention_kernel(h_kv, h_qo, d):
+    """targets/prefill_attention.py's kernel (what CUDA builds prefill with) on the GPU in float16
+    against numpy: sequences of 5, 300 (after 40 cached keys) and 1 new tokens, causal."""
+    import sys
+    from pathlib import Path
+
+    import tvm
+
+    from kiln.targets.prefill_attention import prefill_attention
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))
+    from gpu_kernels import reference_prefill
+
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    kernel = prefill_attention(h_kv, h_qo, d, "float16").with_attr("global_symbol", "attn")
+    lib = tvm.compile(tvm.IRModule({"attn": kernel}), target=get_profile(preset).tvm_target())
+    dev, rng = tvm.cuda(0), np.random.default_rng(d)
+    q_indptr, kv_indptr = np.array([0, 5, 305, 306], np.int32), np.array([0, 5, 345, 346], np.int32)
+    q = rng.normal(0, 1, (306, h_qo, d)).astype(np.float16)
+    k, v = (rng.normal(0, 1, (346, h_kv, d)).astype(np.float16) for _ in range(2))
+    out = tvm.runtime.tensor(np.zeros_like(q), dev)
+    lse = tvm.runtime.tensor(np.zeros((306, h_qo), np.float32), dev)
+    lib["attn"](*(tvm.runtime.tensor(a, dev) for a in (q, q_indptr, k, v, kv_indptr)),
+                tvm.runtime.tensor(np.zeros(306, np.int32), dev), tvm.runtime.tensor(np.zeros(3, np.int32), dev),
+                out, lse, 1, 0, 1.0, 10000.0, d ** -0.5)
+    want_out, want_lse = reference_prefill(q, k, v, q_indptr, kv_indptr, True, d ** -0.5)
+    np.testing.assert_allclose(out.numpy().astype(np.float32), want_out, rtol=1e-2, atol=2e-3)
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-3)

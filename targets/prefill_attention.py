@@ -1,0 +1,203 @@
+"""Ragged prefill attention for GPUs: a work-group per query token and KV head.
+
+Why: on an H100 (2026-11-27, tools/gpu_checks.py measure8b) TVM's ragged prefill kernel
+(relax/frontend/nn/llm/_prefill_kernels.py) took 22.7 of a 16 x 128-token prefill's 168 ms of
+GPU time on the 8B model: 0.71 ms a layer for ~2.2 GFLOP, 3 TFLOP/s. It runs 16 work-groups per
+KV head (128 on 132 SMs, 4 warps each), each walking tiles of 32 query rows one after another,
+every tile over every key of its sequence (the causal mask applied, the masked tiles still
+loaded and multiplied), a barrier around each 32-key step.
+
+Here each query token is a decode step over its own causal prefix (targets/decode_attention.py's
+walk): a work-group per (token, KV head) with all the group's query heads, its warps' slots each
+walking a share of the keys with their own online softmax, 16-byte loads, `unroll` tokens' keys
+and values in flight, one merge in shared memory at the end. The keys a token cannot see are
+never read, and 2,048 tokens make 16,384 work-groups for the 8B's 8 KV heads. The keys and values
+of a 128-token sequence (64 KB a head) stay in L2 for the work-groups that share them.
+
+The function is a drop-in for TVM's `batch_prefill_ragged_kv`: the same name, parameters and
+results (output [tokens, H_qo, D], lse [tokens, H_qo] in base 2), rotary_mode ignored (kiln swaps
+it in only where the cache applies RoPE before attention: targets/kiln_attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+
+from .decode_attention import WARP, merge_states
+
+LOG2E = math.log2(math.e)
+_EMPTY_MAX = -5e4
+SEARCH_STEPS = 31              # binary search for a token's sequence: any int32 batch
+
+
+def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, unroll: int = 2) -> tirx.PrimFunc:
+    """The ragged prefill kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d`;
+    `warps` per work-group, `unroll` keys a slot loads at once. ValueError when a row does not
+    split into 16-byte lanes that tile a warp."""
+    if h_qo % h_kv:
+        raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
+    group = h_qo // h_kv
+    vec = 16 // tvm.DataType(dtype).itemsize if dtype in ("float16", "bfloat16", "float32") else 0
+    lanes = d // vec if vec and d % vec == 0 else 0
+    if not lanes or lanes > WARP or WARP % lanes:
+        raise ValueError(f"head dim {d} in {dtype} does not split into 16-byte lanes of a warp")
+    per_warp = WARP // lanes
+    slots = per_warp * warps
+    threads = WARP * warps
+    step = slots * unroll
+
+    @T.macro
+    def attend(q_in, q_indptr, k, v, kv_indptr, output, lse, causal, sm_scale, batch, token, by, tz, ty, tx):
+        with T.sblock("attn"):
+            T.reads()                   # (what it reads depends on the token's sequence, found inside)
+            T.writes()
+            q = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+            k_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
+            v_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
+            scores = T.sblock_alloc_buffer((unroll, group), "float32", scope="local")
+            part = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            summed = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            run_max = T.sblock_alloc_buffer((group,), "float32", scope="local")
+            run_sum = T.sblock_alloc_buffer((group,), "float32", scope="local")
+            acc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
+            new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            seq = T.sblock_alloc_buffer((2,), "int32", scope="local")          # search bounds [lo, hi)
+            merged = T.sblock_alloc_buffer((4,), "float32", scope="local")
+            slot_out = T.sblock_alloc_buffer((slots, d), "float32", scope="shared")
+            slot_state = T.sblock_alloc_buffer((slots, 2), "float32", scope="shared")
+
+            # the token's sequence: the last b with q_indptr[b] <= token
+            seq[0] = 0
+            seq[1] = batch
+            for _ in T.serial(SEARCH_STEPS):
+                if seq[1] - seq[0] > 1:
+                    mid: T.let[T.int32] = (seq[0] + seq[1]) // 2
+                    if q_indptr[mid] <= token:
+                        seq[0] = mid
+                    else:
+                        seq[1] = mid
+            b: T.let[T.int32] = seq[0]
+            q_len: T.let[T.int32] = q_indptr[b + 1] - q_indptr[b]
+            kv_len: T.let[T.int32] = kv_indptr[b + 1] - kv_indptr[b]
+            base: T.let[T.int32] = kv_indptr[b]
+            # causal: the keys up to the token's own position (the last q_len keys are the queries')
+            end: T.let[T.int32] = T.if_then_else(
+                causal > 0, T.max(T.min(kv_len - q_len + (token - q_indptr[b]) + 1, kv_len), 0), kv_len)
+            slot: T.let[T.int32] = tz * per_warp + ty
+
+            for i in T.unroll(group):
+                for j in T.unroll(vec):
+                    q[i, j] = T.Cast("float32", q_in[token, by * group + i, tx * vec + j]) * (sm_scale * T.float32(LOG2E))
+                run_max[i] = T.float32(_EMPTY_MAX)
+                run_sum[i] = T.float32(0)
+                for j in T.unroll(vec):
+                    acc[i, j] = T.float32(0)
+
+            for it in T.serial(T.ceildiv(end, step)):
+                for u in T.unroll(unroll):
+                    t: T.let[T.int32] = (it * unroll + u) * slots + slot
+                    if t < end:
+                        for j in T.vectorized(vec):
+                            k_rows[u, j] = k[base + t, by, tx * vec + j]
+                        for j in T.vectorized(vec):
+                            v_rows[u, j] = v[base + t, by, tx * vec + j]
+                    else:
+                        for j in T.unroll(vec):
+                            k_rows[u, j] = T.Cast(dtype, 0)
+                            v_rows[u, j] = T.Cast(dtype, 0)
+                for u in T.serial(unroll):
+                    for i in T.serial(group):
+                        part[0] = T.float32(0)
+                        for j in T.unroll(vec):
+                            part[0] = part[0] + q[i, j] * T.Cast("float32", k_rows[u, j])
+                        with T.sblock("lanes_sum"):
+                            T.reads(part[0])
+                            T.writes(summed[0])
+                            T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]), "reduce_scope", T.int32(0))
+                            T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx, dtype="void")
+                        scores[u, i] = summed[0]
+                for i in T.unroll(group):
+                    new_max[0] = run_max[i]
+                    for u in T.unroll(unroll):
+                        if (it * unroll + u) * slots + slot < end:
+                            new_max[0] = T.max(new_max[0], scores[u, i])
+                    rescale: T.let[T.float32] = T.exp2(run_max[i] - new_max[0])
+                    run_sum[i] = run_sum[i] * rescale
+                    for j in T.unroll(vec):
+                        acc[i, j] = acc[i, j] * rescale
+                    for u in T.unroll(unroll):
+                        if (it * unroll + u) * slots + slot < end:
+                            p: T.let[T.float32] = T.exp2(scores[u, i] - new_max[0])
+                            run_sum[i] = run_sum[i] + p
+                            for j in T.unroll(vec):
+                                acc[i, j] = acc[i, j] + p * T.Cast("float32", v_rows[u, j])
+                    run_max[i] = new_max[0]
+
+            for i in T.serial(group):
+                for j in T.unroll(vec):
+                    slot_out[slot, tx * vec + j] = acc[i, j]
+                if tx == 0:
+                    slot_state[slot, 0] = run_max[i]
+                    slot_state[slot, 1] = run_sum[i]
+                T.tvm_storage_sync("shared")
+                for rep in T.serial((d + threads - 1) // threads):
+                    dim: T.let[T.int32] = rep * threads + slot * lanes + tx
+                    if dim < d:
+                        merge_states(merged, slot_state, slot_out, slots, dim)
+                        output[token, by * group + i, dim] = T.Cast(dtype, merged[2] / merged[3])
+                        if dim == 0:
+                            lse[token, by * group + i] = merged[0] + T.log2(merged[3])
+                T.tvm_storage_sync("shared")
+
+    @T.prim_func(s_tir=True)
+    def kernel(var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle, var_kv_indptr: T.handle,
+               var_q_rope_position: T.handle, var_k_rope_pos_offset: T.handle, var_output: T.handle,
+               var_lse: T.handle, causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32,
+               rope_theta: T.float32, sm_scale: T.float32):
+        T.func_attr({"tirx.is_scheduled": True, "global_symbol": "batch_prefill_ragged_kv", "tirx.noalias": True})
+        batch_size = T.int32()
+        qo_len = T.int32()
+        kv_len = T.int32()
+        q_indptr_elem_offset = T.int32()
+        kv_indptr_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q = T.match_buffer(var_q, (qo_len, h_qo, d), dtype)
+        q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_indptr_elem_offset)
+        k = T.match_buffer(var_k, (kv_len, h_kv, d), dtype)
+        v = T.match_buffer(var_v, (kv_len, h_kv, d), dtype)
+        kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32", elem_offset=kv_indptr_elem_offset)
+        q_rope_position = T.match_buffer(var_q_rope_position, (qo_len,), "int32",  # noqa: F841 (RoPE: applied before)
+                                         elem_offset=q_rope_position_elem_offset)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",  # noqa: F841
+                                           elem_offset=k_rope_pos_offset_elem_offset)
+        output = T.match_buffer(var_output, (qo_len, h_qo, d), dtype)
+        lse = T.match_buffer(var_lse, (qo_len, h_qo), "float32")
+        for token in T.thread_binding(qo_len, thread="blockIdx.x"):
+            for by in T.thread_binding(h_kv, thread="blockIdx.y"):
+                for tz in T.thread_binding(warps, thread="threadIdx.z"):
+                    for ty in T.thread_binding(per_warp, thread="threadIdx.y"):
+                        for tx in T.thread_binding(lanes, thread="threadIdx.x"):
+                            attend(q, q_indptr, k, v, kv_indptr, output, lse, causal, sm_scale, batch_size,
+                                   token, by, tz, ty, tx)
+
+    return kernel
+
+
+def prefill_replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """kiln's kernel for TVM's `batch_prefill_ragged_kv` (shapes read off its buffers), or None."""
+    if name != "batch_prefill_ragged_kv":
+        return None
+    q, k, v = func.params[0], func.params[2], func.params[3]
+    _, h_qo, d = q.shape
+    _, h_kv, d_v = v.shape
+    if int(d) != int(d_v) or int(k.shape[2]) != int(d):
+        return None                                     # MLA-like head dims: TVM's kernel
+    try:
+        return prefill_attention(int(h_kv), int(h_qo), int(d), str(q.dtype))
+    except ValueError:
+        return None
