@@ -69,6 +69,80 @@ def merge_states(merged, state, out, count, dim):
     merged[3] = T.if_then_else(merged[1] > T.float32(0), merged[1], T.float32(1))
 
 
+class SlotWalk:
+    """The parts of a work-group's walk that decode and prefill share (targets/prefill_attention.py):
+    `warps` x `per_warp` slots, each a row's `lanes` threads of `vec` values, walking its own share
+    of the keys `unroll` at a time with its own online softmax over the `group` query heads."""
+
+    def __init__(self, group: int, d: int, dtype: str, warps: int, unroll: int) -> None:
+        vec = 16 // tvm.DataType(dtype).itemsize if dtype in ("float16", "bfloat16", "float32") else 0
+        lanes = d // vec if vec and d % vec == 0 else 0
+        if not lanes or lanes > WARP or WARP % lanes:
+            raise ValueError(f"head dim {d} in {dtype} does not split into 16-byte lanes of a warp")
+        self.vec, self.lanes, self.per_warp = vec, lanes, WARP // lanes
+        self.slots, self.threads = self.per_warp * warps, WARP * warps
+        self.step_tokens = self.slots * unroll             # keys the work-group reads per iteration
+        slots, threads = self.slots, self.threads
+
+        @T.macro
+        def step(q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max, first, bound, tx):
+            """Keys first + u * slots (u < unroll, those below `bound`), loaded into k_rows / v_rows:
+            their scores (each lane's part of the dot product summed over the row's lanes; serial
+            loops: TVM lowers one allreduce per statement, nvcc unrolls them), then the slot's
+            online softmax."""
+            for u in T.serial(unroll):
+                for i in T.serial(group):
+                    part[0] = T.float32(0)
+                    for j in T.unroll(vec):
+                        part[0] = part[0] + q[i, j] * T.Cast("float32", k_rows[u, j])
+                    with T.sblock("lanes_sum"):
+                        T.reads(part[0])
+                        T.writes(summed[0])
+                        T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]), "reduce_scope", T.int32(0))
+                        T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx, dtype="void")
+                    scores[u, i] = summed[0]
+            for i in T.unroll(group):
+                new_max[0] = run_max[i]
+                for u in T.unroll(unroll):
+                    if first + u * slots < bound:
+                        new_max[0] = T.max(new_max[0], scores[u, i])
+                rescale: T.let[T.float32] = T.exp2(run_max[i] - new_max[0])
+                run_sum[i] = run_sum[i] * rescale
+                for j in T.unroll(vec):
+                    acc[i, j] = acc[i, j] * rescale
+                for u in T.unroll(unroll):
+                    if first + u * slots < bound:
+                        p: T.let[T.float32] = T.exp2(scores[u, i] - new_max[0])
+                        run_sum[i] = run_sum[i] + p
+                        for j in T.unroll(vec):
+                            acc[i, j] = acc[i, j] + p * T.Cast("float32", v_rows[u, j])
+                run_max[i] = new_max[0]
+
+        @T.macro
+        def share(acc, run_max, run_sum, slot_out, slot_state, i, slot, tx):
+            """Query head i's state of every slot in shared memory (a barrier after)."""
+            for j in T.unroll(vec):
+                slot_out[slot, tx * vec + j] = acc[i, j]
+            if tx == 0:
+                slot_state[slot, 0] = run_max[i]
+                slot_state[slot, 1] = run_sum[i]
+            T.tvm_storage_sync("shared")
+
+        @T.macro
+        def write(output, lse, merged, slot_out, slot_state, row, head, slot, tx):
+            """The slots' states merged (share() first), normalised into output[row, head] and lse."""
+            for rep in T.serial((d + threads - 1) // threads):
+                dim: T.let[T.int32] = rep * threads + slot * lanes + tx
+                if dim < d:
+                    merge_states(merged, slot_state, slot_out, slots, dim)
+                    output[row, head, dim] = T.Cast(dtype, merged[2] / merged[3])
+                    if dim == 0:
+                        lse[row, head] = merged[0] + T.log2(merged[3])
+            T.tvm_storage_sync("shared")
+
+        self.step, self.share, self.write = step, share, write
+
+
 def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, sliding_window: bool = False,
                      warps: int = 8, unroll: int = 4, splits: int | None = None) -> tirx.PrimFunc:
     """The decode kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d` in `page_size`
@@ -78,14 +152,9 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
     if h_qo % h_kv:
         raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
     group = h_qo // h_kv
-    vec = 16 // tvm.DataType(dtype).itemsize if dtype in ("float16", "bfloat16", "float32") else 0
-    lanes = d // vec if vec and d % vec == 0 else 0
-    if not lanes or lanes > WARP or WARP % lanes:
-        raise ValueError(f"head dim {d} in {dtype} does not split into 16-byte lanes of a warp")
-    per_warp = WARP // lanes
-    slots = per_warp * warps                     # tokens the work-group reads at one unrolled position
-    threads = WARP * warps
-    step = slots * unroll
+    walk = SlotWalk(group, d, dtype, warps, unroll)
+    vec, lanes, per_warp, slots, threads = walk.vec, walk.lanes, walk.per_warp, walk.slots, walk.threads
+    step = walk.step_tokens
     symbol = "batch_decode_paged_kv" + ("_sliding_window" if sliding_window else "")
 
     def chunk_len(begin, end, b, length_info):
@@ -156,59 +225,24 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
                             for j in T.unroll(vec):
                                 k_rows[u, j] = T.Cast(dtype, 0)
                                 v_rows[u, j] = T.Cast(dtype, 0)
-                    # scores: each lane's part of the dot product, summed over the row's lanes
-                    # (serial loops: TVM lowers one allreduce per statement; nvcc unrolls them)
-                    for u in T.serial(unroll):
-                        for i in T.serial(group):
-                            part[0] = T.float32(0)
-                            for j in T.unroll(vec):
-                                part[0] = part[0] + q[i, j] * T.Cast("float32", k_rows[u, j])
-                            with T.sblock("lanes_sum"):
-                                T.reads(part[0])
-                                T.writes(summed[0])
-                                T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]), "reduce_scope", T.int32(0))
-                                T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx, dtype="void")
-                            scores[u, i] = summed[0]
-                    # the slot's online softmax
-                    for i in T.unroll(group):
-                        new_max[0] = run_max[i]
-                        for u in T.unroll(unroll):
-                            if span[0] + (it * unroll + u) * slots + slot < span[1]:
-                                new_max[0] = T.max(new_max[0], scores[u, i])
-                        rescale: T.let[T.float32] = T.exp2(run_max[i] - new_max[0])
-                        run_sum[i] = run_sum[i] * rescale
-                        for j in T.unroll(vec):
-                            acc[i, j] = acc[i, j] * rescale
-                        for u in T.unroll(unroll):
-                            if span[0] + (it * unroll + u) * slots + slot < span[1]:
-                                p: T.let[T.float32] = T.exp2(scores[u, i] - new_max[0])
-                                run_sum[i] = run_sum[i] + p
-                                for j in T.unroll(vec):
-                                    acc[i, j] = acc[i, j] + p * T.Cast("float32", v_rows[u, j])
-                        run_max[i] = new_max[0]
+                    walk.step(q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max,
+                              span[0] + it * unroll * slots + slot, span[1], tx)
 
                 # the slots' states merged, one query head at a time
                 for i in T.serial(group):
-                    for j in T.unroll(vec):
-                        slot_out[slot, tx * vec + j] = acc[i, j]
-                    if tx == 0:
-                        slot_state[slot, 0] = run_max[i]
-                        slot_state[slot, 1] = run_sum[i]
-                    T.tvm_storage_sync("shared")
-                    for rep in T.serial((d + threads - 1) // threads):
-                        dim: T.let[T.int32] = rep * threads + slot * lanes + tx
-                        if dim < d:
-                            merge_states(merged, slot_state, slot_out, slots, dim)
-                            if split:
+                    walk.share(acc, run_max, run_sum, slot_out, slot_state, i, slot, tx)
+                    if split:                   # the share's state as it is, for the merge kernel
+                        for rep in T.serial((d + threads - 1) // threads):
+                            dim: T.let[T.int32] = rep * threads + slot * lanes + tx
+                            if dim < d:
+                                merge_states(merged, slot_state, slot_out, slots, dim)
                                 ws_o[bx, bs, by * group + i, dim] = merged[2]
                                 if dim == 0:
                                     ws_md[bx, bs, by * group + i, 0] = merged[0]
                                     ws_md[bx, bs, by * group + i, 1] = merged[1]
-                            else:
-                                output[bx, by * group + i, dim] = T.Cast(dtype, merged[2] / merged[3])
-                                if dim == 0:
-                                    lse[bx, by * group + i] = merged[0] + T.log2(merged[3])
-                    T.tvm_storage_sync("shared")
+                        T.tvm_storage_sync("shared")
+                    else:
+                        walk.write(output, lse, merged, slot_out, slot_state, bx, by * group + i, slot, tx)
         return body
 
     whole, share = attend(False), attend(True)
@@ -316,4 +350,4 @@ def replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         return None
 
 
-__all__ = ["decode_attention", "merge_states", "replacement", "split_count"]
+__all__ = ["SlotWalk", "decode_attention", "merge_states", "replacement", "split_count"]

@@ -21,16 +21,11 @@ it in only where the cache applies RoPE before attention: targets/kiln_attention
 
 from __future__ import annotations
 
-import math
-
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .decode_attention import WARP, merge_states
+from .decode_attention import _EMPTY_MAX, LOG2E, SlotWalk
 
-LOG2E = math.log2(math.e)
-_EMPTY_MAX = -5e4
 SEARCH_STEPS = 31              # binary search for a token's sequence: any int32 batch
 
 
@@ -41,14 +36,8 @@ def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, 
     if h_qo % h_kv:
         raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
     group = h_qo // h_kv
-    vec = 16 // tvm.DataType(dtype).itemsize if dtype in ("float16", "bfloat16", "float32") else 0
-    lanes = d // vec if vec and d % vec == 0 else 0
-    if not lanes or lanes > WARP or WARP % lanes:
-        raise ValueError(f"head dim {d} in {dtype} does not split into 16-byte lanes of a warp")
-    per_warp = WARP // lanes
-    slots = per_warp * warps
-    threads = WARP * warps
-    step = slots * unroll
+    walk = SlotWalk(group, d, dtype, warps, unroll)
+    vec, lanes, per_warp, slots = walk.vec, walk.lanes, walk.per_warp, walk.slots
 
     @T.macro
     def attend(q_in, q_indptr, k, v, kv_indptr, output, lse, causal, sm_scale, batch, token, by, tz, ty, tx):
@@ -97,7 +86,7 @@ def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, 
                 for j in T.unroll(vec):
                     acc[i, j] = T.float32(0)
 
-            for it in T.serial(T.ceildiv(end, step)):
+            for it in T.serial(T.ceildiv(end, walk.step_tokens)):
                 for u in T.unroll(unroll):
                     t: T.let[T.int32] = (it * unroll + u) * slots + slot
                     if t < end:
@@ -109,49 +98,12 @@ def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, 
                         for j in T.unroll(vec):
                             k_rows[u, j] = T.Cast(dtype, 0)
                             v_rows[u, j] = T.Cast(dtype, 0)
-                for u in T.serial(unroll):
-                    for i in T.serial(group):
-                        part[0] = T.float32(0)
-                        for j in T.unroll(vec):
-                            part[0] = part[0] + q[i, j] * T.Cast("float32", k_rows[u, j])
-                        with T.sblock("lanes_sum"):
-                            T.reads(part[0])
-                            T.writes(summed[0])
-                            T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]), "reduce_scope", T.int32(0))
-                            T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx, dtype="void")
-                        scores[u, i] = summed[0]
-                for i in T.unroll(group):
-                    new_max[0] = run_max[i]
-                    for u in T.unroll(unroll):
-                        if (it * unroll + u) * slots + slot < end:
-                            new_max[0] = T.max(new_max[0], scores[u, i])
-                    rescale: T.let[T.float32] = T.exp2(run_max[i] - new_max[0])
-                    run_sum[i] = run_sum[i] * rescale
-                    for j in T.unroll(vec):
-                        acc[i, j] = acc[i, j] * rescale
-                    for u in T.unroll(unroll):
-                        if (it * unroll + u) * slots + slot < end:
-                            p: T.let[T.float32] = T.exp2(scores[u, i] - new_max[0])
-                            run_sum[i] = run_sum[i] + p
-                            for j in T.unroll(vec):
-                                acc[i, j] = acc[i, j] + p * T.Cast("float32", v_rows[u, j])
-                    run_max[i] = new_max[0]
+                walk.step(q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max,
+                          it * unroll * slots + slot, end, tx)
 
             for i in T.serial(group):
-                for j in T.unroll(vec):
-                    slot_out[slot, tx * vec + j] = acc[i, j]
-                if tx == 0:
-                    slot_state[slot, 0] = run_max[i]
-                    slot_state[slot, 1] = run_sum[i]
-                T.tvm_storage_sync("shared")
-                for rep in T.serial((d + threads - 1) // threads):
-                    dim: T.let[T.int32] = rep * threads + slot * lanes + tx
-                    if dim < d:
-                        merge_states(merged, slot_state, slot_out, slots, dim)
-                        output[token, by * group + i, dim] = T.Cast(dtype, merged[2] / merged[3])
-                        if dim == 0:
-                            lse[token, by * group + i] = merged[0] + T.log2(merged[3])
-                T.tvm_storage_sync("shared")
+                walk.share(acc, run_max, run_sum, slot_out, slot_state, i, slot, tx)
+                walk.write(output, lse, merged, slot_out, slot_state, token, by * group + i, slot, tx)
 
     @T.prim_func(s_tir=True)
     def kernel(var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle, var_kv_indptr: T.handle,
