@@ -72,7 +72,9 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # values, "wide", ran 9-18% slower than dlight's at one row on the H100, 2026-11-26, and is gone;
 # "tvmattn", TVM's paged decode attention in place of targets/decode_attention.py's, took twice its
 # time at 1-64 sequences and 23 times after a 4,000-token prompt, 2026-11-27, and is gone; "all",
-# q4gemv with tcgroup, is left to follow from those two.)
+# q4gemv with tcgroup, is left to follow from those two.) "attn64": the decode attention splits a
+# sequence between work-groups from 64 tokens a share (targets/decode_attention.py MIN_SPLIT, 256
+# shipped): at batch 1 and 256 tokens 32 work-groups rather than the 8B's 8 (8 us a call, 2026-11-27).
 _TC = {"warp_rows": 2, "warp_cols": 2}
 _TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
 SPLIT_BLOCKS = 1024
@@ -81,6 +83,7 @@ VARIANTS = {"base": {}, "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS},
             "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "tcsplit": {"tc": {**_TC_GROUP, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
+            "attn64": {"min_split": 64, "batches": (1, 16)},
             "bits": {"bits": True, "batches": (1, 16)}}
 
 
@@ -111,9 +114,10 @@ def built_with(variant: str):
     import dataclasses
 
     from kiln import targets
-    from kiln.targets import gpu
-    shipped, profiles = gpu.LOW_BATCH_BRANCHES, dict(targets._PROFILES)
+    from kiln.targets import decode_attention, gpu
+    shipped, profiles, min_split = gpu.LOW_BATCH_BRANCHES, dict(targets._PROFILES), decode_attention.MIN_SPLIT
     gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or shipped
+    decode_attention.MIN_SPLIT = VARIANTS[variant].get("min_split", min_split)
     if VARIANTS[variant].get("bits"):
         for name, make in profiles.items():
             if name.startswith("cuda"):
@@ -121,7 +125,7 @@ def built_with(variant: str):
     try:
         yield
     finally:
-        gpu.LOW_BATCH_BRANCHES = shipped
+        gpu.LOW_BATCH_BRANCHES, decode_attention.MIN_SPLIT = shipped, min_split
         targets._PROFILES.clear()
         targets._PROFILES.update(profiles)
 
@@ -341,9 +345,11 @@ def _runner(art: Path, batch: int, args):
     return ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)))
 
 
-def kiln_bench(art: Path, batch: int, args) -> dict:
+def kiln_bench(art: Path, batch: int, args, runner=None) -> dict:
+    """`kiln bench` at `batch` sequences (on `runner` if given: one loaded for at least that many)."""
     from kiln.runtime.bench import bench
-    r = bench(_runner(art, batch, args), prompt_len=args.prompt_len, gen_len=args.gen_len, batch=batch, runs=args.runs)
+    r = bench(runner or _runner(art, batch, args), prompt_len=args.prompt_len, gen_len=args.gen_len, batch=batch,
+              runs=args.runs)
     return {"prefill_tok_s": round(r.prefill_tok_s), "decode_tok_s": round(r.decode_tok_s, 1),
             "tpot_ms": round(r.tpot_ms, 3)}
 
@@ -403,10 +409,10 @@ def gpu_kernel_times(runner, ids: list[int], steps: int = 16, top: int = 14) -> 
     return _cupti_times(step, steps, top)
 
 
-def prefill_kernel_times(art: Path, batch: int, args, steps: int = 4, top: int = 14) -> dict:
+def prefill_kernel_times(art: Path, batch: int, args, runner=None, steps: int = 4, top: int = 14) -> dict:
     """The same for a prefill of `batch` sequences of --prompt-len tokens (each step adds the
     sequences, prefills them and drops them): which kernels the issue's 16 x 128 prefill spends."""
-    runner = _runner(art, batch, args)
+    runner = runner or _runner(art, batch, args)
     ids = list(range(batch))
     prompts = _prompts(ids, args)
 
@@ -691,22 +697,30 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
     floor = bw * 1e9 / weight_bytes(art)
     result = {"weight_gb": round(weight_bytes(art) / 1e9, 2), "copy_bandwidth_gbs": round(bw),
               "batch1_floor_tok_s": round(floor, 1)}
-    result["batch 1"] = kiln_bench(art, 1, args)
+    batches = [2] if args.quick else [16, 64]
+    runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
+    result["batch 1"] = kiln_bench(art, 1, args, runner)
     result["batch1_pct_of_floor"] = round(100 * result["batch 1"]["decode_tok_s"] / floor, 1)
     print("8b batch 1", json.dumps(result), flush=True)
-    for b in ([2] if args.quick else [16, 64]):
-        result[f"batch {b}"] = kiln_bench(art, b, args)
+    for b in batches:
+        result[f"batch {b}"] = kiln_bench(art, b, args, runner)
         print(f"8b batch {b}", json.dumps(result[f"batch {b}"]), flush=True)
     for b in (1, 16):
         key = f"batch {b} decode kernels"
-        result[key] = (gpu_kernel_times(*_prefilled(art, b, args)) if args.device == "cuda"
-                       else kernel_profile(art, b, args))
+        if args.device == "cuda":
+            ids = _prefill(runner, b, args)
+            result[key] = gpu_kernel_times(runner, ids)
+            for i in ids:
+                runner.remove_sequence(i)
+        else:
+            result[key] = kernel_profile(art, b, args)
         print(f"8b {key}", json.dumps(result[key]), flush=True)
     if args.device == "cuda":
         rows = 2 if args.quick else 16
         key = f"prefill {rows} x {args.prompt_len} kernels"
-        result[key] = prefill_kernel_times(art, rows, args)
+        result[key] = prefill_kernel_times(art, rows, args, runner)
         print(f"8b {key}", json.dumps(result[key]), flush=True)
+    del runner
     gc.collect()
     if torch_too:
         result["torch fp16 static"] = torch8b(args)
@@ -800,12 +814,12 @@ def run_all(args) -> dict:
     def smollm2_kiln() -> dict:
         art, seconds = Path(arts["q4f16"]["artifact"]), arts["q4f16"]["compile_s"]
         floor = bw * 1e9 / weight_bytes(art)
-        rows = {}
+        rows, runner = {}, _runner(art, max(batches), args)
         for b in batches:
-            rows[f"batch {b}"] = kiln_bench(art, b, args)
+            rows[f"batch {b}"] = kiln_bench(art, b, args, runner)
             print(f"q4f16 batch {b}", rows[f"batch {b}"], flush=True)
         if args.device == "cuda":
-            rows["batch 1 decode kernels"] = gpu_kernel_times(*_prefilled(art, 1, args))
+            rows["batch 1 decode kernels"] = gpu_kernel_times(runner, _prefill(runner, 1, args))
         return {"artifact": str(art), "compile_s": round(seconds, 1), "batch1_floor_tok_s": round(floor),
                 "batch1_pct_of_floor": round(100 * rows["batch 1"]["decode_tok_s"] / floor, 1), **rows}
 
