@@ -190,6 +190,9 @@ class FirstOf:
                 return sch
         return None
 
+    def without_workspace(self) -> "FirstOf":
+        return FirstOf(*(getattr(r, "without_workspace", lambda r=r: r)() for r in self.rules))
+
 
 # Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket or a schedule rule) per branch,
 # the tiled matmul above the last bound (the split MLC-LLM's LowBatchGemvSpecialize uses). Measured
@@ -198,6 +201,9 @@ class FirstOf:
 # 32 x 32 tensor-core tiles took 0.71 ms at 16 rows, 0.73 at 32 and 1.03 at 64 where dlight's
 # 128 x 128 tiles took 1.43-1.44, and LowBatchGEMV's 4-row bucket 0.64 ms at 4 rows, 1.20 at 8.
 # Rules that do not apply on a target (tensor cores elsewhere than CUDA) leave their branch out.
+# A branch's schedule may add workspace outputs (split K) only in kernels whose rows are bounded by
+# this many (batch_decode's sequences), not prefill's chunk: the workspace is planned at the bound.
+WORKSPACE_ROWS = 256
 LOW_BATCH_BRANCHES = ((1, OneRowGEMV()), (2, 2), (4, 4),
                       (64, NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2)))
 
@@ -226,25 +232,31 @@ class LowBatchGEMV:
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
-        bounds = _symbolic_bounds(mod) if self.narrow_index else {}
+        bounds = _symbolic_bounds(mod)
         out = tvm.IRModule(attrs=mod.attrs, global_infos=mod.global_infos)
         for gv, func in mod.functions_items():
             if isinstance(func, tvm.tirx.PrimFunc) and not is_scheduled(func) and output_rows(func) is not None:
                 if not self.narrow_index or _fits_int32(func, bounds):
-                    func = self._dispatch(func, target) or func
+                    func = self._dispatch(func, target, bounds) or func
             out[gv] = func
         return out
 
-    def _dispatch(self, func, target):
-        merged = self._merged(func, target)
+    def _dispatch(self, func, target, bounds):
+        merged = self._merged(func, target, bounds)
         if merged is None or not self.narrow_index:
             return merged
         gv = tvm.ir.GlobalVar("main")
         return tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({gv: merged}))[gv]
 
-    def _merged(self, func, target):
+    def _merged(self, func, target, bounds):
+        count = output_rows(func)
+        # A workspace is planned at the rows' bound, used only at a branch's few rows: none where
+        # that bound is large (prefill's chunk) or unknown.
+        small = isinstance(count, tvm.tirx.Var) and bounds.get(count.name, WORKSPACE_ROWS + 1) <= WORKSPACE_ROWS
         branches = []
         for rows, rule in self.branches:
+            if not small and hasattr(rule, "without_workspace"):
+                rule = rule.without_workspace()
             # A bucket: dlight's LowBatchGEMV; else a schedule rule (a Schedule of func, or a PrimFunc
             # over its params), whose branch is left out where it does not apply (a tensor-core rule
             # on a target without tensor cores).

@@ -59,6 +59,11 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
         self.group_loads = group_loads
         self.target_blocks = target_blocks          # 0: K is not split
 
+    def without_workspace(self) -> "NarrowTensorCoreMatmul":
+        """The same tiles, K not split (LowBatchGEMV: where a workspace would be planned too large)."""
+        return NarrowTensorCoreMatmul(self.warp_rows, self.warp_cols, self.frag_rows, self.frag_cols,
+                                      self.k_frags, self.group_loads)
+
     def split_count(self, n: int, k: int) -> int:
         """K slices for an N x K weight: the most (a power of 2) with at most target_blocks blocks
         over one row of tiles, each slice at least MIN_SLICE_STEPS K steps."""

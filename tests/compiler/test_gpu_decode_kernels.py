@@ -149,7 +149,8 @@ def test_split_k_tiles_sum_the_slices_in_a_second_kernel(group, tmp_path):
 def test_split_k_calls_allocate_the_workspace(monkeypatch):
     """A projection built whole for cuda-sm90 with split tiles for 5-64 rows: the row-dispatched
     kernel takes the workspace after its output, the Relax call allocates it (two outputs, the
-    planned memory of any tensor), and no kernel allocates device memory itself."""
+    planned memory of any tensor), and no kernel allocates device memory itself. With rows bounded
+    by 2,048 (a prefill chunk: the workspace would be planned that large) K is not split."""
     import tvm
     from gpu_kernels import _Keep
     from tvm.relax.frontend import nn
@@ -170,12 +171,21 @@ def test_split_k_calls_allocate_the_workspace(monkeypatch):
     split = NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, target_blocks=1024)
     monkeypatch.setattr(gpu, "LOW_BATCH_BRANCHES", (*gpu.LOW_BATCH_BRANCHES[:-1], (64, split)))
     mod, _ = Proj().export_tvm(spec={"forward": {"x": nn.spec.Tensor([1, "n", 2048], "float16")}})
+
+    def bounded(rows: int) -> tvm.IRModule:                  # as compiler/spec.py bounds batch_size
+        out = mod.clone()
+        out["forward"] = mod["forward"].with_attr("tir_var_upper_bound", {"n": rows})
+        return AccumulateInFloat32()(out)
+
     keep = _Keep("kiln_pipeline")
     with tvm.transform.PassContext(opt_level=3, instruments=[keep]):
-        executable, _ = build_lib(AccumulateInFloat32()(mod), get_profile("cuda-sm90"))
+        executable, _ = build_lib(bounded(256), get_profile("cuda-sm90"))
     scheduled = keep.mods["kiln_pipeline"]
     funcs = {gv.name_hint: f for gv, f in scheduled.functions_items() if workspace_count(f)}
     assert len(funcs) == 1 and int(list(funcs.values())[0].params[-1].shape[0]) == 8
+    with tvm.transform.PassContext(opt_level=3, instruments=[keep]):       # rows up to 2,048: not split
+        build_lib(bounded(2048), get_profile("cuda-sm90"))
+    assert not any(workspace_count(f) for _, f in keep.mods["kiln_pipeline"].functions_items())
     assert "AllocWorkspace" not in executable.mod.imports[0].inspect_source()
     assert re.search(r"R\.vm\.alloc_tensor\([^)]*R\.dtype\(\"float32\"\)", scheduled["forward"].script())
 
