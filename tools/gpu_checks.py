@@ -452,8 +452,11 @@ def variants(args, deadline: float | None = None) -> dict:
     """The GPU matmuls' row-count branches (VARIANTS) side by side on the 2-layer 8B-shaped model, the
     same weights in each: per decode step at VARIANT_BATCHES sequences, the GPU time of the matmul
     kernels, the busy and wall time (CUPTI; on a CPU the step time), and the largest logit
-    difference from `base` (a wrong schedule shows here, not only in the timing)."""
+    difference from `base` (a wrong schedule shows here, not only in the timing). variants.json is
+    rewritten after each variant (a run cut short keeps the ones done); by default within --budget."""
     import gc
+    if deadline is None:
+        deadline = time.monotonic() + args.budget
     src, _ = llama8b_checkpoint(args, layers=VARIANT_LAYERS)
     batches = (1, 2) if args.quick else VARIANT_BATCHES
     result, reference = {}, {}
@@ -485,6 +488,26 @@ def variants(args, deadline: float | None = None) -> dict:
         gc.collect()
         result[variant] = rows
         shutil.rmtree(art, ignore_errors=True)
+        (Path(args.out) / "variants.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def variants_apart(args, seconds: float) -> dict:
+    """`variants` in a process of its own, within `seconds`: a kernel never run before that faults
+    (a sticky CUDA error) costs that process, not the rest of `all`; what it measured comes back."""
+    out = Path(args.out)
+    cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "variants", "--out", str(out), "--work", args.work,
+           "--target", args.target, "--device", args.device, "--budget", str(seconds),
+           "--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len)] + ["--quick"] * args.quick
+    with (out / "variants.log").open("w") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=seconds + 60).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timed out"
+    done = out / "variants.json"
+    result = json.loads(done.read_text()) if done.is_file() else {}
+    if rc != 0:
+        result["process"] = {"returncode": rc, "log": _tail(out / "variants.log")}
     return result
 
 
@@ -795,7 +818,7 @@ def run_all(args) -> dict:
     step("facts", 0, lambda: facts(args))
     # First the kernel variants: they decide what ships (tools/README.md), the rest re-measures it.
     share = time.monotonic() + min(args.budget * 0.5, 240)
-    step("low-batch variants", 60, lambda: variants(args, min(share, deadline)))
+    step("low-batch variants", 60, lambda: variants_apart(args, min(share, deadline) - time.monotonic()))
     # Weight conversions first (CPU), while the second process writes the 8B checkpoint from the GPU.
     arts = {}
     for quant in SMOLLM2_SCHEMES:
