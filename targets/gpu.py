@@ -306,10 +306,10 @@ def _fits_int32(func: tvm.tirx.PrimFunc, bounds: dict[str, int]) -> bool:
 # (CUDA: on the H100 kiln's took 8 us a call at batch 1 where TVM's took 17, 1/23 of TVM's time after
 # a 4,000-token prompt; the others keep TVM's until a device of theirs measures the swap).
 DECODE_ATTENTION_KINDS = ("cuda",)
-# Target kinds whose KV cache prefills through targets/prefill_attention.py (CUDA: TVM's ragged
-# prefill took 22.7 of the 8B's 168 ms of GPU time for 16 x 128 tokens on the H100, 3 TFLOP/s;
-# kiln's is unmeasured there: if measure8b's `prefill 16 x 128 kernels` shows more than that for
-# batch_prefill_ragged_kv_kernel, empty this).
+# Target kinds whose KV cache prefills (ragged and paged) through targets/prefill_attention.py
+# (CUDA: TVM's ragged prefill took 22.7 of the 8B's 168 ms of GPU time for 16 x 128 tokens on the
+# H100, 3 TFLOP/s; kiln's is unmeasured there: if measure8b's `prefill 16 x 128 kernels` shows more
+# than that for batch_prefill_ragged_kv_kernel, empty this).
 PREFILL_ATTENTION_KINDS = ("cuda",)
 
 

@@ -5,10 +5,11 @@ under fixed names and calls them from the runtime by those names. Where the cach
 before attention (so a kernel may ignore rotary_mode), this pass replaces:
 - `batch_decode_paged_kv` and `_sliding_window` with targets/decode_attention.py's kernel (on the
   H100 half of TVM's time at 1-64 sequences, 1/23 after a 4,000-token prompt);
-- `batch_prefill_ragged_kv` (a prefill's new tokens over themselves) with
-  targets/prefill_attention.py's (TVM's took 0.71 ms a layer of the 8B's 16 x 128-token prefill).
-The paged prefill kernels (new tokens over cached pages) stay TVM's. Nothing changes where the
-cache applies RoPE inside attention, or where there is no cache.
+- `batch_prefill_ragged_kv` (a prefill's new tokens over themselves) and `batch_prefill_paged_kv`
+  (new tokens over a sequence's cached pages) with targets/prefill_attention.py's (TVM's ragged
+  kernel took 0.71 ms a layer of the 8B's 16 x 128-token prefill).
+The sliding-window prefill stays TVM's. Nothing changes where the cache applies RoPE inside
+attention, or where there is no cache.
 """
 
 from __future__ import annotations

@@ -216,24 +216,26 @@ def test_cuda_decodes_with_kilns_attention_kernel(dumped_ir, tmp_path):
     assert replacement("batch_prefill_paged_kv", tvm_kernel) is None
 
 
-def test_cuda_prefills_with_kilns_ragged_attention_kernel(dumped_ir, tmp_path):
-    """The CUDA build's ragged prefill kernel is targets/prefill_attention.py's (TVM's symbol kept,
-    the paged prefill kernels TVM's own): one 128-thread kernel for the 8B's heads, keys and values
-    loaded 16 bytes a thread (2 unrolled tokens), nvcc compiles it."""
+@pytest.mark.parametrize("name, page_size, source_ptr", [("batch_prefill_ragged_kv", None, "[kv]"),
+                                                         ("batch_prefill_paged_kv", 16, "pages")])
+def test_cuda_prefills_with_kilns_attention_kernels(dumped_ir, tmp_path, name, page_size, source_ptr):
+    """The CUDA build's ragged and paged prefill kernels are targets/prefill_attention.py's (TVM's
+    symbols kept; the sliding-window one stays TVM's): one 128-thread kernel for the 8B's heads,
+    keys and values loaded 16 bytes a thread (2 unrolled tokens), nvcc compiles it."""
     from gpu_kernels import build_prim_func, cuda_kernels, nvcc_compiles
 
     from kiln.targets.prefill_attention import prefill_attention, prefill_replacement
     funcs = dumped_ir("cuda", "schedule")
-    assert '"kiln.attention": True' in funcs["batch_prefill_ragged_kv"]
-    assert '"kiln.attention": True' not in funcs["batch_prefill_paged_kv"]
-    kernels = build_prim_func("batch_prefill_ragged_kv", prefill_attention(8, 32, 128, "float16"), "cuda-sm90")
+    assert '"kiln.attention": True' in funcs[name]
+    assert '"kiln.attention": True' not in funcs.get("batch_prefill_paged_kv_sliding_window", "")
+    kernels = build_prim_func(name, prefill_attention(8, 32, 128, "float16", page_size=page_size), "cuda-sm90")
     source = kernels.artifact_source
     (threads, body), = cuda_kernels(source).values()
     assert threads == 128
-    loads = re.findall(r"\*\(uint4\*\)\(\w_rows_ptr \+ \d+\) = \*\(uint4\*\)\([kv]_ptr \+", body)
+    loads = re.findall(rf"\*\(uint4\*\)\(\w_rows_ptr \+ \d+\) = \*\(uint4\*\)\({source_ptr}_ptr \+", body)
     assert len(loads) == 4
     nvcc_compiles(source, tmp_path)
-    assert prefill_replacement("batch_prefill_paged_kv", kernels.func("batch_prefill_ragged_kv")) is None
+    assert prefill_replacement("batch_decode_paged_kv", kernels.func(name)) is None
 
 
 @pytest.mark.parametrize("batch, tokens, splits", [(1, 128, 1), (1, 255, 1), (1, 4096, 16), (16, 4096, 2),

@@ -259,6 +259,38 @@ def test_kiln_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal):
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("h_kv, h_qo, d, causal", [(2, 8, 64, True), (3, 9, 32, True), (2, 8, 64, False)])
+def test_kiln_paged_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal):
+    """targets/prefill_attention.py over the cache's pages (new tokens after cached ones: chunked
+    prefill, prefix hits): sequences of 20, 48 and 1 keys in 2, 3 and 1 pages (the last partly
+    filled), their last 5, 3 and 1 keys the new tokens."""
+    from kiln.targets.prefill_attention import prefill_attention
+    name = "batch_prefill_paged_kv"
+    kernels = build_prim_func(name, prefill_attention(h_kv, h_qo, d, "float32", warps=2, unroll=2, page_size=16),
+                              "android-opencl")
+    rng = np.random.default_rng(d + h_qo + 1)
+    q_indptr, page_indptr = np.array([0, 5, 8, 9], np.int32), np.array([0, 2, 5, 6], np.int32)
+    values, last_len = np.array([3, 0, 5, 1, 6, 2], np.int32), np.array([4, 16, 1], np.int32)
+    q = rng.normal(0, 1, (9, h_qo, d)).astype(np.float32)
+    pages = rng.normal(0, 1, (7, 2, h_kv, 16, d)).astype(np.float32)
+    got = _run_launches(queue, kernels, name,
+                        {"q": q, "q_indptr": q_indptr, "pages": pages, "page_indptr": page_indptr,
+                         "page_values": values, "length_info": last_len,
+                         "k_rope_pos_offset": np.zeros(3, np.int32), "q_rope_position": np.zeros(9, np.int32),
+                         "output": np.full_like(q, 7.0), "lse": np.zeros((9, h_qo), np.float32)},
+                        {"causal": int(causal), "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0,
+                         "sm_scale": d ** -0.5})
+    # the same keys and values laid out ragged: each sequence's pages in order, the last one cut
+    lengths = [(e - b - 1) * 16 + n for b, e, n in zip(page_indptr[:-1], page_indptr[1:], last_len)]
+    rows = [pages[values[b:e]].transpose(1, 0, 3, 2, 4).reshape(2, -1, h_kv, d)[:, :n]
+            for b, e, n in zip(page_indptr[:-1], page_indptr[1:], lengths)]
+    k, v = (np.concatenate([r[i] for r in rows]) for i in (0, 1))
+    kv_indptr = np.cumsum([0, *lengths]).astype(np.int32)
+    out, lse = reference_prefill(q, k, v, q_indptr, kv_indptr, causal, d ** -0.5)
+    np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def wide_add_norm():
     """The fused add + RMSNorm over 600-wide rows (more than one pass of the work-group, the last

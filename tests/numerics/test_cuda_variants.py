@@ -264,8 +264,8 @@ def test_cuda_decode_attention_kernel(h_kv, h_qo, d, counts):
 
 @pytest.mark.parametrize("h_kv, h_qo, d", [(8, 32, 128), (3, 9, 64)])     # the 8B's heads, SmolLM2's
 def test_cuda_prefill_attention_kernel(h_kv, h_qo, d):
-    """targets/prefill_attention.py's kernel (what CUDA builds prefill with) on the GPU in float16
-    against numpy: sequences of 5, 300 (after 40 cached keys) and 1 new tokens, causal."""
+    """targets/prefill_attention.py's ragged kernel (what CUDA builds prefill with) on the GPU in
+    float16 against numpy: sequences of 5, 300 (after 40 cached keys) and 1 new tokens, causal."""
     import sys
     from pathlib import Path
 
@@ -288,5 +288,42 @@ def test_cuda_prefill_attention_kernel(h_kv, h_qo, d):
                 tvm.runtime.tensor(np.zeros(306, np.int32), dev), tvm.runtime.tensor(np.zeros(3, np.int32), dev),
                 out, lse, 1, 0, 1.0, 10000.0, d ** -0.5)
     want_out, want_lse = reference_prefill(q, k, v, q_indptr, kv_indptr, True, d ** -0.5)
+    np.testing.assert_allclose(out.numpy().astype(np.float32), want_out, rtol=1e-2, atol=2e-3)
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-3)
+
+
+def test_cuda_paged_prefill_attention_kernel():
+    """targets/prefill_attention.py's paged kernel on the GPU in float16 against numpy: 300 new
+    tokens after 1,700 cached ones (126 pages, the last partly filled) and 4 after 20, causal."""
+    import sys
+    from pathlib import Path
+
+    import tvm
+
+    from kiln.targets.prefill_attention import prefill_attention
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compiler"))
+    from gpu_kernels import reference_prefill
+
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    kernel = prefill_attention(8, 32, 128, "float16", page_size=16).with_attr("global_symbol", "attn")
+    lib = tvm.compile(tvm.IRModule({"attn": kernel}), target=get_profile(preset).tvm_target())
+    dev, rng = tvm.cuda(0), np.random.default_rng(5)
+    lengths, new = [2000, 24], [300, 4]
+    counts = [-(-n // 16) for n in lengths]
+    page_indptr = np.cumsum([0, *counts]).astype(np.int32)
+    values = rng.permutation(sum(counts) + 5)[:sum(counts)].astype(np.int32)
+    last_len = np.array([n - (c - 1) * 16 for n, c in zip(lengths, counts)], np.int32)
+    q_indptr = np.cumsum([0, *new]).astype(np.int32)
+    q = rng.normal(0, 1, (sum(new), 32, 128)).astype(np.float16)
+    pages = rng.normal(0, 1, (sum(counts) + 5, 2, 8, 16, 128)).astype(np.float16)
+    out = tvm.runtime.tensor(np.zeros_like(q), dev)
+    lse = tvm.runtime.tensor(np.zeros((sum(new), 32), np.float32), dev)
+    lib["attn"](*(tvm.runtime.tensor(a, dev) for a in (q, q_indptr, pages, page_indptr, values, last_len)),
+                tvm.runtime.tensor(np.zeros(2, np.int32), dev), tvm.runtime.tensor(np.zeros(sum(new), np.int32), dev),
+                out, lse, 1, 0, 1.0, 10000.0, 128 ** -0.5)
+    rows = [pages[values[b:e]].transpose(1, 0, 3, 2, 4).reshape(2, -1, 8, 128)[:, :n]
+            for b, e, n in zip(page_indptr[:-1], page_indptr[1:], lengths)]
+    k, v = (np.concatenate([r[i] for r in rows]) for i in (0, 1))
+    want_out, want_lse = reference_prefill(q, k, v, q_indptr, np.cumsum([0, *lengths]), True, 128 ** -0.5)
     np.testing.assert_allclose(out.numpy().astype(np.float32), want_out, rtol=1e-2, atol=2e-3)
     np.testing.assert_allclose(lse.numpy(), want_lse, rtol=1e-4, atol=1e-3)
