@@ -74,7 +74,10 @@ class SlotWalk:
     `warps` x `per_warp` slots, each a row's `lanes` threads of `vec` values, walking its own share
     of the keys `unroll` at a time with its own online softmax over the `group` query heads."""
 
-    def __init__(self, group: int, d: int, dtype: str, warps: int, unroll: int) -> None:
+    def __init__(self, h_kv: int, h_qo: int, d: int, dtype: str, warps: int, unroll: int) -> None:
+        if h_qo % h_kv:
+            raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
+        self.group = group = h_qo // h_kv
         vec = 16 // tvm.DataType(dtype).itemsize if dtype in ("float16", "bfloat16", "float32") else 0
         lanes = d // vec if vec and d % vec == 0 else 0
         if not lanes or lanes > WARP or WARP % lanes:
@@ -149,10 +152,8 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
     pages of `dtype`; `warps` per work-group, `unroll` tokens a slot loads at once. `splits`: how many
     work-groups share a sequence; None: chosen at each call from the batch and the pages it holds
     (split_count). ValueError when a token's row does not split into 16-byte lanes that tile a warp."""
-    if h_qo % h_kv:
-        raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
-    group = h_qo // h_kv
-    walk = SlotWalk(group, d, dtype, warps, unroll)
+    walk = SlotWalk(h_kv, h_qo, d, dtype, warps, unroll)
+    group = walk.group
     vec, lanes, per_warp, slots, threads = walk.vec, walk.lanes, walk.per_warp, walk.slots, walk.threads
     step = walk.step_tokens
     symbol = "batch_decode_paged_kv" + ("_sliding_window" if sliding_window else "")

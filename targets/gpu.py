@@ -325,7 +325,7 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
         passes.insert(0, UseKilnAttention(kind in DECODE_ATTENTION_KINDS, kind in PREFILL_ATTENTION_KINDS))
     if not tensorize_works():
         return [no_tensor_cores, *passes]
-    if profile.target.get("kind") == "cuda":
+    if kind == "cuda":
         load_tensor_core_intrinsics()
     return passes
 

@@ -28,11 +28,15 @@ applies the epilogue. The workspace is a parameter of the kernel, not an allocat
 
 from __future__ import annotations
 
+import copy
+
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, check_sm_version,
                                         get_in_out_dtypes, get_index_map, get_reduction_blocks)
+
+from .workspace_outputs import lift_workspace
 
 GROUP = 32         # 4-bit values per scale: 4 packed words (compiler/quant_modules.py)
 WARP = 32          # threads per warp
@@ -61,8 +65,9 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
 
     def without_workspace(self) -> "NarrowTensorCoreMatmul":
         """The same tiles, K not split (LowBatchGEMV: where a workspace would be planned too large)."""
-        return NarrowTensorCoreMatmul(self.warp_rows, self.warp_cols, self.frag_rows, self.frag_cols,
-                                      self.k_frags, self.group_loads)
+        unsplit = copy.copy(self)
+        unsplit.target_blocks = 0
+        return unsplit
 
     def split_count(self, n: int, k: int) -> int:
         """K slices for an N x K weight: the most (a power of 2) with at most target_blocks blocks
@@ -99,7 +104,6 @@ class NarrowTensorCoreMatmul(GPUScheduleRule):
             return None
         if sch is None or not self.target_blocks:
             return sch
-        from .workspace_outputs import lift_workspace
         return lift_workspace(sch.mod["main"])            # the slices' sums become a parameter
 
     def _schedule(self, func) -> s_tir.Schedule | None:

@@ -39,10 +39,8 @@ def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, 
     """The ragged prefill kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d` (with
     `page_size`: the paged one); `warps` per work-group, `unroll` keys a slot loads at once.
     ValueError when a row does not split into 16-byte lanes that tile a warp."""
-    if h_qo % h_kv:
-        raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
-    group = h_qo // h_kv
-    walk = SlotWalk(group, d, dtype, warps, unroll)
+    walk = SlotWalk(h_kv, h_qo, d, dtype, warps, unroll)
+    group = walk.group
     vec, lanes, per_warp, slots = walk.vec, walk.lanes, walk.per_warp, walk.slots
 
     paged = page_size is not None
