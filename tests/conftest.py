@@ -48,6 +48,39 @@ def smollm2_gguf() -> Path:
     return find_smollm2_gguf()
 
 
+class TransformersGGUF:
+    """transformers' reading of one GGUF (`gguf_file=`): its tokenizer and its model per dtype, each
+    loaded on first use and kept for the session (a load parses the file's metadata again: ~20 s
+    for SmolLM2's, most of it the vocabulary)."""
+
+    def __init__(self, path: Path):
+        self.path, self._models, self._tokenizer = path, {}, None
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            import transformers
+            self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+        return self._tokenizer
+
+    def model(self, dtype=None):
+        """The causal LM in `dtype` (default torch.float32), in eval mode."""
+        import torch
+        import transformers
+        dtype = dtype or torch.float32
+        if dtype not in self._models:
+            self._models[dtype] = transformers.AutoModelForCausalLM.from_pretrained(
+                str(self.path.parent), gguf_file=self.path.name, dtype=dtype).eval()
+        return self._models[dtype]
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf) -> TransformersGGUF:
+    """transformers on the SmolLM2 GGUF, shared by every test that takes it as the reference."""
+    pytest.importorskip("transformers")
+    return TransformersGGUF(smollm2_gguf)
+
+
 @pytest.fixture(scope="session")
 def smollm2_artifact(smollm2_gguf, tmp_path_factory) -> Path:
     import kiln

@@ -14,14 +14,30 @@ PERPLEXITY_TEXT = Path(__file__).parent / "data" / "perplexity.txt"
 
 def perplexity(art: Path, text: str) -> float:
     """exp(mean NLL) of text's tokens under the artifact, from verify's per-position logits."""
-    from tokenizers import Tokenizer
     runner = ModelRunner(Artifact.load(art))
-    ids = Tokenizer.from_file(str(art / "tokenizer.json")).encode(text).ids
+    ids = text_ids(art, text)
     runner.add_sequence(0)
     step = runner.prefill_chunk
-    logits = np.concatenate([runner.verify(0, ids[i:i + step]) for i in range(0, len(ids), step)])[:-1]
-    logits = logits.astype(np.float64)
-    logp = logits - logits.max(-1, keepdims=True)
+    return _perplexity(np.concatenate([runner.verify(0, ids[i:i + step]) for i in range(0, len(ids), step)]), ids)
+
+
+def reference_perplexity(model, ids: list[int]) -> float:
+    """exp(mean NLL) of `ids` under a transformers causal LM (one forward, float64 log-softmax)."""
+    import torch
+    with torch.no_grad():
+        return _perplexity(model(torch.tensor([ids])).logits[0].float().numpy(), ids)
+
+
+def text_ids(art: Path, text: str) -> list[int]:
+    """`text` in the artifact's own tokenizer's ids."""
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(art / "tokenizer.json")).encode(text).ids
+
+
+def _perplexity(logits: np.ndarray, ids: list[int]) -> float:
+    """exp(mean NLL) of ids[1:] given each position's logits [len(ids), vocab]."""
+    logp = logits[:-1].astype(np.float64)
+    logp -= logp.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
 

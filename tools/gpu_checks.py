@@ -442,10 +442,37 @@ def _cupti_times(step, steps: int, top: int) -> dict:
     rows = [(e.key, e.device_time_total / steps / 1e3, e.count / steps) for e in prof.key_averages()
             if e.device_time_total > 0]
     rows.sort(key=lambda r: -r[1])
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
     return {"wall_ms": round(wall * 1e3, 3), "busy_ms": round(sum(r[1] for r in rows), 3),
             "matmul_ms": round(sum(r[1] for r in rows if "matmul" in r[0]), 3),
             "attention_ms": round(sum(r[1] for r in rows if "batch_decode_paged_kv" in r[0]), 3),
-            "kernels": [(name[:90], round(ms, 4), round(calls, 1)) for name, ms, calls in rows[:top]]}
+            "kernels": [(name[:90], round(ms, 4), round(calls, 1)) for name, ms, calls in rows[:top]],
+            "idle": idle_gaps(kernels, steps, top=6)}
+
+
+def idle_gaps(kernels: list[tuple[str, float, float]], steps: int, min_us: float = 2.0, top: int = 6) -> dict:
+    """Where the GPU waits for the host: over the (name, start us, end us) of every GPU activity,
+    the idle time between one ending and the next starting (gaps under `min_us` are launch
+    spacing, counted apart), a step's share, grouped by the kernel the gap precedes. A gap before
+    the step's first kernel (the embedding) is the host between steps (token copied back, the next
+    step prepared); gaps before the attention kernels are the host launching what the CUDA graphs
+    leave out."""
+    idle, small, by_next, end = 0.0, 0.0, {}, None
+    for name, start, stop in sorted(kernels, key=lambda k: k[1]):
+        if end is not None and start > end:
+            gap = start - end
+            if gap < min_us:
+                small += gap
+            else:
+                idle += gap
+                total, count = by_next.get(name, (0.0, 0))
+                by_next[name] = (total + gap, count + 1)
+        end = stop if end is None else max(end, stop)
+    worst = sorted(by_next.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"idle_ms": round(idle / steps / 1e3, 3), "launch_spacing_ms": round(small / steps / 1e3, 3),
+            "before": [(name[:90], round(total / steps / 1e3, 4), round(count / steps, 1))
+                       for name, (total, count) in worst]}
 
 
 def variants(args, deadline: float | None = None) -> dict:

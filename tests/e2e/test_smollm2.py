@@ -22,13 +22,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def reference():
-    import transformers
-    from kiln.models.gguf import find_smollm2_gguf
-    g = find_smollm2_gguf()
-    tok = transformers.AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32)
-    return tok, model.eval()
+def reference(smollm2_transformers):
+    return smollm2_transformers.tokenizer, smollm2_transformers.model()
 
 
 @pytest.fixture(scope="module")

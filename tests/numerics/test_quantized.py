@@ -389,13 +389,9 @@ def test_smollm2_perplexity(smollm2_artifact, smollm2_quantized):
 
 
 @pytest.mark.slow
-def test_smollm2_as_stored_matches_transformers(smollm2_quantized):
-    import transformers
+def test_smollm2_as_stored_matches_transformers(smollm2_quantized, smollm2_transformers):
     from kiln import Engine, SamplingParams
-    from kiln.models.gguf import find_smollm2_gguf
-    g = find_smollm2_gguf()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name,
-                                                              dtype=torch.float32).eval()
+    model = smollm2_transformers.model()
     engine = Engine(smollm2_quantized["as-stored"])
     ids = engine.render_chat(CHAT)
     with torch.no_grad():
@@ -427,11 +423,8 @@ def smollm2_f16(smollm2_gguf, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def smollm2_fp32_fp16(smollm2_gguf):
-    import transformers
-    load = lambda dtype: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=dtype).eval()
-    return load(torch.float32), load(torch.float16)
+def smollm2_fp32_fp16(smollm2_transformers):
+    return smollm2_transformers.model(torch.float32), smollm2_transformers.model(torch.float16)
 
 
 @pytest.mark.slow

