@@ -471,6 +471,7 @@ def idle_gaps(kernels: list[tuple[str, float, float]], steps: int, min_us: float
         end = stop if end is None else max(end, stop)
     worst = sorted(by_next.items(), key=lambda kv: -kv[1][0])[:top]
     return {"idle_ms": round(idle / steps / 1e3, 3), "launch_spacing_ms": round(small / steps / 1e3, 3),
+            "activities_per_step": round(len(kernels) / steps, 1),
             "before": [(name[:90], round(total / steps / 1e3, 4), round(count / steps, 1))
                        for name, (total, count) in worst]}
 

@@ -29,7 +29,9 @@ def test_idle_time_is_grouped_by_the_kernel_after_the_gap():
     assert gaps["before"][1] == ("batch_decode_paged_kv", 0.01, 1.0)
     assert gaps["idle_ms"] == pytest.approx((100 + 2 * 10) / 2 / 1e3)
     assert gaps["launch_spacing_ms"] == pytest.approx(4 * 1 / 2 / 1e3)
+    assert gaps["activities_per_step"] == 5
 
 
 def test_no_kernels_no_idle():
-    assert _gpu_checks().idle_gaps([], steps=1) == {"idle_ms": 0.0, "launch_spacing_ms": 0.0, "before": []}
+    assert _gpu_checks().idle_gaps([], steps=1) == {"idle_ms": 0.0, "launch_spacing_ms": 0.0,
+                                                    "activities_per_step": 0.0, "before": []}
