@@ -406,7 +406,25 @@ def gpu_kernel_times(runner, ids: list[int], steps: int = 16, top: int = 14) -> 
 
     for _ in range(4):                                     # warm-up: CUDA graphs captured
         step()
-    return _cupti_times(step, steps, top)
+    return {**_cupti_times(step, steps, top), **host_enqueue(runner, ids, tokens, steps)}
+
+
+def host_enqueue(runner, ids: list[int], tokens: list[int], steps: int = 16) -> dict:
+    """A greedy decode step split at the token's copy back (ModelRunner.decode_greedy's own calls):
+    the host's ms until the step's last kernel is queued, then its ms waiting for the GPU (median
+    of `steps`). A step whose enqueue time nears the GPU's busy time is the host's to shorten;
+    waiting most of the step, the GPU's."""
+    import statistics
+    enqueue, wait = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        picked = runner._fn["greedy_tokens"](runner._decode(ids, tokens))
+        t1 = time.perf_counter()
+        tokens = [int(t) for t in picked.numpy()]
+        enqueue.append(t1 - t0)
+        wait.append(time.perf_counter() - t1)
+    return {"host_enqueue_ms": round(statistics.median(enqueue) * 1e3, 3),
+            "host_wait_ms": round(statistics.median(wait) * 1e3, 3)}
 
 
 def prefill_kernel_times(art: Path, batch: int, args, runner=None, steps: int = 4, top: int = 14) -> dict:
