@@ -226,6 +226,38 @@ def test_cuda_q4_gemv_kernel():
         np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
 
 
+def test_cuda_q4_mma_gemv_kernel():
+    """targets/q4_mma_gemv.py's kernel (the gpu_checks variant `mma`, off by default) on the GPU: the
+    tensor cores' m16n8k16 MMA over the dequantized pairs, at 8B projection shapes, one static row
+    and 5 rows of the 8-row kernel: the float32 sums of x times W, W rounded to float16 as the
+    dequantize op rounds it; the rows past the count untouched."""
+    import tvm
+
+    from kiln.compiler.quant_modules import QuantFormat
+    from kiln.compiler.quant_pack import dequantize, quantize
+    from kiln.targets.q4_mma_gemv import kernel_shape, q4_mma_gemv
+
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    dev = tvm.cuda(0)
+    rng = np.random.default_rng(4)
+    fmt = QuantFormat("q4", 32, "float16")
+    for (n, k), count in zip(((4096, 4096), (28672, 4096), (4096, 14336), (4096, 4096)), (None, None, None, 5)):
+        rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
+        kernel = q4_mma_gemv(n, k, "float32", *kernel_shape(n, k), count=rows).with_attr("global_symbol", "gemv")
+        lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
+        planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
+        c = count or 1
+        x = rng.normal(0, 1, (c, 1, k)).astype(np.float16)
+        out = tvm.runtime.tensor(np.full((c + 1, 1, n), 7, np.float32), dev)
+        view = out._create_view(tvm.runtime.ShapeTuple([c, 1, n]))
+        lib["gemv"](tvm.runtime.tensor(planes["qweight"], dev), tvm.runtime.tensor(planes["scale"], dev),
+                    tvm.runtime.tensor(x, dev), view)
+        w = dequantize(fmt, planes, "float16").astype(np.float64)            # as the dequantize op rounds it
+        got = out.numpy()
+        np.testing.assert_allclose(got[:c, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
+        assert (got[c] == 7).all()
+
+
 @pytest.mark.parametrize("h_kv, h_qo, d", [(8, 32, 128), (3, 9, 64)])     # the 8B's heads, SmolLM2's
 @pytest.mark.parametrize("counts", [[2, 1, 64, 0], [150, 0, 3]])        # pages a sequence
 def test_cuda_decode_attention_kernel(h_kv, h_qo, d, counts):

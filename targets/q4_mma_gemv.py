@@ -1,0 +1,227 @@
+"""A 4-bit GEMV for 1-8 rows on the tensor cores' m16n8k16 MMA (CUDA), dequantized in registers.
+
+Why: q4_gemv.py's kernel issues 5.25 SASS instructions a weight value at one row (dlight's GEMV
+8.1), 12.6 at 4 rows and 21.6 at 8, where an H100 reading 4-bit weights at its bandwidth leaves
+room for ~5: those kernels are capped by the SM's issue rate, the more so the more rows. Here the
+products and sums for up to 8 activation rows are one `mma.sync.m16n8k16` (float16 in, float32
+sums) a 16 x 16 block of weights, so one row costs what eight do; what is left a value is the
+dequantization, q4_gemv's: values j and j + 4 of a packed word (compiler/quant_modules.py: value k
+of a row at bits 4 * (k % 8) of word k // 8) are one float16 pair,
+
+    (word >> 4j) & 0x000F000F | 0x64006400   read as float16 x 2 = 1024 + code,
+
+minus 1032 and times the group's scale: the float16 weight the dequantize op rounds to, bit for bit.
+
+Layout: a warp takes 16 weight rows (the MMA's M) and lane (g, t) = (lane // 4, lane % 4) loads
+rows g and g + 8 of them, words 4t..4t+3 of each 16-word (128-value) chunk of K: one 128-bit load a
+row, whose 32 values are one scale group. The MMA's K positions need not be the weight's: any
+order that the A (weights) and B (activations) fragments share gives the same sums. Step s of the
+8 a chunk takes the lane's pairs 2s and 2s + 1 (word s // 2; values 2(s % 2) + {0, 4} and
+2(s % 2) + 1 + {0, 4}) as the A registers of K positions 2t, 2t + 1 and 2t + 8, 2t + 9, for both
+rows; the B registers of the same K positions, on lane (g, t), are activation row g's values at
+those same weight positions (its 32 values of the chunk, loaded as 4 vectors). Rows past the call's
+count are zeros in B (never read) and not written. The warps of a block split K between them and
+add their sums in shared memory, in order.
+
+Matched (Q4MMAGEMV.apply) as q4_gemv.py matches (kiln's q4 float16 dequantize -> NT_matmul ->
+optionally a cast), over one row or symbolic rows; N a multiple of 16, K of 128 (kernel_shape).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.script import tirx as T
+
+from .q4_gemv import FLOAT16_1024, LANES, PAIR_MASK, _match
+from .row_dispatch import over_params
+
+TILE = 16                       # weight rows a warp computes (the MMA's M)
+COLS = 8                        # activation rows an MMA takes (its N)
+CHUNK = 128                     # weight values of a row a warp's lanes load at a time (4 lanes x 4 words x 8)
+STEPS = CHUNK // 16             # MMAs a chunk (K 16 each)
+
+
+def _pair(word, j, scale):
+    """Values j and j + 4 of a packed word as the float16 pair (code - 8) * scale."""
+    bits = T.bitwise_or(T.bitwise_and(T.shift_right(word, T.uint32(4 * j)), T.uint32(PAIR_MASK)),
+                        T.uint32(FLOAT16_1024))
+    return (T.reinterpret("float16x2", bits) - T.Broadcast(T.float16(1032), 2)) * T.Broadcast(scale, 2)
+
+
+def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2, threads: bool = True,
+                count=None) -> tirx.PrimFunc:
+    """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS; None: 1,
+    static) over kiln's q4 float16 planes (W words [n, k/8], scales [n, k/32]). `warps` split K;
+    `unroll`: chunks a warp loads before it computes them. `threads`: the CUDA kernel; False: the
+    same fragments in serial loops and the MMA computed from its documented register layout (for a
+    CPU to check both)."""
+    iters = k // (CHUNK * warps * unroll)
+    tiles = n // TILE
+    rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
+
+    @T.macro
+    def load(wa, wb, sa, sb, xs, W, S, X, tile, chunk, g, t, u):
+        """Chunk `chunk` of lane (g, t) into slot u of its registers."""
+        for i in T.vectorized(4):
+            wa[u * 4 + i] = W[tile * TILE + g, chunk * 16 + t * 4 + i]
+        for i in T.vectorized(4):
+            wb[u * 4 + i] = W[tile * TILE + g + 8, chunk * 16 + t * 4 + i]
+        sa[u] = S[tile * TILE + g, chunk * 4 + t]
+        sb[u] = S[tile * TILE + g + 8, chunk * 4 + t]
+        if T.Cast("int64", g) < rows:
+            for v in T.unroll(4):
+                for i in T.vectorized(8):
+                    xs[u * 32 + v * 8 + i] = X[g, 0, chunk * CHUNK + t * 32 + v * 8 + i]
+        else:
+            for i in T.unroll(32):
+                xs[u * 32 + i] = T.float16(0)
+
+    @T.macro
+    def fragments(a, b, wa, wb, sa, sb, xs, u, s):
+        """The A (8 float16) and B (4 float16) registers of MMA step s of slot u's chunk."""
+        a[T.Ramp(0, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2), sa[u])       # row g,   K 2t, 2t+1
+        a[T.Ramp(2, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2), sb[u])       # row g+8, K 2t, 2t+1
+        a[T.Ramp(4, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2) + 1, sa[u])   # row g,   K 2t+8, 2t+9
+        a[T.Ramp(6, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2) + 1, sb[u])   # row g+8, K 2t+8, 2t+9
+        base = u * 32 + 8 * (s // 2) + 2 * (s % 2)
+        b[0] = xs[base]
+        b[1] = xs[base + 4]
+        b[2] = xs[base + 1]
+        b[3] = xs[base + 5]
+
+    @T.macro
+    def store(Y, total, tile, lane, e):
+        """Element e of a lane's MMA sums: row g + 8 (e // 2), activation row 2t + e % 2."""
+        if T.Cast("int64", 2 * (lane % 4) + e % 2) < rows:
+            Y[2 * (lane % 4) + e % 2, 0, tile * TILE + lane // 4 + 8 * (e // 2)] = T.Cast(out_dtype, total)
+
+    if threads:
+        @T.prim_func(private=True)
+        def kernel(W: T.Buffer((T.int64(n), T.int64(k // 8)), "uint32"),
+                   S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
+                   X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
+                   Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            for bx in T.thread_binding(tiles, thread="blockIdx.x"):
+                red = T.alloc_buffer((warps, LANES, 4), "float32", scope="shared")
+                for ty in T.thread_binding(warps, thread="threadIdx.y"):
+                    for tx in T.thread_binding(LANES, thread="threadIdx.x"):
+                        acc = T.alloc_buffer((4,), "float32", scope="local")
+                        a = T.alloc_buffer((8,), "float16", scope="local")
+                        b = T.alloc_buffer((4,), "float16", scope="local")
+                        wa = T.alloc_buffer((unroll * 4,), "uint32", scope="local")
+                        wb = T.alloc_buffer((unroll * 4,), "uint32", scope="local")
+                        sa = T.alloc_buffer((unroll,), "float16", scope="local")
+                        sb = T.alloc_buffer((unroll,), "float16", scope="local")
+                        xs = T.alloc_buffer((unroll * 32,), "float16", scope="local")
+                        total = T.alloc_buffer((1,), "float32", scope="local")
+                        for e in T.unroll(4):
+                            acc[e] = T.float32(0)
+                        for it in T.serial(iters):
+                            for u in T.unroll(unroll):              # every load of the slots first
+                                load(wa, wb, sa, sb, xs, W, S, X, bx, (it * unroll + u) * warps + ty,
+                                     tx // 4, tx % 4, u)
+                            for u in T.unroll(unroll):
+                                for s in T.unroll(STEPS):
+                                    fragments(a, b, wa, wb, sa, sb, xs, u, s)
+                                    T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                                                                a.data, 0, b.data, 0, acc.data, 0, False,
+                                                                dtype="float32"))
+                        for e in T.unroll(4):
+                            red[ty, tx, e] = acc[e]
+                        T.tvm_storage_sync("shared")
+                        if ty == 0:
+                            for e in T.unroll(4):
+                                total[0] = red[0, tx, e]
+                                for w in T.unroll(1, warps):
+                                    total[0] = total[0] + red[w, tx, e]
+                                store(Y, total[0], bx, tx, e)
+        return kernel
+
+    @T.prim_func(private=True)
+    def serial(W: T.Buffer((T.int64(n), T.int64(k // 8)), "uint32"),
+               S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
+               X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
+               Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        red = T.alloc_buffer((warps, LANES, 4), "float32")
+        frag_a = T.alloc_buffer((LANES, 8), "float16")
+        frag_b = T.alloc_buffer((LANES, 4), "float16")
+        for bx in T.serial(tiles):
+            for ty in T.serial(warps):
+                for lane, e in T.grid(LANES, 4):
+                    red[ty, lane, e] = T.float32(0)
+                for it, u, s in T.grid(iters, unroll, STEPS):
+                    for lane in T.serial(LANES):
+                        a = T.alloc_buffer((8,), "float16")
+                        b = T.alloc_buffer((4,), "float16")
+                        wa = T.alloc_buffer((unroll * 4,), "uint32")
+                        wb = T.alloc_buffer((unroll * 4,), "uint32")
+                        sa = T.alloc_buffer((unroll,), "float16")
+                        sb = T.alloc_buffer((unroll,), "float16")
+                        xs = T.alloc_buffer((unroll * 32,), "float16")
+                        load(wa, wb, sa, sb, xs, W, S, X, bx, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
+                        fragments(a, b, wa, wb, sa, sb, xs, u, s)
+                        for e in T.serial(8):
+                            frag_a[lane, e] = a[e]
+                        for e in T.serial(4):
+                            frag_b[lane, e] = b[e]
+                    # mma.m16n8k16 (PTX ISA, "matrix fragments"): A[m, q] on lane 4 (m % 8) + (q % 8) // 2,
+                    # register element 4 (q // 8) + 2 (m // 8) + q % 2; B[q, c] on lane 4c + (q % 8) // 2,
+                    # element 2 (q // 8) + q % 2; D[m, c] on lane 4 (m % 8) + c // 2, element 2 (m // 8) + c % 2.
+                    for lane, e in T.grid(LANES, 4):
+                        for q in T.serial(16):
+                            red[ty, lane, e] = red[ty, lane, e] + T.Cast("float32", frag_a[
+                                4 * (lane // 4) + (q % 8) // 2, 4 * (q // 8) + 2 * (e // 2) + q % 2]) * T.Cast(
+                                "float32", frag_b[4 * (2 * (lane % 4) + e % 2) + (q % 8) // 2, 2 * (q // 8) + q % 2])
+            for lane, e in T.grid(LANES, 4):
+                total = T.alloc_buffer((1,), "float32")
+                total[0] = red[0, lane, e]
+                for w in T.serial(1, warps):
+                    total[0] = total[0] + red[w, lane, e]
+                store(Y, total[0], bx, lane, e)
+    return serial
+
+
+# Warps a block (K split between them): enough in all that each SM has ~16 warps' loads in flight
+# (an H100's 132 SMs, 16 x 32 lanes x 64 bytes ~ 32 KB an SM); for 4096-row projections that is 8 a
+# block of 16 rows, for wider ones 4.
+WARPS_IN_ALL = 2048
+
+
+def kernel_shape(n: int, k: int, unroll: int = 2) -> tuple[int, int] | None:
+    """(warps, unroll) for an n x k weight, or None where K is not a multiple of 128 (a chunk)."""
+    want = 8 if n // TILE * 4 < WARPS_IN_ALL else 4
+    return next(((w, u) for w in (want, 4, 2, 1) if w <= want for u in (unroll, 1)
+                 if n % TILE == 0 and k % (CHUNK * w * u) == 0), None)
+
+
+class Q4MMAGEMV:
+    """q4_mma_gemv for a matched 4-bit dequantize-matmul on CUDA; None for anything else (the next
+    rule decides). `batch` 1: a OneRowGEMV rule (the function's rows bound to 1), giving a Schedule
+    of the kernel with its params in the function's order; `batch` 2-8: a LOW_BATCH_BRANCHES rule
+    for up to `batch` rows (symbolic), giving the kernel as a body over the function's own params."""
+
+    def __init__(self, unroll: int = 2, batch: int = 1) -> None:
+        if not 1 <= batch <= COLS:
+            raise ValueError(f"Q4MMAGEMV takes 1 to {COLS} rows (the MMA's columns), not {batch}")
+        self.unroll, self.batch = unroll, batch
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+            return None
+        match = _match(func)
+        if match is None:
+            return None
+        roles, n, k, out_dtype, rows = match
+        one = isinstance(rows, tirx.IntImm)                 # _match: a static row count is 1
+        shape = kernel_shape(n, k, self.unroll)
+        if one != (self.batch == 1) or shape is None:
+            return None
+        kernel = q4_mma_gemv(n, k, out_dtype, *shape, count=None if one else rows)
+        params = [kernel.params[role] for role in roles]    # W, S, X, Y placed where func has them
+        ordered = tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs)
+        return s_tir.Schedule(ordered) if one else over_params(func, ordered)
+
+
+__all__ = ["Q4MMAGEMV", "q4_mma_gemv"]
