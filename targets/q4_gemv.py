@@ -137,21 +137,32 @@ class Q4GEMV:
         self.per_warp, self.warps, self.batch = per_warp, warps, batch
 
     def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
-            return None
-        match = _match(func)
-        if match is None:
-            return None
-        roles, n, k, out_dtype, rows = match
-        if n % (self.per_warp * self.warps) or k % (LANES * WORD):
-            return None
-        one = isinstance(rows, tirx.IntImm)                 # _match: a static row count is 1
-        if one != (self.batch == 1):
-            return None
-        kernel = q4_gemv(n, k, out_dtype, self.per_warp, self.warps, batch=self.batch, count=None if one else rows)
-        params = [kernel.params[role] for role in roles]    # W, S, X, Y placed where func has them
-        ordered = tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs)
-        return s_tir.Schedule(ordered) if one else over_params(func, ordered)
+        def build(n, k, out_dtype, count):
+            if n % (self.per_warp * self.warps) or k % (LANES * WORD):
+                return None
+            return q4_gemv(n, k, out_dtype, self.per_warp, self.warps, batch=self.batch, count=count)
+        return apply_matched(func, target, self.batch, build)
+
+
+def apply_matched(func, target, batch: int, build):
+    """What a 4-bit GEMV rule gives: None unless `func` is kiln's q4 float16 dequantize-matmul
+    (_match) on CUDA over the rows `batch` asks for (1: one static row; more: symbolic rows); else
+    build(n, k, out_dtype, count) (count None for the static row; it may decline with None) with its
+    params placed as func has them: a Schedule for one row (OneRowGEMV), a body over func's own
+    params otherwise (row_dispatch over_params)."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+        return None
+    match = _match(func)
+    if match is None:
+        return None
+    roles, n, k, out_dtype, rows = match
+    one = isinstance(rows, tirx.IntImm)                     # _match: a static row count is 1
+    kernel = build(n, k, out_dtype, None if one else rows) if one == (batch == 1) else None
+    if kernel is None:
+        return None
+    params = [kernel.params[role] for role in roles]        # W, S, X, Y placed where func has them
+    ordered = tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs)
+    return s_tir.Schedule(ordered) if one else over_params(func, ordered)
 
 
 def _match(func: tirx.PrimFunc):

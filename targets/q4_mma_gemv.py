@@ -29,11 +29,10 @@ optionally a cast), over one row or symbolic rows; N a multiple of 16, K of 128 
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.script import tirx as T
 
-from .q4_gemv import FLOAT16_1024, LANES, PAIR_MASK, _match
-from .row_dispatch import over_params
+from .q4_gemv import FLOAT16_1024, LANES, PAIR_MASK, apply_matched
 
 TILE = 16                       # weight rows a warp computes (the MMA's M)
 COLS = 8                        # activation rows an MMA takes (its N)
@@ -208,20 +207,10 @@ class Q4MMAGEMV:
         self.unroll, self.batch = unroll, batch
 
     def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
-            return None
-        match = _match(func)
-        if match is None:
-            return None
-        roles, n, k, out_dtype, rows = match
-        one = isinstance(rows, tirx.IntImm)                 # _match: a static row count is 1
-        shape = kernel_shape(n, k, self.unroll)
-        if one != (self.batch == 1) or shape is None:
-            return None
-        kernel = q4_mma_gemv(n, k, out_dtype, *shape, count=None if one else rows)
-        params = [kernel.params[role] for role in roles]    # W, S, X, Y placed where func has them
-        ordered = tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs)
-        return s_tir.Schedule(ordered) if one else over_params(func, ordered)
+        def build(n, k, out_dtype, count):
+            shape = kernel_shape(n, k, self.unroll)
+            return None if shape is None else q4_mma_gemv(n, k, out_dtype, *shape, count=count)
+        return apply_matched(func, target, self.batch, build)
 
 
 __all__ = ["Q4MMAGEMV", "q4_mma_gemv"]
