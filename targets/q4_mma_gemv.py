@@ -37,7 +37,8 @@ from .q4_gemv import FLOAT16_1024, LANES, PAIR_MASK, apply_matched
 TILE = 16                       # weight rows a warp computes (the MMA's M)
 COLS = 8                        # activation rows an MMA takes (its N)
 CHUNK = 128                     # weight values of a row a warp's lanes load at a time (4 lanes x 4 words x 8)
-STEPS = CHUNK // 16             # MMAs a chunk (K 16 each)
+STEPS = CHUNK // 16             # MMA steps a chunk (K 16 each)
+MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 and 8-15
 
 
 def _pair(word, j, scale):
@@ -48,51 +49,56 @@ def _pair(word, j, scale):
 
 
 def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2, threads: bool = True,
-                count=None) -> tirx.PrimFunc:
-    """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS; None: 1,
-    static) over kiln's q4 float16 planes (W words [n, k/8], scales [n, k/32]). `warps` split K;
-    `unroll`: chunks a warp loads before it computes them. `threads`: the CUDA kernel; False: the
-    same fragments in serial loops and the MMA computed from its documented register layout (for a
-    CPU to check both)."""
+                count=None, groups: int = 1) -> tirx.PrimFunc:
+    """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
+    None: 1, static) over kiln's q4 float16 planes (W words [n, k/8], scales [n, k/32]). `warps`
+    split K; `unroll`: chunks a warp loads before it computes them; `groups`: MMAs a step, 8
+    activation rows each, over the same A registers. `threads`: the CUDA kernel; False: the same
+    fragments in serial loops and the MMA computed from its documented register layout (for a CPU
+    to check both)."""
     iters = k // (CHUNK * warps * unroll)
     tiles = n // TILE
     rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
 
     @T.macro
     def load(wa, wb, sa, sb, xs, W, S, X, tile, chunk, g, t, u):
-        """Chunk `chunk` of lane (g, t) into slot u of its registers."""
+        """Chunk `chunk` of lane (g, t) into slot u of its registers: rows g and g + 8 of the tile's
+        weights, and of each group's activation rows (row 8c + g) the 32 values at the same K."""
         for i in T.vectorized(4):
             wa[u * 4 + i] = W[tile * TILE + g, chunk * 16 + t * 4 + i]
         for i in T.vectorized(4):
             wb[u * 4 + i] = W[tile * TILE + g + 8, chunk * 16 + t * 4 + i]
         sa[u] = S[tile * TILE + g, chunk * 4 + t]
         sb[u] = S[tile * TILE + g + 8, chunk * 4 + t]
-        if T.Cast("int64", g) < rows:
-            for v in T.unroll(4):
-                for i in T.vectorized(8):
-                    xs[u * 32 + v * 8 + i] = X[g, 0, chunk * CHUNK + t * 32 + v * 8 + i]
-        else:
-            for i in T.unroll(32):
-                xs[u * 32 + i] = T.float16(0)
+        for c in T.unroll(groups):
+            if T.Cast("int64", c * COLS + g) < rows:
+                for v in T.unroll(4):
+                    for i in T.vectorized(8):
+                        xs[(u * groups + c) * 32 + v * 8 + i] = X[c * COLS + g, 0, chunk * CHUNK + t * 32 + v * 8 + i]
+            else:
+                for i in T.unroll(32):
+                    xs[(u * groups + c) * 32 + i] = T.float16(0)
 
     @T.macro
     def fragments(a, b, wa, wb, sa, sb, xs, u, s):
-        """The A (8 float16) and B (4 float16) registers of MMA step s of slot u's chunk."""
-        a[T.Ramp(0, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2), sa[u])       # row g,   K 2t, 2t+1
-        a[T.Ramp(2, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2), sb[u])       # row g+8, K 2t, 2t+1
-        a[T.Ramp(4, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2) + 1, sa[u])   # row g,   K 2t+8, 2t+9
-        a[T.Ramp(6, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2) + 1, sb[u])   # row g+8, K 2t+8, 2t+9
-        base = u * 32 + 8 * (s // 2) + 2 * (s % 2)
-        b[0] = xs[base]
-        b[1] = xs[base + 4]
-        b[2] = xs[base + 1]
-        b[3] = xs[base + 5]
+        """The A (8 float16) and each group's B (4 float16) registers of MMA step s of slot u's chunk."""
+        a[T.Ramp(0, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2), sa[u])          # row g,   K 2t, 2t+1
+        a[T.Ramp(2, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2), sb[u])          # row g+8, K 2t, 2t+1
+        a[T.Ramp(4, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2) + 1, sa[u])      # row g,   K 2t+8, 2t+9
+        a[T.Ramp(6, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2) + 1, sb[u])      # row g+8, K 2t+8, 2t+9
+        for c in T.unroll(groups):
+            base = (u * groups + c) * 32 + 8 * (s // 2) + 2 * (s % 2)
+            b[c * 4 + 0] = xs[base]
+            b[c * 4 + 1] = xs[base + 4]
+            b[c * 4 + 2] = xs[base + 1]
+            b[c * 4 + 3] = xs[base + 5]
 
     @T.macro
-    def store(Y, total, tile, lane, e):
-        """Element e of a lane's MMA sums: row g + 8 (e // 2), activation row 2t + e % 2."""
-        if T.Cast("int64", 2 * (lane % 4) + e % 2) < rows:
-            Y[2 * (lane % 4) + e % 2, 0, tile * TILE + lane // 4 + 8 * (e // 2)] = T.Cast(out_dtype, total)
+    def store(Y, total, tile, lane, c, e):
+        """Element e of a lane's group-c MMA sums: weight row g + 8 (e // 2), activation row
+        8c + 2t + e % 2."""
+        if T.Cast("int64", c * COLS + 2 * (lane % 4) + e % 2) < rows:
+            Y[c * COLS + 2 * (lane % 4) + e % 2, 0, tile * TILE + lane // 4 + 8 * (e // 2)] = T.Cast(out_dtype, total)
 
     if threads:
         @T.prim_func(private=True)
@@ -102,19 +108,19 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
                    Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
             for bx in T.thread_binding(tiles, thread="blockIdx.x"):
-                red = T.alloc_buffer((warps, LANES, 4), "float32", scope="shared")
+                red = T.alloc_buffer((warps, LANES, groups * 4), "float32", scope="shared")
                 for ty in T.thread_binding(warps, thread="threadIdx.y"):
                     for tx in T.thread_binding(LANES, thread="threadIdx.x"):
-                        acc = T.alloc_buffer((4,), "float32", scope="local")
+                        acc = T.alloc_buffer((groups * 4,), "float32", scope="local")
                         a = T.alloc_buffer((8,), "float16", scope="local")
-                        b = T.alloc_buffer((4,), "float16", scope="local")
+                        b = T.alloc_buffer((groups * 4,), "float16", scope="local")
                         wa = T.alloc_buffer((unroll * 4,), "uint32", scope="local")
                         wb = T.alloc_buffer((unroll * 4,), "uint32", scope="local")
                         sa = T.alloc_buffer((unroll,), "float16", scope="local")
                         sb = T.alloc_buffer((unroll,), "float16", scope="local")
-                        xs = T.alloc_buffer((unroll * 32,), "float16", scope="local")
+                        xs = T.alloc_buffer((unroll * groups * 32,), "float16", scope="local")
                         total = T.alloc_buffer((1,), "float32", scope="local")
-                        for e in T.unroll(4):
+                        for e in T.unroll(groups * 4):
                             acc[e] = T.float32(0)
                         for it in T.serial(iters):
                             for u in T.unroll(unroll):              # every load of the slots first
@@ -123,18 +129,19 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
                             for u in T.unroll(unroll):
                                 for s in T.unroll(STEPS):
                                     fragments(a, b, wa, wb, sa, sb, xs, u, s)
-                                    T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32",
-                                                                a.data, 0, b.data, 0, acc.data, 0, False,
-                                                                dtype="float32"))
-                        for e in T.unroll(4):
+                                    for c in T.unroll(groups):
+                                        T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32",
+                                                                    a.data, 0, b.data, c * 4, acc.data, c * 4, False,
+                                                                    dtype="float32"))
+                        for e in T.unroll(groups * 4):
                             red[ty, tx, e] = acc[e]
                         T.tvm_storage_sync("shared")
                         if ty == 0:
-                            for e in T.unroll(4):
-                                total[0] = red[0, tx, e]
+                            for c, e in T.grid(groups, 4):
+                                total[0] = red[0, tx, c * 4 + e]
                                 for w in T.unroll(1, warps):
-                                    total[0] = total[0] + red[w, tx, e]
-                                store(Y, total[0], bx, tx, e)
+                                    total[0] = total[0] + red[w, tx, c * 4 + e]
+                                store(Y, total[0], bx, tx, c, e)
         return kernel
 
     @T.prim_func(private=True)
@@ -143,42 +150,43 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
                X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
                Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
         T.func_attr({"tirx.noalias": True})
-        red = T.alloc_buffer((warps, LANES, 4), "float32")
+        red = T.alloc_buffer((warps, LANES, groups * 4), "float32")
         frag_a = T.alloc_buffer((LANES, 8), "float16")
-        frag_b = T.alloc_buffer((LANES, 4), "float16")
+        frag_b = T.alloc_buffer((LANES, groups * 4), "float16")
         for bx in T.serial(tiles):
             for ty in T.serial(warps):
-                for lane, e in T.grid(LANES, 4):
+                for lane, e in T.grid(LANES, groups * 4):
                     red[ty, lane, e] = T.float32(0)
                 for it, u, s in T.grid(iters, unroll, STEPS):
                     for lane in T.serial(LANES):
                         a = T.alloc_buffer((8,), "float16")
-                        b = T.alloc_buffer((4,), "float16")
+                        b = T.alloc_buffer((groups * 4,), "float16")
                         wa = T.alloc_buffer((unroll * 4,), "uint32")
                         wb = T.alloc_buffer((unroll * 4,), "uint32")
                         sa = T.alloc_buffer((unroll,), "float16")
                         sb = T.alloc_buffer((unroll,), "float16")
-                        xs = T.alloc_buffer((unroll * 32,), "float16")
+                        xs = T.alloc_buffer((unroll * groups * 32,), "float16")
                         load(wa, wb, sa, sb, xs, W, S, X, bx, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
                         fragments(a, b, wa, wb, sa, sb, xs, u, s)
                         for e in T.serial(8):
                             frag_a[lane, e] = a[e]
-                        for e in T.serial(4):
+                        for e in T.serial(groups * 4):
                             frag_b[lane, e] = b[e]
                     # mma.m16n8k16 (PTX ISA, "matrix fragments"): A[m, q] on lane 4 (m % 8) + (q % 8) // 2,
                     # register element 4 (q // 8) + 2 (m // 8) + q % 2; B[q, c] on lane 4c + (q % 8) // 2,
                     # element 2 (q // 8) + q % 2; D[m, c] on lane 4 (m % 8) + c // 2, element 2 (m // 8) + c % 2.
-                    for lane, e in T.grid(LANES, 4):
+                    for lane, c, e in T.grid(LANES, groups, 4):
                         for q in T.serial(16):
-                            red[ty, lane, e] = red[ty, lane, e] + T.Cast("float32", frag_a[
+                            red[ty, lane, c * 4 + e] = red[ty, lane, c * 4 + e] + T.Cast("float32", frag_a[
                                 4 * (lane // 4) + (q % 8) // 2, 4 * (q // 8) + 2 * (e // 2) + q % 2]) * T.Cast(
-                                "float32", frag_b[4 * (2 * (lane % 4) + e % 2) + (q % 8) // 2, 2 * (q // 8) + q % 2])
-            for lane, e in T.grid(LANES, 4):
+                                "float32", frag_b[4 * (2 * (lane % 4) + e % 2) + (q % 8) // 2,
+                                                  c * 4 + 2 * (q // 8) + q % 2])
+            for lane, c, e in T.grid(LANES, groups, 4):
                 total = T.alloc_buffer((1,), "float32")
-                total[0] = red[0, lane, e]
+                total[0] = red[0, lane, c * 4 + e]
                 for w in T.serial(1, warps):
-                    total[0] = total[0] + red[w, lane, e]
-                store(Y, total[0], bx, lane, e)
+                    total[0] = total[0] + red[w, lane, c * 4 + e]
+                store(Y, total[0], bx, lane, c, e)
     return serial
 
 
@@ -202,14 +210,15 @@ class Q4MMAGEMV:
     for up to `batch` rows (symbolic), giving the kernel as a body over the function's own params."""
 
     def __init__(self, unroll: int = 2, batch: int = 1) -> None:
-        if not 1 <= batch <= COLS:
-            raise ValueError(f"Q4MMAGEMV takes 1 to {COLS} rows (the MMA's columns), not {batch}")
+        if not 1 <= batch <= MAX_ROWS:
+            raise ValueError(f"Q4MMAGEMV takes 1 to {MAX_ROWS} rows (the MMA's columns, twice), not {batch}")
         self.unroll, self.batch = unroll, batch
 
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count):
             shape = kernel_shape(n, k, self.unroll)
-            return None if shape is None else q4_mma_gemv(n, k, out_dtype, *shape, count=count)
+            return None if shape is None else q4_mma_gemv(n, k, out_dtype, *shape, count=count,
+                                                          groups=-(-self.batch // COLS))
         return apply_matched(func, target, self.batch, build)
 
 

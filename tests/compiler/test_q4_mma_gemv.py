@@ -22,15 +22,17 @@ from test_q4_gemv import _fused_q4_matmul, _planes, _reference
 pytestmark = pytest.mark.compiler
 
 
-@pytest.mark.parametrize("n, k, warps, unroll, count", [(32, 512, 2, 2, None), (16, 1024, 4, 2, 3),
-                                                         (48, 256, 1, 2, 8), (16, 128, 1, 1, 1)])
-def test_fragments_give_the_float16_dequantized_weights_product(n, k, warps, unroll, count):
+@pytest.mark.parametrize("n, k, warps, unroll, count, groups", [
+    (32, 512, 2, 2, None, 1), (16, 1024, 4, 2, 3, 1), (48, 256, 1, 2, 8, 1), (16, 128, 1, 1, 1, 1),
+    (32, 512, 2, 1, 13, 2), (16, 256, 1, 2, 16, 2), (16, 256, 2, 1, 5, 2)])
+def test_fragments_give_the_float16_dequantized_weights_product(n, k, warps, unroll, count, groups):
     """The serial form (each lane's fragments as the kernel builds them, the MMA from its documented
     register layout): float32 sums within float32 rounding of x . W with W rounded to float16 as
-    the dequantize op rounds it, for 1 static row or `count` of 8 symbolic rows; the rows' outputs
-    past the count are left alone."""
+    the dequantize op rounds it, for 1 static row or `count` symbolic rows of 8 (one MMA a step) or
+    16 (two); the rows' outputs past the count are left alone."""
     rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
-    func = q4_mma_gemv(n, k, "float32", warps, unroll, threads=False, count=rows).with_attr("global_symbol", "main")
+    func = q4_mma_gemv(n, k, "float32", warps, unroll, threads=False, count=rows,
+                       groups=groups).with_attr("global_symbol", "main")
     lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
     planes, _ = _planes(n, k, seed=n + k)
     c = count or 1
@@ -63,11 +65,11 @@ def _built(func, branch_rows: int, rule) -> str:
     return tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
 
 
-@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("rows", [1, 8, 16])
 def test_branches_build_for_cuda(rows, tmp_path):
-    """At an 8B projection's shape (4096 x 4096), the one-row branch (OneRowGEMV) and the 2-8-row
-    bucket (FirstOf, symbolic rows), merged with the tiled schedule: the MMA instruction and the
-    float16-pair arithmetic in the CUDA nvcc compiles."""
+    """At an 8B projection's shape (4096 x 4096), the one-row branch (OneRowGEMV) and the 8- and
+    16-row buckets (FirstOf, symbolic rows), merged with the tiled schedule: the MMA instruction and
+    the float16-pair arithmetic in the CUDA nvcc compiles."""
     from tvm.s_tir import dlight as dl
 
     from kiln.targets.gpu import FirstOf, OneRowGEMV
@@ -92,8 +94,9 @@ def test_rule_refuses_what_it_does_not_compute():
     assert Q4MMAGEMV().apply(one_row(_fused_q4_matmul(256, 512)), get_profile("rocm").tvm_target(), False) is None
     assert Q4MMAGEMV().apply(_fused_q4_matmul(256, 512), cuda, False) is None
     assert Q4MMAGEMV(batch=8).apply(_fused_q4_matmul(256, 512), cuda, False) is not None
-    with pytest.raises(ValueError, match="1 to 8 rows"):
-        Q4MMAGEMV(batch=9)
+    assert Q4MMAGEMV(batch=16).apply(_fused_q4_matmul(256, 512), cuda, False) is not None
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        Q4MMAGEMV(batch=17)
 
 
 def test_kernel_shape_splits_k_between_enough_warps():

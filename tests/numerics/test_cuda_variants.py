@@ -228,8 +228,8 @@ def test_cuda_q4_gemv_kernel():
 
 def test_cuda_q4_mma_gemv_kernel():
     """targets/q4_mma_gemv.py's kernel (the gpu_checks variant `mma`, off by default) on the GPU: the
-    tensor cores' m16n8k16 MMA over the dequantized pairs, at 8B projection shapes, one static row
-    and 5 rows of the 8-row kernel: the float32 sums of x times W, W rounded to float16 as the
+    tensor cores' m16n8k16 MMA over the dequantized pairs, at 8B projection shapes, one static row,
+    5 rows of the 8-row kernel and 13 of the 16-row one: the float32 sums of x times W, W rounded to float16 as the
     dequantize op rounds it; the rows past the count untouched."""
     import tvm
 
@@ -241,9 +241,11 @@ def test_cuda_q4_mma_gemv_kernel():
     dev = tvm.cuda(0)
     rng = np.random.default_rng(4)
     fmt = QuantFormat("q4", 32, "float16")
-    for (n, k), count in zip(((4096, 4096), (28672, 4096), (4096, 14336), (4096, 4096)), (None, None, None, 5)):
+    for (n, k), count in zip(((4096, 4096), (28672, 4096), (4096, 14336), (4096, 4096), (4096, 4096)),
+                             (None, None, None, 5, 13)):
         rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
-        kernel = q4_mma_gemv(n, k, "float32", *kernel_shape(n, k), count=rows).with_attr("global_symbol", "gemv")
+        kernel = q4_mma_gemv(n, k, "float32", *kernel_shape(n, k), count=rows,
+                             groups=1 if (count or 1) <= 8 else 2).with_attr("global_symbol", "gemv")
         lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
         planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
         c = count or 1
