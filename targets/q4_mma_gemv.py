@@ -1,10 +1,11 @@
-"""A 4-bit GEMV for 1-8 rows on the tensor cores' m16n8k16 MMA (CUDA), dequantized in registers.
+"""A 4-bit GEMV for 1-16 rows on the tensor cores' m16n8k16 MMA (CUDA), dequantized in registers.
 
 Why: q4_gemv.py's kernel issues 5.25 SASS instructions a weight value at one row (dlight's GEMV
 8.1), 12.6 at 4 rows and 21.6 at 8, where an H100 reading 4-bit weights at its bandwidth leaves
 room for ~5: those kernels are capped by the SM's issue rate, the more so the more rows. Here the
 products and sums for up to 8 activation rows are one `mma.sync.m16n8k16` (float16 in, float32
-sums) a 16 x 16 block of weights, so one row costs what eight do; what is left a value is the
+sums) a 16 x 16 block of weights, so one row costs what eight do (and 9-16 rows a second MMA over
+the same weight registers: `groups`); what is left a value is the
 dequantization, q4_gemv's: values j and j + 4 of a packed word (compiler/quant_modules.py: value k
 of a row at bits 4 * (k % 8) of word k // 8) are one float16 pair,
 
@@ -19,8 +20,8 @@ order that the A (weights) and B (activations) fragments share gives the same su
 8 a chunk takes the lane's pairs 2s and 2s + 1 (word s // 2; values 2(s % 2) + {0, 4} and
 2(s % 2) + 1 + {0, 4}) as the A registers of K positions 2t, 2t + 1 and 2t + 8, 2t + 9, for both
 rows; the B registers of the same K positions, on lane (g, t), are activation row g's values at
-those same weight positions (its 32 values of the chunk, loaded as 4 vectors). Rows past the call's
-count are zeros in B (never read) and not written. The warps of a block split K between them and
+those same weight positions (its 32 values of the chunk, loaded as 4 vectors; row 8 + g for the
+second MMA). Rows past the call's count are zeros in B (never read) and not written. The warps of a block split K between them and
 add their sums in shared memory, in order.
 
 Matched (Q4MMAGEMV.apply) as q4_gemv.py matches (kiln's q4 float16 dequantize -> NT_matmul ->
@@ -206,8 +207,9 @@ def kernel_shape(n: int, k: int, unroll: int = 2) -> tuple[int, int] | None:
 class Q4MMAGEMV:
     """q4_mma_gemv for a matched 4-bit dequantize-matmul on CUDA; None for anything else (the next
     rule decides). `batch` 1: a OneRowGEMV rule (the function's rows bound to 1), giving a Schedule
-    of the kernel with its params in the function's order; `batch` 2-8: a LOW_BATCH_BRANCHES rule
-    for up to `batch` rows (symbolic), giving the kernel as a body over the function's own params."""
+    of the kernel with its params in the function's order; `batch` 2-16: a LOW_BATCH_BRANCHES rule
+    for up to `batch` rows (symbolic; two MMAs a step above 8), giving the kernel as a body over the
+    function's own params."""
 
     def __init__(self, unroll: int = 2, batch: int = 1) -> None:
         if not 1 <= batch <= MAX_ROWS:
