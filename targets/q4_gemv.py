@@ -144,15 +144,15 @@ class Q4GEMV:
         return apply_matched(func, target, self.batch, build)
 
 
-def apply_matched(func, target, batch: int, build):
-    """What a 4-bit GEMV rule gives: None unless `func` is kiln's q4 float16 dequantize-matmul
+def apply_matched(func, target, batch: int, build, kind: str = "q4"):
+    """What a quantized GEMV rule gives: None unless `func` is kiln's `kind` float16 dequantize-matmul
     (_match) on CUDA over the rows `batch` asks for (1: one static row; more: symbolic rows); else
     build(n, k, out_dtype, count) (count None for the static row; it may decline with None) with its
     params placed as func has them: a Schedule for one row (OneRowGEMV), a body over func's own
     params otherwise (row_dispatch over_params)."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
         return None
-    match = _match(func)
+    match = _match(func, kind)
     if match is None:
         return None
     roles, n, k, out_dtype, rows = match
@@ -165,16 +165,21 @@ def apply_matched(func, target, batch: int, build):
     return s_tir.Schedule(ordered) if one else over_params(func, ordered)
 
 
-def _match(func: tirx.PrimFunc):
+# The code plane's dtype for each code kind the GEMV rules take (q4: 8 codes a uint32 word; q8: int8).
+CODE_DTYPES = {"q4": "uint32", "q8": "int8"}
+
+
+def _match(func: tirx.PrimFunc, kind: str = "q4"):
     """(the role, 0-3 for W, S, X, Y, of each of func's params in order; N; K; the out dtype; the
-    rows, 1 or a symbolic size) if func is a q4 float16 dequantize-matmul as kiln emits it, else None."""
+    rows, 1 or a symbolic size) if func is a `kind` (q4 or q8) float16 dequantize-matmul as kiln
+    emits it, else None."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks) > 3:
         return None
     deq, mm = blocks[0], blocks[1]
     reads = [r.source for r in deq.reads]
-    if len(reads) != 2 or reads[0].dtype != "uint32" or reads[1].dtype != "float16":
+    if len(reads) != 2 or reads[0].dtype != CODE_DTYPES[kind] or reads[1].dtype != "float16":
         return None
     words, scales = reads
     n, k = (_int(d) for d in deq.writes[0].source.shape)
@@ -182,7 +187,7 @@ def _match(func: tirx.PrimFunc):
         return None
     v_n, v_k = (iv.var for iv in deq.iter_vars)
     value = deq.body.value
-    if not any(structural_equal(value, dequantize_element(QuantFormat("q4", 32, "float16"), "float16", words,
+    if not any(structural_equal(value, dequantize_element(QuantFormat(kind, 32, "float16"), "float16", words,
                                                           scales, None, v_n, v_k, by_bits))
                for by_bits in (False, True)):
         return None

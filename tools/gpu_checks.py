@@ -66,9 +66,10 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "q4gemv": targets/q4_gemv.py at 1, 2, 3-4 and 5-8 rows for the 4-bit layers (two values dequantized
 # per integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
 # dlight's 8.1, 21.6 for 8 rows; the 8-bit layers keep dlight's GEMV and buckets and the tiles).
-# "mma": targets/q4_mma_gemv.py at those row counts and 9-16: the same dequantized pairs, the
-# products and sums on the tensor cores' m16n8k16 MMA, one a step for 8 rows, two for 16 (~3.1 SASS
-# instructions a weight value at any of 1-8 rows, ~3.6 at 9-16).
+# "mma": targets/mma_gemv.py for the 4-bit layers at those row counts and 9-16: the same dequantized
+# pairs, the products and sums on the tensor cores' m16n8k16 MMA, one a step for 8 rows, two for 16
+# (~3.1 SASS instructions a weight value at any of 1-8 rows, ~3.6 at 9-16); "mma8": the 8-bit layers
+# (the first and last eighth, the LM head) too (~3.0 a value where dlight's 8-bit GEMV issues 7.6).
 # "splitk": the 5-64-row tiles with K split between thread blocks (targets/narrow_tiles.py
 # target_blocks: ~1,024 blocks where a 4096-column projection had 128, the slices' sums added by a
 # second kernel); "tcsplit": tcgroup's tiles split so. (A GEMV giving each lane a whole group of 32
@@ -84,7 +85,8 @@ SPLIT_BLOCKS = 1024
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
 VARIANTS = {"base": {}, "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
             "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
-            "mma": {"mma": {}, "batches": (1, 2, 4, 5, 16)},
+            "mma": {"mma": (4,), "batches": (1, 2, 4, 5, 16)},
+            "mma8": {"mma": (4, 8), "batches": (1, 2, 4, 5, 16)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "tcsplit": {"tc": {**_TC_GROUP, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
@@ -97,23 +99,26 @@ def variant_branches(variant: str):
 
     from kiln.targets.gpu import LOW_BATCH_BRANCHES, FirstOf, OneRowGEMV
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    from kiln.targets.mma_gemv import MMAGEMV
     from kiln.targets.q4_gemv import Q4GEMV
-    from kiln.targets.q4_mma_gemv import Q4MMAGEMV
     spec = VARIANTS[variant]
-    # The kiln GEMV rule, its arguments and its wide buckets (q4gemv to 8 rows, mma to 16).
-    gemv = next(((rule, spec[key], wide) for key, rule, wide in (("gemv", Q4GEMV, (8,)), ("mma", Q4MMAGEMV, (8, 16)))
-                 if key in spec), None)
-    if "tc" not in spec and gemv is None:
+    # kiln's GEMV rules for a row bucket b, and the wide buckets (q4gemv to 8 rows, mma to 16).
+    if "gemv" in spec:
+        rules, wide = (lambda b: [Q4GEMV(**spec["gemv"], batch=b)]), (8,)
+    elif "mma" in spec:
+        rules, wide = (lambda b: [MMAGEMV(bits, batch=b) for bits in spec["mma"]]), (8, 16)
+    else:
+        rules = None
+    if "tc" not in spec and rules is None:
         return None
     branches = list(LOW_BATCH_BRANCHES)
     if "tc" in spec:
         branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
-    if gemv is not None:                # 1, 2, 3-4, 5-8 (and 9-16) rows; 8-bit layers keep what they had
-        rule, kw, wide = gemv
-        branches[0] = (1, OneRowGEMV(rule(**kw), dl.gpu.GEMV()))
-        branches[1:3] = [(b, FirstOf(rule(**kw, batch=b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)]
+    if rules is not None:               # 1, 2, 3-4, 5-8 (and 9-16) rows; the layers they skip keep what they had
+        branches[0] = (1, OneRowGEMV(*rules(1), dl.gpu.GEMV()))
+        branches[1:3] = [(b, FirstOf(*rules(b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)]
         for b in wide:
-            branches.insert(-1, (b, FirstOf(rule(**kw, batch=b), branches[-1][1])))
+            branches.insert(-1, (b, FirstOf(*rules(b), branches[-1][1])))
     return tuple(branches)
 
 

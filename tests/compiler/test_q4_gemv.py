@@ -75,10 +75,12 @@ def test_rows_past_the_count_are_neither_read_nor_written(batch, count):
 
 
 def _fused_q4_matmul(n: int, k: int, out_dtype: str = "float16", fmt: QuantFormat = FMT):
-    """A function shaped as kiln's fused 4-bit dequantize-matmul over `batch_size` rows (decode)."""
+    """A function shaped as kiln's fused dequantize-matmul (4-bit, or `fmt`'s codes) over
+    `batch_size` rows (decode)."""
     i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
     rows = tvm.tirx.Var("batch_size", "int64")
-    words = te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight")
+    words = (te.placeholder((i64(n), i64(k)), "int8", name="qweight") if fmt.kind == "q8"
+             else te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight"))
     scale = te.placeholder((i64(n), i64(k // fmt.group_size)), fmt.scale_dtype, name="scale")
     x = te.placeholder((rows, i64(1), i64(k)), "float16", name="x")
     deq = te.compute((i64(n), i64(k)), lambda r, c: dequantize_element(fmt, fmt.scale_dtype, words, scale, None, r, c),

@@ -226,26 +226,28 @@ def test_cuda_q4_gemv_kernel():
         np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
 
 
-def test_cuda_q4_mma_gemv_kernel():
-    """targets/q4_mma_gemv.py's kernel (the gpu_checks variant `mma`, off by default) on the GPU: the
-    tensor cores' m16n8k16 MMA over the dequantized pairs, at 8B projection shapes, one static row,
-    5 rows of the 8-row kernel and 13 of the 16-row one: the float32 sums of x times W, W rounded to float16 as the
-    dequantize op rounds it; the rows past the count untouched."""
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cuda_mma_gemv_kernel(bits):
+    """targets/mma_gemv.py's kernel (the gpu_checks variants `mma`, `mma8`, off by default) on the
+    GPU: the tensor cores' m16n8k16 MMA over the dequantized pairs of q4 or q8 weights, at 8B
+    projection shapes, one static row, 5 rows of the 8-row kernel and 13 of the 16-row one: the
+    float32 sums of x times W, W rounded to float16 as the dequantize op rounds it; the rows past
+    the count untouched."""
     import tvm
 
     from kiln.compiler.quant_modules import QuantFormat
     from kiln.compiler.quant_pack import dequantize, quantize
-    from kiln.targets.q4_mma_gemv import kernel_shape, q4_mma_gemv
+    from kiln.targets.mma_gemv import kernel_shape, mma_gemv
 
     preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
     dev = tvm.cuda(0)
     rng = np.random.default_rng(4)
-    fmt = QuantFormat("q4", 32, "float16")
+    fmt = QuantFormat(f"q{bits}", 32, "float16")
     for (n, k), count in zip(((4096, 4096), (28672, 4096), (4096, 14336), (4096, 4096), (4096, 4096)),
                              (None, None, None, 5, 13)):
         rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
-        kernel = q4_mma_gemv(n, k, "float32", *kernel_shape(n, k), count=rows,
-                             groups=1 if (count or 1) <= 8 else 2).with_attr("global_symbol", "gemv")
+        kernel = mma_gemv(n, k, "float32", bits, *kernel_shape(n, k), count=rows,
+                          groups=1 if (count or 1) <= 8 else 2).with_attr("global_symbol", "gemv")
         lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
         planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
         c = count or 1

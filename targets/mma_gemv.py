@@ -1,30 +1,34 @@
-"""A 4-bit GEMV for 1-16 rows on the tensor cores' m16n8k16 MMA (CUDA), dequantized in registers.
+"""A 4- and 8-bit GEMV for 1-16 rows on the tensor cores' m16n8k16 MMA (CUDA), dequantized in registers.
 
 Why: q4_gemv.py's kernel issues 5.25 SASS instructions a weight value at one row (dlight's GEMV
 8.1), 12.6 at 4 rows and 21.6 at 8, where an H100 reading 4-bit weights at its bandwidth leaves
 room for ~5: those kernels are capped by the SM's issue rate, the more so the more rows. Here the
 products and sums for up to 8 activation rows are one `mma.sync.m16n8k16` (float16 in, float32
 sums) a 16 x 16 block of weights, so one row costs what eight do (and 9-16 rows a second MMA over
-the same weight registers: `groups`); what is left a value is the
-dequantization, q4_gemv's: values j and j + 4 of a packed word (compiler/quant_modules.py: value k
-of a row at bits 4 * (k % 8) of word k // 8) are one float16 pair,
+the same weight registers: `groups`); what is left a value is the dequantization, two values an
+integer operation: in a 32-bit word of codes (compiler/quant_modules.py: q4, value k of a row at
+bits 4 * (k % 8) of word k // 8; q8, one int8 a byte), values j and j + P (P = 4 for q4, 2 for q8)
+sit 16 bits apart, so
 
-    (word >> 4j) & 0x000F000F | 0x64006400   read as float16 x 2 = 1024 + code,
+    q4: (word >> 4j) & 0x000F000F | 0x64006400   read as float16 x 2 = 1024 + code
+    q8: (word >> 8j) & 0x00FF00FF ^ 0x64806480   read as float16 x 2 = 1024 + 128 + code
 
-minus 1032 and times the group's scale: the float16 weight the dequantize op rounds to, bit for bit.
+(the XOR flips the int8's sign bit into 128 + code and sets 0x6400's bits, disjoint from the byte),
+minus 1032 (q4) or 1152 (q8) and times the group's scale: the float16 weight the dequantize op
+rounds to, bit for bit.
 
 Layout: a warp takes 16 weight rows (the MMA's M) and lane (g, t) = (lane // 4, lane % 4) loads
-rows g and g + 8 of them, words 4t..4t+3 of each 16-word (128-value) chunk of K: one 128-bit load a
-row, whose 32 values are one scale group. The MMA's K positions need not be the weight's: any
+rows g and g + 8 of them, the values 32t..32t+31 of each 128-value chunk of K: one scale group a
+row (one 128-bit load for q4, two for q8). The MMA's K positions need not be the weight's: any
 order that the A (weights) and B (activations) fragments share gives the same sums. Step s of the
-8 a chunk takes the lane's pairs 2s and 2s + 1 (word s // 2; values 2(s % 2) + {0, 4} and
-2(s % 2) + 1 + {0, 4}) as the A registers of K positions 2t, 2t + 1 and 2t + 8, 2t + 9, for both
-rows; the B registers of the same K positions, on lane (g, t), are activation row g's values at
-those same weight positions (its 32 values of the chunk, loaded as 4 vectors; row 8 + g for the
-second MMA). Rows past the call's count are zeros in B (never read) and not written. The warps of a block split K between them and
-add their sums in shared memory, in order.
+8 a chunk takes the lane's pairs 2s and 2s + 1 as the A registers of K positions 2t, 2t + 1 and
+2t + 8, 2t + 9, for both rows; the B registers of the same K positions, on lane (g, t), are
+activation row g's values at those same weight positions (its 32 values of the chunk, loaded as 4
+vectors; row 8 + g for the second MMA). Rows past the call's count are zeros in B (never read) and
+not written. The warps of a block split K between them and add their sums in shared memory, in
+order.
 
-Matched (Q4MMAGEMV.apply) as q4_gemv.py matches (kiln's q4 float16 dequantize -> NT_matmul ->
+Matched (MMAGEMV.apply) as q4_gemv.py matches (kiln's q4 or q8 float16 dequantize -> NT_matmul ->
 optionally a cast), over one row or symbolic rows; N a multiple of 16, K of 128 (kernel_shape).
 """
 
@@ -42,33 +46,53 @@ STEPS = CHUNK // 16             # MMA steps a chunk (K 16 each)
 MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 and 8-15
 
 
-def _pair(word, j, scale):
-    """Values j and j + 4 of a packed word as the float16 pair (code - 8) * scale."""
-    bits = T.bitwise_or(T.bitwise_and(T.shift_right(word, T.uint32(4 * j)), T.uint32(PAIR_MASK)),
-                        T.uint32(FLOAT16_1024))
-    return (T.reinterpret("float16x2", bits) - T.Broadcast(T.float16(1032), 2)) * T.Broadcast(scale, 2)
+# Per code width: values a 32-bit word, the second value of a pair (j + P), the pair's mask, the bits
+# that make it 1024 + (code + offset) as float16 (XOR: q8's also flip the int8 sign bit), and the
+# float16 to subtract.
+CODES = {4: {"per_word": 8, "apart": 4, "mask": PAIR_MASK, "magic": FLOAT16_1024, "minus": 1032},
+         8: {"per_word": 4, "apart": 2, "mask": 0x00FF00FF, "magic": 0x64806480, "minus": 1152}}
 
 
-def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2, threads: bool = True,
-                count=None, groups: int = 1) -> tirx.PrimFunc:
+def _pair(word, j, scale, bits: int):
+    """Values j and j + apart of a word of codes as the float16 pair (its dequantized weights)."""
+    c = CODES[bits]
+    bits_ = T.bitwise_xor(T.bitwise_and(T.shift_right(word, T.uint32(bits * j)), T.uint32(c["mask"])),
+                          T.uint32(c["magic"]))
+    return (T.reinterpret("float16x2", bits_) - T.Broadcast(T.float16(c["minus"]), 2)) * T.Broadcast(scale, 2)
+
+
+def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
+             threads: bool = True, count=None, groups: int = 1) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
-    None: 1, static) over kiln's q4 float16 planes (W words [n, k/8], scales [n, k/32]). `warps`
-    split K; `unroll`: chunks a warp loads before it computes them; `groups`: MMAs a step, 8
-    activation rows each, over the same A registers. `threads`: the CUDA kernel; False: the same
-    fragments in serial loops and the MMA computed from its documented register layout (for a CPU
-    to check both)."""
+    None: 1, static) over kiln's float16-scaled planes of `bits` (4: q4, W words [n, k/8]; 8: q8,
+    W int8 [n, k]; scales [n, k/32]). `warps` split K; `unroll`: chunks a warp loads before it
+    computes them; `groups`: MMAs a step, 8 activation rows each, over the same A registers.
+    `threads`: the CUDA kernel; False: the same fragments in serial loops and the MMA computed from
+    its documented register layout (for a CPU to check both)."""
     iters = k // (CHUNK * warps * unroll)
     tiles = n // TILE
     rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
+    code = CODES[bits]
+    per_word, apart = code["per_word"], code["apart"]
+    words = 32 // per_word                                   # a lane's words of a row a chunk
+    pairs = per_word // 2                                    # pairs a word
+    w_shape, w_dtype = ((T.int64(n), T.int64(k // 8)), "uint32") if bits == 4 else ((T.int64(n), T.int64(k)), "int8")
 
     @T.macro
     def load(wa, wb, sa, sb, xs, W, S, X, tile, chunk, g, t, u):
         """Chunk `chunk` of lane (g, t) into slot u of its registers: rows g and g + 8 of the tile's
         weights, and of each group's activation rows (row 8c + g) the 32 values at the same K."""
-        for i in T.vectorized(4):
-            wa[u * 4 + i] = W[tile * TILE + g, chunk * 16 + t * 4 + i]
-        for i in T.vectorized(4):
-            wb[u * 4 + i] = W[tile * TILE + g + 8, chunk * 16 + t * 4 + i]
+        if bits == 4:
+            for i in T.vectorized(4):
+                wa[u * 4 + i] = W[tile * TILE + g, chunk * 16 + t * 4 + i]
+            for i in T.vectorized(4):
+                wb[u * 4 + i] = W[tile * TILE + g + 8, chunk * 16 + t * 4 + i]
+        else:                                               # 32 int8 as 8 words, two 128-bit loads
+            for h in T.unroll(2):
+                wa[T.Ramp(u * 8 + h * 4, 1, 4)] = T.reinterpret(
+                    "uint32x4", W[tile * TILE + g, T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
+                wb[T.Ramp(u * 8 + h * 4, 1, 4)] = T.reinterpret(
+                    "uint32x4", W[tile * TILE + g + 8, T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
         sa[u] = S[tile * TILE + g, chunk * 4 + t]
         sb[u] = S[tile * TILE + g + 8, chunk * 4 + t]
         for c in T.unroll(groups):
@@ -83,16 +107,18 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
     @T.macro
     def fragments(a, b, wa, wb, sa, sb, xs, u, s):
         """The A (8 float16) and each group's B (4 float16) registers of MMA step s of slot u's chunk."""
-        a[T.Ramp(0, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2), sa[u])          # row g,   K 2t, 2t+1
-        a[T.Ramp(2, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2), sb[u])          # row g+8, K 2t, 2t+1
-        a[T.Ramp(4, 1, 2)] = _pair(wa[u * 4 + s // 2], 2 * (s % 2) + 1, sa[u])      # row g,   K 2t+8, 2t+9
-        a[T.Ramp(6, 1, 2)] = _pair(wb[u * 4 + s // 2], 2 * (s % 2) + 1, sb[u])      # row g+8, K 2t+8, 2t+9
-        for c in T.unroll(groups):
-            base = (u * groups + c) * 32 + 8 * (s // 2) + 2 * (s % 2)
-            b[c * 4 + 0] = xs[base]
-            b[c * 4 + 1] = xs[base + 4]
-            b[c * 4 + 2] = xs[base + 1]
-            b[c * 4 + 3] = xs[base + 5]
+        # pairs 2s and 2s + 1 of the lane's: word (2s) // pairs, pair (2s) % pairs (and the next)
+        a[T.Ramp(0, 1, 2)] = _pair(wa[u * words + 2 * s // pairs], 2 * s % pairs, sa[u], bits)    # row g,   K 2t, 2t+1
+        a[T.Ramp(2, 1, 2)] = _pair(wb[u * words + 2 * s // pairs], 2 * s % pairs, sb[u], bits)    # row g+8, K 2t, 2t+1
+        a[T.Ramp(4, 1, 2)] = _pair(wa[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sa[u], bits)
+        a[T.Ramp(6, 1, 2)] = _pair(wb[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sb[u], bits)
+        for c in T.unroll(groups):                          # the activations at the same K positions
+            first = (u * groups + c) * 32 + per_word * (2 * s // pairs) + 2 * s % pairs
+            second = (u * groups + c) * 32 + per_word * ((2 * s + 1) // pairs) + (2 * s + 1) % pairs
+            b[c * 4 + 0] = xs[first]
+            b[c * 4 + 1] = xs[first + apart]
+            b[c * 4 + 2] = xs[second]
+            b[c * 4 + 3] = xs[second + apart]
 
     @T.macro
     def store(Y, total, tile, lane, c, e):
@@ -103,7 +129,7 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
 
     if threads:
         @T.prim_func(private=True)
-        def kernel(W: T.Buffer((T.int64(n), T.int64(k // 8)), "uint32"),
+        def kernel(W: T.Buffer(w_shape, w_dtype),
                    S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
                    X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
                    Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
@@ -115,8 +141,8 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
                         acc = T.alloc_buffer((groups * 4,), "float32", scope="local")
                         a = T.alloc_buffer((8,), "float16", scope="local")
                         b = T.alloc_buffer((groups * 4,), "float16", scope="local")
-                        wa = T.alloc_buffer((unroll * 4,), "uint32", scope="local")
-                        wb = T.alloc_buffer((unroll * 4,), "uint32", scope="local")
+                        wa = T.alloc_buffer((unroll * words,), "uint32", scope="local")
+                        wb = T.alloc_buffer((unroll * words,), "uint32", scope="local")
                         sa = T.alloc_buffer((unroll,), "float16", scope="local")
                         sb = T.alloc_buffer((unroll,), "float16", scope="local")
                         xs = T.alloc_buffer((unroll * groups * 32,), "float16", scope="local")
@@ -146,7 +172,7 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
         return kernel
 
     @T.prim_func(private=True)
-    def serial(W: T.Buffer((T.int64(n), T.int64(k // 8)), "uint32"),
+    def serial(W: T.Buffer(w_shape, w_dtype),
                S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
                X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
                Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
@@ -162,8 +188,8 @@ def q4_mma_gemv(n: int, k: int, out_dtype: str, warps: int = 4, unroll: int = 2,
                     for lane in T.serial(LANES):
                         a = T.alloc_buffer((8,), "float16")
                         b = T.alloc_buffer((groups * 4,), "float16")
-                        wa = T.alloc_buffer((unroll * 4,), "uint32")
-                        wb = T.alloc_buffer((unroll * 4,), "uint32")
+                        wa = T.alloc_buffer((unroll * words,), "uint32")
+                        wb = T.alloc_buffer((unroll * words,), "uint32")
                         sa = T.alloc_buffer((unroll,), "float16")
                         sb = T.alloc_buffer((unroll,), "float16")
                         xs = T.alloc_buffer((unroll * groups * 32,), "float16")
@@ -204,24 +230,26 @@ def kernel_shape(n: int, k: int, unroll: int = 2) -> tuple[int, int] | None:
                  if n % TILE == 0 and k % (CHUNK * w * u) == 0), None)
 
 
-class Q4MMAGEMV:
-    """q4_mma_gemv for a matched 4-bit dequantize-matmul on CUDA; None for anything else (the next
-    rule decides). `batch` 1: a OneRowGEMV rule (the function's rows bound to 1), giving a Schedule
-    of the kernel with its params in the function's order; `batch` 2-16: a LOW_BATCH_BRANCHES rule
-    for up to `batch` rows (symbolic; two MMAs a step above 8), giving the kernel as a body over the
-    function's own params."""
+class MMAGEMV:
+    """mma_gemv for a matched `bits` (4: q4, 8: q8) float16-scaled dequantize-matmul on CUDA; None
+    for anything else (the next rule decides). `batch` 1: a OneRowGEMV rule (the function's rows
+    bound to 1), giving a Schedule of the kernel with its params in the function's order; `batch`
+    2-16: a LOW_BATCH_BRANCHES rule for up to `batch` rows (symbolic; two MMAs a step above 8),
+    giving the kernel as a body over the function's own params."""
 
-    def __init__(self, unroll: int = 2, batch: int = 1) -> None:
+    def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1) -> None:
+        if bits not in CODES:
+            raise ValueError(f"MMAGEMV takes {' or '.join(map(str, CODES))}-bit codes, not {bits}")
         if not 1 <= batch <= MAX_ROWS:
-            raise ValueError(f"Q4MMAGEMV takes 1 to {MAX_ROWS} rows (the MMA's columns, twice), not {batch}")
-        self.unroll, self.batch = unroll, batch
+            raise ValueError(f"MMAGEMV takes 1 to {MAX_ROWS} rows (the MMA's columns, twice), not {batch}")
+        self.bits, self.unroll, self.batch = bits, unroll, batch
 
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count):
             shape = kernel_shape(n, k, self.unroll)
-            return None if shape is None else q4_mma_gemv(n, k, out_dtype, *shape, count=count,
-                                                          groups=-(-self.batch // COLS))
-        return apply_matched(func, target, self.batch, build)
+            return None if shape is None else mma_gemv(n, k, out_dtype, self.bits, *shape, count=count,
+                                                       groups=-(-self.batch // COLS))
+        return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}")
 
 
-__all__ = ["Q4MMAGEMV", "q4_mma_gemv"]
+__all__ = ["MMAGEMV", "mma_gemv"]

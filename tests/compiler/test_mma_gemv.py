@@ -1,0 +1,120 @@
+"""targets/mma_gemv.py: the 4- and 8-bit GEMV for 1-16 rows on the tensor cores' m16n8k16 MMA.
+
+Its fragments run here (the same TIR in serial loops, the MMA computed from the PTX ISA's register
+layout of mma.m16n8k16, built for this CPU) against numpy's float16 dequantization; the CUDA
+kernel is built for cuda-sm90 through the branches that would carry it, and compiled by nvcc.
+The MMA itself runs only on a GPU (tests/numerics/test_cuda_variants.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from kiln.compiler.quant_modules import QuantFormat
+from kiln.compiler.quant_pack import dequantize, quantize
+from kiln.targets import get_profile
+from kiln.targets.mma_gemv import MMAGEMV, kernel_shape, mma_gemv
+
+from gpu_kernels import nvcc_compiles
+from test_q4_gemv import _fused_q4_matmul
+
+FORMATS = {4: QuantFormat("q4", 32, "float16"), 8: QuantFormat("q8", 32, "float16")}
+
+pytestmark = pytest.mark.compiler
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n, k, warps, unroll, count, groups", [
+    (32, 512, 2, 2, None, 1), (16, 1024, 4, 2, 3, 1), (48, 256, 1, 2, 8, 1), (16, 128, 1, 1, 1, 1),
+    (32, 512, 2, 1, 13, 2), (16, 256, 1, 2, 16, 2), (16, 256, 2, 1, 5, 2)])
+def test_fragments_give_the_float16_dequantized_weights_product(bits, n, k, warps, unroll, count, groups):
+    """The serial form (each lane's fragments as the kernel builds them, the MMA from its documented
+    register layout), q4 and q8: float32 sums within float32 rounding of x . W with W rounded to
+    float16 as the dequantize op rounds it, for 1 static row or `count` symbolic rows of 8 (one MMA
+    a step) or 16 (two); the rows' outputs past the count are left alone."""
+    fmt = FORMATS[bits]
+    rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
+    func = mma_gemv(n, k, "float32", bits, warps, unroll, threads=False, count=rows,
+                    groups=groups).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    rng = np.random.default_rng(n + k + bits)
+    planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
+    c = count or 1
+    x = rng.normal(0, 1, (c, 1, k)).astype(np.float16)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (planes["qweight"], planes["scale"], x,
+                                                 np.full((c, 1, n), 7, np.float32))]
+    lib["main"](*args)
+    got = args[3].numpy()[:, 0].astype(np.float64)
+    rounded = x[:, 0].astype(np.float64) @ dequantize(fmt, planes, "float16").astype(np.float64).T
+    exact = x[:, 0].astype(np.float64) @ dequantize(fmt, planes, "float64").astype(np.float64).T
+    bound = np.abs(x[:, 0]).astype(np.float64) @ np.abs(np.repeat(planes["scale"], 32, axis=1).astype(np.float64)
+                                                          * 2 ** (bits - 1)).T
+    np.testing.assert_array_less(np.abs(got - rounded), 1e-6 * bound + 1e-7)
+    assert np.abs(got - exact).max() > 10 * np.abs(got - rounded).max()      # the float16 rounding is matched
+
+
+def _built(func, branch_rows: int, rule) -> str:
+    from kiln.targets.gpu import Matmul
+    from kiln.targets.row_dispatch import dispatch_on_rows
+    profile = get_profile("cuda-sm90")
+    with profile.tvm_target():
+        target = tvm.target.Target.current()
+        branch = rule.apply(func, target, False)
+        assert branch is not None
+        tiled = Matmul().apply(func, target, False).mod["main"]
+        merged = dispatch_on_rows(func, [(branch_rows, branch)], tiled, thread_invariant=True)
+    merged = merged.with_attr("tirx.is_scheduled", True).with_attr("global_symbol", "gemv")
+    return tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
+
+
+@pytest.mark.parametrize("rows, bits", [(1, 4), (8, 4), (16, 4), (1, 8), (16, 8)])
+def test_branches_build_for_cuda(rows, bits, tmp_path):
+    """At an 8B projection's shape (4096 x 4096), the one-row branch (OneRowGEMV) and the 8- and
+    16-row buckets (FirstOf, symbolic rows), merged with the tiled schedule, for q4 and q8 weights:
+    the MMA instruction and the float16-pair arithmetic in the CUDA nvcc compiles."""
+    from tvm.s_tir import dlight as dl
+
+    from kiln.targets.gpu import FirstOf, OneRowGEMV
+    func = _fused_q4_matmul(4096, 4096, fmt=FORMATS[bits])
+    mma = MMAGEMV(bits, batch=rows)
+    source = _built(func, rows, OneRowGEMV(mma) if rows == 1 else FirstOf(mma, dl.gpu.LowBatchGEMV(rows)))
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source
+    magic, mask = (0x64006400, 0x000F000F) if bits == 4 else (0x64806480, 0x00FF00FF)
+    assert str(magic) in source and str(mask) in source
+    nvcc_compiles(source, tmp_path)
+
+
+def test_rule_refuses_what_it_does_not_compute():
+    """None (the next rule decides) for float32 scales, the other code width, N not a multiple of
+    16, K not of 128, other targets, and a row count other than its own kind (static one row, or
+    symbolic)."""
+    from kiln.targets.row_dispatch import one_row
+    cuda = get_profile("cuda-sm90").tvm_target()
+    assert MMAGEMV().apply(one_row(_fused_q4_matmul(256, 512)), cuda, False) is not None
+    assert MMAGEMV().apply(one_row(_fused_q4_matmul(256, 512, fmt=QuantFormat("q4", 32, "float32"))), cuda,
+                           False) is None
+    assert MMAGEMV(bits=8).apply(one_row(_fused_q4_matmul(256, 512)), cuda, False) is None
+    assert MMAGEMV(bits=8).apply(one_row(_fused_q4_matmul(256, 512, fmt=FORMATS[8])), cuda, False) is not None
+    assert MMAGEMV().apply(one_row(_fused_q4_matmul(256, 512, fmt=FORMATS[8])), cuda, False) is None
+    assert MMAGEMV().apply(one_row(_fused_q4_matmul(264, 512)), cuda, False) is None
+    assert MMAGEMV().apply(one_row(_fused_q4_matmul(256, 576)), cuda, False) is None
+    assert MMAGEMV().apply(one_row(_fused_q4_matmul(256, 512)), get_profile("rocm").tvm_target(), False) is None
+    assert MMAGEMV().apply(_fused_q4_matmul(256, 512), cuda, False) is None
+    assert MMAGEMV(batch=8).apply(_fused_q4_matmul(256, 512), cuda, False) is not None
+    assert MMAGEMV(batch=16).apply(_fused_q4_matmul(256, 512), cuda, False) is not None
+    with pytest.raises(ValueError, match="1 to 16 rows"):
+        MMAGEMV(batch=17)
+    with pytest.raises(ValueError, match="4 or 8-bit"):
+        MMAGEMV(bits=3)
+
+
+def test_kernel_shape_splits_k_between_enough_warps():
+    """8 warps a 16-row block for the 8B's 4096- and 6144-row projections, 4 for its 28,672-row one;
+    fewer, or one chunk a load, where K does not divide; none where K is not whole chunks."""
+    assert kernel_shape(4096, 4096) == (8, 2) and kernel_shape(6144, 4096) == (8, 2)
+    assert kernel_shape(4096, 14336) == (8, 2) and kernel_shape(28672, 4096) == (4, 2)
+    assert kernel_shape(576, 1536) == (4, 1)
+    assert kernel_shape(1536, 576) is None
