@@ -37,28 +37,13 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .q4_gemv import FLOAT16_1024, LANES, PAIR_MASK, apply_matched
+from .q4_gemv import CODES, LANES, apply_matched, float16_pair
 
 TILE = 16                       # weight rows a warp computes (the MMA's M)
 COLS = 8                        # activation rows an MMA takes (its N)
 CHUNK = 128                     # weight values of a row a warp's lanes load at a time (4 lanes x 4 words x 8)
 STEPS = CHUNK // 16             # MMA steps a chunk (K 16 each)
 MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 and 8-15
-
-
-# Per code width: values a 32-bit word, the second value of a pair (j + P), the pair's mask, the bits
-# that make it 1024 + (code + offset) as float16 (XOR: q8's also flip the int8 sign bit), and the
-# float16 to subtract.
-CODES = {4: {"per_word": 8, "apart": 4, "mask": PAIR_MASK, "magic": FLOAT16_1024, "minus": 1032},
-         8: {"per_word": 4, "apart": 2, "mask": 0x00FF00FF, "magic": 0x64806480, "minus": 1152}}
-
-
-def _pair(word, j, scale, bits: int):
-    """Values j and j + apart of a word of codes as the float16 pair (its dequantized weights)."""
-    c = CODES[bits]
-    bits_ = T.bitwise_xor(T.bitwise_and(T.shift_right(word, T.uint32(bits * j)), T.uint32(c["mask"])),
-                          T.uint32(c["magic"]))
-    return (T.reinterpret("float16x2", bits_) - T.Broadcast(T.float16(c["minus"]), 2)) * T.Broadcast(scale, 2)
 
 
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
@@ -108,10 +93,10 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     def fragments(a, b, wa, wb, sa, sb, xs, u, s):
         """The A (8 float16) and each group's B (4 float16) registers of MMA step s of slot u's chunk."""
         # pairs 2s and 2s + 1 of the lane's: word (2s) // pairs, pair (2s) % pairs (and the next)
-        a[T.Ramp(0, 1, 2)] = _pair(wa[u * words + 2 * s // pairs], 2 * s % pairs, sa[u], bits)    # row g,   K 2t, 2t+1
-        a[T.Ramp(2, 1, 2)] = _pair(wb[u * words + 2 * s // pairs], 2 * s % pairs, sb[u], bits)    # row g+8, K 2t, 2t+1
-        a[T.Ramp(4, 1, 2)] = _pair(wa[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sa[u], bits)
-        a[T.Ramp(6, 1, 2)] = _pair(wb[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sb[u], bits)
+        a[T.Ramp(0, 1, 2)] = float16_pair(wa[u * words + 2 * s // pairs], 2 * s % pairs, sa[u], bits)    # row g,   K 2t, 2t+1
+        a[T.Ramp(2, 1, 2)] = float16_pair(wb[u * words + 2 * s // pairs], 2 * s % pairs, sb[u], bits)    # row g+8, K 2t, 2t+1
+        a[T.Ramp(4, 1, 2)] = float16_pair(wa[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sa[u], bits)
+        a[T.Ramp(6, 1, 2)] = float16_pair(wb[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sb[u], bits)
         for c in T.unroll(groups):                          # the activations at the same K positions
             first = (u * groups + c) * 32 + per_word * (2 * s // pairs) + 2 * s % pairs
             second = (u * groups + c) * 32 + per_word * ((2 * s + 1) // pairs) + (2 * s + 1) % pairs

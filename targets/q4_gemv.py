@@ -42,6 +42,24 @@ LANES = 32                      # a warp
 WORD = 8                        # 4-bit values a packed word
 PAIR_MASK, FLOAT16_1024 = 0x000F000F, 0x64006400
 
+# Per code width (bits), for float16_pair: values a 32-bit word of codes, how far apart a pair's two
+# values sit (j and j + apart: 16 bits apart in the word), the pair's mask, the bits that make the
+# masked pair read as float16 1024 + (code + offset) (XOR: for q8 it also flips the int8 sign bit
+# into offset 128; for q4 it only sets 0x6400's bits, disjoint from the code's), and 1024 + offset.
+CODES = {4: {"per_word": 8, "apart": 4, "mask": PAIR_MASK, "magic": FLOAT16_1024, "minus": 1032},
+         8: {"per_word": 4, "apart": 2, "mask": 0x00FF00FF, "magic": 0x64806480, "minus": 1152}}
+
+
+def float16_pair(word, j, scale, bits: int = 4):
+    """Values j and j + apart of a 32-bit word of `bits`-bit codes (q4: kiln's packed word; q8: four
+    int8) times their group's float16 `scale`: the float16 pair the dequantize op rounds to, bit for
+    bit (1024 + (code + offset) and its subtraction are exact in float16; one rounding, the scale's)."""
+    code = CODES[bits]
+    pattern = T.bitwise_xor(T.bitwise_and(T.shift_right(word, T.uint32(bits * j)), T.uint32(code["mask"])),
+                            T.uint32(code["magic"]))
+    return ((T.reinterpret("float16x2", pattern) - T.Broadcast(T.float16(code["minus"]), 2))
+            * T.Broadcast(scale, 2))
+
 
 def q4_gemv(n: int, k: int, out_dtype: str, per_warp: int = 2, warps: int = 4, threads: bool = True,
             batch: int = 1, count=None) -> tirx.PrimFunc:
@@ -69,12 +87,8 @@ def q4_gemv(n: int, k: int, out_dtype: str, per_warp: int = 2, warps: int = 4, t
                         xf[b * WORD + i] = T.float32(0)
             for r in T.unroll(per_warp):
                 row = warp * per_warp + r
-                scale = T.Broadcast(S[row, word // 4], 2)
                 for j in T.unroll(4):
-                    bits = T.bitwise_or(T.bitwise_and(T.shift_right(W[row, word], T.uint32(4 * j)),
-                                                      T.uint32(PAIR_MASK)), T.uint32(FLOAT16_1024))
-                    pair = (T.reinterpret("float16x2", bits) - T.Broadcast(T.float16(1032), 2)) * scale
-                    wf[T.Ramp(0, 1, 2)] = T.Cast("float32x2", pair)
+                    wf[T.Ramp(0, 1, 2)] = T.Cast("float32x2", float16_pair(W[row, word], j, S[row, word // 4]))
                     for b in T.unroll(batch):
                         acc[r * batch + b] = (acc[r * batch + b] + xf[b * WORD + j] * wf[0]
                                               + xf[b * WORD + j + 4] * wf[1])

@@ -36,12 +36,9 @@ def gemma3_gguf():
 
 @pytest.fixture(scope="module")
 def reference(gemma3_gguf):
-    import transformers
-    kwargs = {"gguf_file": gemma3_gguf.name}
-    tok = transformers.AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), **kwargs)
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(gemma3_gguf.parent), dtype=torch.float32,
-                                                              **kwargs).eval()
-    return tok, model
+    from conftest import TransformersGGUF
+    ref = TransformersGGUF(gemma3_gguf)
+    return ref.tokenizer, ref.model(torch.float32)
 
 
 @pytest.fixture(scope="module")
