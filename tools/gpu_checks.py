@@ -83,14 +83,19 @@ _TC = {"warp_rows": 2, "warp_cols": 2}
 _TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
 SPLIT_BLOCKS = 1024
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
-VARIANTS = {"base": {}, "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
-            "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
+# "candidate": what would ship if the levers built since the last measurement win, together: mma8
+# at 1-16 rows, splitk's tiles above, attn64. `all` builds the whole 8B with it as well as with
+# base and measures both (tools/README.md: adopting it).
+VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "min_split": 64},
+            "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
             "mma": {"mma": (4,), "batches": (1, 2, 4, 5, 16)},
             "mma8": {"mma": (4, 8), "batches": (1, 2, 4, 5, 16)},
+            "attn64": {"min_split": 64, "batches": (1, 16)},
+            "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "tcsplit": {"tc": {**_TC_GROUP, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
-            "attn64": {"min_split": 64, "batches": (1, 16)},
             "bits": {"bits": True, "batches": (1, 16)}}
+CANDIDATE = "candidate"
 
 
 def variant_branches(variant: str):
@@ -207,9 +212,11 @@ def prebuild(args) -> dict:
     done, shapes = {}, Path(tempfile.mkdtemp(prefix="kiln-shapes-"))
     jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
     name, config = llama8b_config(args)
-    jobs.append((shapes_only_checkpoint(shapes / name, config), "q4f16", "base", 256))
+    full = shapes_only_checkpoint(shapes / name, config)
+    jobs += [(full, "q4f16", v, 256) for v in (CANDIDATE, "base")]
     name, config = llama8b_config(args, layers=VARIANT_LAYERS)
-    jobs += [(shapes_only_checkpoint(shapes / name, config), "q4f16", v, None) for v in VARIANTS]
+    two = shapes_only_checkpoint(shapes / name, config)
+    jobs += [(two, "q4f16", v, None) for v in VARIANTS]
     try:
         for src, quant, variant, max_batch in jobs:
             t = time.perf_counter()
@@ -553,25 +560,6 @@ def variants(args, deadline: float | None = None) -> dict:
     return result
 
 
-def variants_apart(args, seconds: float) -> dict:
-    """`variants` in a process of its own, within `seconds`: a kernel never run before that faults
-    (a sticky CUDA error) costs that process, not the rest of `all`; what it measured comes back."""
-    out = Path(args.out)
-    cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "variants", "--out", str(out), "--work", args.work,
-           "--target", args.target, "--device", args.device, "--budget", str(seconds),
-           "--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len)] + ["--quick"] * args.quick
-    with (out / "variants.log").open("w") as log:
-        try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=seconds + 60).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timed out"
-    done = out / "variants.json"
-    result = json.loads(done.read_text()) if done.is_file() else {}
-    if rc != 0:
-        result["process"] = {"returncode": rc, "log": _tail(out / "variants.log")}
-    return result
-
-
 def sampled_decode(art: Path, batch: int, args) -> dict:
     """ms per sampled decode step (temperature 0.7, top-p 0.9, top-k 50) at `batch` sequences: the
     logits copied back to the host Sampler, against sample_tokens drawing on the device
@@ -768,21 +756,35 @@ def prep8b(args) -> dict:
     span = {k: round(v[-1] - v[0], 1) for k, v in stages.items() if len(v) > 1}
     if "weights" in stages and "compile" in stages:         # the library's export, then every weight
         span["export+weights"] = round(stages["weights"][-1] - stages["compile"][-1], 1)
-    return {"artifact": str(art), "checkpoint_s": round(written, 1), "compile_s": round(seconds, 1),
-            "stage_s": span, "convert_workers": len(os.sched_getaffinity(0))}
+    result = {"artifact": str(art), "checkpoint_s": round(written, 1), "compile_s": round(seconds, 1),
+              "stage_s": span, "convert_workers": len(os.sched_getaffinity(0))}
+    # The same weights with CANDIDATE's library (built here only where prebuild left it: on the
+    # device a second 8B compile would cost minutes the measurements need).
+    if (PREBUILT / f"{_prebuilt_name(src, 'q4f16', args.target, 256, CANDIDATE)}.so.xz").is_file() or args.quick:
+        cand, seconds = compile_timed(src, "q4f16", args, CANDIDATE, max_batch_size=256)
+        result[CANDIDATE] = {"artifact": str(cand), "compile_s": round(seconds, 1)}
+    return result
 
 
-def measure8b(art: Path, args, torch_too: bool = True) -> dict:
+def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base") -> dict:
     """Batch-1 decode against the floor (and its slowest kernels), 16 x 128 prefill and batch-64 decode,
-    beside transformers fp16 with a static cache on the same checkpoint."""
+    beside transformers fp16 with a static cache on the same checkpoint. The first decode step's
+    logits at each batch go to --out/8b-logits-<tag>.npz (compare_logits: one build against another)."""
     import gc
 
     bw = copy_bandwidth_gbs(args.device)
     floor = bw * 1e9 / weight_bytes(art)
-    result = {"weight_gb": round(weight_bytes(art) / 1e9, 2), "copy_bandwidth_gbs": round(bw),
+    result = {"build": tag, "weight_gb": round(weight_bytes(art) / 1e9, 2), "copy_bandwidth_gbs": round(bw),
               "batch1_floor_tok_s": round(floor, 1)}
     batches = [2] if args.quick else [16, 64]
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
+    logits = {}
+    for b in (1, *batches):
+        ids = _prefill(runner, b, args)
+        logits[f"batch {b}"] = runner.decode(ids, [5] * b)
+        for i in ids:
+            runner.remove_sequence(i)
+    np.savez(Path(args.out) / f"8b-logits-{tag}.npz", **logits)
     result["batch 1"] = kiln_bench(art, 1, args, runner)
     result["batch1_pct_of_floor"] = round(100 * result["batch 1"]["decode_tok_s"] / floor, 1)
     print("8b batch 1", json.dumps(result), flush=True)
@@ -808,6 +810,44 @@ def measure8b(art: Path, args, torch_too: bool = True) -> dict:
     gc.collect()
     if torch_too:
         result["torch fp16 static"] = torch8b(args)
+    return result
+
+
+def compare_logits(out: Path, tag: str, reference: str = "base") -> dict:
+    """How far one 8B build's first-step logits (measure8b's npz) are from another's, per batch: the
+    largest difference and the rows whose argmax differs (float32 summation order moves logits
+    by ~1e-3; a wrong kernel by far more)."""
+    a, b = np.load(out / f"8b-logits-{tag}.npz"), np.load(out / f"8b-logits-{reference}.npz")
+    return {k: {"max_diff": float(np.abs(a[k] - b[k]).max()),
+                "argmax_differs": int((a[k].argmax(-1) != b[k].argmax(-1)).sum()), "rows": len(a[k])}
+            for k in a.files if k in b.files}
+
+
+def measure8b_cmd(args) -> dict:
+    """measure8b of --artifact (its build named --tag), without transformers: how `all` measures a
+    build whose kernels have never run, in a process of its own."""
+    return measure8b(Path(args.artifact), args, torch_too=False, tag=args.tag)
+
+
+def apart(args, command: str, seconds: float, name: str | None = None, extra: tuple[str, ...] = ()) -> dict:
+    """`command` of this script in a process of its own, within `seconds`: a kernel never run before
+    that faults (a sticky CUDA error) costs that process, not the rest of `all`. Its json comes
+    back (a run cut short: what it wrote so far), with its return code and log tail if it failed."""
+    out = Path(args.out)
+    name = name or command
+    cmd = [sys.executable, "-P", str(Path(__file__).resolve()), command, "--out", str(out), "--work", args.work,
+           "--target", args.target, "--device", args.device, "--budget", str(seconds), "--runs", str(args.runs),
+           "--json-name", name, "--prompt-len", str(args.prompt_len), "--gen-len", str(args.gen_len),
+           *extra] + ["--quick"] * args.quick
+    with (out / f"{name}.log").open("w") as log:
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=seconds + 60).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timed out"
+    done = out / f"{name}.json"
+    result = json.loads(done.read_text()) if done.is_file() else {}
+    if rc != 0:
+        result["process"] = {"returncode": rc, "log": _tail(out / f"{name}.log")}
     return result
 
 
@@ -877,9 +917,10 @@ def run_all(args) -> dict:
     src = smollm2_gguf()
     batches = [1, 4] if args.quick else [1, 16, 64, 256]
     step("facts", 0, lambda: facts(args))
-    # First the kernel variants: they decide what ships (tools/README.md), the rest re-measures it.
-    share = time.monotonic() + min(args.budget * 0.5, 240)
-    step("low-batch variants", 60, lambda: variants_apart(args, min(share, deadline) - time.monotonic()))
+    # First the kernel variants on 2 layers: which lever does what (tools/README.md); the whole 8B
+    # is measured below with what ships (base) and with CANDIDATE, the levers together.
+    share = time.monotonic() + min(args.budget * 0.35, 150)
+    step("low-batch variants", 60, lambda: apart(args, "variants", min(share, deadline) - time.monotonic()))
     # Weight conversions first (CPU), while the second process writes the 8B checkpoint from the GPU.
     arts = {}
     for quant in SMOLLM2_SCHEMES:
@@ -910,7 +951,9 @@ def run_all(args) -> dict:
     q4 = step("smollm2 q4f16 kiln", 60, smollm2_kiln)
     os.sched_setaffinity(0, cores)                      # the 8B steps may use every core once it is built
 
-    def llama8b() -> dict:
+    prep: dict = {}
+
+    def prep8b_done() -> dict:
         left = deadline - time.monotonic()
         try:
             child.wait(timeout=max(1.0, left - 120))
@@ -920,12 +963,22 @@ def run_all(args) -> dict:
         prep_file = out / "prep8b.json"
         if child.returncode != 0 or not prep_file.is_file():
             return {"error": f"prep8b exited {child.returncode}", "log": _tail(out / "prep8b.log")}
-        prep = json.loads(prep_file.read_text())
-        return {**prep, **measure8b(Path(prep["artifact"]), args, torch_too=False)}
+        prep.update(json.loads(prep_file.read_text()))
+        return prep
 
-    big = step("llama3-8b-arch q4f16", 120, llama8b)
-    if "artifact" in big:
+    step("llama3-8b-arch compiled", 120, prep8b_done)
+    measured = []
+    if CANDIDATE in prep:           # its kernels have not run on a GPU before: in a process of its own
+        cand = step(f"llama3-8b-arch q4f16 {CANDIDATE}", 90, lambda: apart(
+            args, "measure8b", min(240.0, max(60.0, deadline - time.monotonic() - 60)), f"measure8b-{CANDIDATE}",
+            ("--artifact", prep[CANDIDATE]["artifact"], "--tag", CANDIDATE)))
+        measured += [CANDIDATE] * ("batch 1" in cand)
+    if "artifact" in prep:
         step("llama3-8b-arch transformers fp16 static", 120, lambda: torch8b(args))
+        base = step("llama3-8b-arch q4f16", 90, lambda: measure8b(Path(prep["artifact"]), args, torch_too=False))
+        measured += ["base"] * ("batch 1" in base)
+    if measured == [CANDIDATE, "base"]:
+        step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(out, CANDIDATE))
 
     def smollm2_torch() -> dict:
         model = transformers_model(src, torch.float16, args.device)
@@ -971,7 +1024,8 @@ def _tokenizer_for(dest: Path, vocab: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["all", "numerics", "bench", "bench8b", "variants", "prep8b", "prebuild"])
+    ap.add_argument("command", choices=["all", "numerics", "bench", "bench8b", "variants", "prep8b", "prebuild",
+                                        "measure8b"])
     ap.add_argument("--out", default=".", help="where <command>.json goes (on the device: $OUT)")
     ap.add_argument("--work", default=str(ROOT / ".gpu" / "work"), help="artifacts and checkpoints [.gpu/work]")
     ap.add_argument("--target", default="cuda-sm90")
@@ -982,14 +1036,17 @@ def main() -> None:
     ap.add_argument("--greedy", type=int, default=8, help="greedy tokens compared per prompt (numerics)")
     ap.add_argument("--budget", type=float, default=540, help="seconds `all` may take [540]")
     ap.add_argument("--quick", action="store_true", help="a dry run: small batches and models, no gpu tests")
+    ap.add_argument("--artifact", help="measure8b: the artifact to measure")
+    ap.add_argument("--tag", default="base", help="measure8b: the build's name in its results [base]")
+    ap.add_argument("--json-name", help="the result's file name in --out, without .json [the command's]")
     args = ap.parse_args()
     if args.quick:
         args.prompt_len, args.gen_len, args.runs = min(args.prompt_len, 16), min(args.gen_len, 8), 1
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.work).mkdir(parents=True, exist_ok=True)
     result = {"all": run_all, "numerics": numerics, "bench": bench_cmd, "bench8b": bench8b, "variants": variants,
-              "prep8b": prep8b, "prebuild": prebuild}[args.command](args)
-    (Path(args.out) / f"{args.command}.json").write_text(json.dumps(result, indent=1, default=str))
+              "prep8b": prep8b, "prebuild": prebuild, "measure8b": measure8b_cmd}[args.command](args)
+    (Path(args.out) / f"{args.json_name or args.command}.json").write_text(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":
