@@ -15,7 +15,8 @@ sit 16 bits apart, so
 
 (the XOR flips the int8's sign bit into 128 + code and sets 0x6400's bits, disjoint from the byte),
 minus 1032 (q4) or 1152 (q8) and times the group's scale: the float16 weight the dequantize op
-rounds to, bit for bit.
+rounds to, bit for bit (q4_gemv.float16_pair: q4's odd pairs masked 4 bits up without a shift, the
+mask and the OR or XOR one PTX lop3).
 
 Layout: a warp takes 16 weight rows (the MMA's M) and lane (g, t) = (lane // 4, lane % 4) loads
 rows g and g + 8 of them, the values 32t..32t+31 of each 128-value chunk of K: one scale group a
@@ -93,10 +94,10 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     def fragments(a, b, wa, wb, sa, sb, xs, u, s):
         """The A (8 float16) and each group's B (4 float16) registers of MMA step s of slot u's chunk."""
         # pairs 2s and 2s + 1 of the lane's: word (2s) // pairs, pair (2s) % pairs (and the next)
-        a[T.Ramp(0, 1, 2)] = float16_pair(wa[u * words + 2 * s // pairs], 2 * s % pairs, sa[u], bits)    # row g,   K 2t, 2t+1
-        a[T.Ramp(2, 1, 2)] = float16_pair(wb[u * words + 2 * s // pairs], 2 * s % pairs, sb[u], bits)    # row g+8, K 2t, 2t+1
-        a[T.Ramp(4, 1, 2)] = float16_pair(wa[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sa[u], bits)
-        a[T.Ramp(6, 1, 2)] = float16_pair(wb[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sb[u], bits)
+        a[T.Ramp(0, 1, 2)] = float16_pair(wa[u * words + 2 * s // pairs], 2 * s % pairs, sa[u], bits, threads)    # row g,   K 2t, 2t+1
+        a[T.Ramp(2, 1, 2)] = float16_pair(wb[u * words + 2 * s // pairs], 2 * s % pairs, sb[u], bits, threads)    # row g+8, K 2t, 2t+1
+        a[T.Ramp(4, 1, 2)] = float16_pair(wa[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sa[u], bits, threads)
+        a[T.Ramp(6, 1, 2)] = float16_pair(wb[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sb[u], bits, threads)
         for c in T.unroll(groups):                          # the activations at the same K positions
             first = (u * groups + c) * 32 + per_word * (2 * s // pairs) + 2 * s % pairs
             second = (u * groups + c) * 32 + per_word * ((2 * s + 1) // pairs) + (2 * s + 1) % pairs

@@ -15,12 +15,14 @@ at bits 4 * (k % 8) of word k // 8): values j and j + 4 of a word sit 16 bits ap
 
 (1024 + c in float16 is exact, 0x6400 being 1024's bits with an empty 10-bit mantissa), minus 1032
 and times the scale as float16 pairs: the same float16 value (c - 8) * scale the dequantize op
-rounds to, bit for bit. Then each weight to float32 and a float32 multiply-add per activation row,
+rounds to, bit for bit. Pairs 2i and 2i + 1 share one shift, word >> 8i: the odd pair is masked
+where it sits (0x00F000F0), reads as 1024 + 16 c, and x / 16 - 72 (exact, one FMA) makes it c - 8;
+on CUDA the mask and the OR are one PTX lop3 (float16_pair's asm), which nvcc would split in two. Then each weight to float32 and a float32 multiply-add per activation row,
 as the matmul defines. Each warp takes `per_warp` weight rows, its lanes consecutive words
 (coalesced 32-bit loads, as dlight's), so an activation's conversion serves `per_warp` rows and a
 weight's dequantization every activation row; the lanes' sums meet in shuffles. Counted on the
 cuda-sm90 build of the 8B's layers (SASS instructions a weight value): 5.25 at one row (dlight's
-8.1), 8.5 for 2 rows, 12.6 for 4, 21.6 for 8.
+8.1), 8.5 for 2 rows, 12.6 for 4, 21.6 for 8; 4.5 at one row with the shared shift and the lop3.
 
 Matched (Q4GEMV.apply): a function exactly `dequantize` (kiln's q4 in float16, group 32, either
 code form) -> `NT_matmul` (float32 sums of float16 activations times the weights) -> optionally a
@@ -31,6 +33,7 @@ Anything else: None.
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 from tvm_ffi import structural_equal
 
@@ -50,15 +53,45 @@ CODES = {4: {"per_word": 8, "apart": 4, "mask": PAIR_MASK, "magic": FLOAT16_1024
          8: {"per_word": 4, "apart": 2, "mask": 0x00FF00FF, "magic": 0x64806480, "minus": 1152}}
 
 
-def float16_pair(word, j, scale, bits: int = 4):
+# One LOP3 for a pair's mask and XOR, written as PTX: nvcc splits `(x & mask) ^ magic` into two
+# whatever it is fed (both constants immediates).
+AND_XOR = "kiln_and_xor"
+AND_XOR_CUDA = r"""
+__device__ __forceinline__ unsigned int kiln_and_xor(unsigned int a, unsigned int b, unsigned int c) {
+  unsigned int d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+"""
+
+
+def and_xor(x, mask, magic: int, asm: bool = False):
+    """(x & mask) ^ magic (mask: an int or a uint32 expression); asm: one PTX lop3 (CUDA kernels only)."""
+    mask = T.uint32(mask) if isinstance(mask, int) else mask
+    if asm:
+        return cuda_func_call(AND_XOR, x, mask, T.uint32(magic), source_code=AND_XOR_CUDA, return_type="uint32")
+    return T.bitwise_xor(T.bitwise_and(x, mask), T.uint32(magic))
+
+
+def float16_pair(word, j, scale, bits: int = 4, asm: bool = False):
     """Values j and j + apart of a 32-bit word of `bits`-bit codes (q4: kiln's packed word; q8: four
     int8) times their group's float16 `scale`: the float16 pair the dequantize op rounds to, bit for
-    bit (1024 + (code + offset) and its subtraction are exact in float16; one rounding, the scale's)."""
+    bit (1024 + (code + offset) and its subtraction are exact in float16; one rounding, the scale's).
+    q4 pairs 2i and 2i + 1 share one shift (word >> 8i): the odd pair's codes are masked where they
+    sit, 4 bits up, and read as 1024 + 16 code, which x / 16 - 72 makes code - 8 (exact, one FMA).
+    asm: the mask and XOR as one PTX lop3 (CUDA kernels)."""
     code = CODES[bits]
-    pattern = T.bitwise_xor(T.bitwise_and(T.shift_right(word, T.uint32(bits * j)), T.uint32(code["mask"])),
-                            T.uint32(code["magic"]))
-    return ((T.reinterpret("float16x2", pattern) - T.Broadcast(T.float16(code["minus"]), 2))
-            * T.Broadcast(scale, 2))
+    shift, up = (8 * (j // 2), j % 2) if bits == 4 else (bits * j, 0)     # ints, or expressions of a loop's j
+    shifted = word if isinstance(shift, int) and shift == 0 else T.shift_right(word, T.Cast("uint32", shift))
+    # Where j is a loop's (unrolled), its selects fold once TVM unrolls the loop.
+    pick = (lambda odd, even: odd if up else even) if isinstance(up, int) else (
+        lambda odd, even: T.Select(up == 1, odd, even))
+    mask = pick(T.uint32(code["mask"] << 4), T.uint32(code["mask"]))
+    pair = T.reinterpret("float16x2", and_xor(shifted, mask, code["magic"], asm))
+    up_minus = 64 + code["minus"] - 1024                    # (1024 + 16 code) / 16 - up_minus = code - 8
+    pair = pick(pair * T.Broadcast(T.float16(1 / 16), 2) - T.Broadcast(T.float16(up_minus), 2),
+                pair - T.Broadcast(T.float16(code["minus"]), 2))
+    return pair * T.Broadcast(scale, 2)
 
 
 def q4_gemv(n: int, k: int, out_dtype: str, per_warp: int = 2, warps: int = 4, threads: bool = True,
@@ -88,7 +121,7 @@ def q4_gemv(n: int, k: int, out_dtype: str, per_warp: int = 2, warps: int = 4, t
             for r in T.unroll(per_warp):
                 row = warp * per_warp + r
                 for j in T.unroll(4):
-                    wf[T.Ramp(0, 1, 2)] = T.Cast("float32x2", float16_pair(W[row, word], j, S[row, word // 4]))
+                    wf[T.Ramp(0, 1, 2)] = T.Cast("float32x2", float16_pair(W[row, word], j, S[row, word // 4], asm=threads))
                     for b in T.unroll(batch):
                         acc[r * batch + b] = (acc[r * batch + b] + xf[b * WORD + j] * wf[0]
                                               + xf[b * WORD + j + 4] * wf[1])

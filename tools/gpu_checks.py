@@ -68,8 +68,8 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # dlight's 8.1, 21.6 for 8 rows; the 8-bit layers keep dlight's GEMV and buckets and the tiles).
 # "mma": targets/mma_gemv.py for the 4-bit layers at those row counts and 9-16: the same dequantized
 # pairs, the products and sums on the tensor cores' m16n8k16 MMA, one a step for 8 rows, two for 16
-# (~3.1 SASS instructions a weight value at any of 1-8 rows, ~3.6 at 9-16); "mma8": the 8-bit layers
-# (the first and last eighth, the LM head) too (~3.0 a value where dlight's 8-bit GEMV issues 7.6).
+# (~2.3 SASS instructions a weight value at any of 1-8 rows, ~3.0 at 9-16); "mma8": the 8-bit layers
+# (the first and last eighth, the LM head) too (~2.3 a value where dlight's 8-bit GEMV issues 7.6).
 # "splitk": the 5-64-row tiles with K split between thread blocks (targets/narrow_tiles.py
 # target_blocks: ~1,024 blocks where a 4096-column projection had 128, the slices' sums added by a
 # second kernel); "tcsplit": tcgroup's tiles split so. (A GEMV giving each lane a whole group of 32
