@@ -2,13 +2,14 @@
 
 Matches, in every Relax function (graph phase, before legalization)::
 
-    y = R.add(x, r)                                   # the residual stream, used again later
+    y = R.add(x, r)                                   # the residual stream
     n = R.nn.rms_norm(y, w, axes=[-1], epsilon=eps)   # the next sub-layer's input
 
-when x, r and y share one shape whose last axis (the normalised one) is static, w is that
-axis, and y has uses besides the norm (the pre-norm decoder layer's
-``x = x + attn(norm(x)); x = x + mlp(norm(x))``).  A sum used only by the norm is left alone:
-FuseOps fuses it into the norm without writing it out.
+when x, r and y share one shape whose last axis (the normalised one) is static and w is that
+axis: the pre-norm decoder layer's ``x = x + attn(norm(x)); x = x + mlp(norm(x))``, and the
+final norm over the last layer's sum. That sum is used by the norm alone; it is matched too
+(the kernel writes it, unread): FuseOps leaves an add feeding a reduction in a kernel of its own,
+so the final norm was two kernels in every entry function (seen in a CUDA build, 2026-11-27).
 
 Emits one ``R.call_tir`` to a TE-built PrimFunc ``fuse_add_rms_norm`` returning ``(y, n)``,
 per row: ``y = x + r``; ``ss = sum(f32(y)^2)``; ``inv = rsqrt(ss / h + eps)``;
@@ -47,7 +48,7 @@ _RMS_NORM = tvm.ir.Op.get("relax.nn.rms_norm")
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAddRMSNorm")
 class FuseAddRMSNorm:
-    """Rewrite ``rms_norm(add(x, r), w)`` (sum used again) into one two-output TIR call."""
+    """Rewrite ``rms_norm(add(x, r), w)`` into one two-output TIR call."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return _Rewriter(mod).run()
@@ -118,7 +119,7 @@ class _Rewriter(PyExprMutator):
             return None
         y_var, w = call.args
         add = self.lookup_binding(y_var)
-        if not isinstance(add, relax.Call) or add.op != _ADD or self.uses.get(y_var, 0) < 2:
+        if not isinstance(add, relax.Call) or add.op != _ADD:
             return None
         x, r = add.args
         shapes = [getattr(e.ty, "shape", None) for e in (x, r, y_var)]

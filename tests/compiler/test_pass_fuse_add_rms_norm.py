@@ -90,7 +90,7 @@ def test_before_after():
 
 
 @I.ir_module
-class SumUsedOnlyByNorm:  # left to FuseOps, which fuses the add into the norm without writing it
+class SumUsedOnlyByNorm:  # the final norm: FuseOps would leave the add a kernel of its own
     @R.function
     def main(x: R.Tensor((2, 8), "float32"), r: R.Tensor((2, 8), "float32"), w: R.Tensor((8,), "float32")):
         with R.dataflow():
@@ -125,8 +125,14 @@ class NormOverTwoAxes:
         return o
 
 
-@pytest.mark.parametrize("mod", [SumUsedOnlyByNorm, BroadcastAdd, NormOverTwoAxes],
-                         ids=["sum-used-once", "broadcast-add", "two-axes"])
+def test_sum_used_only_by_the_norm_is_fused():
+    """The final norm over the last layer's sum: one fused call, no add or rms_norm left."""
+    after = FuseAddRMSNorm()(SumUsedOnlyByNorm)
+    text = after["main"].script()
+    assert "fuse_add_rms_norm" in text and "R.add(" not in text and "R.nn.rms_norm(" not in text
+
+
+@pytest.mark.parametrize("mod", [BroadcastAdd, NormOverTwoAxes], ids=["broadcast-add", "two-axes"])
 def test_leaves_other_patterns_alone(mod):
     tvm.ir.assert_structural_equal(FuseAddRMSNorm()(mod), mod)
 
