@@ -83,10 +83,11 @@ _TC = {"warp_rows": 2, "warp_cols": 2}
 _TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
 SPLIT_BLOCKS = 1024
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
-# "candidate": what would ship if the levers built since the last measurement win, together: mma8
-# at 1-16 rows, splitk's tiles above, attn64. `all` builds the whole 8B with it as well as with
-# base and measures both (tools/README.md: adopting it).
-VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "min_split": 64},
+# "candidate": what would ship if the matmul levers built since the last measurement win, together:
+# mma8 at 1-16 rows, splitk's tiles above (not attn64: at batch 1 its splits add a merge kernel a
+# layer, launched from the host, for ~4 us of attention saved). `all` builds the whole 8B with it
+# as well as with base and measures both (tools/README.md: adopting it).
+VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_blocks": SPLIT_BLOCKS}},
             "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
             "mma": {"mma": (4,), "batches": (1, 2, 4, 5, 16)},
             "mma8": {"mma": (4, 8), "batches": (1, 2, 4, 5, 16)},
