@@ -24,9 +24,9 @@ from kiln.models.source import usable_cores
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
-                                   KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config,
-                                   write_golden)
+from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS,
+                                   PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo, ParamWriter, SourceInfo,
+                                   TargetInfo, write_config, write_golden)
 
 from .artifact import check_output, staged_artifact
 from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
@@ -110,7 +110,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     report("export", 0, 1)
     with profile.tvm_target():
         mod, named_params = model.export_tvm(
-            spec=build_spec(model, config.hidden_size, config.vocab_size, scheme.model_dtype))
+            spec=build_spec(model, config.hidden_size, config.vocab_size, scheme.model_dtype, profile.library_gemm))
     softcap = model.flags.attn_logit_softcap
     if softcap:
         if not profile.attn_softcap:
@@ -154,7 +154,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
                             SourceInfo(source.format, source.content_hash, source.path.name)),
             quantization=plan.describe(),
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
-            entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS),
+            entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS, *[LIBRARY_GEMM_ENTRY] * profile.library_gemm),
             params=names,
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,

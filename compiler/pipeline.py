@@ -25,6 +25,7 @@ from .passes.clip_take import ClipTake
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
 from .passes.fuse_dequantize_take import FuseDequantizeTake
+from .passes.library_gemm import LibraryGEMM
 
 
 def legalize_passes() -> list[tvm.transform.Pass]:
@@ -48,6 +49,8 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             AccumulateInFloat32(),
             # nn.Linear emits matmul(x, permute_dims(W)); fused, W is read in place, never re-transposed.
             relax.transform.FuseTransposeMatmul(),
+            # batch_prefill_gemm's token matmuls to the device's BLAS (profiles with library_gemm).
+            *([LibraryGEMM()] if profile.library_gemm else []),
             # Quantized weights: dequantize fused into its matmul / embedding gather (one kernel each).
             FuseDequantizeMatmul(),
             FuseDequantizeTake(),

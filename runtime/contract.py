@@ -37,6 +37,11 @@ ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode"
 # taken where they are, so a greedy decode step copies one int32 per sequence back instead of the logits;
 # sample_tokens: the same for sampled rows (temperature, top-k, top-p, min-p: models/sampling.py).
 OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden", "greedy_tokens", "sample_tokens")
+# batch_prefill with its token matmuls through the device's BLAS (compiler/passes/library_gemm.py), in
+# artifacts of a profile with library_gemm: the runner registers GEMM_PACKED_FUNC before it loads the
+# library (runtime/library_gemm.py) and takes this entry for forwards of many tokens.
+LIBRARY_GEMM_ENTRY = "batch_prefill_gemm"
+GEMM_PACKED_FUNC = "kiln.gemm_nt"
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none
 

@@ -31,7 +31,8 @@ from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
-from .contract import OPTIONAL_ENTRY_FUNCTIONS
+from . import library_gemm
+from .contract import LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS
 from .memory_budget import (DEFAULT_GPU_UTILIZATION, SERVER_DEVICES, device_memory, kv_tokens_for_memory,
                             no_memory_size)
 from .protocol import InvalidRequestError
@@ -75,6 +76,9 @@ class ModelRunner:
             raise ValueError(f"max_num_seqs {self.max_num_seqs} is outside what this artifact was compiled for "
                              f"(1 to {self.max_batch_size} sequences at once); pass at most {self.max_batch_size}"
                              " or recompile with `kiln compile --max-batch-size N`")
+        gemm_entry = LIBRARY_GEMM_ENTRY in cfg.entry_functions
+        if gemm_entry:                                      # the library calls it: registered before the load
+            library_gemm.register()
         self.vm = VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
         params, loaded = [], 0
         for a in artifact.iter_params():                      # one host copy at a time
@@ -95,6 +99,10 @@ class ModelRunner:
         for name in OPTIONAL_ENTRY_FUNCTIONS:
             if name in cfg.entry_functions:
                 self._fn[name] = self.vm[name]
+        # batch_prefill with the device's BLAS for long forwards, where torch can run it here.
+        self.gemm_unusable = library_gemm.unusable(artifact.device) if gemm_entry else "not in this artifact"
+        if self.gemm_unusable is None:
+            self._fn[LIBRARY_GEMM_ENTRY] = self.vm[LIBRARY_GEMM_ENTRY]
 
     def _kv_tokens_for_memory(self, share: float | None, loaded: int) -> int | None:
         """KV tokens for `share` of the device's memory, the weights (`loaded` bytes) already on it;
@@ -208,9 +216,10 @@ class ModelRunner:
         ends = np.cumsum(lengths, dtype=np.int32)
         spans = [np.arange(e - n, e, dtype=np.int32) if f else np.array([e - 1], np.int32)
                  for e, n, f in zip(ends, lengths, full)]                   # positions whose logits come back
+        name = LIBRARY_GEMM_ENTRY if LIBRARY_GEMM_ENTRY in self._fn and len(flat) >= library_gemm.MIN_TOKENS \
+            else "batch_prefill"
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple(lengths))
-        logits, _ = self._fn["batch_prefill"](embeds, self._staged("positions", np.concatenate(spans)),
-                                              self.kv, self.params)
+        logits, _ = self._fn[name](embeds, self._staged("positions", np.concatenate(spans)), self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
         return logits, spans
 

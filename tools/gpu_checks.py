@@ -84,10 +84,13 @@ _TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
 SPLIT_BLOCKS = 1024
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
 # "candidate": what would ship if the matmul levers built since the last measurement win, together:
-# mma8 at 1-16 rows, splitk's tiles above (not attn64: at batch 1 its splits add a merge kernel a
-# layer, launched from the host, for ~4 us of attention saved). `all` builds the whole 8B with it
-# as well as with base and measures both (tools/README.md: adopting it).
-VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_blocks": SPLIT_BLOCKS}},
+# mma8 at 1-16 rows, splitk's tiles above, and the profiles' library_gemm (batch_prefill_gemm: the
+# prompt's matmuls through cuBLAS, via torch, from 256 tokens a forward; not attn64: at batch 1 its
+# splits add a merge kernel a layer, launched from the host, for ~4 us of attention saved). `all`
+# builds the whole 8B with it as well as with base and measures both (tools/README.md: adopting it).
+# "profile": TargetProfile fields set on the CUDA presets for the build.
+VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_blocks": SPLIT_BLOCKS},
+                                      "profile": {"library_gemm": True}},
             "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
             "mma": {"mma": (4,), "batches": (1, 2, 4, 5, 16)},
             "mma8": {"mma": (4, 8), "batches": (1, 2, 4, 5, 16)},
@@ -95,7 +98,7 @@ VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_block
             "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "tcsplit": {"tc": {**_TC_GROUP, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
-            "bits": {"bits": True, "batches": (1, 16)}}
+            "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)}}
 CANDIDATE = "candidate"
 
 
@@ -131,7 +134,7 @@ def variant_branches(variant: str):
 @contextlib.contextmanager
 def built_with(variant: str):
     """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches, and the CUDA
-    presets' profiles carry its codes_by_bits."""
+    presets' profiles carry its "profile" fields."""
     import dataclasses
 
     from kiln import targets
@@ -139,10 +142,11 @@ def built_with(variant: str):
     shipped, profiles, min_split = gpu.LOW_BATCH_BRANCHES, dict(targets._PROFILES), decode_attention.MIN_SPLIT
     gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or shipped
     decode_attention.MIN_SPLIT = VARIANTS[variant].get("min_split", min_split)
-    if VARIANTS[variant].get("bits"):
+    fields = VARIANTS[variant].get("profile")
+    if fields:
         for name, make in profiles.items():
             if name.startswith("cuda"):
-                targets._PROFILES[name] = lambda make=make: dataclasses.replace(make(), codes_by_bits=True)
+                targets._PROFILES[name] = lambda make=make: dataclasses.replace(make(), **fields)
     try:
         yield
     finally:
@@ -486,7 +490,7 @@ def _cupti_times(step, steps: int, top: int) -> dict:
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
     return {"wall_ms": round(wall * 1e3, 3), "busy_ms": round(sum(r[1] for r in rows), 3),
-            "matmul_ms": round(sum(r[1] for r in rows if "matmul" in r[0]), 3),
+            "matmul_ms": round(sum(r[1] for r in rows if "matmul" in r[0] or "gemm" in r[0].lower()), 3),
             "attention_ms": round(sum(r[1] for r in rows if "batch_decode_paged_kv" in r[0]), 3),
             "kernels": [(name[:90], round(ms, 4), round(calls, 1)) for name, ms, calls in rows[:top]],
             "idle": idle_gaps(kernels, steps, top=6)}

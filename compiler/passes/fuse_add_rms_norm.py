@@ -9,7 +9,7 @@ when x, r and y share one shape whose last axis (the normalised one) is static a
 axis: the pre-norm decoder layer's ``x = x + attn(norm(x)); x = x + mlp(norm(x))``, and the
 final norm over the last layer's sum. That sum is used by the norm alone; it is matched too
 (the kernel writes it, unread): FuseOps leaves an add feeding a reduction in a kernel of its own,
-so the final norm was two kernels in every entry function (seen in a CUDA build, 2026-11-27).
+so the final norm was two kernels in every entry function (seen in a build, 2026-11-27).
 
 Emits one ``R.call_tir`` to a TE-built PrimFunc ``fuse_add_rms_norm`` returning ``(y, n)``,
 per row: ``y = x + r``; ``ss = sum(f32(y)^2)``; ``inv = rsqrt(ss / h + eps)``;

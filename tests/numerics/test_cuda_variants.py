@@ -169,6 +169,37 @@ def test_cuda_tensor_core_matmul(split, monkeypatch):
         np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=4e-3, err_msg=f"{n} rows")
 
 
+@pytest.mark.parametrize("quant", ["q4f16", "q0f32"])
+def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
+    """A profile's library_gemm (batch_prefill_gemm: the prompt's matmuls through torch's cuBLAS on
+    TVM's tensors, tools/gpu_checks.py's candidate): the same prefill's logits as batch_prefill, to
+    float16's rounding, then a decode step on the cache it wrote."""
+    import dataclasses
+
+    from kiln import targets
+    from kiln.runtime import library_gemm
+    preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
+    monkeypatch.setitem(targets._PROFILES, preset,
+                        lambda make=targets._PROFILES[preset]: dataclasses.replace(make(), library_gemm=True))
+    art = kiln.compile(str(tiny_dirs["untied"]), target=preset, quant=quant, golden=False, output=tmp_path / quant)
+    runner = ModelRunner(Artifact.load(art), max_num_seqs=3)
+    assert runner.gemm_unusable is None, runner.gemm_unusable
+    prompts = [list(range(3, 200)), list(range(9, 40)), list(range(40, 41))]
+    rows = []
+    for least in (10 ** 6, 1):                                   # batch_prefill, then the BLAS entry
+        monkeypatch.setattr(library_gemm, "MIN_TOKENS", least)
+        for s in range(3):
+            runner.add_sequence(s)
+        rows.append((runner.prefill([0, 1, 2], prompts), runner.decode([0, 1, 2], [5, 6, 7])))
+        for s in range(3):
+            runner.remove_sequence(s)
+    (plain, plain_next), (routed, routed_next) = rows
+    scale = np.abs(plain).max()
+    tol = 1e-4 if quant == "q0f32" else 1e-2
+    np.testing.assert_allclose(routed, plain, atol=tol * scale, rtol=0)
+    np.testing.assert_allclose(routed_next, plain_next, atol=tol * scale, rtol=0)
+
+
 def test_cuda_sample_tokens_draw_the_samplers_tokens(tiny_dirs, tmp_path):
     """sample_tokens on the GPU (models/sampling.py; a work-group per row) draws, in every row, the
     token the host Sampler draws from the same logits with the same uniform; and an engine whose

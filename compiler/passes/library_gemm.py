@@ -1,0 +1,98 @@
+"""LibraryGEMM: the prompt's matmuls of `batch_prefill_gemm` through the device's BLAS.
+
+Matches, in the function named LIBRARY_GEMM_ENTRY only (graph phase, after FuseTransposeMatmul,
+before FuseDequantizeMatmul)::
+
+    y = R.call_tir(NT_matmul, (x, w))       # x [1, seq_len, K], w [N, K]: y = x @ w.T
+    z = R.astype(y, x.dtype)                 # if y sums in float32 (AccumulateInFloat32)
+
+where w is a weight (a parameter, or a dequantize call's output: that call stays, now a kernel of
+its own writing the float weight) and x, w and z share one dtype, and replaces it with
+
+    z = R.call_dps_packed("kiln.gemm_nt", (x, w), out_ty=z's)
+
+which the runtime registers (runtime/library_gemm.py: torch's matmul, the vendor BLAS of the device,
+summing in float32 and rounding once). Only matmuls over the call's tokens (rows `seq_len`): the logits of
+the few gathered positions stay TVM's (dequantizing a large vocabulary's weight would cost more).
+
+Why: on an H100 (2026-11-27) a 16 x 128-token prefill of the 8B model spent 138 of its 168 ms of
+device time in matmuls on dlight's wmma tiles (~210 TFLOP/s), where transformers' prefill of the
+same model (the vendor BLAS) took ~72 ms in all; TVM 0.27's Hopper matmuls (its new tile-primitive
+backend) are not in reach of kiln's pipeline, and the PyPI build links no BLAS. The weight is
+dequantized once a call (for the 8B, ~1 GB of float16 written and read a layer's worth at a time:
+~11 ms a forward at 3 TB/s), so the entry pays only from a few hundred tokens a forward; the
+runtime takes it from there (runtime/library_gemm.py MIN_TOKENS) and batch_prefill below.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from kiln.runtime.contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY
+
+from .fuse_dequantize_matmul import is_call_tir_to
+
+_ASTYPE = tvm.ir.Op.get("relax.astype")
+ROWS_VAR = "seq_len"            # the spec's name for a forward's tokens (compiler/spec.py)
+
+
+@tvm.transform.module_pass(opt_level=0, name="LibraryGEMM")
+class LibraryGEMM:  # pylint: disable=too-few-public-methods
+    """Route LIBRARY_GEMM_ENTRY's token matmuls to GEMM_PACKED_FUNC (see the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return _Rewriter(mod).run()
+
+
+def _dims(expr: relax.Expr):
+    shape = getattr(expr.ty, "shape", None)
+    return list(shape.values) if isinstance(shape, relax.ShapeExpr) else None
+
+
+def _token_rows(x: relax.Expr) -> bool:
+    """x is [1, seq_len, K] (or [seq_len, K]) with a static K."""
+    dims = _dims(x)
+    if dims is None or len(dims) not in (2, 3) or not isinstance(dims[-1], tirx.IntImm):
+        return False
+    rows = dims[-2]
+    return isinstance(rows, tirx.Var) and rows.name == ROWS_VAR and (len(dims) == 2 or int(dims[0]) == 1)
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.mod = mod
+
+    def run(self) -> tvm.IRModule:
+        for gv, func in self.mod.functions_items():
+            if isinstance(func, relax.Function) and gv.name_hint == LIBRARY_GEMM_ENTRY:
+                self.builder_.update_func(gv, relax.analysis.remove_all_unused(self.visit_expr(func)))
+        return self.builder_.finalize()
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        operands = self._match(call)
+        if operands is None:
+            return call
+        return relax.op.call_dps_packed(GEMM_PACKED_FUNC, relax.Tuple(list(operands)),
+                                        relax.TensorType(call.ty.shape, call.ty.dtype))
+
+    def _match(self, call: relax.Call):
+        """(x, w) of an NT matmul over the tokens whose result (cast back, if it sums in float32)
+        has x's and w's dtype; else None."""
+        matmul = call
+        if call.op == _ASTYPE and isinstance(call.args[0], relax.Var):
+            matmul = self.lookup_binding(call.args[0])
+        if not is_call_tir_to(matmul, "NT_matmul") or not isinstance(matmul.args[1], relax.Tuple):
+            return None
+        operands = list(matmul.args[1].fields)
+        if len(operands) != 2 or not _token_rows(operands[0]) or len(_dims(operands[1]) or ()) != 2:
+            return None
+        dtypes = {operands[0].ty.dtype, operands[1].ty.dtype, call.ty.dtype}
+        return operands if len(dtypes) == 1 else None
+
+
+__all__ = ["LibraryGEMM"]

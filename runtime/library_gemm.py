@@ -1,0 +1,56 @@
+"""kiln.gemm_nt: the device's BLAS for batch_prefill_gemm's token matmuls.
+
+compiler/passes/library_gemm.py routes the prompt's matmuls of that entry to GEMM_PACKED_FUNC:
+out = x @ w.T over x's last axis ([.., K]) and w [N, K], all one dtype. Here that is torch.matmul
+on the tensors' own memory (DLPack, no copies): cuBLAS on CUDA (float16 summed in float32 and
+rounded once, as kiln's matmuls sum; torch's reduced-precision float16 reductions are turned off
+at the first call), its BLAS on a CPU. torch shares CUDA's legacy default stream with TVM's
+launches, so the matmul runs between the kernels before and after it.
+
+The VM resolves the name when it loads a library that calls it: the runner registers it first
+(register), and takes the entry only where torch can run it (unusable says why not) and for
+forwards of MIN_TOKENS or more (the weight is dequantized to a float tensor on every call: ~11 ms
+a forward for an 8B model at 3 TB/s, which the BLAS wins back from a few hundred tokens).
+"""
+
+from __future__ import annotations
+
+from ._tvm import tvm_ffi
+from .contract import GEMM_PACKED_FUNC
+
+MIN_TOKENS = 256
+_TORCH_DEVICES = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda"}      # torch's name for the runtime's device
+
+
+def register() -> None:
+    """Make GEMM_PACKED_FUNC callable (once a process); torch is imported at its first call."""
+    if tvm_ffi.get_global_func(GEMM_PACKED_FUNC, allow_missing=True) is None:
+        tvm_ffi.register_global_func(GEMM_PACKED_FUNC, _gemm_nt)
+
+
+def unusable(device: str) -> str | None:
+    """None where torch runs matmuls on the runtime's `device` kind; else why not, in one line."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if device not in _TORCH_DEVICES:
+        return f"torch runs no matmuls on {device}"
+    if device == "cpu":
+        return None
+    gpu = torch.cuda.is_available() and bool(torch.version.hip) == (device == "rocm")
+    return None if gpu else f"this torch has no {device} support (torch {torch.__version__})"
+
+
+_configured = False
+
+
+def _gemm_nt(x, w, out) -> None:
+    global _configured
+    import torch
+    if not _configured:
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        _configured = True
+    tx, tw, to = torch.from_dlpack(x), torch.from_dlpack(w), torch.from_dlpack(out)
+    torch.matmul(tx.reshape(-1, tx.shape[-1]), tw.t(), out=to.view(-1, to.shape[-1]))

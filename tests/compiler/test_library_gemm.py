@@ -1,0 +1,88 @@
+"""batch_prefill_gemm: a profile's library_gemm builds batch_prefill again with the prompt's matmuls
+through the device's BLAS (compiler/passes/library_gemm.py, runtime/library_gemm.py).
+
+On this CPU the same path runs on torch's CPU matmul: the tiny Llama compiled with library_gemm has
+the entry, its token matmuls (4 a layer, not the logits') call kiln.gemm_nt, the runner takes it
+from MIN_TOKENS tokens a forward, and its logits are batch_prefill's up to summation order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kiln import targets
+from kiln.runtime import Artifact, library_gemm
+from kiln.runtime.contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY
+from kiln.runtime.model_runner import ModelRunner
+
+LAYERS = 2
+PROMPTS = [list(range(3, 70)), list(range(5, 40))]
+
+
+@pytest.fixture(scope="module")
+def gemm_calls():
+    """Every kiln.gemm_nt call of this module's runners, counted (registered before the runtime's)."""
+    import tvm
+    calls = []
+    if tvm.get_global_func(GEMM_PACKED_FUNC, allow_missing=True) is not None:
+        pytest.skip(f"{GEMM_PACKED_FUNC} is registered already in this process")
+
+    def counted(x, w, out):
+        calls.append(tuple(w.shape))
+        library_gemm._gemm_nt(x, w, out)
+
+    tvm.register_global_func(GEMM_PACKED_FUNC, counted)
+    yield calls
+
+
+@pytest.fixture(scope="module", params=["q4f16", "q0f32"])
+def gemm_artifact(request, tiny_dirs, tmp_path_factory, gemm_calls):
+    import kiln
+    make = targets._PROFILES["cpu"]
+    targets._PROFILES["cpu"] = lambda: dataclasses.replace(make(), library_gemm=True)
+    try:
+        return kiln.compile(str(tiny_dirs["untied"]), target="cpu", quant=request.param, golden=False,
+                            output=tmp_path_factory.mktemp("gemm") / request.param)
+    finally:
+        targets._PROFILES["cpu"] = make
+
+
+def _prefill(runner: ModelRunner) -> np.ndarray:
+    ids = [0, 1]
+    for i in ids:
+        runner.add_sequence(i)
+    try:
+        return runner.prefill(ids, PROMPTS)
+    finally:
+        for i in ids:
+            runner.remove_sequence(i)
+
+
+def test_long_forwards_take_the_blas_entry_with_batch_prefills_logits(gemm_artifact, gemm_calls, monkeypatch):
+    runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4)
+    assert LIBRARY_GEMM_ENTRY in runner.artifact.config.entry_functions and runner.gemm_unusable is None
+    tokens = sum(map(len, PROMPTS))
+    monkeypatch.setattr(library_gemm, "MIN_TOKENS", tokens + 1)
+    del gemm_calls[:]
+    plain = _prefill(runner)                                   # one token short: batch_prefill
+    assert gemm_calls == []
+    monkeypatch.setattr(library_gemm, "MIN_TOKENS", tokens)
+    routed = _prefill(runner)
+    # qkv, o, gate-up and down of each layer; not the logits of the gathered positions.
+    assert len(gemm_calls) == 4 * LAYERS and all(rows != runner.vocab_size for rows, _ in gemm_calls)
+    tol = 1e-5 if "q0f32" in gemm_artifact.name else 5e-3          # float16 activations: rounding order
+    np.testing.assert_allclose(routed, plain, atol=tol * np.abs(plain).max(), rtol=0)
+    assert (routed.argmax(-1) == plain.argmax(-1)).all()
+
+
+def test_artifacts_without_the_entry_never_take_it(tiny_artifacts):
+    runner = ModelRunner(Artifact.load(tiny_artifacts["untied"]))
+    assert runner.gemm_unusable == "not in this artifact" and LIBRARY_GEMM_ENTRY not in runner._fn
+
+
+def test_unusable_says_why():
+    assert library_gemm.unusable("cpu") is None
+    assert "metal" in library_gemm.unusable("metal")
