@@ -811,11 +811,39 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base") -> dic
         key = f"prefill {rows} x {args.prompt_len} kernels"
         result[key] = prefill_kernel_times(art, rows, args, runner)
         print(f"8b {key}", json.dumps(result[key]), flush=True)
+    if runner.gemm_unusable is None:
+        result["library gemm crossover"] = gemm_crossover(runner, args)
+        print("8b library gemm crossover", json.dumps(result["library gemm crossover"]), flush=True)
     del runner
     gc.collect()
     if torch_too:
         result["torch fp16 static"] = torch8b(args)
     return result
+
+
+def gemm_crossover(runner, args, batches=(1, 2, 4, 16)) -> dict:
+    """Prefill ms of `batch` --prompt-len prompts through batch_prefill and through the library GEMM
+    entry (runtime/library_gemm.py MIN_TOKENS moved either way), the median of 3 each: where the
+    BLAS starts to pay, i.e. what MIN_TOKENS should be."""
+    import statistics
+
+    from kiln.runtime import library_gemm
+    shipped, rows = library_gemm.MIN_TOKENS, {}
+    try:
+        for b in (b for b in batches if b <= runner.max_num_seqs):
+            for label, least in (("tvm_ms", 10 ** 9), ("gemm_ms", 1)):
+                library_gemm.MIN_TOKENS = least
+                times = []
+                for _ in range(4):                               # the first warms up
+                    t = time.perf_counter()
+                    ids = _prefill(runner, b, args)              # returns once the logits are back
+                    times.append(time.perf_counter() - t)
+                    for i in ids:
+                        runner.remove_sequence(i)
+                rows.setdefault(f"{b} x {args.prompt_len}", {})[label] = round(statistics.median(times[1:]) * 1e3, 2)
+    finally:
+        library_gemm.MIN_TOKENS = shipped
+    return rows
 
 
 def compare_logits(out: Path, tag: str, reference: str = "base") -> dict:
