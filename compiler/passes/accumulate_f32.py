@@ -24,6 +24,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from . import rewrite_functions
+
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 F16, F32 = "float16", "float32"
@@ -51,10 +53,7 @@ class _Rewriter(PyExprMutator):
         self.changed = False
 
     def run(self) -> tvm.IRModule:
-        for gv, func in self.mod.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, relax.analysis.remove_all_unused(self.visit_expr(func)))
-        return self.builder_.finalize()
+        return rewrite_functions(self, self.mod, prune=True)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)

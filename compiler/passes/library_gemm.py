@@ -32,6 +32,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from kiln.runtime.contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY
 
+from . import rewrite_functions
 from .fuse_dequantize_matmul import is_call_tir_to
 
 _ASTYPE = tvm.ir.Op.get("relax.astype")
@@ -43,7 +44,7 @@ class LibraryGEMM:  # pylint: disable=too-few-public-methods
     """Route LIBRARY_GEMM_ENTRY's token matmuls to GEMM_PACKED_FUNC (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _Rewriter(mod).run()
+        return rewrite_functions(_Rewriter(mod), mod, only=LIBRARY_GEMM_ENTRY, prune=True)
 
 
 def _dims(expr: relax.Expr):
@@ -62,16 +63,6 @@ def _token_rows(x: relax.Expr) -> bool:
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule) -> None:
-        super().__init__(mod)
-        self.mod = mod
-
-    def run(self) -> tvm.IRModule:
-        for gv, func in self.mod.functions_items():
-            if isinstance(func, relax.Function) and gv.name_hint == LIBRARY_GEMM_ENTRY:
-                self.builder_.update_func(gv, relax.analysis.remove_all_unused(self.visit_expr(func)))
-        return self.builder_.finalize()
-
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         operands = self._match(call)

@@ -23,6 +23,8 @@ import tvm
 from tvm import relax, te, tirx, topi
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from kiln.compiler.passes import rewrite_functions
+
 _SILU = tvm.ir.Op.get("relax.nn.silu")
 _SIGMOID = tvm.ir.Op.get("relax.sigmoid")
 
@@ -44,21 +46,11 @@ class FastSiLU:
     """Replace float32 ``silu`` / ``sigmoid`` calls with fast-exp TE kernels."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return _Rewriter(mod).run()
+        return rewrite_functions(_Rewriter(mod), mod)
 
 
 @mutator
 class _Rewriter(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule) -> None:
-        super().__init__(mod)
-        self.mod = mod
-
-    def run(self) -> tvm.IRModule:
-        for gv, func in self.mod.functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.finalize()
-
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
         if not (call.op.same_as(_SILU) or call.op.same_as(_SIGMOID)):
