@@ -773,8 +773,9 @@ def prep8b(args) -> dict:
 
 def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base") -> dict:
     """Batch-1 decode against the floor (and its slowest kernels), 16 x 128 prefill and batch-64 decode,
-    beside transformers fp16 with a static cache on the same checkpoint. The first decode step's
-    logits at each batch go to --out/8b-logits-<tag>.npz (compare_logits: one build against another)."""
+    beside transformers fp16 with a static cache on the same checkpoint. The prefill's last-token
+    logits and the first decode step's at each batch go to --out/8b-logits-<tag>.npz
+    (compare_logits: one build against another)."""
     import gc
 
     bw = copy_bandwidth_gbs(args.device)
@@ -784,8 +785,11 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base") -> dic
     batches = [2] if args.quick else [16, 64]
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
     logits = {}
-    for b in (1, *batches):
-        ids = _prefill(runner, b, args)
+    for b in (1, *batches):                 # 16 x 128 and 64 x 128: the library GEMM prefill, where built
+        ids = list(range(b))
+        for i in ids:
+            runner.add_sequence(i)
+        logits[f"prefill {b}"] = runner.prefill(ids, _prompts(ids, args))
         logits[f"batch {b}"] = runner.decode(ids, [5] * b)
         for i in ids:
             runner.remove_sequence(i)
@@ -847,9 +851,9 @@ def gemm_crossover(runner, args, batches=(1, 2, 4, 16)) -> dict:
 
 
 def compare_logits(out: Path, tag: str, reference: str = "base") -> dict:
-    """How far one 8B build's first-step logits (measure8b's npz) are from another's, per batch: the
-    largest difference and the rows whose argmax differs (float32 summation order moves logits
-    by ~1e-3; a wrong kernel by far more)."""
+    """How far one 8B build's prefill and first-step logits (measure8b's npz) are from another's, per
+    batch: the largest difference and the rows whose argmax differs (float32 summation order moves
+    logits by ~1e-3; a wrong kernel by far more)."""
     a, b = np.load(out / f"8b-logits-{tag}.npz"), np.load(out / f"8b-logits-{reference}.npz")
     return {k: {"max_diff": float(np.abs(a[k] - b[k]).max()),
                 "argmax_differs": int((a[k].argmax(-1) != b[k].argmax(-1)).sum()), "rows": len(a[k])}
