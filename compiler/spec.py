@@ -58,8 +58,7 @@ def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str, 
 # Entry functions whose output TVM may size at the bound: all but batch_verify, whose output is
 # the logits at every position (a prefill chunk times the vocabulary at the bound).
 _BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", LIBRARY_GEMM_ENTRY, "batch_hidden", "batch_decode",
-                   "greedy_tokens",
-                  "sample_tokens")
+                   "greedy_tokens", "sample_tokens")
 
 
 def bound_shapes(mod, prefill_chunk: int, max_batch_size: int):

@@ -19,7 +19,7 @@ from ._tvm import tvm_ffi
 from .contract import GEMM_PACKED_FUNC
 
 MIN_TOKENS = 256
-_TORCH_DEVICES = {"cpu": "cpu", "cuda": "cuda", "rocm": "cuda"}      # torch's name for the runtime's device
+_TORCH_DEVICES = ("cpu", "cuda", "rocm")          # runtime device kinds torch's matmul runs on
 
 
 def register() -> None:

@@ -86,7 +86,7 @@ class TargetProfile:
     codes_by_bits: bool = False
     # Also build batch_prefill_gemm: batch_prefill with the prompt's matmuls through the device's BLAS
     # (compiler/passes/library_gemm.py; the runtime's is torch's, cuBLAS on CUDA), which the runner takes
-    # for forwards of LIBRARY_GEMM_MIN_TOKENS or more. Off until a GPU measures it.
+    # for forwards of runtime/library_gemm.py's MIN_TOKENS or more. Off until a GPU measures it.
     library_gemm: bool = False
     # On the profile of the machine running kiln (DEFAULT_TARGET): kiln's q4 planes of a float weight
     # [N, K] with the given scale dtype, the same bits as compiler/quant_pack's numpy search, faster

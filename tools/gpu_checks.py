@@ -771,19 +771,29 @@ def prep8b(args) -> dict:
     return result
 
 
-def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base") -> dict:
+def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: Path | None = None) -> dict:
     """Batch-1 decode against the floor (and its slowest kernels), 16 x 128 prefill and batch-64 decode,
     beside transformers fp16 with a static cache on the same checkpoint. The prefill's last-token
     logits and the first decode step's at each batch go to --out/8b-logits-<tag>.npz
-    (compare_logits: one build against another)."""
+    (compare_logits: one build against another; result["logits"] says it was written). `save`: the
+    result is rewritten there after each row (a process cut short or failing keeps what it measured)."""
     import gc
 
     bw = copy_bandwidth_gbs(args.device)
     floor = bw * 1e9 / weight_bytes(art)
     result = {"build": tag, "weight_gb": round(weight_bytes(art) / 1e9, 2), "copy_bandwidth_gbs": round(bw),
               "batch1_floor_tok_s": round(floor, 1)}
+
+    def record(key: str, value) -> None:
+        result[key] = value
+        print(f"8b {key}", json.dumps(value), flush=True)
+        if save is not None:
+            save.write_text(json.dumps(result, indent=1, default=str))
+
     batches = [2] if args.quick else [16, 64]
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
+    record("batch 1", kiln_bench(art, 1, args, runner))            # first: 128-token prefills, TVM's matmuls
+    record("batch1_pct_of_floor", round(100 * result["batch 1"]["decode_tok_s"] / floor, 1))
     logits = {}
     for b in (1, *batches):                 # 16 x 128 and 64 x 128: the library GEMM prefill, where built
         ids = list(range(b))
@@ -794,34 +804,26 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base") -> dic
         for i in ids:
             runner.remove_sequence(i)
     np.savez(Path(args.out) / f"8b-logits-{tag}.npz", **logits)
-    result["batch 1"] = kiln_bench(art, 1, args, runner)
-    result["batch1_pct_of_floor"] = round(100 * result["batch 1"]["decode_tok_s"] / floor, 1)
-    print("8b batch 1", json.dumps(result), flush=True)
+    record("logits", f"8b-logits-{tag}.npz")
     for b in batches:
-        result[f"batch {b}"] = kiln_bench(art, b, args, runner)
-        print(f"8b batch {b}", json.dumps(result[f"batch {b}"]), flush=True)
+        record(f"batch {b}", kiln_bench(art, b, args, runner))
     for b in (1, 16):
-        key = f"batch {b} decode kernels"
         if args.device == "cuda":
             ids = _prefill(runner, b, args)
-            result[key] = gpu_kernel_times(runner, ids)
+            record(f"batch {b} decode kernels", gpu_kernel_times(runner, ids))
             for i in ids:
                 runner.remove_sequence(i)
         else:
-            result[key] = kernel_profile(art, b, args)
-        print(f"8b {key}", json.dumps(result[key]), flush=True)
+            record(f"batch {b} decode kernels", kernel_profile(art, b, args))
     if args.device == "cuda":
         rows = 2 if args.quick else 16
-        key = f"prefill {rows} x {args.prompt_len} kernels"
-        result[key] = prefill_kernel_times(art, rows, args, runner)
-        print(f"8b {key}", json.dumps(result[key]), flush=True)
+        record(f"prefill {rows} x {args.prompt_len} kernels", prefill_kernel_times(art, rows, args, runner))
     if runner.gemm_unusable is None:
-        result["library gemm crossover"] = gemm_crossover(runner, args)
-        print("8b library gemm crossover", json.dumps(result["library gemm crossover"]), flush=True)
+        record("library gemm crossover", gemm_crossover(runner, args))
     del runner
     gc.collect()
     if torch_too:
-        result["torch fp16 static"] = torch8b(args)
+        record("torch fp16 static", torch8b(args))
     return result
 
 
@@ -863,7 +865,8 @@ def compare_logits(out: Path, tag: str, reference: str = "base") -> dict:
 def measure8b_cmd(args) -> dict:
     """measure8b of --artifact (its build named --tag), without transformers: how `all` measures a
     build whose kernels have never run, in a process of its own."""
-    return measure8b(Path(args.artifact), args, torch_too=False, tag=args.tag)
+    return measure8b(Path(args.artifact), args, torch_too=False, tag=args.tag,
+                     save=Path(args.out) / f"{args.json_name or args.command}.json")
 
 
 def apart(args, command: str, seconds: float, name: str | None = None, extra: tuple[str, ...] = ()) -> dict:
@@ -1009,11 +1012,11 @@ def run_all(args) -> dict:
         cand = step(f"llama3-8b-arch q4f16 {CANDIDATE}", 90, lambda: apart(
             args, "measure8b", min(240.0, max(60.0, deadline - time.monotonic() - 60)), f"measure8b-{CANDIDATE}",
             ("--artifact", prep[CANDIDATE]["artifact"], "--tag", CANDIDATE)))
-        measured += [CANDIDATE] * ("batch 1" in cand)
+        measured += [CANDIDATE] * ("logits" in cand)
     if "artifact" in prep:
         step("llama3-8b-arch transformers fp16 static", 120, lambda: torch8b(args))
         base = step("llama3-8b-arch q4f16", 90, lambda: measure8b(Path(prep["artifact"]), args, torch_too=False))
-        measured += ["base"] * ("batch 1" in base)
+        measured += ["base"] * ("logits" in base)
     if measured == [CANDIDATE, "base"]:
         step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(out, CANDIDATE))
 
