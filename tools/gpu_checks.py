@@ -1080,6 +1080,8 @@ def main() -> None:
     ap.add_argument("--tag", default="base", help="measure8b: the build's name in its results [base]")
     ap.add_argument("--json-name", help="the result's file name in --out, without .json [the command's]")
     args = ap.parse_args()
+    if args.command == "measure8b" and not args.artifact:
+        ap.error("measure8b measures an artifact: pass --artifact DIR (an 8B q4f16 artifact, e.g. prep8b's)")
     if args.quick:
         args.prompt_len, args.gen_len, args.runs = min(args.prompt_len, 16), min(args.gen_len, 8), 1
     Path(args.out).mkdir(parents=True, exist_ok=True)
