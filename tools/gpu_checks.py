@@ -79,6 +79,17 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # q4gemv with tcgroup, is left to follow from those two.) "attn64": the decode attention splits a
 # sequence between work-groups from 64 tokens a share (targets/decode_attention.py MIN_SPLIT, 256
 # shipped): at batch 1 and 256 tokens 32 work-groups rather than the 8B's 8 (8 us a call, 2026-11-27).
+# "nographs": the CUDA presets without the CUDA graphs (every kernel launched from the host, as the
+# attention's already are): wall against busy time beside base's says what the graphs and the
+# switches between a graph and the host-launched attention kernels cost a layer (the 0.45 ms a step
+# the 8B's batch-1 decode spends beyond the GPU's busy time, 2026-11-27).
+
+
+def _phases_without_graphs(profile, phase: str) -> list:
+    from kiln.targets.gpu import gpu_phase_passes
+    return gpu_phase_passes(profile, phase)
+
+
 _TC = {"warp_rows": 2, "warp_cols": 2}
 _TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
 SPLIT_BLOCKS = 1024
@@ -98,7 +109,8 @@ VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_block
             "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
             "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
             "tcsplit": {"tc": {**_TC_GROUP, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
-            "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)}}
+            "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)},
+            "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)}}
 CANDIDATE = "candidate"
 
 
@@ -526,14 +538,26 @@ def variants(args, deadline: float | None = None) -> dict:
     same weights in each: per decode step at VARIANT_BATCHES sequences, the GPU time of the matmul
     kernels, the busy and wall time (CUPTI; on a CPU the step time), and the largest logit
     difference from `base` (a wrong schedule shows here, not only in the timing). variants.json is
-    rewritten after each variant (a run cut short keeps the ones done); by default within --budget."""
+    rewritten after each variant (a run cut short keeps the ones done); by default within --budget.
+    The variants measured (and base's logits) are kept in --work: run again on the same machine, it
+    measures only the others."""
     import gc
+
+    import kiln
     if deadline is None:
         deadline = time.monotonic() + args.budget
     src, _ = llama8b_checkpoint(args, layers=VARIANT_LAYERS)
     batches = (1, 2) if args.quick else VARIANT_BATCHES
-    result, reference = {}, {}
+    kept, logits_file = Path(args.work) / "variants-state.json", Path(args.work) / "variants-base-logits.npz"
+    state = json.loads(kept.read_text()) if kept.is_file() else {}
+    if state.get("fingerprint") != kiln.compiler_fingerprint() or state.get("quick") != args.quick:
+        state = {}
+    result = {v: rows for v, rows in state.get("variants", {}).items() if "skipped" not in rows}
+    reference = {int(k): v for k, v in np.load(logits_file).items()} if result and logits_file.is_file() else {}
     for variant, spec in VARIANTS.items():
+        if variant in result and (reference or variant != "base"):
+            print(variant, "measured by an earlier call", flush=True)
+            continue
         if deadline is not None and time.monotonic() > deadline - 45:
             result[variant] = {"skipped": "out of time"}
             continue
@@ -545,8 +569,9 @@ def variants(args, deadline: float | None = None) -> dict:
             t = time.perf_counter()
             ids = _prefill(runner, b, args)
             logits = runner.decode(ids, [5] * b)
-            reference.setdefault(b, logits)
-            row = {"max_diff_vs_base": float(np.abs(logits - reference[b]).max())}
+            if variant == "base":
+                reference[b] = logits
+            row = {"max_diff_vs_base": float(np.abs(logits - reference[b]).max()) if b in reference else None}
             if args.device == "cuda":
                 times = gpu_kernel_times(runner, ids, top=4)
                 row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "attention_ms", "kernels")})
@@ -561,7 +586,11 @@ def variants(args, deadline: float | None = None) -> dict:
         gc.collect()
         result[variant] = rows
         shutil.rmtree(art, ignore_errors=True)
+        if variant == "base":
+            np.savez(logits_file, **{str(b): v for b, v in reference.items()})
         (Path(args.out) / "variants.json").write_text(json.dumps(result, indent=1, default=str))
+        kept.write_text(json.dumps({"fingerprint": kiln.compiler_fingerprint(), "quick": args.quick,
+                                    "variants": result}, default=str))
     return result
 
 
@@ -774,8 +803,9 @@ def prep8b(args) -> dict:
 def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: Path | None = None) -> dict:
     """Batch-1 decode against the floor (and its slowest kernels), 16 x 128 prefill and batch-64 decode,
     beside transformers fp16 with a static cache on the same checkpoint. The prefill's last-token
-    logits and the first decode step's at each batch go to --out/8b-logits-<tag>.npz
-    (compare_logits: one build against another; result["logits"] says it was written). `save`: the
+    logits and the first decode step's at each batch go to --work/8b-logits-<tag>.npz (kept between
+    `all` calls on a warm machine; compare_logits: one build against another; result["logits"] says
+    it was written). `save`: the
     result is rewritten there after each row (a process cut short or failing keeps what it measured)."""
     import gc
 
@@ -794,6 +824,8 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
     record("batch 1", kiln_bench(art, 1, args, runner))            # first: 128-token prefills, TVM's matmuls
     record("batch1_pct_of_floor", round(100 * result["batch 1"]["decode_tok_s"] / floor, 1))
+    if runner.gemm_unusable is None:          # before any row whose prefill takes it
+        record("library gemm probe", gemm_probe(runner, args))
     logits = {}
     for b in (1, *batches):                 # 16 x 128 and 64 x 128: the library GEMM prefill, where built
         ids = list(range(b))
@@ -803,7 +835,7 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
         logits[f"batch {b}"] = runner.decode(ids, [5] * b)
         for i in ids:
             runner.remove_sequence(i)
-    np.savez(Path(args.out) / f"8b-logits-{tag}.npz", **logits)
+    np.savez(Path(args.work) / f"8b-logits-{tag}.npz", **logits)
     record("logits", f"8b-logits-{tag}.npz")
     for b in batches:
         record(f"batch {b}", kiln_bench(art, b, args, runner))
@@ -825,6 +857,34 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     if torch_too:
         record("torch fp16 static", torch8b(args))
     return result
+
+
+def gemm_probe(runner, args) -> dict:
+    """One prefill of MIN_TOKENS tokens through batch_prefill, then through the library GEMM entry
+    (never run on a GPU before 2026-11-27): their last-token logits compared. Should the GEMM path
+    raise, the runner drops that entry (gemm_unusable says why) and the rows after this one are
+    measured without it instead of lost."""
+    from kiln.runtime import library_gemm
+    from kiln.runtime.contract import LIBRARY_GEMM_ENTRY
+    prompt = list(range(3, 3 + library_gemm.MIN_TOKENS))          # one sequence, one forward
+    shipped, logits = library_gemm.MIN_TOKENS, {}
+    try:
+        for label, least in (("tvm", 10 ** 9), ("gemm", 1)):
+            library_gemm.MIN_TOKENS = least
+            runner.add_sequence(0)
+            try:
+                logits[label] = runner.prefill([0], [prompt])
+            finally:
+                runner.remove_sequence(0)
+    except Exception as e:  # noqa: BLE001 - the rows after this one go on through batch_prefill
+        runner._fn.pop(LIBRARY_GEMM_ENTRY, None)
+        runner.gemm_unusable = f"the probe failed: {type(e).__name__}: {e}"[:300]
+        return {"error": runner.gemm_unusable}
+    finally:
+        library_gemm.MIN_TOKENS = shipped
+    diff = np.abs(logits["gemm"] - logits["tvm"])
+    return {"tokens": len(prompt), "max_diff": float(diff.max()),
+            "argmax_differs": int((logits["gemm"].argmax(-1) != logits["tvm"].argmax(-1)).sum())}
 
 
 def gemm_crossover(runner, args, batches=(1, 2, 4, 16)) -> dict:
@@ -852,11 +912,11 @@ def gemm_crossover(runner, args, batches=(1, 2, 4, 16)) -> dict:
     return rows
 
 
-def compare_logits(out: Path, tag: str, reference: str = "base") -> dict:
-    """How far one 8B build's prefill and first-step logits (measure8b's npz) are from another's, per
-    batch: the largest difference and the rows whose argmax differs (float32 summation order moves
-    logits by ~1e-3; a wrong kernel by far more)."""
-    a, b = np.load(out / f"8b-logits-{tag}.npz"), np.load(out / f"8b-logits-{reference}.npz")
+def compare_logits(work: Path, tag: str, reference: str = "base") -> dict:
+    """How far one 8B build's prefill and first-step logits (measure8b's npz in --work) are from
+    another's, per batch: the largest difference and the rows whose argmax differs (float32
+    summation order moves logits by ~1e-3; a wrong kernel by far more)."""
+    a, b = np.load(work / f"8b-logits-{tag}.npz"), np.load(work / f"8b-logits-{reference}.npz")
     return {k: {"max_diff": float(np.abs(a[k] - b[k]).max()),
                 "argmax_differs": int((a[k].argmax(-1) != b[k].argmax(-1)).sum()), "rows": len(a[k])}
             for k in a.files if k in b.files}
@@ -918,19 +978,51 @@ def bench8b(args) -> dict:
 
 # ----------------------------------------------------------------------------- all, within a budget
 
+ALL_STATE = "all-state.json"        # in --work: the steps an earlier `all` call on this machine finished
+
+
+def _earlier_steps(args) -> dict:
+    """The steps a previous `all` call left in --work (same kiln sources, same --quick), finished
+    ones only: a second call on a warm machine goes on from there instead of measuring them again."""
+    import kiln
+    path = Path(args.work) / ALL_STATE
+    if not path.is_file():
+        return {}
+    state = json.loads(path.read_text())
+    if state.get("fingerprint") != kiln.compiler_fingerprint() or state.get("quick") != args.quick:
+        return {}
+    return {k: v for k, v in state["steps"].items() if not _unfinished(v)}
+
+
+def _unfinished(step) -> bool:
+    """A step (or one of its parts: a variant) skipped for lack of time, or failed."""
+    if not isinstance(step, dict):
+        return False
+    return "skipped" in step or "error" in step or any(isinstance(v, dict) and "skipped" in v for v in step.values())
+
+
 def run_all(args) -> dict:
     """Every figure the issue's done-when names, the most telling first, inside --budget seconds; the
     8B checkpoint and compile run meanwhile in a second process on the cores the first leaves free.
-    all.json is rewritten after every step, so a run cut short still brings back what it measured."""
-    out, result = Path(args.out), {}
+    all.json is rewritten after every step, so a run cut short still brings back what it measured;
+    --work/all-state.json keeps the finished steps, so `all` called again on the same (warm) machine
+    runs only what the first call did not reach (its all.json holds both calls' steps)."""
+    import kiln
+    out, work, result = Path(args.out), Path(args.work), {}
+    earlier = _earlier_steps(args)
     deadline = time.monotonic() + args.budget
 
     def save() -> None:
         (out / "all.json").write_text(json.dumps(result, indent=1, default=str))
+        (work / ALL_STATE).write_text(json.dumps({"fingerprint": kiln.compiler_fingerprint(), "quick": args.quick,
+                                                  "steps": {**earlier, **result}}, default=str))
 
     def step(name: str, need_s: float, fn):
         left = deadline - time.monotonic()
-        if left < need_s:
+        if name in earlier:
+            result[name] = earlier[name]
+            print(f"[an earlier call] {name}", flush=True)
+        elif left < need_s:
             result[name] = {"skipped": f"{left:.0f} s left, it needs about {need_s:.0f}"}
         else:
             t = time.perf_counter()
@@ -946,21 +1038,19 @@ def run_all(args) -> dict:
         return result[name]
 
     cores = sorted(os.sched_getaffinity(0))
-    mine, theirs = cores[:4], cores[4:] or cores
-    os.sched_setaffinity(0, mine)
-    child_args = [sys.executable, "-P", str(Path(__file__).resolve()), "prep8b", "--out", str(out),
-                  "--work", args.work, "--target", args.target, "--device", args.device] + (["--quick"] * args.quick)
-    with (out / "prep8b.log").open("w") as log:
-        child = subprocess.Popen(child_args, stdout=log, stderr=subprocess.STDOUT,
-                                 preexec_fn=lambda: os.sched_setaffinity(0, theirs))
+    child = None
+    if "llama3-8b-arch compiled" not in earlier:
+        mine, theirs = cores[:4], cores[4:] or cores
+        os.sched_setaffinity(0, mine)
+        child_args = [sys.executable, "-P", str(Path(__file__).resolve()), "prep8b", "--out", str(out),
+                      "--work", args.work, "--target", args.target, "--device", args.device] + ["--quick"] * args.quick
+        with (out / "prep8b.log").open("w") as log:
+            child = subprocess.Popen(child_args, stdout=log, stderr=subprocess.STDOUT,
+                                     preexec_fn=lambda: os.sched_setaffinity(0, theirs))
     import torch
     src = smollm2_gguf()
     batches = [1, 4] if args.quick else [1, 16, 64, 256]
     step("facts", 0, lambda: facts(args))
-    # First the kernel variants on 2 layers: which lever does what (tools/README.md); the whole 8B
-    # is measured below with what ships (base) and with CANDIDATE, the levers together.
-    share = time.monotonic() + min(args.budget * 0.35, 150)
-    step("low-batch variants", 60, lambda: apart(args, "variants", min(share, deadline) - time.monotonic()))
     # Weight conversions first (CPU), while the second process writes the 8B checkpoint from the GPU.
     arts = {}
     for quant in SMOLLM2_SCHEMES:
@@ -969,9 +1059,9 @@ def run_all(args) -> dict:
         arts[quant] = result[f"convert {quant}"]
 
     def checkpoint_written() -> dict:
-        while child.poll() is None and not (out / "prep8b.checkpoint").is_file():
+        while child is not None and child.poll() is None and not (out / "prep8b.checkpoint").is_file():
             time.sleep(1)
-        return {"returncode": child.poll(), "log": _tail(out / "prep8b.log", 2)}
+        return {"returncode": child.poll() if child else None, "log": _tail(out / "prep8b.log", 2)}
 
     step("8B checkpoint written", 0, checkpoint_written)
     bw = step("copy_bandwidth_gbs", 0, lambda: round(copy_bandwidth_gbs(args.device)))
@@ -991,8 +1081,6 @@ def run_all(args) -> dict:
     q4 = step("smollm2 q4f16 kiln", 60, smollm2_kiln)
     os.sched_setaffinity(0, cores)                      # the 8B steps may use every core once it is built
 
-    prep: dict = {}
-
     def prep8b_done() -> dict:
         left = deadline - time.monotonic()
         try:
@@ -1003,10 +1091,11 @@ def run_all(args) -> dict:
         prep_file = out / "prep8b.json"
         if child.returncode != 0 or not prep_file.is_file():
             return {"error": f"prep8b exited {child.returncode}", "log": _tail(out / "prep8b.log")}
-        prep.update(json.loads(prep_file.read_text()))
-        return prep
+        return json.loads(prep_file.read_text())
 
-    step("llama3-8b-arch compiled", 120, prep8b_done)
+    prep = step("llama3-8b-arch compiled", 120, prep8b_done)
+    # The done-when's 8B figures: what would ship (CANDIDATE), transformers on the same checkpoint,
+    # then what ships now (base), in that order, so that a call cut short has the first two.
     measured = []
     if CANDIDATE in prep:           # its kernels have not run on a GPU before: in a process of its own
         cand = step(f"llama3-8b-arch q4f16 {CANDIDATE}", 90, lambda: apart(
@@ -1018,7 +1107,7 @@ def run_all(args) -> dict:
         base = step("llama3-8b-arch q4f16", 90, lambda: measure8b(Path(prep["artifact"]), args, torch_too=False))
         measured += ["base"] * ("logits" in base)
     if measured == [CANDIDATE, "base"]:
-        step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(out, CANDIDATE))
+        step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(work, CANDIDATE))
 
     def smollm2_torch() -> dict:
         model = transformers_model(src, torch.float16, args.device)
@@ -1027,24 +1116,25 @@ def run_all(args) -> dict:
     step("smollm2 torch fp16 static", 90, smollm2_torch)
     refs = []
 
-    def numerics_q0f16() -> dict:
-        refs.extend(references(src, args))
-        return scheme_numerics(src, "q0f16", tuple(refs), args, arts.get("q0f16"))
+    def scheme(quant: str) -> dict:
+        if not refs:                                    # transformers fp32 and fp16, once a call
+            refs.extend(references(src, args))
+        return scheme_numerics(src, quant, tuple(refs), args, arts.get(quant))
 
-    step("numerics q0f16", 60, numerics_q0f16)
+    step("numerics q0f16", 60, lambda: scheme("q0f16"))
     if "artifact" in q4:
         # After the 8B steps: an Engine sizes its KV cache from most of the GPU's free memory.
         step("serving limits", 20, lambda: serving_limits(Path(q4["artifact"])))
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
                                             for b in dict.fromkeys((batches[0], *batches[-2:]))})
-    if refs:
-        for quant in ("as-stored", "as-stored-f16"):
-            step(f"numerics {quant}", 45,
-                 lambda quant=quant: scheme_numerics(src, quant, tuple(refs), args, arts.get(quant)))
-    refs.clear()
-    if not args.quick:
+    if not args.quick:              # the candidate's kernels against numpy: part of adopting it
         step("gpu tests", 120, lambda: gpu_tests(args))
-    if child.poll() is None:
+    # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
+    step("low-batch variants", 60, lambda: apart(args, "variants", deadline - time.monotonic() - 20))
+    for quant in ("as-stored", "as-stored-f16"):
+        step(f"numerics {quant}", 45, lambda quant=quant: scheme(quant))
+    refs.clear()
+    if child is not None and child.poll() is None:
         child.kill()
     return result
 
