@@ -4,7 +4,9 @@ Both: embeddings scaled by sqrt(hidden), RMSNorm as x/rms * (1 + w), tanh-GELU g
 and after attention and MLP, softmax scale query_pre_attn_scalar ** -0.5, a tied head, and layers
 that alternate sliding-window and global attention (`layer_types`, else the family's pattern).
 Gemma 2 soft-caps the final logits and the attention scores (the latter inside the target's
-attention kernels: kiln's CPU kernels do; other targets refuse the model, see TargetProfile.attn_softcap).
+attention kernels: kiln's take the cap, TVM's get it written into their score store,
+targets/attention_softcap.py; a target whose kernels could not refuses the model,
+TargetProfile.attn_softcap).
 Gemma 3 drops soft-capping for a per-head QK norm, and gives sliding layers their own RoPE base
 (`rope_local_base_freq`) while global layers may scale theirs: RoPE is then applied in the graph.
 """

@@ -74,7 +74,10 @@ class SlotWalk:
     `warps` x `per_warp` slots, each a row's `lanes` threads of `vec` values, walking its own share
     of the keys `unroll` at a time with its own online softmax over the `group` query heads."""
 
-    def __init__(self, h_kv: int, h_qo: int, d: int, dtype: str, warps: int, unroll: int) -> None:
+    def __init__(self, h_kv: int, h_qo: int, d: int, dtype: str, warps: int, unroll: int,
+                 softcap: float | None = None) -> None:
+        """`softcap`: each score s (scaled, in the log2 domain) becomes C tanh(s / C), C = softcap *
+        log2(e): Gemma 2's c tanh(x / c) of the natural-log score."""
         if h_qo % h_kv:
             raise ValueError(f"{h_qo} query heads over {h_kv} KV heads")
         self.group = group = h_qo // h_kv
@@ -86,13 +89,17 @@ class SlotWalk:
         self.slots, self.threads = self.per_warp * warps, WARP * warps
         self.step_tokens = self.slots * unroll             # keys the work-group reads per iteration
         slots, threads = self.slots, self.threads
+        cap = None if softcap is None else T.float32(softcap * LOG2E)
+
+        def score(summed):
+            return summed if cap is None else cap * T.tanh(summed / cap)
 
         @T.macro
         def step(q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max, first, bound, tx):
             """Keys first + u * slots (u < unroll, those below `bound`), loaded into k_rows / v_rows:
             their scores (each lane's part of the dot product summed over the row's lanes; serial
-            loops: TVM lowers one allreduce per statement, nvcc unrolls them), then the slot's
-            online softmax."""
+            loops: TVM lowers one allreduce per statement, nvcc unrolls them; soft-capped if asked),
+            then the slot's online softmax."""
             for u in T.serial(unroll):
                 for i in T.serial(group):
                     part[0] = T.float32(0)
@@ -103,7 +110,7 @@ class SlotWalk:
                         T.writes(summed[0])
                         T.attr(T.comm_reducer(lambda a, b: a + b, [T.float32(0)]), "reduce_scope", T.int32(0))
                         T.tvm_thread_allreduce(T.uint32(1), part[0], True, summed[0], tx, dtype="void")
-                    scores[u, i] = summed[0]
+                    scores[u, i] = score(summed[0])
             for i in T.unroll(group):
                 new_max[0] = run_max[i]
                 for u in T.unroll(unroll):
@@ -147,12 +154,14 @@ class SlotWalk:
 
 
 def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, sliding_window: bool = False,
-                     warps: int = 8, unroll: int = 4, splits: int | None = None) -> tirx.PrimFunc:
+                     warps: int = 8, unroll: int = 4, splits: int | None = None,
+                     softcap: float | None = None) -> tirx.PrimFunc:
     """The decode kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d` in `page_size`
     pages of `dtype`; `warps` per work-group, `unroll` tokens a slot loads at once. `splits`: how many
     work-groups share a sequence; None: chosen at each call from the batch and the pages it holds
-    (split_count). ValueError when a token's row does not split into 16-byte lanes that tile a warp."""
-    walk = SlotWalk(h_kv, h_qo, d, dtype, warps, unroll)
+    (split_count). `softcap`: scores soft-capped (Gemma 2; SlotWalk). ValueError when a token's row
+    does not split into 16-byte lanes that tile a warp."""
+    walk = SlotWalk(h_kv, h_qo, d, dtype, warps, unroll, softcap)
     group = walk.group
     vec, lanes, per_warp, slots, threads = walk.vec, walk.lanes, walk.per_warp, walk.slots, walk.threads
     step = walk.step_tokens
@@ -337,8 +346,9 @@ def split_count(batch, pages, h_kv: int, page_size: int):
 _DECODE = {"batch_decode_paged_kv": False, "batch_decode_paged_kv_sliding_window": True}
 
 
-def replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
-    """kiln's kernel for TVM's decode kernel `name` (same shapes, read off its buffers), or None."""
+def replacement(name: str, func: tirx.PrimFunc, softcap: float | None = None) -> tirx.PrimFunc | None:
+    """kiln's kernel for TVM's decode kernel `name` (same shapes, read off its buffers; scores
+    soft-capped at `softcap`), or None."""
     if name not in _DECODE:
         return None
     q, pages = func.params[0], func.params[1]          # TVM 0.27: buffer params carry shape and dtype
@@ -346,7 +356,7 @@ def replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     _, _, h_kv, page_size, _ = pages.shape
     try:
         return decode_attention(int(h_kv), int(h_qo), int(d), str(q.dtype), int(page_size),
-                                sliding_window=_DECODE[name])
+                                sliding_window=_DECODE[name], softcap=softcap)
     except ValueError:
         return None
 

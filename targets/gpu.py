@@ -19,6 +19,7 @@ from tvm.s_tir import dlight as dl
 from tvm.s_tir.dlight.gpu import matmul as _dlight_matmul
 
 from .add_rms_norm import match_add_norm
+from .attention_softcap import SoftcapTVMAttention
 from .kiln_attention import UseKilnAttention
 from .narrow_tiles import NarrowTensorCoreMatmul
 from .row_dispatch import dispatch_on_rows, is_scheduled, one_row, output_rows, over_params
@@ -321,6 +322,7 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     passes = [LowBatchGEMV(narrow_index=narrow_index), WorkspaceOutputs(),
               dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
     kind = profile.target.get("kind")
+    passes.insert(0, SoftcapTVMAttention())         # Gemma 2: TVM's kernels that stay cap their scores
     if kind in DECODE_ATTENTION_KINDS or kind in PREFILL_ATTENTION_KINDS:
         passes.insert(0, UseKilnAttention(kind in DECODE_ATTENTION_KINDS, kind in PREFILL_ATTENTION_KINDS))
     if not tensorize_works():

@@ -9,7 +9,9 @@ before attention (so a kernel may ignore rotary_mode), this pass replaces:
   (new tokens over a sequence's cached pages) with targets/prefill_attention.py's (TVM's ragged
   kernel took 0.71 ms a layer of the 8B's 16 x 128-token prefill).
 The sliding-window prefill stays TVM's. Nothing changes where the cache applies RoPE inside
-attention, or where there is no cache.
+attention, or where there is no cache. A model that soft-caps its attention scores (Gemma 2: the
+module's SOFTCAP_ATTR) gets kernels built with that cap; SoftcapTVMAttention caps TVM's kernels
+that stay.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tvm
 from tvm import tirx
 
 from .cpu.attention_pass import rope_before_attention
-from .cpu.attention_softcap import KILN_KERNEL_ATTR
+from .attention_softcap import KILN_KERNEL_ATTR, module_softcap
 from .decode_attention import replacement as decode_replacement
 from .prefill_attention import prefill_replacement
 
@@ -31,10 +33,12 @@ class UseKilnAttention:
     def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         if not self.swaps or rope_before_attention(mod) is None:
             return mod
+        softcap = module_softcap(mod)
         mod = mod.clone()
         for gv, func in list(mod.functions_items()):
             if isinstance(func, tirx.PrimFunc):
-                new = next((n for n in (swap(gv.name_hint, func) for swap in self.swaps) if n is not None), None)
+                new = next((n for n in (swap(gv.name_hint, func, softcap) for swap in self.swaps)
+                            if n is not None), None)
                 if new is not None:
                     mod[gv] = new.with_attr(KILN_KERNEL_ATTR, True)
         return mod

@@ -35,11 +35,12 @@ SEARCH_STEPS = 31              # binary search for a token's sequence: any int32
 
 
 def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, unroll: int = 2,
-                      page_size: int | None = None) -> tirx.PrimFunc:
+                      page_size: int | None = None, softcap: float | None = None) -> tirx.PrimFunc:
     """The ragged prefill kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d` (with
-    `page_size`: the paged one); `warps` per work-group, `unroll` keys a slot loads at once.
-    ValueError when a row does not split into 16-byte lanes that tile a warp."""
-    walk = SlotWalk(h_kv, h_qo, d, dtype, warps, unroll)
+    `page_size`: the paged one); `warps` per work-group, `unroll` keys a slot loads at once;
+    `softcap`: scores soft-capped (Gemma 2; decode_attention.SlotWalk). ValueError when a row does
+    not split into 16-byte lanes that tile a warp."""
+    walk = SlotWalk(h_kv, h_qo, d, dtype, warps, unroll, softcap)
     group = walk.group
     vec, lanes, per_warp, slots = walk.vec, walk.lanes, walk.per_warp, walk.slots
 
@@ -200,9 +201,9 @@ def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, 
     return kernel
 
 
-def prefill_replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def prefill_replacement(name: str, func: tirx.PrimFunc, softcap: float | None = None) -> tirx.PrimFunc | None:
     """kiln's kernel for TVM's `batch_prefill_ragged_kv` or `batch_prefill_paged_kv` (shapes read
-    off its buffers), or None."""
+    off its buffers; scores soft-capped at `softcap`), or None."""
     if name not in ("batch_prefill_ragged_kv", "batch_prefill_paged_kv"):
         return None
     q = func.params[0]
@@ -219,6 +220,6 @@ def prefill_replacement(name: str, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
             return None
         page_size = int(page_size)
     try:
-        return prefill_attention(int(h_kv), int(h_qo), int(d), str(q.dtype), page_size=page_size)
+        return prefill_attention(int(h_kv), int(h_qo), int(d), str(q.dtype), page_size=page_size, softcap=softcap)
     except ValueError:
         return None

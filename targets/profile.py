@@ -68,7 +68,7 @@ class TargetProfile:
     export_format: str              # one of EXPORT_FORMATS
     runnable_here: bool             # False for cross targets (android, GPUs on a CPU machine)
     default_quant: str = "q4f16"    # `--quant auto` for float (Hugging Face) weights
-    attn_softcap: bool = False      # its attention kernels can soft-cap scores (module attr kiln_attn_logit_softcap)
+    attn_softcap: bool = True       # its attention kernels can soft-cap scores (module attr kiln_attn_logit_softcap)
     page_size: int = 16             # KV cache tokens per page
     prefill_chunk: int = 2048       # most tokens one prefill call takes
     max_batch_size: int = 32        # sequences one forward runs, unless `kiln compile --max-batch-size`

@@ -28,7 +28,7 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
     """The CPU's additions to each pipeline phase (compiler/pipeline.py says where they run)."""
     from .attention_pass import UseKilnCPUAttention
     from .attention_fix import FixTVMSlidingPrefill
-    from .attention_softcap import SoftcapTVMAttention
+    from ..attention_softcap import SoftcapTVMAttention
     from .fast_silu import FastSiLU
     from .low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
     if phase == "graph":
@@ -74,7 +74,7 @@ def _cpu(name: str, target: dict, export_format: str, runnable_here: bool, descr
     # q4f32: float32 compute is as fast as f16 on CPUs without f16 arithmetic, and exact-er.
     return TargetProfile(name=name, target=target, device="cpu", export_format=export_format,
                          runnable_here=runnable_here, default_quant="q4f32", phase_passes=_phase_passes,
-                         attn_softcap=True, tuning=_tuning, description=description, **extra)
+                         tuning=_tuning, description=description, **extra)
 
 
 def cpu_profile(num_cores: int | None = None) -> TargetProfile:

@@ -30,7 +30,7 @@ from tvm.relax.frontend.nn.llm.kv_cache import RopeMode
 from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
 
 from .attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
-from .attention_softcap import KILN_KERNEL_ATTR, module_softcap
+from ..attention_softcap import KILN_KERNEL_ATTR, module_softcap
 
 _CREATE = "vm.builtin.paged_attention_kv_cache_create"
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")

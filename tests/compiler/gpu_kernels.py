@@ -237,11 +237,16 @@ def kernel_chunk(source: str, name: str) -> str:
     raise ValueError(f"no section for {name}")
 
 
-def reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale, window=None):
+def soft_cap(s, softcap: float | None):
+    """Gemma 2's attention logit soft-cap, c tanh(s / c), on scaled scores (None: none)."""
+    return s if softcap is None else softcap * np.tanh(s / softcap)
+
+
+def reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale, window=None, softcap=None):
     """Decode attention over a paged KV cache, in numpy: (output [B, H, D], lse [B, H] base 2).
     `window`: (offsets, sinks) per sequence for the sliding-window kernels, which attend to the
-    first `sink` tokens and those from `offset` on. A sequence without tokens: output 0 and lse
-    -5e4, as TVM's kernels write them."""
+    first `sink` tokens and those from `offset` on; `softcap`: scores soft-capped. A sequence
+    without tokens: output 0 and lse -5e4, as TVM's kernels write them."""
     b_count, h_qo, _ = q.shape
     h_kv = pages.shape[2]
     out = np.zeros_like(q)
@@ -258,7 +263,7 @@ def reference_attention(q, pages, indptr, values, last_len, page_size, sm_scale,
         v = np.concatenate([pages[p, 1] for p in seq_pages], axis=1)[:, keep]
         for h in range(h_qo):
             kv = h // (h_qo // h_kv)
-            s = (k[kv] @ q[b, h]) * sm_scale
+            s = soft_cap((k[kv] @ q[b, h]) * sm_scale, softcap)
             w = np.exp(s - s.max())
             out[b, h] = (w / w.sum()) @ v[kv]
             lse[b, h] = (s.max() + np.log(w.sum())) / np.log(2)
@@ -276,9 +281,10 @@ def nvcc_compiles(source: str, tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def reference_prefill(q, k, v, q_indptr, kv_indptr, causal: bool, sm_scale: float):
+def reference_prefill(q, k, v, q_indptr, kv_indptr, causal: bool, sm_scale: float, softcap=None):
     """Each query token's attention over its sequence's keys (the last len(q) of them are the
-    queries' own: causal lets token p see keys up to kv_len - q_len + p), in float64; lse base 2."""
+    queries' own: causal lets token p see keys up to kv_len - q_len + p), in float64; lse base 2;
+    `softcap`: scores soft-capped."""
     h_qo, h_kv = q.shape[1], k.shape[1]
     out, lse = np.zeros(q.shape), np.zeros(q.shape[:2])
     for b in range(len(q_indptr) - 1):
@@ -288,7 +294,7 @@ def reference_prefill(q, k, v, q_indptr, kv_indptr, causal: bool, sm_scale: floa
             for h in range(h_qo):
                 keys = k[kv_indptr[b]:kv_indptr[b] + seen, h // (h_qo // h_kv)].astype(np.float64)
                 vals = v[kv_indptr[b]:kv_indptr[b] + seen, h // (h_qo // h_kv)].astype(np.float64)
-                s = keys @ q[q_indptr[b] + p, h].astype(np.float64) * sm_scale
+                s = soft_cap(keys @ q[q_indptr[b] + p, h].astype(np.float64) * sm_scale, softcap)
                 w = np.exp(s - s.max())
                 out[q_indptr[b] + p, h] = w @ vals / w.sum()
                 lse[q_indptr[b] + p, h] = (s.max() + np.log(w.sum())) / np.log(2)

@@ -196,24 +196,33 @@ def _run_launches(queue, built, name: str, arrays: dict[str, np.ndarray], scalar
     return _execute(queue, built.artifact_source, arrays, launches)
 
 
-@pytest.mark.parametrize("h_kv, h_qo, d, warps, unroll, sliding, splits", [
-    (2, 8, 64, 2, 2, False, 1),     # GQA 4, 16 lanes a row (2 tokens a warp), 8 tokens a step
-    (3, 9, 32, 4, 4, False, 1),     # GQA 3 (SmolLM2's), 8 lanes a row
-    (2, 2, 128, 8, 4, False, 1),    # no GQA, a row a warp, 32 tokens a step
-    (2, 8, 64, 2, 2, True, 1),      # the sliding-window form: a sink, then the window
-    (2, 8, 64, 2, 2, False, 3),     # each sequence split between 3 work-groups, then merged
-    (3, 9, 32, 4, 4, False, 7),     # 7 splits: some of them empty
-    (2, 8, 64, 2, 2, True, 3),
+@pytest.mark.parametrize("h_kv, h_qo, d, warps, unroll, sliding, splits, softcap", [
+    (2, 8, 64, 2, 2, False, 1, None),     # GQA 4, 16 lanes a row (2 tokens a warp), 8 tokens a step
+    (3, 9, 32, 4, 4, False, 1, None),     # GQA 3 (SmolLM2's), 8 lanes a row
+    (2, 2, 128, 8, 4, False, 1, None),    # no GQA, a row a warp, 32 tokens a step
+    (2, 8, 64, 2, 2, True, 1, None),      # the sliding-window form: a sink, then the window
+    (2, 8, 64, 2, 2, False, 3, None),     # each sequence split between 3 work-groups, then merged
+    (3, 9, 32, 4, 4, False, 7, None),     # 7 splits: some of them empty
+    (2, 8, 64, 2, 2, True, 3, None),
+    (2, 8, 64, 2, 2, False, 1, 0.5),      # Gemma 2's soft-capped scores (a cap that bites)
+    (2, 8, 64, 2, 2, True, 3, 0.5),
 ])
-def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sliding, splits):
+def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sliding, splits, softcap):
     """targets/decode_attention.py, what CUDA builds decode with: sequences of 20, 16, 81 and no
     tokens (several unrolled steps, partial ones, an empty sequence's -5e4 lse as TVM writes it),
-    whole or split between work-groups (the splits' states in a workspace, a second kernel merging them)."""
+    whole or split between work-groups (the splits' states in a workspace, a second kernel merging
+    them), scores soft-capped or not."""
     from kiln.targets.decode_attention import decode_attention
     name = "batch_decode_paged_kv" + ("_sliding_window" if sliding else "")
-    kernels = build_prim_func(name, decode_attention(h_kv, h_qo, d, "float32", 16, sliding, warps, unroll, splits),
-                              "android-opencl")
+    kernels = build_prim_func(name, decode_attention(h_kv, h_qo, d, "float32", 16, sliding, warps, unroll, splits,
+                                                     softcap=softcap), "android-opencl")
     assert len(host_launches(kernels, name, {"B": 4, "nnz_pages": 9, "sm_scale": 1.0})) == (1 if splits == 1 else 2)
+    _check_decode(queue, kernels, name, h_kv, h_qo, d, sliding, splits, softcap)
+
+
+def _check_decode(queue, kernels, name, h_kv, h_qo, d, sliding, splits, softcap):
+    """Kernel `name` of `kernels` (a paged decode kernel) on sequences of 20, 16, 81 and no tokens
+    (in 16-token pages) against reference_attention."""
     rng = np.random.default_rng(d + h_qo)
     indptr = np.array([0, 2, 3, 9, 9], np.int32)
     values = np.array([3, 0, 5, 1, 6, 2, 7, 8, 4], np.int32)
@@ -231,19 +240,24 @@ def test_kiln_decode_attention_on_opencl(queue, h_kv, h_qo, d, warps, unroll, sl
                          "ws_md": np.full(4 * splits * h_qo * 2, np.nan, np.float32)},
                         {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": d ** -0.5})
     out, lse = reference_attention(q, pages, indptr, values, last_len, 16, d ** -0.5,
-                                   (offsets, sinks) if sliding else None)
+                                   (offsets, sinks) if sliding else None, softcap)
     np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("h_kv, h_qo, d, causal", [(2, 8, 64, True), (3, 9, 32, True), (2, 8, 64, False)])
-def test_kiln_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal):
+PREFILL_CASES = [(2, 8, 64, True, None), (3, 9, 32, True, None), (2, 8, 64, False, None), (2, 8, 64, True, 0.5)]
+
+
+@pytest.mark.parametrize("h_kv, h_qo, d, causal, softcap", PREFILL_CASES)
+def test_kiln_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal, softcap):
     """targets/prefill_attention.py, what CUDA builds prefill with: three sequences of 5, 37 and
     1 new tokens, the second after 4 cached ones (more keys than queries), each token a work-group
-    finding its sequence by binary search and walking only the keys it may see."""
+    finding its sequence by binary search and walking only the keys it may see (scores soft-capped
+    or not)."""
     from kiln.targets.prefill_attention import prefill_attention
     name = "batch_prefill_ragged_kv"
-    kernels = build_prim_func(name, prefill_attention(h_kv, h_qo, d, "float32", warps=2, unroll=2), "android-opencl")
+    kernels = build_prim_func(name, prefill_attention(h_kv, h_qo, d, "float32", warps=2, unroll=2, softcap=softcap),
+                              "android-opencl")
     rng = np.random.default_rng(d + h_qo)
     q_indptr, kv_indptr = np.array([0, 5, 42, 43], np.int32), np.array([0, 5, 46, 47], np.int32)
     q = rng.normal(0, 1, (43, h_qo, d)).astype(np.float32)
@@ -254,20 +268,26 @@ def test_kiln_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal):
                          "output": np.full_like(q, 7.0), "lse": np.zeros((43, h_qo), np.float32)},
                         {"causal": int(causal), "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0,
                          "sm_scale": d ** -0.5})
-    out, lse = reference_prefill(q, k, v, q_indptr, kv_indptr, causal, d ** -0.5)
+    out, lse = reference_prefill(q, k, v, q_indptr, kv_indptr, causal, d ** -0.5, softcap)
     np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("h_kv, h_qo, d, causal", [(2, 8, 64, True), (3, 9, 32, True), (2, 8, 64, False)])
-def test_kiln_paged_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal):
+@pytest.mark.parametrize("h_kv, h_qo, d, causal, softcap", PREFILL_CASES)
+def test_kiln_paged_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal, softcap):
     """targets/prefill_attention.py over the cache's pages (new tokens after cached ones: chunked
     prefill, prefix hits): sequences of 20, 48 and 1 keys in 2, 3 and 1 pages (the last partly
     filled), their last 5, 3 and 1 keys the new tokens."""
     from kiln.targets.prefill_attention import prefill_attention
     name = "batch_prefill_paged_kv"
-    kernels = build_prim_func(name, prefill_attention(h_kv, h_qo, d, "float32", warps=2, unroll=2, page_size=16),
-                              "android-opencl")
+    kernels = build_prim_func(name, prefill_attention(h_kv, h_qo, d, "float32", warps=2, unroll=2, page_size=16,
+                                                      softcap=softcap), "android-opencl")
+    _check_paged_prefill(queue, kernels, name, h_kv, h_qo, d, causal, softcap)
+
+
+def _check_paged_prefill(queue, kernels, name, h_kv, h_qo, d, causal, softcap):
+    """Kernel `name` of `kernels` (a paged prefill kernel) on sequences of 20, 48 and 1 keys in 2, 3
+    and 1 pages, their last 5, 3 and 1 keys the new tokens, against reference_prefill."""
     rng = np.random.default_rng(d + h_qo + 1)
     q_indptr, page_indptr = np.array([0, 5, 8, 9], np.int32), np.array([0, 2, 5, 6], np.int32)
     values, last_len = np.array([3, 0, 5, 1, 6, 2], np.int32), np.array([4, 16, 1], np.int32)
@@ -286,9 +306,33 @@ def test_kiln_paged_prefill_attention_on_opencl(queue, h_kv, h_qo, d, causal):
             for b, e, n in zip(page_indptr[:-1], page_indptr[1:], lengths)]
     k, v = (np.concatenate([r[i] for r in rows]) for i in (0, 1))
     kv_indptr = np.cumsum([0, *lengths]).astype(np.int32)
-    out, lse = reference_prefill(q, k, v, q_indptr, kv_indptr, causal, d ** -0.5)
+    out, lse = reference_prefill(q, k, v, q_indptr, kv_indptr, causal, d ** -0.5, softcap)
     np.testing.assert_allclose(got["output"], out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["decode", "paged prefill"])
+def test_tvm_gpu_attention_soft_capped_on_opencl(queue, kernel):
+    """TVM's GPU attention kernels that kiln keeps (every one off CUDA; the sliding-window prefill and
+    the tree kernels there) with SoftcapTVMAttention's cap in their one score store (the decode
+    kernel's score summed across threads, the tiled kernels' tile of scores): Gemma 2 on GPUs."""
+    from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode
+    from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill
+
+    from kiln.targets import get_profile
+    from kiln.targets.attention_softcap import cap_scores
+    h_kv, h_qo, d, softcap = 2, 8, 64, 0.5
+    with get_profile("android-opencl").tvm_target():
+        target = tvm.target.Target.current()
+        if kernel == "decode":
+            name, func = "batch_decode_paged_kv", _attention_decode(h_kv, h_qo, d, "float32", False, {}, target)
+        else:
+            name, func = "batch_prefill_paged_kv", _attention_prefill(h_kv, h_qo, d, "float32", False, {}, target)
+    kernels = build_prim_func(name, cap_scores(func, softcap), "android-opencl")
+    if kernel == "decode":
+        _check_decode(queue, kernels, name, h_kv, h_qo, d, False, 1, softcap)
+    else:
+        _check_paged_prefill(queue, kernels, name, h_kv, h_qo, d, True, softcap)
 
 
 @pytest.fixture(scope="module")

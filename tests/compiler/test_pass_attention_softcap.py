@@ -1,6 +1,7 @@
-"""SoftcapTVMAttention / cap_scores: the one scaled-score store of each TVM CPU attention kernel kiln keeps is
-soft-capped (a masked score is not), kiln's own kernels are left to their parameter, and a kernel whose
-scaling moved fails loudly. The numerics are checked end to end by tests/numerics/test_families*.py (Gemma 2)."""
+"""SoftcapTVMAttention / cap_scores: the one finished-score store of each TVM attention kernel kiln keeps (CPU
+and GPU forms) is soft-capped (a masked score is not), kiln's own kernels are left to their parameter, and a
+kernel whose scaling moved fails loudly. The numerics are checked end to end on the CPU by
+tests/numerics/test_families*.py (Gemma 2), and the GPU kernels on OpenCL by test_opencl_kernels.py."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import math
 
 import pytest
 import tvm
-from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode_cpu
-from tvm.relax.frontend.nn.llm._prefill_kernels import _attention_prefill_cpu, _attention_prefill_ragged_cpu
-from tvm.relax.frontend.nn.llm.tree_attn import tree_attn_cpu, tree_attn_with_paged_kv_cache_cpu
+from tvm.relax.frontend.nn.llm._decode_kernels import _attention_decode, _attention_decode_cpu
+from tvm.relax.frontend.nn.llm._prefill_kernels import (_attention_prefill, _attention_prefill_cpu,
+                                                        _attention_prefill_ragged, _attention_prefill_ragged_cpu)
+from tvm.relax.frontend.nn.llm.tree_attn import (tree_attn, tree_attn_cpu, tree_attn_with_paged_kv_cache,
+                                                 tree_attn_with_paged_kv_cache_cpu)
 from tvm.script import tirx as T
 
 from kiln.targets import SOFTCAP_ATTR
-from kiln.targets.cpu.attention_softcap import KILN_KERNEL_ATTR, SoftcapTVMAttention, cap_scores
+from kiln.targets.attention_softcap import KILN_KERNEL_ATTR, SoftcapTVMAttention, cap_scores
 
 pytestmark = pytest.mark.compiler
 
@@ -26,13 +29,37 @@ KERNELS = {
     "tree_paged": lambda: tree_attn_with_paged_kv_cache_cpu(2, 4, 16, "float32", {}),
 }
 
+_CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_shared_memory_per_block": 232448,
+                           "max_threads_per_block": 1024, "thread_warp_size": 32})
+# TVM's GPU kernels sum scaled products (each product line multiplies by sm_scale): the cap goes on
+# the finished score, the decode kernel's sum across threads or the tiled kernels' tile of scores.
+GPU_KERNELS = {
+    "decode": (lambda: _attention_decode(2, 4, 16, "float16", False, {}, _CUDA), "t0[0]"),
+    "decode_sliding": (lambda: _attention_decode(2, 4, 16, "float16", True, {}, _CUDA), "t0[0]"),
+    "prefill_sliding": (lambda: _attention_prefill(2, 4, 16, "float16", True, {}, _CUDA), "S_local[i, j]"),
+    "ragged": (lambda: _attention_prefill_ragged(2, 4, 16, 16, "float16", {}, _CUDA), "S_local[i, j]"),
+    "tree": (lambda: tree_attn(2, 4, 16, "float16", {}, _CUDA), "S_local[i, j]"),
+    "tree_paged": (lambda: tree_attn_with_paged_kv_cache(2, 4, 16, "float16", {}, _CUDA), "S_local[i, j]"),
+}
+
+
+def _tanh_lines(func) -> list[str]:
+    return [line for line in func.script().splitlines() if "T.tanh" in line]
+
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_each_tvm_cpu_kernel_gets_one_cap(name):
-    capped = cap_scores(KERNELS[name](), 50.0).script()
-    tanh_lines = [line for line in capped.splitlines() if "T.tanh" in line]
+    tanh_lines = _tanh_lines(cap_scores(KERNELS[name](), 50.0))
     assert len(tanh_lines) == 1 and repr(50.0 * math.log2(math.e))[:8] in tanh_lines[0]
     assert "-72134.75" not in tanh_lines[0]                # the masked score stays masked
+
+
+@pytest.mark.parametrize("name", GPU_KERNELS)
+def test_each_tvm_gpu_kernel_gets_one_cap_on_its_finished_score(name):
+    make, score = GPU_KERNELS[name]
+    tanh_lines = _tanh_lines(cap_scores(make(), 50.0))
+    assert len(tanh_lines) == 1 and f"T.tanh({score} / " in tanh_lines[0]
+    assert "sm_scale" not in tanh_lines[0]                 # not one of the products
 
 
 def test_a_kernel_with_two_scaled_stores_is_an_error():
@@ -42,7 +69,7 @@ def test_a_kernel_with_two_scaled_stores_is_an_error():
         A[0] = A[0] * sm_scale
         A[1] = A[1] * sm_scale
 
-    with pytest.raises(ValueError, match="found 2 scaled-score stores"):
+    with pytest.raises(ValueError, match="found 2 score stores"):
         cap_scores(two, 10.0)
 
 

@@ -104,6 +104,31 @@ def test_cuda_row_branches_and_greedy_tokens(tiny_dirs, tmp_path):
         tokens = on_device
 
 
+def test_cuda_gemma2_soft_capped_attention_matches_the_cpu_build(tmp_path):
+    """Gemma 2's soft-capped attention on CUDA (kiln's decode and prefill kernels built with the cap,
+    TVM's sliding-window prefill capped in place) against the CPU build of the same tiny model, whose
+    numerics test_families checks against transformers: every prompt position, a prompt appended in
+    two forwards (the second over cached pages: the paged prefill kernels), then batched decode."""
+    from test_families import write_family
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    write_family("gemma2", tmp_path / "hf")
+    cpu, gpu = (kiln.compile(str(tmp_path / "hf"), target=t, quant="q0f32", output=tmp_path / t)
+                for t in ("cpu", preset))
+    ids = np.random.default_rng(3).integers(3, 512, size=40).tolist()
+    runners = [ModelRunner(Artifact.load(a), max_num_seqs=1) for a in (gpu, cpu)]
+    got, want = (prompt_logits(r, 0, ids) for r in runners)
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    got, want = [], []
+    for r, out in zip(runners, (got, want)):
+        r.add_sequence(1)
+        r.prefill([1], [ids[:23]])
+        out.append(r.prefill([1], [ids[23:]]))
+    np.testing.assert_allclose(got[0], want[0], atol=TOL, rtol=0)
+    prompts = [ids[:7], ids[7:20], ids[20:23]]
+    for g, w in zip(_decode_rows(gpu, prompts), _decode_rows(cpu, prompts)):
+        np.testing.assert_allclose(g, w, atol=TOL, rtol=0)
+
+
 def test_cuda_q4f16_row_branches_agree(tiny_dirs, tmp_path):
     """q4f16 (float16 activations: every branch, the tensor-core ones too): one decode step of 3, 5,
     13, 40 and 70 sequences (GEMV bucket, 32 x 32 tiles partly filled, 128 x 128 tiles) gives each

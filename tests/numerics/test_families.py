@@ -72,8 +72,32 @@ def test_phi3_longrope_caps_the_context_with_a_note(tmp_path):
     assert any("LongRoPE" in n for n in config.notes)
 
 
-def test_attention_softcap_is_refused_where_the_kernels_lack_it(tmp_path):
+def test_attention_softcap_is_refused_where_the_kernels_lack_it(tmp_path, monkeypatch):
+    """Every target's kernels cap (targets/attention_softcap.py); a profile that says its kernels
+    cannot is refused before anything is written, naming the targets that can."""
+    import dataclasses
+
+    from kiln import targets
+    make = targets._PROFILES["cuda"]
+    monkeypatch.setitem(targets._PROFILES, "cuda", lambda: dataclasses.replace(make(), attn_softcap=False))
     write_family("gemma2", tmp_path / "hf")
     with pytest.raises(ValueError, match="soft-caps attention scores .* use --target cpu"):
         kiln.compile(str(tmp_path / "hf"), target="cuda", quant="q0f16", output=tmp_path / "art")
     assert not (tmp_path / "art").exists()
+
+
+def test_gemma2_builds_for_cuda_with_capped_attention(tmp_path):
+    """Gemma 2 (attention soft-capping) on CUDA: kiln's decode and prefill kernels built with the cap,
+    TVM's sliding-window prefill and tree kernels capped in place; nvcc compiles the library. The
+    kernels' numerics are checked on OpenCL (tests/compiler/test_opencl_kernels.py), the model on a
+    GPU by tests/numerics/test_cuda_variants.py."""
+    from conftest import ir_functions
+    write_family("gemma2", tmp_path / "hf")
+    kiln.compile(str(tmp_path / "hf"), target="cuda-sm90", quant="q4f16", output=tmp_path / "art", golden=False,
+                 dump_ir=tmp_path / "ir")
+    funcs = ir_functions((tmp_path / "ir" / "2-schedule.py").read_text())
+    attention = {n: f for n, f in funcs.items() if "sm_scale: T.float32" in f.split("\n", 1)[0]}
+    assert {"batch_decode_paged_kv", "batch_prefill_ragged_kv", "batch_prefill_paged_kv_sliding_window",
+            "batch_tree_attn"} <= set(attention)
+    uncapped = [n for n, f in attention.items() if "T.tanh(" not in f]
+    assert not uncapped, uncapped
