@@ -280,14 +280,32 @@ def facts(args) -> dict:
 
 # ----------------------------------------------------------------------------- numerics
 
-def gpu_tests(args) -> dict:
-    """The `gpu`-marked tiny-model tests (tests/numerics/test_cuda_variants.py); the log goes to --out."""
+GPU_TESTS = "tests/numerics/test_cuda_variants.py"
+# The `gpu` tests, those that decide what ships first (the candidate's kernels against numpy: MMA
+# GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the slow
+# whole-preset comparisons (a compile of each CUDA preset) last: a run cut short has the first.
+GPU_TEST_ORDER = ("mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
+                  "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens", "row_branches",
+                  "preset_matches")
+
+
+def gpu_tests(args, seconds: float | None = None) -> dict:
+    """The `gpu`-marked tiny-model tests (GPU_TESTS), in GPU_TEST_ORDER, within `seconds`; the log
+    goes to --out."""
+    # -P: the checkout's kiln/ must not shadow the package laid out in .gpu/site (gpu_session.py).
+    pytest = [sys.executable, "-P", "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider"]
+    listed = subprocess.run([*pytest, "--co", "-q", GPU_TESTS], cwd=ROOT, capture_output=True, text=True).stdout
+    ids = [line.strip() for line in listed.splitlines() if line.startswith(GPU_TESTS + "::")]
+    rank = lambda i: next((n for n, key in enumerate(GPU_TEST_ORDER) if key in i), len(GPU_TEST_ORDER))  # noqa: E731
+    ids = sorted(ids, key=rank) or [GPU_TESTS]
     log = Path(args.out) / "gpu_tests.log"
     with log.open("w") as f:
-        # -P: the checkout's kiln/ must not shadow the package laid out in .gpu/site (gpu_session.py).
-        rc = subprocess.run([sys.executable, "-P", "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                             "tests/numerics/test_cuda_variants.py"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    return {"rc": rc.returncode, "tail": log.read_text().strip().splitlines()[-1:]}
+        try:
+            rc = subprocess.run([*pytest, "-q", *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=seconds).returncode
+        except subprocess.TimeoutExpired:
+            rc = f"timed out after {seconds:.0f} s"
+    return {"rc": rc, "tests": len(ids), "tail": log.read_text().strip().splitlines()[-1:]}
 
 
 def references(src: Path, args) -> tuple:
@@ -1128,7 +1146,7 @@ def run_all(args) -> dict:
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
                                             for b in dict.fromkeys((batches[0], *batches[-2:]))})
     if not args.quick:              # the candidate's kernels against numpy: part of adopting it
-        step("gpu tests", 120, lambda: gpu_tests(args))
+        step("gpu tests", 120, lambda: gpu_tests(args, max(60.0, deadline - time.monotonic() - 60)))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
     step("low-batch variants", 60, lambda: apart(args, "variants", deadline - time.monotonic() - 20))
     for quant in ("as-stored", "as-stored-f16"):
