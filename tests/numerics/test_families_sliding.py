@@ -18,7 +18,8 @@ pytestmark = pytest.mark.numerics
 TOL = 1e-4
 WINDOW = 16
 IDS = np.random.default_rng(8).integers(3, 500, size=40).tolist()
-CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped (2.0): TVM's sliding kernels too "gemma3": dict(sliding_window=WINDOW),
+CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped (2.0): TVM's sliding kernels too
+         "gemma3": dict(sliding_window=WINDOW),
          # Phi-3-mini-4k's shape: every layer slides, RoPE unscaled (applied by the cache)
          "phi3": dict(sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})}
 
