@@ -1158,7 +1158,7 @@ def run_all(args) -> dict:
                                             for b in dict.fromkeys((batches[0], *batches[-2:]))})
     step("smollm2 torch fp16 static, more rows", 60, lambda: smollm2_torch(batches[1:3]))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
-    step("low-batch variants", 60, lambda: apart(args, "variants", deadline - time.monotonic() - 20))
+    step("low-batch variants", 90, lambda: apart(args, "variants", deadline - time.monotonic() - 20))
     for quant in ("as-stored", "as-stored-f16"):
         step(f"numerics {quant}", 45, lambda quant=quant: scheme(quant))
     refs.clear()
