@@ -940,6 +940,11 @@ def compare_logits(work: Path, tag: str, reference: str = "base") -> dict:
             for k in a.files if k in b.files}
 
 
+def torch8b_cmd(args) -> dict:
+    """torch8b in a process of its own (`all`: its rows kept if the call's time runs out in it)."""
+    return torch8b(args, save=Path(args.out) / f"{args.json_name or args.command}.json")
+
+
 def measure8b_cmd(args) -> dict:
     """measure8b of --artifact (its build named --tag), without transformers: how `all` measures a
     build whose kernels have never run, in a process of its own."""
@@ -969,15 +974,21 @@ def apart(args, command: str, seconds: float, name: str | None = None, extra: tu
     return result
 
 
-def torch8b(args) -> dict:
+def torch8b(args, save: Path | None = None) -> dict:
     """transformers fp16 with a static cache on the 8B checkpoint: 16 x 128 prefill and decode at 16
-    and 64 sequences (what the issue compares kiln's batch-64 decode and prefill with)."""
+    and 64 sequences (what the issue compares kiln's batch-64 decode and prefill with). `save`: the
+    result is rewritten there after each batch (a process cut short keeps the rows it measured)."""
     import gc
 
     import torch
+    t = time.perf_counter()
     model = transformers_model(Path(args.work) / "llama3-8b-arch", torch.float16, args.device)
-    result = {f"batch {b}": torch_bench(model, b, args) for b in ([2] if args.quick else [16, 64])}
-    print("8b torch", json.dumps(result), flush=True)
+    result = {"load_s": round(time.perf_counter() - t, 1)}
+    for b in [2] if args.quick else [16, 64]:
+        result[f"batch {b}"] = torch_bench(model, b, args)
+        print("8b torch", f"batch {b}", json.dumps(result[f"batch {b}"]), flush=True)
+        if save is not None:
+            save.write_text(json.dumps(result, indent=1))
     del model
     gc.collect()
     if args.device == "cuda":
@@ -1013,10 +1024,13 @@ def _earlier_steps(args) -> dict:
 
 
 def _unfinished(step) -> bool:
-    """A step (or one of its parts: a variant) skipped for lack of time, or failed."""
+    """A step (or one of its parts: a variant) skipped for lack of time, or failed, or a process of
+    its own cut at its time limit (one that exited with an error, a faulting kernel, would again)."""
     if not isinstance(step, dict):
         return False
-    return "skipped" in step or "error" in step or any(isinstance(v, dict) and "skipped" in v for v in step.values())
+    timed_out = step.get("process", {}).get("returncode") == "timed out"
+    return ("skipped" in step or "error" in step or timed_out
+            or any(isinstance(v, dict) and "skipped" in v for v in step.values()))
 
 
 def run_all(args) -> dict:
@@ -1123,7 +1137,8 @@ def run_all(args) -> dict:
             ("--artifact", prep[CANDIDATE]["artifact"], "--tag", CANDIDATE)))
         measured += [CANDIDATE] * ("logits" in cand)
     if "artifact" in prep:
-        step("llama3-8b-arch transformers fp16 static", 120, lambda: torch8b(args))
+        step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(
+            args, "torch8b", max(60.0, deadline - time.monotonic() - 30)))
     def smollm2_torch(rows: list[int]) -> dict:
         import gc
         model = transformers_model(src, torch.float16, args.device)
@@ -1183,7 +1198,7 @@ def _tokenizer_for(dest: Path, vocab: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["all", "numerics", "bench", "bench8b", "variants", "prep8b", "prebuild",
-                                        "measure8b"])
+                                        "measure8b", "torch8b"])
     ap.add_argument("--out", default=".", help="where <command>.json goes (on the device: $OUT)")
     ap.add_argument("--work", default=str(ROOT / ".gpu" / "work"), help="artifacts and checkpoints [.gpu/work]")
     ap.add_argument("--target", default="cuda-sm90")
@@ -1205,7 +1220,8 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.work).mkdir(parents=True, exist_ok=True)
     result = {"all": run_all, "numerics": numerics, "bench": bench_cmd, "bench8b": bench8b, "variants": variants,
-              "prep8b": prep8b, "prebuild": prebuild, "measure8b": measure8b_cmd}[args.command](args)
+              "prep8b": prep8b, "prebuild": prebuild, "measure8b": measure8b_cmd,
+              "torch8b": torch8b_cmd}[args.command](args)
     (Path(args.out) / f"{args.json_name or args.command}.json").write_text(json.dumps(result, indent=1, default=str))
 
 
