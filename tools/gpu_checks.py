@@ -114,6 +114,22 @@ VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_block
 CANDIDATE = "candidate"
 
 
+def _load_state(path: Path, args) -> dict:
+    """What an earlier call on this machine kept at `path` (_save_state), if the same kiln sources
+    (compiler fingerprint) and --quick wrote it; else {}."""
+    import kiln
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    if state.get("fingerprint") != kiln.compiler_fingerprint() or state.get("quick") != args.quick:
+        return {}
+    return state
+
+
+def _save_state(path: Path, args, **kept) -> None:
+    import kiln
+    path.write_text(json.dumps({"fingerprint": kiln.compiler_fingerprint(), "quick": args.quick, **kept},
+                               default=str))
+
+
 def variant_branches(variant: str):
     """VARIANTS[variant]'s row branches as LowBatchGEMV takes them, or None for the shipped ones."""
     from tvm.s_tir import dlight as dl
@@ -560,17 +576,12 @@ def variants(args, deadline: float | None = None) -> dict:
     The variants measured (and base's logits) are kept in --work: run again on the same machine, it
     measures only the others."""
     import gc
-
-    import kiln
     if deadline is None:
         deadline = time.monotonic() + args.budget
     src, _ = llama8b_checkpoint(args, layers=VARIANT_LAYERS)
     batches = (1, 2) if args.quick else VARIANT_BATCHES
     kept, logits_file = Path(args.work) / "variants-state.json", Path(args.work) / "variants-base-logits.npz"
-    state = json.loads(kept.read_text()) if kept.is_file() else {}
-    if state.get("fingerprint") != kiln.compiler_fingerprint() or state.get("quick") != args.quick:
-        state = {}
-    result = {v: rows for v, rows in state.get("variants", {}).items() if "skipped" not in rows}
+    result = {v: rows for v, rows in _load_state(kept, args).get("variants", {}).items() if "skipped" not in rows}
     reference = {int(k): v for k, v in np.load(logits_file).items()} if result and logits_file.is_file() else {}
     for variant, spec in VARIANTS.items():
         if variant in result and (reference or variant != "base"):
@@ -607,8 +618,7 @@ def variants(args, deadline: float | None = None) -> dict:
         if variant == "base":
             np.savez(logits_file, **{str(b): v for b, v in reference.items()})
         (Path(args.out) / "variants.json").write_text(json.dumps(result, indent=1, default=str))
-        kept.write_text(json.dumps({"fingerprint": kiln.compiler_fingerprint(), "quick": args.quick,
-                                    "variants": result}, default=str))
+        _save_state(kept, args, variants=result)
     return result
 
 
@@ -831,13 +841,7 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     floor = bw * 1e9 / weight_bytes(art)
     result = {"build": tag, "weight_gb": round(weight_bytes(art) / 1e9, 2), "copy_bandwidth_gbs": round(bw),
               "batch1_floor_tok_s": round(floor, 1)}
-
-    def record(key: str, value) -> None:
-        result[key] = value
-        print(f"8b {key}", json.dumps(value), flush=True)
-        if save is not None:
-            save.write_text(json.dumps(result, indent=1, default=str))
-
+    record = _recorder(result, save, "8b")
     batches = [2] if args.quick else [16, 64]
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
     record("batch 1", kiln_bench(art, 1, args, runner))            # first: 128-token prefills, TVM's matmuls
@@ -877,6 +881,26 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     return result
 
 
+# The prefill entries the runner can take, by the library_gemm.MIN_TOKENS that forces each.
+PREFILL_ENTRIES = (("tvm", 10 ** 9), ("gemm", 1))
+
+
+@contextlib.contextmanager
+def _min_tokens(least: int):
+    """Within: the runner takes the library GEMM entry for forwards of `least` tokens or more."""
+    from kiln.runtime import library_gemm
+    shipped, library_gemm.MIN_TOKENS = library_gemm.MIN_TOKENS, least
+    try:
+        yield
+    finally:
+        library_gemm.MIN_TOKENS = shipped
+
+
+def _logit_diff(a: np.ndarray, b: np.ndarray) -> dict:
+    """The largest difference and the rows whose argmax differs (last axis: the vocabulary)."""
+    return {"max_diff": float(np.abs(a - b).max()), "argmax_differs": int((a.argmax(-1) != b.argmax(-1)).sum())}
+
+
 def gemm_probe(runner, args) -> dict:
     """One prefill of MIN_TOKENS tokens through batch_prefill, then through the library GEMM entry
     (never run on a GPU before 2026-11-27): their last-token logits compared. Should the GEMM path
@@ -885,24 +909,20 @@ def gemm_probe(runner, args) -> dict:
     from kiln.runtime import library_gemm
     from kiln.runtime.contract import LIBRARY_GEMM_ENTRY
     prompt = list(range(3, 3 + library_gemm.MIN_TOKENS))          # one sequence, one forward
-    shipped, logits = library_gemm.MIN_TOKENS, {}
+    logits = {}
     try:
-        for label, least in (("tvm", 10 ** 9), ("gemm", 1)):
-            library_gemm.MIN_TOKENS = least
+        for label, least in PREFILL_ENTRIES:
             runner.add_sequence(0)
             try:
-                logits[label] = runner.prefill([0], [prompt])
+                with _min_tokens(least):
+                    logits[label] = runner.prefill([0], [prompt])
             finally:
                 runner.remove_sequence(0)
     except Exception as e:  # noqa: BLE001 - the rows after this one go on through batch_prefill
         runner._fn.pop(LIBRARY_GEMM_ENTRY, None)
         runner.gemm_unusable = f"the probe failed: {type(e).__name__}: {e}"[:300]
         return {"error": runner.gemm_unusable}
-    finally:
-        library_gemm.MIN_TOKENS = shipped
-    diff = np.abs(logits["gemm"] - logits["tvm"])
-    return {"tokens": len(prompt), "max_diff": float(diff.max()),
-            "argmax_differs": int((logits["gemm"].argmax(-1) != logits["tvm"].argmax(-1)).sum())}
+    return {"tokens": len(prompt), **_logit_diff(logits["gemm"], logits["tvm"])}
 
 
 def gemm_crossover(runner, args, batches=(1, 2, 4, 16)) -> dict:
@@ -910,23 +930,18 @@ def gemm_crossover(runner, args, batches=(1, 2, 4, 16)) -> dict:
     entry (runtime/library_gemm.py MIN_TOKENS moved either way), the median of 3 each: where the
     BLAS starts to pay, i.e. what MIN_TOKENS should be."""
     import statistics
-
-    from kiln.runtime import library_gemm
-    shipped, rows = library_gemm.MIN_TOKENS, {}
-    try:
-        for b in (b for b in batches if b <= runner.max_num_seqs):
-            for label, least in (("tvm_ms", 10 ** 9), ("gemm_ms", 1)):
-                library_gemm.MIN_TOKENS = least
-                times = []
+    rows = {}
+    for b in (b for b in batches if b <= runner.max_num_seqs):
+        for label, least in PREFILL_ENTRIES:
+            times = []
+            with _min_tokens(least):
                 for _ in range(4):                               # the first warms up
                     t = time.perf_counter()
                     ids = _prefill(runner, b, args)              # returns once the logits are back
                     times.append(time.perf_counter() - t)
                     for i in ids:
                         runner.remove_sequence(i)
-                rows.setdefault(f"{b} x {args.prompt_len}", {})[label] = round(statistics.median(times[1:]) * 1e3, 2)
-    finally:
-        library_gemm.MIN_TOKENS = shipped
+            rows.setdefault(f"{b} x {args.prompt_len}", {})[f"{label}_ms"] = round(statistics.median(times[1:]) * 1e3, 2)
     return rows
 
 
@@ -935,21 +950,34 @@ def compare_logits(work: Path, tag: str, reference: str = "base") -> dict:
     another's, per batch: the largest difference and the rows whose argmax differs (float32
     summation order moves logits by ~1e-3; a wrong kernel by far more)."""
     a, b = np.load(work / f"8b-logits-{tag}.npz"), np.load(work / f"8b-logits-{reference}.npz")
-    return {k: {"max_diff": float(np.abs(a[k] - b[k]).max()),
-                "argmax_differs": int((a[k].argmax(-1) != b[k].argmax(-1)).sum()), "rows": len(a[k])}
-            for k in a.files if k in b.files}
+    return {k: {**_logit_diff(a[k], b[k]), "rows": len(a[k])} for k in a.files if k in b.files}
+
+
+def _result_file(args) -> Path:
+    """Where a command writes its result: --out/<--json-name or the command>.json."""
+    return Path(args.out) / f"{args.json_name or args.command}.json"
+
+
+def _recorder(result: dict, save: Path | None, label: str):
+    """record(key, value): result[key] = value, printed, and `result` rewritten to `save` (if any) at
+    once, so that a process cut short or failing keeps the rows it measured."""
+    def record(key: str, value) -> None:
+        result[key] = value
+        print(label, key, json.dumps(value, default=str), flush=True)
+        if save is not None:
+            save.write_text(json.dumps(result, indent=1, default=str))
+    return record
 
 
 def torch8b_cmd(args) -> dict:
     """torch8b in a process of its own (`all`: its rows kept if the call's time runs out in it)."""
-    return torch8b(args, save=Path(args.out) / f"{args.json_name or args.command}.json")
+    return torch8b(args, save=_result_file(args))
 
 
 def measure8b_cmd(args) -> dict:
     """measure8b of --artifact (its build named --tag), without transformers: how `all` measures a
     build whose kernels have never run, in a process of its own."""
-    return measure8b(Path(args.artifact), args, torch_too=False, tag=args.tag,
-                     save=Path(args.out) / f"{args.json_name or args.command}.json")
+    return measure8b(Path(args.artifact), args, torch_too=False, tag=args.tag, save=_result_file(args))
 
 
 def apart(args, command: str, seconds: float, name: str | None = None, extra: tuple[str, ...] = ()) -> dict:
@@ -974,26 +1002,30 @@ def apart(args, command: str, seconds: float, name: str | None = None, extra: tu
     return result
 
 
-def torch8b(args, save: Path | None = None) -> dict:
-    """transformers fp16 with a static cache on the 8B checkpoint: 16 x 128 prefill and decode at 16
-    and 64 sequences (what the issue compares kiln's batch-64 decode and prefill with). `save`: the
-    result is rewritten there after each batch (a process cut short keeps the rows it measured)."""
+def torch_rows(src: Path, batches, args, save: Path | None = None, label: str = "torch") -> dict:
+    """transformers fp16 with a static cache on `src` (torch_bench) at each of `batches`, the model
+    loaded once and freed after (its GPU memory back for what runs next); `save`: rows kept as they
+    come (_recorder)."""
     import gc
 
     import torch
     t = time.perf_counter()
-    model = transformers_model(Path(args.work) / "llama3-8b-arch", torch.float16, args.device)
+    model = transformers_model(src, torch.float16, args.device)
     result = {"load_s": round(time.perf_counter() - t, 1)}
-    for b in [2] if args.quick else [16, 64]:
-        result[f"batch {b}"] = torch_bench(model, b, args)
-        print("8b torch", f"batch {b}", json.dumps(result[f"batch {b}"]), flush=True)
-        if save is not None:
-            save.write_text(json.dumps(result, indent=1))
+    record = _recorder(result, save, label)
+    for b in batches:
+        record(f"batch {b}", torch_bench(model, b, args))
     del model
     gc.collect()
     if args.device == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def torch8b(args, save: Path | None = None) -> dict:
+    """transformers fp16 with a static cache on the 8B checkpoint: 16 x 128 prefill and decode at 16
+    and 64 sequences (what the issue compares kiln's batch-64 decode and prefill with)."""
+    return torch_rows(Path(args.work) / "llama3-8b-arch", [2] if args.quick else [16, 64], args, save, "8b torch")
 
 
 def bench8b(args) -> dict:
@@ -1013,14 +1045,8 @@ ALL_STATE = "all-state.json"        # in --work: the steps an earlier `all` call
 def _earlier_steps(args) -> dict:
     """The steps a previous `all` call left in --work (same kiln sources, same --quick), finished
     ones only: a second call on a warm machine goes on from there instead of measuring them again."""
-    import kiln
-    path = Path(args.work) / ALL_STATE
-    if not path.is_file():
-        return {}
-    state = json.loads(path.read_text())
-    if state.get("fingerprint") != kiln.compiler_fingerprint() or state.get("quick") != args.quick:
-        return {}
-    return {k: v for k, v in state["steps"].items() if not _unfinished(v)}
+    steps = _load_state(Path(args.work) / ALL_STATE, args).get("steps", {})
+    return {k: v for k, v in steps.items() if not _unfinished(v)}
 
 
 def _unfinished(step) -> bool:
@@ -1039,15 +1065,13 @@ def run_all(args) -> dict:
     all.json is rewritten after every step, so a run cut short still brings back what it measured;
     --work/all-state.json keeps the finished steps, so `all` called again on the same (warm) machine
     runs only what the first call did not reach (its all.json holds both calls' steps)."""
-    import kiln
     out, work, result = Path(args.out), Path(args.work), {}
     earlier = _earlier_steps(args)
     deadline = time.monotonic() + args.budget
 
     def save() -> None:
         (out / "all.json").write_text(json.dumps(result, indent=1, default=str))
-        (work / ALL_STATE).write_text(json.dumps({"fingerprint": kiln.compiler_fingerprint(), "quick": args.quick,
-                                                  "steps": {**earlier, **result}}, default=str))
+        _save_state(work / ALL_STATE, args, steps={**earlier, **result})
 
     def step(name: str, need_s: float, fn):
         left = deadline - time.monotonic()
@@ -1079,7 +1103,6 @@ def run_all(args) -> dict:
         with (out / "prep8b.log").open("w") as log:
             child = subprocess.Popen(child_args, stdout=log, stderr=subprocess.STDOUT,
                                      preexec_fn=lambda: os.sched_setaffinity(0, theirs))
-    import torch
     src = smollm2_gguf()
     batches = [1, 4] if args.quick else [1, 16, 64, 256]
     step("facts", 0, lambda: facts(args))
@@ -1139,17 +1162,7 @@ def run_all(args) -> dict:
     if "artifact" in prep:
         step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(
             args, "torch8b", max(60.0, deadline - time.monotonic() - 30)))
-    def smollm2_torch(rows: list[int]) -> dict:
-        import gc
-        model = transformers_model(src, torch.float16, args.device)
-        result = {f"batch {b}": torch_bench(model, b, args) for b in rows}
-        del model
-        gc.collect()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()                    # the GPU's memory back for the KV caches after
-        return result
-
-    step("smollm2 torch fp16 static", 45, lambda: smollm2_torch(batches[:1]))
+    step("smollm2 torch fp16 static", 45, lambda: torch_rows(src, batches[:1], args))
     refs = []
 
     def scheme(quant: str) -> dict:
@@ -1171,7 +1184,7 @@ def run_all(args) -> dict:
     if "artifact" in q4:
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
                                             for b in dict.fromkeys((batches[0], *batches[-2:]))})
-    step("smollm2 torch fp16 static, more rows", 60, lambda: smollm2_torch(batches[1:3]))
+    step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
     step("low-batch variants", 90, lambda: apart(args, "variants", deadline - time.monotonic() - 20))
     for quant in ("as-stored", "as-stored-f16"):
@@ -1222,7 +1235,7 @@ def main() -> None:
     result = {"all": run_all, "numerics": numerics, "bench": bench_cmd, "bench8b": bench8b, "variants": variants,
               "prep8b": prep8b, "prebuild": prebuild, "measure8b": measure8b_cmd,
               "torch8b": torch8b_cmd}[args.command](args)
-    (Path(args.out) / f"{args.json_name or args.command}.json").write_text(json.dumps(result, indent=1, default=str))
+    _result_file(args).write_text(json.dumps(result, indent=1, default=str))
 
 
 if __name__ == "__main__":
