@@ -67,13 +67,12 @@ def cap_scores(func: tirx.PrimFunc, softcap: float) -> tirx.PrimFunc:
     c = f"T.float32({softcap * math.log2(math.e)!r})"
     lines = func.script().splitlines()
     stores = _score_stores(lines)
-    for n, m in stores:
-        lines[n] = f"{m['indent']}{m['lhs']} = {c} * T.tanh(({m['rhs']}) / {c})"
-    hits = len(stores)
-    if hits != 1:
+    if len(stores) != 1:
         name = func.attrs.get("global_symbol", "?") if func.attrs else "?"
-        raise ValueError(f"cannot soft-cap attention kernel {name}: found {hits} score stores "
+        raise ValueError(f"cannot soft-cap attention kernel {name}: found {len(stores)} score stores "
                          "(expected 1); TVM's kernel changed")
+    (n, m), = stores
+    lines[n] = f"{m['indent']}{m['lhs']} = {c} * T.tanh(({m['rhs']}) / {c})"
     return tvm.script.from_source("\n".join(lines))
 
 
