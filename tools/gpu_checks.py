@@ -1059,24 +1059,28 @@ def _unfinished(step) -> bool:
             or any(isinstance(v, dict) and "skipped" in v for v in step.values()))
 
 
-def run_all(args) -> dict:
-    """Every figure the issue's done-when names, the most telling first, inside --budget seconds; the
-    8B checkpoint and compile run meanwhile in a second process on the cores the first leaves free.
-    all.json is rewritten after every step, so a run cut short still brings back what it measured;
-    --work/all-state.json keeps the finished steps, so `all` called again on the same (warm) machine
-    runs only what the first call did not reach (its all.json holds both calls' steps)."""
-    out, work, result = Path(args.out), Path(args.work), {}
-    earlier = _earlier_steps(args)
-    deadline = time.monotonic() + args.budget
+class _Steps:
+    """`all`'s steps, each called as steps(name, need_s, fn): run within the deadline or marked
+    skipped (fewer than need_s seconds left), an exception kept as the step's error, the result
+    saved after each one (--out/all.json, and --work/all-state.json for a later call); a step an
+    earlier call finished (_earlier_steps) is taken from it, not run again."""
 
-    def save() -> None:
-        (out / "all.json").write_text(json.dumps(result, indent=1, default=str))
-        _save_state(work / ALL_STATE, args, steps={**earlier, **result})
+    def __init__(self, args, budget: float) -> None:
+        self.args, self.out, self.work = args, Path(args.out), Path(args.work)
+        self.earlier, self.result = _earlier_steps(args), {}
+        self.deadline = time.monotonic() + budget
 
-    def step(name: str, need_s: float, fn):
-        left = deadline - time.monotonic()
-        if name in earlier:
-            result[name] = earlier[name]
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def save(self) -> None:
+        (self.out / "all.json").write_text(json.dumps(self.result, indent=1, default=str))
+        _save_state(self.work / ALL_STATE, self.args, steps={**self.earlier, **self.result})
+
+    def __call__(self, name: str, need_s: float, fn):
+        left, result = self.left(), self.result
+        if name in self.earlier:
+            result[name] = self.earlier[name]
             print(f"[an earlier call] {name}", flush=True)
         elif left < need_s:
             result[name] = {"skipped": f"{left:.0f} s left, it needs about {need_s:.0f}"}
@@ -1090,8 +1094,18 @@ def run_all(args) -> dict:
                                 "where": traceback.format_exc().strip().splitlines()[-6:]}
             print(f"[{time.perf_counter() - t:.0f} s] {name}:", json.dumps(result[name], default=str)[:3000],
                   flush=True)
-        save()
+        self.save()
         return result[name]
+
+
+def run_all(args) -> dict:
+    """Every figure the issue's done-when names, the most telling first, inside --budget seconds; the
+    8B checkpoint and compile run meanwhile in a second process on the cores the first leaves free.
+    all.json is rewritten after every step, so a run cut short still brings back what it measured;
+    --work/all-state.json keeps the finished steps, so `all` called again on the same (warm) machine
+    runs only what the first call did not reach (its all.json holds both calls' steps)."""
+    out, step = Path(args.out), _Steps(args, args.budget)
+    result, earlier = step.result, step.earlier
 
     cores = sorted(os.sched_getaffinity(0))
     child = None
@@ -1137,7 +1151,7 @@ def run_all(args) -> dict:
     os.sched_setaffinity(0, cores)                      # the 8B steps may use every core once it is built
 
     def prep8b_done() -> dict:
-        left = deadline - time.monotonic()
+        left = step.left()
         try:
             child.wait(timeout=max(1.0, left - 120))
         except subprocess.TimeoutExpired:
@@ -1156,12 +1170,12 @@ def run_all(args) -> dict:
     measured = []
     if CANDIDATE in prep:           # its kernels have not run on a GPU before: in a process of its own
         cand = step(f"llama3-8b-arch q4f16 {CANDIDATE}", 90, lambda: apart(
-            args, "measure8b", min(240.0, max(60.0, deadline - time.monotonic() - 60)), f"measure8b-{CANDIDATE}",
+            args, "measure8b", min(240.0, max(60.0, step.left() - 60)), f"measure8b-{CANDIDATE}",
             ("--artifact", prep[CANDIDATE]["artifact"], "--tag", CANDIDATE)))
         measured += [CANDIDATE] * ("logits" in cand)
     if "artifact" in prep:
         step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(
-            args, "torch8b", max(60.0, deadline - time.monotonic() - 30)))
+            args, "torch8b", max(60.0, step.left() - 30)))
     step("smollm2 torch fp16 static", 45, lambda: torch_rows(src, batches[:1], args))
     refs = []
 
@@ -1178,15 +1192,15 @@ def run_all(args) -> dict:
         base = step("llama3-8b-arch q4f16", 90, lambda: measure8b(Path(prep["artifact"]), args, torch_too=False))
         measured += ["base"] * ("logits" in base)
     if measured == [CANDIDATE, "base"]:
-        step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(work, CANDIDATE))
+        step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(step.work, CANDIDATE))
     if not args.quick:              # the candidate's kernels against numpy: part of adopting it
-        step("gpu tests", 120, lambda: gpu_tests(args, max(60.0, deadline - time.monotonic() - 60)))
+        step("gpu tests", 120, lambda: gpu_tests(args, max(60.0, step.left() - 60)))
     if "artifact" in q4:
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
                                             for b in dict.fromkeys((batches[0], *batches[-2:]))})
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
-    step("low-batch variants", 90, lambda: apart(args, "variants", deadline - time.monotonic() - 20))
+    step("low-batch variants", 90, lambda: apart(args, "variants", step.left() - 20))
     for quant in ("as-stored", "as-stored-f16"):
         step(f"numerics {quant}", 45, lambda quant=quant: scheme(quant))
     refs.clear()

@@ -1,0 +1,97 @@
+"""tools/gpu_checks.py without a GPU: idle_gaps (where a GPU profile's idle time goes, from kernel
+start/end times) and `all`'s steps (what a second call on a warm machine runs again)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+
+def _gpu_checks():
+    path = Path(__file__).parents[2] / "tools" / "gpu_checks.py"
+    spec = importlib.util.spec_from_file_location("gpu_checks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_idle_time_is_grouped_by_the_kernel_after_the_gap():
+    # Two steps: embed, a graph kernel, a 10 us wait, attention (overlapping a copy), then 100 us
+    # of host between the steps; spacings of 1 us are launch spacing, not idle.
+    step = [("embed", 0, 5), ("fused_matmul", 6, 50), ("batch_decode_paged_kv", 60, 70), ("copy", 65, 72),
+            ("greedy", 73, 80)]
+    kernels = step + [(name, start + 180, end + 180) for name, start, end in step]
+    gaps = _gpu_checks().idle_gaps(kernels, steps=2, min_us=2.0)
+    assert gaps["before"][0] == ("embed", 0.05, 0.5)               # 100 us once in 2 steps
+    assert gaps["before"][1] == ("batch_decode_paged_kv", 0.01, 1.0)
+    assert gaps["idle_ms"] == pytest.approx((100 + 2 * 10) / 2 / 1e3)
+    assert gaps["launch_spacing_ms"] == pytest.approx(4 * 1 / 2 / 1e3)
+    assert gaps["activities_per_step"] == 5
+
+
+def test_no_kernels_no_idle():
+    assert _gpu_checks().idle_gaps([], steps=1) == {"idle_ms": 0.0, "launch_spacing_ms": 0.0,
+                                                    "activities_per_step": 0.0, "before": []}
+
+
+def _all_steps(gpu_checks, tmp_path, budget: float = 100.0):
+    args = argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), quick=False)
+    for folder in (args.out, args.work):
+        Path(folder).mkdir(exist_ok=True)
+    return gpu_checks._Steps(args, budget)
+
+
+def _fails():
+    raise RuntimeError("a kernel faulted")
+
+
+# name: (seconds it asks for, what it returns), and whether a second call runs it again
+STEPS = {"finished": (0, lambda: {"tok_s": 1.0}, False),
+         "raised": (0, _fails, True),
+         "out of time": (1e9, lambda: {"tok_s": 2.0}, True),
+         "process cut at its limit": (0, lambda: {"process": {"returncode": "timed out"}}, True),
+         "a part skipped": (0, lambda: {"base": {"tok_s": 3.0}, "splitk": {"skipped": "out of time"}}, True),
+         "process exited 1": (0, lambda: {"process": {"returncode": 1}}, False)}
+
+
+def _call_all(steps, ran: list) -> None:
+    for name, (need_s, fn, _) in STEPS.items():
+        steps(name, need_s, lambda name=name, fn=fn: ran.append(name) or fn())
+
+
+def test_a_second_all_call_runs_only_what_the_first_did_not_finish(tmp_path, monkeypatch):
+    import kiln
+    gpu_checks = _gpu_checks()
+    monkeypatch.setattr(kiln, "compiler_fingerprint", lambda: "sources-1")
+    first, ran = _all_steps(gpu_checks, tmp_path), []
+    _call_all(first, ran)
+    assert ran == [n for n in STEPS if n != "out of time"]
+    assert first.result["raised"]["error"] == "RuntimeError: a kernel faulted"
+    assert "skipped" in first.result["out of time"]
+    assert json.loads((tmp_path / "out" / "all.json").read_text()) == json.loads(json.dumps(first.result))
+
+    second, ran = _all_steps(gpu_checks, tmp_path), []
+    _call_all(second, ran)
+    assert ran == [n for n, (*_, again) in STEPS.items() if again and n != "out of time"]
+    assert second.result["finished"] == {"tok_s": 1.0}              # the first call's, in this call's all.json
+    assert json.loads((tmp_path / "out" / "all.json").read_text())["finished"] == {"tok_s": 1.0}
+
+    monkeypatch.setattr(kiln, "compiler_fingerprint", lambda: "sources-2")   # kiln edited: all again
+    third, ran = _all_steps(gpu_checks, tmp_path), []
+    _call_all(third, ran)
+    assert ran == [n for n in STEPS if n != "out of time"]
+
+
+def test_a_step_runs_only_with_the_time_it_asks_for(tmp_path, monkeypatch):
+    import kiln
+    monkeypatch.setattr(kiln, "compiler_fingerprint", lambda: "sources-1")
+    steps, ran = _all_steps(_gpu_checks(), tmp_path, budget=30), []
+    assert "skipped" in steps("long", 60, lambda: ran.append("long"))
+    assert steps("short", 10, lambda: ran.append("short") or {"ok": True}) == {"ok": True}
+    assert ran == ["short"] and steps.left() <= 30
