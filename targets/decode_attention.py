@@ -150,7 +150,57 @@ class SlotWalk:
                         lse[row, head] = merged[0] + T.log2(merged[3])
             T.tvm_storage_sync("shared")
 
+        @T.macro
+        def start(q, run_max, run_sum, acc, Q, row, head0, sm_scale, tx):
+            """Query heads head0 .. head0 + group of row `row` scaled into q (log2 domain); the
+            slot's online softmax empty."""
+            for i in T.unroll(group):
+                for j in T.unroll(vec):     # (no float32x8 in CUDA C)
+                    q[i, j] = T.Cast("float32", Q[row, head0 + i, tx * vec + j]) * (sm_scale * T.float32(LOG2E))
+                run_max[i] = T.float32(_EMPTY_MAX)
+                run_sum[i] = T.float32(0)
+                for j in T.unroll(vec):
+                    acc[i, j] = T.float32(0)
+
+        @T.macro
+        def load_paged(k_rows, v_rows, pages, page_values, first, pos, page_size, u, by, tx):
+            """Slot u of k_rows / v_rows: the lane's 16 bytes of the key and value at position `pos`
+            of the sequence whose pages start at page_values[first]."""
+            page: T.let[T.int32] = page_values[first + pos // page_size]
+            for j in T.vectorized(vec):
+                k_rows[u, j] = pages[page, 0, by, pos % page_size, tx * vec + j]
+            for j in T.vectorized(vec):
+                v_rows[u, j] = pages[page, 1, by, pos % page_size, tx * vec + j]
+
+        @T.macro
+        def blank(k_rows, v_rows, u):
+            """Slot u of k_rows / v_rows past the keys: zeros (step() skips them)."""
+            for j in T.unroll(vec):
+                k_rows[u, j] = T.Cast(dtype, 0)
+                v_rows[u, j] = T.Cast(dtype, 0)
+
+        @T.macro
+        def finish(output, lse, acc, run_max, run_sum, merged, slot_out, slot_state, row, head0, slot, tx):
+            """The slots' states merged, one query head at a time, into output[row] and lse[row]."""
+            for i in T.serial(group):
+                share(acc, run_max, run_sum, slot_out, slot_state, i, slot, tx)
+                write(output, lse, merged, slot_out, slot_state, row, head0 + i, slot, tx)
+
         self.step, self.share, self.write = step, share, write
+        self.start, self.load_paged, self.blank, self.finish = start, load_paged, blank, finish
+        self.dtype, self.unroll, self.d = dtype, unroll, d
+
+    def buffers(self):
+        """The walk's registers and shared memory, allocated in the enclosing sblock (call it inside
+        one while a kernel is parsed): q, k_rows, v_rows, scores, part, summed, run_max, run_sum,
+        acc, new_max, merged, slot_out, slot_state."""
+        group, vec, unroll, dtype = self.group, self.vec, self.unroll, self.dtype
+        local = [((group, vec), "float32"), ((unroll, vec), dtype), ((unroll, vec), dtype),
+                 ((unroll, group), "float32"), ((1,), "float32"), ((1,), "float32"), ((group,), "float32"),
+                 ((group,), "float32"), ((group, vec), "float32"), ((1,), "float32"), ((4,), "float32")]
+        return (*[T.sblock_alloc_buffer(shape, dt, scope="local") for shape, dt in local],
+                T.sblock_alloc_buffer((self.slots, self.d), "float32", scope="shared"),
+                T.sblock_alloc_buffer((self.slots, 2), "float32", scope="shared"))
 
 
 def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, sliding_window: bool = False,
@@ -163,7 +213,7 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
     does not split into 16-byte lanes that tile a warp."""
     walk = SlotWalk(h_kv, h_qo, d, dtype, warps, unroll, softcap)
     group = walk.group
-    vec, lanes, per_warp, slots, threads = walk.vec, walk.lanes, walk.per_warp, walk.slots, walk.threads
+    lanes, per_warp, slots, threads = walk.lanes, walk.per_warp, walk.slots, walk.threads
     step = walk.step_tokens
     symbol = "batch_decode_paged_kv" + ("_sliding_window" if sliding_window else "")
 
@@ -186,20 +236,9 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
         def body(Q, pages, page_table_indptr, page_table_values, length_info, output, lse, ws_o, ws_md,
                  sm_scale, bx, by, bs, n_splits, tz, ty, tx):
             with T.sblock("attn"):
-                q = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
-                k_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
-                v_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
-                scores = T.sblock_alloc_buffer((unroll, group), "float32", scope="local")
-                part = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                summed = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                run_max = T.sblock_alloc_buffer((group,), "float32", scope="local")
-                run_sum = T.sblock_alloc_buffer((group,), "float32", scope="local")
-                acc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
-                new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                (q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max, merged,
+                 slot_out, slot_state) = walk.buffers()
                 span = T.sblock_alloc_buffer((2,), "int32", scope="local")        # [lo, hi)
-                merged = T.sblock_alloc_buffer((4,), "float32", scope="local")
-                slot_out = T.sblock_alloc_buffer((slots, d), "float32", scope="shared")
-                slot_state = T.sblock_alloc_buffer((slots, 2), "float32", scope="shared")
 
                 slot: T.let[T.int32] = tz * per_warp + ty
                 begin: T.let[T.int32] = page_table_indptr[bx]
@@ -212,13 +251,7 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
                 else:
                     span[0] = 0
                     span[1] = length
-                for i in T.unroll(group):
-                    for j in T.unroll(vec):     # (no float32x8 in CUDA C)
-                        q[i, j] = T.Cast("float32", Q[bx, by * group + i, tx * vec + j]) * (sm_scale * T.float32(LOG2E))
-                    run_max[i] = T.float32(_EMPTY_MAX)
-                    run_sum[i] = T.float32(0)
-                    for j in T.unroll(vec):
-                        acc[i, j] = T.float32(0)
+                walk.start(q, run_max, run_sum, acc, Q, bx, by * group, sm_scale, tx)
 
                 for it in T.serial(T.ceildiv(span[1] - span[0], step)):
                     # every load of the unrolled tokens first
@@ -226,22 +259,16 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
                         t: T.let[T.int32] = span[0] + (it * unroll + u) * slots + slot
                         if t < span[1]:
                             pos: T.let[T.int32] = seq_offset(t, bx, length_info)
-                            page: T.let[T.int32] = page_table_values[begin + pos // page_size]
-                            for j in T.vectorized(vec):
-                                k_rows[u, j] = pages[page, 0, by, pos % page_size, tx * vec + j]
-                            for j in T.vectorized(vec):
-                                v_rows[u, j] = pages[page, 1, by, pos % page_size, tx * vec + j]
+                            walk.load_paged(k_rows, v_rows, pages, page_table_values, begin, pos, page_size, u, by, tx)
                         else:
-                            for j in T.unroll(vec):
-                                k_rows[u, j] = T.Cast(dtype, 0)
-                                v_rows[u, j] = T.Cast(dtype, 0)
+                            walk.blank(k_rows, v_rows, u)
                     walk.step(q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max,
                               span[0] + it * unroll * slots + slot, span[1], tx)
 
                 # the slots' states merged, one query head at a time
-                for i in T.serial(group):
-                    walk.share(acc, run_max, run_sum, slot_out, slot_state, i, slot, tx)
-                    if split:                   # the share's state as it is, for the merge kernel
+                if split:                       # the share's state as it is, for the merge kernel
+                    for i in T.serial(group):
+                        walk.share(acc, run_max, run_sum, slot_out, slot_state, i, slot, tx)
                         for rep in T.serial((d + threads - 1) // threads):
                             dim: T.let[T.int32] = rep * threads + slot * lanes + tx
                             if dim < d:
@@ -251,8 +278,9 @@ def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, s
                                     ws_md[bx, bs, by * group + i, 0] = merged[0]
                                     ws_md[bx, bs, by * group + i, 1] = merged[1]
                         T.tvm_storage_sync("shared")
-                    else:
-                        walk.write(output, lse, merged, slot_out, slot_state, bx, by * group + i, slot, tx)
+                else:
+                    walk.finish(output, lse, acc, run_max, run_sum, merged, slot_out, slot_state, bx, by * group,
+                                slot, tx)
         return body
 
     whole, share = attend(False), attend(True)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .decode_attention import _EMPTY_MAX, LOG2E, SlotWalk
+from .decode_attention import SlotWalk
 
 SEARCH_STEPS = 31              # binary search for a token's sequence: any int32 batch
 
@@ -60,20 +60,9 @@ def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, 
         with T.sblock("attn"):
             T.reads()                   # (what it reads depends on the token's sequence, found inside)
             T.writes()
-            q = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
-            k_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
-            v_rows = T.sblock_alloc_buffer((unroll, vec), dtype, scope="local")
-            scores = T.sblock_alloc_buffer((unroll, group), "float32", scope="local")
-            part = T.sblock_alloc_buffer((1,), "float32", scope="local")
-            summed = T.sblock_alloc_buffer((1,), "float32", scope="local")
-            run_max = T.sblock_alloc_buffer((group,), "float32", scope="local")
-            run_sum = T.sblock_alloc_buffer((group,), "float32", scope="local")
-            acc = T.sblock_alloc_buffer((group, vec), "float32", scope="local")
-            new_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
+            (q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max, merged,
+             slot_out, slot_state) = walk.buffers()
             seq = T.sblock_alloc_buffer((2,), "int32", scope="local")          # search bounds [lo, hi)
-            merged = T.sblock_alloc_buffer((4,), "float32", scope="local")
-            slot_out = T.sblock_alloc_buffer((slots, d), "float32", scope="shared")
-            slot_state = T.sblock_alloc_buffer((slots, 2), "float32", scope="shared")
 
             # the token's sequence: the last b with q_indptr[b] <= token
             seq[0] = 0
@@ -94,39 +83,25 @@ def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, 
                 causal > 0, T.max(T.min(kv_len - q_len + (token - q_indptr[b]) + 1, kv_len), 0), kv_len)
             slot: T.let[T.int32] = tz * per_warp + ty
 
-            for i in T.unroll(group):
-                for j in T.unroll(vec):
-                    q[i, j] = T.Cast("float32", q_in[token, by * group + i, tx * vec + j]) * (sm_scale * T.float32(LOG2E))
-                run_max[i] = T.float32(_EMPTY_MAX)
-                run_sum[i] = T.float32(0)
-                for j in T.unroll(vec):
-                    acc[i, j] = T.float32(0)
+            walk.start(q, run_max, run_sum, acc, q_in, token, by * group, sm_scale, tx)
 
             for it in T.serial(T.ceildiv(end, walk.step_tokens)):
                 for u in T.unroll(unroll):
                     t: T.let[T.int32] = (it * unroll + u) * slots + slot
                     if t < end:
                         if paged:
-                            page: T.let[T.int32] = values[base + t // page_size]
-                            for j in T.vectorized(vec):
-                                k_rows[u, j] = keys[page, 0, by, t % page_size, tx * vec + j]
-                            for j in T.vectorized(vec):
-                                v_rows[u, j] = keys[page, 1, by, t % page_size, tx * vec + j]
+                            walk.load_paged(k_rows, v_rows, keys, values, base, t, page_size, u, by, tx)
                         else:
                             for j in T.vectorized(vec):
                                 k_rows[u, j] = keys[base + t, by, tx * vec + j]
                             for j in T.vectorized(vec):
                                 v_rows[u, j] = values[base + t, by, tx * vec + j]
                     else:
-                        for j in T.unroll(vec):
-                            k_rows[u, j] = T.Cast(dtype, 0)
-                            v_rows[u, j] = T.Cast(dtype, 0)
+                        walk.blank(k_rows, v_rows, u)
                 walk.step(q, k_rows, v_rows, scores, part, summed, run_max, run_sum, acc, new_max,
                           it * unroll * slots + slot, end, tx)
 
-            for i in T.serial(group):
-                walk.share(acc, run_max, run_sum, slot_out, slot_state, i, slot, tx)
-                walk.write(output, lse, merged, slot_out, slot_state, token, by * group + i, slot, tx)
+            walk.finish(output, lse, acc, run_max, run_sum, merged, slot_out, slot_state, token, by * group, slot, tx)
 
     @T.macro
     def grid(q, q_indptr, keys, values, indptr, length_info, output, lse, causal, sm_scale, batch, tokens):
