@@ -24,9 +24,9 @@ from kiln.models.source import usable_cores
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS,
-                                   PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo, ParamWriter, SourceInfo,
-                                   TargetInfo, write_config, write_golden)
+from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS,
+                                   OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
+                                   ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
 
 from .artifact import check_output, staged_artifact
 from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
@@ -154,7 +154,8 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
                             SourceInfo(source.format, source.content_hash, source.path.name)),
             quantization=plan.describe(),
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
-            entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS, *[LIBRARY_GEMM_ENTRY] * profile.library_gemm),
+            entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS,
+                             *[LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS] * profile.library_gemm),
             params=names,
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,
@@ -168,6 +169,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             compile_seconds=round(time.perf_counter() - start, 2),
             tuned_kernels=facts.tuned_kernels,
             activation_bytes=facts.activation_bytes,
+            library_gemm_bytes=facts.library_gemm_bytes,
             notes=(*source.notes, *config.notes, *plan.notes),
             golden=golden,
         ))
@@ -216,6 +218,7 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
 class BuildFacts:
     tuned_kernels: int = 0          # kernels scheduled with tuning-database knobs
     activation_bytes: int = 0       # every constant-size buffer the Relax functions allocate, summed
+    library_gemm_bytes: int = 0     # the float weights LIBRARY_GEMM_WEIGHTS returns, summed
 
 
 _ALLOC_STORAGE = tvm.ir.Op.get("relax.vm.alloc_storage")
@@ -236,7 +239,11 @@ class _Observe:
         self.marker_attr, self.facts = marker_attr, BuildFacts()
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
-        if info.name == "schedule" and self.marker_attr:
+        if info.name == "graph" and LIBRARY_GEMM_WEIGHTS in [gv.name_hint for gv in mod.get_global_vars()]:
+            self.facts.library_gemm_bytes = sum(
+                math.prod(int(d) for d in t.shape.values) * tvm.DataType(t.dtype).itemsize
+                for t in mod[LIBRARY_GEMM_WEIGHTS].ret_ty.fields)
+        elif info.name == "schedule" and self.marker_attr:
             self.facts.tuned_kernels = sum(
                 1 for _, f in mod.functions_items()
                 if isinstance(f, tirx.PrimFunc) and f.attrs is not None and self.marker_attr in f.attrs)

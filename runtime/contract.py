@@ -39,8 +39,11 @@ ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode"
 OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden", "greedy_tokens", "sample_tokens")
 # batch_prefill with its token matmuls through the device's BLAS (compiler/passes/library_gemm.py), in
 # artifacts of a profile with library_gemm: the runner registers GEMM_PACKED_FUNC before it loads the
-# library (runtime/library_gemm.py) and takes this entry for forwards of many tokens.
+# library (runtime/library_gemm.py) and takes this entry for forwards of many tokens. Its quantized
+# weights come dequantized, as a last argument, from LIBRARY_GEMM_WEIGHTS (params -> a tuple of float
+# tensors, called once at load), which ArtifactConfig.library_gemm_bytes says the size of.
 LIBRARY_GEMM_ENTRY = "batch_prefill_gemm"
+LIBRARY_GEMM_WEIGHTS = "batch_prefill_gemm_weights"
 GEMM_PACKED_FUNC = "kiln.gemm_nt"
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none
@@ -139,6 +142,7 @@ class ArtifactConfig:
     compile_seconds: float = 0.0
     tuned_kernels: int = 0                       # kernels scheduled with `kiln tune` knobs
     activation_bytes: int = 0                    # device memory the planned buffers take at most; 0: unknown
+    library_gemm_bytes: int = 0                  # LIBRARY_GEMM_WEIGHTS' float weights (bytes), kept while loaded
     notes: tuple[str, ...] = ()
     golden: dict = field(default_factory=dict)   # {"file", "reference", "prompts", "top_k"} or {"skipped": why}
     files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256 (set when written)

@@ -8,9 +8,13 @@ at the first call), its BLAS on a CPU. torch shares CUDA's legacy default stream
 launches, so the matmul runs between the kernels before and after it.
 
 The VM resolves the name when it loads a library that calls it: the runner registers it first
-(register), and takes the entry only where torch can run it (unusable says why not) and for
-forwards of MIN_TOKENS or more (the weight is dequantized to a float tensor on every call: ~11 ms
-a forward for an 8B model at 3 TB/s, which the BLAS wins back from a few hundred tokens).
+(register), and takes the entry only where torch can run it (unusable says why not), where the
+entry's float weights fit beside the KV cache (made once at load: memory_budget.gemm_weights_refused),
+and for forwards of MIN_TOKENS or more. Below that a forward reads the quantized weights (4x fewer
+bytes for 4-bit ones) through kiln's own kernels. MIN_TOKENS is arithmetic, not measured: for an 8B
+model on an H100 the BLAS's float16 weights take ~5.3 ms to read, and the 4-bit path's matmuls run
+at ~210 TFLOP/s (14 GFLOP a token), so from ~64 tokens the BLAS at ~600 TFLOP/s is ahead; at the
+first GPU run tools/gpu_checks.py's `library gemm crossover` says where it is.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 from ._tvm import tvm_ffi
 from .contract import GEMM_PACKED_FUNC
 
-MIN_TOKENS = 256
+MIN_TOKENS = 64
 _TORCH_DEVICES = ("cpu", "cuda", "rocm")          # runtime device kinds torch's matmul runs on
 
 

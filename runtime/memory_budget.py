@@ -105,5 +105,22 @@ def kv_tokens_for_memory(memory: DeviceMemory, utilization: float, activation_by
     return pages * layout.page_size
 
 
+def gemm_weights_refused(memory: DeviceMemory, utilization: float, activation_bytes: int, need: int,
+                         kv_bytes: int | None = None) -> str | None:
+    """Why the library GEMM's float weights (`need` bytes, kept from the load: compiler/passes/library_gemm.py)
+    stay off the device, or None where they fit: within `utilization` of its memory beside the
+    activations and a KV cache of `kv_bytes` if one was asked, else in at most half of what the KV
+    cache would get, so that a long-prompt speed-up never halves the sequences a server holds."""
+    check_utilization(utilization)
+    budget = memory.free - int(memory.total * (1 - utilization)) - activation_bytes
+    room = budget - kv_bytes if kv_bytes is not None else budget // 2
+    if need <= room:
+        return None
+    kv = f"a KV cache of {_gib(kv_bytes)}" if kv_bytes is not None else "the KV cache's half"
+    return (f"its float weights for the BLAS prefill ({_gib(need)}) do not fit beside {kv} "
+            f"({_gib(max(budget, 0))} left at memory utilization {utilization}); long prompts prefill "
+            "through batch_prefill")
+
+
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"

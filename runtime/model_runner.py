@@ -32,9 +32,9 @@ from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
 from . import library_gemm
-from .contract import LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS
-from .memory_budget import (DEFAULT_GPU_UTILIZATION, SERVER_DEVICES, device_memory, kv_tokens_for_memory,
-                            no_memory_size)
+from .contract import LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS
+from .memory_budget import (DEFAULT_GPU_UTILIZATION, SERVER_DEVICES, device_memory, gemm_weights_refused,
+                            kv_tokens_for_memory, no_memory_size)
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 
@@ -87,6 +87,11 @@ class ModelRunner:
         # Converted to TVM's array once: a Python list is converted on every call that takes it
         # (twice a decode step; 11 us for an 8B model's 450 tensors).
         self.params = tvm.runtime.convert(params)
+        # batch_prefill with the device's BLAS for long forwards, where torch can run it here and its
+        # float weights fit (made now, before the KV cache takes the memory left).
+        self.gemm_unusable = self._gemm_weights(gemm_entry, max_total_tokens, memory_utilization, loaded)
+        if self.gemm_unusable is None:
+            loaded += cfg.library_gemm_bytes
         if max_total_tokens is None:
             max_total_tokens = self._kv_tokens_for_memory(memory_utilization, loaded)
         self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
@@ -99,10 +104,32 @@ class ModelRunner:
         for name in OPTIONAL_ENTRY_FUNCTIONS:
             if name in cfg.entry_functions:
                 self._fn[name] = self.vm[name]
-        # batch_prefill with the device's BLAS for long forwards, where torch can run it here.
-        self.gemm_unusable = library_gemm.unusable(artifact.device) if gemm_entry else "not in this artifact"
         if self.gemm_unusable is None:
             self._fn[LIBRARY_GEMM_ENTRY] = self.vm[LIBRARY_GEMM_ENTRY]
+
+    def _gemm_weights(self, in_artifact: bool, kv_tokens: int | None, share: float | None, loaded: int) -> str | None:
+        """Make LIBRARY_GEMM_WEIGHTS' float weights (self.gemm_weights) and return None; or say why the
+        runner goes without the library GEMM entry."""
+        self.gemm_weights = None
+        cfg = self.artifact.config
+        if not in_artifact:
+            return "not in this artifact"
+        if LIBRARY_GEMM_WEIGHTS not in cfg.entry_functions:
+            return f"this artifact's {LIBRARY_GEMM_ENTRY} predates {LIBRARY_GEMM_WEIGHTS}; recompile it"
+        why = library_gemm.unusable(self.artifact.device)
+        if why is not None:
+            return why
+        if cfg.library_gemm_bytes:                          # quantized weights: their float copies
+            memory = device_memory(self.artifact.device, self.device, loaded)
+            if memory is None:
+                return "the device reports no memory size to fit the BLAS's float weights in"
+            kv_bytes = None if kv_tokens is None else kv_tokens * cfg.kv_cache.bytes_per_token
+            why = gemm_weights_refused(memory, DEFAULT_GPU_UTILIZATION if share is None else share,
+                                       cfg.activation_bytes, cfg.library_gemm_bytes, kv_bytes)
+            if why is not None:
+                return why
+        self.gemm_weights = self.vm[LIBRARY_GEMM_WEIGHTS](self.params)
+        return None
 
     def _kv_tokens_for_memory(self, share: float | None, loaded: int) -> int | None:
         """KV tokens for `share` of the device's memory, the weights (`loaded` bytes) already on it;
@@ -219,7 +246,9 @@ class ModelRunner:
         name = LIBRARY_GEMM_ENTRY if LIBRARY_GEMM_ENTRY in self._fn and len(flat) >= library_gemm.MIN_TOKENS \
             else "batch_prefill"
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple(lengths))
-        logits, _ = self._fn[name](embeds, self._staged("positions", np.concatenate(spans)), self.kv, self.params)
+        weights = (self.gemm_weights,) if name == LIBRARY_GEMM_ENTRY else ()
+        logits, _ = self._fn[name](embeds, self._staged("positions", np.concatenate(spans)), self.kv, self.params,
+                                   *weights)
         _KV["kv_state_end_forward"](self.kv)
         return logits, spans
 

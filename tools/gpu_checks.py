@@ -846,6 +846,8 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
     record("batch 1", kiln_bench(art, 1, args, runner))            # first: 128-token prefills, TVM's matmuls
     record("batch1_pct_of_floor", round(100 * result["batch 1"]["decode_tok_s"] / floor, 1))
+    record("library gemm weights", {"bytes": runner.artifact.config.library_gemm_bytes,
+                                    "unusable": runner.gemm_unusable})
     if runner.gemm_unusable is None:          # before any row whose prefill takes it
         record("library gemm probe", gemm_probe(runner, args))
     logits = {}
@@ -925,23 +927,27 @@ def gemm_probe(runner, args) -> dict:
     return {"tokens": len(prompt), **_logit_diff(logits["gemm"], logits["tvm"])}
 
 
-def gemm_crossover(runner, args, batches=(1, 2, 4, 16)) -> dict:
-    """Prefill ms of `batch` --prompt-len prompts through batch_prefill and through the library GEMM
-    entry (runtime/library_gemm.py MIN_TOKENS moved either way), the median of 3 each: where the
-    BLAS starts to pay, i.e. what MIN_TOKENS should be."""
+def gemm_crossover(runner, args, batches=(1, 2, 4, 16), short=(16, 32, 64)) -> dict:
+    """Prefill ms of `batch` --prompt-len prompts, and of one prompt of each `short` length, through
+    batch_prefill and through the library GEMM entry (runtime/library_gemm.py MIN_TOKENS moved either
+    way), the median of 3 each: where the BLAS starts to pay, i.e. what MIN_TOKENS should be."""
+    import copy
     import statistics
+    shapes = [(1, n) for n in short if n < args.prompt_len] + [(b, args.prompt_len) for b in batches]
     rows = {}
-    for b in (b for b in batches if b <= runner.max_num_seqs):
+    for b, n in (s for s in shapes if s[0] <= runner.max_num_seqs):
+        shape = copy.copy(args)
+        shape.prompt_len = n
         for label, least in PREFILL_ENTRIES:
             times = []
             with _min_tokens(least):
                 for _ in range(4):                               # the first warms up
                     t = time.perf_counter()
-                    ids = _prefill(runner, b, args)              # returns once the logits are back
+                    ids = _prefill(runner, b, shape)             # returns once the logits are back
                     times.append(time.perf_counter() - t)
                     for i in ids:
                         runner.remove_sequence(i)
-            rows.setdefault(f"{b} x {args.prompt_len}", {})[f"{label}_ms"] = round(statistics.median(times[1:]) * 1e3, 2)
+            rows.setdefault(f"{b} x {n}", {})[f"{label}_ms"] = round(statistics.median(times[1:]) * 1e3, 2)
     return rows
 
 

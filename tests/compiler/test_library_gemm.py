@@ -3,7 +3,9 @@ through the device's BLAS (compiler/passes/library_gemm.py, runtime/library_gemm
 
 On this CPU the same path runs on torch's CPU matmul: the tiny Llama compiled with library_gemm has
 the entry, its token matmuls (4 a layer, not the logits') call kiln.gemm_nt, the runner takes it
-from MIN_TOKENS tokens a forward, and its logits are batch_prefill's up to summation order.
+from MIN_TOKENS tokens a forward, and its logits are batch_prefill's up to summation order. The
+quantized weights reach the BLAS dequantized once, at load (batch_prefill_gemm_weights): equal to
+the dequantize kernel's values, none computed in a forward, and left off where memory is short.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import pytest
 
 from kiln import targets
 from kiln.runtime import Artifact, library_gemm
-from kiln.runtime.contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY
+from kiln.runtime import model_runner
+from kiln.runtime.contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS
+from kiln.runtime.memory_budget import DeviceMemory
 from kiln.runtime.model_runner import ModelRunner
 
 LAYERS = 2
@@ -76,6 +80,37 @@ def test_long_forwards_take_the_blas_entry_with_batch_prefills_logits(gemm_artif
     tol = 1e-5 if "q0f32" in gemm_artifact.name else 5e-3          # float16 activations: rounding order
     np.testing.assert_allclose(routed, plain, atol=tol * np.abs(plain).max(), rtol=0)
     assert (routed.argmax(-1) == plain.argmax(-1)).all()
+
+
+def test_the_blas_weights_are_made_once_at_load(gemm_artifact, gemm_calls):
+    """q4f16: each routed matmul's weight is a float16 tensor the runner made at load, equal to
+    dequantizing its planes as the forward's kernels do (reference: the q4 scheme's numpy
+    dequantization); q0f32 stores float weights, so nothing is lifted and nothing is kept."""
+    from kiln.compiler.quant_modules import QuantFormat
+    from kiln.compiler.quant_pack import dequantize
+    runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4)
+    cfg = runner.artifact.config
+    assert LIBRARY_GEMM_WEIGHTS in cfg.entry_functions and runner.gemm_unusable is None
+    weights = [w.numpy() for w in runner.gemm_weights]
+    assert cfg.library_gemm_bytes == sum(w.nbytes for w in weights)
+    if "q0f32" in gemm_artifact.name:
+        assert weights == []
+        return
+    assert len(weights) == 4 * LAYERS and all(w.dtype == np.float16 for w in weights)
+    params = dict(zip(cfg.params, runner.params))
+    qkv = "model.layers.0.self_attn.qkv_proj"                    # the first routed matmul
+    planes = {plane: params[f"{qkv}.{plane}"].numpy() for plane in ("qweight", "scale")}
+    np.testing.assert_array_equal(weights[0], dequantize(QuantFormat("q4", 32), planes, "float16"))
+
+
+def test_short_memory_leaves_the_entry_off(gemm_artifact, monkeypatch):
+    monkeypatch.setattr(model_runner, "device_memory", lambda *_: DeviceMemory(free=2**20, total=2**30))
+    runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4, max_total_tokens=256)
+    if runner.artifact.config.library_gemm_bytes == 0:          # q0f32: nothing to keep, always fits
+        assert runner.gemm_unusable is None
+        return
+    assert "do not fit beside a KV cache of" in runner.gemm_unusable
+    assert runner.gemm_weights is None and LIBRARY_GEMM_ENTRY not in runner._fn
 
 
 def test_artifacts_without_the_entry_never_take_it(tiny_artifacts):

@@ -9,8 +9,8 @@ import pytest
 
 import kiln
 from kiln.runtime.contract import KVCacheLayout
-from kiln.runtime.memory_budget import (DeviceMemory, MemoryBudgetError, device_memory, host_memory,
-                                        kv_tokens_for_memory, no_memory_size)
+from kiln.runtime.memory_budget import (DeviceMemory, MemoryBudgetError, device_memory, gemm_weights_refused,
+                                        host_memory, kv_tokens_for_memory, no_memory_size)
 
 GIB = 2**30
 LAYOUT = KVCacheLayout(page_size=16, num_layers=32, num_kv_heads=8, head_dim=128, dtype="float16")   # 8B-like
@@ -39,6 +39,21 @@ def test_too_little_memory_for_one_full_context_is_refused_with_the_fixes():
     for bad in (0, -0.5, 1.5):
         with pytest.raises(MemoryBudgetError, match="not a fraction"):
             kv_tokens_for_memory(memory, bad, 0, LAYOUT, max_num_seqs=8, context_window=8192)
+
+
+def test_blas_weights_take_at_most_half_of_what_the_kv_cache_would_get():
+    memory = DeviceMemory(free=70 * GIB, total=80 * GIB)          # an 8B's 4-bit weights loaded
+    budget = 70 * GIB - int(80 * GIB * 0.1) - 2 * GIB             # 60 GiB for the KV cache
+    assert gemm_weights_refused(memory, 0.9, 2 * GIB, 15 * GIB) is None            # its float16 copies
+    assert gemm_weights_refused(memory, 0.9, 2 * GIB, budget // 2) is None
+    why = gemm_weights_refused(memory, 0.9, 2 * GIB, budget // 2 + 1)
+    assert "do not fit beside the KV cache's half (60.00 GiB left at memory utilization 0.9)" in why
+    assert "prefill through batch_prefill" in why
+    # A KV cache asked in tokens (its bytes): the copies get the rest, however much that is.
+    assert gemm_weights_refused(memory, 0.9, 2 * GIB, 50 * GIB, kv_bytes=10 * GIB) is None
+    assert "a KV cache of 10.02 GiB" in gemm_weights_refused(memory, 0.9, 2 * GIB, 50 * GIB, kv_bytes=10 * GIB + 2**24)
+    with pytest.raises(MemoryBudgetError, match="not a fraction"):
+        gemm_weights_refused(memory, 1.5, 0, GIB)
 
 
 def test_host_memory_reads_meminfo_within_the_cgroup_limit(tmp_path):
