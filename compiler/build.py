@@ -24,7 +24,7 @@ from kiln.models.source import usable_cores
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS,
+from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS,
                                    OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
                                    ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
 
@@ -155,7 +155,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             quantization=plan.describe(),
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
             entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS,
-                             *[LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS] * profile.library_gemm),
+                             *[*LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS] * profile.library_gemm),
             params=names,
             vocab_size=config.vocab_size,
             hidden_size=config.hidden_size,

@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
-from kiln.runtime.contract import ENTRY_FUNCTIONS, LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS
+from kiln.runtime.contract import ENTRY_FUNCTIONS, LIBRARY_GEMM_COPIES, OPTIONAL_ENTRY_FUNCTIONS
 
 
 _PACKED = {"param_mode": "packed", "effect_mode": "none"}
@@ -20,7 +20,8 @@ _NO_PARAMS = {"param_mode": "none", "effect_mode": "none"}
 
 def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str, library_gemm: bool = False) -> dict:
     """The export spec for a causal LM whose methods are named as ENTRY_FUNCTIONS; with `library_gemm`,
-    also LIBRARY_GEMM_ENTRY (batch_prefill again, its matmuls later routed to the device's BLAS)."""
+    also the LIBRARY_GEMM_COPIES (batch_prefill and batch_decode again, their matmuls later routed to
+    the device's BLAS)."""
     kv = nn.spec.Object(object_type=PagedKVCache)
 
     def embeds(*shape):
@@ -49,16 +50,16 @@ def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str, 
                if not callable(getattr(model, name, None))]
     if missing:
         raise TypeError(f"{type(model).__name__} lacks entry functions {missing}")
-    if library_gemm:
-        setattr(model, LIBRARY_GEMM_ENTRY, model.batch_prefill)
-        spec[LIBRARY_GEMM_ENTRY] = dict(spec["batch_prefill"])        # export_tvm takes its "$" out
+    for name, original in LIBRARY_GEMM_COPIES.items() if library_gemm else ():
+        setattr(model, name, getattr(model, original))
+        spec[name] = dict(spec[original])                              # export_tvm takes its "$" out
     return spec
 
 
 # Entry functions whose output TVM may size at the bound: all but batch_verify, whose output is
 # the logits at every position (a prefill chunk times the vocabulary at the bound).
-_BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", LIBRARY_GEMM_ENTRY, "batch_hidden", "batch_decode",
-                   "greedy_tokens", "sample_tokens")
+_BOUNDED_OUTPUT = ("embed", "prefill", "decode", "batch_prefill", "batch_hidden", "batch_decode",
+                   "greedy_tokens", "sample_tokens", *LIBRARY_GEMM_COPIES)
 
 
 def bound_shapes(mod, prefill_chunk: int, max_batch_size: int):
@@ -72,7 +73,7 @@ def bound_shapes(mod, prefill_chunk: int, max_batch_size: int):
     for gv, func in list(mod.functions_items()):
         name = gv.name_hint
         if not isinstance(func, relax.Function) or name not in (*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS,
-                                                                 LIBRARY_GEMM_ENTRY):
+                                                                 *LIBRARY_GEMM_COPIES):
             continue
         seq_len = max(prefill_chunk, max_batch_size) if name == "embed" else prefill_chunk  # decode embeds a batch
         func = func.with_attr("tir_var_upper_bound", {"seq_len": seq_len, "batch_size": max_batch_size})

@@ -39,11 +39,15 @@ ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode"
 OPTIONAL_ENTRY_FUNCTIONS = ("batch_hidden", "greedy_tokens", "sample_tokens")
 # batch_prefill with its token matmuls through the device's BLAS (compiler/passes/library_gemm.py), in
 # artifacts of a profile with library_gemm: the runner registers GEMM_PACKED_FUNC before it loads the
-# library (runtime/library_gemm.py) and takes this entry for forwards of many tokens. Its quantized
-# weights come dequantized, as a last argument, from LIBRARY_GEMM_WEIGHTS (params -> a tuple of float
+# library (runtime/library_gemm.py) and takes this entry for forwards of many tokens, and
+# LIBRARY_GEMM_DECODE (batch_decode so) for decode steps of many sequences. Their quantized weights
+# come dequantized, as a last argument, from LIBRARY_GEMM_WEIGHTS (params -> a tuple of float
 # tensors, called once at load), which ArtifactConfig.library_gemm_bytes says the size of.
 LIBRARY_GEMM_ENTRY = "batch_prefill_gemm"
+LIBRARY_GEMM_DECODE = "batch_decode_gemm"
 LIBRARY_GEMM_WEIGHTS = "batch_prefill_gemm_weights"
+# Each library GEMM entry, and the entry function it is a copy of.
+LIBRARY_GEMM_COPIES = {LIBRARY_GEMM_ENTRY: "batch_prefill", LIBRARY_GEMM_DECODE: "batch_decode"}
 GEMM_PACKED_FUNC = "kiln.gemm_nt"
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none

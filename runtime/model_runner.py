@@ -32,7 +32,8 @@ from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
 from . import library_gemm
-from .contract import LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS
+from .contract import (LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS,
+                       OPTIONAL_ENTRY_FUNCTIONS)
 from .memory_budget import (DEFAULT_GPU_UTILIZATION, SERVER_DEVICES, device_memory, gemm_weights_refused,
                             kv_tokens_for_memory, no_memory_size)
 from .protocol import InvalidRequestError
@@ -105,7 +106,9 @@ class ModelRunner:
             if name in cfg.entry_functions:
                 self._fn[name] = self.vm[name]
         if self.gemm_unusable is None:
-            self._fn[LIBRARY_GEMM_ENTRY] = self.vm[LIBRARY_GEMM_ENTRY]
+            for name in LIBRARY_GEMM_COPIES:
+                if name in cfg.entry_functions:
+                    self._fn[name] = self.vm[name]
 
     def _gemm_weights(self, in_artifact: bool, kv_tokens: int | None, share: float | None, loaded: int) -> str | None:
         """Make LIBRARY_GEMM_WEIGHTS' float weights (self.gemm_weights) and return None; or say why the
@@ -304,7 +307,10 @@ class ModelRunner:
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]
         embeds = embeds._create_view(ShapeTuple([len(seq_ids), 1, embeds.shape[-1]]))      # [batch, 1, hidden]
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * len(seq_ids)))
-        logits, _ = self._fn["batch_decode"](embeds, self.kv, self.params)
+        if LIBRARY_GEMM_DECODE in self._fn and len(seq_ids) >= library_gemm.MIN_DECODE_ROWS:
+            logits, _ = self._fn[LIBRARY_GEMM_DECODE](embeds, self.kv, self.params, self.gemm_weights)
+        else:
+            logits, _ = self._fn["batch_decode"](embeds, self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
         return logits                                                       # [batch, 1, vocab] on the device
 

@@ -876,6 +876,7 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
         record(f"prefill {rows} x {args.prompt_len} kernels", prefill_kernel_times(art, rows, args, runner))
     if runner.gemm_unusable is None:
         record("library gemm crossover", gemm_crossover(runner, args))
+        record("library gemm decode crossover", gemm_decode_crossover(runner, args))
     del runner
     gc.collect()
     if torch_too:
@@ -883,19 +884,22 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     return result
 
 
-# The prefill entries the runner can take, by the library_gemm.MIN_TOKENS that forces each.
-PREFILL_ENTRIES = (("tvm", 10 ** 9), ("gemm", 1))
+# The entries the runner can take, TVM's matmuls or the library GEMM's, by the library_gemm.MIN_TOKENS
+# (or MIN_DECODE_ROWS) that forces each.
+GEMM_OR_NOT = (("tvm", 10 ** 9), ("gemm", 1))
 
 
 @contextlib.contextmanager
-def _min_tokens(least: int):
-    """Within: the runner takes the library GEMM entry for forwards of `least` tokens or more."""
+def _min_tokens(least: int, knob: str = "MIN_TOKENS"):
+    """Within: the runner takes the library GEMM entry for forwards of `least` tokens or more (knob
+    MIN_DECODE_ROWS: its decode entry for steps of `least` sequences or more)."""
     from kiln.runtime import library_gemm
-    shipped, library_gemm.MIN_TOKENS = library_gemm.MIN_TOKENS, least
+    shipped = getattr(library_gemm, knob)
+    setattr(library_gemm, knob, least)
     try:
         yield
     finally:
-        library_gemm.MIN_TOKENS = shipped
+        setattr(library_gemm, knob, shipped)
 
 
 def _logit_diff(a: np.ndarray, b: np.ndarray) -> dict:
@@ -913,7 +917,7 @@ def gemm_probe(runner, args) -> dict:
     prompt = list(range(3, 3 + library_gemm.MIN_TOKENS))          # one sequence, one forward
     logits = {}
     try:
-        for label, least in PREFILL_ENTRIES:
+        for label, least in GEMM_OR_NOT:
             runner.add_sequence(0)
             try:
                 with _min_tokens(least):
@@ -938,7 +942,7 @@ def gemm_crossover(runner, args, batches=(1, 2, 4, 16), short=(16, 32, 64)) -> d
     for b, n in (s for s in shapes if s[0] <= runner.max_num_seqs):
         shape = copy.copy(args)
         shape.prompt_len = n
-        for label, least in PREFILL_ENTRIES:
+        for label, least in GEMM_OR_NOT:
             times = []
             with _min_tokens(least):
                 for _ in range(4):                               # the first warms up
@@ -948,6 +952,21 @@ def gemm_crossover(runner, args, batches=(1, 2, 4, 16), short=(16, 32, 64)) -> d
                     for i in ids:
                         runner.remove_sequence(i)
             rows.setdefault(f"{b} x {n}", {})[f"{label}_ms"] = round(statistics.median(times[1:]) * 1e3, 2)
+    return rows
+
+
+def gemm_decode_crossover(runner, args, batches=(8, 16, 32, 64)) -> dict:
+    """Greedy decode step ms of `batch` sequences through batch_decode (CUDA graphs, the quantized
+    weights) and through the library GEMM's batch_decode_gemm (no graphs, the float weights, torch's
+    BLAS), each after a --prompt-len prefill: what MIN_DECODE_ROWS should be."""
+    rows = {}
+    for b in (b for b in batches if b <= runner.max_num_seqs):
+        ids = _prefill(runner, b, args)
+        for label, least in GEMM_OR_NOT:
+            with _min_tokens(least, "MIN_DECODE_ROWS"):
+                rows.setdefault(f"batch {b}", {})[f"{label}_ms"] = _step_ms(runner, ids)
+        for i in ids:
+            runner.remove_sequence(i)
     return rows
 
 

@@ -3,7 +3,8 @@ through the device's BLAS (compiler/passes/library_gemm.py, runtime/library_gemm
 
 On this CPU the same path runs on torch's CPU matmul: the tiny Llama compiled with library_gemm has
 the entry, its token matmuls (4 a layer, not the logits') call kiln.gemm_nt, the runner takes it
-from MIN_TOKENS tokens a forward, and its logits are batch_prefill's up to summation order. The
+from MIN_TOKENS tokens a forward, and its logits are batch_prefill's up to summation order; the
+same for batch_decode_gemm from MIN_DECODE_ROWS sequences a decode step. The
 quantized weights reach the BLAS dequantized once, at load (batch_prefill_gemm_weights): equal to
 the dequantize kernel's values, none computed in a forward, and left off where memory is short.
 """
@@ -18,7 +19,7 @@ import pytest
 from kiln import targets
 from kiln.runtime import Artifact, library_gemm
 from kiln.runtime import model_runner
-from kiln.runtime.contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS
+from kiln.runtime.contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS
 from kiln.runtime.memory_budget import DeviceMemory
 from kiln.runtime.model_runner import ModelRunner
 
@@ -54,15 +55,23 @@ def gemm_artifact(request, tiny_dirs, tmp_path_factory, gemm_calls):
         targets._PROFILES["cpu"] = make
 
 
-def _prefill(runner: ModelRunner) -> np.ndarray:
+def _prefill(runner: ModelRunner, then_decode: bool = False) -> np.ndarray:
+    """The prompts' last-token logits; or, then_decode, the logits of one decode step after them."""
     ids = [0, 1]
     for i in ids:
         runner.add_sequence(i)
     try:
-        return runner.prefill(ids, PROMPTS)
+        logits = runner.prefill(ids, PROMPTS)
+        return runner.decode(ids, [5, 6]) if then_decode else logits
     finally:
         for i in ids:
             runner.remove_sequence(i)
+
+
+def _close(routed: np.ndarray, plain: np.ndarray, artifact) -> None:
+    tol = 1e-5 if "q0f32" in artifact.name else 5e-3          # float16 activations: rounding order
+    np.testing.assert_allclose(routed, plain, atol=tol * np.abs(plain).max(), rtol=0)
+    assert (routed.argmax(-1) == plain.argmax(-1)).all()
 
 
 def test_long_forwards_take_the_blas_entry_with_batch_prefills_logits(gemm_artifact, gemm_calls, monkeypatch):
@@ -77,9 +86,23 @@ def test_long_forwards_take_the_blas_entry_with_batch_prefills_logits(gemm_artif
     routed = _prefill(runner)
     # qkv, o, gate-up and down of each layer; not the logits of the gathered positions.
     assert len(gemm_calls) == 4 * LAYERS and all(rows != runner.vocab_size for rows, _ in gemm_calls)
-    tol = 1e-5 if "q0f32" in gemm_artifact.name else 5e-3          # float16 activations: rounding order
-    np.testing.assert_allclose(routed, plain, atol=tol * np.abs(plain).max(), rtol=0)
-    assert (routed.argmax(-1) == plain.argmax(-1)).all()
+    _close(routed, plain, gemm_artifact)
+
+
+def test_decode_steps_of_many_sequences_take_the_blas_entry(gemm_artifact, gemm_calls, monkeypatch):
+    runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4)
+    monkeypatch.setattr(library_gemm, "MIN_TOKENS", 10**6)              # prefills through batch_prefill
+    monkeypatch.setattr(library_gemm, "MIN_DECODE_ROWS", 3)
+    del gemm_calls[:]
+    plain = _prefill(runner, then_decode=True)                           # 2 sequences: batch_decode
+    assert gemm_calls == []
+    monkeypatch.setattr(library_gemm, "MIN_DECODE_ROWS", 2)
+    routed = _prefill(runner, then_decode=True)
+    # qkv, o, gate-up and down of each layer; the LM head too where the logits have the weights' dtype
+    # (float32 weights; float16 ones sum their logits into float32).
+    head = [rows for rows, _ in gemm_calls if rows == runner.vocab_size]
+    assert len(gemm_calls) - len(head) == 4 * LAYERS and len(head) == ("q0f32" in gemm_artifact.name)
+    _close(routed, plain, gemm_artifact)
 
 
 def test_the_blas_weights_are_made_once_at_load(gemm_artifact, gemm_calls):
@@ -110,7 +133,7 @@ def test_short_memory_leaves_the_entry_off(gemm_artifact, monkeypatch):
         assert runner.gemm_unusable is None
         return
     assert "do not fit beside a KV cache of" in runner.gemm_unusable
-    assert runner.gemm_weights is None and LIBRARY_GEMM_ENTRY not in runner._fn
+    assert runner.gemm_weights is None and not set(LIBRARY_GEMM_COPIES) & set(runner._fn)
 
 
 def test_artifacts_without_the_entry_never_take_it(tiny_artifacts):

@@ -197,8 +197,9 @@ def test_cuda_tensor_core_matmul(split, monkeypatch):
 @pytest.mark.parametrize("quant", ["q4f16", "q0f32"])
 def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
     """A profile's library_gemm (batch_prefill_gemm: the prompt's matmuls through torch's cuBLAS on
-    TVM's tensors, tools/gpu_checks.py's candidate): the same prefill's logits as batch_prefill, to
-    float16's rounding, then a decode step on the cache it wrote."""
+    TVM's tensors, the weights dequantized once at load, tools/gpu_checks.py's candidate): the same
+    prefill's logits as batch_prefill, to float16's rounding, then a decode step on the cache it
+    wrote, through batch_decode_gemm (no CUDA graphs) the second time."""
     import dataclasses
 
     from kiln import targets
@@ -211,8 +212,9 @@ def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
     assert runner.gemm_unusable is None, runner.gemm_unusable
     prompts = [list(range(3, 200)), list(range(9, 40)), list(range(40, 41))]
     rows = []
-    for least in (10 ** 6, 1):                                   # batch_prefill, then the BLAS entry
+    for least in (10 ** 6, 1):                                   # batch_prefill, then the BLAS entries
         monkeypatch.setattr(library_gemm, "MIN_TOKENS", least)
+        monkeypatch.setattr(library_gemm, "MIN_DECODE_ROWS", least)
         for s in range(3):
             runner.add_sequence(s)
         rows.append((runner.prefill([0, 1, 2], prompts), runner.decode([0, 1, 2], [5, 6, 7])))
