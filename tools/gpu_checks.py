@@ -299,10 +299,11 @@ def facts(args) -> dict:
 GPU_TESTS = "tests/numerics/test_cuda_variants.py"
 # The `gpu` tests, those that decide what ships first (the candidate's kernels against numpy: MMA
 # GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the slow
-# whole-preset comparisons (a compile of each CUDA preset) last: a run cut short has the first.
+# whole-preset comparisons (a compile of each CUDA preset) and the other families last: a run cut
+# short has the first.
 GPU_TEST_ORDER = ("mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
                   "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens", "row_branches",
-                  "preset_matches")
+                  "preset_matches", "family_matches")
 
 
 def gpu_tests(args, seconds: float | None = None) -> dict:

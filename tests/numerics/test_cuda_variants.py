@@ -12,6 +12,8 @@ from kiln.runtime.artifact import Artifact
 from kiln.runtime.check import prompt_logits
 from kiln.runtime.model_runner import ModelRunner
 from kiln.targets import get_profile, names
+from test_families import CASES
+from tiny_models import assert_prefill_and_decode_match
 
 pytestmark = [pytest.mark.gpu, pytest.mark.numerics]
 TOL = 1e-3          # f32 on both devices; only the reduction order differs
@@ -127,6 +129,18 @@ def test_cuda_gemma2_soft_capped_attention_matches_the_cpu_build(tmp_path):
     prompts = [ids[:7], ids[7:20], ids[20:23]]
     for g, w in zip(_decode_rows(gpu, prompts), _decode_rows(cpu, prompts)):
         np.testing.assert_allclose(g, w, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_family_matches_transformers(case, tmp_path):
+    """Every family of test_families (Qwen 3, Gemma 2 and 3, Phi-3, GPT-2), compiled q0f32 for CUDA,
+    gives transformers' float32 logits (on the host): every prefill position, the last-token
+    prefill, 5 greedy decode steps. Only Llama-shaped models had run on a GPU before."""
+    from test_families import IDS, write_family
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    ref = write_family(case, tmp_path / "hf")
+    art = kiln.compile(str(tmp_path / "hf"), target=preset, quant="q0f32", golden=False, output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
 
 
 def test_cuda_q4f16_row_branches_agree(tiny_dirs, tmp_path):
