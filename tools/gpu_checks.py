@@ -845,7 +845,8 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     record = _recorder(result, save, "8b")
     batches = [2] if args.quick else [16, 64]
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
-    record("batch 1", kiln_bench(art, 1, args, runner))            # first: 128-token prefills, TVM's matmuls
+    with _min_tokens(10 ** 9):                         # first, before any BLAS call: TVM's matmuls only
+        record("batch 1", kiln_bench(art, 1, args, runner))
     record("batch1_pct_of_floor", round(100 * result["batch 1"]["decode_tok_s"] / floor, 1))
     record("library gemm weights", {"bytes": runner.artifact.config.library_gemm_bytes,
                                     "unusable": runner.gemm_unusable})
@@ -909,27 +910,30 @@ def _logit_diff(a: np.ndarray, b: np.ndarray) -> dict:
 
 
 def gemm_probe(runner, args) -> dict:
-    """One prefill of MIN_TOKENS tokens through batch_prefill, then through the library GEMM entry
-    (never run on a GPU before 2026-11-27): their last-token logits compared. Should the GEMM path
-    raise, the runner drops that entry (gemm_unusable says why) and the rows after this one are
-    measured without it instead of lost."""
+    """One prefill of MIN_TOKENS tokens and one decode step after it through batch_prefill and
+    batch_decode, then through the library GEMM entries (never run on a GPU before 2026-11-27):
+    their logits compared. Should a GEMM entry raise, the runner drops both (gemm_unusable says
+    why) and the rows after this one are measured without them instead of lost."""
     from kiln.runtime import library_gemm
-    from kiln.runtime.contract import LIBRARY_GEMM_ENTRY
+    from kiln.runtime.contract import LIBRARY_GEMM_COPIES
     prompt = list(range(3, 3 + library_gemm.MIN_TOKENS))          # one sequence, one forward
     logits = {}
     try:
         for label, least in GEMM_OR_NOT:
             runner.add_sequence(0)
             try:
-                with _min_tokens(least):
+                with _min_tokens(least), _min_tokens(least, "MIN_DECODE_ROWS"):
                     logits[label] = runner.prefill([0], [prompt])
+                    logits[f"{label} decode"] = runner.decode([0], [5])
             finally:
                 runner.remove_sequence(0)
-    except Exception as e:  # noqa: BLE001 - the rows after this one go on through batch_prefill
-        runner._fn.pop(LIBRARY_GEMM_ENTRY, None)
+    except Exception as e:  # noqa: BLE001 - the rows after this one go on through TVM's entries
+        for name in LIBRARY_GEMM_COPIES:
+            runner._fn.pop(name, None)
         runner.gemm_unusable = f"the probe failed: {type(e).__name__}: {e}"[:300]
         return {"error": runner.gemm_unusable}
-    return {"tokens": len(prompt), **_logit_diff(logits["gemm"], logits["tvm"])}
+    return {"tokens": len(prompt), **_logit_diff(logits["gemm"], logits["tvm"]),
+            "decode": _logit_diff(logits["gemm decode"], logits["tvm decode"])}
 
 
 def gemm_crossover(runner, args, batches=(1, 2, 4, 16), short=(16, 32, 64)) -> dict:
