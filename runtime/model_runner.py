@@ -134,6 +134,18 @@ class ModelRunner:
         self.gemm_weights = self.vm[LIBRARY_GEMM_WEIGHTS](self.params)
         return None
 
+    def library_gemm_note(self) -> str | None:
+        """What the runner does with the artifact's library GEMM entries, in a clause for a load
+        message; None where it has none."""
+        if self.gemm_unusable == "not in this artifact":
+            return None
+        if self.gemm_unusable is not None:
+            return f"the BLAS entries unused: {self.gemm_unusable}"
+        size = self.artifact.config.library_gemm_bytes
+        size = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+        return (f"forwards of {library_gemm.MIN_TOKENS}+ tokens and decode steps of {library_gemm.MIN_DECODE_ROWS}+ "
+                f"sequences through the device's BLAS ({size} of float weights kept)")
+
     def _kv_tokens_for_memory(self, share: float | None, loaded: int) -> int | None:
         """KV tokens for `share` of the device's memory, the weights (`loaded` bytes) already on it;
         with no share, DEFAULT_GPU_UTILIZATION on CUDA and ROCm. None: the default capacity (no

@@ -114,6 +114,7 @@ def test_the_blas_weights_are_made_once_at_load(gemm_artifact, gemm_calls):
     runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4)
     cfg = runner.artifact.config
     assert LIBRARY_GEMM_WEIGHTS in cfg.entry_functions and runner.gemm_unusable is None
+    assert f"{library_gemm.MIN_TOKENS}+ tokens" in runner.library_gemm_note()
     weights = [w.numpy() for w in runner.gemm_weights]
     assert cfg.library_gemm_bytes == sum(w.nbytes for w in weights)
     if "q0f32" in gemm_artifact.name:
@@ -133,12 +134,14 @@ def test_short_memory_leaves_the_entry_off(gemm_artifact, monkeypatch):
         assert runner.gemm_unusable is None
         return
     assert "do not fit beside a KV cache of" in runner.gemm_unusable
+    assert runner.library_gemm_note() == f"the BLAS entries unused: {runner.gemm_unusable}"
     assert runner.gemm_weights is None and not set(LIBRARY_GEMM_COPIES) & set(runner._fn)
 
 
 def test_artifacts_without_the_entry_never_take_it(tiny_artifacts):
     runner = ModelRunner(Artifact.load(tiny_artifacts["untied"]))
     assert runner.gemm_unusable == "not in this artifact" and LIBRARY_GEMM_ENTRY not in runner._fn
+    assert runner.library_gemm_note() is None
 
 
 def test_unusable_says_why():
