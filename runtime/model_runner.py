@@ -88,9 +88,9 @@ class ModelRunner:
         # Converted to TVM's array once: a Python list is converted on every call that takes it
         # (twice a decode step; 11 us for an 8B model's 450 tensors).
         self.params = tvm.runtime.convert(params)
-        # batch_prefill with the device's BLAS for long forwards, where torch can run it here and its
-        # float weights fit (made now, before the KV cache takes the memory left).
-        self.gemm_unusable = self._gemm_weights(gemm_entry, max_total_tokens, memory_utilization, loaded)
+        # batch_prefill and batch_decode with the device's BLAS for long forwards and wide steps, where
+        # torch can run it here and its float weights fit (made now, before the KV cache takes the rest).
+        self.gemm_unusable = self._keep_gemm_weights(gemm_entry, max_total_tokens, memory_utilization, loaded)
         if self.gemm_unusable is None:
             loaded += cfg.library_gemm_bytes
         if max_total_tokens is None:
@@ -110,9 +110,10 @@ class ModelRunner:
                 if name in cfg.entry_functions:
                     self._fn[name] = self.vm[name]
 
-    def _gemm_weights(self, in_artifact: bool, kv_tokens: int | None, share: float | None, loaded: int) -> str | None:
+    def _keep_gemm_weights(self, in_artifact: bool, kv_tokens: int | None, share: float | None,
+                           loaded: int) -> str | None:
         """Make LIBRARY_GEMM_WEIGHTS' float weights (self.gemm_weights) and return None; or say why the
-        runner goes without the library GEMM entry."""
+        runner goes without the library GEMM entries."""
         self.gemm_weights = None
         cfg = self.artifact.config
         if not in_artifact:
