@@ -132,7 +132,10 @@ class ModelRunner:
                                        cfg.activation_bytes, cfg.library_gemm_bytes, kv_bytes)
             if why is not None:
                 return why
-        self.gemm_weights = self.vm[LIBRARY_GEMM_WEIGHTS](self.params)
+        try:
+            self.gemm_weights = self.vm[LIBRARY_GEMM_WEIGHTS](self.params)
+        except RuntimeError as e:                   # TVM's errors, e.g. out of device memory: go without
+            return f"making its float weights failed ({str(e).strip().splitlines()[-1][:200]})"
         return None
 
     def library_gemm_note(self) -> str | None:

@@ -138,6 +138,26 @@ def test_short_memory_leaves_the_entry_off(gemm_artifact, monkeypatch):
     assert runner.gemm_weights is None and not set(LIBRARY_GEMM_COPIES) & set(runner._fn)
 
 
+def test_weights_that_fail_to_be_made_leave_the_entries_off(gemm_artifact, monkeypatch):
+    """Out of device memory while the float weights are made (or any TVM error): the runner loads
+    without the BLAS entries and says why."""
+
+    class FailingVM(model_runner.VirtualMachine):
+        def __getitem__(self, name):
+            if name != LIBRARY_GEMM_WEIGHTS:
+                return super().__getitem__(name)
+
+            def fail(*_):
+                raise RuntimeError("CUDA: out of memory\nCheck failed: allocation of 14 GB")
+            return fail
+
+    monkeypatch.setattr(model_runner, "VirtualMachine", FailingVM)
+    runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4)
+    assert runner.gemm_unusable == "making its float weights failed (Check failed: allocation of 14 GB)"
+    assert runner.gemm_weights is None and not set(LIBRARY_GEMM_COPIES) & set(runner._fn)
+    assert _prefill(runner).shape == (2, runner.vocab_size)                  # batch_prefill serves
+
+
 def test_artifacts_without_the_entry_never_take_it(tiny_artifacts):
     runner = ModelRunner(Artifact.load(tiny_artifacts["untied"]))
     assert runner.gemm_unusable == "not in this artifact" and LIBRARY_GEMM_ENTRY not in runner._fn
