@@ -84,9 +84,11 @@ class TargetProfile:
     # values without a conversion instruction: an H100 SM converts 16 values a clock (~4.2e12/s in
     # all), about what a batch-1 8B decode step at the memory floor needs. Off until a GPU measures it.
     codes_by_bits: bool = False
-    # Also build batch_prefill_gemm: batch_prefill with the prompt's matmuls through the device's BLAS
-    # (compiler/passes/library_gemm.py; the runtime's is torch's, cuBLAS on CUDA), which the runner takes
-    # for forwards of runtime/library_gemm.py's MIN_TOKENS or more. Off until a GPU measures it.
+    # Also build batch_prefill_gemm and batch_decode_gemm: batch_prefill and batch_decode with their
+    # token matmuls through the device's BLAS (compiler/passes/library_gemm.py; the runtime's is
+    # torch's, cuBLAS on CUDA) on float weights made once at load, which the runner takes for forwards
+    # of runtime/library_gemm.py's MIN_TOKENS or more and decode steps of MIN_DECODE_ROWS sequences or
+    # more, where those weights fit. Off until a GPU measures it.
     library_gemm: bool = False
     # On the profile of the machine running kiln (DEFAULT_TARGET): kiln's q4 planes of a float weight
     # [N, K] with the given scale dtype, the same bits as compiler/quant_pack's numpy search, faster

@@ -95,8 +95,9 @@ _TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
 SPLIT_BLOCKS = 1024
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
 # "candidate": what would ship if the matmul levers built since the last measurement win, together:
-# mma8 at 1-16 rows, splitk's tiles above, and the profiles' library_gemm (batch_prefill_gemm: the
-# prompt's matmuls through cuBLAS, via torch, from 256 tokens a forward; not attn64: at batch 1 its
+# mma8 at 1-16 rows, splitk's tiles above, and the profiles' library_gemm (batch_prefill_gemm and
+# batch_decode_gemm: the token matmuls through cuBLAS, via torch, on float16 weights kept from the
+# load, from 64 tokens a forward and 32 sequences a decode step; not attn64: at batch 1 its
 # splits add a merge kernel a layer, launched from the host, for ~4 us of attention saved). `all`
 # builds the whole 8B with it as well as with base and measures both (tools/README.md: adopting it).
 # "profile": TargetProfile fields set on the CUDA presets for the build.
