@@ -312,8 +312,9 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
                f"  prefill {r.prefill_tok_s:8.1f} tok/s   (TTFT {r.ttft_ms:.1f} ms)\n"
                f"  decode  {r.decode_tok_s:8.1f} tok/s   (TPOT {r.tpot_ms:.2f} ms)\n"
                f"  peak RSS {r.peak_rss_mb:.0f} MB")
-    if engine.runner.library_gemm_note():
-        click.echo(f"  {engine.runner.library_gemm_note()}")
+    blas = engine.runner.library_gemm_note()
+    if blas:
+        click.echo(f"  {blas}")
     if p is not None:
         click.echo(p.table())
 

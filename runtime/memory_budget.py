@@ -89,10 +89,8 @@ def check_utilization(utilization: float) -> None:
 def kv_tokens_for_memory(memory: DeviceMemory, utilization: float, activation_bytes: int,
                          layout: KVCacheLayout, max_num_seqs: int, context_window: int) -> int:
     """KV capacity in tokens (whole pages) for `utilization` of the device's memory."""
-    check_utilization(utilization)
+    reserved, budget = _budget(memory, utilization, activation_bytes)
     per_page = layout.bytes_per_token * layout.page_size
-    reserved = int(memory.total * (1 - utilization))
-    budget = memory.free - reserved - activation_bytes
     pages_per_seq = math.ceil(context_window / layout.page_size)
     pages = min(max(budget, 0) // per_page, max_num_seqs * pages_per_seq)
     if pages < pages_per_seq:
@@ -111,15 +109,22 @@ def gemm_weights_refused(memory: DeviceMemory, utilization: float, activation_by
     stay off the device, or None where they fit: within `utilization` of its memory beside the
     activations and a KV cache of `kv_bytes` if one was asked, else in at most half of what the KV
     cache would get, so that a long-prompt speed-up never halves the sequences a server holds."""
-    check_utilization(utilization)
-    budget = memory.free - int(memory.total * (1 - utilization)) - activation_bytes
+    _, budget = _budget(memory, utilization, activation_bytes)
     room = budget - kv_bytes if kv_bytes is not None else budget // 2
     if need <= room:
         return None
     kv = f"a KV cache of {_gib(kv_bytes)}" if kv_bytes is not None else "the KV cache's half"
-    return (f"its float weights for the BLAS prefill ({_gib(need)}) do not fit beside {kv} "
-            f"({_gib(max(budget, 0))} left at memory utilization {utilization}); long prompts prefill "
-            "through batch_prefill")
+    return (f"its float weights for the BLAS entries ({_gib(need)}) do not fit beside {kv} "
+            f"({_gib(max(budget, 0))} left at memory utilization {utilization}); long prompts and wide "
+            "decode steps go through batch_prefill and batch_decode")
+
+
+def _budget(memory: DeviceMemory, utilization: float, activation_bytes: int) -> tuple[int, int]:
+    """(bytes kept back, bytes left for the KV cache and anything else the engine keeps) at
+    `utilization` of the device's memory, the weights already loaded and the activations planned."""
+    check_utilization(utilization)
+    reserved = int(memory.total * (1 - utilization))
+    return reserved, memory.free - reserved - activation_bytes
 
 
 def _gib(n: int) -> str:

@@ -141,7 +141,7 @@ class ModelRunner:
     def library_gemm_note(self) -> str | None:
         """What the runner does with the artifact's library GEMM entries, in a clause for a load
         message; None where it has none."""
-        if self.gemm_unusable == "not in this artifact":
+        if LIBRARY_GEMM_ENTRY not in self.artifact.config.entry_functions:
             return None
         if self.gemm_unusable is not None:
             return f"the BLAS entries unused: {self.gemm_unusable}"

@@ -86,8 +86,9 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
     print(f"loaded in {time.monotonic() - start:.1f} s; KV cache {runner.max_total_tokens} tokens "
           f"({kv_bytes / 2**30:.2f} GiB), up to {runner.max_num_seqs} sequences at once; sampled tokens drawn "
           f"on the {'device' if engine.samples_on_device else 'host'}", flush=True)
-    if runner.library_gemm_note():
-        print(runner.library_gemm_note(), flush=True)
+    blas = runner.library_gemm_note()
+    if blas:
+        print(blas, flush=True)
     print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r})", flush=True)
     server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                             timeout_graceful_shutdown=GRACE_SECONDS))

@@ -846,7 +846,7 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     record = _recorder(result, save, "8b")
     batches = [2] if args.quick else [16, 64]
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
-    with _min_tokens(10 ** 9):                         # first, before any BLAS call: TVM's matmuls only
+    with _gemm_from(10 ** 9):                          # first, before any BLAS call: TVM's matmuls only
         record("batch 1", kiln_bench(art, 1, args, runner))
     record("batch1_pct_of_floor", round(100 * result["batch 1"]["decode_tok_s"] / floor, 1))
     record("library gemm weights", {"bytes": runner.artifact.config.library_gemm_bytes,
@@ -893,7 +893,7 @@ GEMM_OR_NOT = (("tvm", 10 ** 9), ("gemm", 1))
 
 
 @contextlib.contextmanager
-def _min_tokens(least: int, knob: str = "MIN_TOKENS"):
+def _gemm_from(least: int, knob: str = "MIN_TOKENS"):
     """Within: the runner takes the library GEMM entry for forwards of `least` tokens or more (knob
     MIN_DECODE_ROWS: its decode entry for steps of `least` sequences or more)."""
     from kiln.runtime import library_gemm
@@ -923,7 +923,7 @@ def gemm_probe(runner, args) -> dict:
         for label, least in GEMM_OR_NOT:
             runner.add_sequence(0)
             try:
-                with _min_tokens(least), _min_tokens(least, "MIN_DECODE_ROWS"):
+                with _gemm_from(least), _gemm_from(least, "MIN_DECODE_ROWS"):
                     logits[label] = runner.prefill([0], [prompt])
                     logits[f"{label} decode"] = runner.decode([0], [5])
             finally:
@@ -950,7 +950,7 @@ def gemm_crossover(runner, args, batches=(1, 2, 4, 16), short=(16, 32, 64)) -> d
         shape.prompt_len = n
         for label, least in GEMM_OR_NOT:
             times = []
-            with _min_tokens(least):
+            with _gemm_from(least):
                 for _ in range(4):                               # the first warms up
                     t = time.perf_counter()
                     ids = _prefill(runner, b, shape)             # returns once the logits are back
@@ -969,7 +969,7 @@ def gemm_decode_crossover(runner, args, batches=(8, 16, 32, 64)) -> dict:
     for b in (b for b in batches if b <= runner.max_num_seqs):
         ids = _prefill(runner, b, args)
         for label, least in GEMM_OR_NOT:
-            with _min_tokens(least, "MIN_DECODE_ROWS"):
+            with _gemm_from(least, "MIN_DECODE_ROWS"):
                 rows.setdefault(f"batch {b}", {})[f"{label}_ms"] = _step_ms(runner, ids)
         for i in ids:
             runner.remove_sequence(i)

@@ -48,7 +48,7 @@ def test_blas_weights_take_at_most_half_of_what_the_kv_cache_would_get():
     assert gemm_weights_refused(memory, 0.9, 2 * GIB, budget // 2) is None
     why = gemm_weights_refused(memory, 0.9, 2 * GIB, budget // 2 + 1)
     assert "do not fit beside the KV cache's half (60.00 GiB left at memory utilization 0.9)" in why
-    assert "prefill through batch_prefill" in why
+    assert "long prompts and wide decode steps go through batch_prefill and batch_decode" in why
     # A KV cache asked in tokens (its bytes): the copies get the rest, however much that is.
     assert gemm_weights_refused(memory, 0.9, 2 * GIB, 50 * GIB, kv_bytes=10 * GIB) is None
     assert "a KV cache of 10.02 GiB" in gemm_weights_refused(memory, 0.9, 2 * GIB, 50 * GIB, kv_bytes=10 * GIB + 2**24)
