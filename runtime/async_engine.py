@@ -18,7 +18,7 @@ from typing import AsyncIterator
 
 from .engine import Engine, EngineBusy, Prompt
 from .protocol import (AbortRequest, AddRequest, EmbedRequest, EngineCommand, InvalidRequestError, SamplingParams,
-                       ShuttingDown, StreamDelta)
+                       ShuttingDown, StreamDelta, merge_ready)
 from .request import Request
 
 
@@ -86,12 +86,15 @@ class AsyncEngine:
             await handle.accepted             # raises InvalidRequestError for bad input, ShuttingDown
             remaining = len(handle.requests)
             while remaining:
-                delta = await handle.deltas.get()
-                yield delta
-                if delta.finish_reason == "shutdown":
-                    return                    # cancel_all: the whole call ends here
-                if delta.finish_reason is not None:
-                    remaining -= 1
+                ready = [await handle.deltas.get()]
+                while not handle.deltas.empty():        # fell behind the engine: what else came
+                    ready.append(handle.deltas.get_nowait())
+                for delta in merge_ready(ready):
+                    yield delta
+                    if delta.finish_reason == "shutdown":
+                        return                # cancel_all: the whole call ends here
+                    if delta.finish_reason is not None:
+                        remaining -= 1
         finally:
             with self._live_lock:
                 self._live.discard(handle)
@@ -149,8 +152,7 @@ class AsyncEngine:
                 _log.exception("an engine step failed; its requests are answered with an error")
                 self._fail_all("error")
                 continue
-            for request, delta in out:
-                self._deliver(request, delta)
+            self._deliver(out)
             for command in self._deferred:
                 self._commands.put(command)
             self._deferred.clear()
@@ -212,14 +214,23 @@ class AsyncEngine:
             self._handles.pop(id(r), None)
             self.engine.abort(r)
 
-    def _deliver(self, request: Request, delta: StreamDelta) -> None:
-        handle = self._handles.get(id(request))
-        if handle is None:
-            return
-        if request.finished:
-            self._handles.pop(id(request), None)
-        if not handle.send(delta):
-            self._abort(handle)
+    def _deliver(self, out: list[tuple[Request, StreamDelta]]) -> None:
+        """A step's deltas to their callers: one call into each caller's event loop for all of its
+        deltas (a wake-up a step, not one a token)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, StreamDelta]]] = {}
+        for request, delta in out:
+            handle = self._handles.get(id(request))
+            if handle is None:
+                continue
+            if request.finished:
+                self._handles.pop(id(request), None)
+            by_loop.setdefault(handle.loop, []).append((handle, delta))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:                # that loop is closed: nobody is listening there
+                for handle in {id(h): h for h, _ in items}.values():
+                    self._abort(handle)
 
     def _fail_all(self, reason: str) -> None:
         for handle in {id(h): h for h in self._handles.values()}.values():
@@ -239,6 +250,12 @@ def _shut_down(handle: RequestHandle) -> None:
         handle.accepted.set_exception(ShuttingDown())
     else:
         handle.deltas.put_nowait(StreamDelta(0, "", [], "shutdown"))
+
+
+def _put_all(items: list[tuple[RequestHandle, StreamDelta]]) -> None:
+    """On the callers' loop: each delta into its call's queue."""
+    for handle, delta in items:
+        handle.deltas.put_nowait(delta)
 
 
 def _settle(future: asyncio.Future, result, error: Exception | None) -> None:

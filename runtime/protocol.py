@@ -135,6 +135,25 @@ class StreamDelta:
                                                                # prompt token, None for the first
 
 
+def merge_ready(deltas: list[StreamDelta]) -> list[StreamDelta]:
+    """Deltas that arrived together (a consumer that fell behind the engine), each run of one stream's
+    consecutive deltas made one: its texts, ids and logprobs joined, the last one's finish reason.
+    A busy server then sends one chunk a stream per wake-up instead of one a token. The first delta
+    of a run is changed in place (the caller owns them)."""
+    merged: list[StreamDelta] = []
+    for d in deltas:
+        last = merged[-1] if merged else None
+        if last is None or last.index != d.index or last.finish_reason is not None or d.prompt_logprobs is not None:
+            merged.append(d)
+            continue
+        last.text += d.text
+        last.token_ids = last.token_ids + d.token_ids
+        if last.logprobs is not None or d.logprobs is not None:
+            last.logprobs = (last.logprobs or []) + (d.logprobs or [])
+        last.finish_reason = d.finish_reason
+    return merged
+
+
 @dataclass
 class GenerationOutput:
     """A finished request: the generated ids only (no prompt), their text, why it stopped."""

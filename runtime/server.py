@@ -285,13 +285,16 @@ class _ServerState:
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-    async def _generate_all(self, prompts: list[list[int]], params: SamplingParams,
-                            priority: int) -> AsyncIterator[StreamDelta]:
-        """The deltas of every prompt as they come, prompt i's choice k renumbered i * n + k."""
+    def _generate_all(self, prompts: list[list[int]], params: SamplingParams,
+                      priority: int) -> AsyncIterator[StreamDelta]:
+        """The deltas of every prompt as they come, prompt i's choice k renumbered i * n + k (one
+        prompt: the engine's own stream, with no generator between, since every token passes here)."""
         if len(prompts) == 1:
-            async for delta in self.engine.generate(prompts[0], params, priority=priority):
-                yield delta
-            return
+            return self.engine.generate(prompts[0], params, priority=priority)
+        return self._generate_many(prompts, params, priority)
+
+    async def _generate_many(self, prompts: list[list[int]], params: SamplingParams,
+                             priority: int) -> AsyncIterator[StreamDelta]:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, prompt: list[int]) -> None:

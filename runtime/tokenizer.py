@@ -295,6 +295,8 @@ class StopStringMatcher:
         """
         if self.stopped:
             return "", True
+        if not self.stop:                   # no stop strings (most requests): every token passes here
+            return delta, False
         text = self._held + delta
         hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         if hits:

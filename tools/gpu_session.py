@@ -51,6 +51,9 @@ def _pinned_tvm() -> tuple[str, ...]:
 
 
 WHEELS = (*_pinned_tvm(), "gguf==0.19.0")
+# `kiln serve` (gpu_checks' "served" step), with what they need: the device has click and
+# typing-extensions, not these (~8 MB of wheels). xgrammar stays behind: structured output is off there.
+SERVE_WHEELS = ("fastapi", "uvicorn", "httptools", "uvloop", "prometheus-client")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64")
 
@@ -60,9 +63,10 @@ def stage(python: str, with_smollm2: bool) -> None:
     stream, and cut it into parts."""
     wheels = GPU / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", python,
-           "--implementation", "cp", "-d", str(wheels), *[f"--platform={p}" for p in PLATFORMS], *WHEELS]
-    subprocess.run(cmd, check=True)
+    download = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", python,
+                "--implementation", "cp", "-d", str(wheels), *[f"--platform={p}" for p in PLATFORMS]]
+    subprocess.run([*download, "--no-deps", *WHEELS], check=True)
+    subprocess.run([*download, *SERVE_WHEELS], check=True)          # with what they need
     members = {w.name: w for w in sorted(wheels.glob("*.whl"))}
     if with_smollm2:
         from kiln.models.gguf import find_smollm2_gguf

@@ -112,3 +112,27 @@ def test_a_caller_whose_event_loop_closed_does_not_stop_the_engine(aengine):
 
     assert sum(len(d.token_ids) for d in asyncio.run(collect())) == GREEDY.max_tokens
     asyncio.run(stream.aclose())
+
+
+def test_a_caller_that_falls_behind_gets_the_waiting_tokens_in_one_delta(aengine, tiny_artifacts):
+    """While the caller's loop is busy the engine goes on stepping; the deltas that piled up come out
+    as one (a server then sends one chunk for them): the same tokens, text and logprobs, in order."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=2)
+    expected = Engine(tiny_artifacts["tied"]).generate(PROMPT, params)
+
+    async def slow_reader():
+        got = []
+        async for delta in aengine.generate(PROMPT, params):
+            got.append(delta)
+            time.sleep(0.05)                  # blocks the loop: the engine thread keeps stepping
+        return got
+
+    deltas = asyncio.run(slow_reader())
+    assert len(deltas) < len(expected.token_ids)                     # some came merged
+    assert [t for d in deltas for t in d.token_ids] == expected.token_ids
+    assert "".join(d.text for d in deltas) == expected.text
+    merged_logprobs = [lp for d in deltas for lp in d.logprobs]
+    assert [lp.token_id for lp in merged_logprobs] == expected.token_ids
+    assert [lp.top for lp in merged_logprobs] == [lp.top for lp in expected.logprobs]
+    assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
+    wait_until_done(aengine)
