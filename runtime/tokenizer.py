@@ -47,6 +47,7 @@ class Tokenizer:
             i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special
         )
         self._maybe_rebuild_post_processor(config)
+        self._one: dict[int, str] = {}          # decode_one's
         self._template: jinja2.Template | None = None
         self._template_source: str | None = None
 
@@ -89,6 +90,14 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Turn ids back into text (no whitespace clean-up, like transformers for BPE)."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def decode_one(self, token_id: int) -> str:
+        """decode([token_id]), remembered: a stream decodes each new token alone once (at most one
+        entry per vocabulary id)."""
+        text = self._one.get(token_id)
+        if text is None:
+            text = self._one[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
+        return text
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
@@ -270,7 +279,9 @@ class IncrementalDetokenizer:
         """Emit text past the window's prefix and slide the window forward to the new ids."""
         delta = text[len(self._prefix_text):]
         self._prefix, self._read = self._read, len(self._ids)
-        self._prefix_text = self._tokenizer.decode(self._ids[self._prefix:self._read])
+        window = self._ids[self._prefix:self._read]
+        self._prefix_text = (self._tokenizer.decode_one(window[0]) if len(window) == 1
+                             else self._tokenizer.decode(window))
         return delta
 
 
