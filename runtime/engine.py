@@ -153,7 +153,8 @@ class Engine:
         tokens = self.runner.next_tokens([c.seq.seq_id for c in chunks],
                                          [c.seq.token_ids(c.start, c.end) for c in chunks], params)
         self.scheduler.update(batch)
-        return [(r, r.append(int(tokens[i]), None)) for i, r in zip(rows, requests)]
+        tokens = tokens.tolist()                                            # ints, once for the batch
+        return [(r, r.append(tokens[i], None)) for i, r in zip(rows, requests)]
 
     def _sync_kv(self, batch: ScheduledBatch) -> None:
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""
