@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from .protocol import InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
+from .protocol import GrowingText, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 
 
 class APIError(Exception):
@@ -221,11 +221,15 @@ def unscored(token_id: int) -> TokenLogprob:
 
 @dataclass
 class _Choice:
-    text: str = ""
+    shown: GrowingText = field(default_factory=GrowingText)
     num_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     text_offset: int = 0                  # completions logprobs: where the next token starts
+
+    @property
+    def text(self) -> str:
+        return str(self.shown)
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,7 @@ class Reply:
         text, lps = delta.text, (delta.logprobs or []) if self.logprobs else []
         if first and self.echo is not None:
             text, lps = self._echoed(delta) + text, self._echoed_logprobs(delta) + lps
-        choice.text += text
+        choice.shown.add(text)
         choice.num_tokens += len(delta.token_ids)
         choice.finish_reason = delta.finish_reason
         choice.logprobs += lps

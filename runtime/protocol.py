@@ -135,6 +135,25 @@ class StreamDelta:
                                                                # prompt token, None for the first
 
 
+class GrowingText:
+    """A reply's text as its deltas come: adding a piece is O(1), reading joins once. (`s += piece` on
+    an attribute copies the whole text every token: quadratic in a long reply.)"""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    def add(self, piece: str) -> None:
+        if piece:
+            self._parts.append(piece)
+
+    def __str__(self) -> str:
+        if len(self._parts) > 1:
+            self._parts[:] = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+
 def merge_ready(deltas: list[StreamDelta]) -> list[StreamDelta]:
     """Deltas that arrived together (a consumer that fell behind the engine), each run of one stream's
     consecutive deltas made one: its texts, ids and logprobs joined, the last one's finish reason.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .protocol import InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
+from .protocol import GrowingText, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
@@ -28,7 +28,6 @@ class Request:
     tokenizer: Tokenizer | None = None
     grammar: object | None = None       # runtime.grammar.GrammarState when response_format asks for JSON
     finish_reason: str | None = None
-    text: str = ""
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None   # per prompt token (None for the first)
     _rng_seed_offset: int = field(default=0, repr=False)
@@ -46,12 +45,18 @@ class Request:
         self.rng = np.random.default_rng(None if seed is None else (seed, self._rng_seed_offset))
         self._detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
         self._stops = StopStringMatcher(self.params.stop)
+        self._text = GrowingText()
         eos = set() if self.params.ignore_eos else set(self.eos_token_ids)
         self._stop_ids = set(self.params.stop_token_ids) | eos
         if self.params.needs_logprobs:
             self.logprobs = []
         if self.seq.prompt_logits:
             self.prompt_logprobs = [None] * n
+
+    @property
+    def text(self) -> str:
+        """Everything the deltas have shown so far."""
+        return str(self._text)
 
     @property
     def seq_id(self) -> int:
@@ -112,7 +117,7 @@ class Request:
             self.finish_reason = "length"
         if self.finished and not hit:
             text += self._release_held_text()
-        self.text += text
+        self._text.add(text)
         return self._delta(StreamDelta(self.index, text, [token], self.finish_reason,
                                        [logprob] if logprob is not None and self.logprobs is not None else None))
 

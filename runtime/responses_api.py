@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import reply_models, tools
 from .openai_api import APIError
-from .protocol import SamplingParams
+from .protocol import GrowingText, SamplingParams
 
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -73,8 +73,13 @@ class _Response:
     def __init__(self, req: ResponsesRequest, model: str, input_tokens: int):
         self.id, self.item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         self.req, self.model, self.created = req, model, int(time.time())
-        self.input_tokens, self.output_tokens, self.text, self.status = input_tokens, 0, "", "in_progress"
+        self.input_tokens, self.output_tokens, self.status = input_tokens, 0, "in_progress"
+        self.shown = GrowingText()
         self.incomplete: str | None = None
+
+    @property
+    def text(self) -> str:
+        return str(self.shown)
 
     def item(self, status: str) -> dict:
         content = [{"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}]
@@ -133,7 +138,7 @@ def _add(resp: _Response, delta) -> None:
         raise APIError(503 if delta.finish_reason == "shutdown" else 500, "generation was cut off: "
                        + ("the server is shutting down" if delta.finish_reason == "shutdown" else "see the server log"),
                        type="server_error")
-    resp.text += delta.text
+    resp.shown.add(delta.text)
     resp.output_tokens += len(delta.token_ids)
     if delta.finish_reason is not None:
         resp.finish(delta.finish_reason)

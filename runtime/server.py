@@ -363,8 +363,11 @@ async def _sse(reply: api.Reply, first: StreamDelta, deltas: AsyncIterator[Strea
     yield "data: [DONE]\n\n"
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False)    # json.dumps with any option builds an encoder each call
+
+
 def _event(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {_JSON.encode(data)}\n\n"
 
 
 class _EventStream(StreamingResponse):

@@ -1,8 +1,9 @@
-"""protocol.merge_ready: deltas that reached a caller together, one per run of a stream's deltas."""
+"""protocol.merge_ready (deltas that reached a caller together, one per run of a stream's deltas) and
+GrowingText (a reply's text, added to a piece at a time)."""
 
 from __future__ import annotations
 
-from kiln.runtime.protocol import StreamDelta, TokenLogprob, merge_ready
+from kiln.runtime.protocol import GrowingText, StreamDelta, TokenLogprob, merge_ready
 
 
 def lp(token: int) -> TokenLogprob:
@@ -30,3 +31,13 @@ def test_a_delta_with_prompt_logprobs_starts_a_run_and_no_logprobs_stay_none():
     merged = merge_ready([StreamDelta(0, "a", [1]), scored, StreamDelta(0, "c", [3])])
     assert [(d.text, d.token_ids, d.logprobs) for d in merged] == [("a", [1], None), ("bc", [2, 3], None)]
     assert merged[1].prompt_logprobs == [None, lp(5)]
+
+
+def test_growing_text_reads_as_its_pieces_joined_however_often_it_is_read():
+    text = GrowingText()
+    assert str(text) == ""
+    for piece in ["Hel", "", "lo", ", ", "wörld"]:
+        text.add(piece)
+        assert str(text) == str(text)                 # a read joins once and keeps the join
+    text.add("!")
+    assert str(text) == "Hello, wörld!"
