@@ -18,7 +18,7 @@ usage count, so it takes little of the CPU the server needs. Per concurrency:
   detokenizing, launching the device's work; on a CPU also the kernels). Both from /proc (Linux).
   On a GPU these two, which share one GIL, are what can hold the device back at high concurrency.
 - chunks_per_token: SSE chunks sent a token (below 1: the server merged tokens of streams that fell
-  behind).
+  behind, or tokens that end inside a multi-byte character waited for the next).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def _thread_cpu(pid: int) -> dict[int, float]:
     return out
 
 
-async def _stream(port: int, model: str, prompt: list[int], gen_len: int, t0: float) -> list[tuple[float, int]]:
-    """One streamed completion: (seconds since t0, tokens so far) at each chunk that moved the count."""
+async def _stream(port: int, model: str, prompt: list[int], gen_len: int, t0: float) -> tuple[list, int]:
+    """One streamed completion: (seconds since t0, tokens so far) at each read that moved the count,
+    and the number of chunks that carried tokens (every chunk has the usage; the last, usage only)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": gen_len, "temperature": 0,
                        "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}).encode()
@@ -63,19 +64,19 @@ async def _stream(port: int, model: str, prompt: list[int], gen_len: int, t0: fl
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: kiln\r\nContent-Type: application/json\r\n"
                  b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     await writer.drain()
-    marks, carry, last = [], b"", 0
+    marks, carry, last, chunks = [], b"", 0, -1
     while chunk := await reader.read(1 << 16):
         data = carry + chunk
         cut = data.rfind(b"\n\n") + 2            # whole events only; the rest waits for the next read
         found = _TOKENS.findall(data[:cut])
-        carry = data[cut:]
+        carry, chunks = data[cut:], chunks + len(found)
         if found and int(found[-1]) != last:
             last = int(found[-1])
             marks.append((time.perf_counter() - t0, last))
     writer.close()
     if not marks:
         raise RuntimeError(f"a stream returned no tokens: {carry[:300]!r}")
-    return marks
+    return marks, chunks
 
 
 def load(port: int, model: str, pid: int, concurrency: int, prompt_len: int, gen_len: int, vocab: int) -> dict:
@@ -88,7 +89,7 @@ def load(port: int, model: str, pid: int, concurrency: int, prompt_len: int, gen
     async def burst():
         return await asyncio.gather(*[_stream(port, model, p, gen_len, t0) for p in prompts])
 
-    streams = asyncio.run(burst())
+    streams, chunks = zip(*asyncio.run(burst()))
     wall, after = time.perf_counter() - t0, _thread_cpu(pid)
     tokens = sum(m[-1][1] for m in streams)
     start = max(m[0][0] for m in streams)                 # every stream has its first token
@@ -100,7 +101,7 @@ def load(port: int, model: str, pid: int, concurrency: int, prompt_len: int, gen
            "overall_tok_s": round(tokens / wall, 1),
            "decode_tok_s": round(between / (end - start), 1) if end > start and between else None,
            "chunks_per_token": None, "loop_us_per_token": None, "other_us_per_token": None}
-    row["chunks_per_token"] = round(sum(len(m) for m in streams) / tokens, 3)
+    row["chunks_per_token"] = round(sum(chunks) / tokens, 3)
     if after:
         row["loop_us_per_token"] = round(1e6 * loop_s / tokens, 2)
         row["other_us_per_token"] = round(1e6 * sum(spent.values()) / tokens, 2)
