@@ -84,8 +84,10 @@ class QuantMatmul(ScheduleRule):
         """(schedule, row count expression). panel=False inlines the dequantize into a
         one-row GEMV tile; panel=True dequantizes each W tile into a buffer."""
         sch = s_tir.Schedule(func)
-        deq, main = _find_dequant_matmul(sch)
+        deq, main, tail = _find_dequant_matmul(sch)
         read_a, read_b, _ = normalize_matmul(sch, main)
+        if tail is not None:        # the cast joins the copy out of C, whose block is this schedule's own
+            sch.reverse_compute_inline(tail)
         sch.compute_inline(read_a)
         sch.compute_inline(deq)                 # read_b now dequantizes straight into B[S, J, K]
         deq = read_b
@@ -158,14 +160,22 @@ def _branch(cond: tirx.PrimExpr, then_func: tirx.PrimFunc, else_func: tirx.PrimF
 
 
 def _find_dequant_matmul(sch: s_tir.Schedule):
-    """(dequantize block, matmul block) when the function is exactly that pair, else None."""
+    """(dequantize block, matmul block, tail) when the function is that pair, optionally followed by
+    one spatial block of the matmul's output alone (tail: a float16 scheme's cast of its float32
+    sums; None without), else None."""
     blocks = sch.get_child_blocks(sch.get_sblock("root"))
     kinds = [{iv.iter_type for iv in sch.get(b).iter_vars} for b in blocks]
     reductions = [b for b, k in zip(blocks, kinds) if _REDUCE in k]
-    if len(reductions) != 1 or len(blocks) != 2:
+    if len(reductions) != 1 or len(blocks) not in (2, 3):
         return None
-    main = reductions[0]
-    deq = next(b for b in blocks if not b.same_as(main))
+    main, tail = reductions[0], None
+    if len(blocks) == 3:
+        if not blocks[1].same_as(main):
+            return None
+        tail = blocks[2]
+        if [r.source for r in sch.get(tail).reads] != [sch.get(main).writes[0].source]:
+            return None
+    deq = blocks[0]
     mm, dq = sch.get(main), sch.get(deq)
     if len(mm.reads) != 2 or len(mm.writes) != 1 or len(dq.writes) != 1:
         return None
@@ -177,7 +187,7 @@ def _find_dequant_matmul(sch: s_tir.Schedule):
     a_last, b_last = (read.region[-1].min for read in mm.reads)
     if not (a_last.same_as(k) and b_last.same_as(k)) or get_index_map(mm) is None:
         return None
-    return deq, main
+    return deq, main, tail
 
 
 __all__ = ["QuantMatmul", "quant_schedule_rules"]
