@@ -100,9 +100,9 @@ def load(port: int, model: str, pid: int, concurrency: int, prompt_len: int, gen
     row = {"concurrency": concurrency, "tokens": tokens, "wall_s": round(wall, 2),
            "overall_tok_s": round(tokens / wall, 1),
            "decode_tok_s": round(between / (end - start), 1) if end > start and between else None,
-           "chunks_per_token": None, "loop_us_per_token": None, "other_us_per_token": None}
-    row["chunks_per_token"] = round(sum(chunks) / tokens, 3)
-    if after:
+           "chunks_per_token": round(sum(chunks) / tokens, 3), "loop_us_per_token": None,
+           "other_us_per_token": None}
+    if after:                                             # Linux: /proc has the threads' CPU times
         row["loop_us_per_token"] = round(1e6 * loop_s / tokens, 2)
         row["other_us_per_token"] = round(1e6 * sum(spent.values()) / tokens, 2)
     return row
