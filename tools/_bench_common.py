@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts in tools/ (bench_vs_transformers.py, compare_llamacpp.py)."""
+"""Helpers shared by the benchmark scripts in tools/ (bench_vs_transformers.py, compare_llamacpp.py,
+eval_report.py, serve_load.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -58,26 +61,35 @@ def bench_transformers(model_arg: str, prompt_len: int, gen_len: int, runs: int)
 
 @contextlib.contextmanager
 def kiln_server(model: str, *extra: str, timeout: float = 900):
-    """`kiln serve MODEL` on a free loopback port until the block ends; yields its base URL."""
-    import httpx
+    """`kiln serve MODEL` on a free loopback port until the block ends; yields (its base URL, its
+    process). Its output goes to a file (a pipe nobody reads would stall it), whose end a failed
+    start quotes. -P: from the checkout, `kiln/` in the working directory must not shadow kiln."""
+    import urllib.request
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", model, "--port", str(port), *extra],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = Path(tempfile.mkdtemp(prefix="kiln-serve-")) / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([sys.executable, "-P", "-m", "kiln.cli", "serve", model, "--port", str(port), *extra],
+                                  stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + timeout
         while True:
             try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
                 pass
             if server.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"`kiln serve {model}` did not start")
+                tail = " | ".join(log.read_text(errors="replace").splitlines()[-8:])
+                raise RuntimeError(f"`kiln serve {model}` did not start (log {log}): {tail}")
             time.sleep(0.5)
-        yield url
+        yield url, server
     finally:
         server.terminate()
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()

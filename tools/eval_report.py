@@ -110,7 +110,7 @@ def main() -> int:
     root = str(path.parent if path.suffix == ".gguf" else path)
     hf_args = f"pretrained={root},dtype=float32,device=cpu" + (f",gguf_file={path.name}" if kw else "")
     report = {"model": args.model}
-    with tempfile.TemporaryDirectory() as tmp, kiln_server(args.model, "--model-name", "kiln") as url:
+    with tempfile.TemporaryDirectory() as tmp, kiln_server(args.model, "--model-name", "kiln") as (url, _):
         report["lm_eval"] = lm_eval_runs(url, hf_args, Path(tmp), args.items)
         tokenizer = transformers.AutoTokenizer.from_pretrained(root, **kw)
         hf_model = transformers.AutoModelForCausalLM.from_pretrained(root, dtype=torch.float32, **kw).eval()

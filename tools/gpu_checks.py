@@ -714,14 +714,13 @@ def bench_cmd(args) -> dict:
     return result
 
 
-def served(art: Path, batches: list[int], args) -> dict:
-    """`kiln serve` on the artifact under 1 and the two largest batches' worth of streamed
-    completions: tokens a second once all are decoding (beside `kiln bench`'s decode rows), and the
-    server's host CPU a token (event loop; the engine thread and the rest)."""
+def served(art: Path, streams: list[int], args) -> dict:
+    """`kiln serve` on the artifact under each count of streamed completions: tokens a second once
+    all are decoding (beside `kiln bench`'s decode rows), and the server's host CPU a token (event
+    loop; the engine thread and the rest)."""
     sys.path.insert(0, str(ROOT / "tools"))         # -P (the checks' own processes) leaves it out
     from serve_load import serve_and_load
-    return serve_and_load(str(art), list(dict.fromkeys((1, *batches[-2:]))), gen_len=32 if args.quick else 128,
-                          start_timeout=180)
+    return serve_and_load(str(art), streams, gen_len=32 if args.quick else 128, start_timeout=180)
 
 
 def serving_limits(art: Path) -> dict:
@@ -1237,10 +1236,11 @@ def run_all(args) -> dict:
     if not args.quick:              # the candidate's kernels against numpy: part of adopting it
         step("gpu tests", 120, lambda: gpu_tests(args, max(60.0, step.left() - 60)))
     if "artifact" in q4:
+        ends = list(dict.fromkeys((batches[0], *batches[-2:])))     # the smallest and the two largest
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
-                                            for b in dict.fromkeys((batches[0], *batches[-2:]))})
-    if "artifact" in q4:            # `kiln serve` itself beside the rows above (tools/serve_load.py)
-        step("smollm2 q4f16 served", 40, lambda: served(Path(q4["artifact"]), batches, args))
+                                            for b in ends})
+        # `kiln serve` itself at as many streams, beside the rows above (tools/serve_load.py)
+        step("smollm2 q4f16 served", 40, lambda: served(Path(q4["artifact"]), ends, args))
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
     step("low-batch variants", 90, lambda: apart(args, "variants", step.left() - 20))

@@ -28,12 +28,10 @@ import asyncio
 import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from _bench_common import kiln_server
 
 _TOKENS = re.compile(rb'"completion_tokens": ?(\d+)')
 
@@ -130,18 +128,6 @@ def _settle(pid: int, quiet_s: float = 1.0, at_most_s: float = 60.0) -> None:
         last = now
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
 def serve_and_load(model: str, concurrency: list[int], prompt_len: int = 16, gen_len: int = 128,
                    start_timeout: float = 600.0, extra: tuple[str, ...] = ()) -> dict:
     """Start `kiln serve MODEL`, run each concurrency against it, stop it; {"rows": [...], ...}."""
@@ -151,39 +137,18 @@ def serve_and_load(model: str, concurrency: list[int], prompt_len: int = 16, gen
     art = kiln.Artifact.load(path, verify=False)
     most = max(concurrency)
     kv = kv_tokens_needed(art.config.kv_cache.page_size, prompt_len, gen_len, most)
-    port, name = _free_port(), "load"
-    cmd = [sys.executable, "-P", "-m", "kiln.cli", "serve", str(path), "--port", str(port), "--model-name", name,
-           "--max-num-seqs", str(most), "--max-total-tokens", str(kv), *extra]
-    log = Path(tempfile.mkdtemp(prefix="kiln-serve-load-")) / "serve.log"
-    with log.open("w") as out:            # a file, not a pipe: nobody reads the server's log meanwhile
-        server = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            if server.poll() is not None:
-                tail = log.read_text(errors="replace").splitlines()[-8:]
-                raise RuntimeError(f"kiln serve exited {server.returncode}: " + " | ".join(tail))
-            try:
-                _get(f"http://127.0.0.1:{port}/v1/models")
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"kiln serve did not answer within {start_timeout:.0f} s")
-                time.sleep(0.5)
+    name = "load"
+    with kiln_server(str(path), "--model-name", name, "--max-num-seqs", str(most), "--max-total-tokens", str(kv),
+                     *extra, timeout=start_timeout) as (url, server):
+        port = int(url.rsplit(":", 1)[1])
         load(port, name, server.pid, min(4, most), prompt_len, 32, art.config.vocab_size)     # warm-up
         _settle(server.pid)
         rows = []
         for c in concurrency:
             rows.append(load(port, name, server.pid, c, prompt_len, gen_len, art.config.vocab_size))
             print(json.dumps(rows[-1]), flush=True)
-        return {"artifact": str(path), "prompt_len": prompt_len, "gen_len": gen_len, "rows": rows,
-                "event_loop": _event_loop(), "server_log": str(log)}
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    return {"artifact": str(path), "prompt_len": prompt_len, "gen_len": gen_len, "rows": rows,
+            "event_loop": _event_loop()}
 
 
 def _event_loop() -> str:
