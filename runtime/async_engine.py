@@ -45,10 +45,6 @@ class RequestHandle:
         False when the caller's event loop is closed: nobody is listening any more."""
         return self._call(_resolve, self.accepted, error)
 
-    def send(self, delta: StreamDelta) -> bool:
-        """From the engine thread: one more delta for the caller (False: the caller is gone)."""
-        return self._call(self.deltas.put_nowait, delta)
-
     def _call(self, fn, *args) -> bool:
         try:
             self.loop.call_soon_threadsafe(fn, *args)
@@ -215,28 +211,36 @@ class AsyncEngine:
             self.engine.abort(r)
 
     def _deliver(self, out: list[tuple[Request, StreamDelta]]) -> None:
-        """A step's deltas to their callers: one call into each caller's event loop for all of its
-        deltas (a wake-up a step, not one a token)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, StreamDelta]]] = {}
+        """A step's deltas to their callers."""
+        sent = []
         for request, delta in out:
             handle = self._handles.get(id(request))
             if handle is None:
                 continue
             if request.finished:
                 self._handles.pop(id(request), None)
+            sent.append((handle, delta))
+        self._send(sent)
+
+    def _send(self, items: list[tuple[RequestHandle, StreamDelta]]) -> None:
+        """Deltas to their calls' queues: one call into each caller's event loop for all of its
+        deltas (a wake-up a step, not one a token). A call whose loop is closed is aborted."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, StreamDelta]]] = {}
+        for handle, delta in items:
             by_loop.setdefault(handle.loop, []).append((handle, delta))
-        for loop, items in by_loop.items():
+        for loop, mine in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(_put_all, mine)
             except RuntimeError:                # that loop is closed: nobody is listening there
-                for handle in {id(h): h for h, _ in items}.values():
+                for handle in {id(h): h for h, _ in mine}.values():
                     self._abort(handle)
 
     def _fail_all(self, reason: str) -> None:
-        for handle in {id(h): h for h in self._handles.values()}.values():
+        handles = {id(h): h for h in self._handles.values()}.values()
+        for handle in handles:
             for r in handle.requests:
                 self.engine.abort(r)
-                handle.send(StreamDelta(r.index, "", [], reason))
+        self._send([(h, StreamDelta(r.index, "", [], reason)) for h in handles for r in h.requests])
         self._handles.clear()
 
     @property

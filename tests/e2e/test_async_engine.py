@@ -136,3 +136,29 @@ def test_a_caller_that_falls_behind_gets_the_waiting_tokens_in_one_delta(aengine
     assert [lp.top for lp in merged_logprobs] == [lp.top for lp in expected.logprobs]
     assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
     wait_until_done(aengine)
+
+
+def test_a_failed_step_ends_every_live_call_with_an_error_and_frees_its_pages(aengine, monkeypatch):
+    """The engine thread survives a step that raises: each call still listening gets an "error" delta
+    (both calls here, through one wake-up of their loop), and their requests are aborted."""
+    engine, step = aengine.engine, aengine.engine.step
+    broken = {"left": 0}
+
+    def failing_step():
+        if broken["left"]:
+            broken["left"] -= 1
+            raise RuntimeError("a device fault, say")
+        return step()
+
+    monkeypatch.setattr(engine, "step", failing_step)
+
+    async def two_calls():
+        streams = [aengine.generate(PROMPT, LONG), aengine.generate(list(range(80, 100)), LONG)]
+        firsts = [await anext(s) for s in streams]
+        broken["left"] = 1
+        rests = [[d async for d in s] for s in streams]
+        return [[f, *rest] for f, rest in zip(firsts, rests)]
+
+    for deltas in asyncio.run(asyncio.wait_for(two_calls(), timeout=60)):
+        assert deltas[-1].finish_reason == "error" and len(deltas) < LONG.max_tokens
+    wait_until_done(aengine)
