@@ -11,6 +11,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
+from kiln.compiler.quant_pack import pack_nibbles
 from kiln.targets.cpu.quant_schedule import QuantMatmul
 
 pytestmark = pytest.mark.compiler
@@ -56,10 +57,8 @@ def built():
 @pytest.mark.parametrize("rows", [1, 5])
 def test_q4f16_kernel_is_scheduled_and_matches_numpy(built, rows):
     rng = np.random.default_rng(rows)
-    codes = rng.integers(0, 16, size=(N, K), dtype=np.uint32)
-    words = np.zeros((N, K // 8), np.uint32)
-    for j in range(8):                                      # value k at bits 4 * (k % 8) of word k // 8
-        words |= codes[:, j::8] << np.uint32(4 * j)
+    codes = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
+    words = pack_nibbles(codes)                             # value k at bits 4 * (k % 8) of word k // 8
     scales = (rng.random((N, K // 32)) * 0.1 + 0.01).astype(np.float16)
     x = rng.standard_normal((rows, 1, K)).astype(np.float16)
     w = ((codes.astype(np.float16) - np.float16(8)) * np.repeat(scales, 32, axis=1)).astype(np.float16)
