@@ -339,10 +339,14 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
               help="where sampled decode tokens are drawn (temperature, top-k/p, min-p; requests with penalties, "
                    "bias, grammars or logprobs always on the host): device copies back one token per sequence; "
                    "auto is device on GPUs, host on CPUs")
+@click.option("--overlap", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="launch each decode step before the previous step's tokens are detokenized and sent, so the "
+                   "host's per-token work runs while the device computes; auto is on for GPUs, off on CPUs "
+                   "(where the forward is the host's own work)")
 @_chat_template_option
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
-          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, chat_template) -> None:
+          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, chat_template) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -357,7 +361,8 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
                                max_total_tokens=max_total_tokens, kv_cache_bytes=kv_bytes,
                                gpu_memory_utilization=gpu_memory_utilization,
                                enable_prefix_cache=not no_prefix_cache, chat_template=template,
-                               device_sampling={"auto": None, "device": True, "host": False}[sampling_on])
+                               device_sampling={"auto": None, "device": True, "host": False}[sampling_on],
+                               overlap={"auto": None, "on": True, "off": False}[overlap])
     server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                          engine=engine))
 

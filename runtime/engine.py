@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -26,7 +27,7 @@ from .artifact import Artifact
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
 from .memory_budget import check_utilization
-from .model_runner import ModelRunner
+from .model_runner import LaunchedTokens, ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
@@ -59,6 +60,11 @@ class EngineConfig:
     # them back to the host Sampler. None: on for GPU artifacts (the per-row threshold search is slower than
     # numpy's partial sort on a CPU's few threads).
     device_sampling: bool | None = None
+    # Launch a decode step before the previous step's tokens are detokenized, matched against stop strings
+    # and handed to callers, so that host work runs while the device computes (a stop string found then
+    # costs the device the one token it computed past it). None: on where forwards run asynchronously
+    # (GPUs); on a CPU the forward is the host's own work, so there is nothing to overlap.
+    overlap: bool | None = None
 
 
 class Engine:
@@ -95,19 +101,28 @@ class Engine:
         self._requests: dict[int, Request] = {}      # seq id -> live request
         self._seq_ids = itertools.count()
         self._trimmer = Trimmer()                    # freed host memory back to the OS, every few seconds
+        self.overlap = config.overlap if config.overlap is not None else self.artifact.device != "cpu"
+        self._launched: _Launched | None = None      # a lookahead forward on the device, its tokens not taken
+        self._clock = _ForwardClock()
 
     # -- the serving step -------------------------------------------------------------
     def step(self) -> list[tuple[Request, StreamDelta]]:
         """Advance every scheduled request by one forward pass; returns the deltas produced."""
-        batch = self.scheduler.schedule()
-        self._sync_kv(batch)
-        if not batch.chunks:
-            return []
-        picked = self._picked_on_device(batch.chunks)
-        out = self._sampled_step(batch) if picked is None else self._device_step(batch, picked)
+        launched, self._launched = self._launched, None
+        if launched is not None:                 # the lookahead the previous step launched
+            out = self._take(launched)
+        else:
+            batch = self.scheduler.schedule()
+            self._sync_kv(batch)
+            if not batch.chunks:
+                return []
+            picked = self._picked_on_device(batch.chunks)
+            out = self._sampled_step(batch) if picked is None else self._take(self._launch(batch, picked))
         for r, _ in out:
             if r.finished:
                 self._finish(r)
+        if not self.scheduler.has_work:
+            self._clock.idle()
         self._trimmer.maybe()
         return out
 
@@ -115,8 +130,10 @@ class Engine:
         """The forward returns logits; the sampler picks each token (and scores prompts) on the host."""
         chunks = batch.chunks
         full = [c.all_logits for c in chunks]
+        self._clock.launch(lookahead=False)
         logits = self.runner.run([c.seq.seq_id for c in chunks], [c.seq.token_ids(c.start, c.end) for c in chunks],
                                  full)
+        self._clock.ready()
         logits, scored = logits if any(full) else (logits, {})
         self.scheduler.update(batch)
         for i, rows in scored.items():          # prompt logprobs (echo): every scored position
@@ -134,15 +151,19 @@ class Engine:
         it from its raw logits (plain_sampling) and none scores its prompt, how the device picks the
         tokens so only they are copied back: "greedy" (all greedy: greedy_tokens) or "sampled"
         (sample_tokens); None: the logits come back to the Sampler."""
-        taking = [self._requests[c.seq.seq_id] for c in chunks if c.needs_logits]
-        if any(c.all_logits for c in chunks) or not all(
-                r.params.max_tokens > 0 and plain_sampling(r) for r in taking):
+        if any(c.all_logits for c in chunks):
+            return None
+        return self._picking([self._requests[c.seq.seq_id] for c in chunks if c.needs_logits])
+
+    def _picking(self, taking: list[Request]) -> str | None:
+        if not all(r.params.max_tokens > 0 and plain_sampling(r) for r in taking):
             return None
         if self.runner.greedy_on_device and all(r.params.greedy for r in taking):
             return "greedy"
         return "sampled" if self.samples_on_device else None
 
-    def _device_step(self, batch: ScheduledBatch, picked: str) -> list[tuple[Request, StreamDelta]]:
+    def _launch(self, batch: ScheduledBatch, picked: str, lookahead: bool = False) -> _Launched:
+        """Queue the batch's forward with its tokens picked on the device ("greedy" or "sampled")."""
         chunks = batch.chunks
         rows = [i for i, c in enumerate(chunks) if c.needs_logits]        # the others are mid-prompt chunks
         requests = [self._requests[chunks[i].seq.seq_id] for i in rows]
@@ -150,11 +171,38 @@ class Engine:
         if picked == "sampled":
             params = np.zeros((len(chunks), 5), np.float32)                # greedy rows for the mid-prompt chunks
             params[rows] = device_params(requests)
-        tokens = self.runner.next_tokens([c.seq.seq_id for c in chunks],
-                                         [c.seq.token_ids(c.start, c.end) for c in chunks], params)
-        self.scheduler.update(batch)
-        tokens = tokens.tolist()                                            # ints, once for the batch
-        return [(r, r.append(tokens[i], None)) for i, r in zip(rows, requests)]
+        self._clock.launch(lookahead)
+        tokens = self.runner.launch_next_tokens([c.seq.seq_id for c in chunks],
+                                                [c.seq.token_ids(c.start, c.end) for c in chunks], params)
+        return _Launched(batch, rows, requests, tokens)
+
+    def _take(self, launched: _Launched) -> list[tuple[Request, StreamDelta]]:
+        """A launched forward's tokens into its requests (those not ended since it was launched), then,
+        with overlap on, the next decode step launched before their text is made and shown."""
+        tokens = launched.tokens.wait().tolist()                           # ints, once for the batch
+        self._clock.ready()
+        self.scheduler.update(launched.batch)
+        taking = [(r, tokens[i]) for i, r in zip(launched.rows, launched.requests) if not r.finished]
+        for r, t in taking:
+            r.take(t)
+        if self.overlap:
+            self._launched = self._lookahead([r for r, _ in taking])
+        return [(r, r.show()) for r, _ in taking]
+
+    def _lookahead(self, taken: list[Request]) -> _Launched | None:
+        """The next decode of every running sequence that goes on past its new token, launched now
+        (Scheduler.schedule_lookahead says when it can be), its tokens picked on the device."""
+        ending = {r.seq_id for r in taken if r.ends_on_token}
+        going = [self._requests.get(s.seq_id) for s in self.scheduler.running if s.seq_id not in ending]
+        picked = self._picking(going) if going and None not in going else None
+        batch = self.scheduler.schedule_lookahead(ending) if picked else None
+        return self._launch(batch, picked, lookahead=True) if batch else None
+
+    def drain(self) -> None:
+        """Wait for a lookahead forward still on the device (its tokens stay for the next step): before
+        anything else begins a forward on the KV cache (Engine.embed does)."""
+        if self._launched is not None:
+            self._launched.tokens.wait()
 
     def _sync_kv(self, batch: ScheduledBatch) -> None:
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""
@@ -215,9 +263,12 @@ class Engine:
         return self.scheduler.has_work
 
     def stats(self) -> EngineStats:
-        """Running and waiting sequences, KV pages, prefix-cache hits, now. Safe to call from
-        another thread while step() runs (the server's /metrics does): see Scheduler.stats."""
-        return self.scheduler.stats()
+        """Running and waiting sequences, KV pages, prefix-cache hits, now, and the forwards' counters.
+        Safe to call from another thread while step() runs (the server's /metrics does): see
+        Scheduler.stats."""
+        c = self._clock
+        return replace(self.scheduler.stats(), forwards=c.forwards, lookahead_forwards=c.lookahead,
+                       host_gap_seconds=c.gap_s)
 
     # -- the synchronous API (runs step() until its requests finish) -------------------
     def generate(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None):
@@ -266,6 +317,7 @@ class Engine:
                 raise InvalidRequestError(f"input {i} is {len(t)} tokens, more than the context window of "
                                           f"{self.runner.context_window}; shorten it", "input")
         out = []
+        self.drain()
         for t in ids:
             pages, sid = self.scheduler.pages, next(self._seq_ids)
             if not pages.can_allocate(len(t)):
@@ -334,6 +386,41 @@ class Engine:
             raise InvalidRequestError(f"artifact {self.artifact.path} has no tokenizer; pass token ids instead "
                                       "of text, or compile from a model directory that has tokenizer.json")
         return self.tokenizer
+
+
+@dataclass
+class _Launched:
+    """A forward queued on the device whose tokens the engine has not taken yet."""
+
+    batch: ScheduledBatch
+    rows: list[int]               # the chunks that take a token (the others are mid-prompt chunks)
+    requests: list[Request]       # their requests, row for row
+    tokens: LaunchedTokens
+
+
+class _ForwardClock:
+    """Counts forwards and the host's time between one's tokens coming back and the next's launch
+    (EngineStats.host_gap_seconds): the time a device that runs forwards asynchronously sits idle."""
+
+    def __init__(self) -> None:
+        self.forwards = self.lookahead = 0
+        self.gap_s = 0.0
+        self._ready_at: float | None = None
+
+    def launch(self, lookahead: bool) -> None:
+        now = time.perf_counter()
+        if self._ready_at is not None:
+            self.gap_s += now - self._ready_at
+            self._ready_at = None
+        self.forwards += 1
+        self.lookahead += lookahead
+
+    def ready(self) -> None:
+        self._ready_at = time.perf_counter()
+
+    def idle(self) -> None:
+        """No work left: the wait for the next request is not a gap."""
+        self._ready_at = None
 
 
 def _as_batch(prompt) -> tuple[list[Prompt], bool]:

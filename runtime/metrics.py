@@ -74,7 +74,7 @@ class Metrics:
 
 
 class _EngineCollector(Collector):
-    """Engine.stats() as gauges and a counter, read at scrape time."""
+    """Engine.stats() as gauges and counters, read at scrape time."""
 
     def __init__(self, stats: Callable[[], EngineStats]):
         self.stats = stats
@@ -87,10 +87,21 @@ class _EngineCollector(Collector):
         yield _gauge("kiln_kv_pages_cached", "KV pages held only by the prefix cache (evictable).", s.kv_pages_cached)
         yield _gauge("kiln_kv_pages_free", "KV pages free.", s.kv_pages_free)
         yield _gauge("kiln_kv_pages_total", "KV pages the engine manages.", s.kv_pages_total)
-        hits = CounterMetricFamily("kiln_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.")
-        hits.add_metric([], s.prefix_cache_hit_tokens)
-        yield hits
+        yield _counter("kiln_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.",
+                       s.prefix_cache_hit_tokens)
+        yield _counter("kiln_forwards", "Forward passes the engine launched.", s.forwards)
+        yield _counter("kiln_lookahead_forwards", "Forward passes launched before the previous one's tokens were "
+                       "shown (the host's per-token work overlapped with the device).", s.lookahead_forwards)
+        yield _counter("kiln_host_gap_seconds", "Host time from a forward's tokens coming back to the next "
+                       "forward's launch, while work remained: what the device waits for between steps.",
+                       s.host_gap_seconds)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family

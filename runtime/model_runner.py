@@ -307,6 +307,14 @@ class ModelRunner:
         next token per sequence is picked where the logits are, so only the tokens come back:
         params None, each row's argmax (greedy_tokens; np.argmax of the copied logits for artifacts
         without it); else drawn by sample_tokens from the row of params [batch, 5]. [batch] int32."""
+        return self.launch_next_tokens(seq_ids, tokens, params).wait()
+
+    def launch_next_tokens(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
+                           params: np.ndarray | None = None) -> "LaunchedTokens":
+        """next_tokens without the wait: the forward is queued on the device (a GPU runs it while the
+        caller goes on) and LaunchedTokens.wait() copies its tokens back. Until then the caller must
+        not begin another forward on this KV cache (TVM's cache reuses one host buffer for the page
+        tables each forward copies); adding, removing and forking sequences is host bookkeeping."""
         if all(len(t) == 1 for t in tokens):
             logits = self._decode(seq_ids, [t[0] for t in tokens])              # [batch, 1, vocab]
         else:
@@ -314,10 +322,10 @@ class ModelRunner:
             logits, _ = self._forward_on_device(seq_ids, tokens, [False] * len(seq_ids))
             logits = logits._create_view(ShapeTuple([len(seq_ids), 1, logits.shape[-1]]))
         if params is not None:
-            return self._fn["sample_tokens"](logits, self._staged("params", params.astype(np.float32))).numpy()
+            return LaunchedTokens(self._fn["sample_tokens"](logits, self._staged("params", params.astype(np.float32))))
         if not self.greedy_on_device:
-            return np.argmax(logits.numpy()[:, 0, :], axis=1)
-        return self._fn["greedy_tokens"](logits).numpy()
+            return LaunchedTokens(logits, argmax=True)
+        return LaunchedTokens(self._fn["greedy_tokens"](logits))
 
     def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int]):
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]
@@ -380,6 +388,20 @@ class ModelRunner:
                              f"({self.prefill_chunk})")
         out = self._fn["embed"](self._staged("ids", ids.astype(np.int32)), self.params)
         return out._create_view(ShapeTuple([1, *out.shape]))                      # [1, n, hidden]
+
+
+class LaunchedTokens:
+    """The next tokens of a queued forward (ModelRunner.launch_next_tokens), still on the device."""
+
+    def __init__(self, on_device, argmax: bool = False):
+        self._on_device = on_device       # tokens [batch], or logits [batch, 1, vocab] to argmax here
+        self._argmax = argmax
+
+    def wait(self) -> np.ndarray:
+        """Wait for the forward; its tokens [batch] on the host."""
+        if self._argmax:
+            return np.argmax(self._on_device.numpy()[:, 0, :], axis=1)
+        return self._on_device.numpy()
 
 
 def _row_bounded(items: list, bound: int):

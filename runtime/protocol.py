@@ -239,3 +239,7 @@ class EngineStats:
     prefix_cache_seqs: int            # finished sequences whose KV the prefix cache keeps
     prefix_cache_hit_tokens: int      # prompt tokens admission found in the prefix cache (not recomputed)
     prefix_cache_queried_tokens: int  # prompt tokens admission looked up
+    forwards: int = 0                 # forward passes launched (Engine steps that computed something)
+    lookahead_forwards: int = 0       # of them launched before the previous one's tokens were shown (overlap)
+    host_gap_seconds: float = 0.0     # the host's time from a forward's tokens coming back to the next launch,
+                                      # summed over forwards launched while work remained (the device idles then)

@@ -4,7 +4,8 @@ The token history lives in the scheduler's Sequence (one source of truth);
 the Request adds what the engine needs on top: sampling state, the
 detokenizer and stop matching. Counters are derived, not kept by hand.
 append() is the only mutation: it takes a sampled token and returns the
-StreamDelta it produces.
+StreamDelta it produces (in two halves, take() and show(), for the engine's
+overlapped step).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Request:
     prompt_logprobs: list[TokenLogprob | None] | None = None   # per prompt token (None for the first)
     _rng_seed_offset: int = field(default=0, repr=False)
     _first_sent: bool = field(default=False, repr=False)
+    _taken: tuple = field(default=(None, None), repr=False)     # (token, logprob) take() recorded for show()
 
     def __post_init__(self) -> None:
         n = len(self.seq.prompt_ids)
@@ -103,9 +105,26 @@ class Request:
 
     def append(self, token: int, logprob: TokenLogprob | None = None) -> StreamDelta:
         """Record a sampled token; returns the new text (held back across stop-string prefixes)."""
+        self.take(token, logprob)
+        return self.show()
+
+    def take(self, token: int, logprob: TokenLogprob | None = None) -> None:
+        """append()'s first half: the token joins the sequence (the scheduler can plan its decode);
+        show() then makes its delta. The engine's overlapped step launches the next forward between."""
         self.output_ids.append(token)
         if logprob is not None and self.logprobs is not None:
             self.logprobs.append(logprob)
+        self._taken = (token, logprob)
+
+    @property
+    def ends_on_token(self) -> bool:
+        """Whether the token just taken ends the request whatever its text: a stop token, or the last
+        of max_tokens. (A stop string or a complete JSON value ends it only when show() finds it.)"""
+        return self.output_ids[-1] in self._stop_ids or self.remaining == 0
+
+    def show(self) -> StreamDelta:
+        """append()'s second half: the taken token's text, stop strings and grammar; its delta."""
+        token, logprob = self._taken
         text, hit = "", False
         stop_token = token in self._stop_ids or (self.grammar is not None and token in self.grammar.stop_token_ids)
         if self._detok is not None and not stop_token:   # a stop token's text is never shown

@@ -19,6 +19,10 @@ usage count, so it takes little of the CPU the server needs. Per concurrency:
   On a GPU these two, which share one GIL, are what can hold the device back at high concurrency.
 - chunks_per_token: SSE chunks sent a token (below 1: the server merged tokens of streams that fell
   behind, or tokens that end inside a multi-byte character waited for the next).
+- host_gap_us_per_forward: from the server's /metrics, the engine thread's time from a forward's
+  tokens coming back to the next forward's launch, a forward (on a GPU the device idles then), and
+  lookahead_share: the forwards launched before the previous one's tokens were shown (`kiln serve
+  --overlap`; `--overlap off` here passes it on).
 """
 
 from __future__ import annotations
@@ -77,11 +81,24 @@ async def _stream(port: int, model: str, prompt: list[int], gen_len: int, t0: fl
     return marks, chunks
 
 
+_COUNTERS = ("kiln_forwards_total", "kiln_lookahead_forwards_total", "kiln_host_gap_seconds_total")
+
+
+def _engine_counters(port: int) -> dict[str, float]:
+    """The engine's forward counters from the server's /metrics."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = dict(re.findall(r"^(kiln_\w+_total) ([0-9.e+-]+)$", text, re.M))
+    return {name: float(found.get(name, 0.0)) for name in _COUNTERS}
+
+
 def load(port: int, model: str, pid: int, concurrency: int, prompt_len: int, gen_len: int, vocab: int) -> dict:
     """One burst of `concurrency` streamed completions against a running server."""
     import numpy as np
     rng = np.random.default_rng(concurrency)
     prompts = rng.integers(100, vocab - 100, size=(concurrency, prompt_len)).tolist()
+    counters = _engine_counters(port)
     before, t0 = _thread_cpu(pid), time.perf_counter()
 
     async def burst():
@@ -103,6 +120,10 @@ def load(port: int, model: str, pid: int, concurrency: int, prompt_len: int, gen
     if after:                                             # Linux: /proc has the threads' CPU times
         row["loop_us_per_token"] = round(1e6 * loop_s / tokens, 2)
         row["other_us_per_token"] = round(1e6 * sum(spent.values()) / tokens, 2)
+    forwards, lookahead, gap_s = (b - a for a, b in zip(counters.values(), _engine_counters(port).values()))
+    row["forwards"] = int(forwards)
+    row["host_gap_us_per_forward"] = round(1e6 * gap_s / forwards, 1) if forwards else None
+    row["lookahead_share"] = round(lookahead / forwards, 3) if forwards else None
     return row
 
 
@@ -166,16 +187,19 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=16,
                     help="short, so that every stream is admitted long before the first one ends")
     ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--overlap", choices=("auto", "on", "off"), default="auto", help="`kiln serve --overlap`")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args()
-    result = serve_and_load(args.model, [int(c) for c in args.concurrency.split(",")], args.prompt_len, args.gen_len)
+    result = serve_and_load(args.model, [int(c) for c in args.concurrency.split(",")], args.prompt_len, args.gen_len,
+                            extra=("--overlap", args.overlap))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(f"{result['artifact']} ({result['event_loop']}), prompt {args.prompt_len}, gen {args.gen_len}")
     for r in result["rows"]:
         print(f"  {r['concurrency']:4d} streams: decode {r['decode_tok_s']} tok/s, overall {r['overall_tok_s']} tok/s;"
               f" event loop {r['loop_us_per_token']} us/token, rest {r['other_us_per_token']} us/token,"
-              f" {r['chunks_per_token']} chunks/token")
+              f" {r['chunks_per_token']} chunks/token; host gap {r['host_gap_us_per_forward']} us/forward,"
+              f" {r['lookahead_share']} of forwards lookahead")
 
 
 if __name__ == "__main__":

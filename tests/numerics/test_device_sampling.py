@@ -50,8 +50,8 @@ def test_engine_draws_sampled_tokens_on_the_device(tiny_artifacts):
         engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False, device_sampling=on_device,
                                                              max_tokens_per_step=40))
         calls = []
-        next_tokens = engine.runner.next_tokens
-        engine.runner.next_tokens = lambda *a: calls.append([len(t) for t in a[1]]) or next_tokens(*a)
+        launch = engine.runner.launch_next_tokens
+        engine.runner.launch_next_tokens = lambda *a: calls.append([len(t) for t in a[1]]) or launch(*a)
         requests = [engine.add_request(p, sp)[0] for p, sp in zip(prompts[:2], params[:2])]
         for _ in range(3):
             engine.step()
@@ -67,7 +67,7 @@ def test_engine_draws_sampled_tokens_on_the_device(tiny_artifacts):
     assert outputs[True] == outputs[False]
     assert len({tuple(o) for o in outputs[True]}) == 5
     engine = Engine(tiny_artifacts["tied"], EngineConfig(device_sampling=True))
-    engine.runner.next_tokens = lambda *a: pytest.fail("a logprobs request's step was drawn on the device")
+    engine.runner.launch_next_tokens = lambda *a: pytest.fail("a logprobs request's step was drawn on the device")
     requests = [engine.add_request(prompts[0], SamplingParams(max_tokens=4, temperature=0.7, logprobs=True, seed=1))[0],
                 engine.add_request(prompts[1], SamplingParams(max_tokens=4, temperature=0.7, seed=2))[0]]
     while engine.has_work:

@@ -105,8 +105,8 @@ def test_greedy_tokens_picked_on_the_device_equal_the_samplers(tiny_artifacts, b
     engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
     assert engine.runner.greedy_on_device
     calls = []
-    next_tokens = engine.runner.next_tokens
-    engine.runner.next_tokens = lambda *a: calls.append(len(a[0])) or next_tokens(*a)
+    launch = engine.runner.launch_next_tokens
+    engine.runner.launch_next_tokens = lambda *a: calls.append(len(a[0])) or launch(*a)
     prompts = _prompts(5, seed=7)
     on_device = [o.token_ids for o in engine.generate(prompts, GREEDY)]
     assert calls and max(calls) == 5                              # batched decode steps went through it

@@ -23,8 +23,11 @@ pytestmark = pytest.mark.unit
 
 
 class FakeEngine:
-    def __init__(self, sched: Scheduler, sample=None, stop_prob: float = 0.0, rng: random.Random | None = None):
+    def __init__(self, sched: Scheduler, sample=None, stop_prob: float = 0.0, rng: random.Random | None = None,
+                 lookahead: bool = False):
         self.sched = sched
+        self.lookahead = lookahead                # the engine's overlapped step: schedule_lookahead
+        self.pending: ScheduledBatch | None = None
         self.kv: dict[int, list[int]] = {}        # seq id -> token ids whose "KV" is held
         self.rng = rng or random.Random(0)
         self.sample = sample or (lambda seq: 1000 + len(seq.output_ids))
@@ -33,7 +36,7 @@ class FakeEngine:
         self.steps = 0
 
     def step(self) -> ScheduledBatch:
-        batch = self.sched.schedule()
+        batch, self.pending = self.pending or self.sched.schedule(), None
         for sid in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
             del self.kv[sid]
         for sid in batch.new_seqs:
@@ -45,17 +48,21 @@ class FakeEngine:
         assert batch.num_tokens <= self.sched.config.max_tokens_per_step
         assert len({id(c.seq) for c in batch.chunks}) == len(batch.chunks) <= self.sched.config.max_num_seqs
         for c in batch.chunks:
+            if c.seq.status is not SeqStatus.RUNNING:
+                continue                          # ended since its lookahead was scheduled: the row is dropped
             held = self.kv[c.seq.seq_id]
             assert held == c.seq.all_token_ids[:c.start], f"seq {c.seq.seq_id}: KV does not end at {c.start}"
             held.extend(c.seq.token_ids(c.start, c.end))
             assert c.needs_logits == (c.end == c.seq.num_tokens)
         self.sched.update(batch)
-        for c in batch.chunks:
-            if c.needs_logits:
-                seq = c.seq
-                seq.output_ids.append(self.sample(seq))
-                if len(seq.output_ids) >= seq.max_tokens or self.rng.random() < self.stop_prob:
-                    self.finish(seq, "length")
+        taken = [c.seq for c in batch.chunks if c.needs_logits and c.seq.status is SeqStatus.RUNNING]
+        for seq in taken:
+            seq.output_ids.append(self.sample(seq))
+        if self.lookahead:                        # before the "stop strings" below are found
+            self.pending = self.sched.schedule_lookahead({s.seq_id for s in taken if len(s.output_ids) >= s.max_tokens})
+        for seq in taken:
+            if len(seq.output_ids) >= seq.max_tokens or self.rng.random() < self.stop_prob:
+                self.finish(seq, "length")
         self.steps += 1
         return batch
 
@@ -71,7 +78,7 @@ class FakeEngine:
             del self.kv[seq.seq_id]
 
     def run_until_idle(self, max_steps: int = 10_000) -> None:
-        while self.sched.has_work:
+        while self.sched.has_work or self.pending:
             self.step()
             check_invariants(self)
             assert self.steps < max_steps, "no progress: the scheduler deadlocked"
@@ -368,15 +375,42 @@ def test_fits_and_impossible_requests():
         SchedulerConfig(policy="lifo")
 
 
+def test_lookahead_decodes_every_running_sequence_or_leaves_it_to_schedule():
+    """schedule_lookahead (the engine's overlapped step) plans the next decodes before this step's
+    tokens are shown, only where schedule() would decide the same: no prompt left to compute, nobody
+    waiting for a free slot, pages for every decode (else nothing is taken)."""
+    sched, eng = make(total_pages=8, page_size=4, max_num_seqs=2, max_tokens_per_step=8)
+    a, b, c = seq(3, max_tokens=10), seq(9, max_tokens=10), seq(2, max_tokens=10)
+    sched.add(a)
+    sched.add(b)
+    eng.step()                                           # a whole, b's first 5 tokens
+    assert sched.schedule_lookahead() is None            # b is still prefilling
+    eng.step()
+    sched.add(c)                                         # waits: both slots are taken
+    batch = sched.schedule_lookahead()
+    assert [(ch.seq, ch.start, ch.end) for ch in batch.chunks] == [(a, 4, 5), (b, 9, 10)]
+    assert sched.pages.num_tokens(a.seq_id) == 5 and sched.pages.num_tokens(b.seq_id) == 10
+    assert sched.schedule_lookahead(ending={a.seq_id}) is None   # a ends: c could take its slot
+    eng.pending = batch
+    for _ in range(3):
+        eng.step()
+    held = {s.seq_id: sched.pages.num_tokens(s.seq_id) for s in (a, b)}
+    assert held == {a.seq_id: 7, b.seq_id: 12}           # a fits its next token in its pages, b needs one more
+    sched.pages.allocate(999, sched.pages.free_pages * 4)   # no page left
+    assert sched.schedule_lookahead() is None
+    assert {s.seq_id: sched.pages.num_tokens(s.seq_id) for s in (a, b)} == held   # a's token was not taken
+
+
 # -- randomized simulation -----------------------------------------------------------------
+@pytest.mark.parametrize("lookahead", [False, True], ids=["step", "lookahead"])
 @pytest.mark.parametrize("seed", range(20))
-def test_randomized_simulation_keeps_invariants_and_finishes(seed):
+def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead):
     rng = random.Random(seed)
     policy = "priority" if seed % 2 else "fcfs"
     cache = seed % 3 != 2
     sched, eng = make(total_pages=rng.randint(6, 14), page_size=rng.choice([2, 4, 8]), cache=cache,
                       max_num_seqs=rng.randint(1, 6), max_tokens_per_step=rng.randint(4, 40), policy=policy)
-    eng.rng, eng.stop_prob = rng, 0.05
+    eng.rng, eng.stop_prob, eng.lookahead = rng, 0.05, lookahead
     eng.sample = lambda s: rng.randint(0, 3)               # small vocab: outputs repeat, so prefixes match
     bases = [[rng.randint(0, 3) for _ in range(rng.randint(1, 20))] for _ in range(3)]
     capacity = sched.pages.total_pages * sched.pages.page_size
