@@ -29,7 +29,8 @@ from .kv_pages import PageAccountant
 from .memory_budget import check_utilization
 from .model_runner import LaunchedTokens, ModelRunner
 from .prefix_cache import PrefixCache
-from .protocol import EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
+from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
+                       TokenLogprob)
 from .request import Request
 from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -102,18 +103,17 @@ class Engine:
         self._seq_ids = itertools.count()
         self._trimmer = Trimmer()                    # freed host memory back to the OS, every few seconds
         self.overlap = config.overlap if config.overlap is not None else self.artifact.device != "cpu"
-        self._launched: _Launched | None = None      # a lookahead forward on the device, its tokens not taken
+        self._ahead: _Launched | ScheduledBatch | None = None   # the next step, decided early (overlap)
         self._clock = _ForwardClock()
 
     # -- the serving step -------------------------------------------------------------
     def step(self) -> list[tuple[Request, StreamDelta]]:
         """Advance every scheduled request by one forward pass; returns the deltas produced."""
-        launched, self._launched = self._launched, None
-        if launched is not None:                 # the lookahead the previous step launched
-            out = self._take(launched)
+        ahead, self._ahead = self._ahead, None
+        if isinstance(ahead, _Launched):         # launched by the previous step (overlap)
+            out = self._take(ahead)
         else:
-            batch = self.scheduler.schedule()
-            self._sync_kv(batch)
+            batch = self._schedule() if ahead is None else _live(ahead)
             if not batch.chunks:
                 return []
             picked = self._picked_on_device(batch.chunks)
@@ -125,6 +125,11 @@ class Engine:
             self._clock.idle()
         self._trimmer.maybe()
         return out
+
+    def _schedule(self) -> ScheduledBatch:
+        batch = self.scheduler.schedule()
+        self._sync_kv(batch)
+        return batch
 
     def _sampled_step(self, batch: ScheduledBatch) -> list[tuple[Request, StreamDelta]]:
         """The forward returns logits; the sampler picks each token (and scores prompts) on the host."""
@@ -143,7 +148,7 @@ class Engine:
         rows = [i for i in rows if i not in scoring_only]
         requests = [self._requests[chunks[i].seq.seq_id] for i in rows]
         result = self.sampler.sample(logits[rows], self.sampler.prepare(requests))
-        out = [(r, r.append(t, lp)) for r, t, lp in zip(requests, result.tokens, result.logprobs)]
+        out = self._show(list(zip(requests, result.tokens, result.logprobs)))
         return out + [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
 
     def _picked_on_device(self, chunks) -> str | None:
@@ -177,32 +182,41 @@ class Engine:
         return _Launched(batch, rows, requests, tokens)
 
     def _take(self, launched: _Launched) -> list[tuple[Request, StreamDelta]]:
-        """A launched forward's tokens into its requests (those not ended since it was launched), then,
-        with overlap on, the next decode step launched before their text is made and shown."""
+        """A launched forward's tokens to its requests (those not ended since it was launched)."""
         tokens = launched.tokens.wait().tolist()                           # ints, once for the batch
         self._clock.ready()
         self.scheduler.update(launched.batch)
-        taking = [(r, tokens[i]) for i, r in zip(launched.rows, launched.requests) if not r.finished]
-        for r, t in taking:
-            r.take(t)
-        if self.overlap:
-            self._launched = self._lookahead([r for r, _ in taking])
-        return [(r, r.show()) for r, _ in taking]
+        return self._show([(r, tokens[i], None) for i, r in zip(launched.rows, launched.requests) if not r.finished])
 
-    def _lookahead(self, taken: list[Request]) -> _Launched | None:
-        """The next decode of every running sequence that goes on past its new token, launched now
-        (Scheduler.schedule_lookahead says when it can be), its tokens picked on the device."""
-        ending = {r.seq_id for r in taken if r.ends_on_token}
-        going = [self._requests.get(s.seq_id) for s in self.scheduler.running if s.seq_id not in ending]
-        picked = self._picking(going) if going and None not in going else None
-        batch = self.scheduler.schedule_lookahead(ending) if picked else None
-        return self._launch(batch, picked, lookahead=True) if batch else None
+    def _show(self, taking: list[tuple[Request, int, TokenLogprob | None]]) -> list[tuple[Request, StreamDelta]]:
+        """Each request takes its token; with overlap on, the next step is decided (and launched where
+        the device picks its tokens) before the tokens' text is made and shown."""
+        for r, token, logprob in taking:
+            r.take(token, logprob)
+        if self.overlap:
+            self._ahead = self._schedule_ahead([r for r, _, _ in taking])
+        return [(r, r.show()) for r, _, _ in taking]
+
+    def _schedule_ahead(self, taken: list[Request]) -> _Launched | ScheduledBatch | None:
+        """The next step decided now, before this one's tokens are shown: requests that end with their
+        token whatever its text (a stop token, max_tokens) give back their slot and pages first; a stop
+        string found later drops that request's row. Launched if the device picks its tokens, else kept
+        for the next step() to run."""
+        for r in taken:
+            reason = r.end_reason
+            if reason is not None:
+                self._end(r, reason)
+        batch = self._schedule()
+        if not batch.chunks:
+            return None
+        picked = self._picked_on_device(batch.chunks)
+        return batch if picked is None else self._launch(batch, picked, lookahead=True)
 
     def drain(self) -> None:
-        """Wait for a lookahead forward still on the device (its tokens stay for the next step): before
-        anything else begins a forward on the KV cache (Engine.embed does)."""
-        if self._launched is not None:
-            self._launched.tokens.wait()
+        """Wait for a forward launched ahead, still on the device (its tokens stay for the next step):
+        before anything else begins a forward on the KV cache (Engine.embed does)."""
+        if isinstance(self._ahead, _Launched):
+            self._ahead.tokens.wait()
 
     def _sync_kv(self, batch: ScheduledBatch) -> None:
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""
@@ -214,8 +228,11 @@ class Engine:
             self.runner.fork_sequence(parent, child, pos)
 
     def _finish(self, r: Request) -> None:
+        self._end(r, r.finish_reason)
+
+    def _end(self, r: Request, reason: str) -> None:
         self._requests.pop(r.seq_id, None)
-        for seq_id in self.scheduler.finish(r.seq, r.finish_reason):
+        for seq_id in self.scheduler.finish(r.seq, reason):
             self.runner.remove_sequence(seq_id)
 
     # -- adding and aborting requests --------------------------------------------------
@@ -421,6 +438,12 @@ class _ForwardClock:
     def idle(self) -> None:
         """No work left: the wait for the next request is not a gap."""
         self._ready_at = None
+
+
+def _live(batch: ScheduledBatch) -> ScheduledBatch:
+    """A batch decided a step early without the chunks of sequences that ended since."""
+    batch.chunks = [c for c in batch.chunks if c.seq.status is SeqStatus.RUNNING]
+    return batch
 
 
 def _as_batch(prompt) -> tuple[list[Prompt], bool]:

@@ -131,15 +131,6 @@ class PageAccountant:
         self._tokens[seq_id] += num_new_tokens
         return True
 
-    def try_append_all(self, new_tokens: dict[int, int]) -> bool:
-        """append() each sequence's new tokens ({seq id: count}), or change nothing (False) when the
-        free pages do not cover them all."""
-        if sum(self._extra_pages(s, n) for s, n in new_tokens.items()) > len(self._free_ids):
-            return False
-        for seq_id, n in new_tokens.items():
-            self.append(seq_id, n)
-        return True
-
     def fork(self, parent_id: int, child_id: int, pos: int) -> None:
         """Make `child_id` hold the parent's first `pos` tokens (TVM ForkSequence semantics).
 

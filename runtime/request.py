@@ -117,10 +117,13 @@ class Request:
         self._taken = (token, logprob)
 
     @property
-    def ends_on_token(self) -> bool:
-        """Whether the token just taken ends the request whatever its text: a stop token, or the last
-        of max_tokens. (A stop string or a complete JSON value ends it only when show() finds it.)"""
-        return self.output_ids[-1] in self._stop_ids or self.remaining == 0
+    def end_reason(self) -> str | None:
+        """How the token just taken ends the request whatever its text ("stop": a stop token; "length":
+        the last of max_tokens), else None. (A stop string or a finished JSON value ends it only when
+        show() finds it.)"""
+        if self.output_ids[-1] in self._stop_ids:
+            return "stop"
+        return "length" if self.remaining == 0 else None
 
     def show(self) -> StreamDelta:
         """append()'s second half: the taken token's text, stop strings and grammar; its delta."""

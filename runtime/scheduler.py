@@ -24,7 +24,6 @@ is the PageAccountant's; prefix matching is the PrefixCache's.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from .kv_pages import PageAccountant
@@ -200,24 +199,6 @@ class Scheduler:
         if not batch.preempted:          # short of pages: let the preempted go first next step
             self._admit(batch, budget)
         return batch
-
-    def schedule_lookahead(self, ending: Collection[int] = ()) -> ScheduledBatch | None:
-        """The next forward decided before this one's tokens are shown (the engine's overlapped step):
-        a decode of every running sequence but those in `ending` (they end with the token just
-        taken), or None where schedule() must decide instead: a sequence still prefilling, one
-        waiting that could be admitted, more decodes than the token budget, or too few free pages
-        (schedule() evicts or preempts). Pages for the decodes are taken here, as schedule() would."""
-        decodes = [s for s in self.running if s.seq_id not in ending]
-        if not decodes or len(decodes) > self.config.max_tokens_per_step:
-            return None
-        if self.waiting and len(decodes) < self.config.max_num_seqs:
-            return None
-        prompt_done = all(s.num_computed == s.num_tokens - 1 >= len(s.prompt_ids) for s in decodes)
-        if not prompt_done or not self.pages.try_append_all(
-                {s.seq_id: s.num_tokens - self.pages.num_tokens(s.seq_id) for s in decodes}):
-            return None
-        decodes.sort(key=self._key)
-        return ScheduledBatch([Chunk(s, s.num_computed, s.num_tokens, True) for s in decodes])
 
     def update(self, batch: ScheduledBatch) -> None:
         """After the forward: the chunks' tokens are now in the KV cache."""

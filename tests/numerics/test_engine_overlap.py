@@ -54,19 +54,22 @@ def test_same_tokens_with_and_without_overlap(tiny_artifacts, config):
     assert stats[True].forwards <= stats[False].forwards + len(prompts)
 
 
-def test_stop_strings_and_stop_tokens_end_the_same_way(tiny_artifacts):
-    """A stop string is found only when the text is made, after the lookahead was launched: the
-    request still ends where it would have (the forward's extra token is dropped), and one that ends
-    on a stop token or its last token is left out of the lookahead."""
+@pytest.mark.parametrize("logprobs", [False, True], ids=["launched", "on-the-host"])
+def test_stop_strings_and_stop_tokens_end_the_same_way(tiny_artifacts, logprobs):
+    """A stop string is found only when the text is made, after the next step was decided (and
+    launched, where the device picks the tokens; with logprobs the batch waits for the next step):
+    the request still ends where it would have (its row of that step is dropped), and one that ends on
+    a stop token or its last token gives back its slot before the next step is decided."""
     base = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
     prompts = _prompts(4, seed=11)
     free_run = base.generate(prompts, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
     stop = free_run[0].text[4:7]                              # a piece of the first request's text
     stop_id = free_run[1].token_ids[5]
-    params = [SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop=[stop]),
-              SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]),
-              SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
-              SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)]
+    common = dict(temperature=0.0, ignore_eos=True, logprobs=logprobs)
+    params = [SamplingParams(max_tokens=16, stop=[stop], **common),
+              SamplingParams(max_tokens=16, stop_token_ids=[stop_id], **common),
+              SamplingParams(max_tokens=3, **common),
+              SamplingParams(max_tokens=16, **common)]
     results = {}
     for overlap, engine in _engines(tiny_artifacts["tied"]).items():
         requests = [engine.add_request(p, sp)[0] for p, sp in zip(prompts, params)]
@@ -79,21 +82,23 @@ def test_stop_strings_and_stop_tokens_end_the_same_way(tiny_artifacts):
     assert stop not in results[True][0][1] and len(results[True][0][0]) < 16
 
 
-def test_abort_while_a_lookahead_is_queued(tiny_artifacts):
+@pytest.mark.parametrize("logprobs", [False, True], ids=["launched", "on-the-host"])
+def test_abort_while_the_next_step_is_decided(tiny_artifacts, logprobs):
     engine = Engine(tiny_artifacts["tied"], EngineConfig(overlap=True, enable_prefix_cache=False))
     free = engine.runner.free_pages()
     prompts = _prompts(3, seed=5)
-    requests = [engine.add_request(p, GREEDY)[0] for p in prompts]
-    while engine._launched is None:
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+    requests = [engine.add_request(p, params)[0] for p in prompts]
+    while engine._ahead is None:
         engine.step()
-    engine.abort(requests[1])                                  # its row of the queued forward is dropped
+    engine.abort(requests[1])                                  # its row of the step decided ahead is dropped
     while engine.has_work:
         engine.step()
     alone = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
     assert [requests[i].output_ids for i in (0, 2)] == [alone.generate(prompts[i], GREEDY).token_ids for i in (0, 2)]
     assert requests[1].finish_reason == "abort" and len(requests[1].output_ids) < GREEDY.max_tokens
-    engine.step()                                              # the last lookahead, its rows all ended
-    assert engine._launched is None
+    engine.step()                                              # nothing left: nothing is decided ahead
+    assert engine._ahead is None
     assert engine.scheduler.pages.used_pages == 0 and engine.runner.free_pages() == free
 
 
@@ -102,7 +107,7 @@ def test_an_embedding_between_steps_waits_for_the_queued_forward(tiny_artifacts)
     idle = Engine(tiny_artifacts["tied"])
     text_ids = list(range(20, 60))
     request = engine.add_request(list(range(100, 130)), GREEDY)[0]
-    while engine._launched is None:
+    while engine._ahead is None:
         engine.step()
     [(vec, n)] = engine.embed([text_ids])
     [(ref, _)] = idle.embed([text_ids])
@@ -126,7 +131,7 @@ def test_host_gap_is_counted_only_while_work_remains(tiny_artifacts):
     engine = Engine(tiny_artifacts["tied"], EngineConfig(overlap=True))
     engine.generate(_prompts(2, seed=4), GREEDY)
     first = engine.stats()
-    assert engine._launched is None                            # both ended on their last token: no lookahead
+    assert engine._ahead is None                            # both ended on their last token: nothing ahead
     assert first.prefix_cache_seqs == 2                        # so their KV, no token past it, was cached
     assert first.forwards >= GREEDY.max_tokens and 0 < first.lookahead_forwards < first.forwards
     assert 0 <= first.host_gap_seconds < 5

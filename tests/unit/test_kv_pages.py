@@ -100,13 +100,3 @@ def test_can_fork_counts_only_the_unshared_pages():
     assert acc.free_pages == 0
     acc.check()
 
-
-def test_try_append_all_takes_pages_for_all_or_none():
-    pages = PageAccountant(total_pages=4, page_size=4)
-    pages.allocate(1, 4)
-    pages.allocate(2, 3)
-    assert pages.try_append_all({1: 1, 2: 1})            # 1 crosses into a second page, 2 fills its first
-    assert (pages.num_tokens(1), pages.num_tokens(2), pages.free_pages) == (5, 4, 1)
-    assert not pages.try_append_all({1: 4, 2: 1})        # two more pages needed, one free: nothing changes
-    assert (pages.num_tokens(1), pages.num_tokens(2), pages.free_pages) == (5, 4, 1)
-    pages.check()

@@ -26,7 +26,7 @@ class FakeEngine:
     def __init__(self, sched: Scheduler, sample=None, stop_prob: float = 0.0, rng: random.Random | None = None,
                  lookahead: bool = False):
         self.sched = sched
-        self.lookahead = lookahead                # the engine's overlapped step: schedule_lookahead
+        self.lookahead = lookahead                # the engine's overlapped step: the next batch decided early
         self.pending: ScheduledBatch | None = None
         self.kv: dict[int, list[int]] = {}        # seq id -> token ids whose "KV" is held
         self.rng = rng or random.Random(0)
@@ -36,20 +36,12 @@ class FakeEngine:
         self.steps = 0
 
     def step(self) -> ScheduledBatch:
-        batch, self.pending = self.pending or self.sched.schedule(), None
-        for sid in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
-            del self.kv[sid]
-        for sid in batch.new_seqs:
-            assert sid not in self.kv
-            self.kv[sid] = []
-        for parent, child, pos in batch.forks:
-            assert child not in self.kv and pos <= len(self.kv[parent])
-            self.kv[child] = self.kv[parent][:pos]
+        batch, self.pending = self.pending or self.schedule(), None
         assert batch.num_tokens <= self.sched.config.max_tokens_per_step
         assert len({id(c.seq) for c in batch.chunks}) == len(batch.chunks) <= self.sched.config.max_num_seqs
         for c in batch.chunks:
             if c.seq.status is not SeqStatus.RUNNING:
-                continue                          # ended since its lookahead was scheduled: the row is dropped
+                continue                          # ended since its batch was decided: the row is dropped
             held = self.kv[c.seq.seq_id]
             assert held == c.seq.all_token_ids[:c.start], f"seq {c.seq.seq_id}: KV does not end at {c.start}"
             held.extend(c.seq.token_ids(c.start, c.end))
@@ -58,12 +50,27 @@ class FakeEngine:
         taken = [c.seq for c in batch.chunks if c.needs_logits and c.seq.status is SeqStatus.RUNNING]
         for seq in taken:
             seq.output_ids.append(self.sample(seq))
-        if self.lookahead:                        # before the "stop strings" below are found
-            self.pending = self.sched.schedule_lookahead({s.seq_id for s in taken if len(s.output_ids) >= s.max_tokens})
+        if self.lookahead:                        # the length-ended first, then the next batch, then "stop strings"
+            for seq in [s for s in taken if len(s.output_ids) >= s.max_tokens]:
+                self.finish(seq, "length")
+            self.pending = self.schedule() if self.sched.has_work else None
         for seq in taken:
-            if len(seq.output_ids) >= seq.max_tokens or self.rng.random() < self.stop_prob:
+            if not seq.is_finished and (len(seq.output_ids) >= seq.max_tokens or self.rng.random() < self.stop_prob):
                 self.finish(seq, "length")
         self.steps += 1
+        return batch
+
+    def schedule(self) -> ScheduledBatch:
+        """The scheduler's next batch, its KV decisions applied to the fake cache as the engine applies them."""
+        batch = self.sched.schedule()
+        for sid in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
+            del self.kv[sid]
+        for sid in batch.new_seqs:
+            assert sid not in self.kv
+            self.kv[sid] = []
+        for parent, child, pos in batch.forks:
+            assert child not in self.kv and pos <= len(self.kv[parent])
+            self.kv[child] = self.kv[parent][:pos]
         return batch
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -373,32 +380,6 @@ def test_fits_and_impossible_requests():
         sched.add(Sequence(seq_id=5, prompt_ids=[], max_tokens=1))
     with pytest.raises(ValueError, match="policy"):
         SchedulerConfig(policy="lifo")
-
-
-def test_lookahead_decodes_every_running_sequence_or_leaves_it_to_schedule():
-    """schedule_lookahead (the engine's overlapped step) plans the next decodes before this step's
-    tokens are shown, only where schedule() would decide the same: no prompt left to compute, nobody
-    waiting for a free slot, pages for every decode (else nothing is taken)."""
-    sched, eng = make(total_pages=8, page_size=4, max_num_seqs=2, max_tokens_per_step=8)
-    a, b, c = seq(3, max_tokens=10), seq(9, max_tokens=10), seq(2, max_tokens=10)
-    sched.add(a)
-    sched.add(b)
-    eng.step()                                           # a whole, b's first 5 tokens
-    assert sched.schedule_lookahead() is None            # b is still prefilling
-    eng.step()
-    sched.add(c)                                         # waits: both slots are taken
-    batch = sched.schedule_lookahead()
-    assert [(ch.seq, ch.start, ch.end) for ch in batch.chunks] == [(a, 4, 5), (b, 9, 10)]
-    assert sched.pages.num_tokens(a.seq_id) == 5 and sched.pages.num_tokens(b.seq_id) == 10
-    assert sched.schedule_lookahead(ending={a.seq_id}) is None   # a ends: c could take its slot
-    eng.pending = batch
-    for _ in range(3):
-        eng.step()
-    held = {s.seq_id: sched.pages.num_tokens(s.seq_id) for s in (a, b)}
-    assert held == {a.seq_id: 7, b.seq_id: 12}           # a fits its next token in its pages, b needs one more
-    sched.pages.allocate(999, sched.pages.free_pages * 4)   # no page left
-    assert sched.schedule_lookahead() is None
-    assert {s.seq_id: sched.pages.num_tokens(s.seq_id) for s in (a, b)} == held   # a's token was not taken
 
 
 # -- randomized simulation -----------------------------------------------------------------
