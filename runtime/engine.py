@@ -10,6 +10,11 @@ is brought in line with it, the runner computes logits, the sampler picks
 tokens, and each request turns its token into a StreamDelta. generate() and
 AsyncEngine (the server) both run this same step; the non-streaming reply is
 the collected stream.
+
+With overlap (on for GPUs) a step decides, and where the device picks the
+tokens launches, the next step between taking its tokens and showing them, so
+that detokenizing, stop strings and the callers' deltas run while the device
+computes.
 """
 
 from __future__ import annotations
