@@ -396,12 +396,15 @@ class LaunchedTokens:
     def __init__(self, on_device, argmax: bool = False):
         self._on_device = on_device       # tokens [batch], or logits [batch, 1, vocab] to argmax here
         self._argmax = argmax
+        self._tokens: np.ndarray | None = None
 
     def wait(self) -> np.ndarray:
-        """Wait for the forward; its tokens [batch] on the host."""
-        if self._argmax:
-            return np.argmax(self._on_device.numpy()[:, 0, :], axis=1)
-        return self._on_device.numpy()
+        """Wait for the forward; its tokens [batch] on the host (copied back once, kept for later calls)."""
+        if self._tokens is None:
+            out = self._on_device.numpy()
+            self._tokens = np.argmax(out[:, 0, :], axis=1) if self._argmax else out
+            self._on_device = None
+        return self._tokens
 
 
 def _row_bounded(items: list, bound: int):
