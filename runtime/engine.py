@@ -121,8 +121,8 @@ class Engine:
             batch = self._schedule() if ahead is None else _live(ahead)
             if not batch.chunks:
                 return []
-            picked = self._picked_on_device(batch.chunks)
-            out = self._sampled_step(batch) if picked is None else self._take(self._launch(batch, picked))
+            plan = self._device_plan(batch.chunks)
+            out = self._sampled_step(batch) if plan is None else self._take(self._launch(batch, *plan))
         for r, _ in out:
             if r.finished:
                 self._finish(r)
@@ -156,42 +156,54 @@ class Engine:
         out = self._show(list(zip(requests, result.tokens, result.logprobs)))
         return out + [(r, r.finish_scored()) for r in (self._requests[chunks[i].seq.seq_id] for i in scoring_only)]
 
-    def _picked_on_device(self, chunks) -> str | None:
-        """For a step (decodes, prefill chunks or both) whose every sequence that takes a token draws
-        it from its raw logits (plain_sampling) and none scores its prompt, how the device picks the
-        tokens so only they are copied back: "greedy" (all greedy: greedy_tokens) or "sampled"
-        (sample_tokens); None: the logits come back to the Sampler."""
-        if any(c.all_logits for c in chunks):
+    def _device_plan(self, chunks) -> tuple[str, set[int]] | None:
+        """How the device picks a step's tokens, so that only they are copied back: ("greedy" or
+        "sampled", the sequences whose rows still go to the host Sampler: logprobs, penalties, bias,
+        a grammar; only their logits are copied back). None, and the whole step's logits come back:
+        prompt scoring, max_tokens=0, no row the device can pick, or sampling the device cannot do."""
+        taking = [self._requests[c.seq.seq_id] for c in chunks if c.needs_logits]
+        if any(c.all_logits for c in chunks) or any(r.params.max_tokens == 0 for r in taking):
             return None
-        return self._picking([self._requests[c.seq.seq_id] for c in chunks if c.needs_logits])
-
-    def _picking(self, taking: list[Request]) -> str | None:
-        if not all(r.params.max_tokens > 0 and plain_sampling(r) for r in taking):
+        plain = [r for r in taking if plain_sampling(r)]
+        if not plain:
             return None
-        if self.runner.greedy_on_device and all(r.params.greedy for r in taking):
-            return "greedy"
-        return "sampled" if self.samples_on_device else None
+        host = {r.seq_id for r in taking if not plain_sampling(r)}
+        if self.runner.greedy_on_device and all(r.params.greedy for r in plain):
+            return "greedy", host
+        return ("sampled", host) if self.samples_on_device else None
 
-    def _launch(self, batch: ScheduledBatch, picked: str, lookahead: bool = False) -> _Launched:
-        """Queue the batch's forward with its tokens picked on the device ("greedy" or "sampled")."""
+    def _launch(self, batch: ScheduledBatch, picked: str, host: set[int], lookahead: bool = False) -> _Launched:
+        """Queue the batch's forward with its tokens picked on the device ("greedy" or "sampled"); the
+        rows of the `host` sequences go first, so their logits are the front of the device's."""
+        batch.chunks.sort(key=lambda c: c.seq.seq_id not in host)          # stable: the rest keep their order
         chunks = batch.chunks
         rows = [i for i, c in enumerate(chunks) if c.needs_logits]        # the others are mid-prompt chunks
         requests = [self._requests[chunks[i].seq.seq_id] for i in rows]
         params = None
-        if picked == "sampled":
-            params = np.zeros((len(chunks), 5), np.float32)                # greedy rows for the mid-prompt chunks
-            params[rows] = device_params(requests)
+        if picked == "sampled":               # greedy rows for mid-prompt chunks and the host's rows
+            params = np.zeros((len(chunks), 5), np.float32)
+            params[rows[len(host):]] = device_params(requests[len(host):])
         self._clock.launch(lookahead)
         tokens = self.runner.launch_next_tokens([c.seq.seq_id for c in chunks],
-                                                [c.seq.token_ids(c.start, c.end) for c in chunks], params)
+                                                [c.seq.token_ids(c.start, c.end) for c in chunks], params,
+                                                logits_rows=len(host))
         return _Launched(batch, rows, requests, tokens)
 
     def _take(self, launched: _Launched) -> list[tuple[Request, StreamDelta]]:
-        """A launched forward's tokens to its requests (those not ended since it was launched)."""
+        """A launched forward's tokens to its requests (those not ended since it was launched); the
+        host Sampler's rows (the first ones) drawn from their copied logits."""
         tokens = launched.tokens.wait().tolist()                           # ints, once for the batch
         self._clock.ready()
         self.scheduler.update(launched.batch)
-        return self._show([(r, tokens[i], None) for i, r in zip(launched.rows, launched.requests) if not r.finished])
+        rows, requests = launched.rows, launched.requests
+        logprobs: list[TokenLogprob | None] = [None] * len(rows)
+        logits = launched.tokens.logits()                                  # [host rows, vocab]
+        if len(logits):
+            host = requests[:len(logits)]
+            result = self.sampler.sample(logits, self.sampler.prepare(host))
+            for j, (token, logprob) in enumerate(zip(result.tokens, result.logprobs)):
+                tokens[rows[j]], logprobs[j] = int(token), logprob
+        return self._show([(r, tokens[i], lp) for i, r, lp in zip(rows, requests, logprobs) if not r.finished])
 
     def _show(self, taking: list[tuple[Request, int, TokenLogprob | None]]) -> list[tuple[Request, StreamDelta]]:
         """Each request takes its token; with overlap on, the next step is decided (and launched where
@@ -214,8 +226,8 @@ class Engine:
         batch = self._schedule()
         if not batch.chunks:
             return None
-        picked = self._picked_on_device(batch.chunks)
-        return batch if picked is None else self._launch(batch, picked, lookahead=True)
+        plan = self._device_plan(batch.chunks)
+        return batch if plan is None else self._launch(batch, *plan, lookahead=True)
 
     def drain(self) -> None:
         """Wait for a forward launched ahead, still on the device (its tokens stay for the next step):

@@ -310,9 +310,10 @@ class ModelRunner:
         return self.launch_next_tokens(seq_ids, tokens, params).wait()
 
     def launch_next_tokens(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]],
-                           params: np.ndarray | None = None) -> "LaunchedTokens":
+                           params: np.ndarray | None = None, logits_rows: int = 0) -> "LaunchedTokens":
         """next_tokens without the wait: the forward is queued on the device (a GPU runs it while the
-        caller goes on) and LaunchedTokens.wait() copies its tokens back. Until then the caller must
+        caller goes on) and LaunchedTokens.wait() copies its tokens back, LaunchedTokens.logits() the
+        logits of the first `logits_rows` sequences (for a host sampler). Until then the caller must
         not begin another forward on this KV cache (TVM's cache reuses one host buffer for the page
         tables each forward copies); adding, removing and forking sequences is host bookkeeping."""
         if all(len(t) == 1 for t in tokens):
@@ -321,11 +322,13 @@ class ModelRunner:
             self._check_forward(seq_ids, tokens)
             logits, _ = self._forward_on_device(seq_ids, tokens, [False] * len(seq_ids))
             logits = logits._create_view(ShapeTuple([len(seq_ids), 1, logits.shape[-1]]))
+        front = logits._create_view(ShapeTuple([logits_rows, 1, logits.shape[-1]])) if logits_rows else None
         if params is not None:
-            return LaunchedTokens(self._fn["sample_tokens"](logits, self._staged("params", params.astype(np.float32))))
+            picked = self._fn["sample_tokens"](logits, self._staged("params", params.astype(np.float32)))
+            return LaunchedTokens(picked, front=front)
         if not self.greedy_on_device:
-            return LaunchedTokens(logits, argmax=True)
-        return LaunchedTokens(self._fn["greedy_tokens"](logits))
+            return LaunchedTokens(logits, argmax=True, front=front)
+        return LaunchedTokens(self._fn["greedy_tokens"](logits), front=front)
 
     def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int]):
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]
@@ -393,10 +396,17 @@ class ModelRunner:
 class LaunchedTokens:
     """The next tokens of a queued forward (ModelRunner.launch_next_tokens), still on the device."""
 
-    def __init__(self, on_device, argmax: bool = False):
+    def __init__(self, on_device, argmax: bool = False, front=None):
         self._on_device = on_device       # tokens [batch], or logits [batch, 1, vocab] to argmax here
         self._argmax = argmax
+        self._front = front               # logits [k, 1, vocab] of the first k rows, for a host sampler
         self._tokens: np.ndarray | None = None
+
+    def logits(self) -> np.ndarray:
+        """The first rows' logits [k, vocab] on the host (k = launch_next_tokens' logits_rows; 0 rows if 0)."""
+        if self._front is None:
+            return np.zeros((0, 0), np.float32)
+        return self._front.numpy()[:, 0, :]
 
     def wait(self) -> np.ndarray:
         """Wait for the forward; its tokens [batch] on the host (copied back once, kept for later calls)."""

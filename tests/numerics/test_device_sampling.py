@@ -51,7 +51,7 @@ def test_engine_draws_sampled_tokens_on_the_device(tiny_artifacts):
                                                              max_tokens_per_step=40))
         calls = []
         launch = engine.runner.launch_next_tokens
-        engine.runner.launch_next_tokens = lambda *a: calls.append([len(t) for t in a[1]]) or launch(*a)
+        engine.runner.launch_next_tokens = lambda *a, **k: calls.append([len(t) for t in a[1]]) or launch(*a, **k)
         requests = [engine.add_request(p, sp)[0] for p, sp in zip(prompts[:2], params[:2])]
         for _ in range(3):
             engine.step()
@@ -66,13 +66,39 @@ def test_engine_draws_sampled_tokens_on_the_device(tiny_artifacts):
         outputs[on_device] = [r.output_ids for r in requests]
     assert outputs[True] == outputs[False]
     assert len({tuple(o) for o in outputs[True]}) == 5
-    engine = Engine(tiny_artifacts["tied"], EngineConfig(device_sampling=True))
-    engine.runner.launch_next_tokens = lambda *a: pytest.fail("a logprobs request's step was drawn on the device")
-    requests = [engine.add_request(prompts[0], SamplingParams(max_tokens=4, temperature=0.7, logprobs=True, seed=1))[0],
-                engine.add_request(prompts[1], SamplingParams(max_tokens=4, temperature=0.7, seed=2))[0]]
+
+
+@pytest.mark.parametrize("device_sampling", [False, True])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_plain_rows_stay_on_the_device_beside_host_sampled_rows(tiny_artifacts, device_sampling, overlap):
+    """A step mixing plain rows with rows the host Sampler must draw (logprobs, a repetition penalty,
+    logit bias) picks the plain rows' tokens on the device and copies back only the others' logits:
+    every request generates what it generates alone, logprobs included."""
+    prompts = _prompts(5)
+    common = dict(max_tokens=6, ignore_eos=True)
+    sampled = dict(temperature=0.9, top_k=20, seed=4) if device_sampling else dict(temperature=0.0)
+    params = [SamplingParams(temperature=0.0, logprobs=True, top_logprobs=2, **common),
+              SamplingParams(temperature=0.0, **common),
+              SamplingParams(temperature=0.8, seed=3, repetition_penalty=1.3, **common),
+              SamplingParams(**sampled, **common),
+              SamplingParams(temperature=0.0, logit_bias={7: 5.0}, **common)]
+    config = EngineConfig(device_sampling=device_sampling, overlap=overlap, enable_prefix_cache=False)
+    engine = Engine(tiny_artifacts["tied"], config)
+    host_rows = []
+    launch = engine.runner.launch_next_tokens
+    engine.runner.launch_next_tokens = lambda *a, **k: host_rows.append(k.get("logits_rows", 0)) or launch(*a, **k)
+    requests = [engine.add_request(p, sp)[0] for p, sp in zip(prompts, params)]
     while engine.has_work:
         engine.step()
-    assert all(len(r.output_ids) == 4 for r in requests) and len(requests[0].logprobs) == 4
+    assert host_rows and max(host_rows) == 3                      # three rows to the host, two on the device
+    alone = Engine(tiny_artifacts["tied"], EngineConfig(device_sampling=device_sampling, enable_prefix_cache=False))
+    for r, p, sp in zip(requests, prompts, params):
+        ref = alone.generate(p, sp)
+        assert r.output_ids == ref.token_ids
+        if sp.logprobs:
+            assert [lp.token_id for lp in r.logprobs] == [lp.token_id for lp in ref.logprobs]
+            np.testing.assert_allclose([lp.logprob for lp in r.logprobs], [lp.logprob for lp in ref.logprobs],
+                                       atol=1e-5)
 
 
 def test_device_params_take_the_samplers_draw(tiny_artifacts):

@@ -106,7 +106,7 @@ def test_greedy_tokens_picked_on_the_device_equal_the_samplers(tiny_artifacts, b
     assert engine.runner.greedy_on_device
     calls = []
     launch = engine.runner.launch_next_tokens
-    engine.runner.launch_next_tokens = lambda *a: calls.append(len(a[0])) or launch(*a)
+    engine.runner.launch_next_tokens = lambda *a, **k: calls.append(len(a[0])) or launch(*a, **k)
     prompts = _prompts(5, seed=7)
     on_device = [o.token_ids for o in engine.generate(prompts, GREEDY)]
     assert calls and max(calls) == 5                              # batched decode steps went through it
