@@ -16,6 +16,7 @@ against the window's chunk bound: an append TVM's kernels would compute wrongly 
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Sequence
 
@@ -39,10 +40,37 @@ from .memory_budget import (DEFAULT_GPU_UTILIZATION, SERVER_DEVICES, device_memo
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 
-_KV = {name: tvm.get_global_func(f"vm.builtin.{name}") for name in (
+# TVM's Python calls release the GIL (tvm_ffi's default), and a call's return then waits for it: up to
+# the interpreter's switch interval (5 ms) while another thread runs Python, as a server's event loop
+# does at every token. kiln's own handles to the calls that only keep books, copy a few bytes or make a
+# view keep the GIL through them (nothing else in the process changes); so do the forwards on devices
+# that only queue them (ModelRunner.__init__), leaving one wait a step: its tokens' copy back.
+def _holding_gil(fn):
+    fn.release_gil = False
+    return fn
+
+
+_KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
     "kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_fork_sequence", "kv_state_popn",
     "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages",
     "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq")}
+_COPY_IN, _COPY_OUT, _VIEW = (_holding_gil(tvm.get_global_func(f"runtime.TVMTensor{name}"))
+                              for name in ("CopyFromBytes", "CopyToBytes", "CreateView"))
+
+
+def _view(tensor, shape: Sequence[int]):
+    """tensor's first elements as a tensor of `shape` (Tensor._create_view, holding the GIL)."""
+    return _VIEW(tensor, ShapeTuple(list(shape)), tensor.dtype, 0)
+
+
+def _to_host(tensor, wait: bool) -> np.ndarray:
+    """A copy of `tensor` on the host (Tensor.numpy for int and float tensors). wait: the copy waits for
+    the device's queued work, so it lets the GIL go meanwhile; else it holds it."""
+    if wait:
+        return tensor.numpy()
+    out = np.empty(tuple(tensor.shape), np.dtype(str(tensor.dtype)))
+    _COPY_OUT(tensor, out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
+    return out
 
 
 def default_kv_tokens(artifact: Artifact, max_num_seqs: int | None = None) -> int:
@@ -109,6 +137,12 @@ class ModelRunner:
             for name in LIBRARY_GEMM_COPIES:
                 if name in cfg.entry_functions:
                     self._fn[name] = self.vm[name]
+        # A GPU's forwards only queue kernels: they keep the GIL (see _holding_gil); a CPU's compute
+        # on the calling thread, so they let it go (a server's event loop runs meanwhile), but for the
+        # embedding's small gather.
+        self.queues_work = artifact.device != "cpu"
+        for name, fn in self._fn.items():
+            fn.release_gil = not self.queues_work and name != "embed"
 
     def _keep_gemm_weights(self, in_artifact: bool, kv_tokens: int | None, share: float | None,
                            loaded: int) -> str | None:
@@ -321,18 +355,18 @@ class ModelRunner:
         else:
             self._check_forward(seq_ids, tokens)
             logits, _ = self._forward_on_device(seq_ids, tokens, [False] * len(seq_ids))
-            logits = logits._create_view(ShapeTuple([len(seq_ids), 1, logits.shape[-1]]))
-        front = logits._create_view(ShapeTuple([logits_rows, 1, logits.shape[-1]])) if logits_rows else None
+            logits = _view(logits, [len(seq_ids), 1, logits.shape[-1]])
+        front = _view(logits, [logits_rows, 1, logits.shape[-1]]) if logits_rows else None
         if params is not None:
             picked = self._fn["sample_tokens"](logits, self._staged("params", params.astype(np.float32)))
-            return LaunchedTokens(picked, front=front)
+            return LaunchedTokens(picked, self.queues_work, front=front)
         if not self.greedy_on_device:
-            return LaunchedTokens(logits, argmax=True, front=front)
-        return LaunchedTokens(self._fn["greedy_tokens"](logits), front=front)
+            return LaunchedTokens(logits, self.queues_work, argmax=True, front=front)
+        return LaunchedTokens(self._fn["greedy_tokens"](logits), self.queues_work, front=front)
 
     def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int]):
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]
-        embeds = embeds._create_view(ShapeTuple([len(seq_ids), 1, embeds.shape[-1]]))      # [batch, 1, hidden]
+        embeds = _view(embeds, [len(seq_ids), 1, embeds.shape[-1]])                         # [batch, 1, hidden]
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * len(seq_ids)))
         if LIBRARY_GEMM_DECODE in self._fn and len(seq_ids) >= library_gemm.MIN_DECODE_ROWS:
             logits, _ = self._fn[LIBRARY_GEMM_DECODE](embeds, self.kv, self.params, self.gemm_weights)
@@ -381,8 +415,9 @@ class ModelRunner:
         if buf is None or buf.shape[0] < rows or tuple(buf.shape[1:]) != array.shape[1:] or buf.dtype != array.dtype:
             bound = max(rows, self.prefill_chunk, self.max_batch_size)
             buf = self._buffers[name] = tvm.runtime.empty((bound, *array.shape[1:]), str(array.dtype), self.device)
-        view = buf._create_view(ShapeTuple(list(array.shape)))
-        view.copyfrom(np.ascontiguousarray(array))
+        view = _view(buf, array.shape)
+        array = np.ascontiguousarray(array)
+        _COPY_IN(view, array.ctypes.data_as(ctypes.c_void_p), array.nbytes)
         return view
 
     def _embed(self, ids: np.ndarray):
@@ -390,14 +425,15 @@ class ModelRunner:
             raise ValueError(f"{len(ids)} tokens in one call exceed the artifact's prefill chunk "
                              f"({self.prefill_chunk})")
         out = self._fn["embed"](self._staged("ids", ids.astype(np.int32)), self.params)
-        return out._create_view(ShapeTuple([1, *out.shape]))                      # [1, n, hidden]
+        return _view(out, [1, *out.shape])                                             # [1, n, hidden]
 
 
 class LaunchedTokens:
     """The next tokens of a queued forward (ModelRunner.launch_next_tokens), still on the device."""
 
-    def __init__(self, on_device, argmax: bool = False, front=None):
+    def __init__(self, on_device, queued: bool, argmax: bool = False, front=None):
         self._on_device = on_device       # tokens [batch], or logits [batch, 1, vocab] to argmax here
+        self._queued = queued             # the device runs the forward after the launch returned (a GPU)
         self._argmax = argmax
         self._front = front               # logits [k, 1, vocab] of the first k rows, for a host sampler
         self._tokens: np.ndarray | None = None
@@ -406,12 +442,12 @@ class LaunchedTokens:
         """The first rows' logits [k, vocab] on the host (k = launch_next_tokens' logits_rows; 0 rows if 0)."""
         if self._front is None:
             return np.zeros((0, 0), np.float32)
-        return self._front.numpy()[:, 0, :]
+        return _to_host(self._front, wait=False)[:, 0, :]      # after wait(): the forward is done
 
     def wait(self) -> np.ndarray:
         """Wait for the forward; its tokens [batch] on the host (copied back once, kept for later calls)."""
         if self._tokens is None:
-            out = self._on_device.numpy()
+            out = _to_host(self._on_device, wait=self._queued)
             self._tokens = np.argmax(out[:, 0, :], axis=1) if self._argmax else out
             self._on_device = None
         return self._tokens

@@ -137,3 +137,19 @@ def test_host_gap_is_counted_only_while_work_remains(tiny_artifacts):
     assert 0 <= first.host_gap_seconds < 5
     engine.generate(_prompts(1, seed=9), GREEDY)               # the idle time between the calls is no gap
     assert engine.stats().host_gap_seconds - first.host_gap_seconds < 5
+
+
+def test_calls_that_only_keep_books_hold_the_gil(tiny_artifacts):
+    """The KV cache's bookkeeping, copies and views keep the GIL through TVM's call (a release would
+    make its return wait for a busy event loop, up to the switch interval); a CPU's forwards, which
+    compute on the calling thread, let it go, but the embedding's gather."""
+    from kiln.runtime import model_runner
+    engine = Engine(tiny_artifacts["tied"])
+    assert not engine.runner.queues_work
+    assert not any(f.release_gil for f in model_runner._KV.values())
+    assert not any(f.release_gil for f in (model_runner._COPY_IN, model_runner._COPY_OUT, model_runner._VIEW))
+    released = {name for name, f in engine.runner._fn.items() if f.release_gil}
+    assert "embed" not in released and {"batch_decode", "batch_prefill", "greedy_tokens"} <= released
+    ids = np.arange(7, dtype=np.int32)
+    staged = engine.runner._staged("ids", ids)
+    assert model_runner._to_host(staged, wait=False).tolist() == ids.tolist() == staged.numpy().tolist()
