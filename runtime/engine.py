@@ -66,10 +66,11 @@ class EngineConfig:
     # them back to the host Sampler. None: on for GPU artifacts (the per-row threshold search is slower than
     # numpy's partial sort on a CPU's few threads).
     device_sampling: bool | None = None
-    # Launch a decode step before the previous step's tokens are detokenized, matched against stop strings
-    # and handed to callers, so that host work runs while the device computes (a stop string found then
-    # costs the device the one token it computed past it). None: on where forwards run asynchronously
-    # (GPUs); on a CPU the forward is the host's own work, so there is nothing to overlap.
+    # Decide (and launch, where the device picks the tokens) each step before the previous step's tokens
+    # are detokenized, matched against stop strings and handed to callers, so that host work runs while
+    # the device computes (a stop string found then costs the device the one token it computed past it).
+    # None: on where forwards run asynchronously (GPUs); on a CPU the forward is the host's own work, so
+    # there is nothing to overlap.
     overlap: bool | None = None
 
 
