@@ -343,10 +343,14 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
               help="launch each decode step before the previous step's tokens are detokenized and sent, so the "
                    "host's per-token work runs while the device computes; auto is on for GPUs, off on CPUs "
                    "(where the forward is the host's own work)")
+@click.option("--stream-interval", type=click.IntRange(min=1), default=1, show_default=True,
+              help="tokens a streamed chunk gathers before it is sent (a stream's first token goes at once): "
+                   "fewer chunks, so less of the server's CPU a token at many streams, for coarser streaming")
 @_chat_template_option
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
-          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, chat_template) -> None:
+          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, stream_interval,
+          chat_template) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -364,7 +368,7 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
                                device_sampling={"auto": None, "device": True, "host": False}[sampling_on],
                                overlap={"auto": None, "on": True, "off": False}[overlap])
     server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
-                                         engine=engine))
+                                         engine=engine, stream_interval=stream_interval))
 
 
 # What `pip install "kiln[serve]"` brings that the server cannot start without (xgrammar is only

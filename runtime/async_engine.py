@@ -57,8 +57,11 @@ _log = logging.getLogger("kiln.engine")
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, stream_interval: int = 1):
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1 token, got {stream_interval}")
         self.engine = engine
+        self.stream_interval = stream_interval   # tokens a call's deltas gather before they are yielded
         self._commands: queue.Queue[EngineCommand] = queue.Queue()
         self._handles: dict[int, RequestHandle] = {}  # id(request) -> handle; the loop thread's alone
         self._deferred: list[EmbedRequest] = []        # waiting for KV pages; retried after each step
@@ -81,10 +84,10 @@ class AsyncEngine:
         try:
             await handle.accepted             # raises InvalidRequestError for bad input, ShuttingDown
             remaining = len(handle.requests)
+            first = True
             while remaining:
-                ready = [await handle.deltas.get()]
-                while not handle.deltas.empty():        # fell behind the engine: what else came
-                    ready.append(handle.deltas.get_nowait())
+                ready = await self._gather(handle, 1 if first else self.stream_interval)
+                first = False
                 for delta in merge_ready(ready):
                     yield delta
                     if delta.finish_reason == "shutdown":
@@ -96,6 +99,18 @@ class AsyncEngine:
                 self._live.discard(handle)
             if remaining:                     # the caller left early (even before the add was applied)
                 self._submit(AbortRequest(handle))
+
+    @staticmethod
+    async def _gather(handle: RequestHandle, tokens: int) -> list[StreamDelta]:
+        """The deltas that came for a call: at least one, everything already waiting (a caller that fell
+        behind the engine), and more until they carry `tokens` tokens or one ends a stream."""
+        ready = [await handle.deltas.get()]
+        while True:
+            while not handle.deltas.empty():
+                ready.append(handle.deltas.get_nowait())
+            if sum(len(d.token_ids) for d in ready) >= tokens or any(d.finish_reason for d in ready):
+                return ready
+            ready.append(await handle.deltas.get())
 
     async def embed(self, inputs: list[Prompt]) -> list:
         """Engine.embed on the engine thread, between steps: [(embedding, token count)] per input."""

@@ -64,6 +64,7 @@ class ServerArgs:
     aliases: tuple[str, ...] = ()         # other names accepted and listed (e.g. the cache's hash id)
     engine: EngineConfig = field(default_factory=EngineConfig)
     log_level: str = "info"
+    stream_interval: int = 1              # tokens a streamed chunk gathers (the first is sent at once)
 
 
 GRACE_SECONDS = 5          # SIGTERM/Ctrl-C: how long in-flight requests may take to finish
@@ -78,7 +79,7 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
     start = time.monotonic()
     print(f"loading {artifact} ...", flush=True)
     engine = Engine(artifact, args.engine)
-    aengine = AsyncEngine(engine)
+    aengine = AsyncEngine(engine, args.stream_interval)
     app = create_app(aengine, replace(args, model_name=args.model_name or Path(artifact).resolve().name))
     name = app.state.kiln.model_name
     runner = engine.runner

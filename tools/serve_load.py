@@ -188,10 +188,11 @@ def main() -> None:
                     help="short, so that every stream is admitted long before the first one ends")
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--overlap", choices=("auto", "on", "off"), default="auto", help="`kiln serve --overlap`")
+    ap.add_argument("--stream-interval", type=int, default=1, help="`kiln serve --stream-interval`")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args()
     result = serve_and_load(args.model, [int(c) for c in args.concurrency.split(",")], args.prompt_len, args.gen_len,
-                            extra=("--overlap", args.overlap))
+                            extra=("--overlap", args.overlap, "--stream-interval", str(args.stream_interval)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(f"{result['artifact']} ({result['event_loop']}), prompt {args.prompt_len}, gen {args.gen_len}")

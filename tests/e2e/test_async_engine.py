@@ -63,6 +63,28 @@ def test_streams_the_same_tokens_as_engine_generate(aengine, tiny_artifacts):
     wait_until_done(aengine)
 
 
+def test_a_stream_interval_gathers_tokens_into_fewer_deltas(tiny_artifacts):
+    """`kiln serve --stream-interval 4`: the first token comes at once, then deltas of at least 4
+    tokens until the last; the same tokens and text as one delta a token."""
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
+    expected = engine.generate(PROMPT, GREEDY)
+    a = AsyncEngine(engine, stream_interval=4)
+
+    async def collect():
+        return [d async for d in a.generate(PROMPT, GREEDY)]
+
+    try:
+        deltas = asyncio.run(collect())
+    finally:
+        a.stop()
+    sizes = [len(d.token_ids) for d in deltas]
+    assert sizes[0] == 1 and all(n >= 4 for n in sizes[1:-1]) and sum(sizes) == GREEDY.max_tokens
+    assert [t for d in deltas for t in d.token_ids] == expected.token_ids
+    assert "".join(d.text for d in deltas) == expected.text and deltas[-1].finish_reason == "length"
+    with pytest.raises(ValueError, match="at least 1"):
+        AsyncEngine(engine, stream_interval=0)
+
+
 def test_bad_input_is_raised_to_the_caller(aengine):
     async def first_delta():
         return await anext(aengine.generate([1, 10 ** 9], GREEDY))
