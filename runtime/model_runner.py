@@ -285,7 +285,7 @@ class ModelRunner:
     def _forward(self, seq_ids, tokens, full) -> list[np.ndarray]:
         """One batch_prefill call; per sequence the logits it returns: every position if full, else the last."""
         logits, spans = self._forward_on_device(seq_ids, tokens, full)
-        logits = logits.numpy()[0]                                          # [positions, vocab]
+        logits = _to_host(logits, wait=self.queues_work)[0]                  # [positions, vocab]
         return np.split(logits, np.cumsum([len(p) for p in spans])[:-1])
 
     def _forward_on_device(self, seq_ids, tokens, full):
@@ -318,7 +318,7 @@ class ModelRunner:
 
     def decode(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per sequence; next-token logits [batch, vocab]."""
-        return self._decode(seq_ids, tokens).numpy()[:, 0, :]
+        return _to_host(self._decode(seq_ids, tokens), wait=self.queues_work)[:, 0, :]
 
     def decode_greedy(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per sequence; each sequence's greedy next token [batch] (np.argmax of its
@@ -382,7 +382,7 @@ class ModelRunner:
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(tokens)]))
         logits, _ = self._fn["batch_verify"](embeds, self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
-        return logits.numpy()[0]
+        return _to_host(logits, wait=self.queues_work)[0]
 
     def last_hidden(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one (new) sequence, a prefill chunk at a time; the final hidden state of the
@@ -401,7 +401,7 @@ class ModelRunner:
             hidden, _ = self._fn["batch_hidden"](self._embed(piece), self._staged(
                 "positions", np.array([len(piece) - 1], np.int32)), self.kv, self.params)
             _KV["kv_state_end_forward"](self.kv)
-        return hidden.numpy()[0, 0]
+        return _to_host(hidden, wait=self.queues_work)[0, 0]
 
     def _staged(self, name: str, array: np.ndarray):
         """`array` copied into the front of a device buffer kept for `name` (the ids, positions or

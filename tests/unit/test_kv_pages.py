@@ -99,4 +99,3 @@ def test_can_fork_counts_only_the_unshared_pages():
     acc.append(2, 30)
     assert acc.free_pages == 0
     acc.check()
-
