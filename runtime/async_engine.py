@@ -1,7 +1,10 @@
 """AsyncEngine: one background thread runs Engine.step(); callers await their deltas.
 
-The engine's state is touched only by the loop thread: callers put typed commands
-(protocol.AddRequest / AbortRequest) on a queue, applied between steps. Each call's
+Two halves, so that the engine can also run in a process of its own (engine_process.py):
+  Calls       the callers' side: generate() / embed() / cancel_all() on their event loops;
+  EngineLoop  the engine's side: commands applied between steps, each step's deltas handed back.
+The engine's state is touched only by the loop: callers submit typed commands
+(protocol.AddRequest / AbortRequest / EmbedRequest), applied between steps. Each call's
 deltas go to an asyncio.Queue on the caller's event loop (its RequestHandle). A caller
 that stops iterating (a client disconnect cancels the task) aborts its request, which
 frees its KV pages.
@@ -17,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from .engine import Engine, EngineBusy, Prompt
-from .protocol import (AbortRequest, AddRequest, EmbedRequest, EngineCommand, InvalidRequestError, SamplingParams,
-                       ShuttingDown, StreamDelta, merge_ready)
+from .protocol import (AbortRequest, AddRequest, EmbedRequest, EngineCommand, EngineStats, InvalidRequestError,
+                       SamplingParams, ShuttingDown, StreamDelta, merge_ready)
 from .request import Request
 
 
@@ -33,7 +36,10 @@ class RequestHandle:
     loop: asyncio.AbstractEventLoop
     accepted: asyncio.Future                 # None once queued; the InvalidRequestError that refused it
     deltas: asyncio.Queue                    # StreamDeltas of every output stream, in order
-    requests: list[Request] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)   # the engine's side (in this process)
+    streams: int = 0                         # output streams, set before ``accepted`` resolves
+    call_id: int = -1                        # its number on the wire to an engine process
+    left: int = 0                            # streams not finished yet (EngineClient's count)
 
     @classmethod
     def on_running_loop(cls) -> "RequestHandle":
@@ -56,22 +62,20 @@ class RequestHandle:
 _log = logging.getLogger("kiln.engine")
 
 
-class AsyncEngine:
-    def __init__(self, engine: Engine, stream_interval: int = 1):
+class Calls:
+    """The callers' side of an engine: generate() and embed() on the caller's event loop, over commands
+    that _submit hands to the engine (a thread here: AsyncEngine; a process: engine_process.EngineClient)."""
+
+    def __init__(self, stream_interval: int = 1):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be at least 1 token, got {stream_interval}")
-        self.engine = engine
         self.stream_interval = stream_interval   # tokens a call's deltas gather before they are yielded
-        self._commands: queue.Queue[EngineCommand] = queue.Queue()
-        self._handles: dict[int, RequestHandle] = {}  # id(request) -> handle; the loop thread's alone
-        self._deferred: list[EmbedRequest] = []        # waiting for KV pages; retried after each step
-        self._wake = threading.Event()
-        self._stopped = False
         self._live: set[RequestHandle] = set()         # calls not yet finished (cancel_all ends them)
         self._live_embeds: set[asyncio.Future] = set()  # embed calls not yet answered (likewise)
         self._live_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
-        self._thread.start()
+
+    def _submit(self, command: EngineCommand) -> None:
+        raise NotImplementedError
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
                        priority: int = 0) -> AsyncIterator[StreamDelta]:
@@ -79,11 +83,11 @@ class AsyncEngine:
         handle = RequestHandle.on_running_loop()
         with self._live_lock:
             self._live.add(handle)
-        self._submit(AddRequest(prompt, params, priority, handle))
-        remaining = -1                        # unknown until the engine thread has queued it
+        remaining = -1                        # unknown until the engine has queued it
         try:
+            self._submit(AddRequest(prompt, params, priority, handle))
             await handle.accepted             # raises InvalidRequestError for bad input, ShuttingDown
-            remaining = len(handle.requests)
+            remaining = handle.streams
             first = True
             while remaining:
                 ready = await self._gather(handle, 1 if first else self.stream_interval)
@@ -98,7 +102,14 @@ class AsyncEngine:
             with self._live_lock:
                 self._live.discard(handle)
             if remaining:                     # the caller left early (even before the add was applied)
-                self._submit(AbortRequest(handle))
+                self._submit_quietly(AbortRequest(handle))
+
+    def _submit_quietly(self, command: EngineCommand) -> None:
+        """An abort on the way out of a call: an engine that is gone has nothing left to free."""
+        try:
+            self._submit(command)
+        except ShuttingDown:
+            pass
 
     @staticmethod
     async def _gather(handle: RequestHandle, tokens: int) -> list[StreamDelta]:
@@ -113,7 +124,7 @@ class AsyncEngine:
             ready.append(await handle.deltas.get())
 
     async def embed(self, inputs: list[Prompt]) -> list:
-        """Engine.embed on the engine thread, between steps: [(embedding, token count)] per input."""
+        """Engine.embed between steps: [(embedding, token count)] per input."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._live_lock:
@@ -140,40 +151,62 @@ class AsyncEngine:
             except RuntimeError:              # the caller's loop is closed
                 pass
 
-    def stop(self) -> None:
-        self._stopped = True
-        self._wake.set()
-        self._thread.join(timeout=10)
 
-    # -- the loop thread ----------------------------------------------------------------
-    def _submit(self, command: EngineCommand) -> None:
-        self._commands.put(command)
-        self._wake.set()
+class EngineLoop:
+    """The engine's side: between steps it applies the callers' commands (AddRequest, AbortRequest,
+    EmbedRequest), then steps and hands each delta to its call. Where the commands come from and how
+    answers travel back are the subclass's: _incoming, _idle, _resolve, _send, _answer_embed."""
 
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._handles: dict[int, RequestHandle] = {}  # id(request) -> its call's handle; this loop's alone
+        self._deferred: list[EmbedRequest] = []        # waiting for KV pages; retried after each step
+        self._stopped = False
+
+    # -- what a subclass provides ---------------------------------------------------------
+    def _incoming(self) -> list[EngineCommand]:
+        """The commands that arrived since the last call (never blocks)."""
+        raise NotImplementedError
+
+    def _idle(self) -> None:
+        """No work: wait for a command (or half a second)."""
+        raise NotImplementedError
+
+    def _resolve(self, handle, error: Exception | None) -> bool:
+        """Answer an AddRequest: applied (None) or refused. False when nobody is listening any more."""
+        raise NotImplementedError
+
+    def _send(self, items: list[tuple[RequestHandle, StreamDelta]]) -> None:
+        raise NotImplementedError
+
+    def _answer_embed(self, command: EmbedRequest, result, error: Exception | None) -> None:
+        raise NotImplementedError
+
+    def _flush(self) -> None:
+        """The end of one turn of the loop: answers gathered since the last turn may go out at once."""
+
+    # -- the loop ------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stopped:
             self._apply_commands()
             if not self.engine.has_work:
-                self._wake.wait(timeout=0.5)
-                self._wake.clear()
+                self._flush()
+                if not self._stopped:
+                    self._idle()
                 continue
             try:
                 out = self.engine.step()
             except Exception:  # a failed step must not kill the server: fail the live requests
                 _log.exception("an engine step failed; its requests are answered with an error")
                 self._fail_all("error")
+                self._flush()
                 continue
             self._deliver(out)
-            for command in self._deferred:
-                self._commands.put(command)
-            self._deferred.clear()
+            self._flush()
 
     def _apply_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        commands, self._deferred = self._deferred + self._incoming(), []
+        for command in commands:
             if isinstance(command, AddRequest):
                 self._add(command)
             elif isinstance(command, AbortRequest):
@@ -188,15 +221,15 @@ class AsyncEngine:
         try:
             handle.requests = self.engine.add_request(command.prompt, command.params, priority=command.priority)
         except Exception as e:
-            handle.resolve(e)
+            self._resolve(handle, e)
             return
         for r in handle.requests:
             self._handles[id(r)] = handle
-        if not handle.resolve(None):
+        if not self._resolve(handle, None):
             self._abort(handle)
 
     def _embed(self, command: EmbedRequest) -> None:
-        if command.future.done():            # answered by cancel_all, or the caller went away
+        if self._embed_gone(command):         # answered by cancel_all, or the caller went away
             return
         try:
             result, error = self.engine.embed(command.inputs), None
@@ -215,12 +248,12 @@ class AsyncEngine:
                 result, error = None, again
         except Exception as e:  # noqa: BLE001 - answered to the caller
             result, error = None, e
-        try:
-            command.loop.call_soon_threadsafe(_settle, command.future, result, error)
-        except RuntimeError:                       # the caller's loop is closed
-            pass
+        self._answer_embed(command, result, error)
 
-    def _abort(self, handle: RequestHandle) -> None:
+    def _embed_gone(self, command: EmbedRequest) -> bool:
+        return False
+
+    def _abort(self, handle) -> None:
         for r in handle.requests:
             self._handles.pop(id(r), None)
             self.engine.abort(r)
@@ -237,19 +270,6 @@ class AsyncEngine:
             sent.append((handle, delta))
         self._send(sent)
 
-    def _send(self, items: list[tuple[RequestHandle, StreamDelta]]) -> None:
-        """Deltas to their calls' queues: one call into each caller's event loop for all of its
-        deltas (a wake-up a step, not one a token). A call whose loop is closed is aborted."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, StreamDelta]]] = {}
-        for handle, delta in items:
-            by_loop.setdefault(handle.loop, []).append((handle, delta))
-        for loop, mine in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, mine)
-            except RuntimeError:                # that loop is closed: nobody is listening there
-                for handle in {id(h): h for h, _ in mine}.values():
-                    self._abort(handle)
-
     def _fail_all(self, reason: str) -> None:
         handles = {id(h): h for h in self._handles.values()}.values()
         for handle in handles:
@@ -261,6 +281,82 @@ class AsyncEngine:
     @property
     def num_live(self) -> int:
         return len(self._handles)
+
+
+class AsyncEngine(Calls, EngineLoop):
+    """The engine stepped by a thread of this process; callers await their deltas on their event loops."""
+
+    def __init__(self, engine: Engine, stream_interval: int = 1):
+        Calls.__init__(self, stream_interval)
+        EngineLoop.__init__(self, engine)
+        self._commands: queue.Queue[EngineCommand] = queue.Queue()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kiln-engine", daemon=True)
+        self._thread.start()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()        # safe while the engine thread steps
+
+    async def refresh_stats(self) -> None:
+        """stats() is read live here; a process engine (EngineClient) fetches it first."""
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # -- the callers' commands to the loop thread --------------------------------------------
+    def _submit(self, command: EngineCommand) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _incoming(self) -> list[EngineCommand]:
+        commands = []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _idle(self) -> None:
+        self._wake.wait(timeout=0.5)
+        self._wake.clear()
+
+    # -- the loop thread's answers, into each caller's event loop ------------------------------
+    def _resolve(self, handle: RequestHandle, error: Exception | None) -> bool:
+        handle.streams = len(handle.requests)
+        return handle.resolve(error)
+
+    def _embed_gone(self, command: EmbedRequest) -> bool:
+        return command.future.done()
+
+    def _answer_embed(self, command: EmbedRequest, result, error: Exception | None) -> None:
+        try:
+            command.loop.call_soon_threadsafe(_settle, command.future, result, error)
+        except RuntimeError:                       # the caller's loop is closed
+            pass
+
+    def _send(self, items: list[tuple[RequestHandle, StreamDelta]]) -> None:
+        """Deltas to their calls' queues: one call into each caller's event loop for all of its
+        deltas (a wake-up a step, not one a token). A call whose loop is closed is aborted."""
+        for loop, mine in by_loop(items).items():
+            try:
+                loop.call_soon_threadsafe(_put_all, mine)
+            except RuntimeError:                # that loop is closed: nobody is listening there
+                for handle in {id(h): h for h, _ in mine}.values():
+                    self._abort(handle)
+
+
+def by_loop(items: list[tuple[RequestHandle, StreamDelta]]) -> dict:
+    """Deltas grouped by their callers' event loops (one wake-up each)."""
+    grouped: dict[asyncio.AbstractEventLoop, list[tuple[RequestHandle, StreamDelta]]] = {}
+    for handle, delta in items:
+        grouped.setdefault(handle.loop, []).append((handle, delta))
+    return grouped
 
 
 def _shut_down(handle: RequestHandle) -> None:

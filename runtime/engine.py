@@ -20,7 +20,6 @@ computes.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Iterator, Sequence as Seq
 import numpy as np
 
 from .artifact import Artifact
+from .front import ModelFront
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
 from .memory_budget import check_utilization
@@ -40,7 +40,6 @@ from .request import Request
 from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
-from .tokenizer import Tokenizer
 
 Prompt = str | Seq[int]
 
@@ -74,17 +73,12 @@ class EngineConfig:
     overlap: bool | None = None
 
 
-class Engine:
+class Engine(ModelFront):
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
-        self.artifact = Artifact.load(artifact, verify=config.verify)
-        self.runner = ModelRunner(self.artifact, config.max_num_seqs, *_kv_size(self.artifact, config))
-        has_tok = (self.artifact.path / "tokenizer.json").is_file()
-        self.tokenizer = Tokenizer.from_dir(self.artifact.path) if has_tok else None
-        if config.chat_template is not None and self.tokenizer is not None:
-            self.tokenizer.set_chat_template(config.chat_template)
-        eos = set(self.artifact.config.eos_token_ids)
-        self.eos_token_ids = frozenset(eos | set(self.tokenizer.eos_token_ids if self.tokenizer else ()))
+        loaded = Artifact.load(artifact, verify=config.verify)
+        self.runner = ModelRunner(loaded, config.max_num_seqs, *_kv_size(loaded, config))
+        super().__init__(loaded, config.chat_template)     # tokenizer, eos ids, grammar compiler
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
         window = self.runner.window        # sliding-window KV is never shared: no prefix cache, no forks
         prefix_cache = config.enable_prefix_cache and window is None
@@ -103,8 +97,6 @@ class Engine:
         if device_sampling is None:
             device_sampling = self.artifact.device != "cpu" and self.runner.samples_on_device
         self.samples_on_device = device_sampling     # plain sampled decode steps draw where the logits are
-        self._grammars = None
-        self._grammars_lock = threading.Lock()
         self._requests: dict[int, Request] = {}      # seq id -> live request
         self._seq_ids = itertools.count()
         self._trimmer = Trimmer()                    # freed host memory back to the OS, every few seconds
@@ -329,16 +321,6 @@ class Engine:
     def chat_stream(self, messages: list[dict], params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         return self.generate_stream(self.render_chat(messages), params)
 
-    def render_chat(self, messages: list[dict]) -> list[int]:
-        tok = self._need_tokenizer()
-        try:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True)
-        except InvalidRequestError:
-            raise
-        except ValueError as e:       # bad roles, contents, or a template that raised
-            raise InvalidRequestError(str(e), "messages") from None
-        return tok.encode(text, add_special_tokens=False)
-
     def embed(self, inputs: list[Prompt]) -> list[tuple[np.ndarray, int]]:
         """(embedding, token count) per input: the final hidden state at the last token, L2-normalised
         (the pooling of decoder-only embedding models). Runs between steps, beside the batch: the
@@ -367,9 +349,6 @@ class Engine:
             out.append(((h / max(np.linalg.norm(h), 1e-12)).astype(np.float32), len(t)))
         return out
 
-    def encode(self, text: str) -> list[int]:
-        return self._need_tokenizer().encode(text)
-
     def _add_all(self, prompts: list[Prompt], params: SamplingParams | None) -> list[Request]:
         n = (params or SamplingParams()).n
         requests: list[Request] = []
@@ -397,7 +376,7 @@ class Engine:
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        self.runner.check_tokens(ids)
+        self.check_tokens(ids)
         return ids
 
     def _grammar(self, params: SamplingParams):
@@ -405,22 +384,6 @@ class Engine:
         if not rf or rf.get("type") == "text":
             return None
         return self.grammar_compiler().compile(rf)
-
-    def grammar_compiler(self):
-        """The engine's GrammarCompiler, built on first use (thread-safe: the server builds it, and
-        compiles each new schema into its cache, off the engine thread)."""
-        with self._grammars_lock:
-            if self._grammars is None:
-                from .grammar import GrammarCompiler
-                self._grammars = GrammarCompiler(self._need_tokenizer(), self.runner.vocab_size,
-                                                stop_token_ids=sorted(self.eos_token_ids))
-            return self._grammars
-
-    def _need_tokenizer(self) -> Tokenizer:
-        if self.tokenizer is None:
-            raise InvalidRequestError(f"artifact {self.artifact.path} has no tokenizer; pass token ids instead "
-                                      "of text, or compile from a model directory that has tokenizer.json")
-        return self.tokenizer
 
 
 @dataclass

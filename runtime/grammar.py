@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -112,11 +113,23 @@ class GrammarState:
 
 class PreparedFormat(dict):
     """A response_format that carries its compiled grammar (GrammarCompiler.prepare): the engine
-    thread then neither parses the schema nor looks it up."""
+    thread then neither parses the schema nor looks it up. To reach an engine in another process it
+    goes as for_wire(): the grammar serialized, deserialized there once per schema (``key``)."""
 
-    def __init__(self, response_format: Mapping[str, Any], grammar: xgrammar.CompiledGrammar):
+    def __init__(self, response_format: Mapping[str, Any], grammar: xgrammar.CompiledGrammar | None,
+                 key: str = "", serialized: str | None = None):
         super().__init__(response_format)
         self.grammar = grammar
+        self.key = key
+        self.serialized = serialized
+        self.serialize: Callable[[], str] | None = None     # set by GrammarCompiler.prepare
+
+    def for_wire(self) -> "PreparedFormat":
+        """This format without the live grammar object (which does not pickle), its serialized form instead."""
+        if self.grammar is None:
+            return self
+        serialized = self.serialize() if self.serialize is not None else self.grammar.serialize_json()
+        return PreparedFormat(self, None, self.key, serialized)
 
 
 class GrammarCompiler:
@@ -143,6 +156,8 @@ class GrammarCompiler:
         # compiles run beside the engine thread (server.py compiles off it): leave that thread a core
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max(1, min(8, (os.cpu_count() or 2) - 1)))
         self._cache: OrderedDict[str, xgrammar.CompiledGrammar] = OrderedDict()
+        self._wire: OrderedDict[str, str] = OrderedDict()      # serialized grammars, for an engine process
+        self._wire_lock = threading.Lock()
         self._cache_size = cache_size
 
     @property
@@ -161,23 +176,44 @@ class GrammarCompiler:
         """``response_format`` with its grammar compiled (slow for a new schema: call it off the engine
         thread); compile() of the result then only builds a matcher. Text formats come back as given."""
         compiled = self._compiled(response_format)
-        return response_format if compiled is None else PreparedFormat(response_format, compiled)
+        if compiled is None:
+            return response_format
+        key = _key(response_format)
+        prepared = PreparedFormat(response_format, compiled, key)
+        prepared.serialize = lambda: self._serialized(key, compiled)
+        return prepared
+
+    def _serialized(self, key: str, compiled: xgrammar.CompiledGrammar) -> str:
+        """The grammar as text (milliseconds for a vocabulary of 50k tokens: done once per schema)."""
+        with self._wire_lock:
+            text = self._wire.get(key)
+            if text is None:
+                text = self._wire[key] = compiled.serialize_json()
+                if len(self._wire) > self._cache_size:
+                    self._wire.popitem(last=False)
+            return text
 
     def _compiled(self, response_format: Mapping[str, Any] | None) -> xgrammar.CompiledGrammar | None:
-        if isinstance(response_format, PreparedFormat):
+        if isinstance(response_format, PreparedFormat) and response_format.grammar is not None:
             return response_format.grammar
-        kind, schema = _parse_response_format(response_format)
-        if kind == "text":
-            return None
-        key = "json_object" if schema is None else json.dumps(schema)   # key order matters: it orders properties
-        compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self._compile(schema, key)
-            self._cache[key] = compiled
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        if isinstance(response_format, PreparedFormat):       # compiled in another process: serialized
+            key, schema = response_format.key, None
         else:
+            kind, schema = _parse_response_format(response_format)
+            if kind == "text":
+                return None
+            key = _key(response_format)
+        compiled = self._cache.get(key)
+        if compiled is not None:
             self._cache.move_to_end(key)
+            return compiled
+        if isinstance(response_format, PreparedFormat):
+            compiled = self._xgr.CompiledGrammar.deserialize_json(response_format.serialized, self.tokenizer_info)
+        else:
+            compiled = self._compile(schema, key)
+        self._cache[key] = compiled
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
         return compiled
 
     def _compile(self, schema: dict | None, schema_json: str) -> xgrammar.CompiledGrammar:
@@ -213,6 +249,13 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterab
     meta = xgr.TokenizerInfo._detect_metadata_from_hf(hf.to_str())
     return xgr.TokenizerInfo(encoded, meta["vocab_type"], vocab_size=vocab_size,
                              stop_token_ids=sorted(stops), add_prefix_space=meta["add_prefix_space"])
+
+
+def _key(response_format: Mapping[str, Any]) -> str:
+    """The cache key of a json_object / json_schema format (the schema's JSON: key order matters, it
+    orders properties)."""
+    _, schema = _parse_response_format(response_format)
+    return "json_object" if schema is None else json.dumps(schema)
 
 
 def _parse_response_format(rf: Mapping[str, Any] | None) -> tuple[str, dict | None]:

@@ -32,6 +32,7 @@ from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
+from .front import check_token_ids
 from . import library_gemm
 from .contract import (LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS,
                        OPTIONAL_ENTRY_FUNCTIONS)
@@ -243,13 +244,7 @@ class ModelRunner:
 
     # -- forward passes ---------------------------------------------------------------
     def check_tokens(self, ids: Sequence[int]) -> np.ndarray:
-        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids):
-            raise InvalidRequestError("token ids must be a flat list of integers", "prompt")
-        bad = [int(t) for t in ids if not 0 <= t < self.vocab_size]      # before any fixed-width conversion
-        if bad:
-            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size}); "
-                                      "pass ids produced by this model's tokenizer", "prompt")
-        return np.asarray(ids, dtype=np.int32)
+        return check_token_ids(ids, self.vocab_size)
 
     def run(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], full: Sequence[bool] = ()):
         """One forward over a ragged batch: append each sequence's tokens; last-token logits [batch, vocab].

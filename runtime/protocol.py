@@ -26,6 +26,9 @@ class InvalidRequestError(ValueError):
         super().__init__(message)
         self.param = param
 
+    def __reduce__(self):                 # crosses to an engine process and back whole
+        return type(self), (str(self), self.param)
+
 
 MAX_TEMPERATURE = 2.0    # OpenAI's range; higher is noise from the whole vocabulary
 MAX_N = 128              # OpenAI's limit; an engine also refuses n above its max_num_seqs

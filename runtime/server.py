@@ -46,8 +46,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from . import embeddings_api, responses_api, tokenize_api, tools
 from . import openai_api as api
 from . import reply_models as rm
+from .artifact import Artifact
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
+from .engine_process import EngineClient, EngineDied
 from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
 from .metrics import Metrics
 from .protocol import SamplingParams, StreamDelta
@@ -65,6 +67,7 @@ class ServerArgs:
     engine: EngineConfig = field(default_factory=EngineConfig)
     log_level: str = "info"
     stream_interval: int = 1              # tokens a streamed chunk gathers (the first is sent at once)
+    engine_process: bool | None = None    # the engine in a process of its own; None: on for GPU artifacts
 
 
 GRACE_SECONDS = 5          # SIGTERM/Ctrl-C: how long in-flight requests may take to finish
@@ -78,26 +81,47 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
     so `kiln serve` exits 0 (uvicorn itself would re-raise the signal and die by it)."""
     start = time.monotonic()
     print(f"loading {artifact} ...", flush=True)
-    engine = Engine(artifact, args.engine)
-    aengine = AsyncEngine(engine, args.stream_interval)
-    app = create_app(aengine, replace(args, model_name=args.model_name or Path(artifact).resolve().name))
-    name = app.state.kiln.model_name
-    runner = engine.runner
-    kv_bytes = runner.max_total_tokens * engine.artifact.config.kv_cache.bytes_per_token
-    print(f"loaded in {time.monotonic() - start:.1f} s; KV cache {runner.max_total_tokens} tokens "
-          f"({kv_bytes / 2**30:.2f} GiB), up to {runner.max_num_seqs} sequences at once; sampled tokens drawn "
-          f"on the {'device' if engine.samples_on_device else 'host'}", flush=True)
-    blas = runner.library_gemm_note()
-    if blas:
-        print(blas, flush=True)
-    print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r})", flush=True)
-    server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                            timeout_graceful_shutdown=GRACE_SECONDS))
-    server.on_grace_end = aengine.cancel_all
+    aengine, info = _start_engine(artifact, args)
+    died = threading.Event()
     try:
+        app = create_app(aengine, replace(args, model_name=args.model_name or Path(artifact).resolve().name))
+        name = app.state.kiln.model_name
+        kv_bytes = info["max_total_tokens"] * aengine.engine.artifact.config.kv_cache.bytes_per_token
+        where = f" in engine process {info['pid']}" if "pid" in info else ""
+        print(f"loaded{where} in {time.monotonic() - start:.1f} s; KV cache {info['max_total_tokens']} tokens "
+              f"({kv_bytes / 2**30:.2f} GiB), up to {info['max_num_seqs']} sequences at once; sampled tokens "
+              f"drawn on the {'device' if info['samples_on_device'] else 'host'}", flush=True)
+        if info["library_gemm_note"]:
+            print(info["library_gemm_note"], flush=True)
+        print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r})", flush=True)
+        server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                                timeout_graceful_shutdown=GRACE_SECONDS))
+        server.on_grace_end = aengine.cancel_all
+        if isinstance(aengine, EngineClient):
+            def engine_died() -> None:           # from the pipe's reader thread: stop serving, exit non-zero
+                died.set()
+                server.should_exit = True
+            aengine.on_death = engine_died
         server.run()
     finally:
         aengine.stop()
+    if died.is_set():
+        raise EngineDied("the engine process died (the log above says how); restart kiln serve")
+
+def _start_engine(artifact: str | Path, args: ServerArgs) -> tuple[AsyncEngine | EngineClient, dict]:
+    """The engine, in this process (a thread) or in one of its own (args.engine_process; auto: on for GPU
+    artifacts, whose host work then never waits for the HTTP side's GIL), and what it loaded."""
+    separate = args.engine_process
+    if separate is None:
+        separate = Artifact.load(artifact, verify=False).device != "cpu"
+    if separate:
+        client = EngineClient(artifact, args.engine, args.stream_interval)
+        return client, client.info
+    engine = Engine(artifact, args.engine)
+    runner = engine.runner
+    return AsyncEngine(engine, args.stream_interval), {
+        "max_total_tokens": runner.max_total_tokens, "max_num_seqs": runner.max_num_seqs,
+        "samples_on_device": engine.samples_on_device, "library_gemm_note": runner.library_gemm_note()}
 
 
 class _DrainingServer(uvicorn.Server):
@@ -126,7 +150,7 @@ class _DrainingServer(uvicorn.Server):
                 signal.signal(s, handler)
 
 
-def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
+def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs()) -> FastAPI:
     """A FastAPI app serving ``engine`` (the caller owns the engine; the app never stops it)."""
     folder = engine.engine.artifact.path.resolve().name
     name = args.model_name or folder
@@ -140,11 +164,14 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
     auth = [Depends(state.check_api_key)]
 
     @app.get("/health", response_model=rm.Health)
-    async def health() -> dict:
+    async def health() -> Response:
+        if not engine.alive:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
+        await state.engine.refresh_stats()
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
     @app.get("/v1/models", dependencies=auth, response_model=rm.ModelList)
@@ -180,7 +207,7 @@ def create_app(engine: AsyncEngine, args: ServerArgs = ServerArgs()) -> FastAPI:
         params = await state.compile_grammar(api.completion_params(body))
         ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for i in ids:
-            state.engine.engine.runner.check_tokens(i)     # before the echo decodes them
+            state.engine.engine.check_tokens(i)     # before the echo decodes them
         echo = [api.Echo(p if isinstance(p, str) else state.decode(i), i) for p, i in zip(prompts, ids)]
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_text,
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
@@ -218,13 +245,13 @@ def _include_usage(body: api.CompletionRequest | api.ChatCompletionRequest) -> b
 class _ServerState:
     """What the routes share: the engine, its served name, the API key, metrics, token texts."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, aliases: tuple[str, ...], api_key: str | None):
+    def __init__(self, engine: AsyncEngine | EngineClient, model_name: str, aliases: tuple[str, ...], api_key: str | None):
         self.engine = engine
         self.model_name = model_name
         self.names = (model_name, *aliases)          # every name a request may use; replies say model_name
         self.api_key = api_key
         self.started = int(time.time())
-        self.metrics = Metrics(engine.engine.stats)
+        self.metrics = Metrics(engine.stats)
         self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
         self.grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)

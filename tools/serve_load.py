@@ -14,8 +14,9 @@ usage count, so it takes little of the CPU the server needs. Per concurrency:
   first token, none has finished): `kiln bench`'s decode figure at that batch, through HTTP;
 - overall_tok_s: all generated tokens over the whole call, admission and ramp included;
 - loop_us_per_token: CPU the server's main thread (uvicorn's event loop: HTTP, SSE, JSON) spent
-  per generated token; other_us_per_token: the rest of the process (the engine thread: scheduling,
-  detokenizing, launching the device's work; on a CPU also the kernels). Both from /proc (Linux).
+  per generated token; other_us_per_token: the rest of the process and its children (the engine
+  thread, or with `--engine-process on` the engine's process: scheduling, detokenizing, launching the
+  device's work; on a CPU also the kernels). Both from /proc (Linux).
   On a GPU these two, which share one GIL, are what can hold the device back at high concurrency.
 - chunks_per_token: SSE chunks sent a token (below 1: the server merged tokens of streams that fell
   behind, or tokens that end inside a multi-byte character waited for the next).
@@ -41,7 +42,8 @@ _TOKENS = re.compile(rb'"completion_tokens": ?(\d+)')
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds per thread of process `pid` (Linux /proc; {} elsewhere)."""
+    """CPU seconds per thread of process `pid` and of its children (an engine process) (Linux /proc;
+    {} elsewhere)."""
     tick, out = os.sysconf("SC_CLK_TCK"), {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -50,9 +52,12 @@ def _thread_cpu(pid: int) -> dict[int, float]:
     for tid in tids:
         try:
             fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2].split()
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
         except OSError:
             continue
         out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        for child in children:
+            out.update(_thread_cpu(int(child)))
     return out
 
 
@@ -189,10 +194,13 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--overlap", choices=("auto", "on", "off"), default="auto", help="`kiln serve --overlap`")
     ap.add_argument("--stream-interval", type=int, default=1, help="`kiln serve --stream-interval`")
+    ap.add_argument("--engine-process", choices=("auto", "on", "off"), default="auto",
+                    help="`kiln serve --engine-process`")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args()
     result = serve_and_load(args.model, [int(c) for c in args.concurrency.split(",")], args.prompt_len, args.gen_len,
-                            extra=("--overlap", args.overlap, "--stream-interval", str(args.stream_interval)))
+                            extra=("--overlap", args.overlap, "--stream-interval", str(args.stream_interval),
+                                   "--engine-process", args.engine_process))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(f"{result['artifact']} ({result['event_loop']}), prompt {args.prompt_len}, gen {args.gen_len}")

@@ -27,6 +27,7 @@ import uvicorn
 
 from kiln.runtime.async_engine import AsyncEngine
 from kiln.runtime.engine import Engine, EngineConfig
+from kiln.runtime.engine_process import EngineClient
 from kiln.runtime.server import ServerArgs, create_app
 from kiln.runtime.tokenizer import Tokenizer
 
@@ -41,7 +42,7 @@ HELLO = [{"role": "user", "content": "Say hello to the world."}]
 class Server:
     url: str
     model: str
-    engine: AsyncEngine | None = None
+    engine: AsyncEngine | EngineClient | None = None
 
     def client(self, api_key: str = "unused") -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=120)
@@ -56,9 +57,13 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(artifact: Path, args: ServerArgs) -> Iterator[Server]:
-    """create_app over a fresh engine, served by uvicorn in a thread on a free loopback port."""
-    aengine = AsyncEngine(Engine(artifact, args.engine))
+def running_server(artifact: Path, args: ServerArgs, engine_process: bool = False) -> Iterator[Server]:
+    """create_app over a fresh engine (stepped by a thread, or in a process of its own), served by uvicorn
+    in a thread on a free loopback port."""
+    if engine_process:
+        aengine = EngineClient(artifact, args.engine, args.stream_interval)
+    else:
+        aengine = AsyncEngine(Engine(artifact, args.engine), args.stream_interval)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(create_app(aengine, args), log_level="warning"))
@@ -82,10 +87,12 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20.0, what: str = "
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_artifacts) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=["engine-thread", "engine-process"])
+def server(tiny_artifacts, request) -> Iterator[Server]:
+    """Every test of the server runs against both: the engine stepped by a thread of the server's process,
+    and in a process of its own (`kiln serve --engine-process on`), where everything crosses the pipe."""
     args = ServerArgs(model_name=MODEL, engine=EngineConfig(max_num_seqs=16))
-    with running_server(tiny_artifacts["tied"], args) as s:
+    with running_server(tiny_artifacts["tied"], args, engine_process=request.param == "engine-process") as s:
         yield s
 
 

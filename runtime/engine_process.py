@@ -1,0 +1,347 @@
+"""The engine in a process of its own, so that the HTTP side's Python never waits for the engine's GIL.
+
+    kiln serve MODEL --engine-process on          # auto: on for GPU artifacts
+
+    HTTP process (uvicorn, FastAPI)                       engine process
+      EngineClient: Calls (generate / embed)   --pipe-->   _RemoteLoop: EngineLoop over one Engine
+      ModelFront: tokenizer, chat template,    <--pipe--   one message a turn of its loop: the accepted
+                  grammar compiles                          calls, every delta of the step, answers
+
+In one process the event loop's per-token work (JSON, SSE writes) and the engine thread share the GIL:
+past ~100 streams of a small model the HTTP side's Python bounds the served rate and lengthens the host's
+gap between a GPU's forwards. Here each side has a core (vLLM's API server / engine core split).
+
+The wire: commands are tuples ("add", id, prompt, params, priority), ("abort", id), ("embed", id, inputs),
+("stats", id), ("stop",); a turn's answers come back in one ("out", accepted, deltas, answers) message,
+a delta as a tuple. A compiled grammar travels serialized (grammar.PreparedFormat) and is deserialized
+once per schema on the engine's side. The engine process ignores SIGINT and SIGTERM (the server drains,
+then stops it) and exits when the pipe closes (the server is gone). If it dies, live calls end with an "error"
+finish, new ones are answered 503, /health says so, and on_death tells the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from .artifact import Artifact
+from .async_engine import Calls, EngineLoop, RequestHandle, _settle, _resolve
+from .engine import Engine, EngineConfig
+from .front import ModelFront
+from .protocol import AbortRequest, AddRequest, EmbedRequest, EngineCommand, EngineStats, ShuttingDown, StreamDelta
+
+_log = logging.getLogger("kiln.engine")
+
+
+class EngineDied(ShuttingDown):
+    """The engine process is gone: no call can run (answered 503; the server exits)."""
+
+
+class EngineClient(Calls):
+    """The HTTP process's engine: an Engine stepped in a spawned process, driven over a pipe.
+
+    ``engine`` is the ModelFront the routes use (tokenizer, prompt checks, grammars); ``info`` what the
+    engine process reported once loaded (KV capacity, sequences, where tokens are drawn)."""
+
+    def __init__(self, artifact: str | Path, config: EngineConfig | None = None, stream_interval: int = 1):
+        super().__init__(stream_interval)
+        config = config or EngineConfig()
+        ctx = multiprocessing.get_context("spawn")       # never fork a process that holds TVM or threads
+        self._conn, child = ctx.Pipe()
+        self._process = ctx.Process(target=_engine_main, args=(child, str(artifact), config),
+                                    name="kiln-engine", daemon=True)
+        self._process.start()
+        child.close()
+        try:
+            self.engine = ModelFront(Artifact.load(artifact, verify=False), config.chat_template)
+            kind, payload = self._conn.recv()              # the engine process loads (and verifies) meanwhile
+        except EOFError:
+            self._process.join(5)
+            raise EngineDied(f"the engine process exited (code {self._process.exitcode}) while loading "
+                             f"{artifact}; its error is printed above") from None
+        except BaseException:
+            self._process.kill()
+            raise
+        if kind == "failed":
+            self._process.join(5)
+            raise payload
+        self.info: dict = payload
+        self.on_death: Callable[[], None] = lambda: None   # the server's: stop serving
+        self._calls: dict[int, RequestHandle | tuple] = {}  # call id -> its handle, or (loop, future) of a one-shot
+        self._ids = itertools.count()
+        self._send_lock = threading.Lock()
+        self._stats: EngineStats = payload["stats"]     # refreshed by each /metrics scrape
+        self._dead = self._closing = False
+        self._reader = threading.Thread(target=self._read, name="kiln-engine-pipe", daemon=True)
+        self._reader.start()
+
+    # -- what the server reads ---------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    def stats(self) -> EngineStats:
+        """The EngineStats of the last refresh_stats()."""
+        return self._stats
+
+    async def refresh_stats(self) -> None:
+        """Fetch the engine's EngineStats (answered between its steps); stats() then returns it."""
+        self._stats = await self._ask("stats")
+
+    def stop(self) -> None:
+        """Stop the engine process (its live requests are dropped) and wait for it."""
+        self._closing = True
+        try:
+            self._send(("stop",))
+        except ShuttingDown:
+            pass
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._conn.close()
+
+    # -- commands out ----------------------------------------------------------------------
+    def _submit(self, command: EngineCommand) -> None:
+        if isinstance(command, AddRequest):
+            handle = command.handle
+            handle.call_id = next(self._ids)
+            self._calls[handle.call_id] = handle
+            self._send(("add", handle.call_id, command.prompt, _wire_params(command.params), command.priority))
+        elif isinstance(command, AbortRequest):
+            if self._calls.pop(command.handle.call_id, None) is not None:
+                self._send(("abort", command.handle.call_id))
+        elif isinstance(command, EmbedRequest):
+            call_id = next(self._ids)
+            self._calls[call_id] = (command.loop, command.future)
+            self._send(("embed", call_id, command.inputs))
+        else:
+            raise TypeError(f"unknown engine command {command!r}")
+
+    async def _ask(self, what: str) -> Any:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        call_id = next(self._ids)
+        self._calls[call_id] = (loop, future)
+        self._send((what, call_id))
+        return await future
+
+    def _send(self, message: tuple) -> None:
+        if self._dead:
+            raise EngineDied(_died(self._process))
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except (OSError, EOFError):
+            raise EngineDied(_died(self._process)) from None
+
+    # -- answers in (the reader thread) ---------------------------------------------------------
+    def _read(self) -> None:
+        while True:
+            try:
+                _, accepted, deltas, answers = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            self._dispatch(accepted, deltas, answers)
+        self._dead = True
+        if self._closing or sys.is_finalizing():
+            return
+        self._process.join(1)                  # reap it, so the message can say how it ended
+        _log.error("%s; the server stops", _died(self._process))
+        self._fail_everything()
+        self.on_death()
+
+    def _dispatch(self, accepted: list, deltas: list, answers: list) -> None:
+        """One turn's answers to their calls: one wake-up of each caller's event loop."""
+        work: dict[asyncio.AbstractEventLoop, list] = {}
+        for call_id, streams, error in accepted:
+            handle = self._calls.get(call_id)
+            if handle is None:
+                continue
+            if error is not None:
+                self._calls.pop(call_id, None)
+            handle.streams = streams
+            handle.left = streams
+            work.setdefault(handle.loop, []).append((_resolve, handle.accepted, error))
+        for call_id, index, text, ids, finish, logprobs, prompt_logprobs in deltas:
+            handle = self._calls.get(call_id)
+            if handle is None:
+                continue
+            if finish is not None:
+                handle.left -= 1
+                if not handle.left:
+                    self._calls.pop(call_id, None)
+            delta = StreamDelta(index, text, ids, finish, logprobs, prompt_logprobs)
+            work.setdefault(handle.loop, []).append((handle.deltas.put_nowait, delta))
+        for call_id, result, error in answers:
+            entry = self._calls.pop(call_id, None)
+            if entry is not None:
+                loop, future = entry
+                work.setdefault(loop, []).append((_settle, future, result, error))
+        for loop, calls in work.items():
+            try:
+                loop.call_soon_threadsafe(_run_all, calls)
+            except RuntimeError:                # that loop is closed: its calls are aborted when they unwind
+                pass
+
+    def _fail_everything(self) -> None:
+        calls, self._calls = self._calls, {}
+        error = EngineDied(_died(self._process))
+        work: dict[asyncio.AbstractEventLoop, list] = {}
+        for entry in calls.values():
+            if isinstance(entry, tuple):
+                loop, future = entry
+                work.setdefault(loop, []).append((_settle, future, None, error))
+            elif not entry.accepted.done():
+                work.setdefault(entry.loop, []).append((_resolve, entry.accepted, error))
+                work.setdefault(entry.loop, []).append((entry.deltas.put_nowait, StreamDelta(0, "", [], "error")))
+            else:
+                for index in range(max(1, entry.streams)):
+                    work.setdefault(entry.loop, []).append(
+                        (entry.deltas.put_nowait, StreamDelta(index, "", [], "error")))
+        for loop, items in work.items():
+            try:
+                loop.call_soon_threadsafe(_run_all, items)
+            except RuntimeError:
+                pass
+
+
+def _run_all(calls: list[tuple]) -> None:
+    for fn, *args in calls:
+        fn(*args)
+
+
+def _died(process) -> str:
+    code = process.exitcode
+    how = "is still running but its pipe closed" if code is None else \
+        f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return f"the engine process {how}; restart kiln serve (its log above says why)"
+
+
+def _wire_params(params):
+    """SamplingParams as they cross the pipe: a compiled grammar as its serialized form."""
+    if params is None:
+        return None
+    rf = params.response_format
+    wire = getattr(rf, "for_wire", None)
+    return replace(params, response_format=wire()) if wire is not None else params
+
+
+# -- the engine process ---------------------------------------------------------------------------
+def _engine_main(conn, artifact: str, config: EngineConfig) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):       # the server's (a whole process group gets them): it
+        signal.signal(sig, signal.SIG_IGN)             # drains, then stops us; a closed pipe stops us too
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    try:
+        engine = Engine(artifact, config)
+    except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
+        conn.send(("failed", _portable(e)))
+        return
+    runner = engine.runner
+    conn.send(("ready", {
+        "max_total_tokens": runner.max_total_tokens, "max_num_seqs": runner.max_num_seqs,
+        "samples_on_device": engine.samples_on_device, "library_gemm_note": runner.library_gemm_note(),
+        "pid": os.getpid(), "stats": engine.stats()}))
+    _RemoteLoop(engine, conn)._loop()
+
+
+class _RemoteCall:
+    """The engine process's view of one call: its number and its requests."""
+
+    __slots__ = ("call_id", "requests")
+
+    def __init__(self, call_id: int):
+        self.call_id = call_id
+        self.requests: list = []
+
+
+class _RemoteLoop(EngineLoop):
+    def __init__(self, engine: Engine, conn):
+        super().__init__(engine)
+        self._conn = conn
+        self._calls: dict[int, _RemoteCall] = {}
+        self._accepted: list[tuple] = []
+        self._deltas: list[tuple] = []
+        self._answers: list[tuple] = []
+
+    def _incoming(self) -> list[EngineCommand]:
+        commands = []
+        try:
+            while self._conn.poll(0):
+                self._take(self._conn.recv(), commands)
+        except (EOFError, OSError):           # the server is gone: nothing is listening
+            self._stopped = True
+        return commands
+
+    def _take(self, message: tuple, commands: list[EngineCommand]) -> None:
+        kind = message[0]
+        if kind == "add":
+            _, call_id, prompt, params, priority = message
+            call = self._calls[call_id] = _RemoteCall(call_id)
+            commands.append(AddRequest(prompt, params, priority, call))
+        elif kind == "abort":
+            call = self._calls.pop(message[1], None)
+            if call is not None:
+                commands.append(AbortRequest(call))
+        elif kind == "embed":
+            commands.append(EmbedRequest(message[2], None, message[1]))
+        elif kind == "stats":
+            self._answers.append((message[1], self.engine.stats(), None))
+        elif kind == "stop":
+            self._stopped = True
+        else:
+            raise TypeError(f"unknown message from the server {kind!r}")
+
+    def _idle(self) -> None:
+        try:
+            self._conn.poll(0.5)
+        except (EOFError, OSError):
+            self._stopped = True
+
+    def _resolve(self, call: _RemoteCall, error: Exception | None) -> bool:
+        if error is not None:
+            self._calls.pop(call.call_id, None)
+        self._accepted.append((call.call_id, len(call.requests), None if error is None else _portable(error)))
+        return True
+
+    def _send(self, items: list[tuple[_RemoteCall, StreamDelta]]) -> None:
+        for call, d in items:
+            if d.finish_reason is not None and all(r.finished for r in call.requests):
+                self._calls.pop(call.call_id, None)
+            self._deltas.append((call.call_id, d.index, d.text, d.token_ids, d.finish_reason, d.logprobs,
+                                 d.prompt_logprobs))
+
+    def _answer_embed(self, command: EmbedRequest, result, error: Exception | None) -> None:
+        self._answers.append((command.future, result, None if error is None else _portable(error)))
+
+    def _flush(self) -> None:
+        if not (self._accepted or self._deltas or self._answers):
+            return
+        message = ("out", self._accepted, self._deltas, self._answers)
+        self._accepted, self._deltas, self._answers = [], [], []
+        try:
+            self._conn.send(message)
+        except (OSError, EOFError):
+            self._stopped = True
+
+
+def _portable(error: BaseException) -> BaseException:
+    """``error`` as it can cross the pipe: itself when it pickles back whole, else a RuntimeError
+    with its type and message."""
+    try:
+        back = pickle.loads(pickle.dumps(error))
+        if type(back) is type(error) and str(back) == str(error):
+            return error
+    except Exception:  # noqa: BLE001 - any failure to round-trip means: send its text
+        pass
+    return RuntimeError(f"{type(error).__name__}: {error}")
