@@ -202,18 +202,23 @@ class EngineClient(Calls):
             if isinstance(entry, tuple):
                 loop, future = entry
                 work.setdefault(loop, []).append((_settle, future, None, error))
-            elif not entry.accepted.done():
-                work.setdefault(entry.loop, []).append((_resolve, entry.accepted, error))
-                work.setdefault(entry.loop, []).append((entry.deltas.put_nowait, StreamDelta(0, "", [], "error")))
             else:
-                for index in range(max(1, entry.streams)):
-                    work.setdefault(entry.loop, []).append(
-                        (entry.deltas.put_nowait, StreamDelta(index, "", [], "error")))
+                work.setdefault(entry.loop, []).append((_refuse_or_fail, entry, error))
         for loop, items in work.items():
             try:
                 loop.call_soon_threadsafe(_run_all, items)
             except RuntimeError:
                 pass
+
+
+def _refuse_or_fail(handle: RequestHandle, error: Exception) -> None:
+    """On the caller's loop, once the engine is gone: a call still waiting for its answer is refused; one
+    answered meanwhile (the answer was queued first) ends its streams with an error."""
+    if not handle.accepted.done():
+        handle.accepted.set_exception(error)
+        return
+    for index in range(max(1, handle.streams)):
+        handle.deltas.put_nowait(StreamDelta(index, "", [], "error"))
 
 
 def _run_all(calls: list[tuple]) -> None:

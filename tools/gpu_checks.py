@@ -717,18 +717,22 @@ def bench_cmd(args) -> dict:
 def served(art: Path, streams: list[int], args) -> dict:
     """`kiln serve` on the artifact under each count of streamed completions: tokens a second once
     all are decoding (beside `kiln bench`'s decode rows), the server's host CPU a token (event loop;
-    the engine thread and the rest) and the device's wait between forwards (host_gap_us_per_forward);
-    then with `--overlap off` at the fewest and the most streams (what the overlapped step wins), and
-    with `--stream-interval 4` at the most (what the event loop's chunks cost)."""
+    the engine and the rest) and the device's wait between forwards (host_gap_us_per_forward);
+    then at the fewest and the most streams with `--overlap off` (what the overlapped step wins) and
+    with `--engine-process off` (what the engine's own process wins), and with `--stream-interval 4`
+    at the most (what the event loop's chunks cost)."""
     sys.path.insert(0, str(ROOT / "tools"))         # -P (the checks' own processes) leaves it out
     from serve_load import serve_and_load
     gen_len = 32 if args.quick else 128
-    result = serve_and_load(str(art), streams, gen_len=gen_len, start_timeout=180, extra=("--overlap", "on"))
+    on = ("--overlap", "on", "--engine-process", "on")
+
+    def rows(counts: list[int], *flags: str) -> list[dict]:
+        return serve_and_load(str(art), counts, gen_len=gen_len, start_timeout=180, extra=flags)["rows"]
+    result = serve_and_load(str(art), streams, gen_len=gen_len, start_timeout=180, extra=on)
     ends = list(dict.fromkeys((streams[0], streams[-1])))
-    result["overlap off"] = serve_and_load(str(art), ends, gen_len=gen_len, start_timeout=180,
-                                           extra=("--overlap", "off"))["rows"]
-    result["stream interval 4"] = serve_and_load(str(art), streams[-1:], gen_len=gen_len, start_timeout=180,
-                                                 extra=("--overlap", "on", "--stream-interval", "4"))["rows"]
+    result["overlap off"] = rows(ends, "--overlap", "off", "--engine-process", "on")
+    result["engine thread"] = rows(ends, "--overlap", "on", "--engine-process", "off")
+    result["stream interval 4"] = rows(streams[-1:], *on, "--stream-interval", "4")
     return result
 
 
@@ -1249,7 +1253,7 @@ def run_all(args) -> dict:
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
                                             for b in ends})
         # `kiln serve` itself at as many streams, beside the rows above (tools/serve_load.py)
-        step("smollm2 q4f16 served", 90, lambda: served(Path(q4["artifact"]), ends, args))
+        step("smollm2 q4f16 served", 120, lambda: served(Path(q4["artifact"]), ends, args))
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
     step("low-batch variants", 90, lambda: apart(args, "variants", step.left() - 20))

@@ -1,0 +1,151 @@
+"""`kiln serve --engine-process on`: what only a separate engine process can do wrong. (Every route's
+behaviour through the pipe is test_server.py's, whose server fixture runs both ways.)
+
+- a dead engine process: the stream in flight ends with an error event, /health says 503, a new request
+  is a 503, and the server is told (kiln serve then exits 1 with one line);
+- SIGTERM to the whole process group (what systemd and docker send) still drains and exits 0, and no
+  engine process is left behind;
+- an artifact that fails to load in the engine process is refused in one line, as without it;
+- a compiled grammar crosses the pipe once per schema and is used there, not recompiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from kiln.runtime import EngineConfig
+from kiln.runtime.server import ServerArgs
+from test_server import running_server, wait_for
+from test_shutdown import _free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    return out
+
+
+def test_a_dead_engine_process_fails_calls_cleanly(tiny_artifacts):
+    with running_server(tiny_artifacts["tied"], ServerArgs(model_name="m"), engine_process=True) as server:
+        told = threading.Event()
+        server.engine.on_death = told.set
+        client = server.client()
+        events, errors = [], []
+
+        def stream() -> None:
+            try:
+                for chunk in client.completions.create(model="m", prompt="hello", max_tokens=200, stream=True,
+                                                       temperature=0, extra_body={"ignore_eos": True}):
+                    events.append(chunk)
+            except openai.APIError as e:
+                errors.append(e)
+        t = threading.Thread(target=stream)
+        t.start()
+        wait_for(lambda: events or not t.is_alive(), what="the first chunk")
+        server.engine._process.kill()
+        t.join(timeout=30)
+        assert errors and "engine failed" in str(errors[0]), (len(events), errors)
+        assert len(events) < 200
+        wait_for(told.is_set, what="the server to be told")
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503 and "engine" in health.json()["status"]
+        with pytest.raises(openai.APIStatusError) as e:
+            client.completions.create(model="m", prompt="hello", max_tokens=4)
+        assert e.value.status_code == 503
+
+
+def test_group_sigterm_drains_exits_zero_and_leaves_no_engine(tiny_artifacts):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", str(tiny_artifacts["tied"]), "--port",
+                             str(port), "--engine-process", "on"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _healthy(url) or proc.poll() is not None, timeout=120, what="the server to start")
+        assert proc.poll() is None, proc.stdout.read()
+        engines = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]   # (and a resource tracker)
+        assert len(engines) == 1
+        body = {"prompt": "hello", "max_tokens": 40, "temperature": 0, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        lines: list[str] = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not lines:
+                    os.killpg(proc.pid, signal.SIGTERM)      # the server and its engine, as systemd does
+                lines.append(line)
+        assert lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]", lines[-3:]
+        usage = [json.loads(x[6:])["usage"] for x in lines if x.startswith("data: {")][-1]
+        assert usage["completion_tokens"] == 40        # the stream in flight finished
+        assert proc.wait(timeout=30) == 0
+        out = proc.stdout.read()
+        assert "in engine process" in out and "ready" in out, out
+        wait_for(lambda: not os.path.exists(f"/proc/{engines[0]}") or _zombie(engines[0]),
+                 what="the engine process to exit")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_an_artifact_the_engine_process_refuses_is_one_line(tiny_artifacts, tmp_path):
+    import shutil
+    bad = tmp_path / "corrupt"
+    shutil.copytree(tiny_artifacts["tied"], bad)
+    lib = bad / "lib.so"
+    lib.write_bytes(lib.read_bytes()[:-16] + b"\0" * 16)           # the hash no longer matches
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(bad), "--port", str(_free_port()),
+                           "--engine-process", "on"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and "lib.so" in last, proc.stderr
+
+
+def test_a_schema_compiles_once_and_crosses_the_pipe(tiny_artifacts):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    args = ServerArgs(model_name="m", engine=EngineConfig(max_num_seqs=4))
+    with running_server(tiny_artifacts["tied"], args, engine_process=True) as server:
+        client = server.client()
+        for seed in (5, 6):
+            out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "ok?"}],
+                                                 max_tokens=200, temperature=1.0, seed=seed, response_format=fmt)
+            assert out.choices[0].finish_reason == "stop"
+            value = json.loads(out.choices[0].message.content)
+            assert set(value) == {"ok"} and isinstance(value["ok"], bool)     # this schema, not any object
+        front = server.engine.engine.grammar_compiler()
+        assert front.cached_grammars == 1 and len(front._wire) == 1     # compiled and serialized once
