@@ -349,11 +349,14 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @click.option("--engine-process", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="step the engine in a process of its own, so that the HTTP side's per-token Python (JSON, "
                    "socket writes) never holds up the engine's GIL; auto is on for GPUs, off on CPUs")
+@click.option("--api-processes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="HTTP processes sharing the port in front of one engine process (vLLM's --api-server-count): "
+                   "for many streams of a small model, where one process's Python cannot send what a GPU makes")
 @_chat_template_option
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
           kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, stream_interval,
-          engine_process, chat_template) -> None:
+          engine_process, api_processes, chat_template) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -373,7 +376,8 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     try:
         server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                              engine=engine, stream_interval=stream_interval,
-                                             engine_process={"auto": None, "on": True, "off": False}[engine_process]))
+                                             engine_process={"auto": None, "on": True, "off": False}[engine_process],
+                                             api_processes=api_processes))
     except server.EngineDied as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

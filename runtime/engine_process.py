@@ -25,6 +25,7 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -53,27 +54,29 @@ class EngineClient(Calls):
     ``engine`` is the ModelFront the routes use (tokenizer, prompt checks, grammars); ``info`` what the
     engine process reported once loaded (KV capacity, sequences, where tokens are drawn)."""
 
-    def __init__(self, artifact: str | Path, config: EngineConfig | None = None, stream_interval: int = 1):
+    def __init__(self, artifact: str | Path, config: EngineConfig | None = None, stream_interval: int = 1,
+                 *, conn=None):
+        """Spawn an engine process for ``artifact`` and wait until it has loaded; or, given ``conn``, drive
+        one that another process started (`kiln serve --api-processes`: one pipe per HTTP process)."""
         super().__init__(stream_interval)
         config = config or EngineConfig()
-        ctx = multiprocessing.get_context("spawn")       # never fork a process that holds TVM or threads
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(target=_engine_main, args=(child, str(artifact), config),
-                                    name="kiln-engine", daemon=True)
-        self._process.start()
-        child.close()
+        self._process = None
+        if conn is None:
+            conn, self._process = spawn_engine(artifact, config, links=1)
+            conn = conn[0]
+        self._conn = conn
         try:
             self.engine = ModelFront(Artifact.load(artifact, verify=False), config.chat_template)
             kind, payload = self._conn.recv()              # the engine process loads (and verifies) meanwhile
         except EOFError:
-            self._process.join(5)
-            raise EngineDied(f"the engine process exited (code {self._process.exitcode}) while loading "
-                             f"{artifact}; its error is printed above") from None
+            raise EngineDied(f"{self._died()} while loading {artifact}") from None
         except BaseException:
-            self._process.kill()
+            if self._process is not None:
+                self._process.kill()
             raise
         if kind == "failed":
-            self._process.join(5)
+            if self._process is not None:
+                self._process.join(5)
             raise payload
         self.info: dict = payload
         self.on_death: Callable[[], None] = lambda: None   # the server's: stop serving
@@ -99,16 +102,15 @@ class EngineClient(Calls):
         self._stats = await self._ask("stats")
 
     def stop(self) -> None:
-        """Stop the engine process (its live requests are dropped) and wait for it."""
+        """Stop the engine process this client spawned (its live requests are dropped) and wait for it; a
+        client of another's engine only hangs up (the engine drops this pipe's requests)."""
         self._closing = True
-        try:
-            self._send(("stop",))
-        except ShuttingDown:
-            pass
-        self._process.join(10)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        if self._process is not None:
+            try:
+                self._send(("stop",))
+            except ShuttingDown:
+                pass
+            stop_engine(self._process)
         self._conn.close()
 
     # -- commands out ----------------------------------------------------------------------
@@ -138,12 +140,12 @@ class EngineClient(Calls):
 
     def _send(self, message: tuple) -> None:
         if self._dead:
-            raise EngineDied(_died(self._process))
+            raise EngineDied(self._died())
         try:
             with self._send_lock:
                 self._conn.send(message)
         except (OSError, EOFError):
-            raise EngineDied(_died(self._process)) from None
+            raise EngineDied(self._died()) from None
 
     # -- answers in (the reader thread) ---------------------------------------------------------
     def _read(self) -> None:
@@ -156,8 +158,7 @@ class EngineClient(Calls):
         self._dead = True
         if self._closing or sys.is_finalizing():
             return
-        self._process.join(1)                  # reap it, so the message can say how it ended
-        _log.error("%s; the server stops", _died(self._process))
+        _log.error("%s; the server stops", self._died())
         self._fail_everything()
         self.on_death()
 
@@ -194,9 +195,18 @@ class EngineClient(Calls):
             except RuntimeError:                # that loop is closed: its calls are aborted when they unwind
                 pass
 
+    def _died(self) -> str:
+        if self._process is None:
+            return "the engine process closed its pipe; restart kiln serve (its log above says why)"
+        self._process.join(1)                  # reap it, so the message can say how it ended
+        code = self._process.exitcode
+        how = "is still running but its pipe closed" if code is None else \
+            f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"the engine process {how}; restart kiln serve (its log above says why)"
+
     def _fail_everything(self) -> None:
         calls, self._calls = self._calls, {}
-        error = EngineDied(_died(self._process))
+        error = EngineDied(self._died())
         work: dict[asyncio.AbstractEventLoop, list] = {}
         for entry in calls.values():
             if isinstance(entry, tuple):
@@ -226,13 +236,6 @@ def _run_all(calls: list[tuple]) -> None:
         fn(*args)
 
 
-def _died(process) -> str:
-    code = process.exitcode
-    how = "is still running but its pipe closed" if code is None else \
-        f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return f"the engine process {how}; restart kiln serve (its log above says why)"
-
-
 def _wire_params(params):
     """SamplingParams as they cross the pipe: a compiled grammar as its serialized form."""
     if params is None:
@@ -243,101 +246,140 @@ def _wire_params(params):
 
 
 # -- the engine process ---------------------------------------------------------------------------
-def _engine_main(conn, artifact: str, config: EngineConfig) -> None:
+def spawn_engine(artifact: str | Path, config: EngineConfig, links: int) -> tuple[list, Any]:
+    """Start an engine process for ``artifact`` with ``links`` pipes to it: ([our ends], the process).
+    Each pipe gets ("ready", info) or ("failed", error) once it has loaded."""
+    ctx = multiprocessing.get_context("spawn")       # never fork a process that holds TVM or threads
+    pairs = [ctx.Pipe() for _ in range(links)]
+    process = ctx.Process(target=_engine_main, args=([child for _, child in pairs], str(artifact), config),
+                          name="kiln-engine", daemon=True)
+    process.start()
+    for _, child in pairs:
+        child.close()
+    return [ours for ours, _ in pairs], process
+
+
+def stop_engine(process) -> None:
+    """Wait for an engine process told to stop; kill it if it does not."""
+    process.join(10)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+
+
+def _engine_main(conns: list, artifact: str, config: EngineConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):       # the server's (a whole process group gets them): it
-        signal.signal(sig, signal.SIG_IGN)             # drains, then stops us; a closed pipe stops us too
+        signal.signal(sig, signal.SIG_IGN)             # drains, then stops us; closed pipes stop us too
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     try:
         engine = Engine(artifact, config)
     except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
-        conn.send(("failed", _portable(e)))
+        for conn in conns:
+            conn.send(("failed", _portable(e)))
         return
     runner = engine.runner
-    conn.send(("ready", {
+    ready = ("ready", {
         "max_total_tokens": runner.max_total_tokens, "max_num_seqs": runner.max_num_seqs,
         "samples_on_device": engine.samples_on_device, "library_gemm_note": runner.library_gemm_note(),
-        "pid": os.getpid(), "stats": engine.stats()}))
-    _RemoteLoop(engine, conn)._loop()
+        "pid": os.getpid(), "stats": engine.stats()})
+    for conn in conns:
+        conn.send(ready)
+    _RemoteLoop(engine, conns)._loop()
+
+
+class _Link:
+    """One HTTP process's pipe, its live calls, and what goes back to it at the end of the turn."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.calls: dict[int, _RemoteCall] = {}
+        self.accepted: list[tuple] = []
+        self.deltas: list[tuple] = []
+        self.answers: list[tuple] = []
 
 
 class _RemoteCall:
-    """The engine process's view of one call: its number and its requests."""
+    """The engine process's view of one call: its pipe, its number there, its requests."""
 
-    __slots__ = ("call_id", "requests")
+    __slots__ = ("link", "call_id", "requests")
 
-    def __init__(self, call_id: int):
+    def __init__(self, link: _Link, call_id: int):
+        self.link = link
         self.call_id = call_id
         self.requests: list = []
 
 
 class _RemoteLoop(EngineLoop):
-    def __init__(self, engine: Engine, conn):
+    def __init__(self, engine: Engine, conns: list):
         super().__init__(engine)
-        self._conn = conn
-        self._calls: dict[int, _RemoteCall] = {}
-        self._accepted: list[tuple] = []
-        self._deltas: list[tuple] = []
-        self._answers: list[tuple] = []
+        self._links = [_Link(c) for c in conns]
 
     def _incoming(self) -> list[EngineCommand]:
-        commands = []
-        try:
-            while self._conn.poll(0):
-                self._take(self._conn.recv(), commands)
-        except (EOFError, OSError):           # the server is gone: nothing is listening
-            self._stopped = True
+        commands: list[EngineCommand] = []
+        for link in list(self._links):
+            try:
+                while link.conn.poll(0):
+                    self._take(link, link.conn.recv(), commands)
+            except (EOFError, OSError):       # that HTTP process is gone: nothing listens to its calls
+                self._hang_up(link, commands)
         return commands
 
-    def _take(self, message: tuple, commands: list[EngineCommand]) -> None:
+    def _hang_up(self, link: _Link, commands: list[EngineCommand]) -> None:
+        self._links.remove(link)
+        commands += [AbortRequest(call) for call in link.calls.values()]
+        link.calls.clear()
+        if not self._links:
+            self._stopped = True
+
+    def _take(self, link: _Link, message: tuple, commands: list[EngineCommand]) -> None:
         kind = message[0]
         if kind == "add":
             _, call_id, prompt, params, priority = message
-            call = self._calls[call_id] = _RemoteCall(call_id)
+            call = link.calls[call_id] = _RemoteCall(link, call_id)
             commands.append(AddRequest(prompt, params, priority, call))
         elif kind == "abort":
-            call = self._calls.pop(message[1], None)
+            call = link.calls.pop(message[1], None)
             if call is not None:
                 commands.append(AbortRequest(call))
         elif kind == "embed":
-            commands.append(EmbedRequest(message[2], None, message[1]))
+            commands.append(EmbedRequest(message[2], None, (link, message[1])))   # future: where to answer
         elif kind == "stats":
-            self._answers.append((message[1], self.engine.stats(), None))
+            link.answers.append((message[1], self.engine.stats(), None))
         elif kind == "stop":
             self._stopped = True
         else:
             raise TypeError(f"unknown message from the server {kind!r}")
 
     def _idle(self) -> None:
-        try:
-            self._conn.poll(0.5)
-        except (EOFError, OSError):
-            self._stopped = True
+        multiprocessing.connection.wait([link.conn for link in self._links], 0.5)
 
     def _resolve(self, call: _RemoteCall, error: Exception | None) -> bool:
         if error is not None:
-            self._calls.pop(call.call_id, None)
-        self._accepted.append((call.call_id, len(call.requests), None if error is None else _portable(error)))
+            call.link.calls.pop(call.call_id, None)
+        call.link.accepted.append((call.call_id, len(call.requests), None if error is None else _portable(error)))
         return True
 
     def _send(self, items: list[tuple[_RemoteCall, StreamDelta]]) -> None:
         for call, d in items:
             if d.finish_reason is not None and all(r.finished for r in call.requests):
-                self._calls.pop(call.call_id, None)
-            self._deltas.append((call.call_id, d.index, d.text, d.token_ids, d.finish_reason, d.logprobs,
-                                 d.prompt_logprobs))
+                call.link.calls.pop(call.call_id, None)
+            call.link.deltas.append((call.call_id, d.index, d.text, d.token_ids, d.finish_reason, d.logprobs,
+                                     d.prompt_logprobs))
 
     def _answer_embed(self, command: EmbedRequest, result, error: Exception | None) -> None:
-        self._answers.append((command.future, result, None if error is None else _portable(error)))
+        link, call_id = command.future
+        link.answers.append((call_id, result, None if error is None else _portable(error)))
 
     def _flush(self) -> None:
-        if not (self._accepted or self._deltas or self._answers):
-            return
-        message = ("out", self._accepted, self._deltas, self._answers)
-        self._accepted, self._deltas, self._answers = [], [], []
-        try:
-            self._conn.send(message)
-        except (OSError, EOFError):
-            self._stopped = True
+        for link in self._links:
+            if not (link.accepted or link.deltas or link.answers):
+                continue
+            message = ("out", link.accepted, link.deltas, link.answers)
+            link.accepted, link.deltas, link.answers = [], [], []
+            try:
+                link.conn.send(message)
+            except (OSError, EOFError):       # gone: the next turn's poll hangs it up
+                pass
 
 
 def _portable(error: BaseException) -> BaseException:

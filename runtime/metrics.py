@@ -15,6 +15,7 @@ kiln_kv_pages_cached, so a drained server reads kiln_kv_pages_used 0.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import aclosing
 from typing import AsyncIterator, Callable, Iterable
@@ -32,17 +33,24 @@ class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, stats: Callable[[], EngineStats]):
-        """``stats``: the engine's state at scrape time (Engine.stats)."""
+        """``stats``: the engine's state at scrape time (Engine.stats).
+
+        With PROMETHEUS_MULTIPROC_DIR set (`kiln serve --api-processes N` sets it for its HTTP processes
+        before they import prometheus_client) the request metrics live in files there, and every
+        process's /metrics reports the sum over all of them."""
         self.registry = CollectorRegistry(auto_describe=True)
+        shared = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        own = None if shared else self.registry          # shared: written to the directory, read back below
         self.ttft = Histogram("kiln_time_to_first_token_seconds", "Request arrival to its first generated token.",
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+                              buckets=_LATENCY_BUCKETS, registry=own)
         self.tpot = Histogram("kiln_time_per_output_token_seconds",
                               "Mean time between a completion's output tokens after the first.",
-                              buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.prompt_tokens = Counter("kiln_prompt_tokens", "Prompt tokens of accepted requests.",
-                                     registry=self.registry)
-        self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated for clients.",
-                                         registry=self.registry)
+                              buckets=_LATENCY_BUCKETS, registry=own)
+        self.prompt_tokens = Counter("kiln_prompt_tokens", "Prompt tokens of accepted requests.", registry=own)
+        self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated for clients.", registry=own)
+        if shared:
+            from prometheus_client import multiprocess
+            multiprocess.MultiProcessCollector(self.registry)
         self.registry.register(_EngineCollector(stats))
 
     def render(self) -> bytes:

@@ -68,6 +68,14 @@ class ServerArgs:
     log_level: str = "info"
     stream_interval: int = 1              # tokens a streamed chunk gathers (the first is sent at once)
     engine_process: bool | None = None    # the engine in a process of its own; None: on for GPU artifacts
+    api_processes: int = 1                # HTTP processes (more than 1: the engine in a process of its own)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.api_processes, int) or self.api_processes < 1:
+            raise ValueError(f"api_processes must be an integer >= 1, got {self.api_processes!r}")
+        if self.api_processes > 1 and self.engine_process is False:
+            raise ValueError("several HTTP processes share one engine in a process of its own: drop "
+                             "--engine-process off, or serve from one HTTP process (--api-processes 1)")
 
 
 GRACE_SECONDS = 5          # SIGTERM/Ctrl-C: how long in-flight requests may take to finish
@@ -81,19 +89,32 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
     so `kiln serve` exits 0 (uvicorn itself would re-raise the signal and die by it)."""
     start = time.monotonic()
     print(f"loading {artifact} ...", flush=True)
+    if args.api_processes > 1:
+        from .api_processes import serve_many
+        return serve_many(artifact, args, start)
     aengine, info = _start_engine(artifact, args)
+    serve_http(aengine, info, artifact, args, start)
+
+
+def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | Path, args: ServerArgs, start: float,
+               sockets: list | None = None, announce: bool = True) -> None:
+    """Serve ``aengine`` over HTTP until a signal (or its engine process dies), then stop it. ``sockets``:
+    listen there instead of binding args.host:args.port (each of `--api-processes`' HTTP processes is
+    given the one socket); ``announce``: print what was loaded and where it is served."""
     died = threading.Event()
     try:
         app = create_app(aengine, replace(args, model_name=args.model_name or Path(artifact).resolve().name))
         name = app.state.kiln.model_name
-        kv_bytes = info["max_total_tokens"] * aengine.engine.artifact.config.kv_cache.bytes_per_token
-        where = f" in engine process {info['pid']}" if "pid" in info else ""
-        print(f"loaded{where} in {time.monotonic() - start:.1f} s; KV cache {info['max_total_tokens']} tokens "
-              f"({kv_bytes / 2**30:.2f} GiB), up to {info['max_num_seqs']} sequences at once; sampled tokens "
-              f"drawn on the {'device' if info['samples_on_device'] else 'host'}", flush=True)
-        if info["library_gemm_note"]:
-            print(info["library_gemm_note"], flush=True)
-        print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r})", flush=True)
+        if announce:
+            kv_bytes = info["max_total_tokens"] * aengine.engine.artifact.config.kv_cache.bytes_per_token
+            where = f" in engine process {info['pid']}" if "pid" in info else ""
+            print(f"loaded{where} in {time.monotonic() - start:.1f} s; KV cache {info['max_total_tokens']} tokens "
+                  f"({kv_bytes / 2**30:.2f} GiB), up to {info['max_num_seqs']} sequences at once; sampled tokens "
+                  f"drawn on the {'device' if info['samples_on_device'] else 'host'}", flush=True)
+            if info["library_gemm_note"]:
+                print(info["library_gemm_note"], flush=True)
+            processes = f" ({args.api_processes} HTTP processes)" if args.api_processes > 1 else ""
+            print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r}){processes}", flush=True)
         server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                                 timeout_graceful_shutdown=GRACE_SECONDS))
         server.on_grace_end = aengine.cancel_all
@@ -102,11 +123,12 @@ def serve(artifact: str | Path, args: ServerArgs = ServerArgs()) -> None:
                 died.set()
                 server.should_exit = True
             aengine.on_death = engine_died
-        server.run()
+        server.run(sockets=sockets)
     finally:
         aengine.stop()
     if died.is_set():
         raise EngineDied("the engine process died (the log above says how); restart kiln serve")
+
 
 def _start_engine(artifact: str | Path, args: ServerArgs) -> tuple[AsyncEngine | EngineClient, dict]:
     """The engine, in this process (a thread) or in one of its own (args.engine_process; auto: on for GPU

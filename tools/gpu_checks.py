@@ -719,8 +719,9 @@ def served(art: Path, streams: list[int], args) -> dict:
     all are decoding (beside `kiln bench`'s decode rows), the server's host CPU a token (event loop;
     the engine and the rest) and the device's wait between forwards (host_gap_us_per_forward);
     then at the fewest and the most streams with `--overlap off` (what the overlapped step wins) and
-    with `--engine-process off` (what the engine's own process wins), and with `--stream-interval 4`
-    at the most (what the event loop's chunks cost)."""
+    with `--engine-process off` (what the engine's own process wins), and at the most with
+    `--stream-interval 4` (what the event loop's chunks cost) and `--api-processes 2` (whether one HTTP
+    process's Python bounds the rate)."""
     sys.path.insert(0, str(ROOT / "tools"))         # -P (the checks' own processes) leaves it out
     from serve_load import serve_and_load
     gen_len = 32 if args.quick else 128
@@ -733,6 +734,7 @@ def served(art: Path, streams: list[int], args) -> dict:
     result["overlap off"] = rows(ends, "--overlap", "off", "--engine-process", "on")
     result["engine thread"] = rows(ends, "--overlap", "on", "--engine-process", "off")
     result["stream interval 4"] = rows(streams[-1:], *on, "--stream-interval", "4")
+    result["2 HTTP processes"] = rows(streams[-1:], *on, "--api-processes", "2")
     return result
 
 
@@ -1253,7 +1255,7 @@ def run_all(args) -> dict:
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
                                             for b in ends})
         # `kiln serve` itself at as many streams, beside the rows above (tools/serve_load.py)
-        step("smollm2 q4f16 served", 120, lambda: served(Path(q4["artifact"]), ends, args))
+        step("smollm2 q4f16 served", 140, lambda: served(Path(q4["artifact"]), ends, args))
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
     step("low-batch variants", 90, lambda: apart(args, "variants", step.left() - 20))

@@ -196,11 +196,13 @@ def main() -> None:
     ap.add_argument("--stream-interval", type=int, default=1, help="`kiln serve --stream-interval`")
     ap.add_argument("--engine-process", choices=("auto", "on", "off"), default="auto",
                     help="`kiln serve --engine-process`")
+    ap.add_argument("--api-processes", type=int, default=1, help="`kiln serve --api-processes` (the event "
+                    "loops are then in child processes: their CPU is in other_us_per_token)")
     ap.add_argument("--json", type=Path, help="also write the result here")
     args = ap.parse_args()
     result = serve_and_load(args.model, [int(c) for c in args.concurrency.split(",")], args.prompt_len, args.gen_len,
                             extra=("--overlap", args.overlap, "--stream-interval", str(args.stream_interval),
-                                   "--engine-process", args.engine_process))
+                                   "--engine-process", args.engine_process, "--api-processes", str(args.api_processes)))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     print(f"{result['artifact']} ({result['event_loop']}), prompt {args.prompt_len}, gen {args.gen_len}")

@@ -149,3 +149,74 @@ def test_a_schema_compiles_once_and_crosses_the_pipe(tiny_artifacts):
             assert set(value) == {"ok"} and isinstance(value["ok"], bool)     # this schema, not any object
         front = server.engine.engine.grammar_compiler()
         assert front.cached_grammars == 1 and len(front._wire) == 1     # compiled and serialized once
+
+
+def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", *args, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _healthy(url) or proc.poll() is not None, timeout=120, what="the server to start")
+    assert proc.poll() is None, proc.stdout.read()
+    return proc, url
+
+
+def _spawned(pid: int) -> list[int]:
+    return [c for c in _children(pid) if b"spawn_main" in _cmdline(c)]
+
+
+def test_two_http_processes_share_the_port_and_their_metrics(tiny_artifacts):
+    proc, url = _start([str(tiny_artifacts["tied"]), "--api-processes", "2", "--model-name", "m"])
+    try:
+        assert len(_spawned(proc.pid)) == 3                  # the engine and two HTTP processes
+        prompts = [[5, 6, 7, i] for i in range(24)]
+
+        def one(prompt: list[int]) -> int:
+            with httpx.Client() as c:                        # a connection each: the kernel picks a process
+                r = c.post(f"{url}/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 3,
+                                                          "temperature": 0}, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["completion_tokens"]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(12) as pool:
+            generated = sum(pool.map(one, prompts))
+        for _ in range(6):                                   # whichever process answers: the whole server
+            with httpx.Client() as c:
+                text = c.get(f"{url}/metrics").text
+            values = dict(line.split(" ", 1) for line in text.splitlines() if line.startswith("kiln_"))
+            assert float(values["kiln_prompt_tokens_total"]) == 4 * len(prompts)
+            assert float(values["kiln_generation_tokens_total"]) == generated
+            assert float(values["kiln_time_to_first_token_seconds_count"]) == len(prompts)
+            assert float(values["kiln_requests_running"]) == 0
+        children = _spawned(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        out = proc.stdout.read()
+        assert "(2 HTTP processes)" in out and "Traceback" not in out, out
+        wait_for(lambda: all(_zombie(c) or not os.path.exists(f"/proc/{c}") for c in children),
+                 what="every child to exit")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_http_processes_end_with_their_engine(tiny_artifacts):
+    proc, url = _start([str(tiny_artifacts["tied"]), "--api-processes", "2"])
+    try:
+        engine = _spawned(proc.pid)[0]                        # started first
+        os.kill(engine, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+        out = proc.stdout.read()
+        assert out.strip().splitlines()[-1].startswith("error: ") and "engine process" in out, out
+        assert "Traceback" not in out, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_several_http_processes_need_the_engine_process(tiny_artifacts):
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(tiny_artifacts["tied"]), "--api-processes",
+                           "2", "--engine-process", "off", "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: several HTTP processes"), proc.stderr
