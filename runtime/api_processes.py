@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 
 from .engine_process import EngineDied, spawn_engine, stop_engine
+from .protocol import StopEngine
 
 
 def serve_many(artifact: str | Path, args, start: float) -> None:
@@ -39,7 +40,7 @@ def serve_many(artifact: str | Path, args, start: float) -> None:
     listener = socket.create_server((args.host, args.port), backlog=2048)
     ctx = multiprocessing.get_context("spawn")
     links, engine = spawn_engine(artifact, args.engine, links=args.api_processes + 1)
-    mine = links.pop()                                        # ours: the engine's readiness, then "stop"
+    mine = links.pop()                                        # ours: the engine's readiness, then StopEngine
     workers = [ctx.Process(target=_http_process, args=(link, str(artifact), args, listener, i, start),
                            name=f"kiln-http-{i}") for i, link in enumerate(links)]
     stopping = threading.Event()
@@ -50,9 +51,9 @@ def serve_many(artifact: str | Path, args, start: float) -> None:
         for link in links:
             link.close()
         listener.close()                                      # the HTTP processes hold it now
-        kind, payload = mine.recv()
-        if kind == "failed":
-            raise payload
+        loaded = mine.recv()
+        if loaded.error is not None:
+            raise loaded.error
         failed = _wait(workers, engine, stopping)
     finally:
         for s, handler in previous.items():
@@ -65,7 +66,7 @@ def serve_many(artifact: str | Path, args, start: float) -> None:
             if w.is_alive():
                 w.kill()
         try:
-            mine.send(("stop",))
+            mine.send(StopEngine())
         except OSError:
             pass
         stop_engine(engine)

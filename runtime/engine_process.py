@@ -11,12 +11,13 @@ In one process the event loop's per-token work (JSON, SSE writes) and the engine
 past ~100 streams of a small model the HTTP side's Python bounds the served rate and lengthens the host's
 gap between a GPU's forwards. Here each side has a core (vLLM's API server / engine core split).
 
-The wire: commands are tuples ("add", id, prompt, params, priority), ("abort", id), ("embed", id, inputs),
-("stats", id), ("stop",); a turn's answers come back in one ("out", accepted, deltas, answers) message,
-a delta as a tuple. A compiled grammar travels serialized (grammar.PreparedFormat) and is deserialized
+The wire (protocol.py): AddRequest, AbortRequest and EmbedRequest with a call's number for its handle,
+StatsRequest and StopEngine; back, EngineLoaded once, then an EngineReply a turn of the engine's loop
+that has anything for that pipe (what it accepted, every delta of the step, answers). A compiled grammar travels serialized (grammar.PreparedFormat) and is deserialized
 once per schema on the engine's side. The engine process ignores SIGINT and SIGTERM (the server drains,
-then stops it) and exits when the pipe closes (the server is gone). If it dies, live calls end with an "error"
-finish, new ones are answered 503, /health says so, and on_death tells the server.
+then stops it) and exits when its pipes close (the server is gone). If it dies, live calls end with an
+"error" finish, new ones are answered 503, /health says so, and on_death tells the server. One engine
+process may serve several HTTP processes, a pipe each (runtime/api_processes.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from .artifact import Artifact
 from .async_engine import Calls, EngineLoop, RequestHandle, _settle, _resolve
 from .engine import Engine, EngineConfig
 from .front import ModelFront
-from .protocol import AbortRequest, AddRequest, EmbedRequest, EngineCommand, EngineStats, ShuttingDown, StreamDelta
+from .protocol import (AbortRequest, Accepted, AddRequest, Answer, EmbedRequest, EngineCommand, EngineLoaded,
+                       EngineReply, EngineStats, ShuttingDown, StatsRequest, StopEngine, StreamDelta)
 
 _log = logging.getLogger("kiln.engine")
 
@@ -62,28 +64,27 @@ class EngineClient(Calls):
         config = config or EngineConfig()
         self._process = None
         if conn is None:
-            conn, self._process = spawn_engine(artifact, config, links=1)
-            conn = conn[0]
+            (conn,), self._process = spawn_engine(artifact, config, links=1)
         self._conn = conn
         try:
             self.engine = ModelFront(Artifact.load(artifact, verify=False), config.chat_template)
-            kind, payload = self._conn.recv()              # the engine process loads (and verifies) meanwhile
+            loaded: EngineLoaded = self._conn.recv()       # the engine process loads (and verifies) meanwhile
         except EOFError:
             raise EngineDied(f"{self._died()} while loading {artifact}") from None
         except BaseException:
             if self._process is not None:
                 self._process.kill()
             raise
-        if kind == "failed":
+        if loaded.error is not None:
             if self._process is not None:
                 self._process.join(5)
-            raise payload
-        self.info: dict = payload
+            raise loaded.error
+        self.info: dict = loaded.info
         self.on_death: Callable[[], None] = lambda: None   # the server's: stop serving
         self._calls: dict[int, RequestHandle | tuple] = {}  # call id -> its handle, or (loop, future) of a one-shot
         self._ids = itertools.count()
         self._send_lock = threading.Lock()
-        self._stats: EngineStats = payload["stats"]     # refreshed by each /metrics scrape
+        self._stats: EngineStats = loaded.info["stats"]     # refreshed by each /metrics scrape
         self._dead = self._closing = False
         self._reader = threading.Thread(target=self._read, name="kiln-engine-pipe", daemon=True)
         self._reader.start()
@@ -99,7 +100,12 @@ class EngineClient(Calls):
 
     async def refresh_stats(self) -> None:
         """Fetch the engine's EngineStats (answered between its steps); stats() then returns it."""
-        self._stats = await self._ask("stats")
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        call_id = next(self._ids)
+        self._calls[call_id] = (loop, future)
+        self._send(StatsRequest(call_id))
+        self._stats = await future
 
     def stop(self) -> None:
         """Stop the engine process this client spawned (its live requests are dropped) and wait for it; a
@@ -107,7 +113,7 @@ class EngineClient(Calls):
         self._closing = True
         if self._process is not None:
             try:
-                self._send(("stop",))
+                self._send(StopEngine())
             except ShuttingDown:
                 pass
             stop_engine(self._process)
@@ -119,26 +125,18 @@ class EngineClient(Calls):
             handle = command.handle
             handle.call_id = next(self._ids)
             self._calls[handle.call_id] = handle
-            self._send(("add", handle.call_id, command.prompt, _wire_params(command.params), command.priority))
+            self._send(replace(command, params=_wire_params(command.params), handle=handle.call_id))
         elif isinstance(command, AbortRequest):
             if self._calls.pop(command.handle.call_id, None) is not None:
-                self._send(("abort", command.handle.call_id))
+                self._send(AbortRequest(command.handle.call_id))
         elif isinstance(command, EmbedRequest):
             call_id = next(self._ids)
             self._calls[call_id] = (command.loop, command.future)
-            self._send(("embed", call_id, command.inputs))
+            self._send(EmbedRequest(command.inputs, None, call_id))
         else:
             raise TypeError(f"unknown engine command {command!r}")
 
-    async def _ask(self, what: str) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        call_id = next(self._ids)
-        self._calls[call_id] = (loop, future)
-        self._send((what, call_id))
-        return await future
-
-    def _send(self, message: tuple) -> None:
+    def _send(self, message) -> None:
         if self._dead:
             raise EngineDied(self._died())
         try:
@@ -151,10 +149,10 @@ class EngineClient(Calls):
     def _read(self) -> None:
         while True:
             try:
-                _, accepted, deltas, answers = self._conn.recv()
+                reply: EngineReply = self._conn.recv()
             except (EOFError, OSError):
                 break
-            self._dispatch(accepted, deltas, answers)
+            self._dispatch(reply)
         self._dead = True
         if self._closing or sys.is_finalizing():
             return
@@ -162,33 +160,31 @@ class EngineClient(Calls):
         self._fail_everything()
         self.on_death()
 
-    def _dispatch(self, accepted: list, deltas: list, answers: list) -> None:
+    def _dispatch(self, reply: EngineReply) -> None:
         """One turn's answers to their calls: one wake-up of each caller's event loop."""
         work: dict[asyncio.AbstractEventLoop, list] = {}
-        for call_id, streams, error in accepted:
+        for a in reply.accepted:
+            handle = self._calls.get(a.call_id)
+            if handle is None:
+                continue
+            if a.error is not None:
+                self._calls.pop(a.call_id, None)
+            handle.streams = handle.left = a.streams
+            work.setdefault(handle.loop, []).append((_resolve, handle.accepted, a.error))
+        for call_id, delta in reply.deltas:
             handle = self._calls.get(call_id)
             if handle is None:
                 continue
-            if error is not None:
-                self._calls.pop(call_id, None)
-            handle.streams = streams
-            handle.left = streams
-            work.setdefault(handle.loop, []).append((_resolve, handle.accepted, error))
-        for call_id, index, text, ids, finish, logprobs, prompt_logprobs in deltas:
-            handle = self._calls.get(call_id)
-            if handle is None:
-                continue
-            if finish is not None:
+            if delta.finish_reason is not None:
                 handle.left -= 1
                 if not handle.left:
                     self._calls.pop(call_id, None)
-            delta = StreamDelta(index, text, ids, finish, logprobs, prompt_logprobs)
             work.setdefault(handle.loop, []).append((handle.deltas.put_nowait, delta))
-        for call_id, result, error in answers:
-            entry = self._calls.pop(call_id, None)
+        for a in reply.answers:
+            entry = self._calls.pop(a.call_id, None)
             if entry is not None:
                 loop, future = entry
-                work.setdefault(loop, []).append((_settle, future, result, error))
+                work.setdefault(loop, []).append((_settle, future, a.result, a.error))
         for loop, calls in work.items():
             try:
                 loop.call_soon_threadsafe(_run_all, calls)
@@ -248,7 +244,7 @@ def _wire_params(params):
 # -- the engine process ---------------------------------------------------------------------------
 def spawn_engine(artifact: str | Path, config: EngineConfig, links: int) -> tuple[list, Any]:
     """Start an engine process for ``artifact`` with ``links`` pipes to it: ([our ends], the process).
-    Each pipe gets ("ready", info) or ("failed", error) once it has loaded."""
+    Each pipe gets EngineLoaded once it has loaded (or failed to)."""
     ctx = multiprocessing.get_context("spawn")       # never fork a process that holds TVM or threads
     pairs = [ctx.Pipe() for _ in range(links)]
     process = ctx.Process(target=_engine_main, args=([child for _, child in pairs], str(artifact), config),
@@ -275,10 +271,10 @@ def _engine_main(conns: list, artifact: str, config: EngineConfig) -> None:
         engine = Engine(artifact, config)
     except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
         for conn in conns:
-            conn.send(("failed", _portable(e)))
+            conn.send(EngineLoaded(None, _portable(e)))
         return
     runner = engine.runner
-    ready = ("ready", {
+    ready = EngineLoaded({
         "max_total_tokens": runner.max_total_tokens, "max_num_seqs": runner.max_num_seqs,
         "samples_on_device": engine.samples_on_device, "library_gemm_note": runner.library_gemm_note(),
         "pid": os.getpid(), "stats": engine.stats()})
@@ -293,9 +289,7 @@ class _Link:
     def __init__(self, conn):
         self.conn = conn
         self.calls: dict[int, _RemoteCall] = {}
-        self.accepted: list[tuple] = []
-        self.deltas: list[tuple] = []
-        self.answers: list[tuple] = []
+        self.reply = EngineReply()
 
 
 class _RemoteCall:
@@ -331,24 +325,22 @@ class _RemoteLoop(EngineLoop):
         if not self._links:
             self._stopped = True
 
-    def _take(self, link: _Link, message: tuple, commands: list[EngineCommand]) -> None:
-        kind = message[0]
-        if kind == "add":
-            _, call_id, prompt, params, priority = message
-            call = link.calls[call_id] = _RemoteCall(link, call_id)
-            commands.append(AddRequest(prompt, params, priority, call))
-        elif kind == "abort":
-            call = link.calls.pop(message[1], None)
+    def _take(self, link: _Link, message, commands: list[EngineCommand]) -> None:
+        if isinstance(message, AddRequest):
+            call = link.calls[message.handle] = _RemoteCall(link, message.handle)
+            commands.append(replace(message, handle=call))
+        elif isinstance(message, AbortRequest):
+            call = link.calls.pop(message.handle, None)
             if call is not None:
                 commands.append(AbortRequest(call))
-        elif kind == "embed":
-            commands.append(EmbedRequest(message[2], None, (link, message[1])))   # future: where to answer
-        elif kind == "stats":
-            link.answers.append((message[1], self.engine.stats(), None))
-        elif kind == "stop":
+        elif isinstance(message, EmbedRequest):
+            commands.append(replace(message, future=(link, message.future)))   # where to answer
+        elif isinstance(message, StatsRequest):
+            link.reply.answers.append(Answer(message.call_id, self.engine.stats()))
+        elif isinstance(message, StopEngine):
             self._stopped = True
         else:
-            raise TypeError(f"unknown message from the server {kind!r}")
+            raise TypeError(f"unknown message from the server {message!r}")
 
     def _idle(self) -> None:
         multiprocessing.connection.wait([link.conn for link in self._links], 0.5)
@@ -356,28 +348,27 @@ class _RemoteLoop(EngineLoop):
     def _resolve(self, call: _RemoteCall, error: Exception | None) -> bool:
         if error is not None:
             call.link.calls.pop(call.call_id, None)
-        call.link.accepted.append((call.call_id, len(call.requests), None if error is None else _portable(error)))
+        call.link.reply.accepted.append(Accepted(call.call_id, len(call.requests),
+                                                 None if error is None else _portable(error)))
         return True
 
     def _send(self, items: list[tuple[_RemoteCall, StreamDelta]]) -> None:
-        for call, d in items:
-            if d.finish_reason is not None and all(r.finished for r in call.requests):
+        for call, delta in items:
+            if delta.finish_reason is not None and all(r.finished for r in call.requests):
                 call.link.calls.pop(call.call_id, None)
-            call.link.deltas.append((call.call_id, d.index, d.text, d.token_ids, d.finish_reason, d.logprobs,
-                                     d.prompt_logprobs))
+            call.link.reply.deltas.append((call.call_id, delta))
 
     def _answer_embed(self, command: EmbedRequest, result, error: Exception | None) -> None:
         link, call_id = command.future
-        link.answers.append((call_id, result, None if error is None else _portable(error)))
+        link.reply.answers.append(Answer(call_id, result, None if error is None else _portable(error)))
 
     def _flush(self) -> None:
         for link in self._links:
-            if not (link.accepted or link.deltas or link.answers):
+            if not link.reply:
                 continue
-            message = ("out", link.accepted, link.deltas, link.answers)
-            link.accepted, link.deltas, link.answers = [], [], []
+            reply, link.reply = link.reply, EngineReply()
             try:
-                link.conn.send(message)
+                link.conn.send(reply)
             except (OSError, EOFError):       # gone: the next turn's poll hangs it up
                 pass
 

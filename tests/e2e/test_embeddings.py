@@ -17,9 +17,11 @@ pytestmark = pytest.mark.e2e
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def served(tiny_artifacts):
-    with running_server(tiny_artifacts["tied"], ServerArgs(model_name="tiny-embed", engine=EngineConfig())) as s:
+@pytest.fixture(scope="module", params=["engine-thread", "engine-process"])
+def served(tiny_artifacts, request):
+    """Both ways, as test_server's: the embeddings (float arrays) cross the engine process's pipe."""
+    with running_server(tiny_artifacts["tied"], ServerArgs(model_name="tiny-embed", engine=EngineConfig()),
+                        engine_process=request.param == "engine-process") as s:
         yield s
 
 
