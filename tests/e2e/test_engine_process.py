@@ -120,18 +120,19 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_an_artifact_the_engine_process_refuses_is_one_line(tiny_artifacts, tmp_path):
+@pytest.mark.parametrize("flags", [("--engine-process", "on"), ("--api-processes", "2")])
+def test_an_artifact_the_engine_process_refuses_is_one_line(tiny_artifacts, tmp_path, flags):
     import shutil
     bad = tmp_path / "corrupt"
     shutil.copytree(tiny_artifacts["tied"], bad)
     lib = bad / "lib.so"
     lib.write_bytes(lib.read_bytes()[:-16] + b"\0" * 16)           # the hash no longer matches
-    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(bad), "--port", str(_free_port()),
-                           "--engine-process", "on"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "serve", str(bad), "--port", str(_free_port()), *flags],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error:") and "lib.so" in last, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "lib.so" in errors[0], proc.stderr      # one line, not one a process
 
 
 def test_a_schema_compiles_once_and_crosses_the_pipe(tiny_artifacts):
