@@ -86,6 +86,7 @@ class EngineClient(Calls):
         self._send_lock = threading.Lock()
         self._stats: EngineStats = loaded.info["stats"]     # refreshed by each /metrics scrape
         self._dead = self._closing = False
+        self._death = ""                               # how the engine process ended, once it has
         self._reader = threading.Thread(target=self._read, name="kiln-engine-pipe", daemon=True)
         self._reader.start()
 
@@ -138,12 +139,12 @@ class EngineClient(Calls):
 
     def _send(self, message) -> None:
         if self._dead:
-            raise EngineDied(self._died())
+            raise EngineDied(self._death)
         try:
             with self._send_lock:
                 self._conn.send(message)
         except (OSError, EOFError):
-            raise EngineDied(self._died()) from None
+            raise EngineDied("the engine process closed its pipe; restart kiln serve") from None
 
     # -- answers in (the reader thread) ---------------------------------------------------------
     def _read(self) -> None:
@@ -153,10 +154,11 @@ class EngineClient(Calls):
             except (EOFError, OSError):
                 break
             self._dispatch(reply)
+        self._death = "the engine process has stopped" if self._closing else self._died()
         self._dead = True
         if self._closing or sys.is_finalizing():
             return
-        _log.error("%s; the server stops", self._died())
+        _log.error("%s; the server stops", self._death)
         self._fail_everything()
         self.on_death()
 
@@ -202,7 +204,7 @@ class EngineClient(Calls):
 
     def _fail_everything(self) -> None:
         calls, self._calls = self._calls, {}
-        error = EngineDied(self._died())
+        error = EngineDied(self._death)
         work: dict[asyncio.AbstractEventLoop, list] = {}
         for entry in calls.values():
             if isinstance(entry, tuple):
