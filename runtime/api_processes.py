@@ -37,7 +37,8 @@ def serve_many(artifact: str | Path, args, start: float) -> None:
     """Serve ``artifact`` from args.api_processes HTTP processes over one engine process (blocking)."""
     metrics_dir = tempfile.mkdtemp(prefix="kiln-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir      # inherited by the processes spawned below
-    listener = socket.create_server((args.host, args.port), backlog=2048)
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    listener = socket.create_server((args.host, args.port), family=family, backlog=2048)
     ctx = multiprocessing.get_context("spawn")
     links, engine = spawn_engine(artifact, args.engine, links=args.api_processes + 1)
     mine = links.pop()                                        # ours: the engine's readiness, then StopEngine
@@ -51,6 +52,11 @@ def serve_many(artifact: str | Path, args, start: float) -> None:
         for link in links:
             link.close()
         listener.close()                                      # the HTTP processes hold it now
+        while not mine.poll(0.2):                             # the engine loads; a signal stops us meanwhile
+            if stopping.is_set():
+                return
+            if not engine.is_alive():
+                raise EngineDied(f"the engine process exited (code {engine.exitcode}) while loading {artifact}")
         loaded = mine.recv()
         if loaded.error is not None:
             raise loaded.error
