@@ -36,7 +36,13 @@ class ModelFront:
 
     def check_tokens(self, ids: Sequence[int]) -> np.ndarray:
         """``ids`` as int32, or InvalidRequestError for a non-integer or an id outside the vocabulary."""
-        return check_token_ids(ids, self.vocab_size)
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids):
+            raise InvalidRequestError("token ids must be a flat list of integers", "prompt")
+        bad = [int(t) for t in ids if not 0 <= t < self.vocab_size]      # before any fixed-width conversion
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size}); "
+                                      "pass ids produced by this model's tokenizer", "prompt")
+        return np.asarray(ids, dtype=np.int32)
 
     def render_chat(self, messages: list[dict]) -> list[int]:
         tok = self._need_tokenizer()
@@ -64,12 +70,3 @@ class ModelFront:
                                       "of text, or compile from a model directory that has tokenizer.json")
         return self.tokenizer
 
-
-def check_token_ids(ids: Sequence[int], vocab_size: int) -> np.ndarray:
-    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in ids):
-        raise InvalidRequestError("token ids must be a flat list of integers", "prompt")
-    bad = [int(t) for t in ids if not 0 <= t < vocab_size]      # before any fixed-width conversion
-    if bad:
-        raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size}); "
-                                  "pass ids produced by this model's tokenizer", "prompt")
-    return np.asarray(ids, dtype=np.int32)

@@ -32,7 +32,6 @@ from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
-from .front import check_token_ids
 from . import library_gemm
 from .contract import (LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS,
                        OPTIONAL_ENTRY_FUNCTIONS)
@@ -243,9 +242,6 @@ class ModelRunner:
                                  "append (the Scheduler and ModelRunner.prefill do)")
 
     # -- forward passes ---------------------------------------------------------------
-    def check_tokens(self, ids: Sequence[int]) -> np.ndarray:
-        return check_token_ids(ids, self.vocab_size)
-
     def run(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], full: Sequence[bool] = ()):
         """One forward over a ragged batch: append each sequence's tokens; last-token logits [batch, vocab].
 
