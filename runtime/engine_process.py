@@ -257,6 +257,13 @@ def spawn_engine(artifact: str | Path, config: EngineConfig, links: int) -> tupl
     return [ours for ours, _ in pairs], process
 
 
+def loaded_info(engine: Engine) -> dict:
+    """What `kiln serve` says it loaded: KV capacity, sequences, where sampled tokens are drawn, the BLAS note."""
+    runner = engine.runner
+    return {"max_total_tokens": runner.max_total_tokens, "max_num_seqs": runner.max_num_seqs,
+            "samples_on_device": engine.samples_on_device, "library_gemm_note": runner.library_gemm_note()}
+
+
 def stop_engine(process) -> None:
     """Wait for an engine process told to stop; kill it if it does not."""
     process.join(10)
@@ -275,11 +282,7 @@ def _engine_main(conns: list, artifact: str, config: EngineConfig) -> None:
         for conn in conns:
             conn.send(EngineLoaded(None, _portable(e)))
         return
-    runner = engine.runner
-    ready = EngineLoaded({
-        "max_total_tokens": runner.max_total_tokens, "max_num_seqs": runner.max_num_seqs,
-        "samples_on_device": engine.samples_on_device, "library_gemm_note": runner.library_gemm_note(),
-        "pid": os.getpid(), "stats": engine.stats()})
+    ready = EngineLoaded({**loaded_info(engine), "pid": os.getpid(), "stats": engine.stats()})
     for conn in conns:
         conn.send(ready)
     _RemoteLoop(engine, conns)._loop()

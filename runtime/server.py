@@ -49,7 +49,7 @@ from . import reply_models as rm
 from .artifact import Artifact
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
-from .engine_process import EngineClient, EngineDied
+from .engine_process import EngineClient, EngineDied, loaded_info
 from .grammar import PreparedFormat
 from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
 from .metrics import Metrics
@@ -141,10 +141,7 @@ def _start_engine(artifact: str | Path, args: ServerArgs) -> tuple[AsyncEngine |
         client = EngineClient(artifact, args.engine, args.stream_interval)
         return client, client.info
     engine = Engine(artifact, args.engine)
-    runner = engine.runner
-    return AsyncEngine(engine, args.stream_interval), {
-        "max_total_tokens": runner.max_total_tokens, "max_num_seqs": runner.max_num_seqs,
-        "samples_on_device": engine.samples_on_device, "library_gemm_note": runner.library_gemm_note()}
+    return AsyncEngine(engine, args.stream_interval), loaded_info(engine)
 
 
 class _DrainingServer(uvicorn.Server):
