@@ -126,7 +126,7 @@ class EngineClient(Calls):
             handle = command.handle
             handle.call_id = next(self._ids)
             self._calls[handle.call_id] = handle
-            self._send(replace(command, params=_wire_params(command.params), handle=handle.call_id))
+            self._send(replace(command, handle=handle.call_id))      # a prepared grammar pickles serialized
         elif isinstance(command, AbortRequest):
             if self._calls.pop(command.handle.call_id, None) is not None:
                 self._send(AbortRequest(command.handle.call_id))
@@ -232,15 +232,6 @@ def _refuse_or_fail(handle: RequestHandle, error: Exception) -> None:
 def _run_all(calls: list[tuple]) -> None:
     for fn, *args in calls:
         fn(*args)
-
-
-def _wire_params(params):
-    """SamplingParams as they cross the pipe: a compiled grammar as its serialized form."""
-    if params is None:
-        return None
-    rf = params.response_format
-    wire = getattr(rf, "for_wire", None)
-    return replace(params, response_format=wire()) if wire is not None else params
 
 
 # -- the engine process ---------------------------------------------------------------------------

@@ -23,10 +23,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -113,23 +112,19 @@ class GrammarState:
 
 class PreparedFormat(dict):
     """A response_format that carries its compiled grammar (GrammarCompiler.prepare): the engine
-    thread then neither parses the schema nor looks it up. To reach an engine in another process it
-    goes as for_wire(): the grammar serialized, deserialized there once per schema (``key``)."""
+    thread then neither parses the schema nor looks it up. Pickled (to an engine in another process)
+    it goes as the grammar's serialized form, deserialized there once per schema (``key``)."""
 
     def __init__(self, response_format: Mapping[str, Any], grammar: xgrammar.CompiledGrammar | None,
                  key: str = "", serialized: str | None = None):
         super().__init__(response_format)
-        self.grammar = grammar
+        self.grammar = grammar              # None once it has crossed: compile() deserializes `serialized`
         self.key = key
         self.serialized = serialized
-        self.serialize: Callable[[], str] | None = None     # set by GrammarCompiler.prepare
 
-    def for_wire(self) -> "PreparedFormat":
-        """This format without the live grammar object (which does not pickle), its serialized form instead."""
-        if self.grammar is None:
-            return self
-        serialized = self.serialize() if self.serialize is not None else self.grammar.serialize_json()
-        return PreparedFormat(self, None, self.key, serialized)
+    def __reduce__(self):
+        text = self.serialized if self.serialized is not None else self.grammar.serialize_json()
+        return PreparedFormat, (dict(self), None, self.key, text)
 
 
 class GrammarCompiler:
@@ -157,7 +152,6 @@ class GrammarCompiler:
         self._compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max(1, min(8, (os.cpu_count() or 2) - 1)))
         self._cache: OrderedDict[str, xgrammar.CompiledGrammar] = OrderedDict()
         self._wire: OrderedDict[str, str] = OrderedDict()      # serialized grammars, for an engine process
-        self._wire_lock = threading.Lock()
         self._cache_size = cache_size
 
     @property
@@ -172,26 +166,24 @@ class GrammarCompiler:
             return None
         return GrammarState(self._xgr.GrammarMatcher(compiled), self.vocab_size, self.stop_token_ids)
 
-    def prepare(self, response_format: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    def prepare(self, response_format: Mapping[str, Any] | None,
+                serialized: bool = False) -> Mapping[str, Any] | None:
         """``response_format`` with its grammar compiled (slow for a new schema: call it off the engine
-        thread); compile() of the result then only builds a matcher. Text formats come back as given."""
+        thread); compile() of the result then only builds a matcher. Text formats come back as given.
+        serialized: the result also carries the grammar as text, for an engine in another process
+        (milliseconds for a 50k-token vocabulary, so kept per schema)."""
         compiled = self._compiled(response_format)
         if compiled is None:
             return response_format
         key = _key(response_format)
-        prepared = PreparedFormat(response_format, compiled, key)
-        prepared.serialize = lambda: self._serialized(key, compiled)
-        return prepared
-
-    def _serialized(self, key: str, compiled: xgrammar.CompiledGrammar) -> str:
-        """The grammar as text (milliseconds for a vocabulary of 50k tokens: done once per schema)."""
-        with self._wire_lock:
+        text = None
+        if serialized:
             text = self._wire.get(key)
             if text is None:
                 text = self._wire[key] = compiled.serialize_json()
                 if len(self._wire) > self._cache_size:
                     self._wire.popitem(last=False)
-            return text
+        return PreparedFormat(response_format, compiled, key, text)
 
     def _compiled(self, response_format: Mapping[str, Any] | None) -> xgrammar.CompiledGrammar | None:
         if isinstance(response_format, PreparedFormat) and response_format.grammar is not None:

@@ -50,7 +50,6 @@ from .artifact import Artifact
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
 from .engine_process import EngineClient, EngineDied, loaded_info
-from .grammar import PreparedFormat
 from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
 from .metrics import Metrics
 from .protocol import SamplingParams, StreamDelta
@@ -309,11 +308,8 @@ class _ServerState:
         if not rf or rf.get("type") == "text":
             return params
         remote = isinstance(self.engine, EngineClient)   # serialized here too, off the event loop (ms a schema)
-
-        def prepare():
-            prepared = self.engine.engine.grammar_compiler().prepare(rf)
-            return prepared.for_wire() if remote and isinstance(prepared, PreparedFormat) else prepared
-        prepared = await asyncio.get_running_loop().run_in_executor(self.grammar_pool, prepare)
+        prepared = await asyncio.get_running_loop().run_in_executor(
+            self.grammar_pool, lambda: self.engine.engine.grammar_compiler().prepare(rf, serialized=remote))
         return replace(params, response_format=prepared)
 
     # -- one generation path ---------------------------------------------------------------
