@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import openai
@@ -69,15 +68,9 @@ def test_a_dead_engine_process_fails_calls_cleanly(tiny_artifacts):
 
 
 def test_group_sigterm_drains_exits_zero_and_leaves_no_engine(tiny_artifacts):
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "serve", str(tiny_artifacts["tied"]), "--port",
-                             str(port), "--engine-process", "on"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _start([str(tiny_artifacts["tied"]), "--engine-process", "on"])
     try:
-        wait_for(lambda: _healthy(url) or proc.poll() is not None, timeout=120, what="the server to start")
-        assert proc.poll() is None, proc.stdout.read()
-        engines = [c for c in _children(proc.pid) if b"spawn_main" in _cmdline(c)]   # (and a resource tracker)
+        engines = _spawned(proc.pid)
         assert len(engines) == 1
         body = {"prompt": "hello", "max_tokens": 40, "temperature": 0, "stream": True, "ignore_eos": True,
                 "stream_options": {"include_usage": True}}
@@ -163,6 +156,7 @@ def _start(args: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 def _spawned(pid: int) -> list[int]:
+    """Its children multiprocessing spawned (not its resource tracker)."""
     return [c for c in _children(pid) if b"spawn_main" in _cmdline(c)]
 
 
