@@ -339,8 +339,10 @@ class ModelRunner:
         """next_tokens without the wait: the forward is queued on the device (a GPU runs it while the
         caller goes on) and LaunchedTokens.wait() copies its tokens back, LaunchedTokens.logits() the
         logits of the first `logits_rows` sequences (for a host sampler). Until then the caller must
-        not begin another forward on this KV cache (TVM's cache reuses one host buffer for the page
-        tables each forward copies); adding, removing and forking sequences is host bookkeeping."""
+        not begin another forward on this KV cache: TVM's cache reuses one pinned host buffer and one
+        device buffer for the page tables each forward copies, and on CUDA it copies them on a
+        non-blocking stream of its own, which does not wait for the forward still queued (tools/README.md
+        "The host gap"); adding, removing and forking sequences is host bookkeeping."""
         if all(len(t) == 1 for t in tokens):
             logits = self._decode(seq_ids, [t[0] for t in tokens])              # [batch, 1, vocab]
         else:
@@ -400,7 +402,10 @@ class ModelRunner:
         the bound of what a call passes (and grown if a call passes more): a fresh device tensor per
         call was a device allocation and free every step (on CUDA, cudaFree waits for the device).
         The runtime queues copies and kernels in order, so a copy into a buffer follows every
-        kernel launched before it that reads the buffer."""
+        kernel launched before it that reads the buffer. The copy also waits for the device
+        (TVMTensorCopyFromBytes synchronises the stream): every forward stages its ids first, so it
+        starts after the previous forward has finished, which is what keeps TVM's KV cache from
+        overwriting the previous forward's page tables on the device (its copy stream is non-blocking)."""
         buf = self._buffers.get(name)
         rows = array.shape[0]
         if buf is None or buf.shape[0] < rows or tuple(buf.shape[1:]) != array.shape[1:] or buf.dtype != array.dtype:
