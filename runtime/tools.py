@@ -26,6 +26,7 @@ DEFAULT_TOOL_PROMPT = (
     "You may call one or more functions to assist with the user query. The functions are described "
     "as JSON schemas:\n{tools}\nTo call a function, answer with one line per call of the form\n"
     '<tool_call>{{"name": <function-name>, "arguments": <arguments-json-object>}}</tool_call>')
+_TAG = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
@@ -225,40 +226,60 @@ class ToolReply(Reply):
     """A chat Reply whose choices may end in tool calls. Streaming, text is sent as content until it
     could be the start of a `<tool_call>` tag (a forced call holds it all); when the choice finishes,
     its calls are sent as tool_calls deltas (finish_reason "tool_calls"), or the held text as content.
-    Every token's logprobs are sent once, in order: a held-back token's with the next chunk sent."""
+    Every token's logprobs are sent once, in order: a held-back token's with the next chunk sent.
+    A chunk looks only at its own text and the few characters held back before it; the whole text is
+    read once, when the choice finishes (a chunk that read it all made a long reply quadratic)."""
 
     def __init__(self, *args: Any, tools: ToolRequest, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.tools = tools
         self._sent: dict[int, int] = {}       # choice -> characters already sent as content
+        self._tail: dict[int, str] = {}       # choice -> text after those that could still start a tag
+        self._holding: set[int] = set()       # choices whose text has a tag: the rest waits for the end
         self._sent_logprobs: dict[int, int] = {}   # choice -> tokens whose logprobs were sent
 
     def _split(self, text: str) -> tuple[str | None, list[dict]]:
         return parse_tool_calls(text, self.tools.forced, self.tools.parallel)
 
     def add(self, delta: StreamDelta) -> dict | None:
-        first = delta.index not in self.choices
+        i, first = delta.index, delta.index not in self.choices
         chunk = super().add(delta)
         if chunk is None:
             return None
-        body, text = chunk["choices"][0], self.choices[delta.index].text
-        sent = self._sent.get(delta.index, 0)
+        body = chunk["choices"][0]
+        new = body["delta"].get("content") or ""
         body["delta"] = {"role": "assistant"} if first else {}
+        sent = self._sent.get(i, 0)
         if delta.finish_reason is None:
-            safe = 0 if self.tools.forced else _safe_prefix(text)
-            self._sent[delta.index] = max(sent, safe)
-            if safe <= sent and not first:
+            out = self._sendable(i, new)
+            self._sent[i] = sent + len(out)
+            if not out and not first:
                 return None
-            body["delta"]["content"] = text[sent:safe] if safe > sent else ""
+            body["delta"]["content"] = out
         else:
+            text = self.choices[i].text
             content, calls = self._split(text)
             if calls:
-                body["delta"]["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+                body["delta"]["tool_calls"] = [{"index": n, **c} for n, c in enumerate(calls)]
                 body["finish_reason"] = "tool_calls"
             elif len(text) > sent:
                 body["delta"]["content"] = text[sent:]
-        body["logprobs"] = self._unsent_logprobs(delta.index)
+        body["logprobs"] = self._unsent_logprobs(i)
         return chunk
+
+    def _sendable(self, i: int, new: str) -> str:
+        """What of choice i's held tail plus its new text can go out as content now."""
+        if self.tools.forced or i in self._holding:
+            return ""
+        tail = self._tail.get(i, "") + new
+        at = tail.find(_TAG)
+        if at >= 0:
+            self._holding.add(i)
+            safe = at
+        else:
+            safe = _safe_prefix(tail)
+        self._tail[i] = tail[safe:] if at < 0 else ""
+        return tail[:safe]
 
     def _unsent_logprobs(self, index: int) -> dict | None:
         lps = self.choices[index].logprobs
@@ -276,13 +297,9 @@ class ToolReply(Reply):
 
 
 def _safe_prefix(text: str) -> int:
-    """How much of a reply so far can be sent as content: up to a `<tool_call>` tag, or to a tail that
-    could still become one."""
-    tag = "<tool_call>"
-    at = text.find(tag)
-    if at >= 0:
-        return at
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
+    """How much of text (no `<tool_call>` tag in it) can be sent as content: all but a tail that could
+    still become one."""
+    for k in range(min(len(_TAG) - 1, len(text)), 0, -1):
+        if text.endswith(_TAG[:k]):
             return len(text) - k
     return len(text)

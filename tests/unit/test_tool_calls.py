@@ -96,6 +96,57 @@ def test_streamed_text_is_held_back_only_where_a_call_may_start():
     assert final["message"]["content"] == "Hello there" and final["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("text", [
+    "Plain text with a < and a <tool that never becomes a tag.",
+    'Let me look. <tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>',
+    'Text, then a broken call <tool_call>{"name": 3}</tool_call> and more <tool_ca',
+    "ends with a partial tag <tool_c",
+])
+def test_streamed_content_is_the_text_before_any_tag_however_the_text_is_split(text):
+    """Each chunk looks at its own text and the held tail only; what goes out is still the text up
+    to the first `<tool_call>` (or all of it, if no valid call), for every way of splitting it."""
+    import random
+    from kiln.runtime.protocol import StreamDelta
+    from kiln.runtime.tools import ToolReply
+    calls = parse_tool_calls(text, forced=False)[1]
+    for seed in range(30):
+        rng = random.Random(seed)
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(12, len(text) - 1))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        reply = ToolReply("chat", "m", 3, lambda t: ("", b""), tools=ToolRequest.parse([WEATHER], "auto", None))
+        streamed, before_end = [], []
+        for k, piece in enumerate(pieces):
+            chunk = reply.add(StreamDelta(0, piece, [k]))
+            if chunk:
+                streamed.append(chunk["choices"][0]["delta"].get("content") or "")
+        before_end = "".join(streamed)
+        last = reply.add(StreamDelta(0, "", [], finish_reason="stop"))["choices"][0]
+        at = text.find("<tool_call>")
+        assert before_end == (text if at < 0 else text[:at])[:len(before_end)]
+        assert len(before_end) >= (at if at >= 0 else len(text) - len("<tool_call>") + 1)
+        if calls:
+            assert last["finish_reason"] == "tool_calls" and "content" not in last["delta"]
+        else:
+            assert before_end + (last["delta"].get("content") or "") == text
+
+
+def test_a_streamed_chunk_does_not_read_the_whole_text(monkeypatch):
+    """The reply's text is joined once, when the choice ends, not at every chunk (quadratic)."""
+    from kiln.runtime import protocol
+    from kiln.runtime.protocol import StreamDelta
+    from kiln.runtime.tools import ToolReply
+    reads = []
+    join = protocol.GrowingText.__str__
+    monkeypatch.setattr(protocol.GrowingText, "__str__", lambda self: reads.append(1) or join(self))
+    reply = ToolReply("chat", "m", 3, lambda t: ("", b""), tools=ToolRequest.parse([WEATHER], "auto", None))
+    for k in range(200):
+        reply.add(StreamDelta(0, "word ", [k]))
+    reply.add(StreamDelta(0, "<tool", [200]))                  # held: it could start a call
+    assert reads == []
+    assert reply.add(StreamDelta(0, "", [], finish_reason="stop"))["choices"][0]["delta"]["content"] == "<tool"
+    assert len(reads) == 1
+
+
 def test_a_forced_call_refuses_a_response_format():
     req = ToolRequest.parse([WEATHER], "required", None)
     assert req.forced_format({"type": "text"}) == req.response_format()
