@@ -199,6 +199,24 @@ def _params(max_tokens, temperature, top_p, top_k, seed, stop):
                           seed=seed, stop=tuple(stop))
 
 
+def _speculation_options(fn):
+    """--speculative-tokens and the n-gram sizes of its prompt lookup (EngineConfig's fields)."""
+    fn = click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(min=1),
+                      help="speculative decoding: the longest n-gram looked up")(fn)
+    fn = click.option("--prompt-lookup-min", default=2, show_default=True, type=click.IntRange(min=1),
+                      help="speculative decoding: the shortest n-gram looked up")(fn)
+    return click.option("--speculative-tokens", default=0, show_default=True, type=click.IntRange(min=0),
+                        help="speculative decoding by prompt lookup: while one greedy request decodes alone, "
+                             "check up to this many tokens that followed an earlier occurrence of its last "
+                             "tokens in one forward and keep those the model picks itself (the same text, "
+                             "fewer forwards where text repeats: edits, quotes, code); 0 is off")(fn)
+
+
+def _speculation(speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int) -> dict:
+    return dict(speculative_tokens=speculative_tokens, prompt_lookup_min=prompt_lookup_min,
+                prompt_lookup_max=prompt_lookup_max)
+
+
 def _chat_template_option(fn):
     return click.option("--chat-template", "chat_template", metavar="NAME|FILE",
                         help="use this chat template instead of the model's (a jinja file, or built-in: "
@@ -216,13 +234,13 @@ def _template_source(value: str | None) -> str | None:
         raise click.BadParameter(str(e)) from None
 
 
-def _engine(model: str, chat_template: str | None = None):
+def _engine(model: str, chat_template: str | None = None, speculation: dict | None = None):
     """The engine of `generate` and `chat`: one sequence at a time, so its KV cache holds one full
     context (on a GPU it would otherwise take 90% of the device for the artifact's max batch)."""
     import kiln
     source = _template_source(chat_template)
     return kiln.Engine(model if kiln.is_artifact(model) else _compiled(model),
-                       kiln.EngineConfig(max_num_seqs=1, chat_template=source))
+                       kiln.EngineConfig(max_num_seqs=1, chat_template=source, **(speculation or {})))
 
 
 @main.command()
@@ -233,11 +251,12 @@ def _engine(model: str, chat_template: str | None = None):
 @click.option("--ids", "as_ids", is_flag=True, help="PROMPT is comma-separated token ids, not text")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of streaming text")
 @_chat_template_option
+@_speculation_options
 @_friendly_errors
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, as_chat, as_ids, as_json,
-             chat_template) -> None:
+             chat_template, speculative_tokens, prompt_lookup_min, prompt_lookup_max) -> None:
     """Generate a continuation of PROMPT with MODEL (an artifact, or a model compiled on first use)."""
-    engine = _engine(model, chat_template)
+    engine = _engine(model, chat_template, _speculation(speculative_tokens, prompt_lookup_min, prompt_lookup_max))
     params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
     if as_ids:
         ids = _parse_ids(prompt)
@@ -267,12 +286,15 @@ def _parse_ids(text: str) -> list[int]:
 @_sampling_options
 @click.option("--system", default=None, help="system prompt")
 @_chat_template_option
+@_speculation_options
 @_friendly_errors
-def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system, chat_template) -> None:
+def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system, chat_template, speculative_tokens,
+         prompt_lookup_min, prompt_lookup_max) -> None:
     """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits,
     Ctrl-C stops a reply; arrow keys edit and recall lines."""
     from kiln.chat import run_chat
-    run_chat(_engine(model, chat_template), _params(max_tokens, temperature, top_p, top_k, seed, stop), system)
+    engine = _engine(model, chat_template, _speculation(speculative_tokens, prompt_lookup_min, prompt_lookup_max))
+    run_chat(engine, _params(max_tokens, temperature, top_p, top_k, seed, stop), system)
 
 
 @main.command()
@@ -353,10 +375,12 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
               help="HTTP processes sharing the port in front of one engine process (vLLM's --api-server-count): "
                    "for many streams of a small model, where one process's Python cannot send what a GPU makes")
 @_chat_template_option
+@_speculation_options
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
           kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, stream_interval,
-          engine_process, api_processes, chat_template) -> None:
+          engine_process, api_processes, chat_template, speculative_tokens, prompt_lookup_min,
+          prompt_lookup_max) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -372,7 +396,8 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
                                gpu_memory_utilization=gpu_memory_utilization,
                                enable_prefix_cache=not no_prefix_cache, chat_template=template,
                                device_sampling={"auto": None, "device": True, "host": False}[sampling_on],
-                               overlap={"auto": None, "on": True, "off": False}[overlap])
+                               overlap={"auto": None, "on": True, "off": False}[overlap],
+                               **_speculation(speculative_tokens, prompt_lookup_min, prompt_lookup_max))
     try:
         server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                              engine=engine, stream_interval=stream_interval,

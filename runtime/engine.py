@@ -35,7 +35,7 @@ from .memory_budget import check_utilization
 from .model_runner import LaunchedTokens, ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
-                       TokenLogprob)
+                       TokenLogprob, merge_ready)
 from .request import Request
 from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -71,6 +71,15 @@ class EngineConfig:
     # None: on where forwards run asynchronously (GPUs); on a CPU the forward is the host's own work, so
     # there is nothing to overlap.
     overlap: bool | None = None
+    # Speculative decoding by prompt lookup (vLLM's "ngram" method): while one greedy request decodes
+    # alone, the tokens that followed the latest earlier occurrence of its last prompt_lookup_max ..
+    # prompt_lookup_min tokens (prompt and output) are a draft of up to this many tokens, checked in one
+    # forward (batch_verify); the drafted tokens the model picks itself are kept, with the token after
+    # them: the same tokens as without it, more of them a forward where text repeats. A request's drafts
+    # grow by two tokens after one kept whole and shrink by one after a miss. 0: off.
+    speculative_tokens: int = 0
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
 
 
 class Engine(ModelFront):
@@ -103,6 +112,8 @@ class Engine(ModelFront):
         self.overlap = config.overlap if config.overlap is not None else self.artifact.device != "cpu"
         self._ahead: _Launched | ScheduledBatch | None = None   # the next step, decided early (overlap)
         self._clock = _ForwardClock()
+        self._check_speculation(config)
+        self._drafted = self._accepted = 0                # speculative decoding's draft tokens, and kept ones
 
     # -- the serving step -------------------------------------------------------------
     def step(self) -> list[tuple[Request, StreamDelta]]:
@@ -114,8 +125,12 @@ class Engine(ModelFront):
             batch = self._schedule() if ahead is None else _live(ahead)
             if not batch.chunks:
                 return []
-            plan = self._device_plan(batch.chunks)
-            out = self._sampled_step(batch) if plan is None else self._take(self._launch(batch, *plan))
+            draft = self._draft(batch)
+            if draft and self.scheduler.pages.try_append(batch.chunks[0].seq.seq_id, len(draft)):
+                out = self._speculative_step(batch, draft)
+            else:
+                plan = self._device_plan(batch.chunks)
+                out = self._sampled_step(batch) if plan is None else self._take(self._launch(batch, *plan))
         for r, _ in out:
             if r.finished:
                 self._finish(r)
@@ -219,8 +234,69 @@ class Engine(ModelFront):
         batch = self._schedule()
         if not batch.chunks:
             return None
-        plan = self._device_plan(batch.chunks)
+        plan = None if self._draft(batch) else self._device_plan(batch.chunks)
         return batch if plan is None else self._launch(batch, *plan, lookahead=True)
+
+    # -- speculative decoding (prompt lookup) ------------------------------------------
+    def _check_speculation(self, config: EngineConfig) -> None:
+        k, lo, hi = config.speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
+        if k < 0 or not 1 <= lo <= hi:
+            raise ValueError(f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
+                             f"prompt_lookup_max (got {k}, {lo}, {hi})")
+        if not k:
+            return
+        if k + 1 > self.runner.prefill_chunk:
+            raise ValueError(f"speculative_tokens ({k}) + 1 is more than this artifact's prefill chunk "
+                             f"({self.runner.prefill_chunk}) checks in one forward; lower it")
+        if self.runner.window is not None:
+            raise ValueError("speculative decoding is not available for sliding-window artifacts (their KV cache "
+                             "cannot give back rejected draft tokens); leave speculative_tokens at 0")
+
+    def _draft(self, batch: ScheduledBatch) -> list[int]:
+        """A draft for the step, or [] where speculation does not apply: only a batch of one greedy,
+        plain decode (no logprobs, penalties, bias or grammar) that has room for more tokens."""
+        k = self.config.speculative_tokens
+        if not k or len(batch.chunks) != 1 or not batch.chunks[0].is_decode:
+            return []
+        c = batch.chunks[0]
+        r = self._requests.get(c.seq.seq_id)
+        if r is None or not r.params.greedy or not plain_sampling(r):
+            return []
+        k = min(r.draft_limit or k, r.remaining - 1, self.runner.context_window - c.end)
+        if k < 1:
+            return []
+        return prompt_lookup(c.seq.token_ids(0, c.end), k, self.config.prompt_lookup_min,
+                             self.config.prompt_lookup_max)
+
+    def _speculative_step(self, batch: ScheduledBatch, draft: list[int]) -> list[tuple[Request, StreamDelta]]:
+        """The decode's token and the draft in one forward (their pages already reserved); the draft's
+        tokens the model picks itself are taken, then the token it picks after them. The KV cache
+        and the page accounting give back what is not kept."""
+        c = batch.chunks[0]
+        seq, k = c.seq, len(draft)
+        r = self._requests[seq.seq_id]
+        self._clock.launch(lookahead=False)
+        picked = self.runner.verify_greedy(seq.seq_id, [*seq.token_ids(c.start, c.end), *draft]).tolist()
+        self._clock.ready()
+        kept = 0
+        while kept < k and picked[kept] == draft[kept]:
+            kept += 1
+        deltas = []
+        for token in [*draft[:kept], picked[kept]]:
+            deltas.append(r.append(token))
+            if r.finished:
+                break
+        unused = k + 1 - len(deltas)            # the cache holds the input and the draft; the newest token waits
+        self.runner.pop_tokens(seq.seq_id, unused)
+        self.scheduler.pages.pop(seq.seq_id, unused)
+        batch.chunks = [replace(c, end=c.start + len(deltas))]
+        self.scheduler.update(batch)
+        self._drafted += k
+        self._accepted += kept
+        # The next draft's length (transformers' assisted-generation heuristic): two more after a draft
+        # kept whole, one fewer after a miss, so text that does not repeat costs short drafts only.
+        r.draft_limit = min(self.config.speculative_tokens, k + 2) if kept == k else max(1, k - 1)
+        return [(r, d) for d in merge_ready(deltas)]
 
     def drain(self) -> None:
         """Wait for a forward launched ahead, still on the device (its tokens stay for the next step):
@@ -295,7 +371,7 @@ class Engine(ModelFront):
         Scheduler.stats."""
         c = self._clock
         return replace(self.scheduler.stats(), forwards=c.forwards, lookahead_forwards=c.lookahead,
-                       host_gap_seconds=c.gap_s)
+                       host_gap_seconds=c.gap_s, draft_tokens=self._drafted, accepted_draft_tokens=self._accepted)
 
     # -- the synchronous API (runs step() until its requests finish) -------------------
     def generate(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None):
@@ -419,6 +495,19 @@ class _ForwardClock:
     def idle(self) -> None:
         """No work left: the wait for the next request is not a gap."""
         self._ready_at = None
+
+
+def prompt_lookup(tokens: Seq[int], k: int, shortest: int, longest: int) -> list[int]:
+    """Up to k draft tokens: those that followed the latest earlier occurrence of the last n tokens,
+    for the largest n from `longest` down to `shortest` that occurs; [] if none does."""
+    ids = np.asarray(tokens)
+    for n in range(min(longest, len(ids) - 1), shortest - 1, -1):
+        starts = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)     # each n-gram with a token after it
+        hits = np.flatnonzero((starts == ids[-n:]).all(axis=1))
+        if len(hits):
+            at = int(hits[-1]) + n
+            return ids[at:at + k].tolist()
+    return []
 
 
 def _live(batch: ScheduledBatch) -> ScheduledBatch:

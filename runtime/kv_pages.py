@@ -131,6 +131,23 @@ class PageAccountant:
         self._tokens[seq_id] += num_new_tokens
         return True
 
+    def pop(self, seq_id: int, n: int) -> None:
+        """Drop a sequence's last `n` tokens (TVM PopN semantics: pages they alone filled become free;
+        speculative decoding gives back its rejected draft tokens). Only tokens in pages the sequence
+        holds alone may go."""
+        tokens = self.num_tokens(seq_id)
+        if not 0 <= n <= tokens:
+            raise RuntimeError(f"cannot pop {n} tokens from sequence {seq_id} of {tokens}")
+        pages = self._pages[seq_id]
+        keep = self.pages_needed(tokens - n)
+        if any(self._refs[page] > 1 for page in pages[keep:]):
+            raise RuntimeError(f"cannot pop {n} tokens from sequence {seq_id}: a page they leave is shared")
+        for page in pages[keep:]:
+            self._refs[page] = 0
+            self._free_ids.append(page)
+        del pages[keep:]
+        self._tokens[seq_id] = tokens - n
+
     def fork(self, parent_id: int, child_id: int, pos: int) -> None:
         """Make `child_id` hold the parent's first `pos` tokens (TVM ForkSequence semantics).
 

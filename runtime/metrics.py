@@ -103,6 +103,10 @@ class _EngineCollector(Collector):
         yield _counter("kiln_host_gap_seconds", "Host time from a forward's tokens coming back to the next "
                        "forward's launch, while work remained: what the device waits for between steps.",
                        s.host_gap_seconds)
+        yield _counter("kiln_spec_decode_draft_tokens", "Speculative decoding: draft tokens (prompt lookup) "
+                       "checked by the model.", s.draft_tokens)
+        yield _counter("kiln_spec_decode_accepted_tokens", "Speculative decoding: draft tokens kept (the "
+                       "model picked them itself).", s.accepted_draft_tokens)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -370,12 +370,28 @@ class ModelRunner:
 
     def verify(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one sequence and return the logits at every position [n, vocab]."""
+        return _to_host(self._verify(seq_id, tokens), wait=self.queues_work)[0]
+
+    def verify_greedy(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
+        """verify() that returns each position's greedy next token [n] (np.argmax of its logits),
+        picked on the device where the artifact can (only the tokens come back): a speculative step's
+        check of its draft."""
+        logits = self._verify(seq_id, tokens)                               # [1, n, vocab]
+        n, vocab = len(tokens), logits.shape[-1]
+        if not self.greedy_on_device or n > self.max_batch_size:            # greedy_tokens' planned rows
+            return np.argmax(_to_host(logits, wait=self.queues_work)[0], axis=1)
+        return LaunchedTokens(self._fn["greedy_tokens"](_view(logits, [n, 1, vocab])), self.queues_work).wait()
+
+    def _verify(self, seq_id: int, tokens: Sequence[int]):
         self._check_window([seq_id], [len(tokens)])
+        if len(tokens) > self.prefill_chunk:
+            raise ValueError(f"a forward of {len(tokens)} tokens exceeds the artifact's prefill chunk "
+                             f"({self.prefill_chunk})")
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(tokens)]))
         logits, _ = self._fn["batch_verify"](embeds, self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
-        return _to_host(logits, wait=self.queues_work)[0]
+        return logits                                                       # [1, n, vocab] on the device
 
     def last_hidden(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one (new) sequence, a prefill chunk at a time; the final hidden state of the

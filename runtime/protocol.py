@@ -304,3 +304,5 @@ class EngineStats:
     lookahead_forwards: int = 0       # of them launched before the previous one's tokens were shown (overlap)
     host_gap_seconds: float = 0.0     # the host's time from a forward's tokens coming back to the next launch,
                                       # summed over forwards launched while work remained (the device idles then)
+    draft_tokens: int = 0             # speculative decoding: draft tokens checked
+    accepted_draft_tokens: int = 0    # of them, kept (the model picked them itself)

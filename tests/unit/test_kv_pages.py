@@ -99,3 +99,29 @@ def test_can_fork_counts_only_the_unshared_pages():
     acc.append(2, 30)
     assert acc.free_pages == 0
     acc.check()
+
+
+def test_pop_gives_back_the_pages_the_last_tokens_alone_filled():
+    acc = PageAccountant(total_pages=10, page_size=16)
+    acc.allocate(1, 20)
+    acc.append(1, 13)                                     # 33 tokens, 3 pages
+    acc.pop(1, 2)                                         # 31: the third page is free again
+    assert (acc.num_tokens(1), acc.used_pages) == (31, 2)
+    acc.pop(1, 0)
+    acc.pop(1, 14)                                        # 17 tokens: still 2 pages
+    assert (acc.num_tokens(1), acc.used_pages) == (17, 2)
+    acc.check()
+    acc.allocate(2, 32)                                   # two full pages, shared by a child at 32
+    acc.fork(2, 3, 32)
+    acc.append(3, 5)                                      # its own third page
+    acc.pop(3, 5)
+    assert acc.used_pages == 4 and acc.num_tokens(3) == 32
+    with pytest.raises(RuntimeError, match="shared"):
+        acc.pop(3, 16)                                    # would leave a page its parent holds too
+    with pytest.raises(RuntimeError, match="cannot pop 40"):
+        acc.pop(3, 40)
+    acc.check()
+    for seq in (1, 2, 3):
+        acc.free(seq)
+    assert acc.free_pages == 10
+    acc.check()

@@ -1,0 +1,135 @@
+"""Speculative decoding by prompt lookup (EngineConfig.speculative_tokens): a lone greedy request's
+draft, the tokens that followed an earlier occurrence of its last n-gram, is checked in one forward
+(batch_verify) and the tokens the model picks itself are kept. It must never change what a request
+generates, and the KV pages a rejected draft took must come back (TVM's count agreeing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln import Engine, EngineConfig, SamplingParams
+from kiln.runtime.engine import prompt_lookup
+
+pytestmark = pytest.mark.numerics
+
+
+def test_prompt_lookup_takes_the_longest_latest_match():
+    assert prompt_lookup([1, 2, 3, 9, 2, 3, 7, 1, 2, 3], 2, 1, 4) == [9, 2]    # "1 2 3" beats the later "2 3"
+    assert prompt_lookup([5, 6, 1, 5, 6, 2, 5, 6], 3, 2, 4) == [2, 5, 6]      # the latest "5 6"
+    assert prompt_lookup([4, 4, 4, 4], 3, 1, 3) == [4]                        # overlapping runs
+    assert prompt_lookup([1, 2, 3, 4], 3, 2, 4) == []                         # nothing repeats
+    assert prompt_lookup([1, 2, 1], 3, 2, 4) == []                            # only a 1-gram, shortest is 2
+    assert prompt_lookup([7], 3, 1, 4) == []
+
+
+def _repeating_prompts() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    phrase = rng.integers(3, 500, size=9).tolist()
+    return [phrase * 3 + phrase[:4], rng.integers(3, 500, size=30).tolist(), [11, 12, 13] * 8]
+
+
+def _pages_back(engine: Engine) -> None:
+    sched = engine.scheduler
+    cached = set(sched.prefix_cache.seq_ids()) if sched.prefix_cache is not None else set()
+    assert set(sched.pages.seq_ids()) <= cached
+    assert engine.runner.free_pages() == sched.pages.free_pages
+    sched.pages.check()
+
+
+def _generate(artifact, prompts, params, **config):
+    engine = Engine(artifact, EngineConfig(**config))
+    outs = [engine.generate(p, params) for p in prompts]          # one at a time: a lone request decodes
+    _pages_back(engine)
+    return outs, engine.stats()
+
+
+@pytest.mark.parametrize("config", [dict(), dict(overlap=True), dict(enable_prefix_cache=False),
+                                    dict(speculative_tokens=9, prompt_lookup_min=1)],
+                         ids=["plain", "overlap", "no-prefix-cache", "long-drafts"])
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 60])
+def test_same_tokens_with_and_without_speculation(tiny_artifacts, config, max_tokens):
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    prompts = _repeating_prompts()
+    plain, _ = _generate(tiny_artifacts["tied"], prompts, params)
+    config = {"speculative_tokens": 4, **config}
+    spec, stats = _generate(tiny_artifacts["tied"], prompts, params, **config)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert [o.text for o in spec] == [o.text for o in plain]
+    assert all(o.finish_reason == "length" for o in spec)
+    if max_tokens == 60:                      # the tiny model falls into loops: drafts are found and kept
+        assert stats.accepted_draft_tokens > 0
+        assert stats.forwards < sum(len(o.token_ids) for o in spec) + len(prompts)
+    if max_tokens <= 2:                       # no room for a draft (the last token is always the model's own)
+        assert stats.draft_tokens == 0
+
+
+def test_a_stop_token_or_string_inside_a_kept_draft_ends_the_request_there(tiny_artifacts):
+    prompts = _repeating_prompts()
+    free_run = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    plain, _ = _generate(tiny_artifacts["tied"], prompts, free_run)
+    for out in plain:
+        stop_id = out.token_ids[30]
+        stop_text = out.text[len(out.text) // 2:][:6]
+        for params in (SamplingParams(max_tokens=60, temperature=0.0, stop_token_ids=(stop_id,), ignore_eos=True),
+                       SamplingParams(max_tokens=60, temperature=0.0, stop=(stop_text,), ignore_eos=True)):
+            want, _ = _generate(tiny_artifacts["tied"], [out.prompt_token_ids], params)
+            got, stats = _generate(tiny_artifacts["tied"], [out.prompt_token_ids], params, speculative_tokens=5,
+                                   prompt_lookup_min=1)
+            assert (got[0].token_ids, got[0].text, got[0].finish_reason) == \
+                   (want[0].token_ids, want[0].text, want[0].finish_reason)
+            assert got[0].finish_reason == "stop" and stats.accepted_draft_tokens > 0
+
+
+def test_only_a_lone_greedy_plain_request_speculates(tiny_artifacts):
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=4, prompt_lookup_min=1))
+    prompts = _repeating_prompts()
+    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    engine.generate(prompts[:2], greedy)                                   # two at once: a batch of two
+    engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.8, seed=1, ignore_eos=True))
+    engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, logprobs=True, ignore_eos=True))
+    engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=1.3,
+                                               ignore_eos=True))
+    before = engine.stats().forwards
+    assert engine.stats().draft_tokens == 0
+    engine.generate(prompts[0], greedy)
+    stats = engine.stats()
+    assert stats.draft_tokens > 0 and stats.forwards - before < 30
+    _pages_back(engine)
+
+
+def test_a_stream_closed_mid_way_gives_its_pages_back(tiny_artifacts):
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=6, prompt_lookup_min=1))
+    stream = engine.generate_stream(_repeating_prompts()[2], SamplingParams(max_tokens=80, temperature=0.0,
+                                                                            ignore_eos=True))
+    seen = sum(len(d.token_ids) for d, _ in zip(stream, range(5)))
+    stream.close()
+    assert seen > 5                          # kept drafts: more than a token a delta
+    _pages_back(engine)
+
+
+@pytest.mark.parametrize("config, match", [
+    (dict(speculative_tokens=-1), "speculative_tokens >= 0"),
+    (dict(speculative_tokens=2, prompt_lookup_min=3, prompt_lookup_max=2), "prompt_lookup_min <= prompt_lookup_max"),
+    (dict(speculative_tokens=100_000), "prefill chunk"),
+])
+def test_bad_speculation_settings_are_refused(tiny_artifacts, config, match):
+    with pytest.raises(ValueError, match=match):
+        Engine(tiny_artifacts["tied"], EngineConfig(**config))
+
+
+def test_smollm2_repeats_a_text_in_fewer_forwards_and_the_same_words(smollm2_artifact):
+    """The real model asked to repeat a text: the draft is the text itself."""
+    text = ("The kiln fires clay at high heat. Potters load it in the morning, close the door and raise the "
+            "temperature slowly, so that the pots do not crack.")
+    messages = [{"role": "user", "content": f"Repeat this text exactly:\n\n{text}"}]
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    outs, stats = {}, {}
+    for k in (0, 5):
+        engine = Engine(smollm2_artifact, EngineConfig(speculative_tokens=k))
+        outs[k] = engine.chat(messages, params)
+        stats[k] = engine.stats()
+        _pages_back(engine)
+    assert outs[5].token_ids == outs[0].token_ids and outs[5].text == outs[0].text
+    assert stats[5].accepted_draft_tokens >= len(outs[5].token_ids) // 2
+    assert stats[5].forwards < stats[0].forwards / 2
