@@ -738,6 +738,15 @@ def served(art: Path, streams: list[int], args) -> dict:
     return result
 
 
+def speculative(art: Path, args) -> dict:
+    """Speculative decoding by prompt lookup against plain decoding, task by task
+    (tools/bench_speculative.py): whether a batch_verify forward of k + 1 tokens costs about one decode
+    step on the GPU (on a CPU it costs 1.4x at 2 tokens and 2.3x at 6), i.e. which K to recommend."""
+    sys.path.insert(0, str(ROOT / "tools"))         # -P (the checks' own processes) leaves it out
+    from bench_speculative import measure
+    return measure(str(art), [3, 5], rounds=1 if args.quick else 2, max_tokens=32 if args.quick else 128)
+
+
 def serving_limits(art: Path) -> dict:
     """What an engine (`kiln serve`) takes from the machine by default, and its one-line refusal of
     more sequences than the artifact was compiled for."""
@@ -1256,6 +1265,7 @@ def run_all(args) -> dict:
                                             for b in ends})
         # `kiln serve` itself at as many streams, beside the rows above (tools/serve_load.py)
         step("smollm2 q4f16 served", 140, lambda: served(Path(q4["artifact"]), ends, args))
+        step("smollm2 q4f16 speculative", 45, lambda: speculative(Path(q4["artifact"]), args))
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
     step("low-batch variants", 90, lambda: apart(args, "variants", step.left() - 20))

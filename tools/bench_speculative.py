@@ -1,0 +1,117 @@
+"""Speculative decoding by prompt lookup against plain decoding, same artifact, same run.
+
+    python tools/bench_speculative.py                         # SmolLM2, compiled on first use for the CPU
+    python tools/bench_speculative.py ARTIFACT --tokens 3 5 8 --rounds 5
+
+For each task (repeat a text, fix a text's typos, edit code, an open question), the decode rate of a
+greedy chat reply, alternating an Engine without speculation and one per --tokens value, --rounds
+times: the median decode tok/s (the reply's tokens after the first over the time after the first
+token, so the prompt's prefill is left out), forwards per token, draft tokens checked and kept. Every
+engine must produce the same tokens as the plain one (checked; exactness is the point). One JSON line
+at the end with everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TEXT = ("The kiln fires clay at high heat. Potters load it in the morning, close the door and raise the "
+        "temperature slowly over many hours, so that the pots do not crack. When the firing ends the kiln "
+        "cools for a day before anyone opens it, and the glaze has turned to glass.")
+CODE = '''def mean(values):
+    total = 0
+    for v in values:
+        total += v
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    total = 0
+    for v in values:
+        total += (v - m) ** 2
+    return total / len(values)
+'''
+TASKS = {
+    "repeat": f"Repeat this text exactly, word for word:\n\n{TEXT}",
+    "fix typos": "Fix the typos in this text and return all of it:\n\n"
+                 + TEXT.replace("the ", "teh ", 3).replace("slowly", "slowy"),
+    "edit code": f"Rename the function `mean` to `average` everywhere in this code and return the whole code:\n\n{CODE}",
+    "open question": "Why is the sky blue? Answer in a few sentences.",
+}
+
+
+def measure(artifact: str, tokens: list[int], rounds: int = 3, max_tokens: int = 128) -> dict:
+    """Per task, per engine ("off" and each speculative_tokens value): median decode tok/s, forwards a
+    token, drafted and kept tokens; the plain engine's tokens are what every other must produce."""
+    from kiln import Engine, EngineConfig, SamplingParams
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    # One sequence and a small KV cache each: on a GPU an Engine would otherwise size its cache to most
+    # of the device's memory, and the second one would find none left.
+    small = dict(max_num_seqs=1, max_total_tokens=4096, enable_prefix_cache=False)
+    engines = {"off": Engine(artifact, EngineConfig(**small))}
+    for k in tokens:
+        engines[f"k={k}"] = Engine(artifact, EngineConfig(speculative_tokens=k, **small))
+    for engine in engines.values():                                   # warm-up: every kernel once
+        engine.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=8, temperature=0.0))
+    rows: dict[str, dict] = {}
+    for task, prompt in TASKS.items():
+        messages = [{"role": "user", "content": prompt}]
+        runs: dict[str, list] = {name: [] for name in engines}
+        want = None
+        for _ in range(rounds):
+            for name, engine in engines.items():                      # alternated: drift hits all alike
+                before = engine.stats()
+                start, first, ids = time.perf_counter(), None, []
+                for delta in engine.chat_stream(messages, params):
+                    first = first or time.perf_counter()
+                    ids += delta.token_ids
+                end, after = time.perf_counter(), engine.stats()
+                if want is None:
+                    want = ids
+                if ids != want:
+                    raise AssertionError(f"{task}: {name} produced other tokens than plain decoding")
+                runs[name].append({"tok_s": (len(ids) - 1) / max(end - first, 1e-9),   # after the prefill's
+                                   "forwards": after.forwards - before.forwards,
+                                   "drafted": after.draft_tokens - before.draft_tokens,
+                                   "kept": after.accepted_draft_tokens - before.accepted_draft_tokens,
+                                   "ttft_s": first - start})
+        rows[task] = {"tokens": len(want)}
+        for name, rs in runs.items():
+            rows[task][name] = {"decode_tok_s": round(statistics.median(r["tok_s"] for r in rs), 1),
+                                "forwards_per_token": round(rs[0]["forwards"] / len(want), 3),
+                                "drafted": rs[0]["drafted"], "kept": rs[0]["kept"]}
+        off = rows[task]["off"]["decode_tok_s"]
+        for name in engines:
+            rows[task][name]["x_off"] = round(rows[task][name]["decode_tok_s"] / off, 2)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", nargs="?", default="smollm2", help="an artifact, or a model compiled for the CPU")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[5], help="speculative_tokens values to measure [5]")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+    import kiln
+    artifact = args.model if kiln.is_artifact(args.model) else str(kiln.ensure_artifact(args.model))
+    rows = measure(artifact, args.tokens, args.rounds, args.max_tokens)
+    names = ["off", *(f"k={k}" for k in args.tokens)]
+    print(f"{'task':14} {'tokens':>6}  " + "  ".join(f"{n:>24}" for n in names))
+    for task, row in rows.items():
+        cells = [f"{row[n]['decode_tok_s']:7.1f} tok/s {row[n]['x_off']:4.2f}x "
+                 f"{row[n]['kept']:3d}/{row[n]['drafted']:<3d}" for n in names]
+        print(f"{task:14} {row['tokens']:6d}  " + "  ".join(f"{c:>24}" for c in cells))
+    print(json.dumps({"artifact": artifact, "rounds": args.rounds, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
