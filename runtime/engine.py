@@ -37,7 +37,7 @@ from .prefix_cache import PrefixCache
 from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
                        TokenLogprob, merge_ready)
 from .request import Request
-from .sampler import Sampler, device_params, plain_sampling
+from .sampler import Sampler, device_params, plain_sampling, probabilities
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
 
@@ -75,8 +75,10 @@ class EngineConfig:
     # alone, the tokens that followed the latest earlier occurrence of its last prompt_lookup_max ..
     # prompt_lookup_min tokens (prompt and output) are a draft of up to this many tokens, checked in one
     # forward (batch_verify); the drafted tokens the model picks itself are kept, with the token after
-    # them: the same tokens as without it, more of them a forward where text repeats. A request's drafts
-    # grow by two tokens after one kept whole and shrink by one after a miss. 0: off.
+    # them: the same tokens as without it, more of them a forward where text repeats. A sampled request
+    # keeps drafted tokens by speculative sampling (each token's distribution is sampling's own; the
+    # draws differ from a run without it). A request's drafts grow by two tokens after one kept whole
+    # and shrink by one after a miss. 0: off.
     speculative_tokens: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
@@ -253,14 +255,14 @@ class Engine(ModelFront):
                              "cannot give back rejected draft tokens); leave speculative_tokens at 0")
 
     def _draft(self, batch: ScheduledBatch) -> list[int]:
-        """A draft for the step, or [] where speculation does not apply: only a batch of one greedy,
-        plain decode (no logprobs, penalties, bias or grammar) that has room for more tokens."""
+        """A draft for the step, or [] where speculation does not apply: only a batch of one plain
+        decode (no logprobs, penalties, bias or grammar) that has room for more tokens."""
         k = self.config.speculative_tokens
         if not k or len(batch.chunks) != 1 or not batch.chunks[0].is_decode:
             return []
         c = batch.chunks[0]
         r = self._requests.get(c.seq.seq_id)
-        if r is None or not r.params.greedy or not plain_sampling(r):
+        if r is None or not plain_sampling(r):
             return []
         k = min(r.draft_limit or k, r.remaining - 1, self.runner.context_window - c.end)
         if k < 1:
@@ -275,14 +277,22 @@ class Engine(ModelFront):
         c = batch.chunks[0]
         seq, k = c.seq, len(draft)
         r = self._requests[seq.seq_id]
+        tokens = [*seq.token_ids(c.start, c.end), *draft]
         self._clock.launch(lookahead=False)
-        picked = self.runner.verify_greedy(seq.seq_id, [*seq.token_ids(c.start, c.end), *draft]).tolist()
-        self._clock.ready()
-        kept = 0
-        while kept < k and picked[kept] == draft[kept]:
-            kept += 1
+        if r.params.greedy:
+            picked = self.runner.verify_greedy(seq.seq_id, tokens).tolist()
+            self._clock.ready()
+            kept = 0
+            while kept < k and picked[kept] == draft[kept]:
+                kept += 1
+            taking = [*draft[:kept], picked[kept]]
+        else:
+            logits = self.runner.verify(seq.seq_id, tokens)
+            self._clock.ready()
+            taking = speculative_sample(logits, draft, r.params, r.rng)
+            kept = len(taking) - 1
         deltas = []
-        for token in [*draft[:kept], picked[kept]]:
+        for token in taking:
             deltas.append(r.append(token))
             if r.finished:
                 break
@@ -508,6 +518,32 @@ def prompt_lookup(tokens: Seq[int], k: int, shortest: int, longest: int) -> list
             at = int(hits[-1]) + n
             return ids[at:at + k].tolist()
     return []
+
+
+def speculative_sample(logits: np.ndarray, draft: list[int], params: SamplingParams,
+                       rng: np.random.Generator) -> list[int]:
+    """The tokens a sampled request takes from a checked draft (speculative sampling with a draft
+    that proposes each token with certainty): drafted token i is kept with the probability the
+    request's sampling gives it after the tokens before it; the first one not kept is replaced by a
+    draw from that distribution without it; if all are kept, one more is drawn after them. Each token
+    taken then has exactly the distribution sampling it alone would give. logits: [len(draft) + 1,
+    vocab] at the input token and each drafted one."""
+    def dist(i: int) -> np.ndarray:
+        return probabilities(logits[i], params.temperature, params.top_k, params.top_p, params.min_p)
+    for i, token in enumerate(draft):
+        p = dist(i)
+        if rng.random() < p[token]:
+            continue
+        p[token] = 0.0
+        return [*draft[:i], _draw_from(p, rng)]
+    return [*draft, _draw_from(dist(len(draft)), rng)]
+
+
+def _draw_from(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from unnormalised probabilities p (float64 [vocab], some positive)."""
+    cum = np.cumsum(p)
+    token = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+    return token if token < len(p) and p[token] > 0 else int(np.flatnonzero(p[:token])[-1])
 
 
 def _live(batch: ScheduledBatch) -> ScheduledBatch:

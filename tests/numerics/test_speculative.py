@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kiln import Engine, EngineConfig, SamplingParams
-from kiln.runtime.engine import prompt_lookup
+from kiln.runtime.engine import prompt_lookup, speculative_sample
+from kiln.runtime.sampler import probabilities
 
 pytestmark = pytest.mark.numerics
 
@@ -21,6 +22,26 @@ def test_prompt_lookup_takes_the_longest_latest_match():
     assert prompt_lookup([1, 2, 3, 4], 3, 2, 4) == []                         # nothing repeats
     assert prompt_lookup([1, 2, 1], 3, 2, 4) == []                            # only a 1-gram, shortest is 2
     assert prompt_lookup([7], 3, 1, 4) == []
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9), SamplingParams(temperature=1.3, top_p=0.9),
+                                    SamplingParams(temperature=0.7, top_k=3, min_p=0.05)],
+                         ids=["temperature", "top-p", "top-k-min-p"])
+def test_speculative_sampling_keeps_each_tokens_distribution(params):
+    """Monte Carlo over the rule itself: the first token taken has the first row's distribution, the
+    one after a kept first drafted token the second row's, the one after both the third row's."""
+    vocab, draft, n = 7, [2, 4], 20_000
+    logits = np.random.default_rng(5).normal(0, 1.5, size=(3, vocab)).astype(np.float32)
+    logits[0, 2] = logits[0].max() + 0.3                    # the drafted tokens are likely, not certain
+    logits[1, 4] = logits[1].max() + 0.3
+    want = [probabilities(row, params.temperature, params.top_k, params.top_p, params.min_p) for row in logits]
+    rng = np.random.default_rng(0)
+    runs = [speculative_sample(logits, draft, params, rng) for _ in range(n)]
+    assert all(1 <= len(r) <= 3 and r[:len(r) - 1] == draft[:len(r) - 1] for r in runs)
+    for i in range(3):                                      # the token at i, given the draft kept before it
+        got = np.bincount([r[i] for r in runs if len(r) > i], minlength=vocab)
+        assert got.sum() > 1_500
+        assert 0.5 * np.abs(got / got.sum() - want[i]).sum() < 0.03, (i, got / got.sum(), want[i])
 
 
 def _repeating_prompts() -> list[list[int]]:
@@ -44,24 +65,34 @@ def _generate(artifact, prompts, params, **config):
     return outs, engine.stats()
 
 
+@pytest.fixture(scope="module")
+def plain_60(tiny_artifacts):
+    return _generate(tiny_artifacts["tied"], _repeating_prompts(),
+                     SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))[0]
+
+
 @pytest.mark.parametrize("config", [dict(), dict(overlap=True), dict(enable_prefix_cache=False),
                                     dict(speculative_tokens=9, prompt_lookup_min=1)],
                          ids=["plain", "overlap", "no-prefix-cache", "long-drafts"])
-@pytest.mark.parametrize("max_tokens", [1, 2, 7, 60])
-def test_same_tokens_with_and_without_speculation(tiny_artifacts, config, max_tokens):
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    prompts = _repeating_prompts()
-    plain, _ = _generate(tiny_artifacts["tied"], prompts, params)
-    config = {"speculative_tokens": 4, **config}
-    spec, stats = _generate(tiny_artifacts["tied"], prompts, params, **config)
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    assert [o.text for o in spec] == [o.text for o in plain]
+def test_same_tokens_with_and_without_speculation(tiny_artifacts, plain_60, config):
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    spec, stats = _generate(tiny_artifacts["tied"], _repeating_prompts(), params, **{"speculative_tokens": 4, **config})
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain_60]
+    assert [o.text for o in spec] == [o.text for o in plain_60]
     assert all(o.finish_reason == "length" for o in spec)
-    if max_tokens == 60:                      # the tiny model falls into loops: drafts are found and kept
-        assert stats.accepted_draft_tokens > 0
-        assert stats.forwards < sum(len(o.token_ids) for o in spec) + len(prompts)
-    if max_tokens <= 2:                       # no room for a draft (the last token is always the model's own)
-        assert stats.draft_tokens == 0
+    assert stats.accepted_draft_tokens > 0                  # the tiny model falls into loops: drafts are kept
+    assert stats.forwards < sum(len(o.token_ids) for o in spec) + len(spec)
+
+
+def test_short_replies_are_the_same_and_leave_room_for_no_draft(tiny_artifacts):
+    """The last token is always the model's own: 1 or 2 tokens leave no room for a draft."""
+    for max_tokens in (1, 2, 7):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        plain, _ = _generate(tiny_artifacts["tied"], _repeating_prompts(), params)
+        spec, stats = _generate(tiny_artifacts["tied"], _repeating_prompts(), params, speculative_tokens=4,
+                                prompt_lookup_min=1)
+        assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+        assert (stats.draft_tokens == 0) == (max_tokens <= 2)
 
 
 def test_a_stop_token_or_string_inside_a_kept_draft_ends_the_request_there(tiny_artifacts):
@@ -81,12 +112,11 @@ def test_a_stop_token_or_string_inside_a_kept_draft_ends_the_request_there(tiny_
             assert got[0].finish_reason == "stop" and stats.accepted_draft_tokens > 0
 
 
-def test_only_a_lone_greedy_plain_request_speculates(tiny_artifacts):
+def test_only_a_lone_plain_request_speculates(tiny_artifacts):
     engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=4, prompt_lookup_min=1))
     prompts = _repeating_prompts()
     greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     engine.generate(prompts[:2], greedy)                                   # two at once: a batch of two
-    engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.8, seed=1, ignore_eos=True))
     engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, logprobs=True, ignore_eos=True))
     engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=1.3,
                                                ignore_eos=True))
@@ -95,6 +125,16 @@ def test_only_a_lone_greedy_plain_request_speculates(tiny_artifacts):
     engine.generate(prompts[0], greedy)
     stats = engine.stats()
     assert stats.draft_tokens > 0 and stats.forwards - before < 30
+    _pages_back(engine)
+
+
+def test_a_sampled_request_speculates_and_gives_its_pages_back(tiny_artifacts):
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=4, prompt_lookup_min=1))
+    params = SamplingParams(max_tokens=40, temperature=0.3, seed=3, ignore_eos=True)
+    out = engine.generate(_repeating_prompts()[0], params)
+    stats = engine.stats()
+    assert len(out.token_ids) == 40 and out.finish_reason == "length"
+    assert stats.accepted_draft_tokens > 0 and stats.forwards < 40
     _pages_back(engine)
 
 
