@@ -77,8 +77,8 @@ class EngineConfig:
     # forward (batch_verify); the drafted tokens the model picks itself are kept, with the token after
     # them: the same tokens as without it, more of them a forward where text repeats. A sampled request
     # keeps drafted tokens by speculative sampling (each token's distribution is sampling's own; the
-    # draws differ from a run without it). A request's drafts grow by two tokens after one kept whole
-    # and shrink by one after a miss. 0: off.
+    # draws differ from a run without it). A request's drafts grow after one kept whole, shrink after a
+    # miss, and pause after misses of one token (engine.Drafting). 0: off.
     speculative_tokens: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
@@ -264,7 +264,12 @@ class Engine(ModelFront):
         r = self._requests.get(c.seq.seq_id)
         if r is None or not plain_sampling(r):
             return []
-        k = min(r.draft_limit or k, r.remaining - 1, self.runner.context_window - c.end)
+        state = r.drafting
+        if state is not None:
+            if len(r.output_ids) < state.resume_at:
+                return []
+            k = state.limit
+        k = min(k, r.remaining - 1, self.runner.context_window - c.end)
         if k < 1:
             return []
         return prompt_lookup(c.seq.token_ids(0, c.end), k, self.config.prompt_lookup_min,
@@ -303,9 +308,7 @@ class Engine(ModelFront):
         self.scheduler.update(batch)
         self._drafted += k
         self._accepted += kept
-        # The next draft's length (transformers' assisted-generation heuristic): two more after a draft
-        # kept whole, one fewer after a miss, so text that does not repeat costs short drafts only.
-        r.draft_limit = min(self.config.speculative_tokens, k + 2) if kept == k else max(1, k - 1)
+        r.drafting = (r.drafting or Drafting(k)).after(k, kept, len(r.output_ids), self.config.speculative_tokens)
         return [(r, d) for d in merge_ready(deltas)]
 
     def drain(self) -> None:
@@ -505,6 +508,32 @@ class _ForwardClock:
     def idle(self) -> None:
         """No work left: the wait for the next request is not a gap."""
         self._ready_at = None
+
+
+@dataclass
+class Drafting:
+    """One request's speculative decoding: how long its next draft may be, and whether it pauses.
+
+    A draft kept whole lets the next be two tokens longer (transformers' assisted-generation
+    heuristic); one kept in part, one token longer than the part kept; one missed outright, one
+    token. A one-token draft missed outright pauses drafting for 1, 2, 4 ... 64 tokens (doubling while
+    the misses go on, back to 1 once a drafted token is kept), so text that does not repeat pays for
+    a checking forward only now and then."""
+
+    limit: int                   # the most tokens the next draft may have
+    resume_at: int = 0           # no draft before the reply has this many tokens
+    pause: int = 1               # the pause the next outright miss of a one-token draft sets
+
+    def after(self, drafted: int, kept: int, replied: int, most: int) -> Drafting:
+        """The state after a draft of `drafted` tokens of which `kept` were kept; the reply now has
+        `replied` tokens; `most` is EngineConfig.speculative_tokens."""
+        if kept == drafted:
+            return Drafting(min(most, drafted + 2))
+        if kept:
+            return Drafting(kept + 1)
+        if drafted > 1:
+            return Drafting(1, pause=self.pause)
+        return Drafting(1, resume_at=replied + self.pause, pause=min(2 * self.pause, 64))
 
 
 def prompt_lookup(tokens: Seq[int], k: int, shortest: int, longest: int) -> list[int]:

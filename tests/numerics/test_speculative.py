@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kiln import Engine, EngineConfig, SamplingParams
-from kiln.runtime.engine import prompt_lookup, speculative_sample
+from kiln.runtime.engine import Drafting, prompt_lookup, speculative_sample
 from kiln.runtime.sampler import probabilities
 
 pytestmark = pytest.mark.numerics
@@ -42,6 +42,26 @@ def test_speculative_sampling_keeps_each_tokens_distribution(params):
         got = np.bincount([r[i] for r in runs if len(r) > i], minlength=vocab)
         assert got.sum() > 1_500
         assert 0.5 * np.abs(got / got.sum() - want[i]).sum() < 0.03, (i, got / got.sum(), want[i])
+
+
+def test_drafts_grow_when_kept_shrink_when_missed_and_pause_after_misses():
+    s = Drafting(5)
+    s = s.after(5, 5, 10, most=6)
+    assert (s.limit, s.resume_at) == (6, 0)                 # kept whole: two longer, at most `most`
+    s = s.after(6, 2, 13, most=6)
+    assert s.limit == 3                                     # kept in part: one longer than the part
+    s = s.after(3, 0, 14, most=6)
+    assert (s.limit, s.resume_at) == (1, 0)                 # missed outright: one token
+    pauses = []
+    for replied in (15, 17, 20, 25):                        # one-token misses: pauses of 1, 2, 4, 8
+        s = s.after(1, 0, replied, most=6)
+        pauses.append(s.resume_at - replied)
+    assert pauses == [1, 2, 4, 8]
+    s = s.after(1, 1, 40, most=6)
+    assert (s.limit, s.resume_at, s.pause) == (3, 0, 1)     # a kept token ends the pauses
+    for _ in range(10):
+        s = s.after(1, 0, 50, most=6)
+    assert s.pause == 64
 
 
 def _repeating_prompts() -> list[list[int]]:
