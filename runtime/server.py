@@ -113,6 +113,11 @@ def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | 
                   f"drawn on the {'device' if info['samples_on_device'] else 'host'}", flush=True)
             if info["library_gemm_note"]:
                 print(info["library_gemm_note"], flush=True)
+            if args.engine.speculative_tokens:
+                c = args.engine
+                print(f"speculative decoding: drafts of up to {c.speculative_tokens} tokens by prompt lookup "
+                      f"({c.prompt_lookup_max}..{c.prompt_lookup_min}-grams) while one request decodes alone",
+                      flush=True)
             processes = f" ({args.api_processes} HTTP processes)" if args.api_processes > 1 else ""
             print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r}){processes}", flush=True)
         server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
