@@ -15,6 +15,10 @@ With overlap (on for GPUs) a step decides, and where the device picks the
 tokens launches, the next step between taking its tokens and showing them, so
 that detokenizing, stop strings and the callers' deltas run while the device
 computes.
+
+With speculative decoding on (EngineConfig.speculative_tokens), a step whose batch is one request's
+decode checks a draft found by prompt lookup in the same forward (batch_verify) and takes every
+drafted token the model picks itself, then the model's next one; the KV cache gives back the rest.
 """
 
 from __future__ import annotations
@@ -71,11 +75,11 @@ class EngineConfig:
     # None: on where forwards run asynchronously (GPUs); on a CPU the forward is the host's own work, so
     # there is nothing to overlap.
     overlap: bool | None = None
-    # Speculative decoding by prompt lookup (vLLM's "ngram" method): while one greedy request decodes
-    # alone, the tokens that followed the latest earlier occurrence of its last prompt_lookup_max ..
+    # Speculative decoding by prompt lookup (vLLM's "ngram" method): while one request decodes alone,
+    # the tokens that followed the latest earlier occurrence of its last prompt_lookup_max ..
     # prompt_lookup_min tokens (prompt and output) are a draft of up to this many tokens, checked in one
     # forward (batch_verify); the drafted tokens the model picks itself are kept, with the token after
-    # them: the same tokens as without it, more of them a forward where text repeats. A sampled request
+    # them: greedy decoding's tokens, more of them a forward where text repeats. A sampled request
     # keeps drafted tokens by speculative sampling (each token's distribution is sampling's own; the
     # draws differ from a run without it). A request's drafts grow after one kept whole, shrink after a
     # miss, and pause after misses of one token (engine.Drafting). 0: off.
@@ -308,7 +312,8 @@ class Engine(ModelFront):
         self.scheduler.update(batch)
         self._drafted += k
         self._accepted += kept
-        r.drafting = (r.drafting or Drafting(k)).after(k, kept, len(r.output_ids), self.config.speculative_tokens)
+        most = self.config.speculative_tokens
+        r.drafting = (r.drafting or Drafting(most)).after(k, kept, len(r.output_ids), most)
         return [(r, d) for d in merge_ready(deltas)]
 
     def drain(self) -> None:
@@ -528,7 +533,7 @@ class Drafting:
         """The state after a draft of `drafted` tokens of which `kept` were kept; the reply now has
         `replied` tokens; `most` is EngineConfig.speculative_tokens."""
         if kept == drafted:
-            return Drafting(min(most, drafted + 2))
+            return Drafting(min(most, max(self.limit, drafted + 2)))
         if kept:
             return Drafting(kept + 1)
         if drafted > 1:
