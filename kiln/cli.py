@@ -206,9 +206,9 @@ def _speculation_options(fn):
     fn = click.option("--prompt-lookup-min", default=2, show_default=True, type=click.IntRange(min=1),
                       help="speculative decoding: the shortest n-gram looked up")(fn)
     return click.option("--speculative-tokens", default=0, show_default=True, type=click.IntRange(min=0),
-                        help="speculative decoding by prompt lookup: while one greedy request decodes alone, "
-                             "check up to this many tokens that followed an earlier occurrence of its last "
-                             "tokens in one forward and keep those the model picks itself (the same text, "
+                        help="speculative decoding by prompt lookup: in a step of decodes, check up to this "
+                             "many tokens that followed an earlier occurrence of each request's last tokens in "
+                             "the same forward and keep those the model picks itself (greedy: the same text; "
                              "fewer forwards where text repeats: edits, quotes, code); 0 is off")(fn)
 
 

@@ -16,9 +16,9 @@ tokens launches, the next step between taking its tokens and showing them, so
 that detokenizing, stop strings and the callers' deltas run while the device
 computes.
 
-With speculative decoding on (EngineConfig.speculative_tokens), a step whose batch is one request's
-decode checks a draft found by prompt lookup in the same forward (batch_verify) and takes every
-drafted token the model picks itself, then the model's next one; the KV cache gives back the rest.
+With speculative decoding on (EngineConfig.speculative_tokens), a step of decodes checks each
+request's draft, found by prompt lookup, in the same forward and takes every drafted token the model
+picks itself, then the model's next one; the KV cache gives back the rest.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ class EngineConfig:
     # None: on where forwards run asynchronously (GPUs); on a CPU the forward is the host's own work, so
     # there is nothing to overlap.
     overlap: bool | None = None
-    # Speculative decoding by prompt lookup (vLLM's "ngram" method): while one request decodes alone,
+    # Speculative decoding by prompt lookup (vLLM's "ngram" method): in a step of decodes, for each request
     # the tokens that followed the latest earlier occurrence of its last prompt_lookup_max ..
     # prompt_lookup_min tokens (prompt and output) are a draft of up to this many tokens, checked in one
-    # forward (batch_verify); the drafted tokens the model picks itself are kept, with the token after
+    # forward with the step; the drafted tokens the model picks itself are kept, with the token after
     # them: greedy decoding's tokens, more of them a forward where text repeats. A sampled request
     # keeps drafted tokens by speculative sampling (each token's distribution is sampling's own; the
     # draws differ from a run without it). A request's drafts grow after one kept whole, shrink after a
@@ -131,9 +131,9 @@ class Engine(ModelFront):
             batch = self._schedule() if ahead is None else _live(ahead)
             if not batch.chunks:
                 return []
-            draft = self._draft(batch)
-            if draft and self.scheduler.pages.try_append(batch.chunks[0].seq.seq_id, len(draft)):
-                out = self._speculative_step(batch, draft)
+            drafts = self._drafts(batch)
+            if drafts and self._reserve(batch, drafts):
+                out = self._speculative_step(batch, drafts)
             else:
                 plan = self._device_plan(batch.chunks)
                 out = self._sampled_step(batch) if plan is None else self._take(self._launch(batch, *plan))
@@ -240,7 +240,7 @@ class Engine(ModelFront):
         batch = self._schedule()
         if not batch.chunks:
             return None
-        plan = None if self._draft(batch) else self._device_plan(batch.chunks)
+        plan = None if self._drafts(batch) else self._device_plan(batch.chunks)
         return batch if plan is None else self._launch(batch, *plan, lookahead=True)
 
     # -- speculative decoding (prompt lookup) ------------------------------------------
@@ -258,63 +258,80 @@ class Engine(ModelFront):
             raise ValueError("speculative decoding is not available for sliding-window artifacts (their KV cache "
                              "cannot give back rejected draft tokens); leave speculative_tokens at 0")
 
-    def _draft(self, batch: ScheduledBatch) -> list[int]:
-        """A draft for the step, or [] where speculation does not apply: only a batch of one plain
-        decode (no logprobs, penalties, bias or grammar) that has room for more tokens."""
+    def _drafts(self, batch: ScheduledBatch) -> list[list[int]] | None:
+        """Each chunk's draft ([] where none is found or its request pauses), or None where speculation
+        does not apply: it takes batches of decodes only, of plain requests (no logprobs, penalties,
+        bias or grammar), and at most as many rows in all as a forward returns (max_batch_size)."""
         k = self.config.speculative_tokens
-        if not k or len(batch.chunks) != 1 or not batch.chunks[0].is_decode:
-            return []
-        c = batch.chunks[0]
-        r = self._requests.get(c.seq.seq_id)
-        if r is None or not plain_sampling(r):
-            return []
-        state = r.drafting
-        if state is not None:
-            if len(r.output_ids) < state.resume_at:
-                return []
-            k = state.limit
-        k = min(k, r.remaining - 1, self.runner.context_window - c.end)
-        if k < 1:
-            return []
-        return prompt_lookup(c.seq.token_ids(0, c.end), k, self.config.prompt_lookup_min,
-                             self.config.prompt_lookup_max)
+        if not k or not all(c.is_decode for c in batch.chunks):
+            return None
+        requests = [self._requests.get(c.seq.seq_id) for c in batch.chunks]
+        if not all(r is not None and plain_sampling(r) for r in requests):
+            return None
+        rows = min(self.runner.max_batch_size, self.runner.prefill_chunk) - len(batch.chunks)  # beyond one a chunk
+        drafts = []
+        for c, r in zip(batch.chunks, requests):
+            state = r.drafting
+            if state is not None and len(r.output_ids) < state.resume_at:
+                drafts.append([])
+                continue
+            most = min(state.limit if state else k, r.remaining - 1, self.runner.context_window - c.end, rows)
+            draft = prompt_lookup(c.seq.token_ids(0, c.end), most, self.config.prompt_lookup_min,
+                                  self.config.prompt_lookup_max) if most > 0 else []
+            rows -= len(draft)
+            drafts.append(draft)
+        return drafts if any(drafts) else None
 
-    def _speculative_step(self, batch: ScheduledBatch, draft: list[int]) -> list[tuple[Request, StreamDelta]]:
-        """The decode's token and the draft in one forward (their pages already reserved); the draft's
-        tokens the model picks itself are taken, then the token it picks after them. The KV cache
-        and the page accounting give back what is not kept."""
-        c = batch.chunks[0]
-        seq, k = c.seq, len(draft)
-        r = self._requests[seq.seq_id]
-        tokens = [*seq.token_ids(c.start, c.end), *draft]
+    def _reserve(self, batch: ScheduledBatch, drafts: list[list[int]]) -> bool:
+        """The drafted tokens' KV pages, where free (a draft without them is dropped); False if none got any."""
+        for c, draft in zip(batch.chunks, drafts):
+            if draft and not self.scheduler.pages.try_append(c.seq.seq_id, len(draft)):
+                draft.clear()
+        return any(drafts)
+
+    def _speculative_step(self, batch: ScheduledBatch, drafts: list[list[int]]) -> list[tuple[Request, StreamDelta]]:
+        """Each decode's token and its draft in one forward (the drafts' pages already reserved); each
+        request takes the drafted tokens the model picks itself, then the token it picks after them
+        (greedy), or keeps drafted tokens by speculative sampling. The KV cache and the page accounting
+        give back what is not kept."""
+        chunks = batch.chunks
+        requests = [self._requests[c.seq.seq_id] for c in chunks]
+        greedy = all(r.params.greedy for r in requests)
         self._clock.launch(lookahead=False)
-        if r.params.greedy:
-            picked = self.runner.verify_greedy(seq.seq_id, tokens).tolist()
-            self._clock.ready()
-            kept = 0
-            while kept < k and picked[kept] == draft[kept]:
-                kept += 1
-            taking = [*draft[:kept], picked[kept]]
-        else:
-            logits = self.runner.verify(seq.seq_id, tokens)
-            self._clock.ready()
-            taking = speculative_sample(logits, draft, r.params, r.rng)
-            kept = len(taking) - 1
-        deltas = []
-        for token in taking:
-            deltas.append(r.append(token))
-            if r.finished:
-                break
-        unused = k + 1 - len(deltas)            # the cache holds the input and the draft; the newest token waits
-        self.runner.pop_tokens(seq.seq_id, unused)
-        self.scheduler.pages.pop(seq.seq_id, unused)
-        batch.chunks = [replace(c, end=c.start + len(deltas))]
+        out = self.runner.check_drafts([c.seq.seq_id for c in chunks],
+                                       [[*c.seq.token_ids(c.start, c.end), *d] for c, d in zip(chunks, drafts)],
+                                       greedy)           # greedy: each position's token; else its logits
+        self._clock.ready()
+        most, at, kept_chunks, shown = self.config.speculative_tokens, 0, [], []
+        for c, r, draft in zip(chunks, requests, drafts):
+            k, rows = len(draft), out[at:at + len(draft) + 1]
+            at += k + 1
+            if r.params.greedy:
+                picked = (rows if greedy else np.argmax(rows, axis=1)).tolist()
+                kept = 0
+                while kept < k and picked[kept] == draft[kept]:
+                    kept += 1
+                taking = [*draft[:kept], picked[kept]]
+            else:
+                taking = speculative_sample(rows, draft, r.params, r.rng)
+                kept = len(taking) - 1
+            deltas = []
+            for token in taking:
+                deltas.append(r.append(token))
+                if r.finished:
+                    break
+            unused = k + 1 - len(deltas)        # the cache holds the input and the draft; the newest token waits
+            self.runner.pop_tokens(c.seq.seq_id, unused)
+            self.scheduler.pages.pop(c.seq.seq_id, unused)
+            kept_chunks.append(replace(c, end=c.start + len(deltas)))
+            if k:
+                self._drafted += k
+                self._accepted += kept
+                r.drafting = (r.drafting or Drafting(most)).after(k, kept, len(r.output_ids), most)
+            shown += [(r, d) for d in merge_ready(deltas)]
+        batch.chunks = kept_chunks
         self.scheduler.update(batch)
-        self._drafted += k
-        self._accepted += kept
-        most = self.config.speculative_tokens
-        r.drafting = (r.drafting or Drafting(most)).after(k, kept, len(r.output_ids), most)
-        return [(r, d) for d in merge_ready(deltas)]
+        return shown
 
     def drain(self) -> None:
         """Wait for a forward launched ahead, still on the device (its tokens stay for the next step):

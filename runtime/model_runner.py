@@ -370,28 +370,30 @@ class ModelRunner:
 
     def verify(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one sequence and return the logits at every position [n, vocab]."""
-        return _to_host(self._verify(seq_id, tokens), wait=self.queues_work)[0]
-
-    def verify_greedy(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
-        """verify() that returns each position's greedy next token [n] (np.argmax of its logits),
-        picked on the device where the artifact can (only the tokens come back): a speculative step's
-        check of its draft."""
-        logits = self._verify(seq_id, tokens)                               # [1, n, vocab]
-        n, vocab = len(tokens), logits.shape[-1]
-        if not self.greedy_on_device or n > self.max_batch_size:            # greedy_tokens' planned rows
-            return np.argmax(_to_host(logits, wait=self.queues_work)[0], axis=1)
-        return LaunchedTokens(self._fn["greedy_tokens"](_view(logits, [n, 1, vocab])), self.queues_work).wait()
-
-    def _verify(self, seq_id: int, tokens: Sequence[int]):
         self._check_window([seq_id], [len(tokens)])
-        if len(tokens) > self.prefill_chunk:
-            raise ValueError(f"a forward of {len(tokens)} tokens exceeds the artifact's prefill chunk "
-                             f"({self.prefill_chunk})")
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(tokens)]))
         logits, _ = self._fn["batch_verify"](embeds, self.kv, self.params)
         _KV["kv_state_end_forward"](self.kv)
-        return logits                                                       # [1, n, vocab] on the device
+        return _to_host(logits, wait=self.queues_work)[0]
+
+    def check_drafts(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], greedy: bool) -> np.ndarray:
+        """One forward appending each sequence's tokens (its newest token, then a draft); at every
+        position, in order, the greedy next token [positions] (np.argmax of its logits: picked on the
+        device where the artifact can, so only the tokens come back) or, greedy False, the logits
+        [positions, vocab]: what a speculative step keeps of its drafts. At most max_batch_size
+        positions in all (the rows a forward returns)."""
+        self._check_forward(seq_ids, tokens)
+        n = sum(len(t) for t in tokens)
+        if n > self.max_batch_size:
+            raise ValueError(f"{n} positions' logits in one forward exceed the artifact's max batch size "
+                             f"({self.max_batch_size})")
+        logits, _ = self._forward_on_device(seq_ids, tokens, [True] * len(seq_ids))   # [1, n, vocab]
+        if greedy and self.greedy_on_device:
+            return LaunchedTokens(self._fn["greedy_tokens"](_view(logits, [n, 1, logits.shape[-1]])),
+                                  self.queues_work).wait()
+        rows = _to_host(logits, wait=self.queues_work)[0]
+        return np.argmax(rows, axis=1) if greedy else rows
 
     def last_hidden(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one (new) sequence, a prefill chunk at a time; the final hidden state of the

@@ -116,7 +116,7 @@ def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | 
             if args.engine.speculative_tokens:
                 c = args.engine
                 print(f"speculative decoding: drafts of up to {c.speculative_tokens} tokens by prompt lookup "
-                      f"({c.prompt_lookup_max}..{c.prompt_lookup_min}-grams) while one request decodes alone",
+                      f"({c.prompt_lookup_max}..{c.prompt_lookup_min}-grams) in steps of decodes",
                       flush=True)
             processes = f" ({args.api_processes} HTTP processes)" if args.api_processes > 1 else ""
             print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r}){processes}", flush=True)

@@ -1,7 +1,8 @@
-"""Speculative decoding by prompt lookup (EngineConfig.speculative_tokens): a lone greedy request's
-draft, the tokens that followed an earlier occurrence of its last n-gram, is checked in one forward
-(batch_verify) and the tokens the model picks itself are kept. It must never change what a request
-generates, and the KV pages a rejected draft took must come back (TVM's count agreeing)."""
+"""Speculative decoding by prompt lookup (EngineConfig.speculative_tokens): in a step of decodes,
+each request's draft, the tokens that followed an earlier occurrence of its last n-gram, is checked
+in the same forward and the tokens the model picks itself are kept. It must never change what a
+greedy request generates, a sampled token must keep sampling's distribution, and the KV pages a
+rejected draft took must come back (TVM's count agreeing)."""
 
 from __future__ import annotations
 
@@ -132,17 +133,47 @@ def test_a_stop_token_or_string_inside_a_kept_draft_ends_the_request_there(tiny_
             assert got[0].finish_reason == "stop" and stats.accepted_draft_tokens > 0
 
 
-def test_only_a_lone_plain_request_speculates(tiny_artifacts):
+def test_a_batch_of_decodes_speculates_and_keeps_its_tokens(tiny_artifacts, plain_60):
+    """Three greedy requests at once: each row's draft is checked in the same forward."""
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    for config in (dict(), dict(overlap=True), dict(max_num_seqs=2)):
+        plain = Engine(tiny_artifacts["tied"], EngineConfig(**config))
+        plain.generate(_repeating_prompts(), params)
+        engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=4, **config))
+        outs = engine.generate(_repeating_prompts(), params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain_60]
+        stats = engine.stats()
+        assert stats.accepted_draft_tokens > 0 and stats.forwards < plain.stats().forwards
+        _pages_back(engine)
+
+
+def test_a_batch_of_greedy_and_sampled_decodes(tiny_artifacts, plain_60):
     engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=4, prompt_lookup_min=1))
     prompts = _repeating_prompts()
-    greedy = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-    engine.generate(prompts[:2], greedy)                                   # two at once: a batch of two
+    greedy = engine.add_request(prompts[0], SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True))[0]
+    sampled = engine.add_request(prompts[2], SamplingParams(max_tokens=60, temperature=0.5, seed=2,
+                                                            ignore_eos=True))[0]
+    while not (greedy.finished and sampled.finished):
+        engine.step()
+    assert greedy.output_ids == plain_60[0].token_ids
+    assert len(sampled.output_ids) == 60 and engine.stats().accepted_draft_tokens > 0
+    _pages_back(engine)
+
+
+def test_only_plain_decodes_speculate(tiny_artifacts):
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=4, prompt_lookup_min=1))
+    prompts = _repeating_prompts()
     engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, logprobs=True, ignore_eos=True))
     engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=1.3,
                                                ignore_eos=True))
-    before = engine.stats().forwards
+    with_logprobs = engine.add_request(prompts[1], SamplingParams(max_tokens=30, temperature=0.0, logprobs=True,
+                                                                  ignore_eos=True))[0]
+    plain = engine.add_request(prompts[2], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))[0]
+    while not (with_logprobs.finished and plain.finished):   # a batch with a logprobs row: none speculates
+        engine.step()
     assert engine.stats().draft_tokens == 0
-    engine.generate(prompts[0], greedy)
+    before = engine.stats().forwards
+    engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))
     stats = engine.stats()
     assert stats.draft_tokens > 0 and stats.forwards - before < 30
     _pages_back(engine)
