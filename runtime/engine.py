@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -46,6 +46,12 @@ from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
 
 Prompt = str | Seq[int]
+
+
+# Speculative decoding drafts for steps of at most this many decodes: a step lasts as long as its
+# slowest row, and larger batches already share each read of the weights among their rows, so drafts
+# there mostly add compute (and a prompt lookup per request to the host's share of the step).
+SPECULATE_UP_TO = 8
 
 
 class EngineBusy(RuntimeError):
@@ -75,10 +81,10 @@ class EngineConfig:
     # None: on where forwards run asynchronously (GPUs); on a CPU the forward is the host's own work, so
     # there is nothing to overlap.
     overlap: bool | None = None
-    # Speculative decoding by prompt lookup (vLLM's "ngram" method): in a step of decodes, for each request
-    # the tokens that followed the latest earlier occurrence of its last prompt_lookup_max ..
-    # prompt_lookup_min tokens (prompt and output) are a draft of up to this many tokens, checked in one
-    # forward with the step; the drafted tokens the model picks itself are kept, with the token after
+    # Speculative decoding by prompt lookup (vLLM's "ngram" method): in a step of decodes (at most
+    # SPECULATE_UP_TO), for each request the tokens that followed the latest earlier occurrence of its
+    # last prompt_lookup_max .. prompt_lookup_min tokens (prompt and output) are a draft of up to this
+    # many tokens, checked in one forward with the step; the drafted tokens the model picks itself are kept, with the token after
     # them: greedy decoding's tokens, more of them a forward where text repeats. A sampled request
     # keeps drafted tokens by speculative sampling (each token's distribution is sampling's own; the
     # draws differ from a run without it). A request's drafts grow after one kept whole, shrink after a
@@ -260,10 +266,11 @@ class Engine(ModelFront):
 
     def _drafts(self, batch: ScheduledBatch) -> list[list[int]] | None:
         """Each chunk's draft ([] where none is found or its request pauses), or None where speculation
-        does not apply: it takes batches of decodes only, of plain requests (no logprobs, penalties,
-        bias or grammar), and at most as many rows in all as a forward returns (max_batch_size)."""
+        does not apply: it takes batches of at most SPECULATE_UP_TO decodes only, of plain requests (no
+        logprobs, penalties, bias or grammar), and at most as many rows in all as a forward returns
+        (max_batch_size)."""
         k = self.config.speculative_tokens
-        if not k or not all(c.is_decode for c in batch.chunks):
+        if not k or len(batch.chunks) > SPECULATE_UP_TO or not all(c.is_decode for c in batch.chunks):
             return None
         requests = [self._requests.get(c.seq.seq_id) for c in batch.chunks]
         if not all(r is not None and plain_sampling(r) for r in requests):
@@ -271,12 +278,12 @@ class Engine(ModelFront):
         rows = min(self.runner.max_batch_size, self.runner.prefill_chunk) - len(batch.chunks)  # beyond one a chunk
         drafts = []
         for c, r in zip(batch.chunks, requests):
-            state = r.drafting
-            if state is not None and len(r.output_ids) < state.resume_at:
+            state = r.drafting = r.drafting or Drafting(k)
+            if len(r.output_ids) < state.resume_at:
                 drafts.append([])
                 continue
-            most = min(state.limit if state else k, r.remaining - 1, self.runner.context_window - c.end, rows)
-            draft = prompt_lookup(c.seq.token_ids(0, c.end), most, self.config.prompt_lookup_min,
+            most = min(state.limit, r.remaining - 1, self.runner.context_window - c.end, rows)
+            draft = prompt_lookup(state.tokens(c.seq), most, self.config.prompt_lookup_min,
                                   self.config.prompt_lookup_max) if most > 0 else []
             rows -= len(draft)
             drafts.append(draft)
@@ -327,7 +334,7 @@ class Engine(ModelFront):
             if k:
                 self._drafted += k
                 self._accepted += kept
-                r.drafting = (r.drafting or Drafting(most)).after(k, kept, len(r.output_ids), most)
+                r.drafting.after(k, kept, len(r.output_ids), most)
             shown += [(r, d) for d in merge_ready(deltas)]
         batch.chunks = kept_chunks
         self.scheduler.update(batch)
@@ -534,7 +541,8 @@ class _ForwardClock:
 
 @dataclass
 class Drafting:
-    """One request's speculative decoding: how long its next draft may be, and whether it pauses.
+    """One request's speculative decoding: how long its next draft may be, whether it pauses, and its
+    tokens as an array (extended as they come, for the prompt lookup).
 
     A draft kept whole lets the next be two tokens longer (transformers' assisted-generation
     heuristic); one kept in part, one token longer than the part kept; one missed outright, one
@@ -545,30 +553,52 @@ class Drafting:
     limit: int                   # the most tokens the next draft may have
     resume_at: int = 0           # no draft before the reply has this many tokens
     pause: int = 1               # the pause the next outright miss of a one-token draft sets
+    _ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
+    _known: int = 0              # tokens of _ids filled
 
-    def after(self, drafted: int, kept: int, replied: int, most: int) -> Drafting:
-        """The state after a draft of `drafted` tokens of which `kept` were kept; the reply now has
+    def tokens(self, seq: Sequence) -> np.ndarray:
+        """seq's prompt and output tokens; only those new since the last call are copied."""
+        n = seq.num_tokens
+        if n > len(self._ids):
+            grown = np.empty(max(n, 2 * len(self._ids)), np.int64)
+            grown[:self._known] = self._ids[:self._known]
+            self._ids = grown
+        if n > self._known:
+            self._ids[self._known:n] = seq.token_ids(self._known, n)
+            self._known = n
+        return self._ids[:n]
+
+    def after(self, drafted: int, kept: int, replied: int, most: int) -> None:
+        """Update after a draft of `drafted` tokens of which `kept` were kept; the reply now has
         `replied` tokens; `most` is EngineConfig.speculative_tokens."""
         if kept == drafted:
-            return Drafting(min(most, max(self.limit, drafted + 2)))
-        if kept:
-            return Drafting(kept + 1)
-        if drafted > 1:
-            return Drafting(1, pause=self.pause)
-        return Drafting(1, resume_at=replied + self.pause, pause=min(2 * self.pause, 64))
+            self.limit, self.pause = min(most, max(self.limit, drafted + 2)), 1
+        elif kept:
+            self.limit, self.pause = kept + 1, 1
+        elif drafted > 1:
+            self.limit = 1
+        else:
+            self.limit, self.resume_at, self.pause = 1, replied + self.pause, min(2 * self.pause, 64)
 
 
-def prompt_lookup(tokens: Seq[int], k: int, shortest: int, longest: int) -> list[int]:
+def prompt_lookup(tokens: Seq[int] | np.ndarray, k: int, shortest: int, longest: int) -> list[int]:
     """Up to k draft tokens: those that followed the latest earlier occurrence of the last n tokens,
-    for the largest n from `longest` down to `shortest` that occurs; [] if none does."""
+    for the largest n from `longest` down to `shortest` that occurs; [] if none does. One pass over
+    the tokens for the places the last token occurred, then at most `longest` over those places."""
     ids = np.asarray(tokens)
-    for n in range(min(longest, len(ids) - 1), shortest - 1, -1):
-        starts = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)     # each n-gram with a token after it
-        hits = np.flatnonzero((starts == ids[-n:]).all(axis=1))
-        if len(hits):
-            at = int(hits[-1]) + n
-            return ids[at:at + k].tolist()
-    return []
+    if len(ids) < 2:
+        return []
+    ends = np.flatnonzero(ids[:-1] == ids[-1])              # where an earlier n-gram could end
+    length = np.ones(len(ends), np.int64)                   # how far back each matches, up to longest
+    alive = np.ones(len(ends), bool)
+    for n in range(1, min(longest, len(ids) - 1)):
+        alive &= ends >= n
+        alive[alive] = ids[ends[alive] - n] == ids[-1 - n]
+        length += alive
+    if not len(ends) or length.max() < shortest:
+        return []
+    end = int(ends[np.flatnonzero(length == length.max())[-1]]) + 1
+    return ids[end:end + k].tolist()
 
 
 def speculative_sample(logits: np.ndarray, draft: list[int], params: SamplingParams,

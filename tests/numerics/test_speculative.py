@@ -47,22 +47,33 @@ def test_speculative_sampling_keeps_each_tokens_distribution(params):
 
 def test_drafts_grow_when_kept_shrink_when_missed_and_pause_after_misses():
     s = Drafting(5)
-    s = s.after(5, 5, 10, most=6)
+    s.after(5, 5, 10, most=6)
     assert (s.limit, s.resume_at) == (6, 0)                 # kept whole: two longer, at most `most`
-    s = s.after(6, 2, 13, most=6)
+    s.after(6, 2, 13, most=6)
     assert s.limit == 3                                     # kept in part: one longer than the part
-    s = s.after(3, 0, 14, most=6)
+    s.after(3, 0, 14, most=6)
     assert (s.limit, s.resume_at) == (1, 0)                 # missed outright: one token
     pauses = []
     for replied in (15, 17, 20, 25):                        # one-token misses: pauses of 1, 2, 4, 8
-        s = s.after(1, 0, replied, most=6)
+        s.after(1, 0, replied, most=6)
         pauses.append(s.resume_at - replied)
     assert pauses == [1, 2, 4, 8]
-    s = s.after(1, 1, 40, most=6)
-    assert (s.limit, s.resume_at, s.pause) == (3, 0, 1)     # a kept token ends the pauses
+    s.after(1, 1, 40, most=6)
+    assert (s.limit, s.pause) == (3, 1)                     # a kept token ends the pauses
     for _ in range(10):
-        s = s.after(1, 0, 50, most=6)
+        s.after(1, 0, 50, most=6)
     assert s.pause == 64
+
+
+def test_a_requests_tokens_are_copied_once():
+    from kiln.runtime.sequence import Sequence
+    seq = Sequence(seq_id=0, prompt_ids=[1, 2, 3], max_tokens=10)
+    state = Drafting(4)
+    assert state.tokens(seq).tolist() == [1, 2, 3]
+    seq.output_ids += [4, 5]
+    assert state.tokens(seq).tolist() == [1, 2, 3, 4, 5]
+    seq.output_ids += list(range(6, 20))
+    assert state.tokens(seq).tolist() == list(range(1, 20))
 
 
 def _repeating_prompts() -> list[list[int]]:
