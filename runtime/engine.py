@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence as Seq
 
@@ -39,19 +39,14 @@ from .memory_budget import check_utilization
 from .model_runner import LaunchedTokens, ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
-                       TokenLogprob, merge_ready)
+                       TokenLogprob)
 from .request import Request
-from .sampler import Sampler, device_params, plain_sampling, probabilities
+from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
+from .speculative import Speculator
 
 Prompt = str | Seq[int]
-
-
-# Speculative decoding drafts for steps of at most this many decodes: a step lasts as long as its
-# slowest row, and larger batches already share each read of the weights among their rows, so drafts
-# there mostly add compute (and a prompt lookup per request to the host's share of the step).
-SPECULATE_UP_TO = 8
 
 
 class EngineBusy(RuntimeError):
@@ -88,7 +83,7 @@ class EngineConfig:
     # them: greedy decoding's tokens, more of them a forward where text repeats. A sampled request
     # keeps drafted tokens by speculative sampling (each token's distribution is sampling's own; the
     # draws differ from a run without it). A request's drafts grow after one kept whole, shrink after a
-    # miss, and pause after misses of one token (engine.Drafting). 0: off.
+    # miss, and pause after misses of one token (speculative.Drafting). 0: off.
     speculative_tokens: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
@@ -124,8 +119,8 @@ class Engine(ModelFront):
         self.overlap = config.overlap if config.overlap is not None else self.artifact.device != "cpu"
         self._ahead: _Launched | ScheduledBatch | None = None   # the next step, decided early (overlap)
         self._clock = _ForwardClock()
-        self._check_speculation(config)
-        self._drafted = self._accepted = 0                # speculative decoding's draft tokens, and kept ones
+        self.speculator = Speculator(config.speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
+                                     self.runner, self.scheduler.pages)
 
     # -- the serving step -------------------------------------------------------------
     def step(self) -> list[tuple[Request, StreamDelta]]:
@@ -138,7 +133,7 @@ class Engine(ModelFront):
             if not batch.chunks:
                 return []
             drafts = self._drafts(batch)
-            if drafts and self._reserve(batch, drafts):
+            if drafts and self.speculator.reserve(batch.chunks, drafts):
                 out = self._speculative_step(batch, drafts)
             else:
                 plan = self._device_plan(batch.chunks)
@@ -249,94 +244,18 @@ class Engine(ModelFront):
         plan = None if self._drafts(batch) else self._device_plan(batch.chunks)
         return batch if plan is None else self._launch(batch, *plan, lookahead=True)
 
-    # -- speculative decoding (prompt lookup) ------------------------------------------
-    def _check_speculation(self, config: EngineConfig) -> None:
-        k, lo, hi = config.speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max
-        if k < 0 or not 1 <= lo <= hi:
-            raise ValueError(f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
-                             f"prompt_lookup_max (got {k}, {lo}, {hi})")
-        if not k:
-            return
-        if k + 1 > self.runner.prefill_chunk:
-            raise ValueError(f"speculative_tokens ({k}) + 1 is more than this artifact's prefill chunk "
-                             f"({self.runner.prefill_chunk}) checks in one forward; lower it")
-        if self.runner.window is not None:
-            raise ValueError("speculative decoding is not available for sliding-window artifacts (their KV cache "
-                             "cannot give back rejected draft tokens); leave speculative_tokens at 0")
-
+    # -- speculative decoding (runtime/speculative.py) -------------------------------------
     def _drafts(self, batch: ScheduledBatch) -> list[list[int]] | None:
-        """Each chunk's draft ([] where none is found or its request pauses), or None where speculation
-        does not apply: it takes batches of at most SPECULATE_UP_TO decodes only, of plain requests (no
-        logprobs, penalties, bias or grammar), and at most as many rows in all as a forward returns
-        (max_batch_size)."""
-        k = self.config.speculative_tokens
-        if not k or len(batch.chunks) > SPECULATE_UP_TO or not all(c.is_decode for c in batch.chunks):
-            return None
-        requests = [self._requests.get(c.seq.seq_id) for c in batch.chunks]
-        if not all(r is not None and plain_sampling(r) for r in requests):
-            return None
-        rows = min(self.runner.max_batch_size, self.runner.prefill_chunk) - len(batch.chunks)  # beyond one a chunk
-        drafts = []
-        for c, r in zip(batch.chunks, requests):
-            state = r.drafting = r.drafting or Drafting(k)
-            if len(r.output_ids) < state.resume_at:
-                drafts.append([])
-                continue
-            most = min(state.limit, r.remaining - 1, self.runner.context_window - c.end, rows)
-            draft = prompt_lookup(state.tokens(c.seq), most, self.config.prompt_lookup_min,
-                                  self.config.prompt_lookup_max) if most > 0 else []
-            rows -= len(draft)
-            drafts.append(draft)
-        return drafts if any(drafts) else None
-
-    def _reserve(self, batch: ScheduledBatch, drafts: list[list[int]]) -> bool:
-        """The drafted tokens' KV pages, where free (a draft without them is dropped); False if none got any."""
-        for c, draft in zip(batch.chunks, drafts):
-            if draft and not self.scheduler.pages.try_append(c.seq.seq_id, len(draft)):
-                draft.clear()
-        return any(drafts)
+        return self.speculator.drafts(batch.chunks, [self._requests.get(c.seq.seq_id) for c in batch.chunks])
 
     def _speculative_step(self, batch: ScheduledBatch, drafts: list[list[int]]) -> list[tuple[Request, StreamDelta]]:
-        """Each decode's token and its draft in one forward (the drafts' pages already reserved); each
-        request takes the drafted tokens the model picks itself, then the token it picks after them
-        (greedy), or keeps drafted tokens by speculative sampling. The KV cache and the page accounting
-        give back what is not kept."""
-        chunks = batch.chunks
-        requests = [self._requests[c.seq.seq_id] for c in chunks]
-        greedy = all(r.params.greedy for r in requests)
+        """Each decode's token and its draft (their pages reserved) in one forward; each request takes
+        what the Speculator keeps of its draft, and the scheduler counts what is in the cache now."""
+        requests = [self._requests[c.seq.seq_id] for c in batch.chunks]
         self._clock.launch(lookahead=False)
-        out = self.runner.check_drafts([c.seq.seq_id for c in chunks],
-                                       [[*c.seq.token_ids(c.start, c.end), *d] for c, d in zip(chunks, drafts)],
-                                       greedy)           # greedy: each position's token; else its logits
+        checked = self.speculator.check(batch.chunks, requests, drafts)
         self._clock.ready()
-        most, at, kept_chunks, shown = self.config.speculative_tokens, 0, [], []
-        for c, r, draft in zip(chunks, requests, drafts):
-            k, rows = len(draft), out[at:at + len(draft) + 1]
-            at += k + 1
-            if r.params.greedy:
-                picked = (rows if greedy else np.argmax(rows, axis=1)).tolist()
-                kept = 0
-                while kept < k and picked[kept] == draft[kept]:
-                    kept += 1
-                taking = [*draft[:kept], picked[kept]]
-            else:
-                taking = speculative_sample(rows, draft, r.params, r.rng)
-                kept = len(taking) - 1
-            deltas = []
-            for token in taking:
-                deltas.append(r.append(token))
-                if r.finished:
-                    break
-            unused = k + 1 - len(deltas)        # the cache holds the input and the draft; the newest token waits
-            self.runner.pop_tokens(c.seq.seq_id, unused)
-            self.scheduler.pages.pop(c.seq.seq_id, unused)
-            kept_chunks.append(replace(c, end=c.start + len(deltas)))
-            if k:
-                self._drafted += k
-                self._accepted += kept
-                r.drafting.after(k, kept, len(r.output_ids), most)
-            shown += [(r, d) for d in merge_ready(deltas)]
-        batch.chunks = kept_chunks
+        batch.chunks, shown = self.speculator.take(batch.chunks, requests, drafts, checked)
         self.scheduler.update(batch)
         return shown
 
@@ -413,7 +332,8 @@ class Engine(ModelFront):
         Scheduler.stats."""
         c = self._clock
         return replace(self.scheduler.stats(), forwards=c.forwards, lookahead_forwards=c.lookahead,
-                       host_gap_seconds=c.gap_s, draft_tokens=self._drafted, accepted_draft_tokens=self._accepted)
+                       host_gap_seconds=c.gap_s, draft_tokens=self.speculator.drafted,
+                       accepted_draft_tokens=self.speculator.accepted)
 
     # -- the synchronous API (runs step() until its requests finish) -------------------
     def generate(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None):
@@ -537,94 +457,6 @@ class _ForwardClock:
     def idle(self) -> None:
         """No work left: the wait for the next request is not a gap."""
         self._ready_at = None
-
-
-@dataclass
-class Drafting:
-    """One request's speculative decoding: how long its next draft may be, whether it pauses, and its
-    tokens as an array (extended as they come, for the prompt lookup).
-
-    A draft kept whole lets the next be two tokens longer (transformers' assisted-generation
-    heuristic); one kept in part, one token longer than the part kept; one missed outright, one
-    token. A one-token draft missed outright pauses drafting for 1, 2, 4 ... 64 tokens (doubling while
-    the misses go on, back to 1 once a drafted token is kept), so text that does not repeat pays for
-    a checking forward only now and then."""
-
-    limit: int                   # the most tokens the next draft may have
-    resume_at: int = 0           # no draft before the reply has this many tokens
-    pause: int = 1               # the pause the next outright miss of a one-token draft sets
-    _ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
-    _known: int = 0              # tokens of _ids filled
-
-    def tokens(self, seq: Sequence) -> np.ndarray:
-        """seq's prompt and output tokens; only those new since the last call are copied."""
-        n = seq.num_tokens
-        if n > len(self._ids):
-            grown = np.empty(max(n, 2 * len(self._ids)), np.int64)
-            grown[:self._known] = self._ids[:self._known]
-            self._ids = grown
-        if n > self._known:
-            self._ids[self._known:n] = seq.token_ids(self._known, n)
-            self._known = n
-        return self._ids[:n]
-
-    def after(self, drafted: int, kept: int, replied: int, most: int) -> None:
-        """Update after a draft of `drafted` tokens of which `kept` were kept; the reply now has
-        `replied` tokens; `most` is EngineConfig.speculative_tokens."""
-        if kept == drafted:
-            self.limit, self.pause = min(most, max(self.limit, drafted + 2)), 1
-        elif kept:
-            self.limit, self.pause = kept + 1, 1
-        elif drafted > 1:
-            self.limit = 1
-        else:
-            self.limit, self.resume_at, self.pause = 1, replied + self.pause, min(2 * self.pause, 64)
-
-
-def prompt_lookup(tokens: Seq[int] | np.ndarray, k: int, shortest: int, longest: int) -> list[int]:
-    """Up to k draft tokens: those that followed the latest earlier occurrence of the last n tokens,
-    for the largest n from `longest` down to `shortest` that occurs; [] if none does. One pass over
-    the tokens for the places the last token occurred, then at most `longest` over those places."""
-    ids = np.asarray(tokens)
-    if len(ids) < 2:
-        return []
-    ends = np.flatnonzero(ids[:-1] == ids[-1])              # where an earlier n-gram could end
-    length = np.ones(len(ends), np.int64)                   # how far back each matches, up to longest
-    alive = np.ones(len(ends), bool)
-    for n in range(1, min(longest, len(ids) - 1)):
-        alive &= ends >= n
-        alive[alive] = ids[ends[alive] - n] == ids[-1 - n]
-        length += alive
-    if not len(ends) or length.max() < shortest:
-        return []
-    end = int(ends[np.flatnonzero(length == length.max())[-1]]) + 1
-    return ids[end:end + k].tolist()
-
-
-def speculative_sample(logits: np.ndarray, draft: list[int], params: SamplingParams,
-                       rng: np.random.Generator) -> list[int]:
-    """The tokens a sampled request takes from a checked draft (speculative sampling with a draft
-    that proposes each token with certainty): drafted token i is kept with the probability the
-    request's sampling gives it after the tokens before it; the first one not kept is replaced by a
-    draw from that distribution without it; if all are kept, one more is drawn after them. Each token
-    taken then has exactly the distribution sampling it alone would give. logits: [len(draft) + 1,
-    vocab] at the input token and each drafted one."""
-    def dist(i: int) -> np.ndarray:
-        return probabilities(logits[i], params.temperature, params.top_k, params.top_p, params.min_p)
-    for i, token in enumerate(draft):
-        p = dist(i)
-        if rng.random() < p[token]:
-            continue
-        p[token] = 0.0
-        return [*draft[:i], _draw_from(p, rng)]
-    return [*draft, _draw_from(dist(len(draft)), rng)]
-
-
-def _draw_from(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One token from unnormalised probabilities p (float64 [vocab], some positive)."""
-    cum = np.cumsum(p)
-    token = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
-    return token if token < len(p) and p[token] > 0 else int(np.flatnonzero(p[:token])[-1])
 
 
 def _live(batch: ScheduledBatch) -> ScheduledBatch:

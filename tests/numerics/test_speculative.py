@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kiln import Engine, EngineConfig, SamplingParams
-from kiln.runtime.engine import Drafting, prompt_lookup, speculative_sample
+from kiln.runtime.speculative import Drafting, prompt_lookup, speculative_sample
 from kiln.runtime.sampler import probabilities
 
 pytestmark = pytest.mark.numerics
