@@ -31,7 +31,7 @@ class Request:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None   # per prompt token (None for the first)
-    drafting: object | None = None      # speculative decoding's state for it (engine.Drafting)
+    drafting: object | None = None      # speculative decoding's state for it (speculative.Drafting)
     _rng_seed_offset: int = field(default=0, repr=False)
     _first_sent: bool = field(default=False, repr=False)
     _taken: tuple = field(default=(None, None), repr=False)     # (token, logprob) take() recorded for show()
