@@ -303,7 +303,7 @@ GPU_TESTS = "tests/numerics/test_cuda_variants.py"
 # whole-preset comparisons (a compile of each CUDA preset) and the other families last: a run cut
 # short has the first.
 GPU_TEST_ORDER = ("mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
-                  "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens", "row_branches",
+                  "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens", "speculative", "row_branches",
                   "preset_matches", "family_matches")
 
 

@@ -271,6 +271,30 @@ def test_cuda_sample_tokens_draw_the_samplers_tokens(tiny_dirs, tmp_path):
     assert runs[True] == runs[False]
 
 
+def speculation_keeps_greedy_tokens(art) -> None:
+    """An engine with speculative decoding (drafts checked by batch_prefill over every position, the
+    tokens picked by greedy_tokens) gives plain decoding's greedy tokens, one request at a time and
+    three at once, and every KV page comes back (test_speculative.py checks the same on the CPU)."""
+    from kiln.runtime import Engine, EngineConfig, SamplingParams
+    phrase = list(range(40, 49))
+    prompts = [phrase * 3 + phrase[:4], [11, 12, 13] * 8, list(range(100, 130))]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = Engine(art, EngineConfig(max_num_seqs=4, max_total_tokens=4096))
+    spec = Engine(art, EngineConfig(max_num_seqs=4, max_total_tokens=4096, speculative_tokens=5,
+                                    prompt_lookup_min=1))
+    want = [plain.generate(p, params).token_ids for p in prompts]
+    assert [spec.generate(p, params).token_ids for p in prompts] == want
+    assert [o.token_ids for o in spec.generate(prompts, params)] == want
+    assert spec.stats().accepted_draft_tokens > 0
+    assert spec.runner.free_pages() == spec.scheduler.pages.free_pages
+
+
+def test_cuda_speculative_decoding_keeps_greedy_tokens(tiny_dirs, tmp_path):
+    preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
+    speculation_keeps_greedy_tokens(kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q0f32",
+                                                 output=tmp_path / "f32"))
+
+
 def test_cuda_q4_gemv_kernel():
     """targets/q4_gemv.py's kernel (a gpu_checks variant, off by default) on the GPU at 8B projection
     shapes, one row and 3 rows of a 4-row kernel: the float32 sums of x times W, W rounded to float16
