@@ -1,6 +1,6 @@
-"""Speculative decoding by prompt lookup: the draft, each request's drafting state, and what a
-sampled request keeps of a checked draft. The engine's step (runtime/engine.py) puts each decode's
-draft into the step's forward and takes what these return.
+"""Speculative decoding by prompt lookup: the Speculator an Engine's step calls (the drafts for a
+step of decodes, their KV pages, the forward that checks them, what each request keeps) and its
+pieces (the prompt lookup, a request's drafting state, speculative sampling).
 
 A draft is the tokens that followed the latest earlier occurrence of a request's last few tokens
 (prompt and reply): vLLM's "ngram" method, llama.cpp's lookup decoding. It costs no second model
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 # slowest row, and larger batches already share each read of the weights among their rows, so drafts
 # there mostly add compute (and a prompt lookup per request to the host's share of the step).
 SPECULATE_UP_TO = 8
-
 
 
 @dataclass
