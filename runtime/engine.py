@@ -76,14 +76,14 @@ class EngineConfig:
     # None: on where forwards run asynchronously (GPUs); on a CPU the forward is the host's own work, so
     # there is nothing to overlap.
     overlap: bool | None = None
-    # Speculative decoding by prompt lookup (vLLM's "ngram" method): in a step of decodes (at most
-    # SPECULATE_UP_TO), for each request the tokens that followed the latest earlier occurrence of its
-    # last prompt_lookup_max .. prompt_lookup_min tokens (prompt and output) are a draft of up to this
-    # many tokens, checked in one forward with the step; the drafted tokens the model picks itself are kept, with the token after
-    # them: greedy decoding's tokens, more of them a forward where text repeats. A sampled request
-    # keeps drafted tokens by speculative sampling (each token's distribution is sampling's own; the
-    # draws differ from a run without it). A request's drafts grow after one kept whole, shrink after a
-    # miss, and pause after misses of one token (speculative.Drafting). 0: off.
+    # Speculative decoding by prompt lookup (vLLM's "ngram" method; runtime/speculative.py): in a step of
+    # at most SPECULATE_UP_TO decodes whose logits nothing changes (no penalties, bias or grammar), each
+    # request's draft, the up to this many tokens that followed the latest earlier occurrence of its last
+    # prompt_lookup_max .. prompt_lookup_min tokens (prompt and output), is checked in the step's one
+    # forward. Greedy requests keep the drafted tokens the model picks itself and its next one: greedy
+    # decoding's tokens, more of them a forward where text repeats; sampled ones keep drafted tokens by
+    # speculative sampling (sampling's distribution, other draws than without it). Drafts grow after one
+    # kept whole, shrink after a miss and pause after one-token misses (speculative.Drafting). 0: off.
     speculative_tokens: int = 0
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4

@@ -148,9 +148,15 @@ def plain_sampling(request: Request) -> bool:
     """Whether sample() draws the request's token from its raw logits with temperature, top-k, top-p
     and min-p alone: nothing that changes the logits (bias, penalties, a grammar) and no logprobs.
     Such rows can have their token drawn where the logits are (ModelRunner.next_tokens)."""
+    return raw_logits(request) and not request.params.needs_logprobs
+
+
+def raw_logits(request: Request) -> bool:
+    """Whether nothing changes the request's logits before sampling: no logit_bias, no penalties, no
+    grammar (its logprobs, if asked, are then those of the raw logits)."""
     p = request.params
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
-            and not p.presence_penalty and not p.needs_logprobs and getattr(request, "grammar", None) is None)
+            and not p.presence_penalty and getattr(request, "grammar", None) is None)
 
 
 _BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Sequence as Seq
 import numpy as np
 
 from .kv_pages import PageAccountant
-from .protocol import SamplingParams, StreamDelta, merge_ready
-from .sampler import plain_sampling, probabilities
+from .protocol import SamplingParams, StreamDelta, TokenLogprob, merge_ready
+from .sampler import probabilities, raw_logits, token_logprobs
 from .sequence import Sequence
 
 if TYPE_CHECKING:
@@ -138,12 +138,12 @@ class Speculator:
 
     def drafts(self, chunks: list[Chunk], requests: list[Request | None]) -> list[list[int]] | None:
         """Each chunk's draft ([] where none is found or its request pauses), or None where speculation
-        does not apply: it takes steps of at most SPECULATE_UP_TO decodes only, of plain requests (no
-        logprobs, penalties, bias or grammar), and at most as many rows in all as a forward returns
-        (max_batch_size)."""
+        does not apply: it takes steps of at most SPECULATE_UP_TO decodes only, of requests whose
+        logits nothing changes (no penalties, bias or grammar), and at most as many rows in all as a
+        forward returns (max_batch_size)."""
         if not self.most or len(chunks) > SPECULATE_UP_TO or not all(c.is_decode for c in chunks):
             return None
-        if not all(r is not None and plain_sampling(r) for r in requests):
+        if not all(r is not None and raw_logits(r) for r in requests):
             return None
         runner = self.runner
         rows = min(runner.max_batch_size, runner.prefill_chunk) - len(chunks)      # beyond one a chunk
@@ -168,10 +168,10 @@ class Speculator:
 
     def check(self, chunks: list[Chunk], requests: list[Request], drafts: list[list[int]]) -> np.ndarray:
         """The forward: each decode's token and its draft appended; at every position the greedy token
-        [positions] if every request is greedy, else the logits [positions, vocab]."""
+        [positions] if every request is greedy without logprobs, else the logits [positions, vocab]."""
         return self.runner.check_drafts([c.seq.seq_id for c in chunks],
                                         [[*c.seq.token_ids(c.start, c.end), *d] for c, d in zip(chunks, drafts)],
-                                        all(r.params.greedy for r in requests))
+                                        all(r.params.greedy and not r.params.needs_logprobs for r in requests))
 
     def take(self, chunks: list[Chunk], requests: list[Request], drafts: list[list[int]], checked: np.ndarray
              ) -> tuple[list[Chunk], list[tuple[Request, StreamDelta]]]:
@@ -191,9 +191,10 @@ class Speculator:
                 while kept < k and picked[kept] == draft[kept]:
                     kept += 1
                 taking = [*draft[:kept], picked[kept]]
+            logprobs = _logprobs(rows, taking, r)
             deltas = []
-            for token in taking:
-                deltas.append(r.append(token))
+            for token, logprob in zip(taking, logprobs):
+                deltas.append(r.append(token, logprob))
                 if r.finished:
                     break
             unused = k + 1 - len(deltas)        # the cache holds the input and the draft; the newest token waits
@@ -207,3 +208,11 @@ class Speculator:
                 r.drafting.after(k, kept, len(r.output_ids), self.most)
             shown += [(r, d) for d in merge_ready(deltas)]
         return computed, shown
+
+
+def _logprobs(rows: np.ndarray, taking: list[int], r: Request) -> list[TokenLogprob | None]:
+    """The logprobs of each token taken, from the logits it was picked from, where the request asks."""
+    if not r.params.needs_logprobs:
+        return [None] * len(taking)
+    n = len(taking)
+    return token_logprobs(np.asarray(rows[:n], np.float32), np.asarray(taking), np.full(n, r.params.top_logprobs))

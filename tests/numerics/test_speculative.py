@@ -171,16 +171,29 @@ def test_a_batch_of_greedy_and_sampled_decodes(tiny_artifacts, plain_60):
     _pages_back(engine)
 
 
-def test_only_plain_decodes_speculate(tiny_artifacts):
+def test_logprobs_come_from_the_checked_drafts(tiny_artifacts):
+    params = SamplingParams(max_tokens=40, temperature=0.0, logprobs=True, top_logprobs=3, ignore_eos=True)
+    prompts = _repeating_prompts()
+    plain, _ = _generate(tiny_artifacts["tied"], prompts, params)
+    spec, stats = _generate(tiny_artifacts["tied"], prompts, params, speculative_tokens=4, prompt_lookup_min=1)
+    assert stats.accepted_draft_tokens > 0
+    for want, got in zip(plain, spec):
+        assert got.token_ids == want.token_ids and len(got.logprobs) == len(want.logprobs) == 40
+        for w, g in zip(want.logprobs, got.logprobs):
+            assert g.token_id == w.token_id and abs(g.logprob - w.logprob) < 1e-4
+            assert [t for t, _ in g.top] == [t for t, _ in w.top]
+            np.testing.assert_allclose([lp for _, lp in g.top], [lp for _, lp in w.top], atol=1e-4)
+
+
+def test_only_requests_with_untouched_logits_speculate(tiny_artifacts):
     engine = Engine(tiny_artifacts["tied"], EngineConfig(speculative_tokens=4, prompt_lookup_min=1))
     prompts = _repeating_prompts()
-    engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, logprobs=True, ignore_eos=True))
     engine.generate(prompts[0], SamplingParams(max_tokens=30, temperature=0.0, repetition_penalty=1.3,
                                                ignore_eos=True))
-    with_logprobs = engine.add_request(prompts[1], SamplingParams(max_tokens=30, temperature=0.0, logprobs=True,
-                                                                  ignore_eos=True))[0]
+    penalised = engine.add_request(prompts[1], SamplingParams(max_tokens=30, temperature=0.0,
+                                                              presence_penalty=0.5, ignore_eos=True))[0]
     plain = engine.add_request(prompts[2], SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True))[0]
-    while not (with_logprobs.finished and plain.finished):   # a batch with a logprobs row: none speculates
+    while not (penalised.finished and plain.finished):      # a batch with a penalised row: none speculates
         engine.step()
     assert engine.stats().draft_tokens == 0
     before = engine.stats().forwards
