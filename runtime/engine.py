@@ -118,6 +118,7 @@ class Engine(ModelFront):
         self._trimmer = Trimmer()                    # freed host memory back to the OS, every few seconds
         self.overlap = config.overlap if config.overlap is not None else self.artifact.device != "cpu"
         self._ahead: _Launched | ScheduledBatch | None = None   # the next step, decided early (overlap)
+        self._ahead_drafts: dict[int, list[int]] | None = None   # its drafts by sequence, if not launched
         self._clock = _ForwardClock()
         self.speculator = Speculator(config.speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
                                      self.runner, self.scheduler.pages)
@@ -132,7 +133,7 @@ class Engine(ModelFront):
             batch = self._schedule() if ahead is None else _live(ahead)
             if not batch.chunks:
                 return []
-            drafts = self._drafts(batch)
+            drafts = self._drafts(batch) if ahead is None else self._drafts_ahead(batch)
             if drafts and self.speculator.reserve(batch.chunks, drafts):
                 out = self._speculative_step(batch, drafts)
             else:
@@ -241,12 +242,20 @@ class Engine(ModelFront):
         batch = self._schedule()
         if not batch.chunks:
             return None
-        plan = None if self._drafts(batch) else self._device_plan(batch.chunks)
+        drafts = self._drafts(batch)
+        self._ahead_drafts = None if drafts is None else {c.seq.seq_id: d for c, d in zip(batch.chunks, drafts)}
+        plan = None if drafts else self._device_plan(batch.chunks)
         return batch if plan is None else self._launch(batch, *plan, lookahead=True)
 
     # -- speculative decoding (runtime/speculative.py) -------------------------------------
     def _drafts(self, batch: ScheduledBatch) -> list[list[int]] | None:
         return self.speculator.drafts(batch.chunks, [self._requests.get(c.seq.seq_id) for c in batch.chunks])
+
+    def _drafts_ahead(self, batch: ScheduledBatch) -> list[list[int]] | None:
+        """The drafts _schedule_ahead found for this batch (less the chunks of requests that ended since):
+        nothing they were drawn from has changed, so they are not looked up again."""
+        found = self._ahead_drafts
+        return None if found is None else [found[c.seq.seq_id] for c in batch.chunks]
 
     def _speculative_step(self, batch: ScheduledBatch, drafts: list[list[int]]) -> list[tuple[Request, StreamDelta]]:
         """Each decode's token and its draft (their pages reserved) in one forward; each request takes
