@@ -390,8 +390,7 @@ class ModelRunner:
                              f"({self.max_batch_size})")
         logits, _ = self._forward_on_device(seq_ids, tokens, [True] * len(seq_ids))   # [1, n, vocab]
         if greedy and self.greedy_on_device:
-            return LaunchedTokens(self._fn["greedy_tokens"](_view(logits, [n, 1, logits.shape[-1]])),
-                                  self.queues_work).wait()
+            return _to_host(self._fn["greedy_tokens"](_view(logits, [n, 1, logits.shape[-1]])), wait=self.queues_work)
         rows = _to_host(logits, wait=self.queues_work)[0]
         return np.argmax(rows, axis=1) if greedy else rows
 

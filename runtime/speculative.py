@@ -92,6 +92,17 @@ def prompt_lookup(tokens: Seq[int] | np.ndarray, k: int, shortest: int, longest:
     return ids[end:end + k].tolist()
 
 
+def greedy_take(picked: np.ndarray, draft: list[int]) -> list[int]:
+    """The tokens a greedy request takes from a checked draft: the drafted tokens the model picked
+    itself (picked [len(draft) + 1]: its token at the input and after each drafted one), then its
+    token after them."""
+    picked = picked.tolist()
+    kept = 0
+    while kept < len(draft) and picked[kept] == draft[kept]:
+        kept += 1
+    return [*draft[:kept], picked[kept]]
+
+
 def speculative_sample(logits: np.ndarray, draft: list[int], params: SamplingParams,
                        rng: np.random.Generator) -> list[int]:
     """The tokens a sampled request takes from a checked draft (speculative sampling with a draft
@@ -183,14 +194,10 @@ class Speculator:
         for c, r, draft in zip(chunks, requests, drafts):
             k, rows = len(draft), checked[at:at + len(draft) + 1]
             at += k + 1
-            if not r.params.greedy:
-                taking = speculative_sample(rows, draft, r.params, r.rng)
+            if r.params.greedy:
+                taking = greedy_take(rows if rows.ndim == 1 else np.argmax(rows, axis=1), draft)
             else:
-                picked = (rows if rows.ndim == 1 else np.argmax(rows, axis=1)).tolist()
-                kept = 0
-                while kept < k and picked[kept] == draft[kept]:
-                    kept += 1
-                taking = [*draft[:kept], picked[kept]]
+                taking = speculative_sample(rows, draft, r.params, r.rng)
             logprobs = _logprobs(rows, taking, r)
             deltas = []
             for token, logprob in zip(taking, logprobs):
