@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -199,22 +200,36 @@ def _params(max_tokens, temperature, top_p, top_k, seed, stop):
                           seed=seed, stop=tuple(stop))
 
 
+_SPECULATION = ("speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "draft_model")
+
+
 def _speculation_options(fn):
-    """--speculative-tokens and the n-gram sizes of its prompt lookup (EngineConfig's fields)."""
-    fn = click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(min=1),
-                      help="speculative decoding: the longest n-gram looked up")(fn)
-    fn = click.option("--prompt-lookup-min", default=2, show_default=True, type=click.IntRange(min=1),
-                      help="speculative decoding: the shortest n-gram looked up")(fn)
+    """--speculative-tokens, the n-gram sizes of its prompt lookup and --draft-model (EngineConfig's
+    fields), handed to the command as one dict, `speculation`."""
+    @functools.wraps(fn)
+    def command(*args, **kwargs):
+        return fn(*args, speculation={k: kwargs.pop(k) for k in _SPECULATION}, **kwargs)
+    command = click.option("--draft-model", metavar="MODEL",
+                           help="speculative decoding with this smaller model's greedy tokens as the drafts, "
+                                "instead of prompt lookup: an artifact for the same device, or a model compiled "
+                                "on first use; it must share MODEL's tokenizer (e.g. Llama-3.2-1B for "
+                                "Llama-3.1-8B); --speculative-tokens 0 means 4 with it")(command)
+    command = click.option("--prompt-lookup-max", default=4, show_default=True, type=click.IntRange(min=1),
+                           help="speculative decoding: the longest n-gram looked up")(command)
+    command = click.option("--prompt-lookup-min", default=2, show_default=True, type=click.IntRange(min=1),
+                           help="speculative decoding: the shortest n-gram looked up")(command)
     return click.option("--speculative-tokens", default=0, show_default=True, type=click.IntRange(min=0),
                         help="speculative decoding by prompt lookup: in a step of decodes, check up to this "
                              "many tokens that followed an earlier occurrence of each request's last tokens in "
                              "the same forward and keep those the model picks itself (greedy: the same text; "
-                             "fewer forwards where text repeats: edits, quotes, code); 0 is off")(fn)
+                             "fewer forwards where text repeats: edits, quotes, code); 0 is off")(command)
 
 
-def _speculation(speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int) -> dict:
-    return dict(speculative_tokens=speculative_tokens, prompt_lookup_min=prompt_lookup_min,
-                prompt_lookup_max=prompt_lookup_max)
+def _speculation(speculation: dict) -> dict:
+    """EngineConfig's speculative fields from the options, a --draft-model compiled on first use."""
+    import kiln
+    draft = speculation["draft_model"]
+    return {**speculation, "draft_model": draft if draft is None or kiln.is_artifact(draft) else _compiled(draft)}
 
 
 def _chat_template_option(fn):
@@ -239,8 +254,9 @@ def _engine(model: str, chat_template: str | None = None, speculation: dict | No
     context (on a GPU it would otherwise take 90% of the device for the artifact's max batch)."""
     import kiln
     source = _template_source(chat_template)
-    return kiln.Engine(model if kiln.is_artifact(model) else _compiled(model),
-                       kiln.EngineConfig(max_num_seqs=1, chat_template=source, **(speculation or {})))
+    path = model if kiln.is_artifact(model) else _compiled(model)
+    return kiln.Engine(path, kiln.EngineConfig(max_num_seqs=1, chat_template=source,
+                                               **(_speculation(speculation) if speculation else {})))
 
 
 @main.command()
@@ -254,9 +270,9 @@ def _engine(model: str, chat_template: str | None = None, speculation: dict | No
 @_speculation_options
 @_friendly_errors
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, stop, as_chat, as_ids, as_json,
-             chat_template, speculative_tokens, prompt_lookup_min, prompt_lookup_max) -> None:
+             chat_template, speculation) -> None:
     """Generate a continuation of PROMPT with MODEL (an artifact, or a model compiled on first use)."""
-    engine = _engine(model, chat_template, _speculation(speculative_tokens, prompt_lookup_min, prompt_lookup_max))
+    engine = _engine(model, chat_template, speculation)
     params = _params(max_tokens, temperature, top_p, top_k, seed, stop)
     if as_ids:
         ids = _parse_ids(prompt)
@@ -288,12 +304,11 @@ def _parse_ids(text: str) -> list[int]:
 @_chat_template_option
 @_speculation_options
 @_friendly_errors
-def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system, chat_template, speculative_tokens,
-         prompt_lookup_min, prompt_lookup_max) -> None:
+def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system, chat_template, speculation) -> None:
     """Chat with MODEL interactively (default: smollm2). /reset clears the history, /exit quits,
     Ctrl-C stops a reply; arrow keys edit and recall lines."""
     from kiln.chat import run_chat
-    engine = _engine(model, chat_template, _speculation(speculative_tokens, prompt_lookup_min, prompt_lookup_max))
+    engine = _engine(model, chat_template, speculation)
     run_chat(engine, _params(max_tokens, temperature, top_p, top_k, seed, stop), system)
 
 
@@ -379,8 +394,7 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
           kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, stream_interval,
-          engine_process, api_processes, chat_template, speculative_tokens, prompt_lookup_min,
-          prompt_lookup_max) -> None:
+          engine_process, api_processes, chat_template, speculation) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -397,7 +411,7 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
                                enable_prefix_cache=not no_prefix_cache, chat_template=template,
                                device_sampling={"auto": None, "device": True, "host": False}[sampling_on],
                                overlap={"auto": None, "on": True, "off": False}[overlap],
-                               **_speculation(speculative_tokens, prompt_lookup_min, prompt_lookup_max))
+                               **_speculation(speculation))
     try:
         server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                              engine=engine, stream_interval=stream_interval,

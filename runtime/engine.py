@@ -16,9 +16,10 @@ tokens launches, the next step between taking its tokens and showing them, so
 that detokenizing, stop strings and the callers' deltas run while the device
 computes.
 
-With speculative decoding on (EngineConfig.speculative_tokens), a step of decodes checks each
-request's draft, found by prompt lookup, in the same forward and takes every drafted token the model
-picks itself, then the model's next one; the KV cache gives back the rest.
+With speculative decoding on (EngineConfig.speculative_tokens or draft_model), a step of decodes
+checks each request's draft, found by prompt lookup or made by a draft model, in the same forward
+and takes every drafted token the model picks itself, then the model's next one; the KV cache gives
+back the rest.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from typing import Iterator, Sequence as Seq
 import numpy as np
 
 from .artifact import Artifact
+from .engine_config import EngineConfig, kv_size
 from .front import ModelFront
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
-from .memory_budget import check_utilization
 from .model_runner import LaunchedTokens, ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
@@ -53,47 +54,11 @@ class EngineBusy(RuntimeError):
     """The engine cannot take this work now (no free KV pages); retry after a step."""
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    max_num_seqs: int | None = None          # default: the artifact's max_batch_size
-    # KV capacity, given one way at most. Default: on CUDA and ROCm, gpu_memory_utilization 0.9; elsewhere
-    # one full context + a page per sequence.
-    max_total_tokens: int | None = None      # as tokens
-    kv_cache_bytes: int | None = None        # as memory (whole pages that fit)
-    gpu_memory_utilization: float | None = None   # as the share of the device's memory the engine may take
-    max_tokens_per_step: int | None = None   # chunked-prefill token budget; default: the artifact's prefill chunk
-    policy: str = "fcfs"                     # or "priority"
-    enable_prefix_cache: bool = True         # always off for a sliding-window artifact (its KV is never shared)
-    verify: bool = True                      # check artifact hashes on load
-    chat_template: str | None = None         # jinja source replacing the artifact's (runtime/chat_templates.py)
-    # Draw sampled decode tokens where the logits are (the artifact's sample_tokens) instead of copying
-    # them back to the host Sampler. None: on for GPU artifacts (the per-row threshold search is slower than
-    # numpy's partial sort on a CPU's few threads).
-    device_sampling: bool | None = None
-    # Decide (and launch, where the device picks the tokens) each step before the previous step's tokens
-    # are detokenized, matched against stop strings and handed to callers, so that host work runs while
-    # the device computes (a stop string found then costs the device the one token it computed past it).
-    # None: on where forwards run asynchronously (GPUs); on a CPU the forward is the host's own work, so
-    # there is nothing to overlap.
-    overlap: bool | None = None
-    # Speculative decoding by prompt lookup (vLLM's "ngram" method; runtime/speculative.py): in a step of
-    # at most SPECULATE_UP_TO decodes whose logits nothing changes (no penalties, bias or grammar), each
-    # request's draft, the up to this many tokens that followed the latest earlier occurrence of its last
-    # prompt_lookup_max .. prompt_lookup_min tokens (prompt and output), is checked in the step's one
-    # forward. Greedy requests keep the drafted tokens the model picks itself and its next one: greedy
-    # decoding's tokens, more of them a forward where text repeats; sampled ones keep drafted tokens by
-    # speculative sampling (sampling's distribution, other draws than without it). Drafts grow after one
-    # kept whole, shrink after a miss and pause after one-token misses (speculative.Drafting). 0: off.
-    speculative_tokens: int = 0
-    prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 4
-
-
 class Engine(ModelFront):
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         loaded = Artifact.load(artifact, verify=config.verify)
-        self.runner = ModelRunner(loaded, config.max_num_seqs, *_kv_size(loaded, config))
+        self.runner = ModelRunner(loaded, config.max_num_seqs, *kv_size(loaded, config))
         super().__init__(loaded, config.chat_template)     # tokenizer, eos ids, grammar compiler
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
         window = self.runner.window        # sliding-window KV is never shared: no prefix cache, no forks
@@ -120,8 +85,9 @@ class Engine(ModelFront):
         self._ahead: _Launched | ScheduledBatch | None = None   # the next step, decided early (overlap)
         self._ahead_drafts: dict[int, list[int]] | None = None   # its drafts by sequence, if not launched
         self._clock = _ForwardClock()
+        draft = None if config.draft_model is None else Artifact.load(config.draft_model, verify=config.verify)
         self.speculator = Speculator(config.speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
-                                     self.runner, self.scheduler.pages)
+                                     self.runner, self.scheduler.pages, draft)
 
     # -- the serving step -------------------------------------------------------------
     def step(self) -> list[tuple[Request, StreamDelta]]:
@@ -484,23 +450,3 @@ def _as_batch(prompt) -> tuple[list[Prompt], bool]:
     if all(isinstance(x, int) or hasattr(x, "__index__") and not isinstance(x, (str, list)) for x in items):
         return [items], True
     return items, False
-
-
-def _kv_size(artifact: Artifact, config: EngineConfig) -> tuple[int | None, float | None]:
-    """The KV capacity the config asks for, as ModelRunner takes it: (tokens, memory utilization),
-    one of them set, or neither for the runner's default (on CUDA and ROCm: 0.9 of the device)."""
-    given = [name for name in ("max_total_tokens", "kv_cache_bytes", "gpu_memory_utilization")
-             if getattr(config, name) is not None]
-    if len(given) > 1:
-        raise ValueError(f"give the KV cache size once, not as {' and '.join(given)}")
-    if config.gpu_memory_utilization is not None:
-        check_utilization(config.gpu_memory_utilization)       # before any weight is loaded
-    if config.kv_cache_bytes is not None:
-        layout = artifact.config.kv_cache
-        per_page = layout.bytes_per_token * layout.page_size
-        pages = config.kv_cache_bytes // per_page
-        if pages < 1:
-            raise ValueError(f"a KV cache of {config.kv_cache_bytes} bytes holds no {layout.page_size}-token page "
-                             f"of this model ({per_page} bytes); give at least {per_page} bytes")
-        return pages * layout.page_size, None
-    return config.max_total_tokens, config.gpu_memory_utilization

@@ -48,6 +48,7 @@ from . import openai_api as api
 from . import reply_models as rm
 from .artifact import Artifact
 from .async_engine import AsyncEngine
+from .draft_model import DRAFT_MODEL_TOKENS
 from .engine import Engine, EngineConfig
 from .engine_process import EngineClient, EngineDied, loaded_info
 from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
@@ -113,8 +114,11 @@ def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | 
                   f"drawn on the {'device' if info['samples_on_device'] else 'host'}", flush=True)
             if info["library_gemm_note"]:
                 print(info["library_gemm_note"], flush=True)
-            if args.engine.speculative_tokens:
-                c = args.engine
+            c = args.engine
+            if c.draft_model is not None:
+                print(f"speculative decoding: drafts of up to {c.speculative_tokens or DRAFT_MODEL_TOKENS} tokens "
+                      f"by the draft model {c.draft_model} in steps of decodes", flush=True)
+            elif c.speculative_tokens:
                 print(f"speculative decoding: drafts of up to {c.speculative_tokens} tokens by prompt lookup "
                       f"({c.prompt_lookup_max}..{c.prompt_lookup_min}-grams) in steps of decodes",
                       flush=True)

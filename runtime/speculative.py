@@ -1,10 +1,11 @@
-"""Speculative decoding by prompt lookup: the Speculator an Engine's step calls (the drafts for a
-step of decodes, their KV pages, the forward that checks them, what each request keeps) and its
-pieces (the prompt lookup, a request's drafting state, speculative sampling).
+"""Speculative decoding: the Speculator an Engine's step calls (the drafts for a step of decodes,
+their KV pages, the forward that checks them, what each request keeps) and its pieces (the prompt
+lookup, a request's drafting state, speculative sampling).
 
-A draft is the tokens that followed the latest earlier occurrence of a request's last few tokens
-(prompt and reply): vLLM's "ngram" method, llama.cpp's lookup decoding. It costs no second model
-and pays where a reply repeats its context: quoting, fixing or editing a text or code.
+A draft is, by default, the tokens that followed the latest earlier occurrence of a request's last
+few tokens (prompt and reply): vLLM's "ngram" method, llama.cpp's lookup decoding. It costs no
+second model and pays where a reply repeats its context: quoting, fixing or editing a text or code.
+With a draft model (runtime/draft_model.py) a draft is that model's greedy tokens instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .sampler import probabilities, raw_logits, token_logprobs
 from .sequence import Sequence
 
 if TYPE_CHECKING:
+    from .artifact import Artifact
     from .model_runner import ModelRunner
     from .request import Request
     from .scheduler import Chunk
@@ -133,7 +135,13 @@ class Speculator:
     """An engine's speculative decoding: drafts for a step of decodes, their KV pages, the forward that
     checks them, and what each request keeps. `most` (EngineConfig.speculative_tokens) 0 is off."""
 
-    def __init__(self, most: int, shortest: int, longest: int, runner: ModelRunner, pages: PageAccountant):
+    def __init__(self, most: int, shortest: int, longest: int, runner: ModelRunner, pages: PageAccountant,
+                 draft_model: Artifact | None = None):
+        """draft_model: an artifact whose greedy tokens are the drafts (runtime/draft_model.py), instead of
+        prompt lookup's; then `most` 0 means DRAFT_MODEL_TOKENS."""
+        if draft_model is not None:
+            from .draft_model import DRAFT_MODEL_TOKENS, DraftModel
+            most = most or DRAFT_MODEL_TOKENS
         if most < 0 or not 1 <= shortest <= longest:
             raise ValueError(f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
                              f"prompt_lookup_max (got {most}, {shortest}, {longest})")
@@ -145,6 +153,7 @@ class Speculator:
                              "cannot give back rejected draft tokens); leave speculative_tokens at 0")
         self.most, self.shortest, self.longest = most, shortest, longest
         self.runner, self.pages = runner, pages
+        self.draft_model = None if draft_model is None else DraftModel(draft_model, runner, most)
         self.drafted = self.accepted = 0            # draft tokens checked, and kept
 
     def drafts(self, chunks: list[Chunk], requests: list[Request | None]) -> list[list[int]] | None:
@@ -158,16 +167,21 @@ class Speculator:
             return None
         runner = self.runner
         rows = min(runner.max_batch_size, runner.prefill_chunk) - len(chunks)      # beyond one a chunk
-        drafts = []
+        drafts, wanted = [], []
         for c, r in zip(chunks, requests):
             state = r.drafting = r.drafting or Drafting(self.most)
-            if len(r.output_ids) < state.resume_at:
-                drafts.append([])
-                continue
-            most = min(state.limit, r.remaining - 1, runner.context_window - c.end, rows)
-            draft = prompt_lookup(state.tokens(c.seq), most, self.shortest, self.longest) if most > 0 else []
-            rows -= len(draft)
-            drafts.append(draft)
+            most = 0
+            if len(r.output_ids) >= state.resume_at:
+                most = max(0, min(state.limit, r.remaining - 1, runner.context_window - c.end, rows))
+            if self.draft_model is None:
+                draft = prompt_lookup(state.tokens(c.seq), most, self.shortest, self.longest) if most else []
+                rows -= len(draft)
+                drafts.append(draft)
+            else:
+                rows -= most
+                wanted.append(most)
+        if self.draft_model is not None:
+            drafts = self.draft_model.propose([c.seq for c in chunks], wanted)
         return drafts if any(drafts) else None
 
     def reserve(self, chunks: list[Chunk], drafts: list[list[int]]) -> bool:

@@ -1,7 +1,9 @@
-"""Speculative decoding by prompt lookup against plain decoding, same artifact, same run.
+"""Speculative decoding (by prompt lookup, or by a draft model) against plain decoding, same
+artifact, same run.
 
     python tools/bench_speculative.py                         # SmolLM2, compiled on first use for the CPU
     python tools/bench_speculative.py ARTIFACT --tokens 3 5 8 --rounds 5
+    python tools/bench_speculative.py ARTIFACT --draft-model DRAFT --tokens 2 4   # draft model rows too
 
 For each task (repeat a text, fix a text's typos, edit code, an open question), the decode rate of a
 greedy chat reply (with --temperature, a seeded sampled one: speculative sampling), alternating an
@@ -50,9 +52,9 @@ TASKS = {
 
 
 def measure(artifact: str, tokens: list[int], rounds: int = 3, max_tokens: int = 128,
-            temperature: float = 0.0) -> dict:
-    """Per task, per engine ("off" and each speculative_tokens value): median decode tok/s, forwards a
-    token, drafted and kept tokens. Greedy (temperature 0), the plain engine's tokens are what every
+            temperature: float = 0.0, draft_model: str | None = None, draft_tokens: list[int] = ()) -> dict:
+    """Per task, per engine ("off", "k=K" by prompt lookup for each of `tokens`, "draft k=K" by the
+    draft model for each of `draft_tokens`): median decode tok/s, forwards a token, drafted and kept tokens. Greedy (temperature 0), the plain engine's tokens are what every
     other must produce; sampled, each run draws its own (seeded) and forwards a token are per run."""
     from kiln import Engine, EngineConfig, SamplingParams
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0)
@@ -62,6 +64,8 @@ def measure(artifact: str, tokens: list[int], rounds: int = 3, max_tokens: int =
     engines = {"off": Engine(artifact, EngineConfig(**small))}
     for k in tokens:
         engines[f"k={k}"] = Engine(artifact, EngineConfig(speculative_tokens=k, **small))
+    for k in draft_tokens if draft_model else ():
+        engines[f"draft k={k}"] = Engine(artifact, EngineConfig(speculative_tokens=k, draft_model=draft_model, **small))
     for engine in engines.values():                                   # warm-up: every kernel once
         engine.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=8, temperature=0.0))
     rows: dict[str, dict] = {}
@@ -106,17 +110,20 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (seeded) instead of greedy: speculative sampling")
+    ap.add_argument("--draft-model", help="also measure drafts by this model (an artifact, or a model compiled for "
+                                          "the CPU) with the same --tokens values")
     args = ap.parse_args()
     import kiln
-    artifact = args.model if kiln.is_artifact(args.model) else str(kiln.ensure_artifact(args.model))
-    rows = measure(artifact, args.tokens, args.rounds, args.max_tokens, args.temperature)
-    names = ["off", *(f"k={k}" for k in args.tokens)]
+    artifact, draft = (m if m is None or kiln.is_artifact(m) else str(kiln.ensure_artifact(m))
+                       for m in (args.model, args.draft_model))
+    rows = measure(artifact, args.tokens, args.rounds, args.max_tokens, args.temperature, draft, args.tokens)
+    names = ["off", *(f"k={k}" for k in args.tokens), *(f"draft k={k}" for k in args.tokens if draft)]
     print(f"{'task':14} {'tokens':>6}  " + "  ".join(f"{n:>24}" for n in names))
     for task, row in rows.items():
         cells = [f"{row[n]['decode_tok_s']:7.1f} tok/s {row[n]['x_off']:4.2f}x "
                  f"{row[n]['kept']:3d}/{row[n]['drafted']:<3d}" for n in names]
         print(f"{task:14} {row['tokens']:6d}  " + "  ".join(f"{c:>24}" for c in cells))
-    print(json.dumps({"artifact": artifact, "rounds": args.rounds, "rows": rows}))
+    print(json.dumps({"artifact": artifact, "draft_model": draft, "rounds": args.rounds, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -747,6 +747,17 @@ def speculative(art: Path, args) -> dict:
     return measure(str(art), [3, 5], rounds=1 if args.quick else 2, max_tokens=32 if args.quick else 128)
 
 
+def draft_model(art: Path, draft: Path, args) -> dict:
+    """Speculative decoding with a draft model against plain decoding (tools/bench_speculative.py):
+    SmolLM2 q0f16 served, its q4f16 build drafting (the same tokenizer). Both are overhead-bound on a
+    GPU at this size, so the row says what a draft step costs beside a checking forward, and how many
+    drafted tokens a 4-bit copy of the model gets kept; an 8B's gain follows from its step time."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_speculative import measure
+    return measure(str(art), [], rounds=1 if args.quick else 2, max_tokens=32 if args.quick else 128,
+                   draft_model=str(draft), draft_tokens=[2, 4])
+
+
 def serving_limits(art: Path) -> dict:
     """What an engine (`kiln serve`) takes from the machine by default, and its one-line refusal of
     more sequences than the artifact was compiled for."""
@@ -1266,6 +1277,9 @@ def run_all(args) -> dict:
         # `kiln serve` itself at as many streams, beside the rows above (tools/serve_load.py)
         step("smollm2 q4f16 served", 140, lambda: served(Path(q4["artifact"]), ends, args))
         step("smollm2 q4f16 speculative", 45, lambda: speculative(Path(q4["artifact"]), args))
+        if "artifact" in arts["q0f16"]:
+            step("smollm2 q0f16 draft model q4f16", 45, lambda: draft_model(
+                Path(arts["q0f16"]["artifact"]), Path(q4["artifact"]), args))
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
     # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
     step("low-batch variants", 90, lambda: apart(args, "variants", step.left() - 20))
