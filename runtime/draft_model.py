@@ -18,6 +18,7 @@ when another needs it, and are computed again if they draft later.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -71,11 +72,12 @@ class DraftModel:
         # seq id -> the draft tokens at the end of its cache (computed, not yet known to be kept);
         # in the order the sequences last drafted, oldest first.
         self._drafted: dict[int, list[int]] = {}
+        self.calls, self.seconds = 0, 0.0               # propose() calls that drafted, and their time
 
     def propose(self, seqs: Seq[Sequence], most: Seq[int]) -> list[list[int]]:
         """Each sequence's draft: up to most[i] greedy tokens of the draft model after its tokens ([]
         where most[i] is 0 or its KV cache has no room for them)."""
-        runner = self.runner
+        start, runner = time.perf_counter(), self.runner
         ids, feeds, wants = [], [], []
         batch = {s.seq_id for s, k in zip(seqs, most) if k > 0}
         for seq, k in zip(seqs, most):
@@ -101,6 +103,9 @@ class DraftModel:
                 self._drafted[seq.seq_id] = draft[:-1]      # fed to the draft model: all but the last
             cut = next((i for i, t in enumerate(draft) if t >= self.vocab_size), len(draft))
             out.append(draft[:cut])
+        if ids:
+            self.calls += 1
+            self.seconds += time.perf_counter() - start
         return out
 
     def _catch_up(self, seq: Sequence, k: int, batch: set[int]) -> list[int] | None:

@@ -99,6 +99,8 @@ class Matmul(dl.gpu.Matmul):
     SIMT schedule when that rule raises)."""
 
     def apply(self, func, target, tunable):
+        if target.kind.name == "cuda":               # MatmulTensorization imports them: 25-40 s unpatched
+            load_tensor_core_intrinsics()
         if target.kind.name != "metal":
             return super().apply(func, target, tunable)
         with mock.patch.object(_dlight_matmul.MetalMatmul, "apply", _no_simdgroup):

@@ -250,6 +250,8 @@ def _reads_packed_words(sch) -> bool:
 
 
 def _intrinsics(out_dtype: str) -> dict[str, str]:
+    from .gpu import load_tensor_core_intrinsics
+    load_tensor_core_intrinsics()                     # quickly, before the import below
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
     return get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
                                  out_dtype=out_dtype, trans_b=True)

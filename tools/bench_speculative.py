@@ -75,7 +75,8 @@ def measure(artifact: str, tokens: list[int], rounds: int = 3, max_tokens: int =
         want = None
         for _ in range(rounds):
             for name, engine in engines.items():                      # alternated: drift hits all alike
-                before = engine.stats()
+                before, drafter = engine.stats(), engine.speculator.draft_model
+                drafting = (drafter.calls, drafter.seconds) if drafter else (0, 0.0)
                 start, first, ids = time.perf_counter(), None, []
                 for delta in engine.chat_stream(messages, params):
                     first = first or time.perf_counter()
@@ -90,12 +91,19 @@ def measure(artifact: str, tokens: list[int], rounds: int = 3, max_tokens: int =
                                    "forwards": after.forwards - before.forwards,
                                    "drafted": after.draft_tokens - before.draft_tokens,
                                    "kept": after.accepted_draft_tokens - before.accepted_draft_tokens,
-                                   "ttft_s": first - start})
+                                   "ttft_s": first - start,
+                                   # the draft model's share: its propose() calls and their time
+                                   "drafting_calls": drafter.calls - drafting[0] if drafter else 0,
+                                   "drafting_s": drafter.seconds - drafting[1] if drafter else 0.0,
+                                   "decode_s": end - first})
         rows[task] = {"tokens": len(want)}
         for name, rs in runs.items():
             rows[task][name] = {"decode_tok_s": round(statistics.median(r["tok_s"] for r in rs), 1),
                                 "forwards_per_token": round(rs[0]["forwards"] / rs[0]["tokens"], 3),
                                 "drafted": rs[0]["drafted"], "kept": rs[0]["kept"]}
+            if rs[0]["drafting_calls"]:       # the draft model's time a call, and its share of the decode time
+                rows[task][name]["drafting_ms_per_call"] = round(1e3 * rs[0]["drafting_s"] / rs[0]["drafting_calls"], 2)
+                rows[task][name]["drafting_share"] = round(rs[0]["drafting_s"] / rs[0]["decode_s"], 3)
         off = rows[task]["off"]["decode_tok_s"]
         for name in engines:
             rows[task][name]["x_off"] = round(rows[task][name]["decode_tok_s"] / off, 2)
