@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from .artifact import Artifact
 from .kv_pages import PageAccountant
 from .model_runner import ModelRunner
+from .speculative import SPECULATE_UP_TO
 
 if TYPE_CHECKING:
     from .sequence import Sequence
@@ -63,9 +64,9 @@ class DraftModel:
             raise ValueError(f"{artifact.path} cannot be the draft model: {why}")
         cfg = artifact.config
         seqs = min(cfg.max_batch_size, served.max_num_seqs)
-        # As many tokens as the served model's cache, within 8 full contexts (at most 8 requests draft
-        # at once: speculative.SPECULATE_UP_TO), plus each sequence's draft and partly filled page.
-        tokens = min(served.max_total_tokens, 8 * min(artifact.context_window, served.context_window))
+        # As many tokens as the served model's cache, within a full context for each of the most requests
+        # that draft at once, plus each sequence's draft and partly filled page.
+        tokens = min(served.max_total_tokens, SPECULATE_UP_TO * min(artifact.context_window, served.context_window))
         self.runner = ModelRunner(artifact, seqs, tokens + seqs * (cfg.kv_cache.page_size + most))
         self.pages = PageAccountant(self.runner.free_pages(), self.runner.page_size)
         self.vocab_size = served.vocab_size          # a draft token at or past it is cut off

@@ -13,6 +13,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import write_tiny_llama  # noqa: E402
 
 
+# `pytest -n auto` (the README's test command): a worker a core this process may run on, at most 4.
+# Each worker builds the session fixtures it needs (compiles, transformers references: ~3 GB with
+# SmolLM2's), so more workers mostly repeat those builds.
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, MAX_WORKERS))
+
+
 def has_smollm2() -> bool:
     from kiln.models.packaged import installed
     return installed("smollm2")
