@@ -67,7 +67,13 @@ class DraftModel:
         # As many tokens as the served model's cache, within a full context for each of the most requests
         # that draft at once, plus each sequence's draft and partly filled page.
         tokens = min(served.max_total_tokens, SPECULATE_UP_TO * min(artifact.context_window, served.context_window))
-        self.runner = ModelRunner(artifact, seqs, tokens + seqs * (cfg.kv_cache.page_size + most))
+        try:
+            self.runner = ModelRunner(artifact, seqs, tokens + seqs * (cfg.kv_cache.page_size + most))
+        except RuntimeError as e:        # TVM's errors: on a GPU, most likely no memory left beside the served model
+            last = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+            raise ValueError(f"the draft model {artifact.path} could not be loaded beside the served model ({last}); "
+                             "on a GPU the served model takes --gpu-memory-utilization (0.9) of the device "
+                             "first: lower it to leave room for the draft model") from e
         self.pages = PageAccountant(self.runner.free_pages(), self.runner.page_size)
         self.vocab_size = served.vocab_size          # a draft token at or past it is cut off
         # seq id -> the draft tokens at the end of its cache (computed, not yet known to be kept);

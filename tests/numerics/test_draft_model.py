@@ -98,3 +98,16 @@ def test_pairs_on_other_devices_or_with_a_sliding_window_are_refused(tiny_artifa
     assert pairing_problem(like(), served) is None
     assert "compiled for cuda and the served model for cpu" in pairing_problem(like(device="cuda"), served)
     assert "sliding-window" in pairing_problem(like(window=64), served)
+
+
+def test_a_draft_model_that_does_not_fit_says_what_to_lower(tiny_artifacts, monkeypatch):
+    """TVM's allocation failing for the draft model (a GPU the served model has taken 0.9 of) is one
+    ValueError naming --gpu-memory-utilization, not TVM's error alone."""
+    from kiln.runtime import draft_model
+
+    def no_memory(*_args, **_kwargs):
+        raise RuntimeError("TVMError: ...\nCUDA: out of memory")
+    monkeypatch.setattr(draft_model, "ModelRunner", no_memory)
+    with pytest.raises(ValueError, match=r"could not be loaded beside the served model \(CUDA: out of memory\).*"
+                                         r"--gpu-memory-utilization"):
+        Engine(tiny_artifacts["tied"], EngineConfig(draft_model=tiny_artifacts["untied"]))
