@@ -13,7 +13,8 @@ costs many of the draft model's: a GPU reading an 8B model's weights for every t
 The draft model keeps its own paged KV cache: each request's tokens, then the draft tokens it
 computed. Before drafting again it keeps the draft tokens the request kept, pops the others and
 appends what it lacks. Requests it has not drafted for lately give their place up (oldest first)
-when another needs it, and are computed again if they draft later.
+when another needs it, and are computed again if they draft later. The Engine loads it before the
+served model, so that on a GPU the served model's KV cache is sized from what the draft leaves.
 """
 
 from __future__ import annotations
@@ -29,10 +30,6 @@ from .speculative import SPECULATE_UP_TO
 
 if TYPE_CHECKING:
     from .sequence import Sequence
-
-# Draft tokens a step when a draft model is given and EngineConfig.speculative_tokens is 0.
-DRAFT_MODEL_TOKENS = 4
-
 
 def pairing_problem(draft: Artifact, served: Artifact) -> str | None:
     """Why `draft` cannot draft for `served`, or None: it must run on the same device, share the
@@ -58,22 +55,26 @@ def pairing_problem(draft: Artifact, served: Artifact) -> str | None:
 class DraftModel:
     """The draft model's runner and KV cache, and the drafts it proposes for a step."""
 
-    def __init__(self, artifact: Artifact, served: ModelRunner, most: int):
-        why = pairing_problem(artifact, served.artifact)
+    def __init__(self, artifact: Artifact, served: Artifact, max_num_seqs: int, served_tokens: int | None,
+                 most: int):
+        """Loaded before the served model (so that on a GPU, where the served model's KV cache gets a share
+        of the memory the device still has, the draft model's is counted in): `served_tokens` is the
+        served model's KV capacity where it is known beforehand (given, or a CPU's default), else None."""
+        why = pairing_problem(artifact, served)
         if why is not None:
             raise ValueError(f"{artifact.path} cannot be the draft model: {why}")
         cfg = artifact.config
-        seqs = min(cfg.max_batch_size, served.max_num_seqs)
-        # As many tokens as the served model's cache, within a full context for each of the most requests
-        # that draft at once, plus each sequence's draft and partly filled page.
-        tokens = min(served.max_total_tokens, SPECULATE_UP_TO * min(artifact.context_window, served.context_window))
+        seqs = min(cfg.max_batch_size, max_num_seqs)
+        # A full context for each of the most requests that draft at once, within the served model's
+        # cache, plus each sequence's draft and partly filled page.
+        tokens = SPECULATE_UP_TO * min(artifact.context_window, served.context_window)
+        tokens = min(tokens, served_tokens or tokens) + seqs * (cfg.kv_cache.page_size + most)
         try:
-            self.runner = ModelRunner(artifact, seqs, tokens + seqs * (cfg.kv_cache.page_size + most))
-        except RuntimeError as e:        # TVM's errors: on a GPU, most likely no memory left beside the served model
+            self.runner = ModelRunner(artifact, seqs, tokens)
+        except RuntimeError as e:        # TVM's errors: on a GPU, most likely out of memory
             last = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
-            raise ValueError(f"the draft model {artifact.path} could not be loaded beside the served model ({last}); "
-                             "on a GPU the served model takes --gpu-memory-utilization (0.9) of the device "
-                             "first: lower it to leave room for the draft model") from e
+            raise ValueError(f"the draft model {artifact.path} could not be loaded ({last}); free the device or "
+                             "choose a smaller draft model") from e
         self.pages = PageAccountant(self.runner.free_pages(), self.runner.page_size)
         self.vocab_size = served.vocab_size          # a draft token at or past it is cut off
         # seq id -> the draft tokens at the end of its cache (computed, not yet known to be kept);

@@ -33,11 +33,13 @@ from typing import Iterator, Sequence as Seq
 import numpy as np
 
 from .artifact import Artifact
+from .draft_model import DraftModel
 from .engine_config import EngineConfig, kv_size
 from .front import ModelFront
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
-from .model_runner import LaunchedTokens, ModelRunner
+from .memory_budget import SERVER_DEVICES
+from .model_runner import LaunchedTokens, ModelRunner, default_kv_tokens
 from .prefix_cache import PrefixCache
 from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
                        TokenLogprob)
@@ -45,7 +47,7 @@ from .request import Request
 from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
-from .speculative import Speculator
+from .speculative import DRAFT_MODEL_TOKENS, Speculator
 
 Prompt = str | Seq[int]
 
@@ -58,7 +60,9 @@ class Engine(ModelFront):
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         loaded = Artifact.load(artifact, verify=config.verify)
-        self.runner = ModelRunner(loaded, config.max_num_seqs, *kv_size(loaded, config))
+        kv_tokens, kv_share = kv_size(loaded, config)
+        draft = _draft_model(loaded, config, kv_tokens, kv_share)       # first: see DraftModel
+        self.runner = ModelRunner(loaded, config.max_num_seqs, kv_tokens, kv_share)
         super().__init__(loaded, config.chat_template)     # tokenizer, eos ids, grammar compiler
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
         window = self.runner.window        # sliding-window KV is never shared: no prefix cache, no forks
@@ -85,7 +89,6 @@ class Engine(ModelFront):
         self._ahead: _Launched | ScheduledBatch | None = None   # the next step, decided early (overlap)
         self._ahead_drafts: dict[int, list[int]] | None = None   # its drafts by sequence, if not launched
         self._clock = _ForwardClock()
-        draft = None if config.draft_model is None else Artifact.load(config.draft_model, verify=config.verify)
         self.speculator = Speculator(config.speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
                                      self.runner, self.scheduler.pages, draft)
 
@@ -450,3 +453,16 @@ def _as_batch(prompt) -> tuple[list[Prompt], bool]:
     if all(isinstance(x, int) or hasattr(x, "__index__") and not isinstance(x, (str, list)) for x in items):
         return [items], True
     return items, False
+
+
+def _draft_model(served: Artifact, config: EngineConfig, kv_tokens: int | None, kv_share: float | None
+                 ) -> DraftModel | None:
+    """The config's draft model, loaded before the served model, told the served model's KV capacity
+    where it is known before that loads (given, or a CPU's default)."""
+    if config.draft_model is None:
+        return None
+    seqs = config.max_num_seqs or served.config.max_batch_size
+    if kv_tokens is None and kv_share is None and served.device not in SERVER_DEVICES:
+        kv_tokens = default_kv_tokens(served, seqs)
+    return DraftModel(Artifact.load(config.draft_model, verify=config.verify), served, seqs, kv_tokens,
+                      config.speculative_tokens or DRAFT_MODEL_TOKENS)

@@ -47,9 +47,8 @@ class EngineConfig:
     # The drafts from a draft model instead (vLLM's draft-model method, llama.cpp's --model-draft;
     # runtime/draft_model.py): an artifact of a smaller model with the same tokenizer, for the same
     # device, whose greedy tokens after each request's text are its draft. Same steps and rules as
-    # above; speculative_tokens 0 means DRAFT_MODEL_TOKENS with a draft model. Its KV cache holds as
-    # many tokens as the engine's (on CUDA and ROCm it takes memory the engine leaves: lower
-    # gpu_memory_utilization for a large draft model).
+    # above; speculative_tokens 0 means DRAFT_MODEL_TOKENS with a draft model. It is loaded first: on
+    # CUDA and ROCm the engine's KV cache then gets what is left of gpu_memory_utilization beside it.
     draft_model: str | Path | None = None
 
 

@@ -48,12 +48,12 @@ from . import openai_api as api
 from . import reply_models as rm
 from .artifact import Artifact
 from .async_engine import AsyncEngine
-from .draft_model import DRAFT_MODEL_TOKENS
 from .engine import Engine, EngineConfig
 from .engine_process import EngineClient, EngineDied, loaded_info
 from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
 from .metrics import Metrics
 from .protocol import SamplingParams, StreamDelta
+from .speculative import DRAFT_MODEL_TOKENS
 
 log = logging.getLogger("kiln.server")
 

@@ -21,7 +21,7 @@ from .sampler import probabilities, raw_logits, token_logprobs
 from .sequence import Sequence
 
 if TYPE_CHECKING:
-    from .artifact import Artifact
+    from .draft_model import DraftModel
     from .model_runner import ModelRunner
     from .request import Request
     from .scheduler import Chunk
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 # slowest row, and larger batches already share each read of the weights among their rows, so drafts
 # there mostly add compute (and a prompt lookup per request to the host's share of the step).
 SPECULATE_UP_TO = 8
+# Draft tokens a step when a draft model is given and EngineConfig.speculative_tokens is 0.
+DRAFT_MODEL_TOKENS = 4
 
 
 @dataclass
@@ -136,11 +138,10 @@ class Speculator:
     checks them, and what each request keeps. `most` (EngineConfig.speculative_tokens) 0 is off."""
 
     def __init__(self, most: int, shortest: int, longest: int, runner: ModelRunner, pages: PageAccountant,
-                 draft_model: Artifact | None = None):
-        """draft_model: an artifact whose greedy tokens are the drafts (runtime/draft_model.py), instead of
+                 draft_model: DraftModel | None = None):
+        """draft_model: the model whose greedy tokens are the drafts (runtime/draft_model.py), instead of
         prompt lookup's; then `most` 0 means DRAFT_MODEL_TOKENS."""
         if draft_model is not None:
-            from .draft_model import DRAFT_MODEL_TOKENS, DraftModel
             most = most or DRAFT_MODEL_TOKENS
         if most < 0 or not 1 <= shortest <= longest:
             raise ValueError(f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
@@ -153,7 +154,7 @@ class Speculator:
                              "cannot give back rejected draft tokens); leave speculative_tokens at 0")
         self.most, self.shortest, self.longest = most, shortest, longest
         self.runner, self.pages = runner, pages
-        self.draft_model = None if draft_model is None else DraftModel(draft_model, runner, most)
+        self.draft_model = draft_model
         self.drafted = self.accepted = 0            # draft tokens checked, and kept
 
     def drafts(self, chunks: list[Chunk], requests: list[Request | None]) -> list[list[int]] | None:

@@ -100,14 +100,27 @@ def test_pairs_on_other_devices_or_with_a_sliding_window_are_refused(tiny_artifa
     assert "sliding-window" in pairing_problem(like(window=64), served)
 
 
-def test_a_draft_model_that_does_not_fit_says_what_to_lower(tiny_artifacts, monkeypatch):
-    """TVM's allocation failing for the draft model (a GPU the served model has taken 0.9 of) is one
-    ValueError naming --gpu-memory-utilization, not TVM's error alone."""
+def test_a_draft_model_that_does_not_load_is_one_clear_error(tiny_artifacts, monkeypatch):
+    """TVM's allocation failing for the draft model is one ValueError naming the draft model and what
+    to do, not TVM's error alone."""
     from kiln.runtime import draft_model
 
     def no_memory(*_args, **_kwargs):
         raise RuntimeError("TVMError: ...\nCUDA: out of memory")
     monkeypatch.setattr(draft_model, "ModelRunner", no_memory)
-    with pytest.raises(ValueError, match=r"could not be loaded beside the served model \(CUDA: out of memory\).*"
-                                         r"--gpu-memory-utilization"):
+    with pytest.raises(ValueError, match=r"draft model .* could not be loaded \(CUDA: out of memory\); free the "
+                                         r"device or choose a smaller draft model"):
         Engine(tiny_artifacts["tied"], EngineConfig(draft_model=tiny_artifacts["untied"]))
+
+
+def test_the_draft_model_is_loaded_first_and_sized_from_what_the_served_model_will_hold(tiny_artifacts):
+    """Its cache: the served model's capacity where known before that loads (given, or the CPU's default),
+    within 8 full contexts, plus a page and a draft per sequence."""
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(draft_model=tiny_artifacts["untied"], max_num_seqs=3,
+                                                         max_total_tokens=192, speculative_tokens=5))
+    draft = engine.speculator.draft_model.runner
+    page = engine.runner.page_size
+    assert (draft.max_num_seqs, draft.max_total_tokens) == (3, 192 + 3 * (page + 5))
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(draft_model=tiny_artifacts["untied"]))
+    draft = engine.speculator.draft_model.runner
+    assert draft.max_total_tokens == engine.runner.max_total_tokens + draft.max_num_seqs * (page + 4)
