@@ -31,6 +31,7 @@ from .speculative import SPECULATE_UP_TO
 if TYPE_CHECKING:
     from .sequence import Sequence
 
+
 def pairing_problem(draft: Artifact, served: Artifact) -> str | None:
     """Why `draft` cannot draft for `served`, or None: it must run on the same device, share the
     tokenizer (the same token for every id) and hold its KV cache without a sliding window (a
