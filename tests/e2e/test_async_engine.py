@@ -146,7 +146,10 @@ def test_a_caller_that_falls_behind_gets_the_waiting_tokens_in_one_delta(aengine
         got = []
         async for delta in aengine.generate(PROMPT, params):
             got.append(delta)
-            time.sleep(0.05)                  # blocks the loop: the engine thread keeps stepping
+            if len(got) == 1:                 # block the loop until the engine thread has stepped on
+                request, deadline = aengine.engine.made[-1], time.monotonic() + 30
+                while len(request.output_ids) < 6 and time.monotonic() < deadline:
+                    time.sleep(0.01)
         return got
 
     deltas = asyncio.run(slow_reader())
