@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import write_tiny_llama  # noqa: E402
 
 
-# `pytest -n auto` (the README's test command): a worker a core this process may run on, at most 4.
+# `pytest -n auto --dist loadfile` (README "Tests"): a worker a core this process may run on, at most 4.
 # Each worker builds the session fixtures it needs (compiles, transformers references: ~3 GB with
 # SmolLM2's), so more workers mostly repeat those builds.
 MAX_WORKERS = 4
