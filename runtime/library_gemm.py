@@ -12,11 +12,12 @@ The VM resolves the name when it loads a library that calls it: the runner regis
 entry's float weights fit beside the KV cache (made once at load: memory_budget.gemm_weights_refused),
 for forwards of MIN_TOKENS or more and decode steps of MIN_DECODE_ROWS sequences or more. Below
 that a forward reads the quantized weights (4x fewer bytes for 4-bit ones) through kiln's own
-kernels. Both are arithmetic, not measured: for an 8B model on an H100 the BLAS's float16 weights
-take ~5.3 ms to read; the 4-bit prefill's matmuls run at ~210 TFLOP/s (14 GFLOP a token), so from
-~64 tokens the BLAS at ~600 TFLOP/s is ahead; a 16-sequence decode step's matmuls took 10.7 ms on
-the 4-bit tiles, but the MMA GEMV (to 16 rows) should take ~2.3. At the first GPU run
-tools/gpu_checks.py's `library gemm crossover` and `library gemm decode crossover` say where they are.
+kernels. Measured in one runner (H200, 8B-architecture q4f16, tools/gpu_checks.py measure8b's
+`library gemm crossover`, 2026-11-28), through kiln's kernels against through the BLAS: a prompt of
+16 tokens 12.7 ms against 8.6, 32: 12.4 against 9.1, 64: 16.4 against 8.4, 16 x 128: 160 against
+59; a decode step of 8 sequences 3.6 ms against 8.4, 16: 4.5 against 8.5, 32: 8.1 against 8.8,
+64: 13.8 against 9.1. Kiln's tiles grow by ~0.18 ms a sequence from 32, the BLAS by ~0.01: they
+cross near 36 (interpolated); MIN_DECODE_ROWS is 40. Fewer than 16 tokens were not measured.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from __future__ import annotations
 from ._tvm import tvm_ffi
 from .contract import GEMM_PACKED_FUNC
 
-MIN_TOKENS = 64
-MIN_DECODE_ROWS = 32
+MIN_TOKENS = 16
+MIN_DECODE_ROWS = 40
 _TORCH_DEVICES = ("cpu", "cuda", "rocm")          # runtime device kinds torch's matmul runs on
 
 

@@ -20,5 +20,5 @@ def cuda_profile(arch: str = "sm_80") -> TargetProfile:
     return TargetProfile(name=f"cuda-{arch.replace('_', '')}" if arch != "sm_80" else "cuda",
                          target=target, device="cuda", export_format="so", runnable_here=False,
                          default_quant="q4f16", phase_passes=cuda_graph_phase_passes,
-                         max_batch_size=256,
+                         max_batch_size=256, library_gemm=True,
                          description=f"NVIDIA GPU, {arch}")

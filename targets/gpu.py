@@ -198,17 +198,40 @@ class FirstOf:
 
 
 # Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket or a schedule rule) per branch,
-# the tiled matmul above the last bound (the split MLC-LLM's LowBatchGemvSpecialize uses). Measured
-# on an H100 (tools/gpu_checks.py `variants`, 2 layers of the 8B-architecture model, q4f16, the
-# matmuls' GPU time per decode step; logits identical to the tiled schedule's at every row count):
-# 32 x 32 tensor-core tiles took 0.71 ms at 16 rows, 0.73 at 32 and 1.03 at 64 where dlight's
-# 128 x 128 tiles took 1.43-1.44, and LowBatchGEMV's 4-row bucket 0.64 ms at 4 rows, 1.20 at 8.
-# Rules that do not apply on a target (tensor cores elsewhere than CUDA) leave their branch out.
-# A branch's schedule may add workspace outputs (split K) only in kernels whose rows are bounded by
-# this many (batch_decode's sequences), not prefill's chunk: the workspace is planned at the bound.
+# the tiled matmul above the last bound (the split MLC-LLM's LowBatchGemvSpecialize uses).
+# Rules that do not apply on a target (the MMA GEMV and tensor-core tiles elsewhere than CUDA) leave
+# their branch out. A branch's schedule may add workspace outputs (split K) only in kernels whose rows
+# are bounded by this many (batch_decode's sequences), not prefill's chunk: the workspace is planned
+# at the bound.
 WORKSPACE_ROWS = 256
-LOW_BATCH_BRANCHES = ((1, OneRowGEMV()), (2, 2), (4, 4),
-                      (64, NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2)))
+SPLIT_BLOCKS = 1024     # the 5-64-row tiles split K to about this many thread blocks
+
+
+def low_batch_branches(gemv=None, wide=(8, 16), tiles=None) -> tuple:
+    """LowBatchGEMV's branches: `gemv(b)` (kiln's GEMV rules for b rows, the first that applies;
+    default the MMA GEMV for the 4-bit then the 8-bit layers, targets/mma_gemv.py) before dlight's
+    GEMV at 1 row and its LowBatchGEMV buckets at 2 and 3-4, before `tiles` in the `wide` buckets,
+    and `tiles` alone to 64 rows (default the 32 x 32 tensor-core tiles, K split to SPLIT_BLOCKS
+    blocks). tools/gpu_checks.py `variants` builds others through the same arguments.
+
+    Measured, 2 layers of the 8B-architecture model, q4f16, matmul GPU time a decode step (H100,
+    2026-11-26): the 32 x 32 tiles took 0.71 ms at 16 rows, 0.73 at 32 and 1.03 at 64 where dlight's
+    128 x 128 tiles took 1.43-1.44; LowBatchGEMV's 4-row bucket 0.64 at 4 rows, 1.20 at 8. The whole
+    8B (H200, 2026-11-28, one run, tools/gpu_checks.py `all`): these branches (with the library
+    GEMM from 32 sequences, as shipped then) against dlight's GEMVs to 4 rows and unsplit tiles
+    above: batch-1 decode 323.5 against 280.1 tok/s, 16 sequences 3,437 against 1,347, 64 sequences
+    4,980 against 3,756; logits within 0.04 (2 of 64 rows' argmax moved, at batch 64, where the
+    logits of this random-weight model differ by less than that)."""
+    from .mma_gemv import MMAGEMV
+    gemv = gemv or (lambda b: [MMAGEMV(4, batch=b), MMAGEMV(8, batch=b)])
+    tiles = tiles or NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, target_blocks=SPLIT_BLOCKS)
+    return ((1, OneRowGEMV(*gemv(1), dl.gpu.GEMV())),
+            *((b, FirstOf(*gemv(b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)),
+            *((b, FirstOf(*gemv(b), tiles)) for b in wide),
+            (64, tiles))
+
+
+LOW_BATCH_BRANCHES = low_batch_branches()
 
 
 @tvm.transform.module_pass(opt_level=0, name="kiln.LowBatchGEMV")

@@ -57,32 +57,28 @@ def smollm2_gguf() -> Path:
 
 PREBUILT = ROOT / ".gpu" / "prebuilt"
 
-# Kernel variants to compare. "base": what ships (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4,
-# 32 x 32 tensor-core tiles to 64 rows, chosen from this harness's second H100 run against
-# LowBatchGEMV to 8 rows and 16 x 32 tiles). "bits": the profile's codes_by_bits (4-bit codes become
-# float16 through their bits, no integer-to-float conversion: compiler/quant_modules.py code_value),
-# every kernel. "tcgroup": the 5-64-row tensor-core tiles staging the 4-bit weights a group of 32
-# values per thread (one 128-bit load of its words; K in steps of 128).
-# "q4gemv": targets/q4_gemv.py at 1, 2, 3-4 and 5-8 rows for the 4-bit layers (two values dequantized
-# per integer operation, once for every row; 5.25 SASS instructions a weight value at one row against
-# dlight's 8.1, 21.6 for 8 rows; the 8-bit layers keep dlight's GEMV and buckets and the tiles).
-# "mma": targets/mma_gemv.py for the 4-bit layers at those row counts and 9-16: the same dequantized
-# pairs, the products and sums on the tensor cores' m16n8k16 MMA, one a step for 8 rows, two for 16
-# (~2.3 SASS instructions a weight value at any of 1-8 rows, ~3.0 at 9-16); "mma8": the 8-bit layers
-# (the first and last eighth, the LM head) too (~2.3 a value where dlight's 8-bit GEMV issues 7.6).
-# "splitk": the 5-64-row tiles with K split between thread blocks (targets/narrow_tiles.py
-# target_blocks: ~1,024 blocks where a 4096-column projection had 128, the slices' sums added by a
-# second kernel); "tcsplit": tcgroup's tiles split so. (A GEMV giving each lane a whole group of 32
-# values, "wide", ran 9-18% slower than dlight's at one row on the H100, 2026-11-26, and is gone;
-# "tvmattn", TVM's paged decode attention in place of targets/decode_attention.py's, took twice its
-# time at 1-64 sequences and 23 times after a 4,000-token prompt, 2026-11-27, and is gone; "all",
-# q4gemv with tcgroup, is left to follow from those two.) "attn64": the decode attention splits a
-# sequence between work-groups from 64 tokens a share (targets/decode_attention.py MIN_SPLIT, 256
-# shipped): at batch 1 and 256 tokens 32 work-groups rather than the 8B's 8 (8 us a call, 2026-11-27).
-# "nographs": the CUDA presets without the CUDA graphs (every kernel launched from the host, as the
-# attention's already are): wall against busy time beside base's says what the graphs and the
-# switches between a graph and the host-launched attention kernels cost a layer (the 0.45 ms a step
-# the 8B's batch-1 decode spends beyond the GPU's busy time, 2026-11-27).
+# Kernel variants to compare, on 2 layers with the 8B's shapes (`variants`). "base": what ships
+# (targets/gpu.py low_batch_branches: the MMA GEMV, targets/mma_gemv.py, for the 4-bit then the
+# 8-bit layers at 1, 2, 3-4, 5-8 and 9-16 rows, the 32 x 32 tensor-core tiles with K split to ~1,024
+# blocks above; and the CUDA profiles' library GEMM from 40 sequences a decode step). It was the
+# "candidate" of 2026-11-28's H200 run, adopted from its whole-8B rows (tools/README.md). The
+# levers it left out:
+# "attn64": the decode attention splits a sequence between work-groups from 64 tokens a share
+# (targets/decode_attention.py MIN_SPLIT, 256 shipped): at batch 1 and 256 tokens 32 work-groups
+# rather than the 8B's 8 (8 us a call, 2026-11-27). "nographs": the CUDA presets without the CUDA
+# graphs: wall against busy time beside base's says what the graphs and the switches between a
+# graph and the host-launched attention kernels cost (0.74 ms a step beyond the GPU's busy time at
+# batch 1 on the H200). "q4gemv": targets/q4_gemv.py in place of the MMA GEMV at 1-8 rows (two values
+# dequantized per integer operation, the products on the CUDA cores: 5.25 SASS instructions a weight
+# value at one row where the MMA GEMV issues ~2.3; the tiles from 9 rows). "tcgroup": the split
+# tiles staging the 4-bit weights a group of 32 values per thread (one 128-bit load of its words; K in
+# steps of 128). "bits": the profile's codes_by_bits (4-bit codes become float16 through their bits,
+# no integer-to-float conversion: compiler/quant_modules.py code_value), every kernel. "dlight": the
+# branches shipped before 2026-11-28 (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4, unsplit
+# tiles to 64 rows): the MMA GEMV's and split K's share of base's gain. (Gone: "wide", a GEMV giving
+# each lane a group of 32 values, 9-18% slower than dlight's at one row on the H100, 2026-11-26;
+# "tvmattn", TVM's paged decode attention, twice kiln's time at 1-64 sequences, 2026-11-27;
+# "splitk", "mma", "mma8", "candidate": shipped since.)
 
 
 def _phases_without_graphs(profile, phase: str) -> list:
@@ -90,29 +86,20 @@ def _phases_without_graphs(profile, phase: str) -> list:
     return gpu_phase_passes(profile, phase)
 
 
-_TC = {"warp_rows": 2, "warp_cols": 2}
-_TC_GROUP = {**_TC, "k_frags": 8, "group_loads": True}
-SPLIT_BLOCKS = 1024
-# In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without).
-# "candidate": what would ship if the matmul levers built since the last measurement win, together:
-# mma8 at 1-16 rows, splitk's tiles above, and the profiles' library_gemm (batch_prefill_gemm and
-# batch_decode_gemm: the token matmuls through cuBLAS, via torch, on float16 weights kept from the
-# load, from 64 tokens a forward and 32 sequences a decode step; not attn64: at batch 1 its
-# splits add a merge kernel a layer, launched from the host, for ~4 us of attention saved). `all`
-# builds the whole 8B with it as well as with base and measures both (tools/README.md: adopting it).
-# "profile": TargetProfile fields set on the CUDA presets for the build.
-VARIANTS = {"base": {}, "candidate": {"mma": (4, 8), "tc": {**_TC, "target_blocks": SPLIT_BLOCKS},
-                                      "profile": {"library_gemm": True}},
-            "splitk": {"tc": {**_TC, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
-            "mma": {"mma": (4,), "batches": (1, 2, 4, 5, 16)},
-            "mma8": {"mma": (4, 8), "batches": (1, 2, 4, 5, 16)},
+# In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without);
+# "branches": low_batch_branches' arguments (tiles: NarrowTensorCoreMatmul's; gemv: "q4" for
+# targets/q4_gemv.py, "none" for dlight's alone); "profile": TargetProfile fields set on the CUDA
+# presets for the build; "min_split": decode_attention.MIN_SPLIT.
+VARIANTS = {"base": {},
             "attn64": {"min_split": 64, "batches": (1, 16)},
-            "q4gemv": {"gemv": {}, "batches": (1, 2, 4, 5)},
-            "tcgroup": {"tc": _TC_GROUP, "batches": (5, 16, 64)},
-            "tcsplit": {"tc": {**_TC_GROUP, "target_blocks": SPLIT_BLOCKS}, "batches": (5, 16, 64)},
+            "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)},
+            "q4gemv": {"branches": {"gemv": "q4", "wide": (8,)}, "batches": (1, 2, 4, 5, 16)},
+            "tcgroup": {"branches": {"tiles": {"k_frags": 8, "group_loads": True}}, "batches": (5, 16, 64)},
             "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)},
-            "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)}}
-CANDIDATE = "candidate"
+            "dlight": {"branches": {"gemv": "none", "wide": (), "tiles": {"target_blocks": 0}},
+                       "batches": (1, 2, 4, 5, 16)}}
+# The build `all` measures beside base on the whole 8B, when there is one: a VARIANTS key, or None.
+CANDIDATE = None
 
 
 def _load_state(path: Path, args) -> dict:
@@ -133,31 +120,16 @@ def _save_state(path: Path, args, **kept) -> None:
 
 def variant_branches(variant: str):
     """VARIANTS[variant]'s row branches as LowBatchGEMV takes them, or None for the shipped ones."""
-    from tvm.s_tir import dlight as dl
-
-    from kiln.targets.gpu import LOW_BATCH_BRANCHES, FirstOf, OneRowGEMV
-    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
-    from kiln.targets.mma_gemv import MMAGEMV
-    from kiln.targets.q4_gemv import Q4GEMV
-    spec = VARIANTS[variant]
-    # kiln's GEMV rules for a row bucket b, and the wide buckets (q4gemv to 8 rows, mma to 16).
-    if "gemv" in spec:
-        rules, wide = (lambda b: [Q4GEMV(**spec["gemv"], batch=b)]), (8,)
-    elif "mma" in spec:
-        rules, wide = (lambda b: [MMAGEMV(bits, batch=b) for bits in spec["mma"]]), (8, 16)
-    else:
-        rules = None
-    if "tc" not in spec and rules is None:
+    spec = VARIANTS[variant].get("branches")
+    if spec is None:
         return None
-    branches = list(LOW_BATCH_BRANCHES)
-    if "tc" in spec:
-        branches[-1] = (branches[-1][0], NarrowTensorCoreMatmul(**spec["tc"]))
-    if rules is not None:               # 1, 2, 3-4, 5-8 (and 9-16) rows; the layers they skip keep what they had
-        branches[0] = (1, OneRowGEMV(*rules(1), dl.gpu.GEMV()))
-        branches[1:3] = [(b, FirstOf(*rules(b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)]
-        for b in wide:
-            branches.insert(-1, (b, FirstOf(*rules(b), branches[-1][1])))
-    return tuple(branches)
+    from kiln.targets.gpu import SPLIT_BLOCKS, low_batch_branches
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    from kiln.targets.q4_gemv import Q4GEMV
+    gemv = {"q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None}[spec.get("gemv")]
+    tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
+                                      **spec.get("tiles", {})})
+    return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)
 
 
 @contextlib.contextmanager
@@ -247,7 +219,7 @@ def prebuild(args) -> dict:
     jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
     name, config = llama8b_config(args)
     full = shapes_only_checkpoint(shapes / name, config)
-    jobs += [(full, "q4f16", v, 256) for v in (CANDIDATE, "base")]
+    jobs += [(full, "q4f16", v, 256) for v in (CANDIDATE, "base") if v]
     name, config = llama8b_config(args, layers=VARIANT_LAYERS)
     two = shapes_only_checkpoint(shapes / name, config)
     jobs += [(two, "q4f16", v, None) for v in VARIANTS]
@@ -868,7 +840,8 @@ def prep8b(args) -> dict:
               "stage_s": span, "convert_workers": len(os.sched_getaffinity(0))}
     # The same weights with CANDIDATE's library (built here only where prebuild left it: on the
     # device a second 8B compile would cost minutes the measurements need).
-    if (PREBUILT / f"{_prebuilt_name(src, 'q4f16', args.target, 256, CANDIDATE)}.so.xz").is_file() or args.quick:
+    if CANDIDATE and ((PREBUILT / f"{_prebuilt_name(src, 'q4f16', args.target, 256, CANDIDATE)}.so.xz").is_file()
+                      or args.quick):
         cand, seconds = compile_timed(src, "q4f16", args, CANDIDATE, max_batch_size=256)
         result[CANDIDATE] = {"artifact": str(cand), "compile_s": round(seconds, 1)}
     return result
@@ -950,8 +923,13 @@ def _gemm_from(least: int, knob: str = "MIN_TOKENS"):
 
 
 def _logit_diff(a: np.ndarray, b: np.ndarray) -> dict:
-    """The largest difference and the rows whose argmax differs (last axis: the vocabulary)."""
-    return {"max_diff": float(np.abs(a - b).max()), "argmax_differs": int((a.argmax(-1) != b.argmax(-1)).sum())}
+    """The largest difference and the rows whose argmax differs (last axis: the vocabulary); for those
+    rows, `b`'s logit gap between the two argmaxes (a near-tie: at most twice max_diff)."""
+    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    moved = np.flatnonzero(a.argmax(-1) != b.argmax(-1))
+    gaps = [float(b[r].max() - b[r, a[r].argmax()]) for r in moved]
+    return {"max_diff": float(np.abs(a - b).max()), "argmax_differs": len(moved),
+            **({"argmax_gaps": [round(g, 5) for g in gaps]} if gaps else {})}
 
 
 def gemm_probe(runner, args) -> dict:
@@ -1238,16 +1216,21 @@ def run_all(args) -> dict:
         return json.loads(prep_file.read_text())
 
     prep = step("llama3-8b-arch compiled", 120, prep8b_done)
-    # The done-when's figures first: the 8B as it would ship (CANDIDATE) and transformers on the
-    # same checkpoint, SmolLM2 against torch at batch 1, q0f16 numerics, the serving limits; then
-    # what ships now (base: adopting the candidate compares with it), so that a call cut short (a
-    # second call goes on, tools/README.md) has the done-when's rows first.
+    # The done-when's figures first: the 8B as it would ship (CANDIDATE where there is one, else
+    # base) and transformers on the same checkpoint, SmolLM2 against torch at batch 1, q0f16
+    # numerics, the serving limits; then, with a candidate, what ships now (adopting the candidate
+    # compares with it), so that a call cut short (a second call goes on, tools/README.md) has the
+    # done-when's rows first. The first 8B build measured runs in a process of its own (kernels
+    # that have not run on a GPU before fault only that process).
     measured = []
-    if CANDIDATE in prep:           # its kernels have not run on a GPU before: in a process of its own
-        cand = step(f"llama3-8b-arch q4f16 {CANDIDATE}", 90, lambda: apart(
-            args, "measure8b", min(240.0, max(60.0, step.left() - 60)), f"measure8b-{CANDIDATE}",
-            ("--artifact", prep[CANDIDATE]["artifact"], "--tag", CANDIDATE)))
-        measured += [CANDIDATE] * ("logits" in cand)
+    first = CANDIDATE if CANDIDATE and CANDIDATE in prep else "base" if "artifact" in prep else None
+    if first:
+        art8b = prep[CANDIDATE]["artifact"] if first == CANDIDATE else prep["artifact"]
+        label = "llama3-8b-arch q4f16" + (f" {CANDIDATE}" if first == CANDIDATE else "")
+        row = step(label, 90, lambda: apart(
+            args, "measure8b", min(240.0, max(60.0, step.left() - 60)), f"measure8b-{first}",
+            ("--artifact", art8b, "--tag", first)))
+        measured += [first] * ("logits" in row)
     if "artifact" in prep:
         step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(
             args, "torch8b", max(60.0, step.left() - 30)))
@@ -1263,7 +1246,7 @@ def run_all(args) -> dict:
     if "artifact" in q4:
         # After the 8B steps: an Engine sizes its KV cache from most of the GPU's free memory.
         step("serving limits", 20, lambda: serving_limits(Path(q4["artifact"])))
-    if "artifact" in prep:
+    if first == CANDIDATE:
         base = step("llama3-8b-arch q4f16", 90, lambda: measure8b(Path(prep["artifact"]), args, torch_too=False))
         measured += ["base"] * ("logits" in base)
     if measured == [CANDIDATE, "base"]:
