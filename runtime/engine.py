@@ -38,8 +38,7 @@ from .engine_config import EngineConfig, kv_size
 from .front import ModelFront
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
-from .memory_budget import SERVER_DEVICES
-from .model_runner import LaunchedTokens, ModelRunner, default_kv_tokens
+from .model_runner import LaunchedTokens, ModelRunner, default_kv_tokens, sized_by_memory
 from .prefix_cache import PrefixCache
 from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
                        TokenLogprob)
@@ -462,7 +461,7 @@ def _draft_model(served: Artifact, config: EngineConfig, kv_tokens: int | None, 
     if config.draft_model is None:
         return None
     seqs = config.max_num_seqs or served.config.max_batch_size
-    if kv_tokens is None and kv_share is None and served.device not in SERVER_DEVICES:
+    if kv_tokens is None and not sized_by_memory(served.device, kv_share):
         kv_tokens = default_kv_tokens(served, seqs)
     return DraftModel(Artifact.load(config.draft_model, verify=config.verify), served, seqs, kv_tokens,
                       config.speculative_tokens or DRAFT_MODEL_TOKENS)

@@ -73,6 +73,12 @@ def _to_host(tensor, wait: bool) -> np.ndarray:
     return out
 
 
+def sized_by_memory(device_kind: str, memory_utilization: float | None) -> bool:
+    """Whether a runner's KV capacity comes from the device's memory (a share asked, or CUDA and ROCm
+    by default) rather than from default_kv_tokens (unless given in tokens)."""
+    return memory_utilization is not None or device_kind in SERVER_DEVICES
+
+
 def default_kv_tokens(artifact: Artifact, max_num_seqs: int | None = None) -> int:
     """The KV capacity a runner gets unless told otherwise: room for one full-context sequence plus a
     partly filled page per other sequence."""
@@ -189,7 +195,7 @@ class ModelRunner:
         with no share, DEFAULT_GPU_UTILIZATION on CUDA and ROCm. None: the default capacity (no
         share asked, and the device is not one of those or reports no memory size)."""
         kind, cfg = self.artifact.device, self.artifact.config
-        if share is None and kind not in SERVER_DEVICES:
+        if not sized_by_memory(kind, share):
             return None
         memory = device_memory(kind, self.device, loaded)
         if memory is None:

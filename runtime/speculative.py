@@ -140,9 +140,9 @@ class Speculator:
     def __init__(self, most: int, shortest: int, longest: int, runner: ModelRunner, pages: PageAccountant,
                  draft_model: DraftModel | None = None):
         """draft_model: the model whose greedy tokens are the drafts (runtime/draft_model.py), instead of
-        prompt lookup's; then `most` 0 means DRAFT_MODEL_TOKENS."""
+        prompt lookup's; then `most` 0 means the draft model's own (DraftModel.most)."""
         if draft_model is not None:
-            most = most or DRAFT_MODEL_TOKENS
+            most = most or draft_model.most
         if most < 0 or not 1 <= shortest <= longest:
             raise ValueError(f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
                              f"prompt_lookup_max (got {most}, {shortest}, {longest})")

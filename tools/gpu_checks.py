@@ -65,7 +65,12 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # levers it left out:
 # "attn64": the decode attention splits a sequence between work-groups from 64 tokens a share
 # (targets/decode_attention.py MIN_SPLIT, 256 shipped): at batch 1 and 256 tokens 32 work-groups
-# rather than the 8B's 8 (8 us a call, 2026-11-27). "nographs": the CUDA presets without the CUDA
+# rather than the 8B's 8 (8 us a call, 2026-11-27).
+# "unroll4": the MMA GEMV's 4-bit layers load 4 chunks a warp before their MMAs (unroll 4; 2 ships)
+# at 1-8 rows: at one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy bandwidth where
+# the 8-bit ones, the same kernel at twice the bytes a chunk, reached 59-100% at the same shapes
+# (tools/README.md, H200 session): twice the bytes took only 1.2-1.3x the time, so more bytes in
+# flight a warp may be what the 4-bit ones lack. "nographs": the CUDA presets without the CUDA
 # graphs: wall against busy time beside base's says what the graphs and the switches between a
 # graph and the host-launched attention kernels cost (0.74 ms a step beyond the GPU's busy time at
 # batch 1 on the H200). "q4gemv": targets/q4_gemv.py in place of the MMA GEMV at 1-8 rows (two values
@@ -93,6 +98,7 @@ def _phases_without_graphs(profile, phase: str) -> list:
 VARIANTS = {"base": {},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)},
+            "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
             "q4gemv": {"branches": {"gemv": "q4", "wide": (8,)}, "batches": (1, 2, 4, 5, 16)},
             "tcgroup": {"branches": {"tiles": {"k_frags": 8, "group_loads": True}}, "batches": (5, 16, 64)},
             "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)},
@@ -126,7 +132,10 @@ def variant_branches(variant: str):
     from kiln.targets.gpu import SPLIT_BLOCKS, low_batch_branches
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
     from kiln.targets.q4_gemv import Q4GEMV
-    gemv = {"q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None}[spec.get("gemv")]
+    from kiln.targets.mma_gemv import MMAGEMV
+    gemv = {"q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
+            "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)]
+            }[spec.get("gemv")]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})
     return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)
@@ -460,18 +469,47 @@ def host_enqueue(runner, ids: list[int], tokens: list[int], steps: int = 16) -> 
     """A greedy decode step split at the token's copy back (ModelRunner.decode_greedy's own calls):
     the host's ms until the step's last kernel is queued, then its ms waiting for the GPU (median
     of `steps`). A step whose enqueue time nears the GPU's busy time is the host's to shorten;
-    waiting most of the step, the GPU's."""
+    waiting most of the step, the GPU's. `host_calls_ms`: the enqueue's host ms in each call the
+    runner makes (the ids staged and embedded, the KV cache's begin and end, the decode entry, the
+    argmax), medians: which of them sits between the last step's token and this step's first layer
+    (the GPU's idle time before layer 0's norm)."""
     import statistics
-    enqueue, wait = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        picked = runner._fn["greedy_tokens"](runner._decode(ids, tokens))
-        t1 = time.perf_counter()
-        tokens = [int(t) for t in picked.numpy()]
-        enqueue.append(t1 - t0)
-        wait.append(time.perf_counter() - t1)
+
+    from kiln.runtime import model_runner
+    spent: dict[str, float] = {}
+
+    def timed(name: str, fn):
+        def call(*a):
+            t = time.perf_counter()
+            try:
+                return fn(*a)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+        return call
+
+    kv, fns = dict(model_runner._KV), dict(runner._fn)
+    model_runner._KV.update({k: timed(k.removeprefix("kv_state_"), f) for k, f in kv.items()
+                             if k in ("kv_state_begin_forward", "kv_state_end_forward")})
+    runner._fn.update({k: timed(k, f) for k, f in fns.items()})
+    enqueue, wait, calls = [], [], {}
+    try:
+        for _ in range(steps):
+            spent.clear()
+            t0 = time.perf_counter()
+            picked = runner._fn["greedy_tokens"](runner._decode(ids, tokens))
+            t1 = time.perf_counter()
+            tokens = [int(t) for t in picked.numpy()]
+            enqueue.append(t1 - t0)
+            wait.append(time.perf_counter() - t1)
+            for k, v in spent.items():
+                calls.setdefault(k, []).append(v)
+    finally:
+        model_runner._KV.update(kv)
+        runner._fn.clear()
+        runner._fn.update(fns)
     return {"host_enqueue_ms": round(statistics.median(enqueue) * 1e3, 3),
-            "host_wait_ms": round(statistics.median(wait) * 1e3, 3)}
+            "host_wait_ms": round(statistics.median(wait) * 1e3, 3),
+            "host_calls_ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in calls.items()}}
 
 
 def prefill_kernel_times(art: Path, batch: int, args, runner=None, steps: int = 4, top: int = 14) -> dict:
