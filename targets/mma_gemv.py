@@ -209,9 +209,10 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
 WARPS_IN_ALL = 2048
 
 
-def kernel_shape(n: int, k: int, unroll: int = 2) -> tuple[int, int] | None:
-    """(warps, unroll) for an n x k weight, or None where K is not a multiple of 128 (a chunk)."""
-    want = 8 if n // TILE * 4 < WARPS_IN_ALL else 4
+def kernel_shape(n: int, k: int, unroll: int = 2, most_warps: int = 8) -> tuple[int, int] | None:
+    """(warps, unroll) for an n x k weight, or None where K is not a multiple of 128 (a chunk):
+    `most_warps` a block where 4 would leave fewer than WARPS_IN_ALL in all."""
+    want = most_warps if n // TILE * 4 < WARPS_IN_ALL else 4
     return next(((w, u) for w in (want, 4, 2, 1) if w <= want for u in (unroll, 1)
                  if n % TILE == 0 and k % (CHUNK * w * u) == 0), None)
 
@@ -223,16 +224,18 @@ class MMAGEMV:
     2-16: a LOW_BATCH_BRANCHES rule for up to `batch` rows (symbolic; two MMAs a step above 8),
     giving the kernel as a body over the function's own params."""
 
-    def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1) -> None:
+    def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8) -> None:
         if bits not in CODES:
             raise ValueError(f"MMAGEMV takes {' or '.join(map(str, CODES))}-bit codes, not {bits}")
         if not 1 <= batch <= MAX_ROWS:
             raise ValueError(f"MMAGEMV takes 1 to {MAX_ROWS} rows (the MMA's columns, twice), not {batch}")
-        self.bits, self.unroll, self.batch = bits, unroll, batch
+        if most_warps not in (4, 8, 16):
+            raise ValueError(f"MMAGEMV splits K between 4, 8 or 16 warps a block at most, not {most_warps}")
+        self.bits, self.unroll, self.batch, self.most_warps = bits, unroll, batch, most_warps
 
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count):
-            shape = kernel_shape(n, k, self.unroll)
+            shape = kernel_shape(n, k, self.unroll, self.most_warps)
             return None if shape is None else mma_gemv(n, k, out_dtype, self.bits, *shape, count=count,
                                                        groups=-(-self.batch // COLS))
         return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}")

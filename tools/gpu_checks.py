@@ -62,28 +62,32 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # 8-bit layers at 1, 2, 3-4, 5-8 and 9-16 rows, the 32 x 32 tensor-core tiles with K split to ~1,024
 # blocks above; and the CUDA profiles' library GEMM from 40 sequences a decode step). It was the
 # "candidate" of 2026-11-28's H200 run, adopted from its whole-8B rows (tools/README.md). The
-# levers it left out:
+# levers it left out, in the order they decide:
+# "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
+# projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
+# and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
+# bandwidth where the 8-bit ones, the same kernel at twice the bytes a chunk, reached 59-100% at the
+# same shapes (tools/README.md, H200 session): twice the bytes took only 1.2-1.3x the time.
+# "unroll4": the 4-bit layers load 4 chunks a warp before their MMAs (2 ship) at 1-8 rows (nvcc
+# may schedule the loads as it likes: 44 registers where unroll 2 has 48, `ptxas -v`).
 # "attn64": the decode attention splits a sequence between work-groups from 64 tokens a share
 # (targets/decode_attention.py MIN_SPLIT, 256 shipped): at batch 1 and 256 tokens 32 work-groups
 # rather than the 8B's 8 (8 us a call, 2026-11-27).
-# "unroll4": the MMA GEMV's 4-bit layers load 4 chunks a warp before their MMAs (unroll 4; 2 ships)
-# at 1-8 rows: at one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy bandwidth where
-# the 8-bit ones, the same kernel at twice the bytes a chunk, reached 59-100% at the same shapes
-# (tools/README.md, H200 session): twice the bytes took only 1.2-1.3x the time, so more bytes in
-# flight a warp may be what the 4-bit ones lack. "nographs": the CUDA presets without the CUDA
-# graphs: wall against busy time beside base's says what the graphs and the switches between a
-# graph and the host-launched attention kernels cost (0.74 ms a step beyond the GPU's busy time at
-# batch 1 on the H200). "q4gemv": targets/q4_gemv.py in place of the MMA GEMV at 1-8 rows (two values
-# dequantized per integer operation, the products on the CUDA cores: 5.25 SASS instructions a weight
-# value at one row where the MMA GEMV issues ~2.3; the tiles from 9 rows). "tcgroup": the split
-# tiles staging the 4-bit weights a group of 32 values per thread (one 128-bit load of its words; K in
-# steps of 128). "bits": the profile's codes_by_bits (4-bit codes become float16 through their bits,
-# no integer-to-float conversion: compiler/quant_modules.py code_value), every kernel. "dlight": the
-# branches shipped before 2026-11-28 (dlight's GEMV at 1 row, LowBatchGEMV at 2 and 3-4, unsplit
-# tiles to 64 rows): the MMA GEMV's and split K's share of base's gain. (Gone: "wide", a GEMV giving
-# each lane a group of 32 values, 9-18% slower than dlight's at one row on the H100, 2026-11-26;
-# "tvmattn", TVM's paged decode attention, twice kiln's time at 1-64 sequences, 2026-11-27;
-# "splitk", "mma", "mma8", "candidate": shipped since.)
+# "nographs": the CUDA presets without the CUDA graphs: wall against busy time beside base's says what
+# the graphs and the switches between a graph and the host-launched attention kernels cost (0.74 ms
+# a step beyond the GPU's busy time at batch 1 on the H200).
+# "q4gemv": targets/q4_gemv.py in place of the MMA GEMV at 1-8 rows (two values dequantized per
+# integer operation, the products on the CUDA cores: 5.25 SASS instructions a weight value at one row
+# where the MMA GEMV issues ~2.3; the tiles from 9 rows).
+# "tcgroup": the split tiles staging the 4-bit weights a group of 32 values per thread (one 128-bit
+# load of its words; K in steps of 128).
+# "bits": the profile's codes_by_bits (4-bit codes become float16 through their bits, no
+# integer-to-float conversion: compiler/quant_modules.py code_value), every kernel.
+# "dlight": the branches shipped before 2026-11-28 (dlight's GEMV at 1 row, LowBatchGEMV at 2 and
+# 3-4, unsplit tiles to 64 rows): the MMA GEMV's and split K's share of base's gain.
+# (Gone: "wide", a GEMV giving each lane a group of 32 values, 9-18% slower than dlight's at one row
+# on the H100, 2026-11-26; "tvmattn", TVM's paged decode attention, twice kiln's time at 1-64
+# sequences, 2026-11-27; "splitk", "mma", "mma8", "candidate": shipped since.)
 
 
 def _phases_without_graphs(profile, phase: str) -> list:
@@ -92,13 +96,14 @@ def _phases_without_graphs(profile, phase: str) -> list:
 
 
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without);
-# "branches": low_batch_branches' arguments (tiles: NarrowTensorCoreMatmul's; gemv: "q4" for
-# targets/q4_gemv.py, "none" for dlight's alone); "profile": TargetProfile fields set on the CUDA
+# "branches": low_batch_branches' arguments (tiles: NarrowTensorCoreMatmul's; gemv: variant_branches'
+# rules by name, "none" for dlight's alone); "profile": TargetProfile fields set on the CUDA
 # presets for the build; "min_split": decode_attention.MIN_SPLIT.
 VARIANTS = {"base": {},
+            "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
+            "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)},
-            "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
             "q4gemv": {"branches": {"gemv": "q4", "wide": (8,)}, "batches": (1, 2, 4, 5, 16)},
             "tcgroup": {"branches": {"tiles": {"k_frags": 8, "group_loads": True}}, "batches": (5, 16, 64)},
             "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)},
@@ -134,8 +139,8 @@ def variant_branches(variant: str):
     from kiln.targets.q4_gemv import Q4GEMV
     from kiln.targets.mma_gemv import MMAGEMV
     gemv = {"q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
-            "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)]
-            }[spec.get("gemv")]
+            "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)],
+            "warps16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16) for bits in (4, 8)]}[spec.get("gemv")]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})
     return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.compiler
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("n, k, warps, unroll, count, groups", [
     (32, 512, 2, 2, None, 1), (16, 1024, 4, 2, 3, 1), (48, 256, 1, 2, 8, 1), (16, 128, 1, 1, 1, 1),
-    (32, 512, 2, 1, 13, 2), (16, 256, 1, 2, 16, 2), (16, 256, 2, 1, 5, 2)])
+    (32, 512, 2, 1, 13, 2), (16, 256, 1, 2, 16, 2), (16, 256, 2, 1, 5, 2), (16, 2048, 16, 1, 3, 1)])
 def test_fragments_give_the_float16_dequantized_weights_product(bits, n, k, warps, unroll, count, groups):
     """The serial form (each lane's fragments as the kernel builds them, the MMA from its documented
     register layout), q4 and q8: float32 sums within float32 rounding of x . W with W rounded to
@@ -70,16 +70,18 @@ def _built(func, branch_rows: int, rule) -> str:
     return tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
 
 
-@pytest.mark.parametrize("rows, bits", [(1, 4), (8, 4), (16, 4), (1, 8), (16, 8)])
-def test_branches_build_for_cuda(rows, bits, tmp_path):
+@pytest.mark.parametrize("rows, bits, most_warps", [(1, 4, 8), (8, 4, 8), (16, 4, 8), (1, 8, 8), (16, 8, 8),
+                                                     (1, 4, 16), (16, 4, 16)])
+def test_branches_build_for_cuda(rows, bits, most_warps, tmp_path):
     """At an 8B projection's shape (4096 x 4096), the one-row branch (OneRowGEMV) and the 8- and
-    16-row buckets (FirstOf, symbolic rows), merged with the tiled schedule, for q4 and q8 weights:
-    the MMA instruction and the float16-pair arithmetic in the CUDA nvcc compiles."""
+    16-row buckets (FirstOf, symbolic rows), merged with the tiled schedule, for q4 and q8 weights
+    (and q4 with K split between 16 warps, gpu_checks.py's `warps16`): the MMA instruction and the
+    float16-pair arithmetic in the CUDA nvcc compiles."""
     from tvm.s_tir import dlight as dl
 
     from kiln.targets.gpu import FirstOf, OneRowGEMV
     func = _fused_q4_matmul(4096, 4096, fmt=FORMATS[bits])
-    mma = MMAGEMV(bits, batch=rows)
+    mma = MMAGEMV(bits, batch=rows, most_warps=most_warps)
     source = _built(func, rows, OneRowGEMV(mma) if rows == 1 else FirstOf(mma, dl.gpu.LowBatchGEMV(rows)))
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source
     magic, mask = (0x64006400, 0x000F000F) if bits == 4 else (0x64806480, 0x00FF00FF)
@@ -118,3 +120,7 @@ def test_kernel_shape_splits_k_between_enough_warps():
     assert kernel_shape(4096, 14336) == (8, 2) and kernel_shape(28672, 4096) == (4, 2)
     assert kernel_shape(576, 1536) == (4, 1)
     assert kernel_shape(1536, 576) is None
+    # gpu_checks.py's `warps16`: twice the warps where the default has 8, one chunk a load where K
+    # is no multiple of 16 x 2 chunks
+    assert kernel_shape(4096, 4096, most_warps=16) == (16, 2) and kernel_shape(4096, 14336, most_warps=16) == (16, 1)
+    assert kernel_shape(28672, 4096, most_warps=16) == (4, 2)

@@ -322,13 +322,13 @@ def test_cuda_q4_gemv_kernel():
         np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_cuda_mma_gemv_kernel(bits):
-    """targets/mma_gemv.py's kernel (the gpu_checks variants `mma`, `mma8`, off by default) on the
-    GPU: the tensor cores' m16n8k16 MMA over the dequantized pairs of q4 or q8 weights, at 8B
-    projection shapes, one static row, 5 rows of the 8-row kernel and 13 of the 16-row one: the
-    float32 sums of x times W, W rounded to float16 as the dequantize op rounds it; the rows past
-    the count untouched."""
+@pytest.mark.parametrize("bits, most_warps", [(4, 8), (8, 8), (4, 16)])
+def test_cuda_mma_gemv_kernel(bits, most_warps):
+    """targets/mma_gemv.py's kernel (what ships for 1-16 rows on CUDA; 16 warps a block: the
+    gpu_checks variant `warps16`) on the GPU: the tensor cores' m16n8k16 MMA over the dequantized
+    pairs of q4 or q8 weights, at 8B projection shapes, one static row, 5 rows of the 8-row kernel
+    and 13 of the 16-row one: the float32 sums of x times W, W rounded to float16 as the dequantize
+    op rounds it; the rows past the count untouched."""
     import tvm
 
     from kiln.compiler.quant_modules import QuantFormat
@@ -342,7 +342,7 @@ def test_cuda_mma_gemv_kernel(bits):
     for (n, k), count in zip(((4096, 4096), (28672, 4096), (4096, 14336), (4096, 4096), (4096, 4096)),
                              (None, None, None, 5, 13)):
         rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
-        kernel = mma_gemv(n, k, "float32", bits, *kernel_shape(n, k), count=rows,
+        kernel = mma_gemv(n, k, "float32", bits, *kernel_shape(n, k, most_warps=most_warps), count=rows,
                           groups=1 if (count or 1) <= 8 else 2).with_attr("global_symbol", "gemv")
         lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
         planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
