@@ -284,6 +284,8 @@ def facts(args) -> dict:
 # ----------------------------------------------------------------------------- numerics
 
 GPU_TESTS = "tests/numerics/test_cuda_variants.py"
+GPU_TESTS_S = 100           # `all`'s seconds for the gpu tests (each builds its kernels: ~15-20 s a test)
+VARIANTS_FIRST_S = 200      # `all`'s seconds for `variants` before the serving rows (~20 s a variant)
 # The `gpu` tests, those that decide what ships first (the candidate's kernels against numpy: MMA
 # GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the slow
 # whole-preset comparisons (a compile of each CUDA preset) and the other families last: a run cut
@@ -1294,8 +1296,11 @@ def run_all(args) -> dict:
         measured += ["base"] * ("logits" in base)
     if measured == [CANDIDATE, "base"]:
         step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(step.work, CANDIDATE))
-    if not args.quick:              # the candidate's kernels against numpy: part of adopting it
-        step("gpu tests", 120, lambda: gpu_tests(args, max(60.0, step.left() - 60)))
+    if not args.quick:              # the shipped kernels against numpy first (GPU_TEST_ORDER)
+        step("gpu tests", 120, lambda: gpu_tests(args, min(GPU_TESTS_S, max(60.0, step.left() - 60))))
+    # Which lever does what, on 2 layers (tools/README.md): what decides the batch-1 kernels, before
+    # the serving rows; what is left of VARIANTS runs at the end with the time then left.
+    step("low-batch variants", 90, lambda: apart(args, "variants", min(VARIANTS_FIRST_S, step.left() - 20)))
     if "artifact" in q4:
         ends = list(dict.fromkeys((batches[0], *batches[-2:])))     # the smallest and the two largest
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
@@ -1307,8 +1312,7 @@ def run_all(args) -> dict:
             step("smollm2 q0f16 draft model q4f16", 45, lambda: draft_model(
                 Path(arts["q0f16"]["artifact"]), Path(q4["artifact"]), args))
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
-    # Which lever does what, on 2 layers (tools/README.md): what the whole-8B rows above cannot say.
-    step("low-batch variants", 90, lambda: apart(args, "variants", step.left() - 20))
+    step("low-batch variants, the rest", 60, lambda: apart(args, "variants", step.left() - 20))
     for quant in ("as-stored", "as-stored-f16"):
         step(f"numerics {quant}", 45, lambda quant=quant: scheme(quant))
     refs.clear()
