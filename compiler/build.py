@@ -287,6 +287,7 @@ class _Background:
             finally:
                 self._done.set()
 
+        # kiln/cli_info.py exit_interrupted finds it by this name
         threading.Thread(target=run, name="kiln-build", daemon=True).start()
 
     def check(self) -> None:

@@ -40,14 +40,24 @@ def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | 
             **options) -> Path:
     """Compile a model (HF directory, .gguf or .onnx file, or alias) into an artifact directory; returns its path.
     ``golden=False`` stores no golden logits (nothing for `kiln check` to compare with)."""
+    import shutil
     import tempfile
 
     from kiln.compiler import CompileOptions, compile_model
     opts = CompileOptions(model=model, target=target, quant=quant,
                           output=Path(output) if output else None,
                           dump_ir=Path(dump_ir) if dump_ir else None, **options)
-    with tempfile.TemporaryDirectory(prefix="kiln-golden-") as tmp:
-        return compile_model(opts, progress, lambda why: _own_reference(model, Path(tmp) / "ref", why, progress))
+    made: list[str] = []            # the own reference's folder, made only where it is built
+
+    def own_reference(why: str):
+        made.append(tempfile.mkdtemp(prefix="kiln-golden-"))
+        return _own_reference(model, Path(made[-1]) / "ref", why, progress)
+
+    try:
+        return compile_model(opts, progress, own_reference)
+    finally:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _own_reference(model: str, dest: Path, why: str, progress: Callable[[str, int, int], None] | None):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from kiln.cli_info import COMMANDS
+from kiln.cli_info import COMMANDS, exit_interrupted
 from kiln.cli_info import friendly_errors as _friendly_errors
 from kiln.cli_info import parse_size
 
@@ -60,9 +60,9 @@ class _Group(click.Group):
             click.echo(f"error: {e.format_message()}", err=True)
             sys.exit(e.exit_code)
         except click.Abort:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+            exit_interrupted()
         sys.exit(code if isinstance(code, int) else 0)
+
 
 
 @click.group(cls=_Group)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,9 +25,22 @@ def friendly_errors(fn):
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+            exit_interrupted()
     return wrapper
+
+
+def exit_interrupted() -> None:
+    """Say so and exit 130 after Ctrl-C. A compile interrupted while TVM builds on its thread
+    (compiler/build.py _Background, a daemon) leaves that thread inside TVM's C++, and the
+    interpreter's shutdown would abort the process there ("terminate called without an active
+    exception", SIGABRT). The compile's own cleanup has run by now (nothing half-written is left), so
+    the process then ends at once, its output flushed, without that shutdown."""
+    click.echo("interrupted", err=True)
+    if any(t.name == "kiln-build" and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(130)
 
 
 @click.command()

@@ -89,6 +89,25 @@ def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, t
     assert (out / "kiln-config.json").is_file()
 
 
+def test_an_interrupt_while_tvm_builds_exits_130_leaving_nothing(tmp_path, tiny_dirs):
+    """Ctrl-C while the library builds on its thread (inside TVM's C++): `interrupted`, exit 130 and
+    no output, not an abort at the interpreter's shutdown ("terminate called without an active
+    exception", seen before kiln/cli_info.py exit_interrupted)."""
+    out, ir = tmp_path / "art", tmp_path / "ir"
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
+                             "q4f32", "-o", str(out), "--no-golden", "--dump-ir", str(ir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not (ir / "0-graph.py").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)                 # the build thread has finished its first phase: TVM is lowering
+    os.kill(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert not (ir / "4-finalize.py").exists(), "the compile had finished building before the interrupt"
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert b"interrupted" in err and b"terminate called" not in err
+    assert not out.exists() and not list(tmp_path.glob(".art.*"))
+
+
 def test_bad_option_values_are_one_line(tmp_path):
     assert_clean_error(kiln_cli("serve", str(tmp_path), "--port", "99999"), "--port", "65535")
     assert_clean_error(kiln_cli("bench", str(tmp_path), "--batch", "0"), "--batch", "x>=1")
