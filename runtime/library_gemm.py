@@ -53,12 +53,29 @@ def unusable(device: str) -> str | None:
 _configured = False
 
 
-def _gemm_nt(x, w, out) -> None:
+def _configure(torch) -> None:
+    """float16 and bfloat16 matmuls summed in float32 (as kiln's own), once a process."""
     global _configured
-    import torch
     if not _configured:
         torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
         _configured = True
+
+
+def warm_up(device: str, index: int = 0) -> None:
+    """One small matmul on the runtime's device through torch, at load: torch's BLAS handle and
+    workspace are made then (before the KV cache takes the memory left), not in the first long
+    forward a request waits on."""
+    import torch
+    _configure(torch)
+    if device != "cpu":
+        a = torch.ones((16, 16), dtype=torch.float16, device=torch.device("cuda", index))
+        torch.matmul(a, a.t())
+        torch.cuda.synchronize(a.device)
+
+
+def _gemm_nt(x, w, out) -> None:
+    import torch
+    _configure(torch)
     tx, tw, to = torch.from_dlpack(x), torch.from_dlpack(w), torch.from_dlpack(out)
     torch.matmul(tx.reshape(-1, tx.shape[-1]), tw.t(), out=to.view(-1, to.shape[-1]))

@@ -173,6 +173,10 @@ class ModelRunner:
             if why is not None:
                 return why
         try:
+            library_gemm.warm_up(self.artifact.device, self.device.index)
+        except RuntimeError as e:                   # torch's errors (its CUDA, its BLAS): go without
+            return f"torch's BLAS did not start ({str(e).strip().splitlines()[-1][:200]})"
+        try:
             self.gemm_weights = self.vm[LIBRARY_GEMM_WEIGHTS](self.params)
         except RuntimeError as e:                   # TVM's errors, e.g. out of device memory: go without
             return f"making its float weights failed ({str(e).strip().splitlines()[-1][:200]})"
