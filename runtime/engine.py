@@ -38,7 +38,8 @@ from .engine_config import EngineConfig, kv_size
 from .front import ModelFront
 from .host_memory import Trimmer
 from .kv_pages import PageAccountant
-from .model_runner import LaunchedTokens, ModelRunner, default_kv_tokens, sized_by_memory
+from .memory_budget import default_kv_tokens, sized_by_memory
+from .model_runner import LaunchedTokens, ModelRunner
 from .prefix_cache import PrefixCache
 from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
                        TokenLogprob)

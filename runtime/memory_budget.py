@@ -14,7 +14,8 @@ at the full context, else the engine refuses to start and says what to change.
 The memory comes from TVM's device attributes (CUDA reports free and total; ROCm, OpenCL and
 Metal only total, so free is total less what this engine loaded); on the CPU from the kernel's
 MemAvailable, within the process's cgroup limit. A device that reports no size keeps the default
-capacity (ModelRunner), and a share asked of it is refused.
+capacity (default_kv_tokens), and a share asked of it is refused; sized_by_memory says which way a
+runner's cache is sized.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .contract import KVCacheLayout
+
+if TYPE_CHECKING:
+    from .artifact import Artifact
 
 DEFAULT_GPU_UTILIZATION = 0.9
 # Devices a server runs on, with memory of their own: an engine there sizes its KV cache from the
@@ -129,3 +134,16 @@ def _budget(memory: DeviceMemory, utilization: float, activation_bytes: int) -> 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
+
+
+def sized_by_memory(device_kind: str, memory_utilization: float | None) -> bool:
+    """Whether a runner's KV capacity comes from the device's memory (a share asked, or CUDA and ROCm
+    by default) rather than from default_kv_tokens (unless given in tokens)."""
+    return memory_utilization is not None or device_kind in SERVER_DEVICES
+
+
+def default_kv_tokens(artifact: Artifact, max_num_seqs: int | None = None) -> int:
+    """The KV capacity a runner gets unless told otherwise: room for one full-context sequence plus a
+    partly filled page per other sequence."""
+    cfg = artifact.config
+    return artifact.context_window + (max_num_seqs or cfg.max_batch_size) * cfg.kv_cache.page_size

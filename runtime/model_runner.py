@@ -32,11 +32,12 @@ from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
+from .forward_split import prefill_chunks, row_bounded
 from . import library_gemm
 from .contract import (LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS,
                        OPTIONAL_ENTRY_FUNCTIONS)
-from .memory_budget import (DEFAULT_GPU_UTILIZATION, SERVER_DEVICES, device_memory, gemm_weights_refused,
-                            kv_tokens_for_memory, no_memory_size)
+from .memory_budget import (DEFAULT_GPU_UTILIZATION, default_kv_tokens, device_memory, gemm_weights_refused,
+                            kv_tokens_for_memory, no_memory_size, sized_by_memory)
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 
@@ -71,19 +72,6 @@ def _to_host(tensor, wait: bool) -> np.ndarray:
     out = np.empty(tuple(tensor.shape), np.dtype(str(tensor.dtype)))
     _COPY_OUT(tensor, out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
     return out
-
-
-def sized_by_memory(device_kind: str, memory_utilization: float | None) -> bool:
-    """Whether a runner's KV capacity comes from the device's memory (a share asked, or CUDA and ROCm
-    by default) rather than from default_kv_tokens (unless given in tokens)."""
-    return memory_utilization is not None or device_kind in SERVER_DEVICES
-
-
-def default_kv_tokens(artifact: Artifact, max_num_seqs: int | None = None) -> int:
-    """The KV capacity a runner gets unless told otherwise: room for one full-context sequence plus a
-    partly filled page per other sequence."""
-    cfg = artifact.config
-    return artifact.context_window + (max_num_seqs or cfg.max_batch_size) * cfg.kv_cache.page_size
 
 
 class ModelRunner:
@@ -266,7 +254,7 @@ class ModelRunner:
             return self.decode(seq_ids, [t[0] for t in tokens])
         self._check_forward(seq_ids, tokens)
         last, scored = {}, {}
-        for part in _row_bounded(list(zip(range(len(seq_ids)), tokens, full)), self.max_batch_size):
+        for part in row_bounded(list(zip(range(len(seq_ids)), tokens, full)), self.max_batch_size):
             rows = self._forward([seq_ids[i] for i, _, _ in part], [t for _, t, _ in part], [f for _, _, f in part])
             for (i, _, f), r in zip(part, rows):
                 last[i] = r[-1]
@@ -312,7 +300,7 @@ class ModelRunner:
         limit = None
         if self.window:
             limit = lambda seq_id: self.window.max_chunk(self.sequence_length(seq_id))   # noqa: E731
-        for chunk in _chunks(list(seq_ids), [list(t) for t in tokens], self.prefill_chunk, limit):
+        for chunk in prefill_chunks(list(seq_ids), [list(t) for t in tokens], self.prefill_chunk, limit):
             ids, _, pieces = zip(*chunk)
             last.update(zip(ids, self.run(ids, pieces)))
         return np.stack([last[s] for s in seq_ids])
@@ -474,40 +462,3 @@ class LaunchedTokens:
             self._tokens = np.argmax(out[:, 0, :], axis=1) if self._argmax else out
             self._on_device = None
         return self._tokens
-
-
-def _row_bounded(items: list, bound: int):
-    """Split one forward's (index, tokens, full) items into forwards that return at most `bound`
-    logit rows (a full item one per token, others one): in order, each sequence once per forward."""
-    part, rows = [], 0
-    for i, toks, full in sorted(items, key=lambda item: bool(item[2])):    # single-row items first
-        while len(toks):
-            take = min(len(toks), bound - rows) if full else len(toks)
-            if take <= 0 or rows + (take if full else 1) > bound:
-                yield part
-                part, rows = [], 0
-                continue
-            part.append((i, toks[:take], full))
-            rows += take if full else 1
-            toks = toks[take:]
-    if part:
-        yield part
-
-
-def _chunks(seq_ids: list[int], tokens: list[list[int]], budget: int, limit=None):
-    """Split a ragged prefill into calls of at most `budget` tokens, and at most limit(seq_id) of one
-    sequence (a sliding window's bound, asked before each call): yields [(seq_id, n, ids)]."""
-    pending = [(s, np.asarray(t, dtype=np.int32)) for s, t in zip(seq_ids, tokens)]
-    while pending:
-        chunk, used, rest = [], 0, []
-        for s, t in pending:
-            take = min(len(t), budget - used, limit(s) if limit else len(t))
-            if take <= 0 or any(c[0] == s for c in chunk):
-                rest.append((s, t))
-                continue
-            chunk.append((s, take, t[:take]))
-            used += take
-            if take < len(t):
-                rest.append((s, t[take:]))
-        pending = rest
-        yield chunk

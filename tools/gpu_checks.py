@@ -402,7 +402,8 @@ def weight_bytes(art: Path) -> int:
 def _runner(art: Path, batch: int, args):
     from kiln.runtime import Artifact
     from kiln.runtime.bench import kv_tokens_needed
-    from kiln.runtime.model_runner import ModelRunner, default_kv_tokens
+    from kiln.runtime.memory_budget import default_kv_tokens
+    from kiln.runtime.model_runner import ModelRunner
     artifact = Artifact.load(art)
     kv = kv_tokens_needed(artifact.config.kv_cache.page_size, args.prompt_len, args.gen_len, batch)
     return ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)))

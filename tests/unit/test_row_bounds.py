@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kiln.runtime.model_runner import ModelRunner, _row_bounded
+from kiln.runtime.forward_split import row_bounded
+from kiln.runtime.model_runner import ModelRunner
 
 
 def _calls(items, bound):
-    return [[(i, list(t), f) for i, t, f in part] for part in _row_bounded(items, bound)]
+    return [[(i, list(t), f) for i, t, f in part] for part in row_bounded(items, bound)]
 
 
 def test_single_row_items_share_one_call_and_full_items_fill_the_rest():
