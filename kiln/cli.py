@@ -64,7 +64,6 @@ class _Group(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-
 @click.group(cls=_Group)
 @click.version_option(package_name="kiln")
 def main() -> None:
