@@ -28,12 +28,12 @@ import itertools
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
 from .artifact import Artifact
 from .draft_model import DraftModel
+from .engine_calls import Prompt, SynchronousCalls
 from .engine_config import EngineConfig, kv_size
 from .front import ModelFront
 from .host_memory import Trimmer
@@ -41,22 +41,20 @@ from .kv_pages import PageAccountant
 from .memory_budget import default_kv_tokens, sized_by_memory
 from .model_runner import LaunchedTokens, ModelRunner
 from .prefix_cache import PrefixCache
-from .protocol import (EngineStats, GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta,
-                       TokenLogprob)
+from .protocol import EngineStats, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 from .request import Request
 from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
 from .speculative import DRAFT_MODEL_TOKENS, Speculator
 
-Prompt = str | Seq[int]
 
 
 class EngineBusy(RuntimeError):
     """The engine cannot take this work now (no free KV pages); retry after a step."""
 
 
-class Engine(ModelFront):
+class Engine(SynchronousCalls, ModelFront):
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         loaded = Artifact.load(artifact, verify=config.verify)
@@ -313,30 +311,7 @@ class Engine(ModelFront):
                        host_gap_seconds=c.gap_s, draft_tokens=self.speculator.drafted,
                        accepted_draft_tokens=self.speculator.accepted)
 
-    # -- the synchronous API (runs step() until its requests finish) -------------------
-    def generate(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None):
-        """One GenerationOutput for a prompt (text or token ids), or a list of them for a list of prompts."""
-        prompts, single = _as_batch(prompt)
-        requests = self._add_all(prompts, params)
-        for _ in self._stream(requests):
-            pass
-        # The first of a prompt's n copies scores it (index i * n); the others share its prompt logprobs.
-        scored = {r.index: r.prompt_logprobs for r in requests if r.prompt_logprobs is not None}
-        outputs = [GenerationOutput(r.output_ids, r.text, r.finish_reason, r.prompt_ids, r.logprobs,
-                                    scored.get(r.index - r.index % r.params.n)) for r in requests]
-        return outputs[0] if single and len(outputs) == 1 else outputs
-
-    def generate_stream(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None
-                        ) -> Iterator[StreamDelta]:
-        prompts, _ = _as_batch(prompt)
-        yield from self._stream(self._add_all(prompts, params))
-
-    def chat(self, messages: list[dict], params: SamplingParams | None = None) -> GenerationOutput:
-        return self.generate(self.render_chat(messages), params)
-
-    def chat_stream(self, messages: list[dict], params: SamplingParams | None = None) -> Iterator[StreamDelta]:
-        return self.generate_stream(self.render_chat(messages), params)
-
+    # -- the synchronous API: generate, chat and their streams (runtime/engine_calls.py) -------
     def embed(self, inputs: list[Prompt]) -> list[tuple[np.ndarray, int]]:
         """(embedding, token count) per input: the final hidden state at the last token, L2-normalised
         (the pooling of decoder-only embedding models). Runs between steps, beside the batch: the
@@ -364,31 +339,6 @@ class Engine(ModelFront):
                 pages.free(sid)
             out.append(((h / max(np.linalg.norm(h), 1e-12)).astype(np.float32), len(t)))
         return out
-
-    def _add_all(self, prompts: list[Prompt], params: SamplingParams | None) -> list[Request]:
-        n = (params or SamplingParams()).n
-        requests: list[Request] = []
-        try:
-            for i, p in enumerate(prompts):
-                requests += self.add_request(p, params, index=i * n)
-        except Exception:
-            for r in requests:
-                self.abort(r)
-            raise
-        return requests
-
-    def _stream(self, requests: list[Request]) -> Iterator[StreamDelta]:
-        """Step until these requests finish, yielding their deltas; closing early aborts them."""
-        mine = set(map(id, requests))
-        try:
-            while any(not r.finished for r in requests):
-                for r, delta in self.step():
-                    if id(r) in mine:
-                        yield delta
-        finally:
-            for r in requests:
-                if not r.finished:
-                    self.abort(r)
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -441,18 +391,6 @@ def _live(batch: ScheduledBatch) -> ScheduledBatch:
     """A batch decided a step early without the chunks of sequences that ended since."""
     batch.chunks = [c for c in batch.chunks if c.seq.status is SeqStatus.RUNNING]
     return batch
-
-
-def _as_batch(prompt) -> tuple[list[Prompt], bool]:
-    """(prompts, single?) — a str or a flat list of ints is one prompt; a list of those is a batch."""
-    if isinstance(prompt, str):
-        return [prompt], True
-    items = list(prompt)
-    if not items:
-        raise InvalidRequestError("the prompt is empty; pass some text or token ids", "prompt")
-    if all(isinstance(x, int) or hasattr(x, "__index__") and not isinstance(x, (str, list)) for x in items):
-        return [items], True
-    return items, False
 
 
 def _draft_model(served: Artifact, config: EngineConfig, kv_tokens: int | None, kv_share: float | None
