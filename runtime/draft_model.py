@@ -65,7 +65,6 @@ class DraftModel:
         if why is not None:
             raise ValueError(f"{artifact.path} cannot be the draft model: {why}")
         cfg = artifact.config
-        self.most = most                 # draft tokens a step, where the request does not say
         seqs = min(cfg.max_batch_size, max_num_seqs)
         # A full context for each of the most requests that draft at once, within the served model's
         # cache, plus each sequence's draft and partly filled page.

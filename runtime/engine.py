@@ -46,8 +46,8 @@ from .request import Request
 from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
-from .speculative import DRAFT_MODEL_TOKENS, Speculator
-
+from .sliding_window import SlidingWindow
+from .speculative import Speculator, speculation_most, speculation_problem
 
 
 class EngineBusy(RuntimeError):
@@ -58,8 +58,13 @@ class Engine(SynchronousCalls, ModelFront):
     def __init__(self, artifact: str | Path, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
         loaded = Artifact.load(artifact, verify=config.verify)
+        most = speculation_most(config.speculative_tokens, config.draft_model)
+        why = speculation_problem(most, config.prompt_lookup_min, config.prompt_lookup_max,
+                                  loaded.config.prefill_chunk_size, SlidingWindow.of(loaded.config.kv_cache) is not None)
+        if why is not None:
+            raise ValueError(why)
         kv_tokens, kv_share = kv_size(loaded, config)
-        draft = _draft_model(loaded, config, kv_tokens, kv_share)       # first: see DraftModel
+        draft = _draft_model(loaded, config, kv_tokens, kv_share, most)       # first: see DraftModel
         self.runner = ModelRunner(loaded, config.max_num_seqs, kv_tokens, kv_share)
         super().__init__(loaded, config.chat_template)     # tokenizer, eos ids, grammar compiler
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
@@ -87,8 +92,8 @@ class Engine(SynchronousCalls, ModelFront):
         self._ahead: _Launched | ScheduledBatch | None = None   # the next step, decided early (overlap)
         self._ahead_drafts: dict[int, list[int]] | None = None   # its drafts by sequence, if not launched
         self._clock = _ForwardClock()
-        self.speculator = Speculator(config.speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
-                                     self.runner, self.scheduler.pages, draft)
+        self.speculator = Speculator(most, config.prompt_lookup_min, config.prompt_lookup_max, self.runner,
+                                     self.scheduler.pages, draft)
 
     # -- the serving step -------------------------------------------------------------
     def step(self) -> list[tuple[Request, StreamDelta]]:
@@ -393,8 +398,8 @@ def _live(batch: ScheduledBatch) -> ScheduledBatch:
     return batch
 
 
-def _draft_model(served: Artifact, config: EngineConfig, kv_tokens: int | None, kv_share: float | None
-                 ) -> DraftModel | None:
+def _draft_model(served: Artifact, config: EngineConfig, kv_tokens: int | None, kv_share: float | None,
+                 most: int) -> DraftModel | None:
     """The config's draft model, loaded before the served model, told the served model's KV capacity
     where it is known before that loads (given, or a CPU's default)."""
     if config.draft_model is None:
@@ -402,5 +407,4 @@ def _draft_model(served: Artifact, config: EngineConfig, kv_tokens: int | None, 
     seqs = config.max_num_seqs or served.config.max_batch_size
     if kv_tokens is None and not sized_by_memory(served.device, kv_share):
         kv_tokens = default_kv_tokens(served, seqs)
-    return DraftModel(Artifact.load(config.draft_model, verify=config.verify), served, seqs, kv_tokens,
-                      config.speculative_tokens or DRAFT_MODEL_TOKENS)
+    return DraftModel(Artifact.load(config.draft_model, verify=config.verify), served, seqs, kv_tokens, most)

@@ -53,7 +53,7 @@ from .engine_process import EngineClient, EngineDied, loaded_info
 from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
 from .metrics import Metrics
 from .protocol import SamplingParams, StreamDelta
-from .speculative import DRAFT_MODEL_TOKENS
+from .speculative import speculation_most
 
 log = logging.getLogger("kiln.server")
 
@@ -116,7 +116,7 @@ def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | 
                 print(info["library_gemm_note"], flush=True)
             c = args.engine
             if c.draft_model is not None:
-                print(f"speculative decoding: drafts of up to {c.speculative_tokens or DRAFT_MODEL_TOKENS} tokens "
+                print(f"speculative decoding: drafts of up to {speculation_most(c.speculative_tokens, c.draft_model)} tokens "
                       f"by the draft model {c.draft_model} in steps of decodes", flush=True)
             elif c.speculative_tokens:
                 print(f"speculative decoding: drafts of up to {c.speculative_tokens} tokens by prompt lookup "

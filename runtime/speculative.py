@@ -34,6 +34,28 @@ SPECULATE_UP_TO = 8
 DRAFT_MODEL_TOKENS = 4
 
 
+def speculation_most(speculative_tokens: int, draft_model) -> int:
+    """Draft tokens a step: EngineConfig.speculative_tokens, whose 0 means DRAFT_MODEL_TOKENS where a
+    draft model is given (and off without one)."""
+    return speculative_tokens or (DRAFT_MODEL_TOKENS if draft_model is not None else 0)
+
+
+def speculation_problem(most: int, shortest: int, longest: int, prefill_chunk: int, sliding_window: bool
+                        ) -> str | None:
+    """Why these speculative decoding settings cannot run on an artifact with this prefill chunk (and
+    sliding-window KV cache or not), or None. Asked before anything loads (a draft model included)."""
+    if most < 0 or not 1 <= shortest <= longest:
+        return (f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
+                f"prompt_lookup_max (got {most}, {shortest}, {longest})")
+    if most and most + 1 > prefill_chunk:
+        return (f"speculative_tokens ({most}) + 1 is more than this artifact's prefill chunk "
+                f"({prefill_chunk}) checks in one forward; lower it")
+    if most and sliding_window:
+        return ("speculative decoding is not available for sliding-window artifacts (their KV cache "
+                "cannot give back rejected draft tokens); leave speculative_tokens at 0")
+    return None
+
+
 @dataclass
 class Drafting:
     """One request's speculative decoding: how long its next draft may be, whether it pauses, and its
@@ -139,19 +161,9 @@ class Speculator:
 
     def __init__(self, most: int, shortest: int, longest: int, runner: ModelRunner, pages: PageAccountant,
                  draft_model: DraftModel | None = None):
-        """draft_model: the model whose greedy tokens are the drafts (runtime/draft_model.py), instead of
-        prompt lookup's; then `most` 0 means the draft model's own (DraftModel.most)."""
-        if draft_model is not None:
-            most = most or draft_model.most
-        if most < 0 or not 1 <= shortest <= longest:
-            raise ValueError(f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
-                             f"prompt_lookup_max (got {most}, {shortest}, {longest})")
-        if most and most + 1 > runner.prefill_chunk:
-            raise ValueError(f"speculative_tokens ({most}) + 1 is more than this artifact's prefill chunk "
-                             f"({runner.prefill_chunk}) checks in one forward; lower it")
-        if most and runner.window is not None:
-            raise ValueError("speculative decoding is not available for sliding-window artifacts (their KV cache "
-                             "cannot give back rejected draft tokens); leave speculative_tokens at 0")
+        """`most`, `shortest`, `longest` as speculation_problem accepts them (with a draft model, `most`
+        already its default where the config said 0); draft_model: the model whose greedy tokens are
+        the drafts (runtime/draft_model.py), instead of prompt lookup's."""
         self.most, self.shortest, self.longest = most, shortest, longest
         self.runner, self.pages = runner, pages
         self.draft_model = draft_model

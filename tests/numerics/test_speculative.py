@@ -228,9 +228,12 @@ def test_a_stream_closed_mid_way_gives_its_pages_back(tiny_artifacts):
     (dict(speculative_tokens=2, prompt_lookup_min=3, prompt_lookup_max=2), "prompt_lookup_min <= prompt_lookup_max"),
     (dict(speculative_tokens=100_000), "prefill chunk"),
 ])
-def test_bad_speculation_settings_are_refused(tiny_artifacts, config, match):
+def test_bad_speculation_settings_are_refused(tiny_artifacts, config, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         Engine(tiny_artifacts["tied"], EngineConfig(**config))
+    # before a draft model would load (this one is no artifact: loading it would fail otherwise)
+    with pytest.raises(ValueError, match=match):
+        Engine(tiny_artifacts["tied"], EngineConfig(**config, draft_model=tmp_path / "none"))
 
 
 def test_smollm2_repeats_a_text_in_fewer_forwards_and_the_same_words(smollm2_artifact):
