@@ -38,6 +38,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .dependent_launch import supports
 from .q4_gemv import CODES, LANES, apply_matched, float16_pair
 
 TILE = 16                       # weight rows a warp computes (the MMA's M)
@@ -48,13 +49,17 @@ MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 a
 
 
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
-             threads: bool = True, count=None, groups: int = 1) -> tirx.PrimFunc:
+             threads: bool = True, count=None, groups: int = 1, pdl: bool = False) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
     None: 1, static) over kiln's float16-scaled planes of `bits` (4: q4, W words [n, k/8]; 8: q8,
     W int8 [n, k]; scales [n, k/32]). `warps` split K; `unroll`: chunks a warp loads before it
     computes them; `groups`: MMAs a step, 8 activation rows each, over the same A registers.
     `threads`: the CUDA kernel; False: the same fragments in serial loops and the MMA computed from
-    its documented register layout (for a CPU to check both)."""
+    its documented register layout (for a CPU to check both). `pdl` (sm_90+): the kernel loads its
+    first weights, then waits for the kernel before it (griddepcontrol.wait) and lets the next one
+    launch, so that under programmatic dependent launch its weights stream while the kernel before
+    it finishes (targets/dependent_launch.py, which tags the function that launch: without it the
+    wait is a no-op)."""
     iters = k // (CHUNK * warps * unroll)
     tiles = n // TILE
     rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
@@ -65,9 +70,9 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     w_shape, w_dtype = ((T.int64(n), T.int64(k // 8)), "uint32") if bits == 4 else ((T.int64(n), T.int64(k)), "int8")
 
     @T.macro
-    def load(wa, wb, sa, sb, xs, W, S, X, tile, chunk, g, t, u):
+    def load_weights(wa, wb, sa, sb, W, S, tile, chunk, g, t, u):
         """Chunk `chunk` of lane (g, t) into slot u of its registers: rows g and g + 8 of the tile's
-        weights, and of each group's activation rows (row 8c + g) the 32 values at the same K."""
+        weights and their scales."""
         if bits == 4:
             for i in T.vectorized(4):
                 wa[u * 4 + i] = W[tile * TILE + g, chunk * 16 + t * 4 + i]
@@ -81,6 +86,11 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     "uint32x4", W[tile * TILE + g + 8, T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
         sa[u] = S[tile * TILE + g, chunk * 4 + t]
         sb[u] = S[tile * TILE + g + 8, chunk * 4 + t]
+
+    @T.macro
+    def load_activations(xs, X, chunk, g, t, u):
+        """Of each group's activation rows (row 8c + g), the 32 values of chunk `chunk` at the K
+        positions of lane (g, t)'s weights, into slot u."""
         for c in T.unroll(groups):
             if T.Cast("int64", c * COLS + g) < rows:
                 for v in T.unroll(4):
@@ -137,8 +147,16 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                             acc[e] = T.float32(0)
                         for it in T.serial(iters):
                             for u in T.unroll(unroll):              # every load of the slots first
-                                load(wa, wb, sa, sb, xs, W, S, X, bx, (it * unroll + u) * warps + ty,
-                                     tx // 4, tx % 4, u)
+                                load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
+                                             tx // 4, tx % 4, u)
+                                if not pdl:
+                                    load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
+                            if pdl:
+                                if it == 0:     # the first weights are on their way: now the inputs
+                                    T.evaluate(T.ptx.griddepcontrol.wait())
+                                    T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+                                for u in T.unroll(unroll):
+                                    load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
                             for u in T.unroll(unroll):
                                 for s in T.unroll(STEPS):
                                     fragments(a, b, wa, wb, sa, sb, xs, u, s)
@@ -179,7 +197,8 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                         sa = T.alloc_buffer((unroll,), "float16")
                         sb = T.alloc_buffer((unroll,), "float16")
                         xs = T.alloc_buffer((unroll * groups * 32,), "float16")
-                        load(wa, wb, sa, sb, xs, W, S, X, bx, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
+                        load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
+                        load_activations(xs, X, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
                         fragments(a, b, wa, wb, sa, sb, xs, u, s)
                         for e in T.serial(8):
                             frag_a[lane, e] = a[e]
@@ -222,22 +241,25 @@ class MMAGEMV:
     for anything else (the next rule decides). `batch` 1: a OneRowGEMV rule (the function's rows
     bound to 1), giving a Schedule of the kernel with its params in the function's order; `batch`
     2-16: a LOW_BATCH_BRANCHES rule for up to `batch` rows (symbolic; two MMAs a step above 8),
-    giving the kernel as a body over the function's own params."""
+    giving the kernel as a body over the function's own params. `pdl`: mma_gemv's, where the target
+    has griddepcontrol (sm_90+)."""
 
-    def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8) -> None:
+    def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8,
+                 pdl: bool = False) -> None:
         if bits not in CODES:
             raise ValueError(f"MMAGEMV takes {' or '.join(map(str, CODES))}-bit codes, not {bits}")
         if not 1 <= batch <= MAX_ROWS:
             raise ValueError(f"MMAGEMV takes 1 to {MAX_ROWS} rows (the MMA's columns, twice), not {batch}")
         if most_warps not in (4, 8, 16):
             raise ValueError(f"MMAGEMV splits K between 4, 8 or 16 warps a block at most, not {most_warps}")
-        self.bits, self.unroll, self.batch, self.most_warps = bits, unroll, batch, most_warps
+        self.bits, self.unroll, self.batch, self.most_warps, self.pdl = bits, unroll, batch, most_warps, pdl
 
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count):
             shape = kernel_shape(n, k, self.unroll, self.most_warps)
             return None if shape is None else mma_gemv(n, k, out_dtype, self.bits, *shape, count=count,
-                                                       groups=-(-self.batch // COLS))
+                                                       groups=-(-self.batch // COLS),
+                                                       pdl=self.pdl and supports(target))
         return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}")
 
 

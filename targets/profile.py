@@ -91,6 +91,10 @@ class TargetProfile:
     # more, where those weights fit. On for CUDA (targets/cuda.py): an 8B's 16 x 128 prefill took 59 ms
     # through it against 160 through kiln's kernels on an H200 (runtime/library_gemm.py has the rest).
     library_gemm: bool = False
+    # CUDA sm_90+: every kernel launched with programmatic dependent launch, starting while the one
+    # before it ends and waiting for it on the device (targets/dependent_launch.py), the MMA GEMV's
+    # first weights loaded before it waits. Off until a GPU measures it (tools/gpu_checks.py `pdl`).
+    dependent_launch: bool = False
     # On the profile of the machine running kiln (DEFAULT_TARGET): kiln's q4 planes of a float weight
     # [N, K] with the given scale dtype, the same bits as compiler/quant_pack's numpy search, faster
     # (targets/cpu/quant_kernel.py); None: the numpy search quantizes.

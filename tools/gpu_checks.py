@@ -100,6 +100,7 @@ def _phases_without_graphs(profile, phase: str) -> list:
 # rules by name, "none" for dlight's alone); "profile": TargetProfile fields set on the CUDA
 # presets for the build; "min_split": decode_attention.MIN_SPLIT.
 VARIANTS = {"base": {},
+            "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
             "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
             "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
@@ -110,7 +111,7 @@ VARIANTS = {"base": {},
             "dlight": {"branches": {"gemv": "none", "wide": (), "tiles": {"target_blocks": 0}},
                        "batches": (1, 2, 4, 5, 16)}}
 # The build `all` measures beside base on the whole 8B, when there is one: a VARIANTS key, or None.
-CANDIDATE = None
+CANDIDATE = "pdl"
 
 
 def _load_state(path: Path, args) -> dict:
@@ -140,7 +141,8 @@ def variant_branches(variant: str):
     from kiln.targets.mma_gemv import MMAGEMV
     gemv = {"q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
             "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)],
-            "warps16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16) for bits in (4, 8)]}[spec.get("gemv")]
+            "warps16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16) for bits in (4, 8)],
+            "pdl": lambda b: [MMAGEMV(bits, batch=b, pdl=True) for bits in (4, 8)]}[spec.get("gemv")]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})
     return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)
@@ -286,11 +288,11 @@ def facts(args) -> dict:
 GPU_TESTS = "tests/numerics/test_cuda_variants.py"
 GPU_TESTS_S = 100           # `all`'s seconds for the gpu tests (each builds its kernels: ~15-20 s a test)
 VARIANTS_FIRST_S = 200      # `all`'s seconds for `variants` before the serving rows (~20 s a variant)
-# The `gpu` tests, those that decide what ships first (the candidate's kernels against numpy: MMA
-# GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the slow
+# The `gpu` tests, those that decide what ships first (the candidate's: dependent launch against the
+# plain build; then the kernels against numpy: MMA GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the slow
 # whole-preset comparisons (a compile of each CUDA preset) and the other families last: a run cut
 # short has the first.
-GPU_TEST_ORDER = ("mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
+GPU_TEST_ORDER = ("dependent_launch", "mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
                   "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens", "speculative", "row_branches",
                   "preset_matches", "family_matches")
 

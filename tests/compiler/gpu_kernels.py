@@ -56,10 +56,13 @@ class _Keep:
 _HOST = "tirx.SplitHostDevice"
 
 
-def build(model_dir, target: str, quant: str, phase_passes=None) -> Built:
-    """The preset built as `kiln compile` builds it (its phase passes replaced, if given)."""
+def build(model_dir, target: str, quant: str, phase_passes=None, **fields) -> Built:
+    """The preset built as `kiln compile` builds it (its phase passes replaced, and other profile
+    `fields` set, if given)."""
     ex = export_model(CompileOptions(model=str(model_dir), target=target, quant=quant))
-    profile = ex.profile if phase_passes is None else dataclasses.replace(ex.profile, phase_passes=phase_passes)
+    if phase_passes is not None:
+        fields["phase_passes"] = phase_passes
+    profile = dataclasses.replace(ex.profile, **fields)
     keep = _Keep("kiln_pipeline", _HOST)
     with tvm.transform.PassContext(opt_level=3, instruments=[keep]):
         executable, _ = build_lib(ex.mod, profile)

@@ -208,6 +208,26 @@ def test_cuda_tensor_core_matmul(split, monkeypatch):
         np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=4e-3, err_msg=f"{n} rows")
 
 
+def test_cuda_dependent_launch_changes_no_logit(tiny_dirs, tmp_path, monkeypatch):
+    """A profile's dependent_launch (targets/dependent_launch.py, gpu_checks' `pdl`: every kernel
+    launched as a programmatic dependent, waiting for the one before it on the device): prefill and
+    batched decode through the captured CUDA graphs give the same logits, bit for bit, as the same
+    preset without it (the same kernels in the same order)."""
+    import dataclasses
+
+    from kiln import targets
+    preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
+    plain = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", golden=False, output=tmp_path / "plain")
+    monkeypatch.setitem(targets._PROFILES, preset,
+                        lambda make=targets._PROFILES[preset]: dataclasses.replace(make(), dependent_launch=True))
+    dependent = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", golden=False,
+                             output=tmp_path / "pdl")
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 512, size=int(rng.integers(2, 40))).tolist() for _ in range(6)]
+    for got, want in zip(_decode_rows(dependent, prompts, steps=6), _decode_rows(plain, prompts, steps=6)):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("quant", ["q4f16", "q0f32"])
 def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
     """A profile's library_gemm (batch_prefill_gemm: the prompt's matmuls through torch's cuBLAS on
@@ -322,17 +342,19 @@ def test_cuda_q4_gemv_kernel():
         np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("bits, most_warps", [(4, 8), (8, 8), (4, 16)])
-def test_cuda_mma_gemv_kernel(bits, most_warps):
+@pytest.mark.parametrize("bits, most_warps, pdl", [(4, 8, False), (8, 8, False), (4, 16, False), (4, 8, True)])
+def test_cuda_mma_gemv_kernel(bits, most_warps, pdl):
     """targets/mma_gemv.py's kernel (what ships for 1-16 rows on CUDA; 16 warps a block: the
-    gpu_checks variant `warps16`) on the GPU: the tensor cores' m16n8k16 MMA over the dequantized
-    pairs of q4 or q8 weights, at 8B projection shapes, one static row, 5 rows of the 8-row kernel
-    and 13 of the 16-row one: the float32 sums of x times W, W rounded to float16 as the dequantize
-    op rounds it; the rows past the count untouched."""
+    gpu_checks variant `warps16`; `pdl`: launched as a programmatic dependent, its first weights
+    loaded before it waits, the variant `pdl`) on the GPU: the tensor cores' m16n8k16 MMA over the
+    dequantized pairs of q4 or q8 weights, at 8B projection shapes, one static row, 5 rows of the
+    8-row kernel and 13 of the 16-row one: the float32 sums of x times W, W rounded to float16 as
+    the dequantize op rounds it; the rows past the count untouched."""
     import tvm
 
     from kiln.compiler.quant_modules import QuantFormat
     from kiln.compiler.quant_pack import dequantize, quantize
+    from kiln.targets.dependent_launch import waiting_first
     from kiln.targets.mma_gemv import kernel_shape, mma_gemv
 
     preset = next(p for p in CUDA_PRESETS if _runnable(p, GPU))
@@ -343,7 +365,8 @@ def test_cuda_mma_gemv_kernel(bits, most_warps):
                              (None, None, None, 5, 13)):
         rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
         kernel = mma_gemv(n, k, "float32", bits, *kernel_shape(n, k, most_warps=most_warps), count=rows,
-                          groups=1 if (count or 1) <= 8 else 2).with_attr("global_symbol", "gemv")
+                          groups=1 if (count or 1) <= 8 else 2, pdl=pdl).with_attr("global_symbol", "gemv")
+        kernel = waiting_first(kernel) if pdl else kernel
         lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
         planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
         c = count or 1
