@@ -230,9 +230,10 @@ WARPS_IN_ALL = 2048
 
 def kernel_shape(n: int, k: int, unroll: int = 2, most_warps: int = 8) -> tuple[int, int] | None:
     """(warps, unroll) for an n x k weight, or None where K is not a multiple of 128 (a chunk):
-    `most_warps` a block where 4 would leave fewer than WARPS_IN_ALL in all."""
+    `most_warps` a block where 4 would leave fewer than WARPS_IN_ALL in all; `unroll` chunks a load
+    where K divides, else 2, else 1."""
     want = most_warps if n // TILE * 4 < WARPS_IN_ALL else 4
-    return next(((w, u) for w in (want, 4, 2, 1) if w <= want for u in (unroll, 1)
+    return next(((w, u) for w in (want, 4, 2, 1) if w <= want for u in dict.fromkeys((unroll, 2, 1)) if u <= unroll
                  if n % TILE == 0 and k % (CHUNK * w * u) == 0), None)
 
 

@@ -102,6 +102,7 @@ def _phases_without_graphs(profile, phase: str) -> list:
 VARIANTS = {"base": {},
             "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
             "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
+            "pdl16": {"branches": {"gemv": "pdl16"}, "profile": {"dependent_launch": True}, "batches": (1, 2, 4, 5, 16)},
             "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)},
@@ -142,7 +143,8 @@ def variant_branches(variant: str):
     gemv = {"q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
             "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)],
             "warps16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16) for bits in (4, 8)],
-            "pdl": lambda b: [MMAGEMV(bits, batch=b, pdl=True) for bits in (4, 8)]}[spec.get("gemv")]
+            "pdl": lambda b: [MMAGEMV(bits, batch=b, pdl=True) for bits in (4, 8)],
+            "pdl16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16, pdl=True) for bits in (4, 8)]}[spec.get("gemv")]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})
     return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)

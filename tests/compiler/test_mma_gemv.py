@@ -124,3 +124,5 @@ def test_kernel_shape_splits_k_between_enough_warps():
     # is no multiple of 16 x 2 chunks
     assert kernel_shape(4096, 4096, most_warps=16) == (16, 2) and kernel_shape(4096, 14336, most_warps=16) == (16, 1)
     assert kernel_shape(28672, 4096, most_warps=16) == (4, 2)
+    # `unroll4`: 4 chunks a load where K divides, else 2 (the 8B's down projection), not 1
+    assert kernel_shape(4096, 4096, unroll=4) == (8, 4) and kernel_shape(4096, 14336, unroll=4) == (8, 2)
