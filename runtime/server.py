@@ -9,7 +9,7 @@
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="sk-local")
     client.chat.completions.create(model="smollm2-q0f32-cpu", messages=[{"role": "user", "content": "Hi"}])
 
-Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE), POST /v1/embeddings
+Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE: reply_stream.py), POST /v1/embeddings
 (runtime/embeddings_api.py), POST /tokenize, /detokenize, GET /tokenizer_info (runtime/tokenize_api.py),
 GET /v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus text). With an
 API key set, the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
@@ -27,21 +27,20 @@ from __future__ import annotations
 import asyncio
 import os
 import functools
-import json
 import logging
 import secrets
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import aclosing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import embeddings_api, responses_api, tokenize_api, tools
 from . import openai_api as api
@@ -50,9 +49,10 @@ from .artifact import Artifact
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
 from .engine_process import EngineClient, EngineDied, loaded_info
-from .http_errors import ERRORS, FAILED, document_errors, install_error_handlers
+from .http_errors import ERRORS, document_errors, install_error_handlers
 from .metrics import Metrics
 from .protocol import SamplingParams, StreamDelta
+from .reply_stream import EventStream, collect, sse
 from .speculative import speculation_most
 
 log = logging.getLogger("kiln.server")
@@ -330,7 +330,7 @@ class _ServerState:
                       priority: int, stream: bool, arrival: float) -> Response:
         deltas = self.metrics.track(self._generate_all(prompts, params, priority), sum(map(len, prompts)), arrival)
         if not stream:
-            if not await _collect(request, reply, deltas):
+            if not await collect(request, reply, deltas):
                 return Response(status_code=499)    # nobody is listening; nginx's "client closed request"
             return JSONResponse(reply.final())
         try:
@@ -338,7 +338,7 @@ class _ServerState:
         except BaseException:
             await deltas.aclose()
             raise
-        return _EventStream(_sse(reply, first, deltas), media_type="text/event-stream",
+        return EventStream(sse(reply, first, deltas), media_type="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -374,65 +374,3 @@ class _ServerState:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _collect(request: Request, reply: api.Reply, deltas: AsyncIterator[StreamDelta]) -> bool:
-    """Feed every delta to ``reply``; False if the client went away meanwhile (its request is aborted)."""
-    async def consume() -> None:
-        async with aclosing(deltas):
-            async for delta in deltas:
-                if delta.finish_reason in FAILED:
-                    raise api.APIError(*FAILED[delta.finish_reason])
-                reply.add(delta)
-
-    async def disconnected() -> None:       # the body is read, so the next message is the disconnect
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task, watch = asyncio.create_task(consume()), asyncio.create_task(disconnected())
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            return False
-        task.result()                       # raises what consume raised (bad input: InvalidRequestError)
-        return True
-    finally:                                # the client left, the reply is done, or the handler was cancelled
-        for t in (task, watch):
-            t.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
-
-
-async def _sse(reply: api.Reply, first: StreamDelta, deltas: AsyncIterator[StreamDelta]) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per delta, the usage chunk if asked for, then [DONE]."""
-    async with aclosing(deltas):
-        delta: StreamDelta | None = first
-        while delta is not None:
-            if delta.finish_reason in FAILED:
-                _, message, _, type_, code = FAILED[delta.finish_reason]
-                yield _event(api.error_body(message, type_, code=code))
-                return
-            chunk = reply.add(delta)
-            if chunk is not None:
-                yield _event(chunk)
-            delta = await anext(deltas, None)
-    if reply.include_usage:
-        yield _event(reply.usage_chunk())
-    yield "data: [DONE]\n\n"
-
-
-_JSON = json.JSONEncoder(ensure_ascii=False)    # json.dumps with any option builds an encoder each call
-
-
-def _event(data: dict) -> str:
-    return f"data: {_JSON.encode(data)}\n\n"
-
-
-class _EventStream(StreamingResponse):
-    """A StreamingResponse that always closes its body iterator, so a disconnect aborts the request
-    deterministically (not whenever the abandoned generator is garbage-collected)."""
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
