@@ -23,7 +23,8 @@ cross near 36 (interpolated); MIN_DECODE_ROWS is 40. Fewer than 16 tokens were n
 from __future__ import annotations
 
 from ._tvm import tvm_ffi
-from .contract import GEMM_PACKED_FUNC
+from .contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS
+from .memory_budget import DEFAULT_GPU_UTILIZATION, device_memory, gemm_weights_refused
 
 MIN_TOKENS = 16
 MIN_DECODE_ROWS = 40
@@ -79,3 +80,48 @@ def _gemm_nt(x, w, out) -> None:
     _configure(torch)
     tx, tw, to = torch.from_dlpack(x), torch.from_dlpack(w), torch.from_dlpack(out)
     torch.matmul(tx.reshape(-1, tx.shape[-1]), tw.t(), out=to.view(-1, to.shape[-1]))
+
+
+def kept_weights(artifact, vm, device, params, kv_tokens: int | None, share: float | None,
+                 loaded: int) -> tuple[object | None, str | None]:
+    """(LIBRARY_GEMM_WEIGHTS' float weights, None) for a runner of `artifact` (its VM, device and
+    params; `loaded` bytes on the device so far; the KV cache's tokens, or its share of the device's
+    memory, as asked); or (None, why the runner goes without the library GEMM entries)."""
+    cfg = artifact.config
+    if LIBRARY_GEMM_ENTRY not in cfg.entry_functions:
+        return None, "not in this artifact"
+    if LIBRARY_GEMM_WEIGHTS not in cfg.entry_functions:
+        return None, f"this artifact's {LIBRARY_GEMM_ENTRY} predates {LIBRARY_GEMM_WEIGHTS}; recompile it"
+    why = unusable(artifact.device)
+    if why is not None:
+        return None, why
+    if cfg.library_gemm_bytes:                          # quantized weights: their float copies
+        memory = device_memory(artifact.device, device, loaded)
+        if memory is None:
+            return None, "the device reports no memory size to fit the BLAS's float weights in"
+        kv_bytes = None if kv_tokens is None else kv_tokens * cfg.kv_cache.bytes_per_token
+        why = gemm_weights_refused(memory, DEFAULT_GPU_UTILIZATION if share is None else share,
+                                   cfg.activation_bytes, cfg.library_gemm_bytes, kv_bytes)
+        if why is not None:
+            return None, why
+    try:
+        warm_up(artifact.device, device.index)
+    except RuntimeError as e:                       # torch's errors (its CUDA, its BLAS): go without
+        return None, f"torch's BLAS did not start ({str(e).strip().splitlines()[-1][:200]})"
+    try:
+        return vm[LIBRARY_GEMM_WEIGHTS](params), None
+    except RuntimeError as e:                       # TVM's errors, e.g. out of device memory: go without
+        return None, f"making its float weights failed ({str(e).strip().splitlines()[-1][:200]})"
+
+
+def note(config, why_unused: str | None) -> str | None:
+    """What a runner does with an artifact's (its `config`'s) library GEMM entries, in a clause for a
+    load message; None where it has none."""
+    if LIBRARY_GEMM_ENTRY not in config.entry_functions:
+        return None
+    if why_unused is not None:
+        return f"the BLAS entries unused: {why_unused}"
+    size = config.library_gemm_bytes
+    size = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    return (f"forwards of {MIN_TOKENS}+ tokens and decode steps of {MIN_DECODE_ROWS}+ "
+            f"sequences through the device's BLAS ({size} of float weights kept)")

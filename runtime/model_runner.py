@@ -34,10 +34,9 @@ from tvm.runtime.vm import VirtualMachine
 from .artifact import Artifact, check_host
 from .forward_split import prefill_chunks, row_bounded
 from . import library_gemm
-from .contract import (LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS,
-                       OPTIONAL_ENTRY_FUNCTIONS)
-from .memory_budget import (DEFAULT_GPU_UTILIZATION, default_kv_tokens, device_memory, gemm_weights_refused,
-                            kv_tokens_for_memory, no_memory_size, sized_by_memory)
+from .contract import LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS
+from .memory_budget import (DEFAULT_GPU_UTILIZATION, default_kv_tokens, device_memory, kv_tokens_for_memory,
+                            no_memory_size, sized_by_memory)
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 
@@ -99,8 +98,7 @@ class ModelRunner:
             raise ValueError(f"max_num_seqs {self.max_num_seqs} is outside what this artifact was compiled for "
                              f"(1 to {self.max_batch_size} sequences at once); pass at most {self.max_batch_size}"
                              " or recompile with `kiln compile --max-batch-size N`")
-        gemm_entry = LIBRARY_GEMM_ENTRY in cfg.entry_functions
-        if gemm_entry:                                      # the library calls it: registered before the load
+        if LIBRARY_GEMM_ENTRY in cfg.entry_functions:      # the library calls it: registered before the load
             library_gemm.register()
         self.vm = VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
         params, loaded = [], 0
@@ -112,7 +110,8 @@ class ModelRunner:
         self.params = tvm.runtime.convert(params)
         # batch_prefill and batch_decode with the device's BLAS for long forwards and wide steps, where
         # torch can run it here and its float weights fit (made now, before the KV cache takes the rest).
-        self.gemm_unusable = self._keep_gemm_weights(gemm_entry, max_total_tokens, memory_utilization, loaded)
+        self.gemm_weights, self.gemm_unusable = library_gemm.kept_weights(
+            self.artifact, self.vm, self.device, self.params, max_total_tokens, memory_utilization, loaded)
         if self.gemm_unusable is None:
             loaded += cfg.library_gemm_bytes
         if max_total_tokens is None:
@@ -138,49 +137,10 @@ class ModelRunner:
         for name, fn in self._fn.items():
             fn.release_gil = not self.queues_work and name != "embed"
 
-    def _keep_gemm_weights(self, in_artifact: bool, kv_tokens: int | None, share: float | None,
-                           loaded: int) -> str | None:
-        """Make LIBRARY_GEMM_WEIGHTS' float weights (self.gemm_weights) and return None; or say why the
-        runner goes without the library GEMM entries."""
-        self.gemm_weights = None
-        cfg = self.artifact.config
-        if not in_artifact:
-            return "not in this artifact"
-        if LIBRARY_GEMM_WEIGHTS not in cfg.entry_functions:
-            return f"this artifact's {LIBRARY_GEMM_ENTRY} predates {LIBRARY_GEMM_WEIGHTS}; recompile it"
-        why = library_gemm.unusable(self.artifact.device)
-        if why is not None:
-            return why
-        if cfg.library_gemm_bytes:                          # quantized weights: their float copies
-            memory = device_memory(self.artifact.device, self.device, loaded)
-            if memory is None:
-                return "the device reports no memory size to fit the BLAS's float weights in"
-            kv_bytes = None if kv_tokens is None else kv_tokens * cfg.kv_cache.bytes_per_token
-            why = gemm_weights_refused(memory, DEFAULT_GPU_UTILIZATION if share is None else share,
-                                       cfg.activation_bytes, cfg.library_gemm_bytes, kv_bytes)
-            if why is not None:
-                return why
-        try:
-            library_gemm.warm_up(self.artifact.device, self.device.index)
-        except RuntimeError as e:                   # torch's errors (its CUDA, its BLAS): go without
-            return f"torch's BLAS did not start ({str(e).strip().splitlines()[-1][:200]})"
-        try:
-            self.gemm_weights = self.vm[LIBRARY_GEMM_WEIGHTS](self.params)
-        except RuntimeError as e:                   # TVM's errors, e.g. out of device memory: go without
-            return f"making its float weights failed ({str(e).strip().splitlines()[-1][:200]})"
-        return None
-
     def library_gemm_note(self) -> str | None:
         """What the runner does with the artifact's library GEMM entries, in a clause for a load
         message; None where it has none."""
-        if LIBRARY_GEMM_ENTRY not in self.artifact.config.entry_functions:
-            return None
-        if self.gemm_unusable is not None:
-            return f"the BLAS entries unused: {self.gemm_unusable}"
-        size = self.artifact.config.library_gemm_bytes
-        size = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
-        return (f"forwards of {library_gemm.MIN_TOKENS}+ tokens and decode steps of {library_gemm.MIN_DECODE_ROWS}+ "
-                f"sequences through the device's BLAS ({size} of float weights kept)")
+        return library_gemm.note(self.artifact.config, self.gemm_unusable)
 
     def _kv_tokens_for_memory(self, share: float | None, loaded: int) -> int | None:
         """KV tokens for `share` of the device's memory, the weights (`loaded` bytes) already on it;

@@ -128,7 +128,7 @@ def test_the_blas_weights_are_made_once_at_load(gemm_artifact, gemm_calls):
 
 
 def test_short_memory_leaves_the_entry_off(gemm_artifact, monkeypatch):
-    monkeypatch.setattr(model_runner, "device_memory", lambda *_: DeviceMemory(free=2**20, total=2**30))
+    monkeypatch.setattr(library_gemm, "device_memory", lambda *_: DeviceMemory(free=2**20, total=2**30))
     runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4, max_total_tokens=256)
     if runner.artifact.config.library_gemm_bytes == 0:          # q0f32: nothing to keep, always fits
         assert runner.gemm_unusable is None
