@@ -35,6 +35,7 @@ import json
 import lzma
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -289,6 +290,9 @@ def facts(args) -> dict:
 
 GPU_TESTS = "tests/numerics/test_cuda_variants.py"
 GPU_TESTS_S = 100           # `all`'s seconds for the gpu tests (each builds its kernels: ~15-20 s a test)
+# Processes the gpu tests run in where pytest-xdist is there (gpu_session.py stages it): their time
+# is mostly TVM's single-threaded builds of tiny models (2026-11-28, one process: 5 of 30 tests in 100 s).
+GPU_TEST_WORKERS = 6
 VARIANTS_FIRST_S = 200      # `all`'s seconds for `variants` before the serving rows (~20 s a variant)
 # The `gpu` tests, those that decide what ships first (the candidate's: dependent launch against the
 # plain build; then the kernels against numpy: MMA GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the slow
@@ -308,14 +312,22 @@ def gpu_tests(args, seconds: float | None = None) -> dict:
     ids = [line.strip() for line in listed.splitlines() if line.startswith(GPU_TESTS + "::")]
     rank = lambda i: next((n for n, key in enumerate(GPU_TEST_ORDER) if key in i), len(GPU_TEST_ORDER))  # noqa: E731
     ids = sorted(ids, key=rank) or [GPU_TESTS]
+    import importlib.util
+    workers = min(GPU_TEST_WORKERS, max(1, (os.cpu_count() or 1) - 2))
+    parallel = ["-n", str(workers)] if workers > 1 and importlib.util.find_spec("xdist") is not None else []
     log = Path(args.out) / "gpu_tests.log"
     with log.open("w") as f:
+        # A session of its own: at the time limit its workers go too, not on beside the next steps' timings.
+        proc = subprocess.Popen([*pytest, "-q", *parallel, *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         try:
-            rc = subprocess.run([*pytest, "-q", *ids], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=seconds).returncode
+            rc = proc.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = f"timed out after {seconds:.0f} s"
-    return {"rc": rc, "tests": len(ids), "tail": log.read_text().strip().splitlines()[-1:]}
+    return {"rc": rc, "tests": len(ids), "processes": int(parallel[1]) if parallel else 1,
+            "tail": log.read_text().strip().splitlines()[-1:]}
 
 
 def references(src: Path, args) -> tuple:

@@ -50,7 +50,9 @@ def _pinned_tvm() -> tuple[str, ...]:
     return tuple(d for d in deps if d.startswith("apache-tvm"))
 
 
-WHEELS = (*_pinned_tvm(), "gguf==0.19.0")
+# pytest-xdist (and its execnet): the `gpu` tests in parallel processes (gpu_checks.gpu_tests); the
+# device's own pytest runs them.
+WHEELS = (*_pinned_tvm(), "gguf==0.19.0", "pytest-xdist==3.8.0", "execnet==2.1.2")
 # `kiln serve` (gpu_checks' "served" step), with what they need: the device has click and
 # typing-extensions, not these (~8 MB of wheels). xgrammar stays behind: structured output is off there.
 SERVE_WHEELS = ("fastapi", "uvicorn", "httptools", "uvloop", "prometheus-client")
