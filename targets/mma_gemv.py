@@ -49,7 +49,7 @@ MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 a
 
 
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
-             threads: bool = True, count=None, groups: int = 1, pdl: bool = False) -> tirx.PrimFunc:
+             threads: bool = True, count=None, groups: int = 1, pdl: bool = False, ahead: int = 0) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
     None: 1, static) over kiln's float16-scaled planes of `bits` (4: q4, W words [n, k/8]; 8: q8,
     W int8 [n, k]; scales [n, k/32]). `warps` split K; `unroll`: chunks a warp loads before it
@@ -59,7 +59,11 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     first weights, then waits for the kernel before it (griddepcontrol.wait) and lets the next one
     launch, so that under programmatic dependent launch its weights stream while the kernel before
     it finishes (targets/dependent_launch.py, which tags the function that launch: without it the
-    wait is a no-op)."""
+    wait is a no-op). `ahead`: each lane asks L2 for the weights and scales it will load `ahead`
+    iterations later (prefetch.global.L2: no register, nothing waits on it; iterations 1 to `ahead`
+    before the first loads, and before a `pdl` kernel waits), so that a warp's loads are in flight
+    beyond the ones nvcc keeps in registers: the shipped kernel's SASS issues its first loads, then
+    alternates one load with its MMAs (2026-11-28, sm_90), one chunk in flight a warp."""
     iters = k // (CHUNK * warps * unroll)
     tiles = n // TILE
     rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
@@ -86,6 +90,19 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     "uint32x4", W[tile * TILE + g + 8, T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
         sa[u] = S[tile * TILE + g, chunk * 4 + t]
         sb[u] = S[tile * TILE + g + 8, chunk * 4 + t]
+
+    @T.macro
+    def prefetch_weights(W, S, tile, chunk, g, t):
+        """Chunk `chunk`'s weights and scales of lane (g, t), asked of L2 (its `load_weights` addresses)."""
+        if bits == 4:
+            T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g, chunk * 16 + t * 4])))
+            T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g + 8, chunk * 16 + t * 4])))
+        else:
+            for h in T.unroll(2):
+                T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g, chunk * CHUNK + t * 32 + h * 16])))
+                T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g + 8, chunk * CHUNK + t * 32 + h * 16])))
+        T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(S[tile * TILE + g, chunk * 4 + t])))
+        T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(S[tile * TILE + g + 8, chunk * 4 + t])))
 
     @T.macro
     def load_activations(xs, X, chunk, g, t, u):
@@ -145,7 +162,15 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                         total = T.alloc_buffer((1,), "float32", scope="local")
                         for e in T.unroll(groups * 4):
                             acc[e] = T.float32(0)
+                        if ahead > 0 and iters > 1:                  # iterations 1..ahead to L2
+                            for j, u in T.grid(min(ahead, iters - 1), unroll):
+                                prefetch_weights(W, S, bx, ((j + 1) * unroll + u) * warps + ty, tx // 4, tx % 4)
                         for it in T.serial(iters):
+                            if ahead > 0 and ahead + 1 < iters:          # iteration it + ahead to L2
+                                if it > 0 and it + ahead < iters:
+                                    for u in T.unroll(unroll):
+                                        prefetch_weights(W, S, bx, ((it + ahead) * unroll + u) * warps + ty,
+                                                         tx // 4, tx % 4)
                             for u in T.unroll(unroll):              # every load of the slots first
                                 load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
                                              tx // 4, tx % 4, u)
@@ -243,10 +268,10 @@ class MMAGEMV:
     bound to 1), giving a Schedule of the kernel with its params in the function's order; `batch`
     2-16: a LOW_BATCH_BRANCHES rule for up to `batch` rows (symbolic; two MMAs a step above 8),
     giving the kernel as a body over the function's own params. `pdl`: mma_gemv's, where the target
-    has griddepcontrol (sm_90+)."""
+    has griddepcontrol (sm_90+); `ahead`: mma_gemv's."""
 
     def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8,
-                 pdl: bool = False) -> None:
+                 pdl: bool = False, ahead: int = 0) -> None:
         if bits not in CODES:
             raise ValueError(f"MMAGEMV takes {' or '.join(map(str, CODES))}-bit codes, not {bits}")
         if not 1 <= batch <= MAX_ROWS:
@@ -254,13 +279,14 @@ class MMAGEMV:
         if most_warps not in (4, 8, 16):
             raise ValueError(f"MMAGEMV splits K between 4, 8 or 16 warps a block at most, not {most_warps}")
         self.bits, self.unroll, self.batch, self.most_warps, self.pdl = bits, unroll, batch, most_warps, pdl
+        self.ahead = ahead
 
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count):
             shape = kernel_shape(n, k, self.unroll, self.most_warps)
             return None if shape is None else mma_gemv(n, k, out_dtype, self.bits, *shape, count=count,
                                                        groups=-(-self.batch // COLS),
-                                                       pdl=self.pdl and supports(target))
+                                                       pdl=self.pdl and supports(target), ahead=self.ahead)
         return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}")
 
 

@@ -102,6 +102,8 @@ def _phases_without_graphs(profile, phase: str) -> list:
 # presets for the build; "min_split": decode_attention.MIN_SPLIT.
 VARIANTS = {"base": {},
             "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
+            "prefetch": {"branches": {"gemv": "prefetch"}, "batches": (1, 2, 4, 5, 16)},
+            "pdlpf": {"branches": {"gemv": "pdlpf"}, "profile": {"dependent_launch": True}},
             "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
             "pdl16": {"branches": {"gemv": "pdl16"}, "profile": {"dependent_launch": True}, "batches": (1, 2, 4, 5, 16)},
             "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
@@ -113,7 +115,7 @@ VARIANTS = {"base": {},
             "dlight": {"branches": {"gemv": "none", "wide": (), "tiles": {"target_blocks": 0}},
                        "batches": (1, 2, 4, 5, 16)}}
 # The build `all` measures beside base on the whole 8B, when there is one: a VARIANTS key, or None.
-CANDIDATE = "pdl"
+CANDIDATE = "pdlpf"
 
 
 def _load_state(path: Path, args) -> dict:
@@ -145,7 +147,9 @@ def variant_branches(variant: str):
             "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)],
             "warps16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16) for bits in (4, 8)],
             "pdl": lambda b: [MMAGEMV(bits, batch=b, pdl=True) for bits in (4, 8)],
-            "pdl16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16, pdl=True) for bits in (4, 8)]}[spec.get("gemv")]
+            "pdl16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16, pdl=True) for bits in (4, 8)],
+            "prefetch": lambda b: [MMAGEMV(bits, batch=b, ahead=1) for bits in (4, 8)],
+            "pdlpf": lambda b: [MMAGEMV(bits, batch=b, pdl=True, ahead=1) for bits in (4, 8)]}[spec.get("gemv")]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})
     return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)
