@@ -103,6 +103,7 @@ def _phases_without_graphs(profile, phase: str) -> list:
 VARIANTS = {"base": {},
             "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
             "prefetch": {"branches": {"gemv": "prefetch"}, "batches": (1, 2, 4, 5, 16)},
+            "loadsfirst": {"branches": {"gemv": "pdl"}, "batches": (1, 2, 4, 5, 16)},
             "pdlpf": {"branches": {"gemv": "pdlpf"}, "profile": {"dependent_launch": True}},
             "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
             "pdl16": {"branches": {"gemv": "pdl16"}, "profile": {"dependent_launch": True}, "batches": (1, 2, 4, 5, 16)},
