@@ -589,9 +589,12 @@ def idle_gaps(kernels: list[tuple[str, float, float]], steps: int, min_us: float
     spacing, counted apart), a step's share, grouped by the kernel the gap precedes. A gap before
     the step's first kernel (the embedding) is the host between steps (token copied back, the next
     step prepared); gaps before the attention kernels are the host launching what the CUDA graphs
-    leave out."""
-    idle, small, by_next, end = 0.0, 0.0, {}, None
+    leave out. `covered_ms`: a step's time with at least one activity on the GPU (overlaps counted
+    once): the busy time where kernels overlap (programmatic dependent launch: a kernel's time then
+    includes its wait for the one before, so busy_ms, their sum, counts that twice)."""
+    idle, small, by_next, end, covered = 0.0, 0.0, {}, None, 0.0
     for name, start, stop in sorted(kernels, key=lambda k: k[1]):
+        covered += max(0.0, stop - max(start, end if end is not None else start))
         if end is not None and start > end:
             gap = start - end
             if gap < min_us:
@@ -603,7 +606,7 @@ def idle_gaps(kernels: list[tuple[str, float, float]], steps: int, min_us: float
         end = stop if end is None else max(end, stop)
     worst = sorted(by_next.items(), key=lambda kv: -kv[1][0])[:top]
     return {"idle_ms": round(idle / steps / 1e3, 3), "launch_spacing_ms": round(small / steps / 1e3, 3),
-            "activities_per_step": round(len(kernels) / steps, 1),
+            "covered_ms": round(covered / steps / 1e3, 3), "activities_per_step": round(len(kernels) / steps, 1),
             "before": [(name[:90], round(total / steps / 1e3, 4), round(count / steps, 1))
                        for name, (total, count) in worst]}
 
@@ -645,6 +648,7 @@ def variants(args, deadline: float | None = None) -> dict:
             if args.device == "cuda":
                 times = gpu_kernel_times(runner, ids, top=4)
                 row.update({k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "attention_ms", "kernels")})
+                row["covered_ms"] = times["idle"]["covered_ms"]
             else:
                 row["tpot_ms"] = _step_ms(runner, ids)
             for i in ids:

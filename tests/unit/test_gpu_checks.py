@@ -33,10 +33,11 @@ def test_idle_time_is_grouped_by_the_kernel_after_the_gap():
     assert gaps["idle_ms"] == pytest.approx((100 + 2 * 10) / 2 / 1e3)
     assert gaps["launch_spacing_ms"] == pytest.approx(4 * 1 / 2 / 1e3)
     assert gaps["activities_per_step"] == 5
+    assert gaps["covered_ms"] == pytest.approx((5 + 44 + 12 + 7) / 1e3)      # 60-72 once: the copy overlaps
 
 
 def test_no_kernels_no_idle():
-    assert _gpu_checks().idle_gaps([], steps=1) == {"idle_ms": 0.0, "launch_spacing_ms": 0.0,
+    assert _gpu_checks().idle_gaps([], steps=1) == {"idle_ms": 0.0, "launch_spacing_ms": 0.0, "covered_ms": 0.0,
                                                     "activities_per_step": 0.0, "before": []}
 
 
