@@ -104,3 +104,35 @@ def test_only_where_the_device_has_it():
     assert places_wait(gemv90.mod["main"].body)
     host = _fused_q4_matmul(256, 512)                              # unscheduled: no thread-bound loop
     assert waiting_first(host).same_as(host)
+
+
+def test_before_after():
+    """TVMScript Before/After: the wait and the launch of dependents first in the kernel, the launch
+    tag on the function; a kernel that places its own wait is left as it is."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def before(A: T.Buffer((256,), "float32"), B: T.Buffer((256,), "float32")):
+        for bx in T.thread_binding(2, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                B[bx * 128 + tx] = A[bx * 128 + tx] * T.float32(2)
+
+    @T.prim_func(private=True)
+    def after(A: T.Buffer((256,), "float32"), B: T.Buffer((256,), "float32")):
+        T.func_attr({"tirx.kernel_launch_params": [LAUNCH_TAG]})
+        for bx in T.thread_binding(2, thread="blockIdx.x"):
+            T.evaluate(T.ptx.griddepcontrol.wait())
+            T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                B[bx * 128 + tx] = A[bx * 128 + tx] * T.float32(2)
+
+    @T.prim_func(private=True)
+    def own_wait(A: T.Buffer((256,), "float32"), B: T.Buffer((256,), "float32")):
+        for bx in T.thread_binding(2, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                T.evaluate(T.ptx.griddepcontrol.wait())
+                B[bx * 128 + tx] = A[bx * 128 + tx] * T.float32(2)
+
+    tvm.ir.assert_structural_equal(waiting_first(before), after)
+    tvm.ir.assert_structural_equal(waiting_first(own_wait), own_wait.with_attr("tirx.kernel_launch_params",
+                                                                               [LAUNCH_TAG]))
