@@ -49,7 +49,8 @@ MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 a
 
 
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
-             threads: bool = True, count=None, groups: int = 1, pdl: bool = False, ahead: int = 0) -> tirx.PrimFunc:
+             threads: bool = True, count=None, groups: int = 1, pdl: bool = False, ahead: int = 0,
+             loads_first: bool = False) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
     None: 1, static) over kiln's float16-scaled planes of `bits` (4: q4, W words [n, k/8]; 8: q8,
     W int8 [n, k]; scales [n, k/32]). `warps` split K; `unroll`: chunks a warp loads before it
@@ -63,7 +64,11 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     iterations later (prefetch.global.L2: no register, nothing waits on it; iterations 1 to `ahead`
     before the first loads, and before a `pdl` kernel waits), so that a warp's loads are in flight
     beyond the ones nvcc keeps in registers: the shipped kernel's SASS issues its first loads, then
-    alternates one load with its MMAs (2026-11-28, sm_90), one chunk in flight a warp."""
+    alternates one load with its MMAs (2026-11-28, sm_90), one chunk in flight a warp.
+    `loads_first`: a block-scope fence (__threadfence_block) between an iteration's loads and its
+    MMAs, which nvcc and ptxas do not move loads across: every load of the iteration is issued
+    before the warp waits for the first (in the SASS: its 12 128-bit loads, then MEMBAR, then its
+    16 MMAs), at more registers a thread. A `pdl` kernel's wait does the same in its way."""
     iters = k // (CHUNK * warps * unroll)
     tiles = n // TILE
     rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
@@ -182,6 +187,8 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                     T.evaluate(T.ptx.griddepcontrol.launch_dependents())
                                 for u in T.unroll(unroll):
                                     load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
+                            if loads_first:
+                                T.evaluate(T.call_extern("void", "__threadfence_block"))
                             for u in T.unroll(unroll):
                                 for s in T.unroll(STEPS):
                                     fragments(a, b, wa, wb, sa, sb, xs, u, s)
@@ -268,10 +275,10 @@ class MMAGEMV:
     bound to 1), giving a Schedule of the kernel with its params in the function's order; `batch`
     2-16: a LOW_BATCH_BRANCHES rule for up to `batch` rows (symbolic; two MMAs a step above 8),
     giving the kernel as a body over the function's own params. `pdl`: mma_gemv's, where the target
-    has griddepcontrol (sm_90+); `ahead`: mma_gemv's."""
+    has griddepcontrol (sm_90+); `ahead`, `loads_first`: mma_gemv's."""
 
     def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8,
-                 pdl: bool = False, ahead: int = 0) -> None:
+                 pdl: bool = False, ahead: int = 0, loads_first: bool = False) -> None:
         if bits not in CODES:
             raise ValueError(f"MMAGEMV takes {' or '.join(map(str, CODES))}-bit codes, not {bits}")
         if not 1 <= batch <= MAX_ROWS:
@@ -279,14 +286,15 @@ class MMAGEMV:
         if most_warps not in (4, 8, 16):
             raise ValueError(f"MMAGEMV splits K between 4, 8 or 16 warps a block at most, not {most_warps}")
         self.bits, self.unroll, self.batch, self.most_warps, self.pdl = bits, unroll, batch, most_warps, pdl
-        self.ahead = ahead
+        self.ahead, self.loads_first = ahead, loads_first
 
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count):
             shape = kernel_shape(n, k, self.unroll, self.most_warps)
             return None if shape is None else mma_gemv(n, k, out_dtype, self.bits, *shape, count=count,
                                                        groups=-(-self.batch // COLS),
-                                                       pdl=self.pdl and supports(target), ahead=self.ahead)
+                                                       pdl=self.pdl and supports(target), ahead=self.ahead,
+                                                       loads_first=self.loads_first)
         return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}")
 
 

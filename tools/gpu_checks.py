@@ -102,14 +102,15 @@ def _phases_without_graphs(profile, phase: str) -> list:
 # presets for the build; "min_split": decode_attention.MIN_SPLIT.
 VARIANTS = {"base": {},
             "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
+            "loadsfirst": {"branches": {"gemv": "loadsfirst"}, "batches": (1, 2, 4, 5, 16)},
             "prefetch": {"branches": {"gemv": "prefetch"}, "batches": (1, 2, 4, 5, 16)},
-            "loadsfirst": {"branches": {"gemv": "pdl"}, "batches": (1, 2, 4, 5, 16)},
+            "lfpf": {"branches": {"gemv": "lfpf"}, "batches": (1, 2, 4, 5, 16)},
             "pdlpf": {"branches": {"gemv": "pdlpf"}, "profile": {"dependent_launch": True}},
+            "attn64": {"min_split": 64, "batches": (1, 16)},
+            "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)},
             "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
             "pdl16": {"branches": {"gemv": "pdl16"}, "profile": {"dependent_launch": True}, "batches": (1, 2, 4, 5, 16)},
             "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
-            "attn64": {"min_split": 64, "batches": (1, 16)},
-            "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)},
             "q4gemv": {"branches": {"gemv": "q4", "wide": (8,)}, "batches": (1, 2, 4, 5, 16)},
             "tcgroup": {"branches": {"tiles": {"k_frags": 8, "group_loads": True}}, "batches": (5, 16, 64)},
             "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)},
@@ -150,6 +151,8 @@ def variant_branches(variant: str):
             "pdl": lambda b: [MMAGEMV(bits, batch=b, pdl=True) for bits in (4, 8)],
             "pdl16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16, pdl=True) for bits in (4, 8)],
             "prefetch": lambda b: [MMAGEMV(bits, batch=b, ahead=1) for bits in (4, 8)],
+            "loadsfirst": lambda b: [MMAGEMV(bits, batch=b, loads_first=True) for bits in (4, 8)],
+            "lfpf": lambda b: [MMAGEMV(bits, batch=b, loads_first=True, ahead=1) for bits in (4, 8)],
             "pdlpf": lambda b: [MMAGEMV(bits, batch=b, pdl=True, ahead=1) for bits in (4, 8)]}[spec.get("gemv")]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})

@@ -70,22 +70,22 @@ def _built(func, branch_rows: int, rule) -> str:
     return tvm.compile(tvm.IRModule({"gemv": merged}), target=profile.tvm_target()).mod.imports[0].inspect_source()
 
 
-@pytest.mark.parametrize("rows, bits, most_warps, ahead", [(1, 4, 8, 0), (8, 4, 8, 0), (16, 4, 8, 0), (1, 8, 8, 0),
-                                                            (16, 8, 8, 0), (1, 4, 16, 0), (16, 4, 16, 0),
-                                                            (1, 4, 8, 1), (16, 8, 8, 1)])
-def test_branches_build_for_cuda(rows, bits, most_warps, ahead, tmp_path):
+@pytest.mark.parametrize("rows, bits, most_warps, ahead, loads_first", [
+    (1, 4, 8, 0, False), (8, 4, 8, 0, False), (16, 4, 8, 0, False), (1, 8, 8, 0, False), (16, 8, 8, 0, False),
+    (1, 4, 16, 0, False), (16, 4, 16, 0, False), (1, 4, 8, 1, False), (16, 8, 8, 1, True), (1, 4, 8, 0, True)])
+def test_branches_build_for_cuda(rows, bits, most_warps, ahead, loads_first, tmp_path):
     """At an 8B projection's shape (4096 x 14336: 7 iterations of K a warp), the one-row branch
     (OneRowGEMV) and the 8- and 16-row buckets (FirstOf, symbolic rows), merged with the tiled
     schedule, for q4 and q8 weights (and q4 with K split between 16 warps, gpu_checks.py's
     `warps16`; weights prefetched to L2 an iteration ahead, `prefetch`): the MMA instruction and the
     float16-pair arithmetic in the CUDA nvcc compiles; with `ahead`, each lane's two weight rows and
     their scales asked of L2 for iteration 1 before the loop and for the iteration after the next
-    inside it, none without."""
+    inside it, none without; with `loads_first`, a fence after the loads and before the first MMA."""
     from tvm.s_tir import dlight as dl
 
     from kiln.targets.gpu import FirstOf, OneRowGEMV
     func = _fused_q4_matmul(4096, 14336, fmt=FORMATS[bits])
-    mma = MMAGEMV(bits, batch=rows, most_warps=most_warps, ahead=ahead)
+    mma = MMAGEMV(bits, batch=rows, most_warps=most_warps, ahead=ahead, loads_first=loads_first)
     source = _built(func, rows, OneRowGEMV(mma) if rows == 1 else FirstOf(mma, dl.gpu.LowBatchGEMV(rows)))
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in source
     magic, mask = (0x64006400, 0x000F000F) if bits == 4 else (0x64806480, 0x00FF00FF)
@@ -94,6 +94,10 @@ def test_branches_build_for_cuda(rows, bits, most_warps, ahead, tmp_path):
     loop = kernel.index("for (int it = 0;")
     prefetch = "tvm_builtin_ptx_prefetch_global_L2(("
     assert (prefetch in kernel[:loop], prefetch in kernel[loop:]) == (bool(ahead), bool(ahead))
+    fence = "__threadfence_block();"
+    assert (fence in kernel) == loads_first
+    if loads_first:
+        assert kernel.rindex("qweight_ptr + ", 0, kernel.index(fence)) < kernel.index(fence) < kernel.index("mma.sync")
     nvcc_compiles(source, tmp_path)
 
 
