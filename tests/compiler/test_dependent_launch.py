@@ -38,10 +38,11 @@ def device_launch_tags(host: tvm.IRModule) -> dict[str, list[str]]:
             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and int(f.attrs.get("calling_conv", 0)) == 2}
 
 
-def test_every_kernel_of_a_model_waits_first(tiny_dirs, tmp_path):
+def test_every_kernel_of_a_model_waits_first(tiny_dirs):
     """The tiny Llama built for cuda-sm90 with dependent_launch: each of its kernels (matmul
     branches, norms, KV cache and attention kernels, sampling) is launched with the tag, and its
-    first statements wait for the kernel before it and then let the next one launch; nvcc builds it."""
+    first statements wait for the kernel before it and then let the next one launch (nvcc's build
+    of the two instructions: the GEMV test below)."""
     built = build(tiny_dirs["tied"], "cuda-sm90", "q4f16", dependent_launch=True)
     tags = device_launch_tags(built.host)
     assert len(tags) > 20
@@ -53,7 +54,6 @@ def test_every_kernel_of_a_model_waits_first(tiny_dirs, tmp_path):
         code = [line.strip() for line in body.splitlines() if line.strip() and not line.strip().startswith(
             ("alignas", "__shared__", "extern __shared__", "nvcuda::wmma::fragment", "uint4 ", "half "))]
         assert code[:2] == [WAIT, LAUNCH], (name, code[:3])
-    nvcc_compiles(source, tmp_path)
 
 
 def test_the_gemv_streams_its_first_weights_before_it_waits(tmp_path):
