@@ -68,16 +68,17 @@ def waiting_first(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func
     head = [tirx.Evaluate(T.ptx.griddepcontrol.wait()), tirx.Evaluate(T.ptx.griddepcontrol.launch_dependents())]
 
-    def rewrite(loop, _mutator):
+    def rewrite(loop, mutator):
         if not _is_thread_loop(loop):
-            return _mutator.default_mutate(loop)
+            return mutator.default_mutate(loop)
         if places_wait(loop.body):
             return loop
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, tirx.SeqStmt([*head, loop.body]),
                         loop.thread_binding, loop.annotations)
     body = tvm_ffi.structural_mutate(func.body, (tirx.For, rewrite))
     tags = [str(t) for t in (func.attrs or {}).get("tirx.kernel_launch_params", [])]
-    return func.with_body(body).with_attr("tirx.kernel_launch_params", [*tags, *([LAUNCH_TAG] * (LAUNCH_TAG not in tags))])
+    return func.with_body(body).with_attr("tirx.kernel_launch_params",
+                                          tags if LAUNCH_TAG in tags else [*tags, LAUNCH_TAG])
 
 
 def supports(target: tvm.target.Target) -> bool:

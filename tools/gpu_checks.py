@@ -145,15 +145,14 @@ def variant_branches(variant: str):
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
     from kiln.targets.q4_gemv import Q4GEMV
     from kiln.targets.mma_gemv import MMAGEMV
-    gemv = {"q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
-            "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)],
-            "warps16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16) for bits in (4, 8)],
-            "pdl": lambda b: [MMAGEMV(bits, batch=b, pdl=True) for bits in (4, 8)],
-            "pdl16": lambda b: [MMAGEMV(bits, batch=b, most_warps=16, pdl=True) for bits in (4, 8)],
-            "prefetch": lambda b: [MMAGEMV(bits, batch=b, ahead=1) for bits in (4, 8)],
-            "loadsfirst": lambda b: [MMAGEMV(bits, batch=b, loads_first=True) for bits in (4, 8)],
-            "lfpf": lambda b: [MMAGEMV(bits, batch=b, loads_first=True, ahead=1) for bits in (4, 8)],
-            "pdlpf": lambda b: [MMAGEMV(bits, batch=b, pdl=True, ahead=1) for bits in (4, 8)]}[spec.get("gemv")]
+    # The MMA GEMV (4-bit, then 8-bit layers) with these arguments.
+    mma = {"warps16": {"most_warps": 16}, "pdl": {"pdl": True}, "pdl16": {"most_warps": 16, "pdl": True},
+           "prefetch": {"ahead": 1}, "loadsfirst": {"loads_first": True}, "lfpf": {"loads_first": True, "ahead": 1},
+           "pdlpf": {"pdl": True, "ahead": 1}}
+    name = spec.get("gemv")
+    gemv = (lambda b: [MMAGEMV(bits, batch=b, **mma[name]) for bits in (4, 8)]) if name in mma else {
+        "q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
+        "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)]}[name]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})
     return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)
@@ -303,9 +302,9 @@ GPU_TESTS_S = 100           # `all`'s seconds for the gpu tests (each builds its
 GPU_TEST_WORKERS = 6
 VARIANTS_FIRST_S = 200      # `all`'s seconds for `variants` before the serving rows (~20 s a variant)
 # The `gpu` tests, those that decide what ships first (the candidate's: dependent launch against the
-# plain build; then the kernels against numpy: MMA GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the slow
-# whole-preset comparisons (a compile of each CUDA preset) and the other families last: a run cut
-# short has the first.
+# plain build; then the kernels against numpy: MMA GEMV, split-K tiles, the library GEMM prefill;
+# then the attention kernels, Gemma 2), the slow whole-preset comparisons (a compile of each CUDA
+# preset) and the other families last: a run cut short has the first.
 GPU_TEST_ORDER = ("dependent_launch", "mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
                   "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens", "speculative", "row_branches",
                   "preset_matches", "family_matches")
