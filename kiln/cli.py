@@ -226,7 +226,7 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
     import kiln
     from kiln.runtime.bench import bench as run_bench, kv_tokens_needed, profile_kernels
     from kiln.runtime.memory_budget import default_kv_tokens
-    path = model if kiln.is_artifact(model) else compiled(model)
+    path = compiled(model)
     art = kiln.Artifact.load(path, verify=False)                 # its config only; the Engine verifies
     # The KV cache is sized for the benchmarked shape (at least the engine's default capacity).
     need = kv_tokens_needed(art.config.kv_cache.page_size, prompt_len, gen_len, batch)

@@ -40,9 +40,12 @@ class CompileProgress:
         self.bar.update(self.tasks[key], completed=done, total=total, description=label)
 
 
-def compiled(model: str) -> Path:
-    """MODEL's artifact from the compile-on-first-use cache (compiled now, with progress, if absent)."""
+def compiled(model: str) -> Path | str:
+    """MODEL itself where it is an artifact; else its artifact from the compile-on-first-use cache
+    (compiled now, with progress, if absent)."""
     import kiln
+    if kiln.is_artifact(model):
+        return model
     with CompileProgress() as progress:
         return kiln.ensure_artifact(model, progress=progress)
 
@@ -95,9 +98,8 @@ def speculation_options(fn):
 
 def speculation_fields(speculation: dict) -> dict:
     """EngineConfig's speculative fields from the options, a --draft-model compiled on first use."""
-    import kiln
     draft = speculation["draft_model"]
-    return {**speculation, "draft_model": draft if draft is None or kiln.is_artifact(draft) else compiled(draft)}
+    return {**speculation, "draft_model": None if draft is None else compiled(draft)}
 
 
 def chat_template_option(fn):
@@ -122,6 +124,5 @@ def one_sequence_engine(model: str, chat_template: str | None = None, speculatio
     context (on a GPU it would otherwise take 90% of the device for the artifact's max batch)."""
     import kiln
     source = template_source(chat_template)
-    path = model if kiln.is_artifact(model) else compiled(model)
-    return kiln.Engine(path, kiln.EngineConfig(max_num_seqs=1, chat_template=source,
+    return kiln.Engine(compiled(model), kiln.EngineConfig(max_num_seqs=1, chat_template=source,
                                                **(speculation_fields(speculation) if speculation else {})))

@@ -57,7 +57,7 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
     template = template_source(chat_template)
     server = _server_module()                 # before any compile: without the serve extra, say so now
-    path = model if kiln.is_artifact(model) else compiled(model)
+    path = compiled(model)
     # Named after what the user gave (`smollm2`, a model folder or file, an artifact's folder), so the
     # name survives recompiles, tunes and upgrades; the cache's hash-named folder stays an alias.
     given = Path(str(model).rstrip("/"))
