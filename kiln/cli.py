@@ -12,7 +12,7 @@ import click
 from kiln.cli_info import COMMANDS, exit_interrupted
 from kiln.cli_info import friendly_errors as _friendly_errors
 from kiln.cli_options import (DEFAULT_MODEL, CompileProgress, chat_template_option, compiled, one_sequence_engine,
-                              sampling_options, sampling_params, speculation_options)
+                              sampling_options, sampling_params, speculation_options, step_graphs_option)
 from kiln.cli_serve import serve
 from kiln.cli_tune import tune
 
@@ -214,8 +214,9 @@ def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system, chat_
               help="after the bench, time every kernel of one prefill and of the mean decode step "
                    "(a VM instrument, a few us per call; reports both wall times); JSON key \"profile\"")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object as the last line")
+@step_graphs_option
 @_friendly_errors
-def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
+def bench(model, prompt_len, gen_len, batch, runs, profile, as_json, step_graphs) -> None:
     """Benchmark MODEL (artifact or model): prefill/decode tok/s, TTFT, TPOT, peak RSS (medians).
 
     --profile then runs the same shape again (a warm-up, then RUNS plain and RUNS instrumented runs)
@@ -230,7 +231,8 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json) -> None:
     art = kiln.Artifact.load(path, verify=False)                 # its config only; the Engine verifies
     # The KV cache is sized for the benchmarked shape (at least the engine's default capacity).
     need = kv_tokens_needed(art.config.kv_cache.page_size, prompt_len, gen_len, batch)
-    engine = kiln.Engine(path, kiln.EngineConfig(max_total_tokens=max(need, default_kv_tokens(art))))
+    engine = kiln.Engine(path, kiln.EngineConfig(max_total_tokens=max(need, default_kv_tokens(art)),
+                                                 step_graphs=step_graphs))
     r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
     p = profile_kernels(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch,
                         runs=runs) if profile else None

@@ -102,6 +102,13 @@ def speculation_fields(speculation: dict) -> dict:
     return {**speculation, "draft_model": None if draft is None else compiled(draft)}
 
 
+def step_graphs_option(fn):
+    return click.option("--step-graphs", is_flag=True,
+                        help="CUDA: capture each decode step whole as a CUDA graph, once per batch and page "
+                             "count, and replay it with one launch (runtime/step_graph.py), so the host no "
+                             "longer queues the step kernel by kernel; off until a GPU run adopts it")(fn)
+
+
 def chat_template_option(fn):
     return click.option("--chat-template", "chat_template", metavar="NAME|FILE",
                         help="use this chat template instead of the model's (a jinja file, or built-in: "

@@ -10,7 +10,7 @@ import click
 from kiln.cli_info import friendly_errors as _friendly_errors
 from kiln.cli_info import parse_size
 from kiln.cli_options import (DEFAULT_MODEL, chat_template_option, compiled, speculation_fields, speculation_options,
-                              template_source)
+                              step_graphs_option, template_source)
 
 
 @click.command()
@@ -46,12 +46,13 @@ from kiln.cli_options import (DEFAULT_MODEL, chat_template_option, compiled, spe
 @click.option("--api-processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="HTTP processes sharing the port in front of one engine process (vLLM's --api-server-count): "
                    "for many streams of a small model, where one process's Python cannot send what a GPU makes")
+@step_graphs_option
 @chat_template_option
 @speculation_options
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
           kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, stream_interval,
-          engine_process, api_processes, chat_template, speculation) -> None:
+          engine_process, api_processes, step_graphs, chat_template, speculation) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -68,7 +69,7 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
                                enable_prefix_cache=not no_prefix_cache, chat_template=template,
                                device_sampling={"auto": None, "device": True, "host": False}[sampling_on],
                                overlap={"auto": None, "on": True, "off": False}[overlap],
-                               **speculation_fields(speculation))
+                               step_graphs=step_graphs, **speculation_fields(speculation))
     try:
         server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                              engine=engine, stream_interval=stream_interval,

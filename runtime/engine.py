@@ -65,7 +65,7 @@ class Engine(SynchronousCalls, ModelFront):
             raise ValueError(why)
         kv_tokens, kv_share = kv_size(loaded, config)
         draft = _draft_model(loaded, config, kv_tokens, kv_share, most)       # first: see DraftModel
-        self.runner = ModelRunner(loaded, config.max_num_seqs, kv_tokens, kv_share)
+        self.runner = ModelRunner(loaded, config.max_num_seqs, kv_tokens, kv_share, step_graphs=config.step_graphs)
         super().__init__(loaded, config.chat_template)     # tokenizer, eos ids, grammar compiler
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
         window = self.runner.window        # sliding-window KV is never shared: no prefix cache, no forks

@@ -50,6 +50,9 @@ class EngineConfig:
     # above; speculative_tokens 0 means DRAFT_MODEL_TOKENS with a draft model. It is loaded first: on
     # CUDA and ROCm the engine's KV cache then gets what is left of gpu_memory_utilization beside it.
     draft_model: str | Path | None = None
+    # Decode steps captured whole as CUDA graphs and replayed with one launch (runtime/step_graph.py):
+    # CUDA artifacts only; off until a GPU run measures it (tools/gpu_checks.py `stepgraph`).
+    step_graphs: bool = False
 
 
 def kv_size(artifact: Artifact, config: EngineConfig) -> tuple[int | None, float | None]:

@@ -12,6 +12,9 @@ or returned logit rows (a forward that scores more prompt positions is split).
 A sliding-window artifact (runtime/sliding_window.py) gets a cache with TVM's per-sequence window
 when every layer slides (enabled on each sequence as it is added), and every forward is checked
 against the window's chunk bound: an append TVM's kernels would compute wrongly is refused.
+
+On CUDA, with step_graphs, a decode step is captured whole as a CUDA graph and replayed with one
+launch where its key allows (runtime/step_graph.py).
 """
 
 from __future__ import annotations
@@ -34,58 +37,35 @@ from tvm.runtime.vm import VirtualMachine
 from .artifact import Artifact, check_host
 from .forward_split import prefill_chunks, row_bounded
 from . import library_gemm
+from .device_tensors import _COPY_IN, _COPY_OUT, _VIEW, LaunchedTokens, _holding_gil, _to_host, _view  # noqa: F401
 from .contract import LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS
 from .memory_budget import (DEFAULT_GPU_UTILIZATION, default_kv_tokens, device_memory, kv_tokens_for_memory,
                             no_memory_size, sized_by_memory)
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
-
-# TVM's Python calls release the GIL (tvm_ffi's default), and a call's return then waits for it: up to
-# the interpreter's switch interval (5 ms) while another thread runs Python, as a server's event loop
-# does at every token. kiln's own handles to the calls that only keep books, copy a few bytes or make a
-# view keep the GIL through them (nothing else in the process changes); so do the forwards on devices
-# that only queue them (ModelRunner.__init__), leaving one wait a step: its tokens' copy back.
-def _holding_gil(fn):
-    fn.release_gil = False
-    return fn
-
+from .step_graph import StepGraphs
 
 _KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
     "kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_fork_sequence", "kv_state_popn",
     "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages",
-    "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq")}
-_COPY_IN, _COPY_OUT, _VIEW = (_holding_gil(tvm.get_global_func(f"runtime.TVMTensor{name}"))
-                              for name in ("CopyFromBytes", "CopyToBytes", "CreateView"))
-
-
-def _view(tensor, shape: Sequence[int]):
-    """tensor's first elements as a tensor of `shape` (Tensor._create_view, holding the GIL)."""
-    return _VIEW(tensor, ShapeTuple(list(shape)), tensor.dtype, 0)
-
-
-def _to_host(tensor, wait: bool) -> np.ndarray:
-    """A copy of `tensor` on the host (Tensor.numpy for int and float tensors). wait: the copy waits for
-    the device's queued work, so it lets the GIL go meanwhile; else it holds it."""
-    if wait:
-        return tensor.numpy()
-    out = np.empty(tuple(tensor.shape), np.dtype(str(tensor.dtype)))
-    _COPY_OUT(tensor, out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
-    return out
-
-
+    "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq",
+    "attention_kv_cache_get_query_positions")}
 class ModelRunner:
     def __init__(self, artifact: Artifact, max_num_seqs: int | None = None, max_total_tokens: int | None = None,
-                 memory_utilization: float | None = None):
+                 memory_utilization: float | None = None, step_graphs: bool = False):
         """max_total_tokens: the KV capacity in tokens; or memory_utilization, the fraction of the device's
         memory this runner may take, the KV cache getting what the weights and activations leave
         (runtime/memory_budget.py). Neither: on CUDA and ROCm, DEFAULT_GPU_UTILIZATION where the device
-        reports its memory; elsewhere default_kv_tokens."""
+        reports its memory; elsewhere default_kv_tokens. step_graphs: decode steps replayed as whole
+        CUDA graphs (runtime/step_graph.py; CUDA artifacts only)."""
         if max_total_tokens is not None and memory_utilization is not None:
             raise ValueError("give the KV cache size once: as tokens (max_total_tokens) or as a share of the "
                              "device's memory (memory_utilization)")
         cfg = artifact.config
         self.artifact = artifact
         check_host(artifact)
+        if step_graphs and artifact.device != "cuda":
+            raise ValueError(f"step graphs are CUDA graphs: this artifact runs on {artifact.device}")
         self.device = open_device(artifact.device)            # loads the device's TVM runtime if needed
         self.vocab_size = artifact.vocab_size
         self.context_window = artifact.context_window
@@ -136,6 +116,8 @@ class ModelRunner:
         self.queues_work = artifact.device != "cpu"
         for name, fn in self._fn.items():
             fn.release_gil = not self.queues_work and name != "embed"
+        self._shared: set[int] = set()          # sequences in a fork: their pages are shared blocks
+        self.graphs = StepGraphs(self.device) if step_graphs else None
 
     def library_gemm_note(self) -> str | None:
         """What the runner does with the artifact's library GEMM entries, in a clause for a load
@@ -172,12 +154,14 @@ class ModelRunner:
 
     def remove_sequence(self, seq_id: int) -> None:
         _KV["kv_state_remove_sequence"](self.kv, seq_id)
+        self._shared.discard(seq_id)
 
     def fork_sequence(self, parent: int, child: int, fork_pos: int = -1) -> None:
         if self.window:
             raise RuntimeError("sliding-window sequences cannot be forked (TVM cannot share windowed KV "
                                "correctly); add the child and compute its prompt instead")
         _KV["kv_state_fork_sequence"](self.kv, parent, child, fork_pos)
+        self._shared.update((parent, child))
 
     def pop_tokens(self, seq_id: int, n: int) -> None:
         _KV["kv_state_popn"](self.kv, seq_id, n)
@@ -267,7 +251,7 @@ class ModelRunner:
 
     def decode(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per sequence; next-token logits [batch, vocab]."""
-        return _to_host(self._decode(seq_ids, tokens), wait=self.queues_work)[:, 0, :]
+        return _to_host(self._decode(seq_ids, tokens)[0], wait=self.queues_work)[:, 0, :]
 
     def decode_greedy(self, seq_ids: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token per sequence; each sequence's greedy next token [batch] (np.argmax of its
@@ -301,30 +285,68 @@ class ModelRunner:
         device buffer for the page tables each forward copies, and on CUDA it copies them on a
         non-blocking stream of its own, which does not wait for the forward still queued (tools/README.md
         "The host gap"); adding, removing and forking sequences is host bookkeeping."""
+        pick = "sample" if params is not None else "greedy" if self.greedy_on_device else "logits"
         if all(len(t) == 1 for t in tokens):
-            logits = self._decode(seq_ids, [t[0] for t in tokens])              # [batch, 1, vocab]
+            logits, picked = self._decode(seq_ids, [t[0] for t in tokens], pick, params)   # [batch, 1, vocab]
         else:
             self._check_forward(seq_ids, tokens)
             logits, _ = self._forward_on_device(seq_ids, tokens, [False] * len(seq_ids))
             logits = _view(logits, [len(seq_ids), 1, logits.shape[-1]])
+            picked = self._pick(pick, logits, self._staged_params(params))
         front = _view(logits, [logits_rows, 1, logits.shape[-1]]) if logits_rows else None
-        if params is not None:
-            picked = self._fn["sample_tokens"](logits, self._staged("params", params.astype(np.float32)))
-            return LaunchedTokens(picked, self.queues_work, front=front)
-        if not self.greedy_on_device:
+        if picked is None:
             return LaunchedTokens(logits, self.queues_work, argmax=True, front=front)
-        return LaunchedTokens(self._fn["greedy_tokens"](logits), self.queues_work, front=front)
+        return LaunchedTokens(picked, self.queues_work, front=front)
 
-    def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int]):
-        embeds = self._embed(np.asarray(tokens, dtype=np.int32))            # [1, batch, hidden]
-        embeds = _view(embeds, [len(seq_ids), 1, embeds.shape[-1]])                         # [batch, 1, hidden]
-        _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * len(seq_ids)))
-        if LIBRARY_GEMM_DECODE in self._fn and len(seq_ids) >= library_gemm.MIN_DECODE_ROWS:
-            logits, _ = self._fn[LIBRARY_GEMM_DECODE](embeds, self.kv, self.params, self.gemm_weights)
+    def _pick(self, pick: str, logits, params=None):
+        """The tokens [batch] drawn on the device from logits [batch, 1, vocab]: "greedy" (greedy_tokens),
+        "sample" (sample_tokens, a row of the staged params a sequence); "logits": None (none picked)."""
+        if pick == "greedy":
+            return self._fn["greedy_tokens"](logits)
+        if pick == "sample":
+            return self._fn["sample_tokens"](logits, params)
+        return None
+
+    def _staged_params(self, params: np.ndarray | None):
+        return None if params is None else self._staged("params", params.astype(np.float32))
+
+    def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int], pick: str = "logits",
+                params: np.ndarray | None = None):
+        """One decode step queued: (logits [batch, 1, vocab], its tokens picked as _pick says, or None)
+        on the device; replayed from a CUDA graph where the runner keeps them and the step may
+        (_graph_key, runtime/step_graph.py)."""
+        n = len(seq_ids)
+        ids = self._staged_ids(np.asarray(tokens, dtype=np.int32))       # staged before any capture: a graph
+        params = self._staged_params(params)                             # reads the buffers it was captured with
+        library = LIBRARY_GEMM_DECODE in self._fn and n >= library_gemm.MIN_DECODE_ROWS
+        key = None if library else self._graph_key(pick, seq_ids)
+        _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * n))
+
+        def forward():
+            embeds = self._fn["embed"](ids, self.params)                                   # [batch, hidden]
+            embeds = _view(embeds, [n, 1, embeds.shape[-1]])
+            if library:
+                logits, _ = self._fn[LIBRARY_GEMM_DECODE](embeds, self.kv, self.params, self.gemm_weights)
+            else:
+                logits, _ = self._fn["batch_decode"](embeds, self.kv, self.params)
+            return logits, self._pick(pick, logits, params)
+
+        if key is None:
+            out = forward()
         else:
-            logits, _ = self._fn["batch_decode"](embeds, self.kv, self.params)
+            _KV["attention_kv_cache_get_query_positions"](self.kv)     # the page tables copied here, not in the graph
+            out = self.graphs.run(key, forward)
         _KV["kv_state_end_forward"](self.kv)
-        return logits                                                       # [batch, 1, vocab] on the device
+        return out
+
+    def _graph_key(self, pick: str, seq_ids: Sequence[int]) -> tuple | None:
+        """What a decode step's CUDA graph is kept by (pick, batch, the pages the sequences will hold), or
+        None where the step runs plainly: no graphs, a sliding window, a sequence in a fork
+        (runtime/step_graph.py says why)."""
+        if self.graphs is None or self.window or self._shared.intersection(seq_ids):
+            return None
+        pages = sum(-(-(self.sequence_length(s) + 1) // self.page_size) for s in seq_ids)
+        return pick, len(seq_ids), pages
 
     def verify(self, seq_id: int, tokens: Sequence[int]) -> np.ndarray:
         """Append tokens to one sequence and return the logits at every position [n, vocab]."""
@@ -391,34 +413,12 @@ class ModelRunner:
         _COPY_IN(view, array.ctypes.data_as(ctypes.c_void_p), array.nbytes)
         return view
 
-    def _embed(self, ids: np.ndarray):
+    def _staged_ids(self, ids: np.ndarray):
         if len(ids) > max(self.prefill_chunk, self.max_batch_size):         # the planned bound of `embed`
             raise ValueError(f"{len(ids)} tokens in one call exceed the artifact's prefill chunk "
                              f"({self.prefill_chunk})")
-        out = self._fn["embed"](self._staged("ids", ids.astype(np.int32)), self.params)
+        return self._staged("ids", ids.astype(np.int32))
+
+    def _embed(self, ids: np.ndarray):
+        out = self._fn["embed"](self._staged_ids(ids), self.params)
         return _view(out, [1, *out.shape])                                             # [1, n, hidden]
-
-
-class LaunchedTokens:
-    """The next tokens of a queued forward (ModelRunner.launch_next_tokens), still on the device."""
-
-    def __init__(self, on_device, queued: bool, argmax: bool = False, front=None):
-        self._on_device = on_device       # tokens [batch], or logits [batch, 1, vocab] to argmax here
-        self._queued = queued             # the device runs the forward after the launch returned (a GPU)
-        self._argmax = argmax
-        self._front = front               # logits [k, 1, vocab] of the first k rows, for a host sampler
-        self._tokens: np.ndarray | None = None
-
-    def logits(self) -> np.ndarray:
-        """The first rows' logits [k, vocab] on the host (k = launch_next_tokens' logits_rows; 0 rows if 0)."""
-        if self._front is None:
-            return np.zeros((0, 0), np.float32)
-        return _to_host(self._front, wait=False)[:, 0, :]      # after wait(): the forward is done
-
-    def wait(self) -> np.ndarray:
-        """Wait for the forward; its tokens [batch] on the host (copied back once, kept for later calls)."""
-        if self._tokens is None:
-            out = _to_host(self._on_device, wait=self._queued)
-            self._tokens = np.argmax(out[:, 0, :], axis=1) if self._argmax else out
-            self._on_device = None
-        return self._tokens

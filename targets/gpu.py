@@ -371,10 +371,11 @@ def rewrite_cuda_graph(mod: tvm.IRModule, ctx) -> tvm.IRModule:
 
 
 def cuda_graph_phase_passes(profile, phase: str) -> list:
-    """gpu_phase_passes, plus decode captured as CUDA graphs where the runtime supports them, and
-    the kernels launched as programmatic dependents where the profile says (dependent_launch)."""
+    """gpu_phase_passes, plus decode captured as CUDA graphs where the runtime supports them (unless the
+    profile turns cuda_graphs off), and the kernels launched as programmatic dependents where the
+    profile says (dependent_launch)."""
     if phase == "finalize":
-        return [rewrite_cuda_graph]
+        return [rewrite_cuda_graph] if profile.cuda_graphs else []
     if phase == "lower" and profile.dependent_launch:
         from .dependent_launch import dependent_launch
         return [dependent_launch]

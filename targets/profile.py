@@ -95,6 +95,9 @@ class TargetProfile:
     # before it ends and waiting for it on the device (targets/dependent_launch.py), the MMA GEMV's
     # first weights loaded before it waits. Off until a GPU measures it (tools/gpu_checks.py `pdl`).
     dependent_launch: bool = False
+    # CUDA: TVM's RewriteCUDAGraph captures decode's stretches between attention calls (targets/gpu.py).
+    # Off for runners that capture whole steps themselves (runtime/step_graph.py; gpu_checks `stepgraph`).
+    cuda_graphs: bool = True
     # On the profile of the machine running kiln (DEFAULT_TARGET): kiln's q4 planes of a float weight
     # [N, K] with the given scale dtype, the same bits as compiler/quant_pack's numpy search, faster
     # (targets/cpu/quant_kernel.py); None: the numpy search quantizes.

@@ -77,6 +77,10 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "nographs": the CUDA presets without the CUDA graphs: wall against busy time beside base's says what
 # the graphs and the switches between a graph and the host-launched attention kernels cost (0.74 ms
 # a step beyond the GPU's busy time at batch 1 on the H200).
+# "stepgraph": no TVM graphs in the build, and the runner captures each decode step whole and replays
+# it with one launch (runtime/step_graph.py): the host's 1.64 ms a step at batch 1 (H200) gone but a
+# page table copy, a launch and the token's copy back. `all` also runs the 8B build it measures with
+# step graphs (then around TVM's graphs): "batch 1 step graphs".
 # "q4gemv": targets/q4_gemv.py in place of the MMA GEMV at 1-8 rows (two values dequantized per
 # integer operation, the products on the CUDA cores: 5.25 SASS instructions a weight value at one row
 # where the MMA GEMV issues ~2.3; the tiles from 9 rows).
@@ -91,11 +95,6 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # sequences, 2026-11-27; "splitk", "mma", "mma8", "candidate": shipped since.)
 
 
-def _phases_without_graphs(profile, phase: str) -> list:
-    from kiln.targets.gpu import gpu_phase_passes
-    return gpu_phase_passes(profile, phase)
-
-
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without);
 # "branches": low_batch_branches' arguments (tiles: NarrowTensorCoreMatmul's; gemv: variant_branches'
 # rules by name, "none" for dlight's alone); "profile": TargetProfile fields set on the CUDA
@@ -107,7 +106,8 @@ VARIANTS = {"base": {},
             "lfpf": {"branches": {"gemv": "lfpf"}, "batches": (1, 2, 4, 5, 16)},
             "pdlpf": {"branches": {"gemv": "pdlpf"}, "profile": {"dependent_launch": True}},
             "attn64": {"min_split": 64, "batches": (1, 16)},
-            "nographs": {"profile": {"phase_passes": _phases_without_graphs}, "batches": (1, 16)},
+            "nographs": {"profile": {"cuda_graphs": False}, "batches": (1, 16)},
+            "stepgraph": {"profile": {"cuda_graphs": False}, "runner": {"step_graphs": True}, "batches": (1, 2, 4)},
             "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
             "pdl16": {"branches": {"gemv": "pdl16"}, "profile": {"dependent_launch": True}, "batches": (1, 2, 4, 5, 16)},
             "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
@@ -305,7 +305,7 @@ VARIANTS_FIRST_S = 200      # `all`'s seconds for `variants` before the serving 
 # plain build; then the kernels against numpy: MMA GEMV, split-K tiles, the library GEMM prefill;
 # then the attention kernels, Gemma 2), the slow whole-preset comparisons (a compile of each CUDA
 # preset) and the other families last: a run cut short has the first.
-GPU_TEST_ORDER = ("dependent_launch", "mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
+GPU_TEST_ORDER = ("step_graphs", "dependent_launch", "mma_gemv", "tensor_core_matmul", "library_gemm", "decode_attention_kernel",
                   "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens", "speculative", "row_branches",
                   "preset_matches", "family_matches")
 
@@ -422,14 +422,37 @@ def weight_bytes(art: Path) -> int:
     return sum(f.stat().st_size for f in (art / "params").glob("*") if f.suffix != ".json")
 
 
-def _runner(art: Path, batch: int, args):
+def _runner(art: Path, batch: int, args, **options):
+    """A runner for `batch` sequences of the benchmark's lengths; options: ModelRunner's (step_graphs)."""
     from kiln.runtime import Artifact
     from kiln.runtime.bench import kv_tokens_needed
     from kiln.runtime.memory_budget import default_kv_tokens
     from kiln.runtime.model_runner import ModelRunner
     artifact = Artifact.load(art)
     kv = kv_tokens_needed(artifact.config.kv_cache.page_size, args.prompt_len, args.gen_len, batch)
-    return ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)))
+    return ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)),
+                       **options)
+
+
+def step_graph_rows(runner, art: Path, args) -> dict:
+    """`runner` at batch 1 with its decode steps replayed as whole CUDA graphs (runtime/step_graph.py),
+    then as it was: the bench row, the kernels' and the host's time a step, and the graphs' counts
+    (a capture that failed turns them off: "off" says why)."""
+    from kiln.runtime.step_graph import StepGraphs
+    runner.graphs = StepGraphs(runner.device)
+    try:
+        row = kiln_bench(art, 1, args, runner)
+        ids = _prefill(runner, 1, args)
+        times = gpu_kernel_times(runner, ids)
+        for i in ids:
+            runner.remove_sequence(i)
+        row.update({k: times[k] for k in ("wall_ms", "busy_ms", "host_enqueue_ms", "host_wait_ms")})
+        row["covered_ms"] = times["idle"]["covered_ms"]
+        row["graphs"] = runner.graphs.stats()
+        return row
+    finally:
+        runner.graphs.clear()
+        runner.graphs = None
 
 
 def kiln_bench(art: Path, batch: int, args, runner=None) -> dict:
@@ -527,7 +550,7 @@ def host_enqueue(runner, ids: list[int], tokens: list[int], steps: int = 16) -> 
         for _ in range(steps):
             spent.clear()
             t0 = time.perf_counter()
-            picked = runner._fn["greedy_tokens"](runner._decode(ids, tokens))
+            picked = runner._decode(ids, tokens, "greedy")[1]
             t1 = time.perf_counter()
             tokens = [int(t) for t in picked.numpy()]
             enqueue.append(t1 - t0)
@@ -639,7 +662,7 @@ def variants(args, deadline: float | None = None) -> dict:
         art, seconds = compile_timed(src, "q4f16", args, variant)
         rows = {"compile_s": round(seconds, 1)}
         wanted = batches if args.quick else spec.get("batches", batches)
-        runner = _runner(art, max(wanted), args)       # one per variant: loading it cost more than a row
+        runner = _runner(art, max(wanted), args, **spec.get("runner", {}))   # one per variant: loading it cost more than a row
         for b in (b for b in batches if b in wanted):
             t = time.perf_counter()
             ids = _prefill(runner, b, args)
@@ -698,7 +721,7 @@ def sampled_decode(art: Path, batch: int, args) -> dict:
             else:
                 tokens = [int(x) for x in runner.decode_sampled(ids, tokens, device_params(reqs))]
         result[f"{path}_ms"] = round((time.perf_counter() - t) / steps * 1e3, 3)
-    logits_dev = runner._decode(ids, tokens)
+    logits_dev = runner._decode(ids, tokens)[0]
     rows = device_params([SimpleNamespace(params=params, rng=np.random.default_rng(i)) for i in ids])
     on_device = runner._fn["sample_tokens"](logits_dev, tvm.runtime.tensor(rows, runner.device)).numpy()
     host = host_tokens(logits_dev.numpy(), rows)
@@ -938,7 +961,11 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     runner = _runner(art, max(batches), args)      # one load of the weights for every row (5.65 GB)
     with _gemm_from(10 ** 9):                          # first, before any BLAS call: TVM's matmuls only
         record("batch 1", kiln_bench(art, 1, args, runner))
-    record("batch1_pct_of_floor", round(100 * result["batch 1"]["decode_tok_s"] / floor, 1))
+        record("batch1_pct_of_floor", round(100 * result["batch 1"]["decode_tok_s"] / floor, 1))
+        if args.device == "cuda":
+            step = step_graph_rows(runner, art, args)
+            record("batch 1 step graphs", step)
+            record("batch1_step_graphs_pct_of_floor", round(100 * step["decode_tok_s"] / floor, 1))
     record("library gemm weights", {"bytes": runner.artifact.config.library_gemm_bytes,
                                     "unusable": runner.gemm_unusable})
     if runner.gemm_unusable is None:          # before any row whose prefill takes it

@@ -66,7 +66,9 @@ def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, t
     assert json.loads(first)["model"]["source"]["path"] == "tied"     # a name, never the machine's full path
     assert_clean_error(compile_tiny(tiny_dirs, out), "already holds a kiln artifact", "--force")
     for sig in (signal.SIGINT, signal.SIGKILL):
-        for _ in range(3):         # an interrupt that lands after the swap (a loaded host) leaves the new one
+        # An interrupt that lands after the swap, or after the compile has exited (a loaded host: the
+        # test's own wakeups come late), leaves the new artifact: whole, and the test tries again.
+        for _ in range(5):
             proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
                                      "q0f32", "-o", str(out), "--force"], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
@@ -75,9 +77,9 @@ def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, t
                 time.sleep(0.05)                  # the staging directory exists: the write is under way
             os.kill(proc.pid, sig)
             proc.wait(timeout=60)
-            assert proc.returncode != 0, f"{sig!r} did not stop the compile"
             now = (out / "kiln-config.json").read_text()
             if now == first:
+                assert proc.returncode != 0, f"{sig!r} left the old artifact but the compile exited 0"
                 break
             Artifact.load(out)                    # replaced whole (its hashes check), never half-written
             first = now
@@ -93,16 +95,21 @@ def test_an_interrupt_while_tvm_builds_exits_130_leaving_nothing(tmp_path, tiny_
     """Ctrl-C while the library builds on its thread (inside TVM's C++): `interrupted`, exit 130 and
     no output, not an abort at the interpreter's shutdown ("terminate called without an active
     exception", seen before kiln/cli_info.py exit_interrupted)."""
-    out, ir = tmp_path / "art", tmp_path / "ir"
-    proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
-                             "q4f32", "-o", str(out), "--no-golden", "--dump-ir", str(ir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not (ir / "0-graph.py").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)                 # the build thread has finished its first phase: TVM is lowering
-    os.kill(proc.pid, signal.SIGINT)
-    err = proc.communicate(timeout=60)[1]
-    assert not (ir / "4-finalize.py").exists(), "the compile had finished building before the interrupt"
+    for attempt in range(3):             # a loaded host may deliver the interrupt after the build: again
+        out, ir = tmp_path / f"art{attempt}", tmp_path / f"ir{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
+                                 "q4f32", "-o", str(out), "--no-golden", "--dump-ir", str(ir)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while not (ir / "0-graph.py").exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.01)             # the build thread has finished its first phase: TVM is lowering
+        os.kill(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+        if not (ir / "4-finalize.py").exists():
+            break
+        shutil.rmtree(out, ignore_errors=True)
+    else:
+        pytest.fail("the compile had finished building before each of 3 interrupts")
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert b"interrupted" in err and b"terminate called" not in err
     assert not out.exists() and not list(tmp_path.glob(".art.*"))

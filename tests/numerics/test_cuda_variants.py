@@ -228,6 +228,61 @@ def test_cuda_dependent_launch_changes_no_logit(tiny_dirs, tmp_path, monkeypatch
         np.testing.assert_array_equal(got, want)
 
 
+def _graph_steps(art, step_graphs: bool) -> tuple[list[np.ndarray], dict | None]:
+    """Decode steps of every kind a runner replays as a graph, in an order that makes it capture and
+    replay them: logits at 3 sequences, greedy tokens at 1 across page boundaries, sampled tokens
+    (new uniforms each step, so a replay must read the staged parameters), a prompt added between
+    replays, then a forked pair (run plainly). Each step's output, and the graphs' counts."""
+    runner = ModelRunner(Artifact.load(art), max_num_seqs=4, step_graphs=step_graphs)
+    rng = np.random.default_rng(5)
+    for s, n in enumerate((14, 30, 47)):
+        runner.add_sequence(s)
+        runner.prefill([s], [rng.integers(3, 500, size=n).tolist()])
+    out, tokens = [], [7, 8, 9]
+    for _ in range(24):
+        logits = runner.decode([0, 1, 2], tokens)
+        out.append(logits)
+        tokens = logits.argmax(-1).tolist()
+    runner.remove_sequence(1)
+    token = tokens[:1]
+    for step in range(40):
+        if step == 20:                                   # another sequence's prefill between two replays
+            runner.add_sequence(1)
+            out.append(runner.prefill([1], [rng.integers(3, 500, size=33).tolist()]))
+        token = runner.decode_greedy([0], token).tolist()
+        out.append(np.array(token))
+    for step in range(20):
+        params = np.array([[0.9, 40, 0.95, 0.0, (step * 0.37) % 1]], np.float32)
+        token = runner.decode_sampled([0], token, params).tolist()
+        out.append(np.array(token))
+    runner.fork_sequence(0, 3)
+    for _ in range(18):
+        out.append(runner.decode([0, 3], [token[0], token[0]]))
+    return out, runner.graphs.stats() if runner.graphs else None
+
+
+@pytest.mark.parametrize("tvm_graphs", [False, True], ids=["alone", "around-tvm-graphs"])
+def test_cuda_step_graphs_change_no_logit(tvm_graphs, tiny_dirs, tmp_path, monkeypatch):
+    """ModelRunner(step_graphs=True) (runtime/step_graph.py: a decode step captured whole and
+    replayed with one launch) gives the same logits and tokens, bit for bit, as the same runner
+    without it, with a graph captured and replayed for every kind of step, whether the artifact
+    has TVM's own per-layer graphs (then captured inside the step's) or not (cuda_graphs off)."""
+    import dataclasses
+
+    from kiln import targets
+    preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
+    monkeypatch.setitem(targets._PROFILES, preset, lambda make=targets._PROFILES[preset]:
+                        dataclasses.replace(make(), cuda_graphs=tvm_graphs))
+    art = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", golden=False, output=tmp_path / "a")
+    want, _ = _graph_steps(art, step_graphs=False)
+    got, stats = _graph_steps(art, step_graphs=True)
+    assert stats["off"] is None, stats["off"]
+    assert stats["captures"] >= 4 and stats["replays"] >= 40, stats
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w, err_msg=f"output {i}")
+
+
 @pytest.mark.parametrize("quant", ["q4f16", "q0f32"])
 def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
     """A profile's library_gemm (batch_prefill_gemm: the prompt's matmuls through torch's cuBLAS on
