@@ -92,6 +92,9 @@ class Driver:
     def drop_exec(self, graph_exec: int) -> None:
         self._lib.cuGraphExecDestroy(ctypes.c_void_p(graph_exec))
 
+    def drop_stream(self, stream: int) -> None:
+        self._lib.cuStreamDestroy_v2(ctypes.c_void_p(stream))
+
 
 class StepGraphs:
     """Captured steps by key, replayed on one stream (see the module's docstring)."""
@@ -154,6 +157,12 @@ class StepGraphs:
             self.driver.drop_exec(graph_exec)
         self._graphs.clear()
         self._last = None
+
+    def close(self) -> None:
+        """The graphs and their stream freed (after the device has finished them)."""
+        self.clear()
+        self.device.sync()
+        self.driver.drop_stream(self.stream)
 
     def stats(self) -> dict:
         return {"captures": self.captures, "replays": self.replays, "kept": len(self._graphs), "off": self.off}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,26 @@ MAX_WORKERS = 4
 def pytest_xdist_auto_num_workers(config) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores, MAX_WORKERS))
+
+
+# Under pytest-xdist every test holds this file's lock: shared, or exclusive for a test marked `alone`
+# (it times a stream's gaps, an interrupt's moment, a grace period), which so runs while no other
+# worker runs a test, as in one process.
+_LOCK = Path(tempfile.gettempdir()) / f"kiln-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'solo')}.lock"
+
+
+@pytest.fixture(autouse=True)
+def _alone(request):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    import fcntl
+    with open(_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def has_smollm2() -> bool:

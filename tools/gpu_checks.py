@@ -451,7 +451,7 @@ def step_graph_rows(runner, art: Path, args) -> dict:
         row["graphs"] = runner.graphs.stats()
         return row
     finally:
-        runner.graphs.clear()
+        runner.graphs.close()
         runner.graphs = None
 
 

@@ -59,6 +59,7 @@ class Terminal:
         os.write(self.master, text.encode())
 
 
+@pytest.mark.alone
 def test_ctrl_c_at_the_prompt_does_not_quit_and_exit_does(tiny_artifacts):
     term = Terminal("chat", str(tiny_artifacts["tied"]), "--max-tokens", "8", "--temperature", "0")
     try:

@@ -25,7 +25,7 @@ import tvm
 from test_tools import serving
 from tiny_models import write_tiny_llama
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]     # timed: see tests/conftest.py _alone
 
 STREAM_TOKENS, REQUEST_AT, WARMUP, AFTER = 900, 100, 20, 20    # the stream stops AFTER tokens past the request
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -53,12 +53,28 @@ def test_options_are_checked_before_the_model_is_read(tmp_path):
     assert_clean_error(kiln_cli("compile", missing, "--context-window", "0"), "--context-window must be at least 1")
 
 
+def _interruptible() -> None:
+    """In the child, before exec: SIGINT unblocked and at its default, as a terminal's Ctrl-C finds a
+    shell's child (a test runner's worker may block or ignore it, and a child inherits both)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _sigint_state() -> str:
+    """What a child of this process starts with, for a failure's message: its blocked and ignored signals."""
+    status = subprocess.run([sys.executable, "-c", "print(open('/proc/self/status').read())"],
+                            capture_output=True, text=True).stdout
+    return f"{signal.getsignal(signal.SIGINT)}; child " + " ".join(
+        line.replace("\t", " ") for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn")))
+
+
 def test_context_window_beyond_the_model_is_refused(tmp_path, tiny_dirs):
     assert_clean_error(kiln_cli("compile", str(tiny_dirs["tied"]), "--context-window", "100000", "-o",
                                 str(tmp_path / "a")), "exceeds the model's context window", "256")
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.alone
 def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, tiny_dirs):
     out = tmp_path / "art"
     assert compile_tiny(tiny_dirs, out).returncode == 0
@@ -71,7 +87,7 @@ def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, t
         for _ in range(5):
             proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
                                      "q0f32", "-o", str(out), "--force"], stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
+                                    stderr=subprocess.DEVNULL, preexec_fn=_interruptible)
             deadline = time.time() + 120
             while not list(tmp_path.glob(".art.partial-*")) and time.time() < deadline and proc.poll() is None:
                 time.sleep(0.05)                  # the staging directory exists: the write is under way
@@ -84,13 +100,14 @@ def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, t
             Artifact.load(out)                    # replaced whole (its hashes check), never half-written
             first = now
         else:
-            pytest.fail(f"{sig!r} never landed before the compile had swapped its artifact in")
+            pytest.fail(f"{sig!r} never landed before the compile had swapped its artifact in ({_sigint_state()})")
     proc = compile_tiny(tiny_dirs, out, "--force")
     assert proc.returncode == 0, proc.stderr
     assert not list(tmp_path.glob(".art.*")), "the killed compile's staging directory was not cleaned up"
     assert (out / "kiln-config.json").is_file()
 
 
+@pytest.mark.alone
 def test_an_interrupt_while_tvm_builds_exits_130_leaving_nothing(tmp_path, tiny_dirs):
     """Ctrl-C while the library builds on its thread (inside TVM's C++): `interrupted`, exit 130 and
     no output, not an abort at the interpreter's shutdown ("terminate called without an active
@@ -99,7 +116,7 @@ def test_an_interrupt_while_tvm_builds_exits_130_leaving_nothing(tmp_path, tiny_
         out, ir = tmp_path / f"art{attempt}", tmp_path / f"ir{attempt}"
         proc = subprocess.Popen([sys.executable, "-m", "kiln.cli", "compile", str(tiny_dirs["tied"]), "--quant",
                                  "q4f32", "-o", str(out), "--no-golden", "--dump-ir", str(ir)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_interruptible)
         deadline = time.time() + 120
         while not (ir / "0-graph.py").exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.01)             # the build thread has finished its first phase: TVM is lowering
@@ -109,7 +126,7 @@ def test_an_interrupt_while_tvm_builds_exits_130_leaving_nothing(tmp_path, tiny_
             break
         shutil.rmtree(out, ignore_errors=True)
     else:
-        pytest.fail("the compile had finished building before each of 3 interrupts")
+        pytest.fail(f"the compile had finished building before each of 3 interrupts ({_sigint_state()})")
     assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert b"interrupted" in err and b"terminate called" not in err
     assert not out.exists() and not list(tmp_path.glob(".art.*"))

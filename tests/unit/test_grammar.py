@@ -207,6 +207,7 @@ def test_bad_response_format_is_invalid_request(compiler, rf, words):
     assert words in str(info.value)
 
 
+@pytest.mark.alone
 def test_smollm2_vocabulary(smollm2_gguf: Path, tmp_path: Path):
     from kiln.models.gguf import load_gguf
     load_gguf(smollm2_gguf).write_tokenizer(tmp_path)

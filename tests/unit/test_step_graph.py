@@ -51,6 +51,12 @@ class Recorder:
     def set_raw_stream(self, stream: int) -> None:
         self.calls.append(("set_stream", stream))
 
+    def drop_stream(self, stream: int) -> None:
+        self.calls.append(("drop_stream", stream))
+
+    def sync(self) -> None:
+        self.calls.append(("sync",))
+
 
 def _graphs(fail=None, kept=8):
     rec = Recorder(fail)
@@ -87,8 +93,9 @@ def test_the_least_recently_used_graphs_are_dropped():
             graphs.run(("greedy", 1, pages), lambda: None)
     dropped = [c[1] for c in rec.calls if c[0] == "drop_exec"]
     assert len(dropped) == 1 and graphs.stats()["kept"] == 2
-    graphs.clear()
+    graphs.close()
     assert len([c for c in rec.calls if c[0] == "drop_exec"]) == 3 and graphs.stats()["kept"] == 0
+    assert rec.calls[-2:] == [("sync",), ("drop_stream", 101)]
 
 
 @pytest.mark.parametrize("fail", ["end", "instantiate"])
