@@ -92,6 +92,9 @@ class Driver:
     def drop_exec(self, graph_exec: int) -> None:
         self._lib.cuGraphExecDestroy(ctypes.c_void_p(graph_exec))
 
+    def wait(self, stream: int) -> None:
+        self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
+
     def drop_stream(self, stream: int) -> None:
         self._lib.cuStreamDestroy_v2(ctypes.c_void_p(stream))
 
@@ -159,9 +162,9 @@ class StepGraphs:
         self._last = None
 
     def close(self) -> None:
-        """The graphs and their stream freed (after the device has finished them)."""
+        """The graphs and their stream freed, once the device has finished them."""
+        self.driver.wait(self.stream)
         self.clear()
-        self.device.sync()
         self.driver.drop_stream(self.stream)
 
     def stats(self) -> dict:

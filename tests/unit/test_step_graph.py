@@ -54,8 +54,8 @@ class Recorder:
     def drop_stream(self, stream: int) -> None:
         self.calls.append(("drop_stream", stream))
 
-    def sync(self) -> None:
-        self.calls.append(("sync",))
+    def wait(self, stream: int) -> None:
+        self.calls.append(("wait", stream))
 
 
 def _graphs(fail=None, kept=8):
@@ -94,8 +94,9 @@ def test_the_least_recently_used_graphs_are_dropped():
     dropped = [c[1] for c in rec.calls if c[0] == "drop_exec"]
     assert len(dropped) == 1 and graphs.stats()["kept"] == 2
     graphs.close()
-    assert len([c for c in rec.calls if c[0] == "drop_exec"]) == 3 and graphs.stats()["kept"] == 0
-    assert rec.calls[-2:] == [("sync",), ("drop_stream", 101)]
+    assert rec.calls[-4:] == [("wait", 101), ("drop_exec", dropped[0] + 2), ("drop_exec", dropped[0] + 4),
+                              ("drop_stream", 101)]
+    assert graphs.stats()["kept"] == 0
 
 
 @pytest.mark.parametrize("fail", ["end", "instantiate"])
