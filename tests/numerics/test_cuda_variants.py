@@ -283,6 +283,29 @@ def test_cuda_step_graphs_change_no_logit(tvm_graphs, tiny_dirs, tmp_path, monke
         np.testing.assert_array_equal(g, w, err_msg=f"output {i}")
 
 
+def test_cuda_engine_with_step_graphs_gives_the_same_tokens(tiny_dirs, tmp_path):
+    """An Engine with step_graphs (kiln serve --step-graphs) gives the tokens the same engine gives
+    without: greedy and seeded sampled requests, one at a time and four at once, with the prefix
+    cache forking sequences (those steps run without a graph), and every KV page comes back."""
+    from kiln.runtime import Engine, EngineConfig, SamplingParams
+    preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
+    art = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", golden=False, output=tmp_path / "a")
+    shared = list(range(40, 80))                        # a common prefix: the prefix cache forks on it
+    prompts = [shared + [5, 6], shared + [7], list(range(3, 30)), [9, 10, 11]]
+    params = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0.8, top_p=0.9, seed=4, ignore_eos=True)]
+    runs = {}
+    for graphs in (False, True):
+        engine = Engine(art, EngineConfig(max_num_seqs=4, step_graphs=graphs))
+        runs[graphs] = [[engine.generate(p, sp).token_ids for p in prompts] for sp in params]
+        runs[graphs] += [[o.token_ids for o in engine.generate(prompts, sp)] for sp in params]
+        assert engine.runner.free_pages() == engine.scheduler.pages.free_pages
+        if graphs:
+            stats = engine.runner.graphs.stats()
+            assert stats["off"] is None and stats["replays"] > 0, stats
+    assert runs[True] == runs[False]
+
+
 @pytest.mark.parametrize("quant", ["q4f16", "q0f32"])
 def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
     """A profile's library_gemm (batch_prefill_gemm: the prompt's matmuls through torch's cuBLAS on
