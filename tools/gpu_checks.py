@@ -669,7 +669,8 @@ def variants(args, deadline: float | None = None) -> dict:
         art, seconds = compile_timed(src, "q4f16", args, variant)
         rows = {"compile_s": round(seconds, 1)}
         wanted = batches if args.quick else spec.get("batches", batches)
-        runner = _runner(art, max(wanted), args, **spec.get("runner", {}))   # one per variant: loading it cost more than a row
+        options = spec.get("runner", {}) if args.device == "cuda" else {}      # step graphs: CUDA's
+        runner = _runner(art, max(wanted), args, **options)   # one per variant: loading it cost more than a row
         for b in (b for b in batches if b in wanted):
             t = time.perf_counter()
             ids = _prefill(runner, b, args)
