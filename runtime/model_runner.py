@@ -50,6 +50,8 @@ _KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in
     "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages",
     "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq",
     "attention_kv_cache_get_query_positions")}
+
+
 class ModelRunner:
     def __init__(self, artifact: Artifact, max_num_seqs: int | None = None, max_total_tokens: int | None = None,
                  memory_utilization: float | None = None, step_graphs: bool = False):
@@ -286,13 +288,15 @@ class ModelRunner:
         non-blocking stream of its own, which does not wait for the forward still queued (tools/README.md
         "The host gap"); adding, removing and forking sequences is host bookkeeping."""
         pick = "sample" if params is not None else "greedy" if self.greedy_on_device else "logits"
+        # Staged first: the copy waits for the device, so after the forward it would wait for it.
+        staged = None if params is None else self._staged("params", params.astype(np.float32))
         if all(len(t) == 1 for t in tokens):
-            logits, picked = self._decode(seq_ids, [t[0] for t in tokens], pick, params)   # [batch, 1, vocab]
+            logits, picked = self._decode(seq_ids, [t[0] for t in tokens], pick, staged)   # [batch, 1, vocab]
         else:
             self._check_forward(seq_ids, tokens)
             logits, _ = self._forward_on_device(seq_ids, tokens, [False] * len(seq_ids))
             logits = _view(logits, [len(seq_ids), 1, logits.shape[-1]])
-            picked = self._pick(pick, logits, self._staged_params(params))
+            picked = self._pick(pick, logits, staged)
         front = _view(logits, [logits_rows, 1, logits.shape[-1]]) if logits_rows else None
         if picked is None:
             return LaunchedTokens(logits, self.queues_work, argmax=True, front=front)
@@ -307,17 +311,13 @@ class ModelRunner:
             return self._fn["sample_tokens"](logits, params)
         return None
 
-    def _staged_params(self, params: np.ndarray | None):
-        return None if params is None else self._staged("params", params.astype(np.float32))
-
-    def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int], pick: str = "logits",
-                params: np.ndarray | None = None):
+    def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int], pick: str = "logits", params=None):
         """One decode step queued: (logits [batch, 1, vocab], its tokens picked as _pick says, or None)
-        on the device; replayed from a CUDA graph where the runner keeps them and the step may
-        (_graph_key, runtime/step_graph.py)."""
+        on the device; params: sample's, already staged. Replayed from a CUDA graph where the runner
+        keeps them and the step may (_graph_key, runtime/step_graph.py)."""
         n = len(seq_ids)
-        ids = self._staged_ids(np.asarray(tokens, dtype=np.int32))       # staged before any capture: a graph
-        params = self._staged_params(params)                             # reads the buffers it was captured with
+        # Staged before any capture, as the params are: a graph reads the buffers it was captured with.
+        ids = self._staged_ids(np.asarray(tokens, dtype=np.int32))
         library = LIBRARY_GEMM_DECODE in self._fn and n >= library_gemm.MIN_DECODE_ROWS
         key = None if library else self._graph_key(pick, seq_ids)
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * n))
