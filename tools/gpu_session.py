@@ -20,7 +20,7 @@ machine is warm, so send the next call at once), the last one unpacking and chec
 apache-tvm-ffi for cp312, gguf: packed raw, so xz compresses the libraries) into .gpu/site,
 lays kiln out there as symlinks into the checkout, and writes .gpu/env.sh (PYTHONPATH, the
 SmolLM2 GGUF's path).
-tools/gpu_checks.py says what each check measures. `.gpu/` is git-ignored.
+tools/gpu_checks.py says what each check measures (its modules: tools/gpu_*.py). `.gpu/` is git-ignored.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _pinned_tvm() -> tuple[str, ...]:
     return tuple(d for d in deps if d.startswith("apache-tvm"))
 
 
-# pytest-xdist (and its execnet): the `gpu` tests in parallel processes (gpu_checks.gpu_tests); the
+# pytest-xdist (and its execnet): the `gpu` tests in parallel processes (gpu_rows.gpu_tests); the
 # device's own pytest runs them.
 WHEELS = (*_pinned_tvm(), "gguf==0.19.0", "pytest-xdist==3.8.0", "execnet==2.1.2")
 # `kiln serve` (gpu_checks' "served" step), with what they need: the device has click and

@@ -3,10 +3,10 @@
     python tools/sass_counts.py [MODEL] [--target cuda-sm90] [--quant q4f16] [--variant base]
                                 [--kernels REGEX] [--json OUT]
 
-MODEL defaults to gpu_checks.py's 2-layer Llama-3-8B-shaped model (a shapes-only checkpoint:
+MODEL defaults to gpu_builds.py's 2-layer Llama-3-8B-shaped model (a shapes-only checkpoint:
 the kernels depend on the shapes alone), whose kernels are the 8B's.
 
-Builds MODEL for a CUDA preset as `kiln compile` would (gpu_checks.py's VARIANTS patched in with
+Builds MODEL for a CUDA preset as `kiln compile` would (gpu_builds.py's VARIANTS patched in with
 --variant), compiles the generated CUDA source to a cubin with nvcc, disassembles it with nvdisasm
 and prints, for each kernel whose name matches --kernels, its SASS instruction count and the most
 frequent opcodes.
@@ -57,7 +57,7 @@ def nvdisasm() -> str:
 
 def cuda_source(model: str, target: str, quant: str, variant: str) -> str:
     """The CUDA source of MODEL's library built for `target`."""
-    from gpu_checks import built_with
+    from gpu_builds import built_with
 
     from kiln.compiler.build import CompileOptions, build_lib, export_model
     with built_with(variant):
@@ -99,7 +99,7 @@ def sass_kernels(source: str, arch: str) -> dict[str, list[str]]:
 
 
 def main() -> None:
-    from gpu_checks import VARIANTS
+    from gpu_builds import VARIANTS
 
     from kiln.targets import get_profile, names
     cuda = [name for name in names() if get_profile(name).device == "cuda"]
@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?", help="a model kiln compiles (a path or an alias) [the 8B's 2 layers]")
     ap.add_argument("--target", default="cuda-sm90", choices=cuda)
     ap.add_argument("--quant", default="q4f16")
-    ap.add_argument("--variant", default="base", choices=list(VARIANTS), help="a gpu_checks.py VARIANTS entry")
+    ap.add_argument("--variant", default="base", choices=list(VARIANTS), help="a gpu_builds.py VARIANTS entry")
     ap.add_argument("--kernels", default="NT_matmul", help="regex over kernel names [NT_matmul]")
     ap.add_argument("--top", type=int, default=12, help="opcodes shown per kernel [12]")
     ap.add_argument("--json", help="also write {kernel: {total, opcodes}} here")
@@ -116,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kiln-shapes-") as tmp:
         model = args.model
         if model is None:
-            from gpu_checks import VARIANT_LAYERS, llama8b_config, shapes_only_checkpoint
+            from gpu_builds import VARIANT_LAYERS, llama8b_config, shapes_only_checkpoint
             name, config = llama8b_config(argparse.Namespace(quick=False), layers=VARIANT_LAYERS)
             model = str(shapes_only_checkpoint(Path(tmp) / name, config))
         source = cuda_source(model, args.target, args.quant, args.variant)

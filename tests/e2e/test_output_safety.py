@@ -55,7 +55,9 @@ def test_options_are_checked_before_the_model_is_read(tmp_path):
 
 def _interruptible() -> None:
     """In the child, before exec: SIGINT unblocked and at its default, as a terminal's Ctrl-C finds a
-    shell's child (a test runner's worker may block or ignore it, and a child inherits both)."""
+    shell's child. A suite started in the background by a non-interactive shell (`cmd &`, as CI
+    scripts and nohup do) runs with SIGINT ignored (POSIX: such a job starts with it at SIG_IGN,
+    and Python then keeps it so), and every child inherits that."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 

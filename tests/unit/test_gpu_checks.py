@@ -1,11 +1,14 @@
-"""tools/gpu_checks.py without a GPU: idle_gaps (where a GPU profile's idle time goes, from kernel
-start/end times) and `all`'s steps (what a second call on a warm machine runs again)."""
+"""tools/gpu_checks.py's parts without a GPU: idle_gaps (gpu_timing.py: where a GPU profile's idle
+time goes, from kernel start/end times), `all`'s steps (gpu_all.py: what a second call on a warm
+machine runs again), and that the script's modules import together."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,12 +16,24 @@ import pytest
 pytestmark = pytest.mark.unit
 
 
-def _gpu_checks():
-    path = Path(__file__).parents[2] / "tools" / "gpu_checks.py"
-    spec = importlib.util.spec_from_file_location("gpu_checks", path)
+TOOLS = Path(__file__).parents[2] / "tools"
+
+
+def _tool(name: str):
+    """tools/<name>.py as its script imports it (its siblings by their names)."""
+    sys.path.insert(0, str(TOOLS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(TOOLS))
+
+
+def test_the_script_loads_with_its_commands(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))          # the script puts tools/ first in it
+    spec = importlib.util.spec_from_file_location("gpu_checks_script", TOOLS / "gpu_checks.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    assert callable(module.main) and module.run_all is _tool("gpu_all").run_all
 
 
 def test_idle_time_is_grouped_by_the_kernel_after_the_gap():
@@ -27,7 +42,7 @@ def test_idle_time_is_grouped_by_the_kernel_after_the_gap():
     step = [("embed", 0, 5), ("fused_matmul", 6, 50), ("batch_decode_paged_kv", 60, 70), ("copy", 65, 72),
             ("greedy", 73, 80)]
     kernels = step + [(name, start + 180, end + 180) for name, start, end in step]
-    gaps = _gpu_checks().idle_gaps(kernels, steps=2, min_us=2.0)
+    gaps = _tool("gpu_timing").idle_gaps(kernels, steps=2, min_us=2.0)
     assert gaps["before"][0] == ("embed", 0.05, 0.5)               # 100 us once in 2 steps
     assert gaps["before"][1] == ("batch_decode_paged_kv", 0.01, 1.0)
     assert gaps["idle_ms"] == pytest.approx((100 + 2 * 10) / 2 / 1e3)
@@ -37,15 +52,15 @@ def test_idle_time_is_grouped_by_the_kernel_after_the_gap():
 
 
 def test_no_kernels_no_idle():
-    assert _gpu_checks().idle_gaps([], steps=1) == {"idle_ms": 0.0, "launch_spacing_ms": 0.0, "covered_ms": 0.0,
+    assert _tool("gpu_timing").idle_gaps([], steps=1) == {"idle_ms": 0.0, "launch_spacing_ms": 0.0, "covered_ms": 0.0,
                                                     "activities_per_step": 0.0, "before": []}
 
 
-def _all_steps(gpu_checks, tmp_path, budget: float = 100.0):
+def _all_steps(gpu_all, tmp_path, budget: float = 100.0):
     args = argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), quick=False)
     for folder in (args.out, args.work):
         Path(folder).mkdir(exist_ok=True)
-    return gpu_checks._Steps(args, budget)
+    return gpu_all._Steps(args, budget)
 
 
 def _fails():
@@ -68,23 +83,23 @@ def _call_all(steps, ran: list) -> None:
 
 def test_a_second_all_call_runs_only_what_the_first_did_not_finish(tmp_path, monkeypatch):
     import kiln
-    gpu_checks = _gpu_checks()
+    gpu_all = _tool("gpu_all")
     monkeypatch.setattr(kiln, "compiler_fingerprint", lambda: "sources-1")
-    first, ran = _all_steps(gpu_checks, tmp_path), []
+    first, ran = _all_steps(gpu_all, tmp_path), []
     _call_all(first, ran)
     assert ran == [n for n in STEPS if n != "out of time"]
     assert first.result["raised"]["error"] == "RuntimeError: a kernel faulted"
     assert "skipped" in first.result["out of time"]
     assert json.loads((tmp_path / "out" / "all.json").read_text()) == json.loads(json.dumps(first.result))
 
-    second, ran = _all_steps(gpu_checks, tmp_path), []
+    second, ran = _all_steps(gpu_all, tmp_path), []
     _call_all(second, ran)
     assert ran == [n for n, (*_, again) in STEPS.items() if again and n != "out of time"]
     assert second.result["finished"] == {"tok_s": 1.0}              # the first call's, in this call's all.json
     assert json.loads((tmp_path / "out" / "all.json").read_text())["finished"] == {"tok_s": 1.0}
 
     monkeypatch.setattr(kiln, "compiler_fingerprint", lambda: "sources-2")   # kiln edited: all again
-    third, ran = _all_steps(gpu_checks, tmp_path), []
+    third, ran = _all_steps(gpu_all, tmp_path), []
     _call_all(third, ran)
     assert ran == [n for n in STEPS if n != "out of time"]
 
@@ -92,7 +107,7 @@ def test_a_second_all_call_runs_only_what_the_first_did_not_finish(tmp_path, mon
 def test_a_step_runs_only_with_the_time_it_asks_for(tmp_path, monkeypatch):
     import kiln
     monkeypatch.setattr(kiln, "compiler_fingerprint", lambda: "sources-1")
-    steps, ran = _all_steps(_gpu_checks(), tmp_path, budget=30), []
+    steps, ran = _all_steps(_tool("gpu_all"), tmp_path, budget=30), []
     assert "skipped" in steps("long", 60, lambda: ran.append("long"))
     assert steps("short", 10, lambda: ran.append("short") or {"ok": True}) == {"ok": True}
     assert ran == ["short"] and steps.left() <= 30

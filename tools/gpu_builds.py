@@ -1,0 +1,315 @@
+"""What tools/gpu_checks.py builds: SmolLM2's GGUF, the Llama-3-8B-architecture checkpoints (random
+weights, or shapes only), the kernel VARIANTS it compares, and compiles that take a library built
+beforehand (.gpu/prebuilt, `gpu_checks.py prebuild`) where one matches."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import lzma
+import os
+import shutil
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKS = ROOT / "tools" / "gpu_checks.py"        # the script every check process runs
+
+
+SMOLLM2_SCHEMES = ("q4f16", "q0f16", "as-stored", "as-stored-f16")
+
+
+def smollm2_gguf() -> Path:
+    if os.environ.get("KILN_SMOLLM2_GGUF"):
+        return Path(os.environ["KILN_SMOLLM2_GGUF"])
+    from kiln.models.gguf import find_smollm2_gguf
+    return find_smollm2_gguf()
+
+
+PREBUILT = ROOT / ".gpu" / "prebuilt"
+
+
+# Kernel variants to compare, on 2 layers with the 8B's shapes (`variants`). "base": what ships
+# (targets/gpu.py low_batch_branches: the MMA GEMV, targets/mma_gemv.py, for the 4-bit then the
+# 8-bit layers at 1, 2, 3-4, 5-8 and 9-16 rows, the 32 x 32 tensor-core tiles with K split to ~1,024
+# blocks above; and the CUDA profiles' library GEMM from 40 sequences a decode step). It was the
+# "candidate" of 2026-11-28's H200 run, adopted from its whole-8B rows (tools/README.md). The
+# levers it left out, in the order they decide:
+# "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
+# projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
+# and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
+# bandwidth where the 8-bit ones, the same kernel at twice the bytes a chunk, reached 59-100% at the
+# same shapes (tools/README.md, H200 session): twice the bytes took only 1.2-1.3x the time.
+# "unroll4": the 4-bit layers load 4 chunks a warp before their MMAs (2 ship) at 1-8 rows (nvcc
+# may schedule the loads as it likes: 44 registers where unroll 2 has 48, `ptxas -v`).
+# "attn64": the decode attention splits a sequence between work-groups from 64 tokens a share
+# (targets/decode_attention.py MIN_SPLIT, 256 shipped): at batch 1 and 256 tokens 32 work-groups
+# rather than the 8B's 8 (8 us a call, 2026-11-27).
+# "nographs": the CUDA presets without the CUDA graphs: wall against busy time beside base's says what
+# the graphs and the switches between a graph and the host-launched attention kernels cost (0.74 ms
+# a step beyond the GPU's busy time at batch 1 on the H200).
+# "stepgraph": no TVM graphs in the build, and the runner captures each decode step whole and replays
+# it with one launch (runtime/step_graph.py): the host's 1.64 ms a step at batch 1 (H200) gone but a
+# page table copy, a launch and the token's copy back. `all` also runs the 8B build it measures with
+# step graphs (then around TVM's graphs): "batch 1 step graphs".
+# "q4gemv": targets/q4_gemv.py in place of the MMA GEMV at 1-8 rows (two values dequantized per
+# integer operation, the products on the CUDA cores: 5.25 SASS instructions a weight value at one row
+# where the MMA GEMV issues ~2.3; the tiles from 9 rows).
+# "tcgroup": the split tiles staging the 4-bit weights a group of 32 values per thread (one 128-bit
+# load of its words; K in steps of 128).
+# "bits": the profile's codes_by_bits (4-bit codes become float16 through their bits, no
+# integer-to-float conversion: compiler/quant_modules.py code_value), every kernel.
+# "dlight": the branches shipped before 2026-11-28 (dlight's GEMV at 1 row, LowBatchGEMV at 2 and
+# 3-4, unsplit tiles to 64 rows): the MMA GEMV's and split K's share of base's gain.
+# (Gone: "wide", a GEMV giving each lane a group of 32 values, 9-18% slower than dlight's at one row
+# on the H100, 2026-11-26; "tvmattn", TVM's paged decode attention, twice kiln's time at 1-64
+# sequences, 2026-11-27; "splitk", "mma", "mma8", "candidate": shipped since.)
+
+
+# In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without);
+# "branches": low_batch_branches' arguments (tiles: NarrowTensorCoreMatmul's; gemv: variant_branches'
+# rules by name, "none" for dlight's alone); "profile": TargetProfile fields set on the CUDA
+# presets for the build; "min_split": decode_attention.MIN_SPLIT.
+VARIANTS = {"base": {},
+            "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
+            "loadsfirst": {"branches": {"gemv": "loadsfirst"}, "batches": (1, 2, 4, 5, 16)},
+            "prefetch": {"branches": {"gemv": "prefetch"}, "batches": (1, 2, 4, 5, 16)},
+            "lfpf": {"branches": {"gemv": "lfpf"}, "batches": (1, 2, 4, 5, 16)},
+            "pdlpf": {"branches": {"gemv": "pdlpf"}, "profile": {"dependent_launch": True}},
+            "attn64": {"min_split": 64, "batches": (1, 16)},
+            "nographs": {"profile": {"cuda_graphs": False}, "batches": (1, 16)},
+            "stepgraph": {"profile": {"cuda_graphs": False}, "runner": {"step_graphs": True}, "batches": (1, 2, 4)},
+            "warps16": {"branches": {"gemv": "warps16"}, "batches": (1, 2, 4, 5, 16)},
+            "pdl16": {"branches": {"gemv": "pdl16"}, "profile": {"dependent_launch": True}, "batches": (1, 2, 4, 5, 16)},
+            "unroll4": {"branches": {"gemv": "unroll4"}, "batches": (1, 2, 4, 5)},
+            "q4gemv": {"branches": {"gemv": "q4", "wide": (8,)}, "batches": (1, 2, 4, 5, 16)},
+            "tcgroup": {"branches": {"tiles": {"k_frags": 8, "group_loads": True}}, "batches": (5, 16, 64)},
+            "bits": {"profile": {"codes_by_bits": True}, "batches": (1, 16)},
+            "dlight": {"branches": {"gemv": "none", "wide": (), "tiles": {"target_blocks": 0}},
+                       "batches": (1, 2, 4, 5, 16)}}
+
+
+# The build `all` measures beside base on the whole 8B, when there is one: a VARIANTS key, or None.
+CANDIDATE = "pdlpf"
+
+
+VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
+
+
+VARIANT_LAYERS = 2                   # the 8B's layer shapes, 2 of them (and a 32000 vocabulary): variants
+
+
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=8, vocab_size=128256)
+
+
+def load_state(path: Path, args) -> dict:
+    """What an earlier call on this machine kept at `path` (save_state), if the same kiln sources
+    (compiler fingerprint) and --quick wrote it; else {}."""
+    import kiln
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    if state.get("fingerprint") != kiln.compiler_fingerprint() or state.get("quick") != args.quick:
+        return {}
+    return state
+
+
+def save_state(path: Path, args, **kept) -> None:
+    import kiln
+    path.write_text(json.dumps({"fingerprint": kiln.compiler_fingerprint(), "quick": args.quick, **kept},
+                               default=str))
+
+
+def variant_branches(variant: str):
+    """VARIANTS[variant]'s row branches as LowBatchGEMV takes them, or None for the shipped ones."""
+    spec = VARIANTS[variant].get("branches")
+    if spec is None:
+        return None
+    from kiln.targets.gpu import SPLIT_BLOCKS, low_batch_branches
+    from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
+    from kiln.targets.q4_gemv import Q4GEMV
+    from kiln.targets.mma_gemv import MMAGEMV
+    # The MMA GEMV (4-bit, then 8-bit layers) with these arguments.
+    mma = {"warps16": {"most_warps": 16}, "pdl": {"pdl": True}, "pdl16": {"most_warps": 16, "pdl": True},
+           "prefetch": {"ahead": 1}, "loadsfirst": {"loads_first": True}, "lfpf": {"loads_first": True, "ahead": 1},
+           "pdlpf": {"pdl": True, "ahead": 1}}
+    name = spec.get("gemv")
+    gemv = (lambda b: [MMAGEMV(bits, batch=b, **mma[name]) for bits in (4, 8)]) if name in mma else {
+        "q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
+        "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)]}[name]
+    tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
+                                      **spec.get("tiles", {})})
+    return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)
+
+
+@contextlib.contextmanager
+def built_with(variant: str):
+    """Within: targets/gpu.py builds the GPU matmuls with VARIANTS[variant]'s branches, and the CUDA
+    presets' profiles carry its "profile" fields."""
+    import dataclasses
+
+    from kiln import targets
+    from kiln.targets import decode_attention, gpu
+    shipped, profiles, min_split = gpu.LOW_BATCH_BRANCHES, dict(targets._PROFILES), decode_attention.MIN_SPLIT
+    gpu.LOW_BATCH_BRANCHES = variant_branches(variant) or shipped
+    decode_attention.MIN_SPLIT = VARIANTS[variant].get("min_split", min_split)
+    fields = VARIANTS[variant].get("profile")
+    if fields:
+        for name, make in profiles.items():
+            if name.startswith("cuda"):
+                targets._PROFILES[name] = lambda make=make: dataclasses.replace(make(), **fields)
+    try:
+        yield
+    finally:
+        gpu.LOW_BATCH_BRANCHES, decode_attention.MIN_SPLIT = shipped, min_split
+        targets._PROFILES.clear()
+        targets._PROFILES.update(profiles)
+
+
+def prebuilt_name(src: Path, quant: str, target: str, max_batch_size: int | None, variant: str = "base") -> str:
+    """The file name of a library built here for (model, scheme, target, batch bound, compiler)."""
+    import kiln
+    from kiln.targets import get_profile
+    batch = max_batch_size or get_profile(target).max_batch_size
+    model = f"{src.stat().st_size}b" if src.is_file() else src.name      # the GGUF's name differs there
+    tail = "" if variant == "base" else f"-{variant}"
+    return f"{model}-{quant}-{target}-b{batch}-{kiln.compiler_fingerprint()}{tail}"
+
+
+class _Prebuilt:
+    """Stands in for relax.build's executable: its export copies a library built on another machine."""
+
+    def __init__(self, lib: Path) -> None:
+        self.lib = lib
+
+    def export_library(self, path: str, **_kw) -> None:
+        shutil.copyfile(self.lib, path)
+
+
+def compile_timed(src: Path, quant: str, args, variant: str = "base", **kw) -> tuple[Path, float]:
+    """kiln.compile into --work; returns (artifact, seconds). Where `prebuild` left this compile's
+    library in .gpu/prebuilt (same model, scheme, target, batch bound and kiln sources), TVM's build
+    is skipped and the seconds are those of the weight conversion alone. `variant`: a VARIANTS key,
+    the GPU matmuls' row-count branches to build with."""
+    import kiln
+    from kiln.compiler import build
+    out = Path(args.work) / (f"{src.stem}-{quant}-{args.target}" + ("" if variant == "base" else f"-{variant}"))
+    name = prebuilt_name(src, quant, args.target, kw.get("max_batch_size"), variant)
+    packed, facts, lib = PREBUILT / f"{name}.so.xz", PREBUILT / f"{name}.json", Path(args.work) / f"{name}.so"
+    real = build.build_lib
+    if packed.is_file() and facts.is_file():
+        lib.write_bytes(lzma.decompress(packed.read_bytes()))
+        build.build_lib = lambda *_a, **_k: (_Prebuilt(lib), build.BuildFacts(**json.loads(facts.read_text())))
+        print(f"{src.stem} {quant}: the library built beforehand ({lib.name}); converting the weights", flush=True)
+    t = time.perf_counter()
+    try:
+        with built_with(variant):
+            art = kiln.compile(str(src), target=args.target, quant=quant, output=out, golden=False, force=True, **kw)
+    finally:
+        build.build_lib = real
+    return art, time.perf_counter() - t
+
+
+def prebuild(args) -> dict:
+    """Here, before a GPU session: build into .gpu/prebuilt the libraries the device would otherwise
+    compile: SmolLM2 for every scheme the checks use, the 8B model (max batch 256) and the 2-layer
+    8B-shaped model for every VARIANTS entry (both from shapes-only checkpoints: the library does not
+    depend on the weights), so the device spends its minutes converting weights, not compiling."""
+    import tempfile
+
+    from kiln.compiler import CompileOptions
+    from kiln.compiler.build import build_lib, export_model
+    PREBUILT.mkdir(parents=True, exist_ok=True)
+    done, shapes = {}, Path(tempfile.mkdtemp(prefix="kiln-shapes-"))
+    jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
+    name, config = llama8b_config(args)
+    full = shapes_only_checkpoint(shapes / name, config)
+    jobs += [(full, "q4f16", v, 256) for v in (CANDIDATE, "base") if v]
+    name, config = llama8b_config(args, layers=VARIANT_LAYERS)
+    two = shapes_only_checkpoint(shapes / name, config)
+    jobs += [(two, "q4f16", v, None) for v in VARIANTS]
+    try:
+        for src, quant, variant, max_batch in jobs:
+            t = time.perf_counter()
+            with built_with(variant):          # export too: codes_by_bits shapes the dequantize ops
+                ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
+                                                 max_batch_size=max_batch), lambda *_: None)
+                lib, facts = build_lib(ex.mod, ex.profile)
+            key = prebuilt_name(src, quant, args.target, max_batch, variant)
+            ex.profile.export(lib, shapes / "lib")
+            (PREBUILT / f"{key}.so.xz").write_bytes(lzma.compress((shapes / "lib").read_bytes()))
+            (PREBUILT / f"{key}.json").write_text(json.dumps(dataclasses.asdict(facts)))
+            done[key] = round(time.perf_counter() - t, 1)
+            print(f"{src.name} {quant} {variant}: built in {done[key]:.0f} s -> {key}.so.xz", flush=True)
+    finally:
+        shutil.rmtree(shapes, ignore_errors=True)
+    return done
+
+
+def llama8b_config(args, layers: int | None = None):
+    """The Llama-3-8B architecture (tiny with --quick); `layers`: that many of its layers and a
+    32000-token vocabulary (the same matmul shapes, a fraction of the weights). Returns (name, config)."""
+    import transformers
+    size = LLAMA3_8B if not args.quick else dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)
+    name = "llama3-8b-arch"
+    if layers:
+        size = {**size, "num_hidden_layers": layers, "vocab_size": min(size["vocab_size"], 32000)}
+        name = f"llama3-8b-arch-{layers}layers"
+    return name, transformers.LlamaConfig(**size, max_position_embeddings=8192, rope_theta=500000.0,
+                                          tie_word_embeddings=False)
+
+
+def llama8b_checkpoint(args, layers: int | None = None) -> tuple[Path, float]:
+    """A random-init checkpoint of llama8b_config (fp16 safetensors) in --work, written once,
+    initialised on --device."""
+    import torch
+    import transformers
+    name, config = llama8b_config(args, layers)
+    src, t = Path(args.work) / name, time.perf_counter()
+    if not (src / "config.json").is_file():
+        torch.set_default_dtype(torch.float16)
+        with torch.device(args.device):
+            model = transformers.LlamaForCausalLM(config)
+        torch.set_default_dtype(torch.float32)
+        model.save_pretrained(src)
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        tokenizer_for(src, config.vocab_size)
+    return src, time.perf_counter() - t
+
+
+def shapes_only_checkpoint(dest: Path, config) -> Path:
+    """A checkpoint of `config` whose one safetensors file has the real header but no data (a sparse
+    file of the right size, zeros if read): enough to build the library, which depends on the
+    shapes alone, on a machine without the disk or the minutes for the weights."""
+    import struct
+
+    import torch
+    import transformers
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    header, offset = {}, 0
+    for name, tensor in model.state_dict().items():
+        size = tensor.numel() * 2
+        header[name] = {"dtype": "F16", "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)
+    config.save_pretrained(dest)
+    tokenizer_for(dest, config.vocab_size)
+    return dest
+
+
+def tokenizer_for(dest: Path, vocab: int) -> None:
+    """A word-level tokenizer over the vocabulary: kiln needs one to compile; benchmarks feed ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
