@@ -6,23 +6,31 @@ server step (ModelRunner.decode_greedy: the tokens picked on the device where th
 artifact can, only they copied back). Medians over `runs` after one warm-up run.
 
 `profile_kernels` breaks one prefill and the mean decode step down by kernel,
-timing every VM Call instruction through the VM's instrument hook.
+timing every VM Call instruction through the VM's instrument hook. `decode_read_bytes`
+is the weight bytes a batch-1 decode step reads: what a bandwidth floor divides by.
 """
 
 from __future__ import annotations
 
+import json
 import resource
 import statistics
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
 from ._tvm import tvm
 from tvm.runtime.vm import VMInstrumentReturnKind
 
+from .contract import PARAMS_DIR, PARAMS_INDEX
 from .model_runner import ModelRunner
+
+# kiln's parameter names (models/causal_lm.py decoder_weight_map) of the token-embedding table and
+# of an LM head of its own.
+EMBEDDING, LM_HEAD = "model.embed_tokens.", "lm_head."
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,17 @@ class BenchResult:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def decode_read_bytes(artifact_dir: str | Path) -> int:
+    """The weight bytes one batch-1 decode step streams: every tensor of the artifact's parameters
+    but the token-embedding table where the model has an LM head of its own (a step gathers one row
+    of the table; a tied model's LM head is the table, read whole). The bandwidth floor divides the
+    device's bandwidth by this (an 8B Llama-3's q4f16 table is 0.30 GB of its 5.65)."""
+    index = json.loads((Path(artifact_dir) / PARAMS_DIR / PARAMS_INDEX).read_text())
+    tensors = index["tensors"]
+    untied = any(t["name"].startswith(LM_HEAD) for t in tensors)
+    return sum(t["nbytes"] for t in tensors if not (untied and t["name"].startswith(EMBEDDING)))
 
 
 def kv_tokens_needed(page_size: int, prompt_len: int, gen_len: int, batch: int) -> int:

@@ -2,7 +2,7 @@
 
 Why: at one sequence the host queues a decode step one VM instruction at a time, TVM's per-layer
 graphs, the KV cache's attention launches and the VM's own instructions: 1.64 ms a step for the 8B
-on the H200 (tools/README.md, "H200 session"), where 75% of the bandwidth floor leaves 1.77 ms for
+on the H200 (tools/README.md, "H200 session"), where 75% of the bandwidth floor leaves 1.69 ms for
 the whole step. TVM's RewriteCUDAGraph captures only the stretches between the cache's attention
 calls. Here the runner captures a step's embedding, batch_decode and token pick whole (the VM, the
 cache's launches, everything) and from then on replays it with one cuGraphLaunch.

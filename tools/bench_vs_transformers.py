@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import kiln
-    from kiln.runtime.bench import bench
+    from kiln.runtime.bench import bench, decode_read_bytes
     compile_s = None
     art = args.model
     if not kiln.is_artifact(art):
@@ -43,8 +43,7 @@ def main() -> None:
     if src is None:
         raise SystemExit("MODEL is an artifact: pass --source with the model it was compiled from")
     hf = bench_transformers(src, args.prompt_len, args.gen_len, args.runs)
-    weight_bytes = sum((engine.artifact.path / "params" / f).stat().st_size
-                       for f in os.listdir(engine.artifact.path / "params") if f.endswith(".bin"))
+    weight_bytes = decode_read_bytes(engine.artifact.path)
     bw = read_bandwidth_gbs()
     floor = bw * 1e9 / weight_bytes
     print(f"\n{engine.artifact.name}  (prompt {args.prompt_len}, gen {args.gen_len}, median of {args.runs}, "
@@ -54,7 +53,7 @@ def main() -> None:
     print(f"{'':24}{'kiln':>10}{'transformers fp32':>20}{'kiln / hf':>12}")
     for key, label in (("prefill_tok_s", "prefill tok/s"), ("decode_tok_s", "decode tok/s (batch 1)")):
         print(f"{label:24}{k[key]:10.1f}{hf[key]:20.1f}{k[key] / hf[key]:12.2f}")
-    print(f"bandwidth floor: {weight_bytes / 1e6:.0f} MB of weights at {bw:.1f} GB/s read -> {floor:.0f} tok/s "
+    print(f"bandwidth floor: {weight_bytes / 1e6:.0f} MB of weights a step at {bw:.1f} GB/s read -> {floor:.0f} tok/s "
           f"batch-1 decode; kiln reaches {100 * k['decode_tok_s'] / floor:.0f}% of it")
     print(json.dumps({"kiln": k, "transformers": hf, "floor_tok_s": floor, "compile_s": compile_s}))
 
