@@ -142,6 +142,22 @@ def sized_by_memory(device_kind: str, memory_utilization: float | None) -> bool:
     return memory_utilization is not None or device_kind in SERVER_DEVICES
 
 
+def runner_kv_tokens(artifact: Artifact, device, max_num_seqs: int, share: float | None, loaded: int) -> int | None:
+    """A runner's KV tokens for `share` of `device`'s memory, the weights (`loaded` bytes) already on
+    it; with no share, DEFAULT_GPU_UTILIZATION on CUDA and ROCm. None: the default capacity (no
+    share asked, and the device is not one of those or reports no memory size)."""
+    kind, cfg = artifact.device, artifact.config
+    if not sized_by_memory(kind, share):
+        return None
+    memory = device_memory(kind, device, loaded)
+    if memory is None:
+        if share is not None:
+            raise no_memory_size(kind)
+        return None
+    return kv_tokens_for_memory(memory, DEFAULT_GPU_UTILIZATION if share is None else share,
+                                cfg.activation_bytes, cfg.kv_cache, max_num_seqs, artifact.context_window)
+
+
 def default_kv_tokens(artifact: Artifact, max_num_seqs: int | None = None) -> int:
     """The KV capacity a runner gets unless told otherwise: room for one full-context sequence plus a
     partly filled page per other sequence."""

@@ -39,11 +39,10 @@ from .forward_split import prefill_chunks, row_bounded
 from . import library_gemm
 from .device_tensors import _COPY_IN, _COPY_OUT, _VIEW, LaunchedTokens, _holding_gil, _to_host, _view  # noqa: F401
 from .contract import LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_ENTRY, OPTIONAL_ENTRY_FUNCTIONS
-from .memory_budget import (DEFAULT_GPU_UTILIZATION, default_kv_tokens, device_memory, kv_tokens_for_memory,
-                            no_memory_size, sized_by_memory)
+from .memory_budget import default_kv_tokens, runner_kv_tokens
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
-from .step_graph import StepGraphs
+from .step_graph import CAPTURED, StepGraphs, capture_functions
 
 _KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
     "kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_fork_sequence", "kv_state_popn",
@@ -66,8 +65,6 @@ class ModelRunner:
         cfg = artifact.config
         self.artifact = artifact
         check_host(artifact)
-        if step_graphs and artifact.device != "cuda":
-            raise ValueError(f"step graphs are CUDA graphs: this artifact runs on {artifact.device}")
         self.device = open_device(artifact.device)            # loads the device's TVM runtime if needed
         self.vocab_size = artifact.vocab_size
         self.context_window = artifact.context_window
@@ -82,7 +79,8 @@ class ModelRunner:
                              " or recompile with `kiln compile --max-batch-size N`")
         if LIBRARY_GEMM_ENTRY in cfg.entry_functions:      # the library calls it: registered before the load
             library_gemm.register()
-        self.vm = VirtualMachine(tvm.runtime.load_module(str(artifact.lib_path)), self.device)
+        self.module = tvm.runtime.load_module(str(artifact.lib_path))
+        self.vm = VirtualMachine(self.module, self.device)
         params, loaded = [], 0
         for a in artifact.iter_params():                      # one host copy at a time
             params.append(tvm.runtime.tensor(a, self.device))
@@ -97,7 +95,7 @@ class ModelRunner:
         if self.gemm_unusable is None:
             loaded += cfg.library_gemm_bytes
         if max_total_tokens is None:
-            max_total_tokens = self._kv_tokens_for_memory(memory_utilization, loaded)
+            max_total_tokens = runner_kv_tokens(artifact, self.device, self.max_num_seqs, memory_utilization, loaded)
         self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
         self.kv = self.vm["create_paged_kv_cache"](
             ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
@@ -119,27 +117,30 @@ class ModelRunner:
         for name, fn in self._fn.items():
             fn.release_gil = not self.queues_work and name != "embed"
         self._shared: set[int] = set()          # sequences in a fork: their pages are shared blocks
-        self.graphs = StepGraphs(self.device) if step_graphs else None
+        self.graphs: StepGraphs | None = None
+        self._capture_fn = self._fn               # what a step graph is captured through (start_step_graphs)
+        if step_graphs:
+            self.start_step_graphs()
+
+    def start_step_graphs(self) -> StepGraphs:
+        """Decode steps replayed as whole CUDA graphs from here on (runtime/step_graph.py), captured
+        through a second VM whose TVM graph stretches launch their kernels themselves."""
+        if self.artifact.device != "cuda":
+            raise ValueError(f"step graphs are CUDA graphs: this artifact runs on {self.artifact.device}")
+        self._capture_fn = capture_functions(self.module, self.device, [n for n in CAPTURED if n in self._fn])
+        self.graphs = StepGraphs(self.device)
+        return self.graphs
+
+    def stop_step_graphs(self) -> None:
+        """Decode steps run plainly again; the graphs and their stream freed."""
+        graphs, self.graphs, self._capture_fn = self.graphs, None, self._fn
+        if graphs is not None:
+            graphs.close()
 
     def library_gemm_note(self) -> str | None:
         """What the runner does with the artifact's library GEMM entries, in a clause for a load
         message; None where it has none."""
         return library_gemm.note(self.artifact.config, self.gemm_unusable)
-
-    def _kv_tokens_for_memory(self, share: float | None, loaded: int) -> int | None:
-        """KV tokens for `share` of the device's memory, the weights (`loaded` bytes) already on it;
-        with no share, DEFAULT_GPU_UTILIZATION on CUDA and ROCm. None: the default capacity (no
-        share asked, and the device is not one of those or reports no memory size)."""
-        kind, cfg = self.artifact.device, self.artifact.config
-        if not sized_by_memory(kind, share):
-            return None
-        memory = device_memory(kind, self.device, loaded)
-        if memory is None:
-            if share is not None:
-                raise no_memory_size(kind)
-            return None
-        return kv_tokens_for_memory(memory, DEFAULT_GPU_UTILIZATION if share is None else share,
-                                    cfg.activation_bytes, cfg.kv_cache, self.max_num_seqs, self.context_window)
 
     @property
     def greedy_on_device(self) -> bool:
@@ -302,13 +303,15 @@ class ModelRunner:
             return LaunchedTokens(logits, self.queues_work, argmax=True, front=front)
         return LaunchedTokens(picked, self.queues_work, front=front)
 
-    def _pick(self, pick: str, logits, params=None):
+    def _pick(self, pick: str, logits, params=None, fn: dict | None = None):
         """The tokens [batch] drawn on the device from logits [batch, 1, vocab]: "greedy" (greedy_tokens),
-        "sample" (sample_tokens, a row of the staged params a sequence); "logits": None (none picked)."""
+        "sample" (sample_tokens, a row of the staged params a sequence); "logits": None (none picked).
+        fn: the functions to call (the runner's own by default)."""
+        fn = fn or self._fn
         if pick == "greedy":
-            return self._fn["greedy_tokens"](logits)
+            return fn["greedy_tokens"](logits)
         if pick == "sample":
-            return self._fn["sample_tokens"](logits, params)
+            return fn["sample_tokens"](logits, params)
         return None
 
     def _decode(self, seq_ids: Sequence[int], tokens: Sequence[int], pick: str = "logits", params=None):
@@ -322,20 +325,20 @@ class ModelRunner:
         key = None if library else self._graph_key(pick, seq_ids)
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * n))
 
-        def forward():
-            embeds = self._fn["embed"](ids, self.params)                                   # [batch, hidden]
+        def forward(fn: dict = self._fn):
+            embeds = fn["embed"](ids, self.params)                                         # [batch, hidden]
             embeds = _view(embeds, [n, 1, embeds.shape[-1]])
             if library:
-                logits, _ = self._fn[LIBRARY_GEMM_DECODE](embeds, self.kv, self.params, self.gemm_weights)
+                logits, _ = fn[LIBRARY_GEMM_DECODE](embeds, self.kv, self.params, self.gemm_weights)
             else:
-                logits, _ = self._fn["batch_decode"](embeds, self.kv, self.params)
-            return logits, self._pick(pick, logits, params)
+                logits, _ = fn["batch_decode"](embeds, self.kv, self.params)
+            return logits, self._pick(pick, logits, params, fn)
 
         if key is None:
             out = forward()
         else:
             _KV["attention_kv_cache_get_query_positions"](self.kv)     # the page tables copied here, not in the graph
-            out = self.graphs.run(key, forward)
+            out = self.graphs.run(key, forward, lambda: forward(self._capture_fn))
         _KV["kv_state_end_forward"](self.kv)
         return out
 

@@ -29,6 +29,14 @@ replay. Where it changes nearly every step (many sequences), nothing is captured
 The graph runs on a stream of its own, created blocking, so that it is ordered against the legacy
 stream that TVM's copies and the cache's copy-stream wait use. If anything fails in a capture, graphs
 are turned off for the runner (the reason kept in `off`) and the step runs as before.
+
+TVM's own graphs inside a step: an artifact built with RewriteCUDAGraph launches a TVM graph for
+each stretch between the cache's attention calls (vm.builtin.cuda_graph.run_or_capture). Whether
+CUDA captures a graph launched into a stream that is itself capturing is not relied on: a step is
+captured through a second VM over the same module (capture_functions), in which that builtin runs
+the stretch's kernels straight into the current stream. The builtin is swapped only while that VM
+is made (a VM binds its builtins then: tests/unit/test_step_graph.py), so the runner's own VM and
+every other keep TVM's graphs for the steps that run plainly.
 """
 
 from __future__ import annotations
@@ -37,14 +45,44 @@ import ctypes
 from collections import OrderedDict
 from typing import Callable, Hashable
 
+from ._tvm import tvm_ffi                 # kiln's TVM (torch hidden) before tvm.runtime.vm
+from tvm.runtime.vm import VirtualMachine
+
 # CUDA driver API (cuda.h): CU_STREAM_DEFAULT (blocking), CU_STREAM_CAPTURE_MODE_RELAXED (TVM's pooled
 # allocator may cudaMalloc while the step is captured).
 _BLOCKING, _RELAXED = 0, 2
 KEPT_GRAPHS = 8          # graphs kept (least recently used dropped): a page count's lasts 16 tokens at batch 1
 
 
+# TVM's per-stretch CUDA graphs (RewriteCUDAGraph): run_or_capture(vm, stretch, args, index[, shape]).
+RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
+# What a step graph captures: the embedding, the decode entry, the token picks.
+CAPTURED = ("embed", "batch_decode", "greedy_tokens", "sample_tokens")
+
+
 class GraphError(RuntimeError):
     pass
+
+
+def capture_functions(module, device, names) -> dict:
+    """`names`' functions of a second VM over `module` (what VirtualMachine takes) whose TVM graph
+    stretches run their kernels in the current stream, no TVM graph launched (the module's
+    docstring says why): what a step is captured through."""
+    original = tvm_ffi.get_global_func(RUN_OR_CAPTURE, allow_missing=True)
+    invoke = tvm_ffi.get_global_func("vm.builtin.invoke_closure")
+
+    def stretch(vm, func, args, _index, *_shape):
+        return invoke(vm, func, *args)
+
+    tvm_ffi.register_global_func(RUN_OR_CAPTURE, stretch, override=True)
+    try:
+        vm = VirtualMachine(module, device)
+    finally:                                   # every VM made from now on binds TVM's again
+        if original is not None:
+            tvm_ffi.register_global_func(RUN_OR_CAPTURE, original, override=True)
+        else:
+            tvm_ffi.remove_global_func(RUN_OR_CAPTURE)
+    return {name: vm[name] for name in names}
 
 
 class Driver:
@@ -112,9 +150,10 @@ class StepGraphs:
         self.off: str | None = None           # why graphs were turned off, once they were
         self.captures = self.replays = 0
 
-    def run(self, key: Hashable, forward: Callable[[], object]):
-        """forward()'s outputs: replayed from the graph kept for `key`, captured now if `key` is that
-        of the step before (ran plainly), else run plainly."""
+    def run(self, key: Hashable, forward: Callable[[], object], capture: Callable[[], object] | None = None):
+        """forward()'s outputs: replayed from the graph kept for `key`, captured now (through
+        `capture`, the same step made by capture_functions, where given) if `key` is that of the
+        step before (ran plainly), else run plainly."""
         if self.off is not None:
             return forward()
         kept = self._graphs.get(key)
@@ -127,7 +166,7 @@ class StepGraphs:
             self._last = key
             return forward()
         try:
-            graph_exec, outputs = self._capture(forward)
+            graph_exec, outputs = self._capture(capture or forward)
         except Exception as e:            # noqa: BLE001 - any failure: the step runs as before, graphs off
             self.off = f"capture failed: {e}"
             return forward()

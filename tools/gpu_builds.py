@@ -52,7 +52,7 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "stepgraph": no TVM graphs in the build, and the runner captures each decode step whole and replays
 # it with one launch (runtime/step_graph.py): the host's 1.64 ms a step at batch 1 (H200) gone but a
 # page table copy, a launch and the token's copy back. `all` also runs the 8B build it measures with
-# step graphs (then around TVM's graphs): "batch 1 step graphs".
+# step graphs (its TVM graph stretches run in place while a step is captured): "batch 1 step graphs".
 # "q4gemv": targets/q4_gemv.py in place of the MMA GEMV at 1-8 rows (two values dequantized per
 # integer operation, the products on the CUDA cores: 5.25 SASS instructions a weight value at one row
 # where the MMA GEMV issues ~2.3; the tiles from 9 rows).

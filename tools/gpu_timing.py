@@ -60,9 +60,8 @@ def step_graph_rows(runner, art: Path, args) -> dict:
     """`runner` at batch 1 with its decode steps replayed as whole CUDA graphs (runtime/step_graph.py),
     then as it was: the bench row, the kernels' and the host's time a step, and the graphs' counts
     (a capture that failed turns them off: "off" says why)."""
-    from kiln.runtime.step_graph import StepGraphs
     try:
-        runner.graphs = StepGraphs(runner.device)
+        graphs = runner.start_step_graphs()
     except Exception as e:                     # noqa: BLE001 - a row that says why, the rows after it kept
         return {"error": f"{type(e).__name__}: {e}"}
     ids: list[int] = []
@@ -72,16 +71,15 @@ def step_graph_rows(runner, art: Path, args) -> dict:
         times = gpu_kernel_times(runner, ids)
         row.update({k: times[k] for k in ("wall_ms", "busy_ms", "host_enqueue_ms", "host_wait_ms")})
         row["covered_ms"] = times["idle"]["covered_ms"]
-        row["graphs"] = runner.graphs.stats()
+        row["graphs"] = graphs.stats()
         return row
     except Exception as e:                     # noqa: BLE001 - as above
-        return {"error": f"{type(e).__name__}: {e}", "graphs": runner.graphs.stats()}
+        return {"error": f"{type(e).__name__}: {e}", "graphs": graphs.stats()}
     finally:
-        graphs, runner.graphs = runner.graphs, None
         for i in ids:
             runner.remove_sequence(i)
         with contextlib.suppress(Exception):
-            graphs.close()
+            runner.stop_step_graphs()
 
 
 def kernel_profile(art: Path, batch: int, args, top: int = 12) -> dict:

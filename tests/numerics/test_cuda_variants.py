@@ -266,7 +266,8 @@ def test_cuda_step_graphs_change_no_logit(tvm_graphs, tiny_dirs, tmp_path, monke
     """ModelRunner(step_graphs=True) (runtime/step_graph.py: a decode step captured whole and
     replayed with one launch) gives the same logits and tokens, bit for bit, as the same runner
     without it, with a graph captured and replayed for every kind of step, whether the artifact
-    has TVM's own per-layer graphs (then captured inside the step's) or not (cuda_graphs off)."""
+    has TVM's own per-layer graphs (a step is then captured through a VM that runs their kernels
+    in place: step_graph.capture_functions) or not (cuda_graphs off)."""
     import dataclasses
 
     from kiln import targets

@@ -1,13 +1,16 @@
 """StepGraphs' bookkeeping (runtime/step_graph.py) with a driver that records its calls: when a step is
 run plainly, captured or replayed, which graphs are kept, and that a failed capture turns graphs off
 and runs the step as before. The graphs themselves run on a GPU (test_cuda_variants.py); the runner's
-keys are checked here on a CPU artifact."""
+keys, and the VM a step is captured through (TVM's graph stretches run in place), are checked here
+on the CPU."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from tvm.script import ir as I, relax as R, tirx as T
 
-from kiln.runtime.step_graph import GraphError, StepGraphs
+from kiln.runtime.step_graph import RUN_OR_CAPTURE, GraphError, StepGraphs, capture_functions
 
 pytestmark = pytest.mark.unit
 
@@ -133,6 +136,8 @@ def test_the_runners_keys(tiny_artifacts):
     with pytest.raises(ValueError, match="CUDA graphs: this artifact runs on cpu"):
         ModelRunner(artifact, max_num_seqs=4, step_graphs=True)
     runner = ModelRunner(artifact, max_num_seqs=4)
+    with pytest.raises(ValueError, match="CUDA graphs: this artifact runs on cpu"):
+        runner.start_step_graphs()
     graphs, _ = _graphs()
     runner.graphs = graphs
     page = runner.page_size
@@ -149,3 +154,63 @@ def test_the_runners_keys(tiny_artifacts):
     runner.add_sequence(2)
     runner.prefill([2], [[5, 6]])
     assert runner._graph_key("greedy", [2]) == ("greedy", 1, 1)
+
+
+@I.ir_module
+class Stretched:
+    """What RewriteCUDAGraph leaves in a decode entry, in little: a stretch of kernels handed to TVM's
+    graph builtin as a closure over its arguments."""
+
+    @R.function(pure=False)
+    def main(x: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+        cls = Stretched
+        out = R.call_builtin_with_ctx(RUN_OR_CAPTURE, (cls.stretch, (x,), R.prim_value(0)),
+                                      ty_args=(R.Tuple(R.Tensor((4,), "float32")),))
+        return out[0]
+
+    @R.function
+    def stretch(x: R.Tensor((4,), "float32")) -> R.Tuple(R.Tensor((4,), "float32")):
+        cls = Stretched
+        y = R.call_tir(cls.add_one, (x,), out_ty=R.Tensor((4,), "float32"))
+        return (y,)
+
+    @T.prim_func
+    def add_one(a: T.Buffer((4,), "float32"), b: T.Buffer((4,), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        for i in range(4):
+            b[i] = a[i] + T.float32(1)
+
+
+def test_a_step_is_captured_through_a_vm_that_runs_tvm_graph_stretches_itself():
+    """capture_functions' VM runs a stretch's kernels itself; TVM's builtin (a stand-in here: a CPU
+    machine has no CUDA runtime) stays what every other VM, made before or after, calls."""
+    import gc
+
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+    from tvm.runtime.vm import VirtualMachine
+    ex = relax.build(Stretched, target=tvm.target.Target({"kind": "llvm"}))
+    x = tvm.runtime.tensor(np.arange(4, dtype="float32"))
+    invoke, tvms = tvm_ffi.get_global_func("vm.builtin.invoke_closure"), []
+
+    def tvm_graphs(vm, func, args, index, *shape):
+        tvms.append(index)
+        return invoke(vm, func, *args)
+
+    tvm_ffi.register_global_func(RUN_OR_CAPTURE, tvm_graphs)
+    try:
+        standing = tvm_ffi.get_global_func(RUN_OR_CAPTURE)
+        before = VirtualMachine(ex, tvm.cpu())
+        captured = capture_functions(ex, tvm.cpu(), ["main"])
+        assert tvm_ffi.get_global_func(RUN_OR_CAPTURE).same_as(standing)
+        gc.collect()                                         # its functions keep their VM
+        np.testing.assert_array_equal(captured["main"](x).numpy(), [1, 2, 3, 4])
+        assert tvms == []                                    # the stretch ran without TVM's builtin
+        for vm in (before, VirtualMachine(ex, tvm.cpu())):
+            np.testing.assert_array_equal(vm["main"](x).numpy(), [1, 2, 3, 4])
+        assert tvms == [0, 0]
+    finally:
+        tvm_ffi.remove_global_func(RUN_OR_CAPTURE)
+    capture_functions(ex, tvm.cpu(), ["main"])               # where TVM has none, none is left behind
+    assert tvm_ffi.get_global_func(RUN_OR_CAPTURE, allow_missing=True) is None
