@@ -128,6 +128,8 @@ class ModelRunner:
         if self.artifact.device != "cuda":
             raise ValueError(f"step graphs are CUDA graphs: this artifact runs on {self.artifact.device}")
         self._capture_fn = capture_functions(self.module, self.device, [n for n in CAPTURED if n in self._fn])
+        for fn in self._capture_fn.values():      # as the runner's own on a GPU: they only queue work
+            fn.release_gil = False
         self.graphs = StepGraphs(self.device)
         return self.graphs
 
