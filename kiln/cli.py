@@ -236,8 +236,10 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json, step_graphs
     r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
     p = profile_kernels(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch,
                         runs=runs) if profile else None
+    graphs = engine.runner.graphs.stats() if engine.runner.graphs is not None else None
     if as_json:
-        click.echo(json.dumps({**r.as_dict(), **({"profile": p.as_dict()} if p is not None else {})}))
+        click.echo(json.dumps({**r.as_dict(), **({"profile": p.as_dict()} if p is not None else {}),
+                               **({"step_graphs": graphs} if graphs is not None else {})}))
         return
     click.echo(f"{engine.artifact.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}, median of {runs}\n"
                f"  prefill {r.prefill_tok_s:8.1f} tok/s   (TTFT {r.ttft_ms:.1f} ms)\n"
@@ -246,6 +248,9 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json, step_graphs
     blas = engine.runner.library_gemm_note()
     if blas:
         click.echo(f"  {blas}")
+    if graphs is not None:
+        click.echo(f"  step graphs: off ({graphs['off']})" if graphs["off"] else
+                   f"  step graphs: {graphs['captures']} captured, {graphs['replays']} steps replayed")
     if p is not None:
         click.echo(p.table())
 

@@ -126,7 +126,8 @@ class ModelRunner:
         """Decode steps replayed as whole CUDA graphs from here on (runtime/step_graph.py), captured
         through a second VM whose TVM graph stretches launch their kernels themselves."""
         if self.artifact.device != "cuda":
-            raise ValueError(f"step graphs are CUDA graphs: this artifact runs on {self.artifact.device}")
+            raise ValueError(f"step graphs are CUDA graphs, and this artifact runs on {self.artifact.device}: "
+                             "leave --step-graphs (step_graphs) off, or compile for a CUDA target")
         self._capture_fn = capture_functions(self.module, self.device, [n for n in CAPTURED if n in self._fn])
         for fn in self._capture_fn.values():      # as the runner's own on a GPU: they only queue work
             fn.release_gil = False

@@ -42,6 +42,7 @@ every other keep TVM's graphs for the steps that run plainly.
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections import OrderedDict
 from typing import Callable, Hashable
 
@@ -53,6 +54,8 @@ from tvm.runtime.vm import VirtualMachine
 _BLOCKING, _RELAXED = 0, 2
 KEPT_GRAPHS = 8          # graphs kept (least recently used dropped): a page count's lasts 16 tokens at batch 1
 
+
+_log = logging.getLogger("kiln.engine")
 
 # TVM's per-stretch CUDA graphs (RewriteCUDAGraph): run_or_capture(vm, stretch, args, index[, shape]).
 RUN_OR_CAPTURE = "vm.builtin.cuda_graph.run_or_capture"
@@ -169,6 +172,7 @@ class StepGraphs:
             graph_exec, outputs = self._capture(capture or forward)
         except Exception as e:            # noqa: BLE001 - any failure: the step runs as before, graphs off
             self.off = f"capture failed: {e}"
+            _log.warning("step graphs off, decode steps run as before: %s", self.off)
             return forward()
         self._last = None
         self._graphs[key] = (graph_exec, outputs)

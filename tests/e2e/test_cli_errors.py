@@ -122,9 +122,14 @@ def test_nan_weights_are_refused_by_name(tmp_path, tiny_dirs):
 
 
 def test_serve_refuses_limits_the_artifact_or_machine_cannot_meet(tiny_artifacts):
-    """More sequences than the artifact was compiled for, or a memory share that leaves the KV cache
-    nothing: one line naming the fix, before any port is opened."""
+    """More sequences than the artifact was compiled for, a memory share that leaves the KV cache
+    nothing, or CUDA step graphs asked of a CPU artifact: one line naming the fix, before any port is
+    opened (bench: before it runs)."""
     art = str(tiny_artifacts["tied"])
     assert_clean_error(kiln_cli("serve", art, "--max-num-seqs", "999"), "max_num_seqs 999", "--max-batch-size")
     assert_clean_error(kiln_cli("serve", art, "--gpu-memory-utilization", "0.000001"),
                        "full context", "raise --gpu-memory-utilization")
+    assert_clean_error(kiln_cli("serve", art, "--step-graphs"), "step graphs are CUDA graphs", "runs on cpu",
+                       "leave --step-graphs")
+    assert_clean_error(kiln_cli("bench", art, "--step-graphs", "--gen-len", "2", "--runs", "1"),
+                       "step graphs are CUDA graphs", "leave --step-graphs")

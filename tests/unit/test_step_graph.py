@@ -103,12 +103,13 @@ def test_the_least_recently_used_graphs_are_dropped():
 
 
 @pytest.mark.parametrize("fail", ["end", "instantiate"])
-def test_a_failed_capture_turns_graphs_off_and_runs_the_step(fail):
+def test_a_failed_capture_turns_graphs_off_and_runs_the_step(fail, caplog):
     graphs, rec = _graphs(fail=fail)
     ran = []
     graphs.run("k", lambda: ran.append(1))
     graphs.run("k", lambda: ran.append(1))          # the capture fails: the step is run plainly
     assert len(ran) == 3 and graphs.off and f"{fail} failed" in graphs.off
+    assert f"step graphs off, decode steps run as before: capture failed: {fail} failed" in caplog.text
     assert ("set_stream", 0) == [c for c in rec.calls if c[0] == "set_stream"][-1]
     graphs.run("k", lambda: ran.append(1))
     assert len(ran) == 4 and not [c for c in rec.calls if c[0] == "launch"]
@@ -133,10 +134,10 @@ def test_the_runners_keys(tiny_artifacts):
     from kiln.runtime.artifact import Artifact
     from kiln.runtime.model_runner import ModelRunner
     artifact = Artifact.load(tiny_artifacts["tied"])
-    with pytest.raises(ValueError, match="CUDA graphs: this artifact runs on cpu"):
+    with pytest.raises(ValueError, match="CUDA graphs, and this artifact runs on cpu"):
         ModelRunner(artifact, max_num_seqs=4, step_graphs=True)
     runner = ModelRunner(artifact, max_num_seqs=4)
-    with pytest.raises(ValueError, match="CUDA graphs: this artifact runs on cpu"):
+    with pytest.raises(ValueError, match="CUDA graphs, and this artifact runs on cpu"):
         runner.start_step_graphs()
     graphs, _ = _graphs()
     runner.graphs = graphs
