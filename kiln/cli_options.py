@@ -106,7 +106,9 @@ def step_graphs_option(fn):
     return click.option("--step-graphs", is_flag=True,
                         help="CUDA: capture each decode step whole as a CUDA graph, once per batch and page "
                              "count, and replay it with one launch (runtime/step_graph.py), so the host no "
-                             "longer queues the step kernel by kernel; off until a GPU run adopts it")(fn)
+                             "longer queues the step kernel by kernel; steps with a sequence that shares "
+                             "prefix-cache pages, or a sliding window, run as before; off until a GPU run "
+                             "adopts it")(fn)
 
 
 def chat_template_option(fn):
