@@ -53,8 +53,6 @@ from tvm.runtime.vm import VirtualMachine
 # allocator may cudaMalloc while the step is captured).
 _BLOCKING, _RELAXED = 0, 2
 KEPT_GRAPHS = 8          # graphs kept (least recently used dropped): a page count's lasts 16 tokens at batch 1
-
-
 _log = logging.getLogger("kiln.engine")
 
 # TVM's per-stretch CUDA graphs (RewriteCUDAGraph): run_or_capture(vm, stretch, args, index[, shape]).
