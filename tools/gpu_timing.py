@@ -30,7 +30,7 @@ def copy_bandwidth_gbs(device: str) -> float:
 def weight_bytes(art: Path) -> int:
     """The weight bytes a batch-1 decode step reads (runtime/bench.py decode_read_bytes): the floor's
     divisor. Before 2026-11-29 every parameter file counted, the 8B's embedding table (0.30 GB a step
-    gathers one row of) included: floors 5.6% low."""
+    gathers one row of) included: the 8B's H200 floor read 750 tok/s where it is 791."""
     from kiln.runtime.bench import decode_read_bytes
     return decode_read_bytes(art)
 
