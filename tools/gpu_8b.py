@@ -1,6 +1,7 @@
 """tools/gpu_checks.py's Llama-3-8B-architecture rows: the checkpoint and its q4f16 compile (prep8b),
 batch-1 decode against the bandwidth floor, batch 16/64 decode and 16 x 128 prefill beside
-transformers fp16 (measure8b), and where the library GEMM starts to pay."""
+transformers fp16 (measure8b), where the library GEMM starts to pay, and the batch-1 levers on the
+whole model (lever8b)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu_builds import CANDIDATE, PREBUILT, compile_timed, llama8b_checkpoint, prebuilt_name
+from gpu_builds import (
+    CANDIDATE, PREBUILT, VARIANTS, compile_timed, library_swapped, llama8b_checkpoint, prebuilt_name)
 from gpu_timing import (
     bench_runner, copy_bandwidth_gbs, gpu_kernel_times, kernel_profile, kiln_bench, prefill_kernel_times,
     prefill_sequences, prompts_for, recorder, step_graph_rows, step_ms, torch_rows, weight_bytes)
@@ -104,6 +106,49 @@ def measure8b(art: Path, args, torch_too: bool = True, tag: str = "base", save: 
     gc.collect()
     if torch_too:
         record("torch fp16 static", torch8b(args))
+    return result
+
+
+def lever8b(base: Path, lever: str, args, save: Path | None = None) -> dict:
+    """One LEVERS_8B build of the whole 8B (`base`, prep8b's artifact, with the lever's library) at
+    batch 1: the bench row against the floor, the first decode step's logits against base's (the
+    "base" lever's, measured the same way and kept in --work), the kernels' and the host's time a
+    step (CUPTI), then the same with the decode steps replayed as whole CUDA graphs. TVM's matmuls
+    throughout (the library GEMM's prefill would move the logits base is compared by)."""
+    import shutil
+    result = {"build": lever}
+    record = recorder(result, save, f"8b {lever}")
+    src, _ = llama8b_checkpoint(args)                    # written by prep8b: its path
+    art = base if lever == "base" else library_swapped(base, src, lever, args)
+    floor = copy_bandwidth_gbs(args.device) * 1e9 / weight_bytes(art)
+    options = VARIANTS[lever].get("runner", {}) if args.device == "cuda" else {}
+    reference = Path(args.work) / "8b-lever-logits-base.npy"
+    try:
+        with _gemm_from(10 ** 9):
+            runner = bench_runner(art, 1, args, verify=False, **options)
+            row = kiln_bench(art, 1, args, runner)
+            record("batch 1", {**row, "pct_of_floor": round(100 * row["decode_tok_s"] / floor, 1)})
+            ids = prefill_sequences(runner, 1, args)
+            logits = runner.decode(ids, [5])
+            runner.remove_sequence(ids[0])
+            if lever == "base":
+                np.save(reference, logits)
+            elif reference.is_file():
+                record("vs base", _logit_diff(logits, np.load(reference)))
+            if args.device == "cuda":
+                ids = prefill_sequences(runner, 1, args)
+                times = gpu_kernel_times(runner, ids, top=6)
+                runner.remove_sequence(ids[0])
+                record("kernels", {**{k: times[k] for k in ("wall_ms", "busy_ms", "matmul_ms", "attention_ms",
+                                                            "host_enqueue_ms", "kernels")},
+                                   "covered_ms": times["idle"]["covered_ms"]})
+                step = step_graph_rows(runner, art, args)
+                if "decode_tok_s" in step:
+                    step["pct_of_floor"] = round(100 * step["decode_tok_s"] / floor, 1)
+                record("batch 1 step graphs", step)
+    finally:
+        if art != base:
+            shutil.rmtree(art, ignore_errors=True)        # links and the library
     return result
 
 

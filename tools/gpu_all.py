@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from gpu_8b import compare_logits, measure8b
-from gpu_builds import CANDIDATE, CHECKS, SMOLLM2_SCHEMES, compile_timed, load_state, save_state, smollm2_gguf
+from gpu_builds import (
+    CANDIDATE, CHECKS, LEVERS_8B, SMOLLM2_SCHEMES, compile_timed, load_state, save_state, smollm2_gguf)
 from gpu_rows import (
     GPU_TESTS_S, draft_model, facts, gpu_tests, references, sampled_decode, scheme_numerics, served,
     serving_limits, speculative)
@@ -20,7 +21,7 @@ from gpu_timing import (
     bench_runner, copy_bandwidth_gbs, gpu_kernel_times, kiln_bench, prefill_sequences, torch_rows, weight_bytes)
 
 
-VARIANTS_FIRST_S = 200      # `all`'s seconds for `variants` before the serving rows (~20 s a variant)
+LEVER_S = 90        # seconds a LEVERS_8B build's process may take (load, bench, kernels, step graphs: ~15)
 
 
 ALL_STATE = "all-state.json"        # in --work: the steps an earlier `all` call on this machine finished
@@ -162,7 +163,11 @@ def run_all(args) -> dict:
             args, "measure8b", min(240.0, max(60.0, step.left() - 60)), f"measure8b-{first}",
             ("--artifact", art8b, "--tag", first)))
         measured += [first] * ("logits" in row)
-    if "artifact" in prep:
+    if "artifact" in prep:         # the unmet figure: batch 1 through each lever, the whole 8B, a process each
+        for lever in LEVERS_8B:
+            step(f"8b batch 1 {lever}", 25, lambda lever=lever: apart(
+                args, "lever8b", LEVER_S, f"lever8b-{lever}", ("--artifact", prep["artifact"], "--tag", lever)))
+        step("8b batch 1 levers", 0, lambda: lever_table(result))
         step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(
             args, "torch8b", max(60.0, step.left() - 30)))
     step("smollm2 torch fp16 static", 45, lambda: torch_rows(src, batches[:1], args))
@@ -184,9 +189,6 @@ def run_all(args) -> dict:
         step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(step.work, CANDIDATE))
     if not args.quick:              # the shipped kernels against numpy first (GPU_TEST_ORDER)
         step("gpu tests", 120, lambda: gpu_tests(args, min(GPU_TESTS_S, max(60.0, step.left() - 60))))
-    # Which lever does what, on 2 layers (tools/README.md): what decides the batch-1 kernels, before
-    # the serving rows; what is left of VARIANTS runs at the end with the time then left.
-    step("low-batch variants", 90, lambda: apart(args, "variants", min(VARIANTS_FIRST_S, step.left() - 20)))
     if "artifact" in q4:
         ends = list(dict.fromkeys((batches[0], *batches[-2:])))     # the smallest and the two largest
         step("sampled decode", 40, lambda: {f"batch {b}": sampled_decode(Path(q4["artifact"]), b, args)
@@ -198,13 +200,31 @@ def run_all(args) -> dict:
             step("smollm2 q0f16 draft model q4f16", 45, lambda: draft_model(
                 Path(arts["q0f16"]["artifact"]), Path(q4["artifact"]), args))
     step("smollm2 torch fp16 static, more rows", 60, lambda: torch_rows(src, batches[1:3], args))
-    step("low-batch variants, the rest", 60, lambda: apart(args, "variants", step.left() - 20))
+    # Which lever does what at 2-64 rows, on 2 layers (tools/README.md), with the time then left.
+    step("low-batch variants", 60, lambda: apart(args, "variants", step.left() - 20))
     for quant in ("as-stored", "as-stored-f16"):
         step(f"numerics {quant}", 45, lambda quant=quant: scheme(quant))
     refs.clear()
     if child is not None and child.poll() is None:
         child.kill()
     return result
+
+
+def lever_table(result: dict) -> dict:
+    """The LEVERS_8B rows `all` measured, one line each, fastest first: batch-1 tok/s and % of the
+    floor, the same with step graphs, and the largest logit difference from base's."""
+    rows = {}
+    for lever in LEVERS_8B:
+        got = result.get(f"8b batch 1 {lever}", {})
+        if "batch 1" not in got:
+            rows[lever] = {"missing": (got.get("skipped") or got.get("error") or got.get("process")
+                                       or "not measured")}
+            continue
+        graphs = got.get("batch 1 step graphs", {})
+        rows[lever] = {"tok_s": got["batch 1"]["decode_tok_s"], "pct": got["batch 1"]["pct_of_floor"],
+                       "graphs_tok_s": graphs.get("decode_tok_s"), "graphs_pct": graphs.get("pct_of_floor"),
+                       "max_diff": got.get("vs base", {}).get("max_diff")}
+    return dict(sorted(rows.items(), key=lambda kv: -max(kv[1].get("pct") or 0, kv[1].get("graphs_pct") or 0)))
 
 
 def apart(args, command: str, seconds: float, name: str | None = None, extra: tuple[str, ...] = ()) -> dict:

@@ -94,6 +94,16 @@ VARIANTS = {"base": {},
 CANDIDATE = "pdlpf"
 
 
+# The whole 8B at batch 1, one build a process (`lever8b`), each also with step graphs: the issue's
+# one unmet figure decided on the model itself, not on 2 of its layers (`variants`: the other rows).
+# Every build is the 8B artifact with its library swapped for the lever's (library_swapped: the
+# weights do not depend on the kernels), prebuilt like CANDIDATE's (`prebuild`). "base" first: the
+# others' logits are compared with its. ("stepgraph" is "nographs" with step graphs; "bits" changes
+# the export; "dlight" and "tcgroup" change no batch-1 kernel that ships.)
+LEVERS_8B = ("base", "pdlpf", "pdl", "prefetch", "loadsfirst", "lfpf", "warps16", "pdl16", "unroll4", "q4gemv",
+             "attn64", "nographs")
+
+
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
 
 
@@ -212,38 +222,85 @@ def compile_timed(src: Path, quant: str, args, variant: str = "base", **kw) -> t
 
 def prebuild(args) -> dict:
     """Here, before a GPU session: build into .gpu/prebuilt the libraries the device would otherwise
-    compile: SmolLM2 for every scheme the checks use, the 8B model (max batch 256) and the 2-layer
-    8B-shaped model for every VARIANTS entry (both from shapes-only checkpoints: the library does not
-    depend on the weights), so the device spends its minutes converting weights, not compiling."""
+    compile: SmolLM2 for every scheme the checks use, the 8B model (max batch 256) for base, CANDIDATE
+    and every LEVERS_8B build, and the 2-layer 8B-shaped model for every VARIANTS entry (both from
+    shapes-only checkpoints: the library does not depend on the weights), so the device spends its
+    minutes converting weights, not compiling."""
     import tempfile
-
-    from kiln.compiler import CompileOptions
-    from kiln.compiler.build import build_lib, export_model
     PREBUILT.mkdir(parents=True, exist_ok=True)
     done, shapes = {}, Path(tempfile.mkdtemp(prefix="kiln-shapes-"))
     jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
     name, config = llama8b_config(args)
     full = shapes_only_checkpoint(shapes / name, config)
-    jobs += [(full, "q4f16", v, 256) for v in (CANDIDATE, "base") if v]
+    jobs += [(full, "q4f16", v, 256) for v in dict.fromkeys(("base", CANDIDATE, *LEVERS_8B)) if v]
     name, config = llama8b_config(args, layers=VARIANT_LAYERS)
     two = shapes_only_checkpoint(shapes / name, config)
     jobs += [(two, "q4f16", v, None) for v in VARIANTS]
     try:
         for src, quant, variant, max_batch in jobs:
-            t = time.perf_counter()
-            with built_with(variant):          # export too: codes_by_bits shapes the dequantize ops
-                ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
-                                                 max_batch_size=max_batch), lambda *_: None)
-                lib, facts = build_lib(ex.mod, ex.profile)
-            key = prebuilt_name(src, quant, args.target, max_batch, variant)
-            ex.profile.export(lib, shapes / "lib")
-            (PREBUILT / f"{key}.so.xz").write_bytes(lzma.compress((shapes / "lib").read_bytes()))
-            (PREBUILT / f"{key}.json").write_text(json.dumps(dataclasses.asdict(facts)))
-            done[key] = round(time.perf_counter() - t, 1)
-            print(f"{src.name} {quant} {variant}: built in {done[key]:.0f} s -> {key}.so.xz", flush=True)
+            key, seconds = build_library(src, quant, variant, max_batch, args, PREBUILT)
+            done[key] = seconds
+            print(f"{src.name} {quant} {variant}: built in {seconds:.0f} s -> {key}.so.xz", flush=True)
     finally:
         shutil.rmtree(shapes, ignore_errors=True)
     return done
+
+
+def build_library(src: Path, quant: str, variant: str, max_batch: int | None, args, dest: Path) -> tuple[str, float]:
+    """TVM's build of `src` for --target with VARIANTS[variant]'s kernels, into dest/<key>.so.xz and
+    its build facts into dest/<key>.json (key: prebuilt_name); returns (key, seconds)."""
+    from kiln.compiler import CompileOptions
+    from kiln.compiler.build import build_lib, export_model
+    t = time.perf_counter()
+    with built_with(variant):          # export too: codes_by_bits shapes the dequantize ops
+        ex = export_model(CompileOptions(model=str(src), target=args.target, quant=quant,
+                                         max_batch_size=max_batch), lambda *_: None)
+        lib, facts = build_lib(ex.mod, ex.profile)
+    key = prebuilt_name(src, quant, args.target, max_batch, variant)
+    dest.mkdir(parents=True, exist_ok=True)
+    plain = dest / f"{key}.so"
+    ex.profile.export(lib, plain)
+    (dest / f"{key}.so.xz").write_bytes(lzma.compress(plain.read_bytes()))
+    plain.unlink()
+    (dest / f"{key}.json").write_text(json.dumps(dataclasses.asdict(facts)))
+    return key, round(time.perf_counter() - t, 1)
+
+
+def library_swapped(base: Path, src: Path, variant: str, args) -> Path:
+    """The artifact `base` (compiled from `src`, q4f16) with VARIANTS[variant]'s library in place of
+    its own: a folder in --work whose other files link to base's (the weights do not depend on the
+    kernels), its config naming the new library's hash and build facts. The library is the one
+    `prebuild` left in .gpu/prebuilt; without one it is built here under --quick (the tiny model), and
+    refused otherwise (on the device the 8B's build would cost the minutes the measurements need)."""
+    from kiln.runtime.contract import read_config
+    config = read_config(base)
+    key = prebuilt_name(src, "q4f16", args.target, config.max_batch_size, variant)
+    where = PREBUILT
+    if not (PREBUILT / f"{key}.so.xz").is_file():
+        if not args.quick:
+            raise FileNotFoundError(f"no prebuilt library {key}.so.xz for {variant}: run `gpu_checks.py prebuild "
+                                    f"--target {args.target} --device cpu` before the GPU session")
+        where = Path(args.work) / "libs"
+        build_library(src, "q4f16", variant, config.max_batch_size, args, where)
+    return swap_library(base, lzma.decompress((where / f"{key}.so.xz").read_bytes()),
+                        json.loads((where / f"{key}.json").read_text()), Path(args.work) / f"{base.name}-{variant}-lib")
+
+
+def swap_library(base: Path, lib: bytes, facts: dict, dest: Path) -> Path:
+    """A copy of the artifact `base` at `dest` with `lib` as its compiled module and `facts`
+    (BuildFacts' fields) in its config; every other file a link to base's. Returns dest."""
+    from kiln.runtime.contract import CONFIG_NAME, read_config, sha256_file
+    config = read_config(base)
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel in config.files:
+        if rel != config.target.lib:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).symlink_to((base / rel).resolve())
+    (dest / config.target.lib).write_bytes(lib)
+    swapped = dataclasses.replace(config, **facts, files={**config.files,
+                                                          config.target.lib: sha256_file(dest / config.target.lib)})
+    (dest / CONFIG_NAME).write_text(json.dumps(swapped.to_dict(), indent=2))
+    return dest
 
 
 def llama8b_config(args, layers: int | None = None):

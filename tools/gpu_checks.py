@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))     # its modules beside it (-P leaves the folder out)
 
-from gpu_8b import measure8b, prep8b, torch8b  # noqa: E402
+from gpu_8b import lever8b, measure8b, prep8b, torch8b  # noqa: E402
 from gpu_all import run_all  # noqa: E402
 from gpu_builds import ROOT, compile_timed, prebuild, smollm2_gguf  # noqa: E402
 from gpu_rows import facts, gpu_tests, references, sampled_decode, scheme_numerics, serving_limits, variants  # noqa: E402
@@ -116,10 +116,16 @@ def measure8b_cmd(args) -> dict:
     return measure8b(Path(args.artifact), args, torch_too=False, tag=args.tag, save=_result_file(args))
 
 
+def lever8b_cmd(args) -> dict:
+    """lever8b: the LEVERS_8B build --tag of the 8B artifact --artifact (prep8b's) at batch 1, in a
+    process of its own (`all`: a lever's kernels that fault cost only its row)."""
+    return lever8b(Path(args.artifact), args.tag, args, save=_result_file(args))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["all", "numerics", "bench", "bench8b", "variants", "prep8b", "prebuild",
-                                        "measure8b", "torch8b"])
+                                        "measure8b", "torch8b", "lever8b"])
     ap.add_argument("--out", default=".", help="where <command>.json goes (on the device: $OUT)")
     ap.add_argument("--work", default=str(ROOT / ".gpu" / "work"), help="artifacts and checkpoints [.gpu/work]")
     ap.add_argument("--target", default="cuda-sm90")
@@ -130,19 +136,20 @@ def main() -> None:
     ap.add_argument("--greedy", type=int, default=8, help="greedy tokens compared per prompt (numerics)")
     ap.add_argument("--budget", type=float, default=540, help="seconds `all` may take [540]")
     ap.add_argument("--quick", action="store_true", help="a dry run: small batches and models, no gpu tests")
-    ap.add_argument("--artifact", help="measure8b: the artifact to measure")
-    ap.add_argument("--tag", default="base", help="measure8b: the build's name in its results [base]")
+    ap.add_argument("--artifact", help="measure8b, lever8b: the 8B artifact to measure")
+    ap.add_argument("--tag", default="base", help="measure8b: the build's name in its results; lever8b: the "
+                                                  "LEVERS_8B build [base]")
     ap.add_argument("--json-name", help="the result's file name in --out, without .json [the command's]")
     args = ap.parse_args()
-    if args.command == "measure8b" and not args.artifact:
-        ap.error("measure8b measures an artifact: pass --artifact DIR (an 8B q4f16 artifact, e.g. prep8b's)")
+    if args.command in ("measure8b", "lever8b") and not args.artifact:
+        ap.error(f"{args.command} measures an artifact: pass --artifact DIR (an 8B q4f16 artifact, e.g. prep8b's)")
     if args.quick:
         args.prompt_len, args.gen_len, args.runs = min(args.prompt_len, 16), min(args.gen_len, 8), 1
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.work).mkdir(parents=True, exist_ok=True)
     result = {"all": run_all, "numerics": numerics, "bench": bench_cmd, "bench8b": bench8b, "variants": variants,
               "prep8b": prep8b, "prebuild": prebuild, "measure8b": measure8b_cmd,
-              "torch8b": torch8b_cmd}[args.command](args)
+              "torch8b": torch8b_cmd, "lever8b": lever8b_cmd}[args.command](args)
     _result_file(args).write_text(json.dumps(result, indent=1, default=str))
 
 

@@ -35,13 +35,14 @@ def weight_bytes(art: Path) -> int:
     return decode_read_bytes(art)
 
 
-def bench_runner(art: Path, batch: int, args, **options):
-    """A runner for `batch` sequences of the benchmark's lengths; options: ModelRunner's (step_graphs)."""
+def bench_runner(art: Path, batch: int, args, verify: bool = True, **options):
+    """A runner for `batch` sequences of the benchmark's lengths; options: ModelRunner's (step_graphs).
+    verify=False: the files' hashes not checked (the 8B's 5.65 GB read once more at every load)."""
     from kiln.runtime import Artifact
     from kiln.runtime.bench import kv_tokens_needed
     from kiln.runtime.memory_budget import default_kv_tokens
     from kiln.runtime.model_runner import ModelRunner
-    artifact = Artifact.load(art)
+    artifact = Artifact.load(art, verify=verify)
     kv = kv_tokens_needed(artifact.config.kv_cache.page_size, args.prompt_len, args.gen_len, batch)
     return ModelRunner(artifact, max_num_seqs=batch, max_total_tokens=max(kv, default_kv_tokens(artifact, batch)),
                        **options)

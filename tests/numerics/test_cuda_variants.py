@@ -307,6 +307,27 @@ def test_cuda_engine_with_step_graphs_gives_the_same_tokens(tiny_dirs, tmp_path)
     assert runs[True] == runs[False]
 
 
+def test_cuda_bench_says_what_step_graphs_did(tiny_dirs, tmp_path):
+    """`kiln bench --step-graphs` on a CUDA artifact prints the graphs' captures and replays (and
+    --json carries them): at batch 1 a graph is captured once and replayed for most steps."""
+    import json
+
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+    preset = next(p for p in CUDA_PRESETS if p != "cuda" and _runnable(p, GPU))
+    art = kiln.compile(str(tiny_dirs["tied"]), target=preset, quant="q4f16", golden=False, output=tmp_path / "a")
+    shape = [str(art), "--prompt-len", "8", "--gen-len", "16", "--runs", "1", "--step-graphs"]
+    text = CliRunner().invoke(main, ["bench", *shape])
+    assert text.exit_code == 0, text.output
+    line = next(x for x in text.output.splitlines() if "step graphs:" in x)
+    captured, replayed = (int(w) for w in line.split() if w.isdigit())
+    assert captured >= 1 and replayed > captured, line
+    out = CliRunner().invoke(main, ["bench", *shape, "--json"])
+    graphs = json.loads(out.output.strip().splitlines()[-1])["step_graphs"]
+    assert graphs["off"] is None and graphs["replays"] > graphs["captures"] >= 1, graphs
+
+
 @pytest.mark.parametrize("quant", ["q4f16", "q0f32"])
 def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
     """A profile's library_gemm (batch_prefill_gemm: the prompt's matmuls through torch's cuBLAS on

@@ -111,3 +111,36 @@ def test_a_step_runs_only_with_the_time_it_asks_for(tmp_path, monkeypatch):
     assert "skipped" in steps("long", 60, lambda: ran.append("long"))
     assert steps("short", 10, lambda: ran.append("short") or {"ok": True}) == {"ok": True}
     assert ran == ["short"] and steps.left() <= 30
+
+
+def test_a_swapped_library_makes_an_artifact_that_loads_and_leaves_the_base_alone(tiny_artifacts, tmp_path):
+    from kiln.runtime import Artifact
+    from kiln.runtime.contract import read_config
+    base = tiny_artifacts["tied"]
+    before = {p.name: p.read_bytes() for p in base.rglob("*") if p.is_file() and p.stat().st_size < 2**20}
+    config = read_config(base)
+    lib = (base / config.target.lib).read_bytes()
+    dest = _tool("gpu_builds").swap_library(base, lib + b"\0", {"activation_bytes": 12345}, tmp_path / "swapped")
+    art = Artifact.load(dest)                                        # hashes checked: the new library's too
+    assert art.config.activation_bytes == 12345
+    assert (dest / config.target.lib).read_bytes() == lib + b"\0" and not (dest / config.target.lib).is_symlink()
+    params = [p for p in dest.rglob("*") if p.is_file() and p.name not in (config.target.lib, "kiln-config.json")]
+    assert params and all(p.is_symlink() for p in params)           # the weights are base's, not copies
+    assert {n: b for n, b in ((p.name, p.read_bytes()) for p in base.rglob("*") if p.name in before)} == before
+
+
+def test_the_lever_table_puts_the_fastest_first_and_says_what_is_missing():
+    gpu_all = _tool("gpu_all")
+    row = lambda pct, graphs=None, diff=0.0: {                        # noqa: E731
+        "batch 1": {"decode_tok_s": pct * 8, "pct_of_floor": pct}, "vs base": {"max_diff": diff},
+        **({"batch 1 step graphs": {"decode_tok_s": graphs * 8, "pct_of_floor": graphs}} if graphs else {})}
+    result = {"8b batch 1 base": row(40.0, 45.0), "8b batch 1 pdlpf": row(44.0, diff=0.01),
+              "8b batch 1 pdl": {"skipped": "10 s left, it needs about 25"},
+              "8b batch 1 warps16": {"process": {"returncode": 1, "log": ["CUDA error"]}}}
+    table = gpu_all.lever_table(result)
+    assert list(table)[:2] == ["base", "pdlpf"]                      # 45 with step graphs beats 44
+    assert table["pdlpf"] == {"tok_s": 352.0, "pct": 44.0, "graphs_tok_s": None, "graphs_pct": None,
+                              "max_diff": 0.01}
+    assert table["pdl"] == {"missing": "10 s left, it needs about 25"}
+    assert table["warps16"]["missing"]["returncode"] == 1
+    assert set(table) == set(_tool("gpu_builds").LEVERS_8B)
