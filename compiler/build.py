@@ -30,6 +30,7 @@ from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, LIBRARY_GEMM_CO
 
 from .artifact import check_output, staged_artifact
 from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
+from .lib_cache import LibraryCache
 from .pipeline import build_pipeline
 from .quantize import QuantPlan, QuantScheme, get_scheme
 from .spec import bound_shapes, build_spec
@@ -195,8 +196,11 @@ def _write_golden(stage: Path, source: ModelSource, config, wanted: bool, fallba
 
 
 def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
-              report: Progress | None = None) -> tuple[object, BuildFacts]:
-    """Run the pipeline and build: the executable, and what the pipeline saw on the way (BuildFacts)."""
+              report: Progress | None = None, reuse: LibraryCache | None = None) -> tuple[object, BuildFacts]:
+    """Run the pipeline and build: the executable, and what the pipeline saw on the way (BuildFacts).
+    `reuse`: where that cache holds the library of the module the pipeline left (same target, TVM
+    and kiln), the executable is that file (lib_cache.CachedLibrary) and TVM's code generation is
+    skipped; else the caller keeps what it exports (reuse.keep)."""
     report = report or (lambda *_: None)
     phase_names = []
 
@@ -207,11 +211,17 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
     pipeline = build_pipeline(profile, dump_ir, on_phase)
     space = profile.tuning_space()
     facts, ctx = _Observe(space.marker_attr if space else None), tvm.transform.PassContext.current()
+    target = profile.tvm_target()
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
                                    disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
                                    instruments=[*ctx.instruments, facts]):
-        return relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline,
-                           system_lib=profile.system_lib), facts.facts
+        with target:                           # as relax.build runs a pipeline it is given
+            lowered = pipeline(mod)
+        cached = reuse.lookup(lowered, profile, target) if reuse is not None else None
+        if cached is not None:
+            report("compile:library reused", len(phase_names), len(phase_names))
+            return cached, facts.facts
+        return relax.build(lowered, target=target, relax_pipeline=None, system_lib=profile.system_lib), facts.facts
 
 
 @dataclass
@@ -266,8 +276,17 @@ def _constant_allocations(func: relax.Function) -> int:
 
 
 def _build_into(lib: Path, mod, profile: TargetProfile, dump_ir: Path | None, report: Progress) -> BuildFacts:
-    built, facts = build_lib(mod, profile, dump_ir, report)
-    profile.export(built, lib)
+    """The library at `lib`, from the library cache where it holds this build (not with --dump-ir:
+    the IR a dump shows is written by the build itself)."""
+    reuse = LibraryCache.open() if dump_ir is None else None
+    try:
+        built, facts = build_lib(mod, profile, dump_ir, report, reuse=reuse)
+        profile.export(built, lib)
+        if reuse is not None:
+            reuse.keep(lib)
+    finally:
+        if reuse is not None:
+            reuse.close()
     return facts
 
 

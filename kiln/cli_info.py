@@ -78,7 +78,8 @@ def targets(as_json) -> None:
 
 @click.group()
 def cache() -> None:
-    """The compile-on-first-use cache ($KILN_CACHE_DIR/artifacts, default ~/.cache/kiln/artifacts)."""
+    """The compile-on-first-use cache ($KILN_CACHE_DIR/artifacts, default ~/.cache/kiln/artifacts) and
+    the built libraries every compile reuses ($KILN_CACHE_DIR/libs, or $KILN_LIB_CACHE; 0: none)."""
 
 
 @cache.command("list")
@@ -96,17 +97,25 @@ def cache_list(as_json) -> None:
             click.echo(f"{row['last_used']}  {e.bytes / 1e6:8.1f} MB  {e.quant:<9} {e.target:<8} {e.model}  "
                        f"({e.path.name})")
     if not as_json:
+        from kiln.compiler.lib_cache import cache_root, libraries
+        libs = libraries()
         click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
+        if libs:
+            click.echo(f"{len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB in {cache_root()}")
 
 
 @cache.command("clean")
 @click.option("--older-than", default=None, help="only entries unused for this long: 90s, 30m, 12h, 7d, 2w")
 @friendly_errors
 def cache_clean(older_than) -> None:
-    """Remove cached artifacts (all, or those unused for --older-than); they recompile on next use."""
+    """Remove cached artifacts and built libraries (all, or those unused for --older-than); they are
+    compiled again on next use."""
     from kiln.cache import clean, parse_age
-    removed = clean(parse_age(older_than) if older_than else None)
-    click.echo(f"removed {len(removed)} entries, {sum(e.bytes for e in removed) / 1e6:.1f} MB")
+    from kiln.compiler import lib_cache
+    age = parse_age(older_than) if older_than else None
+    removed, libs = clean(age), lib_cache.clean(age)
+    click.echo(f"removed {len(removed)} entries, {sum(e.bytes for e in removed) / 1e6:.1f} MB"
+               + (f", and {len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB" if libs else ""))
 
 
 @click.command("models")

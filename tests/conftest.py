@@ -52,8 +52,13 @@ def has_smollm2() -> bool:
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    """Compile-on-first-use writes into a per-session cache, never the user's."""
+    """Compile-on-first-use writes into a per-session cache, never the user's; the built libraries
+    (compiler/lib_cache.py) go to one folder all of a run's workers share (a compile one worker has
+    built, another copies). KILN_LIB_CACHE=0 runs the suite without them."""
     os.environ["KILN_CACHE_DIR"] = str(tmp_path_factory.mktemp("kiln-cache"))
+    if os.environ.get("KILN_LIB_CACHE", "").lower() not in ("0", "off", "false", "no"):
+        run = tmp_path_factory.getbasetemp()
+        os.environ["KILN_LIB_CACHE"] = str((run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "kiln-libs")
 
 
 @pytest.fixture(scope="session")

@@ -68,10 +68,12 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
     Columns j >= valid_cols get probability 0. Leaves alpha_buf[0] = exp2(m_old - m_new),
     the factor by which the row's previous output must be scaled. `cap` > 0 soft-caps the
     scores first, cap * tanh(s / cap) (Gemma 2; in the log2 domain: the model's cap * log2 e);
-    a constant 0 leaves them alone (the branch folds away)."""
-    if cap > T.float32(0.0):
+    `cap` is a Python float: 0.0 leaves them alone (the branch is dropped as the kernel is parsed;
+    compared as TIR constants, TVM folded 0.0 > 0.0 in some parses and not others, so one module
+    printed two ways and compiler/lib_cache.py's key differed between two compiles in one process)."""
+    if cap > 0.0:
         for j in T.serial(n):
-            S[i, j] = cap * T.tanh(S[i, j] / T.max(cap, T.float32(1e-30)))    # max: 0 must parse
+            S[i, j] = T.float32(cap) * T.tanh(S[i, j] / T.float32(cap))
     # Masked columns first (they may hold stale page memory, even NaN), then the max.
     for j in T.vectorized(n):
         S[i, j] = T.if_then_else(j < valid_cols, S[i, j], T.float32(NEG))
@@ -189,7 +191,7 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                             online_softmax_block(
                                 S, i, block_k,
                                 T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + i + 1), kn) - c0,
-                                m, l, g * block_q + i, tmp, scal, T.float32(cap))
+                                m, l, g * block_q + i, tmp, scal, cap)
                             for dd in T.vectorized(d):
                                 oacc[dd] = O[g * block_q + i, dd] * scal[0]
                             for j in T.serial(T.min(block_k, kv_end - c0)):
@@ -327,7 +329,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             for task in T.parallel(batch_size * h_q):
                 q_first: T.int32 = task // h_q
                 attend(task // h_q, 1, 1, 0, task // h_q, task % h_q, group, page_size, rows_per_task, d, dtype, lanes,
-                       T.float32(cap))
+                       cap)
 
         return batch_decode_paged_kv
 
@@ -368,7 +370,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             n_qt: T.int32 = (qn + block_q - 1) // block_q
             for task in T.parallel(h_q * n_qt):
                 attend(q_first + task % n_qt * block_q, T.min(block_q, qn - task % n_qt * block_q), qn, causal,
-                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, T.float32(cap))
+                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, cap)
 
     return batch_prefill_paged_kv
 

@@ -1,0 +1,169 @@
+"""Built libraries kept by the code they hold, so a compile that would build one again copies it.
+
+A library is TVM's code generation of the module kiln's pipeline leaves (every kernel scheduled,
+every Relax function lowered to VM code) for one target. Two compiles whose pipelines leave the same
+module for the same target build the same library: another checkpoint or fine-tune of the same
+architecture and shapes, the same model converted again (a new quantization of its weights in the
+same scheme, a `--force` recompile), a test suite compiling one tiny model in many places. Only code
+generation is skipped (TIR lowering, LLVM or NVCC, linking: ~70% of a tiny model's build here); the
+pipeline still runs, since its result is the key, so whatever changes the kernels (kiln's sources,
+a tuning database, a knob patched at run time) changes the key as well.
+
+The key (`library_key`) is a sha256 of: the module after the pipeline serialized whole
+(tvm.ir.save_json: every function, attribute and bound constant), the TVM target as JSON, the
+pass context's options, the profile's export (format, system library, linker), TVM's version and
+kiln's compiler fingerprint. Entries live in <cache_dir>/libs/<key><suffix> (KILN_LIB_CACHE names
+another folder; 0 or off: no cache) beside their sha256 (an entry that no longer matches it is built
+again and replaced), are written whole or not at all (a rename), and are removed by `kiln cache
+clean` with the artifacts. One process builds a key at a time (a lock file beside it);
+another asking for the same key waits and copies it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:                                # no flock: builds of the same key may overlap
+    fcntl = None
+
+
+def cache_root() -> Path | None:
+    """$KILN_LIB_CACHE, else <cache_dir>/libs; None when KILN_LIB_CACHE is 0 or off."""
+    chosen = os.environ.get("KILN_LIB_CACHE", "")
+    if chosen.lower() in ("0", "off", "false", "no"):
+        return None
+    if chosen:
+        return Path(chosen)
+    from kiln import cache_dir
+    return cache_dir() / "libs"
+
+
+def library_key(lowered, profile, target) -> str:
+    """What a library built from `lowered` (the module after kiln's pipeline) for `profile` and its
+    TVM `target` depends on, hashed."""
+    import tvm
+
+    import kiln
+    ctx = tvm.transform.PassContext.current()
+    digest = hashlib.sha256()
+    for part in (kiln.compiler_fingerprint(), tvm.__version__, json.dumps(target.export(), sort_keys=True, default=str),
+                 f"opt{ctx.opt_level}", json.dumps({str(k): str(v) for k, v in dict(ctx.config).items()}, sort_keys=True),
+                 f"{profile.export_format}|{profile.system_lib}|{profile.exporter is None}|{profile.lib_name}"):
+        digest.update(part.encode() + b"\0")
+    digest.update(tvm.ir.save_json(lowered).encode())
+    return digest.hexdigest()[:32]
+
+
+class CachedLibrary:
+    """Stands in for relax.build's executable where the cache holds its library: exporting it writes
+    the bytes read from the cache (TargetProfile.export calls export_library, with a linker's
+    options or without), so a `kiln cache clean` meanwhile cannot take them away."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def export_library(self, path: str, **_options) -> None:
+        Path(path).write_bytes(self.data)
+
+
+@dataclass
+class LibraryCache:
+    """One compile's use of the cache: lookup() after the pipeline, keep() once the library is
+    written, close() in any case (it releases the key's lock)."""
+
+    root: Path
+    key: str | None = None
+    hit: bool = False
+    _lock: object = None
+
+    @classmethod
+    def open(cls) -> "LibraryCache | None":
+        root = cache_root()
+        return cls(root) if root is not None else None
+
+    def entry(self, suffix: str) -> Path:
+        return self.root / f"{self.key}{suffix}"
+
+    def lookup(self, lowered, profile, target) -> CachedLibrary | None:
+        """The cached library of this module and target, or None (the caller builds it and keep()s it;
+        meanwhile another process asking for the same key waits for it)."""
+        self.key = library_key(lowered, profile, target)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if fcntl is not None:
+                self._lock = open(self.root / f"{self.key}.lock", "w")
+                fcntl.flock(self._lock, fcntl.LOCK_EX)
+        except OSError:                            # a read-only or unusable folder: build as if absent
+            self.key = None
+            return None
+        found = self.entry(Path(profile.lib_name).suffix)
+        try:
+            data, digest = found.read_bytes(), found.with_suffix(".sha256").read_text().strip()
+        except OSError:                            # none yet (or removed meanwhile): build it
+            return None
+        if hashlib.sha256(data).hexdigest() != digest:       # damaged on disk: built again, replaced
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(found)                        # what `kiln cache clean --older-than` goes by
+        self.hit = True
+        return CachedLibrary(data)
+
+    def keep(self, lib: Path) -> None:
+        """Store the library just written at `lib` under the key lookup() computed (whole or not at all)."""
+        if self.key is None or self.hit:
+            return
+        dest = self.entry(lib.suffix)
+        part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        try:
+            data = lib.read_bytes()
+            dest.with_suffix(".sha256").write_text(hashlib.sha256(data).hexdigest())
+            part.write_bytes(data)
+            os.replace(part, dest)                 # the library last: an entry is whole or absent
+        except OSError:                            # a full disk costs the reuse, not the compile
+            with contextlib.suppress(OSError):
+                part.unlink()
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()                     # releases the flock
+            self._lock = None
+
+
+@dataclass(frozen=True)
+class Library:
+    path: Path
+    bytes: int
+    last_used: float
+
+
+def libraries() -> list[Library]:
+    """Every cached library, least recently used first."""
+    root = cache_root()
+    found = []
+    for p in sorted(root.iterdir()) if root is not None and root.is_dir() else []:
+        if p.is_file() and not p.name.startswith(".") and p.suffix not in (".lock", ".sha256"):
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                found.append(Library(p, st.st_size, st.st_mtime))
+    return sorted(found, key=lambda lib: lib.last_used)
+
+
+def clean(older_than_s: float | None = None) -> list[Library]:
+    """Remove every cached library (or those unused for `older_than_s` seconds); returns them."""
+    cutoff = time.time() - older_than_s if older_than_s is not None else float("inf")
+    removed = [lib for lib in libraries() if lib.last_used < cutoff]
+    for lib in removed:
+        with contextlib.suppress(OSError):
+            lib.path.unlink()
+            for side in (".sha256", ".lock"):
+                lib.path.with_suffix(side).unlink(missing_ok=True)
+    return removed
