@@ -5,7 +5,7 @@ every Relax function lowered to VM code) for one target. Two compiles whose pipe
 module for the same target build the same library: another checkpoint or fine-tune of the same
 architecture and shapes, the same model converted again (a new quantization of its weights in the
 same scheme, a `--force` recompile), a test suite compiling one tiny model in many places. Only code
-generation is skipped (TIR lowering, LLVM or NVCC, linking: ~70% of a tiny model's build here); the
+generation is skipped (TIR lowering, the device compiler, linking: ~70% of a tiny model's build here); the
 pipeline still runs, since its result is the key, so whatever changes the kernels (kiln's sources,
 a tuning database, a knob patched at run time) changes the key as well.
 
