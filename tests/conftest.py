@@ -56,7 +56,8 @@ def _isolated_cache(tmp_path_factory):
     (compiler/lib_cache.py) go to one folder all of a run's workers share (a compile one worker has
     built, another copies). KILN_LIB_CACHE=0 runs the suite without them."""
     os.environ["KILN_CACHE_DIR"] = str(tmp_path_factory.mktemp("kiln-cache"))
-    if os.environ.get("KILN_LIB_CACHE", "").lower() not in ("0", "off", "false", "no"):
+    from kiln.compiler.lib_cache import cache_root
+    if cache_root() is not None:                     # not turned off (KILN_LIB_CACHE=0)
         run = tmp_path_factory.getbasetemp()
         os.environ["KILN_LIB_CACHE"] = str((run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "kiln-libs")
 
