@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -25,24 +26,45 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(cores, MAX_WORKERS))
 
 
-# Under pytest-xdist every test holds this file's lock: shared, or exclusive for a test marked `alone`
-# (it times a stream's gaps, an interrupt's moment, a grace period), which so runs while no other
-# worker runs a test, as in one process.
+# Under pytest-xdist every phase of every test (setup, call, teardown) holds this file's lock:
+# shared, or exclusive for the call of a test marked `alone` (it times a stream's gaps, an
+# interrupt's moment, a grace period), which so runs while no other worker runs anything of a test.
+# The lock covers the phases, not only the test functions: fixtures of module or session scope set
+# up and tear down in them (a worker compiling Gemma 3 for 2 minutes in a fixture would otherwise
+# share the 2 cores with a timed test; a stop's CI failed so, 3.02 x for < 3 x).
 _LOCK = Path(tempfile.gettempdir()) / f"kiln-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', 'solo')}.lock"
 
 
-@pytest.fixture(autouse=True)
-def _alone(request):
+@contextlib.contextmanager
+def _test_lock(exclusive: bool):
     if "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
     import fcntl
     with open(_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if request.node.get_closest_marker("alone") else fcntl.LOCK_SH)
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _test_lock(exclusive=False):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _test_lock(exclusive=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    with _test_lock(exclusive=False):
+        return (yield)
 
 
 def has_smollm2() -> bool:

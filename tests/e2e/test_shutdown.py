@@ -18,7 +18,7 @@ from kiln.runtime import EngineConfig
 from kiln.runtime.server import ServerArgs
 from test_server import running_server, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.alone]     # timed: see tests/conftest.py _alone
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]     # timed: see tests/conftest.py _test_lock
 
 
 def _free_port() -> int:

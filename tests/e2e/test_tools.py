@@ -47,9 +47,10 @@ class Clock(BaseModel):
 
 
 @contextlib.contextmanager
-def serving(artifact):
-    """The tiny model served on loopback; yields (Server, its Engine) so a test can swap the template."""
-    engine = Engine(artifact, EngineConfig(max_num_seqs=8))
+def serving(artifact, config: EngineConfig | None = None):
+    """The tiny model served on loopback; yields (Server, its Engine) so a test can swap the template.
+    ``config``: the engine's (default: 8 sequences)."""
+    engine = Engine(artifact, config or EngineConfig(max_num_seqs=8))
     aengine = AsyncEngine(engine)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
