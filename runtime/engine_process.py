@@ -40,6 +40,7 @@ from .artifact import Artifact
 from .async_engine import Calls, EngineLoop, RequestHandle, _settle, _resolve
 from .engine import Engine, EngineConfig
 from .front import ModelFront
+from .host_memory import freeze_startup_objects
 from .protocol import (AbortRequest, Accepted, AddRequest, Answer, EmbedRequest, EngineCommand, EngineLoaded,
                        EngineReply, EngineStats, ShuttingDown, StatsRequest, StopEngine, StreamDelta)
 
@@ -274,6 +275,7 @@ def _engine_main(conns: list, artifact: str, config: EngineConfig) -> None:
             conn.send(EngineLoaded(None, _portable(e)))
         return
     ready = EngineLoaded({**loaded_info(engine), "pid": os.getpid(), "stats": engine.stats()})
+    freeze_startup_objects()
     for conn in conns:
         conn.send(ready)
     _RemoteLoop(engine, conns)._loop()

@@ -49,6 +49,7 @@ from .artifact import Artifact
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
 from .engine_process import EngineClient, EngineDied, loaded_info
+from .host_memory import freeze_startup_objects
 from .http_errors import ERRORS, document_errors, install_error_handlers
 from .metrics import Metrics
 from .protocol import SamplingParams, StreamDelta
@@ -132,6 +133,7 @@ def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | 
                 died.set()
                 server.should_exit = True
             aengine.on_death = engine_died
+        freeze_startup_objects()
         server.run(sockets=sockets)
     finally:
         aengine.stop()
