@@ -82,7 +82,7 @@ def test_cache_list_and_clean_count_the_libraries(libs, tiny_dirs, tmp_path):
     _compile(tiny_dirs["tied"], tmp_path / "a")
     runner = CliRunner()
     listed = runner.invoke(main, ["cache", "list"])
-    assert listed.exit_code == 0 and f"1 built libraries" in listed.output and str(libs) in listed.output
+    assert listed.exit_code == 0 and "1 built libraries" in listed.output and str(libs) in listed.output
     kept = runner.invoke(main, ["cache", "clean", "--older-than", "7d"])
     assert kept.exit_code == 0 and len(lib_cache.libraries()) == 1
     gone = runner.invoke(main, ["cache", "clean"])
