@@ -99,7 +99,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     report("load", 0, 1)
     source = models.load(opts.model)
     arch, config, model = models.build(source)
-    scheme = get_scheme(opts.quant, source.format, profile.default_quant)
+    scheme = get_scheme(opts.quant, source, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,
                         codes_by_bits=profile.codes_by_bits)
     report("load", 1, 1)

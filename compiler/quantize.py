@@ -13,10 +13,11 @@ in floating point. Schemes:
     q8f32          int8, group 32 along K, value = q * scale
     as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q2_K, Q3_K, Q4_K and Q6_K kept
                    exactly (quant_gguf.GGUF_EXACT), Q5_1 / Q5_K re-quantized to q8 (lossy, noted),
-                   F16/BF16/F32 tensors kept as float
+                   F16/BF16/F32 tensors kept as float; a GPTQ or AWQ checkpoint's 4-bit codes kept
+                   exactly (quant_prequant), GPTQ's desc_act (groups out of order) re-quantized
     as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
-    auto           as-stored for GGUF, the target's best 4-bit scheme for HF weights
+    auto           as-stored for GGUF, GPTQ and AWQ, the target's best 4-bit scheme for float weights
 
 Linear weights (qkv, o, gate_up, down, an untied lm_head) and the embedding table are
 quantized; norms and biases stay float. Groups run along K, so converting each HF tensor
@@ -45,11 +46,11 @@ from tvm.relax.frontend import nn
 
 from kiln.models import ModelLoadError, ModelSource, WeightSpec, weight_spec
 
-from . import quant_gguf, quant_pack
+from . import quant_gguf, quant_pack, quant_prequant
 from .quant_modules import QuantFormat, QuantizedEmbedding, QuantizedLinear
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-_FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K")   # re-quantized to q4, the rest to q8
+_FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "GPTQ", "AWQ")   # re-quantized to q4, the rest to q8
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class QuantScheme:
             raise ValueError(f"--quant {self.name} stores 8-bit integers, which this target's kernels cannot "
                              "read; use q4f32 or q4f16")
         model.to(self.model_dtype)
-        plan = QuantPlan(self, dict(source.hf_config), eight_bit=eight_bit, codes_by_bits=codes_by_bits)
+        plan = QuantPlan(self, dict(source.hf_config), eight_bit=eight_bit, codes_by_bits=codes_by_bits,
+                         stored_quant=source.stored_quant)
         _swap_modules(model, "", lambda path, m: plan.decide(path, m, source, weight_map))
         plan.finish()
         return plan
@@ -94,16 +96,17 @@ SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
 )}
 
 
-def get_scheme(name: str, source_format: str | None = None, target_default: str = "q4f16") -> QuantScheme:
-    """The scheme for --quant; `auto` is as-stored for a GGUF, else the target's default
-    (TargetProfile.default_quant)."""
+def get_scheme(name: str, source: ModelSource | None = None, target_default: str = "q4f16") -> QuantScheme:
+    """The scheme for --quant; `auto` is as-stored for weights stored quantized (a GGUF, a GPTQ or AWQ
+    checkpoint), else the target's default (TargetProfile.default_quant)."""
+    stored = source.stored_quant if source is not None else None
     if name == "auto":
-        name = "as-stored" if source_format == "gguf" else target_default
+        name = "as-stored" if stored else target_default
     if name not in SCHEMES:
         raise ValueError(f"unknown quantization {name!r}; choose one of: auto, {', '.join(SCHEMES)}")
-    if SCHEMES[name].as_stored and source_format not in (None, "gguf"):
-        raise ValueError(f"--quant as-stored keeps a GGUF file's own formats, but this model is {source_format}; "
-                         "use q4f32, q4f16 or q8f32 for Hugging Face weights")
+    if SCHEMES[name].as_stored and source is not None and not stored:
+        raise ValueError(f"--quant {name} keeps the stored quantization of a GGUF file or a GPTQ / AWQ checkpoint, "
+                         f"but this model's weights ({source.format}) are floats; use q4f32, q4f16 or q8f32")
     return SCHEMES[name]
 
 
@@ -115,12 +118,13 @@ class QuantPlan:
     hf_config: dict
     eight_bit: bool = True                  # q8 allowed (the target reads 8-bit integers)
     codes_by_bits: bool = False             # dequantize codes to floats by their bits (quant_modules.code_value)
+    stored_quant: str | None = None         # the source's stored quantization (ModelSource.stored_quant)
     formats: dict[str, QuantFormat | None] = field(default_factory=dict)   # weight name -> format
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict)       # quantized: [N, K]
     notes: list[str] = field(default_factory=list)
     _planes: dict[str, str] = field(default_factory=dict)                  # plane param -> weight name
     _requantized: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (type, kind) -> HF names
-    _kept: Counter = field(default_factory=Counter)                        # GGUF type -> tensors
+    _kept: Counter = field(default_factory=Counter)                        # "Q4_K as q4m" -> tensors
     _kept_8bit: list[str] = field(default_factory=list)                    # by a 4-bit scheme
 
     # -- rewriting the model -------------------------------------------------------------
@@ -169,15 +173,15 @@ class QuantPlan:
         types = [source.weights.tensor_type(n) for n in spec.hf_names]
         if types and all(t in _FLOAT_TYPES for t in types):
             return None                                   # stored as float: kept as float
-        exact = {quant_gguf.GGUF_EXACT.get(t) for t in types}
+        exact = {_exact_form(source, n, t) for n, t in zip(spec.hf_names, types)}
         if not self.eight_bit:
             exact = {e if e is None or e[0] != "q8" else None for e in exact}
         if len(exact) == 1 and None not in exact and spec.transform is None:
-            self._kept.update(types)                      # one exact form for every part
             kind, group = exact.pop()
+            self._kept.update(f"{t} as {_label(kind, group)}" for t in types)   # one exact form for every part
             return QuantFormat(kind, group, "float32")
-        # No exact form (Q5_1, Q5_K), parts of one fused weight stored differently, or a layout
-        # transform: re-quantize, to 8-bit unless every part had 4 bits or fewer.
+        # No exact form (Q5_1, Q5_K, GPTQ's desc_act), parts of one fused weight stored differently, or
+        # a layout transform: re-quantize, to 8-bit unless every part had 4 bits or fewer.
         kind = "q4" if not self.eight_bit or all(t in _FOUR_BITS_OR_LESS for t in types) else "q8"
         for hf_name, t in zip(spec.hf_names, types):
             self._requantized.setdefault((t, kind), []).append(hf_name)
@@ -203,11 +207,13 @@ class QuantPlan:
             if layers:
                 parts.append(f"layers {', '.join(map(str, layers))} (the first and last eighth)")
             self.notes.append(f"{self.scheme.name} keeps {len(self._kept_8bit)} weights 8-bit: {' and '.join(parts)}")
+        origin = "GGUF" if self.stored_quant == "gguf" else str(self.stored_quant).upper()
         if self._kept:
-            kept = ", ".join(f"{n} {t} as {_label(*quant_gguf.GGUF_EXACT[t])}" for t, n in sorted(self._kept.items()))
-            self.notes.append(f"GGUF weights kept bit-exact (as-stored): {kept}")
+            kept = ", ".join(f"{n} {how}" for how, n in sorted(self._kept.items()))
+            self.notes.append(f"{origin} weights kept bit-exact (as-stored): {kept}")
         for (t, kind), names in sorted(self._requantized.items()):
-            self.notes.append(f"GGUF {t} tensors re-quantized to {kind} (lossy): {_compact(names)}")
+            self.notes.append(f"{'GGUF ' if origin == 'GGUF' else ''}{t} tensors re-quantized to {kind} (lossy): "
+                              f"{_compact(names)}")
 
     # -- converting the weights ----------------------------------------------------------
     def weight_names(self, param_names: list[str]) -> list[str]:
@@ -243,10 +249,14 @@ class QuantPlan:
     def _planes_of(self, fmt: QuantFormat, hf_name: str, source: ModelSource, cols: int) -> quant_pack.Planes:
         if self.scheme.as_stored:
             type_name = source.weights.tensor_type(hf_name)
-            if quant_gguf.GGUF_EXACT.get(type_name) == (fmt.kind, fmt.group_size):
-                _, raw, shape = source.weights.get_raw(hf_name)
-                _check_shape(source, hf_name, (shape[0], shape[-1]), (shape[0], cols))
-                return quant_gguf.from_gguf_blocks(type_name, raw)
+            if _exact_form(source, hf_name, type_name) == (fmt.kind, fmt.group_size):
+                if type_name in quant_gguf.GGUF_EXACT:
+                    _, raw, shape = source.weights.get_raw(hf_name)
+                    _check_shape(source, hf_name, (shape[0], shape[-1]), (shape[0], cols))
+                    return quant_gguf.from_gguf_blocks(type_name, raw)
+                stored = source.weights.stored_codes(hf_name)
+                _check_shape(source, hf_name, stored.codes.shape[1:], (cols,))
+                return quant_prequant.from_stored_codes(stored, fmt.kind)
         w = source.weights.get(hf_name)
         _check_shape(source, hf_name, w.shape[1:], (cols,))
         return _quantized(fmt, w, hf_name, source)
@@ -266,6 +276,15 @@ class QuantPlan:
             out["tensors"] = {name: _label(fmt.kind, fmt.group_size) if fmt else self.scheme.model_dtype
                               for name, fmt in self.formats.items()}
         return out
+
+
+def _exact_form(source: ModelSource, hf_name: str, type_name: str) -> tuple[str, int] | None:
+    """(kiln kind, group size) holding a stored quantized tensor's values exactly, or None: a GGUF
+    type's (quant_gguf.GGUF_EXACT), a GPTQ / AWQ weight's (quant_prequant)."""
+    if type_name in quant_gguf.GGUF_EXACT:
+        return quant_gguf.GGUF_EXACT[type_name]
+    form = source.weights.stored_form(hf_name) if hasattr(source.weights, "stored_form") else None
+    return None if form is None else (quant_prequant.stored_kind(form[0]), form[1])
 
 
 def _label(kind: str, group_size: int) -> str:

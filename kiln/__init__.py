@@ -113,7 +113,7 @@ def ensure_artifact(model_or_artifact: str | Path, target: str = "cpu", quant: s
     from kiln.targets import get_profile
     source = models.load(model_or_artifact)
     profile = get_profile(target)
-    scheme = get_scheme(quant, source.format, profile.default_quant)
+    scheme = get_scheme(quant, source, profile.default_quant)
     tuning = profile.tuning_db_path()
     key = hashlib.sha256(f"{source.content_hash}|{compiler_fingerprint()}|".encode()
                          + (tuning.read_bytes() if tuning and tuning.is_file() else b"")).hexdigest()

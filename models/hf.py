@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from .prequantized import PrequantizedWeights, read_quant_method
 from .source import ModelLoadError, ModelSource, content_hash
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
@@ -40,14 +41,20 @@ class SafetensorsWeights:
         return list(self._where)
 
     def get(self, name: str) -> np.ndarray:
+        return _widen(self.stored(name), self._where[name][1]["dtype"] == "BF16")
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._where[name][1]["shape"])
+
+    def stored(self, name: str) -> np.ndarray:
+        """The tensor in its stored dtype (bfloat16 as uint16; integers stay integers)."""
         f, info, offset = self._where[name]
         dtype = _ST_DTYPES.get(info["dtype"])
         if dtype is None:
             raise ModelLoadError(f"{f}: tensor {name} has unsupported dtype {info['dtype']}")
         start, end = info["data_offsets"]
         a = np.memmap(f, dtype=np.uint8, mode="r", offset=offset + start, shape=(end - start,))
-        a = np.array(a.view(dtype).reshape(info["shape"]))
-        return _widen(a, info["dtype"] == "BF16")
+        return np.array(a.view(dtype).reshape(info["shape"]))
 
 
 def _read_st_header(f: Path) -> tuple[dict, int]:
@@ -92,6 +99,14 @@ class TorchBinWeights:
             t = t.float()
         return _widen(t.numpy(), False)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._tensors[name].shape)
+
+    def stored(self, name: str) -> np.ndarray:
+        """The tensor in its stored dtype (bfloat16 as uint16; integers stay integers)."""
+        t = self._tensors[name]
+        return t.view(self._torch.int16).numpy().view(np.uint16) if t.dtype == self._torch.bfloat16 else t.numpy()
+
 
 def _weight_files(d: Path) -> tuple[str, list[Path]]:
     for index, kind in (("model.safetensors.index.json", "safetensors"), ("pytorch_model.bin.index.json", "bin")):
@@ -127,11 +142,16 @@ def load_hf_dir(d: Path) -> ModelSource:
         raise ModelLoadError(f"{d} has no config.json; pass a Hugging Face model directory "
                              "(config.json + *.safetensors) or a .gguf file")
     hf_config = read_config(cfg_path)
+    method = read_quant_method(d, hf_config["quantization_config"]) if hf_config.get("quantization_config") else None
     kind, files = _weight_files(d)
     weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
     write_tokenizer, notes = tokenizer_files(d)
-    return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights,
-                       write_tokenizer=write_tokenizer, content_hash=content_hash([cfg_path, *files]), notes=notes)
+    if method is not None:
+        weights = PrequantizedWeights(weights, method, d)
+        notes = [f"{method.describe()}: {weights.quantized()} Linear weights stored quantized", *notes]
+    return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights, write_tokenizer=write_tokenizer,
+                       content_hash=content_hash([cfg_path, *files]), notes=notes,
+                       stored_quant=method.method if method else None)
 
 
 def has_weights(d: Path) -> bool:

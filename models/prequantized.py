@@ -1,0 +1,243 @@
+"""GPTQ and AWQ checkpoints: Hugging Face folders whose Linear weights are stored as 4-bit codes.
+
+config.json's `quantization_config` names the method; each quantized Linear (K inputs, N outputs,
+groups of G inputs sharing a scale and a zero point) is stored as integer tensors beside its
+`.weight`'s name, one value of it `scale * (code - zero)`:
+
+    gptq  qweight int32 [K/8, N]   input k of output n: bits 4 (k % 8) of word [k // 8, n]
+          qzeros  int32 [K/G, N/8] output n's zero: bits 4 (n % 8) of word [g, n // 8]
+          scales  f16   [K/G, N]   g_idx int32 [K]: input k's group (k // G unless desc_act reorders)
+          checkpoint_format "gptq" (AutoGPTQ's) stores every zero minus 1, "gptq_v2" as it is
+    awq   qweight int32 [K, N/8]   output 8c + AWQ_ORDER[j] of input k: bits 4j of word [k, c]
+          qzeros  int32 [K/G, N/8] the same order;  scales f16 [K/G, N]  ("version": "gemm")
+
+(the layouts gptqmodel's TorchQuantLinear and AutoAWQ's dequantize_gemm read). `PrequantizedWeights`
+hands them to the compiler under the `.weight` name, in Hugging Face layout: `get` dequantizes to
+float32 (exactly: an f16 scale times an integer of at most 5 bits needs 16 of float32's 24 bits),
+and `stored_codes` gives the codes, zeros and scales themselves, for `--quant as-stored` to keep
+(compiler/quant_prequant.py) wherever the groups run in order along K. Other methods (bitsandbytes,
+fp8, compressed-tensors, ...) and other bit widths are refused when the folder is opened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .source import ModelLoadError
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)        # AutoAWQ's packing: field j of a word holds output AWQ_ORDER[j]
+_PLANES = ("qweight", "qzeros", "scales", "g_idx")
+_FIX = ("use the model's unquantized checkpoint (float16 / bfloat16 safetensors) or a GGUF of it, and "
+        "`--quant` to choose how kiln quantizes it")
+
+
+@dataclass(frozen=True)
+class QuantMethod:
+    """What config.json's quantization_config says, checked: method "gptq" or "awq"."""
+
+    method: str
+    group_size: int | None          # None: one group the whole input (GPTQ's group_size -1)
+    zeros_minus_one: bool           # AutoGPTQ's v1 checkpoint format
+    ordered: bool                   # GPTQ's desc_act off: groups run in order along K
+
+    @property
+    def label(self) -> str:
+        return self.method.upper()
+
+    def describe(self) -> str:
+        group = f"group {self.group_size}" if self.group_size else "one group a row"
+        order = "" if self.ordered else ", desc_act (groups out of order)"
+        return f"{self.label} 4-bit, {group}{order}"
+
+
+def read_quant_method(d: Path, qc: dict) -> QuantMethod:
+    """config.json's quantization_config -> QuantMethod, or a ModelLoadError naming what kiln cannot read."""
+    method = str(qc.get("quant_method", "")).lower()
+    where = f"{d}: config.json's quantization_config"
+    if method not in ("gptq", "awq"):
+        raise ModelLoadError(f"{where} says quant_method {qc.get('quant_method')!r}, which kiln cannot read "
+                             f"(it reads GPTQ and AWQ 4-bit checkpoints); {_FIX}")
+    if qc.get("bits", 4) != 4:
+        raise ModelLoadError(f"{where} says {method} with {qc.get('bits')} bits; kiln reads 4-bit {method.upper()} "
+                             f"checkpoints only; {_FIX}")
+    group = qc.get("group_size", 128)
+    if not isinstance(group, int) or (group != -1 and (group < 8 or group % 8)):
+        raise ModelLoadError(f"{where} has group_size {group!r}; expected -1 or a multiple of 8")
+    if method == "awq":
+        version = str(qc.get("version", "gemm")).lower()
+        if version != "gemm" or qc.get("zero_point", True) is not True:
+            raise ModelLoadError(f"{where} says AWQ version {version!r}, zero_point {qc.get('zero_point')!r}; kiln "
+                                 f"reads AutoAWQ's GEMM packing with zero points (version 'gemm'); {_FIX}")
+        return QuantMethod("awq", group if group > 0 else None, zeros_minus_one=False, ordered=True)
+    fmt = str(qc.get("checkpoint_format", "gptq")).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise ModelLoadError(f"{where} says GPTQ checkpoint_format {fmt!r}; kiln reads 'gptq' and 'gptq_v2' "
+                             f"(repack it with gptqmodel, or {_FIX})")
+    return QuantMethod("gptq", group if group > 0 else None, zeros_minus_one=fmt == "gptq",
+                       ordered=not qc.get("desc_act", False))
+
+
+@dataclass(frozen=True)
+class StoredCodes:
+    """One quantized Linear in Hugging Face layout:
+    value[n, k] = scales[n, k // group] * (codes[n, k] - zeros[n, k // group])."""
+
+    codes: np.ndarray               # uint8 [N, K], 0..15
+    zeros: np.ndarray               # int16 [N, K / group] (GPTQ's v1 zeros, stored minus 1, can reach 16)
+    scales: np.ndarray              # float32 [N, K / group]: the stored float16 widened
+    group: int
+
+    def dequantize(self) -> np.ndarray:
+        """float32 [N, K], every value exact (see the module docstring)."""
+        steps = self.codes.astype(np.float32) - np.repeat(self.zeros, self.group, axis=1).astype(np.float32)
+        return steps * np.repeat(self.scales, self.group, axis=1)
+
+
+def _nibbles(words: np.ndarray, axis: int) -> np.ndarray:
+    """int32 words -> their 8 4-bit fields (bits 4j is field j), the fields laid out along `axis`."""
+    fields = (words.view(np.uint32)[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
+    fields = fields.astype(np.uint8)                                      # [..., words, 8]
+    if axis == 0:                                                          # [rows, cols, 8] -> [rows * 8, cols]
+        return np.ascontiguousarray(fields.transpose(0, 2, 1)).reshape(-1, words.shape[1])
+    return fields.reshape(words.shape[0], -1)                              # [rows, cols * 8]
+
+
+class PrequantizedWeights:
+    """A WeightSource over another (SafetensorsWeights, TorchBinWeights) whose quantized Linears
+    (`<prefix>.qweight` and its planes) appear as `<prefix>.weight`, float32 [N, K] on `get`."""
+
+    def __init__(self, inner, method: QuantMethod, d: Path):
+        self._inner, self.method, self._dir = inner, method, d
+        names = inner.names()
+        self._quantized = {n[: -len(".qweight")] for n in names if n.endswith(".qweight")}
+        hidden = {f"{p}.{plane}" for p in self._quantized for plane in _PLANES}
+        self._names = [n for n in names if n not in hidden] + [f"{p}.weight" for p in sorted(self._quantized)]
+        if not self._quantized:
+            raise ModelLoadError(f"{d}: config.json says the model is {method.label}-quantized, but no tensor is "
+                                 "named *.qweight; the weights and the config do not belong together")
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def quantized(self) -> int:
+        """How many Linear weights are stored quantized."""
+        return len(self._quantized)
+
+    def tensor_type(self, name: str) -> str:
+        """The method's label ("GPTQ", "AWQ") for a quantized Linear; "F32" for the rest, stored as floats."""
+        return self.method.label if self._prefix(name) is not None else "F32"
+
+    def get(self, name: str) -> np.ndarray:
+        prefix = self._prefix(name)
+        if prefix is None:
+            return self._inner.get(name)
+        codes = self.stored_codes(name)
+        return codes.dequantize() if codes is not None else self._dequantize_by_g_idx(prefix)
+
+    def stored_form(self, name: str) -> tuple[bool, int] | None:
+        """(whether every zero is 8, the group size) of what stored_codes gives for `name`, read from the
+        zeros alone; None where it gives nothing."""
+        prefix = self._prefix(name)
+        if prefix is None or not self._in_order(prefix):
+            return None
+        k, n = self._shape(prefix)
+        zeros = self._zeros(prefix, n)
+        return bool((zeros == 8).all()), int(np.gcd(self.method.group_size or k, k))
+
+    def stored_codes(self, name: str) -> StoredCodes | None:
+        """The codes of a quantized Linear whose groups run in order along K (every AWQ weight, GPTQ without
+        desc_act or with a g_idx that is k // G anyway); None otherwise. A ragged last group (K no multiple
+        of G) is split into groups of gcd(G, K), each with its group's scale and zero: the same values."""
+        prefix = self._prefix(name)
+        if prefix is None or not self._in_order(prefix):
+            return None
+        codes, zeros, scales = self._unpacked(prefix)                     # [K, N], [K / G, N]
+        k = codes.shape[0]
+        group = self.method.group_size or k
+        fine = int(np.gcd(group, k))
+        if fine != group:
+            zeros, scales = (np.repeat(a, group // fine, axis=0)[: k // fine] for a in (zeros, scales))
+        return StoredCodes(np.ascontiguousarray(codes.T), np.ascontiguousarray(zeros.T),
+                           np.ascontiguousarray(scales.T), fine)
+
+    def _prefix(self, name: str) -> str | None:
+        prefix = name[: -len(".weight")] if name.endswith(".weight") else None
+        return prefix if prefix in self._quantized else None
+
+    def _plane(self, prefix: str, plane: str) -> np.ndarray:
+        try:
+            return self._inner.stored(f"{prefix}.{plane}")
+        except KeyError:
+            raise ModelLoadError(f"{self._dir}: {prefix}.qweight has no {prefix}.{plane} beside it; "
+                                 f"the {self.method.label} checkpoint is incomplete, re-download it") from None
+
+    def _words(self, prefix: str, plane: str) -> np.ndarray:
+        a = self._plane(prefix, plane)
+        if a.dtype != np.int32 or a.ndim != 2:
+            raise ModelLoadError(f"{self._dir}: {prefix}.{plane} is {a.dtype} {list(a.shape)}; "
+                                 f"{self.method.label} stores 2-D int32 words")
+        return a
+
+    def _shape(self, prefix: str) -> tuple[int, int]:
+        """(K, N): the Linear's inputs and outputs, from qweight's shape and the scales'."""
+        rows = self._inner.shape(f"{prefix}.qweight")[0]
+        return (8 * rows if self.method.method == "gptq" else rows), self._inner.shape(f"{prefix}.scales")[-1]
+
+    def _zeros(self, prefix: str, n: int) -> np.ndarray:
+        """int16 [K / G, N]: each group's zero of each output, as the file's format means it."""
+        qzeros = self._words(prefix, "qzeros")
+        if self.method.method == "gptq":
+            zeros = _nibbles(qzeros, axis=1).astype(np.int16)
+            if self.method.zeros_minus_one:
+                zeros += 1
+        else:
+            zeros = _awq_order(_nibbles(qzeros, axis=1)).astype(np.int16)
+        if zeros.shape[1] < n:
+            raise ModelLoadError(f"{self._dir}: {prefix}.qzeros {list(qzeros.shape)} holds fewer than the {n} "
+                                 "outputs of its scales; re-download the checkpoint")
+        return zeros[:, :n]
+
+    def _unpacked(self, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(codes [K, N], zeros [K / G, N], scales [K / G, N] float32) as the file lays them out by input."""
+        qweight, scales = self._words(prefix, "qweight"), self._plane(prefix, "scales")
+        codes = _nibbles(qweight, axis=0) if self.method.method == "gptq" else _awq_order(_nibbles(qweight, axis=1))
+        k, n = codes.shape[0], scales.shape[-1]
+        zeros = self._zeros(prefix, n)
+        groups = -(-k // self.method.group_size) if self.method.group_size else 1
+        if scales.shape != (groups, n) or zeros.shape[0] != groups or codes.shape[1] < n:
+            raise ModelLoadError(f"{self._dir}: {prefix} has qweight {list(qweight.shape)}, scales "
+                                 f"{list(scales.shape)}: not one {self.method.describe()} weight of {k} inputs "
+                                 f"and {n} outputs; re-download the checkpoint")
+        return codes[:, :n], zeros, np.asarray(scales, np.float32)
+
+    def _g_idx(self, prefix: str, k: int) -> np.ndarray:
+        try:
+            g_idx = np.asarray(self._inner.stored(f"{prefix}.g_idx"), np.int64)
+        except KeyError:
+            return np.arange(k) // (self.method.group_size or k)
+        if g_idx.shape != (k,):
+            raise ModelLoadError(f"{self._dir}: {prefix}.g_idx has shape {list(g_idx.shape)}, expected [{k}]")
+        return g_idx
+
+    def _in_order(self, prefix: str) -> bool:
+        if self.method.ordered:
+            return True
+        k = self._shape(prefix)[0]
+        return bool(np.array_equal(self._g_idx(prefix, k), np.arange(k) // (self.method.group_size or k)))
+
+    def _dequantize_by_g_idx(self, prefix: str) -> np.ndarray:
+        codes, zeros, scales = self._unpacked(prefix)                     # [K, N], [G', N]
+        g_idx = self._g_idx(prefix, codes.shape[0])
+        if g_idx.min(initial=0) < 0 or g_idx.max(initial=0) >= scales.shape[0]:
+            raise ModelLoadError(f"{self._dir}: {prefix}.g_idx names groups outside 0..{scales.shape[0] - 1}")
+        values = (codes.astype(np.float32) - zeros[g_idx].astype(np.float32)) * scales[g_idx]
+        return np.ascontiguousarray(values.T)
+
+
+def _awq_order(fields: np.ndarray) -> np.ndarray:
+    """[rows, 8 c] fields as unpacked -> in output order (output 8c + AWQ_ORDER[j] is field j of word c)."""
+    rows = fields.shape[0]
+    return fields.reshape(rows, -1, 8)[:, :, np.argsort(AWQ_ORDER)].reshape(rows, -1)

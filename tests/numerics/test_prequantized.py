@@ -1,0 +1,94 @@
+"""GPTQ and AWQ checkpoints compiled as stored: the artifact's planes hold the values the codes stand
+for bit for bit, and the logits match transformers float32 on a float model of those values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln import models
+from kiln.compiler import quant_pack
+from kiln.compiler.quant_modules import QuantFormat
+from kiln.runtime import Artifact
+from prequantized_writer import write_prequantized
+from tiny_models import assert_prefill_and_decode_match, write_tiny_llama
+
+pytestmark = pytest.mark.numerics
+IDS = [int(i) for i in np.random.default_rng(3).integers(0, 512, size=19)]
+CASES = {   # name -> (write_prequantized's arguments, --quant, the kiln format of every quantized weight)
+    "gptq-v1": (dict(method="gptq", group=32), "auto", "q4m"),
+    "gptq-sym-g128": (dict(method="gptq", group=128, sym=True), "as-stored", "q4g64"),   # K 64 / 192: groups of 64
+    "awq-f16": (dict(method="awq", group=64), "as-stored-f16", "q4mg64"),
+}
+
+
+@pytest.fixture(scope="module")
+def float_dir(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("pqn") / "float", tied=False, intermediate_size=192)
+
+
+def _planes_as_values(art: Path) -> dict[str, np.ndarray]:
+    """{artifact weight prefix: float32 values} of every quantized weight, dequantized from its planes."""
+    artifact = Artifact.load(art)
+    params = dict(zip(artifact.config.params, artifact.load_params()))
+    out = {}
+    for name in (n for n in params if n.endswith(".qweight")):
+        prefix = name[: -len(".qweight")]
+        planes = {p: params[f"{prefix}.{p}"] for p in ("qweight", "scale", "min") if f"{prefix}.{p}" in params}
+        group = planes["qweight"].shape[1] * 8 // planes["scale"].shape[1]
+        fmt = QuantFormat("q4m" if "min" in planes else "q4", group, str(planes["scale"].dtype))
+        out[prefix] = quant_pack.dequantize(fmt, planes, "float32")
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_prequantized_checkpoint_compiles_bit_exact_and_matches_transformers(case, float_dir, tmp_path):
+    layout, quant, kind = CASES[case]
+    quantized, values_dir = tmp_path / "q", tmp_path / "values"
+    write_prequantized(float_dir, quantized, values_dir, **layout)
+    art = kiln.compile(str(quantized), target="cpu", quant=quant, output=tmp_path / "art")
+    cfg = json.loads((art / "kiln-config.json").read_text())
+    assert cfg["quantization"]["name"] == ("as-stored" if quant == "auto" else quant)
+    assert set(cfg["quantization"]["tensors"].values()) == {kind, cfg["quantization"]["dtype"]}
+    method = layout["method"].upper()
+    assert f"{method} weights kept bit-exact (as-stored): 14 {method} as {kind}" in cfg["notes"]
+
+    values, planes = models.load(values_dir).weights, _planes_as_values(art)
+    for i in range(2):
+        layer = f"model.layers.{i}"
+        qkv = np.concatenate([values.get(f"{layer}.self_attn.{p}_proj.weight") for p in "qkv"])
+        gate_up = np.concatenate([values.get(f"{layer}.mlp.{p}_proj.weight") for p in ("gate", "up")])
+        for prefix, want in ((f"{layer}.self_attn.qkv_proj", qkv), (f"{layer}.mlp.gate_up_proj", gate_up),
+                             (f"{layer}.self_attn.o_proj", values.get(f"{layer}.self_attn.o_proj.weight")),
+                             (f"{layer}.mlp.down_proj", values.get(f"{layer}.mlp.down_proj.weight"))):
+            np.testing.assert_array_equal(planes[prefix].view(np.uint32), want.view(np.uint32), err_msg=prefix)
+
+    import transformers
+    reference = transformers.AutoModelForCausalLM.from_pretrained(values_dir, dtype=torch.float32).eval()
+    assert_prefill_and_decode_match(art, reference, IDS, tol=1e-4 if quant != "as-stored-f16" else 1e-2, steps=3)
+    assert cfg["golden"]["reference"].endswith(f"float32 ({method} tensors as kiln reads them)"), cfg["golden"]
+
+
+def test_desc_act_is_requantized_with_a_note(float_dir, tmp_path):
+    """GPTQ's act-order puts an input's group anywhere (g_idx): no kiln form holds that, so the weights
+    are re-quantized from their exact values (kiln's q4, lossy) and the notes say so."""
+    quantized, values_dir = tmp_path / "q", tmp_path / "values"
+    write_prequantized(float_dir, quantized, values_dir, method="gptq", group=32, desc_act=True)
+    art = kiln.compile(str(quantized), target="cpu", quant="auto", output=tmp_path / "art")
+    cfg = json.loads((art / "kiln-config.json").read_text())
+    assert any(n.startswith("GPTQ tensors re-quantized to q4 (lossy): model.layers.{0-1}.") for n in cfg["notes"])
+    assert set(cfg["quantization"]["tensors"].values()) == {"q4", "float32"}
+    planes, values = _planes_as_values(art), models.load(values_dir).weights
+    want = values.get("model.layers.0.mlp.down_proj.weight")
+    err = np.abs(planes["model.layers.0.mlp.down_proj"] - want).max()
+    assert 0 < err < 0.25 * np.abs(want).max()                       # re-rounded, near the values
+
+
+def test_as_stored_refuses_float_weights(float_dir, tmp_path):
+    with pytest.raises(ValueError, match="weights \\(hf\\) are floats; use q4f32, q4f16 or q8f32"):
+        kiln.compile(str(float_dir), target="cpu", quant="as-stored", output=tmp_path / "art")

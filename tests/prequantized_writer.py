@@ -1,0 +1,121 @@
+"""GPTQ and AWQ checkpoints written from a float Hugging Face folder, for tests.
+
+Each decoder Linear is rounded to 4 bits, a scale and a zero point per group of G inputs (round to
+nearest: the file format is what kiln reads, not how GPTQ or AWQ chose the codes), and packed as
+gptqmodel and AutoAWQ store it (packing written here from their formats, independently of
+models/prequantized.py's unpacking; checked once against gptqmodel 7.7's TorchQuantLinear
+dequantization and AutoAWQ 0.2.9's dequantize_gemm). `write_prequantized` also writes the float
+folder of exactly the values the codes stand for, which transformers reads as the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def round_to_codes(w: np.ndarray, group: int, sym: bool, rng: np.random.Generator, lowest_zero: int = 0):
+    """float [N, K] -> codes [K, N] uint8, zeros [G', N] int, scales [G', N] float16 (G' = ceil(K / group));
+    asymmetric zeros from `lowest_zero` to 15, each of them somewhere."""
+    n, k = w.shape
+    groups = -(-k // group)
+    padded = np.zeros((n, groups * group), np.float32)
+    padded[:, :k] = w
+    g = padded.reshape(n, groups, group)
+    if sym:
+        scale = np.abs(g).max(-1) / 7.5
+        zero = np.full((n, groups), 8)
+    else:
+        lo, hi = g.min(-1), g.max(-1)
+        scale = (hi - lo) / 15
+        zero = np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), lowest_zero, 15).astype(int)
+        zero[:, ::3] = rng.integers(lowest_zero, 16, zero[:, ::3].shape)
+    scale = np.where(scale == 0, 1e-3, scale).astype(np.float16)
+    codes = np.clip(np.rint(g / scale.astype(np.float32)[..., None] + zero[..., None]), 0, 15).astype(np.uint8)
+    codes = codes.reshape(n, -1)[:, :k]
+    return codes.T.copy(), zero.T.copy(), scale.T.copy()
+
+
+def _pack_along_rows(fields: np.ndarray) -> np.ndarray:
+    """uint [R, C] of 4-bit fields -> int32 [R / 8, C]: row 8i + j at bits 4j of word row i."""
+    r, c = fields.shape
+    words = np.zeros((r // 8, c), np.uint32)
+    for j in range(8):
+        words |= fields[j::8].astype(np.uint32) << np.uint32(4 * j)
+    return words.view(np.int32)
+
+
+def _pack_along_cols(fields: np.ndarray, order=tuple(range(8))) -> np.ndarray:
+    """uint [R, C] -> int32 [R, C / 8]: column 8c + order[j] at bits 4j of word c."""
+    r, c = fields.shape
+    words = np.zeros((r, c // 8), np.uint32)
+    for j in range(8):
+        words |= fields[:, order[j]::8].astype(np.uint32) << np.uint32(4 * j)
+    return words.view(np.int32)
+
+
+def pack(method: str, codes, zeros, scales, g_idx, zeros_minus_one: bool = True) -> dict[str, np.ndarray]:
+    """One Linear's tensors, as `method` ("gptq" or "awq") stores them. AutoGPTQ's format (zeros_minus_one)
+    cannot hold a zero of 0 (stored as 15, read back as 16), as in real checkpoints."""
+    if method == "awq":
+        return {"qweight": _pack_along_cols(codes, AWQ_ORDER), "qzeros": _pack_along_cols(zeros, AWQ_ORDER),
+                "scales": scales}
+    stored = (zeros - 1) & 15 if zeros_minus_one else zeros
+    return {"qweight": _pack_along_rows(codes), "qzeros": _pack_along_cols(stored), "scales": scales,
+            "g_idx": g_idx.astype(np.int32)}
+
+
+def dequantized(codes, zeros, scales, g_idx) -> np.ndarray:
+    """The float [N, K] the codes stand for."""
+    return ((codes.astype(np.float32) - zeros[g_idx]) * scales.astype(np.float32)[g_idx]).T.copy()
+
+
+def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str, group: int = 128,
+                       sym: bool = False, checkpoint_format: str = "gptq", desc_act: bool = False,
+                       seed: int = 0) -> None:
+    """`float_dir`'s model with its decoder Linears stored `method`-quantized at `dest`, and the float
+    model of the same values at `reference`."""
+    from safetensors.numpy import load_file, save_file
+    rng = np.random.default_rng(seed)
+    tensors = load_file(str(float_dir / "model.safetensors"))
+    packed, values = {}, {}
+    for name, w in tensors.items():
+        prefix = name[: -len(".weight")]
+        if not name.endswith(".weight") or prefix.rsplit(".", 1)[-1] not in LINEARS:
+            packed[name] = values[name] = w
+            continue
+        k = w.shape[1]
+        g_idx = np.arange(k) // group
+        if desc_act:                               # act-order: inputs quantized in a shuffled order
+            g_idx = g_idx[rng.permutation(k)]
+        v1 = method == "gptq" and checkpoint_format == "gptq"
+        codes, zeros, scales = round_to_codes(w.astype(np.float32), group, sym, rng, lowest_zero=int(v1))
+        if desc_act:                                # codes of input k rounded in group g_idx[k]
+            g = w.astype(np.float32).T                                          # [K, N]
+            codes = np.clip(np.rint(g / scales.astype(np.float32)[g_idx] + zeros[g_idx]), 0, 15).astype(np.uint8)
+        packed.update({f"{prefix}.{p}": a for p, a in
+                       pack(method, codes, zeros, scales, g_idx, v1).items()})
+        values[name] = dequantized(codes, zeros, scales, g_idx).astype(np.float32)
+    config = json.loads((float_dir / "config.json").read_text())
+    for out, arrays, extra in ((dest, packed, _quantization_config(method, group, sym, checkpoint_format, desc_act)),
+                               (reference, values, None)):
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(arrays, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps({**config, **({"quantization_config": extra} if extra else {}),
+                                                     "torch_dtype": "float32"}))
+        for f in float_dir.iterdir():
+            if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+                shutil.copy2(f, out / f.name)
+
+
+def _quantization_config(method: str, group: int, sym: bool, checkpoint_format: str, desc_act: bool) -> dict:
+    if method == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
+    return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act, "sym": sym,
+            "checkpoint_format": checkpoint_format, "true_sequential": True, "damp_percent": 0.01}

@@ -1,0 +1,99 @@
+"""models/prequantized.py: GPTQ and AWQ folders read as float weights, exactly, and what it refuses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln import models
+from kiln.models.source import ModelLoadError
+from prequantized_writer import write_prequantized
+from tiny_models import write_tiny_llama
+
+pytestmark = pytest.mark.unit
+
+LAYOUTS = {   # name -> write_prequantized's arguments
+    "gptq-v1": dict(method="gptq", group=32),
+    "gptq-v2": dict(method="gptq", group=32, checkpoint_format="gptq_v2"),
+    "gptq-sym-ragged": dict(method="gptq", group=128, sym=True),        # K = 64 and 192: groups of 64
+    "gptq-desc-act": dict(method="gptq", group=32, desc_act=True),
+    "awq": dict(method="awq", group=32),
+}
+
+
+@pytest.fixture(scope="module")
+def float_dir(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("pq") / "float", tied=False, intermediate_size=192)
+
+
+def _written(float_dir: Path, root: Path, layout: str) -> tuple[Path, Path]:
+    quantized, reference = root / layout, root / f"{layout}-values"
+    write_prequantized(float_dir, quantized, reference, **LAYOUTS[layout])
+    return quantized, reference
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_weights_read_as_the_values_the_codes_stand_for(layout, float_dir, tmp_path):
+    quantized, reference = _written(float_dir, tmp_path, layout)
+    source, values = models.load(quantized), models.load(reference)
+    assert sorted(source.weights.names()) == sorted(values.weights.names())       # .qweight etc. -> .weight
+    assert source.stored_quant == LAYOUTS[layout]["method"]
+    for name in values.weights.names():
+        got, want = source.weights.get(name), values.weights.get(name)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=name)
+    q = "model.layers.1.mlp.down_proj.weight"
+    form = source.weights.stored_form(q)
+    if layout == "gptq-desc-act":
+        assert form is None and source.weights.stored_codes(q) is None      # groups out of order: no exact form
+    else:
+        symmetric, group = form
+        assert symmetric == (layout == "gptq-sym-ragged") and group == (64 if layout == "gptq-sym-ragged" else 32)
+        np.testing.assert_array_equal(source.weights.stored_codes(q).dequantize(), values.weights.get(q))
+    assert source.notes[0].startswith(f"{LAYOUTS[layout]['method'].upper()} 4-bit")
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes', which kiln cannot read"),
+    ({"quant_method": "fp8"}, "unquantized checkpoint"),
+    ({"bits": 8}, "4-bit GPTQ checkpoints only"),
+    ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'"),
+    ({"group_size": 12}, "group_size 12"),
+])
+def test_unreadable_quantization_configs_are_refused_by_name(change, message, float_dir, tmp_path):
+    quantized, _ = _written(float_dir, tmp_path, "gptq-v1")
+    cfg = json.loads((quantized / "config.json").read_text())
+    cfg["quantization_config"].update(change)
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=message):
+        models.load(quantized)
+
+
+def test_awq_other_packings_are_refused(float_dir, tmp_path):
+    quantized, _ = _written(float_dir, tmp_path, "awq")
+    cfg = json.loads((quantized / "config.json").read_text())
+    cfg["quantization_config"]["version"] = "gemv"
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="version 'gemv'"):
+        models.load(quantized)
+
+
+def test_a_missing_plane_or_a_float_checkpoint_under_a_quantized_config_is_named(float_dir, tmp_path):
+    from safetensors.numpy import load_file, save_file
+    quantized, _ = _written(float_dir, tmp_path, "gptq-v1")
+    tensors = load_file(str(quantized / "model.safetensors"))
+    del tensors["model.layers.0.self_attn.q_proj.qzeros"]
+    save_file(tensors, str(quantized / "model.safetensors"))
+    source = models.load(quantized)
+    with pytest.raises(ModelLoadError, match=r"q_proj.qweight has no .*q_proj.qzeros beside it"):
+        source.weights.get("model.layers.0.self_attn.q_proj.weight")
+
+    cfg = json.loads((quantized / "config.json").read_text())
+    mislabeled = tmp_path / "mislabeled"
+    mislabeled.mkdir()
+    (mislabeled / "model.safetensors").write_bytes((float_dir / "model.safetensors").read_bytes())
+    (mislabeled / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"no tensor is named \*.qweight"):
+        models.load(mislabeled)
