@@ -2,9 +2,9 @@
 (contract.write_golden) so that `kiln check` can tell a correct build from a wrong one anywhere it runs.
 
 The reference is transformers on the same weights in float32 when it can build the model (a Hugging
-Face folder; the config and dequantized tensors of a GGUF or a GPTQ / AWQ checkpoint as kiln reads
-them); otherwise the caller's fallback (the face passes kiln's own float32 build of the same source
-for the host). Cheap by design: three prompts of at most 16 tokens, one forward each.
+Face folder; the config and dequantized tensors of a GGUF or a GPTQ / AWQ / compressed-tensors
+checkpoint as kiln reads them); otherwise the caller's fallback (the face passes kiln's own float32
+build of the same source for the host). Cheap by design: three prompts of at most 16 tokens, one forward each.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
     def forward(ids: list[int]) -> np.ndarray:
         with torch.no_grad():
             return model(torch.tensor([ids])).logits[0].float().numpy()
-    via = f" ({source.stored_quant.upper()} tensors as kiln reads them)" if source.stored_quant else ""
+    via = f" ({source.stored_quant} tensors as kiln reads them)" if source.stored_quant else ""
     return forward, f"transformers {transformers.__version__} float32{via}"
 
 
@@ -77,8 +77,8 @@ def _hf_model(source, torch, transformers):
 def _model_from_tensors(source, torch, transformers):
     """transformers' model built from the config kiln read, with the tensors as kiln's reader hands them
     over (dequantized, Hugging Face layout): transformers' own GGUF loader drops settings kiln reads
-    (Llama 3 RoPE factors, Gemma soft-capping, per-layer RoPE bases), and its GPTQ and AWQ loaders
-    need gptqmodel / autoawq and their kernels."""
+    (Llama 3 RoPE factors, Gemma soft-capping, per-layer RoPE bases), and its GPTQ, AWQ and
+    compressed-tensors loaders need those packages and their kernels."""
     cfg = dict(source.hf_config, pad_token_id=None)     # no effect on logits; a default may lie outside the vocab
     cfg.pop("quantization_config", None)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
@@ -89,7 +89,7 @@ def _model_from_tensors(source, torch, transformers):
     missing = [m for m in missing if m not in tied and not m.endswith(("rotary_emb.inv_freq", "attn.bias",
                                                                        "attn.masked_bias"))]
     if missing:
-        raise ValueError(f"the {source.stored_quant.upper()} source lacks {missing[:3]} under transformers' names")
+        raise ValueError(f"the {source.stored_quant} source lacks {missing[:3]} under transformers' names")
     model.tie_weights()
     return model
 

@@ -1,6 +1,7 @@
-"""GPTQ and AWQ codes -> kiln planes, every value unchanged (models/prequantized.py reads them).
+"""GPTQ, AWQ and compressed-tensors codes -> kiln planes, every value unchanged (models/prequantized.py
+reads them).
 
-A GPTQ or AWQ value is scale * (code - zero) with a 4-bit code, a float16 scale and an integer zero
+Such a value is scale * (code - zero) with a 4-bit code, a float16 scale and an integer zero
 per group of G inputs (groups in order along K; models.prequantized.StoredCodes):
 
     zeros          kiln form (exact)     planes
@@ -8,8 +9,8 @@ per group of G inputs (groups in order along K; models.prequantized.StoredCodes)
     any other      q4m group G           the codes, scale, min = -zero * scale in float32
 
 -zero * scale and q * scale + min are exact in float32 (a float16's 11 significant bits times an
-integer of at most 5 bits), so the planes dequantize to scale * (code - zero) bit for bit in
-float32, where GPTQ's own float16 kernels round it.
+integer of at most 5 bits; a bfloat16 scale has fewer), so the planes dequantize to
+scale * (code - zero) bit for bit in float32, where GPTQ's own float16 kernels round it.
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ in floating point. Schemes:
     q8f32          int8, group 32 along K, value = q * scale
     as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q2_K, Q3_K, Q4_K and Q6_K kept
                    exactly (quant_gguf.GGUF_EXACT), Q5_1 / Q5_K re-quantized to q8 (lossy, noted),
-                   F16/BF16/F32 tensors kept as float; a GPTQ or AWQ checkpoint's 4-bit codes kept
-                   exactly (quant_prequant), GPTQ's desc_act (groups out of order) re-quantized
+                   F16/BF16/F32 tensors kept as float; a GPTQ, AWQ or compressed-tensors checkpoint's
+                   4-bit codes kept exactly (quant_prequant), GPTQ's desc_act re-quantized
     as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
-    auto           as-stored for GGUF, GPTQ and AWQ, the target's best 4-bit scheme for float weights
+    auto           as-stored for GGUF, GPTQ, AWQ and compressed-tensors, the target's best 4-bit scheme
+                   for float weights
 
 Linear weights (qkv, o, gate_up, down, an untied lm_head) and the embedding table are
 quantized; norms and biases stay float. Groups run along K, so converting each HF tensor
@@ -50,7 +51,8 @@ from . import quant_gguf, quant_pack, quant_prequant
 from .quant_modules import QuantFormat, QuantizedEmbedding, QuantizedLinear
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
-_FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "GPTQ", "AWQ")   # re-quantized to q4, the rest to q8
+# stored types re-quantized to q4 (where not kept exactly); the rest to q8
+_FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "GPTQ", "AWQ", "compressed-tensors")
 
 
 @dataclass(frozen=True)
@@ -97,15 +99,16 @@ SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
 
 
 def get_scheme(name: str, source: ModelSource | None = None, target_default: str = "q4f16") -> QuantScheme:
-    """The scheme for --quant; `auto` is as-stored for weights stored quantized (a GGUF, a GPTQ or AWQ
-    checkpoint), else the target's default (TargetProfile.default_quant)."""
+    """The scheme for --quant; `auto` is as-stored for weights stored quantized (a GGUF, a GPTQ, AWQ or
+    compressed-tensors checkpoint), else the target's default (TargetProfile.default_quant)."""
     stored = source.stored_quant if source is not None else None
     if name == "auto":
         name = "as-stored" if stored else target_default
     if name not in SCHEMES:
         raise ValueError(f"unknown quantization {name!r}; choose one of: auto, {', '.join(SCHEMES)}")
     if SCHEMES[name].as_stored and source is not None and not stored:
-        raise ValueError(f"--quant {name} keeps the stored quantization of a GGUF file or a GPTQ / AWQ checkpoint, "
+        raise ValueError(f"--quant {name} keeps the stored quantization of a GGUF file or a GPTQ / AWQ / "
+                         "compressed-tensors checkpoint, "
                          f"but this model's weights ({source.format}) are floats; use q4f32, q4f16 or q8f32")
     return SCHEMES[name]
 
@@ -207,7 +210,7 @@ class QuantPlan:
             if layers:
                 parts.append(f"layers {', '.join(map(str, layers))} (the first and last eighth)")
             self.notes.append(f"{self.scheme.name} keeps {len(self._kept_8bit)} weights 8-bit: {' and '.join(parts)}")
-        origin = "GGUF" if self.stored_quant == "gguf" else str(self.stored_quant).upper()
+        origin = self.stored_quant
         if self._kept:
             kept = ", ".join(f"{n} {how}" for how, n in sorted(self._kept.items()))
             self.notes.append(f"{origin} weights kept bit-exact (as-stored): {kept}")
@@ -280,7 +283,7 @@ class QuantPlan:
 
 def _exact_form(source: ModelSource, hf_name: str, type_name: str) -> tuple[str, int] | None:
     """(kiln kind, group size) holding a stored quantized tensor's values exactly, or None: a GGUF
-    type's (quant_gguf.GGUF_EXACT), a GPTQ / AWQ weight's (quant_prequant)."""
+    type's (quant_gguf.GGUF_EXACT), a GPTQ / AWQ / compressed-tensors weight's (quant_prequant)."""
     if type_name in quant_gguf.GGUF_EXACT:
         return quant_gguf.GGUF_EXACT[type_name]
     form = source.weights.stored_form(hf_name) if hasattr(source.weights, "stored_form") else None

@@ -47,9 +47,9 @@ def main() -> None:
               help="a preset from `kiln targets` (cpu, cuda, rocm, metal, ios, android, android-opencl, webgpu, "
                    "...), a comma list, or `all` (one artifact per preset, with a kiln-manifest.json)")
 @click.option("--quant", default="auto", show_default=True,
-              help="auto (as-stored for GGUF, GPTQ and AWQ; for float HF weights the target's default: q4f32 on "
-                   "CPUs, q4f16 on GPUs), q0f32, q0f16, q4f32, q4f16, q8f32, as-stored, as-stored-f16 (the stored "
-                   "quantized weights exact, float16 activations)")
+              help="auto (as-stored for GGUF, GPTQ, AWQ, compressed-tensors; for float HF weights the target's "
+                   "default: q4f32 on CPUs, q4f16 on GPUs), q0f32, q0f16, q4f32, q4f16, q8f32, as-stored, "
+                   "as-stored-f16 (the stored quantized weights exact, float16 activations)")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="artifact dir [dist/<model>-<quant>-<target>]")
 @click.option("--dump-ir", type=click.Path(path_type=Path), help="write the IR after each pipeline phase here")
 @click.option("--context-window", type=int, help="cap the context window (KV memory)")

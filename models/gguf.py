@@ -288,7 +288,7 @@ def load_gguf(path: Path) -> ModelSource:
         write_tokenizer=(lambda d: write_gguf_tokenizer(reader, d)) if has_tokenizer else None,
         content_hash=content_hash([path]),
         notes=_notes(weights, config),
-        stored_quant="gguf",
+        stored_quant="GGUF",
     )
 
 

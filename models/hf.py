@@ -151,7 +151,7 @@ def load_hf_dir(d: Path) -> ModelSource:
         notes = [f"{method.describe()}: {weights.quantized()} Linear weights stored quantized", *notes]
     return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights, write_tokenizer=write_tokenizer,
                        content_hash=content_hash([cfg_path, *files]), notes=notes,
-                       stored_quant=method.method if method else None)
+                       stored_quant=method.label if method else None)
 
 
 def has_weights(d: Path) -> bool:

@@ -1,22 +1,28 @@
-"""GPTQ and AWQ checkpoints: Hugging Face folders whose Linear weights are stored as 4-bit codes.
+"""GPTQ, AWQ and compressed-tensors checkpoints: Hugging Face folders whose Linear weights are 4-bit codes.
 
 config.json's `quantization_config` names the method; each quantized Linear (K inputs, N outputs,
-groups of G inputs sharing a scale and a zero point) is stored as integer tensors beside its
-`.weight`'s name, one value of it `scale * (code - zero)`:
+groups of G inputs sharing a scale and a zero point) is stored as tensors beside its `.weight`'s
+name, one value of it `scale * (code - zero)` with a code of 0..15:
 
-    gptq  qweight int32 [K/8, N]   input k of output n: bits 4 (k % 8) of word [k // 8, n]
-          qzeros  int32 [K/G, N/8] output n's zero: bits 4 (n % 8) of word [g, n // 8]
-          scales  f16   [K/G, N]   g_idx int32 [K]: input k's group (k // G unless desc_act reorders)
-          checkpoint_format "gptq" (AutoGPTQ's) stores every zero minus 1, "gptq_v2" as it is
-    awq   qweight int32 [K, N/8]   output 8c + AWQ_ORDER[j] of input k: bits 4j of word [k, c]
-          qzeros  int32 [K/G, N/8] the same order;  scales f16 [K/G, N]  ("version": "gemm")
+    gptq   qweight int32 [K/8, N]    input k of output n: bits 4 (k % 8) of word [k // 8, n]
+           qzeros  int32 [K/G, N/8]  output n's zero: bits 4 (n % 8) of word [g, n // 8]
+           scales  f16   [K/G, N]    g_idx int32 [K]: input k's group (k // G unless desc_act reorders)
+           checkpoint_format "gptq" (AutoGPTQ's) stores every zero minus 1, "gptq_v2" as it is
+    awq    qweight int32 [K, N/8]    output 8c + AWQ_ORDER[j] of input k: bits 4j of word [k, c]
+           qzeros  int32 [K/G, N/8]  the same order;  scales f16 [K/G, N]  ("version": "gemm")
+    compressed-tensors ("format": "pack-quantized", 4-bit int weights, llm-compressor's W4A16)
+           weight_packed int32 [N, K/8]  input k of output n: bits 4 (k % 8) of word [n, k // 8]
+           weight_scale  [N, K/G]        weight_zero_point int32 [N/8, K/G] (asymmetric only: output
+           weight_shape  [2] = (N, K)    n's zero at bits 4 (n % 8) of word [n // 8, g]; else 8)
 
-(the layouts gptqmodel's TorchQuantLinear and AutoAWQ's dequantize_gemm read). `PrequantizedWeights`
-hands them to the compiler under the `.weight` name, in Hugging Face layout: `get` dequantizes to
-float32 (exactly: an f16 scale times an integer of at most 5 bits needs 16 of float32's 24 bits),
-and `stored_codes` gives the codes, zeros and scales themselves, for `--quant as-stored` to keep
-(compiler/quant_prequant.py) wherever the groups run in order along K. Other methods (bitsandbytes,
-fp8, compressed-tensors, ...) and other bit widths are refused when the folder is opened.
+(the layouts gptqmodel's TorchQuantLinear, AutoAWQ's dequantize_gemm and compressed-tensors'
+unpack_from_int32 read; compressed-tensors stores a signed code c as c + 8, so the zero is 8 plus
+its signed zero point). `PrequantizedWeights` hands them to the compiler under the `.weight` name,
+in Hugging Face layout: `get` dequantizes to float32 (exactly: a float16 or bfloat16 scale times an
+integer of at most 5 bits needs at most 16 of float32's 24 bits), and `stored_codes` gives the
+codes, zeros and scales themselves, for `--quant as-stored` to keep (compiler/quant_prequant.py)
+wherever the groups run in order along K. Other methods (bitsandbytes, fp8, ...), other formats and
+bit widths are refused when the folder is opened.
 """
 
 from __future__ import annotations
@@ -29,23 +35,27 @@ import numpy as np
 from .source import ModelLoadError
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)        # AutoAWQ's packing: field j of a word holds output AWQ_ORDER[j]
-_PLANES = ("qweight", "qzeros", "scales", "g_idx")
+LABELS = {"gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors"}
+# per method: the tensors of one Linear beside <prefix>: codes, zeros, scales, the input's group
+PLANES = {"gptq": ("qweight", "qzeros", "scales", "g_idx"), "awq": ("qweight", "qzeros", "scales", "g_idx"),
+          "compressed-tensors": ("weight_packed", "weight_zero_point", "weight_scale", "weight_g_idx")}
 _FIX = ("use the model's unquantized checkpoint (float16 / bfloat16 safetensors) or a GGUF of it, and "
         "`--quant` to choose how kiln quantizes it")
 
 
 @dataclass(frozen=True)
 class QuantMethod:
-    """What config.json's quantization_config says, checked: method "gptq" or "awq"."""
+    """What config.json's quantization_config says, checked."""
 
-    method: str
-    group_size: int | None          # None: one group the whole input (GPTQ's group_size -1)
-    zeros_minus_one: bool           # AutoGPTQ's v1 checkpoint format
-    ordered: bool                   # GPTQ's desc_act off: groups run in order along K
+    method: str                     # a key of LABELS
+    group_size: int | None          # None: one group the whole input (GPTQ's -1, a "channel" strategy)
+    zeros_minus_one: bool = False   # AutoGPTQ's v1 checkpoint format
+    ordered: bool = True            # GPTQ's desc_act off: groups run in order along K
+    symmetric: bool = False         # compressed-tensors: no zero points stored (every zero 8)
 
     @property
     def label(self) -> str:
-        return self.method.upper()
+        return LABELS[self.method]
 
     def describe(self) -> str:
         group = f"group {self.group_size}" if self.group_size else "one group a row"
@@ -57,27 +67,53 @@ def read_quant_method(d: Path, qc: dict) -> QuantMethod:
     """config.json's quantization_config -> QuantMethod, or a ModelLoadError naming what kiln cannot read."""
     method = str(qc.get("quant_method", "")).lower()
     where = f"{d}: config.json's quantization_config"
-    if method not in ("gptq", "awq"):
+    if method not in LABELS:
         raise ModelLoadError(f"{where} says quant_method {qc.get('quant_method')!r}, which kiln cannot read "
-                             f"(it reads GPTQ and AWQ 4-bit checkpoints); {_FIX}")
+                             f"(it reads 4-bit GPTQ, AWQ and compressed-tensors pack-quantized checkpoints); {_FIX}")
+    if method == "compressed-tensors":
+        return _compressed_tensors(where, qc)
     if qc.get("bits", 4) != 4:
-        raise ModelLoadError(f"{where} says {method} with {qc.get('bits')} bits; kiln reads 4-bit {method.upper()} "
+        raise ModelLoadError(f"{where} says {method} with {qc.get('bits')} bits; kiln reads 4-bit {LABELS[method]} "
                              f"checkpoints only; {_FIX}")
-    group = qc.get("group_size", 128)
-    if not isinstance(group, int) or (group != -1 and (group < 8 or group % 8)):
-        raise ModelLoadError(f"{where} has group_size {group!r}; expected -1 or a multiple of 8")
+    group = _group(where, qc.get("group_size", 128))
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()
         if version != "gemm" or qc.get("zero_point", True) is not True:
             raise ModelLoadError(f"{where} says AWQ version {version!r}, zero_point {qc.get('zero_point')!r}; kiln "
                                  f"reads AutoAWQ's GEMM packing with zero points (version 'gemm'); {_FIX}")
-        return QuantMethod("awq", group if group > 0 else None, zeros_minus_one=False, ordered=True)
+        return QuantMethod("awq", group)
     fmt = str(qc.get("checkpoint_format", "gptq")).lower()
     if fmt not in ("gptq", "gptq_v2"):
         raise ModelLoadError(f"{where} says GPTQ checkpoint_format {fmt!r}; kiln reads 'gptq' and 'gptq_v2' "
                              f"(repack it with gptqmodel, or {_FIX})")
-    return QuantMethod("gptq", group if group > 0 else None, zeros_minus_one=fmt == "gptq",
-                       ordered=not qc.get("desc_act", False))
+    return QuantMethod("gptq", group, zeros_minus_one=fmt == "gptq", ordered=not qc.get("desc_act", False))
+
+
+def _group(where: str, group) -> int | None:
+    if not isinstance(group, int) or (group != -1 and (group < 8 or group % 8)):
+        raise ModelLoadError(f"{where} has group_size {group!r}; expected -1 or a multiple of 8")
+    return group if group > 0 else None
+
+
+def _compressed_tensors(where: str, qc: dict) -> QuantMethod:
+    """One weight scheme for every config group: 4-bit ints, grouped or per channel, packed."""
+    groups = qc.get("config_groups") or {}
+    formats = {str(g.get("format") or qc.get("format")) for g in groups.values()} or {str(qc.get("format"))}
+    if formats != {"pack-quantized"}:
+        raise ModelLoadError(f"{where} says compressed-tensors format {', '.join(sorted(formats))}; kiln reads "
+                             f"'pack-quantized' (4-bit integer weights, W4A16); {_FIX}")
+    schemes = {(w.get("num_bits"), w.get("type"), w.get("strategy"), w.get("group_size"), bool(w.get("symmetric")),
+                g.get("input_activations") is None) for g in groups.values() for w in [g.get("weights") or {}]}
+    if len(schemes) != 1:
+        raise ModelLoadError(f"{where} holds {len(schemes)} different weight schemes ({sorted(map(str, schemes))}); "
+                             f"kiln reads one 4-bit scheme for every quantized Linear; {_FIX}")
+    bits, kind, strategy, group, symmetric, weights_only = schemes.pop()
+    if (bits, kind) != (4, "int") or strategy not in ("group", "channel") or not weights_only:
+        raise ModelLoadError(f"{where} says {bits}-bit {kind} weights by {strategy}"
+                             f"{'' if weights_only else ' with quantized activations'}; kiln reads 4-bit int "
+                             f"weights by group or channel, activations in float (W4A16); {_FIX}")
+    return QuantMethod("compressed-tensors", _group(where, group) if strategy == "group" else None,
+                       symmetric=symmetric)
 
 
 @dataclass(frozen=True)
@@ -87,7 +123,7 @@ class StoredCodes:
 
     codes: np.ndarray               # uint8 [N, K], 0..15
     zeros: np.ndarray               # int16 [N, K / group] (GPTQ's v1 zeros, stored minus 1, can reach 16)
-    scales: np.ndarray              # float32 [N, K / group]: the stored float16 widened
+    scales: np.ndarray              # float32 [N, K / group]: the stored float16 / bfloat16 widened
     group: int
 
     def dequantize(self) -> np.ndarray:
@@ -105,19 +141,28 @@ def _nibbles(words: np.ndarray, axis: int) -> np.ndarray:
     return fields.reshape(words.shape[0], -1)                              # [rows, cols * 8]
 
 
+def _awq_order(fields: np.ndarray) -> np.ndarray:
+    """[rows, 8 c] fields as unpacked -> in output order (output 8c + AWQ_ORDER[j] is field j of word c)."""
+    rows = fields.shape[0]
+    return fields.reshape(rows, -1, 8)[:, :, np.argsort(AWQ_ORDER)].reshape(rows, -1)
+
+
 class PrequantizedWeights:
     """A WeightSource over another (SafetensorsWeights, TorchBinWeights) whose quantized Linears
-    (`<prefix>.qweight` and its planes) appear as `<prefix>.weight`, float32 [N, K] on `get`."""
+    (`<prefix>.qweight` or `<prefix>.weight_packed` and the tensors beside it) appear as
+    `<prefix>.weight`, float32 [N, K] on `get`."""
 
     def __init__(self, inner, method: QuantMethod, d: Path):
         self._inner, self.method, self._dir = inner, method, d
+        self._planes = PLANES[method.method]
+        codes = f".{self._planes[0]}"
         names = inner.names()
-        self._quantized = {n[: -len(".qweight")] for n in names if n.endswith(".qweight")}
-        hidden = {f"{p}.{plane}" for p in self._quantized for plane in _PLANES}
+        self._quantized = {n[: -len(codes)] for n in names if n.endswith(codes)}
+        hidden = {f"{p}.{plane}" for p in self._quantized for plane in (*self._planes, "weight_shape")}
         self._names = [n for n in names if n not in hidden] + [f"{p}.weight" for p in sorted(self._quantized)]
         if not self._quantized:
             raise ModelLoadError(f"{d}: config.json says the model is {method.label}-quantized, but no tensor is "
-                                 "named *.qweight; the weights and the config do not belong together")
+                                 f"named *{codes}; the weights and the config do not belong together")
 
     def names(self) -> list[str]:
         return list(self._names)
@@ -127,7 +172,7 @@ class PrequantizedWeights:
         return len(self._quantized)
 
     def tensor_type(self, name: str) -> str:
-        """The method's label ("GPTQ", "AWQ") for a quantized Linear; "F32" for the rest, stored as floats."""
+        """The method's label ("GPTQ", "AWQ", ...) for a quantized Linear; "F32" for the rest, stored as floats."""
         return self.method.label if self._prefix(name) is not None else "F32"
 
     def get(self, name: str) -> np.ndarray:
@@ -144,13 +189,13 @@ class PrequantizedWeights:
         if prefix is None or not self._in_order(prefix):
             return None
         k, n = self._shape(prefix)
-        zeros = self._zeros(prefix, n)
+        zeros = self._zeros(prefix, k, n)
         return bool((zeros == 8).all()), int(np.gcd(self.method.group_size or k, k))
 
     def stored_codes(self, name: str) -> StoredCodes | None:
-        """The codes of a quantized Linear whose groups run in order along K (every AWQ weight, GPTQ without
-        desc_act or with a g_idx that is k // G anyway); None otherwise. A ragged last group (K no multiple
-        of G) is split into groups of gcd(G, K), each with its group's scale and zero: the same values."""
+        """The codes of a quantized Linear whose groups run in order along K (AWQ, compressed-tensors, GPTQ
+        without desc_act or with a g_idx that is k // G anyway); None otherwise. A ragged last group (K
+        no multiple of G) is split into groups of gcd(G, K), each with its group's scale and zero."""
         prefix = self._prefix(name)
         if prefix is None or not self._in_order(prefix):
             return None
@@ -163,15 +208,16 @@ class PrequantizedWeights:
         return StoredCodes(np.ascontiguousarray(codes.T), np.ascontiguousarray(zeros.T),
                            np.ascontiguousarray(scales.T), fine)
 
+    # -- one Linear's tensors, as the file lays them out ------------------------------------
     def _prefix(self, name: str) -> str | None:
         prefix = name[: -len(".weight")] if name.endswith(".weight") else None
         return prefix if prefix in self._quantized else None
 
-    def _plane(self, prefix: str, plane: str) -> np.ndarray:
+    def _plane(self, prefix: str, plane: str, widen: bool = False) -> np.ndarray:
         try:
-            return self._inner.stored(f"{prefix}.{plane}")
+            return (self._inner.get if widen else self._inner.stored)(f"{prefix}.{plane}")
         except KeyError:
-            raise ModelLoadError(f"{self._dir}: {prefix}.qweight has no {prefix}.{plane} beside it; "
+            raise ModelLoadError(f"{self._dir}: {prefix}.{self._planes[0]} has no {prefix}.{plane} beside it; "
                                  f"the {self.method.label} checkpoint is incomplete, re-download it") from None
 
     def _words(self, prefix: str, plane: str) -> np.ndarray:
@@ -182,48 +228,61 @@ class PrequantizedWeights:
         return a
 
     def _shape(self, prefix: str) -> tuple[int, int]:
-        """(K, N): the Linear's inputs and outputs, from qweight's shape and the scales'."""
+        """(K, N): the Linear's inputs and outputs."""
+        if self.method.method == "compressed-tensors":
+            n, k = (int(v) for v in np.asarray(self._plane(prefix, "weight_shape")).reshape(-1)[:2])
+            return k, n
         rows = self._inner.shape(f"{prefix}.qweight")[0]
         return (8 * rows if self.method.method == "gptq" else rows), self._inner.shape(f"{prefix}.scales")[-1]
 
-    def _zeros(self, prefix: str, n: int) -> np.ndarray:
+    def _zeros(self, prefix: str, k: int, n: int) -> np.ndarray:
         """int16 [K / G, N]: each group's zero of each output, as the file's format means it."""
-        qzeros = self._words(prefix, "qzeros")
-        if self.method.method == "gptq":
-            zeros = _nibbles(qzeros, axis=1).astype(np.int16)
-            if self.method.zeros_minus_one:
-                zeros += 1
+        groups = -(-k // self.method.group_size) if self.method.group_size else 1
+        if self.method.method == "compressed-tensors":
+            if self.method.symmetric:
+                return np.full((groups, n), 8, np.int16)
+            zeros = _nibbles(self._words(prefix, "weight_zero_point"), axis=0).T    # [G', N padded to 8]
+        elif self.method.method == "gptq":
+            zeros = _nibbles(self._words(prefix, "qzeros"), axis=1)
         else:
-            zeros = _awq_order(_nibbles(qzeros, axis=1)).astype(np.int16)
-        if zeros.shape[1] < n:
-            raise ModelLoadError(f"{self._dir}: {prefix}.qzeros {list(qzeros.shape)} holds fewer than the {n} "
-                                 "outputs of its scales; re-download the checkpoint")
+            zeros = _awq_order(_nibbles(self._words(prefix, "qzeros"), axis=1))
+        zeros = zeros.astype(np.int16) + (1 if self.method.zeros_minus_one else 0)
+        if zeros.shape[0] != groups or zeros.shape[1] < n:
+            raise ModelLoadError(f"{self._dir}: {prefix}'s zero points hold {list(zeros.shape)} groups x outputs, "
+                                 f"not {groups} x {n}; re-download the checkpoint")
         return zeros[:, :n]
 
     def _unpacked(self, prefix: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(codes [K, N], zeros [K / G, N], scales [K / G, N] float32) as the file lays them out by input."""
-        qweight, scales = self._words(prefix, "qweight"), self._plane(prefix, "scales")
-        codes = _nibbles(qweight, axis=0) if self.method.method == "gptq" else _awq_order(_nibbles(qweight, axis=1))
-        k, n = codes.shape[0], scales.shape[-1]
-        zeros = self._zeros(prefix, n)
+        codes_plane, _, scales_plane, _ = self._planes
+        k, n = self._shape(prefix)
+        words = self._words(prefix, codes_plane)
+        scales = np.asarray(self._plane(prefix, scales_plane, widen=True), np.float32)
+        if self.method.method == "gptq":
+            codes = _nibbles(words, axis=0)
+        elif self.method.method == "awq":
+            codes = _awq_order(_nibbles(words, axis=1))
+        else:
+            codes, scales = _nibbles(words, axis=1)[:, :k].T, scales.T        # stored [N, K] and [N, K / G]
         groups = -(-k // self.method.group_size) if self.method.group_size else 1
-        if scales.shape != (groups, n) or zeros.shape[0] != groups or codes.shape[1] < n:
-            raise ModelLoadError(f"{self._dir}: {prefix} has qweight {list(qweight.shape)}, scales "
-                                 f"{list(scales.shape)}: not one {self.method.describe()} weight of {k} inputs "
+        if codes.shape[0] != k or codes.shape[1] < n or scales.shape != (groups, n):
+            raise ModelLoadError(f"{self._dir}: {prefix} has {codes_plane} {list(words.shape)} and {scales_plane} "
+                                 f"of {scales.size} values: not one {self.method.describe()} weight of {k} inputs "
                                  f"and {n} outputs; re-download the checkpoint")
-        return codes[:, :n], zeros, np.asarray(scales, np.float32)
+        return codes[:, :n], self._zeros(prefix, k, n), scales
 
     def _g_idx(self, prefix: str, k: int) -> np.ndarray:
         try:
-            g_idx = np.asarray(self._inner.stored(f"{prefix}.g_idx"), np.int64)
+            g_idx = np.asarray(self._inner.stored(f"{prefix}.{self._planes[3]}"), np.int64)
         except KeyError:
             return np.arange(k) // (self.method.group_size or k)
         if g_idx.shape != (k,):
-            raise ModelLoadError(f"{self._dir}: {prefix}.g_idx has shape {list(g_idx.shape)}, expected [{k}]")
+            raise ModelLoadError(f"{self._dir}: {prefix}.{self._planes[3]} has shape {list(g_idx.shape)}, "
+                                 f"expected [{k}]")
         return g_idx
 
     def _in_order(self, prefix: str) -> bool:
-        if self.method.ordered:
+        if self.method.ordered and self.method.method != "compressed-tensors":
             return True
         k = self._shape(prefix)[0]
         return bool(np.array_equal(self._g_idx(prefix, k), np.arange(k) // (self.method.group_size or k)))
@@ -235,9 +294,3 @@ class PrequantizedWeights:
             raise ModelLoadError(f"{self._dir}: {prefix}.g_idx names groups outside 0..{scales.shape[0] - 1}")
         values = (codes.astype(np.float32) - zeros[g_idx].astype(np.float32)) * scales[g_idx]
         return np.ascontiguousarray(values.T)
-
-
-def _awq_order(fields: np.ndarray) -> np.ndarray:
-    """[rows, 8 c] fields as unpacked -> in output order (output 8c + AWQ_ORDER[j] is field j of word c)."""
-    rows = fields.shape[0]
-    return fields.reshape(rows, -1, 8)[:, :, np.argsort(AWQ_ORDER)].reshape(rows, -1)

@@ -1,10 +1,11 @@
-"""GPTQ and AWQ checkpoints written from a float Hugging Face folder, for tests.
+"""GPTQ, AWQ and compressed-tensors checkpoints written from a float Hugging Face folder, for tests.
 
 Each decoder Linear is rounded to 4 bits, a scale and a zero point per group of G inputs (round to
 nearest: the file format is what kiln reads, not how GPTQ or AWQ chose the codes), and packed as
-gptqmodel and AutoAWQ store it (packing written here from their formats, independently of
-models/prequantized.py's unpacking; checked once against gptqmodel 7.7's TorchQuantLinear
-dequantization and AutoAWQ 0.2.9's dequantize_gemm). `write_prequantized` also writes the float
+gptqmodel, AutoAWQ and llm-compressor store it (packing written here from their formats,
+independently of models/prequantized.py's unpacking; checked once against gptqmodel 7.7's
+TorchQuantLinear dequantization, AutoAWQ 0.2.9's dequantize_gemm and compressed-tensors 0.20.1's
+unpack_from_int32). `write_prequantized` also writes the float
 folder of exactly the values the codes stand for, which transformers reads as the reference.
 """
 
@@ -60,9 +61,17 @@ def _pack_along_cols(fields: np.ndarray, order=tuple(range(8))) -> np.ndarray:
     return words.view(np.int32)
 
 
-def pack(method: str, codes, zeros, scales, g_idx, zeros_minus_one: bool = True) -> dict[str, np.ndarray]:
-    """One Linear's tensors, as `method` ("gptq" or "awq") stores them. AutoGPTQ's format (zeros_minus_one)
-    cannot hold a zero of 0 (stored as 15, read back as 16), as in real checkpoints."""
+def pack(method: str, codes, zeros, scales, g_idx, zeros_minus_one: bool = True,
+         sym: bool = False) -> dict[str, np.ndarray]:
+    """One Linear's tensors, as `method` ("gptq", "awq", "compressed-tensors") stores them. AutoGPTQ's
+    format (zeros_minus_one) cannot hold a zero of 0 (stored as 15, read back as 16), as in real checkpoints."""
+    if method == "compressed-tensors":         # signed codes c - 8 stored as c, packed along K; [N, ...] layout
+        scale = scales.T.contiguous() if hasattr(scales, "contiguous") else scales.T.copy()     # torch (bf16) or numpy
+        out = {"weight_packed": _pack_along_cols(codes.T), "weight_scale": scale,
+               "weight_shape": np.array(codes.T.shape, np.int64)}
+        if not sym:                            # signed zero points z - 8 stored as z, packed along N
+            out["weight_zero_point"] = _pack_along_rows(np.ascontiguousarray(zeros.T))
+        return out
     if method == "awq":
         return {"qweight": _pack_along_cols(codes, AWQ_ORDER), "qzeros": _pack_along_cols(zeros, AWQ_ORDER),
                 "scales": scales}
@@ -78,10 +87,13 @@ def dequantized(codes, zeros, scales, g_idx) -> np.ndarray:
 
 def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str, group: int = 128,
                        sym: bool = False, checkpoint_format: str = "gptq", desc_act: bool = False,
-                       seed: int = 0) -> None:
+                       bf16_scales: bool = False, seed: int = 0) -> None:
     """`float_dir`'s model with its decoder Linears stored `method`-quantized at `dest`, and the float
-    model of the same values at `reference`."""
+    model of the same values at `reference`. bf16_scales: scales stored as bfloat16 (compressed-tensors
+    from a bfloat16 model)."""
+    import torch
     from safetensors.numpy import load_file, save_file
+    from safetensors.torch import save_file as save_torch
     rng = np.random.default_rng(seed)
     tensors = load_file(str(float_dir / "model.safetensors"))
     packed, values = {}, {}
@@ -99,14 +111,22 @@ def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str
         if desc_act:                                # codes of input k rounded in group g_idx[k]
             g = w.astype(np.float32).T                                          # [K, N]
             codes = np.clip(np.rint(g / scales.astype(np.float32)[g_idx] + zeros[g_idx]), 0, 15).astype(np.uint8)
+        if bf16_scales:
+            scales = torch.from_numpy(scales.astype(np.float32)).bfloat16()
         packed.update({f"{prefix}.{p}": a for p, a in
-                       pack(method, codes, zeros, scales, g_idx, v1).items()})
+                       pack(method, codes, zeros, scales, g_idx, v1, sym).items()})
+        if bf16_scales:
+            scales = scales.float().numpy()
         values[name] = dequantized(codes, zeros, scales, g_idx).astype(np.float32)
     config = json.loads((float_dir / "config.json").read_text())
     for out, arrays, extra in ((dest, packed, _quantization_config(method, group, sym, checkpoint_format, desc_act)),
                                (reference, values, None)):
         out.mkdir(parents=True, exist_ok=True)
-        save_file(arrays, str(out / "model.safetensors"), metadata={"format": "pt"})
+        if bf16_scales and out == dest:
+            save_torch({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
+                        for k, v in arrays.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            save_file(arrays, str(out / "model.safetensors"), metadata={"format": "pt"})
         (out / "config.json").write_text(json.dumps({**config, **({"quantization_config": extra} if extra else {}),
                                                      "torch_dtype": "float32"}))
         for f in float_dir.iterdir():
@@ -115,6 +135,13 @@ def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str
 
 
 def _quantization_config(method: str, group: int, sym: bool, checkpoint_format: str, desc_act: bool) -> dict:
+    if method == "compressed-tensors":
+        weights = {"num_bits": 4, "type": "int", "symmetric": sym, "strategy": "group", "group_size": group,
+                   "dynamic": False, "actorder": None, "observer": "minmax"}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
+                                              "output_activations": None, "format": "pack-quantized"}},
+                "ignore": ["lm_head"]}
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
     return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act, "sym": sym,

@@ -1,5 +1,5 @@
-"""GPTQ and AWQ checkpoints compiled as stored: the artifact's planes hold the values the codes stand
-for bit for bit, and the logits match transformers float32 on a float model of those values."""
+"""GPTQ, AWQ and compressed-tensors checkpoints compiled as stored: the artifact's planes hold the values
+the codes stand for bit for bit, and the logits match transformers float32 on a float model of those values."""
 
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ CASES = {   # name -> (write_prequantized's arguments, --quant, the kiln format 
     "gptq-v1": (dict(method="gptq", group=32), "auto", "q4m"),
     "gptq-sym-g128": (dict(method="gptq", group=128, sym=True), "as-stored", "q4g64"),   # K 64 / 192: groups of 64
     "awq-f16": (dict(method="awq", group=64), "as-stored-f16", "q4mg64"),
+    "compressed-tensors-sym": (dict(method="compressed-tensors", group=64, sym=True, bf16_scales=True), "auto",
+                               "q4g64"),
 }
+LABEL = {"gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors"}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +58,7 @@ def test_prequantized_checkpoint_compiles_bit_exact_and_matches_transformers(cas
     cfg = json.loads((art / "kiln-config.json").read_text())
     assert cfg["quantization"]["name"] == ("as-stored" if quant == "auto" else quant)
     assert set(cfg["quantization"]["tensors"].values()) == {kind, cfg["quantization"]["dtype"]}
-    method = layout["method"].upper()
+    method = LABEL[layout["method"]]
     assert f"{method} weights kept bit-exact (as-stored): 14 {method} as {kind}" in cfg["notes"]
 
     values, planes = models.load(values_dir).weights, _planes_as_values(art)

@@ -1,4 +1,5 @@
-"""models/prequantized.py: GPTQ and AWQ folders read as float weights, exactly, and what it refuses."""
+"""models/prequantized.py: GPTQ, AWQ and compressed-tensors folders read as float weights, exactly, and
+what it refuses."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ LAYOUTS = {   # name -> write_prequantized's arguments
     "gptq-sym-ragged": dict(method="gptq", group=128, sym=True),        # K = 64 and 192: groups of 64
     "gptq-desc-act": dict(method="gptq", group=32, desc_act=True),
     "awq": dict(method="awq", group=32),
+    "ct-sym-bf16": dict(method="compressed-tensors", group=32, sym=True, bf16_scales=True),
+    "ct-asym": dict(method="compressed-tensors", group=32),
 }
+LABEL = {"gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors"}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def test_weights_read_as_the_values_the_codes_stand_for(layout, float_dir, tmp_p
     quantized, reference = _written(float_dir, tmp_path, layout)
     source, values = models.load(quantized), models.load(reference)
     assert sorted(source.weights.names()) == sorted(values.weights.names())       # .qweight etc. -> .weight
-    assert source.stored_quant == LAYOUTS[layout]["method"]
+    assert source.stored_quant == LABEL[LAYOUTS[layout]["method"]]
     for name in values.weights.names():
         got, want = source.weights.get(name), values.weights.get(name)
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=name)
@@ -50,9 +54,9 @@ def test_weights_read_as_the_values_the_codes_stand_for(layout, float_dir, tmp_p
         assert form is None and source.weights.stored_codes(q) is None      # groups out of order: no exact form
     else:
         symmetric, group = form
-        assert symmetric == (layout == "gptq-sym-ragged") and group == (64 if layout == "gptq-sym-ragged" else 32)
+        assert symmetric == ("-sym" in layout) and group == (64 if layout == "gptq-sym-ragged" else 32)
         np.testing.assert_array_equal(source.weights.stored_codes(q).dequantize(), values.weights.get(q))
-    assert source.notes[0].startswith(f"{LAYOUTS[layout]['method'].upper()} 4-bit")
+    assert source.notes[0].startswith(f"{LABEL[LAYOUTS[layout]['method']]} 4-bit")
 
 
 @pytest.mark.parametrize("change,message", [
@@ -66,6 +70,30 @@ def test_unreadable_quantization_configs_are_refused_by_name(change, message, fl
     quantized, _ = _written(float_dir, tmp_path, "gptq-v1")
     cfg = json.loads((quantized / "config.json").read_text())
     cfg["quantization_config"].update(change)
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=message):
+        models.load(quantized)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"format": "float-quantized"}, "compressed-tensors format float-quantized; kiln reads 'pack-quantized'"),
+    ({"num_bits": 8}, "8-bit int weights by group"),
+    ({"input_activations": {"num_bits": 8, "type": "int"}}, "with quantized activations"),
+    ({"second_group": True}, "2 different weight schemes"),
+])
+def test_compressed_tensors_schemes_other_than_w4a16_are_refused(change, message, float_dir, tmp_path):
+    quantized, _ = _written(float_dir, tmp_path, "ct-asym")
+    cfg = json.loads((quantized / "config.json").read_text())
+    group = cfg["quantization_config"]["config_groups"]["group_0"]
+    if "format" in change:
+        group["format"] = change["format"]
+    elif "num_bits" in change:
+        group["weights"]["num_bits"] = 8
+    elif "input_activations" in change:
+        group["input_activations"] = change["input_activations"]
+    else:
+        cfg["quantization_config"]["config_groups"]["group_1"] = {
+            **group, "weights": {**group["weights"], "group_size": 128}, "targets": ["re:.*down_proj"]}
     (quantized / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=message):
         models.load(quantized)
