@@ -10,19 +10,23 @@ from typing import Callable
 
 import numpy as np
 
+from .fp8 import FP8Weights, decode_e4m3, read_fp8_method
 from .prequantized import PrequantizedWeights, read_quant_method
 from .source import ModelLoadError, ModelSource, content_hash
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
               "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
-              "BOOL": np.bool_}
+              "BOOL": np.bool_, "F8_E4M3": np.uint8}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json")
 
 
-def _widen(a: np.ndarray, bf16: bool) -> np.ndarray:
-    if bf16:   # bfloat16 is the top half of a float32
+def _widen(a: np.ndarray, stored: str = "") -> np.ndarray:
+    """A tensor as read (bfloat16 as uint16, float8 as uint8 bytes, `stored` naming which) -> float32 or float16."""
+    if stored == "BF16":   # bfloat16 is the top half of a float32
         return (a.astype(np.uint32) << 16).view(np.float32)
+    if stored == "F8_E4M3":
+        return decode_e4m3(a)
     return a if a.dtype in (np.float32, np.float16) else a.astype(np.float32)
 
 
@@ -41,7 +45,7 @@ class SafetensorsWeights:
         return list(self._where)
 
     def get(self, name: str) -> np.ndarray:
-        return _widen(self.stored(name), self._where[name][1]["dtype"] == "BF16")
+        return _widen(self.stored(name), self._where[name][1]["dtype"])
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._where[name][1]["shape"])
@@ -95,9 +99,9 @@ class TorchBinWeights:
 
     def get(self, name: str) -> np.ndarray:
         t = self._tensors[name]
-        if t.dtype == self._torch.bfloat16:
-            t = t.float()
-        return _widen(t.numpy(), False)
+        if t.is_floating_point() and t.dtype not in (self._torch.float32, self._torch.float16):
+            t = t.float()                          # bfloat16, float8
+        return _widen(t.numpy())
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._tensors[name].shape)
@@ -142,13 +146,18 @@ def load_hf_dir(d: Path) -> ModelSource:
         raise ModelLoadError(f"{d} has no config.json; pass a Hugging Face model directory "
                              "(config.json + *.safetensors) or a .gguf file")
     hf_config = read_config(cfg_path)
-    method = read_quant_method(d, hf_config["quantization_config"]) if hf_config.get("quantization_config") else None
+    qc = hf_config.get("quantization_config") or None
+    fp8 = read_fp8_method(d, qc) if qc else None
+    method = read_quant_method(d, qc) if qc and fp8 is None else None
     kind, files = _weight_files(d)
     weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
     write_tokenizer, notes = tokenizer_files(d)
     if method is not None:
         weights = PrequantizedWeights(weights, method, d)
         notes = [f"{method.describe()}: {weights.quantized()} Linear weights stored quantized", *notes]
+    elif fp8 is not None:
+        weights = FP8Weights(weights, fp8, d)
+        notes = [f"{fp8.describe()}: {weights.scaled()} weights", *notes]
     return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights, write_tokenizer=write_tokenizer,
                        content_hash=content_hash([cfg_path, *files]), notes=notes,
                        stored_quant=method.label if method else None)

@@ -69,7 +69,8 @@ def read_quant_method(d: Path, qc: dict) -> QuantMethod:
     where = f"{d}: config.json's quantization_config"
     if method not in LABELS:
         raise ModelLoadError(f"{where} says quant_method {qc.get('quant_method')!r}, which kiln cannot read "
-                             f"(it reads 4-bit GPTQ, AWQ and compressed-tensors pack-quantized checkpoints); {_FIX}")
+                             f"(it reads 4-bit GPTQ, AWQ and compressed-tensors pack-quantized checkpoints, and FP8 "
+                             f"ones dequantized); {_FIX}")
     if method == "compressed-tensors":
         return _compressed_tensors(where, qc)
     if qc.get("bits", 4) != 4:
@@ -101,7 +102,7 @@ def _compressed_tensors(where: str, qc: dict) -> QuantMethod:
     formats = {str(g.get("format") or qc.get("format")) for g in groups.values()} or {str(qc.get("format"))}
     if formats != {"pack-quantized"}:
         raise ModelLoadError(f"{where} says compressed-tensors format {', '.join(sorted(formats))}; kiln reads "
-                             f"'pack-quantized' (4-bit integer weights, W4A16); {_FIX}")
+                             f"'pack-quantized' (4-bit integer weights, W4A16) and 'float-quantized' (FP8); {_FIX}")
     schemes = {(w.get("num_bits"), w.get("type"), w.get("strategy"), w.get("group_size"), bool(w.get("symmetric")),
                 g.get("input_activations") is None) for g in groups.values() for w in [g.get("weights") or {}]}
     if len(schemes) != 1:

@@ -146,3 +146,55 @@ def _quantization_config(method: str, group: int, sym: bool, checkpoint_format: 
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
     return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act, "sym": sym,
             "checkpoint_format": checkpoint_format, "true_sequential": True, "damp_percent": 0.01}
+
+
+def write_fp8(float_dir: Path, dest: Path, reference: Path, producer: str = "fp8",
+              block: tuple[int, int] | None = (128, 128)) -> None:
+    """`float_dir`'s model with its decoder Linears stored as float8 e4m3 and scales, as transformers'
+    FineGrainedFP8 (producer "fp8": `weight_scale_inv` per block of `block`) or llm-compressor's FP8
+    (producer "compressed-tensors": `weight_scale` per block, or per channel where `block` is None) keeps
+    them; the float model of the values they stand for (fp8 * scale in float32) at `reference`."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from safetensors.torch import save_file as save_torch
+    tensors = load_file(str(float_dir / "model.safetensors"))
+    stored, values = {}, {}
+    for name, w in tensors.items():
+        prefix = name[: -len(".weight")]
+        if not name.endswith(".weight") or prefix.rsplit(".", 1)[-1] not in LINEARS:
+            stored[name], values[name] = torch.from_numpy(w), w
+            continue
+        n, k = w.shape
+        bn, bk = block or (1, k)
+        rows, cols = -(-n // bn), -(-k // bk)
+        padded = np.zeros((rows * bn, cols * bk), np.float32)
+        padded[:n, :k] = w
+        scale = np.abs(padded.reshape(rows, bn, cols, bk)).max(axis=(1, 3)) / 448
+        scale = np.where(scale == 0, 1, scale).astype(np.float32)                        # [rows, cols]
+        full = np.repeat(np.repeat(scale, bn, axis=0), bk, axis=1)[:n, :k]
+        fp8 = torch.from_numpy(w.astype(np.float32) / full).to(torch.float8_e4m3fn)
+        stored[name] = fp8
+        stored[f"{prefix}.{'weight_scale_inv' if producer == 'fp8' else 'weight_scale'}"] = torch.from_numpy(scale)
+        if producer != "fp8":
+            stored[f"{prefix}.input_scale"] = torch.ones(1)                                # static activations
+        values[name] = (fp8.float() * torch.from_numpy(full)).numpy()
+    config = json.loads((float_dir / "config.json").read_text())
+    if producer == "fp8":
+        qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+              "weight_block_size": list(block) if block else None}
+    else:
+        weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+                   "strategy": "block" if block else "channel", "block_structure": list(block) if block else None}
+        qc = {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "format": "float-quantized",
+                                            "input_activations": {"num_bits": 8, "type": "float", "dynamic": False,
+                                                                  "strategy": "tensor"}}},
+              "ignore": ["lm_head"]}
+    for out, arrays, extra in ((dest, stored, qc), (reference, values, None)):
+        out.mkdir(parents=True, exist_ok=True)
+        (save_torch if out == dest else save_file)(arrays, str(out / "model.safetensors"), metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps({**config, **({"quantization_config": extra} if extra else {}),
+                                                     "torch_dtype": "float32"}))
+        for f in float_dir.iterdir():
+            if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+                shutil.copy2(f, out / f.name)

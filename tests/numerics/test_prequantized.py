@@ -95,3 +95,18 @@ def test_desc_act_is_requantized_with_a_note(float_dir, tmp_path):
 def test_as_stored_refuses_float_weights(float_dir, tmp_path):
     with pytest.raises(ValueError, match="weights \\(hf\\) are floats; use q4f32, q4f16 or q8f32"):
         kiln.compile(str(float_dir), target="cpu", quant="as-stored", output=tmp_path / "art")
+
+
+def test_fp8_checkpoint_matches_transformers_reading_it(float_dir, tmp_path):
+    """transformers reads a FineGrainedFP8 folder itself (dequantized, on a CPU): the reference is its
+    own reading of the same file."""
+    from prequantized_writer import write_fp8
+    write_fp8(float_dir, tmp_path / "q", tmp_path / "values", "fp8", (32, 64))     # blocks dividing 64 x 192
+    art = kiln.compile(str(tmp_path / "q"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    cfg = json.loads((art / "kiln-config.json").read_text())
+    assert cfg["notes"][0].startswith("FP8 e4m3 weights (blocks of 32 x 64) dequantized to float32")
+    import transformers
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q", dtype=torch.float32).eval()
+    assert_prefill_and_decode_match(art, reference, IDS, tol=1e-4, steps=3)
+    with pytest.raises(ValueError, match="are floats"):
+        kiln.compile(str(tmp_path / "q"), target="cpu", quant="as-stored", output=tmp_path / "art2")

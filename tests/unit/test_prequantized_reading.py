@@ -61,7 +61,8 @@ def test_weights_read_as_the_values_the_codes_stand_for(layout, float_dir, tmp_p
 
 @pytest.mark.parametrize("change,message", [
     ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes', which kiln cannot read"),
-    ({"quant_method": "fp8"}, "unquantized checkpoint"),
+    ({"quant_method": "aqlm"}, "unquantized checkpoint"),
+    ({"quant_method": "fp8"}, "no tensor has a weight_scale_inv or weight_scale beside it"),
     ({"bits": 8}, "4-bit GPTQ checkpoints only"),
     ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'"),
     ({"group_size": 12}, "group_size 12"),
@@ -76,7 +77,7 @@ def test_unreadable_quantization_configs_are_refused_by_name(change, message, fl
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"format": "float-quantized"}, "compressed-tensors format float-quantized; kiln reads 'pack-quantized'"),
+    ({"format": "int-quantized"}, "compressed-tensors format int-quantized; kiln reads 'pack-quantized'"),
     ({"num_bits": 8}, "8-bit int weights by group"),
     ({"input_activations": {"num_bits": 8, "type": "int"}}, "with quantized activations"),
     ({"second_group": True}, "2 different weight schemes"),
@@ -125,3 +126,28 @@ def test_a_missing_plane_or_a_float_checkpoint_under_a_quantized_config_is_named
     (mislabeled / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=r"no tensor is named \*.qweight"):
         models.load(mislabeled)
+
+
+@pytest.mark.parametrize("producer,block", [("fp8", (128, 128)), ("fp8", (32, 48)), ("compressed-tensors", None),
+                                            ("compressed-tensors", (64, 64))])
+def test_fp8_weights_read_as_fp8_times_their_scales(producer, block, float_dir, tmp_path):
+    """Blocks that do not divide the weight (32 x 48 of 64 x 192) included: block (i // 32, k // 48), as
+    DeepSeek's weight_dequant and vLLM read them (transformers' CPU dequantization divides the weight by
+    the scale grid instead); with blocks that divide it transformers gives the same values
+    (tests/numerics/test_prequantized.py)."""
+    from prequantized_writer import write_fp8
+    write_fp8(float_dir, tmp_path / "q", tmp_path / "values", producer, block)
+    source, values = models.load(tmp_path / "q"), models.load(tmp_path / "values")
+    assert sorted(source.weights.names()) == sorted(values.weights.names())       # scales not listed
+    for name in values.weights.names():
+        np.testing.assert_array_equal(source.weights.get(name), values.weights.get(name), err_msg=name)
+    assert source.stored_quant is None and source.notes[0].startswith("FP8 e4m3 weights")
+
+
+def test_e4m3_bytes_decode_as_torch_does():
+    import torch
+
+    from kiln.models.fp8 import decode_e4m3
+    raw = np.arange(256, dtype=np.uint8)
+    want = torch.from_numpy(raw).view(torch.float8_e4m3fn).float().numpy()
+    np.testing.assert_array_equal(decode_e4m3(raw), want)
