@@ -83,22 +83,27 @@ def cache() -> None:
 
 
 @cache.command("list")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object per entry, one per line")
+@click.option("--json", "as_json", is_flag=True,
+              help="one JSON object per artifact and per built library (\"kind\" says which), one per line")
 def cache_list(as_json) -> None:
-    """Every cached artifact: model, quantization, target, size and last use (oldest first)."""
+    """Every cached artifact: model, quantization, target, size and last use (oldest first); then how
+    many built libraries the compiles keep (--json: each of them)."""
     from kiln.cache import artifacts_dir, entries
-    found = entries()
+    from kiln.compiler.lib_cache import cache_root, libraries
+    found, libs = entries(), libraries()
     for e in found:
-        row = {"path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target, "bytes": e.bytes,
-               "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))}
+        row = {"kind": "artifact", "path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target,
+               "bytes": e.bytes, "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))}
         if as_json:
             click.echo(json.dumps(row))
         else:
             click.echo(f"{row['last_used']}  {e.bytes / 1e6:8.1f} MB  {e.quant:<9} {e.target:<8} {e.model}  "
                        f"({e.path.name})")
-    if not as_json:
-        from kiln.compiler.lib_cache import cache_root, libraries
-        libs = libraries()
+    if as_json:
+        for lib in libs:
+            click.echo(json.dumps({"kind": "library", "path": str(lib.path), "bytes": lib.bytes,
+                                   "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(lib.last_used))}))
+    else:
         click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
         if libs:
             click.echo(f"{len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB in {cache_root()}")

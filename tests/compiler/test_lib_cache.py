@@ -6,6 +6,8 @@ lists and cleans the libraries."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -83,6 +85,9 @@ def test_cache_list_and_clean_count_the_libraries(libs, tiny_dirs, tmp_path):
     runner = CliRunner()
     listed = runner.invoke(main, ["cache", "list"])
     assert listed.exit_code == 0 and "1 built libraries" in listed.output and str(libs) in listed.output
+    rows = [json.loads(line) for line in runner.invoke(main, ["cache", "list", "--json"]).output.splitlines()]
+    (lib,) = [r for r in rows if r["kind"] == "library"]
+    assert lib["path"] == str(lib_cache.libraries()[0].path) and lib["bytes"] > 0
     kept = runner.invoke(main, ["cache", "clean", "--older-than", "7d"])
     assert kept.exit_code == 0 and len(lib_cache.libraries()) == 1
     gone = runner.invoke(main, ["cache", "clean"])

@@ -45,7 +45,8 @@ def test_cache_list_and_clean_by_age(tiny_dirs):
     os.utime(path, (old, old))
     runner = CliRunner()
     rows = [json.loads(line) for line in runner.invoke(main, ["cache", "list", "--json"]).output.splitlines()]
-    assert any(r["path"] == str(path) and r["model"] == "untied" and r["bytes"] > 0 for r in rows)
+    assert any(r["kind"] == "artifact" and r["path"] == str(path) and r["model"] == "untied" and r["bytes"] > 0
+               for r in rows)
     kept = runner.invoke(main, ["cache", "clean", "--older-than", "30d"])
     assert kept.exit_code == 0 and path.exists()
     gone = runner.invoke(main, ["cache", "clean", "--older-than", "7d"])
