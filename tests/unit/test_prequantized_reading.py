@@ -151,3 +151,15 @@ def test_e4m3_bytes_decode_as_torch_does():
     raw = np.arange(256, dtype=np.uint8)
     want = torch.from_numpy(raw).view(torch.float8_e4m3fn).float().numpy()
     np.testing.assert_array_equal(decode_e4m3(raw), want)
+
+
+def test_desc_act_with_groups_in_order_is_still_kept_exact(float_dir, tmp_path):
+    """A GPTQ config saying desc_act whose g_idx is k // G anyway (static groups) keeps its exact form."""
+    quantized, reference = _written(float_dir, tmp_path, "gptq-v1")
+    cfg = json.loads((quantized / "config.json").read_text())
+    cfg["quantization_config"]["desc_act"] = True
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    source, values = models.load(quantized), models.load(reference)
+    name = "model.layers.0.mlp.gate_proj.weight"
+    assert "desc_act" in source.notes[0] and source.weights.stored_form(name) == (False, 32)
+    np.testing.assert_array_equal(source.weights.stored_codes(name).dequantize(), values.weights.get(name))
