@@ -93,7 +93,7 @@ def cache_list(as_json) -> None:
     found, libs = entries(), libraries()
     for e in found:
         row = {"kind": "artifact", "path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target,
-               "bytes": e.bytes, "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))}
+               "bytes": e.bytes, "last_used": _when(e.last_used)}
         if as_json:
             click.echo(json.dumps(row))
         else:
@@ -102,11 +102,15 @@ def cache_list(as_json) -> None:
     if as_json:
         for lib in libs:
             click.echo(json.dumps({"kind": "library", "path": str(lib.path), "bytes": lib.bytes,
-                                   "last_used": time.strftime("%Y-%m-%d %H:%M", time.localtime(lib.last_used))}))
+                                   "last_used": _when(lib.last_used)}))
     else:
         click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
         if libs:
             click.echo(f"{len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB in {cache_root()}")
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
 
 
 @cache.command("clean")

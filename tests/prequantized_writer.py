@@ -92,8 +92,7 @@ def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str
     model of the same values at `reference`. bf16_scales: scales stored as bfloat16 (compressed-tensors
     from a bfloat16 model)."""
     import torch
-    from safetensors.numpy import load_file, save_file
-    from safetensors.torch import save_file as save_torch
+    from safetensors.numpy import load_file
     rng = np.random.default_rng(seed)
     tensors = load_file(str(float_dir / "model.safetensors"))
     packed, values = {}, {}
@@ -118,20 +117,28 @@ def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str
         if bf16_scales:
             scales = scales.float().numpy()
         values[name] = dequantized(codes, zeros, scales, g_idx).astype(np.float32)
+    _write_folder(float_dir, dest, packed, _quantization_config(method, group, sym, checkpoint_format, desc_act))
+    _write_folder(float_dir, reference, values, None)
+
+
+def _write_folder(float_dir: Path, out: Path, tensors: dict, quantization_config: dict | None) -> None:
+    """`tensors` (numpy, or torch where numpy has no such dtype: bfloat16, float8) as out/model.safetensors,
+    float_dir's config with `quantization_config`, and its tokenizer files."""
+    import torch
+    from safetensors.numpy import save_file
+    from safetensors.torch import save_file as save_torch
+    out.mkdir(parents=True, exist_ok=True)
+    if any(isinstance(v, torch.Tensor) for v in tensors.values()):
+        save_torch({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
+                    for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((float_dir / "config.json").read_text())
-    for out, arrays, extra in ((dest, packed, _quantization_config(method, group, sym, checkpoint_format, desc_act)),
-                               (reference, values, None)):
-        out.mkdir(parents=True, exist_ok=True)
-        if bf16_scales and out == dest:
-            save_torch({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))
-                        for k, v in arrays.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-        else:
-            save_file(arrays, str(out / "model.safetensors"), metadata={"format": "pt"})
-        (out / "config.json").write_text(json.dumps({**config, **({"quantization_config": extra} if extra else {}),
-                                                     "torch_dtype": "float32"}))
-        for f in float_dir.iterdir():
-            if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-                shutil.copy2(f, out / f.name)
+    extra = {"quantization_config": quantization_config} if quantization_config else {}
+    (out / "config.json").write_text(json.dumps({**config, **extra, "torch_dtype": "float32"}))
+    for f in float_dir.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            shutil.copy2(f, out / f.name)
 
 
 def _quantization_config(method: str, group: int, sym: bool, checkpoint_format: str, desc_act: bool) -> dict:
@@ -155,8 +162,7 @@ def write_fp8(float_dir: Path, dest: Path, reference: Path, producer: str = "fp8
     (producer "compressed-tensors": `weight_scale` per block, or per channel where `block` is None) keeps
     them; the float model of the values they stand for (fp8 * scale in float32) at `reference`."""
     import torch
-    from safetensors.numpy import load_file, save_file
-    from safetensors.torch import save_file as save_torch
+    from safetensors.numpy import load_file
     tensors = load_file(str(float_dir / "model.safetensors"))
     stored, values = {}, {}
     for name, w in tensors.items():
@@ -178,7 +184,6 @@ def write_fp8(float_dir: Path, dest: Path, reference: Path, producer: str = "fp8
         if producer != "fp8":
             stored[f"{prefix}.input_scale"] = torch.ones(1)                                # static activations
         values[name] = (fp8.float() * torch.from_numpy(full)).numpy()
-    config = json.loads((float_dir / "config.json").read_text())
     if producer == "fp8":
         qc = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
               "weight_block_size": list(block) if block else None}
@@ -190,11 +195,5 @@ def write_fp8(float_dir: Path, dest: Path, reference: Path, producer: str = "fp8
                                             "input_activations": {"num_bits": 8, "type": "float", "dynamic": False,
                                                                   "strategy": "tensor"}}},
               "ignore": ["lm_head"]}
-    for out, arrays, extra in ((dest, stored, qc), (reference, values, None)):
-        out.mkdir(parents=True, exist_ok=True)
-        (save_torch if out == dest else save_file)(arrays, str(out / "model.safetensors"), metadata={"format": "pt"})
-        (out / "config.json").write_text(json.dumps({**config, **({"quantization_config": extra} if extra else {}),
-                                                     "torch_dtype": "float32"}))
-        for f in float_dir.iterdir():
-            if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
-                shutil.copy2(f, out / f.name)
+    _write_folder(float_dir, dest, stored, qc)
+    _write_folder(float_dir, reference, values, None)
