@@ -9,6 +9,7 @@ not (the tiny tokenizer's ChatML, which gets kiln's default tool block).
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import socket
 import threading
@@ -23,6 +24,7 @@ from pydantic import BaseModel
 from kiln.runtime import tools
 from kiln.runtime.async_engine import AsyncEngine
 from kiln.runtime.engine import Engine, EngineConfig
+from kiln.runtime.host_memory import freeze_startup_objects
 from kiln.runtime.server import ServerArgs, create_app
 from test_openapi_replies import documented
 from test_server import Server, wait_for
@@ -49,7 +51,10 @@ class Clock(BaseModel):
 @contextlib.contextmanager
 def serving(artifact, config: EngineConfig | None = None):
     """The tiny model served on loopback; yields (Server, its Engine) so a test can swap the template.
-    ``config``: the engine's (default: 8 sequences)."""
+    ``config``: the engine's (default: 8 sequences). Like `kiln serve` (runtime/server.py serve_http),
+    the objects alive once it has loaded are frozen out of the cyclic collector's sight: here that is
+    the whole pytest worker, whose full collections late in a run (every test module's imports
+    alive) can hold the GIL, and so the engine thread, for longer than a real server's."""
     engine = Engine(artifact, config or EngineConfig(max_num_seqs=8))
     aengine = AsyncEngine(engine)
     sock = socket.socket()
@@ -59,8 +64,10 @@ def serving(artifact, config: EngineConfig | None = None):
     thread.start()
     try:
         wait_for(lambda: server.started, what="the server to start")
+        freeze_startup_objects()
         yield Server(f"http://127.0.0.1:{sock.getsockname()[1]}", MODEL), engine
     finally:
+        gc.unfreeze()                          # the worker's later tests collect as before
         server.should_exit = True
         thread.join(timeout=30)
         aengine.stop()
