@@ -101,7 +101,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     arch, config, model = models.build(source)
     scheme = get_scheme(opts.quant, source, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,
-                        codes_by_bits=profile.codes_by_bits)
+                        codes_by_bits=profile.codes_by_bits, half_storage=profile.half_storage)
     report("load", 1, 1)
     if opts.context_window and opts.context_window > config.context_window_size:
         raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "

@@ -7,6 +7,13 @@ planes, groups of `group_size` consecutive elements of a row sharing one scale:
     q4m  qweight uint32 [N, K/8]   value = q * scale + min           (llama.cpp Q4_1)
     q8   qweight int8   [N, K]     value = q * scale                 (llama.cpp Q8_0)
          scale (and min) [N, K/group_size] in the format's scale dtype
+    f16  qweight float16 [N, K]    value = w, widened to float32      (a stored float16 tensor)
+    bf16 qweight uint16 [N, K]     value = the float32 whose top half is w   (a stored bfloat16 tensor)
+
+f16 and bf16 hold a checkpoint's 16-bit float weights as stored, half the bytes of the float32
+compute that as-stored keeps them in (QuantPlan._format_for), with no scale plane: widening to
+float32 is exact. bfloat16 travels as its bits (uint16), so no runtime or target needs a bfloat16
+type.
 
 4-bit codes are packed 8 to a uint32 along K: element k of a row lives in word k // 8
 at bits 4 * (k % 8).
@@ -25,8 +32,11 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-KINDS = ("q4", "q4m", "q8")
-_VALUE = {"q4": "(q - 8) * scale", "q4m": "q * scale + min", "q8": "q * scale"}
+KINDS = ("q4", "q4m", "q8", "f16", "bf16")
+FLOAT_KINDS = ("f16", "bf16")          # 16-bit floats as stored, widened to float32
+_VALUE = {"q4": "(q - 8) * scale", "q4m": "q * scale + min", "q8": "q * scale", "f16": "w (float16)",
+          "bf16": "w (bfloat16 bits)"}
+_FLOAT_PLANE = {"f16": "float16", "bf16": "uint16"}
 
 
 @dataclass(frozen=True)
@@ -45,14 +55,18 @@ class QuantFormat:
 
     @property
     def bits(self) -> int:
-        return 8 if self.kind == "q8" else 4
+        return {"q8": 8, "f16": 16, "bf16": 16}.get(self.kind, 4)
 
     @property
     def plane_names(self) -> tuple[str, ...]:
+        if self.kind in FLOAT_KINDS:
+            return ("qweight",)
         return ("qweight", "scale", "min") if self.kind == "q4m" else ("qweight", "scale")
 
     def planes(self, rows: int, cols: int) -> dict[str, tuple[tuple[int, int], str]]:
         """{plane name: (shape, dtype)} for a [rows, cols] weight."""
+        if self.kind in FLOAT_KINDS:
+            return {"qweight": ((rows, cols), _FLOAT_PLANE[self.kind])}
         if cols % self.group_size:
             raise ValueError(f"a {self.kind} weight needs its last dim ({cols}) to be a multiple of "
                              f"the group size {self.group_size}")
@@ -62,6 +76,8 @@ class QuantFormat:
 
     def describe(self) -> dict:
         """The artifact's record of this format (kiln-config.json "quantization")."""
+        if self.kind in FLOAT_KINDS:
+            return {"kind": self.kind, "bits": self.bits, "value": _VALUE[self.kind]}
         return {"kind": self.kind, "bits": self.bits, "group_size": self.group_size,
                 "scale_dtype": self.scale_dtype, "value": _VALUE[self.kind]}
 
@@ -69,8 +85,8 @@ class QuantFormat:
 def dequantize(fmt: QuantFormat, dtype: str, planes: list[Tensor], by_bits: bool = False) -> Tensor:
     """The float weight [N, K] (in `dtype`) from its planes, as one `dequantize_<kind>` op."""
 
-    def compute(qweight: te.Tensor, scale: te.Tensor, minimum: te.Tensor | None = None) -> te.Tensor:
-        rows, cols = qweight.shape[0], qweight.shape[1] * (1 if fmt.kind == "q8" else 8)
+    def compute(qweight: te.Tensor, scale: te.Tensor | None = None, minimum: te.Tensor | None = None) -> te.Tensor:
+        rows, cols = qweight.shape[0], qweight.shape[1] * (8 if fmt.kind in ("q4", "q4m") else 1)
         return te.compute((rows, cols), lambda n, k: dequantize_element(fmt, dtype, qweight, scale, minimum, n, k,
                                                                         by_bits), name="dequantize")
 
@@ -81,6 +97,11 @@ def dequantize_element(fmt: QuantFormat, dtype: str, qweight, scale, minimum, n,
                        by_bits: bool = False) -> tirx.PrimExpr:
     """W[n, k] as a TIR expression over the plane buffers (TE tensors or TIR buffers); `by_bits`:
     the integer codes become floats through their bits (code_value), the same values."""
+    if fmt.kind == "f16":
+        return qweight[n, k].astype(dtype)
+    if fmt.kind == "bf16":
+        bits = qweight[n, k].astype("uint32") << tirx.const(16, "uint32")
+        return tirx.reinterpret("float32", bits).astype(dtype)
     g = k // fmt.group_size
     s = scale[n, g].astype(dtype)
     if fmt.kind == "q8":
@@ -129,9 +150,10 @@ class _QuantizedWeight(nn.Module):
     @property
     def weight_dtype(self) -> str:
         """The dequantized weight's dtype: float32 whenever the scales are (a GGUF's exact formats
-        under float16 compute stay exact: q * scale rounded to float16 would not be), else the
-        compute dtype."""
-        return "float32" if self.format.scale_dtype == "float32" else self.dtype
+        under float16 compute stay exact: q * scale rounded to float16 would not be) and for 16-bit
+        floats as stored (bfloat16 has no float16 form), else the compute dtype."""
+        exact = self.format.scale_dtype == "float32" or self.format.kind in FLOAT_KINDS
+        return "float32" if exact else self.dtype
 
     def dequantized_weight(self) -> Tensor:
         return dequantize(self.format, self.weight_dtype, [getattr(self, p) for p in self.format.plane_names],
@@ -192,5 +214,5 @@ class QuantizedEmbedding(_QuantizedWeight):
         return rows if ids.ndim == 1 else op.reshape(rows, shape=[*ids.shape, self.dim])
 
 
-__all__ = ["KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "code_value", "dequantize",
+__all__ = ["FLOAT_KINDS", "KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "code_value", "dequantize",
            "dequantize_element"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from kiln.models.source import usable_cores
 
-from .quant_modules import QuantFormat
+from .quant_modules import FLOAT_KINDS, QuantFormat
 
 Planes = dict[str, np.ndarray]
 
@@ -51,8 +51,11 @@ def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes
 
     q4: the scale with the least squared error among candidates (see _q4_levels), computed by the
     host profile's compiled quantizer where it has one (the same bits; `reference`: by numpy here);
-    q8: scale = max|w| / 127; q4m: [min, max] in 15 steps.
+    q8: scale = max|w| / 127; q4m: [min, max] in 15 steps; f16 / bf16: each value rounded to
+    the nearest (a value stored in that type is kept as it is).
     """
+    if fmt.kind in FLOAT_KINDS:
+        return {"qweight": _half(fmt.kind, w)}
     n, k = w.shape
     fmt.planes(n, k)                                     # validates K against the group size
     rows = max(1, _CHUNK_VALUES // k)
@@ -126,6 +129,16 @@ def _round_levels(groups: np.ndarray, step: np.ndarray, out: np.ndarray) -> None
     np.clip(np.rint(out, out=out), -8, 7, out=out)
 
 
+def _half(kind: str, w: np.ndarray) -> np.ndarray:
+    """float16, or bfloat16's bits (uint16: the top half of the float32, rounded to nearest even)."""
+    if kind == "f16":
+        return np.ascontiguousarray(w.astype(np.float16, copy=False))
+    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))
+    rounded = np.where(np.isnan(w), bits | np.uint32(0x400000), rounded)     # NaN stays NaN
+    return (rounded >> 16).astype(np.uint16)
+
+
 def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """sum(a * b) over the last axis, products and sum in float64 (exact for float16 and bfloat16
     weights, so any summation order gives these bits: the compiled quantizer's does), rounded to float32."""
@@ -146,6 +159,10 @@ def _inverse(scale: np.ndarray) -> np.ndarray:
 def dequantize(fmt: QuantFormat, planes: Planes, dtype: str = "float32") -> np.ndarray:
     """planes -> float [N, K] in `dtype`, with the same operations the TE dequantize performs."""
     q = planes["qweight"]
+    if fmt.kind == "f16":
+        return q.astype(dtype)
+    if fmt.kind == "bf16":
+        return (q.astype(np.uint32) << 16).view(np.float32).astype(dtype)
     if fmt.kind != "q8":
         q = unpack_nibbles(q)
     n, k = q.shape

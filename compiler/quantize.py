@@ -13,8 +13,9 @@ in floating point. Schemes:
     q8f32          int8, group 32 along K, value = q * scale
     as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q2_K, Q3_K, Q4_K and Q6_K kept
                    exactly (quant_gguf.GGUF_EXACT), Q5_1 / Q5_K re-quantized to q8 (lossy, noted),
-                   F16/BF16/F32 tensors kept as float; a GPTQ, AWQ or compressed-tensors checkpoint's
-                   4-bit codes kept exactly (quant_prequant), GPTQ's desc_act re-quantized
+                   F32 tensors kept as float, F16 / BF16 ones in their 16 bits (quant_modules f16 /
+                   bf16, widened to float32 in the matmul); a GPTQ, AWQ or compressed-tensors
+                   checkpoint's 4-bit codes kept exactly (quant_prequant), GPTQ's desc_act re-quantized
     as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
     auto           as-stored for GGUF, GPTQ, AWQ and compressed-tensors, the target's best 4-bit scheme
@@ -51,6 +52,7 @@ from . import quant_gguf, quant_pack, quant_prequant
 from .quant_modules import QuantFormat, QuantizedEmbedding, QuantizedLinear
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
+_HALF_KINDS = {"F16": "f16", "BF16": "bf16"}        # stored 16-bit floats -> the kind keeping their bits
 # stored types re-quantized to q4 (where not kept exactly); the rest to q8
 _FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "GPTQ", "AWQ", "compressed-tensors")
 
@@ -65,17 +67,18 @@ class QuantScheme:
     as_stored: bool = False     # keep a GGUF's own quantized formats
 
     def apply(self, model: nn.Module, source: ModelSource, weight_map: dict, eight_bit: bool = True,
-              codes_by_bits: bool = False) -> QuantPlan:
+              codes_by_bits: bool = False, half_storage: bool = True) -> QuantPlan:
         """Cast the model to the compute dtype, swap quantized modules in, return the plan.
         ``eight_bit=False``: the target has no 8-bit storage, so every quantized weight is 4-bit.
         ``codes_by_bits``: the kernels turn integer codes into floats by their bits
-        (quant_modules.code_value; the same values)."""
+        (quant_modules.code_value; the same values). ``half_storage=False``: the target has no
+        16-bit storage, so as-stored keeps F16 / BF16 tensors in the compute dtype."""
         if self.kind == "q8" and not eight_bit:
             raise ValueError(f"--quant {self.name} stores 8-bit integers, which this target's kernels cannot "
                              "read; use q4f32 or q4f16")
         model.to(self.model_dtype)
         plan = QuantPlan(self, dict(source.hf_config), eight_bit=eight_bit, codes_by_bits=codes_by_bits,
-                         stored_quant=source.stored_quant)
+                         half_storage=half_storage, stored_quant=source.stored_quant)
         _swap_modules(model, "", lambda path, m: plan.decide(path, m, source, weight_map))
         plan.finish()
         return plan
@@ -121,6 +124,7 @@ class QuantPlan:
     hf_config: dict
     eight_bit: bool = True                  # q8 allowed (the target reads 8-bit integers)
     codes_by_bits: bool = False             # dequantize codes to floats by their bits (quant_modules.code_value)
+    half_storage: bool = True               # f16 / bf16 weights allowed (the target reads 16-bit values)
     stored_quant: str | None = None         # the source's stored quantization (ModelSource.stored_quant)
     formats: dict[str, QuantFormat | None] = field(default_factory=dict)   # weight name -> format
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict)       # quantized: [N, K]
@@ -163,7 +167,13 @@ class QuantPlan:
     def _format_for(self, name: str, spec: WeightSpec, source: ModelSource, cols: int,
                     lm_head: bool) -> QuantFormat | None:
         scheme = self.scheme
-        if scheme.kind is None or cols % scheme.group_size:
+        if scheme.kind is None:
+            return None
+        if scheme.as_stored:
+            types = [source.weights.tensor_type(n) for n in spec.hf_names]
+            if types and all(t in _FLOAT_TYPES for t in types):
+                return self._float_as_stored(types)
+        if cols % scheme.group_size:
             return None
         if not scheme.as_stored:
             # The LM head is the most precision-sensitive weight: 8-bit, as llama.cpp does for
@@ -173,9 +183,6 @@ class QuantPlan:
                 kind = "q8"
                 self._kept_8bit.append(name)
             return QuantFormat(kind, scheme.group_size, scheme.model_dtype)
-        types = [source.weights.tensor_type(n) for n in spec.hf_names]
-        if types and all(t in _FLOAT_TYPES for t in types):
-            return None                                   # stored as float: kept as float
         exact = {_exact_form(source, n, t) for n, t in zip(spec.hf_names, types)}
         if not self.eight_bit:
             exact = {e if e is None or e[0] != "q8" else None for e in exact}
@@ -189,6 +196,17 @@ class QuantPlan:
         for hf_name, t in zip(spec.hf_names, types):
             self._requantized.setdefault((t, kind), []).append(hf_name)
         return QuantFormat(kind, scheme.group_size, "float32")
+
+    def _float_as_stored(self, types: list[str]) -> QuantFormat | None:
+        """A weight stored as floats, under as-stored: its 16 bits where every part has the same 16-bit
+        type (f16 / bf16, widened to float32 in its matmul: exact, half float32's bytes), else None
+        (float, in the compute dtype: float32 tensors, float16 ones under float16 compute, mixed parts)."""
+        kinds = {_HALF_KINDS.get(t) for t in types}
+        kind = kinds.pop() if len(kinds) == 1 else None
+        if kind is None or not self.half_storage or (kind == "f16" and self.scheme.model_dtype == "float16"):
+            return None
+        self._kept.update(f"{t} as {kind}" for t in types)
+        return QuantFormat(kind, 32, "float32")
 
     def _at_the_ends(self, name: str) -> bool:
         """Whether a weight is in the first or last eighth of the layers (round(layers / 8) each
@@ -273,7 +291,7 @@ class QuantPlan:
         out: dict = {"name": self.scheme.name, "dtype": self.scheme.model_dtype}
         if formats:
             main = max(formats, key=lambda k: used[k])
-            out.update(bits=formats[main]["bits"], group_size=formats[main]["group_size"])
+            out.update({k: formats[main][k] for k in ("bits", "group_size") if k in formats[main]})
         out["formats"] = {k: {**formats.get(k, {}), "weights": n} for k, n in sorted(used.items())}
         if len(used) > 1:                                   # mixed: every weight's format
             out["tensors"] = {name: _label(fmt.kind, fmt.group_size) if fmt else self.scheme.model_dtype

@@ -50,6 +50,10 @@ class SafetensorsWeights:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._where[name][1]["shape"])
 
+    def tensor_type(self, name: str) -> str:
+        """The stored dtype as safetensors names it: "F32", "F16", "BF16", ..."""
+        return self._where[name][1]["dtype"]
+
     def stored(self, name: str) -> np.ndarray:
         """The tensor in its stored dtype (bfloat16 as uint16; integers stay integers)."""
         f, info, offset = self._where[name]
@@ -105,6 +109,11 @@ class TorchBinWeights:
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._tensors[name].shape)
+
+    def tensor_type(self, name: str) -> str:
+        """The stored dtype as safetensors would name it: "F32", "F16", "BF16", ..."""
+        torch, dtype = self._torch, self._tensors[name].dtype
+        return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}.get(dtype, str(dtype))
 
     def stored(self, name: str) -> np.ndarray:
         """The tensor in its stored dtype (bfloat16 as uint16; integers stay integers)."""

@@ -173,8 +173,12 @@ class PrequantizedWeights:
         return len(self._quantized)
 
     def tensor_type(self, name: str) -> str:
-        """The method's label ("GPTQ", "AWQ", ...) for a quantized Linear; "F32" for the rest, stored as floats."""
-        return self.method.label if self._prefix(name) is not None else "F32"
+        """The method's label ("GPTQ", "AWQ", ...) for a quantized Linear; for the rest, stored as floats,
+        "F16" or "BF16" as stored (as-stored keeps their 16 bits), else "F32"."""
+        if self._prefix(name) is not None:
+            return self.method.label
+        stored = self._inner.tensor_type(name)
+        return stored if stored in ("F16", "BF16") else "F32"
 
     def get(self, name: str) -> np.ndarray:
         prefix = self._prefix(name)

@@ -80,6 +80,9 @@ class TargetProfile:
     exporter: Callable[[Any, Path], None] | None = field(default=None, compare=False)
     system_lib: bool = False        # functions register themselves at load (static linking into an app)
     eight_bit_storage: bool = True  # kernels may read 8-bit integers (q8 weights); False: 4-bit only
+    # kernels may read 16-bit values (float16, uint16): as-stored keeps a checkpoint's F16 / BF16 weights
+    # in 16 bits (quant_modules f16 / bf16); False: in the compute dtype
+    half_storage: bool = True
     # Dequantize integer codes to floats by their bits (compiler/quant_modules.py code_value), the same
     # values without a conversion instruction: an H100 SM converts 16 values a clock (~4.2e12/s in
     # all), about what a batch-1 8B decode step at the memory floor needs. Off until a GPU measures it.

@@ -18,9 +18,10 @@ _WEBGPU = {"kind": "webgpu", "max_num_threads": 256, "max_shared_memory_per_bloc
 def webgpu_profile() -> TargetProfile:
     host = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm", "vector-width": 128}
     # q4f32: WGSL's f16 needs the optional shader-f16 feature, which many adapters lack.
-    # WGSL has no 8-bit types (array<i8> does not parse), so no q8 weights: the LM head stays 4-bit.
+    # WGSL has no 8-bit types (array<i8> does not parse), so no q8 weights: the LM head stays 4-bit;
+    # nor 16-bit ones without shader-f16, so as-stored keeps F16 / BF16 weights as float32.
     return TargetProfile(
         name="webgpu", target={**_WEBGPU, "host": host}, device="webgpu", export_format="tar",
         runnable_here=False, default_quant="q4f32", phase_passes=gpu_phase_passes, system_lib=True,
-        eight_bit_storage=False,
+        eight_bit_storage=False, half_storage=False,
         description="browser GPU (WebGPU, WGSL); wasm32 objects for an Emscripten/tvmjs build")

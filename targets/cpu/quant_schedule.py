@@ -55,9 +55,10 @@ def default_knobs(vector_lanes: int) -> CPUKnobs:
 
 class QuantMatmul(ScheduleRule):
     """Matches a PrimFunc of exactly two blocks: a spatial dequantize reading an integer
-    (uint32 / int8) plane and writing W[N, K], and one NT matmul reduction reading W as its
-    second operand (A and W both indexed by k last; N and K static). Symbolic rows get the
-    GEMV / tiled-matmul branch; static rows (> 1) the tiled matmul alone."""
+    (uint32 / int8) plane, or a 16-bit one (float16 / uint16) it widens to float32, and writing
+    W[N, K], and one NT matmul reduction reading W as its second operand (A and W both indexed by
+    k last; N and K static). Symbolic rows get the GEMV / tiled-matmul branch; static rows (> 1)
+    the tiled matmul alone."""
 
     def __init__(self, knobs: CPUKnobs | None = None) -> None:
         self.knobs = knobs or default_knobs(16)
@@ -181,7 +182,9 @@ def _find_dequant_matmul(sch: s_tir.Schedule):
         return None
     if not mm.reads[1].source.same_as(dq.writes[0].source):
         return None
-    if not any(r.source.dtype in ("uint32", "int8") for r in dq.reads):
+    widened = dq.writes[0].source.dtype == "float32"       # f16 / bf16 weights (uint16 bits) widened
+    if not any(r.source.dtype in ("uint32", "int8") or (widened and r.source.dtype in ("float16", "uint16"))
+               for r in dq.reads):
         return None
     k = next(iv.var for iv in mm.iter_vars if iv.iter_type == _REDUCE)
     a_last, b_last = (read.region[-1].min for read in mm.reads)

@@ -35,6 +35,8 @@ PROMPT = [int(i) for i in np.random.default_rng(7).integers(0, 512, size=23)]
 
 
 def _format_of(planes: dict[str, np.ndarray]) -> QuantFormat:
+    if "scale" not in planes:                                     # 16-bit floats as stored
+        return QuantFormat("f16" if planes["qweight"].dtype == np.float16 else "bf16")
     kind = "q8" if planes["qweight"].dtype == np.int8 else ("q4m" if "min" in planes else "q4")
     cols = planes["qweight"].shape[1] * (1 if kind == "q8" else 8)
     return QuantFormat(kind, cols // planes["scale"].shape[1], str(planes["scale"].dtype))
@@ -189,6 +191,25 @@ def test_quantizing_in_row_chunks_gives_the_same_planes(kind, monkeypatch):
     assert whole.keys() == chunked.keys()
     for name in whole:
         np.testing.assert_array_equal(whole[name], chunked[name])
+
+
+def test_16_bit_float_planes_round_as_torch_does():
+    """f16 / bf16 planes of float32 values: float16 as numpy rounds, bfloat16 bits as torch's bfloat16
+    (round to nearest even, halfway cases, infinities, NaN staying NaN); dequantize widens them back."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((8, 64)) * np.exp2(rng.integers(-20, 20, (8, 64)))).astype(np.float32)
+    w.view(np.uint32)[0, :8] = [0x3F808000, 0x3F818000, 0x3F807FFF, 0x7F7FFFFF, 0xFF800000, 0x7FC00001, 0x80000001, 0]
+    bf16 = quant_pack.quantize(QuantFormat("bf16"), w)["qweight"]
+    want = torch.from_numpy(w).to(torch.bfloat16)
+    assert bf16.dtype == np.uint16
+    numbers = ~np.isnan(w)                                            # NaN payloads may differ
+    np.testing.assert_array_equal(bf16[numbers], want.view(torch.int16).numpy().view(np.uint16)[numbers])
+    widened = quant_pack.dequantize(QuantFormat("bf16"), {"qweight": bf16})
+    assert np.isnan(widened[0, 5]) and numbers.sum() == w.size - 1
+    np.testing.assert_array_equal(widened[numbers], want.float().numpy()[numbers])
+    f16 = quant_pack.quantize(QuantFormat("f16"), w)["qweight"]
+    np.testing.assert_array_equal(f16, w.astype(np.float16))
+    assert quant_pack.dequantize(QuantFormat("f16"), {"qweight": f16}).dtype == np.float32
 
 
 def test_4bit_schemes_keep_the_lm_head_and_the_end_layers_8bit(tmp_path):
@@ -354,6 +375,55 @@ def test_mixed_gguf_types_kept_exact_or_requantized_with_a_note(tmp_path):
                  "model.embed_tokens.weight", "lm_head.weight"):
         np.testing.assert_array_equal(values[name].view(np.uint32), weights.get(name).view(np.uint32), err_msg=name)
     check_against_reference(art, atol=1e-4)
+
+
+HALF_FLOATS = {  # GGUF type of every 2-D tensor, --quant -> (tiny model, kiln kind, float32 compute)
+    ("F16", "auto"): ("tied", "f16", True),
+    ("BF16", "as-stored"): ("untied", "bf16", True),
+    ("BF16", "as-stored-f16"): ("untied", "bf16", False),
+}
+
+
+@pytest.mark.parametrize("stored_type,quant", list(HALF_FLOATS))
+def test_as_stored_keeps_16_bit_floats_in_16_bits(stored_type, quant, tmp_path):
+    """A GGUF of F16 or BF16 tensors (llama.cpp's converter's own outputs) keeps them in their 16 bits
+    under as-stored (f16 / bf16 planes: half the bytes float32 weights took, each value widened to float32
+    inside its matmul), and BF16 ones under as-stored-f16 too, where they used to be rounded to float16.
+    The planes equal the file's values bit for bit; the logits match the float32 reference."""
+    from gguf_writer import write_gguf as write_hf_gguf
+    from tiny_models import write_tiny_llama
+    kind, expected_kind, float32 = HALF_FLOATS[stored_type, quant]
+    hf_dir = write_tiny_llama(tmp_path / "hf", tied=kind == "tied", hidden_size=256, intermediate_size=256,
+                              num_hidden_layers=2, head_dim=64)
+    path = write_hf_gguf(hf_dir, tmp_path / "half.gguf", default=stored_type)
+    art = compile_with_reference(path, hf_dir, quant, tmp_path / "art")
+    cfg = json.loads((art / "kiln-config.json").read_text())
+    assert list(cfg["quantization"]["formats"]) == [expected_kind]
+    assert any(n.startswith("GGUF weights kept bit-exact (as-stored): ") and f"{stored_type} as {expected_kind}" in n
+               for n in cfg["notes"])
+    artifact = Artifact.load(art)
+    params = dict(zip(artifact.config.params, artifact.load_params()))
+    plane = params["model.layers.0.mlp.down_proj.qweight"]
+    assert plane.dtype == (np.float16 if expected_kind == "f16" else np.uint16) and plane.shape == (256, 256)
+    values, weights = dequantized_weights(art), models.load(path).weights        # get(): gguf-py's values
+    for name in values:
+        if weights.tensor_type(name) == stored_type:
+            np.testing.assert_array_equal(values[name], weights.get(name).astype(np.float32), err_msg=name)
+    if float32:
+        check_against_reference(art, atol=1e-4)
+
+
+def test_targets_without_16_bit_storage_keep_half_floats_as_float32(tmp_path):
+    """WebGPU's profile reads no 16-bit values (WGSL needs shader-f16): as-stored keeps its compute dtype."""
+    from gguf_writer import write_gguf as write_hf_gguf
+    from tiny_models import write_tiny_llama
+    from kiln.compiler.quantize import get_scheme
+    source = models.load(write_hf_gguf(write_tiny_llama(tmp_path / "hf", tied=True), tmp_path / "m.gguf",
+                                       default="F16"))
+    for half_storage, kinds in ((True, {"f16"}), (False, {None})):
+        arch, config, model = models.build(source)
+        plan = get_scheme("auto", source).apply(model, source, arch.weight_map(config), half_storage=half_storage)
+        assert {fmt.kind if fmt else None for fmt in plan.formats.values()} == kinds
 
 
 # ----------------------------------------------------------------------------- SmolLM2 (slow)
