@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from kiln.models.prequantized import unpack_nibbles   # uint32 [N, K/8] -> uint8 codes [N, K]: pack_nibbles' inverse
 from kiln.models.source import usable_cores
 
 from .quant_modules import FLOAT_KINDS, QuantFormat
@@ -37,13 +38,6 @@ def pack_nibbles(q: np.ndarray) -> np.ndarray:
     n, k = q.shape
     pairs = np.ascontiguousarray(q[:, 0::2] | (q[:, 1::2] << 4))      # byte j: elements 2j, 2j + 1
     return pairs.view("<u4").astype(np.uint32, copy=False).reshape(n, k // 8)   # 4 bytes per word, little end first
-
-
-def unpack_nibbles(words: np.ndarray) -> np.ndarray:
-    """uint32 [N, K/8] -> uint8 codes [N, K] (the inverse of pack_nibbles)."""
-    n, kw = words.shape
-    q = (words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
-    return q.astype(np.uint8).reshape(n, kw * 8)
 
 
 def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .prequantized import compressed_tensors_formats
 from .source import ModelLoadError
 
 _SCALES = ("weight_scale_inv", "weight_scale")                 # the per-block scale, by producer
@@ -68,10 +69,12 @@ def read_fp8_method(d: Path, qc: dict) -> FP8Method | None:
             raise ModelLoadError(f"{where} says FP8 format {qc.get('fmt')!r}; kiln reads e4m3 weights")
         block = qc.get("weight_block_size")
         return FP8Method(_block(where, block), f"{qc.get('activation_scheme', 'dynamic')}")
-    groups = qc.get("config_groups") or {}
-    if method != "compressed-tensors" or {str(g.get("format") or qc.get("format")) for g in groups.values()} \
-            != {"float-quantized"}:
+    if method != "compressed-tensors" or compressed_tensors_formats(qc) != {"float-quantized"}:
         return None
+    groups = qc.get("config_groups") or {}
+    if not groups:
+        raise ModelLoadError(f"{where} says compressed-tensors float-quantized but has no config_groups to say "
+                             "how; the checkpoint's config.json is incomplete")
     weights = [g.get("weights") or {} for g in groups.values()]
     schemes = {(w.get("num_bits"), w.get("type"), w.get("strategy"), str(w.get("block_structure"))) for w in weights}
     bits, kind, strategy, block = next(iter(schemes))

@@ -156,6 +156,9 @@ def load_hf_dir(d: Path) -> ModelSource:
                              "(config.json + *.safetensors) or a .gguf file")
     hf_config = read_config(cfg_path)
     qc = hf_config.get("quantization_config") or None
+    if qc is not None and not isinstance(qc, dict):
+        raise ModelLoadError(f"{cfg_path}: quantization_config is {type(qc).__name__} {qc!r:.60}, not an object; "
+                             "the checkpoint's config.json is malformed (re-download it)")
     fp8 = read_fp8_method(d, qc) if qc else None
     method = read_quant_method(d, qc) if qc and fp8 is None else None
     kind, files = _weight_files(d)

@@ -96,10 +96,16 @@ def _group(where: str, group) -> int | None:
     return group if group > 0 else None
 
 
+def compressed_tensors_formats(qc: dict) -> set[str]:
+    """A compressed-tensors config's formats: each config group's, else the config's own."""
+    groups = qc.get("config_groups") or {}
+    return {str(g.get("format") or qc.get("format")) for g in groups.values()} or {str(qc.get("format"))}
+
+
 def _compressed_tensors(where: str, qc: dict) -> QuantMethod:
     """One weight scheme for every config group: 4-bit ints, grouped or per channel, packed."""
     groups = qc.get("config_groups") or {}
-    formats = {str(g.get("format") or qc.get("format")) for g in groups.values()} or {str(qc.get("format"))}
+    formats = compressed_tensors_formats(qc)
     if formats != {"pack-quantized"}:
         raise ModelLoadError(f"{where} says compressed-tensors format {', '.join(sorted(formats))}; kiln reads "
                              f"'pack-quantized' (4-bit integer weights, W4A16) and 'float-quantized' (FP8); {_FIX}")
@@ -133,8 +139,9 @@ class StoredCodes:
         return steps * np.repeat(self.scales, self.group, axis=1)
 
 
-def _nibbles(words: np.ndarray, axis: int) -> np.ndarray:
-    """int32 words -> their 8 4-bit fields (bits 4j is field j), the fields laid out along `axis`."""
+def unpack_nibbles(words: np.ndarray, axis: int = 1) -> np.ndarray:
+    """32-bit words -> their 8 4-bit fields (bits 4j is field j), uint8, the fields laid out along `axis`
+    (1: [N, K/8] -> [N, K], kiln's q4 planes' layout too, compiler/quant_pack; 0: [K/8, N] -> [K, N])."""
     fields = (words.view(np.uint32)[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
     fields = fields.astype(np.uint8)                                      # [..., words, 8]
     if axis == 0:                                                          # [rows, cols, 8] -> [rows * 8, cols]
@@ -246,11 +253,11 @@ class PrequantizedWeights:
         if self.method.method == "compressed-tensors":
             if self.method.symmetric:
                 return np.full((groups, n), 8, np.int16)
-            zeros = _nibbles(self._words(prefix, "weight_zero_point"), axis=0).T    # [G', N padded to 8]
+            zeros = unpack_nibbles(self._words(prefix, "weight_zero_point"), axis=0).T    # [G', N padded to 8]
         elif self.method.method == "gptq":
-            zeros = _nibbles(self._words(prefix, "qzeros"), axis=1)
+            zeros = unpack_nibbles(self._words(prefix, "qzeros"), axis=1)
         else:
-            zeros = _awq_order(_nibbles(self._words(prefix, "qzeros"), axis=1))
+            zeros = _awq_order(unpack_nibbles(self._words(prefix, "qzeros"), axis=1))
         zeros = zeros.astype(np.int16) + (1 if self.method.zeros_minus_one else 0)
         if zeros.shape[0] != groups or zeros.shape[1] < n:
             raise ModelLoadError(f"{self._dir}: {prefix}'s zero points hold {list(zeros.shape)} groups x outputs, "
@@ -264,11 +271,11 @@ class PrequantizedWeights:
         words = self._words(prefix, codes_plane)
         scales = np.asarray(self._plane(prefix, scales_plane, widen=True), np.float32)
         if self.method.method == "gptq":
-            codes = _nibbles(words, axis=0)
+            codes = unpack_nibbles(words, axis=0)
         elif self.method.method == "awq":
-            codes = _awq_order(_nibbles(words, axis=1))
+            codes = _awq_order(unpack_nibbles(words, axis=1))
         else:
-            codes, scales = _nibbles(words, axis=1)[:, :k].T, scales.T        # stored [N, K] and [N, K / G]
+            codes, scales = unpack_nibbles(words, axis=1)[:, :k].T, scales.T        # stored [N, K] and [N, K / G]
         groups = -(-k // self.method.group_size) if self.method.group_size else 1
         if codes.shape[0] != k or codes.shape[1] < n or scales.shape != (groups, n):
             raise ModelLoadError(f"{self._dir}: {prefix} has {codes_plane} {list(words.shape)} and {scales_plane} "

@@ -100,6 +100,18 @@ def test_unreadable_quantization_configs_are_refused_by_name(change, message, fl
         models.load(quantized)
 
 
+@pytest.mark.parametrize("config,message", [
+    ("gptq", "quantization_config is str 'gptq', not an object"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized"}, "float-quantized but has no config_groups"),
+])
+def test_malformed_quantization_configs_are_named(config, message, float_dir, tmp_path):
+    quantized, _ = _written(float_dir, tmp_path, "gptq-v1")
+    cfg = json.loads((quantized / "config.json").read_text())
+    (quantized / "config.json").write_text(json.dumps({**cfg, "quantization_config": config}))
+    with pytest.raises(ModelLoadError, match=message):
+        models.load(quantized)
+
+
 @pytest.mark.parametrize("change,message", [
     ({"format": "int-quantized"}, "compressed-tensors format int-quantized; kiln reads 'pack-quantized'"),
     ({"num_bits": 8}, "8-bit int weights by group"),
