@@ -10,7 +10,7 @@ PrimFunc with two blocks:
 `if rows <= 1: <GEMV> else: <matmul>`):
 
 * one row (batch-1 decode): the dequantize is inlined into a GEMV: parallel over tiles of
-  tile_n weight rows, k vectorised (16 lanes: LLVM loads 2 words, spreads them with one
+  gemv_tile_n weight rows (GEMV_TILE_N: per CPU), k vectorised (16 lanes: LLVM loads 2 words, spreads them with one
   vpermd and decodes the 16 nibbles with a variable shift, an and and a convert), vector
   partial sums in registers. Each 4-bit weight is read and decoded exactly once, ~8 vector
   ops per 16 weights: ~17 GB/s of planes per znver5 core, so 2 cores outrun the ~21 GB/s
@@ -45,6 +45,20 @@ def quant_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) 
     return [QuantMatmul(knobs or default_knobs(vector_lanes))]
 
 
+# The one-row GEMV's weight rows per tile where it is not the matmul's tile_n, by LLVM CPU name.
+# znver4 (2 cores of an AMD EPYC VM, SmolLM2 batch-1 decode, two rounds each): 1 row against 8
+# took its Q4_1 GGUF from 102.2 / 101.9 to 118.0 / 122.3 tok/s and its F16 GGUF from 66.0 / 65.2 to
+# 93.5 / 90.3 (2 rows: 64.4 / 67.3, 4: 67.3 / 65.1). 8 stays elsewhere: znver5 measured it best
+# (against 4; 1 untried there). `kiln tune` searches gemv_tile_n per kernel on any CPU.
+GEMV_TILE_N = {"znver4": 1}
+
+
+def gemv_tile_n(knobs: CPUKnobs, target: Target) -> int:
+    """The one-row GEMV's rows per tile: the knob where set, else the CPU's (GEMV_TILE_N), else tile_n."""
+    mcpu = str(target.attrs["mcpu"]) if "mcpu" in target.attrs else ""
+    return knobs.gemv_tile_n or GEMV_TILE_N.get(mcpu, knobs.tile_n)
+
+
 def default_knobs(vector_lanes: int) -> CPUKnobs:
     """2 x 8 accumulator tiles with AVX-512's 32 vector registers (measured best on znver5:
     4-6% over 2 x 4 for both m = 1 and m = 128), the float rule's defaults otherwise."""
@@ -74,16 +88,17 @@ class QuantMatmul(ScheduleRule):
             large, rows = self._variant(func, panel=True)
             if _static(rows) is not None:
                 return large
-            small, _ = self._variant(func, panel=False)
+            small, _ = self._variant(func, panel=False, tile_n=gemv_tile_n(self.knobs, target))
         except (RuntimeError, ValueError) as err:       # s_tir.ScheduleError is a RuntimeError
             logger.warning("QuantMatmul left a function unscheduled: %s", str(err)[-300:])
             return None
         # One row (batch-1 decode): the GEMV; more rows: the dequantized-tile matmul.
         return s_tir.Schedule(_branch(rows <= 1, small.mod["main"], large.mod["main"]))
 
-    def _variant(self, func: tirx.PrimFunc, panel: bool):
+    def _variant(self, func: tirx.PrimFunc, panel: bool, tile_n: int | None = None):
         """(schedule, row count expression). panel=False inlines the dequantize into a
-        one-row GEMV tile; panel=True dequantizes each W tile into a buffer."""
+        one-row GEMV tile (of `tile_n` weight rows, else the knobs'); panel=True dequantizes each
+        W tile into a buffer."""
         sch = s_tir.Schedule(func)
         deq, main, tail = _find_dequant_matmul(sch)
         read_a, read_b, _ = normalize_matmul(sch, main)
@@ -96,7 +111,7 @@ class QuantMatmul(ScheduleRule):
             sch.compute_inline(deq)
         rows = get_extent(sch, sch.get_loops(main)[1])
         tile_m = self._pad_rows(sch, main, self.knobs.tile_m if panel else 1)
-        return self._tile(sch, main, deq if panel else None, tile_m), rows
+        return self._tile(sch, main, deq if panel else None, tile_m, tile_n or self.knobs.tile_n), rows
 
     @staticmethod
     def _pad_rows(sch: s_tir.Schedule, main: s_tir.SBlockRV, tile_m: int) -> int:
@@ -112,7 +127,7 @@ class QuantMatmul(ScheduleRule):
         auto_inline_consumers(sch, main)      # the C reindex (and pad) copies become one block
         return tile_m
 
-    def _tile(self, sch: s_tir.Schedule, main, deq, tile_m: int) -> s_tir.Schedule:
+    def _tile(self, sch: s_tir.Schedule, main, deq, tile_m: int, tile_n: int) -> s_tir.Schedule:
         knobs = self.knobs
         s, i, j, k = sch.get_loops(main)
         n, k_len = _static(get_extent(sch, j)), _static(get_extent(sch, k))
@@ -121,7 +136,7 @@ class QuantMatmul(ScheduleRule):
             raise ValueError(f"QuantMatmul needs static N and K % 4 == 0 (N={n}, K={k_len})")
         itemsize = tvm_ffi.dtype(sch.get(main).writes[0].source.dtype).itemsize
         col_bytes = tile_m * lanes * itemsize
-        tile_n = _largest_divisor(n, knobs.tile_n, lambda t: t * col_bytes < _STACK_BYTES)
+        tile_n = _largest_divisor(n, tile_n, lambda t: t * col_bytes < _STACK_BYTES)
         j_o, j_i = sch.split(j, [None, tile_n])
         k_o, k_i = sch.split(k, [None, lanes])
         i_o, i_i = sch.split(i, [None, tile_m])

@@ -57,12 +57,16 @@ class CPUKnobs:
     tile_m: int = 2  # matmul register tile: A rows sharing each W load
     tile_n: int = 4  # matmul register tile: W rows sharing each A load (see _STACK_BYTES)
     unroll_k: int = 1  # extra unroll of the k_outer loop (1 = none)
+    # QuantMatmul's one-row GEMV: W rows per tile; 0 = the rule's default for the CPU (quant_schedule.py)
+    gemv_tile_n: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vector_lanes", "tile_m", "tile_n", "unroll_k"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"CPUKnobs.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.gemv_tile_n, int) or not 0 <= self.gemv_tile_n <= 24:
+            raise ValueError(f"CPUKnobs.gemv_tile_n must be an int in 0..24, got {self.gemv_tile_n!r}")
         if self.vector_lanes < 2 or self.vector_lanes & (self.vector_lanes - 1):
             raise ValueError(f"CPUKnobs.vector_lanes must be a power of two >= 2, got {self.vector_lanes}")
         if self.tile_m * self.tile_n > 24:

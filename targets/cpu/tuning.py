@@ -54,8 +54,10 @@ KnobLookup = Callable[[tirx.PrimFunc], "CPUKnobs | None"]  # per-function knobs,
 
 
 def knobs_label(knobs: CPUKnobs) -> str:
-    """The tunable knobs as ``tile_m=2,tile_n=4,unroll_k=1`` (vector_lanes is the target's)."""
-    return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}"
+    """The tunable knobs as ``tile_m=2,tile_n=4,unroll_k=1`` (vector_lanes is the target's), then
+    ``,gemv_tile_n=1`` where it is set."""
+    gemv = f",gemv_tile_n={knobs.gemv_tile_n}" if knobs.gemv_tile_n else ""
+    return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}{gemv}"
 
 
 class Tuned(ScheduleRule):
@@ -225,7 +227,9 @@ class CPUTuning:
 
     def candidates(self, default: CPUKnobs, rows_tile: bool = True) -> list[CPUKnobs]:
         """(tile_m, tile_n, unroll_k) with <= 24 accumulators, nearest the defaults first; tile_m
-        stays the default's unless ``rows_tile`` (it only shapes calls over many rows)."""
+        stays the default's unless ``rows_tile`` (it only shapes calls over many rows). Then the
+        defaults with each gemv_tile_n (QuantMatmul's one-row GEMV alone; a rule without one builds
+        the same schedule, which the search skips)."""
         grid = [dataclasses.replace(default, tile_m=m, tile_n=n, unroll_k=u)
                 for m in ((1, 2, 4, 8) if rows_tile else (default.tile_m,))
                 for n in (1, 2, 4, 8) for u in (1, 2, 4) if m * n <= 24]
@@ -233,7 +237,8 @@ class CPUTuning:
         def distance(k: CPUKnobs) -> float:
             return sum(abs(math.log2(getattr(k, f) / getattr(default, f))) for f in ("tile_m", "tile_n", "unroll_k"))
 
-        return sorted((k for k in grid if k != default), key=distance)
+        gemv = [dataclasses.replace(default, gemv_tile_n=g) for g in (1, 2, 4, 8) if g != default.gemv_tile_n]
+        return sorted((k for k in grid if k != default), key=distance) + gemv
 
     def original_of(self, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         """A ``kiln.gemv`` copy runs where its original is called (rows <= its bound)."""

@@ -6,13 +6,15 @@ tiled branch)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
 from tvm.script import tirx as T
 
 from kiln.compiler.quant_pack import pack_nibbles
-from kiln.targets.cpu.quant_schedule import QuantMatmul
+from kiln.targets.cpu.quant_schedule import GEMV_TILE_N, QuantMatmul, default_knobs, gemv_tile_n
 
 pytestmark = pytest.mark.compiler
 
@@ -46,12 +48,25 @@ def q4f16_matmul(var_x: T.handle, W: T.Buffer((T.int64(N), T.int64(K // 8)), "ui
             Y[v_i0, v_i1, v_i2] = T.Cast("float16", acc[v_i0, v_i1, v_i2])
 
 
-@pytest.fixture(scope="module")
-def built():
+@pytest.fixture(scope="module", params=[0, 1, 2])
+def built(request):
+    """Built with the default knobs (gemv_tile_n 0: the matmul's tile_n on a target without mcpu), and
+    with the one-row GEMV's tiles of 1 and 2 weight rows."""
     target = tvm.target.Target({"kind": "llvm", "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]})
-    sch = QuantMatmul().apply(q4f16_matmul, target, False)
+    knobs = dataclasses.replace(default_knobs(16), gemv_tile_n=request.param)
+    sch = QuantMatmul(knobs).apply(q4f16_matmul, target, False)
     assert sch is not None, "the dequantize + matmul + cast kernel was left unscheduled"
     return tvm.compile(tvm.IRModule({"q4f16_matmul": sch.mod["main"]}), target=target)
+
+
+def test_the_one_row_gemv_tile_follows_the_knob_else_the_cpu():
+    knobs = default_knobs(16)
+    znver4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    assert gemv_tile_n(knobs, znver4) == GEMV_TILE_N["znver4"] == 1
+    assert gemv_tile_n(knobs, tvm.target.Target({"kind": "llvm", "mcpu": "znver5"})) == knobs.tile_n == 8
+    assert gemv_tile_n(dataclasses.replace(knobs, gemv_tile_n=4), znver4) == 4
+    with pytest.raises(ValueError, match="gemv_tile_n"):
+        dataclasses.replace(knobs, gemv_tile_n=-1)
 
 
 @pytest.mark.parametrize("rows", [1, 5])
