@@ -29,13 +29,26 @@ from _bench_common import bench_transformers, read_bandwidth_gbs
 
 LLAMA_CPP_PYTHON = "0.3.36"   # newest llama-cpp-python sdist on PyPI when this was written
 TARGETS = ("llama-bench", "llama-batched-bench")
+# ggml's instruction sets, each on where /proc/cpuinfo lists its flag (hosts differ: Zen 4 lacks
+# AVX-VNNI, which a build for Zen 5 uses); explicit, because GGML_NATIVE=OFF with SOURCE_DATE_EPOCH
+# set would also drop AVX2/FMA. AMX stays off: it faults (SIGILL) on these hosts.
+ISA_FLAGS = {"SSE42": "sse4_2", "AVX": "avx", "AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "BMI2": "bmi2",
+             "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi", "AVX512_VNNI": "avx512_vnni",
+             "AVX512_BF16": "avx512_bf16", "AVX_VNNI": "avx_vnni"}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
-    # explicit, because GGML_NATIVE=OFF with SOURCE_DATE_EPOCH set would also drop AVX2/FMA
-    "-DGGML_SSE42=ON", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
-    "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
-    "-DGGML_AVX_VNNI=ON",
-    "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",   # AMX faults (SIGILL) here
+    *(f"-DGGML_{name}={'ON' if flag in _cpu_flags() else 'OFF'}" for name, flag in ISA_FLAGS.items()),
+    "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
     # nothing that downloads or needs network libraries
     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF", "-DGGML_OPENMP_FETCH=OFF",
