@@ -190,7 +190,7 @@ def score(us: dict[int, float], default_us: dict[int, float], decode_weight: flo
 def _tune_kernel(kernel: Kernel, profile: TargetProfile, space: TuningSpace, opts: TuneOptions, deadline: float,
                  on_step: Callable[[int, int, float], None]) -> tuple[KernelResult, object] | None:
     bench = _Bench(kernel, profile, space, opts.repeat)
-    default = space.default_knobs()
+    default = space.default_knobs(kernel.func)
     default_us = bench.measure(default)
     if default_us is None:
         logger.warning("kiln tune: %s does not schedule with the default knobs; skipped", kernel.name)

@@ -40,7 +40,8 @@ class TuningSpace(Protocol):
     def is_tunable(self, rule: Any) -> bool:
         """Whether ``rule`` takes per-kernel knobs."""
 
-    def default_knobs(self) -> Any: ...
+    def default_knobs(self, func: Any = None) -> Any:
+        """The knobs the rule scheduling ``func`` (a PrimFunc) takes untuned."""
 
     def candidates(self, default: Any, rows_tile: bool) -> list:
         """Knob settings to try, nearest ``default`` first (``rows_tile``: many-row calls too)."""

@@ -71,8 +71,9 @@ class QuantMatmul(ScheduleRule):
     """Matches a PrimFunc of exactly two blocks: a spatial dequantize reading an integer
     (uint32 / int8) plane, or a 16-bit one (float16 / uint16) it widens to float32, and writing
     W[N, K], and one NT matmul reduction reading W as its second operand (A and W both indexed by
-    k last; N and K static). Symbolic rows get the GEMV / tiled-matmul branch; static rows (> 1)
-    the tiled matmul alone."""
+    k last; N and K static). Symbolic rows get the GEMV / tiled-matmul branch; static rows the
+    tiled matmul alone, or the GEMV alone for one row (it took the tiled matmul, whose 2-row tile
+    pads it: SmolLM2's Q8_0 LM head 3.1 ms a call against the GEMV's 1.2)."""
 
     def __init__(self, knobs: CPUKnobs | None = None) -> None:
         self.knobs = knobs or default_knobs(16)
@@ -82,13 +83,15 @@ class QuantMatmul(ScheduleRule):
             return None
         if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
             return None
-        if _find_dequant_matmul(s_tir.Schedule(func)) is None:
+        if not is_dequant_matmul(func):
             return None
         try:
             large, rows = self._variant(func, panel=True)
-            if _static(rows) is not None:
+            if _static(rows) not in (None, 1):
                 return large
             small, _ = self._variant(func, panel=False, tile_n=gemv_tile_n(self.knobs, target))
+            if _static(rows) == 1:
+                return small
         except (RuntimeError, ValueError) as err:       # s_tir.ScheduleError is a RuntimeError
             logger.warning("QuantMatmul left a function unscheduled: %s", str(err)[-300:])
             return None
@@ -175,6 +178,11 @@ def _branch(cond: tirx.PrimExpr, then_func: tirx.PrimFunc, else_func: tirx.PrimF
     return then_func.with_body(SBlockRealize([], True, SBlock([], [], [], "root", body)))
 
 
+def is_dequant_matmul(func: tirx.PrimFunc) -> bool:
+    """Whether QuantMatmul takes ``func`` (a dequantize + NT matmul kernel)."""
+    return _find_dequant_matmul(s_tir.Schedule(func)) is not None
+
+
 def _find_dequant_matmul(sch: s_tir.Schedule):
     """(dequantize block, matmul block, tail) when the function is that pair, optionally followed by
     one spatial block of the matmul's output alone (tail: a float16 scheme's cast of its float32
@@ -208,4 +216,4 @@ def _find_dequant_matmul(sch: s_tir.Schedule):
     return deq, main, tail
 
 
-__all__ = ["QuantMatmul", "quant_schedule_rules"]
+__all__ = ["GEMV_TILE_N", "QuantMatmul", "default_knobs", "gemv_tile_n", "is_dequant_matmul", "quant_schedule_rules"]

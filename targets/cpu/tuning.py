@@ -222,14 +222,19 @@ class CPUTuning:
     def is_tunable(self, rule) -> bool:
         return isinstance(rule, Tuned)
 
-    def default_knobs(self) -> CPUKnobs:
-        return CPUKnobs(vector_lanes=vector_lanes_for_target(self.profile.tvm_target()))
+    def default_knobs(self, func: tirx.PrimFunc | None = None) -> CPUKnobs:
+        """The knobs the rule scheduling ``func`` takes untuned: QuantMatmul's for a dequantize +
+        matmul kernel (2 x 8 tiles with AVX-512), the float rules' otherwise. A kernel whose tuning
+        keeps the defaults then compiles as it did untuned."""
+        from .quant_schedule import default_knobs as quant_knobs, is_dequant_matmul
+        lanes = vector_lanes_for_target(self.profile.tvm_target())
+        return quant_knobs(lanes) if func is not None and is_dequant_matmul(func) else CPUKnobs(vector_lanes=lanes)
 
     def candidates(self, default: CPUKnobs, rows_tile: bool = True) -> list[CPUKnobs]:
         """(tile_m, tile_n, unroll_k) with <= 24 accumulators, nearest the defaults first; tile_m
-        stays the default's unless ``rows_tile`` (it only shapes calls over many rows). Then the
-        defaults with each gemv_tile_n (QuantMatmul's one-row GEMV alone; a rule without one builds
-        the same schedule, which the search skips)."""
+        stays the default's unless ``rows_tile`` (it only shapes calls over many rows). First the
+        defaults with each gemv_tile_n (QuantMatmul's one-row GEMV alone, the knob that moved decode
+        most; a rule without one builds the same schedule, which the search skips)."""
         grid = [dataclasses.replace(default, tile_m=m, tile_n=n, unroll_k=u)
                 for m in ((1, 2, 4, 8) if rows_tile else (default.tile_m,))
                 for n in (1, 2, 4, 8) for u in (1, 2, 4) if m * n <= 24]
@@ -238,7 +243,7 @@ class CPUTuning:
             return sum(abs(math.log2(getattr(k, f) / getattr(default, f))) for f in ("tile_m", "tile_n", "unroll_k"))
 
         gemv = [dataclasses.replace(default, gemv_tile_n=g) for g in (1, 2, 4, 8) if g != default.gemv_tile_n]
-        return sorted((k for k in grid if k != default), key=distance) + gemv
+        return gemv + sorted((k for k in grid if k != default), key=distance)
 
     def original_of(self, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         """A ``kiln.gemv`` copy runs where its original is called (rows <= its bound)."""

@@ -84,3 +84,12 @@ def test_q4f16_kernel_is_scheduled_and_matches_numpy(built, rows):
     got = y.numpy().astype(np.float32)
     # float32 sums in another order, then one float16 rounding: within a unit in the last place
     np.testing.assert_allclose(got, want.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def test_tuning_starts_a_quantized_kernel_from_quant_matmuls_own_knobs():
+    """`kiln tune`'s baseline for a dequantize + matmul kernel is QuantMatmul's default (2 x 8 tiles with
+    16 lanes), not the float rules' (2 x 4): a kernel whose tuning keeps the defaults compiles as untuned."""
+    from kiln.targets import get_profile
+    space = get_profile("cpu").tuning_space()
+    lanes = space.default_knobs().vector_lanes
+    assert space.default_knobs(q4f16_matmul) == default_knobs(lanes) != space.default_knobs()
