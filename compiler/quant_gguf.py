@@ -13,10 +13,11 @@ exactly one of kiln's kernel formats (quant_modules.QuantFormat) with some group
     Q6_K   256    d*sc[j] * (q - 32)          q8  group 16           per 16: scale d*sc, q - 32 an int8
     Q3_K   256    d*(sc[j]-32) * q, q -4..3   q4  group 16           per 16: q + 8 is a 4-bit code
     Q2_K   256    d*sc[j] * q - dmin*m[j]     q4m group 16           per 16: scale d*sc, min -dmin*m
+    Q5_1   32     d * q + m, q in 0..31       q8m group 32           same codes, d and m widened
+    Q5_K   256    d*sc[j] * q - dmin*m[j]     q8m group 32           per 32: scale d*sc, min -dmin*m
 
 An f16 times a small integer is exact in float32, so the float32 planes reproduce
-gguf.quants.dequantize bit for bit. Q5_1 and Q5_K (5-bit codes plus an offset) have no
-exact kiln form; the quantization plan re-quantizes them to 8-bit (see quantize.py).
+gguf.quants.dequantize bit for bit.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from .quant_pack import Planes, pack_nibbles
 
 # GGUF type -> (kiln kind, group size) that holds its values exactly.
 GGUF_EXACT = {"Q4_0": ("q4", 32), "Q4_1": ("q4m", 32), "Q8_0": ("q8", 32), "Q5_0": ("q8", 32),
-              "Q4_K": ("q4m", 32), "Q6_K": ("q8", 16), "Q3_K": ("q4", 16), "Q2_K": ("q4m", 16)}
+              "Q4_K": ("q4m", 32), "Q6_K": ("q8", 16), "Q3_K": ("q4", 16), "Q2_K": ("q4m", 16),
+              "Q5_1": ("q8m", 32), "Q5_K": ("q8m", 32)}
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210, "Q3_K": 110,
-               "Q2_K": 84}
+               "Q2_K": 84, "Q5_1": 24, "Q5_K": 176}
 BLOCK_SIZE = {t: 256 if t.endswith("_K") else 32 for t in BLOCK_BYTES}
 
 
@@ -42,7 +44,8 @@ def from_gguf_blocks(type_name: str, raw: np.ndarray) -> Planes:
     codes, scale, minimum = _UNPACK[type_name](blocks)                        # per block: [nb, block], [nb, g]
     kind = GGUF_EXACT[type_name][0]
     codes = codes.reshape(rows, -1)
-    planes = {"qweight": codes.astype(np.int8) if kind == "q8" else pack_nibbles(codes.astype(np.uint8)),
+    byte_codes = {"q8": np.int8, "q8m": np.uint8}
+    planes = {"qweight": codes.astype(byte_codes[kind]) if kind in byte_codes else pack_nibbles(codes.astype(np.uint8)),
               "scale": scale.astype(np.float32).reshape(rows, -1)}
     if minimum is not None:
         planes["min"] = minimum.astype(np.float32).reshape(rows, -1)
@@ -87,6 +90,11 @@ def _q5_0(b):
     return q.astype(np.int16) - 16, _f16(b[:, :2]), None
 
 
+def _q5_1(b):
+    high = np.unpackbits(b[:, 4:8], axis=-1, bitorder="little")           # bit 4 of element i: bit i
+    return _nibbles(b[:, 8:], 16) | (high << np.uint8(4)), _f16(b[:, :2]), _f16(b[:, 2:4])
+
+
 def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K / Q5_K's 12 bytes -> 8 six-bit scales and 8 six-bit mins per block."""
     d, m, md = s[:, 0:4], s[:, 4:8], s[:, 8:12]
@@ -99,6 +107,13 @@ def _q4_k(b):
     d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
     sc, mn = _k_scales(b[:, 4:16])
     return _nibbles(b[:, 16:], 32), d * sc, -(dmin * mn)
+
+
+def _q5_k(b):
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = _k_scales(b[:, 4:16])
+    high = _crumbs(b[:, 16:48], 32, bits=1)                                # sub-block j's bit 4: bit j of qh
+    return _nibbles(b[:, 48:], 32) | (high << np.uint8(4)), d * sc, -(dmin * mn)
 
 
 def _q6_k(b):
@@ -123,6 +138,6 @@ def _q2_k(b):
 
 
 _UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q5_0": _q5_0, "Q4_K": _q4_k, "Q6_K": _q6_k,
-           "Q3_K": _q3_k, "Q2_K": _q2_k}
+           "Q3_K": _q3_k, "Q2_K": _q2_k, "Q5_1": _q5_1, "Q5_K": _q5_k}
 
 __all__ = ["BLOCK_BYTES", "BLOCK_SIZE", "GGUF_EXACT", "from_gguf_blocks"]

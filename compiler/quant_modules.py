@@ -6,6 +6,7 @@ planes, groups of `group_size` consecutive elements of a row sharing one scale:
     q4   qweight uint32 [N, K/8]   value = (q - 8) * scale           q in 0..15
     q4m  qweight uint32 [N, K/8]   value = q * scale + min           (llama.cpp Q4_1)
     q8   qweight int8   [N, K]     value = q * scale                 (llama.cpp Q8_0)
+    q8m  qweight uint8  [N, K]     value = q * scale + min           (llama.cpp Q5_1, Q5_K)
          scale (and min) [N, K/group_size] in the format's scale dtype
     f16  qweight float16 [N, K]    value = w, widened to float32      (a stored float16 tensor)
     bf16 qweight uint16 [N, K]     value = the float32 whose top half is w   (a stored bfloat16 tensor)
@@ -32,9 +33,11 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-KINDS = ("q4", "q4m", "q8", "f16", "bf16")
+KINDS = ("q4", "q4m", "q8", "q8m", "f16", "bf16")
+BYTE_KINDS = ("q8", "q8m")             # one code a byte (the rest: 4-bit codes, 8 a uint32)
 FLOAT_KINDS = ("f16", "bf16")          # 16-bit floats as stored, widened to float32
-_VALUE = {"q4": "(q - 8) * scale", "q4m": "q * scale + min", "q8": "q * scale", "f16": "w (float16)",
+_VALUE = {"q4": "(q - 8) * scale", "q4m": "q * scale + min", "q8": "q * scale", "q8m": "q * scale + min",
+          "f16": "w (float16)",
           "bf16": "w (bfloat16 bits)"}
 _FLOAT_PLANE = {"f16": "float16", "bf16": "uint16"}
 
@@ -55,13 +58,13 @@ class QuantFormat:
 
     @property
     def bits(self) -> int:
-        return {"q8": 8, "f16": 16, "bf16": 16}.get(self.kind, 4)
+        return {"q8": 8, "q8m": 8, "f16": 16, "bf16": 16}.get(self.kind, 4)
 
     @property
     def plane_names(self) -> tuple[str, ...]:
         if self.kind in FLOAT_KINDS:
             return ("qweight",)
-        return ("qweight", "scale", "min") if self.kind == "q4m" else ("qweight", "scale")
+        return ("qweight", "scale", "min") if self.kind in ("q4m", "q8m") else ("qweight", "scale")
 
     def planes(self, rows: int, cols: int) -> dict[str, tuple[tuple[int, int], str]]:
         """{plane name: (shape, dtype)} for a [rows, cols] weight."""
@@ -70,9 +73,10 @@ class QuantFormat:
         if cols % self.group_size:
             raise ValueError(f"a {self.kind} weight needs its last dim ({cols}) to be a multiple of "
                              f"the group size {self.group_size}")
-        codes = ((rows, cols), "int8") if self.kind == "q8" else ((rows, cols // 8), "uint32")
+        codes = ((rows, cols), {"q8": "int8", "q8m": "uint8"}[self.kind]) if self.kind in BYTE_KINDS \
+            else ((rows, cols // 8), "uint32")
         groups = ((rows, cols // self.group_size), self.scale_dtype)
-        return {"qweight": codes, "scale": groups, **({"min": groups} if self.kind == "q4m" else {})}
+        return {"qweight": codes, "scale": groups, **({"min": groups} if "min" in self.plane_names else {})}
 
     def describe(self) -> dict:
         """The artifact's record of this format (kiln-config.json "quantization")."""
@@ -109,6 +113,10 @@ def dequantize_element(fmt: QuantFormat, dtype: str, qweight, scale, minimum, n,
             code = qweight[n, k].astype("uint8").astype("uint32") ^ tirx.const(0x80, "uint32")
             return code_value(code, dtype, 128) * s
         return qweight[n, k].astype(dtype) * s
+    if fmt.kind == "q8m":
+        q = code_value(qweight[n, k].astype("uint32"), dtype, 0) if by_bits and dtype in _MAGIC \
+            else qweight[n, k].astype(dtype)
+        return q * s + minimum[n, g].astype(dtype)
     shift = (k % 8 * 4).astype("uint32")
     code = (qweight[n, k // 8] >> shift) & tirx.const(15, "uint32")
     offset = 8 if fmt.kind == "q4" else 0
@@ -214,5 +222,5 @@ class QuantizedEmbedding(_QuantizedWeight):
         return rows if ids.ndim == 1 else op.reshape(rows, shape=[*ids.shape, self.dim])
 
 
-__all__ = ["FLOAT_KINDS", "KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "code_value", "dequantize",
+__all__ = ["BYTE_KINDS", "FLOAT_KINDS", "KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "code_value", "dequantize",
            "dequantize_element"]

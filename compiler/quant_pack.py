@@ -19,7 +19,7 @@ import numpy as np
 from kiln.models.prequantized import unpack_nibbles   # uint32 [N, K/8] -> uint8 codes [N, K]: pack_nibbles' inverse
 from kiln.models.source import usable_cores
 
-from .quant_modules import FLOAT_KINDS, QuantFormat
+from .quant_modules import BYTE_KINDS, FLOAT_KINDS, QuantFormat
 
 Planes = dict[str, np.ndarray]
 
@@ -45,7 +45,7 @@ def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes
 
     q4: the scale with the least squared error among candidates (see _q4_levels), computed by the
     host profile's compiled quantizer where it has one (the same bits; `reference`: by numpy here);
-    q8: scale = max|w| / 127; q4m: [min, max] in 15 steps; f16 / bf16: each value rounded to
+    q8: scale = max|w| / 127; q4m / q8m: [min, max] in 15 / 255 steps; f16 / bf16: each value rounded to
     the nearest (a value stored in that type is kept as it is).
     """
     if fmt.kind in FLOAT_KINDS:
@@ -59,12 +59,13 @@ def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes
     if fmt.kind == "q4" and fmt.group_size == 32 and not reference and _host_q4() is not None:
         return _host_q4()(w, fmt.scale_dtype)
     groups = w.astype(np.float32).reshape(n, k // fmt.group_size, fmt.group_size)
-    if fmt.kind == "q4m":
+    if fmt.kind in ("q4m", "q8m"):
+        top = 15 if fmt.kind == "q4m" else 255
         lo, hi = groups.min(-1, keepdims=True), groups.max(-1, keepdims=True)
-        scale = _stored(((hi - lo) / 15), fmt.scale_dtype)
+        scale = _stored(((hi - lo) / top), fmt.scale_dtype)
         minimum = _stored(lo, fmt.scale_dtype)
-        q = np.clip(np.rint((groups - minimum) * _inverse(scale)), 0, 15).astype(np.uint8)
-        return {"qweight": pack_nibbles(q.reshape(n, k)), "scale": scale[..., 0], "min": minimum[..., 0]}
+        q = np.clip(np.rint((groups - minimum) * _inverse(scale)), 0, top).astype(np.uint8).reshape(n, k)
+        return {"qweight": pack_nibbles(q) if fmt.kind == "q4m" else q, "scale": scale[..., 0], "min": minimum[..., 0]}
     if fmt.kind == "q4":
         levels, scale = _q4_levels(groups)
         q = (levels + 8).astype(np.uint8)
@@ -157,14 +158,14 @@ def dequantize(fmt: QuantFormat, planes: Planes, dtype: str = "float32") -> np.n
         return q.astype(dtype)
     if fmt.kind == "bf16":
         return (q.astype(np.uint32) << 16).view(np.float32).astype(dtype)
-    if fmt.kind != "q8":
+    if fmt.kind not in BYTE_KINDS:
         q = unpack_nibbles(q)
     n, k = q.shape
     scale = np.repeat(planes["scale"].astype(dtype), fmt.group_size, axis=1)
     values = q.astype(dtype)
     if fmt.kind == "q4":
         return (values - np.asarray(8, dtype)) * scale
-    if fmt.kind == "q4m":
+    if fmt.kind in ("q4m", "q8m"):
         return values * scale + np.repeat(planes["min"].astype(dtype), fmt.group_size, axis=1)
     return values * scale
 

@@ -11,9 +11,9 @@ in floating point. Schemes:
     q0f32, q0f16   float weights
     q4f32, q4f16   4-bit, group 32 along K, value = (q - 8) * scale, scale in f32 / f16
     q8f32          int8, group 32 along K, value = q * scale
-    as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q2_K, Q3_K, Q4_K and Q6_K kept
-                   exactly (quant_gguf.GGUF_EXACT), Q5_1 / Q5_K re-quantized to q8 (lossy, noted),
-                   F32 tensors kept as float, F16 / BF16 ones in their 16 bits (quant_modules f16 /
+    as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and
+                   Q6_K kept exactly (quant_gguf.GGUF_EXACT; 8-bit ones re-quantized to q4 on a target
+                   without 8-bit storage, noted), F32 tensors kept as float, F16 / BF16 ones in their 16 bits (quant_modules f16 /
                    bf16, widened to float32 in the matmul); a GPTQ, AWQ or compressed-tensors
                    checkpoint's 4-bit codes kept exactly (quant_prequant), GPTQ's desc_act re-quantized
     as-stored-f16  the same weights, float16 activations: the planes keep float32
@@ -49,7 +49,7 @@ from tvm.relax.frontend import nn
 from kiln.models import ModelLoadError, ModelSource, WeightSpec, weight_spec
 
 from . import quant_gguf, quant_pack, quant_prequant
-from .quant_modules import QuantFormat, QuantizedEmbedding, QuantizedLinear
+from .quant_modules import BYTE_KINDS, QuantFormat, QuantizedEmbedding, QuantizedLinear
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _HALF_KINDS = {"F16": "f16", "BF16": "bf16"}        # stored 16-bit floats -> the kind keeping their bits
@@ -185,12 +185,12 @@ class QuantPlan:
             return QuantFormat(kind, scheme.group_size, scheme.model_dtype)
         exact = {_exact_form(source, n, t) for n, t in zip(spec.hf_names, types)}
         if not self.eight_bit:
-            exact = {e if e is None or e[0] != "q8" else None for e in exact}
+            exact = {e if e is None or e[0] not in BYTE_KINDS else None for e in exact}
         if len(exact) == 1 and None not in exact and spec.transform is None:
             kind, group = exact.pop()
             self._kept.update(f"{t} as {_label(kind, group)}" for t in types)   # one exact form for every part
             return QuantFormat(kind, group, "float32")
-        # No exact form (Q5_1, Q5_K, GPTQ's desc_act), parts of one fused weight stored differently, or
+        # No exact form (GPTQ's desc_act), parts of one fused weight stored differently, or
         # a layout transform: re-quantize, to 8-bit unless every part had 4 bits or fewer.
         kind = "q4" if not self.eight_bit or all(t in _FOUR_BITS_OR_LESS for t in types) else "q8"
         for hf_name, t in zip(spec.hf_names, types):

@@ -69,7 +69,7 @@ def default_knobs(vector_lanes: int) -> CPUKnobs:
 
 class QuantMatmul(ScheduleRule):
     """Matches a PrimFunc of exactly two blocks: a spatial dequantize reading an integer
-    (uint32 / int8) plane, or a 16-bit one (float16 / uint16) it widens to float32, and writing
+    (uint32 / int8 / uint8) plane, or a 16-bit one (float16 / uint16) it widens to float32, and writing
     W[N, K], and one NT matmul reduction reading W as its second operand (A and W both indexed by
     k last; N and K static). Symbolic rows get the GEMV / tiled-matmul branch; static rows the
     tiled matmul alone, or the GEMV alone for one row (it took the tiled matmul, whose 2-row tile
@@ -206,7 +206,7 @@ def _find_dequant_matmul(sch: s_tir.Schedule):
     if not mm.reads[1].source.same_as(dq.writes[0].source):
         return None
     widened = dq.writes[0].source.dtype == "float32"       # f16 / bf16 weights (uint16 bits) widened
-    if not any(r.source.dtype in ("uint32", "int8") or (widened and r.source.dtype in ("float16", "uint16"))
+    if not any(r.source.dtype in ("uint32", "int8", "uint8") or (widened and r.source.dtype in ("float16", "uint16"))
                for r in dq.reads):
         return None
     k = next(iv.var for iv in mm.iter_vars if iv.iter_type == _REDUCE)

@@ -37,8 +37,9 @@ PROMPT = [int(i) for i in np.random.default_rng(7).integers(0, 512, size=23)]
 def _format_of(planes: dict[str, np.ndarray]) -> QuantFormat:
     if "scale" not in planes:                                     # 16-bit floats as stored
         return QuantFormat("f16" if planes["qweight"].dtype == np.float16 else "bf16")
-    kind = "q8" if planes["qweight"].dtype == np.int8 else ("q4m" if "min" in planes else "q4")
-    cols = planes["qweight"].shape[1] * (1 if kind == "q8" else 8)
+    kind = {np.dtype(np.int8): "q8", np.dtype(np.uint8): "q8m"}.get(planes["qweight"].dtype,
+                                                                    "q4m" if "min" in planes else "q4")
+    cols = planes["qweight"].shape[1] * (1 if kind in ("q8", "q8m") else 8)
     return QuantFormat(kind, cols // planes["scale"].shape[1], str(planes["scale"].dtype))
 
 
@@ -344,9 +345,9 @@ def test_as_stored_gguf_is_bit_exact_and_matches_reference(stored_type, tiny_dir
 
 
 def test_mixed_gguf_types_kept_exact_or_requantized_with_a_note(tmp_path):
-    """One llama GGUF holding every type a real file uses: the ones a kiln kernel holds stay bit-exact
-    (K-quants with group 16 or 32), Q5_1 / Q5_K and the fused weights whose parts differ are
-    re-quantized to 8-bit and named in the notes; the logits match the dequantized reference."""
+    """One llama GGUF holding every type a real file uses: each stays bit-exact (K-quants with group 16
+    or 32; Q5_1 and Q5_K as q8m), the fused weights whose parts differ are re-quantized to 8-bit and
+    named in the notes; the logits match the dequantized reference."""
     from gguf_writer import write_gguf
     from tiny_models import write_tiny_llama
     hf_dir = write_tiny_llama(tmp_path / "hf", tied=False, hidden_size=256, intermediate_size=256,
@@ -363,15 +364,18 @@ def test_mixed_gguf_types_kept_exact_or_requantized_with_a_note(tmp_path):
     assert tensors["model.layers.0.mlp.gate_up_proj.weight"] == "q4mg16"                 # Q2_K: exact
     assert (tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]) == ("q4g16", "q8g16")   # Q3_K, Q6_K
     assert tensors["model.layers.0.self_attn.o_proj.weight"] == "q8"                     # Q5_0: exact
+    assert tensors["model.layers.0.mlp.down_proj.weight"] == tensors["model.layers.1.mlp.down_proj.weight"] \
+        == "q8m"                                                                         # Q5_K, Q5_1: exact
     notes = cfg["notes"]
-    assert "GGUF Q5_K tensors re-quantized to q8 (lossy): model.layers.0.mlp.down_proj.weight" in notes
-    assert "GGUF Q5_1 tensors re-quantized to q8 (lossy): model.layers.1.mlp.down_proj.weight" in notes
+    assert not any("Q5_K" in n and "re-quantized" in n or "Q5_1" in n and "re-quantized" in n for n in notes)
     assert ("GGUF Q4_K tensors re-quantized to q8 (lossy): model.layers.1.self_attn.q_proj.weight, "
             "model.layers.1.self_attn.k_proj.weight") in notes
-    assert any(n.startswith("GGUF weights kept bit-exact (as-stored):") and "Q6_K as q8g16" in n for n in notes)
+    assert any(n.startswith("GGUF weights kept bit-exact (as-stored):") and "Q6_K as q8g16" in n
+               and "Q5_K as q8m" in n and "Q5_1 as q8m" in n for n in notes)
     values, weights = dequantized_weights(art), models.load(path).weights     # get(): gguf-py's values
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight",
                  "model.layers.1.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+                 "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight",
                  "model.embed_tokens.weight", "lm_head.weight"):
         np.testing.assert_array_equal(values[name].view(np.uint32), weights.get(name).view(np.uint32), err_msg=name)
     check_against_reference(art, atol=1e-4)
