@@ -17,9 +17,23 @@ import numpy as np
 
 
 def read_bandwidth_gbs(size_mb: int = 512) -> float:
-    """Memory read bandwidth in GB/s: best of 5 numpy sums over a buffer much larger than the caches."""
+    """Memory read bandwidth in GB/s of every core, as a decode step reads its weights: the best of 5
+    sums over a buffer much larger than the caches, through torch's threads (one per core) where torch
+    is installed, else numpy's one thread (on 2 Zen 4 cores: 50 GB/s against numpy's 31, which made
+    the floors quoted before 2026-11-29 too low)."""
     a = np.ones(size_mb * (1 << 20) // 8)
     best = min(_timed(a.sum) for _ in range(5))
+    try:
+        import torch
+    except ImportError:
+        return a.nbytes / best / 1e9
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        t = torch.from_numpy(a)
+        best = min(best, *(_timed(t.sum) for _ in range(5)))
+    finally:
+        torch.set_num_threads(threads)
     return a.nbytes / best / 1e9
 
 
