@@ -45,9 +45,10 @@ def _cpu_flags() -> set[str]:
     return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
 
 
+_HOST_FLAGS = _cpu_flags()
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
-    *(f"-DGGML_{name}={'ON' if flag in _cpu_flags() else 'OFF'}" for name, flag in ISA_FLAGS.items()),
+    *(f"-DGGML_{name}={'ON' if flag in _HOST_FLAGS else 'OFF'}" for name, flag in ISA_FLAGS.items()),
     "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
     # nothing that downloads or needs network libraries
     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_UI=OFF",
