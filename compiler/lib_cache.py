@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .quant_modules import BYTE_CODES
 from .quant_pack import Planes, pack_nibbles
 
 # GGUF type -> (kiln kind, group size) that holds its values exactly.
@@ -44,8 +45,7 @@ def from_gguf_blocks(type_name: str, raw: np.ndarray) -> Planes:
     codes, scale, minimum = _UNPACK[type_name](blocks)                        # per block: [nb, block], [nb, g]
     kind = GGUF_EXACT[type_name][0]
     codes = codes.reshape(rows, -1)
-    byte_codes = {"q8": np.int8, "q8m": np.uint8}
-    planes = {"qweight": codes.astype(byte_codes[kind]) if kind in byte_codes else pack_nibbles(codes.astype(np.uint8)),
+    planes = {"qweight": codes.astype(BYTE_CODES[kind]) if kind in BYTE_CODES else pack_nibbles(codes.astype(np.uint8)),
               "scale": scale.astype(np.float32).reshape(rows, -1)}
     if minimum is not None:
         planes["min"] = minimum.astype(np.float32).reshape(rows, -1)

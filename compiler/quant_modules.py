@@ -34,7 +34,8 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 KINDS = ("q4", "q4m", "q8", "q8m", "f16", "bf16")
-BYTE_KINDS = ("q8", "q8m")             # one code a byte (the rest: 4-bit codes, 8 a uint32)
+BYTE_CODES = {"q8": "int8", "q8m": "uint8"}  # one code a byte, of this dtype (the rest: 4-bit codes, 8 a uint32)
+BYTE_KINDS = tuple(BYTE_CODES)
 FLOAT_KINDS = ("f16", "bf16")          # 16-bit floats as stored, widened to float32
 _VALUE = {"q4": "(q - 8) * scale", "q4m": "q * scale + min", "q8": "q * scale", "q8m": "q * scale + min",
           "f16": "w (float16)",
@@ -73,7 +74,7 @@ class QuantFormat:
         if cols % self.group_size:
             raise ValueError(f"a {self.kind} weight needs its last dim ({cols}) to be a multiple of "
                              f"the group size {self.group_size}")
-        codes = ((rows, cols), {"q8": "int8", "q8m": "uint8"}[self.kind]) if self.kind in BYTE_KINDS \
+        codes = ((rows, cols), BYTE_CODES[self.kind]) if self.kind in BYTE_KINDS \
             else ((rows, cols // 8), "uint32")
         groups = ((rows, cols // self.group_size), self.scale_dtype)
         return {"qweight": codes, "scale": groups, **({"min": groups} if "min" in self.plane_names else {})}
@@ -222,5 +223,5 @@ class QuantizedEmbedding(_QuantizedWeight):
         return rows if ids.ndim == 1 else op.reshape(rows, shape=[*ids.shape, self.dim])
 
 
-__all__ = ["BYTE_KINDS", "FLOAT_KINDS", "KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear", "code_value", "dequantize",
-           "dequantize_element"]
+__all__ = ["BYTE_CODES", "BYTE_KINDS", "FLOAT_KINDS", "KINDS", "QuantFormat", "QuantizedEmbedding", "QuantizedLinear",
+           "code_value", "dequantize", "dequantize_element"]

@@ -13,9 +13,10 @@ in floating point. Schemes:
     q8f32          int8, group 32 along K, value = q * scale
     as-stored      a GGUF's own formats: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and
                    Q6_K kept exactly (quant_gguf.GGUF_EXACT; 8-bit ones re-quantized to q4 on a target
-                   without 8-bit storage, noted), F32 tensors kept as float, F16 / BF16 ones in their 16 bits (quant_modules f16 /
-                   bf16, widened to float32 in the matmul); a GPTQ, AWQ or compressed-tensors
-                   checkpoint's 4-bit codes kept exactly (quant_prequant), GPTQ's desc_act re-quantized
+                   without 8-bit storage, noted), F32 tensors kept as float, F16 / BF16 ones in
+                   their 16 bits (quant_modules f16 / bf16, widened to float32 in the matmul); a
+                   GPTQ, AWQ or compressed-tensors checkpoint's 4-bit codes kept exactly
+                   (quant_prequant), GPTQ's desc_act re-quantized
     as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
     auto           as-stored for GGUF, GPTQ, AWQ and compressed-tensors, the target's best 4-bit scheme

@@ -23,7 +23,7 @@ import json
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import httpx
 

@@ -42,7 +42,8 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         # The KV cache's attention kernels: TVM's scalar loops out, kiln's vectorised ones in;
         # then every kernel gets the first CPU rule that matches (tuned knobs where the database has them).
         # A soft-capped model (Gemma 2) has the cap in kiln's kernels and written into TVM's that remain.
-        return [UseKilnCPUAttention(), FixTVMSlidingPrefill(), SoftcapTVMAttention(), dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
+        return [UseKilnCPUAttention(), FixTVMSlidingPrefill(), SoftcapTVMAttention(),
+                dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
     if phase == "lower":
         # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.
         return [DispatchLowBatchGEMV()]
@@ -53,11 +54,13 @@ def schedule_rules(profile: TargetProfile) -> list:
     """The CPU rules in order, before tuning wraps the knob-taking ones (see tuning.CPUTuning)."""
     from .fused_schedule import cpu_fused_schedule_rules  # kernels kiln's own passes emit
     from .quant_schedule import quant_schedule_rules
-    from .schedule import cpu_schedule_rules, vector_lanes_for_target
-    lanes = vector_lanes_for_target(profile.tvm_target())      # the target's, not the host's (android)
+    from .schedule import cpu_schedule_rules, target_mcpu, vector_lanes_for_target
+    target = profile.tvm_target()
+    lanes = vector_lanes_for_target(target)      # the target's, not the host's (android)
     # QuantMatmul first: dequantize-matmuls (it branches on the rows itself: a one-row GEMV that
     # inlines the dequantize, more rows dequantize each W tile once; LowBatchGEMV copies none).
-    return [*quant_schedule_rules(vector_lanes=lanes), *cpu_fused_schedule_rules(vector_lanes=lanes),
+    return [*quant_schedule_rules(vector_lanes=lanes),
+            *cpu_fused_schedule_rules(vector_lanes=lanes, mcpu=target_mcpu(target)),
             *cpu_schedule_rules(vector_lanes=lanes)]
 
 

@@ -8,7 +8,7 @@
   (rfactor), rsqrt once per row and the vectorised scale, the row staying in L1 throughout.
 * ``LowBatchGEMV``: the matmul copies low_batch_gemv.py tagged
   ``"kiln.gemv": R``, run only when the rows are <= R: schedule.py's Matmul with a one-row
-  register tile over 6 weight rows (``gemv_knobs``; no row padding, no ``A[i] if i < m`` select in
+  register tile over 6 weight rows (1 on znver4; ``gemv_knobs``; no row padding, no ``A[i] if i < m`` select in
   the inner loop), rows and column tiles one parallel loop, k vectorised.  Padding the rows to R
   and unrolling them (a 4x3 tile) measured slower than this at 1 and 4 rows.
 """
@@ -29,15 +29,23 @@ from .schedule import CPUKnobs, KilnCPURule, Matmul
 logger = logging.getLogger(__name__)
 
 
-def cpu_fused_schedule_rules(vector_lanes: int = 16) -> list[ScheduleRule]:
-    """The rules for kiln-emitted kernels, to list ahead of ``cpu_schedule_rules``."""
-    return [LowBatchGEMV(gemv_knobs(vector_lanes)), AddRMSNorm(CPUKnobs(vector_lanes=vector_lanes))]
+def cpu_fused_schedule_rules(vector_lanes: int = 16, mcpu: str = "") -> list[ScheduleRule]:
+    """The rules for kiln-emitted kernels, to list ahead of ``cpu_schedule_rules`` (``mcpu``: the
+    target's LLVM CPU name, which picks the GEMV's tile)."""
+    return [LowBatchGEMV(gemv_knobs(vector_lanes, mcpu)), AddRMSNorm(CPUKnobs(vector_lanes=vector_lanes))]
 
 
-def gemv_knobs(vector_lanes: int = 16) -> CPUKnobs:
-    """A one-row tile over 6 weight rows: the best of 1x4/1x6/1x8/1x12 and a padded 4x3 at 1-4
-    rows on SmolLM2's projection shapes (znver5, cold weights)."""
-    return CPUKnobs(vector_lanes=vector_lanes, tile_m=1, tile_n=6)
+# The float GEMV's weight rows per tile where it is not 6, by LLVM CPU name. 6 is the best of
+# 1x4/1x6/1x8/1x12 and a padded 4x3 at 1-4 rows on SmolLM2's projection shapes (znver5, cold
+# weights). znver4 (2 cores of an AMD EPYC VM, SmolLM2 q0f32 batch-1 decode, alternating runs):
+# 1 row 54.0 / 54.3 tok/s, 2: 41.5 / 42.7, 4: 45.5 / 45.0, 6: 45.1 / 45.8; at 4 sequences
+# 172.1 / 175.8 against 6's 134.5 / 135.2. `kiln tune` searches tile_n per GEMV copy on any CPU.
+FLOAT_GEMV_TILE_N = {"znver4": 1}
+
+
+def gemv_knobs(vector_lanes: int = 16, mcpu: str = "") -> CPUKnobs:
+    """A one-row tile over FLOAT_GEMV_TILE_N's weight rows for ``mcpu`` (6 where it has none)."""
+    return CPUKnobs(vector_lanes=vector_lanes, tile_m=1, tile_n=FLOAT_GEMV_TILE_N.get(mcpu, 6))
 
 
 class AddRMSNorm(KilnCPURule):

@@ -33,7 +33,7 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, get_index_map
 from tvm.target import Target
 
-from .schedule import _STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, _static, normalize_matmul
+from .schedule import _STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, _static, normalize_matmul, target_mcpu
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,7 @@ GEMV_TILE_N = {"znver4": 1}
 
 def gemv_tile_n(knobs: CPUKnobs, target: Target) -> int:
     """The one-row GEMV's rows per tile: the knob where set, else the CPU's (GEMV_TILE_N), else tile_n."""
-    mcpu = str(target.attrs["mcpu"]) if "mcpu" in target.attrs else ""
-    return knobs.gemv_tile_n or GEMV_TILE_N.get(mcpu, knobs.tile_n)
+    return knobs.gemv_tile_n or GEMV_TILE_N.get(target_mcpu(target), knobs.tile_n)
 
 
 def default_knobs(vector_lanes: int) -> CPUKnobs:
@@ -72,8 +71,9 @@ class QuantMatmul(ScheduleRule):
     (uint32 / int8 / uint8) plane, or a 16-bit one (float16 / uint16) it widens to float32, and writing
     W[N, K], and one NT matmul reduction reading W as its second operand (A and W both indexed by
     k last; N and K static). Symbolic rows get the GEMV / tiled-matmul branch; static rows the
-    tiled matmul alone, or the GEMV alone for one row (it took the tiled matmul, whose 2-row tile
-    pads it: SmolLM2's Q8_0 LM head 3.1 ms a call against the GEMV's 1.2)."""
+    tiled matmul alone. (The single-sequence ``decode`` entry's one-row kernels never reach here:
+    dlight's get_index_map refuses them and the float Matmul rule takes them; the runtime decodes
+    through ``batch_decode``, whose rows are symbolic.)"""
 
     def __init__(self, knobs: CPUKnobs | None = None) -> None:
         self.knobs = knobs or default_knobs(16)
@@ -87,11 +87,9 @@ class QuantMatmul(ScheduleRule):
             return None
         try:
             large, rows = self._variant(func, panel=True)
-            if _static(rows) not in (None, 1):
+            if _static(rows) is not None:
                 return large
             small, _ = self._variant(func, panel=False, tile_n=gemv_tile_n(self.knobs, target))
-            if _static(rows) == 1:
-                return small
         except (RuntimeError, ValueError) as err:       # s_tir.ScheduleError is a RuntimeError
             logger.warning("QuantMatmul left a function unscheduled: %s", str(err)[-300:])
             return None

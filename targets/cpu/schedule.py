@@ -80,6 +80,11 @@ def vector_lanes_for_target(target: Target, dtype_bits: int = 32) -> int:
     return max(bits // dtype_bits, 4) if bits > 0 else 128 // dtype_bits
 
 
+def target_mcpu(target: Target) -> str:
+    """The target's LLVM CPU name ("" where it names none): the key of the per-CPU tile tables."""
+    return str(target.attrs["mcpu"]) if "mcpu" in target.attrs else ""
+
+
 def cpu_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) -> list[ScheduleRule]:
     """The CPU rules in the order ApplyDefaultSchedule should try them (most specific first).
 
@@ -344,4 +349,5 @@ def _matmul_layout(block: s_tir.SBlock) -> str | None:
     return "nn" if isinstance(b_last, tirx.Var) and b_last.same_as(block.writes[0].region[-1].min) else None
 
 
-__all__ = ["CPUKnobs", "KilnCPURule", "Matmul", "cpu_schedule_rules", "normalize_matmul", "vector_lanes_for_target"]
+__all__ = ["CPUKnobs", "KilnCPURule", "Matmul", "cpu_schedule_rules", "normalize_matmul", "target_mcpu",
+           "vector_lanes_for_target"]

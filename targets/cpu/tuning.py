@@ -46,7 +46,7 @@ from tvm.target import Target
 
 from ..profile import TargetProfile
 from .low_batch_gemv import COPY_ATTR, GEMV_ATTR
-from .schedule import CPUKnobs, vector_lanes_for_target
+from .schedule import CPUKnobs, target_mcpu, vector_lanes_for_target
 
 FORMAT_VERSION = 1
 TUNED_ATTR = "kiln.tuned_knobs"  # PrimFunc attr: the knobs a tuning database gave it ("tile_m=2,...")
@@ -224,11 +224,18 @@ class CPUTuning:
 
     def default_knobs(self, func: tirx.PrimFunc | None = None) -> CPUKnobs:
         """The knobs the rule scheduling ``func`` takes untuned: QuantMatmul's for a dequantize +
-        matmul kernel (2 x 8 tiles with AVX-512), the float rules' otherwise. A kernel whose tuning
-        keeps the defaults then compiles as it did untuned."""
+        matmul kernel (2 x 8 tiles with AVX-512), LowBatchGEMV's for a ``kiln.gemv`` copy (one row
+        over the CPU's FLOAT_GEMV_TILE_N), the float rules' otherwise. A kernel whose tuning keeps
+        the defaults then compiles as it did untuned."""
+        from .fused_schedule import gemv_knobs
         from .quant_schedule import default_knobs as quant_knobs, is_dequant_matmul
-        lanes = vector_lanes_for_target(self.profile.tvm_target())
-        return quant_knobs(lanes) if func is not None and is_dequant_matmul(func) else CPUKnobs(vector_lanes=lanes)
+        target = self.profile.tvm_target()
+        lanes = vector_lanes_for_target(target)
+        if func is not None and is_dequant_matmul(func):
+            return quant_knobs(lanes)
+        if func is not None and func.attrs is not None and GEMV_ATTR in func.attrs:
+            return gemv_knobs(lanes, target_mcpu(target))
+        return CPUKnobs(vector_lanes=lanes)
 
     def candidates(self, default: CPUKnobs, rows_tile: bool = True) -> list[CPUKnobs]:
         """(tile_m, tile_n, unroll_k) with <= 24 accumulators, nearest the defaults first; tile_m

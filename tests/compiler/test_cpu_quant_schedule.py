@@ -93,3 +93,37 @@ def test_tuning_starts_a_quantized_kernel_from_quant_matmuls_own_knobs():
     space = get_profile("cpu").tuning_space()
     lanes = space.default_knobs().vector_lanes
     assert space.default_knobs(q4f16_matmul) == default_knobs(lanes) != space.default_knobs()
+
+
+def test_the_float_gemv_tile_follows_the_cpu_and_is_tunings_baseline():
+    """LowBatchGEMV (the float one-row GEMV copies) takes its weight rows per tile from the target's CPU
+    (FLOAT_GEMV_TILE_N, 6 elsewhere), and `kiln tune` times a ``kiln.gemv`` copy from those knobs."""
+    from kiln.targets import get_profile
+    from kiln.targets.cpu import schedule_rules
+    from kiln.targets.cpu.fused_schedule import FLOAT_GEMV_TILE_N, LowBatchGEMV, gemv_knobs
+    from kiln.targets.cpu.low_batch_gemv import GEMV_ATTR
+    from kiln.targets.cpu.schedule import target_mcpu
+    assert gemv_knobs(16, "znver4").tile_n == FLOAT_GEMV_TILE_N["znver4"] == 1
+    assert (gemv_knobs(16, "znver5").tile_m, gemv_knobs(16, "znver5").tile_n) == (1, 6) == \
+        (gemv_knobs(16).tile_m, gemv_knobs(16).tile_n)
+    profile = get_profile("cpu")
+    target = profile.tvm_target()
+    rule = next(r for r in schedule_rules(profile) if isinstance(r, LowBatchGEMV))
+    assert rule.knobs == gemv_knobs(rule.knobs.vector_lanes, target_mcpu(target))
+    space = profile.tuning_space()
+    assert space.default_knobs(float_matmul.with_attr(GEMV_ATTR, 4)) == rule.knobs != space.default_knobs(float_matmul)
+    assert space.default_knobs(q4f16_matmul.with_attr(GEMV_ATTR, 4)) == default_knobs(rule.knobs.vector_lanes)
+
+
+@T.prim_func(s_tir=True)
+def float_matmul(var_x: T.handle, W: T.Buffer((T.int64(N), T.int64(K)), "float32"), var_y: T.handle):
+    T.func_attr({"tirx.noalias": True})
+    rows = T.int64()
+    X = T.match_buffer(var_x, (rows, T.int64(1), T.int64(K)))
+    Y = T.match_buffer(var_y, (rows, T.int64(1), T.int64(N)))
+    for i0, i1, i2, k in T.grid(rows, T.int64(1), T.int64(N), T.int64(K)):
+        with T.sblock("NT_matmul"):
+            v_i0, v_i1, v_i2, v_k = T.axis.remap("SSSR", [i0, i1, i2, k])
+            with T.init():
+                Y[v_i0, v_i1, v_i2] = T.float32(0.0)
+            Y[v_i0, v_i1, v_i2] = Y[v_i0, v_i1, v_i2] + X[v_i0, v_i1, v_k] * W[v_i2, v_k]

@@ -42,7 +42,6 @@ def test_tvm_ffi_serializes_tir():
 def test_cuda_float16_matmuls_use_tensor_cores():
     """A float16 projection over symbolic rows (prefill, large batches) is scheduled on the tensor
     cores (dlight's wmma matmul, float32 accumulators) and builds (for the H100)."""
-    import tvm
     from tvm.relax.frontend import nn
 
     from kiln.compiler.build import build_lib

@@ -39,10 +39,13 @@ def _written(float_dir: Path, root: Path, layout: str) -> tuple[Path, Path]:
     return quantized, reference
 
 
+@pytest.mark.parametrize("container", ["safetensors", "bin"])
 @pytest.mark.parametrize("dtype,stored", [(np.float16, "F16"), ("bfloat16", "BF16"), (np.float32, "F32")])
-def test_float_tensors_beside_the_codes_keep_their_16_bits_under_as_stored(dtype, stored, float_dir, tmp_path):
+def test_float_tensors_beside_the_codes_keep_their_16_bits_under_as_stored(dtype, stored, container, float_dir,
+                                                                            tmp_path):
     """A GPTQ checkpoint's float tensors (its LM head and embeddings: float16, or bfloat16 from a bfloat16
-    model) report their stored type, so as-stored keeps them in 16 bits (f16 / bf16), not float32."""
+    model) report their stored type, so as-stored keeps them in 16 bits (f16 / bf16), not float32; in
+    model.safetensors or in a pytorch_model.bin."""
     import torch
     from safetensors.torch import load_file, save_file
     from kiln.compiler.quantize import get_scheme
@@ -50,8 +53,12 @@ def test_float_tensors_beside_the_codes_keep_their_16_bits_under_as_stored(dtype
     tensors = load_file(str(quantized / "model.safetensors"))
     float_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.from_numpy(np.zeros(1, dtype)).dtype
     floats = ("lm_head.weight", "model.embed_tokens.weight")          # the codes' scales stay as written
-    save_file({k: v.to(float_dtype) if k in floats else v for k, v in tensors.items()},
-              str(quantized / "model.safetensors"))
+    tensors = {k: v.to(float_dtype) if k in floats else v for k, v in tensors.items()}
+    if container == "bin":
+        (quantized / "model.safetensors").unlink()
+        torch.save(tensors, quantized / "pytorch_model.bin")
+    else:
+        save_file(tensors, str(quantized / "model.safetensors"))
     source = models.load(quantized)
     assert source.weights.tensor_type("lm_head.weight") == stored
     assert source.weights.tensor_type("model.layers.0.mlp.down_proj.weight") == "GPTQ"
