@@ -1,0 +1,100 @@
+"""targets/cpu/quant_gemv.py: the hand-written one-row GEMV QuantMatmul runs for kiln's q4 / q4m / q8 /
+q8m / f16 / bf16 float32 kernels at one row. Built through QuantMatmul from kernels written as kiln's dequantize
+emits them, for this machine's CPU; one row and three rows (the tiled branch) against numpy's
+float64 product of the same dequantized planes; and what the match turns away."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, tirx
+
+from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+from kiln.compiler.quant_pack import dequantize
+from kiln.targets.cpu import quant_gemv
+from kiln.targets.cpu.quant_schedule import QuantMatmul
+
+pytestmark = pytest.mark.compiler
+
+TARGET = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+          "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]}
+
+
+def dequant_matmul(kind: str, n: int, k: int, group: int, by_bits: bool = False, x_dtype: str = "float32",
+                   rows: int | None = None) -> tirx.PrimFunc:
+    """y[rows, 1, n] = x[rows, 1, k] . dequantize(planes)[n, k], as kiln's modules emit it (symbolic rows)."""
+    fmt = QuantFormat(kind, group, "float32")
+    i64 = lambda *dims: [tirx.IntImm("int64", d) if isinstance(d, int) else d for d in dims]   # noqa: E731 (as kiln's)
+    planes = [te.placeholder(i64(*shape), dtype, name=name) for name, (shape, dtype) in fmt.planes(n, k).items()]
+    qweight, scale, minimum = (planes + [None, None])[:3]
+    w = te.compute(i64(n, k), lambda i, j: dequantize_element(fmt, "float32", qweight, scale, minimum, i, j, by_bits),
+                   name="dequantize")
+    m = tirx.Var("rows", "int64") if rows is None else rows
+    x = te.placeholder(i64(m, 1, k), x_dtype, name="x")
+    r = te.reduce_axis(i64(0, k), name="k")
+    y = te.compute(i64(m, 1, n), lambda a, b, c: te.sum(x[a, b, r].astype("float32") * w[c, r], axis=r),
+                   name="NT_matmul")
+    return te.create_prim_func([*planes, x, y])
+
+
+def random_planes(fmt: QuantFormat, n: int, k: int, rng) -> dict[str, np.ndarray]:
+    out = {}
+    for name, (shape, dtype) in fmt.planes(n, k).items():
+        if dtype == "float32":
+            out[name] = ((rng.random(shape) - (0.5 if name == "min" else 0.0)) * 0.1).astype(np.float32)
+        elif dtype == "float16":
+            out[name] = rng.standard_normal(shape).astype(np.float16)
+        elif fmt.kind == "bf16":                                        # bfloat16 bits: float32's high half
+            out[name] = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            info = np.iinfo(dtype)
+            out[name] = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+    return out
+
+
+CASES = [("q4", 32), ("q4m", 32), ("q4m", 128), ("q8", 32), ("q8m", 32), ("q4", 64), ("f16", 32), ("bf16", 32)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{k}-g{g}" for k, g in CASES])
+def built(request):
+    kind, group = request.param
+    n, k = 48, 256 + 128 if group != 128 else 512
+    func = dequant_matmul(kind, n, k, group, by_bits=kind == "q8")
+    sch = QuantMatmul().apply(func, tvm.target.Target(TARGET), False)
+    assert sch is not None
+    assert '"one_row_gemv"' in sch.mod["main"].script(), "QuantMatmul did not take the hand-written GEMV"
+    return kind, group, n, k, tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=tvm.target.Target(TARGET))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemv_matches_numpy(built, rows):
+    kind, group, n, k, lib = built
+    rng = np.random.default_rng(rows)
+    fmt = QuantFormat(kind, group, "float32")
+    planes = random_planes(fmt, n, k, rng)
+    x = rng.standard_normal((rows, 1, k)).astype(np.float32)
+    want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T          # [rows, n]
+    dev = tvm.cpu()
+    y = tvm.runtime.tensor(np.zeros((rows, 1, n), np.float32), dev)
+    lib["main"](*(tvm.runtime.tensor(p, dev) for p in planes.values()), tvm.runtime.tensor(x, dev), y)
+    got = y.numpy()[:, 0]
+    # float32 sums of k products, in another order than float64's
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_match_refuses_what_the_kernel_does_not_compute():
+    assert quant_gemv.match(dequant_matmul("q4m", 48, 384, 32)) is not None
+    assert quant_gemv.match(dequant_matmul("q4m", 48, 352, 32)) is None            # K not a multiple of 64
+    assert quant_gemv.match(dequant_matmul("q4m", 48, 384, 32, x_dtype="float16")) is None
+    assert quant_gemv.match(dequant_matmul("q4m", 48, 384, 32, rows=1)) is None    # static rows: the tiled rule
+    assert quant_gemv.match(dequant_matmul("f16", 48, 352, 32)) is None
+
+
+def test_the_kernel_builds_for_arm():
+    """The same TIR for AArch64 (Android and Apple): LLVM lowers the 16-lane vectors onto NEON."""
+    for target in ({"kind": "llvm", "mtriple": "aarch64-linux-android", "mcpu": "generic", "mattr": ["+neon"]},
+                   {"kind": "llvm", "mtriple": "arm64-apple-macos", "mcpu": "apple-m1"}):
+        for kind in ("q4m", "q8"):
+            kernel = quant_gemv.gemv_kernel(kind, 64, 256, 32).with_attr("global_symbol", "main")
+            tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(target))
