@@ -187,10 +187,10 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
                                 + xp[(co * CHAINS + ch) * CHUNK + LANES + i] * code(Wb, row, co * CHAINS + ch, 1, i)
                             ) * S[row, (co * CHAINS + ch) // per]
                         else:
-                            acc[ch * LANES + i] = (acc[ch * LANES + i]
-                                                   + xp[(co * CHAINS + ch) * CHUNK + i] * code(Wb, row, co * CHAINS + ch, 0, i)
-                                                   + xp[(co * CHAINS + ch) * CHUNK + LANES + i]
-                                                   * code(Wb, row, co * CHAINS + ch, 1, i))
+                            acc[ch * LANES + i] = (
+                                acc[ch * LANES + i]
+                                + xp[(co * CHAINS + ch) * CHUNK + i] * code(Wb, row, co * CHAINS + ch, 0, i)
+                                + xp[(co * CHAINS + ch) * CHUNK + LANES + i] * code(Wb, row, co * CHAINS + ch, 1, i))
             if has_min:
                 for v in range(groups // LANES):            # whole vectors of groups into the second chain
                     for i in T.vectorized(LANES):
@@ -199,8 +199,8 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
                 acc[i] = acc[i] + acc[LANES + i]
             halve(acc, 0)
             if has_min:
-                for g in range(groups % LANES):             # the groups left over
-                    acc[0] = acc[0] + group_min(S, M, row, groups // LANES * LANES + g) * xs[groups // LANES * LANES + g]
+                for g in range(groups // LANES * LANES, groups):    # the groups left over
+                    acc[0] = acc[0] + group_min(S, M, row, g) * xs[g]
             Y[0, 0, row] = acc[0]
 
     w_shape, w_dtype = (n, code_cols), _CODE_DTYPES[kind]
