@@ -1,4 +1,4 @@
-"""A hand-written one-row GEMV for kiln's 4- and 8-bit weights in float32 (batch-1 decode on a CPU).
+"""A hand-written one-row GEMV for kiln's 4-, 8- and 16-bit weights in float32 (batch-1 decode on a CPU).
 
 Why: QuantMatmul's scheduled GEMV decodes every weight to a float before its multiply-add: per 16
 values a load and a permute of two words, a variable shift, a mask, a conversion, the scale's
@@ -25,10 +25,13 @@ step's profile. Compiled for haswell (AVX2) on the same host: 56 against 92-95 u
 SmolLM2 Q4_1 batch-1 decode: 179 / 164 tok/s against 125 / 119 (kiln bench, alternating runs).
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
 
-Matched (``match``): a function exactly kiln's `dequantize` (q4, q4m, q8 or q8m, float32 scales, any
-group a multiple of 32, either code form) into an `NT_matmul` of float32 activations with float32
-sums, no cast after, over symbolic rows; K a multiple of 64. Anything else: None (QuantMatmul
-schedules it). QuantMatmul runs the kernel where the call has one row.
+Matched (``match``): a function exactly kiln's `dequantize` (q4, q4m, q8 or q8m with float32 scales
+and any group a multiple of 32, either code form; or f16 / bf16, 16-bit floats without scales, two
+multiply-adds a chunk) into an `NT_matmul` of float32 activations with float32 sums, no cast after,
+over symbolic rows; K a multiple of 64. Anything else: None (QuantMatmul schedules it). QuantMatmul
+runs the kernel where the call has one row. F16 GGUF SmolLM2 decode: 111 tok/s = 0.99x llama.cpp
+(98, 0.87x, before); Q4_1: 165 = 1.15x (122, 0.85x); Q5_1 (q8m): 113 = 0.98x (109, 0.84x), one
+tools/compare_llamacpp.py --rounds 3 run each.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ _MIN_KINDS = ("q4m", "q8m")
 
 @dataclass(frozen=True)
 class Match:
-    kind: str               # q4, q4m, q8, q8m
+    kind: str               # q4, q4m, q8, q8m, f16, bf16
     group: int
     n: int
     k: int

@@ -9,9 +9,10 @@ PrimFunc with two blocks:
 `QuantMatmul` schedules it twice and branches on the row count at run time (one PrimFunc,
 `if rows <= 1: <GEMV> else: <matmul>`):
 
-* one row (batch-1 decode) of kiln's q4 / q4m / q8 / q8m float32 kernels: quant_gemv.py's
-  hand-written GEMV (the scale and min applied per group, not per weight; 1.5-1.8x this schedule).
-* one row of the rest (16-bit planes, float16 activations, K not a multiple of 64): the
+* one row (batch-1 decode) of kiln's float32 kernels (every format, K a multiple of 64):
+  quant_gemv.py's hand-written GEMV (the scale and min applied per group, not per weight;
+  1.5-1.8x the schedule below).
+* one row of the rest (float16 activations, K not a multiple of 64, groups not of 32s): the
   dequantize is inlined into a GEMV: parallel over tiles of
   gemv_tile_n weight rows (GEMV_TILE_N: per CPU), k vectorised (16 lanes: LLVM loads 2 words, spreads them with one
   vpermd and decodes the 16 nibbles with a variable shift, an and and a convert), vector
@@ -74,9 +75,8 @@ class QuantMatmul(ScheduleRule):
     """Matches a PrimFunc of exactly two blocks: a spatial dequantize reading an integer
     (uint32 / int8 / uint8) plane, or a 16-bit one (float16 / uint16) it widens to float32, and writing
     W[N, K], and one NT matmul reduction reading W as its second operand (A and W both indexed by
-    k last; N and K static). Symbolic rows get the GEMV (quant_gemv's where it matches) / tiled-matmul
-    branch; static rows the
-    tiled matmul alone. (The single-sequence ``decode`` entry's one-row kernels never reach here:
+    k last; N and K static). Symbolic rows get the GEMV (quant_gemv's where it matches) /
+    tiled-matmul branch; static rows the tiled matmul alone. (The single-sequence ``decode`` entry's one-row kernels never reach here:
     dlight's get_index_map refuses them and the float Matmul rule takes them; the runtime decodes
     through ``batch_decode``, whose rows are symbolic.)"""
 
@@ -95,7 +95,7 @@ class QuantMatmul(ScheduleRule):
             if _static(rows) is not None:
                 return large
             gemv = quant_gemv.match(func)
-            if gemv is not None:            # kiln's q4 / q4m / q8 / q8m in float32: the hand-written GEMV
+            if gemv is not None:            # a float32 kernel of any kiln format: the hand-written GEMV
                 return s_tir.Schedule(_branch(rows == 1, quant_gemv.one_row_body(func, gemv), large.mod["main"]))
             small, _ = self._variant(func, panel=False, tile_n=gemv_tile_n(self.knobs, target))
         except (RuntimeError, ValueError) as err:       # s_tir.ScheduleError is a RuntimeError
