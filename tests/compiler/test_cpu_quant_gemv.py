@@ -5,52 +5,26 @@ float64 product of the same dequantized planes; and what the match turns away.""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tvm
-from tvm import te, tirx
 
-from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize
 from kiln.targets.cpu import quant_gemv
 from kiln.targets.cpu.quant_schedule import QuantMatmul
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import bench_cpu_gemv  # noqa: E402  (the kernels as kiln emits them, shared with the benchmark)
+from bench_cpu_gemv import dequant_matmul, random_planes  # noqa: E402
 
 pytestmark = pytest.mark.compiler
 
 TARGET = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
           "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]}
-
-
-def dequant_matmul(kind: str, n: int, k: int, group: int, by_bits: bool = False, x_dtype: str = "float32",
-                   rows: int | None = None) -> tirx.PrimFunc:
-    """y[rows, 1, n] = x[rows, 1, k] . dequantize(planes)[n, k], as kiln's modules emit it (symbolic rows)."""
-    fmt = QuantFormat(kind, group, "float32")
-    i64 = lambda *dims: [tirx.IntImm("int64", d) if isinstance(d, int) else d for d in dims]   # noqa: E731 (as kiln's)
-    planes = [te.placeholder(i64(*shape), dtype, name=name) for name, (shape, dtype) in fmt.planes(n, k).items()]
-    qweight, scale, minimum = (planes + [None, None])[:3]
-    w = te.compute(i64(n, k), lambda i, j: dequantize_element(fmt, "float32", qweight, scale, minimum, i, j, by_bits),
-                   name="dequantize")
-    m = tirx.Var("rows", "int64") if rows is None else rows
-    x = te.placeholder(i64(m, 1, k), x_dtype, name="x")
-    r = te.reduce_axis(i64(0, k), name="k")
-    y = te.compute(i64(m, 1, n), lambda a, b, c: te.sum(x[a, b, r].astype("float32") * w[c, r], axis=r),
-                   name="NT_matmul")
-    return te.create_prim_func([*planes, x, y])
-
-
-def random_planes(fmt: QuantFormat, n: int, k: int, rng) -> dict[str, np.ndarray]:
-    out = {}
-    for name, (shape, dtype) in fmt.planes(n, k).items():
-        if dtype == "float32":
-            out[name] = ((rng.random(shape) - (0.5 if name == "min" else 0.0)) * 0.1).astype(np.float32)
-        elif dtype == "float16":
-            out[name] = rng.standard_normal(shape).astype(np.float16)
-        elif fmt.kind == "bf16":                                        # bfloat16 bits: float32's high half
-            out[name] = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        else:
-            info = np.iinfo(dtype)
-            out[name] = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
-    return out
 
 
 CASES = [("q4", 32), ("q4m", 32), ("q4m", 128), ("q8", 32), ("q8m", 32), ("q4", 64), ("f16", 32), ("bf16", 32)]
@@ -98,3 +72,11 @@ def test_the_kernel_builds_for_arm():
         for kind in ("q4m", "q8"):
             kernel = quant_gemv.gemv_kernel(kind, 64, 256, 32).with_attr("global_symbol", "main")
             tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(target))
+
+
+def test_the_benchmark_tool_runs(capsys):
+    """tools/bench_cpu_gemv.py (hand-written against scheduled GEMV) on one small shape."""
+    assert bench_cpu_gemv.main(["--formats", "q4m,f16", "--shapes", "o_proj", "--repeat", "1", "--cold-mb", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("q4m", "f16"))]
+    assert len(lines) == 2
+    assert all(float(line.split()[-1]) < 1e-5 and float(line.split()[-2]) < 1e-5 for line in lines)

@@ -1,0 +1,150 @@
+"""Time kiln's one-row quantized GEMV on this CPU: targets/cpu/quant_gemv.py's hand-written kernel
+against QuantMatmul's scheduled GEMV (what the rule builds without it), per weight format, on
+SmolLM2's projection shapes. The planes are rotated through --cold-mb of copies, so each call reads
+its weights from memory as a decode step does (a model's weights outgrow the caches).
+
+    python tools/bench_cpu_gemv.py                                   # q4m (GGUF Q4_1), every shape
+    python tools/bench_cpu_gemv.py --formats q4,q8,f16 --shapes gate_up,lm_head --repeat 15
+
+Each line: the best of --repeat passes over the copies, in us a call and GB/s of planes read, for
+both kernels; the speedup; the largest difference of each from numpy's float64 product (relative to
+its largest value). The kernels are built for this machine's CPU, as `kiln compile --target cpu` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cpu_kernels import SHAPES  # noqa: E402  (SmolLM2's (N, K) per projection)
+
+FORMATS = ("q4", "q4m", "q8", "q8m", "f16", "bf16")
+
+
+def dequant_matmul(kind: str, n: int, k: int, group: int = 32, by_bits: bool = False, x_dtype: str = "float32",
+                   rows: int | None = None):
+    """y[rows, 1, n] = x[rows, 1, k] . dequantize(planes)[n, k] as kiln's modules emit it (kiln's
+    `dequantize` block, int64 shapes; symbolic rows unless `rows` is given)."""
+    from tvm import te, tirx
+
+    from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+
+    def i64(*dims):
+        return [tirx.IntImm("int64", d) if isinstance(d, int) else d for d in dims]
+
+    fmt = QuantFormat(kind, group, "float32")
+    planes = [te.placeholder(i64(*shape), dtype, name=name) for name, (shape, dtype) in fmt.planes(n, k).items()]
+    qweight, scale, minimum = (planes + [None, None])[:3]
+    w = te.compute(i64(n, k), lambda i, j: dequantize_element(fmt, "float32", qweight, scale, minimum, i, j, by_bits),
+                   name="dequantize")
+    m = tirx.Var("rows", "int64") if rows is None else rows
+    x = te.placeholder(i64(m, 1, k), x_dtype, name="x")
+    r = te.reduce_axis(i64(0, k), name="k")
+    y = te.compute(i64(m, 1, n), lambda a, b, c: te.sum(x[a, b, r].astype("float32") * w[c, r], axis=r),
+                   name="NT_matmul")
+    return te.create_prim_func([*planes, x, y])
+
+
+def random_planes(fmt, n: int, k: int, rng) -> dict:
+    """Planes of `fmt` for an [n, k] weight: random codes, small positive scales, mins around 0."""
+    import numpy as np
+
+    out = {}
+    for name, (shape, dtype) in fmt.planes(n, k).items():
+        if dtype == "float32":
+            out[name] = ((rng.random(shape) - (0.5 if name == "min" else 0.0)) * 0.1).astype(np.float32)
+        elif dtype == "float16":
+            out[name] = rng.standard_normal(shape).astype(np.float16)
+        elif fmt.kind == "bf16":                                        # bfloat16 bits: float32's high half
+            out[name] = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        else:
+            info = np.iinfo(dtype)
+            out[name] = rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype)
+    return out
+
+
+def cpu_target():
+    import tvm
+    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+                              "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"], "num-cores": os.cpu_count() or 1})
+
+
+def kernels(kind: str, n: int, k: int, target):
+    """(hand-written GEMV, scheduled GEMV) for one row of a `kind` [n, k] weight, built."""
+    import tvm
+
+    from kiln.targets.cpu import quant_gemv
+    from kiln.targets.cpu.quant_schedule import QuantMatmul, gemv_tile_n
+
+    func = dequant_matmul(kind, n, k)
+    match = quant_gemv.match(func)
+    if match is None:
+        raise SystemExit(f"{kind} {n} x {k}: quant_gemv does not take this kernel")
+    rule = QuantMatmul()
+    scheduled, _ = rule._variant(func, panel=False, tile_n=gemv_tile_n(rule.knobs, target))
+    build = lambda f: tvm.compile(tvm.IRModule({"main": f}), target=target)["main"]  # noqa: E731
+    return build(quant_gemv.one_row_body(func, match)), build(scheduled.mod["main"])
+
+
+def bench(kind: str, shape: str, repeat: int, cold_mb: int, target) -> str:
+    import numpy as np
+    import tvm
+
+    from kiln.compiler.quant_modules import QuantFormat
+    from kiln.compiler.quant_pack import dequantize
+
+    n, k = SHAPES[shape]
+    fmt = QuantFormat(kind, 32, "float32")
+    rng = np.random.default_rng(0)
+    planes = random_planes(fmt, n, k, rng)
+    nbytes = sum(p.nbytes for p in planes.values())
+    copies = max(2, cold_mb * 2**20 // nbytes)
+    sets = [[tvm.runtime.tensor(p.copy()) for p in planes.values()] for _ in range(copies)]
+    x = rng.standard_normal((1, 1, k)).astype(np.float32)
+    want = x[0, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
+    xt, yt = tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((1, 1, n), np.float32))
+    cells = []
+    for kernel in kernels(kind, n, k, target):
+        kernel(*sets[0], xt, yt)
+        err = float(np.abs(yt.numpy()[0, 0] - want).max() / np.abs(want).max())
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            for planes_set in sets:
+                kernel(*planes_set, xt, yt)
+            best = min(best, (time.perf_counter() - start) / copies)
+        cells.append((best * 1e6, nbytes / best / 1e9, err))
+    (hand_us, hand_gbs, hand_err), (sched_us, sched_gbs, sched_err) = cells
+    return (f"{kind:5s} {shape:8s} {n:6d} {k:5d} | {hand_us:8.1f} {hand_gbs:6.1f} | {sched_us:8.1f} {sched_gbs:6.1f} | "
+            f"{sched_us / hand_us:5.2f} | {hand_err:.1e} {sched_err:.1e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--formats", default="q4m", help=f"comma list of {', '.join(FORMATS)}")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
+    parser.add_argument("--repeat", type=int, default=10, help="passes over the copies; the best is reported")
+    parser.add_argument("--cold-mb", type=int, default=256, help="memory the plane copies rotate through")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="TVM_NUM_THREADS for the kernels")
+    ns = parser.parse_args(argv)
+    formats, shapes = ns.formats.split(","), ns.shapes.split(",")
+    bad = [f for f in formats if f not in FORMATS] + [s for s in shapes if s not in SHAPES]
+    if bad:
+        parser.error(f"unknown {bad}; formats {list(FORMATS)}, shapes {list(SHAPES)}")
+    os.environ["TVM_NUM_THREADS"] = str(ns.threads)
+    target = cpu_target()
+    print(f"{target.attrs['mcpu']}, {ns.threads} threads, best of {ns.repeat} passes over {ns.cold_mb} MB of planes")
+    print(f"{'fmt':5s} {'shape':8s} {'N':>6s} {'K':>5s} | {'hand us':>8s} {'GB/s':>6s} | {'sched us':>8s} {'GB/s':>6s} | "
+          f"{'x':>5s} | rel err hand, sched")
+    for kind in formats:
+        for shape in shapes:
+            print(bench(kind, shape, ns.repeat, ns.cold_mb, target), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
