@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TVM_NUM_THREADS"] = str(ns.threads)
     target = cpu_target()
     print(f"{target.attrs['mcpu']}, {ns.threads} threads, best of {ns.repeat} passes over {ns.cold_mb} MB of planes")
-    print(f"{'fmt':5s} {'shape':8s} {'N':>6s} {'K':>5s} | {'hand us':>8s} {'GB/s':>6s} | {'sched us':>8s} {'GB/s':>6s} | "
-          f"{'x':>5s} | rel err hand, sched")
+    print(f"{'fmt':5s} {'shape':8s} {'N':>6s} {'K':>5s} | {'hand us':>8s} {'GB/s':>6s} | "
+          f"{'sched us':>8s} {'GB/s':>6s} | {'x':>5s} | rel err hand, sched")
     for kind in formats:
         for shape in shapes:
             print(bench(kind, shape, ns.repeat, ns.cold_mb, target), flush=True)
