@@ -20,8 +20,10 @@ spends ~14. Two accumulators take alternate chunks; the lanes are summed by halv
 
 Measured (znver4, 2 cores, cold planes, kernels alone, best of 15): SmolLM2's gate/up q4m (3072 x
 576) 45-48 us against the scheduled GEMV's 82; down (576 x 1536) 24 against 39; qkv (960 x 576) 16
-against 27. Its Q8_0 LM head (49152 x 576, q8, 32 MB) is bound by memory either way: 0.99 ms alone
-(32 GB/s, planes rotated through 256 MB), 1.16 ms in a decode step's profile before and after.
+against 27; 8-bit 1.1-1.5x, 16-bit floats 1.02-1.16x (already near the bytes' floor, 30-32 GB/s)
+(tools/bench_cpu_gemv.py). Its Q8_0 LM head (49152 x 576, 32 MB) alone: 0.72-0.99 ms against
+1.1-1.3 (runs swing on a shared host); inside a decode step little gain (1.22 / 1.27 ms against
+1.29 / 1.39 in back-to-back profiles): there it waits on memory either way.
 Compiled for haswell (AVX2) on the same host: 56 against 92-95 us, 30 against 44.
 SmolLM2 Q4_1 batch-1 decode: 179 / 164 tok/s against 125 / 119 (kiln bench, alternating runs).
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
