@@ -35,10 +35,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
-from tvm_ffi import structural_equal
 
-from kiln.compiler.quant_modules import QuantFormat, dequantize_element
-
+from .dequant_match import match_dequant_matmul, param_order, placed
 from .row_dispatch import over_params
 
 LANES = 32                      # a warp
@@ -192,79 +190,24 @@ class Q4GEMV:
 
 
 def apply_matched(func, target, batch: int, build, kind: str = "q4"):
-    """What a quantized GEMV rule gives: None unless `func` is kiln's `kind` float16 dequantize-matmul
-    (_match) on CUDA over the rows `batch` asks for (1: one static row; more: symbolic rows); else
-    build(n, k, out_dtype, count) (count None for the static row; it may decline with None) with its
-    params placed as func has them: a Schedule for one row (OneRowGEMV), a body over func's own
-    params otherwise (row_dispatch over_params)."""
+    """What a quantized GEMV rule gives: None unless `func` is kiln's `kind` (q4 or q8) dequantize-
+    matmul in float16, group 32, float32 sums (targets/dequant_match.py) on CUDA over the rows `batch`
+    asks for (1: one static row; more: symbolic rows); else build(n, k, out_dtype, count) (count None
+    for the static row; it may decline with None) with its params placed as func has them: a Schedule
+    for one row (OneRowGEMV), a body over func's own params otherwise (row_dispatch over_params)."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
         return None
-    match = _match(func, kind)
-    if match is None:
+    m = match_dequant_matmul(func, "float16", kinds=(kind,))
+    if m is None or m.group != 32 or m.planes[1].dtype != "float16" or m.sums.dtype != "float32":
         return None
-    roles, n, k, out_dtype, rows = match
-    one = isinstance(rows, tirx.IntImm)                     # _match: a static row count is 1
-    kernel = build(n, k, out_dtype, None if one else rows) if one == (batch == 1) else None
+    one = _int(m.rows) == 1
+    if not (one or isinstance(m.rows, tirx.Var)) or one != (batch == 1):
+        return None
+    order = param_order(func, m)                        # W, S, X, Y: where func has them
+    kernel = build(m.n, m.k, str(m.out.dtype), None if one else m.rows) if order is not None else None
     if kernel is None:
         return None
-    params = [kernel.params[role] for role in roles]        # W, S, X, Y placed where func has them
-    ordered = tirx.PrimFunc(params, kernel.body, attrs=kernel.attrs)
-    return s_tir.Schedule(ordered) if one else over_params(func, ordered)
-
-
-# The code plane's dtype for each code kind the GEMV rules take (q4: 8 codes a uint32 word; q8: int8).
-CODE_DTYPES = {"q4": "uint32", "q8": "int8"}
-
-
-def _match(func: tirx.PrimFunc, kind: str = "q4"):
-    """(the role, 0-3 for W, S, X, Y, of each of func's params in order; N; K; the out dtype; the
-    rows, 1 or a symbolic size) if func is a `kind` (q4 or q8) float16 dequantize-matmul as kiln
-    emits it, else None."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks) > 3:
-        return None
-    deq, mm = blocks[0], blocks[1]
-    reads = [r.source for r in deq.reads]
-    if len(reads) != 2 or reads[0].dtype != CODE_DTYPES[kind] or reads[1].dtype != "float16":
-        return None
-    words, scales = reads
-    n, k = (_int(d) for d in deq.writes[0].source.shape)
-    if n is None or k is None or [_int(d) for d in scales.shape] != [n, k // 32]:
-        return None
-    v_n, v_k = (iv.var for iv in deq.iter_vars)
-    value = deq.body.value
-    if not any(structural_equal(value, dequantize_element(QuantFormat(kind, 32, "float16"), "float16", words,
-                                                          scales, None, v_n, v_k, by_bits))
-               for by_bits in (False, True)):
-        return None
-    x = next((r.source for r in mm.reads if not r.source.same_as(deq.writes[0].source)), None)
-    sums = mm.writes[0].source
-    if x is None or x.dtype != "float16" or sums.dtype != "float32" or len(x.shape) != 3:
-        return None
-    rows = x.shape[0]
-    if not (isinstance(rows, tirx.Var) or _int(rows) == 1) or [_int(d) for d in x.shape[1:]] != [1, k]:
-        return None
-    i0, i1, i2, vk = (iv.var for iv in mm.iter_vars)
-    dequantized = deq.writes[0].source
-    expected = sums[i0, i1, i2] + x[i0, i1, vk].astype("float32") * dequantized[i2, vk].astype("float32")
-    if not structural_equal(mm.body.value, expected):
-        return None
-    out = sums
-    if len(blocks) == 3:
-        cast = blocks[2]
-        out = cast.writes[0].source
-        c0, c1, c2 = (iv.var for iv in cast.iter_vars)
-        if not structural_equal(cast.body.value, sums[c0, c1, c2].astype(out.dtype)):
-            return None
-    same_rows = out.shape[0].same_as(rows) or (_int(rows) is not None and _int(out.shape[0]) == _int(rows))
-    if not same_rows or [_int(d) for d in out.shape[1:]] != [1, n]:
-        return None
-    roles = [b.name for b in (words, scales, x, out)]
-    names = [p.name for p in func.params]
-    if sorted(names) != sorted(roles) or len(set(roles)) != 4:
-        return None
-    return [roles.index(name) for name in names], n, k, str(out.dtype), rows
+    return s_tir.Schedule(placed(kernel, order)) if one else over_params(func, placed(kernel, order))
 
 
 def _int(dim) -> int | None:

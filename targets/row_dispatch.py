@@ -96,11 +96,12 @@ def one_row(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     return func.specialize({out: bound})
 
 
-def over_params(func: tirx.PrimFunc, scheduled: tirx.PrimFunc) -> tirx.PrimFunc | None:
+def over_params(func: tirx.PrimFunc, scheduled: tirx.PrimFunc, name: str = "one_row") -> tirx.PrimFunc | None:
     """``scheduled`` (a schedule of ``one_row(func)``) as a body over ``func``'s own params, so that
     it can be a branch of dispatch_on_rows: each buffer the binding replaced is declared a
     match_buffer view of the original's first row (TVM's LowerMatchBuffer maps its accesses back).
-    None where a replaced buffer has a symbolic offset or strides (a view the match cannot express)."""
+    None where a replaced buffer has a symbolic offset or strides (a view the match cannot express).
+    `name`: the view block's."""
     matches = []
     for bound, original in zip(scheduled.params, func.params):
         if bound.same_as(original):
@@ -109,5 +110,5 @@ def over_params(func: tirx.PrimFunc, scheduled: tirx.PrimFunc) -> tirx.PrimFunc 
             return None
         region = [ir.Range.from_min_extent(tirx.IntImm(str(d.ty.dtype), 0), d) for d in bound.shape]
         matches.append(s_tir.MatchBufferRegion(bound, tirx.BufferRegion(original, region)))
-    view = s_tir.SBlock([], [], [], "one_row", scheduled.body, match_buffers=matches)
+    view = s_tir.SBlock([], [], [], name, scheduled.body, match_buffers=matches)
     return func.with_body(s_tir.SBlockRealize([], True, view))

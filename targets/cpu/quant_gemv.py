@@ -20,8 +20,10 @@ spends ~14. Two accumulators take alternate chunks; the lanes are summed by halv
 
 Measured (znver4, 2 cores, cold planes, kernels alone, best of 15): SmolLM2's gate/up q4m (3072 x
 576) 45-48 us against the scheduled GEMV's 82; down (576 x 1536) 24 against 39; qkv (960 x 576) 16
-against 27; 8-bit 1.1-1.5x, 16-bit floats 1.02-1.16x (already near the bytes' floor, 30-32 GB/s)
-(tools/bench_cpu_gemv.py). Its Q8_0 LM head (49152 x 576, 32 MB) alone: 0.72-0.99 ms against
+against 27; 8-bit 1.2-1.5x; 16-bit floats 1.4-1.6x (gate/up 74-81 us against 109-110, 43-48 GB/s
+of weights) (tools/bench_cpu_gemv.py). Only 4-bit codes read x through a copy (xp, deinterleaved);
+8- and 16-bit ones read x itself: with the copy for every format, as first written, 16-bit weights
+ran 1.02-1.16x (106 us for gate/up). Its Q8_0 LM head (49152 x 576, 32 MB) alone: 0.72-0.99 ms against
 1.1-1.3 (runs swing on a shared host); inside a decode step little gain (1.22 / 1.27 ms against
 1.29 / 1.39 in back-to-back profiles): there it waits on memory either way.
 Compiled for haswell (AVX2) on the same host: 56 against 92-95 us, 30 against 44.
@@ -39,89 +41,39 @@ tools/compare_llamacpp.py --rounds 3 run each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from tvm import ir, s_tir, tirx
+from tvm import s_tir, tirx
 from tvm.script import tirx as T
-from tvm_ffi import structural_equal
 
-from kiln.compiler.quant_modules import BYTE_CODES, FLOAT_KINDS, QuantFormat, dequantize_element
+from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
+
+from ..dequant_match import DequantMatmul, match_dequant_matmul, param_order, placed
+from ..row_dispatch import over_params
 
 CHUNK = 32                  # values a chunk: 16 bytes of 4-bit codes, 32 of 8-bit
 LANES = 16                  # float32 lanes of the vectors written (LLVM splits them where registers are narrower)
 CHAINS = 2                  # accumulators taking alternate chunks
-_CODE_DTYPES = {"q4": "uint32", "q4m": "uint32", **BYTE_CODES, "f16": "float16", "bf16": "uint16"}
 _MIN_KINDS = ("q4m", "q8m")
 
 
-@dataclass(frozen=True)
-class Match:
-    kind: str               # q4, q4m, q8, q8m, f16, bf16
-    group: int
-    n: int
-    k: int
-    planes: tuple           # the function's buffers: codes, scale, min (None where the format has none)
-    x: tirx.Buffer          # activations [rows, 1, K]
-    y: tirx.Buffer          # sums [rows, 1, N]
+def match(func: tirx.PrimFunc) -> DequantMatmul | None:
+    """The function's format and buffers (targets/dequant_match.py) if this kernel computes it: float32
+    throughout, no cast after, symbolic rows, K a multiple of 64, groups of whole chunks."""
+    m = match_dequant_matmul(func, "float32")
+    if m is None or m.k % (2 * CHUNK) or m.group % CHUNK or not m.out.same_as(m.sums):
+        return None
+    if m.sums.dtype != "float32" or any(p is not None and p.dtype != "float32" for p in m.planes[1:]):
+        return None
+    if not isinstance(m.rows, tirx.Var) or param_order(func, m) is None:
+        return None
+    return m
 
 
-def match(func: tirx.PrimFunc) -> Match | None:
-    """The function's buffers and format if it is a dequantize + NT matmul this kernel computes."""
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    if [b.name_hint for b in blocks] != ["dequantize", "NT_matmul"]:
-        return None
-    deq, mm = blocks
-    reads = [r.source for r in deq.reads]
-    if not 1 <= len(reads) <= 3 or deq.writes[0].source.dtype != "float32":
-        return None
-    codes, scale, minimum = (reads + [None, None])[:3]
-    n, k = (_int(d) for d in deq.writes[0].source.shape)
-    if n is None or k is None or k % (2 * CHUNK):
-        return None
-    group = CHUNK                                       # (16-bit floats have no groups)
-    if scale is not None:
-        groups = _int(scale.shape[1]) if len(scale.shape) == 2 else None
-        if scale.dtype != "float32" or not groups or k % groups or (k // groups) % CHUNK or _int(scale.shape[0]) != n:
-            return None
-        group = k // groups
-        if minimum is not None and [_int(d) for d in minimum.shape] != [n, groups]:
-            return None
-    v_n, v_k = (iv.var for iv in deq.iter_vars)
-    kind = next((kind for kind in _CODE_DTYPES if _CODE_DTYPES[kind] == codes.dtype
-                 and (scale is None) == (kind in FLOAT_KINDS) and (minimum is not None) == (kind in _MIN_KINDS)
-                 and any(structural_equal(deq.body.value, dequantize_element(
-                     QuantFormat(kind, group, "float32"), "float32", codes, scale, minimum, v_n, v_k, by_bits))
-                     for by_bits in (False, True))), None)
-    if kind is None:
-        return None
-    x = next((r.source for r in mm.reads if not r.source.same_as(deq.writes[0].source)), None)
-    y = mm.writes[0].source
-    if x is None or x.dtype != "float32" or y.dtype != "float32" or len(x.shape) != 3 or len(y.shape) != 3:
-        return None
-    rows = x.shape[0]
-    if not isinstance(rows, tirx.Var) or not y.shape[0].same_as(rows):
-        return None
-    if [_int(d) for d in x.shape[1:]] != [1, k] or [_int(d) for d in y.shape[1:]] != [1, n]:
-        return None
-    i0, i1, i2, vk = (iv.var for iv in mm.iter_vars)
-    if not structural_equal(mm.body.value, y[i0, i1, i2] + x[i0, i1, vk] * deq.writes[0].source[i2, vk]):
-        return None
-    return Match(kind, group, n, k, (codes, scale, minimum), x, y)
-
-
-def one_row_body(func: tirx.PrimFunc, m: Match) -> tirx.PrimFunc:
-    """``func`` with a body computing row 0 by the kernel (its buffers matched onto func's)."""
-    kernel = gemv_kernel(m.kind, m.n, m.k, m.group)
-    codes, scale, minimum = m.planes
-    originals = [p for p in (codes, scale, minimum) if p is not None] + [m.x, m.y]
-    matches = []
-    for bound, original in zip(kernel.params, originals):       # (params are the buffers themselves)
-        region = [ir.Range.from_min_extent(tirx.IntImm(str(d.ty.dtype), 0), d) for d in bound.shape]
-        matches.append(s_tir.MatchBufferRegion(bound, tirx.BufferRegion(original, region)))
-    view = s_tir.SBlock([], [], [], "one_row_gemv", kernel.body, match_buffers=matches)
-    root = s_tir.SBlock([], [], [], "root", s_tir.SBlockRealize([], True, view))
-    return func.with_body(s_tir.SBlockRealize([], True, root))
+def one_row_body(func: tirx.PrimFunc, m: DequantMatmul) -> tirx.PrimFunc:
+    """``func`` with a body computing row 0 by the kernel (row_dispatch.over_params: its buffers viewed
+    as func's first row), inside a root block."""
+    kernel = gemv_kernel(m.kind, m.n, m.k, m.group or CHUNK)
+    view = over_params(func, placed(kernel, param_order(func, m)), name="one_row_gemv")
+    return view.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", view.body)))
 
 
 def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
@@ -129,14 +81,15 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
     chunks, groups, per = k // CHUNK, k // group, group // CHUNK
     four_bit, scaled = kind in ("q4", "q4m"), kind not in FLOAT_KINDS
     has_min = scaled and kind != "q8"
-    code_cols = k // 8 if four_bit else k
+    w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
     byte_cols = k // 2 if four_bit else k
-    byte_dtype = "uint8" if four_bit else _CODE_DTYPES[kind]
+    byte_dtype = "uint8" if four_bit else w_dtype
     acc_len = CHAINS * LANES
 
-    def x_value(X, c, h, i):
-        """Lane i of the chunk's half h as the codes are read: 4-bit, the even then the odd values."""
-        return X[0, 0, c * CHUNK + 2 * i + h] if four_bit else X[0, 0, c * CHUNK + h * LANES + i]
+    def x_at(xp, X, c, h, i):
+        """The activation lane i of chunk c's half h multiplies: 4-bit, from xp (x deinterleaved: each
+        chunk's even values, then its odd ones); wider codes, x itself."""
+        return xp[c * CHUNK + h * LANES + i] if four_bit else X[0, 0, c * CHUNK + h * LANES + i]
 
     def code(Wb, row, c, h, i):
         """The code lane i of chunk c's half h multiplies, as float32 (4-bit: byte i's low / high nibble)."""
@@ -163,21 +116,22 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
 
     @T.macro
     def body(W, S, M, X, Y):
-        xp = T.alloc_buffer((k,), "float32")              # x in the order the codes are read
+        xp = T.alloc_buffer((k if four_bit else 1,), "float32")   # 4-bit: x in the order the codes are read
         xs = T.alloc_buffer((groups,), "float32")         # each group's sum of x (the min's factor)
         part = T.alloc_buffer((LANES,), "float32")
         Wb = T.decl_buffer((n, byte_cols), byte_dtype, data=W.data)
-        for c in range(chunks):
-            for h in range(2):
-                for i in T.vectorized(LANES):
-                    xp[c * CHUNK + h * LANES + i] = x_value(X, c, h, i)
+        if four_bit:
+            for c in range(chunks):
+                for h in range(2):
+                    for i in T.vectorized(LANES):
+                        xp[c * CHUNK + h * LANES + i] = X[0, 0, c * CHUNK + 2 * i + h]
         if has_min:
             for g in range(groups):
                 for i in T.vectorized(LANES):
                     part[i] = T.float32(0)
                 for c in range(per):
                     for i in T.vectorized(LANES):
-                        part[i] = part[i] + (xp[(g * per + c) * CHUNK + i] + xp[(g * per + c) * CHUNK + LANES + i])
+                        part[i] = part[i] + (x_at(xp, X, g * per + c, 0, i) + x_at(xp, X, g * per + c, 1, i))
                 halve(part, 0)
                 xs[g] = part[0]
         for row in T.parallel(n):
@@ -189,14 +143,14 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
                     for i in T.vectorized(LANES):
                         if scaled:
                             acc[ch * LANES + i] = acc[ch * LANES + i] + (
-                                xp[(co * CHAINS + ch) * CHUNK + i] * code(Wb, row, co * CHAINS + ch, 0, i)
-                                + xp[(co * CHAINS + ch) * CHUNK + LANES + i] * code(Wb, row, co * CHAINS + ch, 1, i)
+                                x_at(xp, X, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
+                                + x_at(xp, X, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
                             ) * S[row, (co * CHAINS + ch) // per]
                         else:
                             acc[ch * LANES + i] = (
                                 acc[ch * LANES + i]
-                                + xp[(co * CHAINS + ch) * CHUNK + i] * code(Wb, row, co * CHAINS + ch, 0, i)
-                                + xp[(co * CHAINS + ch) * CHUNK + LANES + i] * code(Wb, row, co * CHAINS + ch, 1, i))
+                                + x_at(xp, X, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
+                                + x_at(xp, X, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i))
             if has_min:
                 for v in range(groups // LANES):            # whole vectors of groups into the second chain
                     for i in T.vectorized(LANES):
@@ -209,7 +163,6 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
                     acc[0] = acc[0] + group_min(S, M, row, g) * xs[g]
             Y[0, 0, row] = acc[0]
 
-    w_shape, w_dtype = (n, code_cols), _CODE_DTYPES[kind]
     if kind in _MIN_KINDS:
         @T.prim_func(private=True)
         def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), "float32"),
@@ -233,7 +186,3 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
         T.func_attr({"tirx.noalias": True})
         body(codes, scales, scales, x, y)
     return without_min
-
-
-def _int(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None

@@ -11,7 +11,7 @@ PrimFunc with two blocks:
 
 * one row (batch-1 decode) of kiln's float32 kernels (every format, K a multiple of 64):
   quant_gemv.py's hand-written GEMV (the scale and min applied per group, not per weight; on a
-  znver4 1.4-1.9x the schedule below for 4-bit weights, 1.1-1.5x for 8-bit, ~1.1x for 16-bit).
+  znver4 1.4-1.9x the schedule below for 4-bit weights, 1.2-1.5x for 8-bit, 1.4-1.6x for 16-bit).
 * one row of the rest (float16 activations, K not a multiple of 64, groups not of 32s): the
   dequantize is inlined into a GEMV: parallel over tiles of
   gemv_tile_n weight rows (GEMV_TILE_N: per CPU), k vectorised (16 lanes: LLVM loads 2 words, spreads them with one

@@ -1,0 +1,113 @@
+"""Recognise kiln's quantized matmul exactly: a `dequantize` of one weight format into an `NT_matmul`,
+optionally followed by a cast of the sums; what the hand-written GEMVs (targets/q4_gemv.py,
+targets/mma_gemv.py on CUDA, targets/cpu/quant_gemv.py on a CPU) compute in place of a schedule.
+
+One matcher for every target: the format is found by comparing the dequantize's value with
+compiler/quant_modules.py's `dequantize_element` for each kind (either code form), so a kernel's
+arithmetic can only be taken where it is the function's. Each GEMV then checks the sizes, dtypes and
+rows its kernel takes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+from tvm_ffi import structural_equal
+
+from kiln.compiler.quant_modules import FLOAT_KINDS, KINDS, QuantFormat, dequantize_element
+
+
+@dataclass(frozen=True)
+class DequantMatmul:
+    kind: str                   # one of quant_modules.KINDS
+    group: int                  # values a scale covers (16-bit floats: none; 0)
+    n: int                      # weight rows (the output's last dim)
+    k: int                      # weight columns (the activations' last dim)
+    planes: tuple               # the function's buffers: codes, scale, min (None where the format has none)
+    x: tirx.Buffer              # activations [rows, 1, K]
+    sums: tirx.Buffer           # the matmul's output
+    out: tirx.Buffer            # the function's output: sums, or the cast of them
+    rows: tirx.PrimExpr         # x's first dim (a symbolic size, or an IntImm)
+
+
+def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> DequantMatmul | None:
+    """The function's format and buffers if it is a `kinds` weight dequantized to `dtype` (float32 on
+    a CPU, float16 on a GPU), multiplied by activations [rows, 1, K] (of `dtype`, each product
+    widened to the sums' dtype where that differs), else None."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks) > 3:
+        return None
+    deq, mm = blocks[:2]
+    weight = deq.writes[0].source
+    reads = [r.source for r in deq.reads]
+    if not 1 <= len(reads) <= 3 or weight.dtype != dtype:
+        return None
+    codes, scale, minimum = (reads + [None, None])[:3]
+    n, k = (_int(d) for d in weight.shape)
+    if n is None or k is None:
+        return None
+    group = 0
+    if scale is not None:
+        groups = _int(scale.shape[1]) if len(scale.shape) == 2 else None
+        if not groups or k % groups or _int(scale.shape[0]) != n:
+            return None
+        group = k // groups
+        if minimum is not None and [_int(d) for d in minimum.shape] != [n, groups]:
+            return None
+    v_n, v_k = (iv.var for iv in deq.iter_vars)
+    kind = next((kind for kind in kinds if _is_format(kind, group, dtype, deq.body.value, reads, v_n, v_k)), None)
+    if kind is None:
+        return None
+    x = next((r.source for r in mm.reads if not r.source.same_as(weight)), None)
+    sums = mm.writes[0].source
+    if x is None or x.dtype != dtype or len(x.shape) != 3 or len(sums.shape) != 3:
+        return None
+    rows = x.shape[0]
+    if [_int(d) for d in x.shape[1:]] != [1, k]:
+        return None
+    i0, i1, i2, vk = (iv.var for iv in mm.iter_vars)
+    if not structural_equal(mm.body.value, sums[i0, i1, i2] + x[i0, i1, vk].astype(sums.dtype)
+                            * weight[i2, vk].astype(sums.dtype)):
+        return None
+    out = sums
+    if len(blocks) == 3:
+        cast = blocks[2]
+        out = cast.writes[0].source
+        c0, c1, c2 = (iv.var for iv in cast.iter_vars)
+        if len(out.shape) != 3 or not structural_equal(cast.body.value, sums[c0, c1, c2].astype(out.dtype)):
+            return None
+    same_rows = out.shape[0].same_as(rows) or (_int(rows) is not None and _int(out.shape[0]) == _int(rows))
+    if not same_rows or [_int(d) for d in out.shape[1:]] != [1, n]:
+        return None
+    return DequantMatmul(kind, group, n, k, (codes, scale, minimum), x, sums, out, rows)
+
+
+def param_order(func: tirx.PrimFunc, m: DequantMatmul) -> list[int] | None:
+    """For each of func's params, its place among the matched buffers in a kernel's order (codes,
+    scale, min where the format has them, x, out); None unless func's params are exactly those."""
+    roles = [b for b in (*m.planes, m.x, m.out) if b is not None]
+    order = [next((i for i, b in enumerate(roles) if b.same_as(p)), None) for p in func.params]
+    return None if None in order or sorted(order) != list(range(len(roles))) else order
+
+
+def placed(kernel: tirx.PrimFunc, order: list[int]) -> tirx.PrimFunc:
+    """`kernel` (params in a kernel's order) with its params where param_order says func has them."""
+    return tirx.PrimFunc([kernel.params[i] for i in order], kernel.body, attrs=kernel.attrs)
+
+
+def _is_format(kind: str, group: int, dtype: str, value, reads, v_n, v_k) -> bool:
+    """Whether `value` is dequantize_element's for `kind` (either code form) over these planes."""
+    if (kind in FLOAT_KINDS) != (group == 0) or (group and group % 8):
+        return False
+    fmt = QuantFormat(kind, group or 32, reads[1].dtype if len(reads) > 1 else dtype)
+    if len(reads) != len(fmt.plane_names) or reads[0].dtype != fmt.planes(1, fmt.group_size)["qweight"][1]:
+        return False
+    codes, scale, minimum = (reads + [None, None])[:3]
+    return any(structural_equal(value, dequantize_element(fmt, dtype, codes, scale, minimum, v_n, v_k, by_bits))
+               for by_bits in (False, True))
+
+
+def _int(dim) -> int | None:
+    return int(dim) if isinstance(dim, tirx.IntImm) else None
