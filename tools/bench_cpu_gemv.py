@@ -1,12 +1,14 @@
-"""Time kiln's one-row quantized GEMV on this CPU: targets/cpu/quant_gemv.py's hand-written kernel
-against QuantMatmul's scheduled GEMV (what the rule builds without it), per weight format, on
-SmolLM2's projection shapes. The planes are rotated through --cold-mb of copies, so each call reads
+"""Time kiln's quantized GEMVs on this CPU: targets/cpu/quant_gemv.py's hand-written kernels
+against what QuantMatmul builds without them (one row: its scheduled GEMV; more: its tiled matmul),
+per weight format and row count, on SmolLM2's projection shapes. The planes are rotated through --cold-mb of copies, so each call reads
 its weights from memory as a decode step does (a model's weights outgrow the caches).
 
     python tools/bench_cpu_gemv.py                                   # q4m (GGUF Q4_1), every shape
     python tools/bench_cpu_gemv.py --formats q4,q8,f16 --shapes gate_up,lm_head --repeat 15
+    python tools/bench_cpu_gemv.py --rows 1,2,4,8                    # batched decode's row counts
 
-Each line: the best of --repeat passes over the copies, in us a call and GB/s of planes read, for
+Each line: the best of --repeat passes over the copies (the two kernels' passes alternating: a
+shared host's bandwidth drifts by 1.5x over minutes), in us a call and GB/s of planes read, for
 both kernels; the speedup; the largest difference of each from numpy's float64 product (relative to
 its largest value). The kernels are built for this machine's CPU, as `kiln compile --target cpu` does.
 """
@@ -73,8 +75,10 @@ def cpu_target():
                               "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"], "num-cores": os.cpu_count() or 1})
 
 
-def kernels(kind: str, n: int, k: int, target):
-    """(hand-written GEMV, scheduled GEMV) for one row of a `kind` [n, k] weight, built."""
+def kernels(kind: str, n: int, k: int, target, rows: int = 1):
+    """(hand-written GEMV, the schedule QuantMatmul uses without it) for `rows` rows of a `kind`
+    [n, k] weight, built: QuantMatmul's function itself (its branches dispatch on the rows), and its
+    GEMV (one row) or its tiled matmul."""
     import tvm
 
     from kiln.targets.cpu import quant_gemv
@@ -85,12 +89,12 @@ def kernels(kind: str, n: int, k: int, target):
     if match is None:
         raise SystemExit(f"{kind} {n} x {k}: quant_gemv does not take this kernel")
     rule = QuantMatmul()
-    scheduled, _ = rule._variant(func, panel=False, tile_n=gemv_tile_n(rule.knobs, target))
+    scheduled, _ = rule._variant(func, panel=rows > 1, tile_n=None if rows > 1 else gemv_tile_n(rule.knobs, target))
     build = lambda f: tvm.compile(tvm.IRModule({"main": f}), target=target)["main"]  # noqa: E731
-    return build(quant_gemv.one_row_body(func, match)), build(scheduled.mod["main"])
+    return build(rule.apply(func, target, False).mod["main"]), build(scheduled.mod["main"])
 
 
-def bench(kind: str, shape: str, repeat: int, cold_mb: int, target) -> str:
+def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target) -> str:
     import numpy as np
     import tvm
 
@@ -104,22 +108,23 @@ def bench(kind: str, shape: str, repeat: int, cold_mb: int, target) -> str:
     nbytes = sum(p.nbytes for p in planes.values())
     copies = max(2, cold_mb * 2**20 // nbytes)
     sets = [[tvm.runtime.tensor(p.copy()) for p in planes.values()] for _ in range(copies)]
-    x = rng.standard_normal((1, 1, k)).astype(np.float32)
-    want = x[0, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
-    xt, yt = tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((1, 1, n), np.float32))
-    cells = []
-    for kernel in kernels(kind, n, k, target):
+    x = rng.standard_normal((rows, 1, k)).astype(np.float32)
+    want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
+    xt, yt = tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((rows, 1, n), np.float32))
+    built, errs = kernels(kind, n, k, target, rows), []
+    for kernel in built:
         kernel(*sets[0], xt, yt)
-        err = float(np.abs(yt.numpy()[0, 0] - want).max() / np.abs(want).max())
-        best = float("inf")
-        for _ in range(repeat):
+        errs.append(float(np.abs(yt.numpy()[:, 0] - want).max() / np.abs(want).max()))
+    best = [float("inf")] * len(built)
+    for _ in range(repeat):             # the kernels' passes alternate: a shared host's bandwidth drifts
+        for i, kernel in enumerate(built):
             start = time.perf_counter()
             for planes_set in sets:
                 kernel(*planes_set, xt, yt)
-            best = min(best, (time.perf_counter() - start) / copies)
-        cells.append((best * 1e6, nbytes / best / 1e9, err))
-    (hand_us, hand_gbs, hand_err), (sched_us, sched_gbs, sched_err) = cells
-    return (f"{kind:5s} {shape:8s} {n:6d} {k:5d} | {hand_us:8.1f} {hand_gbs:6.1f} | {sched_us:8.1f} {sched_gbs:6.1f} | "
+            best[i] = min(best[i], (time.perf_counter() - start) / copies)
+    (hand_us, sched_us), (hand_gbs, sched_gbs) = ([t * 1e6 for t in best], [nbytes / t / 1e9 for t in best])
+    hand_err, sched_err = errs
+    return (f"{kind:5s} {shape:8s} {n:6d} {k:5d} {rows:4d} | {hand_us:8.1f} {hand_gbs:6.1f} | {sched_us:8.1f} {sched_gbs:6.1f} | "
             f"{sched_us / hand_us:5.2f} | {hand_err:.1e} {sched_err:.1e}")
 
 
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--formats", default="q4m", help=f"comma list of {', '.join(FORMATS)}")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
+    parser.add_argument("--rows", default="1", help="comma list of row counts (batched decode's sequences) [1]")
     parser.add_argument("--repeat", type=int, default=10, help="passes over the copies; the best is reported")
     parser.add_argument("--cold-mb", type=int, default=256, help="memory the plane copies rotate through")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="TVM_NUM_THREADS for the kernels")
@@ -138,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TVM_NUM_THREADS"] = str(ns.threads)
     target = cpu_target()
     print(f"{target.attrs['mcpu']}, {ns.threads} threads, best of {ns.repeat} passes over {ns.cold_mb} MB of planes")
-    print(f"{'fmt':5s} {'shape':8s} {'N':>6s} {'K':>5s} | {'hand us':>8s} {'GB/s':>6s} | "
+    print(f"{'fmt':5s} {'shape':8s} {'N':>6s} {'K':>5s} {'rows':>4s} | {'hand us':>8s} {'GB/s':>6s} | "
           f"{'sched us':>8s} {'GB/s':>6s} | {'x':>5s} | rel err hand, sched")
     for kind in formats:
         for shape in shapes:
-            print(bench(kind, shape, ns.repeat, ns.cold_mb, target), flush=True)
+            for rows in (int(r) for r in ns.rows.split(",")):
+                print(bench(kind, shape, rows, ns.repeat, ns.cold_mb, target), flush=True)
     return 0
 
 

@@ -1,12 +1,15 @@
-"""A hand-written one-row GEMV for kiln's 4-, 8- and 16-bit weights in float32 (batch-1 decode on a CPU).
+"""Hand-written GEMVs for kiln's 4-, 8- and 16-bit weights in float32: decode on a CPU at 1, 2 and
+3-4 rows (sequences).
 
 Why: QuantMatmul's scheduled GEMV decodes every weight to a float before its multiply-add: per 16
 values a load and a permute of two words, a variable shift, a mask, a conversion, the scale's
 multiply-add (and the min's), then the activation's; one accumulator chain, and a 16-lane sum
 added one lane at a time after each row. On a znver4 that ran SmolLM2's 4-bit projections at
 15-17 GB/s of planes on 2 cores, far from the 50 GB/s they read: bound by instructions, not bytes.
+Its tiled matmul (2+ rows) dequantizes each weight tile into a buffer first: at 2-4 rows that is
+most of its time.
 
-Here the arithmetic is regrouped, for the same values (weights exactly as stored, float32
+One row: the arithmetic is regrouped, for the same values (weights exactly as stored, float32
 throughout): a group's scale s and min m (q4: m = -8 s) are per group, so
 
     sum_k x_k (q_k s + m) = s * sum_k x_k q_k + m * sum_k x_k
@@ -16,32 +19,43 @@ group's sum of x), computed once per call. Per chunk of 32 values: one 16-byte l
 lanes (4-bit: low nibbles are the even values, high nibbles the odd ones, against the activations
 deinterleaved once per call; 8-bit: two loads of 16 codes), a mask and a shift, two conversions,
 two multiply-adds and the scale's: 8 vector instructions per 32 values where the scheduled GEMV
-spends ~14. Two accumulators take alternate chunks; the lanes are summed by halving.
+spends ~14. Two accumulators take alternate chunks; the lanes are summed by halving. Only 4-bit
+codes read x through a copy (xp); 8- and 16-bit ones read x itself (down 38 against 41 us for f16,
+27 against 30 for q8, the rest the same, in alternating runs).
 
-Measured (znver4, 2 cores, cold planes, kernels alone, best of 15): SmolLM2's gate/up q4m (3072 x
-576) 45-48 us against the scheduled GEMV's 82; down (576 x 1536) 24 against 39; qkv (960 x 576) 16
-against 27; 8-bit 1.2-1.5x; 16-bit floats 1.4-1.6x (gate/up 74-81 us against 109-110, 43-48 GB/s
-of weights) (tools/bench_cpu_gemv.py). Only 4-bit codes read x through a copy (xp, deinterleaved);
-8- and 16-bit ones read x itself: with the copy for every format, as first written, 16-bit weights
-ran 1.02-1.16x (106 us for gate/up). Its Q8_0 LM head (49152 x 576, 32 MB) alone: 0.72-0.99 ms against
-1.1-1.3 (runs swing on a shared host); inside a decode step little gain (1.22 / 1.27 ms against
-1.29 / 1.39 in back-to-back profiles): there it waits on memory either way.
-Compiled for haswell (AVX2) on the same host: 56 against 92-95 us, 30 against 44.
-SmolLM2 Q4_1 batch-1 decode: 179 / 164 tok/s against 125 / 119 (kiln bench, alternating runs).
+2-4 rows (`batch` 2 or 4, the call's rows at run time, rows past them zeros): each chunk's codes are
+decoded and scaled once (2 multiplies) and serve every row (2 multiply-adds a row), each row on its
+own accumulator; the min's term as at one row. The chunk loop's count is hidden from LLVM (it
+unrolled a known count and hoisted every chunk's activations out of the weight-row loop, spilling
+them: down at 4 rows 67 against 57 us). 8 rows this way lost to the tiled matmul where x outgrows
+L1 (down, K 1536: 155 against 129 us), so 5+ rows keep it.
+
+Measured (tools/bench_cpu_gemv.py: znver4, 2 cores, planes rotated through 256 MB, the kernels'
+passes alternating, best of 10; the host's bandwidth drifts ~1.5x over minutes, so only figures on
+one line compare). Against QuantMatmul's own GEMV (1 row) / tiled matmul (2+ rows), us:
+    q4m gate/up (3072 x 576)  1 row 48 / 83, 2 rows 72 / 123, 4 rows 104 / 169
+    q4m down (576 x 1536)     1 row 26 / 40, 2 rows 39 / 62, 4 rows 59 / 85
+    q8: 1.05-1.17x at 1 row, 1.5-2.1x at 2-4; f16: 1.1-1.3x at 1 row (near the bytes' floor),
+    2.0-2.4x at 2-4 rows (down at 4 rows 1.2x); the Q8_0 LM head (49152 x 576) 1.2x at 1 row, 1.7-2.0x
+    at 2-4; 8 rows (tiled both) 1.0x.
+Compiled for haswell (AVX2) on the same host, one row: 56 against 92-95 us, 30 against 44.
+SmolLM2 Q4_1 decode (kiln bench, alternating artifacts, prompt 64, gen 64): 1 sequence 185-187 tok/s
+(unchanged; 125 before the one-row kernel), 2 sequences 254-259 against 156-161, 4 sequences 350-354
+against 231-236, 8 sequences 304-305 against 299-300 (the tiled matmul both).
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
 
-Matched (``match``): a function exactly kiln's `dequantize` (q4, q4m, q8 or q8m with float32 scales
-and any group a multiple of 32, either code form; or f16 / bf16, 16-bit floats without scales, two
-multiply-adds a chunk) into an `NT_matmul` of float32 activations with float32 sums, no cast after,
-over symbolic rows; K a multiple of 64. Anything else: None (QuantMatmul schedules it). QuantMatmul
-runs the kernel where the call has one row. F16 GGUF SmolLM2 decode: 111 tok/s = 0.99x llama.cpp
-(98, 0.87x, before); Q4_1: 165 = 1.15x (122, 0.85x); Q5_1 (q8m): 113 = 0.98x (109, 0.84x), one
-tools/compare_llamacpp.py --rounds 3 run each.
+Matched (``match``, targets/dequant_match.py): a function exactly kiln's `dequantize` (q4, q4m, q8 or
+q8m with float32 scales and any group a multiple of 32, either code form; or f16 / bf16, 16-bit
+floats without scales, two multiply-adds a chunk) into an `NT_matmul` of float32 activations with
+float32 sums, no cast after, over symbolic rows; K a multiple of 64. Anything else: None (QuantMatmul
+schedules it). QuantMatmul branches on the call's rows (BATCHES). One row, tools/compare_llamacpp.py
+--rounds 3: F16 GGUF SmolLM2 decode 111 tok/s = 0.99x llama.cpp (98, 0.87x, before); Q4_1: 165 =
+1.15x (122, 0.85x); Q5_1 (q8m): 113 = 0.98x (109, 0.84x).
 """
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.script import tirx as T
 
 from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
@@ -51,7 +65,8 @@ from ..row_dispatch import over_params
 
 CHUNK = 32                  # values a chunk: 16 bytes of 4-bit codes, 32 of 8-bit
 LANES = 16                  # float32 lanes of the vectors written (LLVM splits them where registers are narrower)
-CHAINS = 2                  # accumulators taking alternate chunks
+CHAINS = 2                  # accumulators taking alternate chunks (one row)
+BATCHES = (1, 2, 4)         # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4 rows; more: its tiled matmul)
 _MIN_KINDS = ("q4m", "q8m")
 
 
@@ -68,16 +83,17 @@ def match(func: tirx.PrimFunc) -> DequantMatmul | None:
     return m
 
 
-def one_row_body(func: tirx.PrimFunc, m: DequantMatmul) -> tirx.PrimFunc:
-    """``func`` with a body computing row 0 by the kernel (row_dispatch.over_params: its buffers viewed
-    as func's first row), inside a root block."""
-    kernel = gemv_kernel(m.kind, m.n, m.k, m.group or CHUNK)
-    view = over_params(func, placed(kernel, param_order(func, m)), name="one_row_gemv")
-    return view.with_body(s_tir.SBlockRealize([], True, s_tir.SBlock([], [], [], "root", view.body)))
+def body_over(func: tirx.PrimFunc, m: DequantMatmul, batch: int = 1) -> tirx.PrimFunc:
+    """``func`` with a body computing its first row (batch 1) or up to `batch` rows by gemv_kernel
+    (row_dispatch.over_params: the kernel's buffers viewed as func's): a branch for dispatch_on_rows."""
+    kernel = gemv_kernel(m.kind, m.n, m.k, m.group or CHUNK, batch, None if batch == 1 else m.rows)
+    return over_params(func, placed(kernel, param_order(func, m)),
+                       name="one_row_gemv" if batch == 1 else f"gemv_{batch}_rows")
 
 
-def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
-    """Y[0, 0, :n] = X[0, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`), float32."""
+def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None) -> tirx.PrimFunc:
+    """Y[:rows, 0, :n] = X[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`), float32:
+    batch 1, one row (rows None); else `rows` (a symbolic size, 2 to `batch` at run time)."""
     chunks, groups, per = k // CHUNK, k // group, group // CHUNK
     four_bit, scaled = kind in ("q4", "q4m"), kind not in FLOAT_KINDS
     has_min = scaled and kind != "q8"
@@ -85,6 +101,12 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
     byte_cols = k // 2 if four_bit else k
     byte_dtype = "uint8" if four_bit else w_dtype
     acc_len = CHAINS * LANES
+    rows = 1 if batch == 1 else rows
+    rows_dtype = "int32" if batch == 1 else str(rows.ty.dtype)
+
+    def x_in(X, b, c, h, i):
+        """Row b's activation lane i of chunk c's half h multiplies (4-bit: the even values, then the odd)."""
+        return X[b, 0, c * CHUNK + 2 * i + h] if four_bit else X[b, 0, c * CHUNK + h * LANES + i]
 
     def x_at(xp, X, c, h, i):
         """The activation lane i of chunk c's half h multiplies: 4-bit, from xp (x deinterleaved: each
@@ -115,7 +137,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
         buf[base] = (buf[base] + buf[base + 2]) + (buf[base + 1] + buf[base + 3])
 
     @T.macro
-    def body(W, S, M, X, Y):
+    def one_row(W, S, M, X, Y):
         xp = T.alloc_buffer((k if four_bit else 1,), "float32")   # 4-bit: x in the order the codes are read
         xs = T.alloc_buffer((groups,), "float32")         # each group's sum of x (the min's factor)
         part = T.alloc_buffer((LANES,), "float32")
@@ -124,7 +146,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
             for c in range(chunks):
                 for h in range(2):
                     for i in T.vectorized(LANES):
-                        xp[c * CHUNK + h * LANES + i] = X[0, 0, c * CHUNK + 2 * i + h]
+                        xp[c * CHUNK + h * LANES + i] = x_in(X, 0, c, h, i)
         if has_min:
             for g in range(groups):
                 for i in T.vectorized(LANES):
@@ -163,26 +185,88 @@ def gemv_kernel(kind: str, n: int, k: int, group: int) -> tirx.PrimFunc:
                     acc[0] = acc[0] + group_min(S, M, row, g) * xs[g]
             Y[0, 0, row] = acc[0]
 
+    @T.macro
+    def few_rows(W, S, M, X, Y):
+        """Up to `batch` rows: each chunk's codes decoded (and scaled) once for every row; a row's sums
+        on its own accumulator; rows past the call's, zeros (computed, not written)."""
+        xp = T.alloc_buffer((batch * k,), "float32")     # x's rows in the order the codes are read
+        xs = T.alloc_buffer((batch * groups,), "float32")
+        part = T.alloc_buffer((LANES,), "float32")
+        Wb = T.decl_buffer((n, byte_cols), byte_dtype, data=W.data)
+        for b in range(batch):
+            for c in range(chunks):
+                for h in range(2):
+                    for i in T.vectorized(LANES):
+                        xp[b * k + c * CHUNK + h * LANES + i] = T.float32(0)
+            if T.Cast(rows_dtype, b) < rows:
+                for c in range(chunks):
+                    for h in range(2):
+                        for i in T.vectorized(LANES):
+                            xp[b * k + c * CHUNK + h * LANES + i] = x_in(X, b, c, h, i)
+            if has_min:
+                for g in range(groups):
+                    for i in T.vectorized(LANES):
+                        part[i] = T.float32(0)
+                    for c in range(per):
+                        for i in T.vectorized(LANES):
+                            part[i] = part[i] + (xp[b * k + (g * per + c) * CHUNK + i]
+                                                 + xp[b * k + (g * per + c) * CHUNK + LANES + i])
+                    halve(part, 0)
+                    xs[b * groups + g] = part[0]
+        for row in T.parallel(n):
+            acc = T.alloc_buffer((batch * LANES,), "float32")
+            w = T.alloc_buffer((CHUNK,), "float32")
+            for i in T.vectorized(batch * LANES):
+                acc[i] = T.float32(0)
+            # `chunks` iterations (rows >= 1) in a count LLVM cannot see: a known count let it unroll
+            # the loop and hoist every chunk's activations out of the row loop, spilling them.
+            for c in range(T.min(T.Cast(rows_dtype, chunks), rows * chunks)):
+                for i in T.vectorized(LANES):                    # (code's h: a Python int)
+                    if scaled:
+                        w[i] = code(Wb, row, c, 0, i) * S[row, c // per]
+                        w[LANES + i] = code(Wb, row, c, 1, i) * S[row, c // per]
+                    else:
+                        w[i] = code(Wb, row, c, 0, i)
+                        w[LANES + i] = code(Wb, row, c, 1, i)
+                for b in T.unroll(batch):
+                    for i in T.vectorized(LANES):
+                        acc[b * LANES + i] = (acc[b * LANES + i] + xp[b * k + c * CHUNK + i] * w[i]
+                                              + xp[b * k + c * CHUNK + LANES + i] * w[LANES + i])
+            for b in T.unroll(batch):
+                if has_min:
+                    for v in range(groups // LANES):
+                        for i in T.vectorized(LANES):
+                            acc[b * LANES + i] = acc[b * LANES + i] + group_min(S, M, row, v * LANES + i) * xs[
+                                b * groups + v * LANES + i]
+                halve(acc, b * LANES)
+                if has_min:
+                    for g in range(groups // LANES * LANES, groups):
+                        acc[b * LANES] = acc[b * LANES] + group_min(S, M, row, g) * xs[b * groups + g]
+                if T.Cast(rows_dtype, b) < rows:
+                    Y[b, 0, row] = acc[b * LANES]
+
+    body = one_row if batch == 1 else few_rows
+
     if kind in _MIN_KINDS:
         @T.prim_func(private=True)
         def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), "float32"),
-                     mins: T.Buffer((n, groups), "float32"), x: T.Buffer((1, 1, k), "float32"),
-                     y: T.Buffer((1, 1, n), "float32")):
+                     mins: T.Buffer((n, groups), "float32"), x: T.Buffer((rows, 1, k), "float32"),
+                     y: T.Buffer((rows, 1, n), "float32")):
             T.func_attr({"tirx.noalias": True})
             body(codes, scales, mins, x, y)
         return with_min
 
     if not scaled:
         @T.prim_func(private=True)
-        def unscaled(codes: T.Buffer(w_shape, w_dtype), x: T.Buffer((1, 1, k), "float32"),
-                     y: T.Buffer((1, 1, n), "float32")):
+        def unscaled(codes: T.Buffer(w_shape, w_dtype), x: T.Buffer((rows, 1, k), "float32"),
+                     y: T.Buffer((rows, 1, n), "float32")):
             T.func_attr({"tirx.noalias": True})
             body(codes, codes, codes, x, y)
         return unscaled
 
     @T.prim_func(private=True)
     def without_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), "float32"),
-                    x: T.Buffer((1, 1, k), "float32"), y: T.Buffer((1, 1, n), "float32")):
+                    x: T.Buffer((rows, 1, k), "float32"), y: T.Buffer((rows, 1, n), "float32")):
         T.func_attr({"tirx.noalias": True})
         body(codes, scales, scales, x, y)
     return without_min

@@ -6,12 +6,13 @@ PrimFunc with two blocks:
     W[n, k]     = dequantize(planes[n, ...])                   (spatial, reads int codes)
     C[.., m, n] += A[.., m, k] * W[n, k]                        (the NT matmul)
 
-`QuantMatmul` schedules it twice and branches on the row count at run time (one PrimFunc,
-`if rows <= 1: <GEMV> else: <matmul>`):
+`QuantMatmul` schedules it more than once and branches on the row count at run time (one PrimFunc,
+`if rows <= 1: <GEMV> else: <matmul>`, or row_dispatch.dispatch_on_rows's branches):
 
-* one row (batch-1 decode) of kiln's float32 kernels (every format, K a multiple of 64):
-  quant_gemv.py's hand-written GEMV (the scale and min applied per group, not per weight; on a
-  znver4 1.4-1.9x the schedule below for 4-bit weights, 1.2-1.5x for 8-bit, 1.4-1.6x for 16-bit).
+* 1, 2 and 3-4 rows (decode of 1-4 sequences) of kiln's float32 kernels (every format, K a
+  multiple of 64): quant_gemv.py's hand-written GEMVs (the scale and min applied per group, not per
+  weight; 2-4 rows decode each weight once for all of them; on a znver4 1.5-1.9x the schedules
+  below for 4-bit weights, 1.05-2.1x for 8- and 16-bit).
 * one row of the rest (float16 activations, K not a multiple of 64, groups not of 32s): the
   dequantize is inlined into a GEMV: parallel over tiles of
   gemv_tile_n weight rows (GEMV_TILE_N: per CPU), k vectorised (16 lanes: LLVM loads 2 words, spreads them with one
@@ -37,6 +38,7 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, get_index_map
 from tvm.target import Target
 
+from ..row_dispatch import dispatch_on_rows
 from . import quant_gemv
 from .schedule import _STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, _static, normalize_matmul, target_mcpu
 
@@ -95,8 +97,9 @@ class QuantMatmul(ScheduleRule):
             if _static(rows) is not None:
                 return large
             gemv = quant_gemv.match(func)
-            if gemv is not None:            # a float32 kernel of any kiln format: the hand-written GEMV
-                return s_tir.Schedule(_branch(rows == 1, quant_gemv.one_row_body(func, gemv), large.mod["main"]))
+            if gemv is not None:            # a float32 kernel of any kiln format: the hand-written GEMVs
+                few = [(batch, quant_gemv.body_over(func, gemv, batch)) for batch in quant_gemv.BATCHES]
+                return s_tir.Schedule(dispatch_on_rows(func, few, large.mod["main"]))
             small, _ = self._variant(func, panel=False, tile_n=gemv_tile_n(self.knobs, target))
         except (RuntimeError, ValueError) as err:       # s_tir.ScheduleError is a RuntimeError
             logger.warning("QuantMatmul left a function unscheduled: %s", str(err)[-300:])

@@ -1,7 +1,7 @@
-"""targets/cpu/quant_gemv.py: the hand-written one-row GEMV QuantMatmul runs for kiln's q4 / q4m / q8 /
-q8m / f16 / bf16 float32 kernels at one row. Built through QuantMatmul from kernels written as kiln's dequantize
-emits them, for this machine's CPU; one row and three rows (the tiled branch) against numpy's
-float64 product of the same dequantized planes; and what the match turns away."""
+"""targets/cpu/quant_gemv.py: the hand-written GEMVs QuantMatmul runs for kiln's q4 / q4m / q8 / q8m /
+f16 / bf16 float32 kernels at 1, 2 and 3-4 rows. Built through QuantMatmul from kernels written as kiln's
+dequantize emits them, for this machine's CPU; 1-4 rows (the hand kernels) and 5 (the tiled branch)
+against numpy's float64 product of the same dequantized planes; and what the match turns away."""
 
 from __future__ import annotations
 
@@ -37,11 +37,13 @@ def built(request):
     func = dequant_matmul(kind, n, k, group, by_bits=kind == "q8")
     sch = QuantMatmul().apply(func, tvm.target.Target(TARGET), False)
     assert sch is not None
-    assert '"one_row_gemv"' in sch.mod["main"].script(), "QuantMatmul did not take the hand-written GEMV"
+    script = sch.mod["main"].script()
+    assert all(f'"{view}"' in script for view in ("one_row_gemv", "gemv_2_rows", "gemv_4_rows")), \
+        "QuantMatmul did not take the hand-written GEMVs"
     return kind, group, n, k, tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=tvm.target.Target(TARGET))
 
 
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
 def test_gemv_matches_numpy(built, rows):
     kind, group, n, k, lib = built
     rng = np.random.default_rng(rows)
@@ -76,7 +78,8 @@ def test_the_kernel_builds_for_arm():
 
 def test_the_benchmark_tool_runs(capsys):
     """tools/bench_cpu_gemv.py (hand-written against scheduled GEMV) on one small shape."""
-    assert bench_cpu_gemv.main(["--formats", "q4m,f16", "--shapes", "o_proj", "--repeat", "1", "--cold-mb", "1"]) == 0
+    assert bench_cpu_gemv.main(["--formats", "q4m,f16", "--shapes", "o_proj", "--rows", "1,3", "--repeat", "1",
+                                "--cold-mb", "1"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("q4m", "f16"))]
-    assert len(lines) == 2
+    assert len(lines) == 4
     assert all(float(line.split()[-1]) < 1e-5 and float(line.split()[-2]) < 1e-5 for line in lines)
