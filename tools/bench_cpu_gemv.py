@@ -1,7 +1,8 @@
 """Time kiln's quantized GEMVs on this CPU: targets/cpu/quant_gemv.py's hand-written kernels
 against what QuantMatmul builds without them (one row: its scheduled GEMV; more: its tiled matmul),
-per weight format and row count, on SmolLM2's projection shapes. The planes are rotated through --cold-mb of copies, so each call reads
-its weights from memory as a decode step does (a model's weights outgrow the caches).
+per weight format and row count, on SmolLM2's projection shapes. The planes are rotated through
+--cold-mb of copies, so each call reads its weights from memory as a decode step does (a model's
+weights outgrow the caches).
 
     python tools/bench_cpu_gemv.py                                   # q4m (GGUF Q4_1), every shape
     python tools/bench_cpu_gemv.py --formats q4,q8,f16 --shapes gate_up,lm_head --repeat 15
@@ -122,7 +123,7 @@ def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target) -
             for planes_set in sets:
                 kernel(*planes_set, xt, yt)
             best[i] = min(best[i], (time.perf_counter() - start) / copies)
-    (hand_us, sched_us), (hand_gbs, sched_gbs) = ([t * 1e6 for t in best], [nbytes / t / 1e9 for t in best])
+    (hand_us, sched_us), (hand_gbs, sched_gbs) = [t * 1e6 for t in best], [nbytes / t / 1e9 for t in best]
     hand_err, sched_err = errs
     return (f"{kind:5s} {shape:8s} {n:6d} {k:5d} {rows:4d} | {hand_us:8.1f} {hand_gbs:6.1f} | {sched_us:8.1f} {sched_gbs:6.1f} | "
             f"{sched_us / hand_us:5.2f} | {hand_err:.1e} {sched_err:.1e}")
