@@ -125,8 +125,8 @@ def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target) -
             best[i] = min(best[i], (time.perf_counter() - start) / copies)
     (hand_us, sched_us), (hand_gbs, sched_gbs) = [t * 1e6 for t in best], [nbytes / t / 1e9 for t in best]
     hand_err, sched_err = errs
-    return (f"{kind:5s} {shape:8s} {n:6d} {k:5d} {rows:4d} | {hand_us:8.1f} {hand_gbs:6.1f} | {sched_us:8.1f} {sched_gbs:6.1f} | "
-            f"{sched_us / hand_us:5.2f} | {hand_err:.1e} {sched_err:.1e}")
+    return (f"{kind:5s} {shape:8s} {n:6d} {k:5d} {rows:4d} | {hand_us:8.1f} {hand_gbs:6.1f} | "
+            f"{sched_us:8.1f} {sched_gbs:6.1f} | {sched_us / hand_us:5.2f} | {hand_err:.1e} {sched_err:.1e}")
 
 
 def main(argv: list[str] | None = None) -> int:
