@@ -1,7 +1,8 @@
 """CPUs through LLVM: this host, portable x86-64 and AArch64 Linux builds, and Android AArch64.
 
 Everything CPU-specific lives in this folder: the profile (below), the schedule rules
-(schedule.py, rowwise.py, quant_schedule.py, fused_schedule.py), the paged-attention and RoPE
+(schedule.py, rowwise.py, quant_schedule.py, fused_schedule.py; the hand-written GEMVs of
+quant_gemv.py and greedy decoding's argmax, argmax.py), the paged-attention and RoPE
 kernels (attention.py) and the pass that swaps them into TVM's KV cache (attention_pass.py),
 FastSiLU (fast_silu.py), the low-batch GEMV copies (low_batch_gemv.py), and the tuning space
 and database `kiln tune` fills (tuning.py).
@@ -52,14 +53,16 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
 
 def schedule_rules(profile: TargetProfile) -> list:
     """The CPU rules in order, before tuning wraps the knob-taking ones (see tuning.CPUTuning)."""
+    from .argmax import ChunkArgmax
     from .fused_schedule import cpu_fused_schedule_rules  # kernels kiln's own passes emit
     from .quant_schedule import quant_schedule_rules
     from .schedule import cpu_schedule_rules, target_mcpu, vector_lanes_for_target
     target = profile.tvm_target()
     lanes = vector_lanes_for_target(target)      # the target's, not the host's (android)
-    # QuantMatmul first: dequantize-matmuls (it branches on the rows itself: a one-row GEMV that
-    # inlines the dequantize, more rows dequantize each W tile once; LowBatchGEMV copies none).
-    return [*quant_schedule_rules(vector_lanes=lanes),
+    # QuantMatmul first: dequantize-matmuls (it branches on the rows itself: hand-written GEMVs to 4
+    # rows, more rows dequantize each W tile once; LowBatchGEMV copies none). ChunkArgmax: greedy
+    # decoding's argmax, vectorised (argmax.py).
+    return [*quant_schedule_rules(vector_lanes=lanes), ChunkArgmax(),
             *cpu_fused_schedule_rules(vector_lanes=lanes, mcpu=target_mcpu(target)),
             *cpu_schedule_rules(vector_lanes=lanes)]
 
