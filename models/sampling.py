@@ -27,8 +27,9 @@ pass over a 128,256-logit row is 501 dependent-latency loads a lane at 256 lanes
 the rest idle at batch 1; reductions in shared memory); on CPUs one row per
 parallel iteration (_cpu_kernel: x / temperature and the weights computed once per row, the passes
 in vectors; SmolLM2's 49,152 logits on a znver4, a row: temperature alone 0.21 ms against 0.40 for
-the GPU variant's lanes run in turn, top-p 0.31 against 2.43, top-k + top-p 0.42 against 2.22). Tested against the host Sampler on the CPU variant,
-and the GPU variant on OpenCL (pocl) and WebGPU (wgpu on lavapipe).
+the GPU variant's lanes run in turn, top-p 0.31 against 2.43, top-k + top-p 0.42 against 2.22).
+Tested against the host Sampler on the CPU variant, and the GPU variant on OpenCL (pocl) and WebGPU
+(wgpu on lavapipe).
 """
 
 from __future__ import annotations
