@@ -6,12 +6,13 @@ TVM 0.27's CPU kernels (``_attention_prefill_ragged_cpu``, ``_attention_prefill_
 the same signatures (attention_pass.py swaps them into the module):
 
 * Work is split over threads by (kv head, block of query rows) for prefill and by
-  (sequence, query head) for decode.
+  (sequence, kv head, split of the pages) for decode, a kv head's query heads together (each key
+  and value read once for them), the splits merged after (flash-decoding).
 * Keys are read a block at a time (``block_k`` rows of a ragged prefill, one page of the
   paged cache). With many query rows the block is transposed into ``Kt[d, block_k]``, so
   ``S = q . K^T`` is a sum of broadcast-q times key-vector FMAs (no horizontal reductions);
-  a decode row instead takes one dot product per key row (lanes-wide partial sums, then
-  summed), cheaper than transposing a page for one row.
+  a decode row instead takes one dot product per key row and query head (lanes-wide partial
+  sums, then summed by halves), cheaper than transposing a page for a few rows.
 * Softmax is online (flash-attention style): running max ``m`` and sum ``l`` per row,
   the output rescaled by ``exp2(m_old - m_new)`` per block; ``O += P V`` vectorises over
   the head dimension.
@@ -215,12 +216,14 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                         lanes: int = 16, block_q: int = 16, softcap: float | None = None):
     """Attention of new query rows over the paged cache (TVM's prefill or decode CPU signature).
 
-    ``decode=True``: one row per sequence (Q is [batch, h_q, d]), one task per (sequence,
-    query head). Otherwise rows come ragged through q_indptr, tasks are (query head, block of
-    rows), and `causal` masks as TVM does (column < kv_len - q_len + row + 1)."""
+    ``decode=True``: one row per sequence (Q is [batch, h_q, d]): attention_decode_cpu. Otherwise
+    rows come ragged through q_indptr, tasks are (query head, block of rows), and `causal` masks
+    as TVM does (column < kv_len - q_len + row + 1)."""
+    if decode:
+        return attention_decode_cpu(h_kv, h_q, d, dtype, page_size, lanes, softcap)
     group = h_q // h_kv
     _check(h_q, h_kv, d, lanes)
-    rows_per_task = 1 if decode else block_q
+    rows_per_task = block_q
     cap = _log2_cap(softcap)
 
     @T.macro(hygienic=False)
@@ -236,7 +239,6 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         m = T.alloc_buffer((rows_per_task,), "float32")
         l = T.alloc_buffer((rows_per_task,), "float32")
         Kt = T.alloc_buffer((d, page_size), "float32")
-        dacc = T.alloc_buffer((page_size, lanes), "float32")
         S = T.alloc_buffer((rows_per_task, page_size), "float32")
         acc = T.alloc_buffer((page_size,), "float32")
         oacc = T.alloc_buffer((d,), "float32")
@@ -250,33 +252,17 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             l[i] = T.float32(0.0)
         for pg in T.serial((kv_end + page_size - 1) // page_size):
             page_no: T.int32 = page_values[p0 + pg]
-            if rows_per_task == 1:
-                # One query row: a dot product per key row (lanes-wide partial sums, then summed),
-                # cheaper than transposing the page for a single row.
-                for j in T.serial(page_size):
-                    for ll in T.vectorized(lanes):
-                        dacc[j, ll] = T.float32(0.0)
-                    for dv in T.serial(d // lanes):
-                        for ll in T.vectorized(lanes):
-                            dacc[j, ll] = dacc[j, ll] + Qs[0, dv * lanes + ll] * T.Cast(
-                                "float32", pages[page_no, 0, hk, j, dv * lanes + ll])
+            for dd in T.serial(d):
                 for j in T.vectorized(page_size):
-                    S[0, j] = T.float32(0.0)
-                for ll in T.serial(lanes):
-                    for j in T.vectorized(page_size):
-                        S[0, j] = S[0, j] + dacc[j, ll]
-            else:
+                    Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
+            for i in T.serial(rows):
+                for j in T.vectorized(page_size):
+                    acc[j] = T.float32(0.0)
                 for dd in T.serial(d):
                     for j in T.vectorized(page_size):
-                        Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
-                for i in T.serial(rows):
-                    for j in T.vectorized(page_size):
-                        acc[j] = T.float32(0.0)
-                    for dd in T.serial(d):
-                        for j in T.vectorized(page_size):
-                            acc[j] = acc[j] + Qs[i, dd] * Kt[dd, j]
-                    for j in T.vectorized(page_size):
-                        S[i, j] = acc[j]
+                        acc[j] = acc[j] + Qs[i, dd] * Kt[dd, j]
+                for j in T.vectorized(page_size):
+                    S[i, j] = acc[j]
             for i in T.serial(rows):
                 online_softmax_block(
                     S, i, page_size,
@@ -295,43 +281,6 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                 output[q_row0 + i, h, dd] = T.Cast(dtype, O[i, dd] / T.max(l[i], T.float32(1e-30)))
             lse[q_row0 + i, h] = T.if_then_else(l[i] > T.float32(0.0), m[i] + T.log2(l[i]),
                                                 T.float32(EMPTY_LSE))
-
-    if decode:
-        @T.prim_func
-        def batch_decode_paged_kv(
-            var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle, var_page_values: T.handle,
-            var_length_info: T.handle, var_k_rope_pos_offset: T.handle, var_q_rope_position: T.handle,
-            var_output: T.handle, var_lse: T.handle, rotary_mode: T.int32, rope_scale: T.float32,
-            rope_theta: T.float32, sm_scale: T.float32,
-        ):
-            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-            batch_size = T.int32()
-            output = T.match_buffer(var_output, (batch_size, h_q, d), dtype)
-            lse = T.match_buffer(var_lse, (batch_size, h_q), "float32")
-            nnz_pages = T.int32()
-            max_num_pages = T.int32()
-            page_indptr_elem_offset = T.int32()
-            page_values_elem_offset = T.int32()
-            k_rope_pos_offset_elem_offset = T.int32()
-            q_rope_position_elem_offset = T.int32()
-            length_info_elem_offset = T.int32()
-            q = T.match_buffer(var_q, (batch_size, h_q, d), dtype)
-            pages = T.match_buffer(var_pages, (max_num_pages, 2, h_kv, page_size, d), dtype)
-            page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32",
-                                         elem_offset=page_indptr_elem_offset)
-            page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=page_values_elem_offset)
-            length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=length_info_elem_offset)
-            k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
-                                               elem_offset=k_rope_pos_offset_elem_offset)
-            q_rope_position = T.match_buffer(var_q_rope_position, (batch_size,), "int32",
-                                             elem_offset=q_rope_position_elem_offset)
-            assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
-            for task in T.parallel(batch_size * h_q):
-                q_first: T.int32 = task // h_q
-                attend(task // h_q, 1, 1, 0, task // h_q, task % h_q, group, page_size, rows_per_task, d, dtype, lanes,
-                       cap)
-
-        return batch_decode_paged_kv
 
     @T.prim_func
     def batch_prefill_paged_kv(
@@ -373,6 +322,133 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                        b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, cap)
 
     return batch_prefill_paged_kv
+
+
+SPLITS = 4                 # decode: each (sequence, kv head)'s pages split between this many tasks
+
+
+def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, lanes: int = 16,
+                         softcap: float | None = None, splits: int = SPLITS):
+    """Decode attention over the paged cache (TVM's decode CPU signature): one query row per sequence.
+
+    A task per (sequence, kv head, split of its pages): the kv head's `group` query heads together,
+    so each key and value row is read once for all of them (a task per query head read a kv head's
+    pages `group` times: at 2,048 tokens of SmolLM2's cache, 1 MB a kv head, from memory each time);
+    the splits keep both cores busy at one sequence of 3 kv heads. Each task leaves its rows'
+    unnormalised output, running max and sum; a second loop merges a row's splits (flash-decoding)."""
+    group = h_q // h_kv
+    _check(h_q, h_kv, d, lanes)
+    cap = _log2_cap(softcap)
+
+    @T.prim_func
+    def batch_decode_paged_kv(
+        var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle, var_page_values: T.handle,
+        var_length_info: T.handle, var_k_rope_pos_offset: T.handle, var_q_rope_position: T.handle,
+        var_output: T.handle, var_lse: T.handle, rotary_mode: T.int32, rope_scale: T.float32,
+        rope_theta: T.float32, sm_scale: T.float32,
+    ):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        batch_size = T.int32()
+        output = T.match_buffer(var_output, (batch_size, h_q, d), dtype)
+        lse = T.match_buffer(var_lse, (batch_size, h_q), "float32")
+        nnz_pages = T.int32()
+        max_num_pages = T.int32()
+        page_indptr_elem_offset = T.int32()
+        page_values_elem_offset = T.int32()
+        k_rope_pos_offset_elem_offset = T.int32()
+        q_rope_position_elem_offset = T.int32()
+        length_info_elem_offset = T.int32()
+        q = T.match_buffer(var_q, (batch_size, h_q, d), dtype)
+        pages = T.match_buffer(var_pages, (max_num_pages, 2, h_kv, page_size, d), dtype)
+        page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32",
+                                     elem_offset=page_indptr_elem_offset)
+        page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=page_values_elem_offset)
+        length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=length_info_elem_offset)
+        T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=k_rope_pos_offset_elem_offset)
+        T.match_buffer(var_q_rope_position, (batch_size,), "int32", elem_offset=q_rope_position_elem_offset)
+        assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
+        part_o = T.alloc_buffer((batch_size * h_kv * splits, group, d), "float32")
+        part_m = T.alloc_buffer((batch_size * h_kv * splits, group), "float32")
+        part_l = T.alloc_buffer((batch_size * h_kv * splits, group), "float32")
+        for task in T.parallel(batch_size * h_kv * splits):
+            b: T.int32 = task // (h_kv * splits)
+            hk: T.int32 = task // splits % h_kv
+            p0: T.int32 = page_indptr[b]
+            n_pages: T.int32 = page_indptr[b + 1] - p0
+            kn: T.int32 = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + length_info[b], 0)
+            per: T.int32 = (n_pages + splits - 1) // splits
+            pg0: T.int32 = T.min(task % splits * per, n_pages)
+            Qs = T.alloc_buffer((group, d), "float32")
+            O = T.alloc_buffer((group, d), "float32")
+            m = T.alloc_buffer((group,), "float32")
+            l = T.alloc_buffer((group,), "float32")
+            dacc = T.alloc_buffer((group, lanes), "float32")
+            S = T.alloc_buffer((group, page_size), "float32")
+            oacc = T.alloc_buffer((d,), "float32")
+            tmp = T.alloc_buffer((page_size,), "float32")
+            scal = T.alloc_buffer((3,), "float32")
+            for g in T.serial(group):
+                for dd in T.vectorized(d):
+                    Qs[g, dd] = T.Cast("float32", q[b, hk * group + g, dd]) * sm_scale * T.float32(LOG2E)
+                    O[g, dd] = T.float32(0.0)
+                m[g] = T.float32(NEG)
+                l[g] = T.float32(0.0)
+            for pg in T.serial(T.min(pg0 + per, n_pages) - pg0):
+                page_no: T.int32 = page_values[p0 + pg0 + pg]
+                # scores: a dot product per key row and query head (lanes-wide partial sums, then summed),
+                # each key vector loaded once for the group
+                for j in T.serial(page_size):
+                    for g in T.serial(group):
+                        for ll in T.vectorized(lanes):
+                            dacc[g, ll] = T.float32(0.0)
+                    for dv in T.serial(d // lanes):
+                        for g in T.serial(group):
+                            for ll in T.vectorized(lanes):
+                                dacc[g, ll] = dacc[g, ll] + Qs[g, dv * lanes + ll] * T.Cast(
+                                    "float32", pages[page_no, 0, hk, j, dv * lanes + ll])
+                    for g in T.serial(group):           # each head's lanes summed by halves
+                        for ll in T.vectorized(lanes // 2):
+                            dacc[g, ll] = dacc[g, ll] + dacc[g, ll + lanes // 2]
+                        for ll in T.vectorized(lanes // 4):
+                            dacc[g, ll] = dacc[g, ll] + dacc[g, ll + lanes // 4]
+                        S[g, j] = (dacc[g, 0] + dacc[g, 2]) + (dacc[g, 1] + dacc[g, 3])
+                for g in T.serial(group):
+                    online_softmax_block(S, g, page_size, kn - (pg0 + pg) * page_size, m, l, g, tmp, scal, cap)
+                    for dd in T.vectorized(d):
+                        oacc[dd] = O[g, dd] * scal[0]
+                    for j in T.serial(T.min(page_size, kn - (pg0 + pg) * page_size)):
+                        for dd in T.vectorized(d):
+                            oacc[dd] = oacc[dd] + S[g, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd])
+                    for dd in T.vectorized(d):
+                        O[g, dd] = oacc[dd]
+            for g in T.serial(group):
+                for dd in T.vectorized(d):
+                    part_o[task, g, dd] = O[g, dd]
+                part_m[task, g] = m[g]
+                part_l[task, g] = l[g]
+        for row in T.parallel(batch_size * h_q):
+            # a query head's splits merged: the largest max, the others' sums and outputs scaled to it
+            base: T.int32 = (row // h_q * h_kv + row % h_q // group) * splits
+            g: T.int32 = row % h_q % group
+            acc = T.alloc_buffer((d,), "float32")
+            ms = T.alloc_buffer((3,), "float32")      # 0 max, 1 sum, 2 a split's scale
+            ms[0] = T.float32(NEG)
+            for sp in T.serial(splits):
+                ms[0] = T.max(ms[0], part_m[base + sp, g])
+            ms[1] = T.float32(0.0)
+            for dd in T.vectorized(d):
+                acc[dd] = T.float32(0.0)
+            for sp in T.serial(splits):
+                ms[2] = T.exp2(part_m[base + sp, g] - ms[0])
+                ms[1] = ms[1] + part_l[base + sp, g] * ms[2]
+                for dd in T.vectorized(d):
+                    acc[dd] = acc[dd] + part_o[base + sp, g, dd] * ms[2]
+            for dd in T.vectorized(d):
+                output[row // h_q, row % h_q, dd] = T.Cast(dtype, acc[dd] / T.max(ms[1], T.float32(1e-30)))
+            lse[row // h_q, row % h_q] = T.if_then_else(ms[1] > T.float32(0.0), ms[0] + T.log2(ms[1]),
+                                                        T.float32(EMPTY_LSE))
+
+    return batch_decode_paged_kv
 
 
 def split_rotary_cpu(theta: float, scale: float, d: int, h_q: int, h_kv: int, dtype: str):
