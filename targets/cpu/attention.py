@@ -145,11 +145,11 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
         assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
 
         for b in T.serial(batch_size):
-            q0: T.int32 = q_indptr[b]
-            qn: T.int32 = q_indptr[b + 1] - q_indptr[b]
-            k0: T.int32 = kv_indptr[b]
-            kn: T.int32 = kv_indptr[b + 1] - kv_indptr[b]
-            n_qt: T.int32 = (qn + block_q - 1) // block_q
+            q0: T.let[T.int32] = q_indptr[b]
+            qn: T.let[T.int32] = q_indptr[b + 1] - q_indptr[b]
+            k0: T.let[T.int32] = kv_indptr[b]
+            kn: T.let[T.int32] = kv_indptr[b + 1] - kv_indptr[b]
+            n_qt: T.let[T.int32] = (qn + block_q - 1) // block_q
             for task in T.parallel(h_kv * n_qt):
                 Qs = T.alloc_buffer((group * block_q, d), "float32")
                 O = T.alloc_buffer((group * block_q, d), "float32")
@@ -161,10 +161,10 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                 oacc = T.alloc_buffer((d,), "float32")
                 tmp = T.alloc_buffer((block_k,), "float32")
                 scal = T.alloc_buffer((3,), "float32")
-                hk: T.int32 = task // n_qt
-                r0: T.int32 = task % n_qt * block_q
-                rows: T.int32 = T.min(block_q, qn - r0)
-                kv_end: T.int32 = T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + rows), kn)
+                hk: T.let[T.int32] = task // n_qt
+                r0: T.let[T.int32] = task % n_qt * block_q
+                rows: T.let[T.int32] = T.min(block_q, qn - r0)
+                kv_end: T.let[T.int32] = T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + rows), kn)
                 for gi in T.serial(group * block_q):
                     for dd in T.vectorized(d):
                         Qs[gi, dd] = T.if_then_else(
@@ -176,7 +176,7 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                     m[gi] = T.float32(NEG)
                     l[gi] = T.float32(0.0)
                 for kb in T.serial((kv_end + block_k - 1) // block_k):
-                    c0: T.int32 = kb * block_k
+                    c0: T.let[T.int32] = kb * block_k
                     for dd in T.serial(d):
                         for j in T.vectorized(block_k):
                             Kt[dd, j] = T.Cast("float32", k[k0 + T.min(c0 + j, kn - 1), hk, dd])
@@ -229,11 +229,11 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
     @T.macro(hygienic=False)
     def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, lanes, cap):
         """Rows q_row0 .. q_row0 + rows of head h of sequence b against its pages."""
-        hk: T.int32 = h // group
-        p0: T.int32 = page_indptr[b]
-        kn: T.int32 = T.if_then_else(page_indptr[b + 1] > p0,
+        hk: T.let[T.int32] = h // group
+        p0: T.let[T.int32] = page_indptr[b]
+        kn: T.let[T.int32] = T.if_then_else(page_indptr[b + 1] > p0,
                                      (page_indptr[b + 1] - p0 - 1) * page_size + length_info[b], 0)
-        kv_end: T.int32 = T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + rows), kn)
+        kv_end: T.let[T.int32] = T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + rows), kn)
         Qs = T.alloc_buffer((rows_per_task, d), "float32")
         O = T.alloc_buffer((rows_per_task, d), "float32")
         m = T.alloc_buffer((rows_per_task,), "float32")
@@ -251,7 +251,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             m[i] = T.float32(NEG)
             l[i] = T.float32(0.0)
         for pg in T.serial((kv_end + page_size - 1) // page_size):
-            page_no: T.int32 = page_values[p0 + pg]
+            page_no: T.let[T.int32] = page_values[p0 + pg]
             for dd in T.serial(d):
                 for j in T.vectorized(page_size):
                     Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
@@ -314,9 +314,9 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         lse = T.match_buffer(var_lse, (total_len, h_q), "float32")
         assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
         for b in T.serial(batch_size):
-            q_first: T.int32 = q_indptr[b]
-            qn: T.int32 = q_indptr[b + 1] - q_indptr[b]
-            n_qt: T.int32 = (qn + block_q - 1) // block_q
+            q_first: T.let[T.int32] = q_indptr[b]
+            qn: T.let[T.int32] = q_indptr[b + 1] - q_indptr[b]
+            n_qt: T.let[T.int32] = (qn + block_q - 1) // block_q
             for task in T.parallel(h_q * n_qt):
                 attend(q_first + task % n_qt * block_q, T.min(block_q, qn - task % n_qt * block_q), qn, causal,
                        b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, cap)
@@ -371,13 +371,13 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
         part_m = T.alloc_buffer((batch_size * h_kv * splits, group), "float32")
         part_l = T.alloc_buffer((batch_size * h_kv * splits, group), "float32")
         for task in T.parallel(batch_size * h_kv * splits):
-            b: T.int32 = task // (h_kv * splits)
-            hk: T.int32 = task // splits % h_kv
-            p0: T.int32 = page_indptr[b]
-            n_pages: T.int32 = page_indptr[b + 1] - p0
-            kn: T.int32 = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + length_info[b], 0)
-            per: T.int32 = (n_pages + splits - 1) // splits
-            pg0: T.int32 = T.min(task % splits * per, n_pages)
+            b: T.let[T.int32] = task // (h_kv * splits)
+            hk: T.let[T.int32] = task // splits % h_kv
+            p0: T.let[T.int32] = page_indptr[b]
+            n_pages: T.let[T.int32] = page_indptr[b + 1] - p0
+            kn: T.let[T.int32] = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + length_info[b], 0)
+            per: T.let[T.int32] = (n_pages + splits - 1) // splits
+            pg0: T.let[T.int32] = T.min(task % splits * per, n_pages)
             Qs = T.alloc_buffer((group, d), "float32")
             O = T.alloc_buffer((group, d), "float32")
             m = T.alloc_buffer((group,), "float32")
@@ -394,7 +394,7 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                 m[g] = T.float32(NEG)
                 l[g] = T.float32(0.0)
             for pg in T.serial(T.min(pg0 + per, n_pages) - pg0):
-                page_no: T.int32 = page_values[p0 + pg0 + pg]
+                page_no: T.let[T.int32] = page_values[p0 + pg0 + pg]
                 # scores: a dot product per key row and query head (lanes-wide partial sums, then summed),
                 # each key vector loaded once for the group
                 for j in T.serial(page_size):
@@ -428,8 +428,8 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                 part_l[task, g] = l[g]
         for row in T.parallel(batch_size * h_q):
             # a query head's splits merged: the largest max, the others' sums and outputs scaled to it
-            base: T.int32 = (row // h_q * h_kv + row % h_q // group) * splits
-            g: T.int32 = row % h_q % group
+            base: T.let[T.int32] = (row // h_q * h_kv + row % h_q // group) * splits
+            g: T.let[T.int32] = row % h_q % group
             acc = T.alloc_buffer((d,), "float32")
             ms = T.alloc_buffer((3,), "float32")      # 0 max, 1 sum, 2 a split's scale
             ms[0] = T.float32(NEG)
