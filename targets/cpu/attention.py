@@ -62,6 +62,32 @@ def fast_exp2(buf, row, n, tmp):
             "float32", T.shift_left(T.Cast("int32", tmp[j]) + 127, 23))
 
 
+def _add(a, b):
+    return a + b
+
+
+@T.macro(hygienic=False)
+def fold_row(S, i, n, tmp, combine):
+    """tmp[0] = combine over S[i, :n] (n 16, 32 or 64), by halves in vectors: a max exactly as a
+    serial loop's; a sum in another order."""
+    if n == 64:
+        for j in T.vectorized(32):
+            tmp[j] = combine(S[i, j], S[i, j + 32])
+        for j in T.vectorized(16):
+            tmp[j] = combine(tmp[j], tmp[j + 16])
+    elif n == 32:
+        for j in T.vectorized(16):
+            tmp[j] = combine(S[i, j], S[i, j + 16])
+    else:
+        for j in T.vectorized(16):
+            tmp[j] = S[i, j]
+    for j in T.vectorized(8):
+        tmp[j] = combine(tmp[j], tmp[j + 8])
+    for j in T.vectorized(4):
+        tmp[j] = combine(tmp[j], tmp[j + 4])
+    tmp[0] = combine(combine(tmp[0], tmp[2]), combine(tmp[1], tmp[3]))
+
+
 @T.macro(hygienic=False)
 def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
     """Turn row i of scores S into probabilities against the running max/sum (m, l at mi).
@@ -78,18 +104,26 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
     # Masked columns first (they may hold stale page memory, even NaN), then the max.
     for j in T.vectorized(n):
         S[i, j] = T.if_then_else(j < valid_cols, S[i, j], T.float32(NEG))
-    alpha_buf[1] = m[mi]
-    for j in T.serial(n):
-        alpha_buf[1] = T.max(alpha_buf[1], S[i, j])
+    if n in (16, 32, 64):
+        fold_row(S, i, n, tmp, T.max)
+        alpha_buf[1] = T.max(m[mi], tmp[0])
+    else:
+        alpha_buf[1] = m[mi]
+        for j in T.serial(n):
+            alpha_buf[1] = T.max(alpha_buf[1], S[i, j])
     for j in T.vectorized(n):
         S[i, j] = S[i, j] - alpha_buf[1]
     fast_exp2(S, i, n, tmp)
     for j in T.vectorized(n):           # exact zeros: fast_exp2 flushes to 2^-126, not 0
         S[i, j] = T.if_then_else(j < valid_cols, S[i, j], T.float32(0.0))
     alpha_buf[0] = T.exp2(m[mi] - alpha_buf[1])
-    alpha_buf[2] = T.float32(0.0)
-    for j in T.serial(n):
-        alpha_buf[2] = alpha_buf[2] + S[i, j]
+    if n in (16, 32, 64):
+        fold_row(S, i, n, tmp, _add)
+        alpha_buf[2] = tmp[0]
+    else:
+        alpha_buf[2] = T.float32(0.0)
+        for j in T.serial(n):
+            alpha_buf[2] = alpha_buf[2] + S[i, j]
     l[mi] = l[mi] * alpha_buf[0] + alpha_buf[2]
     m[mi] = alpha_buf[1]
 
@@ -157,10 +191,11 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                 l = T.alloc_buffer((group * block_q,), "float32")
                 Kt = T.alloc_buffer((d, block_k), "float32")
                 S = T.alloc_buffer((block_q, block_k), "float32")
-                acc = T.alloc_buffer((block_k,), "float32")
-                oacc = T.alloc_buffer((d,), "float32")
+                acc = T.alloc_buffer((2, block_k), "float32")
+                oacc = T.alloc_buffer((2, d), "float32")
                 tmp = T.alloc_buffer((block_k,), "float32")
                 scal = T.alloc_buffer((3,), "float32")
+                alpha = T.alloc_buffer((2,), "float32")
                 hk: T.let[T.int32] = task // n_qt
                 r0: T.let[T.int32] = task % n_qt * block_q
                 rows: T.let[T.int32] = T.min(block_q, qn - r0)
@@ -181,25 +216,40 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                         for j in T.vectorized(block_k):
                             Kt[dd, j] = T.Cast("float32", k[k0 + T.min(c0 + j, kn - 1), hk, dd])
                     for g in T.serial(group):
-                        for i in T.serial(rows):
-                            for j in T.vectorized(block_k):
-                                acc[j] = T.float32(0.0)
+                        # rows in pairs: each key and value vector loaded once for both, twice the
+                        # independent multiply-adds (a row past `rows` is zeros, computed, not kept)
+                        for i2 in T.serial((rows + 1) // 2):
+                            for r, j in T.grid(2, block_k):
+                                acc[r, j] = T.float32(0.0)
                             for dd in T.serial(d):
+                                for r in T.unroll(2):
+                                    for j in T.vectorized(block_k):
+                                        acc[r, j] = acc[r, j] + Qs[g * block_q + 2 * i2 + r, dd] * Kt[dd, j]
+                            for r in T.unroll(2):
                                 for j in T.vectorized(block_k):
-                                    acc[j] = acc[j] + Qs[g * block_q + i, dd] * Kt[dd, j]
-                            for j in T.vectorized(block_k):
-                                S[i, j] = acc[j]
-                            online_softmax_block(
-                                S, i, block_k,
-                                T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + i + 1), kn) - c0,
-                                m, l, g * block_q + i, tmp, scal, cap)
-                            for dd in T.vectorized(d):
-                                oacc[dd] = O[g * block_q + i, dd] * scal[0]
-                            for j in T.serial(T.min(block_k, kv_end - c0)):
+                                    S[2 * i2 + r, j] = acc[r, j]
+                            for r in T.serial(2):
+                                if 2 * i2 + r < rows:
+                                    online_softmax_block(
+                                        S, 2 * i2 + r, block_k,
+                                        T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + 2 * i2 + r + 1), kn) - c0,
+                                        m, l, g * block_q + 2 * i2 + r, tmp, scal, cap)
+                                    alpha[r] = scal[0]
+                                else:
+                                    for j in T.vectorized(block_k):
+                                        S[2 * i2 + r, j] = T.float32(0.0)
+                                    alpha[r] = T.float32(0.0)
+                            for r in T.unroll(2):
                                 for dd in T.vectorized(d):
-                                    oacc[dd] = oacc[dd] + S[i, j] * T.Cast("float32", v[k0 + c0 + j, hk, dd])
-                            for dd in T.vectorized(d):
-                                O[g * block_q + i, dd] = oacc[dd]
+                                    oacc[r, dd] = O[g * block_q + 2 * i2 + r, dd] * alpha[r]
+                            for j in T.serial(T.min(block_k, kv_end - c0)):
+                                for r in T.unroll(2):
+                                    for dd in T.vectorized(d):
+                                        oacc[r, dd] = oacc[r, dd] + S[2 * i2 + r, j] * T.Cast(
+                                            "float32", v[k0 + c0 + j, hk, dd])
+                            for r in T.unroll(2):
+                                for dd in T.vectorized(d):
+                                    O[g * block_q + 2 * i2 + r, dd] = oacc[r, dd]
                 for g in T.serial(group):
                     for i in T.serial(rows):
                         for dd in T.vectorized(d):
