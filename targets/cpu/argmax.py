@@ -29,8 +29,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from ..row_dispatch import is_scheduled, over_params
-
-LANES = 16
+from .lanes import LANES, fold16
 
 
 class ChunkArgmax(ScheduleRule):
@@ -77,15 +76,6 @@ def chunk_argmax(rows, vocab: int, chunks: int) -> tirx.PrimFunc:
         held = x[rc // chunks, 0, rc % chunks * size + j] == best[0]
         return T.Select(held, T.Cast("float32", j), T.float32(size))
 
-    @T.macro
-    def fold(buf, combine):
-        """buf[0] = combine over buf[:LANES], by halves."""
-        for i in T.vectorized(8):
-            buf[i] = combine(buf[i], buf[i + 8])
-        for i in T.vectorized(4):
-            buf[i] = combine(buf[i], buf[i + 4])
-        buf[0] = combine(combine(buf[0], buf[2]), combine(buf[1], buf[3]))
-
     @T.prim_func(private=True)
     def kernel(x: T.Buffer((rows, 1, vocab), "float32"), winners: T.Buffer((rows, chunks, 2), "float32")):
         T.func_attr({"tirx.noalias": True})
@@ -97,7 +87,7 @@ def chunk_argmax(rows, vocab: int, chunks: int) -> tirx.PrimFunc:
             for j in range(steps):
                 for i in T.vectorized(LANES):
                     best[i] = T.max(best[i], x[rc // chunks, 0, rc % chunks * size + j * LANES + i])
-            fold(best, T.max)
+            fold16(best, 0, T.max)
             for t in range(tail):
                 best[0] = T.max(best[0], x[rc // chunks, 0, rc % chunks * size + steps * LANES + t])
             for i in T.vectorized(LANES):
@@ -105,7 +95,7 @@ def chunk_argmax(rows, vocab: int, chunks: int) -> tirx.PrimFunc:
             for j in range(steps):
                 for i in T.vectorized(LANES):
                     first[i] = T.min(first[i], at_max(x, best, rc, j * LANES + i))
-            fold(first, T.min)
+            fold16(first, 0, T.min)
             for t in range(tail):
                 first[0] = T.min(first[0], at_max(x, best, rc, steps * LANES + t))
             winners[rc // chunks, rc % chunks, 0] = T.Select(

@@ -31,6 +31,8 @@ import math
 
 from tvm.script import tirx as T
 
+from .lanes import add, fold16
+
 LOG2E = math.log2(math.e)
 NEG = -1e30                # masked score; finite so that NEG - NEG stays 0
 EMPTY_LSE = -5e4           # lse of a row with no keys (TVM's kernels use the same)
@@ -62,10 +64,6 @@ def fast_exp2(buf, row, n, tmp):
             "float32", T.shift_left(T.Cast("int32", tmp[j]) + 127, 23))
 
 
-def _add(a, b):
-    return a + b
-
-
 @T.macro(hygienic=False)
 def fold_row(S, i, n, tmp, combine):
     """tmp[0] = combine over S[i, :n] (n 16, 32 or 64), by halves in vectors: a max exactly as a
@@ -81,11 +79,7 @@ def fold_row(S, i, n, tmp, combine):
     else:
         for j in T.vectorized(16):
             tmp[j] = S[i, j]
-    for j in T.vectorized(8):
-        tmp[j] = combine(tmp[j], tmp[j + 8])
-    for j in T.vectorized(4):
-        tmp[j] = combine(tmp[j], tmp[j + 4])
-    tmp[0] = combine(combine(tmp[0], tmp[2]), combine(tmp[1], tmp[3]))
+    fold16(tmp, 0, combine)
 
 
 @T.macro(hygienic=False)
@@ -118,7 +112,7 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
         S[i, j] = T.if_then_else(j < valid_cols, S[i, j], T.float32(0.0))
     alpha_buf[0] = T.exp2(m[mi] - alpha_buf[1])
     if n in (16, 32, 64):
-        fold_row(S, i, n, tmp, _add)
+        fold_row(S, i, n, tmp, add)
         alpha_buf[2] = tmp[0]
     else:
         alpha_buf[2] = T.float32(0.0)

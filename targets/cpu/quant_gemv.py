@@ -62,9 +62,9 @@ from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
 
 from ..dequant_match import DequantMatmul, match_dequant_matmul, param_order, placed
 from ..row_dispatch import over_params
+from .lanes import LANES, add, fold16
 
 CHUNK = 32                  # values a chunk: 16 bytes of 4-bit codes, 32 of 8-bit
-LANES = 16                  # float32 lanes of the vectors written (LLVM splits them where registers are narrower)
 CHAINS = 2                  # accumulators taking alternate chunks (one row)
 BATCHES = (1, 2, 4)         # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4 rows; more: its tiled matmul)
 _MIN_KINDS = ("q4m", "q8m")
@@ -108,10 +108,26 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
         """Row b's activation lane i of chunk c's half h multiplies (4-bit: the even values, then the odd)."""
         return X[b, 0, c * CHUNK + 2 * i + h] if four_bit else X[b, 0, c * CHUNK + h * LANES + i]
 
-    def x_at(xp, X, c, h, i):
-        """The activation lane i of chunk c's half h multiplies: 4-bit, from xp (x deinterleaved: each
-        chunk's even values, then its odd ones); wider codes, x itself."""
+    def x_at(xp, X, b, c, h, i):
+        """One row: the activation lane i of chunk c's half h multiplies: 4-bit, from xp (x
+        deinterleaved: each chunk's even values, then its odd ones); wider codes, x itself (b: 0)."""
         return xp[c * CHUNK + h * LANES + i] if four_bit else X[0, 0, c * CHUNK + h * LANES + i]
+
+    def x_row(xp, X, b, c, h, i):
+        """Up to `batch` rows: row b's, from xp (every format: rows past the call's are zeros there)."""
+        return xp[b * k + c * CHUNK + h * LANES + i]
+
+    @T.macro
+    def group_sums(xs, part, base, at, xp, X, b):
+        """xs[base + g] = group g's sum of row b of x (the min's factor), read through `at`."""
+        for g in range(groups):
+            for i in T.vectorized(LANES):
+                part[i] = T.float32(0)
+            for c in range(per):
+                for i in T.vectorized(LANES):
+                    part[i] = part[i] + (at(xp, X, b, g * per + c, 0, i) + at(xp, X, b, g * per + c, 1, i))
+            fold16(part, 0, add)
+            xs[base + g] = part[0]
 
     def code(Wb, row, c, h, i):
         """The code lane i of chunk c's half h multiplies, as float32 (4-bit: byte i's low / high nibble)."""
@@ -128,15 +144,6 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
         return S[row, g] * T.float32(-8) if kind == "q4" else M[row, g]
 
     @T.macro
-    def halve(buf, base):
-        """buf[base] = the sum of buf[base : base + LANES], by halves (vector adds, then 2 + 2)."""
-        for i in T.vectorized(LANES // 2):
-            buf[base + i] = buf[base + i] + buf[base + LANES // 2 + i]
-        for i in T.vectorized(LANES // 4):
-            buf[base + i] = buf[base + i] + buf[base + LANES // 4 + i]
-        buf[base] = (buf[base] + buf[base + 2]) + (buf[base + 1] + buf[base + 3])
-
-    @T.macro
     def one_row(W, S, M, X, Y):
         xp = T.alloc_buffer((k if four_bit else 1,), "float32")   # 4-bit: x in the order the codes are read
         xs = T.alloc_buffer((groups,), "float32")         # each group's sum of x (the min's factor)
@@ -148,14 +155,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                     for i in T.vectorized(LANES):
                         xp[c * CHUNK + h * LANES + i] = x_in(X, 0, c, h, i)
         if has_min:
-            for g in range(groups):
-                for i in T.vectorized(LANES):
-                    part[i] = T.float32(0)
-                for c in range(per):
-                    for i in T.vectorized(LANES):
-                        part[i] = part[i] + (x_at(xp, X, g * per + c, 0, i) + x_at(xp, X, g * per + c, 1, i))
-                halve(part, 0)
-                xs[g] = part[0]
+            group_sums(xs, part, 0, x_at, xp, X, 0)
         for row in T.parallel(n):
             acc = T.alloc_buffer((acc_len,), "float32")
             for i in T.vectorized(acc_len):
@@ -165,21 +165,21 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                     for i in T.vectorized(LANES):
                         if scaled:
                             acc[ch * LANES + i] = acc[ch * LANES + i] + (
-                                x_at(xp, X, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
-                                + x_at(xp, X, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
+                                x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
+                                + x_at(xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
                             ) * S[row, (co * CHAINS + ch) // per]
                         else:
                             acc[ch * LANES + i] = (
                                 acc[ch * LANES + i]
-                                + x_at(xp, X, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
-                                + x_at(xp, X, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i))
+                                + x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
+                                + x_at(xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i))
             if has_min:
                 for v in range(groups // LANES):            # whole vectors of groups into the second chain
                     for i in T.vectorized(LANES):
                         acc[LANES + i] = acc[LANES + i] + group_min(S, M, row, v * LANES + i) * xs[v * LANES + i]
             for i in T.vectorized(LANES):
                 acc[i] = acc[i] + acc[LANES + i]
-            halve(acc, 0)
+            fold16(acc, 0, add)
             if has_min:
                 for g in range(groups // LANES * LANES, groups):    # the groups left over
                     acc[0] = acc[0] + group_min(S, M, row, g) * xs[g]
@@ -204,15 +204,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                         for i in T.vectorized(LANES):
                             xp[b * k + c * CHUNK + h * LANES + i] = x_in(X, b, c, h, i)
             if has_min:
-                for g in range(groups):
-                    for i in T.vectorized(LANES):
-                        part[i] = T.float32(0)
-                    for c in range(per):
-                        for i in T.vectorized(LANES):
-                            part[i] = part[i] + (xp[b * k + (g * per + c) * CHUNK + i]
-                                                 + xp[b * k + (g * per + c) * CHUNK + LANES + i])
-                    halve(part, 0)
-                    xs[b * groups + g] = part[0]
+                group_sums(xs, part, b * groups, x_row, xp, X, b)
         for row in T.parallel(n):
             acc = T.alloc_buffer((batch * LANES,), "float32")
             w = T.alloc_buffer((CHUNK,), "float32")
@@ -238,7 +230,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                         for i in T.vectorized(LANES):
                             acc[b * LANES + i] = acc[b * LANES + i] + group_min(S, M, row, v * LANES + i) * xs[
                                 b * groups + v * LANES + i]
-                halve(acc, b * LANES)
+                fold16(acc, b * LANES, add)
                 if has_min:
                     for g in range(groups // LANES * LANES, groups):
                         acc[b * LANES] = acc[b * LANES] + group_min(S, M, row, g) * xs[b * groups + g]
