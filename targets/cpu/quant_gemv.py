@@ -1,5 +1,5 @@
-"""Hand-written GEMVs for kiln's 4-, 8- and 16-bit weights in float32: decode on a CPU at 1, 2 and
-3-4 rows (sequences).
+"""Hand-written GEMVs for kiln's 4-, 8- and 16-bit weights in float32: decode on a CPU at 1, 2, 3-4
+and 5-8 rows (sequences).
 
 Why: QuantMatmul's scheduled GEMV decodes every weight to a float before its multiply-add: per 16
 values a load and a permute of two words, a variable shift, a mask, a conversion, the scale's
@@ -27,8 +27,9 @@ codes read x through a copy (xp); 8- and 16-bit ones read x itself (down 38 agai
 decoded and scaled once (2 multiplies) and serve every row (2 multiply-adds a row), each row on its
 own accumulator; the min's term as at one row. The chunk loop's count is hidden from LLVM (it
 unrolled a known count and hoisted every chunk's activations out of the weight-row loop, spilling
-them: down at 4 rows 67 against 57 us). 8 rows this way lost to the tiled matmul where x outgrows
-L1 (down, K 1536: 155 against 129 us), so 5+ rows keep it.
+them: down at 4 rows 67 against 57 us). 8 rows at once lost to the tiled matmul where x outgrows
+L1 (down, K 1536: 155 against 129 us); 5-8 rows take two passes of 4 over the weights (`block`):
+at 8 rows 1.17-1.46x the tiled matmul, at 6 1.0-1.25x; more rows keep it.
 
 Measured (tools/bench_cpu_gemv.py: znver4, 2 cores, planes rotated through 256 MB, the kernels'
 passes alternating, best of 10; the host's bandwidth drifts ~1.5x over minutes, so only figures on
@@ -41,7 +42,7 @@ one line compare). Against QuantMatmul's own GEMV (1 row) / tiled matmul (2+ row
 Compiled for haswell (AVX2) on the same host, one row: 56 against 92-95 us, 30 against 44.
 SmolLM2 Q4_1 decode (kiln bench, alternating artifacts, prompt 64, gen 64): 1 sequence 185-187 tok/s
 (unchanged; 125 before the one-row kernel), 2 sequences 254-259 against 156-161, 4 sequences 350-354
-against 231-236, 8 sequences 304-305 against 299-300 (the tiled matmul both).
+against 231-236; 8 sequences (prompt 128) 334-335 against 292-294 with the two-pass kernel.
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
 
 Matched (``match``, targets/dequant_match.py): a function exactly kiln's `dequantize` (q4, q4m, q8 or
@@ -66,7 +67,8 @@ from .lanes import LANES, add, fold16
 
 CHUNK = 32                  # values a chunk: 16 bytes of 4-bit codes, 32 of 8-bit
 CHAINS = 2                  # accumulators taking alternate chunks (one row)
-BATCHES = (1, 2, 4)         # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4 rows; more: its tiled matmul)
+BATCHES = (1, 2, 4, 8)      # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4, 5-8; more: its tiled matmul)
+BLOCK = 4                   # rows a pass over the weights serves (8 rows: two passes)
 _MIN_KINDS = ("q4m", "q8m")
 
 
@@ -101,6 +103,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
     byte_cols = k // 2 if four_bit else k
     byte_dtype = "uint8" if four_bit else w_dtype
     acc_len = CHAINS * LANES
+    block = min(batch, BLOCK)                   # rows one pass over the weights serves
     rows = 1 if batch == 1 else rows
     rows_dtype = "int32" if batch == 1 else str(rows.ty.dtype)
 
@@ -205,37 +208,40 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                             xp[b * k + c * CHUNK + h * LANES + i] = x_in(X, b, c, h, i)
             if has_min:
                 group_sums(xs, part, b * groups, x_row, xp, X, b)
-        for row in T.parallel(n):
-            acc = T.alloc_buffer((batch * LANES,), "float32")
-            w = T.alloc_buffer((CHUNK,), "float32")
-            for i in T.vectorized(batch * LANES):
-                acc[i] = T.float32(0)
-            # `chunks` iterations (rows >= 1) in a count LLVM cannot see: a known count let it unroll
-            # the loop and hoist every chunk's activations out of the row loop, spilling them.
-            for c in range(T.min(T.Cast(rows_dtype, chunks), rows * chunks)):
-                for i in T.vectorized(LANES):                    # (code's h: a Python int)
-                    if scaled:
-                        w[i] = code(Wb, row, c, 0, i) * S[row, c // per]
-                        w[LANES + i] = code(Wb, row, c, 1, i) * S[row, c // per]
-                    else:
-                        w[i] = code(Wb, row, c, 0, i)
-                        w[LANES + i] = code(Wb, row, c, 1, i)
-                for b in T.unroll(batch):
-                    for i in T.vectorized(LANES):
-                        acc[b * LANES + i] = (acc[b * LANES + i] + xp[b * k + c * CHUNK + i] * w[i]
-                                              + xp[b * k + c * CHUNK + LANES + i] * w[LANES + i])
-            for b in T.unroll(batch):
-                if has_min:
-                    for v in range(groups // LANES):
-                        for i in T.vectorized(LANES):
-                            acc[b * LANES + i] = acc[b * LANES + i] + group_min(S, M, row, v * LANES + i) * xs[
-                                b * groups + v * LANES + i]
-                fold16(acc, b * LANES, add)
-                if has_min:
-                    for g in range(groups // LANES * LANES, groups):
-                        acc[b * LANES] = acc[b * LANES] + group_min(S, M, row, g) * xs[b * groups + g]
-                if T.Cast(rows_dtype, b) < rows:
-                    Y[b, 0, row] = acc[b * LANES]
+        for blk in range(batch // block):
+            if T.Cast(rows_dtype, blk * block) < rows:
+                for row in T.parallel(n):
+                    acc = T.alloc_buffer((block * LANES,), "float32")
+                    w = T.alloc_buffer((CHUNK,), "float32")
+                    for i in T.vectorized(block * LANES):
+                        acc[i] = T.float32(0)
+                    # `chunks` iterations (rows >= 1) in a count LLVM cannot see: a known count let it
+                    # unroll the loop and hoist every chunk's activations out of the row loop, spilling them.
+                    for c in range(T.min(T.Cast(rows_dtype, chunks), rows * chunks)):
+                        for i in T.vectorized(LANES):                    # (code's h: a Python int)
+                            if scaled:
+                                w[i] = code(Wb, row, c, 0, i) * S[row, c // per]
+                                w[LANES + i] = code(Wb, row, c, 1, i) * S[row, c // per]
+                            else:
+                                w[i] = code(Wb, row, c, 0, i)
+                                w[LANES + i] = code(Wb, row, c, 1, i)
+                        for b in T.unroll(block):
+                            for i in T.vectorized(LANES):
+                                acc[b * LANES + i] = (acc[b * LANES + i] + x_row(xp, X, blk * block + b, c, 0, i) * w[i]
+                                                      + x_row(xp, X, blk * block + b, c, 1, i) * w[LANES + i])
+                    for b in T.unroll(block):
+                        if has_min:
+                            for v in range(groups // LANES):
+                                for i in T.vectorized(LANES):
+                                    acc[b * LANES + i] = acc[b * LANES + i] + group_min(S, M, row, v * LANES + i) * xs[
+                                        (blk * block + b) * groups + v * LANES + i]
+                        fold16(acc, b * LANES, add)
+                        if has_min:
+                            for g in range(groups // LANES * LANES, groups):
+                                acc[b * LANES] = (acc[b * LANES]
+                                                  + group_min(S, M, row, g) * xs[(blk * block + b) * groups + g])
+                        if T.Cast(rows_dtype, blk * block + b) < rows:
+                            Y[blk * block + b, 0, row] = acc[b * LANES]
 
     body = one_row if batch == 1 else few_rows
 

@@ -9,10 +9,10 @@ PrimFunc with two blocks:
 `QuantMatmul` schedules it more than once and branches on the row count at run time (one PrimFunc,
 `if rows <= 1: <GEMV> else: <matmul>`, or row_dispatch.dispatch_on_rows's branches):
 
-* 1, 2 and 3-4 rows (decode of 1-4 sequences) of kiln's float32 kernels (every format, K a
+* 1, 2, 3-4 and 5-8 rows (decode of 1-8 sequences) of kiln's float32 kernels (every format, K a
   multiple of 64): quant_gemv.py's hand-written GEMVs (the scale and min applied per group, not per
-  weight; 2-4 rows decode each weight once for all of them; on a znver4 1.5-1.9x the schedules
-  below for 4-bit weights, 1.05-2.1x for 8- and 16-bit).
+  weight; 2-8 rows decode each weight once for every 4 of them; on a znver4 1.5-1.9x the schedules
+  below for 4-bit weights at 1-4 rows, 1.05-2.1x for 8- and 16-bit, 1.0-1.5x at 5-8 rows).
 * one row of the rest (float16 activations, K not a multiple of 64, groups not of 32s): the
   dequantize is inlined into a GEMV: parallel over tiles of
   gemv_tile_n weight rows (GEMV_TILE_N: per CPU), k vectorised (16 lanes: LLVM loads 2 words, spreads them with one
