@@ -214,10 +214,19 @@ def chat(model, max_tokens, temperature, top_p, top_k, seed, stop, system, chat_
               help="after the bench, time every kernel of one prefill and of the mean decode step "
                    "(a VM instrument, a few us per call; reports both wall times); JSON key \"profile\"")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object as the last line")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="decode steps draw their tokens on the device at this temperature (0: greedy)")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0), help="0: off")
+@click.option("--min-p", default=0.0, show_default=True, type=click.FloatRange(0, 1, max_open=True))
 @step_graphs_option
 @_friendly_errors
-def bench(model, prompt_len, gen_len, batch, runs, profile, as_json, step_graphs) -> None:
+def bench(model, prompt_len, gen_len, batch, runs, profile, as_json, temperature, top_p, top_k, min_p,
+          step_graphs) -> None:
     """Benchmark MODEL (artifact or model): prefill/decode tok/s, TTFT, TPOT, peak RSS (medians).
+
+    Decode steps are greedy unless --temperature is above 0: then each step draws its tokens where
+    the logits are (sample_tokens) with --top-p / --top-k / --min-p, as a sampled server step does.
 
     --profile then runs the same shape again (a warm-up, then RUNS plain and RUNS instrumented runs)
     and breaks the prefill and the mean decode step down by kernel: ms, % of the step, calls, ms per
@@ -225,23 +234,28 @@ def bench(model, prompt_len, gen_len, batch, runs, profile, as_json, step_graphs
     On a GPU each VM call syncs the device, so the instrumented step is slower there.
     """
     import kiln
-    from kiln.runtime.bench import bench as run_bench, kv_tokens_needed, profile_kernels
+    from kiln.runtime.bench import Sampling, bench as run_bench, kv_tokens_needed, profile_kernels
     from kiln.runtime.memory_budget import default_kv_tokens
+    try:
+        sampling = Sampling(temperature, top_k, top_p, min_p)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     path = compiled(model)
     art = kiln.Artifact.load(path, verify=False)                 # its config only; the Engine verifies
     # The KV cache is sized for the benchmarked shape (at least the engine's default capacity).
     need = kv_tokens_needed(art.config.kv_cache.page_size, prompt_len, gen_len, batch)
     engine = kiln.Engine(path, kiln.EngineConfig(max_total_tokens=max(need, default_kv_tokens(art)),
                                                  step_graphs=step_graphs))
-    r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
+    r = run_bench(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs, sampling=sampling)
     p = profile_kernels(engine.runner, prompt_len=prompt_len, gen_len=gen_len, batch=batch,
-                        runs=runs) if profile else None
+                        runs=runs, sampling=sampling) if profile else None
     graphs = engine.runner.graphs.stats() if engine.runner.graphs is not None else None
     if as_json:
         click.echo(json.dumps({**r.as_dict(), **({"profile": p.as_dict()} if p is not None else {}),
                                **({"step_graphs": graphs} if graphs is not None else {})}))
         return
-    click.echo(f"{engine.artifact.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}, median of {runs}\n"
+    drawn = "greedy" if sampling.greedy else "sampled: " + ", ".join(f"{k} {v}" for k, v in sampling.as_dict().items())
+    click.echo(f"{engine.artifact.name}: batch {batch}, prompt {prompt_len}, gen {gen_len}, median of {runs}, {drawn}\n"
                f"  prefill {r.prefill_tok_s:8.1f} tok/s   (TTFT {r.ttft_ms:.1f} ms)\n"
                f"  decode  {r.decode_tok_s:8.1f} tok/s   (TPOT {r.tpot_ms:.2f} ms)\n"
                f"  peak RSS {r.peak_rss_mb:.0f} MB")

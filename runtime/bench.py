@@ -45,9 +45,51 @@ class BenchResult:
     gen_len: int
     batch: int
     runs: int
+    sampling: dict | None = None       # the decode steps' draw (Sampling.as_dict); None: greedy
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the benchmarked decode steps pick tokens: drawn on the device (sample_tokens) as a sampled
+    server step does, each step a fresh uniform per sequence. temperature 0 is greedy decoding."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1:
+            raise ValueError(f"invalid sampling for a benchmark: {self}; temperature >= 0, top_k >= 0, "
+                             "0 < top_p <= 1, 0 <= min_p < 1")
+        if self.temperature == 0 and (self.top_k or self.top_p < 1 or self.min_p):
+            raise ValueError("top_k, top_p and min_p shape a sampled draw: give a temperature above 0 too "
+                             "(temperature 0 decodes greedily)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def step(self, runner: ModelRunner, seqs: list[int], tokens: list[int], rng: np.random.Generator):
+        """One decode step's next tokens [batch]: greedy, or drawn on the device."""
+        if self.greedy:
+            return runner.decode_greedy(seqs, tokens)
+        params = np.array([[self.temperature, self.top_k, self.top_p, self.min_p, u] for u in rng.random(len(seqs))],
+                          np.float32)
+        return runner.decode_sampled(seqs, tokens, params)
+
+    def check(self, runner: ModelRunner) -> None:
+        if not self.greedy and not runner.samples_on_device:
+            raise ValueError("this artifact has no sample_tokens kernel, so its sampled steps copy the logits "
+                             "to the host: benchmark it greedily (temperature 0), or recompile it")
+
+
+GREEDY = Sampling()
 
 
 def decode_read_bytes(artifact_dir: str | Path) -> int:
@@ -81,8 +123,9 @@ def _check_fits(runner: ModelRunner, prompt_len: int, gen_len: int, batch: int) 
 
 
 def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: int = 1, runs: int = 3,
-          seed: int = 0) -> BenchResult:
+          seed: int = 0, sampling: Sampling = GREEDY) -> BenchResult:
     _check_fits(runner, prompt_len, gen_len, batch)
+    sampling.check(runner)
     rng = np.random.default_rng(seed)
     prefill_s, step_s = [], []
     for run in range(runs + 1):                                   # run 0 warms up
@@ -96,7 +139,7 @@ def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: 
         tokens, steps = logits.argmax(-1), []
         for _ in range(gen_len):
             t = time.perf_counter()
-            tokens = runner.decode_greedy(seqs, tokens.tolist())         # a greedy server step
+            tokens = sampling.step(runner, seqs, tokens.tolist(), rng)   # a server's decode step
             steps.append(time.perf_counter() - t)
         for s in seqs:
             runner.remove_sequence(s)
@@ -106,7 +149,8 @@ def bench(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: 
     p, d = statistics.median(prefill_s), statistics.median(step_s)
     return BenchResult(prefill_tok_s=batch * prompt_len / p, decode_tok_s=batch / d, ttft_ms=p * 1e3,
                        tpot_ms=d * 1e3, peak_rss_mb=peak_rss_mb(),
-                       prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs)
+                       prompt_len=prompt_len, gen_len=gen_len, batch=batch, runs=runs,
+                       sampling=None if sampling.greedy else sampling.as_dict())
 
 
 def peak_rss_mb() -> float:
@@ -220,8 +264,10 @@ class _CallTimer:
 
 
 def _run_once(runner: ModelRunner, seqs: list[int], prompts: list[list[int]], gen_len: int,
-              after_prefill=lambda: None) -> tuple[float, float]:
-    """Prefill, then gen_len greedy decode steps: (prefill seconds, mean decode-step seconds)."""
+              after_prefill=lambda: None, sampling: Sampling = GREEDY) -> tuple[float, float]:
+    """Prefill, then gen_len decode steps (greedy, or drawn as `sampling` says): (prefill seconds,
+    mean decode-step seconds)."""
+    rng = np.random.default_rng(len(seqs))
     for s in seqs:
         runner.add_sequence(s)
     try:
@@ -233,7 +279,7 @@ def _run_once(runner: ModelRunner, seqs: list[int], prompts: list[list[int]], ge
         decode_s = 0.0
         for _ in range(gen_len):
             t = time.perf_counter()
-            tokens = runner.decode_greedy(seqs, tokens.tolist())
+            tokens = sampling.step(runner, seqs, tokens.tolist(), rng)
             decode_s += time.perf_counter() - t
     finally:
         for s in seqs:
@@ -242,7 +288,7 @@ def _run_once(runner: ModelRunner, seqs: list[int], prompts: list[list[int]], ge
 
 
 def profile_kernels(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 64, batch: int = 1,
-                    runs: int = 1, seed: int = 0) -> KernelProfile:
+                    runs: int = 1, seed: int = 0, sampling: Sampling = GREEDY) -> KernelProfile:
     """Per-kernel time of one prefill and of the mean decode step.
 
     After a warm-up, runs the same prompts `runs` times without and `runs` times with a VM instrument
@@ -252,6 +298,7 @@ def profile_kernels(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 6
     device, so kernels are timed correctly but the instrumented run is slower.
     """
     _check_fits(runner, prompt_len, gen_len, batch)
+    sampling.check(runner)
     if gen_len < 1 or runs < 1:
         raise ValueError(f"the profile needs gen_len >= 1 and runs >= 1 (got {gen_len}, {runs})")
     prompts = np.random.default_rng(seed).integers(0, runner.vocab_size, size=(batch, prompt_len)).tolist()
@@ -260,12 +307,12 @@ def profile_kernels(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 6
     plain, instrumented = [], []                      # (prefill seconds, decode-step seconds) per run
     prefill = (Counter(), Counter())                  # (seconds, calls) by symbol, summed over runs
     decode = (Counter(), Counter())
-    _run_once(runner, seqs, prompts, gen_len)                            # warm-up
+    _run_once(runner, seqs, prompts, gen_len, sampling=sampling)         # warm-up
     for _ in range(runs):
-        plain.append(_run_once(runner, seqs, prompts, gen_len))
+        plain.append(_run_once(runner, seqs, prompts, gen_len, sampling=sampling))
         runner.vm.set_instrument(timer)
         try:
-            instrumented.append(_run_once(runner, seqs, prompts, gen_len,
+            instrumented.append(_run_once(runner, seqs, prompts, gen_len, sampling=sampling,
                                           after_prefill=lambda: _add(prefill, timer.take())))
         finally:
             runner.vm.set_instrument(None)                               # None removes the instrument

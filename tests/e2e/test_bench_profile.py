@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from kiln.runtime.bench import CUDA_GRAPHS, VM_OVERHEAD, kernel_group
@@ -76,3 +77,49 @@ def test_bench_sizes_the_kv_cache_for_its_shape_and_the_runner_refuses_what_does
     runner = ModelRunner(Artifact.load(art), max_num_seqs=8)          # the default capacity
     with pytest.raises(ValueError, match=r"needs \d+ tokens of KV cache; this runner holds \d+"):
         bench(runner, prompt_len=context // 2, gen_len=8, batch=8, runs=1)
+
+
+def test_sampled_decode_steps_draw_on_the_device(tiny_artifacts, monkeypatch):
+    """`kiln bench --temperature`: every decode step draws through sample_tokens with the row's
+    parameters and a fresh uniform, and the JSON says how the steps drew (greedy: no key value)."""
+    from kiln.runtime import Artifact
+    from kiln.runtime.bench import Sampling, bench
+    from kiln.runtime.model_runner import ModelRunner
+    runner = ModelRunner(Artifact.load(tiny_artifacts["tied"]))
+    drawn = []
+    original = ModelRunner.decode_sampled
+
+    def spy(self, seq_ids, tokens, params):
+        drawn.append(params.copy())
+        return original(self, seq_ids, tokens, params)
+
+    monkeypatch.setattr(ModelRunner, "decode_sampled", spy)
+    sampling = Sampling(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05)
+    r = bench(runner, prompt_len=8, gen_len=3, batch=2, runs=1, sampling=sampling)
+    assert len(drawn) == 2 * 3                                      # warm-up and one timed run, 3 steps each
+    for params in drawn:
+        assert params.shape == (2, 5) and params.dtype == np.float32
+        np.testing.assert_array_equal(params[:, :4], np.float32([[0.7, 5, 0.9, 0.05]] * 2))
+        assert ((0 <= params[:, 4]) & (params[:, 4] < 1)).all()
+    assert len({tuple(p[:, 4]) for p in drawn}) == len(drawn)      # a fresh uniform each step
+    assert r.sampling == sampling.as_dict() and r.decode_tok_s > 0
+    assert bench(runner, prompt_len=8, gen_len=2, batch=1, runs=1).sampling is None    # greedy
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("kw, message", [
+    (dict(top_p=0.9), "give a temperature above 0"),
+    (dict(temperature=-1.0), "invalid sampling"),
+    (dict(temperature=1.0, top_p=0.0), "invalid sampling"),
+    (dict(temperature=1.0, min_p=1.0), "invalid sampling"),
+])
+def test_sampling_refuses_what_it_cannot_draw(kw, message):
+    from kiln.runtime.bench import Sampling
+    with pytest.raises(ValueError, match=message):
+        Sampling(**kw)
+
+
+def test_cli_refuses_sampling_knobs_without_a_temperature(tiny_artifacts):
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli", "bench", str(tiny_artifacts["tied"]), "--top-k", "5"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "give a temperature above 0" in proc.stderr
