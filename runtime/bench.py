@@ -264,10 +264,9 @@ class _CallTimer:
 
 
 def _run_once(runner: ModelRunner, seqs: list[int], prompts: list[list[int]], gen_len: int,
-              after_prefill=lambda: None, sampling: Sampling = GREEDY) -> tuple[float, float]:
-    """Prefill, then gen_len decode steps (greedy, or drawn as `sampling` says): (prefill seconds,
-    mean decode-step seconds)."""
-    rng = np.random.default_rng(len(seqs))
+              rng: np.random.Generator, after_prefill=lambda: None, sampling: Sampling = GREEDY) -> tuple[float, float]:
+    """Prefill, then gen_len decode steps (greedy, or drawn as `sampling` says, its uniforms from
+    `rng`): (prefill seconds, mean decode-step seconds)."""
     for s in seqs:
         runner.add_sequence(s)
     try:
@@ -301,18 +300,19 @@ def profile_kernels(runner: ModelRunner, prompt_len: int = 128, gen_len: int = 6
     sampling.check(runner)
     if gen_len < 1 or runs < 1:
         raise ValueError(f"the profile needs gen_len >= 1 and runs >= 1 (got {gen_len}, {runs})")
-    prompts = np.random.default_rng(seed).integers(0, runner.vocab_size, size=(batch, prompt_len)).tolist()
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(0, runner.vocab_size, size=(batch, prompt_len)).tolist()
     seqs = list(range(batch))
     timer = _CallTimer(runner.device)
     plain, instrumented = [], []                      # (prefill seconds, decode-step seconds) per run
     prefill = (Counter(), Counter())                  # (seconds, calls) by symbol, summed over runs
     decode = (Counter(), Counter())
-    _run_once(runner, seqs, prompts, gen_len, sampling=sampling)         # warm-up
+    _run_once(runner, seqs, prompts, gen_len, rng, sampling=sampling)              # warm-up
     for _ in range(runs):
-        plain.append(_run_once(runner, seqs, prompts, gen_len, sampling=sampling))
+        plain.append(_run_once(runner, seqs, prompts, gen_len, rng, sampling=sampling))
         runner.vm.set_instrument(timer)
         try:
-            instrumented.append(_run_once(runner, seqs, prompts, gen_len, sampling=sampling,
+            instrumented.append(_run_once(runner, seqs, prompts, gen_len, rng, sampling=sampling,
                                           after_prefill=lambda: _add(prefill, timer.take())))
         finally:
             runner.vm.set_instrument(None)                               # None removes the instrument

@@ -39,9 +39,13 @@ def enabled() -> bool:
         return False
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 def advise(address: int, nbytes: int) -> bool:
     """madvise(MADV_HUGEPAGE) over the whole huge pages inside [address, address + nbytes)."""
-    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    start = _round_up(address, HUGE_PAGE)
     end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
     if end <= start:
         return False
@@ -59,31 +63,29 @@ class HostArena:
 
     def __init__(self) -> None:
         self._chunks: list[mmap.mmap] = []
-        self._free = 0                  # bytes left in the last chunk
-        self._offset = 0                # where they start
+        self._offset = 0                # where the last chunk's free bytes start
 
     def tensor(self, array: np.ndarray):
         """A TVM CPU tensor holding a copy of `array`, in the arena."""
         import tvm
         nbytes = max(array.nbytes, 1)
-        offset = -(-self._offset // 64) * 64
-        if not self._chunks or offset + nbytes > self._offset + self._free:
-            self._new_chunk(nbytes)
-            offset = self._offset
+        offset = _round_up(self._offset, 64)
+        if not self._chunks or offset + nbytes > len(self._chunks[-1]):
+            offset = self._new_chunk(nbytes)
         view = np.frombuffer(self._chunks[-1], dtype=array.dtype, count=array.size, offset=offset).reshape(array.shape)
         view[...] = array
-        self._free -= offset + nbytes - self._offset
         self._offset = offset + nbytes
         return tvm.runtime.from_dlpack(view)
 
-    def _new_chunk(self, nbytes: int) -> None:
-        size = max(self.CHUNK, -(-nbytes // HUGE_PAGE) * HUGE_PAGE) + HUGE_PAGE
+    def _new_chunk(self, nbytes: int) -> int:
+        """A chunk for at least `nbytes`; the offset of its first whole huge page."""
+        size = max(self.CHUNK, _round_up(nbytes, HUGE_PAGE)) + HUGE_PAGE
         chunk = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)     # untouched until written
-        start = -(-_address(chunk) // HUGE_PAGE) * HUGE_PAGE - _address(chunk)     # the first whole huge page
+        start = _round_up(_address(chunk), HUGE_PAGE) - _address(chunk)
         with contextlib.suppress(OSError):
             chunk.madvise(mmap.MADV_HUGEPAGE, start, (size - start) // HUGE_PAGE * HUGE_PAGE)
         self._chunks.append(chunk)
-        self._offset, self._free = start, size - start
+        return start
 
 
 def _address(chunk: mmap.mmap) -> int:
