@@ -17,6 +17,8 @@ from tvm_ffi import structural_equal
 
 from kiln.compiler.quant_modules import FLOAT_KINDS, KINDS, QuantFormat, dequantize_element
 
+from .row_dispatch import static_int
+
 
 @dataclass(frozen=True)
 class DequantMatmul:
@@ -44,20 +46,22 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> Dequan
     reads = [r.source for r in deq.reads]
     if not 1 <= len(reads) <= 3 or weight.dtype != dtype:
         return None
-    codes, scale, minimum = (reads + [None, None])[:3]
-    n, k = (_int(d) for d in weight.shape)
+    planes = tuple(reads + [None, None])[:3]
+    codes, scale, minimum = planes
+    n, k = (static_int(d) for d in weight.shape)
     if n is None or k is None:
         return None
     group = 0
     if scale is not None:
-        groups = _int(scale.shape[1]) if len(scale.shape) == 2 else None
-        if not groups or k % groups or _int(scale.shape[0]) != n:
+        groups = static_int(scale.shape[1]) if len(scale.shape) == 2 else None
+        if not groups or k % groups or static_int(scale.shape[0]) != n:
             return None
         group = k // groups
-        if minimum is not None and [_int(d) for d in minimum.shape] != [n, groups]:
+        if minimum is not None and [static_int(d) for d in minimum.shape] != [n, groups]:
             return None
     v_n, v_k = (iv.var for iv in deq.iter_vars)
-    kind = next((kind for kind in kinds if _is_format(kind, group, dtype, deq.body.value, reads, v_n, v_k)), None)
+    kind = next((kind for kind in kinds
+                 if _is_format(kind, group, dtype, deq.body.value, planes, len(reads), v_n, v_k)), None)
     if kind is None:
         return None
     x = next((r.source for r in mm.reads if not r.source.same_as(weight)), None)
@@ -65,7 +69,7 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> Dequan
     if x is None or x.dtype != dtype or len(x.shape) != 3 or len(sums.shape) != 3:
         return None
     rows = x.shape[0]
-    if [_int(d) for d in x.shape[1:]] != [1, k]:
+    if [static_int(d) for d in x.shape[1:]] != [1, k]:
         return None
     i0, i1, i2, vk = (iv.var for iv in mm.iter_vars)
     if not structural_equal(mm.body.value, sums[i0, i1, i2] + x[i0, i1, vk].astype(sums.dtype)
@@ -78,10 +82,11 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> Dequan
         c0, c1, c2 = (iv.var for iv in cast.iter_vars)
         if len(out.shape) != 3 or not structural_equal(cast.body.value, sums[c0, c1, c2].astype(out.dtype)):
             return None
-    same_rows = out.shape[0].same_as(rows) or (_int(rows) is not None and _int(out.shape[0]) == _int(rows))
-    if not same_rows or [_int(d) for d in out.shape[1:]] != [1, n]:
+    fixed = static_int(rows)
+    same_rows = out.shape[0].same_as(rows) or (fixed is not None and static_int(out.shape[0]) == fixed)
+    if not same_rows or [static_int(d) for d in out.shape[1:]] != [1, n]:
         return None
-    return DequantMatmul(kind, group, n, k, (codes, scale, minimum), x, sums, out, rows)
+    return DequantMatmul(kind, group, n, k, planes, x, sums, out, rows)
 
 
 def param_order(func: tirx.PrimFunc, m: DequantMatmul) -> list[int] | None:
@@ -97,17 +102,14 @@ def placed(kernel: tirx.PrimFunc, order: list[int]) -> tirx.PrimFunc:
     return tirx.PrimFunc([kernel.params[i] for i in order], kernel.body, attrs=kernel.attrs)
 
 
-def _is_format(kind: str, group: int, dtype: str, value, reads, v_n, v_k) -> bool:
-    """Whether `value` is dequantize_element's for `kind` (either code form) over these planes."""
+def _is_format(kind: str, group: int, dtype: str, value, planes, count: int, v_n, v_k) -> bool:
+    """Whether `value` is dequantize_element's for `kind` (either code form) over these planes (codes,
+    scale, min; the first `count` present)."""
     if (kind in FLOAT_KINDS) != (group == 0) or (group and group % 8):
         return False
-    fmt = QuantFormat(kind, group or 32, reads[1].dtype if len(reads) > 1 else dtype)
-    if len(reads) != len(fmt.plane_names) or reads[0].dtype != fmt.planes(1, fmt.group_size)["qweight"][1]:
+    codes, scale, minimum = planes
+    fmt = QuantFormat(kind, group or 32, scale.dtype if scale is not None else dtype)
+    if count != len(fmt.plane_names) or codes.dtype != fmt.planes(1, fmt.group_size)["qweight"][1]:
         return False
-    codes, scale, minimum = (reads + [None, None])[:3]
     return any(structural_equal(value, dequantize_element(fmt, dtype, codes, scale, minimum, v_n, v_k, by_bits))
                for by_bits in (False, True))
-
-
-def _int(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None

@@ -37,7 +37,7 @@ from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
 from .dequant_match import match_dequant_matmul, param_order, placed
-from .row_dispatch import over_params
+from .row_dispatch import over_params, static_int
 
 LANES = 32                      # a warp
 WORD = 8                        # 4-bit values a packed word
@@ -200,7 +200,7 @@ def apply_matched(func, target, batch: int, build, kind: str = "q4"):
     m = match_dequant_matmul(func, "float16", kinds=(kind,))
     if m is None or m.group != 32 or m.planes[1].dtype != "float16" or m.sums.dtype != "float32":
         return None
-    one = _int(m.rows) == 1
+    one = static_int(m.rows) == 1
     if not (one or isinstance(m.rows, tirx.Var)) or one != (batch == 1):
         return None
     order = param_order(func, m)                        # W, S, X, Y: where func has them
@@ -208,10 +208,6 @@ def apply_matched(func, target, batch: int, build, kind: str = "q4"):
     if kernel is None:
         return None
     return s_tir.Schedule(placed(kernel, order)) if one else over_params(func, placed(kernel, order))
-
-
-def _int(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None
 
 
 __all__ = ["Q4GEMV", "q4_gemv"]

@@ -39,6 +39,11 @@ def is_static(shape) -> bool:
     return all(isinstance(d, tirx.IntImm) for d in shape)
 
 
+def static_int(dim) -> int | None:
+    """A dimension's or loop extent's value when it is a constant, else None."""
+    return int(dim) if isinstance(dim, (int, tirx.IntImm)) else None
+
+
 def is_scheduled(func: tirx.PrimFunc) -> bool:
     return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 

@@ -86,8 +86,7 @@ def kernels(kind: str, n: int, k: int, target, rows: int = 1):
     from kiln.targets.cpu.quant_schedule import QuantMatmul, gemv_tile_n
 
     func = dequant_matmul(kind, n, k)
-    match = quant_gemv.match(func)
-    if match is None:
+    if quant_gemv.branches(func) is None:
         raise SystemExit(f"{kind} {n} x {k}: quant_gemv does not take this kernel")
     rule = QuantMatmul()
     scheduled, _ = rule._variant(func, panel=rows > 1, tile_n=None if rows > 1 else gemv_tile_n(rule.knobs, target))

@@ -28,7 +28,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from ..row_dispatch import is_scheduled, over_params
+from ..row_dispatch import is_scheduled, over_params, static_int
 from .lanes import LANES, fold16
 
 
@@ -55,8 +55,8 @@ def match(func: tirx.PrimFunc) -> tuple | None:
     if x.dtype != "float32" or winners.dtype != "float32" or len(x.shape) != 3 or len(winners.shape) != 3:
         return None
     rows = x.shape[0]
-    one, vocab = (_int(d) for d in x.shape[1:])
-    chunks, two = (_int(d) for d in winners.shape[1:])
+    one, vocab = (static_int(d) for d in x.shape[1:])
+    chunks, two = (static_int(d) for d in winners.shape[1:])
     if not winners.shape[0].same_as(rows) or one != 1 or two != 2 or not vocab or not chunks:
         return None
     if vocab % chunks or [r.source for r in blocks[0].reads] != [x]:
@@ -103,7 +103,3 @@ def chunk_argmax(rows, vocab: int, chunks: int) -> tirx.PrimFunc:
             winners[rc // chunks, rc % chunks, 1] = best[0]
 
     return kernel
-
-
-def _int(dim) -> int | None:
-    return int(dim) if isinstance(dim, tirx.IntImm) else None

@@ -45,7 +45,7 @@ SmolLM2 Q4_1 decode (kiln bench, alternating artifacts, prompt 64, gen 64): 1 se
 against 231-236; 8 sequences (prompt 128) 334-335 against 292-294 with the two-pass kernel.
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
 
-Matched (``match``, targets/dequant_match.py): a function exactly kiln's `dequantize` (q4, q4m, q8 or
+Matched (``branches``, targets/dequant_match.py): a function exactly kiln's `dequantize` (q4, q4m, q8 or
 q8m with float32 scales and any group a multiple of 32, either code form; or f16 / bf16, 16-bit
 floats without scales, two multiply-adds a chunk) into an `NT_matmul` of float32 activations with
 float32 sums, no cast after, over symbolic rows; K a multiple of 64. Anything else: None (QuantMatmul
@@ -61,7 +61,7 @@ from tvm.script import tirx as T
 
 from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
 
-from ..dequant_match import DequantMatmul, match_dequant_matmul, param_order, placed
+from ..dequant_match import match_dequant_matmul, param_order, placed
 from ..row_dispatch import over_params
 from .lanes import LANES, add, fold16
 
@@ -72,25 +72,23 @@ BLOCK = 4                   # rows a pass over the weights serves (8 rows: two p
 _MIN_KINDS = ("q4m", "q8m")
 
 
-def match(func: tirx.PrimFunc) -> DequantMatmul | None:
-    """The function's format and buffers (targets/dequant_match.py) if this kernel computes it: float32
-    throughout, no cast after, symbolic rows, K a multiple of 64, groups of whole chunks."""
+def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
+    """If these kernels compute ``func`` (targets/dequant_match.py finds its format and buffers; float32
+    throughout, no cast after, symbolic rows, K a multiple of 64, groups of whole chunks): for each of
+    BATCHES, ``func`` with a body computing up to that many rows by gemv_kernel (the kernel's buffers
+    viewed as func's, row_dispatch.over_params), the branches for dispatch_on_rows. Else None."""
     m = match_dequant_matmul(func, "float32")
     if m is None or m.k % (2 * CHUNK) or m.group % CHUNK or not m.out.same_as(m.sums):
         return None
     if m.sums.dtype != "float32" or any(p is not None and p.dtype != "float32" for p in m.planes[1:]):
         return None
-    if not isinstance(m.rows, tirx.Var) or param_order(func, m) is None:
+    order = param_order(func, m)
+    if not isinstance(m.rows, tirx.Var) or order is None:
         return None
-    return m
-
-
-def body_over(func: tirx.PrimFunc, m: DequantMatmul, batch: int = 1) -> tirx.PrimFunc:
-    """``func`` with a body computing its first row (batch 1) or up to `batch` rows by gemv_kernel
-    (row_dispatch.over_params: the kernel's buffers viewed as func's): a branch for dispatch_on_rows."""
-    kernel = gemv_kernel(m.kind, m.n, m.k, m.group or CHUNK, batch, None if batch == 1 else m.rows)
-    return over_params(func, placed(kernel, param_order(func, m)),
-                       name="one_row_gemv" if batch == 1 else f"gemv_{batch}_rows")
+    return [(batch, over_params(func, placed(gemv_kernel(m.kind, m.n, m.k, m.group or CHUNK, batch,
+                                                         None if batch == 1 else m.rows), order),
+                                name="one_row_gemv" if batch == 1 else f"gemv_{batch}_rows"))
+            for batch in BATCHES]
 
 
 def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None) -> tirx.PrimFunc:
@@ -147,6 +145,19 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
         return S[row, g] * T.float32(-8) if kind == "q4" else M[row, g]
 
     @T.macro
+    def finish_row(acc, base, S, M, row, xs, xbase):
+        """acc[base] = the sum of acc[base : base + 16] and the min's term (each group's zero value
+        times its sum of x, xs[xbase + g]): whole vectors of groups before the fold, the rest after."""
+        if has_min:
+            for v in range(groups // LANES):
+                for i in T.vectorized(LANES):
+                    acc[base + i] = acc[base + i] + group_min(S, M, row, v * LANES + i) * xs[xbase + v * LANES + i]
+        fold16(acc, base, add)
+        if has_min:
+            for g in range(groups // LANES * LANES, groups):
+                acc[base] = acc[base] + group_min(S, M, row, g) * xs[xbase + g]
+
+    @T.macro
     def one_row(W, S, M, X, Y):
         xp = T.alloc_buffer((k if four_bit else 1,), "float32")   # 4-bit: x in the order the codes are read
         xs = T.alloc_buffer((groups,), "float32")         # each group's sum of x (the min's factor)
@@ -176,16 +187,9 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                                 acc[ch * LANES + i]
                                 + x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
                                 + x_at(xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i))
-            if has_min:
-                for v in range(groups // LANES):            # whole vectors of groups into the second chain
-                    for i in T.vectorized(LANES):
-                        acc[LANES + i] = acc[LANES + i] + group_min(S, M, row, v * LANES + i) * xs[v * LANES + i]
             for i in T.vectorized(LANES):
                 acc[i] = acc[i] + acc[LANES + i]
-            fold16(acc, 0, add)
-            if has_min:
-                for g in range(groups // LANES * LANES, groups):    # the groups left over
-                    acc[0] = acc[0] + group_min(S, M, row, g) * xs[g]
+            finish_row(acc, 0, S, M, row, xs, 0)
             Y[0, 0, row] = acc[0]
 
     @T.macro
@@ -199,13 +203,12 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
         for b in range(batch):
             for c in range(chunks):
                 for h in range(2):
-                    for i in T.vectorized(LANES):
-                        xp[b * k + c * CHUNK + h * LANES + i] = T.float32(0)
-            if T.Cast(rows_dtype, b) < rows:
-                for c in range(chunks):
-                    for h in range(2):
+                    if T.Cast(rows_dtype, b) < rows:
                         for i in T.vectorized(LANES):
                             xp[b * k + c * CHUNK + h * LANES + i] = x_in(X, b, c, h, i)
+                    else:
+                        for i in T.vectorized(LANES):
+                            xp[b * k + c * CHUNK + h * LANES + i] = T.float32(0)
             if has_min:
                 group_sums(xs, part, b * groups, x_row, xp, X, b)
         for blk in range(batch // block):
@@ -230,16 +233,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                                 acc[b * LANES + i] = (acc[b * LANES + i] + x_row(xp, X, blk * block + b, c, 0, i) * w[i]
                                                       + x_row(xp, X, blk * block + b, c, 1, i) * w[LANES + i])
                     for b in T.unroll(block):
-                        if has_min:
-                            for v in range(groups // LANES):
-                                for i in T.vectorized(LANES):
-                                    acc[b * LANES + i] = acc[b * LANES + i] + group_min(S, M, row, v * LANES + i) * xs[
-                                        (blk * block + b) * groups + v * LANES + i]
-                        fold16(acc, b * LANES, add)
-                        if has_min:
-                            for g in range(groups // LANES * LANES, groups):
-                                acc[b * LANES] = (acc[b * LANES]
-                                                  + group_min(S, M, row, g) * xs[(blk * block + b) * groups + g])
+                        finish_row(acc, b * LANES, S, M, row, xs, (blk * block + b) * groups)
                         if T.Cast(rows_dtype, blk * block + b) < rows:
                             Y[blk * block + b, 0, row] = acc[b * LANES]
 

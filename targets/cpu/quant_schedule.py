@@ -38,9 +38,9 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, get_index_map
 from tvm.target import Target
 
-from ..row_dispatch import dispatch_on_rows
+from ..row_dispatch import dispatch_on_rows, static_int
 from . import quant_gemv
-from .schedule import _STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, _static, normalize_matmul, target_mcpu
+from .schedule import _STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, normalize_matmul, target_mcpu
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +94,10 @@ class QuantMatmul(ScheduleRule):
             return None
         try:
             large, rows = self._variant(func, panel=True)
-            if _static(rows) is not None:
+            if static_int(rows) is not None:
                 return large
-            gemv = quant_gemv.match(func)
-            if gemv is not None:            # a float32 kernel of any kiln format: the hand-written GEMVs
-                few = [(batch, quant_gemv.body_over(func, gemv, batch)) for batch in quant_gemv.BATCHES]
+            few = quant_gemv.branches(func)
+            if few is not None:             # a float32 kernel of any kiln format: the hand-written GEMVs
                 return s_tir.Schedule(dispatch_on_rows(func, few, large.mod["main"]))
             small, _ = self._variant(func, panel=False, tile_n=gemv_tile_n(self.knobs, target))
         except (RuntimeError, ValueError) as err:       # s_tir.ScheduleError is a RuntimeError
@@ -142,7 +141,7 @@ class QuantMatmul(ScheduleRule):
     def _tile(self, sch: s_tir.Schedule, main, deq, tile_m: int, tile_n: int) -> s_tir.Schedule:
         knobs = self.knobs
         s, i, j, k = sch.get_loops(main)
-        n, k_len = _static(get_extent(sch, j)), _static(get_extent(sch, k))
+        n, k_len = static_int(get_extent(sch, j)), static_int(get_extent(sch, k))
         lanes = _pow2_divisor(k_len or 1, knobs.vector_lanes)
         if n is None or lanes < 4:
             raise ValueError(f"QuantMatmul needs static N and K % 4 == 0 (N={n}, K={k_len})")

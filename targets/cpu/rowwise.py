@@ -8,8 +8,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.base import get_extent
 
+from ..row_dispatch import static_int
 from .schedule import (_REDUCE, KilnCPURule, _has_expensive_call, _inline_all, _is_reduction, _root_blocks,
-                       _schedule_spatial_block, _static, _vectorize_inner)
+                       _schedule_spatial_block, _vectorize_inner)
 
 # ----------------------------------------------------------------------------- RowReduction
 
@@ -63,7 +64,7 @@ class RowReduction(KilnCPURule):
     @staticmethod
     def _rfactor(sch: s_tir.Schedule, block: s_tir.SBlockRV, lanes: int) -> s_tir.SBlockRV | None:
         """Split the row reduction into ``lanes`` vector partial sums; returns the rf block."""
-        extent = _static(get_extent(sch, sch.get_loops(block)[-1]))
+        extent = static_int(get_extent(sch, sch.get_loops(block)[-1]))
         if extent is None or extent % lanes or extent <= lanes:
             return None
         _, k_i = sch.split(sch.get_loops(block)[-1], [None, lanes])
@@ -80,7 +81,7 @@ def _row_rank(sch: s_tir.Schedule, blocks: list, reductions: list) -> int | None
 
     def same(a, b) -> bool:
         if isinstance(a, int) or isinstance(b, int):
-            return _static(a) == _static(b)
+            return static_int(a) == static_int(b)
         return tvm_ffi.structural_equal(a, b)
 
     out_extents = [get_extent(sch, loop) for loop in sch.get_loops(blocks[-1])]

@@ -37,6 +37,8 @@ from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_produ
 from tvm.target import Target
 from tvm.target.codegen import llvm_get_vector_width
 
+from ..row_dispatch import static_int
+
 logger = logging.getLogger(__name__)
 
 # Calls too costly to recompute per element, so blocks using them are never inlined.
@@ -135,10 +137,6 @@ def normalize_matmul(sch: s_tir.Schedule, main) -> tuple:
     return read_a, read_b, write_c
 
 
-def _static(extent) -> int | None:
-    return int(extent) if isinstance(extent, (int, tirx.IntImm)) else None
-
-
 def _largest_divisor(n: int, limit: int, ok: Callable[[int], bool] = lambda d: True) -> int:
     """Largest d <= limit dividing n (and passing ``ok``); 1 if none."""
     return next((d for d in range(min(limit, n), 0, -1) if n % d == 0 and ok(d)), 1)
@@ -159,7 +157,7 @@ def _is_reduction(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
 def _vectorize_inner(sch: s_tir.Schedule, loop: s_tir.LoopRV, lanes: int) -> s_tir.LoopRV:
     """Vectorise ``loop`` by the largest power of two <= lanes dividing its static extent;
     returns the outer remainder loop (``loop`` itself when nothing could be vectorised)."""
-    width = _pow2_divisor(_static(get_extent(sch, loop)) or 1, lanes)
+    width = _pow2_divisor(static_int(get_extent(sch, loop)) or 1, lanes)
     if width < 2:
         return loop
     outer, inner = sch.split(loop, [None, width])
@@ -250,7 +248,7 @@ class Matmul(KilnCPURule):
         """Tile (rows x j) in registers, each a vector of k partial sums; ``rows`` is the
         symbolic row loop and its tile, None for a single static row (GEMV)."""
         knobs = self.knobs
-        n, k_len = _static(get_extent(sch, j)), _static(get_extent(sch, k))
+        n, k_len = static_int(get_extent(sch, j)), static_int(get_extent(sch, k))
         lanes = _pow2_divisor(k_len or 1, knobs.vector_lanes)
         if n is None or lanes < 4:
             return None
@@ -285,7 +283,7 @@ class Matmul(KilnCPURule):
 
     def _schedule_nn(self, sch: s_tir.Schedule, main: s_tir.SBlockRV) -> s_tir.Schedule | None:
         """4 rows x 2 vectors of columns: broadcast A[i, k] times a vector of B[k, j]."""
-        n = _static(get_extent(sch, sch.get_loops(main)[2]))
+        n = static_int(get_extent(sch, sch.get_loops(main)[2]))
         lanes = _pow2_divisor(n or 1, self.knobs.vector_lanes)
         if n is None or lanes < 4:
             return None
@@ -340,7 +338,7 @@ def _matmul_layout(block: s_tir.SBlock) -> str | None:
     a_last, b_last = (read.region[-1].min for read in block.reads)
     if get_index_map(block) is None:
         a_vars = {v for r in block.reads[0].region for v in tirx.analysis.undefined_vars(r.min)}
-        unit = {iv.var for iv in block.iter_vars if _static(iv.dom.extent) == 1}
+        unit = {iv.var for iv in block.iter_vars if static_int(iv.dom.extent) == 1}
         only_k = all(v.same_as(k) or any(v.same_as(u) for u in unit) for v in a_vars)
         k_last = block.iter_vars[-1].var.same_as(k)  # the GEMV path takes the last loop as k
         return "gemv" if only_k and k_last and a_last.same_as(k) and b_last.same_as(k) else None

@@ -61,11 +61,11 @@ def test_gemv_matches_numpy(built, rows):
 
 
 def test_match_refuses_what_the_kernel_does_not_compute():
-    assert quant_gemv.match(dequant_matmul("q4m", 48, 384, 32)) is not None
-    assert quant_gemv.match(dequant_matmul("q4m", 48, 352, 32)) is None            # K not a multiple of 64
-    assert quant_gemv.match(dequant_matmul("q4m", 48, 384, 32, x_dtype="float16")) is None
-    assert quant_gemv.match(dequant_matmul("q4m", 48, 384, 32, rows=1)) is None    # static rows: the tiled rule
-    assert quant_gemv.match(dequant_matmul("f16", 48, 352, 32)) is None
+    assert quant_gemv.branches(dequant_matmul("q4m", 48, 384, 32)) is not None
+    assert quant_gemv.branches(dequant_matmul("q4m", 48, 352, 32)) is None            # K not a multiple of 64
+    assert quant_gemv.branches(dequant_matmul("q4m", 48, 384, 32, x_dtype="float16")) is None
+    assert quant_gemv.branches(dequant_matmul("q4m", 48, 384, 32, rows=1)) is None    # static rows: the tiled rule
+    assert quant_gemv.branches(dequant_matmul("f16", 48, 352, 32)) is None
 
 
 def test_the_kernel_builds_for_arm():
