@@ -62,7 +62,7 @@ def schedule_rules(profile: TargetProfile) -> list:
     # QuantMatmul first: dequantize-matmuls (it branches on the rows itself: hand-written GEMVs to 4
     # rows, more rows dequantize each W tile once; LowBatchGEMV copies none). ChunkArgmax: greedy
     # decoding's argmax, vectorised (argmax.py).
-    return [*quant_schedule_rules(vector_lanes=lanes), ChunkArgmax(),
+    return [*quant_schedule_rules(vector_lanes=lanes, mcpu=target_mcpu(target)), ChunkArgmax(),
             *cpu_fused_schedule_rules(vector_lanes=lanes, mcpu=target_mcpu(target)),
             *cpu_schedule_rules(vector_lanes=lanes)]
 

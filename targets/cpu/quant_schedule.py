@@ -47,9 +47,9 @@ logger = logging.getLogger(__name__)
 _REDUCE = tirx.IterVar.CommReduce
 
 
-def quant_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None) -> list[ScheduleRule]:
+def quant_schedule_rules(vector_lanes: int = 16, knobs: CPUKnobs | None = None, mcpu: str = "") -> list[ScheduleRule]:
     """Rules to put before the float CPU rules (schedule.cpu_schedule_rules)."""
-    return [QuantMatmul(knobs or default_knobs(vector_lanes))]
+    return [QuantMatmul(knobs or default_knobs(vector_lanes, mcpu))]
 
 
 # The one-row GEMV's weight rows per tile where it is not the matmul's tile_n, by LLVM CPU name.
@@ -65,11 +65,22 @@ def gemv_tile_n(knobs: CPUKnobs, target: Target) -> int:
     return knobs.gemv_tile_n or GEMV_TILE_N.get(target_mcpu(target), knobs.tile_n)
 
 
-def default_knobs(vector_lanes: int) -> CPUKnobs:
-    """2 x 8 accumulator tiles with AVX-512's 32 vector registers (measured best on znver5:
-    4-6% over 2 x 4 for both m = 1 and m = 128), the float rule's defaults otherwise."""
+# The tiled matmul's accumulator tile (tile_m x tile_n) with 16 lanes, by LLVM CPU name; (2, 8)
+# elsewhere, measured best on znver5 (4-6% over 2 x 4 at m = 1 and 128). znver4 (AVX-512 on 256-bit
+# units; 2 cores of an AMD EPYC VM, q4m kernels alone at 2,048 rows, GFLOP/s): 2 x 4 gate/up 166
+# against 154, down 135 against 124 (its 6 x 1,536-float W tile outgrew L1 at 2 x 8; 4 x 3: 147 / 137);
+# SmolLM2 Q4_1 in alternating runs: prefill of 1,024 tokens 634 / 617 tok/s against 577 / 528,
+# 32 x 64 tokens 647 / 656 against 618 / 624; decode of 16 sequences 449 against 405, of 32 501 / 510
+# against 460 / 462.
+MATMUL_TILES = {"znver4": (2, 4)}
+
+
+def default_knobs(vector_lanes: int, mcpu: str = "") -> CPUKnobs:
+    """With AVX-512's 32 vector registers the CPU's accumulator tile (MATMUL_TILES, else 2 x 8); the
+    float rule's defaults otherwise."""
     if vector_lanes >= 16:
-        return CPUKnobs(vector_lanes=vector_lanes, tile_m=2, tile_n=8)
+        tile_m, tile_n = MATMUL_TILES.get(mcpu, (2, 8))
+        return CPUKnobs(vector_lanes=vector_lanes, tile_m=tile_m, tile_n=tile_n)
     return CPUKnobs(vector_lanes=vector_lanes)
 
 
@@ -224,4 +235,5 @@ def _find_dequant_matmul(sch: s_tir.Schedule):
     return deq, main, tail
 
 
-__all__ = ["GEMV_TILE_N", "QuantMatmul", "default_knobs", "gemv_tile_n", "is_dequant_matmul", "quant_schedule_rules"]
+__all__ = ["GEMV_TILE_N", "MATMUL_TILES", "QuantMatmul", "default_knobs", "gemv_tile_n", "is_dequant_matmul",
+           "quant_schedule_rules"]

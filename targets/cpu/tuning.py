@@ -224,7 +224,7 @@ class CPUTuning:
 
     def default_knobs(self, func: tirx.PrimFunc | None = None) -> CPUKnobs:
         """The knobs the rule scheduling ``func`` takes untuned: QuantMatmul's for a dequantize +
-        matmul kernel (2 x 8 tiles with AVX-512), LowBatchGEMV's for a ``kiln.gemv`` copy (one row
+        matmul kernel (the CPU's MATMUL_TILES with AVX-512), LowBatchGEMV's for a ``kiln.gemv`` copy (one row
         over the CPU's FLOAT_GEMV_TILE_N), the float rules' otherwise. A kernel whose tuning keeps
         the defaults then compiles as it did untuned."""
         from .fused_schedule import gemv_knobs
@@ -232,7 +232,7 @@ class CPUTuning:
         target = self.profile.tvm_target()
         lanes = vector_lanes_for_target(target)
         if func is not None and is_dequant_matmul(func):
-            return quant_knobs(lanes)
+            return quant_knobs(lanes, target_mcpu(target))
         if func is not None and func.attrs is not None and GEMV_ATTR in func.attrs:
             return gemv_knobs(lanes, target_mcpu(target))
         return CPUKnobs(vector_lanes=lanes)

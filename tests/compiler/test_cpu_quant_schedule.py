@@ -14,7 +14,8 @@ import tvm
 from tvm.script import tirx as T
 
 from kiln.compiler.quant_pack import pack_nibbles
-from kiln.targets.cpu.quant_schedule import GEMV_TILE_N, QuantMatmul, default_knobs, gemv_tile_n
+from kiln.targets.cpu.quant_schedule import GEMV_TILE_N, MATMUL_TILES, QuantMatmul, default_knobs, gemv_tile_n
+from kiln.targets.cpu.schedule import CPUKnobs
 
 pytestmark = pytest.mark.compiler
 
@@ -87,12 +88,20 @@ def test_q4f16_kernel_is_scheduled_and_matches_numpy(built, rows):
 
 
 def test_tuning_starts_a_quantized_kernel_from_quant_matmuls_own_knobs():
-    """`kiln tune`'s baseline for a dequantize + matmul kernel is QuantMatmul's default (2 x 8 tiles with
-    16 lanes), not the float rules' (2 x 4): a kernel whose tuning keeps the defaults compiles as untuned."""
+    """`kiln tune`'s baseline for a dequantize + matmul kernel is QuantMatmul's default for the target's
+    CPU (MATMUL_TILES, else 2 x 8 tiles with 16 lanes), the knobs the rule compiles with untuned, not
+    the float rules' (2 x 4 everywhere)."""
     from kiln.targets import get_profile
-    space = get_profile("cpu").tuning_space()
+    from kiln.targets.cpu import schedule_rules
+    from kiln.targets.cpu.schedule import target_mcpu
+    profile = get_profile("cpu")
+    space = profile.tuning_space()
     lanes = space.default_knobs().vector_lanes
-    assert space.default_knobs(q4f16_matmul) == default_knobs(lanes) != space.default_knobs()
+    rule = next(r for r in schedule_rules(profile) if isinstance(r, QuantMatmul))
+    assert space.default_knobs(q4f16_matmul) == default_knobs(lanes, target_mcpu(profile.tvm_target())) == rule.knobs
+    assert (default_knobs(16, "znver4").tile_m, default_knobs(16, "znver4").tile_n) == MATMUL_TILES["znver4"] == (2, 4)
+    assert (default_knobs(16, "znver5").tile_m, default_knobs(16, "znver5").tile_n) == (2, 8)
+    assert default_knobs(8) == CPUKnobs(vector_lanes=8)
 
 
 def test_the_float_gemv_tile_follows_the_cpu_and_is_tunings_baseline():
@@ -112,7 +121,8 @@ def test_the_float_gemv_tile_follows_the_cpu_and_is_tunings_baseline():
     assert rule.knobs == gemv_knobs(rule.knobs.vector_lanes, target_mcpu(target))
     space = profile.tuning_space()
     assert space.default_knobs(float_matmul.with_attr(GEMV_ATTR, 4)) == rule.knobs != space.default_knobs(float_matmul)
-    assert space.default_knobs(q4f16_matmul.with_attr(GEMV_ATTR, 4)) == default_knobs(rule.knobs.vector_lanes)
+    assert space.default_knobs(q4f16_matmul.with_attr(GEMV_ATTR, 4)) == default_knobs(rule.knobs.vector_lanes,
+                                                                                   target_mcpu(target))
 
 
 @T.prim_func(s_tir=True)
