@@ -41,6 +41,10 @@ Progress = Callable[[str, int, int], None]
 Fallback = Callable[[str], Reference]
 
 
+# --kv-cache-dtype: auto keeps the compute dtype (the exact one); float16 halves a float32 model's cache.
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     model: str                              # HF dir, .gguf or .onnx file, or alias
@@ -53,6 +57,7 @@ class CompileOptions:
     max_batch_size: int | None = None       # default: the target profile's max_batch_size
     force: bool = False                     # replace an existing artifact at `output`
     golden: bool = True                     # store golden logits (compiler/golden.py) for `kiln check`
+    kv_cache_dtype: str = "auto"            # KV_CACHE_DTYPES: auto keeps the compute dtype
 
     def validate(self) -> None:
         """Everything checkable before the model is read: the target, the quantization name, the
@@ -63,6 +68,8 @@ class CompileOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if self.output is not None:
             check_output(self.output, self.force)
 
@@ -85,6 +92,7 @@ class Exported:
     mod: tvm.IRModule                       # the entry functions, before the pipeline
     named_params: list
     window_mode: str                        # how the KV cache slides ("" without sliding layers)
+    kv_dtype: str                           # the KV cache's (the compute dtype, or --kv-cache-dtype)
     context: int                            # tokens a sequence may hold (the model's, or --context-window)
     chunk: int                              # most tokens one forward takes (the memory plan's bound)
     max_batch: int                          # most sequences (or logit rows) one forward takes (the other)
@@ -102,6 +110,8 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     scheme = get_scheme(opts.quant, source, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,
                         codes_by_bits=profile.codes_by_bits, half_storage=profile.half_storage)
+    if opts.kv_cache_dtype != "auto":
+        model.set_kv_dtype(opts.kv_cache_dtype)
     report("load", 1, 1)
     if opts.context_window and opts.context_window > config.context_window_size:
         raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "
@@ -123,7 +133,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     mod = bound_shapes(mod, chunk, max_batch)
     report("export", 1, 1)
     return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "",
-                    context, chunk, max_batch)
+                    model.kv_dtype or scheme.model_dtype, context, chunk, max_batch)
 
 
 def compile_model(opts: CompileOptions, progress: Progress | None = None, fallback: Fallback | None = None) -> Path:
@@ -163,7 +173,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             context_window_size=context,
             prefill_chunk_size=chunk,
             max_batch_size=ex.max_batch,
-            kv_cache=_kv_layout(config, profile.page_size, scheme.model_dtype, ex.window_mode),
+            kv_cache=_kv_layout(config, profile.page_size, ex.kv_dtype, ex.window_mode),
             bos_token_id=config.bos_token_id,
             eos_token_ids=config.eos_token_ids,
             tokenizer_files=tokenizer_files,

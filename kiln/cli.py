@@ -57,13 +57,17 @@ def main() -> None:
 @click.option("--max-batch-size", type=int,
               help="most sequences one forward runs (what `kiln serve --max-num-seqs` may use; memory is "
                    "planned for it) [the target's: 32 on CPUs, 256 on CUDA and ROCm]")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
+              help="the KV cache's dtype: auto keeps the compute dtype; float16 halves a float32 model's cache "
+                   "(memory, and the bytes decode attention reads), q, k and v rounded to it as llama.cpp's "
+                   "f16 cache does")
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @click.option("--check", "check_after", is_flag=True,
               help="then run the artifact on its golden prompts (as `kiln check`) if it runs on this machine")
 @click.option("--no-golden", is_flag=True, help="store no golden logits (then `kiln check` has nothing to compare)")
 @_friendly_errors
-def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size, force,
-                check_after, no_golden) -> None:
+def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
+                kv_cache_dtype, force, check_after, no_golden) -> None:
     """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory.
 
     Unless --no-golden, the reference's top-k logits on three short prompts go into the artifact
@@ -78,14 +82,15 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
     if is_many(target):
         if check_after:
             raise click.UsageError("--check runs one artifact; with several targets run `kiln check` on each")
-        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size, force,
-                      not no_golden)
+        _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
+                      kv_cache_dtype, force, not no_golden)
         return
     start = time.perf_counter()
     with CompileProgress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
                             progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
-                            max_batch_size=max_batch_size, force=force, golden=not no_golden)
+                            max_batch_size=max_batch_size, kv_cache_dtype=kv_cache_dtype, force=force,
+                            golden=not no_golden)
     written = json.loads((path / "kiln-config.json").read_text())
     tuned = written.get("tuned_kernels", 0)
     for note in written.get("notes", []):
@@ -125,13 +130,14 @@ def check_cmd(artifact) -> None:
     _check(artifact)
 
 
-def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size, force,
-                  golden) -> None:
+def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
+                  kv_cache_dtype, force, golden) -> None:
     from kiln.compiler import CompileOptions
     from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
     # --dump-ir: DIR/<preset>/
     opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
-                          prefill_chunk=prefill_chunk, max_batch_size=max_batch_size, force=force, golden=golden)
+                          prefill_chunk=prefill_chunk, max_batch_size=max_batch_size, kv_cache_dtype=kv_cache_dtype,
+                          force=force, golden=golden)
     opts.validate()                 # the numbers and the quantization, before any target compiles
     targets, skipped = parse_targets(spec)
     for name, why in skipped.items():

@@ -170,6 +170,7 @@ class CausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.dtype = "float32"
+        self.kv_dtype: str | None = None      # the KV cache's, where it is not the compute dtype
 
     @property
     def window_mode(self) -> str | None:
@@ -192,6 +193,14 @@ class CausalLM(nn.Module):
         super().to(dtype=dtype)
         if dtype is not None:
             self.dtype = dtype
+
+    def set_kv_dtype(self, dtype: str) -> None:
+        """Keep the KV cache in `dtype` (float16 under float32 compute: half the cache's bytes; each
+        layer's q, k and v are rounded to it on their way into attention, as llama.cpp's f16 cache
+        does); the compute dtype's own is the default."""
+        self.kv_dtype = None if dtype == self.dtype else dtype
+        for layer in self.model.layers:
+            layer.self_attn.kv_dtype = self.kv_dtype
 
     def _logits(self, hidden: Tensor) -> Tensor:
         if self.config.tie_word_embeddings:
@@ -286,7 +295,7 @@ class CausalLM(nn.Module):
             rope_ext_factors=relax.prim_value(0),  # only longrope uses it
             rotary_dim=c.head_dim,
             enable_disaggregation=False,
-            dtype=self.dtype,
+            dtype=self.kv_dtype or self.dtype,
             target=Target.current(),
             **({"layer_sliding_window_size": self.sliding_window} if self.sliding_window else {}),
         )

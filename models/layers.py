@@ -92,7 +92,11 @@ class MLP(nn.Module):
 
 
 class PagedAttention(nn.Module):
-    """Multi-head attention with grouped KV heads over TVM's paged KV cache."""
+    """Multi-head attention with grouped KV heads over TVM's paged KV cache. With a KV cache of
+    another dtype than the activations (`kv_dtype`, CausalLM.set_kv_dtype) q, k and v go into the
+    cache's call in its dtype (TVM's cache takes one dtype) and its output comes back cast."""
+
+    kv_dtype: str | None = None             # the KV cache's dtype where it is not the activations'
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
                  flags: Flags = Flags(), eps: float = 1e-6, rope: tuple | None = None):
@@ -120,7 +124,11 @@ class PagedAttention(nn.Module):
             if self.rope:
                 q, k = (apply_rope(t, positions, *self.rope) for t in (q, k))
             qkv = op.concat([q, k, v], dim=2)
+        dtype = qkv.dtype
+        if self.kv_dtype not in (None, dtype):
+            qkv = qkv.astype(self.kv_dtype)
         out = kv_cache.attention_with_fused_qkv(layer_id, qkv, h, sm_scale=self.sm_scale)   # [b, s, h, d]
+        out = out if out.dtype == dtype else out.astype(dtype)
         return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
 
 

@@ -44,9 +44,14 @@ TOLERANCES = {
 }
 
 
-def tolerance_for(scheme: str) -> Tolerance:
-    """The scheme's row; a scheme without one gets the loosest."""
-    return TOLERANCES.get(scheme, TOLERANCES["q4f16"])
+def tolerance_for(scheme: str, kv_dtype: str = "") -> Tolerance:
+    """The scheme's row; a scheme without one gets the loosest. A float16 KV cache (`kiln compile
+    --kv-cache-dtype float16`) rounds q, k and v as q0f16 does: at most as tight as q0f16's row."""
+    row = TOLERANCES.get(scheme, TOLERANCES["q4f16"])
+    if kv_dtype != "float16":
+        return row
+    half = TOLERANCES["q0f16"]
+    return Tolerance(max(row.max_logit_error, half.max_logit_error), max(row.kl, half.kl), min(row.top1, half.top1))
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -178,8 +183,8 @@ def check_artifact(path: str | Path, progress: Callable[[str, int, int], None] |
         results.append(_compare(p, prompt_logits(runner, i, p.ids)))
     report("check", len(prompts), len(prompts))
     scheme = art.config.quantization.get("name", "")
-    return CheckReport(art.name, scheme, golden.get("reference", "?"), art.device, tolerance_for(scheme),
-                       tuple(results))
+    return CheckReport(art.name, scheme, golden.get("reference", "?"), art.device,
+                       tolerance_for(scheme, art.config.kv_cache.dtype), tuple(results))
 
 
 def _compare(p: GoldenPrompt, logits: np.ndarray) -> PromptResult:

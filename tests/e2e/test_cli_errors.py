@@ -92,6 +92,8 @@ def test_prompt_longer_than_context(tiny_artifacts):
 def test_unknown_target_and_quant(tiny_dirs):
     assert_clean_error(kiln_cli("compile", str(tiny_dirs["tied"]), "--target", "tpu"), "unknown target", "cpu")
     assert_clean_error(kiln_cli("compile", str(tiny_dirs["tied"]), "--quant", "q3"), "unknown quantization")
+    assert_clean_error(kiln_cli("compile", str(tiny_dirs["tied"]), "--kv-cache-dtype", "int8"),
+                       "--kv-cache-dtype", "float16")
 
 
 def test_interrupted_compile_leaves_no_artifact(tmp_path, tiny_dirs):
