@@ -388,7 +388,7 @@ def test_greedy_tokens_in_chunks_on_opencl(queue):
     with ties inside a chunk, across chunks and over a whole tail, and an all -inf row."""
     vocab = 8192
     chunks = _argmax_chunks(vocab)
-    assert chunks == 8 and _argmax_chunks(128256) == 64 and _argmax_chunks(512) == 1 and _argmax_chunks(50257) == 1
+    assert chunks == 8 and _argmax_chunks(128256) == 64 and _argmax_chunks(512) == 1 and _argmax_chunks(50257) == 29
     x_te = te.placeholder((tvm.tirx.Var("batch_size", "int64"), tvm.tirx.IntImm("int64", 1), tvm.tirx.IntImm("int64", vocab)),
                           "float32", name="logits")
     winners_te = _chunk_argmax_te(x_te, chunks)
