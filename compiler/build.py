@@ -110,6 +110,9 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     scheme = get_scheme(opts.quant, source, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,
                         codes_by_bits=profile.codes_by_bits, half_storage=profile.half_storage)
+    if opts.kv_cache_dtype == "float16" and not profile.half_storage:
+        raise ValueError(f"--kv-cache-dtype float16: the {profile.name} target stores no 16-bit values; "
+                         "use --kv-cache-dtype auto")
     if opts.kv_cache_dtype != "auto":
         model.set_kv_dtype(opts.kv_cache_dtype)
     report("load", 1, 1)

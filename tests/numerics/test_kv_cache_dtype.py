@@ -105,6 +105,10 @@ def test_check_holds_a_float16_cache_to_q0f16s_bounds(half_kv):
     assert tolerance_for("q0f32", "float32") == TOLERANCES["q0f32"]
 
 
-def test_an_unknown_cache_dtype_is_refused_before_the_model_is_read(tmp_path):
+def test_an_unknown_cache_dtype_or_one_the_target_cannot_store_is_refused(tmp_path, tiny_dirs):
+    import kiln
     with pytest.raises(ValueError, match="--kv-cache-dtype 'int8' is not one of auto, float32, float16"):
         CompileOptions(model=str(tmp_path / "missing"), kv_cache_dtype="int8").validate()
+    with pytest.raises(ValueError, match="the webgpu target stores no 16-bit values; use --kv-cache-dtype auto"):
+        kiln.compile(str(tiny_dirs["tied"]), target="webgpu", kv_cache_dtype="float16", output=tmp_path / "w")
+    assert not (tmp_path / "w").exists()
