@@ -172,6 +172,7 @@ def info(artifact, as_json) -> None:
                f"vocab={c.vocab_size}\n  quant      {c.quantization['name']}\n"
                f"  target     {c.target.name} ({c.target.device}, {c.target.lib})\n"
                f"  context    {c.context_window_size} tokens, prefill chunk {c.prefill_chunk_size}\n"
+               f"  kv cache   {c.kv_cache.dtype}, {c.kv_cache.bytes_per_token / 1024:g} KiB a token\n"
                f"  params     {len(c.params)} tensors\n  tvm        {c.tvm_version}\n"
                f"  source     {c.model.source.path} ({c.model.source.format})\n"
                f"  hashes     ok ({len(c.files)} files)\n"

@@ -112,3 +112,13 @@ def test_an_unknown_cache_dtype_or_one_the_target_cannot_store_is_refused(tmp_pa
     with pytest.raises(ValueError, match="the webgpu target stores no 16-bit values; use --kv-cache-dtype auto"):
         kiln.compile(str(tiny_dirs["tied"]), target="webgpu", kv_cache_dtype="float16", output=tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+def test_kiln_info_names_the_cache_dtype_and_its_bytes(half_kv):
+    from click.testing import CliRunner
+
+    from kiln.cli import main
+    out = CliRunner().invoke(main, ["info", str(half_kv)], standalone_mode=False)
+    assert out.exit_code == 0, out.output
+    # 2 layers x 2 kv heads x head_dim 16 x (key, value) x 2 bytes
+    assert "kv cache   float16, 0.25 KiB a token" in out.output
