@@ -118,7 +118,7 @@ def test_kiln_info_names_the_cache_dtype_and_its_bytes(half_kv):
     from click.testing import CliRunner
 
     from kiln.cli import main
-    out = CliRunner().invoke(main, ["info", str(half_kv)], standalone_mode=False)
+    out = CliRunner().invoke(main, ["info", str(half_kv)])
     assert out.exit_code == 0, out.output
     # 2 layers x 2 kv heads x head_dim 16 x (key, value) x 2 bytes
     assert "kv cache   float16, 0.25 KiB a token" in out.output
