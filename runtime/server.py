@@ -112,8 +112,8 @@ def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | 
             kv_bytes = info["max_total_tokens"] * layout.bytes_per_token
             where = f" in engine process {info['pid']}" if "pid" in info else ""
             print(f"loaded{where} in {time.monotonic() - start:.1f} s; KV cache {info['max_total_tokens']} tokens "
-                  f"({kv_bytes / 2**30:.2f} GiB, {layout.dtype}), up to {info['max_num_seqs']} sequences at once; sampled tokens "
-                  f"drawn on the {'device' if info['samples_on_device'] else 'host'}", flush=True)
+                  f"({kv_bytes / 2**30:.2f} GiB, {layout.dtype}), up to {info['max_num_seqs']} sequences at once; "
+                  f"sampled tokens drawn on the {'device' if info['samples_on_device'] else 'host'}", flush=True)
             if info["library_gemm_note"]:
                 print(info["library_gemm_note"], flush=True)
             c = args.engine
