@@ -188,6 +188,7 @@ def test_two_http_processes_share_the_port_and_their_metrics(tiny_artifacts):
         assert proc.wait(timeout=30) == 0
         out = proc.stdout.read()
         assert "(2 HTTP processes)" in out and "Traceback" not in out, out
+        assert "GiB, float32), up to" in out, out                    # the startup line names the KV cache's dtype
         wait_for(lambda: all(_zombie(c) or not os.path.exists(f"/proc/{c}") for c in children),
                  what="every child to exit")
     finally:
