@@ -32,6 +32,7 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
     from ..attention_softcap import SoftcapTVMAttention
     from .fast_silu import FastSiLU
     from .low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
+    from .serial_small import serial_small_loops
     if phase == "graph":
         # float32 SiLU with a polynomial exp (LLVM scalarises vector exp into libm calls).
         return [FastSiLU()]
@@ -48,6 +49,10 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
     if phase == "lower":
         # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.
         return [DispatchLowBatchGEMV()]
+    if phase == "finalize":
+        # Parallel loops over little work (a decode step's norms, adds, casts at a few rows) also run
+        # serially; after lower's RewriteDataflowReshape, which must still see the reshapes as they were.
+        return [serial_small_loops]
     return []
 
 
