@@ -24,9 +24,10 @@ from kiln.models.source import usable_cores
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS,
-                                   OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
-                                   ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
+from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES,
+                                   LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
+                                   KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config,
+                                   write_golden)
 
 from .artifact import check_output, staged_artifact
 from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
@@ -39,10 +40,6 @@ from .spec import bound_shapes, build_spec
 Progress = Callable[[str, int, int], None]
 # The reference for golden logits where transformers cannot read the source: given why not, it returns one.
 Fallback = Callable[[str], Reference]
-
-
-# --kv-cache-dtype: auto keeps the compute dtype (the exact one); float16 halves a float32 model's cache.
-KV_CACHE_DTYPES = ("auto", "float32", "float16")
 
 
 @dataclass(frozen=True)

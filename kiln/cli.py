@@ -14,6 +14,7 @@ from kiln.cli_info import friendly_errors as _friendly_errors
 from kiln.cli_options import (DEFAULT_MODEL, CompileProgress, chat_template_option, compiled, one_sequence_engine,
                               sampling_options, sampling_params, speculation_options, step_graphs_option)
 from kiln.cli_serve import serve
+from kiln.runtime.contract import KV_CACHE_DTYPES
 from kiln.cli_tune import tune
 
 
@@ -57,7 +58,7 @@ def main() -> None:
 @click.option("--max-batch-size", type=int,
               help="most sequences one forward runs (what `kiln serve --max-num-seqs` may use; memory is "
                    "planned for it) [the target's: 32 on CPUs, 256 on CUDA and ROCm]")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "float32", "float16"]), default="auto", show_default=True,
+@click.option("--kv-cache-dtype", type=click.Choice(KV_CACHE_DTYPES), default="auto", show_default=True,
               help="the KV cache's dtype: auto keeps the compute dtype; float16 halves a float32 model's cache "
                    "(memory, and the bytes decode attention reads), q, k and v rounded to it as llama.cpp's "
                    "f16 cache does")

@@ -317,7 +317,8 @@ def _argmax_chunks(vocab: int) -> int:
     least 1,024 logits, up to 64 per row, each get a block; a second kernel reduces their winners.
     A power of two where one divides the vocabulary, else its largest divisor up to 64 (GPT-2's 50,257:
     29 chunks of 1,733; the CPU's kernel takes sizes off its 16 lanes with a scalar tail)."""
-    for chunks in (*(64, 32, 16, 8, 4, 2), *range(63, 2, -1)):
+    powers_of_two = (64, 32, 16, 8, 4, 2)
+    for chunks in (*powers_of_two, *(c for c in range(63, 2, -1) if c not in powers_of_two)):
         if vocab % chunks == 0 and vocab // chunks >= 1024:
             return chunks
     return 1

@@ -50,6 +50,9 @@ LIBRARY_GEMM_WEIGHTS = "batch_prefill_gemm_weights"
 LIBRARY_GEMM_COPIES = {LIBRARY_GEMM_ENTRY: "batch_prefill", LIBRARY_GEMM_DECODE: "batch_decode"}
 GEMM_PACKED_FUNC = "kiln.gemm_nt"
 ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
+# `kiln compile --kv-cache-dtype`: auto keeps the compute dtype (the exact cache); float16 halves a
+# float32 model's. KVCacheLayout.dtype records what the artifact's cache holds.
+KV_CACHE_DTYPES = ("auto", "float32", "float16")
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none
 
 

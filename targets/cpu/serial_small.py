@@ -61,6 +61,18 @@ def body_work(stmt: tirx.Stmt) -> int | None:
     return body_work(body) if isinstance(body, tirx.Stmt) else 1
 
 
+def _at_one(extent: tirx.PrimExpr) -> int:
+    """A symbolic extent's value with each of its variables (the batch, the tokens) 1. A twin taken
+    only below it would be taken only by empty calls, and simplified under its condition it can
+    divide by zero: (batch + 1) // 2 * 16 * 1,040 < 16,384 makes (batch + 1) // 2 zero, a divisor."""
+    analyzer = tvm.sym.Analyzer()
+    found = []
+    tvm_ffi.structural_visit(extent, (tirx.Var, lambda var, _visitor: found.append(var)))
+    for var in {v.name: v for v in found}.values():
+        analyzer.bind(var, tirx.IntImm(var.ty.dtype, 1))
+    return static_int(analyzer.simplify(extent)) or 0
+
+
 def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_WORK) -> tirx.PrimFunc:
     """`func` with each parallel loop over static work given its serial twin (module docstring)."""
     twins = []
@@ -76,6 +88,8 @@ def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_WORK) -> tirx.Pri
         extent = static_int(loop.extent)
         if extent is not None:
             return serial if extent * work < limit else loop
+        if _at_one(loop.extent) * work >= limit:
+            return loop                        # no call with rows would take the twin
         twins.append(loop)
         dtype = loop.extent.ty.dtype
         return tirx.IfThenElse(loop.extent * tirx.IntImm(dtype, work) < tirx.IntImm(dtype, limit), serial, loop)

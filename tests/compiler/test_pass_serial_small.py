@@ -73,6 +73,17 @@ def scratch_rows(a_h: T.handle, c_h: T.handle):
                 c[i, j] = t[j]
 
 
+@T.prim_func(s_tir=True)
+def padded_rows(a_h: T.handle, c_h: T.handle):
+    n = T.int64()
+    a = T.match_buffer(a_h, (n, T.int64(1040)))
+    c = T.match_buffer(c_h, (n, T.int64(1040)))
+    for i in T.parallel((n + T.int64(1)) // T.int64(2) * T.int64(16)):   # 16 x 1,040 >= 16,384 at n = 1
+        for j in range(T.int64(1040)):
+            with T.sblock("copy"):
+                c[i % n, j] = a[i % n, j]
+
+
 def _loop_kinds(func) -> list:
     kinds = []
 
@@ -106,7 +117,8 @@ def test_static_loops_take_one_side():
     assert serial_when_small(large).same_as(large)
 
 
-@pytest.mark.parametrize("func", [row_sums, scratch_rows], ids=["symbolic-work", "allocates"])
+@pytest.mark.parametrize("func", [row_sums, scratch_rows, padded_rows],
+                         ids=["symbolic-work", "allocates", "no-rows-fit"])
 def test_left_alone(func):
     assert serial_when_small(func).same_as(func)
 
