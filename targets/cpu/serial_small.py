@@ -18,9 +18,10 @@ context, the GEMVs' row blocks) or whose blocks allocate buffers stay as schedul
 lower's RewriteDataflowReshape must still see reshape kernels as reshapes (twinned, each became a
 copy kernel a call).
 
-SmolLM2 Q4_1 on 2 znver4 cores, batch-1 decode after 64 tokens, alternating runs: 185 / 190 / 193
-tok/s against 179 / 182 / 183 (float16 KV cache: 196 / 186 / 190 against 187 / 181 / 174); 4
-sequences 407 / 354 against 400 / 338; 16 and 32 sequences and prefill level within the noise.
+SmolLM2 Q4_1 on 2 znver4 cores, batch-1 decode after 64 tokens, three alternating rounds: 207 / 217 /
+192 tok/s against 198 / 209 / 186 (float16 KV cache: 214 / 218 / 197 against 210 / 210 / 183); 4
+sequences 401 / 409 / 389 against 397 / 398 / 333; 16 and 32 sequences and prefill level within the
+noise.
 """
 
 from __future__ import annotations
