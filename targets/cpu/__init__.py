@@ -4,8 +4,9 @@ Everything CPU-specific lives in this folder: the profile (below), the schedule 
 (schedule.py, rowwise.py, quant_schedule.py, fused_schedule.py; the hand-written GEMVs of
 quant_gemv.py and greedy decoding's argmax, argmax.py), the paged-attention and RoPE
 kernels (attention.py) and the pass that swaps them into TVM's KV cache (attention_pass.py),
-FastSiLU (fast_silu.py), the low-batch GEMV copies (low_batch_gemv.py), and the tuning space
-and database `kiln tune` fills (tuning.py).
+FastSiLU (fast_silu.py), the low-batch GEMV copies (low_batch_gemv.py), the serial twins of
+parallel loops over little work (serial_small.py), and the tuning space and database `kiln tune`
+fills (tuning.py).
 """
 
 from __future__ import annotations
