@@ -14,8 +14,8 @@ from kiln.cli_info import friendly_errors as _friendly_errors
 from kiln.cli_options import (DEFAULT_MODEL, CompileProgress, chat_template_option, compiled, one_sequence_engine,
                               sampling_options, sampling_params, speculation_options, step_graphs_option)
 from kiln.cli_serve import serve
-from kiln.runtime.contract import KV_CACHE_DTYPES
 from kiln.cli_tune import tune
+from kiln.runtime.contract import KV_CACHE_DTYPES
 
 
 class _Group(click.Group):
