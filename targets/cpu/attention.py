@@ -32,7 +32,7 @@ import math
 import tvm_ffi
 from tvm.script import tirx as T
 
-from .lanes import LINE_BYTES, add, fold16, prefetch
+from .lanes import add, fold16
 
 LOG2E = math.log2(math.e)
 NEG = -1e30                # masked score; finite so that NEG - NEG stays 0
@@ -370,6 +370,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
 
 
 SPLITS = 4                 # decode: each (sequence, kv head)'s pages split between this many tasks
+LINE_BYTES = 64            # a cache line: decode prefetches the next page's rows a line at a time
 
 
 def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, lanes: int = 16,
@@ -457,7 +458,8 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                     # the next page's key and value row j asked for now (a read, kept in every cache level)
                     for kv in T.unroll(2):
                         for line in T.unroll(lines):
-                            prefetch(pages[next_no, kv, hk, j, line * per_line])
+                            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
+                                pages[next_no, kv, hk, j, line * per_line]), T.int32(0), T.int32(3), T.int32(1)))
                     for g in T.serial(group):
                         for ll in T.vectorized(lanes):
                             dacc[g, ll] = T.float32(0.0)

@@ -21,13 +21,7 @@ deinterleaved once per call; 8-bit: two loads of 16 codes), a mask and a shift, 
 two multiply-adds and the scale's: 8 vector instructions per 32 values where the scheduled GEMV
 spends ~14. Two accumulators take alternate chunks; the lanes are summed by halving. Only 4-bit
 codes read x through a copy (xp); 8- and 16-bit ones read x itself (down 38 against 41 us for f16,
-27 against 30 for q8, the rest the same, in alternating runs). Each row first asks for the planes
-of the row PREFETCH_ROWS ahead (a prefetch a cache line): cold, one core streams ~18 GB/s here and
-the kernel's loads reached 13-15 without it (a C copy of this loop: 12.1 -> 14.0 GB/s with it).
-SmolLM2 Q4_1 batch-1 decode, seven alternating rounds: 221 / 214 / 222 / 209 / 215 / 207 / 203
-tok/s against 206 / 208 / 209 / 210 / 201 / 198 / 211. The row index of the prefetch is written
-out in each call, not bound to a name: a let between `acc`'s allocation and its uses made TVM
-allocate `acc` on the heap, one TVMBackendAllocWorkspace a row (gate-up 50 -> 76 us).
+27 against 30 for q8, the rest the same, in alternating runs).
 
 2-4 rows (`batch` 2 or 4, the call's rows at run time, rows past them zeros): each chunk's codes are
 decoded and scaled once (2 multiplies) and serve every row (2 multiply-adds a row), each row on its
@@ -62,7 +56,6 @@ schedules it). QuantMatmul branches on the call's rows (BATCHES). One row, tools
 
 from __future__ import annotations
 
-import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
@@ -70,11 +63,10 @@ from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
 
 from ..dequant_match import match_dequant_matmul, param_order, placed
 from ..row_dispatch import over_params
-from .lanes import LANES, LINE_BYTES, add, fold16, prefetch
+from .lanes import LANES, add, fold16
 
 CHUNK = 32                  # values a chunk: 16 bytes of 4-bit codes, 32 of 8-bit
 CHAINS = 2                  # accumulators taking alternate chunks (one row)
-PREFETCH_ROWS = 8           # one row: each row prefetches the planes of the row this many ahead
 BATCHES = (1, 2, 4, 8)      # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4, 5-8; more: its tiled matmul)
 BLOCK = 4                   # rows a pass over the weights serves (8 rows: two passes)
 _MIN_KINDS = ("q4m", "q8m")
@@ -125,9 +117,6 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
     def x_row(xp, X, b, c, h, i):
         """Up to `batch` rows: row b's, from xp (every format: rows past the call's are zeros there)."""
         return xp[b * k + c * CHUNK + h * LANES + i]
-
-    per_line = LINE_BYTES // tvm.DataType(byte_dtype).itemsize     # a code plane's values a cache line
-    code_lines, plane_lines = -(-byte_cols // per_line), -(-groups // (LINE_BYTES // 4))
 
     @T.macro
     def group_sums(xs, part, base, at, xp, X, b):
@@ -183,14 +172,6 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
             group_sums(xs, part, 0, x_at, xp, X, 0)
         for row in T.parallel(n):
             acc = T.alloc_buffer((acc_len,), "float32")
-            for line in T.unroll(code_lines):
-                prefetch(Wb[T.min(row + PREFETCH_ROWS, n - 1), line * per_line])
-            if scaled:
-                for line in T.unroll(plane_lines):
-                    prefetch(S[T.min(row + PREFETCH_ROWS, n - 1), line * (LINE_BYTES // 4)])
-            if has_min:
-                for line in T.unroll(plane_lines):
-                    prefetch(M[T.min(row + PREFETCH_ROWS, n - 1), line * (LINE_BYTES // 4)])
             for i in T.vectorized(acc_len):
                 acc[i] = T.float32(0)
             for co in range(chunks // CHAINS):
