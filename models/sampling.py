@@ -324,6 +324,23 @@ def sample_kernel(vocab: int, gpu: bool, lanes: int = LANES):
 
 
 CPU_LANES = 16                   # the CPU variant's vectors (LLVM splits them where registers are narrower)
+EXP_FLOOR = -87.0                # exp of less is 0 in the CPU variant (exact float32 exp: < 1.7e-38, subnormal)
+# exp(r) - 1 - r - r^2 / 2 on |r| <= ln 2 / 2 over r^3: the polynomial of Cephes' expf (relative error ~1e-7)
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
+
+
+def vector_exp(d):
+    """exp(d) for float32 d <= 0 as plain arithmetic that vectorises (LLVM turns a vector `exp` into
+    a libm call per lane): d = n ln 2 + r (ln 2 in two parts, r exact), exp(r) by _EXP_POLY, times 2^n
+    built in the exponent bits; 0 below EXP_FLOOR, where 2^n would leave the normal floats."""
+    x = T.max(d, T.float32(EXP_FLOOR))
+    n = T.floor(x * T.float32(1.4426950408889634) + T.float32(0.5))
+    r = x - n * T.float32(0.693359375) - n * T.float32(-2.12194440e-4)
+    p = T.float32(_EXP_POLY[0])
+    for c in _EXP_POLY[1:]:
+        p = p * r + T.float32(c)
+    scale = T.reinterpret("float32", T.shift_left(T.Cast("int32", n) + 127, 23))
+    return T.Select(d < T.float32(EXP_FLOOR), T.float32(0), (p * r * r + r + T.float32(1)) * scale)
 
 
 def _cpu_kernel(vocab: int, key, unkey, split, narrow):
@@ -451,8 +468,11 @@ def _cpu_kernel(vocab: int, key, unkey, split, narrow):
                             xs[c * CPU_LANES + i] = logits[row, 0, c * CPU_LANES + i] / temperature
                     for t in range(tail):
                         xs[full * CPU_LANES + t] = logits[row, 0, full * CPU_LANES + t] / temperature
-                    for i in T.serial(vocab):
-                        w[i] = T.exp(xs[i] - st[0])
+                    for c in range(full):
+                        for i in T.vectorized(CPU_LANES):
+                            w[c * CPU_LANES + i] = vector_exp(xs[c * CPU_LANES + i] - st[0])
+                    for t in range(tail):
+                        w[full * CPU_LANES + t] = vector_exp(xs[full * CPU_LANES + t] - st[0])
                     st[1] = T.float32(lowest)
                     if min_p > T.float32(0):
                         st[1] = st[0] + T.log(min_p)

@@ -81,10 +81,15 @@ def dispatch_on_rows(func: tirx.PrimFunc, branches: Sequence[tuple[int, tirx.Pri
     if workspace:
         merged = tirx.PrimFunc([*func.params, *workspace], root, func.ret_type, func.attrs)
         merged = merged.with_attr(WORKSPACE_ATTR, len(workspace))
-    # The bodies were scheduled from one function, so they define the same loop and block vars;
-    # ConvertSSA gives each its own.
+    # The bodies were scheduled from one function, so they define the same loop and block vars.
+    return own_vars(merged)
+
+
+def own_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every loop and block var defined once (ConvertSSA, through a throwaway module):
+    for a body holding copies of one schedule's statements (branches, twins)."""
     gv = tvm.ir.GlobalVar("main")
-    return s_tir.transform.ConvertSSA()(tvm.IRModule({gv: merged}))[gv]
+    return s_tir.transform.ConvertSSA()(tvm.IRModule({gv: func}))[gv]
 
 
 def one_row(func: tirx.PrimFunc) -> tirx.PrimFunc | None:

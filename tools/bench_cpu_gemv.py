@@ -83,12 +83,13 @@ def kernels(kind: str, n: int, k: int, target, rows: int = 1):
     import tvm
 
     from kiln.targets.cpu import quant_gemv
-    from kiln.targets.cpu.quant_schedule import QuantMatmul, gemv_tile_n
+    from kiln.targets.cpu.quant_schedule import QuantMatmul, default_knobs, gemv_tile_n
+    from kiln.targets.cpu.schedule import target_mcpu, vector_lanes_for_target
 
     func = dequant_matmul(kind, n, k)
     if quant_gemv.branches(func) is None:
         raise SystemExit(f"{kind} {n} x {k}: quant_gemv does not take this kernel")
-    rule = QuantMatmul()
+    rule = QuantMatmul(default_knobs(vector_lanes_for_target(target), target_mcpu(target)))   # the CPU's, as compile's
     scheduled, _ = rule._variant(func, panel=rows > 1, tile_n=None if rows > 1 else gemv_tile_n(rule.knobs, target))
     build = lambda f: tvm.compile(tvm.IRModule({"main": f}), target=target)["main"]  # noqa: E731
     return build(rule.apply(func, target, False).mod["main"]), build(scheduled.mod["main"])

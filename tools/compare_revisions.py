@@ -2,6 +2,7 @@
 
     python tools/compare_revisions.py --before HEAD~3                  # SmolLM2, --quant auto
     python tools/compare_revisions.py --before main --model DIR --quant q4f32 --rounds 7 --batch 4
+    python tools/compare_revisions.py --before HEAD~1 --temperature 0.7 --top-p 0.9   # sampled decode
 
 For a refactor that must change no speed. The other revision is checked out (git worktree) and
 installed into a folder of its own (`pip install --no-deps --target`), each side compiles MODEL
@@ -59,7 +60,8 @@ def compile_side(env: dict, model: str, quant: str, out: Path) -> Path:
 
 def bench_side(env: dict, artifact: Path, args) -> dict:
     cmd = [sys.executable, "-P", "-m", "kiln.cli", "bench", str(artifact), "--prompt-len", str(args.prompt_len),
-           "--gen-len", str(args.gen_len), "--batch", str(args.batch), "--runs", str(args.runs), "--json"]
+           "--gen-len", str(args.gen_len), "--batch", str(args.batch), "--runs", str(args.runs), "--json",
+           "--temperature", str(args.temperature), "--top-p", str(args.top_p), "--top-k", str(args.top_k)]
     return json.loads(_run(cmd, env=env, cwd=Path(tempfile.gettempdir())).strip().splitlines()[-1])
 
 
@@ -73,6 +75,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampled decode steps (kiln bench's) [0: greedy]")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
 
@@ -87,8 +92,9 @@ def main() -> None:
             rounds[name].append(r)
             print(f"round {i + 1} {name:<6} " + "  ".join(f"{m} {r[m]:.2f}" for m in METRICS), flush=True)
     medians = {name: {m: statistics.median(r[m] for r in rs) for m in METRICS} for name, rs in rounds.items()}
-    print(f"\n{args.model} --quant {args.quant}, prompt {args.prompt_len}, gen {args.gen_len}, batch {args.batch}, "
-          f"medians of {args.rounds} alternating rounds (before = {args.before})")
+    sampled = f", temperature {args.temperature} top-p {args.top_p} top-k {args.top_k}" if args.temperature else ""
+    print(f"\n{args.model} --quant {args.quant}, prompt {args.prompt_len}, gen {args.gen_len}, "
+          f"batch {args.batch}{sampled}, medians of {args.rounds} alternating rounds (before = {args.before})")
     # Each round's two runs sit back to back: their ratio cancels noise that drifts over minutes.
     paired = {m: statistics.median(a[m] / b[m] for a, b in zip(rounds["after"], rounds["before"])) for m in METRICS}
     for m in METRICS:

@@ -30,7 +30,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from ..row_dispatch import static_int
+from ..row_dispatch import own_vars, static_int
 
 # Stores below which a parallel loop runs serially. 2 znver4 cores, kernels alone in a loop (the
 # workers spinning, a launch ~0.8 us): an add over 18,432 floats took 1.8 us parallel, 2.0 serial;
@@ -69,7 +69,7 @@ def _at_one(extent: tirx.PrimExpr) -> int:
     analyzer = tvm.sym.Analyzer()
     found = []
     tvm_ffi.structural_visit(extent, (tirx.Var, lambda var, _visitor: found.append(var)))
-    for var in {v.name: v for v in found}.values():
+    for var in set(found):
         analyzer.bind(var, tirx.IntImm(var.ty.dtype, 1))
     return static_int(analyzer.simplify(extent)) or 0
 
@@ -101,9 +101,7 @@ def serial_when_small(func: tirx.PrimFunc, limit: int = SERIAL_WORK) -> tirx.Pri
     func = func.with_body(body)
     if not twins:
         return func
-    # A twin defines the same loop and block vars as its loop; ConvertSSA gives each its own.
-    gv = tvm.ir.GlobalVar("main")
-    return s_tir.transform.ConvertSSA()(tvm.IRModule({gv: func}))[gv]
+    return own_vars(func)                      # a twin defines the same loop and block vars as its loop
 
 
 @tvm.transform.module_pass(opt_level=0, name="kiln.SerialSmallLoops")
