@@ -35,7 +35,7 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, auto_inline_producers, get_index_map
 from tvm.target import Target
-from tvm.target.codegen import llvm_get_vector_width
+from tvm.target.codegen import llvm_cpu_has_features, llvm_get_system_triple, llvm_get_vector_width
 
 from ..row_dispatch import static_int
 
@@ -76,9 +76,22 @@ class CPUKnobs:
                              "vector registers (32 on AVX-512, 16 on AVX2); keep it <= 24")
 
 
+def vector_bits(target: Target) -> int:
+    """The widest SIMD register of an llvm target's CPU, in bits. On x86 from its features (TVM 0.27's
+    llvm_get_vector_width says 512 for every x86 CPU, haswell, znver3 and generic alike: AVX2 hosts
+    were scheduled for AVX-512's 16 lanes and 2 x 8 tile, 32 vectors of accumulators in 16 registers,
+    2.5x slower prefill matmuls on a znver3); elsewhere LLVM's answer (128 for NEON)."""
+    triple = str(target.attrs["mtriple"]) if "mtriple" in target.attrs else llvm_get_system_triple()
+    if triple.startswith(("x86_64", "i686", "i386")):
+        if llvm_cpu_has_features("avx512f", target):
+            return 512
+        return 256 if llvm_cpu_has_features("avx", target) else 128
+    return llvm_get_vector_width(target)
+
+
 def vector_lanes_for_target(target: Target, dtype_bits: int = 32) -> int:
-    """SIMD lanes of ``dtype_bits``-wide elements for an llvm target (16 for f32 on AVX-512)."""
-    bits = llvm_get_vector_width(target)
+    """SIMD lanes of ``dtype_bits``-wide elements for an llvm target (16 for f32 on AVX-512, 8 on AVX2)."""
+    bits = vector_bits(target)
     return max(bits // dtype_bits, 4) if bits > 0 else 128 // dtype_bits
 
 

@@ -3,6 +3,8 @@ loops), and the compiled module matches numpy at 1, 7 and 128 rows in float32 an
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 import tvm
@@ -234,6 +236,27 @@ def test_knobs_and_rule_order(target):
     assert all(r.knobs.vector_lanes == 16 for r in rules)
     assert cpu_schedule_rules(vector_lanes=8)[0].knobs == CPUKnobs(vector_lanes=8, tile_m=2, tile_n=4)
     assert vector_lanes_for_target(target) in (8, 16)  # AVX2 or AVX-512 host
+
+
+def test_vector_lanes_follow_the_cpu():
+    """The lanes come from the CPU's features (TVM's llvm_get_vector_width says 512 bits for every x86
+    CPU): AVX2 CPUs and the portable AVX2 build get 8 float32 lanes, AVX-512 16, NEON 4; this host
+    the width its /proc/cpuinfo flags say."""
+    from kiln.targets.cpu import _host_cpu_flags, aarch64_profile, cpu_profile, x86_64_profile
+
+    def lanes(spec):
+        return vector_lanes_for_target(tvm.target.Target(spec))
+
+    x86 = {"kind": "llvm", "mtriple": "x86_64-pc-linux-gnu"}
+    assert [lanes({**x86, "mcpu": cpu}) for cpu in ("haswell", "znver3", "znver4", "skylake-avx512")] == [8, 8, 16, 16]
+    assert lanes({**x86, "mcpu": "znver4", "mattr": ["-avx512f"]}) == 8
+    assert vector_lanes_for_target(x86_64_profile("x86-64-v3").tvm_target()) == 8
+    assert vector_lanes_for_target(x86_64_profile("x86-64-avx512").tvm_target()) == 16
+    assert vector_lanes_for_target(aarch64_profile().tvm_target()) == 4
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags = _host_cpu_flags()
+        want = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
+        assert vector_lanes_for_target(cpu_profile().tvm_target()) == want
     with pytest.raises(ValueError, match="tile_m"):
         CPUKnobs(tile_m=0)
     with pytest.raises(ValueError, match="power of two"):
