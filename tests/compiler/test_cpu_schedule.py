@@ -236,6 +236,14 @@ def test_knobs_and_rule_order(target):
     assert all(r.knobs.vector_lanes == 16 for r in rules)
     assert cpu_schedule_rules(vector_lanes=8)[0].knobs == CPUKnobs(vector_lanes=8, tile_m=2, tile_n=4)
     assert vector_lanes_for_target(target) in (8, 16)  # AVX2 or AVX-512 host
+    with pytest.raises(ValueError, match="tile_m"):
+        CPUKnobs(tile_m=0)
+    with pytest.raises(ValueError, match="power of two"):
+        CPUKnobs(vector_lanes=12)
+    with pytest.raises(ValueError, match="spill"):
+        CPUKnobs(tile_m=6, tile_n=8)
+    with pytest.raises(ValueError, match="conflicts"):
+        cpu_schedule_rules(vector_lanes=8, knobs=CPUKnobs(vector_lanes=4))
 
 
 def test_vector_lanes_follow_the_cpu():
@@ -257,14 +265,6 @@ def test_vector_lanes_follow_the_cpu():
         flags = _host_cpu_flags()
         want = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
         assert vector_lanes_for_target(cpu_profile().tvm_target()) == want
-    with pytest.raises(ValueError, match="tile_m"):
-        CPUKnobs(tile_m=0)
-    with pytest.raises(ValueError, match="power of two"):
-        CPUKnobs(vector_lanes=12)
-    with pytest.raises(ValueError, match="spill"):
-        CPUKnobs(tile_m=6, tile_n=8)
-    with pytest.raises(ValueError, match="conflicts"):
-        cpu_schedule_rules(vector_lanes=8, knobs=CPUKnobs(vector_lanes=4))
 
 
 def test_avx2_sized_knobs_still_correct(target):
