@@ -123,18 +123,30 @@ def stream_gaps(served, request: dict) -> tuple[list[float], list[float], float]
     return [b - a for a, b in pairs], [b - a for a, b in pairs if a < t1 and b > t0], t1 - t0
 
 
+def schema_request(model: str) -> dict:
+    """A chat request with a large schema never seen before (its xgrammar compile is not cached)."""
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": large_schema()}}}
+
+
 def test_a_new_schema_does_not_stall_a_running_stream(served):
+    """A stall is the engine waiting on the compile: it recurs with every new schema. A busy host's
+    one-off hiccup does not, so a run over the bound is repeated once with another new schema and
+    the test fails only when both runs exceed it."""
     server, _ = served
     server.client().chat.completions.create(        # xgrammar loaded and warm, the server's paths too
         model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
         response_format={"type": "json_object"})
-    body = {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": large_schema()}}}
-    gaps, during, took = stream_gaps(served, body)
-    median = statistics.median(gaps)
-    assert took > 10 * median, "the schema compiled too fast to show a stall; make it larger"
-    assert during, "the stream did not run across the schema request"
-    report = (f"longest gap {max(during) / median:.2f} x the median ({median * 1e3:.1f} ms) over {len(during)} "
-              f"steps while the schema compiled ({took * 1e3:.0f} ms); {max(gaps) / median:.2f} x over all {len(gaps)}")
-    print(report)                            # pytest -rP shows it
-    assert max(during) < 3 * median, report
+    reports = []
+    for _ in range(2):
+        gaps, during, took = stream_gaps(served, schema_request(server.model))
+        median = statistics.median(gaps)
+        assert took > 10 * median, "the schema compiled too fast to show a stall; make it larger"
+        assert during, "the stream did not run across the schema request"
+        reports.append(f"longest gap {max(during) / median:.2f} x the median ({median * 1e3:.1f} ms) over "
+                       f"{len(during)} steps while the schema compiled ({took * 1e3:.0f} ms); "
+                       f"{max(gaps) / median:.2f} x over all {len(gaps)}")
+        print(reports[-1])                       # pytest -rP shows it
+        if max(during) < 3 * median:
+            return
+    pytest.fail("the stream stalled in two runs: " + "; ".join(reports))
