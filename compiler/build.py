@@ -106,7 +106,8 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     arch, config, model = models.build(source)
     scheme = get_scheme(opts.quant, source, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,
-                        codes_by_bits=profile.codes_by_bits, half_storage=profile.half_storage)
+                        codes_by_bits=profile.codes_by_bits, half_storage=profile.half_storage,
+                        half_scales=profile.half_scales)
     if opts.kv_cache_dtype == "float16" and not profile.half_storage:
         raise ValueError(f"--kv-cache-dtype float16: the {profile.name} target stores no 16-bit values; "
                          "use --kv-cache-dtype auto")

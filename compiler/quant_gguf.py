@@ -31,24 +31,31 @@ from .quant_pack import Planes, pack_nibbles
 GGUF_EXACT = {"Q4_0": ("q4", 32), "Q4_1": ("q4m", 32), "Q8_0": ("q8", 32), "Q5_0": ("q8", 32),
               "Q4_K": ("q4m", 32), "Q6_K": ("q8", 16), "Q3_K": ("q4", 16), "Q2_K": ("q4m", 16),
               "Q5_1": ("q8m", 32), "Q5_K": ("q8m", 32)}
+# Types whose blocks hold one float16 scale (and min) for their 32 values, used as stored: the planes
+# keep them in float16 exactly (the K-quants' scales are products of a float16 and a sub-scale).
+HALF_SCALED = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1")
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210, "Q3_K": 110,
                "Q2_K": 84, "Q5_1": 24, "Q5_K": 176}
 BLOCK_SIZE = {t: 256 if t.endswith("_K") else 32 for t in BLOCK_BYTES}
 
 
-def from_gguf_blocks(type_name: str, raw: np.ndarray) -> Planes:
-    """Blocks of `type_name` (uint8 [rows, bytes_per_row]) -> the planes of its GGUF_EXACT form."""
+def from_gguf_blocks(type_name: str, raw: np.ndarray, scale_dtype: str = "float32") -> Planes:
+    """Blocks of `type_name` (uint8 [rows, bytes_per_row]) -> the planes of its GGUF_EXACT form, the
+    scales (and mins) in `scale_dtype` (float16: HALF_SCALED types only, where that is exact)."""
     if type_name not in GGUF_EXACT:
         raise ValueError(f"{type_name} blocks have no exact kiln form; exact: {', '.join(GGUF_EXACT)}")
+    if scale_dtype != "float32" and (scale_dtype != "float16" or type_name not in HALF_SCALED):
+        raise ValueError(f"{type_name} blocks' scales are not exactly {scale_dtype}; float16 holds only "
+                         f"{', '.join(HALF_SCALED)}'s")
     rows = raw.shape[0]
     blocks = np.ascontiguousarray(raw).reshape(-1, BLOCK_BYTES[type_name])    # [rows * K / block, bytes]
     codes, scale, minimum = _UNPACK[type_name](blocks)                        # per block: [nb, block], [nb, g]
     kind = GGUF_EXACT[type_name][0]
     codes = codes.reshape(rows, -1)
     planes = {"qweight": codes.astype(BYTE_CODES[kind]) if kind in BYTE_CODES else pack_nibbles(codes.astype(np.uint8)),
-              "scale": scale.astype(np.float32).reshape(rows, -1)}
+              "scale": scale.astype(scale_dtype).reshape(rows, -1)}
     if minimum is not None:
-        planes["min"] = minimum.astype(np.float32).reshape(rows, -1)
+        planes["min"] = minimum.astype(scale_dtype).reshape(rows, -1)
     return planes
 
 
@@ -140,4 +147,4 @@ def _q2_k(b):
 _UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q5_0": _q5_0, "Q4_K": _q4_k, "Q6_K": _q6_k,
            "Q3_K": _q3_k, "Q2_K": _q2_k, "Q5_1": _q5_1, "Q5_K": _q5_k}
 
-__all__ = ["BLOCK_BYTES", "BLOCK_SIZE", "GGUF_EXACT", "from_gguf_blocks"]
+__all__ = ["BLOCK_BYTES", "BLOCK_SIZE", "GGUF_EXACT", "HALF_SCALED", "from_gguf_blocks"]

@@ -16,7 +16,9 @@ in floating point. Schemes:
                    without 8-bit storage, noted), F32 tensors kept as float, F16 / BF16 ones in
                    their 16 bits (quant_modules f16 / bf16, widened to float32 in the matmul); a
                    GPTQ, AWQ or compressed-tensors checkpoint's 4-bit codes kept exactly
-                   (quant_prequant), GPTQ's desc_act re-quantized
+                   (quant_prequant), GPTQ's desc_act re-quantized. Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1
+                   keep their float16 block scales in float16 where the target reads them
+                   (TargetProfile.half_scales: the CPUs; labelled "-f16scales"), else float32
     as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
     auto           as-stored for GGUF, GPTQ, AWQ and compressed-tensors, the target's best 4-bit scheme
@@ -50,7 +52,7 @@ from tvm.relax.frontend import nn
 from kiln.models import ModelLoadError, ModelSource, WeightSpec, weight_spec
 
 from . import quant_gguf, quant_pack, quant_prequant
-from .quant_modules import BYTE_KINDS, QuantFormat, QuantizedEmbedding, QuantizedLinear
+from .quant_modules import BYTE_KINDS, FLOAT_KINDS, QuantFormat, QuantizedEmbedding, QuantizedLinear
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _HALF_KINDS = {"F16": "f16", "BF16": "bf16"}        # stored 16-bit floats -> the kind keeping their bits
@@ -68,18 +70,19 @@ class QuantScheme:
     as_stored: bool = False     # keep a GGUF's own quantized formats
 
     def apply(self, model: nn.Module, source: ModelSource, weight_map: dict, eight_bit: bool = True,
-              codes_by_bits: bool = False, half_storage: bool = True) -> QuantPlan:
+              codes_by_bits: bool = False, half_storage: bool = True, half_scales: bool = False) -> QuantPlan:
         """Cast the model to the compute dtype, swap quantized modules in, return the plan.
         ``eight_bit=False``: the target has no 8-bit storage, so every quantized weight is 4-bit.
         ``codes_by_bits``: the kernels turn integer codes into floats by their bits
         (quant_modules.code_value; the same values). ``half_storage=False``: the target has no
-        16-bit storage, so as-stored keeps F16 / BF16 tensors in the compute dtype."""
+        16-bit storage, so as-stored keeps F16 / BF16 tensors in the compute dtype. ``half_scales``:
+        as-stored keeps a GGUF's float16 block scales in float16 (TargetProfile.half_scales)."""
         if self.kind == "q8" and not eight_bit:
             raise ValueError(f"--quant {self.name} stores 8-bit integers, which this target's kernels cannot "
                              "read; use q4f32 or q4f16")
         model.to(self.model_dtype)
         plan = QuantPlan(self, dict(source.hf_config), eight_bit=eight_bit, codes_by_bits=codes_by_bits,
-                         half_storage=half_storage, stored_quant=source.stored_quant)
+                         half_storage=half_storage, half_scales=half_scales, stored_quant=source.stored_quant)
         _swap_modules(model, "", lambda path, m: plan.decide(path, m, source, weight_map))
         plan.finish()
         return plan
@@ -126,6 +129,7 @@ class QuantPlan:
     eight_bit: bool = True                  # q8 allowed (the target reads 8-bit integers)
     codes_by_bits: bool = False             # dequantize codes to floats by their bits (quant_modules.code_value)
     half_storage: bool = True               # f16 / bf16 weights allowed (the target reads 16-bit values)
+    half_scales: bool = False               # a GGUF's float16 block scales kept in float16 (float32 compute)
     stored_quant: str | None = None         # the source's stored quantization (ModelSource.stored_quant)
     formats: dict[str, QuantFormat | None] = field(default_factory=dict)   # weight name -> format
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict)       # quantized: [N, K]
@@ -189,14 +193,24 @@ class QuantPlan:
             exact = {e if e is None or e[0] not in BYTE_KINDS else None for e in exact}
         if len(exact) == 1 and None not in exact and spec.transform is None:
             kind, group = exact.pop()
-            self._kept.update(f"{t} as {_label(kind, group)}" for t in types)   # one exact form for every part
-            return QuantFormat(kind, group, "float32")
+            fmt = QuantFormat(kind, group, self._exact_scale_dtype(types))
+            self._kept.update(f"{t} as {self._label(fmt)}" for t in types)      # one exact form for every part
+            return fmt
         # No exact form (GPTQ's desc_act), parts of one fused weight stored differently, or
         # a layout transform: re-quantize, to 8-bit unless every part had 4 bits or fewer.
         kind = "q4" if not self.eight_bit or all(t in _FOUR_BITS_OR_LESS for t in types) else "q8"
         for hf_name, t in zip(spec.hf_names, types):
             self._requantized.setdefault((t, kind), []).append(hf_name)
         return QuantFormat(kind, scheme.group_size, "float32")
+
+    def _exact_scale_dtype(self, types: list[str]) -> str:
+        """An exact form's scale dtype: float16 where the target reads it (half_scales), the compute is
+        float32 (under float16 compute, float32 scales are what keeps q * scale exact: quant_modules
+        weight_dtype) and every part is a GGUF type whose block scales and mins are float16 as stored
+        (quant_gguf.HALF_SCALED); else float32."""
+        half = self.half_scales and self.scheme.model_dtype == "float32" and \
+            all(t in quant_gguf.HALF_SCALED for t in types)
+        return "float16" if half else "float32"
 
     def _float_as_stored(self, types: list[str]) -> QuantFormat | None:
         """A weight stored as floats, under as-stored: its 16 bits where every part has the same 16-bit
@@ -275,7 +289,7 @@ class QuantPlan:
                 if type_name in quant_gguf.GGUF_EXACT:
                     _, raw, shape = source.weights.get_raw(hf_name)
                     _check_shape(source, hf_name, (shape[0], shape[-1]), (shape[0], cols))
-                    return quant_gguf.from_gguf_blocks(type_name, raw)
+                    return quant_gguf.from_gguf_blocks(type_name, raw, fmt.scale_dtype)
                 stored = source.weights.stored_codes(hf_name)
                 _check_shape(source, hf_name, stored.codes.shape[1:], (cols,))
                 return quant_prequant.from_stored_codes(stored, fmt.kind)
@@ -286,18 +300,24 @@ class QuantPlan:
     # -- the artifact's record -------------------------------------------------------------
     def describe(self) -> dict:
         """kiln-config.json "quantization": the scheme, and each weight format used."""
-        used = Counter(_label(fmt.kind, fmt.group_size) if fmt else self.scheme.model_dtype
-                       for fmt in self.formats.values())
-        formats = {_label(fmt.kind, fmt.group_size): fmt.describe() for fmt in self.formats.values() if fmt is not None}
+        used = Counter(self._label(fmt) for fmt in self.formats.values())
+        formats = {self._label(fmt): fmt.describe() for fmt in self.formats.values() if fmt is not None}
         out: dict = {"name": self.scheme.name, "dtype": self.scheme.model_dtype}
         if formats:
             main = max(formats, key=lambda k: used[k])
             out.update({k: formats[main][k] for k in ("bits", "group_size") if k in formats[main]})
         out["formats"] = {k: {**formats.get(k, {}), "weights": n} for k, n in sorted(used.items())}
         if len(used) > 1:                                   # mixed: every weight's format
-            out["tensors"] = {name: _label(fmt.kind, fmt.group_size) if fmt else self.scheme.model_dtype
-                              for name, fmt in self.formats.items()}
+            out["tensors"] = {name: self._label(fmt) for name, fmt in self.formats.items()}
         return out
+
+    def _label(self, fmt: QuantFormat | None) -> str:
+        """A format's name in notes and kiln-config.json: its kind, with the group size when not 32 and
+        "-f16scales" for float16 scales under float32 compute; a float weight's: the compute dtype."""
+        if fmt is None:
+            return self.scheme.model_dtype
+        half = fmt.kind not in FLOAT_KINDS and fmt.scale_dtype == "float16" != self.scheme.model_dtype
+        return _label(fmt.kind, fmt.group_size) + ("-f16scales" if half else "")
 
 
 def _exact_form(source: ModelSource, hf_name: str, type_name: str) -> tuple[str, int] | None:

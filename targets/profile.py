@@ -84,6 +84,11 @@ class TargetProfile:
     # kernels may read 16-bit values (float16, uint16): as-stored keeps a checkpoint's F16 / BF16 weights
     # in 16 bits (quant_modules f16 / bf16); False: in the compute dtype
     half_storage: bool = True
+    # As-stored keeps a GGUF's float16 block scales (and mins: Q4_0, Q4_1, Q8_0, Q5_0, Q5_1) in
+    # float16 under float32 compute, widened as its kernels read them (exact): a Q4_1 weight's planes
+    # 5 bits a value, not 6. On for the CPUs, whose GEMVs read them (targets/cpu/quant_gemv.py); off
+    # where no kernel was measured with them (the GPUs: float32 planes, as before).
+    half_scales: bool = False
     # Dequantize integer codes to floats by their bits (compiler/quant_modules.py code_value), the same
     # values without a conversion instruction: an H100 SM converts 16 values a clock (~4.2e12/s in
     # all), about what a batch-1 8B decode step at the memory floor needs. Off until a GPU measures it.

@@ -29,7 +29,7 @@ FORMATS = ("q4", "q4m", "q8", "q8m", "f16", "bf16")
 
 
 def dequant_matmul(kind: str, n: int, k: int, group: int = 32, by_bits: bool = False, x_dtype: str = "float32",
-                   rows: int | None = None):
+                   rows: int | None = None, scale_dtype: str = "float32"):
     """y[rows, 1, n] = x[rows, 1, k] . dequantize(planes)[n, k] as kiln's modules emit it (kiln's
     `dequantize` block, int64 shapes; symbolic rows unless `rows` is given)."""
     from tvm import te, tirx
@@ -39,7 +39,7 @@ def dequant_matmul(kind: str, n: int, k: int, group: int = 32, by_bits: bool = F
     def i64(*dims):
         return [tirx.IntImm("int64", d) if isinstance(d, int) else d for d in dims]
 
-    fmt = QuantFormat(kind, group, "float32")
+    fmt = QuantFormat(kind, group, scale_dtype)
     planes = [te.placeholder(i64(*shape), dtype, name=name) for name, (shape, dtype) in fmt.planes(n, k).items()]
     qweight, scale, minimum = (planes + [None, None])[:3]
     w = te.compute(i64(n, k), lambda i, j: dequantize_element(fmt, "float32", qweight, scale, minimum, i, j, by_bits),
@@ -58,8 +58,8 @@ def random_planes(fmt, n: int, k: int, rng) -> dict:
 
     out = {}
     for name, (shape, dtype) in fmt.planes(n, k).items():
-        if dtype == "float32":
-            out[name] = ((rng.random(shape) - (0.5 if name == "min" else 0.0)) * 0.1).astype(np.float32)
+        if name in ("scale", "min"):
+            out[name] = ((rng.random(shape) - (0.5 if name == "min" else 0.0)) * 0.1).astype(dtype)
         elif dtype == "float16":
             out[name] = rng.standard_normal(shape).astype(np.float16)
         elif fmt.kind == "bf16":                                        # bfloat16 bits: float32's high half
@@ -76,7 +76,7 @@ def cpu_target():
                               "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"], "num-cores": os.cpu_count() or 1})
 
 
-def kernels(kind: str, n: int, k: int, target, rows: int = 1):
+def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str = "float32"):
     """(hand-written GEMV, the schedule QuantMatmul uses without it) for `rows` rows of a `kind`
     [n, k] weight, built: QuantMatmul's function itself (its branches dispatch on the rows), and its
     GEMV (one row) or its tiled matmul."""
@@ -86,7 +86,7 @@ def kernels(kind: str, n: int, k: int, target, rows: int = 1):
     from kiln.targets.cpu.quant_schedule import QuantMatmul, default_knobs, gemv_tile_n
     from kiln.targets.cpu.schedule import target_mcpu, vector_lanes_for_target
 
-    func = dequant_matmul(kind, n, k)
+    func = dequant_matmul(kind, n, k, scale_dtype=scale_dtype)
     if quant_gemv.branches(func) is None:
         raise SystemExit(f"{kind} {n} x {k}: quant_gemv does not take this kernel")
     rule = QuantMatmul(default_knobs(vector_lanes_for_target(target), target_mcpu(target)))   # the CPU's, as compile's
@@ -95,7 +95,7 @@ def kernels(kind: str, n: int, k: int, target, rows: int = 1):
     return build(rule.apply(func, target, False).mod["main"]), build(scheduled.mod["main"])
 
 
-def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target) -> str:
+def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target, scale_dtype: str = "float32") -> str:
     import numpy as np
     import tvm
 
@@ -103,7 +103,7 @@ def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target) -
     from kiln.compiler.quant_pack import dequantize
 
     n, k = SHAPES[shape]
-    fmt = QuantFormat(kind, 32, "float32")
+    fmt = QuantFormat(kind, 32, scale_dtype)
     rng = np.random.default_rng(0)
     planes = random_planes(fmt, n, k, rng)
     nbytes = sum(p.nbytes for p in planes.values())
@@ -112,7 +112,7 @@ def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target) -
     x = rng.standard_normal((rows, 1, k)).astype(np.float32)
     want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
     xt, yt = tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((rows, 1, n), np.float32))
-    built, errs = kernels(kind, n, k, target, rows), []
+    built, errs = kernels(kind, n, k, target, rows, scale_dtype), []
     for kernel in built:
         kernel(*sets[0], xt, yt)
         errs.append(float(np.abs(yt.numpy()[:, 0] - want).max() / np.abs(want).max()))
@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default="1", help="comma list of row counts (batched decode's sequences) [1]")
     parser.add_argument("--repeat", type=int, default=10, help="passes over the copies; the best is reported")
     parser.add_argument("--cold-mb", type=int, default=256, help="memory the plane copies rotate through")
+    parser.add_argument("--scale-dtype", default="float32", choices=("float32", "float16"),
+                        help="the scale and min planes' dtype (float16: a GGUF's own, kept so on a CPU)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="TVM_NUM_THREADS for the kernels")
     ns = parser.parse_args(argv)
     formats, shapes = ns.formats.split(","), ns.shapes.split(",")
@@ -144,13 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown {bad}; formats {list(FORMATS)}, shapes {list(SHAPES)}")
     os.environ["TVM_NUM_THREADS"] = str(ns.threads)
     target = cpu_target()
-    print(f"{target.attrs['mcpu']}, {ns.threads} threads, best of {ns.repeat} passes over {ns.cold_mb} MB of planes")
+    print(f"{target.attrs['mcpu']}, {ns.threads} threads, {ns.scale_dtype} scales, best of {ns.repeat} passes "
+          f"over {ns.cold_mb} MB of planes")
     print(f"{'fmt':5s} {'shape':8s} {'N':>6s} {'K':>5s} {'rows':>4s} | {'hand us':>8s} {'GB/s':>6s} | "
           f"{'sched us':>8s} {'GB/s':>6s} | {'x':>5s} | rel err hand, sched")
     for kind in formats:
         for shape in shapes:
             for rows in (int(r) for r in ns.rows.split(",")):
-                print(bench(kind, shape, rows, ns.repeat, ns.cold_mb, target), flush=True)
+                print(bench(kind, shape, rows, ns.repeat, ns.cold_mb, target, ns.scale_dtype), flush=True)
     return 0
 
 

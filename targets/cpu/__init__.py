@@ -86,7 +86,7 @@ def _cpu(name: str, target: dict, export_format: str, runnable_here: bool, descr
     # q4f32: float32 compute is as fast as f16 on CPUs without f16 arithmetic, and exact-er.
     return TargetProfile(name=name, target=target, device="cpu", export_format=export_format,
                          runnable_here=runnable_here, default_quant="q4f32", phase_passes=_phase_passes,
-                         tuning=_tuning, description=description, **extra)
+                         tuning=_tuning, description=description, half_scales=True, **extra)
 
 
 def cpu_profile(num_cores: int | None = None) -> TargetProfile:

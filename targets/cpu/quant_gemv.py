@@ -46,12 +46,13 @@ against 231-236; 8 sequences (prompt 128) 334-335 against 292-294 with the two-p
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
 
 Matched (``branches``, targets/dequant_match.py): a function exactly kiln's `dequantize` (q4, q4m, q8 or
-q8m with float32 scales and any group a multiple of 32, either code form; or f16 / bf16, 16-bit
-floats without scales, two multiply-adds a chunk) into an `NT_matmul` of float32 activations with
-float32 sums, no cast after, over symbolic rows; K a multiple of 64. Anything else: None (QuantMatmul
-schedules it). QuantMatmul branches on the call's rows (BATCHES). One row, tools/compare_llamacpp.py
---rounds 3: F16 GGUF SmolLM2 decode 111 tok/s = 0.99x llama.cpp (98, 0.87x, before); Q4_1: 165 =
-1.15x (122, 0.85x); Q5_1 (q8m): 113 = 0.98x (109, 0.84x).
+q8m with float32 or float16 scales (and mins; a GGUF's Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 keep their
+float16 ones, TargetProfile.half_scales, widened as read) and any group a multiple of 32, either code
+form; or f16 / bf16, 16-bit floats without scales, two multiply-adds a chunk) into an `NT_matmul` of
+float32 activations with float32 sums, no cast after, over symbolic rows; K a multiple of 64. Anything
+else: None (QuantMatmul schedules it). QuantMatmul branches on the call's rows (BATCHES). One row,
+tools/compare_llamacpp.py --rounds 3: F16 GGUF SmolLM2 decode 111 tok/s = 0.99x llama.cpp (98, 0.87x,
+before); Q4_1: 165 = 1.15x (122, 0.85x); Q5_1 (q8m): 113 = 0.98x (109, 0.84x).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ CHAINS = 2                  # accumulators taking alternate chunks (one row)
 BATCHES = (1, 2, 4, 8)      # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4, 5-8; more: its tiled matmul)
 BLOCK = 4                   # rows a pass over the weights serves (8 rows: two passes)
 _MIN_KINDS = ("q4m", "q8m")
+SCALE_DTYPES = ("float32", "float16")   # scale (and min) planes read: float16 is a GGUF's own (half the bytes)
 
 
 def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
@@ -80,20 +82,24 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
     m = match_dequant_matmul(func, "float32")
     if m is None or m.k % (2 * CHUNK) or m.group % CHUNK or not m.out.same_as(m.sums):
         return None
-    if m.sums.dtype != "float32" or any(p is not None and p.dtype != "float32" for p in m.planes[1:]):
+    scale_dtypes = {p.dtype for p in m.planes[1:] if p is not None}
+    if m.sums.dtype != "float32" or not scale_dtypes <= set(SCALE_DTYPES) or len(scale_dtypes) > 1:
         return None
     order = param_order(func, m)
     if not isinstance(m.rows, tirx.Var) or order is None:
         return None
+    scale_dtype = scale_dtypes.pop() if scale_dtypes else "float32"
     return [(batch, over_params(func, placed(gemv_kernel(m.kind, m.n, m.k, m.group or CHUNK, batch,
-                                                         None if batch == 1 else m.rows), order),
+                                                         None if batch == 1 else m.rows, scale_dtype), order),
                                 name="one_row_gemv" if batch == 1 else f"gemv_{batch}_rows"))
             for batch in BATCHES]
 
 
-def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None) -> tirx.PrimFunc:
-    """Y[:rows, 0, :n] = X[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`), float32:
-    batch 1, one row (rows None); else `rows` (a symbolic size, 2 to `batch` at run time)."""
+def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None,
+                scale_dtype: str = "float32") -> tirx.PrimFunc:
+    """Y[:rows, 0, :n] = X[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`, scales and
+    mins in `scale_dtype`, widened as read), float32: batch 1, one row (rows None); else `rows` (a
+    symbolic size, 2 to `batch` at run time)."""
     chunks, groups, per = k // CHUNK, k // group, group // CHUNK
     four_bit, scaled = kind in ("q4", "q4m"), kind not in FLOAT_KINDS
     has_min = scaled and kind != "q8"
@@ -140,9 +146,13 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                                                          T.uint32(16)))
         return T.Cast("float32", Wb[row, c * CHUNK + h * LANES + i])
 
+    def scale(S, row, g):
+        """Group g's scale (or min), as float32."""
+        return S[row, g] if scale_dtype == "float32" else T.Cast("float32", S[row, g])
+
     def group_min(S, M, row, g):
         """The value a zero code stands for: q4's -8 scale, q4m's and q8m's min."""
-        return S[row, g] * T.float32(-8) if kind == "q4" else M[row, g]
+        return scale(S, row, g) * T.float32(-8) if kind == "q4" else scale(M, row, g)
 
     @T.macro
     def finish_row(acc, base, S, M, row, xs, xbase):
@@ -181,7 +191,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                             acc[ch * LANES + i] = acc[ch * LANES + i] + (
                                 x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
                                 + x_at(xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
-                            ) * S[row, (co * CHAINS + ch) // per]
+                            ) * scale(S, row, (co * CHAINS + ch) // per)
                         else:
                             acc[ch * LANES + i] = (
                                 acc[ch * LANES + i]
@@ -223,8 +233,8 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                     for c in range(T.min(T.Cast(rows_dtype, chunks), rows * chunks)):
                         for i in T.vectorized(LANES):                    # (code's h: a Python int)
                             if scaled:
-                                w[i] = code(Wb, row, c, 0, i) * S[row, c // per]
-                                w[LANES + i] = code(Wb, row, c, 1, i) * S[row, c // per]
+                                w[i] = code(Wb, row, c, 0, i) * scale(S, row, c // per)
+                                w[LANES + i] = code(Wb, row, c, 1, i) * scale(S, row, c // per)
                             else:
                                 w[i] = code(Wb, row, c, 0, i)
                                 w[LANES + i] = code(Wb, row, c, 1, i)
@@ -241,8 +251,8 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
 
     if kind in _MIN_KINDS:
         @T.prim_func(private=True)
-        def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), "float32"),
-                     mins: T.Buffer((n, groups), "float32"), x: T.Buffer((rows, 1, k), "float32"),
+        def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
+                     mins: T.Buffer((n, groups), scale_dtype), x: T.Buffer((rows, 1, k), "float32"),
                      y: T.Buffer((rows, 1, n), "float32")):
             T.func_attr({"tirx.noalias": True})
             body(codes, scales, mins, x, y)
@@ -257,7 +267,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
         return unscaled
 
     @T.prim_func(private=True)
-    def without_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), "float32"),
+    def without_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
                     x: T.Buffer((rows, 1, k), "float32"), y: T.Buffer((rows, 1, n), "float32")):
         T.func_attr({"tirx.noalias": True})
         body(codes, scales, scales, x, y)

@@ -28,27 +28,32 @@ TARGET = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
           "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]}
 
 
-CASES = [("q4", 32), ("q4m", 32), ("q4m", 128), ("q8", 32), ("q8m", 32), ("q4", 64), ("f16", 32), ("bf16", 32)]
+# (kind, group, scale dtype): float16 scales are a GGUF's Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 blocks' own
+CASES = [("q4", 32, "float32"), ("q4m", 32, "float32"), ("q4m", 128, "float32"), ("q8", 32, "float32"),
+         ("q8m", 32, "float32"), ("q4", 64, "float32"), ("f16", 32, "float32"), ("bf16", 32, "float32"),
+         ("q4m", 32, "float16"), ("q4", 32, "float16"), ("q8", 32, "float16"), ("q8m", 64, "float16")]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=[f"{k}-g{g}" for k, g in CASES])
+@pytest.fixture(scope="module", params=CASES, ids=[f"{k}-g{g}" + ("-f16s" if s == "float16" else "")
+                                                    for k, g, s in CASES])
 def built(request):
-    kind, group = request.param
+    kind, group, scale_dtype = request.param
     n, k = 48, 256 + 128 if group != 128 else 512
-    func = dequant_matmul(kind, n, k, group, by_bits=kind == "q8")
+    func = dequant_matmul(kind, n, k, group, by_bits=kind == "q8", scale_dtype=scale_dtype)
     sch = QuantMatmul().apply(func, tvm.target.Target(TARGET), False)
     assert sch is not None
     script = sch.mod["main"].script()
     assert all(f'"{view}"' in script for view in ("one_row_gemv", "gemv_2_rows", "gemv_4_rows", "gemv_8_rows")), \
         "QuantMatmul did not take the hand-written GEMVs"
-    return kind, group, n, k, tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=tvm.target.Target(TARGET))
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=tvm.target.Target(TARGET))
+    return kind, group, scale_dtype, n, k, lib
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
 def test_gemv_matches_numpy(built, rows):
-    kind, group, n, k, lib = built
+    kind, group, scale_dtype, n, k, lib = built
     rng = np.random.default_rng(rows)
-    fmt = QuantFormat(kind, group, "float32")
+    fmt = QuantFormat(kind, group, scale_dtype)
     planes = random_planes(fmt, n, k, rng)
     x = rng.standard_normal((rows, 1, k)).astype(np.float32)
     want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T          # [rows, n]
@@ -72,9 +77,10 @@ def test_the_kernel_builds_for_arm():
     """The same TIR for AArch64 (Android and Apple): LLVM lowers the 16-lane vectors onto NEON."""
     for target in ({"kind": "llvm", "mtriple": "aarch64-linux-android", "mcpu": "generic", "mattr": ["+neon"]},
                    {"kind": "llvm", "mtriple": "arm64-apple-macos", "mcpu": "apple-m1"}):
-        for kind in ("q4m", "q8"):
-            kernel = quant_gemv.gemv_kernel(kind, 64, 256, 32).with_attr("global_symbol", "main")
-            tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(target))
+        for kind, scale_dtype in (("q4m", "float32"), ("q8", "float32"), ("q4m", "float16")):
+            kernel = quant_gemv.gemv_kernel(kind, 64, 256, 32, scale_dtype=scale_dtype)
+            tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}),
+                        target=tvm.target.Target(target))
 
 
 def test_the_benchmark_tool_runs(capsys):

@@ -313,10 +313,10 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-AS_STORED = {  # GGUF type of the linears -> (tiny model, embedding/lm_head types, kiln kind)
-    "Q4_0": ("tied", {"embed_tokens": "Q4_0"}, "q4"),
-    "Q4_1": ("untied", {"embed_tokens": "Q8_0", "lm_head": "Q4_1"}, "q4m"),
-    "Q8_0": ("tied", {"embed_tokens": "Q8_0"}, "q8"),
+AS_STORED = {  # GGUF type of the linears -> (tiny model, embedding/lm_head types, kiln format on a CPU)
+    "Q4_0": ("tied", {"embed_tokens": "Q4_0"}, "q4-f16scales"),
+    "Q4_1": ("untied", {"embed_tokens": "Q8_0", "lm_head": "Q4_1"}, "q4m-f16scales"),
+    "Q8_0": ("tied", {"embed_tokens": "Q8_0"}, "q8-f16scales"),
 }
 
 
@@ -335,7 +335,7 @@ def test_as_stored_gguf_is_bit_exact_and_matches_reference(stored_type, tiny_dir
     quant = "auto" if stored_type == "Q4_1" else "as-stored"      # auto keeps a GGUF as stored
     art = compile_with_reference(path, tiny_dirs[kind], quant, tmp_path / "art")
     q = json.loads((art / "kiln-config.json").read_text())["quantization"]
-    assert q["name"] == "as-stored" and kiln_kind in q["formats"]
+    assert q["name"] == "as-stored" and q["formats"][kiln_kind]["scale_dtype"] == "float16"   # the blocks' own
     hf_config = models.load(path).hf_config
     values = dequantized_weights(art)
     for name, raw in stored.items():
@@ -363,9 +363,11 @@ def test_mixed_gguf_types_kept_exact_or_requantized_with_a_note(tmp_path):
     assert tensors["model.layers.1.self_attn.qkv_proj.weight"] == "q8"                   # Q4_K + Q6_K: re-quantized
     assert tensors["model.layers.0.mlp.gate_up_proj.weight"] == "q4mg16"                 # Q2_K: exact
     assert (tensors["model.embed_tokens.weight"], tensors["lm_head.weight"]) == ("q4g16", "q8g16")   # Q3_K, Q6_K
-    assert tensors["model.layers.0.self_attn.o_proj.weight"] == "q8"                     # Q5_0: exact
-    assert tensors["model.layers.0.mlp.down_proj.weight"] == tensors["model.layers.1.mlp.down_proj.weight"] \
-        == "q8m"                                                                         # Q5_K, Q5_1: exact
+    assert tensors["model.layers.0.self_attn.o_proj.weight"] == "q8-f16scales"           # Q5_0: exact
+    assert tensors["model.layers.0.mlp.down_proj.weight"] == "q8m"                       # Q5_K: exact
+    assert tensors["model.layers.1.mlp.down_proj.weight"] == "q8m-f16scales"             # Q5_1: exact, its scales
+    formats = cfg["quantization"]["formats"]
+    assert (formats["q8m"]["scale_dtype"], formats["q8m-f16scales"]["scale_dtype"]) == ("float32", "float16")
     notes = cfg["notes"]
     assert not any("Q5_K" in n and "re-quantized" in n or "Q5_1" in n and "re-quantized" in n for n in notes)
     assert ("GGUF Q4_K tensors re-quantized to q8 (lossy): model.layers.1.self_attn.q_proj.weight, "
@@ -536,7 +538,11 @@ def test_as_stored_f16_keeps_the_gguf_planes_bit_for_bit(smollm2_f16, smollm2_qu
     got = dict(zip(f16.config.params, f16.load_params()))
     assert len(planes) > 200
     for name, value in planes.items():
-        np.testing.assert_array_equal(np.asarray(got[name]).view(np.uint8), np.asarray(value).view(np.uint8),
-                                      err_msg=name)
+        value, mine = np.asarray(value), np.asarray(got[name])
+        if value.dtype == np.float16:       # as-stored on a CPU: the Q4_1 / Q8_0 blocks' float16 scales as stored
+            assert mine.dtype == np.float32, name       # float16 compute keeps float32 scales: the same values
+            value = value.astype(np.float32)
+        np.testing.assert_array_equal(mine.view(np.uint8), value.view(np.uint8), err_msg=name)
+    assert any(np.asarray(v).dtype == np.float16 for n, v in planes.items() if n.endswith(".scale"))
     norms = [n for n in f16.config.params if n.endswith("norm.weight")]
     assert norms and all(str(got[n].dtype) == "float16" for n in norms)       # the float tensors follow compute

@@ -2,7 +2,8 @@
 
 For each type: the test quantizer's blocks decode (gguf-py) close to the input; a GGUF holding
 them loads (get() = gguf-py's values, llama q/k rows un-permuted); where a kiln kernel holds the
-type exactly (quant_gguf.GGUF_EXACT) the planes dequantize to the same float32 bits. Any other
+type exactly (quant_gguf.GGUF_EXACT) the planes dequantize to the same float32 bits, with float16
+scale planes too where the type's block scales are float16 (HALF_SCALED; others refuse them). Any other
 type is refused in one line naming the tensor, its type, the supported list and the fix.
 """
 
@@ -15,7 +16,7 @@ from gguf import GGMLQuantizationType as QType
 
 from gguf_quants import quantize
 from gguf_writer import write_gguf
-from kiln.compiler.quant_gguf import GGUF_EXACT, from_gguf_blocks
+from kiln.compiler.quant_gguf import GGUF_EXACT, HALF_SCALED, from_gguf_blocks
 from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize
 from kiln.models import ModelLoadError
@@ -45,6 +46,14 @@ def test_type_loads_as_gguf_py_dequantizes_it(type_name, hf_dir, tmp_path):
             kind, group = GGUF_EXACT[type_name]
             got = dequantize(QuantFormat(kind, group), from_gguf_blocks(type_name, raw))
             np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+            if type_name in HALF_SCALED:
+                half = from_gguf_blocks(type_name, raw, "float16")
+                assert all(half[p].dtype == np.float16 for p in half if p != "qweight")
+                got = dequantize(QuantFormat(kind, group, "float16"), half)
+                np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+            else:
+                with pytest.raises(ValueError, match="not exactly float16"):
+                    from_gguf_blocks(type_name, raw, "float16")
     path = write_gguf(hf_dir, tmp_path / "t.gguf", default=type_name)
     source, reader = load_gguf(path), gguf.GGUFReader(path)
     stored = {t.name: t for t in reader.tensors}
@@ -79,3 +88,30 @@ def test_unknown_type_is_refused_in_one_line(hf_dir, tmp_path):
     message = str(err.value)
     assert "\n" not in message and "blk.0.attn_v.weight has type IQ4_NL" in message
     assert "Q2_K" in message and "Q6_K" in message and "llama-quantize" in message
+
+
+@pytest.mark.parametrize("half_scales, quant", [(True, "as-stored"), (False, "as-stored"), (True, "as-stored-f16")])
+def test_float16_block_scales_stay_float16_where_the_target_reads_them(half_scales, quant, hf_dir, tmp_path):
+    """A Q4_1 / Q8_0 weight's scales are float16 in its blocks: kept so where the target's kernels read
+    float16 scales (TargetProfile.half_scales: the CPUs) under float32 compute; a Q4_K weight's (a
+    product of two scales) and every scale under float16 compute (where float32 ones keep the
+    dequantized weight exact) stay float32."""
+    from kiln import models
+    from kiln.compiler.quantize import get_scheme
+    path = write_gguf(hf_dir, tmp_path / "t.gguf", {"attn_q": "Q4_1", "attn_k": "Q4_1", "attn_v": "Q4_1",
+                                                      "attn_output": "Q8_0", "ffn_down": "Q4_K"}, default="F32")
+    source = models.load(path)
+    arch, config, model = models.build(source)
+    plan = get_scheme(quant, source).apply(model, source, arch.weight_map(config), half_scales=half_scales)
+    fmts = {name.split(".")[-2]: fmt for name, fmt in plan.formats.items() if fmt is not None}
+    half = half_scales and quant == "as-stored"
+    want = "float16" if half else "float32"
+    assert (fmts["qkv_proj"].kind, fmts["o_proj"].kind, fmts["down_proj"].kind) == ("q4m", "q8", "q4m")
+    assert (fmts["qkv_proj"].scale_dtype, fmts["o_proj"].scale_dtype, fmts["down_proj"].scale_dtype) \
+        == (want, want, "float32")
+    planes = plan.convert("model.layers.0.self_attn.qkv_proj.weight",
+                          arch.weight_map(config)["model.layers.0.self_attn.qkv_proj.weight"], source)
+    assert {planes[f"model.layers.0.self_attn.qkv_proj.{p}"].dtype for p in ("scale", "min")} == {np.dtype(want)}
+    labels = plan.describe()["tensors"]
+    assert labels["model.layers.0.self_attn.qkv_proj.weight"] == ("q4m-f16scales" if half else "q4m")
+    assert labels["model.layers.0.mlp.down_proj.weight"] == "q4m"
