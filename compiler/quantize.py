@@ -18,7 +18,7 @@ in floating point. Schemes:
                    GPTQ, AWQ or compressed-tensors checkpoint's 4-bit codes kept exactly
                    (quant_prequant), GPTQ's desc_act re-quantized. Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1
                    keep their float16 block scales in float16 where the target reads them
-                   (TargetProfile.half_scales: the CPUs; labelled "-f16scales"), else float32
+                   (TargetProfile.half_scales; labelled "-f16scales"), else float32
     as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
     auto           as-stored for GGUF, GPTQ, AWQ and compressed-tensors, the target's best 4-bit scheme
