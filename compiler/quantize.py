@@ -52,7 +52,7 @@ from tvm.relax.frontend import nn
 from kiln.models import ModelLoadError, ModelSource, WeightSpec, weight_spec
 
 from . import quant_gguf, quant_pack, quant_prequant
-from .quant_modules import BYTE_KINDS, FLOAT_KINDS, QuantFormat, QuantizedEmbedding, QuantizedLinear
+from .quant_modules import BYTE_KINDS, QuantFormat, QuantizedEmbedding, QuantizedLinear
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _HALF_KINDS = {"F16": "f16", "BF16": "bf16"}        # stored 16-bit floats -> the kind keeping their bits
@@ -316,7 +316,7 @@ class QuantPlan:
         "-f16scales" for float16 scales under float32 compute; a float weight's: the compute dtype."""
         if fmt is None:
             return self.scheme.model_dtype
-        half = fmt.kind not in FLOAT_KINDS and fmt.scale_dtype == "float16" != self.scheme.model_dtype
+        half = fmt.scale_dtype == "float16" and self.scheme.model_dtype == "float32"
         return _label(fmt.kind, fmt.group_size) + ("-f16scales" if half else "")
 
 
