@@ -12,8 +12,12 @@ The engine's token budget is 4 a step (`kiln serve --max-tokens-per-step 4`, wha
 inter-token latency sets): the new request's own prompt then prefills in small chunks beside the
 stream. With the default budget (the artifact's prefill chunk) that prompt goes in one step, which on
 this model costs 2.6-3.3 x a decode step with no schema at all (measured: 4 streams of 102 steps,
-a plain request at step 100), so the bound would measure the prefill, not the compile; with 4 the
+a plain request at step 100), so the gaps would measure the prefill, not the compile; with 4 the
 same runs stay under 1.45 x.
+
+Checked both ways (this host, stop 50): passes at 1.54 x the median, 95% of the pace; with the
+server's compile_grammar made to hand the schema to the engine thread unprepared, both runs fail,
+the longest gaps 694 and 768 ms of 717 and 795 ms compiles, 3 steps (4-5% of the pace) across them.
 """
 
 from __future__ import annotations
@@ -129,10 +133,18 @@ def schema_request(model: str) -> dict:
             "response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": large_schema()}}}
 
 
+def stalled(during: list[float], median: float, took: float) -> bool:
+    """A stall is the engine waiting on the compile: one gap holding a sizeable part of the compile's
+    time (a quarter of it), or the stream's pace across the compile under half its median pace. A gap
+    of a few steps is not one: on a 2-core host the compile's Python parts share the GIL and the
+    cores with the engine (stop 49's CI: gaps of 3.1 and 4.2 x a median of 11 ms, 48 ms at most,
+    while 104 steps ran across a 1.2 s compile, 96% of the stream's pace)."""
+    return max(during) > took / 4 or len(during) * median < took / 2
+
+
 def test_a_new_schema_does_not_stall_a_running_stream(served):
-    """A stall is the engine waiting on the compile: it recurs with every new schema. A busy host's
-    one-off hiccup does not, so a run over the bound is repeated once with another new schema and
-    the test fails only when both runs exceed it."""
+    """A stall recurs with every new schema; a busy host's one-off hiccup does not, so a run that
+    looks stalled is repeated once with another new schema and the test fails only when both do."""
     server, _ = served
     server.client().chat.completions.create(        # xgrammar loaded and warm, the server's paths too
         model=server.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
@@ -141,12 +153,13 @@ def test_a_new_schema_does_not_stall_a_running_stream(served):
     for _ in range(2):
         gaps, during, took = stream_gaps(served, schema_request(server.model))
         median = statistics.median(gaps)
-        assert took > 10 * median, "the schema compiled too fast to show a stall; make it larger"
+        assert took > 20 * median, "the schema compiled too fast to show a stall; make it larger"
         assert during, "the stream did not run across the schema request"
-        reports.append(f"longest gap {max(during) / median:.2f} x the median ({median * 1e3:.1f} ms) over "
-                       f"{len(during)} steps while the schema compiled ({took * 1e3:.0f} ms); "
+        reports.append(f"longest gap {max(during) * 1e3:.0f} ms = {max(during) / median:.2f} x the median "
+                       f"({median * 1e3:.1f} ms), {len(during)} steps = {len(during) * median / took:.0%} of "
+                       f"the median pace while the schema compiled ({took * 1e3:.0f} ms); "
                        f"{max(gaps) / median:.2f} x over all {len(gaps)}")
         print(reports[-1])                       # pytest -rP shows it
-        if max(during) < 3 * median:
+        if not stalled(during, median, took):
             return
     pytest.fail("the stream stalled in two runs: " + "; ".join(reports))
