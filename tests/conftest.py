@@ -11,23 +11,6 @@ from pathlib import Path
 
 import pytest
 
-
-def _worker_threads() -> None:
-    """Under pytest-xdist each worker's thread pools (TVM's, torch's OpenMP) get the cores divided by
-    the workers, not every core: pools sized for the machine, one a worker, oversubscribe it, and their
-    spinning barriers wait on descheduled threads (test_quantized's float16 test took 30 s alone and
-    84 s in a 2-worker CI run on 2 cores). Set before TVM or torch starts a pool; a user's own
-    TVM_NUM_THREADS / OMP_NUM_THREADS stand."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if workers > 1:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        for name in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
-            os.environ.setdefault(name, str(max(1, cores // workers)))
-        if "torch" in sys.modules:                  # a plugin imported it first
-            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-
-
-_worker_threads()
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import write_tiny_llama  # noqa: E402
 
