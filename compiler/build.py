@@ -35,6 +35,7 @@ from .lib_cache import LibraryCache
 from .pipeline import build_pipeline
 from .quantize import QuantPlan, QuantScheme, get_scheme
 from .spec import bound_shapes, build_spec
+from .tvmscript import quick_frames
 
 # progress(stage, done, total): stages are "load", "export", "compile:<phase>", "weights", "golden", "write"
 Progress = Callable[[str, int, int], None]
@@ -120,7 +121,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     context = opts.context_window or config.context_window_size
     chunk = min(opts.prefill_chunk or profile.prefill_chunk, context)
     report("export", 0, 1)
-    with profile.tvm_target():
+    with profile.tvm_target(), quick_frames():                # the KV cache's kernels parse here
         mod, named_params = model.export_tvm(
             spec=build_spec(model, config.hidden_size, config.vocab_size, scheme.model_dtype, profile.library_gemm))
     softcap = model.flags.attn_logit_softcap
@@ -226,7 +227,7 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
                                    disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
                                    instruments=[*ctx.instruments, facts]):
-        with target:                           # as relax.build runs a pipeline it is given
+        with target, quick_frames():           # as relax.build runs a pipeline it is given; kiln's kernels parse
             lowered = pipeline(mod)
         cached = reuse.lookup(lowered, profile, target) if reuse is not None else None
         if cached is not None:
