@@ -227,7 +227,7 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
                                    disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
                                    instruments=[*ctx.instruments, facts]):
-        with target, quick_frames():           # as relax.build runs a pipeline it is given; kiln's kernels parse
+        with target:                           # as relax.build runs a pipeline it is given
             lowered = pipeline(mod)
         cached = reuse.lookup(lowered, profile, target) if reuse is not None else None
         if cached is not None:

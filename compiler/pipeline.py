@@ -26,6 +26,7 @@ from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
 from .passes.fuse_dequantize_take import FuseDequantizeTake
 from .passes.library_gemm import LibraryGEMM
+from .tvmscript import quick_frames
 
 
 def legalize_passes() -> list[tvm.transform.Pass]:
@@ -91,13 +92,15 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
 
 def build_pipeline(profile: TargetProfile, dump_dir: Path | None = None,
                    progress: Callable[[str, float], None] | None = None) -> tvm.transform.Pass:
-    """A module pass that runs every phase in order under the profile's target."""
+    """A module pass that runs every phase in order under the profile's target (and quick_frames:
+    the schedule phase parses kiln's kernels)."""
 
     @tvm.transform.module_pass(opt_level=0, name="kiln_pipeline")
     def _pipeline(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         for i, (name, passes) in enumerate(phases(profile)):
             start = time.perf_counter()
-            mod = tvm.transform.Sequential(passes, name=name)(mod)
+            with quick_frames():
+                mod = tvm.transform.Sequential(passes, name=name)(mod)
             if progress:
                 progress(name, time.perf_counter() - start)
             if dump_dir is not None:
