@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,31 +43,44 @@ def _perplexity(logits: np.ndarray, ids: list[int]) -> float:
     return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
 
 
-def greedy_against(art: Path, model, ids: list[int], steps: int, near_tie: float,
-                   atol: float | None = None) -> int:
-    """Greedy decode of `ids` on the artifact against a transformers model recomputing the whole
-    sequence each step: each step's argmax must agree, and the logits within `atol` when given,
-    until the model's top two come within `near_tie`. Returns how many tokens were compared."""
+@dataclass
+class ReferenceGreedy:
+    """A transformers model's greedy continuation of a prompt: before each of its tokens, its float32
+    logits at the last position; it ends at `steps` tokens or where its top two came within the
+    near-tie (that step's logits kept, its token not taken)."""
+    ids: list[int]
+    logits: list[np.ndarray]
+    tokens: list[int]
+
+
+def reference_greedy(model, ids: list[int], steps: int, near_tie: float) -> ReferenceGreedy:
+    """Greedy decoding of `ids` on a transformers causal LM through its own KV cache (a token a
+    forward, as generate runs it), every argmax taken, EOS included."""
+    import torch
+    logits, tokens = [], []
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(steps):
+            last = out.logits[0, -1].float().numpy()
+            logits.append(last)
+            top2 = np.sort(last)[-2:]
+            if top2[1] - top2[0] < near_tie:
+                break
+            tokens.append(int(np.argmax(last)))
+            out = model(torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    return ReferenceGreedy(list(ids), logits, tokens)
+
+
+def greedy_against(art: Path, reference: ReferenceGreedy, atol: float | None = None) -> int:
+    """Greedy decode of the reference's prompt on the artifact: each step's argmax must be the
+    reference's token, and the logits within `atol` of its when given, until the reference's
+    near-tie. Returns how many tokens were compared."""
     runner = ModelRunner(Artifact.load(art))
     runner.add_sequence(0)
-    logits = runner.prefill([0], [ids])[0]
-    seq, compared = list(ids), 0
-    for _ in range(steps):
-        expected = last_logits(model, seq)
-        top2 = np.sort(expected)[-2:]
-        if top2[1] - top2[0] < near_tie:
-            break
+    logits = runner.prefill([0], [reference.ids])[0]
+    for compared, (expected, token) in enumerate(zip(reference.logits, reference.tokens)):
         if atol is not None:
             np.testing.assert_allclose(logits, expected, atol=atol, rtol=0)
-        assert int(np.argmax(logits)) == int(np.argmax(expected)), (compared, seq[len(ids):])
-        compared += 1
-        seq.append(int(np.argmax(expected)))
-        logits = runner.decode([0], [seq[-1]])[0]
-    return compared
-
-
-def last_logits(model, seq: list[int]) -> np.ndarray:
-    """A transformers causal LM's float32 logits at the last position of `seq`."""
-    import torch
-    with torch.no_grad():
-        return model(torch.tensor([seq])).logits[0, -1].float().numpy()
+        assert int(np.argmax(logits)) == token, (compared, reference.tokens[:compared])
+        logits = runner.decode([0], [token])[0]
+    return len(reference.tokens)

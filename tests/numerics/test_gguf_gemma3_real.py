@@ -18,7 +18,7 @@ import torch
 import kiln
 from kiln.models import resolve
 from kiln.models.packaged import PACKAGED, installed
-from scoring import PERPLEXITY_TEXT, greedy_against, perplexity, reference_perplexity, text_ids
+from scoring import PERPLEXITY_TEXT, greedy_against, perplexity, reference_greedy, reference_perplexity, text_ids
 
 pytestmark = [pytest.mark.numerics, pytest.mark.slow]
 # Gemma's turn format (the base model's GGUF carries no chat template).
@@ -66,7 +66,7 @@ def test_greedy_chat_matches_transformers(builds, reference):
     kept = next(n for n in cfg_notes if n.startswith("GGUF weights kept bit-exact"))
     assert all(t in kept for t in ("Q4_K", "Q5_0", "Q6_K", "Q8_0")), kept
     ids = Tokenizer.from_file(str(art / "tokenizer.json")).encode(CHAT).ids
-    compared = greedy_against(art, model, ids, STEPS, NEAR_TIE, LOGIT_ATOL)
+    compared = greedy_against(art, reference_greedy(model, ids, STEPS, NEAR_TIE), LOGIT_ATOL)
     assert compared >= 16, f"a near-tie after only {compared} tokens"
 
 
