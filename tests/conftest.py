@@ -26,11 +26,12 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(cores, MAX_WORKERS))
 
 
-# The files whose tests took longest (their phases summed: 685, 238, 191, 173, 165, 143, 131 s of a
-# 4,520 s run on 2 vCPUs, 2026-12-01), run first. `--dist loadfile` hands out files in collection
-# order, so a long file collected late ran alone at the end while the other worker idled (the last
-# 3% of the tests took 5 of the 39 minutes). Files with `alone` tests are not moved: early, their
-# timed tests would wait on these files' long fixtures. A file's tests keep their own order.
+# Collection order, which `--dist loadfile` hands files out in: the files whose tests took longest
+# first (their phases summed: 685, 238, 191, 173, 165, 143, 131 s of a 4,520 s run on 2 vCPUs,
+# 2026-12-01), so none starts late and runs alone at the end while the other worker idles (the last
+# 3% of that run's tests took 5 of its 39 minutes); the files with `alone` tests last, so their timed
+# tests do not wait out those files' long fixtures on the other worker (early, one waited 183 s for
+# SmolLM2's 178 s compile fixture). A file's tests keep their own order.
 LONG_FILES = ("numerics/test_quantized.py", "numerics/test_gguf_gemma3_real.py", "compiler/test_lib_cache.py",
               "e2e/test_schemathesis.py", "numerics/test_families.py", "numerics/test_gguf_families.py",
               "e2e/test_cli_errors.py")
@@ -39,7 +40,8 @@ LONG_FILES = ("numerics/test_quantized.py", "numerics/test_gguf_gemma3_real.py",
 def pytest_collection_modifyitems(config, items):
     root = Path(__file__).parent
     rank = {str(root / f): i for i, f in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(str(item.path), len(LONG_FILES)))      # stable: the rest as collected
+    timed = {str(item.path) for item in items if item.get_closest_marker("alone") is not None}
+    items.sort(key=lambda item: rank.get(str(item.path), len(LONG_FILES) + (str(item.path) in timed)))
 
 
 # Under pytest-xdist every phase of every test (setup, call, teardown) holds this file's lock:
