@@ -152,13 +152,14 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
     if opts.output is None:
         check_output(dest, opts.force)
     with staged_artifact(dest) as stage:
-        # The library builds (TVM) while the weights convert (numpy, every core): a compile takes
-        # the longer of the two, not their sum.
+        # The library builds (TVM) while the weights convert (numpy, every core) and then the golden
+        # logits compute (torch): a compile takes the longer of the two, not their sum.
         building = _Background(lambda: _build_into(stage / profile.lib_name, ex.mod, profile, opts.dump_ir, report))
         names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report, building.check)
-        facts = building.result()
         tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
+        building.check()
         golden = _write_golden(stage, source, config, opts.golden, fallback, report)
+        facts = building.result()
         report("write", 0, 1)
         write_config(stage, ArtifactConfig(
             kiln_version=_kiln_version(),

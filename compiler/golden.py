@@ -74,6 +74,15 @@ def _hf_model(source, torch, transformers):
                                                              attn_implementation="eager")
 
 
+def _no_init():
+    """transformers' context that skips weight initialisation, where this version has one."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        return contextlib.nullcontext()
+    return no_init_weights()
+
+
 def _model_from_tensors(source, torch, transformers):
     """transformers' model built from the config kiln read, with the tensors as kiln's reader hands them
     over (dequantized, Hugging Face layout): transformers' own GGUF loader drops settings kiln reads
@@ -82,7 +91,8 @@ def _model_from_tensors(source, torch, transformers):
     cfg = dict(source.hf_config, pad_token_id=None)     # no effect on logits; a default may lie outside the vocab
     cfg.pop("quantization_config", None)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    with _no_init():            # every weight is loaded below: a random init is wasted (SmolLM2: 2.8 s)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
     missing, _ = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,6 +92,35 @@ def has_smollm2() -> bool:
     return installed("smollm2")
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """The folder this test run owns: under pytest-xdist the one all its workers' folders are in."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """<run folder>/shared/<name> (name may hold folders: its last part is what a test sees, as a
+    model's or artifact's folder name), which `build(path)` writes once per test run: the first
+    worker to ask builds it while the others wait on its lock, then every worker uses that one (a
+    session fixture of each worker would build its own: SmolLM2's compile is ~50 s). What it holds
+    must stay as built: tests that change one copy it first. A build that failed is tried again."""
+    import fcntl
+    import shutil
+    dest = run_folder(tmp_path_factory) / "shared" / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    done = dest.with_name(dest.name + ".done")
+    with open(dest.with_name(dest.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                shutil.rmtree(dest, ignore_errors=True)
+                build(dest)
+                done.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return dest
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
     """Compile-on-first-use writes into a per-session cache, never the user's; the built libraries
@@ -98,23 +129,24 @@ def _isolated_cache(tmp_path_factory):
     os.environ["KILN_CACHE_DIR"] = str(tmp_path_factory.mktemp("kiln-cache"))
     from kiln.compiler.lib_cache import cache_root
     if cache_root() is not None:                     # not turned off (KILN_LIB_CACHE=0)
-        run = tmp_path_factory.getbasetemp()
-        os.environ["KILN_LIB_CACHE"] = str((run.parent if os.environ.get("PYTEST_XDIST_WORKER") else run) / "kiln-libs")
+        os.environ["KILN_LIB_CACHE"] = str(run_folder(tmp_path_factory) / "kiln-libs")
 
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny-models")
-    return {"tied": write_tiny_llama(root / "tied", tied=True),
-            "untied": write_tiny_llama(root / "untied", tied=False, seed=1)}
+    """The tied and untied tiny Llamas (safetensors folders), written once per run (built_once)."""
+    return {"tied": built_once(tmp_path_factory, "tiny-models/tied", lambda d: write_tiny_llama(d, tied=True)),
+            "untied": built_once(tmp_path_factory, "tiny-models/untied",
+                                 lambda d: write_tiny_llama(d, tied=False, seed=1))}
 
 
 @pytest.fixture(scope="session")
 def tiny_artifacts(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
-    """q0f32 CPU artifacts of the tied and untied tiny Llamas."""
+    """q0f32 CPU artifacts of the tied and untied tiny Llamas, compiled once per run (built_once)."""
     import kiln
-    out = tmp_path_factory.mktemp("tiny-artifacts")
-    return {k: kiln.compile(str(d), target="cpu", quant="q0f32", output=out / k) for k, d in tiny_dirs.items()}
+    return {k: built_once(tmp_path_factory, f"tiny-artifacts/{k}",
+                          lambda out, d=d: kiln.compile(str(d), target="cpu", quant="q0f32", output=out))
+            for k, d in tiny_dirs.items()}
 
 
 @pytest.fixture(scope="session")
@@ -128,17 +160,46 @@ def smollm2_gguf() -> Path:
 
 class TransformersGGUF:
     """transformers' reading of one GGUF (`gguf_file=`): its tokenizer and its model per dtype, each
-    loaded on first use and kept for the session (a load parses the file's metadata again: ~20 s
-    for SmolLM2's, most of it the vocabulary)."""
+    loaded on first use and kept for the session. The loads share one gguf.GGUFReader of the file
+    (`_one_reader`): transformers builds one per config, tokenizer config and weights read, each
+    parsing the whole metadata (~17 s for Gemma 3's 262k-token vocabulary, 3 per model load)."""
 
     def __init__(self, path: Path):
-        self.path, self._models, self._tokenizer = path, {}, None
+        self.path, self._models, self._tokenizer, self._reader = path, {}, None, None
+
+    @contextlib.contextmanager
+    def _one_reader(self):
+        """While transformers reads self.path: gguf.GGUFReader of that path is one reader, kept
+        (transformers builds one for the config, the tokenizer's config and the weights, each parsing
+        the whole metadata: ~17 s for Gemma 3's 262k-token vocabulary), and kiln's MappedReader (the
+        same values, ~3x faster to parse); gguf.get_tensor_name_map, which transformers builds anew
+        for every tensor (397 times for SmolLM2: 15 s), is computed once per arguments."""
+        import gguf
+
+        from kiln.models.gguf import MappedReader
+        made, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        here = Path(self.path).resolve()
+
+        def reader(path, *args, **kwargs):
+            if Path(path).resolve() != here or args or kwargs:
+                return made(path, *args, **kwargs)
+            if self._reader is None:
+                self._reader = MappedReader(path)
+            return self._reader
+
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = made, name_map
 
     @property
     def tokenizer(self):
         if self._tokenizer is None:
             import transformers
-            self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+            with self._one_reader():
+                self._tokenizer = transformers.AutoTokenizer.from_pretrained(str(self.path.parent),
+                                                                             gguf_file=self.path.name)
         return self._tokenizer
 
     def model(self, dtype=None):
@@ -147,8 +208,9 @@ class TransformersGGUF:
         import transformers
         dtype = dtype or torch.float32
         if dtype not in self._models:
-            self._models[dtype] = transformers.AutoModelForCausalLM.from_pretrained(
-                str(self.path.parent), gguf_file=self.path.name, dtype=dtype).eval()
+            with self._one_reader():
+                self._models[dtype] = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(self.path.parent), gguf_file=self.path.name, dtype=dtype).eval()
         return self._models[dtype]
 
 
@@ -164,8 +226,8 @@ def smollm2_artifact(smollm2_gguf, tmp_path_factory) -> Path:
     """SmolLM2 at q0f32 (the GGUF dequantized), without golden logits: no test checks it against them
     (transformers' reference for them: ~12 s a build)."""
     import kiln
-    return kiln.compile("smollm2", target="cpu", quant="q0f32", output=tmp_path_factory.mktemp("smollm2") / "art",
-                        golden=False)
+    return built_once(tmp_path_factory, "smollm2/art",
+                      lambda out: kiln.compile("smollm2", target="cpu", quant="q0f32", output=out, golden=False))
 
 
 def ir_functions(ir: str) -> dict[str, str]:
