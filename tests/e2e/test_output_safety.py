@@ -76,13 +76,18 @@ def test_context_window_beyond_the_model_is_refused(tmp_path, tiny_dirs):
     assert not (tmp_path / "a").exists()
 
 
-@pytest.mark.alone
-def test_artifact_is_replaced_only_with_force_and_interrupts_keep_it(tmp_path, tiny_dirs):
-    out = tmp_path / "art"
-    assert compile_tiny(tiny_dirs, out).returncode == 0
+def test_an_artifact_is_replaced_only_with_force(tmp_path, tiny_dirs, tiny_artifacts):
+    out = shutil.copytree(tiny_artifacts["tied"], tmp_path / "art")
     first = (out / "kiln-config.json").read_text()
     assert json.loads(first)["model"]["source"]["path"] == "tied"     # a name, never the machine's full path
     assert_clean_error(compile_tiny(tiny_dirs, out), "already holds a kiln artifact", "--force")
+    assert (out / "kiln-config.json").read_text() == first
+
+
+@pytest.mark.alone
+def test_interrupts_keep_the_artifact_a_forced_compile_replaces(tmp_path, tiny_dirs, tiny_artifacts):
+    out = shutil.copytree(tiny_artifacts["tied"], tmp_path / "art")     # what `kiln compile` wrote: a copy
+    first = (out / "kiln-config.json").read_text()
     for sig in (signal.SIGINT, signal.SIGKILL):
         # An interrupt that lands after the swap, or after the compile has exited (a loaded host: the
         # test's own wakeups come late), leaves the new artifact: whole, and the test tries again.

@@ -207,12 +207,20 @@ def test_bad_response_format_is_invalid_request(compiler, rf, words):
     assert words in str(info.value)
 
 
-@pytest.mark.alone
-def test_smollm2_vocabulary(smollm2_gguf: Path, tmp_path: Path):
+@pytest.fixture(scope="module")
+def smollm2_grammars(smollm2_gguf: Path, tmp_path_factory) -> tuple[Tokenizer, GrammarCompiler]:
+    """SmolLM2's tokenizer and a GrammarCompiler over its vocabulary (built here, untimed: the timed
+    test below holds the run's other workers off only while it times)."""
     from kiln.models.gguf import load_gguf
-    load_gguf(smollm2_gguf).write_tokenizer(tmp_path)
-    tok = Tokenizer.from_dir(tmp_path)
-    compiler = GrammarCompiler(tok, 49152)
+    folder = tmp_path_factory.mktemp("smollm2-tokenizer")
+    load_gguf(smollm2_gguf).write_tokenizer(folder)
+    tok = Tokenizer.from_dir(folder)
+    return tok, GrammarCompiler(tok, 49152)
+
+
+@pytest.mark.alone
+def test_smollm2_vocabulary(smollm2_grammars):
+    tok, compiler = smollm2_grammars
     assert compiler.tokenizer_info.vocab_type == xgrammar.VocabType.BYTE_LEVEL
     start = time.perf_counter()
     state = compiler.compile({"type": "json_object"})
