@@ -56,17 +56,24 @@ _LOCK = Path(tempfile.gettempdir()) / f"kiln-tests-{os.environ.get('PYTEST_XDIST
 
 
 @contextlib.contextmanager
-def _test_lock(exclusive: bool):
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
+def _flocked(path: Path, exclusive: bool):
+    """path's flock held (exclusive or shared) for the block; the file is made if missing."""
     import fcntl
-    with open(_LOCK, "a") as lock:
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         try:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _test_lock(exclusive: bool):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    with _flocked(_LOCK, exclusive):
+        yield
 
 
 @pytest.hookimpl(wrapper=True)
@@ -104,20 +111,15 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> 
     worker to ask builds it while the others wait on its lock, then every worker uses that one (a
     session fixture of each worker would build its own: SmolLM2's compile is ~50 s). What it holds
     must stay as built: tests that change one copy it first. A build that failed is tried again."""
-    import fcntl
     import shutil
     dest = run_folder(tmp_path_factory) / "shared" / name
     dest.parent.mkdir(parents=True, exist_ok=True)
     done = dest.with_name(dest.name + ".done")
-    with open(dest.with_name(dest.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not done.exists():
-                shutil.rmtree(dest, ignore_errors=True)
-                build(dest)
-                done.touch()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with _flocked(dest.with_name(dest.name + ".lock"), exclusive=True):
+        if not done.exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            build(dest)
+            done.touch()
     return dest
 
 
@@ -160,9 +162,7 @@ def smollm2_gguf() -> Path:
 
 class TransformersGGUF:
     """transformers' reading of one GGUF (`gguf_file=`): its tokenizer and its model per dtype, each
-    loaded on first use and kept for the session. The loads share one gguf.GGUFReader of the file
-    (`_one_reader`): transformers builds one per config, tokenizer config and weights read, each
-    parsing the whole metadata (~17 s for Gemma 3's 262k-token vocabulary, 3 per model load)."""
+    loaded on first use and kept for the session; the loads share one reader of the file (`_one_reader`)."""
 
     def __init__(self, path: Path):
         self.path, self._models, self._tokenizer, self._reader = path, {}, None, None

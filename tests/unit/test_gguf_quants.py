@@ -68,6 +68,25 @@ def test_type_loads_as_gguf_py_dequantizes_it(type_name, hf_dir, tmp_path):
         np.testing.assert_array_equal(source.weights.get(hf_name).astype(np.float32), want, err_msg=hf_name)
 
 
+def test_mapped_reader_reads_what_gguf_reads(hf_dir, tmp_path):
+    """kiln's MappedReader (a plain ndarray over the map, not the np.memmap): every field's parts and
+    every tensor's data the same bytes and dtypes as gguf.GGUFReader gives."""
+    from kiln.models.gguf import MappedReader
+    path = write_gguf(hf_dir, tmp_path / "m.gguf", default="Q4_1")
+    mine, theirs = MappedReader(path), gguf.GGUFReader(path)
+    assert type(mine.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert list(mine.fields) == list(theirs.fields) and len(mine.fields) > 10
+    for name, field in theirs.fields.items():
+        got = mine.fields[name]
+        assert (got.types, got.data, len(got.parts)) == (field.types, field.data, len(field.parts)), name
+        for a, b in zip(got.parts, field.parts):
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
+    assert [t.name for t in mine.tensors] == [t.name for t in theirs.tensors]
+    for a, b in zip(mine.tensors, theirs.tensors):
+        assert (a.tensor_type, a.data.dtype, a.data.shape) == (b.tensor_type, b.data.dtype, b.data.shape), a.name
+        assert a.data.tobytes() == b.data.tobytes(), a.name
+
+
 def test_unknown_type_is_refused_in_one_line(hf_dir, tmp_path):
     path = write_gguf(hf_dir, tmp_path / "iq.gguf")
     reader = gguf.GGUFReader(path)
