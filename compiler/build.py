@@ -30,6 +30,7 @@ from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES
                                    write_golden)
 
 from .artifact import check_output, staged_artifact
+from . import codegen
 from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
 from .lib_cache import LibraryCache
 from .pipeline import build_pipeline
@@ -234,7 +235,7 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
         if cached is not None:
             report("compile:library reused", len(phase_names), len(phase_names))
             return cached, facts.facts
-        return relax.build(lowered, target=target, relax_pipeline=None, system_lib=profile.system_lib), facts.facts
+        return codegen.build(lowered, target, profile.system_lib, profile.codegen_parts), facts.facts
 
 
 @dataclass

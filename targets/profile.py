@@ -80,6 +80,9 @@ class TargetProfile:
     # Writes the built module to a path (a linker the host lacks by default); None: TVM's export_library.
     exporter: Callable[[Any, Path], None] | None = field(default=None, compare=False)
     system_lib: bool = False        # functions register themselves at load (static linking into an app)
+    # Kernels compiled as this many modules on the build's threads, linked into one library
+    # (compiler/codegen.py); for libraries of host code alone (no device module), not system libraries.
+    codegen_parts: int = 1
     eight_bit_storage: bool = True  # kernels may read 8-bit integers (q8 weights); False: 4-bit only
     # kernels may read 16-bit values (float16, uint16): as-stored keeps a checkpoint's F16 / BF16 weights
     # in 16 bits (quant_modules f16 / bf16); False: in the compute dtype

@@ -1,0 +1,79 @@
+"""compiler/codegen.py: kernels compiled as parts on threads give relax.build's executable, in the
+process and exported (a shared library, a .tar of objects), and a part's failure reaches the caller."""
+
+from __future__ import annotations
+
+import tarfile
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+
+from kiln.compiler import codegen
+from kiln.targets import get_profile
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        self.up = nn.Linear(16, 32, bias=True)
+        self.down = nn.Linear(32, 8, bias=False)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.softmax(self.down(nn.op.silu(self.up(x))), axis=-1)
+
+
+@pytest.fixture(scope="module")
+def lowered():
+    mod, params = _Block().export_tvm(spec={"forward": {"x": nn.spec.Tensor([2, 16], "float32")}})
+    target = get_profile("cpu").tvm_target()
+    with target:
+        lowered = relax.get_pipeline("default")(mod)
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for _, p in params]
+    return lowered, target, weights
+
+
+def _run(vm_source, weights, x) -> np.ndarray:
+    vm = relax.VirtualMachine(vm_source, tvm.cpu())
+    args = [tvm.runtime.tensor(a) for a in (x, *weights)]
+    return vm["forward"](*args).numpy()
+
+
+def test_parts_give_relax_builds_executable(lowered, tmp_path):
+    mod, target, weights = lowered
+    kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items())
+    assert kernels >= 3
+    x = np.random.default_rng(1).standard_normal([2, 16]).astype("float32")
+    whole = codegen.build(mod, target, False, parts=1)
+    expected = _run(whole, weights, x)
+    parted = codegen.build(mod, target, False, parts=3)
+    assert len(parted.mod._collect_dso_modules()) == 3
+    np.testing.assert_array_equal(_run(parted, weights, x), expected)
+    parted.export_library(str(tmp_path / "lib.so"))
+    np.testing.assert_array_equal(_run(tvm.runtime.load_module(str(tmp_path / "lib.so")), weights, x), expected)
+    parted.export_library(str(tmp_path / "lib.tar"))
+    with tarfile.open(tmp_path / "lib.tar") as tar:
+        assert sorted(tar.getnames()) == ["devc.o", "lib0.o", "lib1.o", "lib2.o"]
+
+
+def test_more_parts_than_kernels_and_a_system_library_build_whole(lowered):
+    mod, target, _ = lowered
+    kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items())
+    assert len(codegen.build(mod, target, False, parts=kernels + 5).mod._collect_dso_modules()) == kernels
+    assert len(codegen.build(mod, target, True, parts=3).mod._collect_dso_modules()) == 1
+
+
+def test_a_failing_part_raises_in_the_caller(lowered, monkeypatch):
+    mod, target, _ = lowered
+    real = tvm.tirx.build
+
+    def build(part, target):
+        if "softmax" in " ".join(gv.name_hint for gv in part.get_global_vars()):
+            raise RuntimeError("no code for softmax")
+        return real(part, target=target)
+
+    monkeypatch.setattr(tvm.tirx, "build", build)
+    with pytest.raises(RuntimeError, match="no code for softmax"):
+        codegen.build(mod, target, False, parts=3)
