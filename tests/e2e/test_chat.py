@@ -66,14 +66,17 @@ def test_ctrl_c_at_the_prompt_does_not_quit_and_exit_does(tiny_artifacts):
         term.read_until(">>> ")
         # Ctrl-C: the terminal sends SIGINT. One that lands after the prompt is written but before
         # CPython's readline waits in select() is only noticed at the next keystroke (a CPython race,
-        # seen on a loaded 2-core machine), so press it again as a person would.
-        for attempt in range(5):
+        # seen on a loaded 2-core machine), so wait a moment first, and press it again as a person
+        # would (4 s a try: this whole test's call takes ~3 s on an idle machine; with 15 s tries it
+        # took 58 s in a loaded suite).
+        for attempt in range(10):
+            time.sleep(0.5)
             term.send("\x03")
             try:
-                term.read_until("/exit quits", timeout=15)
+                term.read_until("/exit quits", timeout=4)
                 break
             except AssertionError:
-                if attempt == 4:
+                if attempt == 9:
                     raise
         term.send("hello\r")
         term.read_until(">>> ", count=3)                  # the reply came, then a new prompt
