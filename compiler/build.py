@@ -29,8 +29,8 @@ from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES
                                    KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config,
                                    write_golden)
 
-from .artifact import check_output, staged_artifact
 from . import codegen
+from .artifact import check_output, staged_artifact
 from .golden import TOP_K, Reference, compute_golden, golden_prompts, transformers_reference
 from .lib_cache import LibraryCache
 from .pipeline import build_pipeline

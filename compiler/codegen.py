@@ -90,7 +90,7 @@ class _Executable(relax.VMExecutable):
 
         modules, file_name = self.mod._collect_dso_modules(), str(file_name)
         known = fcompile is not None or file_name.endswith((".so", ".dylib", ".tar"))
-        if not known or not all(m.is_compilation_exportable() for m in modules):
+        if not known or any(m.kind == "c" for m in modules):        # C source: TVM compiles it its own way
             return super().export_library(file_name, fcompile=fcompile, addons=addons,
                                           workspace_dir=workspace_dir, **kwargs)
         if workspace_dir is None:

@@ -67,8 +67,8 @@ def test_ctrl_c_at_the_prompt_does_not_quit_and_exit_does(tiny_artifacts):
         # Ctrl-C: the terminal sends SIGINT. One that lands after the prompt is written but before
         # CPython's readline waits in select() is only noticed at the next keystroke (a CPython race,
         # seen on a loaded 2-core machine), so wait a moment first, and press it again as a person
-        # would (4 s a try: this whole test's call takes ~3 s on an idle machine; with 15 s tries it
-        # took 58 s in a loaded suite).
+        # would (4 s a try, was 15 s: a missed press costs little; this whole test's call takes ~3 s
+        # on an idle machine, most of its time in a loaded suite is the chat's start).
         for attempt in range(10):
             time.sleep(0.5)
             term.send("\x03")
