@@ -8,26 +8,21 @@ code generation releases the GIL, so a profile whose library is host code alone
 its own: the first part's module imports the others, the VM links to it (calls reach every kernel
 through the imports), and exporting writes each part's object on its own thread before one link.
 
-The number of parts is the profile's, so the library is the same on any number of cores; threads()
-of them run at once. Smaller modules also optimize faster: SmolLM2 q0f32 on 2 cores, 8 parts:
+The number of parts is the profile's, so the library is the same on any number of cores; as many
+of them as the process has cores build at once. Smaller modules also optimize faster: SmolLM2 q0f32 on 2 cores, 8 parts:
 build 6.1 -> 2.9 s, export 5.6 -> 2.5 s.
 """
 
 from __future__ import annotations
 
 import os
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import tvm
 from tvm import relax, tirx
 from tvm.relax import vm_build
 
 from kiln.models.source import usable_cores
-
-
-def threads() -> int:
-    """How many parts compile at once: the cores this process may use."""
-    return max(1, usable_cores())
 
 
 def build(lowered: tvm.IRModule, target: tvm.target.Target, system_lib: bool, parts: int = 1):
@@ -51,34 +46,20 @@ def build(lowered: tvm.IRModule, target: tvm.target.Target, system_lib: bool, pa
 
 
 def _on_threads(fn, items: list) -> list:
-    """[fn(item) for item in items] on up to threads() threads, under the caller's PassContext (TVM
-    keeps the current one per thread); the first error is raised here."""
-    ctx, results, errors, lock = tvm.transform.PassContext.current(), [None] * len(items), [], threading.Lock()
-    pending = list(range(len(items)))
+    """[fn(item) for item in items] on a thread per usable core (at most one per item), under the
+    caller's PassContext (TVM keeps the current one per thread); the first error is raised here and
+    the items not yet started are dropped."""
+    ctx = tvm.transform.PassContext.current()
 
-    def work() -> None:
+    def run(item):
         with ctx:
-            while True:
-                with lock:
-                    if errors or not pending:
-                        return
-                    i = pending.pop(0)
-                try:
-                    results[i] = fn(items[i])
-                except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
-                    with lock:
-                        errors.append(e)
+            return fn(item)
 
-    # daemons: an interrupted compile does not wait for them (kiln/cli_info.py exit_interrupted)
-    workers = [threading.Thread(target=work, name="kiln-codegen", daemon=True)
-               for _ in range(min(threads(), len(items)))]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    if errors:
-        raise errors[0]
-    return results
+    pool = ThreadPoolExecutor(min(usable_cores(), len(items)), thread_name_prefix="kiln-codegen")
+    try:
+        return list(pool.map(run, items))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Executable(relax.VMExecutable):
