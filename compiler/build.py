@@ -214,7 +214,9 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
     """Run the pipeline and build: the executable, and what the pipeline saw on the way (BuildFacts).
     `reuse`: where that cache holds the library of the module the pipeline left (same target, TVM
     and kiln), the executable is that file (lib_cache.CachedLibrary) and TVM's code generation is
-    skipped; else the caller keeps what it exports (reuse.keep)."""
+    skipped; else the caller keeps what it exports (reuse.keep), and a parted build compiles only
+    the kernels whose objects the cache does not hold (lib_cache.KernelObjects): an export is then
+    the one use of the executable."""
     report = report or (lambda *_: None)
     phase_names = []
 
@@ -235,7 +237,11 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
         if cached is not None:
             report("compile:library reused", len(phase_names), len(phase_names))
             return cached, facts.facts
-        return codegen.build(lowered, target, profile.system_lib, profile.codegen_parts), facts.facts
+        built = codegen.build(lowered, target, profile.system_lib, profile.codegen_parts,
+                              reuse.kernel_objects(target) if reuse is not None else None)
+        if getattr(built, "reused", 0):
+            report(f"compile:{built.reused} kernels reused", len(phase_names), len(phase_names))
+        return built, facts.facts
 
 
 @dataclass

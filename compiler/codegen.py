@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import tvm
 from tvm import relax, tirx
@@ -24,11 +25,18 @@ from tvm.relax import vm_build
 
 from kiln.models.source import usable_cores
 
+from .lib_cache import KernelObjects
 
-def build(lowered: tvm.IRModule, target: tvm.target.Target, system_lib: bool, parts: int = 1):
+
+def build(lowered: tvm.IRModule, target: tvm.target.Target, system_lib: bool, parts: int = 1,
+          objects: KernelObjects | None = None):
     """relax.build(lowered, target=target, relax_pipeline=None, system_lib=system_lib): the same
     executable, its kernels compiled as `parts` modules on threads. 1, a system library or a module
-    carrying external modules (relax.build links those its own way): relax.build itself."""
+    carrying external modules (relax.build links those its own way): relax.build itself.
+
+    `objects` (a parted build only): each kernel is a module of its own, those whose object the cache
+    holds are not compiled (the executable's export links the kept objects, and keeps the new ones),
+    so only an export reaches them: the executable's `reused` says how many."""
     attrs = lowered.attrs or {}
     if parts <= 1 or system_lib or attrs.get("external_mods") or attrs.get("system_lib_prefix"):
         return relax.build(lowered, target=target, relax_pipeline=None, system_lib=system_lib)
@@ -36,13 +44,28 @@ def build(lowered: tvm.IRModule, target: tvm.target.Target, system_lib: bool, pa
     builder = relax.ExecBuilder()
     rest = vm_build._vmcodegen(builder, lowered, "bytecode")
     kernels = [(gv, f) for gv, f in rest.functions_items() if isinstance(f, tirx.PrimFunc)]
-    modules = [tvm.IRModule(dict(kernels[i::parts]), attrs=rest.attrs) for i in range(min(parts, len(kernels)))]
-    if not modules:
+    if not kernels:
         return relax.build(lowered, target=target, relax_pipeline=None, system_lib=system_lib)
+    kept: dict[str, tuple[tvm.IRModule, bytes]] = {}
+    if objects is None:
+        modules = [tvm.IRModule(dict(kernels[i::parts]), attrs=rest.attrs) for i in range(min(parts, len(kernels)))]
+        keys = [None] * len(modules)
+    else:
+        alone = [tvm.IRModule({gv: f}, attrs=rest.attrs) for gv, f in kernels]
+        keys = [objects.key(module) for module in alone]
+        found = objects.lookup(keys)
+        kept = {key: (module, found[key]) for module, key in zip(alone, keys) if key in found}
+        modules = [module for module, key in zip(alone, keys) if key not in found]
+        keys = [key for key in keys if key not in found]
+        if not modules:                            # every kernel kept: the VM still links to a module
+            modules, keys = [tvm.IRModule({}, attrs=rest.attrs)], [None]
     libs = _on_threads(lambda module: tirx.build(module, target=target), modules)
     for other in libs[1:]:
         libs[0].import_module(other)
-    return _Executable(relax._ffi_api.VMLink(builder, target, libs[0], [], params))
+    executable = _Executable(relax._ffi_api.VMLink(builder, target, libs[0], [], params))
+    executable.target, executable.objects = target, objects
+    executable.parts, executable.kept = list(zip(libs, keys)), kept
+    return executable
 
 
 def _on_threads(fn, items: list) -> list:
@@ -64,24 +87,53 @@ def _on_threads(fn, items: list) -> list:
 
 class _Executable(relax.VMExecutable):
     """A VM executable whose library is several modules: export_library writes their objects on
-    threads (TVM's writes one after another), then packs the VM's part and links as TVM's does."""
+    threads (TVM's writes one after another), then packs the VM's part and links as TVM's does, with
+    the kernel objects build() found kept (and keeps the ones it wrote)."""
+
+    target: tvm.target.Target
+    objects: KernelObjects | None
+    parts: list[tuple[tvm.runtime.Module, str | None]]      # the compiled modules, with their kernel's key
+    kept: dict[str, tuple[tvm.IRModule, bytes]]              # kernels not compiled: their module and object
+
+    @property
+    def reused(self) -> int:
+        return len(self.kept)
 
     def export_library(self, file_name, *, fcompile=None, addons=None, workspace_dir=None, **kwargs):
         from tvm.support import cc, tar, utils
 
-        modules, file_name = self.mod._collect_dso_modules(), str(file_name)
+        file_name, fmt = str(file_name), getattr(fcompile, "object_format", "o")
         known = fcompile is not None or file_name.endswith((".so", ".dylib", ".tar"))
-        if not known or any(m.kind == "c" for m in modules):        # C source: TVM compiles it its own way
-            return super().export_library(file_name, fcompile=fcompile, addons=addons,
-                                          workspace_dir=workspace_dir, **kwargs)
+        if not known or fmt != "o" or any(m.kind == "c" for m in self.mod._collect_dso_modules()):
+            self._compile_kept()                   # TVM's own export (C source, another object format)
+            if not known or any(m.kind == "c" for m in self.mod._collect_dso_modules()):
+                return super().export_library(file_name, fcompile=fcompile, addons=addons,
+                                              workspace_dir=workspace_dir, **kwargs)
         if workspace_dir is None:
             workspace = utils.tempdir()
             workspace_dir = workspace.temp_dir
-        fmt = getattr(fcompile, "object_format", "o")
-        objects = [os.path.join(workspace_dir, f"lib{i}.{fmt}") for i in range(len(modules))]
-        _on_threads(lambda pair: pair[0].write_to_file(pair[1]), list(zip(modules, objects)))
+        written = [os.path.join(workspace_dir, f"lib{i}.{fmt}") for i in range(len(self.parts))]
+        _on_threads(lambda pair: pair[0].write_to_file(pair[1]),
+                    [(module, path) for (module, _), path in zip(self.parts, written)])
+        copied = [os.path.join(workspace_dir, f"kept{i}.{fmt}") for i in range(len(self.kept))]
+        for path, (_, data) in zip(copied, self.kept.values()):
+            Path(path).write_bytes(data)
         packed = os.path.join(workspace_dir, f"devc.{fmt}")
-        triple = modules[0].get_function("_get_target_string")()
+        triple = self.parts[0][0].get_function("_get_target_string")()
         tvm.runtime._ffi_api.ModulePackImportsToLLVM(self.mod, False, triple, "").write_to_file(packed)
         fcompile = fcompile or (tar.tar if file_name.endswith(".tar") else cc.create_shared)
-        return fcompile(file_name, [*(addons or []), *objects, packed], **kwargs)
+        linked = fcompile(file_name, [*(addons or []), *written, *copied, packed], **kwargs)
+        if self.objects is not None:
+            for (_, key), path in zip(self.parts, written):
+                if key is not None:
+                    self.objects.keep(key, Path(path).read_bytes())
+        return linked
+
+    def _compile_kept(self) -> None:
+        """Compile the kept kernels after all, for an export that cannot link their objects."""
+        if self.kept:
+            libs = _on_threads(lambda module: tirx.build(module, target=self.target),
+                               [module for module, _ in self.kept.values()])
+            for lib in libs:
+                self.parts[0][0].import_module(lib)
+            self.parts, self.kept = [*self.parts, *((lib, None) for lib in libs)], {}

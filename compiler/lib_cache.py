@@ -46,18 +46,30 @@ def cache_root() -> Path | None:
     return cache_dir() / "libs"
 
 
-def library_key(lowered, profile, target) -> str:
-    """What a library built from `lowered` (the module after kiln's pipeline) for `profile` and its
-    TVM `target` depends on, hashed."""
+def _environment(target) -> list[str]:
+    """What any code TVM generates here depends on besides the module itself: kiln's compiler
+    fingerprint, TVM's version, the TVM target and the pass context's options."""
     import tvm
 
     import kiln
     ctx = tvm.transform.PassContext.current()
+    return [kiln.compiler_fingerprint(), tvm.__version__, json.dumps(target.export(), sort_keys=True, default=str),
+            f"opt{ctx.opt_level}", json.dumps({str(k): str(v) for k, v in dict(ctx.config).items()}, sort_keys=True)]
+
+
+def _digest(parts: list[str]) -> "hashlib._Hash":
     digest = hashlib.sha256()
-    for part in (kiln.compiler_fingerprint(), tvm.__version__, json.dumps(target.export(), sort_keys=True, default=str),
-                 f"opt{ctx.opt_level}", json.dumps({str(k): str(v) for k, v in dict(ctx.config).items()}, sort_keys=True),
-                 f"{profile.export_format}|{profile.system_lib}|{profile.exporter is None}|{profile.lib_name}"):
+    for part in parts:
         digest.update(part.encode() + b"\0")
+    return digest
+
+
+def library_key(lowered, profile, target) -> str:
+    """What a library built from `lowered` (the module after kiln's pipeline) for `profile` and its
+    TVM `target` depends on, hashed."""
+    import tvm
+    digest = _digest([*_environment(target),
+                      f"{profile.export_format}|{profile.system_lib}|{profile.exporter is None}|{profile.lib_name}"])
     digest.update(tvm.ir.save_json(lowered).encode())
     return digest.hexdigest()[:32]
 
@@ -88,6 +100,10 @@ class LibraryCache:
     def open(cls) -> "LibraryCache | None":
         root = cache_root()
         return cls(root) if root is not None else None
+
+    def kernel_objects(self, target) -> "KernelObjects":
+        """Where this cache keeps kernels compiled one object file each, for `target`."""
+        return KernelObjects(self.root / KERNELS, _digest(_environment(target)))
 
     def entry(self, suffix: str) -> Path:
         return self.root / f"{self.key}{suffix}"
@@ -137,6 +153,62 @@ class LibraryCache:
             self._lock = None
 
 
+KERNELS = "kernels"           # <root>/kernels/<key>-<sha256 of the object, 16 digits>.o
+
+
+class KernelObjects:
+    """Kernels compiled one object file each, kept by the code they hold, so a build whose library is
+    not cached whole still copies every kernel an earlier build compiled (codegen.build): the same
+    model at another quantization shares its attention, norm and sampling kernels; a test suite's
+    tiny models share most of theirs. A kernel's key is a sha256 of the module it is built as (one
+    PrimFunc, tvm.ir.save_json) and of what the library's key holds but the profile's export (kiln's
+    compiler fingerprint, TVM's version, the target, the pass context's options); the object's own
+    sha256 is in its name, checked on every read (a damaged one is compiled again). Written whole
+    or not at all (a rename); no lock: two builds of one kernel write the same bytes."""
+
+    def __init__(self, folder: Path, environment: "hashlib._Hash") -> None:
+        self.folder, self._environment = folder, environment
+
+    def key(self, module) -> str:
+        import tvm
+        digest = self._environment.copy()
+        digest.update(tvm.ir.save_json(module).encode())
+        return digest.hexdigest()[:32]
+
+    def lookup(self, keys: list[str]) -> dict[str, bytes]:
+        """The objects kept for those keys (those with a sound copy), by key."""
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return {}
+        stored: dict[str, list[str]] = {}
+        for name in names:
+            if name.endswith(".o") and not name.startswith("."):
+                stored.setdefault(name.partition("-")[0], []).append(name)
+        found = {}
+        for key in set(keys) & stored.keys():
+            for name in stored[key]:
+                path = self.folder / name
+                with contextlib.suppress(OSError):
+                    data = path.read_bytes()
+                    if hashlib.sha256(data).hexdigest()[:16] == name[len(key) + 1:-2]:
+                        os.utime(path)                 # what `kiln cache clean --older-than` goes by
+                        found[key] = data
+                        break
+        return found
+
+    def keep(self, key: str, data: bytes) -> None:
+        dest = self.folder / f"{key}-{hashlib.sha256(data).hexdigest()[:16]}.o"
+        part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            part.write_bytes(data)
+            os.replace(part, dest)
+        except OSError:                                # a full disk costs the reuse, not the compile
+            with contextlib.suppress(OSError):
+                part.unlink()
+
+
 @dataclass(frozen=True)
 class Library:
     path: Path
@@ -147,17 +219,28 @@ class Library:
 def libraries() -> list[Library]:
     """Every cached library, least recently used first."""
     root = cache_root()
+    return _files(root, lambda p: p.suffix not in (".lock", ".sha256")) if root is not None else []
+
+
+def kernels() -> list[Library]:
+    """Every kept kernel object (KernelObjects), least recently used first."""
+    root = cache_root()
+    return _files(root / KERNELS, lambda p: p.suffix == ".o") if root is not None else []
+
+
+def _files(folder: Path, wanted) -> list[Library]:
     found = []
-    for p in sorted(root.iterdir()) if root is not None and root.is_dir() else []:
-        if p.is_file() and not p.name.startswith(".") and p.suffix not in (".lock", ".sha256"):
+    for p in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if p.is_file() and not p.name.startswith(".") and wanted(p):
             with contextlib.suppress(OSError):
                 st = p.stat()
                 found.append(Library(p, st.st_size, st.st_mtime))
     return sorted(found, key=lambda lib: lib.last_used)
 
 
-def clean(older_than_s: float | None = None) -> list[Library]:
-    """Remove every cached library (or those unused for `older_than_s` seconds); returns them."""
+def clean(older_than_s: float | None = None) -> tuple[list[Library], list[Library]]:
+    """Remove every cached library and kernel object (or those unused for `older_than_s` seconds);
+    returns them (libraries, kernels)."""
     cutoff = time.time() - older_than_s if older_than_s is not None else float("inf")
     removed = [lib for lib in libraries() if lib.last_used < cutoff]
     for lib in removed:
@@ -165,4 +248,7 @@ def clean(older_than_s: float | None = None) -> list[Library]:
             lib.path.unlink()
             for side in (".sha256", ".lock"):
                 lib.path.with_suffix(side).unlink(missing_ok=True)
-    return removed
+    objects = [k for k in kernels() if k.last_used < cutoff]
+    for k in objects:
+        k.path.unlink(missing_ok=True)
+    return removed, objects

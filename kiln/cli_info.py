@@ -84,13 +84,14 @@ def cache() -> None:
 
 @cache.command("list")
 @click.option("--json", "as_json", is_flag=True,
-              help="one JSON object per artifact and per built library (\"kind\" says which), one per line")
+              help="one JSON object per artifact, built library and compiled kernel (\"kind\" says which), "
+                   "one per line")
 def cache_list(as_json) -> None:
     """Every cached artifact: model, quantization, target, size and last use (oldest first); then how
-    many built libraries the compiles keep (--json: each of them)."""
+    many built libraries and compiled kernels the compiles keep (--json: each of them)."""
     from kiln.cache import artifacts_dir, entries
-    from kiln.compiler.lib_cache import cache_root, libraries
-    found, libs = entries(), libraries()
+    from kiln.compiler.lib_cache import cache_root, kernels, libraries
+    found, libs, objects = entries(), libraries(), kernels()
     for e in found:
         row = {"kind": "artifact", "path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target,
                "bytes": e.bytes, "last_used": _when(e.last_used)}
@@ -100,13 +101,16 @@ def cache_list(as_json) -> None:
             click.echo(f"{row['last_used']}  {e.bytes / 1e6:8.1f} MB  {e.quant:<9} {e.target:<8} {e.model}  "
                        f"({e.path.name})")
     if as_json:
-        for lib in libs:
-            click.echo(json.dumps({"kind": "library", "path": str(lib.path), "bytes": lib.bytes,
-                                   "last_used": _when(lib.last_used)}))
+        for kind, files in (("library", libs), ("kernel", objects)):
+            for f in files:
+                click.echo(json.dumps({"kind": kind, "path": str(f.path), "bytes": f.bytes,
+                                       "last_used": _when(f.last_used)}))
     else:
         click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
-        if libs:
-            click.echo(f"{len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB in {cache_root()}")
+        if libs or objects:
+            click.echo(f"{len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB, and "
+                       f"{len(objects)} compiled kernels, {sum(k.bytes for k in objects) / 1e6:.1f} MB, "
+                       f"in {cache_root()}")
 
 
 def _when(timestamp: float) -> str:
@@ -117,14 +121,15 @@ def _when(timestamp: float) -> str:
 @click.option("--older-than", default=None, help="only entries unused for this long: 90s, 30m, 12h, 7d, 2w")
 @friendly_errors
 def cache_clean(older_than) -> None:
-    """Remove cached artifacts and built libraries (all, or those unused for --older-than); they are
-    compiled again on next use."""
+    """Remove cached artifacts, built libraries and compiled kernels (all, or those unused for
+    --older-than); they are compiled again on next use."""
     from kiln.cache import clean, parse_age
     from kiln.compiler import lib_cache
     age = parse_age(older_than) if older_than else None
-    removed, libs = clean(age), lib_cache.clean(age)
+    removed, (libs, objects) = clean(age), lib_cache.clean(age)
     click.echo(f"removed {len(removed)} entries, {sum(e.bytes for e in removed) / 1e6:.1f} MB"
-               + (f", and {len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB" if libs else ""))
+               + (f", {len(libs)} built libraries, {sum(lib.bytes for lib in libs) / 1e6:.1f} MB, and {len(objects)} "
+                  f"compiled kernels, {sum(k.bytes for k in objects) / 1e6:.1f} MB" if libs or objects else ""))
 
 
 @click.command("models")

@@ -1,5 +1,7 @@
 """compiler/codegen.py: kernels compiled as parts on threads give relax.build's executable, in the
-process and exported (a shared library, a .tar of objects), and a part's failure reaches the caller."""
+process and exported (a shared library, a .tar of objects), and a part's failure reaches the caller;
+with kept kernel objects (lib_cache.KernelObjects) only the kernels none holds are compiled, and the
+library linked from the kept ones computes the same."""
 
 from __future__ import annotations
 
@@ -77,3 +79,32 @@ def test_a_failing_part_raises_in_the_caller(lowered, monkeypatch):
     monkeypatch.setattr(tvm.tirx, "build", build)
     with pytest.raises(RuntimeError, match="no code for softmax"):
         codegen.build(mod, target, False, parts=3)
+
+
+def test_kept_kernel_objects_are_linked_instead_of_compiled(lowered, tmp_path, monkeypatch):
+    from kiln.compiler.lib_cache import KernelObjects, _digest, _environment
+    mod, target, weights = lowered
+    kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items())
+    x = np.random.default_rng(1).standard_normal([2, 16]).astype("float32")
+    expected = _run(codegen.build(mod, target, False, parts=1), weights, x)
+    objects = KernelObjects(tmp_path / "kernels", _digest(_environment(target)))
+    first = codegen.build(mod, target, False, parts=3, objects=objects)
+    assert first.reused == 0 and len(first.mod._collect_dso_modules()) == kernels       # a module per kernel
+    first.export_library(str(tmp_path / "first.so"))
+    assert len(list((tmp_path / "kernels").glob("*.o"))) == kernels
+    compiled = []
+    real = tvm.tirx.build
+    monkeypatch.setattr(tvm.tirx, "build",
+                        lambda m, target: compiled.append(len(m.get_global_vars())) or real(m, target=target))
+    again = codegen.build(mod, target, False, parts=3, objects=objects)
+    assert again.reused == kernels and compiled == [0]            # only the empty module the VM links to
+    again.export_library(str(tmp_path / "again.so"))
+    np.testing.assert_array_equal(_run(tvm.runtime.load_module(str(tmp_path / "again.so")), weights, x), expected)
+    again.export_library(str(tmp_path / "again.tar"))
+    with tarfile.open(tmp_path / "again.tar") as tar:
+        assert sum(name.startswith("kept") for name in tar.getnames()) == kernels
+    # An export that cannot link objects (TVM's own, to another format) compiles the kept ones after all.
+    kept = codegen.build(mod, target, False, parts=3, objects=objects)
+    kept.export_library(str(tmp_path / "lib.so.1"))
+    assert kept.reused == 0 and compiled.count(1) == kernels
+    np.testing.assert_array_equal(_run(kept, weights, x), expected)

@@ -6,6 +6,7 @@ lists and cleans the libraries."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -31,10 +32,16 @@ def libs(tmp_path, monkeypatch):
 
 def _compile(src, out, quant="q0f32", **kw):
     """(artifact, whether its library came from the cache)."""
+    return _compile_counted(src, out, quant, **kw)[:2]
+
+
+def _compile_counted(src, out, quant="q0f32", **kw):
+    """(artifact, whether its library came from the cache, how many kernels' objects it reused)."""
     stages = []
     art = kiln.compile(str(src), target="cpu", quant=quant, output=out, golden=False,
                        progress=lambda stage, *_: stages.append(stage), **kw)
-    return art, "compile:library reused" in stages
+    reused = [int(s.split(":")[1].split()[0]) for s in stages if s.endswith(" kernels reused")]
+    return art, "compile:library reused" in stages, sum(reused)
 
 
 def test_another_checkpoint_of_the_same_shapes_reuses_the_library_and_matches_transformers(libs, tmp_path):
@@ -50,9 +57,19 @@ def test_another_checkpoint_of_the_same_shapes_reuses_the_library_and_matches_tr
 
 
 def test_what_changes_the_kernels_builds_anew(libs, tiny_dirs, tmp_path):
-    _compile(tiny_dirs["tied"], tmp_path / "q0")
-    assert not _compile(tiny_dirs["tied"], tmp_path / "q4", quant="q4f32")[1]           # other kernels
-    assert not _compile(tiny_dirs["tied"], tmp_path / "ctx", context_window=64)[1]     # other shapes
+    """...and builds only the kernels no earlier build compiled: another quantization shares the
+    attention, norm and sampling kernels; another context window, every kernel (their shapes are
+    symbolic); the library linked from kept objects gives transformers' logits."""
+    import transformers
+    _, _, reused = _compile_counted(tiny_dirs["tied"], tmp_path / "q0")
+    total = len(lib_cache.kernels())
+    assert reused == 0 and total > 20
+    _, whole, reused = _compile_counted(tiny_dirs["tied"], tmp_path / "q4", quant="q4f32")
+    assert not whole and 0 < reused < total                                            # other kernels
+    art, whole, reused = _compile_counted(tiny_dirs["tied"], tmp_path / "ctx", context_window=64)
+    assert not whole and reused == total                                               # other shapes
+    reference = transformers.LlamaForCausalLM.from_pretrained(tiny_dirs["tied"], dtype=torch.float32).eval()
+    assert_prefill_and_decode_match(art, reference, IDS, 1e-4)
     assert not _compile(tiny_dirs["untied"], tmp_path / "untied")[1]                   # another module
     assert len(lib_cache.libraries()) == 4
     assert _compile(tiny_dirs["tied"], tmp_path / "again", quant="q4f32")[1]
@@ -68,6 +85,14 @@ def test_a_damaged_entry_is_built_again_and_replaced(libs, tiny_dirs, tmp_path):
     assert not reused
     assert kiln.Artifact.load(art) and entry.path.read_bytes() == (art / "lib.so").read_bytes() != bytes(data)
     assert _compile(tiny_dirs["tied"], tmp_path / "c")[1]
+    # A damaged kernel object is compiled again (and replaced); the others are linked as kept.
+    objects = lib_cache.kernels()
+    damaged = objects[0].path
+    damaged.write_bytes(damaged.read_bytes()[:-8] + b"damaged!")
+    art, whole, reused = _compile_counted(tiny_dirs["tied"], tmp_path / "d", context_window=64)
+    assert not whole and reused == len(objects) - 1
+    assert hashlib.sha256(damaged.read_bytes()).hexdigest()[:16] == damaged.stem.split("-")[1]
+    assert kiln.Artifact.load(art)
 
 
 def test_off_and_dump_ir_build_without_the_cache(tmp_path, tiny_dirs, monkeypatch):
@@ -90,6 +115,10 @@ def test_cache_list_and_clean_count_the_libraries(libs, tiny_dirs, tmp_path):
     assert lib["path"] == str(lib_cache.libraries()[0].path) and lib["bytes"] > 0
     kept = runner.invoke(main, ["cache", "clean", "--older-than", "7d"])
     assert kept.exit_code == 0 and len(lib_cache.libraries()) == 1
+    kernels = [r for r in rows if r["kind"] == "kernel"]
+    assert kernels and {r["path"] for r in kernels} == {str(k.path) for k in lib_cache.kernels()}
+    assert f"{len(kernels)} compiled kernels" in listed.output
     gone = runner.invoke(main, ["cache", "clean"])
     assert gone.exit_code == 0 and "1 built libraries" in gone.output
-    assert lib_cache.libraries() == [] and not list(libs.glob("*.sha256"))
+    assert f"{len(kernels)} compiled kernels" in gone.output
+    assert lib_cache.libraries() == lib_cache.kernels() == [] and not list(libs.glob("*.sha256"))
