@@ -17,6 +17,10 @@ another folder; 0 or off: no cache) beside their sha256 (an entry that no longer
 again and replaced), are written whole or not at all (a rename), and are removed by `kiln cache
 clean` with the artifacts. One process builds a key at a time (a lock file beside it);
 another asking for the same key waits and copies it.
+
+Below the libraries, kernels: a library not held whole is linked from kernel objects kept one per
+kernel where its build compiles in parts (KernelObjects, codegen.build), so the kernels two
+modules share are compiled once.
 """
 
 from __future__ import annotations
