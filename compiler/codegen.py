@@ -57,20 +57,22 @@ def build(lowered: tvm.IRModule, target: tvm.target.Target, system_lib: bool, pa
         keys = [None] * len(modules)
     else:
         alone = [tvm.IRModule({gv: f}, attrs=rest.attrs) for gv, f in kernels]
-        keys = [objects.key(module) for module in alone]
-        found = objects.lookup(keys)
-        kept = {key: (module, found[key]) for module, key in zip(alone, keys) if key in found}
-        modules = [module for module, key in zip(alone, keys) if key not in found]
-        keys = [key for key in keys if key not in found]
+        all_keys = [objects.key(module) for module in alone]
+        found = objects.lookup(all_keys)
+        modules, keys = [], []
+        for module, key in zip(alone, all_keys):
+            if key in found:
+                kept[key] = (module, found[key])
+            else:
+                modules.append(module)
+                keys.append(key)
         if not modules:                            # every kernel kept: the VM still links to a module
             modules, keys = [tvm.IRModule({}, attrs=rest.attrs)], [None]
     libs = _on_threads(lambda module: tirx.build(module, target=target), modules)
     for other in libs[1:]:
         libs[0].import_module(other)
-    executable = _Executable(relax._ffi_api.VMLink(builder, target, libs[0], [], params))
-    executable.target, executable.objects = target, objects
-    executable.parts, executable.kept = list(zip(libs, keys)), kept
-    return executable
+    return _Executable(relax._ffi_api.VMLink(builder, target, libs[0], [], params),
+                       target, objects, list(zip(libs, keys)), kept)
 
 
 def _on_threads(fn, items: list) -> list:
@@ -95,10 +97,12 @@ class _Executable(relax.VMExecutable):
     threads (TVM's writes one after another), then packs the VM's part and links as TVM's does, with
     the kernel objects build() found kept (and keeps the ones it wrote)."""
 
-    target: tvm.target.Target
-    objects: KernelObjects | None
-    parts: list[tuple[tvm.runtime.Module, str | None]]      # the compiled modules, with their kernel's key
-    kept: dict[str, tuple[tvm.IRModule, bytes]]              # kernels not compiled: their module and object
+    def __init__(self, mod, target: tvm.target.Target, objects: KernelObjects | None,
+                 parts: list[tuple[tvm.runtime.Module, str | None]], kept: dict[str, tuple[tvm.IRModule, bytes]]):
+        super().__init__(mod)
+        self.target, self.objects = target, objects
+        self.parts = parts                  # the compiled modules, each with its kernel's key (None: several, none)
+        self.kept = kept                    # kernels not compiled: their module and kept object, by key
 
     @property
     def reused(self) -> int:
@@ -109,11 +113,12 @@ class _Executable(relax.VMExecutable):
 
         file_name, fmt = str(file_name), getattr(fcompile, "object_format", "o")
         known = fcompile is not None or file_name.endswith((".so", ".dylib", ".tar"))
-        if not known or fmt != "o" or any(m.kind == "c" for m in self.mod._collect_dso_modules()):
-            self._compile_kept()                   # TVM's own export (C source, another object format)
-            if not known or any(m.kind == "c" for m in self.mod._collect_dso_modules()):
-                return super().export_library(file_name, fcompile=fcompile, addons=addons,
-                                              workspace_dir=workspace_dir, **kwargs)
+        tvms_own = not known or any(m.kind == "c" for m in self.mod._collect_dso_modules())   # e.g. C source
+        if tvms_own or fmt != "o":
+            self._compile_kept()                   # the kept objects cannot be linked there
+        if tvms_own:
+            return super().export_library(file_name, fcompile=fcompile, addons=addons,
+                                          workspace_dir=workspace_dir, **kwargs)
         if workspace_dir is None:
             workspace = utils.tempdir()
             workspace_dir = workspace.temp_dir
