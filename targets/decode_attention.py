@@ -41,6 +41,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .kernel_memo import parsed_once
 
 WARP = 32
 LOG2E = math.log2(math.e)
@@ -203,6 +204,7 @@ class SlotWalk:
                 T.sblock_alloc_buffer((self.slots, 2), "float32", scope="shared"))
 
 
+@parsed_once()
 def decode_attention(h_kv: int, h_qo: int, d: int, dtype: str, page_size: int, sliding_window: bool = False,
                      warps: int = 8, unroll: int = 4, splits: int | None = None,
                      softcap: float | None = None) -> tirx.PrimFunc:

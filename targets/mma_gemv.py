@@ -38,6 +38,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .kernel_memo import parsed_once
 from .dependent_launch import supports
 from .q4_gemv import CODES, LANES, apply_matched, float16_pair
 
@@ -48,6 +49,7 @@ STEPS = CHUNK // 16             # MMA steps a chunk (K 16 each)
 MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 and 8-15
 
 
+@parsed_once(size="count")
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
              threads: bool = True, count=None, groups: int = 1, pdl: bool = False, ahead: int = 0,
              loads_first: bool = False) -> tirx.PrimFunc:

@@ -29,11 +29,13 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .kernel_memo import parsed_once
 from .decode_attention import SlotWalk
 
 SEARCH_STEPS = 31              # binary search for a token's sequence: any int32 batch
 
 
+@parsed_once()
 def prefill_attention(h_kv: int, h_qo: int, d: int, dtype: str, warps: int = 4, unroll: int = 2,
                       page_size: int | None = None, softcap: float | None = None) -> tirx.PrimFunc:
     """The ragged prefill kernel for `h_qo` query heads over `h_kv` KV heads of head dim `d` (with

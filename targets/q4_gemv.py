@@ -37,6 +37,7 @@ from tvm.backend.cuda.op import cuda_func_call
 from tvm.script import tirx as T
 
 from .dequant_match import match_dequant_matmul, param_order, placed
+from .kernel_memo import parsed_once
 from .row_dispatch import over_params, static_int
 
 LANES = 32                      # a warp
@@ -92,6 +93,7 @@ def float16_pair(word, j, scale, bits: int = 4, asm: bool = False):
     return pair * T.Broadcast(scale, 2)
 
 
+@parsed_once(size="count")
 def q4_gemv(n: int, k: int, out_dtype: str, per_warp: int = 2, warps: int = 4, threads: bool = True,
             batch: int = 1, count=None) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most `batch`; count

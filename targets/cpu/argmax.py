@@ -28,6 +28,7 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.script import tirx as T
 from tvm.target import Target
 
+from ..kernel_memo import parsed_once
 from ..row_dispatch import is_scheduled, over_params, static_int
 from .lanes import LANES, fold16
 
@@ -64,6 +65,7 @@ def match(func: tirx.PrimFunc) -> tuple | None:
     return rows, vocab, chunks
 
 
+@parsed_once(size="rows")
 def chunk_argmax(rows, vocab: int, chunks: int) -> tirx.PrimFunc:
     """winners[r, c] = (first index of chunk c's maximum in row r, as float32; the maximum), or
     (-1, the lowest float) where the chunk holds nothing above the lowest float."""

@@ -32,6 +32,7 @@ import math
 import tvm_ffi
 from tvm.script import tirx as T
 
+from ..kernel_memo import parsed_once
 from .lanes import add, fold16
 
 LOG2E = math.log2(math.e)
@@ -137,6 +138,7 @@ def fast_exp2_kernel(lanes: int = 16):
     return exp2_inplace
 
 
+@parsed_once()
 def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = 16,
                                  block_q: int = 32, block_k: int = 64, softcap: float | None = None):
     """Self-attention of a prefill's new tokens (same signature as TVM's ragged CPU kernel).
@@ -257,6 +259,7 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
     return batch_prefill_ragged_kv
 
 
+@parsed_once()
 def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, decode: bool,
                         lanes: int = 16, block_q: int = 16, softcap: float | None = None):
     """Attention of new query rows over the paged cache (TVM's prefill or decode CPU signature).
@@ -513,6 +516,7 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
     return batch_decode_paged_kv
 
 
+@parsed_once()
 def split_rotary_cpu(theta: float, scale: float, d: int, h_q: int, h_kv: int, dtype: str):
     """Split fused qkv into q, k, v and apply RoPE (rotate-half) to q and k: TVM's ``fused_rope``.
 

@@ -62,6 +62,7 @@ from tvm.script import tirx as T
 
 from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
 
+from ..kernel_memo import parsed_once
 from ..dequant_match import match_dequant_matmul, param_order, placed
 from ..row_dispatch import over_params
 from .lanes import LANES, add, fold16
@@ -95,6 +96,7 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
             for batch in BATCHES]
 
 
+@parsed_once(size="rows")
 def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None,
                 scale_dtype: str = "float32") -> tirx.PrimFunc:
     """Y[:rows, 0, :n] = X[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`, scales and
