@@ -47,6 +47,7 @@ DECODER_FIELDS = (
     ConfigField("rope_scaling", ("rope_scaling",), default=None),
     ConfigField("bos_token_id", ("bos_token_id",), default=None),
     ConfigField("eos_token_ids", ("eos_token_id",), default=()),
+    ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
 )
 
 
@@ -58,6 +59,7 @@ class LayerAttention:
     window: int | None = None               # tokens, for "sliding"
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
+    rope: bool = True                       # False: no positional rotation at all (SmolLM3's NoPE layers)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class DecoderConfig:
     rope_scaling: dict | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    partial_rotary_factor: float = 1.0      # RoPE rotates the first head_dim * this dims of each head
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     ARCH: ClassVar[str] = "decoder"
@@ -99,9 +102,18 @@ class DecoderConfig:
                 raise ValueError(f"rope_scaling type {kind!r} is not supported for {cls.ARCH} yet "
                                  f"(supported: {', '.join(cls.ROPE_TYPES)})")
             values["rope_scaling"] = None if kind in ("default", None) else dict(scaling, rope_type=kind)
+        rotary = values["head_dim"] * values["partial_rotary_factor"]
+        if not 0 < rotary <= values["head_dim"] or int(rotary) % 2:
+            raise ValueError(f"partial_rotary_factor {values['partial_rotary_factor']} gives {rotary} rotary dims of "
+                             f"head_dim {values['head_dim']}; it must be an even count from 2 to head_dim")
         notes: list[str] = []
         values = cls.adapt(values, hf, notes)
         return cls(**values, notes=tuple(notes))
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head RoPE rotates (the first ones; transformers' int(head_dim * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -122,14 +134,17 @@ def _flat_rope(hf: dict) -> dict:
     params = hf.get("rope_parameters")
     if not isinstance(params, dict) or "rope_theta" not in params:
         return hf                       # absent, or per layer type (Gemma 3): the family maps it
-    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
     default = scaling.get("rope_type", scaling.get("type", "default")) == "default"
-    return {**hf, "rope_theta": params["rope_theta"], "rope_scaling": None if default else scaling}
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    return {**hf, "rope_theta": params["rope_theta"], "rope_scaling": None if default else scaling,
+            "partial_rotary_factor": partial}
 
 
 def rope_in_graph(layers: tuple[LayerAttention, ...]) -> bool:
-    """Whether q and k are rotated in the graph: the layers' RoPE differ, or the cache lacks the scaling."""
-    ropes = {(a.rope_theta, repr(a.rope_scaling)) for a in layers}
+    """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none), or the cache
+    lacks the scaling."""
+    ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling)) for a in layers}
     kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
     return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS))
 
@@ -144,7 +159,7 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList([
             DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
                          c.head_dim, c.norm_eps, flags,
-                         inv_freq(c.head_dim, a.rope_theta, a.rope_scaling) if in_graph else None)
+                         inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None)
             for a in attention])
         self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
 
@@ -187,6 +202,9 @@ class CausalLM(nn.Module):
             # renumbers the positions a graph-side RoPE reads.
             raise ValueError("every layer slides and RoPE is applied in the graph (scaled or learned positions): "
                              "TVM's paged KV cache supports neither; drop sliding_window or the rope scaling")
+        if kinds == {"sliding"} and self.config.rotary_dim != self.config.head_dim:
+            raise ValueError("every layer slides and RoPE rotates part of each head (partial_rotary_factor): TVM's "
+                             "paged KV cache then rotates whole heads inside attention; drop sliding_window")
         return "per_sequence" if kinds == {"sliding"} else "per_layer"
 
     def to(self, dtype: str | None = None) -> None:
@@ -208,6 +226,8 @@ class CausalLM(nn.Module):
         else:
             logits = self.lm_head(hidden)
         logits = logits if logits.dtype == "float32" else logits.astype("float32")
+        if self.flags.logit_divisor:
+            logits = logits / self.flags.logit_divisor
         cap = self.flags.final_logit_softcap
         return op.tanh(logits / cap) * cap if cap else logits
 
@@ -293,7 +313,7 @@ class CausalLM(nn.Module):
             rope_theta=first.rope_theta,
             rope_scaling={} if self.rope_in_graph else first.rope_scaling or {},
             rope_ext_factors=relax.prim_value(0),  # only longrope uses it
-            rotary_dim=c.head_dim,
+            rotary_dim=c.rotary_dim,
             enable_disaggregation=False,
             dtype=self.kv_dtype or self.dtype,
             target=Target.current(),
@@ -433,7 +453,7 @@ def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) ->
         m["lm_head.weight"] = [f"{n['lm_head']}.weight"]
     for i in range(c.num_hidden_layers):
         k, h = f"model.layers.{i}", n["layer"].format(i=i)
-        norms = ["input_layernorm", "post_attention_layernorm"]
+        norms = ["input_layernorm", "post_attention_layernorm"] if f.pre_norms else []
         norms += ["post_attn_norm", "post_mlp_norm"] if f.sandwich_norms else []
         for norm in norms:
             m.update({f"{k}.{norm}.{p}": [f"{h}.{n[norm]}.{p}"] for p in norm_parts})

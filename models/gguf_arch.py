@@ -12,11 +12,17 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     phi3     Phi-3               q/k/v fused (attn_qkv), gate/up fused (ffn_up); LongRoPE factors as
                                  rope_factors_long / rope_factors_short
     gpt2     GPT-2               Conv1D weights transposed to [out, in]; output.weight a copy of wte
+    granite  Granite 3           as llama; its four multipliers as embedding_scale, attention.scale,
+                                 residual_scale and logit_scale
+    olmo2    OLMo 2              as HF (no pre-norms; post_attention_norm / post_ffw_norm after)
+    smollm3  SmolLM3             as llama (q/k rows permuted)
+    stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
 use RoPE base 10000, and both scale queries by head_dim ** -0.5 except the 27B models
-(46 / 62 layers), which use (hidden / heads) ** -0.5.
+(46 / 62 layers), which use (hidden / heads) ** -0.5; SmolLM3 leaves RoPE out of every 4th layer
+(llama.cpp's n_no_rope_layer_step, written nowhere in the file).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ GEMMA_LAYER = {**LLAMA_LAYER, **QK_NORMS, "post_attention_norm": "post_attention
                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
+               "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
@@ -147,6 +155,27 @@ def _phi3(reader, arch, tensors, c):
             "short_factor": [_f32(x) for x in _tensor_values(tensors["rope_factors_short.weight"])]}
 
 
+def _granite(reader, arch, tensors, c):
+    _llama(reader, arch, tensors, c)
+    for hf_key, key in (("embedding_multiplier", "embedding_scale"), ("attention_multiplier", "attention.scale"),
+                        ("residual_multiplier", "residual_scale"), ("logits_scaling", "logit_scale")):
+        if (value := _key(reader, arch, key)) is not None:
+            c[hf_key] = _f32(value)
+
+
+def _smollm3(reader, arch, tensors, c):
+    _llama(reader, arch, tensors, c)
+    c["no_rope_layer_interval"] = 4                 # llama.cpp's loader: hparams.n_no_rope_layer_step = 4
+
+
+def _stablelm(reader, arch, tensors, c):
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    c.update(layer_norm_eps=c.pop("rms_norm_eps"), use_qkv_bias="blk.0.attn_q.bias" in tensors,
+             partial_rotary_factor=_key(reader, arch, "rope.dimension_count", head_dim) / head_dim,
+             use_parallel_residual=bool(_key(reader, arch, "use_parallel_residual", False)),
+             qk_layernorm="blk.0.attn_q_norm.weight" in tensors)
+
+
 def _gpt2(reader, arch, tensors, c):
     c.update(n_layer=c.pop("num_hidden_layers"), n_embd=c.pop("hidden_size"), n_head=c.pop("num_attention_heads"),
              n_ctx=c["max_position_embeddings"], n_positions=c.pop("max_position_embeddings"),
@@ -165,6 +194,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
     "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",
                      transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),
+    "granite": GGUFArch("granite", ("GraniteForCausalLM",), LLAMA_LAYER, permuted=True, config=_granite),
+    "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_qwen3),
+    "smollm3": GGUFArch("smollm3", ("SmolLM3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_smollm3),
+    "stablelm": GGUFArch("stablelm", ("StableLmForCausalLM",), LLAMA_LAYER, config=_stablelm),
 }
 
 

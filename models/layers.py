@@ -33,15 +33,22 @@ class Flags:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False                   # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    qk_norm_heads: bool = True              # False: qk_norm over all heads' dims at once (OLMo 2)
     norm: str = "rms"                       # one of NORMS, for every norm of the model
     activation: str = "silu"                # one of ACTIVATIONS
     gated_mlp: bool = True                  # down(act(gate(x)) * up(x)); False: down(act(up(x))) (GPT-2)
     sandwich_norms: bool = False            # norms after attention and MLP too (Gemma 2/3)
+    pre_norms: bool = True                  # False: no norm before attention and MLP, only after (OLMo 2;
+                                            # sandwich_norms must be on)
+    residual_scale: float | None = None     # attention and MLP outputs multiplied by this before the residual
+                                            # add (Granite's residual_multiplier)
     embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(hidden))
     final_logit_softcap: float | None = None  # logits = tanh(logits / c) * c (Gemma 2)
     attn_logit_softcap: float | None = None   # scores = tanh(s / c) * c, in the target's attention kernels
                                               # (the compiler passes it on; targets without it refuse)
     query_pre_attn_scalar: float | None = None  # sm_scale = scalar ** -0.5 instead of head_dim ** -0.5
+    attn_scale: float | None = None         # sm_scale itself (Granite's attention_multiplier)
+    logit_divisor: float | None = None      # logits / this (Granite's logits_scaling)
     learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
 
     def __post_init__(self) -> None:
@@ -49,6 +56,8 @@ class Flags:
             raise ValueError(f"norm {self.norm!r} is not one of {', '.join(NORMS)}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        if not (self.pre_norms or self.sandwich_norms):
+            raise ValueError("a decoder without pre-norms needs sandwich_norms (its norms come after)")
 
 
 class Norm(nn.Module):
@@ -106,12 +115,13 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope = rope                    # (inverse frequencies, cos/sin factor) when RoPE is in the graph
         scalar = flags.query_pre_attn_scalar or head_dim
-        self.sm_scale = float(scalar) ** -0.5
+        self.sm_scale = float(flags.attn_scale) if flags.attn_scale else float(scalar) ** -0.5
         self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
+        self.qk_norm_heads = flags.qk_norm_heads
         if flags.qk_norm:
-            self.q_norm = Norm(head_dim, eps, flags.norm)
-            self.k_norm = Norm(head_dim, eps, flags.norm)
+            self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, flags.norm)
+            self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, flags.norm)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
         b, s, _ = x.shape
@@ -119,8 +129,11 @@ class PagedAttention(nn.Module):
         qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
         if hasattr(self, "q_norm") or self.rope:
             q, k, v = op.split(qkv, [h, h + h_kv], axis=2)
-            if hasattr(self, "q_norm"):
+            if hasattr(self, "q_norm") and self.qk_norm_heads:
                 q, k = self.q_norm(q), self.k_norm(k)
+            elif hasattr(self, "q_norm"):                   # over every head's dims at once
+                q = op.reshape(self.q_norm(op.reshape(q, (b, s, h * self.head_dim))), (b, s, h, self.head_dim))
+                k = op.reshape(self.k_norm(op.reshape(k, (b, s, h_kv * self.head_dim))), (b, s, h_kv, self.head_dim))
             if self.rope:
                 q, k = (apply_rope(t, positions, *self.rope) for t in (q, k))
             qkv = op.concat([q, k, v], dim=2)
@@ -133,23 +146,35 @@ class PagedAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block; with sandwich norms the attention and MLP outputs are normed too."""
+    """Pre-norm residual block; with sandwich norms the attention and MLP outputs are normed too (without
+    pre-norms, only they are)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, eps: float, flags: Flags = Flags(), rope: tuple | None = None):
-        self.input_layernorm = Norm(hidden_size, eps, flags.norm)
+        if flags.pre_norms:
+            self.input_layernorm = Norm(hidden_size, eps, flags.norm)
         self.self_attn = PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)
-        self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)       # before the MLP
+        if flags.pre_norms:
+            self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)   # before the MLP
         self.mlp = MLP(hidden_size, intermediate_size, flags)
         if flags.sandwich_norms:
             self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
             self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output
+        self.residual_scale = flags.residual_scale
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
-        attn = self.self_attn(self.input_layernorm(x), kv_cache, layer_id, positions)
-        x = x + (self.post_attn_norm(attn) if hasattr(self, "post_attn_norm") else attn)
-        mlp = self.mlp(self.post_attention_layernorm(x))
-        return x + (self.post_mlp_norm(mlp) if hasattr(self, "post_mlp_norm") else mlp)
+        attn = self.self_attn(_norm(self, "input_layernorm", x), kv_cache, layer_id, positions)
+        x = x + self._scaled(_norm(self, "post_attn_norm", attn))
+        mlp = self.mlp(_norm(self, "post_attention_layernorm", x))
+        return x + self._scaled(_norm(self, "post_mlp_norm", mlp))
+
+    def _scaled(self, x: Tensor) -> Tensor:
+        return x * self.residual_scale if self.residual_scale else x
+
+
+def _norm(layer: nn.Module, name: str, x: Tensor) -> Tensor:
+    """x through the layer's norm `name`, or x where the layer has none by that name."""
+    return getattr(layer, name)(x) if hasattr(layer, name) else x
 
 
 def tied_logits(x: Tensor, embed: nn.Embedding) -> Tensor:

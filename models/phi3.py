@@ -1,5 +1,6 @@
-"""Phi-3 / Phi-3.5 mini: a Llama whose checkpoints store q/k/v fused (`qkv_proj`) and gate/up fused
-(`gate_up_proj`, gate first) — kiln's own layout, so the weights map one to one.
+"""Phi-3 / Phi-3.5 mini, Phi-4 mini: a Llama whose checkpoints store q/k/v fused (`qkv_proj`) and gate/up
+fused (`gate_up_proj`, gate first) — kiln's own layout, so the weights map one to one. Phi-4 mini
+rotates only the first 3/4 of each head (`partial_rotary_factor`).
 
 LongRoPE (`rope_scaling` type `longrope`, or `su` in older configs) switches from short to long
 factors once a sequence passes original_max_position_embeddings. kiln applies the short factors
@@ -27,9 +28,6 @@ class Phi3Config(DecoderConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        partial = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-        if partial != 1.0:
-            raise ValueError(f"partial_rotary_factor {partial} is not supported for phi3 (only 1.0)")
         scaling = values["rope_scaling"]
         if scaling is not None:                     # longrope (su is its old name)
             original = scaling.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")

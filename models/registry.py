@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import gemma, gpt2, llama, phi3, qwen2, qwen3
+from . import gemma, gpt2, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3, stablelm
 from .source import ModelLoadError
 
 
@@ -33,6 +33,13 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           gemma.Gemma3Config, gemma.Gemma3ForCausalLM),
     _arch("phi3", ("Phi3ForCausalLM",), ("phi3",), phi3, phi3.Phi3Config, phi3.Phi3ForCausalLM),
     _arch("gpt2", ("GPT2LMHeadModel",), ("gpt2",), gpt2, gpt2.GPT2Config, gpt2.GPT2LMHeadModel),
+    _arch("granite", ("GraniteForCausalLM",), ("granite",), granite, granite.GraniteConfig,
+          granite.GraniteForCausalLM),
+    _arch("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), olmo2, olmo2.Olmo2Config, olmo2.Olmo2ForCausalLM),
+    _arch("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), smollm3, smollm3.SmolLM3Config,
+          smollm3.SmolLM3ForCausalLM),
+    _arch("stablelm", ("StableLmForCausalLM",), ("stablelm",), stablelm, stablelm.StableLmConfig,
+          stablelm.StableLmForCausalLM),
 )}
 
 

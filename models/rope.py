@@ -22,7 +22,8 @@ GRAPH_SCALINGS = ("linear", "longrope")
 
 def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[np.ndarray, float]:
     """(inverse frequencies [head_dim / 2] float32, factor on cos and sin), as transformers computes them.
-    A longrope scaling carries its `factor` (families fill it in from the position counts)."""
+    A longrope scaling carries its `factor` (families fill it in from the position counts). With
+    partial rotary, `head_dim` is the rotated dims' count (transformers' `dim`)."""
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     base = np.float32(theta) ** exponent
     kind = (scaling or {}).get("rope_type", "default")
@@ -46,12 +47,13 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[np.ndar
 
 def apply_rope(x: Tensor, positions: Tensor, freqs: np.ndarray, factor: float) -> Tensor:
     """Rotate x [batch, seq, heads, head_dim] by its positions [batch * seq] (transformers' rotate-half
-    convention: the first half of each head pairs with the second half)."""
+    convention: the first half of the rotated dims pairs with the second half). The rotated dims are
+    the first 2 * len(freqs) (partial rotary); the rest pass through."""
     table = Tensor.from_const(freqs)
+    half = len(freqs)
 
     def compute(x: te.Tensor, pos: te.Tensor, inv: te.Tensor):
         _, s, _, d = x.shape
-        half = d // 2
 
         def rotated(b, t, h, i):
             angle = pos[b * s + t].astype("float32") * inv[tirx.floormod(i, half)]
@@ -59,6 +61,7 @@ def apply_rope(x: Tensor, positions: Tensor, freqs: np.ndarray, factor: float) -
                                         x[b, t, h, tirx.max(i - half, 0)].astype("float32"))
             out = x[b, t, h, i].astype("float32") * (tirx.cos(angle) * np.float32(factor)) \
                 + partner * (tirx.sin(angle) * np.float32(factor))
-            return out.astype(x.dtype)
+            return out.astype(x.dtype) if half * 2 == int(d) else tirx.if_then_else(i < 2 * half, out.astype(x.dtype),
+                                                                                      x[b, t, h, i])
         return te.compute(x.shape, rotated, name="rope")
     return op.tensor_expr_op(compute, "rope", [x, positions, table])

@@ -32,7 +32,9 @@ from gguf_quants import quantize
 
 # HF model_type -> GGUF architecture.
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-             "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2"}
+             "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
+             "smollm3": "smollm3", "stablelm": "stablelm"}
+PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32") -> Path:
@@ -70,6 +72,11 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
     return theta, (None if kind == "default" else dict(scaling, rope_type=kind))
 
 
+def _partial(cfg: dict) -> float:
+    """The share of each head RoPE rotates (transformers 4 or 5 style)."""
+    return (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0)
+
+
 def _head_dim(cfg: dict) -> int:
     return cfg.get("head_dim") or cfg.get("hidden_size", cfg.get("n_embd")) // cfg.get(
         "num_attention_heads", cfg.get("n_head"))
@@ -91,17 +98,27 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "stablelm":
+        w.add_layer_norm_eps(cfg["layer_norm_eps"])
+        w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
+        w.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
+    else:
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if arch != "gemma2":                                   # Gemma 2's converter leaves the base at its default
         w.add_rope_freq_base(theta)
     if "head_dim" in cfg or arch.startswith("gemma"):
         w.add_key_length(_head_dim(cfg))
         w.add_value_length(_head_dim(cfg))
-    if arch == "llama":
+    if arch in PERMUTED:
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(_head_dim(cfg))
         if cfg.get("sliding_window"):
             w.add_sliding_window(cfg["sliding_window"])
+    if arch == "granite":
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     if scaling and scaling["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(scaling["factor"])
@@ -115,7 +132,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
             "original_max_position_embeddings", cfg["max_position_embeddings"])
         w.add_rope_scaling_orig_ctx_len(original)
-        w.add_rope_dimension_count(_head_dim(cfg))
+        w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
         w.add_sliding_window(cfg.get("sliding_window") or 0)
         if scaling:
             scale = cfg["max_position_embeddings"] / original
@@ -138,7 +155,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"gguf-py maps no {arch} tensor to {hf_name}")
-        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
+        if arch in PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             value = _permute(value, n_head if "attn_q" in name else n_kv)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
             value = value + 1

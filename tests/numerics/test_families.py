@@ -9,6 +9,11 @@ pass `kiln check` against the golden logits the compile stored.
              scaling on global ones: RoPE in the graph)
     phi3     fused qkv and gate_up checkpoints, LongRoPE (short factors, cos/sin factor), MHA
     gpt2     LayerNorm, learned positions, plain GELU MLP, biases, Conv1D weights transposed
+    phi4     Phi-3 with partial rotary (3/4 of each head) under LongRoPE (RoPE in the graph)
+    granite  embedding, attention, residual and logit multipliers
+    olmo2    norms after attention and MLP only, q/k RMSNorm over all heads at once
+    smollm3  a layer without RoPE (NoPE) among rotating ones (RoPE in the graph), tied head
+    stablelm LayerNorm with biases, q/k/v biases, partial rotary (a quarter of each head, in the KV cache)
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ CASES = {
                                                      rope_parameters=dict(LONGROPE, rope_theta=10000.0))),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_inner=None,
                                                    activation_function="gelu_new")),
+    "phi4-partial-rotary": ("Phi3ForCausalLM", "Phi3Config", dict(
+        max_position_embeddings=512, original_max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=0,
+        rope_parameters=dict(LONGROPE, short_factor=LONGROPE["short_factor"][:6], long_factor=[4.0] * 6,
+                             rope_theta=10000.0, partial_rotary_factor=0.75))),
+    "granite": ("GraniteForCausalLM", "GraniteConfig", dict(embedding_multiplier=6.0, attention_multiplier=0.4,
+                                                            residual_multiplier=0.3, logits_scaling=4.0)),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {}),
+    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_hidden_layers=4, pad_token_id=0)),  # layer 3: no RoPE
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
 }
 
 

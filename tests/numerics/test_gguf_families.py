@@ -7,7 +7,10 @@ The configs stay within what a GGUF can say (llama.cpp fixes Gemma's layer patte
 query_pre_attn_scalar = head_dim), and each case exercises its architecture's quirk: Q/K row
 permutation and Llama 3 RoPE factors (llama), the sliding window (mistral), QK norms (qwen3),
 +1 norms and soft-capping (gemma2), per-layer RoPE bases with linear scaling (gemma3),
-fused tensors and LongRoPE factor tensors (phi3), transposed Conv1D and the copied head (gpt2).
+fused tensors and LongRoPE factor tensors (phi3; Phi-4's partial rotary as rope.dimension_count),
+transposed Conv1D and the copied head (gpt2), the four multipliers (granite), post-norms and whole-width
+q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so (smollm3), LayerNorm biases
+and partial rotary (stablelm).
 """
 
 from __future__ import annotations
@@ -48,6 +51,15 @@ CASES = {
                              long_factor=[4.0] * 8, original_max_position_embeddings=128))),
     "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_inner=None,
                                                    activation_function="gelu_new")),
+    "phi4-partial-rotary": ("Phi3ForCausalLM", "Phi3Config", dict(
+        num_key_value_heads=2, max_position_embeddings=512, original_max_position_embeddings=128, pad_token_id=0,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0 + 0.25 * i for i in range(6)],
+                             long_factor=[4.0] * 6, original_max_position_embeddings=128, partial_rotary_factor=0.75))),
+    "granite": ("GraniteForCausalLM", "GraniteConfig", dict(embedding_multiplier=6.0, attention_multiplier=0.4,
+                                                            residual_multiplier=0.3, logits_scaling=4.0)),
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(pad_token_id=0)),
+    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_hidden_layers=4, pad_token_id=0)),
+    "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
 }
 
 

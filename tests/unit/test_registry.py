@@ -21,6 +21,10 @@ pytestmark = pytest.mark.unit
     ({"model_type": "gemma3_text"}, "gemma3"),
     ({"architectures": ["GPT2LMHeadModel"]}, "gpt2"),
     ({"architectures": ["Phi3ForCausalLM"]}, "phi3"),
+    ({"architectures": ["GraniteForCausalLM"]}, "granite"),
+    ({"model_type": "olmo2"}, "olmo2"),
+    ({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"}, "smollm3"),
+    ({"architectures": ["StableLmForCausalLM"]}, "stablelm"),
 ])
 def test_find_architecture(hf, family):
     assert find_architecture(hf).name == family
@@ -42,3 +46,37 @@ def test_kiln_models_lists_families():
     rows = [json.loads(line) for line in out.output.splitlines()]
     assert [r["family"] for r in rows] == list(ARCHITECTURES)
     assert next(r for r in rows if r["family"] == "qwen2")["gguf_architectures"] == ["qwen2"]
+
+
+BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+
+
+@pytest.mark.parametrize("hf, message", [
+    (dict(BASE, model_type="stablelm", use_parallel_residual=True), "use_parallel_residual is not supported"),
+    (dict(BASE, model_type="stablelm", qk_layernorm=True), "qk_layernorm is not supported"),
+    (dict(BASE, model_type="smollm3", use_sliding_window=True, sliding_window=64), "use_sliding_window"),
+    (dict(BASE, model_type="smollm3", no_rope_layers=[1, 1, 0]), "no_rope_layers must hold 1 .* 4 layers"),
+    (dict(BASE, model_type="phi3", partial_rotary_factor=0.1), "partial_rotary_factor 0.1 gives 1.6 rotary dims"),
+])
+def test_a_config_kiln_cannot_build_is_refused_naming_the_field(hf, message):
+    arch = find_architecture(hf)
+    with pytest.raises(ValueError, match=message):
+        arch.config_cls.from_hf(hf)
+
+
+def test_smollm3_layers_without_rope_and_partial_rotary_are_read():
+    from kiln.models.causal_lm import rope_in_graph
+    c = find_architecture(dict(BASE, model_type="smollm3")).config_cls.from_hf(dict(BASE, model_type="smollm3"))
+    assert [a.rope for a in c.layer_attention()] == [True, True, True, False]    # transformers' interval: 4
+    assert rope_in_graph(c.layer_attention()) and c.tie_word_embeddings
+    hf = dict(BASE, model_type="stablelm", rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.25})
+    c = find_architecture(hf).config_cls.from_hf(hf)
+    assert (c.rotary_dim, c.rope_scaling, c.flags().norm) == (4, None, "layer")
+
+
+def test_partial_rotary_with_every_layer_sliding_is_refused():
+    from kiln.models.causal_lm import CausalLM
+    hf = dict(BASE, model_type="phi3", partial_rotary_factor=0.5, sliding_window=64)
+    with pytest.raises(ValueError, match="partial_rotary_factor.*drop sliding_window"):
+        _ = CausalLM(find_architecture(hf).config_cls.from_hf(hf)).window_mode
