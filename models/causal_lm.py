@@ -183,7 +183,7 @@ class CausalLM(nn.Module):
         self.rope_in_graph = rope_in_graph(self.attention)
         self.model = DecoderStack(config, self.flags, self.attention)
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=self.flags.head_bias)
         self.dtype = "float32"
         self.kv_dtype: str | None = None      # the KV cache's, where it is not the compute dtype
 
@@ -450,10 +450,11 @@ def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) ->
         m["model.embed_positions.weight"] = [f"{n['embed_positions']}.weight"]
     m.update({f"model.norm.{p}": [f"{n['norm']}.{p}"] for p in norm_parts})
     if not c.tie_word_embeddings:
-        m["lm_head.weight"] = [f"{n['lm_head']}.weight"]
+        parts = ("weight", "bias") if f.head_bias else ("weight",)
+        m.update({f"lm_head.{p}": [f"{n['lm_head']}.{p}"] for p in parts})
     for i in range(c.num_hidden_layers):
         k, h = f"model.layers.{i}", n["layer"].format(i=i)
-        norms = ["input_layernorm", "post_attention_layernorm"] if f.pre_norms else []
+        norms = ["input_layernorm", "post_attention_layernorm"][:1 if f.shared_norm else 2] if f.pre_norms else []
         norms += ["post_attn_norm", "post_mlp_norm"] if f.sandwich_norms else []
         for norm in norms:
             m.update({f"{k}.{norm}.{p}": [f"{h}.{n[norm]}.{p}"] for p in norm_parts})

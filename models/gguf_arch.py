@@ -17,6 +17,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     olmo2    OLMo 2              as HF (no pre-norms; post_attention_norm / post_ffw_norm after)
     smollm3  SmolLM3             as llama (q/k rows permuted)
     stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
+    phi2     Phi-2               as HF (q/k/v apart, the head's bias); partial rotary as above
+    starcoder2 StarCoder2        as HF (c_fc / c_proj as ffn_up / ffn_down); no sliding window in the file
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -50,6 +52,12 @@ PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+PHI2_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+              "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2",
+              "attn_norm": "input_layernorm"}
+PHI2_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.final_layernorm", "output": "lm_head"}
+STARCODER2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_gate"}, "ffn_up": "mlp.c_fc",
+                    "ffn_down": "mlp.c_proj"}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
@@ -176,6 +184,17 @@ def _stablelm(reader, arch, tensors, c):
              qk_layernorm="blk.0.attn_q_norm.weight" in tensors)
 
 
+def _phi2(reader, arch, tensors, c):
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    c.update(layer_norm_eps=c.pop("rms_norm_eps"), hidden_act="gelu_new",
+             partial_rotary_factor=_key(reader, arch, "rope.dimension_count", head_dim) / head_dim)
+
+
+def _starcoder2(reader, arch, tensors, c):
+    c.update(norm_epsilon=c.pop("rms_norm_eps"), use_bias="blk.0.attn_q.bias" in tensors,
+             sliding_window=_key(reader, arch, "attention.sliding_window") or None)
+
+
 def _gpt2(reader, arch, tensors, c):
     c.update(n_layer=c.pop("num_hidden_layers"), n_embd=c.pop("hidden_size"), n_head=c.pop("num_attention_heads"),
              n_ctx=c["max_position_embeddings"], n_positions=c.pop("max_position_embeddings"),
@@ -198,6 +217,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_qwen3),
     "smollm3": GGUFArch("smollm3", ("SmolLM3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_smollm3),
     "stablelm": GGUFArch("stablelm", ("StableLmForCausalLM",), LLAMA_LAYER, config=_stablelm),
+    "phi2": GGUFArch("phi", ("PhiForCausalLM",), PHI2_LAYER, PHI2_GLOBAL, config=_phi2),
+    "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
 }
 
 

@@ -42,6 +42,10 @@ class Flags:
                                             # sandwich_norms must be on)
     residual_scale: float | None = None     # attention and MLP outputs multiplied by this before the residual
                                             # add (Granite's residual_multiplier)
+    parallel_residual: bool = False         # x + attn(n1(x)) + mlp(n2(x)) instead of one after the other
+                                            # (GPT-NeoX, Phi-2)
+    shared_norm: bool = False               # with parallel_residual: n2 is n1 (Phi-2: one norm a layer)
+    head_bias: bool = False                 # the untied LM head has a bias (Phi-2)
     embed_scale: float | None = None        # embeddings multiplied by this (Gemma: sqrt(hidden))
     final_logit_softcap: float | None = None  # logits = tanh(logits / c) * c (Gemma 2)
     attn_logit_softcap: float | None = None   # scores = tanh(s / c) * c, in the target's attention kernels
@@ -58,6 +62,8 @@ class Flags:
             raise ValueError(f"activation {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
         if not (self.pre_norms or self.sandwich_norms):
             raise ValueError("a decoder without pre-norms needs sandwich_norms (its norms come after)")
+        if self.parallel_residual and not self.pre_norms or self.shared_norm and not self.parallel_residual:
+            raise ValueError("parallel_residual needs pre_norms, and shared_norm needs parallel_residual")
 
 
 class Norm(nn.Module):
@@ -154,16 +160,20 @@ class DecoderLayer(nn.Module):
         if flags.pre_norms:
             self.input_layernorm = Norm(hidden_size, eps, flags.norm)
         self.self_attn = PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)
-        if flags.pre_norms:
+        if flags.pre_norms and not flags.shared_norm:
             self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)   # before the MLP
         self.mlp = MLP(hidden_size, intermediate_size, flags)
         if flags.sandwich_norms:
             self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
             self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output
-        self.residual_scale = flags.residual_scale
+        self.residual_scale, self.parallel = flags.residual_scale, flags.parallel_residual
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
-        attn = self.self_attn(_norm(self, "input_layernorm", x), kv_cache, layer_id, positions)
+        normed = _norm(self, "input_layernorm", x)
+        attn = self.self_attn(normed, kv_cache, layer_id, positions)
+        if self.parallel:                          # both read x; one norm where the family shares it
+            mlp = self.mlp(self.post_attention_layernorm(x) if hasattr(self, "post_attention_layernorm") else normed)
+            return attn + mlp + x
         x = x + self._scaled(_norm(self, "post_attn_norm", attn))
         mlp = self.mlp(_norm(self, "post_attention_layernorm", x))
         return x + self._scaled(_norm(self, "post_mlp_norm", mlp))

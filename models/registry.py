@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import gemma, gpt2, granite, llama, olmo2, phi3, qwen2, qwen3, smollm3, stablelm
+from . import gemma, gpt2, gpt_neox, granite, llama, olmo2, phi, phi3, qwen2, qwen3, smollm3, stablelm, starcoder2
 from .source import ModelLoadError
 
 
@@ -40,6 +40,11 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           smollm3.SmolLM3ForCausalLM),
     _arch("stablelm", ("StableLmForCausalLM",), ("stablelm",), stablelm, stablelm.StableLmConfig,
           stablelm.StableLmForCausalLM),
+    _arch("starcoder2", ("Starcoder2ForCausalLM",), ("starcoder2",), starcoder2, starcoder2.Starcoder2Config,
+          starcoder2.Starcoder2ForCausalLM),
+    _arch("phi", ("PhiForCausalLM",), ("phi",), phi, phi.PhiConfig, phi.PhiForCausalLM),
+    _arch("gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), gpt_neox, gpt_neox.GPTNeoXConfig,
+          gpt_neox.GPTNeoXForCausalLM),
 )}
 
 

@@ -33,7 +33,7 @@ from gguf_quants import quantize
 # HF model_type -> GGUF architecture.
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
-             "smollm3": "smollm3", "stablelm": "stablelm"}
+             "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2"}
 PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
@@ -98,10 +98,12 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-    if arch == "stablelm":
-        w.add_layer_norm_eps(cfg["layer_norm_eps"])
-        w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
-        w.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
+    if arch in ("stablelm", "phi2", "starcoder2"):                 # LayerNorm families
+        w.add_layer_norm_eps(cfg.get("layer_norm_eps", cfg.get("norm_epsilon")))
+        if arch != "starcoder2":
+            w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
+        if arch == "stablelm":
+            w.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
     else:
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if arch != "gemma2":                                   # Gemma 2's converter leaves the base at its default

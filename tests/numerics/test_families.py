@@ -14,6 +14,10 @@ pass `kiln check` against the golden logits the compile stored.
     olmo2    norms after attention and MLP only, q/k RMSNorm over all heads at once
     smollm3  a layer without RoPE (NoPE) among rotating ones (RoPE in the graph), tied head
     stablelm LayerNorm with biases, q/k/v biases, partial rotary (a quarter of each head, in the KV cache)
+    starcoder2  LayerNorm, biases, plain GELU MLP, sliding window on every layer (prompt past it)
+    phi2     attention and MLP side by side behind one LayerNorm, a biased head, partial rotary
+    gpt-neox attention and MLP side by side behind their own LayerNorms (or one after the other),
+             q/k/v fused per head
 """
 
 from __future__ import annotations
@@ -59,6 +63,11 @@ CASES = {
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {}),
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_hidden_layers=4, pad_token_id=0)),  # layer 3: no RoPE
     "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
+    "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", dict(sliding_window=20, max_position_embeddings=256)),
+    "phi2": ("PhiForCausalLM", "PhiConfig", dict(num_key_value_heads=4, partial_rotary_factor=0.5)),
+    "gpt-neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(num_key_value_heads=4, hidden_act="gelu")),
+    "gpt-neox-sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(num_key_value_heads=4,
+                                                                      use_parallel_residual=False)),
 }
 
 

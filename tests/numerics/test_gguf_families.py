@@ -10,7 +10,8 @@ permutation and Llama 3 RoPE factors (llama), the sliding window (mistral), QK n
 fused tensors and LongRoPE factor tensors (phi3; Phi-4's partial rotary as rope.dimension_count),
 transposed Conv1D and the copied head (gpt2), the four multipliers (granite), post-norms and whole-width
 q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so (smollm3), LayerNorm biases
-and partial rotary (stablelm).
+and partial rotary (stablelm), one norm before attention and MLP side by side and the head's bias
+(phi2), the plain GELU MLP's names (starcoder2).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ CASES = {
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(pad_token_id=0)),
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_hidden_layers=4, pad_token_id=0)),
     "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
+    "phi2": ("PhiForCausalLM", "PhiConfig", dict(num_key_value_heads=4, partial_rotary_factor=0.5)),
+    "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", dict(tie_word_embeddings=True)),
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import re
 from pathlib import Path
 
 import gguf
@@ -338,8 +339,9 @@ def test_unsupported_tensor_type(tiny_hf, tmp_path):
 
 
 def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
-    with pytest.raises(ModelLoadError, match="'falcon' is not supported; supported: llama, qwen2, qwen3, gemma2, "
-                                             "gemma3, phi3, gpt2. `kiln models` lists"):
+    with pytest.raises(ModelLoadError, match=f"'falcon' is not supported; supported: llama, qwen2, qwen3, gemma2, "
+                                             f"gemma3, phi3, gpt2, {re.escape(', '.join(kg.SUPPORTED_ARCHITECTURES[7:]))}. "
+                                             "`kiln models` lists"):
         kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="falcon"))
     refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
     with pytest.raises(ModelLoadError, match=refusal):

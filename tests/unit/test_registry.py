@@ -25,6 +25,9 @@ pytestmark = pytest.mark.unit
     ({"model_type": "olmo2"}, "olmo2"),
     ({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3"}, "smollm3"),
     ({"architectures": ["StableLmForCausalLM"]}, "stablelm"),
+    ({"architectures": ["Starcoder2ForCausalLM"]}, "starcoder2"),
+    ({"architectures": ["PhiForCausalLM"], "model_type": "phi"}, "phi"),
+    ({"model_type": "gpt_neox"}, "gpt_neox"),
 ])
 def test_find_architecture(hf, family):
     assert find_architecture(hf).name == family
@@ -58,6 +61,8 @@ BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
     (dict(BASE, model_type="smollm3", use_sliding_window=True, sliding_window=64), "use_sliding_window"),
     (dict(BASE, model_type="smollm3", no_rope_layers=[1, 1, 0]), "no_rope_layers must hold 1 .* 4 layers"),
     (dict(BASE, model_type="phi3", partial_rotary_factor=0.1), "partial_rotary_factor 0.1 gives 1.6 rotary dims"),
+    (dict(BASE, model_type="phi", qk_layernorm=True), "qk_layernorm is not supported"),
+    (dict(BASE, model_type="gpt_neox", hidden_act="relu"), "hidden_act 'relu' is not supported for gpt_neox"),
 ])
 def test_a_config_kiln_cannot_build_is_refused_naming_the_field(hf, message):
     arch = find_architecture(hf)

@@ -1,0 +1,68 @@
+"""GPT-NeoX / Pythia (EleutherAI): attention and MLP side by side, each behind its own LayerNorm
+(x + attn(n1(x)) + mlp(n2(x)); `use_parallel_residual`, else one after the other), biases on every
+projection, a plain GELU MLP, RoPE on the first `rotary_pct` of each head, and q/k/v fused per head
+(`query_key_value` rows: head 0's q, k, v, then head 1's; reordered to kiln's all-q, all-k, all-v)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
+    decoder_weight_map
+from .config import ConfigField
+from .gpt2 import ACTIVATIONS
+from .layers import Flags
+
+NAMES = dict(LLAMA_NAMES, embed_tokens="gpt_neox.embed_in", norm="gpt_neox.final_layer_norm", lm_head="embed_out",
+             layer="gpt_neox.layers.{i}", o_proj="attention.dense", up_proj="mlp.dense_h_to_4h",
+             down_proj="mlp.dense_4h_to_h")
+
+
+@dataclass(frozen=True)
+class GPTNeoXConfig(DecoderConfig):
+    activation: str = "gelu"
+    parallel_residual: bool = True
+    attention_bias: bool = True
+
+    ARCH: ClassVar[str] = "gpt_neox"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *(ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5) if f.name == "norm_eps" else
+          ConfigField("rope_theta", ("rope_theta", "rotary_emb_base"), default=10000.0) if f.name == "rope_theta" else
+          ConfigField("partial_rotary_factor", ("partial_rotary_factor", "rotary_pct"), default=0.25)
+          if f.name == "partial_rotary_factor" else f for f in DECODER_FIELDS),
+        ConfigField("activation", ("hidden_act",), default="gelu"),
+        ConfigField("parallel_residual", ("use_parallel_residual",), default=True),
+        ConfigField("attention_bias", ("attention_bias",), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if values["activation"] not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {values['activation']!r} is not supported for gpt_neox "
+                             f"(supported: {', '.join(ACTIVATIONS)})")
+        return dict(values, activation=ACTIVATIONS[values["activation"]])
+
+    def flags(self) -> Flags:
+        return Flags(norm="layer", activation=self.activation, gated_mlp=False, qkv_bias=self.attention_bias,
+                     o_bias=self.attention_bias, mlp_bias=True, parallel_residual=self.parallel_residual)
+
+
+GPTNeoXForCausalLM = CausalLM
+
+
+def _by_kind(heads: int):
+    """query_key_value rows [heads, 3, head_dim] -> [3, heads, head_dim] (every q, then every k and v)."""
+    def reorder(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a.reshape(heads, 3, -1, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape))
+    return reorder
+
+
+def weight_map(c: GPTNeoXConfig) -> WeightMap:
+    m = decoder_weight_map(c, NAMES)
+    for i in range(c.num_hidden_layers):
+        fused, reorder = f"gpt_neox.layers.{i}.attention.query_key_value", _by_kind(c.num_attention_heads)
+        for p in ("weight", "bias") if c.attention_bias else ("weight",):
+            m[f"model.layers.{i}.self_attn.qkv_proj.{p}"] = WeightSpec((f"{fused}.{p}",), reorder)
+    return m
