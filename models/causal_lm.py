@@ -27,6 +27,7 @@ from tvm.target import Target
 
 from .config import ConfigField, read_fields
 from .layers import DecoderLayer, Flags, Norm, tied_logits
+from .moe import MoESpec, SparseMoE
 from .rope import GRAPH_SCALINGS, inv_freq
 from .sampling import lanes_for, sample_kernel
 
@@ -127,6 +128,11 @@ class DecoderConfig:
         """Per layer: full attention with the model's RoPE, unless a family says otherwise."""
         return (LayerAttention("full", None, self.rope_theta, self.rope_scaling),) * self.num_hidden_layers
 
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        """Layer `layer`'s mixture of experts (models/moe.py), None for a dense MLP (every layer, unless a
+        family says otherwise)."""
+        return None
+
 
 def _flat_rope(hf: dict) -> dict:
     """transformers 5 writes RoPE as `rope_parameters: {rope_type, rope_theta, factor, ...}` instead of
@@ -159,8 +165,9 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList([
             DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
                          c.head_dim, c.norm_eps, flags,
-                         inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None)
-            for a in attention])
+                         inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None,
+                         SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None)
+            for i, a in enumerate(attention)])
         self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache) -> Tensor:

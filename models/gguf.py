@@ -116,6 +116,10 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     arch, spec = _arch(reader)
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
+    if "blk.0.ffn_gate_inp.weight" in tensors:
+        raise ModelLoadError(f"this {arch} GGUF is a mixture of experts (ffn_gate_inp, ffn_*_exps): kiln reads MoE "
+                             "models (Mixtral, Qwen2/3-MoE, OLMoE) from Hugging Face checkpoints only; compile the "
+                             "original safetensors folder")
     n_head = _meta(reader, key("attention.head_count"))
     eps = _meta(reader, key("attention.layer_norm_rms_epsilon"), None)
     config = {

@@ -156,13 +156,14 @@ class DecoderLayer(nn.Module):
     pre-norms, only they are)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
-                 head_dim: int, eps: float, flags: Flags = Flags(), rope: tuple | None = None):
+                 head_dim: int, eps: float, flags: Flags = Flags(), rope: tuple | None = None,
+                 mlp: nn.Module | None = None):
         if flags.pre_norms:
             self.input_layernorm = Norm(hidden_size, eps, flags.norm)
         self.self_attn = PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)
         if flags.pre_norms and not flags.shared_norm:
             self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)   # before the MLP
-        self.mlp = MLP(hidden_size, intermediate_size, flags)
+        self.mlp = mlp if mlp is not None else MLP(hidden_size, intermediate_size, flags)   # (a MoE's, given)
         if flags.sandwich_norms:
             self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
             self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import gemma, gpt2, gpt_neox, granite, llama, olmo2, phi, phi3, qwen2, qwen3, smollm3, stablelm, starcoder2
+from . import (gemma, gpt2, gpt_neox, granite, llama, mixtral, olmo2, olmoe, phi, phi3, qwen2, qwen3, qwen_moe, smollm3,
+               stablelm, starcoder2)
 from .source import ModelLoadError
 
 
@@ -45,6 +46,12 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("phi", ("PhiForCausalLM",), ("phi",), phi, phi.PhiConfig, phi.PhiForCausalLM),
     _arch("gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), gpt_neox, gpt_neox.GPTNeoXConfig,
           gpt_neox.GPTNeoXForCausalLM),
+    _arch("mixtral", ("MixtralForCausalLM",), ("mixtral",), mixtral, mixtral.MixtralConfig, mixtral.MixtralForCausalLM),
+    _arch("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), qwen_moe, qwen_moe.Qwen2MoeConfig,
+          qwen_moe.Qwen2MoeForCausalLM),
+    _arch("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), qwen_moe, qwen_moe.Qwen3MoeConfig,
+          qwen_moe.Qwen3MoeForCausalLM),
+    _arch("olmoe", ("OlmoeForCausalLM",), ("olmoe",), olmoe, olmoe.OlmoeConfig, olmoe.OlmoeForCausalLM),
 )}
 
 

@@ -85,6 +85,17 @@ def dispatch_on_rows(func: tirx.PrimFunc, branches: Sequence[tuple[int, tirx.Pri
     return own_vars(merged)
 
 
+def shares_allocations(func: tirx.PrimFunc, copy: tirx.PrimFunc) -> bool:
+    """Whether ``copy`` (a copy of ``func`` scheduled apart) still holds a buffer ``func`` allocates,
+    the same object: one body cannot define it in two branches (CompactBufferRegion: "duplicate
+    definitions"). A fused epilogue's intermediate that neither schedule inlined stays shared so
+    (Qwen2-MoE's sigmoid-gated shared expert)."""
+    accessed = tvm.get_global_func("s_tir.analysis.detect_buffer_access_lca")
+    ours = [b for b in accessed(func).keys() if not any(b.same_as(p) for p in func.params)]
+    theirs = accessed(copy).keys()
+    return any(b.same_as(c) for b in ours for c in theirs)
+
+
 def own_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with every loop and block var defined once (ConvertSSA, through a throwaway module):
     for a body holding copies of one schedule's statements (branches, twins)."""

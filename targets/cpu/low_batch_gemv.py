@@ -14,7 +14,8 @@ drops into ``f`` as is.  Relax call sites are untouched.
 ``DispatchLowBatchGEMV()`` (start of lower, after scheduling) folds each scheduled copy back into
 its original: ``f``'s body becomes ``if rows <= R: <f_gemv body> else: <f body>``
 (targets/row_dispatch.py) and ``f_gemv`` leaves the module.  A copy the target did not
-schedule is dropped and ``f`` left as it was.
+schedule, or whose schedule kept an intermediate buffer of ``f``'s (row_dispatch.shares_allocations),
+is dropped and ``f`` left as it was.
 
 Why the dispatch sits inside the kernel and not in Relax: a Relax ``If`` per call site (tried
 first) cannot live in a dataflow block, and StaticPlanBlockMemory does not plan across its
@@ -41,7 +42,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, s_tir, tirx
 
-from ..row_dispatch import dispatch_on_rows, is_scheduled, is_static, output_rows, same_params
+from ..row_dispatch import dispatch_on_rows, is_scheduled, is_static, output_rows, same_params, shares_allocations
 
 GEMV_ATTR = "kiln.gemv"        # on the copy: the row bound R (read by the schedule rule)
 COPY_ATTR = "kiln.gemv_copy"   # on the original: the copy's name (read by DispatchLowBatchGEMV)
@@ -82,7 +83,8 @@ class DispatchLowBatchGEMV:
             if _copy_name(func):
                 copy = funcs[mod.get_global_var(_copy_name(func))]
                 func = func.without_attr(COPY_ATTR)
-                if is_scheduled(func) and is_scheduled(copy) and same_params(func, copy):
+                if is_scheduled(func) and is_scheduled(copy) and same_params(func, copy) \
+                        and not shares_allocations(func, copy):
                     func = dispatch_on_rows(func, [(int(copy.attrs[GEMV_ATTR]), copy)], func)
             out[gv] = func
         return tvm.IRModule(out, attrs=mod.attrs, global_infos=mod.global_infos)

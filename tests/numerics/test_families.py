@@ -18,6 +18,8 @@ pass `kiln check` against the golden logits the compile stored.
     phi2     attention and MLP side by side behind one LayerNorm, a biased head, partial rotary
     gpt-neox attention and MLP side by side behind their own LayerNorms (or one after the other),
              q/k/v fused per head
+    mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
+             not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
 """
 
 from __future__ import annotations
@@ -68,6 +70,13 @@ CASES = {
     "gpt-neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(num_key_value_heads=4, hidden_act="gelu")),
     "gpt-neox-sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(num_key_value_heads=4,
                                                                       use_parallel_residual=False)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2-moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
+        num_hidden_layers=3, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48,
+        shared_expert_intermediate_size=96, mlp_only_layers=[1], tie_word_embeddings=True)),
+    "qwen3-moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3,
+                                                                moe_intermediate_size=48, norm_topk_prob=True)),
+    "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
 }
 
 

@@ -212,8 +212,10 @@ def _tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", tokenizer_model: str = "gpt2") -> Path:
-    """A tiny llama GGUF from HF-named, HF-layout tensors, stored the way llama.cpp stores them."""
+def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", tokenizer_model: str = "gpt2",
+                extra: dict[str, np.ndarray] | None = None) -> Path:
+    """A tiny llama GGUF from HF-named, HF-layout tensors, stored the way llama.cpp stores them (and
+    `extra`: GGUF-named tensors as given)."""
     to_gguf = {v: k for k, v in kg._GLOBAL_NAMES.items()}
     to_gguf.update({
         f"model.layers.{i}.{v}.weight": f"blk.{i}.{k}.weight"
@@ -245,6 +247,8 @@ def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", toke
             w.add_tensor(to_gguf[name], gguf.quants.quantize(tensor, QType.Q8_0), raw_dtype=QType.Q8_0)
         else:
             w.add_tensor(to_gguf[name], tensor.astype(np.float16 if tensor.ndim == 2 else np.float32))
+    for name, tensor in (extra or {}).items():
+        w.add_tensor(name, tensor)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -336,6 +340,12 @@ def test_unsupported_tensor_type(tiny_hf, tmp_path):
     hf = dict(tiny_hf, **{"model.layers.0.self_attn.v_proj.weight": np.ones((N_KV * HEAD_DIM, HIDDEN), np.int8)})
     with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_v\.weight has type I8.*Q4_1"):
         kg.load_gguf(_write_tiny(tmp_path / "i8.gguf", hf))
+
+
+def test_a_mixture_of_experts_gguf_is_refused_naming_the_checkpoint_to_use(tiny_hf, tmp_path):
+    router = {"blk.0.ffn_gate_inp.weight": np.zeros((4, HIDDEN), np.float32)}       # Mixtral's, as llama.cpp writes it
+    with pytest.raises(ModelLoadError, match="mixture of experts .* Hugging Face checkpoints only"):
+        kg.load_gguf(_write_tiny(tmp_path / "moe.gguf", tiny_hf, extra=router))
 
 
 def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):

@@ -28,6 +28,10 @@ pytestmark = pytest.mark.unit
     ({"architectures": ["Starcoder2ForCausalLM"]}, "starcoder2"),
     ({"architectures": ["PhiForCausalLM"], "model_type": "phi"}, "phi"),
     ({"model_type": "gpt_neox"}, "gpt_neox"),
+    ({"architectures": ["MixtralForCausalLM"]}, "mixtral"),
+    ({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe"}, "qwen2_moe"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}, "qwen3_moe"),
+    ({"model_type": "olmoe"}, "olmoe"),
 ])
 def test_find_architecture(hf, family):
     assert find_architecture(hf).name == family
@@ -63,6 +67,7 @@ BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
     (dict(BASE, model_type="phi3", partial_rotary_factor=0.1), "partial_rotary_factor 0.1 gives 1.6 rotary dims"),
     (dict(BASE, model_type="phi", qk_layernorm=True), "qk_layernorm is not supported"),
     (dict(BASE, model_type="gpt_neox", hidden_act="relu"), "hidden_act 'relu' is not supported for gpt_neox"),
+    (dict(BASE, model_type="olmoe", num_experts=4, num_experts_per_tok=2, clip_qkv=8.0), "clip_qkv is not supported"),
 ])
 def test_a_config_kiln_cannot_build_is_refused_naming_the_field(hf, message):
     arch = find_architecture(hf)
@@ -85,3 +90,16 @@ def test_partial_rotary_with_every_layer_sliding_is_refused():
     hf = dict(BASE, model_type="phi3", partial_rotary_factor=0.5, sliding_window=64)
     with pytest.raises(ValueError, match="partial_rotary_factor.*drop sliding_window"):
         _ = CausalLM(find_architecture(hf).config_cls.from_hf(hf)).window_mode
+
+
+
+def test_moe_layers_and_the_quantization_note():
+    hf = dict(BASE, model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=64, decoder_sparse_step=2, mlp_only_layers=[3])
+    c = find_architecture(hf).config_cls.from_hf(hf)
+    specs = [c.layer_moe(i) for i in range(4)]
+    assert [s is not None for s in specs] == [False, True, False, False]    # every 2nd layer, not layer 3
+    assert (specs[1].num_experts, specs[1].top_k, specs[1].shared_intermediate_size) == (8, 2, 64)
+    assert any("MoE expert weights stay in the compute dtype" in n for n in c.notes)
+    with pytest.raises(ValueError, match="num_experts_per_tok \\(9\\) must be from 1"):
+        find_architecture(hf).config_cls.from_hf(dict(hf, num_experts_per_tok=9)).layer_moe(1)

@@ -1,0 +1,44 @@
+"""Mixtral (Mistral AI): a Mistral whose MLPs are sparse mixtures of `num_local_experts` experts, the
+top `num_experts_per_tok` per token, their router weights renormalised to sum to 1 (models/moe.py).
+Checkpoints name the experts' gate, down and up projections w1, w2 and w3."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
+from .config import ConfigField
+from .llama import LlamaConfig
+from .moe import NOTE, MoESpec, moe_weight_map
+
+NAMES = dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3", down="w2")
+
+
+@dataclass(frozen=True)
+class MixtralConfig(LlamaConfig):
+    num_experts: int = 8
+    top_k: int = 2
+
+    ARCH: ClassVar[str] = "mixtral"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS,
+                                                 ConfigField("num_experts", ("num_local_experts",)),
+                                                 ConfigField("top_k", ("num_experts_per_tok",)))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        notes.append(NOTE)
+        return super().adapt(values, hf, notes)
+
+    def layer_moe(self, layer: int) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=True)
+
+
+MixtralForCausalLM = CausalLM
+
+
+def weight_map(c: MixtralConfig) -> WeightMap:
+    m = decoder_weight_map(c)
+    for i in range(c.num_hidden_layers):
+        moe_weight_map(m, i, c.layer_moe(i), LLAMA_NAMES["layer"].format(i=i), NAMES)
+    return m

@@ -1,0 +1,51 @@
+"""OLMoE (AI2): a pre-norm Llama whose q and k are RMS-normed over all heads' dims at once (as OLMo 2's)
+and whose MLPs are sparse mixtures of `num_experts` experts, the top `num_experts_per_tok` per
+token (models/moe.py), renormalised where `norm_topk_prob`. `clip_qkv` is refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
+from .config import ConfigField
+from .layers import Flags
+from .llama import LlamaConfig
+from .moe import NOTE, MoESpec, moe_weight_map
+from .qwen_moe import NAMES
+
+
+@dataclass(frozen=True)
+class OlmoeConfig(LlamaConfig):
+    num_experts: int = 64
+    top_k: int = 8
+    norm_topk_prob: bool = False
+
+    ARCH: ClassVar[str] = "olmoe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS,
+                                                 ConfigField("num_experts", ("num_experts", "num_local_experts")),
+                                                 ConfigField("top_k", ("num_experts_per_tok",)),
+                                                 ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("clip_qkv") is not None:
+            raise ValueError("OLMoE with clip_qkv is not supported yet (released checkpoints leave it null)")
+        notes.append(NOTE)
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, qk_norm=True, qk_norm_heads=False)
+
+    def layer_moe(self, layer: int) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.intermediate_size, self.norm_topk_prob)
+
+
+OlmoeForCausalLM = CausalLM
+
+
+def weight_map(c: OlmoeConfig) -> WeightMap:
+    m = decoder_weight_map(c)
+    for i in range(c.num_hidden_layers):
+        moe_weight_map(m, i, c.layer_moe(i), LLAMA_NAMES["layer"].format(i=i), NAMES)
+    return m
