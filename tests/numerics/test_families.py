@@ -133,3 +133,15 @@ def test_gemma2_builds_for_cuda_with_capped_attention(tmp_path):
             "batch_tree_attn"} <= set(attention)
     uncapped = [n for n, f in attention.items() if "T.tanh(" not in f]
     assert not uncapped, uncapped
+
+
+def test_moe_batches_route_each_sequence_to_its_own_experts(tmp_path):
+    """Three sequences decoded together (one batch_decode a step: each row gathers its own experts) give
+    transformers' greedy tokens, each sequence's as if alone."""
+    from kiln import Engine, EngineConfig, SamplingParams
+    from tiny_models import greedy_reference
+    ref = write_family("qwen2-moe", tmp_path / "hf", seed=1)
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    prompts = [IDS[:5], IDS[3:12], IDS]
+    outs = Engine(art, EngineConfig()).generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [greedy_reference(ref, p, 8) for p in prompts]
