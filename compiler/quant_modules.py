@@ -165,8 +165,16 @@ class _QuantizedWeight(nn.Module):
         return "float32" if exact else self.dtype
 
     def dequantized_weight(self) -> Tensor:
-        return dequantize(self.format, self.weight_dtype, [getattr(self, p) for p in self.format.plane_names],
-                          self.by_bits)
+        return dequantize(self.format, self.weight_dtype, self.planes(), self.by_bits)
+
+    def planes(self) -> list[Tensor]:
+        return [getattr(self, p) for p in self.format.plane_names]
+
+    def element(self, planes: list, n, k) -> tirx.PrimExpr:
+        """W[n, k] in weight_dtype over `planes` (this weight's, as TE tensors): for a kernel that reads
+        the weight's rows through an index (models/moe.py's expert matmul) instead of dequantize's op."""
+        qweight, scale, minimum = (*planes, None, None)[:3]
+        return dequantize_element(self.format, self.weight_dtype, qweight, scale, minimum, n, k, self.by_bits)
 
     def to(self, dtype: str | None = None) -> None:
         """Only the compute dtype follows `to`; the planes keep their storage dtypes."""

@@ -10,7 +10,7 @@ from typing import ClassVar
 from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
 from .config import ConfigField
 from .llama import LlamaConfig
-from .moe import NOTE, MoESpec, moe_weight_map
+from .moe import MoESpec, moe_weight_map
 
 NAMES = dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3", down="w2")
 
@@ -24,11 +24,6 @@ class MixtralConfig(LlamaConfig):
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS,
                                                  ConfigField("num_experts", ("num_local_experts",)),
                                                  ConfigField("top_k", ("num_experts_per_tok",)))
-
-    @classmethod
-    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        notes.append(NOTE)
-        return super().adapt(values, hf, notes)
 
     def layer_moe(self, layer: int) -> MoESpec:
         return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=True)

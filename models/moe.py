@@ -9,16 +9,15 @@
 
 Each token's k experts are computed by gathered matmuls (TE reductions reading the expert's rows
 through the router's indices): a token reads only its k experts' weights, and no expert weight
-is copied. The experts' weights stay in the compute dtype under every --quant (the quantized
-kernels take 2-D weights only; the router and the shared expert's gate stay float, as llama.cpp
-keeps its ffn_gate_inp); a compile notes it.
+is copied. All experts' gate/up (and down) rows are one Linear of experts x rows, so --quant
+stores them as any weight (planes of [experts * rows, cols]) and the matmul dequantizes the rows
+it reads; the router and the shared expert's gate stay float, as llama.cpp keeps its ffn_gate_inp.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
@@ -42,33 +41,33 @@ class MoESpec:
                              f"({self.num_experts}); fix config.json")
 
 
-NOTE = ("MoE expert weights stay in the compute dtype under every --quant (kiln's quantized kernels do not take "
-        "expert weights yet): the artifact is larger than the quantization alone implies")
-
-
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, spec: MoESpec, flags: Flags):
         self.spec, self.activation = spec, flags.activation
         e, i = spec.num_experts, spec.intermediate_size
         self.router = nn.Parameter((e, hidden_size))                    # kept float: not an nn.Linear
-        self.experts_gate_up = nn.Parameter((e, 2 * i, hidden_size))    # gate rows, then up rows
-        self.experts_down = nn.Parameter((e, hidden_size, i))
+        # Every expert's rows in one Linear (expert 0's gate and up rows, then expert 1's, ...), never
+        # called as a Linear: the quantizer stores it as any other (planes of [experts * rows, cols])
+        # and the expert matmul reads the rows of the experts each token picked.
+        self.experts_gate_up = nn.Linear(hidden_size, e * 2 * i, bias=False)
+        self.experts_down = nn.Linear(i, e * hidden_size, bias=False)
         if spec.shared_intermediate_size:
             self.shared = MLP(hidden_size, spec.shared_intermediate_size, flags)
             self.shared_gate = nn.Parameter((1, hidden_size))
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, h = x.shape
+        k, i = self.spec.top_k, self.spec.intermediate_size
         flat = op.reshape(x, (b * s, h))                                # [T, h]
         logits = op.matmul(flat, op.permute_dims(self.router))
         probs = op.softmax(logits if logits.dtype == "float32" else logits.astype("float32"), axis=-1)
-        weights, experts = _top_k(probs, self.spec.top_k)
+        weights, experts = _top_k(probs, k)
         if self.spec.normalize:
             weights = weights / op.sum(weights, axis=-1, keepdims=True)
-        gate, up = op.split(_expert_matmul(flat, self.experts_gate_up, experts), 2, axis=-1)   # [T, k, i] each
-        out = _expert_matmul(_activation(gate, self.activation) * up, self.experts_down, experts)  # [T, k, h]
+        gate, up = op.split(_expert_matmul(flat, self.experts_gate_up, experts, 2 * i), 2, axis=-1)   # [T, k, i]
+        out = _expert_matmul(_activation(gate, self.activation) * up, self.experts_down, experts, h)  # [T, k, h]
         weights = weights if weights.dtype == out.dtype else weights.astype(out.dtype)
-        y = op.sum(out * op.reshape(weights, (b * s, self.spec.top_k, 1)), axis=1)            # [T, h]
+        y = op.sum(out * op.reshape(weights, (b * s, k, 1)), axis=1)                              # [T, h]
         if hasattr(self, "shared"):
             gate_logit = op.matmul(flat, op.permute_dims(self.shared_gate))                  # [T, 1]
             y = y + op.sigmoid(gate_logit) * self.shared(flat)
@@ -84,7 +83,7 @@ def _top_k(probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
         tokens, experts = p.shape
         other = te.reduce_axis((0, experts), name="other")
         ahead = lambda t, e: tirx.Select(tirx.any(p[t, other] > p[t, e], tirx.all(p[t, other] == p[t, e], other < e)),  # noqa: E731
-                                       1, 0)
+                                         1, 0)
         return te.compute((tokens, experts), lambda t, e: te.sum(ahead(t, e), axis=other), name="expert_rank")
 
     def pick(p: te.Tensor, rank: te.Tensor, columns: bool):
@@ -100,50 +99,49 @@ def _top_k(probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return weights, experts
 
 
-def _expert_matmul(x: Tensor, w: Tensor, experts: Tensor) -> Tensor:
-    """expert_matmul_te over nn Tensors."""
-    return op.tensor_expr_op(expert_matmul_te, "expert_matmul", [x, w, experts])
+def _expert_matmul(x: Tensor, linear: nn.Module, experts: Tensor, rows: int) -> Tensor:
+    """expert_matmul_te over nn Tensors: `linear` holds every expert's `rows` rows, float (an nn.Linear)
+    or quantized (compiler/quant_modules.QuantizedLinear: its `element` reads its planes)."""
+    element = getattr(linear, "element", None)
+    planes = linear.planes() if element is not None else [linear.weight]
+    weight = element if element is not None else (lambda planes, n, r: planes[0][n, r])
+    return op.tensor_expr_op(lambda x, experts, *planes: expert_matmul_te(
+        x, lambda n, r: weight(planes, n, r), experts, rows), "expert_matmul", [x, experts, *planes])
 
 
-def expert_matmul_te(x: te.Tensor, w: te.Tensor, experts: te.Tensor) -> te.Tensor:
-    """out[t, j, n] = sum_r x[t(, j), r] * w[experts[t, j], n, r]: each token's row times its j-th
-    expert's weight rows (x [T, r] shared by the token's experts, or [T, k, r] one row per expert),
-    summed in float32, returned in x's dtype."""
+def expert_matmul_te(x: te.Tensor, weight, experts: te.Tensor, rows: int) -> te.Tensor:
+    """out[t, j, c] = sum_r x[t(, j), r] * W[experts[t, j] * rows + c, r]: each token's row times its
+    j-th expert's weight rows (x [T, depth] shared by the token's experts, or [T, k, depth] one row per
+    expert; `weight(n, r)`: W[n, r], every expert's `rows` rows one after another), summed in float32,
+    returned in x's dtype."""
     tokens, k = experts.shape
-    _, n, depth = w.shape
+    depth = x.shape[-1]
     r = te.reduce_axis((0, depth), name="r")
 
     def row(t, j):
         return (lambda c: x[t, c]) if len(x.shape) == 2 else (lambda c: x[t, j, c])
-    total = te.compute((tokens, k, n), lambda t, j, c: te.sum(
-        row(t, j)(r).astype("float32") * w[experts[t, j], c, r].astype("float32"), axis=r), name="expert_matmul")
+
+    def product(t, j, c):
+        n = experts[t, j].astype("int64") * tirx.const(rows, "int64") + c
+        return row(t, j)(r).astype("float32") * weight(n, r).astype("float32")
+    total = te.compute((tokens, k, tirx.const(rows, "int64")), lambda t, j, c: te.sum(product(t, j, c), axis=r),
+                       name="expert_matmul")
     if x.dtype == "float32":
         return total
     return te.compute(total.shape, lambda t, j, c: total[t, j, c].astype(x.dtype), name="expert_matmul_cast")
-
-
-def stacked(experts: int, rows: int):
-    """The transform stacking `experts` experts' HF weights (concatenated along axis 0, each `rows`
-    rows) into kiln's [experts, rows, cols]."""
-    def stack(a: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(a.reshape(experts, rows, a.shape[-1]))
-    return stack
 
 
 def moe_weight_map(m: dict, layer: int, spec: MoESpec, hf_layer: str, names: dict[str, str]) -> None:
     """Replace layer `layer`'s dense MLP entries of weight map `m` with its MoE's. `hf_layer`: the HF
     layer prefix; `names`: the HF names under it of router, expert, gate, up, down, shared, shared_gate
     (expert: a format string with {j})."""
-    from .causal_lm import WeightSpec
     k = f"model.layers.{layer}.mlp"
     for key in [key for key in m if key.startswith(f"{k}.")]:
         del m[key]
-    e, i = spec.num_experts, spec.intermediate_size
-    expert = [f"{hf_layer}.{names['expert'].format(j=j)}" for j in range(e)]
+    expert = [f"{hf_layer}.{names['expert'].format(j=j)}" for j in range(spec.num_experts)]
     m[f"{k}.router"] = [f"{hf_layer}.{names['router']}.weight"]
-    m[f"{k}.experts_gate_up"] = WeightSpec(tuple(f"{x}.{names[p]}.weight" for x in expert for p in ("gate", "up")),
-                                           stacked(e, 2 * i))
-    m[f"{k}.experts_down"] = WeightSpec(tuple(f"{x}.{names['down']}.weight" for x in expert), stacked(e, -1))
+    m[f"{k}.experts_gate_up.weight"] = [f"{x}.{names[p]}.weight" for x in expert for p in ("gate", "up")]
+    m[f"{k}.experts_down.weight"] = [f"{x}.{names['down']}.weight" for x in expert]
     if spec.shared_intermediate_size:
         shared = f"{hf_layer}.{names['shared']}"
         m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.{names['gate']}.weight", f"{shared}.{names['up']}.weight"]

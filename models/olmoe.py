@@ -11,7 +11,7 @@ from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
 from .config import ConfigField
 from .layers import Flags
 from .llama import LlamaConfig
-from .moe import NOTE, MoESpec, moe_weight_map
+from .moe import MoESpec, moe_weight_map
 from .qwen_moe import NAMES
 
 
@@ -31,7 +31,6 @@ class OlmoeConfig(LlamaConfig):
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         if hf.get("clip_qkv") is not None:
             raise ValueError("OLMoE with clip_qkv is not supported yet (released checkpoints leave it null)")
-        notes.append(NOTE)
         return super().adapt(values, hf, notes)
 
     def flags(self) -> Flags:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
 from .config import ConfigField
-from .moe import NOTE, MoESpec, moe_weight_map
+from .moe import MoESpec, moe_weight_map
 from .qwen2 import Qwen2Config
 from .qwen3 import Qwen3Config
 
@@ -33,7 +33,6 @@ class _QwenMoE:
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        notes.append(NOTE)
         return super().adapt(dict(values, dense_layers=tuple(values["dense_layers"])), hf, notes)
 
     def layer_moe(self, layer: int) -> MoESpec | None:

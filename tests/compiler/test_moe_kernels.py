@@ -17,10 +17,11 @@ pytestmark = pytest.mark.compiler
 @pytest.mark.parametrize("per_slot", [False, True])
 def test_the_expert_matmul_builds_for_cuda(per_slot, tmp_path):
     tokens = tirx.Var("tokens", "int64")
-    x = te.placeholder((tokens, 2, 96) if per_slot else (tokens, 64), "float16", name="x")
-    w = te.placeholder((8, 64 if per_slot else 192, 96 if per_slot else 64), "float16", name="w")
+    rows, depth = (64, 96) if per_slot else (192, 64)               # down, gate_up of 8 experts
+    x = te.placeholder((tokens, 2, depth) if per_slot else (tokens, depth), "float16", name="x")
+    w = te.placeholder((8 * rows, depth), "float16", name="w")
     experts = te.placeholder((tokens, 2), "int32", name="experts")
-    func = te.create_prim_func([x, w, experts, expert_matmul_te(x, w, experts)])
+    func = te.create_prim_func([x, w, experts, expert_matmul_te(x, lambda n, r: w[n, r], experts, rows)])
     built = build_prim_func("expert_matmul", func, "cuda-sm90")
     source = built.artifact_source
     assert "expert_matmul_kernel" in source and "threadIdx.x" in source      # scheduled (dlight's Fallback)

@@ -29,6 +29,7 @@ import pytest
 
 import kiln
 from kiln.models import build, load
+from kiln.runtime import Artifact
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
@@ -145,3 +146,41 @@ def test_moe_batches_route_each_sequence_to_its_own_experts(tmp_path):
     prompts = [IDS[:5], IDS[3:12], IDS]
     outs = Engine(art, EngineConfig()).generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert [o.token_ids for o in outs] == [greedy_reference(ref, p, 8) for p in prompts]
+
+
+def test_moe_quantized_experts_match_transformers_on_the_dequantized_weights(tmp_path):
+    """q4f32 stores every expert's rows as 4-bit planes (one Linear of experts x rows) and the expert
+    matmul dequantizes the rows each token's experts own: transformers' Mixtral with the weights the
+    artifact's planes hold gives the same logits (a prefill, then 3 decode steps)."""
+    import torch
+    import transformers
+    from test_quantized import compile_with_reference, dequantized_weights
+    from tiny_models import reference_logits
+    write_family("mixtral", tmp_path / "hf", seed=2)
+    art = compile_with_reference(tmp_path / "hf", tmp_path / "hf", "q4f32", tmp_path / "art")
+    quant = Artifact.load(art).config.quantization
+    assert quant["formats"]["q4"]["weights"] >= 4             # both layers' expert gate/up and down, at least
+    ref = transformers.MixtralForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    weights, state = dequantized_weights(art), {}
+    for name, value in weights.items():                      # the checkpoint's names -> transformers 5's modules
+        if ".block_sparse_moe." not in name:
+            state[name] = value
+        elif name.endswith("block_sparse_moe.gate.weight"):
+            state[name.replace("block_sparse_moe.gate", "mlp.gate")] = value
+    for i in range(ref.config.num_hidden_layers):
+        expert = [f"model.layers.{i}.block_sparse_moe.experts.{j}" for j in range(ref.config.num_local_experts)]
+        state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = np.stack(
+            [np.concatenate([weights[f"{e}.w1.weight"], weights[f"{e}.w3.weight"]]) for e in expert])
+        state[f"model.layers.{i}.mlp.experts.down_proj"] = np.stack([weights[f"{e}.w2.weight"] for e in expert])
+    if ref.config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    ref.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, strict=True)
+    ids = IDS[:11]
+    from kiln.runtime.model_runner import ModelRunner
+    runner = ModelRunner(Artifact.load(art))
+    runner.add_sequence(0)
+    np.testing.assert_allclose(runner.verify(0, ids), reference_logits(ref, ids), atol=TOL, rtol=0)
+    seq = list(ids)
+    for _ in range(3):
+        seq.append(int(np.argmax(reference_logits(ref, seq)[-1])))
+        np.testing.assert_allclose(runner.decode([0], [seq[-1]])[0], reference_logits(ref, seq)[-1], atol=TOL, rtol=0)

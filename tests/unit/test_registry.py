@@ -93,13 +93,12 @@ def test_partial_rotary_with_every_layer_sliding_is_refused():
 
 
 
-def test_moe_layers_and_the_quantization_note():
+def test_moe_layers():
     hf = dict(BASE, model_type="qwen2_moe", num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
               shared_expert_intermediate_size=64, decoder_sparse_step=2, mlp_only_layers=[3])
     c = find_architecture(hf).config_cls.from_hf(hf)
     specs = [c.layer_moe(i) for i in range(4)]
     assert [s is not None for s in specs] == [False, True, False, False]    # every 2nd layer, not layer 3
     assert (specs[1].num_experts, specs[1].top_k, specs[1].shared_intermediate_size) == (8, 2, 64)
-    assert any("MoE expert weights stay in the compute dtype" in n for n in c.notes)
     with pytest.raises(ValueError, match="num_experts_per_tok \\(9\\) must be from 1"):
         find_architecture(hf).config_cls.from_hf(dict(hf, num_experts_per_tok=9)).layer_moe(1)
