@@ -35,7 +35,8 @@ class RowReduction(KilnCPURule):
         blocks = _root_blocks(sch)
         reductions = [b for b in blocks if _is_reduction(sch, b)]
         rows = _row_rank(sch, blocks, reductions)
-        if rows is None or not all(_reads_row_contiguously(sch.get(b)) for b in reductions):
+        if rows is None or not all(_reads_row_contiguously(sch.get(b)) or _is_expert_matmul(sch.get(b))
+                                   for b in reductions):
             return None
         # Vector partial sums first: rfactor wants the reduction alone in its loop nest.
         rf_blocks = [rf for rf in (self._rfactor(sch, b, lanes) for b in reductions) if rf is not None]
@@ -73,6 +74,16 @@ class RowReduction(KilnCPURule):
         except RuntimeError:
             return None  # a combiner rfactor does not know (argmax): stays a serial loop
         return rf
+
+
+def _is_expert_matmul(block: s_tir.SBlock) -> bool:
+    """models/moe.py's gathered expert matmul: each output element (token, expert slot, row) a dot product
+    whose weight row is read through the router's index (not contiguously in the loops RowReduction sees,
+    but a row all the same): RowReduction's schedule, one parallel loop over the outputs and the dot in
+    vector partial sums. A random-weight Qwen3-MoE of 8 layers (hidden 1024, 32 experts of 512, top 4,
+    q4f32; 2-core EPYC): decode 75.7 -> 8.9 ms a step (its expert matmuls 71.0 -> 6.1 ms; unscheduled,
+    they ran serial scalar loops), prefill of 64 tokens 157 tok/s after."""
+    return block.name_hint.startswith("expert_matmul")
 
 
 def _row_rank(sch: s_tir.Schedule, blocks: list, reductions: list) -> int | None:
