@@ -21,7 +21,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {"llama": "llama.py", "qwen2": "qwen2.py", "qwen3": "qwen3.py", "gemma2": "gemma.py", "gemma3": "gemma.py",
-         "phi3": "phi3.py", "gpt2": "gpt2.py"}
+         "phi3": "phi3.py", "gpt2": "gpt2.py", "phi4": "phi3.py", "granite": "granite.py", "olmo2": "olmo2.py",
+         "smollm3": "smollm3.py", "stablelm": "stablelm.py", "starcoder2": "starcoder2.py", "phi2": "phi.py",
+         "gpt-neox": "gpt_neox.py", "mixtral": "mixtral.py", "qwen2-moe": "qwen_moe.py", "qwen3-moe": "qwen_moe.py",
+         "olmoe": "olmoe.py"}
+
+
+def model_file(case: str) -> str:
+    """The model file of a test case (its name, or the family its name starts with)."""
+    return next(FILES[k] for k in sorted(FILES, key=len, reverse=True) if case == k or case.startswith(k + "-"))
 
 
 def max_error(artifact: Path, ref, ids: list[int], steps: int = 5) -> float:
@@ -56,7 +64,6 @@ def main() -> int:
         tmp = Path(tmp)
         cases = {"llama": None, "qwen2": None, **{c: c for c in CASES}}
         for case, family_case in cases.items():
-            family = case.split("-")[0]
             if family_case is None:
                 d = write_tiny("Llama" if case == "llama" else "Qwen2", tmp / case, tied=False)
                 ref = getattr(transformers, "LlamaForCausalLM" if case == "llama" else "Qwen2ForCausalLM") \
@@ -66,12 +73,13 @@ def main() -> int:
             start = time.perf_counter()
             art = kiln.compile(str(tmp / case), target="cpu", quant="q0f32", output=tmp / f"{case}-art")
             seconds = time.perf_counter() - start
-            lines = len((ROOT / "models" / FILES[family]).read_text().splitlines())
-            rows.append({"case": case, "model_file": f"models/{FILES[family]}", "lines": lines,
+            name = model_file(case)
+            lines = len((ROOT / "models" / name).read_text().splitlines())
+            rows.append({"case": case, "model_file": f"models/{name}", "lines": lines,
                          "compile_s": round(seconds, 1), "max_logit_error": max_error(art, ref, IDS)})
     for r in rows:
         print(json.dumps(r) if args.json else
-              f"{r['case']:<14} {r['model_file']:<18} {r['lines']:>4} lines  compile {r['compile_s']:>5.1f} s  "
+              f"{r['case']:<20} {r['model_file']:<22} {r['lines']:>4} lines  compile {r['compile_s']:>5.1f} s  "
               f"max |Δlogit| {r['max_logit_error']:.2e}")
     return 0
 
