@@ -21,6 +21,13 @@ class ConfigField:
     default: Any = _REQUIRED
 
 
+def one_of(table: dict, value, field: str, arch: str):
+    """table[value], the kiln name of a config value; a ValueError naming the field and what is supported."""
+    if value not in table:
+        raise ValueError(f"{field} {value!r} is not supported for {arch} (supported: {', '.join(table)})")
+    return table[value]
+
+
 def read_fields(hf: dict, fields: tuple[ConfigField, ...], arch: str) -> dict[str, Any]:
     """Pick each field from `hf`; raise one ValueError listing every missing field and the names tried."""
     values: dict[str, Any] = {}

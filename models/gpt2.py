@@ -10,7 +10,7 @@ import numpy as np
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
     decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, one_of
 from .layers import Flags
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -32,14 +32,12 @@ class GPT2Config(DecoderConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        if values["activation"] not in ACTIVATIONS:
-            raise ValueError(f"activation_function {values['activation']!r} is not supported for gpt2 "
-                             f"(supported: {', '.join(ACTIVATIONS)})")
+        activation = one_of(ACTIVATIONS, values["activation"], "activation_function", cls.ARCH)
         for key, default in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                              ("reorder_and_upcast_attn", False)):
             if hf.get(key, default) != default:
                 raise ValueError(f"{key}={hf[key]} is not supported for gpt2 (only {default})")
-        return dict(values, activation=ACTIVATIONS[values["activation"]], tie_word_embeddings=True,
+        return dict(values, activation=activation, tie_word_embeddings=True,
                     intermediate_size=values["intermediate_size"] or 4 * values["hidden_size"])
 
     def flags(self) -> Flags:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
     decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -39,10 +39,8 @@ class GPTNeoXConfig(DecoderConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        if values["activation"] not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {values['activation']!r} is not supported for gpt_neox "
-                             f"(supported: {', '.join(ACTIVATIONS)})")
-        return dict(values, activation=ACTIVATIONS[values["activation"]])
+        activation = one_of(ACTIVATIONS, values["activation"], "hidden_act", cls.ARCH)
+        return dict(values, activation=activation)
 
     def flags(self) -> Flags:
         return Flags(norm="layer", activation=self.activation, gated_mlp=False, qkv_bias=self.attention_bias,

@@ -131,19 +131,27 @@ def expert_matmul_te(x: te.Tensor, weight, experts: te.Tensor, rows: int) -> te.
     return te.compute(total.shape, lambda t, j, c: total[t, j, c].astype(x.dtype), name="expert_matmul_cast")
 
 
-def moe_weight_map(m: dict, layer: int, spec: MoESpec, hf_layer: str, names: dict[str, str]) -> None:
-    """Replace layer `layer`'s dense MLP entries of weight map `m` with its MoE's. `hf_layer`: the HF
-    layer prefix; `names`: the HF names under it of router, expert, gate, up, down, shared, shared_gate
-    (expert: a format string with {j})."""
-    k = f"model.layers.{layer}.mlp"
-    for key in [key for key in m if key.startswith(f"{k}.")]:
-        del m[key]
-    expert = [f"{hf_layer}.{names['expert'].format(j=j)}" for j in range(spec.num_experts)]
-    m[f"{k}.router"] = [f"{hf_layer}.{names['router']}.weight"]
-    m[f"{k}.experts_gate_up.weight"] = [f"{x}.{names[p]}.weight" for x in expert for p in ("gate", "up")]
-    m[f"{k}.experts_down.weight"] = [f"{x}.{names['down']}.weight" for x in expert]
-    if spec.shared_intermediate_size:
-        shared = f"{hf_layer}.{names['shared']}"
-        m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.{names['gate']}.weight", f"{shared}.{names['up']}.weight"]
-        m[f"{k}.shared.down_proj.weight"] = [f"{shared}.{names['down']}.weight"]
-        m[f"{k}.shared_gate"] = [f"{hf_layer}.{names['shared_gate']}.weight"]
+def moe_weight_map(c, names: dict[str, str]) -> dict:
+    """The decoder's weight map (causal_lm.decoder_weight_map, Llama's HF names) with each MoE layer's dense
+    MLP entries replaced by its experts': `names` are the HF names under a layer of router, expert,
+    gate, up, down, shared, shared_gate (expert: a format string with {j})."""
+    from .causal_lm import LLAMA_NAMES, decoder_weight_map
+    m = decoder_weight_map(c)
+    for layer in range(c.num_hidden_layers):
+        spec = c.layer_moe(layer)
+        if spec is None:
+            continue
+        k, hf_layer = f"model.layers.{layer}.mlp", LLAMA_NAMES["layer"].format(i=layer)
+        for key in [key for key in m if key.startswith(f"{k}.")]:
+            del m[key]
+        expert = [f"{hf_layer}.{names['expert'].format(j=j)}" for j in range(spec.num_experts)]
+        m[f"{k}.router"] = [f"{hf_layer}.{names['router']}.weight"]
+        m[f"{k}.experts_gate_up.weight"] = [f"{x}.{names[p]}.weight" for x in expert for p in ("gate", "up")]
+        m[f"{k}.experts_down.weight"] = [f"{x}.{names['down']}.weight" for x in expert]
+        if spec.shared_intermediate_size:
+            shared = f"{hf_layer}.{names['shared']}"
+            m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.{names['gate']}.weight",
+                                                    f"{shared}.{names['up']}.weight"]
+            m[f"{k}.shared.down_proj.weight"] = [f"{shared}.{names['down']}.weight"]
+            m[f"{k}.shared_gate"] = [f"{hf_layer}.{names['shared_gate']}.weight"]
+    return m

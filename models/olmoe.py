@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
+from .causal_lm import CausalLM, WeightMap
 from .config import ConfigField
 from .layers import Flags
 from .llama import LlamaConfig
@@ -44,7 +44,4 @@ OlmoeForCausalLM = CausalLM
 
 
 def weight_map(c: OlmoeConfig) -> WeightMap:
-    m = decoder_weight_map(c)
-    for i in range(c.num_hidden_layers):
-        moe_weight_map(m, i, c.layer_moe(i), LLAMA_NAMES["layer"].format(i=i), NAMES)
-    return m
+    return moe_weight_map(c, NAMES)

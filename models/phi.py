@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -29,13 +29,11 @@ class PhiConfig(DecoderConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        if values["activation"] not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {values['activation']!r} is not supported for phi "
-                             f"(supported: {', '.join(ACTIVATIONS)})")
+        activation = one_of(ACTIVATIONS, values["activation"], "hidden_act", cls.ARCH)
         if hf.get("qk_layernorm"):
             raise ValueError("phi with qk_layernorm is not supported yet (released Phi-1/1.5/2 have none); "
                              "load one without it")
-        return dict(values, activation=ACTIVATIONS[values["activation"]])
+        return dict(values, activation=activation)
 
     def flags(self) -> Flags:
         return Flags(norm="layer", activation=self.activation, gated_mlp=False, qkv_bias=True, o_bias=True,

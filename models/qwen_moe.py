@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
+from .causal_lm import DECODER_FIELDS, CausalLM, WeightMap
 from .config import ConfigField
 from .moe import MoESpec, moe_weight_map
 from .qwen2 import Qwen2Config
@@ -28,8 +28,17 @@ MOE_FIELDS = (
 )
 
 
+@dataclass(frozen=True)
 class _QwenMoE:
     """The MoE fields and layer choice both Qwen MoE families share (a mixin before the dense config)."""
+
+    num_experts: int = 0
+    top_k: int = 1
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    sparse_step: int = 1
+    dense_layers: tuple[int, ...] = ()
+    shared_intermediate_size: int = 0
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -44,28 +53,12 @@ class _QwenMoE:
 
 @dataclass(frozen=True)
 class Qwen2MoeConfig(_QwenMoE, Qwen2Config):
-    num_experts: int = 0
-    top_k: int = 1
-    moe_intermediate_size: int = 0
-    norm_topk_prob: bool = False
-    sparse_step: int = 1
-    dense_layers: tuple[int, ...] = ()
-    shared_intermediate_size: int = 0
-
     ARCH: ClassVar[str] = "qwen2_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (*DECODER_FIELDS, *MOE_FIELDS)
 
 
 @dataclass(frozen=True)
 class Qwen3MoeConfig(_QwenMoE, Qwen3Config):
-    num_experts: int = 0
-    top_k: int = 1
-    moe_intermediate_size: int = 0
-    norm_topk_prob: bool = False
-    sparse_step: int = 1
-    dense_layers: tuple[int, ...] = ()
-    shared_intermediate_size: int = 0
-
     ARCH: ClassVar[str] = "qwen3_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (*Qwen3Config.FIELDS, *MOE_FIELDS)
 
@@ -74,8 +67,4 @@ Qwen2MoeForCausalLM = Qwen3MoeForCausalLM = CausalLM
 
 
 def weight_map(c: Qwen2MoeConfig | Qwen3MoeConfig) -> WeightMap:
-    m = decoder_weight_map(c)
-    for i in range(c.num_hidden_layers):
-        if (spec := c.layer_moe(i)) is not None:
-            moe_weight_map(m, i, spec, LLAMA_NAMES["layer"].format(i=i), NAMES)
-    return m
+    return moe_weight_map(c, NAMES)

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -33,11 +33,9 @@ class Starcoder2Config(DecoderConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        if values["activation"] not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {values['activation']!r} is not supported for starcoder2 "
-                             f"(supported: {', '.join(ACTIVATIONS)})")
+        activation = one_of(ACTIVATIONS, values["activation"], "hidden_act", cls.ARCH)
         window = values["sliding_window"]
-        return dict(values, activation=ACTIVATIONS[values["activation"]],
+        return dict(values, activation=activation,
                     sliding_window=window if window and window < values["context_window_size"] else None)
 
     def flags(self) -> Flags:
