@@ -94,6 +94,7 @@ def _model_from_tensors(source, torch, transformers):
     with _no_init():            # every weight is loaded below: a random init is wasted (SmolLM2: 2.8 s)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
+    state = _fused_experts(state, set(model.state_dict()), torch)
     missing, _ = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
     missing = [m for m in missing if m not in tied and not m.endswith(("rotary_emb.inv_freq", "attn.bias",
@@ -102,6 +103,31 @@ def _model_from_tensors(source, torch, transformers):
         raise ValueError(f"the {source.stored_quant} source lacks {missing[:3]} under transformers' names")
     model.tie_weights()
     return model
+
+
+_EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))     # Qwen / OLMoE, Mixtral
+
+
+def _fused_experts(state: dict, model_keys: set, torch) -> dict:
+    """`state` with each MoE layer's per-expert tensors (checkpoint names, as kiln's readers hand them over)
+    stacked into transformers 5's fused parameters (experts.gate_up_proj [experts, gate rows + up rows,
+    cols], experts.down_proj), and Mixtral's router (block_sparse_moe.gate) under its module's name
+    (mlp.gate)."""
+    for key in sorted(k for k in model_keys if k.endswith(".experts.gate_up_proj") and k not in state):
+        mlp = key[: -len(".experts.gate_up_proj")]
+        for prefix in (mlp, mlp.replace(".mlp", ".block_sparse_moe")):
+            for gate, up, down in _EXPERT_NAMES:
+                count = 0
+                while f"{prefix}.experts.{count}.{gate}.weight" in state:
+                    count += 1
+                if not count:
+                    continue
+                take = [[state.pop(f"{prefix}.experts.{j}.{p}.weight") for p in (gate, up, down)] for j in range(count)]
+                state[key] = torch.stack([torch.cat([g, u]) for g, u, _ in take])
+                state[f"{mlp}.experts.down_proj"] = torch.stack([d for _, _, d in take])
+                if f"{prefix}.gate.weight" in state and f"{mlp}.gate.weight" not in state:
+                    state[f"{mlp}.gate.weight"] = state.pop(f"{prefix}.gate.weight")
+    return state
 
 
 def compute_golden(prompts: list[list[int]], forward: LogitsFn, report: Callable[[str, int, int], None],

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -116,10 +117,10 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     arch, spec = _arch(reader)
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
-    if "blk.0.ffn_gate_inp.weight" in tensors:
-        raise ModelLoadError(f"this {arch} GGUF is a mixture of experts (ffn_gate_inp, ffn_*_exps): kiln reads MoE "
-                             "models (Mixtral, Qwen2/3-MoE, OLMoE) from Hugging Face checkpoints only; compile the "
-                             "original safetensors folder")
+    if "blk.0.ffn_gate_inp.weight" in tensors and "blk.0.ffn_gate_exps.weight" not in tensors:
+        raise ModelLoadError(f"this {arch} GGUF is a mixture of experts stored an expert a tensor (ffn_gate.0, ...: "
+                             "llama.cpp's older layout); kiln reads its 3-D ffn_*_exps tensors (re-convert it with a "
+                             "current convert_hf_to_gguf.py) or the Hugging Face checkpoint")
     n_head = _meta(reader, key("attention.head_count"))
     eps = _meta(reader, key("attention.layer_norm_rms_epsilon"), None)
     config = {
@@ -207,6 +208,12 @@ class GGUFWeights:
         self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart
         by_name = {t.name: t for t in reader.tensors}
         for t in reader.tensors:
+            m = _LAYER_RE.fullmatch(t.name)
+            if m and m.group(2) in spec.experts and len(t.shape) == 3:           # every expert's rows, one tensor
+                for j in range(int(t.shape[2])):
+                    expert = spec.experts[m.group(2)].format(j=j)
+                    self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{expert}.{m.group(3)}"] = _Expert(t, j)
+                continue
             hf = _hf_name(spec, t.name)
             if hf is None or t.name in CONFIG_TENSORS:
                 if t.name not in CONFIG_TENSORS:
@@ -276,6 +283,31 @@ class GGUFWeights:
         if name not in self._tensors:
             raise KeyError(f"no tensor {name!r} in this GGUF; names() lists the {len(self._tensors)} it has")
         return self._tensors[name]
+
+
+@dataclass(frozen=True)
+class _Expert:
+    """Expert j of a GGUF 3-D expert tensor (ffn_*_exps: dims cols, rows, experts), read as a 2-D tensor of
+    its own: the reader tensor's name, type, first two dims and expert j's slice of its data."""
+
+    tensor: object
+    j: int
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
+
+    @property
+    def tensor_type(self):
+        return self.tensor.tensor_type
+
+    @property
+    def shape(self):
+        return self.tensor.shape[:2]
+
+    @property
+    def data(self):
+        return self.tensor.data[self.j]
 
 
 def _same_bytes(a, b) -> bool:

@@ -7,6 +7,10 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     llama    Llama / Mistral     q/k rows permuted for its RoPE; Llama 3 scaling as rope_freqs.weight
     qwen2    Qwen2               as HF (q/k/v biases)
     qwen3    Qwen3               as HF, plus attn_q_norm / attn_k_norm
+    llama    Mixtral             experts as 3-D tensors (ffn_{gate,up,down}_exps [experts, rows, cols],
+                                 read as each expert's own), the router as ffn_gate_inp
+    qwen2moe Qwen1.5/2-MoE       as qwen2 with experts, a shared expert (ffn_*_shexp) and its gate
+    qwen3moe Qwen3-MoE           as qwen3 with experts
     gemma2   Gemma 2             every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
     gemma3   Gemma 3 (text)      the same, q/k norms included
     phi3     Phi-3               q/k/v fused (attn_qkv), gate/up fused (ffn_up); LongRoPE factors as
@@ -46,6 +50,15 @@ LLAMA_LAYER = {
 }
 LLAMA_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+# GGUF 3-D expert tensors -> each expert's HF name ({j}: the expert), and the router.
+MIXTRAL_EXPERTS = {"ffn_gate_exps": "block_sparse_moe.experts.{j}.w1", "ffn_up_exps": "block_sparse_moe.experts.{j}.w3",
+                   "ffn_down_exps": "block_sparse_moe.experts.{j}.w2"}
+QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{j}.gate_proj", "ffn_up_exps": "mlp.experts.{j}.up_proj",
+                "ffn_down_exps": "mlp.experts.{j}.down_proj"}
+QWEN_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
+                  "ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                  "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+                  "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
 GEMMA_LAYER = {**LLAMA_LAYER, **QK_NORMS, "post_attention_norm": "post_attention_layernorm",
                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
@@ -76,6 +89,7 @@ class GGUFArch:
     permuted: bool = False                          # llama.cpp permuted q/k rows for its RoPE
     norm_shift: float = 0.0                         # added to every *norm.weight by the converter
     transposed: tuple[str, ...] = ()                # GGUF keys whose HF layout is [in, out] (Conv1D)
+    experts: dict[str, str] = field(default_factory=dict)   # 3-D expert tensors: GGUF key -> HF name with {j}
     config: Callable[[gguf.GGUFReader, str, dict, dict], None] = lambda reader, arch, tensors, c: None
 
 
@@ -110,6 +124,10 @@ def _llama(reader, arch, tensors, c):
     _head_dim(reader, arch, c)
     if (window := _key(reader, arch, "attention.sliding_window")):     # Mistral
         c.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=window)
+    if _key(reader, arch, "expert_count"):                             # Mixtral
+        c.update(model_type="mixtral", architectures=["MixtralForCausalLM"],
+                 num_local_experts=_key(reader, arch, "expert_count"),
+                 num_experts_per_tok=_key(reader, arch, "expert_used_count"))
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
     if "rope_freqs.weight" in tensors:
         c["rope_scaling"] = llama3_scaling(_tensor_values(tensors["rope_freqs.weight"]), c, reader, arch)
@@ -120,6 +138,19 @@ def _llama(reader, arch, tensors, c):
 def _qwen3(reader, arch, tensors, c):
     _head_dim(reader, arch, c)
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+
+
+def _qwen_moe(reader, arch, tensors, c):
+    """llama.cpp's qwen2moe / qwen3moe: the expert counts and sizes; qwen3moe renormalises the top-k
+    weights (its graph's norm_w, Qwen3-MoE's norm_topk_prob), qwen2moe does not."""
+    if arch == "qwen3moe":
+        _qwen3(reader, arch, tensors, c)
+    c.update(num_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
+             norm_topk_prob=arch == "qwen3moe")
+    if (shared := _key(reader, arch, "expert_shared_feed_forward_length")):
+        c["shared_expert_intermediate_size"] = shared
 
 
 def _gemma(pattern: int, layers_27b: int):
@@ -205,7 +236,8 @@ def _gpt2(reader, arch, tensors, c):
 
 
 GGUF_ARCHS: dict[str, GGUFArch] = {
-    "llama": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "llama": GGUFArch("llama", ("LlamaForCausalLM",), {**LLAMA_LAYER, "ffn_gate_inp": "block_sparse_moe.gate"},
+                      permuted=True, config=_llama, experts=MIXTRAL_EXPERTS),
     "qwen2": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER),
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
@@ -218,6 +250,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "smollm3": GGUFArch("smollm3", ("SmolLM3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_smollm3),
     "stablelm": GGUFArch("stablelm", ("StableLmForCausalLM",), LLAMA_LAYER, config=_stablelm),
     "phi2": GGUFArch("phi", ("PhiForCausalLM",), PHI2_LAYER, PHI2_GLOBAL, config=_phi2),
+    "qwen2moe": GGUFArch("qwen2_moe", ("Qwen2MoeForCausalLM",), QWEN_MOE_LAYER, config=_qwen_moe,
+                         experts=QWEN_EXPERTS),
+    "qwen3moe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,
+                         experts=QWEN_EXPERTS),
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
 }
 

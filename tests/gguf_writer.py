@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import gguf
@@ -33,7 +34,8 @@ from gguf_quants import quantize
 # HF model_type -> GGUF architecture.
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
-             "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2"}
+             "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
+             "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
 PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
@@ -116,6 +118,13 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_rope_dimension_count(_head_dim(cfg))
         if cfg.get("sliding_window"):
             w.add_sliding_window(cfg["sliding_window"])
+    if "num_local_experts" in cfg or "num_experts" in cfg:
+        w.add_expert_count(cfg.get("num_local_experts") or cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if cfg.get("moe_intermediate_size"):
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("shared_expert_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if arch == "granite":
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_embedding_scale(cfg["embedding_multiplier"])
@@ -148,7 +157,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
     n_kv = cfg.get("num_key_value_heads") or n_head
     out = {}
-    for hf_name, value in hf.items():
+    for hf_name, value in _stacked_experts(hf).items():
         value = value.astype(np.float32)
         if hf_name == "lm_head.weight" and (cfg.get("tie_word_embeddings", True) or arch == "gpt2"):
             continue
@@ -172,6 +181,21 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     if arch == "phi3" and scaling:
         out["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
         out["rope_factors_short.weight"] = np.asarray(scaling["short_factor"], np.float32)
+    return out
+
+
+def _stacked_experts(hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each layer's per-expert tensors stacked into one [experts, rows, cols] tensor under the merged name
+    gguf-py maps to ffn_*_exps (llama.cpp's converter merges them so): experts.{j}.w1 -> experts.w1."""
+    out, experts = {}, {}
+    for name, value in hf.items():
+        m = re.fullmatch(r"(.*\.experts)\.(\d+)\.(\w+)\.weight", name)
+        if m is None:
+            out[name] = value
+        else:
+            experts.setdefault(f"{m[1]}.{m[3]}.weight", {})[int(m[2])] = value
+    for name, parts in experts.items():
+        out[name] = np.stack([parts[j] for j in sorted(parts)])
     return out
 
 

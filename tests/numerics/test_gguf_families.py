@@ -11,7 +11,8 @@ fused tensors and LongRoPE factor tensors (phi3; Phi-4's partial rotary as rope.
 transposed Conv1D and the copied head (gpt2), the four multipliers (granite), post-norms and whole-width
 q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so (smollm3), LayerNorm biases
 and partial rotary (stablelm), one norm before attention and MLP side by side and the head's bias
-(phi2), the plain GELU MLP's names (starcoder2).
+(phi2), the plain GELU MLP's names (starcoder2), experts stacked in 3-D ffn_*_exps tensors with the
+router as ffn_gate_inp (mixtral: as llama; qwen2-moe with its shared expert; qwen3-moe).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 import kiln
 from gguf_writer import write_gguf
 from kiln.models.gguf import load_gguf
+from kiln.runtime import Artifact
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
@@ -63,6 +65,12 @@ CASES = {
     "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
     "phi2": ("PhiForCausalLM", "PhiConfig", dict(num_key_value_heads=4, partial_rotary_factor=0.5)),
     "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", dict(tie_word_embeddings=True)),
+    "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2-moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
+        num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=96,
+        tie_word_embeddings=True)),
+    "qwen3-moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3,
+                                                                moe_intermediate_size=48, norm_topk_prob=True)),
 }
 
 
@@ -83,3 +91,17 @@ def test_gguf_family_matches_transformers(case, tmp_path):
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
     report = kiln.check(art)        # golden: transformers on the config and tensors kiln read from the GGUF
     assert report.ok and report.reference.startswith("transformers"), report.table()
+
+
+def test_quantized_experts_are_kept_as_stored(tmp_path):
+    """A Qwen3-MoE GGUF whose expert gate and up tensors are Q4_1 (3-D, 8 experts): --quant auto keeps their
+    codes, scales and mins exactly (q4m with float16 scales), the expert matmul reads each token's experts'
+    rows from them, and the logits equal transformers' on the tensors as kiln reads them."""
+    write_hf("qwen3-moe", tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / "m.gguf", types={"ffn_gate_exps": "Q4_1", "ffn_up_exps": "Q4_1"})
+    art = kiln.compile(str(path), target="cpu", quant="auto", output=tmp_path / "art")
+    formats = Artifact.load(art).config.quantization["formats"]
+    assert formats["q4m-f16scales"]["weights"] == 2                      # each layer's experts' gate/up rows
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+    assert max(p.max_logit_error for p in report.prompts) < TOL, report.table()

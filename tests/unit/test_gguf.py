@@ -342,9 +342,9 @@ def test_unsupported_tensor_type(tiny_hf, tmp_path):
         kg.load_gguf(_write_tiny(tmp_path / "i8.gguf", hf))
 
 
-def test_a_mixture_of_experts_gguf_is_refused_naming_the_checkpoint_to_use(tiny_hf, tmp_path):
-    router = {"blk.0.ffn_gate_inp.weight": np.zeros((4, HIDDEN), np.float32)}       # Mixtral's, as llama.cpp writes it
-    with pytest.raises(ModelLoadError, match="mixture of experts .* Hugging Face checkpoints only"):
+def test_a_mixture_of_experts_gguf_an_expert_a_tensor_is_refused_naming_the_fix(tiny_hf, tmp_path):
+    router = {"blk.0.ffn_gate_inp.weight": np.zeros((4, HIDDEN), np.float32)}     # a router, no 3-D ffn_*_exps
+    with pytest.raises(ModelLoadError, match="mixture of experts stored an expert a tensor .* convert_hf_to_gguf"):
         kg.load_gguf(_write_tiny(tmp_path / "moe.gguf", tiny_hf, extra=router))
 
 
