@@ -138,13 +138,14 @@ def models_cmd(as_json) -> None:
     """List the model families kiln compiles, with the config.json architectures, model types and GGUF
     architecture names each accepts (a Hugging Face folder, a .gguf file or an ONNX export of one)."""
     from kiln.models.registry import ARCHITECTURES, gguf_architectures
+    width = max(len(name) for name in ARCHITECTURES)
     for a in ARCHITECTURES.values():
         row = {"family": a.name, "hf_architectures": list(a.hf_architectures), "model_types": list(a.model_types),
                "gguf_architectures": list(gguf_architectures(a))}
         if as_json:
             click.echo(json.dumps(row))
         else:
-            click.echo(f"{a.name:<8} HF {', '.join(a.hf_architectures):<58} "
+            click.echo(f"{a.name:<{width}} HF {', '.join(a.hf_architectures):<58} "
                        f"GGUF {', '.join(row['gguf_architectures']) or '-'}")
 
 

@@ -36,6 +36,7 @@ from .source import ModelLoadError, ModelSource, content_hash
 
 # GGUF general.architecture -> (HF model_type, HF architectures, whether llama.cpp permuted q/k rows).
 GGUF_ARCHITECTURES = {name: (a.model_type, list(a.architectures), a.permuted) for name, a in GGUF_ARCHS.items()}
+GGUF_MODEL_TYPES = {name: (a.model_type, *a.also) for name, a in GGUF_ARCHS.items()}     # every HF type it gives
 SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")

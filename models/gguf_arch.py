@@ -90,6 +90,7 @@ class GGUFArch:
     norm_shift: float = 0.0                         # added to every *norm.weight by the converter
     transposed: tuple[str, ...] = ()                # GGUF keys whose HF layout is [in, out] (Conv1D)
     experts: dict[str, str] = field(default_factory=dict)   # 3-D expert tensors: GGUF key -> HF name with {j}
+    also: tuple[str, ...] = ()                      # other HF model types its metadata can describe
     config: Callable[[gguf.GGUFReader, str, dict, dict], None] = lambda reader, arch, tensors, c: None
 
 
@@ -237,7 +238,7 @@ def _gpt2(reader, arch, tensors, c):
 
 GGUF_ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", ("LlamaForCausalLM",), {**LLAMA_LAYER, "ffn_gate_inp": "block_sparse_moe.gate"},
-                      permuted=True, config=_llama, experts=MIXTRAL_EXPERTS),
+                      permuted=True, config=_llama, experts=MIXTRAL_EXPERTS, also=("mistral", "mixtral")),
     "qwen2": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER),
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),

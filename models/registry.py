@@ -57,8 +57,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
 
 def gguf_architectures(arch: Architecture) -> tuple[str, ...]:
     """The GGUF `general.architecture` names that load as `arch` (models/gguf.py maps them)."""
-    from .gguf import GGUF_ARCHITECTURES
-    return tuple(g for g, (model_type, *_rest) in GGUF_ARCHITECTURES.items() if model_type in arch.model_types)
+    from .gguf import GGUF_MODEL_TYPES
+    return tuple(g for g, types in GGUF_MODEL_TYPES.items() if set(types) & set(arch.model_types))
 
 
 def supported() -> str:
