@@ -95,6 +95,8 @@ def _model_from_tensors(source, torch, transformers):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
     state = _fused_experts(state, set(model.state_dict()), torch)
+    if "embed_out.weight" in state and "lm_head.weight" not in state:     # GPT-NeoX's checkpoint name
+        state["lm_head.weight"] = state.pop("embed_out.weight")
     missing, _ = model.load_state_dict(state, strict=False)
     tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
     missing = [m for m in missing if m not in tied and not m.endswith(("rotary_emb.inv_freq", "attn.bias",

@@ -22,6 +22,7 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     smollm3  SmolLM3             as llama (q/k rows permuted)
     stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
     phi2     Phi-2               as HF (q/k/v apart, the head's bias); partial rotary as above
+    gptneox  GPT-NeoX / Pythia   attn_qkv rows regrouped from each head's q, k, v to every q, then k, v
     starcoder2 StarCoder2        as HF (c_fc / c_proj as ffn_up / ffn_down); no sliding window in the file
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
@@ -71,6 +72,9 @@ PHI2_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_
 PHI2_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.final_layernorm", "output": "lm_head"}
 STARCODER2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_gate"}, "ffn_up": "mlp.c_fc",
                     "ffn_down": "mlp.c_proj"}
+NEOX_LAYER = {"attn_qkv": "attention.query_key_value", "attn_output": "attention.dense", "ffn_up": "mlp.dense_h_to_4h",
+              "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+NEOX_GLOBAL = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
@@ -91,6 +95,8 @@ class GGUFArch:
     transposed: tuple[str, ...] = ()                # GGUF keys whose HF layout is [in, out] (Conv1D)
     experts: dict[str, str] = field(default_factory=dict)   # 3-D expert tensors: GGUF key -> HF name with {j}
     also: tuple[str, ...] = ()                      # other HF model types its metadata can describe
+    by_kind: tuple[str, ...] = ()                   # GGUF keys whose per-head [q, k, v] rows llama.cpp
+                                                    # regrouped to [every q, every k, every v] (GPT-NeoX)
     config: Callable[[gguf.GGUFReader, str, dict, dict], None] = lambda reader, arch, tensors, c: None
 
 
@@ -227,6 +233,13 @@ def _starcoder2(reader, arch, tensors, c):
              sliding_window=_key(reader, arch, "attention.sliding_window") or None)
 
 
+def _gptneox(reader, arch, tensors, c):
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    c.update(layer_norm_eps=c.pop("rms_norm_eps"), hidden_act="gelu", attention_bias="blk.0.attn_qkv.bias" in tensors,
+             rotary_pct=_key(reader, arch, "rope.dimension_count", head_dim) / head_dim,
+             use_parallel_residual=bool(_key(reader, arch, "use_parallel_residual", True)))
+
+
 def _gpt2(reader, arch, tensors, c):
     c.update(n_layer=c.pop("num_hidden_layers"), n_embd=c.pop("hidden_size"), n_head=c.pop("num_attention_heads"),
              n_ctx=c["max_position_embeddings"], n_positions=c.pop("max_position_embeddings"),
@@ -251,6 +264,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "smollm3": GGUFArch("smollm3", ("SmolLM3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_smollm3),
     "stablelm": GGUFArch("stablelm", ("StableLmForCausalLM",), LLAMA_LAYER, config=_stablelm),
     "phi2": GGUFArch("phi", ("PhiForCausalLM",), PHI2_LAYER, PHI2_GLOBAL, config=_phi2),
+    "gptneox": GGUFArch("gpt_neox", ("GPTNeoXForCausalLM",), NEOX_LAYER, NEOX_GLOBAL, layer_prefix="gpt_neox.layers",
+                        config=_gptneox, by_kind=("attn_qkv",)),
     "qwen2moe": GGUFArch("qwen2_moe", ("Qwen2MoeForCausalLM",), QWEN_MOE_LAYER, config=_qwen_moe,
                          experts=QWEN_EXPERTS),
     "qwen3moe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,

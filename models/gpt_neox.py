@@ -1,7 +1,8 @@
 """GPT-NeoX / Pythia (EleutherAI): attention and MLP side by side, each behind its own LayerNorm
 (x + attn(n1(x)) + mlp(n2(x)); `use_parallel_residual`, else one after the other), biases on every
 projection, a plain GELU MLP, RoPE on the first `rotary_pct` of each head, and q/k/v fused per head
-(`query_key_value` rows: head 0's q, k, v, then head 1's; reordered to kiln's all-q, all-k, all-v)."""
+(`query_key_value` rows: head 0's q, k, v, then head 1's; reordered to kiln's all-q, all-k, all-v; a
+GGUF holds them regrouped already, which its reader undoes, models/gguf_arch.py)."""
 
 from __future__ import annotations
 

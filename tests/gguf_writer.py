@@ -35,7 +35,7 @@ from gguf_quants import quantize
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
              "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
              "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
-             "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+             "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox"}
 PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
@@ -100,11 +100,11 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-    if arch in ("stablelm", "phi2", "starcoder2"):                 # LayerNorm families
+    if arch in ("stablelm", "phi2", "starcoder2", "gptneox"):      # LayerNorm families
         w.add_layer_norm_eps(cfg.get("layer_norm_eps", cfg.get("norm_epsilon")))
         if arch != "starcoder2":
             w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
-        if arch == "stablelm":
+        if arch in ("stablelm", "gptneox"):
             w.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
     else:
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
@@ -166,6 +166,9 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"gguf-py maps no {arch} tensor to {hf_name}")
+        if arch == "gptneox" and ".attn_qkv." in name:              # each head's q, k, v -> every q, k, v
+            n = cfg["num_attention_heads"]
+            value = value.reshape(n, 3, -1, *value.shape[1:]).swapaxes(0, 1).reshape(value.shape)
         if arch in PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             value = _permute(value, n_head if "attn_q" in name else n_kv)
         if arch.startswith("gemma") and name.endswith("norm.weight"):

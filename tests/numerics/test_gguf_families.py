@@ -8,11 +8,12 @@ query_pre_attn_scalar = head_dim), and each case exercises its architecture's qu
 permutation and Llama 3 RoPE factors (llama), the sliding window (mistral), QK norms (qwen3),
 +1 norms and soft-capping (gemma2), per-layer RoPE bases with linear scaling (gemma3),
 fused tensors and LongRoPE factor tensors (phi3; Phi-4's partial rotary as rope.dimension_count),
-transposed Conv1D and the copied head (gpt2), the four multipliers (granite), post-norms and whole-width
-q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so (smollm3), LayerNorm biases
-and partial rotary (stablelm), one norm before attention and MLP side by side and the head's bias
-(phi2), the plain GELU MLP's names (starcoder2), experts stacked in 3-D ffn_*_exps tensors with the
-router as ffn_gate_inp (mixtral: as llama; qwen2-moe with its shared expert; qwen3-moe).
+transposed Conv1D and the copied head (gpt2), the four multipliers (granite), post-norms and
+whole-width q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so (smollm3),
+LayerNorm biases and partial rotary (stablelm), one norm before attention and MLP side by side and
+the head's bias (phi2), the plain GELU MLP's names (starcoder2), q/k/v regrouped by kind (gpt-neox),
+experts stacked in 3-D ffn_*_exps tensors with the router as ffn_gate_inp (mixtral: as llama;
+qwen2-moe with its shared expert; qwen3-moe).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ CASES = {
     "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
     "phi2": ("PhiForCausalLM", "PhiConfig", dict(num_key_value_heads=4, partial_rotary_factor=0.5)),
     "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", dict(tie_word_embeddings=True)),
+    "gpt-neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(num_key_value_heads=4)),
     "mixtral": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
     "qwen2-moe": ("Qwen2MoeForCausalLM", "Qwen2MoeConfig", dict(
         num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=96,
