@@ -232,7 +232,7 @@ class GGUFWeights:
             self._tensors[hf] = t
         # Row permutation head counts: q_proj uses n_head, k_proj n_head_kv.
         self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if spec.permuted else {}
-        self._permuted_heads = n_head
+        self._n_head = n_head                          # by_kind rows regroup over the query heads
 
     def names(self) -> list[str]:
         return list(self._tensors)
@@ -275,8 +275,7 @@ class GGUFWeights:
 
     def _hf_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         if _gguf_key(self._tensor(name).name) in self._spec.by_kind:     # [3, heads, d] rows -> [heads, 3, d]
-            heads = self._permuted_heads
-            return rows.reshape(3, heads, -1, *rows.shape[1:]).swapaxes(0, 1).reshape(rows.shape)
+            return rows.reshape(3, self._n_head, -1, *rows.shape[1:]).swapaxes(0, 1).reshape(rows.shape)
         n_head = self._row_permutation_heads(name)
         return unpermute_rows(rows, n_head) if n_head else rows
 

@@ -201,6 +201,12 @@ def _phi3(reader, arch, tensors, c):
             "short_factor": [_f32(x) for x in _tensor_values(tensors["rope_factors_short.weight"])]}
 
 
+def _rotary_share(reader, arch: str, c: dict) -> float:
+    """The share of each head RoPE rotates: rope.dimension_count over the head size (all of it unwritten)."""
+    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    return _key(reader, arch, "rope.dimension_count", head_dim) / head_dim
+
+
 def _granite(reader, arch, tensors, c):
     _llama(reader, arch, tensors, c)
     for hf_key, key in (("embedding_multiplier", "embedding_scale"), ("attention_multiplier", "attention.scale"),
@@ -215,17 +221,15 @@ def _smollm3(reader, arch, tensors, c):
 
 
 def _stablelm(reader, arch, tensors, c):
-    head_dim = c["hidden_size"] // c["num_attention_heads"]
     c.update(layer_norm_eps=c.pop("rms_norm_eps"), use_qkv_bias="blk.0.attn_q.bias" in tensors,
-             partial_rotary_factor=_key(reader, arch, "rope.dimension_count", head_dim) / head_dim,
+             partial_rotary_factor=_rotary_share(reader, arch, c),
              use_parallel_residual=bool(_key(reader, arch, "use_parallel_residual", False)),
              qk_layernorm="blk.0.attn_q_norm.weight" in tensors)
 
 
 def _phi2(reader, arch, tensors, c):
-    head_dim = c["hidden_size"] // c["num_attention_heads"]
     c.update(layer_norm_eps=c.pop("rms_norm_eps"), hidden_act="gelu_new",
-             partial_rotary_factor=_key(reader, arch, "rope.dimension_count", head_dim) / head_dim)
+             partial_rotary_factor=_rotary_share(reader, arch, c))
 
 
 def _starcoder2(reader, arch, tensors, c):
@@ -234,9 +238,8 @@ def _starcoder2(reader, arch, tensors, c):
 
 
 def _gptneox(reader, arch, tensors, c):
-    head_dim = c["hidden_size"] // c["num_attention_heads"]
     c.update(layer_norm_eps=c.pop("rms_norm_eps"), hidden_act="gelu", attention_bias="blk.0.attn_qkv.bias" in tensors,
-             rotary_pct=_key(reader, arch, "rope.dimension_count", head_dim) / head_dim,
+             rotary_pct=_rotary_share(reader, arch, c),
              use_parallel_residual=bool(_key(reader, arch, "use_parallel_residual", True)))
 
 

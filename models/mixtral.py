@@ -10,7 +10,7 @@ from typing import ClassVar
 from .causal_lm import CausalLM, WeightMap
 from .config import ConfigField
 from .llama import LlamaConfig
-from .moe import MoESpec, moe_weight_map
+from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 
 NAMES = dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3", down="w2")
 
@@ -21,9 +21,7 @@ class MixtralConfig(LlamaConfig):
     top_k: int = 2
 
     ARCH: ClassVar[str] = "mixtral"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS,
-                                                 ConfigField("num_experts", ("num_local_experts",)),
-                                                 ConfigField("top_k", ("num_experts_per_tok",)))
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS, *EXPERT_FIELDS)
 
     def layer_moe(self, layer: int) -> MoESpec:
         return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=True)

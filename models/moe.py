@@ -22,7 +22,12 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from .config import ConfigField
 from .layers import MLP, Flags, _activation
+
+# The expert count and experts a token takes, as every MoE family's config.json names them.
+EXPERT_FIELDS = (ConfigField("num_experts", ("num_experts", "num_local_experts")),
+                 ConfigField("top_k", ("num_experts_per_tok",)))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from .causal_lm import CausalLM, WeightMap
 from .config import ConfigField
 from .layers import Flags
 from .llama import LlamaConfig
-from .moe import MoESpec, moe_weight_map
+from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 from .qwen_moe import NAMES
 
 
@@ -22,9 +22,7 @@ class OlmoeConfig(LlamaConfig):
     norm_topk_prob: bool = False
 
     ARCH: ClassVar[str] = "olmoe"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS,
-                                                 ConfigField("num_experts", ("num_experts", "num_local_experts")),
-                                                 ConfigField("top_k", ("num_experts_per_tok",)),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS, *EXPERT_FIELDS,
                                                  ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False))
 
     @classmethod

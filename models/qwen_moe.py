@@ -11,15 +11,14 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, WeightMap
 from .config import ConfigField
-from .moe import MoESpec, moe_weight_map
+from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 from .qwen2 import Qwen2Config
 from .qwen3 import Qwen3Config
 
 NAMES = dict(router="mlp.gate", expert="mlp.experts.{j}", gate="gate_proj", up="up_proj", down="down_proj",
              shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate")
 MOE_FIELDS = (
-    ConfigField("num_experts", ("num_experts", "num_local_experts")),
-    ConfigField("top_k", ("num_experts_per_tok",)),
+    *EXPERT_FIELDS,
     ConfigField("moe_intermediate_size", ("moe_intermediate_size",)),
     ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False),
     ConfigField("sparse_step", ("decoder_sparse_step",), default=1),
