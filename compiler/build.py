@@ -23,6 +23,7 @@ from kiln.models.causal_lm import sliding_window
 from kiln.models.source import usable_cores
 from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
 from kiln.targets import names as target_names
+from kiln.targets.kernel_memo import memoize_kv_cache_kernels
 
 from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES,
                                    LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
@@ -122,6 +123,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     context = opts.context_window or config.context_window_size
     chunk = min(opts.prefill_chunk or profile.prefill_chunk, context)
     report("export", 0, 1)
+    memoize_kv_cache_kernels()                                # TVM's KV-cache kernels: parsed once
     with profile.tvm_target(), quick_frames():                # the KV cache's kernels parse here
         mod, named_params = model.export_tvm(
             spec=build_spec(model, config.hidden_size, config.vocab_size, scheme.model_dtype, profile.library_gemm))

@@ -158,6 +158,7 @@ class LibraryCache:
 
 
 KERNELS = "kernels"           # <root>/kernels/<key>-<sha256 of the object, 16 digits>.o
+PARSED = "parsed"             # <root>/parsed/<key>-<sha256 of its JSON, 16 digits>.json (targets/kernel_memo.py)
 
 
 class KernelObjects:
@@ -232,6 +233,12 @@ def kernels() -> list[Library]:
     return _files(root / KERNELS, lambda p: p.suffix == ".o") if root is not None else []
 
 
+def parsed_kernels() -> list[Library]:
+    """Every kept parsed kernel (TVMScript, as TVM's JSON: targets/kernel_memo.py), least recently used first."""
+    root = cache_root()
+    return _files(root / PARSED, lambda p: p.suffix == ".json") if root is not None else []
+
+
 def _files(folder: Path, wanted) -> list[Library]:
     found = []
     for p in sorted(folder.iterdir()) if folder.is_dir() else []:
@@ -242,9 +249,9 @@ def _files(folder: Path, wanted) -> list[Library]:
     return sorted(found, key=lambda lib: lib.last_used)
 
 
-def clean(older_than_s: float | None = None) -> tuple[list[Library], list[Library]]:
-    """Remove every cached library and kernel object (or those unused for `older_than_s` seconds);
-    returns them (libraries, kernels)."""
+def clean(older_than_s: float | None = None) -> tuple[list[Library], list[Library], list[Library]]:
+    """Remove every cached library, kernel object and parsed kernel (or those unused for `older_than_s`
+    seconds); returns them (libraries, kernel objects, parsed kernels)."""
     cutoff = time.time() - older_than_s if older_than_s is not None else float("inf")
     removed = [lib for lib in libraries() if lib.last_used < cutoff]
     for lib in removed:
@@ -253,6 +260,7 @@ def clean(older_than_s: float | None = None) -> tuple[list[Library], list[Librar
             for side in (".sha256", ".lock"):
                 lib.path.with_suffix(side).unlink(missing_ok=True)
     objects = [k for k in kernels() if k.last_used < cutoff]
-    for k in objects:
+    parsed = [k for k in parsed_kernels() if k.last_used < cutoff]
+    for k in objects + parsed:
         k.path.unlink(missing_ok=True)
-    return removed, objects
+    return removed, objects, parsed

@@ -1,13 +1,18 @@
 """targets/kernel_memo.py: a hand-written kernel is parsed once a process, and a kernel over a symbolic
-size comes back over the caller's own variable, structurally the kernel a fresh parse gives."""
+size comes back over the caller's own variable, structurally the kernel a fresh parse gives; a parsed
+kernel is kept in the library cache for the next process (a damaged one is parsed again); TVM's
+KV-cache kernels go through the same memo."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import tvm
 from tvm import tirx
 from tvm_ffi import structural_equal
 
+from kiln.compiler import lib_cache
 from kiln.targets import kernel_memo
 from kiln.targets.cpu.argmax import chunk_argmax
 from kiln.targets.cpu.attention import attention_paged_cpu, split_rotary_cpu
@@ -80,3 +85,65 @@ def test_a_knob_set_for_a_build_gives_its_own_kernel(monkeypatch):
     assert tvm.ir.save_json(patched) == tvm.ir.save_json(fresh) != tvm.ir.save_json(shipped)
     monkeypatch.undo()
     assert decode_attention.decode_attention(8, 32, 128, "float16", 16) is shipped
+
+
+def test_a_parsed_kernel_is_kept_for_the_next_process_and_a_damaged_one_parsed_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_LIB_CACHE", str(tmp_path))
+    parses = []
+
+    @functools.wraps(gemv_kernel.__wrapped__)
+    def counted(*args, **kwargs):
+        parses.append(args)
+        return gemv_kernel.__wrapped__(*args, **kwargs)
+
+    def in_a_new_process(rows):                                    # an empty memo, the same cache folder
+        return parsed_once(size="rows")(counted)("q4", 64, 128, 32, 4, rows)
+
+    first, second = tirx.Var("n", "int64"), tirx.Var("batch_size", "int64")
+    in_a_new_process(first)
+    (kept,) = lib_cache.parsed_kernels()
+    loaded = in_a_new_process(second)
+    assert len(parses) == 1                                        # the second process parsed nothing
+    fresh = gemv_kernel.__wrapped__("q4", 64, 128, 32, 4, second)
+    assert any(d.same_as(second) for d in _sizes(loaded))
+    assert tvm.ir.save_json(loaded) == tvm.ir.save_json(fresh)     # what compiler/lib_cache.py's keys read
+    kept.path.write_bytes(kept.path.read_bytes().replace(b'"float32"', b'"float16"', 1))
+    again = in_a_new_process(second)
+    assert len(parses) == 2 and tvm.ir.save_json(again) == tvm.ir.save_json(fresh)
+    assert [k.path for k in lib_cache.parsed_kernels()] == [kept.path]     # replaced, whole
+    assert tvm.ir.save_json(tvm.ir.load_json(kept.path.read_text())) == tvm.ir.save_json(
+        gemv_kernel.__wrapped__("q4", 64, 128, 32, 4, kernel_memo._stand_in("int64")))
+    monkeypatch.setenv("KILN_LIB_CACHE", "0")                      # no cache: the process's memo only
+    in_a_new_process(second)
+    assert len(parses) == 3
+
+
+def test_tvm_kv_cache_kernels_are_parsed_once():
+    from tvm.relax.frontend.nn.llm import kv_cache
+    kernel_memo.memoize_kv_cache_kernels()
+    kernel_memo.memoize_kv_cache_kernels()                         # once: a memo is not wrapped again
+    decode = kv_cache._attention_decode_cpu
+    assert decode.__wrapped__.__module__.startswith("tvm.") and not hasattr(decode.__wrapped__, "kernels")
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    args = (2, 4, 16, "float32", False, llama3)
+    a = decode(*args)
+    assert decode(*args[:-1], dict(reversed(llama3.items()))) is a      # an equal dict is the same key
+    assert decode(*args[:-1], {**llama3, "factor": 4.0}) is not a
+    assert tvm.ir.save_json(a) == tvm.ir.save_json(decode.__wrapped__(*args))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    merge = kv_cache._merge_state_inplace(4, 16, "float16", target)
+    assert kv_cache._merge_state_inplace(4, 16, "float16", tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) is merge
+
+
+def test_a_builder_given_a_tir_expression_builds_as_is():
+    calls = []
+
+    @parsed_once()
+    def build(extent):
+        calls.append(extent)
+        return tirx.PrimFunc([], tirx.Evaluate(extent))
+
+    page = tirx.Var("page_size", "int64")
+    assert build(page).body.value.same_as(page) and build(page) is not build(page)
+    assert len(calls) == 3 and build(16) is build(16) and len(calls) == 4

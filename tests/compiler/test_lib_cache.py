@@ -106,7 +106,10 @@ def test_off_and_dump_ir_build_without_the_cache(tmp_path, tiny_dirs, monkeypatc
 
 
 def test_cache_list_and_clean_count_the_libraries(libs, tiny_dirs, tmp_path):
+    from kiln.targets.cpu.attention import attention_paged_cpu
+    from kiln.targets.kernel_memo import parsed_once
     _compile(tiny_dirs["tied"], tmp_path / "a")
+    parsed_once()(attention_paged_cpu.__wrapped__)(2, 4, 16, "float32", 16, True)    # a parse this cache keeps
     runner = CliRunner()
     listed = runner.invoke(main, ["cache", "list"])
     assert listed.exit_code == 0 and "1 built libraries" in listed.output and str(libs) in listed.output
@@ -118,7 +121,11 @@ def test_cache_list_and_clean_count_the_libraries(libs, tiny_dirs, tmp_path):
     kernels = [r for r in rows if r["kind"] == "kernel"]
     assert kernels and {r["path"] for r in kernels} == {str(k.path) for k in lib_cache.kernels()}
     assert f"{len(kernels)} compiled kernels" in listed.output
+    parsed = [r for r in rows if r["kind"] == "parsed"]
+    assert parsed and {r["path"] for r in parsed} == {str(k.path) for k in lib_cache.parsed_kernels()}
+    assert f"{len(parsed)} parsed kernels" in listed.output
     gone = runner.invoke(main, ["cache", "clean"])
     assert gone.exit_code == 0 and "1 built libraries" in gone.output
-    assert f"{len(kernels)} compiled kernels" in gone.output
-    assert lib_cache.libraries() == lib_cache.kernels() == [] and not list(libs.glob("*.sha256"))
+    assert f"{len(kernels)} compiled kernels" in gone.output and f"{len(parsed)} parsed kernels" in gone.output
+    assert lib_cache.libraries() == lib_cache.kernels() == lib_cache.parsed_kernels() == []
+    assert not list(libs.glob("*.sha256"))
