@@ -131,9 +131,11 @@ def test_tvm_kv_cache_kernels_are_parsed_once():
     assert decode(*args[:-1], dict(reversed(llama3.items()))) is a      # an equal dict is the same key
     assert decode(*args[:-1], {**llama3, "factor": 4.0}) is not a
     assert tvm.ir.save_json(a) == tvm.ir.save_json(decode.__wrapped__(*args))
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    merge = kv_cache._merge_state_inplace(4, 16, "float16", target)
-    assert kv_cache._merge_state_inplace(4, 16, "float16", tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) is merge
+    def sm90():
+        return tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+
+    merge = kv_cache._merge_state_inplace(4, 16, "float16", sm90())
+    assert kv_cache._merge_state_inplace(4, 16, "float16", sm90()) is merge           # an equal target
 
 
 def test_a_builder_given_a_tir_expression_builds_as_is():
