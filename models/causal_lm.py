@@ -87,6 +87,7 @@ class DecoderConfig:
     ARCH: ClassVar[str] = "decoder"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = DECODER_FIELDS
     ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "llama3")    # rope_scaling types the family takes
+    ADJACENT_ROPE: ClassVar[bool] = False   # the checkpoint's RoPE pairs dims (2i, 2i+1), not (i, i + rotary/2)
 
     @classmethod
     def from_hf(cls, hf: dict) -> "DecoderConfig":
@@ -433,6 +434,19 @@ class WeightSpec:
 WeightMap = dict[str, "list[str] | WeightSpec"]
 
 
+def rope_halves(c: DecoderConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """For a checkpoint whose RoPE rotates adjacent pairs (2i, 2i+1) (GPT-J, GLM, ERNIE 4.5, Helium):
+    q/k/v rows (weights or biases, q then k then v) with each q and k head's rotary dims reordered to
+    kiln's pairs (i, i + rotary/2): evens first, then odds. Pair i keeps its frequency, and q and k
+    permuted alike leave every score q.k as it was, so the model computes exactly the checkpoint's."""
+    d, r = c.head_dim, c.rotary_dim
+    head = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d)])
+    rotated = c.num_attention_heads + c.num_key_value_heads            # q and k heads; v's rows stay
+    values = np.arange(rotated * d, (rotated + c.num_key_value_heads) * d)
+    order = np.concatenate([h * d + head for h in range(rotated)] + [values])
+    return lambda rows: rows[order]
+
+
 def weight_spec(entry: "list[str] | WeightSpec") -> WeightSpec:
     """A weight-map entry as a WeightSpec (a plain list of HF names has no transform)."""
     return entry if isinstance(entry, WeightSpec) else WeightSpec(tuple(entry))
@@ -466,9 +480,9 @@ def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) ->
         for norm in norms:
             m.update({f"{k}.{norm}.{p}": [f"{h}.{n[norm]}.{p}"] for p in norm_parts})
         qkv = [f"{h}.{n[x]}" for x in ("q_proj", "k_proj", "v_proj")]
-        m[f"{k}.self_attn.qkv_proj.weight"] = [f"{x}.weight" for x in qkv]
-        if f.qkv_bias:
-            m[f"{k}.self_attn.qkv_proj.bias"] = [f"{x}.bias" for x in qkv]
+        for p in ("weight", "bias") if f.qkv_bias else ("weight",):
+            names = [f"{x}.{p}" for x in qkv]
+            m[f"{k}.self_attn.qkv_proj.{p}"] = WeightSpec(tuple(names), rope_halves(c)) if c.ADJACENT_ROPE else names
         if f.qk_norm:
             m[f"{k}.self_attn.q_norm.weight"] = [f"{h}.{n['q_norm']}.weight"]
             m[f"{k}.self_attn.k_norm.weight"] = [f"{h}.{n['k_norm']}.weight"]

@@ -23,6 +23,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
     phi2     Phi-2               as HF (q/k/v apart, the head's bias); partial rotary as above
     gptneox  GPT-NeoX / Pythia   attn_qkv rows regrouped from each head's q, k, v to every q, then k, v
+    ernie4_5 ERNIE 4.5           as HF (biases or none; RoPE on adjacent pairs, as HF's)
+    glm4     GLM-4-0414          as HF (gate/up fused in ffn_up; post_attention_norm / post_ffw_norm
+                                 after attention and MLP); partial rotary as rope.dimension_count
     starcoder2 StarCoder2        as HF (c_fc / c_proj as ffn_up / ffn_down); no sliding window in the file
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
@@ -72,6 +75,8 @@ PHI2_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_
 PHI2_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.final_layernorm", "output": "lm_head"}
 STARCODER2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_gate"}, "ffn_up": "mlp.c_fc",
                     "ffn_down": "mlp.c_proj"}
+GLM4_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_gate"}, "ffn_up": "mlp.gate_up_proj",
+              "post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm"}
 NEOX_LAYER = {"attn_qkv": "attention.query_key_value", "attn_output": "attention.dense", "ffn_up": "mlp.dense_h_to_4h",
               "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 NEOX_GLOBAL = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
@@ -207,6 +212,17 @@ def _rotary_share(reader, arch: str, c: dict) -> float:
     return _key(reader, arch, "rope.dimension_count", head_dim) / head_dim
 
 
+def _ernie4_5(reader, arch, tensors, c):
+    _head_dim(reader, arch, c)
+    c["use_bias"] = "blk.0.attn_q.bias" in tensors
+
+
+def _glm4(reader, arch, tensors, c):
+    c["head_dim"] = _key(reader, arch, "attention.key_length") or c["hidden_size"] // c["num_attention_heads"]
+    c.update(attention_bias="blk.0.attn_q.bias" in tensors,
+             partial_rotary_factor=_key(reader, arch, "rope.dimension_count", c["head_dim"]) / c["head_dim"])
+
+
 def _granite(reader, arch, tensors, c):
     _llama(reader, arch, tensors, c)
     for hf_key, key in (("embedding_multiplier", "embedding_scale"), ("attention_multiplier", "attention.scale"),
@@ -274,6 +290,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen3moe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,
                          experts=QWEN_EXPERTS),
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
+    "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
+    "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4),
 }
 
 

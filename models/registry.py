@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (gemma, gpt2, gpt_neox, granite, llama, mixtral, olmo2, olmoe, phi, phi3, qwen2, qwen3, qwen_moe, smollm3,
-               stablelm, starcoder2)
+from . import (ernie4_5, gemma, glm, gpt2, gpt_neox, granite, helium, llama, mixtral, olmo2, olmoe, phi, phi3, qwen2,
+               qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 
 
@@ -52,6 +52,11 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), qwen_moe, qwen_moe.Qwen3MoeConfig,
           qwen_moe.Qwen3MoeForCausalLM),
     _arch("olmoe", ("OlmoeForCausalLM",), ("olmoe",), olmoe, olmoe.OlmoeConfig, olmoe.OlmoeForCausalLM),
+    _arch("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), ernie4_5, ernie4_5.Ernie4_5Config,
+          ernie4_5.Ernie4_5ForCausalLM),
+    _arch("glm", ("GlmForCausalLM",), ("glm",), glm, glm.GlmConfig, glm.GlmForCausalLM),
+    _arch("glm4", ("Glm4ForCausalLM",), ("glm4",), glm, glm.Glm4Config, glm.Glm4ForCausalLM),
+    _arch("helium", ("HeliumForCausalLM",), ("helium",), helium, helium.HeliumConfig, helium.HeliumForCausalLM),
 )}
 
 

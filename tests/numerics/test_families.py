@@ -18,6 +18,10 @@ pass `kiln check` against the golden logits the compile stored.
     phi2     attention and MLP side by side behind one LayerNorm, a biased head, partial rotary
     gpt-neox attention and MLP side by side behind their own LayerNorms (or one after the other),
              q/k/v fused per head
+    ernie4_5 RoPE on adjacent pairs of dims (q/k rows reordered at load), biases on every projection
+    glm      adjacent-pair RoPE on the first half of each head, q/k/v biases, gate/up stored fused
+    glm4     the above with norms on the attention and MLP outputs
+    helium   adjacent-pair RoPE, q/k/v and MLP biases (none on o)
     mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
              not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
 """
@@ -78,6 +82,11 @@ CASES = {
     "qwen3-moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3,
                                                                 moe_intermediate_size=48, norm_topk_prob=True)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
+    "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(head_dim=24, use_bias=True, tie_word_embeddings=True)),
+    "glm": ("GlmForCausalLM", "GlmConfig", dict(pad_token_id=0)),
+    "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(pad_token_id=0, tie_word_embeddings=False)),
+    "helium": ("HeliumForCausalLM", "HeliumConfig", dict(head_dim=16, attention_bias=True, mlp_bias=True,
+                                                          pad_token_id=0)),
 }
 
 

@@ -13,7 +13,8 @@ whole-width q/k norms (olmo2), NoPE every 4th layer with nothing in the file say
 LayerNorm biases and partial rotary (stablelm), one norm before attention and MLP side by side and
 the head's bias (phi2), the plain GELU MLP's names (starcoder2), q/k/v regrouped by kind (gpt-neox),
 experts stacked in 3-D ffn_*_exps tensors with the router as ffn_gate_inp (mixtral: as llama;
-qwen2-moe with its shared expert; qwen3-moe).
+qwen2-moe with its shared expert; qwen3-moe), RoPE on adjacent pairs kept as stored with biases
+everywhere (ernie4_5), partial adjacent-pair RoPE and fused gate/up behind post-norms (glm4).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ CASES = {
         tie_word_embeddings=True)),
     "qwen3-moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3,
                                                                 moe_intermediate_size=48, norm_topk_prob=True)),
+    "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(head_dim=24, use_bias=True, tie_word_embeddings=True)),
+    "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(head_dim=16, pad_token_id=0)),
 }
 
 
