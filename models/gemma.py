@@ -1,8 +1,10 @@
-"""Gemma 2 and Gemma 3 (text): the causal-LM base with Gemma's choices switched on.
+"""Gemma, Gemma 2 and Gemma 3 (text): the causal-LM base with Gemma's choices switched on.
 
-Both: embeddings scaled by sqrt(hidden), RMSNorm as x/rms * (1 + w), tanh-GELU gating, norms before
+All three: embeddings scaled by sqrt(hidden), RMSNorm as x/rms * (1 + w), tanh-GELU gating, norms before
 and after attention and MLP, softmax scale query_pre_attn_scalar ** -0.5, a tied head, and layers
 that alternate sliding-window and global attention (`layer_types`, else the family's pattern).
+Gemma (1, and CodeGemma) stops there: every layer global, one norm before attention and one
+before the MLP, nothing capped.
 Gemma 2 soft-caps the final logits and the attention scores (the latter inside the target's
 attention kernels: kiln's take the cap, TVM's get it written into their score store,
 targets/attention_softcap.py; a target whose kernels could not refuses the model,
@@ -83,6 +85,22 @@ class Gemma2Config(DecoderConfig):
 
 
 @dataclass(frozen=True)
+class GemmaConfig(Gemma2Config):
+    ARCH: ClassVar[str] = "gemma"
+    PATTERN: ClassVar[int] = 1                  # every layer global
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("use_bidirectional_attention"):
+            raise ValueError("Gemma with use_bidirectional_attention (an embedding model) is not a causal LM; "
+                             "load a causal checkpoint")
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(norm="rms_1p", activation=self.activation, embed_scale=self.hidden_size ** 0.5)
+
+
+@dataclass(frozen=True)
 class Gemma3Config(Gemma2Config):
     local_rope_theta: float = 10000.0
     weight_prefix: str = "model"
@@ -116,10 +134,12 @@ class Gemma3Config(Gemma2Config):
         return (self.local_rope_theta, None) if kind == "sliding_attention" else (self.rope_theta, self.rope_scaling)
 
 
-Gemma2ForCausalLM = Gemma3ForCausalLM = CausalLM
+GemmaForCausalLM = Gemma2ForCausalLM = Gemma3ForCausalLM = CausalLM
 
 
 def weight_map(c: Gemma2Config) -> WeightMap:
+    if isinstance(c, GemmaConfig):                      # Llama's two norms a layer
+        return decoder_weight_map(c)
     prefix = getattr(c, "weight_prefix", "model")
     names = dict(NAMES, embed_tokens=f"{prefix}.embed_tokens", norm=f"{prefix}.norm", layer=f"{prefix}.layers.{{i}}")
     return decoder_weight_map(c, names)

@@ -11,7 +11,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  read as each expert's own), the router as ffn_gate_inp
     qwen2moe Qwen1.5/2-MoE       as qwen2 with experts, a shared expert (ffn_*_shexp) and its gate
     qwen3moe Qwen3-MoE           as qwen3 with experts
-    gemma2   Gemma 2             every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
+    gemma    Gemma               every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
+    gemma2   Gemma 2             the same
     gemma3   Gemma 3 (text)      the same, q/k norms included
     phi3     Phi-3               q/k/v fused (attn_qkv), gate/up fused (ffn_up); LongRoPE factors as
                                  rope_factors_long / rope_factors_short
@@ -273,6 +274,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                       permuted=True, config=_llama, experts=MIXTRAL_EXPERTS, also=("mistral", "mixtral")),
     "qwen2": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER),
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
+    "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
     "gemma3": GGUFArch("gemma3_text", ("Gemma3ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(6, 62)),
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),

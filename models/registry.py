@@ -29,6 +29,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           llama.LlamaConfig, llama.LlamaForCausalLM),
     _arch("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qwen2, qwen2.Qwen2Config, qwen2.Qwen2ForCausalLM),
     _arch("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), qwen3, qwen3.Qwen3Config, qwen3.Qwen3ForCausalLM),
+    _arch("gemma", ("GemmaForCausalLM",), ("gemma",), gemma, gemma.GemmaConfig, gemma.GemmaForCausalLM),
     _arch("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), gemma, gemma.Gemma2Config, gemma.Gemma2ForCausalLM),
     _arch("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3_text", "gemma3"), gemma,
           gemma.Gemma3Config, gemma.Gemma3ForCausalLM),

@@ -3,6 +3,7 @@ transformers' logits (every prefill position, the last-token prefill, 5 decode s
 pass `kiln check` against the golden logits the compile stored.
 
     qwen3    QK norm, explicit head_dim (tied and untied)
+    gemma    (1+w) RMSNorm, tanh-GELU gating, embedding scale, head_dim apart from hidden / heads, MQA
     gemma2   (1+w) RMSNorm, tanh-GELU gating, sandwich norms, embedding scale, final-logit and
              attention soft-capping, query_pre_attn_scalar
     gemma3   the above with QK norm and per-layer RoPE (local base on sliding layers, linear
@@ -49,6 +50,8 @@ LONGROPE = dict(rope_type="longrope", short_factor=[1.0 + 0.25 * i for i in rang
 CASES = {
     "qwen3-tied": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
     "qwen3-untied": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=False)),
+    "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(head_dim=24, hidden_act="gelu_pytorch_tanh",
+                                                       num_key_value_heads=1)),
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(GEMMA, final_logit_softcapping=3.0, sliding_window=4096,
                                                          attn_logit_softcapping=2.0)),   # small: the cap bites
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
