@@ -86,7 +86,7 @@ class DecoderConfig:
 
     ARCH: ClassVar[str] = "decoder"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = DECODER_FIELDS
-    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "llama3")    # rope_scaling types the family takes
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "llama3", "yarn")    # rope_scaling types the family takes
     ADJACENT_ROPE: ClassVar[bool] = False   # the checkpoint's RoPE pairs dims (2i, 2i+1), not (i, i + rotary/2)
 
     @classmethod
@@ -104,6 +104,8 @@ class DecoderConfig:
                 raise ValueError(f"rope_scaling type {kind!r} is not supported for {cls.ARCH} yet "
                                  f"(supported: {', '.join(cls.ROPE_TYPES)})")
             values["rope_scaling"] = None if kind in ("default", None) else dict(scaling, rope_type=kind)
+            if kind == "yarn":
+                _check_yarn(values, hf)
         rotary = values["head_dim"] * values["partial_rotary_factor"]
         if not 0 < rotary <= values["head_dim"] or int(rotary) % 2:
             raise ValueError(f"partial_rotary_factor {values['partial_rotary_factor']} gives {rotary} rotary dims of "
@@ -146,6 +148,18 @@ def _flat_rope(hf: dict) -> dict:
     partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
     return {**hf, "rope_theta": params["rope_theta"], "rope_scaling": None if default else scaling,
             "partial_rotary_factor": partial}
+
+
+def _check_yarn(values: dict, hf: dict) -> None:
+    """A YaRN scaling needs the pretraining context (in rope_scaling, or beside it); its factor is the
+    context over it where unwritten (transformers' rule)."""
+    scaling = values["rope_scaling"]
+    original = scaling.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+    if not original:
+        raise ValueError("rope_scaling type 'yarn' needs original_max_position_embeddings (the pretraining "
+                         "context); add it to config.json's rope_scaling")
+    values["rope_scaling"] = dict(scaling, original_max_position_embeddings=original,
+                                  factor=scaling.get("factor") or values["context_window_size"] / original)
 
 
 def rope_in_graph(layers: tuple[LayerAttention, ...]) -> bool:

@@ -29,7 +29,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QType
 
-from .gguf_arch import GGUF_ARCHS, LLAMA_GLOBAL, LLAMA_LAYER, GGUFArch
+from .gguf_arch import GGUF_ARCHS, LLAMA_GLOBAL, LLAMA_LAYER, GGUFArch, rope_scaling
 from .gguf_meta import meta as _meta
 from .gguf_tokenizer import _check_tokenizer, write_gguf_tokenizer
 from .source import ModelLoadError, ModelSource, content_hash
@@ -146,6 +146,8 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     if head_dim is not None:
         config["head_dim"] = head_dim
     spec.config(reader, arch, tensors, config)
+    if "rope_scaling" not in config:                   # the families whose reader leaves it to this one
+        config["rope_scaling"] = rope_scaling(reader, arch)
     return config
 
 

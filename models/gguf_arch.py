@@ -121,16 +121,27 @@ def _head_dim(reader, arch: str, c: dict) -> None:
         c["head_dim"] = head_dim
 
 
-def _rope_scaling(reader, arch: str) -> dict | None:
-    """rope.scaling.type linear (the one llama.cpp writes as metadata alone) -> HF rope_scaling."""
+def rope_scaling(reader, arch: str) -> dict | None:
+    """rope.scaling.* -> HF rope_scaling: linear, or YaRN (factor, the pretraining context, its betas
+    where written); none, or a factor of 1, is None. llama.cpp's attn_factor multiplies YaRN's own
+    attention factor; a file that sets it is refused rather than guessed at."""
     kind = _key(reader, arch, "rope.scaling.type")
     factor = _key(reader, arch, "rope.scaling.factor")
     if kind in (None, "none") or factor in (None, 1.0):
         return None
-    if kind != "linear":
-        raise ModelLoadError(f"GGUF rope.scaling.type {kind!r} is not supported for {arch} (supported: linear); "
-                             "load the original Hugging Face checkpoint instead")
-    return {"rope_type": "linear", "factor": _f32(factor)}
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": _f32(factor)}
+    attn_factor = _key(reader, arch, "rope.scaling.attn_factor", 1.0)
+    original = _key(reader, arch, "rope.scaling.original_context_length")
+    if kind == "yarn" and original and attn_factor == 1.0:
+        scaling = {"rope_type": "yarn", "factor": _f32(factor), "original_max_position_embeddings": original}
+        for hf_key, key in (("beta_fast", "rope.scaling.yarn_beta_fast"), ("beta_slow", "rope.scaling.yarn_beta_slow")):
+            if (value := _key(reader, arch, key)) is not None:
+                scaling[hf_key] = _f32(value)
+        return scaling
+    raise ModelLoadError(f"GGUF rope.scaling.type {kind!r} (original context {original}, attn_factor {attn_factor}) "
+                         f"is not supported for {arch} (supported: linear; yarn with original_context_length and "
+                         "attn_factor 1); load the original Hugging Face checkpoint instead")
 
 
 def _llama(reader, arch, tensors, c):
@@ -144,7 +155,7 @@ def _llama(reader, arch, tensors, c):
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
     if "rope_freqs.weight" in tensors:
         c["rope_scaling"] = llama3_scaling(_tensor_values(tensors["rope_freqs.weight"]), c, reader, arch)
-    elif (scaling := _rope_scaling(reader, arch)) is not None:
+    elif (scaling := rope_scaling(reader, arch)) is not None:
         c["rope_scaling"] = scaling
 
 
@@ -187,7 +198,7 @@ def _gemma(pattern: int, layers_27b: int):
         if arch == "gemma3":
             c["rope_theta"] = _f32(_key(reader, arch, "rope.freq_base", 1e6))
             c["rope_local_base_freq"] = _f32(_key(reader, arch, "rope.freq_base_swa", 10000.0))
-            c["rope_scaling"] = _rope_scaling(reader, arch)
+            c["rope_scaling"] = rope_scaling(reader, arch)
     return config
 
 
@@ -274,7 +285,6 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                       permuted=True, config=_llama, experts=MIXTRAL_EXPERTS, also=("mistral", "mixtral")),
     "qwen2": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER),
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
-    "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
     "gemma3": GGUFArch("gemma3_text", ("Gemma3ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(6, 62)),
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
@@ -294,6 +304,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4),
+    "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
 }
 
 

@@ -3,7 +3,7 @@
 TVM's paged KV cache rotates q and k itself, with one theta and one scaling for every layer,
 and knows the `default`, `llama3`, `longrope` and `yarn` scalings. Models whose layers differ
 (Gemma 3: a local base for sliding layers, a global base with linear scaling for the others)
-or whose scaling the cache lacks (`linear`) rotate q and k here instead, and create the cache
+or whose scaling kiln's kernels lack (`linear`, `longrope`, `yarn`) rotate q and k here instead, and create the cache
 with RopeMode.NONE. The inverse frequencies are computed in float32 numpy the way transformers
 computes them (modeling_rope_utils), so the angles agree to float32 rounding.
 """
@@ -17,7 +17,7 @@ from tvm import te, tirx
 from tvm.relax.frontend.nn import Tensor, op
 
 CACHE_SCALINGS = ("llama3",)         # scalings kiln leaves to the KV cache's fused RoPE kernel
-GRAPH_SCALINGS = ("linear", "longrope")
+GRAPH_SCALINGS = ("linear", "longrope", "yarn")
 
 
 def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[np.ndarray, float]:
@@ -41,8 +41,41 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[np.ndar
             attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
         short = np.asarray(scaling["short_factor"], dtype=np.float32)
         return (np.float32(1.0) / (short * base)).astype(np.float32), float(attention)
+    if kind == "yarn":
+        return _yarn(head_dim, theta, scaling, base)
     raise ValueError(f"RoPE scaling {kind!r} cannot be applied in the graph "
                      f"(supported: default, {', '.join(GRAPH_SCALINGS)})")
+
+
+def _yarn(dim: int, theta: float, scaling: dict, base: np.ndarray) -> tuple[np.ndarray, float]:
+    """YaRN (Qwen2.5/3 long context, DeepSeek-style mscale): each frequency blended between the original
+    (fast-rotating dims, extrapolated) and the original divided by `factor` (slow dims, interpolated) along
+    a linear ramp between the dims that turn beta_fast and beta_slow times in the original context; cos
+    and sin scaled by the attention factor (0.1 ln(factor) + 1, or the mscale ratio)."""
+    factor, original = float(scaling["factor"]), scaling["original_max_position_embeddings"]
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all) if mscale and mscale_all
+                     else _yarn_mscale(factor))
+
+    def turning(rotations: float) -> float:          # the dim that turns `rotations` times in `original` positions
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = turning(scaling.get("beta_fast") or 32), turning(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    extrapolated = (np.float32(1) - ramp).astype(np.float32)
+    inv = np.float32(1.0) / base
+    interpolated = np.float32(1.0) / (np.float32(factor) * base)
+    return (interpolated * (np.float32(1) - extrapolated) + inv * extrapolated).astype(np.float32), float(attention)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def apply_rope(x: Tensor, positions: Tensor, freqs: np.ndarray, factor: float) -> Tensor:

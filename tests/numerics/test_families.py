@@ -2,7 +2,7 @@
 transformers' logits (every prefill position, the last-token prefill, 5 decode steps) within 1e-4, and
 pass `kiln check` against the golden logits the compile stored.
 
-    qwen3    QK norm, explicit head_dim (tied and untied)
+    qwen3    QK norm, explicit head_dim (tied and untied); YaRN context extension (RoPE in the graph)
     gemma    (1+w) RMSNorm, tanh-GELU gating, embedding scale, head_dim apart from hidden / heads, MQA
     gemma2   (1+w) RMSNorm, tanh-GELU gating, sandwich norms, embedding scale, final-logit and
              attention soft-capping, query_pre_attn_scalar
@@ -50,6 +50,8 @@ LONGROPE = dict(rope_type="longrope", short_factor=[1.0 + 0.25 * i for i in rang
 CASES = {
     "qwen3-tied": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
     "qwen3-untied": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=False)),
+    "qwen3-yarn": ("Qwen3ForCausalLM", "Qwen3Config", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64))),
     "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(head_dim=24, hidden_act="gelu_pytorch_tanh",
                                                        num_key_value_heads=1)),
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(GEMMA, final_logit_softcapping=3.0, sliding_window=4096,

@@ -6,7 +6,7 @@ written from (every prefill position, the last-token prefill, 5 decode steps) wi
 The configs stay within what a GGUF can say (llama.cpp fixes Gemma's layer pattern and
 query_pre_attn_scalar = head_dim), and each case exercises its architecture's quirk: Q/K row
 permutation and Llama 3 RoPE factors (llama), the sliding window (mistral), QK norms (qwen3),
-+1 norms (gemma), and soft-capping (gemma2), per-layer RoPE bases with linear scaling (gemma3),
+YaRN as rope.scaling.* (qwen2-yarn), +1 norms (gemma), and soft-capping (gemma2), per-layer RoPE bases with linear scaling (gemma3),
 fused tensors and LongRoPE factor tensors (phi3; Phi-4's partial rotary as rope.dimension_count),
 transposed Conv1D and the copied head (gpt2), the four multipliers (granite), post-norms and
 whole-width q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so (smollm3),
@@ -45,6 +45,8 @@ CASES = {
     "mistral": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=128)),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
+    "qwen2-yarn": ("Qwen2ForCausalLM", "Qwen2Config", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64))),
     "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(head_dim=16, hidden_act="gelu_pytorch_tanh",
                                                        tie_word_embeddings=True)),
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(GEMMA, final_logit_softcapping=3.0, sliding_window=4096)),

@@ -213,9 +213,9 @@ def _tiny_vocab() -> tuple[list[str], list[int], list[str]]:
 
 
 def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", tokenizer_model: str = "gpt2",
-                extra: dict[str, np.ndarray] | None = None) -> Path:
+                extra: dict[str, np.ndarray] | None = None, meta: dict | None = None) -> Path:
     """A tiny llama GGUF from HF-named, HF-layout tensors, stored the way llama.cpp stores them (and
-    `extra`: GGUF-named tensors as given)."""
+    `extra`: GGUF-named tensors as given; `meta`: more metadata, `<arch>.` put before each key)."""
     to_gguf = {v: k for k, v in kg._GLOBAL_NAMES.items()}
     to_gguf.update({
         f"model.layers.{i}.{v}.weight": f"blk.{i}.{k}.weight"
@@ -230,6 +230,9 @@ def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", toke
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_KV)
     w.add_layer_norm_rms_eps(1e-6)
+    for key, value in (meta or {}).items():
+        add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
+        add(f"{arch}.{key}", value)
     tokens, types, merges = _tiny_vocab()
     w.add_tokenizer_model(tokenizer_model)
     w.add_tokenizer_pre("default")
@@ -346,6 +349,33 @@ def test_a_mixture_of_experts_gguf_an_expert_a_tensor_is_refused_naming_the_fix(
     router = {"blk.0.ffn_gate_inp.weight": np.zeros((4, HIDDEN), np.float32)}     # a router, no 3-D ffn_*_exps
     with pytest.raises(ModelLoadError, match="mixture of experts stored an expert a tensor .* convert_hf_to_gguf"):
         kg.load_gguf(_write_tiny(tmp_path / "moe.gguf", tiny_hf, extra=router))
+
+
+@pytest.mark.parametrize("meta, refusal", [
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, "'yarn' .*original context None"),
+    ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 64,
+      "rope.scaling.attn_factor": 2.0}, "'yarn' .*attn_factor 2.0"),
+    ({"rope.scaling.type": "longrope", "rope.scaling.factor": 4.0}, "'longrope'"),
+])
+def test_rope_scaling_kiln_cannot_read_is_refused(tiny_hf, tmp_path, meta, refusal):
+    with pytest.raises(ModelLoadError, match=f"rope.scaling.type {refusal}.*load the original Hugging Face"):
+        kg.load_gguf(_write_tiny(tmp_path / "rope.gguf", tiny_hf, meta=meta))
+
+
+def test_a_scaling_the_family_lacks_is_refused_not_dropped(tiny_hf, tmp_path):
+    from kiln.models import build
+    source = kg.load_gguf(_write_tiny(tmp_path / "qwen2.gguf", tiny_hf, arch="qwen2",
+                                      meta={"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}))
+    with pytest.raises(ValueError, match="rope_scaling type 'linear' is not supported for qwen2"):
+        build(source)
+
+
+def test_yarn_is_read_into_the_config(tiny_hf, tmp_path):
+    meta = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 64,
+            "rope.scaling.yarn_beta_fast": 16.0}
+    config = kg.load_gguf(_write_tiny(tmp_path / "yarn.gguf", tiny_hf, meta=meta)).hf_config
+    assert config["rope_scaling"] == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                      "beta_fast": 16.0}
 
 
 def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
