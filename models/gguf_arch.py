@@ -27,6 +27,10 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     ernie4_5 ERNIE 4.5           as HF (biases or none; RoPE on adjacent pairs, as HF's)
     glm4     GLM-4-0414          as HF (gate/up fused in ffn_up; post_attention_norm / post_ffw_norm
                                  after attention and MLP); partial rotary as rope.dimension_count
+    command-r Command-R / Aya    as HF (one LayerNorm without bias a layer; RoPE on adjacent pairs);
+                                 logit_scale
+    cohere2  Command R7B         the same; the window as attention.sliding_window (every 4th layer global)
+    olmoe    OLMoE               as qwen3moe without a shared expert (q/k norms over all heads)
     starcoder2 StarCoder2        as HF (c_fc / c_proj as ffn_up / ffn_down); no sliding window in the file
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
@@ -60,6 +64,8 @@ MIXTRAL_EXPERTS = {"ffn_gate_exps": "block_sparse_moe.experts.{j}.w1", "ffn_up_e
                    "ffn_down_exps": "block_sparse_moe.experts.{j}.w2"}
 QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{j}.gate_proj", "ffn_up_exps": "mlp.experts.{j}.up_proj",
                 "ffn_down_exps": "mlp.experts.{j}.down_proj"}
+OLMOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
+               **QK_NORMS, "ffn_gate_inp": "mlp.gate"}
 QWEN_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
                   "ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
                   "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
@@ -235,6 +241,20 @@ def _glm4(reader, arch, tensors, c):
              partial_rotary_factor=_key(reader, arch, "rope.dimension_count", c["head_dim"]) / c["head_dim"])
 
 
+def _cohere(reader, arch, tensors, c):
+    c.update(layer_norm_eps=c.pop("rms_norm_eps"), logit_scale=_f32(_key(reader, arch, "logit_scale", 1.0)),
+             attention_bias="blk.0.attn_q.bias" in tensors, use_qk_norm="blk.0.attn_q_norm.weight" in tensors)
+    if arch == "cohere2":
+        c.update(sliding_window=_key(reader, arch, "attention.sliding_window"),
+                 sliding_window_pattern=4)             # llama.cpp's loader: hparams.set_swa_pattern(4)
+
+
+def _olmoe(reader, arch, tensors, c):
+    """llama.cpp's OLMoE graph weighs the top k as routed (no renormalisation)."""
+    c.update(num_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"), norm_topk_prob=False)
+
+
 def _granite(reader, arch, tensors, c):
     _llama(reader, arch, tensors, c)
     for hf_key, key in (("embedding_multiplier", "embedding_scale"), ("attention_multiplier", "attention.scale"),
@@ -304,6 +324,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4),
+    "command-r": GGUFArch("cohere", ("CohereForCausalLM",), LLAMA_LAYER, config=_cohere),
+    "cohere2": GGUFArch("cohere2", ("Cohere2ForCausalLM",), LLAMA_LAYER, config=_cohere),
+    "olmoe": GGUFArch("olmoe", ("OlmoeForCausalLM",), OLMOE_LAYER, config=_olmoe, experts=QWEN_EXPERTS),
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
 }
 

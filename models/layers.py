@@ -21,7 +21,8 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
 from .rope import apply_rope
 
-NORMS = ("rms", "rms_1p", "layer")          # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with bias
+# x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, LayerNorm without one (Cohere)
+NORMS = ("rms", "rms_1p", "layer", "layer_nobias")
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
 
@@ -76,8 +77,8 @@ class Norm(nn.Module):
             self.bias = nn.Parameter((hidden_size,))
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.kind == "layer":
-            return op.layer_norm(x, x.shape[-1], self.weight, self.bias, eps=self.eps)
+        if self.kind.startswith("layer"):
+            return op.layer_norm(x, x.shape[-1], self.weight, getattr(self, "bias", None), eps=self.eps)
         weight = self.weight + 1.0 if self.kind == "rms_1p" else self.weight
         return op.rms_norm(x, weight, axes=[-1], epsilon=self.eps)
 

@@ -37,7 +37,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
              "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
              "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox",
-             "ernie4_5": "ernie4_5", "glm4": "glm4"}
+             "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe"}
 PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
@@ -102,9 +102,9 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-    if arch in ("stablelm", "phi2", "starcoder2", "gptneox"):      # LayerNorm families
+    if arch in ("stablelm", "phi2", "starcoder2", "gptneox", "command-r", "cohere2"):      # LayerNorm families
         w.add_layer_norm_eps(cfg.get("layer_norm_eps", cfg.get("norm_epsilon")))
-        if arch != "starcoder2":
+        if arch not in ("starcoder2", "command-r", "cohere2"):
             w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
         if arch in ("stablelm", "gptneox"):
             w.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
@@ -145,6 +145,10 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         if cfg.get("final_logit_softcapping"):
             w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         w.add_sliding_window(cfg["sliding_window"])
+    if arch in ("command-r", "cohere2"):
+        w.add_logit_scale(cfg["logit_scale"])
+    if arch == "cohere2":
+        w.add_sliding_window(cfg["sliding_window"])
     if arch == "glm4":
         w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
     if arch == "phi3":
@@ -161,7 +165,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
 def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array as llama.cpp stores it (HF name mapped, values transformed)."""
     n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n_layer)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper().replace("-", "_")], n_layer)
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
     n_kv = cfg.get("num_key_value_heads") or n_head
     out = {}

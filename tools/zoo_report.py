@@ -1,7 +1,7 @@
 """Per model family: lines of its model file, compile time, and the largest logit error against
 transformers on a tiny random-init model (the numbers the model-zoo issue asks for).
 
-    python tools/zoo_report.py [--json]
+    python tools/zoo_report.py [--json] [CASE ...]
 
 Each family's tiny model (tests/numerics/test_families.py's CASES, plus Llama and Qwen2 from
 tests/tiny_models.py) is compiled q0f32 for this CPU; the error is the max |logit - transformers'|
@@ -24,7 +24,8 @@ FILES = {"llama": "llama.py", "qwen2": "qwen2.py", "qwen3": "qwen3.py", "gemma2"
          "phi3": "phi3.py", "gpt2": "gpt2.py", "phi4": "phi3.py", "granite": "granite.py", "olmo2": "olmo2.py",
          "smollm3": "smollm3.py", "stablelm": "stablelm.py", "starcoder2": "starcoder2.py", "phi2": "phi.py",
          "gpt-neox": "gpt_neox.py", "mixtral": "mixtral.py", "qwen2-moe": "qwen_moe.py", "qwen3-moe": "qwen_moe.py",
-         "olmoe": "olmoe.py"}
+         "olmoe": "olmoe.py", "gemma": "gemma.py", "ernie4_5": "ernie4_5.py", "glm": "glm.py", "glm4": "glm.py",
+         "helium": "helium.py", "cohere": "cohere.py", "cohere2": "cohere.py"}
 
 
 def model_file(case: str) -> str:
@@ -51,6 +52,7 @@ def max_error(artifact: Path, ref, ids: list[int], steps: int = 5) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("cases", nargs="*", help="only these cases (default: every one)")
     args = ap.parse_args()
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "numerics")]
     import torch
@@ -63,6 +65,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         cases = {"llama": None, "qwen2": None, **{c: c for c in CASES}}
+        unknown = set(args.cases) - set(cases)
+        if unknown:
+            ap.error(f"unknown case {', '.join(sorted(unknown))}; choose from {', '.join(cases)}")
+        cases = {c: f for c, f in cases.items() if not args.cases or c in args.cases}
         for case, family_case in cases.items():
             if family_case is None:
                 d = write_tiny("Llama" if case == "llama" else "Qwen2", tmp / case, tied=False)

@@ -23,6 +23,9 @@ pass `kiln check` against the golden logits the compile stored.
     glm      adjacent-pair RoPE on the first half of each head, q/k/v biases, gate/up stored fused
     glm4     the above with norms on the attention and MLP outputs
     helium   adjacent-pair RoPE, q/k/v and MLP biases (none on o)
+    cohere   attention and MLP side by side behind one bias-free LayerNorm, scaled logits, adjacent-pair RoPE
+    cohere2  the above with sliding-window layers and global ones without RoPE (past the window:
+             test_families_sliding.py)
     mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
              not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
 """
@@ -90,6 +93,9 @@ CASES = {
     "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(head_dim=24, use_bias=True, tie_word_embeddings=True)),
     "glm": ("GlmForCausalLM", "GlmConfig", dict(pad_token_id=0)),
     "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(pad_token_id=0, tie_word_embeddings=False)),
+    "cohere": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, attention_bias=True, pad_token_id=0)),
+    "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
+                                                            pad_token_id=0)),     # layer 3 global, no RoPE
     "helium": ("HeliumForCausalLM", "HeliumConfig", dict(head_dim=16, attention_bias=True, mlp_bias=True,
                                                           pad_token_id=0)),
 }

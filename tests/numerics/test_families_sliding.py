@@ -1,6 +1,7 @@
 """Families whose layers slide, on prompts and generations longer than the window, against transformers:
 Gemma 2 (alternating sliding/global layers), Gemma 3 (the same with per-layer RoPE in the graph), and
-Phi-3 and StarCoder2 (every layer slides: TVM's per-sequence window). Every layer sliding with RoPE in the graph
+Phi-3 and StarCoder2 (every layer slides: TVM's per-sequence window), Cohere2 (sliding layers with RoPE
+in the graph, global ones without). Every layer sliding with RoPE in the graph
 is refused."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped
          "gemma3": dict(sliding_window=WINDOW),
          # Phi-3-mini-4k's shape: every layer slides, RoPE unscaled (applied by the cache)
          "phi3": dict(sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-         "starcoder2": dict(sliding_window=WINDOW)}             # every layer slides (StarCoder2-3B's 4,096)
+         "starcoder2": dict(sliding_window=WINDOW),             # every layer slides (StarCoder2-3B's 4,096)
+         "cohere2": dict(sliding_window=WINDOW)}                # 3 sliding with RoPE, then 1 global without
 
 
 @pytest.fixture(scope="module", params=list(CASES))

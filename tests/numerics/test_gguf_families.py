@@ -14,7 +14,9 @@ LayerNorm biases and partial rotary (stablelm), one norm before attention and ML
 the head's bias (phi2), the plain GELU MLP's names (starcoder2), q/k/v regrouped by kind (gpt-neox),
 experts stacked in 3-D ffn_*_exps tensors with the router as ffn_gate_inp (mixtral: as llama;
 qwen2-moe with its shared expert; qwen3-moe), RoPE on adjacent pairs kept as stored with biases
-everywhere (ernie4_5), partial adjacent-pair RoPE and fused gate/up behind post-norms (glm4).
+everywhere (ernie4_5), partial adjacent-pair RoPE and fused gate/up behind post-norms (glm4), one
+bias-free LayerNorm and the logit scale (cohere; cohere2's window and global layers without RoPE, the
+layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe).
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ CASES = {
                                                                 moe_intermediate_size=48, norm_topk_prob=True)),
     "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(head_dim=24, use_bias=True, tie_word_embeddings=True)),
     "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(head_dim=16, pad_token_id=0)),
+    "cohere": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, tie_word_embeddings=True, pad_token_id=0)),
+    "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
+                                                            tie_word_embeddings=True, pad_token_id=0)),
+    "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
 }
 
 

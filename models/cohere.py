@@ -1,0 +1,79 @@
+"""Cohere Command-R / Aya (`cohere`) and Command R7B / Aya Vision's text model (`cohere2`): attention and
+MLP side by side behind one LayerNorm without a bias (x + attn(n(x)) + mlp(n(x))), the logits scaled
+by `logit_scale`, a tied head, and RoPE rotating adjacent pairs of dims (kiln reorders the q and k rows
+as it loads them: causal_lm.rope_halves). Command R7B's layers are 3 sliding-window ones with RoPE to
+each global one without any (`layer_types`, else every `sliding_window_pattern`-th is global).
+Command-R+'s per-head q/k LayerNorm (`use_qk_norm`) is refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, decoder_weight_map
+from .config import ConfigField
+from .layers import Flags
+
+
+@dataclass(frozen=True)
+class CohereConfig(DecoderConfig):
+    logit_scale: float = 0.0625
+    attention_bias: bool = False            # q, k, v and o
+
+    ARCH: ClassVar[str] = "cohere"
+    ADJACENT_ROPE: ClassVar[bool] = True
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *(ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
+          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+        ConfigField("logit_scale", ("logit_scale",), default=0.0625),
+        ConfigField("attention_bias", ("attention_bias",), default=False))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("use_qk_norm"):
+            raise ValueError(f"{cls.ARCH} with use_qk_norm (Command-R+'s per-head q/k LayerNorm) is not supported "
+                             "yet; load a checkpoint without it")
+        if not values["logit_scale"]:
+            raise ValueError(f"logit_scale {values['logit_scale']!r} would zero every logit; fix config.json")
+        return values
+
+    def flags(self) -> Flags:
+        return Flags(norm="layer_nobias", qkv_bias=self.attention_bias, o_bias=self.attention_bias,
+                     parallel_residual=True, shared_norm=True, logit_divisor=1.0 / self.logit_scale)
+
+
+@dataclass(frozen=True)
+class Cohere2Config(CohereConfig):
+    sliding_window: int | None = 4096
+    layer_types: tuple[str, ...] = ()
+
+    ARCH: ClassVar[str] = "cohere2"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *CohereConfig.FIELDS, ConfigField("sliding_window", ("sliding_window",), default=4096),
+        ConfigField("layer_types", ("layer_types",), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, types = values["num_hidden_layers"], values["layer_types"]
+        if types is None:
+            pattern = hf.get("sliding_window_pattern", 4)
+            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+        if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"layer_types must list 'full_attention' or 'sliding_attention' for each of the {n} "
+                             f"layers; got {types}")
+        return super().adapt(dict(values, layer_types=tuple(types)), hf, notes)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        """Sliding layers rotate q and k; global ones attend with no positions at all."""
+        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
+        return tuple(LayerAttention("sliding", window, self.rope_theta, self.rope_scaling) if t == "sliding_attention"
+                     and window else LayerAttention("full", None, self.rope_theta, self.rope_scaling,
+                                                    rope=t == "sliding_attention")
+                     for t in self.layer_types)
+
+
+CohereForCausalLM = Cohere2ForCausalLM = CausalLM
+
+
+def weight_map(c: CohereConfig) -> WeightMap:
+    return decoder_weight_map(c)
