@@ -21,9 +21,10 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
 from .rope import apply_rope
 
-# x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, LayerNorm without one (Cohere)
-NORMS = ("rms", "rms_1p", "layer", "layer_nobias")
-ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+# x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron)
+NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p")
+BIASED_NORMS = ("layer", "layer_1p")
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")         # relu2: relu(x)^2 (Nemotron, Arcee)
 
 
 @dataclass(frozen=True)
@@ -73,19 +74,21 @@ class Norm(nn.Module):
     def __init__(self, hidden_size: int, eps: float, kind: str = "rms"):
         self.kind, self.eps = kind, eps
         self.weight = nn.Parameter((hidden_size,))
-        if kind == "layer":
+        if kind in BIASED_NORMS:
             self.bias = nn.Parameter((hidden_size,))
 
     def forward(self, x: Tensor) -> Tensor:
+        weight = self.weight + 1.0 if self.kind.endswith("_1p") else self.weight
         if self.kind.startswith("layer"):
-            return op.layer_norm(x, x.shape[-1], self.weight, getattr(self, "bias", None), eps=self.eps)
-        weight = self.weight + 1.0 if self.kind == "rms_1p" else self.weight
+            return op.layer_norm(x, x.shape[-1], weight, getattr(self, "bias", None), eps=self.eps)
         return op.rms_norm(x, weight, axes=[-1], epsilon=self.eps)
 
 
 def _activation(x: Tensor, kind: str) -> Tensor:
     if kind == "silu":
         return op.silu(x)
+    if kind == "relu2":
+        return op.square(op.relu(x))
     return op.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (cohere, ernie4_5, gemma, glm, gpt2, gpt_neox, granite, helium, llama, mixtral, olmo2, olmoe, phi, phi3,
-               qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+from . import (cohere, ernie4_5, gemma, glm, gpt2, gpt_neox, granite, helium, llama, mixtral, nemotron, olmo2, olmoe,
+               phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 
 
@@ -59,6 +59,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("glm4", ("Glm4ForCausalLM",), ("glm4",), glm, glm.Glm4Config, glm.Glm4ForCausalLM),
     _arch("cohere", ("CohereForCausalLM",), ("cohere",), cohere, cohere.CohereConfig, cohere.CohereForCausalLM),
     _arch("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), cohere, cohere.Cohere2Config, cohere.Cohere2ForCausalLM),
+    _arch("nemotron", ("NemotronForCausalLM",), ("nemotron",), nemotron, nemotron.NemotronConfig,
+          nemotron.NemotronForCausalLM),
+    _arch("arcee", ("ArceeForCausalLM",), ("arcee",), nemotron, nemotron.ArceeConfig, nemotron.ArceeForCausalLM),
     _arch("helium", ("HeliumForCausalLM",), ("helium",), helium, helium.HeliumConfig, helium.HeliumForCausalLM),
 )}
 

@@ -25,7 +25,8 @@ FILES = {"llama": "llama.py", "qwen2": "qwen2.py", "qwen3": "qwen3.py", "gemma2"
          "smollm3": "smollm3.py", "stablelm": "stablelm.py", "starcoder2": "starcoder2.py", "phi2": "phi.py",
          "gpt-neox": "gpt_neox.py", "mixtral": "mixtral.py", "qwen2-moe": "qwen_moe.py", "qwen3-moe": "qwen_moe.py",
          "olmoe": "olmoe.py", "gemma": "gemma.py", "ernie4_5": "ernie4_5.py", "glm": "glm.py", "glm4": "glm.py",
-         "helium": "helium.py", "cohere": "cohere.py", "cohere2": "cohere.py"}
+         "helium": "helium.py", "cohere": "cohere.py", "cohere2": "cohere.py", "nemotron": "nemotron.py",
+         "arcee": "nemotron.py"}
 
 
 def model_file(case: str) -> str:

@@ -23,6 +23,8 @@ pass `kiln check` against the golden logits the compile stored.
     glm      adjacent-pair RoPE on the first half of each head, q/k/v biases, gate/up stored fused
     glm4     the above with norms on the attention and MLP outputs
     helium   adjacent-pair RoPE, q/k/v and MLP biases (none on o)
+    nemotron LayerNorm with a bias and 1+w, relu^2 MLP not gated, partial rotary, biases
+    arcee    relu^2 MLP not gated, YaRN
     cohere   attention and MLP side by side behind one bias-free LayerNorm, scaled logits, adjacent-pair RoPE
     cohere2  the above with sliding-window layers and global ones without RoPE (past the window:
              test_families_sliding.py)
@@ -96,6 +98,9 @@ CASES = {
     "cohere": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, attention_bias=True, pad_token_id=0)),
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
                                                             pad_token_id=0)),     # layer 3 global, no RoPE
+    "nemotron": ("NemotronForCausalLM", "NemotronConfig", dict(attention_bias=True, mlp_bias=True, pad_token_id=0)),
+    "arcee": ("ArceeForCausalLM", "ArceeConfig", dict(pad_token_id=0, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=128))),
     "helium": ("HeliumForCausalLM", "HeliumConfig", dict(head_dim=16, attention_bias=True, mlp_bias=True,
                                                           pad_token_id=0)),
 }

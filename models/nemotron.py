@@ -1,0 +1,49 @@
+"""NVIDIA Nemotron (Nemotron-3 / Minitron / Nemotron-Mini) and Arcee AFM: decoders whose MLP is not
+gated, down(relu(up(x))^2). Nemotron adds LayerNorm with a bias and a (1 + w) scale ("LayerNorm1P")
+for every norm, and RoPE on the first `partial_rotary_factor` (0.5 by default) of each head; Arcee is
+otherwise a Llama (RMSNorm, every head's dims rotated, YaRN scaling in released configs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import CausalLM, WeightMap, decoder_weight_map
+from .config import ConfigField, one_of
+from .layers import Flags
+from .llama import LlamaConfig
+
+ACTIVATIONS = {"relu2": "relu2"}
+
+
+@dataclass(frozen=True)
+class ArceeConfig(LlamaConfig):
+    ARCH: ClassVar[str] = "arcee"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS,
+                                                 ConfigField("hidden_act", ("hidden_act",), default="relu2"))
+    NORM: ClassVar[str] = "rms"
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        one_of(ACTIVATIONS, values.pop("hidden_act"), "hidden_act", cls.ARCH)
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(norm=self.NORM, activation="relu2", gated_mlp=False, qkv_bias=self.attention_bias,
+                     o_bias=self.attention_bias, mlp_bias=self.mlp_bias)
+
+
+@dataclass(frozen=True)
+class NemotronConfig(ArceeConfig):
+    ARCH: ClassVar[str] = "nemotron"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = tuple(
+        ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5)
+        if f.name == "partial_rotary_factor" else f for f in ArceeConfig.FIELDS)
+    NORM: ClassVar[str] = "layer_1p"
+
+
+ArceeForCausalLM = NemotronForCausalLM = CausalLM
+
+
+def weight_map(c: ArceeConfig) -> WeightMap:
+    return decoder_weight_map(c)
