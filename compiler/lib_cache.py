@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,25 +194,38 @@ class KernelObjects:
         found = {}
         for key in set(keys) & stored.keys():
             for name in stored[key]:
-                path = self.folder / name
-                with contextlib.suppress(OSError):
-                    data = path.read_bytes()
-                    if hashlib.sha256(data).hexdigest()[:16] == name[len(key) + 1:-2]:
-                        os.utime(path)                 # what `kiln cache clean --older-than` goes by
-                        found[key] = data
-                        break
+                if (data := read_checked(self.folder / name, key)) is not None:
+                    found[key] = data
+                    break
         return found
 
     def keep(self, key: str, data: bytes) -> None:
-        dest = self.folder / f"{key}-{hashlib.sha256(data).hexdigest()[:16]}.o"
-        part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            part.write_bytes(data)
-            os.replace(part, dest)
-        except OSError:                                # a full disk costs the reuse, not the compile
-            with contextlib.suppress(OSError):
-                part.unlink()
+        keep_checked(self.folder, key, data, ".o")
+
+
+def keep_checked(folder: Path, key: str, data: bytes, suffix: str) -> None:
+    """`data` as <folder>/<key>-<its sha256, 16 digits><suffix>, written whole or not at all (a rename);
+    a full disk costs the reuse, not the compile."""
+    dest = folder / f"{key}-{hashlib.sha256(data).hexdigest()[:16]}{suffix}"
+    part = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        part.write_bytes(data)
+        os.replace(part, dest)
+    except OSError:
+        with contextlib.suppress(OSError):
+            part.unlink()
+
+
+def read_checked(path: Path, key: str) -> bytes | None:
+    """A file keep_checked wrote for `key`: its bytes if they still match the sha256 in its name (and
+    it is marked used: what `kiln cache clean --older-than` goes by), else None."""
+    with contextlib.suppress(OSError):
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest()[:16] == path.name[len(key) + 1:len(key) + 17]:
+            os.utime(path)
+            return data
+    return None
 
 
 @dataclass(frozen=True)

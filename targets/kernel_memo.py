@@ -30,7 +30,6 @@ import functools
 import hashlib
 import inspect
 import json
-import os
 import sys
 import threading
 from pathlib import Path
@@ -158,25 +157,16 @@ class _Stored:
         return cls(root / PARSED, digest)
 
     def load(self) -> tirx.PrimFunc | None:
+        from kiln.compiler.lib_cache import read_checked
         for path in self.folder.glob(f"{self.key}-*.json"):
-            with contextlib.suppress(OSError, ValueError, RuntimeError):
-                data = path.read_bytes()
-                if hashlib.sha256(data).hexdigest()[:16] == path.name[len(self.key) + 1:-5]:
-                    os.utime(path)                     # what `kiln cache clean --older-than` goes by
+            if (data := read_checked(path, self.key)) is not None:
+                with contextlib.suppress(ValueError, RuntimeError):
                     return tvm.ir.load_json(data.decode())
         return None
 
     def keep(self, kernel: tirx.PrimFunc) -> None:
-        data = tvm.ir.save_json(kernel).encode()
-        dest = self.folder / f"{self.key}-{hashlib.sha256(data).hexdigest()[:16]}.json"
-        part = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            part.write_bytes(data)
-            os.replace(part, dest)
-        except OSError:                                # a full disk costs the reuse, not the compile
-            with contextlib.suppress(OSError):
-                part.unlink()
+        from kiln.compiler.lib_cache import keep_checked
+        keep_checked(self.folder, self.key, tvm.ir.save_json(kernel).encode(), ".json")
 
 
 # TVM's KV-cache kernel builders, by the names relax.frontend.nn.llm.kv_cache calls them by
