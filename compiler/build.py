@@ -21,9 +21,8 @@ from kiln import models
 from kiln.models import ModelSource
 from kiln.models.causal_lm import sliding_window
 from kiln.models.source import usable_cores
-from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile
+from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile, memoize_kv_cache_kernels
 from kiln.targets import names as target_names
-from kiln.targets.kernel_memo import memoize_kv_cache_kernels
 
 from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES,
                                    LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,

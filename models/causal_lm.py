@@ -449,7 +449,7 @@ WeightMap = dict[str, "list[str] | WeightSpec"]
 
 
 def rope_halves(c: DecoderConfig) -> Callable[[np.ndarray], np.ndarray]:
-    """For a checkpoint whose RoPE rotates adjacent pairs (2i, 2i+1) (GPT-J, GLM, ERNIE 4.5, Helium):
+    """For a checkpoint whose RoPE rotates adjacent pairs (2i, 2i+1) (GLM, ERNIE 4.5, Helium, Cohere):
     q/k/v rows (weights or biases, q then k then v) with each q and k head's rotary dims reordered to
     kiln's pairs (i, i + rotary/2): evens first, then odds. Pair i keeps its frequency, and q and k
     permuted alike leave every score q.k as it was, so the model computes exactly the checkpoint's."""

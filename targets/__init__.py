@@ -66,5 +66,11 @@ def get_profile(name: str) -> TargetProfile:
     return _PROFILES[name]()
 
 
+def memoize_kv_cache_kernels() -> None:
+    """Let TVM's KV-cache kernels be parsed once (kernel_memo.py); call before exporting a model."""
+    from .kernel_memo import memoize_kv_cache_kernels as install
+    install()
+
+
 __all__ = ["DEFAULT_TARGET", "PHASES", "SOFTCAP_ATTR", "UNSUPPORTED", "TargetProfile", "ToolchainError", "TuningSpace",
-           "UnsupportedTarget", "get_profile", "names"]
+           "UnsupportedTarget", "get_profile", "memoize_kv_cache_kernels", "names"]
