@@ -232,7 +232,7 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
     with tvm.transform.PassContext(opt_level=ctx.opt_level, required_pass=list(ctx.required_pass),
                                    disabled_pass=list(ctx.disabled_pass), config=dict(ctx.config),
                                    instruments=[*ctx.instruments, facts]):
-        with target:                           # as relax.build runs a pipeline it is given
+        with target, _ONE_PIPELINE:            # as relax.build runs a pipeline it is given
             lowered = pipeline(mod)
         cached = reuse.lookup(lowered, profile, target) if reuse is not None else None
         if cached is not None:
@@ -243,6 +243,13 @@ def build_lib(mod, profile: TargetProfile, dump_ir: Path | None = None,
         if getattr(built, "reused", 0):
             report(f"compile:{built.reused} kernels reused", len(phase_names), len(phase_names))
         return built, facts.facts
+
+
+# One pipeline at a time in a process: TVM keeps some of its state for lowering operators process-wide,
+# not per thread (te.tag's TagScope: two legalizations at once fail with "nested op_tag is not allowed").
+# Two builds overlap where a compile builds its own float32 reference (kiln.compile's fallback) while
+# its library still builds; the second pipeline waits for the first.
+_ONE_PIPELINE = threading.RLock()
 
 
 @dataclass
