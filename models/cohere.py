@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, layer_types
 from .layers import Flags
 
 
@@ -54,14 +54,8 @@ class Cohere2Config(CohereConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, types = values["num_hidden_layers"], values["layer_types"]
-        if types is None:
-            pattern = hf.get("sliding_window_pattern", 4)
-            types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-        if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
-            raise ValueError(f"layer_types must list 'full_attention' or 'sliding_attention' for each of the {n} "
-                             f"layers; got {types}")
-        return super().adapt(dict(values, layer_types=tuple(types)), hf, notes)
+        types = layer_types(values["layer_types"], values["num_hidden_layers"], hf, pattern=4)
+        return super().adapt(dict(values, layer_types=types), hf, notes)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         """Sliding layers rotate q and k; global ones attend with no positions at all."""

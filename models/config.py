@@ -28,6 +28,18 @@ def one_of(table: dict, value, field: str, arch: str):
     return table[value]
 
 
+def layer_types(types, n: int, hf: dict, pattern: int) -> tuple[str, ...]:
+    """Each of the `n` layers' attention: config.json's `layer_types`, else every `pattern`-th layer global
+    (`sliding_window_pattern` where the config writes one) and the others sliding; a ValueError for a list
+    of another length or kind."""
+    pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or pattern
+    types = types or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+    if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"layer_types must list 'full_attention' or 'sliding_attention' for each of the {n} "
+                         f"layers; got {types}")
+    return tuple(types)
+
+
 def read_fields(hf: dict, fields: tuple[ConfigField, ...], arch: str) -> dict[str, Any]:
     """Pick each field from `hf`; raise one ValueError listing every missing field and the names tried."""
     values: dict[str, Any] = {}

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, layer_types, one_of
 from .layers import Flags
 
 # HF Gemma names for the four norms of a layer (kiln: input, post_attention = before the MLP,
@@ -57,16 +57,10 @@ class Gemma2Config(DecoderConfig):
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         activation = one_of(ACTIVATIONS, values["activation"], "hidden_activation", cls.ARCH)
-        n = values["num_hidden_layers"]
-        pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or cls.PATTERN
-        types = values["layer_types"] or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                                          for i in range(n)]
-        if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
-            raise ValueError(f"layer_types must list 'full_attention' or 'sliding_attention' for each of the {n} "
-                             f"layers; got {types}")
+        types = layer_types(values["layer_types"], values["num_hidden_layers"], hf, cls.PATTERN)
         if values["query_pre_attn_scalar"] is None:
             values["query_pre_attn_scalar"] = values["head_dim"]
-        return dict(values, layer_types=tuple(types), activation=activation)
+        return dict(values, layer_types=types, activation=activation)
 
     def flags(self) -> Flags:
         return Flags(norm="rms_1p", activation=self.activation, sandwich_norms=True, embed_scale=self.hidden_size ** 0.5,

@@ -225,8 +225,9 @@ def _phi3(reader, arch, tensors, c):
 
 
 def _rotary_share(reader, arch: str, c: dict) -> float:
-    """The share of each head RoPE rotates: rope.dimension_count over the head size (all of it unwritten)."""
-    head_dim = c["hidden_size"] // c["num_attention_heads"]
+    """The share of each head RoPE rotates: rope.dimension_count over the head size (attention.key_length,
+    else hidden / heads; all of it where the count is unwritten)."""
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return _key(reader, arch, "rope.dimension_count", head_dim) / head_dim
 
 
@@ -236,9 +237,7 @@ def _ernie4_5(reader, arch, tensors, c):
 
 
 def _glm4(reader, arch, tensors, c):
-    c["head_dim"] = _key(reader, arch, "attention.key_length") or c["hidden_size"] // c["num_attention_heads"]
-    c.update(attention_bias="blk.0.attn_q.bias" in tensors,
-             partial_rotary_factor=_key(reader, arch, "rope.dimension_count", c["head_dim"]) / c["head_dim"])
+    c.update(attention_bias="blk.0.attn_q.bias" in tensors, partial_rotary_factor=_rotary_share(reader, arch, c))
 
 
 def _cohere(reader, arch, tensors, c):
