@@ -162,12 +162,12 @@ def _check_yarn(values: dict, hf: dict) -> None:
                                   factor=scaling.get("factor") or values["context_window_size"] / original)
 
 
-def rope_in_graph(layers: tuple[LayerAttention, ...]) -> bool:
-    """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none), or the cache
-    lacks the scaling."""
+def rope_in_graph(layers: tuple[LayerAttention, ...], flags: Flags | None = None) -> bool:
+    """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none), the cache
+    lacks the scaling, or q and k are normed after their rotation."""
     ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling)) for a in layers}
     kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
-    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS))
+    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS)) or bool(flags and flags.qk_norm_after_rope)
 
 
 class DecoderStack(nn.Module):
@@ -175,7 +175,7 @@ class DecoderStack(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         if flags.learned_positions:
             self.embed_positions = nn.Embedding(c.context_window_size, c.hidden_size)
-        in_graph = rope_in_graph(attention) and not flags.learned_positions
+        in_graph = rope_in_graph(attention, flags) and not flags.learned_positions
         self.needs_positions = in_graph or flags.learned_positions
         self.layers = nn.ModuleList([
             DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
@@ -202,7 +202,7 @@ class CausalLM(nn.Module):
         self.config, self.flags = config, config.flags()
         self.attention = config.layer_attention()
         self.sliding_window = sliding_window(self.attention)
-        self.rope_in_graph = rope_in_graph(self.attention)
+        self.rope_in_graph = rope_in_graph(self.attention, self.flags)
         self.model = DecoderStack(config, self.flags, self.attention)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=self.flags.head_bias)

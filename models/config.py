@@ -40,6 +40,25 @@ def layer_types(types, n: int, hf: dict, pattern: int) -> tuple[str, ...]:
     return tuple(types)
 
 
+def split_layer_rope(hf: dict, full_theta: float, local_theta: float) -> dict:
+    """transformers 5's RoPE per layer type (`rope_parameters: {full_attention: {...}, sliding_attention:
+    {...}}`, Gemma 3, OLMo 3) as flat fields: `rope_theta` and `rope_scaling` for full layers,
+    `rope_local_base_freq` for sliding ones (which rotate unscaled; a scaled one is refused). Other dicts
+    are returned as they are."""
+    params = hf.get("rope_parameters")
+    if not (isinstance(params, dict) and "full_attention" in params):
+        return hf
+    full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_parameters.sliding_attention type {local['rope_type']!r} is not supported (sliding "
+                         "layers rotate unscaled); fix config.json")
+    scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+    default = scaling.get("rope_type", "default") == "default"
+    flat = {k: v for k, v in hf.items() if k != "rope_parameters"}
+    return {**flat, "rope_theta": full.get("rope_theta", full_theta), "rope_scaling": None if default else scaling,
+            "rope_local_base_freq": local.get("rope_theta", local_theta)}
+
+
 def read_fields(hf: dict, fields: tuple[ConfigField, ...], arch: str) -> dict[str, Any]:
     """Pick each field from `hf`; raise one ValueError listing every missing field and the names tried."""
     values: dict[str, Any] = {}

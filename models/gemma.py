@@ -11,16 +11,18 @@ targets/attention_softcap.py; a target whose kernels could not refuses the model
 TargetProfile.attn_softcap).
 Gemma 3 drops soft-capping for a per-head QK norm, and gives sliding layers their own RoPE base
 (`rope_local_base_freq`) while global layers may scale theirs: RoPE is then applied in the graph.
+VaultGemma is Gemma 2 with only the norms before attention and MLP.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     decoder_weight_map
-from .config import ConfigField, layer_types, one_of
+from .config import ConfigField, layer_types, one_of, split_layer_rope
 from .layers import Flags
 
 # HF Gemma names for the four norms of a layer (kiln: input, post_attention = before the MLP,
@@ -95,6 +97,17 @@ class GemmaConfig(Gemma2Config):
 
 
 @dataclass(frozen=True)
+class VaultGemmaConfig(Gemma2Config):
+    """VaultGemma (Google's differentially private Gemma): Gemma 2 without the norms on the attention and
+    MLP outputs."""
+
+    ARCH: ClassVar[str] = "vaultgemma"
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), sandwich_norms=False)
+
+
+@dataclass(frozen=True)
 class Gemma3Config(Gemma2Config):
     local_rope_theta: float = 10000.0
     weight_prefix: str = "model"
@@ -114,21 +127,14 @@ class Gemma3Config(Gemma2Config):
             v5 = int(str(hf.get("transformers_version", "4")).split(".")[0]) >= 5
             prefix = "model.language_model" if v5 else "language_model.model"
             hf = {**hf["text_config"], **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf}}
-        params = hf.get("rope_parameters")
-        if isinstance(params, dict) and "full_attention" in params:     # transformers 5: RoPE per layer type
-            full, local = params["full_attention"], params.get("sliding_attention", {})
-            scaling = {k: v for k, v in full.items() if k != "rope_theta"}
-            default = scaling.get("rope_type", "default") == "default"
-            hf = {**hf, "rope_theta": full.get("rope_theta", 1e6), "rope_scaling": None if default else scaling,
-                  "rope_local_base_freq": local.get("rope_theta", 10000.0)}
-        c = super().from_hf(hf)
+        c = super().from_hf(split_layer_rope(hf, full_theta=1e6, local_theta=10000.0))
         return c if prefix == "model" else cls(**{**c.__dict__, "weight_prefix": prefix})
 
     def layer_rope(self, kind: str) -> tuple[float, dict | None]:
         return (self.local_rope_theta, None) if kind == "sliding_attention" else (self.rope_theta, self.rope_scaling)
 
 
-GemmaForCausalLM = Gemma2ForCausalLM = Gemma3ForCausalLM = CausalLM
+GemmaForCausalLM = Gemma2ForCausalLM = Gemma3ForCausalLM = VaultGemmaForCausalLM = CausalLM
 
 
 def weight_map(c: Gemma2Config) -> WeightMap:

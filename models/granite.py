@@ -1,23 +1,29 @@
-"""IBM Granite 3.x (dense): a Llama with four multipliers — the embeddings scaled by
-`embedding_multiplier`, attention's softmax scale `attention_multiplier` itself (not head_dim ** -0.5),
-each attention and MLP output scaled by `residual_multiplier` before its residual add, and the logits
-divided by `logits_scaling`."""
+"""IBM Granite 3.x: a Llama with four multipliers — the embeddings scaled by `embedding_multiplier`,
+attention's softmax scale `attention_multiplier` itself (not head_dim ** -0.5), each attention and
+MLP output scaled by `residual_multiplier` before its residual add, and the logits divided by
+`logits_scaling`. Granite MoE (3.0/3.1 1B-A400M, 3B-A800M) swaps each MLP for a sparse mixture
+(every expert's gate and up rows in one 3-D `input_linear`, the top `num_experts_per_tok` renormalised);
+Granite MoE Shared adds an always-on MLP beside it, ungated. NAVER's HyperCLOVA X SEED is a
+Granite whose logits are multiplied by `logits_scaling`, whose attention scale defaults to
+head_dim ** -0.5, and which norms the attention and MLP outputs too (`use_post_norm`: Peri-LN)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import CausalLM, WeightMap, decoder_weight_map
+from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, decoder_weight_map
 from .config import ConfigField
 from .layers import Flags
 from .llama import LlamaConfig
+from .moe import EXPERT_FIELDS, MoESpec
 
 
 @dataclass(frozen=True)
 class GraniteConfig(LlamaConfig):
     embedding_multiplier: float = 1.0
-    attention_multiplier: float = 1.0
+    attention_multiplier: float | None = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
 
@@ -32,8 +38,70 @@ class GraniteConfig(LlamaConfig):
                      residual_scale=self.residual_multiplier, logit_divisor=self.logits_scaling)
 
 
-GraniteForCausalLM = CausalLM
+@dataclass(frozen=True)
+class HyperCLOVAXConfig(GraniteConfig):
+    use_post_norm: bool = False
+
+    ARCH: ClassVar[str] = "hyperclovax"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *(ConfigField(f.name, f.hf_names, None) if f.name == "attention_multiplier" else f
+          for f in GraniteConfig.FIELDS),
+        ConfigField("use_post_norm", ("use_post_norm",), default=False))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if not values["logits_scaling"]:
+            raise ValueError("logits_scaling 0 would zero every logit; fix config.json")
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), logit_divisor=1.0 / self.logits_scaling,
+                                   sandwich_norms=self.use_post_norm)
+
+
+@dataclass(frozen=True)
+class GraniteMoeConfig(GraniteConfig):
+    num_experts: int = 8
+    top_k: int = 2
+    shared_intermediate_size: int = 0       # Granite MoE Shared's always-on MLP
+
+    ARCH: ClassVar[str] = "granitemoe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *GraniteConfig.FIELDS, *EXPERT_FIELDS,
+        ConfigField("shared_intermediate_size", ("shared_intermediate_size",), default=0))
+
+    def layer_moe(self, layer: int) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=True,
+                       shared_intermediate_size=self.shared_intermediate_size, shared_gated=False)
+
+
+@dataclass(frozen=True)
+class GraniteMoeSharedConfig(GraniteMoeConfig):
+    ARCH: ClassVar[str] = "granitemoeshared"
+
+
+GraniteForCausalLM = HyperCLOVAXForCausalLM = GraniteMoeForCausalLM = GraniteMoeSharedForCausalLM = CausalLM
+
+
+def _rows(stacked):
+    """A 3-D [experts, rows, cols] tensor as the 2-D [experts * rows, cols] kiln's expert Linear holds."""
+    return stacked.reshape(-1, stacked.shape[-1])
 
 
 def weight_map(c: GraniteConfig) -> WeightMap:
-    return decoder_weight_map(c)
+    if isinstance(c, HyperCLOVAXConfig):
+        return decoder_weight_map(c, dict(LLAMA_NAMES, post_attn_norm="post_norm1", post_mlp_norm="post_norm2"))
+    m = decoder_weight_map(c)
+    if not isinstance(c, GraniteMoeConfig):
+        return m
+    for i in range(c.num_hidden_layers):
+        k, h = f"model.layers.{i}.mlp", f"model.layers.{i}"
+        for key in [key for key in m if key.startswith(f"{k}.")]:
+            del m[key]
+        m[f"{k}.router"] = [f"{h}.block_sparse_moe.router.layer.weight"]
+        m[f"{k}.experts_gate_up.weight"] = WeightSpec((f"{h}.block_sparse_moe.input_linear.weight",), _rows)
+        m[f"{k}.experts_down.weight"] = WeightSpec((f"{h}.block_sparse_moe.output_linear.weight",), _rows)
+        if c.shared_intermediate_size:
+            m[f"{k}.shared.gate_up_proj.weight"] = [f"{h}.shared_mlp.input_linear.weight"]
+            m[f"{k}.shared.down_proj.weight"] = [f"{h}.shared_mlp.output_linear.weight"]
+    return m

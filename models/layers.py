@@ -36,6 +36,7 @@ class Flags:
     mlp_bias: bool = False
     qk_norm: bool = False                   # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
     qk_norm_heads: bool = True              # False: qk_norm over all heads' dims at once (OLMo 2)
+    qk_norm_after_rope: bool = False        # qk_norm on the rotated q and k (Hunyuan; RoPE then in the graph)
     norm: str = "rms"                       # one of NORMS, for every norm of the model
     activation: str = "silu"                # one of ACTIVATIONS
     gated_mlp: bool = True                  # down(act(gate(x)) * up(x)); False: down(act(up(x))) (GPT-2)
@@ -128,7 +129,7 @@ class PagedAttention(nn.Module):
         self.sm_scale = float(flags.attn_scale) if flags.attn_scale else float(scalar) ** -0.5
         self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
-        self.qk_norm_heads = flags.qk_norm_heads
+        self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         if flags.qk_norm:
             self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, flags.norm)
             self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, flags.norm)
@@ -139,13 +140,12 @@ class PagedAttention(nn.Module):
         qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
         if hasattr(self, "q_norm") or self.rope:
             q, k, v = op.split(qkv, [h, h + h_kv], axis=2)
-            if hasattr(self, "q_norm") and self.qk_norm_heads:
-                q, k = self.q_norm(q), self.k_norm(k)
-            elif hasattr(self, "q_norm"):                   # over every head's dims at once
-                q = op.reshape(self.q_norm(op.reshape(q, (b, s, h * self.head_dim))), (b, s, h, self.head_dim))
-                k = op.reshape(self.k_norm(op.reshape(k, (b, s, h_kv * self.head_dim))), (b, s, h_kv, self.head_dim))
+            if not self.norm_after_rope:
+                q, k = self._qk_norm(q, k)
             if self.rope:
                 q, k = (apply_rope(t, positions, *self.rope) for t in (q, k))
+            if self.norm_after_rope:
+                q, k = self._qk_norm(q, k)
             qkv = op.concat([q, k, v], dim=2)
         dtype = qkv.dtype
         if self.kv_dtype not in (None, dtype):
@@ -153,6 +153,18 @@ class PagedAttention(nn.Module):
         out = kv_cache.attention_with_fused_qkv(layer_id, qkv, h, sm_scale=self.sm_scale)   # [b, s, h, d]
         out = out if out.dtype == dtype else out.astype(dtype)
         return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
+
+
+    def _qk_norm(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q and k through their norms, per head or over every head's dims at once; as they are without."""
+        if not hasattr(self, "q_norm"):
+            return q, k
+        if self.qk_norm_heads:
+            return self.q_norm(q), self.k_norm(k)
+        b, s, h, d = q.shape
+        h_kv = k.shape[2]
+        return (op.reshape(self.q_norm(op.reshape(q, (b, s, h * d))), (b, s, h, d)),
+                op.reshape(self.k_norm(op.reshape(k, (b, s, h_kv * d))), (b, s, h_kv, d)))
 
 
 class DecoderLayer(nn.Module):

@@ -1,6 +1,9 @@
 """The Llama family: Llama 2/3 (RoPE scaling `llama3`), SmolLM2, TinyLlama, Mistral (sliding-window
-attention on every layer when `sliding_window` is below the context): the causal-LM base with
-Llama's defaults (models/causal_lm.py)."""
+attention on every layer when `sliding_window` is below the context, or on the layers `layer_types`
+names: Ministral), and the Llamas under other names: InternLM 3 (`qkv_bias` / `bias`), IQuest-Coder,
+Seed-OSS (q/k/v biases apart from o's: `attention_out_bias`) and Meta's CWM (3 sliding layers to each
+full one, full first; Llama 3 RoPE scaling by default). The causal-LM base with Llama's defaults
+(models/causal_lm.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from typing import ClassVar
 
 from .causal_lm import (DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap,
                         decoder_weight_map)
-from .config import ConfigField
+from .config import ConfigField, layer_types
 from .layers import Flags
 
 
@@ -18,29 +21,86 @@ class LlamaConfig(DecoderConfig):
     attention_bias: bool = False            # q, k, v and o projections
     mlp_bias: bool = False
     sliding_window: int | None = None       # Mistral: every layer attends to the last this-many tokens
+    layer_types: tuple[str, ...] = ()       # which layers slide where not every one does (Ministral, CWM)
 
     ARCH: ClassVar[str] = "llama"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (*DECODER_FIELDS,
                                                  ConfigField("attention_bias", ("attention_bias",), default=False),
                                                  ConfigField("mlp_bias", ("mlp_bias",), default=False),
-                                                 ConfigField("sliding_window", ("sliding_window",), default=None))
+                                                 ConfigField("sliding_window", ("sliding_window",), default=None),
+                                                 ConfigField("layer_types", ("layer_types",), default=None))
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        window = values["sliding_window"]
+        if hf.get("clip_qkv") is not None:
+            raise ValueError(f"{cls.ARCH} with clip_qkv is not supported (released checkpoints leave it null)")
+        window, types = values["sliding_window"], values["layer_types"]
         if not window or window >= values["context_window_size"]:
-            values["sliding_window"] = None   # a window as long as the context never slides: plain attention
-        return values
+            window = None                     # a window as long as the context never slides: plain attention
+        n = values["num_hidden_layers"]
+        types = layer_types(types, n, hf, pattern=1) if window and types else ()
+        if types and "sliding_attention" not in types:
+            window, types = None, ()
+        return dict(values, sliding_window=window, layer_types=() if set(types) == {"sliding_attention"} else types)
 
     def flags(self) -> Flags:
         return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, mlp_bias=self.mlp_bias)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        kind = "sliding" if self.sliding_window else "full"
-        return (LayerAttention(kind, self.sliding_window, self.rope_theta, self.rope_scaling),) * self.num_hidden_layers
+        slides = self.layer_types or ("sliding_attention" if self.sliding_window else "full_attention",) * \
+            self.num_hidden_layers
+        return tuple(LayerAttention("sliding", self.sliding_window, self.rope_theta, self.rope_scaling)
+                     if t == "sliding_attention" else LayerAttention("full", None, self.rope_theta, self.rope_scaling)
+                     for t in slides)
 
 
-LlamaForCausalLM = CausalLM
+@dataclass(frozen=True)
+class InternLM3Config(LlamaConfig):
+    """InternLM 3: config.json names the q/k/v/o biases `qkv_bias` and the MLP's `bias`."""
+
+    ARCH: ClassVar[str] = "internlm3"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = tuple(
+        ConfigField(f.name, (*f.hf_names, {"attention_bias": "qkv_bias", "mlp_bias": "bias"}[f.name]), f.default)
+        if f.name in ("attention_bias", "mlp_bias") else f for f in LlamaConfig.FIELDS)
+
+
+@dataclass(frozen=True)
+class SeedOssConfig(LlamaConfig):
+    """Seed-OSS (ByteDance): biases on q, k and v (`attention_bias`) apart from o's (`attention_out_bias`)."""
+
+    attention_out_bias: bool = False
+
+    ARCH: ClassVar[str] = "seed_oss"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *LlamaConfig.FIELDS, ConfigField("attention_out_bias", ("attention_out_bias",), default=False))
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_out_bias, mlp_bias=self.mlp_bias)
+
+
+# CWM's RoPE where config.json writes none (transformers' CwmConfig default).
+CWM_ROPE = dict(rope_type="llama3", rope_theta=1e6, factor=16.0, high_freq_factor=4.0, low_freq_factor=1.0,
+                original_max_position_embeddings=8192)
+
+
+@dataclass(frozen=True)
+class CwmConfig(LlamaConfig):
+    """Meta's Code World Model: a Llama 3 with a window of 8192 on 3 of every 4 layers, the first of each 4 full."""
+
+    ARCH: ClassVar[str] = "cwm"
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "CwmConfig":
+        n = hf.get("num_hidden_layers", 0)
+        defaults = {"sliding_window": 8192,
+                    "layer_types": ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)]}
+        if not any(hf.get(k) for k in ("rope_parameters", "rope_theta", "rope_scaling")):
+            defaults["rope_parameters"] = CWM_ROPE
+        unwritten = {k: v for k, v in defaults.items() if k not in hf or k == "layer_types" and hf[k] is None}
+        return super().from_hf({**hf, **unwritten})
+
+
+LlamaForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
 
 
 def weight_map(c: LlamaConfig) -> WeightMap:

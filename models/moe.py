@@ -1,11 +1,12 @@
-"""Sparse mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): a router picks `top_k` of
+"""Sparse mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE): a router picks `top_k` of
 `num_experts` gated MLPs per token and sums their outputs weighted by the router's probabilities.
 
     probs   = softmax(x @ router.T)             float32, over every expert
     w, e    = top_k(probs)                      the k largest, their experts; w / sum(w) where the
                                                 family normalises (Mixtral, norm_topk_prob)
     y       = sum_j w_j * down[e_j](act(gate[e_j] x) * up[e_j] x)
-            (+ sigmoid(shared_gate . x) * shared_mlp(x): Qwen2-MoE's shared expert)
+            (+ sigmoid(shared_gate . x) * shared_mlp(x): Qwen2-MoE's shared expert;
+             + shared_mlp(x): Granite MoE Shared's, ungated)
 
 Each token's k experts are computed by gathered matmuls (TE reductions reading the expert's rows
 through the router's indices): a token reads only its k experts' weights, and no expert weight
@@ -39,6 +40,7 @@ class MoESpec:
     intermediate_size: int                  # each expert's
     normalize: bool                         # top-k weights divided by their sum
     shared_intermediate_size: int = 0       # a shared expert behind a sigmoid gate (Qwen2-MoE); 0: none
+    shared_gated: bool = True               # False: the shared expert's output is added as it is (Granite)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -58,7 +60,8 @@ class SparseMoE(nn.Module):
         self.experts_down = nn.Linear(i, e * hidden_size, bias=False)
         if spec.shared_intermediate_size:
             self.shared = MLP(hidden_size, spec.shared_intermediate_size, flags)
-            self.shared_gate = nn.Parameter((1, hidden_size))
+            if spec.shared_gated:
+                self.shared_gate = nn.Parameter((1, hidden_size))
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, h = x.shape
@@ -73,9 +76,11 @@ class SparseMoE(nn.Module):
         out = _expert_matmul(_activation(gate, self.activation) * up, self.experts_down, experts, h)  # [T, k, h]
         weights = weights if weights.dtype == out.dtype else weights.astype(out.dtype)
         y = op.sum(out * op.reshape(weights, (b * s, k, 1)), axis=1)                              # [T, h]
-        if hasattr(self, "shared"):
+        if hasattr(self, "shared_gate"):
             gate_logit = op.matmul(flat, op.permute_dims(self.shared_gate))                  # [T, 1]
             y = y + op.sigmoid(gate_logit) * self.shared(flat)
+        elif hasattr(self, "shared"):
+            y = y + self.shared(flat)
         return op.reshape(y, (b, s, h))
 
 
@@ -136,12 +141,12 @@ def expert_matmul_te(x: te.Tensor, weight, experts: te.Tensor, rows: int) -> te.
     return te.compute(total.shape, lambda t, j, c: total[t, j, c].astype(x.dtype), name="expert_matmul_cast")
 
 
-def moe_weight_map(c, names: dict[str, str]) -> dict:
-    """The decoder's weight map (causal_lm.decoder_weight_map, Llama's HF names) with each MoE layer's dense
-    MLP entries replaced by its experts': `names` are the HF names under a layer of router, expert,
-    gate, up, down, shared, shared_gate (expert: a format string with {j})."""
+def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | None = None) -> dict:
+    """The decoder's weight map (causal_lm.decoder_weight_map with `decoder_names`, Llama's HF names by
+    default) with each MoE layer's dense MLP entries replaced by its experts': `names` are the HF names
+    under a layer of router, expert, gate, up, down, shared, shared_gate (expert: a format string with {j})."""
     from .causal_lm import LLAMA_NAMES, decoder_weight_map
-    m = decoder_weight_map(c)
+    m = decoder_weight_map(c, decoder_names or LLAMA_NAMES)
     for layer in range(c.num_hidden_layers):
         spec = c.layer_moe(layer)
         if spec is None:

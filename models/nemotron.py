@@ -1,7 +1,8 @@
 """NVIDIA Nemotron (Nemotron-3 / Minitron / Nemotron-Mini) and Arcee AFM: decoders whose MLP is not
 gated, down(relu(up(x))^2). Nemotron adds LayerNorm with a bias and a (1 + w) scale ("LayerNorm1P")
 for every norm, and RoPE on the first `partial_rotary_factor` (0.5 by default) of each head; Arcee is
-otherwise a Llama (RMSNorm, every head's dims rotated, YaRN scaling in released configs)."""
+otherwise a Llama (RMSNorm, every head's dims rotated, YaRN scaling in released configs); Jais 2
+(Inception / MBZUAI) one with plain LayerNorm (a bias, no 1 + w)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,13 @@ class NemotronConfig(ArceeConfig):
     NORM: ClassVar[str] = "layer_1p"
 
 
-ArceeForCausalLM = NemotronForCausalLM = CausalLM
+@dataclass(frozen=True)
+class Jais2Config(ArceeConfig):
+    ARCH: ClassVar[str] = "jais2"
+    NORM: ClassVar[str] = "layer"
+
+
+ArceeForCausalLM = NemotronForCausalLM = Jais2ForCausalLM = CausalLM
 
 
 def weight_map(c: ArceeConfig) -> WeightMap:

@@ -1,13 +1,17 @@
 """OLMo 2 (AI2): a Llama whose norms come after attention and MLP instead of before (each block's
 output is normed, then added), and whose q and k are RMS-normed over all heads' dims at once
-(`q_norm` [heads x head_dim]) before RoPE."""
+(`q_norm` [heads x head_dim]) before RoPE. OLMo 3 adds sliding-window attention on 3 of every 4
+layers (`layer_types`), the full ones alone taking a RoPE scaling (YaRN in the long-context
+checkpoints). EXAONE 4.0 (LG) norms the same way but q and k per head, and where it has a
+`sliding_window` its full layers attend without RoPE (as Command R7B's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
+from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, decoder_weight_map
+from .config import ConfigField, layer_types, split_layer_rope
 from .layers import Flags
 from .llama import LlamaConfig
 
@@ -18,13 +22,75 @@ NAMES = dict(LLAMA_NAMES, post_attn_norm="post_attention_layernorm", post_mlp_no
 @dataclass(frozen=True)
 class Olmo2Config(LlamaConfig):
     ARCH: ClassVar[str] = "olmo2"
+    QK_NORM_HEADS: ClassVar[bool] = False
 
     def flags(self) -> Flags:
         return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, mlp_bias=self.mlp_bias,
-                     pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_heads=False)
+                     pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_heads=self.QK_NORM_HEADS)
 
 
-Olmo2ForCausalLM = CausalLM
+@dataclass(frozen=True)
+class Olmo3Config(Olmo2Config):
+    local_rope_theta: float = 500000.0
+
+    ARCH: ClassVar[str] = "olmo3"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *Olmo2Config.FIELDS, ConfigField("local_rope_theta", ("rope_local_base_freq",), default=None))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "Olmo3Config":
+        hf = {"sliding_window": 4096, **split_layer_rope(hf, full_theta=500000.0, local_theta=500000.0)}
+        return super().from_hf(hf)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, window = values["num_hidden_layers"], values["sliding_window"]
+        types = layer_types(values["layer_types"], n, hf, pattern=4)
+        if not window or window >= values["context_window_size"]:
+            window = None                   # sliding layers that never slide: full, with their own RoPE base
+        local = values["local_rope_theta"]
+        return dict(values, sliding_window=window, layer_types=types,
+                    local_rope_theta=values["rope_theta"] if local is None else local)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        kind = "sliding" if self.sliding_window else "full"
+        return tuple(LayerAttention(kind, self.sliding_window, self.local_rope_theta, None)
+                     if t == "sliding_attention" else LayerAttention("full", None, self.rope_theta, self.rope_scaling)
+                     for t in self.layer_types)
+
+
+@dataclass(frozen=True)
+class Exaone4Config(Olmo2Config):
+    nope_full_layers: bool = False          # full layers attend without RoPE (wherever config.json sets a window)
+
+    ARCH: ClassVar[str] = "exaone4"
+    QK_NORM_HEADS: ClassVar[bool] = True
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, window, types = values["num_hidden_layers"], values["sliding_window"], values["layer_types"]
+        if window is None:
+            return dict(values, layer_types=())
+        pattern = hf.get("sliding_window_pattern")
+        if not types and isinstance(pattern, str):      # "LLLG": local and global layers, repeated
+            if set(pattern) - {"L", "G"} or not pattern:
+                raise ValueError(f"sliding_window_pattern {pattern!r} must be a string of L and G; fix config.json")
+            types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention" for i in range(n)]
+        types = layer_types(types, n, {**hf, "sliding_window_pattern": pattern if isinstance(pattern, int) else 4},
+                            pattern=4)
+        sliding = window < values["context_window_size"]
+        return dict(values, sliding_window=window if sliding else None, layer_types=types, nope_full_layers=True)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        if not self.nope_full_layers:
+            return super().layer_attention()
+        return tuple(LayerAttention("sliding", self.sliding_window, self.rope_theta, self.rope_scaling)
+                     if t == "sliding_attention" and self.sliding_window else
+                     LayerAttention("full", None, self.rope_theta, self.rope_scaling, rope=t == "sliding_attention")
+                     for t in self.layer_types)
+
+
+Olmo2ForCausalLM = Olmo3ForCausalLM = Exaone4ForCausalLM = CausalLM
 
 
 def weight_map(c: Olmo2Config) -> WeightMap:

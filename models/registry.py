@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (cohere, ernie4_5, gemma, glm, gpt2, gpt_neox, granite, helium, llama, mixtral, nemotron, olmo2, olmoe,
-               phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+from . import (cohere, ernie4_5, gemma, glm, gpt2, gpt_neox, granite, helium, hunyuan, llama, mixtral, nemotron, olmo2,
+               olmoe, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 
 
@@ -25,19 +25,33 @@ def _arch(name, hf_architectures, model_types, module, config_cls, model_cls) ->
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
-    _arch("llama", ("LlamaForCausalLM", "MistralForCausalLM"), ("llama", "mistral"), llama,
-          llama.LlamaConfig, llama.LlamaForCausalLM),
+    _arch("llama", ("LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "IQuestCoderForCausalLM"),
+          ("llama", "mistral", "ministral", "iquestcoder"), llama, llama.LlamaConfig, llama.LlamaForCausalLM),
+    _arch("internlm3", ("InternLM3ForCausalLM",), ("internlm3",), llama, llama.InternLM3Config,
+          llama.InternLM3ForCausalLM),
+    _arch("seed_oss", ("SeedOssForCausalLM",), ("seed_oss",), llama, llama.SeedOssConfig, llama.SeedOssForCausalLM),
+    _arch("cwm", ("CwmForCausalLM",), ("cwm",), llama, llama.CwmConfig, llama.CwmForCausalLM),
     _arch("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qwen2, qwen2.Qwen2Config, qwen2.Qwen2ForCausalLM),
     _arch("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), qwen3, qwen3.Qwen3Config, qwen3.Qwen3ForCausalLM),
     _arch("gemma", ("GemmaForCausalLM",), ("gemma",), gemma, gemma.GemmaConfig, gemma.GemmaForCausalLM),
     _arch("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), gemma, gemma.Gemma2Config, gemma.Gemma2ForCausalLM),
     _arch("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3_text", "gemma3"), gemma,
           gemma.Gemma3Config, gemma.Gemma3ForCausalLM),
+    _arch("vaultgemma", ("VaultGemmaForCausalLM",), ("vaultgemma",), gemma, gemma.VaultGemmaConfig,
+          gemma.VaultGemmaForCausalLM),
     _arch("phi3", ("Phi3ForCausalLM",), ("phi3",), phi3, phi3.Phi3Config, phi3.Phi3ForCausalLM),
     _arch("gpt2", ("GPT2LMHeadModel",), ("gpt2",), gpt2, gpt2.GPT2Config, gpt2.GPT2LMHeadModel),
     _arch("granite", ("GraniteForCausalLM",), ("granite",), granite, granite.GraniteConfig,
           granite.GraniteForCausalLM),
+    _arch("granitemoe", ("GraniteMoeForCausalLM",), ("granitemoe",), granite, granite.GraniteMoeConfig,
+          granite.GraniteMoeForCausalLM),
+    _arch("granitemoeshared", ("GraniteMoeSharedForCausalLM",), ("granitemoeshared",), granite,
+          granite.GraniteMoeSharedConfig, granite.GraniteMoeSharedForCausalLM),
+    _arch("hyperclovax", ("HyperCLOVAXForCausalLM",), ("hyperclovax",), granite, granite.HyperCLOVAXConfig,
+          granite.HyperCLOVAXForCausalLM),
     _arch("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), olmo2, olmo2.Olmo2Config, olmo2.Olmo2ForCausalLM),
+    _arch("olmo3", ("Olmo3ForCausalLM",), ("olmo3",), olmo2, olmo2.Olmo3Config, olmo2.Olmo3ForCausalLM),
+    _arch("exaone4", ("Exaone4ForCausalLM",), ("exaone4",), olmo2, olmo2.Exaone4Config, olmo2.Exaone4ForCausalLM),
     _arch("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), smollm3, smollm3.SmolLM3Config,
           smollm3.SmolLM3ForCausalLM),
     _arch("stablelm", ("StableLmForCausalLM",), ("stablelm",), stablelm, stablelm.StableLmConfig,
@@ -53,6 +67,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), qwen_moe, qwen_moe.Qwen3MoeConfig,
           qwen_moe.Qwen3MoeForCausalLM),
     _arch("olmoe", ("OlmoeForCausalLM",), ("olmoe",), olmoe, olmoe.OlmoeConfig, olmoe.OlmoeForCausalLM),
+    _arch("flex_olmo", ("FlexOlmoForCausalLM",), ("flex_olmo",), olmoe, olmoe.FlexOlmoConfig,
+          olmoe.FlexOlmoForCausalLM),
     _arch("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), ernie4_5, ernie4_5.Ernie4_5Config,
           ernie4_5.Ernie4_5ForCausalLM),
     _arch("glm", ("GlmForCausalLM",), ("glm",), glm, glm.GlmConfig, glm.GlmForCausalLM),
@@ -63,6 +79,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           nemotron.NemotronForCausalLM),
     _arch("arcee", ("ArceeForCausalLM",), ("arcee",), nemotron, nemotron.ArceeConfig, nemotron.ArceeForCausalLM),
     _arch("helium", ("HeliumForCausalLM",), ("helium",), helium, helium.HeliumConfig, helium.HeliumForCausalLM),
+    _arch("jais2", ("Jais2ForCausalLM",), ("jais2",), nemotron, nemotron.Jais2Config, nemotron.Jais2ForCausalLM),
+    _arch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan_v1_dense",), hunyuan,
+          hunyuan.HunYuanDenseConfig, hunyuan.HunYuanDenseV1ForCausalLM),
 )}
 
 

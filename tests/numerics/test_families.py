@@ -30,9 +30,24 @@ pass `kiln check` against the golden logits the compile stored.
              test_families_sliding.py)
     mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
              not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
+    internlm3  q/k/v/o and MLP biases under InternLM 3's own config.json names
+    seed_oss q/k/v biases without o's
+    ministral, cwm  sliding-window layers among full ones, RoPE by the cache (past the window:
+             test_families_sliding.py)
+    olmo3    OLMo 2 with sliding layers and YaRN on the full ones only (RoPE in the graph)
+    exaone4  OLMo 2's norms, per-head q/k norms, sliding layers with RoPE and a global one without
+    vaultgemma  Gemma 2 without the output norms
+    hyperclovax Granite's multipliers (the logits multiplied), norms on the attention and MLP outputs too
+    granitemoe, granitemoeshared  experts stored as 3-D input/output_linear tensors, the multipliers, an
+             ungated shared MLP (shared)
+    flex_olmo   OLMoE with OLMo 2's norms
+    jais2    LayerNorm with biases, relu^2 MLP not gated, biases
+    hunyuan  q/k norms after RoPE (RoPE in the graph), NTK-alpha RoPE base
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -103,7 +118,37 @@ CASES = {
         rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=128))),
     "helium": ("HeliumForCausalLM", "HeliumConfig", dict(head_dim=16, attention_bias=True, mlp_bias=True,
                                                           pad_token_id=0)),
+    # InternLM 3's own config.json names (qkv_bias, bias) and architecture, written over transformers' (RENAMED)
+    "internlm3": ("LlamaForCausalLM", "InternLM3Config", dict(head_dim=24, attention_bias=True, mlp_bias=True)),
+    "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(head_dim=24, attention_bias=True, attention_out_bias=False,
+                                                             attention_dropout=0.0, residual_dropout=0.0)),
+    "ministral": ("MinistralForCausalLM", "MinistralConfig", dict(head_dim=16, sliding_window=32,
+                                                                  layer_types=["sliding_attention", "full_attention"])),
+    "cwm": ("CwmForCausalLM", "CwmConfig", dict(head_dim=16, num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
+    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0,
+                                                      rope_parameters={
+        "sliding_attention": dict(rope_type="default", rope_theta=10000.0),
+        "full_attention": dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                               original_max_position_embeddings=64)})),
+    "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
+    "vaultgemma": ("VaultGemmaForCausalLM", "VaultGemmaConfig", dict(GEMMA, attn_logit_softcapping=2.0,
+                                                                     final_logit_softcapping=3.0, sliding_window=4096)),
+    "hyperclovax": ("HyperCLOVAXForCausalLM", "HyperCLOVAXConfig", dict(
+        head_dim=16, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=0.7, pad_token_id=0)),
+    "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=6.0, attention_multiplier=0.4,
+        residual_multiplier=0.3, logits_scaling=4.0, pad_token_id=0)),
+    "granitemoeshared": ("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96, logits_scaling=2.0, pad_token_id=0)),
+    "flex_olmo": ("FlexOlmoForCausalLM", "FlexOlmoConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
+    "jais2": ("Jais2ForCausalLM", "Jais2Config", dict(head_dim=16, pad_token_id=0)),
+    "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
+        head_dim=16, pad_token_id=0, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0))),
 }
+# config.json as a family's own checkpoints write it, where transformers writes it otherwise
+RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")},
+                                   "architectures": ["InternLM3ForCausalLM"], "qkv_bias": c["attention_bias"],
+                                   "bias": c["mlp_bias"]}}
 
 
 def write_family(case: str, dest, seed: int = 0, **extra):
@@ -111,7 +156,11 @@ def write_family(case: str, dest, seed: int = 0, **extra):
     model_cls, config_cls, overrides = CASES[case]
     overrides = dict(overrides, **extra)
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if case == "gpt2" else dict(SMALL, **overrides)
-    return write_widened(model_cls, config_cls, cfg, dest, seed)
+    model = write_widened(model_cls, config_cls, cfg, dest, seed)
+    if case in RENAMED:
+        path = dest / "config.json"
+        path.write_text(json.dumps(RENAMED[case](json.loads(path.read_text()))))
+    return model
 
 
 @pytest.mark.parametrize("case", list(CASES))

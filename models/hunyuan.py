@@ -1,0 +1,53 @@
+"""Tencent Hunyuan dense (Hunyuan-0.5B .. 7B): a Llama whose q and k are RMS-normed per head after RoPE
+(`query_layernorm` / `key_layernorm`: RoPE is then applied in the graph, before the norms), with RoPE
+scaling "dynamic" at a fixed `alpha`, which only raises the base: theta * alpha ** (d / (d - 2)).
+Cross-layer attention (`use_cla`) is refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
+from .config import ConfigField
+from .layers import Flags
+from .llama import LlamaConfig
+
+NAMES = dict(LLAMA_NAMES, q_norm="self_attn.query_layernorm", k_norm="self_attn.key_layernorm")
+
+
+@dataclass(frozen=True)
+class HunYuanDenseConfig(LlamaConfig):
+    ARCH: ClassVar[str] = "hunyuan_v1_dense"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = tuple(
+        ConfigField("head_dim", ("head_dim", "attention_head_dim"), default=None) if f.name == "head_dim" else f
+        for f in LlamaConfig.FIELDS)
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = (*LlamaConfig.ROPE_TYPES, "dynamic")
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("use_cla"):
+            raise ValueError("Hunyuan with use_cla (cross-layer attention) is not supported; load a checkpoint "
+                             "without it")
+        if hf.get("use_qk_norm") is False:
+            raise ValueError("Hunyuan with use_qk_norm false is not supported (transformers norms q and k always)")
+        scaling = values["rope_scaling"]
+        if scaling and scaling["rope_type"] == "dynamic":
+            if not scaling.get("alpha"):
+                raise ValueError("rope_scaling type 'dynamic' without 'alpha' (NTK scaling that follows the "
+                                 "sequence length) is not supported for hunyuan_v1_dense; fix config.json")
+            d = values["head_dim"]
+            values = dict(values, rope_theta=values["rope_theta"] * scaling["alpha"] ** (d / (d - 2)),
+                          rope_scaling=None)
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, mlp_bias=self.mlp_bias,
+                     qk_norm=True, qk_norm_after_rope=True)
+
+
+HunYuanDenseV1ForCausalLM = CausalLM
+
+
+def weight_map(c: HunYuanDenseConfig) -> WeightMap:
+    return decoder_weight_map(c, NAMES)
