@@ -67,6 +67,10 @@ class Exaone4Config(Olmo2Config):
     QK_NORM_HEADS: ClassVar[bool] = True
 
     @classmethod
+    def from_hf(cls, hf: dict) -> "Exaone4Config":
+        return super().from_hf({"sliding_window": 4096, **hf})       # transformers' default where unwritten
+
+    @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         n, window, types = values["num_hidden_layers"], values["sliding_window"], values["layer_types"]
         if window is None:

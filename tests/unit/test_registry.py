@@ -32,6 +32,11 @@ pytestmark = pytest.mark.unit
     ({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe"}, "qwen2_moe"),
     ({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}, "qwen3_moe"),
     ({"model_type": "olmoe"}, "olmoe"),
+    ({"architectures": ["InternLM3ForCausalLM"], "model_type": "internlm3"}, "internlm3"),
+    ({"architectures": ["IQuestCoderForCausalLM"], "model_type": "iquestcoder"}, "llama"),
+    ({"model_type": "ministral"}, "llama"),
+    ({"architectures": ["HunYuanDenseV1ForCausalLM"]}, "hunyuan_v1_dense"),
+    ({"model_type": "granitemoeshared"}, "granitemoeshared"),
 ])
 def test_find_architecture(hf, family):
     assert find_architecture(hf).name == family
@@ -68,6 +73,14 @@ BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
     (dict(BASE, model_type="phi", qk_layernorm=True), "qk_layernorm is not supported"),
     (dict(BASE, model_type="gpt_neox", hidden_act="relu"), "hidden_act 'relu' is not supported for gpt_neox"),
     (dict(BASE, model_type="olmoe", num_experts=4, num_experts_per_tok=2, clip_qkv=8.0), "clip_qkv is not supported"),
+    (dict(BASE, model_type="iquestcoder", clip_qkv=8.0), "llama with clip_qkv is not supported"),
+    (dict(BASE, model_type="hunyuan_v1_dense", use_cla=True), "use_cla"),
+    (dict(BASE, model_type="hunyuan_v1_dense", rope_scaling={"type": "dynamic", "factor": 2.0}),
+     "'dynamic' without 'alpha'"),
+    (dict(BASE, model_type="exaone4", sliding_window=64, sliding_window_pattern="LLXG"), "string of L and G"),
+    (dict(BASE, model_type="olmo3", rope_parameters={"full_attention": {"rope_theta": 1e4},
+                                                     "sliding_attention": {"rope_type": "linear", "factor": 2.0}}),
+     "sliding_attention type 'linear' is not supported"),
 ])
 def test_a_config_kiln_cannot_build_is_refused_naming_the_field(hf, message):
     arch = find_architecture(hf)
@@ -102,3 +115,24 @@ def test_moe_layers():
     assert (specs[1].num_experts, specs[1].top_k, specs[1].shared_intermediate_size) == (8, 2, 64)
     with pytest.raises(ValueError, match="num_experts_per_tok \\(9\\) must be from 1"):
         find_architecture(hf).config_cls.from_hf(dict(hf, num_experts_per_tok=9)).layer_moe(1)
+
+
+def test_layer_patterns_written_nowhere_follow_transformers_defaults():
+    """CWM without layer_types, window or RoPE: full first of every 4, a window of 8192, Llama 3 scaling;
+    EXAONE 4's "LLLG" pattern string; a Ministral's layer_types; Hunyuan's NTK-alpha base."""
+    def read(**hf):
+        hf = dict(BASE, **hf)
+        return find_architecture(hf).config_cls.from_hf(hf)
+    c = read(model_type="cwm", num_hidden_layers=8, max_position_embeddings=16384)
+    assert [a.kind for a in c.layer_attention()] == ["full", "sliding", "sliding", "sliding"] * 2
+    assert (c.sliding_window, c.rope_theta, c.rope_scaling["rope_type"]) == (8192, 1e6, "llama3")
+    c = read(model_type="exaone4", sliding_window=16, sliding_window_pattern="LLLG")
+    assert [(a.kind, a.rope) for a in c.layer_attention()] == [("sliding", True)] * 3 + [("full", False)]
+    c = read(model_type="exaone4", num_hidden_layers=8)                  # transformers' 4096 and every 4th
+    assert [a.rope for a in c.layer_attention()] == [True, True, True, False] * 2
+    c = read(model_type="exaone4", sliding_window=None)                  # no window: RoPE everywhere
+    assert {(a.kind, a.rope) for a in c.layer_attention()} == {("full", True)}
+    c = read(model_type="ministral", sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 2)
+    assert [a.kind for a in c.layer_attention()] == ["sliding", "full"] * 2
+    c = read(model_type="hunyuan_v1_dense", head_dim=16, rope_scaling={"type": "dynamic", "alpha": 50.0})
+    assert c.rope_scaling is None and c.rope_theta == pytest.approx(10000.0 * 50.0 ** (16 / 14))
