@@ -32,6 +32,12 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     cohere2  Command R7B         the same; the window as attention.sliding_window (every 4th layer global)
     olmoe    OLMoE               as qwen3moe without a shared expert (q/k norms over all heads)
     starcoder2 StarCoder2        as HF (c_fc / c_proj as ffn_up / ffn_down); no sliding window in the file
+    olmo2    OLMo 3              as OLMo 2, with attention.sliding_window and a per-layer
+                                 attention.sliding_window_pattern (true: the layer slides)
+    exaone4  EXAONE 4.0          as OLMo 2 (q/k norms per head); the window and pattern as above
+    seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
+    hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
+                                 RoPE base already raised (rope.freq_base), no scaling
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -76,6 +82,9 @@ PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+SEED_OSS_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"},
+                  "post_attention_norm": "post_attention_layernorm"}
+HUNYUAN_LAYER = {**LLAMA_LAYER, "attn_q_norm": "self_attn.query_layernorm", "attn_k_norm": "self_attn.key_layernorm"}
 PHI2_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
               "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2",
               "attn_norm": "input_layernorm"}
@@ -159,6 +168,11 @@ def _llama(reader, arch, tensors, c):
                  num_local_experts=_key(reader, arch, "expert_count"),
                  num_experts_per_tok=_key(reader, arch, "expert_used_count"))
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+    _llama3_or_scaling(reader, arch, tensors, c)
+
+
+def _llama3_or_scaling(reader, arch, tensors, c):
+    """Llama 3 RoPE scaling from rope_freqs.weight, else rope.scaling.*."""
     if "rope_freqs.weight" in tensors:
         c["rope_scaling"] = llama3_scaling(_tensor_values(tensors["rope_freqs.weight"]), c, reader, arch)
     elif (scaling := rope_scaling(reader, arch)) is not None:
@@ -168,6 +182,40 @@ def _llama(reader, arch, tensors, c):
 def _qwen3(reader, arch, tensors, c):
     _head_dim(reader, arch, c)
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+
+
+def _sliding_layers(reader, arch, c) -> bool:
+    """attention.sliding_window and the per-layer attention.sliding_window_pattern (true: the layer slides)
+    as sliding_window and layer_types; False (and no window) where the file has no window."""
+    window = _key(reader, arch, "attention.sliding_window")
+    c["sliding_window"] = window or None
+    if not window:
+        return False
+    pattern = _key(reader, arch, "attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        if len(pattern) != c["num_hidden_layers"]:
+            raise ModelLoadError(f"GGUF {arch}.attention.sliding_window_pattern lists {len(pattern)} layers for "
+                                 f"{c['num_hidden_layers']}; re-convert the model")
+        c["layer_types"] = ["sliding_attention" if slides else "full_attention" for slides in pattern]
+    return True
+
+
+def _olmo2(reader, arch, tensors, c):
+    """OLMo 2, or OLMo 3 where the file has a window (llama.cpp writes both as olmo2)."""
+    _qwen3(reader, arch, tensors, c)
+    if _sliding_layers(reader, arch, c):
+        c.update(model_type="olmo3", architectures=["Olmo3ForCausalLM"])
+
+
+def _exaone4(reader, arch, tensors, c):
+    _qwen3(reader, arch, tensors, c)
+    _sliding_layers(reader, arch, c)
+    _llama3_or_scaling(reader, arch, tensors, c)
+
+
+def _seed_oss(reader, arch, tensors, c):
+    _qwen3(reader, arch, tensors, c)
+    c.update(attention_out_bias="blk.0.attn_output.bias" in tensors, mlp_bias="blk.0.ffn_down.bias" in tensors)
 
 
 def _qwen_moe(reader, arch, tensors, c):
@@ -310,7 +358,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",
                      transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),
     "granite": GGUFArch("granite", ("GraniteForCausalLM",), LLAMA_LAYER, permuted=True, config=_granite),
-    "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_qwen3),
+    "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_olmo2, also=("olmo3",)),
+    "exaone4": GGUFArch("exaone4", ("Exaone4ForCausalLM",), OLMO2_LAYER, config=_exaone4),
+    "seed_oss": GGUFArch("seed_oss", ("SeedOssForCausalLM",), SEED_OSS_LAYER, config=_seed_oss),
+    "hunyuan-dense": GGUFArch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), HUNYUAN_LAYER, config=_qwen3),
     "smollm3": GGUFArch("smollm3", ("SmolLM3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_smollm3),
     "stablelm": GGUFArch("stablelm", ("StableLmForCausalLM",), LLAMA_LAYER, config=_stablelm),
     "phi2": GGUFArch("phi", ("PhiForCausalLM",), PHI2_LAYER, PHI2_GLOBAL, config=_phi2),

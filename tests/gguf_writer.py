@@ -9,6 +9,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     gemma*   every *norm.weight stored + 1; no output.weight (tied)
     phi3     fused attn_qkv / ffn_up kept; LongRoPE factors as rope_factors_long / _short
     gpt2     Conv1D weights transposed to [out, in]; output.weight a copy of token_embd
+    olmo3, exaone4  the window and each layer's kind as sliding_window_pattern
+    hunyuan  the NTK-alpha RoPE base raised, no scaling
 
 and the tokenizer as `gpt2` (byte-level BPE) metadata from the checkpoint's tokenizer.json.
 `types` picks the storage type per GGUF tensor key ("attn_v", "token_embd", ...) or full name;
@@ -37,7 +39,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
              "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
              "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox",
-             "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe"}
+             "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe",
+             "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense"}
 PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
@@ -110,6 +113,11 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
             w.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
     else:
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if arch == "hunyuan-dense" and scaling and scaling["rope_type"] == "dynamic":   # NTK alpha: the base raised
+        d = _head_dim(cfg)
+        theta, scaling = theta * scaling["alpha"] ** (d / (d - 2)), None
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_rope_scaling_factor(1)
     if arch != "gemma2":                                   # Gemma 2's converter leaves the base at its default
         w.add_rope_freq_base(theta)
     if "head_dim" in cfg or arch.startswith("gemma"):
@@ -151,6 +159,9 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_sliding_window(cfg["sliding_window"])
     if arch == "glm4":
         w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
+    if arch in ("olmo2", "exaone4") and cfg.get("sliding_window") is not None:
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
     if arch == "phi3":
         original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
             "original_max_position_embeddings", cfg["max_position_embeddings"])

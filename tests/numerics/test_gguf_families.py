@@ -16,7 +16,10 @@ experts stacked in 3-D ffn_*_exps tensors with the router as ffn_gate_inp (mixtr
 qwen2-moe with its shared expert; qwen3-moe), RoPE on adjacent pairs kept as stored with biases
 everywhere (ernie4_5), partial adjacent-pair RoPE and fused gate/up behind post-norms (glm4), one
 bias-free LayerNorm and the logit scale (cohere; cohere2's window and global layers without RoPE, the
-layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe).
+layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe), OLMo 3
+as llama.cpp's olmo2 with its window and per-layer pattern (olmo3), the same pattern with per-head q/k
+norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP norm's other name
+(seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan).
 """
 
 from __future__ import annotations
@@ -86,6 +89,13 @@ CASES = {
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
                                                             tie_word_embeddings=True, pad_token_id=0)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
+    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
+    "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
+    "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(head_dim=24, attention_bias=True, attention_dropout=0.0,
+                                                             residual_dropout=0.0)),
+    "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
+        head_dim=16, pad_token_id=0, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0,
+                                                          factor=1.0))),
 }
 
 
