@@ -234,7 +234,7 @@ class GGUFWeights:
             self._tensors[hf] = t
         # Row permutation head counts: q_proj uses n_head, k_proj n_head_kv.
         self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if spec.permuted else {}
-        self._n_head = n_head                          # by_kind rows regroup over the query heads
+        self._n_head, self._n_head_kv = n_head, n_head_kv     # by_kind / by_group rows regroup over the heads
 
     def names(self) -> list[str]:
         return list(self._tensors)
@@ -276,8 +276,16 @@ class GGUFWeights:
         return len(t.shape) == 2 and _gguf_key(t.name) in self._spec.transposed
 
     def _hf_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
-        if _gguf_key(self._tensor(name).name) in self._spec.by_kind:     # [3, heads, d] rows -> [heads, 3, d]
+        key = _gguf_key(self._tensor(name).name)
+        if key in self._spec.by_kind:                                      # [3, heads, d] rows -> [heads, 3, d]
             return rows.reshape(3, self._n_head, -1, *rows.shape[1:]).swapaxes(0, 1).reshape(rows.shape)
+        if key in self._spec.by_group:                  # [every q, k, v] rows -> per kv group [its q heads, k, v]
+            kv, g = self._n_head_kv, self._n_head // self._n_head_kv
+            d = rows.shape[0] // (self._n_head + 2 * kv)
+            q, k, v = np.split(rows, [self._n_head * d, (self._n_head + kv) * d])
+            groups = [q.reshape(kv, g * d, *rows.shape[1:]), k.reshape(kv, d, *rows.shape[1:]),
+                      v.reshape(kv, d, *rows.shape[1:])]
+            return np.concatenate(groups, axis=1).reshape(rows.shape)
         n_head = self._row_permutation_heads(name)
         return unpermute_rows(rows, n_head) if n_head else rows
 
@@ -332,7 +340,7 @@ def load_gguf(path: Path) -> ModelSource:
         )
     reader = _open_reader(path)
     config = gguf_hf_config(reader)
-    _, spec = _arch(reader)
+    spec = _arch(reader)[1].for_config(config)
     n_head = config.get("num_attention_heads", config.get("n_head"))
     weights = GGUFWeights(reader, n_head, config.get("num_key_value_heads", n_head), spec)
     has_tokenizer = reader.get_field("tokenizer.ggml.model") is not None

@@ -38,6 +38,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
     hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
                                  RoPE base already raised (rope.freq_base), no scaling
+    falcon   Falcon              attn_qkv rows regrouped from each kv group's [q heads, k, v] to every q,
+                                 k, v; the new architecture's ln_attn as attn_norm_2, ln_mlp as attn_norm
+    starcoder GPT-BigCode        as GPT-2's names, but Linear weights (not transposed), one kv head
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -48,6 +51,7 @@ use RoPE base 10000, and both scale queries by head_dim ** -0.5 except the 27B m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -96,6 +100,10 @@ GLM4_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_gate"}, "ffn_
 NEOX_LAYER = {"attn_qkv": "attention.query_key_value", "attn_output": "attention.dense", "ffn_up": "mlp.dense_h_to_4h",
               "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 NEOX_GLOBAL = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
+FALCON_LAYER = {"attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
+                "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm",
+                "attn_norm_2": "ln_attn"}          # two norms: attn_norm is the MLP's (ln_mlp; renames)
+FALCON_GLOBAL = {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f", "output": "lm_head"}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
@@ -118,7 +126,15 @@ class GGUFArch:
     also: tuple[str, ...] = ()                      # other HF model types its metadata can describe
     by_kind: tuple[str, ...] = ()                   # GGUF keys whose per-head [q, k, v] rows llama.cpp
                                                     # regrouped to [every q, every k, every v] (GPT-NeoX)
+    by_group: tuple[str, ...] = ()                  # GGUF keys whose per-kv-group [its q heads, k, v] rows
+                                                    # llama.cpp regrouped to [every q, k, v] (Falcon)
     config: Callable[[gguf.GGUFReader, str, dict, dict], None] = lambda reader, arch, tensors, c: None
+    renames: Callable[[dict], dict[str, str]] = lambda c: {}   # layer_names that differ by the HF config read
+
+    def for_config(self, c: dict) -> "GGUFArch":
+        """This architecture's mapping for the HF config its metadata gave (renames applied)."""
+        renames = self.renames(c)
+        return dataclasses.replace(self, layer_names={**self.layer_names, **renames}) if renames else self
 
 
 def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
@@ -347,6 +363,24 @@ def _gpt2(reader, arch, tensors, c):
         c.pop(k, None)
 
 
+def _falcon(reader, arch, tensors, c):
+    """Falcon: parallel attention and MLP; the new decoder architecture (kv groups, ln_attn / ln_mlp) where
+    the file has a second norm or more than one kv head (llama.cpp's falcon graph decides so too)."""
+    two_norms = "blk.0.attn_norm_2.weight" in tensors
+    new = two_norms or c["num_key_value_heads"] > 1
+    c.update(layer_norm_epsilon=c.pop("rms_norm_eps"), num_kv_heads=c["num_key_value_heads"],
+             ffn_hidden_size=c.pop("intermediate_size"), new_decoder_architecture=new, multi_query=not new,
+             parallel_attn=True, bias="blk.0.attn_qkv.bias" in tensors, num_ln_in_parallel_attn=2 if two_norms else 1,
+             alibi=False)
+
+
+def _starcoder(reader, arch, tensors, c):
+    """GPT-BigCode (StarCoder 1): GPT-2's metadata, one kv head, the head tied where the file has no output."""
+    tie = "output.weight" not in tensors
+    _gpt2(reader, arch, tensors, c)
+    c.update(activation_function="gelu_pytorch_tanh", multi_query=True, tie_word_embeddings=tie)
+
+
 GGUF_ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", ("LlamaForCausalLM",), {**LLAMA_LAYER, "ffn_gate_inp": "block_sparse_moe.gate"},
                       permuted=True, config=_llama, experts=MIXTRAL_EXPERTS, also=("mistral", "mixtral")),
@@ -361,6 +395,11 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_olmo2, also=("olmo3",)),
     "exaone4": GGUFArch("exaone4", ("Exaone4ForCausalLM",), OLMO2_LAYER, config=_exaone4),
     "seed_oss": GGUFArch("seed_oss", ("SeedOssForCausalLM",), SEED_OSS_LAYER, config=_seed_oss),
+    "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",
+                       by_group=("attn_qkv",), config=_falcon,
+                       renames=lambda c: {"attn_norm": "ln_mlp"} if c["num_ln_in_parallel_attn"] == 2 else {}),
+    "starcoder": GGUFArch("gpt_bigcode", ("GPTBigCodeForCausalLM",), GPT2_LAYER, GPT2_GLOBAL,
+                          layer_prefix="transformer.h", config=_starcoder),
     "hunyuan-dense": GGUFArch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), HUNYUAN_LAYER, config=_qwen3),
     "smollm3": GGUFArch("smollm3", ("SmolLM3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_smollm3),
     "stablelm": GGUFArch("stablelm", ("StableLmForCausalLM",), LLAMA_LAYER, config=_stablelm),

@@ -1,5 +1,8 @@
 """GPT-2: learned absolute positions (no RoPE), LayerNorm, a plain tanh-GELU MLP, biases on every
-projection, a tied head, and Conv1D weights stored [in, out] (transposed to kiln's [out, in])."""
+projection, a tied head, and Conv1D weights stored [in, out] (transposed to kiln's [out, in]).
+GPT-BigCode (StarCoder 1, SantaCoder, WizardCoder): GPT-2's layers as plain Linear weights, with one
+key/value head for every query head (`multi_query`: c_attn rows are every q, then k, then v; without
+it each head's q, k, v in turn, reordered to kiln's every q, k, v)."""
 
 from __future__ import annotations
 
@@ -45,7 +48,25 @@ class GPT2Config(DecoderConfig):
                      mlp_bias=True, learned_positions=True)
 
 
-GPT2LMHeadModel = CausalLM
+@dataclass(frozen=True)
+class GPTBigCodeConfig(GPT2Config):
+    ARCH: ClassVar[str] = "gpt_bigcode"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *(ConfigField(f.name, f.hf_names, True) if f.name == "tie_word_embeddings" else f for f in GPT2Config.FIELDS),
+        ConfigField("activation", ("activation_function",), default="gelu_pytorch_tanh"))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("add_cross_attention"):
+            raise ValueError("gpt_bigcode with add_cross_attention is not a causal LM kiln builds; load a decoder-only "
+                             "checkpoint")
+        tie = values["tie_word_embeddings"]
+        values = super().adapt(values, hf, notes)
+        kv_heads = 1 if hf.get("multi_query", True) else values["num_attention_heads"]
+        return dict(values, tie_word_embeddings=tie, num_key_value_heads=kv_heads)
+
+
+GPT2LMHeadModel = GPTBigCodeForCausalLM = CausalLM
 
 
 def _transposed(a: np.ndarray) -> np.ndarray:
@@ -54,8 +75,22 @@ def _transposed(a: np.ndarray) -> np.ndarray:
 
 def weight_map(c: GPT2Config) -> WeightMap:
     m = decoder_weight_map(c, NAMES)
+    if isinstance(c, GPTBigCodeConfig):
+        return _bigcode_weights(c, m)
     for i in range(c.num_hidden_layers):
         for param, conv in CONV1D.items():
             m[f"model.layers.{i}.{param}.weight"] = WeightSpec((f"transformer.h.{i}.{conv}.weight",), _transposed)
             m[f"model.layers.{i}.{param}.bias"] = [f"transformer.h.{i}.{conv}.bias"]
+    return m
+
+
+def _bigcode_weights(c: GPTBigCodeConfig, m: WeightMap) -> WeightMap:
+    """GPT-2's names, the weights as they are (Linear, not Conv1D); c_attn regrouped by kind without MQA."""
+    from .gpt_neox import _by_kind
+    reorder = None if c.num_key_value_heads == 1 else _by_kind(c.num_attention_heads)
+    for i in range(c.num_hidden_layers):
+        for param, linear in CONV1D.items():
+            for p in ("weight", "bias"):
+                name = f"transformer.h.{i}.{linear}.{p}"
+                m[f"model.layers.{i}.{param}.{p}"] = WeightSpec((name,), reorder if "qkv" in param else None)
     return m

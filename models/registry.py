@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (cohere, ernie4_5, gemma, glm, gpt2, gpt_neox, granite, helium, hunyuan, llama, mixtral, nemotron, olmo2,
+from . import (cohere, ernie4_5, falcon, gemma, glm, gpt2, gpt_neox, granite, helium, hunyuan, llama, mixtral, nemotron, olmo2,
                olmoe, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 
@@ -41,6 +41,10 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           gemma.VaultGemmaForCausalLM),
     _arch("phi3", ("Phi3ForCausalLM",), ("phi3",), phi3, phi3.Phi3Config, phi3.Phi3ForCausalLM),
     _arch("gpt2", ("GPT2LMHeadModel",), ("gpt2",), gpt2, gpt2.GPT2Config, gpt2.GPT2LMHeadModel),
+    _arch("gpt_bigcode", ("GPTBigCodeForCausalLM",), ("gpt_bigcode",), gpt2, gpt2.GPTBigCodeConfig,
+          gpt2.GPTBigCodeForCausalLM),
+    _arch("falcon", ("FalconForCausalLM", "RWForCausalLM"), ("falcon", "RefinedWeb", "RefinedWebModel"), falcon,
+          falcon.FalconConfig, falcon.FalconForCausalLM),
     _arch("granite", ("GraniteForCausalLM",), ("granite",), granite, granite.GraniteConfig,
           granite.GraniteForCausalLM),
     _arch("granitemoe", ("GraniteMoeForCausalLM",), ("granitemoe",), granite, granite.GraniteMoeConfig,

@@ -11,6 +11,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     gpt2     Conv1D weights transposed to [out, in]; output.weight a copy of token_embd
     olmo3, exaone4  the window and each layer's kind as sliding_window_pattern
     hunyuan  the NTK-alpha RoPE base raised, no scaling
+    falcon   query_key_value regrouped from kv groups to every q, k, v; no RoPE base, context 2048
+    starcoder GPT-2's metadata with one kv head, Linear weights as they are
 
 and the tokenizer as `gpt2` (byte-level BPE) metadata from the checkpoint's tokenizer.json.
 `types` picks the storage type per GGUF tensor key ("attn_v", "token_embd", ...) or full name;
@@ -40,7 +42,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
              "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox",
              "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe",
-             "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense"}
+             "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
+             "falcon": "falcon", "gpt_bigcode": "starcoder"}
 PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
@@ -90,12 +93,23 @@ def _head_dim(cfg: dict) -> int:
 
 
 def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
-    if arch == "gpt2":
+    if arch in ("gpt2", "starcoder"):
         w.add_block_count(cfg["n_layer"])
         w.add_context_length(cfg["n_ctx"] if "n_ctx" in cfg else cfg["n_positions"])
         w.add_embedding_length(cfg["n_embd"])
         w.add_feed_forward_length(4 * cfg["n_embd"])
         w.add_head_count(cfg["n_head"])
+        if arch == "starcoder":
+            w.add_head_count_kv(1)
+        w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+        return
+    if arch == "falcon":                            # the converter writes no RoPE base and a context of 2048
+        w.add_context_length(2048)
+        w.add_embedding_length(cfg["hidden_size"])
+        w.add_feed_forward_length(4 * cfg["hidden_size"])
+        w.add_block_count(cfg["num_hidden_layers"])
+        w.add_head_count(cfg["num_attention_heads"])
+        w.add_head_count_kv(_falcon_kv_heads(cfg))
         w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
         return
     theta, scaling = _rope(cfg)
@@ -192,6 +206,11 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if arch == "gptneox" and ".attn_qkv." in name:              # each head's q, k, v -> every q, k, v
             n = cfg["num_attention_heads"]
             value = value.reshape(n, 3, -1, *value.shape[1:]).swapaxes(0, 1).reshape(value.shape)
+        if arch == "falcon" and ".attn_qkv." in name:   # each kv group's [q heads, k, v] -> every q, k, v
+            kv, d = _falcon_kv_heads(cfg), _head_dim(cfg)
+            grouped, cols = value.reshape(kv, n_head // kv + 2, d, -1), value.shape[1]
+            value = np.concatenate([grouped[:, :-2].reshape(-1, cols), grouped[:, -2].reshape(-1, cols),
+                                    grouped[:, -1].reshape(-1, cols)])
         if arch in PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             value = _permute(value, n_head if "attn_q" in name else n_kv)
         if arch.startswith("gemma") and name.endswith("norm.weight"):
@@ -223,6 +242,12 @@ def _stacked_experts(hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     for name, parts in experts.items():
         out[name] = np.stack([parts[j] for j in sorted(parts)])
     return out
+
+
+def _falcon_kv_heads(cfg: dict) -> int:
+    """Falcon's kv heads as a real checkpoint's config.json gives them to the converter (num_kv_heads, else 1:
+    multi-query Falcon-7B writes none; transformers' saved config fills it with the head count)."""
+    return cfg["num_kv_heads"] if cfg.get("new_decoder_architecture") else 1
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -42,8 +42,8 @@ def test_bad_config_json(tmp_path):
 
 def test_unknown_architecture_lists_supported(tmp_path, tiny_dirs):
     shutil.copy(tiny_dirs["tied"] / "model.safetensors", tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"], "model_type": "falcon"}))
-    assert_clean_error(kiln_cli("compile", str(tmp_path)), "unknown architecture", "FalconForCausalLM", "llama")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
+    assert_clean_error(kiln_cli("compile", str(tmp_path)), "unknown architecture", "MambaForCausalLM", "llama")
 
 
 def test_missing_config_field_names_the_tried_names(tmp_path, tiny_dirs):

@@ -43,6 +43,9 @@ pass `kiln check` against the golden logits the compile stored.
     flex_olmo   OLMoE with OLMo 2's norms
     jais2    LayerNorm with biases, relu^2 MLP not gated, biases
     hunyuan  q/k norms after RoPE (RoPE in the graph), NTK-alpha RoPE base
+    gpt-bigcode  GPT-2 as Linear weights with one key/value head (and without: c_attn per head)
+    falcon   parallel attention and MLP behind one LayerNorm with one kv head (7B), behind ln_attn /
+             ln_mlp with kv groups (40B: q/k/v fused per group), or sequential with biases and per-head q/k/v
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ IDS = np.random.default_rng(5).integers(0, 512, size=19).tolist()
 SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)
+FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, bos_token_id=1)
 LONGROPE = dict(rope_type="longrope", short_factor=[1.0 + 0.25 * i for i in range(8)],
                 long_factor=[4.0] * 8, original_max_position_embeddings=128)
 
@@ -144,6 +148,14 @@ CASES = {
     "jais2": ("Jais2ForCausalLM", "Jais2Config", dict(head_dim=16, pad_token_id=0)),
     "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
         head_dim=16, pad_token_id=0, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0))),
+    "gpt-bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                                                       multi_query=True)),
+    "gpt-bigcode-mha": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4,
+                                                                           n_positions=256, multi_query=False)),
+    "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=True, parallel_attn=True)),
+    "falcon-40b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, new_decoder_architecture=True, num_kv_heads=2)),
+    "falcon-sequential": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=False, parallel_attn=False,
+                                                                    bias=True, tie_word_embeddings=False)),
 }
 # config.json as a family's own checkpoints write it, where transformers writes it otherwise
 RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")},
@@ -155,7 +167,8 @@ def write_family(case: str, dest, seed: int = 0, **extra):
     """The case's transformers model, random weights widened so the tolerance bites, saved with a tokenizer."""
     model_cls, config_cls, overrides = CASES[case]
     overrides = dict(overrides, **extra)
-    cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if case == "gpt2" else dict(SMALL, **overrides)
+    own = case == "gpt2" or case.startswith(("gpt-bigcode", "falcon"))     # configs that take no SMALL fields
+    cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if own else dict(SMALL, **overrides)
     model = write_widened(model_cls, config_cls, cfg, dest, seed)
     if case in RENAMED:
         path = dest / "config.json"

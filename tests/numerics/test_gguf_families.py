@@ -19,7 +19,9 @@ bias-free LayerNorm and the logit scale (cohere; cohere2's window and global lay
 layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe), OLMo 3
 as llama.cpp's olmo2 with its window and per-layer pattern (olmo3), the same pattern with per-head q/k
 norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP norm's other name
-(seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan).
+(seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan), one kv
+head and Linear weights under GPT-2's names (gpt-bigcode), q/k/v regrouped from kv groups with one
+norm (falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ TOL = 1e-4
 IDS = np.random.default_rng(6).integers(0, 512, size=19).tolist()
 SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, tie_word_embeddings=False)
+FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, bos_token_id=1,
+              parallel_attn=True)
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=16, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
              tie_word_embeddings=True)
 
@@ -93,6 +97,9 @@ CASES = {
     "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
     "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(head_dim=24, attention_bias=True, attention_dropout=0.0,
                                                              residual_dropout=0.0)),
+    "gpt-bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)),
+    "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=True)),
+    "falcon-40b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, new_decoder_architecture=True, num_kv_heads=2)),
     "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
         head_dim=16, pad_token_id=0, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0,
                                                           factor=1.0))),
@@ -102,7 +109,8 @@ CASES = {
 def write_hf(case: str, dest, seed: int = 0):
     """The case's transformers model with widened random weights, saved with a tokenizer."""
     model_cls, config_cls, overrides = CASES[case]
-    cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if case == "gpt2" else dict(SMALL, **overrides)
+    own = case == "gpt2" or case.startswith(("gpt-bigcode", "falcon"))     # configs that take no SMALL fields
+    cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if own else dict(SMALL, **overrides)
     return write_widened(model_cls, config_cls, cfg, dest, seed)
 
 

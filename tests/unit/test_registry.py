@@ -44,9 +44,9 @@ def test_find_architecture(hf, family):
 
 def test_unknown_architecture_lists_every_family_and_its_names():
     with pytest.raises(ModelLoadError) as e:
-        find_architecture({"architectures": ["FalconForCausalLM"]})
+        find_architecture({"architectures": ["MambaForCausalLM"]})
     msg = str(e.value)
-    assert msg.startswith("unknown architecture: FalconForCausalLM. Supported: ")
+    assert msg.startswith("unknown architecture: MambaForCausalLM. Supported: ")
     for a in ARCHITECTURES.values():
         assert a.name in msg and a.hf_architectures[0] in msg
     assert "GGUF llama" in msg
