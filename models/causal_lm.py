@@ -26,7 +26,7 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedK
 from tvm.target import Target
 
 from .config import ConfigField, read_fields
-from .layers import BIASED_NORMS, DecoderLayer, Flags, Norm, tied_logits
+from .layers import BIASED_NORMS, PARAMLESS_NORMS, DecoderLayer, Flags, Norm, tied_logits
 from .moe import MoESpec, SparseMoE
 from .rope import GRAPH_SCALINGS, inv_freq
 from .sampling import lanes_for, sample_kernel
@@ -479,7 +479,7 @@ LLAMA_NAMES = {
 def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) -> WeightMap:
     """kiln parameter name -> the HF tensor names (concatenated along axis 0) that make it."""
     f, n = c.flags(), names
-    norm_parts = ("weight", "bias") if f.norm in BIASED_NORMS else ("weight",)
+    norm_parts = ("weight", "bias") if f.norm in BIASED_NORMS else () if f.norm in PARAMLESS_NORMS else ("weight",)
     m: WeightMap = {"model.embed_tokens.weight": [f"{n['embed_tokens']}.weight"]}
     if f.learned_positions:
         m["model.embed_positions.weight"] = [f"{n['embed_positions']}.weight"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tvm import topi
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
@@ -22,9 +23,10 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 from .rope import apply_rope
 
 # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron)
-NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p")
+NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam")
 BIASED_NORMS = ("layer", "layer_1p")
-ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2")         # relu2: relu(x)^2 (Nemotron, Arcee)
+PARAMLESS_NORMS = ("layer_noparam",)                         # neither weight nor bias (OLMo 1)
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2", "relu")  # relu2: relu(x)^2 (Nemotron, Arcee)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Flags:
     attn_scale: float | None = None         # sm_scale itself (Granite's attention_multiplier)
     logit_divisor: float | None = None      # logits / this (Granite's logits_scaling)
     learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
+    clip_qkv: float | None = None           # q, k and v clamped to [-c, c] after their projection (OLMo)
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -74,11 +77,14 @@ class Norm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float, kind: str = "rms"):
         self.kind, self.eps = kind, eps
-        self.weight = nn.Parameter((hidden_size,))
+        if kind not in PARAMLESS_NORMS:
+            self.weight = nn.Parameter((hidden_size,))
         if kind in BIASED_NORMS:
             self.bias = nn.Parameter((hidden_size,))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kind in PARAMLESS_NORMS:
+            return op.layer_norm(x, x.shape[-1], None, None, eps=self.eps)
         weight = self.weight + 1.0 if self.kind.endswith("_1p") else self.weight
         if self.kind.startswith("layer"):
             return op.layer_norm(x, x.shape[-1], weight, getattr(self, "bias", None), eps=self.eps)
@@ -90,6 +96,8 @@ def _activation(x: Tensor, kind: str) -> Tensor:
         return op.silu(x)
     if kind == "relu2":
         return op.square(op.relu(x))
+    if kind == "relu":
+        return op.relu(x)
     return op.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none")
 
 
@@ -130,6 +138,7 @@ class PagedAttention(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
+        self.clip_qkv = flags.clip_qkv
         if flags.qk_norm:
             self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, flags.norm)
             self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, flags.norm)
@@ -138,6 +147,8 @@ class PagedAttention(nn.Module):
         b, s, _ = x.shape
         h, h_kv = self.num_heads, self.num_kv_heads
         qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
+        if self.clip_qkv:
+            qkv = op.tensor_expr_op(lambda t: topi.clip(t, -self.clip_qkv, self.clip_qkv), "clip_qkv", [qkv])
         if hasattr(self, "q_norm") or self.rope:
             q, k, v = op.split(qkv, [h, h + h_kv], axis=2)
             if not self.norm_after_rope:

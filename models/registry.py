@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (cohere, ernie4_5, falcon, gemma, glm, gpt2, gpt_neox, granite, helium, hunyuan, llama, mixtral, nemotron, olmo2,
-               olmoe, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+from . import (cohere, ernie4_5, falcon, gemma, glm, gpt2, gpt_neo, gpt_neox, gptj, granite, helium, hunyuan, llama,
+               mixtral, nemotron, olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm,
+               starcoder2)
 from .source import ModelLoadError
 
 
@@ -43,6 +44,10 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("gpt2", ("GPT2LMHeadModel",), ("gpt2",), gpt2, gpt2.GPT2Config, gpt2.GPT2LMHeadModel),
     _arch("gpt_bigcode", ("GPTBigCodeForCausalLM",), ("gpt_bigcode",), gpt2, gpt2.GPTBigCodeConfig,
           gpt2.GPTBigCodeForCausalLM),
+    _arch("gpt_neo", ("GPTNeoForCausalLM",), ("gpt_neo",), gpt_neo, gpt_neo.GPTNeoConfig, gpt_neo.GPTNeoForCausalLM),
+    _arch("gptj", ("GPTJForCausalLM",), ("gptj",), gptj, gptj.GPTJConfig, gptj.GPTJForCausalLM),
+    _arch("opt", ("OPTForCausalLM",), ("opt",), opt, opt.OPTConfig, opt.OPTForCausalLM),
+    _arch("olmo", ("OlmoForCausalLM",), ("olmo",), olmo, olmo.OlmoConfig, olmo.OlmoForCausalLM),
     _arch("falcon", ("FalconForCausalLM", "RWForCausalLM"), ("falcon", "RefinedWeb", "RefinedWebModel"), falcon,
           falcon.FalconConfig, falcon.FalconForCausalLM),
     _arch("granite", ("GraniteForCausalLM",), ("granite",), granite, granite.GraniteConfig,

@@ -46,6 +46,11 @@ pass `kiln check` against the golden logits the compile stored.
     gpt-bigcode  GPT-2 as Linear weights with one key/value head (and without: c_attn per head)
     falcon   parallel attention and MLP behind one LayerNorm with one kv head (7B), behind ln_attn /
              ln_mlp with kv groups (40B: q/k/v fused per group), or sequential with biases and per-head q/k/v
+    opt      learned positions looked up at position + 2, ReLU MLP, LayerNorm, biases
+    gptj     one LayerNorm before attention and MLP side by side, partial adjacent-pair RoPE, a biased head
+    gpt-neo  unscaled attention scores, learned positions, a local (sliding) layer after a global one
+             (past the window: test_families_sliding.py)
+    olmo     LayerNorm without weight or bias, q/k/v clamped (clip_qkv)
 """
 
 from __future__ import annotations
@@ -156,6 +161,13 @@ CASES = {
     "falcon-40b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, new_decoder_architecture=True, num_kv_heads=2)),
     "falcon-sequential": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=False, parallel_attn=False,
                                                                     bias=True, tie_word_embeddings=False)),
+    "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=64, ffn_dim=160, num_hidden_layers=2, num_attention_heads=4,
+                                                max_position_embeddings=256, word_embed_proj_dim=64, pad_token_id=1)),
+    "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256)),
+    "gpt-neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(hidden_size=64, num_layers=2, num_heads=4, window_size=32,
+                                                          max_position_embeddings=256,
+                                                          attention_types=[[["global", "local"], 1]])),
+    "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(clip_qkv=0.5, pad_token_id=0)),     # small: the clamp bites
 }
 # config.json as a family's own checkpoints write it, where transformers writes it otherwise
 RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")},
@@ -167,7 +179,7 @@ def write_family(case: str, dest, seed: int = 0, **extra):
     """The case's transformers model, random weights widened so the tolerance bites, saved with a tokenizer."""
     model_cls, config_cls, overrides = CASES[case]
     overrides = dict(overrides, **extra)
-    own = case == "gpt2" or case.startswith(("gpt-bigcode", "falcon"))     # configs that take no SMALL fields
+    own = case in ("gpt2", "opt", "gptj", "gpt-neo") or case.startswith(("gpt-bigcode", "falcon"))   # no SMALL fields
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if own else dict(SMALL, **overrides)
     model = write_widened(model_cls, config_cls, cfg, dest, seed)
     if case in RENAMED:

@@ -1,8 +1,8 @@
 """Families whose layers slide, on prompts and generations longer than the window, against transformers:
 Gemma 2 (alternating sliding/global layers), Gemma 3 (the same with per-layer RoPE in the graph), and
 Phi-3 and StarCoder2 (every layer slides: TVM's per-sequence window), Cohere2 (sliding layers with RoPE
-in the graph, global ones without), CWM (a Llama with sliding layers among full ones). Every layer
-sliding with RoPE in the graph is refused."""
+in the graph, global ones without), CWM (a Llama with sliding layers among full ones), GPT-Neo (local
+layers among global ones, learned positions). Every layer sliding with RoPE in the graph is refused."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped
          "phi3": dict(sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
          "starcoder2": dict(sliding_window=WINDOW),             # every layer slides (StarCoder2-3B's 4,096)
          "cohere2": dict(sliding_window=WINDOW),                # 3 sliding with RoPE, then 1 global without
-         "cwm": dict(sliding_window=WINDOW)}                    # a Llama: 1 full, then 3 sliding, RoPE by the cache
+         "cwm": dict(sliding_window=WINDOW),                    # a Llama: 1 full, then 3 sliding, RoPE by the cache
+         "gpt-neo": dict(window_size=WINDOW)}                   # learned positions: a global layer, then a local one
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -1,0 +1,54 @@
+"""EleutherAI GPT-J (GPT-J-6B, GPT4All-J): attention and MLP side by side behind one LayerNorm
+(x + attn(n(x)) + mlp(n(x))), RoPE on the first `rotary_dim` dims of each head rotating adjacent
+pairs (kiln reorders the q and k rows as it loads them: causal_lm.rope_halves), no biases on q, k,
+v and the output projection, a plain tanh-GELU MLP with biases, and an untied head with a bias."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, decoder_weight_map
+from .config import ConfigField, one_of
+from .gpt2 import ACTIVATIONS
+from .layers import Flags
+
+NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.wte", norm="transformer.ln_f", layer="transformer.h.{i}",
+             input_layernorm="ln_1", q_proj="attn.q_proj", k_proj="attn.k_proj", v_proj="attn.v_proj",
+             o_proj="attn.out_proj", up_proj="mlp.fc_in", down_proj="mlp.fc_out")
+
+
+@dataclass(frozen=True)
+class GPTJConfig(DecoderConfig):
+    activation: str = "gelu_tanh"
+
+    ARCH: ClassVar[str] = "gptj"
+    ADJACENT_ROPE: ClassVar[bool] = True
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *(ConfigField("intermediate_size", ("n_inner",), default=None) if f.name == "intermediate_size" else
+          ConfigField("partial_rotary_factor", ("rotary_dim",), default=None) if f.name == "partial_rotary_factor"
+          else f for f in DECODER_FIELDS),
+        ConfigField("activation", ("activation_function",), default="gelu_new"))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "GPTJConfig":
+        """rotary_dim (dims, or every dim where null) as the share of each head RoPE rotates."""
+        head_dim = hf["n_embd"] // hf["n_head"] if "n_embd" in hf and "n_head" in hf else None
+        share = hf["rotary_dim"] / head_dim if head_dim and hf.get("rotary_dim") else 1.0
+        return super().from_hf({**hf, "rotary_dim": share})
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        return dict(values, activation=one_of(ACTIVATIONS, values["activation"], "activation_function", cls.ARCH),
+                    intermediate_size=values["intermediate_size"] or 4 * values["hidden_size"])
+
+    def flags(self) -> Flags:
+        return Flags(norm="layer", activation=self.activation, gated_mlp=False, mlp_bias=True,
+                     parallel_residual=True, shared_norm=True, head_bias=True)
+
+
+GPTJForCausalLM = CausalLM
+
+
+def weight_map(c: GPTJConfig) -> WeightMap:
+    return decoder_weight_map(c, NAMES)

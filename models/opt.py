@@ -1,0 +1,67 @@
+"""Meta OPT (facebook/opt-125m .. 66b; vLLM's first example model): GPT-2's shape with plain Linear
+weights — learned absolute positions (the table's first 2 rows unused: OPT looks up position + 2),
+LayerNorm with biases before attention and MLP, a ReLU MLP not gated, biases on every projection
+(`enable_bias`), a tied head. OPT-350m's post-norm layers (`do_layer_norm_before` false) and its
+project_in / project_out (`word_embed_proj_dim` below hidden_size) are refused."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
+    decoder_weight_map
+from .config import ConfigField, one_of
+from .layers import Flags
+
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh"}
+POSITION_OFFSET = 2                         # OPTLearnedPositionalEmbedding looks up position + 2
+NAMES = dict(LLAMA_NAMES, embed_tokens="model.decoder.embed_tokens", embed_positions="model.decoder.embed_positions",
+             norm="model.decoder.final_layer_norm", layer="model.decoder.layers.{i}",
+             input_layernorm="self_attn_layer_norm", post_attention_layernorm="final_layer_norm",
+             o_proj="self_attn.out_proj", up_proj="fc1", down_proj="fc2")
+
+
+@dataclass(frozen=True)
+class OPTConfig(DecoderConfig):
+    activation: str = "relu"
+    bias: bool = True
+
+    ARCH: ClassVar[str] = "opt"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *(ConfigField("intermediate_size", ("ffn_dim",)) if f.name == "intermediate_size" else
+          ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5) if f.name == "norm_eps" else
+          ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
+          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+        ConfigField("activation", ("activation_function",), default="relu"),
+        ConfigField("bias", ("enable_bias",), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        for key, default in (("do_layer_norm_before", True), ("layer_norm_elementwise_affine", True),
+                             ("_remove_final_layer_norm", False)):
+            if hf.get(key, default) != default:
+                raise ValueError(f"OPT with {key}={hf[key]} (OPT-350m's layout) is not supported (only {default})")
+        if hf.get("word_embed_proj_dim", values["hidden_size"]) != values["hidden_size"]:
+            raise ValueError("OPT with word_embed_proj_dim apart from hidden_size (project_in / project_out, "
+                             "OPT-350m) is not supported")
+        return dict(values, activation=one_of(ACTIVATIONS, values["activation"], "activation_function", cls.ARCH))
+
+    def flags(self) -> Flags:
+        return Flags(norm="layer", activation=self.activation, gated_mlp=False, qkv_bias=self.bias, o_bias=self.bias,
+                     mlp_bias=self.bias, learned_positions=True)
+
+
+OPTForCausalLM = CausalLM
+
+
+def _past_offset(table: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(table[POSITION_OFFSET:])
+
+
+def weight_map(c: OPTConfig) -> WeightMap:
+    m = decoder_weight_map(c, NAMES)
+    m["model.embed_positions.weight"] = WeightSpec((f"{NAMES['embed_positions']}.weight",), _past_offset)
+    return m
