@@ -152,7 +152,8 @@ CASES = {
     "flex_olmo": ("FlexOlmoForCausalLM", "FlexOlmoConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
     "jais2": ("Jais2ForCausalLM", "Jais2Config", dict(head_dim=16, pad_token_id=0)),
     "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
-        head_dim=16, pad_token_id=0, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0))),
+        head_dim=16, pad_token_id=0,
+        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0, factor=1.0))),
     "gpt-bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                                                        multi_query=True)),
     "gpt-bigcode-mha": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4,
