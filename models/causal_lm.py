@@ -184,9 +184,13 @@ class DecoderStack(nn.Module):
                          SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None)
             for i, a in enumerate(attention)])
         self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
+        if flags.embed_norm:
+            self.embed_norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache) -> Tensor:
         b, s, d = x.shape
+        if hasattr(self, "embed_norm"):
+            x = self.embed_norm(x)
         positions = kv_cache.get_query_positions(b * s) if self.needs_positions else None   # [b * s]
         if hasattr(self, "embed_positions"):                     # absolute positions
             x = x + op.reshape(self.embed_positions(positions), (b, s, d))
@@ -497,7 +501,7 @@ def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) ->
         for p in ("weight", "bias") if f.qkv_bias else ("weight",):
             names = [f"{x}.{p}" for x in qkv]
             m[f"{k}.self_attn.qkv_proj.{p}"] = WeightSpec(tuple(names), rope_halves(c)) if c.ADJACENT_ROPE else names
-        if f.qk_norm:
+        if f.qk_norm and f.norm not in PARAMLESS_NORMS:
             m[f"{k}.self_attn.q_norm.weight"] = [f"{h}.{n['q_norm']}.weight"]
             m[f"{k}.self_attn.k_norm.weight"] = [f"{h}.{n['k_norm']}.weight"]
         mlp = ("gate_proj", "up_proj") if f.gated_mlp else ("up_proj",)

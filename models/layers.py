@@ -23,9 +23,9 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 from .rope import apply_rope
 
 # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron)
-NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam")
+NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam", "rms_noparam")
 BIASED_NORMS = ("layer", "layer_1p")
-PARAMLESS_NORMS = ("layer_noparam",)                         # neither weight nor bias (OLMo 1)
+PARAMLESS_NORMS = ("layer_noparam", "rms_noparam")           # neither weight nor bias (OLMo 1, nanochat)
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2", "relu")  # relu2: relu(x)^2 (Nemotron, Arcee)
 
 
@@ -60,6 +60,7 @@ class Flags:
     logit_divisor: float | None = None      # logits / this (Granite's logits_scaling)
     learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
     clip_qkv: float | None = None           # q, k and v clamped to [-c, c] after their projection (OLMo)
+    embed_norm: bool = False                # the embeddings normed (the model's norm kind) before the first layer
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -83,8 +84,10 @@ class Norm(nn.Module):
             self.bias = nn.Parameter((hidden_size,))
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.kind in PARAMLESS_NORMS:
+        if self.kind == "layer_noparam":
             return op.layer_norm(x, x.shape[-1], None, None, eps=self.eps)
+        if self.kind == "rms_noparam":
+            return op.rms_norm(x, op.ones((x.shape[-1],), x.dtype), axes=[-1], epsilon=self.eps)
         weight = self.weight + 1.0 if self.kind.endswith("_1p") else self.weight
         if self.kind.startswith("layer"):
             return op.layer_norm(x, x.shape[-1], weight, getattr(self, "bias", None), eps=self.eps)

@@ -26,7 +26,12 @@ FILES = {"llama": "llama.py", "qwen2": "qwen2.py", "qwen3": "qwen3.py", "gemma2"
          "gpt-neox": "gpt_neox.py", "mixtral": "mixtral.py", "qwen2-moe": "qwen_moe.py", "qwen3-moe": "qwen_moe.py",
          "olmoe": "olmoe.py", "gemma": "gemma.py", "ernie4_5": "ernie4_5.py", "glm": "glm.py", "glm4": "glm.py",
          "helium": "helium.py", "cohere": "cohere.py", "cohere2": "cohere.py", "nemotron": "nemotron.py",
-         "arcee": "nemotron.py"}
+         "arcee": "nemotron.py", "internlm3": "llama.py", "seed_oss": "llama.py", "ministral": "llama.py",
+         "cwm": "llama.py", "olmo3": "olmo2.py", "exaone4": "olmo2.py", "vaultgemma": "gemma.py",
+         "hyperclovax": "granite.py", "granitemoe": "granite.py", "granitemoeshared": "granite.py",
+         "flex_olmo": "olmoe.py", "jais2": "nemotron.py", "hunyuan": "hunyuan.py", "gpt-bigcode": "gpt2.py",
+         "falcon": "falcon.py", "opt": "opt.py", "gptj": "gptj.py", "gpt-neo": "gpt_neo.py", "olmo": "olmo.py",
+         "nanochat": "nanochat.py"}
 
 
 def model_file(case: str) -> str:

@@ -51,6 +51,8 @@ pass `kiln check` against the golden logits the compile stored.
     gpt-neo  unscaled attention scores, learned positions, a local (sliding) layer after a global one
              (past the window: test_families_sliding.py)
     olmo     LayerNorm without weight or bias, q/k/v clamped (clip_qkv)
+    nanochat RMSNorm without weight everywhere (the embeddings too), q/k norms after RoPE, relu^2 MLP,
+             soft-capped logits
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ CASES = {
                                                           max_position_embeddings=256,
                                                           attention_types=[[["global", "local"], 1]])),
     "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(clip_qkv=0.5, pad_token_id=0)),     # small: the clamp bites
+    "nanochat": ("NanoChatForCausalLM", "NanoChatConfig", dict(final_logit_softcapping=3.0, pad_token_id=0)),
 }
 # config.json as a family's own checkpoints write it, where transformers writes it otherwise
 RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")},
