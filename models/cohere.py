@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, decoder_weight_map
-from .config import ConfigField, layer_types
+from .config import ConfigField, fields_with, layer_types
 from .layers import Flags
 
 
@@ -22,9 +22,8 @@ class CohereConfig(DecoderConfig):
 
     ARCH: ClassVar[str] = "cohere"
     ADJACENT_ROPE: ClassVar[bool] = True
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
-          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("logit_scale", ("logit_scale",), default=0.0625),
         ConfigField("attention_bias", ("attention_bias",), default=False))
 

@@ -21,6 +21,14 @@ class ConfigField:
     default: Any = _REQUIRED
 
 
+def fields_with(base: tuple[ConfigField, ...], *fields: ConfigField) -> tuple[ConfigField, ...]:
+    """`base` with each of `fields` in place of the base field of its name, or after them where base has none
+    (a family's FIELDS: the shared ones with its own names and defaults, then its own)."""
+    names = {f.name for f in base}
+    given = {f.name: f for f in fields}
+    return (*(given.get(f.name, f) for f in base), *(f for f in fields if f.name not in names))
+
+
 def one_of(table: dict, value, field: str, arch: str):
     """table[value], the kiln name of a config value; a ValueError naming the field and what is supported."""
     if value not in table:

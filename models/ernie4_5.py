@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, WeightMap, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, fields_with
 from .layers import Flags
 
 
@@ -18,9 +18,8 @@ class Ernie4_5Config(DecoderConfig):
 
     ARCH: ClassVar[str] = "ernie4_5"
     ADJACENT_ROPE: ClassVar[bool] = True
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
-          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("use_bias", ("use_bias",), default=False))
 
     def flags(self) -> Flags:

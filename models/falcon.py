@@ -14,7 +14,7 @@ import numpy as np
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
     decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .gpt2 import ACTIVATIONS
 from .gpt_neox import _by_kind
 from .layers import Flags
@@ -33,16 +33,13 @@ class FalconConfig(DecoderConfig):
     two_norms: bool = False                 # ln_attn and ln_mlp (the new architecture's parallel layers)
 
     ARCH: ClassVar[str] = "falcon"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("hidden_size", ("hidden_size", "n_embed"))
-          if f.name == "hidden_size" else ConfigField("intermediate_size", ("ffn_hidden_size",), default=None)
-          if f.name == "intermediate_size" else ConfigField("norm_eps", ("layer_norm_epsilon",), default=1e-5)
-          if f.name == "norm_eps" else ConfigField("num_key_value_heads", ("num_kv_heads", "n_head_kv"), default=None)
-          if f.name == "num_key_value_heads" else ConfigField("context_window_size", ("max_position_embeddings",),
-                                                             default=2048)
-          if f.name == "context_window_size" else ConfigField("tie_word_embeddings", ("tie_word_embeddings",),
-                                                             default=True)
-          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("hidden_size", ("hidden_size", "n_embed")),
+        ConfigField("intermediate_size", ("ffn_hidden_size",), default=None),
+        ConfigField("norm_eps", ("layer_norm_epsilon",), default=1e-5),
+        ConfigField("num_key_value_heads", ("num_kv_heads", "n_head_kv"), default=None),
+        ConfigField("context_window_size", ("max_position_embeddings",), default=2048),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("activation", ("activation",), default="gelu"),
         ConfigField("bias", ("bias",), default=False),
         ConfigField("parallel_attn", ("parallel_attn",), default=True),

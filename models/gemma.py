@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     decoder_weight_map
-from .config import ConfigField, layer_types, one_of, split_layer_rope
+from .config import ConfigField, fields_with, layer_types, one_of, split_layer_rope
 from .layers import Flags
 
 # HF Gemma names for the four norms of a layer (kiln: input, post_attention = before the MLP,
@@ -31,9 +31,8 @@ NAMES = dict(LLAMA_NAMES, post_attention_layernorm="pre_feedforward_layernorm",
              post_attn_norm="post_attention_layernorm", post_mlp_norm="post_feedforward_layernorm")
 ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
 
-_GEMMA_FIELDS = (
-    *(ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
-      if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+_GEMMA_FIELDS = fields_with(
+    DECODER_FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
     ConfigField("query_pre_attn_scalar", ("query_pre_attn_scalar",), default="head_dim"),
     ConfigField("sliding_window", ("sliding_window",), default=None),
     ConfigField("layer_types", ("layer_types",), default=None),

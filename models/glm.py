@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, fields_with
 from .layers import Flags
 
 # kiln's post_attn_norm / post_mlp_norm are GLM-4-0414's post_self_attn_layernorm / post_mlp_layernorm.
@@ -24,9 +24,8 @@ class GlmConfig(DecoderConfig):
     ARCH: ClassVar[str] = "glm"
     ADJACENT_ROPE: ClassVar[bool] = True
     POST_NORMS: ClassVar[bool] = False
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5)
-          if f.name == "partial_rotary_factor" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5),
         ConfigField("attention_bias", ("attention_bias",), default=True))
 
     def flags(self) -> Flags:

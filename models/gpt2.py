@@ -13,7 +13,7 @@ import numpy as np
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
     decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .layers import Flags
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -28,9 +28,8 @@ class GPT2Config(DecoderConfig):
     activation: str = "gelu_tanh"
 
     ARCH: ClassVar[str] = "gpt2"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("intermediate_size", ("n_inner",), default=None) if f.name == "intermediate_size" else f
-          for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("intermediate_size", ("n_inner",), default=None),
         ConfigField("activation", ("activation_function",), default="gelu_new"))
 
     @classmethod
@@ -51,8 +50,8 @@ class GPT2Config(DecoderConfig):
 @dataclass(frozen=True)
 class GPTBigCodeConfig(GPT2Config):
     ARCH: ClassVar[str] = "gpt_bigcode"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField(f.name, f.hf_names, True) if f.name == "tie_word_embeddings" else f for f in GPT2Config.FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        GPT2Config.FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("activation", ("activation_function",), default="gelu_pytorch_tanh"))
 
     @classmethod

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -28,10 +28,9 @@ class GPTNeoConfig(DecoderConfig):
     local_layers: tuple[int, ...] = ()
 
     ARCH: ClassVar[str] = "gpt_neo"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("intermediate_size", ("intermediate_size",), default=None) if f.name == "intermediate_size"
-          else ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
-          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("intermediate_size", ("intermediate_size",), default=None),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("activation", ("activation_function",), default="gelu_new"),
         ConfigField("window_size", ("window_size",), default=256))
 

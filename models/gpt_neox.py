@@ -13,7 +13,7 @@ import numpy as np
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
     decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -29,11 +29,10 @@ class GPTNeoXConfig(DecoderConfig):
     attention_bias: bool = True
 
     ARCH: ClassVar[str] = "gpt_neox"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5) if f.name == "norm_eps" else
-          ConfigField("rope_theta", ("rope_theta", "rotary_emb_base"), default=10000.0) if f.name == "rope_theta" else
-          ConfigField("partial_rotary_factor", ("partial_rotary_factor", "rotary_pct"), default=0.25)
-          if f.name == "partial_rotary_factor" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5),
+        ConfigField("rope_theta", ("rope_theta", "rotary_emb_base"), default=10000.0),
+        ConfigField("partial_rotary_factor", ("partial_rotary_factor", "rotary_pct"), default=0.25),
         ConfigField("activation", ("hidden_act",), default="gelu"),
         ConfigField("parallel_residual", ("use_parallel_residual",), default=True),
         ConfigField("attention_bias", ("attention_bias",), default=True))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -24,10 +24,9 @@ class GPTJConfig(DecoderConfig):
 
     ARCH: ClassVar[str] = "gptj"
     ADJACENT_ROPE: ClassVar[bool] = True
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("intermediate_size", ("n_inner",), default=None) if f.name == "intermediate_size" else
-          ConfigField("partial_rotary_factor", ("rotary_dim",), default=None) if f.name == "partial_rotary_factor"
-          else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("intermediate_size", ("n_inner",), default=None),
+        ConfigField("partial_rotary_factor", ("rotary_dim",), default=None),
         ConfigField("activation", ("activation_function",), default="gelu_new"))
 
     @classmethod

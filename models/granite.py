@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
 from .moe import EXPERT_FIELDS, MoESpec
@@ -43,9 +43,8 @@ class HyperCLOVAXConfig(GraniteConfig):
     use_post_norm: bool = False
 
     ARCH: ClassVar[str] = "hyperclovax"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField(f.name, f.hf_names, None) if f.name == "attention_multiplier" else f
-          for f in GraniteConfig.FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        GraniteConfig.FIELDS, ConfigField("attention_multiplier", ("attention_multiplier",), default=None),
         ConfigField("use_post_norm", ("use_post_norm",), default=False))
 
     @classmethod

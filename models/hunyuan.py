@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
 
@@ -19,9 +19,8 @@ NAMES = dict(LLAMA_NAMES, q_norm="self_attn.query_layernorm", k_norm="self_attn.
 @dataclass(frozen=True)
 class HunYuanDenseConfig(LlamaConfig):
     ARCH: ClassVar[str] = "hunyuan_v1_dense"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = tuple(
-        ConfigField("head_dim", ("head_dim", "attention_head_dim"), default=None) if f.name == "head_dim" else f
-        for f in LlamaConfig.FIELDS)
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        LlamaConfig.FIELDS, ConfigField("head_dim", ("head_dim", "attention_head_dim"), default=None))
     ROPE_TYPES: ClassVar[tuple[str, ...]] = (*LlamaConfig.ROPE_TYPES, "dynamic")
 
     @classmethod

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from .causal_lm import (DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap,
                         decoder_weight_map)
-from .config import ConfigField, layer_types
+from .config import ConfigField, fields_with, layer_types
 from .layers import Flags
 
 
@@ -59,9 +59,9 @@ class InternLM3Config(LlamaConfig):
     """InternLM 3: config.json names the q/k/v/o biases `qkv_bias` and the MLP's `bias`."""
 
     ARCH: ClassVar[str] = "internlm3"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = tuple(
-        ConfigField(f.name, (*f.hf_names, {"attention_bias": "qkv_bias", "mlp_bias": "bias"}[f.name]), f.default)
-        if f.name in ("attention_bias", "mlp_bias") else f for f in LlamaConfig.FIELDS)
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        LlamaConfig.FIELDS, ConfigField("attention_bias", ("attention_bias", "qkv_bias"), default=False),
+        ConfigField("mlp_bias", ("mlp_bias", "bias"), default=False))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import CausalLM, WeightMap, decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .layers import Flags
 from .llama import LlamaConfig
 
@@ -37,9 +37,8 @@ class ArceeConfig(LlamaConfig):
 @dataclass(frozen=True)
 class NemotronConfig(ArceeConfig):
     ARCH: ClassVar[str] = "nemotron"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = tuple(
-        ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5)
-        if f.name == "partial_rotary_factor" else f for f in ArceeConfig.FIELDS)
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        ArceeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5))
     NORM: ClassVar[str] = "layer_1p"
 
 

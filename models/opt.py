@@ -13,7 +13,7 @@ import numpy as np
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, WeightSpec, \
     decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .layers import Flags
 
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh"}
@@ -30,11 +30,10 @@ class OPTConfig(DecoderConfig):
     bias: bool = True
 
     ARCH: ClassVar[str] = "opt"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("intermediate_size", ("ffn_dim",)) if f.name == "intermediate_size" else
-          ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5) if f.name == "norm_eps" else
-          ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
-          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("intermediate_size", ("ffn_dim",)),
+        ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("activation", ("activation_function",), default="relu"),
         ConfigField("bias", ("enable_bias",), default=True))
 

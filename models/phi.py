@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, WeightMap, decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -22,9 +22,8 @@ class PhiConfig(DecoderConfig):
     activation: str = "gelu_tanh"
 
     ARCH: ClassVar[str] = "phi"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5) if f.name == "norm_eps" else f
-          for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5),
         ConfigField("activation", ("hidden_act",), default="gelu_new"))
 
     @classmethod

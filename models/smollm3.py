@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import CausalLM, LayerAttention, WeightMap, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, fields_with
 from .llama import LlamaConfig
 
 
@@ -18,9 +18,8 @@ class SmolLM3Config(LlamaConfig):
     rope_layers: tuple[bool, ...] = ()      # per layer: whether it applies RoPE
 
     ARCH: ClassVar[str] = "smollm3"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
-          if f.name == "tie_word_embeddings" else f for f in LlamaConfig.FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        LlamaConfig.FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("rope_layers", ("no_rope_layers",), default=None))
 
     @classmethod

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, WeightMap, decoder_weight_map
-from .config import ConfigField
+from .config import ConfigField, fields_with
 from .layers import Flags
 
 
@@ -18,9 +18,8 @@ class StableLmConfig(DecoderConfig):
     qkv_bias: bool = False
 
     ARCH: ClassVar[str] = "stablelm"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5) if f.name == "norm_eps" else f
-          for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("norm_eps", ("layer_norm_eps",), default=1e-5),
         ConfigField("qkv_bias", ("use_qkv_bias",), default=False))
 
     @classmethod

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     decoder_weight_map
-from .config import ConfigField, one_of
+from .config import ConfigField, fields_with, one_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -23,10 +23,9 @@ class Starcoder2Config(DecoderConfig):
     sliding_window: int | None = None
 
     ARCH: ClassVar[str] = "starcoder2"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *(ConfigField("norm_eps", ("norm_epsilon",), default=1e-5) if f.name == "norm_eps" else
-          ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)
-          if f.name == "tie_word_embeddings" else f for f in DECODER_FIELDS),
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("norm_eps", ("norm_epsilon",), default=1e-5),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("use_bias", ("use_bias",), default=True),
         ConfigField("activation", ("hidden_act",), default="gelu_pytorch_tanh"),
         ConfigField("sliding_window", ("sliding_window",), default=None))
