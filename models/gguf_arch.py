@@ -41,6 +41,7 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     falcon   Falcon              attn_qkv rows regrouped from each kv group's [q heads, k, v] to every q,
                                  k, v; the new architecture's ln_attn as attn_norm_2, ln_mlp as attn_norm
     starcoder GPT-BigCode        as GPT-2's names, but Linear weights (not transposed), one kv head
+    olmo     OLMo 1              as llama (q/k rows permuted); no norm tensors; clip_qkv as clamp_kqv
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -363,6 +364,12 @@ def _gpt2(reader, arch, tensors, c):
         c.pop(k, None)
 
 
+def _olmo(reader, arch, tensors, c):
+    """OLMo 1: as llama (q/k rows permuted), no norm weights at all, clip_qkv as attention.clamp_kqv."""
+    _head_dim(reader, arch, c)
+    c.update(attention_bias="blk.0.attn_q.bias" in tensors, clip_qkv=_key(reader, arch, "attention.clamp_kqv"))
+
+
 def _falcon(reader, arch, tensors, c):
     """Falcon: parallel attention and MLP; the new decoder architecture (kv groups, ln_attn / ln_mlp) where
     the file has a second norm or more than one kv head (llama.cpp's falcon graph decides so too)."""
@@ -395,6 +402,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_olmo2, also=("olmo3",)),
     "exaone4": GGUFArch("exaone4", ("Exaone4ForCausalLM",), OLMO2_LAYER, config=_exaone4),
     "seed_oss": GGUFArch("seed_oss", ("SeedOssForCausalLM",), SEED_OSS_LAYER, config=_seed_oss),
+    "olmo": GGUFArch("olmo", ("OlmoForCausalLM",), LLAMA_LAYER, permuted=True, config=_olmo),
     "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",
                        by_group=("attn_qkv",), config=_falcon,
                        renames=lambda c: {"attn_norm": "ln_mlp"} if c["num_ln_in_parallel_attn"] == 2 else {}),

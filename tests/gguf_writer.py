@@ -43,8 +43,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox",
              "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe",
              "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
-             "falcon": "falcon", "gpt_bigcode": "starcoder"}
-PERMUTED = ("llama", "granite", "smollm3")      # the converter's LlamaModel subclasses (q/k rows permuted)
+             "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo"}
+PERMUTED = ("llama", "granite", "smollm3", "olmo")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32") -> Path:
@@ -125,6 +125,10 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
             w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
         if arch in ("stablelm", "gptneox"):
             w.add_parallel_residual(bool(cfg.get("use_parallel_residual")))
+    elif arch == "olmo":                                # OlmoLayerNorm's fixed eps; clip_qkv as clamp_kqv
+        w.add_layer_norm_eps(1e-5)
+        if cfg.get("clip_qkv") is not None:
+            w.add_clamp_kqv(cfg["clip_qkv"])
     else:
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     if arch == "hunyuan-dense" and scaling and scaling["rope_type"] == "dynamic":   # NTK alpha: the base raised

@@ -21,7 +21,8 @@ as llama.cpp's olmo2 with its window and per-layer pattern (olmo3), the same pat
 norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP norm's other name
 (seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan), one kv
 head and Linear weights under GPT-2's names (gpt-bigcode), q/k/v regrouped from kv groups with one
-norm (falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b).
+norm (falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b), no norm tensors
+and clip_qkv as clamp_kqv (olmo).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ CASES = {
     "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
     "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(head_dim=24, attention_bias=True, attention_dropout=0.0,
                                                              residual_dropout=0.0)),
+    "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(clip_qkv=0.5, pad_token_id=0)),
     "gpt-bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)),
     "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=True)),
     "falcon-40b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, new_decoder_architecture=True, num_kv_heads=2)),
