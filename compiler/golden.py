@@ -114,9 +114,14 @@ def _fused_experts(state: dict, model_keys: set, torch) -> dict:
     """`state` with each MoE layer's per-expert tensors (checkpoint names, as kiln's readers hand them over)
     stacked into transformers 5's fused parameters (experts.gate_up_proj [experts, gate rows + up rows,
     cols], experts.down_proj), and Mixtral's router (block_sparse_moe.gate) under its module's name
-    (mlp.gate)."""
+    (mlp.gate); Granite MoE's stacked input_linear / output_linear and router.layer renamed to them."""
     for key in sorted(k for k in model_keys if k.endswith(".experts.gate_up_proj") and k not in state):
         mlp = key[: -len(".experts.gate_up_proj")]
+        if f"{mlp}.input_linear.weight" in state:             # Granite MoE: stacked already, other names
+            state[key] = state.pop(f"{mlp}.input_linear.weight")
+            state[f"{mlp}.experts.down_proj"] = state.pop(f"{mlp}.output_linear.weight")
+            state[f"{mlp}.router.weight"] = state.pop(f"{mlp}.router.layer.weight")
+            continue
         for prefix in (mlp, mlp.replace(".mlp", ".block_sparse_moe")):
             for gate, up, down in _EXPERT_NAMES:
                 count = 0

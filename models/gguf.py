@@ -210,8 +210,11 @@ class GGUFWeights:
         self._spec = spec
         self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart
         by_name = {t.name: t for t in reader.tensors}
+        halves = {key for pair in spec.joined.values() for key in pair}
         for t in reader.tensors:
             m = _LAYER_RE.fullmatch(t.name)
+            if m and m.group(2) in halves:                                      # read back as one tensor below
+                continue
             if m and m.group(2) in spec.experts and len(t.shape) == 3:           # every expert's rows, one tensor
                 for j in range(int(t.shape[2])):
                     expert = spec.experts[m.group(2)].format(j=j)
@@ -232,6 +235,18 @@ class GGUFWeights:
                 self.unmapped.append(t.name)       # the converter's copy of wte: GPT-2 ties its head
                 continue
             self._tensors[hf] = t
+        for hf_part, (first, second) in spec.joined.items():
+            for key, t in by_name.items():
+                m = _LAYER_RE.fullmatch(key)
+                if m and m.group(2) == first:
+                    other = by_name.get(f"blk.{m.group(1)}.{second}.{m.group(3)}")
+                    if other is None or other.tensor_type != t.tensor_type:
+                        raise ModelLoadError(f"GGUF tensor {key} has no {second} of its type beside it to join; "
+                                             "re-convert the model")
+                    if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+                        raise ModelLoadError(f"GGUF tensor {key} has type {t.tensor_type.name}, which kiln cannot "
+                                             f"read; supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")
+                    self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _Joined(t, other)
         # Row permutation head counts: q_proj uses n_head, k_proj n_head_kv.
         self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if spec.permuted else {}
         self._n_head, self._n_head_kv = n_head, n_head_kv     # by_kind / by_group rows regroup over the heads
@@ -322,6 +337,34 @@ class _Expert:
     @property
     def data(self):
         return self.tensor.data[self.j]
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """Two GGUF tensors the converter split one HF tensor into (Granite MoE's input_linear: each expert's
+    gate rows, then its up rows), read as that tensor: rows of the first, then the second, per expert."""
+
+    first: object
+    second: object
+
+    @property
+    def name(self) -> str:
+        return self.first.name
+
+    @property
+    def tensor_type(self):
+        return self.first.tensor_type
+
+    @property
+    def shape(self):
+        dims = [int(d) for d in self.first.shape]              # fastest first: cols, rows(, experts)
+        dims[1] += int(self.second.shape[1])
+        return tuple(dims)
+
+    @property
+    def data(self):
+        a, b = np.asarray(self.first.data), np.asarray(self.second.data)
+        return np.concatenate([a, b], axis=a.ndim - 2)        # along rows ([experts,] rows, bytes or values)
 
 
 def _same_bytes(a, b) -> bool:

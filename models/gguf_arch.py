@@ -42,6 +42,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  k, v; the new architecture's ln_attn as attn_norm_2, ln_mlp as attn_norm
     starcoder GPT-BigCode        as GPT-2's names, but Linear weights (not transposed), one kv head
     olmo     OLMo 1              as llama (q/k rows permuted); no norm tensors; clip_qkv as clamp_kqv
+    granitemoe Granite MoE       as granite; each layer's 3-D input_linear split into ffn_gate_exps and
+                                 ffn_up_exps (read back joined), output_linear as ffn_down_exps, the router
+                                 as ffn_gate_inp; Shared's shared_mlp likewise as ffn_*_shexp
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -101,6 +104,9 @@ GLM4_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_gate"}, "ffn_
 NEOX_LAYER = {"attn_qkv": "attention.query_key_value", "attn_output": "attention.dense", "ffn_up": "mlp.dense_h_to_4h",
               "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 NEOX_GLOBAL = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final_layer_norm", "output": "embed_out"}
+GRANITE_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
+                     "ffn_gate_inp": "block_sparse_moe.router.layer", "ffn_down_exps": "block_sparse_moe.output_linear",
+                     "ffn_down_shexp": "shared_mlp.output_linear"}
 FALCON_LAYER = {"attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
                 "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm",
                 "attn_norm_2": "ln_attn"}          # two norms: attn_norm is the MLP's (ln_mlp; renames)
@@ -131,6 +137,8 @@ class GGUFArch:
                                                     # llama.cpp regrouped to [every q, k, v] (Falcon)
     config: Callable[[gguf.GGUFReader, str, dict, dict], None] = lambda reader, arch, tensors, c: None
     renames: Callable[[dict], dict[str, str]] = lambda c: {}   # layer_names that differ by the HF config read
+    joined: dict[str, tuple[str, str]] = field(default_factory=dict)   # HF name under a layer -> the two GGUF
+                                                    # keys the converter split it into (rows: first, then second)
 
     def for_config(self, c: dict) -> "GGUFArch":
         """This architecture's mapping for the HF config its metadata gave (renames applied)."""
@@ -364,6 +372,17 @@ def _gpt2(reader, arch, tensors, c):
         c.pop(k, None)
 
 
+def _granitemoe(reader, arch, tensors, c):
+    """Granite MoE (+ Shared): Granite's multipliers, the expert counts, the shared MLP's width."""
+    _granite(reader, arch, tensors, c)
+    c.update(model_type="granitemoe", architectures=["GraniteMoeForCausalLM"],       # not _llama's Mixtral
+             num_local_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"))
+    if (shared := _key(reader, arch, "expert_shared_feed_forward_length")):
+        c.update(model_type="granitemoeshared", architectures=["GraniteMoeSharedForCausalLM"],
+                 shared_intermediate_size=shared)
+
+
 def _olmo(reader, arch, tensors, c):
     """OLMo 1: as llama (q/k rows permuted), no norm weights at all, clip_qkv as attention.clamp_kqv."""
     _head_dim(reader, arch, c)
@@ -402,6 +421,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_olmo2, also=("olmo3",)),
     "exaone4": GGUFArch("exaone4", ("Exaone4ForCausalLM",), OLMO2_LAYER, config=_exaone4),
     "seed_oss": GGUFArch("seed_oss", ("SeedOssForCausalLM",), SEED_OSS_LAYER, config=_seed_oss),
+    "granitemoe": GGUFArch("granitemoe", ("GraniteMoeForCausalLM",), GRANITE_MOE_LAYER, permuted=True,
+                           config=_granitemoe, also=("granitemoeshared",),
+                           joined={"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
+                                   "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}),
     "olmo": GGUFArch("olmo", ("OlmoForCausalLM",), LLAMA_LAYER, permuted=True, config=_olmo),
     "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",
                        by_group=("attn_qkv",), config=_falcon,

@@ -43,8 +43,9 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox",
              "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe",
              "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
-             "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo"}
-PERMUTED = ("llama", "granite", "smollm3", "olmo")      # the converter's LlamaModel subclasses (q/k rows permuted)
+             "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo", "granitemoe": "granitemoe",
+             "granitemoeshared": "granitemoe"}
+PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe")      # the converter's LlamaModel subclasses (q/k rows permuted)
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32") -> Path:
@@ -153,7 +154,9 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         if cfg.get("shared_expert_intermediate_size"):
             w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
-    if arch == "granite":
+    if cfg.get("shared_intermediate_size"):              # Granite MoE Shared
+        w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+    if arch in ("granite", "granitemoe"):
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
@@ -194,10 +197,16 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
 def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array as llama.cpp stores it (HF name mapped, values transformed)."""
     n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper().replace("-", "_")], n_layer)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n_layer)
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
     n_kv = cfg.get("num_key_value_heads") or n_head
     out = {}
+    for hf_name in [n for n in hf if n.endswith("input_linear.weight")]:   # Granite MoE: gate then up rows
+        gate, up = np.split(hf.pop(hf_name), 2, axis=-2)
+        i, kind = re.search(r"layers\.(\d+)\.(\w+)\.input_linear", hf_name).groups()
+        suffix = "exps" if kind == "block_sparse_moe" else "shexp"
+        out[f"blk.{i}.ffn_gate_{suffix}.weight"], out[f"blk.{i}.ffn_up_{suffix}.weight"] = (
+            np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32))
     for hf_name, value in _stacked_experts(hf).items():
         value = value.astype(np.float32)
         if hf_name == "lm_head.weight" and (cfg.get("tie_word_embeddings", True) or arch == "gpt2"):

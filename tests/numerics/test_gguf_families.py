@@ -22,7 +22,8 @@ norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP nor
 (seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan), one kv
 head and Linear weights under GPT-2's names (gpt-bigcode), q/k/v regrouped from kv groups with one
 norm (falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b), no norm tensors
-and clip_qkv as clamp_kqv (olmo).
+and clip_qkv as clamp_kqv (olmo), experts' gate/up split from input_linear into ffn_gate_exps /
+ffn_up_exps and joined back, and the shared MLP likewise (granitemoe, granitemoeshared).
 """
 
 from __future__ import annotations
@@ -98,6 +99,11 @@ CASES = {
     "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
     "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(head_dim=24, attention_bias=True, attention_dropout=0.0,
                                                              residual_dropout=0.0)),
+    "granitemoe": ("GraniteMoeForCausalLM", "GraniteMoeConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=6.0, attention_multiplier=0.4,
+        residual_multiplier=0.3, logits_scaling=4.0)),
+    "granitemoeshared": ("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", dict(
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96)),
     "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(clip_qkv=0.5, pad_token_id=0)),
     "gpt-bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)),
     "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=True)),
