@@ -45,7 +45,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
              "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo", "granitemoe": "granitemoe",
              "granitemoeshared": "granitemoe"}
-PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe")      # the converter's LlamaModel subclasses (q/k rows permuted)
+# the converter's LlamaModel subclasses (q/k rows permuted)
+PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32") -> Path:
