@@ -42,6 +42,10 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  k, v; the new architecture's ln_attn as attn_norm_2, ln_mlp as attn_norm
     starcoder GPT-BigCode        as GPT-2's names, but Linear weights (not transposed), one kv head
     olmo     OLMo 1              as llama (q/k rows permuted); no norm tensors; clip_qkv as clamp_kqv
+    nemotron Nemotron / Minitron every *norm.weight stored + 1 (LayerNorm1P); biases; partial rotary as
+                                 rope.dimension_count; the MLP's up and down only
+    jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
+    arcee    Arcee AFM           as llama (q/k rows permuted), the MLP's up and down only; YaRN as rope.scaling
     granitemoe Granite MoE       as granite; each layer's 3-D input_linear split into ffn_gate_exps and
                                  ffn_up_exps (read back joined), output_linear as ffn_down_exps, the router
                                  as ffn_gate_inp; Shared's shared_mlp likewise as ffn_*_shexp
@@ -383,6 +387,14 @@ def _granitemoe(reader, arch, tensors, c):
                  shared_intermediate_size=shared)
 
 
+def _relu2(reader, arch, tensors, c):
+    """Nemotron and Jais 2: relu^2 MLPs not gated, LayerNorm, biases where written, partial rotary as
+    rope.dimension_count."""
+    _head_dim(reader, arch, c)
+    c.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias="blk.0.ffn_up.bias" in tensors,
+             partial_rotary_factor=_rotary_share(reader, arch, c), hidden_act="relu2")
+
+
 def _olmo(reader, arch, tensors, c):
     """OLMo 1: as llama (q/k rows permuted), no norm weights at all, clip_qkv as attention.clamp_kqv."""
     _head_dim(reader, arch, c)
@@ -425,6 +437,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                            config=_granitemoe, also=("granitemoeshared",),
                            joined={"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                                    "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}),
+    "nemotron": GGUFArch("nemotron", ("NemotronForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_relu2),
+    "jais2": GGUFArch("jais2", ("Jais2ForCausalLM",), LLAMA_LAYER, config=_relu2),
+    "arcee": GGUFArch("arcee", ("ArceeForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
     "olmo": GGUFArch("olmo", ("OlmoForCausalLM",), LLAMA_LAYER, permuted=True, config=_olmo),
     "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",
                        by_group=("attn_qkv",), config=_falcon,

@@ -44,9 +44,9 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe",
              "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
              "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo", "granitemoe": "granitemoe",
-             "granitemoeshared": "granitemoe"}
+             "granitemoeshared": "granitemoe", "nemotron": "nemotron", "jais2": "jais2", "arcee": "arcee"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
-PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe")
+PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32") -> Path:
@@ -121,8 +121,8 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
-    if arch in ("stablelm", "phi2", "starcoder2", "gptneox", "command-r", "cohere2"):      # LayerNorm families
-        w.add_layer_norm_eps(cfg.get("layer_norm_eps", cfg.get("norm_epsilon")))
+    if arch in ("stablelm", "phi2", "starcoder2", "gptneox", "command-r", "cohere2", "nemotron", "jais2"):  # LayerNorm
+        w.add_layer_norm_eps(cfg.get("layer_norm_eps", cfg.get("norm_epsilon", cfg.get("norm_eps"))))
         if arch not in ("starcoder2", "command-r", "cohere2"):
             w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
         if arch in ("stablelm", "gptneox"):
@@ -227,7 +227,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
                                     grouped[:, -1].reshape(-1, cols)])
         if arch in PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             value = _permute(value, n_head if "attn_q" in name else n_kv)
-        if arch.startswith("gemma") and name.endswith("norm.weight"):
+        if (arch.startswith("gemma") or arch == "nemotron") and name.endswith("norm.weight"):
             value = value + 1
         if arch == "gpt2" and value.ndim == 2 and name.split(".")[-2] in ("attn_qkv", "attn_output", "ffn_up", "ffn_down"):
             value = value.T

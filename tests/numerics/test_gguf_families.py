@@ -23,7 +23,9 @@ norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP nor
 head and Linear weights under GPT-2's names (gpt-bigcode), q/k/v regrouped from kv groups with one
 norm (falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b), no norm tensors
 and clip_qkv as clamp_kqv (olmo), experts' gate/up split from input_linear into ffn_gate_exps /
-ffn_up_exps and joined back, and the shared MLP likewise (granitemoe, granitemoeshared).
+ffn_up_exps and joined back, and the shared MLP likewise (granitemoe, granitemoeshared), LayerNorm1P
+stored + 1 with partial rotary (nemotron), LayerNorm with biases (jais2), q/k rows permuted with YaRN
+and an ungated relu^2 MLP (arcee).
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ CASES = {
         residual_multiplier=0.3, logits_scaling=4.0)),
     "granitemoeshared": ("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", dict(
         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96)),
+    "nemotron": ("NemotronForCausalLM", "NemotronConfig", dict(attention_bias=True, mlp_bias=True, pad_token_id=0)),
+    "jais2": ("Jais2ForCausalLM", "Jais2Config", dict(head_dim=16, pad_token_id=0)),
+    "arcee": ("ArceeForCausalLM", "ArceeConfig", dict(pad_token_id=0, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=128))),
     "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(clip_qkv=0.5, pad_token_id=0)),
     "gpt-bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)),
     "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=True)),
