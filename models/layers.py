@@ -22,7 +22,8 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
 from .rope import apply_rope
 
-# x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron)
+# x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron),
+# LayerNorm and RMSNorm without any parameter (OLMo 1, nanochat)
 NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam", "rms_noparam")
 BIASED_NORMS = ("layer", "layer_1p")
 PARAMLESS_NORMS = ("layer_noparam", "rms_noparam")           # neither weight nor bias (OLMo 1, nanochat)
