@@ -164,10 +164,10 @@ def _check_yarn(values: dict, hf: dict) -> None:
 
 def rope_in_graph(layers: tuple[LayerAttention, ...], flags: Flags | None = None) -> bool:
     """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none), the cache
-    lacks the scaling, or q and k are normed after their rotation."""
+    lacks the scaling, q and k are normed after their rotation, or q's scale follows its position."""
     ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling)) for a in layers}
     kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
-    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS)) or bool(flags and flags.qk_norm_after_rope)
+    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS)) or bool(flags and (flags.qk_norm_after_rope or flags.attn_temperature))
 
 
 class DecoderStack(nn.Module):

@@ -20,7 +20,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
-from .rope import apply_rope
+from .rope import apply_rope, position_temperature
 
 # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron),
 # LayerNorm and RMSNorm without any parameter (OLMo 1, nanochat)
@@ -62,6 +62,8 @@ class Flags:
     learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
     clip_qkv: float | None = None           # q, k and v clamped to [-c, c] after their projection (OLMo)
     embed_norm: bool = False                # the embeddings normed (the model's norm kind) before the first layer
+    attn_temperature: tuple[float, int] | None = None   # (beta, original): q *= 1 + beta * log(1 + floor(pos /
+                                                        # original)) after RoPE (Ministral 3; RoPE in the graph)
 
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
@@ -142,7 +144,7 @@ class PagedAttention(nn.Module):
         self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
-        self.clip_qkv = flags.clip_qkv
+        self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
         if flags.qk_norm:
             self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, flags.norm)
             self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, flags.norm)
@@ -159,6 +161,8 @@ class PagedAttention(nn.Module):
                 q, k = self._qk_norm(q, k)
             if self.rope:
                 q, k = (apply_rope(t, positions, *self.rope) for t in (q, k))
+            if self.temperature:
+                q = position_temperature(q, positions, *self.temperature)
             if self.norm_after_rope:
                 q, k = self._qk_norm(q, k)
             qkv = op.concat([q, k, v], dim=2)

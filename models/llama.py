@@ -1,16 +1,17 @@
 """The Llama family: Llama 2/3 (RoPE scaling `llama3`), SmolLM2, TinyLlama, Mistral (sliding-window
 attention on every layer when `sliding_window` is below the context, or on the layers `layer_types`
 names: Ministral), and the Llamas under other names: InternLM 3 (`qkv_bias` / `bias`), IQuest-Coder,
-Seed-OSS (q/k/v biases apart from o's: `attention_out_bias`) and Meta's CWM (3 sliding layers to each
-full one, full first; Llama 3 RoPE scaling by default). The causal-LM base with Llama's defaults
+Seed-OSS (q/k/v biases apart from o's: `attention_out_bias`), Meta's CWM (3 sliding layers to each
+full one, full first; Llama 3 RoPE scaling by default) and Ministral 3 (queries scaled by position). The causal-LM base with Llama's defaults
 (models/causal_lm.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import (DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap,
+from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap,
                         decoder_weight_map)
 from .config import ConfigField, fields_with, layer_types
 from .layers import Flags
@@ -100,8 +101,50 @@ class CwmConfig(LlamaConfig):
         return super().from_hf({**hf, **unwritten})
 
 
-LlamaForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
+@dataclass(frozen=True)
+class Ministral3Config(LlamaConfig):
+    """Ministral 3 (Mistral 3's 3B/8B/14B): a Mistral with YaRN whose queries are scaled by
+    1 + llama_4_scaling_beta * log(1 + floor(position / original_max_position_embeddings)) after RoPE
+    (1 within the pretraining context). Mistral3ForConditionalGeneration's text model is read from its
+    text_config, its weights under model.language_model (the vision tower is left out)."""
+
+    attn_temperature: tuple[float, int] | None = None
+    weight_prefix: str = "model"
+
+    ARCH: ClassVar[str] = "ministral3"
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "Ministral3Config":
+        prefix = "model"
+        if isinstance(hf.get("text_config"), dict):
+            v5 = int(str(hf.get("transformers_version", "4")).split(".")[0]) >= 5
+            prefix = "model.language_model" if v5 else "language_model.model"
+            hf = {**hf["text_config"], **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf}}
+        c = super().from_hf(hf)
+        return c if prefix == "model" else dataclasses.replace(c, weight_prefix=prefix)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        scaling = values["rope_scaling"] or {}
+        beta, original = scaling.get("llama_4_scaling_beta"), scaling.get("original_max_position_embeddings")
+        if beta and not original:
+            raise ValueError("llama_4_scaling_beta without original_max_position_embeddings in rope_parameters; "
+                             "fix config.json")
+        values = dict(values, attn_temperature=(float(beta), int(original)) if beta else None)
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), attn_temperature=self.attn_temperature)
+
+
+LlamaForCausalLM = Ministral3ForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
 
 
 def weight_map(c: LlamaConfig) -> WeightMap:
-    return decoder_weight_map(c)
+    prefix = getattr(c, "weight_prefix", "model")
+    if prefix == "model":
+        return decoder_weight_map(c)
+    return decoder_weight_map(c, dict(LLAMA_NAMES, embed_tokens=f"{prefix}.embed_tokens", norm=f"{prefix}.norm",
+                                      layer=f"{prefix}.layers.{{i}}",
+                                      lm_head="language_model.lm_head" if prefix.startswith("language_model")
+                                      else "lm_head"))

@@ -28,6 +28,8 @@ def _arch(name, hf_architectures, model_types, module, config_cls, model_cls) ->
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("llama", ("LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "IQuestCoderForCausalLM"),
           ("llama", "mistral", "ministral", "iquestcoder"), llama, llama.LlamaConfig, llama.LlamaForCausalLM),
+    _arch("ministral3", ("Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"), ("ministral3", "mistral3"),
+          llama, llama.Ministral3Config, llama.Ministral3ForCausalLM),
     _arch("internlm3", ("InternLM3ForCausalLM",), ("internlm3",), llama, llama.InternLM3Config,
           llama.InternLM3ForCausalLM),
     _arch("seed_oss", ("SeedOssForCausalLM",), ("seed_oss",), llama, llama.SeedOssConfig, llama.SeedOssForCausalLM),

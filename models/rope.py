@@ -78,6 +78,20 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def position_temperature(q: Tensor, positions: Tensor, beta: float, original: int) -> Tensor:
+    """q [batch, seq, heads, head_dim] times 1 + beta * log(1 + floor(position / original)) (Llama 4's and
+    Ministral 3's attention temperature: 1 within the pretraining context, rising slowly past it)."""
+    def compute(x: te.Tensor, pos: te.Tensor):
+        _, s, _, _ = x.shape
+
+        def scaled(b, t, h, i):
+            blocks = tirx.floor(pos[b * s + t].astype("float32") / np.float32(original))
+            scale = np.float32(1.0) + np.float32(beta) * tirx.log(np.float32(1.0) + blocks)
+            return (x[b, t, h, i].astype("float32") * scale).astype(x.dtype)
+        return te.compute(x.shape, scaled, name="position_temperature")
+    return op.tensor_expr_op(compute, "position_temperature", [q, positions])
+
+
 def apply_rope(x: Tensor, positions: Tensor, freqs: np.ndarray, factor: float) -> Tensor:
     """Rotate x [batch, seq, heads, head_dim] by its positions [batch * seq] (transformers' rotate-half
     convention: the first half of the rotated dims pairs with the second half). The rotated dims are

@@ -51,6 +51,7 @@ pass `kiln check` against the golden logits the compile stored.
     gpt-neo  unscaled attention scores, learned positions, a local (sliding) layer after a global one
              (past the window: test_families_sliding.py)
     olmo     LayerNorm without weight or bias, q/k/v clamped (clip_qkv)
+    ministral3  YaRN, and queries scaled by 1 + beta * log(1 + floor(position / original context))
     nanochat RMSNorm without weight everywhere (the embeddings too), q/k norms after RoPE, relu^2 MLP,
              soft-capped logits
 """
@@ -171,6 +172,9 @@ CASES = {
                                                           max_position_embeddings=256,
                                                           attention_types=[[["global", "local"], 1]])),
     "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(clip_qkv=0.5, pad_token_id=0)),     # small: the clamp bites
+    "ministral3": ("Ministral3ForCausalLM", "Ministral3Config", dict(head_dim=16, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8,   # 8: past it at 8
+        llama_4_scaling_beta=0.5, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0))),
     "nanochat": ("NanoChatForCausalLM", "NanoChatConfig", dict(final_logit_softcapping=3.0, pad_token_id=0)),
 }
 # config.json as a family's own checkpoints write it, where transformers writes it otherwise

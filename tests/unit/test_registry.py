@@ -136,3 +136,20 @@ def test_layer_patterns_written_nowhere_follow_transformers_defaults():
     assert [a.kind for a in c.layer_attention()] == ["sliding", "full"] * 2
     c = read(model_type="hunyuan_v1_dense", head_dim=16, rope_scaling={"type": "dynamic", "alpha": 50.0})
     assert c.rope_scaling is None and c.rope_theta == pytest.approx(10000.0 * 50.0 ** (16 / 14))
+
+
+def test_mistral3_reads_its_text_model_under_the_language_model_prefix():
+    """Mistral3ForConditionalGeneration (Ministral 3, Mistral Small 3.1): the text_config, the weights under
+    model.language_model (transformers 5) or language_model.model (4), the queries' temperature."""
+    from kiln.models.llama import weight_map
+    text = dict(BASE, model_type="ministral3", head_dim=16, rope_parameters=dict(
+        rope_type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=64, llama_4_scaling_beta=0.1))
+    hf = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": text,
+          "vision_config": {}, "transformers_version": "5.0.0"}
+    c = find_architecture(hf).config_cls.from_hf(hf)
+    assert (c.weight_prefix, c.attn_temperature, c.rope_scaling["rope_type"]) == ("model.language_model", (0.1, 64), "yarn")
+    m = weight_map(c)
+    assert m["model.layers.0.input_layernorm.weight"] == ["model.language_model.layers.0.input_layernorm.weight"]
+    assert m["lm_head.weight"] == ["lm_head.weight"]
+    c = find_architecture(hf).config_cls.from_hf(dict(hf, transformers_version="4.57.0"))
+    assert weight_map(c)["lm_head.weight"] == ["language_model.lm_head.weight"]
