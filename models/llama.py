@@ -2,8 +2,8 @@
 attention on every layer when `sliding_window` is below the context, or on the layers `layer_types`
 names: Ministral), and the Llamas under other names: InternLM 3 (`qkv_bias` / `bias`), IQuest-Coder,
 Seed-OSS (q/k/v biases apart from o's: `attention_out_bias`), Meta's CWM (3 sliding layers to each
-full one, full first; Llama 3 RoPE scaling by default) and Ministral 3 (queries scaled by position). The causal-LM base with Llama's defaults
-(models/causal_lm.py)."""
+full one, full first; Llama 3 RoPE scaling by default) and Ministral 3 (queries scaled by position).
+The causal-LM base with Llama's defaults (models/causal_lm.py)."""
 
 from __future__ import annotations
 

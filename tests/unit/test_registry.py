@@ -147,7 +147,8 @@ def test_mistral3_reads_its_text_model_under_the_language_model_prefix():
     hf = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": text,
           "vision_config": {}, "transformers_version": "5.0.0"}
     c = find_architecture(hf).config_cls.from_hf(hf)
-    assert (c.weight_prefix, c.attn_temperature, c.rope_scaling["rope_type"]) == ("model.language_model", (0.1, 64), "yarn")
+    assert (c.weight_prefix, c.attn_temperature, c.rope_scaling["rope_type"]) == \
+        ("model.language_model", (0.1, 64), "yarn")
     m = weight_map(c)
     assert m["model.layers.0.input_layernorm.weight"] == ["model.language_model.layers.0.input_layernorm.weight"]
     assert m["lm_head.weight"] == ["lm_head.weight"]
