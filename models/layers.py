@@ -27,7 +27,8 @@ from .rope import apply_rope, position_temperature
 NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam", "rms_noparam")
 BIASED_NORMS = ("layer", "layer_1p")
 PARAMLESS_NORMS = ("layer_noparam", "rms_noparam")           # neither weight nor bias (OLMo 1, nanochat)
-ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2", "relu")  # relu2: relu(x)^2 (Nemotron, Arcee)
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2", "relu", "xielu")  # relu2: relu(x)^2 (Nemotron, Arcee); xielu:
+                                                                       # XIELU's (Apertus), with its own parameters
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,22 @@ def _activation(x: Tensor, kind: str) -> Tensor:
     return op.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none")
 
 
+class XIELU(nn.Module):
+    """xIELU (Apertus): each layer's learned alpha_p, alpha_n (through softplus) and its beta and eps:
+    x > 0: ap * x^2 + beta * x; else (expm1(min(x, eps)) - x) * an + beta * x, with ap = softplus(alpha_p),
+    an = beta + softplus(alpha_n)."""
+
+    def __init__(self):
+        self.alpha_p, self.alpha_n = nn.Parameter((1,)), nn.Parameter((1,))
+        self.beta, self.eps = nn.Parameter((1,)), nn.Parameter((1,))
+
+    def forward(self, x: Tensor) -> Tensor:
+        ap, an = op.softplus(self.alpha_p), self.beta + op.softplus(self.alpha_n)
+        linear = self.beta * x
+        negative = (op.exp(op.minimum(x, self.eps)) - 1.0 - x) * an + linear
+        return op.where(x > 0.0, ap * x * x + linear, negative)
+
+
 class MLP(nn.Module):
     """Gated: down(act(gate(x)) * up(x)), gate and up fused into one Linear; else down(act(up(x)))."""
 
@@ -117,12 +134,15 @@ class MLP(nn.Module):
         else:
             self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=flags.mlp_bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=flags.mlp_bias)
+        if self.activation == "xielu":
+            self.act_fn = XIELU()
 
     def forward(self, x: Tensor) -> Tensor:
+        act = self.act_fn if hasattr(self, "act_fn") else (lambda t: _activation(t, self.activation))
         if not self.gated:
-            return self.down_proj(_activation(self.up_proj(x), self.activation))
+            return self.down_proj(act(self.up_proj(x)))
         gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)    # [b, s, inter] each
-        return self.down_proj(_activation(gate, self.activation) * up)
+        return self.down_proj(act(gate) * up)
 
 
 class PagedAttention(nn.Module):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (cohere, ernie4_5, falcon, gemma, glm, gpt2, gpt_neo, gpt_neox, gptj, granite, helium, hunyuan, llama,
-               mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe, smollm3,
-               stablelm, starcoder2)
+from . import (apertus, cohere, ernie4_5, falcon, gemma, glm, gpt2, gpt_neo, gpt_neox, gptj, granite, helium, hunyuan,
+               llama, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe,
+               smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 
 
@@ -49,6 +49,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("gpt_neo", ("GPTNeoForCausalLM",), ("gpt_neo",), gpt_neo, gpt_neo.GPTNeoConfig, gpt_neo.GPTNeoForCausalLM),
     _arch("gptj", ("GPTJForCausalLM",), ("gptj",), gptj, gptj.GPTJConfig, gptj.GPTJForCausalLM),
     _arch("opt", ("OPTForCausalLM",), ("opt",), opt, opt.OPTConfig, opt.OPTForCausalLM),
+    _arch("apertus", ("ApertusForCausalLM",), ("apertus",), apertus, apertus.ApertusConfig,
+          apertus.ApertusForCausalLM),
     _arch("nanochat", ("NanoChatForCausalLM",), ("nanochat",), nanochat, nanochat.NanoChatConfig,
           nanochat.NanoChatForCausalLM),
     _arch("olmo", ("OlmoForCausalLM",), ("olmo",), olmo, olmo.OlmoConfig, olmo.OlmoForCausalLM),

@@ -31,7 +31,8 @@ FILES = {"llama": "llama.py", "qwen2": "qwen2.py", "qwen3": "qwen3.py", "gemma2"
          "hyperclovax": "granite.py", "granitemoe": "granite.py", "granitemoeshared": "granite.py",
          "flex_olmo": "olmoe.py", "jais2": "nemotron.py", "hunyuan": "hunyuan.py", "gpt-bigcode": "gpt2.py",
          "falcon": "falcon.py", "opt": "opt.py", "gptj": "gptj.py", "gpt-neo": "gpt_neo.py", "olmo": "olmo.py",
-         "nanochat": "nanochat.py", "ministral3": "llama.py"}
+         "nanochat": "nanochat.py", "ministral3": "llama.py",
+         "apertus": "apertus.py"}
 
 
 def model_file(case: str) -> str:

@@ -52,6 +52,7 @@ pass `kiln check` against the golden logits the compile stored.
              (past the window: test_families_sliding.py)
     olmo     LayerNorm without weight or bias, q/k/v clamped (clip_qkv)
     ministral3  YaRN, and queries scaled by 1 + beta * log(1 + floor(position / original context))
+    apertus  per-head q/k norms, an ungated MLP with xIELU's learned per-layer parameters, Llama 3 RoPE
     nanochat RMSNorm without weight everywhere (the embeddings too), q/k norms after RoPE, relu^2 MLP,
              soft-capped logits
 """
@@ -175,6 +176,9 @@ CASES = {
     "ministral3": ("Ministral3ForCausalLM", "Ministral3Config", dict(head_dim=16, rope_parameters=dict(
         rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8,   # 8: past it at 8
         llama_4_scaling_beta=0.5, beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0))),
+    "apertus": ("ApertusForCausalLM", "ApertusConfig", dict(head_dim=16, pad_token_id=0, rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=64))),
     "nanochat": ("NanoChatForCausalLM", "NanoChatConfig", dict(final_logit_softcapping=3.0, pad_token_id=0)),
 }
 # config.json as a family's own checkpoints write it, where transformers writes it otherwise
