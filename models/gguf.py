@@ -241,8 +241,11 @@ class GGUFWeights:
                 if m and m.group(2) == first:
                     other = by_name.get(f"blk.{m.group(1)}.{second}.{m.group(3)}")
                     if other is None or other.tensor_type != t.tensor_type:
-                        raise ModelLoadError(f"GGUF tensor {key} has no {second} of its type beside it to join; "
-                                             "re-convert the model")
+                        found = "none" if other is None else other.tensor_type.name
+                        raise ModelLoadError(
+                            f"GGUF tensor {key} ({t.tensor_type.name}) needs blk.{m.group(1)}.{second} of the same "
+                            f"type to join into {hf_part} (found: {found}); re-quantize the model with one type for "
+                            "both, or load the Hugging Face checkpoint")
                     if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
                         raise ModelLoadError(f"GGUF tensor {key} has type {t.tensor_type.name}, which kiln cannot "
                                              f"read; supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")

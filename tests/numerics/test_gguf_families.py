@@ -152,3 +152,23 @@ def test_quantized_experts_are_kept_as_stored(tmp_path):
     report = kiln.check(art)
     assert report.ok and report.reference.startswith("transformers"), report.table()
     assert max(p.max_logit_error for p in report.prompts) < TOL, report.table()
+
+
+def test_a_layer_pattern_of_another_length_and_unjoinable_halves_are_refused(tmp_path):
+    """An EXAONE 4 GGUF whose sliding_window_pattern lists 3 layers for 4, and a Granite MoE GGUF whose
+    ffn_gate_exps and ffn_up_exps (one input_linear, split by the converter) differ in type: each refused in
+    one line naming the tensor or key and the fix, before anything is compiled."""
+    import json
+
+    from kiln.models.source import ModelLoadError
+    write_hf("exaone4", tmp_path / "exaone4")
+    cfg_path = tmp_path / "exaone4" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps(dict(cfg, layer_types=cfg["layer_types"][:3])))
+    with pytest.raises(ModelLoadError, match="sliding_window_pattern lists 3 layers for 4; re-convert"):
+        load_gguf(write_gguf(tmp_path / "exaone4", tmp_path / "exaone4.gguf"))
+    write_hf("granitemoe", tmp_path / "granitemoe")
+    path = write_gguf(tmp_path / "granitemoe", tmp_path / "granitemoe.gguf", types={"ffn_gate_exps": "Q8_0"})
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_gate_exps\.weight \(Q8_0\) needs blk\.0\.ffn_up_exps of "
+                                             r"the same type .* \(found: F32\); re-quantize"):
+        load_gguf(path)
