@@ -16,6 +16,7 @@ kiln_kv_pages_cached, so a drained server reads kiln_kv_pages_used 0.
 from __future__ import annotations
 
 import os
+import struct
 import time
 from contextlib import aclosing
 from typing import AsyncIterator, Callable, Iterable
@@ -27,6 +28,30 @@ from prometheus_client.registry import Collector
 from .protocol import EngineStats, StreamDelta
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _SharedCollector(Collector):
+    """The request metrics every HTTP process writes to PROMETHEUS_MULTIPROC_DIR, summed when scraped.
+
+    prometheus_client's reader fails (struct.error) on a file another process has just created and not
+    yet sized: at startup, when the HTTP processes start together (one of them died so, 'unpack_from
+    requires a buffer of at least 4 bytes', a kiln serve --api-processes 2 test in CI). So registering
+    reads nothing (describe), and a scrape that meets such a file reads the directory again."""
+
+    TRIES = 50                                  # 2 ms apart: a file is sized right after it is created
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        from prometheus_client import multiprocess
+        files = multiprocess.MultiProcessCollector(None)
+        for _ in range(self.TRIES - 1):
+            try:
+                return files.collect()
+            except struct.error:
+                time.sleep(0.002)
+        return files.collect()
 
 
 class Metrics:
@@ -49,8 +74,7 @@ class Metrics:
         self.prompt_tokens = Counter("kiln_prompt_tokens", "Prompt tokens of accepted requests.", registry=own)
         self.generation_tokens = Counter("kiln_generation_tokens", "Tokens generated for clients.", registry=own)
         if shared:
-            from prometheus_client import multiprocess
-            multiprocess.MultiProcessCollector(self.registry)
+            self.registry.register(_SharedCollector())
         self.registry.register(_EngineCollector(stats))
 
     def render(self) -> bytes:
