@@ -162,12 +162,21 @@ def _check_yarn(values: dict, hf: dict) -> None:
                                   factor=scaling.get("factor") or values["context_window_size"] / original)
 
 
+def attention_by_type(types, window: int | None, rope: Callable[[str], tuple]) -> tuple[LayerAttention, ...]:
+    """Each layer's LayerAttention from its type ("sliding_attention" | "full_attention"): sliding layers
+    attend to the last `window` tokens (full where `window` is None); `rope(type)` gives the layer's
+    (theta, scaling) or (theta, scaling, rotates)."""
+    return tuple(LayerAttention("sliding", window, *rope(t)) if t == "sliding_attention" and window
+                 else LayerAttention("full", None, *rope(t)) for t in types)
+
+
 def rope_in_graph(layers: tuple[LayerAttention, ...], flags: Flags | None = None) -> bool:
     """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none), the cache
     lacks the scaling, q and k are normed after their rotation, or q's scale follows its position."""
     ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling)) for a in layers}
     kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
-    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS)) or bool(flags and (flags.qk_norm_after_rope or flags.attn_temperature))
+    by_flags = bool(flags and (flags.qk_norm_after_rope or flags.attn_temperature))
+    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS)) or by_flags
 
 
 class DecoderStack(nn.Module):
@@ -478,6 +487,16 @@ LLAMA_NAMES = {
     "o_proj": "self_attn.o_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
     "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
 }
+
+
+def prefixed_names(names: dict[str, str], prefix: str) -> dict[str, str]:
+    """`names` with the decoder under `prefix` instead of "model" (a multimodal checkpoint's text model:
+    model.language_model in transformers 5, language_model.model in 4, whose head is then
+    language_model.lm_head)."""
+    if prefix == "model":
+        return names
+    return dict(names, embed_tokens=f"{prefix}.embed_tokens", norm=f"{prefix}.norm", layer=f"{prefix}.layers.{{i}}",
+                lm_head="language_model.lm_head" if prefix.startswith("language_model") else names["lm_head"])
 
 
 def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) -> WeightMap:

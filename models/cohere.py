@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, decoder_weight_map
+from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, attention_by_type, \
+    decoder_weight_map
 from .config import ConfigField, fields_with, layer_types
 from .layers import Flags
 
@@ -59,10 +60,8 @@ class Cohere2Config(CohereConfig):
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         """Sliding layers rotate q and k; global ones attend with no positions at all."""
         window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
-        return tuple(LayerAttention("sliding", window, self.rope_theta, self.rope_scaling) if t == "sliding_attention"
-                     and window else LayerAttention("full", None, self.rope_theta, self.rope_scaling,
-                                                    rope=t == "sliding_attention")
-                     for t in self.layer_types)
+        return attention_by_type(self.layer_types, window,
+                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
 
 
 CohereForCausalLM = Cohere2ForCausalLM = CausalLM

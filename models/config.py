@@ -38,9 +38,14 @@ def one_of(table: dict, value, field: str, arch: str):
 
 def layer_types(types, n: int, hf: dict, pattern: int) -> tuple[str, ...]:
     """Each of the `n` layers' attention: config.json's `layer_types`, else every `pattern`-th layer global
-    (`sliding_window_pattern` where the config writes one) and the others sliding; a ValueError for a list
-    of another length or kind."""
+    (`sliding_window_pattern` where the config writes one: a count, or a string of L (local) and G
+    (global) repeated, EXAONE 4's "LLLG") and the others sliding; a ValueError for a list of another
+    length or kind."""
     pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or pattern
+    if not types and isinstance(pattern, str):
+        if set(pattern) - {"L", "G"} or not pattern:
+            raise ValueError(f"sliding_window_pattern {pattern!r} must be a string of L and G; fix config.json")
+        types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention" for i in range(n)]
     types = types or ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
     if len(types) != n or set(types) - {"full_attention", "sliding_attention"}:
         raise ValueError(f"layer_types must list 'full_attention' or 'sliding_attention' for each of the {n} "
@@ -65,6 +70,17 @@ def split_layer_rope(hf: dict, full_theta: float, local_theta: float) -> dict:
     flat = {k: v for k, v in hf.items() if k != "rope_parameters"}
     return {**flat, "rope_theta": full.get("rope_theta", full_theta), "rope_scaling": None if default else scaling,
             "rope_local_base_freq": local.get("rope_theta", local_theta)}
+
+
+def text_model(hf: dict) -> tuple[dict, str]:
+    """A multimodal config.json's text model (Gemma3ForConditionalGeneration, Mistral3ForConditionalGeneration)
+    as its own config (text_config, with the outer eos/bos ids) and the prefix its weights are under
+    (model.language_model in transformers 5, language_model.model in 4); a text-only one as it is, "model"."""
+    if not isinstance(hf.get("text_config"), dict):
+        return hf, "model"
+    v5 = int(str(hf.get("transformers_version", "4")).split(".")[0]) >= 5
+    return ({**hf["text_config"], **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf}},
+            "model.language_model" if v5 else "language_model.model")
 
 
 def read_fields(hf: dict, fields: tuple[ConfigField, ...], arch: str) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
-    decoder_weight_map
-from .config import ConfigField, fields_with, layer_types, one_of, split_layer_rope
+    attention_by_type, decoder_weight_map, prefixed_names
+from .config import ConfigField, fields_with, layer_types, one_of, split_layer_rope, text_model
 from .layers import Flags
 
 # HF Gemma names for the four norms of a layer (kiln: input, post_attention = before the MLP,
@@ -74,9 +74,7 @@ class Gemma2Config(DecoderConfig):
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
-        return tuple(LayerAttention("sliding" if t == "sliding_attention" and window else "full",
-                                    window if t == "sliding_attention" else None, *self.layer_rope(t))
-                     for t in self.layer_types)
+        return attention_by_type(self.layer_types, window, self.layer_rope)
 
 
 @dataclass(frozen=True)
@@ -121,13 +119,9 @@ class Gemma3Config(Gemma2Config):
     def from_hf(cls, hf: dict) -> "Gemma3Config":
         """Gemma3ForConditionalGeneration keeps the text model's config under `text_config` and its weights
         under language_model (transformers 4 names) or model.language_model (transformers 5)."""
-        prefix = "model"
-        if isinstance(hf.get("text_config"), dict):
-            v5 = int(str(hf.get("transformers_version", "4")).split(".")[0]) >= 5
-            prefix = "model.language_model" if v5 else "language_model.model"
-            hf = {**hf["text_config"], **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf}}
+        hf, prefix = text_model(hf)
         c = super().from_hf(split_layer_rope(hf, full_theta=1e6, local_theta=10000.0))
-        return c if prefix == "model" else cls(**{**c.__dict__, "weight_prefix": prefix})
+        return dataclasses.replace(c, weight_prefix=prefix)
 
     def layer_rope(self, kind: str) -> tuple[float, dict | None]:
         return (self.local_rope_theta, None) if kind == "sliding_attention" else (self.rope_theta, self.rope_scaling)
@@ -139,6 +133,4 @@ GemmaForCausalLM = Gemma2ForCausalLM = Gemma3ForCausalLM = VaultGemmaForCausalLM
 def weight_map(c: Gemma2Config) -> WeightMap:
     if isinstance(c, GemmaConfig):                      # Llama's two norms a layer
         return decoder_weight_map(c)
-    prefix = getattr(c, "weight_prefix", "model")
-    names = dict(NAMES, embed_tokens=f"{prefix}.embed_tokens", norm=f"{prefix}.norm", layer=f"{prefix}.layers.{{i}}")
-    return decoder_weight_map(c, names)
+    return decoder_weight_map(c, prefixed_names(NAMES, getattr(c, "weight_prefix", "model")))

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap,
-                        decoder_weight_map)
-from .config import ConfigField, fields_with, layer_types
+                        attention_by_type, decoder_weight_map, prefixed_names)
+from .config import ConfigField, fields_with, layer_types, text_model
 from .layers import Flags
 
 
@@ -48,11 +48,8 @@ class LlamaConfig(DecoderConfig):
         return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, mlp_bias=self.mlp_bias)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        slides = self.layer_types or ("sliding_attention" if self.sliding_window else "full_attention",) * \
-            self.num_hidden_layers
-        return tuple(LayerAttention("sliding", self.sliding_window, self.rope_theta, self.rope_scaling)
-                     if t == "sliding_attention" else LayerAttention("full", None, self.rope_theta, self.rope_scaling)
-                     for t in slides)
+        types = self.layer_types or ("sliding_attention",) * self.num_hidden_layers
+        return attention_by_type(types, self.sliding_window, lambda t: (self.rope_theta, self.rope_scaling))
 
 
 @dataclass(frozen=True)
@@ -115,13 +112,8 @@ class Ministral3Config(LlamaConfig):
 
     @classmethod
     def from_hf(cls, hf: dict) -> "Ministral3Config":
-        prefix = "model"
-        if isinstance(hf.get("text_config"), dict):
-            v5 = int(str(hf.get("transformers_version", "4")).split(".")[0]) >= 5
-            prefix = "model.language_model" if v5 else "language_model.model"
-            hf = {**hf["text_config"], **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf}}
-        c = super().from_hf(hf)
-        return c if prefix == "model" else dataclasses.replace(c, weight_prefix=prefix)
+        hf, prefix = text_model(hf)
+        return dataclasses.replace(super().from_hf(hf), weight_prefix=prefix)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -141,10 +133,4 @@ LlamaForCausalLM = Ministral3ForCausalLM = InternLM3ForCausalLM = SeedOssForCaus
 
 
 def weight_map(c: LlamaConfig) -> WeightMap:
-    prefix = getattr(c, "weight_prefix", "model")
-    if prefix == "model":
-        return decoder_weight_map(c)
-    return decoder_weight_map(c, dict(LLAMA_NAMES, embed_tokens=f"{prefix}.embed_tokens", norm=f"{prefix}.norm",
-                                      layer=f"{prefix}.layers.{{i}}",
-                                      lm_head="language_model.lm_head" if prefix.startswith("language_model")
-                                      else "lm_head"))
+    return decoder_weight_map(c, prefixed_names(LLAMA_NAMES, getattr(c, "weight_prefix", "model")))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, decoder_weight_map
+from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, attention_by_type, decoder_weight_map
 from .config import ConfigField, layer_types, split_layer_rope
 from .layers import Flags
 from .llama import LlamaConfig
@@ -53,10 +53,8 @@ class Olmo3Config(Olmo2Config):
                     local_rope_theta=values["rope_theta"] if local is None else local)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        kind = "sliding" if self.sliding_window else "full"
-        return tuple(LayerAttention(kind, self.sliding_window, self.local_rope_theta, None)
-                     if t == "sliding_attention" else LayerAttention("full", None, self.rope_theta, self.rope_scaling)
-                     for t in self.layer_types)
+        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
+            (self.local_rope_theta, None) if t == "sliding_attention" else (self.rope_theta, self.rope_scaling)))
 
 
 @dataclass(frozen=True)
@@ -72,26 +70,18 @@ class Exaone4Config(Olmo2Config):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, window, types = values["num_hidden_layers"], values["sliding_window"], values["layer_types"]
+        window = values["sliding_window"]
         if window is None:
             return dict(values, layer_types=())
-        pattern = hf.get("sliding_window_pattern")
-        if not types and isinstance(pattern, str):      # "LLLG": local and global layers, repeated
-            if set(pattern) - {"L", "G"} or not pattern:
-                raise ValueError(f"sliding_window_pattern {pattern!r} must be a string of L and G; fix config.json")
-            types = ["sliding_attention" if pattern[i % len(pattern)] == "L" else "full_attention" for i in range(n)]
-        types = layer_types(types, n, {**hf, "sliding_window_pattern": pattern if isinstance(pattern, int) else 4},
-                            pattern=4)
+        types = layer_types(values["layer_types"], values["num_hidden_layers"], hf, pattern=4)
         sliding = window < values["context_window_size"]
         return dict(values, sliding_window=window if sliding else None, layer_types=types, nope_full_layers=True)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         if not self.nope_full_layers:
             return super().layer_attention()
-        return tuple(LayerAttention("sliding", self.sliding_window, self.rope_theta, self.rope_scaling)
-                     if t == "sliding_attention" and self.sliding_window else
-                     LayerAttention("full", None, self.rope_theta, self.rope_scaling, rope=t == "sliding_attention")
-                     for t in self.layer_types)
+        return attention_by_type(self.layer_types, self.sliding_window,       # full layers: no RoPE at all
+                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
 
 
 Olmo2ForCausalLM = Olmo3ForCausalLM = Exaone4ForCausalLM = CausalLM
