@@ -366,8 +366,8 @@ def _write_params(params_dir: Path, source: ModelSource, arch, config, plan: Qua
                                         f"incomplete or not a {arch.name} model")
 
     def convert(name: str) -> dict:
-        float_shape = params[name][0] if name in params else None      # None: a quantized weight
-        return plan.convert(name, wmap[name], source, float_shape)
+        float_shape, float_dtype = params.get(name, (None, None))    # None: a quantized weight
+        return plan.convert(name, wmap[name], source, float_shape, float_dtype)
 
     writer = ParamWriter(params_dir)
     for i, converted in enumerate(_in_order(convert, weights, usable_cores())):

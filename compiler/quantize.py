@@ -87,9 +87,10 @@ class QuantScheme:
         plan.finish()
         return plan
 
-    def convert(self, name: str, weight: np.ndarray) -> dict[str, np.ndarray]:
-        """A float parameter's value -> {its artifact name: the array in the compute dtype}."""
-        return {name: np.ascontiguousarray(weight.astype(self.model_dtype, copy=False))}
+    def convert(self, name: str, weight: np.ndarray, dtype: str | None = None) -> dict[str, np.ndarray]:
+        """A float parameter's value -> {its artifact name: the array in the compute dtype, or in `dtype`
+        where the module keeps the parameter in its own (an MoE router's float32)}."""
+        return {name: np.ascontiguousarray(weight.astype(dtype or self.model_dtype, copy=False))}
 
 
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
@@ -257,11 +258,12 @@ class QuantPlan:
         return list(dict.fromkeys(self._planes.get(p, p) for p in param_names))
 
     def convert(self, name: str, entry: list[str] | WeightSpec, source: ModelSource,
-                float_shape: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
+                float_shape: tuple[int, ...] | None = None, float_dtype: str | None = None) -> dict[str, np.ndarray]:
         """One weight's HF tensors -> {artifact tensor name: array}, one HF tensor at a time
         (a weight with a transform: all of them, concatenated and transformed, at once).
 
-        float_shape: the shape the config implies for a weight kept as float."""
+        float_shape, float_dtype: the shape the config implies for a weight kept as float, and the dtype
+        its module declares."""
         spec, fmt = weight_spec(entry), self.formats.get(name)
         if fmt is None or spec.transform is not None:
             parts = [source.weights.get(n) for n in spec.hf_names]
@@ -270,7 +272,7 @@ class QuantPlan:
             if fmt is not None:
                 return self._planes_dict(name, fmt, [_quantized(fmt, value, name, source)], source)
             _check_shape(source, name, value.shape, float_shape or value.shape)
-            return self.scheme.convert(name, value)
+            return self.scheme.convert(name, value, float_dtype)
         cols = self.shapes[name][1]
         return self._planes_dict(name, fmt, [self._planes_of(fmt, n, source, cols) for n in spec.hf_names], source)
 

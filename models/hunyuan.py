@@ -1,7 +1,9 @@
 """Tencent Hunyuan dense (Hunyuan-0.5B .. 7B): a Llama whose q and k are RMS-normed per head after RoPE
 (`query_layernorm` / `key_layernorm`: RoPE is then applied in the graph, before the norms), with RoPE
 scaling "dynamic" at a fixed `alpha`, which only raises the base: theta * alpha ** (d / (d - 2)).
-Cross-layer attention (`use_cla`) is refused."""
+Cross-layer attention (`use_cla`) is refused. Hunyuan MoE (Hunyuan-A13B) makes every MLP a sparse mixture of
+`num_experts` experts (models/moe.py: softmax, the top `moe_topk` renormalised; a list gives each layer's)
+beside an always-on shared MLP, all of `intermediate_size`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, decoder_weight_map
 from .config import ConfigField, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
+from .moe import MoESpec, moe_weight_map
 
 NAMES = dict(LLAMA_NAMES, q_norm="self_attn.query_layernorm", k_norm="self_attn.key_layernorm")
 
@@ -45,8 +48,38 @@ class HunYuanDenseConfig(LlamaConfig):
                      qk_norm=True, qk_norm_after_rope=True)
 
 
-HunYuanDenseV1ForCausalLM = CausalLM
+@dataclass(frozen=True)
+class HunYuanMoEConfig(HunYuanDenseConfig):
+    num_experts: int = 1
+    top_k: tuple[int, ...] = (1,)             # per layer
+
+    ARCH: ClassVar[str] = "hunyuan_v1_moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *HunYuanDenseConfig.FIELDS, ConfigField("num_experts", ("num_experts", "num_local_experts"), default=1),
+        ConfigField("top_k", ("moe_topk", "num_experts_per_tok"), default=1))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, k = values["num_hidden_layers"], values["top_k"]
+        if isinstance(values["num_experts"], (list, tuple)):
+            raise ValueError("Hunyuan MoE with a list for num_experts is not supported (transformers builds one "
+                             "count); fix config.json")
+        k = tuple(k) if isinstance(k, (list, tuple)) else (k,) * n
+        if len(k) != n:
+            raise ValueError(f"moe_topk lists {len(k)} values for {n} layers; fix config.json")
+        return super().adapt(dict(values, top_k=k), hf, notes)
+
+    def layer_moe(self, layer: int) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k[layer], self.intermediate_size, True, self.intermediate_size,
+                       shared_gated=False)
+
+
+HunYuanDenseV1ForCausalLM = HunYuanMoEV1ForCausalLM = CausalLM
+MOE_NAMES = dict(router="mlp.gate.wg", expert="mlp.experts.{j}", gate="gate_proj", up="up_proj", down="down_proj",
+                 shared="mlp.shared_mlp")
 
 
 def weight_map(c: HunYuanDenseConfig) -> WeightMap:
+    if isinstance(c, HunYuanMoEConfig):
+        return moe_weight_map(c, MOE_NAMES, NAMES)
     return decoder_weight_map(c, NAMES)

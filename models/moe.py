@@ -1,12 +1,21 @@
-"""Sparse mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE): a router picks `top_k` of
-`num_experts` gated MLPs per token and sums their outputs weighted by the router's probabilities.
+"""Sparse mixture-of-experts MLPs (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, Granite MoE, GLM-4.5, dots.llm1,
+ERNIE 4.5 MoE, Hunyuan MoE, ...): a router picks `top_k` of `num_experts` gated MLPs per token and sums their
+outputs weighted by the router's scores.
 
-    probs   = softmax(x @ router.T)             float32, over every expert
-    w, e    = top_k(probs)                      the k largest, their experts; w / sum(w) where the
-                                                family normalises (Mixtral, norm_topk_prob)
+    probs   = softmax(x @ router.T)             float32, over every expert (sigmoid instead: DeepSeek-V3's
+                                                router, GLM-4.5's, dots.llm1's)
+    choice  = probs + bias                      where the family adds a per-expert bias to choose experts
+                                                (e_score_correction_bias); in `groups` groups of experts, only
+                                                the `top_groups` whose two best choice scores sum highest
+    w, e    = top_k(choice) -> probs[e]         the k best experts, weighted by their unbiased scores;
+                                                w / sum(w) where the family normalises (Mixtral,
+                                                norm_topk_prob), times `routed_scale`
     y       = sum_j w_j * down[e_j](act(gate[e_j] x) * up[e_j] x)
             (+ sigmoid(shared_gate . x) * shared_mlp(x): Qwen2-MoE's shared expert;
-             + shared_mlp(x): Granite MoE Shared's, ungated)
+             + shared_mlp(x): Granite MoE Shared's, GLM-4.5's, ungated)
+
+The router (and the choice bias) stay float32 under any compute dtype, as transformers keeps them: the
+scores choose discrete experts, and a float16 rounding could choose another one.
 
 Each token's k experts are computed by gathered matmuls (TE reductions reading the expert's rows
 through the router's indices): a token reads only its k experts' weights, and no expert weight
@@ -41,18 +50,34 @@ class MoESpec:
     normalize: bool                         # top-k weights divided by their sum
     shared_intermediate_size: int = 0       # a shared expert behind a sigmoid gate (Qwen2-MoE); 0: none
     shared_gated: bool = True               # False: the shared expert's output is added as it is (Granite)
+    scoring: str = "softmax"                # or "sigmoid" (DeepSeek-V3's router: GLM-4.5, dots.llm1)
+    choice_bias: bool = False               # a per-expert bias added to the scores to choose experts only
+    groups: int = 1                         # experts in this many groups (n_group), of which only the
+    top_groups: int = 1                     # `top_groups` (topk_group) best are chosen from
+    routed_scale: float = 1.0               # the chosen experts' weights times this (routed_scaling_factor)
+    norm_min: float = 0.0                   # normalise by max(sum(w), norm_min) (ERNIE 4.5's moe_norm_min)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"num_experts_per_tok ({self.top_k}) must be from 1 to the number of experts "
                              f"({self.num_experts}); fix config.json")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring {self.scoring!r} is not supported (softmax or sigmoid)")
+        if self.groups < 1 or self.num_experts % self.groups or not 1 <= self.top_groups <= self.groups:
+            raise ValueError(f"n_group ({self.groups}) must divide the {self.num_experts} experts and topk_group "
+                             f"({self.top_groups}) be from 1 to n_group; fix config.json")
+        if self.top_k > self.top_groups * (self.num_experts // self.groups):
+            raise ValueError(f"num_experts_per_tok ({self.top_k}) exceeds the experts of topk_group "
+                             f"({self.top_groups}) groups of {self.num_experts // self.groups}; fix config.json")
 
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden_size: int, spec: MoESpec, flags: Flags):
         self.spec, self.activation = spec, flags.activation
         e, i = spec.num_experts, spec.intermediate_size
-        self.router = nn.Parameter((e, hidden_size))                    # kept float: not an nn.Linear
+        self.router = nn.Parameter((e, hidden_size), "float32")        # kept float: not an nn.Linear
+        if spec.choice_bias:
+            self.choice_bias = nn.Parameter((e,), "float32")
         # Every expert's rows in one Linear (expert 0's gate and up rows, then expert 1's, ...), never
         # called as a Linear: the quantizer stores it as any other (planes of [experts * rows, cols])
         # and the expert matmul reads the rows of the experts each token picked.
@@ -63,15 +88,27 @@ class SparseMoE(nn.Module):
             if spec.shared_gated:
                 self.shared_gate = nn.Parameter((1, hidden_size))
 
+    def to(self, dtype: str | None = None) -> None:
+        super().to(dtype)
+        self.router.to("float32")
+        if hasattr(self, "choice_bias"):
+            self.choice_bias.to("float32")
+
     def forward(self, x: Tensor) -> Tensor:
         b, s, h = x.shape
-        k, i = self.spec.top_k, self.spec.intermediate_size
+        spec, k, i = self.spec, self.spec.top_k, self.spec.intermediate_size
         flat = op.reshape(x, (b * s, h))                                # [T, h]
-        logits = op.matmul(flat, op.permute_dims(self.router))
-        probs = op.softmax(logits if logits.dtype == "float32" else logits.astype("float32"), axis=-1)
-        weights, experts = _top_k(probs, k)
-        if self.spec.normalize:
-            weights = weights / op.sum(weights, axis=-1, keepdims=True)
+        logits = op.matmul(flat if flat.dtype == "float32" else flat.astype("float32"), op.permute_dims(self.router))
+        probs = op.softmax(logits, axis=-1) if spec.scoring == "softmax" else op.sigmoid(logits)
+        choice = probs + self.choice_bias if spec.choice_bias else probs
+        if spec.top_groups < spec.groups:
+            choice = _best_groups(choice, spec.groups, spec.top_groups)
+        weights, experts = _top_k(probs, k, choice)
+        if spec.normalize:
+            total = op.sum(weights, axis=-1, keepdims=True)
+            weights = weights / (op.maximum(total, op.full((1,), spec.norm_min, "float32")) if spec.norm_min else total)
+        if spec.routed_scale != 1.0:
+            weights = weights * spec.routed_scale
         gate, up = op.split(_expert_matmul(flat, self.experts_gate_up, experts, 2 * i), 2, axis=-1)   # [T, k, i]
         out = _expert_matmul(_activation(gate, self.activation) * up, self.experts_down, experts, h)  # [T, k, h]
         weights = weights if weights.dtype == out.dtype else weights.astype(out.dtype)
@@ -84,11 +121,11 @@ class SparseMoE(nn.Module):
         return op.reshape(y, (b, s, h))
 
 
-def _top_k(probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """(the k largest of each row of probs [T, E], float32; their columns, int32), largest first, the
-    lower column first among equal values (torch.topk's order). By rank: a column's rank is the
-    count of columns ahead of it, and slot j takes the column ranked j (E x E compares a token;
-    relax's topk has no lowering in TVM 0.27)."""
+def _top_k(probs: Tensor, k: int, choice: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(probs [T, E] at the k largest of each row of `choice` (probs itself by default), float32; their
+    columns, int32), largest first, the lower column first among equal values (torch.topk's order).
+    By rank: a column's rank is the count of columns ahead of it, and slot j takes the column ranked j
+    (E x E compares a token; relax's topk has no lowering in TVM 0.27)."""
     def ranks(p: te.Tensor):
         tokens, experts = p.shape
         other = te.reduce_axis((0, experts), name="other")
@@ -103,10 +140,38 @@ def _top_k(probs: Tensor, k: int) -> tuple[Tensor, Tensor]:
             (lambda t, j: tirx.Select(rank[t, e] == j, p[t, e], tirx.const(0.0, "float32")))
         return te.compute((tokens, k), lambda t, j: te.sum(value(t, j), axis=e), name="top_k")
 
-    rank = op.tensor_expr_op(ranks, "expert_rank", [probs])
+    rank = op.tensor_expr_op(ranks, "expert_rank", [probs if choice is None else choice])
     weights = op.tensor_expr_op(lambda p, r: pick(p, r, False), "top_k_weights", [probs, rank])
     experts = op.tensor_expr_op(lambda p, r: pick(p, r, True), "top_k_experts", [probs, rank])
     return weights, experts
+
+
+def _best_groups(choice: Tensor, groups: int, top_groups: int) -> Tensor:
+    """`choice` [T, E] with every expert outside its token's `top_groups` best groups set to -inf: the
+    experts are `groups` runs of E / groups, a group scores the sum of its two best choices (one, in
+    groups of one) and the best groups are those with fewer than `top_groups` groups ahead (a higher
+    score, or an equal one and a lower index)."""
+    def mask(c: te.Tensor):
+        tokens, experts = c.shape
+        size = experts // groups
+        lowest = tirx.min_value("float32")
+        m, m2, m3 = (te.reduce_axis((0, size), name=n) for n in ("m", "m2", "m3"))
+        top1 = te.compute((tokens, groups), lambda t, g: te.max(c[t, g * size + m], axis=m), name="group_top1")
+        # the second best: the best of the others once the first best (its lowest index) is set aside
+        top1_at = te.compute((tokens, groups), lambda t, g: te.min(tirx.Select(
+            c[t, g * size + m2] == top1[t, g], m2.var, size), axis=m2), name="group_top1_at")
+        top2 = te.compute((tokens, groups), lambda t, g: te.max(tirx.Select(
+            m3.var == top1_at[t, g], lowest, c[t, g * size + m3]), axis=m3), name="group_top2")
+        two = int(size) >= 2
+        score = te.compute((tokens, groups), lambda t, g: top1[t, g] + top2[t, g] if two else top1[t, g],
+                           name="group_score")
+        o = te.reduce_axis((0, groups), name="o")
+        ahead = te.compute((tokens, groups), lambda t, g: te.sum(tirx.Select(tirx.any(
+            score[t, o] > score[t, g], tirx.all(score[t, o] == score[t, g], o < g)), 1, 0), axis=o), name="group_rank")
+        return te.compute((tokens, experts), lambda t, e: tirx.Select(ahead[t, e // size] < top_groups, c[t, e],
+                                                                      lowest), name="group_choice")
+
+    return op.tensor_expr_op(mask, "best_groups", [choice])
 
 
 def _expert_matmul(x: Tensor, linear: nn.Module, experts: Tensor, rows: int) -> Tensor:
@@ -144,7 +209,8 @@ def expert_matmul_te(x: te.Tensor, weight, experts: te.Tensor, rows: int) -> te.
 def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | None = None) -> dict:
     """The decoder's weight map (causal_lm.decoder_weight_map with `decoder_names`, Llama's HF names by
     default) with each MoE layer's dense MLP entries replaced by its experts': `names` are the HF names
-    under a layer of router, expert, gate, up, down, shared, shared_gate (expert: a format string with {j})."""
+    under a layer of router, expert, gate, up, down, shared, shared_gate, choice_bias (the whole tensor name;
+    expert: a format string with {j})."""
     from .causal_lm import LLAMA_NAMES, decoder_weight_map
     m = decoder_weight_map(c, decoder_names or LLAMA_NAMES)
     for layer in range(c.num_hidden_layers):
@@ -163,5 +229,11 @@ def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | Non
             m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.{names['gate']}.weight",
                                                     f"{shared}.{names['up']}.weight"]
             m[f"{k}.shared.down_proj.weight"] = [f"{shared}.{names['down']}.weight"]
-            m[f"{k}.shared_gate"] = [f"{hf_layer}.{names['shared_gate']}.weight"]
+            if c.flags().mlp_bias:
+                m[f"{k}.shared.gate_up_proj.bias"] = [f"{shared}.{names['gate']}.bias", f"{shared}.{names['up']}.bias"]
+                m[f"{k}.shared.down_proj.bias"] = [f"{shared}.{names['down']}.bias"]
+            if spec.shared_gated:
+                m[f"{k}.shared_gate"] = [f"{hf_layer}.{names['shared_gate']}.weight"]
+        if spec.choice_bias:
+            m[f"{k}.choice_bias"] = [f"{hf_layer}.{names['choice_bias']}"]
     return m

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (apertus, cohere, ernie4_5, falcon, gemma, glm, gpt2, gpt_neo, gpt_neox, gptj, granite, helium, hunyuan,
+from . import (apertus, cohere, ernie4_5, falcon, gemma, glm, glm4_moe, gpt2, gpt_neo, gpt_neox, gptj, granite, helium, hunyuan,
                llama, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe,
                smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
@@ -86,8 +86,19 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           olmoe.FlexOlmoForCausalLM),
     _arch("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), ernie4_5, ernie4_5.Ernie4_5Config,
           ernie4_5.Ernie4_5ForCausalLM),
+    _arch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ("ernie4_5_moe",), ernie4_5, ernie4_5.Ernie4_5MoeConfig,
+          ernie4_5.Ernie4_5MoeForCausalLM),
     _arch("glm", ("GlmForCausalLM",), ("glm",), glm, glm.GlmConfig, glm.GlmForCausalLM),
     _arch("glm4", ("Glm4ForCausalLM",), ("glm4",), glm, glm.Glm4Config, glm.Glm4ForCausalLM),
+    _arch("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe",), glm4_moe, glm4_moe.Glm4MoeConfig,
+          glm4_moe.Glm4MoeForCausalLM),
+    _arch("solar_open", ("SolarOpenForCausalLM",), ("solar_open",), glm4_moe, glm4_moe.SolarOpenConfig,
+          glm4_moe.SolarOpenForCausalLM),
+    _arch("dots1", ("Dots1ForCausalLM",), ("dots1",), glm4_moe, glm4_moe.Dots1Config, glm4_moe.Dots1ForCausalLM),
+    _arch("minimax_m2", ("MiniMaxM2ForCausalLM",), ("minimax_m2",), glm4_moe, glm4_moe.MiniMaxM2Config,
+          glm4_moe.MiniMaxM2ForCausalLM),
+    _arch("exaone_moe", ("ExaoneMoeForCausalLM",), ("exaone_moe",), glm4_moe, glm4_moe.ExaoneMoeConfig,
+          glm4_moe.ExaoneMoeForCausalLM),
     _arch("cohere", ("CohereForCausalLM",), ("cohere",), cohere, cohere.CohereConfig, cohere.CohereForCausalLM),
     _arch("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), cohere, cohere.Cohere2Config, cohere.Cohere2ForCausalLM),
     _arch("nemotron", ("NemotronForCausalLM",), ("nemotron",), nemotron, nemotron.NemotronConfig,
@@ -97,6 +108,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("jais2", ("Jais2ForCausalLM",), ("jais2",), nemotron, nemotron.Jais2Config, nemotron.Jais2ForCausalLM),
     _arch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan_v1_dense",), hunyuan,
           hunyuan.HunYuanDenseConfig, hunyuan.HunYuanDenseV1ForCausalLM),
+    _arch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), ("hunyuan_v1_moe",), hunyuan, hunyuan.HunYuanMoEConfig,
+          hunyuan.HunYuanMoEV1ForCausalLM),
 )}
 
 

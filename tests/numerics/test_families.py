@@ -55,6 +55,12 @@ pass `kiln check` against the golden logits the compile stored.
     apertus  per-head q/k norms, an ungated MLP with xIELU's learned per-layer parameters, Llama 3 RoPE
     nanochat RMSNorm without weight everywhere (the embeddings too), q/k norms after RoPE, relu^2 MLP,
              soft-capped logits
+    glm4-moe, solar-open, dots1, minimax-m2, exaone-moe  DeepSeek-V3's router: sigmoid scores, a choice
+             bias, the best groups of experts, scaled weights; ungated shared experts, dense first layers;
+             partial rotary and q/k biases (GLM-4.5), q/k norms per head or over all heads (MiniMax-M2),
+             a global layer without RoPE among sliding ones with it (EXAONE MoE)
+    ernie4_5-moe  softmax scores with a choice bias (moe_statics), a dense first layer, adjacent-pair RoPE
+    hunyuan-moe   a shared MLP beside the experts, each layer's own top-k, q/k norms after RoPE
 """
 
 from __future__ import annotations
@@ -76,6 +82,8 @@ SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
              num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)
 FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, bos_token_id=1)
+ROUTED = dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1,
+              first_k_dense_replace=1)     # DeepSeek-V3's router: sigmoid scores, a choice bias, groups
 LONGROPE = dict(rope_type="longrope", short_factor=[1.0 + 0.25 * i for i in range(8)],
                 long_factor=[4.0] * 8, original_max_position_embeddings=128)
 
@@ -180,6 +188,22 @@ CASES = {
         rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=64))),
     "nanochat": ("NanoChatForCausalLM", "NanoChatConfig", dict(final_logit_softcapping=3.0, pad_token_id=0)),
+    "glm4-moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig", dict(ROUTED, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                                             use_qk_norm=True, attention_bias=True, pad_token_id=0)),
+    "solar-open": ("SolarOpenForCausalLM", "SolarOpenConfig", dict(ROUTED, norm_topk_prob=False, pad_token_id=0)),
+    "dots1": ("Dots1ForCausalLM", "Dots1Config", dict(ROUTED, n_group=2, topk_group=1, head_dim=16, pad_token_id=0)),
+    "minimax-m2": ("MiniMaxM2ForCausalLM", "MiniMaxM2Config", dict(
+        num_local_experts=8, num_experts_per_tok=3, intermediate_size=48, head_dim=16, bos_token_id=1, pad_token_id=0,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
+    "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", dict(
+        num_hidden_layers=3, moe_num_experts=8, moe_k=3, moe_intermediate_size=48, moe_num_shared_experts=1,
+        moe_layer_start_index=1, head_dim=24, tie_word_embeddings=True)),
+    "hunyuan-moe": ("HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", dict(num_experts=8, moe_topk=[2, 3], head_dim=16,
+                                                                          intermediate_size=48)),
+    "exaone-moe": ("ExaoneMoeForCausalLM", "ExaoneMoeConfig", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_hidden_layers=4, sliding_window=4096,
+        sliding_window_pattern=4, first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=2, topk_group=1,
+        pad_token_id=0, bos_token_id=1)),
 }
 # config.json as a family's own checkpoints write it, where transformers writes it otherwise
 RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")},

@@ -1,0 +1,187 @@
+"""Llamas with DeepSeek-V3's expert router (models/moe.py: sigmoid scores, a per-expert bias that only
+chooses, experts chosen from the best `topk_group` of `n_group` groups, weights renormalised where
+`norm_topk_prob` and scaled by `routed_scaling_factor`) and ungated shared experts of
+`n_shared_experts` x `moe_intermediate_size`; the first `first_k_dense_replace` layers keep a dense
+MLP of `intermediate_size`:
+
+    glm4_moe     GLM-4.5 / 4.6 / 4.7 (and -Air): RoPE on the first `partial_rotary_factor` of each head
+                 (half, where config.json says nothing), q/k/v biases (`attention_bias`) without o's,
+                 per-head q/k RMSNorm where `use_qk_norm`
+    solar_open   Upstage Solar Open: every layer sparse, full RoPE
+    dots1        rednote dots.llm1: per-head q/k RMSNorm, optional sliding layers (`layer_types`)
+    minimax_m2   MiniMax-M2: q/k RMSNorm over all heads at once, RoPE on `rotary_dim` dims of each head,
+                 no groups or scaling, experts named as Mixtral's (w1 / w3 / w2)
+    exaone_moe   LG K-EXAONE: per-head q/k RMSNorm, sliding layers with RoPE among global ones without
+                 (as EXAONE 4.0's, but with norms before attention and MLP), dense layers by
+                 `mlp_layer_types`
+
+GLM-4.5's multi-token-prediction layers (`num_nextn_predict_layers`, stored after the last layer) are
+not loaded: they only draft tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import CausalLM, LayerAttention, WeightMap, attention_by_type
+from .config import ConfigField, fields_with, layer_types
+from .layers import Flags
+from .llama import LlamaConfig
+from .moe import MoESpec, moe_weight_map
+
+NAMES = dict(router="mlp.gate", expert="mlp.experts.{j}", gate="gate_proj", up="up_proj", down="down_proj",
+             shared="mlp.shared_experts", choice_bias="mlp.gate.e_score_correction_bias")
+ROUTED_FIELDS = (
+    ConfigField("num_experts", ("n_routed_experts", "num_experts", "num_local_experts")),
+    ConfigField("top_k", ("num_experts_per_tok",)),
+    ConfigField("moe_intermediate_size", ("moe_intermediate_size",)),
+    ConfigField("shared_experts", ("n_shared_experts", "num_shared_experts"), default=0),
+    ConfigField("groups", ("n_group",), default=1),
+    ConfigField("top_groups", ("topk_group",), default=1),
+    ConfigField("routed_scale", ("routed_scaling_factor",), default=1.0),
+    ConfigField("norm_topk_prob", ("norm_topk_prob",), default=True),
+    ConfigField("first_dense", ("first_k_dense_replace",), default=0),
+    ConfigField("use_qk_norm", ("use_qk_norm",), default=False),
+)
+
+
+@dataclass(frozen=True)
+class Glm4MoeConfig(LlamaConfig):
+    num_experts: int = 0
+    top_k: int = 1
+    moe_intermediate_size: int = 0
+    shared_experts: int = 0
+    groups: int = 1
+    top_groups: int = 1
+    routed_scale: float = 1.0
+    norm_topk_prob: bool = True
+    first_dense: int = 0
+    use_qk_norm: bool = False
+
+    ARCH: ClassVar[str] = "glm4_moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        LlamaConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5),
+        *ROUTED_FIELDS)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, qk_norm=self.use_qk_norm)
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        return None if layer < self.first_dense else self.routed()
+
+    def routed(self) -> MoESpec:
+        """A sparse layer's experts and router."""
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, self.norm_topk_prob,
+                       self.moe_intermediate_size * self.shared_experts, shared_gated=False, scoring="sigmoid",
+                       choice_bias=True, groups=self.groups, top_groups=self.top_groups,
+                       routed_scale=self.routed_scale)
+
+
+@dataclass(frozen=True)
+class SolarOpenConfig(Glm4MoeConfig):
+    ARCH: ClassVar[str] = "solar_open"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        ConfigField("intermediate_size", ("intermediate_size", "moe_intermediate_size")))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        return super().adapt(dict(values, first_dense=0, use_qk_norm=False), hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias)
+
+
+@dataclass(frozen=True)
+class Dots1Config(Glm4MoeConfig):
+    ARCH: ClassVar[str] = "dots1"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False))
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, qk_norm=True)
+
+
+@dataclass(frozen=True)
+class MiniMaxM2Config(Glm4MoeConfig):
+    ARCH: ClassVar[str] = "minimax_m2"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        ConfigField("moe_intermediate_size", ("moe_intermediate_size", "intermediate_size")))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "MiniMaxM2Config":
+        rotary, head_dim = hf.get("rotary_dim"), hf.get("head_dim")
+        if rotary and head_dim and "partial_rotary_factor" not in (hf.get("rope_parameters") or hf):
+            hf = {**hf, "partial_rotary_factor": rotary / head_dim}     # released checkpoints' legacy field
+        return super().from_hf(hf)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("use_routing_bias") is False:
+            raise ValueError("MiniMax-M2 with use_routing_bias false is not supported (transformers always adds "
+                             "e_score_correction_bias); fix config.json")
+        if hf.get("qk_norm_type", "per_layer") != "per_layer":
+            raise ValueError(f"MiniMax-M2 qk_norm_type {hf['qk_norm_type']!r} is not supported (per_layer)")
+        return super().adapt(dict(values, first_dense=0, groups=1, top_groups=1, routed_scale=1.0,
+                                  norm_topk_prob=True), hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, qk_norm=True, qk_norm_heads=False)
+
+
+@dataclass(frozen=True)
+class ExaoneMoeConfig(Glm4MoeConfig):
+    dense_layers: tuple[int, ...] = ()
+    nope_full_layers: bool = False          # full layers attend without RoPE (wherever a window is set)
+
+    ARCH: ClassVar[str] = "exaone_moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=1),
+                     ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+                     ConfigField("routed_scale", ("routed_scaling_factor",), default=2.5)),
+        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "ExaoneMoeConfig":
+        return super().from_hf({"sliding_window": 4096, **hf})      # transformers' default where unwritten
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, kinds = values["num_hidden_layers"], values.pop("mlp_layer_types")
+        kinds = kinds or ["dense" if i < values["first_dense"] else "sparse" for i in range(n)]
+        if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
+            raise ValueError(f"mlp_layer_types must list 'dense' or 'sparse' for each of the {n} layers; got {kinds}")
+        values = dict(values, dense_layers=tuple(i for i, k in enumerate(kinds) if k == "dense"))
+        window = values["sliding_window"]
+        if window is None:
+            return dict(values, layer_types=())
+        types = layer_types(values["layer_types"], n, hf, pattern=4)
+        return dict(values, sliding_window=window if window < values["context_window_size"] else None,
+                    layer_types=types, nope_full_layers=True)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, qk_norm=True)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        if not self.nope_full_layers:
+            return LlamaConfig.layer_attention(self)
+        return attention_by_type(self.layer_types, self.sliding_window,       # full layers: no RoPE at all
+                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        return None if layer in self.dense_layers else self.routed()
+
+
+Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
+
+_OWN_NAMES = {
+    "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
+                       down="w2", choice_bias="block_sparse_moe.e_score_correction_bias"),
+    "exaone_moe": dict(NAMES, choice_bias="mlp.e_score_correction_bias"),
+}
+
+
+def weight_map(c: Glm4MoeConfig) -> WeightMap:
+    return moe_weight_map(c, _OWN_NAMES.get(c.ARCH, NAMES))
