@@ -27,6 +27,7 @@ from tvm.target import Target
 
 from .config import ConfigField, read_fields
 from .layers import BIASED_NORMS, PARAMLESS_NORMS, DecoderLayer, Flags, Norm, tied_logits
+from .mla import LatentAttention, MLASpec
 from .moe import MoESpec, SparseMoE
 from .rope import GRAPH_SCALINGS, inv_freq
 from .sampling import lanes_for, sample_kernel
@@ -136,6 +137,10 @@ class DecoderConfig:
         family says otherwise)."""
         return None
 
+    def latent_attention(self) -> MLASpec | None:
+        """Every layer's multi-head latent attention (models/mla.py), None for plain attention."""
+        return None
+
 
 def _flat_rope(hf: dict) -> dict:
     """transformers 5 writes RoPE as `rope_parameters: {rope_type, rope_theta, factor, ...}` instead of
@@ -186,12 +191,14 @@ class DecoderStack(nn.Module):
             self.embed_positions = nn.Embedding(c.context_window_size, c.hidden_size)
         in_graph = rope_in_graph(attention, flags) and not flags.learned_positions
         self.needs_positions = in_graph or flags.learned_positions
-        self.layers = nn.ModuleList([
-            DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
-                         c.head_dim, c.norm_eps, flags,
-                         inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None,
-                         SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None)
-            for i, a in enumerate(attention)])
+        def layer(i: int, a: LayerAttention) -> DecoderLayer:
+            rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None
+            latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim), c.norm_eps,
+                                     flags.qkv_bias, rope) if (mla := c.latent_attention()) else None
+            return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+                                c.head_dim, c.norm_eps, flags, rope,
+                                SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None, latent)
+        self.layers = nn.ModuleList([layer(i, a) for i, a in enumerate(attention)])
         self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
         if flags.embed_norm:
             self.embed_norm = Norm(c.hidden_size, c.norm_eps, flags.norm)

@@ -66,6 +66,10 @@ class Flags:
     attn_temperature: tuple[float, int] | None = None   # (beta, original): q *= 1 + beta * log(1 + floor(pos /
                                                         # original)) after RoPE (Ministral 3; RoPE in the graph)
 
+    def sm_scale(self, head_dim: int) -> float:
+        """The attention's softmax scale: attn_scale, else 1 / sqrt(query_pre_attn_scalar or head_dim)."""
+        return float(self.attn_scale) if self.attn_scale else float(self.query_pre_attn_scalar or head_dim) ** -0.5
+
     def __post_init__(self) -> None:
         if self.norm not in NORMS:
             raise ValueError(f"norm {self.norm!r} is not one of {', '.join(NORMS)}")
@@ -159,8 +163,7 @@ class PagedAttention(nn.Module):
                              f"num_key_value_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope = rope                    # (inverse frequencies, cos/sin factor) when RoPE is in the graph
-        scalar = flags.query_pre_attn_scalar or head_dim
-        self.sm_scale = float(flags.attn_scale) if flags.attn_scale else float(scalar) ** -0.5
+        self.sm_scale = flags.sm_scale(head_dim)
         self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
@@ -212,10 +215,11 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, eps: float, flags: Flags = Flags(), rope: tuple | None = None,
-                 mlp: nn.Module | None = None):
+                 mlp: nn.Module | None = None, attention: nn.Module | None = None):
         if flags.pre_norms:
             self.input_layernorm = Norm(hidden_size, eps, flags.norm)
-        self.self_attn = PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)
+        self.self_attn = attention if attention is not None else \
+            PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)   # (MLA's, given)
         if flags.pre_norms and not flags.shared_norm:
             self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)   # before the MLP
         self.mlp = mlp if mlp is not None else MLP(hidden_size, intermediate_size, flags)   # (a MoE's, given)

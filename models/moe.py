@@ -53,7 +53,9 @@ class MoESpec:
     scoring: str = "softmax"                # or "sigmoid" (DeepSeek-V3's router: GLM-4.5, dots.llm1)
     choice_bias: bool = False               # a per-expert bias added to the scores to choose experts only
     groups: int = 1                         # experts in this many groups (n_group), of which only the
-    top_groups: int = 1                     # `top_groups` (topk_group) best are chosen from
+    top_groups: int = 1                     # `top_groups` (topk_group) best are chosen from, a group
+    group_score: str = "top2"               # scoring the sum of its two best choices, or its best ("max":
+                                            # DeepSeek-V2's group_limited_greedy)
     routed_scale: float = 1.0               # the chosen experts' weights times this (routed_scaling_factor)
     norm_min: float = 0.0                   # normalise by max(sum(w), norm_min) (ERNIE 4.5's moe_norm_min)
 
@@ -61,6 +63,8 @@ class MoESpec:
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"num_experts_per_tok ({self.top_k}) must be from 1 to the number of experts "
                              f"({self.num_experts}); fix config.json")
+        if self.group_score not in ("top2", "max"):
+            raise ValueError(f"expert group score {self.group_score!r} is not supported (top2 or max)")
         if self.scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router scoring {self.scoring!r} is not supported (softmax or sigmoid)")
         if self.groups < 1 or self.num_experts % self.groups or not 1 <= self.top_groups <= self.groups:
@@ -102,7 +106,7 @@ class SparseMoE(nn.Module):
         probs = op.softmax(logits, axis=-1) if spec.scoring == "softmax" else op.sigmoid(logits)
         choice = probs + self.choice_bias if spec.choice_bias else probs
         if spec.top_groups < spec.groups:
-            choice = _best_groups(choice, spec.groups, spec.top_groups)
+            choice = _best_groups(choice, spec.groups, spec.top_groups, spec.group_score == "top2")
         weights, experts = _top_k(probs, k, choice)
         if spec.normalize:
             total = op.sum(weights, axis=-1, keepdims=True)
@@ -146,11 +150,11 @@ def _top_k(probs: Tensor, k: int, choice: Tensor | None = None) -> tuple[Tensor,
     return weights, experts
 
 
-def _best_groups(choice: Tensor, groups: int, top_groups: int) -> Tensor:
+def _best_groups(choice: Tensor, groups: int, top_groups: int, two: bool) -> Tensor:
     """`choice` [T, E] with every expert outside its token's `top_groups` best groups set to -inf: the
-    experts are `groups` runs of E / groups, a group scores the sum of its two best choices (one, in
-    groups of one) and the best groups are those with fewer than `top_groups` groups ahead (a higher
-    score, or an equal one and a lower index)."""
+    experts are `groups` runs of E / groups, a group scores the sum of its two best choices (`two`, in
+    groups of two or more) or its best, and the best groups are those with fewer than `top_groups` groups
+    ahead (a higher score, or an equal one and a lower index)."""
     def mask(c: te.Tensor):
         tokens, experts = c.shape
         size = experts // groups
@@ -162,8 +166,8 @@ def _best_groups(choice: Tensor, groups: int, top_groups: int) -> Tensor:
             c[t, g * size + m2] == top1[t, g], m2.var, size), axis=m2), name="group_top1_at")
         top2 = te.compute((tokens, groups), lambda t, g: te.max(tirx.Select(
             m3.var == top1_at[t, g], lowest, c[t, g * size + m3]), axis=m3), name="group_top2")
-        two = int(size) >= 2
-        score = te.compute((tokens, groups), lambda t, g: top1[t, g] + top2[t, g] if two else top1[t, g],
+        both = two and int(size) >= 2
+        score = te.compute((tokens, groups), lambda t, g: top1[t, g] + top2[t, g] if both else top1[t, g],
                            name="group_score")
         o = te.reduce_axis((0, groups), name="o")
         ahead = te.compute((tokens, groups), lambda t, g: te.sum(tirx.Select(tirx.any(

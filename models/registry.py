@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (apertus, cohere, ernie4_5, falcon, gemma, glm, glm4_moe, gpt2, gpt_neo, gpt_neox, gptj, granite, helium, hunyuan,
+from . import (apertus, cohere, deepseek, ernie4_5, falcon, gemma, glm, glm4_moe, gpt2, gpt_neo, gpt_neox, gptj, granite, helium, hunyuan,
                llama, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe,
                smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
@@ -99,6 +99,13 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           glm4_moe.MiniMaxM2ForCausalLM),
     _arch("exaone_moe", ("ExaoneMoeForCausalLM",), ("exaone_moe",), glm4_moe, glm4_moe.ExaoneMoeConfig,
           glm4_moe.ExaoneMoeForCausalLM),
+    _arch("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), deepseek, deepseek.DeepseekV2Config,
+          deepseek.DeepseekV2ForCausalLM),
+    _arch("deepseek_v3", ("DeepseekV3ForCausalLM",), ("deepseek_v3", "kimi_k2"), deepseek, deepseek.DeepseekV3Config,
+          deepseek.DeepseekV3ForCausalLM),
+    _arch("glm4_moe_lite", ("Glm4MoeLiteForCausalLM",), ("glm4_moe_lite",), deepseek, deepseek.Glm4MoeLiteConfig,
+          deepseek.Glm4MoeLiteForCausalLM),
+    _arch("youtu", ("YoutuForCausalLM",), ("youtu",), deepseek, deepseek.YoutuConfig, deepseek.YoutuForCausalLM),
     _arch("cohere", ("CohereForCausalLM",), ("cohere",), cohere, cohere.CohereConfig, cohere.CohereForCausalLM),
     _arch("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), cohere, cohere.Cohere2Config, cohere.Cohere2ForCausalLM),
     _arch("nemotron", ("NemotronForCausalLM",), ("nemotron",), nemotron, nemotron.NemotronConfig,

@@ -59,6 +59,9 @@ pass `kiln check` against the golden logits the compile stored.
              bias, the best groups of experts, scaled weights; ungated shared experts, dense first layers;
              partial rotary and q/k biases (GLM-4.5), q/k norms per head or over all heads (MiniMax-M2),
              a global layer without RoPE among sliding ones with it (EXAONE MoE)
+    deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
+             to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
+             router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
     ernie4_5-moe  softmax scores with a choice bias (moe_statics), a dense first layer, adjacent-pair RoPE
     hunyuan-moe   a shared MLP beside the experts, each layer's own top-k, q/k norms after RoPE
 """
@@ -82,6 +85,8 @@ SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
              num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)
 FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, bos_token_id=1)
+MLA = dict(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, num_key_value_heads=4,
+           pad_token_id=0)
 ROUTED = dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1,
               first_k_dense_replace=1)     # DeepSeek-V3's router: sigmoid scores, a choice bias, groups
 LONGROPE = dict(rope_type="longrope", short_factor=[1.0 + 0.25 * i for i in range(8)],
@@ -200,6 +205,19 @@ CASES = {
         moe_layer_start_index=1, head_dim=24, tie_word_embeddings=True)),
     "hunyuan-moe": ("HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", dict(num_experts=8, moe_topk=[2, 3], head_dim=16,
                                                                           intermediate_size=48)),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(
+        MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
+        topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5, num_hidden_layers=3, rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64, mscale=1.0,
+            mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0))),
+    "deepseek-v2": ("DeepseekV2ForCausalLM", "DeepseekV2Config", dict(
+        MLA, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=2,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=1.5,
+        num_hidden_layers=3)),
+    "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", dict(
+        MLA, v_head_dim=24, rope_interleave=False, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"], num_hidden_layers=3)),
+    "youtu": ("YoutuForCausalLM", "YoutuConfig", dict(MLA, bos_token_id=1, pad_token_id=0)),
     "exaone-moe": ("ExaoneMoeForCausalLM", "ExaoneMoeConfig", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_hidden_layers=4, sliding_window=4096,
         sliding_window_pattern=4, first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=2, topk_group=1,

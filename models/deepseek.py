@@ -1,0 +1,146 @@
+"""Llamas with multi-head latent attention (models/mla.py):
+
+    deepseek_v2     DeepSeek-V2 / V2-Lite / V2.5: softmax experts, the top `num_experts_per_tok` taken
+                    greedily or from the best `topk_group` of `n_group` groups by their best expert
+                    (`topk_method` group_limited_greedy), not renormalised, times `routed_scaling_factor`;
+                    ungated shared experts; the first `first_k_dense_replace` layers dense
+    deepseek_v3     DeepSeek-V3 / R1, Kimi K2, Moonlight: DeepSeek-V3's router (models/glm4_moe.py), RoPE
+                    on interleaved pairs where `rope_interleave` (the default), else on halves
+    glm4_moe_lite   GLM-4.7-Flash: DeepSeek-V3's attention and router, dense layers by `mlp_layer_types`
+    youtu           Youtu-LLM: latent attention, dense MLPs, tied embeddings
+
+YaRN scales the softmax by mscale(factor, mscale_all_dim) ** 2 as DeepSeek's checkpoints were trained.
+The multi-token-prediction layers (`num_nextn_predict_layers`, after the last layer) are not loaded."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .causal_lm import CausalLM, WeightMap, decoder_weight_map
+from .config import ConfigField, fields_with
+from .glm4_moe import NAMES, ROUTED_FIELDS, Glm4MoeConfig
+from .layers import Flags
+from .llama import LlamaConfig
+from .mla import MLASpec, latent_weight_map
+from .moe import MoESpec, moe_weight_map
+
+MLA_FIELDS = (
+    ConfigField("q_lora_rank", ("q_lora_rank",), default=None),
+    ConfigField("kv_lora_rank", ("kv_lora_rank",)),
+    ConfigField("qk_nope_head_dim", ("qk_nope_head_dim",)),
+    ConfigField("qk_rope_head_dim", ("qk_rope_head_dim",)),
+    ConfigField("v_head_dim", ("v_head_dim",)),
+    ConfigField("rope_interleave", ("rope_interleave",), default=True),
+)
+
+
+@dataclass(frozen=True)
+class DeepseekV3Config(Glm4MoeConfig):
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    rope_interleave: bool = True
+
+    ARCH: ClassVar[str] = "deepseek_v3"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*fields_with(
+        LlamaConfig.FIELDS, *ROUTED_FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=3)),
+        *MLA_FIELDS)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        # The cache holds each head's expanded key and value: q's heads, [rotated, nope] dims (models/mla.py).
+        head_dim = values["qk_nope_head_dim"] + values["qk_rope_head_dim"]
+        values = dict(values, head_dim=head_dim, num_key_value_heads=values["num_attention_heads"],
+                      partial_rotary_factor=values["qk_rope_head_dim"] / head_dim, use_qk_norm=False)
+        return super().adapt(values, hf, notes)
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.qk_rope_head_dim                # exactly (head_dim * its share can round below it)
+
+    def latent_attention(self) -> MLASpec:
+        return MLASpec(self.q_lora_rank, self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim,
+                       self.v_head_dim, self.rope_interleave)
+
+    def flags(self) -> Flags:
+        scale = self.head_dim ** -0.5
+        scaling = self.rope_scaling or {}
+        if scaling.get("rope_type") == "yarn" and scaling.get("mscale_all_dim") and scaling["factor"] > 1:
+            scale *= (0.1 * scaling["mscale_all_dim"] * math.log(scaling["factor"]) + 1.0) ** 2
+        return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, attn_scale=scale)
+
+
+@dataclass(frozen=True)
+class DeepseekV2Config(DeepseekV3Config):
+    group_limited: bool = False             # topk_method group_limited_greedy
+
+    ARCH: ClassVar[str] = "deepseek_v2"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DeepseekV3Config.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=0),
+        ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False),
+        ConfigField("groups", ("n_group",), default=1), ConfigField("top_groups", ("topk_group",), default=1))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        method = hf.get("topk_method") or "greedy"
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"DeepSeek-V2 topk_method {method!r} is not supported (greedy, group_limited_greedy)")
+        if hf.get("moe_layer_freq", 1) != 1:
+            raise ValueError("DeepSeek-V2 with moe_layer_freq other than 1 is not supported (transformers makes "
+                             "every layer after first_k_dense_replace sparse); fix config.json")
+        limited = method == "group_limited_greedy"
+        values = dict(values, group_limited=limited, rope_interleave=True)   # V2 rotates pairs (complex)
+        if not limited:
+            values.update(groups=1, top_groups=1)
+        return super().adapt(values, hf, notes)
+
+    def routed(self) -> MoESpec:
+        # transformers' V2 router: softmax, never renormalised; a group scores its best expert
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, False,
+                       self.moe_intermediate_size * self.shared_experts, shared_gated=False, groups=self.groups,
+                       top_groups=self.top_groups, group_score="max", routed_scale=self.routed_scale)
+
+
+@dataclass(frozen=True)
+class Glm4MoeLiteConfig(DeepseekV3Config):
+    dense_layers: tuple[int, ...] = ()
+
+    ARCH: ClassVar[str] = "glm4_moe_lite"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(DeepseekV3Config.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=1)),
+        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, kinds = values["num_hidden_layers"], values.pop("mlp_layer_types")
+        kinds = kinds or ["dense" if i < values["first_dense"] else "sparse" for i in range(n)]
+        if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
+            raise ValueError(f"mlp_layer_types must list 'dense' or 'sparse' for each of the {n} layers; got {kinds}")
+        values = dict(values, dense_layers=tuple(i for i, k in enumerate(kinds) if k == "dense"))
+        return super().adapt(values, hf, notes)
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        return None if layer in self.dense_layers else self.routed()
+
+
+@dataclass(frozen=True)
+class YoutuConfig(DeepseekV3Config):
+    ARCH: ClassVar[str] = "youtu"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(LlamaConfig.FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True)),
+        *MLA_FIELDS)
+
+    def layer_moe(self, layer: int) -> None:
+        return None
+
+
+DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = Glm4MoeLiteForCausalLM = YoutuForCausalLM = CausalLM
+
+
+def weight_map(c: DeepseekV3Config) -> WeightMap:
+    m = decoder_weight_map(c) if isinstance(c, YoutuConfig) else moe_weight_map(c, NAMES)
+    return latent_weight_map(c, m)
