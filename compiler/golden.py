@@ -70,8 +70,14 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
 
 
 def _hf_model(source, torch, transformers):
-    return transformers.AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32,
-                                                             attn_implementation="eager")
+    load = dict(dtype=torch.float32, attn_implementation="eager")
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(source.path, **load)
+    except ValueError:          # a causal LM not registered for its model type (Mistral 4): the class config.json names
+        named = [c for a in source.hf_config.get("architectures") or [] if (c := getattr(transformers, a, None))]
+        if not named:
+            raise
+        return named[0].from_pretrained(source.path, **load)
 
 
 def _no_init():

@@ -8,12 +8,19 @@
                     on interleaved pairs where `rope_interleave` (the default), else on halves
     glm4_moe_lite   GLM-4.7-Flash: DeepSeek-V3's attention and router, dense layers by `mlp_layer_types`
     youtu           Youtu-LLM: latent attention, dense MLPs, tied embeddings
+    minicpm3        MiniCPM3: Youtu's shape with RoPE on halves (LongRoPE: the short factors), MiniCPM's
+                    embedding scale (`scale_emb`), residual scale (scale_depth / sqrt(layers)) and logits
+                    divided by hidden_size / dim_model_base
+    mistral4        Mistral 4: DeepSeek-V3's attention with Llama 4's query temperature past the
+                    pretraining context (`llama_4_scaling_beta`), softmax experts chosen from the best
+                    groups by their two best scores, renormalised, without a choice bias
 
 YaRN scales the softmax by mscale(factor, mscale_all_dim) ** 2 as DeepSeek's checkpoints were trained.
 The multi-token-prediction layers (`num_nextn_predict_layers`, after the last layer) are not loaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -24,6 +31,8 @@ from .glm4_moe import NAMES, ROUTED_FIELDS, Glm4MoeConfig
 from .layers import Flags
 from .llama import LlamaConfig
 from .mla import MLASpec, latent_weight_map
+from .phi3 import longrope
+from .rope import query_temperature
 from .moe import MoESpec, moe_weight_map
 
 MLA_FIELDS = (
@@ -138,9 +147,59 @@ class YoutuConfig(DeepseekV3Config):
         return None
 
 
+@dataclass(frozen=True)
+class MiniCPM3Config(YoutuConfig):
+    scale_emb: float = 1.0
+    scale_depth: float | None = None
+    dim_model_base: int | None = None
+
+    ARCH: ClassVar[str] = "minicpm3"
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "longrope", "su")
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *YoutuConfig.FIELDS, ConfigField("scale_emb", ("scale_emb",), default=1.0),
+        ConfigField("scale_depth", ("scale_depth",), default=None),
+        ConfigField("dim_model_base", ("dim_model_base",), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        values = dict(longrope(values, hf, notes), rope_interleave=False)     # cos/sin on halves, as Llama's
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        depth = self.scale_depth if self.scale_depth is not None else math.sqrt(self.num_hidden_layers)
+        return dataclasses.replace(super().flags(), embed_scale=float(self.scale_emb),
+                                   residual_scale=depth / math.sqrt(self.num_hidden_layers),
+                                   logit_divisor=self.hidden_size / (self.dim_model_base or self.hidden_size))
+
+
+@dataclass(frozen=True)
+class Mistral4Config(DeepseekV3Config):
+    attn_temperature: tuple[float, int] | None = None
+
+    ARCH: ClassVar[str] = "mistral4"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DeepseekV3Config.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=0))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        return super().adapt(dict(values, attn_temperature=query_temperature(values["rope_scaling"])), hf, notes)
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), attn_temperature=self.attn_temperature)
+
+    def routed(self) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, self.norm_topk_prob,
+                       self.moe_intermediate_size * self.shared_experts, shared_gated=False, groups=self.groups,
+                       top_groups=self.top_groups, routed_scale=self.routed_scale)
+
+
 DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = Glm4MoeLiteForCausalLM = YoutuForCausalLM = CausalLM
+MiniCPM3ForCausalLM = Mistral4ForCausalLM = CausalLM
 
 
 def weight_map(c: DeepseekV3Config) -> WeightMap:
-    m = decoder_weight_map(c) if isinstance(c, YoutuConfig) else moe_weight_map(c, NAMES)
+    # Mistral 4's checkpoints hold transformers 5's 3-D experts (no conversion maps them from per-expert tensors)
+    names = dict(NAMES, fused="mlp.experts") \
+        if isinstance(c, Mistral4Config) else NAMES
+    m = decoder_weight_map(c) if isinstance(c, YoutuConfig) else moe_weight_map(c, names)
     return latent_weight_map(c, m)

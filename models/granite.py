@@ -17,7 +17,7 @@ from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, decoder_wei
 from .config import ConfigField, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
-from .moe import EXPERT_FIELDS, MoESpec
+from .moe import EXPERT_FIELDS, MoESpec, expert_rows
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,6 @@ class GraniteMoeSharedConfig(GraniteMoeConfig):
 GraniteForCausalLM = HyperCLOVAXForCausalLM = GraniteMoeForCausalLM = GraniteMoeSharedForCausalLM = CausalLM
 
 
-def _rows(stacked):
-    """A 3-D [experts, rows, cols] tensor as the 2-D [experts * rows, cols] kiln's expert Linear holds."""
-    return stacked.reshape(-1, stacked.shape[-1])
-
-
 def weight_map(c: GraniteConfig) -> WeightMap:
     if isinstance(c, HyperCLOVAXConfig):
         return decoder_weight_map(c, dict(LLAMA_NAMES, post_attn_norm="post_norm1", post_mlp_norm="post_norm2"))
@@ -98,8 +93,8 @@ def weight_map(c: GraniteConfig) -> WeightMap:
         for key in [key for key in m if key.startswith(f"{k}.")]:
             del m[key]
         m[f"{k}.router"] = [f"{h}.block_sparse_moe.router.layer.weight"]
-        m[f"{k}.experts_gate_up.weight"] = WeightSpec((f"{h}.block_sparse_moe.input_linear.weight",), _rows)
-        m[f"{k}.experts_down.weight"] = WeightSpec((f"{h}.block_sparse_moe.output_linear.weight",), _rows)
+        m[f"{k}.experts_gate_up.weight"] = WeightSpec((f"{h}.block_sparse_moe.input_linear.weight",), expert_rows)
+        m[f"{k}.experts_down.weight"] = WeightSpec((f"{h}.block_sparse_moe.output_linear.weight",), expert_rows)
         if c.shared_intermediate_size:
             m[f"{k}.shared.gate_up_proj.weight"] = [f"{h}.shared_mlp.input_linear.weight"]
             m[f"{k}.shared.down_proj.weight"] = [f"{h}.shared_mlp.output_linear.weight"]

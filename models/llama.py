@@ -15,6 +15,7 @@ from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, La
                         attention_by_type, decoder_weight_map, prefixed_names)
 from .config import ConfigField, fields_with, layer_types, text_model
 from .layers import Flags
+from .rope import query_temperature
 
 
 @dataclass(frozen=True)
@@ -117,13 +118,7 @@ class Ministral3Config(LlamaConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        scaling = values["rope_scaling"] or {}
-        beta, original = scaling.get("llama_4_scaling_beta"), scaling.get("original_max_position_embeddings")
-        if beta and not original:
-            raise ValueError("llama_4_scaling_beta without original_max_position_embeddings in rope_parameters; "
-                             "fix config.json")
-        values = dict(values, attn_temperature=(float(beta), int(original)) if beta else None)
-        return super().adapt(values, hf, notes)
+        return super().adapt(dict(values, attn_temperature=query_temperature(values["rope_scaling"])), hf, notes)
 
     def flags(self) -> Flags:
         return dataclasses.replace(super().flags(), attn_temperature=self.attn_temperature)

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, Youtu-LLM), run as the plain
+"""Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, Mistral 4, Youtu-LLM), run as the plain
 multi-head attention it expands to, over the KV cache every other family uses.
 
 MLA projects x to a `kv_lora_rank` latent (RMS-normed) and one `qk_rope_head_dim` key part shared by
@@ -27,7 +27,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
 from .layers import Norm
-from .rope import apply_rope
+from .rope import apply_rope, position_temperature
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,9 @@ class LatentAttention(nn.Module):
     kv_dtype: str | None = None             # the KV cache's dtype where it is not the activations'
 
     def __init__(self, hidden_size: int, num_heads: int, spec: MLASpec, sm_scale: float, eps: float,
-                 bias: bool = False, rope: tuple | None = None):
+                 bias: bool = False, rope: tuple | None = None, temperature: tuple[float, int] | None = None):
         self.spec, self.num_heads, self.sm_scale, self.rope = spec, num_heads, sm_scale, rope
+        self.temperature = temperature      # Flags.attn_temperature (Mistral 4: RoPE is then in the graph)
         d = spec.head_dim
         if spec.q_lora_rank:
             self.q_a_proj = nn.Linear(hidden_size, spec.q_lora_rank, bias=bias)
@@ -81,6 +82,8 @@ class LatentAttention(nn.Module):
         k = op.concat([op.broadcast_to(op.reshape(k_rot, (b, s, 1, rope)), (b, s, h, rope)), k_nope], dim=3)
         if self.rope:
             q, k = (apply_rope(t, positions, *self.rope) for t in (q, k))
+        if self.temperature:
+            q = position_temperature(q, positions, *self.temperature)
         if sp.v_head_dim < d:
             v = op.concat([v, op.zeros((b, s, h, d - sp.v_head_dim), v.dtype)], dim=3)
         qkv = op.concat([q, k, v], dim=2)

@@ -210,12 +210,18 @@ def expert_matmul_te(x: te.Tensor, weight, experts: te.Tensor, rows: int) -> te.
     return te.compute(total.shape, lambda t, j, c: total[t, j, c].astype(x.dtype), name="expert_matmul_cast")
 
 
+def expert_rows(stacked):
+    """A 3-D [experts, rows, cols] tensor as the 2-D [experts * rows, cols] kiln's expert Linear holds."""
+    return stacked.reshape(-1, stacked.shape[-1])
+
+
 def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | None = None) -> dict:
     """The decoder's weight map (causal_lm.decoder_weight_map with `decoder_names`, Llama's HF names by
     default) with each MoE layer's dense MLP entries replaced by its experts': `names` are the HF names
     under a layer of router, expert, gate, up, down, shared, shared_gate, choice_bias (the whole tensor name;
-    expert: a format string with {j})."""
-    from .causal_lm import LLAMA_NAMES, decoder_weight_map
+    expert: a format string with {j}), or `fused` in place of expert, gate, up and down: the module holding
+    transformers 5's 3-D gate_up_proj [experts, gate rows + up rows, cols] and down_proj."""
+    from .causal_lm import LLAMA_NAMES, WeightSpec, decoder_weight_map
     m = decoder_weight_map(c, decoder_names or LLAMA_NAMES)
     for layer in range(c.num_hidden_layers):
         spec = c.layer_moe(layer)
@@ -224,10 +230,15 @@ def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | Non
         k, hf_layer = f"model.layers.{layer}.mlp", LLAMA_NAMES["layer"].format(i=layer)
         for key in [key for key in m if key.startswith(f"{k}.")]:
             del m[key]
-        expert = [f"{hf_layer}.{names['expert'].format(j=j)}" for j in range(spec.num_experts)]
         m[f"{k}.router"] = [f"{hf_layer}.{names['router']}.weight"]
-        m[f"{k}.experts_gate_up.weight"] = [f"{x}.{names[p]}.weight" for x in expert for p in ("gate", "up")]
-        m[f"{k}.experts_down.weight"] = [f"{x}.{names['down']}.weight" for x in expert]
+        if "fused" in names:                # transformers 5's own layout: [experts, rows, cols] tensors
+            fused = f"{hf_layer}.{names['fused']}"
+            m[f"{k}.experts_gate_up.weight"] = WeightSpec((f"{fused}.gate_up_proj",), expert_rows)
+            m[f"{k}.experts_down.weight"] = WeightSpec((f"{fused}.down_proj",), expert_rows)
+        else:
+            expert = [f"{hf_layer}.{names['expert'].format(j=j)}" for j in range(spec.num_experts)]
+            m[f"{k}.experts_gate_up.weight"] = [f"{x}.{names[p]}.weight" for x in expert for p in ("gate", "up")]
+            m[f"{k}.experts_down.weight"] = [f"{x}.{names['down']}.weight" for x in expert]
         if spec.shared_intermediate_size:
             shared = f"{hf_layer}.{names['shared']}"
             m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.{names['gate']}.weight",

@@ -28,24 +28,31 @@ class Phi3Config(DecoderConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        scaling = values["rope_scaling"]
-        if scaling is not None:                     # longrope (su is its old name)
-            original = scaling.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
-            if not original:
-                raise ValueError("longrope rope_scaling needs original_max_position_embeddings; add it to config.json")
-            factor = scaling.get("factor") or values["context_window_size"] / original
-            values["rope_scaling"] = dict(scaling, rope_type="longrope", original_max_position_embeddings=original,
-                                          factor=factor)
-            if values["context_window_size"] > original:
-                notes.append(f"context window capped at {original} tokens (LongRoPE's short factors; "
-                             "the long factors are not supported yet)")
-                values["context_window_size"] = int(original)
-        return values
+        return longrope(values, hf, notes)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
         return (LayerAttention("sliding" if window else "full", window, self.rope_theta, self.rope_scaling),) \
             * self.num_hidden_layers
+
+
+def longrope(values: dict, hf: dict, notes: list[str]) -> dict:
+    """A config's LongRoPE scaling (longrope, or su) completed (its pretraining context and factor), and the
+    context capped there with a note: kiln applies the short factors only."""
+    scaling = values["rope_scaling"]
+    if scaling is None:
+        return values
+    original = scaling.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+    if not original:
+        raise ValueError("longrope rope_scaling needs original_max_position_embeddings; add it to config.json")
+    factor = scaling.get("factor") or values["context_window_size"] / original
+    values = dict(values, rope_scaling=dict(scaling, rope_type="longrope", original_max_position_embeddings=original,
+                                            factor=factor))
+    if values["context_window_size"] > original:
+        notes.append(f"context window capped at {original} tokens (LongRoPE's short factors; "
+                     "the long factors are not supported yet)")
+        values["context_window_size"] = int(original)
+    return values
 
 
 Phi3ForCausalLM = CausalLM

@@ -78,6 +78,17 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+def query_temperature(scaling: dict | None) -> tuple[float, int] | None:
+    """Llama 4's query temperature from a rope scaling's llama_4_scaling_beta: (beta, the pretraining
+    context), None without one (position_temperature applies it)."""
+    scaling = scaling or {}
+    beta, original = scaling.get("llama_4_scaling_beta"), scaling.get("original_max_position_embeddings")
+    if beta and not original:
+        raise ValueError("llama_4_scaling_beta without original_max_position_embeddings in rope_parameters; "
+                         "fix config.json")
+    return (float(beta), int(original)) if beta else None
+
+
 def position_temperature(q: Tensor, positions: Tensor, beta: float, original: int) -> Tensor:
     """q [batch, seq, heads, head_dim] times 1 + beta * log(1 + floor(position / original)) (Llama 4's and
     Ministral 3's attention temperature: 1 within the pretraining context, rising slowly past it)."""

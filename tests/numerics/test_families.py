@@ -62,6 +62,9 @@ pass `kiln check` against the golden logits the compile stored.
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
+    minicpm3 the same dense, RoPE on halves under LongRoPE, MiniCPM's embedding, residual and logit scales
+    mistral4 latent attention with Llama 4's query temperature (past the pretraining context at 8),
+             softmax experts from the best groups without a choice bias
     ernie4_5-moe  softmax scores with a choice bias (moe_statics), a dense first layer, adjacent-pair RoPE
     hunyuan-moe   a shared MLP beside the experts, each layer's own top-k, q/k norms after RoPE
 """
@@ -217,6 +220,15 @@ CASES = {
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", dict(
         MLA, v_head_dim=24, rope_interleave=False, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
         routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"], num_hidden_layers=3)),
+    "minicpm3": ("MiniCPM3ForCausalLM", "MiniCPM3Config", dict(
+        MLA, scale_emb=6.0, scale_depth=1.4, dim_model_base=16, bos_token_id=1, max_position_embeddings=512,
+        rope_parameters=dict(LONGROPE, short_factor=[1.0 + 0.25 * i for i in range(4)], long_factor=[4.0] * 4,
+                             rope_theta=10000.0))),
+    "mistral4": ("Mistral4ForCausalLM", "Mistral4Config", dict(
+        MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
+        topk_group=1, num_hidden_layers=2, rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, mscale=1.0,
+            mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0, llama_4_scaling_beta=0.5))),   # 8: past it at 8
     "youtu": ("YoutuForCausalLM", "YoutuConfig", dict(MLA, bos_token_id=1, pad_token_id=0)),
     "exaone-moe": ("ExaoneMoeForCausalLM", "ExaoneMoeConfig", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_hidden_layers=4, sliding_window=4096,
