@@ -162,10 +162,12 @@ def _best_groups(choice: Tensor, groups: int, top_groups: int, two: bool) -> Ten
         m, m2, m3 = (te.reduce_axis((0, size), name=n) for n in ("m", "m2", "m3"))
         top1 = te.compute((tokens, groups), lambda t, g: te.max(c[t, g * size + m], axis=m), name="group_top1")
         # the second best: the best of the others once the first best (its lowest index) is set aside
+        # (int32 indices: WebGPU has no 64-bit integers)
         top1_at = te.compute((tokens, groups), lambda t, g: te.min(tirx.Select(
-            c[t, g * size + m2] == top1[t, g], m2.var, size), axis=m2), name="group_top1_at")
+            c[t, g * size + m2] == top1[t, g], m2.var.astype("int32"), tirx.const(int(size), "int32")), axis=m2),
+            name="group_top1_at")
         top2 = te.compute((tokens, groups), lambda t, g: te.max(tirx.Select(
-            m3.var == top1_at[t, g], lowest, c[t, g * size + m3]), axis=m3), name="group_top2")
+            m3.var.astype("int32") == top1_at[t, g], lowest, c[t, g * size + m3]), axis=m3), name="group_top2")
         both = two and int(size) >= 2
         score = te.compute((tokens, groups), lambda t, g: top1[t, g] + top2[t, g] if both else top1[t, g],
                            name="group_score")

@@ -301,6 +301,19 @@ def test_gemma2_builds_for_cuda_with_capped_attention(tmp_path):
     assert not uncapped, uncapped
 
 
+@pytest.mark.parametrize("case", ["deepseek-v3", "deepseek-v2"])
+def test_grouped_routers_build_for_webgpu(case, tmp_path):
+    """The routers that choose experts from the best groups (DeepSeek-V3's: a group's two best biased
+    scores; V2's: its best), with latent attention, on WebGPU, which has no 64-bit integers: their index
+    arithmetic stays int32 (a group's best expert was once an int64 buffer, and the compile failed)."""
+    from conftest import ir_functions
+    write_family(case, tmp_path / "hf")
+    kiln.compile(str(tmp_path / "hf"), target="webgpu", quant="q4f16", output=tmp_path / "art", golden=False,
+                 dump_ir=tmp_path / "ir")
+    funcs = ir_functions((tmp_path / "ir" / "2-schedule.py").read_text())
+    assert any(name.startswith("best_groups") for name in funcs), sorted(funcs)
+
+
 def test_moe_batches_route_each_sequence_to_its_own_experts(tmp_path):
     """Three sequences decoded together (one batch_decode a step: each row gathers its own experts) give
     transformers' greedy tokens, each sequence's as if alone."""
