@@ -181,7 +181,7 @@ def rope_in_graph(layers: tuple[LayerAttention, ...], flags: Flags | None = None
     ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling)) for a in layers}
     kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
     by_flags = bool(flags and (flags.qk_norm_after_rope or flags.attn_temperature))
-    return len(ropes) > 1 or bool(kinds & set(GRAPH_SCALINGS)) or by_flags
+    return len(ropes) > 1 or not all(a.rope for a in layers) or bool(kinds & set(GRAPH_SCALINGS)) or by_flags
 
 
 class DecoderStack(nn.Module):

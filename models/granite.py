@@ -5,7 +5,10 @@ MLP output scaled by `residual_multiplier` before its residual add, and the logi
 (every expert's gate and up rows in one 3-D `input_linear`, the top `num_experts_per_tok` renormalised);
 Granite MoE Shared adds an always-on MLP beside it, ungated. NAVER's HyperCLOVA X SEED is a
 Granite whose logits are multiplied by `logits_scaling`, whose attention scale defaults to
-head_dim ** -0.5, and which norms the attention and MLP outputs too (`use_post_norm`: Peri-LN)."""
+head_dim ** -0.5, and which norms the attention and MLP outputs too (`use_post_norm`: Peri-LN). Granite
+4.0's models without Mamba layers (granite-4.0-micro: every `layer_types` entry "attention") are Granite
+MoE Shared, or with no experts (`num_local_experts` 0) a Granite whose MLP is the shared one; RoPE only
+where `position_embedding_type` is "rope". The hybrids (Mamba-2 layers: the -h- models) are refused."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, decoder_weight_map
+from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, decoder_weight_map
 from .config import ConfigField, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
@@ -79,7 +82,36 @@ class GraniteMoeSharedConfig(GraniteMoeConfig):
     ARCH: ClassVar[str] = "granitemoeshared"
 
 
+@dataclass(frozen=True)
+class GraniteMoeHybridConfig(GraniteMoeSharedConfig):
+    rope: bool = True
+
+    ARCH: ClassVar[str] = "granitemoehybrid"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        GraniteMoeSharedConfig.FIELDS, ConfigField("num_experts", ("num_local_experts", "num_experts"), default=0),
+        ConfigField("top_k", ("num_experts_per_tok",), default=1),
+        ConfigField("layer_types", ("layer_types", "layers_block_type"), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        blocks = values["layer_types"] or ["attention"] * values["num_hidden_layers"]
+        if set(blocks) - {"attention", "full_attention"}:          # (transformers 5 writes full_attention)
+            raise ValueError("Granite 4.0 with Mamba layers (the hybrid -h- models) is not supported yet; the "
+                             "attention-only Granite 4.0 models (every layer_types entry 'attention') load")
+        values = dict(values, layer_types=None, rope=hf.get("position_embedding_type") == "rope")
+        if not values["num_experts"]:       # dense: the shared MLP is the layer's MLP
+            values.update(intermediate_size=values["shared_intermediate_size"], shared_intermediate_size=0)
+        return super().adapt(values, hf, notes)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return tuple(dataclasses.replace(a, rope=self.rope) for a in super().layer_attention())
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        return super().layer_moe(layer) if self.num_experts else None
+
+
 GraniteForCausalLM = HyperCLOVAXForCausalLM = GraniteMoeForCausalLM = GraniteMoeSharedForCausalLM = CausalLM
+GraniteMoeHybridForCausalLM = CausalLM
 
 
 def weight_map(c: GraniteConfig) -> WeightMap:
@@ -87,6 +119,12 @@ def weight_map(c: GraniteConfig) -> WeightMap:
         return decoder_weight_map(c, dict(LLAMA_NAMES, post_attn_norm="post_norm1", post_mlp_norm="post_norm2"))
     m = decoder_weight_map(c)
     if not isinstance(c, GraniteMoeConfig):
+        return m
+    if isinstance(c, GraniteMoeHybridConfig) and not c.num_experts:
+        for i in range(c.num_hidden_layers):
+            k, h = f"model.layers.{i}.mlp", f"model.layers.{i}.shared_mlp"
+            m[f"{k}.gate_up_proj.weight"] = [f"{h}.input_linear.weight"]
+            m[f"{k}.down_proj.weight"] = [f"{h}.output_linear.weight"]
         return m
     for i in range(c.num_hidden_layers):
         k, h = f"model.layers.{i}.mlp", f"model.layers.{i}"

@@ -62,6 +62,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           granite.GraniteMoeForCausalLM),
     _arch("granitemoeshared", ("GraniteMoeSharedForCausalLM",), ("granitemoeshared",), granite,
           granite.GraniteMoeSharedConfig, granite.GraniteMoeSharedForCausalLM),
+    _arch("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("granitemoehybrid",), granite,
+          granite.GraniteMoeHybridConfig, granite.GraniteMoeHybridForCausalLM),
     _arch("hyperclovax", ("HyperCLOVAXForCausalLM",), ("hyperclovax",), granite, granite.HyperCLOVAXConfig,
           granite.HyperCLOVAXForCausalLM),
     _arch("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), olmo2, olmo2.Olmo2Config, olmo2.Olmo2ForCausalLM),

@@ -65,6 +65,8 @@ pass `kiln check` against the golden logits the compile stored.
     minicpm3 the same dense, RoPE on halves under LongRoPE, MiniCPM's embedding, residual and logit scales
     mistral4 latent attention with Llama 4's query temperature (past the pretraining context at 8),
              softmax experts from the best groups without a choice bias
+    granite4 Granite 4.0 without Mamba layers: the shared MLP as the dense one, RoPE; with experts and
+             without RoPE (position_embedding_type unset)
     ernie4_5-moe  softmax scores with a choice bias (moe_statics), a dense first layer, adjacent-pair RoPE
     hunyuan-moe   a shared MLP beside the experts, each layer's own top-k, q/k norms after RoPE
 """
@@ -88,6 +90,7 @@ SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
              num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)
 FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, bos_token_id=1)
+GRANITE = dict(embedding_multiplier=6.0, attention_multiplier=0.4, residual_multiplier=0.3, logits_scaling=4.0)
 MLA = dict(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, num_key_value_heads=4,
            pad_token_id=0)
 ROUTED = dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1,
@@ -119,8 +122,7 @@ CASES = {
         max_position_embeddings=512, original_max_position_embeddings=128, tie_word_embeddings=True, pad_token_id=0,
         rope_parameters=dict(LONGROPE, short_factor=LONGROPE["short_factor"][:6], long_factor=[4.0] * 6,
                              rope_theta=10000.0, partial_rotary_factor=0.75))),
-    "granite": ("GraniteForCausalLM", "GraniteConfig", dict(embedding_multiplier=6.0, attention_multiplier=0.4,
-                                                            residual_multiplier=0.3, logits_scaling=4.0)),
+    "granite": ("GraniteForCausalLM", "GraniteConfig", GRANITE),
     "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", {}),
     "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config", dict(num_hidden_layers=4, pad_token_id=0)),  # layer 3: no RoPE
     "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
@@ -208,6 +210,11 @@ CASES = {
         moe_layer_start_index=1, head_dim=24, tie_word_embeddings=True)),
     "hunyuan-moe": ("HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", dict(num_experts=8, moe_topk=[2, 3], head_dim=16,
                                                                           intermediate_size=48)),
+    "granite4": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(
+        GRANITE, num_local_experts=0, shared_intermediate_size=96, layer_types=["attention"] * 2,
+        position_embedding_type="rope")),
+    "granite4-moe-nope": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(
+        GRANITE, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=96, layer_types=["attention"] * 2)),
     "deepseek-v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", dict(
         MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
         topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5, num_hidden_layers=3, rope_parameters=dict(
