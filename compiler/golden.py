@@ -120,7 +120,8 @@ def _fused_experts(state: dict, model_keys: set, torch) -> dict:
     """`state` with each MoE layer's per-expert tensors (checkpoint names, as kiln's readers hand them over)
     stacked into transformers 5's fused parameters (experts.gate_up_proj [experts, gate rows + up rows,
     cols], experts.down_proj), and Mixtral's router (block_sparse_moe.gate) under its module's name
-    (mlp.gate); Granite MoE's stacked input_linear / output_linear and router.layer renamed to them."""
+    (mlp.gate); Granite MoE's stacked input_linear / output_linear and router.layer renamed to them; a
+    router's choice bias under transformers' module name (_CHOICE_BIAS_NAMES)."""
     for key in sorted(k for k in model_keys if k.endswith(".experts.gate_up_proj") and k not in state):
         mlp = key[: -len(".experts.gate_up_proj")]
         if f"{mlp}.input_linear.weight" in state:             # Granite MoE: stacked already, other names
@@ -140,7 +141,18 @@ def _fused_experts(state: dict, model_keys: set, torch) -> dict:
                 state[f"{mlp}.experts.down_proj"] = torch.stack([d for _, _, d in take])
                 if f"{prefix}.gate.weight" in state and f"{mlp}.gate.weight" not in state:
                     state[f"{mlp}.gate.weight"] = state.pop(f"{prefix}.gate.weight")
+    for old, new in _CHOICE_BIAS_NAMES:
+        for key in [k for k in state if k.endswith(old) and k not in model_keys]:
+            if key.replace(old, new) in model_keys:
+                state[key.replace(old, new)] = state.pop(key)
     return state
+
+
+# A router's choice bias under its checkpoint name -> transformers' module name (transformers' loader renames
+# these: MiniMax-M2, ERNIE 4.5 MoE, K-EXAONE).
+_CHOICE_BIAS_NAMES = ((".block_sparse_moe.e_score_correction_bias", ".mlp.e_score_correction_bias"),
+                      (".mlp.moe_statics.e_score_correction_bias", ".mlp.gate.moe_statics.e_score_correction_bias"),
+                      (".mlp.e_score_correction_bias", ".mlp.gate.e_score_correction_bias"))
 
 
 def compute_golden(prompts: list[list[int]], forward: LogitsFn, report: Callable[[str, int, int], None],

@@ -181,6 +181,8 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
     m = _LAYER_RE.fullmatch(gguf_name)
+    if m and f"{m.group(2)}.{m.group(3)}" in spec.layer_names:            # the whole HF name (a choice bias's)
+        return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[f'{m.group(2)}.{m.group(3)}']}"
     if m and m.group(2) in spec.layer_names:
         return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[m.group(2)]}.{m.group(3)}"
     m = _GLOBAL_RE.fullmatch(gguf_name)
@@ -213,6 +215,9 @@ class GGUFWeights:
         halves = {key for pair in spec.joined.values() for key in pair}
         for t in reader.tensors:
             m = _LAYER_RE.fullmatch(t.name)
+            if m and spec.blocks is not None and int(m.group(1)) >= spec.blocks:   # multi-token prediction's
+                self.unmapped.append(t.name)
+                continue
             if m and m.group(2) in halves:                                      # read back as one tensor below
                 continue
             if m and m.group(2) in spec.experts and len(t.shape) == 3:           # every expert's rows, one tensor
@@ -231,7 +236,8 @@ class GGUFWeights:
                     f"{', '.join(SUPPORTED_TENSOR_TYPES)}. Re-quantize the model to one of those "
                     "(llama-quantize --allow-requantize in.gguf out.gguf Q4_K_M)"
                 )
-            if spec.model_type == "gpt2" and t.name == "output.weight" and _same_bytes(t, by_name.get("token_embd.weight")):
+            if (spec.model_type == "gpt2" and t.name == "output.weight"
+                    and _same_bytes(t, by_name.get("token_embd.weight"))):
                 self.unmapped.append(t.name)       # the converter's copy of wte: GPT-2 ties its head
                 continue
             self._tensors[hf] = t

@@ -49,12 +49,23 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     granitemoe Granite MoE       as granite; each layer's 3-D input_linear split into ffn_gate_exps and
                                  ffn_up_exps (read back joined), output_linear as ffn_down_exps, the router
                                  as ffn_gate_inp; Shared's shared_mlp likewise as ffn_*_shexp
+    glm4moe  GLM-4.5             experts as qwen3moe, the router's choice bias (e_score_correction_bias) as
+                                 exp_probs_b.bias, shared experts as ffn_*_shexp; the pre-MLP norm as
+                                 post_attention_norm; multi-token-prediction layers after the last, unread.
+                                 Solar Open converts to it too (read as GLM-4.5 with its settings)
+    dots1    dots.llm1           experts as glm4moe (ffn_norm before the MLP); no window in the file
+    exaone-moe K-EXAONE          as exaone4 with dots1's experts; multi-token prediction as glm4moe
+    minimax-m2 MiniMax-M2        as Mixtral's experts, q/k norms over all heads, the choice bias as exp_probs_b
+    ernie4_5-moe ERNIE 4.5 MoE   as ernie4_5 with experts, shared experts and the choice bias (moe_statics)
+    hunyuan-moe Hunyuan MoE      as hunyuan-dense with experts and the shared MLP as ffn_*_shexp
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
 use RoPE base 10000, and both scale queries by head_dim ** -0.5 except the 27B models
 (46 / 62 layers), which use (hidden / heads) ** -0.5; SmolLM3 leaves RoPE out of every 4th layer
-(llama.cpp's n_no_rope_layer_step, written nowhere in the file).
+(llama.cpp's n_no_rope_layer_step, written nowhere in the file). llama.cpp's MoE routers default otherwise
+than HF's configs (no groups, leading dense layers, renormalisation or scaling where the keys are missing;
+softmax for ERNIE 4.5 and Hunyuan MoE whatever the file says); a router HF cannot run so is refused.
 """
 
 from __future__ import annotations
@@ -115,6 +126,20 @@ FALCON_LAYER = {"attn_qkv": "self_attention.query_key_value", "attn_output": "se
                 "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm",
                 "attn_norm_2": "ln_attn"}          # two norms: attn_norm is the MLP's (ln_mlp; renames)
 FALCON_GLOBAL = {"token_embd": "transformer.word_embeddings", "output_norm": "transformer.ln_f", "output": "lm_head"}
+# DeepSeek-V3-style MoE layers: router, choice bias (exp_probs_b, a bias without .bias in HF), shared experts;
+# the dense leading layers keep LLAMA_LAYER's ffn_gate / ffn_up / ffn_down.
+ROUTED_LAYER = {**LLAMA_LAYER, **QK_NORMS, "ffn_gate_inp": "mlp.gate",
+                "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+                "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+GLM4_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k != "ffn_norm"},
+                  "post_attention_norm": "post_attention_layernorm"}
+ERNIE_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in QK_NORMS},
+                   "exp_probs_b.bias": "mlp.moe_statics.e_score_correction_bias"}
+HUNYUAN_MOE_LAYER = {**HUNYUAN_LAYER, "ffn_gate_inp": "mlp.gate.wg", "ffn_gate_shexp": "mlp.shared_mlp.gate_proj",
+                     "ffn_up_shexp": "mlp.shared_mlp.up_proj", "ffn_down_shexp": "mlp.shared_mlp.down_proj"}
+MINIMAX_M2_LAYER = {**OLMOE_LAYER, "ffn_gate_inp": "block_sparse_moe.gate",
+                    "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
@@ -127,7 +152,8 @@ class GGUFArch:
 
     model_type: str
     architectures: tuple[str, ...]
-    layer_names: dict[str, str]                     # blk.N.<key> -> <layer prefix>.N.<value>
+    layer_names: dict[str, str]                     # blk.N.<key> -> <layer prefix>.N.<value>; a key with its
+                                                    # .weight / .bias (exp_probs_b.bias) maps the whole name
     global_names: dict[str, str] = field(default_factory=lambda: dict(LLAMA_GLOBAL))
     layer_prefix: str = "model.layers"
     permuted: bool = False                          # llama.cpp permuted q/k rows for its RoPE
@@ -143,11 +169,14 @@ class GGUFArch:
     renames: Callable[[dict], dict[str, str]] = lambda c: {}   # layer_names that differ by the HF config read
     joined: dict[str, tuple[str, str]] = field(default_factory=dict)   # HF name under a layer -> the two GGUF
                                                     # keys the converter split it into (rows: first, then second)
+    blocks: int | None = None                       # blk.N read for N below it (for_config: the HF layers)
 
     def for_config(self, c: dict) -> "GGUFArch":
-        """This architecture's mapping for the HF config its metadata gave (renames applied)."""
-        renames = self.renames(c)
-        return dataclasses.replace(self, layer_names={**self.layer_names, **renames}) if renames else self
+        """This architecture's mapping for the HF config its metadata gave: renames applied, and the blocks
+        after num_hidden_layers (GLM-4.5's and K-EXAONE's multi-token-prediction layers, which the HF model
+        does not run) left unread."""
+        return dataclasses.replace(self, layer_names={**self.layer_names, **self.renames(c)},
+                                   blocks=c.get("num_hidden_layers"))
 
 
 def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
@@ -264,7 +293,8 @@ def _gemma(pattern: int, layers_27b: int):
     def config(reader, arch, tensors, c):
         head_dim = _key(reader, arch, "attention.key_length") or c["hidden_size"] // c["num_attention_heads"]
         big = c["num_hidden_layers"] == layers_27b                     # llama.cpp's LLM_TYPE_27B
-        c.update(head_dim=head_dim, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings="output.weight" not in tensors,
+        c.update(head_dim=head_dim, hidden_activation="gelu_pytorch_tanh",
+                 tie_word_embeddings="output.weight" not in tensors,
                  query_pre_attn_scalar=c["hidden_size"] // c["num_attention_heads"] if big else head_dim,
                  attn_logit_softcapping=_key(reader, arch, "attn_logit_softcapping"),
                  final_logit_softcapping=_key(reader, arch, "final_logit_softcapping"))
@@ -387,6 +417,104 @@ def _granitemoe(reader, arch, tensors, c):
                  shared_intermediate_size=shared)
 
 
+def _no_groups(reader, arch: str) -> None:
+    """llama.cpp chooses experts from the best expert_group_used_count of expert_group_count groups in any
+    architecture (build_moe_ffn); the HF families without groups cannot, so such a file is refused."""
+    if (_key(reader, arch, "expert_group_count") or 1) > 1:
+        raise ModelLoadError(f"this {arch} GGUF chooses experts in {_key(reader, arch, 'expert_group_count')} groups "
+                             "(expert_group_count), which its Hugging Face model does not; re-convert the model or "
+                             "load the Hugging Face checkpoint")
+
+
+def _sigmoid_router(reader, arch: str) -> None:
+    """The HF families llama.cpp runs with the file's expert_gating_func (glm4moe, dots1, minimax-m2, exaone-moe)
+    score experts by sigmoid only: a file that says softmax is refused; one that says nothing is read as sigmoid,
+    glm4moe's loader default (the others' graphs cannot run it)."""
+    gating = _key(reader, arch, "expert_gating_func", int(gguf.ExpertGatingFuncType.SIGMOID))
+    if gating != gguf.ExpertGatingFuncType.SIGMOID:
+        raise ModelLoadError(f"GGUF {arch}.expert_gating_func is {gating}, but the Hugging Face model scores experts "
+                             f"by sigmoid only ({int(gguf.ExpertGatingFuncType.SIGMOID)}); re-convert the model")
+
+
+def _nextn(reader, arch, c) -> None:
+    """block_count counts the multi-token-prediction layers after the last one (nextn_predict_layers); the HF
+    model's num_hidden_layers does not (GGUFArch.for_config leaves their tensors unread)."""
+    c["num_hidden_layers"] -= _key(reader, arch, "nextn_predict_layers", 0)
+
+
+def _deepseek_router(reader, arch, c, experts: str, shared: str) -> None:
+    """DeepSeek-V3's router as llama.cpp runs it (GLM-4.5, dots.llm1, K-EXAONE; `experts` / `shared` name the HF
+    counts): sigmoid scores, the best expert_group_used_count of expert_group_count groups, the first
+    leading_dense_block_count layers dense, the top k renormalised only where expert_weights_norm and scaled by
+    expert_weights_scale. Each is written out with llama.cpp's loader default (no groups, dense layers,
+    renormalisation or scaling), as the HF defaults differ."""
+    _sigmoid_router(reader, arch)
+    scale = _key(reader, arch, "expert_weights_scale", 0.0)
+    c.update({experts: _key(reader, arch, "expert_count"),
+              "num_experts_per_tok": _key(reader, arch, "expert_used_count"),
+              "moe_intermediate_size": _key(reader, arch, "expert_feed_forward_length"),
+              shared: _key(reader, arch, "expert_shared_count", 0),
+              "first_k_dense_replace": _key(reader, arch, "leading_dense_block_count", 0),
+              "n_group": _key(reader, arch, "expert_group_count") or 1,
+              "topk_group": _key(reader, arch, "expert_group_used_count") or 1,
+              "routed_scaling_factor": _f32(scale) if scale else 1.0,
+              "norm_topk_prob": bool(_key(reader, arch, "expert_weights_norm", False))})
+
+
+def _glm4_moe(reader, arch, tensors, c):
+    """GLM-4.5 (and Solar Open, which llama.cpp converts as glm4moe): partial rotary as rope.dimension_count,
+    q/k/v biases and q/k norms where stored."""
+    _nextn(reader, arch, c)
+    _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
+    c.update(attention_bias="blk.0.attn_q.bias" in tensors, use_qk_norm="blk.0.attn_q_norm.weight" in tensors,
+             partial_rotary_factor=_rotary_share(reader, arch, c))
+
+
+def _dots1(reader, arch, tensors, c):
+    """dots.llm1: llama.cpp's graph attends to every position (the file has no window), so every layer is full."""
+    _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
+    c.update(attention_bias="blk.0.attn_q.bias" in tensors, sliding_window=None,
+             layer_types=["full_attention"] * c["num_hidden_layers"])
+
+
+def _exaone_moe(reader, arch, tensors, c):
+    """K-EXAONE: EXAONE 4.0's attention (window, per-layer pattern, RoPE) with DeepSeek-V3's router."""
+    _nextn(reader, arch, c)
+    _exaone4(reader, arch, tensors, c)
+    _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
+
+
+def _minimax_m2(reader, arch, tensors, c):
+    """MiniMax-M2: sigmoid scores with a choice bias, the top k renormalised (llama.cpp's graph always does, as HF),
+    experts of feed_forward_length, partial rotary as rope.dimension_count."""
+    _sigmoid_router(reader, arch)
+    _no_groups(reader, arch)
+    c.update(num_local_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             partial_rotary_factor=_rotary_share(reader, arch, c))
+
+
+def _ernie4_5_moe(reader, arch, tensors, c):
+    """ERNIE 4.5 MoE as llama.cpp's graph runs it whatever the file says: softmax scores, the top k renormalised
+    (its floor, 6e-5 against HF's moe_norm_min, is below any top-k softmax sum of fewer than 16k experts); sparse
+    every interleave_moe_layer_step-th layer from leading_dense_block_count to the last."""
+    _ernie4_5(reader, arch, tensors, c)
+    _no_groups(reader, arch)
+    c.update(moe_num_experts=_key(reader, arch, "expert_count"), moe_k=_key(reader, arch, "expert_used_count"),
+             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
+             moe_num_shared_experts=_key(reader, arch, "expert_shared_count", 0),
+             moe_layer_start_index=_key(reader, arch, "leading_dense_block_count", 0),
+             moe_layer_interval=_key(reader, arch, "interleave_moe_layer_step", 1))
+
+
+def _hunyuan_moe(reader, arch, tensors, c):
+    """Hunyuan MoE as llama.cpp's graph runs it: softmax scores, the top k (expert_used_count, one or per layer)
+    renormalised; experts and the shared MLP of feed_forward_length."""
+    _qwen3(reader, arch, tensors, c)
+    _no_groups(reader, arch)
+    c.update(num_experts=_key(reader, arch, "expert_count"), moe_topk=_key(reader, arch, "expert_used_count"))
+
+
 def _relu2(reader, arch, tensors, c):
     """Nemotron and Jais 2: relu^2 MLPs not gated, LayerNorm, biases where written, partial rotary as
     rope.dimension_count."""
@@ -463,6 +591,17 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "cohere2": GGUFArch("cohere2", ("Cohere2ForCausalLM",), LLAMA_LAYER, config=_cohere),
     "olmoe": GGUFArch("olmoe", ("OlmoeForCausalLM",), OLMOE_LAYER, config=_olmoe, experts=QWEN_EXPERTS),
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
+    "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
+    "dots1": GGUFArch("dots1", ("Dots1ForCausalLM",), ROUTED_LAYER, config=_dots1, experts=QWEN_EXPERTS),
+    "exaone-moe": GGUFArch("exaone_moe", ("ExaoneMoeForCausalLM",),
+                           {**ROUTED_LAYER, "exp_probs_b.bias": "mlp.e_score_correction_bias"}, config=_exaone_moe,
+                           experts=QWEN_EXPERTS),
+    "minimax-m2": GGUFArch("minimax_m2", ("MiniMaxM2ForCausalLM",), MINIMAX_M2_LAYER, config=_minimax_m2,
+                           experts=MIXTRAL_EXPERTS),
+    "ernie4_5-moe": GGUFArch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ERNIE_MOE_LAYER, config=_ernie4_5_moe,
+                             experts=QWEN_EXPERTS),
+    "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
+                            experts=QWEN_EXPERTS),
 }
 
 

@@ -11,12 +11,15 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     gpt2     Conv1D weights transposed to [out, in]; output.weight a copy of token_embd
     olmo3, exaone4  the window and each layer's kind as sliding_window_pattern
     hunyuan  the NTK-alpha RoPE base raised, no scaling
+    MoE      experts stacked into 3-D ffn_*_exps tensors; the router's keys each converter writes (counts,
+             leading dense layers, groups, gating, scale and renormalisation); e_score_correction_bias as
+             exp_probs_b.bias; GLM-4.5's multi-token-prediction layers counted in block_count
     falcon   query_key_value regrouped from kv groups to every q, k, v; no RoPE base, context 2048
     starcoder GPT-2's metadata with one kv head, Linear weights as they are
 
 and the tokenizer as `gpt2` (byte-level BPE) metadata from the checkpoint's tokenizer.json.
 `types` picks the storage type per GGUF tensor key ("attn_v", "token_embd", ...) or full name;
-1-D tensors are always F32, like the converter's.
+1-D tensors and biases are always F32, like the converter's.
 
     write_gguf(hf_dir, tmp / "m.gguf", types={"ffn_down": "Q6_K"}, default="Q4_K")
 """
@@ -44,7 +47,9 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe",
              "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
              "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo", "granitemoe": "granitemoe",
-             "granitemoeshared": "granitemoe", "nemotron": "nemotron", "jais2": "jais2", "arcee": "arcee"}
+             "granitemoeshared": "granitemoe", "nemotron": "nemotron", "jais2": "jais2", "arcee": "arcee",
+             "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
+             "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee")
 
@@ -61,7 +66,7 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     _tokenizer(w, hf_dir, cfg["vocab_size"])
     for name, value in tensors.items():
         type_name = (types or {}).get(name, (types or {}).get(name.split(".")[-2], default))
-        if value.ndim == 1 or type_name == "F32":
+        if value.ndim == 1 or not name.endswith(".weight") or type_name == "F32":     # biases: F32 as the converter
             w.add_tensor(name, np.ascontiguousarray(value, np.float32))
         elif type_name == "F16":
             w.add_tensor(name, value.astype(np.float16))
@@ -84,9 +89,9 @@ def _rope(cfg: dict) -> tuple[float, dict | None]:
     return theta, (None if kind == "default" else dict(scaling, rope_type=kind))
 
 
-def _partial(cfg: dict) -> float:
+def _partial(cfg: dict, default: float = 1.0) -> float:
     """The share of each head RoPE rotates (transformers 4 or 5 style)."""
-    return (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 1.0)
+    return (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor") or default)
 
 
 def _head_dim(cfg: dict) -> int:
@@ -115,7 +120,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
         return
     theta, scaling = _rope(cfg)
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(_block_count(cfg, arch))
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -133,7 +138,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
             w.add_clamp_kqv(cfg["clip_qkv"])
     else:
         w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    if arch == "hunyuan-dense" and scaling and scaling["rope_type"] == "dynamic":   # NTK alpha: the base raised
+    if arch.startswith("hunyuan") and scaling and scaling["rope_type"] == "dynamic":   # NTK alpha: the base raised
         d = _head_dim(cfg)
         theta, scaling = theta * scaling["alpha"] ** (d / (d - 2)), None
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
@@ -148,13 +153,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_rope_dimension_count(_head_dim(cfg))
         if cfg.get("sliding_window"):
             w.add_sliding_window(cfg["sliding_window"])
-    if "num_local_experts" in cfg or "num_experts" in cfg:
-        w.add_expert_count(cfg.get("num_local_experts") or cfg["num_experts"])
-        w.add_expert_used_count(cfg["num_experts_per_tok"])
-        if cfg.get("moe_intermediate_size"):
-            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-        if cfg.get("shared_expert_intermediate_size"):
-            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+    _experts(w, cfg, arch)
     if cfg.get("shared_intermediate_size"):              # Granite MoE Shared
         w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
     if arch in ("granite", "granitemoe"):
@@ -181,7 +180,13 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_sliding_window(cfg["sliding_window"])
     if arch == "glm4":
         w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
-    if arch in ("olmo2", "exaone4") and cfg.get("sliding_window") is not None:
+    if arch == "glm4moe":                                       # the converter's default: half of each head
+        w.add_rope_dimension_count(int(_partial(cfg, 0.5) * _head_dim(cfg)))
+    if arch == "minimax-m2":                                    # released configs' rotary_dim
+        w.add_rope_dimension_count(cfg.get("rotary_dim") or int(_partial(cfg) * _head_dim(cfg)))
+    if arch == "exaone-moe":
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    if arch in ("olmo2", "exaone4", "exaone-moe") and cfg.get("sliding_window") is not None:
         w.add_sliding_window(cfg["sliding_window"])
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
     if arch == "phi3":
@@ -195,10 +200,66 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
 
 
+def _block_count(cfg: dict, arch: str) -> int:
+    """Layers, with the multi-token-prediction ones GLM-4.5's and K-EXAONE's converters append."""
+    n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+    return n_layer + (cfg.get("num_nextn_predict_layers") or 0 if arch in ("glm4moe", "exaone-moe") else 0)
+
+
+def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
+    """Expert metadata as the converter writes it: TextModel's keys from the config's names for them, then
+    the family's own (Qwen2MoeModel's sizes; Glm4MoeModel's, Dots1Model's, ExaoneMoEModel's router keys;
+    Ernie4_5MoeModel's layer step; HunYuanMoEModel's lists, of which it writes the first)."""
+    count = next((cfg[k] for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+                  if k in cfg), None)
+    if count is None:
+        return
+    w.add_expert_count(count)
+    if arch == "hunyuan-moe" and len(set(cfg["moe_topk"])) > 1:
+        raise ValueError(f"llama.cpp's converter takes one top k for every layer, not moe_topk {cfg['moe_topk']}")
+    w.add_expert_used_count(cfg["moe_topk"][0] if arch == "hunyuan-moe" else cfg.get("num_experts_per_tok",
+                                                                                      cfg.get("moe_k")))
+    if "n_group" in cfg:
+        w.add_expert_group_count(cfg["n_group"])
+    if "topk_group" in cfg:
+        w.add_expert_group_used_count(cfg["topk_group"])
+    if arch == "glm4moe":
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    elif cfg.get("scoring_func"):
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType[cfg["scoring_func"].upper()])
+    # Hunyuan's released config.json lists moe_intermediate_size and num_shared_expert per layer; transformers'
+    # has neither (its experts are intermediate_size wide, one shared MLP).
+    ffn = cfg["intermediate_size"] if arch in ("minimax-m2", "hunyuan-moe") else cfg.get("moe_intermediate_size")
+    if ffn:
+        w.add_expert_feed_forward_length(ffn)
+    shared = next((cfg[k] for k in ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts") if k in cfg),
+                  1 if arch == "hunyuan-moe" else None)
+    if shared is not None:
+        w.add_expert_shared_count(shared)
+    shared_ffn = cfg.get("shared_expert_intermediate_size")
+    if arch == "exaone-moe":
+        shared_ffn = cfg["moe_intermediate_size"] * shared
+    elif arch == "hunyuan-moe":
+        shared_ffn = cfg["intermediate_size"]
+    elif arch == "ernie4_5-moe" and shared:     # sic: ERNIE-4.5-21B's 12288 // 4 kv heads = its 2 x 1536
+        shared_ffn = cfg["intermediate_size"] // cfg["num_key_value_heads"]
+    if shared_ffn:
+        w.add_expert_shared_feed_forward_length(shared_ffn)
+    if arch == "ernie4_5-moe":
+        w.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
+        w.add_leading_dense_block_count(cfg["moe_layer_start_index"])
+    if arch in ("glm4moe", "dots1", "exaone-moe"):
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    if arch == "exaone-moe" or (arch == "glm4moe" and "num_nextn_predict_layers" in cfg):
+        w.add_nextn_predict_layers(cfg.get("num_nextn_predict_layers") or 0)
+
+
 def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array as llama.cpp stores it (HF name mapped, values transformed)."""
-    n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), n_layer)
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+                                     _block_count(cfg, arch))
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
     n_kv = cfg.get("num_key_value_heads") or n_head
     out = {}
@@ -214,6 +275,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             continue
         if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
             continue
+        hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")   # the converter's rename
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"gguf-py maps no {arch} tensor to {hf_name}")
@@ -229,7 +291,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             value = _permute(value, n_head if "attn_q" in name else n_kv)
         if (arch.startswith("gemma") or arch == "nemotron") and name.endswith("norm.weight"):
             value = value + 1
-        if arch == "gpt2" and value.ndim == 2 and name.split(".")[-2] in ("attn_qkv", "attn_output", "ffn_up", "ffn_down"):
+        if arch == "gpt2" and value.ndim == 2 and name.split(".")[-2] in ("attn_qkv", "attn_output", "ffn_up",
+                                                                          "ffn_down"):
             value = value.T
         out[name] = np.ascontiguousarray(value)
     if arch == "gpt2":

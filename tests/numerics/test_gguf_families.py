@@ -4,32 +4,38 @@ written from (every prefill position, the last-token prefill, 5 decode steps) wi
 `kiln check`.
 
 The configs stay within what a GGUF can say (llama.cpp fixes Gemma's layer pattern and
-query_pre_attn_scalar = head_dim), and each case exercises its architecture's quirk: Q/K row
-permutation and Llama 3 RoPE factors (llama), the sliding window (mistral), QK norms (qwen3),
-YaRN as rope.scaling.* (qwen2-yarn), +1 norms (gemma), and soft-capping (gemma2), per-layer RoPE bases with linear scaling (gemma3),
-fused tensors and LongRoPE factor tensors (phi3; Phi-4's partial rotary as rope.dimension_count),
-transposed Conv1D and the copied head (gpt2), the four multipliers (granite), post-norms and
-whole-width q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so (smollm3),
-LayerNorm biases and partial rotary (stablelm), one norm before attention and MLP side by side and
-the head's bias (phi2), the plain GELU MLP's names (starcoder2), q/k/v regrouped by kind (gpt-neox),
-experts stacked in 3-D ffn_*_exps tensors with the router as ffn_gate_inp (mixtral: as llama;
-qwen2-moe with its shared expert; qwen3-moe), RoPE on adjacent pairs kept as stored with biases
+query_pre_attn_scalar = head_dim), and each case exercises its architecture's quirk: Q/K row permutation
+and Llama 3 RoPE factors (llama), the sliding window (mistral), QK norms (qwen3), YaRN as rope.scaling.*
+(qwen2-yarn), +1 norms (gemma), and soft-capping (gemma2), per-layer RoPE bases with linear scaling
+(gemma3), fused tensors and LongRoPE factor tensors (phi3; Phi-4's partial rotary as
+rope.dimension_count), transposed Conv1D and the copied head (gpt2), the four multipliers (granite),
+post-norms and whole-width q/k norms (olmo2), NoPE every 4th layer with nothing in the file saying so
+(smollm3), LayerNorm biases and partial rotary (stablelm), one norm before attention and MLP side by
+side and the head's bias (phi2), the plain GELU MLP's names (starcoder2), q/k/v regrouped by kind
+(gpt-neox), experts stacked in 3-D ffn_*_exps tensors with the router as ffn_gate_inp (mixtral: as
+llama; qwen2-moe with its shared expert; qwen3-moe), RoPE on adjacent pairs kept as stored with biases
 everywhere (ernie4_5), partial adjacent-pair RoPE and fused gate/up behind post-norms (glm4), one
 bias-free LayerNorm and the logit scale (cohere; cohere2's window and global layers without RoPE, the
 layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe), OLMo 3
 as llama.cpp's olmo2 with its window and per-layer pattern (olmo3), the same pattern with per-head q/k
 norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP norm's other name
-(seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan), one kv
-head and Linear weights under GPT-2's names (gpt-bigcode), q/k/v regrouped from kv groups with one
-norm (falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b), no norm tensors
-and clip_qkv as clamp_kqv (olmo), experts' gate/up split from input_linear into ffn_gate_exps /
-ffn_up_exps and joined back, and the shared MLP likewise (granitemoe, granitemoeshared), LayerNorm1P
-stored + 1 with partial rotary (nemotron), LayerNorm with biases (jais2), q/k rows permuted with YaRN
-and an ungated relu^2 MLP (arcee).
+(seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan), one kv head
+and Linear weights under GPT-2's names (gpt-bigcode), q/k/v regrouped from kv groups with one norm
+(falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b), no norm tensors and
+clip_qkv as clamp_kqv (olmo), experts' gate/up split from input_linear into ffn_gate_exps / ffn_up_exps
+and joined back, and the shared MLP likewise (granitemoe, granitemoeshared), LayerNorm1P stored + 1 with
+partial rotary (nemotron), LayerNorm with biases (jais2), q/k rows permuted with YaRN and an ungated
+relu^2 MLP (arcee); DeepSeek-V3's router read from the keys llama.cpp's converters write (sigmoid
+scores, the choice bias as exp_probs_b.bias, groups, a leading dense layer, the routed scale) with
+shared experts and partial rotary, block_count counting a multi-token-prediction layer (glm4-moe), the
+same router and per-head q/k norms (dots1), EXAONE 4.0's window pattern with it (exaone-moe), Mixtral's
+expert names with whole-width q/k norms (minimax-m2), softmax scores with a choice bias and the
+converter's odd shared-expert width (ernie4_5-moe), a shared MLP beside softmax experts (hunyuan-moe).
 """
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
@@ -37,6 +43,7 @@ import kiln
 from gguf_writer import write_gguf
 from kiln.models.gguf import load_gguf
 from kiln.runtime import Artifact
+from test_families import CASES as HF_CASES
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
@@ -48,6 +55,14 @@ FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_po
               parallel_attn=True)
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=16, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
              tie_word_embeddings=True)
+
+
+
+def _hf_case(case: str, **extra) -> tuple[str, str, dict]:
+    """A case of tests/numerics/test_families.py, its config overridden by `extra`."""
+    model_cls, config_cls, overrides = HF_CASES[case]
+    return model_cls, config_cls, dict(overrides, **extra)
+
 
 # case -> (transformers model class, config class, config overrides)
 CASES = {
@@ -117,6 +132,14 @@ CASES = {
     "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
         head_dim=16, pad_token_id=0, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, alpha=50.0,
                                                           factor=1.0))),
+    # the routers' scoring_func, as released configs write it (transformers' configs leave it out); Hunyuan's
+    # converter takes one top k for every layer
+    "glm4-moe": _hf_case("glm4-moe"),
+    "dots1": _hf_case("dots1", scoring_func="sigmoid"),
+    "exaone-moe": _hf_case("exaone-moe", scoring_func="sigmoid"),
+    "minimax-m2": _hf_case("minimax-m2", scoring_func="sigmoid"),
+    "ernie4_5-moe": _hf_case("ernie4_5-moe"),
+    "hunyuan-moe": _hf_case("hunyuan-moe", moe_topk=[3, 3]),
 }
 
 
@@ -172,3 +195,46 @@ def test_a_layer_pattern_of_another_length_and_unjoinable_halves_are_refused(tmp
     with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_gate_exps\.weight \(Q8_0\) needs blk\.0\.ffn_up_exps of "
                                              r"the same type .* \(found: F32\); re-quantize"):
         load_gguf(path)
+
+
+def test_glm4_moe_multi_token_prediction_layer_is_left_unread(tmp_path):
+    """A GLM-4.5 checkpoint's multi-token-prediction layer (model.layers.<n>: a decoder layer with eh_proj,
+    enorm, hnorm and shared_head.norm) converted after the last as blk.<n> (block_count n + 1,
+    nextn_predict_layers 1): kiln reads n layers and lists every blk.<n> tensor as skipped."""
+    from safetensors.numpy import load_file, save_file
+    write_hf("glm4-moe", tmp_path / "hf")
+    hf_path = tmp_path / "hf" / "model.safetensors"
+    hf = load_file(str(hf_path))
+    n, width = 3, SMALL["hidden_size"]
+    mtp = {k.replace(f".{n - 1}.", f".{n}.", 1): v for k, v in hf.items() if k.startswith(f"model.layers.{n - 1}.")}
+    mtp.update({f"model.layers.{n}.eh_proj.weight": np.zeros((width, 2 * width), np.float32),
+                **{f"model.layers.{n}.{norm}.weight": np.ones(width, np.float32)
+                   for norm in ("enorm", "hnorm", "shared_head.norm")}})
+    save_file({**hf, **mtp}, str(hf_path), metadata={"format": "pt"})
+    path = write_gguf(tmp_path / "hf", tmp_path / "m.gguf")
+    source = load_gguf(path)
+    assert source.hf_config["num_hidden_layers"] == n
+    assert not [name for name in source.weights.names() if name.startswith(f"model.layers.{n}.")]
+    mtp_tensors = {t.name for t in gguf.GGUFReader(path).tensors if t.name.startswith(f"blk.{n}.")}
+    assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.ffn_gate_exps.weight"} <= mtp_tensors
+    assert mtp_tensors == set(source.weights.unmapped)
+
+
+@pytest.mark.parametrize("case, change, refusal", [
+    ("dots1", dict(scoring_func="softmax"), r"expert_gating_func is 1, but the Hugging Face model scores experts "
+                                            r"by sigmoid only \(2\); re-convert"),
+    ("hunyuan-moe", dict(n_group=2, topk_group=1), r"chooses experts in 2 groups \(expert_group_count\), which its "
+                                                  r"Hugging Face model does not"),
+])
+def test_a_router_the_hf_model_cannot_run_is_refused(case, change, refusal, tmp_path):
+    """A GGUF whose router llama.cpp would run otherwise than the Hugging Face family can (softmax scores for
+    dots.llm1's sigmoid router; expert groups for Hunyuan MoE, which has none) is refused on load, naming the
+    key and the fix."""
+    import json
+
+    from kiln.models.source import ModelLoadError
+    write_hf(case, tmp_path / "hf")
+    cfg_path = tmp_path / "hf" / "config.json"
+    cfg_path.write_text(json.dumps(dict(json.loads(cfg_path.read_text()), **change)))
+    with pytest.raises(ModelLoadError, match=refusal):
+        load_gguf(write_gguf(tmp_path / "hf", tmp_path / "m.gguf"))
