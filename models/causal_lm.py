@@ -193,8 +193,9 @@ class DecoderStack(nn.Module):
         self.needs_positions = in_graph or flags.learned_positions
         def layer(i: int, a: LayerAttention) -> DecoderLayer:
             rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None
+            mla = c.latent_attention()
             latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim), c.norm_eps,
-                                     flags.qkv_bias, rope, flags.attn_temperature) if (mla := c.latent_attention()) else None
+                                     flags.qkv_bias, rope, flags.attn_temperature) if mla else None
             return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
                                 c.head_dim, c.norm_eps, flags, rope,
                                 SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None, latent)

@@ -1,5 +1,5 @@
-"""Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, Mistral 4, Youtu-LLM), run as the plain
-multi-head attention it expands to, over the KV cache every other family uses.
+"""Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-4.7-Flash, MiniCPM3, Mistral 4, Youtu-LLM), run
+as the plain multi-head attention it expands to, over the KV cache every other family uses.
 
 MLA projects x to a `kv_lora_rank` latent (RMS-normed) and one `qk_rope_head_dim` key part shared by
 every head; each head's key is [its `qk_nope_head_dim` dims from the latent, the shared rotated part]
