@@ -1,6 +1,9 @@
 """Mixtral (Mistral AI): a Mistral whose MLPs are sparse mixtures of `num_local_experts` experts, the
 top `num_experts_per_tok` per token, their router weights renormalised to sum to 1 (models/moe.py).
-Checkpoints name the experts' gate, down and up projections w1, w2 and w3."""
+Checkpoints name the experts' gate, down and up projections w1, w2 and w3. Phi-3.5-MoE is a Mixtral with
+LayerNorm (weight and bias) for every norm, biases on q/k/v/o (`attention_bias`) and the head
+(`lm_head_bias`), LongRoPE whose short factors scale cos and sin by `short_mscale`, and the sparsemixer
+router (models/moe.py: each of its two experts weighed among the logits near its own)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ from typing import ClassVar
 
 from .causal_lm import CausalLM, WeightMap
 from .config import ConfigField
+from .layers import Flags
 from .llama import LlamaConfig
 from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
+from .phi3 import longrope
 
 NAMES = dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3", down="w2")
 
@@ -27,7 +32,36 @@ class MixtralConfig(LlamaConfig):
         return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=True)
 
 
-MixtralForCausalLM = CausalLM
+@dataclass(frozen=True)
+class PhimoeConfig(MixtralConfig):
+    lm_head_bias: bool = False
+    jitter_eps: float = 0.01
+
+    ARCH: ClassVar[str] = "phimoe"
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "longrope", "su")
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *MixtralConfig.FIELDS, ConfigField("lm_head_bias", ("lm_head_bias",), default=False),
+        ConfigField("jitter_eps", ("router_jitter_noise",), default=0.01))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("input_jitter_noise"):
+            notes.append("input_jitter_noise applies in training only")
+        values = longrope(values, hf, notes)
+        scaling = values["rope_scaling"]
+        if scaling is not None and scaling.get("short_mscale") is not None:     # cos/sin's factor over the short factors
+            values["rope_scaling"] = dict(scaling, attention_factor=float(scaling["short_mscale"]))
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(norm="layer", qkv_bias=self.attention_bias, o_bias=self.attention_bias, head_bias=self.lm_head_bias)
+
+    def layer_moe(self, layer: int) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=False, scoring="sparsemixer",
+                       jitter_eps=self.jitter_eps)
+
+
+MixtralForCausalLM = PhimoeForCausalLM = CausalLM
 
 
 def weight_map(c: MixtralConfig) -> WeightMap:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
@@ -58,6 +59,7 @@ class MoESpec:
                                             # DeepSeek-V2's group_limited_greedy)
     routed_scale: float = 1.0               # the chosen experts' weights times this (routed_scaling_factor)
     norm_min: float = 0.0                   # normalise by max(sum(w), norm_min) (ERNIE 4.5's moe_norm_min)
+    jitter_eps: float = 0.0                 # scoring "sparsemixer" (Phi-3.5-MoE): router_jitter_noise
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -65,8 +67,10 @@ class MoESpec:
                              f"({self.num_experts}); fix config.json")
         if self.group_score not in ("top2", "max"):
             raise ValueError(f"expert group score {self.group_score!r} is not supported (top2 or max)")
-        if self.scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"router scoring {self.scoring!r} is not supported (softmax or sigmoid)")
+        if self.scoring not in ("softmax", "sigmoid", "sparsemixer"):
+            raise ValueError(f"router scoring {self.scoring!r} is not supported (softmax, sigmoid or sparsemixer)")
+        if self.scoring == "sparsemixer" and self.top_k != 2:
+            raise ValueError(f"sparsemixer routing takes 2 experts a token, not {self.top_k}; fix config.json")
         if self.groups < 1 or self.num_experts % self.groups or not 1 <= self.top_groups <= self.groups:
             raise ValueError(f"n_group ({self.groups}) must divide the {self.num_experts} experts and topk_group "
                              f"({self.top_groups}) be from 1 to n_group; fix config.json")
@@ -103,16 +107,10 @@ class SparseMoE(nn.Module):
         spec, k, i = self.spec, self.spec.top_k, self.spec.intermediate_size
         flat = op.reshape(x, (b * s, h))                                # [T, h]
         logits = op.matmul(flat if flat.dtype == "float32" else flat.astype("float32"), op.permute_dims(self.router))
-        probs = op.softmax(logits, axis=-1) if spec.scoring == "softmax" else op.sigmoid(logits)
-        choice = probs + self.choice_bias if spec.choice_bias else probs
-        if spec.top_groups < spec.groups:
-            choice = _best_groups(choice, spec.groups, spec.top_groups, spec.group_score == "top2")
-        weights, experts = _top_k(probs, k, choice)
-        if spec.normalize:
-            total = op.sum(weights, axis=-1, keepdims=True)
-            weights = weights / (op.maximum(total, op.full((1,), spec.norm_min, "float32")) if spec.norm_min else total)
-        if spec.routed_scale != 1.0:
-            weights = weights * spec.routed_scale
+        if spec.scoring == "sparsemixer":
+            weights, experts = _sparsemixer(logits, spec.jitter_eps)
+        else:
+            weights, experts = self._route(logits)
         gate, up = op.split(_expert_matmul(flat, self.experts_gate_up, experts, 2 * i), 2, axis=-1)   # [T, k, i]
         out = _expert_matmul(_activation(gate, self.activation) * up, self.experts_down, experts, h)  # [T, k, h]
         weights = weights if weights.dtype == out.dtype else weights.astype(out.dtype)
@@ -123,6 +121,19 @@ class SparseMoE(nn.Module):
         elif hasattr(self, "shared"):
             y = y + self.shared(flat)
         return op.reshape(y, (b, s, h))
+
+    def _route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights [T, k] float32, experts [T, k] int32) from the router's logits (the module docstring)."""
+        spec = self.spec
+        probs = op.softmax(logits, axis=-1) if spec.scoring == "softmax" else op.sigmoid(logits)
+        choice = probs + self.choice_bias if spec.choice_bias else probs
+        if spec.top_groups < spec.groups:
+            choice = _best_groups(choice, spec.groups, spec.top_groups, spec.group_score == "top2")
+        weights, experts = _top_k(probs, spec.top_k, choice)
+        if spec.normalize:
+            total = op.sum(weights, axis=-1, keepdims=True)
+            weights = weights / (op.maximum(total, op.full((1,), spec.norm_min, "float32")) if spec.norm_min else total)
+        return weights * spec.routed_scale if spec.routed_scale != 1.0 else weights, experts
 
 
 def _top_k(probs: Tensor, k: int, choice: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -148,6 +159,41 @@ def _top_k(probs: Tensor, k: int, choice: Tensor | None = None) -> tuple[Tensor,
     weights = op.tensor_expr_op(lambda p, r: pick(p, r, False), "top_k_weights", [probs, rank])
     experts = op.tensor_expr_op(lambda p, r: pick(p, r, True), "top_k_experts", [probs, rank])
     return weights, experts
+
+
+def _sparsemixer(logits: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Phi-3.5-MoE's router at inference (transformers' sparsemixer, not training): the best expert, then the
+    best of the others; each weighs the softmax of the logits within 2 * eps of its own, relatively
+    ((m - s) / max(|s|, m) <= 2 eps, m its logit), at itself; the second's softmax leaves the first out.
+    (weights [T, 2] float32, experts [T, 2] int32, the lower index first among equal logits)."""
+    def pick(s: te.Tensor):
+        tokens, experts = s.shape
+        lowest, none = tirx.min_value("float32"), tirx.const(int(experts), "int32")
+        e1, e2, e3, e4 = (te.reduce_axis((0, experts), name=n) for n in ("e1", "e2", "e3", "e4"))
+        m1 = te.compute((tokens,), lambda t: te.max(s[t, e1], axis=e1), name="mixer_best")
+        i1 = te.compute((tokens,), lambda t: te.min(tirx.Select(s[t, e2] == m1[t], e2.var.astype("int32"), none),
+                                                      axis=e2), name="mixer_best_at")
+        m2 = te.compute((tokens,), lambda t: te.max(tirx.Select(e3.var.astype("int32") == i1[t], lowest, s[t, e3]),
+                                                      axis=e3), name="mixer_second")
+        i2 = te.compute((tokens,), lambda t: te.min(tirx.Select(tirx.all(
+            s[t, e4] == m2[t], e4.var.astype("int32") != i1[t]), e4.var.astype("int32"), none), axis=e4),
+            name="mixer_second_at")
+        return te.compute((tokens, 2), lambda t, j: tirx.Select(j == 0, i1[t], i2[t]), name="mixer_experts")
+
+    def weigh(s: te.Tensor, chosen: te.Tensor):
+        tokens, experts = s.shape
+        e = te.reduce_axis((0, experts), name="e")
+
+        def term(t, j):
+            m = s[t, chosen[t, j]]
+            near = (m - s[t, e]) / tirx.max(tirx.abs(s[t, e]), m) <= np.float32(2 * eps)
+            kept = tirx.all(near, tirx.any(j == 0, e.var.astype("int32") != chosen[t, 0]))
+            return tirx.Select(kept, tirx.exp(s[t, e] - m), tirx.const(0.0, "float32"))
+        total = te.compute((tokens, 2), lambda t, j: te.sum(term(t, j), axis=e), name="mixer_total")
+        return te.compute((tokens, 2), lambda t, j: tirx.const(1.0, "float32") / total[t, j], name="mixer_weights")
+
+    experts = op.tensor_expr_op(pick, "sparsemixer_experts", [logits])
+    return op.tensor_expr_op(weigh, "sparsemixer_weights", [logits, experts]), experts
 
 
 def _best_groups(choice: Tensor, groups: int, top_groups: int, two: bool) -> Tensor:

@@ -79,6 +79,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), gpt_neox, gpt_neox.GPTNeoXConfig,
           gpt_neox.GPTNeoXForCausalLM),
     _arch("mixtral", ("MixtralForCausalLM",), ("mixtral",), mixtral, mixtral.MixtralConfig, mixtral.MixtralForCausalLM),
+    _arch("phimoe", ("PhimoeForCausalLM",), ("phimoe",), mixtral, mixtral.PhimoeConfig, mixtral.PhimoeForCausalLM),
     _arch("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), qwen_moe, qwen_moe.Qwen2MoeConfig,
           qwen_moe.Qwen2MoeForCausalLM),
     _arch("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), qwen_moe, qwen_moe.Qwen3MoeConfig,

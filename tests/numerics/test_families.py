@@ -65,6 +65,8 @@ pass `kiln check` against the golden logits the compile stored.
     minicpm3 the same dense, RoPE on halves under LongRoPE, MiniCPM's embedding, residual and logit scales
     mistral4 latent attention with Llama 4's query temperature (past the pretraining context at 8),
              softmax experts from the best groups without a choice bias
+    phimoe   Phi-3.5-MoE: LayerNorm, biases (the head's too), LongRoPE with its short mscale, the sparsemixer
+             router (a wide jitter_eps: several logits near the best)
     granite4 Granite 4.0 without Mamba layers: the shared MLP as the dense one, RoPE; with experts and
              without RoPE (position_embedding_type unset)
     ernie4_5-moe  softmax scores with a choice bias (moe_statics), a dense first layer, adjacent-pair RoPE
@@ -210,6 +212,10 @@ CASES = {
         moe_layer_start_index=1, head_dim=24, tie_word_embeddings=True)),
     "hunyuan-moe": ("HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", dict(num_experts=8, moe_topk=[2, 3], head_dim=16,
                                                                           intermediate_size=48)),
+    "phimoe": ("PhimoeForCausalLM", "PhimoeConfig", dict(
+        num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.5, attention_bias=True, lm_head_bias=True,
+        max_position_embeddings=512, rope_parameters=dict(LONGROPE, rope_theta=10000.0, short_mscale=1.2,
+                                                         long_mscale=1.3))),
     "granite4": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(
         GRANITE, num_local_experts=0, shared_intermediate_size=96, layer_types=["attention"] * 2,
         position_embedding_type="rope")),
