@@ -49,12 +49,13 @@ class PhimoeConfig(MixtralConfig):
             notes.append("input_jitter_noise applies in training only")
         values = longrope(values, hf, notes)
         scaling = values["rope_scaling"]
-        if scaling is not None and scaling.get("short_mscale") is not None:     # cos/sin's factor over the short factors
+        if scaling is not None and scaling.get("short_mscale") is not None:     # cos/sin's factor, short factors
             values["rope_scaling"] = dict(scaling, attention_factor=float(scaling["short_mscale"]))
         return super().adapt(values, hf, notes)
 
     def flags(self) -> Flags:
-        return Flags(norm="layer", qkv_bias=self.attention_bias, o_bias=self.attention_bias, head_bias=self.lm_head_bias)
+        return Flags(norm="layer", qkv_bias=self.attention_bias, o_bias=self.attention_bias,
+                     head_bias=self.lm_head_bias)
 
     def layer_moe(self, layer: int) -> MoESpec:
         return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=False, scoring="sparsemixer",
