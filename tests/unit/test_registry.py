@@ -62,6 +62,8 @@ def test_kiln_models_lists_families():
 
 BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256)
+ROUTED = dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+MLA = dict(ROUTED, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 
 
 @pytest.mark.parametrize("hf, message", [
@@ -81,6 +83,16 @@ BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
     (dict(BASE, model_type="olmo3", rope_parameters={"full_attention": {"rope_theta": 1e4},
                                                      "sliding_attention": {"rope_type": "linear", "factor": 2.0}}),
      "sliding_attention type 'linear' is not supported"),
+    (dict(BASE, model_type="deepseek_v2", **MLA, topk_method="noaux_tc"), "topk_method 'noaux_tc' is not supported"),
+    (dict(BASE, model_type="deepseek_v2", **MLA, moe_layer_freq=2), "moe_layer_freq other than 1"),
+    (dict(BASE, model_type="granitemoehybrid", layer_types=["mamba", "attention", "mamba", "mamba"]),
+     "Mamba layers .* not supported yet; the attention-only"),
+    (dict(BASE, model_type="minimax_m2", **ROUTED, use_routing_bias=False), "use_routing_bias false"),
+    (dict(BASE, model_type="ernie4_5_moe", moe_num_experts=[8, 8], moe_k=2, moe_intermediate_size=32),
+     "list for num_experts .* load a text model"),
+    (dict(BASE, model_type="hunyuan_v1_moe", num_experts=8, moe_topk=[2, 2]), "moe_topk lists 2 values for 4 layers"),
+    (dict(BASE, model_type="exaone_moe", **ROUTED, mlp_layer_types=["dense", "moe", "sparse", "sparse"]),
+     "mlp_layer_types must list 'dense' or 'sparse'"),
 ])
 def test_a_config_kiln_cannot_build_is_refused_naming_the_field(hf, message):
     arch = find_architecture(hf)
@@ -115,6 +127,29 @@ def test_moe_layers():
     assert (specs[1].num_experts, specs[1].top_k, specs[1].shared_intermediate_size) == (8, 2, 64)
     with pytest.raises(ValueError, match="num_experts_per_tok \\(9\\) must be from 1"):
         find_architecture(hf).config_cls.from_hf(dict(hf, num_experts_per_tok=9)).layer_moe(1)
+
+
+@pytest.mark.parametrize("hf, message", [
+    (dict(BASE, model_type="glm4_moe", **ROUTED, n_group=3), "n_group \\(3\\) must divide the 8 experts"),
+    (dict(BASE, model_type="glm4_moe", **dict(ROUTED, num_experts_per_tok=5), n_group=4, topk_group=2),
+     "num_experts_per_tok \\(5\\) exceeds the experts of topk_group \\(2\\) groups of 2"),
+    (dict(BASE, model_type="phimoe", num_local_experts=8, num_experts_per_tok=3), "sparsemixer routing takes 2"),
+])
+def test_a_router_kiln_cannot_run_is_refused_naming_the_field(hf, message):
+    c = find_architecture(hf).config_cls.from_hf(hf)
+    with pytest.raises(ValueError, match=message):
+        c.layer_moe(3)
+
+
+def test_latent_attention_is_read_as_the_attention_it_expands_to():
+    """DeepSeek-V3's cache holds q's heads, [rotated | nope] dims each; the rotated dims exactly (4 + 94 dims:
+    int(98 * (4 / 98)) is 3 in floating point)."""
+    hf = dict(BASE, model_type="deepseek_v3", **dict(MLA, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128))
+    c = find_architecture(hf).config_cls.from_hf(hf)
+    assert (c.head_dim, c.num_key_value_heads, c.rotary_dim) == (192, 4, 64)
+    hf = dict(hf, qk_nope_head_dim=94, qk_rope_head_dim=4)
+    assert find_architecture(hf).config_cls.from_hf(hf).rotary_dim == 4
+    assert [c.layer_moe(i) is None for i in range(4)] == [True, True, True, False]     # first_k_dense_replace 3
 
 
 def test_layer_patterns_written_nowhere_follow_transformers_defaults():
