@@ -53,6 +53,15 @@ def layer_types(types, n: int, hf: dict, pattern: int) -> tuple[str, ...]:
     return tuple(types)
 
 
+def dense_layers(kinds, n: int, first_dense: int) -> tuple[int, ...]:
+    """The layers whose MLP is dense: config.json's `mlp_layer_types` ("dense" | "sparse" each), else the first
+    `first_dense` (first_k_dense_replace); a ValueError for a list of another length or kind."""
+    kinds = kinds or ["dense" if i < first_dense else "sparse" for i in range(n)]
+    if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
+        raise ValueError(f"mlp_layer_types must list 'dense' or 'sparse' for each of the {n} layers; got {kinds}")
+    return tuple(i for i, k in enumerate(kinds) if k == "dense")
+
+
 def split_layer_rope(hf: dict, full_theta: float, local_theta: float) -> dict:
     """transformers 5's RoPE per layer type (`rope_parameters: {full_attention: {...}, sliding_attention:
     {...}}`, Gemma 3, OLMo 3) as flat fields: `rope_theta` and `rope_scaling` for full layers,

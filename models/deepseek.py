@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import CausalLM, WeightMap, decoder_weight_map
-from .config import ConfigField, fields_with
+from .config import ConfigField, dense_layers, fields_with
 from .glm4_moe import NAMES, ROUTED_FIELDS, Glm4MoeConfig
 from .layers import Flags
 from .llama import LlamaConfig
@@ -125,11 +125,8 @@ class Glm4MoeLiteConfig(DeepseekV3Config):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, kinds = values["num_hidden_layers"], values.pop("mlp_layer_types")
-        kinds = kinds or ["dense" if i < values["first_dense"] else "sparse" for i in range(n)]
-        if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
-            raise ValueError(f"mlp_layer_types must list 'dense' or 'sparse' for each of the {n} layers; got {kinds}")
-        values = dict(values, dense_layers=tuple(i for i, k in enumerate(kinds) if k == "dense"))
+        n = values["num_hidden_layers"]
+        values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, values["first_dense"]))
         return super().adapt(values, hf, notes)
 
     def layer_moe(self, layer: int) -> MoESpec | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import CausalLM, LayerAttention, WeightMap, attention_by_type
-from .config import ConfigField, fields_with, layer_types
+from .config import ConfigField, dense_layers, fields_with, layer_types
 from .layers import Flags
 from .llama import LlamaConfig
 from .moe import MoESpec, moe_weight_map
@@ -149,11 +149,8 @@ class ExaoneMoeConfig(Glm4MoeConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, kinds = values["num_hidden_layers"], values.pop("mlp_layer_types")
-        kinds = kinds or ["dense" if i < values["first_dense"] else "sparse" for i in range(n)]
-        if len(kinds) != n or set(kinds) - {"dense", "sparse"}:
-            raise ValueError(f"mlp_layer_types must list 'dense' or 'sparse' for each of the {n} layers; got {kinds}")
-        values = dict(values, dense_layers=tuple(i for i, k in enumerate(kinds) if k == "dense"))
+        n = values["num_hidden_layers"]
+        values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, values["first_dense"]))
         window = values["sliding_window"]
         if window is None:
             return dict(values, layer_types=())

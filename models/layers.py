@@ -189,11 +189,7 @@ class PagedAttention(nn.Module):
             if self.norm_after_rope:
                 q, k = self._qk_norm(q, k)
             qkv = op.concat([q, k, v], dim=2)
-        dtype = qkv.dtype
-        if self.kv_dtype not in (None, dtype):
-            qkv = qkv.astype(self.kv_dtype)
-        out = kv_cache.attention_with_fused_qkv(layer_id, qkv, h, sm_scale=self.sm_scale)   # [b, s, h, d]
-        out = out if out.dtype == dtype else out.astype(dtype)
+        out = cached_attention(kv_cache, layer_id, qkv, h, self.sm_scale, self.kv_dtype)      # [b, s, h, d]
         return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
 
 
@@ -207,6 +203,16 @@ class PagedAttention(nn.Module):
         h_kv = k.shape[2]
         return (op.reshape(self.q_norm(op.reshape(q, (b, s, h * d))), (b, s, h, d)),
                 op.reshape(self.k_norm(op.reshape(k, (b, s, h_kv * d))), (b, s, h_kv, d)))
+
+
+def cached_attention(kv_cache: PagedKVCache, layer_id: int, qkv: Tensor, heads: int, sm_scale: float,
+                     kv_dtype: str | None) -> Tensor:
+    """Attention of the fused q/k/v [b, s, heads + 2 kv heads, d] over the layer's paged cache, which appends
+    k and v: in the cache's dtype where it has its own (kv_dtype), the output back in qkv's."""
+    dtype = qkv.dtype
+    out = kv_cache.attention_with_fused_qkv(layer_id, qkv if kv_dtype in (None, dtype) else qkv.astype(kv_dtype),
+                                            heads, sm_scale=sm_scale)
+    return out if out.dtype == dtype else out.astype(dtype)
 
 
 class DecoderLayer(nn.Module):

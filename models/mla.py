@@ -26,7 +26,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
-from .layers import Norm
+from .layers import Norm, cached_attention
 from .rope import apply_rope, position_temperature
 
 
@@ -86,12 +86,7 @@ class LatentAttention(nn.Module):
             q = position_temperature(q, positions, *self.temperature)
         if sp.v_head_dim < d:
             v = op.concat([v, op.zeros((b, s, h, d - sp.v_head_dim), v.dtype)], dim=3)
-        qkv = op.concat([q, k, v], dim=2)
-        dtype = qkv.dtype
-        if self.kv_dtype not in (None, dtype):
-            qkv = qkv.astype(self.kv_dtype)
-        out = kv_cache.attention_with_fused_qkv(layer_id, qkv, h, sm_scale=self.sm_scale)     # [b, s, h, d]
-        out = out if out.dtype == dtype else out.astype(dtype)
+        out = cached_attention(kv_cache, layer_id, op.concat([q, k, v], dim=2), h, self.sm_scale, self.kv_dtype)
         if sp.v_head_dim < d:
             out = op.split(out, [sp.v_head_dim], axis=3)[0]
         return self.o_proj(op.reshape(out, (b, s, h * sp.v_head_dim)))
