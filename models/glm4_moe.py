@@ -23,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import CausalLM, LayerAttention, WeightMap, attention_by_type
-from .config import ConfigField, dense_layers, fields_with, layer_types
+from .causal_lm import CausalLM, WeightMap
+from .config import ConfigField, dense_layers, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
 from .moe import MoESpec, moe_weight_map
+from .olmo2 import ExaoneLayers
 
 NAMES = dict(router="mlp.gate", expert="mlp.experts.{j}", gate="gate_proj", up="up_proj", down="down_proj",
              shared="mlp.shared_experts", choice_bias="mlp.gate.e_score_correction_bias")
@@ -132,9 +133,8 @@ class MiniMaxM2Config(Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
-class ExaoneMoeConfig(Glm4MoeConfig):
+class ExaoneMoeConfig(ExaoneLayers, Glm4MoeConfig):
     dense_layers: tuple[int, ...] = ()
-    nope_full_layers: bool = False          # full layers attend without RoPE (wherever a window is set)
 
     ARCH: ClassVar[str] = "exaone_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
@@ -144,28 +144,13 @@ class ExaoneMoeConfig(Glm4MoeConfig):
         ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
 
     @classmethod
-    def from_hf(cls, hf: dict) -> "ExaoneMoeConfig":
-        return super().from_hf({"sliding_window": 4096, **hf})      # transformers' default where unwritten
-
-    @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         n = values["num_hidden_layers"]
         values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, values["first_dense"]))
-        window = values["sliding_window"]
-        if window is None:
-            return dict(values, layer_types=())
-        types = layer_types(values["layer_types"], n, hf, pattern=4)
-        return dict(values, sliding_window=window if window < values["context_window_size"] else None,
-                    layer_types=types, nope_full_layers=True)
+        return super().adapt(values, hf, notes)         # ExaoneLayers': the window, RoPE on sliding layers only
 
     def flags(self) -> Flags:
         return Flags(qkv_bias=self.attention_bias, qk_norm=True)
-
-    def layer_attention(self) -> tuple[LayerAttention, ...]:
-        if not self.nope_full_layers:
-            return LlamaConfig.layer_attention(self)
-        return attention_by_type(self.layer_types, self.sliding_window,       # full layers: no RoPE at all
-                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
 
     def layer_moe(self, layer: int) -> MoESpec | None:
         return None if layer in self.dense_layers else self.routed()

@@ -58,15 +58,16 @@ class Olmo3Config(Olmo2Config):
 
 
 @dataclass(frozen=True)
-class Exaone4Config(Olmo2Config):
+class ExaoneLayers:
+    """EXAONE's layers (4.0 and K-EXAONE; a mixin before the Llama config): where config.json has a window
+    (4096 where unwritten, transformers' default), every `sliding_window_pattern`-th layer is global and
+    attends without RoPE, the others slide with it. The window and layer kinds are read here alone."""
+
     nope_full_layers: bool = False          # full layers attend without RoPE (wherever config.json sets a window)
 
-    ARCH: ClassVar[str] = "exaone4"
-    QK_NORM_HEADS: ClassVar[bool] = True
-
     @classmethod
-    def from_hf(cls, hf: dict) -> "Exaone4Config":
-        return super().from_hf({"sliding_window": 4096, **hf})       # transformers' default where unwritten
+    def from_hf(cls, hf: dict):
+        return super().from_hf({"sliding_window": 4096, **hf})
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -82,6 +83,12 @@ class Exaone4Config(Olmo2Config):
             return super().layer_attention()
         return attention_by_type(self.layer_types, self.sliding_window,       # full layers: no RoPE at all
                                  lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+
+
+@dataclass(frozen=True)
+class Exaone4Config(ExaoneLayers, Olmo2Config):
+    ARCH: ClassVar[str] = "exaone4"
+    QK_NORM_HEADS: ClassVar[bool] = True
 
 
 Olmo2ForCausalLM = Olmo3ForCausalLM = Exaone4ForCausalLM = CausalLM
