@@ -474,12 +474,24 @@ def rope_halves(c: DecoderConfig) -> Callable[[np.ndarray], np.ndarray]:
     q/k/v rows (weights or biases, q then k then v) with each q and k head's rotary dims reordered to
     kiln's pairs (i, i + rotary/2): evens first, then odds. Pair i keeps its frequency, and q and k
     permuted alike leave every score q.k as it was, so the model computes exactly the checkpoint's."""
-    d, r = c.head_dim, c.rotary_dim
-    head = np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d)])
+    d, head = c.head_dim, _halves_order(c)
     rotated = c.num_attention_heads + c.num_key_value_heads            # q and k heads; v's rows stay
     values = np.arange(rotated * d, (rotated + c.num_key_value_heads) * d)
     order = np.concatenate([h * d + head for h in range(rotated)] + [values])
     return lambda rows: rows[order]
+
+
+def head_dims_halves(c: DecoderConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """A q/k norm's weight (one head's [head_dim], each head's [heads, head_dim], or all heads' flat) with each
+    head's dims in rope_halves' order: the norm acts on q and k after their rows were reordered."""
+    d, head = c.head_dim, _halves_order(c)
+    return lambda w: w.reshape(-1, d)[:, head].reshape(w.shape)
+
+
+def _halves_order(c: DecoderConfig) -> np.ndarray:
+    """One head's dims as kiln's RoPE pairs them: the rotary dims' evens, then odds, then the rest."""
+    d, r = c.head_dim, c.rotary_dim
+    return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d)])
 
 
 def weight_spec(entry: "list[str] | WeightSpec") -> WeightSpec:
@@ -529,8 +541,10 @@ def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) ->
             names = [f"{x}.{p}" for x in qkv]
             m[f"{k}.self_attn.qkv_proj.{p}"] = WeightSpec(tuple(names), rope_halves(c)) if c.ADJACENT_ROPE else names
         if f.qk_norm and f.norm not in PARAMLESS_NORMS:
-            m[f"{k}.self_attn.q_norm.weight"] = [f"{h}.{n['q_norm']}.weight"]
-            m[f"{k}.self_attn.k_norm.weight"] = [f"{h}.{n['k_norm']}.weight"]
+            for x in ("q_norm", "k_norm"):
+                names = [f"{h}.{n[x]}.weight"]
+                m[f"{k}.self_attn.{x}.weight"] = WeightSpec(tuple(names), head_dims_halves(c)) if c.ADJACENT_ROPE \
+                    else names
         mlp = ("gate_proj", "up_proj") if f.gated_mlp else ("up_proj",)
         projs = {"self_attn.o_proj": ([n["o_proj"]], f.o_bias), "mlp.down_proj": ([n["down_proj"]], f.mlp_bias),
                  "mlp.gate_up_proj" if f.gated_mlp else "mlp.up_proj": ([n[x] for x in mlp], f.mlp_bias)}

@@ -3,7 +3,7 @@ MLP side by side behind one LayerNorm without a bias (x + attn(n(x)) + mlp(n(x))
 by `logit_scale`, a tied head, and RoPE rotating adjacent pairs of dims (kiln reorders the q and k rows
 as it loads them: causal_lm.rope_halves). Command R7B's layers are 3 sliding-window ones with RoPE to
 each global one without any (`layer_types`, else every `sliding_window_pattern`-th is global).
-Command-R+'s per-head q/k LayerNorm (`use_qk_norm`) is refused."""
+Command-R+ (`use_qk_norm`) LayerNorms q and k per head before RoPE, each head with its own weight."""
 
 from __future__ import annotations
 
@@ -20,26 +20,26 @@ from .layers import Flags
 class CohereConfig(DecoderConfig):
     logit_scale: float = 0.0625
     attention_bias: bool = False            # q, k, v and o
+    use_qk_norm: bool = False
 
     ARCH: ClassVar[str] = "cohere"
     ADJACENT_ROPE: ClassVar[bool] = True
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
         DECODER_FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
         ConfigField("logit_scale", ("logit_scale",), default=0.0625),
-        ConfigField("attention_bias", ("attention_bias",), default=False))
+        ConfigField("attention_bias", ("attention_bias",), default=False),
+        ConfigField("use_qk_norm", ("use_qk_norm",), default=False))
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        if hf.get("use_qk_norm"):
-            raise ValueError(f"{cls.ARCH} with use_qk_norm (Command-R+'s per-head q/k LayerNorm) is not supported "
-                             "yet; load a checkpoint without it")
         if not values["logit_scale"]:
             raise ValueError(f"logit_scale {values['logit_scale']!r} would zero every logit; fix config.json")
         return values
 
     def flags(self) -> Flags:
         return Flags(norm="layer_nobias", qkv_bias=self.attention_bias, o_bias=self.attention_bias,
-                     parallel_residual=True, shared_norm=True, logit_divisor=1.0 / self.logit_scale)
+                     parallel_residual=True, shared_norm=True, logit_divisor=1.0 / self.logit_scale,
+                     qk_norm=self.use_qk_norm, qk_norm_head_weights=True)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class Cohere2Config(CohereConfig):
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         types = layer_types(values["layer_types"], values["num_hidden_layers"], hf, pattern=4)
-        return super().adapt(dict(values, layer_types=types), hf, notes)
+        # transformers' Cohere2 has no q/k norms, whatever config.json says
+        return super().adapt(dict(values, layer_types=types, use_qk_norm=False), hf, notes)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         """Sliding layers rotate q and k; global ones attend with no positions at all."""

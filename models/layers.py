@@ -40,6 +40,7 @@ class Flags:
     mlp_bias: bool = False
     qk_norm: bool = False                   # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
     qk_norm_heads: bool = True              # False: qk_norm over all heads' dims at once (OLMo 2)
+    qk_norm_head_weights: bool = False      # per head, each head with its own weight (Command-R+)
     qk_norm_after_rope: bool = False        # qk_norm on the rotated q and k (Hunyuan; RoPE then in the graph)
     norm: str = "rms"                       # one of NORMS, for every norm of the model
     activation: str = "silu"                # one of ACTIVATIONS
@@ -82,14 +83,16 @@ class Flags:
 
 
 class Norm(nn.Module):
-    """The normalisation `kind` names (see NORMS), over the last axis."""
+    """The normalisation `kind` names (see NORMS), over the last axis; with `rows`, a weight (and bias) per
+    row of the axis before it ([rows, hidden]: Command-R+'s q/k norms, one per head)."""
 
-    def __init__(self, hidden_size: int, eps: float, kind: str = "rms"):
+    def __init__(self, hidden_size: int, eps: float, kind: str = "rms", rows: int | None = None):
         self.kind, self.eps = kind, eps
+        shape = (rows, hidden_size) if rows else (hidden_size,)
         if kind not in PARAMLESS_NORMS:
-            self.weight = nn.Parameter((hidden_size,))
+            self.weight = nn.Parameter(shape)
         if kind in BIASED_NORMS:
-            self.bias = nn.Parameter((hidden_size,))
+            self.bias = nn.Parameter(shape)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kind == "layer_noparam":
@@ -97,6 +100,9 @@ class Norm(nn.Module):
         if self.kind == "rms_noparam":
             return op.rms_norm(x, op.ones((x.shape[-1],), x.dtype), axes=[-1], epsilon=self.eps)
         weight = self.weight + 1.0 if self.kind.endswith("_1p") else self.weight
+        if len(weight.shape) == 2:             # per row: normed without parameters, then each row's applied
+            plain = Norm(int(x.shape[-1]), self.eps, "layer_noparam" if self.kind.startswith("layer") else "rms_noparam")
+            return plain(x) * weight + getattr(self, "bias", 0.0)
         if self.kind.startswith("layer"):
             return op.layer_norm(x, x.shape[-1], weight, getattr(self, "bias", None), eps=self.eps)
         return op.rms_norm(x, weight, axes=[-1], epsilon=self.eps)
@@ -169,8 +175,11 @@ class PagedAttention(nn.Module):
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
         if flags.qk_norm:
-            self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, flags.norm)
-            self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, flags.norm)
+            by_head = flags.qk_norm_head_weights
+            self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, flags.norm,
+                               num_heads if by_head else None)
+            self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, flags.norm,
+                               num_kv_heads if by_head else None)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
         b, s, _ = x.shape

@@ -26,6 +26,7 @@ pass `kiln check` against the golden logits the compile stored.
     nemotron LayerNorm with a bias and 1+w, relu^2 MLP not gated, partial rotary, biases
     arcee    relu^2 MLP not gated, YaRN
     cohere   attention and MLP side by side behind one bias-free LayerNorm, scaled logits, adjacent-pair RoPE
+             (command-r-plus: q and k LayerNormed per head, each head its own weight, before that RoPE)
     cohere2  the above with sliding-window layers and global ones without RoPE (past the window:
              test_families_sliding.py)
     mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
@@ -144,6 +145,7 @@ CASES = {
     "glm": ("GlmForCausalLM", "GlmConfig", dict(pad_token_id=0)),
     "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(pad_token_id=0, tie_word_embeddings=False)),
     "cohere": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, attention_bias=True, pad_token_id=0)),
+    "command-r-plus": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, use_qk_norm=True, pad_token_id=0)),
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
                                                             pad_token_id=0)),     # layer 3 global, no RoPE
     "nemotron": ("NemotronForCausalLM", "NemotronConfig", dict(attention_bias=True, mlp_bias=True, pad_token_id=0)),
