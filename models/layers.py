@@ -100,9 +100,10 @@ class Norm(nn.Module):
         if self.kind == "rms_noparam":
             return op.rms_norm(x, op.ones((x.shape[-1],), x.dtype), axes=[-1], epsilon=self.eps)
         weight = self.weight + 1.0 if self.kind.endswith("_1p") else self.weight
-        if len(weight.shape) == 2:             # per row: normed without parameters, then each row's applied
-            plain = Norm(int(x.shape[-1]), self.eps, "layer_noparam" if self.kind.startswith("layer") else "rms_noparam")
-            return plain(x) * weight + getattr(self, "bias", 0.0)
+        if len(weight.shape) == 2:             # per row: normed without parameters, then each row's weight
+            bare = "layer_noparam" if self.kind.startswith("layer") else "rms_noparam"
+            y = Norm(int(x.shape[-1]), self.eps, bare)(x) * weight
+            return y + self.bias if hasattr(self, "bias") else y
         if self.kind.startswith("layer"):
             return op.layer_norm(x, x.shape[-1], weight, getattr(self, "bias", None), eps=self.eps)
         return op.rms_norm(x, weight, axes=[-1], epsilon=self.eps)
