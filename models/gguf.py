@@ -212,7 +212,7 @@ class GGUFWeights:
         self._spec = spec
         self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart
         by_name = {t.name: t for t in reader.tensors}
-        halves = {key for pair in spec.joined.values() for key in pair}
+        halves = {key for pair in (*spec.joined.values(), *spec.by_head.values()) for key in pair}
         for t in reader.tensors:
             m = _LAYER_RE.fullmatch(t.name)
             if m and spec.blocks is not None and int(m.group(1)) >= spec.blocks:   # multi-token prediction's
@@ -230,32 +230,30 @@ class GGUFWeights:
                 if t.name not in CONFIG_TENSORS:
                     self.unmapped.append(t.name)
                 continue
-            if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
-                raise ModelLoadError(
-                    f"GGUF tensor {t.name} has type {t.tensor_type.name}, which kiln cannot read; supported: "
-                    f"{', '.join(SUPPORTED_TENSOR_TYPES)}. Re-quantize the model to one of those "
-                    "(llama-quantize --allow-requantize in.gguf out.gguf Q4_K_M)"
-                )
+            _readable(t)
             if (spec.model_type == "gpt2" and t.name == "output.weight"
                     and _same_bytes(t, by_name.get("token_embd.weight"))):
                 self.unmapped.append(t.name)       # the converter's copy of wte: GPT-2 ties its head
                 continue
             self._tensors[hf] = t
         for hf_part, (first, second) in spec.joined.items():
-            for key, t in by_name.items():
-                m = _LAYER_RE.fullmatch(key)
-                if m and m.group(2) == first:
-                    other = by_name.get(f"blk.{m.group(1)}.{second}.{m.group(3)}")
-                    if other is None or other.tensor_type != t.tensor_type:
-                        found = "none" if other is None else other.tensor_type.name
-                        raise ModelLoadError(
-                            f"GGUF tensor {key} ({t.tensor_type.name}) needs blk.{m.group(1)}.{second} of the same "
-                            f"type to join into {hf_part} (found: {found}); re-quantize the model with one type for "
-                            "both, or load the Hugging Face checkpoint")
-                    if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
-                        raise ModelLoadError(f"GGUF tensor {key} has type {t.tensor_type.name}, which kiln cannot "
-                                             f"read; supported: {', '.join(SUPPORTED_TENSOR_TYPES)}")
-                    self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _Joined(t, other)
+            for m, t, other in _layer_pairs(by_name, first, second):
+                if other is None or other.tensor_type != t.tensor_type:
+                    found = "none" if other is None else other.tensor_type.name
+                    raise ModelLoadError(
+                        f"GGUF tensor {t.name} ({t.tensor_type.name}) needs blk.{m.group(1)}.{second} of the same "
+                        f"type to join into {hf_part} (found: {found}); re-quantize the model with one type for "
+                        "both, or load the Hugging Face checkpoint")
+                _readable(t)
+                self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _Joined(t, other)
+        for hf_part, (first, second) in spec.by_head.items():
+            for m, t, other in _layer_pairs(by_name, first, second):
+                if other is None:
+                    raise ModelLoadError(f"GGUF tensor {t.name} needs blk.{m.group(1)}.{second} to rebuild {hf_part} "
+                                         "(the converter writes both); re-convert the model")
+                _readable(t)
+                _readable(other)
+                self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _ByHead(t, other)
         # Row permutation head counts: q_proj uses n_head, k_proj n_head_kv.
         self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if spec.permuted else {}
         self._n_head, self._n_head_kv = n_head, n_head_kv     # by_kind / by_group rows regroup over the heads
@@ -374,6 +372,52 @@ class _Joined:
     def data(self):
         a, b = np.asarray(self.first.data), np.asarray(self.second.data)
         return np.concatenate([a, b], axis=a.ndim - 2)        # along rows ([experts,] rows, bytes or values)
+
+
+@dataclass(frozen=True)
+class _ByHead:
+    """The two GGUF tensors the converter split one HF tensor into by heads for llama.cpp's MLA weight absorption
+    (DeepSeek's kv_b_proj [heads * (nope + v), rank]: attn_k_b, each head's nope rows transposed [heads, rank, nope],
+    and attn_v_b [heads, v, rank]), read as that tensor: per head, the first's rows, then the second's. Dequantized
+    to float32 (a transposed quantized block is no block of the HF tensor)."""
+
+    first: object
+    second: object
+
+    @property
+    def name(self) -> str:
+        return self.first.name
+
+    @property
+    def tensor_type(self):
+        return QType.F32
+
+    @property
+    def shape(self):
+        rank, rows, heads = (int(d) for d in self.second.shape)         # fastest first: rank, v, heads
+        return rank, heads * (int(self.first.shape[0]) + rows)
+
+    @property
+    def data(self) -> np.ndarray:
+        k_b, v_b = (np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+                    for t in (self.first, self.second))                # [heads, rank, nope], [heads, v, rank]
+        return np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(self.shape[::-1])
+
+
+def _readable(t) -> None:
+    """A ModelLoadError naming the fix where kiln has no reader for a GGUF tensor's type."""
+    if t.tensor_type.name not in SUPPORTED_TENSOR_TYPES:
+        raise ModelLoadError(f"GGUF tensor {t.name} has type {t.tensor_type.name}, which kiln cannot read; supported: "
+                             f"{', '.join(SUPPORTED_TENSOR_TYPES)}. Re-quantize the model to one of those "
+                             "(llama-quantize --allow-requantize in.gguf out.gguf Q4_K_M)")
+
+
+def _layer_pairs(by_name: dict, first: str, second: str):
+    """(layer match, blk.N.<first> tensor, blk.N.<second> tensor or None) for each layer holding the first."""
+    for key, t in by_name.items():
+        m = _LAYER_RE.fullmatch(key)
+        if m and m.group(2) == first:
+            yield m, t, by_name.get(f"blk.{m.group(1)}.{second}.{m.group(3)}")
 
 
 def _same_bytes(a, b) -> bool:

@@ -58,6 +58,16 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     minimax-m2 MiniMax-M2        as Mixtral's experts, q/k norms over all heads, the choice bias as exp_probs_b
     ernie4_5-moe ERNIE 4.5 MoE   as ernie4_5 with experts, shared experts and the choice bias (moe_statics)
     hunyuan-moe Hunyuan MoE      as hunyuan-dense with experts and the shared MLP as ffn_*_shexp
+    deepseek2 DeepSeek-V2 / V3   latent attention as HF, kv_b_proj split by heads into attn_k_b (each head's rows
+                                 transposed) and attn_v_b (read back joined; older files: attn_kv_b); RoPE on
+                                 adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
+                                 mscale_all_dim as 0.1 x it (rope.scaling.yarn_log_multiplier). Kimi K2, Moonlight,
+                                 GLM-4.7-Flash (read as V3) and Youtu-LLM (no experts) convert to it too
+    minicpm3 MiniCPM3            latent attention as HF (kv_b_proj whole), RoPE on halves, LongRoPE as phi3's;
+                                 its scales in llama.cpp's graph, not the file
+    granitehybrid Granite 4.0    as granitemoe, a dense MLP as ffn_gate / ffn_up / ffn_down (read as shared_mlp);
+                                 attention-only files only (the converter now writes those as granite / granitemoe,
+                                 with head_count_kv a layer); RoPE unless rope.scaling.finetuned is false
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -65,7 +75,8 @@ use RoPE base 10000, and both scale queries by head_dim ** -0.5 except the 27B m
 (46 / 62 layers), which use (hidden / heads) ** -0.5; SmolLM3 leaves RoPE out of every 4th layer
 (llama.cpp's n_no_rope_layer_step, written nowhere in the file). llama.cpp's MoE routers default otherwise
 than HF's configs (no groups, leading dense layers, renormalisation or scaling where the keys are missing;
-softmax for ERNIE 4.5 and Hunyuan MoE whatever the file says); a router HF cannot run so is refused.
+softmax for ERNIE 4.5 and Hunyuan MoE whatever the file says; for deepseek2, softmax unless it says otherwise);
+a router HF cannot run so is refused. MiniCPM3's scales are llama.cpp's graph's constants.
 """
 
 from __future__ import annotations
@@ -122,6 +133,8 @@ NEOX_GLOBAL = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final
 GRANITE_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
                      "ffn_gate_inp": "block_sparse_moe.router.layer", "ffn_down_exps": "block_sparse_moe.output_linear",
                      "ffn_down_shexp": "shared_mlp.output_linear"}
+GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
+                      "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
 FALCON_LAYER = {"attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
                 "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm",
                 "attn_norm_2": "ln_attn"}          # two norms: attn_norm is the MLP's (ln_mlp; renames)
@@ -140,6 +153,14 @@ HUNYUAN_MOE_LAYER = {**HUNYUAN_LAYER, "ffn_gate_inp": "mlp.gate.wg", "ffn_gate_s
                      "ffn_up_shexp": "mlp.shared_mlp.up_proj", "ffn_down_shexp": "mlp.shared_mlp.down_proj"}
 MINIMAX_M2_LAYER = {**OLMOE_LAYER, "ffn_gate_inp": "block_sparse_moe.gate",
                     "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
+# Multi-head latent attention (models/mla.py): queries by q_proj or through a latent (q_a / q_b), the kv latent with
+# the shared rotated key part (kv_a_mqa) and its up-projection kv_b_proj, stored whole (attn_kv_b) or split by
+# heads for llama.cpp's weight absorption (attn_k_b / attn_v_b: GGUFArch.by_head).
+MLA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_k", "attn_v")},
+             "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+             "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+             "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"}
+DEEPSEEK2_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in ("attn_k", "attn_v", *QK_NORMS)}, **MLA_LAYER}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
@@ -169,14 +190,18 @@ class GGUFArch:
     renames: Callable[[dict], dict[str, str]] = lambda c: {}   # layer_names that differ by the HF config read
     joined: dict[str, tuple[str, str]] = field(default_factory=dict)   # HF name under a layer -> the two GGUF
                                                     # keys the converter split it into (rows: first, then second)
+    joins: Callable[[dict], dict[str, tuple[str, str]]] = lambda c: {}   # joined that differ by the HF config read
     blocks: int | None = None                       # blk.N read for N below it (for_config: the HF layers)
+    by_head: dict[str, tuple[str, str]] = field(default_factory=dict)  # HF name under a layer -> the two GGUF keys
+                                                    # the converter split each head's rows into, the first stored
+                                                    # transposed ([heads, cols, rows]: DeepSeek's kv_b_proj)
 
     def for_config(self, c: dict) -> "GGUFArch":
-        """This architecture's mapping for the HF config its metadata gave: renames applied, and the blocks
+        """This architecture's mapping for the HF config its metadata gave: renames and joins applied, and the blocks
         after num_hidden_layers (GLM-4.5's and K-EXAONE's multi-token-prediction layers, which the HF model
         does not run) left unread."""
         return dataclasses.replace(self, layer_names={**self.layer_names, **self.renames(c)},
-                                   blocks=c.get("num_hidden_layers"))
+                                   joined={**self.joined, **self.joins(c)}, blocks=c.get("num_hidden_layers"))
 
 
 def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
@@ -325,8 +350,12 @@ def _phi3(reader, arch, tensors, c):
     if original is not None:
         c["original_max_position_embeddings"] = original
     if "rope_factors_long.weight" in tensors:
-        c["rope_scaling"] = {
-            "rope_type": "longrope", "original_max_position_embeddings": original,
+        c["rope_scaling"] = _longrope(tensors, original)
+
+
+def _longrope(tensors: dict, original: int) -> dict:
+    """HF's LongRoPE scaling from rope_factors_long / rope_factors_short."""
+    return {"rope_type": "longrope", "original_max_position_embeddings": original,
             "long_factor": [_f32(x) for x in _tensor_values(tensors["rope_factors_long.weight"])],
             "short_factor": [_f32(x) for x in _tensor_values(tensors["rope_factors_short.weight"])]}
 
@@ -362,11 +391,29 @@ def _olmoe(reader, arch, tensors, c):
 
 
 def _granite(reader, arch, tensors, c):
+    _attention_layers_only(arch, c)
     _llama(reader, arch, tensors, c)
     for hf_key, key in (("embedding_multiplier", "embedding_scale"), ("attention_multiplier", "attention.scale"),
                         ("residual_multiplier", "residual_scale"), ("logits_scaling", "logit_scale")):
         if (value := _key(reader, arch, key)) is not None:
             c[hf_key] = _f32(value)
+
+
+def _attention_layers_only(arch, c) -> None:
+    """Granite 4.0's converter writes attention.head_count_kv a layer, 0 for a Mamba layer, also where it writes a
+    model without Mamba layers as granite / granitemoe: read as one count; Mamba layers are refused."""
+    kv = c["num_key_value_heads"]
+    if not isinstance(kv, list):
+        return
+    mamba = [i for i, n in enumerate(kv) if n == 0]
+    if mamba:
+        raise ModelLoadError(f"this {arch} GGUF has Mamba layers ({', '.join(map(str, mamba))}: "
+                             "attention.head_count_kv 0), which kiln does not compile; use a Granite 4.0 model without "
+                             "them (granite-4.0-micro, not -h-) or llama.cpp")
+    if len(set(kv)) > 1:
+        raise ModelLoadError(f"this {arch} GGUF's layers have different kv head counts ({kv}), which its Hugging Face "
+                             "model does not; re-convert the model")
+    c["num_key_value_heads"] = kv[0]
 
 
 def _smollm3(reader, arch, tensors, c):
@@ -417,6 +464,19 @@ def _granitemoe(reader, arch, tensors, c):
                  shared_intermediate_size=shared)
 
 
+def _granitehybrid(reader, arch, tensors, c):
+    """Granite 4.0 as granitehybrid without Mamba layers (the converter now writes those as granite / granitemoe):
+    Granite's multipliers, experts where expert_count, else the MLP as the shared one (shared_mlp); RoPE unless
+    rope.scaling.finetuned is false (llama.cpp's switch for it)."""
+    _granitemoe(reader, arch, tensors, c)
+    experts = _key(reader, arch, "expert_count") or 0
+    c.update(model_type="granitemoehybrid", architectures=["GraniteMoeHybridForCausalLM"], num_local_experts=experts,
+             layer_types=["attention"] * c["num_hidden_layers"],
+             position_embedding_type="rope" if _key(reader, arch, "rope.scaling.finetuned", True) else "nope")
+    if not experts:
+        c.update(num_experts_per_tok=0, shared_intermediate_size=c["intermediate_size"])
+
+
 def _no_groups(reader, arch: str) -> None:
     """llama.cpp chooses experts from the best expert_group_used_count of expert_group_count groups in any
     architecture (build_moe_ffn); the HF families without groups cannot, so such a file is refused."""
@@ -449,6 +509,11 @@ def _deepseek_router(reader, arch, c, experts: str, shared: str) -> None:
     expert_weights_scale. Each is written out with llama.cpp's loader default (no groups, dense layers,
     renormalisation or scaling), as the HF defaults differ."""
     _sigmoid_router(reader, arch)
+    _routed_counts(reader, arch, c, experts, shared)
+
+
+def _routed_counts(reader, arch, c, experts: str, shared: str) -> None:
+    """The router's keys DeepSeek's converters write, as HF's config names them, with llama.cpp's loader defaults."""
     scale = _key(reader, arch, "expert_weights_scale", 0.0)
     c.update({experts: _key(reader, arch, "expert_count"),
               "num_experts_per_tok": _key(reader, arch, "expert_used_count"),
@@ -482,6 +547,86 @@ def _exaone_moe(reader, arch, tensors, c):
     _nextn(reader, arch, c)
     _exaone4(reader, arch, tensors, c)
     _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
+
+
+def _latent_attention(reader, arch, c) -> None:
+    """MLA's shape (models/mla.py) as config.json names it. A deepseek2 file written for llama.cpp's weight
+    absorption gives the expanded head's sizes as attention.key_length_mla / value_length_mla (key_length and
+    value_length are then the latent's); older ones, and minicpm3, as key_length / value_length. llama.cpp's
+    defaults: hidden / heads; no q_lora_rank, queries by one attn_q. Every head has its own key (kv heads: the
+    heads; the file's 1 is the latent's), and HF's head_dim is the rotated part."""
+    default = c["hidden_size"] // c["num_attention_heads"]
+    rope = _key(reader, arch, "rope.dimension_count")
+    key = _key(reader, arch, "attention.key_length_mla") or _key(reader, arch, "attention.key_length", default)
+    value = _key(reader, arch, "attention.value_length_mla") or _key(reader, arch, "attention.value_length", default)
+    c.update(q_lora_rank=_key(reader, arch, "attention.q_lora_rank") or None,
+             kv_lora_rank=_key(reader, arch, "attention.kv_lora_rank"), qk_rope_head_dim=rope,
+             qk_nope_head_dim=key - rope, v_head_dim=value, head_dim=rope,
+             num_key_value_heads=c["num_attention_heads"])
+
+
+def _deepseek_yarn(reader, arch) -> dict | None:
+    """rope.scaling.* as DeepSeek's YaRN. llama.cpp's deepseek2 graph scales the softmax by
+    (1 + 0.1 m ln factor) ** 2 with m = rope.scaling.yarn_log_multiplier / 0.1 (the converter wrote 0.1 *
+    mscale_all_dim) and leaves cos / sin unscaled, which is HF's with mscale = mscale_all_dim = m. Without the
+    multiplier it scales both (the rotated dims twice), and linear scaling scales the softmax too: neither is an HF
+    model's, so both are refused."""
+    scaling = rope_scaling(reader, arch)
+    if scaling is None:
+        return None
+    log_mul = _key(reader, arch, "rope.scaling.yarn_log_multiplier")
+    if scaling["rope_type"] != "yarn" or not log_mul:
+        raise ModelLoadError(f"this {arch} GGUF scales RoPE by {scaling['rope_type']} without "
+                             f"{arch}.rope.scaling.yarn_log_multiplier (DeepSeek's mscale_all_dim), which llama.cpp "
+                             "runs as no Hugging Face model does; re-convert the model with a current "
+                             "convert_hf_to_gguf.py or load the Hugging Face checkpoint")
+    mscale = _f32(np.float32(log_mul) / np.float32(0.1))              # llama.cpp's loader divides it back
+    return dict(scaling, mscale=mscale, mscale_all_dim=mscale)
+
+
+def _deepseek2(reader, arch, tensors, c):
+    """DeepSeek-V2 / V3 and what llama.cpp converts as them (Kimi K2, Moonlight, GLM-4.7-Flash, Youtu-LLM): latent
+    attention, RoPE on adjacent pairs (rope_interleave: the converter leaves q and kv_a_mqa as HF's interleaved
+    checkpoints have them), no experts (Youtu), or the router llama.cpp runs by expert_gating_func: sigmoid is
+    DeepSeek-V3's; softmax DeepSeek-V2's, which neither renormalises, adds a choice bias nor chooses in groups as
+    llama.cpp would (by a group's two best experts, V2 by its best), so a file asking for any is refused."""
+    _nextn(reader, arch, c)
+    _latent_attention(reader, arch, c)
+    c.update(rope_interleave=True, rope_scaling=_deepseek_yarn(reader, arch))
+    if _key(reader, arch, "attention.temperature_scale"):
+        raise ModelLoadError(f"GGUF {arch}.attention.temperature_scale (Llama 4's query temperature) is not supported "
+                             f"for {arch}; load the Hugging Face checkpoint instead")
+    if not _key(reader, arch, "expert_count"):
+        c.update(model_type="youtu", architectures=["YoutuForCausalLM"])
+        return
+    if _key(reader, arch, "expert_gating_func") is None and c["num_hidden_layers"] in (47, 48) \
+            and c["vocab_size"] == 154880:         # llama.cpp's loader: GLM-4.7-Flash, written before the key
+        gating = gguf.ExpertGatingFuncType.SIGMOID
+    else:
+        gating = _key(reader, arch, "expert_gating_func", int(gguf.ExpertGatingFuncType.SOFTMAX))
+    if gating != gguf.ExpertGatingFuncType.SOFTMAX:
+        _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
+        c.update(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
+        return
+    _routed_counts(reader, arch, c, "n_routed_experts", "n_shared_experts")
+    refused = [key for key, asked in (("expert_weights_norm", c["norm_topk_prob"]), ("expert_group_count",
+                                      c["n_group"] > 1), ("exp_probs_b", any("exp_probs_b" in t for t in tensors)))
+               if asked]
+    if refused:
+        raise ModelLoadError(f"this {arch} GGUF routes by softmax with {', '.join(refused)}, which llama.cpp runs as "
+                             "DeepSeek-V2's Hugging Face model does not (renormalised weights, groups scored by their "
+                             "two best experts, a choice bias); load the Hugging Face checkpoint instead")
+    c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], topk_method="greedy")
+
+
+def _minicpm3(reader, arch, tensors, c):
+    """MiniCPM3: latent attention with RoPE on halves and LongRoPE (rope_factors_long / _short, from the pretraining
+    context: context_length, llama.cpp's default); the converter writes none of MiniCPM's scales, and llama.cpp's
+    graph fixes them at MiniCPM3-4B's (embedding x 12, residual x 1.4 / sqrt(layers), logits x 256 / hidden)."""
+    _latent_attention(reader, arch, c)
+    c.update(scale_emb=12.0, scale_depth=1.4, dim_model_base=256)
+    if "rope_factors_long.weight" in tensors:
+        c["rope_scaling"] = _longrope(tensors, c["max_position_embeddings"])
 
 
 def _minimax_m2(reader, arch, tensors, c):
@@ -562,9 +707,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "exaone4": GGUFArch("exaone4", ("Exaone4ForCausalLM",), OLMO2_LAYER, config=_exaone4),
     "seed_oss": GGUFArch("seed_oss", ("SeedOssForCausalLM",), SEED_OSS_LAYER, config=_seed_oss),
     "granitemoe": GGUFArch("granitemoe", ("GraniteMoeForCausalLM",), GRANITE_MOE_LAYER, permuted=True,
-                           config=_granitemoe, also=("granitemoeshared",),
-                           joined={"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
-                                   "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}),
+                           config=_granitemoe, also=("granitemoeshared",), joined=GRANITE_MOE_JOINED),
     "nemotron": GGUFArch("nemotron", ("NemotronForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_relu2),
     "jais2": GGUFArch("jais2", ("Jais2ForCausalLM",), LLAMA_LAYER, config=_relu2),
     "arcee": GGUFArch("arcee", ("ArceeForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
@@ -600,6 +743,16 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                            experts=MIXTRAL_EXPERTS),
     "ernie4_5-moe": GGUFArch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ERNIE_MOE_LAYER, config=_ernie4_5_moe,
                              experts=QWEN_EXPERTS),
+    "deepseek2": GGUFArch("deepseek_v3", ("DeepseekV3ForCausalLM",), DEEPSEEK2_LAYER, config=_deepseek2,
+                          experts=QWEN_EXPERTS, also=("deepseek_v2", "youtu"),
+                          by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
+    "minicpm3": GGUFArch("minicpm3", ("MiniCPM3ForCausalLM",), MLA_LAYER, config=_minicpm3),
+    "granitehybrid": GGUFArch("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), GRANITE_MOE_LAYER, permuted=True,
+                              config=_granitehybrid, joined=GRANITE_MOE_JOINED,
+                              renames=lambda c: {} if c["num_local_experts"] else {
+                                  "ffn_down": "shared_mlp.output_linear"},            # dense: the MLP as shared_mlp
+                              joins=lambda c: {} if c["num_local_experts"] else {
+                                  "shared_mlp.input_linear": ("ffn_gate", "ffn_up")}),
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
 }

@@ -16,6 +16,12 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              exp_probs_b.bias; GLM-4.5's multi-token-prediction layers counted in block_count
     falcon   query_key_value regrouped from kv groups to every q, k, v; no RoPE base, context 2048
     starcoder GPT-2's metadata with one kv head, Linear weights as they are
+    deepseek2 latent attention as MQA over the latent (key_length / value_length) with the expanded sizes as
+             *_mla; kv_b_proj split by heads into attn_k_b (transposed) and attn_v_b; 0.1 x mscale_all_dim as
+             yarn_log_multiplier; GLM-4.7-Flash's multi-token-prediction layers counted in block_count
+    minicpm3 only MiniCPM3Model's few keys (no RoPE base, no scales); LongRoPE factors as phi3's
+    granite 4.0 without Mamba layers as granite / granitemoe (a dense MLP as ffn_gate / _up / _down), a kv head
+             count a layer; as granitehybrid (an older converter: `arch`) without RoPE
 
 and the tokenizer as `gpt2` (byte-level BPE) metadata from the checkpoint's tokenizer.json.
 `types` picks the storage type per GGUF tensor key ("attn_v", "token_embd", ...) or full name;
@@ -49,16 +55,20 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo", "granitemoe": "granitemoe",
              "granitemoeshared": "granitemoe", "nemotron": "nemotron", "jais2": "jais2", "arcee": "arcee",
              "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
-             "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe"}
+             "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
+             "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
+             "granitemoehybrid": "granitehybrid"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
-PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee")
+PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid")
 
 
-def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32") -> Path:
-    """hf_dir (config.json, model.safetensors, tokenizer files) -> a GGUF at `path`."""
+def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
+               arch: str | None = None) -> Path:
+    """hf_dir (config.json, model.safetensors, tokenizer files) -> a GGUF at `path`; `arch` the architecture
+    where an older converter chose another (Granite 4.0 without Mamba layers as granitehybrid)."""
     hf_dir = Path(hf_dir)
     cfg = json.loads((hf_dir / "config.json").read_text())
-    arch = GGUF_ARCH[cfg["model_type"]]
+    arch = arch or _granite4_arch(cfg) or GGUF_ARCH[cfg["model_type"]]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(hf_dir.name)
     tensors = _tensors(cfg, arch, load_file(str(hf_dir / "model.safetensors")))
@@ -77,6 +87,20 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _granite4_arch(cfg: dict) -> str | None:
+    """GraniteHybridModel's architecture for a Granite 4.0 config without Mamba layers: granitemoe where it has
+    experts per token, else granite."""
+    if cfg["model_type"] != "granitemoehybrid" or not all(map(_attention, cfg["layer_types"])):
+        return None
+    return "granitemoe" if cfg.get("num_experts_per_tok") else "granite"
+
+
+def _attention(layer_type: str) -> bool:
+    """A Granite 4.0 layer type the converter reads as attention (released configs': attention; transformers 5
+    saves it as full_attention)."""
+    return layer_type in ("attention", "full_attention")
 
 
 def _rope(cfg: dict) -> tuple[float, dict | None]:
@@ -119,6 +143,20 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_head_count_kv(_falcon_kv_heads(cfg))
         w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
         return
+    if arch == "minicpm3":                          # MiniCPM3Model writes only these (no RoPE base, no scales)
+        w.add_context_length(cfg["max_position_embeddings"])
+        w.add_embedding_length(cfg["hidden_size"])
+        w.add_block_count(cfg["num_hidden_layers"])
+        w.add_feed_forward_length(cfg["intermediate_size"])
+        w.add_head_count(cfg["num_attention_heads"])
+        w.add_head_count_kv(cfg["num_key_value_heads"])
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+        w.add_vocab_size(cfg["vocab_size"])
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+        w.add_kv_lora_rank(cfg["kv_lora_rank"])
+        w.add_key_length(cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+        w.add_rope_dimension_count(cfg["qk_rope_head_dim"])
+        return
     theta, scaling = _rope(cfg)
     w.add_block_count(_block_count(cfg, arch))
     w.add_context_length(cfg["max_position_embeddings"])
@@ -156,7 +194,9 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     _experts(w, cfg, arch)
     if cfg.get("shared_intermediate_size"):              # Granite MoE Shared
         w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
-    if arch in ("granite", "granitemoe"):
+    if cfg["model_type"] == "granitemoehybrid":                # GraniteHybridModel's, whatever the architecture
+        _granite4(w, cfg, arch)
+    if arch in ("granite", "granitemoe", "granitehybrid"):
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
@@ -189,6 +229,8 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     if arch in ("olmo2", "exaone4", "exaone-moe") and cfg.get("sliding_window") is not None:
         w.add_sliding_window(cfg["sliding_window"])
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+    if arch == "deepseek2":
+        _deepseek2(w, cfg)
     if arch == "phi3":
         original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
             "original_max_position_embeddings", cfg["max_position_embeddings"])
@@ -200,10 +242,52 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
 
 
+def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """DeepseekV2Model's keys: latent attention as the MQA llama.cpp's weight absorption runs (one kv head of the
+    latent and the rotated part; the expanded head's sizes as *_mla), the router's counts and flags where the
+    config has them, DeepSeek's mscale_all_dim as 0.1 x it (yarn_log_multiplier); Glm4MoeLiteModel's
+    multi-token-prediction layers."""
+    rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    w.add_head_count_kv(1)
+    w.add_leading_dense_block_count(cfg.get("first_k_dense_replace", 0 if cfg.get("n_routed_experts") else
+                                            cfg["num_hidden_layers"]))
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(rank)
+    w.add_key_length(rank + rope)
+    w.add_value_length(rank)
+    w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
+    w.add_value_length_mla(cfg["v_head_dim"])
+    w.add_expert_feed_forward_length(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+    w.add_expert_shared_count(cfg.get("n_shared_experts") or 0)
+    if cfg.get("routed_scaling_factor") is not None:
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    if cfg.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rope)
+    if (mscale_all := (_rope(cfg)[1] or {}).get("mscale_all_dim")) is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * mscale_all)
+    if cfg["model_type"] == "glm4_moe_lite" and cfg.get("num_nextn_predict_layers"):
+        w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
+
+
+def _granite4(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
+    """GraniteHybridModel's attention keys: a kv head count a layer (0: Mamba), and RoPE (rope.scaling.finetuned)
+    for a model without Mamba layers as the current converter writes it (granite / granitemoe); as granitehybrid,
+    as the converter wrote it before, none, with a context of 2 ** 20."""
+    w.add_head_count_kv([cfg["num_key_value_heads"] if _attention(t) else 0 for t in cfg["layer_types"]])
+    use_rope = arch != "granitehybrid"
+    w.add_rope_scaling_finetuned(use_rope)
+    if not use_rope:
+        w.add_context_length(2 ** 20)
+
+
 def _block_count(cfg: dict, arch: str) -> int:
     """Layers, with the multi-token-prediction ones GLM-4.5's and K-EXAONE's converters append."""
     n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer"))
-    return n_layer + (cfg.get("num_nextn_predict_layers") or 0 if arch in ("glm4moe", "exaone-moe") else 0)
+    mtp = arch in ("glm4moe", "exaone-moe") or cfg.get("model_type") == "glm4_moe_lite"
+    return n_layer + (cfg.get("num_nextn_predict_layers") or 0 if mtp else 0)
 
 
 def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
@@ -263,12 +347,22 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
     n_kv = cfg.get("num_key_value_heads") or n_head
     out = {}
+    dense = cfg["model_type"] == "granitemoehybrid" and not cfg.get("num_local_experts")
     for hf_name in [n for n in hf if n.endswith("input_linear.weight")]:   # Granite MoE: gate then up rows
         gate, up = np.split(hf.pop(hf_name), 2, axis=-2)
         i, kind = re.search(r"layers\.(\d+)\.(\w+)\.input_linear", hf_name).groups()
-        suffix = "exps" if kind == "block_sparse_moe" else "shexp"
-        out[f"blk.{i}.ffn_gate_{suffix}.weight"], out[f"blk.{i}.ffn_up_{suffix}.weight"] = (
+        suffix = "_exps" if kind == "block_sparse_moe" else "" if dense else "_shexp"   # Granite 4.0's dense MLP
+        out[f"blk.{i}.ffn_gate{suffix}.weight"], out[f"blk.{i}.ffn_up{suffix}.weight"] = (
             np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32))
+        if dense:
+            out[f"blk.{i}.ffn_down.weight"] = hf.pop(f"model.layers.{i}.shared_mlp.output_linear.weight")
+    for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch == "deepseek2"]:
+        # split for llama.cpp's MLA weight absorption: each head's key rows transposed, then its value rows
+        kv_b = hf.pop(hf_name).reshape(n_head, cfg["qk_nope_head_dim"] + cfg["v_head_dim"], -1)
+        i = re.search(r"layers\.(\d+)\.", hf_name).group(1)
+        k_b, v_b = np.split(kv_b.astype(np.float32), [cfg["qk_nope_head_dim"]], axis=1)
+        out[f"blk.{i}.attn_k_b.weight"] = np.ascontiguousarray(k_b.transpose(0, 2, 1))
+        out[f"blk.{i}.attn_v_b.weight"] = np.ascontiguousarray(v_b)
     for hf_name, value in _stacked_experts(hf).items():
         value = value.astype(np.float32)
         if hf_name == "lm_head.weight" and (cfg.get("tie_word_embeddings", True) or arch == "gpt2"):
@@ -300,7 +394,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     _, scaling = _rope(cfg)
     if arch == "llama" and scaling and scaling["rope_type"] == "llama3":
         out["rope_freqs.weight"] = _llama3_factors(cfg, scaling)
-    if arch == "phi3" and scaling:
+    if arch in ("phi3", "minicpm3") and scaling:
         out["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
         out["rope_factors_short.weight"] = np.asarray(scaling["short_factor"], np.float32)
     return out

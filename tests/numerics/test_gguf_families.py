@@ -30,7 +30,13 @@ scores, the choice bias as exp_probs_b.bias, groups, a leading dense layer, the 
 shared experts and partial rotary, block_count counting a multi-token-prediction layer (glm4-moe), the
 same router and per-head q/k norms (dots1), EXAONE 4.0's window pattern with it (exaone-moe), Mixtral's
 expert names with whole-width q/k norms (minimax-m2), softmax scores with a choice bias and the
-converter's odd shared-expert width (ernie4_5-moe), a shared MLP beside softmax experts (hunyuan-moe).
+converter's odd shared-expert width (ernie4_5-moe), a shared MLP beside softmax experts (hunyuan-moe);
+latent attention with kv_b_proj split by heads into attn_k_b / attn_v_b and read back joined, YaRN's mscale as
+yarn_log_multiplier and V3's router (deepseek2-v3), V2's softmax router without q_lora (deepseek2-v2), GLM-4.7-Flash
+read as V3 (deepseek2-glm4-moe-lite), no experts (deepseek2-youtu), kv_b_proj whole with RoPE on halves, LongRoPE
+factor tensors and llama.cpp's fixed scales (minicpm3), Granite 4.0 without Mamba layers as the converter writes it
+now (granite4: granite, its shared MLP as the dense one; granite4-moe: granitemoe) and did before (granitehybrid,
+granitehybrid-moe: no RoPE, a kv head count a layer).
 """
 
 from __future__ import annotations
@@ -140,7 +146,25 @@ CASES = {
     "minimax-m2": _hf_case("minimax-m2", scoring_func="sigmoid"),
     "ernie4_5-moe": _hf_case("ernie4_5-moe"),
     "hunyuan-moe": _hf_case("hunyuan-moe", moe_topk=[3, 3]),
+    # latent attention as deepseek2 (RoPE on adjacent pairs, the only kind llama.cpp's graph runs; V2 without groups,
+    # which llama.cpp would score otherwise) and minicpm3 (llama.cpp's fixed scales and pretraining context)
+    "deepseek2-v3": _hf_case("deepseek-v3", scoring_func="sigmoid"),
+    "deepseek2-v2": _hf_case("deepseek-v2", topk_method="greedy", n_group=1, topk_group=1, scoring_func="softmax"),
+    "deepseek2-glm4-moe-lite": _hf_case("glm4-moe-lite", rope_interleave=True, scoring_func="sigmoid",
+                                        mlp_layer_types=["dense", "sparse", "sparse"], first_k_dense_replace=1),
+    "deepseek2-youtu": _hf_case("youtu"),
+    "minicpm3": _hf_case("minicpm3", scale_emb=12.0, scale_depth=1.4, dim_model_base=256, rope_parameters=dict(
+        HF_CASES["minicpm3"][2]["rope_parameters"], original_max_position_embeddings=512)),
+    # Granite 4.0 without Mamba layers, as the converter writes it now (granite, granitemoe: RoPE) and did before
+    # (granitehybrid: none)
+    "granite4": _hf_case("granite4", num_experts_per_tok=0, intermediate_size=96),
+    "granite4-moe": _hf_case("granite4-moe-nope", position_embedding_type="rope"),
+    "granitehybrid": _hf_case("granite4", num_experts_per_tok=0, intermediate_size=96, position_embedding_type=None),
+    "granitehybrid-moe": _hf_case("granite4-moe-nope"),
 }
+# cases the converter writes as another HF family computes them, and what kiln reads them as
+READ_AS = {"deepseek2-glm4-moe-lite": "deepseek_v3", "granite4": "granite", "granite4-moe": "granitemoeshared"}
+WRITTEN_AS = {"granitehybrid": "granitehybrid", "granitehybrid-moe": "granitehybrid"}    # by an older converter
 
 
 def write_hf(case: str, dest, seed: int = 0):
@@ -154,9 +178,9 @@ def write_hf(case: str, dest, seed: int = 0):
 @pytest.mark.parametrize("case", list(CASES))
 def test_gguf_family_matches_transformers(case, tmp_path):
     ref = write_hf(case, tmp_path / "hf")
-    path = write_gguf(tmp_path / "hf", tmp_path / f"{case}.gguf")
+    path = write_gguf(tmp_path / "hf", tmp_path / f"{case}.gguf", arch=WRITTEN_AS.get(case))
     source = load_gguf(path)
-    assert source.hf_config["model_type"] == ref.config.model_type
+    assert source.hf_config["model_type"] == READ_AS.get(case, ref.config.model_type)
     art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
     report = kiln.check(art)        # golden: transformers on the config and tensors kiln read from the GGUF
@@ -225,11 +249,34 @@ def test_glm4_moe_multi_token_prediction_layer_is_left_unread(tmp_path):
                                             r"by sigmoid only \(2\); re-convert"),
     ("hunyuan-moe", dict(n_group=2, topk_group=1), r"chooses experts in 2 groups \(expert_group_count\), which its "
                                                   r"Hugging Face model does not"),
+    ("deepseek2-v2", dict(norm_topk_prob=True, n_group=2), r"routes by softmax with expert_weights_norm, "
+                                                           r"expert_group_count, which llama.cpp runs as DeepSeek-V2"),
 ])
 def test_a_router_the_hf_model_cannot_run_is_refused(case, change, refusal, tmp_path):
     """A GGUF whose router llama.cpp would run otherwise than the Hugging Face family can (softmax scores for
-    dots.llm1's sigmoid router; expert groups for Hunyuan MoE, which has none) is refused on load, naming the
-    key and the fix."""
+    dots.llm1's sigmoid router; expert groups for Hunyuan MoE, which has none; DeepSeek-V2's softmax renormalised
+    and in groups scored by their two best experts) is refused on load, naming the key and the fix."""
+    import json
+
+    from kiln.models.source import ModelLoadError
+    write_hf(case, tmp_path / "hf")
+    cfg_path = tmp_path / "hf" / "config.json"
+    cfg_path.write_text(json.dumps(dict(json.loads(cfg_path.read_text()), **change)))
+    with pytest.raises(ModelLoadError, match=refusal):
+        load_gguf(write_gguf(tmp_path / "hf", tmp_path / "m.gguf"))
+
+
+@pytest.mark.parametrize("case, change, refusal", [
+    ("granite4", dict(layer_types=["attention", "mamba"]), r"this granitehybrid GGUF has Mamba layers \(1: "
+                                                           r"attention.head_count_kv 0\), which kiln does not compile"),
+    ("deepseek2-v3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                               original_max_position_embeddings=64)),
+     r"scales RoPE by yarn without deepseek2.rope.scaling.yarn_log_multiplier"),
+])
+def test_what_no_hf_model_computes_as_llama_cpp_is_refused(case, change, refusal, tmp_path):
+    """A Granite 4.0 GGUF with a Mamba layer (granitehybrid, head_count_kv 0 there), and a DeepSeek GGUF with YaRN
+    but no yarn_log_multiplier (llama.cpp then scales cos / sin and the softmax both) are refused on load, naming
+    the key and the fix."""
     import json
 
     from kiln.models.source import ModelLoadError
