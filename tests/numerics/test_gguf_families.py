@@ -115,6 +115,8 @@ CASES = {
     "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(head_dim=24, use_bias=True, tie_word_embeddings=True)),
     "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(head_dim=16, pad_token_id=0)),
     "cohere": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, tie_word_embeddings=True, pad_token_id=0)),
+    "command-r-plus": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, tie_word_embeddings=True,
+                                                                 use_qk_norm=True, pad_token_id=0)),
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
                                                             tie_word_embeddings=True, pad_token_id=0)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
