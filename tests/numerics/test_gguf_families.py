@@ -15,8 +15,8 @@ side and the head's bias (phi2), the plain GELU MLP's names (starcoder2), q/k/v 
 (gpt-neox), experts stacked in 3-D ffn_*_exps tensors with the router as ffn_gate_inp (mixtral: as
 llama; qwen2-moe with its shared expert; qwen3-moe), RoPE on adjacent pairs kept as stored with biases
 everywhere (ernie4_5), partial adjacent-pair RoPE and fused gate/up behind post-norms (glm4), one
-bias-free LayerNorm and the logit scale (cohere; cohere2's window and global layers without RoPE, the
-layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe), OLMo 3
+bias-free LayerNorm and the logit scale (cohere; per-head q/k norm weights: command-r-plus; cohere2's
+window and global layers without RoPE, the layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe), OLMo 3
 as llama.cpp's olmo2 with its window and per-layer pattern (olmo3), the same pattern with per-head q/k
 norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP norm's other name
 (seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan), one kv head
