@@ -9,7 +9,8 @@ outputs weighted by the router's scores.
                                                 the `top_groups` whose two best choice scores sum highest
     w, e    = top_k(choice) -> probs[e]         the k best experts, weighted by their unbiased scores;
                                                 w / sum(w) where the family normalises (Mixtral,
-                                                norm_topk_prob), times `routed_scale`
+                                                norm_topk_prob), times `routed_scale`; Phi-3.5-MoE's
+                                                sparsemixer picks and weighs its two otherwise (_sparsemixer)
     y       = sum_j w_j * down[e_j](act(gate[e_j] x) * up[e_j] x)
             (+ sigmoid(shared_gate . x) * shared_mlp(x): Qwen2-MoE's shared expert;
              + shared_mlp(x): Granite MoE Shared's, GLM-4.5's, ungated)
@@ -51,7 +52,8 @@ class MoESpec:
     normalize: bool                         # top-k weights divided by their sum
     shared_intermediate_size: int = 0       # a shared expert behind a sigmoid gate (Qwen2-MoE); 0: none
     shared_gated: bool = True               # False: the shared expert's output is added as it is (Granite)
-    scoring: str = "softmax"                # or "sigmoid" (DeepSeek-V3's router: GLM-4.5, dots.llm1)
+    scoring: str = "softmax"                # or "sigmoid" (DeepSeek-V3's router: GLM-4.5, dots.llm1), or
+                                            # "sparsemixer" (Phi-3.5-MoE)
     choice_bias: bool = False               # a per-expert bias added to the scores to choose experts only
     groups: int = 1                         # experts in this many groups (n_group), of which only the
     top_groups: int = 1                     # `top_groups` (topk_group) best are chosen from, a group
