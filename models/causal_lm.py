@@ -137,6 +137,10 @@ class DecoderConfig:
         family says otherwise)."""
         return None
 
+    def layer_flags(self, layer: int) -> Flags:
+        """Layer `layer`'s Flags where its attention differs from the model's (Llama 4's NoPE layers)."""
+        return self.flags()
+
     def latent_attention(self) -> MLASpec | None:
         """Every layer's multi-head latent attention (models/mla.py), None for plain attention."""
         return None
@@ -192,6 +196,7 @@ class DecoderStack(nn.Module):
         in_graph = rope_in_graph(attention, flags) and not flags.learned_positions
         self.needs_positions = in_graph or flags.learned_positions
         def layer(i: int, a: LayerAttention) -> DecoderLayer:
+            flags = c.layer_flags(i)
             rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None
             mla = c.latent_attention()
             latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim), c.norm_eps,
@@ -540,7 +545,7 @@ def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) ->
         for p in ("weight", "bias") if f.qkv_bias else ("weight",):
             names = [f"{x}.{p}" for x in qkv]
             m[f"{k}.self_attn.qkv_proj.{p}"] = WeightSpec(tuple(names), rope_halves(c)) if c.ADJACENT_ROPE else names
-        if f.qk_norm and f.norm not in PARAMLESS_NORMS:
+        if f.qk_norm and (f.qk_norm_kind or f.norm) not in PARAMLESS_NORMS:
             for x in ("q_norm", "k_norm"):
                 names = [f"{h}.{n[x]}.weight"]
                 m[f"{k}.self_attn.{x}.weight"] = WeightSpec(tuple(names), head_dims_halves(c)) if c.ADJACENT_ROPE \

@@ -41,6 +41,7 @@ class Flags:
     qk_norm: bool = False                   # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
     qk_norm_heads: bool = True              # False: qk_norm over all heads' dims at once (OLMo 2)
     qk_norm_head_weights: bool = False      # per head, each head with its own weight (Command-R+)
+    qk_norm_kind: str | None = None         # the q/k norms' kind where it is not `norm`'s (Llama 4: rms_noparam)
     qk_norm_after_rope: bool = False        # qk_norm on the rotated q and k (Hunyuan; RoPE then in the graph)
     norm: str = "rms"                       # one of NORMS, for every norm of the model
     activation: str = "silu"                # one of ACTIVATIONS
@@ -64,8 +65,8 @@ class Flags:
     learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
     clip_qkv: float | None = None           # q, k and v clamped to [-c, c] after their projection (OLMo)
     embed_norm: bool = False                # the embeddings normed (the model's norm kind) before the first layer
-    attn_temperature: tuple[float, int] | None = None   # (beta, original): q *= 1 + beta * log(1 + floor(pos /
-                                                        # original)) after RoPE (Ministral 3; RoPE in the graph)
+    attn_temperature: tuple | None = None   # (beta, original[, offset]): q *= 1 + beta * log(1 + floor((pos +
+                                            # offset) / original)) after RoPE (Ministral 3; RoPE in the graph)
 
     def sm_scale(self, head_dim: int) -> float:
         """The attention's softmax scale: attn_scale, else 1 / sqrt(query_pre_attn_scalar or head_dim)."""
@@ -177,9 +178,10 @@ class PagedAttention(nn.Module):
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
         if flags.qk_norm:
             by_head = flags.qk_norm_head_weights
-            self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, flags.norm,
+            kind = flags.qk_norm_kind or flags.norm
+            self.q_norm = Norm(head_dim if flags.qk_norm_heads else num_heads * head_dim, eps, kind,
                                num_heads if by_head else None)
-            self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, flags.norm,
+            self.k_norm = Norm(head_dim if flags.qk_norm_heads else num_kv_heads * head_dim, eps, kind,
                                num_kv_heads if by_head else None)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
@@ -188,7 +190,7 @@ class PagedAttention(nn.Module):
         qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
         if self.clip_qkv:
             qkv = op.tensor_expr_op(lambda t: topi.clip(t, -self.clip_qkv, self.clip_qkv), "clip_qkv", [qkv])
-        if hasattr(self, "q_norm") or self.rope:
+        if hasattr(self, "q_norm") or self.rope or self.temperature:
             q, k, v = op.split(qkv, [h, h + h_kv], axis=2)
             if not self.norm_after_rope:
                 q, k = self._qk_norm(q, k)

@@ -62,6 +62,8 @@ class MoESpec:
     routed_scale: float = 1.0               # the chosen experts' weights times this (routed_scaling_factor)
     norm_min: float = 0.0                   # normalise by max(sum(w), norm_min) (ERNIE 4.5's moe_norm_min)
     jitter_eps: float = 0.0                 # scoring "sparsemixer" (Phi-3.5-MoE): router_jitter_noise
+    scale_input: bool = False               # each expert reads x times its weight and the outputs add unweighted
+                                            # (Llama 4)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -113,10 +115,12 @@ class SparseMoE(nn.Module):
             weights, experts = _sparsemixer(logits, spec.jitter_eps)
         else:
             weights, experts = self._route(logits)
-        gate, up = op.split(_expert_matmul(flat, self.experts_gate_up, experts, 2 * i), 2, axis=-1)   # [T, k, i]
+        weights = weights if weights.dtype == flat.dtype else weights.astype(flat.dtype)
+        slots = op.reshape(weights, (b * s, k, 1))
+        x_in = op.reshape(flat, (b * s, 1, h)) * slots if spec.scale_input else flat               # [T, (k,) h]
+        gate, up = op.split(_expert_matmul(x_in, self.experts_gate_up, experts, 2 * i), 2, axis=-1)   # [T, k, i]
         out = _expert_matmul(_activation(gate, self.activation) * up, self.experts_down, experts, h)  # [T, k, h]
-        weights = weights if weights.dtype == out.dtype else weights.astype(out.dtype)
-        y = op.sum(out * op.reshape(weights, (b * s, k, 1)), axis=1)                              # [T, h]
+        y = op.sum(out if spec.scale_input else out * slots, axis=1)                              # [T, h]
         if hasattr(self, "shared_gate"):
             gate_logit = op.matmul(flat, op.permute_dims(self.shared_gate))                  # [T, 1]
             y = y + op.sigmoid(gate_logit) * self.shared(flat)
@@ -272,12 +276,13 @@ def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | Non
     expert: a format string with {j}), or `fused` in place of expert, gate, up and down: the module holding
     transformers 5's 3-D gate_up_proj [experts, gate rows + up rows, cols] and down_proj."""
     from .causal_lm import LLAMA_NAMES, WeightSpec, decoder_weight_map
-    m = decoder_weight_map(c, decoder_names or LLAMA_NAMES)
+    decoder_names = decoder_names or LLAMA_NAMES
+    m = decoder_weight_map(c, decoder_names)
     for layer in range(c.num_hidden_layers):
         spec = c.layer_moe(layer)
         if spec is None:
             continue
-        k, hf_layer = f"model.layers.{layer}.mlp", LLAMA_NAMES["layer"].format(i=layer)
+        k, hf_layer = f"model.layers.{layer}.mlp", decoder_names["layer"].format(i=layer)
         for key in [key for key in m if key.startswith(f"{k}.")]:
             del m[key]
         m[f"{k}.router"] = [f"{hf_layer}.{names['router']}.weight"]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import (apertus, cohere, deepseek, ernie4_5, falcon, gemma, glm, glm4_moe, gpt2, gpt_neo, gpt_neox, gptj,
-               granite, helium, hunyuan, llama, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi, phi3, qwen2,
-               qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+               granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi,
+               phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 
 
@@ -28,6 +28,8 @@ def _arch(name, hf_architectures, model_types, module, config_cls, model_cls) ->
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("llama", ("LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "IQuestCoderForCausalLM"),
           ("llama", "mistral", "ministral", "iquestcoder"), llama, llama.LlamaConfig, llama.LlamaForCausalLM),
+    _arch("llama4", ("Llama4ForCausalLM", "Llama4ForConditionalGeneration"), ("llama4_text", "llama4"), llama4,
+          llama4.Llama4Config, llama4.Llama4ForCausalLM),
     _arch("ministral3", ("Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"), ("ministral3", "mistral3"),
           llama, llama.Ministral3Config, llama.Ministral3ForCausalLM),
     _arch("internlm3", ("InternLM3ForCausalLM",), ("internlm3",), llama, llama.InternLM3Config,

@@ -43,8 +43,24 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[np.ndar
         return (np.float32(1.0) / (short * base)).astype(np.float32), float(attention)
     if kind == "yarn":
         return _yarn(head_dim, theta, scaling, base)
+    if kind == "llama3":
+        return _llama3((np.float32(1.0) / base).astype(np.float32), scaling), 1.0
     raise ValueError(f"RoPE scaling {kind!r} cannot be applied in the graph "
                      f"(supported: default, {', '.join(GRAPH_SCALINGS)})")
+
+
+def _llama3(inv: np.ndarray, scaling: dict) -> np.ndarray:
+    """Llama 3's scaling (where the graph rotates: a model with NoPE layers, Llama 4): frequencies whose
+    wavelength passes original / low_freq_factor divided by `factor`, those below original /
+    high_freq_factor kept, and the ones between blended (transformers' _compute_llama3_parameters)."""
+    factor, low, high = (float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+    original = float(scaling["original_max_position_embeddings"])
+    wavelen = np.float32(2 * math.pi) / inv
+    scaled = np.where(wavelen > original / low, inv / np.float32(factor), inv)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / np.float32(factor) + smooth * scaled
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return np.where(medium, blended, scaled).astype(np.float32)
 
 
 def _yarn(dim: int, theta: float, scaling: dict, base: np.ndarray) -> tuple[np.ndarray, float]:
@@ -89,14 +105,14 @@ def query_temperature(scaling: dict | None) -> tuple[float, int] | None:
     return (float(beta), int(original)) if beta else None
 
 
-def position_temperature(q: Tensor, positions: Tensor, beta: float, original: int) -> Tensor:
-    """q [batch, seq, heads, head_dim] times 1 + beta * log(1 + floor(position / original)) (Llama 4's and
-    Ministral 3's attention temperature: 1 within the pretraining context, rising slowly past it)."""
+def position_temperature(q: Tensor, positions: Tensor, beta: float, original: int, offset: int = 0) -> Tensor:
+    """q [batch, seq, heads, head_dim] times 1 + beta * log(1 + floor((position + offset) / original)) (Llama 4's,
+    offset 1, and Ministral 3's attention temperature: 1 within the pretraining context, rising slowly past it)."""
     def compute(x: te.Tensor, pos: te.Tensor):
         _, s, _, _ = x.shape
 
         def scaled(b, t, h, i):
-            blocks = tirx.floor(pos[b * s + t].astype("float32") / np.float32(original))
+            blocks = tirx.floor((pos[b * s + t] + offset).astype("float32") / np.float32(original))
             scale = np.float32(1.0) + np.float32(beta) * tirx.log(np.float32(1.0) + blocks)
             return (x[b, t, h, i].astype("float32") * scale).astype(x.dtype)
         return te.compute(x.shape, scaled, name="position_temperature")

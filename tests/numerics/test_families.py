@@ -68,6 +68,9 @@ pass `kiln check` against the golden logits the compile stored.
              softmax experts from the best groups without a choice bias
     phimoe   Phi-3.5-MoE: LayerNorm, biases (the head's too), LongRoPE with its short mscale, the sparsemixer
              router (a wide jitter_eps: several logits near the best)
+    llama4   RoPE on adjacent pairs with Llama 3 scaling in the graph, then q/k RMS-normed without weight; a
+             NoPE layer with its query temperature; input-scaled top-1 experts beside a shared one, every
+             other layer; the context capped at the attention chunk
     granite4 Granite 4.0 without Mamba layers: the shared MLP as the dense one, RoPE; with experts and
              without RoPE (position_embedding_type unset)
     ernie4_5-moe  softmax scores with a choice bias (moe_statics), a dense first layer, adjacent-pair RoPE
@@ -218,6 +221,11 @@ CASES = {
         num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.5, attention_bias=True, lm_head_bias=True,
         max_position_embeddings=512, rope_parameters=dict(LONGROPE, rope_theta=10000.0, short_mscale=1.2,
                                                          long_mscale=1.3))),
+    "llama4": ("Llama4ForCausalLM", "Llama4TextConfig", dict(
+        head_dim=16, intermediate_size=48, intermediate_size_mlp=96, num_hidden_layers=4, num_local_experts=4,
+        interleave_moe_layer_step=2, attention_chunk_size=64, floor_scale=4, attn_scale=0.5, rope_parameters=dict(
+            rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=64))),       # floor_scale 4: the NoPE layer's temperature bites
     "granite4": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(
         GRANITE, num_local_experts=0, shared_intermediate_size=96, layer_types=["attention"] * 2,
         position_embedding_type="rope")),

@@ -83,6 +83,8 @@ MLA = dict(ROUTED, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_h
     (dict(BASE, model_type="olmo3", rope_parameters={"full_attention": {"rope_theta": 1e4},
                                                      "sliding_attention": {"rope_type": "linear", "factor": 2.0}}),
      "sliding_attention type 'linear' is not supported"),
+    (dict(BASE, model_type="llama4_text", intermediate_size_mlp=128, no_rope_layers=[1, 0]),
+     "no_rope_layers lists 2 layers for 4"),
     (dict(BASE, model_type="deepseek_v2", **MLA, topk_method="noaux_tc"), "topk_method 'noaux_tc' is not supported"),
     (dict(BASE, model_type="deepseek_v2", **MLA, moe_layer_freq=2), "moe_layer_freq other than 1"),
     (dict(BASE, model_type="granitemoehybrid", layer_types=["mamba", "attention", "mamba", "mamba"]),
@@ -139,6 +141,23 @@ def test_a_router_kiln_cannot_run_is_refused_naming_the_field(hf, message):
     c = find_architecture(hf).config_cls.from_hf(hf)
     with pytest.raises(ValueError, match=message):
         c.layer_moe(3)
+
+
+def test_llama4_text_model_of_the_multimodal_checkpoint():
+    """Llama4ForConditionalGeneration: the text_config read, weights under language_model.model (transformers
+    4's names), every 4th layer NoPE, MoE on the layers interleave_moe_layer_step picks, the context capped at
+    the attention chunk with a note."""
+    text = dict(BASE, intermediate_size_mlp=128, num_local_experts=4, interleave_moe_layer_step=2,
+                attention_chunk_size=128, max_position_embeddings=1024)
+    hf = dict(model_type="llama4", architectures=["Llama4ForConditionalGeneration"], text_config=text,
+              transformers_version="4.51.0")
+    arch = find_architecture(hf)
+    c = arch.config_cls.from_hf(hf)
+    assert (c.weight_prefix, c.rope_layers, c.moe_layers) == ("language_model.model", (True,) * 3 + (False,), (1, 3))
+    assert (c.context_window_size, c.intermediate_size, c.moe_intermediate_size) == (128, 128, 128)
+    assert any("attention_chunk_size" in n for n in c.notes)
+    assert "language_model.model.layers.1.feed_forward.experts.gate_up_proj" in \
+        arch.weight_map(c)["model.layers.1.mlp.experts_gate_up.weight"].hf_names
 
 
 def test_latent_attention_is_read_as_the_attention_it_expands_to():
