@@ -29,7 +29,7 @@ from .config import ConfigField, read_fields
 from .layers import BIASED_NORMS, PARAMLESS_NORMS, DecoderLayer, Flags, Norm, tied_logits
 from .mla import LatentAttention, MLASpec
 from .moe import MoESpec, SparseMoE
-from .rope import GRAPH_SCALINGS, inv_freq
+from .rope import GRAPH_SCALINGS, inv_freq, pair_halves
 from .sampling import lanes_for, sample_kernel
 
 # HF field names shared by the decoder families (a family adds its own or overrides these).
@@ -195,10 +195,11 @@ class DecoderStack(nn.Module):
             self.embed_positions = nn.Embedding(c.context_window_size, c.hidden_size)
         in_graph = rope_in_graph(attention, flags) and not flags.learned_positions
         self.needs_positions = in_graph or flags.learned_positions
+        mla = c.latent_attention()
+
         def layer(i: int, a: LayerAttention) -> DecoderLayer:
             flags = c.layer_flags(i)
             rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None
-            mla = c.latent_attention()
             latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim), c.norm_eps,
                                      flags.qkv_bias, rope, flags.attn_temperature) if mla else None
             return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
@@ -495,8 +496,7 @@ def head_dims_halves(c: DecoderConfig) -> Callable[[np.ndarray], np.ndarray]:
 
 def _halves_order(c: DecoderConfig) -> np.ndarray:
     """One head's dims as kiln's RoPE pairs them: the rotary dims' evens, then odds, then the rest."""
-    d, r = c.head_dim, c.rotary_dim
-    return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d)])
+    return np.concatenate([pair_halves(c.rotary_dim), np.arange(c.rotary_dim, c.head_dim)])
 
 
 def weight_spec(entry: "list[str] | WeightSpec") -> WeightSpec:

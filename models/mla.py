@@ -27,7 +27,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
 from .layers import Norm, cached_attention
-from .rope import apply_rope, position_temperature
+from .rope import apply_rope, pair_halves, position_temperature
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class LatentAttention(nn.Module):
     kv_dtype: str | None = None             # the KV cache's dtype where it is not the activations'
 
     def __init__(self, hidden_size: int, num_heads: int, spec: MLASpec, sm_scale: float, eps: float,
-                 bias: bool = False, rope: tuple | None = None, temperature: tuple[float, int] | None = None):
+                 bias: bool = False, rope: tuple | None = None, temperature: tuple | None = None):
         self.spec, self.num_heads, self.sm_scale, self.rope = spec, num_heads, sm_scale, rope
         self.temperature = temperature      # Flags.attn_temperature (Mistral 4: RoPE is then in the graph)
         d = spec.head_dim
@@ -93,9 +93,9 @@ class LatentAttention(nn.Module):
 
 
 def _halves(r: int, interleaved: bool) -> np.ndarray:
-    """The order of r rotated dims as kiln's cache rotates them: pairs (i, i + r/2); from adjacent
-    pairs (2i, 2i+1): evens first, then odds."""
-    return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)]) if interleaved else np.arange(r)
+    """The order of r rotated dims as kiln's cache rotates them: regrouped (rope.pair_halves) where the
+    checkpoint pairs adjacent dims, as they are where it pairs halves already."""
+    return pair_halves(r) if interleaved else np.arange(r)
 
 
 def query_rows(spec: MLASpec, num_heads: int) -> Callable[[np.ndarray], np.ndarray]:

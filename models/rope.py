@@ -119,6 +119,12 @@ def position_temperature(q: Tensor, positions: Tensor, beta: float, original: in
     return op.tensor_expr_op(compute, "position_temperature", [q, positions])
 
 
+def pair_halves(r: int) -> np.ndarray:
+    """The r rotated dims of a checkpoint whose RoPE pairs (2i, 2i+1), in the order kiln's RoPE pairs them
+    ((i, i + r/2)): the evens, then the odds. Pair i keeps its frequency."""
+    return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2)])
+
+
 def apply_rope(x: Tensor, positions: Tensor, freqs: np.ndarray, factor: float) -> Tensor:
     """Rotate x [batch, seq, heads, head_dim] by its positions [batch * seq] (transformers' rotate-half
     convention: the first half of the rotated dims pairs with the second half). The rotated dims are
