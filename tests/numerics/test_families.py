@@ -338,6 +338,21 @@ def test_grouped_routers_build_for_webgpu(case, tmp_path):
     assert any(name.startswith("best_groups") for name in funcs), sorted(funcs)
 
 
+def test_routers_stay_float32_under_float16_compute(tmp_path):
+    """GLM-4.5's router and choice bias are written float32 in a q4f16 artifact (a float16 rounding could
+    choose another expert), every other float weight float16; the artifact still decodes."""
+    write_family("glm4-moe", tmp_path / "hf")
+    art = Artifact.load(kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q4f16", output=tmp_path / "art",
+                                     golden=False))
+    dtypes = {name: str(a.dtype) for name, a in zip(art.config.params, art.iter_params())}
+    routing = {n for n in dtypes if n.endswith((".mlp.router", ".mlp.choice_bias"))}
+    assert len(routing) == 4 and {dtypes[n] for n in routing} == {"float32"}              # 2 sparse layers
+    assert {d for n, d in dtypes.items() if n.endswith("norm.weight")} == {"float16"}
+    from kiln.runtime.model_runner import ModelRunner
+    runner = ModelRunner(art)
+    runner.add_sequence(0)
+    assert np.isfinite(runner.prefill([0], [IDS])[0]).all()
+
 def test_moe_batches_route_each_sequence_to_its_own_experts(tmp_path):
     """Three sequences decoded together (one batch_decode a step: each row gathers its own experts) give
     transformers' greedy tokens, each sequence's as if alone."""
