@@ -60,15 +60,20 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
 def schedule_rules(profile: TargetProfile) -> list:
     """The CPU rules in order, before tuning wraps the knob-taking ones (see tuning.CPUTuning)."""
     from .argmax import ChunkArgmax
+    from .expert_matmul import GroupedExpertMatmul
     from .fused_schedule import cpu_fused_schedule_rules  # kernels kiln's own passes emit
     from .quant_schedule import quant_schedule_rules
-    from .schedule import cpu_schedule_rules, target_mcpu, vector_lanes_for_target
+    from .rowwise import RowReduction
+    from .schedule import CPUKnobs, cpu_schedule_rules, target_mcpu, vector_lanes_for_target
     target = profile.tvm_target()
     lanes = vector_lanes_for_target(target)      # the target's, not the host's (android)
+    knobs = CPUKnobs(vector_lanes=lanes)
     # QuantMatmul first: dequantize-matmuls (it branches on the rows itself: hand-written GEMVs to 4
     # rows, more rows dequantize each W tile once; LowBatchGEMV copies none). ChunkArgmax: greedy
-    # decoding's argmax, vectorised (argmax.py).
+    # decoding's argmax, vectorised (argmax.py). GroupedExpertMatmul: MoE expert matmuls, tokens
+    # grouped by expert (expert_matmul.py).
     return [*quant_schedule_rules(vector_lanes=lanes, mcpu=target_mcpu(target)), ChunkArgmax(),
+            GroupedExpertMatmul(knobs, few=RowReduction(knobs)),
             *cpu_fused_schedule_rules(vector_lanes=lanes, mcpu=target_mcpu(target)),
             *cpu_schedule_rules(vector_lanes=lanes)]
 

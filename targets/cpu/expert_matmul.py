@@ -1,0 +1,324 @@
+"""Mixture-of-experts matmuls on a CPU with the tokens grouped by expert (prefill, batched decode).
+
+models/moe.py's gathered expert matmul computes, for each token t and each of its k expert slots j,
+
+    out[t, j, c] = sum_r x[t(, j), r] * W[experts[t, j] * rows + c, r]
+
+RowReduction schedules it as it stands: one parallel loop over the outputs, each a dot product that
+decodes its weight row. Every slot decodes its expert's rows alone, so a prompt of T tokens decodes
+T * k rows of weights where its experts hold E: a 64-token prefill of a 64-expert, top-8 model decodes
+every expert's weights 8 times, and the decode (~14 vector instructions a 16 values) is the cost: the
+gathered matmuls were 94% of that prefill (tools/synthetic_moe.py, stop 58).
+
+Grouped (this kernel, llama.cpp's and vLLM's order): the slots are counted and sorted by expert first
+(a serial count sort over T * k slots), then one parallel loop over (expert, tile of TILE_ROWS weight
+rows): the tile is decoded once into a float32 buffer, and the expert's slots stream past it SLOTS at a
+time, each weight vector serving SLOTS slots and each activation vector TILE_ROWS rows (SLOTS x
+TILE_ROWS vector accumulators). The weight's decode is the function's own expression (any format kiln
+stores: the matched block's, with the expert index, row and column substituted), and so is each fused
+epilogue after the sums (the router weight's multiply, a cast).
+
+The call's slots decide at run time: up to as many slots as experts (decode: a token's experts are
+distinct, nothing to share) keep RowReduction's schedule; more take the grouped kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm.ir.expr as X
+import tvm.ir.prim.expr as P
+from tvm import s_tir, tirx
+from tvm_ffi import structural_equal
+from tvm.s_tir.stmt import SBlock, SBlockRealize
+from tvm.script import tirx as T
+
+from ..row_dispatch import own_vars, static_int
+from .quant_schedule import _branch
+from .schedule import KilnCPURule
+
+_REDUCE, _SPATIAL = tirx.IterVar.CommReduce, tirx.IterVar.DataPar
+SLOTS = 3           # slots a pass over a decoded tile serves (their accumulators side by side)
+WORD = 8            # values a vector of the tile's decode takes: one 32-bit word of 4-bit codes, so that every
+                    # plane of every format is read contiguously or once (16 lanes' (r // 8) LLVM gathers)
+WORDS = 4           # words a step of the decode (32 values: a group's scale read once)
+TILE_ROWS = 4       # weight rows a tile holds: SLOTS x TILE_ROWS accumulators of a vector (<= 1 KB, on the stack)
+
+
+class GroupedExpertMatmul(KilnCPURule):
+    """models/moe.py's expert matmul (block "expert_matmul", with any spatial epilogue over its output)
+    over a symbolic token count: more slots than experts take the grouped kernel, fewer RowReduction's
+    schedule of the same function."""
+
+    def __init__(self, knobs=None, few=None) -> None:
+        super().__init__(knobs)
+        self.few = few                          # the rule for at most a slot an expert (RowReduction)
+
+    def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
+        func = sch.mod["main"]
+        m = match_expert_matmul(func)
+        if m is None or static_int(m.tokens) is not None or m.depth % (WORD * WORDS):
+            return None
+        grouped = func.with_body(SBlockRealize([], True, SBlock([], [], [], "root",
+                                                                 grouped_body(m, self.knobs.vector_lanes))))
+        # The branch only where the two bodies' vectors differ in width: TVM's common subexpression
+        # elimination lifts a vector constant both hold (a decode's lane shifts) above the branch, into
+        # a variable LLVM cannot see through: RowReduction's loads became gathers, 4x slower.
+        few = self.few.schedule(s_tir.Schedule(func)) if self.few is not None and self.knobs.vector_lanes != WORD \
+            else None
+        if few is None:
+            return s_tir.Schedule(grouped)
+        return s_tir.Schedule(own_vars(_branch(m.tokens * m.k <= m.experts, few.mod["main"], grouped)))
+
+
+@dataclass(frozen=True)
+class ExpertMatmul:
+    """A matched expert matmul: its sizes, and its arithmetic as functions of new indices."""
+
+    tokens: tirx.PrimExpr       # T (x's first dim)
+    k: int                      # slots a token
+    experts: int                # E
+    rows: int                   # each expert's weight rows (the output's last dim)
+    depth: int                  # the reduction's length (x's last dim)
+    index: tirx.Buffer          # the router's choices [T, k] (int32)
+    weight: object              # (n, r) -> W[n, r] (row n: expert n // rows' row n % rows), as the sums'
+    x: object                   # (t, j, r) -> x[t(, j), r] as the sums' dtype
+    out: tirx.Buffer            # the function's output [T, k, rows]
+    finish: object              # (t, j, c, total) -> the value out[t, j, c] takes from the sum
+
+
+def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
+    """The function's expert matmul if it is models/moe.py's (a reduction block named expert_matmul over
+    t, j, c, r, zero-initialised, adding x-term * weight-term, the weight term reading the router's
+    choices only as index[t, j]) followed by spatial blocks each reading the one before at its own
+    point; else None."""
+    sch = s_tir.Schedule(func)
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    if not blocks or not blocks[0].name_hint.startswith("expert_matmul"):
+        return None
+    main, epilogue = blocks[0], blocks[1:]
+    if [iv.iter_type for iv in main.iter_vars] != [_SPATIAL] * 3 + [_REDUCE] or len(main.writes) != 1:
+        return None
+    v_t, v_j, v_c, v_r = (iv.var for iv in main.iter_vars)
+    sums = main.writes[0].source
+    store, init = main.body, main.init
+    if not (isinstance(store, tirx.BufferStore) and isinstance(init, tirx.BufferStore)
+            and isinstance(init.value, P.FloatImm) and init.value.value == 0.0 and _at(store, sums, v_t, v_j, v_c)):
+        return None
+    value = store.value
+    if not (isinstance(value, P.Add) and _is_load(value.a, sums, v_t, v_j, v_c) and isinstance(value.b, P.Mul)):
+        return None
+    k, rows = static_int(main.iter_vars[1].dom.extent), static_int(main.iter_vars[2].dom.extent)
+    depth = static_int(main.iter_vars[3].dom.extent)
+    if None in (k, rows, depth):
+        return None
+    index = next((r.source for r in main.reads if r.source.dtype == "int32" and len(r.source.shape) == 2), None)
+    if index is None:
+        return None
+    terms = (value.b.a, value.b.b)
+    reads_index = [_reads(term, index) for term in terms]
+    if sorted(reads_index) != [False, True]:
+        return None
+    x_term, w_term = terms if reads_index[1] else terms[::-1]
+    n = tirx.Var("n", "int64")                     # the weight row: index[t, j] * rows + c
+    row = index[v_t, v_j].astype("int64") * tirx.const(rows, "int64") + v_c
+    try:
+        w_by_row = _rewrite(w_term, [], node=lambda e: n if structural_equal(e, row) else None)
+        planes = _buffers(w_by_row)
+        if _uses(w_by_row, (v_t, v_j, v_c)) or _reads(w_by_row, index) or _uses(x_term, (v_c,)) or not planes:
+            return None
+        n_total = static_int(planes[0].shape[0])
+        if n_total is None or n_total % rows:
+            return None
+        finish, out = _epilogue(epilogue, sums, (v_t, v_j, v_c))
+    except _Unknown:
+        return None
+    if finish is None:
+        return None
+    weight = lambda row, r: _rewrite(w_by_row, [(n, row), (v_r, r)])                          # noqa: E731
+    x = lambda t, j, r: _rewrite(x_term, [(v_t, t), (v_j, j), (v_r, r)])                      # noqa: E731
+    return ExpertMatmul(sums.shape[0], k, n_total // rows, rows, depth, index, weight, x, out, finish)
+
+
+def _epilogue(blocks, sums, out_vars):
+    """(finish(t, j, c, total), output buffer): the spatial blocks after the matmul, each reading the
+    one before at its own point and writing [T, k, rows] at it, composed; (None, None) otherwise."""
+    steps, prev = [], sums
+    for block in blocks:
+        if any(iv.iter_type != _SPATIAL for iv in block.iter_vars) or len(block.iter_vars) != 3:
+            return None, None
+        us = [iv.var for iv in block.iter_vars]
+        store = block.body
+        if not isinstance(store, tirx.BufferStore) or not _at(store, store.buffer, *us):
+            return None, None
+        steps.append((us, prev, store.value))
+        prev = store.buffer
+    out = prev
+    if [static_int(d) for d in out.shape[1:]] != [static_int(d) for d in sums.shape[1:]]:
+        return None, None
+    for us, before, value in steps:                # no other read of the buffer before
+        if _reads(_rewrite(value, [], lambda load, b=before, us=us: tirx.FloatImm("float32", 0.0)
+                           if load.source.same_as(b) and _indices_are(load, *us) else None), before):
+            return None, None
+
+    def finish(t, j, c, total):
+        for us, before, value in steps:
+            total = _rewrite(value, list(zip(us, (t, j, c))),
+                             lambda load, b=before, v=total: v if load.source.same_as(b) else None)
+        return total if _dtype(total) == out.dtype else total.astype(out.dtype)
+    return finish, out
+
+
+def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
+    """The grouped kernel's statements over the matched function's own buffers (module docstring)."""
+    k, experts, rows, depth = m.k, m.experts, m.rows, m.depth
+    tile = TILE_ROWS if rows % TILE_ROWS == 0 else 1
+    tiles, vectors = rows // tile, depth // lanes
+    slots = m.tokens * k
+    index, out = m.index, m.out
+
+    def chosen(s):
+        return T.Cast("int64", index[s // k, s % k])
+
+    @T.macro
+    def slot_pass(acc, w, slot, order, at, width, item):
+        """The sums of `width` slots (order[at:], one expert's) with the tile's rows, finished and written."""
+        for s in range(T.int64(width)):
+            slot[s] = order[at + s]
+        for i in T.vectorized(T.int64(width * tile * lanes)):
+            acc[i] = T.float32(0)
+        for v in range(T.int64(vectors)):
+            for s in T.unroll(T.int64(width)):
+                for c in T.unroll(T.int64(tile)):
+                    for i in T.vectorized(T.int64(lanes)):
+                        acc[(s * tile + c) * lanes + i] = acc[(s * tile + c) * lanes + i] + m.x(
+                            slot[s] // k, slot[s] % k, v * lanes + i) * w[c * depth + v * lanes + i]
+        for s in range(T.int64(width)):
+            for c in range(T.int64(tile)):
+                total = T.alloc_buffer((1,), "float32")
+                total[0] = T.float32(0)
+                for i in range(T.int64(lanes)):
+                    total[0] = total[0] + acc[(s * tile + c) * lanes + i]
+                out[slot[s] // k, slot[s] % k, item % tiles * tile + c] = m.finish(
+                    slot[s] // k, slot[s] % k, item % tiles * tile + c, total[0])
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def kernel():
+        start = T.alloc_buffer((experts + 1,), "int64")         # start[e]: expert e's first slot in `order`
+        fill = T.alloc_buffer((experts,), "int64")
+        order = T.alloc_buffer((slots,), "int64")               # the slots by expert (in slot order within one)
+        active = T.alloc_buffer((experts,), "int64")            # the experts some slot chose
+        used = T.alloc_buffer((1,), "int64")
+        for e in range(T.int64(experts + 1)):
+            start[e] = T.int64(0)
+        for s in range(slots):
+            start[chosen(s) + 1] = start[chosen(s) + 1] + T.int64(1)
+        used[0] = T.int64(0)
+        for e in range(T.int64(experts)):
+            if start[e + 1] > T.int64(0):
+                active[used[0]] = e
+                used[0] = used[0] + T.int64(1)
+            start[e + 1] = start[e + 1] + start[e]
+            fill[e] = start[e]
+        for s in range(slots):
+            order[fill[chosen(s)]] = s
+            fill[chosen(s)] = fill[chosen(s)] + T.int64(1)
+        items = used[0] * T.int64(tiles)
+        for item in T.parallel(items):
+            e = active[item // tiles]
+            first = start[e]
+            count = start[e + 1] - first
+            w = T.alloc_buffer((tile * depth,), "float32")      # the tile, decoded
+            for c in range(T.int64(tile)):
+                n = e * rows + item % tiles * tile + c
+                for v in range(T.int64(depth // (WORD * WORDS))):
+                    for u in T.unroll(T.int64(WORDS)):
+                        for i in T.vectorized(T.int64(WORD)):
+                            w[c * depth + (v * WORDS + u) * WORD + i] = m.weight(n, (v * WORDS + u) * WORD + i)
+            acc = T.alloc_buffer((SLOTS * tile * lanes,), "float32")
+            slot = T.alloc_buffer((SLOTS,), "int64")
+            for b in range(count // SLOTS):
+                slot_pass(acc, w, slot, order, first + b * SLOTS, SLOTS, item)
+            for b in range(count % SLOTS):
+                slot_pass(acc, w, slot, order, first + count // SLOTS * SLOTS + b, 1, item)
+
+    return kernel.body
+
+
+class _Unknown(Exception):
+    """An expression node _rewrite does not rebuild."""
+
+
+_BINARY = (P.Add, P.Sub, P.Mul, P.Div, P.Mod, P.FloorDiv, P.FloorMod, P.Min, P.Max, P.EQ, P.NE, P.LT, P.LE,
+           P.GT, P.GE, P.And, P.Or, P.BitwiseAnd, P.BitwiseOr, P.BitwiseXor, P.LShift, P.RShift)
+
+
+def _rewrite(expr, vars_, load=lambda node: None, node=lambda e: None):
+    """`expr` with each var of the (var, value) pairs replaced, each load for which `load` (given the
+    load as it stands) returns a value and each node for which `node` does replaced by it. TVM 0.27's
+    Python has no expression mutator (stmt_functor is gone): the node kinds a dequantize or an
+    epilogue uses; others raise _Unknown."""
+    def go(e):
+        hit = node(e)
+        if hit is not None:
+            return hit
+        if isinstance(e, X.Var):
+            return next((new for old, new in vars_ if old.same_as(e)), e)
+        if isinstance(e, (P.IntImm, P.FloatImm, X.StringImm)):
+            return e
+        if isinstance(e, X.TensorLoad):
+            hit = load(e)
+            return hit if hit is not None else tirx.BufferLoad(e.source, [go(i) for i in e.indices])
+        if isinstance(e, _BINARY):
+            return type(e)(go(e.a), go(e.b))
+        if isinstance(e, (P.Not, P.BitwiseNot)):
+            return type(e)(go(e.a))
+        if isinstance(e, P.Cast):
+            return tirx.Cast(_dtype(e), go(e.value))
+        if isinstance(e, P.Select):
+            return tirx.Select(go(e.condition), go(e.true_value), go(e.false_value))
+        if isinstance(e, X.Call):
+            return X.Call(e.ty, e.op, [go(a) for a in e.args], e.attrs, e.ty_args)
+        raise _Unknown(type(e).__name__)
+    return go(expr)
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def _loads(expr) -> list:
+    found = []
+    _rewrite(expr, [], lambda node: found.append(node))
+    return found
+
+
+def _reads(expr, buffer) -> bool:
+    return any(node.source.same_as(buffer) for node in _loads(expr))
+
+
+def _buffers(expr) -> list:
+    seen = []
+    for node in _loads(expr):
+        if not any(b.same_as(node.source) for b in seen):
+            seen.append(node.source)
+    return seen
+
+
+def _uses(expr, vars_) -> bool:
+    return any(any(v.same_as(u) for u in vars_) for v in tirx.analysis.undefined_vars(expr))
+
+
+def _indices_are(load, *vars_) -> bool:
+    return len(load.indices) == len(vars_) and all(i.same_as(v) for i, v in zip(load.indices, vars_))
+
+
+def _at(store, buffer, *vars_) -> bool:
+    return store.buffer.same_as(buffer) and _indices_are(store, *vars_)
+
+
+def _is_load(expr, buffer, *vars_) -> bool:
+    return isinstance(expr, X.TensorLoad) and expr.source.same_as(buffer) and _indices_are(expr, *vars_)
+
+
+__all__ = ["GroupedExpertMatmul", "match_expert_matmul"]
