@@ -44,26 +44,16 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> Dequan
     deq, mm = blocks[:2]
     weight = deq.writes[0].source
     reads = [r.source for r in deq.reads]
-    if not 1 <= len(reads) <= 3 or weight.dtype != dtype:
+    if weight.dtype != dtype:
         return None
-    planes = tuple(reads + [None, None])[:3]
-    codes, scale, minimum = planes
     n, k = (static_int(d) for d in weight.shape)
     if n is None or k is None:
         return None
-    group = 0
-    if scale is not None:
-        groups = static_int(scale.shape[1]) if len(scale.shape) == 2 else None
-        if not groups or k % groups or static_int(scale.shape[0]) != n:
-            return None
-        group = k // groups
-        if minimum is not None and [static_int(d) for d in minimum.shape] != [n, groups]:
-            return None
     v_n, v_k = (iv.var for iv in deq.iter_vars)
-    kind = next((kind for kind in kinds
-                 if _is_format(kind, group, dtype, deq.body.value, planes, len(reads), v_n, v_k)), None)
-    if kind is None:
+    found = weight_format(deq.body.value, reads, n, k, dtype, v_n, v_k, kinds)
+    if found is None:
         return None
+    kind, group, planes = found
     x = next((r.source for r in mm.reads if not r.source.same_as(weight)), None)
     sums = mm.writes[0].source
     if x is None or x.dtype != dtype or len(x.shape) != 3 or len(sums.shape) != 3:
@@ -87,6 +77,27 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> Dequan
     if not same_rows or [static_int(d) for d in out.shape[1:]] != [1, n]:
         return None
     return DequantMatmul(kind, group, n, k, planes, x, sums, out, rows)
+
+
+def weight_format(value, reads: list, n: int, k: int, dtype: str, v_n, v_k, kinds=KINDS):
+    """(kind, group, planes: codes, scale, min or None) if `value` (W[v_n, v_k] of an n x k weight, in
+    `dtype`) is kiln's dequantize of one of `kinds` over the buffers `reads` (in the order the
+    dequantize reads them), else None."""
+    if not 1 <= len(reads) <= 3:
+        return None
+    planes = tuple(reads + [None, None])[:3]
+    codes, scale, minimum = planes
+    group = 0
+    if scale is not None:
+        groups = static_int(scale.shape[1]) if len(scale.shape) == 2 else None
+        if not groups or k % groups or static_int(scale.shape[0]) != n:
+            return None
+        group = k // groups
+        if minimum is not None and [static_int(d) for d in minimum.shape] != [n, groups]:
+            return None
+    kind = next((kind for kind in kinds
+                 if _is_format(kind, group, dtype, value, planes, len(reads), v_n, v_k)), None)
+    return None if kind is None else (kind, group, planes)
 
 
 def param_order(func: tirx.PrimFunc, m: DequantMatmul) -> list[int] | None:

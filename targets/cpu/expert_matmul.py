@@ -24,6 +24,7 @@ distinct, nothing to share) keep RowReduction's schedule; more take the grouped 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import tvm.ir.expr as X
@@ -33,10 +34,12 @@ from tvm_ffi import structural_equal
 from tvm.s_tir.stmt import SBlock, SBlockRealize
 from tvm.script import tirx as T
 
+from ..dequant_match import weight_format
 from ..row_dispatch import own_vars, static_int
-from .quant_schedule import _branch
+from . import quant_gemv
 from .schedule import KilnCPURule
 
+logger = logging.getLogger(__name__)
 _REDUCE, _SPATIAL = tirx.IterVar.CommReduce, tirx.IterVar.DataPar
 SLOTS = 3           # slots a pass over a decoded tile serves (their accumulators side by side)
 WORD = 8            # values a vector of the tile's decode takes: one 32-bit word of 4-bit codes, so that every
@@ -59,16 +62,55 @@ class GroupedExpertMatmul(KilnCPURule):
         m = match_expert_matmul(func)
         if m is None or static_int(m.tokens) is not None or m.depth % (WORD * WORDS):
             return None
-        grouped = func.with_body(SBlockRealize([], True, SBlock([], [], [], "root",
-                                                                 grouped_body(m, self.knobs.vector_lanes))))
-        # The branch only where the two bodies' vectors differ in width: TVM's common subexpression
-        # elimination lifts a vector constant both hold (a decode's lane shifts) above the branch, into
-        # a variable LLVM cannot see through: RowReduction's loads became gathers, 4x slower.
+        try:
+            body, one = grouped_body(m, self.knobs.vector_lanes), one_token_body(m)
+        except Exception as err:            # noqa: BLE001 (a kernel the parser refuses: RowReduction's then)
+            logger.warning("GroupedExpertMatmul could not write its kernel: %s", str(err)[-300:])
+            return None
+        # The branch to RowReduction only where the two bodies' vectors differ in width: TVM's common
+        # subexpression elimination lifts a vector constant both hold (a decode's lane shifts) above the
+        # branch, into a variable LLVM cannot see through: RowReduction's loads became gathers, 4x slower.
         few = self.few.schedule(s_tir.Schedule(func)) if self.few is not None and self.knobs.vector_lanes != WORD \
             else None
-        if few is None:
-            return s_tir.Schedule(grouped)
-        return s_tir.Schedule(own_vars(_branch(m.tokens * m.k <= m.experts, few.mod["main"], grouped)))
+        branches = []                           # (condition, body), the first that holds runs
+        if one is not None:
+            branches.append((m.tokens == 1, _block(one, "one_token")))
+        if few is not None:
+            root = few.mod["main"].body.block
+            branches.append((m.tokens * m.k <= m.experts, _block(root.body, "few_slots", root.alloc_buffers)))
+        body = _block(body, "grouped")
+        for cond, then in reversed(branches):
+            body = tirx.IfThenElse(cond, then, body)
+        return s_tir.Schedule(own_vars(func.with_body(_block(body, "root"))))
+
+
+def _block(body, name: str, alloc_buffers=()) -> SBlockRealize:
+    return SBlockRealize([], True, SBlock([], [], [], name, body, alloc_buffers=list(alloc_buffers)))
+
+
+def one_token_body(m: "ExpertMatmul") -> tirx.Stmt | None:
+    """Batch-1 decode: the token's k experts' rows by quant_gemv's one-row GEMV (the scale applied per
+    group, not per weight) where the weight is one of kiln's formats it takes (float32 x and sums, K a
+    multiple of 64, groups of whole chunks); else None."""
+    if m.x_rows is None or m.depth % (2 * quant_gemv.CHUNK):
+        return None
+    found = weight_format(m.w_expr, m.planes, m.experts * m.rows, m.depth, "float32", m.row, m.col)
+    if found is None:
+        return None
+    kind, group, planes = found
+    scale_dtypes = {p.dtype for p in planes[1:] if p is not None}
+    if group % quant_gemv.CHUNK or not scale_dtypes <= set(quant_gemv.SCALE_DTYPES) or len(scale_dtypes) > 1:
+        return None
+    rows, index, out = m.rows, m.index, m.out
+
+    @T.macro
+    def store(_x, o, value):
+        out[0, o // rows, o % rows] = m.finish(T.int64(0), T.Cast("int64", o // rows), T.Cast("int64", o % rows),
+                                               value)
+
+    return quant_gemv.expert_gemv_body(kind, m.experts * rows, m.depth, group or quant_gemv.CHUNK,
+                                       scale_dtypes.pop() if scale_dtypes else "float32", planes, m.x_rows,
+                                       m.k * rows, lambda o: index[0, o // rows] * rows + o % rows, store)
 
 
 @dataclass(frozen=True)
@@ -85,6 +127,11 @@ class ExpertMatmul:
     x: object                   # (t, j, r) -> x[t(, j), r] as the sums' dtype
     out: tirx.Buffer            # the function's output [T, k, rows]
     finish: object              # (t, j, c, total) -> the value out[t, j, c] takes from the sum
+    w_expr: tirx.PrimExpr       # W[row, col] over the two vars below (the format's match reads it)
+    row: tirx.Var
+    col: tirx.Var
+    planes: list                # the buffers the weight's expression reads, in its order
+    x_rows: tirx.Buffer | None  # x where the x term is x[t, r] of a float32 [T, depth] buffer, else None
 
 
 def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
@@ -131,13 +178,16 @@ def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
         if n_total is None or n_total % rows:
             return None
         finish, out = _epilogue(epilogue, sums, (v_t, v_j, v_c))
-    except _Unknown:
+    except (_Unknown, TypeError):                 # a node it cannot rebuild (TypeError: one rebuilt wrongly)
         return None
     if finish is None:
         return None
     weight = lambda row, r: _rewrite(w_by_row, [(n, row), (v_r, r)])                          # noqa: E731
     x = lambda t, j, r: _rewrite(x_term, [(v_t, t), (v_j, j), (v_r, r)])                      # noqa: E731
-    return ExpertMatmul(sums.shape[0], k, n_total // rows, rows, depth, index, weight, x, out, finish)
+    x_rows = x_term.source if isinstance(x_term, X.TensorLoad) and x_term.source.dtype == "float32" and \
+        _indices_are(x_term, v_t, v_r) else None
+    return ExpertMatmul(sums.shape[0], k, n_total // rows, rows, depth, index, weight, x, out, finish,
+                        w_by_row, n, v_r, planes, x_rows if sums.dtype == "float32" else None)
 
 
 def _epilogue(blocks, sums, out_vars):
@@ -278,7 +328,7 @@ def _rewrite(expr, vars_, load=lambda node: None, node=lambda e: None):
         if isinstance(e, P.Select):
             return tirx.Select(go(e.condition), go(e.true_value), go(e.false_value))
         if isinstance(e, X.Call):
-            return X.Call(e.ty, e.op, [go(a) for a in e.args], e.attrs, e.ty_args)
+            return X.Call(e.op, [go(a) for a in e.args], e.attrs, e.ty_args, ret_ty=e.ty)
         raise _Unknown(type(e).__name__)
     return go(expr)
 

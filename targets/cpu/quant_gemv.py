@@ -96,16 +96,17 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
             for batch in BATCHES]
 
 
-@parsed_once(size="rows")
-def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None,
-                scale_dtype: str = "float32") -> tirx.PrimFunc:
-    """Y[:rows, 0, :n] = X[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`, scales and
-    mins in `scale_dtype`, widened as read), float32: batch 1, one row (rows None); else `rows` (a
-    symbolic size, 2 to `batch` at run time)."""
+def _same(o):
+    return o
+
+
+def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype: str):
+    """(one_row, few_rows): the kernels' bodies as TVMScript macros over W's planes of n rows (module
+    docstring); gemv_kernel's, and the expert GEMV's (expert_gemv_body)."""
     chunks, groups, per = k // CHUNK, k // group, group // CHUNK
     four_bit, scaled = kind in ("q4", "q4m"), kind not in FLOAT_KINDS
     has_min = scaled and kind != "q8"
-    w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
+    w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"][1]
     byte_cols = k // 2 if four_bit else k
     byte_dtype = "uint8" if four_bit else w_dtype
     acc_len = CHAINS * LANES
@@ -170,7 +171,8 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                 acc[base] = acc[base] + group_min(S, M, row, g) * xs[xbase + g]
 
     @T.macro
-    def one_row(W, S, M, X, Y):
+    def one_row(W, S, M, X, Y, count, row_of, store):
+        """`count` outputs: output o the row row_of(o) of W times x, handed to store(Y, o, value)."""
         xp = T.alloc_buffer((k if four_bit else 1,), "float32")   # 4-bit: x in the order the codes are read
         xs = T.alloc_buffer((groups,), "float32")         # each group's sum of x (the min's factor)
         part = T.alloc_buffer((LANES,), "float32")
@@ -182,7 +184,8 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                         xp[c * CHUNK + h * LANES + i] = x_in(X, 0, c, h, i)
         if has_min:
             group_sums(xs, part, 0, x_at, xp, X, 0)
-        for row in T.parallel(n):
+        for o in T.parallel(count):
+            row = row_of(o)
             acc = T.alloc_buffer((acc_len,), "float32")
             for i in T.vectorized(acc_len):
                 acc[i] = T.float32(0)
@@ -202,7 +205,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
             for i in T.vectorized(LANES):
                 acc[i] = acc[i] + acc[LANES + i]
             finish_row(acc, 0, S, M, row, xs, 0)
-            Y[0, 0, row] = acc[0]
+            store(Y, o, acc[0])
 
     @T.macro
     def few_rows(W, S, M, X, Y):
@@ -249,7 +252,50 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
                         if T.Cast(rows_dtype, blk * block + b) < rows:
                             Y[blk * block + b, 0, row] = acc[b * LANES]
 
-    body = one_row if batch == 1 else few_rows
+    return one_row, few_rows
+
+
+def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, planes, x, count: int, row_of,
+                     store) -> tirx.Stmt:
+    """One token's `count` dot products with rows of an n x k weight in kiln's `kind` planes (the caller's
+    buffers: codes, scale, min; None where the format has none), one_row's arithmetic: output o is row
+    row_of(o) (int32) times x's first k values (float32), handed to the macro store(x, o, value). For
+    targets/cpu/expert_matmul.py: a decode step's k experts, each one's rows read through the router's
+    choice. The statements, over the caller's buffers (no params of their own)."""
+    one_row, _ = _macros(kind, n, k, group, 1, None, scale_dtype)
+    codes, scale, minimum = planes
+    scale = codes if scale is None else scale
+    minimum = scale if minimum is None else minimum
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def kernel():
+        row0 = T.decl_buffer((1, 1, k), "float32", data=x.data)
+        one_row(codes, scale, minimum, row0, x, count, row_of, store)
+
+    return kernel.body
+
+
+@parsed_once(size="rows")
+def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None,
+                scale_dtype: str = "float32") -> tirx.PrimFunc:
+    """Y[:rows, 0, :n] = X[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`, scales and
+    mins in `scale_dtype`, widened as read), float32: batch 1, one row (rows None); else `rows` (a
+    symbolic size, 2 to `batch` at run time)."""
+    w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
+    groups = k // group
+    one_row, few_rows = _macros(kind, n, k, group, batch, rows, scale_dtype)
+    rows = 1 if batch == 1 else rows
+
+    @T.macro
+    def store_row(Y, o, value):
+        Y[0, 0, o] = value
+
+    @T.macro
+    def each_row(W, S, M, X, Y):
+        one_row(W, S, M, X, Y, n, _same, store_row)
+
+    body = each_row if batch == 1 else few_rows
+    scaled = kind not in FLOAT_KINDS
 
     if kind in _MIN_KINDS:
         @T.prim_func(private=True)
