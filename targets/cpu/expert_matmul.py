@@ -102,15 +102,26 @@ def one_token_body(m: "ExpertMatmul") -> tirx.Stmt | None:
     if group % quant_gemv.CHUNK or not scale_dtypes <= set(quant_gemv.SCALE_DTYPES) or len(scale_dtypes) > 1:
         return None
     rows, index, out = m.rows, m.index, m.out
+    if m.per_slot:                  # each expert its own input (the down projection): a part each
+        parts, count = m.k, rows
+        row_of = lambda j, c: index[0, j] * rows + c                                          # noqa: E731
+    else:                           # one input: one part of every expert's rows
+        parts, count = 1, m.k * rows
+        row_of = lambda _, o: index[0, o // rows] * rows + o % rows                           # noqa: E731
 
     @T.macro
-    def store(_x, o, value):
-        out[0, o // rows, o % rows] = m.finish(T.int64(0), T.Cast("int64", o // rows), T.Cast("int64", o % rows),
-                                               value)
+    def store_slot(_x, j, c, value):
+        out[0, j, c] = m.finish(T.int64(0), T.Cast("int64", j), T.Cast("int64", c), value)
+
+    @T.macro
+    def store_flat(_x, _piece, o, value):
+        out[0, o // rows, o % rows] = m.finish(T.int64(0), T.Cast("int64", o // rows), T.Cast("int64", o % rows), value)
+
+    store = store_slot if m.per_slot else store_flat
 
     return quant_gemv.expert_gemv_body(kind, m.experts * rows, m.depth, group or quant_gemv.CHUNK,
                                        scale_dtypes.pop() if scale_dtypes else "float32", planes, m.x_rows,
-                                       m.k * rows, lambda o: index[0, o // rows] * rows + o % rows, store)
+                                       parts, count, row_of, store)
 
 
 @dataclass(frozen=True)
@@ -131,7 +142,8 @@ class ExpertMatmul:
     row: tirx.Var
     col: tirx.Var
     planes: list                # the buffers the weight's expression reads, in its order
-    x_rows: tirx.Buffer | None  # x where the x term is x[t, r] of a float32 [T, depth] buffer, else None
+    x_rows: tirx.Buffer | None  # x where the x term is x[t, r] (or x[t, j, r]: per_slot) of a float32
+    per_slot: bool              # buffer and the sums are float32, else None
 
 
 def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
@@ -184,10 +196,11 @@ def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
         return None
     weight = lambda row, r: _rewrite(w_by_row, [(n, row), (v_r, r)])                          # noqa: E731
     x = lambda t, j, r: _rewrite(x_term, [(v_t, t), (v_j, j), (v_r, r)])                      # noqa: E731
-    x_rows = x_term.source if isinstance(x_term, X.TensorLoad) and x_term.source.dtype == "float32" and \
-        _indices_are(x_term, v_t, v_r) else None
+    plain = isinstance(x_term, X.TensorLoad) and x_term.source.dtype == "float32" and sums.dtype == "float32"
+    per_slot = plain and _indices_are(x_term, v_t, v_j, v_r)
+    x_rows = x_term.source if per_slot or (plain and _indices_are(x_term, v_t, v_r)) else None
     return ExpertMatmul(sums.shape[0], k, n_total // rows, rows, depth, index, weight, x, out, finish,
-                        w_by_row, n, v_r, planes, x_rows if sums.dtype == "float32" else None)
+                        w_by_row, n, v_r, planes, x_rows, per_slot)
 
 
 def _epilogue(blocks, sums, out_vars):

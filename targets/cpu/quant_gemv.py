@@ -96,7 +96,7 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
             for batch in BATCHES]
 
 
-def _same(o):
+def _same(_piece, o):
     return o
 
 
@@ -171,8 +171,8 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
                 acc[base] = acc[base] + group_min(S, M, row, g) * xs[xbase + g]
 
     @T.macro
-    def one_row(W, S, M, X, Y, count, row_of, store):
-        """`count` outputs: output o the row row_of(o) of W times x, handed to store(Y, o, value)."""
+    def one_row(W, S, M, X, Y, count, row_of, store, piece):
+        """`count` outputs: output o the row row_of(piece, o) of W times x, handed to store(Y, piece, o, value)."""
         xp = T.alloc_buffer((k if four_bit else 1,), "float32")   # 4-bit: x in the order the codes are read
         xs = T.alloc_buffer((groups,), "float32")         # each group's sum of x (the min's factor)
         part = T.alloc_buffer((LANES,), "float32")
@@ -185,7 +185,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
         if has_min:
             group_sums(xs, part, 0, x_at, xp, X, 0)
         for o in T.parallel(count):
-            row = row_of(o)
+            row = row_of(piece, o)
             acc = T.alloc_buffer((acc_len,), "float32")
             for i in T.vectorized(acc_len):
                 acc[i] = T.float32(0)
@@ -205,7 +205,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
             for i in T.vectorized(LANES):
                 acc[i] = acc[i] + acc[LANES + i]
             finish_row(acc, 0, S, M, row, xs, 0)
-            store(Y, o, acc[0])
+            store(Y, piece, o, acc[0])
 
     @T.macro
     def few_rows(W, S, M, X, Y):
@@ -255,24 +255,31 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
     return one_row, few_rows
 
 
-def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, planes, x, count: int, row_of,
-                     store) -> tirx.Stmt:
-    """One token's `count` dot products with rows of an n x k weight in kiln's `kind` planes (the caller's
-    buffers: codes, scale, min; None where the format has none), one_row's arithmetic: output o is row
-    row_of(o) (int32) times x's first k values (float32), handed to the macro store(x, o, value). For
-    targets/cpu/expert_matmul.py: a decode step's k experts, each one's rows read through the router's
-    choice. The statements, over the caller's buffers (no params of their own)."""
+def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, planes, x, parts: int, count: int,
+                     row_of, store) -> tirx.Stmt:
+    """One token's dot products with rows of an n x k weight in kiln's `kind` planes (the caller's buffers:
+    codes, scale, min; None where the format has none), one_row's arithmetic, in `parts` parts of `count`
+    outputs, part p's activations x's p-th k values (float32): output o of part p is row row_of(p, o)
+    (int32) times them, handed to the macro store(x, p, o, value). For targets/cpu/expert_matmul.py: a
+    decode step's k experts, each one's rows read through the router's choice (one part, or one an
+    expert where each reads its own input). The statements, over the caller's buffers (no params)."""
     one_row, _ = _macros(kind, n, k, group, 1, None, scale_dtype)
     codes, scale, minimum = planes
     scale = codes if scale is None else scale
     minimum = scale if minimum is None else minimum
 
     @T.prim_func(private=True, check_well_formed=False)
-    def kernel():
-        row0 = T.decl_buffer((1, 1, k), "float32", data=x.data)
-        one_row(codes, scale, minimum, row0, x, count, row_of, store)
+    def one_part():
+        x0 = T.decl_buffer((1, 1, k), "float32", data=x.data)
+        one_row(codes, scale, minimum, x0, x, count, row_of, store, 0)
 
-    return kernel.body
+    @T.prim_func(private=True, check_well_formed=False)
+    def each_part():
+        for p in range(parts):
+            xp = T.decl_buffer((1, 1, k), "float32", data=x.data, elem_offset=p * k)
+            one_row(codes, scale, minimum, xp, x, count, row_of, store, p)
+
+    return (one_part if parts == 1 else each_part).body
 
 
 @parsed_once(size="rows")
@@ -287,12 +294,12 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
     rows = 1 if batch == 1 else rows
 
     @T.macro
-    def store_row(Y, o, value):
+    def store_row(Y, _piece, o, value):
         Y[0, 0, o] = value
 
     @T.macro
     def each_row(W, S, M, X, Y):
-        one_row(W, S, M, X, Y, n, _same, store_row)
+        one_row(W, S, M, X, Y, n, _same, store_row, 0)
 
     body = each_row if batch == 1 else few_rows
     scaled = kind not in FLOAT_KINDS
