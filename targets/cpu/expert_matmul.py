@@ -63,24 +63,25 @@ class GroupedExpertMatmul(KilnCPURule):
         if m is None or static_int(m.tokens) is not None or m.depth % (WORD * WORDS):
             return None
         try:
-            body, one = grouped_body(m, self.knobs.vector_lanes), one_token_body(m)
+            body, gemv = grouped_body(m, self.knobs.vector_lanes), gemv_body(m)
         except Exception as err:            # noqa: BLE001 (a kernel the parser refuses: RowReduction's then)
             logger.warning("GroupedExpertMatmul could not write its kernel: %s", str(err)[-300:])
             return None
-        # The branch to RowReduction only where the two bodies' vectors differ in width: TVM's common
-        # subexpression elimination lifts a vector constant both hold (a decode's lane shifts) above the
-        # branch, into a variable LLVM cannot see through: RowReduction's loads became gathers, 4x slower.
-        few = self.few.schedule(s_tir.Schedule(func)) if self.few is not None and self.knobs.vector_lanes != WORD \
-            else None
-        branches = []                           # (condition, body), the first that holds runs
-        if one is not None:
-            branches.append((m.tokens == 1, _block(one, "one_token")))
-        if few is not None:
-            root = few.mod["main"].body.block
-            branches.append((m.tokens * m.k <= m.experts, _block(root.body, "few_slots", root.alloc_buffers)))
+        # Up to a slot an expert (decode: a token's experts are distinct, nothing to share), the GEMV
+        # where it takes the format, else RowReduction's schedule of the function, but only where its
+        # vectors differ in width from the grouped kernel's: TVM's common subexpression elimination
+        # lifts a vector constant both bodies hold (a decode's lane shifts) above the branch into a
+        # variable LLVM cannot see through, and RowReduction's loads became gathers, 4x slower.
+        few = gemv
+        if few is None and self.few is not None and self.knobs.vector_lanes != WORD:
+            scheduled = self.few.schedule(s_tir.Schedule(func))
+            if scheduled is not None:
+                root = scheduled.mod["main"].body.block
+                few = _block(root.body, "few_slots", root.alloc_buffers)
         body = _block(body, "grouped")
-        for cond, then in reversed(branches):
-            body = tirx.IfThenElse(cond, then, body)
+        if few is not None:
+            body = tirx.IfThenElse(m.tokens * m.k <= m.experts, _block(few, "few_slots")
+                                   if gemv is not None else few, body)
         return s_tir.Schedule(own_vars(func.with_body(_block(body, "root"))))
 
 
@@ -88,10 +89,11 @@ def _block(body, name: str, alloc_buffers=()) -> SBlockRealize:
     return SBlockRealize([], True, SBlock([], [], [], name, body, alloc_buffers=list(alloc_buffers)))
 
 
-def one_token_body(m: "ExpertMatmul") -> tirx.Stmt | None:
-    """Batch-1 decode: the token's k experts' rows by quant_gemv's one-row GEMV (the scale applied per
-    group, not per weight) where the weight is one of kiln's formats it takes (float32 x and sums, K a
-    multiple of 64, groups of whole chunks); else None."""
+def gemv_body(m: "ExpertMatmul") -> tirx.Stmt | None:
+    """Decode: each token's experts' rows by quant_gemv's one-row GEMV (the scale applied per group, not
+    per weight; a parallel pass a token, or a token's expert where each reads its own input) where the
+    weight is one of kiln's formats it takes (float32 x and sums, K a multiple of 64, groups of whole
+    chunks); else None."""
     if m.x_rows is None or m.depth % (2 * quant_gemv.CHUNK):
         return None
     found = weight_format(m.w_expr, m.planes, m.experts * m.rows, m.depth, "float32", m.row, m.col)
@@ -101,27 +103,25 @@ def one_token_body(m: "ExpertMatmul") -> tirx.Stmt | None:
     scale_dtypes = {p.dtype for p in planes[1:] if p is not None}
     if group % quant_gemv.CHUNK or not scale_dtypes <= set(quant_gemv.SCALE_DTYPES) or len(scale_dtypes) > 1:
         return None
-    rows, index, out = m.rows, m.index, m.out
-    if m.per_slot:                  # each expert its own input (the down projection): a part each
-        parts, count = m.k, rows
-        row_of = lambda j, c: index[0, j] * rows + c                                          # noqa: E731
-    else:                           # one input: one part of every expert's rows
-        parts, count = 1, m.k * rows
-        row_of = lambda _, o: index[0, o // rows] * rows + o % rows                           # noqa: E731
+    k, rows, index, out = m.k, m.rows, m.index, m.out
+    if m.per_slot:                  # each expert its own input (the down projection): a part a slot
+        parts, count = m.tokens * k, rows
+        row_of = lambda p, c: index[p // k, p % k] * rows + c                                   # noqa: E731
+    else:                           # one input a token: a part a token, of its experts' rows
+        parts, count = m.tokens, k * rows
+        row_of = lambda t, o: index[t, o // rows] * rows + o % rows                             # noqa: E731
 
     @T.macro
-    def store_slot(_x, j, c, value):
-        out[0, j, c] = m.finish(T.int64(0), T.Cast("int64", j), T.Cast("int64", c), value)
+    def store_slot(_x, p, c, value):
+        out[p // k, p % k, c] = m.finish(p // k, p % k, T.Cast("int64", c), value)
 
     @T.macro
-    def store_flat(_x, _piece, o, value):
-        out[0, o // rows, o % rows] = m.finish(T.int64(0), T.Cast("int64", o // rows), T.Cast("int64", o % rows), value)
-
-    store = store_slot if m.per_slot else store_flat
+    def store_token(_x, t, o, value):
+        out[t, o // rows, o % rows] = m.finish(t, T.Cast("int64", o // rows), T.Cast("int64", o % rows), value)
 
     return quant_gemv.expert_gemv_body(kind, m.experts * rows, m.depth, group or quant_gemv.CHUNK,
                                        scale_dtypes.pop() if scale_dtypes else "float32", planes, m.x_rows,
-                                       parts, count, row_of, store)
+                                       parts, count, row_of, store_slot if m.per_slot else store_token)
 
 
 @dataclass(frozen=True)

@@ -260,31 +260,27 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
     return one_row, few_rows
 
 
-def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, planes, x, parts: int, count: int,
+def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, planes, x, parts, count: int,
                      row_of, store) -> tirx.Stmt:
-    """One token's dot products with rows of an n x k weight in kiln's `kind` planes (the caller's buffers:
-    codes, scale, min; None where the format has none), one_row's arithmetic, in `parts` parts of `count`
-    outputs, part p's activations x's p-th k values (float32): output o of part p is row row_of(p, o)
-    (int32) times them, handed to the macro store(x, p, o, value). For targets/cpu/expert_matmul.py: a
-    decode step's k experts, each one's rows read through the router's choice (one part, or one an
-    expert where each reads its own input). The statements, over the caller's buffers (no params)."""
+    """Dot products with rows of an n x k weight in kiln's `kind` planes (the caller's buffers: codes,
+    scale, min; None where the format has none) by one_row's arithmetic, in `parts` parts (a count or a
+    symbolic size) of `count` outputs, part p's activations x's p-th k values (float32): output o of
+    part p is row row_of(p, o) (int32) times them, handed to the macro store(x, p, o, value). For
+    targets/cpu/expert_matmul.py: decode's tokens (a part each, or a part each expert of each where
+    every expert reads its own input), each expert's rows read through the router's choice. The
+    statements, over the caller's buffers (no params of their own)."""
     one_row, _ = _macros(kind, n, k, group, 1, None, scale_dtype)
     codes, scale, minimum = planes
     scale = codes if scale is None else scale
     minimum = scale if minimum is None else minimum
 
     @T.prim_func(private=True, check_well_formed=False)
-    def one_part():
-        x0 = T.decl_buffer((1, 1, k), "float32", data=x.data)
-        one_row(codes, scale, minimum, x0, x, count, row_of, store, 0)
-
-    @T.prim_func(private=True, check_well_formed=False)
-    def each_part():
+    def kernel():
         for p in range(parts):
             xp = T.decl_buffer((1, 1, k), "float32", data=x.data, elem_offset=p * k)
             one_row(codes, scale, minimum, xp, x, count, row_of, store, p)
 
-    return (one_part if parts == 1 else each_part).body
+    return kernel.body
 
 
 @parsed_once(size="rows")

@@ -109,22 +109,25 @@ def test_grouped_expert_matmul_matches_numpy(kind, per_slot, epilogue):
     func, fmt = expert_func(kind, per_slot, epilogue)
     scheduled, lib = build(func)
     script = scheduled.script()
-    assert '"grouped"' in script and '"few_slots"' in script, "no branch between RowReduction and the grouped kernel"
-    one_token = kind is not None
-    assert ('"one_token"' in script) == one_token, "quant_gemv's GEMV for one token where it takes the format"
-    for tokens in (1, 3, 5, 40):    # 1: the GEMV (else RowReduction); 3: RowReduction (6 slots <= 8 experts)
+    assert '"grouped"' in script and '"few_slots"' in script, "no branch for a slot an expert or fewer"
+    gemv = kind is not None                     # quant_gemv's GEMV where it takes the format, else RowReduction
+    assert ("T.parallel(tokens" in script) != gemv, "RowReduction's parallel loop over the outputs"
+    for tokens in (1, 3, 5, 40):                # 1, 3: a slot an expert or fewer (6 slots, 8 experts); 5, 40: grouped
         got, want = run(lib, func, fmt, tokens, per_slot, epilogue)
         tol = 2e-2 if epilogue == "cast" else 1e-4
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(),
                                    err_msg=f"{tokens} tokens")
 
 
-def test_eight_lane_targets_take_the_grouped_kernel_alone():
-    """AVX2's 8 lanes: the branch would share vector constants with RowReduction's body (module docstring),
-    so every call takes the grouped kernel, which is right at one token too."""
-    func, fmt = expert_func("q4")
+@pytest.mark.parametrize("kind", ["q4", None], ids=["q4", "f32"])
+def test_eight_lane_targets_never_branch_to_row_reduction(kind):
+    """AVX2's 8 lanes: a branch to RowReduction would share vector constants with the grouped kernel's
+    body (module docstring), so a format the GEMV does not take (float32 weights) takes the grouped kernel
+    at every count, which is right at one token too; q4 keeps the GEMV's branch."""
+    func, fmt = expert_func(kind)
     scheduled, lib = build(func, lanes=8)
-    assert '"few_slots"' not in scheduled.script()
+    script = scheduled.script()
+    assert "T.parallel(tokens" not in script and ('"few_slots"' in script) == (kind is not None)
     for tokens in (1, 40):
         got, want = run(lib, func, fmt, tokens, False, "weigh")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
