@@ -1,25 +1,36 @@
-"""Mixture-of-experts matmuls on a CPU with the tokens grouped by expert (prefill, batched decode).
+"""Mixture-of-experts matmuls on a CPU: the tokens grouped by expert (prefill), the GEMV (decode).
 
 models/moe.py's gathered expert matmul computes, for each token t and each of its k expert slots j,
 
     out[t, j, c] = sum_r x[t(, j), r] * W[experts[t, j] * rows + c, r]
 
 RowReduction schedules it as it stands: one parallel loop over the outputs, each a dot product that
-decodes its weight row. Every slot decodes its expert's rows alone, so a prompt of T tokens decodes
-T * k rows of weights where its experts hold E: a 64-token prefill of a 64-expert, top-8 model decodes
-every expert's weights 8 times, and the decode (~14 vector instructions a 16 values) is the cost: the
-gathered matmuls were 94% of that prefill (tools/synthetic_moe.py, stop 58).
+decodes its weight row, every slot on its own. A prompt of T tokens so decodes T * k rows of weights
+where its experts hold E (a 64-token prefill of 64 experts, top 8: each expert's weights 8 times), and
+the decode (~14 vector instructions a 16 values) was the cost: the gathered matmuls were 94% of that
+prefill and streamed 5.6-6.8 GB/s in decode (tools/synthetic_moe.py, stop 58). GroupedExpertMatmul
+takes the function (over a symbolic token count) and branches on the call's slots:
 
-Grouped (this kernel, llama.cpp's and vLLM's order): the slots are counted and sorted by expert first
-(a serial count sort over T * k slots), then one parallel loop over (expert, tile of TILE_ROWS weight
-rows): the tile is decoded once into a float32 buffer, and the expert's slots stream past it SLOTS at a
-time, each weight vector serving SLOTS slots and each activation vector TILE_ROWS rows (SLOTS x
-TILE_ROWS vector accumulators). The weight's decode is the function's own expression (any format kiln
-stores: the matched block's, with the expert index, row and column substituted), and so is each fused
-epilogue after the sums (the router weight's multiply, a cast).
+* More slots than experts: grouped (llama.cpp's and vLLM's order). The slots are counted and sorted by
+  expert (a serial count sort over T * k slots, the experts chosen listed), then one parallel loop over
+  (chosen expert, tile of TILE_ROWS weight rows): the tile is decoded once into a float32 buffer (WORD
+  values a vector: every plane of every format is then read contiguously or once, where 16 lanes of
+  r // 8 became LLVM gathers; WORDS words a step, the group's scale read once), and the expert's slots
+  stream past it SLOTS at a time, each weight vector serving SLOTS slots and each activation vector
+  TILE_ROWS rows, the sums in SLOTS x TILE_ROWS vector accumulators. The decode is the function's own
+  expression (the matched block's, with the row and column substituted: any format kiln stores), and so
+  is each fused epilogue after the sums (the router weight's multiply, a cast).
+* Up to a slot an expert (decode, a few sequences: a token's experts are distinct, nothing to share):
+  quant_gemv's one-row GEMV, whose arithmetic applies the scale per group, not per weight (a parallel
+  pass a token, or a token's expert where each reads its own input: the down projection), where the
+  weight is a format it takes; else RowReduction's schedule (not on 8-lane targets: see schedule()).
 
-The call's slots decide at run time: up to as many slots as experts (decode: a token's experts are
-distinct, nothing to share) keep RowReduction's schedule; more take the grouped kernel.
+Measured (2 Intel Xeon cores, AVX-512; random Q4_0 experts with float16 scales, kernels alone; ms a call,
+this kernel against RowReduction's): 64 experts of 1536 x 2048 (gate/up), top 8: 64 tokens 54 / 292-327,
+512 tokens 207 / 2426, 1 token 1.6-1.7 / 4.2-4.4; 64 experts of 2048 x 768 (down), 64 tokens 30 / 102-106,
+1 token 0.9-1.0 / 1.6; 128 experts of 1536 x 2048, 4 tokens 7.3 / 18.3, 16 tokens 30 / 83. Of the grouped
+kernel at 64 tokens ~60% is the tile's decode: a float16 scale's conversion (vpinsrw into the register
+the last multiply wrote) chains each step to the one before.
 """
 
 from __future__ import annotations
@@ -50,12 +61,12 @@ TILE_ROWS = 4       # weight rows a tile holds: SLOTS x TILE_ROWS accumulators o
 
 class GroupedExpertMatmul(KilnCPURule):
     """models/moe.py's expert matmul (block "expert_matmul", with any spatial epilogue over its output)
-    over a symbolic token count: more slots than experts take the grouped kernel, fewer RowReduction's
-    schedule of the same function."""
+    over a symbolic token count: more slots than experts take the grouped kernel, fewer the GEMV or
+    `few`'s schedule of the same function (module docstring)."""
 
     def __init__(self, knobs=None, few=None) -> None:
         super().__init__(knobs)
-        self.few = few                          # the rule for at most a slot an expert (RowReduction)
+        self.few = few                          # RowReduction: a slot an expert where the GEMV cannot
 
     def schedule(self, sch: s_tir.Schedule) -> s_tir.Schedule | None:
         func = sch.mod["main"]
@@ -72,7 +83,7 @@ class GroupedExpertMatmul(KilnCPURule):
         # vectors differ in width from the grouped kernel's: TVM's common subexpression elimination
         # lifts a vector constant both bodies hold (a decode's lane shifts) above the branch into a
         # variable LLVM cannot see through, and RowReduction's loads became gathers, 4x slower.
-        few = gemv
+        few = _block(gemv, "few_slots") if gemv is not None else None
         if few is None and self.few is not None and self.knobs.vector_lanes != WORD:
             scheduled = self.few.schedule(s_tir.Schedule(func))
             if scheduled is not None:
@@ -80,8 +91,7 @@ class GroupedExpertMatmul(KilnCPURule):
                 few = _block(root.body, "few_slots", root.alloc_buffers)
         body = _block(body, "grouped")
         if few is not None:
-            body = tirx.IfThenElse(m.tokens * m.k <= m.experts, _block(few, "few_slots")
-                                   if gemv is not None else few, body)
+            body = tirx.IfThenElse(m.tokens * m.k <= m.experts, few, body)
         return s_tir.Schedule(own_vars(func.with_body(_block(body, "root"))))
 
 
@@ -149,8 +159,8 @@ class ExpertMatmul:
 def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
     """The function's expert matmul if it is models/moe.py's (a reduction block named expert_matmul over
     t, j, c, r, zero-initialised, adding x-term * weight-term, the weight term reading the router's
-    choices only as index[t, j]) followed by spatial blocks each reading the one before at its own
-    point; else None."""
+    choices only in its row, index[t, j] * rows + c) followed by spatial blocks each reading the one
+    before at its own point; else None."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if not blocks or not blocks[0].name_hint.startswith("expert_matmul"):

@@ -82,7 +82,10 @@ def _is_expert_matmul(block: s_tir.SBlock) -> bool:
     but a row all the same): RowReduction's schedule, one parallel loop over the outputs and the dot in
     vector partial sums. A random-weight Qwen3-MoE of 8 layers (hidden 1024, 32 experts of 512, top 4,
     q4f32; 2-core EPYC): decode 75.7 -> 8.9 ms a step (its expert matmuls 71.0 -> 6.1 ms; unscheduled,
-    they ran serial scalar loops), prefill of 64 tokens 157 tok/s after."""
+    they ran serial scalar loops), prefill of 64 tokens 157 tok/s after. Over a symbolic token count
+    expert_matmul.py's GroupedExpertMatmul takes them first (grouped by expert, or the GEMV) and keeps
+    this schedule for the formats its GEMV does not take; the single-sequence decode entry's static
+    token stays here."""
     return block.name_hint.startswith("expert_matmul")
 
 
