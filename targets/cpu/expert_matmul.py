@@ -249,6 +249,27 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
     tiles, vectors = rows // tile, depth // lanes
     slots = m.tokens * k
     index, out = m.index, m.out
+    # Float16 side planes (a GGUF's scales and mins, a group's value each) widened to float32 a tile row
+    # at a time, all of the row's groups in one vector conversion; the decode then reads them as floats.
+    # Read in the decode itself, each conversion went through a register the step before had written
+    # (LLVM's vpinsrw), chaining the steps.
+    sides = [p for p in m.planes if p.dtype == "float16" and len(p.shape) == 2
+             and (static_int(p.shape[1]) or depth) < depth]
+    sides = sides if len(sides) <= 2 else []
+    widths = [static_int(p.shape[1]) for p in sides] + [1] * (2 - len(sides))
+    crow = tirx.Var("tile_row", "int64")
+
+    def from_sides(buffers):
+        def hook(load):
+            for plane, buffer, width in zip(sides, buffers, widths):
+                if load.source.same_as(plane) and load.indices[0].same_as(m.row):
+                    return tirx.BufferLoad(buffer, [crow * width + load.indices[1]])
+            return None
+        return _rewrite(m.w_expr, [], load=hook)
+
+    def weight(buffers, n, c, col):
+        """W[n, col] for the tile's row c, its side planes read from `buffers`."""
+        return _rewrite(from_sides(buffers), [(m.row, n), (m.col, col), (crow, c)])
 
     def chosen(s):
         return T.Cast("int64", index[s // k, s % k])
@@ -302,12 +323,22 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
             first = start[e]
             count = start[e + 1] - first
             w = T.alloc_buffer((tile * depth,), "float32")      # the tile, decoded
+            side0 = T.alloc_buffer((tile * widths[0],), "float32")
+            side1 = T.alloc_buffer((tile * widths[1],), "float32")
+            for c in range(T.int64(tile)):
+                if len(sides) > 0:
+                    for g in T.vectorized(T.int64(widths[0])):
+                        side0[c * widths[0] + g] = T.Cast("float32", sides[0][e * rows + item % tiles * tile + c, g])
+                if len(sides) > 1:
+                    for g in T.vectorized(T.int64(widths[1])):
+                        side1[c * widths[1] + g] = T.Cast("float32", sides[1][e * rows + item % tiles * tile + c, g])
             for c in range(T.int64(tile)):
                 n = e * rows + item % tiles * tile + c
                 for v in range(T.int64(depth // (WORD * WORDS))):
                     for u in T.unroll(T.int64(WORDS)):
                         for i in T.vectorized(T.int64(WORD)):
-                            w[c * depth + (v * WORDS + u) * WORD + i] = m.weight(n, (v * WORDS + u) * WORD + i)
+                            w[c * depth + (v * WORDS + u) * WORD + i] = weight(
+                                [side0, side1], n, c, (v * WORDS + u) * WORD + i)
             acc = T.alloc_buffer((SLOTS * tile * lanes,), "float32")
             slot = T.alloc_buffer((SLOTS,), "int64")
             for b in range(count // SLOTS):
