@@ -26,11 +26,12 @@ takes the function (over a symbolic token count) and branches on the call's slot
   weight is a format it takes; else RowReduction's schedule (not on 8-lane targets: see schedule()).
 
 Measured (2 Intel Xeon cores, AVX-512; random Q4_0 experts with float16 scales, kernels alone; ms a call,
-this kernel against RowReduction's): 64 experts of 1536 x 2048 (gate/up), top 8: 64 tokens 54 / 292-327,
-512 tokens 207 / 2426, 1 token 1.6-1.7 / 4.2-4.4; 64 experts of 2048 x 768 (down), 64 tokens 30 / 102-106,
-1 token 0.9-1.0 / 1.6; 128 experts of 1536 x 2048, 4 tokens 7.3 / 18.3, 16 tokens 30 / 83. Of the grouped
-kernel at 64 tokens ~60% is the tile's decode: a float16 scale's conversion (vpinsrw into the register
-the last multiply wrote) chains each step to the one before.
+this kernel against RowReduction's): 64 experts of 1536 x 2048 (gate/up), top 8: 64 tokens 45 / 292-345,
+512 tokens 207-216 / 2426, 1 token 1.6-1.7 / 4.2-4.4; 64 experts of 2048 x 768 (down), 64 tokens 25 /
+102-115, 1 token 0.9-1.0 / 1.6; 128 experts of 1536 x 2048, 4 tokens 7.3 / 18.3, 16 tokens 30 / 83. The
+float16 scales are widened a tile row at a time (grouped_body): read in the decode, each conversion went
+through LLVM's vpinsrw into the register the step before had written, chaining the steps (64 tokens:
+54 and 30 ms before). The tile's decode is still the larger part at 64 tokens; the FMAs at 512.
 """
 
 from __future__ import annotations
