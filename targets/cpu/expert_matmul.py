@@ -145,11 +145,10 @@ class ExpertMatmul:
     rows: int                   # each expert's weight rows (the output's last dim)
     depth: int                  # the reduction's length (x's last dim)
     index: tirx.Buffer          # the router's choices [T, k] (int32)
-    weight: object              # (n, r) -> W[n, r] (row n: expert n // rows' row n % rows), as the sums'
     x: object                   # (t, j, r) -> x[t(, j), r] as the sums' dtype
     out: tirx.Buffer            # the function's output [T, k, rows]
     finish: object              # (t, j, c, total) -> the value out[t, j, c] takes from the sum
-    w_expr: tirx.PrimExpr       # W[row, col] over the two vars below (the format's match reads it)
+    w_expr: tirx.PrimExpr       # W[row, col] over the two vars below (row: expert row // rows's row % rows)
     row: tirx.Var
     col: tirx.Var
     planes: list                # the buffers the weight's expression reads, in its order
@@ -205,12 +204,11 @@ def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
         return None
     if finish is None:
         return None
-    weight = lambda row, r: _rewrite(w_by_row, [(n, row), (v_r, r)])                          # noqa: E731
     x = lambda t, j, r: _rewrite(x_term, [(v_t, t), (v_j, j), (v_r, r)])                      # noqa: E731
     plain = isinstance(x_term, X.TensorLoad) and x_term.source.dtype == "float32" and sums.dtype == "float32"
     per_slot = plain and _indices_are(x_term, v_t, v_j, v_r)
     x_rows = x_term.source if per_slot or (plain and _indices_are(x_term, v_t, v_r)) else None
-    return ExpertMatmul(sums.shape[0], k, n_total // rows, rows, depth, index, weight, x, out, finish,
+    return ExpertMatmul(sums.shape[0], k, n_total // rows, rows, depth, index, x, out, finish,
                         w_by_row, n, v_r, planes, x_rows, per_slot)
 
 
