@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,16 @@ def text_model(hf: dict) -> tuple[dict, str]:
     v5 = int(str(hf.get("transformers_version", "4")).split(".")[0]) >= 5
     return ({**hf["text_config"], **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if k in hf}},
             "model.language_model" if v5 else "language_model.model")
+
+
+class TextModelOf:
+    """A config class (mixed in before its base) that reads a multimodal config.json's text model
+    (text_model) and keeps the prefix of its weights in its `weight_prefix` field."""
+
+    @classmethod
+    def from_hf(cls, hf: dict):
+        hf, prefix = text_model(hf)
+        return dataclasses.replace(super().from_hf(hf), weight_prefix=prefix)
 
 
 def read_fields(hf: dict, fields: tuple[ConfigField, ...], arch: str) -> dict[str, Any]:

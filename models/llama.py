@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap,
                         attention_by_type, decoder_weight_map, prefixed_names)
-from .config import ConfigField, fields_with, layer_types, text_model
+from .config import ConfigField, TextModelOf, fields_with, layer_types
 from .layers import Flags
 from .rope import query_temperature
 
@@ -100,7 +100,7 @@ class CwmConfig(LlamaConfig):
 
 
 @dataclass(frozen=True)
-class Ministral3Config(LlamaConfig):
+class Ministral3Config(TextModelOf, LlamaConfig):
     """Ministral 3 (Mistral 3's 3B/8B/14B): a Mistral with YaRN whose queries are scaled by
     1 + llama_4_scaling_beta * log(1 + floor(position / original_max_position_embeddings)) after RoPE
     (1 within the pretraining context). Mistral3ForConditionalGeneration's text model is read from its
@@ -110,11 +110,6 @@ class Ministral3Config(LlamaConfig):
     weight_prefix: str = "model"
 
     ARCH: ClassVar[str] = "ministral3"
-
-    @classmethod
-    def from_hf(cls, hf: dict) -> "Ministral3Config":
-        hf, prefix = text_model(hf)
-        return dataclasses.replace(super().from_hf(hf), weight_prefix=prefix)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, prefixed_names
-from .config import ConfigField, fields_with, text_model
+from .config import ConfigField, TextModelOf, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
 from .moe import MoESpec, moe_weight_map
@@ -29,7 +29,7 @@ EXPERTS = dict(router="feed_forward.router", fused="feed_forward.experts", share
 
 
 @dataclass(frozen=True)
-class Llama4Config(LlamaConfig):
+class Llama4Config(TextModelOf, LlamaConfig):
     moe_intermediate_size: int = 0
     num_experts: int = 16
     top_k: int = 1
@@ -56,11 +56,6 @@ class Llama4Config(LlamaConfig):
         ConfigField("tuning", ("attn_temperature_tuning",), default=True),
         ConfigField("floor_scale", ("floor_scale",), default=8192),
         ConfigField("attn_scale", ("attn_scale",), default=0.1))
-
-    @classmethod
-    def from_hf(cls, hf: dict) -> "Llama4Config":
-        hf, prefix = text_model(hf)
-        return dataclasses.replace(super().from_hf(hf), weight_prefix=prefix)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
