@@ -19,19 +19,32 @@ takes the function (over a symbolic token count) and branches on the call's slot
   stream past it SLOTS at a time, each weight vector serving SLOTS slots and each activation vector
   TILE_ROWS rows, the sums in SLOTS x TILE_ROWS vector accumulators. The decode is the function's own
   expression (the matched block's, with the row and column substituted: any format kiln stores), and so
-  is each fused epilogue after the sums (the router weight's multiply, a cast).
+  is each fused epilogue after the sums (the router weight's multiply, a cast). kiln's 4-bit codes
+  (q4, q4m: GGUF's Q4_0 / Q4_1 as stored, and q4f32) take a decode of their own: a chunk's 16 code bytes
+  widened to 16 lanes, low nibbles its even values and high ones its odd (quant_gemv's split), the tile
+  stored in that order and x read through a copy in it (xp, made once a call): 15 vector instructions a
+  32 values where the generic decode spends 28, the values exactly the dequantize's.
 * Up to a slot an expert (decode, a few sequences: a token's experts are distinct, nothing to share):
-  quant_gemv's one-row GEMV, whose arithmetic applies the scale per group, not per weight (a parallel
-  pass a token, or a token's expert where each reads its own input: the down projection), where the
-  weight is a format it takes; else RowReduction's schedule (not on 8-lane targets: see schedule()).
+  quant_gemv's one-row GEMV, whose arithmetic applies the scale per group, not per weight (one parallel
+  loop over every token's, or every slot's where each reads its own input: the down projection, outputs),
+  where the weight is a format it takes; else RowReduction's schedule (not on 8-lane targets: see
+  schedule()).
 
-Measured (2 Intel Xeon cores, AVX-512; random Q4_0 experts with float16 scales, kernels alone; ms a call,
-this kernel against RowReduction's): 64 experts of 1536 x 2048 (gate/up), top 8: 64 tokens 45 / 292-345,
-512 tokens 207-216 / 2426, 1 token 1.6-1.7 / 4.2-4.4; 64 experts of 2048 x 768 (down), 64 tokens 25 /
-102-115, 1 token 0.9-1.0 / 1.6; 128 experts of 1536 x 2048, 4 tokens 7.3 / 18.3, 16 tokens 30 / 83. The
-float16 scales are widened a tile row at a time (grouped_body): read in the decode, each conversion went
-through LLVM's vpinsrw into the register the step before had written, chaining the steps (64 tokens:
-54 and 30 ms before). The tile's decode is still the larger part at 64 tokens; the FMAs at 512.
+Measured (2 Intel Xeon cores (Sapphire Rapids), AVX-512, 2 threads; random Q4_0 experts with float16
+scales, kernels alone, ms a call; in brackets the generic decode's). 64 experts of 1536 x 2048 (gate/up),
+top 8: 64 tokens 20 (22), 512 tokens 99-100 (100); 128 experts, 64 tokens 30 (34; RowReduction's schedule
+of the gathered matmul 177), 1 token (the GEMV) 1.7 (RowReduction 2.1-2.4). At 512
+tokens the slot passes run at ~87% of the cores' float32 multiply-add peak (73 of 83 GMAC/s a core at
+2.6 GHz, measured with every expert chosen: 72-73 from 8 to 128 slots an expert): exact float32
+arithmetic is the bound there, and what llama.cpp has beyond it is int8 (activations quantized to Q8).
+At 64 tokens of 128 experts (~4 slots an expert) the decode is two thirds of the call (~20 of 30 ms:
+every expert's weights, 200 MB, decoded at ~0.2 cycles a value). Tried and not kept: the tile's decode
+in chunks of 256-512 columns with partial sums carried (the tile and x in L1; 5-10% slower: the passes
+were not waiting on memory), decoding into registers for up to 6 slots an expert instead of the tile
+(30 -> 37 ms: each value still scaled and offset, now once a pass), wider or narrower register blocks
+(4 x 2 to 6 x 4 within 5%). The float16 scales are widened a tile row at a time (grouped_body): read in
+the decode, each conversion went through LLVM's vpinsrw into the register the step before had written,
+chaining the steps.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import tvm
 import tvm.ir.expr as X
 import tvm.ir.prim.expr as P
 from tvm import s_tir, tirx
@@ -57,6 +71,7 @@ SLOTS = 3           # slots a pass over a decoded tile serves (their accumulator
 WORD = 8            # values a vector of the tile's decode takes: one 32-bit word of 4-bit codes, so that every
                     # plane of every format is read contiguously or once (16 lanes' (r // 8) LLVM gathers)
 WORDS = 4           # words a step of the decode (32 values: a group's scale read once)
+NIBBLE_CHUNK = 32   # 4-bit codes: values whose 16 code bytes one vector widens (the tile's and xp's order within)
 TILE_ROWS = 4       # weight rows a tile holds: SLOTS x TILE_ROWS accumulators of a vector (<= 1 KB, on the stack)
 
 
@@ -273,8 +288,55 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
     def chosen(s):
         return T.Cast("int64", index[s // k, s % k])
 
+    # The tile's decode asks for the codes (the first plane: every format's codes) of the rows
+    # quant_gemv.PREFETCH_BYTES on: each tile starts a 4 KB page, where the CPU's prefetcher starts over.
+    first_plane = m.planes[0]
+    plane_cols = static_int(first_plane.shape[-1]) if len(first_plane.shape) == 2 else None
+    ahead = quant_gemv.rows_ahead(plane_cols * tvm.DataType(first_plane.dtype).bits // 8) if plane_cols else 0
+
     @T.macro
-    def slot_pass(acc, w, slot, order, at, width, item):
+    def prefetch(plane, n, col):
+        """Weight row n's codes at column col, `ahead` rows on, asked for."""
+        if ahead > 0:
+            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
+                plane[T.min(n + ahead, experts * rows - 1), col * plane_cols // depth]),
+                T.int32(0), T.int32(3), T.int32(1)))
+
+    # 4-bit codes (kiln's q4 and q4m, whose group is whole chunks of 32): a chunk's 16 code bytes
+    # widened to 16 lanes, the low nibbles its even values and the high ones its odd (quant_gemv's
+    # split), the tile stored in that order and x read through a copy in it (xp): 11 vector
+    # instructions a 32 values where the generic decode spends 28.
+    found = weight_format(m.w_expr, m.planes, experts * rows, depth, "float32", m.row, m.col) \
+        if m.x_rows is not None else None
+    nibbles = found is not None and found[0] in ("q4", "q4m") and found[1] % NIBBLE_CHUNK == 0
+    x_count = slots if m.per_slot else m.tokens
+    if nibbles:
+        kind, group, (codes, scale_plane, min_plane) = found
+
+        def side(plane, buffers, c, n, col):
+            """The scale's (or min's) value at column col of the tile's row c (weight row n), as
+            float32: from its widened copy in `buffers` where it is float16."""
+            for buffer, each, width in zip(buffers, sides, widths):
+                if plane.same_as(each):
+                    return buffer[c * width + col // group]
+            return plane[n, col // group]
+
+        def nibble(buffers, c, n, byte, col):
+            """The tile's row c's value at column col (of weight row n) from its code `byte` (int32):
+            exactly the dequantize's, (q - 8) s or q s + m."""
+            if kind == "q4":
+                return (T.Cast("float32", byte) - T.float32(8)) * side(scale_plane, buffers, c, n, col)
+            return T.Cast("float32", byte) * side(scale_plane, buffers, c, n, col) + side(
+                min_plane, buffers, c, n, col)
+
+    def x_value(xp, slot, col):
+        """x's value the slot's sum takes at column col (4-bit codes: col in xp's order)."""
+        if nibbles:
+            return xp[(slot if m.per_slot else slot // k) * depth + col]
+        return m.x(slot // k, slot % k, col)
+
+    @T.macro
+    def slot_pass(acc, w, xp, slot, order, at, width, item):
         """The sums of `width` slots (order[at:], one expert's) with the tile's rows, finished and written."""
         for s in range(T.int64(width)):
             slot[s] = order[at + s]
@@ -284,8 +346,8 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
             for s in T.unroll(T.int64(width)):
                 for c in T.unroll(T.int64(tile)):
                     for i in T.vectorized(T.int64(lanes)):
-                        acc[(s * tile + c) * lanes + i] = acc[(s * tile + c) * lanes + i] + m.x(
-                            slot[s] // k, slot[s] % k, v * lanes + i) * w[c * depth + v * lanes + i]
+                        acc[(s * tile + c) * lanes + i] = acc[(s * tile + c) * lanes + i] + x_value(
+                            xp, slot[s], v * lanes + i) * w[c * depth + v * lanes + i]
         for s in range(T.int64(width)):
             for c in range(T.int64(tile)):
                 total = T.alloc_buffer((1,), "float32")
@@ -316,12 +378,21 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
         for s in range(slots):
             order[fill[chosen(s)]] = s
             fill[chosen(s)] = fill[chosen(s)] + T.int64(1)
+        xp = T.alloc_buffer((x_count * depth if nibbles else 1,), "float32")   # x in the tile's order
+        if nibbles:
+            X = T.decl_buffer((x_count * depth,), "float32", data=m.x_rows.data)
+            for r in T.parallel(x_count):
+                for ch in range(T.int64(depth // NIBBLE_CHUNK)):
+                    for h in T.unroll(2):
+                        for i in T.vectorized(16):
+                            xp[r * depth + ch * NIBBLE_CHUNK + h * 16 + i] = X[
+                                r * depth + ch * NIBBLE_CHUNK + 2 * i + h]
         items = used[0] * T.int64(tiles)
         for item in T.parallel(items):
             e = active[item // tiles]
             first = start[e]
             count = start[e + 1] - first
-            w = T.alloc_buffer((tile * depth,), "float32")      # the tile, decoded
+            w = T.alloc_buffer((tile * depth,), "float32")    # the tile, decoded
             side0 = T.alloc_buffer((tile * widths[0],), "float32")
             side1 = T.alloc_buffer((tile * widths[1],), "float32")
             for c in range(T.int64(tile)):
@@ -331,19 +402,38 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
                 if len(sides) > 1:
                     for g in T.vectorized(T.int64(widths[1])):
                         side1[c * widths[1] + g] = T.Cast("float32", sides[1][e * rows + item % tiles * tile + c, g])
-            for c in range(T.int64(tile)):
-                n = e * rows + item % tiles * tile + c
-                for v in range(T.int64(depth // (WORD * WORDS))):
-                    for u in T.unroll(T.int64(WORDS)):
-                        for i in T.vectorized(T.int64(WORD)):
-                            w[c * depth + (v * WORDS + u) * WORD + i] = weight(
-                                [side0, side1], n, c, (v * WORDS + u) * WORD + i)
+            if nibbles:
+                Wb = T.decl_buffer((experts * rows, depth // 2), "uint8", data=codes.data)
+                for c in range(T.int64(tile)):
+                    n = e * rows + item % tiles * tile + c
+                    for ch in range(T.int64(depth // NIBBLE_CHUNK)):
+                        prefetch(first_plane, n, ch * NIBBLE_CHUNK)
+                        for i in T.vectorized(16):
+                            w[c * depth + ch * NIBBLE_CHUNK + i] = nibble(
+                                [side0, side1], c, n, T.Cast("int32", Wb[n, ch * 16 + i]) & 15,
+                                ch * NIBBLE_CHUNK + 2 * i)
+                        for i in T.vectorized(16):
+                            w[c * depth + ch * NIBBLE_CHUNK + 16 + i] = nibble(
+                                [side0, side1], c, n, T.Cast("int32", Wb[n, ch * 16 + i]) >> 4,
+                                ch * NIBBLE_CHUNK + 2 * i + 1)
+            else:
+                for c in range(T.int64(tile)):
+                    n = e * rows + item % tiles * tile + c
+                    for v in range(T.int64(depth // (WORD * WORDS))):
+                        prefetch(first_plane, n, v * (WORD * WORDS))
+                        for u in T.unroll(T.int64(WORDS)):
+                            for i in T.vectorized(T.int64(WORD)):
+                                w[c * depth + (v * WORDS + u) * WORD + i] = weight(
+                                    [side0, side1], n, c, (v * WORDS + u) * WORD + i)
             acc = T.alloc_buffer((SLOTS * tile * lanes,), "float32")
             slot = T.alloc_buffer((SLOTS,), "int64")
             for b in range(count // SLOTS):
-                slot_pass(acc, w, slot, order, first + b * SLOTS, SLOTS, item)
-            for b in range(count % SLOTS):
-                slot_pass(acc, w, slot, order, first + count // SLOTS * SLOTS + b, 1, item)
+                slot_pass(acc, w, xp, slot, order, first + b * SLOTS, SLOTS, item)
+            if count % SLOTS == 2:          # the rest in one pass (two singles: 2-3% slower at 4 slots an expert)
+                slot_pass(acc, w, xp, slot, order, first + count // SLOTS * SLOTS, 2, item)
+            else:
+                for b in range(count % SLOTS):
+                    slot_pass(acc, w, xp, slot, order, first + count // SLOTS * SLOTS + b, 1, item)
 
     return kernel.body
 

@@ -75,6 +75,7 @@ from .lanes import LANES, add, fold16
 CHUNK = 32                  # values a chunk: 16 bytes of 4-bit codes, 32 of 8-bit
 CHAINS = 2                  # accumulators taking alternate chunks (one row)
 BATCHES = (1, 2, 4, 8)      # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4, 5-8; more: its tiled matmul)
+PREFETCH_BYTES = 4096      # how far ahead of a row loop its weights are prefetched (rows_ahead)
 BLOCK = 4                   # rows a pass over the weights serves (8 rows: two passes)
 _MIN_KINDS = ("q4m", "q8m")
 SCALE_DTYPES = ("float32", "float16")   # scale (and min) planes read: float16 is a GGUF's own (half the bytes)
@@ -101,6 +102,15 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
             for batch in BATCHES]
 
 
+def rows_ahead(row_bytes: int) -> int:
+    """Rows a loop over weight rows of row_bytes each prefetches ahead: PREFETCH_BYTES' worth, at least one
+    (none where PREFETCH_BYTES is 0).
+    A row loop's reads move to a new 4 KB page every few rows, where the CPU's own prefetcher starts
+    over; asked for ~4 KB ahead, SmolLM2's one-row GEMVs read 22-28 GB/s of planes where they read 15-19
+    (tools/bench_cpu_gemv.py, Sapphire Rapids, 2 threads: 2 KB ahead 20-24, 1 KB 18-22)."""
+    return max(1, -(-PREFETCH_BYTES // row_bytes)) if PREFETCH_BYTES > 0 else 0
+
+
 def _same(_piece, o):
     return o
 
@@ -113,6 +123,15 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
     has_min = scaled and kind != "q8"
     w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"][1]
     byte_cols = k // 2 if four_bit else k
+    ahead = rows_ahead(byte_cols * (2 if kind in FLOAT_KINDS else 1))
+
+    @T.macro
+    def prefetch(Wb, row, c):
+        """Chunk c's codes PREFETCH_BYTES on (`ahead` rows: the loop's next rows) asked for now."""
+        if ahead > 0:
+            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
+                Wb[T.min(row + ahead, n - 1), c * (CHUNK // 2 if four_bit else CHUNK)]),
+                T.int32(0), T.int32(3), T.int32(1)))
     byte_dtype = "uint8" if four_bit else w_dtype
     acc_len = CHAINS * LANES
     block = min(batch, BLOCK)                   # rows one pass over the weights serves
@@ -184,6 +203,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
         for i in T.vectorized(acc_len):
             acc[i] = T.float32(0)
         for co in range(chunks // CHAINS):
+            prefetch(Wb, row, co * CHAINS)
             for ch in T.unroll(CHAINS):
                 for i in T.vectorized(LANES):
                     if scaled:
@@ -218,6 +238,38 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
             output(W, S, M, X, Y, row_of(piece, o), o, xp, xs, store, piece)
 
     @T.macro
+    def each_part(W, S, M, X, Y, parts, count, row_of, store):
+        """`parts` parts (a count or a symbolic size) of `count` outputs in one parallel loop: part p's
+        output o the row row_of(p, o) of W times part p's k values of X (its p-th k floats), handed to
+        store(Y, p, o, value); each part's copy and group sums before the loop."""
+        xp = T.alloc_buffer((parts * k if four_bit else 1,), "float32")
+        xs = T.alloc_buffer((parts * groups,), "float32")
+        part = T.alloc_buffer((LANES,), "float32")
+        for p in range(parts):
+            Xp = T.decl_buffer((1, 1, k), "float32", data=X.data, elem_offset=p * k)
+            if four_bit:
+                xq = T.decl_buffer((k,), "float32", data=xp.data, elem_offset=p * k)
+                for c in range(chunks):
+                    for h in range(2):
+                        for i in T.vectorized(LANES):
+                            xq[c * CHUNK + h * LANES + i] = x_in(Xp, 0, c, h, i)
+                if has_min:
+                    group_sums(xs, part, p * groups, x_at, xq, Xp, 0)
+            elif has_min:
+                group_sums(xs, part, p * groups, x_at, xp, Xp, 0)
+        for po in T.parallel(parts * count):
+            Xp = T.decl_buffer((1, 1, k), "float32", data=X.data, elem_offset=po // count * k)
+            if four_bit:                    # (the views of buffers the format never reads are not made:
+                xq = T.decl_buffer((k,), "float32", data=xp.data, elem_offset=po // count * k)
+                xsp = T.decl_buffer((groups,), "float32", data=xs.data, elem_offset=po // count * groups)
+                output(W, S, M, Xp, Y, row_of(po // count, po % count), po % count, xq, xsp, store, po // count)
+            elif has_min:                   # TVM's storage rewrite drops the unread buffer, then fails on them)
+                xsp = T.decl_buffer((groups,), "float32", data=xs.data, elem_offset=po // count * groups)
+                output(W, S, M, Xp, Y, row_of(po // count, po % count), po % count, xp, xsp, store, po // count)
+            else:
+                output(W, S, M, Xp, Y, row_of(po // count, po % count), po % count, xp, xs, store, po // count)
+
+    @T.macro
     def few_rows(W, S, M, X, Y):
         """Up to `batch` rows: each chunk's codes decoded (and scaled) once for every row; a row's sums
         on its own accumulator; rows past the call's, zeros (computed, not written)."""
@@ -246,6 +298,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
                     # `chunks` iterations (rows >= 1) in a count LLVM cannot see: a known count let it
                     # unroll the loop and hoist every chunk's activations out of the row loop, spilling them.
                     for c in range(T.min(T.Cast(rows_dtype, chunks), rows * chunks)):
+                        prefetch(Wb, row, c)
                         for i in T.vectorized(LANES):                    # (code's h: a Python int)
                             if scaled:
                                 w[i] = code(Wb, row, c, 0, i) * scale(S, row, c // per)
@@ -262,7 +315,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
                         if T.Cast(rows_dtype, blk * block + b) < rows:
                             Y[blk * block + b, 0, row] = acc[b * LANES]
 
-    return one_row, few_rows
+    return one_row, few_rows, each_part
 
 
 def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, planes, x, parts, count: int,
@@ -274,16 +327,14 @@ def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, pl
     targets/cpu/expert_matmul.py: decode's tokens (a part each, or a part each expert of each where
     every expert reads its own input), each expert's rows read through the router's choice. The
     statements, over the caller's buffers (no params of their own)."""
-    one_row, _ = _macros(kind, n, k, group, 1, None, scale_dtype)
+    _, _, each_part = _macros(kind, n, k, group, 1, None, scale_dtype)
     codes, scale, minimum = planes
     scale = codes if scale is None else scale
     minimum = scale if minimum is None else minimum
 
     @T.prim_func(private=True, check_well_formed=False)
     def kernel():
-        for p in range(parts):
-            xp = T.decl_buffer((1, 1, k), "float32", data=x.data, elem_offset=p * k)
-            one_row(codes, scale, minimum, xp, x, count, row_of, store, p)
+        each_part(codes, scale, minimum, x, x, parts, count, row_of, store)
 
     return kernel.body
 
@@ -296,7 +347,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
     symbolic size, 2 to `batch` at run time)."""
     w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
     groups = k // group
-    one_row, few_rows = _macros(kind, n, k, group, batch, rows, scale_dtype)
+    one_row, few_rows, _ = _macros(kind, n, k, group, batch, rows, scale_dtype)
     rows = 1 if batch == 1 else rows
 
     @T.macro

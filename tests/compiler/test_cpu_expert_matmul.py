@@ -111,12 +111,26 @@ def test_grouped_expert_matmul_matches_numpy(kind, per_slot, epilogue):
     script = scheduled.script()
     assert '"grouped"' in script and '"few_slots"' in script, "no branch for a slot an expert or fewer"
     gemv = kind is not None                     # quant_gemv's GEMV where it takes the format, else RowReduction
-    assert ("T.parallel(tokens" in script) != gemv, "RowReduction's parallel loop over the outputs"
+    few = script[script.index('"few_slots"'):script.index('"grouped"')]
+    assert ("ax0_ax1_fused in T.parallel(tokens" in few) != gemv, "RowReduction's parallel loop over the outputs"
+    assert ("po in T.parallel(tokens" in few) == gemv, "the GEMV's one parallel loop over every part's outputs"
+    # 4-bit codes: the tile decoded from the code bytes' nibbles, x read through its copy in their order
+    assert ('"uint8"' in script.split('"grouped"')[1]) == (kind in ("q4", "q4m"))
     for tokens in (1, 3, 5, 40):                # 1, 3: a slot an expert or fewer (6 slots, 8 experts); 5, 40: grouped
         got, want = run(lib, func, fmt, tokens, per_slot, epilogue)
         tol = 2e-2 if epilogue == "cast" else 1e-4
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(),
                                    err_msg=f"{tokens} tokens")
+
+
+@pytest.mark.parametrize("kind", ["q4", "q4m"])
+def test_float32_scales_take_the_nibble_decode(kind):
+    """kiln's own 4-bit formats (float32 scales and mins, a q4f32 conversion's) read them in place."""
+    func, fmt = expert_func(kind, scale_dtype="float32")
+    _, lib = build(func)
+    for tokens in (5, 40):
+        got, want = run(lib, func, fmt, tokens, False, "weigh")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{tokens} tokens")
 
 
 @pytest.mark.parametrize("kind", ["q4", None], ids=["q4", "f32"])
@@ -127,7 +141,8 @@ def test_eight_lane_targets_never_branch_to_row_reduction(kind):
     func, fmt = expert_func(kind)
     scheduled, lib = build(func, lanes=8)
     script = scheduled.script()
-    assert "T.parallel(tokens" not in script and ('"few_slots"' in script) == (kind is not None)
+    before = script.split('"grouped"')[0]       # the branch for a slot an expert, if any
+    assert "ax0_ax1_fused in T.parallel(tokens" not in before and ('"few_slots"' in script) == (kind is not None)
     for tokens in (1, 40):
         got, want = run(lib, func, fmt, tokens, False, "weigh")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
