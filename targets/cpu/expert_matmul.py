@@ -33,7 +33,10 @@ takes the function (over a symbolic token count) and branches on the call's slot
 Measured (2 Intel Xeon cores (Sapphire Rapids), AVX-512, 2 threads; random Q4_0 experts with float16
 scales, kernels alone, ms a call; in brackets the generic decode's). 64 experts of 1536 x 2048 (gate/up),
 top 8: 64 tokens 20 (22), 512 tokens 99-100 (100); 128 experts, 64 tokens 30 (34; RowReduction's schedule
-of the gathered matmul 177), 1 token (the GEMV) 1.7 (RowReduction 2.1-2.4). At 512
+of the gathered matmul 177), 1 token (the GEMV) 1.7 (RowReduction 2.1-2.4). Then the codes prefetched
+4 KB ahead (quant_gemv.PREFETCH_BYTES; each tile of 4 rows of 1 KB is a page of its own, where the
+CPU's prefetcher starts over): 128 experts, 16 tokens 20.5 -> 13.7, 64 tokens 30.6 -> 28.4; the GEMV at
+1 token 1.7 -> 0.66 (20 GB/s of planes), the down projection's (2048 x 768) 0.95 -> 0.76. At 512
 tokens the slot passes run at ~87% of the cores' float32 multiply-add peak (73 of 83 GMAC/s a core at
 2.6 GHz, measured with every expert chosen: 72-73 from 8 to 128 slots an expert): exact float32
 arithmetic is the bound there, and what llama.cpp has beyond it is int8 (activations quantized to Q8).

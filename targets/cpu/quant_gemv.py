@@ -45,6 +45,14 @@ SmolLM2 Q4_1 decode (kiln bench, alternating artifacts, prompt 64, gen 64): 1 se
 against 231-236; 8 sequences (prompt 128) 334-335 against 292-294 with the two-pass kernel.
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
 
+Every row loop asks for its weights PREFETCH_BYTES (4 KB) ahead of the row it reads (`prefetch`,
+LLVM's llvm.prefetch: a prefetch instruction on x86 and AArch64). A row loop's reads move to a new
+4 KB page every few rows, where the CPU's own prefetcher starts over, and on a Sapphire Rapids Xeon
+(2 cores) it did not keep up: tools/bench_cpu_gemv.py q4m, 2 threads, without / with, us a call:
+one row gate/up 76-78 / 55-56, down 43-44 / 28, the LM head 1097-1142 / 782-792 (27 GB/s of planes
+of the 32 the host reads); 2 rows 189-197 / 65-68 (without it the kernel had fallen behind the tiled
+matmul's 118), 4 rows 140-143 / 83-86, 8 rows 274-278 / 161-162 and the LM head 6233-6253 / 2448-2455.
+
 Matched (``branches``, targets/dequant_match.py): a function exactly kiln's `dequantize` (q4, q4m, q8 or
 q8m with float32 or float16 scales (and mins; a GGUF's Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 keep their
 float16 ones, TargetProfile.half_scales, widened as read) and any group a multiple of 32, either code
