@@ -112,10 +112,10 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
 
 def rows_ahead(row_bytes: int) -> int:
     """Rows a loop over weight rows of row_bytes each prefetches ahead: PREFETCH_BYTES' worth, at least one
-    (none where PREFETCH_BYTES is 0).
-    A row loop's reads move to a new 4 KB page every few rows, where the CPU's own prefetcher starts
-    over; asked for ~4 KB ahead, SmolLM2's one-row GEMVs read 22-28 GB/s of planes where they read 15-19
-    (tools/bench_cpu_gemv.py, Sapphire Rapids, 2 threads: 2 KB ahead 20-24, 1 KB 18-22)."""
+    (none where PREFETCH_BYTES is 0). A row loop's reads move to a new 4 KB page every few rows, where
+    the CPU's own prefetcher starts over; asked for ~4 KB ahead, SmolLM2's one-row GEMVs read 22-28 GB/s
+    of planes where they read 15-19 (tools/bench_cpu_gemv.py, Sapphire Rapids, 2 threads: 2 KB ahead
+    20-24, 1 KB 18-22)."""
     return max(1, -(-PREFETCH_BYTES // row_bytes)) if PREFETCH_BYTES > 0 else 0
 
 
@@ -123,14 +123,25 @@ def _same(_piece, o):
     return o
 
 
+def part_of(po, parts, count):
+    """The part of each_part's parallel index po (a single part's: 0, no division in its loop)."""
+    return 0 if isinstance(parts, int) and parts == 1 else po // count
+
+
+def out_of(po, parts, count):
+    """The output (within its part) of each_part's parallel index po."""
+    return po if isinstance(parts, int) and parts == 1 else po % count
+
+
 def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype: str):
-    """(one_row, few_rows): the kernels' bodies as TVMScript macros over W's planes of n rows (module
+    """(each_part, few_rows): the kernels' bodies as TVMScript macros over W's planes of n rows (module
     docstring); gemv_kernel's, and the expert GEMV's (expert_gemv_body)."""
     chunks, groups, per = k // CHUNK, k // group, group // CHUNK
     four_bit, scaled = kind in ("q4", "q4m"), kind not in FLOAT_KINDS
     has_min = scaled and kind != "q8"
     w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"][1]
     byte_cols = k // 2 if four_bit else k
+    byte_dtype = "uint8" if four_bit else w_dtype
     ahead = rows_ahead(byte_cols * (2 if kind in FLOAT_KINDS else 1))
 
     @T.macro
@@ -140,7 +151,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
             T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
                 Wb[T.min(row + ahead, n - 1), c * (CHUNK // 2 if four_bit else CHUNK)]),
                 T.int32(0), T.int32(3), T.int32(1)))
-    byte_dtype = "uint8" if four_bit else w_dtype
+
     acc_len = CHAINS * LANES
     block = min(batch, BLOCK)                   # rows one pass over the weights serves
     rows = 1 if batch == 1 else rows
@@ -230,26 +241,10 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
         store(Y, piece, o, acc[0])
 
     @T.macro
-    def one_row(W, S, M, X, Y, count, row_of, store, piece):
-        """`count` outputs: output o the row row_of(piece, o) of W times x, handed to store(Y, piece, o, value)."""
-        xp = T.alloc_buffer((k if four_bit else 1,), "float32")   # 4-bit: x in the order the codes are read
-        xs = T.alloc_buffer((groups,), "float32")         # each group's sum of x (the min's factor)
-        part = T.alloc_buffer((LANES,), "float32")
-        if four_bit:
-            for c in range(chunks):
-                for h in range(2):
-                    for i in T.vectorized(LANES):
-                        xp[c * CHUNK + h * LANES + i] = x_in(X, 0, c, h, i)
-        if has_min:
-            group_sums(xs, part, 0, x_at, xp, X, 0)
-        for o in T.parallel(count):
-            output(W, S, M, X, Y, row_of(piece, o), o, xp, xs, store, piece)
-
-    @T.macro
     def each_part(W, S, M, X, Y, parts, count, row_of, store):
         """`parts` parts (a count or a symbolic size) of `count` outputs in one parallel loop: part p's
         output o the row row_of(p, o) of W times part p's k values of X (its p-th k floats), handed to
-        store(Y, p, o, value); each part's copy and group sums before the loop."""
+        store(Y, p, o, value); each part's copy and group sums before the loop. One part: the GEMV."""
         xp = T.alloc_buffer((parts * k if four_bit else 1,), "float32")
         xs = T.alloc_buffer((parts * groups,), "float32")
         part = T.alloc_buffer((LANES,), "float32")
@@ -266,16 +261,21 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
             elif has_min:
                 group_sums(xs, part, p * groups, x_at, xp, Xp, 0)
         for po in T.parallel(parts * count):
-            Xp = T.decl_buffer((1, 1, k), "float32", data=X.data, elem_offset=po // count * k)
+            Xp = T.decl_buffer((1, 1, k), "float32", data=X.data, elem_offset=part_of(po, parts, count) * k)
             if four_bit:                    # (the views of buffers the format never reads are not made:
-                xq = T.decl_buffer((k,), "float32", data=xp.data, elem_offset=po // count * k)
-                xsp = T.decl_buffer((groups,), "float32", data=xs.data, elem_offset=po // count * groups)
-                output(W, S, M, Xp, Y, row_of(po // count, po % count), po % count, xq, xsp, store, po // count)
+                xq = T.decl_buffer((k,), "float32", data=xp.data, elem_offset=part_of(po, parts, count) * k)
+                xsp = T.decl_buffer((groups,), "float32", data=xs.data,
+                                    elem_offset=part_of(po, parts, count) * groups)
+                output(W, S, M, Xp, Y, row_of(part_of(po, parts, count), out_of(po, parts, count)),
+                       out_of(po, parts, count), xq, xsp, store, part_of(po, parts, count))
             elif has_min:                   # TVM's storage rewrite drops the unread buffer, then fails on them)
-                xsp = T.decl_buffer((groups,), "float32", data=xs.data, elem_offset=po // count * groups)
-                output(W, S, M, Xp, Y, row_of(po // count, po % count), po % count, xp, xsp, store, po // count)
+                xsp = T.decl_buffer((groups,), "float32", data=xs.data,
+                                    elem_offset=part_of(po, parts, count) * groups)
+                output(W, S, M, Xp, Y, row_of(part_of(po, parts, count), out_of(po, parts, count)),
+                       out_of(po, parts, count), xp, xsp, store, part_of(po, parts, count))
             else:
-                output(W, S, M, Xp, Y, row_of(po // count, po % count), po % count, xp, xs, store, po // count)
+                output(W, S, M, Xp, Y, row_of(part_of(po, parts, count), out_of(po, parts, count)),
+                       out_of(po, parts, count), xp, xs, store, part_of(po, parts, count))
 
     @T.macro
     def few_rows(W, S, M, X, Y):
@@ -323,19 +323,19 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
                         if T.Cast(rows_dtype, blk * block + b) < rows:
                             Y[blk * block + b, 0, row] = acc[b * LANES]
 
-    return one_row, few_rows, each_part
+    return each_part, few_rows
 
 
 def expert_gemv_body(kind: str, n: int, k: int, group: int, scale_dtype: str, planes, x, parts, count: int,
                      row_of, store) -> tirx.Stmt:
     """Dot products with rows of an n x k weight in kiln's `kind` planes (the caller's buffers: codes,
-    scale, min; None where the format has none) by one_row's arithmetic, in `parts` parts (a count or a
+    scale, min; None where the format has none) by the one-row GEMV's arithmetic, in `parts` parts (a count or a
     symbolic size) of `count` outputs, part p's activations x's p-th k values (float32): output o of
     part p is row row_of(p, o) (int32) times them, handed to the macro store(x, p, o, value). For
     targets/cpu/expert_matmul.py: decode's tokens (a part each, or a part each expert of each where
     every expert reads its own input), each expert's rows read through the router's choice. The
     statements, over the caller's buffers (no params of their own)."""
-    _, _, each_part = _macros(kind, n, k, group, 1, None, scale_dtype)
+    each_part, _ = _macros(kind, n, k, group, 1, None, scale_dtype)
     codes, scale, minimum = planes
     scale = codes if scale is None else scale
     minimum = scale if minimum is None else minimum
@@ -355,7 +355,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
     symbolic size, 2 to `batch` at run time)."""
     w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
     groups = k // group
-    one_row, few_rows, _ = _macros(kind, n, k, group, batch, rows, scale_dtype)
+    each_part, few_rows = _macros(kind, n, k, group, batch, rows, scale_dtype)
     rows = 1 if batch == 1 else rows
 
     @T.macro
@@ -364,7 +364,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
 
     @T.macro
     def each_row(W, S, M, X, Y):
-        one_row(W, S, M, X, Y, n, _same, store_row, 0)
+        each_part(W, S, M, X, Y, 1, n, _same, store_row)
 
     body = each_row if batch == 1 else few_rows
     scaled = kind not in FLOAT_KINDS
