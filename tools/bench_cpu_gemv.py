@@ -76,7 +76,7 @@ def cpu_target():
                               "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"], "num-cores": os.cpu_count() or 1})
 
 
-def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str = "float32"):
+def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str = "float32", group: int = 32):
     """(hand-written GEMV, the schedule QuantMatmul uses without it) for `rows` rows of a `kind`
     [n, k] weight, built: QuantMatmul's function itself (its branches dispatch on the rows), and its
     GEMV (one row) or its tiled matmul."""
@@ -86,7 +86,7 @@ def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str =
     from kiln.targets.cpu.quant_schedule import QuantMatmul, default_knobs, gemv_tile_n
     from kiln.targets.cpu.schedule import target_mcpu, vector_lanes_for_target
 
-    func = dequant_matmul(kind, n, k, scale_dtype=scale_dtype)
+    func = dequant_matmul(kind, n, k, group, scale_dtype=scale_dtype)
     if quant_gemv.branches(func) is None:
         raise SystemExit(f"{kind} {n} x {k}: quant_gemv does not take this kernel")
     rule = QuantMatmul(default_knobs(vector_lanes_for_target(target), target_mcpu(target)))   # the CPU's, as compile's
@@ -95,7 +95,8 @@ def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str =
     return build(rule.apply(func, target, False).mod["main"]), build(scheduled.mod["main"])
 
 
-def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target, scale_dtype: str = "float32") -> str:
+def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target, scale_dtype: str = "float32",
+          group: int = 32) -> str:
     import numpy as np
     import tvm
 
@@ -103,7 +104,7 @@ def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target, s
     from kiln.compiler.quant_pack import dequantize
 
     n, k = SHAPES[shape]
-    fmt = QuantFormat(kind, 32, scale_dtype)
+    fmt = QuantFormat(kind, group, scale_dtype)
     rng = np.random.default_rng(0)
     planes = random_planes(fmt, n, k, rng)
     nbytes = sum(p.nbytes for p in planes.values())
@@ -112,7 +113,7 @@ def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target, s
     x = rng.standard_normal((rows, 1, k)).astype(np.float32)
     want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
     xt, yt = tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((rows, 1, n), np.float32))
-    built, errs = kernels(kind, n, k, target, rows, scale_dtype), []
+    built, errs = kernels(kind, n, k, target, rows, scale_dtype, group), []
     for kernel in built:
         kernel(*sets[0], xt, yt)
         errs.append(float(np.abs(yt.numpy()[:, 0] - want).max() / np.abs(want).max()))
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-dtype", default="float32", choices=("float32", "float16"),
                         help="the scale and min planes' dtype (float16: a GGUF's own, kept so on a CPU)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="TVM_NUM_THREADS for the kernels")
+    parser.add_argument("--group", type=int, default=32,
+                        help="values a scale serves (16 with q8 / q8m: GGUF's Q6_K as stored) [32]")
     ns = parser.parse_args(argv)
     formats, shapes = ns.formats.split(","), ns.shapes.split(",")
     bad = [f for f in formats if f not in FORMATS] + [s for s in shapes if s not in SHAPES]
@@ -146,14 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown {bad}; formats {list(FORMATS)}, shapes {list(SHAPES)}")
     os.environ["TVM_NUM_THREADS"] = str(ns.threads)
     target = cpu_target()
-    print(f"{target.attrs['mcpu']}, {ns.threads} threads, {ns.scale_dtype} scales, best of {ns.repeat} passes "
+    print(f"{target.attrs['mcpu']}, {ns.threads} threads, {ns.scale_dtype} scales in groups of {ns.group}, "
+          f"best of {ns.repeat} passes "
           f"over {ns.cold_mb} MB of planes")
     print(f"{'fmt':5s} {'shape':8s} {'N':>6s} {'K':>5s} {'rows':>4s} | {'hand us':>8s} {'GB/s':>6s} | "
           f"{'sched us':>8s} {'GB/s':>6s} | {'x':>5s} | rel err hand, sched")
     for kind in formats:
         for shape in shapes:
             for rows in (int(r) for r in ns.rows.split(",")):
-                print(bench(kind, shape, rows, ns.repeat, ns.cold_mb, target, ns.scale_dtype), flush=True)
+                print(bench(kind, shape, rows, ns.repeat, ns.cold_mb, target, ns.scale_dtype, ns.group), flush=True)
     return 0
 
 

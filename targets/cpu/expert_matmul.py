@@ -130,7 +130,8 @@ def gemv_body(m: "ExpertMatmul") -> tirx.Stmt | None:
         return None
     kind, group, planes = found
     scale_dtypes = {p.dtype for p in planes[1:] if p is not None}
-    if group % quant_gemv.CHUNK or not scale_dtypes <= set(quant_gemv.SCALE_DTYPES) or len(scale_dtypes) > 1:
+    if not quant_gemv.takes_group(kind, group) or not scale_dtypes <= set(quant_gemv.SCALE_DTYPES) \
+            or len(scale_dtypes) > 1:
         return None
     k, rows, index, out = m.k, m.rows, m.index, m.out
     if m.per_slot:                  # each expert its own input (the down projection): a part a slot

@@ -56,7 +56,10 @@ matmul's 118), 4 rows 140-143 / 83-86, 8 rows 274-278 / 161-162 and the LM head 
 Matched (``branches``, targets/dequant_match.py): a function exactly kiln's `dequantize` (q4, q4m, q8 or
 q8m with float32 or float16 scales (and mins; a GGUF's Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 keep their
 float16 ones, TargetProfile.half_scales, widened as read) and any group a multiple of 32, either code
-form; or f16 / bf16, 16-bit floats without scales, two multiply-adds a chunk) into an `NT_matmul` of
+form, or 8-bit codes in groups of 16 (GGUF's Q6_K as stored, a Q4_K_M file's LM head and half its down
+projections: each half of a chunk scaled on its own; tools/bench_cpu_gemv.py --formats q8 --group 16,
+Sapphire Rapids, 2 threads: 1.5-1.8x the scheduled GEMV, which they took before); or f16 / bf16,
+16-bit floats without scales, two multiply-adds a chunk) into an `NT_matmul` of
 float32 activations with float32 sums, no cast after, over symbolic rows; K a multiple of 64. Anything
 else: None (QuantMatmul schedules it). QuantMatmul branches on the call's rows (BATCHES). One row,
 tools/compare_llamacpp.py --rounds 3: F16 GGUF SmolLM2 decode 111 tok/s = 0.99x llama.cpp (98, 0.87x,
@@ -95,7 +98,7 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
     BATCHES, ``func`` with a body computing up to that many rows by gemv_kernel (the kernel's buffers
     viewed as func's, row_dispatch.over_params), the branches for dispatch_on_rows. Else None."""
     m = match_dequant_matmul(func, "float32")
-    if m is None or m.k % (2 * CHUNK) or m.group % CHUNK or not m.out.same_as(m.sums):
+    if m is None or m.k % (2 * CHUNK) or not takes_group(m.kind, m.group) or not m.out.same_as(m.sums):
         return None
     scale_dtypes = {p.dtype for p in m.planes[1:] if p is not None}
     if m.sums.dtype != "float32" or not scale_dtypes <= set(SCALE_DTYPES) or len(scale_dtypes) > 1:
@@ -119,6 +122,12 @@ def rows_ahead(row_bytes: int) -> int:
     return max(1, -(-PREFETCH_BYTES // row_bytes)) if PREFETCH_BYTES > 0 else 0
 
 
+def takes_group(kind: str, group: int) -> bool:
+    """Whether the kernels take `kind` codes in groups of `group` (0: none): whole chunks, or for 8-bit
+    codes groups of 16 (a chunk's halves; GGUF's Q6_K as stored), each half its own scale."""
+    return group % CHUNK == 0 or (group == LANES and kind in ("q8", "q8m"))
+
+
 def _same(_piece, o):
     return o
 
@@ -136,7 +145,8 @@ def out_of(po, parts, count):
 def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype: str):
     """(each_part, few_rows): the kernels' bodies as TVMScript macros over W's planes of n rows (module
     docstring); gemv_kernel's, and the expert GEMV's (expert_gemv_body)."""
-    chunks, groups, per = k // CHUNK, k // group, group // CHUNK
+    chunks, groups, per = k // CHUNK, k // group, max(1, group // CHUNK)
+    halves = group < CHUNK                      # 8-bit codes in groups of 16: each half its own scale
     four_bit, scaled = kind in ("q4", "q4m"), kind not in FLOAT_KINDS
     has_min = scaled and kind != "q8"
     w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"][1]
@@ -174,11 +184,15 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
     def group_sums(xs, part, base, at, xp, X, b):
         """xs[base + g] = group g's sum of row b of x (the min's factor), read through `at`."""
         for g in range(groups):
-            for i in T.vectorized(LANES):
-                part[i] = T.float32(0)
-            for c in range(per):
+            if halves:
                 for i in T.vectorized(LANES):
-                    part[i] = part[i] + (at(xp, X, b, g * per + c, 0, i) + at(xp, X, b, g * per + c, 1, i))
+                    part[i] = at(xp, X, b, g // 2, g % 2, i)
+            else:
+                for i in T.vectorized(LANES):
+                    part[i] = T.float32(0)
+                for c in range(per):
+                    for i in T.vectorized(LANES):
+                        part[i] = part[i] + (at(xp, X, b, g * per + c, 0, i) + at(xp, X, b, g * per + c, 1, i))
             fold16(part, 0, add)
             xs[base + g] = part[0]
 
@@ -195,6 +209,10 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
     def scale(S, row, g):
         """Group g's scale (or min), as float32."""
         return S[row, g] if scale_dtype == "float32" else T.Cast("float32", S[row, g])
+
+    def chunk_scale(S, row, c, h):
+        """The scale chunk c's half h takes (its group's)."""
+        return scale(S, row, c * 2 + h if halves else c // per)
 
     def group_min(S, M, row, g):
         """The value a zero code stands for: q4's -8 scale, q4m's and q8m's min."""
@@ -225,11 +243,16 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
             prefetch(Wb, row, co * CHAINS)
             for ch in T.unroll(CHAINS):
                 for i in T.vectorized(LANES):
-                    if scaled:
+                    if scaled and halves:
+                        acc[ch * LANES + i] = acc[ch * LANES + i] + x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(
+                            Wb, row, co * CHAINS + ch, 0, i) * chunk_scale(S, row, co * CHAINS + ch, 0) + x_at(
+                            xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i) * chunk_scale(
+                            S, row, co * CHAINS + ch, 1)
+                    elif scaled:
                         acc[ch * LANES + i] = acc[ch * LANES + i] + (
                             x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
                             + x_at(xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
-                        ) * scale(S, row, (co * CHAINS + ch) // per)
+                        ) * chunk_scale(S, row, co * CHAINS + ch, 0)
                     else:
                         acc[ch * LANES + i] = (
                             acc[ch * LANES + i]
@@ -309,8 +332,8 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
                         prefetch(Wb, row, c)
                         for i in T.vectorized(LANES):                    # (code's h: a Python int)
                             if scaled:
-                                w[i] = code(Wb, row, c, 0, i) * scale(S, row, c // per)
-                                w[LANES + i] = code(Wb, row, c, 1, i) * scale(S, row, c // per)
+                                w[i] = code(Wb, row, c, 0, i) * chunk_scale(S, row, c, 0)
+                                w[LANES + i] = code(Wb, row, c, 1, i) * chunk_scale(S, row, c, 1)
                             else:
                                 w[i] = code(Wb, row, c, 0, i)
                                 w[LANES + i] = code(Wb, row, c, 1, i)

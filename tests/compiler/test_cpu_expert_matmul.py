@@ -36,7 +36,7 @@ def _i64(v: int):
 
 
 def expert_func(kind: str | None, per_slot: bool = False, epilogue: str = "weigh", scale_dtype: str = "float16",
-                tokens=None):
+                tokens=None, group: int = 32):
     """(PrimFunc, format) of one expert matmul as models/moe.py writes it: kind None is a float32 weight
     (q0f32), else kiln's `kind` planes; x [T, depth] (or [T, k, depth]: Llama 4's per-slot input); then
     `epilogue`: "weigh" (times the slot's router weight, as the down projection fuses), "cast" (float16
@@ -49,7 +49,7 @@ def expert_func(kind: str | None, per_slot: bool = False, epilogue: str = "weigh
         fmt, planes = None, [te.placeholder((_i64(n), _i64(DEPTH)), "float32", name="weight")]
         element = lambda row, r: planes[0][row, r]                                         # noqa: E731
     else:
-        fmt = QuantFormat(kind, 32, scale_dtype)
+        fmt = QuantFormat(kind, group, scale_dtype)
         planes = [te.placeholder(tuple(_i64(d) for d in shape), dtype, name=name)
                   for name, (shape, dtype) in fmt.planes(n, DEPTH).items()]
         element = lambda row, r: dequantize_element(fmt, "float32", *(planes + [None, None])[:3], row, r)  # noqa: E731
@@ -129,6 +129,18 @@ def test_float32_scales_take_the_nibble_decode(kind):
     func, fmt = expert_func(kind, scale_dtype="float32")
     _, lib = build(func)
     for tokens in (5, 40):
+        got, want = run(lib, func, fmt, tokens, False, "weigh")
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{tokens} tokens")
+
+
+def test_q6_k_experts_take_the_gemv():
+    """8-bit codes in groups of 16 (GGUF's Q6_K as stored): the GEMV at a slot an expert, the grouped
+    kernel's generic decode past it."""
+    func, fmt = expert_func("q8", group=16)
+    scheduled, lib = build(func)
+    script = scheduled.script()
+    assert "po in T.parallel(tokens" in script[script.index('"few_slots"'):script.index('"grouped"')]
+    for tokens in (1, 3, 5, 40):
         got, want = run(lib, func, fmt, tokens, False, "weigh")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{tokens} tokens")
 

@@ -28,10 +28,12 @@ TARGET = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
           "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]}
 
 
-# (kind, group, scale dtype): float16 scales are a GGUF's Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 blocks' own
+# (kind, group, scale dtype): float16 scales are a GGUF's Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 blocks' own;
+# q8 in groups of 16 is Q6_K as stored (each half of a chunk its own scale)
 CASES = [("q4", 32, "float32"), ("q4m", 32, "float32"), ("q4m", 128, "float32"), ("q8", 32, "float32"),
          ("q8m", 32, "float32"), ("q4", 64, "float32"), ("f16", 32, "float32"), ("bf16", 32, "float32"),
-         ("q4m", 32, "float16"), ("q4", 32, "float16"), ("q8", 32, "float16"), ("q8m", 64, "float16")]
+         ("q4m", 32, "float16"), ("q4", 32, "float16"), ("q8", 32, "float16"), ("q8m", 64, "float16"),
+         ("q8", 16, "float32"), ("q8m", 16, "float16")]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{k}-g{g}" + ("-f16s" if s == "float16" else "")
@@ -71,6 +73,7 @@ def test_match_refuses_what_the_kernel_does_not_compute():
     assert quant_gemv.branches(dequant_matmul("q4m", 48, 384, 32, x_dtype="float16")) is None
     assert quant_gemv.branches(dequant_matmul("q4m", 48, 384, 32, rows=1)) is None    # static rows: the tiled rule
     assert quant_gemv.branches(dequant_matmul("f16", 48, 352, 32)) is None
+    assert quant_gemv.branches(dequant_matmul("q4", 48, 384, 16)) is None             # 4-bit groups of 16 (Q3_K)
 
 
 def test_the_kernel_builds_for_arm():
