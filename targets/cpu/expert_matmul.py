@@ -44,10 +44,12 @@ At 64 tokens of 128 experts (~4 slots an expert) the decode is two thirds of the
 every expert's weights, 200 MB, decoded at ~0.2 cycles a value). Tried and not kept: the tile's decode
 in chunks of 256-512 columns with partial sums carried (the tile and x in L1; 5-10% slower: the passes
 were not waiting on memory), decoding into registers for up to 6 slots an expert instead of the tile
-(30 -> 37 ms: each value still scaled and offset, now once a pass), wider or narrower register blocks
-(4 x 2 to 6 x 4 within 5%). The float16 scales are widened a tile row at a time (grouped_body): read in
-the decode, each conversion went through LLVM's vpinsrw into the register the step before had written,
-chaining the steps.
+(30 -> 37 ms: each value still scaled and offset, now once a pass; 30 -> 34 with quant_gemv's
+arithmetic, the scale per chunk and the zero codes through x's group sums: these calls wait on the
+weights' stream, not on instructions), wider or narrower register blocks (4 x 2 to 6 x 4 within 5%).
+The float16 scales are widened a tile row at a time (grouped_body): read in the decode, each
+conversion went through LLVM's vpinsrw into the register the step before had written, chaining the
+steps.
 """
 
 from __future__ import annotations
@@ -295,7 +297,8 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
     # The tile's decode asks for the codes (the first plane: every format's codes) of the rows
     # quant_gemv.PREFETCH_BYTES on: each tile starts a 4 KB page, where the CPU's prefetcher starts over.
     first_plane = m.planes[0]
-    plane_cols = static_int(first_plane.shape[-1]) if len(first_plane.shape) == 2 else None
+    plane_cols = static_int(first_plane.shape[-1]) if len(first_plane.shape) == 2 \
+        and static_int(first_plane.shape[0]) == experts * rows else None
     ahead = quant_gemv.rows_ahead(plane_cols * tvm.DataType(first_plane.dtype).bits // 8) if plane_cols else 0
 
     @T.macro
@@ -308,7 +311,7 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
 
     # 4-bit codes (kiln's q4 and q4m, whose group is whole chunks of 32): a chunk's 16 code bytes
     # widened to 16 lanes, the low nibbles its even values and the high ones its odd (quant_gemv's
-    # split), the tile stored in that order and x read through a copy in it (xp): 11 vector
+    # split), the tile stored in that order and x read through a copy in it (xp): 15 vector
     # instructions a 32 values where the generic decode spends 28.
     found = weight_format(m.w_expr, m.planes, experts * rows, depth, "float32", m.row, m.col) \
         if m.x_rows is not None else None
@@ -396,7 +399,7 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
             e = active[item // tiles]
             first = start[e]
             count = start[e + 1] - first
-            w = T.alloc_buffer((tile * depth,), "float32")    # the tile, decoded
+            w = T.alloc_buffer((tile * depth,), "float32")      # the tile, decoded
             side0 = T.alloc_buffer((tile * widths[0],), "float32")
             side1 = T.alloc_buffer((tile * widths[1],), "float32")
             for c in range(T.int64(tile)):
