@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 import tvm_ffi
+from tvm import tirx
 from tvm.script import tirx as T
 
 from ..kernel_memo import parsed_once
@@ -84,11 +85,17 @@ def fold_row(S, i, n, tmp, combine):
     fold16(tmp, 0, combine)
 
 
+def _valid(j, valid_cols):
+    """Whether column j counts: j < valid_cols, or valid_cols(j) where it is a function."""
+    return valid_cols(j) if callable(valid_cols) else j < valid_cols
+
+
 @T.macro(hygienic=False)
 def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
     """Turn row i of scores S into probabilities against the running max/sum (m, l at mi).
 
-    Columns j >= valid_cols get probability 0. Leaves alpha_buf[0] = exp2(m_old - m_new),
+    Columns j >= valid_cols get probability 0 (valid_cols a function of j: those it is false for).
+    Leaves alpha_buf[0] = exp2(m_old - m_new),
     the factor by which the row's previous output must be scaled. `cap` > 0 soft-caps the
     scores first, cap * tanh(s / cap) (Gemma 2; in the log2 domain: the model's cap * log2 e);
     `cap` is a Python float: 0.0 leaves them alone (the branch is dropped as the kernel is parsed;
@@ -99,7 +106,7 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
             S[i, j] = T.float32(cap) * T.tanh(S[i, j] / T.float32(cap))
     # Masked columns first (they may hold stale page memory, even NaN), then the max.
     for j in T.vectorized(n):
-        S[i, j] = T.if_then_else(j < valid_cols, S[i, j], T.float32(NEG))
+        S[i, j] = T.if_then_else(_valid(j, valid_cols), S[i, j], T.float32(NEG))
     if n in (16, 32, 64):
         fold_row(S, i, n, tmp, T.max)
         alpha_buf[1] = T.max(m[mi], tmp[0])
@@ -111,7 +118,7 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
         S[i, j] = S[i, j] - alpha_buf[1]
     fast_exp2(S, i, n, tmp)
     for j in T.vectorized(n):           # exact zeros: fast_exp2 flushes to 2^-126, not 0
-        S[i, j] = T.if_then_else(j < valid_cols, S[i, j], T.float32(0.0))
+        S[i, j] = T.if_then_else(_valid(j, valid_cols), S[i, j], T.float32(0.0))
     alpha_buf[0] = T.exp2(m[mi] - alpha_buf[1])
     if n in (16, 32, 64):
         fold_row(S, i, n, tmp, add)
@@ -261,14 +268,16 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
 
 @parsed_once()
 def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, decode: bool,
-                        lanes: int = 16, block_q: int = 16, softcap: float | None = None):
+                        lanes: int = 16, block_q: int = 16, softcap: float | None = None, sliding: bool = False):
     """Attention of new query rows over the paged cache (TVM's prefill or decode CPU signature).
 
     ``decode=True``: one row per sequence (Q is [batch, h_q, d]): attention_decode_cpu. Otherwise
     rows come ragged through q_indptr, tasks are (query head, block of rows), and `causal` masks
     as TVM does (column < kv_len - q_len + row + 1)."""
     if decode:
-        return attention_decode_cpu(h_kv, h_q, d, dtype, page_size, lanes, softcap)
+        return attention_decode_cpu(h_kv, h_q, d, dtype, page_size, lanes, softcap, sliding=sliding)
+    if sliding:
+        raise ValueError("kiln's CPU prefill over the paged cache has no sliding-window variant")
     group = h_q // h_kv
     _check(h_q, h_kv, d, lanes)
     rows_per_task = block_q
@@ -377,7 +386,7 @@ LINE_BYTES = 64            # a cache line: decode prefetches the next page's row
 
 
 def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, lanes: int = 16,
-                         softcap: float | None = None, splits: int = SPLITS):
+                         softcap: float | None = None, splits: int = SPLITS, sliding: bool = False):
     """Decode attention over the paged cache (TVM's decode CPU signature): one query row per sequence.
 
     A task per (sequence, kv head, split of its pages): the kv head's `group` query heads together,
@@ -392,9 +401,29 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
     layer in the model: 8 sequences at 1,000 tokens 0.70 ms against 0.82 / 0.95; batch-1 decode at
     2,000 tokens 94-95 tok/s against 73-88; short contexts level. (Stop 45 measured no gain from a
     next-page prefetch on the kernel alone: called again and again on one layer's pages, it finds
-    them cached. Time it in the model, or over more pages than the caches hold.)"""
+    them cached. Time it in the model, or over more pages than the caches hold.)
+
+    ``sliding``: TVM's sliding-window decode (``batch_decode_paged_kv_cpu_sliding_window``: Mistral,
+    Gemma 2 and 3, Qwen2's and others' sliding layers): length_info is [3, batch] (the last page's
+    rows, the window's first row in the pages, the attention sink's rows) and the rows that count
+    are the sink's (before it) and the window's (from its first row on); the pages are the same."""
     group = h_q // h_kv
     per_line = LINE_BYTES // tvm_ffi.dtype(dtype).itemsize     # elements a cache line
+
+    def last_rows(length_info, b):
+        """The rows of sequence b's last page in use."""
+        return length_info[0, b] if sliding else length_info[b]
+
+    def counted(length_info, b, kn, first):
+        """Which rows of the page whose first row is `first` count (kn: the rows in the pages)."""
+        if not sliding:
+            return kn - first
+        return lambda j: tirx.all(first + j < kn, tirx.any(first + j < length_info[2, b],
+                                                           first + j >= length_info[1, b]))
+
+    def value_of(product, length_info, b, kn, first, j):
+        """A row's weighted value row; 0 for a sliding window's rows that do not count."""
+        return T.if_then_else(counted(length_info, b, kn, first)(j), product, T.float32(0)) if sliding else product
     lines = max(1, d // per_line)
     _check(h_q, h_kv, d, lanes)
     cap = _log2_cap(softcap)
@@ -422,7 +451,8 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
         page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32",
                                      elem_offset=page_indptr_elem_offset)
         page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=page_values_elem_offset)
-        length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=length_info_elem_offset)
+        length_info = T.match_buffer(var_length_info, (3, batch_size) if sliding else (batch_size,), "int32",
+                                     elem_offset=length_info_elem_offset)
         T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=k_rope_pos_offset_elem_offset)
         T.match_buffer(var_q_rope_position, (batch_size,), "int32", elem_offset=q_rope_position_elem_offset)
         assert rotary_mode == 0, "kiln's CPU attention needs RoPE applied before the KV cache"
@@ -434,7 +464,7 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
             hk: T.let[T.int32] = task // splits % h_kv
             p0: T.let[T.int32] = page_indptr[b]
             n_pages: T.let[T.int32] = page_indptr[b + 1] - p0
-            kn: T.let[T.int32] = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + length_info[b], 0)
+            kn: T.let[T.int32] = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + last_rows(length_info, b), 0)
             per: T.let[T.int32] = (n_pages + splits - 1) // splits
             pg0: T.let[T.int32] = T.min(task % splits * per, n_pages)
             Qs = T.alloc_buffer((group, d), "float32")
@@ -478,12 +508,15 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                             dacc[g, ll] = dacc[g, ll] + dacc[g, ll + lanes // 4]
                         S[g, j] = (dacc[g, 0] + dacc[g, 2]) + (dacc[g, 1] + dacc[g, 3])
                 for g in T.serial(group):
-                    online_softmax_block(S, g, page_size, kn - (pg0 + pg) * page_size, m, l, g, tmp, scal, cap)
+                    online_softmax_block(S, g, page_size, counted(length_info, b, kn, (pg0 + pg) * page_size),
+                                         m, l, g, tmp, scal, cap)
                     for dd in T.vectorized(d):
                         oacc[dd] = O[g, dd] * scal[0]
                     for j in T.serial(T.min(page_size, kn - (pg0 + pg) * page_size)):
-                        for dd in T.vectorized(d):
-                            oacc[dd] = oacc[dd] + S[g, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd])
+                        for dd in T.vectorized(d):       # (a row that does not count: its value row unread,
+                            oacc[dd] = oacc[dd] + value_of(           # stale memory, possibly NaN, times 0)
+                                S[g, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]),
+                                length_info, b, kn, (pg0 + pg) * page_size, j)
                     for dd in T.vectorized(d):
                         O[g, dd] = oacc[dd]
             for g in T.serial(group):

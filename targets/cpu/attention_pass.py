@@ -16,8 +16,10 @@ theta and scale: scaled RoPE (llama3, yarn, longrope) keeps TVM's.
 
 It leaves the module alone when the cache applies RoPE inside the attention kernel
 (``RopeMode.INLINE``, which kiln's kernels do not implement) or when it finds no single
-KV-cache creation to read those parameters from, and leaves the sliding-window and
-tree-attention variants as TVM wrote them.
+KV-cache creation to read those parameters from. The sliding-window decode kernel is replaced too
+(attention_decode_cpu's `sliding`: the same pages, the rows outside the window and its sink not
+counted); the sliding-window prefill over the cache and the tree-attention variants stay as TVM
+wrote them.
 """
 
 from __future__ import annotations
@@ -55,12 +57,12 @@ def _ragged(func: tirx.PrimFunc, softcap: float | None) -> tirx.PrimFunc:
     return attention_prefill_ragged_cpu(h_kv, h_q, d, dtype, softcap=softcap)
 
 
-def _paged(decode: bool):
+def _paged(decode: bool, sliding: bool = False):
     def make(func: tirx.PrimFunc, softcap: float | None) -> tirx.PrimFunc:
         (_, h_q, d), dtype = _shape(func, 0)        # q [rows, h_q, d]
         pages_param = 1 if decode else 2            # pages [max_pages, 2, h_kv, page_size, d]
         (_, _, h_kv, page_size, _), _ = _shape(func, pages_param)
-        return attention_paged_cpu(h_kv, h_q, d, dtype, page_size, decode=decode, softcap=softcap)
+        return attention_paged_cpu(h_kv, h_q, d, dtype, page_size, decode=decode, softcap=softcap, sliding=sliding)
     return make
 
 
@@ -69,6 +71,7 @@ REPLACEMENTS = {
     "batch_prefill_ragged_kv": _ragged,
     "batch_prefill_paged_kv_cpu": _paged(decode=False),
     "batch_decode_paged_kv_cpu": _paged(decode=True),
+    "batch_decode_paged_kv_cpu_sliding_window": _paged(decode=True, sliding=True),
 }
 
 

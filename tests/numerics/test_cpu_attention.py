@@ -113,6 +113,35 @@ def test_decode(h_q, h_kv, d):
 
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
+def test_sliding_window_decode(h_q, h_kv, d):
+    """TVM's sliding-window decode signature: length_info [3, batch] (the last page's rows, the window's
+    first row in the pages, the sink's rows); only the sink's rows and the window's count. The rows
+    between hold NaN (memory the window left), and a whole page of them is skipped."""
+    kv_lens = [37, 70, 200, 20, 0]
+    windows = [(0, 5), (2, 40), (4, 20), (0, 0), (0, 0)]      # (sink, window's first row) per sequence
+    cache = PagedCache(h_kv, d, kv_lens)
+    batch = len(kv_lens)
+    for b, (sink, first) in enumerate(windows):
+        for pos in range(sink, first):
+            cache.pages[cache.values[cache.indptr[b] + pos // PAGE], :, :, pos % PAGE] = np.nan
+    info = np.stack([cache.last_len, [f for _, f in windows], [s for s, _ in windows]]).astype("int32")
+    q = np.random.default_rng(3).standard_normal((batch, h_q, d)).astype("float32")
+    out, lse = _t(np.zeros_like(q)), _t(np.zeros((batch, h_q), "float32"))
+    zeros = _t(np.zeros(batch, "int32"))
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=True, sliding=True))(
+        _t(q), _t(cache.pages), _t(cache.indptr), _t(cache.values), _t(info), zeros, zeros, out, lse,
+        0, 1.0, 1e4, SM_SCALE)
+    for b, (n, (sink, first)) in enumerate(zip(kv_lens, windows)):
+        if n == 0:
+            assert not out.numpy()[b].any() and (lse.numpy()[b] == -5e4).all()
+            continue
+        rows = np.r_[0:sink, first:n]
+        ref_out, ref_lse = reference(q[b:b + 1], cache.k[b][rows], cache.v[b][rows], causal=0)
+        np.testing.assert_allclose(out.numpy()[b], ref_out[0], atol=2e-6)
+        np.testing.assert_allclose(lse.numpy()[b], ref_lse[0], atol=2e-6)
+
+
+@pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
 @pytest.mark.parametrize("causal", [0, 1])
 def test_paged_prefill(h_q, h_kv, d, causal):
     cache = PagedCache(h_kv, d, [37, 16, 200, 5])
