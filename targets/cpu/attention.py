@@ -424,7 +424,8 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                                                            first + j >= length_info[1, b]))
 
     def value_of(product, length_info, b, kn, first, j):
-        """A row's weighted value row; 0 for a sliding window's rows that do not count."""
+        """A row's weighted value row; 0 for a sliding window's rows that do not count (selected, not
+        multiplied: their value rows may hold NaN, and NaN times 0 is NaN)."""
         return T.if_then_else(counted(length_info, b, kn, first)(j), product, T.float32(0)) if sliding else product
     lines = max(1, d // per_line)
     _check(h_q, h_kv, d, lanes)
@@ -515,8 +516,8 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                     for dd in T.vectorized(d):
                         oacc[dd] = O[g, dd] * scal[0]
                     for j in T.serial(T.min(page_size, kn - (pg0 + pg) * page_size)):
-                        for dd in T.vectorized(d):       # (a row that does not count: its value row unread,
-                            oacc[dd] = oacc[dd] + value_of(           # stale memory, possibly NaN, times 0)
+                        for dd in T.vectorized(d):       # (a row that does not count: its product dropped,
+                            oacc[dd] = oacc[dd] + value_of(           # its value row stale memory, possibly NaN)
                                 S[g, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]),
                                 length_info, b, kn, (pg0 + pg) * page_size, j)
                     for dd in T.vectorized(d):
