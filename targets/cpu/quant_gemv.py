@@ -172,9 +172,9 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
         return X[b, 0, c * CHUNK + 2 * i + h] if four_bit else X[b, 0, c * CHUNK + h * LANES + i]
 
     def x_at(xp, X, b, c, h, i):
-        """One row: the activation lane i of chunk c's half h multiplies: 4-bit, from xp (x
-        deinterleaved: each chunk's even values, then its odd ones); wider codes, x itself (b: 0)."""
-        return xp[c * CHUNK + h * LANES + i] if four_bit else X[0, 0, c * CHUNK + h * LANES + i]
+        """One row (each_part's part b): the activation lane i of chunk c's half h multiplies: 4-bit,
+        from xp (x deinterleaved: each chunk's even values, then its odd ones); wider codes, x itself."""
+        return xp[b * k + c * CHUNK + h * LANES + i] if four_bit else X[b, 0, c * CHUNK + h * LANES + i]
 
     def x_row(xp, X, b, c, h, i):
         """Up to `batch` rows: row b's, from xp (every format: rows past the call's are zeros there)."""
@@ -233,8 +233,8 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
 
     @T.macro
     def output(W, S, M, X, Y, row, o, xp, xs, store, piece):
-        """Output o: row `row` of W (an expression, not a bound variable: a let there cost the dense GEMV
-        20% of SmolLM2's decode) times x."""
+        """Output o of part `piece`: row `row` of W (an expression, not a bound variable: a let there cost
+        the dense GEMV 20% of SmolLM2's decode) times the part's x (X's row `piece`; 4-bit codes, xp's)."""
         Wb = T.decl_buffer((n, byte_cols), byte_dtype, data=W.data)
         acc = T.alloc_buffer((acc_len,), "float32")
         for i in T.vectorized(acc_len):
@@ -244,23 +244,25 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
             for ch in T.unroll(CHAINS):
                 for i in T.vectorized(LANES):
                     if scaled and halves:
-                        acc[ch * LANES + i] = acc[ch * LANES + i] + x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(
-                            Wb, row, co * CHAINS + ch, 0, i) * chunk_scale(S, row, co * CHAINS + ch, 0) + x_at(
-                            xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i) * chunk_scale(
-                            S, row, co * CHAINS + ch, 1)
+                        acc[ch * LANES + i] = (
+                            acc[ch * LANES + i]
+                            + x_at(xp, X, piece, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
+                            * chunk_scale(S, row, co * CHAINS + ch, 0)
+                            + x_at(xp, X, piece, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
+                            * chunk_scale(S, row, co * CHAINS + ch, 1))
                     elif scaled:
                         acc[ch * LANES + i] = acc[ch * LANES + i] + (
-                            x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
-                            + x_at(xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
+                            x_at(xp, X, piece, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
+                            + x_at(xp, X, piece, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i)
                         ) * chunk_scale(S, row, co * CHAINS + ch, 0)
                     else:
                         acc[ch * LANES + i] = (
                             acc[ch * LANES + i]
-                            + x_at(xp, X, 0, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
-                            + x_at(xp, X, 0, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i))
+                            + x_at(xp, X, piece, co * CHAINS + ch, 0, i) * code(Wb, row, co * CHAINS + ch, 0, i)
+                            + x_at(xp, X, piece, co * CHAINS + ch, 1, i) * code(Wb, row, co * CHAINS + ch, 1, i))
         for i in T.vectorized(LANES):
             acc[i] = acc[i] + acc[LANES + i]
-        finish_row(acc, 0, S, M, row, xs, 0)
+        finish_row(acc, 0, S, M, row, xs, piece * groups)
         store(Y, piece, o, acc[0])
 
     @T.macro
@@ -271,34 +273,18 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
         xp = T.alloc_buffer((parts * k if four_bit else 1,), "float32")
         xs = T.alloc_buffer((parts * groups,), "float32")
         part = T.alloc_buffer((LANES,), "float32")
+        Xs = T.decl_buffer((parts, 1, k), "float32", data=X.data)     # each part's x a row
         for p in range(parts):
-            Xp = T.decl_buffer((1, 1, k), "float32", data=X.data, elem_offset=p * k)
             if four_bit:
-                xq = T.decl_buffer((k,), "float32", data=xp.data, elem_offset=p * k)
                 for c in range(chunks):
                     for h in range(2):
                         for i in T.vectorized(LANES):
-                            xq[c * CHUNK + h * LANES + i] = x_in(Xp, 0, c, h, i)
-                if has_min:
-                    group_sums(xs, part, p * groups, x_at, xq, Xp, 0)
-            elif has_min:
-                group_sums(xs, part, p * groups, x_at, xp, Xp, 0)
+                            xp[p * k + c * CHUNK + h * LANES + i] = x_in(Xs, p, c, h, i)
+            if has_min:
+                group_sums(xs, part, p * groups, x_at, xp, Xs, p)
         for po in T.parallel(parts * count):
-            Xp = T.decl_buffer((1, 1, k), "float32", data=X.data, elem_offset=part_of(po, parts, count) * k)
-            if four_bit:                    # (the views of buffers the format never reads are not made:
-                xq = T.decl_buffer((k,), "float32", data=xp.data, elem_offset=part_of(po, parts, count) * k)
-                xsp = T.decl_buffer((groups,), "float32", data=xs.data,
-                                    elem_offset=part_of(po, parts, count) * groups)
-                output(W, S, M, Xp, Y, row_of(part_of(po, parts, count), out_of(po, parts, count)),
-                       out_of(po, parts, count), xq, xsp, store, part_of(po, parts, count))
-            elif has_min:                   # TVM's storage rewrite drops the unread buffer, then fails on them)
-                xsp = T.decl_buffer((groups,), "float32", data=xs.data,
-                                    elem_offset=part_of(po, parts, count) * groups)
-                output(W, S, M, Xp, Y, row_of(part_of(po, parts, count), out_of(po, parts, count)),
-                       out_of(po, parts, count), xp, xsp, store, part_of(po, parts, count))
-            else:
-                output(W, S, M, Xp, Y, row_of(part_of(po, parts, count), out_of(po, parts, count)),
-                       out_of(po, parts, count), xp, xs, store, part_of(po, parts, count))
+            output(W, S, M, Xs, Y, row_of(part_of(po, parts, count), out_of(po, parts, count)),
+                   out_of(po, parts, count), xp, xs, store, part_of(po, parts, count))
 
     @T.macro
     def few_rows(W, S, M, X, Y):
