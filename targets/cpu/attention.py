@@ -35,6 +35,7 @@ from tvm.script import tirx as T
 
 from ..kernel_memo import parsed_once
 from .lanes import add, fold16
+from .prefetch import prefetch_read
 
 LOG2E = math.log2(math.e)
 NEG = -1e30                # masked score; finite so that NEG - NEG stays 0
@@ -494,8 +495,7 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                     # the next page's key and value row j asked for now (a read, kept in every cache level)
                     for kv in T.unroll(2):
                         for line in T.unroll(lines):
-                            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
-                                pages[next_no, kv, hk, j, line * per_line]), T.int32(0), T.int32(3), T.int32(1)))
+                            T.evaluate(prefetch_read(T.address_of(pages[next_no, kv, hk, j, line * per_line])))
                     for g in T.serial(group):
                         for ll in T.vectorized(lanes):
                             dacc[g, ll] = T.float32(0.0)

@@ -34,7 +34,7 @@ Measured (2 Intel Xeon cores (Sapphire Rapids), AVX-512, 2 threads; random Q4_0 
 scales, kernels alone, ms a call; in brackets the generic decode's). 64 experts of 1536 x 2048 (gate/up),
 top 8: 64 tokens 20 (22), 512 tokens 99-100 (100); 128 experts, 64 tokens 30 (34; RowReduction's schedule
 of the gathered matmul 177), 1 token (the GEMV) 1.7 (RowReduction 2.1-2.4). Then the codes prefetched
-4 KB ahead (quant_gemv.PREFETCH_BYTES; each tile of 4 rows of 1 KB is a page of its own, where the
+4 KB ahead (prefetch.PREFETCH_BYTES; each tile of 4 rows of 1 KB is a page of its own, where the
 CPU's prefetcher starts over): 128 experts, 16 tokens 20.5 -> 13.7, 64 tokens 30.6 -> 28.4; the GEMV at
 1 token 1.7 -> 0.66 (20 GB/s of planes), the down projection's (2048 x 768) 0.95 -> 0.76. At 512
 tokens the slot passes run at ~87% of the cores' float32 multiply-add peak (73 of 83 GMAC/s a core at
@@ -68,6 +68,7 @@ from tvm.script import tirx as T
 from ..dequant_match import weight_format
 from ..row_dispatch import own_vars, static_int
 from . import quant_gemv
+from .prefetch import prefetch_read, rows_ahead
 from .schedule import KilnCPURule
 
 logger = logging.getLogger(__name__)
@@ -122,15 +123,12 @@ def _block(body, name: str, alloc_buffers=()) -> SBlockRealize:
 
 def gemv_body(m: "ExpertMatmul") -> tirx.Stmt | None:
     """Decode: each token's experts' rows by quant_gemv's one-row GEMV (the scale applied per group, not
-    per weight; a parallel pass a token, or a token's expert where each reads its own input) where the
-    weight is one of kiln's formats it takes (float32 x and sums, K a multiple of 64, groups of whole
-    chunks); else None."""
-    if m.x_rows is None or m.depth % (2 * quant_gemv.CHUNK):
+    per weight; one parallel loop over every token's, or every slot's where each reads its own input) where the
+    weight is one of kiln's formats it takes (float32 x and sums, K a multiple of 64, groups it takes:
+    quant_gemv.takes_group); else None."""
+    if m.format is None or m.depth % (2 * quant_gemv.CHUNK):      # (m.format: x_rows too)
         return None
-    found = weight_format(m.w_expr, m.planes, m.experts * m.rows, m.depth, "float32", m.row, m.col)
-    if found is None:
-        return None
-    kind, group, planes = found
+    kind, group, planes = m.format
     scale_dtypes = {p.dtype for p in planes[1:] if p is not None}
     if not quant_gemv.takes_group(kind, group) or not scale_dtypes <= set(quant_gemv.SCALE_DTYPES) \
             or len(scale_dtypes) > 1:
@@ -175,6 +173,8 @@ class ExpertMatmul:
     planes: list                # the buffers the weight's expression reads, in its order
     x_rows: tirx.Buffer | None  # x where the x term is x[t, r] (or x[t, j, r]: per_slot) of a float32
     per_slot: bool              # buffer and the sums are float32, else None
+    format: tuple | None        # (kind, group, planes): the weight in one of kiln's formats
+                                # (dequant_match.weight_format), where x_rows is; else None
 
 
 def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
@@ -229,8 +229,9 @@ def match_expert_matmul(func: tirx.PrimFunc) -> ExpertMatmul | None:
     plain = isinstance(x_term, X.TensorLoad) and x_term.source.dtype == "float32" and sums.dtype == "float32"
     per_slot = plain and _indices_are(x_term, v_t, v_j, v_r)
     x_rows = x_term.source if per_slot or (plain and _indices_are(x_term, v_t, v_r)) else None
+    found = weight_format(w_by_row, planes, n_total, depth, "float32", n, v_r) if x_rows is not None else None
     return ExpertMatmul(sums.shape[0], k, n_total // rows, rows, depth, index, x, out, finish,
-                        w_by_row, n, v_r, planes, x_rows, per_slot)
+                        w_by_row, n, v_r, planes, x_rows, per_slot, found)
 
 
 def _epilogue(blocks, sums, out_vars):
@@ -295,26 +296,24 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
         return T.Cast("int64", index[s // k, s % k])
 
     # The tile's decode asks for the codes (the first plane: every format's codes) of the rows
-    # quant_gemv.PREFETCH_BYTES on: each tile starts a 4 KB page, where the CPU's prefetcher starts over.
+    # prefetch.PREFETCH_BYTES on: each tile starts a 4 KB page, where the CPU's prefetcher starts over.
     first_plane = m.planes[0]
     plane_cols = static_int(first_plane.shape[-1]) if len(first_plane.shape) == 2 \
         and static_int(first_plane.shape[0]) == experts * rows else None
-    ahead = quant_gemv.rows_ahead(plane_cols * tvm.DataType(first_plane.dtype).bits // 8) if plane_cols else 0
+    ahead = rows_ahead(plane_cols * tvm.DataType(first_plane.dtype).bits // 8) if plane_cols else 0
 
     @T.macro
     def prefetch(plane, n, col):
         """Weight row n's codes at column col, `ahead` rows on, asked for."""
         if ahead > 0:
-            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
-                plane[T.min(n + ahead, experts * rows - 1), col * plane_cols // depth]),
-                T.int32(0), T.int32(3), T.int32(1)))
+            T.evaluate(prefetch_read(T.address_of(
+                plane[T.min(n + ahead, experts * rows - 1), col * plane_cols // depth])))
 
     # 4-bit codes (kiln's q4 and q4m, whose group is whole chunks of 32): a chunk's 16 code bytes
     # widened to 16 lanes, the low nibbles its even values and the high ones its odd (quant_gemv's
     # split), the tile stored in that order and x read through a copy in it (xp): 15 vector
     # instructions a 32 values where the generic decode spends 28.
-    found = weight_format(m.w_expr, m.planes, experts * rows, depth, "float32", m.row, m.col) \
-        if m.x_rows is not None else None
+    found = m.format
     nibbles = found is not None and found[0] in ("q4", "q4m") and found[1] % NIBBLE_CHUNK == 0
     x_count = slots if m.per_slot else m.tokens
     if nibbles:

@@ -45,10 +45,10 @@ SmolLM2 Q4_1 decode (kiln bench, alternating artifacts, prompt 64, gen 64): 1 se
 against 231-236; 8 sequences (prompt 128) 334-335 against 292-294 with the two-pass kernel.
 Sums are in another order than the matmul's (float32 rounding, not the weights, differs).
 
-Every row loop asks for its weights PREFETCH_BYTES (4 KB) ahead of the row it reads (`prefetch`,
-LLVM's llvm.prefetch: a prefetch instruction on x86 and AArch64). A row loop's reads move to a new
-4 KB page every few rows, where the CPU's own prefetcher starts over, and on a Sapphire Rapids Xeon
-(2 cores) it did not keep up: tools/bench_cpu_gemv.py q4m, 2 threads, without / with, us a call:
+Every row loop asks for its weights prefetch.PREFETCH_BYTES (4 KB) ahead of the row it reads
+(prefetch.py: LLVM's llvm.prefetch, a prefetch instruction on x86 and AArch64). A row loop's reads
+move to a new 4 KB page every few rows, where the CPU's own prefetcher starts over, and on a Sapphire
+Rapids Xeon (2 cores) it did not keep up: tools/bench_cpu_gemv.py q4m, 2 threads, without / with, us a call:
 one row gate/up 76-78 / 55-56, down 43-44 / 28, the LM head 1097-1142 / 782-792 (27 GB/s of planes
 of the 32 the host reads); 2 rows 189-197 / 65-68 (without it the kernel had fallen behind the tiled
 matmul's 118), 4 rows 140-143 / 83-86, 8 rows 274-278 / 161-162 and the LM head 6233-6253 / 2448-2455.
@@ -82,11 +82,11 @@ from ..kernel_memo import parsed_once
 from ..dequant_match import match_dequant_matmul, param_order, placed
 from ..row_dispatch import over_params
 from .lanes import LANES, add, fold16
+from .prefetch import prefetch_read, rows_ahead
 
 CHUNK = 32                  # values a chunk: 16 bytes of 4-bit codes, 32 of 8-bit
 CHAINS = 2                  # accumulators taking alternate chunks (one row)
 BATCHES = (1, 2, 4, 8)      # rows the kernels take (QuantMatmul's branches: 1, 2, 3-4, 5-8; more: its tiled matmul)
-PREFETCH_BYTES = 4096      # how far ahead of a row loop its weights are prefetched (rows_ahead)
 BLOCK = 4                   # rows a pass over the weights serves (8 rows: two passes)
 _MIN_KINDS = ("q4m", "q8m")
 SCALE_DTYPES = ("float32", "float16")   # scale (and min) planes read: float16 is a GGUF's own (half the bytes)
@@ -111,15 +111,6 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
                                                          None if batch == 1 else m.rows, scale_dtype), order),
                                 name="one_row_gemv" if batch == 1 else f"gemv_{batch}_rows"))
             for batch in BATCHES]
-
-
-def rows_ahead(row_bytes: int) -> int:
-    """Rows a loop over weight rows of row_bytes each prefetches ahead: PREFETCH_BYTES' worth, at least one
-    (none where PREFETCH_BYTES is 0). A row loop's reads move to a new 4 KB page every few rows, where
-    the CPU's own prefetcher starts over; asked for ~4 KB ahead, SmolLM2's one-row GEMVs read 22-28 GB/s
-    of planes where they read 15-19 (tools/bench_cpu_gemv.py, Sapphire Rapids, 2 threads: 2 KB ahead
-    20-24, 1 KB 18-22)."""
-    return max(1, -(-PREFETCH_BYTES // row_bytes)) if PREFETCH_BYTES > 0 else 0
 
 
 def takes_group(kind: str, group: int) -> bool:
@@ -156,11 +147,10 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
 
     @T.macro
     def prefetch(Wb, row, c):
-        """Chunk c's codes PREFETCH_BYTES on (`ahead` rows: the loop's next rows) asked for now."""
+        """Chunk c's codes prefetch.PREFETCH_BYTES on (`ahead` rows: the loop's next rows) asked for now."""
         if ahead > 0:
-            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(
-                Wb[T.min(row + ahead, n - 1), c * (CHUNK // 2 if four_bit else CHUNK)]),
-                T.int32(0), T.int32(3), T.int32(1)))
+            T.evaluate(prefetch_read(T.address_of(
+                Wb[T.min(row + ahead, n - 1), c * (CHUNK // 2 if four_bit else CHUNK)])))
 
     acc_len = CHAINS * LANES
     block = min(batch, BLOCK)                   # rows one pass over the weights serves
