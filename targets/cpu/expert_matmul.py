@@ -69,6 +69,7 @@ from ..dequant_match import weight_format
 from ..row_dispatch import own_vars, static_int
 from . import quant_gemv
 from .prefetch import prefetch_read, rows_ahead
+from .quant_gemv import nibble_code, nibble_col
 from .schedule import KilnCPURule
 
 logger = logging.getLogger(__name__)
@@ -391,8 +392,7 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
                 for ch in range(T.int64(depth // NIBBLE_CHUNK)):
                     for h in T.unroll(2):
                         for i in T.vectorized(16):
-                            xp[r * depth + ch * NIBBLE_CHUNK + h * 16 + i] = X[
-                                r * depth + ch * NIBBLE_CHUNK + 2 * i + h]
+                            xp[r * depth + ch * NIBBLE_CHUNK + h * 16 + i] = X[r * depth + nibble_col(ch, h, i)]
         items = used[0] * T.int64(tiles)
         for item in T.parallel(items):
             e = active[item // tiles]
@@ -414,14 +414,12 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
                     n = e * rows + item % tiles * tile + c
                     for ch in range(T.int64(depth // NIBBLE_CHUNK)):
                         prefetch(first_plane, n, ch * NIBBLE_CHUNK)
-                        for i in T.vectorized(16):
+                        for i in T.vectorized(16):          # (nibble_code's half: a Python int)
                             w[c * depth + ch * NIBBLE_CHUNK + i] = nibble(
-                                [side0, side1], c, n, T.Cast("int32", Wb[n, ch * 16 + i]) & 15,
-                                ch * NIBBLE_CHUNK + 2 * i)
+                                [side0, side1], c, n, nibble_code(Wb, n, ch, 0, i), nibble_col(ch, 0, i))
                         for i in T.vectorized(16):
                             w[c * depth + ch * NIBBLE_CHUNK + 16 + i] = nibble(
-                                [side0, side1], c, n, T.Cast("int32", Wb[n, ch * 16 + i]) >> 4,
-                                ch * NIBBLE_CHUNK + 2 * i + 1)
+                                [side0, side1], c, n, nibble_code(Wb, n, ch, 1, i), nibble_col(ch, 1, i))
             else:
                 for c in range(T.int64(tile)):
                     n = e * rows + item % tiles * tile + c

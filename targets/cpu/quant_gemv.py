@@ -119,6 +119,18 @@ def takes_group(kind: str, group: int) -> bool:
     return group % CHUNK == 0 or (group == LANES and kind in ("q8", "q8m"))
 
 
+def nibble_col(c, h, i):
+    """The column lane i of chunk c's half h holds in the 4-bit order: the chunk's even values, then its
+    odd ones (a byte's low nibble, then its high one)."""
+    return c * CHUNK + 2 * i + h
+
+
+def nibble_code(Wb, row, c, h: int, i):
+    """Chunk c's half h's code in lane i (int32) from the codes' bytes Wb: byte i's low or high nibble."""
+    byte = T.Cast("int32", Wb[row, c * (CHUNK // 2) + i])
+    return byte & 15 if h == 0 else byte >> 4
+
+
 def _same(_piece, o):
     return o
 
@@ -159,7 +171,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
 
     def x_in(X, b, c, h, i):
         """Row b's activation lane i of chunk c's half h multiplies (4-bit: the even values, then the odd)."""
-        return X[b, 0, c * CHUNK + 2 * i + h] if four_bit else X[b, 0, c * CHUNK + h * LANES + i]
+        return X[b, 0, nibble_col(c, h, i)] if four_bit else X[b, 0, c * CHUNK + h * LANES + i]
 
     def x_at(xp, X, b, c, h, i):
         """One row (each_part's part b): the activation lane i of chunk c's half h multiplies: 4-bit,
@@ -189,8 +201,7 @@ def _macros(kind: str, n: int, k: int, group: int, batch: int, rows, scale_dtype
     def code(Wb, row, c, h, i):
         """The code lane i of chunk c's half h multiplies, as float32 (4-bit: byte i's low / high nibble)."""
         if four_bit:
-            byte = T.Cast("int32", Wb[row, c * 16 + i])
-            return T.Cast("float32", byte & 15 if h == 0 else byte >> 4)
+            return T.Cast("float32", nibble_code(Wb, row, c, h, i))
         if kind == "bf16":                              # bfloat16's bits are float32's high half
             return T.reinterpret("float32", T.shift_left(T.Cast("uint32", Wb[row, c * CHUNK + h * LANES + i]),
                                                          T.uint32(16)))
