@@ -93,3 +93,14 @@ def test_the_benchmark_tool_runs(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("q4m", "f16"))]
     assert len(lines) == 4
     assert all(float(line.split()[-1]) < 1e-5 and float(line.split()[-2]) < 1e-5 for line in lines)
+
+
+def test_the_benchmark_tool_takes_groups_of_16(capsys):
+    """--group 16: 8-bit codes (GGUF's Q6_K as stored) run; 4-bit ones the kernels refuse, said so."""
+    assert bench_cpu_gemv.main(["--formats", "q8", "--group", "16", "--shapes", "o_proj", "--repeat", "1",
+                                "--cold-mb", "1"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("q8"))
+    assert float(line.split()[-1]) < 1e-5 and float(line.split()[-2]) < 1e-5
+    with pytest.raises(SystemExit, match="quant_gemv does not take this kernel"):
+        bench_cpu_gemv.main(["--formats", "q4", "--group", "16", "--shapes", "o_proj", "--repeat", "1",
+                             "--cold-mb", "1"])
