@@ -267,31 +267,82 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
     return batch_prefill_ragged_kv
 
 
+def _last_rows(length_info, b, sliding: bool):
+    """The rows of sequence b's last page in use (length_info is [3, batch] for the sliding kernels)."""
+    return length_info[0, b] if sliding else length_info[b]
+
+
+def _sliding_rows(length_info, b, kn, first, lo=None):
+    """Which rows j of the page whose first row is `first` a sliding-window kernel counts: the
+    attention sink's (physical rows before length_info[2, b]) and the window's (from its first row
+    length_info[1, b] on), before kn (the rows in the pages), and of those only the ones at logical
+    row >= lo (TVM's logical rows: the sink's, then the window's, numbered on from the sink's end).
+    The rows between the sink and the window hold memory the window left, possibly NaN."""
+    sink, offset = length_info[2, b], length_info[1, b]
+    if lo is None:                  # every row of the sink and the window
+        return lambda j: tirx.all(first + j < kn, tirx.any(first + j < sink, first + j >= offset))
+    return lambda j: tirx.all(first + j < kn, tirx.any(tirx.all(first + j < sink, first + j >= lo),
+                                                       first + j >= offset + T.max(lo - sink, 0)))
+
+
+def _window_first(causal, kv_len, window: int, r):
+    """TVM's sliding-window cross mask (_causal_or_sliding_cross_mask): the first of the cache's kv_len
+    logical rows that new row r sees, with `causal` (its window's other r + 1 rows are new ones)."""
+    return T.if_then_else(causal > 0, T.max(kv_len - T.max(window - r - 1, 0), 0), 0)
+
+
+def _page_seen(length_info, b, pg, page_size: int, lo, sliding: bool):
+    """Whether a block of new rows whose first row sees logical rows from lo on reads page pg: a
+    sliding window's page with none of the sink's rows that ends before that row is skipped."""
+    if not sliding:
+        return True
+    sink, offset = length_info[2, b], length_info[1, b]
+    return tirx.any(pg * page_size < sink, (pg + 1) * page_size > offset + T.max(lo - sink, 0))
+
+
+def _selected(ok, product, j):
+    """A row's weighted value row, or 0 where ok(j) is false (selected, not multiplied by 0: the row
+    may hold NaN, and NaN times 0 is NaN)."""
+    return T.if_then_else(ok(j), product, T.float32(0))
+
+
 @parsed_once()
 def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, decode: bool,
-                        lanes: int = 16, block_q: int = 16, softcap: float | None = None, sliding: bool = False):
+                        lanes: int = 16, block_q: int = 16, softcap: float | None = None, sliding: bool = False,
+                        window: int = 0):
     """Attention of new query rows over the paged cache (TVM's prefill or decode CPU signature).
 
     ``decode=True``: one row per sequence (Q is [batch, h_q, d]): attention_decode_cpu. Otherwise
     rows come ragged through q_indptr, tasks are (query head, block of rows), and `causal` masks
-    as TVM does (column < kv_len - q_len + row + 1)."""
+    as TVM does (column < kv_len - q_len + row + 1).
+
+    ``sliding`` (prefill): TVM's ``batch_prefill_paged_kv_cpu_sliding_window``, the new rows against
+    the cached rows of a sliding-window layer, length_info [3, batch] as in the decode kernel. Its
+    `causal` is TVM's cross mask for a window of ``window`` tokens (a compile-time constant of TVM's
+    kernel): new row r sees the last window - r - 1 of the cache's logical rows (sink, then window),
+    the other r + 1 of its window being new rows (the ragged kernel's); without `causal` it sees them
+    all. A block of rows skips the pages before the first row it sees."""
     if decode:
         return attention_decode_cpu(h_kv, h_q, d, dtype, page_size, lanes, softcap, sliding=sliding)
-    if sliding:
-        raise ValueError("kiln's CPU prefill over the paged cache has no sliding-window variant")
+    if sliding and window <= 0:
+        raise ValueError("the sliding-window prefill needs the window's size")
     group = h_q // h_kv
     _check(h_q, h_kv, d, lanes)
     rows_per_task = block_q
     cap = _log2_cap(softcap)
 
     @T.macro(hygienic=False)
-    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, lanes, cap):
+    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, lanes, cap, sliding, window):
         """Rows q_row0 .. q_row0 + rows of head h of sequence b against its pages."""
         hk: T.let[T.int32] = h // group
         p0: T.let[T.int32] = page_indptr[b]
         kn: T.let[T.int32] = T.if_then_else(page_indptr[b + 1] > p0,
-                                     (page_indptr[b + 1] - p0 - 1) * page_size + length_info[b], 0)
-        kv_end: T.let[T.int32] = T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + rows), kn)
+                                     (page_indptr[b + 1] - p0 - 1) * page_size + _last_rows(length_info, b, sliding), 0)
+        kv_end: T.let[T.int32] = kn if sliding else T.if_then_else(
+            causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + rows), kn)
+        # sliding: the cache's logical rows (the sink's, then the window's) and the first one row q_row0 sees
+        kv_len: T.let[T.int32] = T.if_then_else(kn > 0, kn - length_info[1, b] + length_info[2, b], 0) if sliding else kn
+        lo0: T.let[T.int32] = _window_first(causal, kv_len, window, q_row0 - q_first) if sliding else 0
         Qs = T.alloc_buffer((rows_per_task, d), "float32")
         O = T.alloc_buffer((rows_per_task, d), "float32")
         m = T.alloc_buffer((rows_per_task,), "float32")
@@ -309,31 +360,44 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             m[i] = T.float32(NEG)
             l[i] = T.float32(0.0)
         for pg in T.serial((kv_end + page_size - 1) // page_size):
-            page_no: T.let[T.int32] = page_values[p0 + pg]
-            for dd in T.serial(d):
-                for j in T.vectorized(page_size):
-                    Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
-            for i in T.serial(rows):
-                for j in T.vectorized(page_size):
-                    acc[j] = T.float32(0.0)
+            if _page_seen(length_info, b, pg, page_size, lo0, sliding):
+                page_no: T.let[T.int32] = page_values[p0 + pg]
                 for dd in T.serial(d):
                     for j in T.vectorized(page_size):
-                        acc[j] = acc[j] + Qs[i, dd] * Kt[dd, j]
-                for j in T.vectorized(page_size):
-                    S[i, j] = acc[j]
-            for i in T.serial(rows):
-                online_softmax_block(
-                    S, i, page_size,
-                    T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + i + 1), kn)
-                    - pg * page_size,
-                    m, l, i, tmp, scal, cap)
-                for dd in T.vectorized(d):
-                    oacc[dd] = O[i, dd] * scal[0]
-                for j in T.serial(T.min(page_size, kv_end - pg * page_size)):
+                        Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
+                for i in T.serial(rows):
+                    for j in T.vectorized(page_size):
+                        acc[j] = T.float32(0.0)
+                    for dd in T.serial(d):
+                        for j in T.vectorized(page_size):
+                            acc[j] = acc[j] + Qs[i, dd] * Kt[dd, j]
+                    for j in T.vectorized(page_size):
+                        S[i, j] = acc[j]
+                for i in T.serial(rows):
+                    if sliding:
+                        online_softmax_block(
+                            S, i, page_size,
+                            _sliding_rows(length_info, b, kn, pg * page_size,
+                                          _window_first(causal, kv_len, window, q_row0 - q_first + i)),
+                            m, l, i, tmp, scal, cap)
+                    else:
+                        online_softmax_block(
+                            S, i, page_size,
+                            T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + i + 1), kn)
+                            - pg * page_size,
+                            m, l, i, tmp, scal, cap)
                     for dd in T.vectorized(d):
-                        oacc[dd] = oacc[dd] + S[i, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd])
-                for dd in T.vectorized(d):
-                    O[i, dd] = oacc[dd]
+                        oacc[dd] = O[i, dd] * scal[0]
+                    for j in T.serial(T.min(page_size, kv_end - pg * page_size)):
+                        for dd in T.vectorized(d):
+                            if sliding:
+                                oacc[dd] = oacc[dd] + _selected(
+                                    _sliding_rows(length_info, b, kn, pg * page_size),
+                                    S[i, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]), j)
+                            else:
+                                oacc[dd] = oacc[dd] + S[i, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd])
+                    for dd in T.vectorized(d):
+                        O[i, dd] = oacc[dd]
         for i in T.serial(rows):
             for dd in T.vectorized(d):
                 output[q_row0 + i, h, dd] = T.Cast(dtype, O[i, dd] / T.max(l[i], T.float32(1e-30)))
@@ -363,7 +427,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         pages = T.match_buffer(var_pages, (max_num_pages, 2, h_kv, page_size, d), dtype)
         page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32", elem_offset=page_indptr_elem_offset)
         page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=page_values_elem_offset)
-        length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=length_info_elem_offset)
+        length_info = T.match_buffer(var_length_info, (3, batch_size) if sliding else (batch_size,), "int32",
+                                     elem_offset=length_info_elem_offset)
         k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
                                            elem_offset=k_rope_pos_offset_elem_offset)
         q_rope_position = T.match_buffer(var_q_rope_position, (total_len,), "int32",
@@ -377,7 +442,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             n_qt: T.let[T.int32] = (qn + block_q - 1) // block_q
             for task in T.parallel(h_q * n_qt):
                 attend(q_first + task % n_qt * block_q, T.min(block_q, qn - task % n_qt * block_q), qn, causal,
-                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, cap)
+                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, cap, sliding, window)
 
     return batch_prefill_paged_kv
 
@@ -413,21 +478,14 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
     group = h_q // h_kv
     per_line = LINE_BYTES // tvm_ffi.dtype(dtype).itemsize     # elements a cache line
 
-    def last_rows(length_info, b):
-        """The rows of sequence b's last page in use."""
-        return length_info[0, b] if sliding else length_info[b]
-
     def counted(length_info, b, kn, first):
         """Which rows of the page whose first row is `first` count (kn: the rows in the pages)."""
-        if not sliding:
-            return kn - first
-        return lambda j: tirx.all(first + j < kn, tirx.any(first + j < length_info[2, b],
-                                                           first + j >= length_info[1, b]))
+        return _sliding_rows(length_info, b, kn, first) if sliding else kn - first
 
     def value_of(product, length_info, b, kn, first, j):
-        """A row's weighted value row; 0 for a sliding window's rows that do not count (selected, not
-        multiplied: their value rows may hold NaN, and NaN times 0 is NaN)."""
-        return T.if_then_else(counted(length_info, b, kn, first)(j), product, T.float32(0)) if sliding else product
+        """A row's weighted value row; 0 for a sliding window's rows that do not count."""
+        return _selected(counted(length_info, b, kn, first), product, j) if sliding else product
+
     lines = max(1, d // per_line)
     _check(h_q, h_kv, d, lanes)
     cap = _log2_cap(softcap)
@@ -468,7 +526,7 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
             hk: T.let[T.int32] = task // splits % h_kv
             p0: T.let[T.int32] = page_indptr[b]
             n_pages: T.let[T.int32] = page_indptr[b + 1] - p0
-            kn: T.let[T.int32] = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + last_rows(length_info, b), 0)
+            kn: T.let[T.int32] = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + _last_rows(length_info, b, sliding), 0)
             per: T.let[T.int32] = (n_pages + splits - 1) // splits
             pg0: T.let[T.int32] = T.min(task % splits * per, n_pages)
             Qs = T.alloc_buffer((group, d), "float32")

@@ -1,6 +1,7 @@
 """FixTVMSlidingPrefill: two bugs in TVM 0.27's CPU sliding-window prefill kernel, repaired in place.
 
-``batch_prefill_paged_kv_cpu_sliding_window`` (kiln keeps it for sliding layers) has an online
+``batch_prefill_paged_kv_cpu_sliding_window`` (kept where UseKilnCPUAttention does not replace it:
+RoPE inside attention, a head dim kiln's kernels do not take, a window size not a constant) has an online
 softmax whose running maximum ``new_m`` is updated only for unmasked keys and never initialised,
 so a query whose first keys fall out of the window starts from whatever the buffer held; and it
 rescales the output with ``scale_O[d_idx]`` although ``scale_O`` holds one value, reading past the
@@ -17,6 +18,8 @@ import re
 import tvm
 import tvm.script
 from tvm import tirx
+
+from ..attention_softcap import KILN_KERNEL_ATTR
 
 KERNEL = "batch_prefill_paged_kv_cpu_sliding_window"
 _M_INIT = re.compile(r"^(?P<indent>\s*)m_val\[0\] = (?P<value>T\.float32\(-?[0-9.e+]+\))$")
@@ -46,7 +49,8 @@ def repair(func: tirx.PrimFunc) -> tirx.PrimFunc:
 class FixTVMSlidingPrefill:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         hits = [gv for gv, f in mod.functions.items()
-                if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("global_symbol") == KERNEL]
+                if isinstance(f, tirx.PrimFunc) and f.attrs and f.attrs.get("global_symbol") == KERNEL
+                and not f.attrs.get(KILN_KERNEL_ATTR)]      # kiln's own kernel under TVM's symbol
         if not hits:
             return mod
         mod = mod.clone()

@@ -16,10 +16,10 @@ theta and scale: scaled RoPE (llama3, yarn, longrope) keeps TVM's.
 
 It leaves the module alone when the cache applies RoPE inside the attention kernel
 (``RopeMode.INLINE``, which kiln's kernels do not implement) or when it finds no single
-KV-cache creation to read those parameters from. The sliding-window decode kernel is replaced too
-(attention_decode_cpu's `sliding`: the same pages, the rows outside the window and its sink not
-counted); the sliding-window prefill over the cache and the tree-attention variants stay as TVM
-wrote them.
+KV-cache creation to read those parameters from. The sliding-window kernels are replaced too
+(attention_paged_cpu's `sliding`: the same pages, the rows outside the window and its sink not
+counted; the prefill's window size, a constant of TVM's kernel, read off the creation's sizes);
+the tree-attention variants stay as TVM wrote them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
 _ROPE_MODE_ARG = 8
 _ROPE_ARGS = (2, 3, 4, 9, 10)     # num_attention_heads, num_key_value_heads, qk_head_dim, rope_scale, rope_theta
 _SUPPORTED_ROPE_MODES = (int(RopeMode.NONE), int(RopeMode.NORMAL))
+_SIZES_ARG, _WINDOW_SIZE = 0, 5   # the creation's ShapeExpr of sizes; its layer_sliding_window_size
 _ROPE_NAME = "fused_rope"         # TVM's llama_rope_with_position_map, added as "tir_split_rotary"
 
 
@@ -48,7 +49,7 @@ def _shape(func: tirx.PrimFunc, param: int) -> tuple[list, str]:
     return [int(x) if isinstance(x, tirx.IntImm) else x for x in buf.shape], str(buf.dtype)
 
 
-def _ragged(func: tirx.PrimFunc, softcap: float | None) -> tirx.PrimFunc:
+def _ragged(func: tirx.PrimFunc, softcap: float | None, _window: int) -> tirx.PrimFunc:
     (_, h_q, d), dtype = _shape(func, 0)            # q [qo_len, h_q, d]
     (_, h_kv, _), _ = _shape(func, 2)               # k [kv_len, h_kv, d]
     (_, _, d_v), _ = _shape(func, 3)
@@ -58,11 +59,12 @@ def _ragged(func: tirx.PrimFunc, softcap: float | None) -> tirx.PrimFunc:
 
 
 def _paged(decode: bool, sliding: bool = False):
-    def make(func: tirx.PrimFunc, softcap: float | None) -> tirx.PrimFunc:
+    def make(func: tirx.PrimFunc, softcap: float | None, window: int) -> tirx.PrimFunc:
         (_, h_q, d), dtype = _shape(func, 0)        # q [rows, h_q, d]
         pages_param = 1 if decode else 2            # pages [max_pages, 2, h_kv, page_size, d]
         (_, _, h_kv, page_size, _), _ = _shape(func, pages_param)
-        return attention_paged_cpu(h_kv, h_q, d, dtype, page_size, decode=decode, softcap=softcap, sliding=sliding)
+        return attention_paged_cpu(h_kv, h_q, d, dtype, page_size, decode=decode, softcap=softcap, sliding=sliding,
+                                   window=window if sliding and not decode else 0)
     return make
 
 
@@ -72,15 +74,18 @@ REPLACEMENTS = {
     "batch_prefill_paged_kv_cpu": _paged(decode=False),
     "batch_decode_paged_kv_cpu": _paged(decode=True),
     "batch_decode_paged_kv_cpu_sliding_window": _paged(decode=True, sliding=True),
+    "batch_prefill_paged_kv_cpu_sliding_window": _paged(decode=False, sliding=True),
 }
 
 
-def _replacement(name: str, func: tirx.PrimFunc, softcap: float | None = None) -> tirx.PrimFunc | None:
+def _replacement(name: str, func: tirx.PrimFunc, softcap: float | None = None,
+                 window: int = 0) -> tirx.PrimFunc | None:
     """kiln's kernel for TVM's `name`, or None: not one kiln replaces, or a shape its kernels do not
-    take (head_dim not a multiple of the vector width, different k/v head dims), which keeps TVM's."""
+    take (head_dim not a multiple of the vector width, different k/v head dims, a sliding-window
+    prefill whose window size is not a constant), which keeps TVM's."""
     make = REPLACEMENTS.get(name)
     try:
-        return make(func, softcap) if make else None
+        return make(func, softcap, window) if make else None
     except ValueError:          # raised by the kernel builders' shape checks only
         return None
 
@@ -115,6 +120,15 @@ def _cache_creations(mod: tvm.ir.IRModule) -> list[list[relax.Expr]]:
 def _prim(arg: relax.Expr) -> float | None:
     """The number of an IntImm / FloatImm argument (TVM 0.27 passes prim values as such), else None."""
     return arg.value if isinstance(arg, (tirx.IntImm, tirx.FloatImm)) else None
+
+
+def _layer_window(create_args: list[relax.Expr]) -> int:
+    """The cache's layer_sliding_window_size (TVM compiles it into its sliding-window prefill), or 0
+    where it is not a constant."""
+    sizes = create_args[_SIZES_ARG]
+    if not isinstance(sizes, relax.ShapeExpr) or len(sizes.values) <= _WINDOW_SIZE:
+        return 0
+    return int(_prim(sizes.values[_WINDOW_SIZE]) or 0)
 
 
 def _rope_replacement(func: tirx.PrimFunc, create_args: list[relax.Expr]) -> tirx.PrimFunc | None:
@@ -155,7 +169,7 @@ class UseKilnCPUAttention:
             if gv.name_hint == _ROPE_NAME:
                 new = _rope_replacement(func, creation)
             else:
-                new = _replacement(gv.name_hint, func, softcap)
+                new = _replacement(gv.name_hint, func, softcap, _layer_window(creation))
             if new is None:
                 continue
             # kiln's own attrs (plain scheduled TIR, not s_tir), under the original's symbol

@@ -33,9 +33,11 @@ REPLACED = {
     "batch_decode_paged_kv_cpu": lambda: attention_paged_cpu(H_KV, H_Q, D, "float32", 16, decode=True),
     "batch_decode_paged_kv_cpu_sliding_window": lambda: attention_paged_cpu(H_KV, H_Q, D, "float32", 16,
                                                                             decode=True, sliding=True),
+    "batch_prefill_paged_kv_cpu_sliding_window": lambda: attention_paged_cpu(
+        H_KV, H_Q, D, "float32", 16, decode=False, sliding=True, window=1024),     # TVM's default window size
     "fused_rope": lambda: split_rotary_cpu(THETA, 1.0, D, H_Q, H_KV, "float32"),
 }
-UNTOUCHED = ("batch_prefill_paged_kv_cpu_sliding_window", "batch_tree_attn", "tree_attn_paged_kv_cpu",
+UNTOUCHED = ("batch_tree_attn", "tree_attn_paged_kv_cpu",
              "merge_state_inplace_cpu")
 
 

@@ -36,3 +36,13 @@ def test_an_unrecognised_kernel_fails_the_compile():
     changed = tvm.script.from_source(repair(_kernel()).script())     # already repaired: nothing to find
     with pytest.raises(ValueError, match="TVM's kernel changed"):
         repair(changed)
+
+
+def test_kilns_kernel_under_that_symbol_is_left_alone():
+    """UseKilnCPUAttention replaces the kernel where it can, keeping TVM's symbol: nothing to repair."""
+    from kiln.targets.attention_softcap import KILN_KERNEL_ATTR
+    from kiln.targets.cpu.attention import attention_paged_cpu
+    kiln_kernel = attention_paged_cpu(2, 4, 16, "float32", 16, decode=False, sliding=True, window=16) \
+        .with_attr("global_symbol", KERNEL).with_attr(KILN_KERNEL_ATTR, True)
+    out = FixTVMSlidingPrefill()(tvm.IRModule({KERNEL: kiln_kernel}))
+    assert out[KERNEL].same_as(kiln_kernel)

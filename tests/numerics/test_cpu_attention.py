@@ -143,6 +143,41 @@ def test_sliding_window_decode(h_q, h_kv, d):
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
 @pytest.mark.parametrize("causal", [0, 1])
+def test_sliding_window_prefill(h_q, h_kv, d, causal):
+    """TVM's sliding-window prefill over the cache (batch_prefill_paged_kv_cpu_sliding_window): the
+    sink's and the window's rows, and with `causal` TVM's cross mask for a window of WINDOW tokens:
+    new row r sees the cache's last WINDOW - r - 1 logical rows (none from row WINDOW - 1 on). The
+    rows between the sink and the window hold NaN, whole pages of them skipped."""
+    window = 24
+    kv_lens = [37, 70, 200, 20, 0, 90]
+    windows = [(0, 5), (2, 40), (4, 180), (0, 0), (0, 0), (0, 70)]   # (sink, window's first row)
+    q_lens = [5, 30, 17, 1, 3, 40]
+    cache = PagedCache(h_kv, d, kv_lens)
+    for b, (sink, first) in enumerate(windows):
+        for pos in range(sink, first):
+            cache.pages[cache.values[cache.indptr[b] + pos // PAGE], :, :, pos % PAGE] = np.nan
+    info = np.stack([cache.last_len, [f for _, f in windows], [s for s, _ in windows]]).astype("int32")
+    q_ind = np.concatenate([[0], np.cumsum(q_lens)]).astype("int32")
+    q = np.random.default_rng(5).standard_normal((q_ind[-1], h_q, d)).astype("float32")
+    out, lse = _t(np.zeros_like(q)), _t(np.zeros((len(q), h_q), "float32"))
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=False, sliding=True, window=window))(
+        _t(q), _t(q_ind), _t(cache.pages), _t(cache.indptr), _t(cache.values), _t(info),
+        _t(np.zeros(len(q_lens), "int32")), _t(np.zeros(len(q), "int32")), out, lse, causal, 0, 1.0, 1e4, SM_SCALE)
+    for b, (n, (sink, first)) in enumerate(zip(kv_lens, windows)):
+        rows = np.r_[0:sink, first:n]                   # the cache's logical rows
+        for r in range(q_lens[b]):
+            seen = rows[max(len(rows) - max(window - r - 1, 0), 0):] if causal else rows
+            i = q_ind[b] + r
+            if not len(seen):                           # nothing seen: zeros, the empty-row lse
+                assert not out.numpy()[i].any() and (lse.numpy()[i] == -5e4).all()
+                continue
+            ref_out, ref_lse = reference(q[i:i + 1], cache.k[b][seen], cache.v[b][seen], causal=0)
+            np.testing.assert_allclose(out.numpy()[i], ref_out[0], atol=2e-6)
+            np.testing.assert_allclose(lse.numpy()[i], ref_lse[0], atol=2e-6)
+
+
+@pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
+@pytest.mark.parametrize("causal", [0, 1])
 def test_paged_prefill(h_q, h_kv, d, causal):
     cache = PagedCache(h_kv, d, [37, 16, 200, 5])
     q_lens = [5, 16, 40, 0]
