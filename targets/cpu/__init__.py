@@ -4,7 +4,7 @@ Everything CPU-specific lives in this folder: the profile (below), the schedule 
 (schedule.py, rowwise.py, quant_schedule.py, fused_schedule.py; the hand-written GEMVs of
 quant_gemv.py and greedy decoding's argmax, argmax.py), the paged-attention and RoPE
 kernels (attention.py) and the pass that swaps them into TVM's KV cache (attention_pass.py),
-FastSiLU (fast_silu.py), the low-batch GEMV copies (low_batch_gemv.py), the serial twins of
+FastActivations (fast_activations.py), the low-batch GEMV copies (low_batch_gemv.py), the serial twins of
 parallel loops over little work (serial_small.py), and the tuning space and database `kiln tune`
 fills (tuning.py).
 """
@@ -31,12 +31,12 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
     from .attention_pass import UseKilnCPUAttention
     from .attention_fix import FixTVMSlidingPrefill
     from ..attention_softcap import SoftcapTVMAttention
-    from .fast_silu import FastSiLU
+    from .fast_activations import FastActivations
     from .low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
     from .serial_small import serial_small_loops
     if phase == "graph":
-        # float32 SiLU with a polynomial exp (LLVM scalarises vector exp into libm calls).
-        return [FastSiLU()]
+        # float32 SiLU, sigmoid and the gelus with a polynomial exp / erf (LLVM scalarises vector exp into libm calls).
+        return [FastActivations()]
     if phase == "legalize":
         # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; folded in at lower).
         return [LowBatchGEMV(max_rows=LOW_BATCH_ROWS)]

@@ -1,4 +1,4 @@
-"""UseKilnCPUAttention and FastSiLU: what they replace, what they must leave alone, and the numbers.
+"""UseKilnCPUAttention and FastActivations: what they replace, what they must leave alone, and the numbers.
 
 UseKilnCPUAttention swaps whole PrimFuncs, so its before/after is checked structurally: after
 the pass each KV-cache kernel equals kiln's kernel built for the cache's shapes, and everything
@@ -21,7 +21,7 @@ from tvm.script import relax as R
 
 from kiln.compiler import pipeline
 from kiln.targets.cpu.attention_pass import UseKilnCPUAttention
-from kiln.targets.cpu.fast_silu import FastSiLU
+from kiln.targets.cpu.fast_activations import FastActivations
 from kiln.targets import get_profile
 from kiln.targets.cpu.attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
 
@@ -105,7 +105,7 @@ def test_module_without_a_cache_is_unchanged():
     assert UseKilnCPUAttention()(mod).same_as(mod)
 
 
-# ---------------------------------------------------------------------------------------- FastSiLU
+# ---------------------------------------------------------------------------------- FastActivations
 
 @I.ir_module
 class SiLUBefore:
@@ -115,39 +115,49 @@ class SiLUBefore:
             a = R.nn.silu(x)
             b = R.sigmoid(x)
             c = R.nn.silu(y)                                  # float16: left to the default lowering
-            R.output(a, b, c)
-        return a, b, c
+            d = R.nn.gelu_tanh(x)
+            e = R.nn.gelu(x)                                  # erf: TVM's lowering (kiln's fast one is not exact enough)
+            R.output(a, b, c, d, e)
+        return a, b, c, d, e
 
 
-def test_fast_silu_before_after():
-    after = FastSiLU()(SiLUBefore)
+def test_fast_activations_before_after():
+    after = FastActivations()(SiLUBefore)
     text = after["main"].script()
-    assert "R.nn.silu(x)" not in text and "R.sigmoid" not in text
-    assert "R.nn.silu(y)" in text
+    assert "R.nn.silu(x)" not in text and "R.sigmoid" not in text and "R.nn.gelu_tanh" not in text
+    assert "R.nn.silu(y)" in text and "R.nn.gelu(x)" in text
     assert {gv.name_hint for gv, f in after.functions_items() if isinstance(f, tvm.tirx.PrimFunc)} == \
-        {"fast_silu", "fast_sigmoid"}
-    for name in ("fast_silu", "fast_sigmoid"):                   # a polynomial exp, no libm call left
+        {"fast_silu", "fast_sigmoid", "fast_gelu_tanh"}
+    for name in ("fast_silu", "fast_sigmoid", "fast_gelu_tanh"):       # a polynomial exp, no libm call left
         body = after[name].script()
         assert "T.reinterpret" in body and "T.exp(" not in body and "T.sigmoid(" not in body, body
 
 
-class GatedSiLU(nn.Module):
+class Gated(nn.Module):
+    def __init__(self, activation: str):
+        self.activation = activation
+
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         gate, up = op.split(x, 2, axis=-1)
-        return op.silu(gate) * up
+        return (op.silu(gate) if self.activation == "silu" else op.gelu(gate, approximate="tanh")) * up
 
 
-def test_fast_silu_through_the_cpu_pipeline_matches_numpy(monkeypatch):
-    mod, _ = GatedSiLU().export_tvm(spec={"forward": {"x": nn.spec.Tensor([1, "n", 64], "float32")}})
+REFERENCE = {"silu": lambda g: g / (1 + np.exp(-g)),
+             "gelu_tanh": lambda g: 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g ** 3)))}
+
+
+@pytest.mark.parametrize("activation", sorted(REFERENCE))
+def test_fast_activation_through_the_cpu_pipeline_matches_numpy(monkeypatch, activation):
+    mod, _ = Gated(activation).export_tvm(spec={"forward": {"x": nn.spec.Tensor([1, "n", 64], "float32")}})
     profile = get_profile("cpu")
     x = np.random.default_rng(0).normal(0, 4, (1, 37, 64)).astype("float32")
     x[0, 0, :4] = [-100.0, 100.0, 0.0, -20.0]                      # saturation on both sides
     gate, up = x[..., :32].astype(np.float64), x[..., 32:].astype(np.float64)
-    expected = gate / (1 + np.exp(-gate)) * up
+    expected = REFERENCE[activation](gate) * up
     real = pipeline.phases
     for with_pass in (True, False):
         if not with_pass:
-            monkeypatch.setattr(pipeline, "phases", lambda p: [(n, [q for q in ps if q.info.name != "FastSiLU"])
+            monkeypatch.setattr(pipeline, "phases", lambda p: [(n, [q for q in ps if q.info.name != "FastActivations"])
                                                                for n, ps in real(p)])
         ex = relax.build(mod, target=profile.tvm_target(), relax_pipeline=pipeline.build_pipeline(profile))
         got = relax.VirtualMachine(ex, tvm.cpu())["forward"](tvm.runtime.tensor(x)).numpy()

@@ -49,12 +49,12 @@ def test_every_preset_is_a_complete_profile(name):
 
 def test_cpu_passes_land_in_their_phases():
     by_phase = {name: [p.info.name for p in passes] for name, passes in phases(get_profile("cpu"))}
-    assert "FastSiLU" in by_phase["graph"] and by_phase["graph"][-1] == "DeadCodeElimination"
+    assert "FastActivations" in by_phase["graph"] and by_phase["graph"][-1] == "DeadCodeElimination"
     assert by_phase["legalize"][-1] == "LowBatchGEMV"
     assert by_phase["schedule"][0] == "UseKilnCPUAttention"
     assert by_phase["lower"][0] == "DispatchLowBatchGEMV"
     cuda = {name: [p.info.name for p in passes] for name, passes in phases(get_profile("cuda"))}
-    assert "kiln.RewriteCUDAGraph" in cuda["finalize"] and "FastSiLU" not in cuda["graph"]
+    assert "kiln.RewriteCUDAGraph" in cuda["finalize"] and "FastActivations" not in cuda["graph"]
 
 
 def test_unknown_phase_is_refused():
