@@ -25,6 +25,7 @@ from .passes.clip_take import ClipTake
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
 from .passes.fuse_dequantize_take import FuseDequantizeTake
+from .passes.keep_params import KeepParamsAlive
 from .passes.library_gemm import LibraryGEMM
 from .tvmscript import quick_frames
 
@@ -82,6 +83,7 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             *profile.passes("finalize"),
             relax.transform.LowerAllocTensor(),
             relax.transform.KillAfterLastUse(),
+            KeepParamsAlive(),
             relax.transform.LowerRuntimeBuiltin(),
             relax.transform.ComputePrimValue(),
             relax.transform.VMShapeLower(),
