@@ -41,7 +41,8 @@ from tvm.target import Target
 
 from ..row_dispatch import dispatch_on_rows, static_int
 from . import quant_gemv
-from .schedule import _STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, normalize_matmul, target_mcpu
+from .schedule import (_STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, normalize_matmul, row_block,
+                       target_mcpu)
 
 logger = logging.getLogger(__name__)
 
@@ -75,14 +76,6 @@ def gemv_tile_n(knobs: CPUKnobs, target: Target) -> int:
 # against 460 / 462.
 MATMUL_TILES = {"znver4": (2, 4)}
 
-# The tiled matmul's rows are taken in blocks whose activations (rows x K float32) fit in this much of
-# L2: every W tile streams all the rows of A past its registers, and rows beyond L2 came from L3 or
-# memory once per W tile. 2 Xeon cores (2 MB L2 each), q4m kernels alone at 512 rows, GFLOP/s
-# without / with blocks of the rows this gives: 640 x 2048 (Gemma 3 270M's down projection) 160-164 /
-# 217-238 (64 rows; 128-row blocks: 248-250); 4096 x 640 181 / 185-218; 3072 x 576 and 576 x 1536
-# level to 1.5x (a noisy host); at 128 rows (one block or two) within 5%. 512 KB: the L2 of most
-# cores kiln meets is 1-2 MB (Zen 4, Sapphire Rapids, Cortex-X), and A shares it with the W tile.
-A_BLOCK_BYTES = 512 * 1024
 
 
 def default_knobs(vector_lanes: int, mcpu: str = "") -> CPUKnobs:
@@ -169,11 +162,11 @@ class QuantMatmul(ScheduleRule):
         itemsize = tvm_ffi.dtype(sch.get(main).writes[0].source.dtype).itemsize
         col_bytes = tile_m * lanes * itemsize
         tile_n = _largest_divisor(n, tile_n, lambda t: t * col_bytes < _STACK_BYTES)
-        rows, block_m = static_int(get_extent(sch, i)), _row_block(k_len, tile_m)
+        rows, block_m = static_int(get_extent(sch, i)), row_block(k_len, tile_m)
         j_o, j_i = sch.split(j, [None, tile_n])
         k_o, k_i = sch.split(k, [None, lanes])
         i_o, i_i = sch.split(i, [None, tile_m])
-        # The panel matmul's rows in blocks of block_m (A's block in L2 while the W tiles pass: A_BLOCK_BYTES)
+        # The rows in blocks of block_m (A's block in L2 while the W tiles pass: schedule.A_BLOCK_BYTES)
         if deq is not None and (rows is None or rows > block_m):
             i_b, i_o = sch.split(i_o, [None, block_m // tile_m])
             sch.reorder(i_b, s, j_o, i_o, k_o, i_i, j_i, k_i)
@@ -199,12 +192,6 @@ class QuantMatmul(ScheduleRule):
         sch.vectorize(sch.get_loops(init)[-1])
         sch.decompose_reduction(main, sch.get_loops(main)[-1])
         return sch
-
-
-def _row_block(k_len: int, tile_m: int) -> int:
-    """Rows of A (float32, K wide) in A_BLOCK_BYTES: a power of two, a multiple of tile_m."""
-    rows = max(A_BLOCK_BYTES // (4 * k_len), tile_m)
-    return max(1 << (rows.bit_length() - 1), tile_m) // tile_m * tile_m
 
 
 def _branch(cond: tirx.PrimExpr, then_func: tirx.PrimFunc, else_func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -50,6 +50,15 @@ _REDUCE, _SPATIAL = tirx.IterVar.CommReduce, tirx.IterVar.DataPar
 # accumulator tiles stay "global" and under this size.
 _STACK_BYTES = 1024
 
+# The tiled matmuls' rows (Matmul's, quant_schedule.QuantMatmul's) are taken in blocks whose activations
+# (rows x K float32) fit in this much of L2: every W tile streams all the rows of A past its registers,
+# and rows beyond L2 came from L3 or memory once per W tile. 2 Xeon cores (2 MB L2 each), q4m kernels alone at 512 rows, GFLOP/s
+# without / with blocks of the rows this gives: 640 x 2048 (Gemma 3 270M's down projection) 160-164 /
+# 217-238 (64 rows; 128-row blocks: 248-250); 4096 x 640 181 / 185-218; 3072 x 576 and 576 x 1536
+# level to 1.5x (a noisy host); at 128 rows (one block or two) within 5%. 512 KB: the L2 of most
+# cores kiln meets is 1-2 MB (Zen 4, Sapphire Rapids, Cortex-X), and A shares it with the W tile.
+A_BLOCK_BYTES = 512 * 1024
+
 
 @dataclass(frozen=True)
 class CPUKnobs:
@@ -148,6 +157,12 @@ def normalize_matmul(sch: s_tir.Schedule, main) -> tuple:
     sch.transform_layout(write_c, ("read", 0), c_map)
     sch.transform_block_layout(main, block_map)
     return read_a, read_b, write_c
+
+
+def row_block(k_len: int, tile_m: int) -> int:
+    """Rows of A (float32, K wide) in A_BLOCK_BYTES: a power of two, a multiple of tile_m."""
+    rows = max(A_BLOCK_BYTES // (4 * k_len), tile_m)
+    return max(1 << (rows.bit_length() - 1), tile_m) // tile_m * tile_m
 
 
 def _largest_divisor(n: int, limit: int, ok: Callable[[int], bool] = lambda d: True) -> int:
@@ -269,19 +284,26 @@ class Matmul(KilnCPURule):
         dtype = tvm_ffi.dtype(sch.get(main).writes[0].source.dtype)
         col_bytes = (rows[1] if rows else 1) * lanes * dtype.itemsize
         tile_n = _largest_divisor(n, knobs.tile_n, lambda t: t * col_bytes < _STACK_BYTES)
+        n_rows = static_int(get_extent(sch, rows[0])) if rows else 1
         j_o, j_i = sch.split(j, [None, tile_n])
         k_o, k_i = sch.split(k, [None, lanes])
         row_tile = list(sch.split(rows[0], [None, rows[1]])) if rows else []  # [i_o, i_i]
+        blocks = []          # the rows in blocks of block_m (A's block in L2 while the W tiles pass)
+        block_m = row_block(k_len, rows[1]) if rows else 1
+        if rows and (n_rows is None or n_rows > block_m):
+            i_b, row_tile[0] = sch.split(row_tile[0], [None, block_m // rows[1]])
+            blocks = [i_b]
         # The W tile (tile_n rows of W) stays in L1 while the row tiles stream past it.
-        sch.reorder(*outer, j_o, *row_tile[:1], k_o, *row_tile[1:], j_i, k_i)
+        sch.reorder(*blocks, *outer, j_o, *row_tile[:1], k_o, *row_tile[1:], j_i, k_i)
         rf = sch.rfactor(k_i, factor_axis=len(sch.get(main).writes[0].region))  # rf[.., lane]
         loops = sch.get_loops(rf)
-        tile, depth = loops[len(outer) + bool(rows)], len(outer) + 1 + bool(rows)
+        tile, depth = loops[len(blocks) + len(outer) + bool(rows)], len(blocks) + len(outer) + 1 + bool(rows)
         sch.reverse_compute_at(main, tile, preserve_unit_loops=True)
         lane, *spatial = sch.get_loops(main)[depth:]
         sch.reorder(*spatial, lane)  # then sum each accumulator's lanes
         self._epilogue_at_tile(sch, main, tile)
-        sch.parallel(sch.fuse(*loops[:depth]) if depth > 1 else tile)
+        parallel = loops[len(blocks):depth - bool(blocks)]      # blocked: the row tiles run serially in a task
+        sch.parallel(sch.fuse(*parallel) if len(parallel) > 1 else parallel[0])
         k_o, *inner, k_i = loops[depth:]
         if knobs.unroll_k > 1 and (k_len // lanes) % knobs.unroll_k == 0:
             k_o, k_u = sch.split(k_o, [None, knobs.unroll_k])
