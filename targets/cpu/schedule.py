@@ -290,7 +290,7 @@ class Matmul(KilnCPURule):
         row_tile = list(sch.split(rows[0], [None, rows[1]])) if rows else []  # [i_o, i_i]
         blocks = []          # the rows in blocks of block_m (A's block in L2 while the W tiles pass)
         block_m = row_block(k_len, rows[1]) if rows else 1
-        if rows and (n_rows is None or n_rows > block_m):
+        if rows and rows[1] > 1 and (n_rows is None or n_rows > block_m):     # (not a GEMV copy's 1-row tiles)
             i_b, row_tile[0] = sch.split(row_tile[0], [None, block_m // rows[1]])
             blocks = [i_b]
         # The W tile (tile_n rows of W) stays in L1 while the row tiles stream past it.
