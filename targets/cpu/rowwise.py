@@ -131,10 +131,26 @@ class Elementwise(KilnCPURule):
         infos = normalize_prim_func(sch)
         if not infos or not all(info.is_injective() for info in infos):
             return None
-        _inline_all(sch)
+        _inline_all(sch, keep=lambda b: _has_expensive_call(sch.get(b).body) and _read_repeatedly(sch, b))
         for block in _root_blocks(sch):
             _schedule_spatial_block(sch, block, self.knobs.vector_lanes)
         return sch
+
+
+def _read_repeatedly(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
+    """Whether a consumer reads the block's output with some of its own axes left out of the indices
+    (every value read for several outputs: RoPE's cos and sin tables, read by every head), so that
+    inlining it would recompute each value that many times."""
+    written = sch.get(block).writes[0].source
+    for consumer in sch.get_consumers(block):
+        body = sch.get(consumer)
+        axes = {iv.var for iv in body.iter_vars if not (isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value == 1)}
+        for region in body.reads:
+            if region.source.same_as(written):
+                used = [u for r in region.region for u in tirx.analysis.undefined_vars(r.min)]
+                if any(not any(v.same_as(u) for u in used) for v in axes):
+                    return True
+    return False
 
 
 __all__ = ["Elementwise", "RowReduction"]

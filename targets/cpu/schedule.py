@@ -42,7 +42,7 @@ from ..row_dispatch import static_int
 logger = logging.getLogger(__name__)
 
 # Calls too costly to recompute per element, so blocks using them are never inlined.
-_EXPENSIVE_CALLS = ("exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "pow")
+_EXPENSIVE_CALLS = ("exp", "exp2", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "pow", "sin", "cos")
 _REDUCE, _SPATIAL = tirx.IterVar.CommReduce, tirx.IterVar.DataPar
 # LowerTVMBuiltin keeps a CPU buffer on the stack only if its scope is "global" and it is
 # smaller than kMaxStackAlloca (1 KB); anything else (any "local" buffer!) becomes a

@@ -282,3 +282,35 @@ def test_avx2_sized_knobs_still_correct(target):
         refs = block_reference(x, residual, weight, norm_weight)
         for what, out, ref in zip(("rms_norm", "softmax", "silu*mul"), outs, refs):
             assert_close(out.numpy(), ref, "float32", f"{what} at m={m}")
+
+
+def test_elementwise_keeps_a_table_read_by_every_head(target):
+    """models/rope.py's cos / sin tables ([positions, dims / 2]) are read by every head: Elementwise keeps
+    such a block apart (computed once per position) instead of inlining a libm call per element; a
+    one-to-one exp is inlined as before. Both compute the same numbers."""
+    from kiln.models.rope import apply_rope
+
+    class Rope(nn.Module):
+        def forward(self, x: nn.Tensor, pos: nn.Tensor):
+            return apply_rope(x, pos, np.float32(1.0) / np.float32(1e4) ** (np.arange(0, 16, 2) / 16), 1.0)
+
+    spec = {"forward": {"x": nn.spec.Tensor([1, "s", 4, 16], "float32"), "pos": nn.spec.Tensor(["s"], "int32")}}
+    scheduled, vm = compile_cpu(Rope().export_tvm(spec=spec)[0], target, cpu_schedule_rules())
+    (func,) = prim_funcs(scheduled).values()
+    text = func.script()
+    assert 'T.sblock("rope_cos")' in text and 'T.sblock("rope_sin")' in text, text
+    x = np.random.default_rng(3).standard_normal((1, 9, 4, 16)).astype("float32")
+    pos = np.arange(100, 109, dtype="int32")
+    got = vm["forward"](tvm.runtime.tensor(x), tvm.runtime.tensor(pos)).numpy()
+    angle = pos[:, None].astype(np.float64) * (1.0 / 1e4 ** (np.arange(0, 16, 2) / 16))[None, :]
+    cos, sin = np.concatenate([np.cos(angle)] * 2, -1)[:, None], np.concatenate([np.sin(angle)] * 2, -1)[:, None]
+    rotated = np.concatenate([-x[..., 8:], x[..., :8]], -1)
+    assert_close(got, x * cos + rotated * sin, "float32", "rope")
+
+    from tvm import te
+    x = te.placeholder((4, 32), "float32", name="x")
+    e = te.compute((4, 32), lambda i, j: tirx.exp(x[i, j]), name="e")          # read once per output
+    y = te.compute((4, 32), lambda i, j: e[i, j] + x[i, j], name="y")
+    with target:
+        sch = Elementwise().apply(te.create_prim_func([x, y]), target, False)
+    assert 'T.sblock("e")' not in sch.mod["main"].script()
