@@ -21,8 +21,10 @@ the same signatures (attention_pass.py swaps them into the module):
 
 Scores are in the log2 domain (``q . k * sm_scale * log2(e)``) and ``lse = m + log2(l)``,
 the convention TVM's merge kernel expects. Only RoPE applied before the cache
-(``rotary_mode == 0``) is supported; the kernels assert it. Sliding-window variants are
-not replaced. Key and value head dims must be equal and a multiple of the vector lanes.
+(``rotary_mode == 0``) is supported; the kernels assert it. The sliding-window decode and
+prefill over the cache are replaced too (``sliding``: TVM's [3, batch] length_info, the window's
+rows counted, TVM's cross mask in prefill). Key and value head dims must be equal and a multiple of
+the vector lanes.
 """
 
 from __future__ import annotations
