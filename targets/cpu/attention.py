@@ -343,7 +343,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         kv_end: T.let[T.int32] = kn if sliding else T.if_then_else(
             causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + rows), kn)
         # sliding: the cache's logical rows (the sink's, then the window's) and the first one row q_row0 sees
-        kv_len: T.let[T.int32] = T.if_then_else(kn > 0, kn - length_info[1, b] + length_info[2, b], 0) if sliding else kn
+        kv_len: T.let[T.int32] = (T.if_then_else(kn > 0, kn - length_info[1, b] + length_info[2, b], 0)
+                                  if sliding else kn)
         lo0: T.let[T.int32] = _window_first(causal, kv_len, window, q_row0 - q_first) if sliding else 0
         Qs = T.alloc_buffer((rows_per_task, d), "float32")
         O = T.alloc_buffer((rows_per_task, d), "float32")
@@ -528,7 +529,8 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
             hk: T.let[T.int32] = task // splits % h_kv
             p0: T.let[T.int32] = page_indptr[b]
             n_pages: T.let[T.int32] = page_indptr[b + 1] - p0
-            kn: T.let[T.int32] = T.if_then_else(n_pages > 0, (n_pages - 1) * page_size + _last_rows(length_info, b, sliding), 0)
+            kn: T.let[T.int32] = T.if_then_else(n_pages > 0,
+                                                (n_pages - 1) * page_size + _last_rows(length_info, b, sliding), 0)
             per: T.let[T.int32] = (n_pages + splits - 1) // splits
             pg0: T.let[T.int32] = T.min(task % splits * per, n_pages)
             Qs = T.alloc_buffer((group, d), "float32")

@@ -53,9 +53,9 @@ def fast_silu_te(x: te.Tensor) -> te.Tensor:
 
 
 def fast_gelu_tanh_te(x: te.Tensor) -> te.Tensor:
-    minus_2z = te.compute(x.shape, lambda *i: _f32(-2.0 * GELU_TANH_C) * (x(*i) + _f32(0.044715) * x(*i) * x(*i) * x(*i)),
-                          name="minus_2z")
-    e = topi.fast_exp(minus_2z)
+    def minus_2z(*i):
+        return _f32(-2.0 * GELU_TANH_C) * (x(*i) + _f32(0.044715) * x(*i) * x(*i) * x(*i))
+    e = topi.fast_exp(te.compute(x.shape, minus_2z, name="minus_2z"))
     return te.compute(x.shape, lambda *i: x(*i) / (_f32(1.0) + e(*i)), name="fast_gelu_tanh")
 
 

@@ -144,7 +144,8 @@ def _read_repeatedly(sch: s_tir.Schedule, block: s_tir.SBlockRV) -> bool:
     written = sch.get(block).writes[0].source
     for consumer in sch.get_consumers(block):
         body = sch.get(consumer)
-        axes = {iv.var for iv in body.iter_vars if not (isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value == 1)}
+        axes = [iv.var for iv in body.iter_vars
+                if not (isinstance(iv.dom.extent, tirx.IntImm) and iv.dom.extent.value == 1)]
         for region in body.reads:
             if region.source.same_as(written):
                 used = [u for r in region.region for u in tirx.analysis.undefined_vars(r.min)]

@@ -52,11 +52,12 @@ _STACK_BYTES = 1024
 
 # The tiled matmuls' rows (Matmul's, quant_schedule.QuantMatmul's) are taken in blocks whose activations
 # (rows x K float32) fit in this much of L2: every W tile streams all the rows of A past its registers,
-# and rows beyond L2 came from L3 or memory once per W tile. 2 Xeon cores (2 MB L2 each), q4m kernels alone at 512 rows, GFLOP/s
-# without / with blocks of the rows this gives: 640 x 2048 (Gemma 3 270M's down projection) 160-164 /
-# 217-238 (64 rows; 128-row blocks: 248-250); 4096 x 640 181 / 185-218; 3072 x 576 and 576 x 1536
-# level to 1.5x (a noisy host); at 128 rows (one block or two) within 5%. 512 KB: the L2 of most
-# cores kiln meets is 1-2 MB (Zen 4, Sapphire Rapids, Cortex-X), and A shares it with the W tile.
+# and rows beyond L2 came from L3 or memory once per W tile. 2 Xeon cores (2 MB of L2 each), kernels alone
+# with symbolic rows as compiled, GFLOP/s without / with the blocks (3 alternating rounds): q4m 640 x 2048
+# (Gemma 3 270M's down projection) at 512 rows 110-114 / 221-237, 576 x 1536 131-141 / 226-243, 3072 x 576
+# at 128 rows 197-206 / 208-220, at 16 and 37 rows level; float32 640 x 2048 at 512 rows 112 / 201,
+# 576 x 1536 74 / 220. 512 KB: the L2 of most cores kiln meets is 1-2 MB (Zen 4, Sapphire Rapids,
+# Cortex-X), and A shares it with the W tile and C.
 A_BLOCK_BYTES = 512 * 1024
 
 

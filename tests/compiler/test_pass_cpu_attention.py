@@ -116,7 +116,7 @@ class SiLUBefore:
             b = R.sigmoid(x)
             c = R.nn.silu(y)                                  # float16: left to the default lowering
             d = R.nn.gelu_tanh(x)
-            e = R.nn.gelu(x)                                  # erf: TVM's lowering (kiln's fast one is not exact enough)
+            e = R.nn.gelu(x)                                  # erf: TVM's lowering (a fast erf is not exact enough)
             R.output(a, b, c, d, e)
         return a, b, c, d, e
 
