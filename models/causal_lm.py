@@ -295,11 +295,7 @@ class CausalLM(nn.Module):
     def batch_prefill(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
         hidden = self.model(input_embeds, paged_kv_cache)        # [1, total_seq, hidden]
         hidden = op.take(hidden, logit_positions, axis=1)        # [1, batch, hidden]
-        # The head over [batch, 1, hidden], a decode step's layout, so it is decode's kernel (on CPUs the
-        # hand-written GEMV at one row: Gemma 3's 262,144-row head 26 -> 8 ms a prefill).
-        rows, width = hidden.shape[1], hidden.shape[2]
-        logits = self._logits(op.reshape(hidden, (rows, 1, width)))
-        return op.reshape(logits, (1, rows, logits.shape[2])), paged_kv_cache     # [1, batch, vocab]
+        return self._logits(hidden), paged_kv_cache              # [1, batch, vocab]
 
     def batch_hidden(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
         """batch_prefill's final (normed) hidden states instead of logits: what embeddings pool."""
