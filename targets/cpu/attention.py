@@ -302,10 +302,22 @@ def _page_seen(length_info, b, pg, page_size: int, lo, sliding: bool):
     return tirx.any(pg * page_size < sink, (pg + 1) * page_size > offset + T.max(lo - sink, 0))
 
 
-def _selected(ok, product, j):
-    """A row's weighted value row, or 0 where ok(j) is false (selected, not multiplied by 0: the row
-    may hold NaN, and NaN times 0 is NaN)."""
-    return T.if_then_else(ok(j), product, T.float32(0))
+def _prefill_cols(causal, length_info, b, kn, qn, r0, i, first, kv_len, window: int, sliding: bool):
+    """The columns of the page whose first row is `first` that new row r0 + i of sequence b sees (qn new
+    rows, kn rows in the pages): a count, causal as TVM masks; sliding, a predicate (_sliding_rows from
+    TVM's cross mask's first row, _window_first)."""
+    if sliding:
+        return _sliding_rows(length_info, b, kn, first, _window_first(causal, kv_len, window, r0 + i))
+    return T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + i + 1), kn) - first
+
+
+def _value_row(product, length_info, b, kn, first, j, sliding: bool):
+    """Row j's weighted value row (`product`); sliding, 0 for a row of the page whose first row is
+    `first` that the window and its sink leave out (selected, not multiplied by 0: the row may hold
+    NaN, and NaN times 0 is NaN)."""
+    if not sliding:
+        return product
+    return T.if_then_else(_sliding_rows(length_info, b, kn, first)(j), product, T.float32(0))
 
 
 @parsed_once()
@@ -377,28 +389,16 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                     for j in T.vectorized(page_size):
                         S[i, j] = acc[j]
                 for i in T.serial(rows):
-                    if sliding:
-                        online_softmax_block(
-                            S, i, page_size,
-                            _sliding_rows(length_info, b, kn, pg * page_size,
-                                          _window_first(causal, kv_len, window, q_row0 - q_first + i)),
-                            m, l, i, tmp, scal, cap)
-                    else:
-                        online_softmax_block(
-                            S, i, page_size,
-                            T.if_then_else(causal > 0, T.min(kn, kn - qn + (q_row0 - q_first) + i + 1), kn)
-                            - pg * page_size,
-                            m, l, i, tmp, scal, cap)
+                    online_softmax_block(
+                        S, i, page_size, _prefill_cols(causal, length_info, b, kn, qn, q_row0 - q_first, i,
+                                                       pg * page_size, kv_len, window, sliding),
+                        m, l, i, tmp, scal, cap)
                     for dd in T.vectorized(d):
                         oacc[dd] = O[i, dd] * scal[0]
                     for j in T.serial(T.min(page_size, kv_end - pg * page_size)):
                         for dd in T.vectorized(d):
-                            if sliding:
-                                oacc[dd] = oacc[dd] + _selected(
-                                    _sliding_rows(length_info, b, kn, pg * page_size),
-                                    S[i, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]), j)
-                            else:
-                                oacc[dd] = oacc[dd] + S[i, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd])
+                            oacc[dd] = oacc[dd] + _value_row(S[i, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]),
+                                                             length_info, b, kn, pg * page_size, j, sliding)
                     for dd in T.vectorized(d):
                         O[i, dd] = oacc[dd]
         for i in T.serial(rows):
@@ -484,10 +484,6 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
     def counted(length_info, b, kn, first):
         """Which rows of the page whose first row is `first` count (kn: the rows in the pages)."""
         return _sliding_rows(length_info, b, kn, first) if sliding else kn - first
-
-    def value_of(product, length_info, b, kn, first, j):
-        """A row's weighted value row; 0 for a sliding window's rows that do not count."""
-        return _selected(counted(length_info, b, kn, first), product, j) if sliding else product
 
     lines = max(1, d // per_line)
     _check(h_q, h_kv, d, lanes)
@@ -578,10 +574,9 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                     for dd in T.vectorized(d):
                         oacc[dd] = O[g, dd] * scal[0]
                     for j in T.serial(T.min(page_size, kn - (pg0 + pg) * page_size)):
-                        for dd in T.vectorized(d):       # (a row that does not count: its product dropped,
-                            oacc[dd] = oacc[dd] + value_of(           # its value row stale memory, possibly NaN)
-                                S[g, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]),
-                                length_info, b, kn, (pg0 + pg) * page_size, j)
+                        for dd in T.vectorized(d):
+                            oacc[dd] = oacc[dd] + _value_row(S[g, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]),
+                                                             length_info, b, kn, (pg0 + pg) * page_size, j, sliding)
                     for dd in T.vectorized(d):
                         O[g, dd] = oacc[dd]
             for g in T.serial(group):
