@@ -93,6 +93,25 @@ class PagedCache:
     def args(self):
         return [_t(self.pages), _t(self.indptr), _t(self.values), _t(self.last_len)]
 
+    def slide(self, windows: list[tuple[int, int]]) -> np.ndarray:
+        """Each sequence's (sink's rows, window's first row) as a sliding window leaves its pages: NaN
+        in the rows between. TVM's sliding-window length_info [3, batch]."""
+        for b, (sink, first) in enumerate(windows):
+            for pos in range(sink, first):
+                self.pages[self.values[self.indptr[b] + pos // PAGE], :, :, pos % PAGE] = np.nan
+        return np.stack([self.last_len, [f for _, f in windows], [s for s, _ in windows]]).astype("int32")
+
+
+def check_row(out, lse, i: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+    """Row i of a paged kernel's output and lse against the reference over keys k and values v; with
+    no keys, zeros and the empty-row lse TVM uses."""
+    if not len(k):
+        assert not out.numpy()[i].any() and (lse.numpy()[i] == -5e4).all()
+        return
+    ref_out, ref_lse = reference(q[i:i + 1], k, v, causal=0)
+    np.testing.assert_allclose(out.numpy()[i], ref_out[0], atol=2e-6)
+    np.testing.assert_allclose(lse.numpy()[i], ref_lse[0], atol=2e-6)
+
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
 def test_decode(h_q, h_kv, d):
@@ -103,13 +122,8 @@ def test_decode(h_q, h_kv, d):
     zeros = _t(np.zeros(batch, "int32"))
     _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=True))(
         _t(q), *cache.args(), zeros, zeros, out, lse, 0, 1.0, 1e4, SM_SCALE)
-    for b, n in enumerate(cache.kv_lens):
-        if n == 0:                                  # no keys: zeros, and the empty-row lse TVM uses
-            assert not out.numpy()[b].any() and (lse.numpy()[b] == -5e4).all()
-            continue
-        ref_out, ref_lse = reference(q[b:b + 1], cache.k[b], cache.v[b], causal=0)
-        np.testing.assert_allclose(out.numpy()[b], ref_out[0], atol=2e-6)
-        np.testing.assert_allclose(lse.numpy()[b], ref_lse[0], atol=2e-6)
+    for b in range(batch):
+        check_row(out, lse, b, q, cache.k[b], cache.v[b])          # (no keys: zeros, the empty-row lse)
 
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
@@ -121,10 +135,7 @@ def test_sliding_window_decode(h_q, h_kv, d):
     windows = [(0, 5), (2, 40), (4, 20), (0, 0), (0, 0)]      # (sink, window's first row) per sequence
     cache = PagedCache(h_kv, d, kv_lens)
     batch = len(kv_lens)
-    for b, (sink, first) in enumerate(windows):
-        for pos in range(sink, first):
-            cache.pages[cache.values[cache.indptr[b] + pos // PAGE], :, :, pos % PAGE] = np.nan
-    info = np.stack([cache.last_len, [f for _, f in windows], [s for s, _ in windows]]).astype("int32")
+    info = cache.slide(windows)
     q = np.random.default_rng(3).standard_normal((batch, h_q, d)).astype("float32")
     out, lse = _t(np.zeros_like(q)), _t(np.zeros((batch, h_q), "float32"))
     zeros = _t(np.zeros(batch, "int32"))
@@ -132,13 +143,8 @@ def test_sliding_window_decode(h_q, h_kv, d):
         _t(q), _t(cache.pages), _t(cache.indptr), _t(cache.values), _t(info), zeros, zeros, out, lse,
         0, 1.0, 1e4, SM_SCALE)
     for b, (n, (sink, first)) in enumerate(zip(kv_lens, windows)):
-        if n == 0:
-            assert not out.numpy()[b].any() and (lse.numpy()[b] == -5e4).all()
-            continue
         rows = np.r_[0:sink, first:n]
-        ref_out, ref_lse = reference(q[b:b + 1], cache.k[b][rows], cache.v[b][rows], causal=0)
-        np.testing.assert_allclose(out.numpy()[b], ref_out[0], atol=2e-6)
-        np.testing.assert_allclose(lse.numpy()[b], ref_lse[0], atol=2e-6)
+        check_row(out, lse, b, q, cache.k[b][rows], cache.v[b][rows])
 
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
@@ -153,10 +159,7 @@ def test_sliding_window_prefill(h_q, h_kv, d, causal):
     windows = [(0, 5), (2, 40), (4, 180), (0, 0), (0, 0), (0, 70)]   # (sink, window's first row)
     q_lens = [5, 30, 17, 1, 3, 40]
     cache = PagedCache(h_kv, d, kv_lens)
-    for b, (sink, first) in enumerate(windows):
-        for pos in range(sink, first):
-            cache.pages[cache.values[cache.indptr[b] + pos // PAGE], :, :, pos % PAGE] = np.nan
-    info = np.stack([cache.last_len, [f for _, f in windows], [s for s, _ in windows]]).astype("int32")
+    info = cache.slide(windows)
     q_ind = np.concatenate([[0], np.cumsum(q_lens)]).astype("int32")
     q = np.random.default_rng(5).standard_normal((q_ind[-1], h_q, d)).astype("float32")
     out, lse = _t(np.zeros_like(q)), _t(np.zeros((len(q), h_q), "float32"))
@@ -167,13 +170,7 @@ def test_sliding_window_prefill(h_q, h_kv, d, causal):
         rows = np.r_[0:sink, first:n]                   # the cache's logical rows
         for r in range(q_lens[b]):
             seen = rows[max(len(rows) - max(window - r - 1, 0), 0):] if causal else rows
-            i = q_ind[b] + r
-            if not len(seen):                           # nothing seen: zeros, the empty-row lse
-                assert not out.numpy()[i].any() and (lse.numpy()[i] == -5e4).all()
-                continue
-            ref_out, ref_lse = reference(q[i:i + 1], cache.k[b][seen], cache.v[b][seen], causal=0)
-            np.testing.assert_allclose(out.numpy()[i], ref_out[0], atol=2e-6)
-            np.testing.assert_allclose(lse.numpy()[i], ref_lse[0], atol=2e-6)
+            check_row(out, lse, q_ind[b] + r, q, cache.k[b][seen], cache.v[b][seen])   # (none seen: zeros)
 
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
