@@ -22,7 +22,7 @@ _KILLS = (tvm.ir.Op.get("relax.memory.kill_tensor"), tvm.ir.Op.get("relax.vm.kil
 
 
 def _without_param_kills(func: relax.Function) -> relax.Function:
-    held = {p for p in func.params}            # the caller holds these (and what they contain)
+    held = set(func.params)                    # the caller holds these (and what they contain)
     blocks = []
     for block in func.body.blocks:
         kept = []

@@ -77,7 +77,6 @@ def gemv_tile_n(knobs: CPUKnobs, target: Target) -> int:
 MATMUL_TILES = {"znver4": (2, 4)}
 
 
-
 def default_knobs(vector_lanes: int, mcpu: str = "") -> CPUKnobs:
     """With AVX-512's 32 vector registers the CPU's accumulator tile (MATMUL_TILES, else 2 x 8); the
     float rule's defaults otherwise."""
