@@ -162,6 +162,7 @@ class UseKilnCPUAttention:
         softcap = module_softcap(mod)
         if creation is None:
             return mod
+        window = _layer_window(creation)
         mod = mod.clone()
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, tirx.PrimFunc):
@@ -169,7 +170,7 @@ class UseKilnCPUAttention:
             if gv.name_hint == _ROPE_NAME:
                 new = _rope_replacement(func, creation)
             else:
-                new = _replacement(gv.name_hint, func, softcap, _layer_window(creation))
+                new = _replacement(gv.name_hint, func, softcap, window)
             if new is None:
                 continue
             # kiln's own attrs (plain scheduled TIR, not s_tir), under the original's symbol
