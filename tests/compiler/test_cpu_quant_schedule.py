@@ -72,6 +72,22 @@ def test_the_one_row_gemv_tile_follows_the_knob_else_the_cpu():
 
 @pytest.mark.parametrize("rows", [1, 5])
 def test_q4f16_kernel_is_scheduled_and_matches_numpy(built, rows):
+    _check_against_numpy(built, rows)
+
+
+@pytest.mark.parametrize("rows", [16, 37])
+def test_rows_in_several_l2_blocks_match_numpy(monkeypatch, rows):
+    """The tiled matmul's rows in blocks of activations that fit in L2 (schedule.A_BLOCK_BYTES): here
+    blocks of 8 rows, so 16 rows are two whole blocks and 37 four and a part."""
+    from kiln.targets.cpu import schedule
+    monkeypatch.setattr(schedule, "A_BLOCK_BYTES", 8 * K * 4)
+    assert schedule.row_block(K, 2) == 8
+    target = tvm.target.Target({"kind": "llvm", "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]})
+    sch = QuantMatmul(default_knobs(16)).apply(q4f16_matmul, target, False)
+    _check_against_numpy(tvm.compile(tvm.IRModule({"q4f16_matmul": sch.mod["main"]}), target=target), rows)
+
+
+def _check_against_numpy(built, rows: int) -> None:
     rng = np.random.default_rng(rows)
     codes = rng.integers(0, 16, size=(N, K), dtype=np.uint8)
     words = pack_nibbles(codes)                             # value k at bits 4 * (k % 8) of word k // 8

@@ -138,6 +138,26 @@ def test_block_scheduled_and_matches_numpy(target, dtype):
             assert_close(out.numpy(), ref, dtype, f"{what} at m={m}")
 
 
+def test_rows_in_several_l2_blocks_match_numpy(target, monkeypatch):
+    """Matmul's rows in blocks of activations that fit in L2 (A_BLOCK_BYTES): here 8 rows, so 37 rows
+    are four blocks and a part, and 128 sixteen."""
+    from kiln.targets.cpu import schedule
+    monkeypatch.setattr(schedule, "A_BLOCK_BYTES", 8 * HIDDEN * 4)
+    assert schedule.row_block(HIDDEN, 2) == 8
+    mod, _ = LinearNormBlock("float32").export_tvm(spec=block_spec("m", "float32"))
+    _, vm = compile_cpu(mod, target, cpu_schedule_rules())
+    rng = np.random.default_rng(1)
+    weight = (rng.standard_normal((OUT, HIDDEN)) / 8).astype("float32")
+    norm_weight = rng.standard_normal(OUT).astype("float32")
+    for m in (7, 37, 128):
+        x = rng.standard_normal((1, m, HIDDEN)).astype("float32")
+        residual = rng.standard_normal((1, m, OUT)).astype("float32")
+        outs = vm["forward"](*[tvm.runtime.tensor(a) for a in (x, residual, weight, norm_weight)])
+        for what, out, ref in zip(("rms_norm", "softmax", "silu*mul"), outs,
+                                  block_reference(x, residual, weight, norm_weight)):
+            assert_close(out.numpy(), ref, "float32", f"{what} at m={m}")
+
+
 def test_static_single_row_decode_shapes(target):
     """A decode entry with static [1, 1, H] inputs: the matmul is a GEMV with no row axis."""
     mod, _ = LinearNormBlock("float32").export_tvm(spec=block_spec(1, "float32"))
