@@ -27,16 +27,19 @@ class DequantMatmul:
     n: int                      # weight rows (the output's last dim)
     k: int                      # weight columns (the activations' last dim)
     planes: tuple               # the function's buffers: codes, scale, min (None where the format has none)
-    x: tirx.Buffer              # activations [rows, 1, K]
+    x: tirx.Buffer              # activations [rows, 1, K] (or [1, rows, K]: see match_dequant_matmul)
     sums: tirx.Buffer           # the matmul's output
     out: tirx.Buffer            # the function's output: sums, or the cast of them
-    rows: tirx.PrimExpr         # x's first dim (a symbolic size, or an IntImm)
+    rows: tirx.PrimExpr         # x's rows dim (a symbolic size, or an IntImm)
 
 
-def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> DequantMatmul | None:
+def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS,
+                         rows_second: bool = False) -> DequantMatmul | None:
     """The function's format and buffers if it is a `kinds` weight dequantized to `dtype` (float32 on
     a CPU, float16 on a GPU), multiplied by activations [rows, 1, K] (of `dtype`, each product
-    widened to the sums' dtype where that differs), else None."""
+    widened to the sums' dtype where that differs), else None. `rows_second`: [1, rows, K] too, the
+    output [1, rows, N] (a prefill's: one sequence's positions; the same memory as [rows, 1, K], for
+    kernels that view it so, row_dispatch.over_params)."""
     sch = s_tir.Schedule(func)
     blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
     if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks) > 3:
@@ -58,8 +61,9 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> Dequan
     sums = mm.writes[0].source
     if x is None or x.dtype != dtype or len(x.shape) != 3 or len(sums.shape) != 3:
         return None
-    rows = x.shape[0]
-    if [static_int(d) for d in x.shape[1:]] != [1, k]:
+    axis = 1 if rows_second and static_int(x.shape[0]) == 1 and static_int(x.shape[1]) != 1 else 0
+    rows = x.shape[axis]
+    if static_int(x.shape[1 - axis]) != 1 or static_int(x.shape[2]) != k:
         return None
     i0, i1, i2, vk = (iv.var for iv in mm.iter_vars)
     if not structural_equal(mm.body.value, sums[i0, i1, i2] + x[i0, i1, vk].astype(sums.dtype)
@@ -73,8 +77,8 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS) -> Dequan
         if len(out.shape) != 3 or not structural_equal(cast.body.value, sums[c0, c1, c2].astype(out.dtype)):
             return None
     fixed = static_int(rows)
-    same_rows = out.shape[0].same_as(rows) or (fixed is not None and static_int(out.shape[0]) == fixed)
-    if not same_rows or [static_int(d) for d in out.shape[1:]] != [1, n]:
+    same_rows = out.shape[axis].same_as(rows) or (fixed is not None and static_int(out.shape[axis]) == fixed)
+    if not same_rows or static_int(out.shape[1 - axis]) != 1 or static_int(out.shape[2]) != n:
         return None
     return DequantMatmul(kind, group, n, k, planes, x, sums, out, rows)
 

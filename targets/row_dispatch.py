@@ -103,6 +103,21 @@ def own_vars(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return s_tir.transform.ConvertSSA()(tvm.IRModule({gv: func}))[gv]
 
 
+def _unit_dims_moved(bound: tirx.Buffer, original: tirx.Buffer) -> bool:
+    """Whether `bound` is dense `original` (no strides, offset 0) with only its unit dims moved."""
+    def sizes(buf):
+        return [d for d in buf.shape if static_int(d) != 1]
+    if list(original.strides) or static_int(original.elem_offset) != 0 or static_int(bound.elem_offset) != 0:
+        return False
+    if bound.dtype != original.dtype or len(sizes(bound)) != len(sizes(original)):
+        return False
+    if len(bound.shape) == len(original.shape) and all(
+            a.same_as(b) or static_int(a) == static_int(b) is not None for a, b in zip(bound.shape, original.shape)):
+        return False        # the same shape: a region of the original
+    return all(a.same_as(b) or (static_int(a) is not None and static_int(a) == static_int(b))
+               for a, b in zip(sizes(bound), sizes(original)))
+
+
 def one_row(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     """``func`` with its row count bound to 1, its buffers static in the rows (rules that only take
     a static row apply: dlight's GEMV); None unless the output's rows are one symbolic size."""
@@ -122,14 +137,20 @@ def over_params(func: tirx.PrimFunc, scheduled: tirx.PrimFunc, name: str = "one_
     it can be a branch of dispatch_on_rows: each buffer the binding replaced is declared a
     match_buffer view of the original's first row (TVM's LowerMatchBuffer maps its accesses back).
     None where a replaced buffer has a symbolic offset or strides (a view the match cannot express).
-    `name`: the view block's."""
-    matches = []
+    A replaced buffer whose shape is the original's with its unit dims moved ([rows, 1, K] for
+    [1, rows, K]: the same memory, which no region of the original is) is declared over the
+    original's data instead (a DeclBuffer). `name`: the view block's."""
+    matches, views = [], []
     for bound, original in zip(scheduled.params, func.params):
         if bound.same_as(original):
             continue
         if getattr(bound, "shape", None) is None or list(bound.strides) or not isinstance(bound.elem_offset, tirx.IntImm):
             return None
+        if _unit_dims_moved(bound, original):
+            views.append(tirx.DeclBuffer(bound, data=original.data))
+            continue
         region = [ir.Range.from_min_extent(tirx.IntImm(str(d.ty.dtype), 0), d) for d in bound.shape]
         matches.append(s_tir.MatchBufferRegion(bound, tirx.BufferRegion(original, region)))
-    view = s_tir.SBlock([], [], [], name, scheduled.body, match_buffers=matches)
+    body = tirx.SeqStmt([*views, scheduled.body]) if views else scheduled.body
+    view = s_tir.SBlock([], [], [], name, body, match_buffers=matches)
     return func.with_body(s_tir.SBlockRealize([], True, view))

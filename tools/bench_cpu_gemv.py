@@ -29,9 +29,10 @@ FORMATS = ("q4", "q4m", "q8", "q8m", "f16", "bf16")
 
 
 def dequant_matmul(kind: str, n: int, k: int, group: int = 32, by_bits: bool = False, x_dtype: str = "float32",
-                   rows: int | None = None, scale_dtype: str = "float32"):
+                   rows: int | None = None, scale_dtype: str = "float32", rows_second: bool = False):
     """y[rows, 1, n] = x[rows, 1, k] . dequantize(planes)[n, k] as kiln's modules emit it (kiln's
-    `dequantize` block, int64 shapes; symbolic rows unless `rows` is given)."""
+    `dequantize` block, int64 shapes; symbolic rows unless `rows` is given). `rows_second`: x [1, rows,
+    k] and y [1, rows, n] (a prefill's layout: one sequence's positions)."""
     from tvm import te, tirx
 
     from kiln.compiler.quant_modules import QuantFormat, dequantize_element
@@ -45,9 +46,10 @@ def dequant_matmul(kind: str, n: int, k: int, group: int = 32, by_bits: bool = F
     w = te.compute(i64(n, k), lambda i, j: dequantize_element(fmt, "float32", qweight, scale, minimum, i, j, by_bits),
                    name="dequantize")
     m = tirx.Var("rows", "int64") if rows is None else rows
-    x = te.placeholder(i64(m, 1, k), x_dtype, name="x")
+    lead = (1, m) if rows_second else (m, 1)
+    x = te.placeholder(i64(*lead, k), x_dtype, name="x")
     r = te.reduce_axis(i64(0, k), name="k")
-    y = te.compute(i64(m, 1, n), lambda a, b, c: te.sum(x[a, b, r].astype("float32") * w[c, r], axis=r),
+    y = te.compute(i64(*lead, n), lambda a, b, c: te.sum(x[a, b, r].astype("float32") * w[c, r], axis=r),
                    name="NT_matmul")
     return te.create_prim_func([*planes, x, y])
 

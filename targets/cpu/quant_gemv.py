@@ -97,7 +97,7 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
     throughout, no cast after, symbolic rows, K a multiple of 64, groups of whole chunks): for each of
     BATCHES, ``func`` with a body computing up to that many rows by gemv_kernel (the kernel's buffers
     viewed as func's, row_dispatch.over_params), the branches for dispatch_on_rows. Else None."""
-    m = match_dequant_matmul(func, "float32")
+    m = match_dequant_matmul(func, "float32", rows_second=True)     # decode's [rows, 1, K], prefill's [1, rows, K]
     if m is None or m.k % (2 * CHUNK) or not takes_group(m.kind, m.group) or not m.out.same_as(m.sums):
         return None
     scale_dtypes = {p.dtype for p in m.planes[1:] if p is not None}

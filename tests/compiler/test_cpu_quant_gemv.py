@@ -67,6 +67,27 @@ def test_gemv_matches_numpy(built, rows):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("kind", ["q4m", "q8"])
+def test_prefill_layout_takes_the_gemvs(kind):
+    """A prefill's [1, rows, K] activations (its logits: one row a sequence) take the same GEMVs, the
+    kernels' [rows, 1, K] buffers declared over the same memory; 1-8 rows and the tiled 9 against numpy."""
+    n, k = 48, 384
+    func = dequant_matmul(kind, n, k, 32, rows_second=True)
+    sch = QuantMatmul().apply(func, tvm.target.Target(TARGET), False)
+    assert '"gemv_4_rows"' in sch.mod["main"].script()
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=tvm.target.Target(TARGET))
+    fmt = QuantFormat(kind, 32)
+    for rows in (1, 2, 3, 7, 9):
+        rng = np.random.default_rng(rows)
+        planes = random_planes(fmt, n, k, rng)
+        x = rng.standard_normal((1, rows, k)).astype(np.float32)
+        want = x[0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
+        dev = tvm.cpu()
+        y = tvm.runtime.tensor(np.full((1, rows, n), np.nan, np.float32), dev)
+        lib["main"](*(tvm.runtime.tensor(p, dev) for p in planes.values()), tvm.runtime.tensor(x, dev), y)
+        np.testing.assert_allclose(y.numpy()[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_match_refuses_what_the_kernel_does_not_compute():
     assert quant_gemv.branches(dequant_matmul("q4m", 48, 384, 32)) is not None
     assert quant_gemv.branches(dequant_matmul("q4m", 48, 352, 32)) is None            # K not a multiple of 64
