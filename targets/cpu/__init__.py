@@ -45,7 +45,10 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         # The KV cache's attention kernels: TVM's scalar loops out, kiln's vectorised ones in;
         # then every kernel gets the first CPU rule that matches (tuned knobs where the database has them).
         # A soft-capped model (Gemma 2) has the cap in kiln's kernels and written into TVM's that remain.
-        return [UseKilnCPUAttention(), FixTVMSlidingPrefill(), SoftcapTVMAttention(),
+        from .schedule import vector_lanes_for_target
+        # 16 float32 lanes on AVX-512, 8 on AVX2; NEON's 4 taken as 8 (32 registers)
+        simd = min(16, max(8, vector_lanes_for_target(profile.tvm_target())))
+        return [UseKilnCPUAttention(simd), FixTVMSlidingPrefill(), SoftcapTVMAttention(),
                 dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
     if phase == "lower":
         # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.

@@ -40,6 +40,7 @@ from .lanes import add, fold16
 from .prefetch import prefetch_read
 
 LOG2E = math.log2(math.e)
+QUAD = 4                   # paged prefill: query rows whose scores (and output sums) are computed together
 NEG = -1e30                # masked score; finite so that NEG - NEG stays 0
 EMPTY_LSE = -5e4           # lse of a row with no keys (TVM's kernels use the same)
 # 2^t = e^(t ln2): Taylor terms of e^u up to u^6; |u| <= ln2/2 after rounding, error ~2e-7.
@@ -150,12 +151,17 @@ def fast_exp2_kernel(lanes: int = 16):
 
 @parsed_once()
 def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes: int = 16,
-                                 block_q: int = 32, block_k: int = 64, softcap: float | None = None):
+                                 block_q: int = 32, block_k: int | None = None, softcap: float | None = None,
+                                 simd: int = 16):
     """Self-attention of a prefill's new tokens (same signature as TVM's ragged CPU kernel).
-    `softcap`: the model's attention logit soft-cap (None: none)."""
+    `softcap`: the model's attention logit soft-cap (None: none). `simd`: float32 lanes of the CPU's
+    vector registers (16 on AVX-512, 8 on AVX2 and NEON): a block of 4 registers' keys by default,
+    and 4 registers' values a row, so that 2 rows' sums fill half of them."""
     group = h_q // h_kv
     cap = _log2_cap(softcap)
     _check(h_q, h_kv, d, lanes)
+    block_k = block_k or 4 * simd
+    chunk = _value_chunk(d, simd, 4)
 
     @T.prim_func
     def batch_prefill_ragged_kv(
@@ -199,12 +205,12 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                 Kt = T.alloc_buffer((d, block_k), "float32")
                 S = T.alloc_buffer((block_q, block_k), "float32")
                 acc = T.alloc_buffer((2, block_k), "float32")
-                oacc = T.alloc_buffer((2, d), "float32")
+                oacc = T.alloc_buffer((2, chunk), "float32")
                 tmp = T.alloc_buffer((block_k,), "float32")
                 scal = T.alloc_buffer((3,), "float32")
                 alpha = T.alloc_buffer((2,), "float32")
                 hk: T.let[T.int32] = task // n_qt
-                r0: T.let[T.int32] = task % n_qt * block_q
+                r0: T.let[T.int32] = _balanced(task % n_qt, n_qt) * block_q
                 rows: T.let[T.int32] = T.min(block_q, qn - r0)
                 kv_end: T.let[T.int32] = T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + rows), kn)
                 for gi in T.serial(group * block_q):
@@ -246,17 +252,19 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                                     for j in T.vectorized(block_k):
                                         S[2 * i2 + r, j] = T.float32(0.0)
                                     alpha[r] = T.float32(0.0)
-                            for r in T.unroll(2):
-                                for dd in T.vectorized(d):
-                                    oacc[r, dd] = O[g * block_q + 2 * i2 + r, dd] * alpha[r]
-                            for j in T.serial(T.min(block_k, kv_end - c0)):
+                            # a chunk of the head dim at a time: 2 x chunk sums in registers over the block
+                            for dc in T.serial(d // chunk):
                                 for r in T.unroll(2):
-                                    for dd in T.vectorized(d):
-                                        oacc[r, dd] = oacc[r, dd] + S[2 * i2 + r, j] * T.Cast(
-                                            "float32", v[k0 + c0 + j, hk, dd])
-                            for r in T.unroll(2):
-                                for dd in T.vectorized(d):
-                                    O[g * block_q + 2 * i2 + r, dd] = oacc[r, dd]
+                                    for dd in T.vectorized(chunk):
+                                        oacc[r, dd] = O[g * block_q + 2 * i2 + r, dc * chunk + dd] * alpha[r]
+                                for j in T.serial(T.min(block_k, kv_end - c0)):
+                                    for r in T.unroll(2):
+                                        for dd in T.vectorized(chunk):
+                                            oacc[r, dd] = oacc[r, dd] + S[2 * i2 + r, j] * T.Cast(
+                                                "float32", v[k0 + c0 + j, hk, dc * chunk + dd])
+                                for r in T.unroll(2):
+                                    for dd in T.vectorized(chunk):
+                                        O[g * block_q + 2 * i2 + r, dc * chunk + dd] = oacc[r, dd]
                 for g in T.serial(group):
                     for i in T.serial(rows):
                         for dd in T.vectorized(d):
@@ -267,6 +275,13 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                             m[g * block_q + i] + T.log2(l[g * block_q + i]), T.float32(EMPTY_LSE))
 
     return batch_prefill_ragged_kv
+
+
+def _balanced(t, count):
+    """The t-th of `count` causal row blocks in the order that balances threads: 0, count - 1, 1,
+    count - 2, ... (T.parallel hands each thread a contiguous run of tasks, and a causal block's
+    keys grow with its index: in index order one of 2 threads had 3/4 of the work)."""
+    return T.if_then_else(t % 2 == 0, t // 2, count - 1 - t // 2)
 
 
 def _last_rows(length_info, b, sliding: bool):
@@ -323,7 +338,7 @@ def _value_row(product, length_info, b, kn, first, j, sliding: bool):
 @parsed_once()
 def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, decode: bool,
                         lanes: int = 16, block_q: int = 16, softcap: float | None = None, sliding: bool = False,
-                        window: int = 0):
+                        window: int = 0, simd: int = 16):
     """Attention of new query rows over the paged cache (TVM's prefill or decode CPU signature).
 
     ``decode=True``: one row per sequence (Q is [batch, h_q, d]): attention_decode_cpu. Otherwise
@@ -344,9 +359,10 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
     _check(h_q, h_kv, d, lanes)
     rows_per_task = block_q
     cap = _log2_cap(softcap)
+    chunk = _value_chunk(d, simd, 2)
 
     @T.macro(hygienic=False)
-    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, lanes, cap, sliding, window):
+    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, cap, sliding, window, chunk):
         """Rows q_row0 .. q_row0 + rows of head h of sequence b against its pages."""
         hk: T.let[T.int32] = h // group
         p0: T.let[T.int32] = page_indptr[b]
@@ -364,13 +380,16 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         l = T.alloc_buffer((rows_per_task,), "float32")
         Kt = T.alloc_buffer((d, page_size), "float32")
         S = T.alloc_buffer((rows_per_task, page_size), "float32")
-        acc = T.alloc_buffer((page_size,), "float32")
-        oacc = T.alloc_buffer((d,), "float32")
+        acc = T.alloc_buffer((QUAD, page_size), "float32")
+        oacc = T.alloc_buffer((QUAD, chunk), "float32")
+        alpha = T.alloc_buffer((QUAD,), "float32")
         tmp = T.alloc_buffer((page_size,), "float32")
         scal = T.alloc_buffer((3,), "float32")
-        for i in T.serial(rows):
+        for i in T.serial(rows_per_task):         # rows past `rows`: zeros (computed, not kept)
             for dd in T.vectorized(d):
-                Qs[i, dd] = T.Cast("float32", q[q_row0 + i, h, dd]) * sm_scale * T.float32(LOG2E)
+                Qs[i, dd] = T.if_then_else(
+                    i < rows, T.Cast("float32", q[q_row0 + T.min(i, rows - 1), h, dd]) * sm_scale * T.float32(LOG2E),
+                    T.float32(0.0))
                 O[i, dd] = T.float32(0.0)
             m[i] = T.float32(NEG)
             l[i] = T.float32(0.0)
@@ -380,27 +399,45 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                 for dd in T.serial(d):
                     for j in T.vectorized(page_size):
                         Kt[dd, j] = T.Cast("float32", pages[page_no, 0, hk, j, dd])
-                for i in T.serial(rows):
-                    for j in T.vectorized(page_size):
-                        acc[j] = T.float32(0.0)
+                # rows QUAD at a time: each key and value vector loaded once for them, QUAD times the
+                # independent multiply-adds (one row's page of scores was one chain: latency-bound)
+                for i4 in T.serial((rows + QUAD - 1) // QUAD):
+                    for r, j in T.grid(QUAD, page_size):
+                        acc[r, j] = T.float32(0.0)
                     for dd in T.serial(d):
+                        for r in T.unroll(QUAD):
+                            for j in T.vectorized(page_size):
+                                acc[r, j] = acc[r, j] + Qs[i4 * QUAD + r, dd] * Kt[dd, j]
+                    for r in T.unroll(QUAD):
                         for j in T.vectorized(page_size):
-                            acc[j] = acc[j] + Qs[i, dd] * Kt[dd, j]
-                    for j in T.vectorized(page_size):
-                        S[i, j] = acc[j]
-                for i in T.serial(rows):
-                    online_softmax_block(
-                        S, i, page_size, _prefill_cols(causal, length_info, b, kn, qn, q_row0 - q_first, i,
-                                                       pg * page_size, kv_len, window, sliding),
-                        m, l, i, tmp, scal, cap)
-                    for dd in T.vectorized(d):
-                        oacc[dd] = O[i, dd] * scal[0]
-                    for j in T.serial(T.min(page_size, kv_end - pg * page_size)):
-                        for dd in T.vectorized(d):
-                            oacc[dd] = oacc[dd] + _value_row(S[i, j] * T.Cast("float32", pages[page_no, 1, hk, j, dd]),
-                                                             length_info, b, kn, pg * page_size, j, sliding)
-                    for dd in T.vectorized(d):
-                        O[i, dd] = oacc[dd]
+                            S[i4 * QUAD + r, j] = acc[r, j]
+                    for r in T.serial(QUAD):
+                        if i4 * QUAD + r < rows:
+                            online_softmax_block(
+                                S, i4 * QUAD + r, page_size,
+                                _prefill_cols(causal, length_info, b, kn, qn, q_row0 - q_first, i4 * QUAD + r,
+                                              pg * page_size, kv_len, window, sliding),
+                                m, l, i4 * QUAD + r, tmp, scal, cap)
+                            alpha[r] = scal[0]
+                        else:
+                            for j in T.vectorized(page_size):
+                                S[i4 * QUAD + r, j] = T.float32(0.0)
+                            alpha[r] = T.float32(0.0)
+                    # O += P V a chunk of the head dim at a time: QUAD x chunk sums stay in registers
+                    # over the page's rows (the whole head dim's spilled at d = 256)
+                    for dc in T.serial(d // chunk):
+                        for r in T.unroll(QUAD):
+                            for dd in T.vectorized(chunk):
+                                oacc[r, dd] = O[i4 * QUAD + r, dc * chunk + dd] * alpha[r]
+                        for j in T.serial(T.min(page_size, kv_end - pg * page_size)):
+                            for r in T.unroll(QUAD):
+                                for dd in T.vectorized(chunk):
+                                    oacc[r, dd] = oacc[r, dd] + _value_row(
+                                        S[i4 * QUAD + r, j] * T.Cast("float32", pages[page_no, 1, hk, j, dc * chunk + dd]),
+                                        length_info, b, kn, pg * page_size, j, sliding)
+                        for r in T.unroll(QUAD):
+                            for dd in T.vectorized(chunk):
+                                O[i4 * QUAD + r, dc * chunk + dd] = oacc[r, dd]
         for i in T.serial(rows):
             for dd in T.vectorized(d):
                 output[q_row0 + i, h, dd] = T.Cast(dtype, O[i, dd] / T.max(l[i], T.float32(1e-30)))
@@ -445,7 +482,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             n_qt: T.let[T.int32] = (qn + block_q - 1) // block_q
             for task in T.parallel(h_q * n_qt):
                 attend(q_first + task % n_qt * block_q, T.min(block_q, qn - task % n_qt * block_q), qn, causal,
-                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, lanes, cap, sliding, window)
+                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, cap, sliding, window, chunk)
 
     return batch_prefill_paged_kv
 
@@ -666,6 +703,12 @@ def split_rotary_cpu(theta: float, scale: float, d: int, h_q: int, h_kv: int, dt
 def _log2_cap(softcap: float | None) -> float:
     """The soft-cap in the kernels' log2 score domain (0: none)."""
     return float(softcap) * LOG2E if softcap else 0.0
+
+
+def _value_chunk(d: int, simd: int, vectors: int) -> int:
+    """The head-dim values O += P V keeps in registers a row: `vectors` SIMD registers of `simd` floats
+    (fewer where d is not a multiple)."""
+    return next(c for c in (vectors * simd, simd, 16, 8, 4, 2, 1) if c <= d and d % c == 0)
 
 
 def _check(h_q: int, h_kv: int, d: int, lanes: int) -> None:

@@ -49,22 +49,22 @@ def _shape(func: tirx.PrimFunc, param: int) -> tuple[list, str]:
     return [int(x) if isinstance(x, tirx.IntImm) else x for x in buf.shape], str(buf.dtype)
 
 
-def _ragged(func: tirx.PrimFunc, softcap: float | None, _window: int) -> tirx.PrimFunc:
+def _ragged(func: tirx.PrimFunc, softcap: float | None, _window: int, simd: int) -> tirx.PrimFunc:
     (_, h_q, d), dtype = _shape(func, 0)            # q [qo_len, h_q, d]
     (_, h_kv, _), _ = _shape(func, 2)               # k [kv_len, h_kv, d]
     (_, _, d_v), _ = _shape(func, 3)
     if d_v != d:
         raise ValueError("different key and value head dims")
-    return attention_prefill_ragged_cpu(h_kv, h_q, d, dtype, softcap=softcap)
+    return attention_prefill_ragged_cpu(h_kv, h_q, d, dtype, softcap=softcap, simd=simd)
 
 
 def _paged(decode: bool, sliding: bool = False):
-    def make(func: tirx.PrimFunc, softcap: float | None, window: int) -> tirx.PrimFunc:
+    def make(func: tirx.PrimFunc, softcap: float | None, window: int, simd: int) -> tirx.PrimFunc:
         (_, h_q, d), dtype = _shape(func, 0)        # q [rows, h_q, d]
         pages_param = 1 if decode else 2            # pages [max_pages, 2, h_kv, page_size, d]
         (_, _, h_kv, page_size, _), _ = _shape(func, pages_param)
         return attention_paged_cpu(h_kv, h_q, d, dtype, page_size, decode=decode, softcap=softcap, sliding=sliding,
-                                   window=window if sliding and not decode else 0)
+                                   window=window if sliding and not decode else 0, simd=simd)
     return make
 
 
@@ -79,13 +79,13 @@ REPLACEMENTS = {
 
 
 def _replacement(name: str, func: tirx.PrimFunc, softcap: float | None = None,
-                 window: int = 0) -> tirx.PrimFunc | None:
+                 window: int = 0, simd: int = 16) -> tirx.PrimFunc | None:
     """kiln's kernel for TVM's `name`, or None: not one kiln replaces, or a shape its kernels do not
     take (head_dim not a multiple of the vector width, different k/v head dims, a sliding-window
     prefill whose window size is not a constant), which keeps TVM's."""
     make = REPLACEMENTS.get(name)
     try:
-        return make(func, softcap, window) if make else None
+        return make(func, softcap, window, simd) if make else None
     except ValueError:          # raised by the kernel builders' shape checks only
         return None
 
@@ -155,7 +155,11 @@ def rope_before_attention(mod: tvm.ir.IRModule) -> list[relax.Expr] | None:
 
 @tvm.transform.module_pass(opt_level=0, name="UseKilnCPUAttention")
 class UseKilnCPUAttention:
-    """Replace TVM's CPU paged-attention and RoPE PrimFuncs (by name) with kiln's, keeping their symbols."""
+    """Replace TVM's CPU paged-attention and RoPE PrimFuncs (by name) with kiln's, keeping their symbols.
+    `simd`: float32 lanes of the target's vector registers (attention.py's prefill blocks follow it)."""
+
+    def __init__(self, simd: int = 16) -> None:
+        self.simd = simd
 
     def transform_module(self, mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         creation = rope_before_attention(mod)
@@ -170,7 +174,7 @@ class UseKilnCPUAttention:
             if gv.name_hint == _ROPE_NAME:
                 new = _rope_replacement(func, creation)
             else:
-                new = _replacement(gv.name_hint, func, softcap, window)
+                new = _replacement(gv.name_hint, func, softcap, window, self.simd)
             if new is None:
                 continue
             # kiln's own attrs (plain scheduled TIR, not s_tir), under the original's symbol

@@ -26,6 +26,8 @@ PAGE = 16
 SM_SCALE = 0.125
 # (h_q, h_kv, head_dim): SmolLM2's GQA shape and the tiny test Llama's
 SHAPES = [(9, 3, 64), (4, 2, 16)]
+# float32 lanes the prefill kernels block for: AVX-512's 16, AVX2's 8 (each built and run on any x86 host)
+SIMD = [16, 8]
 
 
 def _build(func):
@@ -54,7 +56,8 @@ def reference(q, k, v, causal):
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
 @pytest.mark.parametrize("causal", [1, 0])
-def test_ragged_prefill(h_q, h_kv, d, causal):
+@pytest.mark.parametrize("simd", SIMD)
+def test_ragged_prefill(h_q, h_kv, d, causal, simd):
     rng = np.random.default_rng(0)
     lens = [130, 1, 37]                                 # over the 32-row / 64-column blocks, and one token
     ind = np.concatenate([[0], np.cumsum(lens)]).astype("int32")
@@ -62,7 +65,7 @@ def test_ragged_prefill(h_q, h_kv, d, causal):
     out, lse = np.zeros_like(q), np.zeros((ind[-1], h_q), "float32")
     args = [_t(q), _t(ind), _t(k), _t(v), _t(ind), _t(np.zeros(ind[-1], "int32")),
             _t(np.zeros(len(lens), "int32")), _t(out), _t(lse)]
-    _build(attention_prefill_ragged_cpu(h_kv, h_q, d, "float32"))(*args, causal, 0, 1.0, 1e4, SM_SCALE)
+    _build(attention_prefill_ragged_cpu(h_kv, h_q, d, "float32", simd=simd))(*args, causal, 0, 1.0, 1e4, SM_SCALE)
     for b in range(len(lens)):
         rows = slice(ind[b], ind[b + 1])
         ref_out, ref_lse = reference(q[rows], k[rows], v[rows], causal)
@@ -149,7 +152,8 @@ def test_sliding_window_decode(h_q, h_kv, d):
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
 @pytest.mark.parametrize("causal", [0, 1])
-def test_sliding_window_prefill(h_q, h_kv, d, causal):
+@pytest.mark.parametrize("simd", SIMD)
+def test_sliding_window_prefill(h_q, h_kv, d, causal, simd):
     """TVM's sliding-window prefill over the cache (batch_prefill_paged_kv_cpu_sliding_window): the
     sink's and the window's rows, and with `causal` TVM's cross mask for a window of WINDOW tokens:
     new row r sees the cache's last WINDOW - r - 1 logical rows (none from row WINDOW - 1 on). The
@@ -163,7 +167,8 @@ def test_sliding_window_prefill(h_q, h_kv, d, causal):
     q_ind = np.concatenate([[0], np.cumsum(q_lens)]).astype("int32")
     q = np.random.default_rng(5).standard_normal((q_ind[-1], h_q, d)).astype("float32")
     out, lse = _t(np.zeros_like(q)), _t(np.zeros((len(q), h_q), "float32"))
-    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=False, sliding=True, window=window))(
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=False, sliding=True, window=window,
+                                simd=simd))(
         _t(q), _t(q_ind), _t(cache.pages), _t(cache.indptr), _t(cache.values), _t(info),
         _t(np.zeros(len(q_lens), "int32")), _t(np.zeros(len(q), "int32")), out, lse, causal, 0, 1.0, 1e4, SM_SCALE)
     for b, (n, (sink, first)) in enumerate(zip(kv_lens, windows)):
@@ -175,13 +180,14 @@ def test_sliding_window_prefill(h_q, h_kv, d, causal):
 
 @pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
 @pytest.mark.parametrize("causal", [0, 1])
-def test_paged_prefill(h_q, h_kv, d, causal):
+@pytest.mark.parametrize("simd", SIMD)
+def test_paged_prefill(h_q, h_kv, d, causal, simd):
     cache = PagedCache(h_kv, d, [37, 16, 200, 5])
     q_lens = [5, 16, 40, 0]
     q_ind = np.concatenate([[0], np.cumsum(q_lens)]).astype("int32")
     q = np.random.default_rng(3).standard_normal((q_ind[-1], h_q, d)).astype("float32")
     out, lse = _t(np.zeros_like(q)), _t(np.zeros((len(q), h_q), "float32"))
-    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=False))(
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=False, simd=simd))(
         _t(q), _t(q_ind), *cache.args(), _t(np.zeros(len(q_lens), "int32")), _t(np.zeros(len(q), "int32")),
         out, lse, causal, 0, 1.0, 1e4, SM_SCALE)
     for b, n in enumerate(q_lens):
