@@ -60,7 +60,9 @@ form, or 8-bit codes in groups of 16 (GGUF's Q6_K as stored, a Q4_K_M file's LM 
 projections: each half of a chunk scaled on its own; tools/bench_cpu_gemv.py --formats q8 --group 16,
 Sapphire Rapids, 2 threads: 1.5-1.8x the scheduled GEMV, which they took before); or f16 / bf16,
 16-bit floats without scales, two multiply-adds a chunk) into an `NT_matmul` of
-float32 activations with float32 sums, no cast after, over symbolic rows; K a multiple of 64. Anything
+float32 activations with float32 sums, no cast after, over symbolic rows ([rows, 1, K], decode's, or
+[1, rows, K], a prefill's: its logits are one row a sequence, and a chunk of 1-8 tokens; the kernels'
+buffers declared over the same memory); K a multiple of 64. Anything
 else: None (QuantMatmul schedules it). QuantMatmul branches on the call's rows (BATCHES). One row,
 tools/compare_llamacpp.py --rounds 3: F16 GGUF SmolLM2 decode 111 tok/s = 0.99x llama.cpp (98, 0.87x,
 before); Q4_1: 165 = 1.15x (122, 0.85x); Q5_1 (q8m): 113 = 0.98x (109, 0.84x).
