@@ -84,6 +84,18 @@ def test_replaces_the_cache_kernels_and_nothing_else():
         assert _same(after[name], before[name]), name
 
 
+@pytest.mark.parametrize("profile,simd", [("x86-64-v3", 8), ("x86-64-avx512", 16), ("android", 8)])
+def test_prefill_blocks_follow_the_targets_vector_registers(profile, simd):
+    """The CPU pipeline's pass builds the prefill kernels for the target's float32 lanes (AVX2 8,
+    AVX-512 16, NEON's 4 taken as 8), whatever the host."""
+    from kiln.targets.cpu import _phase_passes
+    chosen = next(p for p in _phase_passes(get_profile(profile), "schedule") if p.info.name == "UseKilnCPUAttention")
+    after = chosen(export())
+    assert _same(after["batch_prefill_ragged_kv"], attention_prefill_ragged_cpu(H_KV, H_Q, D, "float32", simd=simd))
+    assert _same(after["batch_prefill_paged_kv_cpu"],
+                 attention_paged_cpu(H_KV, H_Q, D, "float32", 16, decode=False, simd=simd))
+
+
 def test_leaves_inline_rope_alone():
     before = export(rope_mode=RopeMode.INLINE)           # RoPE inside attention: kiln's kernels assert it off
     after = UseKilnCPUAttention()(before)
