@@ -446,7 +446,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                             for r in T.unroll(QUAD):
                                 for dd in T.vectorized(chunk):
                                     oacc[r, dd] = oacc[r, dd] + _value_row(
-                                        S[i4 * QUAD + r, j] * T.Cast("float32", pages[page_no, 1, hk, j, dc * chunk + dd]),
+                                        S[i4 * QUAD + r, j]
+                                        * T.Cast("float32", pages[page_no, 1, hk, j, dc * chunk + dd]),
                                         length_info, b, kn, pg * page_size, j, sliding)
                         for r in T.unroll(QUAD):
                             for dd in T.vectorized(chunk):
