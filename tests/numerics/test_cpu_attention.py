@@ -28,6 +28,7 @@ SM_SCALE = 0.125
 SHAPES = [(9, 3, 64), (4, 2, 16)]
 # float32 lanes the prefill kernels block for: AVX-512's 16, AVX2's 8 (each built and run on any x86 host)
 SIMD = [16, 8]
+DECODE_SHAPES = SHAPES + [(4, 1, 256)]     # Gemma 3 270M's: the head dim in several register chunks
 
 
 def _build(func):
@@ -116,21 +117,23 @@ def check_row(out, lse, i: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> 
     np.testing.assert_allclose(lse.numpy()[i], ref_lse[0], atol=2e-6)
 
 
-@pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
-def test_decode(h_q, h_kv, d):
+@pytest.mark.parametrize("h_q,h_kv,d", DECODE_SHAPES)
+@pytest.mark.parametrize("simd", SIMD)
+def test_decode(h_q, h_kv, d, simd):
     cache = PagedCache(h_kv, d, [37, 16, 200, 0, 1])
     batch = len(cache.kv_lens)
     q = np.random.default_rng(2).standard_normal((batch, h_q, d)).astype("float32")
     out, lse = _t(np.zeros_like(q)), _t(np.zeros((batch, h_q), "float32"))
     zeros = _t(np.zeros(batch, "int32"))
-    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=True))(
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=True, simd=simd))(
         _t(q), *cache.args(), zeros, zeros, out, lse, 0, 1.0, 1e4, SM_SCALE)
     for b in range(batch):
         check_row(out, lse, b, q, cache.k[b], cache.v[b])          # (no keys: zeros, the empty-row lse)
 
 
-@pytest.mark.parametrize("h_q,h_kv,d", SHAPES)
-def test_sliding_window_decode(h_q, h_kv, d):
+@pytest.mark.parametrize("h_q,h_kv,d", DECODE_SHAPES)
+@pytest.mark.parametrize("simd", SIMD)
+def test_sliding_window_decode(h_q, h_kv, d, simd):
     """TVM's sliding-window decode signature: length_info [3, batch] (the last page's rows, the window's
     first row in the pages, the sink's rows); only the sink's rows and the window's count. The rows
     between hold NaN (memory the window left), and a whole page of them is skipped."""
@@ -142,7 +145,7 @@ def test_sliding_window_decode(h_q, h_kv, d):
     q = np.random.default_rng(3).standard_normal((batch, h_q, d)).astype("float32")
     out, lse = _t(np.zeros_like(q)), _t(np.zeros((batch, h_q), "float32"))
     zeros = _t(np.zeros(batch, "int32"))
-    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=True, sliding=True))(
+    _build(attention_paged_cpu(h_kv, h_q, d, "float32", PAGE, decode=True, sliding=True, simd=simd))(
         _t(q), _t(cache.pages), _t(cache.indptr), _t(cache.values), _t(info), zeros, zeros, out, lse,
         0, 1.0, 1e4, SM_SCALE)
     for b, (n, (sink, first)) in enumerate(zip(kv_lens, windows)):
