@@ -156,7 +156,8 @@ def rope_before_attention(mod: tvm.ir.IRModule) -> list[relax.Expr] | None:
 @tvm.transform.module_pass(opt_level=0, name="UseKilnCPUAttention")
 class UseKilnCPUAttention:
     """Replace TVM's CPU paged-attention and RoPE PrimFuncs (by name) with kiln's, keeping their symbols.
-    `simd`: float32 lanes of the target's vector registers (attention.py's prefill blocks follow it)."""
+    `simd`: float32 lanes of the target's vector registers (attention.py's prefill blocks and its value
+    sums' chunks, prefill and decode, follow it)."""
 
     def __init__(self, simd: int = 16) -> None:
         self.simd = simd
