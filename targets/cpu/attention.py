@@ -104,6 +104,26 @@ def fold_row(S, i, n, tmp, combine):
     fold16(tmp, 0, combine)
 
 
+@T.macro(hygienic=False)
+def add_weighted_values(O, o0, S, s0, rows, scale, keys, value, d, chunk, oacc):
+    """O[o0 + r] = O[o0 + r] * scale[r] + sum over j < keys of value(S[s0 + r, j], j, column), for
+    r < rows (the output rows of one block of keys; `value(p, j, c)`: p times value row j's column
+    c). A chunk of the head dim at a time: rows x chunk sums (oacc) stay in registers over the
+    block's keys, each value vector loaded once for all the rows (the whole head dim's sums of
+    Gemma 3's 256 spilled, a load and a store per multiply-add)."""
+    for dc in T.serial(d // chunk):
+        for r in T.unroll(rows):
+            for dd in T.vectorized(chunk):
+                oacc[r, dd] = O[o0 + r, dc * chunk + dd] * scale[r]
+        for j in T.serial(keys):
+            for r in T.unroll(rows):
+                for dd in T.vectorized(chunk):
+                    oacc[r, dd] = oacc[r, dd] + value(S[s0 + r, j], j, dc * chunk + dd)
+        for r in T.unroll(rows):
+            for dd in T.vectorized(chunk):
+                O[o0 + r, dc * chunk + dd] = oacc[r, dd]
+
+
 def _valid(j, valid_cols):
     """Whether column j counts: j < valid_cols, or valid_cols(j) where it is a function."""
     return valid_cols(j) if callable(valid_cols) else j < valid_cols
@@ -267,19 +287,8 @@ def attention_prefill_ragged_cpu(h_kv: int, h_q: int, d: int, dtype: str, lanes:
                                     for j in T.vectorized(block_k):
                                         S[2 * i2 + r, j] = T.float32(0.0)
                                     alpha[r] = T.float32(0.0)
-                            # a chunk of the head dim at a time: 2 x chunk sums in registers over the block
-                            for dc in T.serial(d // chunk):
-                                for r in T.unroll(2):
-                                    for dd in T.vectorized(chunk):
-                                        oacc[r, dd] = O[g * block_q + 2 * i2 + r, dc * chunk + dd] * alpha[r]
-                                for j in T.serial(T.min(block_k, kv_end - c0)):
-                                    for r in T.unroll(2):
-                                        for dd in T.vectorized(chunk):
-                                            oacc[r, dd] = oacc[r, dd] + S[2 * i2 + r, j] * T.Cast(
-                                                "float32", v[k0 + c0 + j, hk, dc * chunk + dd])
-                                for r in T.unroll(2):
-                                    for dd in T.vectorized(chunk):
-                                        O[g * block_q + 2 * i2 + r, dc * chunk + dd] = oacc[r, dd]
+                            add_weighted_values(O, g * block_q + 2 * i2, S, 2 * i2, 2, alpha,
+                                                T.min(block_k, kv_end - c0), _rows_of(v, k0 + c0, hk), d, chunk, oacc)
                 for g in T.serial(group):
                     for i in T.serial(rows):
                         for dd in T.vectorized(d):
@@ -341,13 +350,21 @@ def _prefill_cols(causal, length_info, b, kn, qn, r0, i, first, kv_len, window: 
     return T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + i + 1), kn) - first
 
 
-def _value_row(product, length_info, b, kn, first, j, sliding: bool):
-    """Row j's weighted value row (`product`); sliding, 0 for a row of the page whose first row is
-    `first` that the window and its sink leave out (selected, not multiplied by 0: the row may hold
-    NaN, and NaN times 0 is NaN)."""
-    if not sliding:
-        return product
-    return T.if_then_else(_sliding_rows(length_info, b, kn, first)(j), product, T.float32(0))
+def _rows_of(v, row0, hk):
+    """value(p, j, c) for add_weighted_values: p times column c of row row0 + j of v's kv head hk."""
+    return lambda p, j, c: p * T.Cast("float32", v[row0 + j, hk, c])
+
+
+def _page_rows(pages, page_no, hk, length_info, b, kn, first, sliding: bool):
+    """value(p, j, c) for add_weighted_values over a cache page's value rows (the page whose first row
+    is `first`); sliding, 0 for a row the window and its sink leave out (selected, not multiplied by
+    0: the row may hold NaN, and NaN times 0 is NaN)."""
+    def value(p, j, c):
+        product = p * T.Cast("float32", pages[page_no, 1, hk, j, c])
+        if not sliding:
+            return product
+        return T.if_then_else(_sliding_rows(length_info, b, kn, first)(j), product, T.float32(0))
+    return value
 
 
 @parsed_once()
@@ -438,22 +455,10 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                             for j in T.vectorized(page_size):
                                 S[i4 * QUAD + r, j] = T.float32(0.0)
                             alpha[r] = T.float32(0.0)
-                    # O += P V a chunk of the head dim at a time: QUAD x chunk sums stay in registers
-                    # over the page's rows (the whole head dim's spilled at d = 256)
-                    for dc in T.serial(d // chunk):
-                        for r in T.unroll(QUAD):
-                            for dd in T.vectorized(chunk):
-                                oacc[r, dd] = O[i4 * QUAD + r, dc * chunk + dd] * alpha[r]
-                        for j in T.serial(T.min(page_size, kv_end - pg * page_size)):
-                            for r in T.unroll(QUAD):
-                                for dd in T.vectorized(chunk):
-                                    oacc[r, dd] = oacc[r, dd] + _value_row(
-                                        S[i4 * QUAD + r, j]
-                                        * T.Cast("float32", pages[page_no, 1, hk, j, dc * chunk + dd]),
-                                        length_info, b, kn, pg * page_size, j, sliding)
-                        for r in T.unroll(QUAD):
-                            for dd in T.vectorized(chunk):
-                                O[i4 * QUAD + r, dc * chunk + dd] = oacc[r, dd]
+                    add_weighted_values(O, i4 * QUAD, S, i4 * QUAD, QUAD, alpha,
+                                        T.min(page_size, kv_end - pg * page_size),
+                                        _page_rows(pages, page_no, hk, length_info, b, kn, pg * page_size, sliding),
+                                        d, chunk, oacc)
         for i in T.serial(rows):
             for dd in T.vectorized(d):
                 output[q_row0 + i, h, dd] = T.Cast(dtype, O[i, dd] / T.max(l[i], T.float32(1e-30)))
@@ -590,7 +595,7 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
             l = T.alloc_buffer((group,), "float32")
             dacc = T.alloc_buffer((group, lanes), "float32")
             S = T.alloc_buffer((group, page_size), "float32")
-            oacc = T.alloc_buffer((chunk,), "float32")
+            oacc = T.alloc_buffer((1, chunk), "float32")
             tmp = T.alloc_buffer((page_size,), "float32")
             scal = T.alloc_buffer((3,), "float32")
             for g in T.serial(group):
@@ -626,17 +631,9 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                 for g in T.serial(group):
                     online_softmax_block(S, g, page_size, counted(length_info, b, kn, (pg0 + pg) * page_size),
                                          m, l, g, tmp, scal, cap)
-                    # a chunk of the head dim at a time, its sums in registers over the page's rows
-                    for dc in T.serial(d // chunk):
-                        for dd in T.vectorized(chunk):
-                            oacc[dd] = O[g, dc * chunk + dd] * scal[0]
-                        for j in T.serial(T.min(page_size, kn - (pg0 + pg) * page_size)):
-                            for dd in T.vectorized(chunk):
-                                oacc[dd] = oacc[dd] + _value_row(
-                                    S[g, j] * T.Cast("float32", pages[page_no, 1, hk, j, dc * chunk + dd]),
-                                    length_info, b, kn, (pg0 + pg) * page_size, j, sliding)
-                        for dd in T.vectorized(chunk):
-                            O[g, dc * chunk + dd] = oacc[dd]
+                    add_weighted_values(O, g, S, g, 1, scal, T.min(page_size, kn - (pg0 + pg) * page_size),
+                                        _page_rows(pages, page_no, hk, length_info, b, kn, (pg0 + pg) * page_size,
+                                                   sliding), d, chunk, oacc)
             for g in T.serial(group):
                 for dd in T.vectorized(d):
                     part_o[task, g, dd] = O[g, dd]
