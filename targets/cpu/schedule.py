@@ -71,6 +71,9 @@ class CPUKnobs:
     unroll_k: int = 1  # extra unroll of the k_outer loop (1 = none)
     # QuantMatmul's one-row GEMV: W rows per tile; 0 = the rule's default for the CPU (quant_schedule.py)
     gemv_tile_n: int = 0
+    # QuantMatmul's tiled matmul as an outer product: tile_n weight rows broadcast against tile_m
+    # vectors of (packed) A rows, no lane sums (quant_schedule.QuantMatmul._outer; AVX2's default)
+    outer: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vector_lanes", "tile_m", "tile_n", "unroll_k"):
@@ -79,6 +82,8 @@ class CPUKnobs:
                 raise ValueError(f"CPUKnobs.{name} must be a positive int, got {value!r}")
         if not isinstance(self.gemv_tile_n, int) or not 0 <= self.gemv_tile_n <= 24:
             raise ValueError(f"CPUKnobs.gemv_tile_n must be an int in 0..24, got {self.gemv_tile_n!r}")
+        if not isinstance(self.outer, bool):
+            raise ValueError(f"CPUKnobs.outer must be a bool, got {self.outer!r}")
         if self.vector_lanes < 2 or self.vector_lanes & (self.vector_lanes - 1):
             raise ValueError(f"CPUKnobs.vector_lanes must be a power of two >= 2, got {self.vector_lanes}")
         if self.tile_m * self.tile_n > 24:

@@ -57,7 +57,8 @@ def knobs_label(knobs: CPUKnobs) -> str:
     """The tunable knobs as ``tile_m=2,tile_n=4,unroll_k=1`` (vector_lanes is the target's), then
     ``,gemv_tile_n=1`` where it is set."""
     gemv = f",gemv_tile_n={knobs.gemv_tile_n}" if knobs.gemv_tile_n else ""
-    return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}{gemv}"
+    outer = ",outer" if knobs.outer else ""
+    return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}{gemv}{outer}"
 
 
 class Tuned(ScheduleRule):
@@ -241,7 +242,8 @@ class CPUTuning:
         """(tile_m, tile_n, unroll_k) with <= 24 accumulators, nearest the defaults first; tile_m
         stays the default's unless ``rows_tile`` (it only shapes calls over many rows). First the
         defaults with each gemv_tile_n (QuantMatmul's one-row GEMV alone, the knob that moved decode
-        most; a rule without one builds the same schedule, which the search skips)."""
+        most; a rule without one builds the same schedule, which the search skips), then with the
+        other form of QuantMatmul's tiled matmul (inner or outer product, where rows are tiled)."""
         grid = [dataclasses.replace(default, tile_m=m, tile_n=n, unroll_k=u)
                 for m in ((1, 2, 4, 8) if rows_tile else (default.tile_m,))
                 for n in (1, 2, 4, 8) for u in (1, 2, 4) if m * n <= 24]
@@ -250,7 +252,8 @@ class CPUTuning:
             return sum(abs(math.log2(getattr(k, f) / getattr(default, f))) for f in ("tile_m", "tile_n", "unroll_k"))
 
         gemv = [dataclasses.replace(default, gemv_tile_n=g) for g in (1, 2, 4, 8) if g != default.gemv_tile_n]
-        return gemv + sorted((k for k in grid if k != default), key=distance)
+        form = [dataclasses.replace(default, outer=not default.outer)] if rows_tile else []
+        return gemv + form + sorted((k for k in grid if k != default), key=distance)
 
     def original_of(self, func: tirx.PrimFunc) -> tirx.PrimFunc | None:
         """A ``kiln.gemv`` copy runs where its original is called (rows <= its bound)."""
