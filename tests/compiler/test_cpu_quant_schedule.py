@@ -117,7 +117,8 @@ def test_tuning_starts_a_quantized_kernel_from_quant_matmuls_own_knobs():
     assert space.default_knobs(q4f16_matmul) == default_knobs(lanes, target_mcpu(profile.tvm_target())) == rule.knobs
     assert (default_knobs(16, "znver4").tile_m, default_knobs(16, "znver4").tile_n) == MATMUL_TILES["znver4"] == (2, 4)
     assert (default_knobs(16, "znver5").tile_m, default_knobs(16, "znver5").tile_n) == (2, 8)
-    assert default_knobs(8) == CPUKnobs(vector_lanes=8)
+    assert default_knobs(8) == CPUKnobs(vector_lanes=8, outer=True)         # AVX2: 2 x 4 as an outer product
+    assert default_knobs(4) == CPUKnobs(vector_lanes=4)
 
 
 def test_the_float_gemv_tile_follows_the_cpu_and_is_tunings_baseline():
@@ -153,3 +154,36 @@ def float_matmul(var_x: T.handle, W: T.Buffer((T.int64(N), T.int64(K)), "float32
             with T.init():
                 Y[v_i0, v_i1, v_i2] = T.float32(0.0)
             Y[v_i0, v_i1, v_i2] = Y[v_i0, v_i1, v_i2] + X[v_i0, v_i1, v_k] * W[v_i2, v_k]
+
+
+@pytest.mark.parametrize("rows", [9, 16, 37, 100])
+def test_the_outer_product_form_matches_numpy(monkeypatch, rows):
+    """knobs.outer (AVX2's default): tile_n weight rows broadcast against tile_m vectors of A rows,
+    A packed into panels of the tile's rows first; rows padded to whole panels (9 of 16, 37 of 48),
+    in L2 blocks of 32 rows here (100: three blocks and a part)."""
+    from kiln.targets.cpu import schedule
+    monkeypatch.setattr(schedule, "A_BLOCK_BYTES", 32 * K * 4)
+    target = tvm.target.Target({"kind": "llvm", "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]})
+    knobs = default_knobs(8)
+    assert knobs.outer
+    sch = QuantMatmul(knobs).apply(q4f16_matmul, target, False)
+    assert _packs_a(sch, 16)
+    _check_against_numpy(tvm.compile(tvm.IRModule({"q4f16_matmul": sch.mod["main"]}), target=target), rows)
+
+
+@pytest.mark.parametrize("rows", [32, 40])
+def test_the_outer_product_form_at_static_rows(rows):
+    """Static rows take the tiled matmul alone: in the outer form whether or not they fill whole panels
+    (32: no pad block, A copied into panels all the same; 40: padded to 48)."""
+    target = tvm.target.Target({"kind": "llvm", "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]})
+    x = tvm.tirx.decl_buffer((tvm.tirx.IntImm("int64", rows), tvm.tirx.IntImm("int64", 1), tvm.tirx.IntImm("int64", K)),
+                             "float16", name="X")
+    static = q4f16_matmul.specialize({q4f16_matmul.params[0]: x})
+    sch = QuantMatmul(default_knobs(8)).apply(static, target, False)
+    assert sch is not None and _packs_a(sch, 16)
+    _check_against_numpy(tvm.compile(tvm.IRModule({"q4f16_matmul": sch.mod["main"]}), target=target), rows)
+
+
+def _packs_a(sch, rt: int) -> bool:
+    """Whether the schedule copies A into panels of rt rows (a write indexed [.., i // rt, k, i % rt])."""
+    return f"% T.int64({rt})] = " in sch.mod["main"].script()
