@@ -25,7 +25,11 @@ PrimFunc with two blocks:
   so decoding costs once per weight instead of once per row tile: 150-190 GFLOP/s per core
   at m = 128, the float matmul's speed (inlining it there, as the float Matmul rule does
   with a producer, runs at 50-60 GFLOP/s). The rows go in blocks whose activations fit in L2
-  (A_BLOCK_BYTES), the W tiles decoded once per block.
+  (A_BLOCK_BYTES), the W tiles decoded once per block. With AVX2's 8 lanes (knobs.outer, the
+  default there) the tile is an outer product instead (QuantMatmul._outer): A packed once a call
+  into panels of 16 rows, each weight broadcast against 2 vectors of 8 rows, 4 weight rows x 16
+  rows of sums in 8 registers over all of K, no lane sums at the end: SmolLM2's 1,024-token prefill
+  1.36x, Gemma 3's 1,000-token 1.07x on a Zen 3 (its gate/up kernel 1.10x, q/o and down 1.15-1.30x).
 """
 
 from __future__ import annotations
