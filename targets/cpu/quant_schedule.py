@@ -206,10 +206,11 @@ class QuantMatmul(ScheduleRule):
         registers over all of K, no lanes to sum at the end (the inner-product tile's lane sums and
         the registers its tile leaves idle). A is packed first, once a call, into panels of the
         tile's rows ([rows / rt, K, rt]: each k's rt values one contiguous vector load); the W tile
-        is dequantized once per row block as in _tile. AVX2 (2 cores of a Zen 3 EPYC, q8 kernels
-        alone, 2 threads, GFLOP/s against the inner-product 2 x 4): 4,096 x 640 at 500 rows 71-76
-        against 56-66; 640 x 2,048 at 2,048 rows 72.9 against 56.5; 1,536 x 576 at 500 rows 79.3
-        against 50.6; at 32 rows 45-49 against 34-44."""
+        is dequantized once per row block as in _tile. AVX2 (2 cores of a Zen 3 EPYC, q8 kernels alone
+        with f16 scales, TVM_NUM_THREADS=2, GFLOP/s, inner-product 2 x 4 / this form): 4,096 x 640 at 500
+        rows 89.3 / 117.8, at 32 rows 74.9 / 92.9, at 12 (padded to 16) 44.6 / 48.7; 640 x 2,048 at 500
+        rows 88.5 / 106.5, at 2,048 84.6 / 113.7 (without the L2 row blocks 39% slower); 1,536 x 576 at 500 rows
+        79.2 / 99.2. 3 or 5 weight rows a tile, or 3 vectors of rows, within 5% of 4 x 2 either way."""
         knobs = self.knobs
         lanes, vectors = knobs.vector_lanes, knobs.tile_m
         rt = lanes * vectors                       # rows of A a register tile takes
