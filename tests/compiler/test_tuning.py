@@ -189,3 +189,26 @@ def test_tune_help_names_the_database_path():
         warnings.simplefilter("ignore")
         out = CliRunner().invoke(main, ["tune", "--help"]).output
     assert "$KILN_CACHE_DIR/tuning/" in out and "--budget" in out
+
+
+def test_the_matmul_form_is_a_knob_the_search_tries_and_the_db_keeps(tmp_path):
+    """CPUKnobs.outer (QuantMatmul's outer-product tile, AVX2's default): the search tries the other
+    form right after the one-row GEMV tiles, the label names it, and a database entry keeps it (an
+    entry written before the knob existed reads as the inner form)."""
+    from kiln.targets.cpu.tuning import knobs_label
+    space = get_profile("cpu").tuning_space()
+    for default in (CPUKnobs(vector_lanes=8, outer=True), CPUKnobs(vector_lanes=16, tile_n=8)):
+        tried = space.candidates(default)
+        assert tried[4] == dataclasses.replace(default, outer=not default.outer)
+        assert all(k.outer == default.outer for k in tried[5:])
+        assert dataclasses.replace(default, outer=not default.outer) not in space.candidates(default, rows_tile=False)
+    assert knobs_label(CPUKnobs(vector_lanes=8, outer=True)) == "tile_m=2,tile_n=4,unroll_k=1,outer"
+    assert knobs_label(CPUKnobs(vector_lanes=8)) == "tile_m=2,tile_n=4,unroll_k=1"
+    saved = TuneEntry(knobs=CPUKnobs(vector_lanes=8, outer=True), us_m1=1.0, us_m128=2.0, default_us_m1=1.0,
+                      default_us_m128=3.0, tuned_at="2026-12-03T00:00:00Z", function="f")
+    assert TuneEntry.from_json(saved.to_json()).knobs.outer
+    old = saved.to_json()
+    del old["knobs"]["outer"]
+    assert TuneEntry.from_json(old).knobs == CPUKnobs(vector_lanes=8)
+    with pytest.raises(ValueError, match="outer"):
+        CPUKnobs(outer="yes")
