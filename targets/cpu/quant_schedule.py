@@ -187,10 +187,7 @@ class QuantMatmul(ScheduleRule):
         for consumer in sch.get_consumers(main):      # the copy out of the padded C, per tile
             sch.reverse_compute_at(consumer, i_o, preserve_unit_loops=True)
         if deq is not None:
-            # The W tile: tile_n rows of K, dequantized once per (s, j_o) of a row block, before its row tiles.
-            sch.compute_at(deq, j_o, preserve_unit_loops=True)
-            _, d_kv = sch.split(sch.get_loops(deq)[-1], [None, lanes])
-            sch.vectorize(d_kv)
+            _dequantize_per_tile(sch, deq, j_o, lanes)
         sch.parallel(sch.fuse(s, j_o))
         sch.unroll(i_i)
         sch.unroll(j_i)
@@ -240,9 +237,7 @@ class QuantMatmul(ScheduleRule):
         sch.transform_layout(main, ("write", 0), lambda s, i, j: (s, j, i))     # a weight row's sums: vectors
         for consumer in sch.get_consumers(acc):      # the copy out of the padded C, per tile
             sch.reverse_compute_at(consumer, i_o, preserve_unit_loops=True)
-        sch.compute_at(deq, j_o, preserve_unit_loops=True)
-        _, d_kv = sch.split(sch.get_loops(deq)[-1], [None, _pow2_divisor(k_len, lanes)])
-        sch.vectorize(d_kv)
+        _dequantize_per_tile(sch, deq, j_o, _pow2_divisor(k_len, lanes))
         sch.parallel(sch.fuse(s, j_o))
         sch.unroll(j_i)
         i_v, i_l = sch.split(i_i, [vectors, lanes])
@@ -251,6 +246,14 @@ class QuantMatmul(ScheduleRule):
         init = sch.decompose_reduction(main, k)
         sch.vectorize(sch.get_loops(init)[-1])
         return sch
+
+
+def _dequantize_per_tile(sch: s_tir.Schedule, deq, j_o, lanes: int) -> None:
+    """The W tile (tile_n rows of K) dequantized into its buffer once per (s, j_o) of a row block,
+    before the block's row tiles, K in vectors of `lanes`: both tiled forms' (_tile, _outer)."""
+    sch.compute_at(deq, j_o, preserve_unit_loops=True)
+    _, d_kv = sch.split(sch.get_loops(deq)[-1], [None, lanes])
+    sch.vectorize(d_kv)
 
 
 def _branch(cond: tirx.PrimExpr, then_func: tirx.PrimFunc, else_func: tirx.PrimFunc) -> tirx.PrimFunc:

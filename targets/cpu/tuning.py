@@ -55,7 +55,7 @@ KnobLookup = Callable[[tirx.PrimFunc], "CPUKnobs | None"]  # per-function knobs,
 
 def knobs_label(knobs: CPUKnobs) -> str:
     """The tunable knobs as ``tile_m=2,tile_n=4,unroll_k=1`` (vector_lanes is the target's), then
-    ``,gemv_tile_n=1`` where it is set."""
+    ``,gemv_tile_n=1`` where it is set and ``,outer`` for the outer-product matmul form."""
     gemv = f",gemv_tile_n={knobs.gemv_tile_n}" if knobs.gemv_tile_n else ""
     outer = ",outer" if knobs.outer else ""
     return f"tile_m={knobs.tile_m},tile_n={knobs.tile_n},unroll_k={knobs.unroll_k}{gemv}{outer}"

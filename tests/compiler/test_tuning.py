@@ -191,7 +191,7 @@ def test_tune_help_names_the_database_path():
     assert "$KILN_CACHE_DIR/tuning/" in out and "--budget" in out
 
 
-def test_the_matmul_form_is_a_knob_the_search_tries_and_the_db_keeps(tmp_path):
+def test_the_matmul_form_is_a_knob_the_search_tries_and_the_db_keeps():
     """CPUKnobs.outer (QuantMatmul's outer-product tile, AVX2's default): the search tries the other
     form right after the one-row GEMV tiles, the label names it, and a database entry keeps it (an
     entry written before the knob existed reads as the inner form)."""
