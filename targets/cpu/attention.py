@@ -143,9 +143,12 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
     if cap > 0.0:
         for j in T.serial(n):
             S[i, j] = T.float32(cap) * T.tanh(S[i, j] / T.float32(cap))
-    # Masked columns first (they may hold stale page memory, even NaN), then the max.
+    # Masked columns first (they may hold stale page memory, even NaN), then the max. T.Select, not
+    # T.if_then_else: a select of two vectors; an if_then_else (a guarded load) was split into a
+    # branch a lane (decode at 1,024 tokens, SmolLM2's shape, 30 layers' caches on huge pages, 2
+    # Zen 3 threads: 83-85 us a call with it, 70-74 with the select).
     for j in T.vectorized(n):
-        S[i, j] = T.if_then_else(_valid(j, valid_cols), S[i, j], T.float32(NEG))
+        S[i, j] = T.Select(_valid(j, valid_cols), S[i, j], T.float32(NEG))
     if n in (16, 32, 64):
         fold_row(S, i, n, tmp, T.max)
         alpha_buf[1] = T.max(m[mi], tmp[0])
@@ -157,7 +160,7 @@ def online_softmax_block(S, i, n, valid_cols, m, l, mi, tmp, alpha_buf, cap):
         S[i, j] = S[i, j] - alpha_buf[1]
     fast_exp2(S, i, n, tmp)
     for j in T.vectorized(n):           # exact zeros: fast_exp2 flushes to 2^-126, not 0
-        S[i, j] = T.if_then_else(_valid(j, valid_cols), S[i, j], T.float32(0.0))
+        S[i, j] = T.Select(_valid(j, valid_cols), S[i, j], T.float32(0.0))
     alpha_buf[0] = T.exp2(m[mi] - alpha_buf[1])
     if n in (16, 32, 64):
         fold_row(S, i, n, tmp, add)
