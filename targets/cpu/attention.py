@@ -361,7 +361,9 @@ def _rows_of(v, row0, hk):
 def _page_rows(pages, page_no, hk, length_info, b, kn, first, sliding: bool):
     """value(p, j, c) for add_weighted_values over a cache page's value rows (the page whose first row
     is `first`); sliding, 0 for a row the window and its sink leave out (selected, not multiplied by
-    0: the row may hold NaN, and NaN times 0 is NaN)."""
+    0: the row may hold NaN, and NaN times 0 is NaN). T.if_then_else, unlike the softmax's masks: its
+    condition is the row's, one branch a row (a T.Select blended every vector: Gemma 3's sliding decode
+    kernel 3-6% slower)."""
     def value(p, j, c):
         product = p * T.Cast("float32", pages[page_no, 1, hk, j, c])
         if not sliding:
