@@ -45,8 +45,8 @@ from tvm.target import Target
 
 from ..row_dispatch import dispatch_on_rows, static_int
 from . import quant_gemv
-from .schedule import (_STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, normalize_matmul, row_block,
-                       target_mcpu)
+from .schedule import (_STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, normalize_matmul, outer_product,
+                       row_block, target_mcpu)
 
 logger = logging.getLogger(__name__)
 
@@ -198,54 +198,16 @@ class QuantMatmul(ScheduleRule):
         return sch
 
     def _outer(self, sch: s_tir.Schedule, main, deq) -> s_tir.Schedule:
-        """The tiled matmul as an outer product (knobs.outer): a tile of tile_n weight rows, each
-        weight broadcast against tile_m vectors of rows of A, tile_m x tile_n vector sums in
-        registers over all of K, no lanes to sum at the end (the inner-product tile's lane sums and
-        the registers its tile leaves idle). A is packed first, once a call, into panels of the
-        tile's rows ([rows / rt, K, rt]: each k's rt values one contiguous vector load); the W tile
-        is dequantized once per row block as in _tile. AVX2 (2 cores of a Zen 3 EPYC, q8 kernels alone
+        """The tiled matmul as an outer product (knobs.outer; schedule.outer_product: A packed into
+        panels of the tile's rows, each weight broadcast against vectors of rows, the sums in registers
+        over all of K); the W tile is dequantized once per row block as in _tile. AVX2 (2 cores of a Zen 3 EPYC, q8 kernels alone
         with f16 scales, TVM_NUM_THREADS=2, GFLOP/s, inner-product 2 x 4 / this form): 4,096 x 640 at 500
         rows 89.3 / 117.8, at 32 rows 74.9 / 92.9, at 12 (padded to 16) 44.6 / 48.7; 640 x 2,048 at 500
         rows 88.5 / 106.5, at 2,048 84.6 / 113.7 (without the L2 row blocks 39% slower); 1,536 x 576 at 500 rows
         79.2 / 99.2. 3 or 5 weight rows a tile, or 3 vectors of rows, within 5% of 4 x 2 either way."""
-        knobs = self.knobs
-        lanes, vectors = knobs.vector_lanes, knobs.tile_m
-        rt = lanes * vectors                       # rows of A a register tile takes
-        sch.pad_einsum(main, [1, rt, 1, 1])
-        auto_inline_consumers(sch, main)
-        # the copy of A[S, I, K] padded to whole tiles (pad_einsum's, over read_a) packs A
-        pack = next(p for p in sch.get_producers(main) if not p.same_as(deq))
-        for producer in sch.get_producers(pack):
-            sch.compute_inline(producer)
-        sch.transform_layout(pack, ("write", 0), lambda s, i, k: (s, i // rt, k, i % rt))
-        s, i, k = sch.get_loops(pack)
-        i_o, i_i = sch.split(i, [None, rt])
-        sch.reorder(s, i_o, k, i_i)
-        sch.parallel(sch.fuse(s, i_o))
-        s, i, j, k = sch.get_loops(main)
-        n, k_len = static_int(get_extent(sch, j)), static_int(get_extent(sch, k))
-        if n is None or k_len is None:
-            raise ValueError(f"QuantMatmul needs static N and K (N={n}, K={k_len})")
-        tile_n = _largest_divisor(n, knobs.tile_n)
-        j_o, j_i = sch.split(j, [None, tile_n])
-        i_o, i_i = sch.split(i, [None, rt])
-        # The rows in blocks of block_m (their panels in L2 while the W tiles pass: schedule.A_BLOCK_BYTES)
-        i_b, i_o = sch.split(i_o, [None, row_block(k_len, rt) // rt])
-        sch.reorder(i_b, s, j_o, i_o, k, j_i, i_i)
-        acc = sch.cache_write(main, 0, "local")
-        sch.reverse_compute_at(acc, i_o, preserve_unit_loops=True)
-        sch.transform_layout(main, ("write", 0), lambda s, i, j: (s, j, i))     # a weight row's sums: vectors
-        for consumer in sch.get_consumers(acc):      # the copy out of the padded C, per tile
-            sch.reverse_compute_at(consumer, i_o, preserve_unit_loops=True)
-        _dequantize_per_tile(sch, deq, j_o, _pow2_divisor(k_len, lanes))
-        sch.parallel(sch.fuse(s, j_o))
-        sch.unroll(j_i)
-        i_v, i_l = sch.split(i_i, [vectors, lanes])
-        sch.unroll(i_v)
-        sch.vectorize(i_l)
-        init = sch.decompose_reduction(main, k)
-        sch.vectorize(sch.get_loops(init)[-1])
-        return sch
+        def at_weight_tile(j_o, k_len: int) -> None:
+            _dequantize_per_tile(sch, deq, j_o, _pow2_divisor(k_len, self.knobs.vector_lanes))
+        return outer_product(sch, main, self.knobs, deq, at_weight_tile)
 
 
 def _dequantize_per_tile(sch: s_tir.Schedule, deq, j_o, lanes: int) -> None:

@@ -171,6 +171,56 @@ def row_block(k_len: int, tile_m: int) -> int:
     return max(1 << (rows.bit_length() - 1), tile_m) // tile_m * tile_m
 
 
+def outer_product(sch: s_tir.Schedule, main, knobs: "CPUKnobs", weights=None,
+                  at_weight_tile: Callable[[s_tir.LoopRV, int], None] | None = None) -> s_tir.Schedule:
+    """An NT matmul (main: C[s, i, j] += A[s, i, k] * W[s, j, k], normalized) as outer products: a tile
+    of knobs.tile_n weight rows, each weight broadcast against knobs.tile_m vectors of rows of A, the
+    tile_m x tile_n vector sums in registers over all of K and no lanes to sum at the end (an inner-
+    product tile ends each tile with its lane sums and leaves registers idle). A is packed first, once
+    a call, into panels of the tile's rows ([rows / rt, K, rt]: each k's rt values one contiguous vector
+    load; pad_einsum's padded copy of A given that layout); the rows go in L2-sized blocks (row_block).
+    `weights`: main's producer of W (QuantMatmul's dequantize), not A's; at_weight_tile(j_o, K) then
+    places it per weight tile. Both the float Matmul and QuantMatmul take it (knobs.outer)."""
+    lanes, vectors = knobs.vector_lanes, knobs.tile_m
+    rt = lanes * vectors                       # rows of A a register tile takes
+    sch.pad_einsum(main, [1, rt, 1, 1])
+    auto_inline_consumers(sch, main)
+    # the copy of A[S, I, K] padded to whole tiles (pad_einsum's) packs A
+    pack = next(p for p in sch.get_producers(main) if weights is None or not p.same_as(weights))
+    for producer in sch.get_producers(pack):
+        sch.compute_inline(producer)
+    sch.transform_layout(pack, ("write", 0), lambda s, i, k: (s, i // rt, k, i % rt))
+    s, i, k = sch.get_loops(pack)
+    i_o, i_i = sch.split(i, [None, rt])
+    sch.reorder(s, i_o, k, i_i)
+    sch.parallel(sch.fuse(s, i_o))
+    s, i, j, k = sch.get_loops(main)
+    n, k_len = static_int(get_extent(sch, j)), static_int(get_extent(sch, k))
+    if n is None or k_len is None:
+        raise ValueError(f"the outer-product matmul needs static N and K (N={n}, K={k_len})")
+    tile_n = _largest_divisor(n, knobs.tile_n)
+    j_o, j_i = sch.split(j, [None, tile_n])
+    i_o, i_i = sch.split(i, [None, rt])
+    # The rows in blocks of block_m (their panels in L2 while the W tiles pass: A_BLOCK_BYTES)
+    i_b, i_o = sch.split(i_o, [None, row_block(k_len, rt) // rt])
+    sch.reorder(i_b, s, j_o, i_o, k, j_i, i_i)
+    acc = sch.cache_write(main, 0, "local")
+    sch.reverse_compute_at(acc, i_o, preserve_unit_loops=True)
+    sch.transform_layout(main, ("write", 0), lambda s, i, j: (s, j, i))     # a weight row's sums: vectors
+    for consumer in sch.get_consumers(acc):      # the copy out of the padded C, per tile
+        sch.reverse_compute_at(consumer, i_o, preserve_unit_loops=True)
+    if at_weight_tile is not None:
+        at_weight_tile(j_o, k_len)
+    sch.parallel(sch.fuse(s, j_o))
+    sch.unroll(j_i)
+    i_v, i_l = sch.split(i_i, [vectors, lanes])
+    sch.unroll(i_v)
+    sch.vectorize(i_l)
+    init = sch.decompose_reduction(main, k)
+    sch.vectorize(sch.get_loops(init)[-1])
+    return sch
+
+
 def _largest_divisor(n: int, limit: int, ok: Callable[[int], bool] = lambda d: True) -> int:
     """Largest d <= limit dividing n (and passing ``ok``); 1 if none."""
     return next((d for d in range(min(limit, n), 0, -1) if n % d == 0 and ok(d)), 1)
