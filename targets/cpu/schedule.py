@@ -71,8 +71,9 @@ class CPUKnobs:
     unroll_k: int = 1  # extra unroll of the k_outer loop (1 = none)
     # QuantMatmul's one-row GEMV: W rows per tile; 0 = the rule's default for the CPU (quant_schedule.py)
     gemv_tile_n: int = 0
-    # QuantMatmul's tiled matmul as an outer product: tile_n weight rows broadcast against tile_m
-    # vectors of (packed) A rows, no lane sums (quant_schedule.QuantMatmul._outer; AVX2's default)
+    # the tiled matmuls as outer products: tile_n weight rows broadcast against tile_m vectors of
+    # (packed) A rows, no lane sums (outer_product; QuantMatmul's default on AVX2, the float Matmul's
+    # where tuned)
     outer: bool = False
 
     def __post_init__(self) -> None:
@@ -324,6 +325,15 @@ class Matmul(KilnCPURule):
         auto_inline_producers(sch, main)  # the reindex copies and any elementwise prologue
         if layout == "nn":
             return self._schedule_nn(sch, main)
+        # The outer-product form (knobs.outer) where tuned: off by default here. AVX2 (2 Zen 3 cores,
+        # kernels alone at 500 rows, GFLOP/s, inner 2 x 4 / outer 2 x 4 / outer 2 x 6): SmolLM2's
+        # 3,072 x 576 164.8 / 167.8 / 173.0, 576 x 1,536 151.2 / 161.7 / 166.3, 960 x 576 165.8 /
+        # 168.2 / 168.2 (QuantMatmul's gained 1.1-1.3x: its inner tile also dequantizes); its sums, one
+        # chain over K, 5x further from float64 (1.6e-6 relative against 2.8e-7).
+        if self.knobs.outer:
+            rows = static_int(get_extent(sch, sch.get_loops(main)[1]))
+            if rows is None or rows >= self.knobs.tile_m * self.knobs.vector_lanes:
+                return outer_product(sch, main, self.knobs)
         tile_m = self._pad_rows(sch, main, self.knobs.tile_m)
         s, i, j, k = sch.get_loops(main)
         return self._schedule_nt(sch, main, [s], (i, tile_m), j, k)

@@ -243,7 +243,8 @@ class CPUTuning:
         stays the default's unless ``rows_tile`` (it only shapes calls over many rows). First the
         defaults with each gemv_tile_n (QuantMatmul's one-row GEMV alone, the knob that moved decode
         most; a rule without one builds the same schedule, which the search skips), then with the
-        other form of QuantMatmul's tiled matmul (inner or outer product, where rows are tiled)."""
+        other form of the tiled matmuls, QuantMatmul's and the float Matmul's (inner or outer product,
+        where rows are tiled)."""
         grid = [dataclasses.replace(default, tile_m=m, tile_n=n, unroll_k=u)
                 for m in ((1, 2, 4, 8) if rows_tile else (default.tile_m,))
                 for n in (1, 2, 4, 8) for u in (1, 2, 4) if m * n <= 24]

@@ -304,6 +304,29 @@ def test_avx2_sized_knobs_still_correct(target):
             assert_close(out.numpy(), ref, "float32", f"{what} at m={m}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_outer_product_form_matches_numpy(target, monkeypatch, dtype):
+    """knobs.outer (not the float rule's default; `kiln tune` tries it): A packed into panels of 16 rows,
+    each weight broadcast against 2 vectors of 8 rows, the residual add at the tile; rows padded to
+    whole panels (1 and 7 of 16, 37 of 48), in L2 blocks of 16 rows here (128: eight blocks)."""
+    from kiln.targets.cpu import schedule
+    monkeypatch.setattr(schedule, "A_BLOCK_BYTES", 16 * HIDDEN * 4)
+    knobs = CPUKnobs(vector_lanes=8, tile_m=2, tile_n=4, outer=True)
+    mod, _ = LinearNormBlock(dtype).export_tvm(spec=block_spec("m", dtype))
+    scheduled, vm = compile_cpu(mod, target, cpu_schedule_rules(knobs=knobs))
+    assert "% T.int64(16)] = " in prim_funcs(scheduled)["fused_NT_matmul_add"].script()     # A in panels
+    rng = np.random.default_rng(4)
+    weight = (rng.standard_normal((OUT, HIDDEN)) / 8).astype(dtype)
+    norm_weight = rng.standard_normal(OUT).astype(dtype)
+    for m in (1, 7, 37, 128):
+        x = rng.standard_normal((1, m, HIDDEN)).astype(dtype)
+        residual = rng.standard_normal((1, m, OUT)).astype(dtype)
+        outs = vm["forward"](*[tvm.runtime.tensor(a) for a in (x, residual, weight, norm_weight)])
+        for what, out, ref in zip(("rms_norm", "softmax", "silu*mul"), outs,
+                                  block_reference(x, residual, weight, norm_weight)):
+            assert_close(out.numpy(), ref, dtype, f"{what} at m={m}")
+
+
 def test_elementwise_keeps_a_table_read_by_every_head(target):
     """models/rope.py's cos / sin tables ([positions, dims / 2]) are read by every head: Elementwise keeps
     such a block apart (computed once per position) instead of inlining a libm call per element; a
