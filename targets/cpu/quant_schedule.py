@@ -200,11 +200,12 @@ class QuantMatmul(ScheduleRule):
     def _outer(self, sch: s_tir.Schedule, main, deq) -> s_tir.Schedule:
         """The tiled matmul as an outer product (knobs.outer; schedule.outer_product: A packed into
         panels of the tile's rows, each weight broadcast against vectors of rows, the sums in registers
-        over all of K); the W tile is dequantized once per row block as in _tile. AVX2 (2 cores of a Zen 3 EPYC, q8 kernels alone
-        with f16 scales, TVM_NUM_THREADS=2, GFLOP/s, inner-product 2 x 4 / this form): 4,096 x 640 at 500
-        rows 89.3 / 117.8, at 32 rows 74.9 / 92.9, at 12 (padded to 16) 44.6 / 48.7; 640 x 2,048 at 500
-        rows 88.5 / 106.5, at 2,048 84.6 / 113.7 (without the L2 row blocks 39% slower); 1,536 x 576 at 500 rows
-        79.2 / 99.2. 3 or 5 weight rows a tile, or 3 vectors of rows, within 5% of 4 x 2 either way."""
+        over all of K); the W tile is dequantized once per row block as in _tile. AVX2 (2 cores of a
+        Zen 3 EPYC, q8 kernels alone with f16 scales, TVM_NUM_THREADS=2, GFLOP/s, inner-product 2 x 4 /
+        this form): 4,096 x 640 at 500 rows 89.3 / 117.8, at 32 rows 74.9 / 92.9, at 12 (padded to 16)
+        44.6 / 48.7; 640 x 2,048 at 500 rows 88.5 / 106.5, at 2,048 84.6 / 113.7 (without the L2 row
+        blocks 39% slower); 1,536 x 576 at 500 rows 79.2 / 99.2. 3 or 5 weight rows a tile, or 3 vectors
+        of rows, within 5% of 4 x 2 either way."""
         def at_weight_tile(j_o, k_len: int) -> None:
             _dequantize_per_tile(sch, deq, j_o, _pow2_divisor(k_len, self.knobs.vector_lanes))
         return outer_product(sch, main, self.knobs, deq, at_weight_tile)
