@@ -35,7 +35,8 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
     from .low_batch_gemv import DispatchLowBatchGEMV, LowBatchGEMV
     from .serial_small import serial_small_loops
     if phase == "graph":
-        # float32 SiLU, sigmoid and gelu_tanh with a polynomial exp (LLVM scalarises vector exp into libm calls).
+        # float32 SiLU, sigmoid, gelu_tanh and the exact gelu with a polynomial exp (LLVM scalarises a
+        # vector exp into libm calls; TVM's exact gelu calls libm's erf an element).
         return [FastActivations()]
     if phase == "legalize":
         # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; folded in at lower).
