@@ -30,6 +30,8 @@ PrimFunc with two blocks:
   into panels of 16 rows, each weight broadcast against 2 vectors of 8 rows, 4 weight rows x 16
   rows of sums in 8 registers over all of K, no lane sums at the end: SmolLM2's 1,024-token prefill
   1.36x, Gemma 3's 1,000-token 1.07x on a Zen 3 (its gate/up kernel 1.10x, q/o and down 1.15-1.30x).
+  znver4's AVX-512 takes it too, as 1 vector of 16 rows by 8 weight rows (MATMUL_TILES: its kernels
+  1.12-1.34x at 1,024 rows).
 """
 
 from __future__ import annotations
@@ -71,23 +73,27 @@ def gemv_tile_n(knobs: CPUKnobs, target: Target) -> int:
     return knobs.gemv_tile_n or GEMV_TILE_N.get(target_mcpu(target), knobs.tile_n)
 
 
-# The tiled matmul's accumulator tile (tile_m x tile_n) with 16 lanes, by LLVM CPU name; (2, 8)
-# elsewhere, measured best on znver5 (4-6% over 2 x 4 at m = 1 and 128). znver4 (AVX-512 on 256-bit
-# units; 2 cores of an AMD EPYC VM, q4m kernels alone at 2,048 rows, GFLOP/s): 2 x 4 gate/up 166
-# against 154, down 135 against 124 (its 6 x 1,536-float W tile outgrew L1 at 2 x 8; 4 x 3: 147 / 137);
-# SmolLM2 Q4_1 in alternating runs: prefill of 1,024 tokens 634 / 617 tok/s against 577 / 528,
-# 32 x 64 tokens 647 / 656 against 618 / 624; decode of 16 sequences 449 against 405, of 32 501 / 510
-# against 460 / 462.
-MATMUL_TILES = {"znver4": (2, 4)}
+# The tiled matmul's accumulator tile (tile_m, tile_n, outer product) with 16 lanes, by LLVM CPU name;
+# (2, 8, inner) elsewhere, measured best on znver5 (4-6% over 2 x 4 at m = 1 and 128). znver4 (AVX-512
+# on 256-bit units; 2 cores of an AMD EPYC VM, q4m kernels alone at 2,048 rows, GFLOP/s): inner 2 x 4
+# gate/up 166 against 154, down 135 against 124 (its 6 x 1,536-float W tile outgrew L1 at 2 x 8; 4 x 3:
+# 147 / 137); SmolLM2 Q4_1 in alternating runs: prefill of 1,024 tokens 634 / 617 tok/s against 577 /
+# 528. Then (2026-12-03, kernels alone at 1,024 rows, f16 scales, TVM_NUM_THREADS=2, GFLOP/s, inner 2 x 4
+# / outer 1 x 8: one vector of 16 rows by 8 weight rows) q4m gate/up 155 / 179, down 123 / 165, qkv 155 /
+# 179; q8m 146 / 180, 138 / 177, 152 / 182; q4 147 / 182, 130 / 163, 152 / 174; q8 156 / 184, 134 /
+# 173, 167 / 191; q4m at 32 rows 141 / 171, 141 / 156, 145 / 170 (outer 2 x 4, 2 x 6, 1 x 6, 1 x 12,
+# 1 x 16 and 4 x 4 within 0-10% below 1 x 8).
+MATMUL_TILES = {"znver4": (1, 8, True)}
 
 
 def default_knobs(vector_lanes: int, mcpu: str = "") -> CPUKnobs:
-    """With AVX-512's 32 vector registers the CPU's accumulator tile (MATMUL_TILES, else 2 x 8); the
-    float rule's defaults otherwise, with AVX2's 8 lanes as an outer product (QuantMatmul._outer: 2
-    vectors of 8 rows by 4 weight rows, measured there; NEON's 4 lanes and AVX-512 untried in it)."""
+    """With AVX-512's 32 vector registers the CPU's accumulator tile and form (MATMUL_TILES, else an
+    inner-product 2 x 8); the float rule's defaults otherwise, with AVX2's 8 lanes as an outer product
+    (QuantMatmul._outer: 2 vectors of 8 rows by 4 weight rows, measured there; NEON's 4 lanes untried
+    in it)."""
     if vector_lanes >= 16:
-        tile_m, tile_n = MATMUL_TILES.get(mcpu, (2, 8))
-        return CPUKnobs(vector_lanes=vector_lanes, tile_m=tile_m, tile_n=tile_n)
+        tile_m, tile_n, outer = MATMUL_TILES.get(mcpu, (2, 8, False))
+        return CPUKnobs(vector_lanes=vector_lanes, tile_m=tile_m, tile_n=tile_n, outer=outer)
     return CPUKnobs(vector_lanes=vector_lanes, outer=vector_lanes == 8)
 
 

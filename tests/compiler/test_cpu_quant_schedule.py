@@ -115,8 +115,9 @@ def test_tuning_starts_a_quantized_kernel_from_quant_matmuls_own_knobs():
     lanes = space.default_knobs().vector_lanes
     rule = next(r for r in schedule_rules(profile) if isinstance(r, QuantMatmul))
     assert space.default_knobs(q4f16_matmul) == default_knobs(lanes, target_mcpu(profile.tvm_target())) == rule.knobs
-    assert (default_knobs(16, "znver4").tile_m, default_knobs(16, "znver4").tile_n) == MATMUL_TILES["znver4"] == (2, 4)
-    assert (default_knobs(16, "znver5").tile_m, default_knobs(16, "znver5").tile_n) == (2, 8)
+    znver4, znver5 = default_knobs(16, "znver4"), default_knobs(16, "znver5")
+    assert (znver4.tile_m, znver4.tile_n, znver4.outer) == MATMUL_TILES["znver4"] == (1, 8, True)
+    assert (znver5.tile_m, znver5.tile_n, znver5.outer) == (2, 8, False)
     assert default_knobs(8) == CPUKnobs(vector_lanes=8, outer=True)         # AVX2: 2 x 4 as an outer product
     assert default_knobs(4) == CPUKnobs(vector_lanes=4)
 
@@ -157,14 +158,17 @@ def float_matmul(var_x: T.handle, W: T.Buffer((T.int64(N), T.int64(K)), "float32
 
 
 @pytest.mark.parametrize("rows", [9, 16, 37, 100])
-def test_the_outer_product_form_matches_numpy(monkeypatch, rows):
-    """knobs.outer (AVX2's default): tile_n weight rows broadcast against tile_m vectors of A rows,
-    A packed into panels of the tile's rows first; rows padded to whole panels (9 of 16, 37 of 48),
-    in L2 blocks of 32 rows here (100: three blocks and a part)."""
+@pytest.mark.parametrize("cpu", ["avx2", "znver4"])
+def test_the_outer_product_form_matches_numpy(monkeypatch, rows, cpu):
+    """knobs.outer (AVX2's default: 2 vectors of 8 rows by 4 weight rows; znver4's: 1 vector of 16 by
+    8): tile_n weight rows broadcast against tile_m vectors of A rows, A packed into panels of the
+    tile's rows first; rows padded to whole panels (9 of 16, 37 of 48), in L2 blocks of 32 rows here
+    (100: three blocks and a part). Built for a generic x86-64 (LLVM splits the 16-lane vectors), so
+    it runs on any host."""
     from kiln.targets.cpu import schedule
     monkeypatch.setattr(schedule, "A_BLOCK_BYTES", 32 * K * 4)
     target = tvm.target.Target({"kind": "llvm", "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]})
-    knobs = default_knobs(8)
+    knobs = default_knobs(8) if cpu == "avx2" else default_knobs(16, cpu)
     assert knobs.outer
     sch = QuantMatmul(knobs).apply(q4f16_matmul, target, False)
     assert _packs_a(sch, 16)
