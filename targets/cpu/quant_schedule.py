@@ -48,7 +48,7 @@ from tvm.target import Target
 from ..row_dispatch import dispatch_on_rows, static_int
 from . import quant_gemv
 from .schedule import (_STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, normalize_matmul, outer_product,
-                       row_block, target_mcpu)
+                       row_block, takes_outer, target_mcpu)
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class QuantMatmul(ScheduleRule):
             sch.compute_inline(deq)
         rows = get_extent(sch, sch.get_loops(main)[1])
         count = static_int(rows)
-        if panel and self.knobs.outer and (count is None or count >= self.knobs.tile_m * self.knobs.vector_lanes):
+        if panel and takes_outer(self.knobs, count):
             return self._outer(sch, main, deq), rows
         sch.compute_inline(read_a)
         tile_m = self._pad_rows(sch, main, self.knobs.tile_m if panel else 1)

@@ -172,6 +172,12 @@ def row_block(k_len: int, tile_m: int) -> int:
     return max(1 << (rows.bit_length() - 1), tile_m) // tile_m * tile_m
 
 
+def takes_outer(knobs: "CPUKnobs", rows: int | None) -> bool:
+    """Whether a tiled matmul over `rows` rows (None: symbolic) takes the outer-product form: where
+    knobs.outer and the rows fill at least one panel (fewer static rows keep the inner tile)."""
+    return knobs.outer and (rows is None or rows >= knobs.tile_m * knobs.vector_lanes)
+
+
 def outer_product(sch: s_tir.Schedule, main, knobs: "CPUKnobs", weights=None,
                   at_weight_tile: Callable[[s_tir.LoopRV, int], None] | None = None) -> s_tir.Schedule:
     """An NT matmul (main: C[s, i, j] += A[s, i, k] * W[s, j, k], normalized) as outer products: a tile
@@ -330,10 +336,8 @@ class Matmul(KilnCPURule):
         # 3,072 x 576 164.8 / 167.8 / 173.0, 576 x 1,536 151.2 / 161.7 / 166.3, 960 x 576 165.8 /
         # 168.2 / 168.2 (QuantMatmul's gained 1.1-1.3x: its inner tile also dequantizes); its sums, one
         # chain over K, 5x further from float64 (1.6e-6 relative against 2.8e-7).
-        if self.knobs.outer:
-            rows = static_int(get_extent(sch, sch.get_loops(main)[1]))
-            if rows is None or rows >= self.knobs.tile_m * self.knobs.vector_lanes:
-                return outer_product(sch, main, self.knobs)
+        if takes_outer(self.knobs, static_int(get_extent(sch, sch.get_loops(main)[1]))):
+            return outer_product(sch, main, self.knobs)
         tile_m = self._pad_rows(sch, main, self.knobs.tile_m)
         s, i, j, k = sch.get_loops(main)
         return self._schedule_nt(sch, main, [s], (i, tile_m), j, k)
