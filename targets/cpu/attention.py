@@ -615,10 +615,11 @@ def attention_decode_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int
                 # scores: a dot product per key row and query head (lanes-wide partial sums, then summed),
                 # each key vector loaded once for the group
                 for j in T.serial(page_size):
-                    # the next page's key and value row j asked for now (a read, kept in every cache level)
+                    # the next page's key and value row j asked for now (a read, into L2: prefetch_read)
                     for kv in T.unroll(2):
                         for line in T.unroll(lines):
-                            T.evaluate(prefetch_read(T.address_of(pages[next_no, kv, hk, j, line * per_line])))
+                            T.evaluate(prefetch_read(T.address_of(pages[next_no, kv, hk, j, line * per_line]),
+                                                     into_l1=False))
                     for g in T.serial(group):
                         for ll in T.vectorized(lanes):
                             dacc[g, ll] = T.float32(0.0)
