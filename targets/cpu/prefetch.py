@@ -24,9 +24,9 @@ def prefetch_read(address, into_l1: bool = True):
     be read: LLVM's llvm.prefetch, kept in every cache level (prefetcht0 on x86, PRFM PLDL1KEEP on
     AArch64), or with `into_l1` False only up to L2 (locality 2: prefetcht1, PLDL2KEEP).
 
-    Where the loop asks a whole 4 KB page ahead, as the decode attention does, L2 is the level: there
-    each prefetch holds one of L1's few miss buffers until its line arrives, and the loop's own loads
-    queue behind them. SmolLM2's decode attention at 1,024 tokens (30 layers' caches, 2 znver4 cores):
+    Where the loop asks a whole 4 KB page ahead, as the decode attention does, L2 is the level (the
+    likely reason, not measured: into L1 each prefetch holds one of L1's few miss buffers until its line
+    arrives, and the loop's own loads queue behind them). SmolLM2's decode attention at 1,024 tokens (30 layers' caches, 2 znver4 cores):
     82-88 us a call into L1, 45-47 into L2 (35 GB/s of KV, the host's read bandwidth). The GEMVs,
     4 KB ahead of a row, measured level either way (they are bound by instructions, not bytes)."""
     return T.call_llvm_intrin("void", "llvm.prefetch.p0", address, T.int32(0), T.int32(3 if into_l1 else 2),
