@@ -21,10 +21,11 @@ from kiln import models
 from kiln.models import ModelSource
 from kiln.models.causal_lm import sliding_window
 from kiln.models.source import usable_cores
-from kiln.targets import DEFAULT_TARGET, SOFTCAP_ATTR, TargetProfile, get_profile, memoize_kv_cache_kernels
+from kiln.targets import (DEFAULT_TARGET, INT8_DECODE_ATTR, SOFTCAP_ATTR, TargetProfile, get_profile,
+                          memoize_kv_cache_kernels)
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES,
+from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES,
                                    LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
                                    KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config,
                                    write_golden)
@@ -57,6 +58,7 @@ class CompileOptions:
     force: bool = False                     # replace an existing artifact at `output`
     golden: bool = True                     # store golden logits (compiler/golden.py) for `kiln check`
     kv_cache_dtype: str = "auto"            # KV_CACHE_DTYPES: auto keeps the compute dtype
+    decode_activations: str = "exact"       # DECODE_ACTIVATIONS: int8 quantizes the one-row GEMVs' x
 
     def validate(self) -> None:
         """Everything checkable before the model is read: the target, the quantization name, the
@@ -69,6 +71,9 @@ class CompileOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.decode_activations not in DECODE_ACTIVATIONS:
+            raise ValueError(f"--decode-activations {self.decode_activations!r} is not one of "
+                             f"{', '.join(DECODE_ACTIVATIONS)}")
         if self.output is not None:
             check_output(self.output, self.force)
 
@@ -115,6 +120,10 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
                          "use --kv-cache-dtype auto")
     if opts.kv_cache_dtype != "auto":
         model.set_kv_dtype(opts.kv_cache_dtype)
+    if opts.decode_activations == "int8" and not profile.int8_decode:
+        able = ", ".join(n for n in target_names() if get_profile(n).int8_decode)
+        raise ValueError(f"--decode-activations int8: the {profile.name} target has no int8 GEMV (x86-64 CPUs "
+                         f"with AVX2 have: {able}); use --decode-activations exact")
     report("load", 1, 1)
     if opts.context_window and opts.context_window > config.context_window_size:
         raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "
@@ -133,6 +142,8 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
             raise ValueError(f"this model soft-caps attention scores (attn_logit_softcapping={softcap}), which "
                              f"kiln's {profile.name} attention kernels do not implement yet; use --target {able}")
         mod = mod.with_attr(SOFTCAP_ATTR, float(softcap))
+    if opts.decode_activations == "int8":
+        mod = mod.with_attr(INT8_DECODE_ATTR, True)
     max_batch = opts.max_batch_size or profile.max_batch_size
     mod = bound_shapes(mod, chunk, max_batch)
     report("export", 1, 1)
@@ -168,7 +179,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             tvm_version=tvm.__version__,
             model=ModelInfo(dest.name, arch.name, _config_dict(config),
                             SourceInfo(source.format, source.content_hash, source.path.name)),
-            quantization=plan.describe(),
+            quantization={**plan.describe(), "decode_activations": opts.decode_activations},
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
             entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS,
                              *[*LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS] * profile.library_gemm),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .profile import PHASES, SOFTCAP_ATTR, TargetProfile, ToolchainError, TuningSpace
+from .profile import INT8_DECODE_ATTR, PHASES, SOFTCAP_ATTR, TargetProfile, ToolchainError, TuningSpace
 
 
 def _family(module: str, factory: str, *args) -> Callable[[], TargetProfile]:
@@ -72,5 +72,5 @@ def memoize_kv_cache_kernels() -> None:
     install()
 
 
-__all__ = ["DEFAULT_TARGET", "PHASES", "SOFTCAP_ATTR", "UNSUPPORTED", "TargetProfile", "ToolchainError", "TuningSpace",
+__all__ = ["DEFAULT_TARGET", "INT8_DECODE_ATTR", "PHASES", "SOFTCAP_ATTR", "UNSUPPORTED", "TargetProfile", "ToolchainError", "TuningSpace",
            "UnsupportedTarget", "get_profile", "memoize_kv_cache_kernels", "names"]

@@ -18,6 +18,9 @@ import tvm
 # The pipeline's phases (compiler/pipeline.py), in order; a profile may add passes to each.
 # IRModule attribute: the model's attention logit soft-cap (Gemma 2), for targets with attn_softcap.
 SOFTCAP_ATTR = "kiln_attn_logit_softcap"
+# IRModule attribute (and, from the CPU's schedule phase, its PrimFuncs'): `kiln compile
+# --decode-activations int8`, for targets with int8_decode.
+INT8_DECODE_ATTR = "kiln_int8_decode"
 
 PHASES = ("graph", "legalize", "schedule", "lower", "finalize")
 # Module formats a profile may export: shared object, static system library (.tar of objects), dylib, wasm.
@@ -110,6 +113,10 @@ class TargetProfile:
     # CUDA: TVM's RewriteCUDAGraph captures decode's stretches between attention calls (targets/gpu.py).
     # Off for runners that capture whole steps themselves (runtime/step_graph.py; gpu_checks `stepgraph`).
     cuda_graphs: bool = True
+    # One-row GEMVs over 4-bit weights may quantize their activations to int8 and multiply by integer
+    # dot products, an opt-in (`kiln compile --decode-activations int8`, module attr kiln_int8_decode):
+    # the x86-64 CPUs with AVX2 (targets/cpu/int8_gemv.py).
+    int8_decode: bool = False
     # On the profile of the machine running kiln (DEFAULT_TARGET): kiln's q4 planes of a float weight
     # [N, K] with the given scale dtype, the same bits as compiler/quant_pack's numpy search, faster
     # (targets/cpu/quant_kernel.py); None: the numpy search quantizes.

@@ -7,6 +7,7 @@ weights outgrow the caches).
     python tools/bench_cpu_gemv.py                                   # q4m (GGUF Q4_1), every shape
     python tools/bench_cpu_gemv.py --formats q4,q8,f16 --shapes gate_up,lm_head --repeat 15
     python tools/bench_cpu_gemv.py --rows 1,2,4,8                    # batched decode's row counts
+    python tools/bench_cpu_gemv.py --int8 --formats q4,q4m --scale-dtype float16   # int8 x against exact
 
 Each line: the best of --repeat passes over the copies (the two kernels' passes alternating: a
 shared host's bandwidth drifts by 1.5x over minutes), in us a call and GB/s of planes read, for
@@ -78,12 +79,15 @@ def cpu_target():
                               "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"], "num-cores": os.cpu_count() or 1})
 
 
-def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str = "float32", group: int = 32):
+def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str = "float32", group: int = 32,
+            int8: bool = False):
     """(hand-written GEMV, the schedule QuantMatmul uses without it) for `rows` rows of a `kind`
     [n, k] weight, built: QuantMatmul's function itself (its branches dispatch on the rows), and its
-    GEMV (one row) or its tiled matmul."""
+    GEMV (one row) or its tiled matmul. `int8`: (QuantMatmul's function with int8 activations
+    (`--decode-activations int8`), the same without them)."""
     import tvm
 
+    from kiln.targets import INT8_DECODE_ATTR
     from kiln.targets.cpu import quant_gemv
     from kiln.targets.cpu.quant_schedule import QuantMatmul, default_knobs, gemv_tile_n
     from kiln.targets.cpu.schedule import target_mcpu, vector_lanes_for_target
@@ -94,11 +98,14 @@ def kernels(kind: str, n: int, k: int, target, rows: int = 1, scale_dtype: str =
     rule = QuantMatmul(default_knobs(vector_lanes_for_target(target), target_mcpu(target)))   # the CPU's, as compile's
     scheduled, _ = rule._variant(func, panel=rows > 1, tile_n=None if rows > 1 else gemv_tile_n(rule.knobs, target))
     build = lambda f: tvm.compile(tvm.IRModule({"main": f}), target=target)["main"]  # noqa: E731
+    if int8:
+        return (build(rule.apply(func.with_attr(INT8_DECODE_ATTR, True), target, False).mod["main"]),
+                build(rule.apply(func, target, False).mod["main"]))
     return build(rule.apply(func, target, False).mod["main"]), build(scheduled.mod["main"])
 
 
 def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target, scale_dtype: str = "float32",
-          group: int = 32) -> str:
+          group: int = 32, int8: bool = False) -> str:
     import numpy as np
     import tvm
 
@@ -115,7 +122,7 @@ def bench(kind: str, shape: str, rows: int, repeat: int, cold_mb: int, target, s
     x = rng.standard_normal((rows, 1, k)).astype(np.float32)
     want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
     xt, yt = tvm.runtime.tensor(x), tvm.runtime.tensor(np.zeros((rows, 1, n), np.float32))
-    built, errs = kernels(kind, n, k, target, rows, scale_dtype, group), []
+    built, errs = kernels(kind, n, k, target, rows, scale_dtype, group, int8), []
     for kernel in built:
         kernel(*sets[0], xt, yt)
         errs.append(float(np.abs(yt.numpy()[:, 0] - want).max() / np.abs(want).max()))
@@ -142,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale-dtype", default="float32", choices=("float32", "float16"),
                         help="the scale and min planes' dtype (float16: a GGUF's own, kept so on a CPU)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="TVM_NUM_THREADS for the kernels")
+    parser.add_argument("--int8", action="store_true",
+                        help="time the one-row GEMV with int8 activations (`kiln compile --decode-activations "
+                             "int8`) against the exact one (the columns hand / sched become int8 / exact)")
     parser.add_argument("--group", type=int, default=32,
                         help="values a scale serves (16 with q8 / q8m: GGUF's Q6_K as stored) [32]")
     ns = parser.parse_args(argv)
@@ -159,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in formats:
         for shape in shapes:
             for rows in (int(r) for r in ns.rows.split(",")):
-                print(bench(kind, shape, rows, ns.repeat, ns.cold_mb, target, ns.scale_dtype, ns.group), flush=True)
+                print(bench(kind, shape, rows, ns.repeat, ns.cold_mb, target, ns.scale_dtype, ns.group, ns.int8),
+                      flush=True)
     return 0
 
 

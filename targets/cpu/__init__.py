@@ -49,7 +49,9 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         from .schedule import vector_lanes_for_target
         # 16 float32 lanes on AVX-512, 8 on AVX2; NEON's 4 taken as 8 (32 registers)
         simd = min(16, max(8, vector_lanes_for_target(profile.tvm_target())))
-        return [UseKilnCPUAttention(simd), FixTVMSlidingPrefill(), SoftcapTVMAttention(),
+        # --decode-activations int8: every PrimFunc told (QuantMatmul's one-row GEMVs take int8 x).
+        from .int8_gemv import mark_int8_decode
+        return [UseKilnCPUAttention(simd), FixTVMSlidingPrefill(), SoftcapTVMAttention(), mark_int8_decode,
                 dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
     if phase == "lower":
         # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.
@@ -109,7 +111,9 @@ def cpu_profile(num_cores: int | None = None) -> TargetProfile:
     target = {"kind": "llvm", "mcpu": mcpu, "num-cores": num_cores or os.cpu_count() or 1}
     if platform.machine() in ("x86_64", "AMD64"):
         target["mattr"] = list(NO_AMX)
-    return _cpu("cpu", target, "so", True, f"this machine's CPU ({mcpu}, LLVM)", q4_quantizer=q4_quantize)
+    from .int8_gemv import int8_isa
+    return _cpu("cpu", target, "so", True, f"this machine's CPU ({mcpu}, LLVM)", q4_quantizer=q4_quantize,
+                int8_decode=int8_isa(tvm.target.Target(target)) is not None)
 
 
 def android_profile() -> TargetProfile:
@@ -142,7 +146,7 @@ def x86_64_profile(name: str) -> TargetProfile:
     mcpu, needs, what = _X86_LEVELS[name]
     here = platform.machine() in ("x86_64", "AMD64") and needs <= _host_cpu_flags()
     target = {"kind": "llvm", "mtriple": "x86_64-pc-linux-gnu", "mcpu": mcpu, "mattr": list(NO_AMX), "num-cores": 4}
-    return _cpu(name, target, "so", here, f"{what}, Linux .so")
+    return _cpu(name, target, "so", here, f"{what}, Linux .so", int8_decode=True)     # AVX2 at least
 
 
 def aarch64_profile() -> TargetProfile:

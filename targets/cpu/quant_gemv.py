@@ -83,6 +83,7 @@ from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
 from ..kernel_memo import parsed_once
 from ..dequant_match import match_dequant_matmul, param_order, placed
 from ..row_dispatch import over_params
+from . import int8_gemv
 from .lanes import LANES, add, fold16
 from .prefetch import prefetch_read, rows_ahead
 
@@ -94,11 +95,13 @@ _MIN_KINDS = ("q4m", "q8m")
 SCALE_DTYPES = ("float32", "float16")   # scale (and min) planes read: float16 is a GGUF's own (half the bytes)
 
 
-def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
+def branches(func: tirx.PrimFunc, int8_isa: str | None = None) -> list[tuple[int, tirx.PrimFunc]] | None:
     """If these kernels compute ``func`` (targets/dequant_match.py finds its format and buffers; float32
     throughout, no cast after, symbolic rows, K a multiple of 64, groups of whole chunks): for each of
     BATCHES, ``func`` with a body computing up to that many rows by gemv_kernel (the kernel's buffers
-    viewed as func's, row_dispatch.over_params), the branches for dispatch_on_rows. Else None."""
+    viewed as func's, row_dispatch.over_params), the branches for dispatch_on_rows. Else None.
+    With `int8_isa` (int8_gemv.int8_isa's, for `--decode-activations int8`), one row of the formats
+    int8_gemv takes is int8_gemv_kernel's instead (x quantized to int8)."""
     m = match_dequant_matmul(func, "float32", rows_second=True)     # decode's [rows, 1, K], prefill's [1, rows, K]
     if m is None or m.k % (2 * CHUNK) or not takes_group(m.kind, m.group) or not m.out.same_as(m.sums):
         return None
@@ -109,8 +112,14 @@ def branches(func: tirx.PrimFunc) -> list[tuple[int, tirx.PrimFunc]] | None:
     if not isinstance(m.rows, tirx.Var) or order is None:
         return None
     scale_dtype = scale_dtypes.pop() if scale_dtypes else "float32"
-    return [(batch, over_params(func, placed(gemv_kernel(m.kind, m.n, m.k, m.group or CHUNK, batch,
-                                                         None if batch == 1 else m.rows, scale_dtype), order),
+    group = m.group or CHUNK
+
+    def kernel(batch: int) -> tirx.PrimFunc:
+        if batch == 1 and int8_isa is not None and int8_gemv.takes(m.kind, m.k, group):
+            return int8_gemv.int8_gemv_kernel(m.kind, m.n, m.k, group, scale_dtype, int8_isa)
+        return gemv_kernel(m.kind, m.n, m.k, group, batch, None if batch == 1 else m.rows, scale_dtype)
+
+    return [(batch, over_params(func, placed(kernel(batch), order),
                                 name="one_row_gemv" if batch == 1 else f"gemv_{batch}_rows"))
             for batch in BATCHES]
 

@@ -45,8 +45,10 @@ from tvm.s_tir.dlight.base import ScheduleRule, get_extent
 from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers, get_index_map
 from tvm.target import Target
 
+from ..profile import INT8_DECODE_ATTR
 from ..row_dispatch import dispatch_on_rows, static_int
 from . import quant_gemv
+from .int8_gemv import int8_isa
 from .schedule import (_STACK_BYTES, CPUKnobs, _largest_divisor, _pow2_divisor, normalize_matmul, outer_product,
                        row_block, takes_outer, target_mcpu)
 
@@ -120,7 +122,8 @@ class QuantMatmul(ScheduleRule):
             large, rows = self._variant(func, panel=True)
             if static_int(rows) is not None:
                 return large
-            few = quant_gemv.branches(func)
+            int8 = func.attrs is not None and bool(func.attrs.get(INT8_DECODE_ATTR, False))
+            few = quant_gemv.branches(func, int8_isa(target) if int8 else None)
             if few is not None:             # a float32 kernel of any kiln format: the hand-written GEMVs
                 return s_tir.Schedule(dispatch_on_rows(func, few, large.mod["main"]))
             small, _ = self._variant(func, panel=False, tile_n=gemv_tile_n(self.knobs, target))

@@ -44,7 +44,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
-from ..profile import TargetProfile
+from ..profile import INT8_DECODE_ATTR, TargetProfile
 from .low_batch_gemv import COPY_ATTR, GEMV_ATTR
 from .schedule import CPUKnobs, target_mcpu, vector_lanes_for_target
 
@@ -83,7 +83,8 @@ class Tuned(ScheduleRule):
 
 # Not part of a kernel's identity: names, schedule marks, and the name of a kernel's low-batch GEMV
 # copy (low_batch_gemv.py), so keys do not depend on function names.
-_VOLATILE_ATTRS = ("global_symbol", "tirx.is_scheduled", TUNED_ATTR, COPY_ATTR)
+# (INT8_DECODE_ATTR: an int8 build's kernels take the knobs tuned for the exact ones)
+_VOLATILE_ATTRS = ("global_symbol", "tirx.is_scheduled", TUNED_ATTR, COPY_ATTR, INT8_DECODE_ATTR)
 
 
 def tuning_dir() -> Path:

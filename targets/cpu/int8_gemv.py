@@ -1,0 +1,246 @@
+"""The one-row GEMV over 4-bit weights with int8 activations: `kiln compile --decode-activations int8`.
+
+Why: quant_gemv.py's one-row kernel keeps every value exact (weights as stored, float32 activations)
+and spends 8 vector instructions on 32 values (widen, mask, shift, two conversions, three
+multiply-adds): on 2 znver4 cores its 4-bit projections read 10-18 GB/s of the 36 the host reads,
+bound by instructions. llama.cpp's answer, taken here as an opt-in: the activations are quantized
+once a call to int8, per 32 values (a chunk: scale dx = max|x| / 127, codes rint(x / dx)), and each
+chunk's 32 products of 4-bit codes and int8 activations are summed by integer dot-product
+instructions, 4 byte pairs into each 32-bit lane: vpdpbusd (AVX-512 VNNI with VL, or AVX-VNNI),
+else AVX2's vpmaddubsw + vpmaddwd. A row's 64 values (two chunks, 32 bytes of codes) take one load,
+a mask, a shift and a mask (the low and high nibbles in place: 0x0F0F0F0F), two dot products, the
+two chunks' scales times their dx (one 4-byte load, its conversion and a shuffle), a conversion and
+a multiply-add, all on 256-bit vectors: 12 where the exact kernel spends 16 of 512 bits.
+
+    sum_k x_k (q_k s_g + m_g) ~= sum_c s_g(c) dx_c (xq_c . q_c) + sum_g m_g (sum of x over group g)
+
+The min's term (q4m's min, q4's -8 s) keeps the exact float32 sums of x. The error is x's rounding
+to 8 bits: tools/bench_cpu_gemv.py --int8 on random weights, 0.3-0.7% of the largest output
+(llama.cpp's Q8_0 activations, the same). Prefill's multi-row matmuls and 2-8 rows keep float32.
+
+Measured (tools/bench_cpu_gemv.py --int8, SmolLM2's q4m shapes with float16 scales, 2 znver4 cores,
+256 MB of planes rotated, alternating, us a call, int8 / exact): gate/up 59 / 113, down 43 / 57,
+qkv 27 / 41, o 18 / 27 (the host read ~10 GB/s with the exact kernel that run).
+
+Lanes: the codes' bytes of chunk c's half h (4-bit order, quant_gemv.nibble_col: byte i's low nibble
+is value 2i, its high nibble 2i + 1) meet xe (x's even values, per chunk) and xo (its odd ones),
+so 32-bit lane j of a pair's dot products sums chunk 2p + j // 4's values 8 (j % 4) .. 8 (j % 4) + 7
+(interleaved); dxv repeats each chunk's dx over its 4 lanes, and the scale vector is shuffled alike.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from kiln.compiler.quant_modules import QuantFormat
+
+from ..kernel_memo import parsed_once
+from ..profile import INT8_DECODE_ATTR
+from .lanes import LANES, add, fold16
+from .prefetch import prefetch_read, rows_ahead
+
+CHUNK = 32                  # values an activation scale serves (and a weight group's smallest size)
+KINDS = ("q4", "q4m", "q8")     # the formats this kernel takes (q8m measured level with the exact kernel)
+NIBBLE_KINDS = ("q4", "q4m")            # 4-bit codes, two a byte; the rest a byte each
+LINE = 64                   # bytes a prefetch asks for (a cache line)
+NIBBLES = 0x0F0F0F0F        # each byte's low nibble, in a 32-bit lane
+ISAS = ("vnni", "avx2")
+# The chunk (of a pair: 0 the first, 1 the second) each 32-bit lane of a pair's dot products sums:
+# 4-bit codes, a chunk's halves side by side; byte codes, two chunks' sums joined by vphaddd.
+PAIR_LANES = {"nibbles": (0, 0, 0, 0, 1, 1, 1, 1), "bytes": (0, 0, 1, 1, 0, 0, 1, 1)}
+
+
+def int8_isa(target: Target) -> str | None:
+    """The dot-product instructions `target` has for the kernel: "vnni" (AVX-512 VNNI with VL, or
+    AVX-VNNI: vpdpbusd on 256 bits), "avx2" (vpmaddubsw and vpmaddwd), or None (not x86, or no AVX2)."""
+    from tvm.target.codegen import target_has_features
+    if "llvm" not in target.kind.name or "aarch64" in str(target.attrs.get("mtriple", "")):
+        return None
+    try:
+        if target_has_features(["avx512vnni", "avx512vl"], target) or target_has_features(["avxvnni"], target):
+            return "vnni"
+        return "avx2" if target_has_features(["avx2"], target) else None
+    except Exception:       # noqa: BLE001 (a target LLVM cannot resolve features for takes no kernel)
+        return None
+
+
+def takes(kind: str, k: int, group: int) -> bool:
+    """Whether int8_gemv_kernel computes `kind` weights of K `k` in groups of `group`."""
+    return kind in KINDS and group % CHUNK == 0 and k % (2 * CHUNK) == 0
+
+
+def _dot(isa: str, acc, a, b):
+    """acc (int32x8) plus, in each lane, the 4 products of a's unsigned bytes with b's signed ones
+    (a, b: int32x8 holding 32 bytes each)."""
+    a8, b8 = T.reinterpret("int8x32", a), T.reinterpret("int8x32", b)
+    if isa == "vnni":
+        return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx512.vpdpbusd.256", acc, a8, b8)
+    pairs = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a8, b8)   # |255 * 127 * 2| fits int16
+    return acc + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", pairs, T.Broadcast(T.int16(1), 16))
+
+
+def _bytes(v):
+    return T.reinterpret("int8x32", v)
+
+
+def _words(v):
+    return T.reinterpret("int32x8", v)
+
+
+@parsed_once(size=None)
+def int8_gemv_kernel(kind: str, n: int, k: int, group: int, scale_dtype: str, isa: str) -> tirx.PrimFunc:
+    """y[0, 0, :n] ~= x[0, 0, :k] . W[n, k] for kiln's `kind` planes (KINDS, group a multiple of 32,
+    scales and mins in `scale_dtype`), x quantized to int8 per 32 values (module docstring); `isa`
+    from int8_isa. The signature of quant_gemv.gemv_kernel's one-row kernel."""
+    if not takes(kind, k, group) or isa not in ISAS:
+        raise ValueError(f"int8_gemv_kernel takes {KINDS} with groups of 32s and K a multiple of 64 "
+                         f"on {ISAS}; got {kind}, group {group}, K {k}, {isa}")
+    chunks, groups, per = k // CHUNK, k // group, group // CHUNK
+    nibbles = kind in NIBBLE_KINDS
+    lanes = PAIR_LANES["nibbles" if nibbles else "bytes"]
+    pair_words = 8 if nibbles else 16               # 32-bit words of codes a pair of chunks takes
+    pairs, words = chunks // 2, k // (8 if nibbles else 4)      # a row's pairs, its words of codes
+    has_zero, has_min = kind != "q8", kind == "q4m"
+    ahead = rows_ahead(k // 2 if nibbles else k)
+    mask = T.Broadcast(T.int32(NIBBLES), 8)
+
+    def scale(S, row, g):
+        return S[row, g] if scale_dtype == "float32" else T.Cast("float32", S[row, g])
+
+    def lane_chunk(j):
+        """PAIR_LANES[...][j] for a loop index j."""
+        return j // 4 if nibbles else j // 2 % 2
+
+    def zero_of(S, M, row, g):
+        """The value a zero code stands for in group g: q4m's min, q4's -8 scale."""
+        return scale(M, row, g) if has_min else scale(S, row, g) * T.float32(-8)
+
+    def pair_scales(S, row, p):
+        """float32x8: each lane's chunk's group scale (PAIR_LANES)."""
+        if per == 1:
+            two = S.vload([row, 2 * p], f"{scale_dtype}x2")
+            two = two if scale_dtype == "float32" else T.Cast("float32x2", two)
+            return T.Shuffle([two, two, two, two], list(lanes))
+        if per % 2 == 0:                            # both chunks in one group
+            return T.Broadcast(scale(S, row, 2 * p // per), 8)
+        first, second = T.Broadcast(scale(S, row, 2 * p // per), 8), T.Broadcast(scale(S, row, (2 * p + 1) // per), 8)
+        return T.Shuffle([first, second], [8 * c + j for j, c in enumerate(lanes)])
+
+    def pair_dot(W32, x32, xo32, row, p):
+        """int32x8: chunks 2p and 2p + 1 of row `row`, codes times x's int8 codes (lanes: PAIR_LANES).
+        An expression, not a let: TVM gives a vector let a buffer of its own (an allocation a row).
+        4-bit codes: the low nibbles against x's even values (x32), the high against its odd (xo32).
+        q8's signed codes: |q| against x's codes with q's sign (vpsignb), exact for any code, -128
+        too."""
+        if nibbles:
+            low = W32.vload([row, p * 8], "int32x8") & mask
+            high = T.shift_right(W32.vload([row, p * 8], "int32x8"), T.Broadcast(T.int32(4), 8)) & mask
+            first = _dot(isa, T.Broadcast(T.int32(0), 8), low, x32.vload([p * 8], "int32x8"))
+            return _dot(isa, first, high, xo32.vload([p * 8], "int32x8"))
+
+        def chunk(h):
+            w = W32.vload([row, p * 16 + h * 8], "int32x8")
+            signed = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b",
+                                             _bytes(x32.vload([p * 16 + h * 8], "int32x8")), _bytes(w))
+            return _dot(isa, T.Broadcast(T.int32(0), 8), _words(T.abs(_bytes(w))), _words(signed))
+        return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.phadd.d", chunk(0), chunk(1))
+
+    @T.macro
+    def quantize_x(X, xe, xo, dx, dxv, xs, part, inv):
+        """x's int8 codes (4-bit weights: xe each chunk's even values, xo its odd ones; else xe in
+        order), each chunk's dx laid out as a pair's lanes (dxv), each group's float32 sum of x (xs)."""
+        for g in range(groups):
+            xs[g] = T.float32(0)
+        for c in range(chunks):
+            for i in T.vectorized(LANES):
+                part[i] = T.max(T.fabs(X[0, 0, c * CHUNK + i]), T.fabs(X[0, 0, c * CHUNK + LANES + i]))
+            fold16(part, 0, T.max)
+            dx[c] = part[0] / T.float32(127)
+            inv[0] = T.Select(part[0] > T.float32(0), T.float32(1) / dx[c], T.float32(0))
+            if nibbles:
+                for i in T.vectorized(LANES):
+                    xe[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i] * inv[0]))
+                    xo[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i + 1] * inv[0]))
+            else:
+                for i in T.vectorized(CHUNK):
+                    xe[c * CHUNK + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + i] * inv[0]))
+            if has_zero:
+                for i in T.vectorized(LANES):
+                    part[i] = X[0, 0, c * CHUNK + i] + X[0, 0, c * CHUNK + LANES + i]
+                fold16(part, 0, add)
+                xs[c // per] = xs[c // per] + part[0]
+        for p in range(pairs):
+            for j in T.unroll(8):
+                dxv[p * 8 + j] = dx[2 * p + lane_chunk(j)]
+
+    def odd_codes(xe, xo):
+        """The buffer of x's odd values' codes: xo for 4-bit weights; byte codes read xe alone."""
+        return xo if nibbles else xe
+
+    @T.macro
+    def body(W, S, M, X, Y):
+        xe = T.alloc_buffer((k // 2 if nibbles else k,), "int8")
+        xo = T.alloc_buffer((k // 2 if nibbles else 1,), "int8")
+        dx = T.alloc_buffer((chunks,), "float32")
+        dxv = T.alloc_buffer((pairs * 8,), "float32")
+        xs = T.alloc_buffer((groups,), "float32")
+        part = T.alloc_buffer((LANES,), "float32")
+        inv = T.alloc_buffer((1,), "float32")
+        quantize_x(X, xe, xo, dx, dxv, xs, part, inv)
+        W32 = T.decl_buffer((n, words), "int32", data=W.data)
+        xe32 = T.decl_buffer((words,), "int32", data=xe.data)
+        xo32 = T.decl_buffer((words,), "int32", data=odd_codes(xe, xo).data)
+        for row in T.parallel(n):
+            acc = T.alloc_buffer((16,), "float32")          # two chains of 8 lanes (alternate pairs)
+            acc[T.ramp(0, 1, 16)] = T.Broadcast(T.float32(0), 16)
+            for p in range(pairs):
+                if ahead > 0 and p * pair_words * 4 % LINE == 0:
+                    T.evaluate(prefetch_read(T.address_of(W32[T.min(row + ahead, n - 1), p * pair_words])))
+                acc[T.ramp(p % 2 * 8, 1, 8)] = acc[T.ramp(p % 2 * 8, 1, 8)] + T.Cast(
+                    "float32x8", pair_dot(W32, xe32, xo32, row, p)) * (pair_scales(S, row, p)
+                                                                       * dxv.vload([p * 8], "float32x8"))
+            for i in T.vectorized(8):
+                acc[i] = acc[i] + acc[8 + i]
+            if has_zero:
+                for v in range(groups // 8):                # the zero values' term, 8 groups a vector
+                    for i in T.vectorized(8):
+                        acc[i] = acc[i] + zero_of(S, M, row, v * 8 + i) * xs[v * 8 + i]
+            for i in T.vectorized(4):
+                acc[i] = acc[i] + acc[i + 4]
+            acc[0] = (acc[0] + acc[2]) + (acc[1] + acc[3])
+            if has_zero:
+                for g in range(groups // 8 * 8, groups):
+                    acc[0] = acc[0] + zero_of(S, M, row, g) * xs[g]
+            Y[0, 0, row] = acc[0]
+
+    w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
+    if has_min:
+        @T.prim_func(private=True)
+        def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
+                     mins: T.Buffer((n, groups), scale_dtype), x: T.Buffer((1, 1, k), "float32"),
+                     y: T.Buffer((1, 1, n), "float32")):
+            T.func_attr({"tirx.noalias": True})
+            body(codes, scales, mins, x, y)
+        return with_min
+
+    @T.prim_func(private=True)
+    def without_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
+                    x: T.Buffer((1, 1, k), "float32"), y: T.Buffer((1, 1, n), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        body(codes, scales, scales, x, y)
+    return without_min
+
+
+@tvm.transform.module_pass(opt_level=0, name="MarkInt8Decode")
+def mark_int8_decode(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """The module's INT8_DECODE_ATTR (`kiln compile --decode-activations int8`) copied onto each of its
+    PrimFuncs, where QuantMatmul reads it (schedule rules see a function, not its module)."""
+    if not (mod.attrs and mod.attrs.get(INT8_DECODE_ATTR)):
+        return mod
+    funcs = {gv: f.with_attr(INT8_DECODE_ATTR, True) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    for gv, func in funcs.items():
+        mod[gv] = func
+    return mod
