@@ -1,0 +1,80 @@
+"""`kiln compile --decode-activations int8`: the CPU's one-row GEMVs over 4-bit weights take int8
+activations (targets/cpu/int8_gemv.py). A tiny Llama at q4f32 compiled both ways: prefill over many
+rows (every position, batch_verify) gives the exact build's logits; batch-1 decode steps, within
+x's 8-bit rounding of them (and not equal: the int8 kernels ran); the artifact records the choice;
+targets without the kernel refuse the option in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.runtime import Artifact
+from kiln.runtime.model_runner import ModelRunner
+from kiln.targets import get_profile
+
+pytestmark = pytest.mark.numerics
+IDS = [int(i) for i in np.random.default_rng(11).integers(0, 512, size=21)]
+
+
+@pytest.fixture(scope="module")
+def builds(tiny_dirs, tmp_path_factory):
+    if not get_profile("cpu").int8_decode:
+        pytest.skip("this CPU has no int8 GEMV (x86-64 with AVX2)")
+    out = tmp_path_factory.mktemp("int8-decode")
+    return {mode: kiln.compile(str(tiny_dirs["untied"]), target="cpu", quant="q4f32", output=out / mode,
+                               golden=False, decode_activations=mode) for mode in ("exact", "int8")}
+
+
+def _greedy(art, steps: int = 4) -> list[int]:
+    runner = ModelRunner(Artifact.load(art))
+    runner.add_sequence(0)
+    logits, out = runner.prefill([0], [IDS])[0], []
+    for _ in range(steps):
+        out.append(int(np.argmax(logits)))
+        logits = runner.decode([0], [out[-1]])[0]
+    return out
+
+
+def _logits(art, tokens: list[int]):
+    """(every prefill position's logits, then the decode steps' fed `tokens`)."""
+    runner = ModelRunner(Artifact.load(art))
+    runner.add_sequence(0)
+    verify = runner.verify(0, IDS)
+    runner.add_sequence(1)
+    runner.prefill([1], [IDS])
+    return verify, np.stack([runner.decode([1], [t])[0] for t in tokens])
+
+
+def test_int8_decode_is_within_rounding_and_prefill_exact(builds):
+    tokens = _greedy(builds["exact"])                       # both builds fed the same tokens
+    exact_verify, exact_steps = _logits(builds["exact"], tokens)
+    int8_verify, int8_steps = _logits(builds["int8"], tokens)
+    np.testing.assert_allclose(int8_verify, exact_verify, rtol=0, atol=1e-5)        # many rows: exact kernels
+    scale = np.abs(exact_steps).max()
+    diff = np.abs(int8_steps - exact_steps).max()
+    assert scale > 0.5, "logits too small for the tolerance to mean anything"
+    assert 1e-6 < diff < 0.1 * scale, (diff, scale)     # measured 0.073 with logits up to 2.05 (3.5%)
+    config = json.loads((builds["int8"] / "kiln-config.json").read_text())
+    assert config["quantization"]["decode_activations"] == "int8"
+    assert json.loads((builds["exact"] / "kiln-config.json").read_text())["quantization"]["decode_activations"] \
+        == "exact"
+
+
+def test_int8_build_generates(builds):
+    from kiln import Engine, SamplingParams
+    out = Engine(builds["int8"]).generate(IDS, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
+    assert len(out.token_ids) == 6
+
+
+def test_targets_without_the_kernel_refuse(tiny_dirs, tmp_path):
+    from kiln.compiler import CompileOptions
+    with pytest.raises(ValueError, match="--decode-activations int8: the android target has no int8 GEMV"):
+        kiln.compile(str(tiny_dirs["tied"]), target="android", output=tmp_path / "a", golden=False,
+                     decode_activations="int8")
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ValueError, match="--decode-activations 'int4' is not one of exact, int8"):
+        CompileOptions(model="x", decode_activations="int4").validate()
