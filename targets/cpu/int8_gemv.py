@@ -14,13 +14,17 @@ a multiply-add, all on 256-bit vectors: 12 where the exact kernel spends 16 of 5
 
     sum_k x_k (q_k s_g + m_g) ~= sum_c s_g(c) dx_c (xq_c . q_c) + sum_g m_g (sum of x over group g)
 
-The min's term (q4m's min, q4's -8 s) keeps the exact float32 sums of x. The error is x's rounding
-to 8 bits: tools/bench_cpu_gemv.py --int8 on random weights, 0.3-0.7% of the largest output
-(llama.cpp's Q8_0 activations, the same). Prefill's multi-row matmuls and 2-8 rows keep float32.
+The min's term (q4m's min, q4's -8 s) keeps the exact float32 sums of x. The error is x's rounding to 8 bits (llama.cpp's Q8_0 / Q8_1 activations, the
+same): 0.3-0.7% of the largest output on random weights (tools/bench_cpu_gemv.py --int8); SmolLM2
+Q4_1's perplexity over 400 tokens fed through decode steps 21.84 against 21.56 exact (+1.3%).
+Prefill's matmuls and 2-8 rows keep float32 activations.
 
-Measured (tools/bench_cpu_gemv.py --int8, SmolLM2's q4m shapes with float16 scales, 2 znver4 cores,
-256 MB of planes rotated, alternating, us a call, int8 / exact): gate/up 59 / 113, down 43 / 57,
-qkv 27 / 41, o 18 / 27 (the host read ~10 GB/s with the exact kernel that run).
+Measured (tools/bench_cpu_gemv.py --int8 --scale-dtype float16, SmolLM2's shapes, 2 znver4 cores,
+256 MB of planes rotated, the two kernels alternating, us a call, int8 / exact): q4m qkv 16.5 / 23.0,
+o 10.9 / 14.2, gate/up 43.0 / 66.4, down 27.2 / 35.4, a q4m LM head 597 / 993. 8-bit codes stay
+exact: their exact kernel already reads near the host's bandwidth (Q8_0's SmolLM2 LM head 33 GB/s),
+and the same arithmetic on them (|q| against x's codes given q's sign, vpsignb) measured 0.93-1.08x
+with float32 scales, 0.97-1.33x with float16 ones, the LM head 1.00-1.01x.
 
 Lanes: the codes' bytes of chunk c's half h (4-bit order, quant_gemv.nibble_col: byte i's low nibble
 is value 2i, its high nibble 2i + 1) meet xe (x's even values, per chunk) and xo (its odd ones),
@@ -43,14 +47,10 @@ from .lanes import LANES, add, fold16
 from .prefetch import prefetch_read, rows_ahead
 
 CHUNK = 32                  # values an activation scale serves (and a weight group's smallest size)
-KINDS = ("q4", "q4m", "q8")     # the formats this kernel takes (q8m measured level with the exact kernel)
-NIBBLE_KINDS = ("q4", "q4m")            # 4-bit codes, two a byte; the rest a byte each
-LINE = 64                   # bytes a prefetch asks for (a cache line)
+KINDS = ("q4", "q4m")       # the formats this kernel takes (unsigned 4-bit codes: vpdpbusd's first operand)
+LINE = 64                   # bytes a prefetch asks for (a cache line: every other pair of chunks)
 NIBBLES = 0x0F0F0F0F        # each byte's low nibble, in a 32-bit lane
 ISAS = ("vnni", "avx2")
-# The chunk (of a pair: 0 the first, 1 the second) each 32-bit lane of a pair's dot products sums:
-# 4-bit codes, a chunk's halves side by side; byte codes, two chunks' sums joined by vphaddd.
-PAIR_LANES = {"nibbles": (0, 0, 0, 0, 1, 1, 1, 1), "bytes": (0, 0, 1, 1, 0, 0, 1, 1)}
 
 
 def int8_isa(target: Target) -> str | None:
@@ -78,16 +78,8 @@ def _dot(isa: str, acc, a, b):
     a8, b8 = T.reinterpret("int8x32", a), T.reinterpret("int8x32", b)
     if isa == "vnni":
         return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx512.vpdpbusd.256", acc, a8, b8)
-    pairs = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a8, b8)   # |255 * 127 * 2| fits int16
+    pairs = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a8, b8)   # |15 * 127 * 2| fits int16
     return acc + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", pairs, T.Broadcast(T.int16(1), 16))
-
-
-def _bytes(v):
-    return T.reinterpret("int8x32", v)
-
-
-def _words(v):
-    return T.reinterpret("int32x8", v)
 
 
 @parsed_once(size=None)
@@ -99,121 +91,90 @@ def int8_gemv_kernel(kind: str, n: int, k: int, group: int, scale_dtype: str, is
         raise ValueError(f"int8_gemv_kernel takes {KINDS} with groups of 32s and K a multiple of 64 "
                          f"on {ISAS}; got {kind}, group {group}, K {k}, {isa}")
     chunks, groups, per = k // CHUNK, k // group, group // CHUNK
-    nibbles = kind in NIBBLE_KINDS
-    lanes = PAIR_LANES["nibbles" if nibbles else "bytes"]
-    pair_words = 8 if nibbles else 16               # 32-bit words of codes a pair of chunks takes
-    pairs, words = chunks // 2, k // (8 if nibbles else 4)      # a row's pairs, its words of codes
-    has_zero, has_min = kind != "q8", kind == "q4m"
-    ahead = rows_ahead(k // 2 if nibbles else k)
+    pairs, words = chunks // 2, k // 8              # a row's pairs of chunks, its 32-bit words of codes
+    has_min = kind == "q4m"
+    ahead = rows_ahead(k // 2)
     mask = T.Broadcast(T.int32(NIBBLES), 8)
 
     def scale(S, row, g):
         return S[row, g] if scale_dtype == "float32" else T.Cast("float32", S[row, g])
-
-    def lane_chunk(j):
-        """PAIR_LANES[...][j] for a loop index j."""
-        return j // 4 if nibbles else j // 2 % 2
 
     def zero_of(S, M, row, g):
         """The value a zero code stands for in group g: q4m's min, q4's -8 scale."""
         return scale(M, row, g) if has_min else scale(S, row, g) * T.float32(-8)
 
     def pair_scales(S, row, p):
-        """float32x8: each lane's chunk's group scale (PAIR_LANES)."""
+        """float32x8: chunk 2p's group scale in lanes 0-3, chunk 2p + 1's in lanes 4-7."""
         if per == 1:
             two = S.vload([row, 2 * p], f"{scale_dtype}x2")
             two = two if scale_dtype == "float32" else T.Cast("float32x2", two)
-            return T.Shuffle([two, two, two, two], list(lanes))
+            return T.Shuffle([two, two, two, two], [0, 0, 0, 0, 1, 1, 1, 1])
         if per % 2 == 0:                            # both chunks in one group
             return T.Broadcast(scale(S, row, 2 * p // per), 8)
-        first, second = T.Broadcast(scale(S, row, 2 * p // per), 8), T.Broadcast(scale(S, row, (2 * p + 1) // per), 8)
-        return T.Shuffle([first, second], [8 * c + j for j, c in enumerate(lanes)])
+        return T.Shuffle([T.Broadcast(scale(S, row, 2 * p // per), 4),
+                          T.Broadcast(scale(S, row, (2 * p + 1) // per), 4)], list(range(8)))
 
-    def pair_dot(W32, x32, xo32, row, p):
-        """int32x8: chunks 2p and 2p + 1 of row `row`, codes times x's int8 codes (lanes: PAIR_LANES).
-        An expression, not a let: TVM gives a vector let a buffer of its own (an allocation a row).
-        4-bit codes: the low nibbles against x's even values (x32), the high against its odd (xo32).
-        q8's signed codes: |q| against x's codes with q's sign (vpsignb), exact for any code, -128
-        too."""
-        if nibbles:
-            low = W32.vload([row, p * 8], "int32x8") & mask
-            high = T.shift_right(W32.vload([row, p * 8], "int32x8"), T.Broadcast(T.int32(4), 8)) & mask
-            first = _dot(isa, T.Broadcast(T.int32(0), 8), low, x32.vload([p * 8], "int32x8"))
-            return _dot(isa, first, high, xo32.vload([p * 8], "int32x8"))
-
-        def chunk(h):
-            w = W32.vload([row, p * 16 + h * 8], "int32x8")
-            signed = T.call_llvm_pure_intrin("int8x32", "llvm.x86.avx2.psign.b",
-                                             _bytes(x32.vload([p * 16 + h * 8], "int32x8")), _bytes(w))
-            return _dot(isa, T.Broadcast(T.int32(0), 8), _words(T.abs(_bytes(w))), _words(signed))
-        return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.phadd.d", chunk(0), chunk(1))
+    def pair_dot(W32, xe32, xo32, row, p):
+        """int32x8: chunks 2p and 2p + 1 of row `row`, codes times x's int8 codes (lanes: module
+        docstring): the low nibbles against x's even values (xe32), the high against its odd (xo32).
+        An expression, not a let: TVM gives a vector let a buffer of its own (an allocation a row)."""
+        low = W32.vload([row, p * 8], "int32x8") & mask
+        high = T.shift_right(W32.vload([row, p * 8], "int32x8"), T.Broadcast(T.int32(4), 8)) & mask
+        first = _dot(isa, T.Broadcast(T.int32(0), 8), low, xe32.vload([p * 8], "int32x8"))
+        return _dot(isa, first, high, xo32.vload([p * 8], "int32x8"))
 
     @T.macro
-    def quantize_x(X, xe, xo, dx, dxv, xs, part, inv):
-        """x's int8 codes (4-bit weights: xe each chunk's even values, xo its odd ones; else xe in
-        order), each chunk's dx laid out as a pair's lanes (dxv), each group's float32 sum of x (xs)."""
+    def quantize_x(X, xe, xo, dxv, xs, part, inv):
+        """x's int8 codes (xe: each chunk's even values, xo: its odd ones), each chunk's dx over its 4
+        lanes (dxv), and each group's float32 sum of x (xs)."""
         for g in range(groups):
             xs[g] = T.float32(0)
         for c in range(chunks):
             for i in T.vectorized(LANES):
                 part[i] = T.max(T.fabs(X[0, 0, c * CHUNK + i]), T.fabs(X[0, 0, c * CHUNK + LANES + i]))
             fold16(part, 0, T.max)
-            dx[c] = part[0] / T.float32(127)
-            inv[0] = T.Select(part[0] > T.float32(0), T.float32(1) / dx[c], T.float32(0))
-            if nibbles:
-                for i in T.vectorized(LANES):
-                    xe[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i] * inv[0]))
-                    xo[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i + 1] * inv[0]))
-            else:
-                for i in T.vectorized(CHUNK):
-                    xe[c * CHUNK + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + i] * inv[0]))
-            if has_zero:
-                for i in T.vectorized(LANES):
-                    part[i] = X[0, 0, c * CHUNK + i] + X[0, 0, c * CHUNK + LANES + i]
-                fold16(part, 0, add)
-                xs[c // per] = xs[c // per] + part[0]
-        for p in range(pairs):
-            for j in T.unroll(8):
-                dxv[p * 8 + j] = dx[2 * p + lane_chunk(j)]
-
-    def odd_codes(xe, xo):
-        """The buffer of x's odd values' codes: xo for 4-bit weights; byte codes read xe alone."""
-        return xo if nibbles else xe
+            for i in T.vectorized(4):
+                dxv[c * 4 + i] = part[0] / T.float32(127)
+            inv[0] = T.Select(part[0] > T.float32(0), T.float32(1) / dxv[c * 4], T.float32(0))
+            for i in T.vectorized(LANES):
+                xe[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i] * inv[0]))
+                xo[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i + 1] * inv[0]))
+            for i in T.vectorized(LANES):
+                part[i] = X[0, 0, c * CHUNK + i] + X[0, 0, c * CHUNK + LANES + i]
+            fold16(part, 0, add)
+            xs[c // per] = xs[c // per] + part[0]
 
     @T.macro
     def body(W, S, M, X, Y):
-        xe = T.alloc_buffer((k // 2 if nibbles else k,), "int8")
-        xo = T.alloc_buffer((k // 2 if nibbles else 1,), "int8")
-        dx = T.alloc_buffer((chunks,), "float32")
-        dxv = T.alloc_buffer((pairs * 8,), "float32")
+        xe = T.alloc_buffer((k // 2,), "int8")
+        xo = T.alloc_buffer((k // 2,), "int8")
+        dxv = T.alloc_buffer((chunks * 4,), "float32")
         xs = T.alloc_buffer((groups,), "float32")
         part = T.alloc_buffer((LANES,), "float32")
         inv = T.alloc_buffer((1,), "float32")
-        quantize_x(X, xe, xo, dx, dxv, xs, part, inv)
+        quantize_x(X, xe, xo, dxv, xs, part, inv)
         W32 = T.decl_buffer((n, words), "int32", data=W.data)
         xe32 = T.decl_buffer((words,), "int32", data=xe.data)
-        xo32 = T.decl_buffer((words,), "int32", data=odd_codes(xe, xo).data)
+        xo32 = T.decl_buffer((words,), "int32", data=xo.data)
         for row in T.parallel(n):
             acc = T.alloc_buffer((16,), "float32")          # two chains of 8 lanes (alternate pairs)
             acc[T.ramp(0, 1, 16)] = T.Broadcast(T.float32(0), 16)
             for p in range(pairs):
-                if ahead > 0 and p * pair_words * 4 % LINE == 0:
-                    T.evaluate(prefetch_read(T.address_of(W32[T.min(row + ahead, n - 1), p * pair_words])))
+                if ahead > 0 and p * 32 % LINE == 0:
+                    T.evaluate(prefetch_read(T.address_of(W32[T.min(row + ahead, n - 1), p * 8])))
                 acc[T.ramp(p % 2 * 8, 1, 8)] = acc[T.ramp(p % 2 * 8, 1, 8)] + T.Cast(
                     "float32x8", pair_dot(W32, xe32, xo32, row, p)) * (pair_scales(S, row, p)
                                                                        * dxv.vload([p * 8], "float32x8"))
             for i in T.vectorized(8):
                 acc[i] = acc[i] + acc[8 + i]
-            if has_zero:
-                for v in range(groups // 8):                # the zero values' term, 8 groups a vector
-                    for i in T.vectorized(8):
-                        acc[i] = acc[i] + zero_of(S, M, row, v * 8 + i) * xs[v * 8 + i]
+            for v in range(groups // 8):                    # the zero values' term, 8 groups a vector
+                for i in T.vectorized(8):
+                    acc[i] = acc[i] + zero_of(S, M, row, v * 8 + i) * xs[v * 8 + i]
             for i in T.vectorized(4):
                 acc[i] = acc[i] + acc[i + 4]
             acc[0] = (acc[0] + acc[2]) + (acc[1] + acc[3])
-            if has_zero:
-                for g in range(groups // 8 * 8, groups):
-                    acc[0] = acc[0] + zero_of(S, M, row, g) * xs[g]
+            for g in range(groups // 8 * 8, groups):
+                acc[0] = acc[0] + zero_of(S, M, row, g) * xs[g]
             Y[0, 0, row] = acc[0]
 
     w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]

@@ -44,21 +44,19 @@ def int8_reference(fmt: QuantFormat, planes: dict, x: np.ndarray) -> np.ndarray:
     dx = (amax / np.float32(127)).astype(np.float32)
     inv = np.where(amax > 0, np.float32(1) / np.where(dx > 0, dx, 1), 0).astype(np.float32)
     xq = np.rint(chunks * inv[:, None]).astype(np.int64)                          # [chunks, 32]
-    codes = planes["qweight"] if fmt.kind == "q8" else unpack_nibbles(planes["qweight"])
+    codes = unpack_nibbles(planes["qweight"])
     n, k = codes.shape
     dots = (codes.astype(np.int64).reshape(n, -1, 32) * xq[None]).sum(-1)       # [n, chunks]
     per = fmt.group_size // 32
     scale = np.repeat(planes["scale"].astype(np.float64), per, axis=1)             # a chunk's group scale
     y = (dots * scale * dx.astype(np.float64)[None]).sum(-1)
-    if fmt.kind != "q8":
-        zero = planes["min"] if fmt.kind == "q4m" else planes["scale"].astype(np.float32) * np.float32(-8)
-        sums = x.reshape(-1, fmt.group_size).astype(np.float64).sum(-1)
-        y += (zero.astype(np.float64) * sums[None]).sum(-1)
-    return y
+    zero = planes["min"] if fmt.kind == "q4m" else planes["scale"].astype(np.float32) * np.float32(-8)
+    sums = x.reshape(-1, fmt.group_size).astype(np.float64).sum(-1)
+    return y + (zero.astype(np.float64) * sums[None]).sum(-1)
 
 
 def _built(kind, group, scale_dtype, n, k, target):
-    func = dequant_matmul(kind, n, k, group, by_bits=kind == "q8", scale_dtype=scale_dtype)
+    func = dequant_matmul(kind, n, k, group, scale_dtype=scale_dtype)
     sch = QuantMatmul().apply(func.with_attr(INT8_DECODE_ATTR, True), tvm.target.Target(target), False)
     assert sch is not None
     return tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=tvm.target.Target(target))
@@ -71,10 +69,10 @@ def _run(lib, planes, x, n):
     return y.numpy()[:, 0]
 
 
-# (kind, group, scale dtype): GGUF's Q4_0 / Q4_1 / Q8_0 keep float16 scales; groups of 64 and 96 (a pair
-# of chunks in one group; pairs across groups)
-CASES = [("q4", 32, "float32"), ("q4m", 32, "float16"), ("q4", 32, "float16"), ("q8", 32, "float16"),
-         ("q8", 32, "float32"), ("q4m", 64, "float32"), ("q4m", 96, "float16")]
+# (kind, group, scale dtype): GGUF's Q4_0 / Q4_1 keep float16 scales; groups of 64 and 96 (a pair of
+# chunks in one group; pairs across groups)
+CASES = [("q4", 32, "float32"), ("q4m", 32, "float16"), ("q4", 32, "float16"), ("q4m", 64, "float32"),
+         ("q4m", 96, "float16")]
 
 
 @pytest.mark.parametrize("isa", list(ISA_TARGETS))
@@ -100,23 +98,6 @@ def test_one_row_matches_numpy_int8_arithmetic(case, isa):
     assert 1e-5 < err < 3e-2, err               # x's rounding to 8 bits, and no more
 
 
-def test_q8_codes_of_minus_128_are_exact():
-    """A byte code of -128 (a GGUF's Q8_0 may hold one): |q| against x's codes with q's sign, no
-    overflow (vpsignb on the weights would keep -128's sign)."""
-    if not _runs_here("avx2"):
-        pytest.skip("this CPU lacks AVX2")
-    n, k = 8, 64
-    lib = _built("q8", 32, "float32", n, k, HOST)
-    fmt = QuantFormat("q8", 32, "float32")
-    rng = np.random.default_rng(5)
-    planes = random_planes(fmt, n, k, rng)
-    planes["qweight"][:, :] = -128
-    x = -np.abs(rng.standard_normal((1, 1, k))).astype(np.float32)
-    got = _run(lib, planes, x, n)[0]
-    np.testing.assert_allclose(got, int8_reference(fmt, planes, x[0, 0]), rtol=1e-5)
-    assert (got > 0).all()
-
-
 @pytest.mark.parametrize("rows", [2, 5])
 def test_more_rows_stay_exact(rows):
     """Only the one-row branch takes int8 activations: 2-8 rows keep quant_gemv's exact kernels."""
@@ -131,17 +112,18 @@ def test_more_rows_stay_exact(rows):
 
 
 def test_what_it_does_not_take():
-    """q8m, f16, K not a multiple of 64, groups of 16: the exact one-row kernel; no x86 AVX2, no kernel."""
-    assert not int8_gemv.takes("q8m", 384, 32) and not int8_gemv.takes("f16", 384, 32)
-    assert not int8_gemv.takes("q4", 160, 32) and not int8_gemv.takes("q8", 384, 16)
-    assert int8_gemv.takes("q4m", 576, 32) and int8_gemv.takes("q8", 576, 32)
+    """8- and 16-bit codes, K not a multiple of 64, groups of 16: the exact one-row kernel; no x86
+    AVX2, no kernel."""
+    assert not any(int8_gemv.takes(kind, 384, 32) for kind in ("q8", "q8m", "f16", "bf16"))
+    assert not int8_gemv.takes("q4", 160, 32) and not int8_gemv.takes("q4", 384, 16)
+    assert int8_gemv.takes("q4m", 576, 32) and int8_gemv.takes("q4", 576, 64)
     assert int8_gemv.int8_isa(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
                                                  "mattr": ["+neon"]})) is None
     assert int8_gemv.int8_isa(tvm.target.Target({"kind": "llvm", "mcpu": "sandybridge"})) is None
     assert int8_gemv.int8_isa(tvm.target.Target(AVX2)) == "avx2"
     assert int8_gemv.int8_isa(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) == "vnni"
     with pytest.raises(ValueError, match="takes"):
-        int8_gemv.int8_gemv_kernel("q8m", 8, 64, 32, "float32", "vnni")
+        int8_gemv.int8_gemv_kernel("q8", 8, 64, 32, "float32", "vnni")
 
 
 def test_untagged_functions_stay_exact():
