@@ -16,7 +16,7 @@ a multiply-add, all on 256-bit vectors: 12 where the exact kernel spends 16 of 5
 
 The min's term (q4m's min, q4's -8 s) keeps the exact float32 sums of x. The error is x's rounding to 8 bits (llama.cpp's Q8_0 / Q8_1 activations, the
 same): 0.3-0.7% of the largest output on random weights (tools/bench_cpu_gemv.py --int8); SmolLM2
-Q4_1's perplexity over 400 tokens fed through decode steps 21.84 against 21.56 exact (+1.3%).
+Q4_1's perplexity over 400 tokens fed through decode steps 21.82 against 21.56 exact (+1.2%).
 Prefill's matmuls and 2-8 rows keep float32 activations.
 
 Measured (tools/bench_cpu_gemv.py --int8 --scale-dtype float16, SmolLM2's shapes, 2 znver4 cores,
