@@ -58,7 +58,7 @@ class CompileOptions:
     force: bool = False                     # replace an existing artifact at `output`
     golden: bool = True                     # store golden logits (compiler/golden.py) for `kiln check`
     kv_cache_dtype: str = "auto"            # KV_CACHE_DTYPES: auto keeps the compute dtype
-    decode_activations: str = "exact"       # DECODE_ACTIVATIONS: int8 quantizes the one-row GEMVs' x
+    decode_activations: str = "exact"       # DECODE_ACTIVATIONS: int8 quantizes the 1-8 row GEMVs' x
 
     def validate(self) -> None:
         """Everything checkable before the model is read: the target, the quantization name, the

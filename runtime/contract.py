@@ -53,7 +53,7 @@ ATTENTION_KINDS = ("full", "sliding")              # KVCacheLayout.layer_kinds
 # `kiln compile --kv-cache-dtype`: auto keeps the compute dtype (the exact cache); float16 halves a
 # float32 model's. KVCacheLayout.dtype records what the artifact's cache holds.
 KV_CACHE_DTYPES = ("auto", "float32", "float16")
-# `kiln compile --decode-activations`: exact keeps float activations; int8 quantizes them in the one-row
+# `kiln compile --decode-activations`: exact keeps float activations; int8 quantizes them in the 1-8 row
 # GEMVs over 4-bit weights (targets with int8_decode: x86-64 CPUs), recorded in quantization["decode_activations"].
 DECODE_ACTIVATIONS = ("exact", "int8")
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none

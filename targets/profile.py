@@ -113,7 +113,7 @@ class TargetProfile:
     # CUDA: TVM's RewriteCUDAGraph captures decode's stretches between attention calls (targets/gpu.py).
     # Off for runners that capture whole steps themselves (runtime/step_graph.py; gpu_checks `stepgraph`).
     cuda_graphs: bool = True
-    # One-row GEMVs over 4-bit weights may quantize their activations to int8 and multiply by integer
+    # GEMVs of 1-8 rows over 4-bit weights may quantize their activations to int8 and multiply by integer
     # dot products, an opt-in (`kiln compile --decode-activations int8`, module attr kiln_int8_decode):
     # the x86-64 CPUs with AVX2 (targets/cpu/int8_gemv.py).
     int8_decode: bool = False

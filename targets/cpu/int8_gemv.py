@@ -1,4 +1,4 @@
-"""The one-row GEMV over 4-bit weights with int8 activations: `kiln compile --decode-activations int8`.
+"""GEMVs of 1-8 rows over 4-bit weights with int8 activations: `kiln compile --decode-activations int8`.
 
 Why: quant_gemv.py's one-row kernel keeps every value exact (weights as stored, float32 activations)
 and spends 8 vector instructions on 32 values (widen, mask, shift, two conversions, three
@@ -17,7 +17,14 @@ a multiply-add, all on 256-bit vectors: 12 where the exact kernel spends 16 of 5
 The min's term (q4m's min, q4's -8 s) keeps the exact float32 sums of x. The error is x's rounding to 8 bits (llama.cpp's Q8_0 / Q8_1 activations, the
 same): 0.3-0.7% of the largest output on random weights (tools/bench_cpu_gemv.py --int8); SmolLM2
 Q4_1's perplexity over 400 tokens fed through decode steps 21.82 against 21.56 exact (+1.2%).
-Prefill's matmuls and 2-8 rows keep float32 activations.
+Matmuls of 9 rows or more (prefill, larger batches) keep float32 activations.
+
+2-8 rows (`batch` 2, 4 or 8; decode of that many sequences, a prefill's logits rows or a chunk of
+that few tokens): each row's x quantized alike, each pair's codes unpacked once for every row of a
+pass (BLOCK rows a pass over the weights, as quant_gemv's few_rows), two dot products, a conversion,
+the scales times the row's dx and a multiply-add a row; tools/bench_cpu_gemv.py --int8 --rows
+2,4,8 (q4m, float16 scales, 2 znver4 cores, a CI run beside it): gate/up 1.59-1.68x, down 1.54-1.94x
+quant_gemv's exact kernels.
 
 Measured (tools/bench_cpu_gemv.py --int8 --scale-dtype float16, SmolLM2's shapes, 2 znver4 cores,
 256 MB of planes rotated, the two kernels alternating, us a call, int8 / exact): q4m qkv 16.5 / 23.0,
@@ -51,6 +58,7 @@ KINDS = ("q4", "q4m")       # the formats this kernel takes (unsigned 4-bit code
 LINE = 64                   # bytes a prefetch asks for (a cache line: every other pair of chunks)
 NIBBLES = 0x0F0F0F0F        # each byte's low nibble, in a 32-bit lane
 ISAS = ("vnni", "avx2")
+BLOCK = 4                   # rows a pass over the weights serves (quant_gemv's: 8 rows, two passes)
 
 
 def int8_isa(target: Target) -> str | None:
@@ -82,19 +90,24 @@ def _dot(isa: str, acc, a, b):
     return acc + T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx2.pmadd.wd", pairs, T.Broadcast(T.int16(1), 16))
 
 
-@parsed_once(size=None)
-def int8_gemv_kernel(kind: str, n: int, k: int, group: int, scale_dtype: str, isa: str) -> tirx.PrimFunc:
-    """y[0, 0, :n] ~= x[0, 0, :k] . W[n, k] for kiln's `kind` planes (KINDS, group a multiple of 32,
-    scales and mins in `scale_dtype`), x quantized to int8 per 32 values (module docstring); `isa`
-    from int8_isa. The signature of quant_gemv.gemv_kernel's one-row kernel."""
-    if not takes(kind, k, group) or isa not in ISAS:
+@parsed_once(size="rows")
+def int8_gemv_kernel(kind: str, n: int, k: int, group: int, scale_dtype: str, isa: str, batch: int = 1,
+                     rows=None) -> tirx.PrimFunc:
+    """y[:rows, 0, :n] ~= x[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (KINDS, group a multiple of
+    32, scales and mins in `scale_dtype`), x quantized to int8 per 32 values (module docstring); `isa`
+    from int8_isa. batch 1: one row (rows None); else `rows` (a symbolic size, 2 to `batch` at run
+    time), BLOCK rows a pass over the weights. quant_gemv.gemv_kernel's signatures."""
+    if not takes(kind, k, group) or isa not in ISAS or (batch > 1) != (rows is not None):
         raise ValueError(f"int8_gemv_kernel takes {KINDS} with groups of 32s and K a multiple of 64 "
-                         f"on {ISAS}; got {kind}, group {group}, K {k}, {isa}")
+                         f"on {ISAS}, and rows with a batch; got {kind}, group {group}, K {k}, {isa}, "
+                         f"batch {batch}")
     chunks, groups, per = k // CHUNK, k // group, group // CHUNK
     pairs, words = chunks // 2, k // 8              # a row's pairs of chunks, its 32-bit words of codes
     has_min = kind == "q4m"
     ahead = rows_ahead(k // 2)
     mask = T.Broadcast(T.int32(NIBBLES), 8)
+    block = min(batch, BLOCK)
+    rows_dtype = "int32" if rows is None else str(rows.ty.dtype)
 
     def scale(S, row, g):
         return S[row, g] if scale_dtype == "float32" else T.Cast("float32", S[row, g])
@@ -114,45 +127,68 @@ def int8_gemv_kernel(kind: str, n: int, k: int, group: int, scale_dtype: str, is
         return T.Shuffle([T.Broadcast(scale(S, row, 2 * p // per), 4),
                           T.Broadcast(scale(S, row, (2 * p + 1) // per), 4)], list(range(8)))
 
-    def pair_dot(W32, xe32, xo32, row, p):
-        """int32x8: chunks 2p and 2p + 1 of row `row`, codes times x's int8 codes (lanes: module
-        docstring): the low nibbles against x's even values (xe32), the high against its odd (xo32).
-        An expression, not a let: TVM gives a vector let a buffer of its own (an allocation a row)."""
+    def pair_dot(W32, xe32, xo32, row, b, p):
+        """int32x8: chunks 2p and 2p + 1 of row `row` of W, its codes times x row b's int8 codes (lanes:
+        module docstring): the low nibbles against x's even values (xe32), the high against its odd
+        (xo32). An expression, not a let: TVM gives a vector let a buffer of its own (an allocation a row)."""
         low = W32.vload([row, p * 8], "int32x8") & mask
         high = T.shift_right(W32.vload([row, p * 8], "int32x8"), T.Broadcast(T.int32(4), 8)) & mask
-        first = _dot(isa, T.Broadcast(T.int32(0), 8), low, xe32.vload([p * 8], "int32x8"))
-        return _dot(isa, first, high, xo32.vload([p * 8], "int32x8"))
+        first = _dot(isa, T.Broadcast(T.int32(0), 8), low, xe32.vload([b * words + p * 8], "int32x8"))
+        return _dot(isa, first, high, xo32.vload([b * words + p * 8], "int32x8"))
+
+    def pair_sum(W32, S, xe32, xo32, dxv, row, b, p):
+        """float32x8: pair p's products for x row b, scaled (its lanes' scales times their dx)."""
+        return T.Cast("float32x8", pair_dot(W32, xe32, xo32, row, b, p)) * (
+            pair_scales(S, row, p) * dxv.vload([b * chunks * 4 + p * 8], "float32x8"))
 
     @T.macro
-    def quantize_x(X, xe, xo, dxv, xs, part, inv):
-        """x's int8 codes (xe: each chunk's even values, xo: its odd ones), each chunk's dx over its 4
-        lanes (dxv), and each group's float32 sum of x (xs)."""
+    def prefetch(W32, row, p):
+        if ahead > 0 and p * 32 % LINE == 0:
+            T.evaluate(prefetch_read(T.address_of(W32[T.min(row + ahead, n - 1), p * 8])))
+
+    @T.macro
+    def quantize_x(X, b, xe, xo, dxv, xs, part, inv):
+        """x row b's int8 codes (xe: each chunk's even values, xo: its odd ones), each chunk's dx over
+        its 4 lanes (dxv), and each group's float32 sum of x (xs), at row b's offsets."""
         for g in range(groups):
-            xs[g] = T.float32(0)
+            xs[b * groups + g] = T.float32(0)
         for c in range(chunks):
             for i in T.vectorized(LANES):
-                part[i] = T.max(T.fabs(X[0, 0, c * CHUNK + i]), T.fabs(X[0, 0, c * CHUNK + LANES + i]))
+                part[i] = T.max(T.fabs(X[b, 0, c * CHUNK + i]), T.fabs(X[b, 0, c * CHUNK + LANES + i]))
             fold16(part, 0, T.max)
             for i in T.vectorized(4):
-                dxv[c * 4 + i] = part[0] / T.float32(127)
-            inv[0] = T.Select(part[0] > T.float32(0), T.float32(1) / dxv[c * 4], T.float32(0))
+                dxv[b * chunks * 4 + c * 4 + i] = part[0] / T.float32(127)
+            inv[0] = T.Select(part[0] > T.float32(0), T.float32(1) / dxv[b * chunks * 4 + c * 4], T.float32(0))
             for i in T.vectorized(LANES):
-                xe[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i] * inv[0]))
-                xo[c * LANES + i] = T.Cast("int8", T.nearbyint(X[0, 0, c * CHUNK + 2 * i + 1] * inv[0]))
+                xe[b * k // 2 + c * LANES + i] = T.Cast("int8", T.nearbyint(X[b, 0, c * CHUNK + 2 * i] * inv[0]))
+                xo[b * k // 2 + c * LANES + i] = T.Cast("int8",
+                                                        T.nearbyint(X[b, 0, c * CHUNK + 2 * i + 1] * inv[0]))
             for i in T.vectorized(LANES):
-                part[i] = X[0, 0, c * CHUNK + i] + X[0, 0, c * CHUNK + LANES + i]
+                part[i] = X[b, 0, c * CHUNK + i] + X[b, 0, c * CHUNK + LANES + i]
             fold16(part, 0, add)
-            xs[c // per] = xs[c // per] + part[0]
+            xs[b * groups + c // per] = xs[b * groups + c // per] + part[0]
 
     @T.macro
-    def body(W, S, M, X, Y):
+    def finish(acc, base, S, M, row, xs, b):
+        """acc[base] = the sum of acc[base : base + 8] and the zero values' term (x row b's group sums)."""
+        for v in range(groups // 8):                    # 8 groups a vector
+            for i in T.vectorized(8):
+                acc[base + i] = acc[base + i] + zero_of(S, M, row, v * 8 + i) * xs[b * groups + v * 8 + i]
+        for i in T.vectorized(4):
+            acc[base + i] = acc[base + i] + acc[base + i + 4]
+        acc[base] = (acc[base] + acc[base + 2]) + (acc[base + 1] + acc[base + 3])
+        for g in range(groups // 8 * 8, groups):
+            acc[base] = acc[base] + zero_of(S, M, row, g) * xs[b * groups + g]
+
+    @T.macro
+    def one_row(W, S, M, X, Y):
         xe = T.alloc_buffer((k // 2,), "int8")
         xo = T.alloc_buffer((k // 2,), "int8")
         dxv = T.alloc_buffer((chunks * 4,), "float32")
         xs = T.alloc_buffer((groups,), "float32")
         part = T.alloc_buffer((LANES,), "float32")
         inv = T.alloc_buffer((1,), "float32")
-        quantize_x(X, xe, xo, dxv, xs, part, inv)
+        quantize_x(X, 0, xe, xo, dxv, xs, part, inv)
         W32 = T.decl_buffer((n, words), "int32", data=W.data)
         xe32 = T.decl_buffer((words,), "int32", data=xe.data)
         xo32 = T.decl_buffer((words,), "int32", data=xo.data)
@@ -160,36 +196,71 @@ def int8_gemv_kernel(kind: str, n: int, k: int, group: int, scale_dtype: str, is
             acc = T.alloc_buffer((16,), "float32")          # two chains of 8 lanes (alternate pairs)
             acc[T.ramp(0, 1, 16)] = T.Broadcast(T.float32(0), 16)
             for p in range(pairs):
-                if ahead > 0 and p * 32 % LINE == 0:
-                    T.evaluate(prefetch_read(T.address_of(W32[T.min(row + ahead, n - 1), p * 8])))
-                acc[T.ramp(p % 2 * 8, 1, 8)] = acc[T.ramp(p % 2 * 8, 1, 8)] + T.Cast(
-                    "float32x8", pair_dot(W32, xe32, xo32, row, p)) * (pair_scales(S, row, p)
-                                                                       * dxv.vload([p * 8], "float32x8"))
+                prefetch(W32, row, p)
+                acc[T.ramp(p % 2 * 8, 1, 8)] = acc[T.ramp(p % 2 * 8, 1, 8)] + pair_sum(W32, S, xe32, xo32, dxv,
+                                                                                       row, 0, p)
             for i in T.vectorized(8):
                 acc[i] = acc[i] + acc[8 + i]
-            for v in range(groups // 8):                    # the zero values' term, 8 groups a vector
-                for i in T.vectorized(8):
-                    acc[i] = acc[i] + zero_of(S, M, row, v * 8 + i) * xs[v * 8 + i]
-            for i in T.vectorized(4):
-                acc[i] = acc[i] + acc[i + 4]
-            acc[0] = (acc[0] + acc[2]) + (acc[1] + acc[3])
-            for g in range(groups // 8 * 8, groups):
-                acc[0] = acc[0] + zero_of(S, M, row, g) * xs[g]
+            finish(acc, 0, S, M, row, xs, 0)
             Y[0, 0, row] = acc[0]
 
+    @T.macro
+    def few_rows(W, S, M, X, Y):
+        """Up to `batch` rows, `block` a pass over W: each pair's codes unpacked once for its rows, a
+        row's sums on its own accumulator; rows past the call's: zero codes and dx (computed, not
+        written)."""
+        xe = T.alloc_buffer((batch * k // 2,), "int8")
+        xo = T.alloc_buffer((batch * k // 2,), "int8")
+        dxv = T.alloc_buffer((batch * chunks * 4,), "float32")
+        xs = T.alloc_buffer((batch * groups,), "float32")
+        part = T.alloc_buffer((LANES,), "float32")
+        inv = T.alloc_buffer((1,), "float32")
+        for b in range(batch):
+            if T.Cast(rows_dtype, b) < rows:
+                quantize_x(X, b, xe, xo, dxv, xs, part, inv)
+            else:
+                for i in T.vectorized(k // 2):
+                    xe[b * k // 2 + i] = T.int8(0)
+                    xo[b * k // 2 + i] = T.int8(0)
+                for i in T.serial(chunks * 4):
+                    dxv[b * chunks * 4 + i] = T.float32(0)
+                for g in range(groups):
+                    xs[b * groups + g] = T.float32(0)
+        W32 = T.decl_buffer((n, words), "int32", data=W.data)
+        xe32 = T.decl_buffer((batch * words,), "int32", data=xe.data)
+        xo32 = T.decl_buffer((batch * words,), "int32", data=xo.data)
+        for blk in range(batch // block):
+            if T.Cast(rows_dtype, blk * block) < rows:
+                for row in T.parallel(n):
+                    acc = T.alloc_buffer((block * 8,), "float32")
+                    acc[T.ramp(0, 1, block * 8)] = T.Broadcast(T.float32(0), block * 8)
+                    # `pairs` iterations (rows >= 1) in a count LLVM cannot see (quant_gemv's few_rows:
+                    # a known count let it hoist every pair's x out of the row loop, spilling them)
+                    for p in range(T.min(T.Cast(rows_dtype, pairs), rows * pairs)):
+                        prefetch(W32, row, p)
+                        for b in T.unroll(block):
+                            acc[T.ramp(b * 8, 1, 8)] = acc[T.ramp(b * 8, 1, 8)] + pair_sum(
+                                W32, S, xe32, xo32, dxv, row, blk * block + b, p)
+                    for b in T.unroll(block):
+                        finish(acc, b * 8, S, M, row, xs, blk * block + b)
+                        if T.Cast(rows_dtype, blk * block + b) < rows:
+                            Y[blk * block + b, 0, row] = acc[b * 8]
+
+    body = one_row if batch == 1 else few_rows
+    rows = 1 if batch == 1 else rows
     w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
     if has_min:
         @T.prim_func(private=True)
         def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
-                     mins: T.Buffer((n, groups), scale_dtype), x: T.Buffer((1, 1, k), "float32"),
-                     y: T.Buffer((1, 1, n), "float32")):
+                     mins: T.Buffer((n, groups), scale_dtype), x: T.Buffer((rows, 1, k), "float32"),
+                     y: T.Buffer((rows, 1, n), "float32")):
             T.func_attr({"tirx.noalias": True})
             body(codes, scales, mins, x, y)
         return with_min
 
     @T.prim_func(private=True)
     def without_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
-                    x: T.Buffer((1, 1, k), "float32"), y: T.Buffer((1, 1, n), "float32")):
+                    x: T.Buffer((rows, 1, k), "float32"), y: T.Buffer((rows, 1, n), "float32")):
         T.func_attr({"tirx.noalias": True})
         body(codes, scales, scales, x, y)
     return without_min

@@ -100,8 +100,8 @@ def branches(func: tirx.PrimFunc, int8_isa: str | None = None) -> list[tuple[int
     throughout, no cast after, symbolic rows, K a multiple of 64, groups of whole chunks): for each of
     BATCHES, ``func`` with a body computing up to that many rows by gemv_kernel (the kernel's buffers
     viewed as func's, row_dispatch.over_params), the branches for dispatch_on_rows. Else None.
-    With `int8_isa` (int8_gemv.int8_isa's, for `--decode-activations int8`), one row of the formats
-    int8_gemv takes is int8_gemv_kernel's instead (x quantized to int8)."""
+    With `int8_isa` (int8_gemv.int8_isa's, for `--decode-activations int8`), the formats int8_gemv
+    takes get int8_gemv_kernel's instead (x quantized to int8)."""
     m = match_dequant_matmul(func, "float32", rows_second=True)     # decode's [rows, 1, K], prefill's [1, rows, K]
     if m is None or m.k % (2 * CHUNK) or not takes_group(m.kind, m.group) or not m.out.same_as(m.sums):
         return None
@@ -115,8 +115,9 @@ def branches(func: tirx.PrimFunc, int8_isa: str | None = None) -> list[tuple[int
     group = m.group or CHUNK
 
     def kernel(batch: int) -> tirx.PrimFunc:
-        if batch == 1 and int8_isa is not None and int8_gemv.takes(m.kind, m.k, group):
-            return int8_gemv.int8_gemv_kernel(m.kind, m.n, m.k, group, scale_dtype, int8_isa)
+        if int8_isa is not None and int8_gemv.takes(m.kind, m.k, group):
+            return int8_gemv.int8_gemv_kernel(m.kind, m.n, m.k, group, scale_dtype, int8_isa, batch,
+                                              None if batch == 1 else m.rows)
         return gemv_kernel(m.kind, m.n, m.k, group, batch, None if batch == 1 else m.rows, scale_dtype)
 
     return [(batch, over_params(func, placed(kernel(batch), order),

@@ -1,4 +1,4 @@
-"""targets/cpu/int8_gemv.py: the one-row GEMV with int8 activations (`kiln compile --decode-activations
+"""targets/cpu/int8_gemv.py: the GEMVs (1-8 rows) with int8 activations (`kiln compile --decode-activations
 int8`), built through QuantMatmul as a compile builds it (the function tagged with INT8_DECODE_ATTR),
 for this machine's CPU with each dot-product instruction set it has (vpdpbusd; AVX2's vpmaddubsw).
 Checked against numpy doing the same arithmetic (x rounded to int8 per 32 values, integer dot
@@ -98,21 +98,28 @@ def test_one_row_matches_numpy_int8_arithmetic(case, isa):
     assert 1e-5 < err < 3e-2, err               # x's rounding to 8 bits, and no more
 
 
-@pytest.mark.parametrize("rows", [2, 5])
-def test_more_rows_stay_exact(rows):
-    """Only the one-row branch takes int8 activations: 2-8 rows keep quant_gemv's exact kernels."""
+@pytest.mark.parametrize("rows", [2, 3, 4, 5, 8, 9])
+def test_more_rows(rows):
+    """2-8 rows (decode's sequences, a prefill's few tokens) take int8 x too, each row its own codes
+    and dx (5-8: two passes of 4; rows past the call's not written); 9, the exact tiled matmul."""
     n, k = 40, 384
-    lib = _built("q4m", 32, "float32", n, k, HOST)
-    fmt = QuantFormat("q4m", 32)
+    lib = _built("q4m", 32, "float16", n, k, HOST)
+    fmt = QuantFormat("q4m", 32, "float16")
     rng = np.random.default_rng(rows)
     planes = random_planes(fmt, n, k, rng)
     x = rng.standard_normal((rows, 1, k)).astype(np.float32)
-    want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
-    np.testing.assert_allclose(_run(lib, planes, x, n), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    got = _run(lib, planes, x, n)
+    if rows > 8:
+        want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        return
+    for r in range(rows):
+        want = int8_reference(fmt, planes, x[r, 0])
+        np.testing.assert_allclose(got[r], want, rtol=1e-5, atol=2e-5 * np.abs(want).max())
 
 
 def test_what_it_does_not_take():
-    """8- and 16-bit codes, K not a multiple of 64, groups of 16: the exact one-row kernel; no x86
+    """8- and 16-bit codes, K not a multiple of 64, groups of 16: the exact kernels; no x86
     AVX2, no kernel."""
     assert not any(int8_gemv.takes(kind, 384, 32) for kind in ("q8", "q8m", "f16", "bf16"))
     assert not int8_gemv.takes("q4", 160, 32) and not int8_gemv.takes("q4", 384, 16)

@@ -1,8 +1,8 @@
-"""`kiln compile --decode-activations int8`: the CPU's one-row GEMVs over 4-bit weights take int8
+"""`kiln compile --decode-activations int8`: the CPU's GEMVs of 1-8 rows over 4-bit weights take int8
 activations (targets/cpu/int8_gemv.py). A tiny Llama at q4f32 compiled both ways: prefill over many
-rows (every position, batch_verify) gives the exact build's logits; batch-1 decode steps, within
-x's 8-bit rounding of them (and not equal: the int8 kernels ran); the artifact records the choice;
-targets without the kernel refuse the option in one line."""
+rows (every position, batch_verify) gives the exact build's logits; decode steps of one and of two
+sequences, within x's 8-bit rounding of them (and not equal: the int8 kernels ran); the artifact
+records the choice; targets without the kernel refuse the option in one line."""
 
 from __future__ import annotations
 
@@ -46,7 +46,11 @@ def _logits(art, tokens: list[int]):
     verify = runner.verify(0, IDS)
     runner.add_sequence(1)
     runner.prefill([1], [IDS])
-    return verify, np.stack([runner.decode([1], [t])[0] for t in tokens])
+    steps = [runner.decode([1], [t])[0] for t in tokens]
+    runner.add_sequence(2)
+    runner.prefill([2], [IDS[:9]])
+    steps.extend(runner.decode([1, 2], [tokens[0], tokens[1]]))      # two sequences: the 2-row kernels
+    return verify, np.stack(steps)
 
 
 def test_int8_decode_is_within_rounding_and_prefill_exact(builds):
