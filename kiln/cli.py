@@ -63,9 +63,9 @@ def main() -> None:
                    "(memory, and the bytes decode attention reads), q, k and v rounded to it as llama.cpp's "
                    "f16 cache does")
 @click.option("--decode-activations", type=click.Choice(DECODE_ACTIVATIONS), default="exact", show_default=True,
-              help="int8: the GEMVs of 1-8 rows over 4-bit weights (decode of up to 8 sequences) quantize their activations to "
-                   "int8 per 32 values and multiply by integer dot products, as llama.cpp does (faster, ~0.5% "
-                   "error in those products; x86-64 CPUs with AVX2); exact keeps them float")
+              help="int8: the GEMVs of 1-8 rows over 4-bit weights (decode of up to 8 sequences) quantize their "
+                   "activations to int8 per 32 values and multiply by integer dot products, as llama.cpp does "
+                   "(faster, ~0.5% error in those products; x86-64 CPUs with AVX2); exact keeps them float")
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @click.option("--check", "check_after", is_flag=True,
               help="then run the artifact on its golden prompts (as `kiln check`) if it runs on this machine")

@@ -72,5 +72,5 @@ def memoize_kv_cache_kernels() -> None:
     install()
 
 
-__all__ = ["DEFAULT_TARGET", "INT8_DECODE_ATTR", "PHASES", "SOFTCAP_ATTR", "UNSUPPORTED", "TargetProfile", "ToolchainError", "TuningSpace",
-           "UnsupportedTarget", "get_profile", "memoize_kv_cache_kernels", "names"]
+__all__ = ["DEFAULT_TARGET", "INT8_DECODE_ATTR", "PHASES", "SOFTCAP_ATTR", "UNSUPPORTED", "TargetProfile",
+           "ToolchainError", "TuningSpace", "UnsupportedTarget", "get_profile", "memoize_kv_cache_kernels", "names"]

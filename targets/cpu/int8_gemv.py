@@ -14,10 +14,11 @@ a multiply-add, all on 256-bit vectors: 12 where the exact kernel spends 16 of 5
 
     sum_k x_k (q_k s_g + m_g) ~= sum_c s_g(c) dx_c (xq_c . q_c) + sum_g m_g (sum of x over group g)
 
-The min's term (q4m's min, q4's -8 s) keeps the exact float32 sums of x. The error is x's rounding to 8 bits (llama.cpp's Q8_0 / Q8_1 activations, the
-same): 0.3-0.7% of the largest output on random weights (tools/bench_cpu_gemv.py --int8); SmolLM2
-Q4_1's perplexity over 400 tokens fed through decode steps 21.82 against 21.56 exact (+1.2%).
-Matmuls of 9 rows or more (prefill, larger batches) keep float32 activations.
+The min's term (q4m's min, q4's -8 s) keeps the exact float32 sums of x. The error is x's rounding
+to 8 bits (llama.cpp's Q8_0 / Q8_1 activations, the same): 0.3-0.7% of the largest output on random
+weights (tools/bench_cpu_gemv.py --int8); SmolLM2 Q4_1's perplexity over 400 tokens fed through
+decode steps 21.82 against 21.56 exact (+1.2%). Matmuls of 9 rows or more (prefill, larger
+batches) keep float32 activations.
 
 2-8 rows (`batch` 2, 4 or 8; decode of that many sequences, a prefill's logits rows or a chunk of
 that few tokens): each row's x quantized alike, each pair's codes unpacked once for every row of a

@@ -25,7 +25,8 @@ from bench_cpu_gemv import dequant_matmul, random_planes  # noqa: E402  (the ker
 
 pytestmark = pytest.mark.compiler
 
-HOST = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(), "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]}
+HOST = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+        "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"]}
 AVX2 = {"kind": "llvm", "mcpu": "haswell"}           # no VNNI: the vpmaddubsw + vpmaddwd form
 ISA_TARGETS = {"vnni": HOST, "avx2": AVX2}
 
