@@ -73,9 +73,11 @@ def random_planes(fmt, n: int, k: int, rng) -> dict:
     return out
 
 
-def cpu_target():
+def cpu_target(mcpu: str | None = None):
+    """This machine's CPU as `kiln compile --target cpu` builds for it (or LLVM CPU `mcpu`: haswell times
+    the AVX2 kernels on an AVX-512 host)."""
     import tvm
-    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu or tvm.target.codegen.llvm_get_system_cpu(),
                               "mattr": ["-amx-tile", "-amx-int8", "-amx-bf16"], "num-cores": os.cpu_count() or 1})
 
 
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--int8", action="store_true",
                         help="time the one-row GEMV with int8 activations (`kiln compile --decode-activations "
                              "int8`) against the exact one (the columns hand / sched become int8 / exact)")
+    parser.add_argument("--mcpu", help="build for this LLVM CPU instead of the host's (haswell: AVX2 only)")
     parser.add_argument("--group", type=int, default=32,
                         help="values a scale serves (16 with q8 / q8m: GGUF's Q6_K as stored) [32]")
     ns = parser.parse_args(argv)
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"unknown {bad}; formats {list(FORMATS)}, shapes {list(SHAPES)}")
     os.environ["TVM_NUM_THREADS"] = str(ns.threads)
-    target = cpu_target()
+    target = cpu_target(ns.mcpu)
     print(f"{target.attrs['mcpu']}, {ns.threads} threads, {ns.scale_dtype} scales in groups of {ns.group}, "
           f"best of {ns.repeat} passes "
           f"over {ns.cold_mb} MB of planes")
