@@ -47,12 +47,11 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from kiln.compiler.quant_modules import QuantFormat
-
 from ..kernel_memo import parsed_once
 from ..profile import INT8_DECODE_ATTR
 from .lanes import LANES, add, fold16
 from .prefetch import prefetch_read, rows_ahead
+from .quant_gemv import planes_func
 
 CHUNK = 32                  # values an activation scale serves (and a weight group's smallest size)
 KINDS = ("q4", "q4m")       # the formats this kernel takes (unsigned 4-bit codes: vpdpbusd's first operand)
@@ -247,24 +246,8 @@ def int8_gemv_kernel(kind: str, n: int, k: int, group: int, scale_dtype: str, is
                         if T.Cast(rows_dtype, blk * block + b) < rows:
                             Y[blk * block + b, 0, row] = acc[b * 8]
 
-    body = one_row if batch == 1 else few_rows
-    rows = 1 if batch == 1 else rows
-    w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
-    if has_min:
-        @T.prim_func(private=True)
-        def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
-                     mins: T.Buffer((n, groups), scale_dtype), x: T.Buffer((rows, 1, k), "float32"),
-                     y: T.Buffer((rows, 1, n), "float32")):
-            T.func_attr({"tirx.noalias": True})
-            body(codes, scales, mins, x, y)
-        return with_min
-
-    @T.prim_func(private=True)
-    def without_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
-                    x: T.Buffer((rows, 1, k), "float32"), y: T.Buffer((rows, 1, n), "float32")):
-        T.func_attr({"tirx.noalias": True})
-        body(codes, scales, scales, x, y)
-    return without_min
+    return planes_func(kind, n, k, group, 1 if batch == 1 else rows, scale_dtype,
+                       one_row if batch == 1 else few_rows)
 
 
 @tvm.transform.module_pass(opt_level=0, name="MarkInt8Decode")

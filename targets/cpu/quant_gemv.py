@@ -83,7 +83,6 @@ from kiln.compiler.quant_modules import FLOAT_KINDS, QuantFormat
 from ..kernel_memo import parsed_once
 from ..dequant_match import match_dequant_matmul, param_order, placed
 from ..row_dispatch import over_params
-from . import int8_gemv
 from .lanes import LANES, add, fold16
 from .prefetch import prefetch_read, rows_ahead
 
@@ -113,6 +112,7 @@ def branches(func: tirx.PrimFunc, int8_isa: str | None = None) -> list[tuple[int
         return None
     scale_dtype = scale_dtypes.pop() if scale_dtypes else "float32"
     group = m.group or CHUNK
+    from . import int8_gemv         # (here: int8_gemv builds its PrimFuncs with planes_func)
 
     def kernel(batch: int) -> tirx.PrimFunc:
         if int8_isa is not None and int8_gemv.takes(m.kind, m.k, group):
@@ -375,8 +375,6 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
     """Y[:rows, 0, :n] = X[:rows, 0, :k] . W[n, k] for kiln's `kind` planes (group `group`, scales and
     mins in `scale_dtype`, widened as read), float32: batch 1, one row (rows None); else `rows` (a
     symbolic size, 2 to `batch` at run time)."""
-    w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
-    groups = k // group
     each_part, few_rows = _macros(kind, n, k, group, batch, rows, scale_dtype)
     rows = 1 if batch == 1 else rows
 
@@ -388,9 +386,15 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
     def each_row(W, S, M, X, Y):
         each_part(W, S, M, X, Y, 1, n, _same, store_row)
 
-    body = each_row if batch == 1 else few_rows
-    scaled = kind not in FLOAT_KINDS
+    return planes_func(kind, n, k, group, rows, scale_dtype, each_row if batch == 1 else few_rows)
 
+
+def planes_func(kind: str, n: int, k: int, group: int, rows, scale_dtype: str, body) -> tirx.PrimFunc:
+    """The kernel's PrimFunc: `kind`'s planes (codes; scales and mins where the format has them), x
+    [rows, 1, k] and y [rows, 1, n] (float32), its statements the macro body(codes, scale, min, x, y)
+    (a plane the format lacks passed as another one)."""
+    w_shape, w_dtype = QuantFormat(kind, group).planes(n, k)["qweight"]
+    groups = k // group
     if kind in _MIN_KINDS:
         @T.prim_func(private=True)
         def with_min(codes: T.Buffer(w_shape, w_dtype), scales: T.Buffer((n, groups), scale_dtype),
@@ -400,7 +404,7 @@ def gemv_kernel(kind: str, n: int, k: int, group: int, batch: int = 1, rows=None
             body(codes, scales, mins, x, y)
         return with_min
 
-    if not scaled:
+    if kind in FLOAT_KINDS:
         @T.prim_func(private=True)
         def unscaled(codes: T.Buffer(w_shape, w_dtype), x: T.Buffer((rows, 1, k), "float32"),
                      y: T.Buffer((rows, 1, n), "float32")):
