@@ -176,9 +176,10 @@ def info(artifact, as_json) -> None:
         click.echo(json.dumps(c.to_dict(), indent=2))
         return
     m = c.model.config
+    int8 = ", int8 activations in decode's GEMVs" if c.quantization.get("decode_activations") == "int8" else ""
     click.echo(f"{art.path}\n  model      {c.model.arch}  layers={m['num_hidden_layers']} "
                f"hidden={m['hidden_size']} heads={m['num_attention_heads']}/{m['num_key_value_heads']} "
-               f"vocab={c.vocab_size}\n  quant      {c.quantization['name']}\n"
+               f"vocab={c.vocab_size}\n  quant      {c.quantization['name']}{int8}\n"
                f"  target     {c.target.name} ({c.target.device}, {c.target.lib})\n"
                f"  context    {c.context_window_size} tokens, prefill chunk {c.prefill_chunk_size}\n"
                f"  kv cache   {c.kv_cache.dtype}, {c.kv_cache.bytes_per_token / 1024:g} KiB a token\n"

@@ -66,6 +66,10 @@ def test_int8_decode_is_within_rounding_and_prefill_exact(builds):
     assert config["quantization"]["decode_activations"] == "int8"
     assert json.loads((builds["exact"] / "kiln-config.json").read_text())["quantization"]["decode_activations"] \
         == "exact"
+    from click.testing import CliRunner
+    from kiln.cli import main
+    info = CliRunner().invoke(main, ["info", str(builds["int8"])])
+    assert info.exit_code == 0 and "q4f32, int8 activations in decode's GEMVs" in info.output, info.output
 
 
 def test_int8_build_generates(builds):
