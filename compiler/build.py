@@ -122,8 +122,8 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
         model.set_kv_dtype(opts.kv_cache_dtype)
     if opts.decode_activations == "int8" and not profile.int8_decode:
         able = ", ".join(n for n in target_names() if get_profile(n).int8_decode)
-        raise ValueError(f"--decode-activations int8: the {profile.name} target has no int8 GEMV (x86-64 CPUs "
-                         f"with AVX2 have: {able}); use --decode-activations exact")
+        raise ValueError(f"--decode-activations int8: the {profile.name} target has no int8 GEMV (targets with "
+                         f"one: {able}); use --decode-activations exact")
     report("load", 1, 1)
     if opts.context_window and opts.context_window > config.context_window_size:
         raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "
