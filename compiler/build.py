@@ -26,9 +26,9 @@ from kiln.targets import (DEFAULT_TARGET, INT8_DECODE_ATTR, SOFTCAP_ATTR, Target
 from kiln.targets import names as target_names
 
 from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES,
-                                   LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig,
-                                   KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config,
-                                   write_golden)
+                                   LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR,
+                                   ArtifactConfig, KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo,
+                                   write_config, write_golden)
 
 from . import codegen
 from .artifact import check_output, staged_artifact
