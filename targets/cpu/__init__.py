@@ -49,7 +49,7 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         from .schedule import vector_lanes_for_target
         # 16 float32 lanes on AVX-512, 8 on AVX2; NEON's 4 taken as 8 (32 registers)
         simd = min(16, max(8, vector_lanes_for_target(profile.tvm_target())))
-        # --decode-activations int8: every PrimFunc told (QuantMatmul's one-row GEMVs take int8 x).
+        # --decode-activations int8: every PrimFunc told (QuantMatmul's GEMVs of 1-8 rows take int8 x).
         from .int8_gemv import mark_int8_decode
         return [UseKilnCPUAttention(simd), FixTVMSlidingPrefill(), SoftcapTVMAttention(), mark_int8_decode,
                 dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
