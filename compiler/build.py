@@ -25,8 +25,8 @@ from kiln.targets import (DEFAULT_TARGET, INT8_DECODE_ATTR, SOFTCAP_ATTR, Target
                           memoize_kv_cache_kernels)
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GOLDEN_NAME, KV_CACHE_DTYPES,
-                                   LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR,
+from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
+                                   KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR,
                                    ArtifactConfig, KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo,
                                    write_config, write_golden)
 
@@ -197,6 +197,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             tuned_kernels=facts.tuned_kernels,
             activation_bytes=facts.activation_bytes,
             library_gemm_bytes=facts.library_gemm_bytes,
+            library_gemm_call_values=facts.library_gemm_call_values,
             notes=(*source.notes, *config.notes, *plan.notes),
             golden=golden,
         ))
@@ -268,9 +269,11 @@ class BuildFacts:
     tuned_kernels: int = 0          # kernels scheduled with tuning-database knobs
     activation_bytes: int = 0       # every constant-size buffer the Relax functions allocate, summed
     library_gemm_bytes: int = 0     # the float weights LIBRARY_GEMM_WEIGHTS returns, summed
+    library_gemm_call_values: int = 0   # weight values a BLAS call of LIBRARY_GEMM_DECODE multiplies, mean
 
 
 _ALLOC_STORAGE = tvm.ir.Op.get("relax.vm.alloc_storage")
+_CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
 
 
 @tvm.instrument.pass_instrument
@@ -288,10 +291,13 @@ class _Observe:
         self.marker_attr, self.facts = marker_attr, BuildFacts()
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
-        if info.name == "graph" and LIBRARY_GEMM_WEIGHTS in [gv.name_hint for gv in mod.get_global_vars()]:
+        names = [gv.name_hint for gv in mod.get_global_vars()]
+        if info.name == "graph" and LIBRARY_GEMM_WEIGHTS in names:
             self.facts.library_gemm_bytes = sum(
                 math.prod(int(d) for d in t.shape.values) * tvm.DataType(t.dtype).itemsize
                 for t in mod[LIBRARY_GEMM_WEIGHTS].ret_ty.fields)
+        if info.name == "graph" and LIBRARY_GEMM_DECODE in names:
+            self.facts.library_gemm_call_values = _mean_gemm_values(mod[LIBRARY_GEMM_DECODE])
         elif info.name == "schedule" and self.marker_attr:
             self.facts.tuned_kernels = sum(
                 1 for _, f in mod.functions_items()
@@ -299,6 +305,20 @@ class _Observe:
         elif info.name == "finalize":
             self.facts.activation_bytes = sum(_constant_allocations(f) for _, f in mod.functions_items()
                                               if isinstance(f, relax.Function))
+
+
+def _mean_gemm_values(func: relax.Function) -> int:
+    """The weight values (N x K) a GEMM_PACKED_FUNC call of `func` multiplies, the mean over its calls
+    (0 without any): what runtime/library_gemm.py scales a decode step's crossover by."""
+    sizes = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and expr.op.same_as(_CALL_DPS_PACKED) \
+                and expr.args[0].global_symbol == GEMM_PACKED_FUNC:
+            sizes.append(math.prod(int(d) for d in expr.args[1].fields[1].ty.shape.values))
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return sum(sizes) // len(sizes) if sizes else 0
 
 
 def _constant_allocations(func: relax.Function) -> int:

@@ -153,6 +153,7 @@ class ArtifactConfig:
     tuned_kernels: int = 0                       # kernels scheduled with `kiln tune` knobs
     activation_bytes: int = 0                    # device memory the planned buffers take at most; 0: unknown
     library_gemm_bytes: int = 0                  # LIBRARY_GEMM_WEIGHTS' float weights (bytes), kept while loaded
+    library_gemm_call_values: int = 0            # weight values a BLAS call of LIBRARY_GEMM_DECODE multiplies (mean)
     notes: tuple[str, ...] = ()
     golden: dict = field(default_factory=dict)   # {"file", "reference", "prompts", "top_k"} or {"skipped": why}
     files: dict[str, str] = field(default_factory=dict)   # relative path -> sha256 (set when written)

@@ -18,9 +18,20 @@ kernels. Measured in one runner (H200, 8B-architecture q4f16, tools/gpu_checks.p
 59; a decode step of 8 sequences 3.6 ms against 8.4, 16: 4.5 against 8.5, 32: 8.1 against 8.8,
 64: 13.8 against 9.1. Kiln's tiles grow by ~0.18 ms a sequence from 32, the BLAS by ~0.01: they
 cross near 36 (interpolated); MIN_DECODE_ROWS is 40. Fewer than 16 tokens were not measured.
+
+A decode step's crossover moves with the model (min_decode_rows): the BLAS path's cost a step is
+mostly fixed, a host call a matmul and no CUDA graphs, while kiln's kernels grow with rows x weight
+values, so a model whose matmuls are smaller crosses at proportionally more rows. Scaled from the
+8B's (DECODE_CALL_VALUES a call, the artifact's library_gemm_call_values): SmolLM2-135M (0.88 M
+values a call) crosses at ~2,470 sequences, beyond the 256 an artifact serves. Measured (H200,
+2026-12-04, tools/gpu_checks.py `all`): SmolLM2 q4f16 at 64 sequences through the BLAS entry 8,453
+tok/s (7.6 ms a step) and at 256 32,358, where its batch_decode (CUDA graphs) had made 27,469 and
+56,837 (2026-11-28, same GPU): 3.2x and 1.8x slower.
 """
 
 from __future__ import annotations
+
+import math
 
 from ._tvm import tvm_ffi
 from .contract import GEMM_PACKED_FUNC, LIBRARY_GEMM_ENTRY, LIBRARY_GEMM_WEIGHTS
@@ -28,6 +39,7 @@ from .memory_budget import DEFAULT_GPU_UTILIZATION, device_memory, gemm_weights_
 
 MIN_TOKENS = 16
 MIN_DECODE_ROWS = 40
+DECODE_CALL_VALUES = 54_525_952           # the 8B's weight values a BLAS call (6.98 G over 128), MIN_DECODE_ROWS'
 _TORCH_DEVICES = ("cpu", "cuda", "rocm")          # runtime device kinds torch's matmul runs on
 
 
@@ -114,6 +126,16 @@ def kept_weights(artifact, vm, device, params, kv_tokens: int | None, share: flo
         return None, f"making its float weights failed ({str(e).strip().splitlines()[-1][:200]})"
 
 
+def min_decode_rows(config) -> int:
+    """The fewest sequences a decode step of an artifact (its `config`) takes the BLAS entry for:
+    MIN_DECODE_ROWS for matmuls of DECODE_CALL_VALUES weight values a call or more (and for artifacts
+    that predate the count), proportionally more for smaller ones (see the module docstring)."""
+    values = config.library_gemm_call_values
+    if not values or values >= DECODE_CALL_VALUES:
+        return MIN_DECODE_ROWS
+    return math.ceil(MIN_DECODE_ROWS * DECODE_CALL_VALUES / values)
+
+
 def note(config, why_unused: str | None) -> str | None:
     """What a runner does with an artifact's (its `config`'s) library GEMM entries, in a clause for a
     load message; None where it has none."""
@@ -123,5 +145,7 @@ def note(config, why_unused: str | None) -> str | None:
         return f"the BLAS entries unused: {why_unused}"
     size = config.library_gemm_bytes
     size = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
-    return (f"forwards of {MIN_TOKENS}+ tokens and decode steps of {MIN_DECODE_ROWS}+ "
-            f"sequences through the device's BLAS ({size} of float weights kept)")
+    rows = min_decode_rows(config)
+    decode = f"decode steps of {rows}+ sequences" if rows <= config.max_batch_size else \
+        f"no decode step (it pays from {rows} sequences; the artifact serves {config.max_batch_size})"
+    return f"forwards of {MIN_TOKENS}+ tokens and {decode} through the device's BLAS ({size} of float weights kept)"

@@ -327,7 +327,7 @@ class ModelRunner:
         n = len(seq_ids)
         # Staged before any capture, as the params are: a graph reads the buffers it was captured with.
         ids = self._staged_ids(np.asarray(tokens, dtype=np.int32))
-        library = LIBRARY_GEMM_DECODE in self._fn and n >= library_gemm.MIN_DECODE_ROWS
+        library = LIBRARY_GEMM_DECODE in self._fn and n >= library_gemm.min_decode_rows(self.artifact.config)
         key = None if library else self._graph_key(pick, seq_ids)
         _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * n))
 

@@ -223,9 +223,15 @@ def low_batch_branches(gemv=None, wide=(8, 16), tiles=None) -> tuple:
     GEMM from 32 sequences, as shipped then) against dlight's GEMVs to 4 rows and unsplit tiles
     above: batch-1 decode 323.5 against 280.1 tok/s, 16 sequences 3,437 against 1,347, 64 sequences
     4,980 against 3,756; logits within 0.04 (2 of 64 rows' argmax moved, at batch 64, where the
-    logits of this random-weight model differ by less than that)."""
+    logits of this random-weight model differ by less than that).
+
+    At one row the MMA GEMV issues all of an iteration's weight loads before its MMAs (`loads_first`,
+    a block-scope fence): the whole 8B at batch 1 (H200, 2026-12-04, tools/gpu_checks.py `all`'s
+    `lever8b`, one process each) 355.1 tok/s against 340.6 without, its matmuls 1.77 against 1.98
+    ms a step (CUPTI), the logits bit for bit the same. At 2-16 rows it is unmeasured (the
+    `loadsfirst` variant), so they keep the kernel without the fence."""
     from .mma_gemv import MMAGEMV
-    gemv = gemv or (lambda b: [MMAGEMV(4, batch=b), MMAGEMV(8, batch=b)])
+    gemv = gemv or (lambda b: [MMAGEMV(bits, batch=b, loads_first=b == 1) for bits in (4, 8)])
     tiles = tiles or NarrowTensorCoreMatmul(warp_rows=2, warp_cols=2, target_blocks=SPLIT_BLOCKS)
     return ((1, OneRowGEMV(*gemv(1), dl.gpu.GEMV())),
             *((b, FirstOf(*gemv(b), dl.gpu.LowBatchGEMV(b))) for b in (2, 4)),

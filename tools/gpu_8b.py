@@ -125,7 +125,9 @@ def lever8b(base: Path, lever: str, args, save: Path | None = None) -> dict:
     reference = Path(args.work) / "8b-lever-logits-base.npy"
     try:
         with _gemm_from(10 ** 9):
+            started = time.monotonic()
             runner = bench_runner(art, 1, args, verify=False, **options)
+            record("load_s", round(time.monotonic() - started, 1))
             row = kiln_bench(art, 1, args, runner)
             record("batch 1", {**row, "pct_of_floor": round(100 * row["decode_tok_s"] / floor, 1)})
             ids = prefill_sequences(runner, 1, args)
@@ -162,12 +164,15 @@ def _gemm_from(least: int, knob: str = "MIN_TOKENS"):
     """Within: the runner takes the library GEMM entry for forwards of `least` tokens or more (knob
     MIN_DECODE_ROWS: its decode entry for steps of `least` sequences or more)."""
     from kiln.runtime import library_gemm
-    shipped = getattr(library_gemm, knob)
-    setattr(library_gemm, knob, least)
+    knobs = {knob: least, **({"DECODE_CALL_VALUES": 0} if knob == "MIN_DECODE_ROWS" else {})}  # not scaled
+    shipped = {name: getattr(library_gemm, name) for name in knobs}
+    for name, value in knobs.items():
+        setattr(library_gemm, name, value)
     try:
         yield
     finally:
-        setattr(library_gemm, knob, shipped)
+        for name, value in shipped.items():
+            setattr(library_gemm, name, value)
 
 
 def _logit_diff(a: np.ndarray, b: np.ndarray) -> dict:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_8b import compare_logits, measure8b
+from gpu_8b import compare_logits, gemm_crossover, gemm_decode_crossover, measure8b
 from gpu_builds import (
     CANDIDATE, CHECKS, LEVERS_8B, SMOLLM2_SCHEMES, compile_timed, load_state, save_state, smollm2_gguf)
 from gpu_rows import (
@@ -21,7 +21,9 @@ from gpu_timing import (
     bench_runner, copy_bandwidth_gbs, gpu_kernel_times, kiln_bench, prefill_sequences, torch_rows, weight_bytes)
 
 
-LEVER_S = 90        # seconds a LEVERS_8B build's process may take (load, bench, kernels, step graphs: ~15)
+# Seconds a LEVERS_8B build's process may take (load, bench, kernels, step graphs), and the least a
+# step needs: 52-112 s each on the H200, 2026-12-04 (its log's "[N s]" say where they go).
+LEVER_S, LEVER_NEED_S = 120, 100
 
 
 ALL_STATE = "all-state.json"        # in --work: the steps an earlier `all` call on this machine finished
@@ -129,6 +131,10 @@ def run_all(args) -> dict:
             print(f"q4f16 batch {b}", rows[f"batch {b}"], flush=True)
         if args.device == "cuda":
             rows["batch 1 decode kernels"] = gpu_kernel_times(runner, prefill_sequences(runner, 1, args))
+            # Where the BLAS entries pay for a model of SmolLM2's size (runtime/library_gemm.py scales the
+            # 8B's decode crossover by the matmuls' size: beyond 256 sequences here; prefill is not scaled).
+            rows["library gemm crossover"] = gemm_crossover(runner, args)
+            rows["library gemm decode crossover"] = gemm_decode_crossover(runner, args, batches=(16, 64, 256))
         return {"artifact": str(art), "compile_s": round(seconds, 1), "batch1_floor_tok_s": round(floor),
                 "batch1_pct_of_floor": round(100 * rows["batch 1"]["decode_tok_s"] / floor, 1), **rows}
 
@@ -165,7 +171,7 @@ def run_all(args) -> dict:
         measured += [first] * ("logits" in row)
     if "artifact" in prep:         # the unmet figure: batch 1 through each lever, the whole 8B, a process each
         for lever in LEVERS_8B:
-            step(f"8b batch 1 {lever}", 25, lambda lever=lever: apart(
+            step(f"8b batch 1 {lever}", LEVER_NEED_S, lambda lever=lever: apart(
                 args, "lever8b", LEVER_S, f"lever8b-{lever}", ("--artifact", prep["artifact"], "--tag", lever)))
         step("8b batch 1 levers", 0, lambda: lever_table(result))
         step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(

@@ -34,8 +34,11 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # (targets/gpu.py low_batch_branches: the MMA GEMV, targets/mma_gemv.py, for the 4-bit then the
 # 8-bit layers at 1, 2, 3-4, 5-8 and 9-16 rows, the 32 x 32 tensor-core tiles with K split to ~1,024
 # blocks above; and the CUDA profiles' library GEMM from 40 sequences a decode step). It was the
-# "candidate" of 2026-11-28's H200 run, adopted from its whole-8B rows (tools/README.md). The
-# levers it left out, in the order they decide:
+# "candidate" of 2026-11-28's H200 run, adopted from its whole-8B rows (tools/README.md); since the
+# H200 run of 2026-12-04 its one-row GEMV issues an iteration's loads before its MMAs (`lever8b`
+# "loadsfirst": 355.1 against 340.6 tok/s, logits bit-equal). The levers it left out, in the order
+# they decide:
+# "loadsfirst": the same fence at 2-16 rows (unmeasured there).
 # "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
 # projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
 # and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
@@ -64,7 +67,9 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # 3-4, unsplit tiles to 64 rows): the MMA GEMV's and split K's share of base's gain.
 # (Gone: "wide", a GEMV giving each lane a group of 32 values, 9-18% slower than dlight's at one row
 # on the H100, 2026-11-26; "tvmattn", TVM's paged decode attention, twice kiln's time at 1-64
-# sequences, 2026-11-27; "splitk", "mma", "mma8", "candidate": shipped since.)
+# sequences, 2026-11-27; "splitk", "mma", "mma8", "candidate": shipped since; on the whole 8B at
+# batch 1, H200, 2026-12-04, against base's 340.6 tok/s: "prefetch" 274.2, "pdlpf" 300.3, so "lfpf",
+# the prefetch with the fence, too; "loadsfirst" at one row shipped since.)
 
 
 # In the order they decide; "batches": the rows each changes (all of VARIANT_BATCHES without);
@@ -73,10 +78,7 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # presets for the build; "min_split": decode_attention.MIN_SPLIT.
 VARIANTS = {"base": {},
             "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
-            "loadsfirst": {"branches": {"gemv": "loadsfirst"}, "batches": (1, 2, 4, 5, 16)},
-            "prefetch": {"branches": {"gemv": "prefetch"}, "batches": (1, 2, 4, 5, 16)},
-            "lfpf": {"branches": {"gemv": "lfpf"}, "batches": (1, 2, 4, 5, 16)},
-            "pdlpf": {"branches": {"gemv": "pdlpf"}, "profile": {"dependent_launch": True}},
+            "loadsfirst": {"branches": {"gemv": "loadsfirst"}, "batches": (2, 4, 5, 16)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"cuda_graphs": False}, "batches": (1, 16)},
             "stepgraph": {"profile": {"cuda_graphs": False}, "runner": {"step_graphs": True}, "batches": (1, 2, 4)},
@@ -91,7 +93,7 @@ VARIANTS = {"base": {},
 
 
 # The build `all` measures beside base on the whole 8B, when there is one: a VARIANTS key, or None.
-CANDIDATE = "pdlpf"
+CANDIDATE = None
 
 
 # The whole 8B at batch 1, one build a process (`lever8b`), each also with step graphs: the issue's
@@ -100,8 +102,7 @@ CANDIDATE = "pdlpf"
 # weights do not depend on the kernels), prebuilt like CANDIDATE's (`prebuild`). "base" first: the
 # others' logits are compared with its. ("stepgraph" is "nographs" with step graphs; "bits" changes
 # the export; "dlight" and "tcgroup" change no batch-1 kernel that ships.)
-LEVERS_8B = ("base", "pdlpf", "pdl", "prefetch", "loadsfirst", "lfpf", "warps16", "pdl16", "unroll4", "q4gemv",
-             "attn64", "nographs")
+LEVERS_8B = ("base", "warps16", "unroll4", "pdl16", "q4gemv", "attn64", "nographs", "pdl")
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
@@ -139,14 +140,15 @@ def variant_branches(variant: str):
     from kiln.targets.narrow_tiles import NarrowTensorCoreMatmul
     from kiln.targets.q4_gemv import Q4GEMV
     from kiln.targets.mma_gemv import MMAGEMV
-    # The MMA GEMV (4-bit, then 8-bit layers) with these arguments.
+    # The MMA GEMV (4-bit, then 8-bit layers) with these arguments, over base's (the fence at 1 row).
     mma = {"warps16": {"most_warps": 16}, "pdl": {"pdl": True}, "pdl16": {"most_warps": 16, "pdl": True},
-           "prefetch": {"ahead": 1}, "loadsfirst": {"loads_first": True}, "lfpf": {"loads_first": True, "ahead": 1},
-           "pdlpf": {"pdl": True, "ahead": 1}}
+           "loadsfirst": {"loads_first": True}}
     name = spec.get("gemv")
-    gemv = (lambda b: [MMAGEMV(bits, batch=b, **mma[name]) for bits in (4, 8)]) if name in mma else {
-        "q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
-        "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b), MMAGEMV(8, batch=b)]}[name]
+    gemv = (lambda b: [MMAGEMV(bits, batch=b, **{"loads_first": b == 1, **mma[name]}) for bits in (4, 8)]) \
+        if name in mma else {
+            "q4": lambda b: [Q4GEMV(batch=b)], "none": lambda b: [], None: None,
+            "unroll4": lambda b: [MMAGEMV(4, unroll=4 if b <= 8 else 2, batch=b, loads_first=b == 1),
+                                  MMAGEMV(8, batch=b, loads_first=b == 1)]}[name]
     tiles = NarrowTensorCoreMatmul(**{"warp_rows": 2, "warp_cols": 2, "target_blocks": SPLIT_BLOCKS,
                                       **spec.get("tiles", {})})
     return low_batch_branches(gemv, spec.get("wide", (8, 16)), tiles)

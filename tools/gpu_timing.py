@@ -9,6 +9,8 @@ import json
 import time
 from pathlib import Path
 
+_STARTED = time.monotonic()          # about when this process started: recorder's lines count from it
+
 
 def copy_bandwidth_gbs(device: str) -> float:
     """Bytes read plus written per second by a large device-to-device copy (torch)."""
@@ -314,10 +316,11 @@ def torch_rows(src: Path, batches, args, save: Path | None = None, label: str = 
 
 def recorder(result: dict, save: Path | None, label: str):
     """record(key, value): result[key] = value, printed, and `result` rewritten to `save` (if any) at
-    once, so that a process cut short or failing keeps the rows it measured."""
+    once, so that a process cut short or failing keeps the rows it measured. Each printed line
+    starts with the seconds since the process started (where a slow process spends them)."""
     def record(key: str, value) -> None:
         result[key] = value
-        print(label, key, json.dumps(value, default=str), flush=True)
+        print(f"[{time.monotonic() - _STARTED:.0f} s]", label, key, json.dumps(value, default=str), flush=True)
         if save is not None:
             save.write_text(json.dumps(result, indent=1, default=str))
     return record

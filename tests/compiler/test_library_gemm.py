@@ -93,6 +93,7 @@ def test_decode_steps_of_many_sequences_take_the_blas_entry(gemm_artifact, gemm_
     runner = ModelRunner(Artifact.load(gemm_artifact), max_num_seqs=4)
     monkeypatch.setattr(library_gemm, "MIN_TOKENS", 10**6)              # prefills through batch_prefill
     monkeypatch.setattr(library_gemm, "MIN_DECODE_ROWS", 3)
+    monkeypatch.setattr(library_gemm, "DECODE_CALL_VALUES", 0)           # the crossover not scaled
     del gemm_calls[:]
     plain = _prefill(runner, then_decode=True)                           # 2 sequences: batch_decode
     assert gemm_calls == []
@@ -103,6 +104,28 @@ def test_decode_steps_of_many_sequences_take_the_blas_entry(gemm_artifact, gemm_
     head = [rows for rows, _ in gemm_calls if rows == runner.vocab_size]
     assert len(gemm_calls) - len(head) == 4 * LAYERS and len(head) == ("q0f32" in gemm_artifact.name)
     _close(routed, plain, gemm_artifact)
+    # The compile counted what those calls multiply, the mean a call: the crossover's scale.
+    values = [rows * cols for rows, cols in gemm_calls]
+    assert runner.artifact.config.library_gemm_call_values == sum(values) // len(values)
+
+
+def test_the_decode_crossover_scales_with_the_matmuls(gemm_artifact, monkeypatch):
+    """A model whose matmuls are a fraction of the 8B's takes the BLAS decode entry from
+    proportionally more sequences (runtime/library_gemm.py min_decode_rows); the tiny model's from
+    more than it serves, which its load message says."""
+    cfg = Artifact.load(gemm_artifact).config
+    values = cfg.library_gemm_call_values
+    assert 0 < values < library_gemm.DECODE_CALL_VALUES
+    rows = library_gemm.min_decode_rows(cfg)
+    assert rows == -(-library_gemm.MIN_DECODE_ROWS * library_gemm.DECODE_CALL_VALUES // values) > cfg.max_batch_size
+    assert "no decode step" in library_gemm.note(cfg, None)
+    at_8b = dataclasses.replace(cfg, library_gemm_call_values=library_gemm.DECODE_CALL_VALUES, max_batch_size=256)
+    assert library_gemm.min_decode_rows(at_8b) == library_gemm.MIN_DECODE_ROWS
+    assert f"decode steps of {library_gemm.MIN_DECODE_ROWS}+ sequences" in library_gemm.note(at_8b, None)
+    older = dataclasses.replace(cfg, library_gemm_call_values=0)            # an artifact from before the count
+    assert library_gemm.min_decode_rows(older) == library_gemm.MIN_DECODE_ROWS
+    monkeypatch.setattr(library_gemm, "DECODE_CALL_VALUES", 2 * values)
+    assert library_gemm.min_decode_rows(cfg) == 2 * library_gemm.MIN_DECODE_ROWS
 
 
 def test_the_blas_weights_are_made_once_at_load(gemm_artifact, gemm_calls):

@@ -138,3 +138,15 @@ def test_kernel_shape_splits_k_between_enough_warps():
     assert kernel_shape(28672, 4096, most_warps=16) == (4, 2)
     # `unroll4`: 4 chunks a load where K divides, else 2 (the 8B's down projection), not 1
     assert kernel_shape(4096, 4096, unroll=4) == (8, 4) and kernel_shape(4096, 14336, unroll=4) == (8, 2)
+
+
+def test_the_shipped_branches_fence_the_loads_at_one_row_only():
+    """targets/gpu.py LOW_BATCH_BRANCHES: the one-row MMA GEMVs (4- and 8-bit) issue an iteration's
+    loads before its MMAs (measured on the whole 8B, H200, 2026-12-04); those for 2-16 rows do not
+    (unmeasured there)."""
+    from kiln.targets import gpu
+    by_rows = {rows: [r for r in branch.rules if isinstance(r, MMAGEMV)]
+               for rows, branch in gpu.LOW_BATCH_BRANCHES if hasattr(branch, "rules")}
+    assert [(r.bits, r.loads_first) for r in by_rows[1]] == [(4, True), (8, True)]
+    assert all(not r.loads_first for rows, rules in by_rows.items() if rows > 1 for r in rules)
+    assert sum(len(rules) for rows, rules in by_rows.items() if rows > 1) == 8    # 2, 4, 8 and 16 rows

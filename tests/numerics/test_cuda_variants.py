@@ -349,6 +349,7 @@ def test_cuda_library_gemm_prefill(quant, tiny_dirs, tmp_path, monkeypatch):
     for least in (10 ** 6, 1):                                   # batch_prefill, then the BLAS entries
         monkeypatch.setattr(library_gemm, "MIN_TOKENS", least)
         monkeypatch.setattr(library_gemm, "MIN_DECODE_ROWS", least)
+        monkeypatch.setattr(library_gemm, "DECODE_CALL_VALUES", 0)          # the crossover not scaled
         for s in range(3):
             runner.add_sequence(s)
         rows.append((runner.prefill([0, 1, 2], prompts), runner.decode([0, 1, 2], [5, 6, 7])))
