@@ -102,8 +102,8 @@ class TargetProfile:
     # Also build batch_prefill_gemm and batch_decode_gemm: batch_prefill and batch_decode with their
     # token matmuls through the device's BLAS (compiler/passes/library_gemm.py; the runtime's is
     # torch's, cuBLAS on CUDA) on float weights made once at load, which the runner takes for forwards
-    # of runtime/library_gemm.py's MIN_TOKENS or more and decode steps of MIN_DECODE_ROWS sequences or
-    # more, where those weights fit. On for CUDA (targets/cuda.py): an 8B's 16 x 128 prefill took 59 ms
+    # of runtime/library_gemm.py's MIN_TOKENS or more and decode steps of min_decode_rows sequences or
+    # more (40 for an 8B's matmuls, more for smaller ones), where those weights fit. On for CUDA (targets/cuda.py): an 8B's 16 x 128 prefill took 59 ms
     # through it against 160 through kiln's kernels on an H200 (runtime/library_gemm.py has the rest).
     library_gemm: bool = False
     # CUDA sm_90+: every kernel launched with programmatic dependent launch, starting while the one
