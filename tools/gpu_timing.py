@@ -9,6 +9,8 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
+
 _STARTED = time.monotonic()          # about when this process started: recorder's lines count from it
 
 
@@ -62,14 +64,20 @@ def kiln_bench(art: Path, batch: int, args, runner=None) -> dict:
 def step_graph_rows(runner, art: Path, args) -> dict:
     """`runner` at batch 1 with its decode steps replayed as whole CUDA graphs (runtime/step_graph.py),
     then as it was: the bench row, the kernels' and the host's time a step, and the graphs' counts
-    (a capture that failed turns them off: "off" says why)."""
+    (a capture that failed turns them off: "off" says why); "vs plain": a prompt's first STEP_CHECK
+    greedy steps' logits with the graphs against without, which must be bit-equal (the same kernels
+    in the same order) for the graphs to ship on by default."""
+    plain = _greedy_logits(runner, args)
     try:
         graphs = runner.start_step_graphs()
     except Exception as e:                     # noqa: BLE001 - a row that says why, the rows after it kept
         return {"error": f"{type(e).__name__}: {e}"}
     ids: list[int] = []
     try:
+        replayed = _greedy_logits(runner, args)
         row = kiln_bench(art, 1, args, runner)
+        row["vs plain"] = {"bit_equal": bool(np.array_equal(replayed, plain)),
+                           "max_diff": float(np.abs(replayed - plain).max())}
         ids = prefill_sequences(runner, 1, args)
         times = gpu_kernel_times(runner, ids)
         row.update({k: times[k] for k in ("wall_ms", "busy_ms", "host_enqueue_ms", "host_wait_ms")})
@@ -83,6 +91,24 @@ def step_graph_rows(runner, art: Path, args) -> dict:
             runner.remove_sequence(i)
         with contextlib.suppress(Exception):
             runner.stop_step_graphs()
+
+
+STEP_CHECK = 6
+
+
+def _greedy_logits(runner, args) -> np.ndarray:
+    """The logits of STEP_CHECK greedy decode steps after one --prompt-len prompt, stacked."""
+    ids = prefill_sequences(runner, 1, args)
+    try:
+        rows, token = [], 5
+        for _ in range(STEP_CHECK):
+            logits = runner.decode(ids, [token])
+            rows.append(logits)
+            token = int(logits[0].argmax())
+        return np.stack(rows)
+    finally:
+        for i in ids:
+            runner.remove_sequence(i)
 
 
 def kernel_profile(art: Path, batch: int, args, top: int = 12) -> dict:

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.unit
@@ -144,3 +145,19 @@ def test_the_lever_table_puts_the_fastest_first_and_says_what_is_missing():
     assert table["pdl"] == {"missing": "10 s left, it needs about 25"}
     assert table["warps16"]["missing"]["returncode"] == 1
     assert set(table) == set(_tool("gpu_builds").LEVERS_8B)
+
+
+def test_step_graph_rows_check_the_logits_first_and_say_why_not_here(tiny_artifacts):
+    """step_graph_rows (gpu_timing.py) takes the plain runner's greedy logits before it starts the
+    graphs (what "vs plain" compares the replayed steps with); on a CPU artifact starting them fails
+    and the row says why, the runner left as it was."""
+    from kiln.runtime import Artifact
+    from kiln.runtime.model_runner import ModelRunner
+    timing = _tool("gpu_timing")
+    runner = ModelRunner(Artifact.load(tiny_artifacts["tied"]), max_num_seqs=1)
+    args = argparse.Namespace(prompt_len=12, gen_len=4, runs=1)
+    logits = timing._greedy_logits(runner, args)
+    assert logits.shape == (timing.STEP_CHECK, 1, runner.vocab_size)
+    np.testing.assert_array_equal(timing._greedy_logits(runner, args), logits)   # the cache left as it was
+    row = timing.step_graph_rows(runner, tiny_artifacts["tied"], args)
+    assert "CUDA graphs" in row["error"] and runner.graphs is None
