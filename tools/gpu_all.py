@@ -18,7 +18,8 @@ from gpu_rows import (
     GPU_TESTS_S, draft_model, facts, gpu_tests, references, sampled_decode, scheme_numerics, served,
     serving_limits, speculative)
 from gpu_timing import (
-    bench_runner, copy_bandwidth_gbs, gpu_kernel_times, kiln_bench, prefill_sequences, torch_rows, weight_bytes)
+    bench_runner, copy_bandwidth_gbs, gpu_kernel_times, kiln_bench, prefill_sequences, step_graph_rows, torch_rows,
+    weight_bytes)
 
 
 # Seconds a LEVERS_8B build's process may take (load, bench, kernels, step graphs), and the least a
@@ -131,6 +132,8 @@ def run_all(args) -> dict:
             print(f"q4f16 batch {b}", rows[f"batch {b}"], flush=True)
         if args.device == "cuda":
             rows["batch 1 decode kernels"] = gpu_kernel_times(runner, prefill_sequences(runner, 1, args))
+            # Host-bound at batch 1 (2026-12-04: 1.70 ms wall, 0.77 busy): the step captured whole.
+            rows["batch 1 step graphs"] = step_graph_rows(runner, art, args)
             # Where the BLAS entries pay for a model of SmolLM2's size (runtime/library_gemm.py scales the
             # 8B's decode crossover by the matmuls' size: beyond 256 sequences here; prefill is not scaled).
             rows["library gemm crossover"] = gemm_crossover(runner, args)
