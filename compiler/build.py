@@ -26,8 +26,8 @@ from kiln.targets import (DEFAULT_TARGET, INT8_DECODE_ATTR, SOFTCAP_ATTR, Target
 from kiln.targets import names as target_names
 
 from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
-                                   KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR,
-                                   ArtifactConfig, KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo,
+                                   KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_WEIGHTS,
+                                   OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo,
                                    write_config, write_golden)
 
 from . import codegen
@@ -124,6 +124,8 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
         able = ", ".join(n for n in target_names() if get_profile(n).int8_decode)
         raise ValueError(f"--decode-activations int8: the {profile.name} target has no int8 GEMV (targets with "
                          f"one: {able}); use --decode-activations exact")
+    if opts.decode_activations == "int8":
+        profile = profile.with_int8_decode()
     report("load", 1, 1)
     if opts.context_window and opts.context_window > config.context_window_size:
         raise ValueError(f"--context-window {opts.context_window} exceeds the model's context window "

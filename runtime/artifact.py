@@ -21,6 +21,21 @@ def is_artifact(path: str | Path) -> bool:
 
 
 _ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+# CPU features an artifact's target may add beyond its architecture's baseline (its mattr), and how
+# Linux says a CPU has them: (AT_HWCAP bit, what it is). `--decode-activations int8` adds "+dotprod"
+# to the AArch64 targets (targets/cpu); without it its kernels stop on an illegal instruction.
+_HWCAP_FEATURES = {"+dotprod": (1 << 20, "the ARMv8.2 dot product (asimddp)")}
+
+
+def _hwcap() -> int | None:
+    """The kernel's AT_HWCAP bits for this process (Linux); None where there are none to read."""
+    import ctypes
+    try:
+        getauxval = ctypes.CDLL(None).getauxval
+    except (OSError, AttributeError):
+        return None
+    getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+    return int(getauxval(16)) or None                    # AT_HWCAP
 
 
 def check_host(artifact: "Artifact") -> None:
@@ -35,6 +50,12 @@ def check_host(artifact: "Artifact") -> None:
         if arch != host:
             raise ArtifactError(f"this artifact is for {where}; this machine is {host}. Run it on that device, "
                                 "or compile the model for this machine: `kiln compile MODEL --target cpu`")
+        needs = [f for f in t.tvm_target.get("mattr", []) if f in _HWCAP_FEATURES]
+        hwcap = _hwcap() if needs and arch == "aarch64" else None
+        lacking = [_HWCAP_FEATURES[f][1] for f in needs if hwcap is not None and not hwcap & _HWCAP_FEATURES[f][0]]
+        if lacking:
+            raise ArtifactError(f"this artifact ({where}) needs {', '.join(lacking)}, which this CPU lacks; "
+                                "recompile it without --decode-activations int8")
     if not t.lib.endswith((".so", ".dylib", ".dll")):
         raise ArtifactError(f"this artifact's library ({t.lib}) is a static library for an app build ({where}), "
                             "not loadable here; compile with `--target cpu` to run it on this machine")

@@ -9,6 +9,8 @@ its presets; targets/__init__.py lists them.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -103,8 +105,9 @@ class TargetProfile:
     # token matmuls through the device's BLAS (compiler/passes/library_gemm.py; the runtime's is
     # torch's, cuBLAS on CUDA) on float weights made once at load, which the runner takes for forwards
     # of runtime/library_gemm.py's MIN_TOKENS or more and decode steps of min_decode_rows sequences or
-    # more (40 for an 8B's matmuls, more for smaller ones), where those weights fit. On for CUDA (targets/cuda.py): an 8B's 16 x 128 prefill took 59 ms
-    # through it against 160 through kiln's kernels on an H200 (runtime/library_gemm.py has the rest).
+    # more (40 for an 8B's matmuls, more for smaller ones), where those weights fit. On for CUDA
+    # (targets/cuda.py): an 8B's 16 x 128 prefill took 59 ms through it against 160 through kiln's
+    # kernels on an H200 (runtime/library_gemm.py has the rest).
     library_gemm: bool = False
     # CUDA sm_90+: every kernel launched with programmatic dependent launch, starting while the one
     # before it ends and waiting for it on the device (targets/dependent_launch.py), the MMA GEMV's
@@ -115,8 +118,11 @@ class TargetProfile:
     cuda_graphs: bool = True
     # GEMVs of 1-8 rows over 4-bit weights may quantize their activations to int8 and multiply by integer
     # dot products, an opt-in (`kiln compile --decode-activations int8`, module attr kiln_int8_decode):
-    # the x86-64 CPUs with AVX2 (targets/cpu/int8_gemv.py).
+    # the x86-64 CPUs with AVX2, AArch64 with the dot product (targets/cpu/int8_gemv.py).
     int8_decode: bool = False
+    # LLVM features such a build adds to the target: what its kernel needs and the profile's own builds
+    # do without (AArch64's "+dotprod", ARMv8.2: the artifact then runs only where the CPU has it).
+    int8_features: tuple[str, ...] = ()
     # On the profile of the machine running kiln (DEFAULT_TARGET): kiln's q4 planes of a float weight
     # [N, K] with the given scale dtype, the same bits as compiler/quant_pack's numpy search, faster
     # (targets/cpu/quant_kernel.py); None: the numpy search quantizes.
@@ -126,6 +132,14 @@ class TargetProfile:
     def __post_init__(self) -> None:
         if self.export_format not in EXPORT_FORMATS:
             raise ValueError(f"{self.name}: export format {self.export_format!r}; known: {', '.join(EXPORT_FORMATS)}")
+
+    def with_int8_decode(self) -> "TargetProfile":
+        """This profile as a `--decode-activations int8` build uses it: int8_features added to its target."""
+        if not self.int8_features:
+            return self
+        mattr = list(self.target.get("mattr", []))
+        return dataclasses.replace(self, target={**self.target,
+                                                 "mattr": mattr + [f for f in self.int8_features if f not in mattr]})
 
     def tvm_target(self) -> tvm.target.Target:
         return tvm.target.Target(self.target)

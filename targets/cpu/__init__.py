@@ -116,11 +116,17 @@ def cpu_profile(num_cores: int | None = None) -> TargetProfile:
                 int8_decode=int8_isa(tvm.target.Target(target)) is not None)
 
 
+# `--decode-activations int8` on generic AArch64 builds: the dot product added (ARMv8.2's, every
+# phone core since Cortex-A55/A75, Apple's since A13, Graviton 2 on; not a Raspberry Pi 4's A72).
+_ARM_INT8 = {"int8_decode": True, "int8_features": ("+dotprod",)}
+
+
 def android_profile() -> TargetProfile:
     """AArch64 Android phones: LLVM cross-compile, packed as a static .tar for the app build."""
     target = {"kind": "llvm", "mtriple": "aarch64-linux-android", "mcpu": "generic", "mattr": ["+neon"],
               "num-cores": 4}
-    return _cpu("android", target, "tar", False, "Android AArch64 CPU (static library for the app build)")
+    return _cpu("android", target, "tar", False, "Android AArch64 CPU (static library for the app build)",
+                **_ARM_INT8)
 
 
 # Portable x86-64 levels: LLVM's micro-architecture level names, and the /proc/cpuinfo flags a
@@ -154,4 +160,4 @@ def aarch64_profile() -> TargetProfile:
     target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic", "mattr": ["+neon"], "num-cores": 4}
     here = platform.machine() in ("aarch64", "arm64")
     return _cpu("aarch64", target, "so", here, "AArch64 Linux CPU (NEON), .so",
-                check_toolchain=lambda p: require_lld("elf", p.name), exporter=lld_exporter("elf"))
+                check_toolchain=lambda p: require_lld("elf", p.name), exporter=lld_exporter("elf"), **_ARM_INT8)

@@ -7,7 +7,9 @@ bound by instructions. llama.cpp's answer, taken here as an opt-in: the activati
 once a call to int8, per 32 values (a chunk: scale dx = max|x| / 127, codes rint(x / dx)), and each
 chunk's 32 products of 4-bit codes and int8 activations are summed by integer dot-product
 instructions, 4 byte pairs into each 32-bit lane: vpdpbusd (AVX-512 VNNI with VL, or AVX-VNNI),
-else AVX2's vpmaddubsw + vpmaddwd. A row's 64 values (two chunks, 32 bytes of codes) take one load,
+else AVX2's vpmaddubsw + vpmaddwd, or AArch64's sdot (FEAT_DotProd; `--target aarch64` and
+`android` add +dotprod for such a build: TargetProfile.int8_features; each 256-bit step is two
+128-bit sdots, checked under QEMU, speed unmeasured). A row's 64 values (two chunks, 32 bytes of codes) take one load,
 a mask, a shift and a mask (the low and high nibbles in place: 0x0F0F0F0F), two dot products, the
 two chunks' scales times their dx (one 4-byte load, its conversion and a shuffle), a conversion and
 a multiply-add, all on 256-bit vectors: 12 where the exact kernel spends 16 of 512 bits.
@@ -44,6 +46,8 @@ so 32-bit lane j of a pair's dot products sums chunk 2p + j // 4's values 8 (j %
 
 from __future__ import annotations
 
+import platform
+
 import tvm
 from tvm import tirx
 from tvm.script import tirx as T
@@ -59,17 +63,21 @@ CHUNK = 32                  # values an activation scale serves (and a weight gr
 KINDS = ("q4", "q4m")       # the formats this kernel takes (unsigned 4-bit codes: vpdpbusd's first operand)
 LINE = 64                   # bytes a prefetch asks for (a cache line: every other pair of chunks)
 NIBBLES = 0x0F0F0F0F        # each byte's low nibble, in a 32-bit lane
-ISAS = ("vnni", "avx2")
+ISAS = ("vnni", "avx2", "sdot")
 BLOCK = 4                   # rows a pass over the weights serves (quant_gemv's: 8 rows, two passes)
 
 
 def int8_isa(target: Target) -> str | None:
     """The dot-product instructions `target` has for the kernel: "vnni" (AVX-512 VNNI with VL, or
-    AVX-VNNI: vpdpbusd on 256 bits), "avx2" (vpmaddubsw and vpmaddwd), or None (not x86, or no AVX2)."""
+    AVX-VNNI: vpdpbusd on 256 bits), "avx2" (vpmaddubsw and vpmaddwd), "sdot" (AArch64's dot product,
+    ARMv8.2's FEAT_DotProd: Cortex-A55/A75 and later, Apple M1 and A13 on, Graviton 2 on), or None."""
     from tvm.target.codegen import target_has_features
-    if "llvm" not in target.kind.name or "aarch64" in str(target.attrs.get("mtriple", "")):
+    if "llvm" not in target.kind.name:
         return None
+    triple = str(target.attrs.get("mtriple", "")) or platform.machine()
     try:
+        if triple.startswith(("aarch64", "arm64")):
+            return "sdot" if target_has_features(["dotprod"], target) else None
         if target_has_features(["avx512vnni", "avx512vl"], target) or target_has_features(["avxvnni"], target):
             return "vnni"
         return "avx2" if target_has_features(["avx2"], target) else None
@@ -84,8 +92,15 @@ def takes(kind: str, k: int, group: int) -> bool:
 
 def _dot(isa: str, acc, a, b):
     """acc (int32x8) plus, in each lane, the 4 products of a's unsigned bytes with b's signed ones
-    (a, b: int32x8 holding 32 bytes each)."""
+    (a, b: int32x8 holding 32 bytes each). sdot multiplies signed bytes: a's codes (0-15) are the
+    same bytes signed; its 128-bit form runs on each half (LLVM splits the 256-bit vectors alike)."""
     a8, b8 = T.reinterpret("int8x32", a), T.reinterpret("int8x32", b)
+    if isa == "sdot":
+        def half(v, h, lanes):
+            return T.Shuffle([v], list(range(h * lanes, (h + 1) * lanes)))
+        return T.Shuffle([T.call_llvm_pure_intrin("int32x4", "llvm.aarch64.neon.sdot", half(acc, h, 4),
+                                                  half(a8, h, 16), half(b8, h, 16)) for h in range(2)],
+                         list(range(8)))
     if isa == "vnni":
         return T.call_llvm_pure_intrin("int32x8", "llvm.x86.avx512.vpdpbusd.256", acc, a8, b8)
     pairs = T.call_llvm_pure_intrin("int16x16", "llvm.x86.avx2.pmadd.ub.sw", a8, b8)   # |15 * 127 * 2| fits int16

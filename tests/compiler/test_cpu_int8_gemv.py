@@ -127,6 +127,8 @@ def test_what_it_does_not_take():
     assert int8_gemv.takes("q4m", 576, 32) and int8_gemv.takes("q4", 576, 64)
     assert int8_gemv.int8_isa(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
                                                  "mattr": ["+neon"]})) is None
+    assert int8_gemv.int8_isa(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                                                 "mattr": ["+neon", "+dotprod"]})) == "sdot"
     assert int8_gemv.int8_isa(tvm.target.Target({"kind": "llvm", "mcpu": "sandybridge"})) is None
     assert int8_gemv.int8_isa(tvm.target.Target(AVX2)) == "avx2"
     assert int8_gemv.int8_isa(tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})) == "vnni"
@@ -146,3 +148,15 @@ def test_untagged_functions_stay_exact():
     x = rng.standard_normal((1, 1, k)).astype(np.float32)
     want = x[:, 0].astype(np.float64) @ dequantize(fmt, planes).astype(np.float64).T
     np.testing.assert_allclose(_run(lib, planes, x, n), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", ["aarch64", "android"])
+def test_aarch64_profiles_add_the_dot_product_for_int8_only(name):
+    """The generic AArch64 presets run without the dot product; a --decode-activations int8 build
+    of them adds +dotprod, so the kernel takes sdot (run under QEMU: test_aarch64_qemu.py)."""
+    from kiln.targets import get_profile
+    profile = get_profile(name)
+    assert profile.int8_decode and "+dotprod" not in profile.target["mattr"]
+    assert int8_gemv.int8_isa(profile.tvm_target()) is None
+    assert int8_gemv.int8_isa(profile.with_int8_decode().tvm_target()) == "sdot"
+    assert get_profile("x86-64-v3").with_int8_decode() == get_profile("x86-64-v3")      # nothing to add

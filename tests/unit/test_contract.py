@@ -80,3 +80,34 @@ def test_truncated_shard_is_refused(tmp_path):
     with pytest.raises(c.ArtifactError, match="truncated"):
         list(c.iter_params(tmp_path, ("w",)))
 
+
+
+def test_an_artifact_needing_the_dot_product_is_refused_where_the_cpu_lacks_it(monkeypatch):
+    """runtime/artifact.py check_host: an AArch64 build with --decode-activations int8 carries
+    +dotprod; a CPU whose AT_HWCAP lacks asimddp refuses it in one line (not an illegal instruction
+    later); where there is no AT_HWCAP to read (macOS) it loads."""
+    from types import SimpleNamespace
+
+    from kiln.runtime import artifact
+    triple = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]}
+    target = SimpleNamespace(name="aarch64", lib="lib.so", tvm_target=triple)
+    art = SimpleNamespace(config=SimpleNamespace(target=target))
+    monkeypatch.setattr(artifact.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(artifact, "_hwcap", lambda: 0b11)                  # fp and asimd only
+    with pytest.raises(c.ArtifactError, match=r"needs the ARMv8.2 dot product \(asimddp\).*--decode-activations int8"):
+        artifact.check_host(art)
+    monkeypatch.setattr(artifact, "_hwcap", lambda: 0b11 | 1 << 20)
+    artifact.check_host(art)
+    monkeypatch.setattr(artifact, "_hwcap", lambda: None)
+    artifact.check_host(art)
+    target.tvm_target["mattr"] = ["+neon"]                                  # an exact build needs nothing
+    monkeypatch.setattr(artifact, "_hwcap", lambda: 0b11)
+    artifact.check_host(art)
+
+
+def test_hwcap_reads_this_process_auxv():
+    """Linux hands every process its CPU's AT_HWCAP bits (x86's too); elsewhere there are none."""
+    import sys
+
+    from kiln.runtime import artifact
+    assert (artifact._hwcap() is not None) == sys.platform.startswith("linux")
