@@ -27,8 +27,8 @@ from kiln.targets import names as target_names
 
 from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
                                    KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_WEIGHTS,
-                                   OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo, ParamWriter, SourceInfo, TargetInfo,
-                                   write_config, write_golden)
+                                   OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
+                                   ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
 
 from . import codegen
 from .artifact import check_output, staged_artifact
