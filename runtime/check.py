@@ -5,6 +5,9 @@ Per prompt: the largest logit error over the golden top-k ids, top-1 agreement (
 argmax over the whole vocabulary is the reference's best id) and the KL divergence of the
 reference's top-k distribution from the artifact's over the same ids (both renormalised over
 those k), averaged over positions. TOLERANCES, one row per quantization scheme, decides pass/fail.
+An artifact built with `--decode-activations int8` is checked twice a prompt: through prefill (whose
+matmuls of 9 rows or more keep float activations) and one token a step through decode, the path its
+int8 GEMVs take (the tolerance rows of its 4-bit schemes cover int8's rounding).
 """
 
 from __future__ import annotations
@@ -86,6 +89,11 @@ class PromptResult:
     max_logit_error: float
     top1: float
     kl: float
+    prompt: int | None = None       # the golden prompt's index (None: its place in the report)
+    path: str = "prefill"           # or "decode": one token a step (int8 decode artifacts)
+
+    def label(self, i: int) -> str:
+        return f"{i if self.prompt is None else self.prompt}" + ("" if self.path == "prefill" else f" {self.path}")
 
 
 @dataclass(frozen=True)
@@ -102,11 +110,11 @@ class CheckReport:
         t, out = self.tolerance, []
         for i, r in enumerate(self.prompts):
             if r.max_logit_error > t.max_logit_error:
-                out.append(f"prompt {i}: max logit error {r.max_logit_error:.3g} > {t.max_logit_error:g}")
+                out.append(f"prompt {r.label(i)}: max logit error {r.max_logit_error:.3g} > {t.max_logit_error:g}")
             if r.kl > t.kl:
-                out.append(f"prompt {i}: KL {r.kl:.3g} > {t.kl:g}")
+                out.append(f"prompt {r.label(i)}: KL {r.kl:.3g} > {t.kl:g}")
             if r.top1 < t.top1:
-                out.append(f"prompt {i}: top-1 agreement {r.top1:.0%} < {t.top1:.0%}")
+                out.append(f"prompt {r.label(i)}: top-1 agreement {r.top1:.0%} < {t.top1:.0%}")
         return out
 
     @property
@@ -123,7 +131,7 @@ class CheckReport:
         t = self.tolerance
         lines = [f"{self.artifact}: {self.scheme} on {self.device} vs {self.reference}",
                  f"  {'prompt':>6} {'tokens':>6} {'max logit err':>14} {'top-1':>6} {'KL (top-k)':>11}"]
-        lines += [f"  {i:>6} {r.tokens:>6} {r.max_logit_error:>14.3g} {r.top1:>6.0%} {r.kl:>11.3g}"
+        lines += [f"  {r.label(i):>6} {r.tokens:>6} {r.max_logit_error:>14.3g} {r.top1:>6.0%} {r.kl:>11.3g}"
                   for i, r in enumerate(self.prompts)]
         lines.append(f"  {'limit':>13} {t.max_logit_error:>14g} {t.top1:>6.0%} {t.kl:>11g}   "
                      + ("ok" if self.ok else "FAILED"))
@@ -164,6 +172,17 @@ def prompt_logits(runner, seq_id: int, ids) -> np.ndarray:
         runner.remove_sequence(seq_id)
 
 
+def decode_logits(runner, seq_id: int, ids) -> np.ndarray:
+    """The logits at every position of ids [n, vocab], one token a step: a prefill of the first,
+    then a decode step a token (the one-row matmuls an int8 decode artifact's int8 GEMVs serve)."""
+    runner.add_sequence(seq_id)
+    try:
+        _, full = runner.run([seq_id], [[int(ids[0])]], full=[True])
+        return np.concatenate([full[0], *(runner.decode([seq_id], [int(t)]) for t in ids[1:])])
+    finally:
+        runner.remove_sequence(seq_id)
+
+
 def check_artifact(path: str | Path, progress: Callable[[str, int, int], None] | None = None) -> CheckReport:
     """Run the artifact at path on its golden prompts. ArtifactError when a file fails its hash, when
     there are no golden logits, or when the artifact cannot run here."""
@@ -177,18 +196,21 @@ def check_artifact(path: str | Path, progress: Callable[[str, int, int], None] |
     prompts = read_golden(art.path)
     runner = ModelRunner(art, max_num_seqs=1)
     report = progress or (lambda *_: None)
+    paths = {"prefill": prompt_logits}
+    if art.config.quantization.get("decode_activations") == "int8":
+        paths["decode"] = decode_logits
     results = []
     for i, p in enumerate(prompts):
         report("check", i, len(prompts))
-        results.append(_compare(p, prompt_logits(runner, i, p.ids)))
+        results += [_compare(p, run(runner, i, p.ids), i, path) for path, run in paths.items()]
     report("check", len(prompts), len(prompts))
     scheme = art.config.quantization.get("name", "")
     return CheckReport(art.name, scheme, golden.get("reference", "?"), art.device,
                        tolerance_for(scheme, art.config.kv_cache.dtype), tuple(results))
 
 
-def _compare(p: GoldenPrompt, logits: np.ndarray) -> PromptResult:
+def _compare(p: GoldenPrompt, logits: np.ndarray, index: int, path: str) -> PromptResult:
     if logits.shape[0] != len(p.ids) or int(p.top_ids.max()) >= logits.shape[-1]:
         raise ArtifactError(f"{GOLDEN_NAME} does not fit this artifact (ids beyond its vocabulary); recompile it")
     return PromptResult(len(p.ids), max_logit_error(p.top_ids, p.top_values, logits),
-                        top1_agreement(p.top_ids, logits), topk_kl(p.top_ids, p.top_values, logits))
+                        top1_agreement(p.top_ids, logits), topk_kl(p.top_ids, p.top_values, logits), index, path)

@@ -87,3 +87,23 @@ def test_targets_without_the_kernel_refuse(tiny_dirs, tmp_path):
     assert not (tmp_path / "a").exists()
     with pytest.raises(ValueError, match="--decode-activations 'int4' is not one of exact, int8"):
         CompileOptions(model="x", decode_activations="int4").validate()
+
+
+def test_kiln_check_runs_an_int8_build_through_decode_too(tiny_dirs, tmp_path):
+    """`kiln check` on an int8 decode artifact compares every golden prompt twice: through prefill
+    (exact here: its rows are too many for the int8 GEMVs) and one token a step through decode (the
+    int8 GEMVs, so other logits), both within the q4 tolerance; the decode rows are labelled."""
+    from kiln.runtime.check import check_artifact, decode_logits, prompt_logits
+    if not get_profile("cpu").int8_decode:
+        pytest.skip("this CPU has no int8 GEMV (x86-64 with AVX2)")
+    art = kiln.compile(str(tiny_dirs["untied"]), target="cpu", quant="q4f32", output=tmp_path / "a",
+                       decode_activations="int8")
+    report = check_artifact(art)
+    assert report.ok, report.table()
+    paths = [(r.prompt, r.path) for r in report.prompts]
+    assert paths == [(i, path) for i in range(len(paths) // 2) for path in ("prefill", "decode")]
+    assert " decode " in report.table()
+    runner = ModelRunner(Artifact.load(art), max_num_seqs=1)
+    by_steps, by_prefill = decode_logits(runner, 0, IDS[:12]), prompt_logits(runner, 0, IDS[:12])
+    assert by_steps.shape == by_prefill.shape
+    assert 0 < np.abs(by_steps - by_prefill).max() < 0.1 * np.abs(by_prefill).max()
