@@ -293,13 +293,14 @@ class _Observe:
         self.marker_attr, self.facts = marker_attr, BuildFacts()
 
     def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
-        names = [gv.name_hint for gv in mod.get_global_vars()]
-        if info.name == "graph" and LIBRARY_GEMM_WEIGHTS in names:
-            self.facts.library_gemm_bytes = sum(
-                math.prod(int(d) for d in t.shape.values) * tvm.DataType(t.dtype).itemsize
-                for t in mod[LIBRARY_GEMM_WEIGHTS].ret_ty.fields)
-        if info.name == "graph" and LIBRARY_GEMM_DECODE in names:
-            self.facts.library_gemm_call_values = _mean_gemm_values(mod[LIBRARY_GEMM_DECODE])
+        if info.name == "graph":
+            names = [gv.name_hint for gv in mod.get_global_vars()]
+            if LIBRARY_GEMM_WEIGHTS in names:
+                self.facts.library_gemm_bytes = sum(
+                    math.prod(int(d) for d in t.shape.values) * tvm.DataType(t.dtype).itemsize
+                    for t in mod[LIBRARY_GEMM_WEIGHTS].ret_ty.fields)
+            if LIBRARY_GEMM_DECODE in names:
+                self.facts.library_gemm_call_values = _mean_gemm_values(mod[LIBRARY_GEMM_DECODE])
         elif info.name == "schedule" and self.marker_attr:
             self.facts.tuned_kernels = sum(
                 1 for _, f in mod.functions_items()

@@ -77,7 +77,7 @@ def aarch64_root() -> Path:
 def builds(request, tiny_dirs, tiny_artifacts, tmp_path_factory) -> tuple[Path, Path]:
     """(aarch64 artifact, x86 `cpu` artifact) of the untied tiny Llama, in this quantization scheme;
     "-int8": both with --decode-activations int8 (AArch64's sdot, x86's vpdpbusd or AVX2: the same
-    integer sums, so the same greedy tokens)."""
+    integer sums on the same int8 codes)."""
     quant, model = request.param, str(tiny_dirs["untied"])
     options = {"decode_activations": "int8"} if quant.endswith("-int8") else {}
     quant = quant.removesuffix("-int8")
