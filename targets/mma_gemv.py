@@ -52,7 +52,7 @@ MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 a
 @parsed_once(size="count")
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
              threads: bool = True, count=None, groups: int = 1, pdl: bool = False, ahead: int = 0,
-             loads_first: bool = False) -> tirx.PrimFunc:
+             loads_first: bool = False, pipeline: bool = False) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
     None: 1, static) over kiln's float16-scaled planes of `bits` (4: q4, W words [n, k/8]; 8: q8,
     W int8 [n, k]; scales [n, k/32]). `warps` split K; `unroll`: chunks a warp loads before it
@@ -70,8 +70,19 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     `loads_first`: a block-scope fence (__threadfence_block) between an iteration's loads and its
     MMAs, which nvcc and ptxas do not move loads across: every load of the iteration is issued
     before the warp waits for the first (in the SASS: its 12 128-bit loads, then MEMBAR, then its
-    16 MMAs), at more registers a thread. A `pdl` kernel's wait does the same in its way."""
+    16 MMAs), at more registers a thread. A `pdl` kernel's wait does the same in its way.
+    `pipeline` (where K takes 2 iterations or more): the iterations unrolled and the weights in two
+    register sets, an iteration's MMAs after the loads of the next iteration's weights, so that a
+    warp has a set in flight while it computes the other (its activations still loaded the
+    iteration they are used: they come from L1/L2); with `loads_first` the fence then sits after
+    those loads and the activations'. Not with `pdl` or `ahead`. In the cuda-sm90 SASS of the 8B's
+    projections (2026-12-04): iterations 0 and 1's weights loaded before the first MMA, iteration
+    it + 2's among iteration it's MMAs, at 90-100 registers a thread (72 without)."""
+    if pipeline and (pdl or ahead):
+        raise ValueError("mma_gemv's pipeline takes neither pdl nor ahead")
     iters = k // (CHUNK * warps * unroll)
+    pipelined = pipeline and iters > 1
+    slots = 2 * unroll if pipelined else unroll               # weight register sets of `unroll` chunks
     tiles = n // TILE
     rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
     code = CODES[bits]
@@ -125,13 +136,14 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     xs[(u * groups + c) * 32 + i] = T.float16(0)
 
     @T.macro
-    def fragments(a, b, wa, wb, sa, sb, xs, u, s):
-        """The A (8 float16) and each group's B (4 float16) registers of MMA step s of slot u's chunk."""
+    def fragments(a, b, wa, wb, sa, sb, xs, w, u, s):
+        """The A (8 float16) and each group's B (4 float16) registers of MMA step s of a chunk whose
+        weights are in slot w and activations in slot u."""
         # pairs 2s and 2s + 1 of the lane's: word (2s) // pairs, pair (2s) % pairs (and the next)
-        a[T.Ramp(0, 1, 2)] = float16_pair(wa[u * words + 2 * s // pairs], 2 * s % pairs, sa[u], bits, threads)    # row g,   K 2t, 2t+1
-        a[T.Ramp(2, 1, 2)] = float16_pair(wb[u * words + 2 * s // pairs], 2 * s % pairs, sb[u], bits, threads)    # row g+8, K 2t, 2t+1
-        a[T.Ramp(4, 1, 2)] = float16_pair(wa[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sa[u], bits, threads)
-        a[T.Ramp(6, 1, 2)] = float16_pair(wb[u * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sb[u], bits, threads)
+        a[T.Ramp(0, 1, 2)] = float16_pair(wa[w * words + 2 * s // pairs], 2 * s % pairs, sa[w], bits, threads)    # row g,   K 2t, 2t+1
+        a[T.Ramp(2, 1, 2)] = float16_pair(wb[w * words + 2 * s // pairs], 2 * s % pairs, sb[w], bits, threads)    # row g+8, K 2t, 2t+1
+        a[T.Ramp(4, 1, 2)] = float16_pair(wa[w * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sa[w], bits, threads)
+        a[T.Ramp(6, 1, 2)] = float16_pair(wb[w * words + (2 * s + 1) // pairs], (2 * s + 1) % pairs, sb[w], bits, threads)
         for c in T.unroll(groups):                          # the activations at the same K positions
             first = (u * groups + c) * 32 + per_word * (2 * s // pairs) + 2 * s % pairs
             second = (u * groups + c) * 32 + per_word * ((2 * s + 1) // pairs) + (2 * s + 1) % pairs
@@ -161,43 +173,63 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                         acc = T.alloc_buffer((groups * 4,), "float32", scope="local")
                         a = T.alloc_buffer((8,), "float16", scope="local")
                         b = T.alloc_buffer((groups * 4,), "float16", scope="local")
-                        wa = T.alloc_buffer((unroll * words,), "uint32", scope="local")
-                        wb = T.alloc_buffer((unroll * words,), "uint32", scope="local")
-                        sa = T.alloc_buffer((unroll,), "float16", scope="local")
-                        sb = T.alloc_buffer((unroll,), "float16", scope="local")
+                        wa = T.alloc_buffer((slots * words,), "uint32", scope="local")
+                        wb = T.alloc_buffer((slots * words,), "uint32", scope="local")
+                        sa = T.alloc_buffer((slots,), "float16", scope="local")
+                        sb = T.alloc_buffer((slots,), "float16", scope="local")
                         xs = T.alloc_buffer((unroll * groups * 32,), "float16", scope="local")
                         total = T.alloc_buffer((1,), "float32", scope="local")
                         for e in T.unroll(groups * 4):
                             acc[e] = T.float32(0)
-                        if ahead > 0 and iters > 1:                  # iterations 1..ahead to L2
-                            for j, u in T.grid(min(ahead, iters - 1), unroll):
-                                prefetch_weights(W, S, bx, ((j + 1) * unroll + u) * warps + ty, tx // 4, tx % 4)
-                        for it in T.serial(iters):
-                            if ahead > 0 and ahead + 1 < iters:          # iteration it + ahead to L2
-                                if it > 0 and it + ahead < iters:
+                        if pipelined:                                # set 0: iteration 0's weights
+                            for u in T.unroll(unroll):
+                                load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, tx // 4, tx % 4, u)
+                            for it in T.unroll(iters):
+                                if it + 1 < iters:                   # the next iteration's, to the other set
                                     for u in T.unroll(unroll):
-                                        prefetch_weights(W, S, bx, ((it + ahead) * unroll + u) * warps + ty,
-                                                         tx // 4, tx % 4)
-                            for u in T.unroll(unroll):              # every load of the slots first
-                                load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
-                                             tx // 4, tx % 4, u)
-                                if not pdl:
-                                    load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
-                            if pdl:
-                                if it == 0:     # the first weights are on their way: now the inputs
-                                    T.evaluate(T.ptx.griddepcontrol.wait())
-                                    T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+                                        load_weights(wa, wb, sa, sb, W, S, bx, ((it + 1) * unroll + u) * warps + ty,
+                                                     tx // 4, tx % 4, (it + 1) % 2 * unroll + u)
                                 for u in T.unroll(unroll):
                                     load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
-                            if loads_first:
-                                T.evaluate(T.call_extern("void", "__threadfence_block"))
-                            for u in T.unroll(unroll):
-                                for s in T.unroll(STEPS):
-                                    fragments(a, b, wa, wb, sa, sb, xs, u, s)
-                                    for c in T.unroll(groups):
-                                        T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32",
-                                                                    a.data, 0, b.data, c * 4, acc.data, c * 4, False,
-                                                                    dtype="float32"))
+                                if loads_first:
+                                    T.evaluate(T.call_extern("void", "__threadfence_block"))
+                                for u in T.unroll(unroll):
+                                    for s in T.unroll(STEPS):
+                                        fragments(a, b, wa, wb, sa, sb, xs, it % 2 * unroll + u, u, s)
+                                        for c in T.unroll(groups):
+                                            T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16",
+                                                                        "fp32", a.data, 0, b.data, c * 4, acc.data,
+                                                                        c * 4, False, dtype="float32"))
+                        else:
+                            if ahead > 0 and iters > 1:                  # iterations 1..ahead to L2
+                                for j, u in T.grid(min(ahead, iters - 1), unroll):
+                                    prefetch_weights(W, S, bx, ((j + 1) * unroll + u) * warps + ty, tx // 4, tx % 4)
+                            for it in T.serial(iters):
+                                if ahead > 0 and ahead + 1 < iters:          # iteration it + ahead to L2
+                                    if it > 0 and it + ahead < iters:
+                                        for u in T.unroll(unroll):
+                                            prefetch_weights(W, S, bx, ((it + ahead) * unroll + u) * warps + ty,
+                                                             tx // 4, tx % 4)
+                                for u in T.unroll(unroll):              # every load of the slots first
+                                    load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
+                                                 tx // 4, tx % 4, u)
+                                    if not pdl:
+                                        load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
+                                if pdl:
+                                    if it == 0:     # the first weights are on their way: now the inputs
+                                        T.evaluate(T.ptx.griddepcontrol.wait())
+                                        T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+                                    for u in T.unroll(unroll):
+                                        load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
+                                if loads_first:
+                                    T.evaluate(T.call_extern("void", "__threadfence_block"))
+                                for u in T.unroll(unroll):
+                                    for s in T.unroll(STEPS):
+                                        fragments(a, b, wa, wb, sa, sb, xs, u, u, s)
+                                        for c in T.unroll(groups):
+                                            T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16",
+                                                                        "fp32", a.data, 0, b.data, c * 4, acc.data,
+                                                                        c * 4, False, dtype="float32"))
                         for e in T.unroll(groups * 4):
                             red[ty, tx, e] = acc[e]
                         T.tvm_storage_sync("shared")
@@ -233,7 +265,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                         xs = T.alloc_buffer((unroll * groups * 32,), "float16")
                         load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
                         load_activations(xs, X, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
-                        fragments(a, b, wa, wb, sa, sb, xs, u, s)
+                        fragments(a, b, wa, wb, sa, sb, xs, u, u, s)
                         for e in T.serial(8):
                             frag_a[lane, e] = a[e]
                         for e in T.serial(groups * 4):
@@ -277,10 +309,11 @@ class MMAGEMV:
     bound to 1), giving a Schedule of the kernel with its params in the function's order; `batch`
     2-16: a LOW_BATCH_BRANCHES rule for up to `batch` rows (symbolic; two MMAs a step above 8),
     giving the kernel as a body over the function's own params. `pdl`: mma_gemv's, where the target
-    has griddepcontrol (sm_90+); `ahead`, `loads_first`: mma_gemv's."""
+    has griddepcontrol (sm_90+); `ahead`, `loads_first`, `pipeline`: mma_gemv's."""
 
     def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8,
-                 pdl: bool = False, ahead: int = 0, loads_first: bool = False) -> None:
+                 pdl: bool = False, ahead: int = 0, loads_first: bool = False,
+                 pipeline: bool = False) -> None:
         if bits not in CODES:
             raise ValueError(f"MMAGEMV takes {' or '.join(map(str, CODES))}-bit codes, not {bits}")
         if not 1 <= batch <= MAX_ROWS:
@@ -288,7 +321,7 @@ class MMAGEMV:
         if most_warps not in (4, 8, 16):
             raise ValueError(f"MMAGEMV splits K between 4, 8 or 16 warps a block at most, not {most_warps}")
         self.bits, self.unroll, self.batch, self.most_warps, self.pdl = bits, unroll, batch, most_warps, pdl
-        self.ahead, self.loads_first = ahead, loads_first
+        self.ahead, self.loads_first, self.pipeline = ahead, loads_first, pipeline
 
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count):
@@ -296,7 +329,7 @@ class MMAGEMV:
             return None if shape is None else mma_gemv(n, k, out_dtype, self.bits, *shape, count=count,
                                                        groups=-(-self.batch // COLS),
                                                        pdl=self.pdl and supports(target), ahead=self.ahead,
-                                                       loads_first=self.loads_first)
+                                                       loads_first=self.loads_first, pipeline=self.pipeline)
         return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}")
 
 

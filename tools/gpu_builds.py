@@ -39,6 +39,14 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "loadsfirst": 355.1 against 340.6 tok/s, logits bit-equal). The levers it left out, in the order
 # they decide:
 # "loadsfirst": the same fence at 2-16 rows (unmeasured there).
+# "pipe": the MMA GEMV's iterations unrolled with the weights in two register sets, the next
+# iteration's loads before an iteration's MMAs (mma_gemv `pipeline`), no fence, 1-16 rows. In the
+# cuda-sm90 SASS (nvcc 13, 2026-12-04): iterations 0 and 1's weights issued before the first MMA and
+# iteration it + 2's among iteration it's MMAs, 90-100 registers a thread where base has 72 (16-20
+# warps an SM where base fits 24-28), so 2-3 iterations' weights in flight a warp where base waits
+# on each iteration's. Loading the activations an iteration ahead too took away the branch (rows
+# past the count) that keeps ptxas from sinking the weight loads: it then interleaved one load with
+# every few MMAs, as without the pipeline, at 44 registers; with one chunk an iteration likewise.
 # "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
 # projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
 # and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
@@ -79,6 +87,7 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 VARIANTS = {"base": {},
             "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
             "loadsfirst": {"branches": {"gemv": "loadsfirst"}, "batches": (2, 4, 5, 16)},
+            "pipe": {"branches": {"gemv": "pipe"}, "batches": (1, 2, 4, 5, 16)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"cuda_graphs": False}, "batches": (1, 16)},
             "stepgraph": {"profile": {"cuda_graphs": False}, "runner": {"step_graphs": True}, "batches": (1, 2, 4)},
@@ -102,7 +111,7 @@ CANDIDATE = None
 # weights do not depend on the kernels), prebuilt like CANDIDATE's (`prebuild`). "base" first: the
 # others' logits are compared with its. ("stepgraph" is "nographs" with step graphs; "bits" changes
 # the export; "dlight" and "tcgroup" change no batch-1 kernel that ships.)
-LEVERS_8B = ("base", "warps16", "unroll4", "pdl16", "q4gemv", "attn64", "nographs", "pdl")
+LEVERS_8B = ("base", "pipe", "warps16", "unroll4", "pdl16", "q4gemv", "attn64", "nographs", "pdl")
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
@@ -142,7 +151,7 @@ def variant_branches(variant: str):
     from kiln.targets.mma_gemv import MMAGEMV
     # The MMA GEMV (4-bit, then 8-bit layers) with these arguments, over base's (the fence at 1 row).
     mma = {"warps16": {"most_warps": 16}, "pdl": {"pdl": True}, "pdl16": {"most_warps": 16, "pdl": True},
-           "loadsfirst": {"loads_first": True}}
+           "loadsfirst": {"loads_first": True}, "pipe": {"pipeline": True, "loads_first": False}}
     name = spec.get("gemv")
     gemv = (lambda b: [MMAGEMV(bits, batch=b, **{"loads_first": b == 1, **mma[name]}) for bits in (4, 8)]) \
         if name in mma else {

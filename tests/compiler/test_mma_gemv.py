@@ -101,6 +101,31 @@ def test_branches_build_for_cuda(rows, bits, most_warps, ahead, loads_first, tmp
     nvcc_compiles(source, tmp_path)
 
 
+@pytest.mark.parametrize("rows", [1, 16])
+def test_pipelined_kernel_loads_an_iteration_ahead(rows, tmp_path):
+    """gpu_checks.py's `pipe` (MMAGEMV pipeline=True) at the 8B's down projection (7 iterations of
+    2 chunks a warp): the iterations unrolled in the CUDA (no loop over them), the first MMA after
+    the weight loads of two iterations (each: 2 chunks x rows g and g + 8, one 128-bit load each),
+    every iteration's weights loaded once (28 loads), and nvcc compiles it; without it, one
+    iteration's loads before the first MMA, in a loop."""
+    from tvm.s_tir import dlight as dl
+
+    from kiln.targets.gpu import FirstOf, OneRowGEMV
+    func = _fused_q4_matmul(4096, 14336)
+    for pipeline, before, loop in ((True, 8, False), (False, 4, True)):
+        mma = MMAGEMV(4, batch=rows, pipeline=pipeline)
+        source = _built(func, rows, OneRowGEMV(mma) if rows == 1 else FirstOf(mma, dl.gpu.LowBatchGEMV(rows)))
+        kernel = source[source.index("gemv_kernel(half*"):]
+        kernel = kernel[:kernel.index("\n}\n")]
+        assert kernel.count("qweight_ptr + ", 0, kernel.index("mma.sync")) == before
+        assert ("for (int it = 0;" in kernel) == loop
+        if pipeline:
+            assert kernel.count("qweight_ptr + ") == 28
+            nvcc_compiles(source, tmp_path)
+    with pytest.raises(ValueError, match="pipeline takes neither"):
+        mma_gemv(4096, 14336, "float32", pipeline=True, ahead=1)
+
+
 def test_rule_refuses_what_it_does_not_compute():
     """None (the next rule decides) for float32 scales, the other code width, N not a multiple of
     16, K not of 128, other targets, and a row count other than its own kind (static one row, or

@@ -443,15 +443,17 @@ def test_cuda_q4_gemv_kernel():
         np.testing.assert_allclose(out.numpy()[:, 0], x[:, 0].astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("bits, most_warps, pdl, ahead, loads_first", [
-    (4, 8, False, 0, False), (8, 8, False, 0, False), (4, 16, False, 0, False), (4, 8, True, 0, False),
-    (4, 8, False, 1, True), (8, 8, True, 1, False)])
-def test_cuda_mma_gemv_kernel(bits, most_warps, pdl, ahead, loads_first):
+@pytest.mark.parametrize("bits, most_warps, pdl, ahead, loads_first, pipeline", [
+    (4, 8, False, 0, False, False), (8, 8, False, 0, False, False), (4, 16, False, 0, False, False),
+    (4, 8, True, 0, False, False), (4, 8, False, 1, True, False), (8, 8, True, 1, False, False),
+    (4, 8, False, 0, False, True), (8, 8, False, 0, True, True)])
+def test_cuda_mma_gemv_kernel(bits, most_warps, pdl, ahead, loads_first, pipeline):
     """targets/mma_gemv.py's kernel (what ships for 1-16 rows on CUDA; 16 warps a block: the
     gpu_checks variant `warps16`; `pdl`: launched as a programmatic dependent, its first weights
     loaded before it waits, the variant `pdl`; `ahead`: weights prefetched to L2 an iteration
     ahead, `prefetch` and `pdlpf`; `loads_first`: a fence between the loads and the MMAs,
-    `loadsfirst` and `lfpf`) on the GPU: the tensor cores' m16n8k16 MMA over the
+    `loadsfirst` and `lfpf`; `pipeline`: the next iteration's weights loaded before an iteration's
+    MMAs, `pipe`) on the GPU: the tensor cores' m16n8k16 MMA over the
     dequantized pairs of q4 or q8 weights, at 8B projection shapes, one static row, 5 rows of the
     8-row kernel and 13 of the 16-row one: the float32 sums of x times W, W rounded to float16 as
     the dequantize op rounds it; the rows past the count untouched."""
@@ -471,7 +473,7 @@ def test_cuda_mma_gemv_kernel(bits, most_warps, pdl, ahead, loads_first):
         rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
         kernel = mma_gemv(n, k, "float32", bits, *kernel_shape(n, k, most_warps=most_warps), count=rows,
                           groups=1 if (count or 1) <= 8 else 2, pdl=pdl, ahead=ahead,
-                          loads_first=loads_first).with_attr("global_symbol", "gemv")
+                          loads_first=loads_first, pipeline=pipeline).with_attr("global_symbol", "gemv")
         kernel = waiting_first(kernel) if pdl else kernel
         lib = tvm.compile(tvm.IRModule({"gemv": kernel}), target=get_profile(preset).tvm_target())
         planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
