@@ -110,8 +110,11 @@ CANDIDATE = None
 # Every build is the 8B artifact with its library swapped for the lever's (library_swapped: the
 # weights do not depend on the kernels), prebuilt like CANDIDATE's (`prebuild`). "base" first: the
 # others' logits are compared with its. ("stepgraph" is "nographs" with step graphs; "bits" changes
-# the export; "dlight" and "tcgroup" change no batch-1 kernel that ships.)
-LEVERS_8B = ("base", "pipe", "warps16", "unroll4", "pdl16", "q4gemv", "attn64", "nographs", "pdl")
+# the export; "dlight" and "tcgroup" change no batch-1 kernel that ships.) Ordered by what each may
+# take off the 2.35 ms a step the GPU was busy in loadsfirst's run (H200, 2026-12-04): the matmuls'
+# loads in flight first (1.77 ms, 1.26 at the floor), then the attention (0.24 ms in 32 calls, most
+# of it latency at 256 tokens); `all` reached 5 levers a session.
+LEVERS_8B = ("base", "pipe", "attn64", "warps16", "unroll4", "nographs", "pdl16", "q4gemv", "pdl")
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
