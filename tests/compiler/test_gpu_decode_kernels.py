@@ -251,3 +251,31 @@ def test_decode_attention_splits_long_sequences_of_small_batches(batch, tokens, 
     from kiln.targets.decode_attention import split_count
     count = split_count(tvm.tirx.IntImm("int32", batch), tvm.tirx.IntImm("int32", batch * tokens // 16), 8, 16)
     assert int(count) == splits                             # (constants fold as the expression is built)
+
+
+@pytest.mark.parametrize("width, dtype, lanes", [(4096, "float16", 4), (576, "float16", 4), (600, "float32", 4),
+                                                 (6, "float16", 2), (7, "float32", 1)])
+def test_add_rms_norm_reads_and_writes_vectors(width, dtype, lanes, tmp_path):
+    """targets/gpu.py AddRMSNorm: a thread's elements of a row are `lanes` consecutive ones at a time
+    (4 where the width divides, the widest vector Metal and WGSL have; 2; else 1), so the 8B's 4096-wide
+    float16 rows are read and written 64 bits an access (the kernel had read and written 16 bits an
+    access: in the cuda-sm90 SASS 48 loads and 32 stores a thread, now 16 and 8); the CUDA compiles
+    with nvcc, and the kernel builds for WebGPU. Its numbers: test_opencl_kernels.py runs it on pocl."""
+    from tvm import te
+    from gpu_kernels import build_prim_func, cuda_kernels, nvcc_compiles
+
+    from kiln.compiler.passes.fuse_add_rms_norm import add_rms_norm_te
+    rows = te.var("batch_size", "int64")
+    x, r = (te.placeholder((rows, 1, width), dtype, name=s) for s in ("x", "r"))
+    w = te.placeholder((width,), dtype, name="w")
+    func = te.create_prim_func([x, r, w, *add_rms_norm_te(x, r, w, 1e-5)])
+    built = build_prim_func("add_norm", func, "cuda-sm90")
+    source = built.artifact_source
+    body = cuda_kernels(source)["add_norm_kernel"][1]
+    vector = {"float16": {4: "half4", 2: "half2"}, "float32": {4: "float4", 2: "float2"}}[dtype].get(lanes)
+    if vector:
+        assert f"*({vector}*)(x_ptr" in body and f"*({vector}*)(T_rms_norm_ptr" in body
+    else:
+        assert "*(float4*)" not in body and "*(float2*)" not in body
+    nvcc_compiles(source, tmp_path)
+    build_prim_func("add_norm", func, "webgpu")
