@@ -47,6 +47,7 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # on each iteration's. Loading the activations an iteration ahead too took away the branch (rows
 # past the count) that keeps ptxas from sinking the weight loads: it then interleaved one load with
 # every few MMAs, as without the pipeline, at 44 registers; with one chunk an iteration likewise.
+# (tools/sass_counts.py --variant pipe --order shows the order and the registers.)
 # "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
 # projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
 # and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy

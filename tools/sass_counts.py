@@ -18,6 +18,12 @@ GEMV thread handles 128 values: 1,040 instructions for the 4-bit kernels, 968 fo
 same value rate at half the bytes, so the 4-bit layers stream at half the bandwidth. Fewer
 instructions a value is the lever, and this count is measurable here.
 
+`--order` also prints each kernel's registers a thread (ptxas) and its global loads, MMAs, barriers
+and branches in program order, runs of one opcode counted (`8 LDG.E.128.CONSTANT, 16 HMMA.16816.F32`):
+where a kernel issues its loads against its MMAs, e.g. gpu_builds.py's `pipe` against `base`:
+
+    python tools/sass_counts.py --variant pipe --kernels 'q4[34]_NT_matmul[23]_relax_astype_kernel$' --order
+
 Needs nvcc (on this machine) and nvdisasm: `pip install nvidia-cuda-nvdisasm` (a PyPI wheel).
 """
 
@@ -74,16 +80,25 @@ def cuda_source(model: str, target: str, quant: str, variant: str) -> str:
     raise SystemExit(f"the {target} build has no CUDA module")
 
 
-def sass_kernels(source: str, arch: str) -> dict[str, list[str]]:
-    """{kernel: [opcode, ...]} of the source compiled for `arch` (sm_90)."""
+def sass_kernels(source: str, arch: str, registers: dict | None = None) -> dict[str, list[str]]:
+    """{kernel: [opcode, ...]} of the source compiled for `arch` (sm_90); `registers`, if given, gets
+    {kernel: registers a thread} from ptxas."""
     with tempfile.TemporaryDirectory(prefix="kiln-sass-") as tmp:
         cu, cubin = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
         cu.write_text(source)
-        built = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "-w", "-o", str(cubin), str(cu)],
-                               capture_output=True, text=True)
+        built = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-O3", "-w", "-Xptxas", "-v", "-o", str(cubin),
+                                str(cu)], capture_output=True, text=True)
         if built.returncode:
             raise SystemExit(f"nvcc failed on the generated CUDA:\n{built.stderr[-3000:]}")
         text = subprocess.run([nvdisasm(), "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+    if registers is not None:
+        name = None
+        for line in built.stderr.splitlines():
+            entry = re.search(r"(?:Compiling entry function|Function properties for) '?(\w+)'?", line)
+            name = entry.group(1) if entry else name
+            used = re.search(r"Used (\d+) registers", line)
+            if used and name:
+                registers[name] = int(used.group(1))
     kernels: dict[str, list[str]] = {}
     name = None
     for line in text.splitlines():
@@ -98,6 +113,22 @@ def sass_kernels(source: str, arch: str) -> dict[str, list[str]]:
     return kernels
 
 
+ORDERED = re.compile(r"LDG|HMMA|MMA|MEMBAR|BAR|BRA|EXIT")    # what --order shows, in program order
+
+
+def in_order(ops: list[str]) -> str:
+    """The kernel's global loads, MMAs, fences, barriers and branches in program order, a run of one
+    opcode as `N OPCODE`."""
+    runs: list[list] = []
+    for op in ops:
+        if ORDERED.match(op):
+            if runs and runs[-1][1] == op:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, op])
+    return ", ".join(f"{n} {op}" for n, op in runs)
+
+
 def main() -> None:
     from gpu_builds import VARIANTS
 
@@ -110,6 +141,8 @@ def main() -> None:
     ap.add_argument("--variant", default="base", choices=list(VARIANTS), help="a gpu_builds.py VARIANTS entry")
     ap.add_argument("--kernels", default="NT_matmul", help="regex over kernel names [NT_matmul]")
     ap.add_argument("--top", type=int, default=12, help="opcodes shown per kernel [12]")
+    ap.add_argument("--order", action="store_true",
+                    help="also each kernel's registers and its loads, MMAs and branches in program order")
     ap.add_argument("--json", help="also write {kernel: {total, opcodes}} here")
     args = ap.parse_args()
     arch = get_profile(args.target).tvm_target().arch
@@ -120,14 +153,19 @@ def main() -> None:
             name, config = llama8b_config(argparse.Namespace(quick=False), layers=VARIANT_LAYERS)
             model = str(shapes_only_checkpoint(Path(tmp) / name, config))
         source = cuda_source(model, args.target, args.quant, args.variant)
-    kernels = sass_kernels(source, arch)
+    registers: dict[str, int] = {}
+    kernels = sass_kernels(source, arch, registers)
     report = {}
     for name, ops in sorted(kernels.items()):
         if re.search(args.kernels, name):
             counts = collections.Counter(ops)
-            report[name] = {"total": len(ops), "opcodes": dict(counts.most_common())}
+            report[name] = {"total": len(ops), "opcodes": dict(counts.most_common()),
+                            "registers": registers.get(name)}
             mix = ", ".join(f"{op} {n}" for op, n in counts.most_common(args.top))
             print(f"{name}: {len(ops)} instructions ({mix})")
+            if args.order:
+                report[name]["order"] = in_order(ops)
+                print(f"  {registers.get(name, '?')} registers a thread; in order: {report[name]['order']}")
     if not report:
         print(f"no kernel matches {args.kernels!r}; the library has {len(kernels)}", file=sys.stderr)
     if args.json:
