@@ -83,6 +83,10 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     iters = k // (CHUNK * warps * unroll)
     pipelined = pipeline and iters > 1
     slots = 2 * unroll if pipelined else unroll               # weight register sets of `unroll` chunks
+
+    def weight_slot(it, u):
+        """The register slot of chunk u of iteration it's weights (the two sets alternate under `pipeline`)."""
+        return it % 2 * unroll + u if pipelined else u
     tiles = n // TILE
     rows = T.int64(1) if count is None else count            # the activations' (and outputs') rows
     code = CODES[bits]
@@ -188,14 +192,14 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                 if it + 1 < iters:                   # the next iteration's, to the other set
                                     for u in T.unroll(unroll):
                                         load_weights(wa, wb, sa, sb, W, S, bx, ((it + 1) * unroll + u) * warps + ty,
-                                                     tx // 4, tx % 4, (it + 1) % 2 * unroll + u)
+                                                     tx // 4, tx % 4, weight_slot(it + 1, u))
                                 for u in T.unroll(unroll):
                                     load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
                                 if loads_first:
                                     T.evaluate(T.call_extern("void", "__threadfence_block"))
                                 for u in T.unroll(unroll):
                                     for s in T.unroll(STEPS):
-                                        fragments(a, b, wa, wb, sa, sb, xs, it % 2 * unroll + u, u, s)
+                                        fragments(a, b, wa, wb, sa, sb, xs, weight_slot(it, u), u, s)
                                         for c in T.unroll(groups):
                                             T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16",
                                                                         "fp32", a.data, 0, b.data, c * 4, acc.data,
@@ -241,6 +245,31 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                 store(Y, total[0], bx, tx, c, e)
         return kernel
 
+    @T.macro
+    def mma_emulated(red, frag_a, frag_b, ty):
+        """Every lane's MMA sums of one step, from the fragments the lanes built, into red[ty]."""
+        # mma.m16n8k16 (PTX ISA, "matrix fragments"): A[m, q] on lane 4 (m % 8) + (q % 8) // 2,
+        # register element 4 (q // 8) + 2 (m // 8) + q % 2; B[q, c] on lane 4c + (q % 8) // 2,
+        # element 2 (q // 8) + q % 2; D[m, c] on lane 4 (m % 8) + c // 2, element 2 (m // 8) + c % 2.
+        for lane, c, e in T.grid(LANES, groups, 4):
+            for q in T.serial(16):
+                red[ty, lane, c * 4 + e] = red[ty, lane, c * 4 + e] + T.Cast("float32", frag_a[
+                    4 * (lane // 4) + (q % 8) // 2, 4 * (q // 8) + 2 * (e // 2) + q % 2]) * T.Cast(
+                    "float32", frag_b[4 * (2 * (lane % 4) + e % 2) + (q % 8) // 2, c * 4 + 2 * (q // 8) + q % 2])
+
+    @T.macro
+    def lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, chunk, lane, w, u, s):
+        """Lane `lane`'s fragments of step s (weights in slot w, activations of `chunk` into slot u)."""
+        a = T.alloc_buffer((8,), "float16")
+        b = T.alloc_buffer((groups * 4,), "float16")
+        xs = T.alloc_buffer((unroll * groups * 32,), "float16")
+        load_activations(xs, X, chunk, lane // 4, lane % 4, u)
+        fragments(a, b, wa, wb, sa, sb, xs, w, u, s)
+        for e in T.serial(8):
+            frag_a[lane, e] = a[e]
+        for e in T.serial(groups * 4):
+            frag_b[lane, e] = b[e]
+
     @T.prim_func(private=True)
     def serial(W: T.Buffer(w_shape, w_dtype),
                S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
@@ -250,35 +279,37 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         red = T.alloc_buffer((warps, LANES, groups * 4), "float32")
         frag_a = T.alloc_buffer((LANES, 8), "float16")
         frag_b = T.alloc_buffer((LANES, groups * 4), "float16")
+        # each lane's weight registers (lane L's slot w at L * slots + w); with `pipeline` kept across
+        # iterations, loaded and read in the kernel's order: the next iteration's set before this one's MMAs
+        wa = T.alloc_buffer((LANES * slots * words,), "uint32")
+        wb = T.alloc_buffer((LANES * slots * words,), "uint32")
+        sa = T.alloc_buffer((LANES * slots,), "float16")
+        sb = T.alloc_buffer((LANES * slots,), "float16")
         for bx in T.serial(tiles):
             for ty in T.serial(warps):
                 for lane, e in T.grid(LANES, groups * 4):
                     red[ty, lane, e] = T.float32(0)
-                for it, u, s in T.grid(iters, unroll, STEPS):
-                    for lane in T.serial(LANES):
-                        a = T.alloc_buffer((8,), "float16")
-                        b = T.alloc_buffer((groups * 4,), "float16")
-                        wa = T.alloc_buffer((unroll * words,), "uint32")
-                        wb = T.alloc_buffer((unroll * words,), "uint32")
-                        sa = T.alloc_buffer((unroll,), "float16")
-                        sb = T.alloc_buffer((unroll,), "float16")
-                        xs = T.alloc_buffer((unroll * groups * 32,), "float16")
-                        load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
-                        load_activations(xs, X, (it * unroll + u) * warps + ty, lane // 4, lane % 4, u)
-                        fragments(a, b, wa, wb, sa, sb, xs, u, u, s)
-                        for e in T.serial(8):
-                            frag_a[lane, e] = a[e]
-                        for e in T.serial(groups * 4):
-                            frag_b[lane, e] = b[e]
-                    # mma.m16n8k16 (PTX ISA, "matrix fragments"): A[m, q] on lane 4 (m % 8) + (q % 8) // 2,
-                    # register element 4 (q // 8) + 2 (m // 8) + q % 2; B[q, c] on lane 4c + (q % 8) // 2,
-                    # element 2 (q // 8) + q % 2; D[m, c] on lane 4 (m % 8) + c // 2, element 2 (m // 8) + c % 2.
-                    for lane, c, e in T.grid(LANES, groups, 4):
-                        for q in T.serial(16):
-                            red[ty, lane, c * 4 + e] = red[ty, lane, c * 4 + e] + T.Cast("float32", frag_a[
-                                4 * (lane // 4) + (q % 8) // 2, 4 * (q // 8) + 2 * (e // 2) + q % 2]) * T.Cast(
-                                "float32", frag_b[4 * (2 * (lane % 4) + e % 2) + (q % 8) // 2,
-                                                  c * 4 + 2 * (q // 8) + q % 2])
+                if pipelined:
+                    for lane, u in T.grid(LANES, unroll):
+                        load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, lane // 4, lane % 4, lane * slots + u)
+                    for it in T.serial(iters):
+                        if it + 1 < iters:
+                            for lane, u in T.grid(LANES, unroll):
+                                load_weights(wa, wb, sa, sb, W, S, bx, ((it + 1) * unroll + u) * warps + ty,
+                                             lane // 4, lane % 4, lane * slots + weight_slot(it + 1, u))
+                        for u, s in T.grid(unroll, STEPS):
+                            for lane in T.serial(LANES):
+                                lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, (it * unroll + u) * warps + ty,
+                                               lane, lane * slots + weight_slot(it, u), u, s)
+                            mma_emulated(red, frag_a, frag_b, ty)
+                else:
+                    for it, u, s in T.grid(iters, unroll, STEPS):
+                        for lane in T.serial(LANES):
+                            load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty, lane // 4,
+                                         lane % 4, lane * slots + u)
+                            lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, (it * unroll + u) * warps + ty,
+                                           lane, lane * slots + u, u, s)
+                        mma_emulated(red, frag_a, frag_b, ty)
             for lane, c, e in T.grid(LANES, groups, 4):
                 total = T.alloc_buffer((1,), "float32")
                 total[0] = red[0, lane, c * 4 + e]

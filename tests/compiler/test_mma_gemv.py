@@ -29,7 +29,8 @@ pytestmark = pytest.mark.compiler
 @pytest.mark.parametrize("n, k, warps, unroll, count, groups", [
     (32, 512, 2, 2, None, 1), (16, 1024, 4, 2, 3, 1), (48, 256, 1, 2, 8, 1), (16, 128, 1, 1, 1, 1),
     (32, 512, 2, 1, 13, 2), (16, 256, 1, 2, 16, 2), (16, 256, 2, 1, 5, 2), (16, 2048, 16, 1, 3, 1)])
-def test_fragments_give_the_float16_dequantized_weights_product(bits, n, k, warps, unroll, count, groups):
+def test_fragments_give_the_float16_dequantized_weights_product(bits, n, k, warps, unroll, count, groups,
+                                                                 pipeline=False):
     """The serial form (each lane's fragments as the kernel builds them, the MMA from its documented
     register layout), q4 and q8: float32 sums within float32 rounding of x . W with W rounded to
     float16 as the dequantize op rounds it, for 1 static row or `count` symbolic rows of 8 (one MMA
@@ -37,7 +38,7 @@ def test_fragments_give_the_float16_dequantized_weights_product(bits, n, k, warp
     fmt = FORMATS[bits]
     rows = None if count is None else tvm.tirx.Var("batch_size", "int64")
     func = mma_gemv(n, k, "float32", bits, warps, unroll, threads=False, count=rows,
-                    groups=groups).with_attr("global_symbol", "main")
+                    groups=groups, pipeline=pipeline).with_attr("global_symbol", "main")
     lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
     rng = np.random.default_rng(n + k + bits)
     planes = quantize(fmt, rng.normal(0, 0.05, (n, k)).astype(np.float32))
@@ -99,6 +100,17 @@ def test_branches_build_for_cuda(rows, bits, most_warps, ahead, loads_first, tmp
     if loads_first:
         assert kernel.rindex("qweight_ptr + ", 0, kernel.index(fence)) < kernel.index(fence) < kernel.index("mma.sync")
     nvcc_compiles(source, tmp_path)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n, k, warps, unroll, count, groups", [
+    (32, 1024, 2, 2, None, 1), (16, 2048, 4, 1, 3, 1), (16, 1536, 1, 2, 13, 2)])
+def test_pipelined_fragments_give_the_product(bits, n, k, warps, unroll, count, groups):
+    """`pipeline`'s order in the serial form (2, 4 and 6 iterations a warp): each lane's two register
+    sets of weights, the next iteration's loaded into the other set before this one's MMAs read
+    theirs, give the same sums."""
+    test_fragments_give_the_float16_dequantized_weights_product(bits, n, k, warps, unroll, count, groups,
+                                                                pipeline=True)
 
 
 @pytest.mark.parametrize("rows", [1, 16])
