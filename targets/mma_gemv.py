@@ -157,6 +157,19 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
             b[c * 4 + 3] = xs[second + apart]
 
     @T.macro
+    def mmas(acc, a, b, wa, wb, sa, sb, xs, it):
+        """Iteration it's MMAs on the tensor cores (after the `loads_first` fence): every step of its
+        chunks, each group's activation rows."""
+        if loads_first:
+            T.evaluate(T.call_extern("void", "__threadfence_block"))
+        for u in T.unroll(unroll):
+            for s in T.unroll(STEPS):
+                fragments(a, b, wa, wb, sa, sb, xs, weight_slot(it, u), u, s)
+                for c in T.unroll(groups):
+                    T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16", "fp32", a.data, 0,
+                                                b.data, c * 4, acc.data, c * 4, False, dtype="float32"))
+
+    @T.macro
     def store(Y, total, tile, lane, c, e):
         """Element e of a lane's group-c MMA sums: weight row g + 8 (e // 2), activation row
         8c + 2t + e % 2."""
@@ -195,15 +208,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                                      tx // 4, tx % 4, weight_slot(it + 1, u))
                                 for u in T.unroll(unroll):
                                     load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
-                                if loads_first:
-                                    T.evaluate(T.call_extern("void", "__threadfence_block"))
-                                for u in T.unroll(unroll):
-                                    for s in T.unroll(STEPS):
-                                        fragments(a, b, wa, wb, sa, sb, xs, weight_slot(it, u), u, s)
-                                        for c in T.unroll(groups):
-                                            T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16",
-                                                                        "fp32", a.data, 0, b.data, c * 4, acc.data,
-                                                                        c * 4, False, dtype="float32"))
+                                mmas(acc, a, b, wa, wb, sa, sb, xs, it)
                         else:
                             if ahead > 0 and iters > 1:                  # iterations 1..ahead to L2
                                 for j, u in T.grid(min(ahead, iters - 1), unroll):
@@ -225,15 +230,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                         T.evaluate(T.ptx.griddepcontrol.launch_dependents())
                                     for u in T.unroll(unroll):
                                         load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
-                                if loads_first:
-                                    T.evaluate(T.call_extern("void", "__threadfence_block"))
-                                for u in T.unroll(unroll):
-                                    for s in T.unroll(STEPS):
-                                        fragments(a, b, wa, wb, sa, sb, xs, u, u, s)
-                                        for c in T.unroll(groups):
-                                            T.evaluate(T.ptx_legacy.mma("m16n8k16", "row", "col", "fp16", "fp16",
-                                                                        "fp32", a.data, 0, b.data, c * 4, acc.data,
-                                                                        c * 4, False, dtype="float32"))
+                                mmas(acc, a, b, wa, wb, sa, sb, xs, it)
                         for e in T.unroll(groups * 4):
                             red[ty, tx, e] = acc[e]
                         T.tvm_storage_sync("shared")
