@@ -43,24 +43,24 @@ class _Mirrors(threading.local):
 _MIRRORS = _Mirrors()
 
 
-def _to_host(tensor, wait: bool, shape: tuple | None = None, dtype: str = "int32") -> np.ndarray:
+def _to_host(tensor, wait: bool, known: tuple[tuple, str] | None = None) -> np.ndarray:
     """A copy of `tensor` on the host (Tensor.numpy for int and float tensors). wait: the copy waits for
-    the device's queued work, so it lets the GIL go meanwhile; else it holds it. `shape` (and `dtype`),
-    where the caller knows them: the copy goes through this thread's kept host array of that shape,
-    asking the tensor nothing. A CPU decode step's host work runs with its caches cold (the step
-    streamed the weights through them): a token copied back took 155 us through a new array and its
-    pointer, 30 through a kept one, after a 128 MB sweep (5 and 0.5 warm; 63 of the 155 asking the
-    tensor its shape and dtype)."""
+    the device's queued work, so it lets the GIL go meanwhile; else it holds it. `known`: the tensor's
+    (shape, dtype), where the caller knows them: the copy goes through this thread's kept host array
+    of that shape and dtype, asking the tensor nothing. A CPU decode step's host work runs with its
+    caches cold (the step streamed the weights through them): a token copied back took 155 us through
+    a new array and its pointer, 30 through a kept one, after a 128 MB sweep (5 and 0.5 warm; 63 of
+    the 155 asking the tensor its shape and dtype)."""
     if wait:
         return tensor.numpy()
-    if shape is None:
+    if known is None:
         out = np.empty(tuple(tensor.shape), np.dtype(str(tensor.dtype)))
         _COPY_OUT(tensor, out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
         return out
-    kept = _MIRRORS.arrays.get((shape, dtype))
+    kept = _MIRRORS.arrays.get(known)
     if kept is None:
-        host = np.empty(shape, dtype)
-        kept = _MIRRORS.arrays[(shape, dtype)] = (host, host.ctypes.data_as(ctypes.c_void_p))
+        host = np.empty(*known)
+        kept = _MIRRORS.arrays[known] = (host, host.ctypes.data_as(ctypes.c_void_p))
     _COPY_OUT(tensor, kept[1], kept[0].nbytes)
     return kept[0].copy()
 
@@ -72,7 +72,7 @@ class LaunchedTokens:
         self._on_device = on_device       # tokens [batch], or logits [batch, 1, vocab] to argmax here
         self._queued = queued             # the device runs the forward after the launch returned (a GPU)
         self._argmax = argmax
-        self._shape = None if argmax or count is None else (count,)     # int32 tokens: _to_host's kept array
+        self._known = None if argmax or count is None else ((count,), "int32")     # tokens: _to_host's
         self._front = front               # logits [k, 1, vocab] of the first k rows, for a host sampler
         self._tokens: np.ndarray | None = None
 
@@ -85,7 +85,7 @@ class LaunchedTokens:
     def wait(self) -> np.ndarray:
         """Wait for the forward; its tokens [batch] on the host (copied back once, kept for later calls)."""
         if self._tokens is None:
-            out = _to_host(self._on_device, wait=self._queued, shape=self._shape)
+            out = _to_host(self._on_device, wait=self._queued, known=self._known)
             self._tokens = np.argmax(out[:, 0, :], axis=1) if self._argmax else out
             self._on_device = None
         return self._tokens

@@ -267,6 +267,8 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         for e in T.serial(groups * 4):
             frag_b[lane, e] = b[e]
 
+    lead = 1 if pipelined else 0        # iterations the serial form loads weights ahead of their MMAs
+
     @T.prim_func(private=True)
     def serial(W: T.Buffer(w_shape, w_dtype),
                S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
@@ -286,26 +288,20 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
             for ty in T.serial(warps):
                 for lane, e in T.grid(LANES, groups * 4):
                     red[ty, lane, e] = T.float32(0)
-                if pipelined:
+                if pipelined:                               # iteration 0's weights before the loop
                     for lane, u in T.grid(LANES, unroll):
-                        load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, lane // 4, lane % 4, lane * slots + u)
-                    for it in T.serial(iters):
-                        if it + 1 < iters:
-                            for lane, u in T.grid(LANES, unroll):
-                                load_weights(wa, wb, sa, sb, W, S, bx, ((it + 1) * unroll + u) * warps + ty,
-                                             lane // 4, lane % 4, lane * slots + weight_slot(it + 1, u))
-                        for u, s in T.grid(unroll, STEPS):
-                            for lane in T.serial(LANES):
-                                lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, (it * unroll + u) * warps + ty,
-                                               lane, lane * slots + weight_slot(it, u), u, s)
-                            mma_emulated(red, frag_a, frag_b, ty)
-                else:
-                    for it, u, s in T.grid(iters, unroll, STEPS):
+                        load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, lane // 4, lane % 4,
+                                     lane * slots + weight_slot(0, u))
+                for it in T.serial(iters):
+                    # the weights loaded now: this iteration's, or under `pipeline` the next one's
+                    if it + lead < iters:
+                        for lane, u in T.grid(LANES, unroll):
+                            load_weights(wa, wb, sa, sb, W, S, bx, ((it + lead) * unroll + u) * warps + ty,
+                                         lane // 4, lane % 4, lane * slots + weight_slot(it + lead, u))
+                    for u, s in T.grid(unroll, STEPS):
                         for lane in T.serial(LANES):
-                            load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty, lane // 4,
-                                         lane % 4, lane * slots + u)
                             lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, (it * unroll + u) * warps + ty,
-                                           lane, lane * slots + u, u, s)
+                                           lane, lane * slots + weight_slot(it, u), u, s)
                         mma_emulated(red, frag_a, frag_b, ty)
             for lane, c, e in T.grid(LANES, groups, 4):
                 total = T.alloc_buffer((1,), "float32")

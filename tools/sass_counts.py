@@ -19,7 +19,7 @@ same value rate at half the bytes, so the 4-bit layers stream at half the bandwi
 instructions a value is the lever, and this count is measurable here.
 
 `--order` also prints each kernel's registers a thread (ptxas) and its global loads, MMAs, barriers
-and branches in program order, runs of one opcode counted (`8 LDG.E.128.CONSTANT, 16 HMMA.16816.F32`):
+and branches in program order, runs of one opcode counted (`8 LDG, 16 HMMA`: opcodes without modifiers):
 where a kernel issues its loads against its MMAs, e.g. gpu_builds.py's `pipe` against `base`:
 
     python tools/sass_counts.py --variant pipe --kernels 'q4[34]_NT_matmul[23]_relax_astype_kernel$' --order
