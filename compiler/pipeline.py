@@ -54,7 +54,7 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             # batch_prefill_gemm's token matmuls to the device's BLAS (profiles with library_gemm).
             *([LibraryGEMM()] if profile.library_gemm else []),
             # Quantized weights: dequantize fused into its matmul / embedding gather (one kernel each).
-            FuseDequantizeMatmul(),
+            FuseDequantizeMatmul(glu_epilogue=profile.glu_epilogue),
             FuseDequantizeTake(),
             # Residual add + the RMSNorm over the sum: one kernel writing both (see its docstring).
             FuseAddRMSNorm(),

@@ -20,6 +20,16 @@ from kiln.compiler.quant_modules import FLOAT_KINDS, KINDS, QuantFormat, dequant
 from .row_dispatch import static_int
 
 
+def silu_glu(gate, up):
+    """silu(gate) * up as the legalized ops compute it (float16: gate * sigmoid(gate), then * up)."""
+    return gate * tirx.sigmoid(gate) * up
+
+
+# Gated activations a GEMV may compute as its epilogue (compiler/passes/fuse_dequantize_matmul.py's
+# `glu_epilogue`): name -> the output's element from the cast sums' element k and k + N / 2.
+EPILOGUES = {"silu_glu": silu_glu}
+
+
 @dataclass(frozen=True)
 class DequantMatmul:
     kind: str                   # one of quant_modules.KINDS
@@ -31,18 +41,21 @@ class DequantMatmul:
     sums: tirx.Buffer           # the matmul's output
     out: tirx.Buffer            # the function's output: sums, or the cast of them
     rows: tirx.PrimExpr         # x's rows dim (a symbolic size, or an IntImm)
+    epilogue: str | None = None  # an EPILOGUES name: out is its output [rows, 1, N / 2], from the cast sums
 
 
-def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS,
-                         rows_second: bool = False) -> DequantMatmul | None:
+def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS, rows_second: bool = False,
+                         epilogues=()) -> DequantMatmul | None:
     """The function's format and buffers if it is a `kinds` weight dequantized to `dtype` (float32 on
     a CPU, float16 on a GPU), multiplied by activations [rows, 1, K] (of `dtype`, each product
     widened to the sums' dtype where that differs), else None. `rows_second`: [1, rows, K] too, the
     output [1, rows, N] (a prefill's: one sequence's positions; the same memory as [rows, 1, K], for
-    kernels that view it so, row_dispatch.over_params)."""
+    kernels that view it so, row_dispatch.over_params). `epilogues`: EPILOGUES names the caller
+    computes; the cast sums may then feed one of them, whose output is the function's."""
     sch = s_tir.Schedule(func)
-    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks) > 3:
+    rvs = sch.get_child_blocks(sch.get_sblock("root"))
+    blocks = [sch.get(b) for b in rvs]
+    if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or (len(blocks) > 3 and not epilogues):
         return None
     deq, mm = blocks[:2]
     weight = deq.writes[0].source
@@ -70,7 +83,7 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS,
                             * weight[i2, vk].astype(sums.dtype)):
         return None
     out = sums
-    if len(blocks) == 3:
+    if len(blocks) >= 3:
         cast = blocks[2]
         out = cast.writes[0].source
         c0, c1, c2 = (iv.var for iv in cast.iter_vars)
@@ -80,7 +93,50 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS,
     same_rows = out.shape[axis].same_as(rows) or (fixed is not None and static_int(out.shape[axis]) == fixed)
     if not same_rows or static_int(out.shape[1 - axis]) != 1 or static_int(out.shape[2]) != n:
         return None
+    if len(blocks) > 3:                                   # an epilogue after the cast
+        found = epilogue_of(sch, rvs[3:], out, n, epilogues) if axis == 0 and n % 2 == 0 else None
+        if found is None:
+            return None
+        name, out = found
+        return DequantMatmul(kind, group, n, k, planes, x, sums, out, rows, name)
     return DequantMatmul(kind, group, n, k, planes, x, sums, out, rows)
+
+
+def has_epilogue(func: tirx.PrimFunc) -> bool:
+    """Whether `func` is dequantize -> NT_matmul -> a cast -> an EPILOGUES entry over the cast sums,
+    whatever the weight's format (what only an epilogue-taking rule schedules whole)."""
+    if not isinstance(func, tirx.PrimFunc):
+        return False
+    sch = s_tir.Schedule(func)
+    rvs = sch.get_child_blocks(sch.get_sblock("root"))
+    blocks = [sch.get(b) for b in rvs]
+    if len(blocks) < 4 or [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks[2].writes) != 1:
+        return False
+    sums = blocks[2].writes[0].source
+    n = static_int(sums.shape[-1]) if len(sums.shape) == 3 else None
+    return n is not None and n % 2 == 0 and epilogue_of(sch, rvs[3:], sums, n, tuple(EPILOGUES)) is not None
+
+
+def epilogue_of(sch: s_tir.Schedule, rvs, sums, n: int, epilogues):
+    """(name, output) where the blocks `rvs` after the cast, inlined into the last of them, compute
+    one of `epilogues` (EPILOGUES) from the cast `sums` [rows, 1, n] into an output [rows, 1, n / 2];
+    else None (`sch` is then changed: a copy for matching only)."""
+    try:
+        for rv in rvs[:-1]:
+            sch.compute_inline(rv)
+    except s_tir.ScheduleError:
+        return None
+    last = sch.get(rvs[-1])
+    if len(last.iter_vars) != 3 or len(last.writes) != 1 or any(not r.source.same_as(sums) for r in last.reads) \
+            or any(iv.iter_type != tirx.IterVar.DataPar for iv in last.iter_vars):
+        return None
+    out = last.writes[0].source
+    v0, v1, v2 = (iv.var for iv in last.iter_vars)
+    if len(out.shape) != 3 or static_int(out.shape[2]) != n // 2 or not structural_equal(out.shape[0], sums.shape[0]):
+        return None
+    name = next((e for e in epilogues if structural_equal(
+        last.body.value, EPILOGUES[e](sums[v0, v1, v2], sums[v0, v1, v2 + n // 2]))), None)
+    return None if name is None else (name, out)
 
 
 def weight_format(value, reads: list, n: int, k: int, dtype: str, v_n, v_k, kinds=KINDS):

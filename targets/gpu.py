@@ -22,6 +22,8 @@ from kiln.compiler.tvmscript import quick_frames
 
 from .add_rms_norm import match_add_norm
 from .attention_softcap import SoftcapTVMAttention
+from .dequant_match import has_epilogue
+from .glu_epilogue import apart, joined
 from .kiln_attention import UseKilnAttention
 from .narrow_tiles import NarrowTensorCoreMatmul
 from .row_dispatch import dispatch_on_rows, is_scheduled, one_row, output_rows, over_params
@@ -202,6 +204,11 @@ class OneRowGEMV:
                 return over_params(func, sch.mod["main"])
         return None
 
+    def for_epilogues(self) -> "OneRowGEMV | None":
+        """The rules that compute a matmul's epilogue (glu_epilogue.py), or None."""
+        rules = [r for r in self.rules if getattr(r, "takes_epilogues", False)]
+        return OneRowGEMV(*rules) if rules else None
+
 
 class FirstOf:
     """The first of `rules` that schedules the function (a LOW_BATCH_BRANCHES entry: a kiln rule for
@@ -219,6 +226,11 @@ class FirstOf:
 
     def without_workspace(self) -> "FirstOf":
         return FirstOf(*(getattr(r, "without_workspace", lambda r=r: r)() for r in self.rules))
+
+    def for_epilogues(self) -> "FirstOf | None":
+        """The rules that compute a matmul's epilogue (glu_epilogue.py), or None."""
+        rules = [r for r in self.rules if getattr(r, "takes_epilogues", False)]
+        return FirstOf(*rules) if rules else None
 
 
 # Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket or a schedule rule) per branch,
@@ -305,6 +317,8 @@ class LowBatchGEMV:
         return tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({gv: merged}))[gv]
 
     def _merged(self, func, target, bounds):
+        if has_epilogue(func):
+            return self._with_epilogue(func, target, bounds)
         count = output_rows(func)
         # A workspace is planned at the rows' bound, used only at a branch's few rows: none where
         # that bound is large (prefill's chunk) or unknown.
@@ -327,6 +341,32 @@ class LowBatchGEMV:
         if not isinstance(tiled, tvm.s_tir.Schedule):
             return None
         merged = dispatch_on_rows(func, branches, tiled.mod["main"], thread_invariant=True)
+        return merged.with_attr("tirx.is_scheduled", True)
+
+
+    def _with_epilogue(self, func, target, bounds):
+        """A matmul whose cast sums feed a gated activation (targets/glu_epilogue.py): the branches whose
+        rules compute it (the MMA GEMV's, 1-16 rows), above them its head's usual branches and its
+        tail's elementwise kernel, two kernels."""
+        parts = apart(func)
+        if parts is None:
+            return None
+        head, tail, sums = parts
+        branches = []
+        for rows, rule in self.branches:
+            rule = None if isinstance(rule, int) else getattr(rule, "for_epilogues", lambda: None)()
+            sch = rule.apply(func, target, False) if rule is not None else None
+            if isinstance(sch, tvm.s_tir.Schedule):
+                sch = sch.mod["main"]
+            if isinstance(sch, tvm.tirx.PrimFunc):
+                branches.append((rows, sch))
+        covered = max((rows for rows, _ in branches), default=0)
+        above = LowBatchGEMV([b for b in self.branches if b[0] > covered], self.narrow_index)
+        head = above._merged(head, target, bounds)
+        tail = dl.gpu.Fallback().apply(tail, target, False)
+        if head is None or not isinstance(tail, tvm.s_tir.Schedule):
+            return None
+        merged = dispatch_on_rows(func, branches, joined(func, head, tail.mod["main"], sums), thread_invariant=True)
         return merged.with_attr("tirx.is_scheduled", True)
 
 

@@ -40,6 +40,7 @@ from tvm.script import tirx as T
 
 from .kernel_memo import parsed_once
 from .dependent_launch import supports
+from .dequant_match import EPILOGUES
 from .q4_gemv import CODES, LANES, apply_matched, float16_pair
 
 TILE = 16                       # weight rows a warp computes (the MMA's M)
@@ -52,7 +53,7 @@ MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 a
 @parsed_once(size="count")
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
              threads: bool = True, count=None, groups: int = 1, pdl: bool = False, ahead: int = 0,
-             loads_first: bool = False, pipeline: bool = False) -> tirx.PrimFunc:
+             loads_first: bool = False, pipeline: bool = False, epilogue: str | None = None) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
     None: 1, static) over kiln's float16-scaled planes of `bits` (4: q4, W words [n, k/8]; 8: q8,
     W int8 [n, k]; scales [n, k/32]). `warps` split K; `unroll`: chunks a warp loads before it
@@ -77,7 +78,12 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     iteration they are used: they come from L1/L2); with `loads_first` the fence then sits after
     those loads and the activations'. Not with `pdl` or `ahead`. In the cuda-sm90 SASS of the 8B's
     projections (2026-12-04): iterations 0 and 1's weights loaded before the first MMA, iteration
-    it + 2's among iteration it's MMAs, at 90-100 registers a thread (72 without)."""
+    it + 2's among iteration it's MMAs, at 90-100 registers a thread (72 without).
+    `epilogue` (a targets/dequant_match.py EPILOGUES name, "silu_glu"): the weight's rows are gate
+    (the first n / 2) and up (the rest) of n / 2 outputs, Y [rows, 1, n / 2]; tile j's MMA rows 0-7
+    are gate rows 8j..8j+7 and rows 8-15 the up rows of the same outputs, so after the block's sums
+    lane (g, t) holds both of output 8j + g and writes the epilogue of their out_dtype values: what
+    the matched function computes from its cast sums, bit for bit (the same sums, the same order)."""
     if pipeline and (pdl or ahead):
         raise ValueError("mma_gemv's pipeline takes neither pdl nor ahead")
     iters = k // (CHUNK * warps * unroll)
@@ -94,6 +100,16 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     words = 32 // per_word                                   # a lane's words of a row a chunk
     pairs = per_word // 2                                    # pairs a word
     w_shape, w_dtype = ((T.int64(n), T.int64(k // 8)), "uint32") if bits == 4 else ((T.int64(n), T.int64(k)), "int8")
+    combine = EPILOGUES[epilogue] if epilogue is not None else None
+    outs = n // 2 if combine is not None else n               # Y's last dim
+
+    def row_a(tile, g):
+        """The weight row of MMA row g (0-7) of a tile; with an epilogue a gate row."""
+        return tile * COLS + g if combine is not None else tile * TILE + g
+
+    def row_b(tile, g):
+        """The weight row of MMA row g + 8 of a tile; with an epilogue the up row of row_a's output."""
+        return n // 2 + tile * COLS + g if combine is not None else tile * TILE + g + 8
 
     @T.macro
     def load_weights(wa, wb, sa, sb, W, S, tile, chunk, g, t, u):
@@ -101,30 +117,30 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         weights and their scales."""
         if bits == 4:
             for i in T.vectorized(4):
-                wa[u * 4 + i] = W[tile * TILE + g, chunk * 16 + t * 4 + i]
+                wa[u * 4 + i] = W[row_a(tile, g), chunk * 16 + t * 4 + i]
             for i in T.vectorized(4):
-                wb[u * 4 + i] = W[tile * TILE + g + 8, chunk * 16 + t * 4 + i]
+                wb[u * 4 + i] = W[row_b(tile, g), chunk * 16 + t * 4 + i]
         else:                                               # 32 int8 as 8 words, two 128-bit loads
             for h in T.unroll(2):
                 wa[T.Ramp(u * 8 + h * 4, 1, 4)] = T.reinterpret(
-                    "uint32x4", W[tile * TILE + g, T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
+                    "uint32x4", W[row_a(tile, g), T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
                 wb[T.Ramp(u * 8 + h * 4, 1, 4)] = T.reinterpret(
-                    "uint32x4", W[tile * TILE + g + 8, T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
-        sa[u] = S[tile * TILE + g, chunk * 4 + t]
-        sb[u] = S[tile * TILE + g + 8, chunk * 4 + t]
+                    "uint32x4", W[row_b(tile, g), T.Ramp(chunk * CHUNK + t * 32 + h * 16, 1, 16)])
+        sa[u] = S[row_a(tile, g), chunk * 4 + t]
+        sb[u] = S[row_b(tile, g), chunk * 4 + t]
 
     @T.macro
     def prefetch_weights(W, S, tile, chunk, g, t):
         """Chunk `chunk`'s weights and scales of lane (g, t), asked of L2 (its `load_weights` addresses)."""
         if bits == 4:
-            T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g, chunk * 16 + t * 4])))
-            T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g + 8, chunk * 16 + t * 4])))
+            T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[row_a(tile, g), chunk * 16 + t * 4])))
+            T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[row_b(tile, g), chunk * 16 + t * 4])))
         else:
             for h in T.unroll(2):
-                T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g, chunk * CHUNK + t * 32 + h * 16])))
-                T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[tile * TILE + g + 8, chunk * CHUNK + t * 32 + h * 16])))
-        T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(S[tile * TILE + g, chunk * 4 + t])))
-        T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(S[tile * TILE + g + 8, chunk * 4 + t])))
+                T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[row_a(tile, g), chunk * CHUNK + t * 32 + h * 16])))
+                T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(W[row_b(tile, g), chunk * CHUNK + t * 32 + h * 16])))
+        T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(S[row_a(tile, g), chunk * 4 + t])))
+        T.evaluate(T.ptx.prefetch.global_.L2(T.address_of(S[row_b(tile, g), chunk * 4 + t])))
 
     @T.macro
     def load_activations(xs, X, chunk, g, t, u):
@@ -176,12 +192,29 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         if T.Cast("int64", c * COLS + 2 * (lane % 4) + e % 2) < rows:
             Y[c * COLS + 2 * (lane % 4) + e % 2, 0, tile * TILE + lane // 4 + 8 * (e // 2)] = T.Cast(out_dtype, total)
 
+    @T.macro
+    def reduce_store(Y, red, total, tile, lane, c):
+        """A lane's group-c sums added over the block's warps in order, then stored: each of them, or
+        with the epilogue each activation row's gate and up sums (elements e and e + 2) as one output."""
+        for e in T.unroll(4):
+            total[e] = red[0, lane, c * 4 + e]
+            for w in T.unroll(1, warps):
+                total[e] = total[e] + red[w, lane, c * 4 + e]
+        if combine is None:
+            for e in T.unroll(4):
+                store(Y, total[e], tile, lane, c, e)
+        else:
+            for e in T.unroll(2):
+                if T.Cast("int64", c * COLS + 2 * (lane % 4) + e) < rows:
+                    Y[c * COLS + 2 * (lane % 4) + e, 0, tile * COLS + lane // 4] = combine(
+                        T.Cast(out_dtype, total[e]), T.Cast(out_dtype, total[e + 2]))
+
     if threads:
         @T.prim_func(private=True)
         def kernel(W: T.Buffer(w_shape, w_dtype),
                    S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
                    X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
-                   Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
+                   Y: T.Buffer((rows, T.int64(1), T.int64(outs)), out_dtype)):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
             for bx in T.thread_binding(tiles, thread="blockIdx.x"):
                 red = T.alloc_buffer((warps, LANES, groups * 4), "float32", scope="shared")
@@ -195,7 +228,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                         sa = T.alloc_buffer((slots,), "float16", scope="local")
                         sb = T.alloc_buffer((slots,), "float16", scope="local")
                         xs = T.alloc_buffer((unroll * groups * 32,), "float16", scope="local")
-                        total = T.alloc_buffer((1,), "float32", scope="local")
+                        total = T.alloc_buffer((4,), "float32", scope="local")
                         for e in T.unroll(groups * 4):
                             acc[e] = T.float32(0)
                         if pipelined:                                # set 0: iteration 0's weights
@@ -235,11 +268,8 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                             red[ty, tx, e] = acc[e]
                         T.tvm_storage_sync("shared")
                         if ty == 0:
-                            for c, e in T.grid(groups, 4):
-                                total[0] = red[0, tx, c * 4 + e]
-                                for w in T.unroll(1, warps):
-                                    total[0] = total[0] + red[w, tx, c * 4 + e]
-                                store(Y, total[0], bx, tx, c, e)
+                            for c in T.unroll(groups):
+                                reduce_store(Y, red, total, bx, tx, c)
         return kernel
 
     @T.macro
@@ -273,7 +303,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     def serial(W: T.Buffer(w_shape, w_dtype),
                S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
                X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
-               Y: T.Buffer((rows, T.int64(1), T.int64(n)), out_dtype)):
+               Y: T.Buffer((rows, T.int64(1), T.int64(outs)), out_dtype)):
         T.func_attr({"tirx.noalias": True})
         red = T.alloc_buffer((warps, LANES, groups * 4), "float32")
         frag_a = T.alloc_buffer((LANES, 8), "float16")
@@ -303,12 +333,9 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                             lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, (it * unroll + u) * warps + ty,
                                            lane, lane * slots + weight_slot(it, u), u, s)
                         mma_emulated(red, frag_a, frag_b, ty)
-            for lane, c, e in T.grid(LANES, groups, 4):
-                total = T.alloc_buffer((1,), "float32")
-                total[0] = red[0, lane, c * 4 + e]
-                for w in T.serial(1, warps):
-                    total[0] = total[0] + red[w, lane, c * 4 + e]
-                store(Y, total[0], bx, lane, c, e)
+            for lane, c in T.grid(LANES, groups):
+                total = T.alloc_buffer((4,), "float32")
+                reduce_store(Y, red, total, bx, lane, c)
     return serial
 
 
@@ -333,7 +360,11 @@ class MMAGEMV:
     bound to 1), giving a Schedule of the kernel with its params in the function's order; `batch`
     2-16: a LOW_BATCH_BRANCHES rule for up to `batch` rows (symbolic; two MMAs a step above 8),
     giving the kernel as a body over the function's own params. `pdl`: mma_gemv's, where the target
-    has griddepcontrol (sm_90+); `ahead`, `loads_first`, `pipeline`: mma_gemv's."""
+    has griddepcontrol (sm_90+); `ahead`, `loads_first`, `pipeline`: mma_gemv's. A function whose
+    cast sums feed an EPILOGUES entry (the gate-up projection's, under a `glu_epilogue` profile) gets
+    the kernel computing it."""
+
+    takes_epilogues = True          # computes EPILOGUES (targets/glu_epilogue.py asks)
 
     def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8,
                  pdl: bool = False, ahead: int = 0, loads_first: bool = False,
@@ -348,13 +379,14 @@ class MMAGEMV:
         self.ahead, self.loads_first, self.pipeline = ahead, loads_first, pipeline
 
     def apply(self, func, target, _tunable):
-        def build(n, k, out_dtype, count):
+        def build(n, k, out_dtype, count, epilogue=None):
             shape = kernel_shape(n, k, self.unroll, self.most_warps)
-            return None if shape is None else mma_gemv(n, k, out_dtype, self.bits, *shape, count=count,
-                                                       groups=-(-self.batch // COLS),
-                                                       pdl=self.pdl and supports(target), ahead=self.ahead,
-                                                       loads_first=self.loads_first, pipeline=self.pipeline)
-        return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}")
+            if shape is None or (epilogue is not None and n % (2 * COLS)):
+                return None
+            return mma_gemv(n, k, out_dtype, self.bits, *shape, count=count, groups=-(-self.batch // COLS),
+                            pdl=self.pdl and supports(target), ahead=self.ahead, loads_first=self.loads_first,
+                            pipeline=self.pipeline, epilogue=epilogue)
+        return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}", epilogues=tuple(EPILOGUES))
 
 
 __all__ = ["MMAGEMV", "mma_gemv"]

@@ -191,22 +191,27 @@ class Q4GEMV:
         return apply_matched(func, target, self.batch, build)
 
 
-def apply_matched(func, target, batch: int, build, kind: str = "q4"):
+def apply_matched(func, target, batch: int, build, kind: str = "q4", epilogues=()):
     """What a quantized GEMV rule gives: None unless `func` is kiln's `kind` (q4 or q8) dequantize-
     matmul in float16, group 32, float32 sums (targets/dequant_match.py) on CUDA over the rows `batch`
     asks for (1: one static row; more: symbolic rows); else build(n, k, out_dtype, count) (count None
     for the static row; it may decline with None) with its params placed as func has them: a Schedule
-    for one row (OneRowGEMV), a body over func's own params otherwise (row_dispatch over_params)."""
+    for one row (OneRowGEMV), a body over func's own params otherwise (row_dispatch over_params).
+    `epilogues`: the dequant_match EPILOGUES the kernel computes; build then also takes epilogue= (the
+    matched one, or None; its out_dtype is the cast sums' and the output's, which must agree)."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
         return None
-    m = match_dequant_matmul(func, "float16", kinds=(kind,))
+    m = match_dequant_matmul(func, "float16", kinds=(kind,), epilogues=epilogues)
     if m is None or m.group != 32 or m.planes[1].dtype != "float16" or m.sums.dtype != "float32":
         return None
     one = static_int(m.rows) == 1
     if not (one or isinstance(m.rows, tirx.Var)) or one != (batch == 1):
         return None
     order = param_order(func, m)                        # W, S, X, Y: where func has them
-    kernel = build(m.n, m.k, str(m.out.dtype), None if one else m.rows) if order is not None else None
+    extra = {"epilogue": m.epilogue} if epilogues else {}
+    if m.epilogue is not None and (m.sums.dtype == m.out.dtype or m.out.dtype != "float16"):
+        return None                                     # the epilogue takes float16 cast sums
+    kernel = build(m.n, m.k, str(m.out.dtype), None if one else m.rows, **extra) if order is not None else None
     if kernel is None:
         return None
     return s_tir.Schedule(placed(kernel, order)) if one else over_params(func, placed(kernel, order))

@@ -48,6 +48,12 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # past the count) that keeps ptxas from sinking the weight loads: it then interleaved one load with
 # every few MMAs, as without the pipeline, at 44 registers; with one chunk an iteration likewise.
 # (tools/sass_counts.py --variant pipe --order shows the order and the registers.)
+# "glu": the CUDA profiles' glu_epilogue: batch_decode's gate-up GEMV writes silu(gate) * up itself
+# (targets/mma_gemv.py `epilogue`: a tile's 8 gate rows beside the same outputs' 8 up rows, 1-16
+# rows; above, the matmul and the activation as two kernels, as before): a kernel less a layer (the
+# 8B: 32 a step, each a launch gap and the gate-up output's round trip). The epilogue adds 32 SASS
+# instructions a kernel (416 against 384, 72 registers both, the same loads; 2026-12-04, no GPU); the
+# logits should be base's bit for bit (the same sums and arithmetic).
 # "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
 # projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
 # and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
@@ -89,6 +95,7 @@ VARIANTS = {"base": {},
             "pdl": {"branches": {"gemv": "pdl"}, "profile": {"dependent_launch": True}},
             "loadsfirst": {"branches": {"gemv": "loadsfirst"}, "batches": (2, 4, 5, 16)},
             "pipe": {"branches": {"gemv": "pipe"}, "batches": (1, 2, 4, 5, 16)},
+            "glu": {"profile": {"glu_epilogue": True}, "batches": (1, 2, 4, 5, 16, 64)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"cuda_graphs": False}, "batches": (1, 16)},
             "stepgraph": {"profile": {"cuda_graphs": False}, "runner": {"step_graphs": True}, "batches": (1, 2, 4)},
@@ -115,7 +122,7 @@ CANDIDATE = None
 # take off the 2.35 ms a step the GPU was busy in loadsfirst's run (H200, 2026-12-04): the matmuls'
 # loads in flight first (1.77 ms, 1.26 at the floor), then the attention (0.24 ms in 32 calls, most
 # of it latency at 256 tokens); `all` reached 5 levers a session.
-LEVERS_8B = ("base", "pipe", "attn64", "warps16", "unroll4", "nographs", "pdl16", "q4gemv", "pdl")
+LEVERS_8B = ("base", "pipe", "glu", "attn64", "warps16", "unroll4", "nographs", "pdl16", "q4gemv", "pdl")
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
