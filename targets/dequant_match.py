@@ -52,9 +52,7 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS, rows_seco
     output [1, rows, N] (a prefill's: one sequence's positions; the same memory as [rows, 1, K], for
     kernels that view it so, row_dispatch.over_params). `epilogues`: EPILOGUES names the caller
     computes; the cast sums may then feed one of them, whose output is the function's."""
-    sch = s_tir.Schedule(func)
-    rvs = sch.get_child_blocks(sch.get_sblock("root"))
-    blocks = [sch.get(b) for b in rvs]
+    sch, rvs, blocks = _root_blocks(func)
     if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or (len(blocks) > 3 and not epilogues):
         return None
     deq, mm = blocks[:2]
@@ -107,14 +105,20 @@ def has_epilogue(func: tirx.PrimFunc) -> bool:
     whatever the weight's format (what only an epilogue-taking rule schedules whole)."""
     if not isinstance(func, tirx.PrimFunc):
         return False
-    sch = s_tir.Schedule(func)
-    rvs = sch.get_child_blocks(sch.get_sblock("root"))
-    blocks = [sch.get(b) for b in rvs]
-    if len(blocks) < 4 or [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or len(blocks[2].writes) != 1:
+    sch, rvs, blocks = _root_blocks(func)
+    if len(blocks) < 4 or [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] \
+            or len(blocks[2].writes) != 1:
         return False
     sums = blocks[2].writes[0].source
     n = static_int(sums.shape[-1]) if len(sums.shape) == 3 else None
     return n is not None and n % 2 == 0 and epilogue_of(sch, rvs[3:], sums, n, tuple(EPILOGUES)) is not None
+
+
+def _root_blocks(func: tirx.PrimFunc):
+    """(a Schedule of func, its root's child block RVs, those blocks)."""
+    sch = s_tir.Schedule(func)
+    rvs = sch.get_child_blocks(sch.get_sblock("root"))
+    return sch, rvs, [sch.get(b) for b in rvs]
 
 
 def epilogue_of(sch: s_tir.Schedule, rvs, sums, n: int, epilogues):

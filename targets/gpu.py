@@ -343,7 +343,6 @@ class LowBatchGEMV:
         merged = dispatch_on_rows(func, branches, tiled.mod["main"], thread_invariant=True)
         return merged.with_attr("tirx.is_scheduled", True)
 
-
     def _with_epilogue(self, func, target, bounds):
         """A matmul whose cast sums feed a gated activation (targets/glu_epilogue.py): the branches whose
         rules compute it (the MMA GEMV's, 1-16 rows), above them its head's usual branches and its

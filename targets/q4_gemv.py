@@ -198,7 +198,7 @@ def apply_matched(func, target, batch: int, build, kind: str = "q4", epilogues=(
     for the static row; it may decline with None) with its params placed as func has them: a Schedule
     for one row (OneRowGEMV), a body over func's own params otherwise (row_dispatch over_params).
     `epilogues`: the dequant_match EPILOGUES the kernel computes; build then also takes epilogue= (the
-    matched one, or None; its out_dtype is the cast sums' and the output's, which must agree)."""
+    matched one, or None; out_dtype is then both the cast sums' and the output's: float16)."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
         return None
     m = match_dequant_matmul(func, "float16", kinds=(kind,), epilogues=epilogues)
@@ -209,8 +209,8 @@ def apply_matched(func, target, batch: int, build, kind: str = "q4", epilogues=(
         return None
     order = param_order(func, m)                        # W, S, X, Y: where func has them
     extra = {"epilogue": m.epilogue} if epilogues else {}
-    if m.epilogue is not None and (m.sums.dtype == m.out.dtype or m.out.dtype != "float16"):
-        return None                                     # the epilogue takes float16 cast sums
+    if m.epilogue is not None and m.out.dtype != "float16":
+        return None                                     # the epilogue's inputs: float16 cast sums
     kernel = build(m.n, m.k, str(m.out.dtype), None if one else m.rows, **extra) if order is not None else None
     if kernel is None:
         return None

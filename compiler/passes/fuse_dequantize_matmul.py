@@ -13,14 +13,14 @@ Emits a private Relax function with the attributes {"Primitive": True, "Composit
 "kiln.dequantize_matmul"} holding both calls, called in their place; FuseTIR then merges
 it into one PrimFunc whose dequantize block feeds the matmul block.
 
-With `glu_epilogue` (a target profile's `glu_epilogue`), in the decode entries (GLU_ENTRIES) the
-gated activation computed from such a matmul's output joins its group too, the gate-up projection's::
+With `glu_epilogue` (a target profile's), in batch_decode (GLU_ENTRIES) the gated activation
+computed from such a matmul's cast output joins its group too, the gate-up projection's::
 
     y = <the matmul above, cast>;  g, u = R.split(y, 2, axis=-1);  a = R.multiply(R.nn.silu(g), u)
 
 so the fused PrimFunc writes silu(g) * u, not gate and up: one kernel a layer fewer where the GEMV
-computes it as its epilogue (targets/mma_gemv.py `glu`: a tile's 8 gate rows beside the same
-outputs' 8 up rows).
+computes it as its epilogue (targets/mma_gemv.py `epilogue`: a tile's 8 gate rows beside the same
+outputs' 8 up rows); above the GEMV's rows it runs as two kernels (targets/glu_epilogue.py).
 
 Why it pays: FuseOps does not fuse an injective producer into a matmul (TVM_NOTES), so
 without this pass every call dequantizes the whole weight to a float [N, K] buffer in
