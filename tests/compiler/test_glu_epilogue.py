@@ -184,3 +184,27 @@ def test_graph_pattern_groups_batch_decode_alone(tiny_dirs):
     grouped = [gv for gv, f in fused.functions_items() if isinstance(f, relax.Function) and f.attrs is not None
                and f.attrs.get("Composite") == GLU_PATTERN_NAME]
     assert len(grouped) >= 1
+
+
+def test_a_cuda_artifact_builds_with_the_epilogue(tmp_path, monkeypatch):
+    """`kiln compile` for cuda-sm90 (q4f16) of a Llama wide enough for the MMA GEMV (hidden 256,
+    intermediate 512) with the profile's glu_epilogue: the artifact is written, and its batch_decode
+    (lowered) calls one kernel function for each layer's gate-up projection and activation, and no
+    activation kernel apart; prefill still calls one."""
+    import kiln
+    from kiln import targets
+    from tiny_models import write_tiny_llama
+    src = write_tiny_llama(tmp_path / "hf", tied=True, hidden_size=256, intermediate_size=512)
+    make = targets._PROFILES["cuda-sm90"]
+    monkeypatch.setitem(targets._PROFILES, "cuda-sm90", lambda: dataclasses.replace(make(), glu_epilogue=True))
+    art = kiln.compile(str(src), target="cuda-sm90", quant="q4f16", output=tmp_path / "art", dump_ir=tmp_path / "ir")
+    assert art.is_dir() and any(art.iterdir())
+    lowered = (tmp_path / "ir" / "3-lower.py").read_text()
+
+    def body(name):
+        start = lowered.index(f"    def {name}(")
+        return lowered[start:lowered.index("@R.function", start)]
+    decode, prefill = body("batch_decode"), body("prefill")
+    assert decode.count("relax_split_relax_nn_silu_relax_multiply(") == 2      # 2 layers
+    assert "split_silu_multiply" not in decode.replace("relax_split_relax_nn_silu_relax_multiply", "")
+    assert "split" in prefill and "silu" in prefill
