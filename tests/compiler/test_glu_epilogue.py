@@ -13,7 +13,7 @@ import pytest
 import tvm
 from tvm import relax, te, tirx
 
-from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import quantize
 from kiln.targets import get_profile
 from kiln.targets.dequant_match import has_epilogue, match_dequant_matmul, silu_glu
@@ -21,6 +21,7 @@ from kiln.targets.glu_epilogue import apart, joined
 from kiln.targets.mma_gemv import MMAGEMV, mma_gemv
 
 from gpu_kernels import nvcc_compiles
+from test_q4_gemv import q4_matmul_te
 
 pytestmark = pytest.mark.compiler
 
@@ -32,19 +33,9 @@ def _fused_glu_matmul(n: int, k: int, fmt: QuantFormat = FORMATS[4], rows=None, 
     cast to float16 -> split in halves, sigmoid and two multiplies (the stages the legalized ops
     have), over `rows` activation rows (default: symbolic, decode's). `act`: how gate and up
     combine (silu_glu's; another to see the matcher refuse it)."""
-    i64 = lambda v: tirx.IntImm("int64", v)                               # noqa: E731
-    rows = tirx.Var("batch_size", "int64") if rows is None else i64(rows)
-    words = (te.placeholder((i64(n), i64(k)), "int8", name="qweight") if fmt.kind == "q8"
-             else te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight"))
-    scale = te.placeholder((i64(n), i64(k // fmt.group_size)), fmt.scale_dtype, name="scale")
-    x = te.placeholder((rows, i64(1), i64(k)), "float16", name="x")
-    deq = te.compute((i64(n), i64(k)), lambda r, c: dequantize_element(fmt, fmt.scale_dtype, words, scale, None, r, c),
-                     name="dequantize")
-    j = te.reduce_axis((i64(0), i64(k)), name="k")
-    sums = te.compute((rows, i64(1), i64(n)), lambda a, b, r: te.sum(
-        x[a, b, j].astype("float32") * deq[r, j].astype("float32"), axis=j), name="NT_matmul")
+    words, scale, x, sums = q4_matmul_te(n, k, fmt, rows)
     cast = te.compute(sums.shape, lambda a, b, r: sums[a, b, r].astype("float16"), name="compute")
-    half = (rows, i64(1), i64(n // 2))
+    half = (sums.shape[0], sums.shape[1], tirx.IntImm("int64", n // 2))
     gate = te.compute(half, lambda a, b, r: cast[a, b, r], name="T_split_sections")
     up = te.compute(half, lambda a, b, r: cast[a, b, r + n // 2], name="T_split_sections_1")
     if act is silu_glu:

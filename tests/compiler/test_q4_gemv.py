@@ -74,11 +74,11 @@ def test_rows_past_the_count_are_neither_read_nor_written(batch, count):
         np.testing.assert_allclose(got[b, 0], _reference(planes, x[b:b + 1], True), rtol=1e-5, atol=1e-5)
 
 
-def _fused_q4_matmul(n: int, k: int, out_dtype: str = "float16", fmt: QuantFormat = FMT):
-    """A function shaped as kiln's fused dequantize-matmul (4-bit, or `fmt`'s codes) over
-    `batch_size` rows (decode)."""
+def q4_matmul_te(n: int, k: int, fmt: QuantFormat = FMT, rows=None):
+    """(codes, scale, x, sums): kiln's dequantize-matmul (4-bit, or `fmt`'s codes) as TE stages, over
+    `rows` activation rows (default: symbolic `batch_size`, decode's), float32 sums."""
     i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
-    rows = tvm.tirx.Var("batch_size", "int64")
+    rows = tvm.tirx.Var("batch_size", "int64") if rows is None else i64(rows)
     words = (te.placeholder((i64(n), i64(k)), "int8", name="qweight") if fmt.kind == "q8"
              else te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight"))
     scale = te.placeholder((i64(n), i64(k // fmt.group_size)), fmt.scale_dtype, name="scale")
@@ -88,6 +88,13 @@ def _fused_q4_matmul(n: int, k: int, out_dtype: str = "float16", fmt: QuantForma
     j = te.reduce_axis((i64(0), i64(k)), name="k")
     sums = te.compute((rows, i64(1), i64(n)), lambda a, b, r: te.sum(
         x[a, b, j].astype("float32") * deq[r, j].astype("float32"), axis=j), name="NT_matmul")
+    return words, scale, x, sums
+
+
+def _fused_q4_matmul(n: int, k: int, out_dtype: str = "float16", fmt: QuantFormat = FMT):
+    """A function shaped as kiln's fused dequantize-matmul (4-bit, or `fmt`'s codes) over
+    `batch_size` rows (decode)."""
+    words, scale, x, sums = q4_matmul_te(n, k, fmt)
     if out_dtype == "float32":
         return te.create_prim_func([words, scale, x, sums])
     out = te.compute(sums.shape, lambda a, b, r: sums[a, b, r].astype(out_dtype), name="compute")
