@@ -20,6 +20,9 @@ from kiln.compiler.quant_modules import FLOAT_KINDS, KINDS, QuantFormat, dequant
 from .row_dispatch import static_int
 
 
+HEAD = ("dequantize", "NT_matmul")      # the first blocks of every function matched here
+
+
 def silu_glu(gate, up):
     """silu(gate) * up as the legalized ops compute it (float16: gate * sigmoid(gate), then * up)."""
     return gate * tirx.sigmoid(gate) * up
@@ -53,7 +56,7 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS, rows_seco
     kernels that view it so, row_dispatch.over_params). `epilogues`: EPILOGUES names the caller
     computes; the cast sums may then feed one of them, whose output is the function's."""
     sch, rvs, blocks = _root_blocks(func)
-    if [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] or (len(blocks) > 3 and not epilogues):
+    if tuple(b.name_hint for b in blocks[:2]) != HEAD or (len(blocks) > 3 and not epilogues):
         return None
     deq, mm = blocks[:2]
     weight = deq.writes[0].source
@@ -106,8 +109,7 @@ def has_epilogue(func: tirx.PrimFunc) -> bool:
     if not isinstance(func, tirx.PrimFunc):
         return False
     sch, rvs, blocks = _root_blocks(func)
-    if len(blocks) < 4 or [b.name_hint for b in blocks[:2]] != ["dequantize", "NT_matmul"] \
-            or len(blocks[2].writes) != 1:
+    if len(blocks) < 4 or tuple(b.name_hint for b in blocks[:2]) != HEAD or len(blocks[2].writes) != 1:
         return False
     sums = blocks[2].writes[0].source
     n = static_int(sums.shape[-1]) if len(sums.shape) == 3 else None

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
+from .dequant_match import HEAD
 from .workspace_outputs import WORKSPACE_ATTR, workspace_count
-
-HEAD = ("dequantize", "NT_matmul")      # the first blocks of such a function; the cast follows
 
 
 def apart(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, tirx.PrimFunc, tirx.Buffer] | None:
@@ -28,7 +27,7 @@ def apart(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, tirx.PrimFunc, tirx.Buffe
     root = func.body.block
     nests = list(root.body) if isinstance(root.body, tirx.SeqStmt) else []
     blocks = [_only_block(nest) for nest in nests]
-    if len(nests) < 4 or any(b is None for b in blocks) or [b.name_hint for b in blocks[:2]] != list(HEAD):
+    if len(nests) < 4 or any(b is None for b in blocks) or tuple(b.name_hint for b in blocks[:2]) != HEAD:
         return None
     if len(blocks[2].writes) != 1 or not func.params:
         return None

@@ -205,9 +205,7 @@ class OneRowGEMV:
         return None
 
     def for_epilogues(self) -> "OneRowGEMV | None":
-        """The rules that compute a matmul's epilogue (glu_epilogue.py), or None."""
-        rules = [r for r in self.rules if getattr(r, "takes_epilogues", False)]
-        return OneRowGEMV(*rules) if rules else None
+        return _epilogue_taking(self)
 
 
 class FirstOf:
@@ -228,9 +226,14 @@ class FirstOf:
         return FirstOf(*(getattr(r, "without_workspace", lambda r=r: r)() for r in self.rules))
 
     def for_epilogues(self) -> "FirstOf | None":
-        """The rules that compute a matmul's epilogue (glu_epilogue.py), or None."""
-        rules = [r for r in self.rules if getattr(r, "takes_epilogues", False)]
-        return FirstOf(*rules) if rules else None
+        return _epilogue_taking(self)
+
+
+def _epilogue_taking(rule):
+    """`rule` (OneRowGEMV or FirstOf) over those of its rules that compute a matmul's epilogue
+    (takes_epilogues: the MMA GEMV; targets/glu_epilogue.py), or None where it has none."""
+    rules = [r for r in rule.rules if getattr(r, "takes_epilogues", False)]
+    return type(rule)(*rules) if rules else None
 
 
 # Matmuls over symbolic rows: (most rows, dlight LowBatchGEMV bucket or a schedule rule) per branch,

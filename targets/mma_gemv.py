@@ -381,7 +381,7 @@ class MMAGEMV:
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count, epilogue=None):
             shape = kernel_shape(n, k, self.unroll, self.most_warps)
-            if shape is None or (epilogue is not None and n % (2 * COLS)):
+            if shape is None:                   # (kernel_shape asks n % 16: whole tiles, with an epilogue too)
                 return None
             return mma_gemv(n, k, out_dtype, self.bits, *shape, count=count, groups=-(-self.batch // COLS),
                             pdl=self.pdl and supports(target), ahead=self.ahead, loads_first=self.loads_first,

@@ -116,8 +116,8 @@ class TargetProfile:
     # CUDA: TVM's RewriteCUDAGraph captures decode's stretches between attention calls (targets/gpu.py).
     # Off for runners that capture whole steps themselves (runtime/step_graph.py; gpu_checks `stepgraph`).
     cuda_graphs: bool = True
-    # The decode entries' gated activation, silu(gate) * up, written by the gate-up projection's matmul
-    # (compiler/passes/fuse_dequantize_matmul.py; the MMA GEMV's `glu` epilogue, targets/mma_gemv.py):
+    # batch_decode's gated activation, silu(gate) * up, written by the gate-up projection's matmul
+    # (compiler/passes/fuse_dequantize_matmul.py; the MMA GEMV's `epilogue`, targets/mma_gemv.py):
     # a kernel and the gate and up halves' round trip through memory less a layer. Off until a GPU
     # measures it (tools/gpu_checks.py `glu`).
     glu_epilogue: bool = False
