@@ -24,6 +24,7 @@ from .passes.accumulate_f32 import AccumulateInFloat32
 from .passes.clip_take import ClipTake
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
+from .passes.fuse_norm_matmul import FuseNormIntoMatmul
 from .passes.fuse_dequantize_take import FuseDequantizeTake
 from .passes.keep_params import KeepParamsAlive
 from .passes.library_gemm import LibraryGEMM
@@ -58,6 +59,8 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             FuseDequantizeTake(),
             # Residual add + the RMSNorm over the sum: one kernel writing both (see its docstring).
             FuseAddRMSNorm(),
+            # ... and in batch_decode the matmul reading the norm with it, one group (profiles with norm_prologue).
+            *([FuseNormIntoMatmul()] if profile.norm_prologue else []),
             # Gathers clamp their indices (no out-of-range reads, no TOPI warning per compile).
             ClipTake(),
             *profile.passes("graph"),

@@ -14,6 +14,18 @@ from tvm.s_tir.dlight.base import get_extent
 REDUCE = tirx.IterVar.CommReduce
 
 
+# The GPU rule's elements a thread reads and writes at once (at most 128 bits): 4 at most, the widest
+# vector Metal and WGSL have (TVM's CUDA also printed a float32x8 broadcast nvcc refuses).
+VECTOR_LANES = (4, 2)
+
+
+def gpu_row_split(width: int | None, bits: int, max_threads: int) -> tuple[int, int]:
+    """(threads, vector lanes) the GPU rule splits a row of `width` elements of `bits` between: what the
+    MMA GEMV's norm prologue (targets/norm_prologue.py) copies to sum the squares in the same order."""
+    vec = next((v for v in VECTOR_LANES if width and width % v == 0 and v * bits <= 128), 1)
+    return min(256, max_threads, -(-width // vec) if width else 256), vec
+
+
 def match_add_norm(sch: s_tir.Schedule, blocks: list, params) -> tuple | None:
     """(reduction block, row count) if ``blocks`` are a spatial block writing an output (a param),
     one S..S R row reduction over that output and spatial blocks, all over the same leading

@@ -20,12 +20,13 @@ from tvm.s_tir.dlight.gpu import matmul as _dlight_matmul
 
 from kiln.compiler.tvmscript import quick_frames
 
-from .add_rms_norm import match_add_norm
+from .add_rms_norm import gpu_row_split, match_add_norm
 from .attention_softcap import SoftcapTVMAttention
 from .dequant_match import has_epilogue
 from .glu_epilogue import apart, joined
 from .kiln_attention import UseKilnAttention
 from .narrow_tiles import NarrowTensorCoreMatmul
+from .norm_prologue import has_norm, match_norm
 from .row_dispatch import dispatch_on_rows, is_scheduled, one_row, output_rows, over_params
 from .workspace_outputs import WorkspaceOutputs
 
@@ -97,11 +98,6 @@ class Matmul(dl.gpu.Matmul):
             return super().apply(func, target, tunable)
 
 
-# AddRMSNorm's elements a thread reads and writes at once (at most 128 bits): 4 at most, the widest
-# vector Metal and WGSL have (TVM's CUDA also printed a float32x8 broadcast nvcc refuses).
-VECTOR_LANES = (4, 2)
-
-
 class AddRMSNorm(dl.gpu.base.GPUScheduleRule):
     """The fused ``y = x + r; n = rms_norm(y, w)`` kernel (compiler/passes/fuse_add_rms_norm.py):
     one thread block per row, its threads striding over the row, the sum of squares a
@@ -136,8 +132,7 @@ class AddRMSNorm(dl.gpu.base.GPUScheduleRule):
         extents = [get_extent(sch, loop) for loop in sch.get_loops(first)[rows:]]
         width = math.prod(extents) if all(isinstance(e, int) for e in extents) else None    # a row's elements
         bits = tvm.runtime.DataType(sch.get(first).writes[0].source.dtype).bits
-        vec = next((v for v in VECTOR_LANES if width and width % v == 0 and v * bits <= 128), 1)
-        threads = min(256, int(target.max_num_threads), -(-width // vec) if width else 256)
+        threads, vec = gpu_row_split(width, bits, int(target.max_num_threads))
         row = sch.fuse(*row_loops) if rows > 1 else row_loops[0]
         for block in (reduction, norm):
             sch.reverse_compute_at(block, row)
@@ -205,7 +200,10 @@ class OneRowGEMV:
         return None
 
     def for_epilogues(self) -> "OneRowGEMV | None":
-        return _epilogue_taking(self)
+        return _taking(self, "takes_epilogues")
+
+    def for_norms(self) -> "OneRowGEMV | None":
+        return _taking(self, "takes_norms")
 
 
 class FirstOf:
@@ -226,13 +224,17 @@ class FirstOf:
         return FirstOf(*(getattr(r, "without_workspace", lambda r=r: r)() for r in self.rules))
 
     def for_epilogues(self) -> "FirstOf | None":
-        return _epilogue_taking(self)
+        return _taking(self, "takes_epilogues")
+
+    def for_norms(self) -> "FirstOf | None":
+        return _taking(self, "takes_norms")
 
 
-def _epilogue_taking(rule):
-    """`rule` (OneRowGEMV or FirstOf) over those of its rules that compute a matmul's epilogue
-    (takes_epilogues: the MMA GEMV; targets/glu_epilogue.py), or None where it has none."""
-    rules = [r for r in rule.rules if getattr(r, "takes_epilogues", False)]
+def _taking(rule, what: str):
+    """`rule` (OneRowGEMV or FirstOf) over those of its rules that say `what`: takes_epilogues (they
+    compute a matmul's epilogue: the MMA GEMV; targets/glu_epilogue.py) or takes_norms (an add +
+    RMSNorm before it: targets/norm_prologue.py); None where it has none."""
+    rules = [r for r in rule.rules if getattr(r, what, False)]
     return type(rule)(*rules) if rules else None
 
 
@@ -320,6 +322,8 @@ class LowBatchGEMV:
         return tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({gv: merged}))[gv]
 
     def _merged(self, func, target, bounds):
+        if has_norm(func):
+            return self._with_norm(func, target, bounds)
         if has_epilogue(func):
             return self._with_epilogue(func, target, bounds)
         count = output_rows(func)
@@ -354,22 +358,42 @@ class LowBatchGEMV:
         if parts is None:
             return None
         head, tail, sums = parts
-        branches = []
-        for rows, rule in self.branches:
-            rule = None if isinstance(rule, int) else getattr(rule, "for_epilogues", lambda: None)()
-            sch = rule.apply(func, target, False) if rule is not None else None
-            if isinstance(sch, tvm.s_tir.Schedule):
-                sch = sch.mod["main"]
-            if isinstance(sch, tvm.tirx.PrimFunc):
-                branches.append((rows, sch))
-        covered = max((rows for rows, _ in branches), default=0)
-        above = LowBatchGEMV([b for b in self.branches if b[0] > covered], self.narrow_index)
+        branches, above = self._taken(func, target, "for_epilogues")
         head = above._merged(head, target, bounds)
         tail = dl.gpu.Fallback().apply(tail, target, False)
         if head is None or not isinstance(tail, tvm.s_tir.Schedule):
             return None
         merged = dispatch_on_rows(func, branches, joined(func, head, tail.mod["main"], sums), thread_invariant=True)
         return merged.with_attr("tirx.is_scheduled", True)
+
+    def _with_norm(self, func, target, bounds):
+        """A matmul of an add + RMSNorm's rows (targets/norm_prologue.py): the branches whose rules
+        compute the norm as their prologue (the MMA GEMV's, 1-4 rows), above them the norm's kernel
+        (AddRMSNorm) and the matmul's usual branches (an epilogue's too), two kernels."""
+        found = match_norm(func)
+        if found is None:
+            return None
+        branches, above = self._taken(func, target, "for_norms")
+        head = AddRMSNorm().apply(found.head, target, False)
+        tail = above._merged(found.tail, target, bounds)
+        if not isinstance(head, tvm.s_tir.Schedule) or tail is None:
+            return None
+        both = joined(func, head.mod["main"], tail, found.normed)
+        return dispatch_on_rows(func, branches, both, thread_invariant=True).with_attr("tirx.is_scheduled", True)
+
+    def _taken(self, func, target, which: str):
+        """(branches, above): the branches whose rules' `which` (for_epilogues, for_norms) schedule
+        func whole, and a LowBatchGEMV of the branches above the rows those cover."""
+        branches = []
+        for rows, rule in self.branches:
+            rule = None if isinstance(rule, int) else getattr(rule, which, lambda: None)()
+            sch = rule.apply(func, target, False) if rule is not None else None
+            if isinstance(sch, tvm.s_tir.Schedule):
+                sch = sch.mod["main"]
+            if isinstance(sch, tvm.tirx.PrimFunc):
+                branches.append((rows, sch))
+        covered = max((rows for rows, _ in branches), default=0)
+        return branches, LowBatchGEMV([b for b in self.branches if b[0] > covered], self.narrow_index)
 
 
 def _symbolic_bounds(mod: tvm.IRModule) -> dict[str, int]:

@@ -41,6 +41,7 @@ from tvm.script import tirx as T
 from .kernel_memo import parsed_once
 from .dependent_launch import supports
 from .dequant_match import EPILOGUES
+from .norm_prologue import apply_norm_matched, has_norm
 from .q4_gemv import CODES, LANES, apply_matched, float16_pair
 
 TILE = 16                       # weight rows a warp computes (the MMA's M)
@@ -50,10 +51,20 @@ STEPS = CHUNK // 16             # MMA steps a chunk (K 16 each)
 MAX_ROWS = 2 * COLS             # two MMAs a step at most: activation rows 0-7 and 8-15
 
 
+def norm_fits(k: int, warps: int, split: tuple[int, int]) -> bool:
+    """Whether a block of `warps` warps can play the add + RMSNorm kernel's `split` (threads, vector
+    lanes) over a row of k: its threads whole warps, a power of two of them, a multiple of the block's,
+    and k whole vectors of each."""
+    virtual, lanes_n = split
+    return (virtual % (warps * LANES) == 0 and virtual % LANES == 0 and k % (virtual * lanes_n) == 0
+            and (virtual // LANES) & (virtual // LANES - 1) == 0)
+
+
 @parsed_once(size="count")
 def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unroll: int = 2,
              threads: bool = True, count=None, groups: int = 1, pdl: bool = False, ahead: int = 0,
-             loads_first: bool = False, pipeline: bool = False, epilogue: str | None = None) -> tirx.PrimFunc:
+             loads_first: bool = False, pipeline: bool = False, epilogue: str | None = None,
+             norm: float | None = None, norm_rows: int = 1, norm_split: tuple[int, int] = (256, 4)) -> tirx.PrimFunc:
     """out[b, 0, :n] = (x[b, 0, :k] . dequantized W[n, k]) for b < count (at most COLS x groups;
     None: 1, static) over kiln's float16-scaled planes of `bits` (4: q4, W words [n, k/8]; 8: q8,
     W int8 [n, k]; scales [n, k/32]). `warps` split K; `unroll`: chunks a warp loads before it
@@ -83,9 +94,28 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     (the first n / 2) and up (the rest) of n / 2 outputs, Y [rows, 1, n / 2]; tile j's MMA rows 0-7
     are gate rows 8j..8j+7 and rows 8-15 the up rows of the same outputs, so after the block's sums
     lane (g, t) holds both of output 8j + g and writes the epilogue of their out_dtype values: what
-    the matched function computes from its cast sums, bit for bit (the same sums, the same order)."""
+    the matched function computes from its cast sums, bit for bit (the same sums, the same order).
+    `norm` (the epsilon of an add + RMSNorm before the matmul, compiler/passes/fuse_norm_matmul.py):
+    the activations are rms_norm(X + R) by the weight WN, computed by each block once as its prologue
+    into shared memory (at most `norm_rows` rows: norm_rows x k float16); the sum X + R is also
+    written to YR (by block 0). The values are the fused add + RMSNorm kernel's bit for bit
+    (targets/gpu.py AddRMSNorm): `norm_split` is that kernel's (threads, vector lanes) for a row
+    (add_rms_norm.gpu_row_split), and the block's threads play its threads (each as many as it takes)
+    in its order: each sums the squares of its values in order, each warp's sums meet as TVM's
+    allreduce adds them (shuffles down 16, 8, 4, 2, 1 into lane 0), then the warps' in a tree (the
+    same shuffles over the warps' sums), and each value is rsqrt(ss / k + eps) * f32(y) * f32(w)
+    rounded to float16."""
     if pipeline and (pdl or ahead):
         raise ValueError("mma_gemv's pipeline takes neither pdl nor ahead")
+    threads_n = warps * LANES                                  # the block's threads
+    virtual, lanes_n = norm_split                              # the norm kernel's threads and vector
+    if norm is not None and (pdl or ahead or not norm_fits(k, warps, norm_split) or norm_rows > MAX_ROWS):
+        raise ValueError(f"mma_gemv's norm takes no pdl or ahead, {virtual} threads a multiple of the block's "
+                         f"{threads_n} and a power of two warps, and k a multiple of {virtual * lanes_n}")
+    plays = virtual // threads_n                               # the norm kernel's threads a thread plays
+    rounds = k // (virtual * lanes_n)                          # each one's vectors of a row
+    norm_warps = virtual // LANES
+    per_thread = norm_rows * plays * rounds * lanes_n          # a thread's values of the rows
     iters = k // (CHUNK * warps * unroll)
     pipelined = pipeline and iters > 1
     slots = 2 * unroll if pipelined else unroll               # weight register sets of `unroll` chunks
@@ -209,68 +239,160 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     Y[c * COLS + 2 * (lane % 4) + e, 0, tile * COLS + lane // 4] = combine(
                         T.Cast(out_dtype, total[e]), T.Cast(out_dtype, total[e + 2]))
 
-    if threads:
+    @T.macro
+    def norm_sums(ys, ssq, X, R, YR, bx, thread, base):
+        """Thread `thread`'s share of the norm prologue's first half: for each norm-kernel thread it
+        plays (v = thread + m * threads_n), y = X + R at v's values of each row into its registers ys
+        (from base * per_thread; and YR, by block 0) and their float32 squares summed in v's order to
+        ssq[base * norm_rows * plays + r * plays + m]."""
+        for r in T.unroll(norm_rows):
+            for m in T.unroll(plays):
+                ssq[(base * norm_rows + r) * plays + m] = T.float32(0)
+                if T.Cast("int64", r) < rows:
+                    for j in T.unroll(rounds):
+                        for i in T.vectorized(lanes_n):
+                            ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i] = (
+                                X[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i]
+                                + R[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i])
+                        if bx == 0:
+                            for i in T.vectorized(lanes_n):
+                                YR[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i] = ys[
+                                    base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i]
+                        for i in T.unroll(lanes_n):
+                            ssq[(base * norm_rows + r) * plays + m] = ssq[(base * norm_rows + r) * plays + m] + T.Cast(
+                                "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i]) * T.Cast(
+                                "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i])
+
+    @T.macro
+    def norm_scale(stage, ys, part, tree, inv, WN, thread, base):
+        """The second half, once each norm warp's sum is in part[warp, row]: the warps' sums added as a
+        tree (halves: warp i and i + h for i < h), then the thread's values of each row, rsqrt(ss / k
+        + eps) * y * w in float32 rounded to float16, into the staged rows."""
+        for r in T.unroll(norm_rows):
+            if T.Cast("int64", r) < rows:
+                for w in T.unroll(norm_warps):
+                    tree[w] = part[w, r]
+                for h in T.unroll(norm_warps.bit_length() - 1):      # halves of norm_warps >> (h + 1)
+                    for w in T.unroll(max(norm_warps // 2, 1)):
+                        if w < T.shift_right(norm_warps, h + 1):
+                            tree[w] = tree[w] + tree[w + T.shift_right(norm_warps, h + 1)]
+                inv[0] = T.rsqrt(tree[0] / T.float32(k) + T.float32(norm))
+                for m in T.unroll(plays):
+                    for j in T.unroll(rounds):
+                        for i in T.unroll(lanes_n):
+                            stage[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i] = T.Cast(
+                                "float16", inv[0] * T.Cast(
+                                    "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i]) * T.Cast(
+                                    "float32", WN[(j * virtual + m * threads_n + thread) * lanes_n + i]))
+
+    @T.macro
+    def load_inputs(xs, X, stage, chunk, g, t, u):
+        """load_activations from X, or with `norm` from the block's normalised rows."""
+        if norm is None:
+            load_activations(xs, X, chunk, g, t, u)
+        else:
+            load_activations(xs, stage, chunk, g, t, u)
+
+    stage_shape = (norm_rows, 1, k) if norm is not None else (1, 1, 1)     # the normalised rows (norm)
+    part_shape = (norm_warps, norm_rows) if norm is not None else (1, 1)    # each norm warp's sums
+
+    @T.macro
+    def block(W, S, X, Y, R, WN, YR):
+        """The CUDA kernel's body: a block of `warps` warps a 16-row tile (with `norm`, its prologue first)."""
+        for bx in T.thread_binding(tiles, thread="blockIdx.x"):
+            red = T.alloc_buffer((warps, LANES, groups * 4), "float32", scope="shared")
+            stage = T.alloc_buffer(stage_shape, "float16", scope="shared")
+            part = T.alloc_buffer(part_shape, "float32", scope="shared")
+            for ty in T.thread_binding(warps, thread="threadIdx.y"):
+                for tx in T.thread_binding(LANES, thread="threadIdx.x"):
+                    acc = T.alloc_buffer((groups * 4,), "float32", scope="local")
+                    a = T.alloc_buffer((8,), "float16", scope="local")
+                    b = T.alloc_buffer((groups * 4,), "float16", scope="local")
+                    wa = T.alloc_buffer((slots * words,), "uint32", scope="local")
+                    wb = T.alloc_buffer((slots * words,), "uint32", scope="local")
+                    sa = T.alloc_buffer((slots,), "float16", scope="local")
+                    sb = T.alloc_buffer((slots,), "float16", scope="local")
+                    xs = T.alloc_buffer((unroll * groups * 32,), "float16", scope="local")
+                    total = T.alloc_buffer((4,), "float32", scope="local")
+                    if norm is not None:
+                        ssq = T.alloc_buffer((norm_rows * plays,), "float32", scope="local")
+                        ys = T.alloc_buffer((per_thread,), "float16", scope="local")
+                        tree = T.alloc_buffer((norm_warps,), "float32", scope="local")
+                        inv = T.alloc_buffer((1,), "float32", scope="local")
+                        norm_sums(ys, ssq, X, R, YR, bx, ty * LANES + tx, 0)
+                        for i in T.unroll(norm_rows * plays):           # each warp's sums into lane 0,
+                            for o in T.unroll(5):                       # as TVM's allreduce: 16, 8, 4, 2, 1 down
+                                ssq[i] = ssq[i] + T.tvm_warp_shuffle_down(
+                                    T.tvm_warp_activemask(), ssq[i], T.shift_right(LANES // 2, o), LANES, LANES)
+                            if tx == 0:                                 # (i = r * plays + m)
+                                part[i % plays * warps + ty, i // plays] = ssq[i]
+                        T.tvm_storage_sync("shared")
+                        norm_scale(stage, ys, part, tree, inv, WN, ty * LANES + tx, 0)
+                        T.tvm_storage_sync("shared")
+                    for e in T.unroll(groups * 4):
+                        acc[e] = T.float32(0)
+                    if pipelined:                                # set 0: iteration 0's weights
+                        for u in T.unroll(unroll):
+                            load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, tx // 4, tx % 4, u)
+                        for it in T.unroll(iters):
+                            if it + 1 < iters:                   # the next iteration's, to the other set
+                                for u in T.unroll(unroll):
+                                    load_weights(wa, wb, sa, sb, W, S, bx, ((it + 1) * unroll + u) * warps + ty,
+                                                 tx // 4, tx % 4, weight_slot(it + 1, u))
+                            for u in T.unroll(unroll):
+                                load_inputs(xs, X, stage, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
+                            mmas(acc, a, b, wa, wb, sa, sb, xs, it)
+                    else:
+                        if ahead > 0 and iters > 1:                  # iterations 1..ahead to L2
+                            for j, u in T.grid(min(ahead, iters - 1), unroll):
+                                prefetch_weights(W, S, bx, ((j + 1) * unroll + u) * warps + ty, tx // 4, tx % 4)
+                        for it in T.serial(iters):
+                            if ahead > 0 and ahead + 1 < iters:          # iteration it + ahead to L2
+                                if it > 0 and it + ahead < iters:
+                                    for u in T.unroll(unroll):
+                                        prefetch_weights(W, S, bx, ((it + ahead) * unroll + u) * warps + ty,
+                                                         tx // 4, tx % 4)
+                            for u in T.unroll(unroll):              # every load of the slots first
+                                load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
+                                             tx // 4, tx % 4, u)
+                                if not pdl:
+                                    load_inputs(xs, X, stage, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
+                            if pdl:
+                                if it == 0:     # the first weights are on their way: now the inputs
+                                    T.evaluate(T.ptx.griddepcontrol.wait())
+                                    T.evaluate(T.ptx.griddepcontrol.launch_dependents())
+                                for u in T.unroll(unroll):
+                                    load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
+                            mmas(acc, a, b, wa, wb, sa, sb, xs, it)
+                    for e in T.unroll(groups * 4):
+                        red[ty, tx, e] = acc[e]
+                    T.tvm_storage_sync("shared")
+                    if ty == 0:
+                        for c in T.unroll(groups):
+                            reduce_store(Y, red, total, bx, tx, c)
+
+    x_shape, y_shape, k_shape = (rows, T.int64(1), T.int64(k)), (rows, T.int64(1), T.int64(outs)), (T.int64(k),)
+    if threads and norm is None:
         @T.prim_func(private=True)
         def kernel(W: T.Buffer(w_shape, w_dtype),
                    S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
-                   X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
-                   Y: T.Buffer((rows, T.int64(1), T.int64(outs)), out_dtype)):
+                   X: T.Buffer(x_shape, "float16"),
+                   Y: T.Buffer(y_shape, out_dtype)):
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            for bx in T.thread_binding(tiles, thread="blockIdx.x"):
-                red = T.alloc_buffer((warps, LANES, groups * 4), "float32", scope="shared")
-                for ty in T.thread_binding(warps, thread="threadIdx.y"):
-                    for tx in T.thread_binding(LANES, thread="threadIdx.x"):
-                        acc = T.alloc_buffer((groups * 4,), "float32", scope="local")
-                        a = T.alloc_buffer((8,), "float16", scope="local")
-                        b = T.alloc_buffer((groups * 4,), "float16", scope="local")
-                        wa = T.alloc_buffer((slots * words,), "uint32", scope="local")
-                        wb = T.alloc_buffer((slots * words,), "uint32", scope="local")
-                        sa = T.alloc_buffer((slots,), "float16", scope="local")
-                        sb = T.alloc_buffer((slots,), "float16", scope="local")
-                        xs = T.alloc_buffer((unroll * groups * 32,), "float16", scope="local")
-                        total = T.alloc_buffer((4,), "float32", scope="local")
-                        for e in T.unroll(groups * 4):
-                            acc[e] = T.float32(0)
-                        if pipelined:                                # set 0: iteration 0's weights
-                            for u in T.unroll(unroll):
-                                load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, tx // 4, tx % 4, u)
-                            for it in T.unroll(iters):
-                                if it + 1 < iters:                   # the next iteration's, to the other set
-                                    for u in T.unroll(unroll):
-                                        load_weights(wa, wb, sa, sb, W, S, bx, ((it + 1) * unroll + u) * warps + ty,
-                                                     tx // 4, tx % 4, weight_slot(it + 1, u))
-                                for u in T.unroll(unroll):
-                                    load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
-                                mmas(acc, a, b, wa, wb, sa, sb, xs, it)
-                        else:
-                            if ahead > 0 and iters > 1:                  # iterations 1..ahead to L2
-                                for j, u in T.grid(min(ahead, iters - 1), unroll):
-                                    prefetch_weights(W, S, bx, ((j + 1) * unroll + u) * warps + ty, tx // 4, tx % 4)
-                            for it in T.serial(iters):
-                                if ahead > 0 and ahead + 1 < iters:          # iteration it + ahead to L2
-                                    if it > 0 and it + ahead < iters:
-                                        for u in T.unroll(unroll):
-                                            prefetch_weights(W, S, bx, ((it + ahead) * unroll + u) * warps + ty,
-                                                             tx // 4, tx % 4)
-                                for u in T.unroll(unroll):              # every load of the slots first
-                                    load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
-                                                 tx // 4, tx % 4, u)
-                                    if not pdl:
-                                        load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
-                                if pdl:
-                                    if it == 0:     # the first weights are on their way: now the inputs
-                                        T.evaluate(T.ptx.griddepcontrol.wait())
-                                        T.evaluate(T.ptx.griddepcontrol.launch_dependents())
-                                    for u in T.unroll(unroll):
-                                        load_activations(xs, X, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
-                                mmas(acc, a, b, wa, wb, sa, sb, xs, it)
-                        for e in T.unroll(groups * 4):
-                            red[ty, tx, e] = acc[e]
-                        T.tvm_storage_sync("shared")
-                        if ty == 0:
-                            for c in T.unroll(groups):
-                                reduce_store(Y, red, total, bx, tx, c)
+            block(W, S, X, Y, None, None, None)
         return kernel
+    if threads:
+        @T.prim_func(private=True)
+        def kernel_norm(W: T.Buffer(w_shape, w_dtype),
+                        S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
+                        X: T.Buffer(x_shape, "float16"),
+                        Y: T.Buffer(y_shape, out_dtype),
+                        R: T.Buffer(x_shape, "float16"),
+                        WN: T.Buffer(k_shape, "float16"),
+                        YR: T.Buffer(x_shape, "float16")):
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            block(W, S, X, Y, R, WN, YR)
+        return kernel_norm
 
     @T.macro
     def mma_emulated(red, frag_a, frag_b, ty):
@@ -285,29 +407,51 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     "float32", frag_b[4 * (2 * (lane % 4) + e % 2) + (q % 8) // 2, c * 4 + 2 * (q // 8) + q % 2])
 
     @T.macro
-    def lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, chunk, lane, w, u, s):
+    def lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, stage, chunk, lane, w, u, s):
         """Lane `lane`'s fragments of step s (weights in slot w, activations of `chunk` into slot u)."""
         a = T.alloc_buffer((8,), "float16")
         b = T.alloc_buffer((groups * 4,), "float16")
         xs = T.alloc_buffer((unroll * groups * 32,), "float16")
-        load_activations(xs, X, chunk, lane // 4, lane % 4, u)
+        load_inputs(xs, X, stage, chunk, lane // 4, lane % 4, u)
         fragments(a, b, wa, wb, sa, sb, xs, w, u, s)
         for e in T.serial(8):
             frag_a[lane, e] = a[e]
         for e in T.serial(groups * 4):
             frag_b[lane, e] = b[e]
 
+    @T.macro
+    def norm_emulated(stage, X, R, WN, YR, bx):
+        """The norm prologue of block bx as its threads compute it: each thread's sums, each warp's
+        shuffles down (lane l adds lane l + d's value, its own where l + d is past the warp), lane 0's
+        to part, the tree and the scale."""
+        ssq = T.alloc_buffer((threads_n * norm_rows * plays,), "float32")
+        other = T.alloc_buffer((threads_n * norm_rows * plays,), "float32")
+        part = T.alloc_buffer(part_shape, "float32")
+        ys = T.alloc_buffer((threads_n * per_thread,), "float16")
+        tree = T.alloc_buffer((norm_warps,), "float32")
+        inv = T.alloc_buffer((1,), "float32")
+        for thread in T.serial(threads_n):
+            norm_sums(ys, ssq, X, R, YR, bx, thread, thread)
+        for o in T.serial(5):
+            for i in T.serial(threads_n * norm_rows * plays):
+                other[i] = ssq[i]
+            for w, lane, i in T.grid(warps, LANES, norm_rows * plays):
+                ssq[((w * LANES + lane) * norm_rows) * plays + i] = other[((w * LANES + lane) * norm_rows) * plays + i] + other[
+                    ((w * LANES + T.if_then_else(lane + T.shift_right(LANES // 2, o) < LANES,
+                                                 lane + T.shift_right(LANES // 2, o), lane)) * norm_rows) * plays + i]
+        for w, r, m in T.grid(warps, norm_rows, plays):
+            part[m * warps + w, r] = ssq[((w * LANES) * norm_rows + r) * plays + m]
+        for thread in T.serial(threads_n):
+            norm_scale(stage, ys, part, tree, inv, WN, thread, thread)
+
     lead = 1 if pipelined else 0        # iterations the serial form loads weights ahead of their MMAs
 
-    @T.prim_func(private=True)
-    def serial(W: T.Buffer(w_shape, w_dtype),
-               S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
-               X: T.Buffer((rows, T.int64(1), T.int64(k)), "float16"),
-               Y: T.Buffer((rows, T.int64(1), T.int64(outs)), out_dtype)):
-        T.func_attr({"tirx.noalias": True})
+    @T.macro
+    def serial_body(W, S, X, Y, R, WN, YR):
         red = T.alloc_buffer((warps, LANES, groups * 4), "float32")
         frag_a = T.alloc_buffer((LANES, 8), "float16")
         frag_b = T.alloc_buffer((LANES, groups * 4), "float16")
+        stage = T.alloc_buffer(stage_shape, "float16")
         # each lane's weight registers (lane L's slot w at L * slots + w); with `pipeline` kept across
         # iterations, loaded and read in the kernel's order: the next iteration's set before this one's MMAs
         wa = T.alloc_buffer((LANES * slots * words,), "uint32")
@@ -315,6 +459,8 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         sa = T.alloc_buffer((LANES * slots,), "float16")
         sb = T.alloc_buffer((LANES * slots,), "float16")
         for bx in T.serial(tiles):
+            if norm is not None:
+                norm_emulated(stage, X, R, WN, YR, bx)
             for ty in T.serial(warps):
                 for lane, e in T.grid(LANES, groups * 4):
                     red[ty, lane, e] = T.float32(0)
@@ -330,13 +476,34 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                          lane // 4, lane % 4, lane * slots + weight_slot(it + lead, u))
                     for u, s in T.grid(unroll, STEPS):
                         for lane in T.serial(LANES):
-                            lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, (it * unroll + u) * warps + ty,
+                            lane_fragments(frag_a, frag_b, wa, wb, sa, sb, X, stage, (it * unroll + u) * warps + ty,
                                            lane, lane * slots + weight_slot(it, u), u, s)
                         mma_emulated(red, frag_a, frag_b, ty)
             for lane, c in T.grid(LANES, groups):
                 total = T.alloc_buffer((4,), "float32")
                 reduce_store(Y, red, total, bx, lane, c)
-    return serial
+
+    if norm is None:
+        @T.prim_func(private=True)
+        def serial(W: T.Buffer(w_shape, w_dtype),
+                   S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
+                   X: T.Buffer(x_shape, "float16"),
+                   Y: T.Buffer(y_shape, out_dtype)):
+            T.func_attr({"tirx.noalias": True})
+            serial_body(W, S, X, Y, None, None, None)
+        return serial
+
+    @T.prim_func(private=True)
+    def serial_norm(W: T.Buffer(w_shape, w_dtype),
+                    S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
+                    X: T.Buffer(x_shape, "float16"),
+                    Y: T.Buffer(y_shape, out_dtype),
+                    R: T.Buffer(x_shape, "float16"),
+                    WN: T.Buffer(k_shape, "float16"),
+                    YR: T.Buffer(x_shape, "float16")):
+        T.func_attr({"tirx.noalias": True})
+        serial_body(W, S, X, Y, R, WN, YR)
+    return serial_norm
 
 
 # Warps a block (K split between them): enough in all that each SM has ~16 warps' loads in flight
@@ -362,9 +529,11 @@ class MMAGEMV:
     giving the kernel as a body over the function's own params. `pdl`: mma_gemv's, where the target
     has griddepcontrol (sm_90+); `ahead`, `loads_first`, `pipeline`: mma_gemv's. A function whose
     cast sums feed an EPILOGUES entry (the gate-up projection's, under a `glu_epilogue` profile) gets
-    the kernel computing it."""
+    the kernel computing it; one whose activations are an add + RMSNorm's (a `norm_prologue` profile's),
+    at 1-4 rows, the kernel computing that first (targets/norm_prologue.py)."""
 
     takes_epilogues = True          # computes EPILOGUES (targets/glu_epilogue.py asks)
+    takes_norms = True              # computes an add + RMSNorm before it (targets/norm_prologue.py)
 
     def __init__(self, bits: int = 4, unroll: int = 2, batch: int = 1, most_warps: int = 8,
                  pdl: bool = False, ahead: int = 0, loads_first: bool = False,
@@ -379,13 +548,16 @@ class MMAGEMV:
         self.ahead, self.loads_first, self.pipeline = ahead, loads_first, pipeline
 
     def apply(self, func, target, _tunable):
-        def build(n, k, out_dtype, count, epilogue=None):
+        def build(n, k, out_dtype, count, epilogue=None, norm=None, norm_rows=1, norm_split=(256, 4)):
             shape = kernel_shape(n, k, self.unroll, self.most_warps)
-            if shape is None:                   # (kernel_shape asks n % 16: whole tiles, with an epilogue too)
-                return None
+            if shape is None or (norm is not None and (self.ahead or not norm_fits(k, shape[0], norm_split))):
+                return None                     # (kernel_shape asks n % 16: whole tiles, with an epilogue too)
             return mma_gemv(n, k, out_dtype, self.bits, *shape, count=count, groups=-(-self.batch // COLS),
-                            pdl=self.pdl and supports(target), ahead=self.ahead, loads_first=self.loads_first,
-                            pipeline=self.pipeline, epilogue=epilogue)
+                            pdl=self.pdl and supports(target) and norm is None, ahead=self.ahead,
+                            loads_first=self.loads_first, pipeline=self.pipeline, epilogue=epilogue, norm=norm,
+                            norm_rows=norm_rows, norm_split=norm_split)
+        if has_norm(func):
+            return apply_norm_matched(func, target, self.batch, build, kind=f"q{self.bits}")
         return apply_matched(func, target, self.batch, build, kind=f"q{self.bits}", epilogues=tuple(EPILOGUES))
 
 

@@ -121,6 +121,11 @@ class TargetProfile:
     # a kernel and the gate and up halves' round trip through memory less a layer. Off until a GPU
     # measures it (tools/gpu_checks.py `glu`).
     glu_epilogue: bool = False
+    # batch_decode's residual add + RMSNorm computed by the quantized matmul that reads the norm
+    # (compiler/passes/fuse_norm_matmul.py; the MMA GEMV's `norm` prologue at 1-4 rows, targets/
+    # norm_prologue.py): a kernel less a norm, 64 of an 8B's 65 a step. Off until a GPU measures it
+    # (tools/gpu_checks.py `norm`).
+    norm_prologue: bool = False
     # GEMVs of 1-8 rows over 4-bit weights may quantize their activations to int8 and multiply by integer
     # dot products, an opt-in (`kiln compile --decode-activations int8`, module attr kiln_int8_decode):
     # the x86-64 CPUs with AVX2, AArch64 with the dot product (targets/cpu/int8_gemv.py).
