@@ -3,11 +3,11 @@
 Matches, in batch_decode (NORM_ENTRIES), after FuseAddRMSNorm and FuseDequantizeMatmul::
 
     t = R.call_tir(fuse_add_rms_norm, (x, r, w))    # (y, n): the residual sum and its norm
-    y = t[0]
+    y = t[0]                                        # (none after the final norm)
     n = t[1]
     o = <a FuseDequantizeMatmul group>(..., n, ...)  # the next projection (plain or glu)
 
-where n is read by that group alone and t by nothing but its two items: the QKV projection after
+where n is read by that group alone and t by nothing but its items: the QKV projection after
 the attention's norm, the gate-up projection after the MLP's, the LM head after the final norm.
 Emits a private Relax function {"Primitive": True, "Composite": NORM_PATTERN_NAME} over (x, r, w,
 the group's other inputs) returning (y, o), called where t was; FuseTIR makes it one PrimFunc whose
@@ -95,10 +95,10 @@ def _grouped(builder: relax.BlockBuilder, bindings, uses) -> tuple[list, bool]:
         new_gv = _add_group(builder, value_of[t], group_gv, args, n_binding.var)
         norm_args = list(value_of[t].args[1].fields)
         others = [a for a in args if not a.same_as(n_binding.var)]
-        pair = relax.DataflowVar(t.name, relax.TupleType(
-            [y_binding.var.ty, b.var.ty]))
+        pair = relax.DataflowVar(t.name, relax.TupleType([value_of[t].ty.fields[0], b.var.ty]))
         replace[at[t]] = [relax.VarBinding(pair, relax.Call(new_gv, [*norm_args, *others]))]
-        replace[at[y_binding.var]] = [relax.VarBinding(y_binding.var, relax.TupleGetItem(pair, 0))]
+        if y_binding is not None:                       # (the final norm's sum is read by nothing)
+            replace[at[y_binding.var]] = [relax.VarBinding(y_binding.var, relax.TupleGetItem(pair, 0))]
         replace[at[b.var]] = [relax.VarBinding(b.var, relax.TupleGetItem(pair, 1))]
         drop.add(at[n_binding.var])
     out = []
@@ -124,16 +124,16 @@ def _match(mod, binding, value_of, items, uses, at):
         t = n_value.tuple_value
         norm = value_of.get(t)
         got = items.get(t, {})
-        if norm is None or not is_call_tir_to(norm, "fuse_add_rms_norm") or set(got) != {0, 1}:
+        if norm is None or not is_call_tir_to(norm, "fuse_add_rms_norm") or 1 not in got or not set(got) <= {0, 1}:
             continue
-        if uses.get(arg, 0) != 1 or uses.get(t, 0) != 2:
+        if uses.get(arg, 0) != 1 or uses.get(t, 0) != len(got):
             continue                                    # n read elsewhere, or t used whole
         others = [a for a in call.args if not a.same_as(arg)]
         # the group is emitted where t was: its other inputs must be bound before t (weights are)
         if any(a in at and at[a] > at[t] for a in others) or any(
                 isinstance(a, relax.Var) and a in at and at[a] > at[t] for a in norm.args[1].fields):
             continue
-        return t, got[0], got[1], call.op, list(call.args)
+        return t, got.get(0), got[1], call.op, list(call.args)
     return None
 
 
