@@ -54,6 +54,14 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # 8B: 32 a step, each a launch gap and the gate-up output's round trip). The epilogue adds 32 SASS
 # instructions a kernel (416 against 384, 72 registers both, the same loads; 2026-12-04, no GPU); the
 # logits should be base's bit for bit (the same sums and arithmetic).
+# "norm": the CUDA profiles' norm_prologue: batch_decode's residual add + RMSNorm computed by the
+# matmul that reads the norm (compiler/passes/fuse_norm_matmul.py; targets/mma_gemv.py `norm`: each
+# block of the MMA GEMV stages its 1-4 rows' norm in shared memory, its threads playing the AddRMSNorm
+# kernel's so that the values are that kernel's bit for bit; above 4 rows the two kernels as before):
+# 64 of the 8B's 65 norm kernels a step gone (0.19 ms of the GPU's 2.35 busy, 2026-12-04, and a
+# launch gap each), each GEMV block reading its rows' 8 KB from L2 and summing them first. The
+# logits should be base's bit for bit.
+# "fused": "norm" and "glu" together (96 kernels a step fewer): the first measure of both.
 # "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
 # projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
 # and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
@@ -96,6 +104,8 @@ VARIANTS = {"base": {},
             "loadsfirst": {"branches": {"gemv": "loadsfirst"}, "batches": (2, 4, 5, 16)},
             "pipe": {"branches": {"gemv": "pipe"}, "batches": (1, 2, 4, 5, 16)},
             "glu": {"profile": {"glu_epilogue": True}, "batches": (1, 2, 4, 5, 16, 64)},
+            "norm": {"profile": {"norm_prologue": True}, "batches": (1, 2, 4, 5, 16, 64)},
+            "fused": {"profile": {"norm_prologue": True, "glu_epilogue": True}, "batches": (1, 2, 4, 5, 16, 64)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"cuda_graphs": False}, "batches": (1, 16)},
             "stepgraph": {"profile": {"cuda_graphs": False}, "runner": {"step_graphs": True}, "batches": (1, 2, 4)},
@@ -121,8 +131,10 @@ CANDIDATE = None
 # the export; "dlight" and "tcgroup" change no batch-1 kernel that ships.) Ordered by what each may
 # take off the 2.35 ms a step the GPU was busy in loadsfirst's run (H200, 2026-12-04): the matmuls'
 # loads in flight first (1.77 ms, 1.26 at the floor), then the attention (0.24 ms in 32 calls, most
-# of it latency at 256 tokens); `all` reached 5 levers a session.
-LEVERS_8B = ("base", "pipe", "glu", "attn64", "warps16", "unroll4", "nographs", "pdl16", "q4gemv", "pdl")
+# of it latency at 256 tokens), with the kernels fewer ("fused": 96 a step, then each half) beside
+# them; `all` reached 5 levers a session.
+LEVERS_8B = ("base", "pipe", "fused", "norm", "glu", "attn64", "warps16", "unroll4", "nographs", "pdl16", "q4gemv",
+             "pdl")
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)
