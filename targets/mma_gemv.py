@@ -264,7 +264,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                 "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i])
 
     @T.macro
-    def norm_scale(stage, ys, part, tree, inv, WN, thread, base):
+    def norm_scale(stage, ys, part, tree, inv, wv, WN, thread, base):
         """The second half, once each norm warp's sum is in part[warp, row]: the warps' sums added as a
         tree (halves: warp i and i + h for i < h), then the thread's values of each row, rsqrt(ss / k
         + eps) * y * w in float32 rounded to float16, into the staged rows."""
@@ -279,11 +279,13 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                 inv[0] = T.rsqrt(tree[0] / T.float32(k) + T.float32(norm))
                 for m in T.unroll(plays):
                     for j in T.unroll(rounds):
+                        for i in T.vectorized(lanes_n):
+                            wv[i] = WN[(j * virtual + m * threads_n + thread) * lanes_n + i]
                         for i in T.unroll(lanes_n):
                             stage[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i] = T.Cast(
                                 "float16", inv[0] * T.Cast(
                                     "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i]) * T.Cast(
-                                    "float32", WN[(j * virtual + m * threads_n + thread) * lanes_n + i]))
+                                    "float32", wv[i]))
 
     @T.macro
     def load_inputs(xs, X, stage, chunk, g, t, u):
@@ -315,10 +317,14 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     xs = T.alloc_buffer((unroll * groups * 32,), "float16", scope="local")
                     total = T.alloc_buffer((4,), "float32", scope="local")
                     if norm is not None:
+                        # iteration 0's weights first: they stream from memory while the prologue runs
+                        for u in T.unroll(unroll):
+                            load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, tx // 4, tx % 4, u)
                         ssq = T.alloc_buffer((norm_rows * plays,), "float32", scope="local")
                         ys = T.alloc_buffer((per_thread,), "float16", scope="local")
                         tree = T.alloc_buffer((norm_warps,), "float32", scope="local")
                         inv = T.alloc_buffer((1,), "float32", scope="local")
+                        wv = T.alloc_buffer((lanes_n,), "float16", scope="local")
                         norm_sums(ys, ssq, X, R, YR, bx, ty * LANES + tx, 0)
                         for i in T.unroll(norm_rows * plays):           # each warp's sums into lane 0,
                             for o in T.unroll(5):                       # as TVM's allreduce: 16, 8, 4, 2, 1 down
@@ -327,13 +333,14 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                             if tx == 0:                                 # (i = r * plays + m)
                                 part[i % plays * warps + ty, i // plays] = ssq[i]
                         T.tvm_storage_sync("shared")
-                        norm_scale(stage, ys, part, tree, inv, WN, ty * LANES + tx, 0)
+                        norm_scale(stage, ys, part, tree, inv, wv, WN, ty * LANES + tx, 0)
                         T.tvm_storage_sync("shared")
                     for e in T.unroll(groups * 4):
                         acc[e] = T.float32(0)
                     if pipelined:                                # set 0: iteration 0's weights
-                        for u in T.unroll(unroll):
-                            load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, tx // 4, tx % 4, u)
+                        if norm is None:
+                            for u in T.unroll(unroll):
+                                load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, tx // 4, tx % 4, u)
                         for it in T.unroll(iters):
                             if it + 1 < iters:                   # the next iteration's, to the other set
                                 for u in T.unroll(unroll):
@@ -353,8 +360,9 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                                         prefetch_weights(W, S, bx, ((it + ahead) * unroll + u) * warps + ty,
                                                          tx // 4, tx % 4)
                             for u in T.unroll(unroll):              # every load of the slots first
-                                load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
-                                             tx // 4, tx % 4, u)
+                                if norm is None or it > 0:              # (with the norm: 0's went first)
+                                    load_weights(wa, wb, sa, sb, W, S, bx, (it * unroll + u) * warps + ty,
+                                                 tx // 4, tx % 4, u)
                                 if not pdl:
                                     load_inputs(xs, X, stage, (it * unroll + u) * warps + ty, tx // 4, tx % 4, u)
                             if pdl:
@@ -430,6 +438,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         ys = T.alloc_buffer((threads_n * per_thread,), "float16")
         tree = T.alloc_buffer((norm_warps,), "float32")
         inv = T.alloc_buffer((1,), "float32")
+        wv = T.alloc_buffer((lanes_n,), "float16")
         for thread in T.serial(threads_n):
             norm_sums(ys, ssq, X, R, YR, bx, thread, thread)
         for o in T.serial(5):
@@ -442,7 +451,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         for w, r, m in T.grid(warps, norm_rows, plays):
             part[m * warps + w, r] = ssq[((w * LANES) * norm_rows + r) * plays + m]
         for thread in T.serial(threads_n):
-            norm_scale(stage, ys, part, tree, inv, WN, thread, thread)
+            norm_scale(stage, ys, part, tree, inv, wv, WN, thread, thread)
 
     lead = 1 if pipelined else 0        # iterations the serial form loads weights ahead of their MMAs
 
