@@ -123,7 +123,7 @@ class TargetProfile:
     glu_epilogue: bool = False
     # batch_decode's residual add + RMSNorm computed by the quantized matmul that reads the norm
     # (compiler/passes/fuse_norm_matmul.py; the MMA GEMV's `norm` prologue at 1-4 rows, targets/
-    # norm_prologue.py): a kernel less a norm, 64 of an 8B's 65 a step. Off until a GPU measures it
+    # norm_prologue.py): a kernel less a norm, 63 of an 8B's 65 a step. Off until a GPU measures it
     # (tools/gpu_checks.py `norm`).
     norm_prologue: bool = False
     # GEMVs of 1-8 rows over 4-bit weights may quantize their activations to int8 and multiply by integer

@@ -58,10 +58,10 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # matmul that reads the norm (compiler/passes/fuse_norm_matmul.py; targets/mma_gemv.py `norm`: each
 # block of the MMA GEMV stages its 1-4 rows' norm in shared memory, its threads playing the AddRMSNorm
 # kernel's so that the values are that kernel's bit for bit; above 4 rows the two kernels as before):
-# 64 of the 8B's 65 norm kernels a step gone (0.19 ms of the GPU's 2.35 busy, 2026-12-04, and a
+# 63 of the 8B's 65 norm kernels a step gone (0.19 ms of the GPU's 2.35 busy, 2026-12-04, and a
 # launch gap each), each GEMV block reading its rows' 8 KB from L2 and summing them first. The
 # logits should be base's bit for bit.
-# "fused": "norm" and "glu" together (96 kernels a step fewer): the first measure of both.
+# "fused": "norm" and "glu" together (95 kernels a step fewer): the first measure of both.
 # "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
 # projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
 # and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
@@ -131,7 +131,7 @@ CANDIDATE = None
 # the export; "dlight" and "tcgroup" change no batch-1 kernel that ships.) Ordered by what each may
 # take off the 2.35 ms a step the GPU was busy in loadsfirst's run (H200, 2026-12-04): the matmuls'
 # loads in flight first (1.77 ms, 1.26 at the floor), then the attention (0.24 ms in 32 calls, most
-# of it latency at 256 tokens), with the kernels fewer ("fused": 96 a step, then each half) beside
+# of it latency at 256 tokens), with the kernels fewer ("fused": 95 a step, then each half) beside
 # them; `all` reached 5 levers a session.
 LEVERS_8B = ("base", "pipe", "fused", "norm", "glu", "attn64", "warps16", "unroll4", "nographs", "pdl16", "q4gemv",
              "pdl")
