@@ -239,29 +239,35 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     Y[c * COLS + 2 * (lane % 4) + e, 0, tile * COLS + lane // 4] = combine(
                         T.Cast(out_dtype, total[e]), T.Cast(out_dtype, total[e + 2]))
 
+    def kept(base, r, m, j):
+        """Where in ys a thread keeps the vector j of row r of the norm kernel's thread it plays m-th
+        (base: the thread's block of ys in the serial form; 0 in the kernel)."""
+        return base * per_thread + ((r * plays + m) * rounds + j) * lanes_n
+
+    def value(thread, m, j):
+        """The first of that vector's values in a row: the norm kernel's thread thread + m * threads_n
+        takes vectors j * virtual + its index, in turn."""
+        return (j * virtual + m * threads_n + thread) * lanes_n
+
     @T.macro
     def norm_sums(ys, ssq, X, R, YR, bx, thread, base):
         """Thread `thread`'s share of the norm prologue's first half: for each norm-kernel thread it
-        plays (v = thread + m * threads_n), y = X + R at v's values of each row into its registers ys
-        (from base * per_thread; and YR, by block 0) and their float32 squares summed in v's order to
-        ssq[base * norm_rows * plays + r * plays + m]."""
+        plays, y = X + R at that thread's values of each row into ys (and YR, by block 0) and their
+        float32 squares summed in that thread's order to ssq[(base * norm_rows + r) * plays + m]."""
         for r in T.unroll(norm_rows):
             for m in T.unroll(plays):
                 ssq[(base * norm_rows + r) * plays + m] = T.float32(0)
                 if T.Cast("int64", r) < rows:
                     for j in T.unroll(rounds):
                         for i in T.vectorized(lanes_n):
-                            ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i] = (
-                                X[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i]
-                                + R[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i])
+                            ys[kept(base, r, m, j) + i] = (X[r, 0, value(thread, m, j) + i]
+                                                           + R[r, 0, value(thread, m, j) + i])
                         if bx == 0:
                             for i in T.vectorized(lanes_n):
-                                YR[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i] = ys[
-                                    base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i]
+                                YR[r, 0, value(thread, m, j) + i] = ys[kept(base, r, m, j) + i]
                         for i in T.unroll(lanes_n):
                             ssq[(base * norm_rows + r) * plays + m] = ssq[(base * norm_rows + r) * plays + m] + T.Cast(
-                                "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i]) * T.Cast(
-                                "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i])
+                                "float32", ys[kept(base, r, m, j) + i]) * T.Cast("float32", ys[kept(base, r, m, j) + i])
 
     @T.macro
     def norm_scale(stage, ys, part, tree, inv, wv, WN, thread, base):
@@ -280,12 +286,10 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                 for m in T.unroll(plays):
                     for j in T.unroll(rounds):
                         for i in T.vectorized(lanes_n):
-                            wv[i] = WN[(j * virtual + m * threads_n + thread) * lanes_n + i]
+                            wv[i] = WN[value(thread, m, j) + i]
                         for i in T.unroll(lanes_n):
-                            stage[r, 0, (j * virtual + m * threads_n + thread) * lanes_n + i] = T.Cast(
-                                "float16", inv[0] * T.Cast(
-                                    "float32", ys[base * per_thread + ((r * plays + m) * rounds + j) * lanes_n + i]) * T.Cast(
-                                    "float32", wv[i]))
+                            stage[r, 0, value(thread, m, j) + i] = T.Cast("float16", inv[0] * T.Cast(
+                                "float32", ys[kept(base, r, m, j) + i]) * T.Cast("float32", wv[i]))
 
     @T.macro
     def load_inputs(xs, X, stage, chunk, g, t, u):
@@ -445,9 +449,10 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
             for i in T.serial(threads_n * norm_rows * plays):
                 other[i] = ssq[i]
             for w, lane, i in T.grid(warps, LANES, norm_rows * plays):
-                ssq[((w * LANES + lane) * norm_rows) * plays + i] = other[((w * LANES + lane) * norm_rows) * plays + i] + other[
-                    ((w * LANES + T.if_then_else(lane + T.shift_right(LANES // 2, o) < LANES,
-                                                 lane + T.shift_right(LANES // 2, o), lane)) * norm_rows) * plays + i]
+                down = T.if_then_else(lane + T.shift_right(LANES // 2, o) < LANES,
+                                      lane + T.shift_right(LANES // 2, o), lane)
+                ssq[(w * LANES + lane) * norm_rows * plays + i] = (other[(w * LANES + lane) * norm_rows * plays + i]
+                                                                   + other[(w * LANES + down) * norm_rows * plays + i])
         for w, r, m in T.grid(warps, norm_rows, plays):
             part[m * warps + w, r] = ssq[((w * LANES) * norm_rows + r) * plays + m]
         for thread in T.serial(threads_n):
@@ -559,8 +564,13 @@ class MMAGEMV:
     def apply(self, func, target, _tunable):
         def build(n, k, out_dtype, count, epilogue=None, norm=None, norm_rows=1, norm_split=(256, 4)):
             shape = kernel_shape(n, k, self.unroll, self.most_warps)
-            if shape is None or (norm is not None and (self.ahead or not norm_fits(k, shape[0], norm_split))):
-                return None                     # (kernel_shape asks n % 16: whole tiles, with an epilogue too)
+            # (kernel_shape asks n % 16: whole tiles, with an epilogue too.) No norm where 8-bit weights
+            # meet a thread playing two of the norm kernel's: in the 8B's LM head (4 warps a block) it
+            # held 96 registers a thread where 72 fit 7 blocks an SM (cuda-sm90 SASS, 2026-12-04); the
+            # final norm stays a kernel of its own there.
+            if shape is None or (norm is not None and (self.ahead or not norm_fits(k, shape[0], norm_split) or (
+                    self.bits == 8 and shape[0] * LANES < norm_split[0]))):
+                return None
             return mma_gemv(n, k, out_dtype, self.bits, *shape, count=count, groups=-(-self.batch // COLS),
                             pdl=self.pdl and supports(target) and norm is None, ahead=self.ahead,
                             loads_first=self.loads_first, pipeline=self.pipeline, epilogue=epilogue, norm=norm,

@@ -85,8 +85,10 @@ def match_norm(func) -> AddNorm | None:
         return None
     w = next((b.source for b in scale.reads if len(b.source.shape) == 1), None)
     n0, n1, n2 = (iv.var for iv in scale.iter_vars)
-    if w is None or w.dtype != "float16" or not scale.writes[0].source.same_as(normed) or not structural_equal(
-            scale.body.value, (inv[n0, n1] * y[n0, n1, n2].astype("float32") * w[n2].astype("float32")).astype("float16")):
+    want = (inv[n0, n1] * y[n0, n1, n2].astype("float32") * w[n2].astype("float32")).astype("float16") \
+        if w is not None else None
+    if w is None or w.dtype != "float16" or not scale.writes[0].source.same_as(normed) \
+            or not structural_equal(scale.body.value, want):
         return None
     return AddNorm(x, r, w, y, float(eps), head, tail, normed)
 
@@ -95,8 +97,8 @@ def apply_norm_matched(func, target, batch: int, build, kind: str = "q4"):
     """What a norm-taking GEMV rule gives (q4_gemv.apply_matched's contract) for a function whose
     norm match_norm finds, its matmul kiln's `kind` dequantize-matmul of the norm (an EPILOGUES
     epilogue allowed), at 1 to NORM_ROWS rows within STAGE_BYTES: build(n, k, out_dtype, count,
-    epilogue=, norm=eps, norm_rows=batch, norm_split=the AddRMSNorm rule's split of a row) with the kernel's params (W, S, X, Y, R, WN, YR) where func
-    has them; else None."""
+    epilogue=, norm=eps, norm_rows=batch, norm_split=the AddRMSNorm rule's split of a row) with the
+    kernel's params (W, S, X, Y, R, WN, YR) where func has them; else None."""
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda" or not 1 <= batch <= NORM_ROWS:
         return None
     found = match_norm(func)

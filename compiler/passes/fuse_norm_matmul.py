@@ -3,24 +3,22 @@
 Matches, in batch_decode (NORM_ENTRIES), after FuseAddRMSNorm and FuseDequantizeMatmul::
 
     t = R.call_tir(fuse_add_rms_norm, (x, r, w))    # (y, n): the residual sum and its norm
-    y = t[0]
+    y = t[0]                                        # (none after the final norm)
     n = t[1]
     o = <a FuseDequantizeMatmul group>(..., n, ...)  # the next projection (plain or glu)
 
-where n is read by that group alone and t by nothing but its two items: the QKV projection after
-the attention's norm, the gate-up projection after the MLP's. Not the final norm (its sum is read
-by nothing, so there is no y): its GEMV, the LM head, is the step's largest, 4 warps a block over
-8-bit weights, and with the prologue (each thread playing two of the norm kernel's) it held 96
-registers a thread where 72 fit 7 blocks an SM (cuda-sm90 SASS, 2026-12-04): one norm kernel kept.
+where n is read by that group alone and t by nothing but its items: the QKV projection after
+the attention's norm, the gate-up projection after the MLP's, the LM head after the final norm
+(whose sum nothing reads: no y).
+
 Emits a private Relax function {"Primitive": True, "Composite": NORM_PATTERN_NAME} over (x, r, w,
 the group's other inputs) returning (y, o), called where t was; FuseTIR makes it one PrimFunc whose
 first blocks are the add + norm's (T_add, T_multiply_red, rsqrt, T_rms_norm) and the rest the
 group's (dequantize, NT_matmul, cast, an epilogue).
 
-The MMA GEMV computes the add and the norm as its prologue at 1-4 rows (targets/mma_gemv.py
-`prologue`: each block stages the normalised rows in shared memory once, every thread a share of
-them); above, the function runs as two kernels again (targets/norm_prologue.py). A kernel a norm
-less: 63 of an 8B's 65 a decode step (the first layer's norm reads the embedding, no add).
+A target's GEMV may compute the add and the norm as its prologue (targets/norm_prologue.py says
+where): a kernel a norm less (the first layer's norm reads the embedding, no add, and stays);
+elsewhere the group runs as the two kernels it was.
 """
 
 from __future__ import annotations
@@ -98,9 +96,10 @@ def _grouped(builder: relax.BlockBuilder, bindings, uses) -> tuple[list, bool]:
         new_gv = _add_group(builder, value_of[t], group_gv, args, n_binding.var)
         norm_args = list(value_of[t].args[1].fields)
         others = [a for a in args if not a.same_as(n_binding.var)]
-        pair = relax.DataflowVar(t.name, relax.TupleType([y_binding.var.ty, b.var.ty]))
+        pair = relax.DataflowVar(t.name, relax.TupleType([value_of[t].ty.fields[0], b.var.ty]))
         replace[at[t]] = [relax.VarBinding(pair, relax.Call(new_gv, [*norm_args, *others]))]
-        replace[at[y_binding.var]] = [relax.VarBinding(y_binding.var, relax.TupleGetItem(pair, 0))]
+        if y_binding is not None:                       # (the final norm's sum is read by nothing)
+            replace[at[y_binding.var]] = [relax.VarBinding(y_binding.var, relax.TupleGetItem(pair, 0))]
         replace[at[b.var]] = [relax.VarBinding(b.var, relax.TupleGetItem(pair, 1))]
         drop.add(at[n_binding.var])
     out = []
@@ -126,16 +125,16 @@ def _match(mod, binding, value_of, items, uses, at):
         t = n_value.tuple_value
         norm = value_of.get(t)
         got = items.get(t, {})
-        if norm is None or not is_call_tir_to(norm, "fuse_add_rms_norm") or set(got) != {0, 1}:
-            continue                                    # (the final norm: its sum unread, see above)
-        if uses.get(arg, 0) != 1 or uses.get(t, 0) != 2:
+        if norm is None or not is_call_tir_to(norm, "fuse_add_rms_norm") or 1 not in got or not set(got) <= {0, 1}:
+            continue
+        if uses.get(arg, 0) != 1 or uses.get(t, 0) != len(got):
             continue                                    # n read elsewhere, or t used whole
         others = [a for a in call.args if not a.same_as(arg)]
         # the group is emitted where t was: its other inputs must be bound before t (weights are)
         if any(a in at and at[a] > at[t] for a in others) or any(
                 isinstance(a, relax.Var) and a in at and at[a] > at[t] for a in norm.args[1].fields):
             continue
-        return t, got[0], got[1], call.op, list(call.args)
+        return t, got.get(0), got[1], call.op, list(call.args)
     return None
 
 
