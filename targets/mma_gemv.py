@@ -383,29 +383,6 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                         for c in T.unroll(groups):
                             reduce_store(Y, red, total, bx, tx, c)
 
-    x_shape, y_shape, k_shape = (rows, T.int64(1), T.int64(k)), (rows, T.int64(1), T.int64(outs)), (T.int64(k),)
-    if threads and norm is None:
-        @T.prim_func(private=True)
-        def kernel(W: T.Buffer(w_shape, w_dtype),
-                   S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
-                   X: T.Buffer(x_shape, "float16"),
-                   Y: T.Buffer(y_shape, out_dtype)):
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            block(W, S, X, Y, None, None, None)
-        return kernel
-    if threads:
-        @T.prim_func(private=True)
-        def kernel_norm(W: T.Buffer(w_shape, w_dtype),
-                        S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
-                        X: T.Buffer(x_shape, "float16"),
-                        Y: T.Buffer(y_shape, out_dtype),
-                        R: T.Buffer(x_shape, "float16"),
-                        WN: T.Buffer(k_shape, "float16"),
-                        YR: T.Buffer(x_shape, "float16")):
-            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            block(W, S, X, Y, R, WN, YR)
-        return kernel_norm
-
     @T.macro
     def mma_emulated(red, frag_a, frag_b, ty):
         """Every lane's MMA sums of one step, from the fragments the lanes built, into red[ty]."""
@@ -497,27 +474,31 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                 total = T.alloc_buffer((4,), "float32")
                 reduce_store(Y, red, total, bx, lane, c)
 
+    # The CUDA kernel or its serial form, over the kernel's params (with `norm`: its three more).
+    body = block if threads else serial_body
+    attrs = {"tirx.noalias": True, "tirx.is_scheduled": True} if threads else {"tirx.noalias": True}
+    x_shape, y_shape, k_shape = (rows, T.int64(1), T.int64(k)), (rows, T.int64(1), T.int64(outs)), (T.int64(k),)
     if norm is None:
         @T.prim_func(private=True)
-        def serial(W: T.Buffer(w_shape, w_dtype),
+        def kernel(W: T.Buffer(w_shape, w_dtype),
                    S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
                    X: T.Buffer(x_shape, "float16"),
                    Y: T.Buffer(y_shape, out_dtype)):
-            T.func_attr({"tirx.noalias": True})
-            serial_body(W, S, X, Y, None, None, None)
-        return serial
+            T.func_attr(attrs)
+            body(W, S, X, Y, None, None, None)
+        return kernel
 
     @T.prim_func(private=True)
-    def serial_norm(W: T.Buffer(w_shape, w_dtype),
+    def kernel_norm(W: T.Buffer(w_shape, w_dtype),
                     S: T.Buffer((T.int64(n), T.int64(k // 32)), "float16"),
                     X: T.Buffer(x_shape, "float16"),
                     Y: T.Buffer(y_shape, out_dtype),
                     R: T.Buffer(x_shape, "float16"),
                     WN: T.Buffer(k_shape, "float16"),
                     YR: T.Buffer(x_shape, "float16")):
-        T.func_attr({"tirx.noalias": True})
-        serial_body(W, S, X, Y, R, WN, YR)
-    return serial_norm
+        T.func_attr(attrs)
+        body(W, S, X, Y, R, WN, YR)
+    return kernel_norm
 
 
 # Warps a block (K split between them): enough in all that each SM has ~16 warps' loads in flight

@@ -182,12 +182,22 @@ def test_a_cuda_artifact_builds_with_the_epilogue(tmp_path, monkeypatch):
     intermediate 512) with the profile's glu_epilogue: the artifact is written, and its batch_decode
     (lowered) calls one kernel function for each layer's gate-up projection and activation, and no
     activation kernel apart; prefill still calls one."""
+    decode, prefill = cuda_artifact_ir(tmp_path, monkeypatch, glu_epilogue=True)
+    assert decode.count("relax_split_relax_nn_silu_relax_multiply(") == 2      # 2 layers
+    assert "split_silu_multiply" not in decode.replace("relax_split_relax_nn_silu_relax_multiply", "")
+    assert "split" in prefill and "silu" in prefill
+
+
+def cuda_artifact_ir(tmp_path, monkeypatch, **fields) -> tuple[str, str]:
+    """`kiln compile` for cuda-sm90 (q4f16) of a Llama wide enough for the MMA GEMV (hidden 256,
+    intermediate 512) with the profile's `fields` set: the artifact written, its lowered batch_decode
+    and prefill (dump_ir's text)."""
     import kiln
     from kiln import targets
     from tiny_models import write_tiny_llama
     src = write_tiny_llama(tmp_path / "hf", tied=True, hidden_size=256, intermediate_size=512)
     make = targets._PROFILES["cuda-sm90"]
-    monkeypatch.setitem(targets._PROFILES, "cuda-sm90", lambda: dataclasses.replace(make(), glu_epilogue=True))
+    monkeypatch.setitem(targets._PROFILES, "cuda-sm90", lambda: dataclasses.replace(make(), **fields))
     art = kiln.compile(str(src), target="cuda-sm90", quant="q4f16", output=tmp_path / "art", dump_ir=tmp_path / "ir")
     assert art.is_dir() and any(art.iterdir())
     lowered = (tmp_path / "ir" / "3-lower.py").read_text()
@@ -195,7 +205,4 @@ def test_a_cuda_artifact_builds_with_the_epilogue(tmp_path, monkeypatch):
     def body(name):
         start = lowered.index(f"    def {name}(")
         return lowered[start:lowered.index("@R.function", start)]
-    decode, prefill = body("batch_decode"), body("prefill")
-    assert decode.count("relax_split_relax_nn_silu_relax_multiply(") == 2      # 2 layers
-    assert "split_silu_multiply" not in decode.replace("relax_split_relax_nn_silu_relax_multiply", "")
-    assert "split" in prefill and "silu" in prefill
+    return body("batch_decode"), body("prefill")

@@ -14,7 +14,7 @@ import tvm
 from tvm import relax, te, tirx
 
 from kiln.compiler.passes.fuse_add_rms_norm import add_rms_norm_te
-from kiln.compiler.quant_modules import QuantFormat, dequantize_element
+from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import quantize
 from kiln.targets import get_profile
 from kiln.targets.add_rms_norm import gpu_row_split
@@ -23,7 +23,8 @@ from kiln.targets.mma_gemv import MMAGEMV, mma_gemv
 from kiln.targets.norm_prologue import match_norm
 
 from gpu_kernels import nvcc_compiles
-from test_glu_epilogue import _run_cpu
+from test_glu_epilogue import _run_cpu, cuda_artifact_ir
+from test_q4_gemv import q4_matmul_te
 
 pytestmark = pytest.mark.compiler
 
@@ -50,14 +51,7 @@ def _norm_matmul(n: int, k: int, fmt: QuantFormat = FORMATS[4], rows=None, eps: 
                                                                   + tirx.const(eps, "float32")), name="rsqrt")
         normed = te.compute(y.shape, lambda a, b, c: (w[c].astype("float32") * y[a, b, c].astype("float32")
                                                       * inv[a, b]).astype("float16"), name="T_rms_norm")
-    words = (te.placeholder((i64(n), i64(k)), "int8", name="qweight") if fmt.kind == "q8"
-             else te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight"))
-    scale = te.placeholder((i64(n), i64(k // 32)), "float16", name="scale")
-    deq = te.compute((i64(n), i64(k)), lambda a, c: dequantize_element(fmt, "float16", words, scale, None, a, c),
-                     name="dequantize")
-    j = te.reduce_axis((i64(0), i64(k)), name="k")
-    sums = te.compute((rows, i64(1), i64(n)), lambda a, b, c: te.sum(
-        normed[a, b, j].astype("float32") * deq[c, j].astype("float32"), axis=j), name="NT_matmul")
+    words, scale, _, sums = q4_matmul_te(n, k, fmt, x=normed)
     out = te.compute(sums.shape, lambda a, b, c: sums[a, b, c].astype("float16"), name="compute")
     return te.create_prim_func([x, r, w, words, scale, y, out])
 
@@ -243,20 +237,6 @@ def test_a_cpu_build_with_the_rewrite_decodes_as_without(tmp_path, monkeypatch):
 def test_a_cuda_artifact_builds_with_the_prologue(tmp_path, monkeypatch):
     """`kiln compile` for cuda-sm90 (q4f16) of a 256-wide Llama with norm_prologue and glu_epilogue:
     the artifact is written; batch_decode (lowered) calls 4 groups and no norm apart, prefill 4 norms."""
-    import kiln
-    from kiln import targets
-    from tiny_models import write_tiny_llama
-    src = write_tiny_llama(tmp_path / "hf", tied=True, hidden_size=256, intermediate_size=512)
-    make = targets._PROFILES["cuda-sm90"]
-    monkeypatch.setitem(targets._PROFILES, "cuda-sm90", lambda: dataclasses.replace(
-        make(), norm_prologue=True, glu_epilogue=True))
-    art = kiln.compile(str(src), target="cuda-sm90", quant="q4f16", output=tmp_path / "art", dump_ir=tmp_path / "ir")
-    assert art.is_dir() and any(art.iterdir())
-    lowered = (tmp_path / "ir" / "3-lower.py").read_text()
-
-    def body(name):
-        start = lowered.index(f"    def {name}(")
-        return lowered[start:lowered.index("@R.function", start)]
-    decode, prefill = body("batch_decode"), body("prefill")
+    decode, prefill = cuda_artifact_ir(tmp_path, monkeypatch, norm_prologue=True, glu_epilogue=True)
     assert decode.count("fused_add_norm_") == 4 and "fuse_add_rms_norm" not in decode
     assert prefill.count("fuse_add_rms_norm") == 4

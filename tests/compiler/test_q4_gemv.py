@@ -74,15 +74,16 @@ def test_rows_past_the_count_are_neither_read_nor_written(batch, count):
         np.testing.assert_allclose(got[b, 0], _reference(planes, x[b:b + 1], True), rtol=1e-5, atol=1e-5)
 
 
-def q4_matmul_te(n: int, k: int, fmt: QuantFormat = FMT, rows=None):
+def q4_matmul_te(n: int, k: int, fmt: QuantFormat = FMT, rows=None, x=None):
     """(codes, scale, x, sums): kiln's dequantize-matmul (4-bit, or `fmt`'s codes) as TE stages, over
-    `rows` activation rows (default: symbolic `batch_size`, decode's), float32 sums."""
+    `rows` activation rows (default: symbolic `batch_size`, decode's), float32 sums; `x`: the
+    activations [rows, 1, k] as a stage of the caller's (rows then its rows), else a placeholder."""
     i64 = lambda v: tvm.tirx.IntImm("int64", v)                              # noqa: E731
-    rows = tvm.tirx.Var("batch_size", "int64") if rows is None else i64(rows)
+    rows = (x.shape[0] if x is not None else tvm.tirx.Var("batch_size", "int64")) if rows is None else i64(rows)
     words = (te.placeholder((i64(n), i64(k)), "int8", name="qweight") if fmt.kind == "q8"
              else te.placeholder((i64(n), i64(k // 8)), "uint32", name="qweight"))
     scale = te.placeholder((i64(n), i64(k // fmt.group_size)), fmt.scale_dtype, name="scale")
-    x = te.placeholder((rows, i64(1), i64(k)), "float16", name="x")
+    x = te.placeholder((rows, i64(1), i64(k)), "float16", name="x") if x is None else x
     deq = te.compute((i64(n), i64(k)), lambda r, c: dequantize_element(fmt, fmt.scale_dtype, words, scale, None, r, c),
                      name="dequantize")
     j = te.reduce_axis((i64(0), i64(k)), name="k")
