@@ -115,7 +115,6 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
     plays = virtual // threads_n                               # the norm kernel's threads a thread plays
     rounds = k // (virtual * lanes_n)                          # each one's vectors of a row
     norm_warps = virtual // LANES
-    per_thread = norm_rows * plays * rounds * lanes_n          # a thread's values of the rows
     iters = k // (CHUNK * warps * unroll)
     pipelined = pipeline and iters > 1
     slots = 2 * unroll if pipelined else unroll               # weight register sets of `unroll` chunks
@@ -239,41 +238,40 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                     Y[c * COLS + 2 * (lane % 4) + e, 0, tile * COLS + lane // 4] = combine(
                         T.Cast(out_dtype, total[e]), T.Cast(out_dtype, total[e + 2]))
 
-    def kept(base, r, m, j):
-        """Where in ys a thread keeps the vector j of row r of the norm kernel's thread it plays m-th
-        (base: the thread's block of ys in the serial form; 0 in the kernel)."""
-        return base * per_thread + ((r * plays + m) * rounds + j) * lanes_n
-
     def value(thread, m, j):
-        """The first of that vector's values in a row: the norm kernel's thread thread + m * threads_n
-        takes vectors j * virtual + its index, in turn."""
+        """The first value in a row of vector j of the norm kernel's thread thread + m * threads_n (the
+        m-th a thread plays): it takes vectors j * virtual + its index, in turn."""
         return (j * virtual + m * threads_n + thread) * lanes_n
 
     @T.macro
-    def norm_sums(ys, ssq, X, R, YR, bx, thread, base):
+    def sum_of(yv, X, R, r, thread, m, j):
+        """y = X + R at that vector, into yv (each time it is needed: fewer registers than keeping it)."""
+        for i in T.vectorized(lanes_n):
+            yv[i] = X[r, 0, value(thread, m, j) + i] + R[r, 0, value(thread, m, j) + i]
+
+    @T.macro
+    def norm_sums(yv, ssq, X, R, YR, bx, thread, base):
         """Thread `thread`'s share of the norm prologue's first half: for each norm-kernel thread it
-        plays, y = X + R at that thread's values of each row into ys (and YR, by block 0) and their
-        float32 squares summed in that thread's order to ssq[(base * norm_rows + r) * plays + m]."""
+        plays, the float32 squares of y = X + R at that thread's values of each row summed in its order
+        to ssq[(base * norm_rows + r) * plays + m] (and y written to YR by block 0)."""
         for r in T.unroll(norm_rows):
             for m in T.unroll(plays):
                 ssq[(base * norm_rows + r) * plays + m] = T.float32(0)
                 if T.Cast("int64", r) < rows:
                     for j in T.unroll(rounds):
-                        for i in T.vectorized(lanes_n):
-                            ys[kept(base, r, m, j) + i] = (X[r, 0, value(thread, m, j) + i]
-                                                           + R[r, 0, value(thread, m, j) + i])
+                        sum_of(yv, X, R, r, thread, m, j)
                         if bx == 0:
                             for i in T.vectorized(lanes_n):
-                                YR[r, 0, value(thread, m, j) + i] = ys[kept(base, r, m, j) + i]
+                                YR[r, 0, value(thread, m, j) + i] = yv[i]
                         for i in T.unroll(lanes_n):
                             ssq[(base * norm_rows + r) * plays + m] = ssq[(base * norm_rows + r) * plays + m] + T.Cast(
-                                "float32", ys[kept(base, r, m, j) + i]) * T.Cast("float32", ys[kept(base, r, m, j) + i])
+                                "float32", yv[i]) * T.Cast("float32", yv[i])
 
     @T.macro
-    def norm_scale(stage, ys, part, tree, inv, wv, WN, thread, base):
+    def norm_scale(stage, yv, part, tree, inv, wv, X, R, WN, thread):
         """The second half, once each norm warp's sum is in part[warp, row]: the warps' sums added as a
-        tree (halves: warp i and i + h for i < h), then the thread's values of each row, rsqrt(ss / k
-        + eps) * y * w in float32 rounded to float16, into the staged rows."""
+        tree (halves: warp i and i + h for i < h), then the thread's values of each row (y again),
+        rsqrt(ss / k + eps) * y * w in float32 rounded to float16, into the staged rows."""
         for r in T.unroll(norm_rows):
             if T.Cast("int64", r) < rows:
                 for w in T.unroll(norm_warps):
@@ -285,11 +283,12 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                 inv[0] = T.rsqrt(tree[0] / T.float32(k) + T.float32(norm))
                 for m in T.unroll(plays):
                     for j in T.unroll(rounds):
+                        sum_of(yv, X, R, r, thread, m, j)
                         for i in T.vectorized(lanes_n):
                             wv[i] = WN[value(thread, m, j) + i]
                         for i in T.unroll(lanes_n):
-                            stage[r, 0, value(thread, m, j) + i] = T.Cast("float16", inv[0] * T.Cast(
-                                "float32", ys[kept(base, r, m, j) + i]) * T.Cast("float32", wv[i]))
+                            stage[r, 0, value(thread, m, j) + i] = T.Cast(
+                                "float16", inv[0] * T.Cast("float32", yv[i]) * T.Cast("float32", wv[i]))
 
     @T.macro
     def load_inputs(xs, X, stage, chunk, g, t, u):
@@ -325,11 +324,11 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                         for u in T.unroll(unroll):
                             load_weights(wa, wb, sa, sb, W, S, bx, u * warps + ty, tx // 4, tx % 4, u)
                         ssq = T.alloc_buffer((norm_rows * plays,), "float32", scope="local")
-                        ys = T.alloc_buffer((per_thread,), "float16", scope="local")
+                        yv = T.alloc_buffer((lanes_n,), "float16", scope="local")
                         tree = T.alloc_buffer((norm_warps,), "float32", scope="local")
                         inv = T.alloc_buffer((1,), "float32", scope="local")
                         wv = T.alloc_buffer((lanes_n,), "float16", scope="local")
-                        norm_sums(ys, ssq, X, R, YR, bx, ty * LANES + tx, 0)
+                        norm_sums(yv, ssq, X, R, YR, bx, ty * LANES + tx, 0)
                         for i in T.unroll(norm_rows * plays):           # each warp's sums into lane 0,
                             for o in T.unroll(5):                       # as TVM's allreduce: 16, 8, 4, 2, 1 down
                                 ssq[i] = ssq[i] + T.tvm_warp_shuffle_down(
@@ -337,7 +336,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
                             if tx == 0:                                 # (i = r * plays + m)
                                 part[i % plays * warps + ty, i // plays] = ssq[i]
                         T.tvm_storage_sync("shared")
-                        norm_scale(stage, ys, part, tree, inv, wv, WN, ty * LANES + tx, 0)
+                        norm_scale(stage, yv, part, tree, inv, wv, X, R, WN, ty * LANES + tx)
                         T.tvm_storage_sync("shared")
                     for e in T.unroll(groups * 4):
                         acc[e] = T.float32(0)
@@ -416,12 +415,12 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         ssq = T.alloc_buffer((threads_n * norm_rows * plays,), "float32")
         other = T.alloc_buffer((threads_n * norm_rows * plays,), "float32")
         part = T.alloc_buffer(part_shape, "float32")
-        ys = T.alloc_buffer((threads_n * per_thread,), "float16")
+        yv = T.alloc_buffer((lanes_n,), "float16")
         tree = T.alloc_buffer((norm_warps,), "float32")
         inv = T.alloc_buffer((1,), "float32")
         wv = T.alloc_buffer((lanes_n,), "float16")
         for thread in T.serial(threads_n):
-            norm_sums(ys, ssq, X, R, YR, bx, thread, thread)
+            norm_sums(yv, ssq, X, R, YR, bx, thread, thread)
         for o in T.serial(5):
             for i in T.serial(threads_n * norm_rows * plays):
                 other[i] = ssq[i]
@@ -433,7 +432,7 @@ def mma_gemv(n: int, k: int, out_dtype: str, bits: int = 4, warps: int = 4, unro
         for w, r, m in T.grid(warps, norm_rows, plays):
             part[m * warps + w, r] = ssq[((w * LANES) * norm_rows + r) * plays + m]
         for thread in T.serial(threads_n):
-            norm_scale(stage, ys, part, tree, inv, wv, WN, thread, thread)
+            norm_scale(stage, yv, part, tree, inv, wv, X, R, WN, thread)
 
     lead = 1 if pipelined else 0        # iterations the serial form loads weights ahead of their MMAs
 
