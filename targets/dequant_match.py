@@ -55,7 +55,7 @@ def match_dequant_matmul(func: tirx.PrimFunc, dtype: str, kinds=KINDS, rows_seco
     output [1, rows, N] (a prefill's: one sequence's positions; the same memory as [rows, 1, K], for
     kernels that view it so, row_dispatch.over_params). `epilogues`: EPILOGUES names the caller
     computes; the cast sums may then feed one of them, whose output is the function's."""
-    sch, rvs, blocks = _root_blocks(func)
+    sch, rvs, blocks = root_blocks(func)
     if tuple(b.name_hint for b in blocks[:2]) != HEAD or (len(blocks) > 3 and not epilogues):
         return None
     deq, mm = blocks[:2]
@@ -108,7 +108,7 @@ def has_epilogue(func: tirx.PrimFunc) -> bool:
     whatever the weight's format (what only an epilogue-taking rule schedules whole)."""
     if not isinstance(func, tirx.PrimFunc):
         return False
-    sch, rvs, blocks = _root_blocks(func)
+    sch, rvs, blocks = root_blocks(func)
     if len(blocks) < 4 or tuple(b.name_hint for b in blocks[:2]) != HEAD or len(blocks[2].writes) != 1:
         return False
     sums = blocks[2].writes[0].source
@@ -116,7 +116,7 @@ def has_epilogue(func: tirx.PrimFunc) -> bool:
     return n is not None and n % 2 == 0 and epilogue_of(sch, rvs[3:], sums, n, tuple(EPILOGUES)) is not None
 
 
-def _root_blocks(func: tirx.PrimFunc):
+def root_blocks(func: tirx.PrimFunc):
     """(a Schedule of func, its root's child block RVs, those blocks)."""
     sch = s_tir.Schedule(func)
     rvs = sch.get_child_blocks(sch.get_sblock("root"))
@@ -166,10 +166,11 @@ def weight_format(value, reads: list, n: int, k: int, dtype: str, v_n, v_k, kind
     return None if kind is None else (kind, group, planes)
 
 
-def param_order(func: tirx.PrimFunc, m: DequantMatmul) -> list[int] | None:
+def param_order(func: tirx.PrimFunc, m: DequantMatmul, x: tirx.Buffer | None = None, more=()) -> list[int] | None:
     """For each of func's params, its place among the matched buffers in a kernel's order (codes,
-    scale, min where the format has them, x, out); None unless func's params are exactly those."""
-    roles = [b for b in (*m.planes, m.x, m.out) if b is not None]
+    scale, min where the format has them, x, out, then `more`); None unless func's params are exactly
+    those. `x`: the activations' buffer where func computes m.x itself (targets/norm_prologue.py)."""
+    roles = [b for b in (*m.planes, m.x if x is None else x, m.out, *more) if b is not None]
     order = [next((i for i, b in enumerate(roles) if b.same_as(p)), None) for p in func.params]
     return None if None in order or sorted(order) != list(range(len(roles))) else order
 

@@ -56,7 +56,7 @@ def norm_fits(k: int, warps: int, split: tuple[int, int]) -> bool:
     lanes) over a row of k: its threads whole warps, a power of two of them, a multiple of the block's,
     and k whole vectors of each."""
     virtual, lanes_n = split
-    return (virtual % (warps * LANES) == 0 and virtual % LANES == 0 and k % (virtual * lanes_n) == 0
+    return (virtual % (warps * LANES) == 0 and k % (virtual * lanes_n) == 0
             and (virtual // LANES) & (virtual // LANES - 1) == 0)
 
 

@@ -22,9 +22,10 @@ from tvm import s_tir, tirx
 from tvm_ffi import structural_equal
 
 from .add_rms_norm import gpu_row_split
-from .dequant_match import EPILOGUES, match_dequant_matmul, placed
+from .dequant_match import EPILOGUES, match_dequant_matmul, param_order, root_blocks
 from .glu_epilogue import split_at
-from .row_dispatch import over_params, static_int
+from .q4_gemv import gemv_rows, placed_kernel
+from .row_dispatch import static_int
 
 NORM_HEAD = ("T_add", "T_multiply_red", "rsqrt", "T_rms_norm")
 NORM_ROWS = 4                   # rows the MMA GEMV's prologue stages at most
@@ -48,9 +49,8 @@ def has_norm(func) -> bool:
     (what the norm-taking rules look at closer)."""
     if not isinstance(func, tirx.PrimFunc) or not isinstance(func.body, s_tir.SBlockRealize):
         return False
-    sch = s_tir.Schedule(func)
-    blocks = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    return len(blocks) > len(NORM_HEAD) and tuple(blocks[:len(NORM_HEAD)]) == NORM_HEAD
+    names = tuple(b.name_hint for b in root_blocks(func)[2])
+    return len(names) > len(NORM_HEAD) and names[:len(NORM_HEAD)] == NORM_HEAD
 
 
 def match_norm(func) -> AddNorm | None:
@@ -105,24 +105,16 @@ def apply_norm_matched(func, target, batch: int, build, kind: str = "q4"):
     if found is None:
         return None
     m = match_dequant_matmul(found.tail, "float16", kinds=(kind,), epilogues=tuple(EPILOGUES))
-    if m is None or m.group != 32 or m.planes[1].dtype != "float16" or m.sums.dtype != "float32" \
-            or not m.x.same_as(found.normed) or batch * m.k * 2 > STAGE_BYTES:
+    one = gemv_rows(m, batch) if m is not None and m.x.same_as(found.normed) else None
+    if one is None or batch * m.k * 2 > STAGE_BYTES:
         return None
-    if m.epilogue is not None and m.out.dtype != "float16":
-        return None
-    one = static_int(m.rows) == 1
-    if not (one or isinstance(m.rows, tirx.Var)) or one != (batch == 1):
-        return None
-    roles = [b for b in (*m.planes, found.x, m.out, found.r, found.w, found.y) if b is not None]
-    order = [next((i for i, b in enumerate(roles) if b.same_as(p)), None) for p in func.params]
-    if None in order or sorted(order) != list(range(len(roles))):
+    order = param_order(func, m, x=found.x, more=(found.r, found.w, found.y))
+    if order is None:
         return None
     split = gpu_row_split(m.k, 16, int(target.max_num_threads))          # the norm kernel's, copied
     kernel = build(m.n, m.k, str(m.out.dtype), None if one else m.rows, epilogue=m.epilogue, norm=found.eps,
                    norm_rows=batch, norm_split=split)
-    if kernel is None:
-        return None
-    return s_tir.Schedule(placed(kernel, order)) if one else over_params(func, placed(kernel, order))
+    return placed_kernel(func, kernel, order, one)
 
 
 __all__ = ["AddNorm", "NORM_ROWS", "apply_norm_matched", "has_norm", "match_norm"]

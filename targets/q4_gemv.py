@@ -202,19 +202,31 @@ def apply_matched(func, target, batch: int, build, kind: str = "q4", epilogues=(
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
         return None
     m = match_dequant_matmul(func, "float16", kinds=(kind,), epilogues=epilogues)
+    one = gemv_rows(m, batch)
+    order = param_order(func, m) if one is not None else None     # W, S, X, Y: where func has them
+    if order is None:
+        return None
+    extra = {"epilogue": m.epilogue} if epilogues else {}
+    return placed_kernel(func, build(m.n, m.k, str(m.out.dtype), None if one else m.rows, **extra), order, one)
+
+
+def gemv_rows(m, batch: int) -> bool | None:
+    """None unless the match `m` is what the GEMVs take (group 32, float16 scales, float32 sums; an
+    epilogue over float16 cast sums) over the rows `batch` asks for; else whether that is one static row."""
     if m is None or m.group != 32 or m.planes[1].dtype != "float16" or m.sums.dtype != "float32":
         return None
-    one = static_int(m.rows) == 1
-    if not (one or isinstance(m.rows, tirx.Var)) or one != (batch == 1):
-        return None
-    order = param_order(func, m)                        # W, S, X, Y: where func has them
-    extra = {"epilogue": m.epilogue} if epilogues else {}
     if m.epilogue is not None and m.out.dtype != "float16":
         return None                                     # the epilogue's inputs: float16 cast sums
-    kernel = build(m.n, m.k, str(m.out.dtype), None if one else m.rows, **extra) if order is not None else None
+    one = static_int(m.rows) == 1
+    return one if (one or isinstance(m.rows, tirx.Var)) and one == (batch == 1) else None
+
+
+def placed_kernel(func, kernel, order: list[int], one: bool):
+    """`kernel` (or None: declined) with its params where `order` says func has them: a Schedule for one
+    static row, else a body over func's own params (row_dispatch over_params)."""
     if kernel is None:
         return None
     return s_tir.Schedule(placed(kernel, order)) if one else over_params(func, placed(kernel, order))
 
 
-__all__ = ["Q4GEMV", "q4_gemv"]
+__all__ = ["Q4GEMV", "apply_matched", "gemv_rows", "placed_kernel", "q4_gemv"]

@@ -51,10 +51,10 @@ def _rewrite(mod: tvm.IRModule, gv: relax.GlobalVar) -> tvm.IRModule:
     body = func.body
     if not isinstance(body, relax.SeqExpr):
         return mod
-    blocks, changed, builder = [], False, relax.BlockBuilder(mod)
+    blocks, changed, builder, uses = [], False, relax.BlockBuilder(mod), _uses(func)
     for block in body.blocks:
         if isinstance(block, relax.DataflowBlock):
-            bindings, grouped = _grouped(builder, block.bindings, _uses(func))
+            bindings, grouped = _grouped(builder, block.bindings, uses)
             changed |= grouped
             block = relax.DataflowBlock(bindings)
         blocks.append(block)
@@ -93,7 +93,7 @@ def _grouped(builder: relax.BlockBuilder, bindings, uses) -> tuple[list, bool]:
         if match is None:
             continue
         t, y_binding, n_binding, group_gv, args = match
-        new_gv = _add_group(builder, value_of[t], group_gv, args, n_binding.var)
+        new_gv = _add_group(builder, value_of[t], group_gv, mod[group_gv], args, n_binding.var)
         norm_args = list(value_of[t].args[1].fields)
         others = [a for a in args if not a.same_as(n_binding.var)]
         pair = relax.DataflowVar(t.name, relax.TupleType([value_of[t].ty.fields[0], b.var.ty]))
@@ -138,12 +138,11 @@ def _match(mod, binding, value_of, items, uses, at):
     return None
 
 
-def _add_group(builder: relax.BlockBuilder, norm: relax.Call, group_gv: relax.GlobalVar, args,
-               n_var) -> relax.GlobalVar:
-    """A Primitive function: the add + norm `norm` on new params, then `group_gv`'s body on its item
-    1 and the group's other inputs; returns (y, the group's output). Added to the builder's module
-    (once: add_func finds an equal one), its GlobalVar."""
-    group = builder.get()[group_gv]
+def _add_group(builder: relax.BlockBuilder, norm: relax.Call, group_gv: relax.GlobalVar, group: relax.Function,
+               args, n_var) -> relax.GlobalVar:
+    """A Primitive function: the add + norm `norm` on new params, then the body of `group` (group_gv's)
+    on its item 1 and the group's other inputs; returns (y, the group's output). Added to the builder's
+    module (once: add_func finds an equal one), its GlobalVar."""
     params = [relax.Var(f"p{i}", a.ty) for i, a in enumerate(norm.args[1].fields)]
     t = relax.DataflowVar("t", norm.ty)
     y = relax.DataflowVar("y", norm.ty.fields[0])
