@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_8b import compare_logits, gemm_crossover, gemm_decode_crossover, measure8b
+from gpu_8b import compare_logits, gemm_crossover, gemm_decode_crossover
 from gpu_builds import (
     CANDIDATE, CHECKS, LEVERS_8B, SMOLLM2_SCHEMES, compile_timed, load_state, save_state, smollm2_gguf)
 from gpu_rows import (
@@ -157,26 +157,33 @@ def run_all(args) -> dict:
         return json.loads(prep_file.read_text())
 
     prep = step("llama3-8b-arch compiled", 120, prep8b_done)
-    # The done-when's figures first: the 8B as it would ship (CANDIDATE where there is one, else
-    # base) and transformers on the same checkpoint, SmolLM2 against torch at batch 1, q0f16
-    # numerics, the serving limits; then, with a candidate, what ships now (adopting the candidate
-    # compares with it), so that a call cut short (a second call goes on, tools/README.md) has the
-    # done-when's rows first. The first 8B build measured runs in a process of its own (kernels
-    # that have not run on a GPU before fault only that process).
+    # The one unmet figure first: the whole 8B at batch 1 through each of LEVERS_8B, "base" (what
+    # ships) first, each in a process of its own (kernels that have not run on a GPU before fault
+    # only that process); then the done-when's other 8B rows (measure8b: batch 16 and 64, the 16 x
+    # 128 prefill, the kernels, the library GEMM's crossovers), met on earlier runs. With a CANDIDATE
+    # (a build about to be adopted) its measure8b comes first and what ships is measured after it
+    # (adopting compares with it), so that a call cut short (a second call goes on, tools/README.md)
+    # has the rows the decision needs first.
     measured = []
     first = CANDIDATE if CANDIDATE and CANDIDATE in prep else "base" if "artifact" in prep else None
-    if first:
-        art8b = prep[CANDIDATE]["artifact"] if first == CANDIDATE else prep["artifact"]
-        label = "llama3-8b-arch q4f16" + (f" {CANDIDATE}" if first == CANDIDATE else "")
+
+    def measure(tag: str) -> dict:
+        art8b = prep[CANDIDATE]["artifact"] if tag == CANDIDATE else prep["artifact"]
+        label = "llama3-8b-arch q4f16" + (f" {CANDIDATE}" if tag == CANDIDATE else "")
         row = step(label, 90, lambda: apart(
-            args, "measure8b", min(240.0, max(60.0, step.left() - 60)), f"measure8b-{first}",
-            ("--artifact", art8b, "--tag", first)))
-        measured += [first] * ("logits" in row)
+            args, "measure8b", min(240.0, max(60.0, step.left() - 60)), f"measure8b-{tag}",
+            ("--artifact", art8b, "--tag", tag)))
+        measured.extend([tag] * ("logits" in row))
+        return row
+
+    if first == CANDIDATE:
+        measure(CANDIDATE)
     if "artifact" in prep:         # the unmet figure: batch 1 through each lever, the whole 8B, a process each
         for lever in LEVERS_8B:
             step(f"8b batch 1 {lever}", LEVER_NEED_S, lambda lever=lever: apart(
                 args, "lever8b", LEVER_S, f"lever8b-{lever}", ("--artifact", prep["artifact"], "--tag", lever)))
         step("8b batch 1 levers", 0, lambda: lever_table(result))
+        measure("base")
         step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(
             args, "torch8b", max(60.0, step.left() - 30)))
     step("smollm2 torch fp16 static", 45, lambda: torch_rows(src, batches[:1], args))
@@ -191,9 +198,6 @@ def run_all(args) -> dict:
     if "artifact" in q4:
         # After the 8B steps: an Engine sizes its KV cache from most of the GPU's free memory.
         step("serving limits", 20, lambda: serving_limits(Path(q4["artifact"])))
-    if first == CANDIDATE:
-        base = step("llama3-8b-arch q4f16", 90, lambda: measure8b(Path(prep["artifact"]), args, torch_too=False))
-        measured += ["base"] * ("logits" in base)
     if measured == [CANDIDATE, "base"]:
         step(f"llama3-8b-arch {CANDIDATE} logits vs base", 0, lambda: compare_logits(step.work, CANDIDATE))
     if not args.quick:              # the shipped kernels against numpy first (GPU_TEST_ORDER)
@@ -221,13 +225,15 @@ def run_all(args) -> dict:
 
 def lever_table(result: dict) -> dict:
     """The LEVERS_8B rows `all` measured, one line each, fastest first: batch-1 tok/s and % of the
-    floor, the same with step graphs, and the largest logit difference from base's."""
+    floor, the same with step graphs, and the largest logit difference from base's; a lever whose
+    process failed says why ("missing"), one not reached yet is "skipped" (so the table itself is
+    unfinished, and a later call on the machine makes it again with what that call adds)."""
     rows = {}
     for lever in LEVERS_8B:
         got = result.get(f"8b batch 1 {lever}", {})
-        if "batch 1" not in got:
-            rows[lever] = {"missing": (got.get("skipped") or got.get("error") or got.get("process")
-                                       or "not measured")}
+        if "batch 1" not in got:       # not reached yet ("skipped": a later call makes the table again)
+            failed = got.get("error") or got.get("process")
+            rows[lever] = {"missing": failed} if failed else {"skipped": got.get("skipped", "not reached")}
             continue
         graphs = got.get("batch 1 step graphs", {})
         rows[lever] = {"tok_s": got["batch 1"]["decode_tok_s"], "pct": got["batch 1"]["pct_of_floor"],

@@ -142,9 +142,12 @@ def test_the_lever_table_puts_the_fastest_first_and_says_what_is_missing():
     assert list(table)[:2] == ["base", "unroll4"]                      # 45 with step graphs beats 44
     assert table["unroll4"] == {"tok_s": 352.0, "pct": 44.0, "graphs_tok_s": None, "graphs_pct": None,
                               "max_diff": 0.01}
-    assert table["pdl"] == {"missing": "10 s left, it needs about 25"}
+    assert table["pdl"] == {"skipped": "10 s left, it needs about 25"}
     assert table["warps16"]["missing"]["returncode"] == 1
     assert set(table) == set(_tool("gpu_builds").LEVERS_8B)
+    assert gpu_all._unfinished(table)                                  # a later call makes it again
+    measured = {f"8b batch 1 {lever}": row(40.0) for lever in table}
+    assert not gpu_all._unfinished(gpu_all.lever_table({**measured, "8b batch 1 warps16": result["8b batch 1 warps16"]}))
 
 
 def test_step_graph_rows_check_the_logits_first_and_say_why_not_here(tiny_artifacts):
