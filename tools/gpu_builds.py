@@ -264,9 +264,17 @@ def prebuild(args) -> dict:
     compile: SmolLM2 for every scheme the checks use, the 8B model (max batch 256) for base, CANDIDATE
     and every LEVERS_8B build, and the 2-layer 8B-shaped model for every VARIANTS entry (both from
     shapes-only checkpoints: the library does not depend on the weights), so the device spends its
-    minutes converting weights, not compiling."""
+    minutes converting weights, not compiling. A library already there for these sources is kept
+    (a second call builds only what the first did not: a lever added since); one built from other
+    sources (another compiler fingerprint) is deleted, as it would only add to the device's carry."""
     import tempfile
+
+    import kiln
     PREBUILT.mkdir(parents=True, exist_ok=True)
+    fingerprint = kiln.compiler_fingerprint()
+    for old in PREBUILT.iterdir():
+        if fingerprint not in old.name.removesuffix(".xz").removesuffix(".so").removesuffix(".json").split("-"):
+            old.unlink()
     done, shapes = {}, Path(tempfile.mkdtemp(prefix="kiln-shapes-"))
     jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
     name, config = llama8b_config(args)
@@ -277,6 +285,10 @@ def prebuild(args) -> dict:
     jobs += [(two, "q4f16", v, None) for v in VARIANTS]
     try:
         for src, quant, variant, max_batch in jobs:
+            key = prebuilt_name(src, quant, args.target, max_batch, variant)
+            if all((PREBUILT / f"{key}{ext}").is_file() for ext in (".so.xz", ".json")):
+                print(f"{src.name} {quant} {variant}: built before -> {key}.so.xz", flush=True)
+                continue
             key, seconds = build_library(src, quant, variant, max_batch, args, PREBUILT)
             done[key] = seconds
             print(f"{src.name} {quant} {variant}: built in {seconds:.0f} s -> {key}.so.xz", flush=True)

@@ -165,3 +165,35 @@ def test_step_graph_rows_check_the_logits_first_and_say_why_not_here(tiny_artifa
     np.testing.assert_array_equal(timing._greedy_logits(runner, args), logits)   # the cache left as it was
     row = timing.step_graph_rows(runner, tiny_artifacts["tied"], args)
     assert "CUDA graphs" in row["error"] and runner.graphs is None
+
+
+def test_prebuild_keeps_what_these_sources_built_and_drops_the_rest(tmp_path, monkeypatch):
+    import kiln
+    builds = _tool("gpu_builds")
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setattr(kiln, "compiler_fingerprint", lambda: "0123456789abcdef")
+    monkeypatch.setattr(builds, "PREBUILT", tmp_path / "prebuilt")
+    monkeypatch.setattr(builds, "smollm2_gguf", lambda: gguf)
+    built = []
+
+    def build_library(src, quant, variant, max_batch, args, dest):
+        key = builds.prebuilt_name(src, quant, args.target, max_batch, variant)
+        for ext in (".so.xz", ".json"):
+            (dest / f"{key}{ext}").write_text("{}")
+        built.append((src.name, quant, variant))
+        return key, 0.0
+
+    monkeypatch.setattr(builds, "build_library", build_library)
+    args = argparse.Namespace(target="cuda-sm90", quick=True)
+    (tmp_path / "prebuilt").mkdir()
+    stale = tmp_path / "prebuilt" / "64b-q4f16-cuda-sm90-b256-fedcba9876543210-pipe.so.xz"
+    stale.write_text("old")
+    builds.prebuild(args)
+    jobs = len(builds.SMOLLM2_SCHEMES) + len({"base", *builds.LEVERS_8B}) + len(builds.VARIANTS)
+    assert len(built) == len(set(built)) == jobs and not stale.exists()
+    kept = tmp_path / "prebuilt" / f"{builds.prebuilt_name(gguf, 'q0f16', 'cuda-sm90', None)}.json"
+    kept.unlink()                                   # one library missing: a second call builds it alone
+    built.clear()
+    builds.prebuild(args)
+    assert built == [("model.gguf", "q0f16", "base")] and kept.is_file()
