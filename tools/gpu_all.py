@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpu_8b import compare_logits, gemm_crossover, gemm_decode_crossover
 from gpu_builds import (
-    CANDIDATE, CHECKS, LEVERS_8B, SMOLLM2_SCHEMES, compile_timed, load_state, save_state, smollm2_gguf)
+    CANDIDATE, CHECKS, LEVER_PARTS, LEVERS_8B, SMOLLM2_SCHEMES, compile_timed, load_state, save_state, smollm2_gguf)
 from gpu_rows import (
     GPU_TESTS_S, draft_model, facts, gpu_tests, references, sampled_decode, scheme_numerics, served,
     serving_limits, speculative)
@@ -180,7 +180,7 @@ def run_all(args) -> dict:
         measure(CANDIDATE)
     if "artifact" in prep:         # the unmet figure: batch 1 through each lever, the whole 8B, a process each
         for lever in LEVERS_8B:
-            step(f"8b batch 1 {lever}", LEVER_NEED_S, lambda lever=lever: apart(
+            step(f"8b batch 1 {lever}", LEVER_NEED_S, lambda lever=lever: parts_lost(result, lever) or apart(
                 args, "lever8b", LEVER_S, f"lever8b-{lever}", ("--artifact", prep["artifact"], "--tag", lever)))
         step("8b batch 1 levers", 0, lambda: lever_table(result))
         measure("base")
@@ -223,17 +223,39 @@ def run_all(args) -> dict:
     return result
 
 
+def _best_tok_s(row: dict) -> float | None:
+    """A lever row's batch-1 tok/s, with or without step graphs, whichever is more; None unmeasured."""
+    tok_s = [r.get("decode_tok_s") for r in (row.get("batch 1", {}), row.get("batch 1 step graphs", {}))]
+    return max((t for t in tok_s if t), default=None)
+
+
+def parts_lost(result: dict, lever: str) -> dict | None:
+    """Why LEVER_PARTS' combination `lever` is not measured in this run: a part measured no faster
+    than base ("not run": final), or a part or base not measured yet ("skipped": a later call on the
+    machine looks again); None where every part beat base (or `lever` is no combination)."""
+    base = _best_tok_s(result.get("8b batch 1 base", {}))
+    for part in LEVER_PARTS.get(lever, ()):
+        got = _best_tok_s(result.get(f"8b batch 1 {part}", {}))
+        if base is None or got is None:
+            return {"skipped": f"{part} or base not measured yet"}
+        if got <= base:
+            return {"not run": f"{part} ({got} tok/s) did not beat base ({base} tok/s)"}
+    return None
+
+
 def lever_table(result: dict) -> dict:
     """The LEVERS_8B rows `all` measured, one line each, fastest first: batch-1 tok/s and % of the
     floor, the same with step graphs, and the largest logit difference from base's; a lever whose
-    process failed says why ("missing"), one not reached yet is "skipped" (so the table itself is
-    unfinished, and a later call on the machine makes it again with what that call adds)."""
+    process failed says why ("missing"), a combination whose part lost says so ("not run"), one not
+    reached yet is "skipped" (so the table itself is unfinished, and a later call on the machine
+    makes it again with what that call adds)."""
     rows = {}
     for lever in LEVERS_8B:
         got = result.get(f"8b batch 1 {lever}", {})
         if "batch 1" not in got:       # not reached yet ("skipped": a later call makes the table again)
             failed = got.get("error") or got.get("process")
-            rows[lever] = {"missing": failed} if failed else {"skipped": got.get("skipped", "not reached")}
+            rows[lever] = ({"missing": failed} if failed else {"not run": got["not run"]} if "not run" in got
+                           else {"skipped": got.get("skipped", "not reached")})
             continue
         graphs = got.get("batch 1 step graphs", {})
         rows[lever] = {"tok_s": got["batch 1"]["decode_tok_s"], "pct": got["batch 1"]["pct_of_floor"],

@@ -64,6 +64,9 @@ PREBUILT = ROOT / ".gpu" / "prebuilt"
 # "fused": "norm" and "glu" together (95 kernels a step fewer): the first measure of both.
 # "pipefused": "pipe" and "fused" together (the MMA GEMV takes its pipeline, prologue and epilogue at
 # once): what ships where "pipe" and "fused" both beat base, measured in the same run as each.
+# "pdlfused": "pdl" and "fused" together: with ~7 kernels a layer, 4 of them GEMVs back to back (O,
+# gate-up, down, the next QKV), each launched while the one before it ends; the GEMVs with a norm
+# prologue wait first (targets/dependent_launch.py), the others load their first weights before.
 # "warps16": the MMA GEMV splits K between 16 warps a block where 8 ship (the 4096- and 6144-row
 # projections: 256-384 blocks of 16 rows, ~16 warps an SM of 132 at 8), every layer: twice the warps,
 # and the loads, in flight. At one row on the H200 the 4-bit GEMVs streamed 38-63% of the copy
@@ -111,6 +114,9 @@ VARIANTS = {"base": {},
                       "batches": (1, 2, 4, 5, 16, 64)},
             "pipefused": {"branches": {"gemv": "pipe"}, "profile": {"norm_prologue": True, "glu_epilogue": True},
                           "batches": (1, 2, 4, 5, 16, 64)},
+            "pdlfused": {"branches": {"gemv": "pdl"},
+                         "profile": {"dependent_launch": True, "norm_prologue": True, "glu_epilogue": True},
+                         "batches": (1, 2, 4, 5, 16, 64)},
             "attn64": {"min_split": 64, "batches": (1, 16)},
             "nographs": {"profile": {"cuda_graphs": False}, "batches": (1, 16)},
             "stepgraph": {"profile": {"cuda_graphs": False}, "runner": {"step_graphs": True}, "batches": (1, 2, 4)},
@@ -138,8 +144,12 @@ CANDIDATE = None
 # loads in flight first (1.77 ms, 1.26 at the floor), then the attention (0.24 ms in 32 calls, most
 # of it latency at 256 tokens), with the kernels fewer ("fused": 95 a step, then each half) beside
 # them; `all` reached 5 levers a session (before measure8b's other rows moved after the levers).
-LEVERS_8B = ("base", "pipe", "fused", "norm", "glu", "pipefused", "attn64", "warps16", "unroll4", "nographs",
-             "pdl16", "q4gemv", "pdl")
+LEVERS_8B = ("base", "pipe", "fused", "pipefused", "pdlfused", "norm", "glu", "attn64", "warps16", "unroll4",
+             "nographs", "pdl16", "q4gemv", "pdl")
+
+# Levers measured only where each of these parts beat base in the same run (gpu_all.py parts_lost):
+# a combination whose part lost would spend a lever's minute to say so again.
+LEVER_PARTS = {"pipefused": ("pipe", "fused"), "pdlfused": ("fused",)}
 
 
 VARIANT_BATCHES = (1, 2, 4, 5, 16, 64)    # 5: the tiles' first row count (a partial tile)

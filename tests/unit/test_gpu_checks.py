@@ -151,6 +151,26 @@ def test_the_lever_table_puts_the_fastest_first_and_says_what_is_missing():
     assert not gpu_all._unfinished(gpu_all.lever_table(measured))
 
 
+def test_a_combined_lever_runs_only_where_each_part_beat_base():
+    gpu_all, builds = _tool("gpu_all"), _tool("gpu_builds")
+    assert set(builds.LEVER_PARTS) <= set(builds.LEVERS_8B) and all(
+        builds.LEVERS_8B.index(part) < builds.LEVERS_8B.index(combo)        # the parts measured first
+        for combo, parts in builds.LEVER_PARTS.items() for part in parts)
+    row = lambda tok_s, graphs=None: {"batch 1": {"decode_tok_s": tok_s, "pct_of_floor": tok_s / 8},  # noqa: E731
+                                      **({"batch 1 step graphs": {"decode_tok_s": graphs}} if graphs else {})}
+    result = {"8b batch 1 base": row(350.0, 370.0), "8b batch 1 pipe": row(360.0, 380.0),
+              "8b batch 1 fused": row(340.0, 365.0)}
+    assert gpu_all.parts_lost(result, "pdlfused")["not run"].startswith("fused (365.0 tok/s) did not beat base")
+    assert "not run" in gpu_all.parts_lost(result, "pipefused")            # pipe won, fused did not
+    assert gpu_all.parts_lost(result, "glu") is None                      # no combination: measured
+    result["8b batch 1 fused"] = row(390.0)                                 # beats 370 without step graphs
+    assert gpu_all.parts_lost(result, "pipefused") is None
+    result["8b batch 1 fused"] = {"skipped": "10 s left, it needs about 100"}
+    assert "skipped" in gpu_all.parts_lost(result, "pdlfused")             # a later call looks again
+    table = gpu_all.lever_table({**result, "8b batch 1 pdlfused": {"not run": "fused lost"}})
+    assert table["pdlfused"] == {"not run": "fused lost"}
+
+
 def test_step_graph_rows_check_the_logits_first_and_say_why_not_here(tiny_artifacts):
     """step_graph_rows (gpu_timing.py) takes the plain runner's greedy logits before it starts the
     graphs (what "vs plain" compares the replayed steps with); on a CPU artifact starting them fails
