@@ -167,7 +167,6 @@ def run_all(args) -> dict:
     # (adopting compares with it), so that a call cut short (a second call goes on, tools/README.md)
     # has the rows the decision needs first.
     measured = []
-    first = CANDIDATE if CANDIDATE and CANDIDATE in prep else "base" if "artifact" in prep else None
 
     def measure(tag: str) -> dict:
         art8b = prep[CANDIDATE]["artifact"] if tag == CANDIDATE else prep["artifact"]
@@ -178,12 +177,13 @@ def run_all(args) -> dict:
         measured.extend([tag] * ("logits" in row))
         return row
 
-    if first == CANDIDATE:
+    if CANDIDATE and CANDIDATE in prep:
         measure(CANDIDATE)
     if "artifact" in prep:         # the unmet figure: batch 1 through each lever, the whole 8B, a process each
-        last_s = [LEVER_NEED_S / LEVER_MARGIN]
+        last_s = LEVER_NEED_S / LEVER_MARGIN          # what the last lever's process took
 
         def lever8b(lever: str) -> dict:
+            nonlocal last_s
             lost = parts_lost(result, lever)
             if lost:
                 return lost
@@ -192,11 +192,10 @@ def run_all(args) -> dict:
                 return apart(args, "lever8b", LEVER_S, f"lever8b-{lever}",
                              ("--artifact", prep["artifact"], "--tag", lever))
             finally:
-                last_s[0] = time.monotonic() - started
+                last_s = time.monotonic() - started
 
         for lever in LEVERS_8B:
-            step(f"8b batch 1 {lever}", min(LEVER_NEED_S, LEVER_MARGIN * last_s[0]),
-                 lambda lever=lever: lever8b(lever))
+            step(f"8b batch 1 {lever}", min(LEVER_NEED_S, LEVER_MARGIN * last_s), lambda lever=lever: lever8b(lever))
         step("8b batch 1 levers", 0, lambda: lever_table(result))
         measure("base")
         step("llama3-8b-arch transformers fp16 static", 120, lambda: apart(
@@ -277,7 +276,7 @@ def lever_table(result: dict) -> dict:
                        "graphs_tok_s": graphs.get("decode_tok_s"), "graphs_pct": graphs.get("pct_of_floor"),
                        "max_diff": got.get("vs base", {}).get("max_diff")}
     # By tok/s (one model, the same bytes): each process measures the copy bandwidth its % divides by.
-    return dict(sorted(rows.items(), key=lambda kv: -max(kv[1].get("tok_s") or 0, kv[1].get("graphs_tok_s") or 0)))
+    return dict(sorted(rows.items(), key=lambda kv: -(_best_tok_s(result.get(f"8b batch 1 {kv[0]}", {})) or 0)))
 
 
 def apart(args, command: str, seconds: float, name: str | None = None, extra: tuple[str, ...] = ()) -> dict:

@@ -283,7 +283,7 @@ def prebuild(args) -> dict:
     PREBUILT.mkdir(parents=True, exist_ok=True)
     fingerprint = kiln.compiler_fingerprint()
     for old in PREBUILT.iterdir():
-        if fingerprint not in old.name.removesuffix(".xz").removesuffix(".so").removesuffix(".json").split("-"):
+        if f"-{fingerprint}" not in old.name:             # prebuilt_name's fingerprint part
             old.unlink()
     done, shapes = {}, Path(tempfile.mkdtemp(prefix="kiln-shapes-"))
     jobs = [(smollm2_gguf(), quant, "base", None) for quant in SMOLLM2_SCHEMES]
