@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -100,6 +101,7 @@ def _model_from_tensors(source, torch, transformers):
     with _no_init():            # every weight is loaded below: a random init is wasted (SmolLM2: 2.8 s)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
+    state = _checkpoint_renames(state, config.model_type, set(model.state_dict()))
     state = _fused_experts(state, set(model.state_dict()), torch)
     if "embed_out.weight" in state and "lm_head.weight" not in state:     # GPT-NeoX's checkpoint name
         state["lm_head.weight"] = state.pop("embed_out.weight")
@@ -111,6 +113,30 @@ def _model_from_tensors(source, torch, transformers):
         raise ValueError(f"the {source.stored_quant} source lacks {missing[:3]} under transformers' names")
     model.tie_weights()
     return model
+
+
+def _checkpoint_renames(state: dict, model_type: str, model_keys: set) -> dict:
+    """`state` with the checkpoint names transformers renames at load for this model type (its
+    conversion mapping's plain renames, in order: EXAONE 3's transformer.h.N.attn.attention.* ->
+    model.layers.N.self_attn.*) where a name is not the model's own."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:             # a transformers without conversion mappings renames nothing
+        return state
+    renames = [(re.compile(src), dst) for r in get_checkpoint_conversion_mapping(model_type) or ()
+               if type(r) is WeightRenaming and len(r.source_patterns) == len(r.target_patterns)
+               for src, dst in zip(r.source_patterns, r.target_patterns)]
+    if not renames:
+        return state
+    out = {}
+    for key, value in state.items():
+        new = key
+        if key not in model_keys:
+            for pattern, target in renames:
+                new = pattern.sub(target, new)
+        out[new] = value
+    return out
 
 
 _EXPERT_NAMES = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))     # Qwen / OLMoE, Mixtral

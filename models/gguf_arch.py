@@ -34,6 +34,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     starcoder2 StarCoder2        as HF (c_fc / c_proj as ffn_up / ffn_down); no sliding window in the file
     olmo2    OLMo 3              as OLMo 2, with attention.sliding_window and a per-layer
                                  attention.sliding_window_pattern (true: the layer slides)
+    exaone   EXAONE 3.0 / 3.5    as HF (EXAONE's GPT-2-like names; q/k rows not permuted: llama.cpp's
+                                 NeoX RoPE); Llama 3 scaling as rope_freqs.weight
     exaone4  EXAONE 4.0          as OLMo 2 (q/k norms per head); the window and pattern as above
     seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
     hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
@@ -163,6 +165,10 @@ MLA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_k", "att
 DEEPSEEK2_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in ("attn_k", "attn_v", *QK_NORMS)}, **MLA_LAYER}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
+EXAONE_LAYER = {"attn_q": "attn.attention.q_proj", "attn_k": "attn.attention.k_proj", "attn_v": "attn.attention.v_proj",
+                "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0", "ffn_up": "mlp.c_fc_1",
+                "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
+EXAONE_GLOBAL = {"token_embd": "transformer.wte", "output_norm": "transformer.ln_f", "output": "lm_head"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
                "output": "lm_head"}
 
@@ -260,6 +266,11 @@ def _llama3_or_scaling(reader, arch, tensors, c):
         c["rope_scaling"] = llama3_scaling(_tensor_values(tensors["rope_freqs.weight"]), c, reader, arch)
     elif (scaling := rope_scaling(reader, arch)) is not None:
         c["rope_scaling"] = scaling
+
+
+def _exaone(reader, arch, tensors, c):
+    _head_dim(reader, arch, c)
+    _llama3_or_scaling(reader, arch, tensors, c)
 
 
 def _qwen3(reader, arch, tensors, c):
@@ -704,6 +715,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                      transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),
     "granite": GGUFArch("granite", ("GraniteForCausalLM",), LLAMA_LAYER, permuted=True, config=_granite),
     "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_olmo2, also=("olmo3",)),
+    "exaone": GGUFArch("exaone", ("ExaoneForCausalLM",), EXAONE_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",
+                       config=_exaone),
     "exaone4": GGUFArch("exaone4", ("Exaone4ForCausalLM",), OLMO2_LAYER, config=_exaone4),
     "seed_oss": GGUFArch("seed_oss", ("SeedOssForCausalLM",), SEED_OSS_LAYER, config=_seed_oss),
     "granitemoe": GGUFArch("granitemoe", ("GraniteMoeForCausalLM",), GRANITE_MOE_LAYER, permuted=True,

@@ -2,7 +2,8 @@
 attention on every layer when `sliding_window` is below the context, or on the layers `layer_types`
 names: Ministral), and the Llamas under other names: InternLM 3 (`qkv_bias` / `bias`), IQuest-Coder,
 Seed-OSS (q/k/v biases apart from o's: `attention_out_bias`), Meta's CWM (3 sliding layers to each
-full one, full first; Llama 3 RoPE scaling by default) and Ministral 3 (queries scaled by position).
+full one, full first; Llama 3 RoPE scaling by default), Ministral 3 (queries scaled by position) and
+EXAONE 3.0 / 3.5 (LG AI Research: a Llama under GPT-2-like tensor and config names).
 The causal-LM base with Llama's defaults (models/causal_lm.py)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import ClassVar
 
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap,
                         attention_by_type, decoder_weight_map, prefixed_names)
-from .config import ConfigField, TextModelOf, fields_with, layer_types
+from .config import ConfigField, TextModelOf, fields_with, layer_types, one_of
 from .layers import Flags
 from .rope import query_temperature
 
@@ -119,8 +120,36 @@ class Ministral3Config(TextModelOf, LlamaConfig):
         return dataclasses.replace(super().flags(), attn_temperature=self.attn_temperature)
 
 
+@dataclass(frozen=True)
+class ExaoneConfig(LlamaConfig):
+    """EXAONE 3.0 and 3.5 (LG AI Research): a Llama (Llama 3 RoPE scaling on 3.5, a tied head on
+    3.5's 2.4B) whose config.json says num_layers, layer_norm_epsilon and activation_function, and
+    whose tensors are named as GPT-2's (transformer.h.N.attn.attention.q_proj, mlp.c_fc_0 / c_fc_1 /
+    c_proj: EXAONE_NAMES). transformers 5 runs it as its Llama and saves it under these names."""
+
+    ARCH: ClassVar[str] = "exaone"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *LlamaConfig.FIELDS, ConfigField("activation", ("activation_function", "hidden_act"), default="silu"))
+
+    activation: str = "silu"
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        one_of({"silu": "silu"}, values["activation"], "activation_function", cls.ARCH)   # every EXAONE 3.x's
+        return super().adapt(values, hf, notes)
+
+
+# EXAONE 3.x's tensor names (transformers 5 renames them to Llama's at load and back at save).
+EXAONE_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.wte", norm="transformer.ln_f", layer="transformer.h.{i}",
+                    input_layernorm="ln_1", post_attention_layernorm="ln_2", q_proj="attn.attention.q_proj",
+                    k_proj="attn.attention.k_proj", v_proj="attn.attention.v_proj", o_proj="attn.attention.out_proj",
+                    gate_proj="mlp.c_fc_0", up_proj="mlp.c_fc_1", down_proj="mlp.c_proj")
+
 LlamaForCausalLM = Ministral3ForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
+ExaoneForCausalLM = CausalLM
 
 
 def weight_map(c: LlamaConfig) -> WeightMap:
+    if isinstance(c, ExaoneConfig):
+        return decoder_weight_map(c, EXAONE_NAMES)
     return decoder_weight_map(c, prefixed_names(LLAMA_NAMES, getattr(c, "weight_prefix", "model")))

@@ -36,6 +36,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           llama.InternLM3ForCausalLM),
     _arch("seed_oss", ("SeedOssForCausalLM",), ("seed_oss",), llama, llama.SeedOssConfig, llama.SeedOssForCausalLM),
     _arch("cwm", ("CwmForCausalLM",), ("cwm",), llama, llama.CwmConfig, llama.CwmForCausalLM),
+    _arch("exaone", ("ExaoneForCausalLM",), ("exaone",), llama, llama.ExaoneConfig, llama.ExaoneForCausalLM),
     _arch("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qwen2, qwen2.Qwen2Config, qwen2.Qwen2ForCausalLM),
     _arch("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), qwen3, qwen3.Qwen3Config, qwen3.Qwen3ForCausalLM),
     _arch("gemma", ("GemmaForCausalLM",), ("gemma",), gemma, gemma.GemmaConfig, gemma.GemmaForCausalLM),
@@ -145,11 +146,16 @@ def supported() -> str:
 
 
 def find_architecture(hf_config: dict) -> Architecture:
-    """The registered architecture for a config.json dict, by `architectures` then `model_type`."""
+    """The registered architecture for a config.json dict: by `model_type`, as transformers' Auto
+    classes choose (transformers 5 saves EXAONE 3 as model_type exaone with architectures
+    LlamaForCausalLM, its tensors under EXAONE's names), then by `architectures`."""
     names = hf_config.get("architectures") or []
     model_type = hf_config.get("model_type")
     for arch in ARCHITECTURES.values():
-        if any(n in arch.hf_architectures for n in names) or model_type in arch.model_types:
+        if model_type in arch.model_types:
+            return arch
+    for arch in ARCHITECTURES.values():
+        if any(n in arch.hf_architectures for n in names):
             return arch
     what = "/".join(names) or model_type or "no 'architectures' or 'model_type' field"
     raise ModelLoadError(f"unknown architecture: {what}. Supported: {supported()}.")

@@ -51,7 +51,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
              "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox",
              "ernie4_5": "ernie4_5", "glm4": "glm4", "cohere": "command-r", "cohere2": "cohere2", "olmoe": "olmoe",
-             "olmo3": "olmo2", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
+             "olmo3": "olmo2", "exaone": "exaone", "exaone4": "exaone4", "seed_oss": "seed_oss", "hunyuan_v1_dense": "hunyuan-dense",
              "falcon": "falcon", "gpt_bigcode": "starcoder", "olmo": "olmo", "granitemoe": "granitemoe",
              "granitemoeshared": "granitemoe", "nemotron": "nemotron", "jais2": "jais2", "arcee": "arcee",
              "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
@@ -392,7 +392,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     if arch == "gpt2":
         out["output.weight"] = out["token_embd.weight"]
     _, scaling = _rope(cfg)
-    if arch == "llama" and scaling and scaling["rope_type"] == "llama3":
+    if arch in ("llama", "exaone") and scaling and scaling["rope_type"] == "llama3":
         out["rope_freqs.weight"] = _llama3_factors(cfg, scaling)
     if arch in ("phi3", "minicpm3") and scaling:
         out["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)

@@ -33,6 +33,8 @@ pass `kiln check` against the golden logits the compile stored.
              not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
     internlm3  q/k/v/o and MLP biases under InternLM 3's own config.json names
     seed_oss q/k/v biases without o's
+    exaone   EXAONE 3.x: Llama under GPT-2-like tensor names, LG's config.json names and Llama 3 RoPE
+             scaling (exaone-tied: as transformers 5 saves it, model_type exaone over LlamaForCausalLM)
     ministral, cwm  sliding-window layers among full ones, RoPE by the cache (past the window:
              test_families_sliding.py)
     olmo3    OLMo 2 with sliding layers and YaRN on the full ones only (RoPE in the graph)
@@ -158,6 +160,11 @@ CASES = {
                                                           pad_token_id=0)),
     # InternLM 3's own config.json names (qkv_bias, bias) and architecture, written over transformers' (RENAMED)
     "internlm3": ("LlamaForCausalLM", "InternLM3Config", dict(head_dim=24, attention_bias=True, mlp_bias=True)),
+    # EXAONE 3.5's config.json (RENAMED); transformers runs and saves it as its Llama under EXAONE's tensor names
+    "exaone": ("LlamaForCausalLM", "ExaoneConfig", dict(pad_token_id=0, bos_token_id=1, rope_parameters=dict(
+        rope_type="llama3", rope_theta=1e6, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=32))),
+    "exaone-tied": ("LlamaForCausalLM", "ExaoneConfig", dict(pad_token_id=0, bos_token_id=1, tie_word_embeddings=True)),
     "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(head_dim=24, attention_bias=True, attention_out_bias=False,
                                                              attention_dropout=0.0, residual_dropout=0.0)),
     "ministral": ("MinistralForCausalLM", "MinistralConfig", dict(head_dim=16, sliding_window=32,
@@ -262,7 +269,13 @@ CASES = {
 # config.json as a family's own checkpoints write it, where transformers writes it otherwise
 RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")},
                                    "architectures": ["InternLM3ForCausalLM"], "qkv_bias": c["attention_bias"],
-                                   "bias": c["mlp_bias"]}}
+                                   "bias": c["mlp_bias"]},
+           "exaone": lambda c: {**{k: v for k, v in c.items() if k not in (
+               "num_hidden_layers", "rms_norm_eps", "hidden_act", "rope_parameters")},
+               "architectures": ["ExaoneForCausalLM"], "num_layers": c["num_hidden_layers"],
+               "layer_norm_epsilon": c["rms_norm_eps"], "activation_function": c["hidden_act"],
+               "rope_theta": c["rope_parameters"]["rope_theta"],
+               "rope_scaling": {k: v for k, v in c["rope_parameters"].items() if k != "rope_theta"}}}
 
 
 def write_family(case: str, dest, seed: int = 0, **extra):

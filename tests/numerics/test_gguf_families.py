@@ -18,7 +18,8 @@ everywhere (ernie4_5), partial adjacent-pair RoPE and fused gate/up behind post-
 bias-free LayerNorm and the logit scale (cohere; per-head q/k norm weights: command-r-plus; cohere2's
 window and global layers without RoPE, the layer pattern written nowhere), experts without a shared one and whole-width q/k norms (olmoe), OLMo 3
 as llama.cpp's olmo2 with its window and per-layer pattern (olmo3), the same pattern with per-head q/k
-norms and global layers without RoPE (exaone4), q/k/v biases and the pre-MLP norm's other name
+norms and global layers without RoPE (exaone4), EXAONE 3's GPT-2-like names with q/k rows not permuted and Llama
+3 RoPE factors (exaone), q/k/v biases and the pre-MLP norm's other name
 (seed_oss), q/k norms after RoPE under their GGUF names and the NTK-alpha base (hunyuan), one kv head
 and Linear weights under GPT-2's names (gpt-bigcode), q/k/v regrouped from kv groups with one norm
 (falcon-7b) or ln_attn / ln_mlp stored as attn_norm_2 / attn_norm (falcon-40b), no norm tensors and
@@ -121,6 +122,9 @@ CASES = {
                                                             tie_word_embeddings=True, pad_token_id=0)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
     "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
+    "exaone": ("LlamaForCausalLM", "ExaoneConfig", dict(pad_token_id=0, rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=8.0,
+        original_max_position_embeddings=1024))),
     "exaone4": ("Exaone4ForCausalLM", "Exaone4Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
     "seed_oss": ("SeedOssForCausalLM", "SeedOssConfig", dict(head_dim=24, attention_bias=True, attention_dropout=0.0,
                                                              residual_dropout=0.0)),

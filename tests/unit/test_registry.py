@@ -37,6 +37,9 @@ pytestmark = pytest.mark.unit
     ({"model_type": "ministral"}, "llama"),
     ({"architectures": ["HunYuanDenseV1ForCausalLM"]}, "hunyuan_v1_dense"),
     ({"model_type": "granitemoeshared"}, "granitemoeshared"),
+    ({"architectures": ["ExaoneForCausalLM"], "model_type": "exaone"}, "exaone"),
+    # transformers 5 saves EXAONE 3 so (its tensors under EXAONE's names): model_type decides, as in transformers
+    ({"architectures": ["LlamaForCausalLM"], "model_type": "exaone"}, "exaone"),
 ])
 def test_find_architecture(hf, family):
     assert find_architecture(hf).name == family
