@@ -33,6 +33,7 @@ from .gguf_arch import GGUF_ARCHS, LLAMA_GLOBAL, LLAMA_LAYER, GGUFArch, rope_sca
 from .gguf_meta import meta as _meta
 from .gguf_tokenizer import _check_tokenizer, write_gguf_tokenizer
 from .source import ModelLoadError, ModelSource, content_hash
+from .unsupported import unsupported_reason
 
 # GGUF general.architecture -> (HF model_type, HF architectures, whether llama.cpp permuted q/k rows).
 GGUF_ARCHITECTURES = {name: (a.model_type, list(a.architectures), a.permuted) for name, a in GGUF_ARCHS.items()}
@@ -105,6 +106,8 @@ def _f32(value: float) -> float:
 def _arch(reader: gguf.GGUFReader) -> tuple[str, GGUFArch]:
     arch = _meta(reader, "general.architecture")
     if arch not in GGUF_ARCHS:
+        if (reason := unsupported_reason(arch)) is not None:
+            raise ModelLoadError(f"GGUF architecture {reason}")
         raise ModelLoadError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}. "
             "`kiln models` lists the families kiln compiles"

@@ -9,6 +9,7 @@ from . import (apertus, cohere, deepseek, ernie4_5, falcon, gemma, glm, glm4_moe
                granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi,
                phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
+from .unsupported import unsupported_reason
 
 
 @dataclass(frozen=True)
@@ -157,5 +158,7 @@ def find_architecture(hf_config: dict) -> Architecture:
     for arch in ARCHITECTURES.values():
         if any(n in arch.hf_architectures for n in names):
             return arch
+    if (reason := unsupported_reason(model_type)) is not None:
+        raise ModelLoadError(reason)
     what = "/".join(names) or model_type or "no 'architectures' or 'model_type' field"
     raise ModelLoadError(f"unknown architecture: {what}. Supported: {supported()}.")

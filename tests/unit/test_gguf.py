@@ -379,10 +379,14 @@ def test_yarn_is_read_into_the_config(tiny_hf, tmp_path):
 
 
 def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
-    with pytest.raises(ModelLoadError, match=f"'bloom' is not supported; supported: llama, qwen2, qwen3, gemma2, "
+    with pytest.raises(ModelLoadError, match=f"'codeshell' is not supported; supported: llama, qwen2, qwen3, gemma2, "
                                              f"gemma3, phi3, gpt2, {re.escape(', '.join(kg.SUPPORTED_ARCHITECTURES[7:]))}. "
                                              "`kiln models` lists"):
-        kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="bloom"))
+        kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="codeshell"))
+    # a family known to need what kiln lacks: refused with the reason
+    with pytest.raises(ModelLoadError, match=r"GGUF architecture OpenAI gpt-oss \(gpt-oss\) is not supported yet: "
+                                             "its attention sinks"):
+        kg.load_gguf(_write_tiny(tmp_path / "oss.gguf", tiny_hf, arch="gpt-oss"))
     refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
     with pytest.raises(ModelLoadError, match=refusal):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="rwkv"))

@@ -55,6 +55,19 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     assert "GGUF llama" in msg
 
 
+@pytest.mark.parametrize("model_type, reason", [
+    ("gpt_oss", r"OpenAI gpt-oss \(gpt_oss\) is not supported yet: its attention sinks"),
+    ("granite_swa", "Granite SWA .* attention sinks"),
+    ("qwen3_5_text", "Qwen3.5 .* linear-attention layers"),
+    ("jamba", "Jamba .* Mamba state-space layers"),
+    ("bloom", "BLOOM .* ALiBi"),
+])
+def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
+    with pytest.raises(ModelLoadError, match=reason) as e:
+        find_architecture({"architectures": ["SomethingForCausalLM"], "model_type": model_type})
+    assert str(e.value).endswith("`kiln models` lists the families kiln compiles")
+
+
 def test_kiln_models_lists_families():
     out = CliRunner().invoke(main, ["models", "--json"])
     assert out.exit_code == 0, out.output

@@ -1,0 +1,49 @@
+"""Families people reach for that kiln cannot run yet, each with what stands in the way, by config.json
+model_type and by GGUF architecture: models/registry.py and models/gguf.py refuse a known one with its
+reason rather than as an unknown architecture."""
+
+from __future__ import annotations
+
+_SINKS = ("attention sinks (a learned logit per head in every softmax), which need the attention's "
+          "log-sum-exp back in the graph: TVM's paged KV cache, which kiln uses, returns only the output")
+_MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its attention layers"
+_LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
+_ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
+_UNSUPPORTED = {
+    "gpt_oss": ("OpenAI gpt-oss", _SINKS), "gpt-oss": ("OpenAI gpt-oss", _SINKS),
+    "granite_swa": ("Granite SWA", _SINKS), "granitemoe_swa": ("Granite MoE SWA", _SINKS),
+    "mamba": ("Mamba", "state-space layers instead of attention"),
+    "mamba2": ("Mamba-2", "state-space layers instead of attention"),
+    "falcon_mamba": ("Falcon Mamba", "state-space layers instead of attention"),
+    **{t: (name, _MAMBA) for t, name in (
+        ("jamba", "Jamba"), ("bamba", "Bamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"), ("falcon_h1", "Falcon-H1"),
+        ("falcon-h1", "Falcon-H1"), ("nemotron_h", "Nemotron-H"), ("nemotron_h_moe", "Nemotron-H MoE"))},
+    **{t: (name, _LINEAR) for t, name in (
+        ("qwen3_next", "Qwen3-Next"), ("qwen3next", "Qwen3-Next"), ("qwen3_5", "Qwen3.5"), ("qwen3_5_text", "Qwen3.5"),
+        ("qwen35", "Qwen3.5"), ("qwen3_5_moe", "Qwen3.5 MoE"), ("qwen3_5_moe_text", "Qwen3.5 MoE"),
+        ("qwen35moe", "Qwen3.5 MoE"), ("kimi_linear", "Kimi Linear"), ("kimi-linear", "Kimi Linear"),
+        ("minimax", "MiniMax-Text-01"), ("olmo_hybrid", "OLMo hybrid"))},
+    "lfm2": ("LFM2", "gated short-convolution layers among its attention layers"),
+    "lfm2moe": ("LFM2 MoE", "gated short-convolution layers among its attention layers"),
+    "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
+    "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
+    "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),
+    "recurrent_gemma": ("RecurrentGemma", "Griffin's recurrent (RG-LRU) blocks among its attention layers"),
+    "xlstm": ("xLSTM", "recurrent xLSTM blocks instead of attention"),
+    "bloom": ("BLOOM", _ALIBI), "mpt": ("MPT", _ALIBI),
+    "gemma3n": ("Gemma 3n", "per-layer inputs, AltUp and LAuReL blocks, and KV shared across layers"),
+    "gemma3n_text": ("Gemma 3n", "per-layer inputs, AltUp and LAuReL blocks, and KV shared across layers"),
+    **{t: ("Gemma 4", "global layers with a head size of their own beside the local layers' (one paged KV cache "
+                      "holds one head size) and per-layer inputs") for t in ("gemma4", "gemma4_text")},
+    "deepseek_v32": ("DeepSeek-V3.2", "sparse attention (an indexer choosing the keys each query reads)"),
+}
+
+
+def unsupported_reason(name: str | None) -> str | None:
+    """Why a known family (config.json model_type or GGUF architecture `name`) is refused, else None."""
+    known = _UNSUPPORTED.get(name or "")
+    if known is None:
+        return None
+    family, why = known
+    return (f"{family} ({name}) is not supported yet: its {why}. `kiln models` lists the families kiln "
+            "compiles")
