@@ -2,15 +2,17 @@
 experts of `moe_intermediate_size` (models/moe.py): the top `num_experts_per_tok` per token,
 renormalised where `norm_topk_prob`; every `decoder_sparse_step`-th layer not in `mlp_only_layers`
 (the others keep a dense MLP of `intermediate_size`). Qwen2-MoE adds a shared expert of
-`shared_expert_intermediate_size` behind a sigmoid gate."""
+`shared_expert_intermediate_size` behind a sigmoid gate. JetBrains' Mellum (MoE) is Qwen3-MoE with
+sliding-window layers among full ones (`layer_types`, each kind its own RoPE base: RoPE in the graph),
+dense layers by `mlp_layer_types` and multi-token-prediction layers (`mtp.*`, left unread)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import DECODER_FIELDS, CausalLM, WeightMap
-from .config import ConfigField
+from .causal_lm import DECODER_FIELDS, CausalLM, LayerAttention, WeightMap, attention_by_type
+from .config import ConfigField, dense_layers, layer_types, split_layer_rope
 from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 from .qwen2 import Qwen2Config
 from .qwen3 import Qwen3Config
@@ -62,7 +64,52 @@ class Qwen3MoeConfig(_QwenMoE, Qwen3Config):
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (*Qwen3Config.FIELDS, *MOE_FIELDS)
 
 
-Qwen2MoeForCausalLM = Qwen3MoeForCausalLM = CausalLM
+@dataclass(frozen=True)
+class MellumConfig(Qwen3MoeConfig):
+    """Mellum: `rope_parameters` per layer type (transformers' defaults: 500,000 for full layers, 10,000
+    for sliding ones; a partial rotary factor must be the same for both), every layer full where
+    config.json lists no types, every MLP sparse where it lists no `mlp_layer_types`."""
+
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    local_rope_theta: float = 10000.0
+
+    ARCH: ClassVar[str] = "mellum"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *Qwen3MoeConfig.FIELDS, ConfigField("sliding_window", ("sliding_window",), default=None),
+        ConfigField("layer_types", ("layer_types",), default=None),
+        ConfigField("local_rope_theta", ("rope_local_base_freq",), default=10000.0))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "MellumConfig":
+        params = hf.get("rope_parameters")
+        if isinstance(params, dict) and "full_attention" in params:
+            partial = {(p or {}).get("partial_rotary_factor", 1.0) for p in params.values()}
+            if len(partial) > 1:
+                raise ValueError(f"mellum with partial_rotary_factor {sorted(partial)} per layer type is not supported "
+                                 "(kiln rotates the same dims on every layer)")
+            hf = {**hf, "partial_rotary_factor": partial.pop(),
+                  "rope_parameters": {t: {k: v for k, v in (p or {}).items() if k != "partial_rotary_factor"}
+                                      for t, p in params.items()}}
+        return super().from_hf(split_layer_rope(hf, full_theta=500000.0, local_theta=10000.0))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, window = values["num_hidden_layers"], values["sliding_window"]
+        types = tuple(values["layer_types"] or ("full_attention",) * n)
+        types = layer_types(types, n, hf, pattern=1)
+        if not window or window >= values["context_window_size"] or "sliding_attention" not in types:
+            window = None                   # sliding layers that never slide: full, with their own RoPE base
+        values = dict(values, sliding_window=window, layer_types=types,
+                      dense_layers=dense_layers(hf.get("mlp_layer_types"), n, first_dense=0))
+        return super().adapt(values, hf, notes)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
+            (self.local_rope_theta, None) if t == "sliding_attention" else (self.rope_theta, self.rope_scaling)))
+
+
+Qwen2MoeForCausalLM = Qwen3MoeForCausalLM = MellumForCausalLM = CausalLM
 
 
 def weight_map(c: Qwen2MoeConfig | Qwen3MoeConfig) -> WeightMap:

@@ -31,6 +31,8 @@ pass `kiln check` against the golden logits the compile stored.
              test_families_sliding.py)
     mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
              not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
+    mellum   Qwen3-MoE with a dense first layer by mlp_layer_types and sliding layers with a RoPE base of
+             their own (RoPE in the graph; past the window: test_families_sliding.py)
     internlm3  q/k/v/o and MLP biases under InternLM 3's own config.json names
     seed_oss q/k/v biases without o's
     exaone   EXAONE 3.x: Llama under GPT-2-like tensor names, LG's config.json names and Llama 3 RoPE
@@ -146,6 +148,14 @@ CASES = {
     "qwen3-moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3,
                                                                 moe_intermediate_size=48, norm_topk_prob=True)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
+    # a dense layer, then sparse ones; sliding layers with a RoPE base of their own (past the window:
+    # test_families_sliding.py)
+    "mellum": ("MellumForCausalLM", "MellumConfig", dict(
+        head_dim=16, num_hidden_layers=3, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
+        norm_topk_prob=True, sliding_window=64, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=0, rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     "ernie4_5": ("Ernie4_5ForCausalLM", "Ernie4_5Config", dict(head_dim=24, use_bias=True, tie_word_embeddings=True)),
     "glm": ("GlmForCausalLM", "GlmConfig", dict(pad_token_id=0)),
     "glm4": ("Glm4ForCausalLM", "Glm4Config", dict(pad_token_id=0, tie_word_embeddings=False)),

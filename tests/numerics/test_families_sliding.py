@@ -2,7 +2,8 @@
 Gemma 2 (alternating sliding/global layers), Gemma 3 (the same with per-layer RoPE in the graph), and
 Phi-3 and StarCoder2 (every layer slides: TVM's per-sequence window), Cohere2 (sliding layers with RoPE
 in the graph, global ones without), CWM (a Llama with sliding layers among full ones), GPT-Neo (local
-layers among global ones, learned positions). Every layer sliding with RoPE in the graph is refused."""
+layers among global ones, learned positions), Mellum (experts, sliding layers with their own RoPE base
+around a full one). Every layer sliding with RoPE in the graph is refused."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped
          "starcoder2": dict(sliding_window=WINDOW),             # every layer slides (StarCoder2-3B's 4,096)
          "cohere2": dict(sliding_window=WINDOW),                # 3 sliding with RoPE, then 1 global without
          "cwm": dict(sliding_window=WINDOW),                    # a Llama: 1 full, then 3 sliding, RoPE by the cache
-         "gpt-neo": dict(window_size=WINDOW)}                   # learned positions: a global layer, then a local one
+         "gpt-neo": dict(window_size=WINDOW),                   # learned positions: a global layer, then a local one
+         "mellum": dict(sliding_window=WINDOW)}                 # sliding, full, sliding; RoPE in the graph
 
 
 @pytest.fixture(scope="module", params=list(CASES))

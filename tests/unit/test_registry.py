@@ -38,6 +38,7 @@ pytestmark = pytest.mark.unit
     ({"architectures": ["HunYuanDenseV1ForCausalLM"]}, "hunyuan_v1_dense"),
     ({"model_type": "granitemoeshared"}, "granitemoeshared"),
     ({"architectures": ["ExaoneForCausalLM"], "model_type": "exaone"}, "exaone"),
+    ({"architectures": ["MellumForCausalLM"], "model_type": "mellum"}, "mellum"),
     # transformers 5 saves EXAONE 3 so (its tensors under EXAONE's names): model_type decides, as in transformers
     ({"architectures": ["LlamaForCausalLM"], "model_type": "exaone"}, "exaone"),
 ])
