@@ -14,9 +14,12 @@ MLP of `intermediate_size`:
     exaone_moe   LG K-EXAONE: per-head q/k RMSNorm, sliding layers with RoPE among global ones without
                  (as EXAONE 4.0's, but with norms before attention and MLP), dense layers by
                  `mlp_layer_types`
+    hy_v3        Tencent Hy V3: per-head q/k RMSNorm, no groups, the weights always renormalised and
+                 scaled by `router_scaling_factor`, dense layers by `mlp_layer_types` (the first where
+                 unwritten), its own tensor names (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
 
-GLM-4.5's multi-token-prediction layers (`num_nextn_predict_layers`, stored after the last layer) are
-not loaded: they only draft tokens."""
+GLM-4.5's and Hy V3's multi-token-prediction layers (stored after the last layer) are not loaded: they
+only draft tokens."""
 
 from __future__ import annotations
 
@@ -156,12 +159,39 @@ class ExaoneMoeConfig(ExaoneLayers, Glm4MoeConfig):
         return None if layer in self.dense_layers else self.routed()
 
 
+@dataclass(frozen=True)
+class HyV3Config(Glm4MoeConfig):
+    dense_layers: tuple[int, ...] = ()
+
+    ARCH: ClassVar[str] = "hy_v3"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+                     ConfigField("routed_scale", ("router_scaling_factor", "routed_scaling_factor"), default=2.826),
+                     ConfigField("rope_theta", ("rope_theta",), default=11158840.0)),
+        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n = values["num_hidden_layers"]
+        values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, min(1, n)), groups=1,
+                      top_groups=1, norm_topk_prob=True)
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, qk_norm=True)
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        return None if layer in self.dense_layers else self.routed()
+
+
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
+HyV3ForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
                        down="w2", choice_bias="block_sparse_moe.e_score_correction_bias"),
     "exaone_moe": dict(NAMES, choice_bias="mlp.e_score_correction_bias"),
+    "hy_v3": dict(NAMES, router="mlp.router.gate", shared="mlp.shared_mlp", choice_bias="mlp.expert_bias"),
 }
 
 

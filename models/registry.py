@@ -107,6 +107,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           glm4_moe.MiniMaxM2ForCausalLM),
     _arch("exaone_moe", ("ExaoneMoeForCausalLM",), ("exaone_moe",), glm4_moe, glm4_moe.ExaoneMoeConfig,
           glm4_moe.ExaoneMoeForCausalLM),
+    _arch("hy_v3", ("HYV3ForCausalLM",), ("hy_v3",), glm4_moe, glm4_moe.HyV3Config, glm4_moe.HyV3ForCausalLM),
     _arch("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), deepseek, deepseek.DeepseekV2Config,
           deepseek.DeepseekV2ForCausalLM),
     _arch("deepseek_v3", ("DeepseekV3ForCausalLM",), ("deepseek_v3", "kimi_k2"), deepseek, deepseek.DeepseekV3Config,

@@ -63,7 +63,8 @@ pass `kiln check` against the golden logits the compile stored.
     glm4-moe, solar-open, dots1, minimax-m2, exaone-moe  DeepSeek-V3's router: sigmoid scores, a choice
              bias, the best groups of experts, scaled weights; ungated shared experts, dense first layers;
              partial rotary and q/k biases (GLM-4.5), q/k norms per head or over all heads (MiniMax-M2),
-             a global layer without RoPE among sliding ones with it (EXAONE MoE)
+             a global layer without RoPE among sliding ones with it (EXAONE MoE); Hy V3 (hy-v3): the router
+             without groups under its own names, per-head q/k norms, the first layer dense
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
@@ -271,6 +272,9 @@ CASES = {
             rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, mscale=1.0,
             mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0, llama_4_scaling_beta=0.5))),   # 8: past it at 8
     "youtu": ("YoutuForCausalLM", "YoutuConfig", dict(MLA, bos_token_id=1, pad_token_id=0)),
+    "hy-v3": ("HYV3ForCausalLM", "HYV3Config", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_shared_experts=1, num_hidden_layers=3,
+        head_dim=16, router_scaling_factor=2.5, pad_token_id=0)),
     "exaone-moe": ("ExaoneMoeForCausalLM", "ExaoneMoeConfig", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_hidden_layers=4, sliding_window=4096,
         sliding_window_pattern=4, first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=2, topk_group=1,

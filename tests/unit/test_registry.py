@@ -39,6 +39,7 @@ pytestmark = pytest.mark.unit
     ({"model_type": "granitemoeshared"}, "granitemoeshared"),
     ({"architectures": ["ExaoneForCausalLM"], "model_type": "exaone"}, "exaone"),
     ({"architectures": ["MellumForCausalLM"], "model_type": "mellum"}, "mellum"),
+    ({"architectures": ["HYV3ForCausalLM"], "model_type": "hy_v3"}, "hy_v3"),
     # transformers 5 saves EXAONE 3 so (its tensors under EXAONE's names): model_type decides, as in transformers
     ({"architectures": ["LlamaForCausalLM"], "model_type": "exaone"}, "exaone"),
 ])
