@@ -35,7 +35,17 @@ _UNSUPPORTED = {
     "gemma3n_text": ("Gemma 3n", "per-layer inputs, AltUp and LAuReL blocks, and KV shared across layers"),
     **{t: ("Gemma 4", "global layers with a head size of their own beside the local layers' (one paged KV cache "
                       "holds one head size) and per-layer inputs") for t in ("gemma4", "gemma4_text")},
-    "deepseek_v32": ("DeepSeek-V3.2", "sparse attention (an indexer choosing the keys each query reads)"),
+    **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
+        ("deepseek_v32", "DeepSeek-V3.2"), ("glm_moe_dsa", "GLM MoE with DSA"), ("hy_v4", "Hy V4"),
+        ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},
+    "mimo_v2_flash": ("MiMo-V2-Flash", "attention sinks on its sliding layers, which also hold twice the KV heads "
+                                       "of its full ones (one paged KV cache takes one count), and values narrower "
+                                       "than keys"),
+    "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), where kiln's attention "
+                         "kernels take one"),
+    "lfm3": ("LFM3", "gated short-convolution layers among its attention layers"),
+    "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
+    "dory": ("Dory", "recurrent blocks of layers run in loops"),
 }
 
 
