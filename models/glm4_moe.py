@@ -14,6 +14,10 @@ MLP of `intermediate_size`:
     exaone_moe   LG K-EXAONE: per-head q/k RMSNorm, sliding layers with RoPE among global ones without
                  (as EXAONE 4.0's, but with norms before attention and MLP), dense layers by
                  `mlp_layer_types`
+    sarvam_moe   Sarvam MoE (sarvam-30b) and BharatGen's Param2 MoE (param2moe): GLM-4.5 with per-head q/k
+                 RMSNorm and full RoPE under Bailing's tensor names (q/k/v fused as
+                 attention.query_key_value, attention.dense, query_layernorm / key_layernorm,
+                 model.word_embeddings, mlp.gate.expert_bias)
     hy_v3        Tencent Hy V3: per-head q/k RMSNorm, no groups, the weights always renormalised and
                  scaled by `router_scaling_factor`, dense layers by `mlp_layer_types` (the first where
                  unwritten), its own tensor names (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
@@ -26,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import CausalLM, WeightMap
+from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap
 from .config import ConfigField, dense_layers, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
@@ -160,6 +164,28 @@ class ExaoneMoeConfig(ExaoneLayers, Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
+class SarvamMoeConfig(Glm4MoeConfig):
+    ARCH: ClassVar[str] = "sarvam_moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        ConfigField("use_qk_norm", ("use_qk_norm",), default=True),
+        ConfigField("routed_scale", ("routed_scaling_factor",), default=2.5),
+        ConfigField("first_dense", ("first_k_dense_replace",), default=1),
+        ConfigField("shared_experts", ("n_shared_experts", "num_shared_experts"), default=1),
+        ConfigField("attention_bias", ("attention_bias", "use_qkv_bias"), default=False),
+        ConfigField("rope_theta", ("rope_theta",), default=8000000.0))
+
+
+@dataclass(frozen=True)
+class Param2MoeConfig(SarvamMoeConfig):
+    ARCH: ClassVar[str] = "param2moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        SarvamMoeConfig.FIELDS, ConfigField("shared_experts", ("n_shared_experts", "num_shared_experts"), default=2),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
+        ConfigField("rope_theta", ("rope_theta",), default=500000.0))
+
+
+@dataclass(frozen=True)
 class HyV3Config(Glm4MoeConfig):
     dense_layers: tuple[int, ...] = ()
 
@@ -185,7 +211,7 @@ class HyV3Config(Glm4MoeConfig):
 
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
-HyV3ForCausalLM = CausalLM
+HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
@@ -195,5 +221,17 @@ _OWN_NAMES = {
 }
 
 
+# Bailing's names (Sarvam MoE, Param2 MoE): the decoder's, then the router's choice bias.
+BAILING_NAMES = dict(LLAMA_NAMES, embed_tokens="model.word_embeddings", o_proj="attention.dense",
+                     q_norm="attention.query_layernorm", k_norm="attention.key_layernorm")
+BAILING_QKV = "attention.query_key_value"
+
+
 def weight_map(c: Glm4MoeConfig) -> WeightMap:
-    return moe_weight_map(c, _OWN_NAMES.get(c.ARCH, NAMES))
+    if not isinstance(c, SarvamMoeConfig):
+        return moe_weight_map(c, _OWN_NAMES.get(c.ARCH, NAMES))
+    m = moe_weight_map(c, dict(NAMES, choice_bias="mlp.gate.expert_bias"), BAILING_NAMES)
+    for i in range(c.num_hidden_layers):           # q, k and v stored as one tensor, rows [q | k | v]
+        for p in ("weight", "bias") if c.attention_bias else ("weight",):
+            m[f"model.layers.{i}.self_attn.qkv_proj.{p}"] = [f"model.layers.{i}.{BAILING_QKV}.{p}"]
+    return m
