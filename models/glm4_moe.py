@@ -18,6 +18,8 @@ MLP of `intermediate_size`:
                  RMSNorm and full RoPE under Bailing's tensor names (q/k/v fused as
                  attention.query_key_value, attention.dense, query_layernorm / key_layernorm,
                  model.word_embeddings, mlp.gate.expert_bias)
+    minicpm5_moe OpenBMB MiniCPM5-MoE: gated attention (q_proj also writes a sigmoid gate per head on the
+                 attention output), no q/k norms, dense layers by `mlp_layer_types`
     hy_v3        Tencent Hy V3: per-head q/k RMSNorm, no groups, the weights always renormalised and
                  scaled by `router_scaling_factor`, dense layers by `mlp_layer_types` (the first where
                  unwritten), its own tensor names (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
@@ -186,6 +188,36 @@ class Param2MoeConfig(SarvamMoeConfig):
 
 
 @dataclass(frozen=True)
+class MiniCPM5MoeConfig(Glm4MoeConfig):
+    dense_layers: tuple[int, ...] = ()
+
+    ARCH: ClassVar[str] = "minicpm5_moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+                     ConfigField("routed_scale", ("routed_scaling_factor",), default=3.66),
+                     ConfigField("first_dense", ("first_k_dense_replace",), default=1),
+                     ConfigField("shared_experts", ("n_shared_experts",), default=1),
+                     ConfigField("rope_theta", ("rope_theta",), default=5000000.0)),
+        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("use_gated_attention") is False:
+            raise ValueError("minicpm5_moe with use_gated_attention false is not supported (transformers refuses it "
+                             "too); fix config.json")
+        n = values["num_hidden_layers"]
+        values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, values["first_dense"]),
+                      use_qk_norm=False)
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, attn_output_gate=True)
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        return None if layer in self.dense_layers else self.routed()
+
+
+@dataclass(frozen=True)
 class HyV3Config(Glm4MoeConfig):
     dense_layers: tuple[int, ...] = ()
 
@@ -211,7 +243,7 @@ class HyV3Config(Glm4MoeConfig):
 
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
-HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = CausalLM
+HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",

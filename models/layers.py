@@ -67,6 +67,9 @@ class Flags:
     embed_norm: bool = False                # the embeddings normed (the model's norm kind) before the first layer
     attn_temperature: tuple | None = None   # (beta, original[, offset]): q *= 1 + beta * log(1 + floor((pos +
                                             # offset) / original)) after RoPE (Ministral 3; RoPE in the graph)
+    attn_output_gate: bool = False          # q_proj also writes a gate per head (a head's rows: its q, then its
+                                            # gate); the attention output times sigmoid(gate) before o_proj
+                                            # (MiniCPM5-MoE)
 
     def sm_scale(self, head_dim: int) -> float:
         """The attention's softmax scale: attn_scale, else 1 / sqrt(query_pre_attn_scalar or head_dim)."""
@@ -172,7 +175,9 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope = rope                    # (inverse frequencies, cos/sin factor) when RoPE is in the graph
         self.sm_scale = flags.sm_scale(head_dim)
-        self.qkv_proj = nn.Linear(hidden_size, (num_heads + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
+        self.output_gate = flags.attn_output_gate
+        q_rows = (2 if self.output_gate else 1) * num_heads
+        self.qkv_proj = nn.Linear(hidden_size, (q_rows + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
@@ -187,7 +192,14 @@ class PagedAttention(nn.Module):
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
         b, s, _ = x.shape
         h, h_kv = self.num_heads, self.num_kv_heads
-        qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
+        gate = None
+        if self.output_gate:                # each head's q then its gate, then k and v: split off the gates
+            qkv = op.reshape(self.qkv_proj(x), (b, s, 2 * h + 2 * h_kv, self.head_dim))
+            q_gate, kv = op.split(qkv, [2 * h], axis=2)
+            q, gate = op.split(op.reshape(q_gate, (b, s, h, 2 * self.head_dim)), 2, axis=3)
+            qkv = op.concat([q, kv], dim=2)
+        else:
+            qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
         if self.clip_qkv:
             qkv = op.tensor_expr_op(lambda t: topi.clip(t, -self.clip_qkv, self.clip_qkv), "clip_qkv", [qkv])
         if hasattr(self, "q_norm") or self.rope or self.temperature:
@@ -202,6 +214,8 @@ class PagedAttention(nn.Module):
                 q, k = self._qk_norm(q, k)
             qkv = op.concat([q, k, v], dim=2)
         out = cached_attention(kv_cache, layer_id, qkv, h, self.sm_scale, self.kv_dtype)      # [b, s, h, d]
+        if gate is not None:
+            out = out * op.sigmoid(gate)
         return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
 
 
