@@ -20,6 +20,10 @@ MLP of `intermediate_size`:
                  model.word_embeddings, mlp.gate.expert_bias)
     minicpm5_moe OpenBMB MiniCPM5-MoE: gated attention (q_proj also writes a sigmoid gate per head on the
                  attention output), no q/k norms, dense layers by `mlp_layer_types`
+    afmoe        Arcee's AFMoE (Trinity): per-head q/k RMSNorm, sliding layers with RoPE among global ones
+                 without (as EXAONE 4.0's), norms before and after attention and MLP, the attention output
+                 gated per head by its own gate_proj (sigmoid), embeddings scaled by sqrt(hidden) where
+                 `mup_enabled`, the first `num_dense_layers` dense
     hy_v3        Tencent Hy V3: per-head q/k RMSNorm, no groups, the weights always renormalised and
                  scaled by `router_scaling_factor`, dense layers by `mlp_layer_types` (the first where
                  unwritten), its own tensor names (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
@@ -32,7 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap
+import numpy as np
+
+from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, weight_spec
 from .config import ConfigField, dense_layers, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
@@ -218,6 +224,37 @@ class MiniCPM5MoeConfig(Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
+class AfmoeConfig(ExaoneLayers, Glm4MoeConfig):
+    mup: bool = False
+
+    ARCH: ClassVar[str] = "afmoe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+                     ConfigField("routed_scale", ("route_scale", "routed_scaling_factor"), default=1.0),
+                     ConfigField("first_dense", ("num_dense_layers", "first_k_dense_replace"), default=1),
+                     ConfigField("shared_experts", ("num_shared_experts", "n_shared_experts"), default=2)),
+        ConfigField("mup", ("mup_enabled",), default=False))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "AfmoeConfig":
+        every = hf.get("global_attn_every_n_layers") or 4
+        n = hf.get("num_hidden_layers", 0)
+        types = {"layer_types": ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]}
+        return super().from_hf({"sliding_window": 1024, **hf, **({} if hf.get("layer_types") else types)})
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if values["attention_bias"]:
+            raise ValueError("afmoe with attention_bias is not supported (released checkpoints have none); fix "
+                             "config.json")
+        return super().adapt(dict(values, use_qk_norm=True, groups=1, top_groups=1, norm_topk_prob=True), hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qk_norm=True, sandwich_norms=True, attn_output_gate=True,
+                     embed_scale=float(np.sqrt(self.hidden_size)) if self.mup else None)
+
+
+@dataclass(frozen=True)
 class HyV3Config(Glm4MoeConfig):
     dense_layers: tuple[int, ...] = ()
 
@@ -243,14 +280,19 @@ class HyV3Config(Glm4MoeConfig):
 
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
-HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = CausalLM
+HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
                        down="w2", choice_bias="block_sparse_moe.e_score_correction_bias"),
     "exaone_moe": dict(NAMES, choice_bias="mlp.e_score_correction_bias"),
     "hy_v3": dict(NAMES, router="mlp.router.gate", shared="mlp.shared_mlp", choice_bias="mlp.expert_bias"),
+    "afmoe": dict(NAMES, router="mlp.router.gate", choice_bias="mlp.expert_bias"),
 }
+# AFMoE's norms: its post_attention_layernorm follows attention (kiln's post_attn_norm); pre_mlp_layernorm
+# comes before the MLP (kiln's post_attention_layernorm)
+AFMOE_NAMES = dict(LLAMA_NAMES, post_attention_layernorm="pre_mlp_layernorm", post_attn_norm="post_attention_layernorm",
+                   post_mlp_norm="post_mlp_layernorm")
 
 
 # Bailing's names (Sarvam MoE, Param2 MoE): the decoder's, then the router's choice bias.
@@ -259,7 +301,22 @@ BAILING_NAMES = dict(LLAMA_NAMES, embed_tokens="model.word_embeddings", o_proj="
 BAILING_QKV = "attention.query_key_value"
 
 
+def _gates_after_queries(c: Glm4MoeConfig):
+    """Rows [q (heads x d) | gate (heads x d) | k | v] -> [each head's q, then its gate | k | v] (the
+    layout Flags.attn_output_gate reads)."""
+    h, d = c.num_attention_heads, c.head_dim
+    per_head = np.arange(2 * h * d).reshape(2, h, d).transpose(1, 0, 2).reshape(-1)
+    return lambda rows: np.concatenate([rows[per_head], rows[2 * h * d:]])
+
+
 def weight_map(c: Glm4MoeConfig) -> WeightMap:
+    if isinstance(c, AfmoeConfig):              # the gate rows, from their own Linear, beside each head's q
+        m = moe_weight_map(c, _OWN_NAMES["afmoe"], AFMOE_NAMES)
+        for i in range(c.num_hidden_layers):
+            key = f"model.layers.{i}.self_attn.qkv_proj.weight"
+            q, k, v = weight_spec(m[key]).hf_names
+            m[key] = WeightSpec((q, f"model.layers.{i}.self_attn.gate_proj.weight", k, v), _gates_after_queries(c))
+        return m
     if not isinstance(c, SarvamMoeConfig):
         return moe_weight_map(c, _OWN_NAMES.get(c.ARCH, NAMES))
     m = moe_weight_map(c, dict(NAMES, choice_bias="mlp.gate.expert_bias"), BAILING_NAMES)

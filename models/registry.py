@@ -110,6 +110,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("hy_v3", ("HYV3ForCausalLM",), ("hy_v3",), glm4_moe, glm4_moe.HyV3Config, glm4_moe.HyV3ForCausalLM),
     _arch("minicpm5_moe", ("MiniCPM5MoeForCausalLM", "MiniCPM5MoEForCausalLM"), ("minicpm5_moe",), glm4_moe,
           glm4_moe.MiniCPM5MoeConfig, glm4_moe.MiniCPM5MoeForCausalLM),
+    _arch("afmoe", ("AfmoeForCausalLM",), ("afmoe",), glm4_moe, glm4_moe.AfmoeConfig, glm4_moe.AfmoeForCausalLM),
     _arch("sarvam_moe", ("SarvamMoEForCausalLM",), ("sarvam_moe",), glm4_moe, glm4_moe.SarvamMoeConfig,
           glm4_moe.SarvamMoeForCausalLM),
     _arch("param2moe", ("Param2MoeForCausalLM",), ("param2moe",), glm4_moe, glm4_moe.Param2MoeConfig,

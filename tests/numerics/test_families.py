@@ -66,7 +66,8 @@ pass `kiln check` against the golden logits the compile stored.
              a global layer without RoPE among sliding ones with it (EXAONE MoE); Hy V3 (hy-v3): the router
              without groups under its own names, per-head q/k norms, the first layer dense; Sarvam MoE and
              Param2 MoE: Bailing's names with q/k/v fused (and biased: param2moe), 2 shared experts (param2moe);
-             MiniCPM5-MoE: the attention output gated per head (sigmoid) by q_proj's second half
+             MiniCPM5-MoE: the attention output gated per head (sigmoid) by q_proj's second half; AFMoE: the
+             gate its own Linear, EXAONE 4.0's layers, norms around attention and MLP, muP's embedding scale
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
@@ -282,6 +283,11 @@ CASES = {
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, num_hidden_layers=3,
         head_dim=16, n_group=2, topk_group=1, routed_scaling_factor=2.0, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # a dense layer, then sparse ones; sliding with RoPE, global without; norms around attention and MLP; gated output
+    "afmoe": ("AfmoeForCausalLM", "AfmoeConfig", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_shared_experts=1, num_hidden_layers=3,
+        head_dim=16, route_scale=2.0, global_attn_every_n_layers=2, sliding_window=64, mup_enabled=True,
+        pad_token_id=0)),
     # transformers runs both as GLM-4.5 and saves them under Bailing's names (q/k/v fused)
     "sarvam-moe": ("Glm4MoeForCausalLM", "SarvamMoEConfig", dict(
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, num_hidden_layers=3,
