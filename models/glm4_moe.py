@@ -24,6 +24,9 @@ MLP of `intermediate_size`:
                  without (as EXAONE 4.0's), norms before and after attention and MLP, the attention output
                  gated per head by its own gate_proj (sigmoid), embeddings scaled by sqrt(hidden) where
                  `mup_enabled`, the first `num_dense_layers` dense
+    kolibri1     Aleph Alpha's Kolibri 1: EXAONE 4.0's layers (every 5th global, without RoPE), per-head q/k
+                 RMSNorm, norms after attention and MLP too, experts chosen by logits plus the bias (their
+                 weights the sigmoid of the logits), an ungated shared expert, every layer sparse
     hy_v3        Tencent Hy V3: per-head q/k RMSNorm, no groups, the weights always renormalised and
                  scaled by `router_scaling_factor`, dense layers by `mlp_layer_types` (the first where
                  unwritten), its own tensor names (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
@@ -255,6 +258,36 @@ class AfmoeConfig(ExaoneLayers, Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
+class Kolibri1Config(ExaoneLayers, Glm4MoeConfig):
+    shared_intermediate_size: int = 0
+
+    ARCH: ClassVar[str] = "kolibri1"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+                     ConfigField("intermediate_size", ("intermediate_size", "moe_intermediate_size")),
+                     ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False)),
+        ConfigField("shared_intermediate_size", ("shared_expert_intermediate_size",), default=0))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "Kolibri1Config":
+        n = hf.get("num_hidden_layers", 0)
+        types = {"layer_types": ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(n)]}
+        return super().from_hf({"sliding_window": 513, **hf, **({} if hf.get("layer_types") else types)})
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        return super().adapt(dict(values, first_dense=0, use_qk_norm=True), hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qk_norm=True, sandwich_norms=True)
+
+    def routed(self) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, self.norm_topk_prob,
+                       self.shared_intermediate_size, shared_gated=False, scoring="sigmoid", choice_bias=True,
+                       choice_from="logits")
+
+
+@dataclass(frozen=True)
 class HyV3Config(Glm4MoeConfig):
     dense_layers: tuple[int, ...] = ()
 
@@ -281,6 +314,7 @@ class HyV3Config(Glm4MoeConfig):
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
 HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
+Kolibri1ForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
@@ -288,6 +322,7 @@ _OWN_NAMES = {
     "exaone_moe": dict(NAMES, choice_bias="mlp.e_score_correction_bias"),
     "hy_v3": dict(NAMES, router="mlp.router.gate", shared="mlp.shared_mlp", choice_bias="mlp.expert_bias"),
     "afmoe": dict(NAMES, router="mlp.router.gate", choice_bias="mlp.expert_bias"),
+    "kolibri1": dict(NAMES, choice_bias="moe.router.expert_bias"),
 }
 # AFMoE's norms: its post_attention_layernorm follows attention (kiln's post_attn_norm); pre_mlp_layernorm
 # comes before the MLP (kiln's post_attention_layernorm)
@@ -317,6 +352,8 @@ def weight_map(c: Glm4MoeConfig) -> WeightMap:
             q, k, v = weight_spec(m[key]).hf_names
             m[key] = WeightSpec((q, f"model.layers.{i}.self_attn.gate_proj.weight", k, v), _gates_after_queries(c))
         return m
+    if isinstance(c, Kolibri1Config):           # its norm after the MLP: post_ffn_norm
+        return moe_weight_map(c, _OWN_NAMES["kolibri1"], dict(LLAMA_NAMES, post_mlp_norm="post_ffn_norm"))
     if not isinstance(c, SarvamMoeConfig):
         return moe_weight_map(c, _OWN_NAMES.get(c.ARCH, NAMES))
     m = moe_weight_map(c, dict(NAMES, choice_bias="mlp.gate.expert_bias"), BAILING_NAMES)

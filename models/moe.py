@@ -55,6 +55,8 @@ class MoESpec:
     scoring: str = "softmax"                # or "sigmoid" (DeepSeek-V3's router: GLM-4.5, dots.llm1), or
                                             # "sparsemixer" (Phi-3.5-MoE)
     choice_bias: bool = False               # a per-expert bias added to the scores to choose experts only
+    choice_from: str = "scores"             # or "logits": the bias added to the router's logits instead of its
+                                            # sigmoid scores to choose (Kolibri 1)
     groups: int = 1                         # experts in this many groups (n_group), of which only the
     top_groups: int = 1                     # `top_groups` (topk_group) best are chosen from, a group
     group_score: str = "top2"               # scoring the sum of its two best choices, or its best ("max":
@@ -71,6 +73,8 @@ class MoESpec:
                              f"({self.num_experts}); fix config.json")
         if self.group_score not in ("top2", "max"):
             raise ValueError(f"expert group score {self.group_score!r} is not supported (top2 or max)")
+        if self.choice_from not in ("scores", "logits"):
+            raise ValueError(f"expert choice from {self.choice_from!r} is not supported (scores or logits)")
         if self.scoring not in ("softmax", "sigmoid", "sparsemixer"):
             raise ValueError(f"router scoring {self.scoring!r} is not supported (softmax, sigmoid or sparsemixer)")
         if self.scoring == "sparsemixer" and self.top_k != 2:
@@ -132,7 +136,8 @@ class SparseMoE(nn.Module):
         """(weights [T, k] float32, experts [T, k] int32) from the router's logits (the module docstring)."""
         spec = self.spec
         probs = op.softmax(logits, axis=-1) if spec.scoring == "softmax" else op.sigmoid(logits)
-        choice = probs + self.choice_bias if spec.choice_bias else probs
+        base = logits if spec.choice_from == "logits" else probs
+        choice = base + self.choice_bias if spec.choice_bias else base
         if spec.top_groups < spec.groups:
             choice = _best_groups(choice, spec.groups, spec.top_groups, spec.group_score == "top2")
         weights, experts = _top_k(probs, spec.top_k, choice)

@@ -111,6 +111,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("minicpm5_moe", ("MiniCPM5MoeForCausalLM", "MiniCPM5MoEForCausalLM"), ("minicpm5_moe",), glm4_moe,
           glm4_moe.MiniCPM5MoeConfig, glm4_moe.MiniCPM5MoeForCausalLM),
     _arch("afmoe", ("AfmoeForCausalLM",), ("afmoe",), glm4_moe, glm4_moe.AfmoeConfig, glm4_moe.AfmoeForCausalLM),
+    _arch("kolibri1", ("Kolibri1ForCausalLM",), ("kolibri1",), glm4_moe, glm4_moe.Kolibri1Config,
+          glm4_moe.Kolibri1ForCausalLM),
     _arch("sarvam_moe", ("SarvamMoEForCausalLM",), ("sarvam_moe",), glm4_moe, glm4_moe.SarvamMoeConfig,
           glm4_moe.SarvamMoeForCausalLM),
     _arch("param2moe", ("Param2MoeForCausalLM",), ("param2moe",), glm4_moe, glm4_moe.Param2MoeConfig,
