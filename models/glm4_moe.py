@@ -50,6 +50,7 @@ from .olmo2 import ExaoneLayers
 
 NAMES = dict(router="mlp.gate", expert="mlp.experts.{j}", gate="gate_proj", up="up_proj", down="down_proj",
              shared="mlp.shared_experts", choice_bias="mlp.gate.e_score_correction_bias")
+FULL_ROTARY = ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0)   # GLM-4.5's is half
 ROUTED_FIELDS = (
     ConfigField("num_experts", ("n_routed_experts", "num_experts", "num_local_experts")),
     ConfigField("top_k", ("num_experts_per_tok",)),
@@ -100,7 +101,7 @@ class Glm4MoeConfig(LlamaConfig):
 class SolarOpenConfig(Glm4MoeConfig):
     ARCH: ClassVar[str] = "solar_open"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
-        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        Glm4MoeConfig.FIELDS, FULL_ROTARY,
         ConfigField("intermediate_size", ("intermediate_size", "moe_intermediate_size")))
 
     @classmethod
@@ -115,7 +116,7 @@ class SolarOpenConfig(Glm4MoeConfig):
 class Dots1Config(Glm4MoeConfig):
     ARCH: ClassVar[str] = "dots1"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
-        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        Glm4MoeConfig.FIELDS, FULL_ROTARY,
         ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False))
 
     def flags(self) -> Flags:
@@ -126,7 +127,7 @@ class Dots1Config(Glm4MoeConfig):
 class MiniMaxM2Config(Glm4MoeConfig):
     ARCH: ClassVar[str] = "minimax_m2"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
-        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        Glm4MoeConfig.FIELDS, FULL_ROTARY,
         ConfigField("moe_intermediate_size", ("moe_intermediate_size", "intermediate_size")))
 
     @classmethod
@@ -157,7 +158,7 @@ class ExaoneMoeConfig(ExaoneLayers, Glm4MoeConfig):
     ARCH: ClassVar[str] = "exaone_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
         *fields_with(Glm4MoeConfig.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=1),
-                     ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+                     FULL_ROTARY,
                      ConfigField("routed_scale", ("routed_scaling_factor",), default=2.5)),
         ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
 
@@ -178,7 +179,7 @@ class ExaoneMoeConfig(ExaoneLayers, Glm4MoeConfig):
 class SarvamMoeConfig(Glm4MoeConfig):
     ARCH: ClassVar[str] = "sarvam_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
-        Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        Glm4MoeConfig.FIELDS, FULL_ROTARY,
         ConfigField("use_qk_norm", ("use_qk_norm",), default=True),
         ConfigField("routed_scale", ("routed_scaling_factor",), default=2.5),
         ConfigField("first_dense", ("first_k_dense_replace",), default=1),
@@ -202,7 +203,7 @@ class MiniCPM5MoeConfig(Glm4MoeConfig):
 
     ARCH: ClassVar[str] = "minicpm5_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        *fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY,
                      ConfigField("routed_scale", ("routed_scaling_factor",), default=3.66),
                      ConfigField("first_dense", ("first_k_dense_replace",), default=1),
                      ConfigField("shared_experts", ("n_shared_experts",), default=1),
@@ -232,7 +233,7 @@ class AfmoeConfig(ExaoneLayers, Glm4MoeConfig):
 
     ARCH: ClassVar[str] = "afmoe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        *fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY,
                      ConfigField("routed_scale", ("route_scale", "routed_scaling_factor"), default=1.0),
                      ConfigField("first_dense", ("num_dense_layers", "first_k_dense_replace"), default=1),
                      ConfigField("shared_experts", ("num_shared_experts", "n_shared_experts"), default=2)),
@@ -263,7 +264,7 @@ class Kolibri1Config(ExaoneLayers, Glm4MoeConfig):
 
     ARCH: ClassVar[str] = "kolibri1"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        *fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY,
                      ConfigField("intermediate_size", ("intermediate_size", "moe_intermediate_size")),
                      ConfigField("norm_topk_prob", ("norm_topk_prob",), default=False)),
         ConfigField("shared_intermediate_size", ("shared_expert_intermediate_size",), default=0))
@@ -293,7 +294,7 @@ class HyV3Config(Glm4MoeConfig):
 
     ARCH: ClassVar[str] = "hy_v3"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=1.0),
+        *fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY,
                      ConfigField("routed_scale", ("router_scaling_factor", "routed_scaling_factor"), default=2.826),
                      ConfigField("rope_theta", ("rope_theta",), default=11158840.0)),
         ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))

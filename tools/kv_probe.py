@@ -423,12 +423,13 @@ def run_both(shape: Shape, target_name: str, prompt_lens: list[int], decode_step
     started = time.monotonic()
     tvm_mod, graph_mod = build_modules(shape, target, kiln)
     libs = [compile_module(m, target) for m in (tvm_mod, graph_mod)]
-    result = {"shape": shape.__dict__, "target": str(target), "kernels": "kiln" if kiln else "tvm", "build_s": round(time.monotonic() - started, 1)}
+    result = {"shape": shape.__dict__, "target": str(target), "kernels": "kiln" if kiln else "tvm",
+              "build_s": round(time.monotonic() - started, 1)}
     batch = len(prompt_lens)
     need = sum(-(-(n + decode_steps + timed_steps + 8) // shape.page_size) for n in prompt_lens) + 4
     chunk = max(max(prompt_lens), batch)          # a decode step is a forward of `batch` tokens
-    sides = {"tvm": TVMSide(libs[0], device, shape, need, batch, chunk), "graph": GraphSide(libs[1], device, shape, need,
-                                                                                   bound=8 * (need + chunk + batch))}
+    sides = {"tvm": TVMSide(libs[0], device, shape, need, batch, chunk),
+             "graph": GraphSide(libs[1], device, shape, need, bound=8 * (need + chunk + batch))}
     rng = np.random.default_rng(seed)
     prompts = [rng.standard_normal((n, shape.fused_heads, shape.head_dim)).astype(shape.dtype) for n in prompt_lens]
     steps = [rng.standard_normal((batch, shape.fused_heads, shape.head_dim)).astype(shape.dtype)
@@ -439,7 +440,8 @@ def run_both(shape: Shape, target_name: str, prompt_lens: list[int], decode_step
             side.add(seq)
             outs[name].append(side.run("prefill", [seq], tvm.runtime.tensor(p[None], device)).numpy()[0])
         for st in steps:
-            outs[name].append(side.run("decode", list(range(batch)), tvm.runtime.tensor(st[:, None], device)).numpy()[:, 0])
+            step = side.run("decode", list(range(batch)), tvm.runtime.tensor(st[:, None], device))
+            outs[name].append(step.numpy()[:, 0])
     diffs = [float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(outs["graph"], outs["tvm"])]
     result["graph_vs_tvm"] = {"prefill_max_diff": max(diffs[:batch]), "decode_max_diff": max(diffs[batch:] or [0.0])}
     if shape.layers * shape.heads * sum(prompt_lens) <= 200_000:

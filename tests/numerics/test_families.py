@@ -157,7 +157,8 @@ CASES = {
     # test_families_sliding.py)
     "mellum": ("MellumForCausalLM", "MellumConfig", dict(
         head_dim=16, num_hidden_layers=3, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
-        norm_topk_prob=True, sliding_window=64, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        norm_topk_prob=True, sliding_window=64,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=0, rope_parameters={
             "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
