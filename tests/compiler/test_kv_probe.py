@@ -1,7 +1,9 @@
 """tools/kv_probe.py: a paged KV cache whose pages and page tables are the forward's arguments (the
 append written in place into the layer's pages) gives TVM's PagedKVCache's outputs, and both give a
 numpy reference's, through prefills of several lengths and decode steps of several sequences
-across page boundaries. Built for the CPU with kiln's kernels and with TVM's."""
+across page boundaries. Built for the CPU with kiln's kernels and with TVM's. With attention sinks
+(what TVM's cache cannot apply: gpt-oss, Granite SWA, Flint, MiMo-V2-Flash), the graph's outputs give
+the reference's with the sinks in every softmax."""
 
 from __future__ import annotations
 
@@ -61,3 +63,12 @@ def test_page_tables_point_each_token_at_its_sequences_pages(probe):
     with pytest.raises(RuntimeError, match="pages are full"):
         tables.forward([0], [20])
     assert np.array_equal(tables.forward([1], [2])["last_len"], [1])    # 5 tokens: a second page, one in it
+
+
+@pytest.mark.parametrize("kernels", ["kiln", "tvm"])
+def test_attention_sinks_in_the_graph_match_the_reference(probe, kernels):
+    # the sink logits (+-1.5) move these outputs by up to 2.6 against the same attention without them
+    result = probe.run_both(probe.SHAPES["tiny-sinks"], "cpu", [20, 7, 33], decode_steps=12, timed_steps=0,
+                            kiln=kernels == "kiln")
+    assert "graph_vs_tvm" not in result                        # TVM's cache has no way to apply them
+    assert result["vs_numpy"]["graph"] < 1e-5
