@@ -232,9 +232,28 @@ def run_all(args) -> dict:
     for quant in ("as-stored", "as-stored-f16"):
         step(f"numerics {quant}", 45, lambda quant=quant: scheme(quant))
     refs.clear()
+    # Last, with what time is left: a KV cache kiln owns against TVM's on the 8B's attention layers alone
+    # (tools/kv_probe.py: the decode step's time each way, outputs compared; the graph's with sinks too).
+    step("kv probe", 60, lambda: kv_probe_rows(args))
     if child is not None and child.poll() is None:
         child.kill()
     return result
+
+
+def kv_probe_rows(args) -> dict:
+    """tools/kv_probe.py at the 8B's attention shape on CUDA (one and 16 sequences after 128-token prompts;
+    with sinks, the graph's only), SmolLM2's on the CPU of a dry run (`tiny` with --quick)."""
+    import dataclasses
+
+    from kv_probe import SHAPES, run_both
+    cuda = args.device == "cuda"
+    shape = SHAPES["8b" if cuda else "tiny" if args.quick else "smollm2"]
+    target = "cuda" if cuda else "cpu"
+    rows = {f"batch {b}": run_both(shape, target, [args.prompt_len] * b, decode_steps=2, timed_steps=100)
+            for b in (1, 16)}
+    rows["batch 1 sinks"] = run_both(dataclasses.replace(shape, sinks=True), target, [args.prompt_len], decode_steps=2,
+                                     timed_steps=100)
+    return rows
 
 
 def _best_tok_s(row: dict) -> float | None:
