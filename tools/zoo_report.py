@@ -20,24 +20,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = {"llama": "llama.py", "qwen2": "qwen2.py", "qwen3": "qwen3.py", "gemma2": "gemma.py", "gemma3": "gemma.py",
-         "phi3": "phi3.py", "gpt2": "gpt2.py", "phi4": "phi3.py", "granite": "granite.py", "olmo2": "olmo2.py",
-         "smollm3": "smollm3.py", "stablelm": "stablelm.py", "starcoder2": "starcoder2.py", "phi2": "phi.py",
-         "gpt-neox": "gpt_neox.py", "mixtral": "mixtral.py", "qwen2-moe": "qwen_moe.py", "qwen3-moe": "qwen_moe.py",
-         "olmoe": "olmoe.py", "gemma": "gemma.py", "ernie4_5": "ernie4_5.py", "glm": "glm.py", "glm4": "glm.py",
-         "helium": "helium.py", "cohere": "cohere.py", "cohere2": "cohere.py", "nemotron": "nemotron.py",
-         "arcee": "nemotron.py", "internlm3": "llama.py", "seed_oss": "llama.py", "ministral": "llama.py",
-         "cwm": "llama.py", "olmo3": "olmo2.py", "exaone4": "olmo2.py", "vaultgemma": "gemma.py",
-         "hyperclovax": "granite.py", "granitemoe": "granite.py", "granitemoeshared": "granite.py",
-         "flex_olmo": "olmoe.py", "jais2": "nemotron.py", "hunyuan": "hunyuan.py", "gpt-bigcode": "gpt2.py",
-         "falcon": "falcon.py", "opt": "opt.py", "gptj": "gptj.py", "gpt-neo": "gpt_neo.py", "olmo": "olmo.py",
-         "nanochat": "nanochat.py", "ministral3": "llama.py",
-         "apertus": "apertus.py"}
-
-
-def model_file(case: str) -> str:
-    """The model file of a test case (its name, or the family its name starts with)."""
-    return next(FILES[k] for k in sorted(FILES, key=len, reverse=True) if case == k or case.startswith(k + "-"))
+def model_file(artifact: Path) -> str:
+    """The model file (models/<name>.py) of the family an artifact was compiled as: its registered
+    architecture's config class's module."""
+    from kiln.models.registry import ARCHITECTURES
+    from kiln.runtime.artifact import Artifact
+    module = sys.modules[ARCHITECTURES[Artifact.load(artifact).config.model.arch].config_cls.__module__]
+    return Path(module.__file__).name
 
 
 def max_error(artifact: Path, ref, ids: list[int], steps: int = 5) -> float:
@@ -86,7 +75,7 @@ def main() -> int:
             start = time.perf_counter()
             art = kiln.compile(str(tmp / case), target="cpu", quant="q0f32", output=tmp / f"{case}-art")
             seconds = time.perf_counter() - start
-            name = model_file(case)
+            name = model_file(art)
             lines = len((ROOT / "models" / name).read_text().splitlines())
             rows.append({"case": case, "model_file": f"models/{name}", "lines": lines,
                          "compile_s": round(seconds, 1), "max_logit_error": max_error(art, ref, IDS)})
