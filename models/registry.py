@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (apertus, cohere, deepseek, ernie4_5, falcon, gemma, glm, glm4_moe, gpt2, gpt_neo, gpt_neox, gptj,
-               granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt, phi,
-               phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+from . import (apertus, cohere, dbrx, deepseek, ernie4_5, falcon, gemma, glm, glm4_moe, gpt2, gpt_neo, gpt_neox,
+               gptj, granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt,
+               phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 from .unsupported import unsupported_reason
 
@@ -90,6 +90,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           qwen_moe.Qwen3MoeForCausalLM),
     _arch("mellum", ("MellumForCausalLM",), ("mellum",), qwen_moe, qwen_moe.MellumConfig, qwen_moe.MellumForCausalLM),
     _arch("olmoe", ("OlmoeForCausalLM",), ("olmoe",), olmoe, olmoe.OlmoeConfig, olmoe.OlmoeForCausalLM),
+    _arch("dbrx", ("DbrxForCausalLM",), ("dbrx",), dbrx, dbrx.DbrxConfig, dbrx.DbrxForCausalLM),
     _arch("flex_olmo", ("FlexOlmoForCausalLM",), ("flex_olmo",), olmoe, olmoe.FlexOlmoConfig,
           olmoe.FlexOlmoForCausalLM),
     _arch("ernie4_5", ("Ernie4_5ForCausalLM",), ("ernie4_5",), ernie4_5, ernie4_5.Ernie4_5Config,

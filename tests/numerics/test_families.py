@@ -31,6 +31,8 @@ pass `kiln check` against the golden logits the compile stored.
              test_families_sliding.py)
     mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
              not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
+    dbrx     q/k/v fused and clamped, LayerNorm without bias, every layer's experts as w1 / v1 / w2 tensors
+             (the down projections transposed), a softmax router renormalised
     mellum   Qwen3-MoE with a dense first layer by mlp_layer_types and sliding layers with a RoPE base of
              their own (RoPE in the graph; past the window: test_families_sliding.py)
     internlm3  q/k/v/o and MLP biases under InternLM 3's own config.json names
@@ -153,6 +155,11 @@ CASES = {
     "qwen3-moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3,
                                                                 moe_intermediate_size=48, norm_topk_prob=True)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
+    # q/k/v fused and clamped, LayerNorm without bias, w1 / v1 / w2 expert tensors, kv groups
+    "dbrx": ("DbrxForCausalLM", "DbrxConfig", dict(
+        d_model=64, n_heads=4, n_layers=2, max_seq_len=256, pad_token_id=0, bos_token_id=1,
+        attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=10000.0),
+        ffn_config=dict(ffn_hidden_size=48, moe_num_experts=4, moe_top_k=2))),
     # a dense layer, then sparse ones; sliding layers with a RoPE base of their own (past the window:
     # test_families_sliding.py)
     "mellum": ("MellumForCausalLM", "MellumConfig", dict(
@@ -323,7 +330,7 @@ def write_family(case: str, dest, seed: int = 0, **extra):
     """The case's transformers model, random weights widened so the tolerance bites, saved with a tokenizer."""
     model_cls, config_cls, overrides = CASES[case]
     overrides = dict(overrides, **extra)
-    own = case in ("gpt2", "opt", "gptj", "gpt-neo") or case.startswith(("gpt-bigcode", "falcon"))   # no SMALL fields
+    own = case in ("gpt2", "opt", "gptj", "gpt-neo", "dbrx") or case.startswith(("gpt-bigcode", "falcon"))  # no SMALL
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if own else dict(SMALL, **overrides)
     model = write_widened(model_cls, config_cls, cfg, dest, seed)
     if case in RENAMED:

@@ -43,6 +43,7 @@ pytestmark = pytest.mark.unit
     ({"architectures": ["MiniCPM5MoEForCausalLM"]}, "minicpm5_moe"),           # the released config's spelling
     ({"architectures": ["AfmoeForCausalLM"], "model_type": "afmoe"}, "afmoe"),
     ({"architectures": ["Kolibri1ForCausalLM"], "model_type": "kolibri1"}, "kolibri1"),
+    ({"architectures": ["DbrxForCausalLM"]}, "dbrx"),
     ({"architectures": ["Glm4MoeForCausalLM"], "model_type": "sarvam_moe"}, "sarvam_moe"),    # as transformers saves it
     ({"architectures": ["Glm4MoeForCausalLM"], "model_type": "param2moe"}, "param2moe"),
     # transformers 5 saves EXAONE 3 so (its tensors under EXAONE's names): model_type decides, as in transformers
