@@ -460,7 +460,8 @@ def run_both(shape: Shape, target_name: str, prompt_lens: list[int], decode_step
             outs[name].append(step.numpy()[:, 0])
     if "tvm" in outs:
         diffs = [float(np.abs(a.astype(np.float64) - b).max()) for a, b in zip(outs["graph"], outs["tvm"])]
-        result["graph_vs_tvm"] = {"prefill_max_diff": max(diffs[:batch]), "decode_max_diff": max(diffs[batch:] or [0.0])}
+        result["graph_vs_tvm"] = {"prefill_max_diff": max(diffs[:batch]),
+                                  "decode_max_diff": max(diffs[batch:] or [0.0])}
     if shape.layers * shape.heads * sum(prompt_lens) <= 200_000:
         ref = numpy_reference(shape, prompts, steps)
         result["vs_numpy"] = {name: max(float(np.abs(a.astype(np.float64) - r).max()) for a, r in zip(o, ref))
