@@ -42,8 +42,15 @@ def test_bad_config_json(tmp_path):
 
 def test_unknown_architecture_lists_supported(tmp_path, tiny_dirs):
     shutil.copy(tiny_dirs["tied"] / "model.safetensors", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"], "model_type": "foo"}))
+    assert_clean_error(kiln_cli("compile", str(tmp_path)), "unknown architecture", "FooForCausalLM", "llama")
+
+
+def test_known_unsupported_family_names_what_stands_in_the_way(tmp_path, tiny_dirs):
+    shutil.copy(tiny_dirs["tied"] / "model.safetensors", tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
-    assert_clean_error(kiln_cli("compile", str(tmp_path)), "unknown architecture", "MambaForCausalLM", "llama")
+    assert_clean_error(kiln_cli("compile", str(tmp_path)), "Mamba (mamba) is not supported yet",
+                       "state-space layers", "kiln models")
 
 
 def test_missing_config_field_names_the_tried_names(tmp_path, tiny_dirs):
