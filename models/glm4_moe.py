@@ -65,6 +65,9 @@ ROUTED_FIELDS = (
 )
 
 
+MLP_LAYER_TYPES = ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None)
+
+
 @dataclass(frozen=True)
 class Glm4MoeConfig(LlamaConfig):
     num_experts: int = 0
@@ -152,27 +155,34 @@ class MiniMaxM2Config(Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
-class ExaoneMoeConfig(ExaoneLayers, Glm4MoeConfig):
-    dense_layers: tuple[int, ...] = ()
+class DenseByType:
+    """The dense layers as config.json's `mlp_layer_types` lists them ("dense" | "sparse" each), else the
+    first `first_dense` (K-EXAONE, MiniCPM5-MoE, Hy V3: a mixin first among Glm4MoeConfig's bases; FIELDS
+    must add MLP_LAYER_TYPES)."""
 
-    ARCH: ClassVar[str] = "exaone_moe"
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=1),
-                     FULL_ROTARY,
-                     ConfigField("routed_scale", ("routed_scaling_factor",), default=2.5)),
-        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+    dense_layers: tuple[int, ...] = ()
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         n = values["num_hidden_layers"]
         values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, values["first_dense"]))
-        return super().adapt(values, hf, notes)         # ExaoneLayers': the window, RoPE on sliding layers only
-
-    def flags(self) -> Flags:
-        return Flags(qkv_bias=self.attention_bias, qk_norm=True)
+        return super().adapt(values, hf, notes)
 
     def layer_moe(self, layer: int) -> MoESpec | None:
         return None if layer in self.dense_layers else self.routed()
+
+
+@dataclass(frozen=True)
+class ExaoneMoeConfig(DenseByType, ExaoneLayers, Glm4MoeConfig):
+    ARCH: ClassVar[str] = "exaone_moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeConfig.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=1),
+                     FULL_ROTARY,
+                     ConfigField("routed_scale", ("routed_scaling_factor",), default=2.5)),
+        MLP_LAYER_TYPES)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, qk_norm=True)
 
 
 @dataclass(frozen=True)
@@ -198,9 +208,7 @@ class Param2MoeConfig(SarvamMoeConfig):
 
 
 @dataclass(frozen=True)
-class MiniCPM5MoeConfig(Glm4MoeConfig):
-    dense_layers: tuple[int, ...] = ()
-
+class MiniCPM5MoeConfig(DenseByType, Glm4MoeConfig):
     ARCH: ClassVar[str] = "minicpm5_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
         *fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY,
@@ -208,23 +216,17 @@ class MiniCPM5MoeConfig(Glm4MoeConfig):
                      ConfigField("first_dense", ("first_k_dense_replace",), default=1),
                      ConfigField("shared_experts", ("n_shared_experts",), default=1),
                      ConfigField("rope_theta", ("rope_theta",), default=5000000.0)),
-        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+        MLP_LAYER_TYPES)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         if hf.get("use_gated_attention") is False:
             raise ValueError("minicpm5_moe with use_gated_attention false is not supported (transformers refuses it "
                              "too); fix config.json")
-        n = values["num_hidden_layers"]
-        values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, values["first_dense"]),
-                      use_qk_norm=False)
-        return super().adapt(values, hf, notes)
+        return super().adapt(dict(values, use_qk_norm=False), hf, notes)
 
     def flags(self) -> Flags:
         return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, attn_output_gate=True)
-
-    def layer_moe(self, layer: int) -> MoESpec | None:
-        return None if layer in self.dense_layers else self.routed()
 
 
 @dataclass(frozen=True)
@@ -240,11 +242,9 @@ class AfmoeConfig(ExaoneLayers, Glm4MoeConfig):
         ConfigField("mup", ("mup_enabled",), default=False))
 
     @classmethod
-    def from_hf(cls, hf: dict) -> "AfmoeConfig":
+    def from_hf(cls, hf: dict) -> "AfmoeConfig":      # every n-th layer global where layer_types lists none
         every = hf.get("global_attn_every_n_layers") or 4
-        n = hf.get("num_hidden_layers", 0)
-        types = {"layer_types": ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]}
-        return super().from_hf({"sliding_window": 1024, **hf, **({} if hf.get("layer_types") else types)})
+        return super().from_hf({"sliding_window": 1024, **hf, "sliding_window_pattern": every})
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -270,10 +270,8 @@ class Kolibri1Config(ExaoneLayers, Glm4MoeConfig):
         ConfigField("shared_intermediate_size", ("shared_expert_intermediate_size",), default=0))
 
     @classmethod
-    def from_hf(cls, hf: dict) -> "Kolibri1Config":
-        n = hf.get("num_hidden_layers", 0)
-        types = {"layer_types": ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(n)]}
-        return super().from_hf({"sliding_window": 513, **hf, **({} if hf.get("layer_types") else types)})
+    def from_hf(cls, hf: dict) -> "Kolibri1Config":    # every 5th layer global where layer_types lists none
+        return super().from_hf({"sliding_window": 513, **hf, "sliding_window_pattern": 5})
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -289,28 +287,21 @@ class Kolibri1Config(ExaoneLayers, Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
-class HyV3Config(Glm4MoeConfig):
-    dense_layers: tuple[int, ...] = ()
-
+class HyV3Config(DenseByType, Glm4MoeConfig):
     ARCH: ClassVar[str] = "hy_v3"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
         *fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY,
                      ConfigField("routed_scale", ("router_scaling_factor", "routed_scaling_factor"), default=2.826),
+                     ConfigField("first_dense", ("first_k_dense_replace",), default=1),   # where mlp_layer_types is not
                      ConfigField("rope_theta", ("rope_theta",), default=11158840.0)),
-        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+        MLP_LAYER_TYPES)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n = values["num_hidden_layers"]
-        values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, min(1, n)), groups=1,
-                      top_groups=1, norm_topk_prob=True)
-        return super().adapt(values, hf, notes)
+        return super().adapt(dict(values, groups=1, top_groups=1, norm_topk_prob=True), hf, notes)
 
     def flags(self) -> Flags:
         return Flags(qkv_bias=self.attention_bias, qk_norm=True)
-
-    def layer_moe(self, layer: int) -> MoESpec | None:
-        return None if layer in self.dense_layers else self.routed()
 
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
