@@ -140,7 +140,8 @@ def _kernels(shape: Shape, target, kiln: bool):
     with target:
         if kiln and cpu:
             from kiln.targets.cpu.attention import attention_paged_cpu, split_rotary_cpu
-            simd = _simd(target)
+            from kiln.targets.cpu.schedule import attention_lanes
+            simd = attention_lanes(target)
             rope = split_rotary_cpu(s.rope_theta, 1.0, s.head_dim, s.heads, s.kv_heads, s.dtype)
             decode, prefill = (attention_paged_cpu(s.kv_heads, s.heads, s.head_dim, s.dtype, s.page_size, decode=d,
                                                    simd=simd) for d in (True, False))
@@ -163,17 +164,12 @@ def _kernels(shape: Shape, target, kiln: bool):
     }
 
 
-def _simd(target) -> int:
-    """float32 lanes kiln's CPU attention kernels take on this target (as targets/cpu does)."""
-    from kiln.targets.cpu.schedule import vector_lanes_for_target
-    return min(16, max(8, vector_lanes_for_target(target)))
-
-
 def _kiln_swaps(mod, target):
     """TVM's cache module with kiln's kernels swapped in by name, as kiln's pipeline does."""
     if target.kind.name == "llvm":
         from kiln.targets.cpu.attention_pass import UseKilnCPUAttention
-        return UseKilnCPUAttention(simd=_simd(target))(mod)
+        from kiln.targets.cpu.schedule import attention_lanes
+        return UseKilnCPUAttention(simd=attention_lanes(target))(mod)
     from kiln.targets.kiln_attention import UseKilnAttention
     return UseKilnAttention()(mod)
 

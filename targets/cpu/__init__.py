@@ -46,9 +46,8 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         # The KV cache's attention kernels: TVM's scalar loops out, kiln's vectorised ones in;
         # then every kernel gets the first CPU rule that matches (tuned knobs where the database has them).
         # A soft-capped model (Gemma 2) has the cap in kiln's kernels and written into TVM's that remain.
-        from .schedule import vector_lanes_for_target
-        # 16 float32 lanes on AVX-512, 8 on AVX2; NEON's 4 taken as 8 (32 registers)
-        simd = min(16, max(8, vector_lanes_for_target(profile.tvm_target())))
+        from .schedule import attention_lanes
+        simd = attention_lanes(profile.tvm_target())
         # --decode-activations int8: every PrimFunc told (QuantMatmul's GEMVs of 1-8 rows take int8 x).
         from .int8_gemv import mark_int8_decode
         return [UseKilnCPUAttention(simd), FixTVMSlidingPrefill(), SoftcapTVMAttention(), mark_int8_decode,

@@ -111,6 +111,12 @@ def vector_lanes_for_target(target: Target, dtype_bits: int = 32) -> int:
     return max(bits // dtype_bits, 4) if bits > 0 else 128 // dtype_bits
 
 
+def attention_lanes(target: Target) -> int:
+    """float32 lanes kiln's CPU attention kernels take (attention.py's `simd`): 16 on AVX-512, 8 on AVX2;
+    NEON's 4 taken as 8 (32 registers)."""
+    return min(16, max(8, vector_lanes_for_target(target)))
+
+
 def target_mcpu(target: Target) -> str:
     """The target's LLVM CPU name ("" where it names none): the key of the per-CPU tile tables."""
     return str(target.attrs["mcpu"]) if "mcpu" in target.attrs else ""
