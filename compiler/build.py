@@ -25,7 +25,7 @@ from kiln.targets import (DEFAULT_TARGET, INT8_DECODE_ATTR, SOFTCAP_ATTR, Target
                           memoize_kv_cache_kernels)
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
+from kiln.runtime.contract import (KV_OWNERS, OWNED_KV_ENTRY_FUNCTIONS, DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
                                    KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_WEIGHTS,
                                    OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
                                    ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
@@ -58,6 +58,8 @@ class CompileOptions:
     force: bool = False                     # replace an existing artifact at `output`
     golden: bool = True                     # store golden logits (compiler/golden.py) for `kiln check`
     kv_cache_dtype: str = "auto"            # KV_CACHE_DTYPES: auto keeps the compute dtype
+    kv_cache: str = "auto"                  # whose KV cache (KV_OWNERS): auto is kiln's where the model needs
+                                            # it (attention sinks), else TVM's
     decode_activations: str = "exact"       # DECODE_ACTIVATIONS: int8 quantizes the 1-8 row GEMVs' x
 
     def validate(self) -> None:
@@ -71,6 +73,8 @@ class CompileOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.kv_cache not in ("auto", *KV_OWNERS):
+            raise ValueError(f"--kv-cache {self.kv_cache!r} is not one of auto, {', '.join(KV_OWNERS)}")
         if self.decode_activations not in DECODE_ACTIVATIONS:
             raise ValueError(f"--decode-activations {self.decode_activations!r} is not one of "
                              f"{', '.join(DECODE_ACTIVATIONS)}")
@@ -100,6 +104,7 @@ class Exported:
     context: int                            # tokens a sequence may hold (the model's, or --context-window)
     chunk: int                              # most tokens one forward takes (the memory plan's bound)
     max_batch: int                          # most sequences (or logit rows) one forward takes (the other)
+    kv_owner: str = "tvm"                   # whose KV cache the functions take (KV_OWNERS)
 
 
 def export_model(opts: CompileOptions, progress: Progress | None = None) -> Exported:
@@ -120,6 +125,14 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
                          "use --kv-cache-dtype auto")
     if opts.kv_cache_dtype != "auto":
         model.set_kv_dtype(opts.kv_cache_dtype)
+    owner = opts.kv_cache if opts.kv_cache != "auto" else "kiln" if model.flags.attn_sinks else "tvm"
+    if owner == "tvm" and model.flags.attn_sinks:
+        raise ValueError("this model's attention has sinks (a logit per head in every softmax), which TVM's paged "
+                         "KV cache cannot apply; use --kv-cache kiln (or auto)")
+    if owner == "kiln":
+        if not hasattr(model, "own_kv_cache"):
+            raise ValueError(f"{arch.name} models run over TVM's paged KV cache only; use --kv-cache tvm (or auto)")
+        model.own_kv_cache(profile.page_size)
     if opts.decode_activations == "int8" and not profile.int8_decode:
         able = ", ".join(n for n in target_names() if get_profile(n).int8_decode)
         raise ValueError(f"--decode-activations int8: the {profile.name} target has no int8 GEMV (targets with "
@@ -150,7 +163,7 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     mod = bound_shapes(mod, chunk, max_batch)
     report("export", 1, 1)
     return Exported(source, arch, config, profile, scheme, plan, mod, named_params, model.window_mode or "",
-                    model.kv_dtype or scheme.model_dtype, context, chunk, max_batch)
+                    model.kv_dtype or scheme.model_dtype, context, chunk, max_batch, owner)
 
 
 def compile_model(opts: CompileOptions, progress: Progress | None = None, fallback: Fallback | None = None) -> Path:
@@ -183,7 +196,8 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
                             SourceInfo(source.format, source.content_hash, source.path.name)),
             quantization={**plan.describe(), "decode_activations": opts.decode_activations},
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
-            entry_functions=(*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS,
+            entry_functions=(*(ENTRY_FUNCTIONS if ex.kv_owner == "tvm" else OWNED_KV_ENTRY_FUNCTIONS),
+                             *OPTIONAL_ENTRY_FUNCTIONS,
                              *[*LIBRARY_GEMM_COPIES, LIBRARY_GEMM_WEIGHTS] * profile.library_gemm),
             params=names,
             vocab_size=config.vocab_size,
@@ -191,7 +205,7 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             context_window_size=context,
             prefill_chunk_size=chunk,
             max_batch_size=ex.max_batch,
-            kv_cache=_kv_layout(config, profile.page_size, ex.kv_dtype, ex.window_mode),
+            kv_cache=_kv_layout(config, profile.page_size, ex.kv_dtype, ex.window_mode, ex.kv_owner),
             bos_token_id=config.bos_token_id,
             eos_token_ids=config.eos_token_ids,
             tokenizer_files=tokenizer_files,
@@ -436,12 +450,13 @@ def _in_order(fn, items: list, workers: int):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _kv_layout(config, page_size: int, dtype: str, window_mode: str) -> KVCacheLayout:
-    """The KV cache as the model creates it: per-layer attention kinds, the sliding window and its mode."""
+def _kv_layout(config, page_size: int, dtype: str, window_mode: str, owner: str = "tvm") -> KVCacheLayout:
+    """The KV cache as the model creates it: per-layer attention kinds, the sliding window and its mode,
+    whose cache it is."""
     layers = config.layer_attention()
     return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
                          layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers),
-                         window_mode=window_mode)
+                         window_mode=window_mode, owner=owner)
 
 
 def _config_dict(config) -> dict:

@@ -11,6 +11,7 @@ from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
+from kiln.models.owned_kv import cache_spec
 from kiln.runtime.contract import ENTRY_FUNCTIONS, LIBRARY_GEMM_COPIES, OPTIONAL_ENTRY_FUNCTIONS
 
 
@@ -21,24 +22,28 @@ _NO_PARAMS = {"param_mode": "none", "effect_mode": "none"}
 def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str, library_gemm: bool = False) -> dict:
     """The export spec for a causal LM whose methods are named as ENTRY_FUNCTIONS; with `library_gemm`,
     also the LIBRARY_GEMM_COPIES (batch_prefill and batch_decode again, their matmuls later routed to
-    the device's BLAS)."""
-    kv = nn.spec.Object(object_type=PagedKVCache)
+    the device's BLAS). A model whose KV cache kiln owns (`owned_layout`, models/owned_kv.py) takes the
+    cache's pages and page tables instead of TVM's cache object, and has no create_paged_kv_cache."""
+    owned = getattr(model, "owned_layout", None)
+
+    def kv(tokens="seq_len"):
+        return nn.spec.Object(object_type=PagedKVCache) if owned is None else cache_spec(owned, tokens)
 
     def embeds(*shape):
         return nn.spec.Tensor([*shape, hidden_size], dtype)
 
     spec = {
         "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "$": _PACKED},
-        "prefill": {"input_embed": embeds(1, "seq_len"), "paged_kv_cache": kv, "$": _PACKED},
-        "decode": {"input_embed": embeds(1, 1), "paged_kv_cache": kv, "$": _PACKED},
+        "prefill": {"input_embed": embeds(1, "seq_len"), "paged_kv_cache": kv(), "$": _PACKED},
+        "decode": {"input_embed": embeds(1, 1), "paged_kv_cache": kv(1), "$": _PACKED},
         "batch_prefill": {"input_embeds": embeds(1, "seq_len"),
                           "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
-                          "paged_kv_cache": kv, "$": _PACKED},
+                          "paged_kv_cache": kv(), "$": _PACKED},
         "batch_hidden": {"input_embeds": embeds(1, "seq_len"),
                          "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
-                         "paged_kv_cache": kv, "$": _PACKED},
-        "batch_decode": {"input_embeds": embeds("batch_size", 1), "paged_kv_cache": kv, "$": _PACKED},
-        "batch_verify": {"input_embeds": embeds(1, "seq_len"), "paged_kv_cache": kv, "$": _PACKED},
+                         "paged_kv_cache": kv(), "$": _PACKED},
+        "batch_decode": {"input_embeds": embeds("batch_size", 1), "paged_kv_cache": kv("batch_size"), "$": _PACKED},
+        "batch_verify": {"input_embeds": embeds(1, "seq_len"), "paged_kv_cache": kv(), "$": _PACKED},
         "greedy_tokens": {"logits": nn.spec.Tensor(["batch_size", 1, vocab_size], "float32"), "$": _NO_PARAMS},
         "sample_tokens": {"logits": nn.spec.Tensor(["batch_size", 1, vocab_size], "float32"),
                           "params": nn.spec.Tensor(["batch_size", 5], "float32"), "$": _NO_PARAMS},
@@ -46,8 +51,10 @@ def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str, 
             "max_batch_size": int, "max_total_seq_len": int, "prefill_chunk_size": int,
             "page_size": int, "support_sliding_window": int, "$": _NO_PARAMS},
     }
+    if owned is not None:
+        del spec["create_paged_kv_cache"]
     missing = [name for name in (*ENTRY_FUNCTIONS, *OPTIONAL_ENTRY_FUNCTIONS)
-               if not callable(getattr(model, name, None))]
+               if name in spec and not callable(getattr(model, name, None))]
     if missing:
         raise TypeError(f"{type(model).__name__} lacks entry functions {missing}")
     for name, original in LIBRARY_GEMM_COPIES.items() if library_gemm else ():

@@ -15,7 +15,7 @@ from kiln.cli_options import (DEFAULT_MODEL, CompileProgress, chat_template_opti
                               sampling_options, sampling_params, speculation_options, step_graphs_option)
 from kiln.cli_serve import serve
 from kiln.cli_tune import tune
-from kiln.runtime.contract import DECODE_ACTIVATIONS, KV_CACHE_DTYPES
+from kiln.runtime.contract import DECODE_ACTIVATIONS, KV_CACHE_DTYPES, KV_OWNERS
 
 
 class _Group(click.Group):
@@ -62,6 +62,10 @@ def main() -> None:
               help="the KV cache's dtype: auto keeps the compute dtype; float16 halves a float32 model's cache "
                    "(memory, and the bytes decode attention reads), q, k and v rounded to it as llama.cpp's "
                    "f16 cache does")
+@click.option("--kv-cache", type=click.Choice(("auto", *KV_OWNERS)), default="auto", show_default=True,
+              help="whose KV cache: tvm (TVM's paged KV cache: prefix caching, forks, CUDA step graphs) or kiln "
+                   "(pages the runtime owns, attention by position in the graph: attention sinks, exact sliding "
+                   "windows; no forks yet); auto takes kiln's where the model needs it (attention sinks)")
 @click.option("--decode-activations", type=click.Choice(DECODE_ACTIVATIONS), default="exact", show_default=True,
               help="int8: the GEMVs of 1-8 rows over 4-bit weights (decode of up to 8 sequences) quantize their "
                    "activations to int8 per 32 values and multiply by integer dot products, as llama.cpp does "
@@ -72,7 +76,7 @@ def main() -> None:
 @click.option("--no-golden", is_flag=True, help="store no golden logits (then `kiln check` has nothing to compare)")
 @_friendly_errors
 def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
-                kv_cache_dtype, decode_activations, force, check_after, no_golden) -> None:
+                kv_cache_dtype, kv_cache, decode_activations, force, check_after, no_golden) -> None:
     """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory.
 
     Unless --no-golden, the reference's top-k logits on three short prompts go into the artifact
@@ -88,13 +92,13 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
         if check_after:
             raise click.UsageError("--check runs one artifact; with several targets run `kiln check` on each")
         _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
-                      kv_cache_dtype, decode_activations, force, not no_golden)
+                      kv_cache_dtype, kv_cache, decode_activations, force, not no_golden)
         return
     start = time.perf_counter()
     with CompileProgress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
                             progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
-                            max_batch_size=max_batch_size, kv_cache_dtype=kv_cache_dtype,
+                            max_batch_size=max_batch_size, kv_cache_dtype=kv_cache_dtype, kv_cache=kv_cache,
                             decode_activations=decode_activations, force=force, golden=not no_golden)
     written = json.loads((path / "kiln-config.json").read_text())
     tuned = written.get("tuned_kernels", 0)
@@ -136,13 +140,13 @@ def check_cmd(artifact) -> None:
 
 
 def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
-                  kv_cache_dtype, decode_activations, force, golden) -> None:
+                  kv_cache_dtype, kv_cache, decode_activations, force, golden) -> None:
     from kiln.compiler import CompileOptions
     from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
     # --dump-ir: DIR/<preset>/
     opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
                           prefill_chunk=prefill_chunk, max_batch_size=max_batch_size, kv_cache_dtype=kv_cache_dtype,
-                          decode_activations=decode_activations, force=force, golden=golden)
+                          kv_cache=kv_cache, decode_activations=decode_activations, force=force, golden=golden)
     opts.validate()                 # the numbers and the quantization, before any target compiles
     targets, skipped = parse_targets(spec)
     for name, why in skipped.items():

@@ -29,6 +29,7 @@ from .config import ConfigField, read_fields
 from .layers import BIASED_NORMS, PARAMLESS_NORMS, DecoderLayer, Flags, Norm, tied_logits
 from .mla import LatentAttention, MLASpec
 from .moe import MoESpec, SparseMoE
+from .owned_kv import OwnedKVCache, OwnedLayout
 from .rope import GRAPH_SCALINGS, inv_freq, pair_halves
 from .sampling import lanes_for, sample_kernel
 
@@ -235,6 +236,7 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=self.flags.head_bias)
         self.dtype = "float32"
         self.kv_dtype: str | None = None      # the KV cache's, where it is not the compute dtype
+        self.owned_layout: OwnedLayout | None = None   # set by own_kv_cache: kiln's cache, not TVM's
 
     @property
     def window_mode(self) -> str | None:
@@ -243,7 +245,7 @@ class CausalLM(nn.Module):
         that leave it (cached keys move, so TVM applies RoPE inside attention). "per_layer" otherwise
         (mixed layers): per-layer windows over every page. None without sliding layers."""
         kinds = {a.kind for a in self.attention}
-        if "sliding" not in kinds:
+        if "sliding" not in kinds or self.owned_layout is not None:      # kiln's cache masks windows exactly
             return None
         cache_rope = not (self.rope_in_graph or self.flags.learned_positions)
         if kinds == {"sliding"} and not cache_rope:
@@ -286,27 +288,55 @@ class CausalLM(nn.Module):
         return x * scale if scale else x
 
     def prefill(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
-        hidden = self.model(input_embed, paged_kv_cache)         # [1, seq, hidden]
-        return self._logits(_last_token(hidden)), paged_kv_cache  # [1, 1, vocab]
+        kv = self._cache(paged_kv_cache)
+        hidden = self.model(input_embed, kv)                     # [1, seq, hidden]
+        return self._logits(_last_token(hidden)), self._cache_out(kv)  # [1, 1, vocab]
 
     def decode(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
-        return self._logits(self.model(input_embed, paged_kv_cache)), paged_kv_cache
+        kv = self._cache(paged_kv_cache)
+        return self._logits(self.model(input_embed, kv)), self._cache_out(kv)
 
     def batch_prefill(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
-        hidden = self.model(input_embeds, paged_kv_cache)        # [1, total_seq, hidden]
+        kv = self._cache(paged_kv_cache)
+        hidden = self.model(input_embeds, kv)                    # [1, total_seq, hidden]
         hidden = op.take(hidden, logit_positions, axis=1)        # [1, batch, hidden]
-        return self._logits(hidden), paged_kv_cache              # [1, batch, vocab]
+        return self._logits(hidden), self._cache_out(kv)         # [1, batch, vocab]
 
     def batch_hidden(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
         """batch_prefill's final (normed) hidden states instead of logits: what embeddings pool."""
-        hidden = op.take(self.model(input_embeds, paged_kv_cache), logit_positions, axis=1)   # [1, batch, hidden]
-        return (hidden if hidden.dtype == "float32" else hidden.astype("float32")), paged_kv_cache
+        kv = self._cache(paged_kv_cache)
+        hidden = op.take(self.model(input_embeds, kv), logit_positions, axis=1)   # [1, batch, hidden]
+        return (hidden if hidden.dtype == "float32" else hidden.astype("float32")), self._cache_out(kv)
 
     def batch_decode(self, input_embeds: Tensor, paged_kv_cache: PagedKVCache):
-        return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache  # [batch, 1, vocab]
+        kv = self._cache(paged_kv_cache)
+        return self._logits(self.model(input_embeds, kv)), self._cache_out(kv)  # [batch, 1, vocab]
 
     def batch_verify(self, input_embeds: Tensor, paged_kv_cache: PagedKVCache):
-        return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache  # [1, seq, vocab]
+        kv = self._cache(paged_kv_cache)
+        return self._logits(self.model(input_embeds, kv)), self._cache_out(kv)  # [1, seq, vocab]
+
+    # -- the KV cache kiln owns (models/owned_kv.py) ----------------------------------------
+    def own_kv_cache(self, page_size: int) -> None:
+        """Attend over a KV cache kiln owns instead of TVM's (its pages and page tables inputs of the
+        entry functions): after .to() and set_kv_dtype, before export."""
+        if self.config.latent_attention():
+            raise ValueError("the KV cache kiln owns holds keys and values per head; latent attention (MLA) "
+                             "runs over TVM's paged KV cache only")
+        c, first = self.config, self.attention[0]
+        cache_rope = not (self.flags.learned_positions or self.rope_in_graph)
+        self.owned_layout = OwnedLayout(
+            c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, self.kv_dtype or self.dtype,
+            tuple(a.window if a.kind == "sliding" else 0 for a in self.attention),
+            {"theta": first.rope_theta, "scaling": first.rope_scaling or {}, "rotary_dim": c.rotary_dim}
+            if cache_rope else None)
+
+    def _cache(self, given):
+        """The forward's KV cache: TVM's object as given, or the owned cache over the given pages and tables."""
+        return given if self.owned_layout is None else OwnedKVCache(self.owned_layout, given)
+
+    def _cache_out(self, kv):
+        return kv if self.owned_layout is None else kv.outputs()
 
     def greedy_tokens(self, logits: Tensor) -> Tensor:
         """batch_decode's logits [batch, 1, vocab] -> each row's argmax [batch] int32: greedy

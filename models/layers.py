@@ -70,6 +70,9 @@ class Flags:
     attn_output_gate: bool = False          # q_proj also writes a gate per head (a head's rows: its q, then its
                                             # gate); the attention output times sigmoid(gate) before o_proj
                                             # (MiniCPM5-MoE)
+    attn_sinks: bool = False                # a learned logit per head in every softmax, taking a share of the
+                                            # weight and giving no value (gpt-oss, Flint): `sinks` [heads] float32,
+                                            # over the KV cache kiln owns (models/owned_kv.py)
 
     def sm_scale(self, head_dim: int) -> float:
         """The attention's softmax scale: attn_scale, else 1 / sqrt(query_pre_attn_scalar or head_dim)."""
@@ -181,6 +184,8 @@ class PagedAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
+        if flags.attn_sinks:
+            self.sinks = nn.Parameter((num_heads,), "float32")              # kept float32, as transformers does
         if flags.qk_norm:
             by_head = flags.qk_norm_head_weights
             kind = flags.qk_norm_kind or flags.norm
@@ -213,11 +218,17 @@ class PagedAttention(nn.Module):
             if self.norm_after_rope:
                 q, k = self._qk_norm(q, k)
             qkv = op.concat([q, k, v], dim=2)
-        out = cached_attention(kv_cache, layer_id, qkv, h, self.sm_scale, self.kv_dtype)      # [b, s, h, d]
+        out = cached_attention(kv_cache, layer_id, qkv, h, self.sm_scale, self.kv_dtype,
+                               getattr(self, "sinks", None))                              # [b, s, h, d]
         if gate is not None:
             out = out * op.sigmoid(gate)
         return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
 
+
+    def to(self, dtype: str | None = None) -> None:
+        super().to(dtype)
+        if hasattr(self, "sinks"):
+            self.sinks.to("float32")
 
     def _qk_norm(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """q and k through their norms, per head or over every head's dims at once; as they are without."""
@@ -232,12 +243,14 @@ class PagedAttention(nn.Module):
 
 
 def cached_attention(kv_cache: PagedKVCache, layer_id: int, qkv: Tensor, heads: int, sm_scale: float,
-                     kv_dtype: str | None) -> Tensor:
+                     kv_dtype: str | None, sinks: Tensor | None = None) -> Tensor:
     """Attention of the fused q/k/v [b, s, heads + 2 kv heads, d] over the layer's paged cache, which appends
-    k and v: in the cache's dtype where it has its own (kv_dtype), the output back in qkv's."""
+    k and v: in the cache's dtype where it has its own (kv_dtype), the output back in qkv's. `sinks`: a
+    sink logit per head (the cache kiln owns only: models/owned_kv.py)."""
     dtype = qkv.dtype
+    extra = {} if sinks is None else {"sinks": sinks}
     out = kv_cache.attention_with_fused_qkv(layer_id, qkv if kv_dtype in (None, dtype) else qkv.astype(kv_dtype),
-                                            heads, sm_scale=sm_scale)
+                                            heads, sm_scale=sm_scale, **extra)
     return out if out.dtype == dtype else out.astype(dtype)
 
 

@@ -32,6 +32,9 @@ SHARD_BYTES = 64 << 20
 # What every artifact exports, called by name: the runtime drives any model through these.
 ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode", "batch_verify",
                    "create_paged_kv_cache")
+# An artifact whose KV cache kiln owns (KVCacheLayout.owner "kiln") has no cache to create.
+OWNED_KV_ENTRY_FUNCTIONS = tuple(f for f in ENTRY_FUNCTIONS if f != "create_paged_kv_cache")
+KV_OWNERS = ("tvm", "kiln")
 # Entry functions newer artifacts have and older ones may lack: a feature that needs one says so.
 # batch_hidden: final hidden states (embeddings); greedy_tokens: the argmax of batch_decode's logits,
 # taken where they are, so a greedy decode step copies one int32 per sequence back instead of the logits;
@@ -110,6 +113,8 @@ class KVCacheLayout:
     layer_kinds: tuple[str, ...] = ()            # per layer: "full" | "sliding"; empty = all full
     sliding_window: int | None = None            # tokens, for "sliding" layers
     window_mode: str = ""                        # "per_sequence" | "per_layer" (models/causal_lm.py); "": by kinds
+    owner: str = "tvm"                           # whose cache: "tvm" (TVM's PagedKVCache, create_paged_kv_cache) or
+                                                 # "kiln" (models/owned_kv.py: pages and tables the runtime passes)
 
     @property
     def bytes_per_token(self) -> int:
@@ -127,6 +132,7 @@ class KVCacheLayout:
                  "kv_cache has sliding-window layers but no sliding_window size")
         _require(self.window_mode in ("", "per_sequence", "per_layer"),
                  f"kv_cache.window_mode {self.window_mode!r} is not per_sequence or per_layer")
+        _require(self.owner in KV_OWNERS, f"kv_cache.owner {self.owner!r} is not one of {', '.join(KV_OWNERS)}")
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,8 @@ class ArtifactConfig:
     def __post_init__(self) -> None:
         for name in ("entry_functions", "params", "eos_token_ids", "tokenizer_files", "notes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        missing = [f for f in ENTRY_FUNCTIONS if f not in self.entry_functions]
+        needed = ENTRY_FUNCTIONS if self.kv_cache.owner == "tvm" else OWNED_KV_ENTRY_FUNCTIONS
+        missing = [f for f in needed if f not in self.entry_functions]
         _require(not missing, f"the artifact lacks entry functions {missing}")
         for name in ("vocab_size", "hidden_size", "context_window_size", "prefill_chunk_size", "max_batch_size"):
             value = getattr(self, name)

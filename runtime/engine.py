@@ -69,7 +69,7 @@ class Engine(SynchronousCalls, ModelFront):
         super().__init__(loaded, config.chat_template)     # tokenizer, eos ids, grammar compiler
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
         window = self.runner.window        # sliding-window KV is never shared: no prefix cache, no forks
-        prefix_cache = config.enable_prefix_cache and window is None
+        prefix_cache = config.enable_prefix_cache and self.runner.shares_kv
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=self.runner.max_num_seqs, max_tokens_per_step=budget,
                             policy=config.policy, enable_prefix_cache=prefix_cache, sliding_window=window),
@@ -279,7 +279,7 @@ class Engine(SynchronousCalls, ModelFront):
                                       "n")
         requests = []
         for k in range(params.n):
-            fork = (requests[0].seq_id, len(ids) - 1) if k and self.runner.window is None else None
+            fork = (requests[0].seq_id, len(ids) - 1) if k and self.runner.shares_kv else None
             seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
                            priority=priority, fork_from=fork, prompt_logits=params.prompt_logprobs is not None and not k)
             requests.append(Request(index + k, seq, params, self.runner.context_window, self.eos_token_ids,

@@ -36,6 +36,7 @@ from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
 from .artifact import Artifact, check_host
+from .kv_caches import OwnedCache, TVMCache
 from .forward_split import prefill_chunks, row_bounded
 from . import huge_pages, library_gemm
 from .device_tensors import _COPY_IN, _COPY_OUT, _VIEW, LaunchedTokens, _holding_gil, _to_host, _view  # noqa: F401
@@ -44,13 +45,6 @@ from .memory_budget import default_kv_tokens, runner_kv_tokens
 from .protocol import InvalidRequestError
 from .sliding_window import SlidingWindow
 from .step_graph import CAPTURED, StepGraphs, capture_functions
-
-_KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
-    "kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_fork_sequence", "kv_state_popn",
-    "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages",
-    "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq",
-    "attention_kv_cache_get_query_positions")}
-
 
 @dataclasses.dataclass
 class _Staging:
@@ -110,12 +104,15 @@ class ModelRunner:
         if max_total_tokens is None:
             max_total_tokens = runner_kv_tokens(artifact, self.device, self.max_num_seqs, memory_utilization, loaded)
         self.max_total_tokens = max_total_tokens or default_kv_tokens(artifact, self.max_num_seqs)
-        with huge_pages.advised_new_mappings(artifact.device == "cpu"):
-            self.kv = self.vm["create_paged_kv_cache"](
-                ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
-                ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]),
-                ShapeTuple([int(bool(self.window and self.window.per_sequence))]))
         self._buffers: dict[str, _Staging] = {}                 # _staged's device buffers
+        with huge_pages.advised_new_mappings(artifact.device == "cpu"):
+            if cfg.kv_cache.owner == "kiln":
+                self.cache = OwnedCache(cfg.kv_cache, self.device, self.max_total_tokens, self._staged)
+            else:
+                self.cache = TVMCache(self.vm["create_paged_kv_cache"](
+                    ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
+                    ShapeTuple([self.prefill_chunk]), ShapeTuple([self.page_size]),
+                    ShapeTuple([int(bool(self.window and self.window.per_sequence))])), self.window)
         self._fn = {name: self.vm[name] for name in ("embed", "batch_prefill", "batch_decode", "batch_verify")}
         for name in OPTIONAL_ENTRY_FUNCTIONS:
             if name in cfg.entry_functions:
@@ -166,32 +163,35 @@ class ModelRunner:
         return "greedy_tokens" in self._fn
 
     # -- sequences --------------------------------------------------------------------
+    @property
+    def shares_kv(self) -> bool:
+        """Whether sequences can share KV pages (forks: prefix caching, n > 1): not with a sliding window
+        on TVM's cache, nor on the cache kiln owns (yet)."""
+        return self.cache.shares_kv and self.window is None
+
     def add_sequence(self, seq_id: int) -> None:
-        _KV["kv_state_add_sequence"](self.kv, seq_id)
-        if self.window and self.window.per_sequence:
-            _KV["attention_kv_cache_enable_sliding_window_for_seq"](self.kv, seq_id, self.window.kept,
-                                                                    self.window.attention_sink)
+        self.cache.add(seq_id)
 
     def remove_sequence(self, seq_id: int) -> None:
-        _KV["kv_state_remove_sequence"](self.kv, seq_id)
+        self.cache.remove(seq_id)
         self._shared.discard(seq_id)
 
     def fork_sequence(self, parent: int, child: int, fork_pos: int = -1) -> None:
         if self.window:
             raise RuntimeError("sliding-window sequences cannot be forked (TVM cannot share windowed KV "
                                "correctly); add the child and compute its prompt instead")
-        _KV["kv_state_fork_sequence"](self.kv, parent, child, fork_pos)
+        self.cache.fork(parent, child, fork_pos)
         self._shared.update((parent, child))
 
     def pop_tokens(self, seq_id: int, n: int) -> None:
-        _KV["kv_state_popn"](self.kv, seq_id, n)
+        self.cache.pop(seq_id, n)
 
     def free_pages(self) -> int:
-        return int(_KV["attention_kv_cache_get_num_available_pages"](self.kv))
+        return self.cache.free_pages()
 
     def sequence_length(self, seq_id: int) -> int:
         """Tokens TVM holds for the sequence (with a per-sequence window: at most window.kept)."""
-        return int(_KV["attention_kv_cache_get_sequence_length"](self.kv, seq_id))
+        return self.cache.length(seq_id)
 
     def _check_window(self, seq_ids: Sequence[int], lengths: Sequence[int]) -> None:
         if self.window is None:
@@ -251,11 +251,11 @@ class ModelRunner:
                  for e, n, f in zip(ends, lengths, full)]                   # positions whose logits come back
         name = LIBRARY_GEMM_ENTRY if LIBRARY_GEMM_ENTRY in self._fn and len(flat) >= library_gemm.MIN_TOKENS \
             else "batch_prefill"
-        _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple(lengths))
+        positions = self._staged("positions", np.concatenate(spans))
+        kv = self.cache.begin(seq_ids, lengths)
         weights = (self.gemm_weights,) if name == LIBRARY_GEMM_ENTRY else ()
-        logits, _ = self._fn[name](embeds, self._staged("positions", np.concatenate(spans)), self.kv, self.params,
-                                   *weights)
-        _KV["kv_state_end_forward"](self.kv)
+        logits, _ = self._fn[name](embeds, positions, kv, self.params, *weights)
+        self.cache.end()
         return logits, spans
 
     def prefill(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]]) -> np.ndarray:
@@ -340,23 +340,23 @@ class ModelRunner:
         ids = self._staged_ids(np.asarray(tokens, dtype=np.int32))
         library = LIBRARY_GEMM_DECODE in self._fn and n >= library_gemm.min_decode_rows(self.artifact.config)
         key = None if library else self._graph_key(pick, seq_ids)
-        _KV["kv_state_begin_forward"](self.kv, ShapeTuple(list(seq_ids)), ShapeTuple([1] * n))
+        kv = self.cache.begin(seq_ids, [1] * n)
 
         def forward(fn: dict = self._fn):
             embeds = fn["embed"](ids, self.params)                                         # [batch, hidden]
             embeds = _view(embeds, [n, 1, embeds.shape[-1]])
             if library:
-                logits, _ = fn[LIBRARY_GEMM_DECODE](embeds, self.kv, self.params, self.gemm_weights)
+                logits, _ = fn[LIBRARY_GEMM_DECODE](embeds, kv, self.params, self.gemm_weights)
             else:
-                logits, _ = fn["batch_decode"](embeds, self.kv, self.params)
+                logits, _ = fn["batch_decode"](embeds, kv, self.params)
             return logits, self._pick(pick, logits, params, fn)
 
         if key is None:
             out = forward()
         else:
-            _KV["attention_kv_cache_get_query_positions"](self.kv)     # the page tables copied here, not in the graph
+            self.cache.copy_tables()           # the page tables copied here, not in the graph
             out = self.graphs.run(key, forward, lambda: forward(self._capture_fn))
-        _KV["kv_state_end_forward"](self.kv)
+        self.cache.end()
         return out
 
     def _graph_key(self, pick: str, seq_ids: Sequence[int]) -> tuple | None:
@@ -372,9 +372,9 @@ class ModelRunner:
         """Append tokens to one sequence and return the logits at every position [n, vocab]."""
         self._check_window([seq_id], [len(tokens)])
         embeds = self._embed(np.asarray(tokens, dtype=np.int32))
-        _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(tokens)]))
-        logits, _ = self._fn["batch_verify"](embeds, self.kv, self.params)
-        _KV["kv_state_end_forward"](self.kv)
+        kv = self.cache.begin([seq_id], [len(tokens)])
+        logits, _ = self._fn["batch_verify"](embeds, kv, self.params)
+        self.cache.end()
         return _to_host(logits, wait=self.queues_work)[0]
 
     def check_drafts(self, seq_ids: Sequence[int], tokens: Sequence[Sequence[int]], greedy: bool) -> np.ndarray:
@@ -407,10 +407,11 @@ class ModelRunner:
                 take = min(take, self.window.max_chunk(self.sequence_length(seq_id)))
             piece = np.asarray(tokens[start:start + take], dtype=np.int32)
             start += len(piece)
-            _KV["kv_state_begin_forward"](self.kv, ShapeTuple([seq_id]), ShapeTuple([len(piece)]))
-            hidden, _ = self._fn["batch_hidden"](self._embed(piece), self._staged(
-                "positions", np.array([len(piece) - 1], np.int32)), self.kv, self.params)
-            _KV["kv_state_end_forward"](self.kv)
+            embeds = self._embed(piece)
+            positions = self._staged("positions", np.array([len(piece) - 1], np.int32))
+            kv = self.cache.begin([seq_id], [len(piece)])
+            hidden, _ = self._fn["batch_hidden"](embeds, positions, kv, self.params)
+            self.cache.end()
         return _to_host(hidden, wait=self.queues_work)[0, 0]
 
     def _staged(self, name: str, array: np.ndarray):

@@ -46,8 +46,9 @@ class SlidingWindow:
 
     @classmethod
     def of(cls, layout: KVCacheLayout) -> "SlidingWindow | None":
-        """The artifact's window, None when no layer slides."""
-        if "sliding" not in layout.layer_kinds:
+        """The artifact's window, None when no layer slides or the KV cache is kiln's (which keeps every
+        token and masks each row by position: no bound per forward)."""
+        if "sliding" not in layout.layer_kinds or layout.owner == "kiln":
             return None
         mode = layout.window_mode or ("per_sequence" if set(layout.layer_kinds) == {"sliding"} else "per_layer")
         return cls(int(layout.sliding_window), per_sequence=mode == "per_sequence")

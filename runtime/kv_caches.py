@@ -1,0 +1,156 @@
+"""The runner's two KV caches behind one interface: TVM's paged KV cache (TVMCache, through its VM
+builtins) and the cache kiln owns (OwnedCache: models/owned_kv.py is its graph half).
+
+Both keep sequences by id and answer the same calls: add, remove, fork, pop, free_pages, length,
+and begin(seq_ids, lengths) before a forward, which returns what the entry function takes as its
+cache argument, then end() after it. TVM's cache builds its page tables inside begin; the owned
+cache builds them here (numpy) and stages them to the device through the runner's `stage`.
+
+OwnedCache allocates every layer's pages once ([pages, 2, kv heads, page size, head dim] each; the
+graph writes them in place) and hands pages out per sequence in token order, one pool for every
+layer (a page id names the same slot in each layer's tensor). It keeps every token (sliding layers
+mask by position), so it has no window bound per forward. Forks (shared prefixes, n > 1) are not
+implemented yet: it says so, and the engine turns prefix caching off for it (shares_kv False).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ._tvm import tvm
+from tvm.runtime import ShapeTuple
+
+from .contract import KVCacheLayout
+from .device_tensors import _holding_gil
+
+_KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
+    "kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_fork_sequence", "kv_state_popn",
+    "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages",
+    "attention_kv_cache_get_sequence_length", "attention_kv_cache_enable_sliding_window_for_seq",
+    "attention_kv_cache_get_query_positions")}
+
+
+class TVMCache:
+    """TVM's PagedKVCache, created by the artifact's create_paged_kv_cache."""
+
+    shares_kv = True                    # forks share pages (prefix caching, n > 1)
+
+    def __init__(self, handle, window=None):
+        self.handle = handle
+        self.window = window            # runtime/sliding_window.py SlidingWindow, or None
+
+    def add(self, seq_id: int) -> None:
+        _KV["kv_state_add_sequence"](self.handle, seq_id)
+        if self.window and self.window.per_sequence:
+            _KV["attention_kv_cache_enable_sliding_window_for_seq"](self.handle, seq_id, self.window.kept,
+                                                                    self.window.attention_sink)
+
+    def remove(self, seq_id: int) -> None:
+        _KV["kv_state_remove_sequence"](self.handle, seq_id)
+
+    def fork(self, parent: int, child: int, fork_pos: int = -1) -> None:
+        _KV["kv_state_fork_sequence"](self.handle, parent, child, fork_pos)
+
+    def pop(self, seq_id: int, n: int) -> None:
+        _KV["kv_state_popn"](self.handle, seq_id, n)
+
+    def free_pages(self) -> int:
+        return int(_KV["attention_kv_cache_get_num_available_pages"](self.handle))
+
+    def length(self, seq_id: int) -> int:
+        return int(_KV["attention_kv_cache_get_sequence_length"](self.handle, seq_id))
+
+    def begin(self, seq_ids: Sequence[int], lengths: Sequence[int]):
+        _KV["kv_state_begin_forward"](self.handle, ShapeTuple(list(seq_ids)), ShapeTuple(list(lengths)))
+        return self.handle
+
+    def copy_tables(self) -> None:
+        """The forward's page tables copied to the device now (before a CUDA graph replays)."""
+        _KV["attention_kv_cache_get_query_positions"](self.handle)
+
+    def end(self) -> None:
+        _KV["kv_state_end_forward"](self.handle)
+
+
+class OwnedCache:
+    """The pages and page tables of the KV cache kiln owns (KVCacheLayout.owner "kiln")."""
+
+    shares_kv = False
+
+    def __init__(self, layout: KVCacheLayout, device, total_tokens: int, stage: Callable[[str, np.ndarray], object]):
+        self.page_size = layout.page_size
+        self.num_pages = max(-(-total_tokens // layout.page_size), 1)
+        shape = (self.num_pages, 2, layout.num_kv_heads, layout.page_size, layout.head_dim)
+        self.pages = [tvm.runtime.empty(shape, layout.dtype, device) for _ in range(layout.num_layers)]
+        self._pages_arg = tvm.runtime.convert(self.pages)
+        self._stage = stage
+        self._free = list(range(self.num_pages - 1, -1, -1))      # a stack: page 0 first
+        self._held: dict[int, list[int]] = {}                     # seq id -> page ids, in token order
+        self._length: dict[int, int] = {}
+
+    def add(self, seq_id: int) -> None:
+        if seq_id in self._held:
+            raise KeyError(f"sequence {seq_id} is already in the KV cache")
+        self._held[seq_id], self._length[seq_id] = [], 0
+
+    def remove(self, seq_id: int) -> None:
+        self._free.extend(reversed(self._held.pop(seq_id)))
+        del self._length[seq_id]
+
+    def fork(self, parent: int, child: int, fork_pos: int = -1) -> None:
+        raise RuntimeError("the KV cache kiln owns cannot fork a sequence yet; add the child and compute its "
+                           "prompt instead")
+
+    def pop(self, seq_id: int, n: int) -> None:
+        """Drop the sequence's last n tokens (and the pages they leave empty)."""
+        length = self._length[seq_id]
+        if not 0 <= n <= length:
+            raise ValueError(f"cannot pop {n} tokens from sequence {seq_id}, which holds {length}")
+        self._length[seq_id] = length - n
+        keep = -(-(length - n) // self.page_size)
+        held = self._held[seq_id]
+        self._free.extend(reversed(held[keep:]))
+        del held[keep:]
+
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    def length(self, seq_id: int) -> int:
+        return self._length[seq_id]
+
+    def begin(self, seq_ids: Sequence[int], lengths: Sequence[int]):
+        """Grow each sequence by its count of new tokens; the cache argument of the forward: the pages
+        and the tables (models/owned_kv.py TABLES) staged on the device."""
+        need = 0
+        for seq_id, n in zip(seq_ids, lengths):
+            need += -(-(self._length[seq_id] + n) // self.page_size) - len(self._held[seq_id])
+        if need > len(self._free):
+            raise RuntimeError(f"the KV cache is full: this forward needs {need} more pages, {len(self._free)} "
+                               "are free")
+        positions, slots, seq_of = [], [], []
+        for b, (seq_id, n) in enumerate(zip(seq_ids, lengths)):
+            start, held = self._length[seq_id], self._held[seq_id]
+            grow = -(-(start + n) // self.page_size) - len(held)
+            held.extend(self._free.pop() for _ in range(grow))
+            at = np.arange(start, start + n, dtype=np.int32)
+            positions.append(at)
+            slots.append(np.asarray(held, np.int32)[at // self.page_size] * self.page_size + at % self.page_size)
+            seq_of.append(np.full(n, b, np.int32))
+            self._length[seq_id] = start + n
+        held = [self._held[s] for s in seq_ids]
+        tables = {
+            "page_indptr": np.concatenate([[0], np.cumsum([len(h) for h in held])]).astype(np.int32),
+            "page_values": np.fromiter((p for h in held for p in h), np.int32),
+            "seq_of": np.concatenate(seq_of),
+            "positions": np.concatenate(positions),
+            "slots": np.concatenate(slots).astype(np.int32),
+        }
+        return [self._pages_arg, *(self._stage(f"kv_{name}", array) for name, array in tables.items())]
+
+    def copy_tables(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
