@@ -110,7 +110,8 @@ class OwnedKVCache:
             gpu = Target.current().kind.name != "llvm"
             func = owned_attention(lay.num_kv_heads, heads, lay.head_dim, lay.dtype, lay.page_size, scale,
                                    window=window, gpu=gpu)
-        self._kernels[(kind, *key)] = func
+        # named by the call (tensor_ir_op's name hint): kernels of two windows or scales are two functions
+        func = self._kernels[(kind, *key)] = func.without_attr("global_symbol")
         return func
 
 

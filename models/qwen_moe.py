@@ -4,15 +4,19 @@ renormalised where `norm_topk_prob`; every `decoder_sparse_step`-th layer not in
 (the others keep a dense MLP of `intermediate_size`). Qwen2-MoE adds a shared expert of
 `shared_expert_intermediate_size` behind a sigmoid gate. JetBrains' Mellum (MoE) is Qwen3-MoE with
 sliding-window layers among full ones (`layer_types`, each kind its own RoPE base: RoPE in the graph),
-dense layers by `mlp_layer_types` and multi-token-prediction layers (`mtp.*`, left unread)."""
+dense layers by `mlp_layer_types` and multi-token-prediction layers (`mtp.*`, left unread). Flint is
+Qwen3-MoE with attention sinks on every layer (a logit per head in each softmax: over the KV cache kiln
+owns, models/owned_kv.py), sliding layers with RoPE among full ones without it, a sigmoid router and an
+ungated shared expert."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, LayerAttention, WeightMap, attention_by_type
 from .config import ConfigField, dense_layers, layer_types, split_layer_rope
+from .layers import Flags
 from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 from .qwen2 import Qwen2Config
 from .qwen3 import Qwen3Config
@@ -109,8 +113,48 @@ class MellumConfig(Qwen3MoeConfig):
             (self.local_rope_theta, None) if t == "sliding_attention" else (self.rope_theta, self.rope_scaling)))
 
 
-Qwen2MoeForCausalLM = Qwen3MoeForCausalLM = MellumForCausalLM = CausalLM
+@dataclass(frozen=True)
+class FlintConfig(Qwen3MoeConfig):
+    """Flint: every layer's attention with sinks; `layer_types` (by default full for the first two, every
+    fourth from the second and the last, the others sliding), RoPE on the sliding layers only; experts
+    chosen by the sigmoid of the router's logits, renormalised; an ungated shared expert of
+    `shared_expert_intermediate_size`; dense MLPs on `mlp_only_layers` (by default the first two)."""
+
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+
+    ARCH: ClassVar[str] = "flint"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *Qwen3MoeConfig.FIELDS, ConfigField("sliding_window", ("sliding_window",), default=513),
+        ConfigField("layer_types", ("layer_types",), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n = values["num_hidden_layers"]
+        types = tuple(values["layer_types"] or (
+            "full_attention" if i < 2 or i % 4 == 1 or i == n - 1 else "sliding_attention" for i in range(n)))
+        dense = values["dense_layers"] if "mlp_only_layers" in hf else (0, 1)
+        return super().adapt(dict(values, layer_types=layer_types(types, n, hf, pattern=1), dense_layers=dense,
+                                  norm_topk_prob=hf.get("norm_topk_prob", True)), hf, notes)
+
+    def flags(self) -> Flags:
+        return replace(super().flags(), attn_sinks=True)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
+            self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        spec = super().layer_moe(layer)
+        return spec and replace(spec, scoring="sigmoid", shared_gated=False)
+
+
+Qwen2MoeForCausalLM = Qwen3MoeForCausalLM = MellumForCausalLM = FlintForCausalLM = CausalLM
 
 
 def weight_map(c: Qwen2MoeConfig | Qwen3MoeConfig) -> WeightMap:
-    return moe_weight_map(c, NAMES)
+    m = moe_weight_map(c, NAMES)
+    if c.flags().attn_sinks:
+        for i in range(c.num_hidden_layers):
+            m[f"model.layers.{i}.self_attn.sinks"] = [f"model.layers.{i}.self_attn.softmax_offset"]   # as saved
+    return m

@@ -89,6 +89,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), qwen_moe, qwen_moe.Qwen3MoeConfig,
           qwen_moe.Qwen3MoeForCausalLM),
     _arch("mellum", ("MellumForCausalLM",), ("mellum",), qwen_moe, qwen_moe.MellumConfig, qwen_moe.MellumForCausalLM),
+    _arch("flint", ("FlintForCausalLM",), ("flint",), qwen_moe, qwen_moe.FlintConfig, qwen_moe.FlintForCausalLM),
     _arch("olmoe", ("OlmoeForCausalLM",), ("olmoe",), olmoe, olmoe.OlmoeConfig, olmoe.OlmoeForCausalLM),
     _arch("dbrx", ("DbrxForCausalLM",), ("dbrx",), dbrx, dbrx.DbrxConfig, dbrx.DbrxForCausalLM),
     _arch("flex_olmo", ("FlexOlmoForCausalLM",), ("flex_olmo",), olmoe, olmoe.FlexOlmoConfig,

@@ -11,7 +11,7 @@ _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its
 _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
     "gpt_oss": ("OpenAI gpt-oss", _SINKS), "gpt-oss": ("OpenAI gpt-oss", _SINKS),
-    "granite_swa": ("Granite SWA", _SINKS), "granitemoe_swa": ("Granite MoE SWA", _SINKS), "flint": ("Flint", _SINKS),
+    "granite_swa": ("Granite SWA", _SINKS), "granitemoe_swa": ("Granite MoE SWA", _SINKS),
     "mamba": ("Mamba", "state-space layers instead of attention"),
     "mamba2": ("Mamba-2", "state-space layers instead of attention"),
     "falcon_mamba": ("Falcon Mamba", "state-space layers instead of attention"),

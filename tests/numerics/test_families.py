@@ -70,7 +70,9 @@ pass `kiln check` against the golden logits the compile stored.
              Param2 MoE: Bailing's names with q/k/v fused (and biased: param2moe), 2 shared experts (param2moe);
              MiniCPM5-MoE: the attention output gated per head (sigmoid) by q_proj's second half; AFMoE: the
              gate its own Linear, EXAONE 4.0's layers, norms around attention and MLP, muP's embedding scale;
-             Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid
+             Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid; Flint: attention
+             sinks on every layer (the KV cache kiln owns), sliding layers with RoPE (past their window)
+             among full ones without
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
@@ -302,6 +304,12 @@ CASES = {
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,
         num_hidden_layers=3, head_dim=16, sliding_window=64, norm_topk_prob=True, pad_token_id=0,
         layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
+    # attention sinks on every layer (the KV cache kiln owns); sliding layers with RoPE past their 8-token
+    # window, full ones without; a sigmoid router; an ungated shared expert; the first layer dense
+    "flint": ("FlintForCausalLM", "FlintConfig", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,
+        num_hidden_layers=3, head_dim=16, sliding_window=8, pad_token_id=0, mlp_only_layers=[0],
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
     # transformers runs both as GLM-4.5 and saves them under Bailing's names (q/k/v fused)
     "sarvam-moe": ("Glm4MoeForCausalLM", "SarvamMoEConfig", dict(
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, num_hidden_layers=3,
