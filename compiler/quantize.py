@@ -267,8 +267,11 @@ class QuantPlan:
         spec, fmt = weight_spec(entry), self.formats.get(name)
         if fmt is None or spec.transform is not None:
             parts = [source.weights.get(n) for n in spec.hf_names]
-            value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-            value = spec.transform(value) if spec.transform is not None else value
+            if spec.apart:
+                value = spec.transform(parts)
+            else:
+                value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+                value = spec.transform(value) if spec.transform is not None else value
             if fmt is not None:
                 return self._planes_dict(name, fmt, [_quantized(fmt, value, name, source)], source)
             _check_shape(source, name, value.shape, float_shape or value.shape)

@@ -500,6 +500,8 @@ class WeightSpec:
 
     hf_names: tuple[str, ...]
     transform: Callable[[np.ndarray], np.ndarray] | None = None
+    apart: bool = False                     # transform takes the tensors as a list (shapes that do not
+                                            # concatenate: gpt-oss's MXFP4 blocks and scales)
 
 
 WeightMap = dict[str, "list[str] | WeightSpec"]

@@ -160,7 +160,11 @@ def load_hf_dir(d: Path) -> ModelSource:
         raise ModelLoadError(f"{cfg_path}: quantization_config is {type(qc).__name__} {qc!r:.60}, not an object; "
                              "the checkpoint's config.json is malformed (re-download it)")
     fp8 = read_fp8_method(d, qc) if qc else None
-    method = read_quant_method(d, qc) if qc and fp8 is None else None
+    mxfp4 = bool(qc) and str(qc.get("quant_method", "")).lower() == "mxfp4"
+    if mxfp4 and hf_config.get("model_type") != "gpt_oss":
+        raise ModelLoadError(f"{cfg_path}: quantization_config says mxfp4, which kiln reads for gpt-oss's experts only "
+                             f"(this is model_type {hf_config.get('model_type')!r}); pass a float checkpoint")
+    method = read_quant_method(d, qc) if qc and fp8 is None and not mxfp4 else None
     kind, files = _weight_files(d)
     weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
     write_tokenizer, notes = tokenizer_files(d)
@@ -170,6 +174,8 @@ def load_hf_dir(d: Path) -> ModelSource:
     elif fp8 is not None:
         weights = FP8Weights(weights, fp8, d)
         notes = [f"{fp8.describe()}: {weights.scaled()} weights", *notes]
+    elif mxfp4:
+        notes = ["MXFP4 experts decoded exactly to float, then stored as --quant says", *notes]
     return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights, write_tokenizer=write_tokenizer,
                        content_hash=content_hash([cfg_path, *files]), notes=notes,
                        stored_quant=method.label if method else None)

@@ -66,6 +66,10 @@ class MoESpec:
     jitter_eps: float = 0.0                 # scoring "sparsemixer" (Phi-3.5-MoE): router_jitter_noise
     scale_input: bool = False               # each expert reads x times its weight and the outputs add unweighted
                                             # (Llama 4)
+    router_bias: bool = False               # a per-expert bias added to the router's logits (gpt-oss)
+    expert_bias: bool = False               # each expert's gate/up and down projections have biases (gpt-oss)
+    clamped_glu: tuple[float, float] | None = None   # (alpha, limit): gpt-oss's expert activation, (clip(up,
+                                            # -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -94,6 +98,11 @@ class SparseMoE(nn.Module):
         self.router = nn.Parameter((e, hidden_size), "float32")        # kept float: not an nn.Linear
         if spec.choice_bias:
             self.choice_bias = nn.Parameter((e,), "float32")
+        if spec.router_bias:
+            self.router_bias = nn.Parameter((e,), "float32")
+        if spec.expert_bias:                # every expert's biases, in its rows' order (gate's, then up's)
+            self.experts_gate_up_bias = nn.Parameter((e, 2 * i))
+            self.experts_down_bias = nn.Parameter((e, hidden_size))
         # Every expert's rows in one Linear (expert 0's gate and up rows, then expert 1's, ...), never
         # called as a Linear: the quantizer stores it as any other (planes of [experts * rows, cols])
         # and the expert matmul reads the rows of the experts each token picked.
@@ -107,14 +116,17 @@ class SparseMoE(nn.Module):
     def to(self, dtype: str | None = None) -> None:
         super().to(dtype)
         self.router.to("float32")
-        if hasattr(self, "choice_bias"):
-            self.choice_bias.to("float32")
+        for name in ("choice_bias", "router_bias"):
+            if hasattr(self, name):
+                getattr(self, name).to("float32")
 
     def forward(self, x: Tensor) -> Tensor:
         b, s, h = x.shape
         spec, k, i = self.spec, self.spec.top_k, self.spec.intermediate_size
         flat = op.reshape(x, (b * s, h))                                # [T, h]
         logits = op.matmul(flat if flat.dtype == "float32" else flat.astype("float32"), op.permute_dims(self.router))
+        if spec.router_bias:
+            logits = logits + self.router_bias
         if spec.scoring == "sparsemixer":
             weights, experts = _sparsemixer(logits, spec.jitter_eps)
         else:
@@ -122,8 +134,20 @@ class SparseMoE(nn.Module):
         weights = weights if weights.dtype == flat.dtype else weights.astype(flat.dtype)
         slots = op.reshape(weights, (b * s, k, 1))
         x_in = op.reshape(flat, (b * s, 1, h)) * slots if spec.scale_input else flat               # [T, (k,) h]
-        gate, up = op.split(_expert_matmul(x_in, self.experts_gate_up, experts, 2 * i), 2, axis=-1)   # [T, k, i]
-        out = _expert_matmul(_activation(gate, self.activation) * up, self.experts_down, experts, h)  # [T, k, h]
+        gate_up = _expert_matmul(x_in, self.experts_gate_up, experts, 2 * i)                     # [T, k, 2i]
+        if spec.expert_bias:
+            gate_up = gate_up + op.take(self.experts_gate_up_bias, experts, axis=0)
+        gate, up = op.split(gate_up, 2, axis=-1)                                                  # [T, k, i]
+        if spec.clamped_glu:
+            alpha, limit = spec.clamped_glu
+            gate = op.minimum(gate, op.full((1,), limit, gate.dtype))
+            up = op.maximum(op.minimum(up, op.full((1,), limit, up.dtype)), op.full((1,), -limit, up.dtype))
+            hidden = (up + 1.0) * (gate * op.sigmoid(gate * alpha))
+        else:
+            hidden = _activation(gate, self.activation) * up
+        out = _expert_matmul(hidden, self.experts_down, experts, h)                              # [T, k, h]
+        if spec.expert_bias:
+            out = out + op.take(self.experts_down_bias, experts, axis=0)
         y = op.sum(out if spec.scale_input else out * slots, axis=1)                              # [T, h]
         if hasattr(self, "shared_gate"):
             gate_logit = op.matmul(flat, op.permute_dims(self.shared_gate))                  # [T, 1]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import (apertus, cohere, dbrx, deepseek, ernie4_5, falcon, gemma, glm, glm4_moe, gpt2, gpt_neo, gpt_neox,
-               gptj, granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron, olmo, olmo2, olmoe, opt,
-               phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+               gpt_oss, gptj, granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron, olmo, olmo2, olmoe,
+               opt, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 from .unsupported import unsupported_reason
 
@@ -89,6 +89,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), qwen_moe, qwen_moe.Qwen3MoeConfig,
           qwen_moe.Qwen3MoeForCausalLM),
     _arch("mellum", ("MellumForCausalLM",), ("mellum",), qwen_moe, qwen_moe.MellumConfig, qwen_moe.MellumForCausalLM),
+    _arch("gpt_oss", ("GptOssForCausalLM",), ("gpt_oss",), gpt_oss, gpt_oss.GptOssConfig, gpt_oss.GptOssForCausalLM),
     _arch("flint", ("FlintForCausalLM",), ("flint",), qwen_moe, qwen_moe.FlintConfig, qwen_moe.FlintForCausalLM),
     _arch("olmoe", ("OlmoeForCausalLM",), ("olmoe",), olmoe, olmoe.OlmoeConfig, olmoe.OlmoeForCausalLM),
     _arch("dbrx", ("DbrxForCausalLM",), ("dbrx",), dbrx, dbrx.DbrxConfig, dbrx.DbrxForCausalLM),

@@ -72,7 +72,8 @@ pass `kiln check` against the golden logits the compile stored.
              gate its own Linear, EXAONE 4.0's layers, norms around attention and MLP, muP's embedding scale;
              Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid; Flint: attention
              sinks on every layer (the KV cache kiln owns), sliding layers with RoPE (past their window)
-             among full ones without
+             among full ones without; gpt-oss: sinks, alternating sliding layers, YaRN, experts with biases,
+             interleaved gate/up and a clamped SwiGLU, a biased router
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
@@ -310,6 +311,12 @@ CASES = {
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,
         num_hidden_layers=3, head_dim=16, sliding_window=8, pad_token_id=0, mlp_only_layers=[0],
         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # attention sinks, q/k/v/o biases, a sliding layer (past its window) then a full one, YaRN; experts with
+    # biases, interleaved gate/up and the clamped SwiGLU, a router with a bias (gate/up values spread
+    # past the clamp's limit by a wide init)
+    "gpt-oss": ("GptOssForCausalLM", "GptOssConfig", dict(
+        num_local_experts=8, num_experts_per_tok=3, intermediate_size=48, head_dim=16, sliding_window=8,
+        pad_token_id=0, swiglu_limit=0.5, initializer_range=0.2)),
     # transformers runs both as GLM-4.5 and saves them under Bailing's names (q/k/v fused)
     "sarvam-moe": ("Glm4MoeForCausalLM", "SarvamMoEConfig", dict(
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, num_hidden_layers=3,
