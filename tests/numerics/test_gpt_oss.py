@@ -1,0 +1,71 @@
+"""gpt-oss as OpenAI released it: experts in MXFP4 (models/gpt_oss.py). The decoder against transformers'
+own (integrations/mxfp4.py), and a checkpoint whose experts are MXFP4 codes against transformers running
+the same values in float (the float model is tests/numerics/test_families.py's gpt-oss case)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.models.gpt_oss import mxfp4_decode
+from test_families import IDS, TOL, write_family
+from tiny_models import assert_prefill_and_decode_match
+
+pytestmark = pytest.mark.numerics
+
+
+def _codes(rng, rows: int, cols: int, experts: int):
+    """Random MXFP4 blocks [experts, rows, cols / 32, 16] and scales (2^-7 to 2^-3) for a [rows, cols] weight."""
+    blocks = rng.integers(0, 256, size=(experts, rows, cols // 32, 16), dtype=np.uint8)
+    scales = rng.integers(120, 125, size=(experts, rows, cols // 32), dtype=np.uint8)
+    return blocks, scales
+
+
+def test_mxfp4_decode_matches_transformers():
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    blocks, scales = _codes(np.random.default_rng(0), 6, 64, 3)
+    blocks[0, 0, 0, :4] = [0x00, 0x08, 0x7F, 0xF7]             # +0, -0, 6 and -6 beside each other
+    theirs = convert_moe_packed_tensors(torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32)
+    np.testing.assert_array_equal(mxfp4_decode(blocks, scales), theirs.transpose(1, 2).numpy())
+
+
+def test_mxfp4_checkpoint_matches_transformers_on_its_values(tmp_path):
+    import torch
+    from safetensors.numpy import save_file
+    ref = write_family("gpt-oss", tmp_path / "float", intermediate_size=64)
+    cfg = ref.config
+    rng = np.random.default_rng(1)
+    tensors = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+    for i, layer in enumerate(ref.model.layers):
+        experts, key = layer.mlp.experts, f"model.layers.{i}.mlp.experts"
+        for name, rows, cols in (("gate_up_proj", 2 * cfg.intermediate_size, cfg.hidden_size),
+                                 ("down_proj", cfg.hidden_size, cfg.intermediate_size)):
+            blocks, scales = _codes(rng, rows, cols, cfg.num_local_experts)
+            with torch.no_grad():                   # the reference runs the codes' values, in its [in, out] layout
+                getattr(experts, name).copy_(torch.from_numpy(mxfp4_decode(blocks, scales).transpose(0, 2, 1)))
+            del tensors[f"{key}.{name}"]
+            tensors[f"{key}.{name}_blocks"], tensors[f"{key}.{name}_scales"] = blocks, scales
+    dest = tmp_path / "mxfp4"
+    dest.mkdir()
+    for f in (tmp_path / "float").iterdir():
+        if f.suffix != ".safetensors":
+            (dest / f.name).write_bytes(f.read_bytes())
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((dest / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (dest / "config.json").write_text(json.dumps(config))
+    art = kiln.compile(str(dest), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+
+
+def test_mxfp4_is_refused_outside_gpt_oss(tmp_path):
+    from kiln.models import ModelLoadError, load
+    write_family("qwen3-tied", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "quantization_config": {"quant_method": "mxfp4"}}))
+    with pytest.raises(ModelLoadError, match="mxfp4, which kiln reads for gpt-oss's experts only"):
+        load(tmp_path / "hf")
