@@ -8,7 +8,11 @@ Granite whose logits are multiplied by `logits_scaling`, whose attention scale d
 head_dim ** -0.5, and which norms the attention and MLP outputs too (`use_post_norm`: Peri-LN). Granite
 4.0's models without Mamba layers (granite-4.0-micro: every `layer_types` entry "attention") are Granite
 MoE Shared, or with no experts (`num_local_experts` 0) a Granite whose MLP is the shared one; RoPE only
-where `position_embedding_type` is "rope". The hybrids (Mamba-2 layers: the -h- models) are refused."""
+where `position_embedding_type` is "rope". The hybrids (Mamba-2 layers: the -h- models) are refused.
+Granite SWA and Granite MoE SWA add attention sinks on every layer (a logit per head in each softmax: over
+the KV cache kiln owns, models/owned_kv.py), sliding layers (by default all but every fourth from the
+first) and a RoPE base per layer (`layer_rope_theta`, 0 for none); the MoE one's experts as transformers 5
+stores them (3-D gate_up_proj and down_proj) beside an ungated shared MLP."""
 
 from __future__ import annotations
 
@@ -110,6 +114,45 @@ class GraniteMoeHybridConfig(GraniteMoeSharedConfig):
         return super().layer_moe(layer) if self.num_experts else None
 
 
+@dataclass(frozen=True)
+class _SlidingSinks:
+    """Granite SWA's attention (a mixin before the Granite config it extends)."""
+
+    layer_rope_theta: tuple[float, ...] = ()
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n = values["num_hidden_layers"]
+        types = values["layer_types"] or tuple("full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n))
+        thetas = tuple(float(t) for t in (hf.get("layer_rope_theta") or [values["rope_theta"]] * n))
+        if len(thetas) != n:
+            raise ValueError(f"layer_rope_theta lists {len(thetas)} RoPE bases for {n} layers; fix config.json")
+        return super().adapt(dict(values, layer_types=types, layer_rope_theta=thetas), hf, notes)
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), attn_sinks=True)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return tuple(dataclasses.replace(a, rope_theta=theta or a.rope_theta, rope=bool(theta))
+                     for a, theta in zip(super().layer_attention(), self.layer_rope_theta))
+
+
+_SWA_FIELDS = (ConfigField("sliding_window", ("sliding_window",), default=128),)
+
+
+@dataclass(frozen=True)
+class GraniteSWAConfig(_SlidingSinks, GraniteConfig):
+    ARCH: ClassVar[str] = "granite_swa"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(GraniteConfig.FIELDS, *_SWA_FIELDS)
+
+
+@dataclass(frozen=True)
+class GraniteMoeSWAConfig(_SlidingSinks, GraniteMoeSharedConfig):
+    ARCH: ClassVar[str] = "granitemoe_swa"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(GraniteMoeSharedConfig.FIELDS, *_SWA_FIELDS)
+
+
+GraniteSWAForCausalLM = GraniteMoeSWAForCausalLM = CausalLM
 GraniteForCausalLM = HyperCLOVAXForCausalLM = GraniteMoeForCausalLM = GraniteMoeSharedForCausalLM = CausalLM
 GraniteMoeHybridForCausalLM = CausalLM
 
@@ -118,6 +161,9 @@ def weight_map(c: GraniteConfig) -> WeightMap:
     if isinstance(c, HyperCLOVAXConfig):
         return decoder_weight_map(c, dict(LLAMA_NAMES, post_attn_norm="post_norm1", post_mlp_norm="post_norm2"))
     m = decoder_weight_map(c)
+    if isinstance(c, _SlidingSinks):
+        for i in range(c.num_hidden_layers):
+            m[f"model.layers.{i}.self_attn.sinks"] = [f"model.layers.{i}.self_attn.sinks"]
     if not isinstance(c, GraniteMoeConfig):
         return m
     if isinstance(c, GraniteMoeHybridConfig) and not c.num_experts:
@@ -130,9 +176,14 @@ def weight_map(c: GraniteConfig) -> WeightMap:
         k, h = f"model.layers.{i}.mlp", f"model.layers.{i}"
         for key in [key for key in m if key.startswith(f"{k}.")]:
             del m[key]
-        m[f"{k}.router"] = [f"{h}.block_sparse_moe.router.layer.weight"]
-        m[f"{k}.experts_gate_up.weight"] = WeightSpec((f"{h}.block_sparse_moe.input_linear.weight",), expert_rows)
-        m[f"{k}.experts_down.weight"] = WeightSpec((f"{h}.block_sparse_moe.output_linear.weight",), expert_rows)
+        if isinstance(c, GraniteMoeSWAConfig):          # transformers 5's names and 3-D expert tensors
+            m[f"{k}.router"] = [f"{h}.block_sparse_moe.router.weight"]
+            gate_up, down = f"{h}.block_sparse_moe.experts.gate_up_proj", f"{h}.block_sparse_moe.experts.down_proj"
+        else:
+            m[f"{k}.router"] = [f"{h}.block_sparse_moe.router.layer.weight"]
+            gate_up, down = f"{h}.block_sparse_moe.input_linear.weight", f"{h}.block_sparse_moe.output_linear.weight"
+        m[f"{k}.experts_gate_up.weight"] = WeightSpec((gate_up,), expert_rows)
+        m[f"{k}.experts_down.weight"] = WeightSpec((down,), expert_rows)
         if c.shared_intermediate_size:
             m[f"{k}.shared.gate_up_proj.weight"] = [f"{h}.shared_mlp.input_linear.weight"]
             m[f"{k}.shared.down_proj.weight"] = [f"{h}.shared_mlp.output_linear.weight"]

@@ -4,15 +4,12 @@ reason rather than as an unknown architecture."""
 
 from __future__ import annotations
 
-_SINKS = ("attention sinks (a learned logit per head in every softmax), which need the attention's "
-          "log-sum-exp back in the graph: TVM's paged KV cache, which kiln uses, returns only the output")
 _MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its attention layers"
 _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
 _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
     "gpt-oss": ("OpenAI gpt-oss as GGUF", "MXFP4 GGUF tensors, which kiln's GGUF reader does not decode; compile the "
                 "Hugging Face checkpoint (config.json + safetensors) instead"),
-    "granite_swa": ("Granite SWA", _SINKS), "granitemoe_swa": ("Granite MoE SWA", _SINKS),
     "mamba": ("Mamba", "state-space layers instead of attention"),
     "mamba2": ("Mamba-2", "state-space layers instead of attention"),
     "falcon_mamba": ("Falcon Mamba", "state-space layers instead of attention"),
@@ -39,9 +36,8 @@ _UNSUPPORTED = {
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
         ("deepseek_v32", "DeepSeek-V3.2"), ("glm_moe_dsa", "GLM MoE with DSA"), ("hy_v4", "Hy V4"),
         ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},
-    "mimo_v2_flash": ("MiMo-V2-Flash", "attention sinks on its sliding layers, which also hold twice the KV heads "
-                                       "of its full ones (one paged KV cache takes one count), and values narrower "
-                                       "than keys"),
+    "mimo_v2_flash": ("MiMo-V2-Flash", "sliding layers that hold twice the KV heads of its full "
+                                       "ones (one KV cache layout takes one count), and values narrower than keys"),
     "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), where kiln's attention "
                          "kernels take one"),
     "lfm3": ("LFM3", "gated short-convolution layers among its attention layers"),

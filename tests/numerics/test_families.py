@@ -73,7 +73,8 @@ pass `kiln check` against the golden logits the compile stored.
              Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid; Flint: attention
              sinks on every layer (the KV cache kiln owns), sliding layers with RoPE (past their window)
              among full ones without; gpt-oss: sinks, alternating sliding layers, YaRN, experts with biases,
-             interleaved gate/up and a clamped SwiGLU, a biased router
+             interleaved gate/up and a clamped SwiGLU, a biased router; granite-swa, granitemoe-swa: Granite's
+             multipliers with sinks, sliding layers and a RoPE base per layer (none on one)
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
@@ -317,6 +318,13 @@ CASES = {
     "gpt-oss": ("GptOssForCausalLM", "GptOssConfig", dict(
         num_local_experts=8, num_experts_per_tok=3, intermediate_size=48, head_dim=16, sliding_window=8,
         pad_token_id=0, swiglu_limit=0.5, initializer_range=0.2)),
+    # Granite's multipliers, sinks, sliding layers past their window, a RoPE base per layer (0: none)
+    "granite-swa": ("GraniteSWAForCausalLM", "GraniteSWAConfig", dict(
+        GRANITE, num_hidden_layers=3, sliding_window=8, layer_rope_theta=[10000.0, 0, 500.0],
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "granitemoe-swa": ("GraniteMoeSWAForCausalLM", "GraniteMoeSWAConfig", dict(
+        GRANITE, num_hidden_layers=2, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=32, intermediate_size=48)),
     # transformers runs both as GLM-4.5 and saves them under Bailing's names (q/k/v fused)
     "sarvam-moe": ("Glm4MoeForCausalLM", "SarvamMoEConfig", dict(
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, num_hidden_layers=3,

@@ -384,8 +384,8 @@ def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
                                              "`kiln models` lists"):
         kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="codeshell"))
     # a family known to need what kiln lacks: refused with the reason
-    with pytest.raises(ModelLoadError, match=r"GGUF architecture OpenAI gpt-oss \(gpt-oss\) is not supported yet: "
-                                             "its attention sinks"):
+    with pytest.raises(ModelLoadError, match=r"GGUF architecture OpenAI gpt-oss as GGUF \(gpt-oss\) is not supported "
+                                             "yet: its MXFP4 GGUF tensors"):
         kg.load_gguf(_write_tiny(tmp_path / "oss.gguf", tiny_hf, arch="gpt-oss"))
     refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
     with pytest.raises(ModelLoadError, match=refusal):
