@@ -9,8 +9,11 @@ cache builds them here (numpy) and stages them to the device through the runner'
 OwnedCache allocates every layer's pages once ([pages, 2, kv heads, page size, head dim] each; the
 graph writes them in place) and hands pages out per sequence in token order, one pool for every
 layer (a page id names the same slot in each layer's tensor). It keeps every token (sliding layers
-mask by position), so it has no window bound per forward. Forks (shared prefixes, n > 1) are not
-implemented yet: it says so, and the engine turns prefix caching off for it (shares_kv False).
+mask by position), so it has no window bound per forward, and sequences share pages on any model,
+sliding ones included: a child forked at `pos` holds the parent's pages that lie wholly inside the
+first `pos` tokens (reference counted) and a copy of the one it covers partly (as TVM's cache forks,
+runtime/kv_pages.py mirrors it), and a forward that would append into a page another sequence also
+holds (a pop left it partly filled) copies it first.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from ._tvm import tvm
 from tvm.runtime import ShapeTuple
 
 from .contract import KVCacheLayout
-from .device_tensors import _holding_gil
+from .device_tensors import _VIEW, _holding_gil
 
 _KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
     "kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_fork_sequence", "kv_state_popn",
@@ -35,7 +38,7 @@ _KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in
 class TVMCache:
     """TVM's PagedKVCache, created by the artifact's create_paged_kv_cache."""
 
-    shares_kv = True                    # forks share pages (prefix caching, n > 1)
+    owner = "tvm"
 
     def __init__(self, handle, window=None):
         self.handle = handle
@@ -77,7 +80,7 @@ class TVMCache:
 class OwnedCache:
     """The pages and page tables of the KV cache kiln owns (KVCacheLayout.owner "kiln")."""
 
-    shares_kv = False
+    owner = "kiln"
 
     def __init__(self, layout: KVCacheLayout, device, total_tokens: int, stage: Callable[[str, np.ndarray], object]):
         self.page_size = layout.page_size
@@ -85,8 +88,11 @@ class OwnedCache:
         shape = (self.num_pages, 2, layout.num_kv_heads, layout.page_size, layout.head_dim)
         self.pages = [tvm.runtime.empty(shape, layout.dtype, device) for _ in range(layout.num_layers)]
         self._pages_arg = tvm.runtime.convert(self.pages)
+        self._page_elems = int(np.prod(shape[1:]))
+        self._page_bytes = self._page_elems * np.dtype(layout.dtype).itemsize
         self._stage = stage
         self._free = list(range(self.num_pages - 1, -1, -1))      # a stack: page 0 first
+        self._refs = [0] * self.num_pages                          # sequences holding each page
         self._held: dict[int, list[int]] = {}                     # seq id -> page ids, in token order
         self._length: dict[int, int] = {}
 
@@ -96,12 +102,24 @@ class OwnedCache:
         self._held[seq_id], self._length[seq_id] = [], 0
 
     def remove(self, seq_id: int) -> None:
-        self._free.extend(reversed(self._held.pop(seq_id)))
+        self._release(self._held.pop(seq_id))
         del self._length[seq_id]
 
     def fork(self, parent: int, child: int, fork_pos: int = -1) -> None:
-        raise RuntimeError("the KV cache kiln owns cannot fork a sequence yet; add the child and compute its "
-                           "prompt instead")
+        """`child` (new) holds the parent's first fork_pos tokens (all of them for -1)."""
+        length = self._length[parent]
+        pos = length if fork_pos == -1 else fork_pos
+        if child in self._held or not 0 <= pos <= length:
+            raise ValueError(f"cannot fork sequence {parent} ({length} tokens) at {fork_pos} into {child}")
+        whole, part = divmod(pos, self.page_size)
+        if part and not self._free:
+            raise RuntimeError("the KV cache is full: a fork needs 1 more page, 0 are free")
+        shared = self._held[parent][:whole]
+        for page in shared:
+            self._refs[page] += 1
+        self._held[child], self._length[child] = list(shared), pos
+        if part:
+            self._held[child].append(self._copy(self._held[parent][whole]))
 
     def pop(self, seq_id: int, n: int) -> None:
         """Drop the sequence's last n tokens (and the pages they leave empty)."""
@@ -111,7 +129,7 @@ class OwnedCache:
         self._length[seq_id] = length - n
         keep = -(-(length - n) // self.page_size)
         held = self._held[seq_id]
-        self._free.extend(reversed(held[keep:]))
+        self._release(held[keep:])
         del held[keep:]
 
     def free_pages(self) -> int:
@@ -126,14 +144,20 @@ class OwnedCache:
         need = 0
         for seq_id, n in zip(seq_ids, lengths):
             need += -(-(self._length[seq_id] + n) // self.page_size) - len(self._held[seq_id])
+            need += self._shared_tail(seq_id)
         if need > len(self._free):
             raise RuntimeError(f"the KV cache is full: this forward needs {need} more pages, {len(self._free)} "
                                "are free")
         positions, slots, seq_of = [], [], []
         for b, (seq_id, n) in enumerate(zip(seq_ids, lengths)):
             start, held = self._length[seq_id], self._held[seq_id]
+            if self._shared_tail(seq_id):          # its partly filled last page is another's too: copied first
+                old = held[-1]
+                held[-1] = self._copy(old)
+                self._release([old])
             grow = -(-(start + n) // self.page_size) - len(held)
-            held.extend(self._free.pop() for _ in range(grow))
+            for _ in range(grow):
+                held.append(self._take())
             at = np.arange(start, start + n, dtype=np.int32)
             positions.append(at)
             slots.append(np.asarray(held, np.int32)[at // self.page_size] * self.page_size + at % self.page_size)
@@ -154,3 +178,29 @@ class OwnedCache:
 
     def end(self) -> None:
         pass
+
+    # -- pages --------------------------------------------------------------------------
+    def _take(self) -> int:
+        page = self._free.pop()
+        self._refs[page] = 1
+        return page
+
+    def _release(self, pages: Sequence[int]) -> None:
+        for page in reversed(pages):
+            self._refs[page] -= 1
+            if not self._refs[page]:
+                self._free.append(page)
+
+    def _shared_tail(self, seq_id: int) -> int:
+        """1 when the sequence's last page is partly filled and another sequence holds it too."""
+        held = self._held[seq_id]
+        return int(bool(held) and self._length[seq_id] % self.page_size != 0 and self._refs[held[-1]] > 1)
+
+    def _copy(self, page: int) -> int:
+        """A new page holding `page`'s keys and values in every layer (device to device)."""
+        new = self._take()
+        shape = ShapeTuple([self._page_elems])
+        for pages in self.pages:
+            _VIEW(pages, shape, pages.dtype, new * self._page_bytes).copyfrom(
+                _VIEW(pages, shape, pages.dtype, page * self._page_bytes))
+        return new

@@ -166,8 +166,8 @@ class ModelRunner:
     @property
     def shares_kv(self) -> bool:
         """Whether sequences can share KV pages (forks: prefix caching, n > 1): not with a sliding window
-        on TVM's cache, nor on the cache kiln owns (yet)."""
-        return self.cache.shares_kv and self.window is None
+        on TVM's cache (the cache kiln owns keeps every token: its forks are exact on any model)."""
+        return self.window is None
 
     def add_sequence(self, seq_id: int) -> None:
         self.cache.add(seq_id)

@@ -49,7 +49,7 @@ def _calls(artifact, **runner_options):
 def test_runner_calls_match_tvms_cache(tiny_artifacts, owned):
     theirs, _ = _calls(tiny_artifacts["tied"])
     ours, runner = _calls(owned)
-    assert runner.artifact.config.kv_cache.owner == "kiln" and not runner.shares_kv
+    assert runner.artifact.config.kv_cache.owner == "kiln" and runner.shares_kv
     for a, b in zip(theirs, ours):
         np.testing.assert_allclose(b, a, atol=2e-5, rtol=0)
 
@@ -59,12 +59,18 @@ def test_engine_gives_tvms_cache_tokens(tiny_artifacts, owned):
     prompts = [rng.integers(3, 500, size=int(rng.integers(2, 70))).tolist() for _ in range(5)]
     theirs = Engine(tiny_artifacts["tied"], EngineConfig(max_tokens_per_step=24)).generate(prompts, GREEDY)
     engine = Engine(owned, EngineConfig(max_tokens_per_step=24))
-    assert engine.scheduler.prefix_cache is None                  # no shared pages: nothing to reuse
     ours = engine.generate(prompts, GREEDY)
     assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
-    n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=2, ignore_eos=True))
-    assert [o.token_ids for o in n] == [theirs[0].token_ids[:6]] * 2          # n > 1: each computes its prompt
-    assert engine.scheduler.pages.used_pages == 0 and engine.runner.free_pages() == engine.runner.cache.num_pages
+    n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=3, ignore_eos=True))
+    assert [o.token_ids for o in n] == [theirs[0].token_ids[:6]] * 3          # n > 1: forks of the prompt
+    shared = list(range(10, 90))                                               # an 80-token shared prefix
+    first = engine.generate(shared + [5, 6], GREEDY)
+    hits = engine.scheduler.prefix_cache.hit_tokens
+    second = engine.generate(shared + [7, 8, 9], GREEDY)
+    assert engine.scheduler.prefix_cache.hit_tokens - hits >= 64               # the prefix's pages reused
+    plain = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
+    assert first.token_ids == plain.generate(shared + [5, 6], GREEDY).token_ids
+    assert second.token_ids == plain.generate(shared + [7, 8, 9], GREEDY).token_ids
 
 
 def test_speculative_decoding_pops_the_rejected_drafts(owned):
@@ -81,8 +87,37 @@ def test_a_full_cache_says_so_and_changes_nothing(owned):
     with pytest.raises(RuntimeError, match="the KV cache is full: this forward needs 1 more pages, 0 are free"):
         runner.prefill([0], [list(range(3, 10))])
     assert runner.sequence_length(0) == 27 and runner.free_pages() == 0
-    with pytest.raises(RuntimeError, match="cannot fork a sequence yet"):
-        runner.cache.fork(0, 1)
+    with pytest.raises(RuntimeError, match="a fork needs 1 more page, 0 are free"):
+        runner.fork_sequence(0, 1)
+
+
+def test_forks_share_whole_pages_copy_the_partial_one_and_copy_on_write(owned):
+    """A child forked mid-page and its parent diverge without touching each other's keys; a pop into a
+    shared page, then an append, copies that page first; every page comes back."""
+    fresh = ModelRunner(Artifact.load(owned))
+    runner = ModelRunner(Artifact.load(owned))
+    prompt = list(range(3, 43))                                                # 40 tokens: 2.5 pages
+    runner.add_sequence(0)
+    runner.prefill([0], [prompt])
+    runner.fork_sequence(0, 1, 36)
+    runner.fork_sequence(0, 2, 32)                                             # at a page boundary
+    assert runner.cache._refs[runner.cache._held[0][0]] == 3
+    got = runner.decode([0, 1, 2], [50, 51, 52])
+    fresh.add_sequence(9)
+    for seq, (pos, token) in enumerate(((40, 50), (36, 51), (32, 52))):
+        fresh.add_sequence(seq)
+        fresh.prefill([seq], [prompt[:pos]])
+        np.testing.assert_allclose(got[seq], fresh.decode([seq], [token])[0], atol=2e-5, rtol=0)
+    runner.pop_tokens(2, 10)                                                   # 23 tokens: into shared page 1
+    assert runner.cache._shared_tail(2)
+    again = runner.decode([2], [60])[0]
+    fresh.add_sequence(5)
+    fresh.prefill([5], [prompt[:23]])
+    np.testing.assert_allclose(again, fresh.decode([5], [60])[0], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(runner.decode([0], [61])[0], fresh.decode([0], [61])[0], atol=2e-5, rtol=0)
+    for seq in (0, 1, 2):
+        runner.remove_sequence(seq)
+    assert runner.free_pages() == runner.cache.num_pages
 
 
 def test_sinks_need_the_kv_cache_kiln_owns(tmp_path):
