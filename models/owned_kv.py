@@ -17,6 +17,7 @@ against TVM's cache (exact; neutral in speed on the CPU).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,10 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from kiln.targets.owned_kv import NO_SINK, owned_append, owned_attention
 
-TABLES = ("page_indptr", "page_values", "seq_of", "positions", "slots")   # after the pages, in this order
+# after the pages, in this order (runtime/kv_caches.py OwnedCache.begin builds them)
+TABLES = ("page_indptr", "page_values", "seq_of", "positions", "slots", "q_indptr", "last_len", "rope_offset")
+_SIZES = {"page_indptr": "batch_plus_one", "q_indptr": "batch_plus_one", "page_values": "page_entries",
+          "last_len": "batch", "rope_offset": "batch"}
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,7 @@ def cache_spec(layout: OwnedLayout, tokens: str) -> list:
     """The cache input of an entry function (nn.spec), `tokens` the name of its token count."""
     pages = [nn.spec.Tensor(["num_pages", 2, layout.num_kv_heads, layout.page_size, layout.head_dim], layout.dtype)
              for _ in layout.windows]
-    sizes = {"page_indptr": "batch_plus_one", "page_values": "page_entries"}
-    return [pages, *[nn.spec.Tensor([sizes.get(name, tokens)], "int32") for name in TABLES]]
+    return [pages, *[nn.spec.Tensor([_SIZES.get(name, tokens)], "int32") for name in TABLES]]
 
 
 class OwnedKVCache:
@@ -86,13 +89,32 @@ class OwnedKVCache:
         self.pages[layer_id] = op.tensor_ir_inplace_op(
             self._kernel("append"), "owned_kv_append", [pages, k, v, self.tables["slots"]], inplace_indices=[0],
             out=Tensor.placeholder(pages.shape, pages.dtype))
-        if sinks is None:
-            sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
-        o = op.tensor_ir_op(
-            self._kernel("attention", sm_scale, lay.windows[layer_id], h), "owned_kv_attention",
-            [q, self.pages[layer_id], self.tables["page_indptr"], self.tables["page_values"], self.tables["seq_of"],
-             self.tables["positions"], sinks], out=Tensor.placeholder([n, h, d], qkv.dtype))
+        if lay.windows[layer_id] == 0 and _cpu():
+            o = self._paged_cpu(q, layer_id, sm_scale, sinks, decode=isinstance(s, int) and s == 1)
+        else:
+            if sinks is None:
+                sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
+            o = op.tensor_ir_op(
+                self._kernel("attention", sm_scale, lay.windows[layer_id], h), "owned_kv_attention",
+                [q, self.pages[layer_id], self.tables["page_indptr"], self.tables["page_values"],
+                 self.tables["seq_of"], self.tables["positions"], sinks], out=Tensor.placeholder([n, h, d], qkv.dtype))
         return op.reshape(o, [b, s, h, d])
+
+    def _paged_cpu(self, q: Tensor, layer_id: int, sm_scale: float, sinks: Tensor | None, decode: bool) -> Tensor:
+        """A full layer on the CPU: kiln's paged attention kernels (targets/cpu/attention.py, the ones TVM's
+        cache runs in kiln's CPU artifacts; every new token is in the pages, so the prefill kernel's
+        causal mask is the whole story), the sinks taken out of the output by its log-sum-exp:
+        o * sigmoid(lse - sink)."""
+        n, h, d = q.shape
+        t = self.tables
+        args = [q, *([] if decode else [t["q_indptr"]]), self.pages[layer_id], t["page_indptr"], t["page_values"],
+                t["last_len"], t["rope_offset"], t["positions"]]
+        o, lse = op.tensor_ir_op(self._kernel("paged_cpu", sm_scale, h, decode), "owned_kv_paged_attention", args,
+                                 out=[Tensor.placeholder([n, h, d], q.dtype), Tensor.placeholder([n, h], "float32")])
+        if sinks is None:
+            return o
+        keep = op.sigmoid(lse * math.log(2.0) - op.broadcast_to(op.reshape(sinks, [1, h]), lse.shape))  # lse: base 2
+        return o * op.reshape(keep, [n, h, 1]).astype(o.dtype)
 
     def _kernel(self, kind: str, *key):
         """The cache's PrimFuncs, built once per kind (and per scale, window and head count)."""
@@ -105,6 +127,13 @@ class OwnedKVCache:
             func = owned_append(lay.num_kv_heads, lay.head_dim, lay.dtype, lay.page_size)
         elif kind == "rope":
             func = _rope_kernel(lay)
+        elif kind == "paged_cpu":
+            from kiln.targets.cpu.attention import attention_paged_cpu
+            from kiln.targets.cpu.schedule import attention_lanes
+            scale, heads, decode = key
+            func = attention_paged_cpu(lay.num_kv_heads, heads, lay.head_dim, lay.dtype, lay.page_size, decode=decode,
+                                       simd=attention_lanes(Target.current()))
+            func = _bind(func, causal=1, rotary_mode=0, rope_scale=1.0, rope_theta=1.0, sm_scale=scale)
         else:
             scale, window, heads = key
             gpu = Target.current().kind.name != "llvm"
@@ -115,12 +144,27 @@ class OwnedKVCache:
         return func
 
 
-def _rope_kernel(lay: OwnedLayout):
-    """TVM's split + rotary kernel (the one its cache runs) with RoPE on: qkv, positions -> q, k, v."""
+def _cpu() -> bool:
+    from tvm.target import Target
+    return Target.current().kind.name == "llvm"
+
+
+def _bind(func, **values):
+    """`func` with its scalar parameters bound by name (call_tir passes tensors only)."""
     from tvm import tirx
+    return func.specialize({p: tirx.const(values[p.name], str(p.ty.dtype)) for p in func.params if p.name in values})
+
+
+def _rope_kernel(lay: OwnedLayout):
+    """The split + rotary kernel TVM's cache would run, with RoPE on: qkv, positions -> q, k, v (on the
+    CPU kiln's, as kiln's CPU artifacts swap it into TVM's cache, where it rotates whole heads unscaled)."""
     from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
     r = lay.rope
-    func = llama_rope_with_position_map(r["theta"], 1.0, lay.head_dim, lay.num_heads, lay.num_kv_heads, lay.dtype,
-                                        r.get("scaling") or {}, r.get("rotary_dim") or lay.head_dim)
-    binds = {p: tirx.const(1, str(p.ty.dtype)) for p in func.params if p.name == "apply_rope"}
-    return func.specialize(binds)
+    rotary = r.get("rotary_dim") or lay.head_dim
+    if _cpu() and not r.get("scaling") and rotary == lay.head_dim:
+        from kiln.targets.cpu.attention import split_rotary_cpu
+        func = split_rotary_cpu(r["theta"], 1.0, lay.head_dim, lay.num_heads, lay.num_kv_heads, lay.dtype)
+    else:
+        func = llama_rope_with_position_map(r["theta"], 1.0, lay.head_dim, lay.num_heads, lay.num_kv_heads, lay.dtype,
+                                            r.get("scaling") or {}, rotary)
+    return _bind(func, apply_rope=1)

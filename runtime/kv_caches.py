@@ -164,12 +164,15 @@ class OwnedCache:
             seq_of.append(np.full(n, b, np.int32))
             self._length[seq_id] = start + n
         held = [self._held[s] for s in seq_ids]
-        tables = {
+        tables = {                      # models/owned_kv.py TABLES, in its order
             "page_indptr": np.concatenate([[0], np.cumsum([len(h) for h in held])]).astype(np.int32),
             "page_values": np.fromiter((p for h in held for p in h), np.int32),
             "seq_of": np.concatenate(seq_of),
             "positions": np.concatenate(positions),
             "slots": np.concatenate(slots).astype(np.int32),
+            "q_indptr": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+            "last_len": np.array([(self._length[s] - 1) % self.page_size + 1 for s in seq_ids], np.int32),
+            "rope_offset": np.zeros(len(seq_ids), np.int32),
         }
         return [self._pages_arg, *(self._stage(f"kv_{name}", array) for name, array in tables.items())]
 
