@@ -125,10 +125,10 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
                          "use --kv-cache-dtype auto")
     if opts.kv_cache_dtype != "auto":
         model.set_kv_dtype(opts.kv_cache_dtype)
-    owner = opts.kv_cache if opts.kv_cache != "auto" else "kiln" if model.flags.attn_sinks else "tvm"
-    if owner == "tvm" and model.flags.attn_sinks:
-        raise ValueError("this model's attention has sinks (a logit per head in every softmax), which TVM's paged "
-                         "KV cache cannot apply; use --kv-cache kiln (or auto)")
+    problem = model.tvm_cache_problem() if hasattr(model, "tvm_cache_problem") else None
+    owner = opts.kv_cache if opts.kv_cache != "auto" else "kiln" if problem else "tvm"
+    if owner == "tvm" and problem:
+        raise ValueError(f"{problem}; use --kv-cache kiln (or auto)")
     if owner == "kiln":
         if not hasattr(model, "own_kv_cache"):
             raise ValueError(f"{arch.name} models run over TVM's paged KV cache only; use --kv-cache tvm (or auto)")

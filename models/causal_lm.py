@@ -243,20 +243,34 @@ class CausalLM(nn.Module):
         """How the KV cache slides: "per_sequence" when every layer slides (Mistral) and the cache applies
         RoPE: plain "mha" layers and a per-sequence window the runtime enables, so TVM frees the pages
         that leave it (cached keys move, so TVM applies RoPE inside attention). "per_layer" otherwise
-        (mixed layers): per-layer windows over every page. None without sliding layers."""
+        (mixed layers): per-layer windows over every page. None without sliding layers, or over the
+        cache kiln owns (which masks windows by position)."""
         kinds = {a.kind for a in self.attention}
-        if "sliding" not in kinds or self.owned_layout is not None:      # kiln's cache masks windows exactly
+        if "sliding" not in kinds or self.owned_layout is not None:
             return None
-        cache_rope = not (self.rope_in_graph or self.flags.learned_positions)
-        if kinds == {"sliding"} and not cache_rope:
+        problem = self.tvm_cache_problem()
+        if problem:
+            raise ValueError(f"{problem}; compile with --kv-cache kiln (or auto)")
+        return "per_sequence" if kinds == {"sliding"} else "per_layer"
+
+    def tvm_cache_problem(self) -> str | None:
+        """Why TVM's paged KV cache cannot run this model (then `kiln compile` takes the cache kiln owns),
+        None where it can."""
+        kinds = {a.kind for a in self.attention}
+        if self.flags.attn_sinks:
+            return ("this model's attention has sinks (a logit per head in every softmax), which TVM's paged KV "
+                    "cache cannot apply")
+        if kinds != {"sliding"}:
+            return None
+        if self.rope_in_graph or self.flags.learned_positions:
             # TVM 0.27's per-layer windows crash when no layer is full, and its per-sequence window
             # renumbers the positions a graph-side RoPE reads.
-            raise ValueError("every layer slides and RoPE is applied in the graph (scaled or learned positions): "
-                             "TVM's paged KV cache supports neither; drop sliding_window or the rope scaling")
-        if kinds == {"sliding"} and self.config.rotary_dim != self.config.head_dim:
-            raise ValueError("every layer slides and RoPE rotates part of each head (partial_rotary_factor): TVM's "
-                             "paged KV cache then rotates whole heads inside attention; drop sliding_window")
-        return "per_sequence" if kinds == {"sliding"} else "per_layer"
+            return ("every layer slides and RoPE is applied in the graph (scaled or learned positions): TVM's paged "
+                    "KV cache supports neither")
+        if self.config.rotary_dim != self.config.head_dim:
+            return ("every layer slides and RoPE rotates part of each head (partial_rotary_factor): TVM's paged KV "
+                    "cache then rotates whole heads inside attention")
+        return None
 
     def to(self, dtype: str | None = None) -> None:
         super().to(dtype=dtype)

@@ -89,8 +89,9 @@ class OwnedKVCache:
         self.pages[layer_id] = op.tensor_ir_inplace_op(
             self._kernel("append"), "owned_kv_append", [pages, k, v, self.tables["slots"]], inplace_indices=[0],
             out=Tensor.placeholder(pages.shape, pages.dtype))
-        if lay.windows[layer_id] == 0 and _cpu():
-            o = self._paged_cpu(q, layer_id, sm_scale, sinks, decode=isinstance(s, int) and s == 1)
+        if _cpu():                  # decode steps of sliding layers too take the prefill kernel: a row each
+            window = lay.windows[layer_id]
+            o = self._paged_cpu(q, layer_id, sm_scale, sinks, window, decode=not window and isinstance(s, int) and s == 1)
         else:
             if sinks is None:
                 sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
@@ -100,16 +101,17 @@ class OwnedKVCache:
                  self.tables["seq_of"], self.tables["positions"], sinks], out=Tensor.placeholder([n, h, d], qkv.dtype))
         return op.reshape(o, [b, s, h, d])
 
-    def _paged_cpu(self, q: Tensor, layer_id: int, sm_scale: float, sinks: Tensor | None, decode: bool) -> Tensor:
-        """A full layer on the CPU: kiln's paged attention kernels (targets/cpu/attention.py, the ones TVM's
+    def _paged_cpu(self, q: Tensor, layer_id: int, sm_scale: float, sinks: Tensor | None, window: int,
+                   decode: bool) -> Tensor:
+        """A layer on the CPU: kiln's paged attention kernels (targets/cpu/attention.py, the ones TVM's
         cache runs in kiln's CPU artifacts; every new token is in the pages, so the prefill kernel's
-        causal mask is the whole story), the sinks taken out of the output by its log-sum-exp:
-        o * sigmoid(lse - sink)."""
+        causal mask is the whole story, and a sliding layer's window a mask by position: window_rows),
+        the sinks taken out of the output by its log-sum-exp: o * sigmoid(lse - sink)."""
         n, h, d = q.shape
         t = self.tables
         args = [q, *([] if decode else [t["q_indptr"]]), self.pages[layer_id], t["page_indptr"], t["page_values"],
                 t["last_len"], t["rope_offset"], t["positions"]]
-        o, lse = op.tensor_ir_op(self._kernel("paged_cpu", sm_scale, h, decode), "owned_kv_paged_attention", args,
+        o, lse = op.tensor_ir_op(self._kernel("paged_cpu", sm_scale, h, decode, window), "owned_kv_paged_attention", args,
                                  out=[Tensor.placeholder([n, h, d], q.dtype), Tensor.placeholder([n, h], "float32")])
         if sinks is None:
             return o
@@ -130,9 +132,9 @@ class OwnedKVCache:
         elif kind == "paged_cpu":
             from kiln.targets.cpu.attention import attention_paged_cpu
             from kiln.targets.cpu.schedule import attention_lanes
-            scale, heads, decode = key
+            scale, heads, decode, window = key
             func = attention_paged_cpu(lay.num_kv_heads, heads, lay.head_dim, lay.dtype, lay.page_size, decode=decode,
-                                       simd=attention_lanes(Target.current()))
+                                       simd=attention_lanes(Target.current()), window_rows=window)
             func = _bind(func, causal=1, rotary_mode=0, rope_scale=1.0, rope_theta=1.0, sm_scale=scale)
         else:
             scale, window, heads = key

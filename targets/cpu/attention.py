@@ -335,19 +335,27 @@ def _window_first(causal, kv_len, window: int, r):
     return T.if_then_else(causal > 0, T.max(kv_len - T.max(window - r - 1, 0), 0), 0)
 
 
-def _page_seen(length_info, b, pg, page_size: int, lo, sliding: bool):
+def _page_seen(length_info, b, pg, page_size: int, lo, sliding: bool, window_rows: int = 0):
     """Whether a block of new rows whose first row sees logical rows from lo on reads page pg: a
-    sliding window's page with none of the sink's rows that ends before that row is skipped."""
+    sliding window's page with none of the sink's rows that ends before that row is skipped (with
+    window_rows, lo is the first token the block's first row sees)."""
+    if window_rows:
+        return (pg + 1) * page_size > lo
     if not sliding:
         return True
     sink, offset = length_info[2, b], length_info[1, b]
     return tirx.any(pg * page_size < sink, (pg + 1) * page_size > offset + T.max(lo - sink, 0))
 
 
-def _prefill_cols(causal, length_info, b, kn, qn, r0, i, first, kv_len, window: int, sliding: bool):
+def _prefill_cols(causal, length_info, b, kn, qn, r0, i, first, kv_len, window: int, sliding: bool,
+                  window_rows: int = 0):
     """The columns of the page whose first row is `first` that new row r0 + i of sequence b sees (qn new
     rows, kn rows in the pages): a count, causal as TVM masks; sliding, a predicate (_sliding_rows from
-    TVM's cross mask's first row, _window_first)."""
+    TVM's cross mask's first row, _window_first); window_rows, a predicate: the row's last window_rows
+    tokens, itself included."""
+    if window_rows:
+        end = kn - qn + r0 + i + 1
+        return lambda j: tirx.all(first + j < end, first + j >= end - window_rows)
     if sliding:
         return _sliding_rows(length_info, b, kn, first, _window_first(causal, kv_len, window, r0 + i))
     return T.if_then_else(causal > 0, T.min(kn, kn - qn + r0 + i + 1), kn) - first
@@ -375,7 +383,7 @@ def _page_rows(pages, page_no, hk, length_info, b, kn, first, sliding: bool):
 @parsed_once()
 def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, decode: bool,
                         lanes: int = 16, block_q: int = 16, softcap: float | None = None, sliding: bool = False,
-                        window: int = 0, simd: int = 16):
+                        window: int = 0, simd: int = 16, window_rows: int = 0):
     """Attention of new query rows over the paged cache (TVM's prefill or decode CPU signature).
 
     ``decode=True``: one row per sequence (Q is [batch, h_q, d]): attention_decode_cpu. Otherwise
@@ -387,7 +395,13 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
     `causal` is TVM's cross mask for a window of ``window`` tokens (a compile-time constant of TVM's
     kernel): new row r sees the last window - r - 1 of the cache's logical rows (sink, then window),
     the other r + 1 of its window being new rows (the ragged kernel's); without `causal` it sees them
-    all. A block of rows skips the pages before the first row it sees."""
+    all. A block of rows skips the pages before the first row it sees.
+
+    ``window_rows`` (prefill, causal): a sliding layer of the KV cache kiln owns (models/owned_kv.py), every
+    token in the pages in order and the new rows the last qn of them: row r sees the `window_rows` tokens
+    up to itself (transformers' kv_idx > q_idx - sliding_window), whatever the chunk."""
+    if window_rows and (decode or sliding):
+        raise ValueError("window_rows is the paged prefill kernel's own masking; it takes neither decode nor sliding")
     if decode:
         return attention_decode_cpu(h_kv, h_q, d, dtype, page_size, lanes, softcap, sliding=sliding, simd=simd)
     if sliding and window <= 0:
@@ -399,7 +413,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
     chunk = _value_chunk(d, simd, 2)
 
     @T.macro(hygienic=False)
-    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, cap, sliding, window, chunk):
+    def attend(q_row0, rows, qn, causal, b, h, group, page_size, rows_per_task, d, dtype, cap, sliding, window, chunk,
+               window_rows):
         """Rows q_row0 .. q_row0 + rows of head h of sequence b against its pages."""
         hk: T.let[T.int32] = h // group
         p0: T.let[T.int32] = page_indptr[b]
@@ -410,7 +425,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
         # sliding: the cache's logical rows (the sink's, then the window's) and the first one row q_row0 sees
         kv_len: T.let[T.int32] = (T.if_then_else(kn > 0, kn - length_info[1, b] + length_info[2, b], 0)
                                   if sliding else kn)
-        lo0: T.let[T.int32] = _window_first(causal, kv_len, window, q_row0 - q_first) if sliding else 0
+        lo0: T.let[T.int32] = (_window_first(causal, kv_len, window, q_row0 - q_first) if sliding else
+                               T.max(kn - qn + (q_row0 - q_first) + 1 - window_rows, 0) if window_rows > 0 else 0)
         Qs = T.alloc_buffer((rows_per_task, d), "float32")
         O = T.alloc_buffer((rows_per_task, d), "float32")
         m = T.alloc_buffer((rows_per_task,), "float32")
@@ -431,7 +447,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             m[i] = T.float32(NEG)
             l[i] = T.float32(0.0)
         for pg in T.serial((kv_end + page_size - 1) // page_size):
-            if _page_seen(length_info, b, pg, page_size, lo0, sliding):
+            if _page_seen(length_info, b, pg, page_size, lo0, sliding, window_rows):
                 page_no: T.let[T.int32] = page_values[p0 + pg]
                 for dd in T.serial(d):
                     for j in T.vectorized(page_size):
@@ -453,7 +469,7 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
                             online_softmax_block(
                                 S, i4 * QUAD + r, page_size,
                                 _prefill_cols(causal, length_info, b, kn, qn, q_row0 - q_first, i4 * QUAD + r,
-                                              pg * page_size, kv_len, window, sliding),
+                                              pg * page_size, kv_len, window, sliding, window_rows),
                                 m, l, i4 * QUAD + r, tmp, scal, cap)
                             alpha[r] = scal[0]
                         else:
@@ -508,7 +524,8 @@ def attention_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int,
             n_qt: T.let[T.int32] = (qn + block_q - 1) // block_q
             for task in T.parallel(h_q * n_qt):
                 attend(q_first + task % n_qt * block_q, T.min(block_q, qn - task % n_qt * block_q), qn, causal,
-                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, cap, sliding, window, chunk)
+                       b, task // n_qt, group, page_size, rows_per_task, d, dtype, cap, sliding, window, chunk,
+                       window_rows)
 
     return batch_prefill_paged_kv
 

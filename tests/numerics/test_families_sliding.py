@@ -3,7 +3,8 @@ Gemma 2 (alternating sliding/global layers), Gemma 3 (the same with per-layer Ro
 Phi-3 and StarCoder2 (every layer slides: TVM's per-sequence window), Cohere2 (sliding layers with RoPE
 in the graph, global ones without), CWM (a Llama with sliding layers among full ones), GPT-Neo (local
 layers among global ones, learned positions), Mellum (experts, sliding layers with their own RoPE base
-around a full one). Every layer sliding with RoPE in the graph is refused."""
+around a full one); over the KV cache kiln owns, gpt-oss (sinks) and Phi-3 with LongRoPE (every layer sliding,
+RoPE in the graph), which TVM's cache cannot run (refused with --kv-cache tvm)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,17 @@ CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped
          "cohere2": dict(sliding_window=WINDOW),                # 3 sliding with RoPE, then 1 global without
          "cwm": dict(sliding_window=WINDOW),                    # a Llama: 1 full, then 3 sliding, RoPE by the cache
          "gpt-neo": dict(window_size=WINDOW),                   # learned positions: a global layer, then a local one
-         "mellum": dict(sliding_window=WINDOW)}                 # sliding, full, sliding; RoPE in the graph
+         "mellum": dict(sliding_window=WINDOW),                 # sliding, full, sliding; RoPE in the graph
+         # the KV cache kiln owns (windows masked by position, any chunk): sinks on sliding and full layers;
+         # every layer sliding with RoPE in the graph (LongRoPE), which TVM's cache cannot run
+         "gpt-oss": dict(sliding_window=WINDOW),
+         "phi3-longrope": dict(sliding_window=WINDOW)}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def family(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
-    ref = write_family(request.param, root / "hf", seed=3, **CASES[request.param])
+    ref = write_family(request.param.removesuffix("-longrope"), root / "hf", seed=3, **CASES[request.param])
     art = kiln.compile(str(root / "hf"), target="cpu", quant="q0f32", output=root / "art")
     return request.param, art, ref
 
@@ -49,12 +54,13 @@ def test_the_artifact_passes_kiln_check(family):
 def test_prompt_longer_than_the_window_and_decode_match_transformers(family):
     name, art, ref = family
     runner = ModelRunner(Artifact.load(art))
-    assert "sliding" in Artifact.load(art).config.kv_cache.layer_kinds
+    layout = Artifact.load(art).config.kv_cache
+    assert "sliding" in layout.layer_kinds and (layout.owner == "kiln") == (name in ("gpt-oss", "phi3-longrope"))
     expected = reference_logits(ref, IDS)
     runner.add_sequence(0)
     got, pos = [], 0
     while pos < len(IDS):
-        n = runner.window.max_chunk(runner.sequence_length(0))
+        n = runner.window.max_chunk(runner.sequence_length(0)) if runner.window else 7     # kiln's cache: any
         got.append(runner.verify(0, IDS[pos:pos + n]))
         pos += n
     np.testing.assert_allclose(np.concatenate(got), expected, atol=TOL, rtol=0)
@@ -73,8 +79,9 @@ def test_engine_greedy_past_the_window_matches_transformers(family):
     assert [o.token_ids for o in outs] == [greedy_reference(ref, IDS[:6], 24), greedy_reference(ref, IDS, 24)]
 
 
-def test_every_layer_sliding_with_rope_in_the_graph_is_refused(tmp_path):
+def test_every_layer_sliding_with_rope_in_the_graph_is_refused_on_tvms_cache(tmp_path):
     from kiln.models import ModelLoadError
     write_family("phi3", tmp_path / "hf", sliding_window=WINDOW)          # LongRoPE: RoPE in the graph
-    with pytest.raises((ValueError, ModelLoadError), match="TVM's paged KV cache supports neither"):
-        kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    with pytest.raises((ValueError, ModelLoadError), match="TVM.s paged KV cache supports neither; use --kv-cache kiln"):
+        kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", kv_cache="tvm")
+    assert not (tmp_path / "art").exists()

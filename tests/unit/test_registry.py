@@ -135,11 +135,15 @@ def test_smollm3_layers_without_rope_and_partial_rotary_are_read():
     assert (c.rotary_dim, c.rope_scaling, c.flags().norm) == (4, None, "layer")
 
 
-def test_partial_rotary_with_every_layer_sliding_is_refused():
+def test_partial_rotary_with_every_layer_sliding_takes_the_kv_cache_kiln_owns():
     from kiln.models.causal_lm import CausalLM
     hf = dict(BASE, model_type="phi3", partial_rotary_factor=0.5, sliding_window=64)
-    with pytest.raises(ValueError, match="partial_rotary_factor.*drop sliding_window"):
-        _ = CausalLM(find_architecture(hf).config_cls.from_hf(hf)).window_mode
+    model = CausalLM(find_architecture(hf).config_cls.from_hf(hf))
+    assert "partial_rotary_factor" in model.tvm_cache_problem()            # auto: kiln's cache
+    with pytest.raises(ValueError, match="partial_rotary_factor.*with --kv-cache kiln"):
+        _ = model.window_mode
+    model.own_kv_cache(16)
+    assert model.window_mode is None and model.owned_layout.windows == (64,) * model.config.num_hidden_layers
 
 
 
