@@ -25,9 +25,10 @@ from kiln.targets import (DEFAULT_TARGET, INT8_DECODE_ATTR, SOFTCAP_ATTR, Target
                           memoize_kv_cache_kernels)
 from kiln.targets import names as target_names
 
-from kiln.runtime.contract import (KV_OWNERS, OWNED_KV_ENTRY_FUNCTIONS, DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
-                                   KV_CACHE_DTYPES, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE, LIBRARY_GEMM_WEIGHTS,
-                                   OPTIONAL_ENTRY_FUNCTIONS, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
+from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
+                                   KV_CACHE_DTYPES, KV_OWNERS, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE,
+                                   LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, OWNED_KV_ENTRY_FUNCTIONS,
+                                   OWNED_KV_TABLES, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
                                    ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
 
 from . import codegen
@@ -456,7 +457,7 @@ def _kv_layout(config, page_size: int, dtype: str, window_mode: str, owner: str 
     layers = config.layer_attention()
     return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
                          layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers),
-                         window_mode=window_mode, owner=owner)
+                         window_mode=window_mode, owner=owner, tables=OWNED_KV_TABLES if owner == "kiln" else ())
 
 
 def _config_dict(config) -> dict:

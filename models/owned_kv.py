@@ -24,10 +24,10 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
+from kiln.runtime.contract import OWNED_KV_TABLES
 from kiln.targets.owned_kv import NO_SINK, owned_append, owned_attention
 
-# after the pages, in this order (runtime/kv_caches.py OwnedCache.begin builds them)
-TABLES = ("page_indptr", "page_values", "seq_of", "positions", "slots", "q_indptr", "last_len", "rope_offset")
+TABLES = OWNED_KV_TABLES          # after the pages, in this order (runtime/kv_caches.py OwnedCache.begin builds them)
 _SIZES = {"page_indptr": "batch_plus_one", "q_indptr": "batch_plus_one", "page_values": "page_entries",
           "last_len": "batch", "rope_offset": "batch"}
 

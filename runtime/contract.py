@@ -35,6 +35,10 @@ ENTRY_FUNCTIONS = ("embed", "prefill", "decode", "batch_prefill", "batch_decode"
 # An artifact whose KV cache kiln owns (KVCacheLayout.owner "kiln") has no cache to create.
 OWNED_KV_ENTRY_FUNCTIONS = tuple(f for f in ENTRY_FUNCTIONS if f != "create_paged_kv_cache")
 KV_OWNERS = ("tvm", "kiln")
+# The page tables the forward functions of an artifact with kiln's KV cache take after its pages, in order
+# (models/owned_kv.py reads them, runtime/kv_caches.py builds them; KVCacheLayout.tables records them).
+OWNED_KV_TABLES = ("page_indptr", "page_values", "seq_of", "positions", "slots", "q_indptr", "last_len",
+                   "rope_offset")
 # Entry functions newer artifacts have and older ones may lack: a feature that needs one says so.
 # batch_hidden: final hidden states (embeddings); greedy_tokens: the argmax of batch_decode's logits,
 # taken where they are, so a greedy decode step copies one int32 per sequence back instead of the logits;
@@ -115,6 +119,7 @@ class KVCacheLayout:
     window_mode: str = ""                        # "per_sequence" | "per_layer" (models/causal_lm.py); "": by kinds
     owner: str = "tvm"                           # whose cache: "tvm" (TVM's PagedKVCache, create_paged_kv_cache) or
                                                  # "kiln" (models/owned_kv.py: pages and tables the runtime passes)
+    tables: tuple[str, ...] = ()                 # owner "kiln": the page tables its functions take, in order
 
     @property
     def bytes_per_token(self) -> int:
@@ -133,6 +138,8 @@ class KVCacheLayout:
         _require(self.window_mode in ("", "per_sequence", "per_layer"),
                  f"kv_cache.window_mode {self.window_mode!r} is not per_sequence or per_layer")
         _require(self.owner in KV_OWNERS, f"kv_cache.owner {self.owner!r} is not one of {', '.join(KV_OWNERS)}")
+        object.__setattr__(self, "tables", tuple(self.tables))
+        _require(self.owner == "tvm" or self.tables, "kv_cache.owner is kiln but kv_cache.tables lists none")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 from ._tvm import tvm
 from tvm.runtime import ShapeTuple
 
-from .contract import KVCacheLayout
+from .contract import OWNED_KV_TABLES, KVCacheLayout
 from .device_tensors import _VIEW, _holding_gil
 
 _KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
@@ -91,6 +91,11 @@ class OwnedCache:
         self._page_elems = int(np.prod(shape[1:]))
         self._page_bytes = self._page_elems * np.dtype(layout.dtype).itemsize
         self._stage = stage
+        unknown = [name for name in layout.tables if name not in OWNED_KV_TABLES]
+        if unknown:
+            raise ValueError(f"this artifact's KV cache takes page tables {unknown}, which this kiln does not build; "
+                             "recompile it with `kiln compile`")
+        self._tables = layout.tables
         self._free = list(range(self.num_pages - 1, -1, -1))      # a stack: page 0 first
         self._refs = [0] * self.num_pages                          # sequences holding each page
         self._held: dict[int, list[int]] = {}                     # seq id -> page ids, in token order
@@ -164,7 +169,7 @@ class OwnedCache:
             seq_of.append(np.full(n, b, np.int32))
             self._length[seq_id] = start + n
         held = [self._held[s] for s in seq_ids]
-        tables = {                      # models/owned_kv.py TABLES, in its order
+        tables = {                      # contract.OWNED_KV_TABLES; passed in the artifact's order
             "page_indptr": np.concatenate([[0], np.cumsum([len(h) for h in held])]).astype(np.int32),
             "page_values": np.fromiter((p for h in held for p in h), np.int32),
             "seq_of": np.concatenate(seq_of),
@@ -174,7 +179,7 @@ class OwnedCache:
             "last_len": np.array([(self._length[s] - 1) % self.page_size + 1 for s in seq_ids], np.int32),
             "rope_offset": np.zeros(len(seq_ids), np.int32),
         }
-        return [self._pages_arg, *(self._stage(f"kv_{name}", array) for name, array in tables.items())]
+        return [self._pages_arg, *(self._stage(f"kv_{name}", tables[name]) for name in self._tables)]
 
     def copy_tables(self) -> None:
         pass
