@@ -97,6 +97,19 @@ def _gate_then_up(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([rows[:, 0::2], rows[:, 1::2]], axis=1)).reshape(-1, *rows.shape[2:])
 
 
+def _experts(c: GptOssConfig, experts: str) -> tuple[WeightSpec, WeightSpec]:
+    """The experts' gate/up and down weights as kiln's expert Linears hold them ([experts x rows, cols]),
+    from MXFP4 blocks and scales (rows the outputs) or transformers' [experts, inputs, outputs] tensors."""
+    f = c.intermediate_size
+    if c.mxfp4:
+        return (WeightSpec((f"{experts}.gate_up_proj_blocks", f"{experts}.gate_up_proj_scales"),
+                           lambda parts: _gate_then_up(mxfp4_decode(*parts)), apart=True),
+                WeightSpec((f"{experts}.down_proj_blocks", f"{experts}.down_proj_scales"),
+                           lambda parts: mxfp4_decode(*parts).reshape(-1, f), apart=True))
+    return (WeightSpec((f"{experts}.gate_up_proj",), lambda w: _gate_then_up(w.transpose(0, 2, 1))),
+            WeightSpec((f"{experts}.down_proj",), lambda w: np.ascontiguousarray(w.transpose(0, 2, 1)).reshape(-1, f)))
+
+
 def weight_map(c: GptOssConfig) -> WeightMap:
     m = decoder_weight_map(c)
     for i in range(c.num_hidden_layers):
@@ -110,13 +123,5 @@ def weight_map(c: GptOssConfig) -> WeightMap:
         m[f"{k}.mlp.experts_gate_up_bias"] = WeightSpec((f"{experts}.gate_up_proj_bias",),
                                                         lambda b: _gate_then_up(b).reshape(b.shape))
         m[f"{k}.mlp.experts_down_bias"] = [f"{experts}.down_proj_bias"]
-        m[f"{k}.mlp.experts_gate_up.weight"] = WeightSpec(
-            (f"{experts}.gate_up_proj_blocks", f"{experts}.gate_up_proj_scales"),
-            lambda parts: _gate_then_up(mxfp4_decode(*parts)), apart=True) if c.mxfp4 else WeightSpec((f"{experts}.gate_up_proj",), lambda w: _gate_then_up(w.transpose(0, 2, 1)))
-        m[f"{k}.mlp.experts_down.weight"] = WeightSpec(
-            (f"{experts}.down_proj_blocks", f"{experts}.down_proj_scales"),
-            lambda parts: mxfp4_decode(*parts).reshape(-1, c.intermediate_size), apart=True) \
-            if c.mxfp4 else \
-            WeightSpec((f"{experts}.down_proj",), lambda w: np.ascontiguousarray(w.transpose(0, 2, 1)).reshape(
-                -1, c.intermediate_size))
+        m[f"{k}.mlp.experts_gate_up.weight"], m[f"{k}.mlp.experts_down.weight"] = _experts(c, experts)
     return m

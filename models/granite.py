@@ -123,7 +123,8 @@ class _SlidingSinks:
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         n = values["num_hidden_layers"]
-        types = values["layer_types"] or tuple("full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n))
+        types = values["layer_types"] or tuple("full_attention" if i % 4 == 0 else "sliding_attention"
+                                               for i in range(n))
         thetas = tuple(float(t) for t in (hf.get("layer_rope_theta") or [values["rope_theta"]] * n))
         if len(thetas) != n:
             raise ValueError(f"layer_rope_theta lists {len(thetas)} RoPE bases for {n} layers; fix config.json")

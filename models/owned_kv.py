@@ -91,7 +91,8 @@ class OwnedKVCache:
             out=Tensor.placeholder(pages.shape, pages.dtype))
         if _cpu():                  # decode steps of sliding layers too take the prefill kernel: a row each
             window = lay.windows[layer_id]
-            o = self._paged_cpu(q, layer_id, sm_scale, sinks, window, decode=not window and isinstance(s, int) and s == 1)
+            decode = not window and isinstance(s, int) and s == 1
+            o = self._paged_cpu(q, layer_id, sm_scale, sinks, window, decode)
         else:
             if sinks is None:
                 sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
@@ -111,8 +112,9 @@ class OwnedKVCache:
         t = self.tables
         args = [q, *([] if decode else [t["q_indptr"]]), self.pages[layer_id], t["page_indptr"], t["page_values"],
                 t["last_len"], t["rope_offset"], t["positions"]]
-        o, lse = op.tensor_ir_op(self._kernel("paged_cpu", sm_scale, h, decode, window), "owned_kv_paged_attention", args,
-                                 out=[Tensor.placeholder([n, h, d], q.dtype), Tensor.placeholder([n, h], "float32")])
+        o, lse = op.tensor_ir_op(self._kernel("paged_cpu", sm_scale, h, decode, window), "owned_kv_paged_attention",
+                                 args, out=[Tensor.placeholder([n, h, d], q.dtype),
+                                            Tensor.placeholder([n, h], "float32")])
         if sinks is None:
             return o
         keep = op.sigmoid(lse * math.log(2.0) - op.broadcast_to(op.reshape(sinks, [1, h]), lse.shape))  # lse: base 2

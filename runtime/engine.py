@@ -279,7 +279,8 @@ class Engine(SynchronousCalls, ModelFront):
                                       "n")
         requests = []
         for k in range(params.n):
-            fork = (requests[0].seq_id, len(ids) - 1) if k and self.runner.shares_kv else None
+            shared = k and self.runner.shares_kv
+            fork = (requests[0].seq_id, len(ids) - 1) if shared else None
             seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
                            priority=priority, fork_from=fork, prompt_logits=params.prompt_logprobs is not None and not k)
             requests.append(Request(index + k, seq, params, self.runner.context_window, self.eos_token_ids,
