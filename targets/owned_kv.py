@@ -75,29 +75,6 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
         for dd in T.serial(d):
             out[t, h, dd] = T.Cast(dtype, acc[dd] / st[1])
 
-    if gpu:
-        @T.prim_func
-        def owned_kv_attention(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
-                               var_page_values: T.handle, var_seq_of: T.handle, var_positions: T.handle,
-                               var_sinks: T.handle, var_out: T.handle):
-            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-            n, num_pages, b1, entries = T.int32(), T.int64(), T.int32(), T.int32()
-            o1, o2, o3, o4 = T.int32(), T.int32(), T.int32(), T.int32()
-            q = T.match_buffer(var_q, (n, h_q, d), dtype)
-            pages = T.match_buffer(var_pages, (num_pages, 2, h_kv, page_size, d), dtype)
-            page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32", elem_offset=o1)
-            page_values = T.match_buffer(var_page_values, (entries,), "int32", elem_offset=o2)
-            seq_of = T.match_buffer(var_seq_of, (n,), "int32", elem_offset=o3)
-            positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
-            sinks = T.match_buffer(var_sinks, (h_q,), "float32")
-            out = T.match_buffer(var_out, (n, h_q, d), dtype)
-            for t in T.thread_binding(n, thread="blockIdx.x"):
-                for h in T.thread_binding(h_q, thread="threadIdx.x"):
-                    acc = T.alloc_buffer((d,), "float32", scope="local")
-                    st = T.alloc_buffer((6,), "float32", scope="local")
-                    row(t, h, q, pages, page_indptr, page_values, seq_of, positions, sinks, out, acc, st)
-        return owned_kv_attention
-
     @T.prim_func
     def owned_kv_attention(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
                            var_page_values: T.handle, var_seq_of: T.handle, var_positions: T.handle,
@@ -113,10 +90,18 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
         positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
         sinks = T.match_buffer(var_sinks, (h_q,), "float32")
         out = T.match_buffer(var_out, (n, h_q, d), dtype)
-        for task in T.parallel(n * h_q):
-            acc = T.alloc_buffer((d,), "float32")
-            st = T.alloc_buffer((6,), "float32")
-            row(task // h_q, task % h_q, q, pages, page_indptr, page_values, seq_of, positions, sinks, out, acc, st)
+        if gpu:                     # a block a token, a thread a head
+            for t in T.thread_binding(n, thread="blockIdx.x"):
+                for h in T.thread_binding(h_q, thread="threadIdx.x"):
+                    acc = T.alloc_buffer((d,), "float32", scope="local")
+                    st = T.alloc_buffer((6,), "float32", scope="local")
+                    row(t, h, q, pages, page_indptr, page_values, seq_of, positions, sinks, out, acc, st)
+        else:                       # a task a token and head
+            for task in T.parallel(n * h_q):
+                acc = T.alloc_buffer((d,), "float32")
+                st = T.alloc_buffer((6,), "float32")
+                row(task // h_q, task % h_q, q, pages, page_indptr, page_values, seq_of, positions, sinks, out,
+                    acc, st)
 
     return owned_kv_attention
 
