@@ -72,6 +72,9 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
 
 def _hf_model(source, torch, transformers):
     load = dict(dtype=torch.float32, attn_implementation="eager")
+    qc = source.hf_config.get("quantization_config") or {}
+    if str(qc.get("quant_method", "")).lower() == "mxfp4":      # gpt-oss's experts: dequantized, no GPU kernels
+        load["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
     try:
         return transformers.AutoModelForCausalLM.from_pretrained(source.path, **load)
     except ValueError:          # a causal LM not registered for its model type (Mistral 4): the class config.json names

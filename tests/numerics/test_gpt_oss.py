@@ -1,6 +1,7 @@
 """gpt-oss as OpenAI released it: experts in MXFP4 (models/gpt_oss.py). The decoder against transformers'
 own (integrations/mxfp4.py), and a checkpoint whose experts are MXFP4 codes against transformers running
-the same values in float (the float model is tests/numerics/test_families.py's gpt-oss case)."""
+the same values in float (the float model is tests/numerics/test_families.py's gpt-oss case) and against
+transformers reading the MXFP4 checkpoint itself (the golden logits: Mxfp4Config(dequantize=True))."""
 
 from __future__ import annotations
 
@@ -58,8 +59,10 @@ def test_mxfp4_checkpoint_matches_transformers_on_its_values(tmp_path):
     config = json.loads((dest / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     (dest / "config.json").write_text(json.dumps(config))
-    art = kiln.compile(str(dest), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    art = kiln.compile(str(dest), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    report = kiln.check(art)            # the golden logits: transformers' own MXFP4 reading (dequantized)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
 
 
 def test_mxfp4_is_refused_outside_gpt_oss(tmp_path):
