@@ -27,7 +27,7 @@ def owned(tiny_dirs, tmp_path_factory):
 
 def _calls(artifact, **runner_options):
     """The runner's calls in turn: a ragged prefill across pages, decode steps, a mixed forward, a
-    verify, pops then decode again; every logits array they return."""
+    verify, pops then decode again, a last hidden state; every array they return."""
     r = ModelRunner(Artifact.load(artifact), **runner_options)
     rng = np.random.default_rng(0)
     long, short = rng.integers(3, 500, 40).tolist(), rng.integers(3, 500, 3).tolist()
@@ -43,6 +43,8 @@ def _calls(artifact, **runner_options):
     out.append(r.decode([0, 2], [11, 12]))
     r.remove_sequence(1)
     out.append(r.decode([0, 2], [13, 14]))
+    r.add_sequence(3)                                       # an embedding's hidden state, a chunk at a time
+    out.append(r.last_hidden(3, long[:30]))
     return out, r
 
 
