@@ -96,6 +96,17 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[Any] | None = None        # runtime/tools.py validates them
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # The chat template's variable of that name (gpt-oss's "Reasoning: low"); refused where it reads none.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None   # extension (vLLM's): more variables of the template
+
+
+def template_variables(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The chat template variables a request sets (reasoning_effort, chat_template_kwargs)."""
+    variables = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        variables["reasoning_effort"] = req.reasoning_effort
+    return variables
 
 
 class CompletionRequest(_GenerationRequest):

@@ -219,7 +219,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         arrival = time.monotonic()
         state.check_model(body.model)
         tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
-        ids = await asyncio.to_thread(tools.render, state.engine.engine, api.chat_messages(body.messages), tool_req)
+        ids = await asyncio.to_thread(tools.render, state.engine.engine, api.chat_messages(body.messages), tool_req,
+                                      api.template_variables(body))
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
             params = replace(params, response_format=tool_req.forced_format(body.response_format))

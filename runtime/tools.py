@@ -201,11 +201,27 @@ def _as_text(m: dict) -> dict:
     return {k: v for k, v in m.items() if k != "name"}
 
 
-def render(engine: Any, messages: list[dict], tools: ToolRequest | None) -> list[int]:
-    """Prompt ids of a chat request with its tools (runs in a worker thread, never on the engine's)."""
+# Variables a request may not set: the template's own inputs, which the request's fields fill.
+_RESERVED = ("messages", "tools", "add_generation_prompt", "documents", "bos_token", "eos_token")
+
+
+def render(engine: Any, messages: list[dict], tools: ToolRequest | None,
+           variables: dict[str, Any] | None = None) -> list[int]:
+    """Prompt ids of a chat request with its tools (runs in a worker thread, never on the engine's);
+    `variables`: more of the chat template's variables (reasoning_effort, chat_template_kwargs), each
+    refused (400) where the template never names it, rather than ignored."""
     tok = engine._need_tokenizer()
     messages = normalize_messages(messages)
     extra: dict[str, Any] = {}
+    for name, value in (variables or {}).items():
+        field = "reasoning_effort" if name == "reasoning_effort" else "chat_template_kwargs"
+        if name in _RESERVED:
+            raise APIError(400, f"chat_template_kwargs may not set {name!r}: the request's own fields do", field)
+        source = tok._config.get("chat_template")
+        if not isinstance(name, str) or not name.isidentifier() or name not in json.dumps(source or ""):
+            raise APIError(400, f"this model's chat template reads no variable {name!r}, so it would change "
+                                "nothing; leave it out", field)
+        extra[name] = value
     if tools is not None:
         source = tok._config.get("chat_template")
         if not source:
