@@ -8,7 +8,9 @@ templates and compiles grammars there, and sends the engine token ids.
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -16,6 +18,18 @@ import numpy as np
 from .artifact import Artifact
 from .protocol import InvalidRequestError
 from .tokenizer import Tokenizer
+
+
+def generation_eos(path) -> set[int]:
+    """The eos ids of the checkpoint's generation_config.json (copied into the artifact with the tokenizer),
+    which transformers' generate and vLLM stop at too: Llama 3 Instruct's <|eot_id|>, gpt-oss's <|call|>
+    beside config.json's <|return|>. An unreadable file adds none."""
+    try:
+        value = json.loads((Path(path) / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    values = value if isinstance(value, list) else [value]
+    return {v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 
 class ModelFront:
@@ -26,7 +40,7 @@ class ModelFront:
         self.tokenizer = Tokenizer.from_dir(artifact.path) if has_tok else None
         if chat_template is not None and self.tokenizer is not None:
             self.tokenizer.set_chat_template(chat_template)
-        eos = set(artifact.config.eos_token_ids)
+        eos = set(artifact.config.eos_token_ids) | generation_eos(artifact.path)
         self.eos_token_ids = frozenset(eos | set(self.tokenizer.eos_token_ids if self.tokenizer else ()))
         self._grammars = None
         self._grammars_lock = threading.Lock()

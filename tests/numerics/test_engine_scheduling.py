@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kiln import Engine, EngineConfig, SamplingParams
+from kiln import compile as kiln_compile
 
 pytestmark = pytest.mark.numerics
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
@@ -113,3 +114,20 @@ def test_greedy_tokens_picked_on_the_device_equal_the_samplers(tiny_artifacts, b
     calls.clear()
     host = engine.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=True))
     assert not calls and [o.token_ids for o in host] == on_device
+
+
+def test_generation_config_eos_ids_stop_generation(tiny_dirs, tiny_artifacts, tmp_path):
+    """gpt-oss stops at <|call|> as well as <|return|>: generation_config.json's eos ids (the checkpoint's,
+    carried into the artifact) join config.json's."""
+    import json
+    import shutil
+    plain = Engine(tiny_artifacts["tied"]).generate([5, 6, 7], GREEDY).token_ids
+    shutil.copytree(tiny_dirs["tied"], tmp_path / "hf")
+    stops = [2, plain[3]]
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}))
+    engine = Engine(kiln_compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art",
+                                 golden=False))
+    assert plain[3] in engine.eos_token_ids
+    out = engine.generate([5, 6, 7], SamplingParams(max_tokens=10, temperature=0.0))
+    first = next(i for i, t in enumerate(plain) if t in stops)
+    assert out.token_ids == plain[:first + 1] and out.finish_reason == "stop"

@@ -127,3 +127,4 @@ def test_sinks_need_the_kv_cache_kiln_owns(tmp_path):
     with pytest.raises(ValueError, match="attention has sinks .* use --kv-cache kiln"):
         kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", kv_cache="tvm")
     assert not (tmp_path / "art").exists()
+
