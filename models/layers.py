@@ -3,7 +3,8 @@
 Every family in models/ is assembled from these, switched by `Flags` (what differs between
 Llama, Qwen, Gemma, Phi or GPT-2 is a handful of them). Attention runs through TVM's paged KV
 cache (`PagedKVCache.attention_with_fused_qkv`), which applies RoPE to q/k inside the cache
-(RopeMode.NORMAL, HF rotate-half convention), so the layers hold no position state.
+(RopeMode.NORMAL, HF rotate-half convention), so the layers hold no position state; or through the
+KV cache kiln owns (models/owned_kv.py), which answers the same call and also takes attention sinks.
 
 Weights keep Hugging Face's layout (Linear weight [out, in]); q/k/v and gate/up projections
 are stored fused, and each family's weight map says how the HF tensors concatenate into them.

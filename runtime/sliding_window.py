@@ -24,8 +24,10 @@ per_layer     some layers slide, others are full (Qwen2 with max_window_layers, 
 Neither way shares KV correctly between sequences: TVM forks a windowed sequence only inside its
 attention sinks, and per-layer windows are cut per shared block, not per sequence. Prefix reuse
 and n > 1 forks are therefore off for sliding artifacts (each sequence computes its own prompt).
-Attention sinks (StreamingLLM) are 0: no supported family has them, and TVM's sinks renumber
-positions, which no Hugging Face model does.
+TVM's attention sinks (StreamingLLM's first tokens kept) are 0: no supported family has them, and TVM's
+sinks renumber positions, which no Hugging Face model does. (The learned sinks of gpt-oss and its kin, a
+logit per head, are another thing: the KV cache kiln owns applies them, and keeps every token of a
+sliding layer, masking by position: artifacts compiled with it have no SlidingWindow here.)
 """
 
 from __future__ import annotations
