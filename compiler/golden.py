@@ -73,7 +73,7 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
 def _hf_model(source, torch, transformers):
     load = dict(dtype=torch.float32, attn_implementation="eager")
     qc = source.hf_config.get("quantization_config") or {}
-    if str(qc.get("quant_method", "")).lower() == "mxfp4":      # gpt-oss's experts: dequantized, no GPU kernels
+    if str(qc.get("quant_method", "")).lower() == "mxfp4":      # gpt-oss's experts: dequantized on the host
         load["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
     try:
         return transformers.AutoModelForCausalLM.from_pretrained(source.path, **load)

@@ -146,7 +146,8 @@ def test_calls_that_only_keep_books_hold_the_gil(tiny_artifacts):
     from kiln.runtime import model_runner
     engine = Engine(tiny_artifacts["tied"])
     assert not engine.runner.queues_work
-    assert not any(f.release_gil for f in model_runner._KV.values())
+    from kiln.runtime import kv_caches
+    assert not any(f.release_gil for f in kv_caches._KV.values())
     assert not any(f.release_gil for f in (model_runner._COPY_IN, model_runner._COPY_OUT, model_runner._VIEW))
     released = {name for name, f in engine.runner._fn.items() if f.release_gil}
     assert "embed" not in released and {"batch_decode", "batch_prefill", "greedy_tokens"} <= released
