@@ -343,7 +343,7 @@ class CausalLM(nn.Module):
             c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, self.kv_dtype or self.dtype,
             tuple(a.window if a.kind == "sliding" else 0 for a in self.attention),
             {"theta": first.rope_theta, "scaling": first.rope_scaling or {}, "rotary_dim": c.rotary_dim}
-            if cache_rope else None)
+            if cache_rope else None, self.flags.attn_logit_softcap)
 
     def _cache(self, given):
         """The forward's KV cache: TVM's object as given, or the owned cache over the given pages and tables."""

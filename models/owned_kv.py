@@ -42,6 +42,7 @@ class OwnedLayout:
     dtype: str                          # the pages'
     windows: tuple[int, ...]            # per layer: tokens a sliding layer sees, 0 for a full layer
     rope: dict | None = None            # RoPE the cache applies (TVM's settings: theta, scaling, rotary_dim); None
+    softcap: float | None = None        # attention scores soft-capped, cap * tanh(s / cap) (Gemma 2): CPU kernels only
 
 
 def cache_spec(layout: OwnedLayout, tokens: str) -> list:
@@ -94,6 +95,9 @@ class OwnedKVCache:
             decode = not window and isinstance(s, int) and s == 1
             o = self._paged_cpu(q, layer_id, sm_scale, sinks, window, decode)
         else:
+            if lay.softcap:
+                raise ValueError("soft-capped attention (attn_logit_softcapping) over the KV cache kiln owns runs on "
+                                 "CPUs only so far; compile with --kv-cache tvm (or auto)")
             if sinks is None:
                 sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
             o = op.tensor_ir_op(
@@ -136,7 +140,8 @@ class OwnedKVCache:
             from kiln.targets.cpu.schedule import attention_lanes
             scale, heads, decode, window = key
             func = attention_paged_cpu(lay.num_kv_heads, heads, lay.head_dim, lay.dtype, lay.page_size, decode=decode,
-                                       simd=attention_lanes(Target.current()), window_rows=window)
+                                       simd=attention_lanes(Target.current()), window_rows=window,
+                                       softcap=lay.softcap)
             func = _bind(func, causal=1, rotary_mode=0, rope_scale=1.0, rope_theta=1.0, sm_scale=scale)
         else:
             scale, window, heads = key

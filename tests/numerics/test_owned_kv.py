@@ -122,6 +122,18 @@ def test_forks_share_whole_pages_copy_the_partial_one_and_copy_on_write(owned):
     assert runner.free_pages() == runner.cache.num_pages
 
 
+def test_gemma2_soft_capped_attention_over_the_owned_cache_matches_transformers(tmp_path):
+    """Gemma 2's attention soft-capping (2.0: it bites), sliding and global layers, through kiln's CPU kernels
+    over the owned cache; a GPU target, whose owned-cache kernel has no cap, is refused."""
+    from test_families import IDS, TOL
+    from tiny_models import assert_prefill_and_decode_match
+    ref = write_family("gemma2", tmp_path / "hf", sliding_window=8)
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", kv_cache="kiln")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    with pytest.raises(ValueError, match="soft-capped attention .* runs on CPUs only"):
+        kiln.compile(str(tmp_path / "hf"), target="cuda", quant="q0f16", output=tmp_path / "gpu", kv_cache="kiln")
+
+
 def test_sinks_need_the_kv_cache_kiln_owns(tmp_path):
     write_family("gpt-oss", tmp_path / "hf")
     with pytest.raises(ValueError, match="attention has sinks .* use --kv-cache kiln"):
