@@ -176,7 +176,7 @@ def host_enqueue(runner, ids: list[int], tokens: list[int], steps: int = 16) -> 
     (the GPU's idle time before layer 0's norm)."""
     import statistics
 
-    from kiln.runtime import model_runner
+    from kiln.runtime import kv_caches
     spent: dict[str, float] = {}
 
     def timed(name: str, fn):
@@ -188,8 +188,8 @@ def host_enqueue(runner, ids: list[int], tokens: list[int], steps: int = 16) -> 
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
         return call
 
-    kv, fns = dict(model_runner._KV), dict(runner._fn)
-    model_runner._KV.update({k: timed(k.removeprefix("kv_state_"), f) for k, f in kv.items()
+    kv, fns = dict(kv_caches._KV), dict(runner._fn)
+    kv_caches._KV.update({k: timed(k.removeprefix("kv_state_"), f) for k, f in kv.items()
                              if k in ("kv_state_begin_forward", "kv_state_end_forward")})
     runner._fn.update({k: timed(k, f) for k, f in fns.items()})
     enqueue, wait, calls = [], [], {}
@@ -205,7 +205,7 @@ def host_enqueue(runner, ids: list[int], tokens: list[int], steps: int = 16) -> 
             for k, v in spent.items():
                 calls.setdefault(k, []).append(v)
     finally:
-        model_runner._KV.update(kv)
+        kv_caches._KV.update(kv)
         runner._fn.clear()
         runner._fn.update(fns)
     return {"host_enqueue_ms": round(statistics.median(enqueue) * 1e3, 3),

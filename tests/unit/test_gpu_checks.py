@@ -217,3 +217,18 @@ def test_prebuild_keeps_what_these_sources_built_and_drops_the_rest(tmp_path, mo
     built.clear()
     builds.prebuild(args)
     assert built == [("model.gguf", "q0f16", "base")] and kept.is_file()
+
+
+def test_host_enqueue_times_the_runners_own_calls_on_the_cpu(tiny_artifacts):
+    """host_enqueue (gpu_timing.py) wraps the KV cache's begin/end and the entry functions it finds; a
+    refactor of the runner that moves them must not first break in a GPU session."""
+    from kiln.runtime import kv_caches
+    from kiln.runtime.artifact import Artifact
+    from kiln.runtime.model_runner import ModelRunner
+    runner = ModelRunner(Artifact.load(tiny_artifacts["tied"]))
+    runner.add_sequence(0)
+    runner.prefill([0], [[5, 6, 7]])
+    before = dict(kv_caches._KV)
+    got = _tool("gpu_timing").host_enqueue(runner, [0], [8], steps=2)
+    assert {"begin_forward", "end_forward", "batch_decode"} <= set(got["host_calls_ms"])
+    assert kv_caches._KV == before and runner.sequence_length(0) == 5
