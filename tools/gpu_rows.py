@@ -53,12 +53,14 @@ GPU_TEST_WORKERS = 6
 
 # The `gpu` tests, those that decide what ships first (the candidate's: dependent launch against the
 # plain build; the levers' fusions, glu and norm, against the plain build; then the kernels against
-# numpy: MMA GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2), the
-# slow whole-preset comparisons (a compile of each CUDA preset) and the other families last: a run
-# cut short has the first.
+# numpy: MMA GEMV, split-K tiles, the library GEMM prefill; then the attention kernels, Gemma 2; then
+# the sink families, whose GPU attention over the KV cache kiln owns no GPU has run yet), the slow
+# whole-preset comparisons (a compile of each CUDA preset) and the other families last: a run cut short
+# has the first.
 GPU_TEST_ORDER = ("step_graphs", "dependent_launch", "mma_gemv", "fusions_match", "tensor_core_matmul", "library_gemm",
-                  "decode_attention_kernel", "prefill_attention_kernel", "gemma2", "q4_gemv", "sample_tokens",
-                  "speculative", "row_branches", "preset_matches", "family_matches")
+                  "decode_attention_kernel", "prefill_attention_kernel", "gemma2", "[gpt-oss]", "[granite-swa]",
+                  "[flint]", "q4_gemv", "sample_tokens", "speculative", "row_branches", "preset_matches",
+                  "family_matches")
 
 
 def gpu_tests(args, seconds: float | None = None) -> dict:
