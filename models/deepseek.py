@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import CausalLM, WeightMap, decoder_weight_map
-from .config import ConfigField, dense_layers, fields_with
-from .glm4_moe import NAMES, ROUTED_FIELDS, Glm4MoeConfig
+from .config import ConfigField, fields_with
+from .glm4_moe import MLP_LAYER_TYPES, NAMES, ROUTED_FIELDS, DenseByType, Glm4MoeConfig
 from .layers import Flags
 from .llama import LlamaConfig
 from .mla import MLASpec, latent_weight_map
@@ -115,22 +115,11 @@ class DeepseekV2Config(DeepseekV3Config):
 
 
 @dataclass(frozen=True)
-class Glm4MoeLiteConfig(DeepseekV3Config):
-    dense_layers: tuple[int, ...] = ()
-
+class Glm4MoeLiteConfig(DenseByType, DeepseekV3Config):
     ARCH: ClassVar[str] = "glm4_moe_lite"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
         *fields_with(DeepseekV3Config.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=1)),
-        ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
-
-    @classmethod
-    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n = values["num_hidden_layers"]
-        values = dict(values, dense_layers=dense_layers(values.pop("mlp_layer_types"), n, values["first_dense"]))
-        return super().adapt(values, hf, notes)
-
-    def layer_moe(self, layer: int) -> MoESpec | None:
-        return None if layer in self.dense_layers else self.routed()
+        MLP_LAYER_TYPES)
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ class MiniMaxM2Config(Glm4MoeConfig):
 @dataclass(frozen=True)
 class DenseByType:
     """The dense layers as config.json's `mlp_layer_types` lists them ("dense" | "sparse" each), else the
-    first `first_dense` (K-EXAONE, MiniCPM5-MoE, Hy V3: a mixin first among Glm4MoeConfig's bases; FIELDS
+    first `first_dense` (K-EXAONE, MiniCPM5-MoE, Hy V3, GLM-4.7-Flash: a mixin first among its bases; FIELDS
     must add MLP_LAYER_TYPES)."""
 
     dense_layers: tuple[int, ...] = ()
