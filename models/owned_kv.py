@@ -2,8 +2,8 @@
 
 An artifact compiled with it (KVCacheLayout.owner "kiln") takes the cache as one input of its
 forward functions, a tuple: every layer's pages [num_pages, 2, kv_heads, page_size, head_dim]
-(allocated by the runtime, runtime/owned_kv.py) and the forward's page tables (targets/owned_kv.py
-lists them). Each layer splits q/k/v (RoPE applied with the cache's settings, as TVM's cache would),
+(allocated by the runtime, runtime/kv_caches.py) and the forward's page tables (contract.OWNED_KV_TABLES
+names them). Each layer splits q/k/v (RoPE applied with the cache's settings, as TVM's cache would),
 writes k and v into its pages in place (call_tir_inplace: the function's output aliases the
 runtime's tensor) and attends over them by position (targets/owned_kv.py). The functions return
 the pages, so the writes stay live through the pipeline.
