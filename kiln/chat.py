@@ -94,7 +94,7 @@ def run_chat(engine, params, system: str | None) -> None:
         if dropped:
             click.echo(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the {context}-token "
                        "context window; /reset starts afresh)", err=True)
-        reply = []
+        reply, parser = [], _reasoning_parser(engine, ids)
         stream = engine.generate_stream(ids, params)
         status = status_console.status(f"reading a {len(ids)}-token prompt", spinner="dots")
         status.start()
@@ -102,13 +102,35 @@ def run_chat(engine, params, system: str | None) -> None:
             for delta in stream:
                 if not reply:
                     status.stop()
-                reply.append(delta.text)
-                click.echo(delta.text, nl=False)
-                sys.stdout.flush()
+                _show(parser, delta.text, False, reply)
         except KeyboardInterrupt:
             stream.close()                      # aborts the request, frees its pages
             click.echo(" [stopped]", err=True)
         finally:
             status.stop()
+        _show(parser, "", True, reply)              # what a parser held back
         click.echo()
         history.append({"role": "assistant", "content": "".join(reply)})
+
+
+def _reasoning_parser(engine, ids: list[int]):
+    """A reasoning model's parser (runtime/reasoning.py), started where the prompt's end leaves it."""
+    from kiln.runtime import reasoning
+    kind = reasoning.detect(engine.tokenizer.chat_template)
+    return reasoning.start(kind, engine.tokenizer.decode(ids[-64:])) if kind else None
+
+
+def _show(parser, text: str, last: bool, reply: list[str]) -> None:
+    """Print a piece of the reply: its reasoning dimmed, its content as is (the content alone is kept
+    in the history, as chat templates drop past reasoning)."""
+    thought = ""
+    if parser is not None:
+        thought, text = parser.feed(text)
+        if last:
+            more, rest = parser.finish()
+            thought, text = thought + more, text + rest
+    if thought:
+        click.echo(click.style(thought, dim=True), nl=False)
+    reply.append(text)
+    click.echo(text, nl=False)
+    sys.stdout.flush()

@@ -46,13 +46,19 @@ from kiln.cli_options import (DEFAULT_MODEL, chat_template_option, compiled, spe
 @click.option("--api-processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="HTTP processes sharing the port in front of one engine process (vLLM's --api-server-count): "
                    "for many streams of a small model, where one process's Python cannot send what a GPU makes")
+@click.option("--reasoning-parser", type=click.Choice(["auto", "none", "think", "harmony"]), default="auto",
+              show_default=True,
+              help="send a chat reply's reasoning as `reasoning` (and `reasoning_content`) apart from its "
+                   "`content`: think reads <think>...</think> (DeepSeek-R1, Qwen3, QwQ), harmony gpt-oss's "
+                   "analysis / final channels (its function calls become tool_calls); auto picks the one "
+                   "the chat template writes, none for a template that writes neither")
 @step_graphs_option
 @chat_template_option
 @speculation_options
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
           kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, stream_interval,
-          engine_process, api_processes, step_graphs, chat_template, speculation) -> None:
+          engine_process, api_processes, reasoning_parser, step_graphs, chat_template, speculation) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -74,7 +80,7 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
         server.serve(path, server.ServerArgs(host=host, port=port, api_key=api_key, model_name=name,
                                              engine=engine, stream_interval=stream_interval,
                                              engine_process={"auto": None, "on": True, "off": False}[engine_process],
-                                             api_processes=api_processes))
+                                             api_processes=api_processes, reasoning_parser=reasoning_parser))
     except server.EngineDied as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

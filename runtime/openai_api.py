@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .protocol import GrowingText, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
+from .reasoning import FIELDS as REASONING_FIELDS
 
 
 class APIError(Exception):
@@ -237,6 +238,8 @@ class _Choice:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     text_offset: int = 0                  # completions logprobs: where the next token starts
+    thought: GrowingText = field(default_factory=GrowingText)   # chat: the reasoning, apart from the text
+    parser: Any = None                    # chat: its reasoning.ReasoningParser, when the reply has one
 
     @property
     def text(self) -> str:
@@ -268,6 +271,7 @@ class Reply:
     choices: dict[int, _Choice] = field(default_factory=dict)
     echo: list[Echo] | None = None        # per prompt; choice index // n picks it
     n: int = 1
+    reasoning: Callable[[], Any] | None = None   # chat: a new reasoning.ReasoningParser for each choice
     _scored: dict[int, list] = field(default_factory=dict)   # prompt -> its prompt logprobs
 
     def __post_init__(self) -> None:
@@ -284,15 +288,17 @@ class Reply:
         text, lps = delta.text, (delta.logprobs or []) if self.logprobs else []
         if first and self.echo is not None:
             text, lps = self._echoed(delta) + text, self._echoed_logprobs(delta) + lps
+        thought = ""
+        if self.reasoning is not None:
+            thought, text = self._reason(choice, text, delta.finish_reason is not None)
         choice.shown.add(text)
         choice.num_tokens += len(delta.token_ids)
         choice.finish_reason = delta.finish_reason
         choice.logprobs += lps
-        if not (first or text or delta.finish_reason or lps):
+        if not (first or text or thought or delta.finish_reason or lps):
             return None
         if self.kind == "chat":
-            body: dict[str, Any] = {"delta": {"role": "assistant", "content": text} if first
-                                    else {"content": text},
+            body: dict[str, Any] = {"delta": chat_message(text, thought, role=first),
                                     "logprobs": chat_logprobs(lps, self.token_text) if lps else None}
         else:
             body = {"text": text,
@@ -303,6 +309,17 @@ class Reply:
         if self.include_usage or self.continuous_usage:
             chunk["usage"] = self.usage() if self.continuous_usage else None
         return chunk
+
+    def _reason(self, choice: _Choice, text: str, last: bool) -> tuple[str, str]:
+        """(reasoning, content) of a choice's new text, and the held-back rest at its end."""
+        if choice.parser is None:
+            choice.parser = self.reasoning()
+        thought, text = choice.parser.feed(text)
+        if last:
+            more, rest = choice.parser.finish()
+            thought, text = thought + more, text + rest
+        choice.thought.add(thought)
+        return thought, text
 
     def _echoed(self, delta: StreamDelta) -> str:
         prompt = delta.index // self.n
@@ -331,7 +348,7 @@ class Reply:
         choices = []
         for index, c in sorted(self.choices.items()):
             if self.kind == "chat":
-                body: dict[str, Any] = {"message": {"role": "assistant", "content": c.text},
+                body: dict[str, Any] = {"message": chat_message(c.text, str(c.thought), role=True, whole=True),
                                         "logprobs": chat_logprobs(c.logprobs, self.token_text)
                                         if self.logprobs else None}
             else:
@@ -343,6 +360,20 @@ class Reply:
     def _envelope(self, object: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": object, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices}
+
+
+def chat_message(content: str, reasoning: str, role: bool, whole: bool = False) -> dict[str, Any]:
+    """A chat message (whole) or a chunk's delta: content, and the reasoning under both names
+    (reasoning.FIELDS) where there is some. Content is null where a reply's text was all reasoning; a
+    delta carrying only reasoning has none."""
+    out: dict[str, Any] = {"role": "assistant"} if role else {}
+    if content or not reasoning:
+        out["content"] = content
+    elif whole:
+        out["content"] = None
+    if reasoning:
+        out.update(dict.fromkeys(REASONING_FIELDS, reasoning))
+    return out
 
 
 # -- token texts for logprobs --------------------------------------------------------------

@@ -51,6 +51,8 @@ class ChatMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    reasoning: str | None = None          # a reasoning model's thinking (`kiln serve --reasoning-parser`)
+    reasoning_content: str | None = None  # the same, under the name DeepSeek's API and older vLLM use
 
 
 class ChatChoice(BaseModel):

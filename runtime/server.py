@@ -42,7 +42,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from . import embeddings_api, responses_api, tokenize_api, tools
+from . import embeddings_api, reasoning, responses_api, tokenize_api, tools
 from . import openai_api as api
 from . import reply_models as rm
 from .artifact import Artifact
@@ -71,6 +71,7 @@ class ServerArgs:
     stream_interval: int = 1              # tokens a streamed chunk gathers (the first is sent at once)
     engine_process: bool | None = None    # the engine in a process of its own; None: on for GPU artifacts
     api_processes: int = 1                # HTTP processes (more than 1: the engine in a process of its own)
+    reasoning_parser: str = "auto"        # chat replies' reasoning apart from content (runtime/reasoning.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.api_processes, int) or self.api_processes < 1:
@@ -187,6 +188,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
     name = args.model_name or folder
     state = _ServerState(engine, name, tuple(dict.fromkeys(a for a in (*args.aliases, folder) if a != name)),
                          args.api_key)
+    tok = engine.engine.tokenizer
+    state.reasoning = reasoning.resolve(args.reasoning_parser, tok.chat_template if tok is not None else None)
     app = FastAPI(title="kiln", redoc_url=None, responses=ERRORS)   # /docs and /openapi.json describe every route
     app.state.kiln = state
     state.grammar_pool.submit(_preload_grammars, engine.engine)
@@ -219,15 +222,17 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         arrival = time.monotonic()
         state.check_model(body.model)
         tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
-        ids = await asyncio.to_thread(tools.render, state.engine.engine, api.chat_messages(body.messages), tool_req,
-                                      api.template_variables(body))
+        text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, api.chat_messages(body.messages),
+                                            tool_req, api.template_variables(body))
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
             params = replace(params, response_format=tool_req.forced_format(body.response_format))
         params = await state.compile_grammar(params)
         kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
+        thinking = functools.partial(reasoning.start, state.reasoning, text) if state.reasoning else None
         reply = kind("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
-                     include_usage=_include_usage(body), continuous_usage=_continuous_usage(body))
+                     include_usage=_include_usage(body), continuous_usage=_continuous_usage(body),
+                     reasoning=thinking)
         return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
 
     @app.post("/v1/completions", dependencies=auth, response_model=rm.Completion,
@@ -286,6 +291,7 @@ class _ServerState:
         self.metrics = Metrics(engine.stats)
         self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
+        self.reasoning: str | None = None             # the chat replies' reasoning parser (reasoning.THINK, ...)
         self.grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
 
     # -- checks (raise APIError, answered by the handlers below) -----------------------------

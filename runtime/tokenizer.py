@@ -143,6 +143,11 @@ class Tokenizer:
         template = self._config.get("chat_template")
         return {**out, "chat_template": template if isinstance(template, str) else None}
 
+    @property
+    def chat_template(self) -> Any:
+        """The chat template as the config gives it: jinja source, a list of named ones, or None."""
+        return self._config.get("chat_template")
+
     def set_chat_template(self, source: str) -> None:
         """Use `source` (jinja) instead of the config's chat template (`--chat-template`)."""
         self._config = {**self._config, "chat_template": source}

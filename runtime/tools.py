@@ -207,9 +207,15 @@ _RESERVED = ("messages", "tools", "add_generation_prompt", "documents", "bos_tok
 
 def render(engine: Any, messages: list[dict], tools: ToolRequest | None,
            variables: dict[str, Any] | None = None) -> list[int]:
-    """Prompt ids of a chat request with its tools (runs in a worker thread, never on the engine's);
-    `variables`: more of the chat template's variables (reasoning_effort, chat_template_kwargs), each
-    refused (400) where the template never names it, rather than ignored."""
+    """Prompt ids of a chat request with its tools (runs in a worker thread, never on the engine's)."""
+    return render_text(engine, messages, tools, variables)[1]
+
+
+def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
+                variables: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+    """The prompt of a chat request with its tools, as text and ids; `variables`: more of the chat
+    template's variables (reasoning_effort, chat_template_kwargs), each refused (400) where the template
+    never names it, rather than ignored."""
     tok = engine._need_tokenizer()
     messages = normalize_messages(messages)
     extra: dict[str, Any] = {}
@@ -235,7 +241,7 @@ def render(engine: Any, messages: list[dict], tools: ToolRequest | None,
         text = tok.apply_chat_template(messages, add_generation_prompt=True, **extra)
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
-    return tok.encode(text, add_special_tokens=False)
+    return text, tok.encode(text, add_special_tokens=False)
 
 
 class ToolReply(Reply):
@@ -258,20 +264,21 @@ class ToolReply(Reply):
         return parse_tool_calls(text, self.tools.forced, self.tools.parallel)
 
     def add(self, delta: StreamDelta) -> dict | None:
-        i, first = delta.index, delta.index not in self.choices
+        i = delta.index
         chunk = super().add(delta)
         if chunk is None:
             return None
         body = chunk["choices"][0]
         new = body["delta"].get("content") or ""
-        body["delta"] = {"role": "assistant"} if first else {}
+        body["delta"] = {k: v for k, v in body["delta"].items() if k != "content"}   # role, reasoning
         sent = self._sent.get(i, 0)
         if delta.finish_reason is None:
             out = self._sendable(i, new)
             self._sent[i] = sent + len(out)
-            if not out and not first:
+            if not out and not body["delta"]:
                 return None
-            body["delta"]["content"] = out
+            if out or "role" in body["delta"]:
+                body["delta"]["content"] = out
         else:
             text = self.choices[i].text
             content, calls = self._split(text)
@@ -305,9 +312,9 @@ class ToolReply(Reply):
     def final(self) -> dict:
         out = super().final()
         for choice in out["choices"]:
-            content, calls = self._split(choice["message"]["content"])
+            content, calls = self._split(choice["message"]["content"] or "")
             if calls:
-                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["message"] = {**choice["message"], "content": content, "tool_calls": calls}
                 choice["finish_reason"] = "tool_calls"
         return out
 

@@ -116,3 +116,23 @@ def test_ctrl_c_stops_only_the_reply_and_long_histories_are_trimmed(tiny_artifac
     assert max(calls) <= 256 - 16                                # every prompt left room for the reply
     stats = engine.stats()
     assert stats.running == 0 and stats.waiting == 0 and stats.kv_pages_used == 0
+
+
+def test_reasoning_is_shown_and_kept_out_of_the_history(tiny_artifacts, monkeypatch, capsys):
+    """A template that opens <think> (as DeepSeek-R1's does): the reply, all reasoning since the random
+    model never closes it, is printed (dimmed on a terminal) and the history keeps only the content."""
+    import kiln
+    from kiln.chat import run_chat
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content.split('</think>')[-1] }}<|im_end|>\n"
+                "{% endfor %}"
+                "<|im_start|>assistant\n<think>\n")
+    engine = kiln.Engine(tiny_artifacts["tied"], kiln.EngineConfig(chat_template=template))
+    params = kiln.SamplingParams(max_tokens=8, temperature=0.0)
+    expected = engine.chat([{"role": "user", "content": "hello"}], params).text
+    rendered, real = [], engine.render_chat
+    monkeypatch.setattr(engine, "render_chat", lambda h: rendered.append([dict(m) for m in h]) or real(h))
+    lines = iter(["hello", "again", "/exit"])
+    monkeypatch.setattr("builtins.input", lambda _prompt="": next(lines))
+    run_chat(engine, params, system=None)
+    assert expected.strip() and expected in capsys.readouterr().out
+    assert [m for m in rendered[-1] if m["role"] == "assistant"] == [{"role": "assistant", "content": ""}]

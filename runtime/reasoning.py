@@ -1,0 +1,220 @@
+"""A chat reply's reasoning apart from its answer: `reasoning` (and `reasoning_content`) beside `content`.
+
+Reasoning models write their thinking before the answer, in one of two conventions:
+
+    think     <think> ... </think> answer         DeepSeek-R1, Qwen3, QwQ, GLM, Granite-style templates
+                                                  (R1's template opens <think> in the prompt itself)
+    harmony   <|channel|>analysis<|message|> ... <|end|><|start|>assistant<|channel|>final<|message|> answer
+              OpenAI's gpt-oss: `analysis` is reasoning, `final` the answer, `commentary` to=functions.NAME
+              a tool call (given to tools.ToolReply as a `<tool_call>` block), commentary without one content
+
+`kiln serve --reasoning-parser auto` (the default) picks the convention the chat template writes
+(`detect`), as vLLM's --reasoning-parser names it by hand. A parser reads a choice's text piece by
+piece as it streams (`feed`, then `finish`), holding back only a tail that could still become a tag,
+and starts where the rendered prompt left off (`start(prompt)`): inside <think> when the template
+opened it, after it when the template closed it (Qwen3's enable_thinking false), at a new message's
+header after Harmony's `<|start|>assistant`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+THINK, HARMONY = "think", "harmony"
+PARSERS = ("auto", "none", THINK, HARMONY)
+FIELDS = ("reasoning", "reasoning_content")      # vLLM's name now, and the one DeepSeek's API and vLLM used first
+
+_OPEN, _CLOSE = "<think>", "</think>"
+_START, _CHANNEL, _MESSAGE, _CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+_ENDS = ("<|end|>", "<|return|>", "<|call|>")
+_MAX_HEADER = 256          # characters of a Harmony header before the text is taken as plain content
+
+
+def detect(chat_template: Any) -> str | None:
+    """The convention a chat template writes, None for neither."""
+    source = json.dumps(chat_template or "")
+    if _CHANNEL in source and _MESSAGE in source:
+        return HARMONY
+    if _CLOSE in source:
+        return THINK
+    return None
+
+
+def resolve(choice: str, chat_template: Any) -> str | None:
+    """`--reasoning-parser`'s choice for a model: auto detects, none turns it off."""
+    if choice not in PARSERS:
+        raise ValueError(f"reasoning parser must be one of {', '.join(PARSERS)}, got {choice!r}")
+    if choice == "auto":
+        return detect(chat_template)
+    return None if choice == "none" else choice
+
+
+def start(kind: str, prompt: str) -> ReasoningParser:
+    """A parser for one choice of a reply to `prompt` (the rendered chat prompt's text)."""
+    return (ThinkParser if kind == THINK else HarmonyParser)(prompt)
+
+
+class ReasoningParser:
+    """Splits text fed piece by piece into (reasoning, content) pieces."""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[str, str]:
+        """What was held back, at the end of the choice."""
+        raise NotImplementedError
+
+
+def _held(text: str, tags: tuple[str, ...]) -> int:
+    """How many characters at the end of text could be the start of one of tags."""
+    for k in range(min(max(map(len, tags)) - 1, len(text)), 0, -1):
+        if any(t.startswith(text[-k:]) for t in tags):
+            return k
+    return 0
+
+
+class ThinkParser(ReasoningParser):
+    """<think> reasoning </think> content. A reply that does not open with <think> (after whitespace),
+    and whose prompt did not open it, is all content; one cut off inside it, all reasoning."""
+
+    def __init__(self, prompt: str):
+        opened, closed = prompt.rfind(_OPEN), prompt.rfind(_CLOSE)
+        self.state = "reasoning" if opened > closed else ("content" if closed >= 0 else "start")
+        self.tail = ""
+        self.strip = False                         # after the reply's own </think>: its whitespace is not the answer's
+
+    def feed(self, text: str) -> tuple[str, str]:
+        reasoning, content = [], []
+        buf, self.tail = self.tail + text, ""
+        while buf:
+            if self.state == "start":
+                stripped = buf.lstrip()
+                if not stripped or _OPEN.startswith(stripped[:len(_OPEN)]) and len(stripped) < len(_OPEN):
+                    self.tail = buf                # whitespace, or the beginning of <think>: wait
+                    break
+                if stripped.startswith(_OPEN):
+                    self.state, buf = "reasoning", stripped[len(_OPEN):]
+                else:
+                    self.state = "content"
+                continue
+            if self.state == "reasoning":
+                at = buf.find(_CLOSE)
+                if at < 0:
+                    keep = _held(buf, (_CLOSE,))
+                    reasoning.append(buf[:len(buf) - keep])
+                    self.tail = buf[len(buf) - keep:]
+                    break
+                reasoning.append(buf[:at])
+                self.state, self.strip, buf = "content", True, buf[at + len(_CLOSE):]
+                continue
+            if self.strip:
+                buf = buf.lstrip()
+                if not buf:
+                    break
+                self.strip = False
+            content.append(buf)
+            break
+        return "".join(reasoning), "".join(content)
+
+    def finish(self) -> tuple[str, str]:
+        tail, self.tail = self.tail, ""
+        if self.state == "reasoning":
+            return tail, ""
+        return "", "" if self.strip else tail
+
+
+class HarmonyParser(ReasoningParser):
+    """OpenAI's Harmony messages: `[<|start|>role]<|channel|>NAME[ to=RECIPIENT][<|constrain|>TYPE]
+    <|message|>BODY` ended by <|end|> (or the stop tokens <|return|> / <|call|>, never shown). A reply
+    that is not Harmony (a JSON-constrained one, a prompt without `<|start|>`) is content as it comes."""
+
+    def __init__(self, prompt: str):
+        self.state, self.header, self.channel, self.call = "header", "", "", None
+        self.tail, self.plain, self.primed = "", False, 0
+        at = prompt.rfind(_START)
+        if at < 0:
+            self.plain = True
+        else:                                      # the generation prompt's `<|start|>assistant`
+            self.feed(prompt[at:])
+            self.primed = len(self.header)         # header text that came from the prompt, not the reply
+
+    def feed(self, text: str) -> tuple[str, str]:
+        out: dict[str, list[str]] = {"reasoning": [], "content": []}
+        buf, self.tail = self.tail + text, ""
+        while buf and not self.plain:
+            if self.state == "header":
+                self.header += buf
+                at = self.header.find(_MESSAGE)
+                if at < 0:
+                    buf = ""
+                    if not _harmony_header(self.header):
+                        self.plain, buf = True, self.header[self.primed:]
+                    break
+                buf = self.header[at + len(_MESSAGE):]
+                self._open(self.header[:at])
+                continue
+            ends = [(at, tag) for tag in (*_ENDS, _START) if (at := buf.find(tag)) >= 0]
+            if not ends:
+                keep = _held(buf, (*_ENDS, _START))
+                self._body(buf[:len(buf) - keep], out)
+                self.tail = buf[len(buf) - keep:]
+                break
+            at, tag = min(ends)
+            self._body(buf[:at], out)
+            self._close(out)
+            buf = buf[at:] if tag == _START else buf[at + len(tag):]
+        if self.plain:
+            out["content"].append(buf)
+        return "".join(out["reasoning"]), "".join(out["content"])
+
+    def finish(self) -> tuple[str, str]:
+        """A body cut off is kept; a header cut off is structure, not text of the reply."""
+        out: dict[str, list[str]] = {"reasoning": [], "content": []}
+        tail, self.tail = self.tail, ""
+        if self.plain:
+            return "", tail
+        if self.state == "body":
+            self._body(tail, out)
+            self._close(out)
+        return "".join(out["reasoning"]), "".join(out["content"])
+
+    def _open(self, header: str) -> None:
+        """A message's header is read: route its body by channel and recipient."""
+        channel = re.search(re.escape(_CHANNEL) + r"\s*([^\s<]+)", header)
+        recipient = re.search(r"to=([^\s<]+)", header)
+        self.channel = channel.group(1) if channel else "final"
+        name = recipient.group(1) if recipient else None
+        self.call = [name.removeprefix("functions."), ""] if name else None
+        self.state, self.header, self.primed = "body", "", 0
+
+    def _body(self, text: str, out: dict) -> None:
+        if not text:
+            return
+        if self.call is not None:
+            self.call[1] += text
+        else:
+            out["reasoning" if self.channel == "analysis" else "content"].append(text)
+
+    def _close(self, out: dict) -> None:
+        """A message ends: a tool call's body goes out whole, in the form tools.ToolReply reads."""
+        if self.state == "body" and self.call is not None:
+            name, arguments = self.call
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                pass                               # ToolReply then reads no call in it: left as text
+            out["content"].append("<tool_call>" + json.dumps({"name": name, "arguments": arguments})
+                                  + "</tool_call>")
+        self.state, self.header, self.call = "header", "", None
+
+
+def _harmony_header(text: str) -> bool:
+    """Whether text (since a message boundary) can still be, or is, a Harmony message header."""
+    if len(text) > _MAX_HEADER:
+        return False
+    role = re.match(re.escape(_START) + r"\w+(?: to=[^\s<]*)?", text)
+    rest = text[role.end():] if role else text
+    heads = (_CHANNEL, _CONSTRAIN, _MESSAGE, " to=") if role else (_START, _CHANNEL, _CONSTRAIN, _MESSAGE)
+    return not rest or any(rest.startswith(h) or h.startswith(rest) for h in heads)
