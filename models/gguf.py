@@ -40,7 +40,7 @@ GGUF_ARCHITECTURES = {name: (a.model_type, list(a.architectures), a.permuted) fo
 GGUF_MODEL_TYPES = {name: (a.model_type, *a.also) for name, a in GGUF_ARCHS.items()}     # every HF type it gives
 SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 # Tensors llama.cpp derives from the HF config (RoPE scaling); gguf_arch reads them back into it.
 CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # The llama table (tests write llama-layout files from it).
@@ -215,7 +215,8 @@ class GGUFWeights:
         self._spec = spec
         self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart
         by_name = {t.name: t for t in reader.tensors}
-        halves = {key for pair in (*spec.joined.values(), *spec.by_head.values()) for key in pair}
+        halves = {key for pair in (*spec.joined.values(), *spec.by_head.values(), *spec.interleaved.values())
+                  for key in pair}
         for t in reader.tensors:
             m = _LAYER_RE.fullmatch(t.name)
             if m and spec.blocks is not None and int(m.group(1)) >= spec.blocks:   # multi-token prediction's
@@ -249,6 +250,15 @@ class GGUFWeights:
                         "both, or load the Hugging Face checkpoint")
                 _readable(t)
                 self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _Joined(t, other)
+        for hf_part, (first, second) in spec.interleaved.items():
+            for m, t, other in _layer_pairs(by_name, first, second):
+                if other is None:
+                    raise ModelLoadError(f"GGUF tensor {t.name} needs blk.{m.group(1)}.{second} to rebuild {hf_part} "
+                                         "(the converter writes both); re-convert the model")
+                _readable(t)
+                _readable(other)
+                suffix = "" if m.group(3) == "weight" else "_bias"
+                self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}{suffix}"] = _Interleaved(t, other)
         for hf_part, (first, second) in spec.by_head.items():
             for m, t, other in _layer_pairs(by_name, first, second):
                 if other is None:
@@ -270,8 +280,10 @@ class GGUFWeights:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """HF shape of a tensor (GGUF lists dims fastest first: reversed, except for Conv1D weights)."""
-        dims = tuple(int(d) for d in self._tensor(name).shape)
-        return dims if self._transposed(name) else dims[::-1]
+        dims = [int(d) for d in reversed(self._tensor(name).shape)]
+        if self._transposed(name):
+            dims[-2:] = dims[-1], dims[-2]
+        return tuple(dims)
 
     def get(self, name: str) -> np.ndarray:
         t = self._tensor(name)
@@ -283,7 +295,7 @@ class GGUFWeights:
         data = self._hf_rows(name, data.reshape(stored))
         if self._spec.norm_shift and t.name.endswith("norm.weight"):
             data = data - np.asarray(self._spec.norm_shift, data.dtype)
-        return np.ascontiguousarray(data.T) if self._transposed(name) else data
+        return np.ascontiguousarray(np.swapaxes(data, -1, -2)) if self._transposed(name) else data
 
     def get_raw(self, name: str) -> tuple[str, np.ndarray, tuple[int, ...]]:
         """(type name, stored bytes as uint8 [rows, bytes_per_row] in HF row order, HF shape)."""
@@ -298,7 +310,7 @@ class GGUFWeights:
 
     def _transposed(self, name: str) -> bool:
         t = self._tensor(name)
-        return len(t.shape) == 2 and _gguf_key(t.name) in self._spec.transposed
+        return len(t.shape) >= 2 and t.name.endswith(".weight") and _gguf_key(t.name) in self._spec.transposed
 
     def _hf_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         key = _gguf_key(self._tensor(name).name)
@@ -405,6 +417,41 @@ class _ByHead:
         k_b, v_b = (np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
                     for t in (self.first, self.second))                # [heads, rank, nope], [heads, v, rank]
         return np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(self.shape[::-1])
+
+
+@dataclass(frozen=True)
+class _Interleaved:
+    """The two GGUF tensors the converter split one HF tensor's interleaved outputs into (gpt-oss's experts'
+    gate_up_proj [experts, in, 2 x out], gate the even outputs: ffn_gate_exps and ffn_up_exps, each [experts,
+    out, in] as llama.cpp keeps weights; their biases [experts, out]), read as that tensor. Dequantized to
+    float32 (interleaved and transposed rows are no blocks of the HF tensor)."""
+
+    first: object
+    second: object
+
+    @property
+    def name(self) -> str:
+        return self.first.name
+
+    @property
+    def tensor_type(self):
+        return QType.F32
+
+    @property
+    def shape(self):
+        dims = [int(d) for d in self.first.shape]              # fastest first: in, out, experts (bias: out, experts)
+        if len(dims) == 2:
+            return 2 * dims[0], dims[1]
+        return 2 * dims[1], dims[0], dims[2]                    # HF [experts, in, 2 out], fastest first
+
+    @property
+    def data(self) -> np.ndarray:
+        gate, up = (np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+                    .reshape([int(d) for d in reversed(t.shape)]) for t in (self.first, self.second))
+        if gate.ndim == 2:                                       # biases [experts, out]
+            return np.stack([gate, up], axis=-1).reshape(gate.shape[0], -1)
+        rows = np.stack([gate, up], axis=-2).reshape(gate.shape[0], -1, gate.shape[-1])   # [experts, 2 out, in]
+        return np.ascontiguousarray(rows.swapaxes(-1, -2))
 
 
 def _readable(t) -> None:

@@ -60,6 +60,12 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     minimax-m2 MiniMax-M2        as Mixtral's experts, q/k norms over all heads, the choice bias as exp_probs_b
     ernie4_5-moe ERNIE 4.5 MoE   as ernie4_5 with experts, shared experts and the choice bias (moe_statics)
     hunyuan-moe Hunyuan MoE      as hunyuan-dense with experts and the shared MLP as ffn_*_shexp
+    gpt-oss  OpenAI gpt-oss      the sinks as attn_sinks.weight, the biased router as ffn_gate_inp; the experts'
+                                 gate_up_proj ([experts, in, out], gate and up interleaved) split into
+                                 ffn_gate_exps / ffn_up_exps [experts, out, in] (read back interleaved and
+                                 transposed), down_proj transposed as ffn_down_exps, biases beside them; MXFP4 (or
+                                 any type); YaRN as rope.scaling.*, without the truncation gpt-oss's config turns
+                                 off (the file cannot say); the window on every other layer from the first
     deepseek2 DeepSeek-V2 / V3   latent attention as HF, kv_b_proj split by heads into attn_k_b (each head's rows
                                  transposed) and attn_v_b (read back joined; older files: attn_kv_b); RoPE on
                                  adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
@@ -153,6 +159,10 @@ ERNIE_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in QK_NORMS
                    "exp_probs_b.bias": "mlp.moe_statics.e_score_correction_bias"}
 HUNYUAN_MOE_LAYER = {**HUNYUAN_LAYER, "ffn_gate_inp": "mlp.gate.wg", "ffn_gate_shexp": "mlp.shared_mlp.gate_proj",
                      "ffn_up_shexp": "mlp.shared_mlp.up_proj", "ffn_down_shexp": "mlp.shared_mlp.down_proj"}
+GPT_OSS_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith("attn_")},
+                 "post_attention_norm": "post_attention_layernorm", "attn_sinks.weight": "self_attn.sinks",
+                 "ffn_gate_inp": "mlp.router", "ffn_down_exps.weight": "mlp.experts.down_proj",
+                 "ffn_down_exps.bias": "mlp.experts.down_proj_bias"}
 MINIMAX_M2_LAYER = {**OLMOE_LAYER, "ffn_gate_inp": "block_sparse_moe.gate",
                     "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
 # Multi-head latent attention (models/mla.py): queries by q_proj or through a latent (q_a / q_b), the kv latent with
@@ -185,7 +195,8 @@ class GGUFArch:
     layer_prefix: str = "model.layers"
     permuted: bool = False                          # llama.cpp permuted q/k rows for its RoPE
     norm_shift: float = 0.0                         # added to every *norm.weight by the converter
-    transposed: tuple[str, ...] = ()                # GGUF keys whose HF layout is [in, out] (Conv1D)
+    transposed: tuple[str, ...] = ()                # GGUF keys whose HF weight is [in, out] (Conv1D; gpt-oss's
+                                                    # experts, [experts, in, out])
     experts: dict[str, str] = field(default_factory=dict)   # 3-D expert tensors: GGUF key -> HF name with {j}
     also: tuple[str, ...] = ()                      # other HF model types its metadata can describe
     by_kind: tuple[str, ...] = ()                   # GGUF keys whose per-head [q, k, v] rows llama.cpp
@@ -198,6 +209,10 @@ class GGUFArch:
                                                     # keys the converter split it into (rows: first, then second)
     joins: Callable[[dict], dict[str, tuple[str, str]]] = lambda c: {}   # joined that differ by the HF config read
     blocks: int | None = None                       # blk.N read for N below it (for_config: the HF layers)
+    interleaved: dict[str, tuple[str, str]] = field(default_factory=dict)   # HF name under a layer -> the two GGUF
+                                                    # keys the converter split its interleaved outputs into, each
+                                                    # [experts, out, in]: read back as HF's [experts, in, 2 out]
+                                                    # (gpt-oss's gate_up_proj, the first's rows even) and <name>_bias
     by_head: dict[str, tuple[str, str]] = field(default_factory=dict)  # HF name under a layer -> the two GGUF keys
                                                     # the converter split each head's rows into, the first stored
                                                     # transposed ([heads, cols, rows]: DeepSeek's kv_b_proj)
@@ -650,6 +665,21 @@ def _minimax_m2(reader, arch, tensors, c):
              partial_rotary_factor=_rotary_share(reader, arch, c))
 
 
+def _gpt_oss(reader, arch, tensors, c):
+    """gpt-oss: experts of expert_feed_forward_length, the window (llama.cpp slides every other layer from
+    the first, as gpt-oss's config does), YaRN without truncating its correction range (gpt-oss's
+    `truncate: false`, which the file cannot say)."""
+    _head_dim(reader, arch, c)
+    scaling = rope_scaling(reader, arch)
+    rope = dict(scaling, truncate=False) if scaling and scaling["rope_type"] == "yarn" else scaling
+    c.update(num_local_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             intermediate_size=_key(reader, arch, "expert_feed_forward_length") or c["intermediate_size"],
+             sliding_window=_key(reader, arch, "attention.sliding_window"), attention_bias=True,
+             rope_parameters={"rope_type": "default", **(rope or {}), "rope_theta": c["rope_theta"]},
+             rope_scaling=None)
+
+
 def _ernie4_5_moe(reader, arch, tensors, c):
     """ERNIE 4.5 MoE as llama.cpp's graph runs it whatever the file says: softmax scores, the top k renormalised
     (its floor, 6e-5 against HF's moe_norm_min, is below any top-k softmax sum of fewer than 16k experts); sparse
@@ -768,6 +798,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                                   "shared_mlp.input_linear": ("ffn_gate", "ffn_up")}),
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
+    "gpt-oss": GGUFArch("gpt_oss", ("GptOssForCausalLM",), GPT_OSS_LAYER, config=_gpt_oss, transposed=("ffn_down_exps",),
+                        interleaved={"mlp.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),
 }
 
 

@@ -28,6 +28,12 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k (GPT-4o, gpt-oss, MiniMax-M2): cased words apart, contractions kept, numbers in threes.
+_O200K_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _PRE_SPLITS = {
     **dict.fromkeys(["default", "gpt-2", "gpt2", "mpt", "olmo", "jais"], [_GPT2_SPLIT]),
     # Single digits first (SmolLM's own tokenizer.json: Digits(individual_digits) + ByteLevel).
@@ -36,6 +42,7 @@ _PRE_SPLITS = {
     ),
     **dict.fromkeys(["llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx"], [_LLAMA3_SPLIT]),
     **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen"], [_QWEN2_SPLIT]),
+    **dict.fromkeys(["gpt-4o", "minimax-m2"], [_O200K_SPLIT]),
 }
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 _SPACE = "\u2581"  # SentencePiece's visible space

@@ -8,8 +8,6 @@ _MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its
 _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
 _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
-    "gpt-oss": ("OpenAI gpt-oss as GGUF", "MXFP4 GGUF tensors, which kiln's GGUF reader does not decode; compile the "
-                "Hugging Face checkpoint (config.json + safetensors) instead"),
     "mamba": ("Mamba", "state-space layers instead of attention"),
     "mamba2": ("Mamba-2", "state-space layers instead of attention"),
     "falcon_mamba": ("Falcon Mamba", "state-space layers instead of attention"),

@@ -22,6 +22,10 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     minicpm3 only MiniCPM3Model's few keys (no RoPE base, no scales); LongRoPE factors as phi3's
     granite 4.0 without Mamba layers as granite / granitemoe (a dense MLP as ffn_gate / _up / _down), a kv head
              count a layer; as granitehybrid (an older converter: `arch`) without RoPE
+    gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
+             ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
+             (`*_blocks` / `*_scales`) repacked as ggml's MXFP4 blocks (the scale byte, then 16 bytes whose low
+             nibbles are the block's first 16 values), as the converter's repack_mxfp4 does
 
 and the tokenizer as `gpt2` (byte-level BPE) metadata from the checkpoint's tokenizer.json.
 `types` picks the storage type per GGUF tensor key ("attn_v", "token_embd", ...) or full name;
@@ -58,7 +62,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
-             "granitemoehybrid": "granitehybrid"}
+             "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid")
 
@@ -77,6 +81,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     _tokenizer(w, hf_dir, cfg["vocab_size"])
     for name, value in tensors.items():
         type_name = (types or {}).get(name, (types or {}).get(name.split(".")[-2], default))
+        if isinstance(value, Mxfp4):
+            w.add_tensor(name, value.blocks, raw_dtype=QType.MXFP4)
+            continue
         if value.ndim == 1 or not name.endswith(".weight") or type_name == "F32":     # biases: F32 as the converter
             w.add_tensor(name, np.ascontiguousarray(value, np.float32))
         elif type_name == "F16":
@@ -88,6 +95,48 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+class Mxfp4:
+    """A tensor already in ggml's MXFP4 blocks (uint8 [..., rows, blocks x 17])."""
+
+    def __init__(self, blocks: np.ndarray):
+        self.blocks = blocks
+
+
+def _ggml_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> Mxfp4:
+    """OpenAI's MXFP4 (blocks [..., groups, 16], each byte values 2i (low nibble) and 2i + 1; scales [..., groups])
+    as ggml's: per group the scale byte, then 16 bytes holding values i (low nibble) and i + 16."""
+    values = np.empty((*blocks.shape[:-1], 32), np.uint8)
+    values[..., 0::2], values[..., 1::2] = blocks & 0x0F, blocks >> 4
+    packed = values[..., :16] | (values[..., 16:] << 4)
+    out = np.concatenate([scales[..., None], packed], axis=-1)
+    return Mxfp4(np.ascontiguousarray(out.reshape(*out.shape[:-2], -1)))
+
+
+def _gpt_oss_experts(hf: dict[str, np.ndarray]) -> dict[str, np.ndarray | Mxfp4]:
+    """gpt-oss's experts (popped from hf) as GptOssModel writes them: gate / up from the interleaved gate_up_proj
+    (its even / odd outputs), every weight [experts, out, in], MXFP4 blocks repacked, biases split alike."""
+    out: dict[str, np.ndarray | Mxfp4] = {}
+    layers = sorted({int(m[1]) for n in hf if (m := re.search(r"layers\.(\d+)\.mlp\.experts\.", n))})
+    for i in layers:
+        key, blk = f"model.layers.{i}.mlp.experts", f"blk.{i}"
+        gate, up, down = (f"{blk}.ffn_{k}_exps" for k in ("gate", "up", "down"))
+        if f"{key}.gate_up_proj_blocks" in hf:
+            blocks, scales = hf.pop(f"{key}.gate_up_proj_blocks"), hf.pop(f"{key}.gate_up_proj_scales")
+            out[f"{gate}.weight"] = _ggml_mxfp4(blocks[:, 0::2], scales[:, 0::2])
+            out[f"{up}.weight"] = _ggml_mxfp4(blocks[:, 1::2], scales[:, 1::2])
+        else:
+            rows = hf.pop(f"{key}.gate_up_proj").swapaxes(1, 2)           # [experts, 2 x out, in]
+            out[f"{gate}.weight"], out[f"{up}.weight"] = rows[:, 0::2], rows[:, 1::2]
+        bias = hf.pop(f"{key}.gate_up_proj_bias")
+        out[f"{gate}.bias"], out[f"{up}.bias"] = bias[:, 0::2], bias[:, 1::2]
+        if f"{key}.down_proj_blocks" in hf:
+            out[f"{down}.weight"] = _ggml_mxfp4(hf.pop(f"{key}.down_proj_blocks"), hf.pop(f"{key}.down_proj_scales"))
+        else:
+            out[f"{down}.weight"] = hf.pop(f"{key}.down_proj").swapaxes(1, 2)
+        out[f"{down}.bias"] = hf.pop(f"{key}.down_proj_bias")
+    return {k: v if isinstance(v, Mxfp4) else np.ascontiguousarray(v, np.float32) for k, v in out.items()}
 
 
 def _granite4_arch(cfg: dict) -> str | None:
@@ -217,7 +266,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_sliding_window(cfg["sliding_window"])
     if arch in ("command-r", "cohere2"):
         w.add_logit_scale(cfg["logit_scale"])
-    if arch == "cohere2":
+    if arch in ("cohere2", "gpt-oss"):
         w.add_sliding_window(cfg["sliding_window"])
     if arch == "glm4":
         w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
@@ -314,7 +363,8 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
         w.add_expert_gating_func(gguf.ExpertGatingFuncType[cfg["scoring_func"].upper()])
     # Hunyuan's released config.json lists moe_intermediate_size and num_shared_expert per layer; transformers'
     # has neither (its experts are intermediate_size wide, one shared MLP).
-    ffn = cfg["intermediate_size"] if arch in ("minimax-m2", "hunyuan-moe") else cfg.get("moe_intermediate_size")
+    ffn = cfg["intermediate_size"] if arch in ("minimax-m2", "hunyuan-moe", "gpt-oss") else cfg.get(
+        "moe_intermediate_size")
     if ffn:
         w.add_expert_feed_forward_length(ffn)
     shared = next((cfg[k] for k in ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts") if k in cfg),
@@ -364,6 +414,9 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         k_b, v_b = np.split(kv_b.astype(np.float32), [cfg["qk_nope_head_dim"]], axis=1)
         out[f"blk.{i}.attn_k_b.weight"] = np.ascontiguousarray(k_b.transpose(0, 2, 1))
         out[f"blk.{i}.attn_v_b.weight"] = np.ascontiguousarray(v_b)
+    if arch == "gpt-oss":
+        out.update(_gpt_oss_experts(hf))
+        hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename
     for hf_name, value in _stacked_experts(hf).items():
         value = value.astype(np.float32)
         if hf_name == "lm_head.weight" and (cfg.get("tie_word_embeddings", True) or arch == "gpt2"):

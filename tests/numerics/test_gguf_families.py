@@ -167,6 +167,9 @@ CASES = {
     "granite4-moe": _hf_case("granite4-moe-nope", position_embedding_type="rope"),
     "granitehybrid": _hf_case("granite4", num_experts_per_tok=0, intermediate_size=96, position_embedding_type=None),
     "granitehybrid-moe": _hf_case("granite4-moe-nope"),
+    # sinks, experts split from the interleaved gate_up_proj and transposed, with biases; YaRN untruncated; the
+    # SwiGLU's clamp at gpt-oss's 7, which llama.cpp's graph fixes (the file has no key for it)
+    "gpt-oss": _hf_case("gpt-oss", swiglu_limit=7.0),
 }
 # cases the converter writes as another HF family computes them, and what kiln reads them as
 READ_AS = {"deepseek2-glm4-moe-lite": "deepseek_v3", "granite4": "granite", "granite4-moe": "granitemoeshared"}

@@ -34,10 +34,12 @@ def test_mxfp4_decode_matches_transformers():
     np.testing.assert_array_equal(mxfp4_decode(blocks, scales), theirs.transpose(1, 2).numpy())
 
 
-def test_mxfp4_checkpoint_matches_transformers_on_its_values(tmp_path):
+def _mxfp4_checkpoint(tmp_path, **overrides):
+    """(transformers' float model, a checkpoint dir of it whose experts are random MXFP4 codes as OpenAI stores
+    them): the float model runs the codes' values."""
     import torch
     from safetensors.numpy import save_file
-    ref = write_family("gpt-oss", tmp_path / "float", intermediate_size=64)
+    ref = write_family("gpt-oss", tmp_path / "float", intermediate_size=64, **overrides)
     cfg = ref.config
     rng = np.random.default_rng(1)
     tensors = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
@@ -59,9 +61,31 @@ def test_mxfp4_checkpoint_matches_transformers_on_its_values(tmp_path):
     config = json.loads((dest / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     (dest / "config.json").write_text(json.dumps(config))
+    return ref, dest
+
+
+def test_mxfp4_checkpoint_matches_transformers_on_its_values(tmp_path):
+    ref, dest = _mxfp4_checkpoint(tmp_path)
     art = kiln.compile(str(dest), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
     report = kiln.check(art)            # the golden logits: transformers' own MXFP4 reading (dequantized)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+
+
+def test_mxfp4_gguf_matches_transformers_on_its_values(tmp_path):
+    """The same codes as llama.cpp's converter writes them (ggml's MXFP4 blocks, gate and up apart, read back by
+    gguf-py's own MXFP4 decoder): the GGUF's logits equal transformers' on the codes' values. The clamp is
+    gpt-oss's 7, the one llama.cpp's graph runs."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from gguf_writer import write_gguf
+    ref, dest = _mxfp4_checkpoint(tmp_path, swiglu_limit=7.0)
+    path = write_gguf(dest, tmp_path / "oss.gguf")
+    types = {t.name: t.tensor_type for t in GGUFReader(path).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == types["blk.1.ffn_down_exps.weight"] == GGMLQuantizationType.MXFP4
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    report = kiln.check(art)
     assert report.ok and report.reference.startswith("transformers"), report.table()
 
 

@@ -133,6 +133,17 @@ def test_tokenizer_splits_every_numeric_char(tokenizer_dir):
     assert ours.encode("x 12").ids[1:] == [space, ours.token_to_id("1"), ours.token_to_id("2")]
 
 
+@pytest.mark.parametrize("pre", ["gpt-4o", "minimax-m2"])
+def test_o200k_pre_tokenizer(tmp_path, tiny_hf, pre):
+    """tokenizer.ggml.pre "gpt-4o" (gpt-oss) and "minimax-m2": o200k's split, as llama.cpp transcribes it from
+    their tokenizer.json: cased words apart, a contraction kept with its word, numbers in threes, newline runs
+    whole (GPT-2's split would keep "HelloWorld" and "12345" whole and cut "'t" off)."""
+    from kiln.models.gguf_tokenizer import build_gguf_tokenizer
+    tok = build_gguf_tokenizer(gguf.GGUFReader(_write_tiny(tmp_path / "o200k.gguf", tiny_hf, pre=pre)))
+    pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("HelloWorld don't 12345\n\nx")]
+    assert pieces == ["Hello", "World", "\u0120don't", "\u0120", "123", "45", "\u010a\u010a", "x"]
+
+
 def test_tokenizer_config(tokenizer_dir, gguf_path, hf_tokenizer):
     config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
     assert config["chat_template"] == hf_tokenizer.chat_template and "<|im_start|>" in config["chat_template"]
@@ -213,7 +224,7 @@ def _tiny_vocab() -> tuple[list[str], list[int], list[str]]:
 
 
 def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", tokenizer_model: str = "gpt2",
-                extra: dict[str, np.ndarray] | None = None, meta: dict | None = None) -> Path:
+                extra: dict[str, np.ndarray] | None = None, meta: dict | None = None, pre: str = "default") -> Path:
     """A tiny llama GGUF from HF-named, HF-layout tensors, stored the way llama.cpp stores them (and
     `extra`: GGUF-named tensors as given; `meta`: more metadata, `<arch>.` put before each key)."""
     to_gguf = {v: k for k, v in kg._GLOBAL_NAMES.items()}
@@ -235,7 +246,7 @@ def _write_tiny(path: Path, hf: dict[str, np.ndarray], arch: str = "llama", toke
         add(f"{arch}.{key}", value)
     tokens, types, merges = _tiny_vocab()
     w.add_tokenizer_model(tokenizer_model)
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -384,9 +395,9 @@ def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
                                              "`kiln models` lists"):
         kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="codeshell"))
     # a family known to need what kiln lacks: refused with the reason
-    with pytest.raises(ModelLoadError, match=r"GGUF architecture OpenAI gpt-oss as GGUF \(gpt-oss\) is not supported "
-                                             "yet: its MXFP4 GGUF tensors"):
-        kg.load_gguf(_write_tiny(tmp_path / "oss.gguf", tiny_hf, arch="gpt-oss"))
+    with pytest.raises(ModelLoadError, match=r"GGUF architecture Qwen3-Next \(qwen3next\) is not supported "
+                                             "yet: its linear-attention layers"):
+        kg.load_gguf(_write_tiny(tmp_path / "next.gguf", tiny_hf, arch="qwen3next"))
     refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
     with pytest.raises(ModelLoadError, match=refusal):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="rwkv"))
