@@ -129,8 +129,21 @@ def chat_messages(messages: list[ChatMessageParam]) -> list[dict[str, Any]]:
                        for p in content):
                 raise APIError(400, f"messages[{i}].content: only text parts are supported", "messages")
             m = {**m, "content": "".join(p["text"] for p in content)}
+        if m["role"] == "assistant":
+            m = with_reasoning(m)
         out.append(m)
     return out
+
+
+# The names chat templates read a past assistant turn's reasoning under: Qwen3's and DeepSeek's
+# reasoning_content, gpt-oss's thinking, and vLLM's reasoning; a client sends back any one of them.
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def with_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message with its reasoning under every name a template may read it by."""
+    reasoning = next((message[k] for k in _REASONING_KEYS if isinstance(message.get(k), str) and message[k]), None)
+    return message if reasoning is None else {**message, **dict.fromkeys(_REASONING_KEYS, reasoning)}
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:

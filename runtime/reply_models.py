@@ -163,6 +163,19 @@ class OutputMessage(BaseModel):
     content: list[OutputText]
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class OutputReasoning(BaseModel):
+    type: Literal["reasoning"]
+    id: str
+    summary: list[Any]
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[ReasoningText]
+
+
 class IncompleteDetails(BaseModel):
     reason: Literal["max_output_tokens"]
 
@@ -186,7 +199,7 @@ class Response(BaseModel):
     instructions: str | None
     max_output_tokens: int | None
     metadata: dict[str, str]
-    output: list[OutputMessage]
+    output: list[OutputReasoning | OutputMessage]
     parallel_tool_calls: bool
     tool_choice: Literal["none"]
     tools: list[Any]
@@ -194,6 +207,7 @@ class Response(BaseModel):
     temperature: float | None
     top_p: float | None
     text: dict[str, Any]
+    reasoning: dict[str, Any] | None = None
     usage: ResponseUsage | None
 
 

@@ -5,8 +5,12 @@
 
 `input` is text or message items (role + text or input_text/output_text parts); `instructions`
 becomes a system message. Streaming sends the SDK's event sequence (response.created ...
-response.output_text.delta ... response.completed). Tools, previous_response_id, stored responses,
-reasoning and non-text input are refused with a 400 naming the field.
+response.output_text.delta ... response.completed). A reasoning model's thinking (the server's reasoning
+parser, runtime/reasoning.py) is a `reasoning` output item before the message, its text as
+`reasoning_text` content (response.reasoning_text.delta events), and `reasoning.effort` is the chat
+template's reasoning_effort; reasoning items sent back as input go to the next assistant message's
+reasoning. Tools, previous_response_id, stored responses, reasoning summaries and non-text input are
+refused with a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -21,12 +25,20 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import reasoning as reasoning_parsers
 from . import reply_models, tools
-from .openai_api import APIError
+from .openai_api import APIError, with_reasoning
 from .protocol import GrowingText, SamplingParams
 
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class Reasoning(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None   # the template's reasoning_effort
+    summary: None = None                         # kiln returns the reasoning itself, never a summary
 
 
 class ResponsesRequest(BaseModel):
@@ -42,16 +54,27 @@ class ResponsesRequest(BaseModel):
     user: str | None = None                      # a tag: accepted; it changes no output
     metadata: dict[str, str] | None = None       # tags, returned on the response
     store: Literal[False] | None = None          # kiln keeps no responses: store=true is refused
+    reasoning: Reasoning | None = None
+
+
 
 
 def messages_of(req: ResponsesRequest) -> list[dict[str, str]]:
-    """Chat messages from instructions + input (text, or message items with text parts)."""
+    """Chat messages from instructions + input (text, or message items with text parts; a reasoning item's
+    text becomes the next assistant message's reasoning, or one of its own)."""
     out = [{"role": "system", "content": req.instructions}] if req.instructions else []
     if isinstance(req.input, str):
         return out + [{"role": "user", "content": req.input}]
     if not req.input:
         raise APIError(400, "input is an empty list; pass text or message items", "input")
+    thought: list[str] = []
     for i, item in enumerate(req.input):
+        if item.get("type") == "reasoning":
+            thought.append(_reasoning_text(i, item))
+            continue
+        if thought and item.get("role") != "assistant":
+            out.append({"role": "assistant", "content": "", "reasoning": "".join(thought)})
+            thought = []
         if item.get("type", "message") != "message" or item.get("role") not in _ROLES:
             raise APIError(400, f"input[{i}]: only message items with role {', '.join(_ROLES)} are supported "
                                 f"(got type {item.get('type', 'message')!r}, role {item.get('role')!r})", "input")
@@ -64,27 +87,70 @@ def messages_of(req: ResponsesRequest) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise APIError(400, f"input[{i}].content must be text or a list of text parts", "input")
         out.append({"role": item["role"], "content": content})
-    return out
+        if thought and item["role"] == "assistant":
+            out[-1]["reasoning"], thought = "".join(thought), []
+    if thought:
+        out.append({"role": "assistant", "content": "", "reasoning": "".join(thought)})
+    return [with_reasoning(m) for m in out]
+
+
+def _reasoning_text(i: int, item: dict) -> str:
+    """A reasoning input item's text (its reasoning_text content, else its summary's text)."""
+    parts = item.get("content") or item.get("summary") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise APIError(400, f"input[{i}]: a reasoning item's content must be a list of reasoning_text parts "
+                            "(encrypted reasoning is not read)", "input")
+    return "".join(p["text"] for p in parts)
 
 
 class _Response:
-    """The Response object as it grows: one assistant message with one output_text part."""
+    """The Response object as it grows: a reasoning item where the model reasons (its reasoning_text), then one
+    assistant message with one output_text part; items numbered in the order they first have text."""
 
-    def __init__(self, req: ResponsesRequest, model: str, input_tokens: int):
+    def __init__(self, req: ResponsesRequest, model: str, input_tokens: int,
+                 parser: reasoning_parsers.ReasoningParser | None = None):
         self.id, self.item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.req, self.model, self.created = req, model, int(time.time())
         self.input_tokens, self.output_tokens, self.status = input_tokens, 0, "in_progress"
-        self.shown = GrowingText()
+        self.reasoning_tokens = 0              # tokens whose text went to the reasoning alone
+        self.shown, self.thought = GrowingText(), GrowingText()
+        self.parser = parser
+        self.order: list[str] = []             # "reasoning" / "message", as they first had text
         self.incomplete: str | None = None
 
     @property
     def text(self) -> str:
         return str(self.shown)
 
-    def item(self, status: str) -> dict:
+    def split(self, text: str, last: bool) -> tuple[str, str]:
+        """(reasoning, content) of a delta's text, by the parser where there is one."""
+        if self.parser is None:
+            return "", text
+        thought, content = self.parser.feed(text)
+        if last:
+            more, rest = self.parser.finish()
+            thought, content = thought + more, content + rest
+        return thought, content
+
+    def index(self, kind: str) -> int:
+        if kind not in self.order:
+            self.order.append(kind)
+        return self.order.index(kind)
+
+    def item(self, kind: str, status: str) -> dict:
+        done = status != "in_progress"
+        if kind == "reasoning":
+            content = [{"type": "reasoning_text", "text": str(self.thought)}]
+            return {"type": "reasoning", "id": self.reasoning_id, "summary": [], "status": status,
+                    "content": content if done else []}
         content = [{"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}]
         return {"type": "message", "id": self.item_id, "role": "assistant", "status": status,
-                "content": content if status == "completed" else []}
+                "content": content if done else []}
+
+    def items(self) -> list[str]:
+        """Every item of the finished response: the message always (its text may be empty)."""
+        return self.order + ([] if "message" in self.order else ["message"])
 
     def body(self) -> dict:
         done = self.status != "in_progress"
@@ -92,11 +158,14 @@ class _Response:
                 "status": self.status, "error": None,
                 "incomplete_details": {"reason": self.incomplete} if self.incomplete else None,
                 "instructions": self.req.instructions, "max_output_tokens": self.req.max_output_tokens,
-                "metadata": self.req.metadata or {}, "output": [self.item("completed")] if done else [],
+                "metadata": self.req.metadata or {},
+                "output": [self.item(kind, "completed") for kind in self.items()] if done else [],
                 "parallel_tool_calls": False, "tool_choice": "none", "tools": [], "store": False,
                 "temperature": self.req.temperature, "top_p": self.req.top_p, "text": {"format": {"type": "text"}},
+                "reasoning": {"effort": self.req.reasoning.effort if self.req.reasoning else None, "summary": None},
                 "usage": {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
-                          "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                          "output_tokens": self.output_tokens,
+                          "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                           "total_tokens": self.input_tokens + self.output_tokens} if done else None}
 
     def finish(self, reason: str | None) -> None:
@@ -111,12 +180,20 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
               responses=reply_models.with_stream("A response, or its events as a stream"))
     async def responses(body: ResponsesRequest):
         state.check_model(body.model)
-        ids = await asyncio.to_thread(tools.render, state.engine.engine, messages_of(body), None)
+        effort = body.reasoning.effort if body.reasoning else None
+        try:
+            text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, messages_of(body), None,
+                                                {"reasoning_effort": effort} if effort else None)
+        except APIError as e:
+            if e.param == "reasoning_effort":         # the chat field's name; here it is reasoning.effort
+                e.param = "reasoning"
+            raise
         room = state.context_window - len(ids)
         params = SamplingParams(max_tokens=body.max_output_tokens or max(1, room),
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p)
-        resp = _Response(body, state.model_name, len(ids))
+        parser = reasoning_parsers.start(state.reasoning, text) if state.reasoning else None
+        resp = _Response(body, state.model_name, len(ids), parser)
         deltas = state.engine.generate(ids, params)
         first = await anext(deltas)           # bad input raises here, before anything is sent
         if not body.stream:
@@ -133,15 +210,24 @@ async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
         yield delta
 
 
-def _add(resp: _Response, delta) -> None:
+def _add(resp: _Response, delta) -> tuple[str, str]:
+    """Record a delta; its (reasoning, content) text."""
     if delta.finish_reason in ("error", "shutdown"):
         raise APIError(503 if delta.finish_reason == "shutdown" else 500, "generation was cut off: "
                        + ("the server is shutting down" if delta.finish_reason == "shutdown" else "see the server log"),
                        type="server_error")
-    resp.shown.add(delta.text)
+    thought, text = resp.split(delta.text, delta.finish_reason is not None)
+    for kind, piece in (("reasoning", thought), ("message", text)):
+        if piece:
+            resp.index(kind)                  # numbered as it first has text
+    resp.thought.add(thought)
+    resp.shown.add(text)
     resp.output_tokens += len(delta.token_ids)
+    if resp.parser is not None and not text and (thought or delta.text):
+        resp.reasoning_tokens += len(delta.token_ids)
     if delta.finish_reason is not None:
         resp.finish(delta.finish_reason)
+    return thought, text
 
 
 async def _events(resp: _Response, first, deltas: AsyncIterator) -> AsyncIterator[str]:
@@ -149,23 +235,52 @@ async def _events(resp: _Response, first, deltas: AsyncIterator) -> AsyncIterato
 
     def event(kind: str, **data: Any) -> str:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(seq), **data})}\n\n"
-    where = {"item_id": resp.item_id, "output_index": 0, "content_index": 0}
+
+    def where(kind: str) -> dict:
+        return {"item_id": resp.item_id if kind == "message" else resp.reasoning_id,
+                "output_index": resp.index(kind), "content_index": 0}
+
+    announced: set[str] = set()
+
+    def opened(kind: str) -> list[str]:
+        """The events that start an item (its first text is on its way)."""
+        if kind in announced:
+            return []
+        announced.add(kind)
+        out = [event("response.output_item.added", output_index=resp.index(kind), item=resp.item(kind, "in_progress"))]
+        if kind == "message":
+            out.append(event("response.content_part.added", **where(kind),
+                             part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+        return out
+
     yield event("response.created", response=resp.body())
     yield event("response.in_progress", response=resp.body())
-    yield event("response.output_item.added", output_index=0, item=resp.item("in_progress"))
-    yield event("response.content_part.added", **where,
-                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+    if resp.parser is None:                   # no reasoning: the message starts at once, as before
+        for e in opened("message"):
+            yield e
     try:
         async for delta in _chain(first, deltas):
-            _add(resp, delta)
-            if delta.text:
-                yield event("response.output_text.delta", **where, delta=delta.text, logprobs=[])
+            thought, text = _add(resp, delta)
+            if thought:
+                for e in opened("reasoning"):
+                    yield e
+                yield event("response.reasoning_text.delta", **where("reasoning"), delta=thought)
+            if text:
+                for e in opened("message"):
+                    yield e
+                yield event("response.output_text.delta", **where("message"), delta=text, logprobs=[])
     except APIError as e:
         resp.status = "failed"
         yield event("error", code="server_error", message=e.message, param=None)
         return
-    yield event("response.output_text.done", **where, text=resp.text, logprobs=[])
-    yield event("response.content_part.done", **where,
-                part={"type": "output_text", "text": resp.text, "annotations": [], "logprobs": []})
-    yield event("response.output_item.done", output_index=0, item=resp.item("completed"))
+    for e in opened("message"):
+        yield e
+    for kind in resp.items():
+        if kind == "reasoning":
+            yield event("response.reasoning_text.done", **where(kind), text=str(resp.thought))
+        else:
+            yield event("response.output_text.done", **where(kind), text=resp.text, logprobs=[])
+            yield event("response.content_part.done", **where(kind),
+                        part={"type": "output_text", "text": resp.text, "annotations": [], "logprobs": []})
+        yield event("response.output_item.done", output_index=resp.index(kind), item=resp.item(kind, "completed"))
     yield event("response.completed" if resp.status == "completed" else "response.incomplete", response=resp.body())

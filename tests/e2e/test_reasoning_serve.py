@@ -61,3 +61,36 @@ def test_parser_none_leaves_the_text_whole(tiny_artifacts, served):
         reply = s.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0)
     message = reply.choices[0].message
     assert message.content == expected and getattr(message, "reasoning", None) is None
+
+
+def test_responses_give_reasoning_items(served):
+    """/v1/responses: the reasoning as a `reasoning` item (reasoning_text) before an (empty) message, in the reply
+    and as the SDK's stream events; reasoning items sent back as input reach the template as the assistant
+    turn's reasoning; reasoning.summary and an effort the template never reads are refused."""
+    import openai
+    client, expected = served.client(), _completed(served)
+    resp = client.responses.create(model="tiny", input=HELLO, max_output_tokens=12, temperature=0)
+    assert [item.type for item in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == expected and resp.output_text == ""
+    assert resp.usage.output_tokens_details.reasoning_tokens == resp.usage.output_tokens == 12
+    events = list(client.responses.create(model="tiny", input=HELLO, max_output_tokens=12, temperature=0,
+                                          stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == expected
+    assert [e.item.type for e in events if e.type == "response.output_item.done"] == ["reasoning", "message"]
+    assert events[-1].response.output[0].content[0].text == expected
+    back = [*HELLO, {"type": "reasoning", "id": "rs_1", "summary": [],
+                     "content": [{"type": "reasoning_text", "text": "I think"}]},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Again."}]
+    tok = served.engine.engine.tokenizer
+    seen = []
+    real = tok.apply_chat_template
+    tok.apply_chat_template = lambda messages, **kw: seen.append(messages) or real(messages, **kw)
+    try:
+        client.responses.create(model="tiny", input=back, max_output_tokens=1)
+    finally:
+        del tok.apply_chat_template
+    assert seen[-1][1]["reasoning"] == seen[-1][1]["reasoning_content"] == "I think"
+    with pytest.raises(openai.BadRequestError, match="reasoning"):
+        client.responses.create(model="tiny", input=HELLO, reasoning={"summary": "auto"})
+    with pytest.raises(openai.BadRequestError, match="reads no variable 'reasoning_effort'"):
+        client.responses.create(model="tiny", input=HELLO, reasoning={"effort": "low"})

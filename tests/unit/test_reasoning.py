@@ -138,3 +138,15 @@ def test_harmony_function_call_becomes_tool_calls(step):
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning"] == "Need weather."
     assert choice["message"]["content"] is None
     assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_past_reasoning_reaches_the_template_under_every_name():
+    """A client sends an assistant turn's reasoning back as `reasoning` (vLLM), `reasoning_content` (DeepSeek,
+    Qwen3's template) or `thinking` (gpt-oss's template): the template finds it under the name it reads."""
+    for key in ("reasoning", "reasoning_content", "thinking"):
+        turn = api.ChatMessageParam(role="assistant", content="4", **{key: "2 + 2 is 4"})
+        (message,) = api.chat_messages([turn])
+        assert {k: message[k] for k in ("reasoning", "reasoning_content", "thinking")} == dict.fromkeys(
+            ("reasoning", "reasoning_content", "thinking"), "2 + 2 is 4")
+    (user,) = api.chat_messages([api.ChatMessageParam(role="user", content="hi", thinking="x")])
+    assert "reasoning" not in user
