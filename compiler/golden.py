@@ -56,7 +56,8 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
     transformers.logging.set_verbosity_error()
     try:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
-            read = _hf_model if source.format == "hf" and not source.stored_quant else _model_from_tensors
+            own = source.format == "hf" and source.stored_quant in (None, "MXFP4")     # transformers reads MXFP4
+            read = _hf_model if own else _model_from_tensors
             model = read(source, torch, transformers).eval()
     except Exception as e:      # an architecture this transformers lacks, a config it rejects
         return None, f"transformers cannot load it ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
@@ -67,6 +68,8 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
         with torch.no_grad():
             return model(torch.tensor([ids])).logits[0].float().numpy()
     via = f" ({source.stored_quant} tensors as kiln reads them)" if source.stored_quant else ""
+    if source.format == "hf" and source.stored_quant == "MXFP4":
+        via = " (its MXFP4 experts dequantized by transformers)"
     return forward, f"transformers {transformers.__version__} float32{via}"
 
 

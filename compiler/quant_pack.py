@@ -45,8 +45,9 @@ def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes
 
     q4: the scale with the least squared error among candidates (see _q4_levels), computed by the
     host profile's compiled quantizer where it has one (the same bits; `reference`: by numpy here);
-    q8: scale = max|w| / 127; q4m / q8m: [min, max] in 15 / 255 steps; f16 / bf16: each value rounded to
-    the nearest (a value stored in that type is kept as it is).
+    q8: scale = max|w| / 127 (a power of two where that holds the group exactly: _q8_scale); q4m / q8m:
+    [min, max] in 15 / 255 steps; f16 / bf16: each value rounded to the nearest (a value stored in that
+    type is kept as it is).
     """
     if fmt.kind in FLOAT_KINDS:
         return {"qweight": _half(fmt.kind, w)}
@@ -70,9 +71,21 @@ def quantize(fmt: QuantFormat, w: np.ndarray, reference: bool = False) -> Planes
         levels, scale = _q4_levels(groups)
         q = (levels + 8).astype(np.uint8)
         return {"qweight": pack_nibbles(q.reshape(n, k)), "scale": _stored(scale, fmt.scale_dtype)[..., 0]}
-    scale = _stored(np.abs(groups).max(-1, keepdims=True) / 127, fmt.scale_dtype)
+    scale = _q8_scale(groups, fmt.scale_dtype)
     q = np.clip(np.rint(groups * _inverse(scale)), -127, 127).astype(np.int8)
     return {"qweight": q.reshape(n, k), "scale": scale[..., 0]}
+
+
+def _q8_scale(groups: np.ndarray, dtype: str) -> np.ndarray:
+    """q8's scale per group: max|w| / 127, except for a group whose values are all whole multiples of the
+    power of two that puts its largest in [64, 128) (MXFP4's: e2m1 codes times a power of two, which
+    float q8 would round): that power of two, which holds them exactly."""
+    amax = np.abs(groups).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        pow2 = _stored(np.exp2(np.floor(np.log2(amax, where=amax > 0, out=np.zeros_like(amax))) - 6), dtype)
+    step = pow2.astype(np.float32)
+    exact = (amax > 0) & np.all(groups == np.rint(groups / np.where(step == 0, 1, step)) * step, -1, keepdims=True)
+    return np.where(exact, pow2, _stored(amax / 127, dtype))
 
 
 @functools.cache

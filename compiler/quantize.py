@@ -16,12 +16,13 @@ in floating point. Schemes:
                    without 8-bit storage, noted), F32 tensors kept as float, F16 / BF16 ones in
                    their 16 bits (quant_modules f16 / bf16, widened to float32 in the matmul); a
                    GPTQ, AWQ or compressed-tensors checkpoint's 4-bit codes kept exactly
-                   (quant_prequant), GPTQ's desc_act re-quantized. Q4_0, Q4_1, Q8_0, Q5_0 and Q5_1
-                   keep their float16 block scales in float16 where the target reads them
+                   (quant_prequant), GPTQ's desc_act re-quantized; MXFP4 (gpt-oss's experts, HF or
+                   GGUF) as q8 with each block's power-of-two scale, which holds it exactly. Q4_0,
+                   Q4_1, Q8_0, Q5_0 and Q5_1 keep their float16 block scales in float16 where the target reads them
                    (TargetProfile.half_scales; labelled "-f16scales"), else float32
     as-stored-f16  the same weights, float16 activations: the planes keep float32
                    scales, so each weight dequantizes exactly, in float32, inside its matmul
-    auto           as-stored for GGUF, GPTQ, AWQ and compressed-tensors, the target's best 4-bit scheme
+    auto           as-stored for GGUF, GPTQ, AWQ, compressed-tensors and MXFP4, the target's best 4-bit scheme
                    for float weights
 
 Linear weights (qkv, o, gate_up, down, an untied lm_head) and the embedding table are
@@ -249,6 +250,10 @@ class QuantPlan:
             kept = ", ".join(f"{n} {how}" for how, n in sorted(self._kept.items()))
             self.notes.append(f"{origin} weights kept bit-exact (as-stored): {kept}")
         for (t, kind), names in sorted(self._requantized.items()):
+            if kind == "q8" and (t == "MXFP4" or origin == "MXFP4"):   # quant_pack._q8_scale: a block's power of two
+                self.notes.append("MXFP4 tensors as q8 with each block's power-of-two scale (exact): "
+                                  f"{_compact(names)}")
+                continue
             self.notes.append(f"{'GGUF ' if origin == 'GGUF' else ''}{t} tensors re-quantized to {kind} (lossy): "
                               f"{_compact(names)}")
 

@@ -252,9 +252,12 @@ class GGUFWeights:
                 self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _Joined(t, other)
         for hf_part, (first, second) in spec.interleaved.items():
             for m, t, other in _layer_pairs(by_name, first, second):
-                if other is None:
-                    raise ModelLoadError(f"GGUF tensor {t.name} needs blk.{m.group(1)}.{second} to rebuild {hf_part} "
-                                         "(the converter writes both); re-convert the model")
+                if other is None or other.tensor_type != t.tensor_type:
+                    found = "none" if other is None else other.tensor_type.name
+                    raise ModelLoadError(
+                        f"GGUF tensor {t.name} ({t.tensor_type.name}) needs blk.{m.group(1)}.{second} of the same "
+                        f"type to rebuild {hf_part} (found: {found}); re-quantize the model with one type for both, "
+                        "or load the Hugging Face checkpoint")
                 _readable(t)
                 _readable(other)
                 suffix = "" if m.group(3) == "weight" else "_bias"
@@ -275,8 +278,9 @@ class GGUFWeights:
         return list(self._tensors)
 
     def tensor_type(self, name: str) -> str:
-        """Storage type of a tensor, e.g. "Q4_1", "Q8_0", "F32"."""
-        return self._tensor(name).tensor_type.name
+        """Storage type of a tensor, e.g. "Q4_1", "Q8_0", "F32" (one read back from two: its parts')."""
+        t = self._tensor(name)
+        return getattr(t, "stored_type", t.tensor_type).name
 
     def shape(self, name: str) -> tuple[int, ...]:
         """HF shape of a tensor (GGUF lists dims fastest first: reversed, except for Conv1D weights)."""
@@ -436,6 +440,10 @@ class _Interleaved:
     @property
     def tensor_type(self):
         return QType.F32
+
+    @property
+    def stored_type(self):
+        return self.first.tensor_type
 
     @property
     def shape(self):

@@ -798,8 +798,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                                   "shared_mlp.input_linear": ("ffn_gate", "ffn_up")}),
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
-    "gpt-oss": GGUFArch("gpt_oss", ("GptOssForCausalLM",), GPT_OSS_LAYER, config=_gpt_oss, transposed=("ffn_down_exps",),
-                        interleaved={"mlp.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),
+    "gpt-oss": GGUFArch("gpt_oss", ("GptOssForCausalLM",), GPT_OSS_LAYER, config=_gpt_oss,
+                        transposed=("ffn_down_exps",), interleaved={"mlp.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),
 }
 
 

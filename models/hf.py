@@ -175,10 +175,11 @@ def load_hf_dir(d: Path) -> ModelSource:
         weights = FP8Weights(weights, fp8, d)
         notes = [f"{fp8.describe()}: {weights.scaled()} weights", *notes]
     elif mxfp4:
-        notes = ["MXFP4 experts decoded exactly to float, then stored as --quant says", *notes]
+        notes = ["MXFP4 experts decoded exactly to float, then stored as --quant says (as-stored, auto's choice: "
+                 "8-bit with each block's power-of-two scale, which holds them exactly)", *notes]
     return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights, write_tokenizer=write_tokenizer,
                        content_hash=content_hash([cfg_path, *files]), notes=notes,
-                       stored_quant=method.label if method else None)
+                       stored_quant=method.label if method else "MXFP4" if mxfp4 else None)
 
 
 def has_weights(d: Path) -> bool:

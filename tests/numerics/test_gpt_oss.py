@@ -12,6 +12,7 @@ import pytest
 
 import kiln
 from kiln.models.gpt_oss import mxfp4_decode
+from kiln.runtime import Artifact
 from test_families import IDS, TOL, write_family
 from tiny_models import assert_prefill_and_decode_match
 
@@ -70,6 +71,12 @@ def test_mxfp4_checkpoint_matches_transformers_on_its_values(tmp_path):
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
     report = kiln.check(art)            # the golden logits: transformers' own MXFP4 reading (dequantized)
     assert report.ok and report.reference.startswith("transformers"), report.table()
+    # --quant auto keeps the stored experts: as-stored, 8-bit with power-of-two scales (exact)
+    art = kiln.compile(str(dest), target="cpu", quant="auto", output=tmp_path / "stored")
+    quant = Artifact.load(art).config.quantization
+    assert quant["name"] == "as-stored" and quant["tensors"]["model.layers.1.mlp.experts_gate_up.weight"] == "q8"
+    report = kiln.check(art)
+    assert report.ok and max(p.max_logit_error for p in report.prompts) < TOL, report.table()
 
 
 def test_mxfp4_gguf_matches_transformers_on_its_values(tmp_path):
@@ -87,6 +94,12 @@ def test_mxfp4_gguf_matches_transformers_on_its_values(tmp_path):
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
     report = kiln.check(art)
     assert report.ok and report.reference.startswith("transformers"), report.table()
+    # as stored (--quant auto): the MXFP4 experts as q8 with power-of-two scales, which hold their values exactly
+    art = kiln.compile(str(path), target="cpu", quant="auto", output=tmp_path / "stored")
+    tensors = Artifact.load(art).config.quantization["tensors"]
+    assert {tensors[f"model.layers.{i}.mlp.experts_{w}.weight"] for i in (0, 1) for w in ("gate_up", "down")} == {"q8"}
+    report = kiln.check(art)
+    assert report.ok and max(p.max_logit_error for p in report.prompts) < TOL, report.table()
 
 
 def test_mxfp4_is_refused_outside_gpt_oss(tmp_path):

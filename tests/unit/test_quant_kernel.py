@@ -68,3 +68,21 @@ def test_non_finite_weights_are_refused(bad):
     w[2, 40] = bad
     with pytest.raises(ValueError, match="1 groups of 32 values hold NaN or infinity"):
         quantize(QuantFormat("q4", 32, "float16"), w)
+
+
+@pytest.mark.parametrize("scale_dtype", ["float32", "float16"])
+def test_q8_keeps_mxfp4_values_exactly(scale_dtype):
+    """q8 of a weight whose groups are MXFP4 blocks (e2m1 codes times a power of two: gpt-oss's experts) takes the
+    power-of-two scale that holds them, so dequantizing gives them back bit for bit; other groups keep
+    max|w| / 127."""
+    from kiln.models.gpt_oss import mxfp4_decode
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, 256, size=(6, 4, 16), dtype=np.uint8)
+    scales = rng.integers(115, 130, size=(6, 4), dtype=np.uint8)
+    w = mxfp4_decode(blocks, scales)                          # [6, 128]: four 32-value blocks a row
+    fmt = QuantFormat("q8", 32, scale_dtype)
+    planes = quantize(fmt, w)
+    np.testing.assert_array_equal(dequantize(fmt, planes), w)
+    plain = rng.standard_normal((6, 128)).astype(np.float32)
+    scale = quantize(fmt, plain)["scale"]
+    np.testing.assert_array_equal(scale, (np.abs(plain.reshape(6, 4, 32)).max(-1) / 127).astype(scale_dtype))
