@@ -1,6 +1,6 @@
 """A small numpy quantizer for llama.cpp's block types, for writing test GGUFs.
 
-gguf-py quantizes BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (used as is); it only dequantizes the
+gguf-py quantizes BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 (used as is); it only dequantizes the
 K-quants, so Q2_K, Q3_K, Q4_K, Q5_K and Q6_K are encoded here: a plain min/max (or absmax)
 fit per sub-block, 6-bit (Q2_K: 4-bit) sub-block scales under one f16 super-block scale,
 packed in llama.cpp's byte layout. Not llama.cpp's error-minimising search: what matters for
@@ -19,7 +19,7 @@ QK = 256
 
 def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
     """float [rows, K] -> uint8 [rows, bytes_per_row] blocks of `type_name`."""
-    if type_name in ("BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+    if type_name in ("BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"):
         return gguf.quants.quantize(np.ascontiguousarray(w, np.float32), QType[type_name])
     rows = w.shape[0]
     x = np.ascontiguousarray(w, np.float32).reshape(-1, QK)                # [nb, 256]

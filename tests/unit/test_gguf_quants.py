@@ -26,7 +26,7 @@ from tiny_models import write_tiny_llama
 pytestmark = pytest.mark.unit
 TYPES = [t for t in SUPPORTED_TENSOR_TYPES if t != "F32"]
 RMS_BOUND = {"F16": 1e-3, "BF16": 5e-3, "Q8_0": 0.01, "Q6_K": 0.03, "Q5_0": 0.06, "Q5_1": 0.06, "Q5_K": 0.06,
-             "Q4_0": 0.12, "Q4_1": 0.1, "Q4_K": 0.1, "Q3_K": 0.2, "Q2_K": 0.4}
+             "Q4_0": 0.12, "Q4_1": 0.1, "Q4_K": 0.1, "Q3_K": 0.2, "Q2_K": 0.4, "MXFP4": 0.15}
 
 
 @pytest.fixture(scope="module")
