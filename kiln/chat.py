@@ -58,6 +58,8 @@ def _save_history(readline, path) -> None:
 
 def run_chat(engine, params, system: str | None) -> None:
     from rich.console import Console
+
+    from kiln.runtime import reasoning
     _readline()
     # Ctrl-C must stop a reply even when kiln was started with SIGINT ignored (a background job of a
     # non-interactive shell, nohup): Python then installs no KeyboardInterrupt handler of its own.
@@ -94,7 +96,7 @@ def run_chat(engine, params, system: str | None) -> None:
         if dropped:
             click.echo(f"(dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the {context}-token "
                        "context window; /reset starts afresh)", err=True)
-        reply, parser = [], _reasoning_parser(engine, ids)
+        reply, parser = [], reasoning.for_prompt(engine.tokenizer, ids)
         stream = engine.generate_stream(ids, params)
         status = status_console.status(f"reading a {len(ids)}-token prompt", spinner="dots")
         status.start()
@@ -111,13 +113,6 @@ def run_chat(engine, params, system: str | None) -> None:
         _show(parser, "", True, reply)              # what a parser held back
         click.echo()
         history.append({"role": "assistant", "content": "".join(reply)})
-
-
-def _reasoning_parser(engine, ids: list[int]):
-    """A reasoning model's parser (runtime/reasoning.py), started where the prompt's end leaves it."""
-    from kiln.runtime import reasoning
-    kind = reasoning.detect(engine.tokenizer.chat_template)
-    return reasoning.start(kind, engine.tokenizer.decode(ids[-64:])) if kind else None
 
 
 def _show(parser, text: str, last: bool, reply: list[str]) -> None:

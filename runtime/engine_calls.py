@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence as Seq
 
+from . import reasoning
 from .protocol import GenerationOutput, InvalidRequestError, SamplingParams, StreamDelta
 from .request import Request
 
@@ -34,7 +35,14 @@ class SynchronousCalls:
         yield from self._stream(self._add_all(prompts, params))
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> GenerationOutput:
-        return self.generate(self.render_chat(messages), params)
+        """The reply to a conversation; a reasoning model's (the chat template writes <think> or Harmony's
+        channels) with its `reasoning` and `content` apart, its `text` whole. With n > 1, a list of them."""
+        ids = self.render_chat(messages)
+        out = self.generate(ids, params)
+        for one in out if isinstance(out, list) else [out]:
+            if (parser := reasoning.for_prompt(self.tokenizer, ids)) is not None:
+                one.reasoning, one.content = reasoning.split(parser, one.text)
+        return out
 
     def chat_stream(self, messages: list[dict], params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         return self.generate_stream(self.render_chat(messages), params)

@@ -191,6 +191,8 @@ class GenerationOutput:
     prompt_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    reasoning: str | None = None      # chat(): a reasoning model's thinking (runtime/reasoning.py), apart from
+    content: str | None = None        # its answer; both None where the chat template writes no reasoning
 
     @property
     def usage(self) -> dict:

@@ -56,6 +56,20 @@ def start(kind: str, prompt: str) -> ReasoningParser:
     return (ThinkParser if kind == THINK else HarmonyParser)(prompt)
 
 
+def for_prompt(tokenizer: Any, prompt_ids: list[int]) -> ReasoningParser | None:
+    """A parser for a reply to a rendered chat prompt (its ids), where the tokenizer's chat template writes
+    one of the conventions; None where it writes neither. The prompt's last 64 tokens say where it starts."""
+    kind = detect(tokenizer.chat_template) if tokenizer is not None else None
+    return start(kind, tokenizer.decode(prompt_ids[-64:])) if kind else None
+
+
+def split(parser: ReasoningParser, text: str) -> tuple[str, str]:
+    """(reasoning, content) of a whole reply's text."""
+    thought, content = parser.feed(text)
+    more, rest = parser.finish()
+    return thought + more, content + rest
+
+
 class ReasoningParser:
     """Splits text fed piece by piece into (reasoning, content) pieces."""
 

@@ -128,7 +128,9 @@ def test_reasoning_is_shown_and_kept_out_of_the_history(tiny_artifacts, monkeypa
                 "<|im_start|>assistant\n<think>\n")
     engine = kiln.Engine(tiny_artifacts["tied"], kiln.EngineConfig(chat_template=template))
     params = kiln.SamplingParams(max_tokens=8, temperature=0.0)
-    expected = engine.chat([{"role": "user", "content": "hello"}], params).text
+    reply = engine.chat([{"role": "user", "content": "hello"}], params)
+    expected = reply.text                            # Engine.chat: the reasoning apart, the text whole
+    assert (reply.reasoning, reply.content) == (expected, "")
     rendered, real = [], engine.render_chat
     monkeypatch.setattr(engine, "render_chat", lambda h: rendered.append([dict(m) for m in h]) or real(h))
     lines = iter(["hello", "again", "/exit"])
