@@ -31,11 +31,14 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
+from .kernel_memo import parsed_once
+
 NO_SINK = -1.0e30          # a sink logit whose share of any softmax is 0
 _NEG = -3.0e38             # the running maximum before the first key
 _FULL = 1 << 30            # the "window" of a full layer: every earlier key
 
 
+@parsed_once()
 def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_scale: float,
                     window: int = 0, gpu: bool = False):
     """The attention kernel of one layer kind: `window` tokens (itself included) on a sliding
@@ -106,6 +109,7 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
     return owned_kv_attention
 
 
+@parsed_once()
 def owned_append(h_kv: int, d: int, dtype: str, page_size: int):
     """The forward's new keys and values written into a layer's pages at their slots (TVM's
     transpose-append kernel: pages, k [tokens, h_kv, d], v, slots; called in place)."""
