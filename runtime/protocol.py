@@ -57,6 +57,8 @@ class SamplingParams:
     n: int = 1                        # completions per prompt, forked from the prompt's KV
     prompt_logprobs: int | None = None  # each prompt token's logprob and this many alternatives (None: off)
     response_format: Mapping | None = None   # {"type": "json_object"} | {"type": "json_schema", "json_schema": {...}}
+    reasoning_parser: str | None = None   # with response_format: the reasoning convention ("think", "harmony") whose
+                                          # thinking comes first, unconstrained; the grammar constrains the answer
 
     def __post_init__(self) -> None:
         least = 0 if self.prompt_logprobs is not None else 1      # 0: score the prompt only (echo)
@@ -97,6 +99,8 @@ class SamplingParams:
         rf = self.response_format
         _check(rf is None or (isinstance(rf, Mapping) and rf.get("type") in ("text", "json_object", "json_schema")),
                "response_format.type must be one of text, json_object, json_schema", "response_format")
+        _check(self.reasoning_parser in (None, "think", "harmony"),
+               f"reasoning_parser must be think, harmony or None, got {self.reasoning_parser!r}", "reasoning_parser")
 
     @property
     def needs_logprobs(self) -> bool:

@@ -73,6 +73,11 @@ def split(parser: ReasoningParser, text: str) -> tuple[str, str]:
 class ReasoningParser:
     """Splits text fed piece by piece into (reasoning, content) pieces."""
 
+    @property
+    def answering(self) -> bool:
+        """Whether the text from here on is the answer (a grammar may constrain it; runtime/request.py)."""
+        raise NotImplementedError
+
     def feed(self, text: str) -> tuple[str, str]:
         raise NotImplementedError
 
@@ -98,6 +103,10 @@ class ThinkParser(ReasoningParser):
         self.state = "reasoning" if opened > closed else ("content" if closed >= 0 else "start")
         self.tail = ""
         self.strip = False                         # after the reply's own </think>: its whitespace is not the answer's
+
+    @property
+    def answering(self) -> bool:
+        return self.state == "content"
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning, content = [], []
@@ -153,6 +162,10 @@ class HarmonyParser(ReasoningParser):
         else:                                      # the generation prompt's `<|start|>assistant`
             self.feed(prompt[at:])
             self.primed = len(self.header)         # header text that came from the prompt, not the reply
+
+    @property
+    def answering(self) -> bool:
+        return self.plain or (self.state == "body" and self.channel == "final" and self.call is None)
 
     def feed(self, text: str) -> tuple[str, str]:
         out: dict[str, list[str]] = {"reasoning": [], "content": []}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import reasoning
 from .protocol import GrowingText, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
@@ -35,6 +36,7 @@ class Request:
     _rng_seed_offset: int = field(default=0, repr=False)
     _first_sent: bool = field(default=False, repr=False)
     _taken: tuple = field(default=(None, None), repr=False)     # (token, logprob) take() recorded for show()
+    _thinking: object | None = field(default=None, repr=False)  # while the reply reasons: its ReasoningParser
 
     def __post_init__(self) -> None:
         n = len(self.seq.prompt_ids)
@@ -53,6 +55,9 @@ class Request:
         self._stop_ids = set(self.params.stop_token_ids) | eos
         if self.params.needs_logprobs:
             self.logprobs = []
+        if self.grammar is not None and self.params.reasoning_parser and self.tokenizer is not None:
+            parser = reasoning.start(self.params.reasoning_parser, self.tokenizer.decode(self.seq.prompt_ids[-64:]))
+            self._thinking = None if parser.answering else parser
         if self.seq.prompt_logits:
             self.prompt_logprobs = [None] * n
 
@@ -60,6 +65,13 @@ class Request:
     def text(self) -> str:
         """Everything the deltas have shown so far."""
         return str(self._text)
+
+    @property
+    def active_grammar(self):
+        """The grammar that constrains the next token: None while a reasoning model still reasons (its
+        answer, not its thinking, is what response_format shapes: the token after the reasoning ends
+        is the grammar's first)."""
+        return self.grammar if self._thinking is None else None
 
     @property
     def seq_id(self) -> int:
@@ -130,10 +142,15 @@ class Request:
         """append()'s second half: the taken token's text, stop strings and grammar; its delta."""
         token, logprob = self._taken
         text, hit = "", False
-        stop_token = token in self._stop_ids or (self.grammar is not None and token in self.grammar.stop_token_ids)
+        grammar = self.active_grammar
+        stop_token = token in self._stop_ids or (grammar is not None and token in grammar.stop_token_ids)
         if self._detok is not None and not stop_token:   # a stop token's text is never shown
             text, hit = self._stops.feed(self._detok.push(token))
-        grammar_done = self.grammar is not None and self._grammar_accepts(token)
+        grammar_done = grammar is not None and self._grammar_accepts(token)
+        if self._thinking is not None:
+            self._thinking.feed(text)
+            if self._thinking.answering:
+                self._thinking = None
         if stop_token or hit or grammar_done:
             self.finish_reason = "stop"
         elif self.remaining == 0:

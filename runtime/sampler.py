@@ -102,7 +102,7 @@ class Sampler:
         def column(values: Iterable[float], dtype=np.float32) -> np.ndarray:
             return np.fromiter(values, dtype, count=len(ps))
 
-        grammar_rows = [i for i, r in enumerate(requests) if getattr(r, "grammar", None) is not None]
+        grammar_rows = [i for i, r in enumerate(requests) if _grammar(r) is not None]
         return SamplingBatch(
             temperature=column(0.0 if p.greedy else p.temperature for p in ps),
             top_k=column((p.top_k for p in ps), np.int64),
@@ -119,7 +119,7 @@ class Sampler:
                                     for i, r in enumerate(requests)
                                     if (r.params.frequency_penalty or r.params.presence_penalty) and r.output_ids),
             grammar_rows=np.asarray(grammar_rows, np.int64),
-            grammar_bitmask=_grammar_bitmask([requests[i].grammar for i in grammar_rows]),
+            grammar_bitmask=_grammar_bitmask([_grammar(requests[i]) for i in grammar_rows]),
             num_logprobs=column((p.top_logprobs if p.needs_logprobs else -1 for p in ps), np.int64),
             rngs=[r.rng for r in requests])
 
@@ -156,7 +156,12 @@ def raw_logits(request: Request) -> bool:
     grammar (its logprobs, if asked, are then those of the raw logits)."""
     p = request.params
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
-            and not p.presence_penalty and getattr(request, "grammar", None) is None)
+            and not p.presence_penalty and _grammar(request) is None)
+
+
+def _grammar(request) -> GrammarState | None:
+    """The grammar constraining a request's next token (Request.active_grammar: none while it reasons)."""
+    return getattr(request, "active_grammar", getattr(request, "grammar", None))
 
 
 _BELOW_ONE = np.nextafter(np.float32(1), np.float32(0))

@@ -125,6 +125,9 @@ def serve_http(aengine: AsyncEngine | EngineClient, info: dict, artifact: str | 
                 print(f"speculative decoding: drafts of up to {c.speculative_tokens} tokens by prompt lookup "
                       f"({c.prompt_lookup_max}..{c.prompt_lookup_min}-grams) in steps of decodes",
                       flush=True)
+            if app.state.kiln.reasoning:
+                print(f"reasoning parser: {app.state.kiln.reasoning} (replies' thinking as `reasoning`; "
+                      "--reasoning-parser none sends it as content)", flush=True)
             processes = f" ({args.api_processes} HTTP processes)" if args.api_processes > 1 else ""
             print(f"ready: http://{args.host}:{args.port}/v1 (model {name!r}){processes}", flush=True)
         server = _DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -227,6 +230,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
             params = replace(params, response_format=tool_req.forced_format(body.response_format))
+        if state.reasoning and (params.response_format or {}).get("type", "text") != "text":
+            params = replace(params, reasoning_parser=state.reasoning)     # the grammar shapes the answer only
         params = await state.compile_grammar(params)
         kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
         thinking = functools.partial(reasoning.start, state.reasoning, text) if state.reasoning else None

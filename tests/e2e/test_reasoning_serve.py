@@ -94,3 +94,22 @@ def test_responses_give_reasoning_items(served):
         client.responses.create(model="tiny", input=HELLO, reasoning={"summary": "auto"})
     with pytest.raises(openai.BadRequestError, match="reads no variable 'reasoning_effort'"):
         client.responses.create(model="tiny", input=HELLO, reasoning={"effort": "low"})
+
+
+def test_response_format_shapes_the_answer_not_the_thinking(served):
+    """json_object with a reasoning model: while the reply reasons (the template opened <think>) the grammar waits,
+    so the text is the unconstrained greedy text, all reasoning; where the prompt closed <think>, the grammar
+    shapes the reply from its first token: JSON content."""
+    import json
+    client, expected = served.client(), _completed(served)
+    json_mode = {"type": "json_object"}
+    reply = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=12, temperature=0,
+                                           response_format=json_mode)
+    assert reply.choices[0].message.reasoning == expected and reply.choices[0].message.content is None
+    reply = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=64, temperature=0,
+                                           response_format=json_mode,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    if reply.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(reply.choices[0].message.content), dict)
+    else:                                      # cut off by max_tokens: still JSON's start
+        assert reply.choices[0].message.content.lstrip().startswith("{")

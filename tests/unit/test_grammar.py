@@ -235,3 +235,32 @@ def test_smollm2_vocabulary(smollm2_grammars):
     for t in tok.encode('{"name": "Ada Lovelace", "age": 36}', add_special_tokens=False):
         assert schema.accept(t)
     assert schema.is_completed()
+
+
+def test_a_reasoning_reply_is_constrained_after_its_thinking(tokenizer, compiler):
+    """With reasoning_parser "think" and a prompt that opened <think> (DeepSeek-R1's template), the grammar sleeps
+    while the reply reasons (the sampler sees no grammar rows, so any token goes, "no JSON here" included) and
+    constrains the token after </think>: JSON from there on (a word is no longer allowed, "{" is)."""
+    from kiln.runtime.request import Request
+    from kiln.runtime.sequence import Sequence
+    params = SamplingParams(max_tokens=200, temperature=0, reasoning_parser="think",
+                            response_format={"type": "json_object"})
+
+    def request(prompt: str) -> Request:
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        return Request(0, Sequence(1, ids, 200), params, 4096, tokenizer.eos_token_ids, tokenizer,
+                       compiler.compile(params.response_format))
+    req = request("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    word, brace = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("no", "{"))
+    for token in tokenizer.encode("no JSON here</think>", add_special_tokens=False):
+        assert req.active_grammar is None and Sampler().prepare([req]).grammar_rows.size == 0
+        req.append(token)
+    assert req.active_grammar is req.grammar and Sampler().prepare([req]).grammar_rows.tolist() == [0]
+    allowed = req.active_grammar.allowed_mask()
+    assert allowed[brace] and not allowed[word]
+    for token in tokenizer.encode('{"a": 1}', add_special_tokens=False):
+        assert req.active_grammar.allowed_mask()[token]
+        req.append(token)
+    assert not req.finished
+    at_once = request("<|im_start|>assistant\n<think>\n\n</think>\n\n")   # the prompt closed it: JSON at once
+    assert at_once.active_grammar is at_once.grammar
