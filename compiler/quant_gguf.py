@@ -15,6 +15,8 @@ exactly one of kiln's kernel formats (quant_modules.QuantFormat) with some group
     Q2_K   256    d*sc[j] * q - dmin*m[j]     q4m group 16           per 16: scale d*sc, min -dmin*m
     Q5_1   32     d * q + m, q in 0..31       q8m group 32           same codes, d and m widened
     Q5_K   256    d*sc[j] * q - dmin*m[j]     q8m group 32           per 32: scale d*sc, min -dmin*m
+    IQ4_NL 32     d * kv[q], kv 16 int8s      q8  group 32           kv[q] is an int8 (non-linear 4-bit)
+    IQ4_XS 256    d*(sc[j]-32) * kv[q]        q8  group 32           per 32: scale d*(sc - 32), kv[q] an int8
 
 An f16 times a small integer is exact in float32, so the float32 planes reproduce
 gguf.quants.dequantize bit for bit.
@@ -30,13 +32,14 @@ from .quant_pack import Planes, pack_nibbles
 # GGUF type -> (kiln kind, group size) that holds its values exactly.
 GGUF_EXACT = {"Q4_0": ("q4", 32), "Q4_1": ("q4m", 32), "Q8_0": ("q8", 32), "Q5_0": ("q8", 32),
               "Q4_K": ("q4m", 32), "Q6_K": ("q8", 16), "Q3_K": ("q4", 16), "Q2_K": ("q4m", 16),
-              "Q5_1": ("q8m", 32), "Q5_K": ("q8m", 32)}
+              "Q5_1": ("q8m", 32), "Q5_K": ("q8m", 32), "IQ4_NL": ("q8", 32), "IQ4_XS": ("q8", 32)}
 # Types whose blocks hold one float16 scale (and min) for their 32 values, used as stored: the planes
 # keep them in float16 exactly (the K-quants' scales are products of a float16 and a sub-scale).
-HALF_SCALED = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1")
+HALF_SCALED = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "IQ4_NL")
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210, "Q3_K": 110,
-               "Q2_K": 84, "Q5_1": 24, "Q5_K": 176}
-BLOCK_SIZE = {t: 256 if t.endswith("_K") else 32 for t in BLOCK_BYTES}
+               "Q2_K": 84, "Q5_1": 24, "Q5_K": 176, "IQ4_NL": 18, "IQ4_XS": 136}
+BLOCK_SIZE = {t: 256 if t.endswith(("_K", "_XS")) else 32 for t in BLOCK_BYTES}
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 
 
 def from_gguf_blocks(type_name: str, raw: np.ndarray, scale_dtype: str = "float32") -> Planes:
@@ -144,7 +147,19 @@ def _q2_k(b):
     return _crumbs(qs, 32), d * (s & np.uint8(15)).astype(np.float32), -(dmin * (s >> 4).astype(np.float32))
 
 
+def _iq4_nl(b):
+    return IQ4_VALUES[_nibbles(b[:, 2:], 16)], _f16(b[:, :2]), None
+
+
+def _iq4_xs(b):
+    d, high, low = _f16(b[:, 0:2]), b[:, 2:4].copy().view(np.uint16), b[:, 4:8]
+    low = ((low[:, :, None] >> np.array([0, 4], np.uint8)) & np.uint8(15)).reshape(-1, 8)      # sub-block j: nibble j
+    high = (high >> (2 * np.arange(8, dtype=np.uint16))) & np.uint16(3)                        # bits 2j, 2j + 1
+    sc = (low | (high.astype(np.uint8) << np.uint8(4))).astype(np.float32) - 32
+    return IQ4_VALUES[_nibbles(b[:, 8:], 16)], d * sc, None
+
+
 _UNPACK = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q5_0": _q5_0, "Q4_K": _q4_k, "Q6_K": _q6_k,
-           "Q3_K": _q3_k, "Q2_K": _q2_k, "Q5_1": _q5_1, "Q5_K": _q5_k}
+           "Q3_K": _q3_k, "Q2_K": _q2_k, "Q5_1": _q5_1, "Q5_K": _q5_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}
 
 __all__ = ["BLOCK_BYTES", "BLOCK_SIZE", "GGUF_EXACT", "HALF_SCALED", "from_gguf_blocks"]

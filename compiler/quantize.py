@@ -17,7 +17,8 @@ in floating point. Schemes:
                    their 16 bits (quant_modules f16 / bf16, widened to float32 in the matmul); a
                    GPTQ, AWQ or compressed-tensors checkpoint's 4-bit codes kept exactly
                    (quant_prequant), GPTQ's desc_act re-quantized; MXFP4 (gpt-oss's experts, HF or
-                   GGUF) as q8 with each block's power-of-two scale, which holds it exactly. Q4_0,
+                   GGUF) as q8 with each block's power-of-two scale, which holds it exactly; IQ4_NL
+                   and IQ4_XS as q8 too (exact), the other i-quants and TQ1_0 / TQ2_0 re-quantized. Q4_0,
                    Q4_1, Q8_0, Q5_0 and Q5_1 keep their float16 block scales in float16 where the target reads them
                    (TargetProfile.half_scales; labelled "-f16scales"), else float32
     as-stored-f16  the same weights, float16 activations: the planes keep float32
@@ -58,7 +59,8 @@ from .quant_modules import BYTE_KINDS, QuantFormat, QuantizedEmbedding, Quantize
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 _HALF_KINDS = {"F16": "f16", "BF16": "bf16"}        # stored 16-bit floats -> the kind keeping their bits
 # stored types re-quantized to q4 (where not kept exactly); the rest to q8
-_FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "GPTQ", "AWQ", "compressed-tensors")
+_FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "GPTQ", "AWQ", "compressed-tensors", "IQ4_NL", "IQ4_XS",
+                      "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XXS", "IQ2_XS", "IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0")
 
 
 @dataclass(frozen=True)

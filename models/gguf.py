@@ -39,8 +39,11 @@ from .unsupported import unsupported_reason
 GGUF_ARCHITECTURES = {name: (a.model_type, list(a.architectures), a.permuted) for name, a in GGUF_ARCHS.items()}
 GGUF_MODEL_TYPES = {name: (a.model_type, *a.also) for name, a in GGUF_ARCHS.items()}     # every HF type it gives
 SUPPORTED_ARCHITECTURES = tuple(GGUF_ARCHITECTURES)
+# llama.cpp's importance-matrix types (codebooks and lattices) and its ternary ones: read by gguf-py's
+# decoders (IQ4_NL / IQ4_XS kept exactly as q8: compiler/quant_gguf.py; the others re-quantized)
+I_QUANTS = ("IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0")
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
+                          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4", *I_QUANTS)
 # Tensors llama.cpp derives from the HF config (RoPE scaling); gguf_arch reads them back into it.
 CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 # The llama table (tests write llama-layout files from it).

@@ -18,9 +18,14 @@ QK = 256
 
 
 def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
-    """float [rows, K] -> uint8 [rows, bytes_per_row] blocks of `type_name`."""
-    if type_name in ("BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"):
+    """float [rows, K] -> uint8 [rows, bytes_per_row] blocks of `type_name`. The lattice i-quants (IQ1-IQ3),
+    which nothing here encodes, are random valid blocks of a size like the weight's (RANDOM)."""
+    if type_name in ("BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4", "TQ1_0", "TQ2_0"):
         return gguf.quants.quantize(np.ascontiguousarray(w, np.float32), QType[type_name])
+    if type_name in RANDOM:
+        return _random_blocks(w, QType[type_name])
+    if type_name == "IQ4_NL":
+        return _iq4_nl(np.ascontiguousarray(w, np.float32).reshape(-1, 32)).reshape(w.shape[0], -1)
     rows = w.shape[0]
     x = np.ascontiguousarray(w, np.float32).reshape(-1, QK)                # [nb, 256]
     return _ENCODE[type_name](x).reshape(rows, -1)
@@ -115,4 +120,48 @@ def _q3_k(x):
     return np.concatenate([_pack_crumbs(u >> 2, 32, bits=1), _pack_crumbs(u & 3, 32), scales, d], axis=-1)
 
 
-_ENCODE = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+RANDOM = ("IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S")
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def _random_blocks(w: np.ndarray, qtype) -> np.ndarray:
+    """Random bytes as blocks of qtype, each drawn again until gguf-py decodes it to finite values within the
+    weight's range (a random float16 scale is mostly far outside it)."""
+    rng, size, nbytes = np.random.default_rng(0), *gguf.GGML_QUANT_SIZES[qtype]
+    top = float(np.abs(w).max())
+    blocks = rng.integers(0, 256, (w.size // size, nbytes), dtype=np.uint8)
+    for _ in range(10_000):
+        with np.errstate(invalid="ignore", over="ignore"):                 # NaN / inf scales: drawn again
+            values = gguf.quants.dequantize(blocks, qtype).reshape(len(blocks), -1)
+        bad = ~(np.isfinite(values).all(-1) & (np.abs(values).max(-1) <= top) & (np.abs(values).max(-1) > top / 64))
+        if not bad.any():
+            return blocks.reshape(w.shape[0], -1)
+        blocks[bad] = rng.integers(0, 256, (int(bad.sum()), nbytes), dtype=np.uint8)
+    raise AssertionError(f"no valid random {qtype.name} blocks")
+
+
+def _nearest_iq4(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Codes of IQ4's non-linear levels nearest x / step (per element)."""
+    return np.abs(_div(x, step)[..., None] - IQ4_VALUES).argmin(-1).astype(np.uint8)
+
+
+def _iq4_nl(x):
+    """Per 32: d = the value of largest magnitude / -127 (it gets level -127), codes the nearest levels."""
+    d_bytes, d = _f16(np.take_along_axis(x, np.abs(x).argmax(-1)[:, None], -1)[:, 0] / -127)
+    return np.concatenate([d_bytes, _pack_nibbles(_nearest_iq4(x, d), 16)], axis=-1)
+
+
+def _iq4_xs(x):
+    """Per 256: d, and per 32 a six-bit scale ls (d * (ls - 32) the sub-block's step), as IQ4_NL's levels."""
+    g = x.reshape(x.shape[0], 8, 32)
+    step = np.take_along_axis(g, np.abs(g).argmax(-1)[..., None], -1)[..., 0] / -127      # [nb, 8]
+    d_bytes, d = _f16(np.abs(step).max(-1) / 31)
+    ls = np.clip(np.rint(_div(step, d)) + 32, 0, 63).astype(np.uint16)
+    codes = _nearest_iq4(g, (d * (ls.astype(np.float32) - 32))[..., None])
+    high = np.bitwise_or.reduce((ls >> 4) << (2 * np.arange(8, dtype=np.uint16)), axis=-1).astype(np.uint16)
+    low = (ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)
+    return np.concatenate([d_bytes, high[:, None].view(np.uint8), low.astype(np.uint8),
+                           _pack_nibbles(codes.reshape(x.shape[0], -1), 16)], axis=-1)
+
+
+_ENCODE = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "IQ4_XS": _iq4_xs}

@@ -383,6 +383,34 @@ def test_mixed_gguf_types_kept_exact_or_requantized_with_a_note(tmp_path):
     check_against_reference(art, atol=1e-4)
 
 
+def test_i_quant_gguf_kept_exact_or_requantized_with_a_note(tmp_path):
+    """llama.cpp's importance-matrix types: IQ4_XS and IQ4_NL (non-linear 4-bit levels, each an int8 times its
+    block's scale) kept bit-exact as q8; a lattice type (IQ2_XS: random valid blocks) and the ternary TQ2_0 read
+    by gguf-py's decoders and re-quantized to q4, named in the notes; the logits match the dequantized reference."""
+    from gguf_writer import write_gguf
+    from tiny_models import write_tiny_llama
+    hf_dir = write_tiny_llama(tmp_path / "hf", tied=False, hidden_size=256, intermediate_size=256,
+                              num_hidden_layers=2, head_dim=64)
+    types = {"attn_q": "IQ4_XS", "attn_k": "IQ4_XS", "attn_v": "IQ4_XS", "attn_output": "IQ4_NL",
+             "ffn_gate": "IQ2_XS", "ffn_up": "IQ2_XS", "ffn_down": "TQ2_0"}
+    path = write_gguf(hf_dir, tmp_path / "iq.gguf", types)
+    art = compile_with_reference(path, hf_dir, "as-stored", tmp_path / "art")
+    cfg = json.loads((art / "kiln-config.json").read_text())
+    tensors = cfg["quantization"]["tensors"]
+    assert tensors["model.layers.0.self_attn.qkv_proj.weight"] == "q8"                  # IQ4_XS: exact
+    assert tensors["model.layers.0.self_attn.o_proj.weight"] == "q8-f16scales"          # IQ4_NL: exact, its scales
+    assert tensors["model.layers.0.mlp.gate_up_proj.weight"] == tensors["model.layers.0.mlp.down_proj.weight"] == "q4"
+    notes = cfg["notes"]
+    assert any(n.startswith("GGUF IQ2_XS tensors re-quantized to q4 (lossy)") for n in notes), notes
+    assert any(n.startswith("GGUF TQ2_0 tensors re-quantized to q4 (lossy)") for n in notes), notes
+    assert any("IQ4_XS as q8" in n and "IQ4_NL as q8-f16scales" in n for n in notes), notes
+    values, weights = dequantized_weights(art), models.load(path).weights     # get(): gguf-py's values
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.weight",
+                 "model.layers.1.self_attn.o_proj.weight"):
+        np.testing.assert_array_equal(values[name].view(np.uint32), weights.get(name).view(np.uint32), err_msg=name)
+    check_against_reference(art, atol=1e-4)
+
+
 HALF_FLOATS = {  # GGUF type of every 2-D tensor, --quant -> (tiny model, kiln kind, float32 compute)
     ("F16", "auto"): ("tied", "f16", True),
     ("BF16", "as-stored"): ("untied", "bf16", True),
