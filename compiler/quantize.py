@@ -336,7 +336,8 @@ def _exact_form(source: ModelSource, hf_name: str, type_name: str) -> tuple[str,
     """(kiln kind, group size) holding a stored quantized tensor's values exactly, or None: a GGUF
     type's (quant_gguf.GGUF_EXACT), a GPTQ / AWQ / compressed-tensors weight's (quant_prequant)."""
     if type_name in quant_gguf.GGUF_EXACT:
-        return quant_gguf.GGUF_EXACT[type_name]
+        has_raw = getattr(source.weights, "has_raw", None)
+        return quant_gguf.GGUF_EXACT[type_name] if has_raw is None or has_raw(hf_name) else None
     form = source.weights.stored_form(hf_name) if hasattr(source.weights, "stored_form") else None
     return None if form is None else (quant_prequant.stored_kind(form[0]), form[1])
 

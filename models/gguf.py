@@ -304,9 +304,15 @@ class GGUFWeights:
             data = data - np.asarray(self._spec.norm_shift, data.dtype)
         return np.ascontiguousarray(np.swapaxes(data, -1, -2)) if self._transposed(name) else data
 
+    def has_raw(self, name: str) -> bool:
+        """Whether get_raw can give the tensor's stored blocks (not a tensor rebuilt from two)."""
+        return not isinstance(self._tensor(name), _Rebuilt)
+
     def get_raw(self, name: str) -> tuple[str, np.ndarray, tuple[int, ...]]:
         """(type name, stored bytes as uint8 [rows, bytes_per_row] in HF row order, HF shape)."""
         t = self._tensor(name)
+        if isinstance(t, _Rebuilt):
+            raise ValueError(f"{name} is rebuilt from two GGUF tensors; read it with get()")
         if self._transposed(name) or (self._spec.norm_shift and t.name.endswith("norm.weight")):
             raise ValueError(f"{name} is stored transposed or shifted in a {self._spec.model_type} GGUF; "
                              "read it with get()")
@@ -397,11 +403,9 @@ class _Joined:
 
 
 @dataclass(frozen=True)
-class _ByHead:
-    """The two GGUF tensors the converter split one HF tensor into by heads for llama.cpp's MLA weight absorption
-    (DeepSeek's kv_b_proj [heads * (nope + v), rank]: attn_k_b, each head's nope rows transposed [heads, rank, nope],
-    and attn_v_b [heads, v, rank]), read as that tensor: per head, the first's rows, then the second's. Dequantized
-    to float32 (a transposed quantized block is no block of the HF tensor)."""
+class _Rebuilt:
+    """One HF tensor the converter wrote as two GGUF tensors, read back dequantized to float32 (its rows are no
+    blocks of the HF tensor: `get_raw` refuses it)."""
 
     first: object
     second: object
@@ -413,6 +417,18 @@ class _ByHead:
     @property
     def tensor_type(self):
         return QType.F32
+
+
+def _values(t) -> np.ndarray:
+    """A GGUF tensor's values, float32, its dims slowest first."""
+    return np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(
+        [int(d) for d in reversed(t.shape)])
+
+
+class _ByHead(_Rebuilt):
+    """The two GGUF tensors the converter split one HF tensor into by heads for llama.cpp's MLA weight absorption
+    (DeepSeek's kv_b_proj [heads * (nope + v), rank]: attn_k_b, each head's nope rows transposed [heads, rank, nope],
+    and attn_v_b [heads, v, rank]), read as that tensor: per head, the first's rows, then the second's."""
 
     @property
     def shape(self):
@@ -421,28 +437,16 @@ class _ByHead:
 
     @property
     def data(self) -> np.ndarray:
-        k_b, v_b = (np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
-                    for t in (self.first, self.second))                # [heads, rank, nope], [heads, v, rank]
+        k_b, v_b = _values(self.first), _values(self.second)            # [heads, rank, nope], [heads, v, rank]
         return np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(self.shape[::-1])
 
 
-@dataclass(frozen=True)
-class _Interleaved:
+class _Interleaved(_Rebuilt):
     """The two GGUF tensors the converter split one HF tensor's interleaved outputs into (gpt-oss's experts'
     gate_up_proj [experts, in, 2 x out], gate the even outputs: ffn_gate_exps and ffn_up_exps, each [experts,
-    out, in] as llama.cpp keeps weights; their biases [experts, out]), read as that tensor. Dequantized to
-    float32 (interleaved and transposed rows are no blocks of the HF tensor)."""
-
-    first: object
-    second: object
-
-    @property
-    def name(self) -> str:
-        return self.first.name
-
-    @property
-    def tensor_type(self):
-        return QType.F32
+    out, in] as llama.cpp keeps weights; their biases [experts, out]), read as that tensor. Its `stored_type` is
+    the parts' (the quantizer's choice: MXFP4's blocks still run along the inputs, where q8 holds them exactly;
+    DeepSeek's kv_b_proj, its blocks transposed, stays float)."""
 
     @property
     def stored_type(self):
@@ -457,8 +461,7 @@ class _Interleaved:
 
     @property
     def data(self) -> np.ndarray:
-        gate, up = (np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
-                    .reshape([int(d) for d in reversed(t.shape)]) for t in (self.first, self.second))
+        gate, up = _values(self.first), _values(self.second)
         if gate.ndim == 2:                                       # biases [experts, out]
             return np.stack([gate, up], axis=-1).reshape(gate.shape[0], -1)
         rows = np.stack([gate, up], axis=-2).reshape(gate.shape[0], -1, gate.shape[-1])   # [experts, 2 out, in]
