@@ -799,7 +799,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
     "gpt-oss": GGUFArch("gpt_oss", ("GptOssForCausalLM",), GPT_OSS_LAYER, config=_gpt_oss,
-                        transposed=("ffn_down_exps",), interleaved={"mlp.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),
+                        transposed=("ffn_down_exps",),
+                        interleaved={"mlp.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),
 }
 
 
