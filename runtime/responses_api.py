@@ -223,7 +223,7 @@ def _add(resp: _Response, delta) -> tuple[str, str]:
     resp.thought.add(thought)
     resp.shown.add(text)
     resp.output_tokens += len(delta.token_ids)
-    if resp.parser is not None and not text and (thought or delta.text):
+    if thought and not text:
         resp.reasoning_tokens += len(delta.token_ids)
     if delta.finish_reason is not None:
         resp.finish(delta.finish_reason)
