@@ -176,6 +176,15 @@ class OutputReasoning(BaseModel):
     content: list[ReasoningText]
 
 
+class OutputFunctionCall(BaseModel):
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str                        # JSON text
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
 class IncompleteDetails(BaseModel):
     reason: Literal["max_output_tokens"]
 
@@ -199,9 +208,9 @@ class Response(BaseModel):
     instructions: str | None
     max_output_tokens: int | None
     metadata: dict[str, str]
-    output: list[OutputReasoning | OutputMessage]
+    output: list[OutputReasoning | OutputMessage | OutputFunctionCall]
     parallel_tool_calls: bool
-    tool_choice: Literal["none"]
+    tool_choice: str | dict[str, Any]
     tools: list[Any]
     store: bool
     temperature: float | None

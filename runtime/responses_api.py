@@ -9,8 +9,12 @@ response.output_text.delta ... response.completed). A reasoning model's thinking
 parser, runtime/reasoning.py) is a `reasoning` output item before the message, its text as
 `reasoning_text` content (response.reasoning_text.delta events), and `reasoning.effort` is the chat
 template's reasoning_effort; reasoning items sent back as input go to the next assistant message's
-reasoning. Tools, previous_response_id, stored responses, reasoning summaries and non-text input are
-refused with a 400 naming the field.
+reasoning. Function tools (`tools`, `tool_choice`, `parallel_tool_calls`) go through the chat path's
+tool calling (runtime/tools.py): calls come back as `function_call` items (streamed as
+response.function_call_arguments.* events; text is held back from where a call may start), and
+`function_call` / `function_call_output` input items become the conversation's calls and results.
+Hosted tools (web_search, file_search, ...), previous_response_id, stored responses, reasoning summaries
+and non-text input are refused with a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, AsyncIterator, Literal
 
 from fastapi import Depends, FastAPI
@@ -55,6 +60,9 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None       # tags, returned on the response
     store: Literal[False] | None = None          # kiln keeps no responses: store=true is refused
     reasoning: Reasoning | None = None
+    tools: list[dict[str, Any]] | None = None    # function tools: {"type": "function", "name", "parameters", ...}
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 
@@ -71,6 +79,9 @@ def messages_of(req: ResponsesRequest) -> list[dict[str, str]]:
     for i, item in enumerate(req.input):
         if item.get("type") == "reasoning":
             thought.append(_reasoning_text(i, item))
+            continue
+        if item.get("type") in ("function_call", "function_call_output"):
+            _add_call_item(out, i, item)
             continue
         if thought and item.get("role") != "assistant":
             out.append({"role": "assistant", "content": "", "reasoning": "".join(thought)})
@@ -94,6 +105,41 @@ def messages_of(req: ResponsesRequest) -> list[dict[str, str]]:
     return [with_reasoning(m) for m in out]
 
 
+def _add_call_item(out: list[dict], i: int, item: dict) -> None:
+    """A function_call input item as a call of an assistant message (the one before it, where that made calls
+    or said something, else a new one); a function_call_output item as a tool message answering it."""
+    if not isinstance(item.get("call_id"), str):
+        raise APIError(400, f"input[{i}]: a {item['type']} item needs its call_id", "input")
+    if item["type"] == "function_call_output":
+        output = item.get("output")
+        if not isinstance(output, str):
+            raise APIError(400, f"input[{i}]: a function_call_output's output must be text", "input")
+        out.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
+        return
+    name, arguments = item.get("name"), item.get("arguments", "{}")
+    if not isinstance(name, str) or not isinstance(arguments, str):
+        raise APIError(400, f"input[{i}]: a function_call item needs a name and its arguments as JSON text", "input")
+    call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": arguments}}
+    if not (out and out[-1]["role"] == "assistant"):
+        out.append({"role": "assistant", "content": ""})
+    out[-1].setdefault("tool_calls", []).append(call)
+
+
+def tool_request(req: ResponsesRequest) -> tools.ToolRequest | None:
+    """The request's function tools and choice, as the chat path takes them (hosted tools refused)."""
+    chat_tools = []
+    for i, t in enumerate(req.tools or []):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
+            raise APIError(400, f"tools[{i}] is a {kind!r} tool; kiln runs function tools only (hosted tools such as "
+                                "web_search or file_search are OpenAI's)", "tools")
+        chat_tools.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}})
+    choice = req.tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return tools.ToolRequest.parse(chat_tools, choice, req.parallel_tool_calls)
+
+
 def _reasoning_text(i: int, item: dict) -> str:
     """A reasoning input item's text (its reasoning_text content, else its summary's text)."""
     parts = item.get("content") or item.get("summary") or []
@@ -104,11 +150,12 @@ def _reasoning_text(i: int, item: dict) -> str:
 
 
 class _Response:
-    """The Response object as it grows: a reasoning item where the model reasons (its reasoning_text), then one
-    assistant message with one output_text part; items numbered in the order they first have text."""
+    """The Response object as it grows: a reasoning item where the model reasons (its reasoning_text), one
+    assistant message with one output_text part, and a function_call item per call; items numbered in the
+    order they first have text (the calls last: they are read when the reply ends)."""
 
     def __init__(self, req: ResponsesRequest, model: str, input_tokens: int,
-                 parser: reasoning_parsers.ReasoningParser | None = None):
+                 parser: reasoning_parsers.ReasoningParser | None = None, tool_req: tools.ToolRequest | None = None):
         self.id, self.item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.req, self.model, self.created = req, model, int(time.time())
@@ -116,7 +163,12 @@ class _Response:
         self.reasoning_tokens = 0              # tokens whose text went to the reasoning alone
         self.shown, self.thought = GrowingText(), GrowingText()
         self.parser = parser
-        self.order: list[str] = []             # "reasoning" / "message", as they first had text
+        self.tools = tool_req if tool_req is not None and tool_req.active else None
+        self.calls: list[dict] = []            # the reply's function calls (chat form), read when it ends
+        self.message: str | None = None        # the message's text once the calls are taken out
+        self.sent = ""                         # the message text a stream has sent
+        self.hold = tools.CallHold(self.tools.forced) if self.tools is not None else None
+        self.order: list[str] = []             # "reasoning" / "message" / "call N", as they first had text
         self.incomplete: str | None = None
 
     @property
@@ -133,6 +185,24 @@ class _Response:
             thought, content = thought + more, content + rest
         return thought, content
 
+    def sendable(self, new: str) -> str:
+        """What of the new text a stream may send now (with tools: tools.CallHold's answer)."""
+        return new if self.hold is None else self.hold.sendable(new)
+
+    def end(self) -> str:
+        """At the end of the reply: its calls taken out; the message text still to send (a stream's held-back
+        text where there was no call, or what follows the calls)."""
+        self.message = self.text
+        if self.tools is not None:
+            content, self.calls = tools.parse_tool_calls(self.text, self.tools.forced, self.tools.parallel)
+            if self.calls:
+                self.message = content or "" if self.tools.forced else tools.without_calls(self.text)
+        rest = self.message[len(self.sent):] if self.message.startswith(self.sent) else ""
+        for kind, piece in (("message", self.message), *((f"call {n}", "x") for n in range(len(self.calls)))):
+            if piece.strip() or kind == "message" and not self.calls:
+                self.index(kind)
+        return rest
+
     def index(self, kind: str) -> int:
         if kind not in self.order:
             self.order.append(kind)
@@ -144,13 +214,19 @@ class _Response:
             content = [{"type": "reasoning_text", "text": str(self.thought)}]
             return {"type": "reasoning", "id": self.reasoning_id, "summary": [], "status": status,
                     "content": content if done else []}
-        content = [{"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}]
+        if kind.startswith("call "):
+            call = self.calls[int(kind.split()[1])]
+            return {"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"), "call_id": call["id"],
+                    "name": call["function"]["name"], "arguments": call["function"]["arguments"] if done else "",
+                    "status": status}
+        text = self.text if self.message is None else self.message
+        content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
         return {"type": "message", "id": self.item_id, "role": "assistant", "status": status,
                 "content": content if done else []}
 
     def items(self) -> list[str]:
-        """Every item of the finished response: the message always (its text may be empty)."""
-        return self.order + ([] if "message" in self.order else ["message"])
+        """Every item of the finished response."""
+        return list(self.order)
 
     def body(self) -> dict:
         done = self.status != "in_progress"
@@ -160,7 +236,9 @@ class _Response:
                 "instructions": self.req.instructions, "max_output_tokens": self.req.max_output_tokens,
                 "metadata": self.req.metadata or {},
                 "output": [self.item(kind, "completed") for kind in self.items()] if done else [],
-                "parallel_tool_calls": False, "tool_choice": "none", "tools": [], "store": False,
+                "parallel_tool_calls": self.req.parallel_tool_calls is not False,
+                "tool_choice": self.req.tool_choice or ("auto" if self.req.tools else "none"),
+                "tools": self.req.tools or [], "store": False,
                 "temperature": self.req.temperature, "top_p": self.req.top_p, "text": {"format": {"type": "text"}},
                 "reasoning": {"effort": self.req.reasoning.effort if self.req.reasoning else None, "summary": None},
                 "usage": {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
@@ -181,8 +259,9 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
     async def responses(body: ResponsesRequest):
         state.check_model(body.model)
         effort = body.reasoning.effort if body.reasoning else None
+        tool_req = tool_request(body)
         try:
-            text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, messages_of(body), None,
+            text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, messages_of(body), tool_req,
                                                 {"reasoning_effort": effort} if effort else None)
         except APIError as e:
             if e.param == "reasoning_effort":         # the chat field's name; here it is reasoning.effort
@@ -192,13 +271,18 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         params = SamplingParams(max_tokens=body.max_output_tokens or max(1, room),
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p)
+        if tool_req is not None and tool_req.forced:
+            params = replace(params, response_format=tool_req.forced_format(None),
+                             reasoning_parser=state.reasoning)
+            params = await state.compile_grammar(params)
         parser = reasoning_parsers.start(state.reasoning, text) if state.reasoning else None
-        resp = _Response(body, state.model_name, len(ids), parser)
+        resp = _Response(body, state.model_name, len(ids), parser, tool_req)
         deltas = state.engine.generate(ids, params)
         first = await anext(deltas)           # bad input raises here, before anything is sent
         if not body.stream:
             async for delta in _chain(first, deltas):
                 _add(resp, delta)
+            resp.end()
             return JSONResponse(resp.body())
         return StreamingResponse(_events(resp, first, deltas), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -217,9 +301,8 @@ def _add(resp: _Response, delta) -> tuple[str, str]:
                        + ("the server is shutting down" if delta.finish_reason == "shutdown" else "see the server log"),
                        type="server_error")
     thought, text = resp.split(delta.text, delta.finish_reason is not None)
-    for kind, piece in (("reasoning", thought), ("message", text)):
-        if piece:
-            resp.index(kind)                  # numbered as it first has text
+    if thought:
+        resp.index("reasoning")               # numbered as it first has text
     resp.thought.add(thought)
     resp.shown.add(text)
     resp.output_tokens += len(delta.token_ids)
@@ -253,9 +336,15 @@ async def _events(resp: _Response, first, deltas: AsyncIterator) -> AsyncIterato
                              part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
         return out
 
+    def text_events(text: str) -> list[str]:
+        if not text:
+            return []
+        resp.sent += text
+        return [*opened("message"), event("response.output_text.delta", **where("message"), delta=text, logprobs=[])]
+
     yield event("response.created", response=resp.body())
     yield event("response.in_progress", response=resp.body())
-    if resp.parser is None:                   # no reasoning: the message starts at once, as before
+    if resp.parser is None and resp.tools is None:        # plain text: the message starts at once, as before
         for e in opened("message"):
             yield e
     try:
@@ -265,22 +354,29 @@ async def _events(resp: _Response, first, deltas: AsyncIterator) -> AsyncIterato
                 for e in opened("reasoning"):
                     yield e
                 yield event("response.reasoning_text.delta", **where("reasoning"), delta=thought)
-            if text:
-                for e in opened("message"):
-                    yield e
-                yield event("response.output_text.delta", **where("message"), delta=text, logprobs=[])
+            for e in text_events(resp.sendable(text)):
+                yield e
     except APIError as e:
         resp.status = "failed"
         yield event("error", code="server_error", message=e.message, param=None)
         return
-    for e in opened("message"):
+    for e in text_events(resp.end()):
         yield e
     for kind in resp.items():
         if kind == "reasoning":
             yield event("response.reasoning_text.done", **where(kind), text=str(resp.thought))
-        else:
-            yield event("response.output_text.done", **where(kind), text=resp.text, logprobs=[])
+        elif kind == "message":
+            for e in opened(kind):
+                yield e
+            yield event("response.output_text.done", **where(kind), text=resp.message, logprobs=[])
             yield event("response.content_part.done", **where(kind),
-                        part={"type": "output_text", "text": resp.text, "annotations": [], "logprobs": []})
+                        part={"type": "output_text", "text": resp.message, "annotations": [], "logprobs": []})
+        else:
+            item = resp.item(kind, "completed")
+            for e in opened(kind):
+                yield e
+            at = {"item_id": item["id"], "output_index": resp.index(kind)}
+            yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **at, arguments=item["arguments"])
         yield event("response.output_item.done", output_index=resp.index(kind), item=resp.item(kind, "completed"))
     yield event("response.completed" if resp.status == "completed" else "response.incomplete", response=resp.body())

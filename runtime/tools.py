@@ -256,8 +256,7 @@ class ToolReply(Reply):
         super().__init__(*args, **kwargs)
         self.tools = tools
         self._sent: dict[int, int] = {}       # choice -> characters already sent as content
-        self._tail: dict[int, str] = {}       # choice -> text after those that could still start a tag
-        self._holding: set[int] = set()       # choices whose text has a tag: the rest waits for the end
+        self._hold: dict[int, CallHold] = {}  # choice -> its text held back from where a call may start
         self._sent_logprobs: dict[int, int] = {}   # choice -> tokens whose logprobs were sent
 
     def _split(self, text: str) -> tuple[str | None, list[dict]]:
@@ -292,17 +291,7 @@ class ToolReply(Reply):
 
     def _sendable(self, i: int, new: str) -> str:
         """What of choice i's held tail plus its new text can go out as content now."""
-        if self.tools.forced or i in self._holding:
-            return ""
-        tail = self._tail.get(i, "") + new
-        at = tail.find(_TAG)
-        if at >= 0:
-            self._holding.add(i)
-            safe = at
-        else:
-            safe = _safe_prefix(tail)
-        self._tail[i] = tail[safe:] if at < 0 else ""
-        return tail[:safe]
+        return self._hold.setdefault(i, CallHold(self.tools.forced)).sendable(new)
 
     def _unsent_logprobs(self, index: int) -> dict | None:
         lps = self.choices[index].logprobs
@@ -317,6 +306,29 @@ class ToolReply(Reply):
                 choice["message"] = {**choice["message"], "content": content, "tool_calls": calls}
                 choice["finish_reason"] = "tool_calls"
         return out
+
+
+class CallHold:
+    """A reply's text as it streams while tools may be called: what can go out as content now. All but a
+    tail that could still start a `<tool_call>` tag; nothing once a tag has begun, or when a call is forced."""
+
+    def __init__(self, forced: bool):
+        self.forced, self.tail, self.holding = forced, "", False
+
+    def sendable(self, new: str) -> str:
+        if self.forced or self.holding:
+            return ""
+        tail = self.tail + new
+        at = tail.find(_TAG)
+        self.holding = at >= 0
+        safe = at if at >= 0 else _safe_prefix(tail)
+        self.tail = "" if at >= 0 else tail[safe:]
+        return tail[:safe]
+
+
+def without_calls(text: str) -> str:
+    """The text with its `<tool_call>` blocks taken out (what is left of the reply's content, unstripped)."""
+    return _CALL.sub("", text)
 
 
 def _safe_prefix(text: str) -> int:

@@ -48,7 +48,7 @@ def test_message_items_and_streaming(server):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"input": "hi", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"input": "hi", "tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools"),
     ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "hi", "store": True}, "store"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),

@@ -232,3 +232,45 @@ def test_langchain_structured_output_with_function_calling(served):
     llm = ChatOpenAI(model=MODEL, base_url=f"{server.url}/v1", api_key="unused", max_tokens=160, max_retries=0)
     got = llm.with_structured_output(Weather, method="function_calling").invoke("Weather in Rome?")
     assert isinstance(got, Weather)
+
+
+WEATHER_TOOL = {"type": "function", "name": "Weather", "description": "The weather in a city",
+                "parameters": Weather.model_json_schema()}
+
+
+def test_responses_function_calls_and_their_results(client):
+    """/v1/responses with function tools (its flat tool form): a forced call comes back as a function_call item
+    whose arguments fit the schema, the same in the stream's events; the call and its output sent back as input
+    items reach the template; hosted tools are refused."""
+    kwargs = dict(model=MODEL, input=ASK, tools=[WEATHER_TOOL], tool_choice={"type": "function", "name": "Weather"},
+                  max_output_tokens=160, temperature=0)
+    resp = client.responses.create(**kwargs)
+    (call,) = [item for item in resp.output if item.type == "function_call"]
+    assert call.name == "Weather" and call.call_id.startswith("call_") and resp.output_text == ""
+    Weather.model_validate_json(call.arguments)
+    events = list(client.responses.create(**kwargs, stream=True))
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert json.loads(args) == json.loads(call.arguments)
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.type for item in done] == ["function_call"] and done[0].arguments == args
+    assert events[-1].response.output[0].call_id == done[0].call_id
+    follow = [*ASK, {"type": "function_call", "call_id": call.call_id, "name": "Weather", "arguments": call.arguments},
+              {"type": "function_call_output", "call_id": call.call_id, "output": "12 degrees"}]
+    second = client.responses.create(model=MODEL, input=follow, tools=[WEATHER_TOOL], max_output_tokens=4,
+                                     temperature=0)
+    assert second.usage.input_tokens > resp.usage.input_tokens and second.status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError, match="function tools only"):
+        client.responses.create(model=MODEL, input=ASK, tools=[{"type": "web_search"}])
+
+
+def test_responses_text_without_a_call_streams_as_text(client):
+    """tool_choice auto with the random model (it writes no call): the message text, streamed or not, is the
+    chat completion's content for the same tools, and no function_call item comes back."""
+    kwargs = dict(model=MODEL, input=ASK, tools=[WEATHER_TOOL], max_output_tokens=24, temperature=0)
+    resp = client.responses.create(**kwargs)
+    chat_tool = {"type": "function", "function": {k: v for k, v in WEATHER_TOOL.items() if k != "type"}}
+    chat = client.chat.completions.create(model=MODEL, messages=ASK, tools=[chat_tool], max_tokens=24, temperature=0)
+    assert [item.type for item in resp.output] == ["message"]
+    assert resp.output_text == (chat.choices[0].message.content or "")
+    events = list(client.responses.create(**kwargs, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == resp.output_text
