@@ -155,8 +155,10 @@ def raw_logits(request: Request) -> bool:
     """Whether nothing changes the request's logits before sampling: no logit_bias, no penalties, no
     grammar (its logprobs, if asked, are then those of the raw logits)."""
     p = request.params
+    # Any grammar, even one waiting for a reasoning model's answer: with overlap, the next step's rows are
+    # planned before this token's text shows whether the answer has begun.
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
-            and not p.presence_penalty and _grammar(request) is None)
+            and not p.presence_penalty and getattr(request, "grammar", None) is None)
 
 
 def _grammar(request) -> GrammarState | None:
