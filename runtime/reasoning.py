@@ -99,8 +99,8 @@ class ThinkParser(ReasoningParser):
     and whose prompt did not open it, is all content; one cut off inside it, all reasoning."""
 
     def __init__(self, prompt: str):
-        opened, closed = prompt.rfind(_OPEN), prompt.rfind(_CLOSE)
-        self.state = "reasoning" if opened > closed else ("content" if closed >= 0 else "start")
+        end = prompt.rstrip()               # a tag the generation prompt itself ends with; earlier turns' don't count
+        self.state = "reasoning" if end.endswith(_OPEN) else "content" if end.endswith(_CLOSE) else "start"
         self.tail = ""
         self.strip = False                         # after the reply's own </think>: its whitespace is not the answer's
 

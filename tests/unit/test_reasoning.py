@@ -45,6 +45,9 @@ def parsed(kind: str, prompt: str, text: str) -> set[tuple[str, str]]:
     ("<|im_start|>assistant\n", "<think>cut off </thi", ("cut off </thi", "")),
     ("<|im_start|>assistant\n", "  <thin", ("", "  <thin")),                # never became a tag
     ("<|im_start|>assistant\n", "<think>a</think>", ("a", "")),
+    # an earlier turn's reasoning kept in the prompt (Qwen3's tool loops): the new reply still opens its own
+    ("<think>a</think>b<|im_end|>\n<|im_start|>tool\nc<|im_end|>\n<|im_start|>assistant\n", "<think>x</think>y",
+     ("x", "y")),
 ])
 def test_think_tags(prompt, text, expected):
     assert parsed(reasoning.THINK, prompt, text) == {expected}
