@@ -13,6 +13,8 @@ reasoning. Function tools (`tools`, `tool_choice`, `parallel_tool_calls`) go thr
 tool calling (runtime/tools.py): calls come back as `function_call` items (streamed as
 response.function_call_arguments.* events; text is held back from where a call may start), and
 `function_call` / `function_call_output` input items become the conversation's calls and results.
+`text.format` (json_object, or json_schema with its name and schema: structured output, as the Agents SDK's
+output types send it) is chat's response_format; `text.verbosity` is refused (kiln cannot steer it).
 Hosted tools (web_search, file_search, ...), previous_response_id, stored responses, reasoning summaries
 and non-text input are refused with a 400 naming the field.
 """
@@ -46,6 +48,27 @@ class Reasoning(BaseModel):
     summary: None = None                         # kiln returns the reasoning itself, never a summary
 
 
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: dict[str, Any] | None = None         # {"type": "text" | "json_object" | "json_schema", ...}
+    verbosity: None = None                       # gpt-5's knob: nothing in kiln would honour it
+
+
+def response_format(req: ResponsesRequest) -> dict | None:
+    """text.format as chat's response_format: json_schema's name, schema and strict inside a json_schema
+    object, as the chat API nests them (runtime/grammar.py reads that)."""
+    fmt = (req.text.format if req.text else None) or {"type": "text"}
+    kind = fmt.get("type")
+    if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise APIError(400, "text.format json_schema needs its schema (a JSON schema object)", "text")
+        return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
+    if kind in ("text", "json_object"):
+        return None if kind == "text" else {"type": "json_object"}
+    raise APIError(400, f"text.format.type must be text, json_object or json_schema, got {kind!r}", "text")
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -60,6 +83,7 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, str] | None = None       # tags, returned on the response
     store: Literal[False] | None = None          # kiln keeps no responses: store=true is refused
     reasoning: Reasoning | None = None
+    text: TextConfig | None = None               # text.format: structured output (chat's response_format)
     tools: list[dict[str, Any]] | None = None    # function tools: {"type": "function", "name", "parameters", ...}
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -239,7 +263,8 @@ class _Response:
                 "parallel_tool_calls": self.req.parallel_tool_calls is not False,
                 "tool_choice": self.req.tool_choice or ("auto" if self.req.tools else "none"),
                 "tools": self.req.tools or [], "store": False,
-                "temperature": self.req.temperature, "top_p": self.req.top_p, "text": {"format": {"type": "text"}},
+                "temperature": self.req.temperature, "top_p": self.req.top_p,
+                "text": {"format": (self.req.text.format if self.req.text else None) or {"type": "text"}},
                 "reasoning": {"effort": self.req.reasoning.effort if self.req.reasoning else None, "summary": None},
                 "usage": {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
                           "output_tokens": self.output_tokens,
@@ -271,9 +296,14 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         params = SamplingParams(max_tokens=body.max_output_tokens or max(1, room),
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p)
+        shape = response_format(body)
         if tool_req is not None and tool_req.forced:
-            params = replace(params, response_format=tool_req.forced_format(None),
-                             reasoning_parser=state.reasoning)
+            if shape is not None:
+                raise APIError(400, "text.format cannot be combined with a required or named tool_choice: the "
+                                    "reply is the tool call's JSON", "text")
+            shape = tool_req.forced_format(None)
+        if shape is not None:
+            params = replace(params, response_format=shape, reasoning_parser=state.reasoning)
             params = await state.compile_grammar(params)
         parser = reasoning_parsers.start(state.reasoning, text) if state.reasoning else None
         resp = _Response(body, state.model_name, len(ids), parser, tool_req)

@@ -65,3 +65,25 @@ def test_what_kiln_does_not_do_is_refused(server, body, param):
 def test_unknown_model_is_404(server):
     with pytest.raises(openai.NotFoundError):
         server.client().responses.create(model="nope", input="hi")
+
+
+def test_text_format_shapes_the_output(server):
+    """text.format json_schema (the Agents SDK's structured output) constrains the reply as chat's response_format
+    does; verbosity, an unknown format type and a schema-less json_schema are refused naming `text`."""
+    import json
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    fmt = {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+    completed = 0
+    for _ in range(4):                         # sampled (the Responses API has no seed): each that ends is JSON
+        resp = server.client().responses.create(model=MODEL, input=QUESTION, text=fmt, max_output_tokens=200,
+                                                temperature=1.0)
+        assert resp.text.format.type == "json_schema"
+        if resp.status == "completed":
+            value = json.loads(resp.output_text)
+            assert set(value) == {"ok"} and isinstance(value["ok"], bool)
+            completed += 1
+    assert completed >= 1
+    for text in ({"verbosity": "low"}, {"format": {"type": "yaml"}}, {"format": {"type": "json_schema", "name": "x"}}):
+        reply = httpx.post(f"{server.url}/v1/responses", json={"model": MODEL, "input": "hi", "text": text}, timeout=30)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "text", reply.text
