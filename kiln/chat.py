@@ -120,10 +120,7 @@ def _show(parser, text: str, last: bool, reply: list[str]) -> None:
     in the history, as chat templates drop past reasoning)."""
     thought = ""
     if parser is not None:
-        thought, text = parser.feed(text)
-        if last:
-            more, rest = parser.finish()
-            thought, text = thought + more, text + rest
+        thought, text = parser.read(text, last)
     if thought:
         click.echo(click.style(thought, dim=True), nl=False)
     reply.append(text)

@@ -327,10 +327,7 @@ class Reply:
         """(reasoning, content) of a choice's new text, and the held-back rest at its end."""
         if choice.parser is None:
             choice.parser = self.reasoning()
-        thought, text = choice.parser.feed(text)
-        if last:
-            more, rest = choice.parser.finish()
-            thought, text = thought + more, text + rest
+        thought, text = choice.parser.read(text, last)
         choice.thought.add(thought)
         return thought, text
 

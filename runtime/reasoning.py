@@ -65,9 +65,7 @@ def for_prompt(tokenizer: Any, prompt_ids: list[int]) -> ReasoningParser | None:
 
 def split(parser: ReasoningParser, text: str) -> tuple[str, str]:
     """(reasoning, content) of a whole reply's text."""
-    thought, content = parser.feed(text)
-    more, rest = parser.finish()
-    return thought + more, content + rest
+    return parser.read(text, last=True)
 
 
 class ReasoningParser:
@@ -85,8 +83,16 @@ class ReasoningParser:
         """What was held back, at the end of the choice."""
         raise NotImplementedError
 
+    def read(self, text: str, last: bool = False) -> tuple[str, str]:
+        """feed(text), and at the choice's `last` piece what finish() gives back too."""
+        thought, content = self.feed(text)
+        if last:
+            more, rest = self.finish()
+            thought, content = thought + more, content + rest
+        return thought, content
 
-def _held(text: str, tags: tuple[str, ...]) -> int:
+
+def held_back(text: str, tags: tuple[str, ...]) -> int:
     """How many characters at the end of text could be the start of one of tags."""
     for k in range(min(max(map(len, tags)) - 1, len(text)), 0, -1):
         if any(t.startswith(text[-k:]) for t in tags):
@@ -125,7 +131,7 @@ class ThinkParser(ReasoningParser):
             if self.state == "reasoning":
                 at = buf.find(_CLOSE)
                 if at < 0:
-                    keep = _held(buf, (_CLOSE,))
+                    keep = held_back(buf, (_CLOSE,))
                     reasoning.append(buf[:len(buf) - keep])
                     self.tail = buf[len(buf) - keep:]
                     break
@@ -184,7 +190,7 @@ class HarmonyParser(ReasoningParser):
                 continue
             ends = [(at, tag) for tag in (*_ENDS, _START) if (at := buf.find(tag)) >= 0]
             if not ends:
-                keep = _held(buf, (*_ENDS, _START))
+                keep = held_back(buf, (*_ENDS, _START))
                 self._body(buf[:len(buf) - keep], out)
                 self.tail = buf[len(buf) - keep:]
                 break

@@ -89,8 +89,6 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
 
 
-
-
 def messages_of(req: ResponsesRequest) -> list[dict[str, str]]:
     """Chat messages from instructions + input (text, or message items with text parts; a reasoning item's
     text becomes the next assistant message's reasoning, or one of its own)."""
@@ -201,13 +199,7 @@ class _Response:
 
     def split(self, text: str, last: bool) -> tuple[str, str]:
         """(reasoning, content) of a delta's text, by the parser where there is one."""
-        if self.parser is None:
-            return "", text
-        thought, content = self.parser.feed(text)
-        if last:
-            more, rest = self.parser.finish()
-            thought, content = thought + more, content + rest
-        return thought, content
+        return ("", text) if self.parser is None else self.parser.read(text, last)
 
     def sendable(self, new: str) -> str:
         """What of the new text a stream may send now (with tools: tools.CallHold's answer)."""
@@ -221,11 +213,11 @@ class _Response:
             content, self.calls = tools.parse_tool_calls(self.text, self.tools.forced, self.tools.parallel)
             if self.calls:
                 self.message = content or "" if self.tools.forced else tools.without_calls(self.text)
-        rest = self.message[len(self.sent):] if self.message.startswith(self.sent) else ""
-        for kind, piece in (("message", self.message), *((f"call {n}", "x") for n in range(len(self.calls)))):
-            if piece.strip() or kind == "message" and not self.calls:
-                self.index(kind)
-        return rest
+        if self.message.strip() or not self.calls:       # a reply of calls alone has no message item
+            self.index("message")
+        for n in range(len(self.calls)):
+            self.index(f"call {n}")
+        return self.message[len(self.sent):] if self.message.startswith(self.sent) else ""
 
     def index(self, kind: str) -> int:
         if kind not in self.order:

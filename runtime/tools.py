@@ -21,6 +21,7 @@ from typing import Any
 
 from .openai_api import APIError, Reply, chat_logprobs
 from .protocol import StreamDelta
+from .reasoning import held_back
 
 DEFAULT_TOOL_PROMPT = (
     "You may call one or more functions to assist with the user query. The functions are described "
@@ -223,13 +224,13 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
         field = "reasoning_effort" if name == "reasoning_effort" else "chat_template_kwargs"
         if name in _RESERVED:
             raise APIError(400, f"chat_template_kwargs may not set {name!r}: the request's own fields do", field)
-        source = tok._config.get("chat_template")
+        source = tok.chat_template
         if not isinstance(name, str) or not name.isidentifier() or name not in json.dumps(source or ""):
             raise APIError(400, f"this model's chat template reads no variable {name!r}, so it would change "
                                 "nothing; leave it out", field)
         extra[name] = value
     if tools is not None:
-        source = tok._config.get("chat_template")
+        source = tok.chat_template
         if not source:
             raise APIError(400, "this model's tokenizer has no chat template, so tools cannot be put in a "
                                 "prompt; send a completions request instead", "tools")
@@ -334,7 +335,4 @@ def without_calls(text: str) -> str:
 def _safe_prefix(text: str) -> int:
     """How much of text (no `<tool_call>` tag in it) can be sent as content: all but a tail that could
     still become one."""
-    for k in range(min(len(_TAG) - 1, len(text)), 0, -1):
-        if text.endswith(_TAG[:k]):
-            return len(text) - k
-    return len(text)
+    return len(text) - held_back(text, (_TAG,))
