@@ -242,6 +242,7 @@ def test_a_reasoning_reply_is_constrained_after_its_thinking(tokenizer, compiler
     while the reply reasons (the sampler sees no grammar rows, so any token goes, "no JSON here" included) and
     constrains the token after </think>: JSON from there on (a word is no longer allowed, "{" is)."""
     from kiln.runtime.request import Request
+    from kiln.runtime.sampler import raw_logits
     from kiln.runtime.sequence import Sequence
     params = SamplingParams(max_tokens=200, temperature=0, reasoning_parser="think",
                             response_format={"type": "json_object"})
@@ -254,6 +255,7 @@ def test_a_reasoning_reply_is_constrained_after_its_thinking(tokenizer, compiler
     word, brace = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("no", "{"))
     for token in tokenizer.encode("no JSON here</think>", add_special_tokens=False):
         assert req.active_grammar is None and Sampler().prepare([req]).grammar_rows.size == 0
+        assert not raw_logits(req)          # host-sampled even now: with overlap the next row is planned early
         req.append(token)
     assert req.active_grammar is req.grammar and Sampler().prepare([req]).grammar_rows.tolist() == [0]
     allowed = req.active_grammar.allowed_mask()
