@@ -455,9 +455,11 @@ def _kv_layout(config, page_size: int, dtype: str, window_mode: str, owner: str 
     """The KV cache as the model creates it: per-layer attention kinds, the sliding window and its mode,
     whose cache it is."""
     layers = config.layer_attention()
+    layer_kv, sources = getattr(config, "kv_layers", lambda: None)() or ((), ())
     return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
                          layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers),
-                         window_mode=window_mode, owner=owner, tables=OWNED_KV_TABLES if owner == "kiln" else ())
+                         window_mode=window_mode, owner=owner, tables=OWNED_KV_TABLES if owner == "kiln" else (),
+                         layer_kv=layer_kv, layer_sources=sources)
 
 
 def _config_dict(config) -> dict:

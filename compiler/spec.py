@@ -25,12 +25,13 @@ def build_spec(model: nn.Module, hidden_size: int, vocab_size: int, dtype: str, 
     the device's BLAS). A model whose KV cache kiln owns (`owned_layout`, models/owned_kv.py) takes the
     cache's pages and page tables instead of TVM's cache object, and has no create_paged_kv_cache."""
     owned = getattr(model, "owned_layout", None)
+    width = getattr(model, "embed_width", hidden_size)      # what `embed` returns a token (Gemma 4: more than hidden)
 
     def kv(tokens="seq_len"):
         return nn.spec.Object(object_type=PagedKVCache) if owned is None else cache_spec(owned, tokens)
 
     def embeds(*shape):
-        return nn.spec.Tensor([*shape, hidden_size], dtype)
+        return nn.spec.Tensor([*shape, width], dtype)
 
     spec = {
         "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "$": _PACKED},

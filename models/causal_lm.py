@@ -146,6 +146,12 @@ class DecoderConfig:
         """Every layer's multi-head latent attention (models/mla.py), None for plain attention."""
         return None
 
+    def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]] | None:
+        """Where layers' KV caches differ (Gemma 4): per layer (kv heads, head dim), and per layer the
+        layer whose keys and values it attends over (itself, or an earlier one it shares); None where every
+        layer holds its own of one shape. Only the cache kiln owns takes such a model."""
+        return None
+
 
 def _flat_rope(hf: dict) -> dict:
     """transformers 5 writes RoPE as `rope_parameters: {rope_type, rope_theta, factor, ...}` instead of
@@ -257,6 +263,9 @@ class CausalLM(nn.Module):
         """Why TVM's paged KV cache cannot run this model (then `kiln compile` takes the cache kiln owns),
         None where it can."""
         kinds = {a.kind for a in self.attention}
+        if self.config.kv_layers():
+            return ("this model's layers differ in KV head size or share an earlier layer's keys and values, "
+                    "and TVM's paged KV cache holds one shape for every layer")
         if self.flags.attn_sinks:
             return ("this model's attention has sinks (a logit per head in every softmax), which TVM's paged KV "
                     "cache cannot apply")
@@ -339,11 +348,12 @@ class CausalLM(nn.Module):
                              "runs over TVM's paged KV cache only")
         c, first = self.config, self.attention[0]
         cache_rope = not (self.flags.learned_positions or self.rope_in_graph)
+        layer_kv, sources = c.kv_layers() or ((), ())
         self.owned_layout = OwnedLayout(
             c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, self.kv_dtype or self.dtype,
             tuple(a.window if a.kind == "sliding" else 0 for a in self.attention),
             {"theta": first.rope_theta, "scaling": first.rope_scaling or {}, "rotary_dim": c.rotary_dim}
-            if cache_rope else None, self.flags.attn_logit_softcap)
+            if cache_rope else None, self.flags.attn_logit_softcap, layer_kv, sources)
 
     def _cache(self, given):
         """The forward's KV cache: TVM's object as given, or the owned cache over the given pages and tables."""

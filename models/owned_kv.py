@@ -43,12 +43,30 @@ class OwnedLayout:
     windows: tuple[int, ...]            # per layer: tokens a sliding layer sees, 0 for a full layer
     rope: dict | None = None            # RoPE the cache applies (TVM's settings: theta, scaling, rotary_dim); None
     softcap: float | None = None        # attention scores soft-capped, cap * tanh(s / cap) (Gemma 2): CPU kernels only
+    layer_kv: tuple[tuple[int, int], ...] = ()  # per layer (kv heads, head dim) where layers differ (Gemma 4's
+                                                # global layers); empty: num_kv_heads and head_dim for every one
+    sources: tuple[int, ...] = ()       # per layer, the layer whose keys and values it attends over (Gemma 4's
+                                        # shared KV: a later layer reads an earlier one's pages and writes
+                                        # none); empty: each its own
+
+    def kv_of(self, layer: int) -> tuple[int, int]:
+        """Layer `layer`'s (kv heads, head dim)."""
+        return self.layer_kv[layer] if self.layer_kv else (self.num_kv_heads, self.head_dim)
+
+    def source(self, layer: int) -> int:
+        """The layer whose pages layer `layer` attends over (itself unless it shares another's)."""
+        return self.sources[layer] if self.sources else layer
+
+    @property
+    def owners(self) -> list[int]:
+        """The layers that hold pages, in order (the cache input's page tensors, one each)."""
+        return [i for i in range(len(self.windows)) if self.source(i) == i]
 
 
 def cache_spec(layout: OwnedLayout, tokens: str) -> list:
     """The cache input of an entry function (nn.spec), `tokens` the name of its token count."""
-    pages = [nn.spec.Tensor(["num_pages", 2, layout.num_kv_heads, layout.page_size, layout.head_dim], layout.dtype)
-             for _ in layout.windows]
+    pages = [nn.spec.Tensor(["num_pages", 2, layout.kv_of(i)[0], layout.page_size, layout.kv_of(i)[1]], layout.dtype)
+             for i in layout.owners]
     return [pages, *[nn.spec.Tensor([_SIZES.get(name, tokens)], "int32") for name in TABLES]]
 
 
@@ -58,7 +76,8 @@ class OwnedKVCache:
     def __init__(self, layout: OwnedLayout, state: list):
         self.layout = layout
         pages, *tables = state
-        self.pages = list(pages)
+        self.pages = list(pages)                    # the owners' (layout.owners), in order
+        self._page_of = {layer: i for i, layer in enumerate(layout.owners)}
         self.tables = dict(zip(TABLES, tables))
         self._kernels: dict = {}
 
@@ -75,7 +94,7 @@ class OwnedKVCache:
         [heads] float32, each head's sink logit in its softmax."""
         lay = self.layout
         b, s, fused, d = qkv.shape
-        h, h_kv = num_qo_heads, lay.num_kv_heads
+        h, (h_kv, _) = num_qo_heads, lay.kv_of(layer_id)
         flat = op.reshape(qkv, [b * s, fused, d])
         n = flat.shape[0]
         if lay.rope:
@@ -86,27 +105,40 @@ class OwnedKVCache:
                                           Tensor.placeholder([n, h_kv, d], qkv.dtype)])
         else:
             q, k, v = op.split(flat, [h, h + h_kv], axis=1)
-        pages = self.pages[layer_id]
-        self.pages[layer_id] = op.tensor_ir_inplace_op(
-            self._kernel("append"), "owned_kv_append", [pages, k, v, self.tables["slots"]], inplace_indices=[0],
-            out=Tensor.placeholder(pages.shape, pages.dtype))
-        if _cpu():                  # decode steps of sliding layers too take the prefill kernel: a row each
-            window = lay.windows[layer_id]
-            decode = not window and isinstance(s, int) and s == 1
-            o = self._paged_cpu(q, layer_id, sm_scale, sinks, window, decode)
-        else:
-            if lay.softcap:
-                raise ValueError("soft-capped attention (attn_logit_softcapping) over the KV cache kiln owns runs on "
-                                 "CPUs only so far; compile with --kv-cache tvm (or auto)")
-            if sinks is None:
-                sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
-            o = op.tensor_ir_op(
-                self._kernel("attention", sm_scale, lay.windows[layer_id], h), "owned_kv_attention",
-                [q, self.pages[layer_id], self.tables["page_indptr"], self.tables["page_values"],
-                 self.tables["seq_of"], self.tables["positions"], sinks], out=Tensor.placeholder([n, h, d], qkv.dtype))
-        return op.reshape(o, [b, s, h, d])
+        page = self._page_of[layer_id]
+        pages = self.pages[page]
+        self.pages[page] = op.tensor_ir_inplace_op(
+            self._kernel("append", h_kv, int(d)), "owned_kv_append", [pages, k, v, self.tables["slots"]],
+            inplace_indices=[0], out=Tensor.placeholder(pages.shape, pages.dtype))
+        return op.reshape(self._attend(layer_id, q, s, sm_scale, sinks), [b, s, h, d])
 
-    def _paged_cpu(self, q: Tensor, layer_id: int, sm_scale: float, sinks: Tensor | None, window: int,
+    def attention_shared(self, layer_id: int, q: Tensor, sm_scale: float) -> Tensor:
+        """A layer that shares another's keys and values (layout.sources): its q [b, s, heads, d] (rotated)
+        over the source layer's pages, which this forward's earlier layer already appended to; nothing
+        written. -> [b, s, heads, d]."""
+        b, s, h, d = q.shape
+        return op.reshape(self._attend(layer_id, op.reshape(q, [b * s, h, d]), s, sm_scale, None), [b, s, h, d])
+
+    def _attend(self, layer_id: int, q: Tensor, s, sm_scale: float, sinks: Tensor | None) -> Tensor:
+        """q [tokens, heads, d] over the pages layer `layer_id` reads, its window masked -> [tokens, heads, d]."""
+        lay = self.layout
+        n, h, d = q.shape
+        window = lay.windows[layer_id]
+        pages = self.pages[self._page_of[lay.source(layer_id)]]
+        if _cpu():                  # decode steps of sliding layers too take the prefill kernel: a row each
+            decode = not window and isinstance(s, int) and s == 1
+            return self._paged_cpu(q, pages, lay.kv_of(layer_id)[0], sm_scale, sinks, window, decode)
+        if lay.softcap:
+            raise ValueError("soft-capped attention (attn_logit_softcapping) over the KV cache kiln owns runs on "
+                             "CPUs only so far; compile with --kv-cache tvm (or auto)")
+        if sinks is None:
+            sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
+        return op.tensor_ir_op(
+            self._kernel("attention", sm_scale, window, int(h), lay.kv_of(layer_id)[0], int(d)), "owned_kv_attention",
+            [q, pages, self.tables["page_indptr"], self.tables["page_values"],
+             self.tables["seq_of"], self.tables["positions"], sinks], out=Tensor.placeholder([n, h, d], q.dtype))
+
+    def _paged_cpu(self, q: Tensor, pages: Tensor, h_kv: int, sm_scale: float, sinks: Tensor | None, window: int,
                    decode: bool) -> Tensor:
         """A layer on the CPU: kiln's paged attention kernels (targets/cpu/attention.py, the ones TVM's
         cache runs in kiln's CPU artifacts; every new token is in the pages, so the prefill kernel's
@@ -114,9 +146,10 @@ class OwnedKVCache:
         the sinks taken out of the output by its log-sum-exp: o * sigmoid(lse - sink)."""
         n, h, d = q.shape
         t = self.tables
-        args = [q, *([] if decode else [t["q_indptr"]]), self.pages[layer_id], t["page_indptr"], t["page_values"],
+        args = [q, *([] if decode else [t["q_indptr"]]), pages, t["page_indptr"], t["page_values"],
                 t["last_len"], t["rope_offset"], t["positions"]]
-        o, lse = op.tensor_ir_op(self._kernel("paged_cpu", sm_scale, h, decode, window), "owned_kv_paged_attention",
+        o, lse = op.tensor_ir_op(self._kernel("paged_cpu", sm_scale, int(h), decode, window, h_kv, int(d)),
+                                 "owned_kv_paged_attention",
                                  args, out=[Tensor.placeholder([n, h, d], q.dtype),
                                             Tensor.placeholder([n, h], "float32")])
         if sinks is None:
@@ -125,28 +158,28 @@ class OwnedKVCache:
         return o * op.reshape(keep, [n, h, 1]).astype(o.dtype)
 
     def _kernel(self, kind: str, *key):
-        """The cache's PrimFuncs, built once per kind (and per scale, window and head count)."""
+        """The cache's PrimFuncs, built once per kind (and per scale, window, head counts and head size)."""
         from tvm.target import Target
         found = self._kernels.get((kind, *key))
         if found is not None:
             return found
         lay = self.layout
         if kind == "append":
-            func = owned_append(lay.num_kv_heads, lay.head_dim, lay.dtype, lay.page_size)
+            func = owned_append(*key, lay.dtype, lay.page_size)
         elif kind == "rope":
             func = _rope_kernel(lay)
         elif kind == "paged_cpu":
             from kiln.targets.cpu.attention import attention_paged_cpu
             from kiln.targets.cpu.schedule import attention_lanes
-            scale, heads, decode, window = key
-            func = attention_paged_cpu(lay.num_kv_heads, heads, lay.head_dim, lay.dtype, lay.page_size, decode=decode,
+            scale, heads, decode, window, h_kv, d = key
+            func = attention_paged_cpu(h_kv, heads, d, lay.dtype, lay.page_size, decode=decode,
                                        simd=attention_lanes(Target.current()), window_rows=window,
                                        softcap=lay.softcap)
             func = _bind(func, causal=1, rotary_mode=0, rope_scale=1.0, rope_theta=1.0, sm_scale=scale)
         else:
-            scale, window, heads = key
+            scale, window, heads, h_kv, d = key
             gpu = Target.current().kind.name != "llvm"
-            func = owned_attention(lay.num_kv_heads, heads, lay.head_dim, lay.dtype, lay.page_size, scale,
+            func = owned_attention(h_kv, heads, d, lay.dtype, lay.page_size, scale,
                                    window=window, gpu=gpu)
         # named by the call (tensor_ir_op's name hint): kernels of two windows or scales are two functions
         func = self._kernels[(kind, *key)] = func.without_attr("global_symbol")

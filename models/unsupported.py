@@ -29,8 +29,6 @@ _UNSUPPORTED = {
     "bloom": ("BLOOM", _ALIBI), "mpt": ("MPT", _ALIBI),
     "gemma3n": ("Gemma 3n", "per-layer inputs, AltUp and LAuReL blocks, and KV shared across layers"),
     "gemma3n_text": ("Gemma 3n", "per-layer inputs, AltUp and LAuReL blocks, and KV shared across layers"),
-    **{t: ("Gemma 4", "global layers with a head size of their own beside the local layers' (one paged KV cache "
-                      "holds one head size) and per-layer inputs") for t in ("gemma4", "gemma4_text")},
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
         ("deepseek_v32", "DeepSeek-V3.2"), ("glm_moe_dsa", "GLM MoE with DSA"), ("hy_v4", "Hy V4"),
         ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},

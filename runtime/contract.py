@@ -120,12 +120,25 @@ class KVCacheLayout:
     owner: str = "tvm"                           # whose cache: "tvm" (TVM's PagedKVCache, create_paged_kv_cache) or
                                                  # "kiln" (models/owned_kv.py: pages and tables the runtime passes)
     tables: tuple[str, ...] = ()                 # owner "kiln": the page tables its functions take, in order
+    layer_kv: tuple[tuple[int, int], ...] = ()   # owner "kiln": per layer (kv heads, head dim) where layers differ
+                                                 # (Gemma 4's global layers); empty: num_kv_heads, head_dim each
+    layer_sources: tuple[int, ...] = ()          # owner "kiln": per layer, the layer whose pages it attends over
+                                                 # (Gemma 4's shared KV); empty: each its own
+
+    def kv_of(self, layer: int) -> tuple[int, int]:
+        """Layer `layer`'s (kv heads, head dim)."""
+        return self.layer_kv[layer] if self.layer_kv else (self.num_kv_heads, self.head_dim)
+
+    @property
+    def owners(self) -> list[int]:
+        """The layers that hold pages (the others read an earlier layer's), in order."""
+        return [i for i in range(self.num_layers) if not self.layer_sources or self.layer_sources[i] == i]
 
     @property
     def bytes_per_token(self) -> int:
-        """KV cache bytes one token takes: keys and values of every layer (TVM pages all layers alike)."""
+        """KV cache bytes one token takes: keys and values of every layer that holds pages."""
         itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}.get(self.dtype, 4)
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * itemsize * sum(h * d for h, d in map(self.kv_of, self.owners))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
@@ -140,6 +153,19 @@ class KVCacheLayout:
         _require(self.owner in KV_OWNERS, f"kv_cache.owner {self.owner!r} is not one of {', '.join(KV_OWNERS)}")
         object.__setattr__(self, "tables", tuple(self.tables))
         _require(self.owner == "tvm" or self.tables, "kv_cache.owner is kiln but kv_cache.tables lists none")
+        object.__setattr__(self, "layer_kv", tuple(tuple(int(v) for v in hd) for hd in self.layer_kv))
+        object.__setattr__(self, "layer_sources", tuple(int(i) for i in self.layer_sources))
+        for name in ("layer_kv", "layer_sources"):
+            listed = getattr(self, name)
+            _require(not listed or len(listed) == self.num_layers,
+                     f"kv_cache.{name} lists {len(listed)} layers, the model has {self.num_layers}")
+            _require(not listed or self.owner == "kiln", f"kv_cache.{name} needs the KV cache kiln owns (owner kiln)")
+        _require(all(len(hd) == 2 and min(hd) > 0 for hd in self.layer_kv),
+                 "kv_cache.layer_kv must give each layer [kv heads, head dim]")
+        _require(all(0 <= s <= i and s in self.owners and self.kv_of(s) == self.kv_of(i)
+                     for i, s in enumerate(self.layer_sources)),
+                 "kv_cache.layer_sources must name, for each layer, itself or an earlier layer of its shape that "
+                 "holds pages")
 
 
 @dataclass(frozen=True)

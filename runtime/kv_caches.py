@@ -6,7 +6,8 @@ and begin(seq_ids, lengths) before a forward, which returns what the entry funct
 cache argument, then end() after it. TVM's cache builds its page tables inside begin; the owned
 cache builds them here (numpy) and stages them to the device through the runner's `stage`.
 
-OwnedCache allocates every layer's pages once ([pages, 2, kv heads, page size, head dim] each; the
+OwnedCache allocates every layer's pages once ([pages, 2, kv heads, page size, head dim] each, a layer's
+own sizes; a layer that shares an earlier one's keys and values has none: KVCacheLayout.layer_sources; the
 graph writes them in place) and hands pages out per sequence in token order, one pool for every
 layer (a page id names the same slot in each layer's tensor). It keeps every token (sliding layers
 mask by position), so it has no window bound per forward, and sequences share pages on any model,
@@ -85,11 +86,10 @@ class OwnedCache:
     def __init__(self, layout: KVCacheLayout, device, total_tokens: int, stage: Callable[[str, np.ndarray], object]):
         self.page_size = layout.page_size
         self.num_pages = max(-(-total_tokens // layout.page_size), 1)
-        shape = (self.num_pages, 2, layout.num_kv_heads, layout.page_size, layout.head_dim)
-        self.pages = [tvm.runtime.empty(shape, layout.dtype, device) for _ in range(layout.num_layers)]
+        shapes = [(self.num_pages, 2, h_kv, layout.page_size, d) for h_kv, d in map(layout.kv_of, layout.owners)]
+        self.pages = [tvm.runtime.empty(shape, layout.dtype, device) for shape in shapes]   # the layers holding pages
         self._pages_arg = tvm.runtime.convert(self.pages)
-        self._page_elems = int(np.prod(shape[1:]))
-        self._page_bytes = self._page_elems * np.dtype(layout.dtype).itemsize
+        self._page_elems = [int(np.prod(shape[1:])) for shape in shapes]                 # a page's, per tensor
         self._stage = stage
         unknown = [name for name in layout.tables if name not in OWNED_KV_TABLES]
         if unknown:
@@ -207,8 +207,7 @@ class OwnedCache:
     def _copy(self, page: int) -> int:
         """A new page holding `page`'s keys and values in every layer (device to device)."""
         new = self._take()
-        shape = ShapeTuple([self._page_elems])
-        for pages in self.pages:
-            _VIEW(pages, shape, pages.dtype, new * self._page_bytes).copyfrom(
-                _VIEW(pages, shape, pages.dtype, page * self._page_bytes))
+        for pages, elems in zip(self.pages, self._page_elems):
+            shape, nbytes = ShapeTuple([elems]), elems * np.dtype(pages.dtype).itemsize
+            _VIEW(pages, shape, pages.dtype, new * nbytes).copyfrom(_VIEW(pages, shape, pages.dtype, page * nbytes))
         return new
