@@ -124,7 +124,8 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     arch, spec = _arch(reader)
     key = lambda name: f"{arch}.{name}"  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
-    if "blk.0.ffn_gate_inp.weight" in tensors and "blk.0.ffn_gate_exps.weight" not in tensors:
+    if ("blk.0.ffn_gate_inp.weight" in tensors and "blk.0.ffn_gate_exps.weight" not in tensors
+            and "blk.0.ffn_gate_up_exps.weight" not in tensors):
         raise ModelLoadError(f"this {arch} GGUF is a mixture of experts stored an expert a tensor (ffn_gate.0, ...: "
                              "llama.cpp's older layout); kiln reads its 3-D ffn_*_exps tensors (re-convert it with a "
                              "current convert_hf_to_gguf.py) or the Hugging Face checkpoint")
@@ -152,7 +153,7 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
     if head_dim is not None:
         config["head_dim"] = head_dim
     spec.config(reader, arch, tensors, config)
-    if "rope_scaling" not in config:                   # the families whose reader leaves it to this one
+    if "rope_scaling" not in config and "rope_parameters" not in config:   # the families whose reader leaves it here
         config["rope_scaling"] = rope_scaling(reader, arch)
     return config
 

@@ -120,6 +120,13 @@ QWEN_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("
                   "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
 GEMMA_LAYER = {**LLAMA_LAYER, **QK_NORMS, "post_attention_norm": "post_attention_layernorm",
                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+# Gemma 4: Gemma's names, norms stored as they are (x * w), the per-layer embedding's gate, projection and norm,
+# and the layer's output scale (HF's layer_scalar, a [1] tensor the converter names .weight)
+GEMMA4_LAYER = {**GEMMA_LAYER, "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+                "post_norm": "post_per_layer_input_norm", "layer_output_scale.weight": "layer_scalar"}
+GEMMA4_GLOBAL = {**LLAMA_GLOBAL, "per_layer_token_embd": "model.embed_tokens_per_layer",
+                 "per_layer_model_proj": "model.per_layer_model_projection",
+                 "per_layer_proj_norm": "model.per_layer_projection_norm"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
@@ -364,6 +371,58 @@ def _gemma(pattern: int, layers_27b: int):
             c["rope_local_base_freq"] = _f32(_key(reader, arch, "rope.freq_base_swa", 10000.0))
             c["rope_scaling"] = rope_scaling(reader, arch)
     return config
+
+
+def _gemma4(reader, arch, tensors, c):
+    """llama.cpp's Gemma4Model: the layer kinds as sliding_window_pattern, the global layers' head size as
+    key_length and the sliding ones' as key_length_swa, head_count_kv (and feed_forward_length, with double-wide
+    MLPs) per layer where they differ, the shared-KV count and PLE width, proportional RoPE as a rope_freqs
+    tensor (1 for each rotated pair, 1e30 for the rest), values equal to keys where a global layer has no
+    attn_v. Read back as transformers' Gemma4TextConfig (per_layer_config for the global layers)."""
+    n = c["num_hidden_layers"]
+    swa = _key(reader, arch, "attention.sliding_window_pattern")
+    if not isinstance(swa, list) or len(swa) != n:
+        raise ModelLoadError(f"this gemma4 GGUF's attention.sliding_window_pattern is {swa!r}, not a flag for each "
+                             f"of its {n} layers; re-convert it with a current convert_hf_to_gguf.py")
+    types = ["sliding_attention" if s else "full_attention" for s in swa]
+    per_layer = lambda v: list(v) if isinstance(v, list) else [v] * n   # noqa: E731
+    kv, ff = per_layer(c["num_key_value_heads"]), per_layer(c["intermediate_size"])
+    shared = int(_key(reader, arch, "attention.shared_kv_layers", 0))
+    wide = [f for i, f in enumerate(ff) if i >= n - shared]
+    if any(f != ff[0] for f in ff[:n - shared]) or any(f not in (ff[0], 2 * ff[0]) for f in wide) or len(set(wide)) > 1:
+        raise ModelLoadError(f"this gemma4 GGUF's feed_forward_length {ff} is not one width (doubled on the shared-KV "
+                             "layers at most); re-convert it, or load the Hugging Face checkpoint")
+    head_dim = int(_key(reader, arch, "attention.key_length_swa") or c.get("head_dim"))
+    global_dim = int(_key(reader, arch, "attention.key_length") or head_dim)
+    first_full = types.index("full_attention") if "full_attention" in types else None
+    first_swa = types.index("sliding_attention") if "sliding_attention" in types else 0
+    rotary = _key(reader, arch, "rope.dimension_count_swa", head_dim)
+    if rotary != head_dim:
+        raise ModelLoadError(f"this gemma4 GGUF rotates {rotary} of its sliding layers' {head_dim} head dims; kiln "
+                             "reads Gemma 4's full rotation there")
+    full_rope = {"rope_type": "default", "rope_theta": _f32(_key(reader, arch, "rope.freq_base", 1e6))}
+    if "rope_freqs.weight" in tensors:
+        factors = np.asarray(tensors["rope_freqs.weight"].data, np.float32)
+        rotated = int(np.sum(factors == 1.0))
+        if not np.all(factors[:rotated] == 1.0) or np.any(factors[rotated:] < 1e29):
+            raise ModelLoadError("this gemma4 GGUF's rope_freqs are not proportional RoPE's (1 for each rotated pair, "
+                                 "then 1e30); kiln reads only that form")
+        full_rope.update(rope_type="proportional", partial_rotary_factor=2 * rotated / global_dim)
+    ple = int(_key(reader, arch, "embedding_length_per_layer_input", 0) or 0)
+    c.update(head_dim=head_dim, num_key_value_heads=kv[first_swa], intermediate_size=ff[0],
+             use_double_wide_mlp=bool(wide) and wide[0] == 2 * ff[0], num_kv_shared_layers=shared,
+             layer_types=types, sliding_window=_key(reader, arch, "attention.sliding_window"),
+             hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=ple,
+             final_logit_softcapping=_f32(_key(reader, arch, "final_logit_softcapping", 30.0)),   # llama.cpp's default
+             attention_k_eq_v=first_full is not None and f"blk.{first_full}.attn_v.weight" not in tensors,
+             per_layer_config={str(i): {"head_dim": global_dim, "num_key_value_heads": kv[i]}
+                               for i, t in enumerate(types) if t == "full_attention"},
+             rope_parameters={"full_attention": full_rope, "sliding_attention": {
+                 "rope_type": "default", "rope_theta": _f32(_key(reader, arch, "rope.freq_base_swa", 10000.0))}},
+             enable_moe_block="blk.0.ffn_gate_inp.weight" in tensors)
+    c.pop("rope_theta", None)
+    if ple:
+        c["vocab_size_per_layer_input"] = int(tensors["per_layer_token_embd.weight"].shape[-1])
 
 
 def _phi3(reader, arch, tensors, c):
@@ -740,6 +799,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
     "gemma3": GGUFArch("gemma3_text", ("Gemma3ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(6, 62)),
+    "gemma4": GGUFArch("gemma4_text", ("Gemma4ForCausalLM",), GEMMA4_LAYER, GEMMA4_GLOBAL, config=_gemma4),
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
     "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",
                      transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),

@@ -1,8 +1,10 @@
 """The tokenizer a GGUF file describes, rebuilt as a `tokenizers.Tokenizer` plus tokenizer_config.json.
 
 Two kinds: byte-level BPE (`tokenizer.ggml.model` "gpt2": Llama 3, Qwen, SmolLM, GPT-2) and
-SentencePiece BPE ("llama": Llama 1/2, TinyLlama, Mistral, Gemma). The second keeps no merge list in
-the file; the merges are recovered from the vocabulary (see `_sentencepiece_merges`).
+SentencePiece BPE ("llama": Llama 1/2, TinyLlama, Mistral, Gemma; "gemma4": Gemma 4). "llama" keeps no
+merge list in the file; the merges are recovered from the vocabulary (see `_sentencepiece_merges`).
+"gemma4" is the same BPE over `▁`-spelled text with byte fallback, its merge list written out (llama.cpp's
+Gemma4Model reads the tokenizer.json's).
 """
 
 from __future__ import annotations
@@ -45,18 +47,22 @@ _PRE_SPLITS = {
     **dict.fromkeys(["gpt-4o", "minimax-m2"], [_O200K_SPLIT]),
 }
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
+_SENTENCEPIECE = ("llama", "gemma4")
+# Turn and message ends llama.cpp's vocabulary loader also stops at (its end-of-generation set), by their text
+_END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<turn|>", "<|endoftext|>", "<|return|>",
+                "<|call|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>")  # tokenizer.ggml.model values of SentencePiece-style BPE
 _SPACE = "\u2581"  # SentencePiece's visible space
 
 
 def _check_tokenizer(reader: gguf.GGUFReader) -> None:
     """Raise when the file's tokenizer is one we cannot rebuild."""
     model = _meta(reader, "tokenizer.ggml.model")
-    if model == "llama":
+    if model in _SENTENCEPIECE:
         return
     if model != "gpt2":
         raise ModelLoadError(
             f"GGUF tokenizer model {model!r} is not supported yet; supported: 'gpt2' (byte-level BPE), "
-            "'llama' (SentencePiece BPE)"
+            "'llama' and 'gemma4' (SentencePiece BPE)"
         )
     pre = _meta(reader, "tokenizer.ggml.pre", "default")
     if pre not in _PRE_SPLITS:
@@ -67,7 +73,7 @@ def _check_tokenizer(reader: gguf.GGUFReader) -> None:
 def build_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     """A `tokenizers.Tokenizer` equal to the one the GGUF metadata describes."""
     _check_tokenizer(reader)
-    if _meta(reader, "tokenizer.ggml.model") == "llama":
+    if _meta(reader, "tokenizer.ggml.model") in _SENTENCEPIECE:
         return _sentencepiece_tokenizer(reader)
     return _byte_level_tokenizer(reader)
 
@@ -102,7 +108,8 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     Gemma (no prefix space) replaces spaces by `▁` in a normalizer and stores runs of spaces as
     user-defined tokens spelled with real spaces; those are respelled as `▁` runs so that BPE reaches
     them, and its merges rank by position in the file. Llama-style vocabularies prepend `▁` to the
-    first word (tokenizer.ggml.add_space_prefix, default on) and rank merges by score.
+    first word (tokenizer.ggml.add_space_prefix, default on) and rank merges by score. Gemma 4's file
+    ("gemma4") writes its merges: those are taken as they are.
     """
     arch = _meta(reader, "general.architecture")
     gemma = arch.startswith("gemma")
@@ -116,7 +123,9 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
         priority = dict(zip(tokens, map(float, _meta(reader, "tokenizer.ggml.scores"))))
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = _meta(reader, "tokenizer.ggml.unknown_token_id", None)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=_sentencepiece_merges(vocab, priority), fuse_unk=True,
+    written = _meta(reader, "tokenizer.ggml.merges", None) if _meta(reader, "tokenizer.ggml.model") == "gemma4" else None
+    merges = [_merge_pair(m) for m in written] if written is not None else _sentencepiece_merges(vocab, priority)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True,
                                byte_fallback=True, unk_token=tokens[unk_id] if unk_id is not None else None))
     prefix = not gemma and bool(_meta(reader, "tokenizer.ggml.add_space_prefix", True))
     if gemma:
@@ -152,6 +161,14 @@ def _sentencepiece_merges(vocab: dict[str, int], priority: dict[str, float]) -> 
     return [(left, right) for *_, left, right in found]
 
 
+def _merge_pair(merge: str) -> tuple[str, str]:
+    """A written merge "left right": split at the first space after the first character (llama.cpp's rule)."""
+    cut = merge.find(" ", 1)
+    if cut < 0:
+        raise ModelLoadError(f"GGUF tokenizer merge {merge!r} has no space between its two pieces; re-convert the model")
+    return merge[:cut], merge[cut + 1:]
+
+
 def _byte_level_spelling(token: str) -> str:
     """A vocabulary entry in the byte-level alphabet; llama.cpp stores them that way already."""
     if all(c in _UNICODE_ALPHABET for c in token):
@@ -172,7 +189,7 @@ _UNICODE_ALPHABET = frozenset(_BYTE_TO_UNICODE.values())
 
 def _add_bos(reader: gguf.GGUFReader) -> bool:
     """tokenizer.ggml.add_bos_token; absent, llama.cpp adds BOS for SentencePiece, not for byte-level BPE."""
-    return bool(_meta(reader, "tokenizer.ggml.add_bos_token", _meta(reader, "tokenizer.ggml.model") == "llama"))
+    return bool(_meta(reader, "tokenizer.ggml.add_bos_token", _meta(reader, "tokenizer.ggml.model") in _SENTENCEPIECE))
 
 
 def _post_processor(reader: gguf.GGUFReader, tokens: list[str]):
@@ -194,6 +211,11 @@ def gguf_tokenizer_config(reader: gguf.GGUFReader) -> dict:
         token_id = _meta(reader, f"tokenizer.ggml.{key}_token_id", None)
         if token_id is not None and token_id < len(tokens):
             config[name] = tokens[token_id]
+    stops = {_meta(reader, f"tokenizer.ggml.{key}_token_id", None) for key in ("eot", "eom")}
+    types = _meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    stops |= {i for i, (t, ty) in enumerate(zip(tokens, types)) if t in _END_OF_TURN and ty in (_CONTROL, _USER_DEFINED)}
+    if stops - {None}:
+        config["eos_token_ids"] = sorted(stops - {None})       # end of generation beside eos_token
     config["add_bos_token"] = _add_bos(reader)
     config["add_eos_token"] = bool(_meta(reader, "tokenizer.ggml.add_eos_token", False))
     arch = _meta(reader, "general.architecture")

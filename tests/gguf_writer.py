@@ -22,6 +22,12 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     minicpm3 only MiniCPM3Model's few keys (no RoPE base, no scales); LongRoPE factors as phi3's
     granite 4.0 without Mamba layers as granite / granitemoe (a dense MLP as ffn_gate / _up / _down), a kv head
              count a layer; as granitehybrid (an older converter: `arch`) without RoPE
+    gemma4   Gemma4Model's keys: the layer kinds as sliding_window_pattern, the global head size as key_length and
+             the sliding one as key_length_swa, head_count_kv a layer where the global layers have their own,
+             feed_forward_length a layer with double-wide MLPs, shared_kv_layers, the PLE width; norms as they
+             are; proportional RoPE as a rope_freqs tensor (1 for each rotated pair, 1e30 for the rest);
+             layer_scalar as layer_output_scale.weight; the tokenizer as "gemma4" (tokens, scores, types and
+             merges from tokenizer.json, as LlamaHfVocab reads it)
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
              ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
              (`*_blocks` / `*_scales`) repacked as ggml's MXFP4 blocks (the scale byte, then 16 bytes whose low
@@ -62,7 +68,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
-             "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss"}
+             "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid")
 
@@ -77,8 +83,12 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(hf_dir.name)
     tensors = _tensors(cfg, arch, load_file(str(hf_dir / "model.safetensors")))
-    _metadata(w, cfg, arch, tensors)
-    _tokenizer(w, hf_dir, cfg["vocab_size"])
+    if arch == "gemma4":
+        _gemma4(w, cfg)
+        _gemma4_tokenizer(w, hf_dir)
+    else:
+        _metadata(w, cfg, arch, tensors)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
     for name, value in tensors.items():
         type_name = (types or {}).get(name, (types or {}).get(name.split(".")[-2], default))
         if isinstance(value, Mxfp4):
@@ -292,6 +302,73 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
 
 
+def _gemma4_dims(cfg: dict) -> tuple[int, int]:
+    """The global layers' (kv heads, head dim): Google's config.json keys or transformers' per_layer_config."""
+    full = next(i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention")
+    over = (cfg.get("per_layer_config") or {}).get(str(full), {})
+    kv = over.get("num_key_value_heads", cfg.get("num_global_key_value_heads") or cfg["num_key_value_heads"])
+    return kv, over.get("head_dim", cfg.get("global_head_dim", 512))
+
+
+def _gemma4(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """Gemma4Model's keys over Gemma3Model's (no final_logit_softcapping: llama.cpp's default 30 stands)."""
+    n, types, shared = cfg["num_hidden_layers"], cfg["layer_types"], cfg.get("num_kv_shared_layers", 0)
+    swa = [t == "sliding_attention" for t in types]
+    (global_kv, global_dim), head_dim, kv = _gemma4_dims(cfg), cfg["head_dim"], cfg["num_key_value_heads"]
+    ff = cfg["intermediate_size"]
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(n)
+    w.add_feed_forward_length([ff if i < n - shared else 2 * ff for i in range(n)] if cfg.get("use_double_wide_mlp")
+                              else ff)
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(global_dim)
+    w.add_value_length(global_dim)
+    rope = cfg["rope_parameters"]
+    w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_head_count_kv([kv if s else global_kv for s in swa] if global_kv != kv else kv)
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(cfg.get("hidden_size_per_layer_input") or 0)
+    w.add_sliding_window_pattern(swa)
+    w.add_key_length_swa(head_dim)
+    w.add_value_length_swa(head_dim)
+    w.add_rope_dimension_count(global_dim)
+    w.add_rope_dimension_count_swa(head_dim)
+
+
+def _gemma4_rope_freqs(cfg: dict) -> np.ndarray:
+    """Proportional RoPE as the converter writes it: 1 for each rotated pair of a global head, 1e30 for the rest."""
+    _, d = _gemma4_dims(cfg)
+    rotated = int(d * cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
+    return np.array([1.0] * rotated + [1e30] * (d // 2 - rotated), np.float32)
+
+
+def _gemma4_tokenizer(w: gguf.GGUFWriter, hf_dir: Path) -> None:
+    """Gemma4Model.set_vocab: every token of tokenizer.json in id order (specials CONTROL, byte pieces BYTE),
+    its merges, the special ids, BOS added, no space prefix."""
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    tokens = sorted(vocab, key=vocab.get)
+    w.add_tokenizer_model("gemma4")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types([3 if t in special else 6 if re.fullmatch(r"<0x[0-9A-F]{2}>", t) else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    for key, add in (("bos_token", w.add_bos_token_id), ("eos_token", w.add_eos_token_id),
+                     ("unk_token", w.add_unk_token_id), ("pad_token", w.add_pad_token_id)):
+        if tok_cfg.get(key) in vocab:
+            add(vocab[tok_cfg[key]])
+    w.add_add_space_prefix(False)
+    w.add_add_bos_token(True)
+    if tok_cfg.get("chat_template"):
+        w.add_chat_template(tok_cfg["chat_template"])
+
+
 def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
     """DeepseekV2Model's keys: latent attention as the MQA llama.cpp's weight absorption runs (one kv head of the
     latent and the rotated part; the expanded head's sizes as *_mla), the router's counts and flags where the
@@ -414,6 +491,9 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         k_b, v_b = np.split(kv_b.astype(np.float32), [cfg["qk_nope_head_dim"]], axis=1)
         out[f"blk.{i}.attn_k_b.weight"] = np.ascontiguousarray(k_b.transpose(0, 2, 1))
         out[f"blk.{i}.attn_v_b.weight"] = np.ascontiguousarray(v_b)
+    if arch == "gemma4":           # the converter names the layer's scalar a weight; a global rope_freqs tensor
+        hf = {k + ".weight" if k.endswith(".layer_scalar") else k: v for k, v in hf.items()}
+        out["rope_freqs.weight"] = _gemma4_rope_freqs(cfg)
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
         hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename
@@ -437,7 +517,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
                                     grouped[:, -1].reshape(-1, cols)])
         if arch in PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             value = _permute(value, n_head if "attn_q" in name else n_kv)
-        if (arch.startswith("gemma") or arch == "nemotron") and name.endswith("norm.weight"):
+        if (arch.startswith("gemma") and arch != "gemma4" or arch == "nemotron") and name.endswith("norm.weight"):
             value = value + 1
         if arch == "gpt2" and value.ndim == 2 and name.split(".")[-2] in ("attn_qkv", "attn_output", "ffn_up",
                                                                           "ffn_down"):

@@ -31,6 +31,40 @@ def write_tokenizer(dest: Path, vocab_size: int) -> None:
         "model_max_length": 256}))
 
 
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+GEMMA_CHAT = ("{{ bos_token }}{% for message in messages %}<start_of_turn>{{ 'model' if message['role'] == 'assistant' "
+              "else message['role'] }}\n{{ message['content'] }}<end_of_turn>\n{% endfor %}"
+              "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def write_gemma_tokenizer(dest: Path, vocab_size: int) -> None:
+    """A Gemma-style tokenizer (SentencePiece BPE as tokenizer.json writes it: spaces normalised to `▁`,
+    no pre-tokenizer, byte fallback through <0x00>..<0xFF>, BOS prepended) of exactly `vocab_size` tokens:
+    Gemma's specials, the 256 byte tokens, then pieces trained on CORPUS (padded with <unused*> pieces)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors, trainers
+    space = "\u2581"
+    learner = Tokenizer(models.BPE())
+    learner.normalizer = normalizers.Replace(" ", space)
+    learned = vocab_size - len(GEMMA_SPECIALS) - 256
+    learner.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=learned, show_progress=False))
+    trained = json.loads(learner.to_str())["model"]
+    pieces = sorted(trained["vocab"], key=trained["vocab"].get)[:learned]
+    pieces += [f"<unused{i}>" for i in range(learned - len(pieces))]
+    vocab = {t: i for i, t in enumerate([*GEMMA_SPECIALS, *(f"<0x{b:02X}>" for b in range(256)), *pieces])}
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    merges = [m for m in merges if m[0] + m[1] in vocab]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(" ", space)
+    tok.decoder = decoders.Sequence([decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA_SPECIALS])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos>:1 $B:1",
+                                                       special_tokens=[("<bos>", vocab["<bos>"])])
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": GEMMA_CHAT, "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+        "unk_token": "<unk>", "add_bos_token": True, "model_max_length": 256}))
+
+
 _TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
              bos_token_id=None, eos_token_id=2)
