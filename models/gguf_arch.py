@@ -14,6 +14,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     gemma    Gemma               every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
     gemma2   Gemma 2             the same
     gemma3   Gemma 3 (text)      the same, q/k norms included
+    gemma4   Gemma 4 (text)      norms as they are; per-layer KV heads, MLP widths and layer kinds as arrays,
+                                 proportional RoPE as rope_freqs, the per-layer embeddings' tensors
     phi3     Phi-3               q/k/v fused (attn_qkv), gate/up fused (ffn_up); LongRoPE factors as
                                  rope_factors_long / rope_factors_short
     gpt2     GPT-2               Conv1D weights transposed to [out, in]; output.weight a copy of wte

@@ -51,6 +51,12 @@ def test_round_trip_through_the_file(tmp_path):
     (lambda d: d.update(prefill_chunk_size=128), "exceeds context_window_size"),
     (lambda d: d.update(entry_functions=["embed"]), "lacks entry functions"),
     (lambda d: d["target"].pop("device"), "does not match the artifact schema"),
+    (lambda d: d["kv_cache"].update(layer_kv=[[1, 4]]), "layer_kv lists 1 layers, the model has 2"),
+    (lambda d: d["kv_cache"].update(layer_kv=[[1, 4], [1, 8]]), "needs the KV cache kiln owns"),
+    (lambda d: d["kv_cache"].update(owner="kiln", tables=["slots"], layer_sources=[1, 1]),
+     "itself or an earlier layer of its shape"),
+    (lambda d: d["kv_cache"].update(owner="kiln", tables=["slots"], layer_kv=[[1, 4], [1, 8]], layer_sources=[0, 0]),
+     "itself or an earlier layer of its shape"),
 ])
 def test_bad_configs_are_refused_by_name(tmp_path, edit, message):
     _write_artifact(tmp_path, _config())
@@ -60,6 +66,15 @@ def test_bad_configs_are_refused_by_name(tmp_path, edit, message):
     with pytest.raises(c.ArtifactError, match=message) as err:
         c.read_config(tmp_path)
     assert "recompile" in str(err.value)
+
+
+def test_per_layer_kv_shapes_count_the_layers_that_hold_pages():
+    """Gemma 4's cache: a global layer with its own head size, a later layer reading an earlier one's pages."""
+    layout = c.KVCacheLayout(16, 3, 2, 4, "float16", owner="kiln", tables=("slots",),
+                             layer_kv=((2, 4), (1, 8), (2, 4)), layer_sources=(0, 1, 0))
+    assert layout.owners == [0, 1] and layout.kv_of(1) == (1, 8)
+    assert layout.bytes_per_token == 2 * 2 * (2 * 4 + 1 * 8)
+    assert c.KVCacheLayout(16, 3, 2, 4, "float16").bytes_per_token == 2 * 2 * 3 * 2 * 4
 
 
 def test_tampered_or_missing_files_fail_verification(tmp_path):
