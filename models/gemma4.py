@@ -20,7 +20,10 @@ soft-capped final logits) with what Gemma 4 changed:
   forward functions (they take embeddings), so `embed` returns the embedding and the id's PLE row side by
   side ([hidden + layers x P]) and the stack splits them.
 - Every layer's output times its `layer_scalar`.
-The mixture-of-experts block (26B-A4B's `enable_moe_block`) is refused with its reason.
+- 26B-A4B (`enable_moe_block`): beside each layer's MLP a mixture of experts (models/moe.py) reads the
+  same input normed apart; the router picks from its unweighted norm times `router.scale` / sqrt(hidden)
+  (folded into the router's weight at load), softmax top-k renormalised, each chosen expert's weight times
+  its `per_expert_scale`; MLP and experts are normed apart and summed before the MLP's post-norm.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .causal_lm import CausalLM, LayerAttention, WeightMap, attention_by_type
+from .causal_lm import CausalLM, LayerAttention, WeightMap, WeightSpec, attention_by_type
 from .config import ConfigField, text_model
 from .gemma import _GEMMA_FIELDS, Gemma2Config
 from .layers import MLP, Flags, Norm, cached_attention
+from .moe import MoESpec, SparseMoE
 from .rope import apply_rope, inv_freq
 
 _FIELDS = (
@@ -46,6 +50,10 @@ _FIELDS = (
     ConfigField("kv_shared_layers", ("num_kv_shared_layers",), default=0),
     ConfigField("k_eq_v", ("attention_k_eq_v",), default=False),
     ConfigField("double_wide_mlp", ("use_double_wide_mlp",), default=False),
+    ConfigField("moe", ("enable_moe_block",), default=False),
+    ConfigField("num_experts", ("num_experts",), default=0),
+    ConfigField("top_k", ("top_k_experts",), default=0),
+    ConfigField("moe_intermediate_size", ("moe_intermediate_size",), default=0),
 )
 
 
@@ -56,6 +64,10 @@ class Gemma4Config(Gemma2Config):
     kv_shared_layers: int = 0               # the last this many layers share earlier layers' keys and values
     k_eq_v: bool = False                    # global layers: values from k_proj (no v_proj)
     double_wide_mlp: bool = False           # the shared layers' MLPs twice intermediate_size
+    moe: bool = False                       # enable_moe_block: experts beside every layer's MLP (26B-A4B)
+    num_experts: int = 0
+    top_k: int = 0
+    moe_intermediate_size: int = 0
     local_rope_theta: float = 10000.0
     global_rope: tuple = (1e6, 1.0, 1.0)    # full layers' (theta, partial_rotary_factor, factor): proportional RoPE
     global_kv: tuple = ()                   # per layer (kv heads, head dim): the global layers' own
@@ -68,9 +80,6 @@ class Gemma4Config(Gemma2Config):
     @classmethod
     def from_hf(cls, hf: dict) -> "Gemma4Config":
         hf, prefix = text_model(hf)
-        if hf.get("enable_moe_block"):
-            raise ValueError("Gemma 4 with enable_moe_block (26B-A4B: a mixture of experts beside each layer's MLP) "
-                             "is not supported yet; the dense Gemma 4 checkpoints (E2B, E4B, 31B) are")
         if hf.get("use_bidirectional_attention") == "all":
             raise ValueError("Gemma 4 with use_bidirectional_attention 'all' (an encoder) is not a causal LM; load "
                              "a causal checkpoint")
@@ -104,7 +113,17 @@ class Gemma4Config(Gemma2Config):
             raise ValueError(f"vocab_size_per_layer_input {c.ple_vocab} is below vocab_size {c.vocab_size}: "
                              "tokens past it have no per-layer embedding; fix config.json")
         c.kv_layers()                               # a source for every shared layer's type, or a ValueError
+        c.moe_spec()                                # counts that make a router, or a ValueError
         return c
+
+    def moe_spec(self) -> MoESpec | None:
+        """Every layer's experts (enable_moe_block), None without."""
+        if not self.moe:
+            return None
+        if not (self.num_experts and self.top_k and self.moe_intermediate_size):
+            raise ValueError("Gemma 4 with enable_moe_block needs num_experts, top_k_experts and "
+                             "moe_intermediate_size; fix config.json")
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, normalize=True, expert_scale=True)
 
     def flags(self) -> Flags:
         return Flags(norm="rms", activation=self.activation, sandwich_norms=True, embed_scale=self.hidden_size ** 0.5,
@@ -214,6 +233,10 @@ class Gemma4Layer(nn.Module):
         wide = 2 if shared and c.double_wide_mlp else 1
         self.mlp = MLP(hidden, wide * c.intermediate_size, flags)
         self.post_mlp_norm = Norm(hidden, eps)
+        if (spec := c.moe_spec()) is not None:            # the experts, normed apart beside the MLP
+            self.post_mlp_norm_1, self.pre_moe_norm, self.post_moe_norm = (Norm(hidden, eps) for _ in range(3))
+            self.moe = SparseMoE(hidden, spec, flags)
+            self.eps = eps
         if c.ple_dim:
             self.per_layer_input_gate = nn.Linear(hidden, c.ple_dim, bias=False)
             self.per_layer_projection = nn.Linear(c.ple_dim, hidden, bias=False)
@@ -223,7 +246,11 @@ class Gemma4Layer(nn.Module):
 
     def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor, ple: Tensor | None) -> Tensor:
         x = x + self.post_attn_norm(self.self_attn(self.input_layernorm(x), kv, layer_id, positions))
-        x = x + self.post_mlp_norm(self.mlp(self.post_attention_layernorm(x)))
+        ffn = self.mlp(self.post_attention_layernorm(x))
+        if hasattr(self, "moe"):
+            route = Norm(int(x.shape[-1]), self.eps, "rms_noparam")(x)
+            ffn = self.post_mlp_norm_1(ffn) + self.post_moe_norm(self.moe(self.pre_moe_norm(x), route))
+        x = x + self.post_mlp_norm(ffn)
         if ple is not None:
             gate = op.gelu(self.per_layer_input_gate(x), approximate="tanh" if self.activation == "gelu_tanh"
                            else "none")
@@ -330,4 +357,25 @@ def weight_map(c: Gemma4Config) -> WeightMap:
             for name in ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"):
                 m[f"{k}.{name}.weight"] = [f"{h}.{name}.weight"]
         m[f"{k}.layer_scalar"] = [f"{h}.layer_scalar"]
+        if c.moe:
+            m.update(_moe_weights(c, k, h))
     return m
+
+
+def _moe_weights(c: Gemma4Config, k: str, h: str) -> WeightMap:
+    """A layer's experts: the router's weight with its input scale (router.scale / sqrt(hidden)) folded into
+    its columns, per_expert_scale, transformers' 3-D gate_up_proj [experts, 2 x ffn, hidden] (gate rows first)
+    and down_proj [experts, hidden, ffn] as kiln's expert Linears ([experts x rows, cols])."""
+    root = np.float32(c.hidden_size ** -0.5)
+    rows = lambda w: np.ascontiguousarray(w).reshape(-1, w.shape[-1])   # noqa: E731
+    return {
+        f"{k}.post_mlp_norm_1.weight": [f"{h}.post_feedforward_layernorm_1.weight"],
+        f"{k}.pre_moe_norm.weight": [f"{h}.pre_feedforward_layernorm_2.weight"],
+        f"{k}.post_moe_norm.weight": [f"{h}.post_feedforward_layernorm_2.weight"],
+        f"{k}.moe.router": WeightSpec((f"{h}.router.proj.weight", f"{h}.router.scale"),
+                                      lambda parts: (parts[0] * (parts[1] * root)[None, :]).astype(np.float32),
+                                      apart=True),
+        f"{k}.moe.expert_scale": [f"{h}.router.per_expert_scale"],
+        f"{k}.moe.experts_gate_up.weight": WeightSpec((f"{h}.experts.gate_up_proj",), rows),
+        f"{k}.moe.experts_down.weight": WeightSpec((f"{h}.experts.down_proj",), rows),
+    }

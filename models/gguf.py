@@ -49,7 +49,7 @@ CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors
 # The llama table (tests write llama-layout files from it).
 _GLOBAL_NAMES = {f"{k}.weight": f"{v}.weight" for k, v in LLAMA_GLOBAL.items()}
 _LAYER_NAMES = dict(LLAMA_LAYER)
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")     # .scale: a whole-name key's only
 _GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
@@ -190,7 +190,7 @@ def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
     m = _LAYER_RE.fullmatch(gguf_name)
     if m and f"{m.group(2)}.{m.group(3)}" in spec.layer_names:            # the whole HF name (a choice bias's)
         return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[f'{m.group(2)}.{m.group(3)}']}"
-    if m and m.group(2) in spec.layer_names:
+    if m and m.group(2) in spec.layer_names and m.group(3) != "scale":
         return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[m.group(2)]}.{m.group(3)}"
     m = _GLOBAL_RE.fullmatch(gguf_name)
     if m and m.group(1) in spec.global_names:

@@ -125,7 +125,13 @@ GEMMA_LAYER = {**LLAMA_LAYER, **QK_NORMS, "post_attention_norm": "post_attention
 # Gemma 4: Gemma's names, norms stored as they are (x * w), the per-layer embedding's gate, projection and norm,
 # and the layer's output scale (HF's layer_scalar, a [1] tensor the converter names .weight)
 GEMMA4_LAYER = {**GEMMA_LAYER, "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
-                "post_norm": "post_per_layer_input_norm", "layer_output_scale.weight": "layer_scalar"}
+                "post_norm": "post_per_layer_input_norm", "layer_output_scale.weight": "layer_scalar",
+                # 26B-A4B's experts: the router (its input scale as ffn_gate_inp.scale, per_expert_scale as
+                # ffn_down_exps.scale), transformers' 3-D gate_up_proj / down_proj, the norms around them
+                "ffn_gate_inp.weight": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
+                "ffn_down_exps.scale": "router.per_expert_scale", "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+                "ffn_down_exps.weight": "experts.down_proj", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+                "post_ffw_norm_1": "post_feedforward_layernorm_1", "post_ffw_norm_2": "post_feedforward_layernorm_2"}
 GEMMA4_GLOBAL = {**LLAMA_GLOBAL, "per_layer_token_embd": "model.embed_tokens_per_layer",
                  "per_layer_model_proj": "model.per_layer_model_projection",
                  "per_layer_proj_norm": "model.per_layer_projection_norm"}
@@ -423,6 +429,13 @@ def _gemma4(reader, arch, tensors, c):
                  "rope_type": "default", "rope_theta": _f32(_key(reader, arch, "rope.freq_base_swa", 10000.0))}},
              enable_moe_block="blk.0.ffn_gate_inp.weight" in tensors)
     c.pop("rope_theta", None)
+    if c["enable_moe_block"]:
+        if "blk.0.ffn_gate_up_exps.weight" not in tensors:
+            raise ModelLoadError("this gemma4 GGUF stores its experts' gate and up apart (ffn_gate_exps / ffn_up_exps); "
+                                 "kiln reads the fused ffn_gate_up_exps the converter writes from transformers' "
+                                 "gate_up_proj; re-convert it, or load the Hugging Face checkpoint")
+        c.update(num_experts=_key(reader, arch, "expert_count"), top_k_experts=_key(reader, arch, "expert_used_count"),
+                 moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"))
     if ple:
         c["vocab_size_per_layer_input"] = int(tensors["per_layer_token_embd.weight"].shape[-1])
 

@@ -70,6 +70,8 @@ class MoESpec:
     expert_bias: bool = False               # each expert's gate/up and down projections have biases (gpt-oss)
     clamped_glu: tuple[float, float] | None = None   # (alpha, limit): gpt-oss's expert activation, (clip(up,
                                             # -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
+    expert_scale: bool = False              # each chosen expert's weight times a learned scale of its own, after
+                                            # the normalisation (Gemma 4's per_expert_scale)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -100,6 +102,8 @@ class SparseMoE(nn.Module):
             self.choice_bias = nn.Parameter((e,), "float32")
         if spec.router_bias:
             self.router_bias = nn.Parameter((e,), "float32")
+        if spec.expert_scale:
+            self.expert_scale = nn.Parameter((e,), "float32")
         if spec.expert_bias:                # every expert's biases, in its rows' order (gate's, then up's)
             self.experts_gate_up_bias = nn.Parameter((e, 2 * i))
             self.experts_down_bias = nn.Parameter((e, hidden_size))
@@ -116,21 +120,26 @@ class SparseMoE(nn.Module):
     def to(self, dtype: str | None = None) -> None:
         super().to(dtype)
         self.router.to("float32")
-        for name in ("choice_bias", "router_bias"):
+        for name in ("choice_bias", "router_bias", "expert_scale"):
             if hasattr(self, name):
                 getattr(self, name).to("float32")
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, route: Tensor | None = None) -> Tensor:
+        """x [b, s, h] through the experts the router picks from `route` (x itself unless given: Gemma 4
+        routes from the unweighted norm of what its experts read normed with a weight)."""
         b, s, h = x.shape
         spec, k, i = self.spec, self.spec.top_k, self.spec.intermediate_size
         flat = op.reshape(x, (b * s, h))                                # [T, h]
-        logits = op.matmul(flat if flat.dtype == "float32" else flat.astype("float32"), op.permute_dims(self.router))
+        by = flat if route is None else op.reshape(route, (b * s, h))
+        logits = op.matmul(by if by.dtype == "float32" else by.astype("float32"), op.permute_dims(self.router))
         if spec.router_bias:
             logits = logits + self.router_bias
         if spec.scoring == "sparsemixer":
             weights, experts = _sparsemixer(logits, spec.jitter_eps)
         else:
             weights, experts = self._route(logits)
+        if spec.expert_scale:
+            weights = weights * op.take(self.expert_scale, experts, axis=0)
         weights = weights if weights.dtype == flat.dtype else weights.astype(flat.dtype)
         slots = op.reshape(weights, (b * s, k, 1))
         x_in = op.reshape(flat, (b * s, 1, h)) * slots if spec.scale_input else flat               # [T, (k,) h]

@@ -337,6 +337,10 @@ def _gemma4(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_value_length_swa(head_dim)
     w.add_rope_dimension_count(global_dim)
     w.add_rope_dimension_count_swa(head_dim)
+    if cfg.get("enable_moe_block"):
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["top_k_experts"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
 
 
 def _gemma4_rope_freqs(cfg: dict) -> np.ndarray:
@@ -491,8 +495,13 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         k_b, v_b = np.split(kv_b.astype(np.float32), [cfg["qk_nope_head_dim"]], axis=1)
         out[f"blk.{i}.attn_k_b.weight"] = np.ascontiguousarray(k_b.transpose(0, 2, 1))
         out[f"blk.{i}.attn_v_b.weight"] = np.ascontiguousarray(v_b)
-    if arch == "gemma4":           # the converter names the layer's scalar a weight; a global rope_freqs tensor
-        hf = {k + ".weight" if k.endswith(".layer_scalar") else k: v for k, v in hf.items()}
+    if arch == "gemma4":           # the converter names the layer's scalar and experts weights, the router's scales
+        for name in [n for n in hf if n.endswith((".router.scale", ".router.per_expert_scale"))]:   # the FFN's
+            i = re.search(r"layers\.(\d+)\.", name).group(1)
+            out[f"blk.{i}.ffn_gate_inp.scale" if name.endswith(".scale") and "per_expert" not in name
+                else f"blk.{i}.ffn_down_exps.scale"] = hf.pop(name).astype(np.float32)
+        hf = {k + ".weight" if k.endswith((".layer_scalar", ".gate_up_proj", ".down_proj")) and ".experts." in k
+              or k.endswith(".layer_scalar") else k: v for k, v in hf.items()}
         out["rope_freqs.weight"] = _gemma4_rope_freqs(cfg)
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))

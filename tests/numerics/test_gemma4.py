@@ -7,6 +7,8 @@ decode steps, with a prompt past the sliding window, and pass `kiln check`:
              own head size (transformers' saved per_layer_config)
     k-eq-v   global layers whose values are their keys (no v_proj) and one KV head of their own, an untied
              head, no per-layer embeddings
+    moe      26B-A4B's experts beside each MLP (8 experts, 3 a token): routed from the unweighted norm times
+             router.scale, renormalised, each expert's weight times its per_expert_scale
     google   the multimodal checkpoint (Gemma4ForConditionalGeneration, text weights under
              model.language_model) with config.json as Google writes it (global_head_dim,
              num_global_key_value_heads) instead of per_layer_config
@@ -43,6 +45,9 @@ CASES = {
     "k-eq-v": dict(BASE, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDING, FULL], global_head_dim=32,
                    num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
                    tie_word_embeddings=False),
+    "moe": dict(BASE, num_hidden_layers=2, layer_types=[SLIDING, FULL], global_head_dim=32,
+                enable_moe_block=True, num_experts=8, top_k_experts=3, moe_intermediate_size=32,
+                hidden_size_per_layer_input=0),
     "google": dict(BASE, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDING, FULL], global_head_dim=32,
                    num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=8,
                    vocab_size_per_layer_input=512, num_kv_shared_layers=1),
@@ -162,7 +167,7 @@ def test_gemma4_builds_for_cuda(tmp_path, shared_kv):
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32), "enable_moe_block"),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=None, moe_intermediate_size=32), "top_k_experts"),
     (dict(num_kv_shared_layers=6), "num_kv_shared_layers 6 must leave"),
     (dict(vocab_size_per_layer_input=100), "vocab_size_per_layer_input 100 is below vocab_size"),
     (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0},

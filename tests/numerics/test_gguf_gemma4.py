@@ -1,6 +1,7 @@
 """Gemma 4 as llama.cpp's converter writes it (tests/gguf_writer.py: Gemma4Model's keys, proportional RoPE as a
-rope_freqs tensor, per-layer KV head counts and MLP widths, the per-layer embedding tensors, the "gemma4"
-tokenizer with its merges): kiln reads the GGUF back into the Hugging Face model it was written from. The
+rope_freqs tensor, per-layer KV head counts and MLP widths, the per-layer embedding tensors, 26B-A4B's experts
+as ffn_gate_up_exps / ffn_down_exps with the router's scales as .scale tensors, the "gemma4" tokenizer with its
+merges): kiln reads the GGUF back into the Hugging Face model it was written from. The
 logits equal transformers' within 1e-4 (q0f32: every prefill position past the 8-token window, the last-token
 prefill, 5 decode steps), a Q8_0 file is kept exactly under --quant auto, and the tokenizer kiln rebuilds
 from the metadata encodes and decodes as the checkpoint's tokenizer.json does."""
@@ -27,7 +28,7 @@ def _written(case: str, root, **types):
     return ref, write_gguf(root / "hf", root / f"{case}.gguf", **types)
 
 
-@pytest.mark.parametrize("case", ["e2b", "k-eq-v"])
+@pytest.mark.parametrize("case", ["e2b", "k-eq-v", "moe"])
 def test_gemma4_gguf_matches_transformers(case, tmp_path):
     ref, path = _written(case, tmp_path)
     config = load_gguf(path).hf_config
