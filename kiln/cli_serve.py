@@ -46,12 +46,13 @@ from kiln.cli_options import (DEFAULT_MODEL, chat_template_option, compiled, spe
 @click.option("--api-processes", type=click.IntRange(min=1), default=1, show_default=True,
               help="HTTP processes sharing the port in front of one engine process (vLLM's --api-server-count): "
                    "for many streams of a small model, where one process's Python cannot send what a GPU makes")
-@click.option("--reasoning-parser", type=click.Choice(["auto", "none", "think", "harmony"]), default="auto",
-              show_default=True,
+@click.option("--reasoning-parser", type=click.Choice(["auto", "none", "think", "harmony", "gemma4"]),
+              default="auto", show_default=True,
               help="send a chat reply's reasoning as `reasoning` (and `reasoning_content`) apart from its "
                    "`content`: think reads <think>...</think> (DeepSeek-R1, Qwen3, QwQ), harmony gpt-oss's "
-                   "analysis / final channels (its function calls become tool_calls); auto picks the one "
-                   "the chat template writes, none for a template that writes neither")
+                   "analysis / final channels (its function calls become tool_calls), gemma4 Gemma 4's thought "
+                   "channel and <|tool_call> calls (tool_calls too); auto picks the one the chat template "
+                   "writes, none for a template that writes neither")
 @step_graphs_option
 @chat_template_option
 @speculation_options

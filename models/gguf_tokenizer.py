@@ -47,10 +47,10 @@ _PRE_SPLITS = {
     **dict.fromkeys(["gpt-4o", "minimax-m2"], [_O200K_SPLIT]),
 }
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
-_SENTENCEPIECE = ("llama", "gemma4")
+_SENTENCEPIECE = ("llama", "gemma4")  # tokenizer.ggml.model values of SentencePiece-style BPE
 # Turn and message ends llama.cpp's vocabulary loader also stops at (its end-of-generation set), by their text
-_END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<turn|>", "<|endoftext|>", "<|return|>",
-                "<|call|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>")  # tokenizer.ggml.model values of SentencePiece-style BPE
+_END_OF_TURN = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<turn|>", "<|tool_response>", "<|endoftext|>",
+                "<|return|>", "<|call|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>")
 _SPACE = "\u2581"  # SentencePiece's visible space
 
 

@@ -7,6 +7,9 @@ Reasoning models write their thinking before the answer, in one of two conventio
     harmony   <|channel|>analysis<|message|> ... <|end|><|start|>assistant<|channel|>final<|message|> answer
               OpenAI's gpt-oss: `analysis` is reasoning, `final` the answer, `commentary` to=functions.NAME
               a tool call (given to tools.ToolReply as a `<tool_call>` block), commentary without one content
+    gemma4    <|channel>thought\n ... <channel|> answer, and tool calls as <|tool_call>call:NAME{ARGS}<tool_call|>
+              (ARGS JSON with bare keys and strings between <|"|>; given to tools.ToolReply as `<tool_call>`
+              blocks): Gemma 4, as transformers' serving reads its replies
 
 `kiln serve --reasoning-parser auto` (the default) picks the convention the chat template writes
 (`detect`), as vLLM's --reasoning-parser names it by hand. A parser reads a choice's text piece by
@@ -22,14 +25,16 @@ import json
 import re
 from typing import Any
 
-THINK, HARMONY = "think", "harmony"
-PARSERS = ("auto", "none", THINK, HARMONY)
+THINK, HARMONY, GEMMA4 = "think", "harmony", "gemma4"
+PARSERS = ("auto", "none", THINK, HARMONY, GEMMA4)
 FIELDS = ("reasoning", "reasoning_content")      # vLLM's name now, and the one DeepSeek's API and vLLM used first
 
 _OPEN, _CLOSE = "<think>", "</think>"
 _START, _CHANNEL, _MESSAGE, _CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 _ENDS = ("<|end|>", "<|return|>", "<|call|>")
 _MAX_HEADER = 256          # characters of a Harmony header before the text is taken as plain content
+_G4_CHANNEL, _G4_CLOSE, _G4_THOUGHT = "<|channel>", "<channel|>", "thought\n"
+_G4_CALL, _G4_CALL_END, _G4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 
 
 def detect(chat_template: Any) -> str | None:
@@ -37,6 +42,8 @@ def detect(chat_template: Any) -> str | None:
     source = json.dumps(chat_template or "")
     if _CHANNEL in source and _MESSAGE in source:
         return HARMONY
+    if _G4_CLOSE in source or _G4_CALL in source:
+        return GEMMA4
     if _CLOSE in source:
         return THINK
     return None
@@ -53,7 +60,7 @@ def resolve(choice: str, chat_template: Any) -> str | None:
 
 def start(kind: str, prompt: str) -> ReasoningParser:
     """A parser for one choice of a reply to `prompt` (the rendered chat prompt's text)."""
-    return (ThinkParser if kind == THINK else HarmonyParser)(prompt)
+    return {THINK: ThinkParser, HARMONY: HarmonyParser, GEMMA4: Gemma4Parser}[kind](prompt)
 
 
 def for_prompt(tokenizer: Any, prompt_ids: list[int]) -> ReasoningParser | None:
@@ -241,6 +248,107 @@ class HarmonyParser(ReasoningParser):
             out["content"].append("<tool_call>" + json.dumps({"name": name, "arguments": arguments})
                                   + "</tool_call>")
         self.state, self.header, self.call = "header", "", None
+
+
+class Gemma4Parser(ReasoningParser):
+    """Gemma 4's reply: a thought channel (`<|channel>thought\n ... <channel|>`, reasoning) and tool calls
+    (`<|tool_call>call:NAME{ARGS}<tool_call|>`, handed on whole as `<tool_call>` JSON) among its content.
+    A generation prompt that ends inside the thought channel starts the reply in it."""
+
+    def __init__(self, prompt: str):
+        end = prompt.rstrip()
+        opened = end.rfind(_G4_CHANNEL)
+        self.state = "reasoning" if opened >= 0 and _G4_CLOSE not in end[opened:] else "content"
+        self.tail, self.call = "", ""
+
+    @property
+    def answering(self) -> bool:
+        return self.state == "content"
+
+    def feed(self, text: str) -> tuple[str, str]:
+        reasoning, content = [], []
+        buf, self.tail = self.tail + text, ""
+        while buf:
+            if self.state == "content":
+                tags = [(at, tag) for tag in (_G4_CHANNEL, _G4_CALL) if (at := buf.find(tag)) >= 0]
+                if not tags:
+                    keep = held_back(buf, (_G4_CHANNEL, _G4_CALL))
+                    content.append(buf[:len(buf) - keep])
+                    self.tail = buf[len(buf) - keep:]
+                    break
+                at, tag = min(tags)
+                content.append(buf[:at])
+                self.state, buf = ("channel" if tag == _G4_CHANNEL else "call"), buf[at + len(tag):]
+            elif self.state == "channel":          # the channel's name line: `thought\n`
+                if _G4_THOUGHT.startswith(buf):
+                    self.tail = buf
+                    break
+                self.state, buf = "reasoning", buf[len(_G4_THOUGHT):] if buf.startswith(_G4_THOUGHT) else buf
+            elif self.state == "reasoning":
+                at = buf.find(_G4_CLOSE)
+                if at < 0:
+                    keep = held_back(buf, (_G4_CLOSE,))
+                    reasoning.append(buf[:len(buf) - keep])
+                    self.tail = buf[len(buf) - keep:]
+                    break
+                reasoning.append(buf[:at])
+                self.state, buf = "content", buf[at + len(_G4_CLOSE):]
+            else:                                  # inside a call: held until it closes
+                self.call += buf
+                at = self.call.find(_G4_CALL_END)
+                if at < 0:
+                    break
+                content.append(gemma4_call(self.call[:at]))
+                self.state, self.call, buf = "content", "", self.call[at + len(_G4_CALL_END):]
+        return "".join(reasoning), "".join(content)
+
+    def finish(self) -> tuple[str, str]:
+        tail, self.tail = self.tail, ""
+        if self.state == "reasoning":
+            return tail, ""
+        if self.state == "call":                   # cut off inside a call: its text as it came
+            call, self.call = self.call, ""
+            return "", _G4_CALL + call
+        return "", "" if self.state == "channel" else tail
+
+
+def gemma4_call(text: str) -> str:
+    """`call:NAME{ARGS}` (the inside of a Gemma 4 tool call) as a `<tool_call>` JSON block (tools.ToolReply's
+    form); as it came (tags included) where it is not one."""
+    found = re.fullmatch(r"\s*call:([\w.\-]+)\s*(\{.*\})?\s*", text, re.S)
+    try:
+        if found is None:
+            raise ValueError(text)
+        arguments = json.loads(_gemma4_json(found.group(2) or "{}"))
+    except ValueError:
+        return _G4_CALL + text + _G4_CALL_END
+    return "<tool_call>" + json.dumps({"name": found.group(1), "arguments": arguments}) + "</tool_call>"
+
+
+def _gemma4_json(text: str) -> str:
+    """Gemma 4's argument syntax as JSON: strings between <|"|> quoted, bare object keys quoted; JSON's own
+    strings, numbers, true / false / null and punctuation kept."""
+    out, i = [], 0
+    while i < len(text):
+        if text.startswith(_G4_QUOTE, i):
+            end = text.find(_G4_QUOTE, i + len(_G4_QUOTE))
+            if end < 0:
+                raise ValueError("an unclosed <|\"|> string")
+            out.append(json.dumps(text[i + len(_G4_QUOTE):end]))
+            i = end + len(_G4_QUOTE)
+        elif text[i] == '"':                       # a JSON string: copied through its escapes
+            string = re.match(r'"(?:[^"\\]|\\.)*"', text[i:], re.S)
+            if string is None:
+                raise ValueError("an unclosed string")
+            out.append(string.group(0))
+            i += string.end()
+        elif (key := re.match(r"[A-Za-z_][\w.\-]*(?=\s*:)", text[i:])) and not re.search(r"[\w.\-]$", "".join(out)):
+            out.append(json.dumps(key.group(0)))
+            i += key.end()
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 def _harmony_header(text: str) -> bool:

@@ -70,6 +70,39 @@ def test_harmony_channels(prompt, text, expected):
     assert parsed(reasoning.HARMONY, prompt, text) == {expected}
 
 
+GEMMA4_PROMPT = "<|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n"
+G4_CALL = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+
+
+@pytest.mark.parametrize("prompt, text, expected", [
+    (GEMMA4_PROMPT, "<|channel>thought\nUser asks 2+2.<channel|>It is 4.", ("User asks 2+2.", "It is 4.")),
+    (GEMMA4_PROMPT, "It is 4.", ("", "It is 4.")),                      # thinking off: all content
+    (GEMMA4_PROMPT, "<|channel>thought\nNeed weather.<channel|>" + G4_CALL, ("Need weather.", CALL)),
+    (GEMMA4_PROMPT, "Checking." + G4_CALL + G4_CALL, ("", "Checking." + CALL + CALL)),      # two calls
+    (GEMMA4_PROMPT + "<|channel>thought\n", "still in it<channel|>done", ("still in it", "done")),   # opened
+    (GEMMA4_PROMPT, "<|channel>thought\ncut off", ("cut off", "")),
+    (GEMMA4_PROMPT, "x<|tool_call>call:f{a:1", ("", "x<|tool_call>call:f{a:1")),          # a call cut off
+    (GEMMA4_PROMPT, "<|tool_call>not a call<tool_call|>", ("", "<|tool_call>not a call<tool_call|>")),
+    (GEMMA4_PROMPT, "a <|chan and |> bits", ("", "a <|chan and |> bits")),     # never became a tag
+])
+def test_gemma4_thought_channel_and_calls(prompt, text, expected):
+    assert parsed(reasoning.GEMMA4, prompt, text) == {expected}
+
+
+@pytest.mark.parametrize("args, expected", [
+    ('{city:<|"|>Paris, "FR"<|"|>,days:3}', {"city": 'Paris, "FR"', "days": 3}),
+    ('{a:true,b:null,c:-1.5e3,d:[<|"|>x<|"|>,{e:<|"|>y: z<|"|>}]}', {"a": True, "b": None, "c": -1500.0,
+                                                                  "d": ["x", {"e": "y: z"}]}),
+    ('{"quoted":"as JSON","n":1}', {"quoted": "as JSON", "n": 1}),
+    ("", {}),
+])
+def test_gemma4_arguments_become_json(args, expected):
+    import json
+    call = reasoning.gemma4_call(f"call:tool{args}")
+    assert json.loads(call.removeprefix("<tool_call>").removesuffix("</tool_call>")) == {"name": "tool",
+                                                                                       "arguments": expected}
+
+
 def test_detect_and_resolve():
     harmony = "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking + '<|end|>' }}"
     qwen3 = "{%- if '</think>' in content %}{%- set reasoning_content = ... %}{% endif %}"
@@ -79,7 +112,9 @@ def test_detect_and_resolve():
     assert reasoning.resolve("auto", qwen3) == reasoning.THINK
     assert reasoning.resolve("none", qwen3) is None
     assert reasoning.resolve("harmony", "{{ messages }}") == reasoning.HARMONY
-    with pytest.raises(ValueError, match="must be one of auto, none, think, harmony"):
+    gemma4 = "{{ '<|turn>model\\n' }}{% if thinking %}<|channel>thought\\n{{ m.reasoning }}<channel|>{% endif %}"
+    assert reasoning.detect(gemma4) == reasoning.GEMMA4 and reasoning.detect("<|tool_call>") == reasoning.GEMMA4
+    with pytest.raises(ValueError, match="must be one of auto, none, think, harmony, gemma4"):
         reasoning.resolve("deepseek", None)
 
 
@@ -141,6 +176,21 @@ def test_harmony_function_call_becomes_tool_calls(step):
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning"] == "Need weather."
     assert choice["message"]["content"] is None
     assert choice["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+@pytest.mark.parametrize("step", [1, 7, 1000])
+def test_gemma4_call_becomes_tool_calls(step):
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    request = tools.ToolRequest.parse([tool], None, None)
+    reply = tools.ToolReply("chat", "m", 5, lambda t: ("x", b"x"), tools=request,
+                            reasoning=functools.partial(reasoning.start, reasoning.GEMMA4, GEMMA4_PROMPT))
+    chunks = _streamed(reply, "<|channel>thought\nNeed weather.<channel|>" + G4_CALL, step)
+    assert _joined(chunks, "reasoning") == "Need weather." and not _joined(chunks, "content")
+    calls = [c for chunk in chunks for c in chunk["delta"].get("tool_calls", [])]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("get_weather",
+                                                                                     '{"city": "Paris"}')]
+    choice = reply.final()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning"] == "Need weather."
 
 
 def test_past_reasoning_reaches_the_template_under_every_name():
