@@ -9,7 +9,7 @@ response.output_text.delta ... response.completed). A reasoning model's thinking
 parser, runtime/reasoning.py) is a `reasoning` output item before the message, its text as
 `reasoning_text` content (response.reasoning_text.delta events), and `reasoning.effort` is the chat
 template's reasoning_effort; reasoning items sent back as input go to the next assistant message's
-reasoning. Function tools (`tools`, `tool_choice`, `parallel_tool_calls`) go through the chat path's
+reasoning (or the next function call's turn's). Function tools (`tools`, `tool_choice`, `parallel_tool_calls`) go through the chat path's
 tool calling (runtime/tools.py): calls come back as `function_call` items (streamed as
 response.function_call_arguments.* events; text is held back from where a call may start), and
 `function_call` / `function_call_output` input items become the conversation's calls and results.
@@ -103,6 +103,11 @@ def messages_of(req: ResponsesRequest) -> list[dict[str, str]]:
             thought.append(_reasoning_text(i, item))
             continue
         if item.get("type") in ("function_call", "function_call_output"):
+            if item["type"] == "function_call" and thought:   # the call's turn reasoned (Codex: reasoning, call)
+                last = out[-1] if out else {}
+                if last.get("role") != "assistant" or last.get("reasoning") or last.get("tool_calls"):
+                    out.append({"role": "assistant", "content": ""})
+                out[-1]["reasoning"], thought = "".join(thought), []
             _add_call_item(out, i, item)
             continue
         if thought and item.get("role") != "assistant":

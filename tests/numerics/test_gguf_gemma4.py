@@ -60,3 +60,4 @@ def test_the_gemma4_tokenizer_encodes_as_the_checkpoints(tmp_path):
     assert ours.encode("hi").ids[0] == 2                            # <bos> first, as the file says
     config = gguf_tokenizer_config(reader)
     assert (config["bos_token"], config["eos_token"], config["add_bos_token"]) == ("<bos>", "<eos>", True)
+    assert config["eos_token_ids"] == [5]          # <end_of_turn>: a turn's end stops generation, as in llama.cpp
