@@ -245,23 +245,11 @@ class GGUFWeights:
                 continue
             self._tensors[hf] = t
         for hf_part, (first, second) in spec.joined.items():
-            for m, t, other in _layer_pairs(by_name, first, second):
-                if other is None or other.tensor_type != t.tensor_type:
-                    found = "none" if other is None else other.tensor_type.name
-                    raise ModelLoadError(
-                        f"GGUF tensor {t.name} ({t.tensor_type.name}) needs blk.{m.group(1)}.{second} of the same "
-                        f"type to join into {hf_part} (found: {found}); re-quantize the model with one type for "
-                        "both, or load the Hugging Face checkpoint")
+            for m, t, other in _same_type_pairs(by_name, first, second, f"join into {hf_part}"):
                 _readable(t)
                 self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _Joined(t, other)
         for hf_part, (first, second) in spec.interleaved.items():
-            for m, t, other in _layer_pairs(by_name, first, second):
-                if other is None or other.tensor_type != t.tensor_type:
-                    found = "none" if other is None else other.tensor_type.name
-                    raise ModelLoadError(
-                        f"GGUF tensor {t.name} ({t.tensor_type.name}) needs blk.{m.group(1)}.{second} of the same "
-                        f"type to rebuild {hf_part} (found: {found}); re-quantize the model with one type for both, "
-                        "or load the Hugging Face checkpoint")
+            for m, t, other in _same_type_pairs(by_name, first, second, f"rebuild {hf_part}"):
                 _readable(t)
                 _readable(other)
                 suffix = "" if m.group(3) == "weight" else "_bias"
@@ -483,6 +471,19 @@ def _layer_pairs(by_name: dict, first: str, second: str):
         m = _LAYER_RE.fullmatch(key)
         if m and m.group(2) == first:
             yield m, t, by_name.get(f"blk.{m.group(1)}.{second}.{m.group(3)}")
+
+
+def _same_type_pairs(by_name: dict, first: str, second: str, purpose: str):
+    """_layer_pairs whose second tensor is there and of the first's type (a ModelLoadError naming `purpose`
+    otherwise: the two halves of one HF tensor)."""
+    for m, t, other in _layer_pairs(by_name, first, second):
+        if other is None or other.tensor_type != t.tensor_type:
+            found = "none" if other is None else other.tensor_type.name
+            raise ModelLoadError(
+                f"GGUF tensor {t.name} ({t.tensor_type.name}) needs blk.{m.group(1)}.{second} of the same type to "
+                f"{purpose} (found: {found}); re-quantize the model with one type for both, or load the Hugging Face "
+                "checkpoint")
+        yield m, t, other
 
 
 def _same_bytes(a, b) -> bool:

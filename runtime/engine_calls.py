@@ -39,9 +39,9 @@ class SynchronousCalls:
         channels) with its `reasoning` and `content` apart, its `text` whole. With n > 1, a list of them."""
         ids = self.render_chat(messages)
         out = self.generate(ids, params)
-        for one in out if isinstance(out, list) else [out]:
-            if (parser := reasoning.for_prompt(self.tokenizer, ids)) is not None:
-                one.reasoning, one.content = reasoning.split(parser, one.text)
+        if (parsers := reasoning.parsers_for(self.tokenizer, ids)) is not None:
+            for one in out if isinstance(out, list) else [out]:
+                one.reasoning, one.content = reasoning.split(parsers(), one.text)
         return out
 
     def chat_stream(self, messages: list[dict], params: SamplingParams | None = None) -> Iterator[StreamDelta]:

@@ -21,9 +21,10 @@ header after Harmony's `<|start|>assistant`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any
+from typing import Any, Callable
 
 THINK, HARMONY, GEMMA4 = "think", "harmony", "gemma4"
 PARSERS = ("auto", "none", THINK, HARMONY, GEMMA4)
@@ -65,9 +66,16 @@ def start(kind: str, prompt: str) -> ReasoningParser:
 
 def for_prompt(tokenizer: Any, prompt_ids: list[int]) -> ReasoningParser | None:
     """A parser for a reply to a rendered chat prompt (its ids), where the tokenizer's chat template writes
-    one of the conventions; None where it writes neither. The prompt's last 64 tokens say where it starts."""
+    one of the conventions; None where it writes neither."""
+    make = parsers_for(tokenizer, prompt_ids)
+    return make() if make else None
+
+
+def parsers_for(tokenizer: Any, prompt_ids: list[int]) -> Callable[[], ReasoningParser] | None:
+    """for_prompt's parser as a maker (a new one for each choice of the reply); the prompt's last 64 tokens,
+    decoded once, say where a reply starts."""
     kind = detect(tokenizer.chat_template) if tokenizer is not None else None
-    return start(kind, tokenizer.decode(prompt_ids[-64:])) if kind else None
+    return functools.partial(start, kind, tokenizer.decode(prompt_ids[-64:])) if kind else None
 
 
 def split(parser: ReasoningParser, text: str) -> tuple[str, str]:
