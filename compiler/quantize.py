@@ -339,7 +339,7 @@ def _exact_form(source: ModelSource, hf_name: str, type_name: str) -> tuple[str,
         has_raw = getattr(source.weights, "has_raw", None)
         return quant_gguf.GGUF_EXACT[type_name] if has_raw is None or has_raw(hf_name) else None
     form = source.weights.stored_form(hf_name) if hasattr(source.weights, "stored_form") else None
-    return None if form is None else (quant_prequant.stored_kind(form[0]), form[1])
+    return None if form is None else (quant_prequant.stored_kind(form[0], form[2]), form[1])
 
 
 def _label(kind: str, group_size: int) -> str:

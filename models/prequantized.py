@@ -1,8 +1,9 @@
-"""GPTQ, AWQ and compressed-tensors checkpoints: Hugging Face folders whose Linear weights are 4-bit codes.
+"""GPTQ, AWQ and compressed-tensors checkpoints: Hugging Face folders whose Linear weights are 4- or 8-bit codes.
 
 config.json's `quantization_config` names the method; each quantized Linear (K inputs, N outputs,
 groups of G inputs sharing a scale and a zero point) is stored as tensors beside its `.weight`'s
-name, one value of it `scale * (code - zero)` with a code of 0..15:
+name, one value of it `scale * (code - zero)` with a code of 0..15 (4-bit; GPTQ's and compressed-tensors'
+8-bit ones, 0..255, pack 4 codes a word where 4-bit ones pack 8, each `bits` wide, the same layouts):
 
     gptq   qweight int32 [K/8, N]    input k of output n: bits 4 (k % 8) of word [k // 8, n]
            qzeros  int32 [K/G, N/8]  output n's zero: bits 4 (n % 8) of word [g, n // 8]
@@ -17,12 +18,12 @@ name, one value of it `scale * (code - zero)` with a code of 0..15:
 
 (the layouts gptqmodel's TorchQuantLinear, AutoAWQ's dequantize_gemm and compressed-tensors'
 unpack_from_int32 read; compressed-tensors stores a signed code c as c + 8, so the zero is 8 plus
-its signed zero point). `PrequantizedWeights` hands them to the compiler under the `.weight` name,
-in Hugging Face layout: `get` dequantizes to float32 (exactly: a float16 or bfloat16 scale times an
-integer of at most 5 bits needs at most 16 of float32's 24 bits), and `stored_codes` gives the
+its signed zero point; 128 for 8-bit ones). `PrequantizedWeights` hands them to the compiler under the
+`.weight` name, in Hugging Face layout: `get` dequantizes to float32 (exactly: a float16 or bfloat16 scale
+times an integer of at most 9 bits needs at most 20 of float32's 24 bits), and `stored_codes` gives the
 codes, zeros and scales themselves, for `--quant as-stored` to keep (compiler/quant_prequant.py)
-wherever the groups run in order along K. Other methods (bitsandbytes, fp8, ...), other formats and
-bit widths are refused when the folder is opened.
+wherever the groups run in order along K. Other methods (bitsandbytes, ...), other formats and bit
+widths are refused when the folder is opened.
 """
 
 from __future__ import annotations
@@ -51,16 +52,22 @@ class QuantMethod:
     group_size: int | None          # None: one group the whole input (GPTQ's -1, a "channel" strategy)
     zeros_minus_one: bool = False   # AutoGPTQ's v1 checkpoint format
     ordered: bool = True            # GPTQ's desc_act off: groups run in order along K
-    symmetric: bool = False         # compressed-tensors: no zero points stored (every zero 8)
+    symmetric: bool = False         # compressed-tensors: no zero points stored (every zero the middle code)
+    bits: int = 4                   # 4 or 8 (GPTQ, compressed-tensors)
 
     @property
     def label(self) -> str:
         return LABELS[self.method]
 
+    @property
+    def middle(self) -> int:
+        """The zero of a symmetric code: 8 for 4 bits, 128 for 8."""
+        return 1 << (self.bits - 1)
+
     def describe(self) -> str:
         group = f"group {self.group_size}" if self.group_size else "one group a row"
         order = "" if self.ordered else ", desc_act (groups out of order)"
-        return f"{self.label} 4-bit, {group}{order}"
+        return f"{self.label} {self.bits}-bit, {group}{order}"
 
 
 def read_quant_method(d: Path, qc: dict) -> QuantMethod:
@@ -69,13 +76,15 @@ def read_quant_method(d: Path, qc: dict) -> QuantMethod:
     where = f"{d}: config.json's quantization_config"
     if method not in LABELS:
         raise ModelLoadError(f"{where} says quant_method {qc.get('quant_method')!r}, which kiln cannot read "
-                             f"(it reads 4-bit GPTQ, AWQ and compressed-tensors pack-quantized checkpoints, and FP8 "
+                             f"(it reads 4- and 8-bit GPTQ, 4-bit AWQ, 4- and 8-bit compressed-tensors pack-quantized "
+                             f"checkpoints, and FP8 "
                              f"ones dequantized); {_FIX}")
     if method == "compressed-tensors":
         return _compressed_tensors(where, qc)
-    if qc.get("bits", 4) != 4:
-        raise ModelLoadError(f"{where} says {method} with {qc.get('bits')} bits; kiln reads 4-bit {LABELS[method]} "
-                             f"checkpoints only; {_FIX}")
+    bits = qc.get("bits", 4)
+    if bits not in ((4, 8) if method == "gptq" else (4,)):
+        raise ModelLoadError(f"{where} says {method} with {bits} bits; kiln reads "
+                             f"{'4- and 8-bit' if method == 'gptq' else '4-bit'} {LABELS[method]} checkpoints only; {_FIX}")
     group = _group(where, qc.get("group_size", 128))
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()
@@ -87,7 +96,7 @@ def read_quant_method(d: Path, qc: dict) -> QuantMethod:
     if fmt not in ("gptq", "gptq_v2"):
         raise ModelLoadError(f"{where} says GPTQ checkpoint_format {fmt!r}; kiln reads 'gptq' and 'gptq_v2' "
                              f"(repack it with gptqmodel, or {_FIX})")
-    return QuantMethod("gptq", group, zeros_minus_one=fmt == "gptq", ordered=not qc.get("desc_act", False))
+    return QuantMethod("gptq", group, zeros_minus_one=fmt == "gptq", ordered=not qc.get("desc_act", False), bits=bits)
 
 
 def _group(where: str, group) -> int | None:
@@ -103,7 +112,7 @@ def compressed_tensors_formats(qc: dict) -> set[str]:
 
 
 def _compressed_tensors(where: str, qc: dict) -> QuantMethod:
-    """One weight scheme for every config group: 4-bit ints, grouped or per channel, packed."""
+    """One weight scheme for every config group: 4- or 8-bit ints, grouped or per channel, packed."""
     groups = qc.get("config_groups") or {}
     formats = compressed_tensors_formats(qc)
     if formats != {"pack-quantized"}:
@@ -113,14 +122,14 @@ def _compressed_tensors(where: str, qc: dict) -> QuantMethod:
                 g.get("input_activations") is None) for g in groups.values() for w in [g.get("weights") or {}]}
     if len(schemes) != 1:
         raise ModelLoadError(f"{where} holds {len(schemes)} different weight schemes ({sorted(map(str, schemes))}); "
-                             f"kiln reads one 4-bit scheme for every quantized Linear; {_FIX}")
+                             f"kiln reads one 4- or 8-bit scheme for every quantized Linear; {_FIX}")
     bits, kind, strategy, group, symmetric, weights_only = schemes.pop()
-    if (bits, kind) != (4, "int") or strategy not in ("group", "channel") or not weights_only:
+    if bits not in (4, 8) or kind != "int" or strategy not in ("group", "channel") or not weights_only:
         raise ModelLoadError(f"{where} says {bits}-bit {kind} weights by {strategy}"
-                             f"{'' if weights_only else ' with quantized activations'}; kiln reads 4-bit int "
-                             f"weights by group or channel, activations in float (W4A16); {_FIX}")
+                             f"{'' if weights_only else ' with quantized activations'}; kiln reads 4- or 8-bit int "
+                             f"weights by group or channel, activations in float (W4A16, W8A16); {_FIX}")
     return QuantMethod("compressed-tensors", _group(where, group) if strategy == "group" else None,
-                       symmetric=symmetric)
+                       symmetric=symmetric, bits=bits)
 
 
 @dataclass(frozen=True)
@@ -128,10 +137,11 @@ class StoredCodes:
     """One quantized Linear in Hugging Face layout:
     value[n, k] = scales[n, k // group] * (codes[n, k] - zeros[n, k // group])."""
 
-    codes: np.ndarray               # uint8 [N, K], 0..15
+    codes: np.ndarray               # uint8 [N, K], 0..15 (0..255 for 8-bit)
     zeros: np.ndarray               # int16 [N, K / group] (GPTQ's v1 zeros, stored minus 1, can reach 16)
     scales: np.ndarray              # float32 [N, K / group]: the stored float16 / bfloat16 widened
     group: int
+    bits: int = 4
 
     def dequantize(self) -> np.ndarray:
         """float32 [N, K], every value exact (see the module docstring)."""
@@ -139,14 +149,16 @@ class StoredCodes:
         return steps * np.repeat(self.scales, self.group, axis=1)
 
 
-def unpack_nibbles(words: np.ndarray, axis: int = 1) -> np.ndarray:
-    """32-bit words -> their 8 4-bit fields (bits 4j is field j), uint8, the fields laid out along `axis`
-    (1: [N, K/8] -> [N, K], kiln's q4 planes' layout too, compiler/quant_pack; 0: [K/8, N] -> [K, N])."""
-    fields = (words.view(np.uint32)[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
-    fields = fields.astype(np.uint8)                                      # [..., words, 8]
-    if axis == 0:                                                          # [rows, cols, 8] -> [rows * 8, cols]
+def unpack_nibbles(words: np.ndarray, axis: int = 1, bits: int = 4) -> np.ndarray:
+    """32-bit words -> their 8 4-bit fields (bits 4j is field j; with bits 8, 4 fields, bits 8j), uint8, the
+    fields laid out along `axis` (1: [N, K/8] -> [N, K], kiln's q4 planes' layout too, compiler/quant_pack;
+    0: [K/8, N] -> [K, N])."""
+    per = 32 // bits
+    fields = (words.view(np.uint32)[..., None] >> (bits * np.arange(per, dtype=np.uint32))) & np.uint32((1 << bits) - 1)
+    fields = fields.astype(np.uint8)                                      # [..., words, per]
+    if axis == 0:                                                          # [rows, cols, per] -> [rows * per, cols]
         return np.ascontiguousarray(fields.transpose(0, 2, 1)).reshape(-1, words.shape[1])
-    return fields.reshape(words.shape[0], -1)                              # [rows, cols * 8]
+    return fields.reshape(words.shape[0], -1)                              # [rows, cols * per]
 
 
 def _awq_order(fields: np.ndarray) -> np.ndarray:
@@ -194,15 +206,15 @@ class PrequantizedWeights:
         codes = self.stored_codes(name)
         return codes.dequantize() if codes is not None else self._dequantize_by_g_idx(prefix)
 
-    def stored_form(self, name: str) -> tuple[bool, int] | None:
-        """(whether every zero is 8, the group size) of what stored_codes gives for `name`, read from the
-        zeros alone; None where it gives nothing."""
+    def stored_form(self, name: str) -> tuple[bool, int, int] | None:
+        """(whether every zero is the middle code (8, or 128 for 8 bits), the group size, the bits) of what
+        stored_codes gives for `name`, read from the zeros alone; None where it gives nothing."""
         prefix = self._prefix(name)
         if prefix is None or not self._in_order(prefix):
             return None
         k, n = self._shape(prefix)
         zeros = self._zeros(prefix, k, n)
-        return bool((zeros == 8).all()), int(np.gcd(self.method.group_size or k, k))
+        return bool((zeros == self.method.middle).all()), int(np.gcd(self.method.group_size or k, k)), self.method.bits
 
     def stored_codes(self, name: str) -> StoredCodes | None:
         """The codes of a quantized Linear whose groups run in order along K (AWQ, compressed-tensors, GPTQ
@@ -218,7 +230,7 @@ class PrequantizedWeights:
         if fine != group:
             zeros, scales = (np.repeat(a, group // fine, axis=0)[: k // fine] for a in (zeros, scales))
         return StoredCodes(np.ascontiguousarray(codes.T), np.ascontiguousarray(zeros.T),
-                           np.ascontiguousarray(scales.T), fine)
+                           np.ascontiguousarray(scales.T), fine, self.method.bits)
 
     # -- one Linear's tensors, as the file lays them out ------------------------------------
     def _prefix(self, name: str) -> str | None:
@@ -245,17 +257,19 @@ class PrequantizedWeights:
             n, k = (int(v) for v in np.asarray(self._plane(prefix, "weight_shape")).reshape(-1)[:2])
             return k, n
         rows = self._inner.shape(f"{prefix}.qweight")[0]
-        return (8 * rows if self.method.method == "gptq" else rows), self._inner.shape(f"{prefix}.scales")[-1]
+        return ((32 // self.method.bits) * rows if self.method.method == "gptq" else rows), \
+            self._inner.shape(f"{prefix}.scales")[-1]
 
     def _zeros(self, prefix: str, k: int, n: int) -> np.ndarray:
         """int16 [K / G, N]: each group's zero of each output, as the file's format means it."""
         groups = -(-k // self.method.group_size) if self.method.group_size else 1
+        bits = self.method.bits
         if self.method.method == "compressed-tensors":
             if self.method.symmetric:
-                return np.full((groups, n), 8, np.int16)
-            zeros = unpack_nibbles(self._words(prefix, "weight_zero_point"), axis=0).T    # [G', N padded to 8]
+                return np.full((groups, n), self.method.middle, np.int16)
+            zeros = unpack_nibbles(self._words(prefix, "weight_zero_point"), axis=0, bits=bits).T   # [G', N padded]
         elif self.method.method == "gptq":
-            zeros = unpack_nibbles(self._words(prefix, "qzeros"), axis=1)
+            zeros = unpack_nibbles(self._words(prefix, "qzeros"), axis=1, bits=bits)
         else:
             zeros = _awq_order(unpack_nibbles(self._words(prefix, "qzeros"), axis=1))
         zeros = zeros.astype(np.int16) + (1 if self.method.zeros_minus_one else 0)
@@ -270,12 +284,13 @@ class PrequantizedWeights:
         k, n = self._shape(prefix)
         words = self._words(prefix, codes_plane)
         scales = np.asarray(self._plane(prefix, scales_plane, widen=True), np.float32)
+        bits = self.method.bits
         if self.method.method == "gptq":
-            codes = unpack_nibbles(words, axis=0)
+            codes = unpack_nibbles(words, axis=0, bits=bits)
         elif self.method.method == "awq":
             codes = _awq_order(unpack_nibbles(words, axis=1))
-        else:
-            codes, scales = unpack_nibbles(words, axis=1)[:, :k].T, scales.T        # stored [N, K] and [N, K / G]
+        else:                                                                   # stored [N, K] and [N, K / G]
+            codes, scales = unpack_nibbles(words, axis=1, bits=bits)[:, :k].T, scales.T
         groups = -(-k // self.method.group_size) if self.method.group_size else 1
         if codes.shape[0] != k or codes.shape[1] < n or scales.shape != (groups, n):
             raise ModelLoadError(f"{self._dir}: {prefix} has {codes_plane} {list(words.shape)} and {scales_plane} "

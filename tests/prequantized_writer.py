@@ -1,6 +1,7 @@
 """GPTQ, AWQ and compressed-tensors checkpoints written from a float Hugging Face folder, for tests.
 
-Each decoder Linear is rounded to 4 bits, a scale and a zero point per group of G inputs (round to
+Each decoder Linear is rounded to 4 bits (or 8: GPTQ's and compressed-tensors' Int8, 4 codes a word where 4-bit
+pack 8), a scale and a zero point per group of G inputs (round to
 nearest: the file format is what kiln reads, not how GPTQ or AWQ chose the codes), and packed as
 gptqmodel, AutoAWQ and llm-compressor store it (packing written here from their formats,
 independently of models/prequantized.py's unpacking; checked once against gptqmodel 7.7's
@@ -21,63 +22,68 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def round_to_codes(w: np.ndarray, group: int, sym: bool, rng: np.random.Generator, lowest_zero: int = 0):
+def round_to_codes(w: np.ndarray, group: int, sym: bool, rng: np.random.Generator, lowest_zero: int = 0,
+                   bits: int = 4):
     """float [N, K] -> codes [K, N] uint8, zeros [G', N] int, scales [G', N] float16 (G' = ceil(K / group));
-    asymmetric zeros from `lowest_zero` to 15, each of them somewhere."""
+    asymmetric zeros from `lowest_zero` to the top code, each of them somewhere."""
     n, k = w.shape
+    top, middle = (1 << bits) - 1, 1 << (bits - 1)
     groups = -(-k // group)
     padded = np.zeros((n, groups * group), np.float32)
     padded[:, :k] = w
     g = padded.reshape(n, groups, group)
     if sym:
-        scale = np.abs(g).max(-1) / 7.5
-        zero = np.full((n, groups), 8)
+        scale = np.abs(g).max(-1) / (middle - 0.5)
+        zero = np.full((n, groups), middle)
     else:
         lo, hi = g.min(-1), g.max(-1)
-        scale = (hi - lo) / 15
-        zero = np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), lowest_zero, 15).astype(int)
-        zero[:, ::3] = rng.integers(lowest_zero, 16, zero[:, ::3].shape)
+        scale = (hi - lo) / top
+        zero = np.clip(np.rint(-lo / np.where(scale == 0, 1, scale)), lowest_zero, top).astype(int)
+        zero[:, ::3] = rng.integers(lowest_zero, top + 1, zero[:, ::3].shape)
     scale = np.where(scale == 0, 1e-3, scale).astype(np.float16)
-    codes = np.clip(np.rint(g / scale.astype(np.float32)[..., None] + zero[..., None]), 0, 15).astype(np.uint8)
+    codes = np.clip(np.rint(g / scale.astype(np.float32)[..., None] + zero[..., None]), 0, top).astype(np.uint8)
     codes = codes.reshape(n, -1)[:, :k]
     return codes.T.copy(), zero.T.copy(), scale.T.copy()
 
 
-def _pack_along_rows(fields: np.ndarray) -> np.ndarray:
-    """uint [R, C] of 4-bit fields -> int32 [R / 8, C]: row 8i + j at bits 4j of word row i."""
+def _pack_along_rows(fields: np.ndarray, bits: int = 4) -> np.ndarray:
+    """uint [R, C] of 4-bit fields -> int32 [R / 8, C]: row 8i + j at bits 4j of word row i (8-bit fields:
+    4 a word, row 4i + j at bits 8j)."""
     r, c = fields.shape
-    words = np.zeros((r // 8, c), np.uint32)
-    for j in range(8):
-        words |= fields[j::8].astype(np.uint32) << np.uint32(4 * j)
+    per = 32 // bits
+    words = np.zeros((r // per, c), np.uint32)
+    for j in range(per):
+        words |= fields[j::per].astype(np.uint32) << np.uint32(bits * j)
     return words.view(np.int32)
 
 
-def _pack_along_cols(fields: np.ndarray, order=tuple(range(8))) -> np.ndarray:
-    """uint [R, C] -> int32 [R, C / 8]: column 8c + order[j] at bits 4j of word c."""
+def _pack_along_cols(fields: np.ndarray, order=tuple(range(8)), bits: int = 4) -> np.ndarray:
+    """uint [R, C] -> int32 [R, C / 8]: column 8c + order[j] at bits 4j of word c (8-bit: 4 a word)."""
     r, c = fields.shape
-    words = np.zeros((r, c // 8), np.uint32)
-    for j in range(8):
-        words |= fields[:, order[j]::8].astype(np.uint32) << np.uint32(4 * j)
+    per = 32 // bits
+    words = np.zeros((r, c // per), np.uint32)
+    for j in range(per):
+        words |= fields[:, order[j]::per].astype(np.uint32) << np.uint32(bits * j)
     return words.view(np.int32)
 
 
 def pack(method: str, codes, zeros, scales, g_idx, zeros_minus_one: bool = True,
-         sym: bool = False) -> dict[str, np.ndarray]:
+         sym: bool = False, bits: int = 4) -> dict[str, np.ndarray]:
     """One Linear's tensors, as `method` ("gptq", "awq", "compressed-tensors") stores them. AutoGPTQ's
     format (zeros_minus_one) cannot hold a zero of 0 (stored as 15, read back as 16), as in real checkpoints."""
     if method == "compressed-tensors":         # signed codes c - 8 stored as c, packed along K; [N, ...] layout
         scale = scales.T.contiguous() if hasattr(scales, "contiguous") else scales.T.copy()     # torch (bf16) or numpy
-        out = {"weight_packed": _pack_along_cols(codes.T), "weight_scale": scale,
+        out = {"weight_packed": _pack_along_cols(codes.T, bits=bits), "weight_scale": scale,
                "weight_shape": np.array(codes.T.shape, np.int64)}
         if not sym:                            # signed zero points z - 8 stored as z, packed along N
-            out["weight_zero_point"] = _pack_along_rows(np.ascontiguousarray(zeros.T))
+            out["weight_zero_point"] = _pack_along_rows(np.ascontiguousarray(zeros.T), bits)
         return out
     if method == "awq":
         return {"qweight": _pack_along_cols(codes, AWQ_ORDER), "qzeros": _pack_along_cols(zeros, AWQ_ORDER),
                 "scales": scales}
-    stored = (zeros - 1) & 15 if zeros_minus_one else zeros
-    return {"qweight": _pack_along_rows(codes), "qzeros": _pack_along_cols(stored), "scales": scales,
-            "g_idx": g_idx.astype(np.int32)}
+    stored = (zeros - 1) & ((1 << bits) - 1) if zeros_minus_one else zeros
+    return {"qweight": _pack_along_rows(codes, bits), "qzeros": _pack_along_cols(stored, bits=bits),
+            "scales": scales, "g_idx": g_idx.astype(np.int32)}
 
 
 def dequantized(codes, zeros, scales, g_idx) -> np.ndarray:
@@ -87,7 +93,7 @@ def dequantized(codes, zeros, scales, g_idx) -> np.ndarray:
 
 def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str, group: int = 128,
                        sym: bool = False, checkpoint_format: str = "gptq", desc_act: bool = False,
-                       bf16_scales: bool = False, seed: int = 0) -> None:
+                       bf16_scales: bool = False, seed: int = 0, bits: int = 4) -> None:
     """`float_dir`'s model with its decoder Linears stored `method`-quantized at `dest`, and the float
     model of the same values at `reference`. bf16_scales: scales stored as bfloat16 (compressed-tensors
     from a bfloat16 model)."""
@@ -106,18 +112,20 @@ def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str
         if desc_act:                               # act-order: inputs quantized in a shuffled order
             g_idx = g_idx[rng.permutation(k)]
         v1 = method == "gptq" and checkpoint_format == "gptq"
-        codes, zeros, scales = round_to_codes(w.astype(np.float32), group, sym, rng, lowest_zero=int(v1))
+        codes, zeros, scales = round_to_codes(w.astype(np.float32), group, sym, rng, lowest_zero=int(v1), bits=bits)
         if desc_act:                                # codes of input k rounded in group g_idx[k]
             g = w.astype(np.float32).T                                          # [K, N]
-            codes = np.clip(np.rint(g / scales.astype(np.float32)[g_idx] + zeros[g_idx]), 0, 15).astype(np.uint8)
+            codes = np.clip(np.rint(g / scales.astype(np.float32)[g_idx] + zeros[g_idx]), 0,
+                            (1 << bits) - 1).astype(np.uint8)
         if bf16_scales:
             scales = torch.from_numpy(scales.astype(np.float32)).bfloat16()
         packed.update({f"{prefix}.{p}": a for p, a in
-                       pack(method, codes, zeros, scales, g_idx, v1, sym).items()})
+                       pack(method, codes, zeros, scales, g_idx, v1, sym, bits).items()})
         if bf16_scales:
             scales = scales.float().numpy()
         values[name] = dequantized(codes, zeros, scales, g_idx).astype(np.float32)
-    _write_folder(float_dir, dest, packed, _quantization_config(method, group, sym, checkpoint_format, desc_act))
+    _write_folder(float_dir, dest, packed, _quantization_config(method, group, sym, checkpoint_format, desc_act,
+                                                                bits))
     _write_folder(float_dir, reference, values, None)
 
 
@@ -141,9 +149,10 @@ def _write_folder(float_dir: Path, out: Path, tensors: dict, quantization_config
             shutil.copy2(f, out / f.name)
 
 
-def _quantization_config(method: str, group: int, sym: bool, checkpoint_format: str, desc_act: bool) -> dict:
+def _quantization_config(method: str, group: int, sym: bool, checkpoint_format: str, desc_act: bool,
+                         bits: int = 4) -> dict:
     if method == "compressed-tensors":
-        weights = {"num_bits": 4, "type": "int", "symmetric": sym, "strategy": "group", "group_size": group,
+        weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": "group", "group_size": group,
                    "dynamic": False, "actorder": None, "observer": "minmax"}
         return {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
@@ -151,7 +160,7 @@ def _quantization_config(method: str, group: int, sym: bool, checkpoint_format: 
                 "ignore": ["lm_head"]}
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
-    return {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": desc_act, "sym": sym,
+    return {"quant_method": "gptq", "bits": bits, "group_size": group, "desc_act": desc_act, "sym": sym,
             "checkpoint_format": checkpoint_format, "true_sequential": True, "damp_percent": 0.01}
 
 

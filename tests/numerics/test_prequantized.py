@@ -1,5 +1,6 @@
-"""GPTQ, AWQ and compressed-tensors checkpoints compiled as stored: the artifact's planes hold the values
-the codes stand for bit for bit, and the logits match transformers float32 on a float model of those values."""
+"""GPTQ, AWQ and compressed-tensors checkpoints (4-bit, and GPTQ's and compressed-tensors' 8-bit) compiled as
+stored: the artifact's planes hold the values the codes stand for bit for bit, and the logits match transformers
+float32 on a float model of those values."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ CASES = {   # name -> (write_prequantized's arguments, --quant, the kiln format 
     "awq-f16": (dict(method="awq", group=64), "as-stored-f16", "q4mg64"),
     "compressed-tensors-sym": (dict(method="compressed-tensors", group=64, sym=True, bf16_scales=True), "auto",
                                "q4g64"),
+    # 8-bit: Qwen's GPTQ-Int8 releases (zero points: q8m), llm-compressor's W8A16 (symmetric: q8)
+    "gptq-int8": (dict(method="gptq", group=32, bits=8), "auto", "q8m"),
+    "compressed-tensors-int8-sym": (dict(method="compressed-tensors", group=64, sym=True, bits=8), "auto", "q8g64"),
 }
 LABEL = {"gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors"}
 
@@ -43,8 +47,10 @@ def _planes_as_values(art: Path) -> dict[str, np.ndarray]:
     for name in (n for n in params if n.endswith(".qweight")):
         prefix = name[: -len(".qweight")]
         planes = {p: params[f"{prefix}.{p}"] for p in ("qweight", "scale", "min") if f"{prefix}.{p}" in params}
-        group = planes["qweight"].shape[1] * 8 // planes["scale"].shape[1]
-        fmt = QuantFormat("q4m" if "min" in planes else "q4", group, str(planes["scale"].dtype))
+        byte = planes["qweight"].dtype in (np.int8, np.uint8)                  # q8 / q8m: a code a byte
+        group = planes["qweight"].shape[1] * (1 if byte else 8) // planes["scale"].shape[1]
+        kind = ("q8" if byte else "q4") + ("m" if "min" in planes else "")
+        fmt = QuantFormat(kind, group, str(planes["scale"].dtype))
         out[prefix] = quant_pack.dequantize(fmt, planes, "float32")
     return out
 

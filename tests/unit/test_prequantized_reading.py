@@ -24,6 +24,10 @@ LAYOUTS = {   # name -> write_prequantized's arguments
     "awq": dict(method="awq", group=32),
     "ct-sym-bf16": dict(method="compressed-tensors", group=32, sym=True, bf16_scales=True),
     "ct-asym": dict(method="compressed-tensors", group=32),
+    "gptq-int8-v1": dict(method="gptq", group=32, bits=8),                  # Qwen's GPTQ-Int8 releases
+    "gptq-int8-sym": dict(method="gptq", group=32, sym=True, bits=8),
+    "ct-int8-sym": dict(method="compressed-tensors", group=32, sym=True, bits=8),     # llm-compressor's W8A16
+    "ct-int8-asym": dict(method="compressed-tensors", group=32, bits=8),
 }
 LABEL = {"gptq": "GPTQ", "awq": "AWQ", "compressed-tensors": "compressed-tensors"}
 
@@ -84,17 +88,18 @@ def test_weights_read_as_the_values_the_codes_stand_for(layout, float_dir, tmp_p
     if layout == "gptq-desc-act":
         assert form is None and source.weights.stored_codes(q) is None      # groups out of order: no exact form
     else:
-        symmetric, group = form
+        symmetric, group, bits = form
         assert symmetric == ("-sym" in layout) and group == (64 if layout == "gptq-sym-ragged" else 32)
+        assert bits == LAYOUTS[layout].get("bits", 4)
         np.testing.assert_array_equal(source.weights.stored_codes(q).dequantize(), values.weights.get(q))
-    assert source.notes[0].startswith(f"{LABEL[LAYOUTS[layout]['method']]} 4-bit")
+    assert source.notes[0].startswith(f"{LABEL[LAYOUTS[layout]['method']]} {LAYOUTS[layout].get('bits', 4)}-bit")
 
 
 @pytest.mark.parametrize("change,message", [
     ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes', which kiln cannot read"),
     ({"quant_method": "aqlm"}, "unquantized checkpoint"),
     ({"quant_method": "fp8"}, "no tensor has a weight_scale_inv or weight_scale beside it"),
-    ({"bits": 8}, "4-bit GPTQ checkpoints only"),
+    ({"bits": 3}, "4- and 8-bit GPTQ checkpoints only"),
     ({"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'"),
     ({"group_size": 12}, "group_size 12"),
 ])
@@ -121,18 +126,18 @@ def test_malformed_quantization_configs_are_named(config, message, float_dir, tm
 
 @pytest.mark.parametrize("change,message", [
     ({"format": "int-quantized"}, "compressed-tensors format int-quantized; kiln reads 'pack-quantized'"),
-    ({"num_bits": 8}, "8-bit int weights by group"),
+    ({"num_bits": 2}, "2-bit int weights by group"),
     ({"input_activations": {"num_bits": 8, "type": "int"}}, "with quantized activations"),
     ({"second_group": True}, "2 different weight schemes"),
 ])
-def test_compressed_tensors_schemes_other_than_w4a16_are_refused(change, message, float_dir, tmp_path):
+def test_compressed_tensors_schemes_other_than_w4a16_and_w8a16_are_refused(change, message, float_dir, tmp_path):
     quantized, _ = _written(float_dir, tmp_path, "ct-asym")
     cfg = json.loads((quantized / "config.json").read_text())
     group = cfg["quantization_config"]["config_groups"]["group_0"]
     if "format" in change:
         group["format"] = change["format"]
     elif "num_bits" in change:
-        group["weights"]["num_bits"] = 8
+        group["weights"]["num_bits"] = change["num_bits"]
     elif "input_activations" in change:
         group["input_activations"] = change["input_activations"]
     else:
@@ -204,5 +209,5 @@ def test_desc_act_with_groups_in_order_is_still_kept_exact(float_dir, tmp_path):
     (quantized / "config.json").write_text(json.dumps(cfg))
     source, values = models.load(quantized), models.load(reference)
     name = "model.layers.0.mlp.gate_proj.weight"
-    assert "desc_act" in source.notes[0] and source.weights.stored_form(name) == (False, 32)
+    assert "desc_act" in source.notes[0] and source.weights.stored_form(name) == (False, 32, 4)
     np.testing.assert_array_equal(source.weights.stored_codes(name).dequantize(), values.weights.get(name))
