@@ -10,6 +10,7 @@ from typing import Callable
 
 import numpy as np
 
+from .bnb import BnbWeights, read_bnb_method
 from .fp8 import FP8Weights, decode_e4m3, read_fp8_method
 from .prequantized import PrequantizedWeights, read_quant_method
 from .source import ModelLoadError, ModelSource, content_hash
@@ -164,7 +165,8 @@ def load_hf_dir(d: Path) -> ModelSource:
     if mxfp4 and hf_config.get("model_type") != "gpt_oss":
         raise ModelLoadError(f"{cfg_path}: quantization_config says mxfp4, which kiln reads for gpt-oss's experts only "
                              f"(this is model_type {hf_config.get('model_type')!r}); pass a float checkpoint")
-    method = read_quant_method(d, qc) if qc and fp8 is None and not mxfp4 else None
+    bnb = read_bnb_method(d, qc) if qc else None
+    method = read_quant_method(d, qc) if qc and fp8 is None and not mxfp4 and bnb is None else None
     kind, files = _weight_files(d)
     weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
     write_tokenizer, notes = tokenizer_files(d)
@@ -174,12 +176,16 @@ def load_hf_dir(d: Path) -> ModelSource:
     elif fp8 is not None:
         weights = FP8Weights(weights, fp8, d)
         notes = [f"{fp8.describe()}: {weights.scaled()} weights", *notes]
+    elif bnb is not None:
+        weights = BnbWeights(weights, bnb, d)
+        notes = [f"{bnb.describe()}: {weights.quantized()} weights stored 4-bit, read as the values their codes "
+                 "stand for", *notes]
     elif mxfp4:
         notes = ["MXFP4 experts decoded exactly to float, then stored as --quant says (as-stored, auto's choice: "
                  "8-bit with each block's power-of-two scale, which holds them exactly)", *notes]
     return ModelSource(path=d, format="hf", hf_config=hf_config, weights=weights, write_tokenizer=write_tokenizer,
                        content_hash=content_hash([cfg_path, *files]), notes=notes,
-                       stored_quant=method.label if method else "MXFP4" if mxfp4 else None)
+                       stored_quant=method.label if method else "MXFP4" if mxfp4 else "bitsandbytes" if bnb else None)
 
 
 def has_weights(d: Path) -> bool:

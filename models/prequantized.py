@@ -22,8 +22,8 @@ its signed zero point; 128 for 8-bit ones). `PrequantizedWeights` hands them to 
 `.weight` name, in Hugging Face layout: `get` dequantizes to float32 (exactly: a float16 or bfloat16 scale
 times an integer of at most 9 bits needs at most 20 of float32's 24 bits), and `stored_codes` gives the
 codes, zeros and scales themselves, for `--quant as-stored` to keep (compiler/quant_prequant.py)
-wherever the groups run in order along K. Other methods (bitsandbytes, ...), other formats and bit
-widths are refused when the folder is opened.
+wherever the groups run in order along K. bitsandbytes 4-bit is models/bnb.py's; other methods, formats and
+bit widths are refused when the folder is opened.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def read_quant_method(d: Path, qc: dict) -> QuantMethod:
     if method not in LABELS:
         raise ModelLoadError(f"{where} says quant_method {qc.get('quant_method')!r}, which kiln cannot read "
                              f"(it reads 4- and 8-bit GPTQ, 4-bit AWQ, 4- and 8-bit compressed-tensors pack-quantized "
-                             f"checkpoints, and FP8 "
+                             f"checkpoints, bitsandbytes 4-bit ones and FP8 "
                              f"ones dequantized); {_FIX}")
     if method == "compressed-tensors":
         return _compressed_tensors(where, qc)

@@ -78,7 +78,8 @@ class ModelSource:
     write_tokenizer: Callable[[Path], list[str]] | None = None  # writes tokenizer files into a dir, returns names
     content_hash: str = ""            # sha256 over config and weight files
     notes: list[str] = field(default_factory=list)
-    stored_quant: str | None = None   # "GGUF", "GPTQ", "AWQ", "compressed-tensors", "MXFP4": weights stored quantized
+    stored_quant: str | None = None   # "GGUF", "GPTQ", "AWQ", "compressed-tensors", "MXFP4", "bitsandbytes": weights
+                                      # stored quantized
                                       # (what --quant as-stored keeps)
 
     def iter_weights(self) -> Iterator[tuple[str, np.ndarray]]:

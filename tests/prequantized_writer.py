@@ -206,3 +206,61 @@ def write_fp8(float_dir: Path, dest: Path, reference: Path, producer: str = "fp8
               "ignore": ["lm_head"]}
     _write_folder(float_dir, dest, stored, qc)
     _write_folder(float_dir, reference, values, None)
+
+
+# bitsandbytes' 4-bit levels (bitsandbytes.functional.get_4bit_type), as its checkpoints store them in quant_map
+NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+       -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+       0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0]
+FP4 = [0.0, 0.0052083334885537624, 0.6666666865348816, 1.0, 0.3333333432674408, 0.5, 0.1666666716337204, 0.25,
+       0.0, -0.0052083334885537624, -0.6666666865348816, -1.0, -0.3333333432674408, -0.5, -0.1666666716337204,
+       -0.25]
+
+
+def write_bnb(float_dir: Path, dest: Path, reference: Path, quant_type: str = "nf4", double_quant: bool = True,
+              dtype: str = "bfloat16", blocksize: int = 64, nested_blocksize: int = 256) -> None:
+    """`float_dir`'s model with its decoder Linears stored as transformers saves a bitsandbytes 4-bit model
+    (checked once against bitsandbytes 0.50.2's dequantize_4bit, bit for bit): `.weight` uint8 [N K / 2, 1]
+    (the first code in the high nibble), `.weight.absmax`, `.weight.quant_map`, with double quantization
+    `.weight.nested_absmax` / `.weight.nested_quant_map` (absmax as uint8 codes of an 8-bit table around its
+    mean), and `.weight.quant_state.bitsandbytes__<type>` (JSON bytes). At `reference`, the float model of the
+    values bitsandbytes dequantizes them to (in float32, rounded to `dtype`)."""
+    import torch
+    from safetensors.numpy import load_file
+    levels = np.asarray(NF4 if quant_type == "nf4" else FP4, np.float32)
+    nested_map = np.linspace(-1.0, 1.0, 256).astype(np.float32)
+    tensors = load_file(str(float_dir / "model.safetensors"))
+    packed, values = {}, {}
+    for name, w in tensors.items():
+        prefix = name[: -len(".weight")]
+        if not name.endswith(".weight") or prefix.rsplit(".", 1)[-1] not in LINEARS:
+            packed[name] = values[name] = w
+            continue
+        flat = w.astype(np.float32).reshape(-1, blocksize)
+        absmax = np.abs(flat).max(1).astype(np.float32)
+        codes = np.abs(flat[..., None] / absmax[:, None, None] - levels).argmin(-1).astype(np.uint8).reshape(-1)
+        state = {"quant_type": quant_type, "blocksize": blocksize, "dtype": dtype, "shape": list(w.shape)}
+        out = {"": (codes[0::2] << 4 | codes[1::2]).reshape(-1, 1), ".quant_map": levels}
+        if double_quant:
+            offset = np.float32(absmax.mean())
+            blocks = absmax.size
+            centred = np.zeros(-(-blocks // nested_blocksize) * nested_blocksize, np.float32)
+            centred[:blocks] = absmax - offset
+            centred = centred.reshape(-1, nested_blocksize)                     # the last block ragged
+            nested = np.abs(centred).max(1).astype(np.float32)
+            stored = np.abs(centred[..., None] / nested[:, None, None] - nested_map).argmin(-1).astype(np.uint8)
+            stored = stored.reshape(-1)[:blocks]
+            out.update({".absmax": stored, ".nested_absmax": nested, ".nested_quant_map": nested_map})
+            state.update(nested_blocksize=nested_blocksize, nested_dtype="float32", nested_offset=float(offset))
+            absmax = (nested_map[stored] * np.repeat(nested, nested_blocksize)[:blocks] + offset).astype(np.float32)
+        else:
+            out[".absmax"] = absmax
+        out[f".quant_state.bitsandbytes__{quant_type}"] = np.frombuffer(json.dumps(state).encode(), np.uint8).copy()
+        packed.update({f"{name}{suffix}": a for suffix, a in out.items()})
+        exact = torch.from_numpy(levels[codes] * np.repeat(absmax, blocksize)).to(getattr(torch, dtype))
+        values[name] = exact.float().numpy().reshape(w.shape)
+    config = {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+              "bnb_4bit_quant_type": quant_type, "bnb_4bit_use_double_quant": double_quant,
+              "bnb_4bit_compute_dtype": dtype, "bnb_4bit_quant_storage": "uint8"}
+    _write_folder(float_dir, dest, packed, config)
+    _write_folder(float_dir, reference, values, None)

@@ -116,3 +116,28 @@ def test_fp8_checkpoint_matches_transformers_reading_it(float_dir, tmp_path):
     assert_prefill_and_decode_match(art, reference, IDS, tol=1e-4, steps=3)
     with pytest.raises(ValueError, match="are floats"):
         kiln.compile(str(tmp_path / "q"), target="cpu", quant="as-stored", output=tmp_path / "art2")
+
+
+@pytest.mark.parametrize("quant_type, double_quant, dtype", [("nf4", True, "bfloat16"), ("fp4", False, "float16")])
+def test_bitsandbytes_checkpoint_reads_as_its_values(quant_type, double_quant, dtype, float_dir, tmp_path):
+    """A bitsandbytes 4-bit folder (QLoRA's, unsloth's -bnb-4bit) reads as the values bitsandbytes dequantizes it
+    to, bit for bit (tests/prequantized_writer.py's layout, checked once against bitsandbytes itself); q0f32 then
+    matches transformers on a float model of those values, and auto re-quantizes NF4 / FP4 (no kiln form holds
+    their uneven levels) to q4, saying so."""
+    from prequantized_writer import write_bnb
+    write_bnb(float_dir, tmp_path / "q", tmp_path / "values", quant_type, double_quant, dtype)
+    source, values = models.load(tmp_path / "q"), models.load(tmp_path / "values").weights
+    assert source.stored_quant == "bitsandbytes" and source.notes[0].startswith(f"bitsandbytes {quant_type.upper()}")
+    assert sorted(source.weights.names()) == sorted(values.names())
+    for name in values.names():
+        got = source.weights.get(name)
+        np.testing.assert_array_equal(got.view(np.uint32), values.get(name).view(np.uint32), err_msg=name)
+    art = kiln.compile(str(tmp_path / "q"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    import transformers
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "values", dtype=torch.float32).eval()
+    assert_prefill_and_decode_match(art, reference, IDS, tol=1e-4, steps=3)
+    report = kiln.check(art)
+    assert report.ok and report.reference.endswith("(bitsandbytes tensors as kiln reads them)"), report.table()
+    auto = kiln.compile(str(tmp_path / "q"), target="cpu", quant="auto", output=tmp_path / "auto", golden=False)
+    notes = json.loads((auto / "kiln-config.json").read_text())["notes"]
+    assert any(n.startswith(f"{quant_type.upper()} tensors re-quantized to q4 (lossy)") for n in notes), notes

@@ -96,7 +96,7 @@ def test_weights_read_as_the_values_the_codes_stand_for(layout, float_dir, tmp_p
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes', which kiln cannot read"),
+    ({"quant_method": "hqq"}, "quant_method 'hqq', which kiln cannot read"),
     ({"quant_method": "aqlm"}, "unquantized checkpoint"),
     ({"quant_method": "fp8"}, "no tensor has a weight_scale_inv or weight_scale beside it"),
     ({"bits": 3}, "4- and 8-bit GPTQ checkpoints only"),
@@ -110,6 +110,21 @@ def test_unreadable_quantization_configs_are_refused_by_name(change, message, fl
     (quantized / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=message):
         models.load(quantized)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"load_in_4bit": False, "load_in_8bit": True}, "bitsandbytes 8-bit \\(LLM.int8, load_in_8bit\\)"),
+    ({"bnb_4bit_quant_storage": "bfloat16"}, "stores bitsandbytes codes as bfloat16"),
+    ({"bnb_4bit_quant_type": "int4"}, "bnb_4bit_quant_type 'int4'"),
+])
+def test_bitsandbytes_configs_kiln_cannot_read_are_refused(change, message, float_dir, tmp_path):
+    from prequantized_writer import write_bnb
+    write_bnb(float_dir, tmp_path / "q", tmp_path / "values")
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    cfg["quantization_config"].update(change)
+    (tmp_path / "q" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=message):
+        models.load(tmp_path / "q")
 
 
 @pytest.mark.parametrize("config,message", [
