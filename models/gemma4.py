@@ -76,6 +76,11 @@ class Gemma4Config(Gemma2Config):
     ARCH: ClassVar[str] = "gemma4"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = _FIELDS
     PATTERN: ClassVar[int] = 6
+    LAST_FULL: ClassVar[bool] = True        # the last layer is made full attention, as transformers does
+
+    @classmethod
+    def layer_kv_of(cls, hf: dict, c: "Gemma4Config", types: list[str]) -> tuple[tuple[int, int], ...]:
+        return _layer_kv(hf, c, types)
 
     @classmethod
     def from_hf(cls, hf: dict) -> "Gemma4Config":
@@ -98,20 +103,17 @@ class Gemma4Config(Gemma2Config):
         n = c.num_hidden_layers
         types = list(c.layer_types)
         notes = list(c.notes)
-        if types[-1] != "full_attention":           # transformers forces it
+        if types[-1] != "full_attention" and cls.LAST_FULL:     # transformers forces it (Gemma 4)
             types[-1] = "full_attention"
             notes.append("the last layer made full attention (transformers' Gemma 4 does the same)")
         partial = float(full.get("partial_rotary_factor", 1.0)) if full.get("rope_type") == "proportional" else 1.0
         c = dataclasses.replace(
             c, layer_types=tuple(types), local_rope_theta=float(local.get("rope_theta", 10000.0)),
             global_rope=(float(full.get("rope_theta", 1e6)), partial, float(full.get("factor", 1.0))),
-            global_kv=_layer_kv(hf, c, types), weight_prefix=prefix, notes=tuple(notes))
+            global_kv=cls.layer_kv_of(hf, c, types), weight_prefix=prefix, notes=tuple(notes))
         if not 0 <= c.kv_shared_layers < n:
             raise ValueError(f"num_kv_shared_layers {c.kv_shared_layers} must leave at least one of the {n} layers "
                              "computing keys and values; fix config.json")
-        if c.ple_dim and c.ple_vocab < c.vocab_size:
-            raise ValueError(f"vocab_size_per_layer_input {c.ple_vocab} is below vocab_size {c.vocab_size}: "
-                             "tokens past it have no per-layer embedding; fix config.json")
         c.kv_layers()                               # a source for every shared layer's type, or a ValueError
         c.moe_spec()                                # counts that make a router, or a ValueError
         return c
@@ -296,13 +298,15 @@ class Gemma4Stack(nn.Module):
 class Gemma4ForCausalLM(CausalLM):
     """CausalLM's entry functions over Gemma4Stack; its KV cache always the one kiln owns."""
 
+    STACK: ClassVar[type] = Gemma4Stack
+
     def __init__(self, config: Gemma4Config):       # noqa: super().__init__ would build the plain decoder stack
         nn.Module.__init__(self)
         self.config, self.flags = config, config.flags()
         self.attention = config.layer_attention()
         self.sliding_window = None
         self.rope_in_graph = True
-        self.model = Gemma4Stack(config)
+        self.model = self.STACK(config)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.dtype = "float32"
@@ -321,7 +325,12 @@ class Gemma4ForCausalLM(CausalLM):
         x = m.embed_tokens(input_ids) * self.flags.embed_scale
         if not self.config.ple_dim:
             return x
-        rows = m.embed_tokens_per_layer(input_ids) * (self.config.ple_dim ** 0.5)
+        ids, table = input_ids, self.config.ple_vocab
+        if table < self.config.vocab_size:         # ids past the PLE table (Gemma 3n's audio / vision ones) read row 0,
+            inside = op.less(ids, op.full(ids.shape, table, "int32"))          # as transformers' Gemma 3n reads them
+            ids = op.where(inside, ids, op.zeros(ids.shape, "int32"))
+        rows = m.embed_tokens_per_layer(ids)
+        rows = rows * (self.config.ple_dim ** 0.5)
         return op.concat([x, rows.astype(x.dtype) if rows.dtype != x.dtype else rows], dim=-1)
 
     def create_paged_kv_cache(self, *args):

@@ -27,8 +27,6 @@ _UNSUPPORTED = {
     "recurrent_gemma": ("RecurrentGemma", "Griffin's recurrent (RG-LRU) blocks among its attention layers"),
     "xlstm": ("xLSTM", "recurrent xLSTM blocks instead of attention"),
     "bloom": ("BLOOM", _ALIBI), "mpt": ("MPT", _ALIBI),
-    "gemma3n": ("Gemma 3n", "per-layer inputs, AltUp and LAuReL blocks, and KV shared across layers"),
-    "gemma3n_text": ("Gemma 3n", "per-layer inputs, AltUp and LAuReL blocks, and KV shared across layers"),
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
         ("deepseek_v32", "DeepSeek-V3.2"), ("glm_moe_dsa", "GLM MoE with DSA"), ("hy_v4", "Hy V4"),
         ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},

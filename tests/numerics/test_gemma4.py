@@ -169,7 +169,6 @@ def test_gemma4_builds_for_cuda(tmp_path, shared_kv):
 @pytest.mark.parametrize("change, message", [
     (dict(enable_moe_block=True, num_experts=4, top_k_experts=None, moe_intermediate_size=32), "top_k_experts"),
     (dict(num_kv_shared_layers=6), "num_kv_shared_layers 6 must leave"),
-    (dict(vocab_size_per_layer_input=100), "vocab_size_per_layer_input 100 is below vocab_size"),
     (dict(rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0},
                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
      "full_attention type 'yarn'"),
