@@ -60,7 +60,8 @@ _FLOAT_TYPES = ("F32", "F16", "BF16")
 _HALF_KINDS = {"F16": "f16", "BF16": "bf16"}        # stored 16-bit floats -> the kind keeping their bits
 # stored types re-quantized to q4 (where not kept exactly); the rest to q8
 _FOUR_BITS_OR_LESS = ("Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K", "GPTQ", "AWQ", "compressed-tensors", "NF4", "FP4",
-                      "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XXS", "IQ2_XS", "IQ1_M", "IQ1_S", "TQ2_0", "TQ1_0")
+                      "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XXS", "IQ2_XS", "IQ1_M", "IQ1_S", "TQ2_0",
+                      "TQ1_0")
 
 
 @dataclass(frozen=True)

@@ -148,8 +148,8 @@ class Gemma4Config(Gemma2Config):
                 continue
             earlier = [j for j in range(first_shared) if self.layer_types[j] == kind]
             if not earlier:
-                raise ValueError(f"layer {i} ({kind}) shares keys and values, but no earlier layer of its kind computes "
-                                 "them (num_kv_shared_layers too large); fix config.json")
+                raise ValueError(f"layer {i} ({kind}) shares keys and values, but no earlier layer of its kind "
+                                 "computes them (num_kv_shared_layers too large); fix config.json")
             sources.append(earlier[-1])
         return tuple(self.global_kv), tuple(sources)
 
@@ -300,8 +300,8 @@ class Gemma4ForCausalLM(CausalLM):
 
     STACK: ClassVar[type] = Gemma4Stack
 
-    def __init__(self, config: Gemma4Config):       # noqa: super().__init__ would build the plain decoder stack
-        nn.Module.__init__(self)
+    def __init__(self, config: Gemma4Config):
+        nn.Module.__init__(self)                    # not CausalLM's: that would build the plain decoder stack
         self.config, self.flags = config, config.flags()
         self.attention = config.layer_attention()
         self.sliding_window = None
@@ -339,7 +339,8 @@ class Gemma4ForCausalLM(CausalLM):
 
 def weight_map(c: Gemma4Config) -> WeightMap:
     p = c.weight_prefix
-    m: WeightMap = {"model.embed_tokens.weight": [f"{p}.embed_tokens.weight"], "model.norm.weight": [f"{p}.norm.weight"]}
+    m: WeightMap = {"model.embed_tokens.weight": [f"{p}.embed_tokens.weight"],
+                    "model.norm.weight": [f"{p}.norm.weight"]}
     if not c.tie_word_embeddings:
         m["lm_head.weight"] = ["lm_head.weight"]
     if c.ple_dim:

@@ -431,9 +431,9 @@ def _gemma4(reader, arch, tensors, c):
     c.pop("rope_theta", None)
     if c["enable_moe_block"]:
         if "blk.0.ffn_gate_up_exps.weight" not in tensors:
-            raise ModelLoadError("this gemma4 GGUF stores its experts' gate and up apart (ffn_gate_exps / ffn_up_exps); "
-                                 "kiln reads the fused ffn_gate_up_exps the converter writes from transformers' "
-                                 "gate_up_proj; re-convert it, or load the Hugging Face checkpoint")
+            raise ModelLoadError("this gemma4 GGUF stores its experts' gate and up apart (ffn_gate_exps / "
+                                 "ffn_up_exps); kiln reads the fused ffn_gate_up_exps the converter writes from "
+                                 "transformers' gate_up_proj; re-convert it, or load the Hugging Face checkpoint")
         c.update(num_experts=_key(reader, arch, "expert_count"), top_k_experts=_key(reader, arch, "expert_used_count"),
                  moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"))
     if ple:

@@ -123,7 +123,8 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
         priority = dict(zip(tokens, map(float, _meta(reader, "tokenizer.ggml.scores"))))
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = _meta(reader, "tokenizer.ggml.unknown_token_id", None)
-    written = _meta(reader, "tokenizer.ggml.merges", None) if _meta(reader, "tokenizer.ggml.model") == "gemma4" else None
+    gemma4 = _meta(reader, "tokenizer.ggml.model") == "gemma4"
+    written = _meta(reader, "tokenizer.ggml.merges", None) if gemma4 else None
     merges = [_merge_pair(m) for m in written] if written is not None else _sentencepiece_merges(vocab, priority)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True,
                                byte_fallback=True, unk_token=tokens[unk_id] if unk_id is not None else None))
@@ -165,7 +166,8 @@ def _merge_pair(merge: str) -> tuple[str, str]:
     """A written merge "left right": split at the first space after the first character (llama.cpp's rule)."""
     cut = merge.find(" ", 1)
     if cut < 0:
-        raise ModelLoadError(f"GGUF tokenizer merge {merge!r} has no space between its two pieces; re-convert the model")
+        raise ModelLoadError(f"GGUF tokenizer merge {merge!r} has no space between its two pieces; re-convert the "
+                             "model")
     return merge[:cut], merge[cut + 1:]
 
 
@@ -213,7 +215,8 @@ def gguf_tokenizer_config(reader: gguf.GGUFReader) -> dict:
             config[name] = tokens[token_id]
     stops = {_meta(reader, f"tokenizer.ggml.{key}_token_id", None) for key in ("eot", "eom")}
     types = _meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-    stops |= {i for i, (t, ty) in enumerate(zip(tokens, types)) if t in _END_OF_TURN and ty in (_CONTROL, _USER_DEFINED)}
+    stops |= {i for i, (t, ty) in enumerate(zip(tokens, types))
+              if t in _END_OF_TURN and ty in (_CONTROL, _USER_DEFINED)}
     if stops - {None}:
         config["eos_token_ids"] = sorted(stops - {None})       # end of generation beside eos_token
     config["add_bos_token"] = _add_bos(reader)

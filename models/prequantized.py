@@ -83,8 +83,9 @@ def read_quant_method(d: Path, qc: dict) -> QuantMethod:
         return _compressed_tensors(where, qc)
     bits = qc.get("bits", 4)
     if bits not in ((4, 8) if method == "gptq" else (4,)):
-        raise ModelLoadError(f"{where} says {method} with {bits} bits; kiln reads "
-                             f"{'4- and 8-bit' if method == 'gptq' else '4-bit'} {LABELS[method]} checkpoints only; {_FIX}")
+        widths = "4- and 8-bit" if method == "gptq" else "4-bit"
+        raise ModelLoadError(f"{where} says {method} with {bits} bits; kiln reads {widths} {LABELS[method]} "
+                             f"checkpoints only; {_FIX}")
     group = _group(where, qc.get("group_size", 128))
     if method == "awq":
         version = str(qc.get("version", "gemm")).lower()

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import (apertus, cohere, dbrx, deepseek, ernie4_5, falcon, gemma, gemma3n, gemma4, glm, glm4_moe, gpt2, gpt_neo, gpt_neox,
-               gpt_oss, gptj, granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron, olmo, olmo2, olmoe,
-               opt, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+from . import (apertus, cohere, dbrx, deepseek, ernie4_5, falcon, gemma, gemma3n, gemma4, glm, glm4_moe, gpt2,
+               gpt_neo, gpt_neox, gpt_oss, gptj, granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron,
+               olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 from .unsupported import unsupported_reason
 

@@ -9,9 +9,10 @@ response.output_text.delta ... response.completed). A reasoning model's thinking
 parser, runtime/reasoning.py) is a `reasoning` output item before the message, its text as
 `reasoning_text` content (response.reasoning_text.delta events), and `reasoning.effort` is the chat
 template's reasoning_effort; reasoning items sent back as input go to the next assistant message's
-reasoning (or the next function call's turn's). Function tools (`tools`, `tool_choice`, `parallel_tool_calls`) go through the chat path's
-tool calling (runtime/tools.py): calls come back as `function_call` items (streamed as
-response.function_call_arguments.* events; text is held back from where a call may start), and
+reasoning (or the next function call's turn's). Function tools (`tools`, `tool_choice`,
+`parallel_tool_calls`) go through the chat path's tool calling (runtime/tools.py): calls come back as
+`function_call` items (streamed as response.function_call_arguments.* events; text is held back from where a
+call may start), and
 `function_call` / `function_call_output` input items become the conversation's calls and results.
 `text.format` (json_object, or json_schema with its name and schema: structured output, as the Agents SDK's
 output types send it) is chat's response_format; `text.verbosity` is refused (kiln cannot steer it).

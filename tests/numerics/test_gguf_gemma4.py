@@ -9,7 +9,6 @@ from the metadata encodes and decodes as the checkpoint's tokenizer.json does.""
 from __future__ import annotations
 
 import gguf
-import numpy as np
 import pytest
 
 import kiln
