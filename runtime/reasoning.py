@@ -98,6 +98,19 @@ class ReasoningParser:
         """What was held back, at the end of the choice."""
         raise NotImplementedError
 
+    def _until(self, buf: str, tags: tuple[str, ...], out: list[str]) -> tuple[str | None, str | None]:
+        """buf's text before the first of `tags` into `out`: (the text after that tag, the tag); (None, None) where
+        none is whole yet, a tail that could begin one held back in self.tail."""
+        found = [(at, tag) for tag in tags if (at := buf.find(tag)) >= 0]
+        if not found:
+            keep = held_back(buf, tags)
+            out.append(buf[:len(buf) - keep])
+            self.tail = buf[len(buf) - keep:]
+            return None, None
+        at, tag = min(found)
+        out.append(buf[:at])
+        return buf[at + len(tag):], tag
+
     def read(self, text: str, last: bool = False) -> tuple[str, str]:
         """feed(text), and at the choice's `last` piece what finish() gives back too."""
         thought, content = self.feed(text)
@@ -144,14 +157,10 @@ class ThinkParser(ReasoningParser):
                     self.state = "content"
                 continue
             if self.state == "reasoning":
-                at = buf.find(_CLOSE)
-                if at < 0:
-                    keep = held_back(buf, (_CLOSE,))
-                    reasoning.append(buf[:len(buf) - keep])
-                    self.tail = buf[len(buf) - keep:]
+                buf, _ = self._until(buf, (_CLOSE,), reasoning)
+                if buf is None:
                     break
-                reasoning.append(buf[:at])
-                self.state, self.strip, buf = "content", True, buf[at + len(_CLOSE):]
+                self.state, self.strip = "content", True
                 continue
             if self.strip:
                 buf = buf.lstrip()
@@ -278,29 +287,20 @@ class Gemma4Parser(ReasoningParser):
         buf, self.tail = self.tail + text, ""
         while buf:
             if self.state == "content":
-                tags = [(at, tag) for tag in (_G4_CHANNEL, _G4_CALL) if (at := buf.find(tag)) >= 0]
-                if not tags:
-                    keep = held_back(buf, (_G4_CHANNEL, _G4_CALL))
-                    content.append(buf[:len(buf) - keep])
-                    self.tail = buf[len(buf) - keep:]
+                buf, tag = self._until(buf, (_G4_CHANNEL, _G4_CALL), content)
+                if buf is None:
                     break
-                at, tag = min(tags)
-                content.append(buf[:at])
-                self.state, buf = ("channel" if tag == _G4_CHANNEL else "call"), buf[at + len(tag):]
+                self.state = "channel" if tag == _G4_CHANNEL else "call"
             elif self.state == "channel":          # the channel's name line: `thought\n`
                 if _G4_THOUGHT.startswith(buf):
                     self.tail = buf
                     break
                 self.state, buf = "reasoning", buf[len(_G4_THOUGHT):] if buf.startswith(_G4_THOUGHT) else buf
             elif self.state == "reasoning":
-                at = buf.find(_G4_CLOSE)
-                if at < 0:
-                    keep = held_back(buf, (_G4_CLOSE,))
-                    reasoning.append(buf[:len(buf) - keep])
-                    self.tail = buf[len(buf) - keep:]
+                buf, _ = self._until(buf, (_G4_CLOSE,), reasoning)
+                if buf is None:
                     break
-                reasoning.append(buf[:at])
-                self.state, buf = "content", buf[at + len(_G4_CLOSE):]
+                self.state = "content"
             else:                                  # inside a call: held until it closes
                 self.call += buf
                 at = self.call.find(_G4_CALL_END)

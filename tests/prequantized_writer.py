@@ -98,15 +98,9 @@ def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str
     model of the same values at `reference`. bf16_scales: scales stored as bfloat16 (compressed-tensors
     from a bfloat16 model)."""
     import torch
-    from safetensors.numpy import load_file
     rng = np.random.default_rng(seed)
-    tensors = load_file(str(float_dir / "model.safetensors"))
     packed, values = {}, {}
-    for name, w in tensors.items():
-        prefix = name[: -len(".weight")]
-        if not name.endswith(".weight") or prefix.rsplit(".", 1)[-1] not in LINEARS:
-            packed[name] = values[name] = w
-            continue
+    for name, prefix, w in _decoder_linears(float_dir, packed, values):
         k = w.shape[1]
         g_idx = np.arange(k) // group
         if desc_act:                               # act-order: inputs quantized in a shuffled order
@@ -127,6 +121,18 @@ def write_prequantized(float_dir: Path, dest: Path, reference: Path, method: str
     _write_folder(float_dir, dest, packed, _quantization_config(method, group, sym, checkpoint_format, desc_act,
                                                                 bits))
     _write_folder(float_dir, reference, values, None)
+
+
+def _decoder_linears(float_dir: Path, packed: dict, values: dict):
+    """(name, prefix, weight) of each decoder Linear in float_dir's model.safetensors; every other tensor goes into
+    `packed` and `values` as it is."""
+    from safetensors.numpy import load_file
+    for name, w in load_file(str(float_dir / "model.safetensors")).items():
+        prefix = name[: -len(".weight")]
+        if not name.endswith(".weight") or prefix.rsplit(".", 1)[-1] not in LINEARS:
+            packed[name] = values[name] = w
+            continue
+        yield name, prefix, w
 
 
 def _write_folder(float_dir: Path, out: Path, tensors: dict, quantization_config: dict | None) -> None:
@@ -226,16 +232,10 @@ def write_bnb(float_dir: Path, dest: Path, reference: Path, quant_type: str = "n
     mean), and `.weight.quant_state.bitsandbytes__<type>` (JSON bytes). At `reference`, the float model of the
     values bitsandbytes dequantizes them to (in float32, rounded to `dtype`)."""
     import torch
-    from safetensors.numpy import load_file
     levels = np.asarray(NF4 if quant_type == "nf4" else FP4, np.float32)
     nested_map = np.linspace(-1.0, 1.0, 256).astype(np.float32)
-    tensors = load_file(str(float_dir / "model.safetensors"))
     packed, values = {}, {}
-    for name, w in tensors.items():
-        prefix = name[: -len(".weight")]
-        if not name.endswith(".weight") or prefix.rsplit(".", 1)[-1] not in LINEARS:
-            packed[name] = values[name] = w
-            continue
+    for name, _, w in _decoder_linears(float_dir, packed, values):
         flat = w.astype(np.float32).reshape(-1, blocksize)
         absmax = np.abs(flat).max(1).astype(np.float32)
         codes = np.abs(flat[..., None] / absmax[:, None, None] - levels).argmin(-1).astype(np.uint8).reshape(-1)
