@@ -233,6 +233,11 @@ class GGUFWeights:
                     expert = spec.experts[m.group(2)].format(j=j)
                     self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{expert}.{m.group(3)}"] = _Expert(t, j)
                 continue
+            g = _GLOBAL_RE.fullmatch(t.name)
+            if g and g.group(1) in spec.stacked and len(t.shape) == 3:           # one HF Linear an index
+                for j in range(int(t.shape[2])):
+                    self._tensors[f"{spec.stacked[g.group(1)].format(j=j)}.{g.group(2)}"] = _Expert(t, j)
+                continue
             hf = _hf_name(spec, t.name)
             if hf is None or t.name in CONFIG_TENSORS:
                 if t.name not in CONFIG_TENSORS:

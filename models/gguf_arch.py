@@ -14,6 +14,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     gemma    Gemma               every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
     gemma2   Gemma 2             the same
     gemma3   Gemma 3 (text)      the same, q/k norms included
+    gemma3n  Gemma 3n (text)     norms as they are; AltUp's projections stacked in 3-D altup_proj /
+                                 altup_unembd_proj; sparsity as normal quantiles; a width a layer
     gemma4   Gemma 4 (text)      norms as they are; per-layer KV heads, MLP widths and layer kinds as arrays,
                                  proportional RoPE as rope_freqs, the per-layer embeddings' tensors
     phi3     Phi-3               q/k/v fused (attn_qkv), gate/up fused (ffn_up); LongRoPE factors as
@@ -135,6 +137,14 @@ GEMMA4_LAYER = {**GEMMA_LAYER, "inp_gate": "per_layer_input_gate", "proj": "per_
 GEMMA4_GLOBAL = {**LLAMA_GLOBAL, "per_layer_token_embd": "model.embed_tokens_per_layer",
                  "per_layer_model_proj": "model.per_layer_model_projection",
                  "per_layer_proj_norm": "model.per_layer_projection_norm"}
+# Gemma 3n: Gemma 4's per-layer-input names, AltUp's and LAuReL's; its stacked AltUp projections are global 3-D
+# tensors, read back one HF Linear an index (GGUFArch.stacked)
+GEMMA3N_LAYER = {**GEMMA_LAYER, "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection",
+                 "post_norm": "post_per_layer_input_norm", "altup_correct_scale.weight": "altup.correct_output_scale",
+                 "altup_correct_coef": "altup.correction_coefs", "altup_predict_coef": "altup.prediction_coefs",
+                 "altup_router": "altup.modality_router", "altup_router_norm": "altup.router_norm",
+                 "laurel_l": "laurel.linear_left", "laurel_r": "laurel.linear_right",
+                 "laurel_post_norm": "laurel.post_laurel_norm"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
@@ -224,6 +234,8 @@ class GGUFArch:
                                                     # keys the converter split it into (rows: first, then second)
     joins: Callable[[dict], dict[str, tuple[str, str]]] = lambda c: {}   # joined that differ by the HF config read
     blocks: int | None = None                       # blk.N read for N below it (for_config: the HF layers)
+    stacked: dict[str, str] = field(default_factory=dict)   # global 3-D GGUF tensors -> the HF name of each index
+                                                    # ({j}): Gemma 3n's altup_proj stacks 3 Linears
     interleaved: dict[str, tuple[str, str]] = field(default_factory=dict)   # HF name under a layer -> the two GGUF
                                                     # keys the converter split its interleaved outputs into, each
                                                     # [experts, out, in]: read back as HF's [experts, in, 2 out]
@@ -438,6 +450,38 @@ def _gemma4(reader, arch, tensors, c):
                  moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"))
     if ple:
         c["vocab_size_per_layer_input"] = int(tensors["per_layer_token_embd.weight"].shape[-1])
+
+
+def _gemma3n(reader, arch, tensors, c):
+    """llama.cpp's Gemma3NModel: Gemma 3's keys (a width a layer in feed_forward_length), the layer kinds as
+    sliding_window_pattern, altup_active_idx / altup_num_inputs, the PLE width, shared_kv_layers, and each
+    layer's activation sparsity as the normal quantile it cuts at (activation_sparsity_scale: 0 for none)."""
+    import statistics
+    n = c["num_hidden_layers"]
+    swa = _key(reader, arch, "attention.sliding_window_pattern")
+    if not isinstance(swa, list) or len(swa) != n:
+        raise ModelLoadError(f"this gemma3n GGUF's attention.sliding_window_pattern is {swa!r}, not a flag for each "
+                             f"of its {n} layers; re-convert it with a current convert_hf_to_gguf.py")
+    ff = c["intermediate_size"]
+    scales = _key(reader, arch, "activation_sparsity_scale", [0.0] * n)
+    if not isinstance(scales, list) or len(scales) != n:
+        raise ModelLoadError(f"this gemma3n GGUF's activation_sparsity_scale is {scales!r}, not one for each of its "
+                             f"{n} layers; re-convert it")
+    c.update(layer_types=["sliding_attention" if s else "full_attention" for s in swa],
+             intermediate_size=list(ff) if isinstance(ff, list) else ff, hidden_activation="gelu_pytorch_tanh",
+             sliding_window=_key(reader, arch, "attention.sliding_window"),
+             num_kv_shared_layers=int(_key(reader, arch, "attention.shared_kv_layers", 0)),
+             hidden_size_per_layer_input=int(_key(reader, arch, "embedding_length_per_layer_input")),
+             vocab_size_per_layer_input=int(tensors["per_layer_token_embd.weight"].shape[-1]),
+             altup_active_idx=int(_key(reader, arch, "altup.active_idx", 0)),
+             altup_num_inputs=int(_key(reader, arch, "altup.num_inputs", 4)),
+             activation_sparsity_pattern=[statistics.NormalDist().cdf(float(s)) if s else 0.0 for s in scales],
+             final_logit_softcapping=_f32(_key(reader, arch, "final_logit_softcapping", 30.0)),   # llama.cpp's default
+             laurel_rank=int(tensors["blk.0.laurel_l.weight"].shape[-1]),
+             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": _f32(_key(
+                 reader, arch, "rope.freq_base", 1e6))}, "sliding_attention": {"rope_type": "default", "rope_theta": _f32(
+                     _key(reader, arch, "rope.freq_base_swa", 10000.0))}})
+    c.pop("rope_theta", None)
 
 
 def _phi3(reader, arch, tensors, c):
@@ -814,6 +858,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
     "gemma3": GGUFArch("gemma3_text", ("Gemma3ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(6, 62)),
+    "gemma3n": GGUFArch("gemma3n_text", ("Gemma3nForCausalLM",), GEMMA3N_LAYER, GEMMA4_GLOBAL, config=_gemma3n,
+                        stacked={"altup_proj": "model.altup_projections.{j}",
+                                 "altup_unembd_proj": "model.altup_unembed_projections.{j}"}),
     "gemma4": GGUFArch("gemma4_text", ("Gemma4ForCausalLM",), GEMMA4_LAYER, GEMMA4_GLOBAL, config=_gemma4),
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
     "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",

@@ -28,6 +28,10 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              are; proportional RoPE as a rope_freqs tensor (1 for each rotated pair, 1e30 for the rest);
              layer_scalar as layer_output_scale.weight; the tokenizer as "gemma4" (tokens, scores, types and
              merges from tokenizer.json, as LlamaHfVocab reads it)
+    gemma3n  Gemma3NModel's keys: a width a layer as feed_forward_length, the layer kinds, AltUp's active index and
+             stream count, the PLE width, shared_kv_layers, each layer's sparsity as its normal quantile
+             (activation_sparsity_scale); norms as they are; altup_projections / altup_unembed_projections
+             stacked into 3-D altup_proj / altup_unembd_proj; *_scale tensors named .weight
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
              ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
              (`*_blocks` / `*_scales`) repacked as ggml's MXFP4 blocks (the scale byte, then 16 bytes whose low
@@ -68,7 +72,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
-             "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4"}
+             "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
+             "gemma3n_text": "gemma3n"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid")
 
@@ -86,6 +91,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     if arch == "gemma4":
         _gemma4(w, cfg)
         _gemma4_tokenizer(w, hf_dir)
+    elif arch == "gemma3n":
+        _gemma3n(w, cfg)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
         _metadata(w, cfg, arch, tensors)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
@@ -96,8 +104,8 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
             continue
         if value.ndim == 1 or not name.endswith(".weight") or type_name == "F32":     # biases: F32 as the converter
             w.add_tensor(name, np.ascontiguousarray(value, np.float32))
-        elif type_name == "F16":
-            w.add_tensor(name, value.astype(np.float16))
+        elif type_name == "F16" or value.shape[-1] % gguf.GGML_QUANT_SIZES[QType[type_name]][0]:
+            w.add_tensor(name, value.astype(np.float16))        # rows no block divides: F16, the converter's fallback
         else:
             w.add_tensor(name, quantize(value, type_name), raw_dtype=QType[type_name])
     w.write_header_to_file()
@@ -343,6 +351,31 @@ def _gemma4(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
 
 
+def _gemma3n(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """Gemma3Model's keys, then Gemma3NModel's."""
+    import statistics
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    rope = cfg["rope_parameters"]
+    w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_altup_active_idx(cfg["altup_active_idx"])
+    w.add_altup_num_inputs(cfg["altup_num_inputs"])
+    w.add_embedding_length_per_layer_input(cfg["hidden_size_per_layer_input"])
+    w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    w.add_activation_sparsity_scale([statistics.NormalDist().inv_cdf(s) if s else 0.0
+                                     for s in cfg["activation_sparsity_pattern"]])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+
+
 def _gemma4_rope_freqs(cfg: dict) -> np.ndarray:
     """Proportional RoPE as the converter writes it: 1 for each rotated pair of a global head, 1e30 for the rest."""
     _, d = _gemma4_dims(cfg)
@@ -503,6 +536,11 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = {k + ".weight" if k.endswith((".layer_scalar", ".gate_up_proj", ".down_proj")) and ".experts." in k
               or k.endswith(".layer_scalar") else k: v for k, v in hf.items()}
         out["rope_freqs.weight"] = _gemma4_rope_freqs(cfg)
+    if arch == "gemma3n":          # AltUp's projections stacked; *_scale named a weight
+        for kind in ("altup_projections", "altup_unembed_projections"):
+            parts = sorted(n for n in hf if n.startswith(f"model.{kind}."))
+            hf[f"model.{kind}.weight"] = np.stack([hf.pop(n) for n in parts])
+        hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
         hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename
@@ -526,7 +564,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
                                     grouped[:, -1].reshape(-1, cols)])
         if arch in PERMUTED and name.endswith(("attn_q.weight", "attn_k.weight")):
             value = _permute(value, n_head if "attn_q" in name else n_kv)
-        if (arch.startswith("gemma") and arch != "gemma4" or arch == "nemotron") and name.endswith("norm.weight"):
+        if (arch.startswith("gemma") and arch not in ("gemma4", "gemma3n") or arch == "nemotron") \
+                and name.endswith("norm.weight"):
             value = value + 1
         if arch == "gpt2" and value.ndim == 2 and name.split(".")[-2] in ("attn_qkv", "attn_output", "ffn_up",
                                                                           "ffn_down"):

@@ -61,3 +61,25 @@ def test_gemma3n_configs_kiln_cannot_run_are_refused_by_name(change, message):
     from kiln.models.gemma3n import Gemma3nConfig
     with pytest.raises(ValueError, match=message):
         Gemma3nConfig.from_hf(dict(TEXT, model_type="gemma3n_text", **change))
+
+
+def test_gemma3n_gguf_matches_transformers(tmp_path):
+    """As llama.cpp's converter writes it (tests/gguf_writer.py: AltUp's projections stacked into altup_proj /
+    altup_unembd_proj, the sparsity as its normal quantiles, a width a layer): read back into the model it came
+    from. The per-layer table covers the vocabulary here: the converter pads a shorter one with zero rows, where
+    transformers reads row 0 for the ids past it."""
+    from gguf_writer import write_gguf
+    from kiln.models.gguf import load_gguf
+    ref = write_widened("Gemma3nForCausalLM", "Gemma3nTextConfig", dict(TEXT, vocab_size_per_layer_input=512),
+                        tmp_path / "hf", seed=3)
+    path = write_gguf(tmp_path / "hf", tmp_path / "g3n.gguf", default="Q8_0")
+    config = load_gguf(path).hf_config
+    assert config["model_type"] == "gemma3n_text" and config["intermediate_size"] == TEXT["intermediate_size"]
+    np.testing.assert_allclose(config["activation_sparsity_pattern"], TEXT["activation_sparsity_pattern"], atol=1e-9)
+    art = kiln.compile(str(path), target="cpu", quant="auto", output=tmp_path / "art")
+    report = kiln.check(art)        # golden: transformers on the config and tensors kiln read from the GGUF
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+    assert max(p.max_logit_error for p in report.prompts) < 1e-3, report.table()
+    f32 = write_gguf(tmp_path / "hf", tmp_path / "g3n-f32.gguf")
+    art = kiln.compile(str(f32), target="cpu", quant="q0f32", output=tmp_path / "art-f32", golden=False)
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
