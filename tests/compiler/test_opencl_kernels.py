@@ -311,6 +311,33 @@ def _check_paged_prefill(queue, kernels, name, h_kv, h_qo, d, causal, softcap):
     np.testing.assert_allclose(got["lse"], lse, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("h_kv, h_q, d, window, with_sinks", [
+    (2, 4, 16, 0, False),       # Gemma 4's sliding layers' shape at tiny size, full attention
+    (1, 4, 32, 3, False),       # a global layer's wider head and one KV head, a 3-token window
+    (2, 8, 16, 0, True),        # gpt-oss's sinks
+])
+def test_owned_kv_attention_on_opencl(queue, h_kv, h_q, d, window, with_sinks):
+    """targets/owned_kv.py's GPU form (a work-group a token, a thread a head: what CUDA, WebGPU and OpenCL
+    builds run over the KV cache kiln owns, Gemma 4's and gpt-oss's) against numpy: two sequences across
+    pages, query rows by position, windowed or not, with sinks or without."""
+    from attention_reference import owned_attention_reference
+    from kiln.targets.owned_kv import NO_SINK, owned_attention
+    name, page = "owned_kv_attention", 4
+    kernels = build_prim_func(name, owned_attention(h_kv, h_q, d, "float32", page, 0.25, window=window, gpu=True),
+                              "android-opencl")
+    rng = np.random.default_rng(d + window)
+    pages_of, rows = [[3, 0], [5, 1, 2]], [(0, 4), (0, 5), (0, 6), (1, 9), (1, 0)]
+    pages = rng.standard_normal((6, 2, h_kv, page, d)).astype(np.float32)
+    q = rng.standard_normal((len(rows), h_q, d)).astype(np.float32)
+    sinks = rng.standard_normal(h_q).astype(np.float32) if with_sinks else np.full(h_q, NO_SINK, np.float32)
+    got = _run_launches(queue, kernels, name, {
+        "q": q, "pages": pages, "page_indptr": np.array([0, 2, 5], np.int32),
+        "page_values": np.array([3, 0, 5, 1, 2], np.int32), "seq_of": np.array([r[0] for r in rows], np.int32),
+        "positions": np.array([r[1] for r in rows], np.int32), "sinks": sinks, "out": np.full_like(q, 7.0)}, {})
+    want = owned_attention_reference(q, pages, pages_of, rows, sinks, window, 0.25)
+    np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", ["decode", "paged prefill"])
 def test_tvm_gpu_attention_soft_capped_on_opencl(queue, kernel):
     """TVM's GPU attention kernels that kiln keeps (every one off CUDA; the sliding-window prefill and

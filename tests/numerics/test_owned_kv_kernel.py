@@ -7,25 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from attention_reference import owned_attention_reference
 from kiln.targets.owned_kv import NO_SINK, owned_attention
 
 pytestmark = pytest.mark.numerics
 H_KV, H_Q, D, P, SCALE = 2, 4, 16, 4, 0.25
-
-
-def _reference(q, pages, pages_of, rows, sinks, window):
-    out = np.zeros(q.shape, np.float64)
-    for t, (b, p) in enumerate(rows):
-        lo = max(p - window + 1, 0) if window else 0
-        keys = [(pages_of[b][j // P], j % P) for j in range(lo, p + 1)]
-        for h in range(H_Q):
-            k = np.stack([pages[pg, 0, h // (H_Q // H_KV), r] for pg, r in keys]).astype(np.float64)
-            v = np.stack([pages[pg, 1, h // (H_Q // H_KV), r] for pg, r in keys]).astype(np.float64)
-            s = k @ q[t, h] * SCALE
-            m = max(s.max(), sinks[h])
-            e = np.exp(s - m)
-            out[t, h] = e @ v / (e.sum() + np.exp(sinks[h] - m))
-    return out
 
 
 @pytest.mark.parametrize("window", [0, 3])
@@ -44,4 +30,4 @@ def test_attention_by_position_matches_numpy(window, with_sinks):
               np.array([r[0] for r in rows], np.int32), np.array([r[1] for r in rows], np.int32)]
     out = tvm.runtime.tensor(np.zeros_like(q))
     lib["main"](*(tvm.runtime.tensor(a) for a in (q, pages, *tables, sinks)), out)
-    np.testing.assert_allclose(out.numpy(), _reference(q, pages, pages_of, rows, sinks, window), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out.numpy(), owned_attention_reference(q, pages, pages_of, rows, sinks, window, SCALE), atol=1e-6, rtol=0)
