@@ -34,7 +34,7 @@ _OPEN, _CLOSE = "<think>", "</think>"
 _START, _CHANNEL, _MESSAGE, _CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 _ENDS = ("<|end|>", "<|return|>", "<|call|>")
 _MAX_HEADER = 256          # characters of a Harmony header before the text is taken as plain content
-_G4_CHANNEL, _G4_CLOSE, _G4_THOUGHT = "<|channel>", "<channel|>", "thought\n"
+_G4_CHANNEL, _G4_CLOSE, _G4_THOUGHT, _G4_TURN = "<|channel>", "<channel|>", "thought\n", "<|turn>"
 _G4_CALL, _G4_CALL_END, _G4_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 
 
@@ -43,7 +43,7 @@ def detect(chat_template: Any) -> str | None:
     source = json.dumps(chat_template or "")
     if _CHANNEL in source and _MESSAGE in source:
         return HARMONY
-    if _G4_CLOSE in source or _G4_CALL in source:
+    if any(tag in source for tag in (_G4_TURN, _G4_CHANNEL, _G4_CLOSE, _G4_CALL)):
         return GEMMA4
     if _CLOSE in source:
         return THINK

@@ -114,6 +114,7 @@ def test_detect_and_resolve():
     assert reasoning.resolve("harmony", "{{ messages }}") == reasoning.HARMONY
     gemma4 = "{{ '<|turn>model\\n' }}{% if thinking %}<|channel>thought\\n{{ m.reasoning }}<channel|>{% endif %}"
     assert reasoning.detect(gemma4) == reasoning.GEMMA4 and reasoning.detect("<|tool_call>") == reasoning.GEMMA4
+    assert reasoning.detect("{{ '<|turn>model\\n' }}") == reasoning.GEMMA4           # any Gemma 4 template
     with pytest.raises(ValueError, match="must be one of auto, none, think, harmony, gemma4"):
         reasoning.resolve("deepseek", None)
 
