@@ -25,7 +25,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from kiln.runtime.contract import OWNED_KV_TABLES
-from kiln.targets.owned_kv import NO_SINK, owned_append, owned_attention
+from kiln.targets.owned_kv import NO_SINK, owned_append, owned_attention, owned_conv
 
 TABLES = OWNED_KV_TABLES          # after the pages, in this order (runtime/kv_caches.py OwnedCache.begin builds them)
 _SIZES = {"page_indptr": "batch_plus_one", "q_indptr": "batch_plus_one", "page_values": "page_entries",
@@ -119,6 +119,30 @@ class OwnedKVCache:
         b, s, h, d = q.shape
         return op.reshape(self._attend(layer_id, op.reshape(q, [b * s, h, d]), s, sm_scale, None), [b, s, h, d])
 
+    def short_conv(self, layer_id: int, x: Tensor, weight: Tensor) -> Tensor:
+        """A short causal depthwise convolution (LFM2's conv layers): x [b, s, hidden] appended to the layer's
+        pages (its two halves as a one-head key and value: layout.kv_of is (1, hidden / 2)), then each
+        token's weight [hidden, taps]-weighted sum over itself and the taps - 1 tokens before it -> [b, s, hidden]."""
+        b, s, hidden = x.shape
+        h_kv, half = self.layout.kv_of(layer_id)
+        if h_kv != 1 or 2 * half != int(hidden):
+            raise ValueError(f"layer {layer_id}'s pages hold {h_kv} x {half}, not a conv input of {hidden} channels")
+        dtype = self.layout.dtype                   # the pages' (a float16 cache under float32 compute: rounded)
+        flat = op.reshape(x if x.dtype == dtype else x.astype(dtype), [b * s, 2, 1, half])
+        k, v = (op.reshape(t, [b * s, 1, half]) for t in op.split(flat, 2, axis=1))
+        page = self._page_of[layer_id]
+        pages = self.pages[page]
+        self.pages[page] = op.tensor_ir_inplace_op(
+            self._kernel("append", 1, half), "owned_kv_append", [pages, k, v, self.tables["slots"]],
+            inplace_indices=[0], out=Tensor.placeholder(pages.shape, pages.dtype))
+        t = self.tables
+        out = op.tensor_ir_op(self._kernel("conv", half, int(weight.shape[1])), "owned_kv_conv",
+                              [self.pages[page], t["page_indptr"], t["page_values"], t["seq_of"], t["positions"],
+                               weight if weight.dtype == dtype else weight.astype(dtype)],
+                              out=Tensor.placeholder([b * s, hidden], dtype))
+        out = op.reshape(out, [b, s, hidden])
+        return out if out.dtype == x.dtype else out.astype(x.dtype)
+
     def _attend(self, layer_id: int, q: Tensor, s, sm_scale: float, sinks: Tensor | None) -> Tensor:
         """q [tokens, heads, d] over the pages layer `layer_id` reads, its window masked -> [tokens, heads, d]."""
         lay = self.layout
@@ -168,6 +192,8 @@ class OwnedKVCache:
             func = owned_append(*key, lay.dtype, lay.page_size)
         elif kind == "rope":
             func = _rope_kernel(lay)
+        elif kind == "conv":
+            func = owned_conv(*key, lay.dtype, lay.page_size, gpu=not _cpu())
         elif kind == "paged_cpu":
             from kiln.targets.cpu.attention import attention_paged_cpu
             from kiln.targets.cpu.schedule import attention_lanes

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import (apertus, cohere, dbrx, deepseek, ernie4_5, falcon, gemma, gemma3n, gemma4, glm, glm4_moe, gpt2,
-               gpt_neo, gpt_neox, gpt_oss, gptj, granite, helium, hunyuan, llama, llama4, mixtral, nanochat, nemotron,
-               olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
+               gpt_neo, gpt_neox, gpt_oss, gptj, granite, helium, hunyuan, lfm2, llama, llama4, mixtral, nanochat,
+               nemotron, olmo, olmo2, olmoe, opt, phi, phi3, qwen2, qwen3, qwen_moe, smollm3, stablelm, starcoder2)
 from .source import ModelLoadError
 from .unsupported import unsupported_reason
 
@@ -44,6 +44,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), gemma, gemma.Gemma2Config, gemma.Gemma2ForCausalLM),
     _arch("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"), ("gemma3_text", "gemma3"), gemma,
           gemma.Gemma3Config, gemma.Gemma3ForCausalLM),
+    _arch("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), lfm2, lfm2.Lfm2Config, lfm2.Lfm2ForCausalLM),
     _arch("gemma3n", ("Gemma3nForCausalLM", "Gemma3nForConditionalGeneration"), ("gemma3n_text", "gemma3n"), gemma3n,
           gemma3n.Gemma3nConfig, gemma3n.Gemma3nForCausalLM),
     _arch("gemma4", ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"), ("gemma4_text", "gemma4"), gemma4,

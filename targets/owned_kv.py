@@ -115,3 +115,60 @@ def owned_append(h_kv: int, d: int, dtype: str, page_size: int):
     transpose-append kernel: pages, k [tokens, h_kv, d], v, slots; called in place)."""
     from tvm.relax.frontend.nn.llm._page_kernels import _kv_cache_transpose_append
     return _kv_cache_transpose_append(h_kv, d, dtype, page_size)
+
+
+@parsed_once()
+def owned_conv(half: int, taps: int, dtype: str, page_size: int, gpu: bool = False):
+    """A short causal depthwise convolution over a layer's pages (LFM2's conv layers): each token's input
+    (2 x `half` channels) was appended as a one-head key (its first half) and value (its second), so the
+    conv reads the `taps` - 1 tokens before it from the pages, as attention reads keys, and forks, prefix
+    hits and pops hold for it as for attention.
+
+        out[t, c] = sum_j w[c, j] * x[p - (taps - 1) + j, c]       (x before position 0: 0)
+
+    Arguments: the pages, page_indptr, page_values, seq_of, positions, w [2 half, taps], out [tokens, 2 half].
+    On GPUs a block a token, its threads over the channels."""
+    hidden = 2 * half
+    threads = min(256, hidden)
+    rounds = -(-hidden // threads)
+
+    @T.macro
+    def channel(t, c, pages, page_indptr, page_values, seq_of, positions, w, out, acc):
+        p = positions[t]
+        base = page_indptr[seq_of[t]]
+        acc[0] = T.float32(0.0)
+        for j in T.serial(taps):
+            if p - (taps - 1) + j >= 0:
+                acc[0] = acc[0] + T.Cast("float32", w[c, j]) * T.Cast(
+                    "float32", pages[page_values[base + (p - (taps - 1) + j) // page_size], c // half, 0,
+                                     (p - (taps - 1) + j) % page_size, c % half])
+        out[t, c] = T.Cast(dtype, acc[0])
+
+    @T.prim_func
+    def owned_kv_conv(var_pages: T.handle, var_page_indptr: T.handle, var_page_values: T.handle,
+                      var_seq_of: T.handle, var_positions: T.handle, var_w: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n, num_pages, b1, entries = T.int32(), T.int64(), T.int32(), T.int32()
+        o1, o2, o3, o4 = T.int32(), T.int32(), T.int32(), T.int32()
+        pages = T.match_buffer(var_pages, (num_pages, 2, 1, page_size, half), dtype)
+        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32", elem_offset=o1)
+        page_values = T.match_buffer(var_page_values, (entries,), "int32", elem_offset=o2)
+        seq_of = T.match_buffer(var_seq_of, (n,), "int32", elem_offset=o3)
+        positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
+        w = T.match_buffer(var_w, (hidden, taps), dtype)
+        out = T.match_buffer(var_out, (n, hidden), dtype)
+        if gpu:
+            for t in T.thread_binding(n, thread="blockIdx.x"):
+                for ci in T.thread_binding(threads, thread="threadIdx.x"):
+                    for co in T.serial(rounds):
+                        acc = T.alloc_buffer((1,), "float32", scope="local")
+                        if co * threads + ci < hidden:
+                            channel(t, co * threads + ci, pages, page_indptr, page_values, seq_of, positions, w,
+                                    out, acc)
+        else:
+            for t in T.parallel(n):
+                for c in T.serial(hidden):
+                    acc = T.alloc_buffer((1,), "float32")
+                    channel(t, c, pages, page_indptr, page_values, seq_of, positions, w, out, acc)
+
+    return owned_kv_conv

@@ -338,6 +338,30 @@ def test_owned_kv_attention_on_opencl(queue, h_kv, h_q, d, window, with_sinks):
     np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
 
 
+def test_owned_kv_conv_on_opencl(queue):
+    """targets/owned_kv.py's short convolution in its GPU form (LFM2's conv layers: a work-group a token, its threads
+    over 320 channels, two rounds of 256) against numpy: each token's 3 taps over itself and the tokens before it,
+    read from the pages its sequence holds, nothing before position 0."""
+    from kiln.targets.owned_kv import owned_conv
+    name, page, half, taps = "owned_kv_conv", 4, 160, 3
+    kernels = build_prim_func(name, owned_conv(half, taps, "float32", page, gpu=True), "android-opencl")
+    rng = np.random.default_rng(5)
+    pages_of, rows = [[3, 0], [5, 1, 2]], [(0, 4), (0, 0), (0, 1), (1, 9), (1, 2)]
+    pages = rng.standard_normal((6, 2, 1, page, half)).astype(np.float32)
+    w = rng.standard_normal((2 * half, taps)).astype(np.float32)
+    got = _run_launches(queue, kernels, name, {
+        "pages": pages, "page_indptr": np.array([0, 2, 5], np.int32), "page_values": np.array([3, 0, 5, 1, 2], np.int32),
+        "seq_of": np.array([r[0] for r in rows], np.int32), "positions": np.array([r[1] for r in rows], np.int32),
+        "w": w, "out": np.full((len(rows), 2 * half), 7.0, np.float32)}, {})
+
+    def x(b, pos):                 # a token's input: the key half, then the value half
+        pg = pages_of[b][pos // page]
+        return np.concatenate([pages[pg, 0, 0, pos % page], pages[pg, 1, 0, pos % page]]).astype(np.float64)
+    want = np.array([sum(w[:, j] * (x(b, p - taps + 1 + j) if p - taps + 1 + j >= 0 else 0) for j in range(taps))
+                     for b, p in rows])
+    np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", ["decode", "paged prefill"])
 def test_tvm_gpu_attention_soft_capped_on_opencl(queue, kernel):
     """TVM's GPU attention kernels that kiln keeps (every one off CUDA; the sliding-window prefill and

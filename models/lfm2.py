@@ -1,0 +1,190 @@
+"""Liquid AI's LFM2 (350M, 700M, 1.2B, 2.6B, LFM2.5): gated short-convolution layers among GQA attention ones.
+
+    conv layer       B, C, x = in_proj(norm(h)) (thirds);  y = C * conv(B * x);  h += out_proj(y)
+                     conv: a depthwise causal convolution over each channel's last `conv_L_cache` (3) inputs
+    attention layer  q, k normed per head (RMSNorm), RoPE, GQA;  h += out_proj(attention)
+    every layer      h += w2(silu(w1(norm(h))) * w3(norm(h)))   (the width block_auto_adjust_ff_dim makes of
+                     intermediate_size: 2/3 of it, times block_ffn_dim_multiplier, rounded up to block_multiple_of)
+    final            embedding_norm (an RMSNorm, after the last layer despite its name), the head tied
+
+A conv layer's state is its last inputs, a window of positions: the KV cache kiln owns keeps each conv layer's
+inputs B * x as a one-head key and value (its two halves, models/owned_kv.py short_conv), and the conv reads the
+tokens before it from those pages. So chunked prefill, prefix hits, forks and speculation's pops hold for it as
+for attention, at the cost of keeping every token's input (hidden values a conv layer; llama.cpp keeps the last
+two). RoPE is applied in the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+
+from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, WeightSpec
+from .config import ConfigField
+from .layers import MLP, Flags, Norm, cached_attention
+from .rope import apply_rope, inv_freq
+
+_FIELDS = (
+    *DECODER_FIELDS, ConfigField("conv_taps", ("conv_L_cache",), default=3),
+    ConfigField("conv_bias", ("conv_bias",), default=False),
+    ConfigField("auto_ff", ("block_auto_adjust_ff_dim",), default=True),
+    ConfigField("ff_multiplier", ("block_ffn_dim_multiplier",), default=1.0),
+    ConfigField("multiple_of", ("block_multiple_of",), default=256),
+    ConfigField("layer_types", ("layer_types",), default=None),
+    ConfigField("full_attn_idxs", ("full_attn_idxs",), default=None),
+)
+
+
+@dataclass(frozen=True)
+class Lfm2Config(DecoderConfig):
+    conv_taps: int = 3
+    conv_bias: bool = False
+    auto_ff: bool = True
+    ff_multiplier: float | None = 1.0
+    multiple_of: int = 256
+    layer_types: tuple[str, ...] = ()
+    full_attn_idxs: tuple[int, ...] | None = None
+
+    ARCH: ClassVar[str] = "lfm2"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = _FIELDS
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default",)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n = values["num_hidden_layers"]
+        types = values["layer_types"]
+        if not types:
+            full = values["full_attn_idxs"] if values["full_attn_idxs"] is not None else list(range(n))
+            types = ["full_attention" if i in full else "conv" for i in range(n)]
+        if len(types) != n or set(types) - {"full_attention", "conv"}:
+            raise ValueError(f"layer_types must list 'full_attention' or 'conv' for each of the {n} layers; got {types}")
+        if values["conv_bias"]:
+            raise ValueError("LFM2 with conv_bias is not supported yet (the released checkpoints have none)")
+        if values["hidden_size"] % 2 or values["conv_taps"] < 1:
+            raise ValueError(f"LFM2 needs an even hidden_size and conv_L_cache >= 1 (got {values['hidden_size']}, "
+                             f"{values['conv_taps']}); fix config.json")
+        width = values["intermediate_size"]
+        if values["auto_ff"]:
+            width = int(2 * width / 3)
+            if values["ff_multiplier"] is not None:
+                width = int(values["ff_multiplier"] * width)
+                width = values["multiple_of"] * ((width + values["multiple_of"] - 1) // values["multiple_of"])
+        return dict(values, layer_types=tuple(types), intermediate_size=width, full_attn_idxs=None,
+                    tie_word_embeddings=hf.get("tie_word_embeddings", hf.get("tie_embedding", True)))
+
+    def flags(self) -> Flags:
+        return Flags()
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return (LayerAttention("full", None, self.rope_theta, None),) * self.num_hidden_layers
+
+    def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """Attention layers hold keys and values; conv layers their inputs, as one head of half the width."""
+        return (tuple((self.num_key_value_heads, self.head_dim) if t == "full_attention" else (1, self.hidden_size // 2)
+                      for t in self.layer_types), tuple(range(self.num_hidden_layers)))
+
+
+class Lfm2Attention(nn.Module):
+    kv_dtype: str | None = None
+
+    def __init__(self, c: Lfm2Config):
+        self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.qkv_proj = nn.Linear(c.hidden_size, (self.heads + 2 * self.kv_heads) * c.head_dim, bias=False)
+        self.out_proj = nn.Linear(self.heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_layernorm = Norm(c.head_dim, c.norm_eps)
+        self.k_layernorm = Norm(c.head_dim, c.norm_eps)
+        self.rope = inv_freq(c.head_dim, c.rope_theta, None)
+
+    def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor) -> Tensor:
+        b, s, _ = x.shape
+        h, h_kv, d = self.heads, self.kv_heads, self.head_dim
+        q, k, v = op.split(op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, d)), [h, h + h_kv], axis=2)
+        q, k = (apply_rope(t, positions, *self.rope) for t in (self.q_layernorm(q), self.k_layernorm(k)))
+        out = cached_attention(kv, layer_id, op.concat([q, k, v], dim=2), h, d ** -0.5, self.kv_dtype)
+        return self.out_proj(op.reshape(out, (b, s, h * d)))
+
+
+class Lfm2ShortConv(nn.Module):
+    kv_dtype: str | None = None              # unused: the conv's inputs take the cache's dtype (owned_kv.short_conv)
+
+    def __init__(self, c: Lfm2Config):
+        self.in_proj = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=False)
+        self.out_proj = nn.Linear(c.hidden_size, c.hidden_size, bias=False)
+        self.conv = nn.Parameter((c.hidden_size, c.conv_taps))
+
+    def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor) -> Tensor:
+        gate_in, gate_out, value = op.split(self.in_proj(x), 3, axis=-1)          # B, C, x
+        return self.out_proj(gate_out * kv.short_conv(layer_id, gate_in * value, self.conv))
+
+
+class Lfm2Layer(nn.Module):
+    def __init__(self, c: Lfm2Config, kind: str):
+        self.operator_norm = Norm(c.hidden_size, c.norm_eps)
+        self.self_attn = Lfm2Attention(c) if kind == "full_attention" else Lfm2ShortConv(c)
+        self.ffn_norm = Norm(c.hidden_size, c.norm_eps)
+        self.mlp = MLP(c.hidden_size, c.intermediate_size, Flags())
+
+    def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor) -> Tensor:
+        x = x + self.self_attn(self.operator_norm(x), kv, layer_id, positions)
+        return x + self.mlp(self.ffn_norm(x))
+
+
+class Lfm2Stack(nn.Module):
+    def __init__(self, c: Lfm2Config):
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList([Lfm2Layer(c, kind) for kind in c.layer_types])
+        self.norm = Norm(c.hidden_size, c.norm_eps)                 # HF's embedding_norm, after the last layer
+
+    def forward(self, x: Tensor, kv) -> Tensor:
+        b, s, _ = x.shape
+        positions = kv.get_query_positions(b * s)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv, i, positions)
+        return self.norm(x)
+
+
+class Lfm2ForCausalLM(CausalLM):
+    """CausalLM's entry functions over Lfm2Stack; its KV cache always the one kiln owns."""
+
+    def __init__(self, config: Lfm2Config):
+        nn.Module.__init__(self)                    # not CausalLM's: that would build the plain decoder stack
+        self.config, self.flags = config, config.flags()
+        self.attention = config.layer_attention()
+        self.sliding_window = None
+        self.rope_in_graph = True
+        self.model = Lfm2Stack(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.dtype = "float32"
+        self.kv_dtype: str | None = None
+        self.owned_layout = None
+
+    def create_paged_kv_cache(self, *args):
+        raise ValueError("LFM2 runs over the KV cache kiln owns only (its conv layers keep their inputs there)")
+
+
+def weight_map(c: Lfm2Config) -> WeightMap:
+    m: WeightMap = {"model.embed_tokens.weight": ["model.embed_tokens.weight"],
+                    "model.norm.weight": ["model.embedding_norm.weight"]}
+    if not c.tie_word_embeddings:
+        m["lm_head.weight"] = ["lm_head.weight"]
+    for i, kind in enumerate(c.layer_types):
+        k = h = f"model.layers.{i}"
+        m[f"{k}.operator_norm.weight"] = [f"{h}.operator_norm.weight"]
+        m[f"{k}.ffn_norm.weight"] = [f"{h}.ffn_norm.weight"]
+        m[f"{k}.mlp.gate_up_proj.weight"] = [f"{h}.feed_forward.w1.weight", f"{h}.feed_forward.w3.weight"]
+        m[f"{k}.mlp.down_proj.weight"] = [f"{h}.feed_forward.w2.weight"]
+        if kind == "full_attention":
+            m[f"{k}.self_attn.qkv_proj.weight"] = [f"{h}.self_attn.{x}_proj.weight" for x in "qkv"]
+            for x in ("out_proj", "q_layernorm", "k_layernorm"):
+                m[f"{k}.self_attn.{x}.weight"] = [f"{h}.self_attn.{x}.weight"]
+        else:
+            m[f"{k}.self_attn.in_proj.weight"] = [f"{h}.conv.in_proj.weight"]
+            m[f"{k}.self_attn.out_proj.weight"] = [f"{h}.conv.out_proj.weight"]
+            m[f"{k}.self_attn.conv"] = WeightSpec((f"{h}.conv.conv.weight",),
+                                                  lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1)))
+    return m

@@ -1,0 +1,71 @@
+"""LFM2 (models/lfm2.py) against transformers: a tiny random-init model of conv and attention layers, compiled
+q0f32 for the CPU, gives transformers' logits within 1e-4 (every prefill position, the last-token prefill, 5 greedy
+decode steps, each conv reading the tokens before it from the KV cache kiln owns) and passes `kiln check`; the
+engine's chunked prefill, forks, prefix hits and speculation's pops give the tokens a plain run gives; the conv
+kernel's GPU form builds for CUDA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import Engine, EngineConfig, SamplingParams
+from kiln.runtime.artifact import Artifact
+from tiny_models import assert_prefill_and_decode_match, write_widened
+
+pytestmark = pytest.mark.numerics
+CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256,
+              layer_types=["conv", "full_attention", "conv", "full_attention"], block_multiple_of=32, eos_token_id=2,
+              bos_token_id=None, pad_token_id=0, norm_eps=1e-5)
+IDS = np.random.default_rng(8).integers(3, 500, size=30).tolist()
+
+
+@pytest.fixture(scope="module")
+def lfm2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lfm2")
+    ref = write_widened("Lfm2ForCausalLM", "Lfm2Config", CONFIG, root / "hf", seed=1)
+    return kiln.compile(str(root / "hf"), target="cpu", quant="q0f32", output=root / "art"), ref, root
+
+
+def test_lfm2_matches_transformers(lfm2):
+    art, ref, _ = lfm2
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+    layout = Artifact.load(art).config.kv_cache
+    assert layout.layer_kv == ((1, 32), (2, 16), (1, 32), (2, 16))      # a conv layer's input as one head's halves
+
+
+def test_engine_chunks_forks_caches_prefixes_and_pops(lfm2):
+    art = lfm2[0]
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(3, 500, size=int(rng.integers(2, 60))).tolist() for _ in range(4)]
+    plain = Engine(art, EngineConfig(enable_prefix_cache=False))
+    alone = [plain.generate(p, greedy).token_ids for p in prompts]
+    engine = Engine(art, EngineConfig(max_tokens_per_step=16))                # prompts cut into chunks
+    assert [o.token_ids for o in engine.generate(prompts, greedy)] == alone
+    n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=3, ignore_eos=True))
+    assert [o.token_ids for o in n] == [alone[0][:6]] * 3
+    shared = list(range(10, 60))
+    first = engine.generate(shared + [5, 6], greedy).token_ids
+    hits = engine.scheduler.prefix_cache.hit_tokens
+    second = engine.generate(shared + [7, 8, 9], greedy).token_ids
+    assert engine.scheduler.prefix_cache.hit_tokens - hits >= 32
+    assert first == plain.generate(shared + [5, 6], greedy).token_ids
+    assert second == plain.generate(shared + [7, 8, 9], greedy).token_ids
+    spec = Engine(art, EngineConfig(speculative_tokens=3)).generate(prompts[1], greedy).token_ids
+    assert spec == alone[1]
+
+
+def test_lfm2_builds_for_cuda(lfm2):
+    art = kiln.compile(str(lfm2[2] / "hf"), target="cuda-sm90", quant="q4f16", output=lfm2[2] / "cuda", golden=False)
+    assert Artifact.load(art).config.kv_cache.owner == "kiln"
+
+
+def test_lfm2_with_a_conv_bias_is_refused():
+    from kiln.models.lfm2 import Lfm2Config
+    with pytest.raises(ValueError, match="conv_bias is not supported"):
+        Lfm2Config.from_hf(dict(CONFIG, model_type="lfm2", conv_bias=True))
