@@ -49,7 +49,8 @@ CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors
 # The llama table (tests write llama-layout files from it).
 _GLOBAL_NAMES = {f"{k}.weight": f"{v}.weight" for k, v in LLAMA_GLOBAL.items()}
 _LAYER_NAMES = dict(LLAMA_LAYER)
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")     # .scale: a whole-name key's only
+# blk.N.<key>.<weight|bias|scale>: the key may hold a dot (LFM2's shortconv.conv); .scale a whole-name key's only
+_LAYER_RE = re.compile(r"blk\.(\d+)\.([\w.]+?)\.(weight|bias|scale)")
 _GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
@@ -199,8 +200,10 @@ def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
 
 
 def _gguf_key(gguf_name: str) -> str:
-    """blk.3.attn_qkv.weight -> attn_qkv; token_embd.weight -> token_embd."""
-    return gguf_name.split(".")[-2]
+    """blk.3.attn_qkv.weight -> attn_qkv; blk.0.shortconv.conv.weight -> shortconv.conv; token_embd.weight ->
+    token_embd."""
+    m = _LAYER_RE.fullmatch(gguf_name)
+    return m.group(2) if m else gguf_name.split(".")[-2]
 
 
 class GGUFWeights:
@@ -284,6 +287,8 @@ class GGUFWeights:
         dims = [int(d) for d in reversed(self._tensor(name).shape)]
         if self._transposed(name):
             dims[-2:] = dims[-1], dims[-2]
+        if _gguf_key(self._tensor(name).name) in self._spec.squeezed:
+            dims.insert(1, 1)
         return tuple(dims)
 
     def get(self, name: str) -> np.ndarray:
@@ -296,6 +301,8 @@ class GGUFWeights:
         data = self._hf_rows(name, data.reshape(stored))
         if self._spec.norm_shift and t.name.endswith("norm.weight"):
             data = data - np.asarray(self._spec.norm_shift, data.dtype)
+        if _gguf_key(t.name) in self._spec.squeezed:                       # the axis the converter squeezed out
+            data = data.reshape(self.shape(name))
         return np.ascontiguousarray(np.swapaxes(data, -1, -2)) if self._transposed(name) else data
 
     def has_raw(self, name: str) -> bool:

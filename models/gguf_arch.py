@@ -145,6 +145,11 @@ GEMMA3N_LAYER = {**GEMMA_LAYER, "inp_gate": "per_layer_input_gate", "proj": "per
                  "altup_router": "altup.modality_router", "altup_router_norm": "altup.router_norm",
                  "laurel_l": "laurel.linear_left", "laurel_r": "laurel.linear_right",
                  "laurel_post_norm": "laurel.post_laurel_norm"}
+LFM2_LAYER = {**LLAMA_LAYER, "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+              "attn_k_norm": "self_attn.k_layernorm", "attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
+              "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+              "shortconv.conv": "conv.conv", "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj"}
+LFM2_GLOBAL = {**LLAMA_GLOBAL, "token_embd_norm": "model.embedding_norm"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
@@ -234,6 +239,8 @@ class GGUFArch:
                                                     # keys the converter split it into (rows: first, then second)
     joins: Callable[[dict], dict[str, tuple[str, str]]] = lambda c: {}   # joined that differ by the HF config read
     blocks: int | None = None                       # blk.N read for N below it (for_config: the HF layers)
+    squeezed: tuple[str, ...] = ()                  # GGUF keys whose HF tensor has a 1 at axis 1 the converter
+                                                    # squeezed out (LFM2's conv weight [hidden, 1, taps])
     stacked: dict[str, str] = field(default_factory=dict)   # global 3-D GGUF tensors -> the HF name of each index
                                                     # ({j}): Gemma 3n's altup_proj stacks 3 Linears
     interleaved: dict[str, tuple[str, str]] = field(default_factory=dict)   # HF name under a layer -> the two GGUF
@@ -482,6 +489,20 @@ def _gemma3n(reader, arch, tensors, c):
                  reader, arch, "rope.freq_base", 1e6))}, "sliding_attention": {"rope_type": "default", "rope_theta": _f32(
                      _key(reader, arch, "rope.freq_base_swa", 10000.0))}})
     c.pop("rope_theta", None)
+
+
+def _lfm2(reader, arch, tensors, c):
+    """llama.cpp's LFM2Model: head_count_kv a layer (0 for a conv layer), the MLP's adjusted width as
+    feed_forward_length, the conv's taps as shortconv.l_cache."""
+    n = c["num_hidden_layers"]
+    kv = c["num_key_value_heads"]
+    kv = list(kv) if isinstance(kv, list) else [kv] * n
+    if len(kv) != n or not any(kv):
+        raise ModelLoadError(f"this lfm2 GGUF's attention.head_count_kv is {kv}, not a count for each of its {n} "
+                             "layers with some attention; re-convert it")
+    c.update(layer_types=["full_attention" if h else "conv" for h in kv], num_key_value_heads=max(kv),
+             block_auto_adjust_ff_dim=False, conv_L_cache=int(_key(reader, arch, "shortconv.l_cache", 3)),
+             norm_eps=c["rms_norm_eps"], conv_bias=False)
 
 
 def _phi3(reader, arch, tensors, c):
@@ -858,6 +879,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
     "gemma3": GGUFArch("gemma3_text", ("Gemma3ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(6, 62)),
+    "lfm2": GGUFArch("lfm2", ("Lfm2ForCausalLM",), LFM2_LAYER, LFM2_GLOBAL, config=_lfm2, squeezed=("shortconv.conv",)),
     "gemma3n": GGUFArch("gemma3n_text", ("Gemma3nForCausalLM",), GEMMA3N_LAYER, GEMMA4_GLOBAL, config=_gemma3n,
                         stacked={"altup_proj": "model.altup_projections.{j}",
                                  "altup_unembd_proj": "model.altup_unembed_projections.{j}"}),

@@ -42,7 +42,8 @@ _PRE_SPLITS = {
     **dict.fromkeys(
         ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"], [r"\p{N}", _GPT2_SPLIT]
     ),
-    **dict.fromkeys(["llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx"], [_LLAMA3_SPLIT]),
+    **dict.fromkeys(["llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx", "lfm2", "falcon-h1", "pixtral",
+                     "midm-2.0"], [_LLAMA3_SPLIT]),
     **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen"], [_QWEN2_SPLIT]),
     **dict.fromkeys(["gpt-4o", "minimax-m2"], [_O200K_SPLIT]),
 }

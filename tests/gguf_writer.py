@@ -32,6 +32,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              stream count, the PLE width, shared_kv_layers, each layer's sparsity as its normal quantile
              (activation_sparsity_scale); norms as they are; altup_projections / altup_unembed_projections
              stacked into 3-D altup_proj / altup_unembd_proj; *_scale tensors named .weight
+    lfm2     head_count_kv a layer (0 for a conv layer), the MLP's adjusted width as feed_forward_length, the conv's
+             taps as shortconv.l_cache, its weight [hidden, 1, taps] squeezed to [hidden, taps]
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
              ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
              (`*_blocks` / `*_scales`) repacked as ggml's MXFP4 blocks (the scale byte, then 16 bytes whose low
@@ -73,7 +75,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
-             "gemma3n_text": "gemma3n"}
+             "gemma3n_text": "gemma3n", "lfm2": "lfm2"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid")
 
@@ -93,6 +95,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         _gemma4_tokenizer(w, hf_dir)
     elif arch == "gemma3n":
         _gemma3n(w, cfg)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
+    elif arch == "lfm2":
+        _lfm2(w, cfg)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
         _metadata(w, cfg, arch, tensors)
@@ -376,6 +381,27 @@ def _gemma3n(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
 
 
+def _lfm2(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """LFM2Model's keys: TextModel's (head_count_kv a layer, 0 for conv layers), the vocabulary's size, the conv's
+    taps, the MLP's width as block_auto_adjust_ff_dim makes it."""
+    ff = cfg["intermediate_size"]
+    if cfg.get("block_auto_adjust_ff_dim", True):
+        ff = int(2 * ff / 3)
+        if cfg.get("block_ffn_dim_multiplier") is not None:
+            ff = int(cfg["block_ffn_dim_multiplier"] * ff)
+        ff = cfg["block_multiple_of"] * ((ff + cfg["block_multiple_of"] - 1) // cfg["block_multiple_of"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([cfg["num_key_value_heads"] if t != "conv" else 0 for t in cfg["layer_types"]])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_shortconv_l_cache(cfg["conv_L_cache"])
+    w.add_layer_norm_rms_eps(cfg["norm_eps"])
+    w.add_feed_forward_length(ff)
+
+
 def _gemma4_rope_freqs(cfg: dict) -> np.ndarray:
     """Proportional RoPE as the converter writes it: 1 for each rotated pair of a global head, 1e30 for the rest."""
     _, d = _gemma4_dims(cfg)
@@ -541,6 +567,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             parts = sorted(n for n in hf if n.startswith(f"model.{kind}."))
             hf[f"model.{kind}.weight"] = np.stack([hf.pop(n) for n in parts])
         hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
+    if arch == "lfm2":             # the conv op takes a 2-D weight
+        hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
         hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename

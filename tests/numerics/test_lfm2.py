@@ -69,3 +69,23 @@ def test_lfm2_with_a_conv_bias_is_refused():
     from kiln.models.lfm2 import Lfm2Config
     with pytest.raises(ValueError, match="conv_bias is not supported"):
         Lfm2Config.from_hf(dict(CONFIG, model_type="lfm2", conv_bias=True))
+
+
+def test_lfm2_gguf_matches_transformers(lfm2, tmp_path):
+    """As llama.cpp's converter writes it (tests/gguf_writer.py: a KV head count a layer, 0 for the conv layers,
+    the MLP's adjusted width, the conv weight squeezed to 2-D under blk.N.shortconv.conv): read back into the model
+    it came from, Q8_0 kept exactly."""
+    from gguf_writer import write_gguf
+    from kiln.models.gguf import load_gguf
+    _, ref, root = lfm2
+    path = write_gguf(root / "hf", tmp_path / "lfm2.gguf")
+    config = load_gguf(path).hf_config
+    assert config["layer_types"] == CONFIG["layer_types"] and not config["block_auto_adjust_ff_dim"]
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+    q8 = write_gguf(root / "hf", tmp_path / "lfm2-q8.gguf", default="Q8_0")
+    art = kiln.compile(str(q8), target="cpu", quant="auto", output=tmp_path / "q8")
+    report = kiln.check(art)
+    assert report.ok and max(p.max_logit_error for p in report.prompts) < 1e-3, report.table()
