@@ -26,6 +26,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, WeightSpec
 from .config import ConfigField
 from .layers import MLP, Flags, Norm, cached_attention
+from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
 from .rope import apply_rope, inv_freq
 
 _FIELDS = (
@@ -88,6 +89,42 @@ class Lfm2Config(DecoderConfig):
                       for t in self.layer_types), tuple(range(self.num_hidden_layers)))
 
 
+@dataclass(frozen=True)
+class Lfm2MoeConfig(Lfm2Config):
+    """LFM2-MoE (8B-A1B, 24B-A2B): LFM2's layers, each MLP after the first `num_dense_layers` a mixture of experts
+    routed by sigmoid scores, a per-expert bias choosing (expert_bias), the chosen scores renormalised (+1e-6) and
+    scaled; the dense MLPs are intermediate_size wide as given."""
+
+    num_experts: int = 0
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+    num_dense_layers: int = 0
+    expert_bias: bool = True
+    routed_scale: float = 1.0
+    normalize: bool = True
+
+    ARCH: ClassVar[str] = "lfm2_moe"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *_FIELDS, *EXPERT_FIELDS, ConfigField("moe_intermediate_size", ("moe_intermediate_size",)),
+        ConfigField("num_dense_layers", ("num_dense_layers",), default=2),
+        ConfigField("expert_bias", ("use_expert_bias",), default=True),
+        ConfigField("routed_scale", ("routed_scaling_factor",), default=1.0),
+        ConfigField("normalize", ("norm_topk_prob",), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        values = super().adapt(dict(values, auto_ff=False), hf, notes)
+        if values["num_dense_layers"] < values["num_hidden_layers"]:         # the counts make a router
+            MoESpec(values["num_experts"], values["top_k"], values["moe_intermediate_size"], True)
+        return values
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        if layer < self.num_dense_layers:
+            return None
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, normalize=self.normalize,
+                       scoring="sigmoid", choice_bias=self.expert_bias, routed_scale=self.routed_scale, norm_eps=1e-6)
+
+
 class Lfm2Attention(nn.Module):
     kv_dtype: str | None = None
 
@@ -122,11 +159,12 @@ class Lfm2ShortConv(nn.Module):
 
 
 class Lfm2Layer(nn.Module):
-    def __init__(self, c: Lfm2Config, kind: str):
+    def __init__(self, c: Lfm2Config, layer: int):
         self.operator_norm = Norm(c.hidden_size, c.norm_eps)
-        self.self_attn = Lfm2Attention(c) if kind == "full_attention" else Lfm2ShortConv(c)
+        self.self_attn = Lfm2Attention(c) if c.layer_types[layer] == "full_attention" else Lfm2ShortConv(c)
         self.ffn_norm = Norm(c.hidden_size, c.norm_eps)
-        self.mlp = MLP(c.hidden_size, c.intermediate_size, Flags())
+        spec = c.layer_moe(layer)
+        self.mlp = SparseMoE(c.hidden_size, spec, Flags()) if spec else MLP(c.hidden_size, c.intermediate_size, Flags())
 
     def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor) -> Tensor:
         x = x + self.self_attn(self.operator_norm(x), kv, layer_id, positions)
@@ -136,7 +174,7 @@ class Lfm2Layer(nn.Module):
 class Lfm2Stack(nn.Module):
     def __init__(self, c: Lfm2Config):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([Lfm2Layer(c, kind) for kind in c.layer_types])
+        self.layers = nn.ModuleList([Lfm2Layer(c, i) for i in range(c.num_hidden_layers)])
         self.norm = Norm(c.hidden_size, c.norm_eps)                 # HF's embedding_norm, after the last layer
 
     def forward(self, x: Tensor, kv) -> Tensor:
@@ -176,8 +214,16 @@ def weight_map(c: Lfm2Config) -> WeightMap:
         k = h = f"model.layers.{i}"
         m[f"{k}.operator_norm.weight"] = [f"{h}.operator_norm.weight"]
         m[f"{k}.ffn_norm.weight"] = [f"{h}.ffn_norm.weight"]
-        m[f"{k}.mlp.gate_up_proj.weight"] = [f"{h}.feed_forward.w1.weight", f"{h}.feed_forward.w3.weight"]
-        m[f"{k}.mlp.down_proj.weight"] = [f"{h}.feed_forward.w2.weight"]
+        if c.layer_moe(i) is not None:                 # LFM2-MoE: the router, its choice bias, each expert's w1/w3/w2
+            experts = [f"{h}.feed_forward.experts.{j}" for j in range(c.num_experts)]
+            m[f"{k}.mlp.router"] = [f"{h}.feed_forward.gate.weight"]
+            if c.expert_bias:
+                m[f"{k}.mlp.choice_bias"] = [f"{h}.feed_forward.expert_bias"]
+            m[f"{k}.mlp.experts_gate_up.weight"] = [f"{e}.{w}.weight" for e in experts for w in ("w1", "w3")]
+            m[f"{k}.mlp.experts_down.weight"] = [f"{e}.w2.weight" for e in experts]
+        else:
+            m[f"{k}.mlp.gate_up_proj.weight"] = [f"{h}.feed_forward.w1.weight", f"{h}.feed_forward.w3.weight"]
+            m[f"{k}.mlp.down_proj.weight"] = [f"{h}.feed_forward.w2.weight"]
         if kind == "full_attention":
             m[f"{k}.self_attn.qkv_proj.weight"] = [f"{h}.self_attn.{x}_proj.weight" for x in "qkv"]
             for x in ("out_proj", "q_layernorm", "k_layernorm"):

@@ -63,6 +63,7 @@ class MoESpec:
                                             # DeepSeek-V2's group_limited_greedy)
     routed_scale: float = 1.0               # the chosen experts' weights times this (routed_scaling_factor)
     norm_min: float = 0.0                   # normalise by max(sum(w), norm_min) (ERNIE 4.5's moe_norm_min)
+    norm_eps: float = 0.0                   # normalise by sum(w) + norm_eps (LFM2-MoE's 1e-6)
     jitter_eps: float = 0.0                 # scoring "sparsemixer" (Phi-3.5-MoE): router_jitter_noise
     scale_input: bool = False               # each expert reads x times its weight and the outputs add unweighted
                                             # (Llama 4)
@@ -176,6 +177,8 @@ class SparseMoE(nn.Module):
         weights, experts = _top_k(probs, spec.top_k, choice)
         if spec.normalize:
             total = op.sum(weights, axis=-1, keepdims=True)
+            if spec.norm_eps:
+                total = total + spec.norm_eps
             weights = weights / (op.maximum(total, op.full((1,), spec.norm_min, "float32")) if spec.norm_min else total)
         return weights * spec.routed_scale if spec.routed_scale != 1.0 else weights, experts
 

@@ -149,7 +149,7 @@ def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: 
         for name, p in model.named_parameters():
             p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
         for name, b in model.named_buffers():       # a router's choice bias (DeepSeek-V3's), zeros at init;
-            if name.endswith("e_score_correction_bias"):    # Gemma 4's layer scalars, ones
+            if name.endswith(("e_score_correction_bias", ".expert_bias")):    # Gemma 4's layer scalars, ones
                 b.normal_(0.0, 0.3)
             elif name.endswith("layer_scalar"):
                 b.normal_(1.0, 0.3)

@@ -89,3 +89,15 @@ def test_lfm2_gguf_matches_transformers(lfm2, tmp_path):
     art = kiln.compile(str(q8), target="cpu", quant="auto", output=tmp_path / "q8")
     report = kiln.check(art)
     assert report.ok and max(p.max_logit_error for p in report.prompts) < 1e-3, report.table()
+
+
+def test_lfm2_moe_matches_transformers(tmp_path):
+    """LFM2-MoE: the first layer's MLP dense, the rest 8 experts (3 a token) chosen by sigmoid scores plus a bias,
+    renormalised with its 1e-6 and scaled."""
+    moe = dict(CONFIG, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, num_dense_layers=1,
+               routed_scaling_factor=2.5, intermediate_size=96)
+    ref = write_widened("Lfm2MoeForCausalLM", "Lfm2MoeConfig", moe, tmp_path / "hf", seed=2)
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
