@@ -41,7 +41,7 @@ from .config import ConfigField, text_model
 from .gemma import _GEMMA_FIELDS, Gemma2Config
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import MoESpec, SparseMoE
-from .rope import apply_rope, inv_freq
+from .rope import apply_rope, inv_freq, proportional
 
 _FIELDS = (
     *_GEMMA_FIELDS,
@@ -158,11 +158,7 @@ class Gemma4Config(Gemma2Config):
         d = self.kv_of(layer)[1]
         if self.layer_types[layer] == "sliding_attention":
             return inv_freq(d, self.local_rope_theta, None)
-        theta, partial, factor = self.global_rope
-        rotated = int(partial * d // 2)             # transformers' rope_angles
-        freqs, scale = inv_freq(d, theta, None)     # theta ** (-2i / head dim), the head's own size
-        freqs = np.concatenate([freqs[:rotated], np.zeros(d // 2 - rotated, np.float32)]) / np.float32(factor)
-        return freqs.astype(np.float32), scale
+        return proportional(d, *self.global_rope)
 
 
 def _layer_kv(hf: dict, c: Gemma4Config, types: list[str]) -> tuple[tuple[int, int], ...]:

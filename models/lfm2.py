@@ -1,4 +1,5 @@
-"""Liquid AI's LFM2 (350M, 700M, 1.2B, 2.6B, LFM2.5): gated short-convolution layers among GQA attention ones.
+"""Liquid AI's LFM2 (350M, 700M, 1.2B, 2.6B, LFM2.5), LFM2-MoE and LFM3: gated short-convolution layers among GQA
+attention ones.
 
     conv layer       B, C, x = in_proj(norm(h)) (thirds);  y = C * conv(B * x);  h += out_proj(y)
                      conv: a depthwise causal convolution over each channel's last `conv_L_cache` (3) inputs
@@ -27,7 +28,7 @@ from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, 
 from .config import ConfigField
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
-from .rope import apply_rope, inv_freq
+from .rope import apply_rope, inv_freq, proportional
 
 _FIELDS = (
     *DECODER_FIELDS, ConfigField("conv_taps", ("conv_L_cache",), default=3),
@@ -53,6 +54,8 @@ class Lfm2Config(DecoderConfig):
     ARCH: ClassVar[str] = "lfm2"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = _FIELDS
     ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default",)
+    KINDS: ClassVar[tuple[str, ...]] = ("full_attention", "conv")
+    NAMES: ClassVar[dict[str, str]] = {"o_proj": "out_proj", "q_norm": "q_layernorm", "k_norm": "k_layernorm"}
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -61,8 +64,9 @@ class Lfm2Config(DecoderConfig):
         if not types:
             full = values["full_attn_idxs"] if values["full_attn_idxs"] is not None else list(range(n))
             types = ["full_attention" if i in full else "conv" for i in range(n)]
-        if len(types) != n or set(types) - {"full_attention", "conv"}:
-            raise ValueError(f"layer_types must list 'full_attention' or 'conv' for each of the {n} layers; got {types}")
+        if len(types) != n or set(types) - set(cls.KINDS):
+            raise ValueError(f"layer_types must list one of {', '.join(cls.KINDS)} for each of the {n} layers; "
+                             f"got {types}")
         if values["conv_bias"]:
             raise ValueError("LFM2 with conv_bias is not supported yet (the released checkpoints have none)")
         if values["hidden_size"] % 2 or values["conv_taps"] < 1:
@@ -85,8 +89,15 @@ class Lfm2Config(DecoderConfig):
 
     def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
         """Attention layers hold keys and values; conv layers their inputs, as one head of half the width."""
-        return (tuple((self.num_key_value_heads, self.head_dim) if t == "full_attention" else (1, self.hidden_size // 2)
+        return (tuple((self.num_key_value_heads, self.head_dim) if t != "conv" else (1, self.hidden_size // 2)
                       for t in self.layer_types), tuple(range(self.num_hidden_layers)))
+
+    def rope_of(self, layer: int) -> tuple[np.ndarray, float]:
+        return inv_freq(self.head_dim, self.rope_theta, None)
+
+    def lfm3(self) -> tuple[bool, bool, bool]:
+        """(sandwich norms, an attention output gate, q/k/v/o biases): LFM3's, none of them LFM2's."""
+        return False, False, False
 
 
 @dataclass(frozen=True)
@@ -125,16 +136,78 @@ class Lfm2MoeConfig(Lfm2Config):
                        scoring="sigmoid", choice_bias=self.expert_bias, routed_scale=self.routed_scale, norm_eps=1e-6)
 
 
+@dataclass(frozen=True)
+class Lfm3Config(Lfm2Config):
+    """LFM3: LFM2's conv layers (7 taps) among sliding-window attention layers and full ones, RoPE by kind (the
+    full layers' proportional: half of each head rotated), norms on the operator's and the MLP's outputs too,
+    a sigmoid gate a head on each attention output, the MLP intermediate_size wide as given."""
+
+    sliding_window: int | None = 256
+    sandwich: bool = True
+    attention_gate: bool = True
+    attention_bias: bool = False
+    local_rope: tuple = (10000.0, 1.0)      # sliding layers' (theta, partial)
+    global_rope: tuple = (1e6, 0.5)         # full layers' (theta, partial): proportional
+
+    ARCH: ClassVar[str] = "lfm3"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *_FIELDS, ConfigField("sliding_window", ("sliding_window",), default=256),
+        ConfigField("sandwich", ("use_sandwich_norm",), default=True),
+        ConfigField("attention_gate", ("use_attention_gate",), default=True),
+        ConfigField("attention_bias", ("attention_bias",), default=False))
+    KINDS: ClassVar[tuple[str, ...]] = ("full_attention", "sliding_attention", "conv")
+    NAMES: ClassVar[dict[str, str]] = {"o_proj": "o_proj", "q_norm": "q_norm", "k_norm": "k_norm"}
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "Lfm3Config":
+        import dataclasses
+        params = hf.get("rope_parameters") or {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.5}}
+        ropes = {}
+        for kind in ("sliding_attention", "full_attention"):
+            p = params.get(kind) or {}
+            if p.get("rope_type", "default") not in ("default", "proportional") or p.get("factor", 1.0) != 1.0:
+                raise ValueError(f"rope_parameters.{kind} {p!r} is not supported for lfm3 (default or proportional, "
+                                 "unscaled)")
+            ropes[kind] = (float(p.get("rope_theta", 1e6)),
+                           float(p.get("partial_rotary_factor", 1.0)) if p.get("rope_type") == "proportional" else 1.0)
+        n = hf.get("num_hidden_layers", 24)
+        types = hf.get("layer_types") or ["full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i > 0
+                                          else "conv" for i in range(n)]
+        flat = {k: v for k, v in hf.items() if k != "rope_parameters"}
+        c = super().from_hf({**flat, "rope_theta": ropes["full_attention"][0], "layer_types": types,
+                             "block_auto_adjust_ff_dim": False})
+        return dataclasses.replace(c, local_rope=ropes["sliding_attention"], global_rope=ropes["full_attention"])
+
+    def lfm3(self) -> tuple[bool, bool, bool]:
+        return self.sandwich, self.attention_gate, self.attention_bias
+
+    def rope_of(self, layer: int) -> tuple[np.ndarray, float]:
+        theta, partial = self.local_rope if self.layer_types[layer] == "sliding_attention" else self.global_rope
+        return proportional(self.head_dim, theta, partial)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
+        return tuple(LayerAttention("sliding", window, self.rope_theta, None) if t == "sliding_attention" and window
+                     else LayerAttention("full", None, self.rope_theta, None) for t in self.layer_types)
+
+
 class Lfm2Attention(nn.Module):
+    """q, k normed per head, RoPE (the layer kind's), GQA; LFM3's sigmoid gate a head on the output, and biases."""
+
     kv_dtype: str | None = None
 
-    def __init__(self, c: Lfm2Config):
+    def __init__(self, c: Lfm2Config, layer: int):
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.qkv_proj = nn.Linear(c.hidden_size, (self.heads + 2 * self.kv_heads) * c.head_dim, bias=False)
-        self.out_proj = nn.Linear(self.heads * c.head_dim, c.hidden_size, bias=False)
+        _, gated, bias = c.lfm3()
+        self.qkv_proj = nn.Linear(c.hidden_size, (self.heads + 2 * self.kv_heads) * c.head_dim, bias=bias)
+        self.out_proj = nn.Linear(self.heads * c.head_dim, c.hidden_size, bias=bias)
         self.q_layernorm = Norm(c.head_dim, c.norm_eps)
         self.k_layernorm = Norm(c.head_dim, c.norm_eps)
-        self.rope = inv_freq(c.head_dim, c.rope_theta, None)
+        if gated:
+            self.g_proj = nn.Linear(c.hidden_size, self.heads, bias=False)
+        self.rope = c.rope_of(layer)
 
     def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor) -> Tensor:
         b, s, _ = x.shape
@@ -142,6 +215,8 @@ class Lfm2Attention(nn.Module):
         q, k, v = op.split(op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, d)), [h, h + h_kv], axis=2)
         q, k = (apply_rope(t, positions, *self.rope) for t in (self.q_layernorm(q), self.k_layernorm(k)))
         out = cached_attention(kv, layer_id, op.concat([q, k, v], dim=2), h, d ** -0.5, self.kv_dtype)
+        if hasattr(self, "g_proj"):
+            out = out * op.reshape(op.sigmoid(self.g_proj(x)), (b, s, h, 1))
         return self.out_proj(op.reshape(out, (b, s, h * d)))
 
 
@@ -161,14 +236,19 @@ class Lfm2ShortConv(nn.Module):
 class Lfm2Layer(nn.Module):
     def __init__(self, c: Lfm2Config, layer: int):
         self.operator_norm = Norm(c.hidden_size, c.norm_eps)
-        self.self_attn = Lfm2Attention(c) if c.layer_types[layer] == "full_attention" else Lfm2ShortConv(c)
+        self.self_attn = Lfm2Attention(c, layer) if c.layer_types[layer] != "conv" else Lfm2ShortConv(c)
         self.ffn_norm = Norm(c.hidden_size, c.norm_eps)
+        if c.lfm3()[0]:                             # LFM3's norms on the operator's and the MLP's outputs
+            self.post_operator_norm, self.post_ffn_norm = Norm(c.hidden_size, c.norm_eps), Norm(c.hidden_size,
+                                                                                               c.norm_eps)
         spec = c.layer_moe(layer)
         self.mlp = SparseMoE(c.hidden_size, spec, Flags()) if spec else MLP(c.hidden_size, c.intermediate_size, Flags())
 
     def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor) -> Tensor:
-        x = x + self.self_attn(self.operator_norm(x), kv, layer_id, positions)
-        return x + self.mlp(self.ffn_norm(x))
+        out = self.self_attn(self.operator_norm(x), kv, layer_id, positions)
+        x = x + (self.post_operator_norm(out) if hasattr(self, "post_operator_norm") else out)
+        out = self.mlp(self.ffn_norm(x))
+        return x + (self.post_ffn_norm(out) if hasattr(self, "post_ffn_norm") else out)
 
 
 class Lfm2Stack(nn.Module):
@@ -224,10 +304,19 @@ def weight_map(c: Lfm2Config) -> WeightMap:
         else:
             m[f"{k}.mlp.gate_up_proj.weight"] = [f"{h}.feed_forward.w1.weight", f"{h}.feed_forward.w3.weight"]
             m[f"{k}.mlp.down_proj.weight"] = [f"{h}.feed_forward.w2.weight"]
-        if kind == "full_attention":
-            m[f"{k}.self_attn.qkv_proj.weight"] = [f"{h}.self_attn.{x}_proj.weight" for x in "qkv"]
-            for x in ("out_proj", "q_layernorm", "k_layernorm"):
-                m[f"{k}.self_attn.{x}.weight"] = [f"{h}.self_attn.{x}.weight"]
+        sandwich, gated, bias = c.lfm3()
+        if sandwich:
+            for x in ("post_operator_norm", "post_ffn_norm"):
+                m[f"{k}.{x}.weight"] = [f"{h}.{x}.weight"]
+        if kind != "conv":
+            names = c.NAMES
+            for p in ("weight", "bias") if bias else ("weight",):
+                m[f"{k}.self_attn.qkv_proj.{p}"] = [f"{h}.self_attn.{x}_proj.{p}" for x in "qkv"]
+                m[f"{k}.self_attn.out_proj.{p}"] = [f"{h}.self_attn.{names['o_proj']}.{p}"]
+            m[f"{k}.self_attn.q_layernorm.weight"] = [f"{h}.self_attn.{names['q_norm']}.weight"]
+            m[f"{k}.self_attn.k_layernorm.weight"] = [f"{h}.self_attn.{names['k_norm']}.weight"]
+            if gated:
+                m[f"{k}.self_attn.g_proj.weight"] = [f"{h}.self_attn.gate_proj.weight"]   # the checkpoint's name
         else:
             m[f"{k}.self_attn.in_proj.weight"] = [f"{h}.conv.in_proj.weight"]
             m[f"{k}.self_attn.out_proj.weight"] = [f"{h}.conv.out_proj.weight"]

@@ -46,6 +46,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           gemma.Gemma3Config, gemma.Gemma3ForCausalLM),
     _arch("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), lfm2, lfm2.Lfm2Config, lfm2.Lfm2ForCausalLM),
     _arch("lfm2_moe", ("Lfm2MoeForCausalLM",), ("lfm2_moe",), lfm2, lfm2.Lfm2MoeConfig, lfm2.Lfm2ForCausalLM),
+    _arch("lfm3", ("Lfm3ForCausalLM",), ("lfm3",), lfm2, lfm2.Lfm3Config, lfm2.Lfm2ForCausalLM),
     _arch("gemma3n", ("Gemma3nForCausalLM", "Gemma3nForConditionalGeneration"), ("gemma3n_text", "gemma3n"), gemma3n,
           gemma3n.Gemma3nConfig, gemma3n.Gemma3nForCausalLM),
     _arch("gemma4", ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"), ("gemma4_text", "gemma4"), gemma4,

@@ -49,6 +49,16 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None) -> tuple[np.ndar
                      f"(supported: default, {', '.join(GRAPH_SCALINGS)})")
 
 
+def proportional(head_dim: int, theta: float, partial: float, factor: float = 1.0) -> tuple[np.ndarray, float]:
+    """transformers' "proportional" RoPE (Gemma 4's and LFM3's global layers): frequencies over the whole head
+    size (theta ** (-2i / head_dim)) for the first partial * head_dim / 2 pairs, 0 for the rest (unrotated),
+    all divided by `factor`: ([head_dim / 2], 1.0) for apply_rope over the whole head."""
+    rotated = int(partial * head_dim // 2)              # transformers' rope_angles
+    freqs, scale = inv_freq(head_dim, theta, None)
+    freqs = np.concatenate([freqs[:rotated], np.zeros(head_dim // 2 - rotated, np.float32)]) / np.float32(factor)
+    return freqs.astype(np.float32), scale
+
+
 def _llama3(inv: np.ndarray, scaling: dict) -> np.ndarray:
     """Llama 3's scaling (where the graph rotates: a model with NoPE layers, Llama 4): frequencies whose
     wavelength passes original / low_freq_factor divided by `factor`, those below original /

@@ -34,7 +34,6 @@ _UNSUPPORTED = {
                                        "ones (one KV cache layout takes one count), and values narrower than keys"),
     "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), where kiln's attention "
                          "kernels take one"),
-    "lfm3": ("LFM3", "gated short-convolution layers among its attention layers"),
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
     "dory": ("Dory", "recurrent blocks of layers run in loops"),
 }

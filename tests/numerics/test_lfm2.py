@@ -101,3 +101,17 @@ def test_lfm2_moe_matches_transformers(tmp_path):
     assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
     report = kiln.check(art)
     assert report.ok and report.reference.startswith("transformers"), report.table()
+
+
+def test_lfm3_matches_transformers(tmp_path):
+    """LFM3: conv layers of 7 taps, sliding attention layers past their 8-token window and a full one with
+    proportional RoPE (half of each head rotated), norms on the operator's and MLP's outputs, a sigmoid gate a head,
+    q/k/v/o biases."""
+    lfm3 = dict(CONFIG, num_hidden_layers=5, head_dim=16, sliding_window=8, conv_L_cache=7, attention_bias=True,
+                layer_types=["conv", "sliding_attention", "full_attention", "conv", "sliding_attention"],
+                intermediate_size=96)
+    ref = write_widened("Lfm3ForCausalLM", "Lfm3Config", lfm3, tmp_path / "hf", seed=3)
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
