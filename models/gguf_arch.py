@@ -485,9 +485,11 @@ def _gemma3n(reader, arch, tensors, c):
              activation_sparsity_pattern=[statistics.NormalDist().cdf(float(s)) if s else 0.0 for s in scales],
              final_logit_softcapping=_f32(_key(reader, arch, "final_logit_softcapping", 30.0)),   # llama.cpp's default
              laurel_rank=int(tensors["blk.0.laurel_l.weight"].shape[-1]),
-             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": _f32(_key(
-                 reader, arch, "rope.freq_base", 1e6))}, "sliding_attention": {"rope_type": "default", "rope_theta": _f32(
-                     _key(reader, arch, "rope.freq_base_swa", 10000.0))}})
+             rope_parameters={
+                 "full_attention": {"rope_type": "default",
+                                    "rope_theta": _f32(_key(reader, arch, "rope.freq_base", 1e6))},
+                 "sliding_attention": {"rope_type": "default",
+                                       "rope_theta": _f32(_key(reader, arch, "rope.freq_base_swa", 10000.0))}})
     c.pop("rope_theta", None)
 
 

@@ -173,8 +173,9 @@ class Lfm3Config(Lfm2Config):
             ropes[kind] = (float(p.get("rope_theta", 1e6)),
                            float(p.get("partial_rotary_factor", 1.0)) if p.get("rope_type") == "proportional" else 1.0)
         n = hf.get("num_hidden_layers", 24)
-        types = hf.get("layer_types") or ["full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i > 0
-                                          else "conv" for i in range(n)]
+        types = hf.get("layer_types") or [
+            "full_attention" if i % 4 == 2 else "sliding_attention" if i % 4 == 0 and i > 0 else "conv"
+            for i in range(n)]
         flat = {k: v for k, v in hf.items() if k != "rope_parameters"}
         c = super().from_hf({**flat, "rope_theta": ropes["full_attention"][0], "layer_types": types,
                              "block_auto_adjust_ff_dim": False})

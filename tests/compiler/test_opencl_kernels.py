@@ -350,7 +350,8 @@ def test_owned_kv_conv_on_opencl(queue):
     pages = rng.standard_normal((6, 2, 1, page, half)).astype(np.float32)
     w = rng.standard_normal((2 * half, taps)).astype(np.float32)
     got = _run_launches(queue, kernels, name, {
-        "pages": pages, "page_indptr": np.array([0, 2, 5], np.int32), "page_values": np.array([3, 0, 5, 1, 2], np.int32),
+        "pages": pages, "page_indptr": np.array([0, 2, 5], np.int32),
+        "page_values": np.array([3, 0, 5, 1, 2], np.int32),
         "seq_of": np.array([r[0] for r in rows], np.int32), "positions": np.array([r[1] for r in rows], np.int32),
         "w": w, "out": np.full((len(rows), 2 * half), 7.0, np.float32)}, {})
 
@@ -440,8 +441,8 @@ def test_greedy_tokens_in_chunks_on_opencl(queue):
     vocab = 8192
     chunks = _argmax_chunks(vocab)
     assert chunks == 8 and _argmax_chunks(128256) == 64 and _argmax_chunks(512) == 1 and _argmax_chunks(50257) == 29
-    x_te = te.placeholder((tvm.tirx.Var("batch_size", "int64"), tvm.tirx.IntImm("int64", 1), tvm.tirx.IntImm("int64", vocab)),
-                          "float32", name="logits")
+    x_te = te.placeholder((tvm.tirx.Var("batch_size", "int64"), tvm.tirx.IntImm("int64", 1),
+                           tvm.tirx.IntImm("int64", vocab)), "float32", name="logits")
     winners_te = _chunk_argmax_te(x_te, chunks)
     first = build_prim_func("argmax_chunks", te.create_prim_func([x_te, winners_te]), "android-opencl")
     w_te = te.placeholder(winners_te.shape, "float32", name="winners")

@@ -30,4 +30,5 @@ def test_attention_by_position_matches_numpy(window, with_sinks):
               np.array([r[0] for r in rows], np.int32), np.array([r[1] for r in rows], np.int32)]
     out = tvm.runtime.tensor(np.zeros_like(q))
     lib["main"](*(tvm.runtime.tensor(a) for a in (q, pages, *tables, sinks)), out)
-    np.testing.assert_allclose(out.numpy(), owned_attention_reference(q, pages, pages_of, rows, sinks, window, SCALE), atol=1e-6, rtol=0)
+    want = owned_attention_reference(q, pages, pages_of, rows, sinks, window, SCALE)
+    np.testing.assert_allclose(out.numpy(), want, atol=1e-6, rtol=0)
