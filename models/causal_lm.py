@@ -424,6 +424,30 @@ class CausalLM(nn.Module):
         )
 
 
+class OwnedStackLM(CausalLM):
+    """CausalLM's entry functions over a family's own layer stack (STACK), its KV cache always the one kiln owns:
+    OWNED_ONLY says why TVM's cannot hold it."""
+
+    STACK: ClassVar[type]
+    OWNED_ONLY: ClassVar[str]
+
+    def __init__(self, config: DecoderConfig):
+        nn.Module.__init__(self)                    # not CausalLM's: that would build the plain decoder stack
+        self.config, self.flags = config, config.flags()
+        self.attention = config.layer_attention()
+        self.sliding_window = None
+        self.rope_in_graph = True
+        self.model = self.STACK(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.dtype = "float32"
+        self.kv_dtype: str | None = None
+        self.owned_layout = None
+
+    def create_paged_kv_cache(self, *args):
+        raise ValueError(f"{self.OWNED_ONLY}; it runs over the KV cache kiln owns only")
+
+
 def sliding_window(layers: tuple[LayerAttention, ...]) -> int | None:
     """The one window size of the sliding-window layers, None without any (the KV cache takes one)."""
     windows = {a.window for a in layers if a.kind == "sliding"}

@@ -36,7 +36,7 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .causal_lm import CausalLM, LayerAttention, WeightMap, WeightSpec, attention_by_type
+from .causal_lm import LayerAttention, OwnedStackLM, WeightMap, WeightSpec, attention_by_type
 from .config import ConfigField, text_model
 from .gemma import _GEMMA_FIELDS, Gemma2Config
 from .layers import MLP, Flags, Norm, cached_attention
@@ -291,23 +291,14 @@ class Gemma4Stack(nn.Module):
         return [op.reshape(t, (b, s, self.ple_dim)) for t in op.split(both, self.num_layers, axis=2)]
 
 
-class Gemma4ForCausalLM(CausalLM):
+class Gemma4ForCausalLM(OwnedStackLM):
     """CausalLM's entry functions over Gemma4Stack; its KV cache always the one kiln owns."""
 
     STACK: ClassVar[type] = Gemma4Stack
+    OWNED_ONLY: ClassVar[str] = "Gemma 4's layers differ in KV shape and share KV"
 
     def __init__(self, config: Gemma4Config):
-        nn.Module.__init__(self)                    # not CausalLM's: that would build the plain decoder stack
-        self.config, self.flags = config, config.flags()
-        self.attention = config.layer_attention()
-        self.sliding_window = None
-        self.rope_in_graph = True
-        self.model = self.STACK(config)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.dtype = "float32"
-        self.kv_dtype: str | None = None
-        self.owned_layout = None
+        super().__init__(config)
         self.embed_width = config.hidden_size + config.num_hidden_layers * config.ple_dim
 
     def set_kv_dtype(self, dtype: str) -> None:
@@ -328,9 +319,6 @@ class Gemma4ForCausalLM(CausalLM):
         rows = m.embed_tokens_per_layer(ids)
         rows = rows * (self.config.ple_dim ** 0.5)
         return op.concat([x, rows.astype(x.dtype) if rows.dtype != x.dtype else rows], dim=-1)
-
-    def create_paged_kv_cache(self, *args):
-        raise ValueError("Gemma 4 runs over the KV cache kiln owns only (its layers differ in KV shape)")
 
 
 def weight_map(c: Gemma4Config) -> WeightMap:

@@ -24,7 +24,7 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, WeightSpec
+from .causal_lm import DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, WeightMap, WeightSpec
 from .config import ConfigField
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
@@ -266,24 +266,11 @@ class Lfm2Stack(nn.Module):
         return self.norm(x)
 
 
-class Lfm2ForCausalLM(CausalLM):
+class Lfm2ForCausalLM(OwnedStackLM):
     """CausalLM's entry functions over Lfm2Stack; its KV cache always the one kiln owns."""
 
-    def __init__(self, config: Lfm2Config):
-        nn.Module.__init__(self)                    # not CausalLM's: that would build the plain decoder stack
-        self.config, self.flags = config, config.flags()
-        self.attention = config.layer_attention()
-        self.sliding_window = None
-        self.rope_in_graph = True
-        self.model = Lfm2Stack(config)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.dtype = "float32"
-        self.kv_dtype: str | None = None
-        self.owned_layout = None
-
-    def create_paged_kv_cache(self, *args):
-        raise ValueError("LFM2 runs over the KV cache kiln owns only (its conv layers keep their inputs there)")
+    STACK: ClassVar[type] = Lfm2Stack
+    OWNED_ONLY: ClassVar[str] = "LFM2's conv layers keep their inputs in the KV cache"
 
 
 def weight_map(c: Lfm2Config) -> WeightMap:

@@ -89,7 +89,7 @@ class ReasoningParser:
     @property
     def answering(self) -> bool:
         """Whether the text from here on is the answer (a grammar may constrain it; runtime/request.py)."""
-        raise NotImplementedError
+        return self.state == "content"
 
     def feed(self, text: str) -> tuple[str, str]:
         raise NotImplementedError
@@ -137,10 +137,6 @@ class ThinkParser(ReasoningParser):
         self.state = "reasoning" if end.endswith(_OPEN) else "content" if end.endswith(_CLOSE) else "start"
         self.tail = ""
         self.strip = False                         # after the reply's own </think>: its whitespace is not the answer's
-
-    @property
-    def answering(self) -> bool:
-        return self.state == "content"
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning, content = [], []
@@ -277,10 +273,6 @@ class Gemma4Parser(ReasoningParser):
         opened = end.rfind(_G4_CHANNEL)
         self.state = "reasoning" if opened >= 0 and _G4_CLOSE not in end[opened:] else "content"
         self.tail, self.call = "", ""
-
-    @property
-    def answering(self) -> bool:
-        return self.state == "content"
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning, content = [], []
