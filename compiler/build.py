@@ -28,8 +28,8 @@ from kiln.targets import names as target_names
 from kiln.runtime.contract import (DECODE_ACTIVATIONS, ENTRY_FUNCTIONS, GEMM_PACKED_FUNC, GOLDEN_NAME,
                                    KV_CACHE_DTYPES, KV_OWNERS, LIBRARY_GEMM_COPIES, LIBRARY_GEMM_DECODE,
                                    LIBRARY_GEMM_WEIGHTS, OPTIONAL_ENTRY_FUNCTIONS, OWNED_KV_ENTRY_FUNCTIONS,
-                                   OWNED_KV_TABLES, PARAMS_DIR, ArtifactConfig, KVCacheLayout, ModelInfo,
-                                   ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
+                                   OWNED_KV_TABLES, OWNED_STATE_TABLES, PARAMS_DIR, ArtifactConfig, KVCacheLayout,
+                                   ModelInfo, ParamWriter, SourceInfo, TargetInfo, write_config, write_golden)
 
 from . import codegen
 from .artifact import check_output, staged_artifact
@@ -456,10 +456,12 @@ def _kv_layout(config, page_size: int, dtype: str, window_mode: str, owner: str 
     whose cache it is."""
     layers = config.layer_attention()
     layer_kv, sources = getattr(config, "kv_layers", lambda: None)() or ((), ())
+    states = getattr(config, "state_layers", lambda: ())()
+    tables = (OWNED_KV_TABLES + (OWNED_STATE_TABLES if any(states) else ())) if owner == "kiln" else ()
     return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
                          layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers),
-                         window_mode=window_mode, owner=owner, tables=OWNED_KV_TABLES if owner == "kiln" else (),
-                         layer_kv=layer_kv, layer_sources=sources)
+                         window_mode=window_mode, owner=owner, tables=tables, layer_kv=layer_kv, layer_sources=sources,
+                         layer_states=states)
 
 
 def _config_dict(config) -> dict:

@@ -152,6 +152,11 @@ class DecoderConfig:
         layer holds its own of one shape. Only the cache kiln owns takes such a model."""
         return None
 
+    def state_layers(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Per layer, the shapes of its recurrent state tensors (Qwen3.5's DeltaNet; KVCacheLayout.layer_states);
+        empty where no layer keeps one."""
+        return ()
+
 
 def _flat_rope(hf: dict) -> dict:
     """transformers 5 writes RoPE as `rope_parameters: {rope_type, rope_theta, factor, ...}` instead of
@@ -353,7 +358,7 @@ class CausalLM(nn.Module):
             c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, self.kv_dtype or self.dtype,
             tuple(a.window if a.kind == "sliding" else 0 for a in self.attention),
             {"theta": first.rope_theta, "scaling": first.rope_scaling or {}, "rotary_dim": c.rotary_dim}
-            if cache_rope else None, self.flags.attn_logit_softcap, layer_kv, sources)
+            if cache_rope else None, self.flags.attn_logit_softcap, layer_kv, sources, c.state_layers())
 
     def _cache(self, given):
         """The forward's KV cache: TVM's object as given, or the owned cache over the given pages and tables."""

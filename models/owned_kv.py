@@ -24,12 +24,13 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from kiln.runtime.contract import OWNED_KV_TABLES
+from kiln.runtime.contract import OWNED_KV_TABLES, OWNED_STATE_TABLES
 from kiln.targets.owned_kv import NO_SINK, owned_append, owned_attention, owned_conv
+from kiln.targets.recurrent import gated_delta, state_conv
 
 TABLES = OWNED_KV_TABLES          # after the pages, in this order (runtime/kv_caches.py OwnedCache.begin builds them)
 _SIZES = {"page_indptr": "batch_plus_one", "q_indptr": "batch_plus_one", "page_values": "page_entries",
-          "last_len": "batch", "rope_offset": "batch"}
+          "last_len": "batch", "rope_offset": "batch", "state_slots": "batch"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class OwnedLayout:
     sources: tuple[int, ...] = ()       # per layer, the layer whose keys and values it attends over (Gemma 4's
                                         # shared KV: a later layer reads an earlier one's pages and writes
                                         # none); empty: each its own
+    states: tuple[tuple[tuple[int, ...], ...], ...] = ()   # per layer, its recurrent state tensors' shapes (a
+                                        # slot a sequence, float32: Qwen3.5's DeltaNet); such a layer holds no pages
 
     def kv_of(self, layer: int) -> tuple[int, int]:
         """Layer `layer`'s (kv heads, head dim)."""
@@ -60,14 +63,21 @@ class OwnedLayout:
     @property
     def owners(self) -> list[int]:
         """The layers that hold pages, in order (the cache input's page tensors, one each)."""
-        return [i for i in range(len(self.windows)) if self.source(i) == i]
+        return [i for i in range(len(self.windows)) if self.source(i) == i and not (self.states and self.states[i])]
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The page tables the cache input takes after its tensors (the state slots with recurrent layers)."""
+        return TABLES + (OWNED_STATE_TABLES if any(self.states) else ())
 
 
 def cache_spec(layout: OwnedLayout, tokens: str) -> list:
-    """The cache input of an entry function (nn.spec), `tokens` the name of its token count."""
+    """The cache input of an entry function (nn.spec), `tokens` the name of its token count: the owners'
+    pages, then the recurrent layers' state tensors, then the tables."""
     pages = [nn.spec.Tensor(["num_pages", 2, layout.kv_of(i)[0], layout.page_size, layout.kv_of(i)[1]], layout.dtype)
              for i in layout.owners]
-    return [pages, *[nn.spec.Tensor([_SIZES.get(name, tokens)], "int32") for name in TABLES]]
+    states = [nn.spec.Tensor(["state_slots_total", *shape], "float32") for shapes in layout.states for shape in shapes]
+    return [pages + states, *[nn.spec.Tensor([_SIZES.get(name, tokens)], "int32") for name in layout.tables]]
 
 
 class OwnedKVCache:
@@ -76,9 +86,14 @@ class OwnedKVCache:
     def __init__(self, layout: OwnedLayout, state: list):
         self.layout = layout
         pages, *tables = state
-        self.pages = list(pages)                    # the owners' (layout.owners), in order
+        self.pages = list(pages)                    # the owners' (layout.owners), then the recurrent states
         self._page_of = {layer: i for i, layer in enumerate(layout.owners)}
-        self.tables = dict(zip(TABLES, tables))
+        at = len(layout.owners)
+        self._states_of: dict[int, list[int]] = {}  # recurrent layer -> its state tensors' indices in self.pages
+        for layer, shapes in enumerate(layout.states):
+            self._states_of[layer] = list(range(at, at + len(shapes)))
+            at += len(shapes)
+        self.tables = dict(zip(layout.tables, tables))
         self._kernels: dict = {}
 
     def get_query_positions(self, total_length) -> Tensor:
@@ -143,6 +158,41 @@ class OwnedKVCache:
         out = op.reshape(out, [b, s, hidden])
         return out if out.dtype == x.dtype else out.astype(x.dtype)
 
+    def recurrent_conv(self, layer_id: int, x: Tensor, weight: Tensor) -> Tensor:
+        """A causal depthwise conv over each sequence's inputs (a recurrent layer's first state: its last
+        taps - 1 inputs): x [b, s, channels], weight [channels, taps] -> [b, s, channels], in x's dtype."""
+        b, s, c = x.shape
+        slot = self._states_of[layer_id][0]
+        state = self.pages[slot]
+        t = self.tables
+        state, out = op.tensor_ir_inplace_op(
+            self._kernel("state_conv", int(c), int(weight.shape[1]), x.dtype), "recurrent_conv",
+            [op.reshape(x, [b * s, c]), state, t["q_indptr"], t["state_slots"], t["positions"],
+             weight if weight.dtype == x.dtype else weight.astype(x.dtype)],
+            inplace_indices=[1, -1], out=[Tensor.placeholder(state.shape, state.dtype),
+                                          Tensor.placeholder([b * s, c], x.dtype)])
+        self.pages[slot] = state
+        return op.reshape(out, [b, s, c])
+
+    def gated_delta(self, layer_id: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+        """The gated delta rule (a recurrent layer's second state, [hv, dk, dv]): q, k [b, s, hk, dk] (l2-normed,
+        q scaled), v [b, s, hv, dv], g (log decay), beta [b, s, hv], all float32 -> [b, s, hv, dv] float32."""
+        b, s, hk, dk = q.shape
+        hv, dv = v.shape[2], v.shape[3]
+        slot = self._states_of[layer_id][1]
+        state = self.pages[slot]
+        t = self.tables
+        n = b * s
+        state, out = op.tensor_ir_inplace_op(
+            self._kernel("gated_delta", int(hk), int(hv), int(dk), int(dv)), "recurrent_delta",
+            [op.reshape(q, [n, hk, dk]), op.reshape(k, [n, hk, dk]), op.reshape(v, [n, hv, dv]),
+             op.reshape(g, [n, hv]), op.reshape(beta, [n, hv]), state, t["q_indptr"], t["state_slots"],
+             t["positions"]],
+            inplace_indices=[5, -1], out=[Tensor.placeholder(state.shape, state.dtype),
+                                          Tensor.placeholder([n, hv, dv], "float32")])
+        self.pages[slot] = state
+        return op.reshape(out, [b, s, hv, dv])
+
     def _attend(self, layer_id: int, q: Tensor, s, sm_scale: float, sinks: Tensor | None) -> Tensor:
         """q [tokens, heads, d] over the pages layer `layer_id` reads, its window masked -> [tokens, heads, d]."""
         lay = self.layout
@@ -194,6 +244,10 @@ class OwnedKVCache:
             func = _rope_kernel(lay)
         elif kind == "conv":
             func = owned_conv(*key, lay.dtype, lay.page_size, gpu=not _cpu())
+        elif kind == "state_conv":
+            func = state_conv(*key, gpu=not _cpu())
+        elif kind == "gated_delta":
+            func = gated_delta(*key, gpu=not _cpu())
         elif kind == "paged_cpu":
             from kiln.targets.cpu.attention import attention_paged_cpu
             from kiln.targets.cpu.schedule import attention_lanes

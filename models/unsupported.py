@@ -15,12 +15,13 @@ _UNSUPPORTED = {
         ("jamba", "Jamba"), ("bamba", "Bamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"), ("falcon_h1", "Falcon-H1"),
         ("falcon-h1", "Falcon-H1"), ("nemotron_h", "Nemotron-H"), ("nemotron_h_moe", "Nemotron-H MoE"))},
     **{t: (name, _LINEAR) for t, name in (
-        ("qwen3_next", "Qwen3-Next"), ("qwen3next", "Qwen3-Next"), ("qwen3_5", "Qwen3.5"), ("qwen3_5_text", "Qwen3.5"),
-        ("qwen35", "Qwen3.5"), ("qwen3_5_moe", "Qwen3.5 MoE"), ("qwen3_5_moe_text", "Qwen3.5 MoE"),
-        ("qwen35moe", "Qwen3.5 MoE"), ("kimi_linear", "Kimi Linear"), ("kimi-linear", "Kimi Linear"),
+        ("qwen3_next", "Qwen3-Next"), ("qwen3next", "Qwen3-Next"), ("kimi_linear", "Kimi Linear"),
+        ("kimi-linear", "Kimi Linear"),
         ("minimax", "MiniMax-Text-01"), ("olmo_hybrid", "OLMo hybrid"))},
     "lfm2moe": ("LFM2 MoE", "mixture of experts (LFM2's dense conv and attention layers are built, its experts' "
                             "routing not yet)"),
+    **{t: (name, "its GGUF layout (the Hugging Face checkpoint compiles: kiln reads Qwen3.5's safetensors)")
+       for t, name in (("qwen35", "Qwen3.5 GGUF"), ("qwen35moe", "Qwen3.5 MoE GGUF"))},
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),

@@ -39,6 +39,8 @@ KV_OWNERS = ("tvm", "kiln")
 # (models/owned_kv.py reads them, runtime/kv_caches.py builds them; KVCacheLayout.tables records them).
 OWNED_KV_TABLES = ("page_indptr", "page_values", "seq_of", "positions", "slots", "q_indptr", "last_len",
                    "rope_offset")
+# ... and with recurrent layers (KVCacheLayout.layer_states), each sequence's state slot, after those.
+OWNED_STATE_TABLES = ("state_slots",)
 # Entry functions newer artifacts have and older ones may lack: a feature that needs one says so.
 # batch_hidden: final hidden states (embeddings); greedy_tokens: the argmax of batch_decode's logits,
 # taken where they are, so a greedy decode step copies one int32 per sequence back instead of the logits;
@@ -124,6 +126,10 @@ class KVCacheLayout:
                                                  # (Gemma 4's global layers); empty: num_kv_heads, head_dim each
     layer_sources: tuple[int, ...] = ()          # owner "kiln": per layer, the layer whose pages it attends over
                                                  # (Gemma 4's shared KV); empty: each its own
+    layer_states: tuple[tuple[tuple[int, ...], ...], ...] = ()   # owner "kiln": per layer, the shapes of its
+                                                 # recurrent state tensors (float32, a slot a sequence; Qwen3.5's
+                                                 # DeltaNet: conv inputs, delta-rule state); such a layer holds no
+                                                 # pages. Empty: none
 
     def kv_of(self, layer: int) -> tuple[int, int]:
         """Layer `layer`'s (kv heads, head dim)."""
@@ -131,8 +137,24 @@ class KVCacheLayout:
 
     @property
     def owners(self) -> list[int]:
-        """The layers that hold pages (the others read an earlier layer's), in order."""
-        return [i for i in range(self.num_layers) if not self.layer_sources or self.layer_sources[i] == i]
+        """The layers that hold pages (the others read an earlier layer's, or keep a recurrent state), in order."""
+        return [i for i in range(self.num_layers) if (not self.layer_sources or self.layer_sources[i] == i)
+                and not (self.layer_states and self.layer_states[i])]
+
+    @property
+    def states(self) -> list[tuple[int, ...]]:
+        """Every recurrent state tensor's shape but its slots, layer by layer (the cache input's tensors after
+        the pages)."""
+        return [shape for shapes in self.layer_states for shape in shapes]
+
+    def rewind_problem(self) -> str | None:
+        """Why this cache cannot give tokens back (speculation's rejected drafts) or share a prefix, or None."""
+        if self.states:
+            return ("recurrent layers (a state a sequence, not keys and values a token) cannot give back tokens "
+                    "or share a prefix")
+        if "sliding" in self.layer_kinds and self.owner == "tvm":
+            return "a sliding-window KV cache cannot give back rejected draft tokens"
+        return None
 
     @property
     def bytes_per_token(self) -> int:
@@ -155,7 +177,9 @@ class KVCacheLayout:
         _require(self.owner == "tvm" or self.tables, "kv_cache.owner is kiln but kv_cache.tables lists none")
         object.__setattr__(self, "layer_kv", tuple(tuple(int(v) for v in hd) for hd in self.layer_kv))
         object.__setattr__(self, "layer_sources", tuple(int(i) for i in self.layer_sources))
-        for name in ("layer_kv", "layer_sources"):
+        object.__setattr__(self, "layer_states", tuple(tuple(tuple(int(v) for v in shape) for shape in shapes)
+                                                        for shapes in self.layer_states))
+        for name in ("layer_kv", "layer_sources", "layer_states"):
             listed = getattr(self, name)
             _require(not listed or len(listed) == self.num_layers,
                      f"kv_cache.{name} lists {len(listed)} layers, the model has {self.num_layers}")
@@ -163,9 +187,13 @@ class KVCacheLayout:
         _require(all(len(hd) == 2 and min(hd) > 0 for hd in self.layer_kv),
                  "kv_cache.layer_kv must give each layer [kv heads, head dim]")
         _require(all(0 <= s <= i and s in self.owners and self.kv_of(s) == self.kv_of(i)
-                     for i, s in enumerate(self.layer_sources)),
+                     for i, s in enumerate(self.layer_sources) if not (self.layer_states and self.layer_states[i])),
                  "kv_cache.layer_sources must name, for each layer, itself or an earlier layer of its shape that "
                  "holds pages")
+        _require(all(shape and min(shape) > 0 for shape in self.states),
+                 "kv_cache.layer_states must give each state tensor a shape of positive sizes")
+        _require(not self.states or set(OWNED_STATE_TABLES) <= set(self.tables),
+                 f"kv_cache has recurrent states but its tables lack {OWNED_STATE_TABLES}")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ def pairing_problem(draft: Artifact, served: Artifact) -> str | None:
                 f"model for the same target")
     if draft.config.kv_cache.sliding_window is not None:
         return "it has a sliding-window KV cache, which cannot give back rejected draft tokens"
+    if draft.config.kv_cache.states:
+        return "it has recurrent layers, whose state cannot give back rejected draft tokens"
     files = [a.path / "tokenizer.json" for a in (draft, served)]
     if not all(f.is_file() for f in files):
         return "one of the two artifacts has no tokenizer.json to compare; a draft model must share the tokenizer"

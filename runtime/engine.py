@@ -46,7 +46,6 @@ from .request import Request
 from .sampler import Sampler, device_params, plain_sampling
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import SeqStatus, Sequence
-from .sliding_window import SlidingWindow
 from .speculative import Speculator, speculation_most, speculation_problem
 
 
@@ -60,7 +59,7 @@ class Engine(SynchronousCalls, ModelFront):
         loaded = Artifact.load(artifact, verify=config.verify)
         most = speculation_most(config.speculative_tokens, config.draft_model)
         why = speculation_problem(most, config.prompt_lookup_min, config.prompt_lookup_max,
-                                  loaded.config.prefill_chunk_size, SlidingWindow.of(loaded.config.kv_cache) is not None)
+                                  loaded.config.prefill_chunk_size, loaded.config.kv_cache.rewind_problem())
         if why is not None:
             raise ValueError(why)
         kv_tokens, kv_share = kv_size(loaded, config)

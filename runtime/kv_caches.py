@@ -15,6 +15,13 @@ sliding ones included: a child forked at `pos` holds the parent's pages that lie
 first `pos` tokens (reference counted) and a copy of the one it covers partly (as TVM's cache forks,
 runtime/kv_pages.py mirrors it), and a forward that would append into a page another sequence also
 holds (a pop left it partly filled) copies it first.
+
+Recurrent layers (KVCacheLayout.layer_states: Qwen3.5's gated DeltaNet) keep no pages: each sequence holds
+a slot of their state tensors ([slots, ...] float32, one slot per sequence the engine runs at once) from
+add to remove, and the kernels read and write it in place (targets/recurrent.py; a sequence whose first
+new token is position 0 starts from zeros). A state holds all the tokens before it, so such a cache
+forks only at a sequence's end (the slot copied) and gives no tokens back: the engine shares no prefixes
+and speculates on none of it (KVCacheLayout.rewind_problem).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import numpy as np
 from ._tvm import tvm
 from tvm.runtime import ShapeTuple
 
-from .contract import OWNED_KV_TABLES, KVCacheLayout
+from .contract import OWNED_KV_TABLES, OWNED_STATE_TABLES, KVCacheLayout
 from .device_tensors import _VIEW, _holding_gil
 
 _KV = {name: _holding_gil(tvm.get_global_func(f"vm.builtin.{name}")) for name in (
@@ -83,15 +90,18 @@ class OwnedCache:
 
     owner = "kiln"
 
-    def __init__(self, layout: KVCacheLayout, device, total_tokens: int, stage: Callable[[str, np.ndarray], object]):
+    def __init__(self, layout: KVCacheLayout, device, total_tokens: int, stage: Callable[[str, np.ndarray], object],
+                 max_seqs: int = 1):
         self.page_size = layout.page_size
         self.num_pages = max(-(-total_tokens // layout.page_size), 1)
         shapes = [(self.num_pages, 2, h_kv, layout.page_size, d) for h_kv, d in map(layout.kv_of, layout.owners)]
         self.pages = [tvm.runtime.empty(shape, layout.dtype, device) for shape in shapes]   # the layers holding pages
-        self._pages_arg = tvm.runtime.convert(self.pages)
-        self._page_elems = [int(np.prod(shape[1:])) for shape in shapes]                 # a page's, per tensor
+        self.states = [tvm.runtime.empty((max_seqs, *shape), "float32", device) for shape in layout.states]
+        self._pages_arg = tvm.runtime.convert(self.pages + self.states)
+        self._free_slots = list(range(max_seqs - 1, -1, -1)) if self.states else []
+        self._slot: dict[int, int] = {}                              # seq id -> its state slot (recurrent layers)
         self._stage = stage
-        unknown = [name for name in layout.tables if name not in OWNED_KV_TABLES]
+        unknown = [name for name in layout.tables if name not in OWNED_KV_TABLES + OWNED_STATE_TABLES]
         if unknown:
             raise ValueError(f"this artifact's KV cache takes page tables {unknown}, which this kiln does not build; "
                              "recompile it with `kiln compile`")
@@ -104,11 +114,18 @@ class OwnedCache:
     def add(self, seq_id: int) -> None:
         if seq_id in self._held:
             raise KeyError(f"sequence {seq_id} is already in the KV cache")
+        if self.states:
+            if not self._free_slots:
+                raise RuntimeError(f"every recurrent state slot ({len(self._slot)}) is "
+                                   "held; remove a sequence first")
+            self._slot[seq_id] = self._free_slots.pop()
         self._held[seq_id], self._length[seq_id] = [], 0
 
     def remove(self, seq_id: int) -> None:
         self._release(self._held.pop(seq_id))
         del self._length[seq_id]
+        if seq_id in self._slot:
+            self._free_slots.append(self._slot.pop(seq_id))
 
     def fork(self, parent: int, child: int, fork_pos: int = -1) -> None:
         """`child` (new) holds the parent's first fork_pos tokens (all of them for -1)."""
@@ -116,12 +133,19 @@ class OwnedCache:
         pos = length if fork_pos == -1 else fork_pos
         if child in self._held or not 0 <= pos <= length:
             raise ValueError(f"cannot fork sequence {parent} ({length} tokens) at {fork_pos} into {child}")
+        if self.states and pos != length:
+            raise ValueError(f"cannot fork sequence {parent} at {pos} of its {length} tokens: its recurrent layers' "
+                             "state holds them all (fork at its end, or compute the child's prompt)")
         whole, part = divmod(pos, self.page_size)
         if part and not self._free:
             raise RuntimeError("the KV cache is full: a fork needs 1 more page, 0 are free")
         shared = self._held[parent][:whole]
         for page in shared:
             self._refs[page] += 1
+        if self.states:
+            self.add(child)
+            for state in self.states:
+                copy_row(state, self._slot[parent], self._slot[child])
         self._held[child], self._length[child] = list(shared), pos
         if part:
             self._held[child].append(self._copy(self._held[parent][whole]))
@@ -131,6 +155,8 @@ class OwnedCache:
         length = self._length[seq_id]
         if not 0 <= n <= length:
             raise ValueError(f"cannot pop {n} tokens from sequence {seq_id}, which holds {length}")
+        if n and self.states:
+            raise ValueError(f"cannot pop tokens from sequence {seq_id}: its recurrent layers' state holds them")
         self._length[seq_id] = length - n
         keep = -(-(length - n) // self.page_size)
         held = self._held[seq_id]
@@ -178,6 +204,7 @@ class OwnedCache:
             "q_indptr": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
             "last_len": np.array([(self._length[s] - 1) % self.page_size + 1 for s in seq_ids], np.int32),
             "rope_offset": np.zeros(len(seq_ids), np.int32),
+            "state_slots": np.array([self._slot.get(s, 0) for s in seq_ids], np.int32),
         }
         return [self._pages_arg, *(self._stage(f"kv_{name}", tables[name]) for name in self._tables)]
 
@@ -207,7 +234,13 @@ class OwnedCache:
     def _copy(self, page: int) -> int:
         """A new page holding `page`'s keys and values in every layer (device to device)."""
         new = self._take()
-        for pages, elems in zip(self.pages, self._page_elems):
-            shape, nbytes = ShapeTuple([elems]), elems * np.dtype(pages.dtype).itemsize
-            _VIEW(pages, shape, pages.dtype, new * nbytes).copyfrom(_VIEW(pages, shape, pages.dtype, page * nbytes))
+        for pages in self.pages:
+            copy_row(pages, page, new)
         return new
+
+
+def copy_row(tensor, src: int, dst: int) -> None:
+    """Row `src` of a tensor (a page of pages, a slot of a state) copied into row `dst`, device to device."""
+    elems = int(np.prod(tensor.shape[1:]))
+    shape, nbytes = ShapeTuple([elems]), elems * np.dtype(tensor.dtype).itemsize
+    _VIEW(tensor, shape, tensor.dtype, dst * nbytes).copyfrom(_VIEW(tensor, shape, tensor.dtype, src * nbytes))

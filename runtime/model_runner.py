@@ -107,7 +107,8 @@ class ModelRunner:
         self._buffers: dict[str, _Staging] = {}                 # _staged's device buffers
         with huge_pages.advised_new_mappings(artifact.device == "cpu"):
             if cfg.kv_cache.owner == "kiln":
-                self.cache = OwnedCache(cfg.kv_cache, self.device, self.max_total_tokens, self._staged)
+                self.cache = OwnedCache(cfg.kv_cache, self.device, self.max_total_tokens, self._staged,
+                                        self.max_num_seqs)
             else:
                 self.cache = TVMCache(self.vm["create_paged_kv_cache"](
                     ShapeTuple([self.max_num_seqs]), ShapeTuple([self.max_total_tokens]),
@@ -166,8 +167,9 @@ class ModelRunner:
     @property
     def shares_kv(self) -> bool:
         """Whether sequences can share KV pages (forks: prefix caching, n > 1): not with a sliding window
-        on TVM's cache (the cache kiln owns keeps every token: its forks are exact on any model)."""
-        return self.window is None
+        on TVM's cache (the cache kiln owns keeps every token: its forks are exact on any model), nor with
+        recurrent layers (a state holds a sequence's every token: KVCacheLayout.rewind_problem)."""
+        return self.window is None and not self.artifact.config.kv_cache.states
 
     def add_sequence(self, seq_id: int) -> None:
         self.cache.add(seq_id)

@@ -40,19 +40,19 @@ def speculation_most(speculative_tokens: int, draft_model) -> int:
     return speculative_tokens or (DRAFT_MODEL_TOKENS if draft_model is not None else 0)
 
 
-def speculation_problem(most: int, shortest: int, longest: int, prefill_chunk: int, sliding_window: bool
+def speculation_problem(most: int, shortest: int, longest: int, prefill_chunk: int, kv_problem: str | None = None
                         ) -> str | None:
-    """Why these speculative decoding settings cannot run on an artifact with this prefill chunk (and
-    sliding-window KV cache or not), or None. Asked before anything loads (a draft model included)."""
+    """Why these speculative decoding settings cannot run on an artifact with this prefill chunk (and KV
+    cache: kv_problem, why it cannot give tokens back, KVCacheLayout.rewind_problem), or None. Asked before
+    anything loads (a draft model included)."""
     if most < 0 or not 1 <= shortest <= longest:
         return (f"speculative decoding needs speculative_tokens >= 0 and 1 <= prompt_lookup_min <= "
                 f"prompt_lookup_max (got {most}, {shortest}, {longest})")
     if most and most + 1 > prefill_chunk:
         return (f"speculative_tokens ({most}) + 1 is more than this artifact's prefill chunk "
                 f"({prefill_chunk}) checks in one forward; lower it")
-    if most and sliding_window:
-        return ("speculative decoding is not available for sliding-window artifacts (their KV cache "
-                "cannot give back rejected draft tokens); leave speculative_tokens at 0")
+    if most and kv_problem:
+        return f"speculative decoding is not available for this artifact ({kv_problem}); leave speculative_tokens at 0"
     return None
 
 

@@ -1,0 +1,176 @@
+"""Kernels of recurrent layers over per-sequence state slots (the KV cache kiln owns, models/owned_kv.py):
+Qwen3.5's and Qwen3-Next's gated DeltaNet (a causal depthwise convolution, then the gated delta rule).
+
+A recurrent layer keeps no keys and values a token: its state is a fixed size a sequence, held in a slot
+of the layer's state tensors ([slots, ...] float32; the runtime hands each sequence a slot,
+runtime/kv_caches.py). A forward's rows are sequences' consecutive new tokens (q_indptr marks each
+sequence's rows, state_slots its slot); a sequence whose first row is position 0 starts from a zero state,
+whatever its slot held. Each kernel reads the state, runs the sequence's rows in order and writes the
+state back in place, so chunked prefill, decode and mixed batches all take it.
+
+    conv:   out[t, c] = sum_j w[c, j] * x[t - (taps - 1) + j, c]   (x before the chunk: the state's last
+            taps - 1 inputs; the state then holds the chunk's last taps - 1)
+    delta:  S <- S * exp(g_t);  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  out_t = S^T q_t
+            (S [dk, dv] a value head's, its key head value head // (hv / hk); q, k l2-normed by the caller)
+
+A first pair, written for exactness: on CPUs a task a sequence and channel (conv) or value head (delta);
+on GPUs a thread a channel, or a value column (the delta rule's columns are independent), a block a
+sequence and head.
+"""
+
+from __future__ import annotations
+
+from tvm.script import tirx as T
+
+from .kernel_memo import parsed_once
+
+
+@parsed_once()
+def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
+    """The causal depthwise conv over the chunk and the state's last inputs. Arguments: x [tokens, channels],
+    state [slots, channels, taps - 1] float32 (updated in place), q_indptr, state_slots, positions,
+    w [channels, taps], out [tokens, channels]."""
+    keep = taps - 1
+    threads = min(256, channels)
+    rounds = -(-channels // threads)
+
+    @T.macro
+    def channel(b, c, x, state, q_indptr, state_slots, positions, w, out, acc):
+        start = q_indptr[b]
+        m = q_indptr[b + 1] - start
+        slot = state_slots[b]
+        if m > 0:
+            fresh = positions[start] == 0
+            for i in T.serial(m):
+                acc[0] = T.float32(0.0)
+                for j in T.serial(taps):
+                    if i - keep + j >= 0:
+                        acc[0] = acc[0] + T.Cast("float32", w[c, j]) * T.Cast("float32", x[start + i - keep + j, c])
+                    elif not fresh:
+                        acc[0] = acc[0] + T.Cast("float32", w[c, j]) * state[slot, c, i + j]
+                out[start + i, c] = T.Cast(dtype, acc[0])
+            for k in T.serial(keep):                  # ascending: each reads an entry at or after the one it writes
+                if m - keep + k >= 0:
+                    state[slot, c, k] = T.Cast("float32", x[start + m - keep + k, c])
+                elif fresh:
+                    state[slot, c, k] = T.float32(0.0)
+                else:
+                    state[slot, c, k] = state[slot, c, m + k]
+
+    @T.prim_func
+    def recurrent_conv(var_x: T.handle, var_state: T.handle, var_q_indptr: T.handle, var_state_slots: T.handle,
+                       var_positions: T.handle, var_w: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n, slots, b1, b = T.int32(), T.int64(), T.int32(), T.int32()
+        o1, o2, o3 = T.int32(), T.int32(), T.int32()
+        x = T.match_buffer(var_x, (n, channels), dtype)
+        state = T.match_buffer(var_state, (slots, channels, keep), "float32")
+        q_indptr = T.match_buffer(var_q_indptr, (b1,), "int32", elem_offset=o1)
+        state_slots = T.match_buffer(var_state_slots, (b,), "int32", elem_offset=o2)
+        positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o3)
+        w = T.match_buffer(var_w, (channels, taps), dtype)
+        out = T.match_buffer(var_out, (n, channels), dtype)
+        if gpu:
+            for s in T.thread_binding(b, thread="blockIdx.x"):
+                for ci in T.thread_binding(threads, thread="threadIdx.x"):
+                    for co in T.serial(rounds):
+                        acc = T.alloc_buffer((1,), "float32", scope="local")
+                        if co * threads + ci < channels:
+                            channel(s, co * threads + ci, x, state, q_indptr, state_slots, positions, w, out, acc)
+        else:
+            for task in T.parallel(b * channels):
+                acc = T.alloc_buffer((1,), "float32")
+                channel(task // channels, task % channels, x, state, q_indptr, state_slots, positions, w, out,
+                        acc)
+
+    return recurrent_conv
+
+
+@parsed_once()
+def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False):
+    """The gated delta rule over each sequence's rows, its state [dk, dv] a value head in its slot. Arguments
+    (float32): q, k [tokens, hk, dk] (l2-normed, q scaled), v [tokens, hv, dv], g, beta [tokens, hv], state
+    [slots, hv, dk, dv] (updated in place), q_indptr, state_slots, positions, out [tokens, hv, dv]."""
+    if hv % hk:
+        raise ValueError(f"{hv} value heads do not group over {hk} key heads")
+    group = hv // hk
+    threads = min(128, dv)
+    rounds = -(-dv // threads)
+
+    @T.macro
+    def column(b, h, col, q, k, v, g, beta, state, q_indptr, state_slots, positions, out, st):
+        """One value column of head h: S[:, col] in place, token by token (GPU threads)."""
+        start = q_indptr[b]
+        m = q_indptr[b + 1] - start
+        slot = state_slots[b]
+        if m > 0:
+            if positions[start] == 0:
+                for kk in T.serial(dk):
+                    state[slot, h, kk, col] = T.float32(0.0)
+            for i in T.serial(m):
+                st[0] = T.exp(g[start + i, h])
+                st[1] = T.float32(0.0)
+                for kk in T.serial(dk):
+                    st[1] = st[1] + state[slot, h, kk, col] * k[start + i, h // group, kk]
+                st[2] = (v[start + i, h, col] - st[1] * st[0]) * beta[start + i, h]
+                st[3] = T.float32(0.0)
+                for kk in T.serial(dk):
+                    state[slot, h, kk, col] = state[slot, h, kk, col] * st[0] + k[start + i, h // group, kk] * st[2]
+                    st[3] = st[3] + state[slot, h, kk, col] * q[start + i, h // group, kk]
+                out[start + i, h, col] = st[3]
+
+    @T.macro
+    def head(b, h, q, k, v, g, beta, state, q_indptr, state_slots, positions, out, mem):
+        """A value head's whole state in place, token by token, its columns innermost (CPU tasks)."""
+        start = q_indptr[b]
+        m = q_indptr[b + 1] - start
+        slot = state_slots[b]
+        if m > 0:
+            if positions[start] == 0:
+                for kk, col in T.grid(dk, dv):
+                    state[slot, h, kk, col] = T.float32(0.0)
+            for i in T.serial(m):
+                for col in T.serial(dv):
+                    mem[col] = T.float32(0.0)
+                for kk, col in T.grid(dk, dv):
+                    mem[col] = mem[col] + state[slot, h, kk, col] * k[start + i, h // group, kk]
+                for col in T.serial(dv):      # the delta, decay folded in: beta (v - e^g S^T k)
+                    mem[col] = (v[start + i, h, col] - mem[col] * T.exp(g[start + i, h])) * beta[start + i, h]
+                    out[start + i, h, col] = T.float32(0.0)
+                for kk, col in T.grid(dk, dv):
+                    state[slot, h, kk, col] = (state[slot, h, kk, col] * T.exp(g[start + i, h])
+                                               + k[start + i, h // group, kk] * mem[col])
+                    out[start + i, h, col] = out[start + i, h, col] + state[slot, h, kk, col] * q[
+                        start + i, h // group, kk]
+
+    @T.prim_func
+    def recurrent_delta(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_g: T.handle, var_beta: T.handle,
+                        var_state: T.handle, var_q_indptr: T.handle, var_state_slots: T.handle,
+                        var_positions: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n, slots, b1, b = T.int32(), T.int64(), T.int32(), T.int32()
+        o1, o2, o3 = T.int32(), T.int32(), T.int32()
+        q = T.match_buffer(var_q, (n, hk, dk), "float32")
+        k = T.match_buffer(var_k, (n, hk, dk), "float32")
+        v = T.match_buffer(var_v, (n, hv, dv), "float32")
+        g = T.match_buffer(var_g, (n, hv), "float32")
+        beta = T.match_buffer(var_beta, (n, hv), "float32")
+        state = T.match_buffer(var_state, (slots, hv, dk, dv), "float32")
+        q_indptr = T.match_buffer(var_q_indptr, (b1,), "int32", elem_offset=o1)
+        state_slots = T.match_buffer(var_state_slots, (b,), "int32", elem_offset=o2)
+        positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o3)
+        out = T.match_buffer(var_out, (n, hv, dv), "float32")
+        if gpu:
+            for bh in T.thread_binding(b * hv, thread="blockIdx.x"):
+                for ci in T.thread_binding(threads, thread="threadIdx.x"):
+                    for co in T.serial(rounds):
+                        st = T.alloc_buffer((4,), "float32", scope="local")
+                        if co * threads + ci < dv:
+                            column(bh // hv, bh % hv, co * threads + ci, q, k, v, g, beta, state, q_indptr,
+                                   state_slots, positions, out, st)
+        else:
+            for task in T.parallel(b * hv):
+                mem = T.alloc_buffer((dv,), "float32")
+                head(task // hv, task % hv, q, k, v, g, beta, state, q_indptr, state_slots, positions, out, mem)
+
+    return recurrent_delta
