@@ -363,6 +363,42 @@ def test_owned_kv_conv_on_opencl(queue):
     np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
 
 
+def test_recurrent_kernels_on_opencl(queue):
+    """targets/recurrent.py's GPU forms (Qwen3.5's DeltaNet: a work-group a sequence, its threads over 320 conv
+    channels in two rounds of 256; a work-group a sequence and value head, its threads over 160 value columns in two
+    rounds of 128) against numpy: one sequence starting at position 0 over a stale slot, one going on from its
+    slot's state, the states they leave."""
+    from kiln.targets.recurrent import gated_delta, state_conv
+    from recurrent_reference import conv_reference, delta_reference
+    rng = np.random.default_rng(6)
+    tables = {"q_indptr": np.array([0, 3, 5], np.int32), "state_slots": np.array([2, 0], np.int32),
+              "positions": np.array([0, 1, 2, 7, 8], np.int32)}
+    order = [tables[k] for k in ("q_indptr", "state_slots", "positions")]
+    c, taps = 320, 4
+    x = rng.standard_normal((5, c)).astype(np.float32)
+    w = rng.standard_normal((c, taps)).astype(np.float32)
+    state = rng.standard_normal((3, c, taps - 1)).astype(np.float32)
+    kernels = build_prim_func("recurrent_conv", state_conv(c, taps, "float32", gpu=True), "android-opencl")
+    got = _run_launches(queue, kernels, "recurrent_conv", {"x": x, "state": state.copy(), **tables, "w": w,
+                                                           "out": np.full_like(x, 7.0)}, {})
+    want, want_state = conv_reference(x, state, *order, w)
+    np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["state"][[2, 0]], want_state[[2, 0]], rtol=1e-6, atol=1e-6)
+    hk, hv, dk, dv = 2, 4, 8, 160
+    q, k = (rng.standard_normal((5, hk, dk)).astype(np.float32) for _ in range(2))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((5, hv, dv)).astype(np.float32)
+    g, beta = -rng.uniform(0.01, 2.0, (5, hv)).astype(np.float32), rng.uniform(0, 1, (5, hv)).astype(np.float32)
+    state = rng.standard_normal((3, hv, dk, dv)).astype(np.float32)
+    kernels = build_prim_func("recurrent_delta", gated_delta(hk, hv, dk, dv, gpu=True), "android-opencl")
+    got = _run_launches(queue, kernels, "recurrent_delta", {"q": q, "k": k, "v": v, "g": g, "beta": beta,
+                                                            "state": state.copy(), **tables,
+                                                            "out": np.full_like(v, 7.0)}, {})
+    want, want_state = delta_reference(q, k, v, g, beta, state, *order)
+    np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["state"][[2, 0]], want_state[[2, 0]], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kernel", ["decode", "paged prefill"])
 def test_tvm_gpu_attention_soft_capped_on_opencl(queue, kernel):
     """TVM's GPU attention kernels that kiln keeps (every one off CUDA; the sliding-window prefill and

@@ -57,6 +57,11 @@ def test_round_trip_through_the_file(tmp_path):
      "itself or an earlier layer of its shape"),
     (lambda d: d["kv_cache"].update(owner="kiln", tables=["slots"], layer_kv=[[1, 4], [1, 8]], layer_sources=[0, 0]),
      "itself or an earlier layer of its shape"),
+    (lambda d: d["kv_cache"].update(owner="kiln", tables=["slots"], layer_states=[[[6, 3]], []]),
+     r"tables lack \('state_slots',\)"),
+    (lambda d: d["kv_cache"].update(owner="kiln", tables=["slots", "state_slots"], layer_states=[[[6, 0]], []]),
+     "a shape of positive sizes"),
+    (lambda d: d["kv_cache"].update(layer_states=[[[6, 3]], []]), "needs the KV cache kiln owns"),
 ])
 def test_bad_configs_are_refused_by_name(tmp_path, edit, message):
     _write_artifact(tmp_path, _config())
@@ -75,6 +80,20 @@ def test_per_layer_kv_shapes_count_the_layers_that_hold_pages():
     assert layout.owners == [0, 1] and layout.kv_of(1) == (1, 8)
     assert layout.bytes_per_token == 2 * 2 * (2 * 4 + 1 * 8)
     assert c.KVCacheLayout(16, 3, 2, 4, "float16").bytes_per_token == 2 * 2 * 3 * 2 * 4
+
+
+def test_recurrent_layers_hold_states_not_pages():
+    """Qwen3.5's cache: DeltaNet layers keep state tensors a sequence (no pages, no bytes a token), which can give
+    no tokens back; a TVM cache with a sliding window cannot either, the cache kiln owns with one can."""
+    states = (((64, 3), (4, 8, 8)), ((64, 3), (4, 8, 8)), ())
+    layout = c.KVCacheLayout(16, 3, 2, 4, "float16", owner="kiln", tables=(*c.OWNED_KV_TABLES, "state_slots"),
+                             layer_states=states)
+    assert layout.owners == [2] and layout.states == [(64, 3), (4, 8, 8)] * 2
+    assert layout.bytes_per_token == 2 * 2 * 2 * 4
+    assert "recurrent layers" in layout.rewind_problem()
+    sliding = dict(layer_kinds=("sliding", "full", "sliding"), sliding_window=8)
+    assert "sliding-window" in c.KVCacheLayout(16, 3, 2, 4, "float16", **sliding).rewind_problem()
+    assert c.KVCacheLayout(16, 3, 2, 4, "float16", owner="kiln", tables=("slots",), **sliding).rewind_problem() is None
 
 
 def test_tampered_or_missing_files_fail_verification(tmp_path):
