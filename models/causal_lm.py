@@ -429,6 +429,31 @@ class CausalLM(nn.Module):
         )
 
 
+class PositionalStack(nn.Module):
+    """The embedding, a family's own layers (each called with the cache, its index and the forward's positions)
+    and a final norm: the stacks OwnedStackLM runs."""
+
+    def __init__(self, c: DecoderConfig, layers: list[nn.Module], norm: str = "rms"):
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = Norm(c.hidden_size, c.norm_eps, norm)
+
+    def forward(self, x: Tensor, kv) -> Tensor:
+        b, s, _ = x.shape
+        positions = kv.get_query_positions(b * s)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv, i, positions)
+        return self.norm(x)
+
+
+def head_weights(c: DecoderConfig, prefix: str = "model") -> dict:
+    """The weight map's embedding, final norm and (untied) head, the checkpoint's under `prefix`."""
+    m = {"model.embed_tokens.weight": [f"{prefix}.embed_tokens.weight"], "model.norm.weight": [f"{prefix}.norm.weight"]}
+    if not c.tie_word_embeddings:
+        m["lm_head.weight"] = ["lm_head.weight"]
+    return m
+
+
 class OwnedStackLM(CausalLM):
     """CausalLM's entry functions over a family's own layer stack (STACK), its KV cache always the one kiln owns:
     OWNED_ONLY says why TVM's cannot hold it."""

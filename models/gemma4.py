@@ -36,7 +36,7 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .causal_lm import LayerAttention, OwnedStackLM, WeightMap, WeightSpec, attention_by_type
+from .causal_lm import LayerAttention, OwnedStackLM, WeightMap, WeightSpec, attention_by_type, head_weights
 from .config import ConfigField, text_model
 from .gemma import _GEMMA_FIELDS, Gemma2Config
 from .layers import MLP, Flags, Norm, cached_attention
@@ -323,10 +323,7 @@ class Gemma4ForCausalLM(OwnedStackLM):
 
 def weight_map(c: Gemma4Config) -> WeightMap:
     p = c.weight_prefix
-    m: WeightMap = {"model.embed_tokens.weight": [f"{p}.embed_tokens.weight"],
-                    "model.norm.weight": [f"{p}.norm.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c, p)
     if c.ple_dim:
         for name in ("embed_tokens_per_layer", "per_layer_model_projection", "per_layer_projection_norm"):
             m[f"model.{name}.weight"] = [f"{p}.{name}.weight"]

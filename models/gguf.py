@@ -51,6 +51,7 @@ _GLOBAL_NAMES = {f"{k}.weight": f"{v}.weight" for k, v in LLAMA_GLOBAL.items()}
 _LAYER_NAMES = dict(LLAMA_LAYER)
 # blk.N.<key>.<weight|bias|scale>: the key may hold a dot (LFM2's shortconv.conv); .scale a whole-name key's only
 _LAYER_RE = re.compile(r"blk\.(\d+)\.([\w.]+?)\.(weight|bias|scale)")
+_BARE_RE = re.compile(r"blk\.(\d+)\.(\w+)")             # a layer tensor named without a suffix (Qwen3.5's ssm_a)
 _GLOBAL_RE = re.compile(r"(\w+)\.(weight|bias)")
 
 
@@ -136,7 +137,7 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
         "model_type": spec.model_type,
         "architectures": list(spec.architectures),
         "hidden_size": _meta(reader, key("embedding_length")),
-        "intermediate_size": _meta(reader, key("feed_forward_length")),
+        "intermediate_size": _meta(reader, key("feed_forward_length"), None),     # none: only experts (qwen35moe)
         "num_hidden_layers": _meta(reader, key("block_count")),
         "num_attention_heads": n_head,
         "num_key_value_heads": _meta(reader, key("attention.head_count_kv"), n_head),
@@ -193,6 +194,9 @@ def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
         return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[f'{m.group(2)}.{m.group(3)}']}"
     if m and m.group(2) in spec.layer_names and m.group(3) != "scale":
         return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[m.group(2)]}.{m.group(3)}"
+    m = _BARE_RE.fullmatch(gguf_name)
+    if m and m.group(2) in spec.layer_names:                           # a bare name maps the whole HF name
+        return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[m.group(2)]}"
     m = _GLOBAL_RE.fullmatch(gguf_name)
     if m and m.group(1) in spec.global_names:
         return f"{spec.global_names[m.group(1)]}.{m.group(2)}"
@@ -202,7 +206,7 @@ def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
 def _gguf_key(gguf_name: str) -> str:
     """blk.3.attn_qkv.weight -> attn_qkv; blk.0.shortconv.conv.weight -> shortconv.conv; token_embd.weight ->
     token_embd."""
-    m = _LAYER_RE.fullmatch(gguf_name)
+    m = _LAYER_RE.fullmatch(gguf_name) or _BARE_RE.fullmatch(gguf_name)
     return m.group(2) if m else gguf_name.split(".")[-2]
 
 
@@ -299,28 +303,41 @@ class GGUFWeights:
             data = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         stored = tuple(int(d) for d in reversed(t.shape))                  # [out, in] as llama.cpp keeps it
         data = self._hf_rows(name, data.reshape(stored))
-        if self._spec.norm_shift and t.name.endswith("norm.weight"):
+        if self._shifted(t.name):
             data = data - np.asarray(self._spec.norm_shift, data.dtype)
+        key = _gguf_key(t.name)
+        if key in self._spec.values:
+            data = self._spec.values[key](data)
+        if key in self._spec.reordered and self._spec.reordered[key][0] == 1:     # columns (rows: _hf_rows)
+            data = np.take(data, self._spec.reordered[key][1], axis=1)
         if _gguf_key(t.name) in self._spec.squeezed:                       # the axis the converter squeezed out
             data = data.reshape(self.shape(name))
         return np.ascontiguousarray(np.swapaxes(data, -1, -2)) if self._transposed(name) else data
 
     def has_raw(self, name: str) -> bool:
-        """Whether get_raw can give the tensor's stored blocks (not a tensor rebuilt from two)."""
-        return not isinstance(self._tensor(name), _Rebuilt)
+        """Whether get_raw can give the tensor's stored blocks (not a tensor rebuilt from two, nor one whose
+        columns or values get changes)."""
+        t = self._tensor(name)
+        key = _gguf_key(t.name)
+        return not (isinstance(t, _Rebuilt) or key in self._spec.values
+                    or (key in self._spec.reordered and self._spec.reordered[key][0] == 1))
 
     def get_raw(self, name: str) -> tuple[str, np.ndarray, tuple[int, ...]]:
         """(type name, stored bytes as uint8 [rows, bytes_per_row] in HF row order, HF shape)."""
         t = self._tensor(name)
         if isinstance(t, _Rebuilt):
             raise ValueError(f"{name} is rebuilt from two GGUF tensors; read it with get()")
-        if self._transposed(name) or (self._spec.norm_shift and t.name.endswith("norm.weight")):
-            raise ValueError(f"{name} is stored transposed or shifted in a {self._spec.model_type} GGUF; "
-                             "read it with get()")
+        if self._transposed(name) or self._shifted(t.name) or not self.has_raw(name):
+            raise ValueError(f"{name} is stored transposed, shifted, reordered by column or transformed in a "
+                             f"{self._spec.model_type} GGUF; read it with get()")
         shape = self.shape(name)
         n_rows = int(np.prod(shape[:-1], dtype=np.int64))  # 1 for 1-D tensors
         raw = np.asarray(t.data).view(np.uint8).reshape(n_rows, -1)
         return t.tensor_type.name, self._hf_rows(name, raw), shape
+
+    def _shifted(self, gguf_name: str) -> bool:
+        return bool(self._spec.norm_shift) and gguf_name.endswith("norm.weight") \
+            and _gguf_key(gguf_name) not in self._spec.unshifted
 
     def _transposed(self, name: str) -> bool:
         t = self._tensor(name)
@@ -328,6 +345,8 @@ class GGUFWeights:
 
     def _hf_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         key = _gguf_key(self._tensor(name).name)
+        if key in self._spec.reordered and self._spec.reordered[key][0] == 0:
+            return np.take(rows, self._spec.reordered[key][1], axis=0)
         if key in self._spec.by_kind:                                      # [3, heads, d] rows -> [heads, 3, d]
             return rows.reshape(3, self._n_head, -1, *rows.shape[1:]).swapaxes(0, 1).reshape(rows.shape)
         if key in self._spec.by_group:                  # [every q, k, v] rows -> per kv group [its q heads, k, v]

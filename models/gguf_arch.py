@@ -11,6 +11,11 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  read as each expert's own), the router as ffn_gate_inp
     qwen2moe Qwen1.5/2-MoE       as qwen2 with experts, a shared expert (ffn_*_shexp) and its gate
     qwen3moe Qwen3-MoE           as qwen3 with experts
+    qwen35   Qwen3.5 (text)      DeltaNet layers as ssm_* / attn_qkv / attn_gate: A as -exp(A_log), the conv
+                                 squeezed, linear-attention V heads tiled over the key heads where fewer (rows of
+                                 attn_qkv's V part, attn_gate, ssm_alpha / beta / a / dt, the conv's V channels;
+                                 ssm_out's columns); every *norm.weight + 1 but ssm_norm
+    qwen35moe Qwen3.5 MoE        as qwen35 with qwen2moe's experts and shared expert
     gemma    Gemma               every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
     gemma2   Gemma 2             the same
     gemma3   Gemma 3 (text)      the same, q/k norms included
@@ -122,6 +127,14 @@ QWEN_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("
                   "ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
                   "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
                   "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
+QWEN35_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"}, **QK_NORMS,
+                "post_attention_norm": "post_attention_layernorm", "attn_qkv": "linear_attn.in_proj_qkv",
+                "attn_gate": "linear_attn.in_proj_z", "ssm_beta": "linear_attn.in_proj_b",
+                "ssm_alpha": "linear_attn.in_proj_a", "ssm_a": "linear_attn.A_log",
+                "ssm_dt.bias": "linear_attn.dt_bias", "ssm_conv1d": "linear_attn.conv1d",
+                "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
+QWEN35_MOE_LAYER = {**{k: v for k, v in QWEN35_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
+                    **{k: v for k, v in QWEN_MOE_LAYER.items() if k.startswith("ffn_")}}
 GEMMA_LAYER = {**LLAMA_LAYER, **QK_NORMS, "post_attention_norm": "post_attention_layernorm",
                "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 # Gemma 4: Gemma's names, norms stored as they are (x * w), the per-layer embedding's gate, projection and norm,
@@ -250,13 +263,20 @@ class GGUFArch:
     by_head: dict[str, tuple[str, str]] = field(default_factory=dict)  # HF name under a layer -> the two GGUF keys
                                                     # the converter split each head's rows into, the first stored
                                                     # transposed ([heads, cols, rows]: DeepSeek's kv_b_proj)
+    unshifted: tuple[str, ...] = ()                 # GGUF *norm keys norm_shift spares (Qwen3.5's ssm_norm)
+    values: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)   # GGUF key -> the HF
+                                                    # values from the stored ones (Qwen3.5's ssm_a: -exp(A_log))
+    reorder: Callable[[dict], dict[str, tuple[int, np.ndarray]]] = lambda c: {}   # GGUF key -> (axis, the HF order
+                                                    # of its indices there) by the HF config read (Qwen3.5's V heads)
+    reordered: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)    # reorder's, once for_config ran
 
     def for_config(self, c: dict) -> "GGUFArch":
         """This architecture's mapping for the HF config its metadata gave: renames and joins applied, and the blocks
         after num_hidden_layers (GLM-4.5's and K-EXAONE's multi-token-prediction layers, which the HF model
         does not run) left unread."""
         return dataclasses.replace(self, layer_names={**self.layer_names, **self.renames(c)},
-                                   joined={**self.joined, **self.joins(c)}, blocks=c.get("num_hidden_layers"))
+                                   joined={**self.joined, **self.joins(c)}, blocks=c.get("num_hidden_layers"),
+                                   reordered=self.reorder(c))
 
 
 def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
@@ -372,6 +392,40 @@ def _qwen_moe(reader, arch, tensors, c):
              norm_topk_prob=arch == "qwen3moe")
     if (shared := _key(reader, arch, "expert_shared_feed_forward_length")):
         c["shared_expert_intermediate_size"] = shared
+
+
+def _qwen35(reader, arch, tensors, c):
+    """llama.cpp's Qwen3_5TextModel: the DeltaNet's sizes as ssm.* (group_count: key heads, time_step_rank: value
+    heads, state_size: the key head size, inner_size: all value heads' width, conv_kernel), full_attention_interval,
+    the rotated share of each head as rope.dimension_count; qwen35moe: qwen2moe's expert keys."""
+    value_heads = _key(reader, arch, "ssm.time_step_rank")
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    c.update(linear_num_key_heads=_key(reader, arch, "ssm.group_count"), linear_num_value_heads=value_heads,
+             linear_key_head_dim=_key(reader, arch, "ssm.state_size"),
+             linear_value_head_dim=_key(reader, arch, "ssm.inner_size") // value_heads,
+             linear_conv_kernel_dim=_key(reader, arch, "ssm.conv_kernel"),
+             full_attention_interval=_key(reader, arch, "full_attention_interval", 4), head_dim=head_dim,
+             partial_rotary_factor=_key(reader, arch, "rope.dimension_count", head_dim // 4) / head_dim)
+    if arch == "qwen35moe":
+        _qwen_moe(reader, arch, tensors, c)
+        c.pop("norm_topk_prob")
+
+
+def _qwen35_v_order(c: dict) -> dict[str, tuple[int, np.ndarray]]:
+    """The HF order of the DeltaNet tensors' V-head indices llama.cpp tiled: HF groups the value heads by key head
+    ([k0's v0..v(r-1), k1's ...]), the converter stores them tiled ([k0's v0, k1's v0, ..., k0's v1, ...])."""
+    hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    if hk == hv:
+        return {}
+    r = hv // hk
+
+    def heads(d: int, before: int = 0) -> np.ndarray:      # grouped position g * r + j <- tiled j * hk + g
+        tiled = [j * hk + g for g in range(hk) for j in range(r)]
+        return np.concatenate([np.arange(before), before + (np.array(tiled)[:, None] * d + np.arange(d)).ravel()])
+    qk, dv = 2 * hk * c["linear_key_head_dim"], c["linear_value_head_dim"]
+    return {"attn_qkv": (0, heads(dv, qk)), "ssm_conv1d": (0, heads(dv, qk)), "attn_gate": (0, heads(dv)),
+            "ssm_beta": (0, heads(1)), "ssm_alpha": (0, heads(1)), "ssm_a": (0, heads(1)), "ssm_dt": (0, heads(1)),
+            "ssm_out": (1, heads(dv))}
 
 
 def _gemma(pattern: int, layers_27b: int):
@@ -916,6 +970,12 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                          experts=QWEN_EXPERTS),
     "qwen3moe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,
                          experts=QWEN_EXPERTS),
+    **{name: GGUFArch(model_type, (hf_arch,), layers, config=_qwen35, norm_shift=1.0, unshifted=("ssm_norm",),
+                      values={"ssm_a": lambda a: np.log(-a)}, reorder=_qwen35_v_order, squeezed=("ssm_conv1d",),
+                      experts=QWEN_EXPERTS)
+       for name, model_type, hf_arch, layers in (
+           ("qwen35", "qwen3_5_text", "Qwen3_5ForCausalLM", QWEN35_LAYER),
+           ("qwen35moe", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", QWEN35_MOE_LAYER))},
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4),

@@ -36,6 +36,11 @@ _O200K_SPLIT = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5: Qwen2's, with combining marks kept in words
+_QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _PRE_SPLITS = {
     **dict.fromkeys(["default", "gpt-2", "gpt2", "mpt", "olmo", "jais"], [_GPT2_SPLIT]),
     # Single digits first (SmolLM's own tokenizer.json: Digits(individual_digits) + ByteLevel).
@@ -46,6 +51,7 @@ _PRE_SPLITS = {
                      "midm-2.0"], [_LLAMA3_SPLIT]),
     **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen"], [_QWEN2_SPLIT]),
     **dict.fromkeys(["gpt-4o", "minimax-m2"], [_O200K_SPLIT]),
+    "qwen35": [_QWEN35_SPLIT],
 }
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 _SENTENCEPIECE = ("llama", "gemma4")  # tokenizer.ggml.model values of SentencePiece-style BPE

@@ -24,7 +24,8 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .causal_lm import DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, WeightMap, WeightSpec
+from .causal_lm import (DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, PositionalStack, WeightMap,
+                        WeightSpec)
 from .config import ConfigField
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
@@ -252,18 +253,9 @@ class Lfm2Layer(nn.Module):
         return x + (self.post_ffn_norm(out) if hasattr(self, "post_ffn_norm") else out)
 
 
-class Lfm2Stack(nn.Module):
-    def __init__(self, c: Lfm2Config):
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([Lfm2Layer(c, i) for i in range(c.num_hidden_layers)])
-        self.norm = Norm(c.hidden_size, c.norm_eps)                 # HF's embedding_norm, after the last layer
-
-    def forward(self, x: Tensor, kv) -> Tensor:
-        b, s, _ = x.shape
-        positions = kv.get_query_positions(b * s)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, kv, i, positions)
-        return self.norm(x)
+class Lfm2Stack(PositionalStack):
+    def __init__(self, c: Lfm2Config):              # its norm: HF's embedding_norm, after the last layer
+        super().__init__(c, [Lfm2Layer(c, i) for i in range(c.num_hidden_layers)])
 
 
 class Lfm2ForCausalLM(OwnedStackLM):

@@ -31,7 +31,8 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
-from .causal_lm import DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, WeightMap, WeightSpec
+from .causal_lm import (DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, PositionalStack, WeightMap,
+                        WeightSpec, head_weights)
 from .config import ConfigField, fields_with, text_model
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
@@ -224,18 +225,9 @@ class Qwen35Layer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen35Stack(nn.Module):
+class Qwen35Stack(PositionalStack):
     def __init__(self, c: Qwen35Config):
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([Qwen35Layer(c, i) for i in range(c.num_hidden_layers)])
-        self.norm = Norm(c.hidden_size, c.norm_eps, "rms_1p")
-
-    def forward(self, x: Tensor, kv) -> Tensor:
-        b, s, _ = x.shape
-        positions = kv.get_query_positions(b * s)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, kv, i, positions)
-        return self.norm(x)
+        super().__init__(c, [Qwen35Layer(c, i) for i in range(c.num_hidden_layers)], "rms_1p")
 
 
 class Qwen35ForCausalLM(OwnedStackLM):
@@ -252,10 +244,7 @@ class Qwen35ForCausalLM(OwnedStackLM):
 
 def weight_map(c: Qwen35Config) -> WeightMap:
     p = c.weight_prefix
-    m: WeightMap = {"model.embed_tokens.weight": [f"{p}.embed_tokens.weight"],
-                    "model.norm.weight": [f"{p}.norm.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c, p)
     for i, kind in enumerate(c.layer_types):
         k, h = f"model.layers.{i}", f"{p}.layers.{i}"
         for norm in ("input_layernorm", "post_attention_layernorm"):

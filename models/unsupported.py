@@ -20,8 +20,6 @@ _UNSUPPORTED = {
         ("minimax", "MiniMax-Text-01"), ("olmo_hybrid", "OLMo hybrid"))},
     "lfm2moe": ("LFM2 MoE", "mixture of experts (LFM2's dense conv and attention layers are built, its experts' "
                             "routing not yet)"),
-    **{t: (name, "its GGUF layout (the Hugging Face checkpoint compiles: kiln reads Qwen3.5's safetensors)")
-       for t, name in (("qwen35", "Qwen3.5 GGUF"), ("qwen35moe", "Qwen3.5 MoE GGUF"))},
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),

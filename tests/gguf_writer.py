@@ -75,7 +75,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
-             "gemma3n_text": "gemma3n", "lfm2": "lfm2"}
+             "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid")
 
@@ -99,6 +99,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     elif arch == "lfm2":
         _lfm2(w, cfg)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
+    elif arch in ("qwen35", "qwen35moe"):
+        _qwen35(w, cfg, arch)
+        _tokenizer(w, hf_dir, cfg["vocab_size"], pre="qwen35")
     else:
         _metadata(w, cfg, arch, tensors)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
@@ -402,6 +405,68 @@ def _lfm2(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_feed_forward_length(ff)
 
 
+def _qwen35(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
+    """Qwen3_5TextModel's keys: TextModel's, Qwen2MoeModel's expert sizes (qwen35moe), Qwen3NextModel's DeltaNet
+    sizes as ssm.*, the interval of full-attention layers, the rotated dims, the MRoPE sections."""
+    rope, head_dim = cfg["rope_parameters"], cfg["head_dim"]
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    if cfg.get("intermediate_size"):
+        w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    if arch == "qwen35moe":
+        _experts(w, cfg, arch)
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(cfg["linear_key_head_dim"])
+    w.add_ssm_group_count(cfg["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+    w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+    w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+    w.add_rope_dimension_sections(rope.get("mrope_section", [11, 11, 10]) + [0])
+
+
+def _qwen35_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Qwen3NextModel's and _LinearAttentionVReorderBase's transforms: A as -exp(A_log), dt_bias renamed dt_proj.bias,
+    the conv squeezed, every norm but the DeltaNet's + 1, and where the key heads are fewer, the V heads tiled over
+    them ([k0's v0, k1's v0, ..., k0's v1, ...]) in every tensor they index."""
+    hk, hv, dk, dv = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                       "linear_value_head_dim"))
+
+    def tiled(x: np.ndarray, axis: int, d: int, before: int = 0) -> np.ndarray:
+        x = np.moveaxis(x, axis, 0)
+        v = x[before:].reshape(hk, hv // hk, d, *x.shape[1:]).swapaxes(0, 1).reshape(x[before:].shape)
+        return np.moveaxis(np.concatenate([x[:before], v]), 0, axis)
+    out = {}
+    for name, value in hf.items():
+        if name.endswith(".A_log"):
+            value = -np.exp(value.astype(np.float32))
+        elif name.endswith(".dt_bias"):
+            name = name.replace(".dt_bias", ".dt_proj.bias")
+        elif name.endswith("conv1d.weight"):
+            value = value.squeeze(1)
+        elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            value = value + 1
+        if hk != hv and ".linear_attn." in name:
+            kind = name.split(".linear_attn.")[1].split(".")[0]
+            if kind in ("in_proj_qkv", "conv1d"):
+                value = tiled(value, 0, dv, 2 * hk * dk)
+            elif kind == "in_proj_z":
+                value = tiled(value, 0, dv)
+            elif kind in ("in_proj_a", "in_proj_b", "A_log", "dt_proj"):
+                value = tiled(value, 0, 1)
+            elif kind == "out_proj":
+                value = tiled(value, 1, dv)
+        out[name] = value
+    return out
+
+
 def _gemma4_rope_freqs(cfg: dict) -> np.ndarray:
     """Proportional RoPE as the converter writes it: 1 for each rotated pair of a global head, 1e30 for the rest."""
     _, d = _gemma4_dims(cfg)
@@ -567,6 +632,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             parts = sorted(n for n in hf if n.startswith(f"model.{kind}."))
             hf[f"model.{kind}.weight"] = np.stack([hf.pop(n) for n in parts])
         hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
+    if arch in ("qwen35", "qwen35moe"):
+        hf = _qwen35_tensors(cfg, hf)
     if arch == "lfm2":             # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
     if arch == "gpt-oss":
@@ -655,7 +722,7 @@ def _llama3_factors(cfg: dict, s: dict) -> np.ndarray:
     return np.asarray(out, np.float32)
 
 
-def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int) -> None:
+def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gpt-2") -> None:
     """A byte-level BPE tokenizer.json as llama.cpp's _set_vocab_gpt2 writes it: ids the tokenizer
     lacks, up to the model's vocab_size, become [PAD<i>] tokens of type UNUSED."""
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
@@ -669,7 +736,7 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int) -> None:
     tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3 if t in special else 5 if t.startswith("[PAD") else 1 for t in tokens])
     w.add_token_merges(merges)

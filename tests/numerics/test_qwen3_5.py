@@ -2,7 +2,7 @@
 layers, compiled q0f32 for the CPU, gives transformers' logits within 2e-4 (every prefill position, the last-token
 prefill, greedy decode steps, each DeltaNet layer's state carried in its slot of the KV cache kiln owns); the engine's
 chunked prefill, batches and n > 1 give the tokens a plain run gives, with prefix sharing and speculation refused
-for its recurrent state; the MoE variant and the multimodal checkpoint's text read; the kernels build for CUDA."""
+for its recurrent state; the MoE variant, the multimodal checkpoint's text and GGUF read; the kernels build for CUDA."""
 
 from __future__ import annotations
 
@@ -134,7 +134,62 @@ def test_q8_qwen35_equals_transformers_on_its_q8_weights(qwen35):
     assert_prefill_and_decode_match(art, q8.eval(), IDS, CHUNKED)
 
 
-def test_qwen35_builds_for_cuda(qwen35):
-    art = kiln.compile(str(qwen35[2] / "hf"), target="cuda-sm90", quant="q4f16", output=qwen35[2] / "cuda",
-                       golden=False)
-    assert Artifact.load(art).config.kv_cache.states
+def test_qwen35_gguf_matches_transformers(qwen35, tmp_path):
+    """As llama.cpp's converter writes it (tests/gguf_writer.py: A as -exp(A_log), the conv squeezed, norms + 1 but
+    the DeltaNet's, the 4 value heads tiled over the 2 key heads in attn_qkv, attn_gate, ssm_alpha / beta / a / dt,
+    the conv and ssm_out's columns; the qwen35 pre-tokenizer): read back into the model it came from; Q8_0 kept
+    exactly (transformers on the values kiln reads from the file) but ssm_out, whose reordered columns are no whole
+    blocks: re-quantized to q8 (transformers on those values there)."""
+    import torch
+
+    from gguf_writer import write_gguf
+    from kiln.compiler.quant_modules import QuantFormat
+    from kiln.compiler.quant_pack import dequantize, quantize
+    from kiln.models.gguf import load_gguf
+    _, ref, root = qwen35
+    path = write_gguf(root / "hf", tmp_path / "qwen35.gguf")
+    source = load_gguf(path)
+    config = source.hf_config
+    assert (config["model_type"], config["linear_num_key_heads"], config["linear_num_value_heads"],
+            config["partial_rotary_factor"]) == ("qwen3_5_text", 2, 4, 0.25)
+    assert source.weights.unmapped == []
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, CHUNKED)
+    q8 = write_gguf(root / "hf", tmp_path / "qwen35-q8.gguf", default="Q8_0")
+    art = kiln.compile(str(q8), target="cpu", quant="auto", output=tmp_path / "q8")
+    formats = Artifact.load(art).config.quantization["tensors"]
+    assert [n for n, f in formats.items() if f != "q8-f16scales"] == [f"model.layers.{i}.mixer.out_proj.weight"
+                                                                      for i in range(3)]
+    weights, fmt = load_gguf(q8).weights, QuantFormat("q8", 32, "float32")
+    assert set(ref.state_dict()) <= set(weights.names())
+    state = {k: torch.from_numpy(weights.get(k).astype(np.float32)) for k in ref.state_dict()}
+    for k in (k for k in state if k.endswith("linear_attn.out_proj.weight")):
+        state[k] = torch.from_numpy(dequantize(fmt, quantize(fmt, state[k].numpy())))
+    on_file = copy.deepcopy(ref)
+    on_file.load_state_dict(state)
+    assert_prefill_and_decode_match(art, on_file.eval(), IDS, CHUNKED)
+
+
+def test_qwen35_moe_gguf_matches_transformers(tmp_path):
+    """qwen35moe: qwen35's layers with qwen2moe's stacked experts, shared expert and its gate."""
+    from gguf_writer import write_gguf
+    moe = dict(CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=48)
+    moe.pop("intermediate_size")
+    ref = write_widened("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", moe, tmp_path / "moe", seed=2)
+    path = write_gguf(tmp_path / "moe", tmp_path / "moe.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS[:12], CHUNKED)
+
+
+def test_recurrent_kernels_build_for_cuda():
+    """The conv and delta-rule kernels' GPU forms (their numerics: tests/compiler/test_opencl_kernels.py) through
+    nvcc for an H100, at Qwen3.5-9B's sizes (8192 conv channels, 16 key heads and 32 value heads of 128)."""
+    import tvm
+
+    from kiln.targets.recurrent import gated_delta, state_conv
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    for name, func in (("conv", state_conv(8192, 4, "float16", gpu=True)), ("delta", gated_delta(16, 32, 128, 128,
+                                                                                                  gpu=True))):
+        lib = tvm.compile(tvm.IRModule({name: func}), target=target)
+        assert "__global__" in lib.mod.imports[0].inspect_source()
