@@ -1,4 +1,5 @@
-"""Qwen3.5 (text; dense 0.8B-27B and the MoE ones, text-only or under Qwen3_5ForConditionalGeneration):
+"""Qwen3.5 (text; dense 0.8B-27B and the MoE ones, text-only or under Qwen3_5ForConditionalGeneration) and
+Qwen3-Next (its predecessor: the same layers, its DeltaNet projections stored fused a key head):
 gated DeltaNet layers (linear attention with a recurrent state) among gated full-attention ones, 3:1 by
 default (`layer_types`, or every `full_attention_interval`-th layer full).
 
@@ -140,6 +141,34 @@ class Qwen35MoeConfig(Qwen35Config):
                        shared_intermediate_size=self.shared_intermediate_size)
 
 
+@dataclass(frozen=True)
+class Qwen3NextConfig(Qwen35MoeConfig):
+    """Qwen3-Next (80B-A3B): Qwen3.5-MoE's layers before it, its experts every `decoder_sparse_step`-th layer not in
+    `mlp_only_layers` (the others a dense MLP of intermediate_size), renormalised where `norm_topk_prob`; the
+    DeltaNet's q, k, v, z and b, a projections stored fused a key head ([its q, k, v rows, z rows], [its b, a]),
+    split at load into Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a."""
+
+    sparse_step: int = 1
+    dense_layers: tuple[int, ...] = ()
+    norm_topk_prob: bool = True
+
+    ARCH: ClassVar[str] = "qwen3_next"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        Qwen35MoeConfig.FIELDS, ConfigField("sparse_step", ("decoder_sparse_step",), default=1),
+        ConfigField("dense_layers", ("mlp_only_layers",), default=()),
+        ConfigField("norm_topk_prob", ("norm_topk_prob",), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        return super().adapt(dict(values, dense_layers=tuple(values["dense_layers"])), hf, notes)
+
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        if layer in self.dense_layers or not self.num_experts or (layer + 1) % self.sparse_step:
+            return None
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, normalize=self.norm_topk_prob,
+                       shared_intermediate_size=self.shared_intermediate_size)
+
+
 class Qwen35Attention(nn.Module):
     """Gated attention: q_proj's query and gate a head, q/k norms (1 + w), partial RoPE, GQA."""
 
@@ -278,4 +307,33 @@ def weight_map(c: Qwen35Config) -> WeightMap:
             m[f"{k}.mlp.shared.gate_up_proj.weight"] = [f"{shared}.gate_proj.weight", f"{shared}.up_proj.weight"]
             m[f"{k}.mlp.shared.down_proj.weight"] = [f"{shared}.down_proj.weight"]
             m[f"{k}.mlp.shared_gate"] = [f"{h}.mlp.shared_expert_gate.weight"]
+    return m
+
+
+def next_weight_map(c: Qwen3NextConfig) -> WeightMap:
+    """Qwen3.5's map with each DeltaNet layer's fused in_proj_qkvz and in_proj_ba split back into its four."""
+    m = weight_map(c)
+    r = c.linear_value_heads // c.linear_key_heads
+    parts = (c.linear_key_dim, c.linear_key_dim, r * c.linear_value_dim, r * c.linear_value_dim)
+
+    def qkvz(which: str):
+        def take(w: np.ndarray) -> np.ndarray:
+            q, k, v, z = np.split(w.reshape(c.linear_key_heads, sum(parts), -1), np.cumsum(parts)[:-1], axis=1)
+            flat = [t.reshape(-1, w.shape[-1]) for t in (q, k, v, z)]
+            return np.ascontiguousarray(np.concatenate(flat[:3]) if which == "qkv" else flat[3])
+        return take
+
+    def ba(which: str):
+        def take(w: np.ndarray) -> np.ndarray:
+            b, a = np.split(w.reshape(c.linear_key_heads, 2 * r, -1), 2, axis=1)
+            return np.ascontiguousarray((b if which == "b" else a).reshape(-1, w.shape[-1]))
+        return take
+    for i, kind in enumerate(c.layer_types):
+        if kind != "linear_attention":
+            continue
+        k, a = f"model.layers.{i}.mixer", f"{c.weight_prefix}.layers.{i}.linear_attn"
+        m[f"{k}.in_proj_qkv.weight"] = WeightSpec((f"{a}.in_proj_qkvz.weight",), qkvz("qkv"))
+        m[f"{k}.in_proj_z.weight"] = WeightSpec((f"{a}.in_proj_qkvz.weight",), qkvz("z"))
+        m[f"{k}.in_proj_b.weight"] = WeightSpec((f"{a}.in_proj_ba.weight",), ba("b"))
+        m[f"{k}.in_proj_a.weight"] = WeightSpec((f"{a}.in_proj_ba.weight",), ba("a"))
     return m

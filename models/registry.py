@@ -85,6 +85,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           qwen3_5.Qwen35Config, qwen3_5.Qwen35ForCausalLM),
     _arch("qwen3_5_moe", ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"),
           ("qwen3_5_moe_text", "qwen3_5_moe"), qwen3_5, qwen3_5.Qwen35MoeConfig, qwen3_5.Qwen35ForCausalLM),
+    Architecture("qwen3_next", ("Qwen3NextForCausalLM",), ("qwen3_next",), qwen3_5.Qwen3NextConfig,
+                 qwen3_5.Qwen35ForCausalLM, qwen3_5.next_weight_map),
     _arch("lfm2", ("Lfm2ForCausalLM",), ("lfm2",), lfm2, lfm2.Lfm2Config, lfm2.Lfm2ForCausalLM),
     _arch("lfm2_moe", ("Lfm2MoeForCausalLM",), ("lfm2_moe",), lfm2, lfm2.Lfm2MoeConfig, lfm2.Lfm2ForCausalLM),
     _arch("lfm3", ("Lfm3ForCausalLM",), ("lfm3",), lfm2, lfm2.Lfm3Config, lfm2.Lfm2ForCausalLM),

@@ -15,11 +15,12 @@ _UNSUPPORTED = {
         ("jamba", "Jamba"), ("bamba", "Bamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"), ("falcon_h1", "Falcon-H1"),
         ("falcon-h1", "Falcon-H1"), ("nemotron_h", "Nemotron-H"), ("nemotron_h_moe", "Nemotron-H MoE"))},
     **{t: (name, _LINEAR) for t, name in (
-        ("qwen3_next", "Qwen3-Next"), ("qwen3next", "Qwen3-Next"), ("kimi_linear", "Kimi Linear"),
+        ("kimi_linear", "Kimi Linear"),
         ("kimi-linear", "Kimi Linear"),
         ("minimax", "MiniMax-Text-01"), ("olmo_hybrid", "OLMo hybrid"))},
     "lfm2moe": ("LFM2 MoE", "mixture of experts (LFM2's dense conv and attention layers are built, its experts' "
                             "routing not yet)"),
+    "qwen3next": ("Qwen3-Next GGUF", "its GGUF layout, not read yet (the Hugging Face checkpoint compiles)"),
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),

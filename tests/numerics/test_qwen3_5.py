@@ -134,6 +134,17 @@ def test_q8_qwen35_equals_transformers_on_its_q8_weights(qwen35):
     assert_prefill_and_decode_match(art, q8.eval(), IDS, CHUNKED)
 
 
+def test_qwen3_next_matches_transformers(tmp_path):
+    """Qwen3-Next: the first layer's MLP dense (mlp_only_layers), the rest 4 experts (2 a token) beside a gated shared
+    expert; in_proj_qkvz and in_proj_ba, fused a key head, split at load."""
+    cfg = dict(CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=48, mlp_only_layers=[0], decoder_sparse_step=1)
+    ref = write_widened("Qwen3NextForCausalLM", "Qwen3NextConfig", cfg, tmp_path / "hf", seed=4)
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert Artifact.load(art).config.model.arch == "qwen3_next"
+    assert_prefill_and_decode_match(art, ref, IDS[:16], CHUNKED)
+
+
 def test_qwen35_gguf_matches_transformers(qwen35, tmp_path):
     """As llama.cpp's converter writes it (tests/gguf_writer.py: A as -exp(A_log), the conv squeezed, norms + 1 but
     the DeltaNet's, the 4 value heads tiled over the 2 key heads in attn_qkv, attn_gate, ssm_alpha / beta / a / dt,
