@@ -88,16 +88,17 @@ def test_a_draft_model_with_another_tokenizer_is_refused(tiny_artifacts, smollm2
         Engine(tiny_artifacts["tied"], EngineConfig(draft_model=smollm2_artifact))
 
 
-def test_pairs_on_other_devices_or_with_a_sliding_window_are_refused(tiny_artifacts):
+def test_pairs_on_other_devices_with_a_sliding_window_or_recurrent_layers_are_refused(tiny_artifacts):
     from kiln.runtime.artifact import Artifact
     served = Artifact.load(tiny_artifacts["tied"], verify=False)
 
-    def like(device="cpu", window=None):
-        kv = SimpleNamespace(sliding_window=window)
+    def like(device="cpu", window=None, states=()):
+        kv = SimpleNamespace(sliding_window=window, states=list(states))
         return SimpleNamespace(device=device, config=SimpleNamespace(kv_cache=kv), path=served.path)
     assert pairing_problem(like(), served) is None
     assert "compiled for cuda and the served model for cpu" in pairing_problem(like(device="cuda"), served)
     assert "sliding-window" in pairing_problem(like(window=64), served)
+    assert "recurrent layers" in pairing_problem(like(states=[(64, 3)]), served)
 
 
 def test_a_draft_model_that_does_not_load_is_one_clear_error(tiny_artifacts, monkeypatch):
