@@ -13,12 +13,15 @@ state back in place, so chunked prefill, decode and mixed batches all take it.
     delta:  S <- S * exp(g_t);  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  out_t = S^T q_t
             (S [dk, dv] a value head's, its key head value head // (hv / hk); q, k l2-normed by the caller)
 
-A first pair, written for exactness: on CPUs a task a sequence and channel (conv) or value head (delta);
+A first pair, written for exactness: on CPUs a task a sequence and 64 channels, innermost (conv), or a
+sequence and value head (delta);
 on GPUs a thread a channel, or a value column (the delta rule's columns are independent), a block a
 sequence and head.
 """
 
 from __future__ import annotations
+
+import math
 
 from tvm.script import tirx as T
 
@@ -33,6 +36,8 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
     keep = taps - 1
     threads = min(256, channels)
     rounds = -(-channels // threads)
+    width = math.gcd(channels, 64)          # CPU tasks: a sequence and this many channels, innermost (contiguous)
+    blocks = channels // width
 
     @T.macro
     def channel(b, c, x, state, q_indptr, state_slots, positions, w, out, acc):
@@ -57,6 +62,38 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
                 else:
                     state[slot, c, k] = state[slot, c, m + k]
 
+    @T.macro
+    def channel_block(b, c0, x, state, q_indptr, state_slots, positions, w, out, acc):
+        """`width` channels from c0 at once, row by row: what channel() does, the channels innermost."""
+        start = q_indptr[b]
+        m = q_indptr[b + 1] - start
+        slot = state_slots[b]
+        if m > 0:
+            fresh = positions[start] == 0
+            for i in T.serial(m):
+                for cc in T.serial(width):
+                    acc[cc] = T.float32(0.0)
+                for j in T.serial(taps):
+                    if i - keep + j >= 0:
+                        for cc in T.serial(width):
+                            acc[cc] = acc[cc] + T.Cast("float32", w[c0 + cc, j]) * T.Cast(
+                                "float32", x[start + i - keep + j, c0 + cc])
+                    elif not fresh:
+                        for cc in T.serial(width):
+                            acc[cc] = acc[cc] + T.Cast("float32", w[c0 + cc, j]) * state[slot, c0 + cc, i + j]
+                for cc in T.serial(width):
+                    out[start + i, c0 + cc] = T.Cast(dtype, acc[cc])
+            for k in T.serial(keep):
+                if m - keep + k >= 0:
+                    for cc in T.serial(width):
+                        state[slot, c0 + cc, k] = T.Cast("float32", x[start + m - keep + k, c0 + cc])
+                elif fresh:
+                    for cc in T.serial(width):
+                        state[slot, c0 + cc, k] = T.float32(0.0)
+                else:
+                    for cc in T.serial(width):
+                        state[slot, c0 + cc, k] = state[slot, c0 + cc, m + k]
+
     @T.prim_func
     def recurrent_conv(var_x: T.handle, var_state: T.handle, var_q_indptr: T.handle, var_state_slots: T.handle,
                        var_positions: T.handle, var_w: T.handle, var_out: T.handle):
@@ -78,10 +115,10 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
                         if co * threads + ci < channels:
                             channel(s, co * threads + ci, x, state, q_indptr, state_slots, positions, w, out, acc)
         else:
-            for task in T.parallel(b * channels):
-                acc = T.alloc_buffer((1,), "float32")
-                channel(task // channels, task % channels, x, state, q_indptr, state_slots, positions, w, out,
-                        acc)
+            for task in T.parallel(b * blocks):
+                acc = T.alloc_buffer((width,), "float32")
+                channel_block(task // blocks, task % blocks * width, x, state, q_indptr, state_slots, positions, w,
+                              out, acc)
 
     return recurrent_conv
 
