@@ -139,13 +139,13 @@ class OwnedCache:
         whole, part = divmod(pos, self.page_size)
         if part and not self._free:
             raise RuntimeError("the KV cache is full: a fork needs 1 more page, 0 are free")
-        shared = self._held[parent][:whole]
-        for page in shared:
-            self._refs[page] += 1
-        if self.states:
+        if self.states:                 # its slot first: with none free, nothing else has changed
             self.add(child)
             for state in self.states:
                 copy_row(state, self._slot[parent], self._slot[child])
+        shared = self._held[parent][:whole]
+        for page in shared:
+            self._refs[page] += 1
         self._held[child], self._length[child] = list(shared), pos
         if part:
             self._held[child].append(self._copy(self._held[parent][whole]))
