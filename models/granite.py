@@ -8,7 +8,8 @@ Granite whose logits are multiplied by `logits_scaling`, whose attention scale d
 head_dim ** -0.5, and which norms the attention and MLP outputs too (`use_post_norm`: Peri-LN). Granite
 4.0's models without Mamba layers (granite-4.0-micro: every `layer_types` entry "attention") are Granite
 MoE Shared, or with no experts (`num_local_experts` 0) a Granite whose MLP is the shared one; RoPE only
-where `position_embedding_type` is "rope". The hybrids (Mamba-2 layers: the -h- models) are refused.
+where `position_embedding_type` is "rope". The hybrids (the -h- models) put Mamba-2 layers (`layer_types`
+"mamba") among the attention ones: models/mamba2.py, over the KV cache kiln owns.
 Granite SWA and Granite MoE SWA add attention sinks on every layer (a logit per head in each softmax: over
 the KV cache kiln owns, models/owned_kv.py), sliding layers (by default all but every fourth from the
 first) and a RoPE base per layer (`layer_rope_theta`, 0 for none); the MoE one's experts as transformers 5
@@ -24,6 +25,7 @@ from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightS
 from .config import ConfigField, fields_with
 from .layers import Flags
 from .llama import LlamaConfig
+from .mamba2 import MAMBA_FIELDS, HybridLM, Mamba2Fields, hybrid_weight_map
 from .moe import EXPERT_FIELDS, MoESpec, expert_rows
 
 
@@ -87,24 +89,26 @@ class GraniteMoeSharedConfig(GraniteMoeConfig):
 
 
 @dataclass(frozen=True)
-class GraniteMoeHybridConfig(GraniteMoeSharedConfig):
+class GraniteMoeHybridConfig(Mamba2Fields, GraniteMoeSharedConfig):
     rope: bool = True
 
     ARCH: ClassVar[str] = "granitemoehybrid"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
         GraniteMoeSharedConfig.FIELDS, ConfigField("num_experts", ("num_local_experts", "num_experts"), default=0),
         ConfigField("top_k", ("num_experts_per_tok",), default=1),
-        ConfigField("layer_types", ("layer_types", "layers_block_type"), default=None))
+        ConfigField("layer_types", ("layer_types", "layers_block_type"), default=None), *MAMBA_FIELDS)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        blocks = values["layer_types"] or ["attention"] * values["num_hidden_layers"]
-        if set(blocks) - {"attention", "full_attention"}:          # (transformers 5 writes full_attention)
-            raise ValueError("Granite 4.0 with Mamba layers (the hybrid -h- models) is not supported yet; the "
-                             "attention-only Granite 4.0 models (every layer_types entry 'attention') load")
+        n = values["num_hidden_layers"]
+        blocks = values["layer_types"] or ["mamba"] * n             # transformers' default: every layer Mamba-2
+        if len(blocks) != n or set(blocks) - {*_ATTENTION, *_MAMBA}:
+            raise ValueError(f"layer_types must list 'mamba' or 'attention' for each of the {n} layers; got {blocks}; "
+                             "fix config.json")
         values = dict(values, layer_types=None, rope=hf.get("position_embedding_type") == "rope")
         if not values["num_experts"]:       # dense: the shared MLP is the layer's MLP
             values.update(intermediate_size=values["shared_intermediate_size"], shared_intermediate_size=0)
+        values = cls.mamba_values(values, [i for i, b in enumerate(blocks) if b in _MAMBA])
         return super().adapt(values, hf, notes)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
@@ -112,6 +116,9 @@ class GraniteMoeHybridConfig(GraniteMoeSharedConfig):
 
     def layer_moe(self, layer: int) -> MoESpec | None:
         return super().layer_moe(layer) if self.num_experts else None
+
+
+_ATTENTION, _MAMBA = ("attention", "full_attention"), ("mamba", "linear_attention")   # (transformers 5's names)
 
 
 @dataclass(frozen=True)
@@ -155,10 +162,19 @@ class GraniteMoeSWAConfig(_SlidingSinks, GraniteMoeSharedConfig):
 
 GraniteSWAForCausalLM = GraniteMoeSWAForCausalLM = CausalLM
 GraniteForCausalLM = HyperCLOVAXForCausalLM = GraniteMoeForCausalLM = GraniteMoeSharedForCausalLM = CausalLM
-GraniteMoeHybridForCausalLM = CausalLM
+
+
+def GraniteMoeHybridForCausalLM(c: GraniteMoeHybridConfig) -> CausalLM:
+    """Granite 4.0: with Mamba-2 layers (the -h- models) over the KV cache kiln owns, else a Granite MoE Shared."""
+    return HybridLM(c) if c.mamba_layers else CausalLM(c)
 
 
 def weight_map(c: GraniteConfig) -> WeightMap:
+    m = _weight_map(c)
+    return hybrid_weight_map(c, m, "mamba") if isinstance(c, GraniteMoeHybridConfig) else m
+
+
+def _weight_map(c: GraniteConfig) -> WeightMap:
     if isinstance(c, HyperCLOVAXConfig):
         return decoder_weight_map(c, dict(LLAMA_NAMES, post_attn_norm="post_norm1", post_mlp_norm="post_norm2"))
     m = decoder_weight_map(c)

@@ -174,9 +174,11 @@ class OwnedKVCache:
         self.pages[slot] = state
         return op.reshape(out, [b, s, c])
 
-    def gated_delta(self, layer_id: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    def gated_delta(self, layer_id: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                    delta: bool = True) -> Tensor:
         """The gated delta rule (a recurrent layer's second state, [hv, dk, dv]): q, k [b, s, hk, dk] (l2-normed,
-        q scaled), v [b, s, hv, dv], g (log decay), beta [b, s, hv], all float32 -> [b, s, hv, dv] float32."""
+        q scaled), v [b, s, hv, dv], g (log decay), beta [b, s, hv], all float32 -> [b, s, hv, dv] float32.
+        Without `delta`, Mamba-2's scan (targets/recurrent.py): C, B, x, dt * A, dt as q, k, v, g, beta."""
         b, s, hk, dk = q.shape
         hv, dv = v.shape[2], v.shape[3]
         slot = self._states_of[layer_id][1]
@@ -184,7 +186,8 @@ class OwnedKVCache:
         t = self.tables
         n = b * s
         state, out = op.tensor_ir_inplace_op(
-            self._kernel("gated_delta", int(hk), int(hv), int(dk), int(dv)), "recurrent_delta",
+            self._kernel("gated_delta", int(hk), int(hv), int(dk), int(dv), delta),
+            "recurrent_delta" if delta else "recurrent_scan",
             [op.reshape(q, [n, hk, dk]), op.reshape(k, [n, hk, dk]), op.reshape(v, [n, hv, dv]),
              op.reshape(g, [n, hv]), op.reshape(beta, [n, hv]), state, t["q_indptr"], t["state_slots"],
              t["positions"]],
@@ -247,7 +250,8 @@ class OwnedKVCache:
         elif kind == "state_conv":
             func = state_conv(*key, gpu=not _cpu())
         elif kind == "gated_delta":
-            func = gated_delta(*key, gpu=not _cpu())
+            *heads, delta = key
+            func = gated_delta(*heads, gpu=not _cpu(), delta=delta)
         elif kind == "paged_cpu":
             from kiln.targets.cpu.attention import attention_paged_cpu
             from kiln.targets.cpu.schedule import attention_lanes

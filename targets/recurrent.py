@@ -1,5 +1,6 @@
 """Kernels of recurrent layers over per-sequence state slots (the KV cache kiln owns, models/owned_kv.py):
-Qwen3.5's and Qwen3-Next's gated DeltaNet (a causal depthwise convolution, then the gated delta rule).
+Qwen3.5's and Qwen3-Next's gated DeltaNet (a causal depthwise convolution, then the gated delta rule) and
+Mamba-2's (the same convolution, then its selective scan: the delta rule without the delta).
 
 A recurrent layer keeps no keys and values a token: its state is a fixed size a sequence, held in a slot
 of the layer's state tensors ([slots, ...] float32; the runtime hands each sequence a slot,
@@ -12,6 +13,8 @@ state back in place, so chunked prefill, decode and mixed batches all take it.
             taps - 1 inputs; the state then holds the chunk's last taps - 1)
     delta:  S <- S * exp(g_t);  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  out_t = S^T q_t
             (S [dk, dv] a value head's, its key head value head // (hv / hk); q, k l2-normed by the caller)
+    scan:   S <- S * exp(g_t) + k_t (beta_t v_t)^T;  out_t = S^T q_t      (Mamba-2's SSD as a recurrence: k, q
+            its B and C [groups, state], v its x [heads, head dim], beta its dt, g dt * A)
 
 A first pair, written for exactness: on CPUs a task a sequence and 64 channels, innermost (conv), or a
 sequence and value head (delta);
@@ -124,10 +127,11 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
 
 
 @parsed_once()
-def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False):
+def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False, delta: bool = True):
     """The gated delta rule over each sequence's rows, its state [dk, dv] a value head in its slot. Arguments
     (float32): q, k [tokens, hk, dk] (l2-normed, q scaled), v [tokens, hv, dv], g, beta [tokens, hv], state
-    [slots, hv, dk, dv] (updated in place), q_indptr, state_slots, positions, out [tokens, hv, dv]."""
+    [slots, hv, dk, dv] (updated in place), q_indptr, state_slots, positions, out [tokens, hv, dv]. Without
+    `delta` the update writes beta v, not beta (v - e^g S^T k): Mamba-2's scan (the module's docstring)."""
     if hv % hk:
         raise ValueError(f"{hv} value heads do not group over {hk} key heads")
     group = hv // hk
@@ -147,8 +151,9 @@ def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False):
             for i in T.serial(m):
                 st[0] = T.exp(g[start + i, h])
                 st[1] = T.float32(0.0)
-                for kk in T.serial(dk):
-                    st[1] = st[1] + state[slot, h, kk, col] * k[start + i, h // group, kk]
+                if delta:
+                    for kk in T.serial(dk):
+                        st[1] = st[1] + state[slot, h, kk, col] * k[start + i, h // group, kk]
                 st[2] = (v[start + i, h, col] - st[1] * st[0]) * beta[start + i, h]
                 st[3] = T.float32(0.0)
                 for kk in T.serial(dk):
@@ -169,9 +174,10 @@ def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False):
             for i in T.serial(m):
                 for col in T.serial(dv):
                     mem[col] = T.float32(0.0)
-                for kk, col in T.grid(dk, dv):
-                    mem[col] = mem[col] + state[slot, h, kk, col] * k[start + i, h // group, kk]
-                for col in T.serial(dv):      # the delta, decay folded in: beta (v - e^g S^T k)
+                if delta:
+                    for kk, col in T.grid(dk, dv):
+                        mem[col] = mem[col] + state[slot, h, kk, col] * k[start + i, h // group, kk]
+                for col in T.serial(dv):      # the delta, decay folded in: beta (v - e^g S^T k) (or beta v)
                     mem[col] = (v[start + i, h, col] - mem[col] * T.exp(g[start + i, h])) * beta[start + i, h]
                     out[start + i, h, col] = T.float32(0.0)
                 for kk, col in T.grid(dk, dv):

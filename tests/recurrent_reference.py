@@ -21,8 +21,8 @@ def conv_reference(x, state, indptr, slots, positions, w):
     return out, state
 
 
-def delta_reference(q, k, v, g, beta, state, indptr, slots, positions):
-    """-> (out [tokens, hv, dv], state after)."""
+def delta_reference(q, k, v, g, beta, state, indptr, slots, positions, delta=True):
+    """-> (out [tokens, hv, dv], state after); without `delta` Mamba-2's scan (no S^T k taken off v)."""
     group = v.shape[1] // k.shape[1]
     state = state.astype(np.float64).copy()
     out = np.zeros(v.shape, np.float64)
@@ -32,8 +32,8 @@ def delta_reference(q, k, v, g, beta, state, indptr, slots, positions):
             for h in range(v.shape[1]):
                 kt, qt = k[t, h // group].astype(np.float64), q[t, h // group].astype(np.float64)
                 s[h] *= np.exp(g[t, h])
-                delta = (v[t, h] - kt @ s[h]) * beta[t, h]
-                s[h] += np.outer(kt, delta)
+                change = (v[t, h] - (kt @ s[h] if delta else 0)) * beta[t, h]
+                s[h] += np.outer(kt, change)
                 out[t, h] = qt @ s[h]
         state[slot] = s
     return out, state

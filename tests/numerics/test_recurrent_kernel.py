@@ -39,7 +39,9 @@ def test_conv_over_state_slots(taps):
         np.testing.assert_array_equal(state[1], want_state[1])     # a slot no sequence holds: untouched
 
 
-def test_gated_delta_over_state_slots():
+@pytest.mark.parametrize("delta", [True, False])
+def test_gated_delta_over_state_slots(delta):
+    """The gated delta rule, and without its delta Mamba-2's scan (B, C as k, q; x as v; dt as beta)."""
     rng = np.random.default_rng(0)
     hk, hv, dk, dv = 2, 4, 8, 6
     state = rng.standard_normal((3, hv, dk, dv)).astype(np.float32)
@@ -50,8 +52,8 @@ def test_gated_delta_over_state_slots():
         v = rng.standard_normal((n, hv, dv)).astype(np.float32)
         g = -rng.uniform(0.01, 2.0, (n, hv)).astype(np.float32)
         beta = rng.uniform(0, 1, (n, hv)).astype(np.float32)
-        want, want_state = delta_reference(q, k, v, g, beta, state, indptr, SLOTS, positions)
-        got, state = _run(gated_delta(hk, hv, dk, dv), [q, k, v, g, beta, state, indptr, SLOTS, positions,
+        want, want_state = delta_reference(q, k, v, g, beta, state, indptr, SLOTS, positions, delta)
+        got, state = _run(gated_delta(hk, hv, dk, dv, delta=delta), [q, k, v, g, beta, state, indptr, SLOTS, positions,
                                                         np.full_like(v, 7.0)], 5)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(state[SLOTS], want_state[SLOTS], atol=1e-5, rtol=1e-5)

@@ -110,8 +110,11 @@ MLA = dict(ROUTED, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_h
      "no_rope_layers lists 2 layers for 4"),
     (dict(BASE, model_type="deepseek_v2", **MLA, topk_method="noaux_tc"), "topk_method 'noaux_tc' is not supported"),
     (dict(BASE, model_type="deepseek_v2", **MLA, moe_layer_freq=2), "moe_layer_freq other than 1"),
-    (dict(BASE, model_type="granitemoehybrid", layer_types=["mamba", "attention", "mamba", "mamba"]),
-     "Mamba layers .* not supported yet; the attention-only"),
+    (dict(BASE, model_type="granitemoehybrid", layer_types=["mamba", "attention", "conv", "mamba"]),
+     "layer_types must list 'mamba' or 'attention'"),
+    (dict(BASE, model_type="granitemoehybrid", layer_types=["mamba"] * 4, mamba_n_heads=5), "mamba_n_heads .5. must "
+     "divide"),
+    (dict(BASE, model_type="nemotron_h", hybrid_override_pattern="M*-E"), "block 'E' is not supported"),
     (dict(BASE, model_type="minimax_m2", **ROUTED, use_routing_bias=False), "use_routing_bias false"),
     (dict(BASE, model_type="ernie4_5_moe", moe_num_experts=[8, 8], moe_k=2, moe_intermediate_size=32),
      "list for num_experts .* load a text model"),
