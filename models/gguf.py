@@ -291,8 +291,11 @@ class GGUFWeights:
         dims = [int(d) for d in reversed(self._tensor(name).shape)]
         if self._transposed(name):
             dims[-2:] = dims[-1], dims[-2]
-        if _gguf_key(self._tensor(name).name) in self._spec.squeezed:
+        key = _gguf_key(self._tensor(name).name)
+        if key in self._spec.squeezed and len(dims) > 1:                   # (the weight: its bias is 1-D)
             dims.insert(1, 1)
+        if key in self._spec.flattened:
+            dims = [int(np.prod(dims))]
         return tuple(dims)
 
     def get(self, name: str) -> np.ndarray:
@@ -310,7 +313,7 @@ class GGUFWeights:
             data = self._spec.values[key](data)
         if key in self._spec.reordered and self._spec.reordered[key][0] == 1:     # columns (rows: _hf_rows)
             data = np.take(data, self._spec.reordered[key][1], axis=1)
-        if _gguf_key(t.name) in self._spec.squeezed:                       # the axis the converter squeezed out
+        if key in self._spec.squeezed or key in self._spec.flattened:     # the axes the converter squeezed or added
             data = data.reshape(self.shape(name))
         return np.ascontiguousarray(np.swapaxes(data, -1, -2)) if self._transposed(name) else data
 

@@ -83,8 +83,14 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     minicpm3 MiniCPM3            latent attention as HF (kv_b_proj whole), RoPE on halves, LongRoPE as phi3's;
                                  its scales in llama.cpp's graph, not the file
     granitehybrid Granite 4.0    as granitemoe, a dense MLP as ffn_gate / ffn_up / ffn_down (read as shared_mlp);
-                                 attention-only files only (the converter now writes those as granite / granitemoe,
-                                 with head_count_kv a layer); RoPE unless rope.scaling.finetuned is false
+                                 Mamba-2 layers where head_count_kv (a layer) is 0, as ssm_*: A as -exp(A_log) and D
+                                 as [heads, 1], the gated norm's weight as [groups, inner / groups], the conv
+                                 squeezed, dt_bias as ssm_dt.bias (their sizes as ssm.*: time_step_rank the heads,
+                                 inner_size their width); RoPE unless rope.scaling.finetuned is false
+    nemotron_h Nemotron-H        a block a layer, under `backbone`: its norm as attn_norm, then Mamba-2 as
+                                 granitehybrid's, attention (q/k rows permuted, no RoPE) where head_count_kv (a
+                                 layer) is not 0, a squared-ReLU MLP (ffn_up / ffn_down) where feed_forward_length
+                                 (a layer) is not 0
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -184,6 +190,22 @@ NEOX_GLOBAL = {"token_embd": "gpt_neox.embed_in", "output_norm": "gpt_neox.final
 GRANITE_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
                      "ffn_gate_inp": "block_sparse_moe.router.layer", "ffn_down_exps": "block_sparse_moe.output_linear",
                      "ffn_down_shexp": "shared_mlp.output_linear"}
+# Mamba-2's tensors (llama.cpp's Mamba2Model) under a layer's `{m}` module, and the values it changed
+MAMBA2_LAYER = {"ssm_in": "{m}.in_proj", "ssm_conv1d": "{m}.conv1d", "ssm_dt.bias": "{m}.dt_bias", "ssm_a": "{m}.A_log",
+                "ssm_d": "{m}.D", "ssm_norm": "{m}.norm", "ssm_out": "{m}.out_proj"}
+MAMBA2_FLATTENED = ("ssm_a", "ssm_d", "ssm_norm")
+
+
+_MAMBA2_A = {"ssm_a": lambda a: np.log(-a)}
+
+
+def mamba2_layer(module: str) -> dict[str, str]:
+    return {k: v.format(m=module) for k, v in MAMBA2_LAYER.items()}
+
+
+NEMOTRON_H_LAYER = {"attn_norm": "norm", **mamba2_layer("mixer"), "attn_q": "mixer.q_proj", "attn_k": "mixer.k_proj",
+                    "attn_v": "mixer.v_proj", "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj",
+                    "ffn_down": "mixer.down_proj"}
 GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                       "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
 FALCON_LAYER = {"attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
@@ -269,6 +291,8 @@ class GGUFArch:
     reorder: Callable[[dict], dict[str, tuple[int, np.ndarray]]] = lambda c: {}   # GGUF key -> (axis, the HF order
                                                     # of its indices there) by the HF config read (Qwen3.5's V heads)
     reordered: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)    # reorder's, once for_config ran
+    flattened: tuple[str, ...] = ()                 # GGUF keys whose HF tensor is 1-D, the converter's reshaped
+                                                    # (Mamba-2's A and D [heads, 1], its norm [groups, width])
 
     def for_config(self, c: dict) -> "GGUFArch":
         """This architecture's mapping for the HF config its metadata gave: renames and joins applied, and the blocks
@@ -622,19 +646,40 @@ def _granite(reader, arch, tensors, c):
 
 def _attention_layers_only(arch, c) -> None:
     """Granite 4.0's converter writes attention.head_count_kv a layer, 0 for a Mamba layer, also where it writes a
-    model without Mamba layers as granite / granitemoe: read as one count; Mamba layers are refused."""
-    kv = c["num_key_value_heads"]
-    if not isinstance(kv, list):
-        return
-    mamba = [i for i, n in enumerate(kv) if n == 0]
+    model without Mamba layers as granite / granitemoe: read as one count; Mamba layers are refused (a granite file
+    has none: granitehybrid reads them)."""
+    mamba = [i for i, n in enumerate(_attention_layers(arch, c)) if not n]
     if mamba:
         raise ModelLoadError(f"this {arch} GGUF has Mamba layers ({', '.join(map(str, mamba))}: "
-                             "attention.head_count_kv 0), which kiln does not compile; use a Granite 4.0 model without "
-                             "them (granite-4.0-micro, not -h-) or llama.cpp")
-    if len(set(kv)) > 1:
+                             "attention.head_count_kv 0), which its architecture does not run; re-convert the model "
+                             "(llama.cpp writes Granite 4.0's hybrids as granitehybrid)")
+
+
+def _attention_layers(arch, c) -> list[bool]:
+    """Which layers attend (attention.head_count_kv a layer: not 0), the count then read as the one it is."""
+    kv = c["num_key_value_heads"]
+    if not isinstance(kv, list):
+        return [True] * c["num_hidden_layers"]
+    counts = set(kv) - {0}
+    if len(counts) > 1:
         raise ModelLoadError(f"this {arch} GGUF's layers have different kv head counts ({kv}), which its Hugging Face "
                              "model does not; re-convert the model")
-    c["num_key_value_heads"] = kv[0]
+    c["num_key_value_heads"] = counts.pop() if counts else c["num_attention_heads"]
+    return [bool(n) for n in kv]
+
+
+def _mamba2(reader, arch, tensors, c, prefix: str = "") -> dict:
+    """Mamba-2's sizes from llama.cpp's ssm.* keys (time_step_rank: the heads; inner_size: their width) and its
+    biases from the tensors present, under the HF config's names with `prefix`."""
+    heads, inner = _key(reader, arch, "ssm.time_step_rank"), _key(reader, arch, "ssm.inner_size")
+    first = next((int(n.split(".")[1]) for n in tensors if n.endswith(".ssm_in.weight")), 0)
+    return {f"{prefix}n_heads" if prefix else "mamba_num_heads": heads,
+            f"{prefix}d_head" if prefix else "mamba_head_dim": inner // heads,
+            f"{prefix}n_groups" if prefix else "n_groups": _key(reader, arch, "ssm.group_count", 1),
+            f"{prefix}d_state" if prefix else "ssm_state_size": _key(reader, arch, "ssm.state_size"),
+            f"{prefix}d_conv" if prefix else "conv_kernel": _key(reader, arch, "ssm.conv_kernel"),
+            f"{prefix}conv_bias" if prefix else "use_conv_bias": f"blk.{first}.ssm_conv1d.bias" in tensors,
+            "mamba_proj_bias": f"blk.{first}.ssm_in.bias" in tensors}
 
 
 def _smollm3(reader, arch, tensors, c):
@@ -686,16 +731,29 @@ def _granitemoe(reader, arch, tensors, c):
 
 
 def _granitehybrid(reader, arch, tensors, c):
-    """Granite 4.0 as granitehybrid without Mamba layers (the converter now writes those as granite / granitemoe):
-    Granite's multipliers, experts where expert_count, else the MLP as the shared one (shared_mlp); RoPE unless
+    """Granite 4.0 as granitehybrid: Mamba-2 layers where head_count_kv is 0 (their sizes: _mamba2), Granite's
+    multipliers, experts where expert_count, else the MLP as the shared one (shared_mlp); RoPE unless
     rope.scaling.finetuned is false (llama.cpp's switch for it)."""
+    attends = _attention_layers(arch, c)
     _granitemoe(reader, arch, tensors, c)
     experts = _key(reader, arch, "expert_count") or 0
     c.update(model_type="granitemoehybrid", architectures=["GraniteMoeHybridForCausalLM"], num_local_experts=experts,
-             layer_types=["attention"] * c["num_hidden_layers"],
+             layer_types=["attention" if a else "mamba" for a in attends],
              position_embedding_type="rope" if _key(reader, arch, "rope.scaling.finetuned", True) else "nope")
+    if not all(attends):
+        c.update(_mamba2(reader, arch, tensors, c, prefix="mamba_"))
     if not experts:
         c.update(num_experts_per_tok=0, shared_intermediate_size=c["intermediate_size"])
+
+
+def _nemotron_h(reader, arch, tensors, c):
+    """Nemotron-H: each block's kind from the per-layer head_count_kv (attention where not 0) and
+    feed_forward_length (an MLP where not 0), the rest Mamba-2 (_mamba2); its norm epsilon as layer_norm_epsilon."""
+    attends = _attention_layers(arch, c)
+    ff = c["intermediate_size"] if isinstance(c["intermediate_size"], list) else [0] * len(attends)
+    c.update(layers_block_type=["attention" if a else "mlp" if f else "mamba" for a, f in zip(attends, ff)],
+             intermediate_size=max(ff) or None, layer_norm_epsilon=c.pop("rms_norm_eps"),
+             mlp_bias=any(n.endswith(".ffn_up.bias") for n in tensors), **_mamba2(reader, arch, tensors, c))
 
 
 def _no_groups(reader, arch: str) -> None:
@@ -996,12 +1054,19 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                           experts=QWEN_EXPERTS, also=("deepseek_v2", "youtu"),
                           by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
     "minicpm3": GGUFArch("minicpm3", ("MiniCPM3ForCausalLM",), MLA_LAYER, config=_minicpm3),
-    "granitehybrid": GGUFArch("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), GRANITE_MOE_LAYER, permuted=True,
-                              config=_granitehybrid, joined=GRANITE_MOE_JOINED,
+    "granitehybrid": GGUFArch("granitemoehybrid", ("GraniteMoeHybridForCausalLM",),
+                              {**GRANITE_MOE_LAYER, **mamba2_layer("mamba")}, permuted=True,
+                              config=_granitehybrid, joined=GRANITE_MOE_JOINED, squeezed=("ssm_conv1d",),
+                              values=_MAMBA2_A, flattened=MAMBA2_FLATTENED,
                               renames=lambda c: {} if c["num_local_experts"] else {
                                   "ffn_down": "shared_mlp.output_linear"},            # dense: the MLP as shared_mlp
                               joins=lambda c: {} if c["num_local_experts"] else {
                                   "shared_mlp.input_linear": ("ffn_gate", "ffn_up")}),
+    "nemotron_h": GGUFArch("nemotron_h", ("NemotronHForCausalLM",), NEMOTRON_H_LAYER, permuted=True,
+                           global_names={"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
+                                         "output": "lm_head"}, layer_prefix="backbone.layers", config=_nemotron_h,
+                           squeezed=("ssm_conv1d",), values=_MAMBA2_A,
+                           flattened=MAMBA2_FLATTENED),
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
     "gpt-oss": GGUFArch("gpt_oss", ("GptOssForCausalLM",), GPT_OSS_LAYER, config=_gpt_oss,

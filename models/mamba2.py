@@ -236,8 +236,9 @@ def BambaForCausalLM(c: BambaConfig) -> HybridLM:
 
 
 def bamba_weight_map(c: BambaConfig) -> WeightMap:
-    names = {"norm": "model.final_layernorm", "post_attention_layernorm": "pre_ff_layernorm", "gate_proj": "feed_forward.gate_proj",
-             "up_proj": "feed_forward.up_proj", "down_proj": "feed_forward.down_proj"}
+    names = {"norm": "model.final_layernorm", "post_attention_layernorm": "pre_ff_layernorm",
+             "gate_proj": "feed_forward.gate_proj", "up_proj": "feed_forward.up_proj",
+             "down_proj": "feed_forward.down_proj"}
     m = decoder_weight_map(c, {**LLAMA_NAMES, **names})
     return hybrid_weight_map(c, m, "mamba")
 

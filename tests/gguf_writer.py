@@ -21,7 +21,11 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              yarn_log_multiplier; GLM-4.7-Flash's multi-token-prediction layers counted in block_count
     minicpm3 only MiniCPM3Model's few keys (no RoPE base, no scales); LongRoPE factors as phi3's
     granite 4.0 without Mamba layers as granite / granitemoe (a dense MLP as ffn_gate / _up / _down), a kv head
-             count a layer; as granitehybrid (an older converter: `arch`) without RoPE
+             count a layer; as granitehybrid (an older converter: `arch`) without RoPE; with Mamba layers as
+             granitehybrid: their sizes as ssm.*, A as -exp(A_log) and D as [heads, 1], the gated norm's weight as
+             [groups, inner / groups], dt_bias as ssm_dt.bias, the conv squeezed (Mamba2Model's)
+    nemotron_h NemotronHModel's: a kv head count and an MLP width a layer (0 where the block is another kind), the
+             layer_norm_epsilon, no RoPE (context 2 ** 20), Mamba-2's tensors and ssm.* as granitehybrid's
     gemma4   Gemma4Model's keys: the layer kinds as sliding_window_pattern, the global head size as key_length and
              the sliding one as key_length_swa, head_count_kv a layer where the global layers have their own,
              feed_forward_length a layer with double-wide MLPs, shared_kv_layers, the PLE width; norms as they
@@ -75,9 +79,10 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
-             "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe"}
+             "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
+             "nemotron_h": "nemotron_h"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
-PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid")
+PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
@@ -87,6 +92,8 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     hf_dir = Path(hf_dir)
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = arch or _granite4_arch(cfg) or GGUF_ARCH[cfg["model_type"]]
+    if arch == "nemotron_h":                    # transformers 5 saves no num_hidden_layers for it
+        cfg.setdefault("num_hidden_layers", len(cfg["layers_block_type"]))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(hf_dir.name)
     tensors = _tensors(cfg, arch, load_file(str(hf_dir / "model.safetensors")))
@@ -102,6 +109,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     elif arch in ("qwen35", "qwen35moe"):
         _qwen35(w, cfg, arch)
         _tokenizer(w, hf_dir, cfg["vocab_size"], pre="qwen35")
+    elif arch == "nemotron_h":
+        _nemotron_h(w, cfg)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
         _metadata(w, cfg, arch, tensors)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
@@ -110,7 +120,8 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         if isinstance(value, Mxfp4):
             w.add_tensor(name, value.blocks, raw_dtype=QType.MXFP4)
             continue
-        if value.ndim == 1 or not name.endswith(".weight") or type_name == "F32":     # biases: F32 as the converter
+        if (value.ndim == 1 or not name.endswith(".weight") or type_name == "F32"     # biases: F32 as the converter
+                or name.endswith((".ssm_norm.weight", ".ssm_conv1d.weight"))):      # (and its _norm, SSM_CONV1D)
             w.add_tensor(name, np.ascontiguousarray(value, np.float32))
         elif type_name == "F16" or value.shape[-1] % gguf.GGML_QUANT_SIZES[QType[type_name]][0]:
             w.add_tensor(name, value.astype(np.float16))        # rows no block divides: F16, the converter's fallback
@@ -530,12 +541,62 @@ def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
 def _granite4(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     """GraniteHybridModel's attention keys: a kv head count a layer (0: Mamba), and RoPE (rope.scaling.finetuned)
     for a model without Mamba layers as the current converter writes it (granite / granitemoe); as granitehybrid,
-    as the converter wrote it before, none, with a context of 2 ** 20."""
+    as the converter wrote it before or with Mamba layers, none, with a context of 2 ** 20; Mamba-2's sizes."""
     w.add_head_count_kv([cfg["num_key_value_heads"] if _attention(t) else 0 for t in cfg["layer_types"]])
     use_rope = arch != "granitehybrid"
     w.add_rope_scaling_finetuned(use_rope)
     if not use_rope:
         w.add_context_length(2 ** 20)
+    if not all(map(_attention, cfg["layer_types"])):
+        _mamba2(w, cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_n_groups"], cfg["mamba_d_state"],
+                cfg["mamba_d_conv"])
+
+
+def _mamba2(w: gguf.GGUFWriter, heads: int, head_dim: int, groups: int, state: int, taps: int) -> None:
+    """GraniteHybridModel's ssm.* keys: the heads as time_step_rank, their width as inner_size."""
+    w.add_ssm_conv_kernel(taps)
+    w.add_ssm_state_size(state)
+    w.add_ssm_group_count(groups)
+    w.add_ssm_inner_size(heads * head_dim)
+    w.add_ssm_time_step_rank(heads)
+
+
+def _nemotron_h(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """NemotronHModel's keys (through GraniteHybridModel's): per-layer kv heads and MLP widths, no RoPE."""
+    kinds = cfg["layers_block_type"]
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(2 ** 20)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length([cfg["intermediate_size"] if k == "mlp" else 0 for k in kinds])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([cfg["num_key_value_heads"] if k in ("attention", "full_attention") else 0 for k in kinds])
+    w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_rope_scaling_finetuned(False)
+    _mamba2(w, cfg["mamba_num_heads"], cfg["mamba_head_dim"], cfg["n_groups"], cfg["ssm_state_size"],
+            cfg["conv_kernel"])
+
+
+def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Mamba2Model's transforms: A as -exp(A_log), A and D as [heads, 1], the gated norm's weight as [groups,
+    inner / groups], dt_bias renamed dt_proj.bias, the conv squeezed."""
+    groups = cfg.get("mamba_n_groups", cfg.get("n_groups"))
+    out = {}
+    for name, value in hf.items():
+        if name.endswith(".A_log"):
+            value = -np.exp(value.astype(np.float32)).reshape(-1, 1)
+        elif name.endswith((".mamba.D", ".mixer.D")):
+            value = value.reshape(-1, 1)
+        elif name.endswith(".dt_bias"):
+            name = name.replace(".dt_bias", ".dt_proj.bias")
+        elif name.endswith("conv1d.weight"):
+            value = value.squeeze(1)
+        elif name.endswith((".mamba.norm.weight", ".mixer.norm.weight")):
+            value = value.reshape(groups, -1)
+        out[name] = value
+    return out
 
 
 def _block_count(cfg: dict, arch: str) -> int:
@@ -634,6 +695,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
     if arch in ("qwen35", "qwen35moe"):
         hf = _qwen35_tensors(cfg, hf)
+    if arch in ("granitehybrid", "nemotron_h"):
+        hf = _mamba2_tensors(cfg, hf)
     if arch == "lfm2":             # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
     if arch == "gpt-oss":

@@ -157,3 +157,26 @@ def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: 
     model.save_pretrained(dest)
     write_tokenizer(dest, cfg.get("vocab_size", 512))
     return model.eval()
+
+
+def assert_recurrent_engine(artifact: Path) -> None:
+    """An artifact with recurrent layers (state slots) in the engine: chunked prefill (16-token steps), a batch of 4,
+    n = 3 and slots freed and reused give the tokens a plain run gives; prefix sharing off, speculation refused."""
+    import numpy as np
+    import pytest
+
+    from kiln import Engine, EngineConfig, SamplingParams
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(3, 500, size=int(rng.integers(2, 60))).tolist() for _ in range(4)]
+    plain = Engine(artifact)
+    alone = [plain.generate(p, greedy).token_ids for p in prompts]
+    engine = Engine(artifact, EngineConfig(max_tokens_per_step=16))           # prompts cut into chunks, batched
+    assert engine.scheduler.prefix_cache is None and not engine.runner.shares_kv
+    assert [o.token_ids for o in engine.generate(prompts, greedy)] == alone
+    n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=3, ignore_eos=True))
+    assert [o.token_ids for o in n] == [alone[0][:6]] * 3
+    again = [engine.generate(p, greedy).token_ids for p in prompts[:2]]       # slots freed and reused
+    assert again == alone[:2]
+    with pytest.raises(ValueError, match="recurrent layers"):
+        Engine(artifact, EngineConfig(speculative_tokens=3))

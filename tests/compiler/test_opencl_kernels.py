@@ -366,7 +366,7 @@ def test_owned_kv_conv_on_opencl(queue):
 def test_recurrent_kernels_on_opencl(queue):
     """targets/recurrent.py's GPU forms (Qwen3.5's DeltaNet: a work-group a sequence, its threads over 320 conv
     channels in two rounds of 256; a work-group a sequence and value head, its threads over 160 value columns in two
-    rounds of 128) against numpy: one sequence starting at position 0 over a stale slot, one going on from its
+    rounds of 128; Mamba-2's scan, the delta rule's kernel without its delta) against numpy: one sequence starting at position 0 over a stale slot, one going on from its
     slot's state, the states they leave."""
     from kiln.targets.recurrent import gated_delta, state_conv
     from recurrent_reference import conv_reference, delta_reference
@@ -390,13 +390,15 @@ def test_recurrent_kernels_on_opencl(queue):
     v = rng.standard_normal((5, hv, dv)).astype(np.float32)
     g, beta = -rng.uniform(0.01, 2.0, (5, hv)).astype(np.float32), rng.uniform(0, 1, (5, hv)).astype(np.float32)
     state = rng.standard_normal((3, hv, dk, dv)).astype(np.float32)
-    kernels = build_prim_func("recurrent_delta", gated_delta(hk, hv, dk, dv, gpu=True), "android-opencl")
-    got = _run_launches(queue, kernels, "recurrent_delta", {"q": q, "k": k, "v": v, "g": g, "beta": beta,
-                                                            "state": state.copy(), **tables,
-                                                            "out": np.full_like(v, 7.0)}, {})
-    want, want_state = delta_reference(q, k, v, g, beta, state, *order)
-    np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got["state"][[2, 0]], want_state[[2, 0]], rtol=1e-5, atol=1e-5)
+    for delta in (True, False):                 # the delta rule, and without its delta Mamba-2's scan
+        kernels = build_prim_func("recurrent_delta", gated_delta(hk, hv, dk, dv, gpu=True, delta=delta),
+                                  "android-opencl")
+        got = _run_launches(queue, kernels, "recurrent_delta", {"q": q, "k": k, "v": v, "g": g, "beta": beta,
+                                                                "state": state.copy(), **tables,
+                                                                "out": np.full_like(v, 7.0)}, {})
+        want, want_state = delta_reference(q, k, v, g, beta, state, *order, delta=delta)
+        np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got["state"][[2, 0]], want_state[[2, 0]], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kernel", ["decode", "paged prefill"])

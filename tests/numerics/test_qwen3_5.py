@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln import Engine, EngineConfig, SamplingParams
 from kiln.runtime.artifact import Artifact
-from tiny_models import assert_prefill_and_decode_match, write_widened
+from tiny_models import assert_prefill_and_decode_match, assert_recurrent_engine, write_widened
 
 pytestmark = pytest.mark.numerics
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -46,21 +45,7 @@ def test_qwen35_matches_transformers(qwen35):
 
 
 def test_engine_chunks_batches_and_forks_without_sharing(qwen35):
-    art = qwen35[0]
-    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    rng = np.random.default_rng(4)
-    prompts = [rng.integers(3, 500, size=int(rng.integers(2, 60))).tolist() for _ in range(4)]
-    plain = Engine(art)
-    alone = [plain.generate(p, greedy).token_ids for p in prompts]
-    engine = Engine(art, EngineConfig(max_tokens_per_step=16))                # prompts cut into chunks, batched
-    assert engine.scheduler.prefix_cache is None and not engine.runner.shares_kv
-    assert [o.token_ids for o in engine.generate(prompts, greedy)] == alone
-    n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=3, ignore_eos=True))
-    assert [o.token_ids for o in n] == [alone[0][:6]] * 3
-    again = [engine.generate(p, greedy).token_ids for p in prompts[:2]]       # slots freed and reused
-    assert again == alone[:2]
-    with pytest.raises(ValueError, match="recurrent layers"):
-        Engine(art, EngineConfig(speculative_tokens=3))
+    assert_recurrent_engine(qwen35[0])
 
 
 def test_state_slots_follow_their_sequences(qwen35):
@@ -195,12 +180,14 @@ def test_qwen35_moe_gguf_matches_transformers(tmp_path):
 
 def test_recurrent_kernels_build_for_cuda():
     """The conv and delta-rule kernels' GPU forms (their numerics: tests/compiler/test_opencl_kernels.py) through
-    nvcc for an H100, at Qwen3.5-9B's sizes (8192 conv channels, 16 key heads and 32 value heads of 128)."""
+    nvcc for an H100, at Qwen3.5-9B's sizes (8192 conv channels, 16 key heads and 32 value heads of 128), and the
+    scan at Granite-4.0-H-Small's (128 heads of 64 over one group's 128-wide state)."""
     import tvm
 
     from kiln.targets.recurrent import gated_delta, state_conv
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
-    for name, func in (("conv", state_conv(8192, 4, "float16", gpu=True)), ("delta", gated_delta(16, 32, 128, 128,
-                                                                                                  gpu=True))):
+    for name, func in (("conv", state_conv(8192, 4, "float16", gpu=True)),
+                       ("delta", gated_delta(16, 32, 128, 128, gpu=True)),
+                       ("scan", gated_delta(1, 128, 128, 64, gpu=True, delta=False))):
         lib = tvm.compile(tvm.IRModule({name: func}), target=target)
         assert "__global__" in lib.mod.imports[0].inspect_source()
