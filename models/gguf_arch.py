@@ -87,6 +87,7 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  as [heads, 1], the gated norm's weight as [groups, inner / groups], the conv
                                  squeezed, dt_bias as ssm_dt.bias (their sizes as ssm.*: time_step_rank the heads,
                                  inner_size their width); RoPE unless rope.scaling.finetuned is false
+    mamba2   Mamba-2             nemotron_h's Mamba-2 blocks alone (no attention keys: head_count 0)
     nemotron_h Nemotron-H        a block a layer, under `backbone`: its norm as attn_norm, then Mamba-2 as
                                  granitehybrid's, attention (q/k rows permuted, no RoPE) where head_count_kv (a
                                  layer) is not 0, a squared-ReLU MLP (ffn_up / ffn_down) where feed_forward_length
@@ -206,6 +207,7 @@ def mamba2_layer(module: str) -> dict[str, str]:
 NEMOTRON_H_LAYER = {"attn_norm": "norm", **mamba2_layer("mixer"), "attn_q": "mixer.q_proj", "attn_k": "mixer.k_proj",
                     "attn_v": "mixer.v_proj", "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj",
                     "ffn_down": "mixer.down_proj"}
+BACKBONE_GLOBAL = {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head"}
 GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                       "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
 FALCON_LAYER = {"attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
@@ -746,6 +748,17 @@ def _granitehybrid(reader, arch, tensors, c):
         c.update(num_experts_per_tok=0, shared_intermediate_size=c["intermediate_size"])
 
 
+def _mamba2_only(reader, arch, tensors, c):
+    """Mamba-2 alone (llama.cpp's Mamba2Model): its sizes under Mamba2Config's names, no attention keys."""
+    sizes = _mamba2(reader, arch, tensors, c)
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        c.pop(key)
+    c.update(num_heads=sizes["mamba_num_heads"], head_dim=sizes["mamba_head_dim"], n_groups=sizes["n_groups"],
+             state_size=sizes["ssm_state_size"], conv_kernel=sizes["conv_kernel"], use_conv_bias=sizes["use_conv_bias"],
+             use_bias=sizes["mamba_proj_bias"], layer_norm_epsilon=c.pop("rms_norm_eps"),
+             expand=sizes["mamba_num_heads"] * sizes["mamba_head_dim"] // c["hidden_size"])
+
+
 def _nemotron_h(reader, arch, tensors, c):
     """Nemotron-H: each block's kind from the per-layer head_count_kv (attention where not 0) and
     feed_forward_length (an MLP where not 0), the rest Mamba-2 (_mamba2); its norm epsilon as layer_norm_epsilon."""
@@ -1063,10 +1076,11 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                               joins=lambda c: {} if c["num_local_experts"] else {
                                   "shared_mlp.input_linear": ("ffn_gate", "ffn_up")}),
     "nemotron_h": GGUFArch("nemotron_h", ("NemotronHForCausalLM",), NEMOTRON_H_LAYER, permuted=True,
-                           global_names={"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f",
-                                         "output": "lm_head"}, layer_prefix="backbone.layers", config=_nemotron_h,
-                           squeezed=("ssm_conv1d",), values=_MAMBA2_A,
-                           flattened=MAMBA2_FLATTENED),
+                           global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_nemotron_h,
+                           squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
+    "mamba2": GGUFArch("mamba2", ("Mamba2ForCausalLM",), {"attn_norm": "norm", **mamba2_layer("mixer")},
+                       global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_mamba2_only,
+                       squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
     "gpt-oss": GGUFArch("gpt_oss", ("GptOssForCausalLM",), GPT_OSS_LAYER, config=_gpt_oss,

@@ -32,7 +32,7 @@ from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, DecoderConfig, OwnedStackLM
 from .config import ConfigField, fields_with
 from .layers import MLP, DecoderLayer, Flags, Norm, PagedAttention
 from .llama import LlamaConfig
-from .moe import SparseMoE
+from .moe import MoESpec, SparseMoE
 from .rope import inv_freq
 
 MAMBA_FIELDS = (
@@ -245,17 +245,28 @@ def bamba_weight_map(c: BambaConfig) -> WeightMap:
 
 # -- Nemotron-H --------------------------------------------------------------------------------------------------
 
+MAMBA2_CONTEXT = 1 << 20          # a Mamba-2 model's context where its config names none (llama.cpp's choice)
 NEMOTRON_H_KINDS = {"linear_attention": "mamba", "mamba": "mamba", "M": "mamba", "full_attention": "attention",
-                    "attention": "attention", "*": "attention", "mlp": "mlp", "-": "mlp"}
+                    "attention": "attention", "*": "attention", "mlp": "mlp", "-": "mlp", "moe": "moe", "E": "moe"}
 
 
 @dataclass(frozen=True)
 class NemotronHConfig(Mamba2Fields, DecoderConfig):
     """Nemotron-H: a block a layer, its kind from `layers_block_type` (or `hybrid_override_pattern`: M Mamba-2,
-    * attention, - MLP); MLPs relu(x)^2 without a gate; attention without RoPE; weights under `backbone`."""
+    * attention, - MLP, E experts); MLPs relu(x)^2 without a gate; attention without RoPE; weights under `backbone`.
+    Nemotron-H MoE's (Nemotron 3 Nano) expert blocks: `n_routed_experts` such MLPs routed as DeepSeek-V3 routes
+    (sigmoid scores, a choice bias, `n_group` groups), beside a shared one of moe_shared_expert_intermediate_size."""
 
     block_kinds: tuple[str, ...] = ()
     mlp_bias: bool = False
+    num_experts: int = 0
+    top_k: int = 1
+    moe_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    groups: int = 1
+    top_groups: int = 1
+    routed_scale: float = 1.0
+    norm_topk_prob: bool = True
 
     ARCH: ClassVar[str] = "nemotron_h"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
@@ -269,7 +280,16 @@ class NemotronHConfig(Mamba2Fields, DecoderConfig):
         ConfigField("mamba_conv_bias", ("use_conv_bias", "mamba_conv_bias"), default=True),
         ConfigField("block_kinds", ("layers_block_type", "layer_types", "hybrid_override_pattern")),
         ConfigField("activation", ("mlp_hidden_act",), default="relu2"),
-        ConfigField("mlp_bias", ("mlp_bias",), default=False))
+        ConfigField("mlp_bias", ("mlp_bias",), default=False),
+        ConfigField("num_experts", ("n_routed_experts", "num_local_experts"), default=0),
+        ConfigField("top_k", ("num_experts_per_tok",), default=1),
+        ConfigField("moe_intermediate_size", ("moe_intermediate_size",), default=0),
+        ConfigField("shared_intermediate_size", ("moe_shared_expert_intermediate_size",), default=0),
+        ConfigField("shared_experts", ("n_shared_experts",), default=1),
+        ConfigField("groups", ("n_group",), default=1), ConfigField("top_groups", ("topk_group",), default=1),
+        ConfigField("routed_scale", ("routed_scaling_factor",), default=1.0),
+        ConfigField("norm_topk_prob", ("norm_topk_prob",), default=True),
+        ConfigField("latent_size", ("moe_latent_size",), default=None))
 
     @classmethod
     def from_hf(cls, hf: dict) -> "NemotronHConfig":
@@ -284,8 +304,16 @@ class NemotronHConfig(Mamba2Fields, DecoderConfig):
         for block in values.pop("block_kinds"):
             if block not in NEMOTRON_H_KINDS:
                 raise ValueError(f"Nemotron-H block {block!r} is not supported (supported: Mamba-2 'M', attention "
-                                 "'*', MLP '-'; the MoE blocks 'E' of Nemotron-H MoE are not built yet)")
+                                 "'*', MLP '-', experts 'E')")
             kinds.append(NEMOTRON_H_KINDS[block])
+        if values.pop("latent_size") is not None and "moe" in kinds:
+            raise ValueError("Nemotron-H experts in a latent space (moe_latent_size: Nemotron 3 Super) are not "
+                             "supported yet")
+        if values.pop("shared_experts") != 1 and "moe" in kinds:
+            raise ValueError("Nemotron-H with n_shared_experts other than 1 is not supported (its shared MLP is one "
+                             "MLP of moe_shared_expert_intermediate_size)")
+        if "moe" not in kinds:
+            values["num_experts"] = 0
         if len(kinds) != values["num_hidden_layers"]:
             raise ValueError(f"layers_block_type lists {len(kinds)} blocks for {values['num_hidden_layers']} layers; "
                              "fix config.json")
@@ -300,6 +328,52 @@ class NemotronHConfig(Mamba2Fields, DecoderConfig):
     def layer_attention(self):
         return tuple(dataclasses.replace(a, rope=False) for a in super().layer_attention())
 
+    def layer_moe(self, layer: int) -> MoESpec | None:
+        if self.block_kinds[layer] != "moe":
+            return None
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, normalize=self.norm_topk_prob,
+                       shared_intermediate_size=self.shared_intermediate_size, shared_gated=False, scoring="sigmoid",
+                       choice_bias=True, groups=self.groups, top_groups=self.top_groups, routed_scale=self.routed_scale,
+                       norm_eps=1e-20, gated=False)
+
+
+@dataclass(frozen=True)
+class Mamba2Config(NemotronHConfig):
+    """Mamba-2 alone (Mamba2ForCausalLM: Mamba-Codestral, the state-spaces models): Nemotron-H's blocks, every one
+    Mamba-2, its sizes under Mamba2Config's names (num_heads, head_dim, state_size, expand, use_bias); no attention
+    and no context limit of its own (a state a sequence: `context` caps what the artifact takes)."""
+
+    ARCH: ClassVar[str] = "mamba2"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        NemotronHConfig.FIELDS, ConfigField("intermediate_size", ("intermediate_size",), default=0),
+        ConfigField("num_attention_heads", ("num_attention_heads",), default=1),
+        ConfigField("head_dim", ("attention_head_dim",), default=None),
+        ConfigField("context_window_size", ("max_position_embeddings",), default=MAMBA2_CONTEXT),
+        ConfigField("mamba_heads", ("num_heads", "mamba_num_heads"), default=128),
+        ConfigField("mamba_head_dim", ("head_dim", "mamba_head_dim"), default=64),
+        ConfigField("mamba_state", ("state_size", "ssm_state_size"), default=128),
+        ConfigField("mamba_proj_bias", ("use_bias", "mamba_proj_bias"), default=False),
+        ConfigField("mamba_activation", ("hidden_act",), default="silu"),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "Mamba2Config":
+        if not (hf.get("layers_block_type") or hf.get("layer_types")):
+            hf = dict(hf, layers_block_type=["mamba"] * hf["num_hidden_layers"])
+        return super().from_hf(hf)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        values = super().adapt(values, hf, notes)
+        if set(values["block_kinds"]) != {"mamba"}:
+            raise ValueError(f"a mamba2 model's layers are all Mamba-2 ones; layer_types lists "
+                             f"{sorted(set(values['block_kinds']))}; fix config.json")
+        inner = values["mamba_expand"] * values["hidden_size"]
+        if values["mamba_heads"] * values["mamba_head_dim"] != inner:
+            raise ValueError(f"num_heads x head_dim ({values['mamba_heads']} x {values['mamba_head_dim']}) must be "
+                             f"expand x hidden_size ({inner}); fix config.json")
+        return values
+
 
 class NemotronHBlock(nn.Module):
     def __init__(self, c: NemotronHConfig, layer: int):
@@ -310,12 +384,14 @@ class NemotronHBlock(nn.Module):
         elif kind == "attention":
             self.mixer = PagedAttention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                         c.flags(), c.norm_eps)
+        elif kind == "moe":
+            self.mixer = SparseMoE(c.hidden_size, c.layer_moe(layer), c.flags())
         else:
             self.mixer = MLP(c.hidden_size, c.intermediate_size, c.flags())
 
     def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor) -> Tensor:
         h = self.norm(x)
-        return x + (self.mixer(h) if self.kind == "mlp" else self.mixer(h, kv, layer_id, positions))
+        return x + (self.mixer(h) if self.kind in ("mlp", "moe") else self.mixer(h, kv, layer_id, positions))
 
 
 class NemotronHStack(PositionalStack):
@@ -324,8 +400,11 @@ class NemotronHStack(PositionalStack):
 
 
 class NemotronHForCausalLM(OwnedStackLM):
+    """CausalLM's entry functions over NemotronHStack (Nemotron-H, Mamba-2 alone); its KV cache always the one kiln
+    owns."""
+
     STACK: ClassVar[type] = NemotronHStack
-    OWNED_ONLY: ClassVar[str] = "Nemotron-H's Mamba-2 layers keep a recurrent state a sequence"
+    OWNED_ONLY: ClassVar[str] = "its Mamba-2 layers keep a recurrent state a sequence"
 
     def set_kv_dtype(self, dtype: str) -> None:
         self.kv_dtype = None if dtype == self.dtype else dtype
@@ -346,9 +425,20 @@ def nemotron_h_weight_map(c: NemotronHConfig) -> WeightMap:
         elif kind == "attention":
             m[f"{k}.mixer.qkv_proj.weight"] = [f"{h}.mixer.{x}_proj.weight" for x in "qkv"]
             m[f"{k}.mixer.o_proj.weight"] = [f"{h}.mixer.o_proj.weight"]
+        elif kind == "moe":
+            experts = [f"{h}.mixer.experts.{j}" for j in range(c.num_experts)]
+            m[f"{k}.mixer.router"] = [f"{h}.mixer.gate.weight"]
+            m[f"{k}.mixer.choice_bias"] = [f"{h}.mixer.gate.e_score_correction_bias"]
+            m[f"{k}.mixer.experts_gate_up.weight"] = [f"{e}.up_proj.weight" for e in experts]
+            m[f"{k}.mixer.experts_down.weight"] = [f"{e}.down_proj.weight" for e in experts]
+            m.update(_mlp_weights(c, f"{k}.mixer.shared", f"{h}.mixer.shared_experts"))
         else:
-            for x in ("up_proj", "down_proj"):
-                m.update({f"{k}.mixer.{x}.{p}": [f"{h}.mixer.{x}.{p}"]
-                          for p in (("weight", "bias") if c.mlp_bias else ("weight",))})
+            m.update(_mlp_weights(c, f"{k}.mixer", f"{h}.mixer"))
     return m
+
+
+def _mlp_weights(c: NemotronHConfig, kiln: str, hf: str) -> WeightMap:
+    """A squared-ReLU MLP's up and down projections (and biases where mlp_bias)."""
+    return {f"{kiln}.{x}.{p}": [f"{hf}.{x}.{p}"] for x in ("up_proj", "down_proj")
+            for p in (("weight", "bias") if c.mlp_bias else ("weight",))}
 

@@ -11,7 +11,8 @@ outputs weighted by the router's scores.
                                                 w / sum(w) where the family normalises (Mixtral,
                                                 norm_topk_prob), times `routed_scale`; Phi-3.5-MoE's
                                                 sparsemixer picks and weighs its two otherwise (_sparsemixer)
-    y       = sum_j w_j * down[e_j](act(gate[e_j] x) * up[e_j] x)
+    y       = sum_j w_j * down[e_j](act(gate[e_j] x) * up[e_j] x)      (act(up[e_j] x) where the experts
+                                                have no gate: Nemotron-H's squared ReLU)
             (+ sigmoid(shared_gate . x) * shared_mlp(x): Qwen2-MoE's shared expert;
              + shared_mlp(x): Granite MoE Shared's, GLM-4.5's, ungated)
 
@@ -73,6 +74,7 @@ class MoESpec:
                                             # -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
     expert_scale: bool = False              # each chosen expert's weight times a learned scale of its own, after
                                             # the normalisation (Gemma 4's per_expert_scale)
+    gated: bool = True                      # False: experts down(act(up x)), no gate rows (Nemotron-H)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -105,13 +107,14 @@ class SparseMoE(nn.Module):
             self.router_bias = nn.Parameter((e,), "float32")
         if spec.expert_scale:
             self.expert_scale = nn.Parameter((e,), "float32")
+        rows = (2 if spec.gated else 1) * i
         if spec.expert_bias:                # every expert's biases, in its rows' order (gate's, then up's)
-            self.experts_gate_up_bias = nn.Parameter((e, 2 * i))
+            self.experts_gate_up_bias = nn.Parameter((e, rows))
             self.experts_down_bias = nn.Parameter((e, hidden_size))
-        # Every expert's rows in one Linear (expert 0's gate and up rows, then expert 1's, ...), never
-        # called as a Linear: the quantizer stores it as any other (planes of [experts * rows, cols])
-        # and the expert matmul reads the rows of the experts each token picked.
-        self.experts_gate_up = nn.Linear(hidden_size, e * 2 * i, bias=False)
+        # Every expert's rows in one Linear (expert 0's gate and up rows, then expert 1's, ...; up rows only where
+        # the experts have no gate), never called as a Linear: the quantizer stores it as any other (planes of
+        # [experts * rows, cols]) and the expert matmul reads the rows of the experts each token picked.
+        self.experts_gate_up = nn.Linear(hidden_size, e * rows, bias=False)
         self.experts_down = nn.Linear(i, e * hidden_size, bias=False)
         if spec.shared_intermediate_size:
             self.shared = MLP(hidden_size, spec.shared_intermediate_size, flags)
@@ -144,18 +147,10 @@ class SparseMoE(nn.Module):
         weights = weights if weights.dtype == flat.dtype else weights.astype(flat.dtype)
         slots = op.reshape(weights, (b * s, k, 1))
         x_in = op.reshape(flat, (b * s, 1, h)) * slots if spec.scale_input else flat               # [T, (k,) h]
-        gate_up = _expert_matmul(x_in, self.experts_gate_up, experts, 2 * i)                     # [T, k, 2i]
+        gate_up = _expert_matmul(x_in, self.experts_gate_up, experts, (2 if spec.gated else 1) * i)   # [T, k, 2i]
         if spec.expert_bias:
             gate_up = gate_up + op.take(self.experts_gate_up_bias, experts, axis=0)
-        gate, up = op.split(gate_up, 2, axis=-1)                                                  # [T, k, i]
-        if spec.clamped_glu:
-            alpha, limit = spec.clamped_glu
-            gate = op.minimum(gate, op.full((1,), limit, gate.dtype))
-            up = op.maximum(op.minimum(up, op.full((1,), limit, up.dtype)), op.full((1,), -limit, up.dtype))
-            hidden = (up + 1.0) * (gate * op.sigmoid(gate * alpha))
-        else:
-            hidden = _activation(gate, self.activation) * up
-        out = _expert_matmul(hidden, self.experts_down, experts, h)                              # [T, k, h]
+        out = _expert_matmul(self._activated(gate_up), self.experts_down, experts, h)            # [T, k, h]
         if spec.expert_bias:
             out = out + op.take(self.experts_down_bias, experts, axis=0)
         y = op.sum(out if spec.scale_input else out * slots, axis=1)                              # [T, h]
@@ -165,6 +160,19 @@ class SparseMoE(nn.Module):
         elif hasattr(self, "shared"):
             y = y + self.shared(flat)
         return op.reshape(y, (b, s, h))
+
+    def _activated(self, gate_up: Tensor) -> Tensor:
+        """The chosen experts' hidden values [T, k, i] from their gate and up rows (or up rows only)."""
+        spec = self.spec
+        if not spec.gated:
+            return _activation(gate_up, self.activation)
+        gate, up = op.split(gate_up, 2, axis=-1)                                                  # [T, k, i]
+        if spec.clamped_glu:
+            alpha, limit = spec.clamped_glu
+            gate = op.minimum(gate, op.full((1,), limit, gate.dtype))
+            up = op.maximum(op.minimum(up, op.full((1,), limit, up.dtype)), op.full((1,), -limit, up.dtype))
+            return (up + 1.0) * (gate * op.sigmoid(gate * alpha))
+        return _activation(gate, self.activation) * up
 
     def _route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
         """(weights [T, k] float32, experts [T, k] int32) from the router's logits (the module docstring)."""

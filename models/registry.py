@@ -127,6 +127,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  mamba2.bamba_weight_map),
     Architecture("nemotron_h", ("NemotronHForCausalLM",), ("nemotron_h",), mamba2.NemotronHConfig,
                  mamba2.NemotronHForCausalLM, mamba2.nemotron_h_weight_map),
+    Architecture("mamba2", ("Mamba2ForCausalLM",), ("mamba2",), mamba2.Mamba2Config, mamba2.NemotronHForCausalLM,
+                 mamba2.nemotron_h_weight_map),
     _arch("hyperclovax", ("HyperCLOVAXForCausalLM",), ("hyperclovax",), granite, granite.HyperCLOVAXConfig,
           granite.HyperCLOVAXForCausalLM),
     _arch("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), olmo2, olmo2.Olmo2Config, olmo2.Olmo2ForCausalLM),

@@ -9,13 +9,12 @@ _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its
 _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
     "mamba": ("Mamba", "state-space layers instead of attention"),
-    "mamba2": ("Mamba-2", "state-space layers instead of attention"),
     "falcon_mamba": ("Falcon Mamba", "state-space layers instead of attention"),
     **{t: (name, _MAMBA) for t, name in (
         ("jamba", "Jamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"), ("falcon_h1", "Falcon-H1"),
         ("falcon-h1", "Falcon-H1"))},
-    "nemotron_h_moe": ("Nemotron-H MoE", "mixture-of-experts blocks (Nemotron-H's Mamba-2, attention and MLP blocks "
-                                         "are built, its MoE blocks not yet)"),
+    "nemotron_h_moe": ("Nemotron-H MoE GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face "
+                                              "checkpoint compiles)"),
     **{t: (name, _LINEAR) for t, name in (
         ("kimi_linear", "Kimi Linear"),
         ("kimi-linear", "Kimi Linear"),

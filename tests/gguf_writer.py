@@ -24,6 +24,7 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              count a layer; as granitehybrid (an older converter: `arch`) without RoPE; with Mamba layers as
              granitehybrid: their sizes as ssm.*, A as -exp(A_log) and D as [heads, 1], the gated norm's weight as
              [groups, inner / groups], dt_bias as ssm_dt.bias, the conv squeezed (Mamba2Model's)
+    mamba2   Mamba2Model's: no attention keys, ssm.* and Mamba-2's tensors as granitehybrid's
     nemotron_h NemotronHModel's: a kv head count and an MLP width a layer (0 where the block is another kind), the
              layer_norm_epsilon, no RoPE (context 2 ** 20), Mamba-2's tensors and ssm.* as granitehybrid's
     gemma4   Gemma4Model's keys: the layer kinds as sliding_window_pattern, the global head size as key_length and
@@ -80,7 +81,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-             "nemotron_h": "nemotron_h"}
+             "nemotron_h": "nemotron_h", "mamba2": "mamba2"}
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h")
 
@@ -111,6 +112,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         _tokenizer(w, hf_dir, cfg["vocab_size"], pre="qwen35")
     elif arch == "nemotron_h":
         _nemotron_h(w, cfg)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
+    elif arch == "mamba2":
+        _mamba2_only(w, cfg)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
         _metadata(w, cfg, arch, tensors)
@@ -579,6 +583,17 @@ def _nemotron_h(w: gguf.GGUFWriter, cfg: dict) -> None:
             cfg["conv_kernel"])
 
 
+def _mamba2_only(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """Mamba2Model's keys: no attention (head_count and feed_forward_length 0), a context of 2 ** 20."""
+    w.add_context_length(2 ** 20)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(cfg["num_hidden_layers"])
+    _mamba2(w, cfg["num_heads"], cfg["head_dim"], cfg["n_groups"], cfg["state_size"], cfg["conv_kernel"])
+    w.add_layer_norm_rms_eps(cfg["layer_norm_epsilon"])
+
+
 def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Mamba2Model's transforms: A as -exp(A_log), A and D as [heads, 1], the gated norm's weight as [groups,
     inner / groups], dt_bias renamed dt_proj.bias, the conv squeezed."""
@@ -695,7 +710,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
     if arch in ("qwen35", "qwen35moe"):
         hf = _qwen35_tensors(cfg, hf)
-    if arch in ("granitehybrid", "nemotron_h"):
+    if arch in ("granitehybrid", "nemotron_h", "mamba2"):
         hf = _mamba2_tensors(cfg, hf)
     if arch == "lfm2":             # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}

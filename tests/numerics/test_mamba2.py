@@ -1,9 +1,10 @@
 """Mamba-2 hybrids (models/mamba2.py) against transformers: tiny random-init models compiled q0f32 for the CPU give
 transformers' logits within 1e-4 (every prefill position, the last-token prefill, greedy decode steps, each Mamba-2
 layer's conv and scan state carried in its slot of the KV cache kiln owns): Granite 4.0-H (MoE beside the shared MLP,
-no RoPE, two groups of B and C), a dense Granite 4.0-H with RoPE, Bamba (RoPE on half of each head) and Nemotron-H
-(Mamba-2, attention and MLP blocks); the engine's chunked prefill, batches and n > 1 give a plain run's tokens;
-GGUFs as llama.cpp's converter writes them (granitehybrid, nemotron_h) read back into the models they came from."""
+no RoPE, two groups of B and C), a dense Granite 4.0-H with RoPE, Bamba (RoPE on half of each head), Nemotron-H
+(Mamba-2, attention and MLP blocks), Nemotron-H MoE (squared-ReLU experts without a gate, routed by sigmoid
+scores with a choice bias in groups) and Mamba-2 alone (no attention layer); the engine's chunked prefill, batches and n > 1 give a plain run's tokens;
+GGUFs as llama.cpp's converter writes them (granitehybrid, nemotron_h, mamba2) read back into the models they came from."""
 
 from __future__ import annotations
 
@@ -32,7 +33,15 @@ FAMILIES = {
     "nemotron-h": ("NemotronHForCausalLM", "NemotronHConfig", dict(
         SMALL, head_dim=16, num_hidden_layers=6, layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"],
         mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16)),
+    "nemotron-h-moe": ("NemotronHForCausalLM", "NemotronHConfig", dict(         # Nemotron 3 Nano's blocks
+        SMALL, head_dim=16, num_hidden_layers=4, layers_block_type=["mamba", "moe", "attention", "moe"],
+        mamba_num_heads=4, mamba_head_dim=16, n_groups=2, ssm_state_size=16, n_routed_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2,
+        topk_group=1, routed_scaling_factor=2.5)),
+    "mamba2": ("Mamba2ForCausalLM", "Mamba2Config", dict(                        # no attention layer at all
+        SMALL, num_hidden_layers=3, num_heads=8, head_dim=16, state_size=16, n_groups=2, expand=2)),
 }
+GGUF = ("nemotron-h", "mamba2")        # (granitehybrid's: test_granite4_hybrid_gguf_matches_transformers)
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +74,9 @@ def test_mamba2_hybrid_matches_transformers(family, tmp_path):
     ref = write_widened(model_cls, config_cls, cfg, tmp_path / "hf", seed=2)
     art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS[:16], 1e-4)
-    if family == "nemotron-h":      # its GGUF: a kv head count and an MLP width a layer say each block's kind
+    if family in GGUF:              # nemotron_h's: a kv head count and an MLP width a layer say each block's kind
         from gguf_writer import write_gguf
-        path = write_gguf(tmp_path / "hf", tmp_path / "nemotron-h.gguf")
+        path = write_gguf(tmp_path / "hf", tmp_path / f"{family}.gguf")
         art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "gguf")
         assert_prefill_and_decode_match(art, ref, IDS[:16], 1e-4)
 

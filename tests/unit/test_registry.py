@@ -114,7 +114,9 @@ MLA = dict(ROUTED, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_h
      "layer_types must list 'mamba' or 'attention'"),
     (dict(BASE, model_type="granitemoehybrid", layer_types=["mamba"] * 4, mamba_n_heads=5), "mamba_n_heads .5. must "
      "divide"),
-    (dict(BASE, model_type="nemotron_h", hybrid_override_pattern="M*-E"), "block 'E' is not supported"),
+    (dict(BASE, model_type="nemotron_h", hybrid_override_pattern="M*-X"), "block 'X' is not supported"),
+    (dict(BASE, model_type="nemotron_h", hybrid_override_pattern="M*-E", moe_latent_size=16),
+     "latent space .moe_latent_size"),
     (dict(BASE, model_type="minimax_m2", **ROUTED, use_routing_bias=False), "use_routing_bias false"),
     (dict(BASE, model_type="ernie4_5_moe", moe_num_experts=[8, 8], moe_k=2, moe_intermediate_size=32),
      "list for num_experts .* load a text model"),
