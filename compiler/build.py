@@ -453,12 +453,13 @@ def _in_order(fn, items: list, workers: int):
 
 def _kv_layout(config, page_size: int, dtype: str, window_mode: str, owner: str = "tvm") -> KVCacheLayout:
     """The KV cache as the model creates it: per-layer attention kinds, the sliding window and its mode,
-    whose cache it is."""
+    whose cache it is. Its layers are the config's layer_attention() entries: a layer each, but where a layer
+    keeps two kinds of memory (Falcon-H1: keys and values, and a Mamba-2 state), one a kind."""
     layers = config.layer_attention()
     layer_kv, sources = getattr(config, "kv_layers", lambda: None)() or ((), ())
     states = getattr(config, "state_layers", lambda: ())()
     tables = (OWNED_KV_TABLES + (OWNED_STATE_TABLES if any(states) else ())) if owner == "kiln" else ()
-    return KVCacheLayout(page_size, config.num_hidden_layers, config.num_key_value_heads, config.head_dim, dtype,
+    return KVCacheLayout(page_size, len(layers), config.num_key_value_heads, config.head_dim, dtype,
                          layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers),
                          window_mode=window_mode, owner=owner, tables=tables, layer_kv=layer_kv, layer_sources=sources,
                          layer_states=states)

@@ -64,13 +64,17 @@ class Mamba2Fields:
     dt_limit: tuple[float, float] = (0.0, float("inf"))
     mamba_activation: str = "silu"
     mamba_layers: tuple[int, ...] = ()
+    mamba_norm: str = "gated"           # rmsnorm(y * silu(z)) * w; "before_gate": rmsnorm(y) * w * silu(z);
+                                        # "none": y * silu(z) (Falcon-H1's mamba_rms_norm false)
+    mamba_out_bias: bool | None = None  # out_proj's bias where it is not in_proj's (Falcon-H1's projectors_bias)
 
     @classmethod
-    def mamba_values(cls, values: dict, mamba_layers) -> dict:
-        """values with the Mamba-2 fields checked and completed (the head size from expand where "auto")."""
+    def mamba_values(cls, values: dict, mamba_layers, inner: int | None = None) -> dict:
+        """values with the Mamba-2 fields checked and completed (the head size from `inner`, else expand x hidden,
+        where "auto")."""
         heads, groups = values["mamba_heads"], values["mamba_groups"]
         if values["mamba_head_dim"] in (None, "auto"):
-            inner = values["mamba_expand"] * values["hidden_size"]
+            inner = inner or values["mamba_expand"] * values["hidden_size"]
             if inner % heads:
                 raise ValueError(f"mamba_n_heads ({heads}) must divide mamba_expand * hidden_size ({inner}); fix "
                                  "config.json")
@@ -119,7 +123,7 @@ class Mamba2Mixer(nn.Module):
     def __init__(self, c: Mamba2Fields):
         self.heads, self.head_dim, self.groups, self.state = c.mamba_heads, c.mamba_head_dim, c.mamba_groups, \
             c.mamba_state
-        self.inner, self.eps, self.dt_limit = c.mamba_inner, c.norm_eps, c.dt_limit
+        self.inner, self.eps, self.dt_limit, self.norm_kind = c.mamba_inner, c.norm_eps, c.dt_limit, c.mamba_norm
         channels = c.conv_channels()
         self.in_proj = nn.Linear(c.hidden_size, self.inner + channels + self.heads, bias=c.mamba_proj_bias)
         self.conv = nn.Parameter((channels, c.mamba_taps))
@@ -128,8 +132,10 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter((self.heads,))
         self.A_log = nn.Parameter((self.heads,))
         self.D = nn.Parameter((self.heads,))
-        self.norm = nn.Parameter((self.inner,))
-        self.out_proj = nn.Linear(self.inner, c.hidden_size, bias=c.mamba_proj_bias)
+        if c.mamba_norm != "none":
+            self.norm = nn.Parameter((self.inner,))
+        out_bias = c.mamba_proj_bias if c.mamba_out_bias is None else c.mamba_out_bias
+        self.out_proj = nn.Linear(self.inner, c.hidden_size, bias=out_bias)
 
     def forward(self, x: Tensor, kv, layer_id: int, positions: Tensor | None = None) -> Tensor:
         b, s, _ = x.shape
@@ -147,12 +153,20 @@ class Mamba2Mixer(nn.Module):
         xs = op.reshape(xs, (b, s, heads, p))
         B, C = (op.reshape(t, (b, s, groups, n)) for t in (B, C))
         y = kv.gated_delta(layer_id, C, B, xs, g, dt, delta=False)                       # [b, s, heads, p] f32
-        y = y + xs * op.reshape(self.D.astype("float32"), (heads, 1))
-        y = op.reshape(y, (b, s, inner)) * op.silu(z.astype("float32"))
-        width = inner // groups                                                            # the gated norm's groups
-        y = op.reshape(op.rms_norm(op.reshape(y, (b, s, groups, width)), op.ones((width,), "float32"), axes=[-1],
-                                   epsilon=self.eps), (b, s, inner))
-        return self.out_proj((y * self.norm.astype("float32")).astype(x.dtype))
+        y = op.reshape(y + xs * op.reshape(self.D.astype("float32"), (heads, 1)), (b, s, inner))
+        gate = op.silu(z.astype("float32"))
+        if self.norm_kind == "none":
+            return self.out_proj((y * gate).astype(x.dtype))
+        y = self._normed(y * gate if self.norm_kind == "gated" else y)
+        return self.out_proj((y if self.norm_kind == "gated" else y * gate).astype(x.dtype))
+
+    def _normed(self, y: Tensor) -> Tensor:
+        """RMSNorm over each group's inner / groups channels, times the norm's weight."""
+        b, s, inner = y.shape
+        width = inner // self.groups
+        y = op.rms_norm(op.reshape(y, (b, s, self.groups, width)), op.ones((width,), "float32"), axes=[-1],
+                        epsilon=self.eps)
+        return op.reshape(y, (b, s, inner)) * self.norm.astype("float32")
 
 
 def _float(x) -> float:
@@ -168,13 +182,16 @@ def mamba_weights(c: Mamba2Fields, kiln: str, hf: str) -> WeightMap:
     """A Mamba-2 layer's weights: kiln's mixer `kiln` from the checkpoint's mixer `hf` (their shared names)."""
     m: WeightMap = {f"{kiln}.{x}.weight": [f"{hf}.{x}.weight"] for x in ("in_proj", "out_proj")}
     if c.mamba_proj_bias:
-        m.update({f"{kiln}.{x}.bias": [f"{hf}.{x}.bias"] for x in ("in_proj", "out_proj")})
+        m[f"{kiln}.in_proj.bias"] = [f"{hf}.in_proj.bias"]
+    if c.mamba_proj_bias if c.mamba_out_bias is None else c.mamba_out_bias:
+        m[f"{kiln}.out_proj.bias"] = [f"{hf}.out_proj.bias"]
     m[f"{kiln}.conv"] = WeightSpec((f"{hf}.conv1d.weight",), lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1)))
     if c.mamba_conv_bias:
         m[f"{kiln}.conv_bias"] = [f"{hf}.conv1d.bias"]
     for x in ("dt_bias", "A_log", "D"):
         m[f"{kiln}.{x}"] = [f"{hf}.{x}"]
-    m[f"{kiln}.norm"] = [f"{hf}.norm.weight"]
+    if c.mamba_norm != "none":
+        m[f"{kiln}.norm"] = [f"{hf}.norm.weight"]
     return m
 
 

@@ -11,8 +11,9 @@ _UNSUPPORTED = {
     "mamba": ("Mamba", "state-space layers instead of attention"),
     "falcon_mamba": ("Falcon Mamba", "state-space layers instead of attention"),
     **{t: (name, _MAMBA) for t, name in (
-        ("jamba", "Jamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"), ("falcon_h1", "Falcon-H1"),
-        ("falcon-h1", "Falcon-H1"))},
+        ("jamba", "Jamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"))},
+    "falcon-h1": ("Falcon-H1 GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face checkpoint "
+                                    "compiles)"),
     "nemotron_h_moe": ("Nemotron-H MoE GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face "
                                               "checkpoint compiles)"),
     **{t: (name, _LINEAR) for t, name in (

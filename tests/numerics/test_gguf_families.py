@@ -265,27 +265,25 @@ def test_a_router_the_hf_model_cannot_run_is_refused(case, change, refusal, tmp_
     """A GGUF whose router llama.cpp would run otherwise than the Hugging Face family can (softmax scores for
     dots.llm1's sigmoid router; expert groups for Hunyuan MoE, which has none; DeepSeek-V2's softmax renormalised
     and in groups scored by their two best experts) is refused on load, naming the key and the fix."""
-    import json
-
-    from kiln.models.source import ModelLoadError
-    write_hf(case, tmp_path / "hf")
-    cfg_path = tmp_path / "hf" / "config.json"
-    cfg_path.write_text(json.dumps(dict(json.loads(cfg_path.read_text()), **change)))
-    with pytest.raises(ModelLoadError, match=refusal):
-        load_gguf(write_gguf(tmp_path / "hf", tmp_path / "m.gguf"))
+    _assert_refused(case, change, refusal, tmp_path)
 
 
-@pytest.mark.parametrize("case, change, refusal", [
-    ("granite4", dict(layer_types=["attention", "mamba"]), r"this granitehybrid GGUF has Mamba layers \(1: "
-                                                           r"attention.head_count_kv 0\), which kiln does not compile"),
+@pytest.mark.parametrize("case, change, arch, refusal", [
+    ("granite4", dict(layer_types=["attention", "mamba"]), "granite",
+     r"this granite GGUF has Mamba layers \(1: attention.head_count_kv 0\), which its architecture does not run"),
     ("deepseek2-v3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                               original_max_position_embeddings=64)),
+                                               original_max_position_embeddings=64)), None,
      r"scales RoPE by yarn without deepseek2.rope.scaling.yarn_log_multiplier"),
 ])
-def test_what_no_hf_model_computes_as_llama_cpp_is_refused(case, change, refusal, tmp_path):
-    """A Granite 4.0 GGUF with a Mamba layer (granitehybrid, head_count_kv 0 there), and a DeepSeek GGUF with YaRN
-    but no yarn_log_multiplier (llama.cpp then scales cos / sin and the softmax both) are refused on load, naming
-    the key and the fix."""
+def test_what_no_hf_model_computes_as_llama_cpp_is_refused(case, change, arch, refusal, tmp_path):
+    """A granite GGUF that says a layer is Mamba (head_count_kv 0 there: only granitehybrid has them), and a
+    DeepSeek GGUF with YaRN but no yarn_log_multiplier (llama.cpp then scales cos / sin and the softmax both) are
+    refused on load, naming the key and the fix."""
+    _assert_refused(case, change, refusal, tmp_path, arch)
+
+
+def _assert_refused(case: str, change: dict, refusal: str, tmp_path, arch: str | None = None) -> None:
+    """write_hf's `case` with its config.json changed, as a GGUF (of `arch`): refused on load, matching `refusal`."""
     import json
 
     from kiln.models.source import ModelLoadError
@@ -293,4 +291,4 @@ def test_what_no_hf_model_computes_as_llama_cpp_is_refused(case, change, refusal
     cfg_path = tmp_path / "hf" / "config.json"
     cfg_path.write_text(json.dumps(dict(json.loads(cfg_path.read_text()), **change)))
     with pytest.raises(ModelLoadError, match=refusal):
-        load_gguf(write_gguf(tmp_path / "hf", tmp_path / "m.gguf"))
+        load_gguf(write_gguf(tmp_path / "hf", tmp_path / "m.gguf", arch=arch))

@@ -3,7 +3,8 @@ transformers' logits within 1e-4 (every prefill position, the last-token prefill
 layer's conv and scan state carried in its slot of the KV cache kiln owns): Granite 4.0-H (MoE beside the shared MLP,
 no RoPE, two groups of B and C), a dense Granite 4.0-H with RoPE, Bamba (RoPE on half of each head), Nemotron-H
 (Mamba-2, attention and MLP blocks), Nemotron-H MoE (squared-ReLU experts without a gate, routed by sigmoid
-scores with a choice bias in groups) and Mamba-2 alone (no attention layer); the engine's chunked prefill, batches and n > 1 give a plain run's tokens;
+scores with a choice bias in groups), Mamba-2 alone (no attention layer) and Falcon-H1 (attention and Mamba-2 side
+by side in every layer, its multipliers folded into the weights; the gated norm absent or before the gate); the engine's chunked prefill, batches and n > 1 give a plain run's tokens;
 GGUFs as llama.cpp's converter writes them (granitehybrid, nemotron_h, mamba2) read back into the models they came from."""
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_attention
 GRANITE = dict(SMALL, num_hidden_layers=4, embedding_multiplier=2.0, attention_multiplier=0.2, residual_multiplier=0.5,
                logits_scaling=3.0, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16,
                shared_intermediate_size=48, layer_types=["mamba", "attention", "mamba", "mamba"])
+FALCON_H1 = dict(SMALL, num_hidden_layers=3, head_dim=16, mamba_d_ssm=96, mamba_n_heads=6, mamba_n_groups=2,
+                 mamba_d_state=16, ssm_multipliers=[0.5, 1.5, 0.7, 1.3, 0.9], mlp_multipliers=[0.8, 1.2],
+                 key_multiplier=0.6, attention_in_multiplier=1.1, attention_out_multiplier=0.9, ssm_in_multiplier=1.2,
+                 ssm_out_multiplier=0.8, embedding_multiplier=2.0, lm_head_multiplier=0.5, rope_theta=1e6)
 FAMILIES = {
     "granite4-h-dense-rope": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(
         GRANITE, num_local_experts=0, mamba_n_groups=1, mamba_d_head="auto", position_embedding_type="rope",
@@ -40,6 +45,9 @@ FAMILIES = {
         topk_group=1, routed_scaling_factor=2.5)),
     "mamba2": ("Mamba2ForCausalLM", "Mamba2Config", dict(                        # no attention layer at all
         SMALL, num_hidden_layers=3, num_heads=8, head_dim=16, state_size=16, n_groups=2, expand=2)),
+    "falcon-h1": ("FalconH1ForCausalLM", "FalconH1Config", FALCON_H1),            # released: no gated norm
+    "falcon-h1-norm-before-gate": ("FalconH1ForCausalLM", "FalconH1Config", dict(
+        FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_n_groups=1)),
 }
 GGUF = ("nemotron-h", "mamba2")        # (granitehybrid's: test_granite4_hybrid_gguf_matches_transformers)
 
