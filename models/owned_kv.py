@@ -162,16 +162,9 @@ class OwnedKVCache:
         """A causal depthwise conv over each sequence's inputs (a recurrent layer's first state: its last
         taps - 1 inputs): x [b, s, channels], weight [channels, taps] -> [b, s, channels], in x's dtype."""
         b, s, c = x.shape
-        slot = self._states_of[layer_id][0]
-        state = self.pages[slot]
-        t = self.tables
-        state, out = op.tensor_ir_inplace_op(
-            self._kernel("state_conv", int(c), int(weight.shape[1]), x.dtype), "recurrent_conv",
-            [op.reshape(x, [b * s, c]), state, t["q_indptr"], t["state_slots"], t["positions"],
-             weight if weight.dtype == x.dtype else weight.astype(x.dtype)],
-            inplace_indices=[1, -1], out=[Tensor.placeholder(state.shape, state.dtype),
-                                          Tensor.placeholder([b * s, c], x.dtype)])
-        self.pages[slot] = state
+        out = self._state_call(layer_id, 0, self._kernel("state_conv", int(c), int(weight.shape[1]), x.dtype),
+                               "recurrent_conv", [op.reshape(x, [b * s, c])],
+                               [weight if weight.dtype == x.dtype else weight.astype(x.dtype)], [b * s, c], x.dtype)
         return op.reshape(out, [b, s, c])
 
     def gated_delta(self, layer_id: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
@@ -181,20 +174,24 @@ class OwnedKVCache:
         Without `delta`, Mamba-2's scan (targets/recurrent.py): C, B, x, dt * A, dt as q, k, v, g, beta."""
         b, s, hk, dk = q.shape
         hv, dv = v.shape[2], v.shape[3]
-        slot = self._states_of[layer_id][1]
-        state = self.pages[slot]
-        t = self.tables
         n = b * s
-        state, out = op.tensor_ir_inplace_op(
-            self._kernel("gated_delta", int(hk), int(hv), int(dk), int(dv), delta),
-            "recurrent_delta" if delta else "recurrent_scan",
-            [op.reshape(q, [n, hk, dk]), op.reshape(k, [n, hk, dk]), op.reshape(v, [n, hv, dv]),
-             op.reshape(g, [n, hv]), op.reshape(beta, [n, hv]), state, t["q_indptr"], t["state_slots"],
-             t["positions"]],
-            inplace_indices=[5, -1], out=[Tensor.placeholder(state.shape, state.dtype),
-                                          Tensor.placeholder([n, hv, dv], "float32")])
-        self.pages[slot] = state
+        out = self._state_call(layer_id, 1, self._kernel("gated_delta", int(hk), int(hv), int(dk), int(dv), delta),
+                               "recurrent_delta" if delta else "recurrent_scan",
+                               [op.reshape(q, [n, hk, dk]), op.reshape(k, [n, hk, dk]), op.reshape(v, [n, hv, dv]),
+                                op.reshape(g, [n, hv]), op.reshape(beta, [n, hv])], [], [n, hv, dv], "float32")
         return op.reshape(out, [b, s, hv, dv])
+
+    def _state_call(self, layer_id: int, which: int, kernel, name: str, before: list, after: list, shape: list,
+                    dtype: str) -> Tensor:
+        """A recurrent kernel over layer `layer_id`'s state tensor `which`, updated in place: its arguments
+        `before`, the state, the tables it reads (q_indptr, state_slots, positions), `after`; -> its output."""
+        slot = self._states_of[layer_id][which]
+        state, t = self.pages[slot], self.tables
+        args = [*before, state, t["q_indptr"], t["state_slots"], t["positions"], *after]
+        self.pages[slot], out = op.tensor_ir_inplace_op(
+            kernel, name, args, inplace_indices=[len(before), -1],
+            out=[Tensor.placeholder(state.shape, state.dtype), Tensor.placeholder(shape, dtype)])
+        return out
 
     def _attend(self, layer_id: int, q: Tensor, s, sm_scale: float, sinks: Tensor | None) -> Tensor:
         """q [tokens, heads, d] over the pages layer `layer_id` reads, its window masked -> [tokens, heads, d]."""

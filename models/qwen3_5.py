@@ -37,6 +37,7 @@ from .causal_lm import (DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStac
 from .config import ConfigField, fields_with, text_model
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
+from .qwen_moe import QwenMoeLayers
 from .rope import apply_rope, inv_freq
 
 _FIELDS = (
@@ -142,31 +143,18 @@ class Qwen35MoeConfig(Qwen35Config):
 
 
 @dataclass(frozen=True)
-class Qwen3NextConfig(Qwen35MoeConfig):
+class Qwen3NextConfig(QwenMoeLayers, Qwen35MoeConfig):
     """Qwen3-Next (80B-A3B): Qwen3.5-MoE's layers before it, its experts every `decoder_sparse_step`-th layer not in
     `mlp_only_layers` (the others a dense MLP of intermediate_size), renormalised where `norm_topk_prob`; the
     DeltaNet's q, k, v, z and b, a projections stored fused a key head ([its q, k, v rows, z rows], [its b, a]),
-    split at load into Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a."""
-
-    sparse_step: int = 1
-    dense_layers: tuple[int, ...] = ()
-    norm_topk_prob: bool = True
+    split at load into Qwen3.5's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a. (Qwen MoE's layer choice:
+    QwenMoeLayers.)"""
 
     ARCH: ClassVar[str] = "qwen3_next"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
         Qwen35MoeConfig.FIELDS, ConfigField("sparse_step", ("decoder_sparse_step",), default=1),
         ConfigField("dense_layers", ("mlp_only_layers",), default=()),
         ConfigField("norm_topk_prob", ("norm_topk_prob",), default=True))
-
-    @classmethod
-    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        return super().adapt(dict(values, dense_layers=tuple(values["dense_layers"])), hf, notes)
-
-    def layer_moe(self, layer: int) -> MoESpec | None:
-        if layer in self.dense_layers or not self.num_experts or (layer + 1) % self.sparse_step:
-            return None
-        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, normalize=self.norm_topk_prob,
-                       shared_intermediate_size=self.shared_intermediate_size)
 
 
 class Qwen35Attention(nn.Module):

@@ -34,7 +34,7 @@ MOE_FIELDS = (
 
 
 @dataclass(frozen=True)
-class _QwenMoE:
+class QwenMoeLayers:
     """The MoE fields and layer choice both Qwen MoE families share (a mixin before the dense config)."""
 
     num_experts: int = 0
@@ -57,13 +57,13 @@ class _QwenMoE:
 
 
 @dataclass(frozen=True)
-class Qwen2MoeConfig(_QwenMoE, Qwen2Config):
+class Qwen2MoeConfig(QwenMoeLayers, Qwen2Config):
     ARCH: ClassVar[str] = "qwen2_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (*DECODER_FIELDS, *MOE_FIELDS)
 
 
 @dataclass(frozen=True)
-class Qwen3MoeConfig(_QwenMoE, Qwen3Config):
+class Qwen3MoeConfig(QwenMoeLayers, Qwen3Config):
     ARCH: ClassVar[str] = "qwen3_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (*Qwen3Config.FIELDS, *MOE_FIELDS)
 

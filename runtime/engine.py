@@ -321,7 +321,8 @@ class Engine(SynchronousCalls, ModelFront):
         """(embedding, token count) per input: the final hidden state at the last token, L2-normalised
         (the pooling of decoder-only embedding models). Runs between steps, beside the batch: the
         KV pages it borrows are accounted like a sequence's and given back at once. Raises
-        EngineBusy when the pages are not free now (the caller retries after a step)."""
+        EngineBusy when the pages, or a sequence's place in the KV cache, are not free now (the caller
+        retries after a step)."""
         ids = [self._prompt_ids(p) for p in inputs]
         for i, t in enumerate(ids):
             if not t:
@@ -335,6 +336,8 @@ class Engine(SynchronousCalls, ModelFront):
             pages, sid = self.scheduler.pages, next(self._seq_ids)
             if not pages.can_allocate(len(t)):
                 raise EngineBusy("no free KV pages for an embedding now")
+            if self.runner.full:
+                raise EngineBusy(f"all {self.runner.max_num_seqs} sequences the KV cache holds are running now")
             pages.allocate(sid, len(t))
             self.runner.add_sequence(sid)
             try:

@@ -129,6 +129,7 @@ class ModelRunner:
         for name, fn in self._fn.items():
             fn.release_gil = not self.queues_work and name != "embed"
         self._shared: set[int] = set()          # sequences in a fork: their pages are shared blocks
+        self._held: set[int] = set()            # every sequence in the KV cache (at most max_num_seqs)
         self.graphs: StepGraphs | None = None
         self._capture_fn = self._fn               # what a step graph is captured through (start_step_graphs)
         if step_graphs:
@@ -173,10 +174,17 @@ class ModelRunner:
 
     def add_sequence(self, seq_id: int) -> None:
         self.cache.add(seq_id)
+        self._held.add(seq_id)
 
     def remove_sequence(self, seq_id: int) -> None:
         self.cache.remove(seq_id)
         self._shared.discard(seq_id)
+        self._held.discard(seq_id)
+
+    @property
+    def full(self) -> bool:
+        """Whether the KV cache holds max_num_seqs sequences (the next add would fail)."""
+        return len(self._held) >= self.max_num_seqs
 
     def fork_sequence(self, parent: int, child: int, fork_pos: int = -1) -> None:
         if self.window:
@@ -184,6 +192,7 @@ class ModelRunner:
                                "correctly); add the child and compute its prompt instead")
         self.cache.fork(parent, child, fork_pos)
         self._shared.update((parent, child))
+        self._held.add(child)
 
     def pop_tokens(self, seq_id: int, n: int) -> None:
         self.cache.pop(seq_id, n)

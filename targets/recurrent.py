@@ -42,59 +42,38 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
     width = math.gcd(channels, 64)          # CPU tasks: a sequence and this many channels, innermost (contiguous)
     blocks = channels // width
 
-    @T.macro
-    def channel(b, c, x, state, q_indptr, state_slots, positions, w, out, acc):
-        start = q_indptr[b]
-        m = q_indptr[b + 1] - start
-        slot = state_slots[b]
-        if m > 0:
-            fresh = positions[start] == 0
-            for i in T.serial(m):
-                acc[0] = T.float32(0.0)
-                for j in T.serial(taps):
-                    if i - keep + j >= 0:
-                        acc[0] = acc[0] + T.Cast("float32", w[c, j]) * T.Cast("float32", x[start + i - keep + j, c])
-                    elif not fresh:
-                        acc[0] = acc[0] + T.Cast("float32", w[c, j]) * state[slot, c, i + j]
-                out[start + i, c] = T.Cast(dtype, acc[0])
-            for k in T.serial(keep):                  # ascending: each reads an entry at or after the one it writes
-                if m - keep + k >= 0:
-                    state[slot, c, k] = T.Cast("float32", x[start + m - keep + k, c])
-                elif fresh:
-                    state[slot, c, k] = T.float32(0.0)
-                else:
-                    state[slot, c, k] = state[slot, c, m + k]
+    lanes = 1 if gpu else width             # the channels a call takes (a GPU thread: one)
 
     @T.macro
-    def channel_block(b, c0, x, state, q_indptr, state_slots, positions, w, out, acc):
-        """`width` channels from c0 at once, row by row: what channel() does, the channels innermost."""
+    def conv_lanes(b, c0, x, state, q_indptr, state_slots, positions, w, out, acc):
+        """`lanes` channels from c0, row by row, the channels innermost."""
         start = q_indptr[b]
         m = q_indptr[b + 1] - start
         slot = state_slots[b]
         if m > 0:
             fresh = positions[start] == 0
             for i in T.serial(m):
-                for cc in T.serial(width):
+                for cc in T.serial(lanes):
                     acc[cc] = T.float32(0.0)
                 for j in T.serial(taps):
                     if i - keep + j >= 0:
-                        for cc in T.serial(width):
+                        for cc in T.serial(lanes):
                             acc[cc] = acc[cc] + T.Cast("float32", w[c0 + cc, j]) * T.Cast(
                                 "float32", x[start + i - keep + j, c0 + cc])
                     elif not fresh:
-                        for cc in T.serial(width):
+                        for cc in T.serial(lanes):
                             acc[cc] = acc[cc] + T.Cast("float32", w[c0 + cc, j]) * state[slot, c0 + cc, i + j]
-                for cc in T.serial(width):
+                for cc in T.serial(lanes):
                     out[start + i, c0 + cc] = T.Cast(dtype, acc[cc])
-            for k in T.serial(keep):
+            for k in T.serial(keep):                  # ascending: each reads an entry at or after the one it writes
                 if m - keep + k >= 0:
-                    for cc in T.serial(width):
+                    for cc in T.serial(lanes):
                         state[slot, c0 + cc, k] = T.Cast("float32", x[start + m - keep + k, c0 + cc])
                 elif fresh:
-                    for cc in T.serial(width):
+                    for cc in T.serial(lanes):
                         state[slot, c0 + cc, k] = T.float32(0.0)
                 else:
-                    for cc in T.serial(width):
+                    for cc in T.serial(lanes):
                         state[slot, c0 + cc, k] = state[slot, c0 + cc, m + k]
 
     @T.prim_func
@@ -116,12 +95,12 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
                     for co in T.serial(rounds):
                         acc = T.alloc_buffer((1,), "float32", scope="local")
                         if co * threads + ci < channels:
-                            channel(s, co * threads + ci, x, state, q_indptr, state_slots, positions, w, out, acc)
+                            conv_lanes(s, co * threads + ci, x, state, q_indptr, state_slots, positions, w, out, acc)
         else:
             for task in T.parallel(b * blocks):
                 acc = T.alloc_buffer((width,), "float32")
-                channel_block(task // blocks, task % blocks * width, x, state, q_indptr, state_slots, positions, w,
-                              out, acc)
+                conv_lanes(task // blocks, task % blocks * width, x, state, q_indptr, state_slots, positions, w, out,
+                           acc)
 
     return recurrent_conv
 

@@ -366,8 +366,8 @@ def test_owned_kv_conv_on_opencl(queue):
 def test_recurrent_kernels_on_opencl(queue):
     """targets/recurrent.py's GPU forms (Qwen3.5's DeltaNet: a work-group a sequence, its threads over 320 conv
     channels in two rounds of 256; a work-group a sequence and value head, its threads over 160 value columns in two
-    rounds of 128; Mamba-2's scan, the delta rule's kernel without its delta) against numpy: one sequence starting at position 0 over a stale slot, one going on from its
-    slot's state, the states they leave."""
+    rounds of 128; Mamba-2's scan, the delta rule's kernel without its delta) against numpy: one sequence starting
+    at position 0 over a stale slot, one going on from its slot's state, the states they leave."""
     from kiln.targets.recurrent import gated_delta, state_conv
     from recurrent_reference import conv_reference, delta_reference
     rng = np.random.default_rng(6)

@@ -117,6 +117,24 @@ def test_an_embedding_between_steps_waits_for_the_queued_forward(tiny_artifacts)
     assert request.output_ids == idle.generate(list(range(100, 130)), GREEDY).token_ids
 
 
+def test_an_embedding_while_every_sequence_runs_is_refused_as_busy(tiny_artifacts):
+    """With max_num_seqs sequences running, an embedding (a sequence of its own for a moment) is EngineBusy (the
+    server retries it after a step, or when idle after clearing the prefix cache, whose entries are sequences too),
+    not the KV cache's error; after the batch it runs."""
+    from kiln.runtime.engine import EngineBusy
+    engine = Engine(tiny_artifacts["tied"], EngineConfig(max_num_seqs=2, enable_prefix_cache=False))
+    for prompt in _prompts(2, seed=5):
+        engine.add_request(prompt, GREEDY)
+    engine.step()
+    assert engine.runner.full
+    with pytest.raises(EngineBusy, match="all 2 sequences"):
+        engine.embed([list(range(20, 30))])
+    while engine.has_work:
+        engine.step()
+    [(vec, n)] = engine.embed([list(range(20, 30))])
+    assert n == 10 and abs(float(np.linalg.norm(vec)) - 1.0) < 1e-5 and not engine.runner.full
+
+
 def test_seeded_sampling_on_the_device_draws_the_same_stream(tiny_artifacts):
     prompts = _prompts(4, seed=2)
     params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, top_k=40, seed=7, ignore_eos=True)

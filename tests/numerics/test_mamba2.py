@@ -4,8 +4,9 @@ layer's conv and scan state carried in its slot of the KV cache kiln owns): Gran
 no RoPE, two groups of B and C), a dense Granite 4.0-H with RoPE, Bamba (RoPE on half of each head), Nemotron-H
 (Mamba-2, attention and MLP blocks), Nemotron-H MoE (squared-ReLU experts without a gate, routed by sigmoid
 scores with a choice bias in groups), Mamba-2 alone (no attention layer) and Falcon-H1 (attention and Mamba-2 side
-by side in every layer, its multipliers folded into the weights; the gated norm absent or before the gate); the engine's chunked prefill, batches and n > 1 give a plain run's tokens;
-GGUFs as llama.cpp's converter writes them (granitehybrid, nemotron_h, mamba2) read back into the models they came from."""
+by side in every layer, its multipliers folded into the weights; the gated norm absent or before the gate); the
+engine's chunked prefill, batches and n > 1 give a plain run's tokens; GGUFs as llama.cpp's converter writes them
+(granitehybrid, nemotron_h, mamba2) read back into the models they came from."""
 
 from __future__ import annotations
 
