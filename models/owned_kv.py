@@ -26,7 +26,7 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from kiln.runtime.contract import OWNED_KV_TABLES, OWNED_STATE_TABLES
 from kiln.targets.owned_kv import NO_SINK, owned_append, owned_attention, owned_conv
-from kiln.targets.recurrent import gated_delta, state_conv
+from kiln.targets.recurrent import gated_delta, selective_scan, state_conv
 
 TABLES = OWNED_KV_TABLES          # after the pages, in this order (runtime/kv_caches.py OwnedCache.begin builds them)
 _SIZES = {"page_indptr": "batch_plus_one", "q_indptr": "batch_plus_one", "page_values": "page_entries",
@@ -181,6 +181,17 @@ class OwnedKVCache:
                                 op.reshape(g, [n, hv]), op.reshape(beta, [n, hv])], [], [n, hv, dv], "float32")
         return op.reshape(out, [b, s, hv, dv])
 
+    def selective_scan(self, layer_id: int, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+        """Mamba-1's selective scan (a recurrent layer's second state, [channels, state]): x, dt [b, s, channels]
+        (dt after its softplus), A [channels, state] (-exp(A_log)), B, C [b, s, state], all float32 -> y
+        [b, s, channels] float32, before D x and the gate (targets/recurrent.py)."""
+        b, s, c = x.shape
+        n, width = b * s, int(A.shape[1])
+        out = self._state_call(layer_id, 1, self._kernel("selective_scan", int(c), width), "recurrent_selective_scan",
+                               [op.reshape(x, [n, c]), op.reshape(dt, [n, c]), A, op.reshape(B, [n, width]),
+                                op.reshape(C, [n, width])], [], [n, c], "float32")
+        return op.reshape(out, [b, s, c])
+
     def _state_call(self, layer_id: int, which: int, kernel, name: str, before: list, after: list, shape: list,
                     dtype: str) -> Tensor:
         """A recurrent kernel over layer `layer_id`'s state tensor `which`, updated in place: its arguments
@@ -246,6 +257,8 @@ class OwnedKVCache:
             func = owned_conv(*key, lay.dtype, lay.page_size, gpu=not _cpu())
         elif kind == "state_conv":
             func = state_conv(*key, gpu=not _cpu())
+        elif kind == "selective_scan":
+            func = selective_scan(*key, gpu=not _cpu())
         elif kind == "gated_delta":
             *heads, delta = key
             func = gated_delta(*heads, gpu=not _cpu(), delta=delta)

@@ -8,8 +8,6 @@ _MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its
 _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
 _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
-    "mamba": ("Mamba", "state-space layers instead of attention"),
-    "falcon_mamba": ("Falcon Mamba", "state-space layers instead of attention"),
     **{t: (name, _MAMBA) for t, name in (
         ("jamba", "Jamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"))},
     "falcon-h1": ("Falcon-H1 GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face checkpoint "

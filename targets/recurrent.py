@@ -1,6 +1,7 @@
 """Kernels of recurrent layers over per-sequence state slots (the KV cache kiln owns, models/owned_kv.py):
-Qwen3.5's and Qwen3-Next's gated DeltaNet (a causal depthwise convolution, then the gated delta rule) and
-Mamba-2's (the same convolution, then its selective scan: the delta rule without the delta).
+Qwen3.5's and Qwen3-Next's gated DeltaNet (a causal depthwise convolution, then the gated delta rule),
+Mamba-2's (the same convolution, then its selective scan: the delta rule without the delta) and Mamba-1's (the
+convolution, then a selective scan whose decay differs a state entry).
 
 A recurrent layer keeps no keys and values a token: its state is a fixed size a sequence, held in a slot
 of the layer's state tensors ([slots, ...] float32; the runtime hands each sequence a slot,
@@ -15,11 +16,12 @@ state back in place, so chunked prefill, decode and mixed batches all take it.
             (S [dk, dv] a value head's, its key head value head // (hv / hk); q, k l2-normed by the caller)
     scan:   S <- S * exp(g_t) + k_t (beta_t v_t)^T;  out_t = S^T q_t      (Mamba-2's SSD as a recurrence: k, q
             its B and C [groups, state], v its x [heads, head dim], beta its dt, g dt * A)
+    mamba1: h[c] <- exp(dt_t[c] A[c]) * h[c] + dt_t[c] x_t[c] B_t;  y_t[c] = h[c] . C_t   (h [channels, state])
 
-A first pair, written for exactness: on CPUs a task a sequence and 64 channels, innermost (conv), or a
-sequence and value head (delta);
-on GPUs a thread a channel, or a value column (the delta rule's columns are independent), a block a
-sequence and head.
+Written for exactness first: on CPUs a task a sequence and 64 (conv) or 16 (Mamba-1's scan) channels,
+innermost, or a sequence and value head (delta, scan); on GPUs a thread a channel and a block a sequence and
+256 (conv) or 128 (Mamba-1) channels, or a thread a value column (the delta rule's columns are independent) and
+a block a sequence and head.
 """
 
 from __future__ import annotations
@@ -90,12 +92,12 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
         w = T.match_buffer(var_w, (channels, taps), dtype)
         out = T.match_buffer(var_out, (n, channels), dtype)
         if gpu:
-            for s in T.thread_binding(b, thread="blockIdx.x"):
-                for ci in T.thread_binding(threads, thread="threadIdx.x"):
-                    for co in T.serial(rounds):
-                        acc = T.alloc_buffer((1,), "float32", scope="local")
-                        if co * threads + ci < channels:
-                            conv_lanes(s, co * threads + ci, x, state, q_indptr, state_slots, positions, w, out, acc)
+            for sc in T.thread_binding(b * rounds, thread="blockIdx.x"):       # a block a sequence and
+                for ci in T.thread_binding(threads, thread="threadIdx.x"):     # `threads` channels
+                    acc = T.alloc_buffer((1,), "float32", scope="local")
+                    if sc % rounds * threads + ci < channels:
+                        conv_lanes(sc // rounds, sc % rounds * threads + ci, x, state, q_indptr, state_slots,
+                                   positions, w, out, acc)
         else:
             for task in T.parallel(b * blocks):
                 acc = T.alloc_buffer((width,), "float32")
@@ -196,3 +198,68 @@ def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False, delta: bo
                 head(task // hv, task % hv, q, k, v, g, beta, state, q_indptr, state_slots, positions, out, mem)
 
     return recurrent_delta
+
+
+@parsed_once()
+def selective_scan(channels: int, state_size: int, gpu: bool = False):
+    """Mamba-1's selective scan over each sequence's rows, its state [channels, state_size] in its slot: a channel's
+    decay a state entry, h <- exp(dt A) h + dt B x;  y = h . C. Arguments (float32): x, dt [tokens, channels],
+    A [channels, state_size] (-exp(A_log)), B, C [tokens, state_size], state [slots, channels, state_size] (updated
+    in place), q_indptr, state_slots, positions, out [tokens, channels] (y, before D x and the gate)."""
+    threads = min(128, channels)
+    rounds = -(-channels // threads)
+    width = math.gcd(channels, 16)          # CPU tasks: a sequence and this many channels
+    blocks = channels // width
+    lanes = 1 if gpu else width
+
+    @T.macro
+    def scan_lanes(b, c0, x, dt, A, B, C, state, q_indptr, state_slots, positions, out, acc):
+        """`lanes` channels from c0, token by token, each channel's state entries innermost."""
+        start = q_indptr[b]
+        m = q_indptr[b + 1] - start
+        slot = state_slots[b]
+        if m > 0:
+            if positions[start] == 0:
+                for cc, n in T.grid(lanes, state_size):
+                    state[slot, c0 + cc, n] = T.float32(0.0)
+            for i in T.serial(m):
+                for cc in T.serial(lanes):
+                    acc[cc] = T.float32(0.0)
+                    for n in T.serial(state_size):
+                        state[slot, c0 + cc, n] = (T.exp(dt[start + i, c0 + cc] * A[c0 + cc, n])
+                                                   * state[slot, c0 + cc, n]
+                                                   + dt[start + i, c0 + cc] * B[start + i, n] * x[start + i, c0 + cc])
+                        acc[cc] = acc[cc] + state[slot, c0 + cc, n] * C[start + i, n]
+                    out[start + i, c0 + cc] = acc[cc]
+
+    @T.prim_func
+    def recurrent_selective_scan(var_x: T.handle, var_dt: T.handle, var_A: T.handle, var_B: T.handle,
+                                 var_C: T.handle, var_state: T.handle, var_q_indptr: T.handle,
+                                 var_state_slots: T.handle, var_positions: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n_rows, slots, b1, b = T.int32(), T.int64(), T.int32(), T.int32()
+        o1, o2, o3 = T.int32(), T.int32(), T.int32()
+        x = T.match_buffer(var_x, (n_rows, channels), "float32")
+        dt = T.match_buffer(var_dt, (n_rows, channels), "float32")
+        A = T.match_buffer(var_A, (channels, state_size), "float32")
+        B = T.match_buffer(var_B, (n_rows, state_size), "float32")
+        C = T.match_buffer(var_C, (n_rows, state_size), "float32")
+        state = T.match_buffer(var_state, (slots, channels, state_size), "float32")
+        q_indptr = T.match_buffer(var_q_indptr, (b1,), "int32", elem_offset=o1)
+        state_slots = T.match_buffer(var_state_slots, (b,), "int32", elem_offset=o2)
+        positions = T.match_buffer(var_positions, (n_rows,), "int32", elem_offset=o3)
+        out = T.match_buffer(var_out, (n_rows, channels), "float32")
+        if gpu:
+            for sc in T.thread_binding(b * rounds, thread="blockIdx.x"):       # a block a sequence and
+                for ci in T.thread_binding(threads, thread="threadIdx.x"):     # `threads` channels
+                    acc = T.alloc_buffer((1,), "float32", scope="local")
+                    if sc % rounds * threads + ci < channels:
+                        scan_lanes(sc // rounds, sc % rounds * threads + ci, x, dt, A, B, C, state, q_indptr,
+                                   state_slots, positions, out, acc)
+        else:
+            for task in T.parallel(b * blocks):
+                acc = T.alloc_buffer((width,), "float32")
+                scan_lanes(task // blocks, task % blocks * width, x, dt, A, B, C, state, q_indptr, state_slots,
+                           positions, out, acc)
+
+    return recurrent_selective_scan

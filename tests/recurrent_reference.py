@@ -37,3 +37,16 @@ def delta_reference(q, k, v, g, beta, state, indptr, slots, positions, delta=Tru
                 out[t, h] = qt @ s[h]
         state[slot] = s
     return out, state
+
+
+def selective_scan_reference(x, dt, A, B, C, state, indptr, slots, positions):
+    """Mamba-1's scan -> (out [tokens, channels], state after)."""
+    state = state.astype(np.float64).copy()
+    out = np.zeros(x.shape, np.float64)
+    for b, slot in enumerate(slots):
+        h = np.zeros(state.shape[1:]) if positions[indptr[b]] == 0 else state[slot]
+        for t in range(indptr[b], indptr[b + 1]):
+            h = np.exp(dt[t][:, None] * A) * h + (dt[t] * x[t])[:, None] * B[t][None, :]
+            out[t] = h @ C[t]
+        state[slot] = h
+    return out, state

@@ -364,12 +364,13 @@ def test_owned_kv_conv_on_opencl(queue):
 
 
 def test_recurrent_kernels_on_opencl(queue):
-    """targets/recurrent.py's GPU forms (Qwen3.5's DeltaNet: a work-group a sequence, its threads over 320 conv
-    channels in two rounds of 256; a work-group a sequence and value head, its threads over 160 value columns in two
-    rounds of 128; Mamba-2's scan, the delta rule's kernel without its delta) against numpy: one sequence starting
-    at position 0 over a stale slot, one going on from its slot's state, the states they leave."""
-    from kiln.targets.recurrent import gated_delta, state_conv
-    from recurrent_reference import conv_reference, delta_reference
+    """targets/recurrent.py's GPU forms (Qwen3.5's DeltaNet: work-groups a sequence and 256 of its 320 conv
+    channels; a work-group a sequence and value head, its threads over 160 value columns in two rounds of 128;
+    Mamba-2's scan, the delta rule's kernel without its delta; Mamba-1's scan, work-groups a sequence and 128 of its
+    160 channels) against numpy: one sequence starting at position 0 over a stale slot, one going on from its
+    slot's state, the states they leave."""
+    from kiln.targets.recurrent import gated_delta, selective_scan, state_conv
+    from recurrent_reference import conv_reference, delta_reference, selective_scan_reference
     rng = np.random.default_rng(6)
     tables = {"q_indptr": np.array([0, 3, 5], np.int32), "state_slots": np.array([2, 0], np.int32),
               "positions": np.array([0, 1, 2, 7, 8], np.int32)}
@@ -399,6 +400,18 @@ def test_recurrent_kernels_on_opencl(queue):
         want, want_state = delta_reference(q, k, v, g, beta, state, *order, delta=delta)
         np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got["state"][[2, 0]], want_state[[2, 0]], rtol=1e-5, atol=1e-5)
+    c, n_state = 160, 16                        # Mamba-1's scan: a thread a channel
+    x, dt = rng.standard_normal((5, c)).astype(np.float32), rng.uniform(0.01, 1.0, (5, c)).astype(np.float32)
+    A = -rng.uniform(0.1, 3.0, (c, n_state)).astype(np.float32)
+    B, C = (rng.standard_normal((5, n_state)).astype(np.float32) for _ in range(2))
+    state = rng.standard_normal((3, c, n_state)).astype(np.float32)
+    kernels = build_prim_func("recurrent_selective_scan", selective_scan(c, n_state, gpu=True), "android-opencl")
+    got = _run_launches(queue, kernels, "recurrent_selective_scan", {"x": x, "dt": dt, "A": A, "B": B, "C": C,
+                                                                     "state": state.copy(), **tables,
+                                                                     "out": np.full_like(x, 7.0)}, {})
+    want, want_state = selective_scan_reference(x, dt, A, B, C, state, *order)
+    np.testing.assert_allclose(got["out"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["state"][[2, 0]], want_state[[2, 0]], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kernel", ["decode", "paged prefill"])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.targets.recurrent import gated_delta, state_conv
-from recurrent_reference import conv_reference, delta_reference
+from kiln.targets.recurrent import gated_delta, selective_scan, state_conv
+from recurrent_reference import conv_reference, delta_reference, selective_scan_reference
 
 pytestmark = pytest.mark.numerics
 INDPTR, SLOTS = np.array([0, 3, 5], np.int32), np.array([2, 0], np.int32)
@@ -55,5 +55,23 @@ def test_gated_delta_over_state_slots(delta):
         want, want_state = delta_reference(q, k, v, g, beta, state, indptr, SLOTS, positions, delta)
         got, state = _run(gated_delta(hk, hv, dk, dv, delta=delta), [q, k, v, g, beta, state, indptr, SLOTS, positions,
                                                         np.full_like(v, 7.0)], 5)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(state[SLOTS], want_state[SLOTS], atol=1e-5, rtol=1e-5)
+
+
+def test_selective_scan_over_state_slots():
+    """Mamba-1's scan: a decay a channel and state entry (32 channels: two CPU tasks of 16 a sequence)."""
+    rng = np.random.default_rng(3)
+    c, n_state = 32, 5
+    A = -rng.uniform(0.1, 3.0, (c, n_state)).astype(np.float32)
+    state = rng.standard_normal((3, c, n_state)).astype(np.float32)
+    for indptr, positions in ((INDPTR, POSITIONS), (np.array([0, 1, 2], np.int32), np.array([3, 9], np.int32))):
+        n = int(indptr[-1])
+        x = rng.standard_normal((n, c)).astype(np.float32)
+        dt = rng.uniform(0.01, 1.0, (n, c)).astype(np.float32)
+        B, C = (rng.standard_normal((n, n_state)).astype(np.float32) for _ in range(2))
+        want, want_state = selective_scan_reference(x, dt, A, B, C, state, indptr, SLOTS, positions)
+        got, state = _run(selective_scan(c, n_state), [x, dt, A, B, C, state, indptr, SLOTS, positions,
+                                                       np.full_like(x, 7.0)], 5)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(state[SLOTS], want_state[SLOTS], atol=1e-5, rtol=1e-5)
