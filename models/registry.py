@@ -134,6 +134,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("mamba", ("MambaForCausalLM",), ("mamba",), mamba1, mamba1.MambaConfig, mamba1.MambaForCausalLM),
     _arch("falcon_mamba", ("FalconMambaForCausalLM",), ("falcon_mamba",), mamba1, mamba1.FalconMambaConfig,
           mamba1.MambaForCausalLM),
+    Architecture("jamba", ("JambaForCausalLM",), ("jamba",), mamba1.JambaConfig, mamba1.JambaForCausalLM,
+                 mamba1.jamba_weight_map),
     Architecture("mamba2", ("Mamba2ForCausalLM",), ("mamba2",), mamba2.Mamba2Config, mamba2.NemotronHForCausalLM,
                  mamba2.nemotron_h_weight_map),
     _arch("hyperclovax", ("HyperCLOVAXForCausalLM",), ("hyperclovax",), granite, granite.HyperCLOVAXConfig,

@@ -9,7 +9,7 @@ _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its
 _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
     **{t: (name, _MAMBA) for t, name in (
-        ("jamba", "Jamba"), ("zamba", "Zamba"), ("zamba2", "Zamba 2"))},
+        ("zamba", "Zamba"), ("zamba2", "Zamba 2"))},
     "falcon-h1": ("Falcon-H1 GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face checkpoint "
                                     "compiles)"),
     "nemotron_h_moe": ("Nemotron-H MoE GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face "

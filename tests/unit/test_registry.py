@@ -55,9 +55,9 @@ def test_find_architecture(hf, family):
 
 def test_unknown_architecture_lists_every_family_and_its_names():
     with pytest.raises(ModelLoadError) as e:
-        find_architecture({"architectures": ["MambaForCausalLM"]})
+        find_architecture({"architectures": ["RetNetForCausalLM"]})
     msg = str(e.value)
-    assert msg.startswith("unknown architecture: MambaForCausalLM. Supported: ")
+    assert msg.startswith("unknown architecture: RetNetForCausalLM. Supported: ")
     for a in ARCHITECTURES.values():
         assert a.name in msg and a.hf_architectures[0] in msg
     assert "GGUF llama" in msg
@@ -66,7 +66,7 @@ def test_unknown_architecture_lists_every_family_and_its_names():
 @pytest.mark.parametrize("model_type, reason", [
     ("mimo_v2_flash", r"MiMo-V2-Flash \(mimo_v2_flash\) is not supported yet: its sliding layers that hold twice"),
     ("kimi_linear", "Kimi Linear .* linear-attention layers"),
-    ("jamba", "Jamba .* Mamba state-space layers"),
+    ("zamba2", "Zamba 2 .* Mamba state-space layers"),
     ("bloom", "BLOOM .* ALiBi"),
 ])
 def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
