@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 from tvm.relax.frontend import nn
@@ -29,10 +29,10 @@ from tvm.relax.frontend.nn import Tensor, op
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, DecoderConfig, LayerAttention, OwnedStackLM, PositionalStack,
                         WeightMap, WeightSpec, decoder_weight_map)
 from .config import ConfigField, fields_with
-from .layers import DecoderLayer, Norm
+from .layers import Norm
 from .llama import LlamaConfig
-from .mamba2 import MAMBA2_CONTEXT
-from .moe import MoESpec, SparseMoE
+from .mamba2 import MAMBA2_CONTEXT, HybridLM, HybridStack
+from .moe import MoESpec
 
 
 @dataclass(frozen=True)
@@ -249,23 +249,12 @@ class JambaConfig(LlamaConfig):
                      for i in range(self.num_hidden_layers))
 
 
-class JambaStack(PositionalStack):
-    def __init__(self, c: JambaConfig):
-        flags = c.flags()
-
-        def layer(i: int) -> DecoderLayer:
-            moe = c.layer_moe(i)
-            return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
-                                c.head_dim, c.norm_eps, flags, None, SparseMoE(c.hidden_size, moe, flags) if moe else None,
-                                Mamba1Mixer(c.mamba) if i in c.mamba_layers else None)
-        super().__init__(c, [layer(i) for i in range(c.num_hidden_layers)])
+class JambaStack(HybridStack):
+    MIXER: ClassVar[Callable] = staticmethod(lambda c: Mamba1Mixer(c.mamba))
 
 
-class JambaForCausalLM(OwnedStackLM):
-    """CausalLM's entry functions over JambaStack; its KV cache always the one kiln owns."""
-
+class JambaForCausalLM(HybridLM):
     STACK: ClassVar[type] = JambaStack
-    OWNED_ONLY: ClassVar[str] = "Jamba's Mamba layers keep a recurrent state a sequence"
 
 
 def jamba_weight_map(c: JambaConfig) -> WeightMap:

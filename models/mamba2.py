@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 from tvm.relax.frontend import nn
@@ -196,14 +196,16 @@ def mamba_weights(c: Mamba2Fields, kiln: str, hf: str) -> WeightMap:
 
 
 class HybridStack(PositionalStack):
-    """Decoder layers (norm, mixer, norm, MLP or experts) whose mixer is Mamba-2 in `mamba_layers` and attention
-    elsewhere (RoPE, where a layer has it, in the graph)."""
+    """Decoder layers (norm, mixer, norm, MLP or experts) whose mixer is MIXER's (Mamba-2) in `mamba_layers` and
+    attention elsewhere (RoPE, where a layer has it, in the graph)."""
+
+    MIXER: ClassVar[Callable] = Mamba2Mixer        # config -> a recurrent mixer
 
     def __init__(self, c):
         flags = c.flags()
 
         def layer(i: int, a) -> DecoderLayer:
-            mamba = Mamba2Mixer(c) if i in c.mamba_layers else None
+            mamba = self.MIXER(c) if i in c.mamba_layers else None
             rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if a.rope and mamba is None else None
             moe = c.layer_moe(i)
             return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
@@ -216,7 +218,7 @@ class HybridLM(OwnedStackLM):
     """CausalLM's entry functions over HybridStack; its KV cache always the one kiln owns."""
 
     STACK: ClassVar[type] = HybridStack
-    OWNED_ONLY: ClassVar[str] = "its Mamba-2 layers keep a recurrent state a sequence"
+    OWNED_ONLY: ClassVar[str] = "its Mamba layers keep a recurrent state a sequence"
 
 
 def hybrid_weight_map(c, m: WeightMap, mamba: str) -> WeightMap:
