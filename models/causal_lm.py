@@ -446,9 +446,10 @@ class PositionalStack(nn.Module):
         return self.norm(x)
 
 
-def head_weights(c: DecoderConfig, prefix: str = "model") -> dict:
-    """The weight map's embedding, final norm and (untied) head, the checkpoint's under `prefix`."""
-    m = {"model.embed_tokens.weight": [f"{prefix}.embed_tokens.weight"], "model.norm.weight": [f"{prefix}.norm.weight"]}
+def head_weights(c: DecoderConfig, prefix: str = "model", embed: str = "embed_tokens", norm: str = "norm") -> dict:
+    """The weight map's embedding, final norm and (untied) head, the checkpoint's `embed` and `norm` under
+    `prefix`."""
+    m = {"model.embed_tokens.weight": [f"{prefix}.{embed}.weight"], "model.norm.weight": [f"{prefix}.{norm}.weight"]}
     if not c.tie_word_embeddings:
         m["lm_head.weight"] = ["lm_head.weight"]
     return m

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .causal_lm import CausalLM, WeightMap, WeightSpec
+from .causal_lm import CausalLM, WeightMap, WeightSpec, head_weights
 from .config import ConfigField
 from .layers import Flags
 from .llama import LlamaConfig
@@ -81,10 +81,7 @@ def _down_by_expert(c: DbrxConfig):
 
 
 def weight_map(c: DbrxConfig) -> WeightMap:
-    m: WeightMap = {"model.embed_tokens.weight": ["transformer.wte.weight"],
-                    "model.norm.weight": ["transformer.norm_f.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c, "transformer", "wte", "norm_f")
     for i in range(c.num_hidden_layers):
         k, h = f"model.layers.{i}", f"transformer.blocks.{i}"
         attn, ffn = f"{h}.norm_attn_norm", f"{h}.ffn"

@@ -23,7 +23,7 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 
-from .causal_lm import LayerAttention, OwnedStackLM, PositionalStack, WeightMap, WeightSpec
+from .causal_lm import LayerAttention, OwnedStackLM, PositionalStack, WeightMap, WeightSpec, head_weights
 from .config import ConfigField
 from .layers import MLP, Flags, Norm, PagedAttention
 from .llama import LlamaConfig
@@ -132,10 +132,7 @@ def _rows(scale: np.ndarray):
 
 
 def weight_map(c: FalconH1Config) -> WeightMap:
-    m: WeightMap = {"model.embed_tokens.weight": ["model.embed_tokens.weight"],
-                    "model.norm.weight": ["model.final_layernorm.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c, norm="final_layernorm")
     h, kv, d, inner = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.mamba_inner
     z, x, bc, dt = c.ssm_multipliers[0], c.ssm_multipliers[1], c.ssm_multipliers[2:4], c.ssm_multipliers[4]
     bc_width = c.mamba_groups * c.mamba_state

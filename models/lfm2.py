@@ -25,7 +25,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .causal_lm import (DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, PositionalStack, WeightMap,
-                        WeightSpec)
+                        WeightSpec, head_weights)
 from .config import ConfigField
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
@@ -266,10 +266,7 @@ class Lfm2ForCausalLM(OwnedStackLM):
 
 
 def weight_map(c: Lfm2Config) -> WeightMap:
-    m: WeightMap = {"model.embed_tokens.weight": ["model.embed_tokens.weight"],
-                    "model.norm.weight": ["model.embedding_norm.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c, norm="embedding_norm")
     for i, kind in enumerate(c.layer_types):
         k = h = f"model.layers.{i}"
         m[f"{k}.operator_norm.weight"] = [f"{h}.operator_norm.weight"]

@@ -27,7 +27,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, DecoderConfig, LayerAttention, OwnedStackLM, PositionalStack,
-                        WeightMap, WeightSpec, decoder_weight_map)
+                        WeightMap, WeightSpec, decoder_weight_map, head_weights)
 from .config import ConfigField, fields_with
 from .layers import Norm
 from .llama import LlamaConfig
@@ -183,10 +183,7 @@ def mamba1_weights(spec: Mamba1Spec, kiln: str, hf: str) -> WeightMap:
 
 
 def weight_map(c: MambaConfig) -> WeightMap:
-    m: WeightMap = {"model.embed_tokens.weight": ["backbone.embeddings.weight"],
-                    "model.norm.weight": ["backbone.norm_f.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c, "backbone", "embeddings", "norm_f")
     for i in range(c.num_hidden_layers):
         k, h = f"model.layers.{i}", f"backbone.layers.{i}"
         m[f"{k}.norm.weight"] = [f"{h}.norm.weight"]

@@ -28,7 +28,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, DecoderConfig, OwnedStackLM, PositionalStack, WeightMap,
-                        WeightSpec, decoder_weight_map)
+                        WeightSpec, decoder_weight_map, head_weights)
 from .config import ConfigField, fields_with
 from .layers import MLP, DecoderLayer, Flags, Norm, PagedAttention
 from .llama import LlamaConfig
@@ -432,10 +432,7 @@ class NemotronHForCausalLM(OwnedStackLM):
 
 
 def nemotron_h_weight_map(c: NemotronHConfig) -> WeightMap:
-    m: WeightMap = {"model.embed_tokens.weight": ["backbone.embeddings.weight"],
-                    "model.norm.weight": ["backbone.norm_f.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c, "backbone", "embeddings", "norm_f")
     for i, kind in enumerate(c.block_kinds):
         k, h = f"model.layers.{i}", f"backbone.layers.{i}"
         m[f"{k}.norm.weight"] = [f"{h}.norm.weight"]

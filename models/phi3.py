@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap
+from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, head_weights
 from .config import ConfigField
 
 
@@ -59,9 +59,7 @@ Phi3ForCausalLM = CausalLM
 
 
 def weight_map(c: Phi3Config) -> WeightMap:
-    m: WeightMap = {"model.embed_tokens.weight": ["model.embed_tokens.weight"], "model.norm.weight": ["model.norm.weight"]}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    m: WeightMap = head_weights(c)
     for i in range(c.num_hidden_layers):
         k = f"model.layers.{i}"
         for name in ("input_layernorm", "post_attention_layernorm", "self_attn.qkv_proj", "self_attn.o_proj",
