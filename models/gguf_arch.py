@@ -87,6 +87,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  as [heads, 1], the gated norm's weight as [groups, inner / groups], the conv
                                  squeezed, dt_bias as ssm_dt.bias (their sizes as ssm.*: time_step_rank the heads,
                                  inner_size their width); RoPE unless rope.scaling.finetuned is false
+    mamba    Mamba-1             a block a layer under `backbone`: its norm as attn_norm, the mixer as ssm_in / ssm_conv1d
+                                 (squeezed) / ssm_x / ssm_dt / ssm_a (-exp(A_log)) / ssm_d / ssm_out; Falcon Mamba's
+                                 norms of dt, B and C as ssm.dt_b_c_rms
     mamba2   Mamba-2             nemotron_h's Mamba-2 blocks alone (no attention keys: head_count 0)
     nemotron_h Nemotron-H        a block a layer, under `backbone`: its norm as attn_norm, then Mamba-2 as
                                  granitehybrid's, attention (q/k rows permuted, no RoPE) where head_count_kv (a
@@ -207,6 +210,8 @@ def mamba2_layer(module: str) -> dict[str, str]:
 NEMOTRON_H_LAYER = {"attn_norm": "norm", **mamba2_layer("mixer"), "attn_q": "mixer.q_proj", "attn_k": "mixer.k_proj",
                     "attn_v": "mixer.v_proj", "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj",
                     "ffn_down": "mixer.down_proj"}
+MAMBA1_LAYER = {"attn_norm": "norm", **{k: v for k, v in mamba2_layer("mixer").items() if k != "ssm_dt.bias"},
+                "ssm_x": "mixer.x_proj", "ssm_dt": "mixer.dt_proj"}      # (dt_proj's bias, as it is: ssm_dt.bias)
 BACKBONE_GLOBAL = {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head"}
 GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                       "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
@@ -748,6 +753,20 @@ def _granitehybrid(reader, arch, tensors, c):
         c.update(num_experts_per_tok=0, shared_intermediate_size=c["intermediate_size"])
 
 
+def _mamba1(reader, arch, tensors, c):
+    """Mamba-1 (llama.cpp's MambaModel): its sizes as ssm.* (time_step_rank: dt's rank); Falcon Mamba where
+    ssm.dt_b_c_rms (its norms' epsilon, which the file leaves out, transformers' default)."""
+    for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        c.pop(key)
+    inner = _key(reader, arch, "ssm.inner_size")
+    c.update(intermediate_size=inner, expand=inner // c["hidden_size"], state_size=_key(reader, arch, "ssm.state_size"),
+             conv_kernel=_key(reader, arch, "ssm.conv_kernel"), time_step_rank=_key(reader, arch, "ssm.time_step_rank"),
+             use_conv_bias="blk.0.ssm_conv1d.bias" in tensors, use_bias="blk.0.ssm_in.bias" in tensors,
+             layer_norm_epsilon=c.pop("rms_norm_eps"))
+    if _key(reader, arch, "ssm.dt_b_c_rms", False):
+        c.update(model_type="falcon_mamba", architectures=["FalconMambaForCausalLM"])
+
+
 def _mamba2_only(reader, arch, tensors, c):
     """Mamba-2 alone (llama.cpp's Mamba2Model): its sizes under Mamba2Config's names, no attention keys."""
     sizes = _mamba2(reader, arch, tensors, c)
@@ -1078,6 +1097,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "nemotron_h": GGUFArch("nemotron_h", ("NemotronHForCausalLM",), NEMOTRON_H_LAYER, permuted=True,
                            global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_nemotron_h,
                            squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
+    "mamba": GGUFArch("mamba", ("MambaForCausalLM",), MAMBA1_LAYER,
+                      global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_mamba1,
+                      also=("falcon_mamba",), squeezed=("ssm_conv1d",), values=_MAMBA2_A),
     "mamba2": GGUFArch("mamba2", ("Mamba2ForCausalLM",), {"attn_norm": "norm", **mamba2_layer("mixer")},
                        global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_mamba2_only,
                        squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),

@@ -25,6 +25,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              granitehybrid: their sizes as ssm.*, A as -exp(A_log) and D as [heads, 1], the gated norm's weight as
              [groups, inner / groups], dt_bias as ssm_dt.bias, the conv squeezed (Mamba2Model's)
     mamba2   Mamba2Model's: no attention keys, ssm.* and Mamba-2's tensors as granitehybrid's
+    mamba    MambaModel's (Mamba, Falcon Mamba): no attention keys, dt's rank as ssm.time_step_rank, ssm.dt_b_c_rms;
+             A as -exp(A_log), the conv squeezed
     nemotron_h NemotronHModel's: a kv head count and an MLP width a layer (0 where the block is another kind), the
              layer_norm_epsilon, no RoPE (context 2 ** 20), Mamba-2's tensors and ssm.* as granitehybrid's
     gemma4   Gemma4Model's keys: the layer kinds as sliding_window_pattern, the global head size as key_length and
@@ -81,7 +83,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-             "nemotron_h": "nemotron_h", "mamba2": "mamba2"}
+             "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba"}
+MAMBA1 = ("mamba", "falcon_mamba")          # MambaModel's: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h")
 
@@ -115,6 +118,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     elif arch == "mamba2":
         _mamba2_only(w, cfg)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
+    elif arch == "mamba":
+        _mamba1(w, cfg)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
         _metadata(w, cfg, arch, tensors)
@@ -594,6 +600,21 @@ def _mamba2_only(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_layer_norm_rms_eps(cfg["layer_norm_epsilon"])
 
 
+def _mamba1(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """MambaModel's keys: no attention, dt's rank as ssm.time_step_rank, Falcon Mamba's norms as ssm.dt_b_c_rms."""
+    w.add_context_length(2 ** 20)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_ssm_conv_kernel(cfg["conv_kernel"])
+    w.add_ssm_inner_size(cfg["intermediate_size"])
+    w.add_ssm_state_size(cfg["state_size"])
+    w.add_ssm_time_step_rank(cfg["time_step_rank"])
+    w.add_layer_norm_rms_eps(cfg["layer_norm_epsilon"])
+    w.add_ssm_dt_b_c_rms(cfg["model_type"] == "falcon_mamba")
+
+
 def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Mamba2Model's transforms: A as -exp(A_log), A and D as [heads, 1], the gated norm's weight as [groups,
     inner / groups], dt_bias renamed dt_proj.bias, the conv squeezed."""
@@ -601,8 +622,9 @@ def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
     out = {}
     for name, value in hf.items():
         if name.endswith(".A_log"):
-            value = -np.exp(value.astype(np.float32)).reshape(-1, 1)
-        elif name.endswith((".mamba.D", ".mixer.D")):
+            value = -np.exp(value.astype(np.float32))
+            value = value if cfg.get("model_type") in MAMBA1 else value.reshape(-1, 1)
+        elif name.endswith((".mamba.D", ".mixer.D")) and cfg.get("model_type") not in MAMBA1:
             value = value.reshape(-1, 1)
         elif name.endswith(".dt_bias"):
             name = name.replace(".dt_bias", ".dt_proj.bias")
@@ -710,7 +732,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
     if arch in ("qwen35", "qwen35moe"):
         hf = _qwen35_tensors(cfg, hf)
-    if arch in ("granitehybrid", "nemotron_h", "mamba2"):
+    if arch in ("granitehybrid", "nemotron_h", "mamba2", "mamba"):
         hf = _mamba2_tensors(cfg, hf)
     if arch == "lfm2":             # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}

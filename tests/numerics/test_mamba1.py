@@ -2,7 +2,8 @@
 transformers' logits within 1e-4 (every prefill position, the last-token prefill, greedy decode steps, each layer's
 conv and selective-scan state in its slot of the KV cache kiln owns): Mamba, Falcon Mamba (dt, B and C RMS-normed
 without weights) and Jamba (Mamba-1 layers with weighted norms among attention layers without RoPE, experts every
-other layer, their softmax top-k weights unnormalised); Jamba in the engine (chunked prefill, batches, n > 1)."""
+other layer, their softmax top-k weights unnormalised); Jamba in the engine (chunked prefill, batches, n > 1); Mamba
+and Falcon Mamba GGUFs (llama.cpp's mamba) read back into the models they came from."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ def test_mamba1_matches_transformers(family, tmp_path):
     assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
     layout = Artifact.load(art).config.kv_cache
     assert layout.owners == [] and layout.states == [(128, cfg["conv_kernel"] - 1), (128, 8)] * 3
+    from gguf_writer import write_gguf            # as llama.cpp's MambaModel writes both (ssm.dt_b_c_rms: Falcon's)
+    path = write_gguf(tmp_path / "hf", tmp_path / f"{family}.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "gguf")
+    assert Artifact.load(art).config.model.arch == family.replace("-", "_")
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
 
 
 def test_jamba_matches_transformers_and_runs_in_the_engine(tmp_path):
