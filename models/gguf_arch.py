@@ -87,9 +87,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  as [heads, 1], the gated norm's weight as [groups, inner / groups], the conv
                                  squeezed, dt_bias as ssm_dt.bias (their sizes as ssm.*: time_step_rank the heads,
                                  inner_size their width); RoPE unless rope.scaling.finetuned is false
-    mamba    Mamba-1             a block a layer under `backbone`: its norm as attn_norm, the mixer as ssm_in / ssm_conv1d
-                                 (squeezed) / ssm_x / ssm_dt / ssm_a (-exp(A_log)) / ssm_d / ssm_out; Falcon Mamba's
-                                 norms of dt, B and C as ssm.dt_b_c_rms
+    mamba    Mamba-1             a block a layer under `backbone`: its norm as attn_norm, the mixer as ssm_in /
+                                 ssm_conv1d (squeezed) / ssm_x / ssm_dt / ssm_a (-exp(A_log)) / ssm_d / ssm_out;
+                                 Falcon Mamba's norms of dt, B and C as ssm.dt_b_c_rms
     mamba2   Mamba-2             nemotron_h's Mamba-2 blocks alone (no attention keys: head_count 0)
     nemotron_h Nemotron-H        a block a layer, under `backbone`: its norm as attn_norm, then Mamba-2 as
                                  granitehybrid's, attention (q/k rows permuted, no RoPE) where head_count_kv (a
