@@ -87,6 +87,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  as [heads, 1], the gated norm's weight as [groups, inner / groups], the conv
                                  squeezed, dt_bias as ssm_dt.bias (their sizes as ssm.*: time_step_rank the heads,
                                  inner_size their width); RoPE unless rope.scaling.finetuned is false
+    falcon-h1 Falcon-H1          attention and Mamba-2 each layer (Mamba-2's tensors as granitehybrid's, q/k rows as
+                                 HF's), every multiplier folded into the weights (the embeddings' and the head's too);
+                                 the pre-MLP norm named bare (blk.N.ffn_norm); the gated norm where ssm_norm is there
     mamba    Mamba-1             a block a layer under `backbone`: its norm as attn_norm, the mixer as ssm_in /
                                  ssm_conv1d (squeezed) / ssm_x / ssm_dt / ssm_a (-exp(A_log)) / ssm_d / ssm_out;
                                  Falcon Mamba's norms of dt, B and C as ssm.dt_b_c_rms
@@ -212,6 +215,9 @@ NEMOTRON_H_LAYER = {"attn_norm": "norm", **mamba2_layer("mixer"), "attn_q": "mix
                     "ffn_down": "mixer.down_proj"}
 MAMBA1_LAYER = {"attn_norm": "norm", **{k: v for k, v in mamba2_layer("mixer").items() if k != "ssm_dt.bias"},
                 "ssm_x": "mixer.x_proj", "ssm_dt": "mixer.dt_proj"}      # (dt_proj's bias, as it is: ssm_dt.bias)
+FALCON_H1_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("ffn_norm",)}, **mamba2_layer("mamba"),
+                   "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
+                   "ffn_down": "feed_forward.down_proj", "ffn_norm": "pre_ff_layernorm.weight"}   # (named bare)
 BACKBONE_GLOBAL = {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head"}
 GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                       "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
@@ -753,6 +759,16 @@ def _granitehybrid(reader, arch, tensors, c):
         c.update(num_experts_per_tok=0, shared_intermediate_size=c["intermediate_size"])
 
 
+def _falcon_h1(reader, arch, tensors, c):
+    """Falcon-H1 (llama.cpp's FalconH1Model): Mamba-2's sizes (_mamba2), every multiplier 1 (the converter folded
+    them into the weights), the gated norm (after the gate, as llama.cpp applies it) where ssm_norm is stored."""
+    sizes = _mamba2(reader, arch, tensors, c, prefix="mamba_")
+    c.update(sizes, mamba_d_ssm=sizes["mamba_n_heads"] * sizes["mamba_d_head"],
+             mamba_rms_norm="blk.0.ssm_norm.weight" in tensors, mamba_norm_before_gate=False,
+             projectors_bias="blk.0.ssm_out.bias" in tensors, attention_bias="blk.0.attn_q.bias" in tensors,
+             mlp_bias="blk.0.ffn_down.bias" in tensors)
+
+
 def _mamba1(reader, arch, tensors, c):
     """Mamba-1 (llama.cpp's MambaModel): its sizes as ssm.* (time_step_rank: dt's rank); Falcon Mamba where
     ssm.dt_b_c_rms (its norms' epsilon, which the file leaves out, transformers' default)."""
@@ -1097,6 +1113,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "nemotron_h": GGUFArch("nemotron_h", ("NemotronHForCausalLM",), NEMOTRON_H_LAYER, permuted=True,
                            global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_nemotron_h,
                            squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
+    "falcon-h1": GGUFArch("falcon_h1", ("FalconH1ForCausalLM",), FALCON_H1_LAYER, config=_falcon_h1,
+                          global_names={**LLAMA_GLOBAL, "output_norm": "model.final_layernorm"},
+                          squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
     "mamba": GGUFArch("mamba", ("MambaForCausalLM",), MAMBA1_LAYER,
                       global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_mamba1,
                       also=("falcon_mamba",), squeezed=("ssm_conv1d",), values=_MAMBA2_A),

@@ -25,6 +25,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              granitehybrid: their sizes as ssm.*, A as -exp(A_log) and D as [heads, 1], the gated norm's weight as
              [groups, inner / groups], dt_bias as ssm_dt.bias, the conv squeezed (Mamba2Model's)
     mamba2   Mamba2Model's: no attention keys, ssm.* and Mamba-2's tensors as granitehybrid's
+    falcon-h1 FalconH1Model's: Mamba2Model's keys and tensors with the attention's and MLP's, every multiplier folded
+             into the weights; q/k rows as they are; the pre-MLP norm as the bare blk.N.ffn_norm (gguf-py's name)
     mamba    MambaModel's (Mamba, Falcon Mamba): no attention keys, dt's rank as ssm.time_step_rank, ssm.dt_b_c_rms;
              A as -exp(A_log), the conv squeezed
     nemotron_h NemotronHModel's: a kv head count and an MLP width a layer (0 where the block is another kind), the
@@ -83,7 +85,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-             "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba"}
+             "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
+             "falcon_h1": "falcon-h1"}
 MAMBA1 = ("mamba", "falcon_mamba")          # MambaModel's: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h")
@@ -121,6 +124,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     elif arch == "mamba":
         _mamba1(w, cfg)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
+    elif arch == "falcon-h1":
+        _falcon_h1(w, cfg)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
         _metadata(w, cfg, arch, tensors)
@@ -600,6 +606,48 @@ def _mamba2_only(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_layer_norm_rms_eps(cfg["layer_norm_epsilon"])
 
 
+def _falcon_h1(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """FalconH1Model's keys: Mamba2Model's (ssm.*: the heads as time_step_rank, mamba_d_ssm as inner_size), then the
+    attention's and the MLP's over them."""
+    heads = cfg["mamba_n_heads"]
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    _mamba2(w, heads, cfg["mamba_d_ssm"] // heads, cfg["mamba_n_groups"], cfg["mamba_d_state"], cfg["mamba_d_conv"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(_rope(cfg)[0])
+
+
+def _falcon_h1_folded(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """FalconH1Model.modify_tensors: every multiplier folded into the weight it scales (in_proj's rows a section of
+    z, x, B, C, dt each times its ssm_multipliers entry)."""
+    mlp, ssm = cfg["mlp_multipliers"], cfg["ssm_multipliers"]
+    inner, bc = cfg["mamba_d_ssm"], cfg["mamba_n_groups"] * cfg["mamba_d_state"]
+    ai = cfg["attention_in_multiplier"]
+    scales = {"down_proj.weight": mlp[1], "gate_proj.weight": mlp[0], "k_proj.weight": cfg["key_multiplier"] * ai,
+              "q_proj.weight": ai, "v_proj.weight": ai, "o_proj.weight": cfg["attention_out_multiplier"],
+              "out_proj.weight": cfg["ssm_out_multiplier"], "lm_head.weight": cfg["lm_head_multiplier"],
+              "embed_tokens.weight": cfg["embedding_multiplier"]}
+    out = {}
+    for name, value in hf.items():
+        value = value.astype(np.float32)
+        key = next((k for k in scales if name.endswith(k)), None)
+        if key:
+            value = value * scales[key]
+        elif name.endswith("in_proj.weight"):
+            rows = np.concatenate([np.full(inner, ssm[0]), np.full(inner, ssm[1]), np.full(bc, ssm[2]),
+                                   np.full(bc, ssm[3]), np.full(value.shape[0] - 2 * inner - 2 * bc, ssm[4])])
+            value = value * cfg["ssm_in_multiplier"] * rows[:, None].astype(np.float32)
+        out[name] = value
+    return out
+
+
 def _mamba1(w: gguf.GGUFWriter, cfg: dict) -> None:
     """MambaModel's keys: no attention, dt's rank as ssm.time_step_rank, Falcon Mamba's norms as ssm.dt_b_c_rms."""
     w.add_context_length(2 ** 20)
@@ -732,7 +780,9 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
     if arch in ("qwen35", "qwen35moe"):
         hf = _qwen35_tensors(cfg, hf)
-    if arch in ("granitehybrid", "nemotron_h", "mamba2", "mamba"):
+    if arch == "falcon-h1":
+        hf = _falcon_h1_folded(cfg, hf)
+    if arch in ("granitehybrid", "nemotron_h", "mamba2", "mamba", "falcon-h1"):
         hf = _mamba2_tensors(cfg, hf)
     if arch == "lfm2":             # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}

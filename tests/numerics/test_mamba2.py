@@ -6,7 +6,8 @@ no RoPE, two groups of B and C), a dense Granite 4.0-H with RoPE, Bamba (RoPE on
 scores with a choice bias in groups), Mamba-2 alone (no attention layer) and Falcon-H1 (attention and Mamba-2 side
 by side in every layer, its multipliers folded into the weights; the gated norm absent or before the gate); the
 engine's chunked prefill, batches and n > 1 give a plain run's tokens; GGUFs as llama.cpp's converter writes them
-(granitehybrid, nemotron_h, mamba2) read back into the models they came from."""
+(granitehybrid, nemotron_h, mamba2, falcon-h1 with its multipliers folded in) read back into the models they came
+from."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ FAMILIES = {
     "falcon-h1-norm-before-gate": ("FalconH1ForCausalLM", "FalconH1Config", dict(
         FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_n_groups=1)),
 }
-GGUF = ("nemotron-h", "mamba2")        # (granitehybrid's: test_granite4_hybrid_gguf_matches_transformers)
+GGUF = ("nemotron-h", "mamba2", "falcon-h1")   # (granitehybrid's: test_granite4_hybrid_gguf_matches_transformers)
 
 
 @pytest.fixture(scope="module")
