@@ -90,6 +90,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     falcon-h1 Falcon-H1          attention and Mamba-2 each layer (Mamba-2's tensors as granitehybrid's, q/k rows as
                                  HF's), every multiplier folded into the weights (the embeddings' and the head's too);
                                  the pre-MLP norm named bare (blk.N.ffn_norm); the gated norm where ssm_norm is there
+    jamba    Jamba               attention where head_count_kv (a layer) is not 0, Mamba-1 elsewhere (mamba's tensors
+                                 and its dt / B / C norms as ssm_dt_norm / ssm_b_norm / ssm_c_norm), experts where
+                                 ffn_gate_inp is (qwen2moe's 3-D tensors): read back as periods and offsets
     mamba    Mamba-1             a block a layer under `backbone`: its norm as attn_norm, the mixer as ssm_in /
                                  ssm_conv1d (squeezed) / ssm_x / ssm_dt / ssm_a (-exp(A_log)) / ssm_d / ssm_out;
                                  Falcon Mamba's norms of dt, B and C as ssm.dt_b_c_rms
@@ -218,6 +221,11 @@ MAMBA1_LAYER = {"attn_norm": "norm", **{k: v for k, v in mamba2_layer("mixer").i
 FALCON_H1_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("ffn_norm",)}, **mamba2_layer("mamba"),
                    "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
                    "ffn_down": "feed_forward.down_proj", "ffn_norm": "pre_ff_layernorm.weight"}   # (named bare)
+JAMBA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("ffn_norm", "ffn_gate", "ffn_up", "ffn_down")},
+               "ffn_norm": "pre_ff_layernorm", "ffn_gate": "feed_forward.gate_proj", "ffn_up": "feed_forward.up_proj",
+               "ffn_down": "feed_forward.down_proj", "ffn_gate_inp": "feed_forward.router",
+               **{k: v.replace("mixer.", "mamba.") for k, v in MAMBA1_LAYER.items() if k != "attn_norm"},
+               **{f"ssm_{x}_norm": f"mamba.{x}_layernorm" for x in ("dt", "b", "c")}}
 BACKBONE_GLOBAL = {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head"}
 GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                       "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
@@ -769,6 +777,34 @@ def _falcon_h1(reader, arch, tensors, c):
              mlp_bias="blk.0.ffn_down.bias" in tensors)
 
 
+def _jamba(reader, arch, tensors, c):
+    """Jamba (llama.cpp's JambaModel): its attention layers (head_count_kv not 0) and expert layers (ffn_gate_inp
+    stored) as the period and offset its config names them by, Mamba-1's sizes from ssm.*."""
+    n, attends = c["num_hidden_layers"], _attention_layers(arch, c)
+    experts = [i for i in range(n) if f"blk.{i}.ffn_gate_inp.weight" in tensors]
+    inner = _key(reader, arch, "ssm.inner_size")
+    c.update(attn_layer_period=_period(arch, [i for i, a in enumerate(attends) if a], n, "attention"),
+             attn_layer_offset=attends.index(True) if any(attends) else n,
+             expert_layer_period=_period(arch, experts, n, "expert"), expert_layer_offset=experts[0] if experts else n,
+             num_experts=_key(reader, arch, "expert_count") or 1,
+             num_experts_per_tok=_key(reader, arch, "expert_used_count") or 1,
+             mamba_expand=inner // c["hidden_size"], mamba_d_state=_key(reader, arch, "ssm.state_size"),
+             mamba_d_conv=_key(reader, arch, "ssm.conv_kernel"), mamba_dt_rank=_key(reader, arch, "ssm.time_step_rank"),
+             mamba_conv_bias=any(t.endswith(".ssm_conv1d.bias") for t in tensors),
+             mamba_proj_bias=any(t.endswith(".ssm_in.bias") for t in tensors))
+
+
+def _period(arch: str, layers: list[int], n: int, what: str) -> int:
+    """The period of `layers` as a Jamba config names them (every period-th layer from the first; n where there is one
+    or none); a ModelLoadError for layers no period and offset give."""
+    steps = {b - a for a, b in zip(layers, layers[1:])}
+    period = steps.pop() if len(steps) == 1 else n
+    if layers and [i for i in range(n) if i % period == layers[0] % period] != layers:
+        raise ModelLoadError(f"this {arch} GGUF's {what} layers ({layers}) are not every n-th layer from one below n, "
+                             "which its Hugging Face config cannot say; re-convert the model")
+    return period
+
+
 def _mamba1(reader, arch, tensors, c):
     """Mamba-1 (llama.cpp's MambaModel): its sizes as ssm.* (time_step_rank: dt's rank); Falcon Mamba where
     ssm.dt_b_c_rms (its norms' epsilon, which the file leaves out, transformers' default)."""
@@ -1116,6 +1152,11 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "falcon-h1": GGUFArch("falcon_h1", ("FalconH1ForCausalLM",), FALCON_H1_LAYER, config=_falcon_h1,
                           global_names={**LLAMA_GLOBAL, "output_norm": "model.final_layernorm"},
                           squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
+    "jamba": GGUFArch("jamba", ("JambaForCausalLM",), JAMBA_LAYER, config=_jamba, squeezed=("ssm_conv1d",),
+                      values=_MAMBA2_A, global_names={**LLAMA_GLOBAL, "output_norm": "model.final_layernorm"},
+                      experts={"ffn_gate_exps": "feed_forward.experts.{j}.gate_proj",
+                               "ffn_up_exps": "feed_forward.experts.{j}.up_proj",
+                               "ffn_down_exps": "feed_forward.experts.{j}.down_proj"}),
     "mamba": GGUFArch("mamba", ("MambaForCausalLM",), MAMBA1_LAYER,
                       global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_mamba1,
                       also=("falcon_mamba",), squeezed=("ssm_conv1d",), values=_MAMBA2_A),

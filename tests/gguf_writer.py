@@ -27,6 +27,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     mamba2   Mamba2Model's: no attention keys, ssm.* and Mamba-2's tensors as granitehybrid's
     falcon-h1 FalconH1Model's: Mamba2Model's keys and tensors with the attention's and MLP's, every multiplier folded
              into the weights; q/k rows as they are; the pre-MLP norm as the bare blk.N.ffn_norm (gguf-py's name)
+    jamba    JambaModel's: a kv head count a layer, Mamba-1's sizes as ssm.*, expert counts; Mamba-1's tensors as
+             mamba's, the experts stacked as qwen2moe's
     mamba    MambaModel's (Mamba, Falcon Mamba): no attention keys, dt's rank as ssm.time_step_rank, ssm.dt_b_c_rms;
              A as -exp(A_log), the conv squeezed
     nemotron_h NemotronHModel's: a kv head count and an MLP width a layer (0 where the block is another kind), the
@@ -86,8 +88,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
-             "falcon_h1": "falcon-h1"}
-MAMBA1 = ("mamba", "falcon_mamba")          # MambaModel's: A [inner, state] and D [inner] as they are
+             "falcon_h1": "falcon-h1", "jamba": "jamba"}
+MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h")
 
@@ -127,6 +129,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     elif arch == "falcon-h1":
         _falcon_h1(w, cfg)
+        _tokenizer(w, hf_dir, cfg["vocab_size"])
+    elif arch == "jamba":
+        _jamba(w, cfg)
         _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
         _metadata(w, cfg, arch, tensors)
@@ -648,6 +653,27 @@ def _falcon_h1_folded(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndar
     return out
 
 
+def _jamba(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """JambaModel's keys: a kv head count a layer (0 but every attn_layer_period-th from attn_layer_offset), Mamba-1's
+    sizes as ssm.*, the expert counts (which layers have experts: the tensors say)."""
+    n, hidden, offset, period = (cfg[k] for k in ("num_hidden_layers", "hidden_size", "attn_layer_offset",
+                                                  "attn_layer_period"))
+    w.add_block_count(n)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([cfg["num_key_value_heads"] if i >= offset and (i - offset) % period == 0 else 0
+                         for i in range(n)])
+    w.add_ssm_conv_kernel(cfg["mamba_d_conv"])
+    w.add_ssm_inner_size(cfg["mamba_expand"] * hidden)
+    w.add_ssm_state_size(cfg["mamba_d_state"])
+    w.add_ssm_time_step_rank(cfg["mamba_dt_rank"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+
+
 def _mamba1(w: gguf.GGUFWriter, cfg: dict) -> None:
     """MambaModel's keys: no attention, dt's rank as ssm.time_step_rank, Falcon Mamba's norms as ssm.dt_b_c_rms."""
     w.add_context_length(2 ** 20)
@@ -782,7 +808,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = _qwen35_tensors(cfg, hf)
     if arch == "falcon-h1":
         hf = _falcon_h1_folded(cfg, hf)
-    if arch in ("granitehybrid", "nemotron_h", "mamba2", "mamba", "falcon-h1"):
+    if arch in ("granitehybrid", "nemotron_h", "mamba2", "mamba", "falcon-h1", "jamba"):
         hf = _mamba2_tensors(cfg, hf)
     if arch == "lfm2":             # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}

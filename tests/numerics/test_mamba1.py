@@ -2,8 +2,8 @@
 transformers' logits within 1e-4 (every prefill position, the last-token prefill, greedy decode steps, each layer's
 conv and selective-scan state in its slot of the KV cache kiln owns): Mamba, Falcon Mamba (dt, B and C RMS-normed
 without weights) and Jamba (Mamba-1 layers with weighted norms among attention layers without RoPE, experts every
-other layer, their softmax top-k weights unnormalised); Jamba in the engine (chunked prefill, batches, n > 1); Mamba
-and Falcon Mamba GGUFs (llama.cpp's mamba) read back into the models they came from."""
+other layer, their softmax top-k weights unnormalised); Jamba in the engine (chunked prefill, batches, n > 1); Mamba,
+Falcon Mamba (llama.cpp's mamba) and Jamba GGUFs read back into the models they came from."""
 
 from __future__ import annotations
 
@@ -49,3 +49,7 @@ def test_jamba_matches_transformers_and_runs_in_the_engine(tmp_path):
     assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
     assert Artifact.load(art).config.kv_cache.owners == [2]
     assert_recurrent_engine(art)
+    from gguf_writer import write_gguf            # llama.cpp's jamba: the layer kinds read back as periods, offsets
+    path = write_gguf(tmp_path / "hf", tmp_path / "jamba.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "gguf")
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
