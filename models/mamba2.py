@@ -1,7 +1,9 @@
 """Mamba-2 layers among attention layers: IBM's Granite 4.0 hybrids (granitemoehybrid's -h- models: Mamba-2 and
 attention layers with Granite's multipliers, a MoE beside a shared MLP or the shared MLP alone), Bamba (Mamba-2 and
-attention layers with Llama MLPs, RoPE on half of each head) and NVIDIA's Nemotron-H (a block a layer: Mamba-2,
-attention without positions, or a squared-ReLU MLP, each behind its own norm and residual).
+attention layers with Llama MLPs, RoPE on half of each head), NVIDIA's Nemotron-H and Nemotron-H MoE (a block a
+layer: Mamba-2, attention without positions, a squared-ReLU MLP or experts, each behind its own norm and residual),
+and Mamba-2 alone (Nemotron-H's blocks, every one Mamba-2). Falcon-H1's layers (models/falcon_h1.py) use the mixer
+too.
 
     Mamba-2 layer   z, xBC, dt = in_proj(x)                 (inner, inner + 2 groups state, heads)
                     x, B, C = silu(conv(xBC) + conv_bias)   (a causal depthwise conv of d_conv taps)
@@ -248,10 +250,6 @@ class BambaConfig(Mamba2Fields, LlamaConfig):
         attention = set(values.pop("attention_layers") or ())
         values = cls.mamba_values(dict(values, partial_rotary_factor=0.5), [i for i in range(n) if i not in attention])
         return super().adapt(values, hf, notes)
-
-
-def BambaForCausalLM(c: BambaConfig) -> HybridLM:
-    return HybridLM(c)
 
 
 def bamba_weight_map(c: BambaConfig) -> WeightMap:

@@ -125,7 +125,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           granite.GraniteMoeSharedConfig, granite.GraniteMoeSharedForCausalLM),
     _arch("granitemoehybrid", ("GraniteMoeHybridForCausalLM",), ("granitemoehybrid",), granite,
           granite.GraniteMoeHybridConfig, granite.GraniteMoeHybridForCausalLM),
-    Architecture("bamba", ("BambaForCausalLM",), ("bamba",), mamba2.BambaConfig, mamba2.BambaForCausalLM,
+    Architecture("bamba", ("BambaForCausalLM",), ("bamba",), mamba2.BambaConfig, mamba2.HybridLM,
                  mamba2.bamba_weight_map),
     Architecture("nemotron_h", ("NemotronHForCausalLM",), ("nemotron_h",), mamba2.NemotronHConfig,
                  mamba2.NemotronHForCausalLM, mamba2.nemotron_h_weight_map),
