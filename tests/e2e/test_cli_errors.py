@@ -48,9 +48,9 @@ def test_unknown_architecture_lists_supported(tmp_path, tiny_dirs):
 
 def test_known_unsupported_family_names_what_stands_in_the_way(tmp_path, tiny_dirs):
     shutil.copy(tiny_dirs["tied"] / "model.safetensors", tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MambaForCausalLM"], "model_type": "mamba"}))
-    assert_clean_error(kiln_cli("compile", str(tmp_path)), "Mamba (mamba) is not supported yet",
-                       "state-space layers", "kiln models")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["RwkvForCausalLM"], "model_type": "rwkv"}))
+    assert_clean_error(kiln_cli("compile", str(tmp_path)), "RWKV (rwkv) is not supported yet",
+                       "recurrent time mixing", "kiln models")
 
 
 def test_missing_config_field_names_the_tried_names(tmp_path, tiny_dirs):
