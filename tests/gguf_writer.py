@@ -109,33 +109,14 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     if arch == "gemma4":
         _gemma4(w, cfg)
         _gemma4_tokenizer(w, hf_dir)
-    elif arch == "gemma3n":
-        _gemma3n(w, cfg)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
-    elif arch == "lfm2":
-        _lfm2(w, cfg)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
-    elif arch in ("qwen35", "qwen35moe"):
-        _qwen35(w, cfg, arch)
-        _tokenizer(w, hf_dir, cfg["vocab_size"], pre="qwen35")
-    elif arch == "nemotron_h":
-        _nemotron_h(w, cfg)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
-    elif arch == "mamba2":
-        _mamba2_only(w, cfg)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
-    elif arch == "mamba":
-        _mamba1(w, cfg)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
-    elif arch == "falcon-h1":
-        _falcon_h1(w, cfg)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
-    elif arch == "jamba":
-        _jamba(w, cfg)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
     else:
-        _metadata(w, cfg, arch, tensors)
-        _tokenizer(w, hf_dir, cfg["vocab_size"])
+        if arch in ("qwen35", "qwen35moe"):
+            _qwen35(w, cfg, arch)
+        elif arch in OWN_KEYS:
+            OWN_KEYS[arch](w, cfg)
+        else:
+            _metadata(w, cfg, arch, tensors)
+        _tokenizer(w, hf_dir, cfg["vocab_size"], pre="qwen35" if arch.startswith("qwen35") else "gpt-2")
     for name, value in tensors.items():
         type_name = (types or {}).get(name, (types or {}).get(name.split(".")[-2], default))
         if isinstance(value, Mxfp4):
@@ -922,3 +903,8 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
     w.add_add_bos_token(bool(tok_cfg.get("add_bos_token")))
     if tok_cfg.get("chat_template"):
         w.add_chat_template(tok_cfg["chat_template"])
+
+
+# The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
+OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "nemotron_h": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1,
+            "falcon-h1": _falcon_h1, "jamba": _jamba}
