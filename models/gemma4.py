@@ -301,11 +301,6 @@ class Gemma4ForCausalLM(OwnedStackLM):
         super().__init__(config)
         self.embed_width = config.hidden_size + config.num_hidden_layers * config.ple_dim
 
-    def set_kv_dtype(self, dtype: str) -> None:
-        self.kv_dtype = None if dtype == self.dtype else dtype
-        for layer in self.model.layers:
-            layer.self_attn.kv_dtype = self.kv_dtype
-
     def embed(self, input_ids: Tensor) -> Tensor:
         """[seq] -> [seq, hidden (+ layers x P)]: the scaled embedding, then the token's PLE row, scaled."""
         m = self.model

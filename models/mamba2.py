@@ -423,11 +423,6 @@ class NemotronHForCausalLM(OwnedStackLM):
     STACK: ClassVar[type] = NemotronHStack
     OWNED_ONLY: ClassVar[str] = "its Mamba-2 layers keep a recurrent state a sequence"
 
-    def set_kv_dtype(self, dtype: str) -> None:
-        self.kv_dtype = None if dtype == self.dtype else dtype
-        for layer in self.model.layers:
-            layer.mixer.kv_dtype = self.kv_dtype
-
 
 def nemotron_h_weight_map(c: NemotronHConfig) -> WeightMap:
     m: WeightMap = head_weights(c, "backbone", "embeddings", "norm_f")

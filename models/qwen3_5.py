@@ -253,11 +253,6 @@ class Qwen35ForCausalLM(OwnedStackLM):
     STACK: ClassVar[type] = Qwen35Stack
     OWNED_ONLY: ClassVar[str] = "Qwen3.5's DeltaNet layers keep a recurrent state a sequence"
 
-    def set_kv_dtype(self, dtype: str) -> None:
-        self.kv_dtype = None if dtype == self.dtype else dtype
-        for layer in self.model.layers:
-            layer.mixer.kv_dtype = self.kv_dtype
-
 
 def weight_map(c: Qwen35Config) -> WeightMap:
     p = c.weight_prefix

@@ -53,3 +53,14 @@ def test_jamba_matches_transformers_and_runs_in_the_engine(tmp_path):
     path = write_gguf(tmp_path / "hf", tmp_path / "jamba.gguf")
     art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "gguf")
     assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+
+
+def test_a_float16_kv_cache_is_taken_by_a_model_without_attention(tmp_path):
+    """--kv-cache-dtype float16 on Mamba (its layers' one mixer takes the setting; no layer holds keys and values, so
+    the logits are the float32 ones)."""
+    model_cls, config_cls, cfg = FAMILIES["mamba"]
+    ref = write_widened(model_cls, config_cls, cfg, tmp_path / "hf", seed=3)
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art",
+                       kv_cache_dtype="float16")
+    assert Artifact.load(art).config.kv_cache.dtype == "float16"
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
