@@ -689,18 +689,23 @@ def _attention_layers(arch, c) -> list[bool]:
     return [bool(n) for n in kv]
 
 
-def _mamba2(reader, arch, tensors, c, prefix: str = "") -> dict:
+# Mamba-2's sizes as each family's config.json names them: heads, head size, groups, state, conv taps, conv bias,
+# in_proj's bias
+GRANITE_SSM = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_conv_bias",
+               "mamba_proj_bias")
+NEMOTRON_H_SSM = ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "use_conv_bias",
+                  "mamba_proj_bias")
+MAMBA2_SSM = ("num_heads", "head_dim", "n_groups", "state_size", "conv_kernel", "use_conv_bias", "use_bias")
+
+
+def _mamba2(reader, arch, tensors, names: tuple[str, ...]) -> dict:
     """Mamba-2's sizes from llama.cpp's ssm.* keys (time_step_rank: the heads; inner_size: their width) and its
-    biases from the tensors present, under the HF config's names with `prefix`."""
+    biases from the tensors present, under the config names `names` (GRANITE_SSM's order)."""
     heads, inner = _key(reader, arch, "ssm.time_step_rank"), _key(reader, arch, "ssm.inner_size")
     first = next((int(n.split(".")[1]) for n in tensors if n.endswith(".ssm_in.weight")), 0)
-    return {f"{prefix}n_heads" if prefix else "mamba_num_heads": heads,
-            f"{prefix}d_head" if prefix else "mamba_head_dim": inner // heads,
-            f"{prefix}n_groups" if prefix else "n_groups": _key(reader, arch, "ssm.group_count", 1),
-            f"{prefix}d_state" if prefix else "ssm_state_size": _key(reader, arch, "ssm.state_size"),
-            f"{prefix}d_conv" if prefix else "conv_kernel": _key(reader, arch, "ssm.conv_kernel"),
-            f"{prefix}conv_bias" if prefix else "use_conv_bias": f"blk.{first}.ssm_conv1d.bias" in tensors,
-            "mamba_proj_bias": f"blk.{first}.ssm_in.bias" in tensors}
+    return dict(zip(names, (heads, inner // heads, _key(reader, arch, "ssm.group_count", 1),
+                            _key(reader, arch, "ssm.state_size"), _key(reader, arch, "ssm.conv_kernel"),
+                            f"blk.{first}.ssm_conv1d.bias" in tensors, f"blk.{first}.ssm_in.bias" in tensors)))
 
 
 def _smollm3(reader, arch, tensors, c):
@@ -762,7 +767,7 @@ def _granitehybrid(reader, arch, tensors, c):
              layer_types=["attention" if a else "mamba" for a in attends],
              position_embedding_type="rope" if _key(reader, arch, "rope.scaling.finetuned", True) else "nope")
     if not all(attends):
-        c.update(_mamba2(reader, arch, tensors, c, prefix="mamba_"))
+        c.update(_mamba2(reader, arch, tensors, GRANITE_SSM))
     if not experts:
         c.update(num_experts_per_tok=0, shared_intermediate_size=c["intermediate_size"])
 
@@ -770,7 +775,7 @@ def _granitehybrid(reader, arch, tensors, c):
 def _falcon_h1(reader, arch, tensors, c):
     """Falcon-H1 (llama.cpp's FalconH1Model): Mamba-2's sizes (_mamba2), every multiplier 1 (the converter folded
     them into the weights), the gated norm (after the gate, as llama.cpp applies it) where ssm_norm is stored."""
-    sizes = _mamba2(reader, arch, tensors, c, prefix="mamba_")
+    sizes = _mamba2(reader, arch, tensors, GRANITE_SSM)
     c.update(sizes, mamba_d_ssm=sizes["mamba_n_heads"] * sizes["mamba_d_head"],
              mamba_rms_norm="blk.0.ssm_norm.weight" in tensors, mamba_norm_before_gate=False,
              projectors_bias="blk.0.ssm_out.bias" in tensors, attention_bias="blk.0.attn_q.bias" in tensors,
@@ -821,13 +826,11 @@ def _mamba1(reader, arch, tensors, c):
 
 def _mamba2_only(reader, arch, tensors, c):
     """Mamba-2 alone (llama.cpp's Mamba2Model): its sizes under Mamba2Config's names, no attention keys."""
-    sizes = _mamba2(reader, arch, tensors, c)
+    sizes = _mamba2(reader, arch, tensors, MAMBA2_SSM)
     for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         c.pop(key)
-    c.update(num_heads=sizes["mamba_num_heads"], head_dim=sizes["mamba_head_dim"], n_groups=sizes["n_groups"],
-             state_size=sizes["ssm_state_size"], conv_kernel=sizes["conv_kernel"], use_conv_bias=sizes["use_conv_bias"],
-             use_bias=sizes["mamba_proj_bias"], layer_norm_epsilon=c.pop("rms_norm_eps"),
-             expand=sizes["mamba_num_heads"] * sizes["mamba_head_dim"] // c["hidden_size"])
+    c.update(sizes, layer_norm_epsilon=c.pop("rms_norm_eps"),
+             expand=sizes["num_heads"] * sizes["head_dim"] // c["hidden_size"])
 
 
 def _nemotron_h(reader, arch, tensors, c):
@@ -835,9 +838,10 @@ def _nemotron_h(reader, arch, tensors, c):
     feed_forward_length (an MLP where not 0), the rest Mamba-2 (_mamba2); its norm epsilon as layer_norm_epsilon."""
     attends = _attention_layers(arch, c)
     ff = c["intermediate_size"] if isinstance(c["intermediate_size"], list) else [0] * len(attends)
-    c.update(layers_block_type=["attention" if a else "mlp" if f else "mamba" for a, f in zip(attends, ff)],
+    c.update(_mamba2(reader, arch, tensors, NEMOTRON_H_SSM),
+             layers_block_type=["attention" if a else "mlp" if f else "mamba" for a, f in zip(attends, ff)],
              intermediate_size=max(ff) or None, layer_norm_epsilon=c.pop("rms_norm_eps"),
-             mlp_bias=any(n.endswith(".ffn_up.bias") for n in tensors), **_mamba2(reader, arch, tensors, c))
+             mlp_bias=any(n.endswith(".ffn_up.bias") for n in tensors))
 
 
 def _no_groups(reader, arch: str) -> None:
