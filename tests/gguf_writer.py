@@ -582,12 +582,8 @@ def _nemotron_h(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 
 def _mamba2_only(w: gguf.GGUFWriter, cfg: dict) -> None:
-    """Mamba2Model's keys: no attention (head_count and feed_forward_length 0), a context of 2 ** 20."""
-    w.add_context_length(2 ** 20)
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(0)
-    w.add_head_count(0)
-    w.add_block_count(cfg["num_hidden_layers"])
+    """Mamba2Model's keys: no attention (_no_attention), ssm.* as granitehybrid's."""
+    _no_attention(w, cfg)
     _mamba2(w, cfg["num_heads"], cfg["head_dim"], cfg["n_groups"], cfg["state_size"], cfg["conv_kernel"])
     w.add_layer_norm_rms_eps(cfg["layer_norm_epsilon"])
 
@@ -656,18 +652,25 @@ def _jamba(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 
 def _mamba1(w: gguf.GGUFWriter, cfg: dict) -> None:
-    """MambaModel's keys: no attention, dt's rank as ssm.time_step_rank, Falcon Mamba's norms as ssm.dt_b_c_rms."""
-    w.add_context_length(2 ** 20)
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(0)
-    w.add_head_count(0)
-    w.add_block_count(cfg["num_hidden_layers"])
+    """MambaModel's keys: no attention (_no_attention), dt's rank as ssm.time_step_rank, Falcon Mamba's norms as
+    ssm.dt_b_c_rms."""
+    _no_attention(w, cfg)
     w.add_ssm_conv_kernel(cfg["conv_kernel"])
     w.add_ssm_inner_size(cfg["intermediate_size"])
     w.add_ssm_state_size(cfg["state_size"])
     w.add_ssm_time_step_rank(cfg["time_step_rank"])
     w.add_layer_norm_rms_eps(cfg["layer_norm_epsilon"])
     w.add_ssm_dt_b_c_rms(cfg["model_type"] == "falcon_mamba")
+
+
+def _no_attention(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """The keys MambaModel and Mamba2Model write for a model without attention: a context of 2 ** 20, head_count and
+    feed_forward_length 0."""
+    w.add_context_length(2 ** 20)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(cfg["num_hidden_layers"])
 
 
 def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
