@@ -147,10 +147,15 @@ class DecoderConfig:
         return None
 
     def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]] | None:
-        """Where layers' KV caches differ (Gemma 4): per layer (kv heads, head dim), and per layer the
+        """Where layers' KV caches differ (Gemma 4): per cache layer (kv heads, head dim), and per layer the
         layer whose keys and values it attends over (itself, or an earlier one it shares); None where every
-        layer holds its own of one shape. Only the cache kiln owns takes such a model."""
-        return None
+        layer holds its own of one shape. Only the cache kiln owns takes such a model. A recurrent layer (one
+        state_layers gives states) holds no pages: (1, 1)."""
+        states = self.state_layers()
+        if not any(states):
+            return None
+        return (tuple((1, 1) if s else (self.num_key_value_heads, self.head_dim) for s in states),
+                tuple(range(len(states))))
 
     def state_layers(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
         """Per layer, the shapes of its recurrent state tensors (Qwen3.5's DeltaNet; KVCacheLayout.layer_states);

@@ -70,9 +70,6 @@ class FalconH1Config(Mamba2Fields, LlamaConfig):
                              f"{list(ssm)} and {list(mlp)}; fix config.json")
         values = cls.mamba_values(dict(values, mamba_norm=norm, ssm_multipliers=ssm, mlp_multipliers=mlp,
                                        mamba_out_bias=values["projectors_bias"]), range(n), inner)
-        if inner is not None and values["mamba_heads"] * values["mamba_head_dim"] != inner:
-            raise ValueError(f"mamba_n_heads x mamba_d_head ({values['mamba_heads']} x {values['mamba_head_dim']}) "
-                             f"must be mamba_d_ssm ({inner}); fix config.json")
         return super().adapt(values, hf, notes)
 
     def flags(self) -> Flags:
@@ -84,14 +81,8 @@ class FalconH1Config(Mamba2Fields, LlamaConfig):
         return super().layer_attention() + (LayerAttention("full", None, self.rope_theta, None, rope=False),) * \
             self.num_hidden_layers
 
-    def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-        n = self.num_hidden_layers
-        return ((self.num_key_value_heads, self.head_dim),) * n + ((1, 1),) * n, tuple(range(2 * n))
-
     def state_layers(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
-        states = ((self.conv_channels(), self.mamba_taps - 1), (self.mamba_heads, self.mamba_state,
-                                                                self.mamba_head_dim))
-        return ((),) * self.num_hidden_layers + (states,) * self.num_hidden_layers
+        return ((),) * self.num_hidden_layers + (self.mamba_states(),) * self.num_hidden_layers
 
 
 class FalconH1Layer(nn.Module):

@@ -12,7 +12,8 @@ attention ones, experts every other layer.
 
 The conv's last inputs and the scan's h [inner, state] are a layer's state, kept in a state slot of the KV cache
 kiln owns (models/owned_kv.py recurrent_conv / selective_scan, targets/recurrent.py); no layer holds pages. As
-for every recurrent model, a state holds every token before it: no prefix sharing, no speculation.
+for every recurrent model, a state holds every token before it: no forks but at a sequence's end, prefix-cache
+entries continued whole (runtime/scheduler.py), no speculation.
 """
 
 from __future__ import annotations
@@ -74,14 +75,8 @@ class MambaConfig(DecoderConfig):
                           self.conv_kernel, self.use_bias, self.use_conv_bias,
                           None if self.mixer_rms_eps is None else "weightless", self.mixer_rms_eps or 1e-6)
 
-    def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-        n = self.num_hidden_layers
-        return ((1, 1),) * n, tuple(range(n))
-
     def state_layers(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
-        """Every layer's states: the conv's last inputs [inner, taps - 1] and h [inner, state]."""
-        inner = self.intermediate_size
-        return (((inner, self.conv_kernel - 1), (inner, self.state_size)),) * self.num_hidden_layers
+        return (self.mixer_spec().states(),) * self.num_hidden_layers
 
 
 @dataclass(frozen=True)
@@ -104,6 +99,10 @@ class Mamba1Spec:
     conv_bias: bool
     norms: str | None = None                # dt, B and C RMS-normed: "weightless" (Falcon Mamba), "weighted" (Jamba)
     norm_eps: float = 1e-6
+
+    def states(self) -> tuple[tuple[int, ...], ...]:
+        """The layer's states: the conv's last inputs [inner, taps - 1] and h [inner, state]."""
+        return (self.inner, self.taps - 1), (self.inner, self.state)
 
 
 class Mamba1Mixer(nn.Module):
@@ -235,15 +234,8 @@ class JambaConfig(LlamaConfig):
         return MoESpec(self.num_experts, self.top_k, self.intermediate_size, normalize=False) \
             if layer in self.expert_layers else None
 
-    def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-        n = self.num_hidden_layers
-        return (tuple((1, 1) if i in self.mamba_layers else (self.num_key_value_heads, self.head_dim)
-                      for i in range(n)), tuple(range(n)))
-
     def state_layers(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
-        m = self.mamba
-        return tuple(((m.inner, m.taps - 1), (m.inner, m.state)) if i in self.mamba_layers else ()
-                     for i in range(self.num_hidden_layers))
+        return tuple(self.mamba.states() if i in self.mamba_layers else () for i in range(self.num_hidden_layers))
 
 
 class JambaStack(HybridStack):

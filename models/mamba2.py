@@ -81,6 +81,8 @@ class Mamba2Fields:
                 raise ValueError(f"mamba_n_heads ({heads}) must divide mamba_expand * hidden_size ({inner}); fix "
                                  "config.json")
             values = dict(values, mamba_head_dim=inner // heads)
+        elif inner is not None:
+            cls.check_inner(values, inner, "mamba_d_ssm")
         if heads % groups:
             raise ValueError(f"mamba_n_groups ({groups}) must divide the {heads} Mamba heads; fix config.json")
         if values["mamba_activation"] != "silu":
@@ -93,6 +95,13 @@ class Mamba2Fields:
             raise ValueError(f"time_step_limit must be (min, max); got {values['dt_limit']}")
         return dict(values, dt_limit=limit, mamba_layers=tuple(mamba_layers))
 
+    @staticmethod
+    def check_inner(values: dict, inner: int, name: str) -> None:
+        """The Mamba heads x head size must be the inner width the config names (`name`)."""
+        if values["mamba_heads"] * values["mamba_head_dim"] != inner:
+            raise ValueError(f"the Mamba heads x head size ({values['mamba_heads']} x {values['mamba_head_dim']}) "
+                             f"must be {name} ({inner}); fix config.json")
+
     @property
     def mamba_inner(self) -> int:
         return self.mamba_heads * self.mamba_head_dim
@@ -100,21 +109,14 @@ class Mamba2Fields:
     def conv_channels(self) -> int:
         return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state
 
-    def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]] | None:
-        """Attention layers hold keys and values; Mamba-2 layers none (their state is in slots: state_layers)."""
-        if not self.mamba_layers:
-            return super().kv_layers()
-        n = self.num_hidden_layers
-        return (tuple((1, 1) if i in self.mamba_layers else (self.num_key_value_heads, self.head_dim)
-                      for i in range(n)), tuple(range(n)))
+    def mamba_states(self) -> tuple[tuple[int, ...], ...]:
+        """A Mamba-2 layer's states: the conv's last inputs [channels, taps - 1] and S [heads, state, head_dim]."""
+        return ((self.conv_channels(), self.mamba_taps - 1), (self.mamba_heads, self.mamba_state, self.mamba_head_dim))
 
     def state_layers(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
-        """A Mamba-2 layer's states: the conv's last inputs [channels, taps - 1] and S [heads, state, head_dim]."""
         if not self.mamba_layers:
             return ()
-        return tuple(((self.conv_channels(), self.mamba_taps - 1),
-                      (self.mamba_heads, self.mamba_state, self.mamba_head_dim))
-                     if i in self.mamba_layers else () for i in range(self.num_hidden_layers))
+        return tuple(self.mamba_states() if i in self.mamba_layers else () for i in range(self.num_hidden_layers))
 
 
 class Mamba2Mixer(nn.Module):
@@ -385,10 +387,7 @@ class Mamba2Config(NemotronHConfig):
         if set(values["block_kinds"]) != {"mamba"}:
             raise ValueError(f"a mamba2 model's layers are all Mamba-2 ones; layer_types lists "
                              f"{sorted(set(values['block_kinds']))}; fix config.json")
-        inner = values["mamba_expand"] * values["hidden_size"]
-        if values["mamba_heads"] * values["mamba_head_dim"] != inner:
-            raise ValueError(f"num_heads x head_dim ({values['mamba_heads']} x {values['mamba_head_dim']}) must be "
-                             f"expand x hidden_size ({inner}); fix config.json")
+        cls.check_inner(values, values["mamba_expand"] * values["hidden_size"], "expand x hidden_size")
         return values
 
 

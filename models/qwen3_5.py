@@ -106,11 +106,6 @@ class Qwen35Config(DecoderConfig):
     def conv_channels(self) -> int:
         return 2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_heads * self.linear_value_dim
 
-    def kv_layers(self) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-        """Attention layers hold keys and values; DeltaNet layers none (their state is in slots: state_layers)."""
-        return (tuple((self.num_key_value_heads, self.head_dim) if t == "full_attention" else (1, 1)
-                      for t in self.layer_types), tuple(range(self.num_hidden_layers)))
-
     def state_layers(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
         """A DeltaNet layer's states: the conv's last inputs [channels, taps - 1] and S [hv, dk, dv]."""
         return tuple(((self.conv_channels(), self.conv_taps - 1),

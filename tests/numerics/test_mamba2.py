@@ -74,7 +74,7 @@ def test_granite4_hybrid_matches_transformers(granite4h):
     assert layout.rewind_problem() and "state_slots" in layout.tables
 
 
-def test_engine_chunks_batches_and_forks_without_sharing(granite4h):
+def test_engine_chunks_batches_forks_and_continues_turns(granite4h):
     assert_recurrent_engine(granite4h[0])
 
 
@@ -130,3 +130,15 @@ def test_mamba2_layers_geometry_is_checked():
         NemotronHConfig.from_hf(dict(FAMILIES["nemotron-h"][2], n_groups=3))
     with pytest.raises(ValueError, match="lists 3 blocks for 6 layers"):
         NemotronHConfig.from_hf(dict(FAMILIES["nemotron-h"][2], layers_block_type=["mamba", "mlp", "attention"]))
+    assert c.kv_layers() == (((1, 1), (2, 16), (2, 16), (2, 16), (1, 1), (2, 16)), tuple(range(6)))
+
+
+def test_falcon_h1_and_mamba2_inner_widths_are_checked():
+    from kiln.models.falcon_h1 import FalconH1Config
+    from kiln.models.mamba2 import Mamba2Config
+    c = FalconH1Config.from_hf(FALCON_H1)
+    assert c.mamba_head_dim == 16 and c.kv_layers() == (((2, 16),) * 3 + ((1, 1),) * 3, tuple(range(6)))
+    with pytest.raises(ValueError, match=r"heads x head size \(6 x 32\) must be mamba_d_ssm \(96\)"):
+        FalconH1Config.from_hf(dict(FALCON_H1, mamba_d_head=32))
+    with pytest.raises(ValueError, match=r"heads x head size \(8 x 32\) must be expand x hidden_size \(128\)"):
+        Mamba2Config.from_hf(dict(FAMILIES["mamba2"][2], head_dim=32))
