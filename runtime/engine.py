@@ -68,13 +68,15 @@ class Engine(SynchronousCalls, ModelFront):
         super().__init__(loaded, config.chat_template)     # tokenizer, eos ids, grammar compiler
         budget = min(config.max_tokens_per_step or self.runner.prefill_chunk, self.runner.prefill_chunk)
         window = self.runner.window        # sliding-window KV is never shared: no prefix cache, no forks
-        prefix_cache = config.enable_prefix_cache and self.runner.shares_kv
+        recurrent = bool(loaded.config.kv_cache.states)   # cached whole, continued by a rename (Scheduler)
+        prefix_cache = config.enable_prefix_cache and (self.runner.shares_kv or recurrent)
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=self.runner.max_num_seqs, max_tokens_per_step=budget,
-                            policy=config.policy, enable_prefix_cache=prefix_cache, sliding_window=window),
+                            policy=config.policy, enable_prefix_cache=prefix_cache, sliding_window=window,
+                            state_slots=self.runner.max_num_seqs if recurrent else None),
             PageAccountant(self.runner.free_pages(), self.runner.page_size,
                            window.max_pages(self.runner.page_size) if window else None),
-            PrefixCache() if prefix_cache else None)
+            PrefixCache(whole=recurrent) if prefix_cache else None)
         self.sampler = Sampler()
         if config.device_sampling and not self.runner.samples_on_device:
             raise ValueError("this artifact was compiled before kiln could sample on the device (it lacks "
@@ -249,6 +251,8 @@ class Engine(SynchronousCalls, ModelFront):
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""
         for seq_id in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
             self.runner.remove_sequence(seq_id)
+        for seq_id, new_id in batch.renames:
+            self.runner.rename_sequence(seq_id, new_id)
         for seq_id in batch.new_seqs:
             self.runner.add_sequence(seq_id)
         for parent, child, pos in batch.forks:

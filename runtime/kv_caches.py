@@ -127,6 +127,14 @@ class OwnedCache:
         if seq_id in self._slot:
             self._free_slots.append(self._slot.pop(seq_id))
 
+    def rename(self, seq_id: int, new_id: int) -> None:
+        """`new_id` takes over the sequence: its pages, length and state slot (nothing is copied)."""
+        if new_id in self._held:
+            raise KeyError(f"sequence {new_id} is already in the KV cache")
+        self._held[new_id], self._length[new_id] = self._held.pop(seq_id), self._length.pop(seq_id)
+        if seq_id in self._slot:
+            self._slot[new_id] = self._slot.pop(seq_id)
+
     def fork(self, parent: int, child: int, fork_pos: int = -1) -> None:
         """`child` (new) holds the parent's first fork_pos tokens (all of them for -1)."""
         length = self._length[parent]

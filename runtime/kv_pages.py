@@ -166,6 +166,13 @@ class PageAccountant:
         self._pages[child_id] = shared + fresh
         self._tokens[child_id] = pos
 
+    def rename(self, seq_id: int, new_id: int) -> None:
+        """`new_id` takes over everything `seq_id` holds (a recurrent prefix-cache entry continued)."""
+        if new_id in self._pages:
+            raise RuntimeError(f"cannot rename sequence {seq_id} to {new_id}: it already holds pages")
+        self._pages[new_id] = self._pages.pop(self._known(seq_id))
+        self._tokens[new_id] = self._tokens.pop(seq_id)
+
     def free(self, seq_id: int) -> None:
         """Drop a sequence; pages nobody else holds become free."""
         for page in self._pages.pop(self._known(seq_id)):

@@ -194,6 +194,15 @@ class ModelRunner:
         self._shared.update((parent, child))
         self._held.add(child)
 
+    def rename_sequence(self, seq_id: int, new_id: int) -> None:
+        """`new_id` takes over `seq_id` whole (a recurrent model's prefix-cache entry its next prompt
+        continues: the state is the sequence's end, so it moves rather than forks). The cache kiln owns only."""
+        self.cache.rename(seq_id, new_id)
+        for held in (self._held, self._shared):
+            if seq_id in held:
+                held.discard(seq_id)
+                held.add(new_id)
+
     def pop_tokens(self, seq_id: int, n: int) -> None:
         self.cache.pop(seq_id, n)
 

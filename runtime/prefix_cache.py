@@ -16,6 +16,11 @@ holds because the cache keeps no redundant entries:
 insert() returns the ids it released; the caller frees their pages and
 removes them from the KV cache.
 
+Whole entries only (`whole=True`, models with recurrent layers): a recurrent state holds
+a sequence's every token, so a cached sequence can only be continued from its end. A
+match is then a cached sequence whose tokens are all a prefix of the query (a multi-turn
+chat's next prompt extends the last conversation), and nothing shorter.
+
 Recency: each node stores the latest use of any leaf below it (a logical
 clock), so match() can walk to the most recently used sequence covering the
 matched prefix, and evict_lru() drops the least recently used sequence.
@@ -38,7 +43,8 @@ class _Node:
 
 
 class PrefixCache:
-    def __init__(self) -> None:
+    def __init__(self, whole: bool = False) -> None:
+        self.whole = whole                        # match whole cached sequences only (see the module's docstring)
         self._root = _Node([], None)
         self._leaves: dict[int, _Node] = {}       # cached seq id -> its leaf
         self._clock = 0
@@ -69,6 +75,8 @@ class PrefixCache:
         node, matched = self._walk(token_ids)
         if matched == 0:
             return None, 0
+        if self.whole:
+            return (node.seq_id, matched) if node.seq_id is not None and _depth(node) == matched else (None, 0)
         return self._freshest_leaf(node).seq_id, matched
 
     def match(self, token_ids: Sequence[int]) -> tuple[int | None, int]:
@@ -194,6 +202,14 @@ class PrefixCache:
         while node is not None:
             node.last_used = self._clock
             node = node.parent
+
+
+def _depth(node: _Node) -> int:
+    """Tokens from the root to the end of node's edge."""
+    depth = 0
+    while node is not None:
+        depth, node = depth + len(node.key), node.parent
+    return depth
 
 
 def _common_prefix(key: list[int], tokens: Sequence[int], start: int) -> int:

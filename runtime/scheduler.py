@@ -15,9 +15,15 @@ With a sliding-window artifact (runtime/sliding_window.py) a sequence appends at
 window.max_chunk tokens per forward, and nothing is forked or prefix-cached (TVM cannot share a
 windowed sequence's KV): each sequence computes its own prompt.
 
+With recurrent layers (SchedulerConfig.state_slots) a state holds a sequence's every token: the
+prefix cache matches whole entries only (PrefixCache(whole=True)), and a sequence that continues
+one takes it over (renames: the entry leaves the cache; its pages and state become the sequence's)
+instead of forking it. Running and cached sequences share the state slots: admission evicts cached
+entries for one.
+
 schedule() makes no device calls; it returns a ScheduledBatch that says what the
 engine must do to TVM's KV cache before the forward (evict / preempted: remove;
-new_seqs: add; forks: fork) and which token ranges to compute. Page bookkeeping
+renames: rename; new_seqs: add; forks: fork) and which token ranges to compute. Page bookkeeping
 is the PageAccountant's; prefix matching is the PrefixCache's.
 """
 
@@ -61,6 +67,7 @@ class ScheduledBatch:
     """One step's decisions. Apply to the KV cache in this order, then run the chunks."""
 
     chunks: list[Chunk] = field(default_factory=list)
+    renames: list[tuple[int, int]] = field(default_factory=list)   # (cached, sequence): rename_sequence
     new_seqs: list[int] = field(default_factory=list)           # add_sequence
     forks: list[tuple[int, int, int]] = field(default_factory=list)   # (parent, child, pos): fork_sequence
     preempted: list[Sequence] = field(default_factory=list)     # remove_sequence (recomputed later)
@@ -82,11 +89,14 @@ class SchedulerConfig:
     policy: str = "fcfs"               # or "priority": (priority, arrival) order
     enable_prefix_cache: bool = True
     sliding_window: SlidingWindow | None = None   # the artifact's; bounds chunks, rules out sharing KV
+    state_slots: int | None = None     # recurrent layers: the state slots running and cached sequences share
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.enable_prefix_cache:
             raise ValueError("prefix caching cannot share the KV of a sliding-window model; "
                              "set enable_prefix_cache=False")
+        if self.state_slots is not None and self.state_slots < self.max_num_seqs:
+            raise ValueError(f"state_slots ({self.state_slots}) must be at least max_num_seqs ({self.max_num_seqs})")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
         if self.max_num_seqs < 1 or self.max_tokens_per_step < 1:
@@ -143,6 +153,8 @@ class Scheduler:
             raise ValueError(f"sequence id {seq.seq_id} is already in use")
         if not seq.prompt_ids:
             raise ValueError(f"sequence {seq.seq_id} has an empty prompt")
+        if seq.fork_from is not None and self.config.state_slots is not None:
+            raise ValueError(f"sequence {seq.seq_id} cannot fork another: recurrent layers' state holds every token")
         if not self.fits(len(seq.prompt_ids) + seq.max_tokens):
             raise ValueError(f"sequence {seq.seq_id} ({len(seq.prompt_ids)} prompt + {seq.max_tokens} new tokens) "
                              f"needs more than the {self.pages.total_pages} KV pages there are")
@@ -309,9 +321,14 @@ class Scheduler:
         return True, source
 
     def _fits_now(self, seq: Sequence, source: tuple[int, int] | None) -> bool:
-        if source is None:
-            return self.pages.can_allocate(seq.num_tokens)
-        return self.pages.can_fork(source[0], source[1], seq.num_tokens)
+        if self.config.state_slots is None:
+            if source is None:
+                return self.pages.can_allocate(seq.num_tokens)
+            return self.pages.can_fork(source[0], source[1], seq.num_tokens)
+        if source is not None:          # takes its entry over: the entry's slot and pages, and more pages
+            return self.pages.can_append(source[0], seq.num_tokens - source[1])
+        slots = len(self.running) + (len(self.prefix_cache) if self.prefix_cache is not None else 0)
+        return slots < self.config.state_slots and self.pages.can_allocate(seq.num_tokens)
 
     def _start(self, seq: Sequence, source: tuple[int, int] | None, budget: int, batch: ScheduledBatch) -> int:
         """Admit seq (pages for its whole length, KV by add or fork) and give it a first chunk."""
@@ -325,9 +342,14 @@ class Scheduler:
                 if self.prefix_cache.match(seq.token_ids(0, seq.num_tokens - 1)) != source:
                     raise RuntimeError("prefix cache changed between peek and match")
                 self._pinned.add(parent_id)
-            self.pages.fork(parent_id, sid, pos)
+            if self.config.state_slots is not None:     # recurrent: the entry becomes this sequence
+                self.prefix_cache.remove(parent_id)
+                self.pages.rename(parent_id, sid)
+                batch.renames.append((parent_id, sid))
+            else:
+                self.pages.fork(parent_id, sid, pos)
+                batch.forks.append((parent_id, sid, pos))
             self.pages.append(sid, seq.num_tokens - pos)
-            batch.forks.append((parent_id, sid, pos))
             seq.num_computed = pos
         seq.status = SeqStatus.RUNNING
         self.waiting.remove(seq)

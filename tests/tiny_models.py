@@ -161,7 +161,8 @@ def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: 
 
 def assert_recurrent_engine(artifact: Path) -> None:
     """An artifact with recurrent layers (state slots) in the engine: chunked prefill (16-token steps), a batch of 4,
-    n = 3 and slots freed and reused give the tokens a plain run gives; prefix sharing off, speculation refused."""
+    n = 3 and slots freed and reused give the tokens a plain run gives; a conversation's next turn continues its
+    cached state (the prefix cache's whole entries) and gives a cold run's tokens; speculation refused."""
     import numpy as np
     import pytest
 
@@ -172,8 +173,13 @@ def assert_recurrent_engine(artifact: Path) -> None:
     plain = Engine(artifact)
     alone = [plain.generate(p, greedy).token_ids for p in prompts]
     engine = Engine(artifact, EngineConfig(max_tokens_per_step=16))           # prompts cut into chunks, batched
-    assert engine.scheduler.prefix_cache is None and not engine.runner.shares_kv
+    assert engine.scheduler.prefix_cache.whole and not engine.runner.shares_kv
     assert [o.token_ids for o in engine.generate(prompts, greedy)] == alone
+    turn = prompts[1] + alone[1] + [7, 8, 9]                 # the next turn: the cached entry, then new tokens
+    cold = Engine(artifact, EngineConfig(enable_prefix_cache=False)).generate(turn, greedy).token_ids
+    hits = engine.stats().prefix_cache_hit_tokens
+    assert engine.generate(turn, greedy).token_ids == cold
+    assert engine.stats().prefix_cache_hit_tokens - hits == len(prompts[1]) + len(alone[1]) - 1
     n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=3, ignore_eos=True))
     assert [o.token_ids for o in n] == [alone[0][:6]] * 3
     again = [engine.generate(p, greedy).token_ids for p in prompts[:2]]       # slots freed and reused

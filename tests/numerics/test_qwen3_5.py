@@ -1,8 +1,8 @@
 """Qwen3.5 (models/qwen3_5.py) against transformers: a tiny random-init model of gated DeltaNet and gated attention
 layers, compiled q0f32 for the CPU, gives transformers' logits within 2e-4 (every prefill position, the last-token
 prefill, greedy decode steps, each DeltaNet layer's state carried in its slot of the KV cache kiln owns); the engine's
-chunked prefill, batches and n > 1 give the tokens a plain run gives, with prefix sharing and speculation refused
-for its recurrent state; the MoE variant, the multimodal checkpoint's text and GGUF read; the kernels build for CUDA."""
+chunked prefill, batches and n > 1 give the tokens a plain run gives, a conversation's next turn continues its cached
+state, and speculation is refused for it; the MoE variant, the multimodal checkpoint's text and GGUF read; the kernels build for CUDA."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_qwen35_matches_transformers(qwen35):
     assert layout.rewind_problem() and "state_slots" in layout.tables
 
 
-def test_engine_chunks_batches_and_forks_without_sharing(qwen35):
+def test_engine_chunks_batches_forks_and_continues_turns(qwen35):
     assert_recurrent_engine(qwen35[0])
 
 

@@ -125,3 +125,17 @@ def test_pop_gives_back_the_pages_the_last_tokens_alone_filled():
         acc.free(seq)
     assert acc.free_pages == 10
     acc.check()
+
+
+def test_rename_moves_pages_and_tokens():
+    acc = PageAccountant(total_pages=8, page_size=4)
+    acc.allocate(1, 6)
+    pages = acc.pages_of(1)
+    acc.rename(1, 2)
+    assert 1 not in acc and acc.pages_of(2) == pages and acc.num_tokens(2) == 6 and acc.free_pages == 6
+    acc.allocate(3, 1)
+    with pytest.raises(RuntimeError, match="already holds pages"):
+        acc.rename(2, 3)
+    with pytest.raises(KeyError, match="holds no pages"):
+        acc.rename(1, 4)
+    acc.check()

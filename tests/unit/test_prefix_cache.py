@@ -133,3 +133,15 @@ def test_randomized_against_brute_force():
         assert set(cache.seq_ids()) == set(entries)
         assert cache.cached_tokens == len({tuple(t[:i]) for t in entries.values() for i in range(1, len(t) + 1)})
         assert all(not (a != b and tb[:len(ta)] == ta) for a, ta in entries.items() for b, tb in entries.items())
+
+
+def test_whole_mode_matches_only_entries_the_query_contains():
+    cache = PrefixCache(whole=True)                      # recurrent layers: a state is its sequence's end
+    assert cache.insert([1, 2, 3, 4], seq_id=1) == [] and cache.insert([1, 2, 9], seq_id=2) == []
+    assert cache.match([1, 2, 3, 4, 5, 6]) == (1, 4)     # entry 1 is a prefix of the query
+    assert cache.match([1, 2, 9]) == (2, 3)
+    assert cache.match([1, 2, 3]) == (None, 0)           # ends inside entry 1: its state is past it
+    assert cache.match([1, 2]) == (None, 0)              # ends at a branch: no state there
+    assert cache.peek([1, 2, 9, 9]) == (2, 3) and (cache.hit_tokens, cache.queried_tokens) == (7, 14)
+    assert cache.insert([1, 2, 9, 9, 7], seq_id=3) == [2]    # extends entry 2: the shorter goes
+    assert cache.match([1, 2, 9, 9]) == (None, 0) and cache.match([1, 2, 9, 9, 7, 0]) == (3, 5)

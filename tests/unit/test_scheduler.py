@@ -65,6 +65,9 @@ class FakeEngine:
         batch = self.sched.schedule()
         for sid in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
             del self.kv[sid]
+        for sid, new_id in batch.renames:
+            assert new_id not in self.kv
+            self.kv[new_id] = self.kv.pop(sid)
         for sid in batch.new_seqs:
             assert sid not in self.kv
             self.kv[sid] = []
@@ -106,6 +109,8 @@ def check_invariants(eng: FakeEngine) -> None:
     for seq in sched.waiting:
         assert seq.status is SeqStatus.WAITING and seq.num_computed == 0 and seq.seq_id not in pages
     assert len(sched.running) <= sched.config.max_num_seqs
+    if sched.config.state_slots is not None:
+        assert len(sched.running) + len(cached) <= sched.config.state_slots
     check_stats(sched, cached)
 
 
@@ -122,8 +127,9 @@ def check_stats(sched: Scheduler, cached: set[int]) -> None:
 
 
 def make(total_pages=64, page_size=16, cache=False, **config) -> tuple[Scheduler, FakeEngine]:
+    whole = config.get("state_slots") is not None          # recurrent layers: whole entries, taken over
     sched = Scheduler(SchedulerConfig(enable_prefix_cache=cache, **config), PageAccountant(total_pages, page_size),
-                      PrefixCache() if cache else None)
+                      PrefixCache(whole=whole) if cache else None)
     return sched, FakeEngine(sched)
 
 
@@ -363,6 +369,28 @@ def test_cache_entries_are_evicted_lru_when_pages_are_short():
     assert 3 in sched.prefix_cache and 1 not in sched.pages and 2 not in sched.pages
 
 
+def test_recurrent_entries_are_continued_whole_by_a_rename():
+    sched, eng = make(cache=True, max_num_seqs=2, state_slots=2)
+    sched.add(Sequence(seq_id=1, prompt_ids=[5, 6, 7, 8], max_tokens=3))
+    eng.run_until_idle()                                   # caches [5, 6, 7, 8, out0, out1]
+    turn = eng.finished[-1].all_token_ids[:6] + [40, 41]   # the next turn extends the conversation
+    sched.add(Sequence(seq_id=2, prompt_ids=[5, 6, 7, 9], max_tokens=1))      # shares 3 tokens: no partial match
+    sched.add(Sequence(seq_id=3, prompt_ids=turn, max_tokens=2))
+    batch = eng.step()
+    assert batch.new_seqs == [2] and batch.renames == [(1, 3)] and not batch.forks and not batch.evict
+    assert [(c.start, c.end) for c in batch.chunks] == [(0, 4), (6, 8)]
+    assert 1 not in sched.prefix_cache and sched.prefix_cache.hit_tokens == 6
+    eng.run_until_idle()
+    assert sorted(sched.prefix_cache.seq_ids()) == [2, 3]  # both slots cached
+    sched.add(Sequence(seq_id=4, prompt_ids=[70, 71], max_tokens=1))
+    batch = eng.step()                                     # a slot: the least recently used entry goes
+    assert batch.evict == [2] and batch.new_seqs == [4]
+    with pytest.raises(ValueError, match="cannot fork another"):
+        sched.add(Sequence(seq_id=5, prompt_ids=[1, 2], max_tokens=1, fork_from=(4, 1)))
+    with pytest.raises(ValueError, match="state_slots .1. must be at least max_num_seqs .2."):
+        SchedulerConfig(max_num_seqs=2, state_slots=1)
+
+
 def test_finish_without_prefix_cache_frees_the_sequence():
     sched, eng = make(cache=False)
     s = seq(5, max_tokens=1)
@@ -383,14 +411,17 @@ def test_fits_and_impossible_requests():
 
 
 # -- randomized simulation -----------------------------------------------------------------
+@pytest.mark.parametrize("recurrent", [False, True], ids=["attention", "recurrent"])
 @pytest.mark.parametrize("lookahead", [False, True], ids=["step", "lookahead"])
 @pytest.mark.parametrize("seed", range(20))
-def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead):
+def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead, recurrent):
     rng = random.Random(seed)
     policy = "priority" if seed % 2 else "fcfs"
     cache = seed % 3 != 2
+    most = rng.randint(1, 6)
     sched, eng = make(total_pages=rng.randint(6, 14), page_size=rng.choice([2, 4, 8]), cache=cache,
-                      max_num_seqs=rng.randint(1, 6), max_tokens_per_step=rng.randint(4, 40), policy=policy)
+                      max_num_seqs=most, max_tokens_per_step=rng.randint(4, 40), policy=policy,
+                      state_slots=most if recurrent else None)
     eng.rng, eng.stop_prob, eng.lookahead = rng, 0.05, lookahead
     eng.sample = lambda s: rng.randint(0, 3)               # small vocab: outputs repeat, so prefixes match
     bases = [[rng.randint(0, 3) for _ in range(rng.randint(1, 20))] for _ in range(3)]
@@ -400,11 +431,14 @@ def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead):
     for step in range(400):
         if step < 300 and rng.random() < 0.3:
             prompt = rng.choice(bases)[:rng.randint(1, 20)] + [rng.randint(0, 3) for _ in range(rng.randint(0, 8))]
+            if recurrent and eng.finished and rng.random() < 0.5:     # a conversation's next turn
+                done = eng.finished[-1]
+                prompt = done.all_token_ids[:done.num_computed] + [rng.randint(0, 3) for _ in range(rng.randint(1, 6))]
             max_tokens = rng.randint(1, max(1, min(12, capacity - len(prompt))))
             if not sched.fits(len(prompt) + max_tokens):
                 continue
             group = [Sequence(next(next_id), prompt, max_tokens, priority=rng.randint(0, 2))]
-            for _ in range(rng.choice([0, 0, 1, 2])):
+            for _ in range(0 if recurrent else rng.choice([0, 0, 1, 2])):
                 group.append(Sequence(next(next_id), prompt, max_tokens, priority=group[0].priority,
                                       fork_from=(group[0].seq_id, len(prompt) - 1)))
             for s in group:
@@ -423,3 +457,5 @@ def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead):
         del eng.kv[sid]
     assert sched.pages.used_pages == 0 and sched.pages.free_pages == sched.pages.total_pages and not eng.kv
     assert all(len(s.output_ids) <= s.max_tokens for s in eng.finished)
+    if recurrent and cache:
+        assert sched.prefix_cache.hit_tokens > 0               # some turns continued a cached conversation
