@@ -251,12 +251,12 @@ class Engine(SynchronousCalls, ModelFront):
         """Bring TVM's KV state in line with the scheduler's decisions, in the order they were made."""
         for seq_id in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
             self.runner.remove_sequence(seq_id)
+        for parent, child, pos in batch.forks:
+            self.runner.fork_sequence(parent, child, pos)
         for seq_id, new_id in batch.renames:
             self.runner.rename_sequence(seq_id, new_id)
         for seq_id in batch.new_seqs:
             self.runner.add_sequence(seq_id)
-        for parent, child, pos in batch.forks:
-            self.runner.fork_sequence(parent, child, pos)
 
     def _finish(self, r: Request) -> None:
         self._end(r, r.finish_reason)

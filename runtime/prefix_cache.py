@@ -18,12 +18,17 @@ removes them from the KV cache.
 
 Whole entries only (`whole=True`, models with recurrent layers): a recurrent state holds
 a sequence's every token, so a cached sequence can only be continued from its end. A
-match is then a cached sequence whose tokens are all a prefix of the query (a multi-turn
-chat's next prompt extends the last conversation), and nothing shorter.
+match is then the longest cached sequence whose tokens are all a prefix of the query (a
+multi-turn chat's next prompt extends the last conversation). Entries may then end inside
+the tree too (a checkpoint: a state copied where prompts were seen to part, e.g. after a
+shared system prompt), no entry is released for another that extends it (each state
+answers different queries), and common() says how far a query agrees with the tree
+whether or not an entry ends there (where the scheduler places the next checkpoint).
 
-Recency: each node stores the latest use of any leaf below it (a logical
-clock), so match() can walk to the most recently used sequence covering the
-matched prefix, and evict_lru() drops the least recently used sequence.
+Recency: each entry stores its latest use and each node the latest use of any
+entry below it (a logical clock), so match() can walk to the most recently used
+sequence covering the matched prefix, and evict_lru() drops the least recently
+used sequence.
 """
 
 from __future__ import annotations
@@ -32,21 +37,22 @@ from collections.abc import Collection, Sequence
 
 
 class _Node:
-    __slots__ = ("key", "children", "parent", "seq_id", "last_used")
+    __slots__ = ("key", "children", "parent", "seq_id", "used", "last_used")
 
     def __init__(self, key: list[int], parent: _Node | None, seq_id: int | None = None, last_used: int = 0):
         self.key = key                            # token ids on the edge from the parent
         self.children: dict[int, _Node] = {}      # first token of the child's key -> child
         self.parent = parent
-        self.seq_id = seq_id                      # set on leaves only: the cached sequence ending here
-        self.last_used = last_used                # max over the subtree's leaves
+        self.seq_id = seq_id                      # the cached sequence ending here: every leaf's (and, whole,
+        self.used = 0                             # some inner nodes'); its latest use
+        self.last_used = last_used                # max over the subtree's entries
 
 
 class PrefixCache:
     def __init__(self, whole: bool = False) -> None:
         self.whole = whole                        # match whole cached sequences only (see the module's docstring)
         self._root = _Node([], None)
-        self._leaves: dict[int, _Node] = {}       # cached seq id -> its leaf
+        self._entries: dict[int, _Node] = {}       # cached seq id -> the node it ends at (a leaf, or whole an inner one)
         self._clock = 0
         self.hit_tokens = 0                       # tokens match() found cached
         self.queried_tokens = 0                   # tokens match() was asked about
@@ -54,30 +60,34 @@ class PrefixCache:
 
     @property
     def num_cached_seqs(self) -> int:
-        return len(self._leaves)
+        return len(self._entries)
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
     def __contains__(self, seq_id: object) -> bool:
-        return seq_id in self._leaves
+        return seq_id in self._entries
 
     def __len__(self) -> int:
-        return len(self._leaves)
+        return len(self._entries)
 
     def seq_ids(self) -> list[int]:
-        return list(self._leaves)
+        return list(self._entries)
 
     # -- lookups ----------------------------------------------------------------------
     def peek(self, token_ids: Sequence[int]) -> tuple[int | None, int]:
         """Like match() but changes nothing: no recency update, no counters."""
+        if self.whole:
+            return self._deepest_entry(token_ids)
         node, matched = self._walk(token_ids)
         if matched == 0:
             return None, 0
-        if self.whole:
-            return (node.seq_id, matched) if node.seq_id is not None and _depth(node) == matched else (None, 0)
         return self._freshest_leaf(node).seq_id, matched
+
+    def common(self, token_ids: Sequence[int]) -> int:
+        """How many leading tokens of token_ids some cached sequence holds (whether or not one ends there)."""
+        return self._walk(token_ids)[1]
 
     def match(self, token_ids: Sequence[int]) -> tuple[int | None, int]:
         """(cached seq id, length) for the longest cached prefix of token_ids; (None, 0) on a miss.
@@ -90,7 +100,7 @@ class PrefixCache:
         self.queried_tokens += len(token_ids)
         self.hit_tokens += matched
         if seq_id is not None:
-            self._touch(self._leaves[seq_id])
+            self._touch(self._entries[seq_id])
         return seq_id, matched
 
     # -- changes ----------------------------------------------------------------------
@@ -99,9 +109,10 @@ class PrefixCache:
 
         [seq_id] when the tokens are already covered by a cached sequence (nothing kept);
         otherwise the ids of cached sequences the new one makes redundant (usually []).
+        Whole: [seq_id] only when a cached sequence ends exactly there; nothing else is released.
         The caller frees every released id's pages and removes it from the KV cache.
         """
-        if seq_id in self._leaves:
+        if seq_id in self._entries:
             raise ValueError(f"sequence {seq_id} is already in the prefix cache")
         tokens = list(token_ids)
         node, i = self._root, 0
@@ -111,25 +122,30 @@ class PrefixCache:
                 break
             common = _common_prefix(child.key, tokens, i)
             if common < len(child.key):
-                if i + common == len(tokens):
+                if i + common == len(tokens) and not self.whole:
                     return [seq_id]                      # ends inside an edge: covered
                 node, i = self._split(child, common), i + common
                 break
             node, i = child, i + common
-        if i == len(tokens):
-            return [seq_id]                              # ends at a node: covered (or empty)
+        if i == len(tokens):                             # ends at a node: covered (or empty) ...
+            if not self.whole or node.seq_id is not None or node is self._root:
+                return [seq_id]
+            node.seq_id = seq_id                         # ... but for a state: an entry inside the tree
+            self._entries[seq_id] = node
+            self._touch(node)
+            return []
         self.cached_tokens += len(tokens) - i
-        if node.seq_id is not None:                      # a cached leaf the new tokens extend
+        if node.seq_id is not None and not self.whole:   # a cached leaf the new tokens extend
             released = node.seq_id
-            del self._leaves[released]
+            del self._entries[released]
             node.key = node.key + tokens[i:]
             node.seq_id = seq_id
-            self._leaves[seq_id] = node
+            self._entries[seq_id] = node
             self._touch(node)
             return [released]
         leaf = _Node(tokens[i:], node, seq_id)
         node.children[tokens[i]] = leaf
-        self._leaves[seq_id] = leaf
+        self._entries[seq_id] = leaf
         self._touch(leaf)
         return []
 
@@ -138,33 +154,36 @@ class PrefixCache:
 
         The caller frees its pages and removes it from the KV cache.
         """
-        candidates = [leaf for sid, leaf in self._leaves.items() if sid not in exclude]
+        candidates = [leaf for sid, leaf in self._entries.items() if sid not in exclude]
         if not candidates:
             return None
-        victim = min(candidates, key=lambda leaf: leaf.last_used)
-        self.remove(victim.seq_id)
-        return victim.seq_id
+        victim = min(candidates, key=lambda leaf: leaf.used).seq_id
+        self.remove(victim)
+        return victim
 
     def remove(self, seq_id: int) -> None:
         """Drop one cached sequence from the tree; the others still match as before."""
-        leaf = self._leaves.pop(seq_id)
-        parent = leaf.parent
-        del parent.children[leaf.key[0]]
-        self.cached_tokens -= len(leaf.key)
-        if parent is not self._root and len(parent.children) == 1:
-            (only,) = parent.children.values()           # merge: a radix node never has one child
-            only.key = parent.key + only.key
-            only.parent = parent.parent
-            parent.parent.children[only.key[0]] = only
-            parent = only.parent
-        while parent is not None:                        # recency maxima may have dropped
-            parent.last_used = max((c.last_used for c in parent.children.values()), default=0)
-            parent = parent.parent
+        node = self._entries.pop(seq_id)
+        node.seq_id, node.used = None, 0
+        if not node.children:                            # a leaf: its edge goes
+            parent = node.parent
+            del parent.children[node.key[0]]
+            self.cached_tokens -= len(node.key)
+            node = parent
+        if node is not self._root and node.seq_id is None and len(node.children) == 1:
+            (only,) = node.children.values()             # merge: a node without an entry never has one child
+            only.key = node.key + only.key
+            only.parent = node.parent
+            node.parent.children[only.key[0]] = only
+            node = only.parent
+        while node is not None:                          # recency maxima may have dropped
+            node.last_used = max([node.used, *(c.last_used for c in node.children.values())])
+            node = node.parent
 
     def clear(self) -> list[int]:
         """Drop everything; returns the ids released."""
-        released = list(self._leaves)
-        self._root, self._leaves, self.cached_tokens = _Node([], None), {}, 0
+        released = list(self._entries)
+        self._root, self._entries, self.cached_tokens = _Node([], None), {}, 0
         return released
 
     # -- internals --------------------------------------------------------------------
@@ -181,6 +200,21 @@ class PrefixCache:
                 break
         return node, i
 
+    def _deepest_entry(self, tokens: Sequence[int]) -> tuple[int | None, int]:
+        """(seq id, length) of the longest cached sequence that is a prefix of tokens; (None, 0) if none."""
+        node, i, best = self._root, 0, (None, 0)
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            common = _common_prefix(child.key, tokens, i)
+            if common < len(child.key):
+                break
+            node, i = child, i + common
+            if node.seq_id is not None:
+                best = (node.seq_id, i)
+        return best
+
     def _freshest_leaf(self, node: _Node) -> _Node:
         while node.children:
             node = max(node.children.values(), key=lambda c: c.last_used)
@@ -196,20 +230,13 @@ class PrefixCache:
         mid.children[child.key[0]] = child
         return mid
 
-    def _touch(self, leaf: _Node) -> None:
+    def _touch(self, entry: _Node) -> None:
         self._clock += 1
-        node: _Node | None = leaf
+        entry.used = self._clock
+        node: _Node | None = entry
         while node is not None:
             node.last_used = self._clock
             node = node.parent
-
-
-def _depth(node: _Node) -> int:
-    """Tokens from the root to the end of node's edge."""
-    depth = 0
-    while node is not None:
-        depth, node = depth + len(node.key), node.parent
-    return depth
 
 
 def _common_prefix(key: list[int], tokens: Sequence[int], start: int) -> int:

@@ -16,10 +16,13 @@ window.max_chunk tokens per forward, and nothing is forked or prefix-cached (TVM
 windowed sequence's KV): each sequence computes its own prompt.
 
 With recurrent layers (SchedulerConfig.state_slots) a state holds a sequence's every token: the
-prefix cache matches whole entries only (PrefixCache(whole=True)), and a sequence that continues
-one takes it over (renames: the entry leaves the cache; its pages and state become the sequence's)
-instead of forking it. Running and cached sequences share the state slots: admission evicts cached
-entries for one.
+prefix cache matches whole entries only (PrefixCache(whole=True)), and a sequence that continues a
+finished one's entry takes it over (renames: the entry leaves the cache; its pages and state become
+the sequence's) instead of forking it. Where a prompt agrees with the cache for min_checkpoint tokens
+or more past its match (a system prompt other conversations began with), its prefill stops there
+once and the state is copied into the cache (a checkpoint, forked: never taken over while a slot is
+free), so the next prompt that agrees that far starts there. Running and cached sequences share the
+state slots: admission evicts cached entries for one.
 
 schedule() makes no device calls; it returns a ScheduledBatch that says what the
 engine must do to TVM's KV cache before the forward (evict / preempted: remove;
@@ -29,6 +32,7 @@ is the PageAccountant's; prefix matching is the PrefixCache's.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -64,7 +68,8 @@ class Chunk:
 
 @dataclass
 class ScheduledBatch:
-    """One step's decisions. Apply to the KV cache in this order, then run the chunks."""
+    """One step's decisions. Apply to the KV cache in this order: evict and preempted, forks, renames,
+    new_seqs; then run the chunks."""
 
     chunks: list[Chunk] = field(default_factory=list)
     renames: list[tuple[int, int]] = field(default_factory=list)   # (cached, sequence): rename_sequence
@@ -90,6 +95,7 @@ class SchedulerConfig:
     enable_prefix_cache: bool = True
     sliding_window: SlidingWindow | None = None   # the artifact's; bounds chunks, rules out sharing KV
     state_slots: int | None = None     # recurrent layers: the state slots running and cached sequences share
+    min_checkpoint: int = 64           # recurrent layers: tokens past a prompt's match that earn a checkpoint
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.enable_prefix_cache:
@@ -112,7 +118,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._live: dict[int, Sequence] = {}     # seq id -> waiting or running sequence
-        self._pinned: set[int] = set()           # cache entries forked from in the current step
+        self._pinned: set[int] = set()           # cache entries forked from (or made) in the current step
+        self._checkpoints: set[int] = set()      # recurrent: cache entries copied mid-prompt (see the docstring)
+        self._entry_ids = itertools.count(-1, -1)   # their ids: negative, never a request's
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -199,6 +207,7 @@ class Scheduler:
         released = self.prefix_cache.clear()
         for seq_id in released:
             self.pages.free(seq_id)
+        self._checkpoints.clear()
         return released
 
     # -- the step ---------------------------------------------------------------------
@@ -206,6 +215,8 @@ class Scheduler:
         """Decide the next forward: decodes, then prefill chunks, then admissions."""
         batch = ScheduledBatch()
         self._pinned.clear()
+        if self.config.state_slots is not None and self.prefix_cache is not None:
+            self._take_checkpoints(batch)
         budget = self._schedule_decodes(batch, self.config.max_tokens_per_step)
         budget = self._schedule_prefills(batch, budget)
         if not batch.preempted:          # short of pages: let the preempted go first next step
@@ -264,8 +275,11 @@ class Scheduler:
             budget -= self._start(seq, source, budget, batch)
 
     def _chunk_end(self, seq: Sequence, budget: int) -> int:
-        """Where seq's next chunk ends: its uncomputed tokens, within the budget and the window's bound."""
+        """Where seq's next chunk ends: its uncomputed tokens, within the budget, the window's bound and
+        before its checkpoint."""
         take = min(seq.num_uncomputed, budget)
+        if seq.checkpoint is not None and seq.num_computed < seq.checkpoint:
+            take = min(take, seq.checkpoint - seq.num_computed)
         if self.config.sliding_window is not None:
             take = min(take, self.config.sliding_window.max_chunk(seq.num_computed))
         return seq.num_computed + take
@@ -309,6 +323,8 @@ class Scheduler:
         left, after which the sequence is planned again without it.
         """
         source = self._fork_source(seq)
+        if source is not None and source[0] in self._checkpoints and not self._slot_free():
+            self._evict(batch, self._pinned | {source[0]})   # a slot to copy the checkpoint into, if one can go
         while not self._fits_now(seq, source):
             keep = self._pinned | ({source[0]} if source else set())
             if self._evict(batch, keep):
@@ -321,18 +337,58 @@ class Scheduler:
         return True, source
 
     def _fits_now(self, seq: Sequence, source: tuple[int, int] | None) -> bool:
-        if self.config.state_slots is None:
-            if source is None:
-                return self.pages.can_allocate(seq.num_tokens)
-            return self.pages.can_fork(source[0], source[1], seq.num_tokens)
-        if source is not None:          # takes its entry over: the entry's slot and pages, and more pages
+        recurrent = self.config.state_slots is not None
+        if source is None:
+            return (not recurrent or self._slot_free()) and self.pages.can_allocate(seq.num_tokens)
+        if recurrent and self._takes_over(source[0]):     # the entry's slot and pages, and more pages
             return self.pages.can_append(source[0], seq.num_tokens - source[1])
-        slots = len(self.running) + (len(self.prefix_cache) if self.prefix_cache is not None else 0)
-        return slots < self.config.state_slots and self.pages.can_allocate(seq.num_tokens)
+        return self.pages.can_fork(source[0], source[1], seq.num_tokens)
+
+    # -- recurrent layers: state slots, take-overs, checkpoints ----------------------------------
+    def _slot_free(self) -> bool:
+        cached = len(self.prefix_cache) if self.prefix_cache is not None else 0
+        return len(self.running) + cached < self.config.state_slots
+
+    def _takes_over(self, entry: int) -> bool:
+        """Whether a sequence that continues cache entry `entry` takes it over (rename) rather than forking
+        it: a finished sequence's entry always, a checkpoint only when no slot is free for the copy."""
+        return entry not in self._checkpoints or not self._slot_free()
+
+    def _checkpoint_at(self, seq: Sequence, start: int) -> int | None:
+        """Where seq's prefill should stop once to cache its state: as far as its prompt agrees with the
+        cache, when that is min_checkpoint tokens or more past `start` (its match)."""
+        if self.prefix_cache is None or seq.prompt_logits:
+            return None
+        agree = self.prefix_cache.common(seq.token_ids(0, seq.num_tokens - 1))
+        return agree if agree - start >= self.config.min_checkpoint else None
+
+    def _take_checkpoints(self, batch: ScheduledBatch) -> None:
+        """Copy the state of each sequence whose prefill stopped at its checkpoint into the cache (a slot,
+        evicting the least recently used entry if none is free, and the pages' references)."""
+        for seq in self.running:
+            at = seq.checkpoint
+            if at is None or seq.num_computed < at:
+                continue
+            seq.checkpoint = None
+            tokens = seq.token_ids(0, at)
+            if seq.num_computed != at or self.prefix_cache.peek(tokens)[1] == at:
+                continue                 # (an entry ends there already)
+            if not self._slot_free() and not self._evict(batch, self._pinned):
+                continue
+            if not self.pages.can_fork(seq.seq_id, at, at):
+                continue
+            entry = next(self._entry_ids)
+            self.prefix_cache.insert(tokens, entry)
+            self.pages.fork(seq.seq_id, entry, at)
+            batch.forks.append((seq.seq_id, entry, at))
+            self._checkpoints.add(entry)
+            self._pinned.add(entry)
 
     def _start(self, seq: Sequence, source: tuple[int, int] | None, budget: int, batch: ScheduledBatch) -> int:
         """Admit seq (pages for its whole length, KV by add or fork) and give it a first chunk."""
         sid = seq.seq_id
+        if self.config.state_slots is not None:
+            seq.checkpoint = self._checkpoint_at(seq, source[1] if source else 0)
         if source is None:
             self.pages.allocate(sid, seq.num_tokens)
             batch.new_seqs.append(sid)
@@ -342,8 +398,9 @@ class Scheduler:
                 if self.prefix_cache.match(seq.token_ids(0, seq.num_tokens - 1)) != source:
                     raise RuntimeError("prefix cache changed between peek and match")
                 self._pinned.add(parent_id)
-            if self.config.state_slots is not None:     # recurrent: the entry becomes this sequence
-                self.prefix_cache.remove(parent_id)
+            if self.config.state_slots is not None and self._takes_over(parent_id):
+                self.prefix_cache.remove(parent_id)     # recurrent: the entry becomes this sequence
+                self._checkpoints.discard(parent_id)
                 self.pages.rename(parent_id, sid)
                 batch.renames.append((parent_id, sid))
             else:
@@ -388,6 +445,7 @@ class Scheduler:
         else:
             self.prefix_cache.remove(only)
         self.pages.free(only)
+        self._checkpoints.discard(only)
         batch.evict.append(only)
         return True
 
@@ -395,7 +453,7 @@ class Scheduler:
         """Recompute-style preemption: drop the KV; the sequence waits at the front of the queue."""
         self.pages.free(seq.seq_id)
         self.running.remove(seq)
-        seq.num_computed = 0
+        seq.num_computed, seq.checkpoint = 0, None
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)

@@ -32,6 +32,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     fork_from: tuple[int, int] | None = None  # (parent seq id, pos): share the parent's first pos tokens
     prompt_logits: bool = False              # compute every prompt token (no prefix reuse), logits at each
+    checkpoint: int | None = None            # recurrent layers: the prefill stops here once, its state cached
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

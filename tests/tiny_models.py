@@ -162,7 +162,8 @@ def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: 
 def assert_recurrent_engine(artifact: Path) -> None:
     """An artifact with recurrent layers (state slots) in the engine: chunked prefill (16-token steps), a batch of 4,
     n = 3 and slots freed and reused give the tokens a plain run gives; a conversation's next turn continues its
-    cached state (the prefix cache's whole entries) and gives a cold run's tokens; speculation refused."""
+    cached state (the prefix cache's whole entries), a conversation that begins as two others did starts at the
+    state cached where they parted (a checkpoint), each giving a cold run's tokens; speculation refused."""
     import numpy as np
     import pytest
 
@@ -180,6 +181,12 @@ def assert_recurrent_engine(artifact: Path) -> None:
     hits = engine.stats().prefix_cache_hit_tokens
     assert engine.generate(turn, greedy).token_ids == cold
     assert engine.stats().prefix_cache_hit_tokens - hits == len(prompts[1]) + len(alone[1]) - 1
+    system = rng.integers(3, 500, size=70).tolist()          # conversations that begin alike: a checkpoint at 70
+    chats = [system + rng.integers(3, 500, size=k).tolist() for k in (5, 9, 4)]
+    cold = [Engine(artifact, EngineConfig(enable_prefix_cache=False)).generate(c, greedy).token_ids for c in chats]
+    hits = engine.stats().prefix_cache_hit_tokens
+    assert [engine.generate(c, greedy).token_ids for c in chats] == cold
+    assert engine.stats().prefix_cache_hit_tokens - hits == 70  # the third started at the second's checkpoint
     n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=3, ignore_eos=True))
     assert [o.token_ids for o in n] == [alone[0][:6]] * 3
     again = [engine.generate(p, greedy).token_ids for p in prompts[:2]]       # slots freed and reused

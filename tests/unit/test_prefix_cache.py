@@ -142,6 +142,43 @@ def test_whole_mode_matches_only_entries_the_query_contains():
     assert cache.match([1, 2, 9]) == (2, 3)
     assert cache.match([1, 2, 3]) == (None, 0)           # ends inside entry 1: its state is past it
     assert cache.match([1, 2]) == (None, 0)              # ends at a branch: no state there
+    assert cache.common([1, 2, 3, 7]) == 3 and cache.common([5]) == 0
     assert cache.peek([1, 2, 9, 9]) == (2, 3) and (cache.hit_tokens, cache.queried_tokens) == (7, 14)
-    assert cache.insert([1, 2, 9, 9, 7], seq_id=3) == [2]    # extends entry 2: the shorter goes
-    assert cache.match([1, 2, 9, 9]) == (None, 0) and cache.match([1, 2, 9, 9, 7, 0]) == (3, 5)
+    assert cache.insert([1, 2, 9, 9, 7], seq_id=3) == []     # extends entry 2: both kept (different states)
+    assert cache.match([1, 2, 9, 9]) == (2, 3) and cache.match([1, 2, 9, 9, 7, 0]) == (3, 5)
+    assert cache.insert([1, 2], seq_id=4) == [] and cache.insert([1, 2, 3], seq_id=5) == []   # checkpoints inside
+    assert cache.insert([1, 2, 3], seq_id=6) == [6] and cache.insert([], seq_id=7) == [7]     # one there already
+    assert cache.match([1, 2, 5]) == (4, 2) and cache.match([1, 2, 3, 8]) == (5, 3)
+    assert cache.cached_tokens == 4 + 1 + 2
+    cache.remove(5)                                      # an inner entry: the edge stays, merged
+    assert cache.match([1, 2, 3, 8]) == (4, 2) and cache.match([1, 2, 3, 4]) == (1, 4)
+    cache.remove(1)
+    cache.remove(4)
+    assert cache.match([1, 2, 9, 9, 7]) == (3, 5) and cache.cached_tokens == 5 and cache.seq_ids() == [2, 3]
+
+
+def test_whole_mode_randomized_against_brute_force():
+    rng = random.Random(1)
+    cache, entries = PrefixCache(whole=True), {}
+    for sid in range(600):
+        op = rng.random()
+        if op < 0.45:
+            base = rng.choice(list(entries.values())) if entries and rng.random() < 0.7 else []
+            tokens = base[:rng.randint(0, len(base))] + [rng.randint(0, 3) for _ in range(rng.randint(0, 4))]
+            dup = not tokens or tokens in entries.values()
+            assert cache.insert(tokens, sid) == ([sid] if dup else [])
+            if not dup:
+                entries[sid] = tokens
+        elif op < 0.6 and entries:
+            victim = cache.evict_lru() if rng.random() < 0.5 else rng.choice(list(entries))
+            if victim in cache:
+                cache.remove(victim)
+            del entries[victim]
+        else:
+            query = [rng.randint(0, 3) for _ in range(rng.randint(0, 8))]
+            held = [(len(t), s) for s, t in entries.items() if t and query[:len(t)] == t]
+            got = cache.match(query)
+            assert got == ((max(held)[1], max(held)[0]) if held else (None, 0))
+            assert cache.common(query) == brute_force_match(entries, query)
+        assert set(cache.seq_ids()) == set(entries)
+        assert cache.cached_tokens == len({tuple(t[:i]) for t in entries.values() for i in range(1, len(t) + 1)})

@@ -65,15 +65,19 @@ class FakeEngine:
         batch = self.sched.schedule()
         for sid in [*batch.evict, *(s.seq_id for s in batch.preempted)]:
             del self.kv[sid]
+        for parent, child, pos in batch.forks:
+            assert child not in self.kv and pos <= len(self.kv[parent])
+            if self.sched.config.state_slots is not None:     # a state copies only a sequence's end
+                assert pos == len(self.kv[parent])
+            self.kv[child] = self.kv[parent][:pos]
         for sid, new_id in batch.renames:
             assert new_id not in self.kv
             self.kv[new_id] = self.kv.pop(sid)
         for sid in batch.new_seqs:
             assert sid not in self.kv
             self.kv[sid] = []
-        for parent, child, pos in batch.forks:
-            assert child not in self.kv and pos <= len(self.kv[parent])
-            self.kv[child] = self.kv[parent][:pos]
+        if self.sched.config.state_slots is not None:
+            assert len(self.kv) <= self.sched.config.state_slots
         return batch
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -391,6 +395,25 @@ def test_recurrent_entries_are_continued_whole_by_a_rename():
         SchedulerConfig(max_num_seqs=2, state_slots=1)
 
 
+def test_recurrent_checkpoint_where_prompts_part_serves_the_next():
+    sched, eng = make(cache=True, max_num_seqs=2, state_slots=3, min_checkpoint=32, max_tokens_per_step=512)
+    system = list(range(100, 180))                         # 80 tokens every conversation begins with
+    sched.add(Sequence(seq_id=1, prompt_ids=system + [1, 2, 3], max_tokens=2))
+    eng.run_until_idle()
+    sched.add(Sequence(seq_id=2, prompt_ids=system + [4, 5], max_tokens=2))
+    batch = eng.step()                                     # no whole match; agrees for 80: stops there once
+    assert batch.new_seqs == [2] and [(c.start, c.end) for c in batch.chunks] == [(0, 80)]
+    batch = eng.step()
+    assert batch.forks == [(2, -1, 80)] and [(c.start, c.end) for c in batch.chunks] == [(80, 82)]
+    sched.add(Sequence(seq_id=3, prompt_ids=system + [6, 7, 8], max_tokens=2))
+    batch = eng.step()                                     # the checkpoint is copied, not taken over
+    assert batch.forks == [(-1, 3, 80)] and not batch.renames and (batch.chunks[-1].start, batch.chunks[-1].end) == (
+        80, 83)
+    eng.run_until_idle()
+    assert -1 in sched.prefix_cache and len(sched.prefix_cache) == 3     # 1 went for 3's slot
+    assert sched.prefix_cache.hit_tokens == 80
+
+
 def test_finish_without_prefix_cache_frees_the_sequence():
     sched, eng = make(cache=False)
     s = seq(5, max_tokens=1)
@@ -421,7 +444,7 @@ def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead, re
     most = rng.randint(1, 6)
     sched, eng = make(total_pages=rng.randint(6, 14), page_size=rng.choice([2, 4, 8]), cache=cache,
                       max_num_seqs=most, max_tokens_per_step=rng.randint(4, 40), policy=policy,
-                      state_slots=most if recurrent else None)
+                      state_slots=most + rng.randint(0, 2) if recurrent else None, min_checkpoint=rng.randint(1, 4))
     eng.rng, eng.stop_prob, eng.lookahead = rng, 0.05, lookahead
     eng.sample = lambda s: rng.randint(0, 3)               # small vocab: outputs repeat, so prefixes match
     bases = [[rng.randint(0, 3) for _ in range(rng.randint(1, 20))] for _ in range(3)]
@@ -457,5 +480,4 @@ def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead, re
         del eng.kv[sid]
     assert sched.pages.used_pages == 0 and sched.pages.free_pages == sched.pages.total_pages and not eng.kv
     assert all(len(s.output_ids) <= s.max_tokens for s in eng.finished)
-    if recurrent and cache:
-        assert sched.prefix_cache.hit_tokens > 0               # some turns continued a cached conversation
+
