@@ -101,6 +101,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  granitehybrid's, attention (q/k rows permuted, no RoPE) where head_count_kv (a
                                  layer) is not 0, a squared-ReLU MLP (ffn_up / ffn_down) where feed_forward_length
                                  (a layer) is not 0
+    nemotron_h_moe Nemotron 3 Nano as nemotron_h with experts where feed_forward_length (a layer) is not 0:
+                                 squared-ReLU experts ffn_up_exps / ffn_down_exps, the router ffn_gate_inp and its
+                                 choice bias exp_probs_b.bias, the shared MLP ffn_*_shexp; DeepSeek-V3's router keys
 
 What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), and so do we:
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
@@ -216,6 +219,10 @@ def mamba2_layer(module: str) -> dict[str, str]:
 NEMOTRON_H_LAYER = {"attn_norm": "norm", **mamba2_layer("mixer"), "attn_q": "mixer.q_proj", "attn_k": "mixer.k_proj",
                     "attn_v": "mixer.v_proj", "attn_output": "mixer.o_proj", "ffn_up": "mixer.up_proj",
                     "ffn_down": "mixer.down_proj"}
+NEMOTRON_H_MOE_LAYER = {**NEMOTRON_H_LAYER, "ffn_gate_inp": "mixer.gate",
+                        "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
+                        "ffn_up_shexp": "mixer.shared_experts.up_proj", "ffn_down_shexp": "mixer.shared_experts.down_proj"}
+NEMOTRON_H_EXPERTS = {"ffn_up_exps": "mixer.experts.{j}.up_proj", "ffn_down_exps": "mixer.experts.{j}.down_proj"}
 MAMBA1_LAYER = {"attn_norm": "norm", **{k: v for k, v in mamba2_layer("mixer").items() if k != "ssm_dt.bias"},
                 "ssm_x": "mixer.x_proj", "ssm_dt": "mixer.dt_proj"}      # (dt_proj's bias, as it is: ssm_dt.bias)
 FALCON_H1_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("ffn_norm",)}, **mamba2_layer("mamba"),
@@ -844,6 +851,23 @@ def _nemotron_h(reader, arch, tensors, c):
              mlp_bias=any(n.endswith(".ffn_up.bias") for n in tensors))
 
 
+def _nemotron_h_moe(reader, arch, tensors, c):
+    """Nemotron 3 Nano: Nemotron-H's blocks (_nemotron_h) with experts where feed_forward_length (a layer) is not
+    0, routed as DeepSeek-V3 routes (_deepseek_router), the shared MLP expert_shared_feed_forward_length wide; the
+    multi-token-prediction block after the last layer left unread; latent experts (Nemotron 3 Super) refused."""
+    if any(".ffn_latent_" in n for n in tensors):
+        raise ModelLoadError(f"this {arch} GGUF's experts work in a latent space (ffn_latent_*: Nemotron 3 Super), "
+                             "which kiln does not run yet")
+    _nextn(reader, arch, c)
+    for key in ("num_key_value_heads", "intermediate_size"):
+        if isinstance(c[key], list):
+            c[key] = c[key][:c["num_hidden_layers"]]
+    _nemotron_h(reader, arch, tensors, c)
+    c["layers_block_type"] = ["moe" if kind == "mlp" else kind for kind in c["layers_block_type"]]
+    _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
+    c["moe_shared_expert_intermediate_size"] = _key(reader, arch, "expert_shared_feed_forward_length", 0)
+
+
 def _no_groups(reader, arch: str) -> None:
     """llama.cpp chooses experts from the best expert_group_used_count of expert_group_count groups in any
     architecture (build_moe_ffn); the HF families without groups cannot, so such a file is refused."""
@@ -1153,6 +1177,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "nemotron_h": GGUFArch("nemotron_h", ("NemotronHForCausalLM",), NEMOTRON_H_LAYER, permuted=True,
                            global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_nemotron_h,
                            squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
+    "nemotron_h_moe": GGUFArch("nemotron_h", ("NemotronHForCausalLM",), NEMOTRON_H_MOE_LAYER, permuted=True,
+                               global_names=BACKBONE_GLOBAL, layer_prefix="backbone.layers", config=_nemotron_h_moe,
+                               experts=NEMOTRON_H_EXPERTS, squeezed=("ssm_conv1d",), values=_MAMBA2_A,
+                               flattened=MAMBA2_FLATTENED),
     "falcon-h1": GGUFArch("falcon_h1", ("FalconH1ForCausalLM",), FALCON_H1_LAYER, config=_falcon_h1,
                           global_names={**LLAMA_GLOBAL, "output_norm": "model.final_layernorm"},
                           squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),

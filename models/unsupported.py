@@ -10,8 +10,6 @@ _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernel
 _UNSUPPORTED = {
     **{t: (name, _MAMBA) for t, name in (
         ("zamba", "Zamba"), ("zamba2", "Zamba 2"))},
-    "nemotron_h_moe": ("Nemotron-H MoE GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face "
-                                              "checkpoint compiles)"),
     **{t: (name, _LINEAR) for t, name in (
         ("kimi_linear", "Kimi Linear"),
         ("kimi-linear", "Kimi Linear"),

@@ -32,7 +32,9 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     mamba    MambaModel's (Mamba, Falcon Mamba): no attention keys, dt's rank as ssm.time_step_rank, ssm.dt_b_c_rms;
              A as -exp(A_log), the conv squeezed
     nemotron_h NemotronHModel's: a kv head count and an MLP width a layer (0 where the block is another kind), the
-             layer_norm_epsilon, no RoPE (context 2 ** 20), Mamba-2's tensors and ssm.* as granitehybrid's
+             layer_norm_epsilon, no RoPE (context 2 ** 20), Mamba-2's tensors and ssm.* as granitehybrid's;
+             nemotron_h_moe (MoE blocks in layers_block_type) the experts' width as the MLP's, the expert keys,
+             the experts stacked under a Llama MoE's names
     gemma4   Gemma4Model's keys: the layer kinds as sliding_window_pattern, the global head size as key_length and
              the sliding one as key_length_swa, head_count_kv a layer where the global layers have their own,
              feed_forward_length a layer with double-wide MLPs, shared_kv_layers, the PLE width; norms as they
@@ -91,7 +93,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "falcon_h1": "falcon-h1", "jamba": "jamba"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
-PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h")
+PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
+            "nemotron_h_moe")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
@@ -101,7 +104,9 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     hf_dir = Path(hf_dir)
     cfg = json.loads((hf_dir / "config.json").read_text())
     arch = arch or _granite4_arch(cfg) or GGUF_ARCH[cfg["model_type"]]
-    if arch == "nemotron_h":                    # transformers 5 saves no num_hidden_layers for it
+    if arch == "nemotron_h" and "moe" in cfg["layers_block_type"]:
+        arch = "nemotron_h_moe"                 # NemotronHModel's choice, by the MoE keys its config has
+    if arch.startswith("nemotron_h"):           # transformers 5 saves no num_hidden_layers for it
         cfg.setdefault("num_hidden_layers", len(cfg["layers_block_type"]))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(hf_dir.name)
@@ -564,12 +569,23 @@ def _mamba2(w: gguf.GGUFWriter, heads: int, head_dim: int, groups: int, state: i
 
 
 def _nemotron_h(w: gguf.GGUFWriter, cfg: dict) -> None:
-    """NemotronHModel's keys (through GraniteHybridModel's): per-layer kv heads and MLP widths, no RoPE."""
+    """NemotronHModel's keys (through GraniteHybridModel's): per-layer kv heads and MLP widths (the experts' in a
+    MoE model), no RoPE; a MoE model's expert keys (DeepSeek-V3's, but no expert_group_used_count)."""
     kinds = cfg["layers_block_type"]
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(2 ** 20)
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length([cfg["intermediate_size"] if k == "mlp" else 0 for k in kinds])
+    w.add_feed_forward_length([cfg["intermediate_size"] if k == "mlp" else cfg["moe_intermediate_size"]
+                               if k == "moe" else 0 for k in kinds])
+    if "moe" in kinds:
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["moe_shared_expert_intermediate_size"])
+        w.add_expert_count(cfg["n_routed_experts"])
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_group_count(cfg["n_group"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv([cfg["num_key_value_heads"] if k in ("attention", "full_attention") else 0 for k in kinds])
     w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
@@ -792,7 +808,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = _qwen35_tensors(cfg, hf)
     if arch == "falcon-h1":
         hf = _falcon_h1_folded(cfg, hf)
-    if arch in ("granitehybrid", "nemotron_h", "mamba2", "mamba", "falcon-h1", "jamba"):
+    if arch in ("granitehybrid", "nemotron_h", "nemotron_h_moe", "mamba2", "mamba", "falcon-h1", "jamba"):
         hf = _mamba2_tensors(cfg, hf)
     if arch == "lfm2":             # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
@@ -806,6 +822,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
             continue
         hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")   # the converter's rename
+        if arch == "nemotron_h_moe":           # its merged experts renamed as a Llama MoE's, which gguf-py maps
+            hf_name = re.sub(r"backbone\.layers\.(\d+)\.mixer\.experts\.", r"model.layers.\1.mlp.experts.", hf_name)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"gguf-py maps no {arch} tensor to {hf_name}")
@@ -909,5 +927,6 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
 
 
 # The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
-OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "nemotron_h": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1,
+OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h,
+            "mamba2": _mamba2_only, "mamba": _mamba1,
             "falcon-h1": _falcon_h1, "jamba": _jamba}
