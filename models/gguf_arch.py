@@ -221,7 +221,8 @@ NEMOTRON_H_LAYER = {"attn_norm": "norm", **mamba2_layer("mixer"), "attn_q": "mix
                     "ffn_down": "mixer.down_proj"}
 NEMOTRON_H_MOE_LAYER = {**NEMOTRON_H_LAYER, "ffn_gate_inp": "mixer.gate",
                         "exp_probs_b.bias": "mixer.gate.e_score_correction_bias",
-                        "ffn_up_shexp": "mixer.shared_experts.up_proj", "ffn_down_shexp": "mixer.shared_experts.down_proj"}
+                        "ffn_up_shexp": "mixer.shared_experts.up_proj",
+                        "ffn_down_shexp": "mixer.shared_experts.down_proj"}
 NEMOTRON_H_EXPERTS = {"ffn_up_exps": "mixer.experts.{j}.up_proj", "ffn_down_exps": "mixer.experts.{j}.down_proj"}
 MAMBA1_LAYER = {"attn_norm": "norm", **{k: v for k, v in mamba2_layer("mixer").items() if k != "ssm_dt.bias"},
                 "ssm_x": "mixer.x_proj", "ssm_dt": "mixer.dt_proj"}      # (dt_proj's bias, as it is: ssm_dt.bias)

@@ -52,7 +52,7 @@ class PrefixCache:
     def __init__(self, whole: bool = False) -> None:
         self.whole = whole                        # match whole cached sequences only (see the module's docstring)
         self._root = _Node([], None)
-        self._entries: dict[int, _Node] = {}       # cached seq id -> the node it ends at (a leaf, or whole an inner one)
+        self._entries: dict[int, _Node] = {}      # cached seq id -> the node it ends at (a leaf; whole, or inner)
         self._clock = 0
         self.hit_tokens = 0                       # tokens match() found cached
         self.queried_tokens = 0                   # tokens match() was asked about
