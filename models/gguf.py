@@ -235,6 +235,11 @@ class GGUFWeights:
                 continue
             if m and m.group(2) in halves:                                      # read back as one tensor below
                 continue
+            if m and m.group(2) in spec.parted:                                 # a tensor a set of its rows
+                _readable(t)
+                for part, rows in spec.parted[m.group(2)].items():
+                    self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{part}.{m.group(3)}"] = _Rows(t, rows)
+                continue
             if m and m.group(2) in spec.experts and len(t.shape) == 3:           # every expert's rows, one tensor
                 for j in range(int(t.shape[2])):
                     expert = spec.experts[m.group(2)].format(j=j)
@@ -395,6 +400,31 @@ class _Expert:
     @property
     def data(self):
         return self.tensor.data[self.j]
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """Some rows of a GGUF 2-D tensor (`rows`, in order), read as a tensor of its own (GGUFArch.parts): the reader
+    tensor's name and type, its columns, those rows' stored blocks."""
+
+    tensor: object
+    rows: np.ndarray
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name
+
+    @property
+    def tensor_type(self):
+        return self.tensor.tensor_type
+
+    @property
+    def shape(self):
+        return int(self.tensor.shape[0]), len(self.rows)
+
+    @property
+    def data(self):
+        return np.asarray(self.tensor.data)[self.rows]
 
 
 @dataclass(frozen=True)

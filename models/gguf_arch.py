@@ -16,6 +16,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  attn_qkv's V part, attn_gate, ssm_alpha / beta / a / dt, the conv's V channels;
                                  ssm_out's columns); every *norm.weight + 1 but ssm_norm
     qwen35moe Qwen3.5 MoE        as qwen35 with qwen2moe's experts and shared expert
+    qwen3next Qwen3-Next         as qwen35moe, but the V heads in HF's order and in_proj_ba as it is (ssm_ba: a key
+                                 head's b rows, then its a rows), read as the Qwen3.5-MoE model it computes
     gemma    Gemma               every *norm.weight stored + 1 (Gemma's RMSNorm scales by 1 + w)
     gemma2   Gemma 2             the same
     gemma3   Gemma 3 (text)      the same, q/k norms included
@@ -322,6 +324,10 @@ class GGUFArch:
     reordered: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)    # reorder's, once for_config ran
     flattened: tuple[str, ...] = ()                 # GGUF keys whose HF tensor is 1-D, the converter's reshaped
                                                     # (Mamba-2's A and D [heads, 1], its norm [groups, width])
+    parts: Callable[[dict], dict[str, dict[str, np.ndarray]]] = lambda c: {}   # GGUF key -> {HF name under a
+                                                    # layer: the rows of it that tensor is} by the HF config read
+                                                    # (Qwen3-Next's ssm_ba: in_proj_b's rows and in_proj_a's)
+    parted: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)   # parts', once for_config ran
 
     def for_config(self, c: dict) -> "GGUFArch":
         """This architecture's mapping for the HF config its metadata gave: renames and joins applied, and the blocks
@@ -329,7 +335,7 @@ class GGUFArch:
         does not run) left unread."""
         return dataclasses.replace(self, layer_names={**self.layer_names, **self.renames(c)},
                                    joined={**self.joined, **self.joins(c)}, blocks=c.get("num_hidden_layers"),
-                                   reordered=self.reorder(c))
+                                   reordered=self.reorder(c), parted=self.parts(c))
 
 
 def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
@@ -459,9 +465,17 @@ def _qwen35(reader, arch, tensors, c):
              linear_conv_kernel_dim=_key(reader, arch, "ssm.conv_kernel"),
              full_attention_interval=_key(reader, arch, "full_attention_interval", 4), head_dim=head_dim,
              partial_rotary_factor=_key(reader, arch, "rope.dimension_count", head_dim // 4) / head_dim)
-    if arch == "qwen35moe":
+    if arch in ("qwen35moe", "qwen3next"):
         _qwen_moe(reader, arch, tensors, c)
         c.pop("norm_topk_prob")
+
+
+def _qwen3next_ba(c: dict) -> dict[str, dict[str, np.ndarray]]:
+    """Qwen3-Next's in_proj_ba, which llama.cpp stores as it is (ssm_ba: a key head's b rows, then its a rows, for
+    each key head), as Qwen3.5's in_proj_b and in_proj_a (the value heads' rows in HF's order)."""
+    hk, r = c["linear_num_key_heads"], c["linear_num_value_heads"] // c["linear_num_key_heads"]
+    rows = np.arange(hk * 2 * r).reshape(hk, 2, r)
+    return {"ssm_ba": {"linear_attn.in_proj_b": rows[:, 0].ravel(), "linear_attn.in_proj_a": rows[:, 1].ravel()}}
 
 
 def _qwen35_v_order(c: dict) -> dict[str, tuple[int, np.ndarray]]:
@@ -1147,6 +1161,13 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
        for name, model_type, hf_arch, layers in (
            ("qwen35", "qwen3_5_text", "Qwen3_5ForCausalLM", QWEN35_LAYER),
            ("qwen35moe", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", QWEN35_MOE_LAYER))},
+    # Qwen3-Next read as the Qwen3.5-MoE text model it computes (its experts in every layer, renormalised, as
+    # llama.cpp's graph runs them): its DeltaNet as Qwen3.5's, but the V heads kept in HF's order and ssm_ba parted
+    "qwen3next": GGUFArch("qwen3_5_moe_text", ("Qwen3_5MoeForCausalLM",),
+                          {k: v for k, v in QWEN35_MOE_LAYER.items() if k not in ("ssm_beta", "ssm_alpha")},
+                          config=_qwen35, norm_shift=1.0, unshifted=("ssm_norm",),
+                          values={"ssm_a": lambda a: np.log(-a)}, squeezed=("ssm_conv1d",), experts=QWEN_EXPERTS,
+                          parts=_qwen3next_ba),
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4),

@@ -16,8 +16,6 @@ _UNSUPPORTED = {
         ("minimax", "MiniMax-Text-01"), ("olmo_hybrid", "OLMo hybrid"))},
     "lfm2moe": ("LFM2 MoE", "mixture of experts (LFM2's dense conv and attention layers are built, its experts' "
                             "routing not yet)"),
-    "qwen3next": ("Qwen3-Next GGUF", "GGUF layout, which kiln does not read yet (the Hugging Face checkpoint "
-                                     "compiles)"),
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),

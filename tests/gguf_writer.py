@@ -89,6 +89,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
+             "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
@@ -115,7 +116,7 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         _gemma4(w, cfg)
         _gemma4_tokenizer(w, hf_dir)
     else:
-        if arch in ("qwen35", "qwen35moe"):
+        if arch in ("qwen35", "qwen35moe", "qwen3next"):
             _qwen35(w, cfg, arch)
         elif arch in OWN_KEYS:
             OWN_KEYS[arch](w, cfg)
@@ -425,7 +426,8 @@ def _lfm2(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 def _qwen35(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     """Qwen3_5TextModel's keys: TextModel's, Qwen2MoeModel's expert sizes (qwen35moe), Qwen3NextModel's DeltaNet
-    sizes as ssm.*, the interval of full-attention layers, the rotated dims, the MRoPE sections."""
+    sizes as ssm.*, the interval of full-attention layers, the rotated dims, the MRoPE sections (Qwen3NextModel's
+    the same but those)."""
     rope, head_dim = cfg["rope_parameters"], cfg["head_dim"]
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -438,7 +440,7 @@ def _qwen35(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    if arch == "qwen35moe":
+    if arch in ("qwen35moe", "qwen3next"):
         _experts(w, cfg, arch)
     w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
     w.add_ssm_state_size(cfg["linear_key_head_dim"])
@@ -447,13 +449,14 @@ def _qwen35(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
-    w.add_rope_dimension_sections(rope.get("mrope_section", [11, 11, 10]) + [0])
+    if arch != "qwen3next":
+        w.add_rope_dimension_sections(rope.get("mrope_section", [11, 11, 10]) + [0])
 
 
-def _qwen35_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _qwen35_tensors(cfg: dict, hf: dict[str, np.ndarray], tile: bool = True) -> dict[str, np.ndarray]:
     """Qwen3NextModel's and _LinearAttentionVReorderBase's transforms: A as -exp(A_log), dt_bias renamed dt_proj.bias,
-    the conv squeezed, every norm but the DeltaNet's + 1, and where the key heads are fewer, the V heads tiled over
-    them ([k0's v0, k1's v0, ..., k0's v1, ...]) in every tensor they index."""
+    the conv squeezed, every norm but the DeltaNet's + 1, and (`tile`: Qwen3.5's) where the key heads are fewer, the
+    V heads tiled over them ([k0's v0, k1's v0, ..., k0's v1, ...]) in every tensor they index."""
     hk, hv, dk, dv = (cfg[k] for k in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                                        "linear_value_head_dim"))
 
@@ -471,7 +474,7 @@ def _qwen35_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
             value = value.squeeze(1)
         elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             value = value + 1
-        if hk != hv and ".linear_attn." in name:
+        if tile and hk != hv and ".linear_attn." in name:
             kind = name.split(".linear_attn.")[1].split(".")[0]
             if kind in ("in_proj_qkv", "conv1d"):
                 value = tiled(value, 0, dv, 2 * hk * dk)
@@ -482,6 +485,22 @@ def _qwen35_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
             elif kind == "out_proj":
                 value = tiled(value, 1, dv)
         out[name] = value
+    return out
+
+
+def _qwen3next_qkvz(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Qwen3NextModel's split of in_proj_qkvz (a key head's q, k, v, z rows, for each key head) into attn_qkv
+    (every q, every k, every v) and attn_gate (every z)."""
+    hk, dk, r, dv = (cfg["linear_num_key_heads"], cfg["linear_key_head_dim"],
+                     cfg["linear_num_value_heads"] // cfg["linear_num_key_heads"], cfg["linear_value_head_dim"])
+    out = {}
+    for name, value in hf.items():
+        if name.endswith("in_proj_qkvz.weight"):
+            q, k, v, z = np.split(value.reshape(hk, -1, value.shape[-1]), np.cumsum([dk, dk, r * dv]), axis=1)
+            flat = [x.reshape(-1, value.shape[-1]) for x in (q, k, v, z)]
+            out[name.replace("qkvz", "qkv")], out[name.replace("qkvz", "z")] = np.concatenate(flat[:3]), flat[3]
+        else:
+            out[name] = value
     return out
 
 
@@ -806,6 +825,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = {k + ".weight" if k.endswith("_scale") else k: v for k, v in hf.items()}
     if arch in ("qwen35", "qwen35moe"):
         hf = _qwen35_tensors(cfg, hf)
+    if arch == "qwen3next":
+        hf = _qwen35_tensors(cfg, _qwen3next_qkvz(cfg, hf), tile=False)
     if arch == "falcon-h1":
         hf = _falcon_h1_folded(cfg, hf)
     if arch in ("granitehybrid", "nemotron_h", "nemotron_h_moe", "mamba2", "mamba", "falcon-h1", "jamba"):

@@ -130,6 +130,20 @@ def test_qwen3_next_matches_transformers(tmp_path):
     assert_prefill_and_decode_match(art, ref, IDS[:16], CHUNKED)
 
 
+def test_qwen3_next_gguf_matches_transformers(tmp_path):
+    """A qwen3next GGUF as llama.cpp's converter writes it (in_proj_qkvz split into attn_qkv and attn_gate, in_proj_ba
+    as it is, no V heads tiled; experts in every layer, as llama.cpp runs it) read as Qwen3.5-MoE: transformers'
+    Qwen3-Next logits."""
+    from gguf_writer import write_gguf
+    cfg = dict(CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=48, mlp_only_layers=[], decoder_sparse_step=1)
+    ref = write_widened("Qwen3NextForCausalLM", "Qwen3NextConfig", cfg, tmp_path / "hf", seed=5)
+    path = write_gguf(tmp_path / "hf", tmp_path / "next.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert Artifact.load(art).config.model.arch == "qwen3_5_moe"
+    assert_prefill_and_decode_match(art, ref, IDS[:16], CHUNKED)
+
+
 def test_qwen35_gguf_matches_transformers(qwen35, tmp_path):
     """As llama.cpp's converter writes it (tests/gguf_writer.py: A as -exp(A_log), the conv squeezed, norms + 1 but
     the DeltaNet's, the 4 value heads tiled over the 2 key heads in attn_qkv, attn_gate, ssm_alpha / beta / a / dt,
