@@ -2,7 +2,8 @@
 layers, compiled q0f32 for the CPU, gives transformers' logits within 2e-4 (every prefill position, the last-token
 prefill, greedy decode steps, each DeltaNet layer's state carried in its slot of the KV cache kiln owns); the engine's
 chunked prefill, batches and n > 1 give the tokens a plain run gives, a conversation's next turn continues its cached
-state, and speculation is refused for it; the MoE variant, the multimodal checkpoint's text and GGUF read; the kernels build for CUDA."""
+state, and speculation is refused for it; the MoE variant, the multimodal checkpoint's text, Qwen3-Next and GGUFs
+(qwen35, qwen3next) read; the kernels build for CUDA."""
 
 from __future__ import annotations
 
