@@ -184,6 +184,9 @@ LFM2_LAYER = {**LLAMA_LAYER, "attn_output": "self_attn.out_proj", "attn_q_norm":
               "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
               "shortconv.conv": "conv.conv", "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj"}
 LFM2_GLOBAL = {**LLAMA_GLOBAL, "token_embd_norm": "model.embedding_norm"}
+LFM2_MOE_LAYER = {**LFM2_LAYER, "ffn_gate_inp": "feed_forward.gate", "exp_probs_b.bias": "feed_forward.expert_bias"}
+LFM2_EXPERTS = {"ffn_gate_exps": "feed_forward.experts.{j}.w1", "ffn_up_exps": "feed_forward.experts.{j}.w3",
+                "ffn_down_exps": "feed_forward.experts.{j}.w2"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
@@ -626,6 +629,21 @@ def _lfm2(reader, arch, tensors, c):
     c.update(layer_types=["full_attention" if h else "conv" for h in kv], num_key_value_heads=max(kv),
              block_auto_adjust_ff_dim=False, conv_L_cache=int(_key(reader, arch, "shortconv.l_cache", 3)),
              norm_eps=c["rms_norm_eps"], conv_bias=False)
+
+
+def _lfm2moe(reader, arch, tensors, c):
+    """llama.cpp's LFM2MoeModel: LFM2's keys (_lfm2; feed_forward_length the dense MLPs' width as it is), the experts'
+    count, top k and width, the leading dense layers, sigmoid scores (_sigmoid_router), the choice bias where
+    exp_probs_b is stored; the top k renormalised and unscaled, as llama.cpp's graph runs them."""
+    _lfm2(reader, arch, tensors, c)
+    _sigmoid_router(reader, arch)
+    dense = _key(reader, arch, "leading_dense_block_count", 0)
+    scale = _key(reader, arch, "expert_weights_scale", 0.0)
+    c.update(model_type="lfm2_moe", num_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"), num_dense_layers=dense,
+             use_expert_bias=f"blk.{dense}.exp_probs_b.bias" in tensors, norm_topk_prob=True,
+             routed_scaling_factor=_f32(scale) if scale else 1.0)
 
 
 def _phi3(reader, arch, tensors, c):
@@ -1121,6 +1139,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),
     "gemma3": GGUFArch("gemma3_text", ("Gemma3ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(6, 62)),
     "lfm2": GGUFArch("lfm2", ("Lfm2ForCausalLM",), LFM2_LAYER, LFM2_GLOBAL, config=_lfm2, squeezed=("shortconv.conv",)),
+    "lfm2moe": GGUFArch("lfm2_moe", ("Lfm2MoeForCausalLM",), LFM2_MOE_LAYER, LFM2_GLOBAL, config=_lfm2moe,
+                        squeezed=("shortconv.conv",), experts=LFM2_EXPERTS),
     "gemma3n": GGUFArch("gemma3n_text", ("Gemma3nForCausalLM",), GEMMA3N_LAYER, GEMMA4_GLOBAL, config=_gemma3n,
                         stacked={"altup_proj": "model.altup_projections.{j}",
                                  "altup_unembd_proj": "model.altup_unembed_projections.{j}"}),

@@ -14,8 +14,6 @@ _UNSUPPORTED = {
         ("kimi_linear", "Kimi Linear"),
         ("kimi-linear", "Kimi Linear"),
         ("minimax", "MiniMax-Text-01"), ("olmo_hybrid", "OLMo hybrid"))},
-    "lfm2moe": ("LFM2 MoE", "mixture of experts (LFM2's dense conv and attention layers are built, its experts' "
-                            "routing not yet)"),
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),

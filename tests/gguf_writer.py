@@ -88,7 +88,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
-             "gemma3n_text": "gemma3n", "lfm2": "lfm2", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
+             "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
              "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba"}
@@ -405,9 +405,16 @@ def _gemma3n(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 def _lfm2(w: gguf.GGUFWriter, cfg: dict) -> None:
     """LFM2Model's keys: TextModel's (head_count_kv a layer, 0 for conv layers), the vocabulary's size, the conv's
-    taps, the MLP's width as block_auto_adjust_ff_dim makes it."""
+    taps, the MLP's width as block_auto_adjust_ff_dim makes it; LFM2MoeModel's the dense MLPs' width as it is, the
+    expert count, top k and width, the leading dense layers and sigmoid scores (no renormalisation or scale key)."""
     ff = cfg["intermediate_size"]
-    if cfg.get("block_auto_adjust_ff_dim", True):
+    if cfg["model_type"] == "lfm2_moe":
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_leading_dense_block_count(cfg["num_dense_layers"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    elif cfg.get("block_auto_adjust_ff_dim", True):
         ff = int(2 * ff / 3)
         if cfg.get("block_ffn_dim_multiplier") is not None:
             ff = int(cfg["block_ffn_dim_multiplier"] * ff)
@@ -831,7 +838,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = _falcon_h1_folded(cfg, hf)
     if arch in ("granitehybrid", "nemotron_h", "nemotron_h_moe", "mamba2", "mamba", "falcon-h1", "jamba"):
         hf = _mamba2_tensors(cfg, hf)
-    if arch == "lfm2":             # the conv op takes a 2-D weight
+    if arch in ("lfm2", "lfm2moe"):    # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
@@ -843,6 +850,9 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
             continue
         hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")   # the converter's rename
+        if arch == "lfm2moe":                  # the converter's merged experts' name, which gguf-py maps
+            hf_name = re.sub(r"^model\.(layers\.\d+\.feed_forward\.experts\.)", r"\1", hf_name)
+            hf_name = hf_name.replace(".expert_bias", ".expert_bias.bias")
         if arch == "nemotron_h_moe":           # its merged experts renamed as a Llama MoE's, which gguf-py maps
             hf_name = re.sub(r"backbone\.layers\.(\d+)\.mixer\.experts\.", r"model.layers.\1.mlp.experts.", hf_name)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -948,6 +958,6 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
 
 
 # The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
-OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h,
+OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h,
             "mamba2": _mamba2_only, "mamba": _mamba1,
             "falcon-h1": _falcon_h1, "jamba": _jamba}

@@ -103,6 +103,19 @@ def test_lfm2_moe_matches_transformers(tmp_path):
     assert report.ok and report.reference.startswith("transformers"), report.table()
 
 
+def test_lfm2_moe_gguf_matches_transformers(tmp_path):
+    """An lfm2moe GGUF as llama.cpp's converter writes it (the experts stacked, the choice bias as exp_probs_b, the
+    leading dense layers counted; released models' routed_scaling_factor 1, which it does not write): transformers'
+    logits."""
+    from gguf_writer import write_gguf
+    moe = dict(CONFIG, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, num_dense_layers=1,
+               intermediate_size=96)
+    ref = write_widened("Lfm2MoeForCausalLM", "Lfm2MoeConfig", moe, tmp_path / "hf", seed=3)
+    path = write_gguf(tmp_path / "hf", tmp_path / "lfm2moe.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+
+
 def test_lfm3_matches_transformers(tmp_path):
     """LFM3: conv layers of 7 taps, sliding attention layers past their 8-token window and a full one with
     proportional RoPE (half of each head rotated), norms on the operator's and MLP's outputs, a sigmoid gate a head,
