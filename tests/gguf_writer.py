@@ -88,8 +88,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
-             "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-             "qwen3_next": "qwen3next",
+             "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
+             "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
@@ -958,6 +958,6 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
 
 
 # The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
-OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h, "nemotron_h_moe": _nemotron_h,
-            "mamba2": _mamba2_only, "mamba": _mamba1,
-            "falcon-h1": _falcon_h1, "jamba": _jamba}
+OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
+            "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
+            "jamba": _jamba}
