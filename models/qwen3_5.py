@@ -103,6 +103,16 @@ class Qwen35Config(DecoderConfig):
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         return (LayerAttention("full", None, self.rope_theta, None),) * self.num_hidden_layers
 
+    @property
+    def delta_norm_eps(self) -> float:
+        """The DeltaNet's gated norm's epsilon."""
+        return self.norm_eps
+
+    @property
+    def delta_beta_scale(self) -> float:
+        """beta's factor (OLMo Hybrid's 2, for negative eigenvalues)."""
+        return 1.0
+
     def conv_channels(self) -> int:
         return 2 * self.linear_key_heads * self.linear_key_dim + self.linear_value_heads * self.linear_value_dim
 
@@ -187,7 +197,7 @@ class GatedDeltaNet(nn.Module):
     def __init__(self, c: Qwen35Config):
         self.hk, self.hv, self.dk, self.dv = c.linear_key_heads, c.linear_value_heads, c.linear_key_dim, \
             c.linear_value_dim
-        self.eps = c.norm_eps
+        self.eps, self.beta_scale = c.delta_norm_eps, c.delta_beta_scale
         key, value = self.hk * self.dk, self.hv * self.dv
         self.in_proj_qkv = nn.Linear(c.hidden_size, 2 * key + value, bias=False)
         self.in_proj_z = nn.Linear(c.hidden_size, value, bias=False)
@@ -207,6 +217,8 @@ class GatedDeltaNet(nn.Module):
         q, k = (_l2norm(op.reshape(t, (b, s, hk, dk))) for t in (q, k))
         q = q * (dk ** -0.5)
         beta = op.sigmoid(self.in_proj_b(x).astype("float32"))
+        if self.beta_scale != 1.0:                                      # OLMo Hybrid's negative eigenvalues
+            beta = beta * self.beta_scale
         a = self.in_proj_a(x).astype("float32") + self.dt_bias.astype("float32")
         g = op.negative(op.exp(self.A_log.astype("float32"))) * op.softplus(a)
         o = kv.gated_delta(layer_id, q, k, op.reshape(v, (b, s, hv, dv)), g, beta)           # [b, s, hv, dv] f32

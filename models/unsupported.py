@@ -13,7 +13,7 @@ _UNSUPPORTED = {
     **{t: (name, _LINEAR) for t, name in (
         ("kimi_linear", "Kimi Linear"),
         ("kimi-linear", "Kimi Linear"),
-        ("minimax", "MiniMax-Text-01"), ("olmo_hybrid", "OLMo hybrid"))},
+        ("minimax", "MiniMax-Text-01"))},
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),
