@@ -395,9 +395,9 @@ def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
     with pytest.raises(ModelLoadError, match=f"'codeshell' is not supported; supported: {listed}. `kiln models` lists"):
         kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="codeshell"))
     # a family known to need what kiln lacks: refused with the reason
-    with pytest.raises(ModelLoadError, match=r"GGUF architecture Qwen3-Next GGUF \(qwen3next\) is not supported "
-                                             "yet: its GGUF layout, which kiln does not read yet"):
-        kg.load_gguf(_write_tiny(tmp_path / "next.gguf", tiny_hf, arch="qwen3next"))
+    with pytest.raises(ModelLoadError, match=r"GGUF architecture RWKV-7 \(rwkv7\) is not supported "
+                                             "yet: its recurrent time mixing instead of attention"):
+        kg.load_gguf(_write_tiny(tmp_path / "rwkv7.gguf", tiny_hf, arch="rwkv7"))
     refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
     with pytest.raises(ModelLoadError, match=refusal):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="rwkv"))
