@@ -377,13 +377,12 @@ class GGUFWeights:
         return self._tensors[name]
 
 
-@dataclass(frozen=True)
-class _Expert:
-    """Expert j of a GGUF 3-D expert tensor (ffn_*_exps: dims cols, rows, experts), read as a 2-D tensor of
-    its own: the reader tensor's name, type, first two dims and expert j's slice of its data."""
+@dataclass(frozen=True, eq=False)
+class _Part:
+    """Part of a GGUF tensor read as a tensor of its own: the reader tensor's name and type (subclasses: which
+    part, its shape and data)."""
 
     tensor: object
-    j: int
 
     @property
     def name(self) -> str:
@@ -392,6 +391,14 @@ class _Expert:
     @property
     def tensor_type(self):
         return self.tensor.tensor_type
+
+
+@dataclass(frozen=True, eq=False)
+class _Expert(_Part):
+    """Expert j of a GGUF 3-D expert tensor (ffn_*_exps: dims cols, rows, experts): its first two dims, expert j's
+    slice of its data."""
+
+    j: int
 
     @property
     def shape(self):
@@ -403,20 +410,10 @@ class _Expert:
 
 
 @dataclass(frozen=True, eq=False)
-class _Rows:
-    """Some rows of a GGUF 2-D tensor (`rows`, in order), read as a tensor of its own (GGUFArch.parts): the reader
-    tensor's name and type, its columns, those rows' stored blocks."""
+class _Rows(_Part):
+    """Some rows of a GGUF 2-D tensor (`rows`, in order; GGUFArch.parts): its columns, those rows' stored blocks."""
 
-    tensor: object
     rows: np.ndarray
-
-    @property
-    def name(self) -> str:
-        return self.tensor.name
-
-    @property
-    def tensor_type(self):
-        return self.tensor.tensor_type
 
     @property
     def shape(self):

@@ -116,17 +116,13 @@ class PrefixCache:
             raise ValueError(f"sequence {seq_id} is already in the prefix cache")
         tokens = list(token_ids)
         node, i = self._root, 0
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            common = _common_prefix(child.key, tokens, i)
+        for child, start, common in self._descend(tokens):
             if common < len(child.key):
-                if i + common == len(tokens) and not self.whole:
+                if start + common == len(tokens) and not self.whole:
                     return [seq_id]                      # ends inside an edge: covered
-                node, i = self._split(child, common), i + common
+                node, i = self._split(child, common), start + common
                 break
-            node, i = child, i + common
+            node, i = child, start + common
         if i == len(tokens):                             # ends at a node: covered (or empty) ...
             if not self.whole or node.seq_id is not None or node is self._root:
                 return [seq_id]
@@ -187,32 +183,33 @@ class PrefixCache:
         return released
 
     # -- internals --------------------------------------------------------------------
-    def _walk(self, tokens: Sequence[int]) -> tuple[_Node, int]:
-        """(node, matched): every leaf under `node` holds tokens[:matched], the longest cached prefix."""
+    def _descend(self, tokens: Sequence[int]):
+        """The walk down the tree along tokens: (edge's node, tokens matched before it, how many of its key
+        match) for each edge entered; it ends after an edge matched in part."""
         node, i = self._root, 0
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
-                break
+                return
             common = _common_prefix(child.key, tokens, i)
-            node, i = child, i + common
+            yield child, i, common
             if common < len(child.key):
-                break
-        return node, i
+                return
+            node, i = child, i + common
+
+    def _walk(self, tokens: Sequence[int]) -> tuple[_Node, int]:
+        """(node, matched): every leaf under `node` holds tokens[:matched], the longest cached prefix."""
+        node, matched = self._root, 0
+        for child, start, common in self._descend(tokens):
+            node, matched = child, start + common
+        return node, matched
 
     def _deepest_entry(self, tokens: Sequence[int]) -> tuple[int | None, int]:
         """(seq id, length) of the longest cached sequence that is a prefix of tokens; (None, 0) if none."""
-        node, i, best = self._root, 0, (None, 0)
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            common = _common_prefix(child.key, tokens, i)
-            if common < len(child.key):
-                break
-            node, i = child, i + common
-            if node.seq_id is not None:
-                best = (node.seq_id, i)
+        best: tuple[int | None, int] = (None, 0)
+        for child, start, common in self._descend(tokens):
+            if common == len(child.key) and child.seq_id is not None:
+                best = (child.seq_id, start + common)
         return best
 
     def _freshest_leaf(self, node: _Node) -> _Node:
