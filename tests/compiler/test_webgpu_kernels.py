@@ -15,7 +15,7 @@ import pytest
 from kiln.compiler.quant_modules import QuantFormat
 from kiln.compiler.quant_pack import dequantize, quantize
 
-from gpu_kernels import build, buffers, is_q4_matmul, launch, shape_values
+from gpu_kernels import build, build_prim_func, buffers, is_q4_matmul, launch, shape_values
 from sampling_cases import host_tokens, sampling_case
 
 pytestmark = pytest.mark.compiler
@@ -70,6 +70,32 @@ def test_every_wgsl_kernel_validates(adapter, quant, tiny_dirs, tmp_path, reques
     assert not invalid, invalid
     if quant.endswith("f16"):
         assert any("enable f16;" in code for code in kernels.values())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_recurrent_kernels_validate_on_webgpu(adapter, dtype):
+    """The recurrent-state kernels' GPU forms (targets/recurrent.py: the conv in the artifact's dtype, the gated
+    delta rule and without its delta Mamba-2's scan, float32 states; Mamba-1's scan) compiled for the webgpu
+    preset, at Qwen3.5-9B's, Granite-4.0-H-Small's and Falcon Mamba 7B's sizes, pass WebGPU's validation."""
+    from kiln.targets.recurrent import gated_delta, selective_scan, state_conv
+    features = ["shader-f16"] if dtype == "float16" else []
+    if not set(features) <= set(adapter.features):
+        pytest.skip(f"this WebGPU adapter lacks {features}")
+    device = adapter.request_device_sync(required_features=features)
+    invalid = {}
+    for name, func in (("recurrent_conv", state_conv(8192, 4, dtype, gpu=True)),
+                       ("recurrent_delta", gated_delta(16, 32, 128, 128, gpu=True)),
+                       ("recurrent_scan", gated_delta(1, 128, 128, 64, gpu=True, delta=False)),
+                       ("recurrent_selective_scan", selective_scan(8192, 16, gpu=True))):
+        kernels = wgsl_kernels(build_prim_func(name, func, "webgpu").artifact_source)
+        assert kernels, name
+        for entry, code in kernels.items():
+            try:
+                device.create_compute_pipeline(layout="auto", compute={
+                    "module": device.create_shader_module(code=code), "entry_point": entry})
+            except Exception as e:  # wgpu's GPUValidationError and friends: the message is naga's
+                invalid[entry] = str(e).strip().splitlines()[-1][:200]
+    assert not invalid, invalid
 
 
 def _run_wgsl(device, code: str, entry: str, arrays: dict[str, np.ndarray], values: dict[str, int],
