@@ -9,8 +9,8 @@
                      its residual add; RoPE only where rope_parameters give a base (the released models: none)
     every layer      a SwiGLU MLP; norms RMSNorm (x * w); the head untied
 
-A DeltaNet layer's state holds every token before it: forks only at a sequence's end, prefix-cache entries
-continued whole (runtime/scheduler.py), no speculation.
+A DeltaNet layer's state holds every token before it: forks only at a sequence's end (prefix-cache entries
+continued whole, checkpoints where prompts part: runtime/scheduler.py), no speculation.
 """
 
 from __future__ import annotations

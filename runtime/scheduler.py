@@ -21,7 +21,8 @@ finished one's entry takes it over (renames: the entry leaves the cache; its pag
 the sequence's) instead of forking it. Where a prompt agrees with the cache for min_checkpoint tokens
 or more past its match (a system prompt other conversations began with), its prefill stops there
 once and the state is copied into the cache (a checkpoint, forked: never taken over while a slot is
-free), so the next prompt that agrees that far starts there. Running and cached sequences share the
+free), so the next prompt that agrees that far starts there; a fork_from parent (n > 1) stops so where its
+children share it, and they fork that checkpoint. Running and cached sequences share the
 state slots: admission evicts cached entries for one.
 
 schedule() makes no device calls; it returns a ScheduledBatch that says what the
@@ -121,6 +122,7 @@ class Scheduler:
         self._pinned: set[int] = set()           # cache entries forked from (or made) in the current step
         self._checkpoints: set[int] = set()      # recurrent: cache entries copied mid-prompt (see the docstring)
         self._entry_ids = itertools.count(-1, -1)   # their ids: negative, never a request's
+        self._fork_points: dict[int, int] = {}   # recurrent: seq id -> where its fork_from children share it
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -161,8 +163,9 @@ class Scheduler:
             raise ValueError(f"sequence id {seq.seq_id} is already in use")
         if not seq.prompt_ids:
             raise ValueError(f"sequence {seq.seq_id} has an empty prompt")
-        if seq.fork_from is not None and self.config.state_slots is not None:
-            raise ValueError(f"sequence {seq.seq_id} cannot fork another: recurrent layers' state holds every token")
+        if seq.fork_from is not None and self.config.state_slots is not None and self.prefix_cache is not None:
+            parent, pos = seq.fork_from          # recurrent: the parent stops there once, a checkpoint forked
+            self._fork_points[parent] = max(pos, self._fork_points.get(parent, 0))
         if not self.fits(len(seq.prompt_ids) + seq.max_tokens):
             raise ValueError(f"sequence {seq.seq_id} ({len(seq.prompt_ids)} prompt + {seq.max_tokens} new tokens) "
                              f"needs more than the {self.pages.total_pages} KV pages there are")
@@ -306,9 +309,9 @@ class Scheduler:
         """(parent id, pos) to fork instead of computing tokens [0, pos); None to prefill all."""
         if seq.prompt_logits:
             return None                  # every prompt position's logits are wanted: compute them all
-        if seq.fork_from is not None:
+        if seq.fork_from is not None and self.config.state_slots is None:
             parent_id, pos = seq.fork_from
-        elif self.prefix_cache is not None:
+        elif self.prefix_cache is not None:     # (recurrent: fork_from children fork the parent's checkpoint)
             # Query all but the last token: at least one token is computed, so logits come back.
             parent_id, pos = self.prefix_cache.peek(seq.token_ids(0, seq.num_tokens - 1))
         else:
@@ -388,7 +391,7 @@ class Scheduler:
         """Admit seq (pages for its whole length, KV by add or fork) and give it a first chunk."""
         sid = seq.seq_id
         if self.config.state_slots is not None:
-            seq.checkpoint = self._checkpoint_at(seq, source[1] if source else 0)
+            seq.checkpoint = self._fork_points.get(sid) or self._checkpoint_at(seq, source[1] if source else 0)
         if source is None:
             self.pages.allocate(sid, seq.num_tokens)
             batch.new_seqs.append(sid)
@@ -450,7 +453,14 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
-        """Recompute-style preemption: drop the KV; the sequence waits at the front of the queue."""
+        """Recompute-style preemption: drop the KV; the sequence waits at the front of the queue (a checkpoint it
+        made this step undone: its fork would follow the removal)."""
+        for fork in [f for f in batch.forks if f[0] == seq.seq_id and f[1] in self._checkpoints]:
+            batch.forks.remove(fork)
+            self.prefix_cache.remove(fork[1])
+            self.pages.free(fork[1])
+            self._checkpoints.discard(fork[1])
+            self._pinned.discard(fork[1])
         self.pages.free(seq.seq_id)
         self.running.remove(seq)
         seq.num_computed, seq.checkpoint = 0, None
@@ -461,6 +471,7 @@ class Scheduler:
     def _release(self, seq: Sequence, reason: str, free: bool = True) -> None:
         """Take seq out of the queues; FINISHED. Frees its pages unless told not to."""
         del self._live[seq.seq_id]
+        self._fork_points.pop(seq.seq_id, None)
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             if free:

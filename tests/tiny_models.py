@@ -161,7 +161,8 @@ def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: 
 
 def assert_recurrent_engine(artifact: Path) -> None:
     """An artifact with recurrent layers (state slots) in the engine: chunked prefill (16-token steps), a batch of 4,
-    n = 3 and slots freed and reused give the tokens a plain run gives; a conversation's next turn continues its
+    n = 3 (the choices forking the first's state where its prompt's last token is left) and slots freed and reused
+    give the tokens a plain run gives; a conversation's next turn continues its
     cached state (the prefix cache's whole entries), a conversation that begins as two others did starts at the
     state cached where they parted (a checkpoint), each giving a cold run's tokens; speculation refused."""
     import numpy as np
@@ -187,8 +188,10 @@ def assert_recurrent_engine(artifact: Path) -> None:
     hits = engine.stats().prefix_cache_hit_tokens
     assert [engine.generate(c, greedy).token_ids for c in chats] == cold
     assert engine.stats().prefix_cache_hit_tokens - hits == 70  # the third started at the second's checkpoint
+    hits = engine.stats().prefix_cache_hit_tokens
     n = engine.generate(prompts[0], SamplingParams(max_tokens=6, temperature=0.0, n=3, ignore_eos=True))
     assert [o.token_ids for o in n] == [alone[0][:6]] * 3
+    assert engine.stats().prefix_cache_hit_tokens - hits == 2 * (len(prompts[0]) - 1)   # the parent's checkpoint
     again = [engine.generate(p, greedy).token_ids for p in prompts[:2]]       # slots freed and reused
     assert again == alone[:2]
     with pytest.raises(ValueError, match="recurrent layers"):

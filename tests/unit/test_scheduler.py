@@ -389,8 +389,6 @@ def test_recurrent_entries_are_continued_whole_by_a_rename():
     sched.add(Sequence(seq_id=4, prompt_ids=[70, 71], max_tokens=1))
     batch = eng.step()                                     # a slot: the least recently used entry goes
     assert batch.evict == [2] and batch.new_seqs == [4]
-    with pytest.raises(ValueError, match="cannot fork another"):
-        sched.add(Sequence(seq_id=5, prompt_ids=[1, 2], max_tokens=1, fork_from=(4, 1)))
     with pytest.raises(ValueError, match="state_slots .1. must be at least max_num_seqs .2."):
         SchedulerConfig(max_num_seqs=2, state_slots=1)
 
@@ -412,6 +410,21 @@ def test_recurrent_checkpoint_where_prompts_part_serves_the_next():
     eng.run_until_idle()
     assert -1 in sched.prefix_cache and len(sched.prefix_cache) == 3     # 1 went for 3's slot
     assert sched.prefix_cache.hit_tokens == 80
+
+
+def test_recurrent_n_children_fork_the_parents_checkpoint():
+    sched, eng = make(cache=True, max_num_seqs=3, state_slots=3, max_tokens_per_step=512)
+    prompt = list(range(200, 240))
+    sched.add(Sequence(seq_id=1, prompt_ids=prompt, max_tokens=2))
+    for sid in (2, 3):
+        sched.add(Sequence(seq_id=sid, prompt_ids=prompt, max_tokens=2, fork_from=(1, 39)))
+    batch = eng.step()                                     # the parent alone, stopping before its last token
+    assert batch.new_seqs == [1] and [(c.start, c.end) for c in batch.chunks] == [(0, 39)]
+    batch = eng.step()                                     # its state copied in; a child forks it, the last
+    assert batch.forks == [(1, -1, 39), (-1, 2, 39)] and batch.renames == [(-1, 3)]   # takes it (no slot left)
+    assert [(c.seq.seq_id, c.start, c.end) for c in batch.chunks] == [(1, 39, 40), (2, 39, 40), (3, 39, 40)]
+    eng.run_until_idle()
+    assert sched.prefix_cache.hit_tokens == 2 * 39
 
 
 def test_finish_without_prefix_cache_frees_the_sequence():
@@ -461,7 +474,7 @@ def test_randomized_simulation_keeps_invariants_and_finishes(seed, lookahead, re
             if not sched.fits(len(prompt) + max_tokens):
                 continue
             group = [Sequence(next(next_id), prompt, max_tokens, priority=rng.randint(0, 2))]
-            for _ in range(0 if recurrent else rng.choice([0, 0, 1, 2])):
+            for _ in range(rng.choice([0, 0, 1, 2])):
                 group.append(Sequence(next(next_id), prompt, max_tokens, priority=group[0].priority,
                                       fork_from=(group[0].seq_id, len(prompt) - 1)))
             for s in group:
