@@ -282,7 +282,8 @@ class Engine(SynchronousCalls, ModelFront):
                                       "n")
         requests = []
         for k in range(params.n):
-            shared = k and (self.runner.shares_kv or self.scheduler.config.state_slots is not None)
+            shared = k and (self.runner.shares_kv or (self.scheduler.config.state_slots is not None
+                                                      and self.scheduler.prefix_cache is not None))
             fork = (requests[0].seq_id, len(ids) - 1) if shared else None
             seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
                            priority=priority, fork_from=fork, prompt_logits=params.prompt_logprobs is not None and not k)
