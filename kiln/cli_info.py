@@ -23,24 +23,29 @@ def friendly_errors(fn):
             return fn(*args, **kwargs)
         except (ValueError, OSError) as e:   # kiln's input errors are ValueError subclasses
             click.echo(f"error: {e}", err=True)
-            sys.exit(1)
+            _exit(1)
         except KeyboardInterrupt:
             exit_interrupted()
     return wrapper
 
 
 def exit_interrupted() -> None:
-    """Say so and exit 130 after Ctrl-C. A compile interrupted while TVM builds on its thread
-    (compiler/build.py _Background, a daemon) leaves that thread inside TVM's C++, and the
-    interpreter's shutdown would abort the process there ("terminate called without an active
-    exception", SIGABRT). The compile's own cleanup has run by now (nothing half-written is left), so
-    the process then ends at once, its output flushed, without that shutdown."""
+    """Say so and exit 130 after Ctrl-C (_exit)."""
     click.echo("interrupted", err=True)
+    _exit(130)
+
+
+def _exit(code: int) -> None:
+    """Exit `code`. A compile stopped (Ctrl-C, or an error in the weights' conversion) while TVM builds on its
+    thread (compiler/build.py _Background, a daemon) leaves that thread inside TVM's C++, and the interpreter's
+    shutdown would abort the process there ("terminate called without an active exception", SIGABRT). The
+    compile's own cleanup has run by now (nothing half-written is left), so the process then ends at once, its
+    output flushed, without that shutdown."""
     if any(t.name == "kiln-build" and t.is_alive() for t in threading.enumerate()):
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
-    sys.exit(130)
+        os._exit(code)
+    sys.exit(code)
 
 
 @click.command()

@@ -139,6 +139,21 @@ def test_an_interrupt_while_tvm_builds_exits_130_leaving_nothing(tmp_path, tiny_
     assert not out.exists() and not list(tmp_path.glob(".art.*"))
 
 
+def test_weights_the_config_does_not_match_are_one_line_and_leave_nothing(tmp_path, tiny_dirs):
+    """A checkpoint whose tensors disagree with its config.json fails while its weights convert, beside the library
+    building on its thread: one line naming the mismatch, exit 1, no artifact, and no abort at the interpreter's
+    shutdown (kiln/cli_info.py _exit; it was "terminate called without an active exception", exit 134)."""
+    src = tmp_path / "src"
+    shutil.copytree(tiny_dirs["tied"], src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(config, intermediate_size=config["intermediate_size"] * 2)))
+    out = tmp_path / "art"
+    proc = kiln_cli("compile", str(src), "--quant", "q4f32", "-o", str(out))
+    assert_clean_error(proc, "config.json does not match the weights")
+    assert proc.returncode == 1 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert not out.exists() and not list(tmp_path.glob(".art.*"))
+
+
 def test_bad_option_values_are_one_line(tmp_path):
     assert_clean_error(kiln_cli("serve", str(tmp_path), "--port", "99999"), "--port", "65535")
     assert_clean_error(kiln_cli("bench", str(tmp_path), "--batch", "0"), "--batch", "x>=1")
