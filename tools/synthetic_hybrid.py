@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {
     "granite-h-350m": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(
         vocab_size=100352, hidden_size=768, num_hidden_layers=32, num_attention_heads=12, num_key_value_heads=4,
-        max_position_embeddings=32768, num_local_experts=0, intermediate_size=2048, shared_intermediate_size=2048,
+        max_position_embeddings=32768, num_local_experts=0, num_experts_per_tok=0, intermediate_size=2048,
+        shared_intermediate_size=2048,
         layer_types=["attention" if i in (9, 17, 25, 31) else "mamba" for i in range(32)], mamba_n_heads=48,
         mamba_d_head=32, mamba_n_groups=1, mamba_d_state=128, mamba_d_conv=4, mamba_expand=2,
         position_embedding_type="nope", tie_word_embeddings=True, embedding_multiplier=12.0,
