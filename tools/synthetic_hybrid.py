@@ -5,6 +5,8 @@ checkpoint ships on PyPI). Shapes (from the released configs, random weights):
                      heads of 32 over a 128-wide state, shared MLP 2048, vocabulary 100,352 tied, no RoPE
     falcon-h1-0.5b   Falcon-H1-0.5B-like: 36 layers of attention and Mamba-2 side by side, hidden 1024, 8 / 2
                      heads of 64, 24 Mamba heads of 64 over 128, MLP 2048, vocabulary 32,784
+    qwen3.5-0.8b     Qwen3.5-0.8B-like (approximate): 24 layers (every 4th full attention: 8 / 2 heads of 256, gated),
+                     18 gated DeltaNet layers of 16 key and 16 value heads of 128, MLP 3584, vocabulary 248,320 tied
     mamba-130m       state-spaces/mamba-130m-like: 24 Mamba-1 layers, hidden 768, state 16, vocabulary 50,280
 
     python tools/synthetic_hybrid.py granite-h-350m --out /tmp/bench/granite-h-350m
@@ -37,6 +39,11 @@ SHAPES = {
         vocab_size=32784, hidden_size=1024, intermediate_size=2048, num_hidden_layers=36, num_attention_heads=8,
         num_key_value_heads=2, head_dim=64, max_position_embeddings=16384, mamba_d_ssm=1536, mamba_n_heads=24,
         mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, rope_theta=1e11, tie_word_embeddings=False)),
+    "qwen3.5-0.8b": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", dict(
+        vocab_size=248320, hidden_size=1024, intermediate_size=3584, num_hidden_layers=24, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+        max_position_embeddings=262144, tie_word_embeddings=True)),
     "mamba-130m": ("MambaForCausalLM", "MambaConfig", dict(
         vocab_size=50280, hidden_size=768, num_hidden_layers=24, state_size=16, expand=2, conv_kernel=4)),
 }
