@@ -1,7 +1,7 @@
 """`--target aarch64` run on this x86-64 machine: the artifact's lib.so, loaded by TVM's aarch64
 runtime (runtime-only, as an app ships it) in an arm64 Debian root under QEMU user-mode emulation
 (tools/aarch64_root.py), generates the x86 `cpu` build's greedy tokens with the same logits, and
-passes its golden check against transformers; float32 and 4-bit weights."""
+passes its golden check against transformers; float32 and 4-bit weights; and a recurrent hybrid (Qwen3.5)."""
 
 from __future__ import annotations
 
@@ -123,6 +123,31 @@ def test_aarch64_library_under_qemu_matches_the_x86_build(aarch64_root, builds, 
     assert arm["tokens"] == native["tokens"]
     np.testing.assert_allclose(arm_steps, x86_steps, rtol=0, atol=1e-4)
     np.testing.assert_allclose(arm_logits, x86_logits, rtol=0, atol=1e-4)
+
+
+def test_a_recurrent_hybrid_under_qemu_matches_the_x86_build(aarch64_root, tmp_path):
+    """Qwen3.5's gated DeltaNet layers (their state slots, targets/recurrent.py's CPU kernels) built for AArch64: the
+    emulated run gives the x86 build's tokens and logits, prefill and decode, and passes its golden check."""
+    from tiny_models import write_widened
+    config = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8,
+                  linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=256, eos_token_id=2,
+                  bos_token_id=None, pad_token_id=0, tie_word_embeddings=False)      # (test_qwen3_5.py's)
+    write_widened("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", config, tmp_path / "hf", seed=1)
+    try:
+        arm = kiln.compile(str(tmp_path / "hf"), target="aarch64", quant="q0f32", output=tmp_path / "aarch64")
+    except ToolchainError as e:
+        pytest.skip(str(e))
+    x86 = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "cpu")
+    tool, native_env = _tool(), {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    native = _drive([sys.executable, "-P"], native_env, x86, tmp_path / "x86.npy")
+    emulated_env = tool.python_env(aarch64_root, str(tool.kiln_tree(tmp_path / "src")))
+    got = _drive(tool.python_command(aarch64_root), emulated_env, arm, tmp_path / "arm.npy")
+    assert got["machine"] == "aarch64" and got["check_ok"], got["check"]
+    assert got["tokens"] == native["tokens"]
+    for name in ("arm.npy", "arm-decode.npy"):
+        np.testing.assert_allclose(np.load(tmp_path / name), np.load(tmp_path / name.replace("arm", "x86")), rtol=0,
+                                   atol=1e-4)
 
 
 # Run by the emulated python3: the kernel library on each saved x (argv[2]'s npz: the planes in
