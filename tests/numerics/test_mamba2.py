@@ -51,7 +51,8 @@ FAMILIES = {
     "falcon-h1-norm-before-gate": ("FalconH1ForCausalLM", "FalconH1Config", dict(
         FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_n_groups=1)),
 }
-GGUF = ("nemotron-h", "nemotron-h-moe", "mamba2", "falcon-h1")   # (granitehybrid's: test_granite4_hybrid_gguf_matches_transformers)
+# (granitehybrid's: test_granite4_hybrid_gguf_matches_transformers)
+GGUF = ("nemotron-h", "nemotron-h-moe", "mamba2", "falcon-h1")
 
 
 @pytest.fixture(scope="module")
