@@ -43,8 +43,9 @@ class _Node:
         self.key = key                            # token ids on the edge from the parent
         self.children: dict[int, _Node] = {}      # first token of the child's key -> child
         self.parent = parent
-        self.seq_id = seq_id                      # the cached sequence ending here: every leaf's (and, whole,
-        self.used = 0                             # some inner nodes'); its latest use
+        self.seq_id = seq_id                      # the cached sequence ending here: every leaf has one (whole:
+                                                  # some inner nodes too)
+        self.used = 0                             # that entry's latest use
         self.last_used = last_used                # max over the subtree's entries
 
 

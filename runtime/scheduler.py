@@ -120,8 +120,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._live: dict[int, Sequence] = {}     # seq id -> waiting or running sequence
         self._pinned: set[int] = set()           # cache entries forked from (or made) in the current step
-        self._checkpoints: set[int] = set()      # recurrent: cache entries copied mid-prompt (see the docstring)
-        self._entry_ids = itertools.count(-1, -1)   # their ids: negative, never a request's
+        self._entry_ids = itertools.count(-1, -1)   # recurrent: checkpoints' ids, negative (_is_checkpoint)
         self._fork_points: dict[int, int] = {}   # recurrent: seq id -> where its fork_from children share it
 
     # -- state ------------------------------------------------------------------------
@@ -210,7 +209,6 @@ class Scheduler:
         released = self.prefix_cache.clear()
         for seq_id in released:
             self.pages.free(seq_id)
-        self._checkpoints.clear()
         return released
 
     # -- the step ---------------------------------------------------------------------
@@ -326,7 +324,7 @@ class Scheduler:
         left, after which the sequence is planned again without it.
         """
         source = self._fork_source(seq)
-        if source is not None and source[0] in self._checkpoints and not self._slot_free():
+        if source is not None and _is_checkpoint(source[0]) and not self._slot_free():
             self._evict(batch, self._pinned | {source[0]})   # a slot to copy the checkpoint into, if one can go
         while not self._fits_now(seq, source):
             keep = self._pinned | ({source[0]} if source else set())
@@ -355,7 +353,7 @@ class Scheduler:
     def _takes_over(self, entry: int) -> bool:
         """Whether a sequence that continues cache entry `entry` takes it over (rename) rather than forking
         it: a finished sequence's entry always, a checkpoint only when no slot is free for the copy."""
-        return entry not in self._checkpoints or not self._slot_free()
+        return not _is_checkpoint(entry) or not self._slot_free()
 
     def _checkpoint_at(self, seq: Sequence, start: int) -> int | None:
         """Where seq's prefill should stop once to cache its state: as far as its prompt agrees with the
@@ -384,7 +382,6 @@ class Scheduler:
             self.prefix_cache.insert(tokens, entry)
             self.pages.fork(seq.seq_id, entry, at)
             batch.forks.append((seq.seq_id, entry, at))
-            self._checkpoints.add(entry)
             self._pinned.add(entry)
 
     def _start(self, seq: Sequence, source: tuple[int, int] | None, budget: int, batch: ScheduledBatch) -> int:
@@ -403,7 +400,6 @@ class Scheduler:
                 self._pinned.add(parent_id)
             if self.config.state_slots is not None and self._takes_over(parent_id):
                 self.prefix_cache.remove(parent_id)     # recurrent: the entry becomes this sequence
-                self._checkpoints.discard(parent_id)
                 self.pages.rename(parent_id, sid)
                 batch.renames.append((parent_id, sid))
             else:
@@ -448,18 +444,16 @@ class Scheduler:
         else:
             self.prefix_cache.remove(only)
         self.pages.free(only)
-        self._checkpoints.discard(only)
         batch.evict.append(only)
         return True
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         """Recompute-style preemption: drop the KV; the sequence waits at the front of the queue (a checkpoint it
         made this step undone: its fork would follow the removal)."""
-        for fork in [f for f in batch.forks if f[0] == seq.seq_id and f[1] in self._checkpoints]:
+        for fork in [f for f in batch.forks if f[0] == seq.seq_id and _is_checkpoint(f[1])]:
             batch.forks.remove(fork)
             self.prefix_cache.remove(fork[1])
             self.pages.free(fork[1])
-            self._checkpoints.discard(fork[1])
             self._pinned.discard(fork[1])
         self.pages.free(seq.seq_id)
         self.running.remove(seq)
@@ -486,3 +480,9 @@ class Scheduler:
         if self.config.policy == "priority":
             return (seq.priority, seq.arrival, seq.seq_id)
         return (seq.arrival, seq.seq_id)
+
+
+def _is_checkpoint(seq_id: int) -> bool:
+    """Whether a prefix-cache entry is a checkpoint (a state copied mid-prompt, _take_checkpoints: negative ids),
+    not a finished sequence."""
+    return seq_id < 0
