@@ -29,6 +29,10 @@ from kiln.cli_options import (DEFAULT_MODEL, chat_template_option, compiled, spe
                    "activations and KV cache), e.g. 0.9 [0.9 on CUDA and ROCm; elsewhere one full context "
                    "plus a page per sequence]; on a CPU, a share of the machine's memory")
 @click.option("--no-prefix-cache", is_flag=True, help="disable prefix (radix) KV reuse")
+@click.option("--min-checkpoint", type=click.IntRange(min=1), default=64, show_default=True,
+              help="recurrent models (Mamba, Qwen3.5, Granite-H, ...): tokens a prompt must share with cached "
+                   "ones past its match before its state there is cached too (where conversations' system prompts "
+                   "end); lower for short shared prefixes, each checkpoint holding a state slot")
 @click.option("--sampling-on", type=click.Choice(["auto", "device", "host"]), default="auto", show_default=True,
               help="where sampled decode tokens are drawn (temperature, top-k/p, min-p; requests with penalties, "
                    "bias, grammars or logprobs always on the host): device copies back one token per sequence; "
@@ -58,8 +62,9 @@ from kiln.cli_options import (DEFAULT_MODEL, chat_template_option, compiled, spe
 @speculation_options
 @_friendly_errors
 def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_step, max_total_tokens,
-          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, sampling_on, overlap, stream_interval,
-          engine_process, api_processes, reasoning_parser, step_graphs, chat_template, speculation) -> None:
+          kv_cache_memory, gpu_memory_utilization, no_prefix_cache, min_checkpoint, sampling_on, overlap,
+          stream_interval, engine_process, api_processes, reasoning_parser, step_graphs, chat_template,
+          speculation) -> None:
     """Serve MODEL (artifact, or a model compiled on first use) with an OpenAI-compatible HTTP API."""
     import kiln
     kv_bytes = parse_size(kv_cache_memory, "--kv-cache-memory") if kv_cache_memory else None
@@ -73,7 +78,8 @@ def serve(model, host, port, api_key, model_name, max_num_seqs, max_tokens_per_s
     engine = kiln.EngineConfig(max_num_seqs=max_num_seqs, max_tokens_per_step=max_tokens_per_step,
                                max_total_tokens=max_total_tokens, kv_cache_bytes=kv_bytes,
                                gpu_memory_utilization=gpu_memory_utilization,
-                               enable_prefix_cache=not no_prefix_cache, chat_template=template,
+                               enable_prefix_cache=not no_prefix_cache, min_checkpoint=min_checkpoint,
+                               chat_template=template,
                                device_sampling={"auto": None, "device": True, "host": False}[sampling_on],
                                overlap={"auto": None, "on": True, "off": False}[overlap],
                                step_graphs=step_graphs, **speculation_fields(speculation))

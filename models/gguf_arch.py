@@ -29,7 +29,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  rope_factors_long / rope_factors_short
     gpt2     GPT-2               Conv1D weights transposed to [out, in]; output.weight a copy of wte
     granite  Granite 3           as llama; its four multipliers as embedding_scale, attention.scale,
-                                 residual_scale and logit_scale
+                                 residual_scale and logit_scale (attention.scale unwritten: 1 / sqrt(head size),
+                                 as llama.cpp's graph takes it)
     olmo2    OLMo 2              as HF (no pre-norms; post_attention_norm / post_ffw_norm after)
     smollm3  SmolLM3             as llama (q/k rows permuted)
     stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
@@ -88,7 +89,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  Mamba-2 layers where head_count_kv (a layer) is 0, as ssm_*: A as -exp(A_log) and D
                                  as [heads, 1], the gated norm's weight as [groups, inner / groups], the conv
                                  squeezed, dt_bias as ssm_dt.bias (their sizes as ssm.*: time_step_rank the heads,
-                                 inner_size their width); RoPE unless rope.scaling.finetuned is false
+                                 inner_size their width); RoPE unless rope.scaling.finetuned is false; Bamba
+                                 converts to it too (no multipliers, RoPE on rope.dimension_count of each head)
     falcon-h1 Falcon-H1          attention and Mamba-2 each layer (Mamba-2's tensors as granitehybrid's, q/k rows as
                                  HF's), every multiplier folded into the weights (the embeddings' and the head's too);
                                  the pre-MLP norm named bare (blk.N.ffn_norm); the gated norm where ssm_norm is there
@@ -121,6 +123,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -351,8 +354,17 @@ def _f32(value: float) -> float:
 
 
 def _head_dim(reader, arch: str, c: dict) -> None:
-    head_dim = _key(reader, arch, "attention.key_length") or _key(reader, arch, "rope.dimension_count")
-    if head_dim is not None:
+    """The head size: attention.key_length, else the first attention layer's attn_q rows over the heads (what
+    llama.cpp's hidden / heads default must match), else rope.dimension_count (which is less where RoPE rotates
+    part of each head: Bamba's)."""
+    q = next((t for t in reader.tensors if re.fullmatch(r"blk\.\d+\.attn_q\.weight", t.name)), None)
+    head_dim = _key(reader, arch, "attention.key_length")
+    if head_dim is None and q is not None:
+        head_dim = int(q.shape[-1]) // c["num_attention_heads"]
+        head_dim = None if head_dim == c["hidden_size"] // c["num_attention_heads"] else head_dim   # the default
+    elif head_dim is None:
+        head_dim = _key(reader, arch, "rope.dimension_count")
+    if head_dim:
         c["head_dim"] = head_dim
 
 
@@ -703,6 +715,9 @@ def _granite(reader, arch, tensors, c):
                         ("residual_multiplier", "residual_scale"), ("logits_scaling", "logit_scale")):
         if (value := _key(reader, arch, key)) is not None:
             c[hf_key] = _f32(value)
+    if not c.get("attention_multiplier"):   # llama.cpp's graphs: no attention.scale (or 0) is 1 / sqrt(head size)
+        c["attention_multiplier"] = (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]) ** -0.5
+    c["partial_rotary_factor"] = _rotary_share(reader, arch, c)        # Bamba's (as granitehybrid): half
 
 
 def _attention_layers_only(arch, c) -> None:

@@ -73,7 +73,8 @@ class Engine(SynchronousCalls, ModelFront):
         self.scheduler = Scheduler(
             SchedulerConfig(max_num_seqs=self.runner.max_num_seqs, max_tokens_per_step=budget,
                             policy=config.policy, enable_prefix_cache=prefix_cache, sliding_window=window,
-                            state_slots=self.runner.max_num_seqs if recurrent else None),
+                            state_slots=self.runner.max_num_seqs if recurrent else None,
+                            min_checkpoint=config.min_checkpoint),
             PageAccountant(self.runner.free_pages(), self.runner.page_size,
                            window.max_pages(self.runner.page_size) if window else None),
             PrefixCache(whole=recurrent) if prefix_cache else None)
@@ -282,8 +283,7 @@ class Engine(SynchronousCalls, ModelFront):
                                       "n")
         requests = []
         for k in range(params.n):
-            shared = k and (self.runner.shares_kv or (self.scheduler.config.state_slots is not None
-                                                      and self.scheduler.prefix_cache is not None))
+            shared = k and (self.runner.shares_kv or self.scheduler.caches_states)
             fork = (requests[0].seq_id, len(ids) - 1) if shared else None
             seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
                            priority=priority, fork_from=fork, prompt_logits=params.prompt_logprobs is not None and not k)

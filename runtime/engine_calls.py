@@ -26,7 +26,8 @@ class SynchronousCalls:
         # The first of a prompt's n copies scores it (index i * n); the others share its prompt logprobs.
         scored = {r.index: r.prompt_logprobs for r in requests if r.prompt_logprobs is not None}
         outputs = [GenerationOutput(r.output_ids, r.text, r.finish_reason, r.prompt_ids, r.logprobs,
-                                    scored.get(r.index - r.index % r.params.n)) for r in requests]
+                                    scored.get(r.index - r.index % r.params.n), cached_tokens=r.seq.cached_prompt)
+                   for r in requests]
         return outputs[0] if single and len(outputs) == 1 else outputs
 
     def generate_stream(self, prompt: Prompt | list[Prompt], params: SamplingParams | None = None

@@ -21,6 +21,10 @@ class EngineConfig:
     max_tokens_per_step: int | None = None   # chunked-prefill token budget; default: the artifact's prefill chunk
     policy: str = "fcfs"                     # or "priority"
     enable_prefix_cache: bool = True         # always off for a sliding-window artifact (its KV is never shared)
+    # Recurrent artifacts (Mamba, Qwen3.5, ...): a prompt that agrees with the prefix cache for this many tokens
+    # past its match (another conversation's system prompt) stops its prefill there once to cache its state
+    # (runtime/scheduler.py): lower for short shared prefixes; each checkpoint takes a state slot.
+    min_checkpoint: int = 64
     verify: bool = True                      # check artifact hashes on load
     chat_template: str | None = None         # jinja source replacing the artifact's (runtime/chat_templates.py)
     # Draw sampled decode tokens where the logits are (the artifact's sample_tokens) instead of copying

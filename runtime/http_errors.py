@@ -1,5 +1,5 @@
-"""Errors in OpenAI's format, {"error": {"message", "type", "param", "code"}}: the server's exception
-handlers and how /openapi.json documents them.
+"""Errors in OpenAI's format, {"error": {"message", "type", "param", "code"}} (on /v1/messages, Anthropic's:
+messages_api.error_body): the server's exception handlers and how /openapi.json documents them.
 
 Bad input is a 4xx (request validation is a 400, as OpenAI answers, not FastAPI's 422); a request
 the engine failed is a 500 and one cut by a draining server a 503 (FAILED).
@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .messages_api import error_body as anthropic_error
 from .openai_api import APIError, error_body
 from .protocol import InvalidRequestError, ShuttingDown
 
@@ -64,30 +65,33 @@ def document_errors(app: FastAPI) -> None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    def answer(status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> JSONResponse:
+    def answer(request: Request, status: int, message: str, type: str = "invalid_request_error",
+               param: str | None = None, code: str | None = None) -> JSONResponse:
+        """The error in OpenAI's shape, or in Anthropic's on its Messages API's routes."""
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse(error_body(message, type, param, code), status_code=status, headers=headers)
+        body = anthropic_error(status, message) if request.url.path.startswith("/v1/messages") \
+            else error_body(message, type, param, code)
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> JSONResponse:
-        return answer(e.status, e.message, e.type, e.param, e.code)
+    async def api_error(request: Request, e: APIError) -> JSONResponse:
+        return answer(request, e.status, e.message, e.type, e.param, e.code)
 
     @app.exception_handler(InvalidRequestError)
-    async def invalid_request(_: Request, e: InvalidRequestError) -> JSONResponse:
-        return answer(400, str(e), param=e.param)
+    async def invalid_request(request: Request, e: InvalidRequestError) -> JSONResponse:
+        return answer(request, 400, str(e), param=e.param)
 
     @app.exception_handler(ValueError)       # tokenizer / chat template validation
-    async def value_error(_: Request, e: ValueError) -> JSONResponse:
-        return answer(400, str(e))
+    async def value_error(request: Request, e: ValueError) -> JSONResponse:
+        return answer(request, 400, str(e))
 
     @app.exception_handler(ShuttingDown)
-    async def shutting_down(_: Request, _e: ShuttingDown) -> JSONResponse:
+    async def shutting_down(request: Request, _e: ShuttingDown) -> JSONResponse:
         status, message, param, type_, code = FAILED["shutdown"]
-        return answer(status, message, type_, param, code)
+        return answer(request, status, message, type_, param, code)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
         errors = e.errors()
         first = errors[0] if errors else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
@@ -97,14 +101,15 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"{where} is not supported by this server; leave it out (GET /openapi.json lists the fields)"
         if first.get("type") == "json_invalid":
             reason = first.get("ctx", {}).get("error", "")
-            return answer(400, f"the request body is not valid JSON: {reason}".rstrip(": "))
-        return answer(400, message, param=loc[0] if loc else None)
+            return answer(request, 400, f"the request body is not valid JSON: {reason}".rstrip(": "))
+        return answer(request, 400, message, param=loc[0] if loc else None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return answer(e.status_code, str(e.detail), code=None)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return answer(request, e.status_code, str(e.detail), code=None)
 
     @app.exception_handler(Exception)
-    async def server_error(_: Request, e: Exception) -> JSONResponse:
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return answer(500, f"internal server error: {type(e).__name__}", "server_error", code="internal_error")
+        return answer(request, 500, f"internal server error: {type(e).__name__}", "server_error",
+                      code="internal_error")

@@ -253,6 +253,7 @@ class _Choice:
     text_offset: int = 0                  # completions logprobs: where the next token starts
     thought: GrowingText = field(default_factory=GrowingText)   # chat: the reasoning, apart from the text
     parser: Any = None                    # chat: its reasoning.ReasoningParser, when the reply has one
+    cached_tokens: int = 0                # its prompt's tokens the prefix cache held
 
     @property
     def text(self) -> str:
@@ -306,6 +307,7 @@ class Reply:
             thought, text = self._reason(choice, text, delta.finish_reason is not None)
         choice.shown.add(text)
         choice.num_tokens += len(delta.token_ids)
+        choice.cached_tokens = delta.cached_tokens or choice.cached_tokens
         choice.finish_reason = delta.finish_reason
         choice.logprobs += lps
         if not (first or text or thought or delta.finish_reason or lps):
@@ -345,9 +347,12 @@ class Reply:
         return [lp if lp is not None else unscored(t) for t, lp in zip(self.echo[prompt].ids, scored)]
 
     def usage(self) -> dict:
+        """OpenAI's usage: the prompt's tokens once (whatever n), those of it the prefix cache held as
+        prompt_tokens_details.cached_tokens (each prompt's first choice's: the others fork it)."""
         completion = sum(c.num_tokens for c in self.choices.values())
+        cached = sum(c.cached_tokens for i, c in self.choices.items() if i % self.n == 0)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-                "total_tokens": self.prompt_tokens + completion}
+                "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
     def usage_chunk(self) -> dict:
         return {**self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", []),

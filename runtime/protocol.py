@@ -141,10 +141,12 @@ class StreamDelta:
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None   # on the first delta, when asked: one per
                                                                # prompt token, None for the first
+    cached_tokens: int | None = None  # on the first delta: prompt tokens taken from the prefix cache
+    stop_string: str | None = None    # on the last delta, when a stop string ended the request: which
 
     def __reduce__(self):             # a step's deltas cross to an HTTP process: fields only, ~3x less to pickle
         return StreamDelta, (self.index, self.text, self.token_ids, self.finish_reason, self.logprobs,
-                             self.prompt_logprobs)
+                             self.prompt_logprobs, self.cached_tokens, self.stop_string)
 
 
 class GrowingText:
@@ -181,7 +183,7 @@ def merge_ready(deltas: list[StreamDelta]) -> list[StreamDelta]:
         last.token_ids = last.token_ids + d.token_ids
         if last.logprobs is not None or d.logprobs is not None:
             last.logprobs = (last.logprobs or []) + (d.logprobs or [])
-        last.finish_reason = d.finish_reason
+        last.finish_reason, last.stop_string = d.finish_reason, d.stop_string
     return merged
 
 
@@ -197,11 +199,13 @@ class GenerationOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     reasoning: str | None = None      # chat(): a reasoning model's thinking (runtime/reasoning.py), apart from
     content: str | None = None        # its answer; both None where the chat template writes no reasoning
+    cached_tokens: int = 0            # prompt tokens the prefix cache held (not computed again)
 
     @property
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt_token_ids), "completion_tokens": len(self.token_ids),
-                "total_tokens": len(self.prompt_token_ids) + len(self.token_ids)}
+                "total_tokens": len(self.prompt_token_ids) + len(self.token_ids),
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
 
 
 # -- commands to the engine thread (AsyncEngine puts them on its queue; applied between steps) ------

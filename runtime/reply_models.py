@@ -15,10 +15,15 @@ from pydantic import BaseModel
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int                  # prompt tokens the prefix cache held (not computed again)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 # -- /v1/chat/completions ---------------------------------------------------------------------
@@ -218,6 +223,45 @@ class Response(BaseModel):
     text: dict[str, Any]
     reasoning: dict[str, Any] | None = None
     usage: ResponseUsage | None
+
+
+# -- /v1/messages (Anthropic's Messages API: runtime/messages_api.py) --------------------------
+class MessageUsage(BaseModel):
+    input_tokens: int                     # the prompt's tokens the prefix cache did not hold
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int          # those it held
+    output_tokens: int
+
+
+class Message(BaseModel):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[dict[str, Any]]         # thinking, text and tool_use blocks
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None
+    usage: MessageUsage
+
+
+class TokenCount(BaseModel):
+    input_tokens: int
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str                             # invalid_request_error, authentication_error, not_found_error, api_error
+    message: str
+
+
+class AnthropicError(BaseModel):
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": AnthropicError, "description": "Bad input, a missing API key or an unknown model"},
+    "5XX": {"model": AnthropicError, "description": "The engine failed (500) or the server is shutting down (503)"},
+}
 
 
 def with_stream(description: str) -> dict[int | str, dict[str, Any]]:

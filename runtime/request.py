@@ -110,10 +110,12 @@ class Request:
         return self._delta(StreamDelta(self.index, "", [], "length"))
 
     def _delta(self, delta: StreamDelta) -> StreamDelta:
-        """The first delta of a request carries its prompt logprobs, when it asked for them."""
+        """The first delta of a request carries its prompt logprobs, when it asked for them, and how much of its
+        prompt the prefix cache held."""
         if not self._first_sent:
             self._first_sent = True
             delta.prompt_logprobs = self.prompt_logprobs
+            delta.cached_tokens = self.seq.cached_prompt
         return delta
 
     def append(self, token: int, logprob: TokenLogprob | None = None) -> StreamDelta:
@@ -158,8 +160,11 @@ class Request:
         if self.finished and not hit:
             text += self._release_held_text()
         self._text.add(text)
-        return self._delta(StreamDelta(self.index, text, [token], self.finish_reason,
-                                       [logprob] if logprob is not None and self.logprobs is not None else None))
+        delta = StreamDelta(self.index, text, [token], self.finish_reason,
+                            [logprob] if logprob is not None and self.logprobs is not None else None)
+        if self.finish_reason == "stop":
+            delta.stop_string = self._stops.matched
+        return self._delta(delta)
 
     def abort(self) -> StreamDelta:
         self.finish_reason = "abort"

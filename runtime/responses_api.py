@@ -188,6 +188,7 @@ class _Response:
         self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.req, self.model, self.created = req, model, int(time.time())
         self.input_tokens, self.output_tokens, self.status = input_tokens, 0, "in_progress"
+        self.cached_tokens = 0                 # input tokens the prefix cache held
         self.reasoning_tokens = 0              # tokens whose text went to the reasoning alone
         self.shown, self.thought = GrowingText(), GrowingText()
         self.parser = parser
@@ -264,7 +265,8 @@ class _Response:
                 "temperature": self.req.temperature, "top_p": self.req.top_p,
                 "text": {"format": (self.req.text.format if self.req.text else None) or {"type": "text"}},
                 "reasoning": {"effort": self.req.reasoning.effort if self.req.reasoning else None, "summary": None},
-                "usage": {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                "usage": {"input_tokens": self.input_tokens,
+                          "input_tokens_details": {"cached_tokens": self.cached_tokens},
                           "output_tokens": self.output_tokens,
                           "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                           "total_tokens": self.input_tokens + self.output_tokens} if done else None}
@@ -334,6 +336,7 @@ def _add(resp: _Response, delta) -> tuple[str, str]:
     resp.thought.add(thought)
     resp.shown.add(text)
     resp.output_tokens += len(delta.token_ids)
+    resp.cached_tokens = delta.cached_tokens or resp.cached_tokens
     if thought and not text:
         resp.reasoning_tokens += len(delta.token_ids)
     if delta.finish_reason is not None:

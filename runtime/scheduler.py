@@ -97,6 +97,7 @@ class SchedulerConfig:
     sliding_window: SlidingWindow | None = None   # the artifact's; bounds chunks, rules out sharing KV
     state_slots: int | None = None     # recurrent layers: the state slots running and cached sequences share
     min_checkpoint: int = 64           # recurrent layers: tokens past a prompt's match that earn a checkpoint
+                                       # (kiln serve --min-checkpoint)
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.enable_prefix_cache:
@@ -106,6 +107,8 @@ class SchedulerConfig:
             raise ValueError(f"state_slots ({self.state_slots}) must be at least max_num_seqs ({self.max_num_seqs})")
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if self.min_checkpoint < 1:
+            raise ValueError(f"min_checkpoint must be >= 1, got {self.min_checkpoint}")
         if self.max_num_seqs < 1 or self.max_tokens_per_step < 1:
             raise ValueError(f"max_num_seqs ({self.max_num_seqs}) and max_tokens_per_step "
                              f"({self.max_tokens_per_step}) must be >= 1")
@@ -127,6 +130,11 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def caches_states(self) -> bool:
+        """Recurrent layers with the prefix cache on: states cached whole, checkpoints, n > 1 by forks."""
+        return self.config.state_slots is not None and self.prefix_cache is not None
 
     @property
     def num_running(self) -> int:
@@ -162,7 +170,7 @@ class Scheduler:
             raise ValueError(f"sequence id {seq.seq_id} is already in use")
         if not seq.prompt_ids:
             raise ValueError(f"sequence {seq.seq_id} has an empty prompt")
-        if seq.fork_from is not None and self.config.state_slots is not None and self.prefix_cache is not None:
+        if seq.fork_from is not None and self.caches_states:
             parent, pos = seq.fork_from          # recurrent: the parent stops there once, a checkpoint forked
             self._fork_points[parent] = max(pos, self._fork_points.get(parent, 0))
         if not self.fits(len(seq.prompt_ids) + seq.max_tokens):
@@ -216,7 +224,7 @@ class Scheduler:
         """Decide the next forward: decodes, then prefill chunks, then admissions."""
         batch = ScheduledBatch()
         self._pinned.clear()
-        if self.config.state_slots is not None and self.prefix_cache is not None:
+        if self.caches_states:
             self._take_checkpoints(batch)
         budget = self._schedule_decodes(batch, self.config.max_tokens_per_step)
         budget = self._schedule_prefills(batch, budget)
@@ -398,6 +406,7 @@ class Scheduler:
                 if self.prefix_cache.match(seq.token_ids(0, seq.num_tokens - 1)) != source:
                     raise RuntimeError("prefix cache changed between peek and match")
                 self._pinned.add(parent_id)
+                seq.cached_prompt = min(pos, len(seq.prompt_ids))
             if self.config.state_slots is not None and self._takes_over(parent_id):
                 self.prefix_cache.remove(parent_id)     # recurrent: the entry becomes this sequence
                 self.pages.rename(parent_id, sid)

@@ -33,6 +33,7 @@ class Sequence:
     fork_from: tuple[int, int] | None = None  # (parent seq id, pos): share the parent's first pos tokens
     prompt_logits: bool = False              # compute every prompt token (no prefix reuse), logits at each
     checkpoint: int | None = None            # recurrent layers: the prefill stops here once, its state cached
+    cached_prompt: int = 0                   # prompt tokens its admission took from the prefix cache
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

@@ -10,9 +10,11 @@
     client.chat.completions.create(model="smollm2-q0f32-cpu", messages=[{"role": "user", "content": "Hi"}])
 
 Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE: reply_stream.py), POST /v1/embeddings
-(runtime/embeddings_api.py), POST /tokenize, /detokenize, GET /tokenizer_info (runtime/tokenize_api.py),
-GET /v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus text). With an
-API key set, the /v1 routes need `Authorization: Bearer <key>`; /health and /metrics stay open.
+(runtime/embeddings_api.py), POST /v1/responses (runtime/responses_api.py), POST /v1/messages and
+/v1/messages/count_tokens (Anthropic's Messages API: runtime/messages_api.py), POST /tokenize, /detokenize,
+GET /tokenizer_info (runtime/tokenize_api.py), GET /v1/models and /v1/models/{id}, GET /health, GET /metrics
+(Prometheus text). With an API key set, the /v1 routes need `Authorization: Bearer <key>` (or `x-api-key: <key>`,
+as Anthropic's clients send it); /health and /metrics stay open.
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
 -> Metrics.track -> Reply.add per delta -> SSE chunks, or the collected reply. Every
@@ -42,7 +44,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from . import embeddings_api, reasoning, responses_api, tokenize_api, tools
+from . import embeddings_api, messages_api, reasoning, responses_api, tokenize_api, tools
 from . import openai_api as api
 from . import reply_models as rm
 from .artifact import Artifact
@@ -218,6 +220,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
     embeddings_api.install(app, state, auth)
     tokenize_api.install(app, state, auth)
     responses_api.install(app, state, auth)
+    messages_api.install(app, state, auth)
 
     @app.post("/v1/chat/completions", dependencies=auth, response_model=rm.ChatCompletion,
               responses=rm.with_stream("A chat.completion, or its chunks as a stream"))
@@ -304,9 +307,11 @@ class _ServerState:
         if self.api_key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
-            raise api.APIError(401, "missing or incorrect API key; send 'Authorization: Bearer <key>'",
-                               code="invalid_api_key")
+        if scheme.lower() != "bearer":             # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise api.APIError(401, "missing or incorrect API key; send 'Authorization: Bearer <key>' (or "
+                                    "'x-api-key: <key>')", code="invalid_api_key")
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.names:

@@ -303,6 +303,7 @@ class StopStringMatcher:
             raise ValueError(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None     # the stop string that was hit (the first in the text)
 
     def feed(self, delta: str) -> tuple[str, bool]:
         """Add ``delta``; return (text safe to emit, whether a stop string was hit).
@@ -314,10 +315,11 @@ class StopStringMatcher:
         if not self.stop:                   # no stop strings (most requests): every token passes here
             return delta, False
         text = self._held + delta
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        hits = [(i, s) for s in self.stop if (i := text.find(s)) >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped, self._held = True, ""
-            return text[: min(hits)], True
+            return text[:at], True
         keep = self._partial_stop_suffix(text)
         self._held = text[len(text) - keep:] if keep else ""
         return text[: len(text) - keep], False

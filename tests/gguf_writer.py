@@ -23,7 +23,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     granite 4.0 without Mamba layers as granite / granitemoe (a dense MLP as ffn_gate / _up / _down), a kv head
              count a layer; as granitehybrid (an older converter: `arch`) without RoPE; with Mamba layers as
              granitehybrid: their sizes as ssm.*, A as -exp(A_log) and D as [heads, 1], the gated norm's weight as
-             [groups, inner / groups], dt_bias as ssm_dt.bias, the conv squeezed (Mamba2Model's)
+             [groups, inner / groups], dt_bias as ssm_dt.bias, the conv squeezed (Mamba2Model's); Bamba as
+             granitehybrid with RoPE on half of each head, no multipliers
     mamba2   Mamba2Model's: no attention keys, ssm.* and Mamba-2's tensors as granitehybrid's
     falcon-h1 FalconH1Model's: Mamba2Model's keys and tensors with the attention's and MLP's, every multiplier folded
              into the weights; q/k rows as they are; the pre-MLP norm as the bare blk.N.ffn_norm (gguf-py's name)
@@ -91,7 +92,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
-             "falcon_h1": "falcon-h1", "jamba": "jamba"}
+             "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -291,11 +292,14 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
     if cfg["model_type"] == "granitemoehybrid":                # GraniteHybridModel's, whatever the architecture
         _granite4(w, cfg, arch)
-    if arch in ("granite", "granitemoe", "granitehybrid"):
-        w.add_attention_scale(cfg["attention_multiplier"])
-        w.add_embedding_scale(cfg["embedding_multiplier"])
-        w.add_residual_scale(cfg["residual_multiplier"])
-        w.add_logit_scale(cfg["logits_scaling"])
+    if cfg["model_type"] == "bamba":
+        _bamba(w, cfg)
+    if arch in ("granite", "granitemoe", "granitehybrid"):     # GraniteModel's: each multiplier the config has
+        for key, add in (("attention_multiplier", w.add_attention_scale),
+                         ("embedding_multiplier", w.add_embedding_scale),
+                         ("residual_multiplier", w.add_residual_scale), ("logits_scaling", w.add_logit_scale)):
+            if cfg.get(key):
+                add(cfg[key])
     if scaling and scaling["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(scaling["factor"])
@@ -583,6 +587,18 @@ def _granite4(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     if not all(map(_attention, cfg["layer_types"])):
         _mamba2(w, cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_n_groups"], cfg["mamba_d_state"],
                 cfg["mamba_d_conv"])
+
+
+def _bamba(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """GraniteHybridModel's keys for Bamba: a kv head count a layer (0 off attn_layer_indices), RoPE (finetuned) on
+    attn_rotary_emb dims (released configs': half of each head; written over LlamaModel's whole head), Mamba-2's
+    sizes; no multipliers (Bamba's config has none) nor key_length (no head_dim)."""
+    attends = set(cfg["attn_layer_indices"])
+    w.add_head_count_kv([cfg["num_key_value_heads"] if i in attends else 0 for i in range(cfg["num_hidden_layers"])])
+    w.add_rope_dimension_count(_head_dim(cfg) // 2)
+    w.add_rope_scaling_finetuned(True)
+    _mamba2(w, cfg["mamba_n_heads"], cfg["mamba_d_head"], cfg["mamba_n_groups"], cfg["mamba_d_state"],
+            cfg["mamba_d_conv"])
 
 
 def _mamba2(w: gguf.GGUFWriter, heads: int, head_dim: int, groups: int, state: int, taps: int) -> None:

@@ -113,3 +113,38 @@ def test_response_format_shapes_the_answer_not_the_thinking(served):
         assert isinstance(json.loads(reply.choices[0].message.content), dict)
     else:                                      # cut off by max_tokens: still JSON's start
         assert reply.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_messages_give_thinking_blocks(served):
+    """/v1/messages (the anthropic SDK): the reasoning as a thinking block before an (empty) text block, collected
+    or streamed; thinking {"type": "disabled"} is the template's enable_thinking false (<think> closed: the text
+    is the completion of that prompt, as content), "omitted" keeps the block without its text; an assistant
+    turn's thinking block sent back reaches the template as its reasoning."""
+    import anthropic
+    client = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
+    expected, greedy = _completed(served), {"temperature": 0}
+    msg = client.messages.create(model="tiny", max_tokens=12, messages=HELLO, extra_body=greedy)
+    assert [(b.type, getattr(b, "thinking", None) or b.text if b.type == "text" else b.thinking)
+            for b in msg.content] == [("thinking", expected), ("text", "")]
+    with client.messages.stream(model="tiny", max_tokens=12, messages=HELLO, extra_body=greedy) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking == expected
+    plain = client.messages.create(model="tiny", max_tokens=12, messages=HELLO, extra_body=greedy,
+                                   thinking={"type": "disabled"})
+    assert [b.type for b in plain.content] == ["text"]
+    assert plain.content[0].text == _completed(served, enable_thinking=False)
+    hidden = client.messages.create(model="tiny", max_tokens=12, messages=HELLO, extra_body=greedy,
+                                    thinking={"type": "adaptive", "display": "omitted"})
+    assert hidden.content[0].type == "thinking" and hidden.content[0].thinking == ""
+    tok = served.engine.engine.tokenizer
+    seen = []
+    real = tok.apply_chat_template
+    tok.apply_chat_template = lambda messages, **kw: seen.append(messages) or real(messages, **kw)
+    try:
+        client.messages.create(model="tiny", max_tokens=1, messages=[
+            *HELLO, {"role": "assistant", "content": [{"type": "thinking", "thinking": "I think", "signature": ""},
+                                                      {"type": "text", "text": "Hello."}]},
+            {"role": "user", "content": "Again."}])
+    finally:
+        del tok.apply_chat_template
+    assert seen[-1][1]["reasoning"] == "I think" and seen[-1][1]["content"] == "Hello."

@@ -29,6 +29,7 @@ def test_response_equals_chat_and_counts_usage(server):
     assert resp.usage.input_tokens == chat.usage.prompt_tokens
     assert resp.usage.output_tokens == chat.usage.completion_tokens
     assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
+    assert resp.usage.input_tokens_details.cached_tokens == resp.usage.input_tokens - 1   # the chat's prompt
     assert resp.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
 
 

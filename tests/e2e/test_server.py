@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import httpx
+import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -163,7 +164,11 @@ def test_stream_include_usage(server):
         stream_options={"include_usage": True}))
     last = chunks[-1]
     assert last.choices == [] and last.usage is not None
-    assert last.usage.model_dump() == full.usage.model_dump()
+    streamed, collected = last.usage.model_dump(), full.usage.model_dump()
+    assert streamed["prompt_tokens_details"]["cached_tokens"] == collected["prompt_tokens"] - 1   # the same prompt
+    streamed.pop("prompt_tokens_details")
+    collected.pop("prompt_tokens_details")
+    assert streamed == collected
     assert all(c.usage is None for c in chunks[:-1])
 
 
@@ -310,6 +315,28 @@ def test_client_gone_before_a_non_streaming_reply_aborts(server):
     wait_for(lambda: server.metric("kiln_kv_pages_used") == 0 and server.metric("kiln_requests_running") == 0,
              what="the abandoned request's pages to be freed")
     assert server.metric("kiln_generation_tokens_total") - tokens_before < 8 * 220
+
+
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_held(server, keyed_server):
+    """usage.prompt_tokens_details.cached_tokens (OpenAI's field): 0 for a prompt the server has not seen (a chat's
+    template's opening at most), then all but the prompt's last token (computed for its logits) when the same
+    prompt comes again, in chat (collected and streamed) and completions replies; 0 where the prefix cache is off."""
+    client = server.client()
+    messages = [{"role": "user", "content": "Count the cached tokens of this conversation, please."}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens < first.usage.prompt_tokens // 2
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    usage = [c.usage for c in stream if c.usage is not None]
+    assert [u.prompt_tokens_details.cached_tokens for u in usage] == [again.usage.prompt_tokens - 1]
+    ids = [int(t) for t in np.random.default_rng(11).integers(3, 500, size=50)]
+    replies = [client.completions.create(model=MODEL, prompt=ids, max_tokens=1) for _ in range(2)]
+    assert [r.usage.prompt_tokens_details.cached_tokens for r in replies] == [0, len(ids) - 1]
+    keyed = [keyed_server.client(API_KEY).completions.create(model=keyed_server.model, prompt=ids, max_tokens=1)
+             for _ in range(2)]
+    assert [r.usage.prompt_tokens_details.cached_tokens for r in keyed] == [0, 0]
 
 
 def test_metrics_exposition(server):

@@ -274,3 +274,46 @@ def test_responses_text_without_a_call_streams_as_text(client):
     assert resp.output_text == (chat.choices[0].message.content or "")
     events = list(client.responses.create(**kwargs, stream=True))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == resp.output_text
+
+
+def test_messages_tool_use_and_results(served, client):
+    """/v1/messages (the anthropic SDK) with a tool: a forced call (tool_choice tool) comes back as a tool_use block
+    whose input fits the schema, stop_reason tool_use, the same through the SDK's stream helper (input_json_delta);
+    the call and its tool_result sent back reach the template as the conversation's call and tool message;
+    tool_choice any picks one of the tools; output_config.format shapes a text reply to its schema."""
+    import anthropic
+    server, engine = served
+    ac = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    tool = {"name": "Weather", "description": "The weather in a city", "input_schema": Weather.model_json_schema()}
+    clock = {"name": "Clock", "input_schema": Clock.model_json_schema()}
+    kwargs = dict(model=MODEL, max_tokens=160, messages=ASK, tools=[tool],
+                  tool_choice={"type": "tool", "name": "Weather"}, extra_body={"temperature": 0})
+    msg = ac.messages.create(**kwargs)
+    (call,) = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and call.name == "Weather" and call.id.startswith("toolu_")
+    Weather.model_validate(call.input)
+    with ac.messages.stream(**kwargs) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, b.name, b.input) for b in final.content if b.type == "tool_use"] == [("tool_use", "Weather",
+                                                                                          call.input)]
+    seen = []
+    tok = engine.tokenizer
+    real = tok.apply_chat_template
+    tok.apply_chat_template = lambda messages, **kw: seen.append(real(messages, **kw)) or seen[-1]
+    try:
+        second = ac.messages.create(model=MODEL, max_tokens=4, tools=[tool], messages=[
+            *ASK, {"role": "assistant", "content": [{"type": "tool_use", "id": call.id, "name": "Weather",
+                                                     "input": call.input}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "12 degrees"}]}])
+    finally:
+        del tok.apply_chat_template
+    assert second.usage.input_tokens + second.usage.cache_read_input_tokens > msg.usage.input_tokens
+    prompt = seen[-1]                                   # the call, then its result, in the rendered prompt
+    city = json.dumps(call.input["city"])              # quoted: the question's own "Oslo" is not
+    assert city in prompt and prompt.index(city) < prompt.index("12 degrees")
+    anyone = ac.messages.create(model=MODEL, max_tokens=160, messages=ASK, tools=[tool, clock],
+                                tool_choice={"type": "any"}, extra_body={"temperature": 0})
+    assert [b.name for b in anyone.content if b.type == "tool_use"][0] in ("Weather", "Clock")
+    shaped = ac.messages.create(model=MODEL, max_tokens=160, messages=ASK, extra_body={"temperature": 0},
+                                output_config={"format": {"type": "json_schema", "schema": Clock.model_json_schema()}})
+    Clock.model_validate_json(shaped.content[0].text)

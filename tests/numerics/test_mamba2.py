@@ -6,8 +6,8 @@ no RoPE, two groups of B and C), a dense Granite 4.0-H with RoPE, Bamba (RoPE on
 scores with a choice bias in groups), Mamba-2 alone (no attention layer) and Falcon-H1 (attention and Mamba-2 side
 by side in every layer, its multipliers folded into the weights; the gated norm absent or before the gate); the
 engine's chunked prefill, batches and n > 1 give a plain run's tokens; GGUFs as llama.cpp's converter writes them
-(granitehybrid, nemotron_h, mamba2, falcon-h1 with its multipliers folded in) read back into the models they came
-from."""
+(granitehybrid, Bamba as granitehybrid: no multipliers, RoPE on half of each head; nemotron_h, mamba2, falcon-h1 with
+its multipliers folded in) read back into the models they came from."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ FAMILIES = {
         FALCON_H1, mamba_rms_norm=True, mamba_norm_before_gate=True, mamba_n_groups=1)),
 }
 # (granitehybrid's: test_granite4_hybrid_gguf_matches_transformers)
-GGUF = ("nemotron-h", "nemotron-h-moe", "mamba2", "falcon-h1")
+GGUF = ("bamba", "nemotron-h", "nemotron-h-moe", "mamba2", "falcon-h1")   # bamba: as granitehybrid
 
 
 @pytest.fixture(scope="module")
