@@ -7,27 +7,33 @@ servers offer it), so the anthropic SDK and the tools built on it can point at k
 
 `system` (text or text blocks) becomes a system message; `messages` hold text, or blocks: text, `tool_use`
 (an assistant's call, its `input` as the call's JSON arguments), `tool_result` (a user's answer to one: a tool
-message) and `thinking` (an assistant's earlier reasoning, as the chat template reads it). `tools` (name,
-description, input_schema) and `tool_choice` (auto, any, tool, none; disable_parallel_tool_use) go through the
-chat path's tool calling (runtime/tools.py); calls come back as `tool_use` blocks with stop_reason "tool_use".
-A reasoning model's thinking (the server's reasoning parser) is a `thinking` block before the text.
-`thinking` {"type": "disabled"} or {"type": "adaptive"} sets the template's enable_thinking (display "omitted":
-thinking blocks without their text); "enabled" with a budget_tokens is refused (kiln cannot hold the reasoning to
-a budget). `output_config.effort` is the template's reasoning_effort and `output_config.format` (a JSON schema)
-shapes the text as chat's response_format does. `stop_sequences`, `temperature`, `top_p`, `top_k` (which newer
-SDKs send in extra_body) and `max_tokens` (required) are chat's; `metadata.user_id` is a tag that changes no output;
-`cache_control` marks are accepted where Anthropic takes them, since kiln caches every prompt's prefix anyway
-(usage.cache_read_input_tokens counts the tokens it found, input_tokens the rest). Streaming sends the SDK's events
-(message_start, content_block_start / _delta / _stop, message_delta, message_stop). Errors come in Anthropic's
-shape ({"type": "error", "error": {"type", "message"}}: http_errors). POST /v1/messages/count_tokens answers
-the prompt's length. Images, documents, server tools (web_search, ...) and redacted thinking are refused with a
-400 naming the field.
+message) and `thinking` (an assistant's earlier reasoning, as the chat template reads it); a `system` message among
+them is a system message there. `tools` (name, description, input_schema) and `tool_choice` (auto, any, tool,
+none; disable_parallel_tool_use) go through the chat path's tool calling (runtime/tools.py); calls come back as
+`tool_use` blocks with stop_reason "tool_use". A reasoning model's thinking (the server's reasoning parser) is a
+`thinking` block before the text. `thinking` {"type": "adaptive"} (the model decides) or {"type": "disabled"} is
+the template's enable_thinking where it has one (display "omitted": thinking blocks without their text);
+"enabled" with a budget_tokens is refused (kiln cannot hold the reasoning to a budget), and so is "disabled" for a
+model that reasons without such a switch. `output_config.effort` is the template's reasoning_effort (xhigh and max
+as high) where it reads one, else unapplied and named in the reply's `kiln-unapplied` header; `output_config.format`
+(a JSON schema) shapes the text as chat's response_format does. `max_tokens` (required) is cut to the room the
+context leaves (Claude Code asks 32000 of any model; a reply that fills it ends with stop_reason
+"model_context_window_exceeded"); `stop_sequences`, `temperature`, `top_p` and `top_k` (which newer SDKs send in
+extra_body) are chat's. `metadata.user_id` is a tag that changes no output; `cache_control` marks are accepted
+where Anthropic takes them, since kiln caches every prompt's prefix anyway (usage.cache_read_input_tokens counts
+the tokens it found, input_tokens the rest); `context_management` is accepted with edits that clear nothing
+(clear_thinking keeping all, as Claude Code sends). Streaming sends the SDK's events (message_start,
+content_block_start / _delta / _stop, message_delta, message_stop). Errors come in Anthropic's shape
+({"type": "error", "error": {"type", "message"}}: http_errors). POST /v1/messages/count_tokens answers the
+prompt's length. Images, documents, server tools (web_search, ...) and redacted thinking are refused with a 400
+naming the field.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import replace
@@ -43,6 +49,7 @@ from .openai_api import APIError, with_reasoning
 from .protocol import SamplingParams
 from .responses_api import _add, _chain, _Response
 
+log = logging.getLogger("kiln.server")
 _PLAIN_BLOCK = {"type", "text", "cache_control", "citations"}     # a text block's keys
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
@@ -71,7 +78,7 @@ class OutputFormat(BaseModel):
 class OutputConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    effort: Literal["low", "medium", "high"] | None = None      # the template's reasoning_effort
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None   # the template's reasoning_effort
     format: OutputFormat | None = None                           # structured output: the text fits the schema
 
 
@@ -81,6 +88,12 @@ class ToolChoice(BaseModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
+
+
+class ContextManagement(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    edits: list[dict[str, Any]] = []
 
 
 class Metadata(BaseModel):
@@ -107,6 +120,7 @@ class MessagesRequest(BaseModel):
     output_config: OutputConfig | None = None
     metadata: Metadata | None = None
     cache_control: dict[str, Any] | None = None  # accepted: kiln caches every prompt's prefix anyway
+    context_management: ContextManagement | None = None   # only edits that keep everything (Claude Code's)
 
 
 def _text(blocks: Any, where: str) -> str:
@@ -133,9 +147,12 @@ def messages_of(req: MessagesRequest) -> list[dict]:
                             "turn; end with a user message", "messages")
     for i, m in enumerate(req.messages):
         role, content = m.get("role"), m.get("content")
-        if role not in ("user", "assistant") or set(m) - {"role", "content"}:
-            raise APIError(400, f"messages[{i}] must be {{role: user | assistant, content}} (got role {role!r}, "
-                                f"keys {sorted(m)}); a system prompt goes in `system`", "messages")
+        if role not in ("user", "assistant", "system") or set(m) - {"role", "content"}:
+            raise APIError(400, f"messages[{i}] must be {{role: user | assistant | system, content}} (got role "
+                                f"{role!r}, keys {sorted(m)})", "messages")
+        if role == "system":                  # mid-conversation system text (as the template takes it)
+            out.append({"role": "system", "content": _text(content, f"messages[{i}].content")})
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -207,21 +224,40 @@ def tool_request(req: MessagesRequest) -> tools.ToolRequest | None:
     return tools.ToolRequest.parse(chat_tools, choice, parallel)
 
 
-def template_variables(req: MessagesRequest) -> dict[str, Any]:
-    """thinking's type as the template's enable_thinking, output_config.effort as its reasoning_effort."""
+def template_variables(req: MessagesRequest, template: str | None, reasons: bool) -> tuple[dict[str, Any], list[str]]:
+    """(the template's variables, what of the request it could not apply). thinking's type is the template's
+    enable_thinking: adaptive (the model decides) needs no switch; disabled one where the model reasons.
+    output_config.effort is its reasoning_effort (xhigh and max as high), where it reads one; where it does not,
+    the effort goes unapplied (a behavioural hint, as Anthropic's own models take it: refusing it would refuse
+    every Claude Code request) and the reply's `kiln-unapplied` header says so."""
     out: dict[str, Any] = {}
-    if req.output_config is not None and req.output_config.effort is not None:
-        out["reasoning_effort"] = req.output_config.effort
+    unapplied = []
+    effort = req.output_config.effort if req.output_config is not None else None
+    if effort is not None:
+        if tools.reads_variable(template, "reasoning_effort"):
+            out["reasoning_effort"] = {"xhigh": "high", "max": "high"}.get(effort, effort)
+        else:
+            unapplied.append("output_config.effort (the chat template reads no reasoning_effort)")
+    for i, edit in enumerate(req.context_management.edits if req.context_management else ()):
+        if not (str(edit.get("type", "")).startswith("clear_thinking_") and edit.get("keep") == "all"):
+            raise APIError(400, f"context_management.edits[{i}] ({edit.get('type')!r}) would clear context kiln "
+                                "keeps; only clear_thinking with keep 'all' (which clears nothing) is accepted",
+                           "context_management")
     t = req.thinking
     if t is None:
-        return out
+        return out, unapplied
     if t.type == "enabled":
         raise APIError(400, "thinking {type: enabled} asks for a budget_tokens kiln cannot hold the reasoning to; "
                             'send thinking {"type": "adaptive"} (the model reasons as its chat template lets it) '
                             "or leave thinking out", "thinking")
     if t.budget_tokens is not None:
         raise APIError(400, f"thinking.budget_tokens goes with type enabled only, not {t.type!r}", "thinking")
-    return {**out, "enable_thinking": t.type == "adaptive"}
+    if tools.reads_variable(template, "enable_thinking"):
+        out["enable_thinking"] = t.type == "adaptive"
+    elif t.type == "disabled" and reasons:
+        raise APIError(400, "thinking is disabled, but this model reasons and its chat template has no "
+                            "enable_thinking switch to stop it; leave thinking out", "thinking")
+    return out, unapplied
 
 
 def response_format(req: MessagesRequest) -> dict | None:
@@ -239,6 +275,7 @@ class _Message(_Response):
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.stop_string: str | None = None
         self.finish_reason: str | None = None
+        self.cut_short = False                 # max_tokens was lowered to the room the context leaves
 
     @property
     def shown_thinking(self) -> bool:
@@ -258,7 +295,7 @@ class _Message(_Response):
         if self.calls:
             return "tool_use", None
         if self.finish_reason == "length":
-            return "max_tokens", None
+            return ("model_context_window_exceeded" if self.cut_short else "max_tokens"), None
         return ("stop_sequence", self.stop_string) if self.stop_string is not None else ("end_turn", None)
 
     def usage(self, output: bool = True) -> dict:
@@ -286,22 +323,20 @@ def _tool_use(call: dict) -> dict:
 def install(app: FastAPI, state, auth: list[Depends]) -> None:
     """Add the routes; `state` is the server's _ServerState."""
 
-    async def prompt(body: MessagesRequest) -> tuple[str, list[int], tools.ToolRequest | None]:
+    async def prompt(body: MessagesRequest) -> tuple[str, list[int], tools.ToolRequest | None, list[str]]:
         state.check_model(body.model)
         tool_req = tool_request(body)
-        try:
-            text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, messages_of(body), tool_req,
-                                                template_variables(body))
-        except APIError as e:
-            if e.param in ("chat_template_kwargs", "reasoning_effort"):   # the template variables thinking and
-                e.param = "thinking" if e.param == "chat_template_kwargs" else "output_config"   # effort set
-            raise
-        return text, ids, tool_req
+        tok = state.engine.engine.tokenizer
+        variables, unapplied = template_variables(body, tok.chat_template if tok is not None else None,
+                                                  state.reasoning is not None)
+        text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, messages_of(body), tool_req,
+                                            variables)
+        return text, ids, tool_req, unapplied
 
     @app.post("/v1/messages/count_tokens", dependencies=auth, response_model=reply_models.TokenCount,
               responses=reply_models.ANTHROPIC_ERRORS)
     async def count_tokens(body: MessagesRequest) -> dict:
-        _, ids, _ = await prompt(body)
+        _, ids, _, _ = await prompt(body)
         return {"input_tokens": len(ids)}
 
     @app.post("/v1/messages", dependencies=auth, response_model=reply_models.Message,
@@ -311,8 +346,12 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         arrival = time.monotonic()
         if body.max_tokens is None:
             raise APIError(400, "max_tokens is required", "max_tokens")
-        text, ids, tool_req = await prompt(body)
-        params = SamplingParams(max_tokens=body.max_tokens,
+        text, ids, tool_req, unapplied = await prompt(body)
+        room = state.context_window - len(ids)
+        if room < 1:
+            raise APIError(400, f"the prompt is {len(ids)} tokens, which fills this model's context of "
+                                f"{state.context_window}; shorten the conversation", "messages")
+        params = SamplingParams(max_tokens=min(body.max_tokens, room),     # Claude Code asks 32000 every time
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
                                 stop=tuple(body.stop_sequences or ()))
@@ -327,15 +366,19 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
             params = await state.compile_grammar(params)
         parser = reasoning_parsers.start(state.reasoning, text) if state.reasoning else None
         msg = _Message(body, state.model_name, len(ids), parser, tool_req)
+        msg.cut_short = params.max_tokens < body.max_tokens
+        headers = {"kiln-unapplied": "; ".join(unapplied)} if unapplied else None
+        if unapplied:
+            log.info("/v1/messages: unapplied %s", "; ".join(unapplied))
         deltas = state.metrics.track(state.engine.generate(ids, params), len(ids), arrival)
         first = await anext(deltas)           # bad input raises here, before anything is sent
         if not body.stream:
             async for delta in _chain(first, deltas):
                 _record(msg, delta)
             msg.end()
-            return JSONResponse(msg.message_body())
+            return JSONResponse(msg.message_body(), headers=headers)
         return StreamingResponse(_events(msg, first, deltas), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
 
 def _record(msg: _Message, delta) -> tuple[str, str]:

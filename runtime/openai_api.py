@@ -254,6 +254,7 @@ class _Choice:
     thought: GrowingText = field(default_factory=GrowingText)   # chat: the reasoning, apart from the text
     parser: Any = None                    # chat: its reasoning.ReasoningParser, when the reply has one
     cached_tokens: int = 0                # its prompt's tokens the prefix cache held
+    stop_reason: str | None = None        # the stop string that ended it (vLLM's stop_reason)
 
     @property
     def text(self) -> str:
@@ -308,7 +309,7 @@ class Reply:
         choice.shown.add(text)
         choice.num_tokens += len(delta.token_ids)
         choice.cached_tokens = delta.cached_tokens or choice.cached_tokens
-        choice.finish_reason = delta.finish_reason
+        choice.finish_reason, choice.stop_reason = delta.finish_reason, delta.stop_string
         choice.logprobs += lps
         if not (first or text or thought or delta.finish_reason or lps):
             return None
@@ -320,7 +321,8 @@ class Reply:
                     "logprobs": completion_logprobs(lps, self.token_text, choice.text_offset) if lps else None}
         choice.text_offset += sum(len(self.token_text(lp.token_id)[0]) for lp in lps)
         chunk = self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion",
-                               [{"index": delta.index, **body, "finish_reason": delta.finish_reason}])
+                               [{"index": delta.index, **body, "finish_reason": delta.finish_reason,
+                                 **({"stop_reason": delta.stop_string} if delta.finish_reason else {})}])
         if self.include_usage or self.continuous_usage:
             chunk["usage"] = self.usage() if self.continuous_usage else None
         return chunk
@@ -369,7 +371,7 @@ class Reply:
             else:
                 body = {"text": c.text,
                         "logprobs": completion_logprobs(c.logprobs, self.token_text, 0) if self.logprobs else None}
-            choices.append({"index": index, **body, "finish_reason": c.finish_reason})
+            choices.append({"index": index, **body, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
         return {**self._envelope(self.object, choices), "usage": self.usage()}
 
     def _envelope(self, object: str, choices: list[dict]) -> dict:

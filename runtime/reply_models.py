@@ -65,6 +65,7 @@ class ChatChoice(BaseModel):
     message: ChatMessage
     logprobs: ChatLogprobs | None
     finish_reason: FinishReason | None
+    stop_reason: str | None = None        # vLLM's: the stop string that ended the choice (finish_reason stop)
 
 
 class ChatCompletion(BaseModel):
@@ -90,6 +91,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
+    stop_reason: str | None = None        # vLLM's: the stop string that ended the choice (finish_reason stop)
 
 
 class Completion(BaseModel):
@@ -239,7 +241,7 @@ class Message(BaseModel):
     role: Literal["assistant"]
     model: str
     content: list[dict[str, Any]]         # thinking, text and tool_use blocks
-    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use", "model_context_window_exceeded"] | None
     stop_sequence: str | None
     usage: MessageUsage
 

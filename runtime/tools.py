@@ -206,6 +206,11 @@ def _as_text(m: dict) -> dict:
 _RESERVED = ("messages", "tools", "add_generation_prompt", "documents", "bos_token", "eos_token")
 
 
+def reads_variable(template: str | None, name: Any) -> bool:
+    """Whether a chat template (its source) names the variable `name` anywhere."""
+    return isinstance(name, str) and name.isidentifier() and name in json.dumps(template or "")
+
+
 def render(engine: Any, messages: list[dict], tools: ToolRequest | None,
            variables: dict[str, Any] | None = None) -> list[int]:
     """Prompt ids of a chat request with its tools (runs in a worker thread, never on the engine's)."""
@@ -224,8 +229,7 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
         field = "reasoning_effort" if name == "reasoning_effort" else "chat_template_kwargs"
         if name in _RESERVED:
             raise APIError(400, f"chat_template_kwargs may not set {name!r}: the request's own fields do", field)
-        source = tok.chat_template
-        if not isinstance(name, str) or not name.isidentifier() or name not in json.dumps(source or ""):
+        if not reads_variable(tok.chat_template, name):
             raise APIError(400, f"this model's chat template reads no variable {name!r}, so it would change "
                                 "nothing; leave it out", field)
         extra[name] = value

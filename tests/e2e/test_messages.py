@@ -92,10 +92,11 @@ def test_a_conversation_with_content_blocks(client):
      "'image' block"),
     (dict(messages=[*ASK, {"role": "assistant", "content": "The sea is"}]), "prefilled assistant"),
     (dict(tools=[{"type": "web_search_20250305", "name": "web_search"}]), "client tools only"),
-    (dict(thinking={"type": "disabled"}), "enable_thinking"),        # the tiny template reads no such variable
+    (dict(extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}),   # (a beta
+     "clear context kiln keeps"),                                                                # field)
     (dict(extra_body={"temperature": -1.0}), "temperature"),
     (dict(model="nope"), "does not exist"),
-], ids=["thinking-budget", "image", "prefill", "server-tool", "thinking-unread", "temperature", "model"])
+], ids=["thinking-budget", "image", "prefill", "server-tool", "clearing-context", "temperature", "model"])
 def test_what_kiln_cannot_do_is_refused(client, change, refusal):
     body = {**dict(model=MODEL, max_tokens=4, messages=ASK), **change}
     with pytest.raises((anthropic.BadRequestError, anthropic.NotFoundError), match=refusal):
@@ -118,3 +119,41 @@ def test_errors_come_in_anthropics_shape(server):
     chat = httpx.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": ASK},
                       headers={"x-api-key": "wrong"})
     assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"   # OpenAI's shape there
+
+
+def test_claude_codes_request_is_served(server, client):
+    """What Claude Code sends every request (captured from its CLI, 2.1.197): max_tokens 32000 (cut to the context's
+    room), thinking adaptive and effort high (the tiny ChatML template has neither switch: the effort is named
+    unapplied in the kiln-unapplied header), context_management clearing nothing, a system message among the
+    messages, cache_control on blocks, metadata.user_id; streamed."""
+    body = dict(model=MODEL, max_tokens=32000, stream=True, thinking={"type": "adaptive"},
+                output_config={"effort": "high"},
+                context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                metadata={"user_id": '{"session_id": "s"}'},
+                system=[{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+                messages=[{"role": "user", "content": [{"type": "text", "text": "hello",
+                                                        "cache_control": {"type": "ephemeral"}}]},
+                          {"role": "system", "content": "Today is Saturday."}])
+    with httpx.stream("POST", f"{server.url}/v1/messages?beta=true", json=body,
+                      headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"}, timeout=600) as reply:
+        assert reply.status_code == 200, reply.read()
+        assert "output_config.effort" in reply.headers["kiln-unapplied"]
+        events = [line.removeprefix("event: ") for line in reply.iter_lines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
+
+
+def test_max_tokens_beyond_the_context_is_cut_to_its_room(server, client):
+    """max_tokens past what the context leaves generates up to the context's end: stop_reason
+    model_context_window_exceeded where it gets there (max_tokens where it was asked for exactly that), as the chat
+    path's finish_reason length for max_tokens = the room says."""
+    prompt = client.messages.count_tokens(model=MODEL, system=SYSTEM, messages=ASK).input_tokens
+    room = server.engine.engine.artifact.context_window - prompt
+    chat = server.client(KEY).chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": SYSTEM}, *ASK], max_tokens=room, temperature=0)
+    filled = chat.choices[0].finish_reason == "length"
+    over = client.messages.create(model=MODEL, max_tokens=room + 1000, system=SYSTEM, messages=ASK,
+                                  extra_body=GREEDY)
+    assert over.stop_reason == ("model_context_window_exceeded" if filled else "end_turn")
+    assert over.usage.output_tokens == chat.usage.completion_tokens
+    exact = client.messages.create(model=MODEL, max_tokens=room, system=SYSTEM, messages=ASK, extra_body=GREEDY)
+    assert exact.stop_reason == ("max_tokens" if filled else "end_turn")

@@ -156,6 +156,24 @@ def test_completions_text_and_token_ids_agree_streaming_or_not(server, tiny_arti
     assert reasons[0] == full.choices[0].finish_reason
 
 
+def test_stop_strings_cut_the_text_and_are_named(server):
+    """A stop string ends a choice before it (finish_reason "stop"), and the choice's stop_reason (vLLM's field)
+    names which one, collected and streamed; a choice that ran out of tokens has none."""
+    client = server.client()
+    full = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0)
+    text = full.choices[0].text
+    assert len(text) >= 6 and full.choices[0].stop_reason is None, text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    cut = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                    stop=["\x00never", stop])
+    assert cut.choices[0].text == text[:text.index(stop)]
+    assert (cut.choices[0].finish_reason, cut.choices[0].stop_reason) == ("stop", stop)
+    chunks = list(client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=24, temperature=0,
+                                            stop=[stop], stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == cut.choices[0].text
+    assert chunks[-1].choices[0].stop_reason == stop
+
+
 def test_stream_include_usage(server):
     client = server.client()
     full = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0)
