@@ -225,14 +225,16 @@ class HybridLM(OwnedStackLM):
     OWNED_ONLY: ClassVar[str] = "its Mamba layers keep a recurrent state a sequence"
 
 
-def hybrid_weight_map(c, m: WeightMap, mamba: str) -> WeightMap:
-    """A decoder weight map `m` with each Mamba-2 layer's attention weights swapped for its mixer's, the
-    checkpoint's under the layer's `mamba` module."""
+def hybrid_weight_map(c, m: WeightMap, mamba: str, mixer: Callable[..., WeightMap] | None = None,
+                      replaced: tuple[str, ...] = ("self_attn",)) -> WeightMap:
+    """A decoder weight map `m` with each recurrent layer's weights under its `replaced` modules (its attention's)
+    swapped for its mixer's, `mixer(c, kiln's prefix, the checkpoint's)` (Mamba-2's by default), the checkpoint's
+    under the layer's `mamba` module."""
     for i in c.mamba_layers:
-        k = f"model.layers.{i}.self_attn"
-        for key in [key for key in m if key.startswith(f"{k}.")]:
+        k = f"model.layers.{i}"
+        for key in [key for key in m if key.startswith(tuple(f"{k}.{r}." for r in replaced))]:
             del m[key]
-        m.update(mamba_weights(c, k, f"model.layers.{i}.{mamba}"))
+        m.update((mixer or mamba_weights)(c, f"{k}.self_attn", f"{k}.{mamba}"))
     return m
 
 

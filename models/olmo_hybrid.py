@@ -24,7 +24,7 @@ import numpy as np
 from .causal_lm import LayerAttention, WeightMap, WeightSpec, decoder_weight_map
 from .config import ConfigField, fields_with
 from .layers import Flags
-from .mamba2 import HybridLM, HybridStack
+from .mamba2 import HybridLM, HybridStack, hybrid_weight_map
 from .olmo2 import NAMES
 from .qwen3_5 import GatedDeltaNet, Qwen35Config
 
@@ -100,23 +100,25 @@ def weight_map(c: OlmoHybridConfig) -> WeightMap:
     the checkpoints' own names, which transformers renames at load: a DeltaNet layer's pre-norms
     attention_layer_norm and feedforward_layer_norm (an attention layer's post-attention norm too), its conv three
     (q_conv1d, k_conv1d, v_conv1d)."""
-    m = decoder_weight_map(c, dict(NAMES, post_attn_norm="feedforward_layer_norm"))
+    m = hybrid_weight_map(c, decoder_weight_map(c, dict(NAMES, post_attn_norm="feedforward_layer_norm")),
+                          "linear_attn", _delta_net_weights, ("self_attn", "post_attn_norm", "post_mlp_norm"))
     for i in c.mamba_layers:
-        k, h, a = f"model.layers.{i}", f"model.layers.{i}", f"model.layers.{i}.linear_attn"
-        for key in [key for key in m if key.startswith((f"{k}.self_attn.", f"{k}.post_attn_norm.",
-                                                        f"{k}.post_mlp_norm."))]:
-            del m[key]
+        k = f"model.layers.{i}"
         for kiln, hf in (("input_layernorm", "attention_layer_norm"), ("post_attention_layernorm",
                                                                         "feedforward_layer_norm")):
-            m[f"{k}.{kiln}.weight"] = [f"{h}.{hf}.weight"]
-        s = f"{k}.self_attn"
-        m[f"{s}.in_proj_qkv.weight"] = [f"{a}.{x}_proj.weight" for x in "qkv"]
-        for kiln, hf in (("in_proj_z", "g_proj"), ("in_proj_b", "b_proj"), ("in_proj_a", "a_proj"),
-                         ("out_proj", "o_proj")):
-            m[f"{s}.{kiln}.weight"] = [f"{a}.{hf}.weight"]
-        m[f"{s}.conv"] = WeightSpec(tuple(f"{a}.{x}_conv1d.weight" for x in "qkv"),
-                                    lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1)))
-        for x in ("dt_bias", "A_log"):
-            m[f"{s}.{x}"] = [f"{a}.{x}"]
-        m[f"{s}.norm"] = [f"{a}.o_norm.weight"]
+            m[f"{k}.{kiln}.weight"] = [f"{k}.{hf}.weight"]
+    return m
+
+
+def _delta_net_weights(c: OlmoHybridConfig, s: str, a: str) -> WeightMap:
+    """A DeltaNet layer's weights: kiln's mixer `s` (Qwen3.5's, q/k/v and their convs joined) from linear_attn `a`."""
+    m: WeightMap = {f"{s}.in_proj_qkv.weight": [f"{a}.{x}_proj.weight" for x in "qkv"]}
+    for kiln, hf in (("in_proj_z", "g_proj"), ("in_proj_b", "b_proj"), ("in_proj_a", "a_proj"),
+                     ("out_proj", "o_proj")):
+        m[f"{s}.{kiln}.weight"] = [f"{a}.{hf}.weight"]
+    m[f"{s}.conv"] = WeightSpec(tuple(f"{a}.{x}_conv1d.weight" for x in "qkv"),
+                                lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1)))
+    for x in ("dt_bias", "A_log"):
+        m[f"{s}.{x}"] = [f"{a}.{x}"]
+    m[f"{s}.norm"] = [f"{a}.o_norm.weight"]
     return m
