@@ -84,6 +84,26 @@ class DeepseekV3Config(Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
+class SarvamMLAConfig(DeepseekV3Config):
+    """Sarvam's MLA models (sarvam-105b): DeepSeek-V3 (transformers runs them as DeepseekV3ForCausalLM) with one
+    leading dense layer and ungrouped routing by default, read from either config format: transformers' or the
+    original one (num_experts / num_shared_experts, rope_scaling type deepseek_yarn: YaRN; its head_dim, vLLM's
+    latent width, is derived here as DeepSeek-V3's is). The released checkpoints hold no multi-token-prediction
+    layers."""
+
+    ARCH: ClassVar[str] = "sarvam_mla"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DeepseekV3Config.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=1))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "SarvamMLAConfig":
+        scaling = hf.get("rope_scaling") or {}
+        if "deepseek_yarn" in (scaling.get("type"), scaling.get("rope_type")):
+            hf = dict(hf, rope_scaling={**{k: v for k, v in scaling.items() if k != "type"}, "rope_type": "yarn"})
+        return super().from_hf(hf)
+
+
+@dataclass(frozen=True)
 class DeepseekV2Config(DeepseekV3Config):
     group_limited: bool = False             # topk_method group_limited_greedy
 
@@ -179,7 +199,8 @@ class Mistral4Config(DeepseekV3Config):
                        top_groups=self.top_groups, routed_scale=self.routed_scale)
 
 
-DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = Glm4MoeLiteForCausalLM = YoutuForCausalLM = CausalLM
+DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = SarvamMLAForCausalLM = CausalLM
+Glm4MoeLiteForCausalLM = YoutuForCausalLM = CausalLM
 MiniCPM3ForCausalLM = Mistral4ForCausalLM = CausalLM
 
 

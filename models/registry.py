@@ -197,6 +197,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           deepseek.DeepseekV2ForCausalLM),
     _arch("deepseek_v3", ("DeepseekV3ForCausalLM",), ("deepseek_v3", "kimi_k2"), deepseek, deepseek.DeepseekV3Config,
           deepseek.DeepseekV3ForCausalLM),
+    _arch("sarvam_mla", ("SarvamMLAForCausalLM",), ("sarvam_mla",), deepseek, deepseek.SarvamMLAConfig,
+          deepseek.SarvamMLAForCausalLM),
     _arch("glm4_moe_lite", ("Glm4MoeLiteForCausalLM",), ("glm4_moe_lite",), deepseek, deepseek.Glm4MoeLiteConfig,
           deepseek.Glm4MoeLiteForCausalLM),
     _arch("minicpm3", ("MiniCPM3ForCausalLM",), ("minicpm3",), deepseek, deepseek.MiniCPM3Config,

@@ -77,7 +77,9 @@ pass `kiln check` against the golden logits the compile stored.
              multipliers with sinks, sliding layers and a RoPE base per layer (none on one)
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
-             router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense
+             router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense;
+             sarvam-mla DeepSeek-V3 with Sarvam's defaults, and its original config.json (num_experts,
+             rope_scaling deepseek_yarn, vLLM's head_dim)
     minicpm3 the same dense, RoPE on halves under LongRoPE, MiniCPM's embedding, residual and logit scales
     mistral4 latent attention with Llama 4's query temperature (past the pretraining context at 8),
              softmax experts from the best groups without a choice bias
@@ -271,6 +273,15 @@ CASES = {
         topk_group=1, first_k_dense_replace=1, routed_scaling_factor=2.5, num_hidden_layers=3, rope_parameters=dict(
             rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64, mscale=1.0,
             mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0))),
+    # Sarvam's MLA models as transformers saves them, and as the released config.json says it (RENAMED)
+    "sarvam-mla": ("DeepseekV3ForCausalLM", "SarvamMLAConfig", dict(
+        MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1,
+        routed_scaling_factor=2.5, num_hidden_layers=3)),
+    "sarvam-mla-original": ("DeepseekV3ForCausalLM", "SarvamMLAConfig", dict(
+        MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1,
+        routed_scaling_factor=2.5, num_hidden_layers=3, rope_parameters=dict(
+            rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64, mscale=1.0,
+            mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0))),
     "deepseek-v2": ("DeepseekV2ForCausalLM", "DeepseekV2Config", dict(
         MLA, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=2,
         topk_method="group_limited_greedy", n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=1.5,
@@ -341,6 +352,13 @@ CASES = {
 RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("attention_bias", "mlp_bias")},
                                    "architectures": ["InternLM3ForCausalLM"], "qkv_bias": c["attention_bias"],
                                    "bias": c["mlp_bias"]},
+           "sarvam-mla-original": lambda c: {
+               **{k: v for k, v in c.items() if k not in ("n_routed_experts", "n_shared_experts", "rope_parameters")},
+               "architectures": ["SarvamMLAForCausalLM"], "num_experts": c["n_routed_experts"],
+               "num_shared_experts": c["n_shared_experts"], "head_dim": c["kv_lora_rank"] + c["qk_rope_head_dim"],
+               "rope_theta": c["rope_parameters"]["rope_theta"],
+               "rope_scaling": {"type": "deepseek_yarn", **{k: v for k, v in c["rope_parameters"].items()
+                                                           if k not in ("rope_theta", "rope_type")}}},
            "exaone": lambda c: {**{k: v for k, v in c.items() if k not in (
                "num_hidden_layers", "rms_norm_eps", "hidden_act", "rope_parameters")},
                "architectures": ["ExaoneForCausalLM"], "num_layers": c["num_hidden_layers"],
