@@ -28,7 +28,9 @@ pass `kiln check` against the golden logits the compile stored.
     cohere   attention and MLP side by side behind one bias-free LayerNorm, scaled logits, adjacent-pair RoPE
              (command-r-plus: q and k LayerNormed per head, each head its own weight, before that RoPE)
     cohere2  the above with sliding-window layers and global ones without RoPE (past the window:
-             test_families_sliding.py)
+             test_families_sliding.py); cohere2-moe with experts (softmax over the top logits, the shared MLP
+             averaged in; or sigmoid weights normalised, summed, RMSNorm) after dense layers of their own width
+             and sliding pattern (rotating where global, with pattern 1)
     mixtral, qwen2-moe, qwen3-moe, olmoe  sparse mixtures of experts: top-k routing (renormalised or
              not), a shared expert behind a sigmoid gate and a dense layer among sparse ones (qwen2-moe)
     dbrx     q/k/v fused and clamped, LayerNorm without bias, every layer's experts as w1 / v1 / w2 tensors
@@ -182,6 +184,17 @@ CASES = {
     "command-r-plus": ("CohereForCausalLM", "CohereConfig", dict(logit_scale=0.3, use_qk_norm=True, pad_token_id=0)),
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
                                                             pad_token_id=0)),     # layer 3 global, no RoPE
+    # Cohere's MoE: a dense first layer (global, rotating), softmax over the top 2 logits, the shared expert averaged
+    # in; then sigmoid weights normalised, summed with 2 shared experts' width, RMSNorm, the dense layer with the
+    # sliding pattern of its own (no RoPE where global)
+    "cohere2-moe": ("Cohere2MoeForCausalLM", "Cohere2MoeConfig", dict(
+        num_hidden_layers=5, sliding_window=20, logit_scale=0.5, pad_token_id=0, num_experts=8, num_experts_per_tok=2,
+        intermediate_size=48, num_shared_experts=1, first_k_dense_replace=1, prefix_dense_intermediate_size=96)),
+    "cohere2-moe-sigmoid": ("Cohere2MoeForCausalLM", "Cohere2MoeConfig", dict(
+        num_hidden_layers=4, sliding_window=20, logit_scale=0.5, pad_token_id=0, num_experts=8, num_experts_per_tok=3,
+        intermediate_size=48, num_shared_experts=2, shared_expert_combination_strategy="sum",
+        expert_selection_fn="sigmoid", rms_norm_eps=1e-5, first_k_dense_replace=2, prefix_dense_intermediate_size=64,
+        prefix_dense_sliding_window_pattern=2)),
     "nemotron": ("NemotronForCausalLM", "NemotronConfig", dict(attention_bias=True, mlp_bias=True, pad_token_id=0)),
     "arcee": ("ArceeForCausalLM", "ArceeConfig", dict(pad_token_id=0, rope_parameters=dict(
         rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=128))),
