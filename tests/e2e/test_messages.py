@@ -23,10 +23,12 @@ ASK = [{"role": "user", "content": "Tell me about the sea."}]
 GREEDY = {"temperature": 0}          # (sampling fields: extra_body, as newer SDKs leave them out of create())
 
 
-@pytest.fixture(scope="module")
-def server(tiny_artifacts):
+@pytest.fixture(scope="module", params=["engine-thread", "engine-process"])
+def server(tiny_artifacts, request):
+    """The engine stepped by a thread of the server's process, and in a process of its own (the deltas' stop
+    strings and cached-token counts cross the pipe)."""
     args = ServerArgs(model_name=MODEL, api_key=KEY, engine=EngineConfig(max_num_seqs=4))
-    with running_server(tiny_artifacts["tied"], args) as s:
+    with running_server(tiny_artifacts["tied"], args, engine_process=request.param == "engine-process") as s:
         yield s
 
 

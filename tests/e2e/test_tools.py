@@ -234,6 +234,23 @@ def test_langchain_structured_output_with_function_calling(served):
     assert isinstance(got, Weather)
 
 
+def test_langchain_anthropic_tools_and_stream(served):
+    """langchain-anthropic's ChatAnthropic at /v1/messages: structured output by a forced tool call (what its
+    with_structured_output sends) comes back as the schema's object; a plain reply streams as text chunks that
+    join to the collected reply's text."""
+    from langchain_anthropic import ChatAnthropic
+    server, _ = served
+    llm = ChatAnthropic(model=MODEL, base_url=server.url, api_key="unused", max_tokens=160, max_retries=0,
+                        temperature=0)
+    got = llm.with_structured_output(Weather).invoke("Weather in Rome?")
+    assert isinstance(got, Weather)
+    short = ChatAnthropic(model=MODEL, base_url=server.url, api_key="unused", max_tokens=8, max_retries=0,
+                          temperature=0)
+    whole = short.invoke("Hello there")
+    assert "".join(chunk.text for chunk in short.stream("Hello there")) == whole.text
+    assert whole.usage_metadata["output_tokens"] == 8 or whole.response_metadata["stop_reason"] == "end_turn"
+
+
 WEATHER_TOOL = {"type": "function", "name": "Weather", "description": "The weather in a city",
                 "parameters": Weather.model_json_schema()}
 
