@@ -48,6 +48,7 @@ from . import (
     smollm3,
     stablelm,
     starcoder2,
+    zamba2,
 )
 from .source import ModelLoadError
 from .unsupported import unsupported_reason
@@ -132,6 +133,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  mamba2.NemotronHForCausalLM, mamba2.nemotron_h_weight_map),
     _arch("falcon_h1", ("FalconH1ForCausalLM",), ("falcon_h1",), falcon_h1, falcon_h1.FalconH1Config,
           falcon_h1.FalconH1ForCausalLM),
+    _arch("zamba2", ("Zamba2ForCausalLM",), ("zamba2",), zamba2, zamba2.Zamba2Config, zamba2.Zamba2ForCausalLM),
     _arch("mamba", ("MambaForCausalLM",), ("mamba",), mamba1, mamba1.MambaConfig, mamba1.MambaForCausalLM),
     _arch("falcon_mamba", ("FalconMambaForCausalLM",), ("falcon_mamba",), mamba1, mamba1.FalconMambaConfig,
           mamba1.MambaForCausalLM),

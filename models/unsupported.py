@@ -8,8 +8,7 @@ _MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its
 _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
 _ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
-    **{t: (name, _MAMBA) for t, name in (
-        ("zamba", "Zamba"), ("zamba2", "Zamba 2"))},
+    "zamba": ("Zamba", _MAMBA + ", one shared attention block (Zamba 2 is supported)"),
     **{t: (name, _LINEAR) for t, name in (
         ("kimi_linear", "Kimi Linear"),
         ("kimi-linear", "Kimi Linear"),
