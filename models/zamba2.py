@@ -15,9 +15,9 @@ the block's weights at load (W + B A: exact but for float rounding), so a hybrid
 own (the blocks' weights once per hybrid layer: Zamba2-2.7B's 9 hybrid layers over 2 blocks hold ~4.5x the
 blocks' bytes). Transformers ties a block's copies with the embeddings (tie_word_embeddings, as the released
 models are) and saves its weights, and every adapter of it, under the first hybrid layer that is that block; kiln
-reads them there (untied: each hybrid layer's own). The KV cache kiln owns gives a cache layer keys and values or a state:
-hybrid layer h attends over cache layer h, and layer i's Mamba-2 keeps its state in cache layer H + i (H hybrid
-layers)."""
+reads them there (untied: each hybrid layer's own). The KV cache kiln owns gives a cache layer keys and values
+or a state: hybrid layer h attends over cache layer h, and layer i's Mamba-2 keeps its state in cache layer H + i
+(H hybrid layers)."""
 
 from __future__ import annotations
 
