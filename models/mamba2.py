@@ -151,8 +151,10 @@ class Mamba2Mixer(nn.Module):
         xs, B, C = op.split(op.silu(xbc).astype("float32"), [inner, inner + groups * n], axis=-1)
         dt = op.softplus(dt.astype("float32") + self.dt_bias.astype("float32"))          # [b, s, heads]
         low, high = self.dt_limit
-        if low > 0.0 or high != float("inf"):
-            dt = op.minimum(op.maximum(dt, _const(low)), _const(high))
+        if low > 0.0:
+            dt = op.maximum(dt, _const(low))
+        if high != float("inf"):            # (no infinite bound in the graph: WGSL has no literal for it)
+            dt = op.minimum(dt, _const(high))
         g = dt * op.negative(op.exp(self.A_log.astype("float32")))
         xs = op.reshape(xs, (b, s, heads, p))
         B, C = (op.reshape(t, (b, s, groups, n)) for t in (B, C))

@@ -16,7 +16,6 @@ _UNSUPPORTED = {
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),
-    "recurrent_gemma": ("RecurrentGemma", "Griffin's recurrent (RG-LRU) blocks among its attention layers"),
     "xlstm": ("xLSTM", "recurrent xLSTM blocks instead of attention"),
     "bloom": ("BLOOM", _ALIBI), "mpt": ("MPT", _ALIBI),
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (

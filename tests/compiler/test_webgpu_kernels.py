@@ -98,6 +98,34 @@ def test_recurrent_kernels_validate_on_webgpu(adapter, dtype):
     assert not invalid, invalid
 
 
+@pytest.mark.parametrize("family", ["zamba2", "recurrent-gemma"])
+def test_recurrent_families_kernels_validate_on_webgpu(family, tmp_path, request):
+    """Every WGSL kernel of a tiny Zamba 2 (its dt floored at time_step_min: once a min against an infinity that
+    WGSL cannot write) and RecurrentGemma (the RG-LRU's block-diagonal gates, its recurrence a scan with a head a
+    channel) built for webgpu passes WebGPU's validation. (The model is written and built before the adapter is
+    opened: torch's libraries loaded after lavapipe's crash in their initialisers.)"""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "numerics"))
+    from test_recurrent_gemma import CONFIG as RECURRENT_GEMMA
+    from test_zamba2 import CASES as ZAMBA2
+    from tiny_models import write_widened
+    model, config, cfg = {"zamba2": ("Zamba2ForCausalLM", "Zamba2Config", ZAMBA2["rope-adapters"]),
+                          "recurrent-gemma": ("RecurrentGemmaForCausalLM", "RecurrentGemmaConfig", RECURRENT_GEMMA)
+                          }[family]
+    write_widened(model, config, cfg, tmp_path / "hf")
+    kernels = wgsl_kernels(build(tmp_path / "hf", "webgpu", "q4f32").device_source())
+    device = request.getfixturevalue("adapter").request_device_sync()
+    invalid = {}
+    for name, code in kernels.items():
+        try:
+            device.create_compute_pipeline(layout="auto", compute={
+                "module": device.create_shader_module(code=code), "entry_point": name})
+        except Exception as e:  # wgpu's GPUValidationError and friends: the message is naga's
+            invalid[name] = str(e).strip().splitlines()[-1][:200]
+    assert len(kernels) > 100 and not invalid, invalid
+
+
 def _run_wgsl(device, code: str, entry: str, arrays: dict[str, np.ndarray], values: dict[str, int],
               blocks: tuple[int, int, int]) -> dict[str, np.ndarray]:
     """Dispatch one WGSL kernel: storage bindings by buffer name (NAME_ptr), the PODArgs uniform
