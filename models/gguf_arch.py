@@ -33,6 +33,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  as llama.cpp's graph takes it)
     olmo2    OLMo 2              as HF (no pre-norms; post_attention_norm / post_ffw_norm after)
     smollm3  SmolLM3             as llama (q/k rows permuted)
+    mistral3 Ministral 3         as llama with YaRN (yarn_log_multiplier: mscale_all_dim, mscale 1) and the
+                                 queries' temperature (attention.temperature_scale: llama_4_scaling_beta)
     stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
     phi2     Phi-2               as HF (q/k/v apart, the head's bias); partial rotary as above
     gptneox  GPT-NeoX / Pythia   attn_qkv rows regrouped from each head's q, k, v to every q, then k, v
@@ -401,6 +403,22 @@ def _llama(reader, arch, tensors, c):
                  num_experts_per_tok=_key(reader, arch, "expert_used_count"))
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
     _llama3_or_scaling(reader, arch, tensors, c)
+
+
+def _mistral3(reader, arch, tensors, c):
+    """Ministral 3 (llama.cpp's mistral3): a Llama with YaRN whose attention factor takes mscale 1 and
+    yarn_log_multiplier as mscale_all_dim (llama.cpp's rule), the queries' temperature from
+    attention.temperature_scale over the pretraining context."""
+    _llama(reader, arch, tensors, c)
+    scaling = dict(c.get("rope_scaling") or {})
+    if scaling.get("rope_type") != "yarn":
+        raise ModelLoadError(f"this {arch} GGUF has no YaRN rope.scaling.*, which Ministral 3 runs with; re-convert "
+                             "the model")
+    if (log_mul := _key(reader, arch, "rope.scaling.yarn_log_multiplier")) is not None:
+        scaling.update(mscale=1.0, mscale_all_dim=_f32(log_mul))
+    if (beta := _key(reader, arch, "attention.temperature_scale")) is not None:
+        scaling["llama_4_scaling_beta"] = _f32(beta)
+    c["rope_scaling"] = scaling
 
 
 def _llama3_or_scaling(reader, arch, tensors, c):
@@ -1149,6 +1167,7 @@ def _starcoder(reader, arch, tensors, c):
 GGUF_ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", ("LlamaForCausalLM",), {**LLAMA_LAYER, "ffn_gate_inp": "block_sparse_moe.gate"},
                       permuted=True, config=_llama, experts=MIXTRAL_EXPERTS, also=("mistral", "mixtral")),
+    "mistral3": GGUFArch("ministral3", ("Ministral3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_mistral3),
     "qwen2": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER),
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
     "gemma2": GGUFArch("gemma2", ("Gemma2ForCausalLM",), GEMMA_LAYER, norm_shift=1.0, config=_gemma(2, 46)),

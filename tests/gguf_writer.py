@@ -92,11 +92,11 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
-             "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid"}
+             "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
-            "nemotron_h_moe")
+            "nemotron_h_moe", "mistral3")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
@@ -307,6 +307,11 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(scaling["factor"])
         w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        if arch == "mistral3":         # TextModel's betas, Ministral3Model's log multiplier and temperature
+            w.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+            w.add_rope_scaling_yarn_log_mul(scaling["mscale_all_dim"])
+            w.add_attn_temperature_scale(scaling["llama_4_scaling_beta"])
     if arch in ("gemma2", "gemma3"):
         if cfg.get("attn_logit_softcapping"):
             w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])

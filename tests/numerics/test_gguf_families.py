@@ -37,7 +37,8 @@ yarn_log_multiplier and V3's router (deepseek2-v3), V2's softmax router without 
 read as V3 (deepseek2-glm4-moe-lite), no experts (deepseek2-youtu), kv_b_proj whole with RoPE on halves, LongRoPE
 factor tensors and llama.cpp's fixed scales (minicpm3), Granite 4.0 without Mamba layers as the converter writes it
 now (granite4: granite, its shared MLP as the dense one; granite4-moe: granitemoe) and did before (granitehybrid,
-granitehybrid-moe: no RoPE, a kv head count a layer).
+granitehybrid-moe: no RoPE, a kv head count a layer), Ministral 3 as mistral3 (YaRN's betas, its log multiplier read
+as mscale_all_dim, the queries' temperature).
 """
 
 from __future__ import annotations
@@ -163,6 +164,9 @@ CASES = {
         HF_CASES["minicpm3"][2]["rope_parameters"], original_max_position_embeddings=512)),
     # Granite 4.0 without Mamba layers, as the converter writes it now (granite, granitemoe: RoPE) and did before
     # (granitehybrid: none)
+    # YaRN's betas and log multiplier (as mscale_all_dim), the queries' temperature past the pretraining context
+    "mistral3": _hf_case("ministral3", rope_parameters=dict(HF_CASES["ministral3"][2]["rope_parameters"],
+                                                            mscale_all_dim=0.7, beta_fast=16.0)),
     "granite4": _hf_case("granite4", num_experts_per_tok=0, intermediate_size=96),
     "granite4-moe": _hf_case("granite4-moe-nope", position_embedding_type="rope"),
     "granitehybrid": _hf_case("granite4", num_experts_per_tok=0, intermediate_size=96, position_embedding_type=None),
