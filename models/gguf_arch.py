@@ -33,6 +33,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  as llama.cpp's graph takes it)
     olmo2    OLMo 2              as HF (no pre-norms; post_attention_norm / post_ffw_norm after)
     smollm3  SmolLM3             as llama (q/k rows permuted)
+    afmoe    AFMoE (Trinity)     as llama with q/k norms, the attention gate (attn_gate), norms after attention and
+                                 MLP, experts as qwen3moe's with exp_probs_b.bias; every 4th layer global, no RoPE
     mistral3 Ministral 3         as llama with YaRN (yarn_log_multiplier: mscale_all_dim, mscale 1) and the
                                  queries' temperature (attention.temperature_scale: llama_4_scaling_beta)
     stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
@@ -257,6 +259,9 @@ ROUTED_LAYER = {**LLAMA_LAYER, **QK_NORMS, "ffn_gate_inp": "mlp.gate",
                 "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
                 "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
                 "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+AFMOE_LAYER = {**ROUTED_LAYER, "ffn_norm": "pre_mlp_layernorm", "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj",
+               "ffn_gate_inp": "mlp.router.gate", "exp_probs_b.bias": "mlp.expert_bias"}
 GLM4_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k != "ffn_norm"},
                   "post_attention_norm": "post_attention_layernorm"}
 ERNIE_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in QK_NORMS},
@@ -419,6 +424,29 @@ def _mistral3(reader, arch, tensors, c):
     if (beta := _key(reader, arch, "attention.temperature_scale")) is not None:
         scaling["llama_4_scaling_beta"] = _f32(beta)
     c["rope_scaling"] = scaling
+
+
+def _afmoe(reader, arch, tensors, c):
+    """AFMoE (Arcee's Trinity) as llama.cpp's graph runs it and transformers' model computes: sigmoid scores with
+    the choice bias, renormalised, times expert_weights_scale; the leading dense layers; 3 sliding layers with RoPE
+    to each global one without (every 4th: the graph's fixed step); the embeddings times sqrt(hidden) (muP, which
+    the graph always applies). A file that says otherwise is refused."""
+    _head_dim(reader, arch, c)
+    gating, norm = _key(reader, arch, "expert_gating_func", 2), _key(reader, arch, "expert_weights_norm", True)
+    window = _key(reader, arch, "attention.sliding_window")
+    pattern = _key(reader, arch, "attention.sliding_window_pattern")
+    if gating != 2 or not norm or not window or pattern not in (None, 4):
+        raise ModelLoadError(f"this {arch} GGUF (gating {gating}, weights norm {norm}, window {window}, pattern "
+                             f"{pattern}) is not the sigmoid-routed, renormalised, 3-sliding-to-1-global AFMoE that "
+                             "transformers' model computes; re-convert the model")
+    c.update(num_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             num_shared_experts=_key(reader, arch, "expert_shared_count", 0),
+             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
+             num_dense_layers=_key(reader, arch, "leading_dense_block_count", 0),
+             route_scale=_f32(_key(reader, arch, "expert_weights_scale", 1.0)), sliding_window=window,
+             global_attn_every_n_layers=4, mup_enabled=True)
+    _llama3_or_scaling(reader, arch, tensors, c)
 
 
 def _llama3_or_scaling(reader, arch, tensors, c):
@@ -1167,6 +1195,8 @@ def _starcoder(reader, arch, tensors, c):
 GGUF_ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", ("LlamaForCausalLM",), {**LLAMA_LAYER, "ffn_gate_inp": "block_sparse_moe.gate"},
                       permuted=True, config=_llama, experts=MIXTRAL_EXPERTS, also=("mistral", "mixtral")),
+    "afmoe": GGUFArch("afmoe", ("AfmoeForCausalLM",), AFMOE_LAYER, permuted=True, config=_afmoe,
+                      experts=QWEN_EXPERTS),
     "mistral3": GGUFArch("ministral3", ("Ministral3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_mistral3),
     "qwen2": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER),
     "qwen3": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),

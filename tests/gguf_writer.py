@@ -92,11 +92,12 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
-             "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3"}
+             "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
+             "afmoe": "afmoe"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
-            "nemotron_h_moe", "mistral3")
+            "nemotron_h_moe", "mistral3", "afmoe")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
@@ -288,6 +289,9 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         if cfg.get("sliding_window"):
             w.add_sliding_window(cfg["sliding_window"])
     _experts(w, cfg, arch)
+    if arch == "afmoe":                                  # AfmoeModel's own keys
+        w.add_leading_dense_block_count(cfg["num_dense_layers"])
+        w.add_expert_weights_scale(cfg["route_scale"])
     if cfg.get("shared_intermediate_size"):              # Granite MoE Shared
         w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
     if cfg["model_type"] == "granitemoehybrid":                # GraniteHybridModel's, whatever the architecture
@@ -871,6 +875,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
             continue
         hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")   # the converter's rename
+        if arch == "afmoe":                    # AfmoeModel.filter_tensors's
+            hf_name = hf_name.replace(".expert_bias", ".expert_bias.bias")
         if arch == "lfm2moe":                  # the converter's merged experts' name, which gguf-py maps
             hf_name = re.sub(r"^model\.(layers\.\d+\.feed_forward\.experts\.)", r"\1", hf_name)
             hf_name = hf_name.replace(".expert_bias", ".expert_bias.bias")

@@ -38,7 +38,7 @@ read as V3 (deepseek2-glm4-moe-lite), no experts (deepseek2-youtu), kv_b_proj wh
 factor tensors and llama.cpp's fixed scales (minicpm3), Granite 4.0 without Mamba layers as the converter writes it
 now (granite4: granite, its shared MLP as the dense one; granite4-moe: granitemoe) and did before (granitehybrid,
 granitehybrid-moe: no RoPE, a kv head count a layer), Ministral 3 as mistral3 (YaRN's betas, its log multiplier read
-as mscale_all_dim, the queries' temperature).
+as mscale_all_dim, the queries' temperature), AFMoE (Trinity: the attention gate, four norms, every 4th layer global).
 """
 
 from __future__ import annotations
@@ -167,6 +167,8 @@ CASES = {
     # YaRN's betas and log multiplier (as mscale_all_dim), the queries' temperature past the pretraining context
     "mistral3": _hf_case("ministral3", rope_parameters=dict(HF_CASES["ministral3"][2]["rope_parameters"],
                                                             mscale_all_dim=0.7, beta_fast=16.0)),
+    # the attention gate, norms after attention and MLP, experts behind a dense layer, layer 3 global without RoPE
+    "afmoe": _hf_case("afmoe", num_hidden_layers=4, global_attn_every_n_layers=4),
     "granite4": _hf_case("granite4", num_experts_per_tok=0, intermediate_size=96),
     "granite4-moe": _hf_case("granite4-moe-nope", position_embedding_type="rope"),
     "granitehybrid": _hf_case("granite4", num_experts_per_tok=0, intermediate_size=96, position_embedding_type=None),
@@ -278,11 +280,13 @@ def test_a_router_the_hf_model_cannot_run_is_refused(case, change, refusal, tmp_
     ("deepseek2-v3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                                original_max_position_embeddings=64)), None,
      r"scales RoPE by yarn without deepseek2.rope.scaling.yarn_log_multiplier"),
+    ("afmoe", dict(scoring_func="softmax"), None, r"afmoe GGUF \(gating 1, .*not the sigmoid-routed"),
 ])
 def test_what_no_hf_model_computes_as_llama_cpp_is_refused(case, change, arch, refusal, tmp_path):
-    """A granite GGUF that says a layer is Mamba (head_count_kv 0 there: only granitehybrid has them), and a
-    DeepSeek GGUF with YaRN but no yarn_log_multiplier (llama.cpp then scales cos / sin and the softmax both) are
-    refused on load, naming the key and the fix."""
+    """A granite GGUF that says a layer is Mamba (head_count_kv 0 there: only granitehybrid has them), a
+    DeepSeek GGUF with YaRN but no yarn_log_multiplier (llama.cpp then scales cos / sin and the softmax both) and an
+    AFMoE routed by softmax (transformers' model has only sigmoid scores) are refused on load, naming the key and
+    the fix."""
     _assert_refused(case, change, refusal, tmp_path, arch)
 
 
