@@ -36,7 +36,6 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import replace
 from typing import Any, AsyncIterator, Literal
 
 from fastapi import Depends, FastAPI
@@ -47,7 +46,7 @@ from . import reasoning as reasoning_parsers
 from . import reply_models, tools
 from .openai_api import APIError, with_reasoning
 from .protocol import SamplingParams
-from .responses_api import _add, _chain, _Response
+from .responses_api import _add, _chain, _Response, shaped
 
 log = logging.getLogger("kiln.server")
 _PLAIN_BLOCK = {"type", "text", "cache_control", "citations"}     # a text block's keys
@@ -355,15 +354,7 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
                                 stop=tuple(body.stop_sequences or ()))
-        shape = response_format(body)
-        if tool_req is not None and tool_req.forced:
-            if shape is not None:
-                raise APIError(400, "output_config.format cannot be combined with tool_choice any or tool: the "
-                                    "reply is the tool call's JSON", "output_config")
-            shape = tool_req.forced_format(None)
-        if shape is not None:
-            params = replace(params, response_format=shape, reasoning_parser=state.reasoning)
-            params = await state.compile_grammar(params)
+        params = await shaped(state, params, response_format(body), tool_req, "output_config.format", "output_config")
         parser = reasoning_parsers.start(state.reasoning, text) if state.reasoning else None
         msg = _Message(body, state.model_name, len(ids), parser, tool_req)
         msg.cut_short = params.max_tokens < body.max_tokens

@@ -296,15 +296,7 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         params = SamplingParams(max_tokens=body.max_output_tokens or max(1, room),
                                 temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p)
-        shape = response_format(body)
-        if tool_req is not None and tool_req.forced:
-            if shape is not None:
-                raise APIError(400, "text.format cannot be combined with a required or named tool_choice: the "
-                                    "reply is the tool call's JSON", "text")
-            shape = tool_req.forced_format(None)
-        if shape is not None:
-            params = replace(params, response_format=shape, reasoning_parser=state.reasoning)
-            params = await state.compile_grammar(params)
+        params = await shaped(state, params, response_format(body), tool_req, "text.format", "text")
         parser = reasoning_parsers.start(state.reasoning, text) if state.reasoning else None
         resp = _Response(body, state.model_name, len(ids), parser, tool_req)
         deltas = state.engine.generate(ids, params)
@@ -316,6 +308,20 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
             return JSONResponse(resp.body())
         return StreamingResponse(_events(resp, first, deltas), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def shaped(state, params: SamplingParams, shape: dict | None, tool_req: tools.ToolRequest | None, name: str,
+                 field: str) -> SamplingParams:
+    """params with the reply's shape and its grammar compiled: the forced tool call's JSON, else the request's own
+    format (`name`, the request's `field`: chat's response_format form); both at once refused."""
+    if tool_req is not None and tool_req.forced:
+        if shape is not None:
+            raise APIError(400, f"{name} cannot be combined with a tool_choice that forces a call: the reply is the "
+                                "tool call's JSON", field)
+        shape = tool_req.forced_format(None)
+    if shape is None:
+        return params
+    return await state.compile_grammar(replace(params, response_format=shape, reasoning_parser=state.reasoning))
 
 
 async def _chain(first, rest: AsyncIterator) -> AsyncIterator:

@@ -33,6 +33,18 @@ def adapter():
     return found
 
 
+def invalid_kernels(device, kernels: dict[str, str]) -> dict[str, str]:
+    """The kernels (name -> WGSL) WebGPU will not make a compute pipeline of, with naga's message."""
+    invalid = {}
+    for name, code in kernels.items():
+        try:
+            device.create_compute_pipeline(layout="auto", compute={
+                "module": device.create_shader_module(code=code), "entry_point": name})
+        except Exception as e:  # wgpu's GPUValidationError and friends: the message is naga's
+            invalid[name] = str(e).strip().splitlines()[-1][:200]
+    return invalid
+
+
 def wgsl_kernels(source: str) -> dict[str, str]:
     """TVM's WebGPU source, one section per kernel (`// Function: NAME` then a rule), by name."""
     parts = re.split(r"^// Function: (\w+)\n//-+\n", source, flags=re.M)
@@ -58,15 +70,9 @@ def test_every_wgsl_kernel_validates(adapter, quant, tiny_dirs, tmp_path, reques
     funcs = {n for n, f in built.prim_funcs().items() if 'thread="threadIdx.' in f.script()}
     assert {f for f in funcs if not any(k.startswith(f"{f}_kernel") for k in kernels)} == set()
     assert len(kernels) > 30
-    device = adapter.request_device_sync(required_features=features)
-    invalid = {}
     for name, code in kernels.items():
         assert code.rstrip().encode() in carried, f"{name}: not in the artifact's library"
-        try:
-            module = device.create_shader_module(code=code)
-            device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": name})
-        except Exception as e:  # wgpu's GPUValidationError and friends: the message is naga's
-            invalid[name] = str(e).strip().splitlines()[-1][:200]
+    invalid = invalid_kernels(adapter.request_device_sync(required_features=features), kernels)
     assert not invalid, invalid
     if quant.endswith("f16"):
         assert any("enable f16;" in code for code in kernels.values())
@@ -89,12 +95,7 @@ def test_recurrent_kernels_validate_on_webgpu(adapter, dtype):
                        ("recurrent_selective_scan", selective_scan(8192, 16, gpu=True))):
         kernels = wgsl_kernels(build_prim_func(name, func, "webgpu").artifact_source)
         assert kernels, name
-        for entry, code in kernels.items():
-            try:
-                device.create_compute_pipeline(layout="auto", compute={
-                    "module": device.create_shader_module(code=code), "entry_point": entry})
-            except Exception as e:  # wgpu's GPUValidationError and friends: the message is naga's
-                invalid[entry] = str(e).strip().splitlines()[-1][:200]
+        invalid.update(invalid_kernels(device, kernels))
     assert not invalid, invalid
 
 
@@ -115,14 +116,7 @@ def test_recurrent_families_kernels_validate_on_webgpu(family, tmp_path, request
                           }[family]
     write_widened(model, config, cfg, tmp_path / "hf")
     kernels = wgsl_kernels(build(tmp_path / "hf", "webgpu", "q4f32").device_source())
-    device = request.getfixturevalue("adapter").request_device_sync()
-    invalid = {}
-    for name, code in kernels.items():
-        try:
-            device.create_compute_pipeline(layout="auto", compute={
-                "module": device.create_shader_module(code=code), "entry_point": name})
-        except Exception as e:  # wgpu's GPUValidationError and friends: the message is naga's
-            invalid[name] = str(e).strip().splitlines()[-1][:200]
+    invalid = invalid_kernels(request.getfixturevalue("adapter").request_device_sync(), kernels)
     assert len(kernels) > 100 and not invalid, invalid
 
 
