@@ -9,7 +9,7 @@ loopback port, runs `claude -p PROMPT --model NAME` with ANTHROPIC_BASE_URL poin
 folder: no login, no settings), and prints Claude Code's output, the server's answer lines and the top-level
 fields of each request it sent (a capturing proxy in front of the server records them to --dump). The tiny model
 answers random text; what is checked is that the request gets a 200 and a stream Claude Code reads. Claude Code's
-prompt is ~69k tokens of the tiny 512-token vocabulary (~20k of a real model's): a model needs that much context.
+prompt is ~69k tokens of the tiny 512-token vocabulary (23,961 of SmolLM2's): a model needs that much context.
 """
 
 from __future__ import annotations
