@@ -118,7 +118,7 @@ class BnbWeights:
         levels = self._side(name, "quant_map", 16)
         absmax = self._absmax(name, state, -(-count // block))
         values = levels[codes[:count]] * np.repeat(absmax, block)[:count]
-        return _rounded(values, state.get("dtype", "float32")).reshape(shape)
+        return rounded(values, state.get("dtype", "float32")).reshape(shape)
 
     # -- one weight's state ---------------------------------------------------------------------
     def _state(self, name: str) -> dict:
@@ -160,8 +160,9 @@ class BnbWeights:
         return (table[stored] * np.repeat(scales, nested_block)[:blocks] + offset).astype(np.float32)
 
 
-def _rounded(values: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values rounded to the state's dtype ("float16", "bfloat16"; bitsandbytes' output), as float32."""
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values rounded to `dtype` ("float16", "bfloat16": to nearest even; bitsandbytes' state dtype,
+    RecurrentGemma's bfloat16 constant), as float32."""
     if dtype == "float16":
         return values.astype(np.float16).astype(np.float32)
     if dtype == "bfloat16":                                    # round to nearest even on the top 16 bits

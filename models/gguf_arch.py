@@ -432,10 +432,11 @@ def _afmoe(reader, arch, tensors, c):
     to each global one without (every 4th: the graph's fixed step); the embeddings times sqrt(hidden) (muP, which
     the graph always applies). A file that says otherwise is refused."""
     _head_dim(reader, arch, c)
-    gating, norm = _key(reader, arch, "expert_gating_func", 2), _key(reader, arch, "expert_weights_norm", True)
+    sigmoid = gguf.ExpertGatingFuncType.SIGMOID
+    gating, norm = _key(reader, arch, "expert_gating_func", sigmoid), _key(reader, arch, "expert_weights_norm", True)
     window = _key(reader, arch, "attention.sliding_window")
     pattern = _key(reader, arch, "attention.sliding_window_pattern")
-    if gating != 2 or not norm or not window or pattern not in (None, 4):
+    if gating != sigmoid or not norm or not window or pattern not in (None, 4):
         raise ModelLoadError(f"this {arch} GGUF (gating {gating}, weights norm {norm}, window {window}, pattern "
                              f"{pattern}) is not the sigmoid-routed, renormalised, 3-sliding-to-1-global AFMoE that "
                              "transformers' model computes; re-convert the model")

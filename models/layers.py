@@ -16,12 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from tvm import topi
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
 from .rope import apply_rope, position_temperature
+
+
+def scalar(value: float) -> Tensor:
+    """A float32 constant of the graph."""
+    return nn.Tensor.from_const(np.array(value, np.float32))
 
 # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron),
 # LayerNorm and RMSNorm without any parameter (OLMo 1, nanochat)

@@ -32,7 +32,7 @@ from tvm.relax.frontend.nn import Tensor, op
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, DecoderConfig, OwnedStackLM, PositionalStack, WeightMap,
                         WeightSpec, decoder_weight_map, head_weights)
 from .config import ConfigField, fields_with
-from .layers import MLP, DecoderLayer, Flags, Norm, PagedAttention
+from .layers import MLP, DecoderLayer, Flags, Norm, PagedAttention, scalar
 from .llama import LlamaConfig
 from .moe import MoESpec, SparseMoE
 from .rope import inv_freq
@@ -152,9 +152,9 @@ class Mamba2Mixer(nn.Module):
         dt = op.softplus(dt.astype("float32") + self.dt_bias.astype("float32"))          # [b, s, heads]
         low, high = self.dt_limit
         if low > 0.0:
-            dt = op.maximum(dt, _const(low))
+            dt = op.maximum(dt, scalar(low))
         if high != float("inf"):            # (no infinite bound in the graph: WGSL has no literal for it)
-            dt = op.minimum(dt, _const(high))
+            dt = op.minimum(dt, scalar(high))
         g = dt * op.negative(op.exp(self.A_log.astype("float32")))
         xs = op.reshape(xs, (b, s, heads, p))
         B, C = (op.reshape(t, (b, s, groups, n)) for t in (B, C))
@@ -178,10 +178,6 @@ class Mamba2Mixer(nn.Module):
 def _float(x) -> float:
     """A config number, transformers 5's {"__float__": "Infinity"} (how it writes an infinity) too."""
     return float(x["__float__"] if isinstance(x, dict) and "__float__" in x else x)
-
-
-def _const(value: float) -> Tensor:
-    return nn.Tensor.from_const(np.array(value, np.float32))
 
 
 def mamba_weights(c: Mamba2Fields, kiln: str, hf: str) -> WeightMap:

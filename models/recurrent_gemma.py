@@ -26,18 +26,12 @@ from tvm.relax.frontend.nn import Tensor, op
 from .causal_lm import (DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, PositionalStack, WeightMap,
                         WeightSpec, head_weights)
 from .config import ConfigField, fields_with
-from .layers import MLP, Flags, Norm, PagedAttention, _activation
+from .bnb import rounded
+from .layers import MLP, Flags, Norm, PagedAttention, _activation, scalar
 from .rope import inv_freq
 
 _RECURRENT, _ATTENTION = ("recurrent", "linear_attention"), ("attention", "sliding_attention")
 _ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu": "gelu"}
-
-
-def _bfloat16(x: float) -> float:
-    """x rounded to bfloat16 (to nearest, ties to even), as a float."""
-    bits = int(np.array(x, np.float32).view(np.uint32))
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return float(np.array(bits, np.uint32).view(np.float32))
 
 
 @dataclass(frozen=True)
@@ -79,7 +73,7 @@ class RecurrentGemmaConfig(DecoderConfig):
 
     def flags(self) -> Flags:
         return Flags(norm="rms_1p", activation=self.activation, qkv_bias=self.attention_bias, o_bias=True,
-                     mlp_bias=True, embed_scale=_bfloat16(self.hidden_size ** 0.5),
+                     mlp_bias=True, embed_scale=float(rounded(np.float32([self.hidden_size ** 0.5]), "bfloat16")[0]),
                      final_logit_softcap=self.logits_soft_cap or None)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
@@ -133,20 +127,16 @@ class RGLRU(nn.Module):
         uf = op.reshape(u.astype("float32"), (b * s, w))
         i = self._gate(uf, self.input_gate_weight, self.input_gate_bias)
         r = self._gate(uf, self.recurrent_gate_weight, self.recurrent_gate_bias)
-        log_a = r * op.negative(op.softplus(self.recurrent_param)) * _const(8.0)
-        scale = op.sqrt(_const(1.0) - op.exp(log_a * _const(2.0)))
+        log_a = r * op.negative(op.softplus(self.recurrent_param)) * scalar(8.0)
+        scale = op.sqrt(scalar(1.0) - op.exp(log_a * scalar(2.0)))
         first = op.reshape(op.equal(positions, op.zeros(positions.shape, positions.dtype)).astype("float32"),
                            (b * s, 1))
-        scale = scale + first * (_const(1.0) - scale)                                   # position 0: 1
+        scale = scale + first * (scalar(1.0) - scale)                                   # position 0: 1
         xs = op.reshape(uf * i * scale, (b, s, w, 1))
         one = op.ones((b, s, 1, 1), "float32")
         h = kv.gated_delta(layer_id, one, one, xs, op.reshape(log_a, (b, s, w)), op.ones((b, s, w), "float32"),
                            delta=False)                                                  # h <- a h + x'
         return self.linear_out((op.reshape(h, (b, s, w)) * y.astype("float32")).astype(x.dtype))
-
-
-def _const(value: float) -> Tensor:
-    return nn.Tensor.from_const(np.array(value, np.float32))
 
 
 class ResidualBlock(nn.Module):

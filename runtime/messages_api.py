@@ -272,8 +272,7 @@ class _Message(_Response):
                  parser: reasoning_parsers.ReasoningParser | None, tool_req: tools.ToolRequest | None):
         super().__init__(req, model, input_tokens, parser, tool_req)
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
-        self.stop_string: str | None = None
-        self.finish_reason: str | None = None
+        self.stop_string: str | None = None    # the stop string that ended it
         self.cut_short = False                 # max_tokens was lowered to the room the context leaves
 
     @property
@@ -293,19 +292,19 @@ class _Message(_Response):
         """(stop_reason, stop_sequence)."""
         if self.calls:
             return "tool_use", None
-        if self.finish_reason == "length":
+        if self.incomplete:                    # (_Response.finish: it ran out of tokens)
             return ("model_context_window_exceeded" if self.cut_short else "max_tokens"), None
         return ("stop_sequence", self.stop_string) if self.stop_string is not None else ("end_turn", None)
 
-    def usage(self, output: bool = True) -> dict:
+    def usage(self) -> dict:
         return {"input_tokens": self.input_tokens - self.cached_tokens, "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": self.cached_tokens, "output_tokens": self.output_tokens if output else 0}
+                "cache_read_input_tokens": self.cached_tokens, "output_tokens": self.output_tokens}
 
     def message_body(self, done: bool = True) -> dict:
         reason, sequence = self.stop() if done else (None, None)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
                 "content": self.blocks() if done else [], "stop_reason": reason, "stop_sequence": sequence,
-                "usage": self.usage(done)}
+                "usage": self.usage()}
 
 
 def _tool_use(call: dict) -> dict:
@@ -369,13 +368,13 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
             msg.end()
             return JSONResponse(msg.message_body(), headers=headers)
         return StreamingResponse(_events(msg, first, deltas), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
+                                 headers={**reply_models.SSE_HEADERS, **(headers or {})})
 
 
 def _record(msg: _Message, delta) -> tuple[str, str]:
+    """_add's, and the stop string that ended the reply."""
     thought, text = _add(msg, delta)
-    if delta.finish_reason is not None:
-        msg.finish_reason, msg.stop_string = delta.finish_reason, delta.stop_string
+    msg.stop_string = delta.stop_string or msg.stop_string
     return thought, text
 
 

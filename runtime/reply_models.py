@@ -266,6 +266,10 @@ ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+# A stream's headers: not cached, and not buffered by a proxy in front (nginx's X-Accel-Buffering).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 def with_stream(description: str) -> dict[int | str, dict[str, Any]]:
     """A route's 200 answer documented as JSON (its response_model) or, with stream: true, an event
     stream; the schema describes one event, as schemathesis reads it (OpenAPI 3.2's itemSchema)."""

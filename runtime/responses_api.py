@@ -307,7 +307,7 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
             resp.end()
             return JSONResponse(resp.body())
         return StreamingResponse(_events(resp, first, deltas), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                 headers=reply_models.SSE_HEADERS)
 
 
 async def shaped(state, params: SamplingParams, shape: dict | None, tool_req: tools.ToolRequest | None, name: str,

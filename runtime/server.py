@@ -359,7 +359,7 @@ class _ServerState:
             await deltas.aclose()
             raise
         return EventStream(sse(reply, first, deltas), media_type="text/event-stream",
-                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                            headers=rm.SSE_HEADERS)
 
 
     def _generate_all(self, prompts: list[list[int]], params: SamplingParams,
