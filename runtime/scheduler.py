@@ -466,7 +466,7 @@ class Scheduler:
             self._pinned.discard(fork[1])
         self.pages.free(seq.seq_id)
         self.running.remove(seq)
-        seq.num_computed, seq.checkpoint = 0, None
+        seq.num_computed, seq.checkpoint, seq.cached_prompt = 0, None, 0   # (its next admission says its own hit)
         seq.status = SeqStatus.WAITING
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)

@@ -336,6 +336,24 @@ def test_shared_512_token_prefix_forks_and_computes_only_the_suffix():
     assert sched.pages.used_pages == 0 and not eng.kv
 
 
+def test_a_readmitted_sequence_reports_only_its_own_admissions_cache_hit():
+    """Sequence.cached_prompt (usage's cached_tokens): the tokens its admission forked from the cache, 0 again
+    after a preemption whose readmission found none."""
+    sched, eng = make(total_pages=64, page_size=4, cache=True)
+    sched.add(Sequence(seq_id=1, prompt_ids=list(range(12)), max_tokens=2))
+    eng.run_until_idle()
+    b = Sequence(seq_id=2, prompt_ids=list(range(12)) + [50, 51], max_tokens=3)
+    sched.add(b)
+    eng.step()
+    assert b.cached_prompt == 12
+    sched._preempt(b, ScheduledBatch())                    # as the engine drops a preempted sequence's KV
+    del eng.kv[2]
+    for sid in sched.clear_prefix_cache():
+        del eng.kv[sid]
+    eng.run_until_idle()
+    assert b.is_finished and b.cached_prompt == 0
+
+
 def test_full_match_still_computes_the_last_token():
     sched, eng = make(cache=True)
     sched.add(Sequence(seq_id=1, prompt_ids=[5, 6, 7, 8], max_tokens=2))
