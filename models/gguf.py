@@ -226,8 +226,8 @@ class GGUFWeights:
         self._spec = spec
         self.unmapped: list[str] = []  # GGUF tensors with no HF counterpart
         by_name = {t.name: t for t in reader.tensors}
-        halves = {key for pair in (*spec.joined.values(), *spec.by_head.values(), *spec.interleaved.values())
-                  for key in pair}
+        halves = {key for pair in (*spec.joined.values(), *spec.by_head.values(), *spec.interleaved.values(),
+                                   *spec.concatenated.values()) for key in pair}
         for t in reader.tensors:
             m = _LAYER_RE.fullmatch(t.name)
             if m and spec.blocks is not None and int(m.group(1)) >= spec.blocks:   # multi-token prediction's
@@ -265,12 +265,13 @@ class GGUFWeights:
             for m, t, other in _same_type_pairs(by_name, first, second, f"join into {hf_part}"):
                 _readable(t)
                 self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _Joined(t, other)
-        for hf_part, (first, second) in spec.interleaved.items():
-            for m, t, other in _same_type_pairs(by_name, first, second, f"rebuild {hf_part}"):
-                _readable(t)
-                _readable(other)
-                suffix = "" if m.group(3) == "weight" else "_bias"
-                self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}{suffix}"] = _Interleaved(t, other)
+        for kind, pairs in ((_Interleaved, spec.interleaved), (_Concatenated, spec.concatenated)):
+            for hf_part, (first, second) in pairs.items():
+                for m, t, other in _same_type_pairs(by_name, first, second, f"rebuild {hf_part}"):
+                    _readable(t)
+                    _readable(other)
+                    suffix = "" if m.group(3) == "weight" else "_bias"
+                    self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}{suffix}"] = kind(t, other)
         for hf_part, (first, second) in spec.by_head.items():
             for m, t, other in _layer_pairs(by_name, first, second):
                 if other is None:
@@ -515,6 +516,16 @@ class _Interleaved(_Rebuilt):
         if gate.ndim == 2:                                       # biases [experts, out]
             return np.stack([gate, up], axis=-1).reshape(gate.shape[0], -1)
         rows = np.stack([gate, up], axis=-2).reshape(gate.shape[0], -1, gate.shape[-1])   # [experts, 2 out, in]
+        return np.ascontiguousarray(rows.swapaxes(-1, -2))
+
+
+class _Concatenated(_Interleaved):
+    """As _Interleaved, for an HF tensor whose outputs are the first part's, then the second's (Llama 4's experts'
+    gate_up_proj [experts, in, gate + up])."""
+
+    @property
+    def data(self) -> np.ndarray:
+        rows = np.concatenate([_values(self.first), _values(self.second)], axis=-2)     # [experts, 2 out, in]
         return np.ascontiguousarray(rows.swapaxes(-1, -2))
 
 

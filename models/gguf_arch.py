@@ -46,6 +46,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     command-r Command-R / Aya    as HF (one LayerNorm without bias a layer; RoPE on adjacent pairs);
                                  logit_scale
     cohere2  Command R7B         the same; the window as attention.sliding_window (every 4th layer global)
+    cohere2moe Cohere's MoE      as cohere2 with experts and shared experts (ffn_*_shexp); each layer's kind as
+                                 sliding_window_pattern; RMSNorm where its eps is written
     olmoe    OLMoE               as qwen3moe without a shared expert (q/k norms over all heads)
     starcoder2 StarCoder2        as HF (c_fc / c_proj as ffn_up / ffn_down); no sliding window in the file
     olmo2    OLMo 3              as OLMo 2, with attention.sliding_window and a per-layer
@@ -82,6 +84,11 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  transposed), down_proj transposed as ffn_down_exps, biases beside them; MXFP4 (or
                                  any type); YaRN as rope.scaling.*, without the truncation gpt-oss's config turns
                                  off (the file cannot say); the window on every other layer from the first
+    llama4   Llama 4 (text)      q/k rows as HF's (RoPE on adjacent pairs); dense MLPs (feed_forward_length) and, every
+                                 interleave_moe_layer_step-th layer, experts (expert_feed_forward_length): gate_up_proj
+                                 [experts, in, gate + up] split into ffn_gate_exps / ffn_up_exps (read back joined and
+                                 transposed), down_proj transposed, the router, a shared expert as ffn_*_shexp;
+                                 Llama 3 scaling as rope_freqs.weight
     deepseek2 DeepSeek-V2 / V3   latent attention as HF, kv_b_proj split by heads into attn_k_b (each head's rows
                                  transposed) and attn_v_b (read back joined; older files: attn_kv_b); RoPE on
                                  adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
@@ -117,7 +124,9 @@ What the metadata leaves out, llama.cpp fixes in its loader (llama-model.cpp), a
 Gemma 2 / 3 alternate sliding and global layers every 2nd / 6th layer, Gemma 3's sliding layers
 use RoPE base 10000, and both scale queries by head_dim ** -0.5 except the 27B models
 (46 / 62 layers), which use (hidden / heads) ** -0.5; SmolLM3 leaves RoPE out of every 4th layer
-(llama.cpp's n_no_rope_layer_step, written nowhere in the file). llama.cpp's MoE routers default otherwise
+(llama.cpp's n_no_rope_layer_step, written nowhere in the file); Llama 4 attends in chunks of 8192 tokens with
+RoPE, without RoPE every 4th layer, its queries there scaled by 1 + 0.1 log(floor((pos + 1) / 8192) + 1), q and
+k RMS-normed after RoPE except with 128 experts (Maverick). llama.cpp's MoE routers default otherwise
 than HF's configs (no groups, leading dense layers, renormalisation or scaling where the keys are missing;
 softmax for ERNIE 4.5 and Hunyuan MoE whatever the file says; for deepseek2, softmax unless it says otherwise);
 a router HF cannot run so is refused. MiniCPM3's scales are llama.cpp's graph's constants.
@@ -272,6 +281,12 @@ GPT_OSS_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith("attn_"
                  "post_attention_norm": "post_attention_layernorm", "attn_sinks.weight": "self_attn.sinks",
                  "ffn_gate_inp": "mlp.router", "ffn_down_exps.weight": "mlp.experts.down_proj",
                  "ffn_down_exps.bias": "mlp.experts.down_proj_bias"}
+COHERE2_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"}, "ffn_gate_inp": "mlp.gate",
+                     **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}}
+LLAMA4_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith(("attn_", "ffn_norm"))},
+                **{f"ffn_{p}": f"feed_forward.{p}_proj" for p in ("gate", "up", "down")},
+                **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj" for p in ("gate", "up", "down")},
+                "ffn_gate_inp": "feed_forward.router", "ffn_down_exps.weight": "feed_forward.experts.down_proj"}
 MINIMAX_M2_LAYER = {**OLMOE_LAYER, "ffn_gate_inp": "block_sparse_moe.gate",
                     "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
 # Multi-head latent attention (models/mla.py): queries by q_proj or through a latent (q_a / q_b), the kv latent with
@@ -326,6 +341,8 @@ class GGUFArch:
                                                     # keys the converter split its interleaved outputs into, each
                                                     # [experts, out, in]: read back as HF's [experts, in, 2 out]
                                                     # (gpt-oss's gate_up_proj, the first's rows even) and <name>_bias
+    concatenated: dict[str, tuple[str, str]] = field(default_factory=dict)   # as interleaved, for outputs the first
+                                                    # key's, then the second's (Llama 4's experts' gate_up_proj)
     by_head: dict[str, tuple[str, str]] = field(default_factory=dict)  # HF name under a layer -> the two GGUF keys
                                                     # the converter split each head's rows into, the first stored
                                                     # transposed ([heads, cols, rows]: DeepSeek's kv_b_proj)
@@ -447,6 +464,25 @@ def _afmoe(reader, arch, tensors, c):
              num_dense_layers=_key(reader, arch, "leading_dense_block_count", 0),
              route_scale=_f32(_key(reader, arch, "expert_weights_scale", 1.0)), sliding_window=window,
              global_attn_every_n_layers=4, mup_enabled=True)
+    _llama3_or_scaling(reader, arch, tensors, c)
+
+
+def _llama4(reader, arch, tensors, c):
+    """Llama 4's text model as llama.cpp's loader runs it (its graph's constants: chunks of 8192 tokens, NoPE every
+    4th layer with the temperature (0.1, 8192), q/k norms unless 128 experts); a file that turns the chunks off
+    (sliding_window 0: MobileLLM's, RoPE then on every layer but the last in llama.cpp's graph) is refused."""
+    _head_dim(reader, arch, c)
+    if _key(reader, arch, "attention.sliding_window") == 0 or _key(reader, arch, "attention.sliding_window_pattern"):
+        raise ModelLoadError(f"this {arch} GGUF sets its own attention pattern (attention.sliding_window 0 or a "
+                             "sliding_window_pattern), which kiln does not read for Llama 4; load the Hugging Face "
+                             "checkpoint instead")
+    experts = _key(reader, arch, "expert_count")
+    c.update(intermediate_size_mlp=c["intermediate_size"], intermediate_size=_key(reader, arch,
+                                                                                  "expert_feed_forward_length"),
+             num_local_experts=experts, num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             interleave_moe_layer_step=_key(reader, arch, "interleave_moe_layer_step"), attention_chunk_size=8192,
+             no_rope_layer_interval=4, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
+             use_qk_norm=experts != 128)
     _llama3_or_scaling(reader, arch, tensors, c)
 
 
@@ -747,6 +783,38 @@ def _cohere(reader, arch, tensors, c):
     if arch == "cohere2":
         c.update(sliding_window=_key(reader, arch, "attention.sliding_window"),
                  sliding_window_pattern=4)             # llama.cpp's loader: hparams.set_swa_pattern(4)
+
+
+def _cohere2moe(reader, arch, tensors, c):
+    """Cohere's MoE as llama.cpp's graph runs it: RMSNorm where its eps is written, else Cohere's LayerNorm; each
+    layer's kind from the window pattern, the dense prefix rotating whatever its kind; the experts scored by the
+    file's gating function (sigmoid where it has none), the shared experts averaged in (the one strategy the
+    converter takes). Softmax scores not renormalised, or scaled ones, which transformers' model does not compute,
+    are refused."""
+    _nextn(reader, arch, c)
+    sigmoid, softmax = gguf.ExpertGatingFuncType.SIGMOID, gguf.ExpertGatingFuncType.SOFTMAX
+    gating, norm = _key(reader, arch, "expert_gating_func", sigmoid), _key(reader, arch, "expert_weights_norm", False)
+    scale = _key(reader, arch, "expert_weights_scale", 1.0)
+    pattern = _key(reader, arch, "attention.sliding_window_pattern")
+    shared, width = _key(reader, arch, "expert_shared_count", 0), _key(reader, arch, "expert_feed_forward_length")
+    if (gating not in (sigmoid, softmax) or gating == softmax and not norm or scale not in (0.0, 1.0)
+            or not isinstance(pattern, list)
+            or _key(reader, arch, "expert_shared_feed_forward_length", width * shared) != width * shared):
+        raise ModelLoadError(f"this {arch} GGUF (gating {gating}, weights norm {norm}, scale {scale}, window pattern "
+                             f"{pattern!r}, {shared} shared experts) is not a Cohere MoE transformers' model computes "
+                             "(softmax renormalised or sigmoid scores, unscaled, a layer pattern, shared experts as "
+                             "wide as the routed ones); re-convert the model")
+    if _key(reader, arch, "attention.layer_norm_rms_epsilon") is None:
+        c["layer_norm_eps"] = c.pop("rms_norm_eps")
+    else:
+        c["layer_norm_eps"] = _f32(_key(reader, arch, "attention.layer_norm_epsilon", 1e-5))
+    _sliding_layers(reader, arch, c)
+    c.update(logit_scale=_f32(_key(reader, arch, "logit_scale", 1.0)), num_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"), intermediate_size=width,
+             prefix_dense_intermediate_size=c["intermediate_size"],
+             first_k_dense_replace=_key(reader, arch, "leading_dense_block_count", 0), num_shared_experts=shared,
+             shared_expert_combination_strategy="average", norm_topk_prob=norm,
+             expert_selection_fn="sigmoid" if gating == sigmoid else "softmax", prefix_dense_sliding_window_pattern=1)
 
 
 def _olmoe(reader, arch, tensors, c):
@@ -1255,6 +1323,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4),
     "command-r": GGUFArch("cohere", ("CohereForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_cohere),
     "cohere2": GGUFArch("cohere2", ("Cohere2ForCausalLM",), LLAMA_LAYER, config=_cohere),
+    "cohere2moe": GGUFArch("cohere2_moe", ("Cohere2MoeForCausalLM",), COHERE2_MOE_LAYER, config=_cohere2moe,
+                           experts=QWEN_EXPERTS),
     "olmoe": GGUFArch("olmoe", ("OlmoeForCausalLM",), OLMOE_LAYER, config=_olmoe, experts=QWEN_EXPERTS),
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
     "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
@@ -1304,6 +1374,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                        squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
+    "llama4": GGUFArch("llama4_text", ("Llama4ForCausalLM",), LLAMA4_LAYER, config=_llama4,
+                       transposed=("ffn_down_exps",),
+                       concatenated={"feed_forward.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),
     "gpt-oss": GGUFArch("gpt_oss", ("GptOssForCausalLM",), GPT_OSS_LAYER, config=_gpt_oss,
                         transposed=("ffn_down_exps",),
                         interleaved={"mlp.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),

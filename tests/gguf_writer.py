@@ -48,6 +48,10 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              stacked into 3-D altup_proj / altup_unembd_proj; *_scale tensors named .weight
     lfm2     head_count_kv a layer (0 for a conv layer), the MLP's adjusted width as feed_forward_length, the conv's
              taps as shortconv.l_cache, its weight [hidden, 1, taps] squeezed to [hidden, taps]
+    llama4   Llama4Model's: feed_forward_length the dense MLPs' width, expert_feed_forward_length the experts', the
+             MoE layer step; q/k rows as they are; gate_up_proj split into ffn_gate_exps / ffn_up_exps and down_proj
+             transposed, each [experts, out, in]
+    cohere2moe Cohere2MoeModel's keys (_cohere2moe); experts stacked, the shared ones as ffn_*_shexp
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
              ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
              (`*_blocks` / `*_scales`) repacked as ggml's MXFP4 blocks (the scale byte, then 16 bytes whose low
@@ -93,7 +97,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
-             "afmoe": "afmoe"}
+             "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -258,7 +262,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     w.add_block_count(_block_count(cfg, arch))
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_feed_forward_length(cfg["intermediate_size_mlp" if arch == "llama4" else "intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     if arch in ("stablelm", "phi2", "starcoder2", "gptneox", "command-r", "cohere2", "nemotron", "jais2"):  # LayerNorm
@@ -283,7 +287,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     if "head_dim" in cfg or arch.startswith("gemma"):
         w.add_key_length(_head_dim(cfg))
         w.add_value_length(_head_dim(cfg))
-    if arch in PERMUTED:
+    if arch in PERMUTED or arch == "llama4":        # LlamaModel's keys (Llama4Model's q/k rows as they are)
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(_head_dim(cfg))
         if cfg.get("sliding_window"):
@@ -791,7 +795,7 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
         w.add_expert_gating_func(gguf.ExpertGatingFuncType[cfg["scoring_func"].upper()])
     # Hunyuan's released config.json lists moe_intermediate_size and num_shared_expert per layer; transformers'
     # has neither (its experts are intermediate_size wide, one shared MLP).
-    ffn = cfg["intermediate_size"] if arch in ("minimax-m2", "hunyuan-moe", "gpt-oss") else cfg.get(
+    ffn = cfg["intermediate_size"] if arch in ("minimax-m2", "hunyuan-moe", "gpt-oss", "llama4") else cfg.get(
         "moe_intermediate_size")
     if ffn:
         w.add_expert_feed_forward_length(ffn)
@@ -808,6 +812,10 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
         shared_ffn = cfg["intermediate_size"] // cfg["num_key_value_heads"]
     if shared_ffn:
         w.add_expert_shared_feed_forward_length(shared_ffn)
+    if arch == "llama4":
+        w.add_interleave_moe_layer_step(cfg["interleave_moe_layer_step"])
+        if "layer_types" in cfg and all(kind == "full_attention" for kind in cfg["layer_types"]):
+            w.add_sliding_window(0)                     # MobileLLM's: Llama4Model turns the chunks off
     if arch == "ernie4_5-moe":
         w.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
         w.add_leading_dense_block_count(cfg["moe_layer_start_index"])
@@ -821,7 +829,7 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
 
 def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array as llama.cpp stores it (HF name mapped, values transformed)."""
-    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == NAMED_AS.get(arch, arch)),
                                      _block_count(cfg, arch))
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
     n_kv = cfg.get("num_key_value_heads") or n_head
@@ -865,6 +873,12 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = _mamba2_tensors(cfg, hf)
     if arch in ("lfm2", "lfm2moe"):    # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
+    if arch == "llama4":           # Llama4Model's split: gate_up_proj's halves and down_proj, each [experts, out, in]
+        for name in [n for n in hf if n.endswith(".experts.gate_up_proj")]:
+            gate, up = np.split(hf.pop(name).swapaxes(-1, -2), 2, axis=-2)
+            hf[f"{name[:-12]}gate_proj.weight"], hf[f"{name[:-12]}up_proj.weight"] = gate, up
+        hf = {k + ".weight" if k.endswith(".experts.down_proj") else k: v.swapaxes(-1, -2)
+              if k.endswith(".experts.down_proj") else v for k, v in hf.items()}
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
         hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename
@@ -905,7 +919,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     if arch == "gpt2":
         out["output.weight"] = out["token_embd.weight"]
     _, scaling = _rope(cfg)
-    if arch in ("llama", "exaone") and scaling and scaling["rope_type"] == "llama3":
+    if arch in ("llama", "exaone", "llama4") and scaling and scaling["rope_type"] == "llama3":
         out["rope_freqs.weight"] = _llama3_factors(cfg, scaling)
     if arch in ("phi3", "minicpm3") and scaling:
         out["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
@@ -985,6 +999,46 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
 
 
 # The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
-OWN_KEYS = {"gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
+def _cohere2moe(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """Cohere2MoeModel's keys: TextModel's (the dense prefix's width as feed_forward_length, RMSNorm's or the
+    LayerNorm's eps, expert_selection_fn as the gating function), the logit scale, the window and each layer's kind,
+    the experts' width, the leading dense layers, expert_weights_norm, the shared experts' count and width (only
+    "average" converts), the head size as rope.dimension_count."""
+    if cfg.get("num_shared_experts") and cfg.get("shared_expert_combination_strategy", "average") != "average":
+        raise ValueError("Cohere2 MoE only supports average shared expert combination")   # the converter's refusal
+    n_dense = next((i for i, t in enumerate(cfg["mlp_layer_types"]) if t != "dense"), len(cfg["mlp_layer_types"])) \
+        if cfg.get("mlp_layer_types") else cfg.get("first_k_dense_replace", 0)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg.get("prefix_dense_intermediate_size") or cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    if cfg.get("rms_norm_eps") is not None:
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_layer_norm_eps(cfg["layer_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType[cfg.get("expert_selection_fn", "softmax").upper()])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_logit_scale(cfg["logit_scale"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    w.add_leading_dense_block_count(n_dense)
+    w.add_expert_weights_norm(cfg.get("norm_topk_prob", False))
+    if cfg.get("num_shared_experts"):
+        w.add_expert_shared_count(cfg["num_shared_experts"])
+        w.add_expert_shared_feed_forward_length(cfg["intermediate_size"] * cfg["num_shared_experts"])
+    w.add_rope_dimension_count(cfg["head_dim"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+
+
+# architectures the installed gguf-py does not know yet -> one whose tensor names it maps the same way
+NAMED_AS = {"cohere2moe": "glm4moe"}
+OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba}

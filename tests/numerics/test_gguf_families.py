@@ -38,7 +38,9 @@ read as V3 (deepseek2-glm4-moe-lite), no experts (deepseek2-youtu), kv_b_proj wh
 factor tensors and llama.cpp's fixed scales (minicpm3), Granite 4.0 without Mamba layers as the converter writes it
 now (granite4: granite, its shared MLP as the dense one; granite4-moe: granitemoe) and did before (granitehybrid,
 granitehybrid-moe: no RoPE, a kv head count a layer), Ministral 3 as mistral3 (YaRN's betas, its log multiplier read
-as mscale_all_dim, the queries' temperature), AFMoE (Trinity: the attention gate, four norms, every 4th layer global).
+as mscale_all_dim, the queries' temperature), AFMoE (Trinity: the attention gate, four norms, every 4th layer global),
+Llama 4 (experts split and transposed, a shared expert, dense layers between, NoPE every 4th layer), Cohere's MoE
+(each layer's kind as a pattern, the dense prefix rotating, softmax or sigmoid scores, shared experts averaged in).
 """
 
 from __future__ import annotations
@@ -176,6 +178,15 @@ CASES = {
     # sinks, experts split from the interleaved gate_up_proj and transposed, with biases; YaRN untruncated; the
     # SwiGLU's clamp at gpt-oss's 7, which llama.cpp's graph fixes (the file has no key for it)
     "gpt-oss": _hf_case("gpt-oss", swiglu_limit=7.0),
+    # Llama 4: the experts' gate_up_proj split and down_proj transposed, a shared expert, dense layers between,
+    # NoPE every 4th layer and the chunk and temperature constants llama.cpp's loader fixes (the file has no keys)
+    "llama4": _hf_case("llama4", attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1),
+    # Cohere's MoE: softmax renormalised, the shared expert averaged in, a dense first layer (global and rotating);
+    # sigmoid scores with RMSNorm and two shared experts' width, two dense layers, global and rotating (llama.cpp
+    # rotates the dense prefix whatever its kind: transformers' model does so where the prefix pattern is 1)
+    "cohere2moe": _hf_case("cohere2-moe"),
+    "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
+                                   prefix_dense_sliding_window_pattern=1),
 }
 # cases the converter writes as another HF family computes them, and what kiln reads them as
 READ_AS = {"deepseek2-glm4-moe-lite": "deepseek_v3", "granite4": "granite", "granite4-moe": "granitemoeshared"}
@@ -266,11 +277,13 @@ def test_glm4_moe_multi_token_prediction_layer_is_left_unread(tmp_path):
                                                   r"Hugging Face model does not"),
     ("deepseek2-v2", dict(norm_topk_prob=True, n_group=2), r"routes by softmax with expert_weights_norm, "
                                                            r"expert_group_count, which llama.cpp runs as DeepSeek-V2"),
+    ("cohere2moe", dict(norm_topk_prob=False), r"\(gating 1, weights norm False, .* is not a Cohere MoE"),
 ])
 def test_a_router_the_hf_model_cannot_run_is_refused(case, change, refusal, tmp_path):
     """A GGUF whose router llama.cpp would run otherwise than the Hugging Face family can (softmax scores for
     dots.llm1's sigmoid router; expert groups for Hunyuan MoE, which has none; DeepSeek-V2's softmax renormalised
-    and in groups scored by their two best experts) is refused on load, naming the key and the fix."""
+    and in groups scored by their two best experts; Cohere's MoE scored by a softmax llama.cpp does not renormalise,
+    where transformers' always does) is refused on load, naming the key and the fix."""
     _assert_refused(case, change, refusal, tmp_path)
 
 
@@ -281,11 +294,13 @@ def test_a_router_the_hf_model_cannot_run_is_refused(case, change, refusal, tmp_
                                                original_max_position_embeddings=64)), None,
      r"scales RoPE by yarn without deepseek2.rope.scaling.yarn_log_multiplier"),
     ("afmoe", dict(scoring_func="softmax"), None, r"afmoe GGUF \(gating 1, .*not the sigmoid-routed"),
+    ("llama4", dict(layer_types=["full_attention"] * 4), None, r"sets its own attention pattern \(attention.sliding"),
 ])
 def test_what_no_hf_model_computes_as_llama_cpp_is_refused(case, change, arch, refusal, tmp_path):
     """A granite GGUF that says a layer is Mamba (head_count_kv 0 there: only granitehybrid has them), a
     DeepSeek GGUF with YaRN but no yarn_log_multiplier (llama.cpp then scales cos / sin and the softmax both) and an
-    AFMoE routed by softmax (transformers' model has only sigmoid scores) are refused on load, naming the key and
+    AFMoE routed by softmax (transformers' model has only sigmoid scores) and a Llama 4 without chunks (MobileLLM's:
+    llama.cpp's graph then rotates every layer but the last) are refused on load, naming the key and
     the fix."""
     _assert_refused(case, change, refusal, tmp_path, arch)
 
