@@ -78,13 +78,19 @@ def _hf_model(source, torch, transformers):
     qc = source.hf_config.get("quantization_config") or {}
     if str(qc.get("quant_method", "")).lower() == "mxfp4":      # gpt-oss's experts: dequantized on the host
         load["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
+    return _causal_lm(transformers, source.hf_config, lambda cls: cls.from_pretrained(source.path, **load))
+
+
+def _causal_lm(transformers, hf_config: dict, build):
+    """build(AutoModelForCausalLM), or where no causal LM is registered for the model type (Mistral 4)
+    build(the class config.json's architectures name)."""
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(source.path, **load)
-    except ValueError:          # a causal LM not registered for its model type (Mistral 4): the class config.json names
-        named = [c for a in source.hf_config.get("architectures") or [] if (c := getattr(transformers, a, None))]
+        return build(transformers.AutoModelForCausalLM)
+    except ValueError:
+        named = [c for a in hf_config.get("architectures") or [] if (c := getattr(transformers, a, None))]
         if not named:
             raise
-        return named[0].from_pretrained(source.path, **load)
+        return build(named[0])
 
 
 def _no_init():
@@ -105,7 +111,9 @@ def _model_from_tensors(source, torch, transformers):
     cfg.pop("quantization_config", None)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with _no_init():            # every weight is loaded below: a random init is wasted (SmolLM2: 2.8 s)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+        model = _causal_lm(transformers, source.hf_config, lambda cls: (
+            cls.from_config if cls is transformers.AutoModelForCausalLM else cls._from_config)(
+            config, dtype=torch.float32, attn_implementation="eager"))
     state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
     state = _checkpoint_renames(state, config.model_type, set(model.state_dict()))
     state = _fused_experts(state, set(model.state_dict()), torch)

@@ -94,6 +94,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
                                  mscale_all_dim as 0.1 x it (rope.scaling.yarn_log_multiplier). Kimi K2, Moonlight,
                                  GLM-4.7-Flash (read as V3) and Youtu-LLM (no experts) convert to it too
+    mistral4 Mistral 4           as deepseek2 with softmax scores (groups, renormalised, scaled where written), the
+                                 experts' 3-D gate_up_proj / down_proj as they are (ffn_gate_up_exps / ffn_down_exps);
+                                 Llama 4's query temperature as attention.temperature_scale / _length
     minicpm3 MiniCPM3            latent attention as HF (kv_b_proj whole), RoPE on halves, LongRoPE as phi3's;
                                  its scales in llama.cpp's graph, not the file
     granitehybrid Granite 4.0    as granitemoe, a dense MLP as ffn_gate / ffn_up / ffn_down (read as shared_mlp);
@@ -1173,6 +1176,28 @@ def _deepseek2(reader, arch, tensors, c):
     c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], topk_method="greedy")
 
 
+def _mistral4(reader, arch, tensors, c):
+    """Mistral 4: DeepSeek's latent attention and YaRN (_deepseek2's reading) with its softmax router, in groups
+    scored by their two best experts, renormalised and scaled where the file says (as llama.cpp's graph and
+    transformers' model both run it), and Llama 4's query temperature where the file has one (the Mistral-format
+    converter writes it; the Hugging Face one does not, and llama.cpp then runs without)."""
+    _nextn(reader, arch, c)
+    _latent_attention(reader, arch, c)
+    scaling = _deepseek_yarn(reader, arch)
+    gating = _key(reader, arch, "expert_gating_func", int(gguf.ExpertGatingFuncType.SOFTMAX))
+    if gating != gguf.ExpertGatingFuncType.SOFTMAX:
+        raise ModelLoadError(f"this {arch} GGUF scores its experts by gating function {gating}; Mistral 4's are "
+                             "softmax scores; re-convert the model")
+    if (beta := _key(reader, arch, "attention.temperature_scale")):
+        length = _key(reader, arch, "attention.temperature_length")
+        if scaling is None or length != scaling.get("original_max_position_embeddings"):
+            raise ModelLoadError(f"this {arch} GGUF's query temperature runs over {length} positions, not YaRN's "
+                                 "pretraining context; load the Hugging Face checkpoint instead")
+        scaling = dict(scaling, llama_4_scaling_beta=_f32(beta))
+    _routed_counts(reader, arch, c, "n_routed_experts", "n_shared_experts")
+    c.update(rope_interleave=True, rope_scaling=scaling)
+
+
 def _minicpm3(reader, arch, tensors, c):
     """MiniCPM3: latent attention with RoPE on halves and LongRoPE (rope_factors_long / _short, from the pretraining
     context: context_length, llama.cpp's default); the converter writes none of MiniCPM's scales, and llama.cpp's
@@ -1339,6 +1364,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "deepseek2": GGUFArch("deepseek_v3", ("DeepseekV3ForCausalLM",), DEEPSEEK2_LAYER, config=_deepseek2,
                           experts=QWEN_EXPERTS, also=("deepseek_v2", "youtu"),
                           by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
+    "mistral4": GGUFArch("mistral4", ("Mistral4ForCausalLM",),
+                         {**DEEPSEEK2_LAYER, "ffn_gate_up_exps.weight": "mlp.experts.gate_up_proj",
+                          "ffn_down_exps.weight": "mlp.experts.down_proj"}, config=_mistral4,
+                         by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
     "minicpm3": GGUFArch("minicpm3", ("MiniCPM3ForCausalLM",), MLA_LAYER, config=_minicpm3),
     "afmoe": GGUFArch("afmoe", ("AfmoeForCausalLM",), AFMOE_LAYER, permuted=True, config=_afmoe,
                       experts=QWEN_EXPERTS),

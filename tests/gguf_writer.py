@@ -51,6 +51,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     llama4   Llama4Model's: feed_forward_length the dense MLPs' width, expert_feed_forward_length the experts', the
              MoE layer step; q/k rows as they are; gate_up_proj split into ffn_gate_exps / ffn_up_exps and down_proj
              transposed, each [experts, out, in]
+    mistral4 DeepseekV2Model's keys and tensors (deepseek2's), the experts' 3-D gate_up_proj and down_proj as they
+             are (ffn_gate_up_exps, ffn_down_exps)
     cohere2moe Cohere2MoeModel's keys (_cohere2moe); experts stacked, the shared ones as ffn_*_shexp
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
              ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
@@ -97,7 +99,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
-             "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe"}
+             "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
+             "mistral4": "mistral4"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -341,7 +344,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     if arch in ("olmo2", "exaone4", "exaone-moe") and cfg.get("sliding_window") is not None:
         w.add_sliding_window(cfg["sliding_window"])
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
-    if arch == "deepseek2":
+    if arch in ("deepseek2", "mistral4"):
         _deepseek2(w, cfg)
     if arch == "phi3":
         original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
@@ -584,6 +587,9 @@ def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_rope_dimension_count(rope)
     if (mscale_all := (_rope(cfg)[1] or {}).get("mscale_all_dim")) is not None:
         w.add_rope_scaling_yarn_log_mul(0.1 * mscale_all)
+    if (beta := (_rope(cfg)[1] or {}).get("llama_4_scaling_beta")) is not None:   # the Mistral-format converter's
+        w.add_attn_temperature_scale(beta)
+        w.add_attn_temperature_length(_rope(cfg)[1]["original_max_position_embeddings"])
     if cfg["model_type"] == "glm4_moe_lite" and cfg.get("num_nextn_predict_layers"):
         w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
 
@@ -843,7 +849,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32))
         if dense:
             out[f"blk.{i}.ffn_down.weight"] = hf.pop(f"model.layers.{i}.shared_mlp.output_linear.weight")
-    for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch == "deepseek2"]:
+    for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch in ("deepseek2", "mistral4")]:
         # split for llama.cpp's MLA weight absorption: each head's key rows transposed, then its value rows
         kv_b = hf.pop(hf_name).reshape(n_head, cfg["qk_nope_head_dim"] + cfg["v_head_dim"], -1)
         i = re.search(r"layers\.(\d+)\.", hf_name).group(1)
@@ -873,6 +879,9 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = _mamba2_tensors(cfg, hf)
     if arch in ("lfm2", "lfm2moe"):    # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
+    if arch == "mistral4":         # Mistral4Model's: the experts stacked already, named as weights
+        hf = {k + ".weight" if k.endswith((".experts.gate_up_proj", ".experts.down_proj")) else k: v
+              for k, v in hf.items()}
     if arch == "llama4":           # Llama4Model's split: gate_up_proj's halves and down_proj, each [experts, out, in]
         for name in [n for n in hf if n.endswith(".experts.gate_up_proj")]:
             gate, up = np.split(hf.pop(name).swapaxes(-1, -2), 2, axis=-2)

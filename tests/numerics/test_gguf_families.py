@@ -185,6 +185,9 @@ CASES = {
     # sigmoid scores with RMSNorm and two shared experts' width, two dense layers, global and rotating (llama.cpp
     # rotates the dense prefix whatever its kind: transformers' model does so where the prefix pattern is 1)
     "cohere2moe": _hf_case("cohere2-moe"),
+    # Mistral 4: DeepSeek's latent attention, softmax scores in groups, renormalised and scaled, its 3-D experts as
+    # stored, Llama 4's query temperature past 8 positions (as the Mistral-format converter writes it)
+    "mistral4": _hf_case("mistral4", norm_topk_prob=True, routed_scaling_factor=2.0),
     "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
                                    prefix_dense_sliding_window_pattern=1),
 }
