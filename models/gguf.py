@@ -280,6 +280,18 @@ class GGUFWeights:
                 _readable(t)
                 _readable(other)
                 self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _ByHead(t, other)
+        if spec.from_metadata:                  # values the converter wrote as metadata, a value a layer
+            arch, n_layer = _meta(reader, "general.architecture"), spec.blocks or 0
+            for hf_part, key in spec.from_metadata.items():
+                values = _meta(reader, key, None)
+                if values is None:
+                    raise ModelLoadError(f"this {arch} GGUF lacks {key} (the layers' {hf_part}); re-convert the model")
+                values = list(values) if isinstance(values, list) else [values] * n_layer
+                if len(values) != n_layer:
+                    raise ModelLoadError(f"GGUF {key} lists {len(values)} values for {n_layer} layers; "
+                                         "re-convert the model")
+                for i, value in enumerate(values):
+                    self._tensors[f"{spec.layer_prefix}.{i}.{hf_part}"] = _Value(f"blk.{i}.{key}", value)
         # Row permutation head counts: q_proj uses n_head, k_proj n_head_kv.
         self._permuted = {".self_attn.q_proj.": n_head, ".self_attn.k_proj.": n_head_kv} if spec.permuted else {}
         self._n_head, self._n_head_kv = n_head, n_head_kv     # by_kind / by_group rows regroup over the heads
@@ -527,6 +539,16 @@ class _Concatenated(_Interleaved):
     def data(self) -> np.ndarray:
         rows = np.concatenate([_values(self.first), _values(self.second)], axis=-2)     # [experts, 2 out, in]
         return np.ascontiguousarray(rows.swapaxes(-1, -2))
+
+
+class _Value:
+    """A one-value float32 HF tensor the converter wrote as metadata (Apertus's xIELU parameters)."""
+
+    tensor_type = QType.F32
+    shape = (1,)
+
+    def __init__(self, name: str, value: float):
+        self.name, self.data = name, np.array([value], np.float32)
 
 
 def _readable(t) -> None:

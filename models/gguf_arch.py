@@ -84,6 +84,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  transposed), down_proj transposed as ffn_down_exps, biases beside them; MXFP4 (or
                                  any type); YaRN as rope.scaling.*, without the truncation gpt-oss's config turns
                                  off (the file cannot say); the window on every other layer from the first
+    apertus  Apertus             q/k rows as HF's, q/k norms, the MLP's up and down only; xIELU's parameters as
+                                 xielu.alpha_n / alpha_p / beta / eps arrays (a value a layer, read as HF's tensors)
     llama4   Llama 4 (text)      q/k rows as HF's (RoPE on adjacent pairs); dense MLPs (feed_forward_length) and, every
                                  interleave_moe_layer_step-th layer, experts (expert_feed_forward_length): gate_up_proj
                                  [experts, in, gate + up] split into ffn_gate_exps / ffn_up_exps (read back joined and
@@ -286,6 +288,7 @@ GPT_OSS_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith("attn_"
                  "ffn_down_exps.bias": "mlp.experts.down_proj_bias"}
 COHERE2_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"}, "ffn_gate_inp": "mlp.gate",
                      **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}}
+XIELU = {f"mlp.act_fn.{p}": f"xielu.{p}" for p in ("alpha_n", "alpha_p", "beta", "eps")}
 LLAMA4_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith(("attn_", "ffn_norm"))},
                 **{f"ffn_{p}": f"feed_forward.{p}_proj" for p in ("gate", "up", "down")},
                 **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj" for p in ("gate", "up", "down")},
@@ -344,6 +347,8 @@ class GGUFArch:
                                                     # keys the converter split its interleaved outputs into, each
                                                     # [experts, out, in]: read back as HF's [experts, in, 2 out]
                                                     # (gpt-oss's gate_up_proj, the first's rows even) and <name>_bias
+    from_metadata: dict[str, str] = field(default_factory=dict)   # HF name under a layer -> the metadata key
+                                                    # whose array holds its one value a layer (Apertus's xielu.*)
     concatenated: dict[str, tuple[str, str]] = field(default_factory=dict)   # as interleaved, for outputs the first
                                                     # key's, then the second's (Llama 4's experts' gate_up_proj)
     by_head: dict[str, tuple[str, str]] = field(default_factory=dict)  # HF name under a layer -> the two GGUF keys
@@ -467,6 +472,15 @@ def _afmoe(reader, arch, tensors, c):
              num_dense_layers=_key(reader, arch, "leading_dense_block_count", 0),
              route_scale=_f32(_key(reader, arch, "expert_weights_scale", 1.0)), sliding_window=window,
              global_attn_every_n_layers=4, mup_enabled=True)
+    _llama3_or_scaling(reader, arch, tensors, c)
+
+
+def _apertus(reader, arch, tensors, c):
+    """Apertus: q/k rows as HF's, per-head q/k norms, the ungated xIELU MLP (its parameters as xielu.* arrays: the
+    HF values, each layer's), Llama 3 scaling as rope_freqs.weight."""
+    _head_dim(reader, arch, c)
+    c.update(hidden_act="xielu", attention_bias="blk.0.attn_q.bias" in tensors,
+             mlp_bias="blk.0.ffn_up.bias" in tensors)
     _llama3_or_scaling(reader, arch, tensors, c)
 
 
@@ -1403,6 +1417,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                        squeezed=("ssm_conv1d",), values=_MAMBA2_A, flattened=MAMBA2_FLATTENED),
     "hunyuan-moe": GGUFArch("hunyuan_v1_moe", ("HunYuanMoEV1ForCausalLM",), HUNYUAN_MOE_LAYER, config=_hunyuan_moe,
                             experts=QWEN_EXPERTS),
+    "apertus": GGUFArch("apertus", ("ApertusForCausalLM",),
+                        {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("ffn_gate", "attn_norm", "ffn_norm")},
+                         **QK_NORMS, "attn_norm": "attention_layernorm", "ffn_norm": "feedforward_layernorm"},
+                        config=_apertus, from_metadata=XIELU),
     "llama4": GGUFArch("llama4_text", ("Llama4ForCausalLM",), LLAMA4_LAYER, config=_llama4,
                        transposed=("ffn_down_exps",),
                        concatenated={"feed_forward.experts.gate_up_proj": ("ffn_gate_exps", "ffn_up_exps")}),

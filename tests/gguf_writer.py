@@ -51,6 +51,7 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     llama4   Llama4Model's: feed_forward_length the dense MLPs' width, expert_feed_forward_length the experts', the
              MoE layer step; q/k rows as they are; gate_up_proj split into ffn_gate_exps / ffn_up_exps and down_proj
              transposed, each [experts, out, in]
+    apertus  LlamaModel's keys, q/k rows as they are; xIELU's parameters as xielu.* arrays, a value a layer
     mistral4 DeepseekV2Model's keys and tensors (deepseek2's), the experts' 3-D gate_up_proj and down_proj as they
              are (ffn_gate_up_exps, ffn_down_exps)
     cohere2moe Cohere2MoeModel's keys (_cohere2moe); experts stacked, the shared ones as ffn_*_shexp
@@ -100,7 +101,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
-             "mistral4": "mistral4"}
+             "mistral4": "mistral4", "apertus": "apertus"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -120,7 +121,13 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
         cfg.setdefault("num_hidden_layers", len(cfg["layers_block_type"]))
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(hf_dir.name)
-    tensors = _tensors(cfg, arch, load_file(str(hf_dir / "model.safetensors")))
+    hf = load_file(str(hf_dir / "model.safetensors"))
+    if arch == "apertus":                       # ApertusModel's: xIELU's parameters as metadata, a value a layer
+        for p in ("alpha_n", "alpha_p", "beta", "eps"):
+            values = [float(hf.pop(f"model.layers.{i}.mlp.act_fn.{p}").reshape(-1)[0])
+                      for i in range(cfg["num_hidden_layers"])]
+            getattr(w, f"add_xielu_{p}")(values)
+    tensors = _tensors(cfg, arch, hf)
     if arch == "gemma4":
         _gemma4(w, cfg)
         _gemma4_tokenizer(w, hf_dir)
@@ -290,7 +297,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     if "head_dim" in cfg or arch.startswith("gemma"):
         w.add_key_length(_head_dim(cfg))
         w.add_value_length(_head_dim(cfg))
-    if arch in PERMUTED or arch == "llama4":        # LlamaModel's keys (Llama4Model's q/k rows as they are)
+    if arch in PERMUTED or arch in ("llama4", "apertus"):   # LlamaModel's keys (these two: q/k rows as they are)
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(_head_dim(cfg))
         if cfg.get("sliding_window"):
@@ -928,7 +935,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     if arch == "gpt2":
         out["output.weight"] = out["token_embd.weight"]
     _, scaling = _rope(cfg)
-    if arch in ("llama", "exaone", "llama4") and scaling and scaling["rope_type"] == "llama3":
+    if arch in ("llama", "exaone", "llama4", "apertus") and scaling and scaling["rope_type"] == "llama3":
         out["rope_freqs.weight"] = _llama3_factors(cfg, scaling)
     if arch in ("phi3", "minicpm3") and scaling:
         out["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
