@@ -73,6 +73,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  exp_probs_b.bias, shared experts as ffn_*_shexp; the pre-MLP norm as
                                  post_attention_norm; multi-token-prediction layers after the last, unread.
                                  Solar Open converts to it too (read as GLM-4.5 with its settings)
+    hy_v3    Tencent Hy V3       experts as glm4moe under its own names (the router mlp.router.gate, the choice bias
+                                 as a bare exp_probs_b, the shared MLP ffn_*_shexp), q/k norms per head, no groups
     dots1    dots.llm1           experts as glm4moe (ffn_norm before the MLP); no window in the file
     exaone-moe K-EXAONE          as exaone4 with dots1's experts; multi-token prediction as glm4moe
     minimax-m2 MiniMax-M2        as Mixtral's experts, q/k norms over all heads, the choice bias as exp_probs_b
@@ -1106,6 +1108,23 @@ def _glm4_moe(reader, arch, tensors, c):
              partial_rotary_factor=_rotary_share(reader, arch, c))
 
 
+def _hy_v3(reader, arch, tensors, c):
+    """Tencent Hy V3: DeepSeek-V3's router without groups (sigmoid scores with the choice bias exp_probs_b, the top k
+    renormalised and scaled), per-head q/k norms, a layer without a router dense (the converter writes no
+    leading_dense_block_count; llama.cpp's loader goes by the tensors). transformers' model always renormalises: a file without expert_weights_norm (llama.cpp's default: none) is refused."""
+    _nextn(reader, arch, c)
+    _head_dim(reader, arch, c)
+    _no_groups(reader, arch)
+    if not _key(reader, arch, "expert_weights_norm", False):
+        raise ModelLoadError(f"this {arch} GGUF does not renormalise its experts' weights (expert_weights_norm), "
+                             "which Hy V3 always does; re-convert the model")
+    _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
+    c.update(router_scaling_factor=c.pop("routed_scaling_factor"), route_norm=True,     # HYV3Config's names
+             attention_bias="blk.0.attn_q.bias" in tensors,    # dense where a layer has no router (the loader's rule)
+             mlp_layer_types=["sparse" if f"blk.{i}.ffn_gate_inp.weight" in tensors else "dense"
+                              for i in range(c["num_hidden_layers"])])
+
+
 def _dots1(reader, arch, tensors, c):
     """dots.llm1: llama.cpp's graph attends to every position (the file has no window), so every layer is full."""
     _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
@@ -1367,6 +1386,13 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "olmoe": GGUFArch("olmoe", ("OlmoeForCausalLM",), OLMOE_LAYER, config=_olmoe, experts=QWEN_EXPERTS),
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
     "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
+    "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
+                      {**{k: v for k, v in ROUTED_LAYER.items() if not k.startswith(("ffn_gate_inp", "exp_probs_b",
+                                                                                      "ffn_gate_shexp", "ffn_up_shexp",
+                                                                                      "ffn_down_shexp"))},
+                       "ffn_gate_inp": "mlp.router.gate", "exp_probs_b": "mlp.expert_bias",
+                       **{f"ffn_{p}_shexp": f"mlp.shared_mlp.{p}_proj" for p in ("gate", "up", "down")}},
+                      config=_hy_v3, experts=QWEN_EXPERTS),
     "dots1": GGUFArch("dots1", ("Dots1ForCausalLM",), ROUTED_LAYER, config=_dots1, experts=QWEN_EXPERTS),
     "exaone-moe": GGUFArch("exaone_moe", ("ExaoneMoeForCausalLM",),
                            {**ROUTED_LAYER, "exp_probs_b.bias": "mlp.e_score_correction_bias"}, config=_exaone_moe,

@@ -54,6 +54,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     apertus  LlamaModel's keys, q/k rows as they are; xIELU's parameters as xielu.* arrays, a value a layer
     mistral4 DeepseekV2Model's keys and tensors (deepseek2's), the experts' 3-D gate_up_proj and down_proj as they
              are (ffn_gate_up_exps, ffn_down_exps)
+    hy_v3    TextModel's keys with HYV3Model's (the experts' and shared MLP's widths, expert_weights_norm and _scale,
+             sigmoid gating); the choice bias as a bare blk.N.exp_probs_b
     cohere2moe Cohere2MoeModel's keys (_cohere2moe); experts stacked, the shared ones as ffn_*_shexp
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
              ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
@@ -101,7 +103,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
-             "mistral4": "mistral4", "apertus": "apertus"}
+             "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -817,7 +819,7 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     if shared is not None:
         w.add_expert_shared_count(shared)
     shared_ffn = cfg.get("shared_expert_intermediate_size")
-    if arch == "exaone-moe":
+    if arch in ("exaone-moe", "hy_v3"):
         shared_ffn = cfg["moe_intermediate_size"] * shared
     elif arch == "hunyuan-moe":
         shared_ffn = cfg["intermediate_size"]
@@ -825,6 +827,10 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
         shared_ffn = cfg["intermediate_size"] // cfg["num_key_value_heads"]
     if shared_ffn:
         w.add_expert_shared_feed_forward_length(shared_ffn)
+    if arch == "hy_v3":                         # HYV3Model's (no leading_dense_block_count: the tensors say)
+        w.add_expert_weights_norm(cfg.get("route_norm", True))
+        w.add_expert_weights_scale(float(cfg.get("router_scaling_factor", 1.0)))
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if arch == "llama4":
         w.add_interleave_moe_layer_step(cfg["interleave_moe_layer_step"])
         if "layer_types" in cfg and all(kind == "full_attention" for kind in cfg["layer_types"]):
@@ -886,6 +892,12 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         hf = _mamba2_tensors(cfg, hf)
     if arch in ("lfm2", "lfm2moe"):    # the conv op takes a 2-D weight
         hf = {k: v.squeeze(1) if k.endswith("conv.conv.weight") else v for k, v in hf.items()}
+    if arch == "hy_v3":            # HYV3Model's names (gguf-py's HY_V3 map), as dots1's map names them
+        for name in [n for n in hf if n.endswith(".mlp.expert_bias")]:
+            layer = re.search(r"layers\.(\d+)\.", name).group(1)
+            out[f"blk.{layer}.exp_probs_b"] = hf.pop(name).astype(np.float32)
+        hf = {k.replace(".mlp.router.gate.", ".mlp.gate.").replace(".mlp.shared_mlp.", ".mlp.shared_experts."): v
+              for k, v in hf.items()}
     if arch == "mistral4":         # Mistral4Model's: the experts stacked already, named as weights
         hf = {k + ".weight" if k.endswith((".experts.gate_up_proj", ".experts.down_proj")) else k: v
               for k, v in hf.items()}
@@ -1054,7 +1066,7 @@ def _cohere2moe(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 
 # architectures the installed gguf-py does not know yet -> one whose tensor names it maps the same way
-NAMED_AS = {"cohere2moe": "glm4moe"}
+NAMED_AS = {"cohere2moe": "glm4moe", "hy_v3": "dots1"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba}

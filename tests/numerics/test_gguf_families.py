@@ -185,6 +185,8 @@ CASES = {
     # sigmoid scores with RMSNorm and two shared experts' width, two dense layers, global and rotating (llama.cpp
     # rotates the dense prefix whatever its kind: transformers' model does so where the prefix pattern is 1)
     "cohere2moe": _hf_case("cohere2-moe"),
+    # Tencent Hy V3: its own router, choice bias and shared MLP names, the dense first layer known by its tensors
+    "hy_v3": _hf_case("hy-v3"),
     # Apertus: xIELU's parameters as metadata arrays, per-head q/k norms, Llama 3 RoPE factors as rope_freqs
     "apertus": _hf_case("apertus"),
     # Mistral 4: DeepSeek's latent attention, softmax scores in groups, renormalised and scaled, its 3-D experts as
