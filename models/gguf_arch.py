@@ -1111,7 +1111,8 @@ def _glm4_moe(reader, arch, tensors, c):
 def _hy_v3(reader, arch, tensors, c):
     """Tencent Hy V3: DeepSeek-V3's router without groups (sigmoid scores with the choice bias exp_probs_b, the top k
     renormalised and scaled), per-head q/k norms, a layer without a router dense (the converter writes no
-    leading_dense_block_count; llama.cpp's loader goes by the tensors). transformers' model always renormalises: a file without expert_weights_norm (llama.cpp's default: none) is refused."""
+    leading_dense_block_count; llama.cpp's loader goes by the tensors). transformers' model always renormalises: a
+    file without expert_weights_norm (llama.cpp's default: none) is refused."""
     _nextn(reader, arch, c)
     _head_dim(reader, arch, c)
     _no_groups(reader, arch)
