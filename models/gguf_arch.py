@@ -11,6 +11,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  read as each expert's own), the router as ffn_gate_inp
     qwen2moe Qwen1.5/2-MoE       as qwen2 with experts, a shared expert (ffn_*_shexp) and its gate
     qwen3moe Qwen3-MoE           as qwen3 with experts
+    mellum   Mellum              as qwen3moe, every MLP experts; the window, each layer's kind and the sliding layers'
+                                 RoPE base (rope.freq_base_swa)
     qwen35   Qwen3.5 (text)      DeltaNet layers as ssm_* / attn_qkv / attn_gate: A as -exp(A_log), the conv
                                  squeezed, linear-attention V heads tiled over the key heads where fewer (rows of
                                  attn_qkv's V part, attn_gate, ssm_alpha / beta / a / dt, the conv's V channels;
@@ -568,6 +570,30 @@ def _qwen_moe(reader, arch, tensors, c):
              norm_topk_prob=arch == "qwen3moe")
     if (shared := _key(reader, arch, "expert_shared_feed_forward_length")):
         c["shared_expert_intermediate_size"] = shared
+
+
+def _mellum(reader, arch, tensors, c):
+    """JetBrains' Mellum as llama.cpp's graph runs it: every layer's MLP experts (softmax, the top k always
+    renormalised), per-head q/k norms, partial rotary as rope.dimension_count; with a window, each layer's kind from
+    sliding_window_pattern (a list, or every n-th layer full: the loader's set_swa_pattern, 4 unless written) and the
+    sliding layers' RoPE base as rope.freq_base_swa (their RoPE unscaled)."""
+    _head_dim(reader, arch, c)
+    if any(f"blk.{i}.ffn_gate.weight" in tensors for i in range(c["num_hidden_layers"])):
+        raise ModelLoadError(f"this {arch} GGUF has dense MLP layers, which llama.cpp's Mellum graph does not run; "
+                             "load the Hugging Face checkpoint instead")
+    n = c["num_hidden_layers"]
+    if _sliding_layers(reader, arch, c) and "layer_types" not in c:
+        every = _key(reader, arch, "attention.sliding_window_pattern", 4)
+        c["layer_types"] = ["sliding_attention" if every == 0 or i % every < every - 1 else "full_attention"
+                            for i in range(n)]
+    partial, theta = _rotary_share(reader, arch, c), c.pop("rope_theta")
+    local = _f32(_key(reader, arch, "rope.freq_base_swa", theta))
+    c.update(num_experts=_key(reader, arch, "expert_count"), num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"), norm_topk_prob=True,
+             rope_parameters={     # transformers' Mellum takes them a layer type
+                 "full_attention": {"rope_type": "default", **(rope_scaling(reader, arch) or {}), "rope_theta": theta,
+                                    "partial_rotary_factor": partial},
+                 "sliding_attention": {"rope_type": "default", "rope_theta": local, "partial_rotary_factor": partial}})
 
 
 def _qwen35(reader, arch, tensors, c):
@@ -1362,6 +1388,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                         config=_gptneox, by_kind=("attn_qkv",)),
     "qwen2moe": GGUFArch("qwen2_moe", ("Qwen2MoeForCausalLM",), QWEN_MOE_LAYER, config=_qwen_moe,
                          experts=QWEN_EXPERTS),
+    "mellum": GGUFArch("mellum", ("MellumForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_mellum,
+                       experts=QWEN_EXPERTS),
     "qwen3moe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,
                          experts=QWEN_EXPERTS),
     **{name: GGUFArch(model_type, (hf_arch,), layers, config=_qwen35, norm_shift=1.0, unshifted=("ssm_norm",),

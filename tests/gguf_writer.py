@@ -54,6 +54,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     apertus  LlamaModel's keys, q/k rows as they are; xIELU's parameters as xielu.* arrays, a value a layer
     mistral4 DeepseekV2Model's keys and tensors (deepseek2's), the experts' 3-D gate_up_proj and down_proj as they
              are (ffn_gate_up_exps, ffn_down_exps)
+    mellum   TextModel's keys with MellumModel's (the experts' width, the window and each layer's kind), the sliding
+             layers' RoPE base as rope.freq_base_swa
     hy_v3    TextModel's keys with HYV3Model's (the experts' and shared MLP's widths, expert_weights_norm and _scale,
              sigmoid gating); the choice bias as a bare blk.N.exp_probs_b
     cohere2moe Cohere2MoeModel's keys (_cohere2moe); experts stacked, the shared ones as ffn_*_shexp
@@ -103,7 +105,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
-             "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3"}
+             "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -827,6 +829,11 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
         shared_ffn = cfg["intermediate_size"] // cfg["num_key_value_heads"]
     if shared_ffn:
         w.add_expert_shared_feed_forward_length(shared_ffn)
+    if arch == "mellum":                        # MellumModel's, and TextModel's base for the sliding layers
+        if cfg.get("use_sliding_window") in (True, None) and cfg.get("sliding_window") is not None:
+            w.add_sliding_window(cfg["sliding_window"])
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        w.add_rope_freq_base_swa(cfg["rope_parameters"]["sliding_attention"]["rope_theta"])
     if arch == "hy_v3":                         # HYV3Model's (no leading_dense_block_count: the tensors say)
         w.add_expert_weights_norm(cfg.get("route_norm", True))
         w.add_expert_weights_scale(float(cfg.get("router_scaling_factor", 1.0)))
@@ -1066,7 +1073,7 @@ def _cohere2moe(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 
 # architectures the installed gguf-py does not know yet -> one whose tensor names it maps the same way
-NAMED_AS = {"cohere2moe": "glm4moe", "hy_v3": "dots1"}
+NAMED_AS = {"cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba}

@@ -187,6 +187,8 @@ CASES = {
     "cohere2moe": _hf_case("cohere2-moe"),
     # Tencent Hy V3: its own router, choice bias and shared MLP names, the dense first layer known by its tensors
     "hy_v3": _hf_case("hy-v3"),
+    # Mellum: each layer's kind and the sliding layers' RoPE base; every MLP experts (llama.cpp's graph has no dense)
+    "mellum": _hf_case("mellum", mlp_layer_types=["sparse"] * 3),
     # Apertus: xIELU's parameters as metadata arrays, per-head q/k norms, Llama 3 RoPE factors as rope_freqs
     "apertus": _hf_case("apertus"),
     # Mistral 4: DeepSeek's latent attention, softmax scores in groups, renormalised and scaled, its 3-D experts as
