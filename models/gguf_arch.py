@@ -588,7 +588,8 @@ def _mellum(reader, arch, tensors, c):
                             for i in range(n)]
     partial, theta = _rotary_share(reader, arch, c), c.pop("rope_theta")
     local = _f32(_key(reader, arch, "rope.freq_base_swa", theta))
-    c.update(num_experts=_key(reader, arch, "expert_count"), num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+    c.update(num_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
              moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"), norm_topk_prob=True,
              rope_parameters={     # transformers' Mellum takes them a layer type
                  "full_attention": {"rope_type": "default", **(rope_scaling(reader, arch) or {}), "rope_theta": theta,
