@@ -109,6 +109,7 @@ from kiln.runtime import Artifact
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 TOL = 1e-4
 IDS = np.random.default_rng(5).integers(0, 512, size=19).tolist()
 SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,

@@ -19,6 +19,7 @@ from test_families import write_family
 from tiny_models import greedy_reference, reference_logits
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 TOL = 1e-4
 WINDOW = 16
 IDS = np.random.default_rng(8).integers(3, 500, size=40).tolist()

@@ -15,6 +15,7 @@ import kiln
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 SLIDING, FULL = "sliding_attention", "full_attention"
 TEXT = dict(vocab_size=512, hidden_size=64, intermediate_size=[96, 96, 128, 96, 96, 64], num_hidden_layers=6,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,

@@ -32,6 +32,7 @@ from kiln.runtime.model_runner import ModelRunner
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 TOL = 1e-4
 IDS = np.random.default_rng(8).integers(3, 500, size=30).tolist()     # past the 8-token window
 SLIDING, FULL = "sliding_attention", "full_attention"

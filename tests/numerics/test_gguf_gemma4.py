@@ -19,6 +19,7 @@ from test_gemma4 import CASES, IDS, TOL, write_gemma4
 from tiny_models import CORPUS, assert_prefill_and_decode_match, write_gemma_tokenizer
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 
 
 def _written(case: str, root, **types):

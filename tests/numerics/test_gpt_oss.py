@@ -17,6 +17,7 @@ from test_families import IDS, TOL, write_family
 from tiny_models import assert_prefill_and_decode_match
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 
 
 def _codes(rng, rows: int, cols: int, experts: int):

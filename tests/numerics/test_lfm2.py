@@ -15,6 +15,7 @@ from kiln.runtime.artifact import Artifact
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256,
               layer_types=["conv", "full_attention", "conv", "full_attention"], block_multiple_of=32, eos_token_id=2,

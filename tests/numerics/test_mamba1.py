@@ -15,6 +15,7 @@ from kiln.runtime.artifact import Artifact
 from tiny_models import assert_prefill_and_decode_match, assert_recurrent_engine, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 IDS = np.random.default_rng(9).integers(3, 500, size=24).tolist()
 SMALL = dict(vocab_size=512, hidden_size=64, eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
 FAMILIES = {

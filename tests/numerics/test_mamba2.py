@@ -21,6 +21,7 @@ from kiln.runtime.artifact import Artifact
 from tiny_models import assert_prefill_and_decode_match, assert_recurrent_engine, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 IDS = np.random.default_rng(8).integers(3, 500, size=30).tolist()
 SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256, eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)

@@ -13,6 +13,7 @@ from kiln.runtime.artifact import Artifact
 from tiny_models import assert_prefill_and_decode_match, assert_recurrent_engine, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
               linear_value_head_dim=16, max_position_embeddings=256, eos_token_id=2, bos_token_id=None,

@@ -15,6 +15,7 @@ import kiln
 from tiny_models import assert_prefill_and_decode_match, assert_recurrent_engine, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 IDS = np.random.default_rng(10).integers(3, 500, size=19).tolist()
 CONFIG = dict(vocab_size=512, hidden_size=80, intermediate_size=96, num_hidden_layers=4, num_attention_heads=5,
               num_key_value_heads=1, attention_window_size=20, conv1d_width=4, logits_soft_cap=3.0,

@@ -15,6 +15,7 @@ from kiln.runtime.artifact import Artifact
 from tiny_models import assert_prefill_and_decode_match, assert_recurrent_engine, write_widened
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 IDS = np.random.default_rng(9).integers(3, 500, size=24).tolist()
 ZAMBA2 = dict(vocab_size=512, hidden_size=64, num_hidden_layers=6, intermediate_size=96, num_attention_heads=4,
               num_key_value_heads=4, mamba_d_state=16, n_mamba_heads=4, mamba_ngroups=2, num_mem_blocks=2,
