@@ -305,12 +305,14 @@ def test_a_router_the_hf_model_cannot_run_is_refused(case, change, refusal, tmp_
      r"scales RoPE by yarn without deepseek2.rope.scaling.yarn_log_multiplier"),
     ("afmoe", dict(scoring_func="softmax"), None, r"afmoe GGUF \(gating 1, .*not the sigmoid-routed"),
     ("llama4", dict(layer_types=["full_attention"] * 4), None, r"sets its own attention pattern \(attention.sliding"),
+    ("hy_v3", dict(route_norm=False), None, r"does not renormalise its experts' weights \(expert_weights_norm\)"),
 ])
 def test_what_no_hf_model_computes_as_llama_cpp_is_refused(case, change, arch, refusal, tmp_path):
     """A granite GGUF that says a layer is Mamba (head_count_kv 0 there: only granitehybrid has them), a
     DeepSeek GGUF with YaRN but no yarn_log_multiplier (llama.cpp then scales cos / sin and the softmax both) and an
-    AFMoE routed by softmax (transformers' model has only sigmoid scores) and a Llama 4 without chunks (MobileLLM's:
-    llama.cpp's graph then rotates every layer but the last) are refused on load, naming the key and
+    AFMoE routed by softmax (transformers' model has only sigmoid scores), a Llama 4 without chunks (MobileLLM's:
+    llama.cpp's graph then rotates every layer but the last) and a Hy V3 whose weights are not renormalised
+    (transformers' always are) are refused on load, naming the key and
     the fix."""
     _assert_refused(case, change, refusal, tmp_path, arch)
 
