@@ -155,6 +155,12 @@ import numpy as np
 from .gguf_meta import meta
 from .source import ModelLoadError
 
+def _mlp(module: str, kind: str = "") -> dict[str, str]:
+    """GGUF ffn_gate / ffn_up / ffn_down keys (`kind` "_shexp": a shared MLP's) -> `module`'s gate_proj / up_proj /
+    down_proj."""
+    return {f"ffn_{p}{kind}": f"{module}.{p}_proj" for p in ("gate", "up", "down")}
+
+
 LLAMA_LAYER = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -170,8 +176,7 @@ QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{j}.gate_proj", "ffn_up_exps": "ml
 OLMOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
                **QK_NORMS, "ffn_gate_inp": "mlp.gate"}
 QWEN_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
-                  "ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
-                  "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+                  "ffn_gate_inp": "mlp.gate", **_mlp("mlp.shared_expert", "_shexp"),
                   "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
 QWEN35_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"}, **QK_NORMS,
                 "post_attention_norm": "post_attention_layernorm", "attn_qkv": "linear_attn.in_proj_qkv",
@@ -275,8 +280,7 @@ FALCON_GLOBAL = {"token_embd": "transformer.word_embeddings", "output_norm": "tr
 # the dense leading layers keep LLAMA_LAYER's ffn_gate / ffn_up / ffn_down.
 ROUTED_LAYER = {**LLAMA_LAYER, **QK_NORMS, "ffn_gate_inp": "mlp.gate",
                 "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
-                "ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
-                "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+                **_mlp("mlp.shared_experts", "_shexp")}
 AFMOE_LAYER = {**ROUTED_LAYER, "ffn_norm": "pre_mlp_layernorm", "post_attention_norm": "post_attention_layernorm",
                "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj",
                "ffn_gate_inp": "mlp.router.gate", "exp_probs_b.bias": "mlp.expert_bias"}
@@ -284,18 +288,16 @@ GLM4_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k != "ffn_norm"},
                   "post_attention_norm": "post_attention_layernorm"}
 ERNIE_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in QK_NORMS},
                    "exp_probs_b.bias": "mlp.moe_statics.e_score_correction_bias"}
-HUNYUAN_MOE_LAYER = {**HUNYUAN_LAYER, "ffn_gate_inp": "mlp.gate.wg", "ffn_gate_shexp": "mlp.shared_mlp.gate_proj",
-                     "ffn_up_shexp": "mlp.shared_mlp.up_proj", "ffn_down_shexp": "mlp.shared_mlp.down_proj"}
+HUNYUAN_MOE_LAYER = {**HUNYUAN_LAYER, "ffn_gate_inp": "mlp.gate.wg", **_mlp("mlp.shared_mlp", "_shexp")}
 GPT_OSS_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith("attn_")},
                  "post_attention_norm": "post_attention_layernorm", "attn_sinks.weight": "self_attn.sinks",
                  "ffn_gate_inp": "mlp.router", "ffn_down_exps.weight": "mlp.experts.down_proj",
                  "ffn_down_exps.bias": "mlp.experts.down_proj_bias"}
 COHERE2_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"}, "ffn_gate_inp": "mlp.gate",
-                     **{f"ffn_{p}_shexp": f"mlp.shared_experts.{p}_proj" for p in ("gate", "up", "down")}}
+                     **_mlp("mlp.shared_experts", "_shexp")}
 XIELU = {f"mlp.act_fn.{p}": f"xielu.{p}" for p in ("alpha_n", "alpha_p", "beta", "eps")}
 LLAMA4_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith(("attn_", "ffn_norm"))},
-                **{f"ffn_{p}": f"feed_forward.{p}_proj" for p in ("gate", "up", "down")},
-                **{f"ffn_{p}_shexp": f"feed_forward.shared_expert.{p}_proj" for p in ("gate", "up", "down")},
+                **_mlp("feed_forward"), **_mlp("feed_forward.shared_expert", "_shexp"),
                 "ffn_gate_inp": "feed_forward.router", "ffn_down_exps.weight": "feed_forward.experts.down_proj"}
 MINIMAX_M2_LAYER = {**OLMOE_LAYER, "ffn_gate_inp": "block_sparse_moe.gate",
                     "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
@@ -1417,11 +1419,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
     "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
-                      {**{k: v for k, v in ROUTED_LAYER.items() if not k.startswith(("ffn_gate_inp", "exp_probs_b",
-                                                                                      "ffn_gate_shexp", "ffn_up_shexp",
-                                                                                      "ffn_down_shexp"))},
+                      {**{k: v for k, v in ROUTED_LAYER.items() if k != "exp_probs_b.bias"},
                        "ffn_gate_inp": "mlp.router.gate", "exp_probs_b": "mlp.expert_bias",
-                       **{f"ffn_{p}_shexp": f"mlp.shared_mlp.{p}_proj" for p in ("gate", "up", "down")}},
+                       **_mlp("mlp.shared_mlp", "_shexp")},
                       config=_hy_v3, experts=QWEN_EXPERTS),
     "dots1": GGUFArch("dots1", ("Dots1ForCausalLM",), ROUTED_LAYER, config=_dots1, experts=QWEN_EXPERTS),
     "exaone-moe": GGUFArch("exaone_moe", ("ExaoneMoeForCausalLM",),
