@@ -128,18 +128,10 @@ def _quick_llvm(request):
     """KILN_LLVM_OPT_LEVEL=0 (targets/cpu llvm_opt_level) for the compiles of a module that sets QUICK_LLVM: tiny
     random models whose build is most of their test's time, checked against their references at that level. Session
     fixtures (the shared tiny and SmolLM2 artifacts) set up before it and build at LLVM's default."""
-    if not getattr(request.module, "QUICK_LLVM", False):
+    with pytest.MonkeyPatch.context() as patch:
+        if getattr(request.module, "QUICK_LLVM", False):
+            patch.setenv("KILN_LLVM_OPT_LEVEL", "0")
         yield
-        return
-    before = os.environ.get("KILN_LLVM_OPT_LEVEL")
-    os.environ["KILN_LLVM_OPT_LEVEL"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("KILN_LLVM_OPT_LEVEL", None)
-        else:
-            os.environ["KILN_LLVM_OPT_LEVEL"] = before
 
 
 @pytest.fixture(scope="session", autouse=True)

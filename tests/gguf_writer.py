@@ -596,11 +596,12 @@ def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
     if cfg.get("norm_topk_prob"):
         w.add_expert_weights_norm(True)
     w.add_rope_dimension_count(rope)
-    if (mscale_all := (_rope(cfg)[1] or {}).get("mscale_all_dim")) is not None:
+    scaling = _rope(cfg)[1] or {}
+    if (mscale_all := scaling.get("mscale_all_dim")) is not None:
         w.add_rope_scaling_yarn_log_mul(0.1 * mscale_all)
-    if (beta := (_rope(cfg)[1] or {}).get("llama_4_scaling_beta")) is not None:   # the Mistral-format converter's
+    if (beta := scaling.get("llama_4_scaling_beta")) is not None:     # the Mistral-format converter's
         w.add_attn_temperature_scale(beta)
-        w.add_attn_temperature_length(_rope(cfg)[1]["original_max_position_embeddings"])
+        w.add_attn_temperature_length(scaling["original_max_position_embeddings"])
     if cfg["model_type"] == "glm4_moe_lite" and cfg.get("num_nextn_predict_layers"):
         w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
 
@@ -912,8 +913,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         for name in [n for n in hf if n.endswith(".experts.gate_up_proj")]:
             gate, up = np.split(hf.pop(name).swapaxes(-1, -2), 2, axis=-2)
             hf[f"{name[:-12]}gate_proj.weight"], hf[f"{name[:-12]}up_proj.weight"] = gate, up
-        hf = {k + ".weight" if k.endswith(".experts.down_proj") else k: v.swapaxes(-1, -2)
-              if k.endswith(".experts.down_proj") else v for k, v in hf.items()}
+        for name in [n for n in hf if n.endswith(".experts.down_proj")]:
+            hf[f"{name}.weight"] = hf.pop(name).swapaxes(-1, -2)
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
         hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename
