@@ -86,3 +86,15 @@ def test_q8_keeps_mxfp4_values_exactly(scale_dtype):
     plain = rng.standard_normal((6, 128)).astype(np.float32)
     scale = quantize(fmt, plain)["scale"]
     np.testing.assert_array_equal(scale, (np.abs(plain.reshape(6, 4, 32)).max(-1) / 127).astype(scale_dtype))
+
+
+def test_llvm_opt_level_goes_into_the_cpu_target_and_a_bad_one_is_refused(monkeypatch):
+    """KILN_LLVM_OPT_LEVEL (targets/cpu llvm_opt_level): 0-3 becomes the target's opt-level, unset leaves LLVM's
+    default, anything else is refused naming the variable and the values it takes."""
+    monkeypatch.delenv("KILN_LLVM_OPT_LEVEL", raising=False)
+    assert "opt-level" not in get_profile("cpu").target
+    monkeypatch.setenv("KILN_LLVM_OPT_LEVEL", "0")
+    assert get_profile("cpu").target["opt-level"] == 0
+    monkeypatch.setenv("KILN_LLVM_OPT_LEVEL", "fast")
+    with pytest.raises(ValueError, match=r"KILN_LLVM_OPT_LEVEL='fast': LLVM takes 0, 1, 2 or 3"):
+        get_profile("cpu")
