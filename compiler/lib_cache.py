@@ -9,7 +9,7 @@ generation is skipped (TIR lowering, the device compiler, linking: ~70% of a tin
 pipeline still runs, since its result is the key, so whatever changes the kernels (kiln's sources,
 a tuning database, a knob patched at run time) changes the key as well.
 
-The key (`library_key`) is a sha256 of: the module after the pipeline serialized whole
+The key (`library_key`) is a sha256 of: the module after the pipeline serialized function by function
 (tvm.ir.save_json: every function, attribute and bound constant), the TVM target as JSON, the
 pass context's options, the profile's export (format, system library, linker), TVM's version and
 kiln's compiler fingerprint. Entries live in <cache_dir>/libs/<key><suffix> (KILN_LIB_CACHE names
@@ -20,7 +20,8 @@ another asking for the same key waits and copies it.
 
 Below the libraries, kernels: a library not held whole is linked from kernel objects kept one per
 kernel where its build compiles in parts (KernelObjects, codegen.build), so the kernels two
-modules share are compiled once.
+modules share are compiled once; and before them, each kernel's schedule (targets/schedule_memo.py),
+so a kernel scheduled once is not scheduled again.
 """
 
 from __future__ import annotations
@@ -75,7 +76,14 @@ def library_key(lowered, profile, target) -> str:
     import tvm
     digest = _digest([*_environment(target),
                       f"{profile.export_format}|{profile.system_lib}|{profile.exporter is None}|{profile.lib_name}"])
-    digest.update(tvm.ir.save_json(lowered).encode())
+    # Function by function: a module's JSON writes a node two functions (or a function and the type of
+    # the GlobalVar naming it) share once, and whether they share it is no part of the code (a kernel
+    # whose schedule was kept, targets/schedule_memo.py, shares nothing with the rest of the module;
+    # the same kernel scheduled here may).
+    for part in (lowered.attrs, lowered.global_infos):
+        digest.update(tvm.ir.save_json(part).encode() + b"\0" if part is not None else b"-\0")
+    for gv, func in lowered.functions_items():
+        digest.update(gv.name_hint.encode() + b"\0" + tvm.ir.save_json(func).encode() + b"\0")
     return digest.hexdigest()[:32]
 
 
@@ -160,44 +168,36 @@ class LibraryCache:
 
 KERNELS = "kernels"           # <root>/kernels/<key>-<sha256 of the object, 16 digits>.o
 PARSED = "parsed"             # <root>/parsed/<key>-<sha256 of its JSON, 16 digits>.json (targets/kernel_memo.py)
+SCHEDULED = "scheduled"       # <root>/scheduled/<key>-<sha256 of its JSON, 16 digits>.json (targets/schedule_memo.py)
 
 
 class KernelObjects:
     """Kernels compiled one object file each, kept by the code they hold, so a build whose library is
     not cached whole still copies every kernel an earlier build compiled (codegen.build): the same
     model at another quantization shares its attention, norm and sampling kernels; a test suite's
-    tiny models share most of theirs. A kernel's key is a sha256 of the module it is built as (one
-    PrimFunc, tvm.ir.save_json) and of what the library's key holds but the profile's export (kiln's
-    compiler fingerprint, TVM's version, the target, the pass context's options); the object's own
-    sha256 is in its name, checked on every read (a damaged one is compiled again). Written whole
-    or not at all (a rename); no lock: two builds of one kernel write the same bytes."""
+    tiny models share most of theirs. A kernel's key is a sha256 of the module it is built as (its
+    attributes, the PrimFunc and its name, tvm.ir.save_json) and of what the library's key holds but
+    the profile's export (kiln's compiler fingerprint, TVM's version, the target, the pass context's
+    options); the object's own sha256 is in its name, checked on every read (a damaged one is
+    compiled again). Written whole or not at all (a rename); no lock: two builds of one kernel write
+    the same bytes."""
 
     def __init__(self, folder: Path, environment: "hashlib._Hash") -> None:
         self.folder, self._environment = folder, environment
 
     def key(self, module) -> str:
+        """Of a one-kernel module: its attributes, the kernel's name and the kernel (not the GlobalVar
+        naming it, whose type may share the kernel's size variables or not: library_key)."""
         import tvm
         digest = self._environment.copy()
-        digest.update(tvm.ir.save_json(module).encode())
+        digest.update(tvm.ir.save_json(module.attrs).encode() + b"\0" if module.attrs is not None else b"-\0")
+        for gv, func in module.functions_items():
+            digest.update(gv.name_hint.encode() + b"\0" + tvm.ir.save_json(func).encode())
         return digest.hexdigest()[:32]
 
     def lookup(self, keys: list[str]) -> dict[str, bytes]:
         """The objects kept for those keys (those with a sound copy), by key."""
-        try:
-            names = os.listdir(self.folder)
-        except OSError:
-            return {}
-        stored: dict[str, list[str]] = {}
-        for name in names:
-            if name.endswith(".o") and not name.startswith("."):
-                stored.setdefault(name.partition("-")[0], []).append(name)
-        found = {}
-        for key in set(keys) & stored.keys():
-            for name in stored[key]:
-                if (data := read_checked(self.folder / name, key)) is not None:
-                    found[key] = data
-                    break
-        return found
+        return read_kept(self.folder, keys, ".o")
 
     def keep(self, key: str, data: bytes) -> None:
         keep_checked(self.folder, key, data, ".o")
@@ -215,6 +215,26 @@ def keep_checked(folder: Path, key: str, data: bytes, suffix: str) -> None:
     except OSError:
         with contextlib.suppress(OSError):
             part.unlink()
+
+
+def read_kept(folder: Path, keys: list[str], suffix: str) -> dict[str, bytes]:
+    """The files keep_checked wrote in `folder` for those keys (those with a sound copy), by key: the
+    folder is listed once, however many keys."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    stored: dict[str, list[str]] = {}
+    for name in names:
+        if name.endswith(suffix) and not name.startswith("."):
+            stored.setdefault(name.partition("-")[0], []).append(name)
+    found = {}
+    for key in set(keys) & stored.keys():
+        for name in stored[key]:
+            if (data := read_checked(folder / name, key)) is not None:
+                found[key] = data
+                break
+    return found
 
 
 def read_checked(path: Path, key: str) -> bytes | None:
@@ -241,16 +261,26 @@ def libraries() -> list[Library]:
     return _files(root, lambda p: p.suffix not in (".lock", ".sha256")) if root is not None else []
 
 
+# What a compile keeps below the libraries, by kind: its folder, its files' suffix and what `kiln cache` calls them.
+KEPT = {"kernel": (KERNELS, ".o", "compiled kernels"),               # KernelObjects
+        "parsed": (PARSED, ".json", "parsed kernels"),               # targets/kernel_memo.py
+        "scheduled": (SCHEDULED, ".json", "scheduled kernels")}      # targets/schedule_memo.py
+
+
+def kept(kind: str) -> list[Library]:
+    """Every file of that kind (a KEPT key), least recently used first."""
+    root, (folder, suffix, _) = cache_root(), KEPT[kind]
+    return _files(root / folder, lambda p: p.suffix == suffix) if root is not None else []
+
+
 def kernels() -> list[Library]:
     """Every kept kernel object (KernelObjects), least recently used first."""
-    root = cache_root()
-    return _files(root / KERNELS, lambda p: p.suffix == ".o") if root is not None else []
+    return kept("kernel")
 
 
 def parsed_kernels() -> list[Library]:
     """Every kept parsed kernel (TVMScript, as TVM's JSON: targets/kernel_memo.py), least recently used first."""
-    root = cache_root()
-    return _files(root / PARSED, lambda p: p.suffix == ".json") if root is not None else []
+    return kept("parsed")
 
 
 def _files(folder: Path, wanted) -> list[Library]:
@@ -263,9 +293,9 @@ def _files(folder: Path, wanted) -> list[Library]:
     return sorted(found, key=lambda lib: lib.last_used)
 
 
-def clean(older_than_s: float | None = None) -> tuple[list[Library], list[Library], list[Library]]:
-    """Remove every cached library, kernel object and parsed kernel (or those unused for `older_than_s`
-    seconds); returns them (libraries, kernel objects, parsed kernels)."""
+def clean(older_than_s: float | None = None) -> tuple[list[Library], dict[str, list[Library]]]:
+    """Remove every cached library and every file of each KEPT kind (or those unused for `older_than_s`
+    seconds); returns them (the libraries, the kept files by kind)."""
     cutoff = time.time() - older_than_s if older_than_s is not None else float("inf")
     removed = [lib for lib in libraries() if lib.last_used < cutoff]
     for lib in removed:
@@ -273,8 +303,7 @@ def clean(older_than_s: float | None = None) -> tuple[list[Library], list[Librar
             lib.path.unlink()
             for side in (".sha256", ".lock"):
                 lib.path.with_suffix(side).unlink(missing_ok=True)
-    objects = [k for k in kernels() if k.last_used < cutoff]
-    parsed = [k for k in parsed_kernels() if k.last_used < cutoff]
-    for k in objects + parsed:
-        k.path.unlink(missing_ok=True)
-    return removed, objects, parsed
+    files = {kind: [f for f in kept(kind) if f.last_used < cutoff] for kind in KEPT}
+    for f in (f for found in files.values() for f in found):
+        f.path.unlink(missing_ok=True)
+    return removed, files

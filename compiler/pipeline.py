@@ -22,6 +22,7 @@ from kiln.targets import TargetProfile
 
 from .passes.accumulate_f32 import AccumulateInFloat32
 from .passes.clip_take import ClipTake
+from .passes.constant_fills import ConstantFills
 from .passes.fuse_add_rms_norm import FuseAddRMSNorm
 from .passes.fuse_dequantize_matmul import FuseDequantizeMatmul
 from .passes.fuse_norm_matmul import FuseNormIntoMatmul
@@ -63,6 +64,8 @@ def phases(profile: TargetProfile) -> list[tuple[str, list[tvm.transform.Pass]]]
             *([FuseNormIntoMatmul()] if profile.norm_prologue else []),
             # Gathers clamp their indices (no out-of-range reads, no TOPI warning per compile).
             ClipTake(),
+            # Fills of a static shape as the constants they make (not compiled and run by FoldConstant).
+            ConstantFills(),
             *profile.passes("graph"),
             relax.transform.DeadCodeElimination(),
         ]),

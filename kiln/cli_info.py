@@ -89,14 +89,14 @@ def cache() -> None:
 
 @cache.command("list")
 @click.option("--json", "as_json", is_flag=True,
-              help="one JSON object per artifact, built library, compiled and parsed kernel (\"kind\" says which), "
-                   "one per line")
+              help="one JSON object per artifact, built library, compiled, parsed and scheduled kernel (\"kind\" "
+                   "says which), one per line")
 def cache_list(as_json) -> None:
     """Every cached artifact: model, quantization, target, size and last use (oldest first); then how
-    many built libraries, compiled kernels and parsed kernels the compiles keep (--json: each of them)."""
+    many built libraries, compiled, parsed and scheduled kernels the compiles keep (--json: each of them)."""
     from kiln.cache import artifacts_dir, entries
-    from kiln.compiler.lib_cache import cache_root, kernels, libraries, parsed_kernels
-    found, libs, objects, parsed = entries(), libraries(), kernels(), parsed_kernels()
+    from kiln.compiler.lib_cache import KEPT, cache_root, kept, libraries
+    found, libs, files = entries(), libraries(), {kind: kept(kind) for kind in KEPT}
     for e in found:
         row = {"kind": "artifact", "path": str(e.path), "model": e.model, "quant": e.quant, "target": e.target,
                "bytes": e.bytes, "last_used": _when(e.last_used)}
@@ -106,20 +106,21 @@ def cache_list(as_json) -> None:
             click.echo(f"{row['last_used']}  {e.bytes / 1e6:8.1f} MB  {e.quant:<9} {e.target:<8} {e.model}  "
                        f"({e.path.name})")
     if as_json:
-        for kind, files in (("library", libs), ("kernel", objects), ("parsed", parsed)):
-            for f in files:
+        for kind, listed in (("library", libs), *files.items()):
+            for f in listed:
                 click.echo(json.dumps({"kind": kind, "path": str(f.path), "bytes": f.bytes,
                                        "last_used": _when(f.last_used)}))
     else:
         click.echo(f"{len(found)} entries, {sum(e.bytes for e in found) / 1e6:.1f} MB in {artifacts_dir()}")
-        if libs or objects or parsed:
-            click.echo(f"{_kept(libs, objects, parsed)}, in {cache_root()}")
+        if libs or any(files.values()):
+            click.echo(f"{_kept(libs, files)}, in {cache_root()}")
 
 
-def _kept(libs, objects, parsed) -> str:
-    """How many built libraries, compiled kernels and parsed kernels, and their sizes."""
-    return ", ".join(f"{len(files)} {what}, {sum(f.bytes for f in files) / 1e6:.1f} MB" for what, files in (
-        ("built libraries", libs), ("compiled kernels", objects), ("parsed kernels", parsed)))
+def _kept(libs, files: dict) -> str:
+    """How many built libraries and kept kernels of each kind, and their sizes."""
+    from kiln.compiler.lib_cache import KEPT
+    return ", ".join(f"{len(listed)} {what}, {sum(f.bytes for f in listed) / 1e6:.1f} MB" for what, listed in (
+        ("built libraries", libs), *((KEPT[kind][2], listed) for kind, listed in files.items())))
 
 
 def _when(timestamp: float) -> str:
@@ -130,14 +131,14 @@ def _when(timestamp: float) -> str:
 @click.option("--older-than", default=None, help="only entries unused for this long: 90s, 30m, 12h, 7d, 2w")
 @friendly_errors
 def cache_clean(older_than) -> None:
-    """Remove cached artifacts, built libraries, compiled and parsed kernels (all, or those unused for
-    --older-than); they are compiled again on next use."""
+    """Remove cached artifacts, built libraries, compiled, parsed and scheduled kernels (all, or those
+    unused for --older-than); they are built again on next use."""
     from kiln.cache import clean, parse_age
     from kiln.compiler import lib_cache
     age = parse_age(older_than) if older_than else None
-    removed, kept = clean(age), lib_cache.clean(age)
+    removed, (libs, files) = clean(age), lib_cache.clean(age)
     click.echo(f"removed {len(removed)} entries, {sum(e.bytes for e in removed) / 1e6:.1f} MB"
-               + (f", {_kept(*kept)}" if any(kept) else ""))
+               + (f", {_kept(libs, files)}" if libs or any(files.values()) else ""))
 
 
 @click.command("models")

@@ -28,6 +28,7 @@ from .kiln_attention import UseKilnAttention
 from .narrow_tiles import NarrowTensorCoreMatmul
 from .norm_prologue import has_norm, match_norm
 from .row_dispatch import dispatch_on_rows, is_scheduled, one_row, output_rows, over_params
+from .schedule_memo import ScheduleOnce
 from .workspace_outputs import WorkspaceOutputs
 
 
@@ -441,7 +442,7 @@ def gpu_phase_passes(profile, phase: str, narrow_index: bool = False) -> list:
     if phase != "schedule":
         return []
     passes = [LowBatchGEMV(narrow_index=narrow_index), WorkspaceOutputs(),
-              dl.ApplyDefaultSchedule(*gpu_schedule_rules())]
+              ScheduleOnce(*gpu_schedule_rules())]
     kind = profile.target.get("kind")
     passes.insert(0, SoftcapTVMAttention())         # Gemma 2: TVM's kernels that stay cap their scores
     if kind in DECODE_ATTENTION_KINDS or kind in PREFILL_ATTENTION_KINDS:

@@ -42,7 +42,7 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         # Matmuls over symbolic rows get a GEMV copy (scheduled for <= 4 rows; folded in at lower).
         return [LowBatchGEMV(max_rows=LOW_BATCH_ROWS)]
     if phase == "schedule":
-        from tvm.s_tir import dlight as dl
+        from ..schedule_memo import ScheduleOnce
         # The KV cache's attention kernels: TVM's scalar loops out, kiln's vectorised ones in;
         # then every kernel gets the first CPU rule that matches (tuned knobs where the database has them).
         # A soft-capped model (Gemma 2) has the cap in kiln's kernels and written into TVM's that remain.
@@ -50,8 +50,10 @@ def _phase_passes(profile: TargetProfile, phase: str) -> list:
         simd = attention_lanes(profile.tvm_target())
         # --decode-activations int8: every PrimFunc told (QuantMatmul's GEMVs of 1-8 rows take int8 x).
         from .int8_gemv import mark_int8_decode
+        # Each kernel's schedule is kept (schedule_memo.py): the rules read the tuning database too.
+        db = profile.tuning_db_path()
         return [UseKilnCPUAttention(simd), FixTVMSlidingPrefill(), SoftcapTVMAttention(), mark_int8_decode,
-                dl.ApplyDefaultSchedule(*profile.tuning_space().rules())]
+                ScheduleOnce(*profile.tuning_space().rules(), identity=db.read_bytes() if db.is_file() else b"")]
     if phase == "lower":
         # Each scheduled GEMV copy folded into its matmul behind `if rows <= 4`.
         return [DispatchLowBatchGEMV()]

@@ -124,8 +124,13 @@ def test_cache_list_and_clean_count_the_libraries(libs, tiny_dirs, tmp_path):
     parsed = [r for r in rows if r["kind"] == "parsed"]
     assert parsed and {r["path"] for r in parsed} == {str(k.path) for k in lib_cache.parsed_kernels()}
     assert f"{len(parsed)} parsed kernels" in listed.output
+    scheduled = [r for r in rows if r["kind"] == "scheduled"]          # targets/schedule_memo.py
+    assert scheduled and {r["path"] for r in scheduled} == {str(k.path) for k in lib_cache.kept("scheduled")}
+    assert f"{len(scheduled)} scheduled kernels" in listed.output
     gone = runner.invoke(main, ["cache", "clean"])
     assert gone.exit_code == 0 and "1 built libraries" in gone.output
     assert f"{len(kernels)} compiled kernels" in gone.output and f"{len(parsed)} parsed kernels" in gone.output
+    assert f"{len(scheduled)} scheduled kernels" in gone.output
     assert lib_cache.libraries() == lib_cache.kernels() == lib_cache.parsed_kernels() == []
+    assert lib_cache.kept("scheduled") == []
     assert not list(libs.glob("*.sha256"))
