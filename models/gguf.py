@@ -32,6 +32,7 @@ from gguf import GGMLQuantizationType as QType
 from .gguf_arch import GGUF_ARCHS, LLAMA_GLOBAL, LLAMA_LAYER, GGUFArch, rope_scaling
 from .gguf_meta import meta as _meta
 from .gguf_tokenizer import _check_tokenizer, write_gguf_tokenizer
+from .qwen_vl import TEXT_ONLY
 from .source import ModelLoadError, ModelSource, content_hash
 from .unsupported import unsupported_reason
 
@@ -609,12 +610,16 @@ def load_gguf(path: Path) -> ModelSource:
         weights=weights,
         write_tokenizer=(lambda d: write_gguf_tokenizer(reader, d)) if has_tokenizer else None,
         content_hash=content_hash([path]),
-        notes=_notes(weights, config),
+        notes=_notes(weights, config, _arch(reader)[0]),
         stored_quant="GGUF",
     )
 
 
-def _notes(weights: GGUFWeights, config: dict) -> list[str]:
+# vision-language models whose GGUF holds the text model (the vision tower is a separate mmproj file)
+VISION_TEXT = ("qwen2vl", "qwen3vl", "qwen3vlmoe")
+
+
+def _notes(weights: GGUFWeights, config: dict, arch: str) -> list[str]:
     """Human-readable remarks on what loading changed or left out."""
     counts = Counter(weights.tensor_type(name) for name in weights.names())
     # What the file holds; what became of it (kept bit-exact, re-quantized, dequantized) is the
@@ -627,4 +632,6 @@ def _notes(weights: GGUFWeights, config: dict) -> list[str]:
         notes.append(f"GGUF tensors with no HF counterpart were skipped: {', '.join(weights.unmapped)}")
     if config.get("rope_scaling"):
         notes.append(f"RoPE scaling {config['rope_scaling']['rope_type']!r} read from the GGUF")
+    if arch in VISION_TEXT:
+        notes.append(f"{arch}: {TEXT_ONLY}")
     return notes

@@ -527,6 +527,13 @@ def _qwen3(reader, arch, tensors, c):
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
 
 
+def _no_head_bias(reader, arch, tensors, c):
+    """llama.cpp's qwen2vl loader takes an output.bias where a file has one; Qwen2-VL's head has none, nor kiln's."""
+    if "output.bias" in tensors:
+        raise ModelLoadError(f"this {arch} GGUF's head has a bias (output.bias), which Qwen2-VL's has not and kiln "
+                             "does not read; read the Hugging Face checkpoint")
+
+
 def _sliding_layers(reader, arch, c) -> bool:
     """attention.sliding_window and the per-layer attention.sliding_window_pattern (true: the layer slides)
     as sliding_window and layer_types; False (and no window) where the file has no window."""
@@ -562,14 +569,21 @@ def _seed_oss(reader, arch, tensors, c):
 
 
 def _qwen_moe(reader, arch, tensors, c):
-    """llama.cpp's qwen2moe / qwen3moe: the expert counts and sizes; qwen3moe renormalises the top-k
-    weights (its graph's norm_w, Qwen3-MoE's norm_topk_prob), qwen2moe does not."""
-    if arch == "qwen3moe":
+    """llama.cpp's qwen2moe / qwen3moe (and qwen3vlmoe, Qwen3-VL-MoE's text model): the expert counts and
+    sizes; qwen3moe renormalises the top-k weights (its graph's norm_w, Qwen3-MoE's norm_topk_prob),
+    qwen2moe does not."""
+    qwen3 = arch in ("qwen3moe", "qwen3vlmoe")
+    if qwen3:
         _qwen3(reader, arch, tensors, c)
+    width = _key(reader, arch, "expert_feed_forward_length")
+    if isinstance(width, list):                     # the loader takes one a layer (qwen3vlmoe): kiln, one for all
+        if len(set(width)) != 1:
+            raise ModelLoadError(f"this {arch} GGUF's experts differ in width from layer to layer ({width}); kiln "
+                                 "builds one expert width a model: read the Hugging Face checkpoint")
+        width = width[0]
     c.update(num_experts=_key(reader, arch, "expert_count"),
              num_experts_per_tok=_key(reader, arch, "expert_used_count"),
-             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
-             norm_topk_prob=arch == "qwen3moe")
+             moe_intermediate_size=width, norm_topk_prob=qwen3)
     if (shared := _key(reader, arch, "expert_shared_feed_forward_length")):
         c["shared_expert_intermediate_size"] = shared
 
@@ -1395,6 +1409,13 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                        experts=QWEN_EXPERTS),
     "qwen3moe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,
                          experts=QWEN_EXPERTS),
+    # Qwen2-VL / 2.5-VL, Qwen3-VL, Qwen3-VL-MoE: their text models (the vision tower is the mmproj file), whose
+    # M-RoPE (rope.dimension_sections) turns a text token's frequencies all by its position: plain RoPE (models/
+    # qwen_vl.py); Qwen3-VL's deepstack features add zeros to a text token's layers.
+    "qwen2vl": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER, config=_no_head_bias),
+    "qwen3vl": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
+    "qwen3vlmoe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,
+                           experts=QWEN_EXPERTS),
     **{name: GGUFArch(model_type, (hf_arch,), layers, config=_qwen35, norm_shift=1.0, unshifted=("ssm_norm",),
                       values={"ssm_a": lambda a: np.log(-a)}, reorder=_qwen35_v_order, squeezed=("ssm_conv1d",),
                       experts=QWEN_EXPERTS)

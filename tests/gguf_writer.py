@@ -142,6 +142,11 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
             OWN_KEYS[arch](w, cfg)
         else:
             _metadata(w, cfg, arch, tensors)
+        if arch in ("qwen2vl", "qwen3vl", "qwen3vlmoe"):    # Qwen2VLModel's / Qwen3VLTextModel's M-RoPE sections
+            half = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) // 2
+            w.add_rope_dimension_sections([half - 2 * (half // 3), half // 3, half // 3, 0])
+            if arch != "qwen2vl":
+                w.add_num_deepstack_layers(3)           # the vision tower's deepstack indexes: zeros a text token
         _tokenizer(w, hf_dir, cfg["vocab_size"], pre="qwen35" if arch.startswith("qwen35") else "gpt-2")
     for name, value in tensors.items():
         type_name = (types or {}).get(name, (types or {}).get(name.split(".")[-2], default))

@@ -197,10 +197,18 @@ CASES = {
     "mistral4": _hf_case("mistral4", norm_topk_prob=True, routed_scaling_factor=2.0),
     "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
                                    prefix_dense_sliding_window_pattern=1),
+    # Qwen2-VL / Qwen3-VL / Qwen3-VL-MoE text models as their converters write them: Qwen2 / Qwen3 / Qwen3-MoE
+    # tensors with M-RoPE sections (and Qwen3-VL's deepstack count), which turn a text prompt as plain RoPE does
+    # (tests/numerics/test_qwen_vl.py compares kiln with transformers' VL classes themselves)
+    "qwen2vl": ("Qwen2ForCausalLM", "Qwen2Config", {}),
+    "qwen3vl": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
+    "qwen3vlmoe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2,
+                                                                moe_intermediate_size=48, norm_topk_prob=True)),
 }
 # cases the converter writes as another HF family computes them, and what kiln reads them as
 READ_AS = {"deepseek2-glm4-moe-lite": "deepseek_v3", "granite4": "granite", "granite4-moe": "granitemoeshared"}
-WRITTEN_AS = {"granitehybrid": "granitehybrid", "granitehybrid-moe": "granitehybrid"}    # by an older converter
+WRITTEN_AS = {"granitehybrid": "granitehybrid", "granitehybrid-moe": "granitehybrid",    # by an older converter
+              "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe"}      # a VL model's text
 
 
 def write_hf(case: str, dest, seed: int = 0):

@@ -80,7 +80,7 @@ def test_kiln_models_lists_families():
     assert out.exit_code == 0, out.output
     rows = [json.loads(line) for line in out.output.splitlines()]
     assert [r["family"] for r in rows] == list(ARCHITECTURES)
-    assert next(r for r in rows if r["family"] == "qwen2")["gguf_architectures"] == ["qwen2"]
+    assert next(r for r in rows if r["family"] == "qwen2")["gguf_architectures"] == ["qwen2", "qwen2vl"]
 
 
 BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
