@@ -26,6 +26,8 @@ _UNSUPPORTED = {
     "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), where kiln's attention "
                          "kernels take one"),
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
+    "paligemma": ("PaliGemma", "prompt attended both ways (a prefix LM: the image and the prompt see each other), "
+                               "where kiln's attention is causal"),
     "dory": ("Dory", "recurrent blocks of layers run in loops"),
 }
 

@@ -1,0 +1,100 @@
+"""Vision-language checkpoints whose language model is a family kiln reads: that model, alone.
+
+LLaVA (1.5, NeXT, OneVision), Idefics3 and SmolVLM, InternVL (its Hugging Face format) and Aya Vision put a
+vision tower and a projector before a causal language model of another family (Llama, Mistral, Qwen2, Cohere 2,
+...), described by config.json's text_config. kiln reads text, so it reads that language model: its config is
+text_config (with the outer eos / bos ids), its tensors the ones under the language model's prefix, renamed as
+the family's own checkpoint names them (`model.*`, `lm_head`), and the vision tower's are left unread (a note
+says so). On a text prompt the wrapper's forward is the language model's (the image tokens are where the
+projected features go, and a text prompt has none), so transformers' class for the whole checkpoint is the
+reference (tests/numerics/test_vision_text.py).
+
+Where the language model's tensors are is read from the file, not from the transformers version that wrote it:
+`language_model.model.*` and `language_model.lm_head` (LLaVA's and InternVL's as released, which transformers
+keeps), `model.language_model.*` and `lm_head`, `model.text_model.*` (Idefics3, SmolVLM). Its head is tied to
+the embedding where the file has none, or config.json ties it.
+
+Gemma 3, Mistral 3, Llama 4 and the Qwen VL models have families of their own (their text models differ from
+the plain family's); PaliGemma is refused: it attends over its prompt both ways (a prefix LM).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .source import ModelLoadError, ModelSource
+
+# config.json architectures -> what the note calls it
+WRAPPERS = {
+    "LlavaForConditionalGeneration": "LLaVA", "LlavaNextForConditionalGeneration": "LLaVA-NeXT",
+    "LlavaOnevisionForConditionalGeneration": "LLaVA-OneVision", "Idefics3ForConditionalGeneration": "Idefics3",
+    "SmolVLMForConditionalGeneration": "SmolVLM", "InternVLForConditionalGeneration": "InternVL",
+    "AyaVisionForConditionalGeneration": "Aya Vision",
+}
+# the language model's tensors: under one of these, the family's "model." names after it
+PREFIXES = ("language_model.model", "model.language_model", "model.text_model")
+HEADS = ("language_model.lm_head.weight", "lm_head.weight")
+
+
+def wrapper_of(hf_config: dict) -> str | None:
+    """The vision-language class config.json names, where kiln reads its language model alone."""
+    return next((n for n in hf_config.get("architectures") or [] if n in WRAPPERS), None)
+
+
+def text_of(source: ModelSource) -> ModelSource:
+    """`source` as its language model where config.json names a vision-language wrapper (WRAPPERS), else itself."""
+    wrapper = wrapper_of(source.hf_config)
+    if wrapper is None:
+        return source
+    hf, where = source.hf_config, f"{source.path / 'config.json'}"
+    text = hf.get("text_config")
+    if not isinstance(text, dict) or not text.get("model_type"):
+        raise ModelLoadError(f"{where}: {wrapper} without a text_config naming its language model's model_type; "
+                             "the checkpoint's config.json is incomplete (re-download it)")
+    names = source.weights.names()
+    held = set(names)
+    prefix = next((p for p in PREFIXES if f"{p}.embed_tokens.weight" in held), None)
+    if prefix is None:
+        raise ModelLoadError(f"{source.path}: {wrapper}'s language model has no embed_tokens under "
+                             f"{' / '.join(PREFIXES)}; kiln reads those layouts (re-save it with transformers)")
+    head = next((h for h in HEADS if h in held), None)
+    tied = head is None or hf.get("tie_word_embeddings") is True
+    config = {**text, **{k: hf[k] for k in ("eos_token_id", "bos_token_id") if hf.get(k) is not None},
+              "tie_word_embeddings": tied,
+              # the wrapper first: transformers' reference for the checkpoint is its class (compiler/golden.py)
+              "architectures": [wrapper, *(text.get("architectures") or [])]}
+    left = sum(1 for n in names if not n.startswith(f"{prefix}.") and n != head)
+    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its vision tower and projector "
+            f"({left} tensors) are not read (prompts are text)")
+    return dataclasses.replace(source, hf_config=config, weights=TextWeights(source.weights, prefix, head, names),
+                               notes=[note, *source.notes])
+
+
+class TextWeights:
+    """The language model's tensors under the names its family's own checkpoint gives them (`model.*`, and
+    `lm_head.weight` where the wrapper holds a head); every other method of the source it wraps (a stored
+    type, stored codes) takes those names too."""
+
+    _BY_NAME = ("get", "tensor_type", "stored_form", "stored_codes", "get_raw")
+
+    def __init__(self, inner, prefix: str, head: str | None, names: list[str]) -> None:
+        self._inner, self._to_inner = inner, {}
+        for name in names:
+            if name.startswith(f"{prefix}."):
+                self._to_inner[f"model.{name[len(prefix) + 1:]}"] = name
+        if head is not None:
+            self._to_inner["lm_head.weight"] = head
+
+    def names(self) -> list[str]:
+        return list(self._to_inner)
+
+    def inner_name(self, name: str) -> str:
+        return self._to_inner.get(name, name)
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        value = getattr(self._inner, attr)              # AttributeError where the source has no such method
+        if attr in self._BY_NAME:
+            return lambda name, *args, **kwargs: value(self.inner_name(name), *args, **kwargs)
+        return value

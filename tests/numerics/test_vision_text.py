@@ -1,0 +1,111 @@
+"""models/vision_text.py: a vision-language checkpoint whose language model is a family kiln reads (LLaVA,
+LLaVA-NeXT, Idefics3, SmolVLM, InternVL, Aya Vision) compiles as that language model: q0f32 on the CPU gives
+transformers' class for the whole checkpoint's logits on a text prompt (every prefill position, the last-token
+prefill, 5 decode steps) within 1e-4 and passes `kiln check`, with a note counting the vision tensors left unread;
+its tensors are found under whichever prefix the file uses (a checkpoint re-saved under model.language_model and
+lm_head gives the same logits); a wrapper without a text_config or a language model is refused naming the fix, and
+PaliGemma (a prefix LM) by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import kiln
+from kiln.models import ModelLoadError, load
+from kiln.runtime import Artifact
+from tiny_models import assert_prefill_and_decode_match, write_widened
+
+pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
+TOL = 1e-4
+IDS = np.random.default_rng(10).integers(0, 500, size=19).tolist()
+LLAMA = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, bos_token_id=1)
+CLIP = dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, image_size=28, patch_size=14, projection_dim=32)
+SIGLIP = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+              num_attention_heads=2, image_size=28, patch_size=14)
+IDEFICS = dict(model_type="idefics3_vision", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+               num_attention_heads=2, image_size=28, patch_size=14)
+INTERN = dict(model_type="internvl_vision", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+              num_attention_heads=2, image_size=[28, 28], patch_size=[14, 14])
+
+CASES = {   # case -> (class, config class, config), the image token the last id (no text prompt holds it)
+    "llava": ("LlavaForConditionalGeneration", "LlavaConfig",
+              dict(text_config=dict(LLAMA, model_type="mistral", sliding_window=None), vision_config=CLIP,
+                   image_token_index=511)),
+    "llava-next": ("LlavaNextForConditionalGeneration", "LlavaNextConfig",
+                   dict(text_config=LLAMA, vision_config=CLIP, image_token_index=511)),
+    "idefics3": ("Idefics3ForConditionalGeneration", "Idefics3Config",
+                 dict(text_config=LLAMA, vision_config=IDEFICS, image_token_id=511)),
+    "smolvlm": ("SmolVLMForConditionalGeneration", "SmolVLMConfig",
+                dict(text_config=LLAMA, vision_config=dict(IDEFICS, model_type="smolvlm_vision"), image_token_id=511)),
+    "internvl": ("InternVLForConditionalGeneration", "InternVLConfig",        # Qwen2 inside, the head tied
+                 dict(text_config=dict(LLAMA, model_type="qwen2"), vision_config=INTERN, image_token_id=511)),
+    "aya-vision": ("AyaVisionForConditionalGeneration", "AyaVisionConfig",   # Cohere 2: window and global layers
+                   dict(text_config=dict(LLAMA, model_type="cohere2", sliding_window=32, pad_token_id=0,
+                                         logit_scale=1.0, layer_types=["sliding_attention", "full_attention"]),
+                        vision_config=SIGLIP, image_token_index=511)),
+}
+
+
+FAMILY = {"llava": "llama", "llava-next": "llama", "idefics3": "llama", "smolvlm": "llama", "internvl": "qwen2",
+          "aya-vision": "cohere2"}
+
+
+def _write(case: str, dest, seed: int = 0):
+    model_cls, config_cls, cfg = CASES[case]
+    return write_widened(model_cls, config_cls, cfg, dest, seed)
+
+
+def _compiles_to(src, ref, dest):
+    art = kiln.compile(str(src), target="cpu", quant="q0f32", output=dest)
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+    return Artifact.load(art).config
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_language_model_matches_the_whole_checkpoints_class(case, tmp_path):
+    ref = _write(case, tmp_path / "hf")
+    config = _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
+    (note,) = [n for n in config.notes if "language model" in n]
+    assert "vision tower and projector" in note and "tensors) are not read" in note
+    assert config.model.arch == FAMILY[case]
+
+
+def test_the_language_model_under_another_prefix(tmp_path):
+    """LLaVA's tensors re-saved under model.language_model.* and lm_head (transformers 5's module names)."""
+    ref = _write("llava", tmp_path / "hf", seed=1)
+    path = tmp_path / "hf" / "model.safetensors"
+    tensors = load_file(str(path))
+    renamed = {n.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head",
+                                                                                   "lm_head"): t
+               for n, t in tensors.items()}
+    assert "model.language_model.embed_tokens.weight" in renamed and "lm_head.weight" in renamed
+    save_file(renamed, str(path), metadata={"format": "pt"})
+    _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
+
+
+def test_a_wrapper_without_its_language_model_and_paligemma_are_refused(tmp_path):
+    _write("llava-next", tmp_path / "hf", seed=2)
+    path = tmp_path / "hf" / "config.json"
+    cfg = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in cfg.items() if k != "text_config"}))
+    with pytest.raises(ModelLoadError, match="LlavaNextForConditionalGeneration without a text_config .*re-download"):
+        load(tmp_path / "hf")
+    path.write_text(json.dumps(cfg))
+    weights = tmp_path / "hf" / "model.safetensors"
+    save_file({n: t for n, t in load_file(str(weights)).items() if "embed_tokens" not in n}, str(weights),
+              metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="language model has no embed_tokens under language_model.model"):
+        load(tmp_path / "hf")
+    path.write_text(json.dumps(dict(cfg, model_type="paligemma", architectures=["PaliGemmaForConditionalGeneration"],
+                                    text_config=dict(LLAMA, model_type="gemma"))))
+    with pytest.raises(ModelLoadError, match=r"PaliGemma \(paligemma\) is not supported yet: its prompt attended both"):
+        load(tmp_path / "hf")
