@@ -14,6 +14,10 @@ Where the language model's tensors are is read from the file, not from the trans
 keeps), `model.language_model.*` and `lm_head`, `model.text_model.*` (Idefics3, SmolVLM). Its head is tied to
 the embedding where the file has none, or config.json ties it.
 
+Llama 3.2 Vision (Mllama) is a Llama 3 whose cross-attention layers (`cross_attention_layers`, reading the image)
+transformers skips on a text prompt: kiln reads its other layers, in order, as the Llama they make, and the
+embedding's first vocab_size rows (its 8 more are image tokens no text prompt holds).
+
 Gemma 3, Mistral 3, Llama 4 and the Qwen VL models have families of their own (their text models differ from
 the plain family's); PaliGemma is refused: it attends over its prompt both ways (a prefix LM).
 """
@@ -29,7 +33,7 @@ WRAPPERS = {
     "LlavaForConditionalGeneration": "LLaVA", "LlavaNextForConditionalGeneration": "LLaVA-NeXT",
     "LlavaOnevisionForConditionalGeneration": "LLaVA-OneVision", "Idefics3ForConditionalGeneration": "Idefics3",
     "SmolVLMForConditionalGeneration": "SmolVLM", "InternVLForConditionalGeneration": "InternVL",
-    "AyaVisionForConditionalGeneration": "Aya Vision",
+    "AyaVisionForConditionalGeneration": "Aya Vision", "MllamaForConditionalGeneration": "Llama 3.2 Vision",
 }
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model")
@@ -63,25 +67,43 @@ def text_of(source: ModelSource) -> ModelSource:
               "tie_word_embeddings": tied,
               # the wrapper first: transformers' reference for the checkpoint is its class (compiler/golden.py)
               "architectures": [wrapper, *(text.get("architectures") or [])]}
-    left = sum(1 for n in names if not n.startswith(f"{prefix}.") and n != head)
-    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its vision tower and projector "
-            f"({left} tensors) are not read (prompts are text)")
-    return dataclasses.replace(source, hf_config=config, weights=TextWeights(source.weights, prefix, head, names),
-                               notes=[note, *source.notes])
+    layers, rows = None, None
+    if wrapper == "MllamaForConditionalGeneration":
+        cross = set(text.get("cross_attention_layers") or [])
+        layers = [i for i in range(text["num_hidden_layers"]) if i not in cross]
+        rows = text["vocab_size"]
+        config = {k: v for k, v in config.items() if k != "cross_attention_layers"}
+        config.update(model_type="llama", num_hidden_layers=len(layers))
+    weights = TextWeights(source.weights, prefix, head, names, layers, rows)
+    left = len(names) - len(weights.names())
+    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its vision tower and projector"
+            f"{' and its cross-attention layers' if layers else ''} ({left} tensors) are not read (prompts are text)")
+    return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *source.notes])
 
 
 class TextWeights:
     """The language model's tensors under the names its family's own checkpoint gives them (`model.*`, and
     `lm_head.weight` where the wrapper holds a head); every other method of the source it wraps (a stored
-    type, stored codes) takes those names too."""
+    type, stored codes) takes those names too. `layers`: the wrapper's layer index of each of the family's
+    (the others unread); `rows`: the embedding rows read (its first)."""
 
-    _BY_NAME = ("get", "tensor_type", "stored_form", "stored_codes", "get_raw")
+    _BY_NAME = ("tensor_type", "stored_form", "stored_codes", "get_raw")
+    EMBEDDING = "model.embed_tokens.weight"
 
-    def __init__(self, inner, prefix: str, head: str | None, names: list[str]) -> None:
-        self._inner, self._to_inner = inner, {}
+    def __init__(self, inner, prefix: str, head: str | None, names: list[str], layers: list[int] | None = None,
+                 rows: int | None = None) -> None:
+        self._inner, self._rows, self._to_inner = inner, rows, {}
+        ours = {wrapper: i for i, wrapper in enumerate(layers)} if layers is not None else None
         for name in names:
-            if name.startswith(f"{prefix}."):
-                self._to_inner[f"model.{name[len(prefix) + 1:]}"] = name
+            if not name.startswith(f"{prefix}."):
+                continue
+            rest = name[len(prefix) + 1:]
+            if ours is not None and rest.startswith("layers."):
+                index, _, tail = rest[len("layers."):].partition(".")
+                if int(index) not in ours:
+                    continue
+                rest = f"layers.{ours[int(index)]}.{tail}"
+            self._to_inner[f"model.{rest}"] = name
         if head is not None:
             self._to_inner["lm_head.weight"] = head
 
@@ -90,6 +112,10 @@ class TextWeights:
 
     def inner_name(self, name: str) -> str:
         return self._to_inner.get(name, name)
+
+    def get(self, name: str):
+        data = self._inner.get(self.inner_name(name))
+        return data[:self._rows] if name == self.EMBEDDING and self._rows is not None else data
 
     def __getattr__(self, attr: str):
         if attr.startswith("_"):

@@ -1,5 +1,6 @@
 """models/vision_text.py: a vision-language checkpoint whose language model is a family kiln reads (LLaVA,
-LLaVA-NeXT, Idefics3, SmolVLM, InternVL, Aya Vision) compiles as that language model: q0f32 on the CPU gives
+LLaVA-NeXT, Idefics3, SmolVLM, InternVL, Aya Vision; Llama 3.2 Vision without its cross-attention layers)
+compiles as that language model: q0f32 on the CPU gives
 transformers' class for the whole checkpoint's logits on a text prompt (every prefill position, the last-token
 prefill, 5 decode steps) within 1e-4 and passes `kiln check`, with a note counting the vision tensors left unread;
 its tensors are found under whichever prefix the file uses (a checkpoint re-saved under model.language_model and
@@ -34,6 +35,14 @@ IDEFICS = dict(model_type="idefics3_vision", hidden_size=32, intermediate_size=3
 INTERN = dict(model_type="internvl_vision", hidden_size=32, intermediate_size=32, num_hidden_layers=1,
               num_attention_heads=2, image_size=[28, 28], patch_size=[14, 14])
 
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+MLLAMA_TEXT = dict({k: v for k, v in LLAMA.items() if k != "model_type"}, num_hidden_layers=3,
+                   cross_attention_layers=[1], pad_token_id=0, rope_parameters=LLAMA3_ROPE)
+MLLAMA_VISION = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_global_layers=1,
+                     num_attention_heads=2, image_size=28, patch_size=14, intermediate_layers_indices=[0],
+                     vision_output_dim=64, max_num_tiles=4)
+
 CASES = {   # case -> (class, config class, config), the image token the last id (no text prompt holds it)
     "llava": ("LlavaForConditionalGeneration", "LlavaConfig",
               dict(text_config=dict(LLAMA, model_type="mistral", sliding_window=None), vision_config=CLIP,
@@ -50,11 +59,14 @@ CASES = {   # case -> (class, config class, config), the image token the last id
                    dict(text_config=dict(LLAMA, model_type="cohere2", sliding_window=32, pad_token_id=0,
                                          logit_scale=1.0, layer_types=["sliding_attention", "full_attention"]),
                         vision_config=SIGLIP, image_token_index=511)),
+    # Llama 3.2 Vision: a cross-attention layer between two self-attention ones, 8 image rows past the vocabulary
+    "mllama": ("MllamaForConditionalGeneration", "MllamaConfig",
+               dict(text_config=MLLAMA_TEXT, vision_config=MLLAMA_VISION, image_token_index=511)),
 }
 
 
 FAMILY = {"llava": "llama", "llava-next": "llama", "idefics3": "llama", "smolvlm": "llama", "internvl": "qwen2",
-          "aya-vision": "cohere2"}
+          "aya-vision": "cohere2", "mllama": "llama"}
 
 
 def _write(case: str, dest, seed: int = 0):
