@@ -156,6 +156,10 @@ def models_cmd(as_json) -> None:
         else:
             click.echo(f"{a.name:<{width}} HF {', '.join(a.hf_architectures):<58} "
                        f"GGUF {', '.join(row['gguf_architectures']) or '-'}")
+    if not as_json:
+        from kiln.models.vision_text import WRAPPERS
+        click.echo(f"and the language model (one of the families above) of {', '.join(WRAPPERS)} checkpoints, "
+                   "read without their vision tower")
 
 
 def _has_device(kind: str) -> bool:

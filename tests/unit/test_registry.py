@@ -81,6 +81,9 @@ def test_kiln_models_lists_families():
     rows = [json.loads(line) for line in out.output.splitlines()]
     assert [r["family"] for r in rows] == list(ARCHITECTURES)
     assert next(r for r in rows if r["family"] == "qwen2")["gguf_architectures"] == ["qwen2", "qwen2vl"]
+    text = CliRunner().invoke(main, ["models"]).output.splitlines()
+    assert len(text) == len(ARCHITECTURES) + 1          # the vision-language wrappers read as their language model
+    assert "LlavaForConditionalGeneration" in text[-1] and "MllamaForConditionalGeneration" in text[-1]
 
 
 BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
