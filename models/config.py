@@ -93,6 +93,19 @@ def text_model(hf: dict) -> tuple[dict, str]:
             "model.language_model" if v5 else "language_model.model")
 
 
+def mrope_as_rope(text: dict) -> dict:
+    """A vision-language text model's config with its M-RoPE (rope_scaling type "mrope", or rope_parameters /
+    rope_scaling with an mrope_section) read as the RoPE it is on a text prompt: its time, height and width
+    sections turn by one position, the token's (Qwen2-VL, Qwen3-VL, GLM-4.1V)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = text.get(key)
+        if isinstance(rope, dict) and ("mrope_section" in rope or rope.get("type") == "mrope"):
+            kind = rope.get("rope_type", rope.get("type"))
+            rope = {k: v for k, v in rope.items() if k not in ("type", "mrope_section", "mrope_interleaved")}
+            text = {**text, key: {**rope, "rope_type": "default" if kind in ("mrope", None) else kind}}
+    return text
+
+
 class TextModelOf:
     """A config class (mixed in before its base) that reads a multimodal config.json's text model
     (text_model) and keeps the prefix of its weights in its `weight_prefix` field."""

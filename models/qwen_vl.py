@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, decoder_weight_map, prefixed_names
-from .config import text_model
+from .config import mrope_as_rope, text_model
 from .moe import moe_weight_map
 from .qwen2 import Qwen2Config
 from .qwen3 import Qwen3Config
@@ -31,7 +31,6 @@ from .qwen_moe import Qwen3MoeConfig
 
 TEXT_ONLY = ("text model only: the vision tower is not read (prompts are text); M-RoPE over a text token's "
              "equal time, height and width positions is plain RoPE")
-_MROPE_KEYS = ("type", "mrope_section", "mrope_interleaved")
 
 
 def vl_text(hf: dict) -> dict:
@@ -40,13 +39,7 @@ def vl_text(hf: dict) -> dict:
     text, _ = text_model(hf)
     if isinstance(hf.get("text_config"), dict) and hf.get("tie_word_embeddings") is not None:
         text = {**text, "tie_word_embeddings": hf["tie_word_embeddings"]}
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = text.get(key)
-        if isinstance(rope, dict) and ("mrope_section" in rope or rope.get("type") == "mrope"):
-            kind = rope.get("rope_type", rope.get("type"))
-            rope = {k: v for k, v in rope.items() if k not in _MROPE_KEYS}
-            text = {**text, key: {**rope, "rope_type": "default" if kind in ("mrope", None) else kind}}
-    return text
+    return mrope_as_rope(text)
 
 
 class VisionLanguageText:

@@ -18,6 +18,9 @@ Llama 3.2 Vision (Mllama) is a Llama 3 whose cross-attention layers (`cross_atte
 transformers skips on a text prompt: kiln reads its other layers, in order, as the Llama they make, and the
 embedding's first vocab_size rows (its 8 more are image tokens no text prompt holds).
 
+GLM-4.1V's and GLM-4.5V's language models are GLM-4-0414 and GLM-4.5 (glm4, glm4_moe) whose M-RoPE turns a
+text prompt as their RoPE does (models/config.py mrope_as_rope).
+
 Gemma 3, Mistral 3, Llama 4 and the Qwen VL models have families of their own (their text models differ from
 the plain family's); PaliGemma is refused: it attends over its prompt both ways (a prefix LM).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .config import mrope_as_rope
 from .source import ModelLoadError, ModelSource
 
 # config.json architectures -> what the note calls it
@@ -34,7 +38,10 @@ WRAPPERS = {
     "LlavaOnevisionForConditionalGeneration": "LLaVA-OneVision", "Idefics3ForConditionalGeneration": "Idefics3",
     "SmolVLMForConditionalGeneration": "SmolVLM", "InternVLForConditionalGeneration": "InternVL",
     "AyaVisionForConditionalGeneration": "Aya Vision", "MllamaForConditionalGeneration": "Llama 3.2 Vision",
+    "Glm4vForConditionalGeneration": "GLM-4.1V", "Glm4vMoeForConditionalGeneration": "GLM-4.5V",
 }
+# text model types that are another family's model on a text prompt (M-RoPE read as RoPE: models/config.py)
+AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe"}
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model")
 HEADS = ("language_model.lm_head.weight", "lm_head.weight")
@@ -67,6 +74,8 @@ def text_of(source: ModelSource) -> ModelSource:
               "tie_word_embeddings": tied,
               # the wrapper first: transformers' reference for the checkpoint is its class (compiler/golden.py)
               "architectures": [wrapper, *(text.get("architectures") or [])]}
+    if text["model_type"] in AS_FAMILY:
+        config = dict(mrope_as_rope(config), model_type=AS_FAMILY[text["model_type"]])
     layers, rows = None, None
     if wrapper == "MllamaForConditionalGeneration":
         cross = set(text.get("cross_attention_layers") or [])

@@ -19,6 +19,7 @@ from kiln.compiler import lib_cache
 from tiny_models import assert_prefill_and_decode_match, write_tiny_llama
 
 pytestmark = pytest.mark.compiler
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 IDS = list(range(7, 30))
 
 

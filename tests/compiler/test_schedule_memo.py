@@ -16,6 +16,7 @@ from kiln.targets import schedule_memo
 from tiny_models import assert_prefill_and_decode_match
 
 pytestmark = pytest.mark.compiler
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 IDS = list(range(7, 30))
 
 

@@ -20,6 +20,7 @@ from prequantized_writer import write_prequantized
 from tiny_models import assert_prefill_and_decode_match, write_tiny_llama
 
 pytestmark = pytest.mark.numerics
+QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
 IDS = [int(i) for i in np.random.default_rng(3).integers(0, 512, size=19)]
 CASES = {   # name -> (write_prequantized's arguments, --quant, the kiln format of every quantized weight)
     "gptq-v1": (dict(method="gptq", group=32), "auto", "q4m"),

@@ -1,5 +1,6 @@
 """models/vision_text.py: a vision-language checkpoint whose language model is a family kiln reads (LLaVA,
-LLaVA-NeXT, Idefics3, SmolVLM, InternVL, Aya Vision; Llama 3.2 Vision without its cross-attention layers)
+LLaVA-NeXT, Idefics3, SmolVLM, InternVL, Aya Vision; Llama 3.2 Vision without its cross-attention layers;
+GLM-4.1V and GLM-4.5V as GLM-4-0414 and GLM-4.5)
 compiles as that language model: q0f32 on the CPU gives
 transformers' class for the whole checkpoint's logits on a text prompt (every prefill position, the last-token
 prefill, 5 decode steps) within 1e-4 and passes `kiln check`, with a note counting the vision tensors left unread;
@@ -43,6 +44,11 @@ MLLAMA_VISION = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=2, 
                      num_attention_heads=2, image_size=28, patch_size=14, intermediate_layers_indices=[0],
                      vision_output_dim=64, max_num_tiles=4)
 
+GLM4V_TEXT = dict({k: v for k, v in LLAMA.items() if k != "model_type"}, pad_token_id=0, rope_parameters=dict(
+    rope_type="default", rope_theta=10000.0, mrope_section=[2, 1, 1], partial_rotary_factor=0.5))
+GLM4V_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64, image_size=28,
+                    patch_size=14)
+
 CASES = {   # case -> (class, config class, config), the image token the last id (no text prompt holds it)
     "llava": ("LlavaForConditionalGeneration", "LlavaConfig",
               dict(text_config=dict(LLAMA, model_type="mistral", sliding_window=None), vision_config=CLIP,
@@ -59,6 +65,13 @@ CASES = {   # case -> (class, config class, config), the image token the last id
                    dict(text_config=dict(LLAMA, model_type="cohere2", sliding_window=32, pad_token_id=0,
                                          logit_scale=1.0, layer_types=["sliding_attention", "full_attention"]),
                         vision_config=SIGLIP, image_token_index=511)),
+    # GLM-4.1V / GLM-4.5V: GLM-4-0414 and GLM-4.5 with M-RoPE over half the head's dims, adjacent pairs
+    "glm4v": ("Glm4vForConditionalGeneration", "Glm4vConfig",
+              dict(text_config=GLM4V_TEXT, vision_config=GLM4V_VISION, image_token_id=511)),
+    "glm4v-moe": ("Glm4vMoeForConditionalGeneration", "Glm4vMoeConfig",
+                  dict(text_config=dict(GLM4V_TEXT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                        first_k_dense_replace=1, n_shared_experts=1),
+                       vision_config=GLM4V_VISION, image_token_id=511)),
     # Llama 3.2 Vision: a cross-attention layer between two self-attention ones, 8 image rows past the vocabulary
     "mllama": ("MllamaForConditionalGeneration", "MllamaConfig",
                dict(text_config=MLLAMA_TEXT, vision_config=MLLAMA_VISION, image_token_index=511)),
@@ -66,7 +79,7 @@ CASES = {   # case -> (class, config class, config), the image token the last id
 
 
 FAMILY = {"llava": "llama", "llava-next": "llama", "idefics3": "llama", "smolvlm": "llama", "internvl": "qwen2",
-          "aya-vision": "cohere2", "mllama": "llama"}
+          "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4", "glm4v-moe": "glm4_moe"}
 
 
 def _write(case: str, dest, seed: int = 0):
