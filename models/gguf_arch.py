@@ -836,7 +836,30 @@ def _ernie4_5(reader, arch, tensors, c):
 
 
 def _glm4(reader, arch, tensors, c):
-    c.update(attention_bias="blk.0.attn_q.bias" in tensors, partial_rotary_factor=_rotary_share(reader, arch, c))
+    """GLM-4-0414; GLM-4.1V's text model where the file has M-RoPE sections (rope.dimension_sections): its q/k
+    rows then in NeoX order (the converter's normal_to_neox: llama.cpp's M-RoPE kernel pairs i with i + d/2),
+    read back as GLM's adjacent pairs (_glm4_rows), the sections kept in rope_parameters (a text prompt turns
+    them all by its position: plain RoPE, models/config.py mrope_as_rope)."""
+    share = _rotary_share(reader, arch, c)
+    c.update(attention_bias="blk.0.attn_q.bias" in tensors, partial_rotary_factor=share)
+    sections = _key(reader, arch, "rope.dimension_sections")
+    if sections and any(sections):
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": c["rope_theta"], "partial_rotary_factor": share,
+                                "mrope_section": [int(s) for s in sections[:3]]}
+
+
+def _glm4_rows(c: dict) -> dict[str, tuple[int, np.ndarray]]:
+    """With M-RoPE (GLM-4.1V), the HF order of each q and k head's rotated rows: HF's dim 2i is stored at i, 2i + 1
+    at rotary / 2 + i (the rest as they are)."""
+    if "mrope_section" not in (c.get("rope_parameters") or {}):
+        return {}
+    head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    rotary = int(head * c["partial_rotary_factor"])
+    within = np.array([j // 2 + (rotary // 2 if j % 2 else 0) if j < rotary else j for j in range(head)])
+
+    def heads(n: int) -> np.ndarray:
+        return (np.arange(n)[:, None] * head + within).ravel()
+    return {"attn_q": (0, heads(c["num_attention_heads"])), "attn_k": (0, heads(c["num_key_value_heads"]))}
 
 
 def _cohere(reader, arch, tensors, c):
@@ -1431,7 +1454,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                           parts=_qwen3next_ba),
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
-    "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4),
+    "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4, reorder=_glm4_rows),
     "command-r": GGUFArch("cohere", ("CohereForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_cohere),
     "cohere2": GGUFArch("cohere2", ("Cohere2ForCausalLM",), LLAMA_LAYER, config=_cohere),
     "cohere2moe": GGUFArch("cohere2_moe", ("Cohere2MoeForCausalLM",), COHERE2_MOE_LAYER, config=_cohere2moe,

@@ -351,6 +351,8 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_sliding_window(cfg["sliding_window"])
     if arch == "glm4":
         w.add_rope_dimension_count(int(_partial(cfg) * _head_dim(cfg)))
+        if (sections := (cfg.get("rope_parameters") or {}).get("mrope_section")):      # GLM-4.1V's (TextModel's)
+            w.add_rope_dimension_sections([*sections, 0][:4])
     if arch == "glm4moe":                                       # the converter's default: half of each head
         w.add_rope_dimension_count(int(_partial(cfg, 0.5) * _head_dim(cfg)))
     if arch == "minimax-m2":                                    # released configs' rotary_dim
@@ -859,8 +861,20 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
         w.add_nextn_predict_layers(cfg.get("num_nextn_predict_layers") or 0)
 
 
+def _normal_to_neox(rows: np.ndarray, heads: int, head_dim: int, rotary: int) -> np.ndarray:
+    """Glm4Model.normal_to_neox: each head's rotated rows, even ones first, then odd ones (M-RoPE's pairing)."""
+    shaped = rows.reshape(heads, head_dim, -1)
+    rot = shaped[:, :rotary]
+    return np.concatenate([rot[:, 0::2], rot[:, 1::2], shaped[:, rotary:]], axis=1).reshape(rows.shape)
+
+
 def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """GGUF name -> float32 array as llama.cpp stores it (HF name mapped, values transformed)."""
+    if arch == "glm4" and (cfg.get("rope_parameters") or {}).get("mrope_section"):     # GLM-4.1V's q/k rows
+        rotary = int(_partial(cfg) * _head_dim(cfg))
+        for name in [n for n in hf if re.search(r"\.(q|k)_proj\.(weight|bias)$", n)]:
+            heads = cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"]
+            hf[name] = _normal_to_neox(hf[name], heads, _head_dim(cfg), rotary)
     names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == NAMED_AS.get(arch, arch)),
                                      _block_count(cfg, arch))
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))

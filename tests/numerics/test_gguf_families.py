@@ -200,6 +200,9 @@ CASES = {
     # Qwen2-VL / Qwen3-VL / Qwen3-VL-MoE text models as their converters write them: Qwen2 / Qwen3 / Qwen3-MoE
     # tensors with M-RoPE sections (and Qwen3-VL's deepstack count), which turn a text prompt as plain RoPE does
     # (tests/numerics/test_qwen_vl.py compares kiln with transformers' VL classes themselves)
+    # GLM-4.1V's text model as its converter writes it: GLM-4's tensors, q/k rows in NeoX order for M-RoPE
+    "glm4v": ("Glm4ForCausalLM", "Glm4Config", dict(head_dim=16, pad_token_id=0, rope_parameters=dict(
+        rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1]))),
     "qwen2vl": ("Qwen2ForCausalLM", "Qwen2Config", {}),
     "qwen3vl": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=24, tie_word_embeddings=True)),
     "qwen3vlmoe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(num_experts=4, num_experts_per_tok=2,
