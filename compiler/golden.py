@@ -56,7 +56,8 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
     transformers.logging.set_verbosity_error()
     try:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
-            own = source.format == "hf" and source.stored_quant in (None, "MXFP4")     # transformers reads MXFP4
+            own = (source.format == "hf" and source.stored_quant in (None, "MXFP4")     # transformers reads MXFP4
+                   and not _custom_code(source.hf_config))
             read = _hf_model if own else _model_from_tensors
             model = read(source, torch, transformers).eval()
     except Exception as e:      # an architecture this transformers lacks, a config it rejects
@@ -71,6 +72,13 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
     if source.format == "hf" and source.stored_quant == "MXFP4":
         via = " (its MXFP4 experts dequantized by transformers)"
     return forward, f"transformers {transformers.__version__} float32{via}"
+
+
+def _custom_code(hf_config: dict) -> bool:
+    """A checkpoint transformers has no class for, whose language model kiln reads (models/vision_text.py CUSTOM):
+    the reference is transformers' model of that language model, over the tensors as kiln reads them."""
+    from kiln.models.vision_text import CUSTOM
+    return bool(set(hf_config.get("architectures") or []) & set(CUSTOM))
 
 
 def _hf_model(source, torch, transformers):

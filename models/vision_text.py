@@ -1,8 +1,9 @@
 """Vision-language checkpoints whose language model is a family kiln reads: that model, alone.
 
-LLaVA (1.5, NeXT, OneVision), Idefics3 and SmolVLM, InternVL (its Hugging Face format) and Aya Vision put a
-vision tower and a projector before a causal language model of another family (Llama, Mistral, Qwen2, Cohere 2,
-...), described by config.json's text_config. kiln reads text, so it reads that language model: its config is
+LLaVA (1.5, NeXT, OneVision), Idefics3 and SmolVLM, InternVL (its Hugging Face format, and its own code's:
+InternVLChatModel, whose language model is llm_config) and Aya Vision put a vision tower and a projector before a
+causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Cohere 2, ...), described by config.json's
+text_config. kiln reads text, so it reads that language model: its config is
 text_config (with the outer eos / bos ids), its tensors the ones under the language model's prefix, renamed as
 the family's own checkpoint names them (`model.*`, `lm_head`), and the vision tower's are left unread (a note
 says so). On a text prompt the wrapper's forward is the language model's (the image tokens are where the
@@ -39,7 +40,11 @@ WRAPPERS = {
     "SmolVLMForConditionalGeneration": "SmolVLM", "InternVLForConditionalGeneration": "InternVL",
     "AyaVisionForConditionalGeneration": "Aya Vision", "MllamaForConditionalGeneration": "Llama 3.2 Vision",
     "Glm4vForConditionalGeneration": "GLM-4.1V", "Glm4vMoeForConditionalGeneration": "GLM-4.5V",
+    "InternVLChatModel": "InternVL",
 }
+# wrappers transformers has no class for (their own code, trust_remote_code), with the config key of their language
+# model: compiler/golden.py's reference is transformers' model of that language model over the tensors kiln reads
+CUSTOM = {"InternVLChatModel": "llm_config"}
 # text model types that are another family's model on a text prompt (M-RoPE read as RoPE: models/config.py)
 AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe"}
 # the language model's tensors: under one of these, the family's "model." names after it
@@ -57,10 +62,10 @@ def text_of(source: ModelSource) -> ModelSource:
     wrapper = wrapper_of(source.hf_config)
     if wrapper is None:
         return source
-    hf, where = source.hf_config, f"{source.path / 'config.json'}"
-    text = hf.get("text_config")
+    hf, where, key = source.hf_config, f"{source.path / 'config.json'}", CUSTOM.get(wrapper, "text_config")
+    text = hf.get(key)
     if not isinstance(text, dict) or not text.get("model_type"):
-        raise ModelLoadError(f"{where}: {wrapper} without a text_config naming its language model's model_type; "
+        raise ModelLoadError(f"{where}: {wrapper} without a {key} naming its language model's model_type; "
                              "the checkpoint's config.json is incomplete (re-download it)")
     names = source.weights.names()
     held = set(names)

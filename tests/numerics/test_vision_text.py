@@ -134,3 +134,25 @@ def test_a_wrapper_without_its_language_model_and_paligemma_are_refused(tmp_path
                                     text_config=dict(LLAMA, model_type="gemma"))))
     with pytest.raises(ModelLoadError, match=r"PaliGemma \(paligemma\) is not supported yet: its prompt attended both"):
         load(tmp_path / "hf")
+
+
+def test_internvl_in_its_own_codes_format(tmp_path):
+    """InternVL as its own code (trust_remote_code) saves it: InternVLChatModel, the language model's config as
+    llm_config, its tensors under language_model.model / language_model.lm_head beside vision_model.* and mlp1.*.
+    transformers has no class for the whole, so the reference is its Qwen2 over the same tensors."""
+    import shutil
+
+    ref = write_widened("Qwen2ForCausalLM", "Qwen2Config", {k: v for k, v in LLAMA.items() if k != "model_type"},
+                        tmp_path / "text", seed=3)
+    dest = tmp_path / "internvl"
+    shutil.copytree(tmp_path / "text", dest)
+    llm = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({
+        "architectures": ["InternVLChatModel"], "model_type": "internvl_chat", "llm_config": llm,
+        "vision_config": {"model_type": "intern_vit_6b", "hidden_size": 32}, "template": "internvl2_5"}))
+    tensors = {f"language_model.{n}": t for n, t in load_file(str(dest / "model.safetensors")).items()}
+    tensors.update({"vision_model.embeddings.patch_embedding.weight": np.zeros((32, 3, 14, 14), np.float32),
+                    "mlp1.1.weight": np.zeros((64, 32), np.float32)})
+    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    config = _compiles_to(dest, ref, tmp_path / "art")
+    assert config.model.arch == "qwen2" and any("InternVL's language model (qwen2)" in n for n in config.notes)
