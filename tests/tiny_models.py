@@ -116,6 +116,18 @@ def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     return seq[len(prompt):]
 
 
+def compiles_to_match(src: Path, reference, dest: Path, ids: list[int], tol: float):
+    """`src` compiled q0f32 for the CPU at `dest` matches `reference` (assert_prefill_and_decode_match) and passes
+    `kiln check` against transformers; returns the artifact's config."""
+    import kiln
+    from kiln.runtime import Artifact
+    art = kiln.compile(str(src), target="cpu", quant="q0f32", output=dest)
+    assert_prefill_and_decode_match(art, reference, ids, tol)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
+    return Artifact.load(art).config
+
+
 def assert_prefill_and_decode_match(artifact: Path, reference, ids: list[int], tol: float, steps: int = 5) -> None:
     """The compiled model's logits equal the reference's: every prefill position (batch_verify), the
     last-token prefill, then `steps` greedy decode steps."""

@@ -14,8 +14,7 @@ from safetensors.numpy import load_file, save_file
 
 import kiln
 from kiln.models.qwen_vl import TEXT_ONLY
-from kiln.runtime import Artifact
-from tiny_models import assert_prefill_and_decode_match, write_widened
+from tiny_models import compiles_to_match, write_widened
 
 pytestmark = pytest.mark.numerics
 QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
@@ -43,11 +42,7 @@ def _write(case: str, dest, seed: int = 0, tie: bool = False):
 
 
 def _compiles_to(src, ref, dest):
-    art = kiln.compile(str(src), target="cpu", quant="q0f32", output=dest)
-    assert_prefill_and_decode_match(art, ref, IDS, TOL)
-    report = kiln.check(art)
-    assert report.ok and report.reference.startswith("transformers"), report.table()
-    return Artifact.load(art).config
+    return compiles_to_match(src, ref, dest, IDS, TOL)
 
 
 @pytest.mark.parametrize("case", list(CASES))
