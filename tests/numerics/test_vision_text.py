@@ -1,12 +1,11 @@
 """models/vision_text.py: a vision-language checkpoint whose language model is a family kiln reads (LLaVA,
-LLaVA-NeXT, Idefics3, SmolVLM, InternVL, Aya Vision; Llama 3.2 Vision without its cross-attention layers;
-GLM-4.1V and GLM-4.5V as GLM-4-0414 and GLM-4.5)
-compiles as that language model: q0f32 on the CPU gives
-transformers' class for the whole checkpoint's logits on a text prompt (every prefill position, the last-token
-prefill, 5 decode steps) within 1e-4 and passes `kiln check`, with a note counting the vision tensors left unread;
-its tensors are found under whichever prefix the file uses (a checkpoint re-saved under model.language_model and
-lm_head gives the same logits); a wrapper without a text_config or a language model is refused naming the fix, and
-PaliGemma (a prefix LM) by name."""
+LLaVA-NeXT, LLaVA-OneVision, Idefics3, SmolVLM, InternVL in both formats, Aya Vision; Llama 3.2 Vision without its
+cross-attention layers; GLM-4.1V and GLM-4.5V as GLM-4-0414 and GLM-4.5) compiles as that language model: q0f32 on
+the CPU gives transformers' class for the whole checkpoint's logits on a text prompt (every prefill position, the
+last-token prefill, 5 decode steps) within 1e-4 and passes `kiln check`, with a note counting the vision tensors left
+unread; its tensors are found under whichever prefix the file uses (a checkpoint re-saved under model.language_model
+and lm_head gives the same logits); a wrapper without a text_config or a language model is refused naming the fix,
+and PaliGemma (a prefix LM) by name."""
 
 from __future__ import annotations
 
@@ -53,6 +52,9 @@ CASES = {   # case -> (class, config class, config), the image token the last id
                    image_token_index=511)),
     "llava-next": ("LlavaNextForConditionalGeneration", "LlavaNextConfig",
                    dict(text_config=LLAMA, vision_config=CLIP, image_token_index=511)),
+    "llava-onevision": ("LlavaOnevisionForConditionalGeneration", "LlavaOnevisionConfig",      # Qwen2 inside
+                        dict(text_config=dict(LLAMA, model_type="qwen2"), vision_config=SIGLIP, image_token_index=511,
+                             video_token_index=510)),
     "idefics3": ("Idefics3ForConditionalGeneration", "Idefics3Config",
                  dict(text_config=LLAMA, vision_config=IDEFICS, image_token_id=511)),
     "smolvlm": ("SmolVLMForConditionalGeneration", "SmolVLMConfig",
@@ -76,8 +78,9 @@ CASES = {   # case -> (class, config class, config), the image token the last id
 }
 
 
-FAMILY = {"llava": "llama", "llava-next": "llama", "idefics3": "llama", "smolvlm": "llama", "internvl": "qwen2",
-          "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4", "glm4v-moe": "glm4_moe"}
+FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "idefics3": "llama",
+          "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
+          "glm4v-moe": "glm4_moe"}
 
 
 def _write(case: str, dest, seed: int = 0):
