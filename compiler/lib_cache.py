@@ -52,39 +52,41 @@ def cache_root() -> Path | None:
     return cache_dir() / "libs"
 
 
-def _environment(target) -> list[str]:
-    """What any code TVM generates here depends on besides the module itself: kiln's compiler
-    fingerprint, TVM's version, the TVM target and the pass context's options."""
+def environment_digest(target, *extra: str) -> "hashlib._Hash":
+    """A sha256 of what any code TVM generates here depends on besides the module itself (kiln's compiler
+    fingerprint, TVM's version, the TVM target, None where none is current, and the pass context's
+    options), then of `extra`: what a key adds to it (a library's export, a schedule's rules)."""
     import tvm
 
     import kiln
     ctx = tvm.transform.PassContext.current()
-    return [kiln.compiler_fingerprint(), tvm.__version__, json.dumps(target.export(), sort_keys=True, default=str),
-            f"opt{ctx.opt_level}", json.dumps({str(k): str(v) for k, v in dict(ctx.config).items()}, sort_keys=True)]
-
-
-def _digest(parts: list[str]) -> "hashlib._Hash":
     digest = hashlib.sha256()
-    for part in parts:
+    for part in (kiln.compiler_fingerprint(), tvm.__version__,
+                 json.dumps(target.export() if target is not None else None, sort_keys=True, default=str),
+                 f"opt{ctx.opt_level}", json.dumps({str(k): str(v) for k, v in dict(ctx.config).items()},
+                                                   sort_keys=True), *extra):
         digest.update(part.encode() + b"\0")
+    return digest
+
+
+def hash_functions(digest: "hashlib._Hash", module) -> "hashlib._Hash":
+    """`digest` updated with `module` function by function (its attributes and global infos, then each function
+    with its name): a module's JSON writes a node two functions (or a function and the type of the GlobalVar
+    naming it) share once, and whether they share it is no part of the code (a kernel whose schedule was kept,
+    targets/schedule_memo.py, shares nothing with the rest of the module; the same kernel scheduled here may)."""
+    import tvm
+    for part in (module.attrs, module.global_infos):
+        digest.update(tvm.ir.save_json(part).encode() + b"\0" if part is not None else b"-\0")
+    for gv, func in module.functions_items():
+        digest.update(gv.name_hint.encode() + b"\0" + tvm.ir.save_json(func).encode() + b"\0")
     return digest
 
 
 def library_key(lowered, profile, target) -> str:
     """What a library built from `lowered` (the module after kiln's pipeline) for `profile` and its
     TVM `target` depends on, hashed."""
-    import tvm
-    digest = _digest([*_environment(target),
-                      f"{profile.export_format}|{profile.system_lib}|{profile.exporter is None}|{profile.lib_name}"])
-    # Function by function: a module's JSON writes a node two functions (or a function and the type of
-    # the GlobalVar naming it) share once, and whether they share it is no part of the code (a kernel
-    # whose schedule was kept, targets/schedule_memo.py, shares nothing with the rest of the module;
-    # the same kernel scheduled here may).
-    for part in (lowered.attrs, lowered.global_infos):
-        digest.update(tvm.ir.save_json(part).encode() + b"\0" if part is not None else b"-\0")
-    for gv, func in lowered.functions_items():
-        digest.update(gv.name_hint.encode() + b"\0" + tvm.ir.save_json(func).encode() + b"\0")
-    return digest.hexdigest()[:32]
+    export = f"{profile.export_format}|{profile.system_lib}|{profile.exporter is None}|{profile.lib_name}"
+    return hash_functions(environment_digest(target, export), lowered).hexdigest()[:32]
 
 
 class CachedLibrary:
@@ -116,7 +118,7 @@ class LibraryCache:
 
     def kernel_objects(self, target) -> "KernelObjects":
         """Where this cache keeps kernels compiled one object file each, for `target`."""
-        return KernelObjects(self.root / KERNELS, _digest(_environment(target)))
+        return KernelObjects(self.root / KERNELS, environment_digest(target))
 
     def entry(self, suffix: str) -> Path:
         return self.root / f"{self.key}{suffix}"
@@ -186,14 +188,8 @@ class KernelObjects:
         self.folder, self._environment = folder, environment
 
     def key(self, module) -> str:
-        """Of a one-kernel module: its attributes, the kernel's name and the kernel (not the GlobalVar
-        naming it, whose type may share the kernel's size variables or not: library_key)."""
-        import tvm
-        digest = self._environment.copy()
-        digest.update(tvm.ir.save_json(module.attrs).encode() + b"\0" if module.attrs is not None else b"-\0")
-        for gv, func in module.functions_items():
-            digest.update(gv.name_hint.encode() + b"\0" + tvm.ir.save_json(func).encode())
-        return digest.hexdigest()[:32]
+        """Of a one-kernel module, function by function (hash_functions)."""
+        return hash_functions(self._environment.copy(), module).hexdigest()[:32]
 
     def lookup(self, keys: list[str]) -> dict[str, bytes]:
         """The objects kept for those keys (those with a sound copy), by key."""

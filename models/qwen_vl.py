@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, decoder_weight_map, prefixed_names
 from .config import mrope_as_rope, text_model
-from .moe import moe_weight_map
+from .moe import expert_rows, moe_weight_map
 from .qwen2 import Qwen2Config
 from .qwen3 import Qwen3Config
 from .qwen_moe import NAMES as MOE_NAMES
@@ -105,9 +105,9 @@ def _expert_rows(rows: int, cols: int, name: str):
     Transpose(check_dims): a square one is taken as its own layout)."""
     def rows_of(stacked):
         if tuple(stacked.shape[1:]) == (rows, cols):
-            return stacked.reshape(-1, cols)
+            return expert_rows(stacked)
         if tuple(stacked.shape[1:]) == (cols, rows):
-            return stacked.transpose(0, 2, 1).reshape(-1, cols)
+            return expert_rows(stacked.transpose(0, 2, 1))
         raise ValueError(f"{name} is {list(stacked.shape)}; Qwen3-VL-MoE's config says [experts, {rows}, {cols}] "
                          f"(or [experts, {cols}, {rows}] as released); the checkpoint does not match its config.json")
     return rows_of

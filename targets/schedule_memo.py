@@ -36,6 +36,9 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import dlight as dl
 
+from .row_dispatch import is_scheduled
+
+
 @tvm.transform.module_pass(opt_level=0, name="ApplyDefaultSchedule")
 class ScheduleOnce:
     """dl.ApplyDefaultSchedule(*rules), each kernel's schedule kept (see the module docstring).
@@ -51,7 +54,7 @@ class ScheduleOnce:
         if store is None:
             return apply(mod)
         groups = _sharing([(gv, f) for gv, f in mod.functions_items()
-                           if isinstance(f, tirx.PrimFunc) and not _is_scheduled(f)])
+                           if isinstance(f, tirx.PrimFunc) and not is_scheduled(f)])
         keys = [store.key([f for _, f in group]) for group in groups]
         kept = store.lookup(keys)
         found: dict[tvm.ir.GlobalVar, tirx.PrimFunc] = {}
@@ -92,11 +95,6 @@ def _sharing(funcs: list[tuple[tvm.ir.GlobalVar, tirx.PrimFunc]]) -> list[list]:
     for i, pair in enumerate(funcs):
         groups.setdefault(root(i), []).append(pair)
     return list(groups.values())
-
-
-def _is_scheduled(func: tirx.PrimFunc) -> bool:
-    """ApplyDefaultSchedule leaves these as they are (a kernel scheduled by hand, an earlier pass)."""
-    return func.attrs is not None and "tirx.is_scheduled" in func.attrs and int(func.attrs["tirx.is_scheduled"]) == 1
 
 
 def _described(value, depth: int = 0) -> str:
@@ -143,27 +141,21 @@ class Scheduled:
 
     @classmethod
     def open(cls, rules: list, identity: bytes) -> "Scheduled | None":
-        import kiln
-        from kiln.compiler.lib_cache import SCHEDULED, cache_root
+        from kiln.compiler.lib_cache import SCHEDULED, cache_root, environment_digest
         root = cache_root()
         if root is None:
             return None
-        ctx = tvm.transform.PassContext.current()
-        options = json.dumps({str(k): str(v) for k, v in dict(ctx.config).items()}, sort_keys=True)
-        digest = hashlib.sha256()
-        for part in (kiln.compiler_fingerprint(), tvm.__version__, knob_constants(), _described(rules),
-                     f"opt{ctx.opt_level}", options):
-            digest.update(part.encode() + b"\0")
+        digest = environment_digest(tvm.target.Target.current(allow_none=True), knob_constants(), _described(rules))
         digest.update(identity)
         return cls(root / SCHEDULED, digest)
 
     def key(self, funcs: list[tirx.PrimFunc]) -> str:
-        """Of a group of kernels (_sharing): their targets and their JSON, as one (shared parts once)."""
+        """Of a group of kernels (_sharing): the targets of their own (the current one is in the environment)
+        and their JSON, as one (shared parts once)."""
         digest = self._environment.copy()
         for func in funcs:
-            target = func.attrs.get("target") if func.attrs is not None else None
-            target = target or tvm.target.Target.current(allow_none=True)
-            digest.update(json.dumps(target.export() if target is not None else None, sort_keys=True,
+            own = func.attrs.get("target") if func.attrs is not None else None
+            digest.update(json.dumps(own.export() if own is not None else None, sort_keys=True,
                                      default=str).encode() + b"\0")
         digest.update(tvm.ir.save_json(tvm.runtime.convert(list(funcs))).encode())
         return digest.hexdigest()[:32]

@@ -14,6 +14,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from . import rewrite_functions
+
 _TAKE = tvm.ir.Op.get("relax.take")
 
 
@@ -29,8 +31,4 @@ class _Clip(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="ClipTake")
 class ClipTake:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        clip = _Clip(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                clip.builder_.update_func(gv, clip.visit_expr(func))
-        return clip.builder_.get()
+        return rewrite_functions(_Clip(mod), mod)

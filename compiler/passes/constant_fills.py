@@ -17,6 +17,8 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from . import rewrite_functions
+
 # each fill op and its value (None: relax.full's second argument)
 _FILLS = ((tvm.ir.Op.get("relax.ones"), 1), (tvm.ir.Op.get("relax.zeros"), 0), (tvm.ir.Op.get("relax.full"), None))
 MAX_VALUES = 1 << 24          # a larger fill stays an op (a constant is stored in the module)
@@ -54,8 +56,4 @@ class _Fold(PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="ConstantFills")
 class ConstantFills:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        fold = _Fold(mod)
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                fold.builder_.update_func(gv, fold.visit_expr(func))
-        return fold.builder_.get()
+        return rewrite_functions(_Fold(mod), mod)
