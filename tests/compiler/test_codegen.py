@@ -82,12 +82,12 @@ def test_a_failing_part_raises_in_the_caller(lowered, monkeypatch):
 
 
 def test_kept_kernel_objects_are_linked_instead_of_compiled(lowered, tmp_path, monkeypatch):
-    from kiln.compiler.lib_cache import KernelObjects, _digest, _environment
+    from kiln.compiler.lib_cache import KernelObjects, environment_digest
     mod, target, weights = lowered
     kernels = sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items())
     x = np.random.default_rng(1).standard_normal([2, 16]).astype("float32")
     expected = _run(codegen.build(mod, target, False, parts=1), weights, x)
-    objects = KernelObjects(tmp_path / "kernels", _digest(_environment(target)))
+    objects = KernelObjects(tmp_path / "kernels", environment_digest(target))
     first = codegen.build(mod, target, False, parts=3, objects=objects)
     assert first.reused == 0 and len(first.mod._collect_dso_modules()) == kernels       # a module per kernel
     first.export_library(str(tmp_path / "first.so"))
