@@ -1,14 +1,14 @@
 """Vision-language checkpoints whose language model is a family kiln reads: that model, alone.
 
 LLaVA (1.5, NeXT, OneVision), Idefics3 and SmolVLM, InternVL (its Hugging Face format, and its own code's:
-InternVLChatModel, whose language model is llm_config) and Aya Vision put a vision tower and a projector before a
-causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Cohere 2, ...), described by config.json's
-text_config. kiln reads text, so it reads that language model: its config is
-text_config (with the outer eos / bos ids), its tensors the ones under the language model's prefix, renamed as
-the family's own checkpoint names them (`model.*`, `lm_head`), and the vision tower's are left unread (a note
-says so). On a text prompt the wrapper's forward is the language model's (the image tokens are where the
-projected features go, and a text prompt has none), so transformers' class for the whole checkpoint is the
-reference (tests/numerics/test_vision_text.py).
+InternVLChatModel, whose language model is llm_config), Aya Vision and Command A Vision put a vision tower and a
+projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Cohere 2, ...),
+described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral. kiln reads text, so it
+reads that language model: its config is text_config (with the outer eos / bos ids), its tensors the ones under
+the language model's prefix, renamed as the family's own checkpoint names them (`model.*`, `lm_head`), and the
+tower's are left unread (a note says so). On a text prompt the wrapper's forward is the language model's (the
+image or audio tokens are where the projected features go, and a text prompt has none), so transformers' class
+for the whole checkpoint is the reference (tests/numerics/test_vision_text.py).
 
 Where the language model's tensors are is read from the file, not from the transformers version that wrote it:
 `language_model.model.*` and `language_model.lm_head` (LLaVA's and InternVL's as released, which transformers
@@ -40,8 +40,10 @@ WRAPPERS = {
     "SmolVLMForConditionalGeneration": "SmolVLM", "InternVLForConditionalGeneration": "InternVL",
     "AyaVisionForConditionalGeneration": "Aya Vision", "MllamaForConditionalGeneration": "Llama 3.2 Vision",
     "Glm4vForConditionalGeneration": "GLM-4.1V", "Glm4vMoeForConditionalGeneration": "GLM-4.5V",
-    "InternVLChatModel": "InternVL",
+    "InternVLChatModel": "InternVL", "Cohere2VisionForConditionalGeneration": "Command A Vision",
+    "VoxtralForConditionalGeneration": "Voxtral",
 }
+AUDIO = ("VoxtralForConditionalGeneration",)     # wrappers whose tower hears rather than sees
 # wrappers transformers has no class for (their own code, trust_remote_code), with the config key of their language
 # model: compiler/golden.py's reference is transformers' model of that language model over the tensors kiln reads
 CUSTOM = {"InternVLChatModel": "llm_config"}
@@ -90,7 +92,8 @@ def text_of(source: ModelSource) -> ModelSource:
         config.update(model_type="llama", num_hidden_layers=len(layers))
     weights = TextWeights(source.weights, prefix, head, names, layers, rows)
     left = len(names) - len(weights.names())
-    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its vision tower and projector"
+    tower = "audio" if wrapper in AUDIO else "vision"
+    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its {tower} tower and projector"
             f"{' and its cross-attention layers' if layers else ''} ({left} tensors) are not read (prompts are text)")
     return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *source.notes])
 

@@ -1,5 +1,6 @@
 """models/vision_text.py: a vision-language checkpoint whose language model is a family kiln reads (LLaVA,
-LLaVA-NeXT, LLaVA-OneVision, Idefics3, SmolVLM, InternVL in both formats, Aya Vision; Llama 3.2 Vision without its
+LLaVA-NeXT, LLaVA-OneVision, Idefics3, SmolVLM, InternVL in both formats, Aya Vision, Command A Vision, Voxtral (an
+audio tower); Llama 3.2 Vision without its
 cross-attention layers; GLM-4.1V and GLM-4.5V as GLM-4-0414 and GLM-4.5) compiles as that language model: q0f32 on
 the CPU gives transformers' class for the whole checkpoint's logits on a text prompt (every prefill position, the
 last-token prefill, 5 decode steps) within 1e-4 and passes `kiln check`, with a note counting the vision tensors left
@@ -46,6 +47,9 @@ GLM4V_TEXT = dict({k: v for k, v in LLAMA.items() if k != "model_type"}, pad_tok
 GLM4V_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=32, out_hidden_size=64, image_size=28,
                     patch_size=14)
 
+COHERE2 = dict(LLAMA, model_type="cohere2", sliding_window=32, pad_token_id=0,
+               layer_types=["sliding_attention", "full_attention"])
+
 CASES = {   # case -> (class, config class, config), the image token the last id (no text prompt holds it)
     "llava": ("LlavaForConditionalGeneration", "LlavaConfig",
               dict(text_config=dict(LLAMA, model_type="mistral", sliding_window=None), vision_config=CLIP,
@@ -62,9 +66,7 @@ CASES = {   # case -> (class, config class, config), the image token the last id
     "internvl": ("InternVLForConditionalGeneration", "InternVLConfig",        # Qwen2 inside, the head tied
                  dict(text_config=dict(LLAMA, model_type="qwen2"), vision_config=INTERN, image_token_id=511)),
     "aya-vision": ("AyaVisionForConditionalGeneration", "AyaVisionConfig",   # Cohere 2: window and global layers
-                   dict(text_config=dict(LLAMA, model_type="cohere2", sliding_window=32, pad_token_id=0,
-                                         logit_scale=1.0, layer_types=["sliding_attention", "full_attention"]),
-                        vision_config=SIGLIP, image_token_index=511)),
+                   dict(text_config=dict(COHERE2, logit_scale=1.0), vision_config=SIGLIP, image_token_index=511)),
     # GLM-4.1V / GLM-4.5V: GLM-4-0414 and GLM-4.5 with M-RoPE over half the head's dims, adjacent pairs
     "glm4v": ("Glm4vForConditionalGeneration", "Glm4vConfig",
               dict(text_config=GLM4V_TEXT, vision_config=GLM4V_VISION, image_token_id=511)),
@@ -72,6 +74,13 @@ CASES = {   # case -> (class, config class, config), the image token the last id
                   dict(text_config=dict(GLM4V_TEXT, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                         first_k_dense_replace=1, n_shared_experts=1),
                        vision_config=GLM4V_VISION, image_token_id=511)),
+    "command-a-vision": ("Cohere2VisionForConditionalGeneration", "Cohere2VisionConfig",
+                         dict(text_config=dict(COHERE2, logit_scale=1.0), vision_config=SIGLIP, image_token_id=511)),
+    # Voxtral: an audio tower (Whisper's encoder) before a Llama
+    "voxtral": ("VoxtralForConditionalGeneration", "VoxtralConfig",
+                dict(text_config=LLAMA, audio_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                                          num_attention_heads=2, num_mel_bins=8,
+                                                          max_source_positions=16), audio_token_id=511)),
     # Llama 3.2 Vision: a cross-attention layer between two self-attention ones, 8 image rows past the vocabulary
     "mllama": ("MllamaForConditionalGeneration", "MllamaConfig",
                dict(text_config=MLLAMA_TEXT, vision_config=MLLAMA_VISION, image_token_index=511)),
@@ -80,7 +89,7 @@ CASES = {   # case -> (class, config class, config), the image token the last id
 
 FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "idefics3": "llama",
           "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
-          "glm4v-moe": "glm4_moe"}
+          "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama"}
 
 
 def _write(case: str, dest, seed: int = 0):
@@ -97,7 +106,8 @@ def test_the_language_model_matches_the_whole_checkpoints_class(case, tmp_path):
     ref = _write(case, tmp_path / "hf")
     config = _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
     (note,) = [n for n in config.notes if "language model" in n]
-    assert "vision tower and projector" in note and "tensors) are not read" in note
+    tower = "audio" if case == "voxtral" else "vision"
+    assert f"{tower} tower and projector" in note and "tensors) are not read" in note
     assert config.model.arch == FAMILY[case]
 
 
