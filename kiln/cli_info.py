@@ -159,7 +159,7 @@ def models_cmd(as_json) -> None:
     if not as_json:
         from kiln.models.vision_text import WRAPPERS
         click.echo(f"and the language model (one of the families above) of {', '.join(WRAPPERS)} checkpoints, "
-                   "read without their vision tower")
+                   "read without their vision (or audio) towers")
 
 
 def _has_device(kind: str) -> bool:

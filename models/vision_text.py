@@ -1,18 +1,23 @@
 """Vision-language checkpoints whose language model is a family kiln reads: that model, alone.
 
-LLaVA (1.5, NeXT, OneVision), Idefics3 and SmolVLM, InternVL (its Hugging Face format, and its own code's:
-InternVLChatModel, whose language model is llm_config), Aya Vision and Command A Vision put a vision tower and a
-projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Cohere 2, ...),
-described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral. kiln reads text, so it
-reads that language model: its config is text_config (with the outer eos / bos ids), its tensors the ones under
-the language model's prefix, renamed as the family's own checkpoint names them (`model.*`, `lm_head`), and the
-tower's are left unread (a note says so). On a text prompt the wrapper's forward is the language model's (the
-image or audio tokens are where the projected features go, and a text prompt has none), so transformers' class
-for the whole checkpoint is the reference (tests/numerics/test_vision_text.py).
+LLaVA (1.5, NeXT, OneVision, OneVision-1.5, NeXT-Video, Video-LLaVA, ViP-LLaVA), Idefics2 / Idefics3 / SmolVLM,
+InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose language model is llm_config), Aya
+Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, DeepSeek-VL,
+Janus, MiniCPM-V 4.6 / 4.7 (WRAPPERS) put a vision tower and a projector before a causal language model of another
+family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...), described by config.json's
+text_config; Voxtral an audio tower before a Llama / Mistral; Qwen2.5-Omni and Qwen3-Omni a vision and an audio tower
+before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under `thinker.`; the whole checkpoint
+adds a talker and a speech decoder). kiln reads text, so it reads that language model: its config is text_config
+(with the outer eos / bos ids), its tensors the ones under the language model's prefix, renamed as the family's own
+checkpoint names them (`model.*`, `lm_head`), and the towers' are left unread (a note says so). On a text prompt
+the wrapper's forward is the language model's (the image or audio tokens are where the projected features go, and
+a text prompt has none), so transformers' class for the whole checkpoint is the reference where it has a forward
+(tests/numerics/test_vision_text.py; CUSTOM: the language model's class over the tensors kiln reads).
 
 Where the language model's tensors are is read from the file, not from the transformers version that wrote it:
 `language_model.model.*` and `language_model.lm_head` (LLaVA's and InternVL's as released, which transformers
-keeps), `model.language_model.*` and `lm_head`, `model.text_model.*` (Idefics3, SmolVLM). Its head is tied to
+keeps), `model.language_model.*` and `lm_head`, `model.text_model.*` (Idefics2/3, SmolVLM), `thinker.model.*` or
+`thinker.model.language_model.*` and `thinker.lm_head` (the Omni models). Its head is tied to
 the embedding where the file has none, or config.json ties it.
 
 Llama 3.2 Vision (Mllama) is a Llama 3 whose cross-attention layers (`cross_attention_layers`, reading the image)
@@ -42,16 +47,37 @@ WRAPPERS = {
     "Glm4vForConditionalGeneration": "GLM-4.1V", "Glm4vMoeForConditionalGeneration": "GLM-4.5V",
     "InternVLChatModel": "InternVL", "Cohere2VisionForConditionalGeneration": "Command A Vision",
     "VoxtralForConditionalGeneration": "Voxtral",
+    "Lfm2VlForConditionalGeneration": "LFM2-VL", "Lfm3VlForConditionalGeneration": "LFM3-VL",
+    "Idefics2ForConditionalGeneration": "Idefics2", "VipLlavaForConditionalGeneration": "ViP-LLaVA",
+    "LlavaNextVideoForConditionalGeneration": "LLaVA-NeXT-Video", "VideoLlavaForConditionalGeneration": "Video-LLaVA",
+    "LightOnOcrForConditionalGeneration": "LightOnOCR", "Ovis2ForConditionalGeneration": "Ovis2",
+    "Ovis2_5ForConditionalGeneration": "Ovis2.5", "Glm46VForConditionalGeneration": "GLM-4.6V",
+    "Exaone4_5_ForConditionalGeneration": "EXAONE 4.5", "Kimi_K25ForConditionalGeneration": "Kimi K2.5",
+    "DeepseekVLForConditionalGeneration": "DeepSeek-VL", "DeepseekVLHybridForConditionalGeneration": "DeepSeek-VL",
+    "JanusForConditionalGeneration": "Janus", "LlavaOnevision15ForConditionalGeneration": "LLaVA-OneVision-1.5",
+    "Qwen2_5OmniThinkerForConditionalGeneration": "Qwen2.5-Omni",
+    "Qwen3OmniMoeThinkerForConditionalGeneration": "Qwen3-Omni",
+    "MiniCPMV4_6ForConditionalGeneration": "MiniCPM-V 4.6", "MiniCPMV4_7ForConditionalGeneration": "MiniCPM-V 4.7",
+    "Qwen2_5OmniForConditionalGeneration": "Qwen2.5-Omni", "Qwen3OmniMoeForConditionalGeneration": "Qwen3-Omni",
 }
-AUDIO = ("VoxtralForConditionalGeneration",)     # wrappers whose tower hears rather than sees
-# wrappers transformers has no class for (their own code, trust_remote_code), with the config key of their language
-# model: compiler/golden.py's reference is transformers' model of that language model over the tensors kiln reads
-CUSTOM = {"InternVLChatModel": "llm_config"}
+OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
+# what a note says is left unread, where not a vision tower and projector
+UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
+          "Qwen2_5OmniThinkerForConditionalGeneration": "vision and audio towers",
+          "Qwen3OmniMoeThinkerForConditionalGeneration": "vision and audio towers",
+          **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI}}
+# where the language model's config is, where not text_config
+TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI}}
+# wrappers transformers has no forward for (their own code, trust_remote_code; a generate-only whole):
+# compiler/golden.py's reference is transformers' model of the language model over the tensors kiln reads
+CUSTOM = ("InternVLChatModel", *OMNI)
 # text model types that are another family's model on a text prompt (M-RoPE read as RoPE: models/config.py)
-AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe"}
+AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_text": "qwen2",
+             "qwen3_omni_moe_text": "qwen3_moe"}
 # the language model's tensors: under one of these, the family's "model." names after it
-PREFIXES = ("language_model.model", "model.language_model", "model.text_model")
-HEADS = ("language_model.lm_head.weight", "lm_head.weight")
+PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
+            "thinker.model")
+HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.weight")
 
 
 def wrapper_of(hf_config: dict) -> str | None:
@@ -64,10 +90,12 @@ def text_of(source: ModelSource) -> ModelSource:
     wrapper = wrapper_of(source.hf_config)
     if wrapper is None:
         return source
-    hf, where, key = source.hf_config, f"{source.path / 'config.json'}", CUSTOM.get(wrapper, "text_config")
-    text = hf.get(key)
+    hf, where, path = source.hf_config, f"{source.path / 'config.json'}", TEXT_CONFIG.get(wrapper, ("text_config",))
+    text = hf
+    for key in path:
+        text = text.get(key) if isinstance(text, dict) else None
     if not isinstance(text, dict) or not text.get("model_type"):
-        raise ModelLoadError(f"{where}: {wrapper} without a {key} naming its language model's model_type; "
+        raise ModelLoadError(f"{where}: {wrapper} without a {'.'.join(path)} naming its language model's model_type; "
                              "the checkpoint's config.json is incomplete (re-download it)")
     names = source.weights.names()
     held = set(names)
@@ -92,8 +120,8 @@ def text_of(source: ModelSource) -> ModelSource:
         config.update(model_type="llama", num_hidden_layers=len(layers))
     weights = TextWeights(source.weights, prefix, head, names, layers, rows)
     left = len(names) - len(weights.names())
-    tower = "audio" if wrapper in AUDIO else "vision"
-    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its {tower} tower and projector"
+    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its "
+            f"{UNREAD.get(wrapper, 'vision tower and projector')}"
             f"{' and its cross-attention layers' if layers else ''} ({left} tensors) are not read (prompts are text)")
     return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *source.notes])
 

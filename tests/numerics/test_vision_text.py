@@ -17,7 +17,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from kiln.models import ModelLoadError, load
-from tiny_models import compiles_to_match, write_widened
+from kiln.models.vision_text import WRAPPERS
+from tiny_models import compiles_to_match, write_tokenizer, write_widened
 
 pytestmark = pytest.mark.numerics
 QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
@@ -163,3 +164,137 @@ def test_internvl_in_its_own_codes_format(tmp_path):
     save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
     config = _compiles_to(dest, ref, tmp_path / "art")
     assert config.model.arch == "qwen2" and any("InternVL's language model (qwen2)" in n for n in config.notes)
+
+
+# Wrappers checked without a compile: the language model kiln reads (its config, its renamed tensors) in its family's
+# transformers class gives the wrapper's own class's logits on a text prompt; each family's compile is tested in its
+# own module, the reading's compile by CASES above. The wrapper is built on the meta device but for its language
+# model and head (its default, full-size towers never allocated), so a forward that touched a tower would fail.
+QWEN3 = dict(LLAMA, model_type="qwen3", head_dim=16)
+MROPE = dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3])
+LIGHT = {   # wrapper -> (its config class, its language model's config, more of its config)
+    "Lfm2VlForConditionalGeneration": ("Lfm2VlConfig", dict(LLAMA, model_type="lfm2", pad_token_id=0,
+                                                             layer_types=["conv", "full_attention"]), {}),
+    "Lfm3VlForConditionalGeneration": ("Lfm3VlConfig", dict(LLAMA, model_type="lfm3", head_dim=16, sliding_window=8,
+                                                             conv_L_cache=7, pad_token_id=0,
+                                                             layer_types=["conv", "full_attention"]), {}),
+    "Idefics2ForConditionalGeneration": ("Idefics2Config", dict(LLAMA, model_type="mistral"), {}),
+    "VipLlavaForConditionalGeneration": ("VipLlavaConfig", LLAMA, {}),
+    "LlavaNextVideoForConditionalGeneration": ("LlavaNextVideoConfig", LLAMA, {}),
+    "VideoLlavaForConditionalGeneration": ("VideoLlavaConfig", LLAMA, {}),
+    "LightOnOcrForConditionalGeneration": ("LightOnOcrConfig", QWEN3, {}),
+    "Ovis2ForConditionalGeneration": ("Ovis2Config", dict(LLAMA, model_type="qwen2"), {}),
+    "Ovis2_5ForConditionalGeneration": ("Ovis2_5Config", QWEN3, {}),
+    "Glm46VForConditionalGeneration": ("Glm46VConfig", dict(GLM4V_TEXT, model_type="glm4v_text", head_dim=16), {}),
+    "Exaone4_5_ForConditionalGeneration": ("Exaone4_5_Config", dict(QWEN3, model_type="exaone4", sliding_window=8,
+                                                                     layer_types=["sliding_attention",
+                                                                                  "full_attention"]), {}),
+    "Kimi_K25ForConditionalGeneration": ("Kimi_K25Config", dict(
+        LLAMA, model_type="deepseek_v3", q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=16, num_key_value_heads=4, pad_token_id=0, n_routed_experts=8, num_experts_per_tok=3,
+        moe_intermediate_size=48, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1), {}),
+    "DeepseekVLForConditionalGeneration": ("DeepseekVLConfig", LLAMA, {}),
+    "DeepseekVLHybridForConditionalGeneration": ("DeepseekVLHybridConfig", LLAMA, {}),
+    "JanusForConditionalGeneration": ("JanusConfig", LLAMA, {}),
+    "LlavaOnevision15ForConditionalGeneration": ("LlavaOnevision15Config", QWEN3,
+                                                 dict(vision_config=dict(out_hidden_size=64))),
+    "Qwen2_5OmniThinkerForConditionalGeneration": ("Qwen2_5OmniThinkerConfig", dict(
+        LLAMA, model_type="qwen2_5_omni_text", rope_parameters=MROPE), {}),
+    "Qwen3OmniMoeThinkerForConditionalGeneration": ("Qwen3OmniMoeThinkerConfig", dict(
+        QWEN3, model_type="qwen3_omni_moe_text", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        rope_parameters=dict(MROPE, mrope_section=[4, 2, 2])), {}),
+    "MiniCPMV4_6ForConditionalGeneration": ("MiniCPMV4_6Config", dict(
+        QWEN3, model_type="qwen3_5_text", linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], pad_token_id=0), {}),
+}
+LANGUAGE_MODEL = ("model.language_model", "model.text_model")
+
+
+def _language_model_only(wrapper: str, config_cls: str, text: dict, extra: dict, seed: int = 0):
+    """The wrapper on the meta device but for its language model and head, those random (widened); with the
+    tensors they hold under the wrapper's names (the tied head left out, as transformers saves it)."""
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_cls)(text_config=text, **extra)
+    config._attn_implementation = "eager"
+    with torch.device("meta"):
+        model = getattr(transformers, wrapper)(config)
+    prefix = next(p for p in LANGUAGE_MODEL if f"{p}.embed_tokens.weight" in model.state_dict())
+    parent, _, attr = prefix.rpartition(".")
+    meta = model.get_submodule(prefix)
+    setattr(model.get_submodule(parent), attr, type(meta)(meta.config))
+    model.lm_head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=False)
+    ours = lambda name: name.startswith(f"{prefix}.") or name == "lm_head.weight"      # noqa: E731
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ours(name):
+                p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
+        for name, b in model.named_buffers():       # DeepSeek-V3's router choice bias, zeros at init
+            if ours(name) and name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.3)
+    tensors = {name: t.detach().clone() for name, t in model.state_dict().items() if ours(name)}
+    if getattr(config, "tie_word_embeddings", False):      # transformers ties by the outer config
+        model.lm_head.weight = model.get_input_embeddings().weight
+        del tensors["lm_head.weight"]
+    return model.eval(), config, tensors
+
+
+def _family_logits(source, ids):
+    """transformers' class of the family kiln reads, from kiln's config and tensors."""
+    import torch
+    import transformers
+    hf = {k: v for k, v in source.hf_config.items() if k != "architectures"}
+    config = transformers.AutoConfig.for_model(**hf)
+    config._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    held = {n: torch.from_numpy(np.asarray(source.weights.get(n))) for n in source.weights.names()}
+    missing = model.load_state_dict(held, strict=False).missing_keys
+    assert missing in ([], ["lm_head.weight"]) and (missing == []) != bool(hf["tie_word_embeddings"]), missing
+    with torch.no_grad():
+        return model.eval()(torch.tensor([ids])).logits[0].numpy()
+
+
+def _save(dest, config: dict, tensors: dict) -> None:
+    from safetensors.torch import save_file
+    dest.mkdir(parents=True)
+    (dest / "config.json").write_text(json.dumps(config))
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(dest / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("wrapper", list(LIGHT))
+def test_the_language_model_read_is_the_wrappers_forward_on_text(wrapper, tmp_path):
+    import torch
+    model, config, tensors = _language_model_only(wrapper, *LIGHT[wrapper])
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([IDS])).logits[0].numpy()
+    _save(tmp_path / "hf", dict(config.to_dict(), architectures=[wrapper]), tensors)
+    source = load(tmp_path / "hf")
+    (note,) = [n for n in source.notes if "language model" in n]
+    assert note.startswith(f"{WRAPPERS[wrapper]}'s language model ({LIGHT[wrapper][1]['model_type']}) only")
+    np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("thinker", ["Qwen2_5OmniThinkerForConditionalGeneration",
+                                     "Qwen3OmniMoeThinkerForConditionalGeneration"])
+def test_an_omni_checkpoint_is_read_as_its_thinkers_language_model(thinker, tmp_path):
+    """Qwen2.5-Omni / Qwen3-Omni as released: the thinker's config under thinker_config, its tensors under
+    `thinker.` (`thinker.model.*` as the released files name them), a talker beside it; transformers' whole class
+    has no forward (generate only), so kiln's reference is the language model's class (compiler/golden.py)."""
+    whole = thinker.replace("Thinker", "")
+    model, config, tensors = _language_model_only(thinker, *LIGHT[thinker], seed=5)
+    released = {f"thinker.{n.replace('model.language_model.', 'model.')}": t for n, t in tensors.items()}
+    released["talker.model.embed_tokens.weight"] = tensors["model.language_model.embed_tokens.weight"][:8].clone()
+    _save(tmp_path / "hf", {"architectures": [whole], "model_type": config.model_type.replace("_thinker", ""),
+                            "thinker_config": config.to_dict(), "talker_config": {"model_type": "talker"}}, released)
+    source = load(tmp_path / "hf")
+    assert any("towers, talker and speech decoder (1 tensors) are not read" in n for n in source.notes)
+    if thinker.startswith("Qwen2_5"):       # the whole path once: compiled, against the thinker, `kiln check`
+        write_tokenizer(tmp_path / "hf", LLAMA["vocab_size"])
+        assert compiles_to_match(tmp_path / "hf", model, tmp_path / "art", IDS, TOL).model.arch == "qwen2"
+    else:
+        import torch
+        with torch.no_grad():
+            expected = model(input_ids=torch.tensor([IDS])).logits[0].numpy()
+        np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
