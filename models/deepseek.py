@@ -7,6 +7,9 @@
     deepseek_v3     DeepSeek-V3 / R1, Kimi K2, Moonlight: DeepSeek-V3's router (models/glm4_moe.py), RoPE
                     on interleaved pairs where `rope_interleave` (the default), else on halves
     glm4_moe_lite   GLM-4.7-Flash: DeepSeek-V3's attention and router, dense layers by `mlp_layer_types`
+    deepseek_v32    DeepSeek-V3.2 (-Exp) and GLM-5 (glm_moe_dsa): GLM-4.7-Flash's shape whose attention reads only
+                    the `index_topk` keys its lightning indexer scores highest: up to index_topk tokens every key,
+                    so V3's attention exactly; the context window capped there, the indexer's tensors unread
     youtu           Youtu-LLM: latent attention, dense MLPs, tied embeddings
     minicpm3        MiniCPM3: Youtu's shape with RoPE on halves (LongRoPE: the short factors), MiniCPM's
                     embedding scale (`scale_emb`), residual scale (scale_depth / sqrt(layers)) and logits
@@ -143,6 +146,25 @@ class Glm4MoeLiteConfig(DenseByType, DeepseekV3Config):
 
 
 @dataclass(frozen=True)
+class DeepseekV32Config(Glm4MoeLiteConfig):
+    ARCH: ClassVar[str] = "deepseek_v32"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeLiteConfig.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=3)),
+        ConfigField("index_topk", ("index_topk",), default=2048))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        topk = int(values.pop("index_topk"))
+        if values["context_window_size"] > topk:
+            # DeepSeek Sparse Attention: each query attends to the index_topk keys the indexer scores highest, so
+            # every key while there are at most index_topk (transformers: topk of min(index_topk, keys))
+            notes.append(f"context window capped at index_topk ({topk} tokens): within it, sparse attention attends "
+                         "to every key (DeepSeek-V3's attention); the lightning indexer past it is not supported yet")
+            values["context_window_size"] = topk
+        return super().adapt(values, hf, notes)
+
+
+@dataclass(frozen=True)
 class YoutuConfig(DeepseekV3Config):
     ARCH: ClassVar[str] = "youtu"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
@@ -200,7 +222,7 @@ class Mistral4Config(DeepseekV3Config):
 
 
 DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = SarvamMLAForCausalLM = CausalLM
-Glm4MoeLiteForCausalLM = YoutuForCausalLM = CausalLM
+Glm4MoeLiteForCausalLM = DeepseekV32ForCausalLM = YoutuForCausalLM = CausalLM
 MiniCPM3ForCausalLM = Mistral4ForCausalLM = CausalLM
 
 

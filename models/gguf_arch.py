@@ -309,6 +309,10 @@ MLA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_k", "att
              "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
              "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"}
 DEEPSEEK2_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in ("attn_k", "attn_v", *QK_NORMS)}, **MLA_LAYER}
+# DeepSeek Sparse Attention's lightning indexer (read by name, unread by kiln: models/deepseek.py deepseek_v32)
+DSA_LAYER = {**DEEPSEEK2_LAYER, "indexer.k_norm": "self_attn.indexer.k_norm",
+             "indexer.proj": "self_attn.indexer.weights_proj", "indexer.attn_k": "self_attn.indexer.wk",
+             "indexer.attn_q_b": "self_attn.indexer.wq_b"}
 GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up": "mlp.c_fc",
               "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 EXAONE_LAYER = {"attn_q": "attn.attention.q_proj", "attn_k": "attn.attention.k_proj", "attn_v": "attn.attention.v_proj",
@@ -1276,6 +1280,25 @@ def _deepseek2(reader, arch, tensors, c):
     c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], topk_method="greedy")
 
 
+def _sparse_attention(reader, arch, tensors, c):
+    """DeepSeek-V3.2 (deepseek32) and GLM-5 (glm-dsa): _deepseek2's reading, DeepSeek-V3's router, and the indexer's
+    top k (`attention.indexer.top_k`): kiln reads both as deepseek_v32, its context capped there; the indexer's
+    heads, width and layer kinds kept for transformers' reference (compiler/golden.py), which holds its tensors."""
+    _deepseek2(reader, arch, tensors, c)
+    if c["model_type"] != "deepseek_v3":
+        raise ModelLoadError(f"this {arch} GGUF routes its experts by softmax (expert_gating_func), which DeepSeek "
+                             "Sparse Attention's models do not; the file is inconsistent (re-convert it)")
+    glm = arch == "glm-dsa"
+    c.update(model_type="glm_moe_dsa" if glm else "deepseek_v32",
+             architectures=["GlmMoeDsaForCausalLM" if glm else "DeepseekV32ForCausalLM"],
+             index_topk=int(_key(reader, arch, "attention.indexer.top_k", 2048)))
+    for key, hf_key in (("head_count", "index_n_heads"), ("key_length", "index_head_dim")):   # the reference's
+        if (value := _key(reader, arch, f"attention.indexer.{key}")) is not None:                # indexer shapes
+            c[hf_key] = int(value)
+    if (full := _key(reader, arch, "attention.indexer.types")) is not None:     # GLM-5: a layer reusing another's
+        c["indexer_types"] = ["full" if f else "shared" for f in full]
+
+
 def _mistral4(reader, arch, tensors, c):
     """Mistral 4: DeepSeek's latent attention and YaRN (_deepseek2's reading) with its softmax router, in groups
     scored by their two best experts, renormalised and scaled where the file says (as llama.cpp's graph and
@@ -1478,6 +1501,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "deepseek2": GGUFArch("deepseek_v3", ("DeepseekV3ForCausalLM",), DEEPSEEK2_LAYER, config=_deepseek2,
                           experts=QWEN_EXPERTS, also=("deepseek_v2", "youtu"),
                           by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
+    **{name: GGUFArch(model_type, (hf_class,), DSA_LAYER, config=_sparse_attention, experts=QWEN_EXPERTS,
+                      by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")})
+       for name, model_type, hf_class in (("deepseek32", "deepseek_v32", "DeepseekV32ForCausalLM"),
+                                          ("glm-dsa", "glm_moe_dsa", "GlmMoeDsaForCausalLM"))},
     "mistral4": GGUFArch("mistral4", ("Mistral4ForCausalLM",),
                          {**DEEPSEEK2_LAYER, "ffn_gate_up_exps.weight": "mlp.experts.gate_up_proj",
                           "ffn_down_exps.weight": "mlp.experts.down_proj"}, config=_mistral4,

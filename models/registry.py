@@ -213,6 +213,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           deepseek.SarvamMLAForCausalLM),
     _arch("glm4_moe_lite", ("Glm4MoeLiteForCausalLM",), ("glm4_moe_lite",), deepseek, deepseek.Glm4MoeLiteConfig,
           deepseek.Glm4MoeLiteForCausalLM),
+    _arch("deepseek_v32", ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"), ("deepseek_v32", "glm_moe_dsa"), deepseek,
+          deepseek.DeepseekV32Config, deepseek.DeepseekV32ForCausalLM),
     _arch("minicpm3", ("MiniCPM3ForCausalLM",), ("minicpm3",), deepseek, deepseek.MiniCPM3Config,
           deepseek.MiniCPM3ForCausalLM),
     _arch("mistral4", ("Mistral4ForCausalLM",), ("mistral4",), deepseek, deepseek.Mistral4Config,

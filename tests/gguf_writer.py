@@ -99,6 +99,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
+             "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
@@ -362,8 +363,14 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     if arch in ("olmo2", "exaone4", "exaone-moe") and cfg.get("sliding_window") is not None:
         w.add_sliding_window(cfg["sliding_window"])
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
-    if arch in ("deepseek2", "mistral4"):
+    if arch in ("deepseek2", "mistral4", *DSA):
         _deepseek2(w, cfg)
+    if arch in DSA:
+        w.add_indexer_head_count(cfg["index_n_heads"])
+        w.add_indexer_key_length(cfg["index_head_dim"])
+        w.add_indexer_top_k(cfg["index_topk"])
+        if cfg.get("indexer_types"):        # the converter's: true where a layer runs its own indexer
+            w.add_array(f"{arch}.attention.indexer.types", [t == "full" for t in cfg["indexer_types"]])
     if arch == "phi3":
         original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
             "original_max_position_embeddings", cfg["max_position_embeddings"])
@@ -889,7 +896,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32))
         if dense:
             out[f"blk.{i}.ffn_down.weight"] = hf.pop(f"model.layers.{i}.shared_mlp.output_linear.weight")
-    for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch in ("deepseek2", "mistral4")]:
+    for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch in ("deepseek2", "mistral4", *DSA)]:
         # split for llama.cpp's MLA weight absorption: each head's key rows transposed, then its value rows
         kv_b = hf.pop(hf_name).reshape(n_head, cfg["qk_nope_head_dim"] + cfg["v_head_dim"], -1)
         i = re.search(r"layers\.(\d+)\.", hf_name).group(1)
@@ -1093,7 +1100,8 @@ def _cohere2moe(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 
 # architectures the installed gguf-py does not know yet -> one whose tensor names it maps the same way
-NAMED_AS = {"cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
+DSA = ("deepseek32", "glm-dsa")     # DeepSeek Sparse Attention: deepseek2 and the indexer's keys and tensors
+NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba}

@@ -303,6 +303,16 @@ CASES = {
     "glm4-moe-lite": ("Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", dict(
         MLA, v_head_dim=24, rope_interleave=False, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
         routed_scaling_factor=1.8, mlp_layer_types=["sparse", "dense", "sparse"], num_hidden_layers=3)),
+    # DeepSeek-V3.2 / GLM-5: within index_topk tokens (64 here; the context capped there) the indexer picks every
+    # key, so transformers' sparse attention is V3's; GLM-5's second layer reuses the first's choice ("shared")
+    "deepseek-v32": ("DeepseekV32ForCausalLM", "DeepseekV32Config", dict(
+        MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
+        topk_group=1, first_k_dense_replace=1, num_hidden_layers=3, index_topk=64, index_head_dim=16,
+        index_n_heads=2)),
+    "glm5-dsa": ("GlmMoeDsaForCausalLM", "GlmMoeDsaConfig", dict(
+        MLA, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        mlp_layer_types=["dense", "sparse", "sparse"], num_hidden_layers=3, index_topk=64, index_head_dim=16,
+        index_n_heads=2, indexer_types=["full", "shared", "full"])),
     "minicpm3": ("MiniCPM3ForCausalLM", "MiniCPM3Config", dict(
         MLA, scale_emb=6.0, scale_depth=1.4, dim_model_base=16, bos_token_id=1, max_position_embeddings=512,
         rope_parameters=dict(LONGROPE, short_factor=[1.0 + 0.25 * i for i in range(4)], long_factor=[4.0] * 4,
@@ -408,6 +418,13 @@ def test_phi3_longrope_caps_the_context_with_a_note(tmp_path):
     _, config, _ = build(load(tmp_path / "hf"))
     assert config.context_window_size == 128
     assert any("LongRoPE" in n for n in config.notes)
+
+
+def test_sparse_attention_caps_the_context_at_index_topk_with_a_note(tmp_path):
+    write_family("deepseek-v32", tmp_path / "hf")
+    _, config, _ = build(load(tmp_path / "hf"))
+    assert config.context_window_size == 64
+    assert any("capped at index_topk (64 tokens)" in n for n in config.notes)
 
 
 def test_attention_softcap_is_refused_where_the_kernels_lack_it(tmp_path, monkeypatch):

@@ -163,6 +163,9 @@ CASES = {
     "deepseek2-glm4-moe-lite": _hf_case("glm4-moe-lite", rope_interleave=True, scoring_func="sigmoid",
                                         mlp_layer_types=["dense", "sparse", "sparse"], first_k_dense_replace=1),
     "deepseek2-youtu": _hf_case("youtu"),
+    # DeepSeek-V3.2 and GLM-5 (the indexer's tensors and top k written, read as V3 within it)
+    "deepseek32": _hf_case("deepseek-v32", scoring_func="sigmoid"),
+    "glm-dsa": _hf_case("glm5-dsa", scoring_func="sigmoid", first_k_dense_replace=1),
     "minicpm3": _hf_case("minicpm3", scale_emb=12.0, scale_depth=1.4, dim_model_base=256, rope_parameters=dict(
         HF_CASES["minicpm3"][2]["rope_parameters"], original_max_position_embeddings=512)),
     # Granite 4.0 without Mamba layers, as the converter writes it now (granite, granitemoe: RoPE) and did before
