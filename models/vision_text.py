@@ -53,6 +53,7 @@ WRAPPERS = {
     "LightOnOcrForConditionalGeneration": "LightOnOCR", "Ovis2ForConditionalGeneration": "Ovis2",
     "Ovis2_5ForConditionalGeneration": "Ovis2.5", "Glm46VForConditionalGeneration": "GLM-4.6V",
     "Exaone4_5_ForConditionalGeneration": "EXAONE 4.5", "Kimi_K25ForConditionalGeneration": "Kimi K2.5",
+    "KimiK25ForConditionalGeneration": "Kimi K2.5",
     "DeepseekVLForConditionalGeneration": "DeepSeek-VL", "DeepseekVLHybridForConditionalGeneration": "DeepSeek-VL",
     "JanusForConditionalGeneration": "Janus", "LlavaOnevision15ForConditionalGeneration": "LLaVA-OneVision-1.5",
     "Qwen2_5OmniThinkerForConditionalGeneration": "Qwen2.5-Omni",
@@ -70,7 +71,7 @@ UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
 TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI}}
 # wrappers transformers has no forward for (their own code, trust_remote_code; a generate-only whole):
 # compiler/golden.py's reference is transformers' model of the language model over the tensors kiln reads
-CUSTOM = ("InternVLChatModel", *OMNI)
+CUSTOM = ("InternVLChatModel", "KimiK25ForConditionalGeneration", *OMNI)
 # text model types that are another family's model on a text prompt (M-RoPE read as RoPE: models/config.py)
 AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_text": "qwen2",
              "qwen3_omni_moe_text": "qwen3_moe"}

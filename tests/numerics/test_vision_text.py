@@ -298,3 +298,19 @@ def test_an_omni_checkpoint_is_read_as_its_thinkers_language_model(thinker, tmp_
         with torch.no_grad():
             expected = model(input_ids=torch.tensor([IDS])).logits[0].numpy()
         np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
+
+
+def test_kimi_k25_as_released(tmp_path):
+    """Kimi K2.5 / K2.6 as Moonshot's own code saves it (KimiK25ForConditionalGeneration: language_model.model.*,
+    language_model.lm_head), transformers' class only reading it through its conversion: the same language model."""
+    import torch
+    wrapper = "Kimi_K25ForConditionalGeneration"
+    model, config, tensors = _language_model_only(wrapper, *LIGHT[wrapper], seed=6)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([IDS])).logits[0].numpy()
+    released = {n.replace("model.language_model.", "language_model.model.").replace("lm_head", "language_model.lm_head"):
+                t for n, t in tensors.items()}
+    _save(tmp_path / "hf", dict(config.to_dict(), architectures=["KimiK25ForConditionalGeneration"]), released)
+    source = load(tmp_path / "hf")
+    assert source.hf_config["model_type"] == "deepseek_v3"
+    np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
