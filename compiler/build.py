@@ -195,7 +195,8 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
             tvm_version=tvm.__version__,
             model=ModelInfo(dest.name, arch.name, _config_dict(config),
                             SourceInfo(source.format, source.content_hash, source.path.name)),
-            quantization={**plan.describe(), "decode_activations": opts.decode_activations},
+            quantization={**plan.describe(), "decode_activations": opts.decode_activations,
+                          **({"model_activations": "int8"} if _rounds_activations(config) else {})},
             target=TargetInfo(profile.name, profile.device, profile.target, profile.lib_name),
             entry_functions=(*(ENTRY_FUNCTIONS if ex.kv_owner == "tvm" else OWNED_KV_ENTRY_FUNCTIONS),
                              *OPTIONAL_ENTRY_FUNCTIONS,
@@ -463,6 +464,12 @@ def _kv_layout(config, page_size: int, dtype: str, window_mode: str, owner: str 
                          layer_kinds=tuple(a.kind for a in layers), sliding_window=sliding_window(layers),
                          window_mode=window_mode, owner=owner, tables=tables, layer_kv=layer_kv, layer_sources=sources,
                          layer_states=states)
+
+
+def _rounds_activations(config) -> bool:
+    """Whether the model itself rounds activations to 8 bits (BitNet): `kiln check` allows for rounding flips."""
+    flags = getattr(config, "flags", None)
+    return bool(callable(flags) and getattr(flags(), "act_quant", False))
 
 
 def _config_dict(config) -> dict:

@@ -165,8 +165,12 @@ def load_hf_dir(d: Path) -> ModelSource:
     if mxfp4 and hf_config.get("model_type") != "gpt_oss":
         raise ModelLoadError(f"{cfg_path}: quantization_config says mxfp4, which kiln reads for gpt-oss's experts only "
                              f"(this is model_type {hf_config.get('model_type')!r}); pass a float checkpoint")
+    bitnet = bool(qc) and str(qc.get("quant_method", "")).lower() == "bitnet"     # models/bitnet.py reads them
+    if bitnet and hf_config.get("model_type") != "bitnet":
+        raise ModelLoadError(f"{cfg_path}: quantization_config says bitnet, which kiln reads for BitNet models only "
+                             f"(this is model_type {hf_config.get('model_type')!r}); pass a float checkpoint")
     bnb = read_bnb_method(d, qc) if qc else None
-    method = read_quant_method(d, qc) if qc and fp8 is None and not mxfp4 and bnb is None else None
+    method = read_quant_method(d, qc) if qc and fp8 is None and not mxfp4 and bnb is None and not bitnet else None
     kind, files = _weight_files(d)
     weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
     write_tokenizer, notes = tokenizer_files(d)

@@ -81,6 +81,10 @@ class Flags:
     attn_sinks: bool = False                # a learned logit per head in every softmax, taking a share of the
                                             # weight and giving no value (gpt-oss, Flint): `sinks` [heads] float32,
                                             # over the KV cache kiln owns (models/owned_kv.py)
+    act_quant: bool = False                 # each decoder Linear's input rounded to 8 bits a token (BitNet:
+                                            # x -> round(x * s) / s, s = 127 / max|x|; act_quant below)
+    sub_norms: bool = False                 # a norm on the attention output before o_proj (attn_sub_norm) and on
+                                            # the MLP's hidden before down_proj (ffn_sub_norm) (BitNet)
 
     def sm_scale(self, head_dim: int) -> float:
         """The attention's softmax scale: attn_scale, else 1 / sqrt(query_pre_attn_scalar or head_dim)."""
@@ -150,11 +154,44 @@ class XIELU(nn.Module):
         return op.where(x > 0.0, ap * x * x + linear, negative)
 
 
-class MLP(nn.Module):
-    """Gated: down(act(gate(x)) * up(x)), gate and up fused into one Linear; else down(act(up(x)))."""
+def act_quant(x: Tensor) -> Tensor:
+    """BitNet's activation quantization (transformers' ActQuant / BitLinear), in float32 whatever x's dtype: each
+    token's values on a symmetric 8-bit grid of its absolute maximum, s = 127 / max(max|x|, 1e-5), x ->
+    clip(round(x * s), -128, 127) / s. Rounds half to even as torch does, written out so every target rounds
+    alike (C's roundf, CUDA's, rounds halves away from zero)."""
+    def quantize(t):
+        import tvm
+        from tvm import te
+        f32 = t if t.dtype == "float32" else topi.cast(t, "float32")
+        peak = topi.maximum(topi.max(topi.abs(f32), axis=-1, keepdims=True), tvm.tirx.const(1e-5, "float32"))
+        scale = topi.divide(tvm.tirx.const(127.0, "float32"), peak)
 
-    def __init__(self, hidden_size: int, intermediate_size: int, flags: Flags = Flags()):
+        def at(*i):
+            v = f32(*i) * scale(*i[:-1], 0)
+            low = te.floor(v)
+            frac = v - low
+            odd = low - 2.0 * te.floor(low * 0.5)                  # 1 where floor(v) is odd
+            r = tvm.tirx.Select(frac > 0.5, low + 1.0, tvm.tirx.Select(frac < 0.5, low, low + odd))
+            return te.max(te.min(r, tvm.tirx.const(127.0, "float32")), tvm.tirx.const(-128.0, "float32")) \
+                / scale(*i[:-1], 0)
+        out = te.compute(f32.shape, at, name="act_quant")
+        return out if t.dtype == "float32" else topi.cast(out, t.dtype)
+    return op.tensor_expr_op(quantize, "act_quant", [x])
+
+
+def _quantized(x: Tensor, on: bool) -> Tensor:
+    return act_quant(x) if on else x
+
+
+class MLP(nn.Module):
+    """Gated: down(act(gate(x)) * up(x)), gate and up fused into one Linear; else down(act(up(x))). BitNet's
+    (Flags.act_quant, sub_norms): each Linear's input quantized, the hidden normed (ffn_sub_norm) before down."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, flags: Flags = Flags(), eps: float = 1e-6):
         self.gated, self.activation = flags.gated_mlp, flags.activation
+        self.quant = flags.act_quant
+        if flags.sub_norms:
+            self.ffn_sub_norm = Norm(intermediate_size, eps, flags.norm)
         if self.gated:
             self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=flags.mlp_bias)
         else:
@@ -165,10 +202,13 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         act = self.act_fn if hasattr(self, "act_fn") else (lambda t: _activation(t, self.activation))
+        x = _quantized(x, self.quant)
         if not self.gated:
-            return self.down_proj(act(self.up_proj(x)))
-        gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)    # [b, s, inter] each
-        return self.down_proj(act(gate) * up)
+            hidden = act(self.up_proj(x))
+        else:
+            gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)    # [b, s, inter] each
+            hidden = act(gate) * up
+        return self.down_proj(_quantized(_norm(self, "ffn_sub_norm", hidden), self.quant))
 
 
 class PagedAttention(nn.Module):
@@ -192,6 +232,9 @@ class PagedAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
+        self.quant = flags.act_quant
+        if flags.sub_norms:
+            self.attn_sub_norm = Norm(num_heads * head_dim, eps, flags.norm)     # BitNet: before o_proj's input
         if flags.attn_sinks:
             self.sinks = nn.Parameter((num_heads,), "float32")              # kept float32, as transformers does
         if flags.qk_norm:
@@ -206,6 +249,7 @@ class PagedAttention(nn.Module):
         b, s, _ = x.shape
         h, h_kv = self.num_heads, self.num_kv_heads
         gate = None
+        x = _quantized(x, self.quant)
         if self.output_gate:                # each head's q then its gate, then k and v: split off the gates
             qkv = op.reshape(self.qkv_proj(x), (b, s, 2 * h + 2 * h_kv, self.head_dim))
             q_gate, kv = op.split(qkv, [2 * h], axis=2)
@@ -230,7 +274,8 @@ class PagedAttention(nn.Module):
                                getattr(self, "sinks", None))                              # [b, s, h, d]
         if gate is not None:
             out = out * op.sigmoid(gate)
-        return self.o_proj(op.reshape(out, (b, s, h * self.head_dim)))
+        out = _norm(self, "attn_sub_norm", op.reshape(out, (b, s, h * self.head_dim)))
+        return self.o_proj(_quantized(out, self.quant))
 
 
     def to(self, dtype: str | None = None) -> None:
@@ -275,7 +320,7 @@ class DecoderLayer(nn.Module):
             PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)   # (MLA's, given)
         if flags.pre_norms and not flags.shared_norm:
             self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)   # before the MLP
-        self.mlp = mlp if mlp is not None else MLP(hidden_size, intermediate_size, flags)   # (a MoE's, given)
+        self.mlp = mlp if mlp is not None else MLP(hidden_size, intermediate_size, flags, eps)   # (a MoE's, given)
         if flags.sandwich_norms:
             self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
             self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import (
+    bitnet,
     apertus,
     cohere,
     dbrx,
@@ -228,6 +229,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           nemotron.NemotronForCausalLM),
     _arch("arcee", ("ArceeForCausalLM",), ("arcee",), nemotron, nemotron.ArceeConfig, nemotron.ArceeForCausalLM),
     _arch("helium", ("HeliumForCausalLM",), ("helium",), helium, helium.HeliumConfig, helium.HeliumForCausalLM),
+    _arch("bitnet", ("BitNetForCausalLM",), ("bitnet",), bitnet, bitnet.BitNetConfig, bitnet.BitNetForCausalLM),
     _arch("jais2", ("Jais2ForCausalLM",), ("jais2",), nemotron, nemotron.Jais2Config, nemotron.Jais2ForCausalLM),
     _arch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), ("hunyuan_v1_dense",), hunyuan,
           hunyuan.HunYuanDenseConfig, hunyuan.HunYuanDenseV1ForCausalLM),

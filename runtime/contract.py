@@ -65,6 +65,8 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16")
 # `kiln compile --decode-activations`: exact keeps float activations; int8 quantizes them in the 1-8 row
 # GEMVs over 4-bit weights (targets with int8_decode: x86-64 CPUs), recorded in quantization["decode_activations"].
 DECODE_ACTIVATIONS = ("exact", "int8")
+# quantization["model_activations"] "int8": the model itself rounds its activations to 8 bits a token (BitNet's
+# BitLinear), whatever the scheme; `kiln check` allows for rounding flips (runtime/check.py ROUNDED_ACTIVATIONS).
 GOLDEN_NAME = "golden.npz"                         # ArtifactConfig.golden says what made it, or why there is none
 
 
