@@ -62,6 +62,7 @@ class CompileOptions:
     kv_cache: str = "auto"                  # whose KV cache (KV_OWNERS): auto is kiln's where the model needs
                                             # it (attention sinks), else TVM's
     decode_activations: str = "exact"       # DECODE_ACTIVATIONS: int8 quantizes the 1-8 row GEMVs' x
+    lora: Path | None = None                # a PEFT LoRA adapter's folder, merged into the weights (models/lora.py)
 
     def validate(self) -> None:
         """Everything checkable before the model is read: the target, the quantization name, the
@@ -85,6 +86,8 @@ class CompileOptions:
 
 def default_name(source: ModelSource, quant: str, target: str) -> str:
     stem = source.path.stem if source.path.is_file() else source.path.name
+    if source.adapter:
+        stem = f"{stem}-{Path(source.adapter).name}"
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-").lower() or "model"
     return f"{stem}-{quant}-{target}"
 
@@ -116,6 +119,9 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     profile.check_toolchain(profile)
     report("load", 0, 1)
     source = models.load(opts.model)
+    if opts.lora is not None:
+        from kiln.models.lora import with_adapter
+        source = with_adapter(source, opts.lora)
     arch, config, model = models.build(source)
     scheme = get_scheme(opts.quant, source, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,

@@ -57,7 +57,7 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
     try:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
             own = (source.format == "hf" and source.stored_quant in (None, "MXFP4")     # transformers reads MXFP4
-                   and not _custom_code(source.hf_config))
+                   and not _custom_code(source.hf_config) and not source.adapter)    # a LoRA: merged tensors
             read = _hf_model if own else _model_from_tensors
             model = read(source, torch, transformers).eval()
     except Exception as e:      # an architecture this transformers lacks, a config it rejects

@@ -44,6 +44,8 @@ def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | 
     import tempfile
 
     from kiln.compiler import CompileOptions, compile_model
+    if options.get("lora") is not None:
+        options["lora"] = Path(options["lora"])
     opts = CompileOptions(model=model, target=target, quant=quant,
                           output=Path(output) if output else None,
                           dump_ir=Path(dump_ir) if dump_ir else None, **options)
@@ -51,7 +53,7 @@ def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | 
 
     def own_reference(why: str):
         made.append(tempfile.mkdtemp(prefix="kiln-golden-"))
-        return _own_reference(model, Path(made[-1]) / "ref", why, progress)
+        return _own_reference(model, Path(made[-1]) / "ref", why, progress, options.get("lora"))
 
     try:
         return compile_model(opts, progress, own_reference)
@@ -60,7 +62,8 @@ def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | 
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _own_reference(model: str, dest: Path, why: str, progress: Callable[[str, int, int], None] | None):
+def _own_reference(model: str, dest: Path, why: str, progress: Callable[[str, int, int], None] | None,
+                   lora: str | Path | None = None):
     """The golden reference where transformers cannot read the model: kiln's own float32 build of it
     for this machine (compiled into dest, which the caller removes afterwards), its stages' progress
     reported as "golden-reference"."""
@@ -69,7 +72,8 @@ def _own_reference(model: str, dest: Path, why: str, progress: Callable[[str, in
     from kiln.runtime.model_runner import ModelRunner
     from kiln.targets import DEFAULT_TARGET
     on_step = progress and (lambda _stage, done, total: progress("golden-reference", done, total))
-    ref = compile(model, target=DEFAULT_TARGET, quant="q0f32", output=dest, golden=False, progress=on_step)
+    ref = compile(model, target=DEFAULT_TARGET, quant="q0f32", output=dest, golden=False, progress=on_step,
+                  lora=lora)
     runner = ModelRunner(Artifact.load(ref), max_num_seqs=1)
     return (lambda ids: prompt_logits(runner, 0, ids)), f"kiln q0f32 {DEFAULT_TARGET} ({why})"
 

@@ -81,6 +81,7 @@ class ModelSource:
     stored_quant: str | None = None   # "GGUF", "GPTQ", "AWQ", "compressed-tensors", "MXFP4", "bitsandbytes": weights
                                       # stored quantized
                                       # (what --quant as-stored keeps)
+    adapter: str | None = None        # the LoRA adapter merged into the weights (models/lora.py), its folder
 
     def iter_weights(self) -> Iterator[tuple[str, np.ndarray]]:
         for name in self.weights.names():

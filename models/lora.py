@@ -1,0 +1,198 @@
+"""LoRA adapters (PEFT's format: adapter_config.json + adapter_model.safetensors / .bin) merged into the model
+they were trained on, at compile time (`kiln compile BASE --lora ADAPTER`).
+
+Each adapted Linear's weight becomes W + scale * B @ A (transposed where the base stores its Linears [in, out]:
+fan_in_fan_out, GPT-2's Conv1D), an adapted embedding's E + scale * (B @ A)^T (lora_embedding_A / _B), with
+scale = lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora; rank_pattern and alpha_pattern give a module
+its own r and alpha (PEFT's matching: the pattern ends the module's name at a dot). A module in modules_to_save
+is replaced by the adapter's copy (as is an adapted embedding's base layer, which PEFT saves beside it). That is
+PEFT's merge_and_unload: the merged model computes what PeftModel computes, up to float32 rounding
+(tests/numerics/test_lora.py: against PEFT's unmerged forward).
+
+The merge is a view of the base's weights (LoraWeights): a merged tensor reads as float32 and is then stored as
+--quant says (its stored quantized form, a GGUF block or a GPTQ code, no longer holds it); every other tensor
+keeps the base's stored form. Anything of PEFT's that changes the computation otherwise (DoRA, LoRA biases,
+trainable tokens, layer replication, adapters on parameters, aLoRA) is refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .source import ModelLoadError, ModelSource
+
+PREFIX = "base_model.model."
+# adapter_config.json keys whose PEFT methods compute what a plain merge does not: refused where set
+REFUSED = {"use_dora": "DoRA (a learned magnitude per column)", "lora_bias": "LoRA biases",
+           "trainable_token_indices": "trainable tokens", "layer_replication": "layer replication",
+           "target_parameters": "LoRA on parameters (MoE experts)", "alora_invocation_tokens": "activated LoRA",
+           "use_qalora": "QA-LoRA", "use_bdlora": "block-diagonal LoRA", "arrow_config": "Arrow routing"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Delta:
+    """One adapted tensor: its A and B tensors' names in the adapter, the scale, and how the product lies."""
+    a: str
+    b: str
+    scale: float
+    embedding: bool                     # lora_embedding_A / _B: (B @ A)^T over an embedding [vocab, dim]
+    transposed: bool                    # fan_in_fan_out: the base stores the Linear [in, out]
+
+
+def with_adapter(source: ModelSource, adapter: str | Path) -> ModelSource:
+    """`source` with the LoRA adapter at `adapter` merged into its weights (a ModelLoadError naming what is
+    wrong with the adapter otherwise)."""
+    folder = Path(adapter).expanduser()
+    cfg_path = folder / "adapter_config.json"
+    if not cfg_path.is_file():
+        raise ModelLoadError(f"{folder} has no adapter_config.json: --lora takes a PEFT LoRA adapter's folder "
+                             "(adapter_config.json + adapter_model.safetensors)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON ({e}); fix or re-download it") from None
+    if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
+        raise ModelLoadError(f"{cfg_path}: peft_type {cfg.get('peft_type')!r}; kiln merges LORA adapters only")
+    refused = [what for key, what in REFUSED.items() if cfg.get(key)]
+    if cfg.get("bias", "none") != "none":
+        refused.append(f"bias {cfg['bias']!r} (trained biases)")
+    if refused:
+        raise ModelLoadError(f"{cfg_path} uses {', '.join(refused)}, which kiln does not merge; merge it with "
+                             "PEFT's merge_and_unload and compile the merged model")
+    tensors = _adapter_weights(folder)
+    deltas, replaced = _plan(cfg, tensors, set(source.weights.names()), cfg_path)
+    if not deltas and not replaced:
+        raise ModelLoadError(f"{folder}: the adapter's tensors adapt none of the model's ({len(tensors.names())} "
+                             f"tensors under {PREFIX}...); is it an adapter for this model?")
+    tied = source.hf_config.get("tie_word_embeddings", False)
+    embed = [n for n in (*deltas, *replaced) if n.endswith("embed_tokens.weight")]
+    if embed and tied and not any(n.endswith("lm_head.weight") for n in (*deltas, *replaced)):
+        raise ModelLoadError(f"{folder} changes the embedding of a model whose head is tied to it (PEFT changes "
+                             "the embedding alone); merge it with PEFT and compile the merged model")
+    digest = hashlib.sha256(f"{source.content_hash}|".encode())
+    for f in sorted(p for p in folder.iterdir() if p.name.startswith("adapter_")):
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    ranks = sorted({_rank(tensors, d.a) for d in deltas.values()})
+    note = (f"LoRA adapter {folder.name} merged: {len(deltas)} weights (rank {'/'.join(map(str, ranks)) or '-'}, "
+            f"lora_alpha {cfg.get('lora_alpha', 8)}{', rsLoRA' if cfg.get('use_rslora') else ''})"
+            + (f", {len(replaced)} replaced (modules_to_save)" if replaced else ""))
+    return dataclasses.replace(source, weights=LoraWeights(source.weights, tensors, deltas, replaced),
+                               content_hash=digest.hexdigest(), notes=[note, *source.notes], adapter=str(folder))
+
+
+def _adapter_weights(folder: Path):
+    from .hf import SafetensorsWeights, TorchBinWeights
+    st = folder / "adapter_model.safetensors"
+    if st.is_file():
+        return SafetensorsWeights([st])
+    binary = folder / "adapter_model.bin"
+    if binary.is_file():
+        return TorchBinWeights([binary])
+    raise ModelLoadError(f"{folder} has no adapter_model.safetensors (or adapter_model.bin); re-save the adapter "
+                         "with PEFT's save_pretrained")
+
+
+def _plan(cfg: dict, tensors, base: set[str], where: Path) -> tuple[dict[str, Delta], dict[str, str]]:
+    """base tensor name -> its Delta; base tensor name -> the adapter tensor replacing it (modules_to_save)."""
+    deltas: dict[str, Delta] = {}
+    replaced: dict[str, str] = {}
+    alpha, rslora = float(cfg.get("lora_alpha", 8)), bool(cfg.get("use_rslora"))
+    held = set(tensors.names())
+    for name in tensors.names():
+        rest = name[len(PREFIX):] if name.startswith(PREFIX) else name
+        m = re.fullmatch(r"(.+)\.lora_(embedding_)?A(?:\.[\w-]+)?(?:\.weight)?", rest)
+        if m:
+            module, embedding = m.group(1), bool(m.group(2))
+            b = name.replace("lora_embedding_A" if embedding else "lora_A", "lora_embedding_B" if embedding
+                             else "lora_B")
+            target = f"{module}.weight"
+            if b not in held:
+                raise ModelLoadError(f"{where.parent}: {name} has no {b} beside it; re-save the adapter with PEFT")
+            if target not in base:
+                raise ModelLoadError(f"{where.parent}: {name} adapts {target}, which the model does not have; is it "
+                                     "an adapter for this model?")
+            r = _rank(tensors, name)
+            r_m = _pattern(cfg.get("rank_pattern") or {}, module, r)
+            a_m = float(_pattern(cfg.get("alpha_pattern") or {}, module, alpha))
+            deltas[target] = Delta(name, b, a_m / (math.sqrt(r_m) if rslora else r_m), embedding,
+                                   bool(cfg.get("fan_in_fan_out")) and not embedding)
+        elif re.search(r"\.lora_(embedding_)?B(?:\.[\w-]+)?(?:\.weight)?$", rest):
+            continue
+        else:
+            # a module_to_save's copy; or the base layer of an adapted embedding (PEFT saves it with the adapter)
+            target = re.sub(r"\.(?:modules_to_save\.[\w-]+|base_layer)\.", ".", rest)
+            if target not in base:
+                raise ModelLoadError(f"{where.parent}: {name} replaces no tensor of the model (no {target}); is it "
+                                     "an adapter for this model?")
+            replaced[target] = name
+    return deltas, replaced
+
+
+def _rank(tensors, a_name: str) -> int:
+    """An A tensor's rank: its rows ([r, in] for a Linear, [r, vocab] for an embedding)."""
+    shape = tensors.shape(a_name) if hasattr(tensors, "shape") else np.shape(tensors.get(a_name))
+    return int(shape[0])
+
+
+def _pattern(patterns: dict, module: str, default):
+    """PEFT's rank_pattern / alpha_pattern lookup: the first key that ends the module's name at a dot."""
+    for key, value in patterns.items():
+        if re.fullmatch(rf"(.*\.)?(?:{key})", module):
+            return value
+    return default
+
+
+class LoraWeights:
+    """The base's tensors with the adapter merged (names as the base's); a merged tensor is float32 and has no
+    stored quantized form, every other keeps the base's."""
+
+    _BY_NAME = ("stored_form", "stored_codes")
+
+    def __init__(self, inner, adapter, deltas: dict[str, Delta], replaced: dict[str, str]) -> None:
+        self._inner, self._adapter, self._deltas, self._replaced = inner, adapter, deltas, replaced
+
+    def names(self) -> list[str]:
+        return self._inner.names()
+
+    def merged(self, name: str) -> bool:
+        return name in self._deltas or name in self._replaced
+
+    def get(self, name: str) -> np.ndarray:
+        if not self.merged(name):
+            return self._inner.get(name)
+        base = np.asarray(self._adapter.get(self._replaced[name]) if name in self._replaced
+                          else self._inner.get(name), np.float32)
+        if name not in self._deltas:
+            return base
+        d = self._deltas[name]
+        a = np.asarray(self._adapter.get(d.a), np.float32)
+        b = np.asarray(self._adapter.get(d.b), np.float32)
+        delta = (b @ a) * np.float32(d.scale)
+        if d.embedding or d.transposed:
+            delta = delta.T
+        if base.shape != delta.shape:
+            raise ModelLoadError(f"the adapter's update of {name} is {delta.shape}, the tensor {base.shape}; the "
+                                 "adapter was trained on another model")
+        return base + delta
+
+    def tensor_type(self, name: str) -> str:
+        return "F32" if self.merged(name) else self._inner.tensor_type(name)
+
+    def has_raw(self, name: str) -> bool:
+        inner = getattr(self._inner, "has_raw", None)
+        return not self.merged(name) and (inner is None or inner(name))
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        value = getattr(self._inner, attr)              # AttributeError where the source has no such method
+        if attr in self._BY_NAME:
+            return lambda name, *rest: None if self.merged(name) else value(name, *rest)
+        return value
