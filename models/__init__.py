@@ -33,6 +33,9 @@ def resolve(path_or_alias: str | Path) -> Path:
 def load(path_or_alias: str | Path) -> ModelSource:
     """Read a model's config and (lazily) its weights from a local path or alias."""
     p = resolve(path_or_alias)
+    if p.is_dir() and (p / "adapter_config.json").is_file() and not (p / "config.json").is_file():
+        from .lora import adapter_base, with_adapter
+        return with_adapter(load(adapter_base(p)), p)       # a LoRA adapter: its base, the adapter merged
     if p.is_dir():
         from .hf import load_hf_dir
         from .onnx import is_onnx_dir, load_onnx

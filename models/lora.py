@@ -1,5 +1,6 @@
 """LoRA adapters (PEFT's format: adapter_config.json + adapter_model.safetensors / .bin) merged into the model
-they were trained on, at compile time (`kiln compile BASE --lora ADAPTER`).
+they were trained on, at compile time (`kiln compile BASE --lora ADAPTER`; or the adapter's folder as any
+command's MODEL, where its base_model_name_or_path is a local path or alias: models.load).
 
 Each adapted Linear's weight becomes W + scale * B @ A (transposed where the base stores its Linears [in, out]:
 fan_in_fan_out, GPT-2's Conv1D), an adapted embedding's E + scale * (B @ A)^T (lora_embedding_A / _B), with
@@ -85,6 +86,25 @@ def with_adapter(source: ModelSource, adapter: str | Path) -> ModelSource:
             + (f", {len(replaced)} replaced (modules_to_save)" if replaced else ""))
     return dataclasses.replace(source, weights=LoraWeights(source.weights, tensors, deltas, replaced),
                                content_hash=digest.hexdigest(), notes=[note, *source.notes], adapter=str(folder))
+
+
+def adapter_base(folder: Path) -> Path | str:
+    """The model an adapter folder names as its base (adapter_config.json's base_model_name_or_path), where it
+    is a local folder or file (beside the adapter, or as written) or one of kiln's aliases."""
+    from .packaged import PACKAGED
+    cfg_path = folder / "adapter_config.json"
+    try:
+        named = json.loads(cfg_path.read_text()).get("base_model_name_or_path")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{cfg_path} is not valid JSON ({e}); fix or re-download it") from None
+    if named in PACKAGED:
+        return named
+    for candidate in ([Path(named).expanduser(), folder / named, folder.parent / named] if named else []):
+        if candidate.exists():
+            return candidate.resolve()
+    raise ModelLoadError(f"{folder} is a LoRA adapter whose base model ({named or 'not named'}) is not a local "
+                         f"path kiln can read (kiln reads no hub); pass the base model's folder with the adapter "
+                         f"as --lora: kiln compile BASE --lora {folder}")
 
 
 def _adapter_weights(folder: Path):

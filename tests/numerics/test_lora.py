@@ -115,3 +115,24 @@ def test_adapters_kiln_does_not_merge_are_refused(tmp_path):
         kiln.compile(str(tmp_path / "base"), target="cpu", quant="q0f32", output=tmp_path / "art",
                      lora=tmp_path / "nowhere")
     assert not (tmp_path / "art").exists()
+
+
+def test_an_adapter_folder_is_a_model_argument(tmp_path):
+    """An adapter folder naming a local base (base_model_name_or_path) loads as that base with it merged, so every
+    command that takes MODEL (compile, generate, chat, serve, bench) takes the adapter; a base kiln cannot reach
+    is refused naming --lora."""
+    from kiln.compiler.build import default_name
+    base = write_widened("LlamaForCausalLM", "LlamaConfig", LLAMA, tmp_path / "base", seed=8)
+    _adapter(base, tmp_path / "adapter", r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"])
+    cfg_path = tmp_path / "adapter" / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg_path.write_text(json.dumps(dict(cfg, base_model_name_or_path="../base")))
+    given, merged = load(tmp_path / "adapter"), with_adapter(load(tmp_path / "base"), tmp_path / "adapter")
+    assert given.content_hash == merged.content_hash and given.path == tmp_path / "base"
+    name = "model.layers.1.mlp.down_proj.weight"
+    np.testing.assert_array_equal(given.weights.get(name), merged.weights.get(name))
+    assert default_name(given, "q4f32", "cpu") == "base-adapter-q4f32-cpu"
+    cfg_path.write_text(json.dumps(dict(cfg, base_model_name_or_path="HuggingFaceTB/SmolLM2-135M")))
+    with pytest.raises(ModelLoadError, match=r"base model \(HuggingFaceTB/SmolLM2-135M\) is not a local path .*"
+                                             r"kiln compile BASE --lora"):
+        load(tmp_path / "adapter")
