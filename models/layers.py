@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm import topi
+from tvm import te, tirx, topi
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
@@ -160,20 +160,17 @@ def act_quant(x: Tensor) -> Tensor:
     clip(round(x * s), -128, 127) / s. Rounds half to even as torch does, written out so every target rounds
     alike (C's roundf, CUDA's, rounds halves away from zero)."""
     def quantize(t):
-        import tvm
-        from tvm import te
         f32 = t if t.dtype == "float32" else topi.cast(t, "float32")
-        peak = topi.maximum(topi.max(topi.abs(f32), axis=-1, keepdims=True), tvm.tirx.const(1e-5, "float32"))
-        scale = topi.divide(tvm.tirx.const(127.0, "float32"), peak)
+        peak = topi.maximum(topi.max(topi.abs(f32), axis=-1, keepdims=True), tirx.const(1e-5, "float32"))
+        scale = topi.divide(tirx.const(127.0, "float32"), peak)
 
         def at(*i):
             v = f32(*i) * scale(*i[:-1], 0)
             low = te.floor(v)
             frac = v - low
             odd = low - 2.0 * te.floor(low * 0.5)                  # 1 where floor(v) is odd
-            r = tvm.tirx.Select(frac > 0.5, low + 1.0, tvm.tirx.Select(frac < 0.5, low, low + odd))
-            return te.max(te.min(r, tvm.tirx.const(127.0, "float32")), tvm.tirx.const(-128.0, "float32")) \
-                / scale(*i[:-1], 0)
+            r = tirx.Select(frac > 0.5, low + 1.0, tirx.Select(frac < 0.5, low, low + odd))
+            return te.max(te.min(r, tirx.const(127.0, "float32")), tirx.const(-128.0, "float32")) / scale(*i[:-1], 0)
         out = te.compute(f32.shape, at, name="act_quant")
         return out if t.dtype == "float32" else topi.cast(out, t.dtype)
     return op.tensor_expr_op(quantize, "act_quant", [x])
