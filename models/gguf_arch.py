@@ -1459,6 +1459,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     # M-RoPE (rope.dimension_sections) turns a text token's frequencies all by its position: plain RoPE (models/
     # qwen_vl.py); Qwen3-VL's deepstack features add zeros to a text token's layers.
     "qwen2vl": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER, config=_no_head_bias),
+    # InternLM 2: the converter splits wqkv into Llama's q, k and v (q and k permuted as LlamaModel's): a Llama
+    "internlm2": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, permuted=True),
     "qwen3vl": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),
     "qwen3vlmoe": GGUFArch("qwen3_moe", ("Qwen3MoeForCausalLM",), {**QWEN_MOE_LAYER, **QK_NORMS}, config=_qwen_moe,
                            experts=QWEN_EXPERTS),

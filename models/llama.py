@@ -12,8 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap,
-                        attention_by_type, decoder_weight_map, prefixed_names)
+                        WeightSpec, attention_by_type, decoder_weight_map, prefixed_names)
 from .config import ConfigField, TextModelOf, fields_with, layer_types, one_of
 from .layers import Flags
 from .rope import query_temperature
@@ -62,6 +64,41 @@ class InternLM3Config(LlamaConfig):
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
         LlamaConfig.FIELDS, ConfigField("attention_bias", ("attention_bias", "qkv_bias"), default=False),
         ConfigField("mlp_bias", ("mlp_bias", "bias"), default=False))
+
+
+@dataclass(frozen=True)
+class InternLM2Config(LlamaConfig):
+    """InternLM 2 / 2.5 (their own code: InternLM2ForCausalLM; InternVL 2's language model): a Llama whose q, k
+    and v are one Linear (attention.wqkv), its rows grouped by KV head (each group's query heads, then its key,
+    then its value: WQKV_ORDER), under its own names (tok_embeddings, attention.wo, feed_forward.w1 / w3 / w2,
+    attention_norm, ffn_norm, output); `bias` puts biases on wqkv and wo. Its dynamic NTK scaling turns RoPE
+    only past max_position_embeddings, the context kiln serves: within it, plain RoPE."""
+
+    ARCH: ClassVar[str] = "internlm2"
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = (*LlamaConfig.ROPE_TYPES, "dynamic")
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        LlamaConfig.FIELDS, ConfigField("attention_bias", ("bias", "attention_bias"), default=False))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if (values["rope_scaling"] or {}).get("rope_type") == "dynamic":
+            notes.append("dynamic NTK RoPE scaling acts past max_position_embeddings only, which caps the context: "
+                         "within it RoPE is unscaled")
+            values = dict(values, rope_scaling=None)
+        return super().adapt(values, hf, notes)
+
+
+INTERNLM2_NAMES = dict(LLAMA_NAMES, embed_tokens="model.tok_embeddings", lm_head="output",
+                       input_layernorm="attention_norm", post_attention_layernorm="ffn_norm", o_proj="attention.wo",
+                       gate_proj="feed_forward.w1", up_proj="feed_forward.w3", down_proj="feed_forward.w2")
+
+
+def wqkv_order(c: LlamaConfig) -> np.ndarray:
+    """InternLM 2's wqkv rows in kiln's order (every query head, then the keys, then the values): its rows are
+    [kv heads, q heads a group + 2, head_dim], a group's queries, then its key, then its value."""
+    groups, per = c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads
+    rows = np.arange(groups * (per + 2) * c.head_dim).reshape(groups, per + 2, c.head_dim)
+    return np.concatenate([rows[:, :per].reshape(-1), rows[:, per].reshape(-1), rows[:, per + 1].reshape(-1)])
 
 
 @dataclass(frozen=True)
@@ -146,10 +183,18 @@ EXAONE_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.wte", norm="transform
                     gate_proj="mlp.c_fc_0", up_proj="mlp.c_fc_1", down_proj="mlp.c_proj")
 
 LlamaForCausalLM = Ministral3ForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
+InternLM2ForCausalLM = CausalLM
 ExaoneForCausalLM = CausalLM
 
 
 def weight_map(c: LlamaConfig) -> WeightMap:
     if isinstance(c, ExaoneConfig):
         return decoder_weight_map(c, EXAONE_NAMES)
+    if isinstance(c, InternLM2Config):
+        m, order = decoder_weight_map(c, INTERNLM2_NAMES), wqkv_order(c)
+        for i in range(c.num_hidden_layers):
+            for p in ("weight", "bias") if c.attention_bias else ("weight",):
+                m[f"model.layers.{i}.self_attn.qkv_proj.{p}"] = WeightSpec(
+                    (f"model.layers.{i}.attention.wqkv.{p}",), lambda rows, order=order: rows[order])
+        return m
     return decoder_weight_map(c, prefixed_names(LLAMA_NAMES, getattr(c, "weight_prefix", "model")))

@@ -78,7 +78,9 @@ AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_t
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
             "thinker.model")
-HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.weight")
+HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.weight",
+         "language_model.output.weight")       # InternLM 2's head (InternVL 2 / 2.5), which keeps its name
+EMBEDDINGS = ("embed_tokens", "tok_embeddings")     # the language model's embedding (InternLM 2's, the second)
 
 
 def wrapper_of(hf_config: dict) -> str | None:
@@ -100,7 +102,7 @@ def text_of(source: ModelSource) -> ModelSource:
                              "the checkpoint's config.json is incomplete (re-download it)")
     names = source.weights.names()
     held = set(names)
-    prefix = next((p for p in PREFIXES if f"{p}.embed_tokens.weight" in held), None)
+    prefix = next((p for p in PREFIXES if {f"{p}.{e}.weight" for e in EMBEDDINGS} & held), None)
     if prefix is None:
         raise ModelLoadError(f"{source.path}: {wrapper}'s language model has no embed_tokens under "
                              f"{' / '.join(PREFIXES)}; kiln reads those layouts (re-save it with transformers)")
@@ -151,7 +153,7 @@ class TextWeights:
                 rest = f"layers.{ours[int(index)]}.{tail}"
             self._to_inner[f"model.{rest}"] = name
         if head is not None:
-            self._to_inner["lm_head.weight"] = head
+            self._to_inner["output.weight" if head.endswith(".output.weight") else "lm_head.weight"] = head
 
     def names(self) -> list[str]:
         return list(self._to_inner)
