@@ -129,6 +129,23 @@ def text_of(source: ModelSource) -> ModelSource:
     return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *source.notes])
 
 
+def base_model_of(source: ModelSource) -> ModelSource:
+    """A checkpoint saved as its base model (transformers' XModel: `embed_tokens`, `layers.*`, `norm` at the root,
+    no LM head; decoder embedding models such as Qwen3-Embedding ship so) read as the causal LM its family's
+    checkpoints are: its tensors under `model.`, the embedding table standing in as the head."""
+    names = source.weights.names()
+    held = set(names)
+    if "embed_tokens.weight" not in held or "model.embed_tokens.weight" in held:
+        return source
+    head = "lm_head.weight" if "lm_head.weight" in held else None
+    config = dict(source.hf_config, tie_word_embeddings=head is None or source.hf_config.get("tie_word_embeddings"))
+    note = ("saved as its base model (no model. prefix" + (", no LM head: the embedding table stands in as the "
+            "head, so its logits mean little; /v1/embeddings serves what it was trained for)" if head is None
+                                                            else ")"))
+    weights = TextWeights(source.weights, "", head, [n for n in names if n != head])
+    return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *source.notes])
+
+
 class TextWeights:
     """The language model's tensors under the names its family's own checkpoint gives them (`model.*`, and
     `lm_head.weight` where the wrapper holds a head); every other method of the source it wraps (a stored
@@ -143,9 +160,9 @@ class TextWeights:
         self._inner, self._rows, self._to_inner = inner, rows, {}
         ours = {wrapper: i for i, wrapper in enumerate(layers)} if layers is not None else None
         for name in names:
-            if not name.startswith(f"{prefix}."):
+            if prefix and not name.startswith(f"{prefix}."):
                 continue
-            rest = name[len(prefix) + 1:]
+            rest = name[len(prefix) + 1:] if prefix else name       # "": every tensor, under model.
             if ours is not None and rest.startswith("layers."):
                 index, _, tail = rest[len("layers."):].partition(".")
                 if int(index) not in ours:

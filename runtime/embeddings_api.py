@@ -4,8 +4,9 @@
     client.embeddings.create(model="smollm2", input=[[1, 2, 3]], encoding_format="base64")
 
 Each input (a string, or token ids) becomes the final-norm hidden state of its last token,
-L2-normalised: the pooling decoder-only embedding models use (Engine.embed). `dimensions` is
-refused: kiln's models are not trained for truncated (Matryoshka) embeddings.
+L2-normalised: the pooling decoder-only embedding models use (Engine.embed). `dimensions` keeps the
+first that many values, normalised again: Matryoshka (MRL) truncation, as sentence-transformers'
+truncate_dim and Qwen3-Embedding's own recipe do (meaningful for models trained so; 1 to the hidden size).
 """
 
 from __future__ import annotations
@@ -32,9 +33,8 @@ class EmbeddingRequest(BaseModel):
 
 
 def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
-    if req.dimensions is not None:
-        raise APIError(400, "dimensions is not supported: the model's embeddings have one size; leave it out",
-                       "dimensions")
+    if req.dimensions is not None and req.dimensions < 1:
+        raise APIError(400, f"dimensions must be at least 1, got {req.dimensions}", "dimensions")
     x = req.input
     if isinstance(x, str):
         return [x]
@@ -43,6 +43,17 @@ def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
     if all(isinstance(t, int) for t in x):
         return [list(x)]
     return list(x)
+
+
+def truncated(vector: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first `dimensions` values, L2-normalised again (Matryoshka truncation); all of them without."""
+    if dimensions is None:
+        return vector
+    if dimensions > len(vector):
+        raise APIError(400, f"dimensions {dimensions} exceeds the model's embedding size ({len(vector)}); pass at "
+                       f"most {len(vector)}", "dimensions")
+    head = np.asarray(vector[:dimensions], np.float64)
+    return (head / max(np.linalg.norm(head), 1e-12)).astype(np.float32)
 
 
 def install(app: FastAPI, state, auth: list[Depends]) -> None:
@@ -54,6 +65,7 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         results = await state.engine.embed(embedding_inputs(body))
         data = []
         for i, (vector, _) in enumerate(results):
+            vector = truncated(vector, body.dimensions)
             value = (base64.b64encode(np.asarray(vector, "<f4").tobytes()).decode()
                      if body.encoding_format == "base64" else [float(v) for v in vector])
             data.append({"object": "embedding", "index": i, "embedding": value})

@@ -1,5 +1,7 @@
 """/v1/embeddings: the final hidden state of each input's last token, L2-normalised, equal to the same
-pooling of transformers' hidden states within 1e-4; through the openai SDK and langchain-openai."""
+pooling of transformers' hidden states within 1e-4 (also for an embedding model saved as its base model, without
+an LM head: Qwen3-Embedding's layout); `dimensions` truncates and renormalises; through the openai SDK and
+langchain-openai."""
 
 from __future__ import annotations
 
@@ -50,11 +52,22 @@ def test_embeddings_match_transformers_pooling(served, tiny_dirs):
     np.testing.assert_allclose(vec, reference_embedding(ref, ids), atol=TOL, rtol=0)
 
 
+def test_dimensions_truncate_and_renormalise(served):
+    """Matryoshka truncation: the first `dimensions` values of the full embedding, L2-normalised again."""
+    client = served.client()
+    full = np.asarray(client.embeddings.create(model="tiny-embed", input="x").data[0].embedding)
+    short = np.asarray(client.embeddings.create(model="tiny-embed", input="x", dimensions=8).data[0].embedding)
+    assert short.shape == (8,)
+    np.testing.assert_allclose(short, full[:8] / np.linalg.norm(full[:8]), atol=1e-6, rtol=0)
+
+
 def test_embeddings_refuse_what_they_cannot_do(served):
     import openai
     client = served.client()
-    with pytest.raises(openai.BadRequestError, match="dimensions is not supported"):
-        client.embeddings.create(model="tiny-embed", input="x", dimensions=8)
+    with pytest.raises(openai.BadRequestError, match=r"dimensions 100000 exceeds the model's embedding size \(\d+\)"):
+        client.embeddings.create(model="tiny-embed", input="x", dimensions=100000)
+    with pytest.raises(openai.BadRequestError, match="dimensions must be at least 1"):
+        client.embeddings.create(model="tiny-embed", input="x", dimensions=0)
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         client.embeddings.create(model="tiny-embed", input=[[10**6]])
     with pytest.raises(openai.NotFoundError):
@@ -69,3 +82,39 @@ def test_langchain_openai_embeddings(served):
     query = emb.embed_query("one document")
     assert len(vectors) == 2 and np.allclose(vectors[0], query, atol=1e-5)
     assert abs(np.linalg.norm(query) - 1) < 1e-4
+
+
+def test_an_embedding_model_saved_as_its_base_model(tmp_path):
+    """Qwen3-Embedding's layout: transformers' Qwen3Model saved (embed_tokens, layers.*, norm at the root, no LM
+    head): read as the qwen3 causal LM with its tensors under model. and the table as its head; its embeddings are
+    Qwen3Model's last hidden state at the last token, normalised."""
+    import json
+
+    import transformers
+
+    import kiln
+    from kiln.models import load
+    from tiny_models import write_tokenizer
+    cfg = transformers.Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen3Model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 else 0.0)
+    model.save_pretrained(tmp_path / "hf")
+    write_tokenizer(tmp_path / "hf", 512)
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["architectures"] == ["Qwen3Model"]
+    source = load(tmp_path / "hf")
+    assert "model.embed_tokens.weight" in source.weights.names() and source.hf_config["tie_word_embeddings"]
+    assert any("no LM head" in n for n in source.notes)
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    engine = kiln.Engine(art)
+    inputs = [[5, 6, 7, 8, 9], [300, 2, 17]]
+    for ids, (vector, n) in zip(inputs, engine.embed(inputs)):
+        with torch.no_grad():
+            h = model(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
+        np.testing.assert_allclose(vector, h / np.linalg.norm(h), atol=TOL, rtol=0)
+        assert n == len(ids)
