@@ -924,6 +924,15 @@ def _granite(reader, arch, tensors, c):
     c["partial_rotary_factor"] = _rotary_share(reader, arch, c)        # Bamba's (as granitehybrid): half
 
 
+def _minicpm(reader, arch, tensors, c):
+    """MiniCPM: Granite's reading (its scales are Granite's multipliers; the attention's, 1 / sqrt(head size)), so
+    transformers' Granite is the reference; LongRoPE's factor tensors are refused."""
+    if any(t.startswith("rope_factors") for t in tensors):
+        raise ModelLoadError(f"this {arch} GGUF scales RoPE by LongRoPE factors (rope_factors_long / _short), which "
+                             "kiln does not read from GGUF yet; load the Hugging Face checkpoint instead")
+    _granite(reader, arch, tensors, c)
+
+
 def _attention_layers_only(arch, c) -> None:
     """Granite 4.0's converter writes attention.head_count_kv a layer, 0 for a Mamba layer, also where it writes a
     model without Mamba layers as granite / granitemoe: read as one count; Mamba layers are refused (a granite file
@@ -1459,6 +1468,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     # M-RoPE (rope.dimension_sections) turns a text token's frequencies all by its position: plain RoPE (models/
     # qwen_vl.py); Qwen3-VL's deepstack features add zeros to a text token's layers.
     "qwen2vl": GGUFArch("qwen2", ("Qwen2ForCausalLM",), LLAMA_LAYER, config=_no_head_bias),
+    # MiniCPM 1 / 2 / 4: muP's scales as Granite's metadata (embedding_scale, residual_scale, logit_scale)
+    "minicpm": GGUFArch("granite", ("GraniteForCausalLM",), LLAMA_LAYER, permuted=True, config=_minicpm),
     # InternLM 2: the converter splits wqkv into Llama's q, k and v (q and k permuted as LlamaModel's): a Llama
     "internlm2": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, permuted=True),
     "qwen3vl": GGUFArch("qwen3", ("Qwen3ForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_qwen3),

@@ -9,6 +9,7 @@ The causal-LM base with Llama's defaults (models/causal_lm.py)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -102,6 +103,46 @@ def wqkv_order(c: LlamaConfig) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class MiniCPMConfig(LlamaConfig):
+    """MiniCPM 1 / 2 / 4 (their own code: MiniCPMForCausalLM): a Llama with muP's scales, the embeddings times
+    scale_emb, each residual branch times scale_depth / sqrt(layers), the logits divided by hidden_size /
+    dim_model_base (as MiniCPM3's, and Granite's multipliers); LongRoPE read with its short factors (the context
+    capped at its pretraining length, models/phi3.py longrope); MiniCPM 4's InfLLM v2 sparse attention attends to
+    every key up to its dense_len: the context is capped there."""
+
+    scale_emb: float = 1.0
+    scale_depth: float | None = None
+    dim_model_base: int | None = None
+
+    ARCH: ClassVar[str] = "minicpm"
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "longrope", "su")
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *LlamaConfig.FIELDS, ConfigField("scale_emb", ("scale_emb",), default=1.0),
+        ConfigField("scale_depth", ("scale_depth",), default=None),
+        ConfigField("dim_model_base", ("dim_model_base",), default=None))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        from .phi3 import longrope
+        values = longrope(values, hf, notes)
+        dense = (hf.get("sparse_config") or {}).get("dense_len")
+        if hf.get("sparse_config") and not dense:
+            raise ValueError("MiniCPM sparse_config without dense_len: kiln runs InfLLM v2's dense span only; "
+                             "fix config.json")
+        if dense and values["context_window_size"] > dense:
+            notes.append(f"context window capped at sparse_config.dense_len ({dense} tokens): within it, InfLLM v2 "
+                         "attends to every key (its sparse attention past it is not supported yet)")
+            values["context_window_size"] = int(dense)
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        depth = self.scale_depth if self.scale_depth is not None else math.sqrt(self.num_hidden_layers)
+        return dataclasses.replace(super().flags(), embed_scale=float(self.scale_emb),
+                                   residual_scale=depth / math.sqrt(self.num_hidden_layers),
+                                   logit_divisor=self.hidden_size / (self.dim_model_base or self.hidden_size))
+
+
+@dataclass(frozen=True)
 class SeedOssConfig(LlamaConfig):
     """Seed-OSS (ByteDance): biases on q, k and v (`attention_bias`) apart from o's (`attention_out_bias`)."""
 
@@ -183,7 +224,7 @@ EXAONE_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.wte", norm="transform
                     gate_proj="mlp.c_fc_0", up_proj="mlp.c_fc_1", down_proj="mlp.c_proj")
 
 LlamaForCausalLM = Ministral3ForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
-InternLM2ForCausalLM = CausalLM
+InternLM2ForCausalLM = MiniCPMForCausalLM = CausalLM
 ExaoneForCausalLM = CausalLM
 
 

@@ -78,6 +78,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           llama4.Llama4Config, llama4.Llama4ForCausalLM),
     _arch("ministral3", ("Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"), ("ministral3", "mistral3"),
           llama, llama.Ministral3Config, llama.Ministral3ForCausalLM),
+    _arch("minicpm", ("MiniCPMForCausalLM",), ("minicpm",), llama, llama.MiniCPMConfig, llama.MiniCPMForCausalLM),
     _arch("internlm2", ("InternLM2ForCausalLM",), ("internlm2",), llama, llama.InternLM2Config,
           llama.InternLM2ForCausalLM),
     _arch("internlm3", ("InternLM3ForCausalLM",), ("internlm3",), llama, llama.InternLM3Config,

@@ -110,7 +110,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
-            "nemotron_h_moe", "mistral3", "afmoe", "internlm2")
+            "nemotron_h_moe", "mistral3", "afmoe", "internlm2", "minicpm")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
@@ -322,10 +322,11 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         _granite4(w, cfg, arch)
     if cfg["model_type"] == "bamba":
         _bamba(w, cfg)
-    if arch in ("granite", "granitemoe", "granitehybrid"):     # GraniteModel's: each multiplier the config has
-        for key, add in (("attention_multiplier", w.add_attention_scale),
-                         ("embedding_multiplier", w.add_embedding_scale),
-                         ("residual_multiplier", w.add_residual_scale), ("logits_scaling", w.add_logit_scale)):
+    if arch in ("granite", "granitemoe", "granitehybrid", "minicpm"):   # GraniteModel's: each multiplier the
+        scales = (("attention_multiplier", w.add_attention_scale),          # config has (MiniCPMModel's: all but
+                  ("embedding_multiplier", w.add_embedding_scale),          # the attention's)
+                  ("residual_multiplier", w.add_residual_scale), ("logits_scaling", w.add_logit_scale))
+        for key, add in scales[arch == "minicpm":]:
             if cfg.get(key):
                 add(cfg[key])
     if scaling and scaling["rope_type"] == "linear":
