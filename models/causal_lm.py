@@ -279,6 +279,8 @@ class CausalLM(nn.Module):
         if self.flags.attn_sinks:
             return ("this model's attention has sinks (a logit per head in every softmax), which TVM's paged KV "
                     "cache cannot apply")
+        if self.flags.alibi:
+            return "this model's attention adds ALiBi's bias by distance, which TVM's paged KV cache cannot apply"
         if kinds != {"sliding"}:
             return None
         if self.rope_in_graph or self.flags.learned_positions:
@@ -363,7 +365,8 @@ class CausalLM(nn.Module):
             c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, self.kv_dtype or self.dtype,
             tuple(a.window if a.kind == "sliding" else 0 for a in self.attention),
             {"theta": first.rope_theta, "scaling": first.rope_scaling or {}, "rotary_dim": c.rotary_dim}
-            if cache_rope else None, self.flags.attn_logit_softcap, layer_kv, sources, c.state_layers())
+            if cache_rope else None, self.flags.attn_logit_softcap, layer_kv, sources,
+            tuple(c.alibi_slopes()) if self.flags.alibi else (), c.state_layers())
 
     def _cache(self, given):
         """The forward's KV cache: TVM's object as given, or the owned cache over the given pages and tables."""

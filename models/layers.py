@@ -85,6 +85,8 @@ class Flags:
                                             # x -> round(x * s) / s, s = 127 / max|x|; act_quant below)
     sub_norms: bool = False                 # a norm on the attention output before o_proj (attn_sub_norm) and on
                                             # the MLP's hidden before down_proj (ffn_sub_norm) (BitNet)
+    alibi: bool = False                     # no RoPE: ALiBi's bias slope_h * (j - p) on each score (BLOOM, MPT;
+                                            # the config's alibi_slopes), over the KV cache kiln owns
 
     def sm_scale(self, head_dim: int) -> float:
         """The attention's softmax scale: attn_scale, else 1 / sqrt(query_pre_attn_scalar or head_dim)."""

@@ -9,7 +9,9 @@ runtime's tensor) and attends over them by position (targets/owned_kv.py). The f
 the pages, so the writes stay live through the pipeline.
 
 What it gives that TVM's cache cannot: attention sinks (a learned logit per head in every softmax:
-gpt-oss, Flint, Granite SWA) and exact windows on sliding layers at any chunk length. It has the
+gpt-oss, Flint, Granite SWA), ALiBi's per-head bias by distance (BLOOM, MPT: on CPUs too through
+targets/owned_kv.py's kernel, not kiln's faster CPU one) and exact windows on sliding layers at any
+chunk length. It has the
 two methods the model layers call on a cache (attention_with_fused_qkv, get_query_positions), so
 every family's layers run over either cache unchanged. tools/kv_probe.py measured the design
 against TVM's cache (exact; neutral in speed on the CPU).
@@ -49,6 +51,8 @@ class OwnedLayout:
     sources: tuple[int, ...] = ()       # per layer, the layer whose keys and values it attends over (Gemma 4's
                                         # shared KV: a later layer reads an earlier one's pages and writes
                                         # none); empty: each its own
+    alibi: tuple[float, ...] = ()       # ALiBi's slope a query head (BLOOM, MPT): slope * (j - p) on each score;
+                                        # empty: none
     states: tuple[tuple[tuple[int, ...], ...], ...] = ()   # per layer, its recurrent state tensors' shapes (a
                                         # slot a sequence, float32: Qwen3.5's DeltaNet); such a layer holds no pages
 
@@ -210,7 +214,7 @@ class OwnedKVCache:
         n, h, d = q.shape
         window = lay.windows[layer_id]
         pages = self.pages[self._page_of[lay.source(layer_id)]]
-        if _cpu():                  # decode steps of sliding layers too take the prefill kernel: a row each
+        if _cpu() and not lay.alibi:    # decode steps of sliding layers too take the prefill kernel: a row each
             decode = not window and isinstance(s, int) and s == 1
             return self._paged_cpu(q, pages, lay.kv_of(layer_id)[0], sm_scale, sinks, window, decode)
         if lay.softcap:
@@ -218,10 +222,12 @@ class OwnedKVCache:
                              "CPUs only so far; compile with --kv-cache tvm (or auto)")
         if sinks is None:
             sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
+        slopes = [nn.Tensor.from_const(np.asarray(lay.alibi, np.float32))] if lay.alibi else []
         return op.tensor_ir_op(
             self._kernel("attention", sm_scale, window, int(h), lay.kv_of(layer_id)[0], int(d)), "owned_kv_attention",
             [q, pages, self.tables["page_indptr"], self.tables["page_values"],
-             self.tables["seq_of"], self.tables["positions"], sinks], out=Tensor.placeholder([n, h, d], q.dtype))
+             self.tables["seq_of"], self.tables["positions"], sinks, *slopes],
+            out=Tensor.placeholder([n, h, d], q.dtype))
 
     def _paged_cpu(self, q: Tensor, pages: Tensor, h_kv: int, sm_scale: float, sinks: Tensor | None, window: int,
                    decode: bool) -> Tensor:
@@ -274,7 +280,7 @@ class OwnedKVCache:
             scale, window, heads, h_kv, d = key
             gpu = Target.current().kind.name != "llvm"
             func = owned_attention(h_kv, heads, d, lay.dtype, lay.page_size, scale,
-                                   window=window, gpu=gpu)
+                                   window=window, gpu=gpu, alibi=bool(lay.alibi))
         # named by the call (tensor_ir_op's name hint): kernels of two windows or scales are two functions
         func = self._kernels[(kind, *key)] = func.without_attr("global_symbol")
         return func

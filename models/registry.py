@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import (
+    alibi,
     bitnet,
     apertus,
     cohere,
@@ -231,6 +232,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("nemotron", ("NemotronForCausalLM",), ("nemotron",), nemotron, nemotron.NemotronConfig,
           nemotron.NemotronForCausalLM),
     _arch("arcee", ("ArceeForCausalLM",), ("arcee",), nemotron, nemotron.ArceeConfig, nemotron.ArceeForCausalLM),
+    _arch("bloom", ("BloomForCausalLM",), ("bloom",), alibi, alibi.BloomConfig, alibi.BloomForCausalLM),
+    _arch("mpt", ("MptForCausalLM", "MPTForCausalLM"), ("mpt",), alibi, alibi.MptConfig, alibi.MptForCausalLM),
     _arch("helium", ("HeliumForCausalLM",), ("helium",), helium, helium.HeliumConfig, helium.HeliumForCausalLM),
     _arch("bitnet", ("BitNetForCausalLM",), ("bitnet",), bitnet, bitnet.BitNetConfig, bitnet.BitNetForCausalLM),
     _arch("jais2", ("Jais2ForCausalLM",), ("jais2",), nemotron, nemotron.Jais2Config, nemotron.Jais2ForCausalLM),

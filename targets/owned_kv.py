@@ -40,10 +40,13 @@ _FULL = 1 << 30            # the "window" of a full layer: every earlier key
 
 @parsed_once()
 def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_scale: float,
-                    window: int = 0, gpu: bool = False):
+                    window: int = 0, gpu: bool = False, alibi: bool = False):
     """The attention kernel of one layer kind: `window` tokens (itself included) on a sliding
     layer, 0 on a full one. Arguments: q [tokens, h_q, d], the layer's pages, page_indptr,
-    page_values, seq_of, positions, sinks [h_q] float32, out [tokens, h_q, d]."""
+    page_values, seq_of, positions, sinks [h_q] float32, (with `alibi`: slopes [h_q] float32,)
+    out [tokens, h_q, d]. ALiBi adds slope_h * (j - p) to the score of the key at position j (BLOOM,
+    MPT, Falcon-RW: their bias by key position differs from it by a constant a row, which the
+    softmax removes)."""
     if h_q % h_kv:
         raise ValueError(f"{h_q} query heads do not group over {h_kv} KV heads")
     group = h_q // h_kv
@@ -51,7 +54,7 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
     scale = float(sm_scale)
 
     @T.macro
-    def row(t, h, q, pages, page_indptr, page_values, seq_of, positions, sinks, out, acc, st):
+    def row(t, h, q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes, out, acc, st):
         p = positions[t]
         lo = T.max(p - (span - 1), 0)
         base = page_indptr[seq_of[t]]
@@ -65,9 +68,12 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
                 st[2] = st[2] + T.Cast("float32", q[t, h, dd]) * T.Cast(
                     "float32", pages[page_values[base + (lo + j) // page_size], 0, h // group,
                                      (lo + j) % page_size, dd])
-            st[3] = T.max(st[0], st[2] * T.float32(scale))              # the new maximum
+            st[2] = st[2] * T.float32(scale)
+            if alibi:
+                st[2] = st[2] + slopes[h] * T.Cast("float32", lo + j - p)
+            st[3] = T.max(st[0], st[2])                                 # the new maximum
             st[4] = T.exp(st[0] - st[3])                                # the old terms' rescale
-            st[5] = T.exp(st[2] * T.float32(scale) - st[3])             # this key's weight
+            st[5] = T.exp(st[2] - st[3])                                # this key's weight
             st[1] = st[1] * st[4] + st[5]
             for dd in T.serial(d):
                 acc[dd] = acc[dd] * st[4] + st[5] * T.Cast(
@@ -77,6 +83,41 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
         st[1] = st[1] + T.exp(sinks[h] - st[0])
         for dd in T.serial(d):
             out[t, h, dd] = T.Cast(dtype, acc[dd] / st[1])
+
+    @T.macro
+    def body(q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes, out, n):
+        if gpu:                     # a block a token, a thread a head
+            for t in T.thread_binding(n, thread="blockIdx.x"):
+                for h in T.thread_binding(h_q, thread="threadIdx.x"):
+                    acc = T.alloc_buffer((d,), "float32", scope="local")
+                    st = T.alloc_buffer((6,), "float32", scope="local")
+                    row(t, h, q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes, out, acc, st)
+        else:                       # a task a token and head
+            for task in T.parallel(n * h_q):
+                acc = T.alloc_buffer((d,), "float32")
+                st = T.alloc_buffer((6,), "float32")
+                row(task // h_q, task % h_q, q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes,
+                    out, acc, st)
+
+    if alibi:
+        @T.prim_func
+        def owned_kv_attention_alibi(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
+                                     var_page_values: T.handle, var_seq_of: T.handle, var_positions: T.handle,
+                                     var_sinks: T.handle, var_slopes: T.handle, var_out: T.handle):
+            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+            n, num_pages, b1, entries = T.int32(), T.int64(), T.int32(), T.int32()
+            o1, o2, o3, o4 = T.int32(), T.int32(), T.int32(), T.int32()
+            q = T.match_buffer(var_q, (n, h_q, d), dtype)
+            pages = T.match_buffer(var_pages, (num_pages, 2, h_kv, page_size, d), dtype)
+            page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32", elem_offset=o1)
+            page_values = T.match_buffer(var_page_values, (entries,), "int32", elem_offset=o2)
+            seq_of = T.match_buffer(var_seq_of, (n,), "int32", elem_offset=o3)
+            positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
+            sinks = T.match_buffer(var_sinks, (h_q,), "float32")
+            slopes = T.match_buffer(var_slopes, (h_q,), "float32")
+            out = T.match_buffer(var_out, (n, h_q, d), dtype)
+            body(q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes, out, n)
+        return owned_kv_attention_alibi
 
     @T.prim_func
     def owned_kv_attention(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
@@ -93,18 +134,7 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
         positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
         sinks = T.match_buffer(var_sinks, (h_q,), "float32")
         out = T.match_buffer(var_out, (n, h_q, d), dtype)
-        if gpu:                     # a block a token, a thread a head
-            for t in T.thread_binding(n, thread="blockIdx.x"):
-                for h in T.thread_binding(h_q, thread="threadIdx.x"):
-                    acc = T.alloc_buffer((d,), "float32", scope="local")
-                    st = T.alloc_buffer((6,), "float32", scope="local")
-                    row(t, h, q, pages, page_indptr, page_values, seq_of, positions, sinks, out, acc, st)
-        else:                       # a task a token and head
-            for task in T.parallel(n * h_q):
-                acc = T.alloc_buffer((d,), "float32")
-                st = T.alloc_buffer((6,), "float32")
-                row(task // h_q, task % h_q, q, pages, page_indptr, page_values, seq_of, positions, sinks, out,
-                    acc, st)
+        body(q, pages, page_indptr, page_values, seq_of, positions, sinks, sinks, out, n)
 
     return owned_kv_attention
 
