@@ -71,8 +71,9 @@ def main() -> None:
                    "activations to int8 per 32 values and multiply by integer dot products, as llama.cpp does "
                    "(faster, ~0.5% error in those products; x86-64 CPUs with AVX2); exact keeps them float")
 @click.option("--lora", type=click.Path(path_type=Path),
-              help="a PEFT LoRA adapter's folder (adapter_config.json + adapter_model.safetensors) trained on "
-                   "MODEL: merged into its weights (as PEFT's merge_and_unload), then compiled")
+              help="a LoRA adapter trained on MODEL, a PEFT folder (adapter_config.json + "
+                   "adapter_model.safetensors) or llama.cpp's LoRA GGUF: merged into its weights (as PEFT's "
+                   "merge_and_unload), then compiled")
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @click.option("--check", "check_after", is_flag=True,
               help="then run the artifact on its golden prompts (as `kiln check`) if it runs on this machine")

@@ -1,5 +1,5 @@
-"""LoRA adapters (PEFT's format: adapter_config.json + adapter_model.safetensors / .bin) merged into the model
-they were trained on, at compile time (`kiln compile BASE --lora ADAPTER`; or the adapter's folder as any
+"""LoRA adapters (PEFT's format: adapter_config.json + adapter_model.safetensors / .bin; or llama.cpp's LoRA GGUF,
+_with_gguf_adapter) merged into the model they were trained on, at compile time (`kiln compile BASE --lora ADAPTER`; or the adapter's folder as any
 command's MODEL, where its base_model_name_or_path is a local path or alias: models.load).
 
 Each adapted Linear's weight becomes W + scale * B @ A (transposed where the base stores its Linears [in, out]:
@@ -48,9 +48,11 @@ class Delta:
 
 
 def with_adapter(source: ModelSource, adapter: str | Path) -> ModelSource:
-    """`source` with the LoRA adapter at `adapter` merged into its weights (a ModelLoadError naming what is
-    wrong with the adapter otherwise)."""
+    """`source` with the LoRA adapter at `adapter` (a PEFT folder, or llama.cpp's LoRA GGUF) merged into its
+    weights (a ModelLoadError naming what is wrong with the adapter otherwise)."""
     folder = Path(adapter).expanduser()
+    if folder.suffix == ".gguf" and folder.is_file():
+        return _with_gguf_adapter(source, folder)
     cfg_path = folder / "adapter_config.json"
     if not cfg_path.is_file():
         raise ModelLoadError(f"{folder} has no adapter_config.json: --lora takes a PEFT LoRA adapter's folder "
@@ -105,6 +107,91 @@ def adapter_base(folder: Path) -> Path | str:
     raise ModelLoadError(f"{folder} is a LoRA adapter whose base model ({named or 'not named'}) is not a local "
                          f"path kiln can read (kiln reads no hub); pass the base model's folder with the adapter "
                          f"as --lora: kiln compile BASE --lora {folder}")
+
+
+def _with_gguf_adapter(source: ModelSource, path: Path) -> ModelSource:
+    """llama.cpp's LoRA GGUF (convert_lora_to_gguf.py: general.type adapter, adapter.type lora,
+    adapter.lora.alpha; for each adapted tensor X, X.lora_a [r, in] and X.lora_b [out, r] under X's GGUF name,
+    q and k's B rows permuted as the base's are; a norm whole, as mergekit writes it; an embedding adapter is
+    refused), merged as llama.cpp applies it: scale alpha / r (1 without alpha), names and rows mapped to the base's
+    Hugging Face ones through the adapter architecture's GGUF map (models/gguf_arch.py)."""
+    import gguf
+
+    from .gguf import _hf_name, unpermute_rows
+    from .gguf_arch import GGUF_ARCHS
+    from .gguf_meta import meta
+    reader = gguf.GGUFReader(str(path))
+    kind, which = meta(reader, "general.type", None), meta(reader, "adapter.type", None)
+    if kind != "adapter" or which != "lora":
+        raise ModelLoadError(f"{path} is not a LoRA adapter GGUF (general.type {kind!r}, adapter.type {which!r}); "
+                             "--lora takes a PEFT adapter folder or llama.cpp's convert_lora_to_gguf.py output")
+    arch = meta(reader, "general.architecture", None)
+    spec = GGUF_ARCHS.get(arch)
+    if spec is None:
+        raise ModelLoadError(f"{path}: a LoRA adapter for GGUF architecture {arch!r}, which kiln does not read")
+    alpha = float(meta(reader, "adapter.lora.alpha", 0.0) or 0.0)
+    base = set(source.weights.names())
+    heads = {".self_attn.q_proj.": source.hf_config.get("num_attention_heads"),
+             ".self_attn.k_proj.": source.hf_config.get("num_key_value_heads")
+             or source.hf_config.get("num_attention_heads")} if spec.permuted else {}
+    tensors = {t.name: t for t in reader.tensors}
+    pairs: dict[str, tuple[np.ndarray, np.ndarray, float]] = {}
+    whole: dict[str, np.ndarray] = {}
+    for name, t in tensors.items():
+        if name.endswith(".lora_b"):
+            continue
+        target = _hf_name(spec, name[:-len(".lora_a")] if name.endswith(".lora_a") else name)
+        if target is None or target not in base:
+            raise ModelLoadError(f"{path}: {name} adapts no tensor of the model ({target or 'no Hugging Face name'});"
+                                 " is it an adapter for this model?")
+        if not name.endswith(".lora_a"):
+            whole[target] = _gguf_array(t)
+            continue
+        if f"{name[:-2]}_b" not in tensors:
+            raise ModelLoadError(f"{path}: {name} has no {name[:-2]}_b beside it; re-convert the adapter")
+        if name.startswith("token_embd."):
+            raise ModelLoadError(f"{path} adapts the token embedding, which kiln does not merge from a GGUF adapter "
+                                 "yet; pass the PEFT adapter folder instead")
+        a, b = _gguf_array(t), _gguf_array(tensors[f"{name[:-2]}_b"])
+        n = next((n for part, n in heads.items() if part in target), 0)
+        if n:
+            b = unpermute_rows(b, int(n))
+        r = a.shape[0]
+        pairs[target] = (a, b, alpha / r if alpha else 1.0)
+    if not pairs and not whole:
+        raise ModelLoadError(f"{path} holds no LoRA tensors")
+    digest = hashlib.sha256(f"{source.content_hash}|".encode() + path.read_bytes())
+    note = (f"LoRA adapter {path.name} (GGUF) merged: {len(pairs)} weights (rank "
+            f"{'/'.join(map(str, sorted({a.shape[0] for a, _, _ in pairs.values()})))}, lora_alpha {alpha:g})"
+            + (f", {len(whole)} replaced" if whole else ""))
+    arrays = _Arrays({**{f"{t}.lora_A": a for t, (a, _, _) in pairs.items()},
+                      **{f"{t}.lora_B": b for t, (_, b, _) in pairs.items()}, **whole})
+    deltas = {t: Delta(f"{t}.lora_A", f"{t}.lora_B", scale, False, False) for t, (_, _, scale) in pairs.items()}
+    return dataclasses.replace(source, weights=LoraWeights(source.weights, arrays, deltas, {t: t for t in whole}),
+                               content_hash=digest.hexdigest(), notes=[note, *source.notes], adapter=str(path))
+
+
+def _gguf_array(t) -> np.ndarray:
+    """A GGUF tensor as float32 in torch's layout (rows first)."""
+    import gguf
+    data = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32)
+    return data.reshape(tuple(int(d) for d in reversed(t.shape)))
+
+
+class _Arrays:
+    """Named arrays in memory, as a weight source."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self._arrays = arrays
+
+    def names(self) -> list[str]:
+        return list(self._arrays)
+
+    def get(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._arrays[name].shape
 
 
 def _adapter_weights(folder: Path):

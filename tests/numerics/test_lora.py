@@ -136,3 +136,54 @@ def test_an_adapter_folder_is_a_model_argument(tmp_path):
     with pytest.raises(ModelLoadError, match=r"base model \(HuggingFaceTB/SmolLM2-135M\) is not a local path .*"
                                              r"kiln compile BASE --lora"):
         load(tmp_path / "adapter")
+
+
+def _gguf_adapter(peft_dir, base_cfg: dict, dest):
+    """llama.cpp's convert_lora_to_gguf.py output for a PEFT adapter on a Llama: each adapted tensor's lora_a and
+    lora_b under its GGUF name, q's and k's B rows permuted as LlamaModel permutes the base's."""
+    import gguf
+    from safetensors.numpy import load_file
+    tensors = load_file(str(peft_dir / "adapter_model.safetensors"))
+    cfg = json.loads((peft_dir / "adapter_config.json").read_text())
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, base_cfg["num_hidden_layers"])
+    heads = {"q_proj": base_cfg["num_attention_heads"], "k_proj": base_cfg["num_key_value_heads"]}
+    w = gguf.GGUFWriter(str(dest), "llama")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(cfg["lora_alpha"]))
+    for name, a in tensors.items():
+        if ".lora_A." not in name:
+            continue
+        module = name[len("base_model.model."):].replace(".lora_A.weight", "")
+        b = tensors[name.replace("lora_A", "lora_B")]
+        n = next((n for part, n in heads.items() if module.endswith(part)), 0)
+        if n:                                           # LlamaModel.permute of B's rows
+            b = b.reshape(n, 2, b.shape[0] // n // 2, -1).swapaxes(1, 2).reshape(b.shape)
+        base = names.get_name(f"{module}.weight", try_suffixes=(".weight",))
+        w.add_tensor(f"{base}.lora_a", np.ascontiguousarray(a, np.float32))
+        w.add_tensor(f"{base}.lora_b", np.ascontiguousarray(b, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dest
+
+
+def test_a_gguf_adapter_on_a_gguf_base_matches_peft(tmp_path):
+    """llama.cpp's way end to end: the base's GGUF and the adapter's, compiled, give PEFT's forward on the
+    float base; the GGUF adapter merges into the same weights as its PEFT folder does."""
+    from gguf_writer import write_gguf
+    base = write_widened("LlamaForCausalLM", "LlamaConfig", LLAMA, tmp_path / "base", seed=9)
+    peft_model = _adapter(base, tmp_path / "adapter", seed=10, r=4, lora_alpha=8,
+                          target_modules=["q_proj", "k_proj", "o_proj", "up_proj"])
+    adapter = _gguf_adapter(tmp_path / "adapter", LLAMA, tmp_path / "adapter.gguf")
+    hf_peft, hf_gguf = (with_adapter(load(tmp_path / "base"), a) for a in (tmp_path / "adapter", adapter))
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+                 "model.layers.1.mlp.up_proj.weight"):
+        np.testing.assert_allclose(hf_gguf.weights.get(name), hf_peft.weights.get(name), atol=1e-6, rtol=0)
+    base_gguf = write_gguf(tmp_path / "base", tmp_path / "base.gguf")
+    art = kiln.compile(str(base_gguf), target="cpu", quant="q0f32", output=tmp_path / "art", lora=adapter,
+                       golden=False)
+    assert_prefill_and_decode_match(art, peft_model, IDS, 1e-4)
+    with pytest.raises(ModelLoadError, match="is not a LoRA adapter GGUF"):
+        with_adapter(load(tmp_path / "base"), base_gguf)
