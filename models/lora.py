@@ -1,6 +1,7 @@
-"""LoRA adapters (PEFT's format: adapter_config.json + adapter_model.safetensors / .bin; or llama.cpp's LoRA GGUF,
-_with_gguf_adapter) merged into the model they were trained on, at compile time (`kiln compile BASE --lora ADAPTER`; or the adapter's folder as any
-command's MODEL, where its base_model_name_or_path is a local path or alias: models.load).
+"""LoRA adapters (PEFT's format: adapter_config.json + adapter_model.safetensors / .bin; or llama.cpp's LoRA
+GGUF, _with_gguf_adapter) merged into the model they were trained on, at compile time (`kiln compile BASE --lora
+ADAPTER`; or a PEFT adapter's folder as any command's MODEL, where its base_model_name_or_path is a local path or
+alias: models.load).
 
 Each adapted Linear's weight becomes W + scale * B @ A (transposed where the base stores its Linears [in, out]:
 fan_in_fan_out, GPT-2's Conv1D), an adapted embedding's E + scale * (B @ A)^T (lora_embedding_A / _B), with
