@@ -199,15 +199,29 @@ def has_weights(d: Path) -> bool:
 
 def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
     """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one."""
+    from .sp_tokenizer import build_tokenizer, tokenizer_config
+    built, why = None, None
+    if not (d / "tokenizer.json").exists() and (d / "tokenizer.model").exists():
+        built, why = build_tokenizer(d / "tokenizer.model", tokenizer_config(d))
+
     def write_tokenizer(dest: Path) -> list[str]:
         copied = []
         for name in TOKENIZER_FILES:
             if (d / name).exists():
                 shutil.copy2(d / name, dest / name)
                 copied.append(name)
+        if built is not None:
+            built.save(str(dest / "tokenizer.json"))
+            copied.append("tokenizer.json")
         return copied
 
-    notes = [] if (d / "tokenizer.json").exists() else [
-        "no tokenizer.json: the artifact takes token ids only (`kiln generate --ids`, token-id prompts on the "
-        "server); put the model's tokenizer.json in the folder and recompile to use text"]
+    if (d / "tokenizer.json").exists():
+        notes = []
+    elif built is not None:
+        notes = ["tokenizer.json built from tokenizer.model (SentencePiece BPE, as transformers' fast conversion "
+                 "does)"]
+    else:
+        notes = ["no tokenizer.json" + (f" (its tokenizer.model is {why}, which kiln does not convert)" if why else "")
+                 + ": the artifact takes token ids only (`kiln generate --ids`, token-id prompts on the "
+                 "server); put the model's tokenizer.json in the folder and recompile to use text"]
     return write_tokenizer, notes

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 _MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its attention layers"
 _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
-_ALIBI = "ALiBi biases on the attention scores, which the paged attention kernels do not add"
 _UNSUPPORTED = {
     "zamba": ("Zamba", _MAMBA + ", one shared attention block (Zamba 2 is supported)"),
     **{t: (name, _LINEAR) for t, name in (
@@ -17,9 +16,8 @@ _UNSUPPORTED = {
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),
     "xlstm": ("xLSTM", "recurrent xLSTM blocks instead of attention"),
-    "bloom": ("BLOOM", _ALIBI), "mpt": ("MPT", _ALIBI),
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
-        ("deepseek_v32", "DeepSeek-V3.2"), ("glm_moe_dsa", "GLM MoE with DSA"), ("hy_v4", "Hy V4"),
+        ("hy_v4", "Hy V4"),
         ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},
     "mimo_v2_flash": ("MiMo-V2-Flash", "sliding layers that hold twice the KV heads of its full "
                                        "ones (one KV cache layout takes one count), and values narrower than keys"),

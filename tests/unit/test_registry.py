@@ -67,7 +67,7 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("mimo_v2_flash", r"MiMo-V2-Flash \(mimo_v2_flash\) is not supported yet: its sliding layers that hold twice"),
     ("kimi_linear", "Kimi Linear .* linear-attention layers"),
     ("zamba", r"Zamba \(zamba\) .* Mamba state-space layers"),
-    ("bloom", "BLOOM .* ALiBi"),
+    ("diffllama", r"DiffLlama \(diffllama\) .* differential attention"),
 ])
 def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
     with pytest.raises(ModelLoadError, match=reason) as e:

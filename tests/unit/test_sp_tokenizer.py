@@ -1,0 +1,77 @@
+"""models/sp_tokenizer.py: a SentencePiece tokenizer.model (BPE, identity normalizer: Llama's kind) read without
+protobuf or sentencepiece and rebuilt as tokenizer.json encodes as sentencepiece does (BOS first, byte fallback,
+user-defined symbols, runs of spaces, tabs and newlines, unicode) and decodes back; tokenizer_config.json's tokens
+past the model's pieces come at their ids; a Unigram model, or an NFKC / whitespace-collapsing normalizer, is
+left alone with a note naming why; a Hugging Face folder with tokenizer.model only gets tokenizer.json written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kiln.models.sp_tokenizer import build_tokenizer, read_model
+
+spm = pytest.importorskip("sentencepiece")
+pytestmark = pytest.mark.unit
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "kiln", "compiler", "über", "naïve",
+         "日本語", "测试", "hello", "world", "  spaces", "tabs\there", "123", "4567", "line\nbreak"]
+TEXTS = ["the quick brown fox", "Hello world!", "multiple   spaces here", "über naïve 日本語 测试",
+         "emoji 🙂 unknown ☃", "say <|im_start|>user\nhi<|im_end|>", "tabs\tand\nnewlines", "1234567890", "trailing  "]
+
+
+def _train(tmp_path, name: str, vocab_size: int = 420, **options):
+    import random
+    rng = random.Random(0)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(400)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / name), vocab_size=vocab_size,
+                                   byte_fallback=True, character_coverage=1.0, minloglevel=2,
+                                   user_defined_symbols=["<|im_start|>", "<|im_end|>"], **options)
+    return tmp_path / f"{name}.model"
+
+
+def test_a_llama_style_model_encodes_as_sentencepiece(tmp_path):
+    path = _train(tmp_path, "llama", model_type="bpe", normalization_rule_name="identity",
+                  remove_extra_whitespaces=False)
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    tok, why = build_tokenizer(path, {})
+    assert why is None
+    for text in TEXTS:
+        ids = tok.encode(text).ids
+        assert ids == [sp.bos_id()] + sp.encode(text), text
+        assert tok.decode(ids, skip_special_tokens=True) == sp.decode(sp.encode(text)), text
+    assert tok.encode("x", add_special_tokens=True).ids[0] == sp.bos_id()
+    assert build_tokenizer(path, {"add_bos_token": False})[0].encode("the fox").ids == sp.encode("the fox")
+    added = {"420": {"content": "<|tool|>", "special": True}, "421": {"content": "<|end_tool|>", "special": True}}
+    extended, _ = build_tokenizer(path, {"added_tokens_decoder": added})
+    ids = extended.encode("a <|tool|> b <|end_tool|>").ids
+    assert 420 in ids and 421 in ids and extended.token_to_id("<|end_tool|>") == 421
+
+
+def test_models_kiln_does_not_rebuild_are_named(tmp_path):
+    unigram = _train(tmp_path, "unigram", 320, model_type="unigram", normalization_rule_name="identity",
+                     remove_extra_whitespaces=False)
+    assert read_model(unigram)["model_type"] == 1 and build_tokenizer(unigram, {}) == (None, "a Unigram model")
+    nfkc = _train(tmp_path, "nfkc", model_type="bpe")
+    assert build_tokenizer(nfkc, {}) == (None, "normalizer nmt_nfkc, whitespace runs collapsed")
+
+
+def test_a_folder_with_tokenizer_model_only_gets_tokenizer_json(tmp_path):
+    import shutil
+
+    from kiln.models.hf import tokenizer_files
+    folder = tmp_path / "model"
+    folder.mkdir()
+    shutil.copy(_train(tmp_path, "llama", model_type="bpe", normalization_rule_name="identity",
+                       remove_extra_whitespaces=False), folder / "tokenizer.model")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "chat_template": "{{ x }}"}))
+    write, notes = tokenizer_files(folder)
+    assert notes == ["tokenizer.json built from tokenizer.model (SentencePiece BPE, as transformers' fast conversion "
+                     "does)"]
+    out = tmp_path / "out"
+    out.mkdir()
+    assert set(write(out)) == {"tokenizer.json", "tokenizer_config.json"} and (out / "tokenizer.json").is_file()
+    (folder / "tokenizer.model").write_bytes(_train(tmp_path, "nfkc", model_type="bpe").read_bytes())
+    _, notes = tokenizer_files(folder)
+    assert notes[0].startswith("no tokenizer.json (its tokenizer.model is normalizer nmt_nfkc")
