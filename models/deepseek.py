@@ -32,7 +32,7 @@ from .causal_lm import CausalLM, WeightMap, decoder_weight_map
 from .config import ConfigField, fields_with
 from .glm4_moe import MLP_LAYER_TYPES, NAMES, ROUTED_FIELDS, DenseByType, Glm4MoeConfig
 from .layers import Flags
-from .llama import LlamaConfig
+from .llama import MUP_FIELDS, LlamaConfig, MuPScales
 from .mla import MLASpec, latent_weight_map
 from .phi3 import longrope
 from .rope import query_temperature
@@ -176,28 +176,15 @@ class YoutuConfig(DeepseekV3Config):
 
 
 @dataclass(frozen=True)
-class MiniCPM3Config(YoutuConfig):
-    scale_emb: float = 1.0
-    scale_depth: float | None = None
-    dim_model_base: int | None = None
-
+class MiniCPM3Config(MuPScales, YoutuConfig):
     ARCH: ClassVar[str] = "minicpm3"
     ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "longrope", "su")
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *YoutuConfig.FIELDS, ConfigField("scale_emb", ("scale_emb",), default=1.0),
-        ConfigField("scale_depth", ("scale_depth",), default=None),
-        ConfigField("dim_model_base", ("dim_model_base",), default=None))
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*YoutuConfig.FIELDS, *MUP_FIELDS)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         values = dict(longrope(values, hf, notes), rope_interleave=False)     # cos/sin on halves, as Llama's
         return super().adapt(values, hf, notes)
-
-    def flags(self) -> Flags:
-        depth = self.scale_depth if self.scale_depth is not None else math.sqrt(self.num_hidden_layers)
-        return dataclasses.replace(super().flags(), embed_scale=float(self.scale_emb),
-                                   residual_scale=depth / math.sqrt(self.num_hidden_layers),
-                                   logit_divisor=self.hidden_size / (self.dim_model_base or self.hidden_size))
 
 
 @dataclass(frozen=True)

@@ -102,24 +102,38 @@ def wqkv_order(c: LlamaConfig) -> np.ndarray:
     return np.concatenate([rows[:, :per].reshape(-1), rows[:, per].reshape(-1), rows[:, per + 1].reshape(-1)])
 
 
+MUP_FIELDS = (ConfigField("scale_emb", ("scale_emb",), default=1.0),
+              ConfigField("scale_depth", ("scale_depth",), default=None),
+              ConfigField("dim_model_base", ("dim_model_base",), default=None))
+
+
 @dataclass(frozen=True)
-class MiniCPMConfig(LlamaConfig):
-    """MiniCPM 1 / 2 / 4 (their own code: MiniCPMForCausalLM): a Llama with muP's scales, the embeddings times
-    scale_emb, each residual branch times scale_depth / sqrt(layers), the logits divided by hidden_size /
-    dim_model_base (as MiniCPM3's, and Granite's multipliers); LongRoPE read with its short factors (the context
-    capped at its pretraining length, models/phi3.py longrope); MiniCPM 4's InfLLM v2 sparse attention attends to
-    every key up to its dense_len: the context is capped there."""
+class MuPScales:
+    """MiniCPM's muP scales (a mixin before the family's config class; MUP_FIELDS reads them): the embeddings
+    times scale_emb, each residual branch times scale_depth / sqrt(layers), the logits divided by hidden_size /
+    dim_model_base (Granite's multipliers, by other names)."""
 
     scale_emb: float = 1.0
     scale_depth: float | None = None
     dim_model_base: int | None = None
 
+    def flags(self) -> Flags:
+        depth = self.scale_depth if self.scale_depth is not None else math.sqrt(self.num_hidden_layers)
+        return dataclasses.replace(super().flags(), embed_scale=float(self.scale_emb),
+                                   residual_scale=depth / math.sqrt(self.num_hidden_layers),
+                                   logit_divisor=self.hidden_size / (self.dim_model_base or self.hidden_size))
+
+
+@dataclass(frozen=True)
+class MiniCPMConfig(MuPScales, LlamaConfig):
+    """MiniCPM 1 / 2 / 4 (their own code: MiniCPMForCausalLM): a Llama with muP's scales (MuPScales, as
+    MiniCPM3's); LongRoPE read with its short factors (the context capped at its pretraining length,
+    models/phi3.py longrope); MiniCPM 4's InfLLM v2 sparse attention attends to every key up to its dense_len:
+    the context is capped there."""
+
     ARCH: ClassVar[str] = "minicpm"
     ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "longrope", "su")
-    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
-        *LlamaConfig.FIELDS, ConfigField("scale_emb", ("scale_emb",), default=1.0),
-        ConfigField("scale_depth", ("scale_depth",), default=None),
-        ConfigField("dim_model_base", ("dim_model_base",), default=None))
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*LlamaConfig.FIELDS, *MUP_FIELDS)
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -134,12 +148,6 @@ class MiniCPMConfig(LlamaConfig):
                          "attends to every key (its sparse attention past it is not supported yet)")
             values["context_window_size"] = int(dense)
         return super().adapt(values, hf, notes)
-
-    def flags(self) -> Flags:
-        depth = self.scale_depth if self.scale_depth is not None else math.sqrt(self.num_hidden_layers)
-        return dataclasses.replace(super().flags(), embed_scale=float(self.scale_emb),
-                                   residual_scale=depth / math.sqrt(self.num_hidden_layers),
-                                   logit_divisor=self.hidden_size / (self.dim_model_base or self.hidden_size))
 
 
 @dataclass(frozen=True)

@@ -222,11 +222,11 @@ class OwnedKVCache:
                              "CPUs only so far; compile with --kv-cache tvm (or auto)")
         if sinks is None:
             sinks = nn.Tensor.from_const(np.full(h, NO_SINK, np.float32))
-        slopes = [nn.Tensor.from_const(np.asarray(lay.alibi, np.float32))] if lay.alibi else []
+        slopes = nn.Tensor.from_const(np.asarray(lay.alibi, np.float32)) if lay.alibi else sinks   # (unread)
         return op.tensor_ir_op(
             self._kernel("attention", sm_scale, window, int(h), lay.kv_of(layer_id)[0], int(d)), "owned_kv_attention",
             [q, pages, self.tables["page_indptr"], self.tables["page_values"],
-             self.tables["seq_of"], self.tables["positions"], sinks, *slopes],
+             self.tables["seq_of"], self.tables["positions"], sinks, slopes],
             out=Tensor.placeholder([n, h, d], q.dtype))
 
     def _paged_cpu(self, q: Tensor, pages: Tensor, h_kv: int, sm_scale: float, sinks: Tensor | None, window: int,

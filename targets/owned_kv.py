@@ -43,10 +43,10 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
                     window: int = 0, gpu: bool = False, alibi: bool = False):
     """The attention kernel of one layer kind: `window` tokens (itself included) on a sliding
     layer, 0 on a full one. Arguments: q [tokens, h_q, d], the layer's pages, page_indptr,
-    page_values, seq_of, positions, sinks [h_q] float32, (with `alibi`: slopes [h_q] float32,)
-    out [tokens, h_q, d]. ALiBi adds slope_h * (j - p) to the score of the key at position j (BLOOM,
-    MPT, Falcon-RW: their bias by key position differs from it by a constant a row, which the
-    softmax removes)."""
+    page_values, seq_of, positions, sinks [h_q] float32, slopes [h_q] float32 (read with `alibi`
+    only: a model without passes any [h_q] float32, its sinks), out [tokens, h_q, d]. ALiBi adds
+    slope_h * (j - p) to the score of the key at position j (BLOOM, MPT: BLOOM's bias by key
+    position differs from it by a constant a row, which the softmax removes)."""
     if h_q % h_kv:
         raise ValueError(f"{h_q} query heads do not group over {h_kv} KV heads")
     group = h_q // h_kv
@@ -84,8 +84,22 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
         for dd in T.serial(d):
             out[t, h, dd] = T.Cast(dtype, acc[dd] / st[1])
 
-    @T.macro
-    def body(q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes, out, n):
+    @T.prim_func
+    def owned_kv_attention(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
+                           var_page_values: T.handle, var_seq_of: T.handle, var_positions: T.handle,
+                           var_sinks: T.handle, var_slopes: T.handle, var_out: T.handle):
+        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
+        n, num_pages, b1, entries = T.int32(), T.int64(), T.int32(), T.int32()
+        o1, o2, o3, o4 = T.int32(), T.int32(), T.int32(), T.int32()
+        q = T.match_buffer(var_q, (n, h_q, d), dtype)
+        pages = T.match_buffer(var_pages, (num_pages, 2, h_kv, page_size, d), dtype)
+        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32", elem_offset=o1)
+        page_values = T.match_buffer(var_page_values, (entries,), "int32", elem_offset=o2)
+        seq_of = T.match_buffer(var_seq_of, (n,), "int32", elem_offset=o3)
+        positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
+        sinks = T.match_buffer(var_sinks, (h_q,), "float32")
+        slopes = T.match_buffer(var_slopes, (h_q,), "float32")
+        out = T.match_buffer(var_out, (n, h_q, d), dtype)
         if gpu:                     # a block a token, a thread a head
             for t in T.thread_binding(n, thread="blockIdx.x"):
                 for h in T.thread_binding(h_q, thread="threadIdx.x"):
@@ -98,43 +112,6 @@ def owned_attention(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sm_
                 st = T.alloc_buffer((6,), "float32")
                 row(task // h_q, task % h_q, q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes,
                     out, acc, st)
-
-    if alibi:
-        @T.prim_func
-        def owned_kv_attention_alibi(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
-                                     var_page_values: T.handle, var_seq_of: T.handle, var_positions: T.handle,
-                                     var_sinks: T.handle, var_slopes: T.handle, var_out: T.handle):
-            T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-            n, num_pages, b1, entries = T.int32(), T.int64(), T.int32(), T.int32()
-            o1, o2, o3, o4 = T.int32(), T.int32(), T.int32(), T.int32()
-            q = T.match_buffer(var_q, (n, h_q, d), dtype)
-            pages = T.match_buffer(var_pages, (num_pages, 2, h_kv, page_size, d), dtype)
-            page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32", elem_offset=o1)
-            page_values = T.match_buffer(var_page_values, (entries,), "int32", elem_offset=o2)
-            seq_of = T.match_buffer(var_seq_of, (n,), "int32", elem_offset=o3)
-            positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
-            sinks = T.match_buffer(var_sinks, (h_q,), "float32")
-            slopes = T.match_buffer(var_slopes, (h_q,), "float32")
-            out = T.match_buffer(var_out, (n, h_q, d), dtype)
-            body(q, pages, page_indptr, page_values, seq_of, positions, sinks, slopes, out, n)
-        return owned_kv_attention_alibi
-
-    @T.prim_func
-    def owned_kv_attention(var_q: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
-                           var_page_values: T.handle, var_seq_of: T.handle, var_positions: T.handle,
-                           var_sinks: T.handle, var_out: T.handle):
-        T.func_attr({"tirx.is_scheduled": True, "tirx.noalias": True})
-        n, num_pages, b1, entries = T.int32(), T.int64(), T.int32(), T.int32()
-        o1, o2, o3, o4 = T.int32(), T.int32(), T.int32(), T.int32()
-        q = T.match_buffer(var_q, (n, h_q, d), dtype)
-        pages = T.match_buffer(var_pages, (num_pages, 2, h_kv, page_size, d), dtype)
-        page_indptr = T.match_buffer(var_page_indptr, (b1,), "int32", elem_offset=o1)
-        page_values = T.match_buffer(var_page_values, (entries,), "int32", elem_offset=o2)
-        seq_of = T.match_buffer(var_seq_of, (n,), "int32", elem_offset=o3)
-        positions = T.match_buffer(var_positions, (n,), "int32", elem_offset=o4)
-        sinks = T.match_buffer(var_sinks, (h_q,), "float32")
-        out = T.match_buffer(var_out, (n, h_q, d), dtype)
-        body(q, pages, page_indptr, page_values, seq_of, positions, sinks, sinks, out, n)
 
     return owned_kv_attention
 
