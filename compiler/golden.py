@@ -66,7 +66,7 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
         transformers.logging.set_verbosity(verbosity)
 
     def forward(ids: list[int]) -> np.ndarray:
-        # eagerly: transformers' BitNet layers are torch.compile'd, tens of seconds of inductor on a CPU
+        # eagerly: transformers' BitNet layers are torch.compile'd (tens of seconds of inductor here)
         with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             return model(torch.tensor([ids])).logits[0].float().numpy()
     via = f" ({source.stored_quant} tensors as kiln reads them)" if source.stored_quant else ""
