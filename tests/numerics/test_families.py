@@ -313,6 +313,11 @@ CASES = {
         MLA, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
         mlp_layer_types=["dense", "sparse", "sparse"], num_hidden_layers=3, index_topk=64, index_head_dim=16,
         index_n_heads=2, indexer_types=["full", "shared", "full"])),
+    # ALiBi (models/alibi.py), six heads (not a power of two: each family's interleaved slopes), over the KV cache
+    # kiln owns (tests/numerics/test_alibi.py: the slopes, chunked prefill)
+    "bloom": ("BloomForCausalLM", "BloomConfig", dict(hidden_size=96, n_layer=2, n_head=6, bos_token_id=1)),
+    "mpt": ("MptForCausalLM", "MptConfig", dict(d_model=96, n_layers=2, n_heads=6, max_seq_len=256, bos_token_id=1,
+                                                attn_config=dict(alibi=True, alibi_bias_max=8, clip_qkv=6.0))),
     "minicpm3": ("MiniCPM3ForCausalLM", "MiniCPM3Config", dict(
         MLA, scale_emb=6.0, scale_depth=1.4, dim_model_base=16, bos_token_id=1, max_position_embeddings=512,
         rope_parameters=dict(LONGROPE, short_factor=[1.0 + 0.25 * i for i in range(4)], long_factor=[4.0] * 4,
@@ -395,7 +400,8 @@ def write_family(case: str, dest, seed: int = 0, **extra):
     """The case's transformers model, random weights widened so the tolerance bites, saved with a tokenizer."""
     model_cls, config_cls, overrides = CASES[case]
     overrides = dict(overrides, **extra)
-    own = case in ("gpt2", "opt", "gptj", "gpt-neo", "dbrx") or case.startswith(("gpt-bigcode", "falcon"))  # no SMALL
+    own = case in ("gpt2", "opt", "gptj", "gpt-neo", "dbrx", "bloom", "mpt") or \
+        case.startswith(("gpt-bigcode", "falcon"))            # their own field names: no SMALL
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if own else dict(SMALL, **overrides)
     model = write_widened(model_cls, config_cls, cfg, dest, seed)
     if case in RENAMED:
