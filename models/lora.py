@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .source import ModelLoadError, ModelSource
+from .source import ModelLoadError, ModelSource, content_hash
 
 PREFIX = "base_model.model."
 # adapter_config.json keys whose PEFT methods compute what a plain merge does not: refused where set
@@ -80,15 +80,20 @@ def with_adapter(source: ModelSource, adapter: str | Path) -> ModelSource:
     if embed and tied and not any(n.endswith("lm_head.weight") for n in (*deltas, *replaced)):
         raise ModelLoadError(f"{folder} changes the embedding of a model whose head is tied to it (PEFT changes "
                              "the embedding alone); merge it with PEFT and compile the merged model")
-    digest = hashlib.sha256(f"{source.content_hash}|".encode())
-    for f in sorted(p for p in folder.iterdir() if p.name.startswith("adapter_")):
-        digest.update(f.name.encode() + b"\0" + f.read_bytes())
     ranks = sorted({_rank(tensors, d.a) for d in deltas.values()})
     note = (f"LoRA adapter {folder.name} merged: {len(deltas)} weights (rank {'/'.join(map(str, ranks)) or '-'}, "
             f"lora_alpha {cfg.get('lora_alpha', 8)}{', rsLoRA' if cfg.get('use_rslora') else ''})"
             + (f", {len(replaced)} replaced (modules_to_save)" if replaced else ""))
-    return dataclasses.replace(source, weights=LoraWeights(source.weights, tensors, deltas, replaced),
-                               content_hash=digest.hexdigest(), notes=[note, *source.notes], adapter=str(folder))
+    files = sorted(p for p in folder.iterdir() if p.name.startswith("adapter_"))
+    return _merged(source, LoraWeights(source.weights, tensors, deltas, replaced), folder, files, note)
+
+
+def _merged(source: ModelSource, weights: "LoraWeights", adapter: Path, files: list[Path], note: str) -> ModelSource:
+    """`source` over the merged `weights`, keyed by its own content and the adapter's files (source.content_hash's
+    blockwise hash), the note first."""
+    digest = hashlib.sha256(f"{source.content_hash}|{content_hash(files)}".encode()).hexdigest()
+    return dataclasses.replace(source, weights=weights, content_hash=digest, notes=[note, *source.notes],
+                               adapter=str(adapter))
 
 
 def adapter_base(folder: Path) -> Path | str:
@@ -161,15 +166,13 @@ def _with_gguf_adapter(source: ModelSource, path: Path) -> ModelSource:
         pairs[target] = (a, b, alpha / r if alpha else 1.0)
     if not pairs and not whole:
         raise ModelLoadError(f"{path} holds no LoRA tensors")
-    digest = hashlib.sha256(f"{source.content_hash}|".encode() + path.read_bytes())
     note = (f"LoRA adapter {path.name} (GGUF) merged: {len(pairs)} weights (rank "
             f"{'/'.join(map(str, sorted({a.shape[0] for a, _, _ in pairs.values()})))}, lora_alpha {alpha:g})"
             + (f", {len(whole)} replaced" if whole else ""))
     arrays = _Arrays({**{f"{t}.lora_A": a for t, (a, _, _) in pairs.items()},
                       **{f"{t}.lora_B": b for t, (_, b, _) in pairs.items()}, **whole})
     deltas = {t: Delta(f"{t}.lora_A", f"{t}.lora_B", scale, False, False) for t, (_, _, scale) in pairs.items()}
-    return dataclasses.replace(source, weights=LoraWeights(source.weights, arrays, deltas, {t: t for t in whole}),
-                               content_hash=digest.hexdigest(), notes=[note, *source.notes], adapter=str(path))
+    return _merged(source, LoraWeights(source.weights, arrays, deltas, {t: t for t in whole}), path, [path], note)
 
 
 def _gguf_array(t) -> np.ndarray:
