@@ -474,8 +474,7 @@ def _kv_layout(config, page_size: int, dtype: str, window_mode: str, owner: str 
 
 def _rounds_activations(config) -> bool:
     """Whether the model itself rounds activations to 8 bits (BitNet): `kiln check` allows for rounding flips."""
-    flags = getattr(config, "flags", None)
-    return bool(callable(flags) and getattr(flags(), "act_quant", False))
+    return config.flags().act_quant
 
 
 def _config_dict(config) -> dict:
