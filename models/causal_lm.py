@@ -217,7 +217,7 @@ class DecoderStack(nn.Module):
         def layer(i: int, a: LayerAttention) -> DecoderLayer:
             flags = c.layer_flags(i)
             rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None
-            latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim), c.norm_eps,
+            latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim),
                                      flags.qkv_bias, rope, flags.attn_temperature) if mla else None
             return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
                                 c.head_dim, c.norm_eps, flags, rope,
@@ -355,11 +355,11 @@ class CausalLM(nn.Module):
     def own_kv_cache(self, page_size: int) -> None:
         """Attend over a KV cache kiln owns instead of TVM's (its pages and page tables inputs of the
         entry functions): after .to() and set_kv_dtype, before export."""
-        if self.config.latent_attention():
-            raise ValueError("the KV cache kiln owns holds keys and values per head; latent attention (MLA) "
-                             "runs over TVM's paged KV cache only")
         c, first = self.config, self.attention[0]
         cache_rope = not (self.flags.learned_positions or self.rope_in_graph)
+        if c.latent_attention() and cache_rope:
+            raise ValueError("latent attention (MLA) whose RoPE the cache applies runs over TVM's paged KV cache "
+                             "only (the cache kiln owns takes MLA without RoPE, Kimi Linear's)")
         layer_kv, sources = c.kv_layers() or ((), ())
         self.owned_layout = OwnedLayout(
             c.num_attention_heads, c.num_key_value_heads, c.head_dim, page_size, self.kv_dtype or self.dtype,

@@ -40,6 +40,8 @@ class MLASpec:
     qk_rope_head_dim: int
     v_head_dim: int
     interleaved: bool = True                # the checkpoint's RoPE pairs dims (2i, 2i+1) (DeepSeek's)
+    latent_eps: float = 1e-6                # q_a_layernorm's and kv_a_layernorm's epsilon: every MLA family's own
+                                            # code builds them with its RMSNorm's default, not rms_norm_eps
 
     def __post_init__(self) -> None:
         if self.v_head_dim > self.qk_nope_head_dim + self.qk_rope_head_dim:
@@ -54,19 +56,19 @@ class MLASpec:
 class LatentAttention(nn.Module):
     kv_dtype: str | None = None             # the KV cache's dtype where it is not the activations'
 
-    def __init__(self, hidden_size: int, num_heads: int, spec: MLASpec, sm_scale: float, eps: float,
-                 bias: bool = False, rope: tuple | None = None, temperature: tuple | None = None):
+    def __init__(self, hidden_size: int, num_heads: int, spec: MLASpec, sm_scale: float, bias: bool = False,
+                 rope: tuple | None = None, temperature: tuple | None = None):
         self.spec, self.num_heads, self.sm_scale, self.rope = spec, num_heads, sm_scale, rope
         self.temperature = temperature      # Flags.attn_temperature (Mistral 4: RoPE is then in the graph)
         d = spec.head_dim
         if spec.q_lora_rank:
             self.q_a_proj = nn.Linear(hidden_size, spec.q_lora_rank, bias=bias)
-            self.q_a_layernorm = Norm(spec.q_lora_rank, eps)
+            self.q_a_layernorm = Norm(spec.q_lora_rank, spec.latent_eps)
             self.q_b_proj = nn.Linear(spec.q_lora_rank, num_heads * d, bias=False)
         else:
             self.q_proj = nn.Linear(hidden_size, num_heads * d, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(hidden_size, spec.kv_lora_rank + spec.qk_rope_head_dim, bias=bias)
-        self.kv_a_layernorm = Norm(spec.kv_lora_rank, eps)
+        self.kv_a_layernorm = Norm(spec.kv_lora_rank, spec.latent_eps)
         self.kv_b_proj = nn.Linear(spec.kv_lora_rank, num_heads * (spec.qk_nope_head_dim + spec.v_head_dim), bias=False)
         self.o_proj = nn.Linear(num_heads * spec.v_head_dim, hidden_size, bias=bias)
 

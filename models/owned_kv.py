@@ -174,15 +174,18 @@ class OwnedKVCache:
     def gated_delta(self, layer_id: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                     delta: bool = True) -> Tensor:
         """The gated delta rule (a recurrent layer's second state, [hv, dk, dv]): q, k [b, s, hk, dk] (l2-normed,
-        q scaled), v [b, s, hv, dv], g (log decay), beta [b, s, hv], all float32 -> [b, s, hv, dv] float32.
-        Without `delta`, Mamba-2's scan (targets/recurrent.py): C, B, x, dt * A, dt as q, k, v, g, beta."""
+        q scaled), v [b, s, hv, dv], g (log decay: [b, s, hv], or [b, s, hv, dk] a key channel's, Kimi Linear's
+        KDA), beta [b, s, hv], all float32 -> [b, s, hv, dv] float32. Without `delta`, Mamba-2's scan
+        (targets/recurrent.py): C, B, x, dt * A, dt as q, k, v, g, beta."""
         b, s, hk, dk = q.shape
         hv, dv = v.shape[2], v.shape[3]
-        n = b * s
-        out = self._state_call(layer_id, 1, self._kernel("gated_delta", int(hk), int(hv), int(dk), int(dv), delta),
+        n, channels = b * s, len(g.shape) == 4
+        kernel = self._kernel("gated_delta", int(hk), int(hv), int(dk), int(dv), delta, channels)
+        out = self._state_call(layer_id, 1, kernel, "recurrent_kda" if channels else
                                "recurrent_delta" if delta else "recurrent_scan",
                                [op.reshape(q, [n, hk, dk]), op.reshape(k, [n, hk, dk]), op.reshape(v, [n, hv, dv]),
-                                op.reshape(g, [n, hv]), op.reshape(beta, [n, hv])], [], [n, hv, dv], "float32")
+                                op.reshape(g, [n, hv, dk] if channels else [n, hv]), op.reshape(beta, [n, hv])], [],
+                               [n, hv, dv], "float32")
         return op.reshape(out, [b, s, hv, dv])
 
     def selective_scan(self, layer_id: int, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
@@ -214,7 +217,9 @@ class OwnedKVCache:
         n, h, d = q.shape
         window = lay.windows[layer_id]
         pages = self.pages[self._page_of[lay.source(layer_id)]]
-        if _cpu() and not lay.alibi:    # decode steps of sliding layers too take the prefill kernel: a row each
+        # kiln's CPU kernels (decode steps of sliding layers too take the prefill one: a row each) take head sizes
+        # in 16s; ALiBi and other sizes take the exactness kernel below
+        if _cpu() and not lay.alibi and d % 16 == 0:
             decode = not window and isinstance(s, int) and s == 1
             return self._paged_cpu(q, pages, lay.kv_of(layer_id)[0], sm_scale, sinks, window, decode)
         if lay.softcap:
@@ -266,8 +271,8 @@ class OwnedKVCache:
         elif kind == "selective_scan":
             func = selective_scan(*key, gpu=not _cpu())
         elif kind == "gated_delta":
-            *heads, delta = key
-            func = gated_delta(*heads, gpu=not _cpu(), delta=delta)
+            *heads, delta, channels = key
+            func = gated_delta(*heads, gpu=not _cpu(), delta=delta, channels=channels)
         elif kind == "paged_cpu":
             from kiln.targets.cpu.attention import attention_paged_cpu
             from kiln.targets.cpu.schedule import attention_lanes

@@ -8,10 +8,9 @@ _MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its
 _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
 _UNSUPPORTED = {
     "zamba": ("Zamba", _MAMBA + ", one shared attention block (Zamba 2 is supported)"),
-    **{t: (name, _LINEAR) for t, name in (
-        ("kimi_linear", "Kimi Linear"),
-        ("kimi-linear", "Kimi Linear"),
-        ("minimax", "MiniMax-Text-01"))},
+    "kimi-linear": ("Kimi Linear", "GGUF tensors (llama.cpp's layout) are not read yet; compile its safetensors "
+                                   "checkpoint instead"),
+    "minimax": ("MiniMax-Text-01", _LINEAR),
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),
     "rwkv7": ("RWKV-7", "recurrent time mixing instead of attention"),

@@ -1,5 +1,5 @@
 """Kernels of recurrent layers over per-sequence state slots (the KV cache kiln owns, models/owned_kv.py):
-Qwen3.5's and Qwen3-Next's gated DeltaNet (a causal depthwise convolution, then the gated delta rule),
+Qwen3.5's, Qwen3-Next's and Kimi Linear's gated delta rules (a causal depthwise convolution, then the delta rule),
 Mamba-2's (the same convolution, then its selective scan: the delta rule without the delta) and Mamba-1's (the
 convolution, then a selective scan whose decay differs a state entry).
 
@@ -13,7 +13,8 @@ state back in place, so chunked prefill, decode and mixed batches all take it.
     conv:   out[t, c] = sum_j w[c, j] * x[t - (taps - 1) + j, c]   (x before the chunk: the state's last
             taps - 1 inputs; the state then holds the chunk's last taps - 1)
     delta:  S <- S * exp(g_t);  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  out_t = S^T q_t
-            (S [dk, dv] a value head's, its key head value head // (hv / hk); q, k l2-normed by the caller)
+            (S [dk, dv] a value head's, its key head value head // (hv / hk); q, k l2-normed by the caller;
+            Kimi Linear's KDA: g_t a decay a key channel, S <- diag(exp(g_t)) S)
     scan:   S <- S * exp(g_t) + k_t (beta_t v_t)^T;  out_t = S^T q_t      (Mamba-2's SSD as a recurrence: k, q
             its B and C [groups, state], v its x [heads, head dim], beta its dt, g dt * A)
     mamba1: h[c] <- exp(dt_t[c] A[c]) * h[c] + dt_t[c] x_t[c] B_t;  y_t[c] = h[c] . C_t   (h [channels, state])
@@ -108,13 +109,16 @@ def state_conv(channels: int, taps: int, dtype: str, gpu: bool = False):
 
 
 @parsed_once()
-def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False, delta: bool = True):
+def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False, delta: bool = True, channels: bool = False):
     """The gated delta rule over each sequence's rows, its state [dk, dv] a value head in its slot. Arguments
     (float32): q, k [tokens, hk, dk] (l2-normed, q scaled), v [tokens, hv, dv], g, beta [tokens, hv], state
     [slots, hv, dk, dv] (updated in place), q_indptr, state_slots, positions, out [tokens, hv, dv]. Without
-    `delta` the update writes beta v, not beta (v - e^g S^T k): Mamba-2's scan (the module's docstring)."""
+    `delta` the update writes beta v, not beta (v - e^g S^T k): Mamba-2's scan (the module's docstring). With
+    `channels`, g is [tokens, hv, dk]: a decay a key channel, S's row kk times exp(g[kk]) (Kimi Linear's KDA)."""
     if hv % hk:
         raise ValueError(f"{hv} value heads do not group over {hk} key heads")
+    if channels and not delta:
+        raise ValueError("a decay per key channel is the delta rule's (KDA's), not the scan's")
     group = hv // hk
     threads = min(128, dv)
     rounds = -(-dv // threads)
@@ -130,11 +134,18 @@ def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False, delta: bo
                 for kk in T.serial(dk):
                     state[slot, h, kk, col] = T.float32(0.0)
             for i in T.serial(m):
-                st[0] = T.exp(g[start + i, h])
-                st[1] = T.float32(0.0)
-                if delta:
+                if channels:                # decayed first, a row its own rate: S^T k then reads the decayed S
+                    st[1] = T.float32(0.0)
                     for kk in T.serial(dk):
+                        state[slot, h, kk, col] = state[slot, h, kk, col] * T.exp(g[start + i, h, kk])
                         st[1] = st[1] + state[slot, h, kk, col] * k[start + i, h // group, kk]
+                    st[0] = T.float32(1.0)
+                else:
+                    st[0] = T.exp(g[start + i, h])
+                    st[1] = T.float32(0.0)
+                    if delta:
+                        for kk in T.serial(dk):
+                            st[1] = st[1] + state[slot, h, kk, col] * k[start + i, h // group, kk]
                 st[2] = (v[start + i, h, col] - st[1] * st[0]) * beta[start + i, h]
                 st[3] = T.float32(0.0)
                 for kk in T.serial(dk):
@@ -155,17 +166,31 @@ def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False, delta: bo
             for i in T.serial(m):
                 for col in T.serial(dv):
                     mem[col] = T.float32(0.0)
-                if delta:
+                if channels:                # decayed first, a row its own rate; the delta then reads that S
+                    for kk in T.serial(dk):
+                        decay = T.exp(g[start + i, h, kk])
+                        for col in T.serial(dv):
+                            state[slot, h, kk, col] = state[slot, h, kk, col] * decay
+                            mem[col] = mem[col] + state[slot, h, kk, col] * k[start + i, h // group, kk]
+                    for col in T.serial(dv):
+                        mem[col] = (v[start + i, h, col] - mem[col]) * beta[start + i, h]
+                        out[start + i, h, col] = T.float32(0.0)
                     for kk, col in T.grid(dk, dv):
-                        mem[col] = mem[col] + state[slot, h, kk, col] * k[start + i, h // group, kk]
-                for col in T.serial(dv):      # the delta, decay folded in: beta (v - e^g S^T k) (or beta v)
-                    mem[col] = (v[start + i, h, col] - mem[col] * T.exp(g[start + i, h])) * beta[start + i, h]
-                    out[start + i, h, col] = T.float32(0.0)
-                for kk, col in T.grid(dk, dv):
-                    state[slot, h, kk, col] = (state[slot, h, kk, col] * T.exp(g[start + i, h])
-                                               + k[start + i, h // group, kk] * mem[col])
-                    out[start + i, h, col] = out[start + i, h, col] + state[slot, h, kk, col] * q[
-                        start + i, h // group, kk]
+                        state[slot, h, kk, col] = state[slot, h, kk, col] + k[start + i, h // group, kk] * mem[col]
+                        out[start + i, h, col] = out[start + i, h, col] + state[slot, h, kk, col] * q[
+                            start + i, h // group, kk]
+                else:
+                    if delta:
+                        for kk, col in T.grid(dk, dv):
+                            mem[col] = mem[col] + state[slot, h, kk, col] * k[start + i, h // group, kk]
+                    for col in T.serial(dv):      # the delta, decay folded in: beta (v - e^g S^T k) (or beta v)
+                        mem[col] = (v[start + i, h, col] - mem[col] * T.exp(g[start + i, h])) * beta[start + i, h]
+                        out[start + i, h, col] = T.float32(0.0)
+                    for kk, col in T.grid(dk, dv):
+                        state[slot, h, kk, col] = (state[slot, h, kk, col] * T.exp(g[start + i, h])
+                                                   + k[start + i, h // group, kk] * mem[col])
+                        out[start + i, h, col] = out[start + i, h, col] + state[slot, h, kk, col] * q[
+                            start + i, h // group, kk]
 
     @T.prim_func
     def recurrent_delta(var_q: T.handle, var_k: T.handle, var_v: T.handle, var_g: T.handle, var_beta: T.handle,
@@ -177,7 +202,7 @@ def gated_delta(hk: int, hv: int, dk: int, dv: int, gpu: bool = False, delta: bo
         q = T.match_buffer(var_q, (n, hk, dk), "float32")
         k = T.match_buffer(var_k, (n, hk, dk), "float32")
         v = T.match_buffer(var_v, (n, hv, dv), "float32")
-        g = T.match_buffer(var_g, (n, hv), "float32")
+        g = T.match_buffer(var_g, (n, hv, dk) if channels else (n, hv), "float32")
         beta = T.match_buffer(var_beta, (n, hv), "float32")
         state = T.match_buffer(var_state, (slots, hv, dk, dv), "float32")
         q_indptr = T.match_buffer(var_q_indptr, (b1,), "int32", elem_offset=o1)

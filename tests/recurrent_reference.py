@@ -31,7 +31,7 @@ def delta_reference(q, k, v, g, beta, state, indptr, slots, positions, delta=Tru
         for t in range(indptr[b], indptr[b + 1]):
             for h in range(v.shape[1]):
                 kt, qt = k[t, h // group].astype(np.float64), q[t, h // group].astype(np.float64)
-                s[h] *= np.exp(g[t, h])
+                s[h] *= np.exp(np.asarray(g[t, h]))[..., None]     # g a head's (scalar) or a key channel's
                 change = (v[t, h] - (kt @ s[h] if delta else 0)) * beta[t, h]
                 s[h] += np.outer(kt, change)
                 out[t, h] = qt @ s[h]

@@ -366,7 +366,7 @@ def test_owned_kv_conv_on_opencl(queue):
 def test_recurrent_kernels_on_opencl(queue):
     """targets/recurrent.py's GPU forms (Qwen3.5's DeltaNet: work-groups a sequence and 256 of its 320 conv
     channels; a work-group a sequence and value head, its threads over 160 value columns in two rounds of 128;
-    Mamba-2's scan, the delta rule's kernel without its delta; Mamba-1's scan, work-groups a sequence and 128 of its
+    Mamba-2's scan, the delta rule's kernel without its delta; Kimi Linear's KDA, a decay a key channel; Mamba-1's scan, work-groups a sequence and 128 of its
     160 channels) against numpy: one sequence starting at position 0 over a stale slot, one going on from its
     slot's state, the states they leave."""
     from kiln.targets.recurrent import gated_delta, selective_scan, state_conv
@@ -391,9 +391,12 @@ def test_recurrent_kernels_on_opencl(queue):
     v = rng.standard_normal((5, hv, dv)).astype(np.float32)
     g, beta = -rng.uniform(0.01, 2.0, (5, hv)).astype(np.float32), rng.uniform(0, 1, (5, hv)).astype(np.float32)
     state = rng.standard_normal((3, hv, dk, dv)).astype(np.float32)
-    for delta in (True, False):                 # the delta rule, and without its delta Mamba-2's scan
-        kernels = build_prim_func("recurrent_delta", gated_delta(hk, hv, dk, dv, gpu=True, delta=delta),
-                                  "android-opencl")
+    gates = {False: g, True: -rng.uniform(0.01, 2.0, (5, hv, dk)).astype(np.float32)}    # a head's, a channel's
+    # the delta rule; without its delta, Mamba-2's scan; with a decay a key channel, KDA's
+    for delta, channels in ((True, False), (False, False), (True, True)):
+        g = gates[channels]
+        kernels = build_prim_func("recurrent_delta", gated_delta(hk, hv, dk, dv, gpu=True, delta=delta,
+                                                                 channels=channels), "android-opencl")
         got = _run_launches(queue, kernels, "recurrent_delta", {"q": q, "k": k, "v": v, "g": g, "beta": beta,
                                                                 "state": state.copy(), **tables,
                                                                 "out": np.full_like(v, 7.0)}, {})

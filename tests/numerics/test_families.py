@@ -117,7 +117,8 @@ SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None)
 FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256, bos_token_id=1)
 GRANITE = dict(embedding_multiplier=6.0, attention_multiplier=0.4, residual_multiplier=0.3, logits_scaling=4.0)
-MLA = dict(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+# rms_norm_eps far from 1e-6: the latent norms keep their own 1e-6 (every MLA family's code), which this bites
+MLA = dict(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, rms_norm_eps=1e-2,
            num_key_value_heads=4, pad_token_id=0)
 ROUTED = dict(num_hidden_layers=3, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
               n_shared_experts=1, first_k_dense_replace=1)     # DeepSeek-V3's router: sigmoid, a choice bias, groups

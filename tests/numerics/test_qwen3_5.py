@@ -196,8 +196,8 @@ def test_qwen35_moe_gguf_matches_transformers(tmp_path):
 
 def test_recurrent_kernels_build_for_cuda():
     """The conv and delta-rule kernels' GPU forms (their numerics: tests/compiler/test_opencl_kernels.py) through
-    nvcc for an H100, at Qwen3.5-9B's sizes (8192 conv channels, 16 key heads and 32 value heads of 128), the
-    Mamba-2 scan at Granite-4.0-H-Small's (128 heads of 64 over one group's 128-wide state) and Mamba-1's at Falcon
+    nvcc for an H100, at Qwen3.5-9B's sizes (8192 conv channels, 16 key heads and 32 value heads of 128), Kimi
+    Linear's KDA (32 heads of 128, a decay a key channel), the Mamba-2 scan at Granite-4.0-H-Small's (128 heads of 64 over one group's 128-wide state) and Mamba-1's at Falcon
     Mamba 7B's (8192 channels of 16)."""
     import tvm
 
@@ -205,6 +205,7 @@ def test_recurrent_kernels_build_for_cuda():
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     for name, func in (("conv", state_conv(8192, 4, "float16", gpu=True)),
                        ("delta", gated_delta(16, 32, 128, 128, gpu=True)),
+                       ("kda", gated_delta(32, 32, 128, 128, gpu=True, channels=True)),
                        ("scan", gated_delta(1, 128, 128, 64, gpu=True, delta=False)),
                        ("selective_scan", selective_scan(8192, 16, gpu=True))):
         lib = tvm.compile(tvm.IRModule({name: func}), target=target)

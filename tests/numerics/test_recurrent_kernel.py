@@ -39,9 +39,10 @@ def test_conv_over_state_slots(taps):
         np.testing.assert_array_equal(state[1], want_state[1])     # a slot no sequence holds: untouched
 
 
-@pytest.mark.parametrize("delta", [True, False])
-def test_gated_delta_over_state_slots(delta):
-    """The gated delta rule, and without its delta Mamba-2's scan (B, C as k, q; x as v; dt as beta)."""
+@pytest.mark.parametrize("delta,channels", [(True, False), (False, False), (True, True)])
+def test_gated_delta_over_state_slots(delta, channels):
+    """The gated delta rule, without its delta Mamba-2's scan (B, C as k, q; x as v; dt as beta), and with a decay a
+    key channel Kimi Linear's KDA."""
     rng = np.random.default_rng(0)
     hk, hv, dk, dv = 2, 4, 8, 6
     state = rng.standard_normal((3, hv, dk, dv)).astype(np.float32)
@@ -50,11 +51,11 @@ def test_gated_delta_over_state_slots(delta):
         q, k = (rng.standard_normal((n, hk, dk)).astype(np.float32) for _ in range(2))
         k /= np.linalg.norm(k, axis=-1, keepdims=True)
         v = rng.standard_normal((n, hv, dv)).astype(np.float32)
-        g = -rng.uniform(0.01, 2.0, (n, hv)).astype(np.float32)
+        g = -rng.uniform(0.01, 2.0, (n, hv, dk) if channels else (n, hv)).astype(np.float32)
         beta = rng.uniform(0, 1, (n, hv)).astype(np.float32)
         want, want_state = delta_reference(q, k, v, g, beta, state, indptr, SLOTS, positions, delta)
-        got, state = _run(gated_delta(hk, hv, dk, dv, delta=delta), [q, k, v, g, beta, state, indptr, SLOTS, positions,
-                                                        np.full_like(v, 7.0)], 5)
+        got, state = _run(gated_delta(hk, hv, dk, dv, delta=delta, channels=channels),
+                          [q, k, v, g, beta, state, indptr, SLOTS, positions, np.full_like(v, 7.0)], 5)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(state[SLOTS], want_state[SLOTS], atol=1e-5, rtol=1e-5)
 
