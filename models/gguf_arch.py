@@ -100,6 +100,11 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
                                  mscale_all_dim as 0.1 x it (rope.scaling.yarn_log_multiplier). Kimi K2, Moonlight,
                                  GLM-4.7-Flash (read as V3) and Youtu-LLM (no experts) convert to it too
+    kimi-linear Kimi Linear      KDA where head_count_kv (a layer) is 0: attn_q / attn_k / attn_v, their convs
+                                 ssm_conv1d_q / _k / _v ([1, channels, 1, taps]), ssm_f_a / ssm_f_b, ssm_beta, ssm_a
+                                 (-exp(A_log)), ssm_dt.bias, ssm_g_a / ssm_g_b, ssm_norm (their sizes as
+                                 kda.head_dim, ssm.conv_kernel; heads the attention's); latent attention as
+                                 deepseek2's (no RoPE); Mixtral's expert names, DeepSeek-V3's router, renormalised
     mistral4 Mistral 4           as deepseek2 with softmax scores (groups, renormalised, scaled where written), the
                                  experts' 3-D gate_up_proj / down_proj as they are (ffn_gate_up_exps / ffn_down_exps);
                                  Llama 4's query temperature as attention.temperature_scale / _length
@@ -309,6 +314,13 @@ MLA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_k", "att
              "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
              "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"}
 DEEPSEEK2_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in ("attn_k", "attn_v", *QK_NORMS)}, **MLA_LAYER}
+KIMI_LINEAR_LAYER = {**MLA_LAYER, "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                     **{f"ssm_conv1d_{x}": f"self_attn.{x}_conv1d" for x in "qkv"},
+                     **{f"ssm_{x}": f"self_attn.{x}_proj" for x in ("f_a", "f_b", "g_a", "g_b")},
+                     "ssm_beta": "self_attn.b_proj", "ssm_a": "self_attn.A_log", "ssm_dt.bias": "self_attn.dt_bias",
+                     "ssm_norm": "self_attn.o_norm", "ffn_gate_inp": "block_sparse_moe.gate",
+                     "exp_probs_b.bias": "block_sparse_moe.gate.e_score_correction_bias",
+                     **_mlp("block_sparse_moe.shared_experts", "_shexp")}
 # DeepSeek Sparse Attention's lightning indexer (read by name, unread by kiln: models/deepseek.py deepseek_v32)
 DSA_LAYER = {**DEEPSEEK2_LAYER, "indexer.k_norm": "self_attn.indexer.k_norm",
              "indexer.proj": "self_attn.indexer.weights_proj", "indexer.attn_k": "self_attn.indexer.wk",
@@ -1289,6 +1301,21 @@ def _deepseek2(reader, arch, tensors, c):
     c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], topk_method="greedy")
 
 
+def _kimi_linear(reader, arch, tensors, c):
+    """Kimi Linear (KimiLinearModel's keys): KDA layers where head_count_kv (a layer) is 0, their heads the
+    attention's, kda.head_dim wide, their conv ssm.conv_kernel taps; latent attention as deepseek2's (its rotated
+    part's width as rope.dimension_count; never rotated); DeepSeek-V3's router, its top k renormalised always (the
+    graph llama.cpp runs it with; Moonshot's moe_renormalize)."""
+    attends = _attention_layers(arch, c)
+    _latent_attention(reader, arch, c)
+    _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
+    c.update(norm_topk_prob=True, linear_attn_config={
+        "kda_layers": [i + 1 for i, a in enumerate(attends) if not a],        # 1-based, as Moonshot's config
+        "full_attn_layers": [i + 1 for i, a in enumerate(attends) if a], "num_heads": c["num_attention_heads"],
+        "head_dim": _key(reader, arch, "kda.head_dim"), "short_conv_kernel_size": _key(reader, arch,
+                                                                                      "ssm.conv_kernel")})
+
+
 def _sparse_attention(reader, arch, tensors, c):
     """DeepSeek-V3.2 (deepseek32) and GLM-5 (glm-dsa): _deepseek2's reading, DeepSeek-V3's router, and the indexer's
     top k (`attention.indexer.top_k`): kiln reads both as deepseek_v32, its context capped there; the indexer's
@@ -1511,6 +1538,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                            experts=MIXTRAL_EXPERTS),
     "ernie4_5-moe": GGUFArch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ERNIE_MOE_LAYER, config=_ernie4_5_moe,
                              experts=QWEN_EXPERTS),
+    "kimi-linear": GGUFArch("kimi_linear", ("KimiLinearForCausalLM",), KIMI_LINEAR_LAYER, config=_kimi_linear,
+                            experts=MIXTRAL_EXPERTS, values={"ssm_a": lambda a: np.log(-a)},
+                            by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
     "deepseek2": GGUFArch("deepseek_v3", ("DeepseekV3ForCausalLM",), DEEPSEEK2_LAYER, config=_deepseek2,
                           experts=QWEN_EXPERTS, also=("deepseek_v2", "youtu"),
                           by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),

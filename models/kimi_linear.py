@@ -169,8 +169,9 @@ def weight_map(c: KimiLinearConfig) -> WeightMap:
 def _kda_weights(c: KimiLinearConfig, s: str, a: str) -> WeightMap:
     """A KDA layer's weights: kiln's mixer `s` (q, k, v and their convs joined) from the checkpoint's `a`."""
     m: WeightMap = {f"{s}.in_proj_qkv.weight": [f"{a}.{x}_proj.weight" for x in "qkv"],
-                    f"{s}.conv": WeightSpec(tuple(f"{a}.{x}_conv1d.weight" for x in "qkv"),
-                                            lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1))),
+                    f"{s}.conv": WeightSpec(tuple(f"{a}.{x}_conv1d.weight" for x in "qkv"),   # [channels, 1, taps]
+                                            lambda w: np.ascontiguousarray(w.reshape(-1, c.conv_taps))),  # (GGUF:
+                                                                                  # [1, channels, 1, taps])
                     f"{s}.A_log": WeightSpec((f"{a}.A_log",), lambda w: np.ascontiguousarray(w.reshape(-1))),
                     f"{s}.norm": [f"{a}.o_norm.weight"], f"{s}.dt_bias": [f"{a}.dt_bias"]}
     for name in ("f_a_proj", "f_b_proj", "b_proj", "g_a_proj", "g_b_proj", "o_proj"):

@@ -8,8 +8,6 @@ _MAMBA = "Mamba state-space layers (a recurrent state, not a KV cache) among its
 _LINEAR = "linear-attention layers (a recurrent state, not a KV cache) among its full-attention ones"
 _UNSUPPORTED = {
     "zamba": ("Zamba", _MAMBA + ", one shared attention block (Zamba 2 is supported)"),
-    "kimi-linear": ("Kimi Linear", "GGUF tensors (llama.cpp's layout) are not read yet; compile its safetensors "
-                                   "checkpoint instead"),
     "minimax": ("MiniMax-Text-01", _LINEAR),
     "rwkv": ("RWKV", "recurrent time mixing instead of attention"),
     "rwkv6": ("RWKV-6", "recurrent time mixing instead of attention"),

@@ -99,7 +99,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "glm4_moe": "glm4moe", "dots1": "dots1", "exaone_moe": "exaone-moe", "minimax_m2": "minimax-m2",
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
-             "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa",
+             "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa", "kimi_linear": "kimi-linear",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
@@ -621,6 +621,40 @@ def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
 
 
+def _kimi_linear(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """KimiLinearModel's keys: TextModel's (the router's counts under Moonshot's names; n_group only where the config
+    says it so), head_count_kv a layer (0 for KDA, 1 for latent attention as MQA), KDA's and MLA's sizes, the
+    router's dense prefix, shared experts and scale (no expert_weights_norm: the graph always renormalises)."""
+    linear = cfg["linear_attn_config"]
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["model_max_length"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([1 if i + 1 in linear["full_attn_layers"] else 0 for i in range(cfg["num_hidden_layers"])])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_token"])
+    if cfg.get("n_group") is not None:
+        w.add_expert_group_count(cfg["n_group"])
+    if cfg.get("topk_group") is not None:
+        w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_ssm_conv_kernel(linear["short_conv_kernel_size"])
+    w.add_kda_head_dim(linear["head_dim"])
+    rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    w.add_kv_lora_rank(rank)
+    w.add_rope_dimension_count(rope)
+    w.add_key_length(rank + rope)
+    w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
+    w.add_value_length_mla(cfg["v_head_dim"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["num_shared_experts"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+
+
 def _granite4(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     """GraniteHybridModel's attention keys: a kv head count a layer (0: Mamba), and RoPE (rope.scaling.finetuned)
     for a model without Mamba layers as the current converter writes it (granite / granitemoe); as granitehybrid,
@@ -897,7 +931,11 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             np.ascontiguousarray(gate, np.float32), np.ascontiguousarray(up, np.float32))
         if dense:
             out[f"blk.{i}.ffn_down.weight"] = hf.pop(f"model.layers.{i}.shared_mlp.output_linear.weight")
-    for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch in ("deepseek2", "mistral4", *DSA)]:
+    if arch == "kimi-linear":      # KimiLinearModel's: convs [1, channels, 1, taps], A as -exp(A_log), dt_proj.bias
+        hf = {k.replace(".dt_bias", ".dt_proj.bias"): -np.exp(v) if k.endswith(".A_log") else
+              v.reshape(1, v.shape[0], 1, v.shape[-1]) if k.endswith("_conv1d.weight") else v for k, v in hf.items()}
+    for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch in ("deepseek2", "mistral4", "kimi-linear",
+                                                                                 *DSA)]:
         # split for llama.cpp's MLA weight absorption: each head's key rows transposed, then its value rows
         kv_b = hf.pop(hf_name).reshape(n_head, cfg["qk_nope_head_dim"] + cfg["v_head_dim"], -1)
         i = re.search(r"layers\.(\d+)\.", hf_name).group(1)
@@ -1105,4 +1143,4 @@ DSA = ("deepseek32", "glm-dsa")     # DeepSeek Sparse Attention: deepseek2 and t
 NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
-            "jamba": _jamba}
+            "jamba": _jamba, "kimi-linear": _kimi_linear}

@@ -50,6 +50,19 @@ def test_kimi_linear_matches_transformers(tmp_path):
     assert_recurrent_engine(art)
 
 
+def test_kimi_linear_gguf_matches_transformers(tmp_path):
+    """llama.cpp's kimi-linear layout (tests/gguf_writer.py: KimiLinearModel's keys and tensors: KDA's kinds by
+    head_count_kv, its convs 4-D, A as -exp(A_log), kv_b_proj split by heads) read back as the model it came from.
+    One expert group, as released: the converter writes Moonshot's num_expert_group nowhere."""
+    from gguf_writer import write_gguf
+    ref = write_widened("KimiLinearForCausalLM", "KimiLinearConfig", dict(CONFIG, n_group=1), tmp_path / "hf", seed=5)
+    _moonshot_names(tmp_path / "hf")
+    path = write_gguf(tmp_path / "hf", tmp_path / "kimi.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert Artifact.load(art).config.model.arch == "kimi_linear"
+    assert_prefill_and_decode_match(art, ref, IDS, CHUNKED, steps=2)
+
+
 def test_kimi_linear_reads_moonshots_config():
     """Moonshot's config.json (its own key names, the layer lists 1-based, no layer_types) reads as transformers
     reads it; what transformers does not run is refused by name."""
