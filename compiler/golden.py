@@ -10,8 +10,10 @@ build of the same source for the host). Cheap by design: three prompts of at mos
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -87,7 +89,30 @@ def _hf_model(source, torch, transformers):
     qc = source.hf_config.get("quantization_config") or {}
     if str(qc.get("quant_method", "")).lower() == "mxfp4":      # gpt-oss's experts: dequantized on the host
         load["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
-    return _causal_lm(transformers, source.hf_config, lambda cls: cls.from_pretrained(source.path, **load))
+    with tempfile.TemporaryDirectory() as tmp:
+        path, hf_config = _as_stand_in(source, Path(tmp))
+        return _causal_lm(transformers, hf_config, lambda cls: cls.from_pretrained(path, **load))
+
+
+def _as_stand_in(source, tmp: Path) -> tuple[Path, dict]:
+    """(the folder transformers loads, its config): the source's own, or for a format whose code transformers lacks
+    but whose computation one of its classes runs (the family's config class STAND_IN: model type, class), a folder
+    of links to the source's files with config.json naming that class."""
+    from kiln.models.registry import find_architecture
+    try:
+        stand_in = getattr(find_architecture(source.hf_config).config_cls, "STAND_IN", None)
+    except Exception:           # not a registered family: transformers decides alone
+        stand_in = None
+    if stand_in is None:
+        return source.path, source.hf_config
+    model_type, cls = stand_in
+    hf_config = dict(source.hf_config, model_type=model_type, architectures=[cls])
+    hf_config.pop("auto_map", None)
+    for f in Path(source.path).iterdir():
+        if f.name != "config.json":
+            (tmp / f.name).symlink_to(f.resolve())
+    (tmp / "config.json").write_text(json.dumps(hf_config))
+    return tmp, hf_config
 
 
 def _causal_lm(transformers, hf_config: dict, build):

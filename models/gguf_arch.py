@@ -100,6 +100,10 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
                                  mscale_all_dim as 0.1 x it (rope.scaling.yarn_log_multiplier). Kimi K2, Moonlight,
                                  GLM-4.7-Flash (read as V3) and Youtu-LLM (no experts) convert to it too
+    bailingmoe2 Ling 2.0 / Ring 2.0, Sarvam MoE  q/k/v fused (attn_qkv), per-head q/k norms, RoPE on
+                                 rope.dimension_count of each head; DeepSeek-V3's router (exp_probs_b.bias: the
+                                 expert_bias), the shared expert's width as expert_shared_feed_forward_length;
+                                 Bailing's names; the multi-token-prediction layers unread
     kimi-linear Kimi Linear      KDA where head_count_kv (a layer) is 0: attn_q / attn_k / attn_v, their convs
                                  ssm_conv1d_q / _k / _v ([1, channels, 1, taps]), ssm_f_a / ssm_f_b, ssm_beta, ssm_a
                                  (-exp(A_log)), ssm_dt.bias, ssm_g_a / ssm_g_b, ssm_norm (their sizes as
@@ -314,6 +318,11 @@ MLA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_k", "att
              "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
              "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"}
 DEEPSEEK2_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in ("attn_k", "attn_v", *QK_NORMS)}, **MLA_LAYER}
+BAILING_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                 "attn_qkv": "attention.query_key_value", "attn_q_norm": "attention.query_layernorm",
+                 "attn_k_norm": "attention.key_layernorm", "attn_output": "attention.dense", **_mlp("mlp"),
+                 "ffn_gate_inp": "mlp.gate", "exp_probs_b.bias": "mlp.gate.expert_bias",
+                 **_mlp("mlp.shared_experts", "_shexp")}
 KIMI_LINEAR_LAYER = {**MLA_LAYER, "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                      **{f"ssm_conv1d_{x}": f"self_attn.{x}_conv1d" for x in "qkv"},
                      **{f"ssm_{x}": f"self_attn.{x}_proj" for x in ("f_a", "f_b", "g_a", "g_b")},
@@ -1301,6 +1310,17 @@ def _deepseek2(reader, arch, tensors, c):
     c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], topk_method="greedy")
 
 
+def _bailingmoe2(reader, arch, tensors, c):
+    """Ling 2.0 / Ring 2.0 and Sarvam MoE (BailingMoeV2Model's keys; both convert to it, Sarvam with full rotary):
+    DeepSeek-V3's router as _deepseek_router reads it, the shared expert's width, RoPE's share of each head,
+    biases on q/k/v where stored; block_count less the multi-token-prediction layers."""
+    _nextn(reader, arch, c)
+    _head_dim(reader, arch, c)
+    _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
+    c.update(partial_rotary_factor=_rotary_share(reader, arch, c), use_qkv_bias="blk.0.attn_qkv.bias" in tensors,
+             moe_shared_expert_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length"))
+
+
 def _kimi_linear(reader, arch, tensors, c):
     """Kimi Linear (KimiLinearModel's keys): KDA layers where head_count_kv (a layer) is 0, their heads the
     attention's, kda.head_dim wide, their conv ssm.conv_kernel taps; latent attention as deepseek2's (its rotated
@@ -1538,6 +1558,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                            experts=MIXTRAL_EXPERTS),
     "ernie4_5-moe": GGUFArch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ERNIE_MOE_LAYER, config=_ernie4_5_moe,
                              experts=QWEN_EXPERTS),
+    "bailingmoe2": GGUFArch("bailing_moe_v2", ("BailingMoeV2ForCausalLM",), BAILING_LAYER, config=_bailingmoe2,
+                            global_names=dict(LLAMA_GLOBAL, token_embd="model.word_embeddings"),
+                            experts=QWEN_EXPERTS, also=("sarvam_moe",)),
     "kimi-linear": GGUFArch("kimi_linear", ("KimiLinearForCausalLM",), KIMI_LINEAR_LAYER, config=_kimi_linear,
                             experts=MIXTRAL_EXPERTS, values={"ssm_a": lambda a: np.log(-a)},
                             by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),

@@ -17,7 +17,9 @@ MLP of `intermediate_size`:
     sarvam_moe   Sarvam MoE (sarvam-30b) and BharatGen's Param2 MoE (param2moe): GLM-4.5 with per-head q/k
                  RMSNorm and full RoPE under Bailing's tensor names (q/k/v fused as
                  attention.query_key_value, attention.dense, query_layernorm / key_layernorm,
-                 model.word_embeddings, mlp.gate.expert_bias)
+                 model.word_embeddings, mlp.gate.expert_bias); Ling 2.0 / Ring 2.0 (bailing_moe_v2): the same
+                 with RoPE on half of each head, the shared expert's width its own
+                 (moe_shared_expert_intermediate_size)
     minicpm5_moe OpenBMB MiniCPM5-MoE: gated attention (q_proj also writes a sigmoid gate per head on the
                  attention output), no q/k norms, dense layers by `mlp_layer_types`
     afmoe        Arcee's AFMoE (Trinity): per-head q/k RMSNorm, sliding layers with RoPE among global ones
@@ -36,6 +38,7 @@ only draft tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -187,6 +190,9 @@ class ExaoneMoeConfig(DenseByType, ExaoneLayers, Glm4MoeConfig):
 
 @dataclass(frozen=True)
 class SarvamMoeConfig(Glm4MoeConfig):
+    shared_width: int | None = None         # moe_shared_expert_intermediate_size (Bailing's); else the experts'
+    expert_bias: bool = True                # moe_router_enable_expert_bias: the router's choice bias
+
     ARCH: ClassVar[str] = "sarvam_moe"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
         Glm4MoeConfig.FIELDS, FULL_ROTARY,
@@ -195,7 +201,36 @@ class SarvamMoeConfig(Glm4MoeConfig):
         ConfigField("first_dense", ("first_k_dense_replace",), default=1),
         ConfigField("shared_experts", ("n_shared_experts", "num_shared_experts"), default=1),
         ConfigField("attention_bias", ("attention_bias", "use_qkv_bias"), default=False),
-        ConfigField("rope_theta", ("rope_theta",), default=8000000.0))
+        ConfigField("rope_theta", ("rope_theta",), default=8000000.0),
+        ConfigField("shared_width", ("moe_shared_expert_intermediate_size",), default=None),
+        ConfigField("expert_bias", ("moe_router_enable_expert_bias",), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        """Bailing's own config keys where its code reads them: experts scored by sigmoid only, no sliding window,
+        no biases but q/k/v's."""
+        for key, want in (("score_function", "sigmoid"), ("use_sliding_window", False), ("use_bias", False)):
+            if hf.get(key, want) != want:
+                raise ValueError(f"{cls.ARCH} with {key} {hf[key]!r} is not supported ({want!r}); fix config.json")
+        return super().adapt(values, hf, notes)
+
+    def routed(self) -> MoESpec:
+        shared = self.shared_width if self.shared_width is not None else self.moe_intermediate_size * self.shared_experts
+        return dataclasses.replace(super().routed(), shared_intermediate_size=shared if self.shared_experts else 0,
+                                   choice_bias=self.expert_bias)
+
+
+@dataclass(frozen=True)
+class BailingMoeV2Config(SarvamMoeConfig):
+    """inclusionAI's Ling 2.0 / Ring 2.0 (BailingMoeV2ForCausalLM, their own code): Sarvam MoE's layers and names
+    (llama.cpp converts Sarvam as a BailingMoeV2 with full rotary), RoPE on half of each head by default."""
+
+    ARCH: ClassVar[str] = "bailing_moe_v2"
+    STAND_IN: ClassVar[tuple[str, str]] = ("sarvam_moe", "SarvamMoEForCausalLM")   # transformers' class that runs it
+                                                                                 # (compiler/golden.py's reference)
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        SarvamMoeConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5),
+        ConfigField("rope_theta", ("rope_theta",), default=600000.0))
 
 
 @dataclass(frozen=True)
@@ -305,7 +340,7 @@ class HyV3Config(DenseByType, Glm4MoeConfig):
 
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
-HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
+HyV3ForCausalLM = SarvamMoeForCausalLM = BailingMoeV2ForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
 Kolibri1ForCausalLM = CausalLM
 
 _OWN_NAMES = {

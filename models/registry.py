@@ -211,6 +211,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           glm4_moe.Kolibri1ForCausalLM),
     _arch("sarvam_moe", ("SarvamMoEForCausalLM",), ("sarvam_moe",), glm4_moe, glm4_moe.SarvamMoeConfig,
           glm4_moe.SarvamMoeForCausalLM),
+    _arch("bailing_moe_v2", ("BailingMoeV2ForCausalLM",), ("bailing_moe_v2",), glm4_moe, glm4_moe.BailingMoeV2Config,
+          glm4_moe.BailingMoeV2ForCausalLM),
     _arch("param2moe", ("Param2MoeForCausalLM",), ("param2moe",), glm4_moe, glm4_moe.Param2MoeConfig,
           glm4_moe.Param2MoeForCausalLM),
     _arch("deepseek_v2", ("DeepseekV2ForCausalLM",), ("deepseek_v2",), deepseek, deepseek.DeepseekV2Config,

@@ -100,6 +100,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa", "kimi_linear": "kimi-linear",
+             "bailing_moe_v2": "bailingmoe2",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
@@ -621,6 +622,30 @@ def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
 
 
+def _bailingmoe2(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """BailingMoeV2Model's keys: TextModel's (Bailing's names for the counts), RoPE's share of head_dim (0.5 unless
+    the config says), the router's dense prefix, experts' and shared expert's widths, scale and norm flag."""
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    for add, value in ((w.add_block_count, cfg["num_hidden_layers"]), (w.add_context_length,
+                       cfg["max_position_embeddings"]), (w.add_embedding_length, cfg["hidden_size"]),
+                       (w.add_feed_forward_length, cfg["intermediate_size"]),
+                       (w.add_head_count, cfg["num_attention_heads"]), (w.add_head_count_kv, cfg["num_key_value_heads"]),
+                       (w.add_rope_freq_base, cfg["rope_theta"]), (w.add_layer_norm_rms_eps, cfg["rms_norm_eps"]),
+                       (w.add_expert_count, cfg["num_experts"]), (w.add_expert_used_count, cfg["num_experts_per_tok"]),
+                       (w.add_expert_group_count, cfg["n_group"]), (w.add_expert_group_used_count, cfg["topk_group"]),
+                       (w.add_expert_gating_func, gguf.ExpertGatingFuncType.SIGMOID), (w.add_key_length, head_dim),
+                       (w.add_value_length, head_dim),
+                       (w.add_rope_dimension_count, int(head_dim * cfg.get("partial_rotary_factor", 0.5))),
+                       (w.add_leading_dense_block_count, cfg["first_k_dense_replace"]),
+                       (w.add_vocab_size, cfg["vocab_size"]),
+                       (w.add_expert_feed_forward_length, cfg["moe_intermediate_size"]),
+                       (w.add_expert_shared_feed_forward_length, cfg["moe_shared_expert_intermediate_size"]),
+                       (w.add_expert_weights_scale, cfg["routed_scaling_factor"]),
+                       (w.add_expert_shared_count, cfg["num_shared_experts"]),
+                       (w.add_expert_weights_norm, cfg["norm_topk_prob"])):
+        add(value)
+
+
 def _kimi_linear(w: gguf.GGUFWriter, cfg: dict) -> None:
     """KimiLinearModel's keys: TextModel's (the router's counts under Moonshot's names; n_group only where the config
     says it so), head_count_kv a layer (0 for KDA, 1 for latent attention as MQA), KDA's and MLA's sizes, the
@@ -990,7 +1015,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
             continue
         hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")   # the converter's rename
-        if arch == "afmoe":                    # AfmoeModel.filter_tensors's
+        if arch in ("afmoe", "bailingmoe2"):   # AfmoeModel's and BailingMoeV2Model's filter_tensors
             hf_name = hf_name.replace(".expert_bias", ".expert_bias.bias")
         if arch == "lfm2moe":                  # the converter's merged experts' name, which gguf-py maps
             hf_name = re.sub(r"^model\.(layers\.\d+\.feed_forward\.experts\.)", r"\1", hf_name)
@@ -1143,4 +1168,4 @@ DSA = ("deepseek32", "glm-dsa")     # DeepSeek Sparse Attention: deepseek2 and t
 NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
-            "jamba": _jamba, "kimi-linear": _kimi_linear}
+            "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2}

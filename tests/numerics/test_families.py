@@ -370,6 +370,10 @@ CASES = {
     "sarvam-moe": ("Glm4MoeForCausalLM", "SarvamMoEConfig", dict(
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, num_hidden_layers=3,
         head_dim=16, pad_token_id=0)),
+    # Ling 2.0 / Ring 2.0 as their own code saves them (RENAMED): Sarvam's layers, RoPE on half of each head
+    "bailing-moe-v2": ("Glm4MoeForCausalLM", "SarvamMoEConfig", dict(
+        n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, num_hidden_layers=3,
+        head_dim=16, pad_token_id=0, partial_rotary_factor=0.5, n_group=2, topk_group=1)),
     "param2moe": ("Glm4MoeForCausalLM", "Param2MoeConfig", dict(
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_hidden_layers=3, head_dim=16,
         attention_bias=True, pad_token_id=0)),
@@ -389,6 +393,16 @@ RENAMED = {"internlm3": lambda c: {**{k: v for k, v in c.items() if k not in ("a
                "rope_theta": c["rope_parameters"]["rope_theta"],
                "rope_scaling": {"type": "deepseek_yarn", **{k: v for k, v in c["rope_parameters"].items()
                                                            if k not in ("rope_theta", "rope_type")}}},
+           "bailing-moe-v2": lambda c: {
+               **{k: v for k, v in c.items() if k not in ("n_routed_experts", "n_shared_experts", "rope_parameters",
+                                                          "attention_bias")},
+               "model_type": "bailing_moe_v2", "architectures": ["BailingMoeV2ForCausalLM"],
+               "auto_map": {"AutoModelForCausalLM": "modeling_bailing_moe_v2.BailingMoeV2ForCausalLM"},
+               "num_experts": c["n_routed_experts"], "num_shared_experts": c["n_shared_experts"],
+               "use_qkv_bias": c["attention_bias"], "rope_theta": c["rope_parameters"]["rope_theta"],
+               "partial_rotary_factor": c["rope_parameters"]["partial_rotary_factor"], "score_function": "sigmoid",
+               "moe_router_enable_expert_bias": True, "use_bias": False, "use_sliding_window": False,
+               "moe_shared_expert_intermediate_size": c["moe_intermediate_size"] * c["n_shared_experts"]},
            "exaone": lambda c: {**{k: v for k, v in c.items() if k not in (
                "num_hidden_layers", "rms_norm_eps", "hidden_act", "rope_parameters")},
                "architectures": ["ExaoneForCausalLM"], "num_layers": c["num_hidden_layers"],

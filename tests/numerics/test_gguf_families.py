@@ -237,6 +237,19 @@ def test_gguf_family_matches_transformers(case, tmp_path):
     assert report.ok and report.reference.startswith("transformers"), report.table()
 
 
+def test_bailingmoe2_reads_as_the_model_it_came_from(tmp_path):
+    """Ling 2.0's GGUF (bailingmoe2, as BailingMoeV2Model writes it: q/k/v fused, RoPE on half of each head as
+    rope.dimension_count, the shared expert's width, the expert bias as exp_probs_b.bias) from a checkpoint in
+    Ling's own format (test_families' bailing-moe-v2: transformers' Sarvam MoE computes it) gives its logits."""
+    from test_families import write_family
+    ref = write_family("bailing-moe-v2", tmp_path / "hf", seed=2)
+    path = write_gguf(tmp_path / "hf", tmp_path / "ling.gguf")
+    config = load_gguf(path).hf_config
+    assert (config["model_type"], config["partial_rotary_factor"]) == ("bailing_moe_v2", 0.5)
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+
+
 def test_quantized_experts_are_kept_as_stored(tmp_path):
     """A Qwen3-MoE GGUF whose expert gate and up tensors are Q4_1 (3-D, 8 experts): --quant auto keeps their
     codes, scales and mins exactly (q4m with float16 scales), the expert matmul reads each token's experts'
