@@ -104,6 +104,11 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  rope.dimension_count of each head; DeepSeek-V3's router (exp_probs_b.bias: the
                                  expert_bias), the shared expert's width as expert_shared_feed_forward_length;
                                  Bailing's names; the multi-token-prediction layers unread
+    bailingmoe3 Ling 3.0         KDA where head_count_kv (a layer) is 0, as kimi-linear's but full-rank: ssm_f_a the
+                                 decay's f_proj, ssm_g_a the output gate's g_proj, ssm_a exp(A_log), the bounded decay
+                                 as kda.safe_gate / gate_lower_bound; latent attention as deepseek2's with its gate a
+                                 head as attn_gate; SwiGLU clamps a layer as swiglu_clamp_exp / _shexp; Bailing's names
+                                 as transformers saves them
     kimi-linear Kimi Linear      KDA where head_count_kv (a layer) is 0: attn_q / attn_k / attn_v, their convs
                                  ssm_conv1d_q / _k / _v ([1, channels, 1, taps]), ssm_f_a / ssm_f_b, ssm_beta, ssm_a
                                  (-exp(A_log)), ssm_dt.bias, ssm_g_a / ssm_g_b, ssm_norm (their sizes as
@@ -323,6 +328,16 @@ BAILING_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_lay
                  "attn_k_norm": "attention.key_layernorm", "attn_output": "attention.dense", **_mlp("mlp"),
                  "ffn_gate_inp": "mlp.gate", "exp_probs_b.bias": "mlp.gate.expert_bias",
                  **_mlp("mlp.shared_experts", "_shexp")}
+LING3_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+               **{f"attn_{x}": f"attention.{x}_proj" for x in "qkv"}, "attn_output": "attention.dense",
+               **{f"ssm_conv1d_{x}": f"attention.{x}_conv1d" for x in "qkv"}, "ssm_f_a": "attention.f_proj",
+               "ssm_g_a": "attention.g_proj", "attn_gate": "attention.g_proj", "ssm_beta": "attention.b_proj",
+               "ssm_a": "attention.A_log", "ssm_dt.bias": "attention.dt_bias", "ssm_norm": "attention.o_norm",
+               "attn_q_a": "attention.q_a_proj", "attn_q_a_norm": "attention.q_a_layernorm",
+               "attn_q_b": "attention.q_b_proj", "attn_kv_a_mqa": "attention.kv_a_proj_with_mqa",
+               "attn_kv_a_norm": "attention.kv_a_layernorm", "attn_kv_b": "attention.kv_b_proj", **_mlp("mlp"),
+               "ffn_gate_inp": "mlp.gate", "exp_probs_b.bias": "mlp.gate.expert_bias",
+               **_mlp("mlp.shared_experts", "_shexp")}
 KIMI_LINEAR_LAYER = {**MLA_LAYER, "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                      **{f"ssm_conv1d_{x}": f"self_attn.{x}_conv1d" for x in "qkv"},
                      **{f"ssm_{x}": f"self_attn.{x}_proj" for x in ("f_a", "f_b", "g_a", "g_b")},
@@ -1321,6 +1336,28 @@ def _bailingmoe2(reader, arch, tensors, c):
              moe_shared_expert_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length"))
 
 
+def _bailingmoe3(reader, arch, tensors, c):
+    """Ling 3.0 (BailingMoeV3Model's keys): the KDA layers where head_count_kv (a layer) is 0 (kda.head_dim wide,
+    ssm.conv_kernel taps, the bounded decay's kda.safe_gate / gate_lower_bound), latent attention as deepseek2's,
+    DeepSeek-V3's router and shared expert (expert_shared_feed_forward_length), the SwiGLU clamps a layer;
+    block_count less the multi-token-prediction layers. As transformers saves the model (linear_head_dim: its
+    tensor names, LING3_LAYER's)."""
+    _nextn(reader, arch, c)
+    attends = _attention_layers(arch, c)[:c["num_hidden_layers"]]
+    _latent_attention(reader, arch, c)
+    _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
+    n = c["num_hidden_layers"]
+    clamps = {hf: [float(v) for v in (_key(reader, arch, key) or [0.0] * n)][:n]
+              for hf, key in (("expert_swiglu_limit_list", "swiglu_clamp_exp"),
+                              ("share_expert_swiglu_limit_list", "swiglu_clamp_shexp"))}
+    c.update(layer_types=["full_attention" if a else "linear_attention" for a in attends],
+             linear_head_dim=_key(reader, arch, "kda.head_dim"), short_conv_kernel_size=_key(reader, arch,
+                                                                                             "ssm.conv_kernel"),
+             kda_safe_gate=bool(_key(reader, arch, "kda.safe_gate", True)),
+             kda_lower_bound=_f32(_key(reader, arch, "kda.gate_lower_bound", -5.0)),
+             moe_shared_expert_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length"), **clamps)
+
+
 def _kimi_linear(reader, arch, tensors, c):
     """Kimi Linear (KimiLinearModel's keys): KDA layers where head_count_kv (a layer) is 0, their heads the
     attention's, kda.head_dim wide, their conv ssm.conv_kernel taps; latent attention as deepseek2's (its rotated
@@ -1561,6 +1598,10 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "bailingmoe2": GGUFArch("bailing_moe_v2", ("BailingMoeV2ForCausalLM",), BAILING_LAYER, config=_bailingmoe2,
                             global_names=dict(LLAMA_GLOBAL, token_embd="model.word_embeddings"),
                             experts=QWEN_EXPERTS, also=("sarvam_moe",)),
+    "bailingmoe3": GGUFArch("bailing_hybrid", ("BailingHybridForCausalLM",), LING3_LAYER, config=_bailingmoe3,
+                            global_names=dict(LLAMA_GLOBAL, token_embd="model.word_embeddings"), experts=QWEN_EXPERTS,
+                            values={"ssm_a": lambda a: np.log(a)}, also=("bailing_moe_v3",),
+                            by_head={"attention.kv_b_proj": ("attn_k_b", "attn_v_b")}),
     "kimi-linear": GGUFArch("kimi_linear", ("KimiLinearForCausalLM",), KIMI_LINEAR_LAYER, config=_kimi_linear,
                             experts=MIXTRAL_EXPERTS, values={"ssm_a": lambda a: np.log(-a)},
                             by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),

@@ -186,9 +186,10 @@ class MLP(nn.Module):
     """Gated: down(act(gate(x)) * up(x)), gate and up fused into one Linear; else down(act(up(x))). BitNet's
     (Flags.act_quant, sub_norms): each Linear's input quantized, the hidden normed (ffn_sub_norm) before down."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, flags: Flags = Flags(), eps: float = 1e-6):
+    def __init__(self, hidden_size: int, intermediate_size: int, flags: Flags = Flags(), eps: float = 1e-6,
+                 limit: float = 0.0):
         self.gated, self.activation = flags.gated_mlp, flags.activation
-        self.quant = flags.act_quant
+        self.quant, self.limit = flags.act_quant, limit     # limit: glu_limited's clamp (0: none)
         if flags.sub_norms:
             self.ffn_sub_norm = Norm(intermediate_size, eps, flags.norm)
         if self.gated:
@@ -206,8 +207,15 @@ class MLP(nn.Module):
             hidden = act(self.up_proj(x))
         else:
             gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)    # [b, s, inter] each
-            hidden = act(gate) * up
+            hidden = glu_limited(act(gate), up, self.limit) if self.limit else act(gate) * up
         return self.down_proj(_quantized(_norm(self, "ffn_sub_norm", hidden), self.quant))
+
+
+def glu_limited(activated: Tensor, up: Tensor, limit: float) -> Tensor:
+    """A SwiGLU clamped after its activation (Step 3.7's and Ling 3's swiglu limits): min(act(gate), limit) *
+    clip(up, -limit, limit)."""
+    bound = lambda v: op.full((1,), v, up.dtype)    # noqa: E731
+    return op.minimum(activated, bound(limit)) * op.maximum(op.minimum(up, bound(limit)), bound(-limit))
 
 
 class PagedAttention(nn.Module):

@@ -57,7 +57,7 @@ class LatentAttention(nn.Module):
     kv_dtype: str | None = None             # the KV cache's dtype where it is not the activations'
 
     def __init__(self, hidden_size: int, num_heads: int, spec: MLASpec, sm_scale: float, bias: bool = False,
-                 rope: tuple | None = None, temperature: tuple | None = None):
+                 rope: tuple | None = None, temperature: tuple | None = None, gated: bool = False):
         self.spec, self.num_heads, self.sm_scale, self.rope = spec, num_heads, sm_scale, rope
         self.temperature = temperature      # Flags.attn_temperature (Mistral 4: RoPE is then in the graph)
         d = spec.head_dim
@@ -71,6 +71,8 @@ class LatentAttention(nn.Module):
         self.kv_a_layernorm = Norm(spec.kv_lora_rank, spec.latent_eps)
         self.kv_b_proj = nn.Linear(spec.kv_lora_rank, num_heads * (spec.qk_nope_head_dim + spec.v_head_dim), bias=False)
         self.o_proj = nn.Linear(num_heads * spec.v_head_dim, hidden_size, bias=bias)
+        if gated:                           # each head's output times sigmoid(g_proj(x)) (Ling 3's)
+            self.g_proj = nn.Linear(hidden_size, num_heads, bias=False)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
         b, s, _ = x.shape
@@ -91,6 +93,9 @@ class LatentAttention(nn.Module):
         out = cached_attention(kv_cache, layer_id, op.concat([q, k, v], dim=2), h, self.sm_scale, self.kv_dtype)
         if sp.v_head_dim < d:
             out = op.split(out, [sp.v_head_dim], axis=3)[0]
+        if hasattr(self, "g_proj"):
+            gate = op.sigmoid(self.g_proj(x).astype("float32"))
+            out = out * op.reshape(gate if gate.dtype == out.dtype else gate.astype(out.dtype), (b, s, h, 1))
         return self.o_proj(op.reshape(out, (b, s, h * sp.v_head_dim)))
 
 
@@ -115,14 +120,14 @@ def latent_rows(spec: MLASpec) -> Callable[[np.ndarray], np.ndarray]:
     return lambda rows: rows[order]
 
 
-def latent_weight_map(c, m: dict) -> dict:
-    """A decoder weight map (causal_lm.decoder_weight_map's, HF names under model.layers.{i}.self_attn) with
+def latent_weight_map(c, m: dict, attention: str = "self_attn") -> dict:
+    """A decoder weight map (causal_lm.decoder_weight_map's, HF names under model.layers.{i}.`attention`) with
     each layer's fused q/k/v entries replaced by the latent attention's tensors, q's and the shared key
     part's rows in the order the cache rotates them."""
     from .causal_lm import WeightSpec
     spec, bias = c.latent_attention(), c.flags().qkv_bias
     for i in range(c.num_hidden_layers):
-        k = h = f"model.layers.{i}.self_attn"
+        k, h = f"model.layers.{i}.self_attn", f"model.layers.{i}.{attention}"
         for key in [key for key in m if key.startswith(f"{k}.qkv_proj.")]:
             del m[key]
         q = "q_b_proj" if spec.q_lora_rank else "q_proj"

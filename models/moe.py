@@ -36,7 +36,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .config import ConfigField
-from .layers import MLP, Flags, _activation
+from .layers import MLP, Flags, _activation, glu_limited
 
 # The expert count and experts a token takes, as every MoE family's config.json names them.
 EXPERT_FIELDS = (ConfigField("num_experts", ("num_experts", "num_local_experts")),
@@ -72,6 +72,8 @@ class MoESpec:
     expert_bias: bool = False               # each expert's gate/up and down projections have biases (gpt-oss)
     clamped_glu: tuple[float, float] | None = None   # (alpha, limit): gpt-oss's expert activation, (clip(up,
                                             # -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
+    glu_limit: float = 0.0                  # experts' SwiGLU clamped after the activation (layers.glu_limited;
+    shared_glu_limit: float = 0.0           # Ling 3's): the routed experts' limit, the shared expert's (0: none)
     expert_scale: bool = False              # each chosen expert's weight times a learned scale of its own, after
                                             # the normalisation (Gemma 4's per_expert_scale)
     gated: bool = True                      # False: experts down(act(up x)), no gate rows (Nemotron-H)
@@ -117,7 +119,7 @@ class SparseMoE(nn.Module):
         self.experts_gate_up = nn.Linear(hidden_size, e * rows, bias=False)
         self.experts_down = nn.Linear(i, e * hidden_size, bias=False)
         if spec.shared_intermediate_size:
-            self.shared = MLP(hidden_size, spec.shared_intermediate_size, flags)
+            self.shared = MLP(hidden_size, spec.shared_intermediate_size, flags, limit=spec.shared_glu_limit)
             if spec.shared_gated:
                 self.shared_gate = nn.Parameter((1, hidden_size))
 
@@ -172,6 +174,8 @@ class SparseMoE(nn.Module):
             gate = op.minimum(gate, op.full((1,), limit, gate.dtype))
             up = op.maximum(op.minimum(up, op.full((1,), limit, up.dtype)), op.full((1,), -limit, up.dtype))
             return (up + 1.0) * (gate * op.sigmoid(gate * alpha))
+        if spec.glu_limit:
+            return glu_limited(_activation(gate, self.activation), up, spec.glu_limit)
         return _activation(gate, self.activation) * up
 
     def _route(self, logits: Tensor) -> tuple[Tensor, Tensor]:

@@ -163,6 +163,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("olmo3", ("Olmo3ForCausalLM",), ("olmo3",), olmo2, olmo2.Olmo3Config, olmo2.Olmo3ForCausalLM),
     _arch("kimi_linear", ("KimiLinearForCausalLM",), ("kimi_linear",), kimi_linear, kimi_linear.KimiLinearConfig,
           kimi_linear.KimiLinearForCausalLM),
+    _arch("bailing_hybrid", ("BailingHybridForCausalLM", "BailingMoeV3ForCausalLM"), ("bailing_hybrid", "bailing_moe_v3"),
+          kimi_linear, kimi_linear.BailingHybridConfig, kimi_linear.BailingHybridForCausalLM),
     _arch("olmo_hybrid", ("OlmoHybridForCausalLM",), ("olmo_hybrid",), olmo_hybrid, olmo_hybrid.OlmoHybridConfig,
           olmo_hybrid.OlmoHybridForCausalLM),
     _arch("exaone4", ("Exaone4ForCausalLM",), ("exaone4",), olmo2, olmo2.Exaone4Config, olmo2.Exaone4ForCausalLM),

@@ -100,7 +100,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa", "kimi_linear": "kimi-linear",
-             "bailing_moe_v2": "bailingmoe2",
+             "bailing_moe_v2": "bailingmoe2", "bailing_hybrid": "bailingmoe3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
@@ -133,7 +133,7 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
             values = [float(hf.pop(f"model.layers.{i}.mlp.act_fn.{p}").reshape(-1)[0])
                       for i in range(cfg["num_hidden_layers"])]
             getattr(w, f"add_xielu_{p}")(values)
-    tensors = _tensors(cfg, arch, hf)
+    tensors = _ling3_tensors(cfg, hf) if arch == "bailingmoe3" else _tensors(cfg, arch, hf)
     if arch == "gemma4":
         _gemma4(w, cfg)
         _gemma4_tokenizer(w, hf_dir)
@@ -644,6 +644,90 @@ def _bailingmoe2(w: gguf.GGUFWriter, cfg: dict) -> None:
                        (w.add_expert_shared_count, cfg["num_shared_experts"]),
                        (w.add_expert_weights_norm, cfg["norm_topk_prob"])):
         add(value)
+
+
+def _bailingmoe3(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """BailingMoeV3Model's keys (this gguf-py predates them: written by name): TextModel's, head_count_kv a layer (1
+    for latent attention), KDA's sizes and bounded decay, MLA's, the router's and shared expert's, the clamps."""
+    n, kinds = cfg["num_hidden_layers"], cfg["layer_types"]
+    rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    key = lambda name: f"bailingmoe3.{name}"    # noqa: E731
+    w.add_block_count(n)
+    w.add_context_length(cfg.get("model_max_length") or cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([1 if t == "full_attention" else 0 for t in kinds])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["num_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_token"])
+    w.add_expert_group_count(cfg["num_expert_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_ssm_conv_kernel(cfg["short_conv_kernel_size"])
+    w.add_uint32(key("kda.head_dim"), cfg["linear_head_dim"])
+    w.add_bool(key("kda.safe_gate"), cfg["kda_safe_gate"])
+    w.add_float32(key("kda.gate_lower_bound"), cfg["kda_lower_bound"])
+    w.add_kv_lora_rank(rank)
+    w.add_rope_dimension_count(rope)
+    w.add_key_length(rank + rope)
+    w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
+    w.add_value_length_mla(cfg["v_head_dim"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_feed_forward_length(cfg["moe_intermediate_size"] * cfg["num_shared_experts"])
+    w.add_expert_shared_count(cfg["num_shared_experts"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(cfg["moe_renormalize"])
+    for hf_key, gguf_key in (("expert_swiglu_limit_list", "swiglu_clamp_exp"),
+                             ("share_expert_swiglu_limit_list", "swiglu_clamp_shexp")):
+        w.add_array(key(gguf_key), [float(v or 0.0) for v in cfg[hf_key]])
+
+
+def _ling3_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """BailingMoeV3Model's tensors by name (this gguf-py has no map for them): the KDA's convs [1, channels, 1,
+    taps], A as exp(A_log) [heads, 1], dt_bias as ssm_dt.bias, f_proj / g_proj as ssm_f_a / ssm_g_a (an MLA layer's
+    g_proj as attn_gate), kv_b_proj split by heads, experts stacked."""
+    full = {i for i, t in enumerate(cfg["layer_types"]) if t == "full_attention"}
+    names = {"model.word_embeddings.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+             **{f"attention.{x}_proj.weight": f"attn_{x}.weight" for x in "qkv"},
+             "attention.dense.weight": "attn_output.weight",
+             **{f"attention.{x}_conv1d.weight": f"ssm_conv1d_{x}.weight" for x in "qkv"},
+             "attention.f_proj.weight": "ssm_f_a.weight", "attention.b_proj.weight": "ssm_beta.weight",
+             "attention.A_log": "ssm_a", "attention.dt_bias": "ssm_dt.bias", "attention.o_norm.weight": "ssm_norm.weight",
+             "attention.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+             "attention.kv_a_layernorm.weight": "attn_kv_a_norm.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
+             "mlp.gate.expert_bias": "exp_probs_b.bias",
+             **{f"mlp.experts.{p}_proj.weight": f"ffn_{p}_exps.weight" for p in ("gate", "up", "down")},
+             **{f"mlp.shared_experts.{p}_proj.weight": f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")},
+             **{f"mlp.{p}_proj.weight": f"ffn_{p}.weight" for p in ("gate", "up", "down")}}
+    out = {}
+    for name, value in _stacked_experts(hf).items():
+        value = value.astype(np.float32)
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", name)
+        if m is None:
+            out[names[name]] = value
+            continue
+        i, rest = int(m[1]), m[2]
+        if rest == "attention.kv_b_proj.weight":        # each head's key rows transposed, then its value rows
+            kv_b = value.reshape(cfg["num_attention_heads"], cfg["qk_nope_head_dim"] + cfg["v_head_dim"], -1)
+            k_b, v_b = np.split(kv_b, [cfg["qk_nope_head_dim"]], axis=1)
+            out[f"blk.{i}.attn_k_b.weight"] = np.ascontiguousarray(k_b.transpose(0, 2, 1))
+            out[f"blk.{i}.attn_v_b.weight"] = np.ascontiguousarray(v_b)
+            continue
+        if rest == "attention.g_proj.weight":
+            out[f"blk.{i}.{'attn_gate' if i in full else 'ssm_g_a'}.weight"] = value
+            continue
+        if rest.endswith("_conv1d.weight"):
+            value = value.reshape(1, value.shape[0], 1, value.shape[-1])
+        elif rest == "attention.A_log":
+            value = np.exp(value).reshape(-1, 1)
+        out[f"blk.{i}.{layer[rest]}"] = np.ascontiguousarray(value)
+    return out
 
 
 def _kimi_linear(w: gguf.GGUFWriter, cfg: dict) -> None:
@@ -1168,4 +1252,4 @@ DSA = ("deepseek32", "glm-dsa")     # DeepSeek Sparse Attention: deepseek2 and t
 NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
-            "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2}
+            "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3}
