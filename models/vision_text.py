@@ -3,7 +3,7 @@
 LLaVA (1.5, NeXT, OneVision, OneVision-1.5, NeXT-Video, Video-LLaVA, ViP-LLaVA), Idefics2 / Idefics3 / SmolVLM,
 InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose language model is llm_config), Aya
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, DeepSeek-VL,
-Janus, MiniCPM-V 4.6 / 4.7 (WRAPPERS) put a vision tower and a projector before a causal language model of another
+Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5 (WRAPPERS) put a vision tower and a projector before a causal language model of another
 family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...), described by config.json's
 text_config; Voxtral an audio tower before a Llama / Mistral; Qwen2.5-Omni and Qwen3-Omni a vision and an audio tower
 before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under `thinker.`; the whole checkpoint
@@ -23,6 +23,10 @@ the embedding where the file has none, or config.json ties it.
 Llama 3.2 Vision (Mllama) is a Llama 3 whose cross-attention layers (`cross_attention_layers`, reading the image)
 transformers skips on a text prompt: kiln reads its other layers, in order, as the Llama they make, and the
 embedding's first vocab_size rows (its 8 more are image tokens no text prompt holds).
+
+Apertus 1.5 reads images and audio as codes of its vocabulary (tokenizer models left unread) and prunes its head to
+the text's ids (`output_vocab_size`): kiln reads the model of the head's vocabulary, the embedding's first rows,
+alone or inside the wrapper (pruned_vocab_of).
 
 GLM-4.1V's and GLM-4.5V's language models are GLM-4-0414 and GLM-4.5 (glm4, glm4_moe) whose M-RoPE turns a
 text prompt as their RoPE does (models/config.py mrope_as_rope).
@@ -60,13 +64,15 @@ WRAPPERS = {
     "Qwen3OmniMoeThinkerForConditionalGeneration": "Qwen3-Omni",
     "MiniCPMV4_6ForConditionalGeneration": "MiniCPM-V 4.6", "MiniCPMV4_7ForConditionalGeneration": "MiniCPM-V 4.7",
     "Qwen2_5OmniForConditionalGeneration": "Qwen2.5-Omni", "Qwen3OmniMoeForConditionalGeneration": "Qwen3-Omni",
+    "Apertus1p5ForConditionalGeneration": "Apertus 1.5",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
 UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
           "Qwen2_5OmniThinkerForConditionalGeneration": "vision and audio towers",
           "Qwen3OmniMoeThinkerForConditionalGeneration": "vision and audio towers",
-          **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI}}
+          **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI},
+          "Apertus1p5ForConditionalGeneration": "vision and audio tokenizers"}
 # where the language model's config is, where not text_config
 TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI}}
 # wrappers transformers has no forward for (their own code, trust_remote_code; a generate-only whole):
@@ -121,12 +127,46 @@ def text_of(source: ModelSource) -> ModelSource:
         rows = text["vocab_size"]
         config = {k: v for k, v in config.items() if k != "cross_attention_layers"}
         config.update(model_type="llama", num_hidden_layers=len(layers))
+    notes = []
+    if (pruned := _pruned_head(config)) is not None:
+        config, rows = _pruned_config(config, pruned), pruned
+        notes.append(_pruned_note(pruned, text["vocab_size"]))
     weights = TextWeights(source.weights, prefix, head, names, layers, rows)
     left = len(names) - len(weights.names())
     note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its "
             f"{UNREAD.get(wrapper, 'vision tower and projector')}"
             f"{' and its cross-attention layers' if layers else ''} ({left} tensors) are not read (prompts are text)")
-    return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *source.notes])
+    return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *notes, *source.notes])
+
+
+def _pruned_head(config: dict) -> int | None:
+    """The LM head's rows where config.json prunes it below the embedding's (`output_vocab_size`: Apertus 1.5, whose
+    embedding adds its image and audio codes' ids after the text's, which its head never predicts), else None."""
+    rows = config.get("output_vocab_size")
+    return int(rows) if rows is not None and int(rows) < int(config["vocab_size"]) else None
+
+
+def _pruned_config(config: dict, rows: int) -> dict:
+    return {**{k: v for k, v in config.items() if k != "output_vocab_size"}, "vocab_size": rows}
+
+
+def _pruned_note(rows: int, embedded: int) -> str:
+    return (f"the LM head predicts the vocabulary's first {rows} tokens (output_vocab_size); the embedding's "
+            f"{embedded - rows} after them (image and audio codes, which no text holds) are not read, and a prompt "
+            "holding one is refused")
+
+
+def pruned_vocab_of(source: ModelSource) -> ModelSource:
+    """A causal LM whose head is pruned below its embedding (_pruned_head) read as the model of the head's vocabulary:
+    the embedding's first rows, the config's vocab_size the head's (what every kernel and the server take)."""
+    rows = _pruned_head(source.hf_config) if source.format == "hf" else None
+    if rows is None:
+        return source
+    names = source.weights.names()
+    head = "lm_head.weight" if "lm_head.weight" in names else None
+    weights = TextWeights(source.weights, "model", head, [n for n in names if n != head], rows=rows)
+    return dataclasses.replace(source, hf_config=_pruned_config(source.hf_config, rows), weights=weights,
+                               notes=[_pruned_note(rows, source.hf_config["vocab_size"]), *source.notes])
 
 
 def base_model_of(source: ModelSource) -> ModelSource:

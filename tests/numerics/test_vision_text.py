@@ -203,6 +203,11 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
     "Qwen3OmniMoeThinkerForConditionalGeneration": ("Qwen3OmniMoeThinkerConfig", dict(
         QWEN3, model_type="qwen3_omni_moe_text", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
         rope_parameters=dict(MROPE, mrope_section=[4, 2, 2])), {}),
+    # the head pruned to the text's first 504 ids; the embedding's last 8 the image and audio codes (none in IDS)
+    "Apertus1p5ForConditionalGeneration": ("Apertus1p5Config", dict(
+        LLAMA, model_type="apertus1p5_text", output_vocab_size=504, pad_token_id=0), dict(
+        vision_config=dict(codebook_size=4), audio_config=dict(model_type="wavtokenizer_encoder", codebook_size=4),
+        image_token_offset=504, audio_token_offset=508, image_token_id=3, audio_token_id=4)),
     "MiniCPMV4_6ForConditionalGeneration": ("MiniCPMV4_6Config", dict(
         QWEN3, model_type="qwen3_5_text", linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
         linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], pad_token_id=0), {}),
@@ -314,3 +319,20 @@ def test_kimi_k25_as_released(tmp_path):
     source = load(tmp_path / "hf")
     assert source.hf_config["model_type"] == "deepseek_v3"
     np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
+
+
+def test_apertus15_text_model_with_its_pruned_head(tmp_path):
+    """Apertus 1.5's language model alone (Apertus1p5TextForCausalLM): its head pruned to the text's first 504 ids
+    (output_vocab_size), its embedding holding 8 more (image and audio codes): compiled as the model of the head's
+    vocabulary, it gives transformers' logits and passes `kiln check`; an id past the head's is refused."""
+    from kiln import Engine, SamplingParams
+    from kiln.runtime.protocol import InvalidRequestError
+    model = write_widened("Apertus1p5TextForCausalLM", "Apertus1p5TextConfig",
+                          {k: v for k, v in dict(LLAMA, output_vocab_size=504, pad_token_id=0).items()
+                           if k != "model_type"}, tmp_path / "hf", seed=9)
+    source = load(tmp_path / "hf")
+    assert source.hf_config["vocab_size"] == 504 and any("output_vocab_size" in n for n in source.notes)
+    config = compiles_to_match(tmp_path / "hf", model, tmp_path / "art", IDS, TOL)
+    assert (config.model.arch, config.vocab_size) == ("apertus", 504)
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        Engine(tmp_path / "art").generate([1, 2, 508], SamplingParams(max_tokens=1))
