@@ -11,6 +11,11 @@ MLP of `intermediate_size`:
     dots1        rednote dots.llm1: per-head q/k RMSNorm, optional sliding layers (`layer_types`)
     minimax_m2   MiniMax-M2: q/k RMSNorm over all heads at once, RoPE on `rotary_dim` dims of each head,
                  no groups or scaling, experts named as Mixtral's (w1 / w3 / w2)
+    minimax_m3   MiniMax-M3's language model (alone, or inside MiniMaxM3SparseForConditionalGeneration): MiniMax-M2's
+                 with Gemma's norms, q/k normed a head, gpt-oss's clamped SwiGLU in every MLP, an ungated shared
+                 expert, routed_scaling_factor, dense layers by `mlp_layer_types`; its block-sparse attention
+                 exact (every block picked) up to index_topk_blocks x index_block_size tokens, the context capped
+                 there; the released names (block_sparse_moe) or transformers' own (mlp, 3-D experts)
     exaone_moe   LG K-EXAONE: per-head q/k RMSNorm, sliding layers with RoPE among global ones without
                  (as EXAONE 4.0's, but with norms before attention and MLP), dense layers by
                  `mlp_layer_types`
@@ -150,8 +155,9 @@ class MiniMaxM2Config(Glm4MoeConfig):
                              "e_score_correction_bias); fix config.json")
         if hf.get("qk_norm_type", "per_layer") != "per_layer":
             raise ValueError(f"MiniMax-M2 qk_norm_type {hf['qk_norm_type']!r} is not supported (per_layer)")
-        return super().adapt(dict(values, first_dense=0, groups=1, top_groups=1, routed_scale=1.0,
-                                  norm_topk_prob=True), hf, notes)
+        return super().adapt(dict(values, **cls.FIXED), hf, notes)
+
+    FIXED: ClassVar[dict] = dict(first_dense=0, groups=1, top_groups=1, routed_scale=1.0, norm_topk_prob=True)
 
     def flags(self) -> Flags:
         return Flags(qkv_bias=self.attention_bias, qk_norm=True, qk_norm_heads=False)
@@ -173,6 +179,69 @@ class DenseByType:
 
     def layer_moe(self, layer: int) -> MoESpec | None:
         return None if layer in self.dense_layers else self.routed()
+
+
+@dataclass(frozen=True)
+class MiniMaxM3Config(DenseByType, MiniMaxM2Config):
+    """MiniMax-M3's language model (transformers' minimax_m3_vl_text): MiniMax-M2's with Gemma's norms (x * (1 + w))
+    everywhere, q/k normed a head, gpt-oss's clamped SwiGLU in every MLP (experts, the ungated shared expert of
+    shared_intermediate_size, the dense layers' of dense_intermediate_size), routed_scaling_factor, dense layers by
+    `mlp_layer_types` (or the released moe_layer_freq). Its sparse layers attend to the index_topk_blocks blocks of
+    index_block_size keys its lightning indexer picks (and the local one): every key while there are at most that
+    many, so the context is capped there (as DeepSeek-V3.2's) and the indexer's tensors left unread."""
+
+    shared_width: int = 3072
+    swiglu: tuple[float, float] = (1.702, 7.0)        # (alpha, limit)
+    released: bool = False                  # the released checkpoints' tensor names (MiniMaxM3Sparse* classes),
+                                            # else transformers' own (weight_map)
+
+    ARCH: ClassVar[str] = "minimax_m3"
+    FIXED: ClassVar[dict] = dict(groups=1, top_groups=1, norm_topk_prob=True)
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(MiniMaxM2Config.FIELDS,
+                     ConfigField("intermediate_size", ("dense_intermediate_size",), default=12288),
+                     ConfigField("moe_intermediate_size", ("intermediate_size",)),
+                     ConfigField("shared_width", ("shared_intermediate_size",), default=3072),
+                     ConfigField("routed_scale", ("routed_scaling_factor",), default=2.0),
+                     ConfigField("first_dense", ("first_k_dense_replace",), default=0)),
+        MLP_LAYER_TYPES)
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "MiniMaxM3Config":
+        return super(MiniMaxM2Config, cls).from_hf(hf)     # RoPE's share: partial_rotary_factor, as transformers'
+                                                            # M3 reads it (rotary_dim unread; the released agree)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        for key, want in (("use_gemma_norm", True), ("attention_output_gate", False), ("use_routing_bias", True)):
+            if hf.get(key, want) != want:
+                raise ValueError(f"MiniMax-M3 with {key} {hf[key]!r} is not supported (transformers' M3 runs {want!r}); "
+                                 "fix config.json")
+        sparse = hf.get("sparse_attention_config") or {}
+        if values["mlp_layer_types"] is None and hf.get("moe_layer_freq") is not None:
+            values = dict(values, mlp_layer_types=["sparse" if f else "dense" for f in hf["moe_layer_freq"]])
+        kinds = hf.get("layer_types") or (["minimax_m3_sparse" if f else "full_attention"
+                                           for f in sparse.get("sparse_attention_freq") or []])
+        if "minimax_m3_sparse" in kinds:
+            blocks = int(hf.get("index_topk_blocks", sparse.get("sparse_topk_blocks", 16)))
+            keys = blocks * int(hf.get("index_block_size", sparse.get("sparse_block_size", 128)))
+            if values["context_window_size"] > keys:
+                notes.append(f"context window capped at {keys} tokens (index_topk_blocks x index_block_size): within "
+                             "it, the sparse layers' indexer picks every key block (full attention); past it is not "
+                             "supported yet")
+                values["context_window_size"] = keys
+        swiglu = (float(hf.get("swiglu_alpha", 1.702)), float(hf.get("swiglu_limit", 7.0)))
+        released = bool(set(hf.get("architectures") or []) & {"MiniMaxM3SparseForConditionalGeneration",
+                                                               "MiniMaxM3SparseForCausalLM"})
+        return super().adapt(dict(values, swiglu=swiglu, layer_types=None, released=released), hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, qk_norm=True, norm="rms_1p", clamped_glu=self.swiglu)
+
+    def routed(self) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, True, self.shared_width,
+                       shared_gated=False, scoring="sigmoid", choice_bias=True, routed_scale=self.routed_scale,
+                       clamped_glu=self.swiglu)
 
 
 @dataclass(frozen=True)
@@ -340,12 +409,16 @@ class HyV3Config(DenseByType, Glm4MoeConfig):
 
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
+MiniMaxM3ForCausalLM = CausalLM
 HyV3ForCausalLM = SarvamMoeForCausalLM = BailingMoeV2ForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
 Kolibri1ForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
                        down="w2", choice_bias="block_sparse_moe.e_score_correction_bias"),
+    "minimax_m3": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
+                       down="w2", shared="block_sparse_moe.shared_experts",
+                       choice_bias="block_sparse_moe.e_score_correction_bias"),
     "exaone_moe": dict(NAMES, choice_bias="mlp.e_score_correction_bias"),
     "hy_v3": dict(NAMES, router="mlp.router.gate", shared="mlp.shared_mlp", choice_bias="mlp.expert_bias"),
     "afmoe": dict(NAMES, router="mlp.router.gate", choice_bias="mlp.expert_bias"),
@@ -381,10 +454,30 @@ def weight_map(c: Glm4MoeConfig) -> WeightMap:
         return m
     if isinstance(c, Kolibri1Config):           # its norm after the MLP: post_ffn_norm
         return moe_weight_map(c, _OWN_NAMES["kolibri1"], dict(LLAMA_NAMES, post_mlp_norm="post_ffn_norm"))
+    if isinstance(c, MiniMaxM3Config):
+        return _minimax_m3_weight_map(c)
     if not isinstance(c, SarvamMoeConfig):
         return moe_weight_map(c, _OWN_NAMES.get(c.ARCH, NAMES))
     m = moe_weight_map(c, dict(NAMES, choice_bias="mlp.gate.expert_bias"), BAILING_NAMES)
     for i in range(c.num_hidden_layers):           # q, k and v stored as one tensor, rows [q | k | v]
         for p in ("weight", "bias") if c.attention_bias else ("weight",):
             m[f"model.layers.{i}.self_attn.qkv_proj.{p}"] = [f"model.layers.{i}.{BAILING_QKV}.{p}"]
+    return m
+
+
+def _minimax_m3_weight_map(c: MiniMaxM3Config) -> WeightMap:
+    """The released names (MiniMaxM3Sparse*: block_sparse_moe, experts' w1 / w3 / w2, a shared expert's and the dense
+    MLPs' gate / up / down_proj), or transformers' own (its MiniMaxM3VLForCausalLM saves them: mlp, 3-D experts, the
+    shared expert's and dense MLPs' gate_up_proj fused)."""
+    m = moe_weight_map(c, _OWN_NAMES["minimax_m3"] if c.released else dict(NAMES, fused="mlp.experts"))
+    for i in range(c.num_hidden_layers):
+        k, h = f"model.layers.{i}.mlp", f"model.layers.{i}.{'block_sparse_moe' if c.released else 'mlp'}"
+        if c.layer_moe(i) is None:
+            if not c.released:
+                m[f"{k}.gate_up_proj.weight"] = [f"{h}.gate_up_proj.weight"]
+            continue
+        shared = f"{h}.shared_experts"
+        m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.gate_proj.weight", f"{shared}.up_proj.weight"] \
+            if c.released else [f"{shared}.gate_up_proj.weight"]
+        m[f"{k}.shared.down_proj.weight"] = [f"{shared}.down_proj.weight"]
     return m

@@ -87,6 +87,8 @@ class Flags:
                                             # the MLP's hidden before down_proj (ffn_sub_norm) (BitNet)
     alibi: bool = False                     # no RoPE: ALiBi's bias slope_h * (j - p) on each score (BLOOM, MPT;
                                             # the config's alibi_slopes), over the KV cache kiln owns
+    clamped_glu: tuple[float, float] | None = None   # (alpha, limit): the MLPs' SwiGLU gpt-oss's clamped form
+                                            # (moe.MoESpec.clamped_glu; MiniMax-M3's dense and shared MLPs)
 
     def sm_scale(self, head_dim: int) -> float:
         """The attention's softmax scale: attn_scale, else 1 / sqrt(query_pre_attn_scalar or head_dim)."""
@@ -190,6 +192,7 @@ class MLP(nn.Module):
                  limit: float = 0.0):
         self.gated, self.activation = flags.gated_mlp, flags.activation
         self.quant, self.limit = flags.act_quant, limit     # limit: glu_limited's clamp (0: none)
+        self.clamped = flags.clamped_glu
         if flags.sub_norms:
             self.ffn_sub_norm = Norm(intermediate_size, eps, flags.norm)
         if self.gated:
@@ -207,8 +210,17 @@ class MLP(nn.Module):
             hidden = act(self.up_proj(x))
         else:
             gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)    # [b, s, inter] each
-            hidden = glu_limited(act(gate), up, self.limit) if self.limit else act(gate) * up
+            hidden = clamped_glu(gate, up, *self.clamped) if self.clamped else \
+                glu_limited(act(gate), up, self.limit) if self.limit else act(gate) * up
         return self.down_proj(_quantized(_norm(self, "ffn_sub_norm", hidden), self.quant))
+
+
+def clamped_glu(gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tensor:
+    """gpt-oss's SwiGLU: (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
+    bound = lambda v: op.full((1,), v, up.dtype)    # noqa: E731
+    gate = op.minimum(gate, bound(limit))
+    up = op.maximum(op.minimum(up, bound(limit)), bound(-limit))
+    return (up + 1.0) * (gate * op.sigmoid(gate * alpha))
 
 
 def glu_limited(activated: Tensor, up: Tensor, limit: float) -> Tensor:

@@ -36,7 +36,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .config import ConfigField
-from .layers import MLP, Flags, _activation, glu_limited
+from .layers import MLP, Flags, _activation, clamped_glu, glu_limited
 
 # The expert count and experts a token takes, as every MoE family's config.json names them.
 EXPERT_FIELDS = (ConfigField("num_experts", ("num_experts", "num_local_experts")),
@@ -170,10 +170,7 @@ class SparseMoE(nn.Module):
             return _activation(gate_up, self.activation)
         gate, up = op.split(gate_up, 2, axis=-1)                                                  # [T, k, i]
         if spec.clamped_glu:
-            alpha, limit = spec.clamped_glu
-            gate = op.minimum(gate, op.full((1,), limit, gate.dtype))
-            up = op.maximum(op.minimum(up, op.full((1,), limit, up.dtype)), op.full((1,), -limit, up.dtype))
-            return (up + 1.0) * (gate * op.sigmoid(gate * alpha))
+            return clamped_glu(gate, up, *spec.clamped_glu)
         if spec.glu_limit:
             return glu_limited(_activation(gate, self.activation), up, spec.glu_limit)
         return _activation(gate, self.activation) * up

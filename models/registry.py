@@ -203,6 +203,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("dots1", ("Dots1ForCausalLM",), ("dots1",), glm4_moe, glm4_moe.Dots1Config, glm4_moe.Dots1ForCausalLM),
     _arch("minimax_m2", ("MiniMaxM2ForCausalLM",), ("minimax_m2",), glm4_moe, glm4_moe.MiniMaxM2Config,
           glm4_moe.MiniMaxM2ForCausalLM),
+    _arch("minimax_m3", ("MiniMaxM3VLForCausalLM", "MiniMaxM3SparseForCausalLM"), ("minimax_m3_vl_text", "minimax_m3"),
+          glm4_moe, glm4_moe.MiniMaxM3Config, glm4_moe.MiniMaxM3ForCausalLM),
     _arch("exaone_moe", ("ExaoneMoeForCausalLM",), ("exaone_moe",), glm4_moe, glm4_moe.ExaoneMoeConfig,
           glm4_moe.ExaoneMoeForCausalLM),
     _arch("hy_v3", ("HYV3ForCausalLM",), ("hy_v3",), glm4_moe, glm4_moe.HyV3Config, glm4_moe.HyV3ForCausalLM),

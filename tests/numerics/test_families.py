@@ -263,6 +263,14 @@ CASES = {
     "minimax-m2": ("MiniMaxM2ForCausalLM", "MiniMaxM2Config", dict(
         num_local_experts=8, num_experts_per_tok=3, intermediate_size=48, head_dim=16, bos_token_id=1, pad_token_id=0,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
+    # MiniMax-M3's language model: Gemma norms, clamped SwiGLUs (limit small enough to bite), a dense layer and a
+    # sparse-attention one whose 16 blocks of 4 keys cover the 64-token context it is capped at
+    "minimax-m3": ("MiniMaxM3VLForCausalLM", "MiniMaxM3VLTextConfig", dict(
+        num_local_experts=8, num_experts_per_tok=3, intermediate_size=48, dense_intermediate_size=96,
+        shared_intermediate_size=32, head_dim=16, rotary_dim=8, swiglu_limit=0.5, routed_scaling_factor=2.0,
+        mlp_layer_types=["dense", "sparse"], layer_types=["minimax_m3_sparse", "full_attention"], index_n_heads=2,
+        index_head_dim=16, index_block_size=4, index_topk_blocks=16, bos_token_id=1, pad_token_id=0,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))),
     "ernie4_5-moe": ("Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", dict(
         num_hidden_layers=3, moe_num_experts=8, moe_k=3, moe_intermediate_size=48, moe_num_shared_experts=1,
         moe_layer_start_index=1, head_dim=24, tie_word_embeddings=True)),

@@ -336,3 +336,21 @@ def test_apertus15_text_model_with_its_pruned_head(tmp_path):
     assert (config.model.arch, config.vocab_size) == ("apertus", 504)
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
         Engine(tmp_path / "art").generate([1, 2, 508], SamplingParams(max_tokens=1))
+
+
+def test_minimax_m3_as_released(tmp_path):
+    """MiniMax-M3 as transformers saves its whole class (MiniMaxM3SparseForConditionalGeneration), which is the
+    released layout (language_model.model.*, block_sparse_moe, experts' w1 / w3 / w2, the indexer's index_*): its
+    language model (test_families' minimax-m3: a sparse-attention layer, the context capped where its indexer picks
+    every block) gives the whole class's logits on text and passes `kiln check`."""
+    from test_families import CASES, SMALL
+    text = dict(SMALL, **CASES["minimax-m3"][2], model_type="minimax_m3_vl_text")
+    vision = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    model = write_widened("MiniMaxM3SparseForConditionalGeneration", "MiniMaxM3VLConfig",
+                          dict(text_config=text, vision_config=vision), tmp_path / "hf", seed=12)
+    from kiln.models import build
+    _, read, _ = build(load(tmp_path / "hf"))
+    assert read.released and any("capped at 64 tokens" in n for n in read.notes)
+    config = compiles_to_match(tmp_path / "hf", model, tmp_path / "art", IDS, TOL)
+    assert (config.model.arch, config.context_window_size) == ("minimax_m3", 64)
