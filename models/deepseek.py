@@ -10,6 +10,8 @@
     deepseek_v32    DeepSeek-V3.2 (-Exp) and GLM-5 (glm_moe_dsa): GLM-4.7-Flash's shape whose attention reads only
                     the `index_topk` keys its lightning indexer scores highest: up to index_topk tokens every key,
                     so V3's attention exactly; the context window capped there, the indexer's tensors unread
+    axk1            SK Telecom's A.X K1: DeepSeek-V3 with an RMSNorm on the experts' output (post_mlp_layernorm), dense
+                    layers by `mlp_layer_types` (or first_k_dense_replace and moe_layer_freq)
     youtu           Youtu-LLM: latent attention, dense MLPs, tied embeddings
     minicpm3        MiniCPM3: Youtu's shape with RoPE on halves (LongRoPE: the short factors), MiniCPM's
                     embedding scale (`scale_emb`), residual scale (scale_depth / sqrt(layers)) and logits
@@ -165,6 +167,26 @@ class DeepseekV32Config(Glm4MoeLiteConfig):
 
 
 @dataclass(frozen=True)
+class AXK1Config(Glm4MoeLiteConfig):
+    """SK Telecom's A.X K1: DeepSeek-V3 (queries always through q_lora_rank) whose experts' output (routed plus
+    shared) is RMS-normed before its residual (post_mlp_layernorm, on the MoE layers only); dense layers by
+    `mlp_layer_types`, else the first first_k_dense_replace and every moe_layer_freq-th after sparse."""
+
+    ARCH: ClassVar[str] = "axk1"
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n, freq = values["num_hidden_layers"], int(hf.get("moe_layer_freq", 1))
+        if values["mlp_layer_types"] is None:
+            values = dict(values, mlp_layer_types=["sparse" if i >= values["first_dense"] and i % freq == 0
+                                                   else "dense" for i in range(n)])
+        return super().adapt(values, hf, notes)
+
+    def layer_flags(self, layer: int) -> Flags:
+        return dataclasses.replace(self.flags(), mlp_out_norm=self.layer_moe(layer) is not None)
+
+
+@dataclass(frozen=True)
 class YoutuConfig(DeepseekV3Config):
     ARCH: ClassVar[str] = "youtu"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
@@ -208,7 +230,7 @@ class Mistral4Config(DeepseekV3Config):
                        top_groups=self.top_groups, routed_scale=self.routed_scale)
 
 
-DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = SarvamMLAForCausalLM = CausalLM
+DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = SarvamMLAForCausalLM = AXK1ForCausalLM = CausalLM
 Glm4MoeLiteForCausalLM = DeepseekV32ForCausalLM = YoutuForCausalLM = CausalLM
 MiniCPM3ForCausalLM = Mistral4ForCausalLM = CausalLM
 
@@ -218,4 +240,8 @@ def weight_map(c: DeepseekV3Config) -> WeightMap:
     names = dict(NAMES, fused="mlp.experts") \
         if isinstance(c, Mistral4Config) else NAMES
     m = decoder_weight_map(c) if isinstance(c, YoutuConfig) else moe_weight_map(c, names)
+    if isinstance(c, AXK1Config):               # the experts' output norm, stored at the layer
+        for i in range(c.num_hidden_layers):
+            if c.layer_moe(i) is not None:
+                m[f"model.layers.{i}.post_mlp_norm.weight"] = [f"model.layers.{i}.post_mlp_layernorm.weight"]
     return latent_weight_map(c, m)

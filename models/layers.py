@@ -55,6 +55,8 @@ class Flags:
     activation: str = "silu"                # one of ACTIVATIONS
     gated_mlp: bool = True                  # down(act(gate(x)) * up(x)); False: down(act(up(x))) (GPT-2)
     sandwich_norms: bool = False            # norms after attention and MLP too (Gemma 2/3)
+    mlp_out_norm: bool = False              # a norm on the MLP's output alone, before its residual (A.X K1's
+                                            # experts' post_mlp_layernorm; kiln's post_mlp_norm)
     pre_norms: bool = True                  # False: no norm before attention and MLP, only after (OLMo 2;
                                             # sandwich_norms must be on)
     residual_scale: float | None = None     # attention and MLP outputs multiplied by this before the residual
@@ -342,6 +344,7 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp if mlp is not None else MLP(hidden_size, intermediate_size, flags, eps)   # (a MoE's, given)
         if flags.sandwich_norms:
             self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
+        if flags.sandwich_norms or flags.mlp_out_norm:
             self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output
         self.residual_scale, self.parallel = flags.residual_scale, flags.parallel_residual
 

@@ -225,6 +225,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           deepseek.DeepseekV3ForCausalLM),
     _arch("sarvam_mla", ("SarvamMLAForCausalLM",), ("sarvam_mla",), deepseek, deepseek.SarvamMLAConfig,
           deepseek.SarvamMLAForCausalLM),
+    _arch("axk1", ("AXK1ForCausalLM",), ("axk1",), deepseek, deepseek.AXK1Config, deepseek.AXK1ForCausalLM),
     _arch("glm4_moe_lite", ("Glm4MoeLiteForCausalLM",), ("glm4_moe_lite",), deepseek, deepseek.Glm4MoeLiteConfig,
           deepseek.Glm4MoeLiteForCausalLM),
     _arch("deepseek_v32", ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"), ("deepseek_v32", "glm_moe_dsa"), deepseek,

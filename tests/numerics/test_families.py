@@ -337,6 +337,10 @@ CASES = {
             rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, mscale=1.0,
             mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0, llama_4_scaling_beta=0.5))),   # 8: past it at 8
     "youtu": ("YoutuForCausalLM", "YoutuConfig", dict(MLA, bos_token_id=1, pad_token_id=0)),
+    # A.X K1: DeepSeek-V3 with a norm on the experts' output (the MoE layers only)
+    "axk1": ("AXK1ForCausalLM", "AXK1Config", dict(
+        MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
+        topk_group=1, num_hidden_layers=3, mlp_layer_types=["dense", "sparse", "sparse"], bos_token_id=1)),
     "hy-v3": ("HYV3ForCausalLM", "HYV3Config", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_shared_experts=1, num_hidden_layers=3,
         head_dim=16, router_scaling_factor=2.5, pad_token_id=0)),
