@@ -109,6 +109,11 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  as kda.safe_gate / gate_lower_bound; latent attention as deepseek2's with its gate a
                                  head as attn_gate; SwiGLU clamps a layer as swiglu_clamp_exp / _shexp; Bailing's names
                                  as transformers saves them
+    bloom    BLOOM / BLOOMZ      LayerNorms and biases everywhere, the embeddings' norm as token_embd_norm, q/k/v fused
+                                 with the rows regrouped by kind (attn_qkv: read back a head's q, k, v together),
+                                 ALiBi (llama.cpp's slopes are BLOOM's), the head tied
+    mpt      MPT                 bias-free LayerNorms, Wqkv as attn_qkv, ALiBi's alibi_bias_max as
+                                 attention.max_alibi_bias, clip_qkv as attention.clamp_kqv, the head tied
     kimi-linear Kimi Linear      KDA where head_count_kv (a layer) is 0: attn_q / attn_k / attn_v, their convs
                                  ssm_conv1d_q / _k / _v ([1, channels, 1, taps]), ssm_f_a / ssm_f_b, ssm_beta, ssm_a
                                  (-exp(A_log)), ssm_dt.bias, ssm_g_a / ssm_g_b, ssm_norm (their sizes as
@@ -328,6 +333,14 @@ BAILING_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_lay
                  "attn_k_norm": "attention.key_layernorm", "attn_output": "attention.dense", **_mlp("mlp"),
                  "ffn_gate_inp": "mlp.gate", "exp_probs_b.bias": "mlp.gate.expert_bias",
                  **_mlp("mlp.shared_experts", "_shexp")}
+BLOOM_LAYER = {"attn_norm": "input_layernorm", "attn_qkv": "self_attention.query_key_value",
+               "attn_output": "self_attention.dense", "ffn_norm": "post_attention_layernorm",
+               "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h"}
+BLOOM_GLOBAL = {"token_embd": "transformer.word_embeddings", "token_embd_norm": "transformer.word_embeddings_layernorm",
+                "output_norm": "transformer.ln_f", "output": "lm_head"}
+MPT_LAYER = {"attn_norm": "norm_1", "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "ffn_norm": "norm_2",
+             "ffn_up": "ffn.up_proj", "ffn_down": "ffn.down_proj"}
+MPT_GLOBAL = {"token_embd": "transformer.wte", "output_norm": "transformer.norm_f", "output": "lm_head"}
 LING3_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                **{f"attn_{x}": f"attention.{x}_proj" for x in "qkv"}, "attn_output": "attention.dense",
                **{f"ssm_conv1d_{x}": f"attention.{x}_conv1d" for x in "qkv"}, "ssm_f_a": "attention.f_proj",
@@ -1325,6 +1338,30 @@ def _deepseek2(reader, arch, tensors, c):
     c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], topk_method="greedy")
 
 
+def _bloom(reader, arch, tensors, c):
+    """BloomModel's keys: the LayerNorms' epsilon as BloomConfig names it."""
+    c["layer_norm_epsilon"] = c["rms_norm_eps"]
+
+
+def _mpt(reader, arch, tensors, c):
+    """MPTModel's keys as MPT's config.json names them: ALiBi where max_alibi_bias is not 0 (a file without it is
+    refused by the family: kiln runs MPT's ALiBi), clip_qkv (clamp_kqv), the MLP's width as its expansion ratio,
+    biases where stored; MPT's LayerNorm epsilon is its fixed 1e-5."""
+    bias = _key(reader, arch, "attention.max_alibi_bias", 0.0)
+    c.update(d_model=c["hidden_size"], n_heads=c["num_attention_heads"], n_layers=c["num_hidden_layers"],
+             max_seq_len=c["max_position_embeddings"],
+             expansion_ratio=_integral(c["intermediate_size"] / c["hidden_size"]),
+             no_bias="blk.0.attn_qkv.bias" not in tensors,
+             attn_config={"alibi": bool(bias), "alibi_bias_max": _integral(bias) if bias else 8,
+                          "clip_qkv": _key(reader, arch, "attention.clamp_kqv"), "softmax_scale": None})
+
+
+def _integral(value: float) -> int | float:
+    """A float32 metadata value as the int a config.json that holds an int would (transformers' strict configs)."""
+    value = _f32(value)
+    return int(value) if value.is_integer() else value
+
+
 def _bailingmoe2(reader, arch, tensors, c):
     """Ling 2.0 / Ring 2.0 and Sarvam MoE (BailingMoeV2Model's keys; both convert to it, Sarvam with full rotary):
     DeepSeek-V3's router as _deepseek_router reads it, the shared expert's width, RoPE's share of each head,
@@ -1595,6 +1632,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                            experts=MIXTRAL_EXPERTS),
     "ernie4_5-moe": GGUFArch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ERNIE_MOE_LAYER, config=_ernie4_5_moe,
                              experts=QWEN_EXPERTS),
+    "bloom": GGUFArch("bloom", ("BloomForCausalLM",), BLOOM_LAYER, BLOOM_GLOBAL, layer_prefix="transformer.h",
+                      by_kind=("attn_qkv",), config=_bloom),
+    "mpt": GGUFArch("mpt", ("MptForCausalLM",), MPT_LAYER, MPT_GLOBAL, layer_prefix="transformer.blocks", config=_mpt),
     "bailingmoe2": GGUFArch("bailing_moe_v2", ("BailingMoeV2ForCausalLM",), BAILING_LAYER, config=_bailingmoe2,
                             global_names=dict(LLAMA_GLOBAL, token_embd="model.word_embeddings"),
                             experts=QWEN_EXPERTS, also=("sarvam_moe",)),

@@ -215,8 +215,8 @@ class MiniMaxM3Config(DenseByType, MiniMaxM2Config):
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         for key, want in (("use_gemma_norm", True), ("attention_output_gate", False), ("use_routing_bias", True)):
             if hf.get(key, want) != want:
-                raise ValueError(f"MiniMax-M3 with {key} {hf[key]!r} is not supported (transformers' M3 runs {want!r}); "
-                                 "fix config.json")
+                raise ValueError(f"MiniMax-M3 with {key} {hf[key]!r} is not supported (transformers' M3 runs "
+                                 f"{want!r}); fix config.json")
         sparse = hf.get("sparse_attention_config") or {}
         if values["mlp_layer_types"] is None and hf.get("moe_layer_freq") is not None:
             values = dict(values, mlp_layer_types=["sparse" if f else "dense" for f in hf["moe_layer_freq"]])
@@ -284,7 +284,7 @@ class SarvamMoeConfig(Glm4MoeConfig):
         return super().adapt(values, hf, notes)
 
     def routed(self) -> MoESpec:
-        shared = self.shared_width if self.shared_width is not None else self.moe_intermediate_size * self.shared_experts
+        shared = self.moe_intermediate_size * self.shared_experts if self.shared_width is None else self.shared_width
         return dataclasses.replace(super().routed(), shared_intermediate_size=shared if self.shared_experts else 0,
                                    choice_bias=self.expert_bias)
 
@@ -410,7 +410,8 @@ class HyV3Config(DenseByType, Glm4MoeConfig):
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
 MiniMaxM3ForCausalLM = CausalLM
-HyV3ForCausalLM = SarvamMoeForCausalLM = BailingMoeV2ForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
+HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
+BailingMoeV2ForCausalLM = CausalLM
 Kolibri1ForCausalLM = CausalLM
 
 _OWN_NAMES = {

@@ -24,8 +24,8 @@
                      up / down_proj; Ling: Qwen's names under mlp)
 
 The released checkpoints' names, which transformers renames at load; saved by transformers (its config.json has
-linear_head_dim) two differ, and kiln reads those (weight_map). A KDA layer's state holds every token before it: forks only at a sequence's end, as OLMo Hybrid's (models/
-olmo_hybrid.py)."""
+linear_head_dim) two differ, and kiln reads those (weight_map). A KDA layer's state holds every token before it:
+forks only at a sequence's end, as OLMo Hybrid's (models/olmo_hybrid.py)."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "ernie4_5_moe": "ernie4_5-moe", "hunyuan_v1_moe": "hunyuan-moe", "deepseek_v2": "deepseek2",
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa", "kimi_linear": "kimi-linear",
-             "bailing_moe_v2": "bailingmoe2", "bailing_hybrid": "bailingmoe3",
+             "bailing_moe_v2": "bailingmoe2", "bailing_hybrid": "bailingmoe3", "bloom": "bloom", "mpt": "mpt",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
@@ -622,6 +622,32 @@ def _deepseek2(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
 
 
+def _bloom(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """BloomModel's keys: its context the config's seq_length (else, as the converter does, the hidden size)."""
+    hidden = cfg.get("hidden_size", cfg.get("n_embed"))
+    w.add_context_length(cfg.get("seq_length", hidden))
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(4 * hidden)
+    w.add_block_count(cfg.get("n_layer", cfg.get("num_hidden_layers")))
+    w.add_head_count(cfg.get("n_head", cfg.get("num_attention_heads")))
+    w.add_head_count_kv(cfg.get("n_head", cfg.get("num_attention_heads")))
+    w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
+
+
+def _mpt(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """MPTModel's keys: LayerNorm's fixed 1e-5, clip_qkv as clamp_kqv, alibi_bias_max as max_alibi_bias."""
+    attn = cfg["attn_config"]
+    w.add_context_length(cfg["max_seq_len"])
+    w.add_embedding_length(cfg["d_model"])
+    w.add_block_count(cfg["n_layers"])
+    w.add_feed_forward_length(4 * cfg["d_model"])
+    w.add_head_count(cfg["n_heads"])
+    w.add_layer_norm_eps(1e-5)
+    if attn.get("clip_qkv") is not None:
+        w.add_clamp_kqv(attn["clip_qkv"])
+    w.add_max_alibi_bias(attn["alibi_bias_max"] if attn["alibi"] else 0.0)
+
+
 def _bailingmoe2(w: gguf.GGUFWriter, cfg: dict) -> None:
     """BailingMoeV2Model's keys: TextModel's (Bailing's names for the counts), RoPE's share of head_dim (0.5 unless
     the config says), the router's dense prefix, experts' and shared expert's widths, scale and norm flag."""
@@ -629,7 +655,8 @@ def _bailingmoe2(w: gguf.GGUFWriter, cfg: dict) -> None:
     for add, value in ((w.add_block_count, cfg["num_hidden_layers"]), (w.add_context_length,
                        cfg["max_position_embeddings"]), (w.add_embedding_length, cfg["hidden_size"]),
                        (w.add_feed_forward_length, cfg["intermediate_size"]),
-                       (w.add_head_count, cfg["num_attention_heads"]), (w.add_head_count_kv, cfg["num_key_value_heads"]),
+                       (w.add_head_count, cfg["num_attention_heads"]),
+                       (w.add_head_count_kv, cfg["num_key_value_heads"]),
                        (w.add_rope_freq_base, cfg["rope_theta"]), (w.add_layer_norm_rms_eps, cfg["rms_norm_eps"]),
                        (w.add_expert_count, cfg["num_experts"]), (w.add_expert_used_count, cfg["num_experts_per_tok"]),
                        (w.add_expert_group_count, cfg["n_group"]), (w.add_expert_group_used_count, cfg["topk_group"]),
@@ -698,7 +725,8 @@ def _ling3_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray
              "attention.dense.weight": "attn_output.weight",
              **{f"attention.{x}_conv1d.weight": f"ssm_conv1d_{x}.weight" for x in "qkv"},
              "attention.f_proj.weight": "ssm_f_a.weight", "attention.b_proj.weight": "ssm_beta.weight",
-             "attention.A_log": "ssm_a", "attention.dt_bias": "ssm_dt.bias", "attention.o_norm.weight": "ssm_norm.weight",
+             "attention.A_log": "ssm_a", "attention.dt_bias": "ssm_dt.bias",
+             "attention.o_norm.weight": "ssm_norm.weight",
              "attention.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
              "attention.kv_a_layernorm.weight": "attn_kv_a_norm.weight", "mlp.gate.weight": "ffn_gate_inp.weight",
              "mlp.gate.expert_bias": "exp_probs_b.bias",
@@ -943,7 +971,7 @@ def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 def _block_count(cfg: dict, arch: str) -> int:
     """Layers, with the multi-token-prediction ones GLM-4.5's and K-EXAONE's converters append."""
-    n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer"))
+    n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("n_layers")))
     mtp = arch in ("glm4moe", "exaone-moe") or cfg.get("model_type") == "glm4_moe_lite"
     return n_layer + (cfg.get("num_nextn_predict_layers") or 0 if mtp else 0)
 
@@ -1099,6 +1127,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if hf_name.endswith((".attn.bias", ".attn.masked_bias")):
             continue
         hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")   # the converter's rename
+        if arch == "bloom":                    # BloomModel.modify_tensors strips it
+            hf_name = re.sub(r"^transformer\.", "", hf_name)
         if arch in ("afmoe", "bailingmoe2"):   # AfmoeModel's and BailingMoeV2Model's filter_tensors
             hf_name = hf_name.replace(".expert_bias", ".expert_bias.bias")
         if arch == "lfm2moe":                  # the converter's merged experts' name, which gguf-py maps
@@ -1109,9 +1139,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"gguf-py maps no {arch} tensor to {hf_name}")
-        if arch == "gptneox" and ".attn_qkv." in name:              # each head's q, k, v -> every q, k, v
-            n = cfg["num_attention_heads"]
-            value = value.reshape(n, 3, -1, *value.shape[1:]).swapaxes(0, 1).reshape(value.shape)
+        if arch in ("gptneox", "bloom") and ".attn_qkv." in name:   # each head's q, k, v -> every q, k, v
+            value = value.reshape(n_head, 3, -1, *value.shape[1:]).swapaxes(0, 1).reshape(value.shape)
         if arch == "falcon" and ".attn_qkv." in name:   # each kv group's [q heads, k, v] -> every q, k, v
             kv, d = _falcon_kv_heads(cfg), _head_dim(cfg)
             grouped, cols = value.reshape(kv, n_head // kv + 2, d, -1), value.shape[1]
@@ -1252,4 +1281,5 @@ DSA = ("deepseek32", "glm-dsa")     # DeepSeek Sparse Attention: deepseek2 and t
 NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
-            "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3}
+            "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3,
+            "bloom": _bloom, "mpt": _mpt}

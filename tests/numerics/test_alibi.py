@@ -55,3 +55,19 @@ def test_mpt_without_alibi_is_refused():
     with pytest.raises(ValueError, match="MPT with alibi False is not supported"):
         MptConfig.from_hf(dict(model_type="mpt", vocab_size=8, d_model=16, n_layers=1, n_heads=2, max_seq_len=16,
                                attn_config=dict(alibi=False)))
+
+
+@pytest.mark.parametrize("case", ["bloom", "mpt"])
+def test_gguf_alibi_reads_as_the_model_it_came_from(case, tmp_path):
+    """llama.cpp's bloom and mpt layouts (tests/gguf_writer.py: BloomModel's q/k/v rows regrouped by kind and the
+    embeddings' norm, MPTModel's clamp_kqv and max_alibi_bias) read back as test_families' models: transformers'
+    logits, and `kiln check` against transformers on the config and tensors kiln read."""
+    from gguf_writer import write_gguf
+    from test_families import write_family
+    from tiny_models import assert_prefill_and_decode_match
+    ref = write_family(case, tmp_path / "hf", seed=3)
+    path = write_gguf(tmp_path / "hf", tmp_path / f"{case}.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, 1e-4, steps=2)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
