@@ -1,4 +1,5 @@
-"""Gemma 4 (text; the E2B / E4B and dense checkpoints, text-only or under Gemma4ForConditionalGeneration).
+"""Gemma 4 (text; the E2B / E4B and dense checkpoints, text-only or under Gemma4ForConditionalGeneration; Gemma 4
+unified's language model, gemma4_unified_text: the same layers without PLE or experts).
 
 Gemma 3's decoder (sandwich norms, tanh-GELU gating, sliding layers among global ones, a tied head,
 soft-capped final logits) with what Gemma 4 changed:

@@ -49,6 +49,9 @@ CASES = {
     "moe": dict(BASE, num_hidden_layers=2, layer_types=[SLIDING, FULL], global_head_dim=32,
                 enable_moe_block=True, num_experts=8, top_k_experts=3, moe_intermediate_size=32,
                 hidden_size_per_layer_input=0),
+    # Gemma 4 unified (gemma4_unified_text: the 12B's language model, no PLE, no experts) as Gemma 4
+    "unified": dict(BASE, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDING, FULL], global_head_dim=32,
+                    num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=1),
     "google": dict(BASE, num_hidden_layers=4, layer_types=[SLIDING, FULL, SLIDING, FULL], global_head_dim=32,
                    num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=8,
                    vocab_size_per_layer_input=512, num_kv_shared_layers=1),
@@ -59,6 +62,8 @@ def write_gemma4(case: str, dest, seed: int = 0):
     """The case's transformers model, widened, saved with a tokenizer (the `google` case as Google's
     multimodal checkpoint and config.json)."""
     text = CASES[case]
+    if case == "unified":
+        return write_widened("Gemma4UnifiedForCausalLM", "Gemma4UnifiedTextConfig", text, dest, seed)
     if case != "google":
         return write_widened("Gemma4ForCausalLM", "Gemma4TextConfig", text, dest, seed)
     model = write_widened("Gemma4ForConditionalGeneration", "Gemma4Config",
