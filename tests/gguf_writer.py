@@ -673,11 +673,21 @@ def _bailingmoe2(w: gguf.GGUFWriter, cfg: dict) -> None:
         add(value)
 
 
+def _mla_keys(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """Latent attention as the MQA llama.cpp's weight absorption runs (the KDA hybrids' converters): one kv head of
+    the latent and the rotated part, the expanded head's sizes as *_mla."""
+    rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    w.add_kv_lora_rank(rank)
+    w.add_rope_dimension_count(rope)
+    w.add_key_length(rank + rope)
+    w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
+    w.add_value_length_mla(cfg["v_head_dim"])
+
+
 def _bailingmoe3(w: gguf.GGUFWriter, cfg: dict) -> None:
     """BailingMoeV3Model's keys (this gguf-py predates them: written by name): TextModel's, head_count_kv a layer (1
     for latent attention), KDA's sizes and bounded decay, MLA's, the router's and shared expert's, the clamps."""
     n, kinds = cfg["num_hidden_layers"], cfg["layer_types"]
-    rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
     key = lambda name: f"bailingmoe3.{name}"    # noqa: E731
     w.add_block_count(n)
     w.add_context_length(cfg.get("model_max_length") or cfg["max_position_embeddings"])
@@ -697,11 +707,7 @@ def _bailingmoe3(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_uint32(key("kda.head_dim"), cfg["linear_head_dim"])
     w.add_bool(key("kda.safe_gate"), cfg["kda_safe_gate"])
     w.add_float32(key("kda.gate_lower_bound"), cfg["kda_lower_bound"])
-    w.add_kv_lora_rank(rank)
-    w.add_rope_dimension_count(rope)
-    w.add_key_length(rank + rope)
-    w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
-    w.add_value_length_mla(cfg["v_head_dim"])
+    _mla_keys(w, cfg)
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_expert_shared_feed_forward_length(cfg["moe_intermediate_size"] * cfg["num_shared_experts"])
     w.add_expert_shared_count(cfg["num_shared_experts"])
@@ -780,12 +786,7 @@ def _kimi_linear(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_vocab_size(cfg["vocab_size"])
     w.add_ssm_conv_kernel(linear["short_conv_kernel_size"])
     w.add_kda_head_dim(linear["head_dim"])
-    rank, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
-    w.add_kv_lora_rank(rank)
-    w.add_rope_dimension_count(rope)
-    w.add_key_length(rank + rope)
-    w.add_key_length_mla(cfg["qk_nope_head_dim"] + rope)
-    w.add_value_length_mla(cfg["v_head_dim"])
+    _mla_keys(w, cfg)
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_expert_shared_count(cfg["num_shared_experts"])
     w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
