@@ -1,4 +1,5 @@
-"""OLMo Hybrid (AI2): gated DeltaNet layers among OLMo 3's full-attention ones, 3:1 by default (`layer_types`).
+"""OLMo Hybrid (AI2): gated DeltaNet layers among OLMo 3's full-attention ones, 3:1 by default (`layer_types`); Lara
+4 Mini (LaraMiniConfig below) the same DeltaNet among Qwen3 attention layers, sliding and full, with experts.
 
     DeltaNet layer   Qwen3.5's (models/qwen3_5.py GatedDeltaNet, its state in a slot of the KV cache kiln owns)
                      with its projections stored apart: q_proj, k_proj and v_proj feed the conv as Qwen3.5's
@@ -21,10 +22,11 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from .causal_lm import LayerAttention, WeightMap, WeightSpec, decoder_weight_map
+from .causal_lm import DecoderConfig, LayerAttention, WeightMap, WeightSpec, attention_by_type, decoder_weight_map
 from .config import ConfigField, fields_with
 from .layers import Flags
 from .mamba2 import HybridLM, HybridStack, hybrid_weight_map
+from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 from .olmo2 import NAMES
 from .qwen3_5 import GatedDeltaNet, Qwen35Config
 
@@ -121,4 +123,97 @@ def _delta_net_weights(c: OlmoHybridConfig, s: str, a: str) -> WeightMap:
     for x in ("dt_bias", "A_log"):
         m[f"{s}.{x}"] = [f"{a}.{x}"]
     m[f"{s}.norm"] = [f"{a}.o_norm.weight"]
+    return m
+
+
+# -- Lara Mini ------------------------------------------------------------------------------------------------------
+
+LARA_KINDS = ("linear_attention", "sliding_attention", "full_attention")
+
+
+@dataclass(frozen=True)
+class LaraMiniConfig(OlmoHybridConfig):
+    """Translated's Lara 4 Mini (lara_mini): Qwen3.5's gated DeltaNet (its projections stored fused as one in_proj,
+    rows [q | k | v | z | b | a], its gated norm out_norm) among Qwen3 attention layers (per-head q/k RMSNorm, no
+    gate): sliding ones with RoPE, full ones without (`layer_types`, by default [linear, sliding, linear, full,
+    sliding] repeated); plain RMSNorms (x * w); every layer's MLP experts chosen by a softmax over the router's
+    float32 logits, renormalised where `norm_topk_prob`, with an ungated shared expert of
+    shared_expert_intermediate_size; the head tied by default."""
+
+    sliding_window: int | None = 512
+    num_experts: int = 0
+    top_k: int = 1
+    moe_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+
+    ARCH: ClassVar[str] = "lara_mini"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        OlmoHybridConfig.FIELDS, ConfigField("intermediate_size", ("intermediate_size",), default=0),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
+        ConfigField("linear_key_heads", ("linear_num_key_heads",), default=8),
+        ConfigField("linear_value_heads", ("linear_num_value_heads",), default=16),
+        ConfigField("sliding_window", ("sliding_window",), default=512), *EXPERT_FIELDS,
+        ConfigField("moe_intermediate_size", ("moe_intermediate_size",)),
+        ConfigField("shared_intermediate_size", ("shared_expert_intermediate_size",), default=0),
+        ConfigField("norm_topk_prob", ("norm_topk_prob",), default=True))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "LaraMiniConfig":
+        return DecoderConfig.from_hf.__func__(cls, hf)      # RoPE on whole heads (Qwen3's), not Qwen3.5's quarter
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        n = values["num_hidden_layers"]
+        pattern = ("linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention")
+        types = tuple(values["layer_types"] or (pattern[i % 5] for i in range(n)))
+        if len(types) != n or set(types) - set(LARA_KINDS):
+            raise ValueError(f"layer_types must list one of {', '.join(LARA_KINDS)} for each of the {n} layers; got "
+                             f"{list(types)}; fix config.json")
+        delta = dict(values, layer_types=tuple("full_attention" if t == "sliding_attention" else t for t in types))
+        values = dict(super().adapt(delta, hf, notes), layer_types=types, neg_eigval=False, rope=True)
+        return values
+
+    @property
+    def delta_norm_eps(self) -> float:
+        return self.norm_eps                # its gated norm's, rms_norm_eps (OLMo Hybrid's is fixed)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, qk_norm=True)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
+            self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+
+    def layer_moe(self, layer: int) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, self.norm_topk_prob,
+                       self.shared_intermediate_size, shared_gated=False)
+
+
+class LaraMiniForCausalLM(HybridLM):
+    STACK: ClassVar[type] = OlmoHybridStack
+    OWNED_ONLY: ClassVar[str] = "its DeltaNet layers keep a recurrent state a sequence"
+
+
+def lara_weight_map(c: LaraMiniConfig) -> WeightMap:
+    """Qwen MoE's names, the experts 3-D as stored (mlp.experts.gate_up_proj / down_proj), each DeltaNet layer's
+    attention swapped for its mixer, split from the fused in_proj."""
+    from .qwen_moe import NAMES as QWEN_MOE
+    return hybrid_weight_map(c, moe_weight_map(c, dict(QWEN_MOE, fused="mlp.experts")), "linear_attn",
+                             _lara_delta_weights)
+
+
+def _lara_delta_weights(c: LaraMiniConfig, s: str, a: str) -> WeightMap:
+    key, value, hv = c.linear_key_heads * c.linear_key_dim, c.linear_value_heads * c.linear_value_dim, \
+        c.linear_value_heads
+    edges = np.cumsum([0, 2 * key + value, value, hv, hv])
+
+    def rows(i: int) -> WeightSpec:
+        return WeightSpec((f"{a}.in_proj.weight",), lambda w: np.ascontiguousarray(w[edges[i]:edges[i + 1]]))
+    m: WeightMap = {f"{s}.{name}.weight": rows(i) for i, name in enumerate(("in_proj_qkv", "in_proj_z", "in_proj_b",
+                                                                              "in_proj_a"))}
+    m[f"{s}.conv"] = WeightSpec((f"{a}.conv1d.weight",), lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1)))
+    m.update({f"{s}.{x}": [f"{a}.{x}"] for x in ("dt_bias", "A_log")})
+    m[f"{s}.norm"] = [f"{a}.out_norm.weight"]
+    m[f"{s}.out_proj.weight"] = [f"{a}.out_proj.weight"]
     return m

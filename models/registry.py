@@ -168,6 +168,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("bailing_hybrid", ("BailingHybridForCausalLM", "BailingMoeV3ForCausalLM"),
           ("bailing_hybrid", "bailing_moe_v3"), kimi_linear, kimi_linear.BailingHybridConfig,
           kimi_linear.BailingHybridForCausalLM),
+    Architecture("lara_mini", ("LaraMiniForCausalLM",), ("lara_mini",), olmo_hybrid.LaraMiniConfig,
+                 olmo_hybrid.LaraMiniForCausalLM, olmo_hybrid.lara_weight_map),
     _arch("olmo_hybrid", ("OlmoHybridForCausalLM",), ("olmo_hybrid",), olmo_hybrid, olmo_hybrid.OlmoHybridConfig,
           olmo_hybrid.OlmoHybridForCausalLM),
     _arch("exaone4", ("Exaone4ForCausalLM",), ("exaone4",), olmo2, olmo2.Exaone4Config, olmo2.Exaone4ForCausalLM),

@@ -46,3 +46,25 @@ def test_olmo_hybrid_defaults_follow_transformers():
     assert (c.linear_key_heads, c.linear_value_heads, c.linear_key_dim, c.linear_value_dim) == (4, 4, 12, 24)
     assert c.layer_types == ("linear_attention",) * 3 + ("full_attention",) and c.mamba_layers == (0, 1, 2)
     assert not c.rope and c.delta_beta_scale == 2.0 and c.rotary_dim == c.head_dim
+
+
+LARA = dict(vocab_size=512, hidden_size=64, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, sliding_window=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+            linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, max_position_embeddings=256, eos_token_id=2, bos_token_id=None,
+            pad_token_id=0)
+
+
+def test_lara_mini_matches_transformers(tmp_path):
+    """Lara 4 Mini (lara_mini; olmo_hybrid.py): its default pattern of DeltaNet, sliding (RoPE, a window of 8 the
+    30-token prompt passes) and full (no RoPE) layers, Qwen3 attention, softmax experts beside an ungated shared
+    expert, the DeltaNet's projections read from the fused in_proj; `kiln check` against transformers."""
+    ref = write_widened("LaraMiniForCausalLM", "LaraMiniConfig", LARA, tmp_path / "hf", seed=4)
+    assert ref.config.layer_types[:4] == ["linear_attention", "sliding_attention", "linear_attention",
+                                          "full_attention"]
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art")
+    config = Artifact.load(art).config
+    assert config.model.arch == "lara_mini" and config.kv_cache.owners == [1, 3, 4]
+    assert_prefill_and_decode_match(art, ref, IDS, CHUNKED)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
