@@ -119,6 +119,10 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  (-exp(A_log)), ssm_dt.bias, ssm_g_a / ssm_g_b, ssm_norm (their sizes as
                                  kda.head_dim, ssm.conv_kernel; heads the attention's); latent attention as
                                  deepseek2's (no RoPE); Mixtral's expert names, DeepSeek-V3's router, renormalised
+    minimax-m3 MiniMax-M3        minimax-m2's tensors with the norms stored + 1 (Gemma's form baked in), q/k normed a head,
+                                 a shared expert (ffn_*_shexp), the leading dense layers' MLPs (ffn_gate / _up / _down),
+                                 the sparse layers' indexer (indexer.*, unread: the context capped where it picks
+                                 every block, attention.indexer.top_k x block_size)
     mistral4 Mistral 4           as deepseek2 with softmax scores (groups, renormalised, scaled where written), the
                                  experts' 3-D gate_up_proj / down_proj as they are (ffn_gate_up_exps / ffn_down_exps);
                                  Llama 4's query temperature as attention.temperature_scale / _length
@@ -320,6 +324,8 @@ LLAMA4_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k.startswith(("attn_"
                 "ffn_gate_inp": "feed_forward.router", "ffn_down_exps.weight": "feed_forward.experts.down_proj"}
 MINIMAX_M2_LAYER = {**OLMOE_LAYER, "ffn_gate_inp": "block_sparse_moe.gate",
                     "exp_probs_b.bias": "block_sparse_moe.e_score_correction_bias"}
+MINIMAX_M3_LAYER = {**MINIMAX_M2_LAYER, **_mlp("mlp"), **_mlp("block_sparse_moe.shared_experts", "_shexp"),
+                    **{f"indexer.{x}": f"self_attn.index_{x}" for x in ("q_proj", "k_proj", "q_norm", "k_norm")}}
 # Multi-head latent attention (models/mla.py): queries by q_proj or through a latent (q_a / q_b), the kv latent with
 # the shared rotated key part (kv_a_mqa) and its up-projection kv_b_proj, stored whole (attn_kv_b) or split by
 # heads for llama.cpp's weight absorption (attn_k_b / attn_v_b: GGUFArch.by_head).
@@ -1471,6 +1477,37 @@ def _minimax_m2(reader, arch, tensors, c):
              partial_rotary_factor=_rotary_share(reader, arch, c))
 
 
+def _minimax_m3(reader, arch, tensors, c):
+    """MiniMax-M3's language model (MiniMaxM3Model's keys), as its released config.json says it: minimax-m2's router,
+    experts of expert_feed_forward_length and a shared expert of ffn_up_shexp's rows (the loader's default, their
+    width a shared one, where the file has none), the
+    leading dense layers' MLPs of feed_forward_length, RoPE's share as rope.dimension_count (rope_parameters:
+    transformers' M3 reads nothing else), the sparse layers those holding an indexer, its top-k blocks of block_size
+    (the context cap); the clamped SwiGLU's alpha and limit llama.cpp's graph fixes (MiniMax-M3's 1.702, 7)."""
+    _sigmoid_router(reader, arch)
+    _no_groups(reader, arch)
+    _head_dim(reader, arch, c)
+    n, dense = c["num_hidden_layers"], _key(reader, arch, "leading_dense_block_count", 0)
+    width = _key(reader, arch, "expert_feed_forward_length")
+    theta = c.pop("rope_theta")
+    scale = _key(reader, arch, "expert_weights_scale", 0.0)
+    shexp = f"blk.{dense}.ffn_up_shexp.weight"          # its rows (GGUF shapes: [cols, rows]), else the loader's
+    shared = int(tensors[shexp].shape[-1]) if shexp in tensors else width * _key(reader, arch, "expert_shared_count", 1)
+    c.update(architectures=["MiniMaxM3SparseForCausalLM"], dense_intermediate_size=c["intermediate_size"],
+             intermediate_size=width, shared_intermediate_size=shared,
+             num_local_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             routed_scaling_factor=_f32(scale) if scale else 1.0,
+             mlp_layer_types=["dense" if i < dense else "sparse" for i in range(n)],
+             layer_types=["minimax_m3_sparse" if f"blk.{i}.indexer.q_proj.weight" in tensors else "full_attention"
+                          for i in range(n)],
+             index_topk_blocks=_key(reader, arch, "attention.indexer.top_k", 16),
+             index_block_size=_key(reader, arch, "attention.indexer.block_size", 128),
+             index_local_blocks=_key(reader, arch, "attention.indexer.local_blocks", 1),
+             rope_parameters={"rope_type": "default", "rope_theta": theta,
+                              "partial_rotary_factor": _rotary_share(reader, arch, c)}, rope_scaling=None)
+
+
 def _gpt_oss(reader, arch, tensors, c):
     """gpt-oss: experts of expert_feed_forward_length, the window (llama.cpp slides every other layer from
     the first, as gpt-oss's config does), YaRN without truncating its correction range (gpt-oss's
@@ -1630,6 +1667,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                            experts=QWEN_EXPERTS),
     "minimax-m2": GGUFArch("minimax_m2", ("MiniMaxM2ForCausalLM",), MINIMAX_M2_LAYER, config=_minimax_m2,
                            experts=MIXTRAL_EXPERTS),
+    "minimax-m3": GGUFArch("minimax_m3_vl_text", ("MiniMaxM3SparseForCausalLM",), MINIMAX_M3_LAYER,
+                           config=_minimax_m3, experts=MIXTRAL_EXPERTS, norm_shift=1.0),
     "ernie4_5-moe": GGUFArch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ERNIE_MOE_LAYER, config=_ernie4_5_moe,
                              experts=QWEN_EXPERTS),
     "bloom": GGUFArch("bloom", ("BloomForCausalLM",), BLOOM_LAYER, BLOOM_GLOBAL, layer_prefix="transformer.h",

@@ -101,6 +101,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "deepseek_v3": "deepseek2", "glm4_moe_lite": "deepseek2", "youtu": "deepseek2", "minicpm3": "minicpm3",
              "deepseek_v32": "deepseek32", "glm_moe_dsa": "glm-dsa", "kimi_linear": "kimi-linear",
              "bailing_moe_v2": "bailingmoe2", "bailing_hybrid": "bailingmoe3", "bloom": "bloom", "mpt": "mpt",
+             "minimax_m3_vl_text": "minimax-m3",
              "granitemoehybrid": "granitehybrid", "gpt_oss": "gpt-oss", "gemma4_text": "gemma4",
              "gemma3n_text": "gemma3n", "lfm2": "lfm2", "lfm2_moe": "lfm2moe", "qwen3_5_text": "qwen35",
              "qwen3_5_moe_text": "qwen35moe", "qwen3_next": "qwen3next",
@@ -133,7 +134,8 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
             values = [float(hf.pop(f"model.layers.{i}.mlp.act_fn.{p}").reshape(-1)[0])
                       for i in range(cfg["num_hidden_layers"])]
             getattr(w, f"add_xielu_{p}")(values)
-    tensors = _ling3_tensors(cfg, hf) if arch == "bailingmoe3" else _tensors(cfg, arch, hf)
+    tensors = _ling3_tensors(cfg, hf) if arch == "bailingmoe3" else _minimax_m3_tensors(cfg, hf) \
+        if arch == "minimax-m3" else _tensors(cfg, arch, hf)
     if arch == "gemma4":
         _gemma4(w, cfg)
         _gemma4_tokenizer(w, hf_dir)
@@ -671,6 +673,71 @@ def _bailingmoe2(w: gguf.GGUFWriter, cfg: dict) -> None:
                        (w.add_expert_shared_count, cfg["num_shared_experts"]),
                        (w.add_expert_weights_norm, cfg["norm_topk_prob"])):
         add(value)
+
+
+def _minimax_m3(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """MiniMaxM3Model's keys (this gguf-py predates the indexer's: written by name): TextModel's (the dense layers'
+    width as feed_forward_length), MiniMaxM2Model's, the shared expert's count, the routed scale, the leading dense
+    layers, the indexer's."""
+    key = lambda name: f"minimax-m3.{name}"     # noqa: E731
+    head_dim = cfg["head_dim"]
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["dense_intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_expert_count(cfg["num_local_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_feed_forward_length(cfg["intermediate_size"])
+    w.add_rope_dimension_count(int(head_dim * cfg["rope_parameters"]["partial_rotary_factor"]))
+    w.add_expert_shared_count(1)
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(True)
+    for name, hf in (("head_count", "index_n_heads"), ("key_length", "index_head_dim"), ("top_k", "index_topk_blocks"),
+                     ("block_size", "index_block_size"), ("local_blocks", "index_local_blocks")):
+        w.add_uint32(key(f"attention.indexer.{name}"), cfg[hf])
+    w.add_leading_dense_block_count(cfg["mlp_layer_types"].index("sparse"))
+
+
+def _minimax_m3_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """MiniMaxM3Model's tensors by name, from transformers' own layout (fused gate_up, 3-D experts): every norm + 1
+    (its Gemma norms baked for llama.cpp's plain ones), the experts split into ffn_{gate,up,down}_exps."""
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+             **{f"self_attn.{x}_proj.weight": f"attn_{x}.weight" for x in "qkv"},
+             "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+             "self_attn.k_norm.weight": "attn_k_norm.weight", "mlp.down_proj.weight": "ffn_down.weight",
+             **{f"self_attn.indexer.{x}.weight": f"indexer.{x}.weight" for x in ("q_proj", "k_proj", "q_norm",
+                                                                                  "k_norm")},
+             "mlp.gate.weight": "ffn_gate_inp.weight", "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+             "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight"}
+    out = {}
+    for name, value in hf.items():
+        value = value.astype(np.float32)
+        if name.endswith("norm.weight"):
+            value = value + 1.0
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.*)", name)
+        if m is None:
+            out[names[name]] = value
+            continue
+        i, rest = int(m[1]), m[2]
+        if rest.endswith("gate_up_proj.weight") or rest == "mlp.experts.gate_up_proj":
+            kind = "_exps" if ".experts." in rest else "_shexp" if "shared" in rest else ""
+            gate, up = np.split(value, 2, axis=-2)
+            out[f"blk.{i}.ffn_gate{kind}.weight"], out[f"blk.{i}.ffn_up{kind}.weight"] = (
+                np.ascontiguousarray(gate), np.ascontiguousarray(up))
+        elif rest == "mlp.experts.down_proj":
+            out[f"blk.{i}.ffn_down_exps.weight"] = value
+        else:
+            out[f"blk.{i}.{layer[rest]}"] = value
+    return out
 
 
 def _mla_keys(w: gguf.GGUFWriter, cfg: dict) -> None:
@@ -1283,4 +1350,4 @@ NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", 
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3,
-            "bloom": _bloom, "mpt": _mpt}
+            "bloom": _bloom, "mpt": _mpt, "minimax-m3": _minimax_m3}

@@ -354,3 +354,17 @@ def test_minimax_m3_as_released(tmp_path):
     assert read.released and any("capped at 64 tokens" in n for n in read.notes)
     config = compiles_to_match(tmp_path / "hf", model, tmp_path / "art", IDS, TOL)
     assert (config.model.arch, config.context_window_size) == ("minimax_m3", 64)
+
+
+def test_minimax_m3_gguf(tmp_path):
+    """llama.cpp's minimax-m3 layout (tests/gguf_writer.py: MiniMaxM3Model's keys and tensors, every norm + 1, the
+    indexer's keys and tensors) read back as test_families' minimax-m3 model: its logits."""
+    import kiln
+    from gguf_writer import write_gguf
+    from test_families import write_family
+    from tiny_models import assert_prefill_and_decode_match
+    ref = write_family("minimax-m3", tmp_path / "hf", seed=13, swiglu_limit=7.0)   # the released limit: the
+    path = write_gguf(tmp_path / "hf", tmp_path / "m3.gguf")                       # converter writes none
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL, steps=2)
+    assert kiln.check(art).ok
