@@ -119,8 +119,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  (-exp(A_log)), ssm_dt.bias, ssm_g_a / ssm_g_b, ssm_norm (their sizes as
                                  kda.head_dim, ssm.conv_kernel; heads the attention's); latent attention as
                                  deepseek2's (no RoPE); Mixtral's expert names, DeepSeek-V3's router, renormalised
-    minimax-m3 MiniMax-M3        minimax-m2's tensors with the norms stored + 1 (Gemma's form baked in), q/k normed a head,
-                                 a shared expert (ffn_*_shexp), the leading dense layers' MLPs (ffn_gate / _up / _down),
+    minimax-m3 MiniMax-M3        minimax-m2's tensors with the norms stored + 1 (Gemma's form baked in), q/k normed a
+                                 head, a shared expert (ffn_*_shexp), the leading dense layers' MLPs (ffn_gate / _up /
+                                 _down),
                                  the sparse layers' indexer (indexer.*, unread: the context capped where it picks
                                  every block, attention.indexer.top_k x block_size)
     mistral4 Mistral 4           as deepseek2 with softmax scores (groups, renormalised, scaled where written), the
