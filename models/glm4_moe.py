@@ -419,6 +419,7 @@ _OWN_NAMES = {
                        down="w2", choice_bias="block_sparse_moe.e_score_correction_bias"),
     "minimax_m3": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
                        down="w2", shared="block_sparse_moe.shared_experts",
+                       shared_proj=("gate_proj", "up_proj", "down_proj"),
                        choice_bias="block_sparse_moe.e_score_correction_bias"),
     "exaone_moe": dict(NAMES, choice_bias="mlp.e_score_correction_bias"),
     "hy_v3": dict(NAMES, router="mlp.router.gate", shared="mlp.shared_mlp", choice_bias="mlp.expert_bias"),
@@ -470,15 +471,12 @@ def _minimax_m3_weight_map(c: MiniMaxM3Config) -> WeightMap:
     """The released names (MiniMaxM3Sparse*: block_sparse_moe, experts' w1 / w3 / w2, a shared expert's and the dense
     MLPs' gate / up / down_proj), or transformers' own (its MiniMaxM3VLForCausalLM saves them: mlp, 3-D experts, the
     shared expert's and dense MLPs' gate_up_proj fused)."""
-    m = moe_weight_map(c, _OWN_NAMES["minimax_m3"] if c.released else dict(NAMES, fused="mlp.experts"))
+    if c.released:
+        return moe_weight_map(c, _OWN_NAMES["minimax_m3"])
+    m = moe_weight_map(c, dict(NAMES, fused="mlp.experts"))
     for i in range(c.num_hidden_layers):
-        k, h = f"model.layers.{i}.mlp", f"model.layers.{i}.{'block_sparse_moe' if c.released else 'mlp'}"
-        if c.layer_moe(i) is None:
-            if not c.released:
-                m[f"{k}.gate_up_proj.weight"] = [f"{h}.gate_up_proj.weight"]
-            continue
-        shared = f"{h}.shared_experts"
-        m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.gate_proj.weight", f"{shared}.up_proj.weight"] \
-            if c.released else [f"{shared}.gate_up_proj.weight"]
-        m[f"{k}.shared.down_proj.weight"] = [f"{shared}.down_proj.weight"]
+        k = f"model.layers.{i}.mlp"
+        mlp = f"{k}.shared" if c.layer_moe(i) else k
+        m[f"{mlp}.gate_up_proj.weight"] = [f"{k}.shared_experts.gate_up_proj.weight" if c.layer_moe(i)
+                                           else f"{k}.gate_up_proj.weight"]
     return m

@@ -50,7 +50,8 @@ from .qwen3_5 import _l2norm
 from .rope import inv_freq
 
 NAMES = dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3", down="w2",
-             shared="block_sparse_moe.shared_experts", choice_bias="block_sparse_moe.gate.e_score_correction_bias")
+             shared="block_sparse_moe.shared_experts", shared_proj=("gate_proj", "up_proj", "down_proj"),
+             choice_bias="block_sparse_moe.gate.e_score_correction_bias")
 
 
 @dataclass(frozen=True)
@@ -259,11 +260,6 @@ def weight_map(c: KimiLinearConfig) -> WeightMap:
     dense = {p: f"block_sparse_moe.{p}" for p in ("gate_proj", "up_proj", "down_proj")} \
         if c.saved_by_transformers else {}
     m = latent_weight_map(c, moe_weight_map(c, NAMES, dict(LLAMA_NAMES, **dense)))
-    for i in range(c.num_hidden_layers):
-        if c.layer_moe(i) is not None:
-            k, shared = f"model.layers.{i}.mlp.shared", f"model.layers.{i}.{NAMES['shared']}"
-            m[f"{k}.gate_up_proj.weight"] = [f"{shared}.gate_proj.weight", f"{shared}.up_proj.weight"]
-            m[f"{k}.down_proj.weight"] = [f"{shared}.down_proj.weight"]
     return hybrid_weight_map(c, m, "self_attn", _kda_weights)
 
 

@@ -324,7 +324,9 @@ def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | Non
     default) with each MoE layer's dense MLP entries replaced by its experts': `names` are the HF names
     under a layer of router, expert, gate, up, down, shared, shared_gate, choice_bias (the whole tensor name;
     expert: a format string with {j}), or `fused` in place of expert, gate, up and down: the module holding
-    transformers 5's 3-D gate_up_proj [experts, gate rows + up rows, cols] and down_proj."""
+    transformers 5's 3-D gate_up_proj [experts, gate rows + up rows, cols] and down_proj; `shared_proj`: the shared
+    expert's gate, up and down names where they are not the experts' (Mixtral-named experts beside a Llama-named
+    shared expert: Kimi Linear, MiniMax-M3)."""
     from .causal_lm import LLAMA_NAMES, WeightSpec, decoder_weight_map
     decoder_names = decoder_names or LLAMA_NAMES
     m = decoder_weight_map(c, decoder_names)
@@ -346,12 +348,12 @@ def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | Non
             m[f"{k}.experts_down.weight"] = [f"{x}.{names['down']}.weight" for x in expert]
         if spec.shared_intermediate_size:
             shared = f"{hf_layer}.{names['shared']}"
-            m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.{names['gate']}.weight",
-                                                    f"{shared}.{names['up']}.weight"]
-            m[f"{k}.shared.down_proj.weight"] = [f"{shared}.{names['down']}.weight"]
+            gate, up, down = names.get("shared_proj", (names["gate"], names["up"], names["down"]))
+            m[f"{k}.shared.gate_up_proj.weight"] = [f"{shared}.{gate}.weight", f"{shared}.{up}.weight"]
+            m[f"{k}.shared.down_proj.weight"] = [f"{shared}.{down}.weight"]
             if c.flags().mlp_bias:
-                m[f"{k}.shared.gate_up_proj.bias"] = [f"{shared}.{names['gate']}.bias", f"{shared}.{names['up']}.bias"]
-                m[f"{k}.shared.down_proj.bias"] = [f"{shared}.{names['down']}.bias"]
+                m[f"{k}.shared.gate_up_proj.bias"] = [f"{shared}.{gate}.bias", f"{shared}.{up}.bias"]
+                m[f"{k}.shared.down_proj.bias"] = [f"{shared}.{down}.bias"]
             if spec.shared_gated:
                 m[f"{k}.shared_gate"] = [f"{hf_layer}.{names['shared_gate']}.weight"]
         if spec.choice_bias:
