@@ -30,6 +30,15 @@ def fields_with(base: tuple[ConfigField, ...], *fields: ConfigField) -> tuple[Co
     return (*(given.get(f.name, f) for f in base), *(f for f in fields if f.name not in names))
 
 
+def refuse_unlike(hf: dict, wanted, arch: str) -> None:
+    """A ValueError naming the first config.json key of `wanted` ((key, the value kiln runs) pairs) whose value the
+    config sets otherwise: settings of a family's checkpoints that its transformers model does not run either."""
+    for key, want in wanted:
+        if hf.get(key, want) != want:
+            raise ValueError(f"{arch} with {key} {hf[key]!r} is not supported (its transformers model runs "
+                             f"{want!r}); fix config.json")
+
+
 def one_of(table: dict, value, field: str, arch: str):
     """table[value], the kiln name of a config value; a ValueError naming the field and what is supported."""
     if value not in table:

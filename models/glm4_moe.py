@@ -50,7 +50,7 @@ from typing import ClassVar
 import numpy as np
 
 from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, weight_spec
-from .config import ConfigField, dense_layers, fields_with
+from .config import ConfigField, dense_layers, fields_with, refuse_unlike
 from .layers import Flags
 from .llama import LlamaConfig
 from .moe import MoESpec, moe_weight_map
@@ -213,10 +213,8 @@ class MiniMaxM3Config(DenseByType, MiniMaxM2Config):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        for key, want in (("use_gemma_norm", True), ("attention_output_gate", False), ("use_routing_bias", True)):
-            if hf.get(key, want) != want:
-                raise ValueError(f"MiniMax-M3 with {key} {hf[key]!r} is not supported (transformers' M3 runs "
-                                 f"{want!r}); fix config.json")
+        # (use_routing_bias false: MiniMax-M2's adapt refuses it)
+        refuse_unlike(hf, (("use_gemma_norm", True), ("attention_output_gate", False)), cls.ARCH)
         sparse = hf.get("sparse_attention_config") or {}
         if values["mlp_layer_types"] is None and hf.get("moe_layer_freq") is not None:
             values = dict(values, mlp_layer_types=["sparse" if f else "dense" for f in hf["moe_layer_freq"]])
@@ -278,9 +276,7 @@ class SarvamMoeConfig(Glm4MoeConfig):
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         """Bailing's own config keys where its code reads them: experts scored by sigmoid only, no sliding window,
         no biases but q/k/v's."""
-        for key, want in (("score_function", "sigmoid"), ("use_sliding_window", False), ("use_bias", False)):
-            if hf.get(key, want) != want:
-                raise ValueError(f"{cls.ARCH} with {key} {hf[key]!r} is not supported ({want!r}); fix config.json")
+        refuse_unlike(hf, (("score_function", "sigmoid"), ("use_sliding_window", False), ("use_bias", False)), cls.ARCH)
         return super().adapt(values, hf, notes)
 
     def routed(self) -> MoESpec:

@@ -38,7 +38,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .causal_lm import LLAMA_NAMES, LayerAttention, PositionalStack, WeightMap, WeightSpec
-from .config import ConfigField, fields_with
+from .config import ConfigField, fields_with, refuse_unlike
 from .deepseek import DeepseekV3Config
 from .glm4_moe import BAILING_NAMES, MLP_LAYER_TYPES, DenseByType
 from .glm4_moe import NAMES as GLM4_NAMES
@@ -82,10 +82,7 @@ class KimiLinearConfig(DenseByType, DeepseekV3Config):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        for key, want in cls.REFUSED:
-            if hf.get(key, want) != want:
-                raise ValueError(f"{cls.ARCH} with {key} {hf[key]!r} is not supported (transformers' runs {want!r}); "
-                                 "fix config.json")
+        refuse_unlike(hf, cls.REFUSED, cls.ARCH)
         return super().adapt(dict(values, **cls._kda(values, hf, notes), layer_types=(),
                                   saved_by_transformers="linear_head_dim" in hf), hf, notes)
 
