@@ -153,11 +153,11 @@ class MiniMaxM2Config(Glm4MoeConfig):
         if hf.get("use_routing_bias") is False:
             raise ValueError("MiniMax-M2 with use_routing_bias false is not supported (transformers always adds "
                              "e_score_correction_bias); fix config.json")
-        if hf.get("qk_norm_type", "per_layer") != "per_layer":
-            raise ValueError(f"MiniMax-M2 qk_norm_type {hf['qk_norm_type']!r} is not supported (per_layer)")
+        refuse_unlike(hf, (("qk_norm_type", cls.QK_NORM_TYPE),), cls.ARCH)
         return super().adapt(dict(values, **cls.FIXED), hf, notes)
 
     FIXED: ClassVar[dict] = dict(first_dense=0, groups=1, top_groups=1, routed_scale=1.0, norm_topk_prob=True)
+    QK_NORM_TYPE: ClassVar[str] = "per_layer"      # q / k normed over all heads at once (M3's: a head)
 
     def flags(self) -> Flags:
         return Flags(qkv_bias=self.attention_bias, qk_norm=True, qk_norm_heads=False)
@@ -197,6 +197,7 @@ class MiniMaxM3Config(DenseByType, MiniMaxM2Config):
 
     ARCH: ClassVar[str] = "minimax_m3"
     FIXED: ClassVar[dict] = dict(groups=1, top_groups=1, norm_topk_prob=True)
+    QK_NORM_TYPE: ClassVar[str] = "per_head"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
         *fields_with(MiniMaxM2Config.FIELDS,
                      ConfigField("intermediate_size", ("dense_intermediate_size",), default=12288),

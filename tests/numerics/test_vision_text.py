@@ -356,6 +356,24 @@ def test_minimax_m3_as_released(tmp_path):
     assert (config.model.arch, config.context_window_size) == ("minimax_m3", 64)
 
 
+def test_minimax_m3_reads_its_released_config():
+    """The released config.json's keys (qk_norm_type per_head, sparse_attention_config, moe_layer_freq) read as
+    transformers' MiniMax-M3 reads them; MiniMax-M2's per_layer q/k norms refused by name."""
+    from kiln.models.glm4_moe import MiniMaxM3Config
+    from test_families import CASES, SMALL
+    case = CASES["minimax-m3"][2]
+    released = dict({k: v for k, v in dict(SMALL, **case).items() if k not in ("layer_types", "mlp_layer_types")},
+                    architectures=["MiniMaxM3SparseForConditionalGeneration"], qk_norm_type="per_head",
+                    use_qk_norm=True, use_gemma_norm=True, use_routing_bias=True, moe_layer_freq=[0, 1],
+                    sparse_attention_config=dict(sparse_attention_freq=[1, 0], sparse_topk_blocks=16,
+                                                 sparse_block_size=4))
+    c = MiniMaxM3Config.from_hf(released)
+    assert c.released and c.dense_layers == (0,) and c.context_window_size == 64
+    assert c.flags().qk_norm and c.flags().qk_norm_heads
+    with pytest.raises(ValueError, match="qk_norm_type"):
+        MiniMaxM3Config.from_hf(dict(released, qk_norm_type="per_layer"))
+
+
 def test_minimax_m3_gguf(tmp_path):
     """llama.cpp's minimax-m3 layout (tests/gguf_writer.py: MiniMaxM3Model's keys and tensors, every norm + 1, the
     indexer's keys and tensors) read back as test_families' minimax-m3 model: its logits."""
