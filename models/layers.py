@@ -219,17 +219,22 @@ class MLP(nn.Module):
 
 def clamped_glu(gate: Tensor, up: Tensor, alpha: float, limit: float) -> Tensor:
     """gpt-oss's SwiGLU: (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)."""
-    bound = lambda v: op.full((1,), v, up.dtype)    # noqa: E731
-    gate = op.minimum(gate, bound(limit))
-    up = op.maximum(op.minimum(up, bound(limit)), bound(-limit))
-    return (up + 1.0) * (gate * op.sigmoid(gate * alpha))
+    gate = op.minimum(gate, _const(limit, gate))
+    return (_clip(up, limit) + 1.0) * (gate * op.sigmoid(gate * alpha))
 
 
 def glu_limited(activated: Tensor, up: Tensor, limit: float) -> Tensor:
     """A SwiGLU clamped after its activation (Step 3.7's and Ling 3's swiglu limits): min(act(gate), limit) *
     clip(up, -limit, limit)."""
-    bound = lambda v: op.full((1,), v, up.dtype)    # noqa: E731
-    return op.minimum(activated, bound(limit)) * op.maximum(op.minimum(up, bound(limit)), bound(-limit))
+    return op.minimum(activated, _const(limit, activated)) * _clip(up, limit)
+
+
+def _clip(x: Tensor, limit: float) -> Tensor:
+    return op.maximum(op.minimum(x, _const(limit, x)), _const(-limit, x))
+
+
+def _const(value: float, like: Tensor) -> Tensor:
+    return op.full((1,), value, like.dtype)
 
 
 class PagedAttention(nn.Module):

@@ -171,8 +171,7 @@ class LaraMiniConfig(OlmoHybridConfig):
             raise ValueError(f"layer_types must list one of {', '.join(LARA_KINDS)} for each of the {n} layers; got "
                              f"{list(types)}; fix config.json")
         delta = dict(values, layer_types=tuple("full_attention" if t == "sliding_attention" else t for t in types))
-        values = dict(super().adapt(delta, hf, notes), layer_types=types, neg_eigval=False, rope=True)
-        return values
+        return dict(super().adapt(delta, hf, notes), layer_types=types, neg_eigval=False, rope=True)
 
     @property
     def delta_norm_eps(self) -> float:
