@@ -435,7 +435,7 @@ BAILING_NAMES = dict(LLAMA_NAMES, embed_tokens="model.word_embeddings", o_proj="
 BAILING_QKV = "attention.query_key_value"
 
 
-def _gates_after_queries(c: Glm4MoeConfig):
+def gates_after_queries(c: Glm4MoeConfig):
     """Rows [q (heads x d) | gate (heads x d) | k | v] -> [each head's q, then its gate | k | v] (the
     layout Flags.attn_output_gate reads)."""
     h, d = c.num_attention_heads, c.head_dim
@@ -449,7 +449,7 @@ def weight_map(c: Glm4MoeConfig) -> WeightMap:
         for i in range(c.num_hidden_layers):
             key = f"model.layers.{i}.self_attn.qkv_proj.weight"
             q, k, v = weight_spec(m[key]).hf_names
-            m[key] = WeightSpec((q, f"model.layers.{i}.self_attn.gate_proj.weight", k, v), _gates_after_queries(c))
+            m[key] = WeightSpec((q, f"model.layers.{i}.self_attn.gate_proj.weight", k, v), gates_after_queries(c))
         return m
     if isinstance(c, Kolibri1Config):           # its norm after the MLP: post_ffn_norm
         return moe_weight_map(c, _OWN_NAMES["kolibri1"], dict(LLAMA_NAMES, post_mlp_norm="post_ffn_norm"))

@@ -75,11 +75,17 @@ class Flags:
     learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
     clip_qkv: float | None = None           # q, k and v clamped to [-c, c] after their projection (OLMo)
     embed_norm: bool = False                # the embeddings normed (the model's norm kind) before the first layer
-    attn_temperature: tuple | None = None   # (beta, original[, offset]): q *= 1 + beta * log(1 + floor((pos +
-                                            # offset) / original)) after RoPE (Ministral 3; RoPE in the graph)
+    attn_temperature: tuple | None = None   # (beta, original[, offset[, form]]): q *= 1 + beta * log(1 + floor((pos
+                                            # + offset) / original)) after RoPE (Ministral 3; RoPE in the graph),
+                                            # or form "power": (1 + (pos + offset) / original) ** beta (Beam)
     attn_output_gate: bool = False          # q_proj also writes a gate per head (a head's rows: its q, then its
                                             # gate); the attention output times sigmoid(gate) before o_proj
                                             # (MiniCPM5-MoE)
+    attn_gate_bias: bool = False            # with attn_output_gate: a bias a head added to its gate (Beam)
+    residual_mix: tuple[float, float, float, float] | None = None   # x = branch * a + x * r for the attention
+                                            # then the MLP: (a, r, a, r) (Beam's depth-scaled residual adds)
+    residual_gates: bool = False            # x = branch * g + x * r, g and r a value a hidden dim, for the attention
+                                            # (attn_gates [2, hidden]: g, r) and the MLP (mlp_gates) (Ergo's)
     attn_sinks: bool = False                # a learned logit per head in every softmax, taking a share of the
                                             # weight and giving no value (gpt-oss, Flint): `sinks` [heads] float32,
                                             # over the KV cache kiln owns (models/owned_kv.py)
@@ -105,6 +111,8 @@ class Flags:
             raise ValueError("a decoder without pre-norms needs sandwich_norms (its norms come after)")
         if self.parallel_residual and not self.pre_norms or self.shared_norm and not self.parallel_residual:
             raise ValueError("parallel_residual needs pre_norms, and shared_norm needs parallel_residual")
+        if self.attn_gate_bias and not self.attn_output_gate:
+            raise ValueError("attn_gate_bias needs attn_output_gate (a gate to add the bias to)")
 
 
 class Norm(nn.Module):
@@ -261,6 +269,8 @@ class PagedAttention(nn.Module):
         self.quant = flags.act_quant
         if flags.sub_norms:
             self.attn_sub_norm = Norm(num_heads * head_dim, eps, flags.norm)     # BitNet: before o_proj's input
+        if flags.attn_gate_bias:
+            self.gate_bias = nn.Parameter((num_heads,))
         if flags.attn_sinks:
             self.sinks = nn.Parameter((num_heads,), "float32")              # kept float32, as transformers does
         if flags.qk_norm:
@@ -299,6 +309,8 @@ class PagedAttention(nn.Module):
         out = cached_attention(kv_cache, layer_id, qkv, h, self.sm_scale, self.kv_dtype,
                                getattr(self, "sinks", None))                              # [b, s, h, d]
         if gate is not None:
+            if hasattr(self, "gate_bias"):
+                gate = gate + op.reshape(self.gate_bias, (1, 1, h, 1))
             out = out * op.sigmoid(gate)
         out = _norm(self, "attn_sub_norm", op.reshape(out, (b, s, h * self.head_dim)))
         return self.o_proj(_quantized(out, self.quant))
@@ -352,6 +364,9 @@ class DecoderLayer(nn.Module):
         if flags.sandwich_norms or flags.mlp_out_norm:
             self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output
         self.residual_scale, self.parallel = flags.residual_scale, flags.parallel_residual
+        self.residual_mix = flags.residual_mix
+        if flags.residual_gates:
+            self.attn_gates, self.mlp_gates = nn.Parameter((2, hidden_size)), nn.Parameter((2, hidden_size))
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None = None) -> Tensor:
         normed = _norm(self, "input_layernorm", x)
@@ -359,12 +374,19 @@ class DecoderLayer(nn.Module):
         if self.parallel:                          # both read x; one norm where the family shares it
             mlp = self.mlp(self.post_attention_layernorm(x) if hasattr(self, "post_attention_layernorm") else normed)
             return attn + mlp + x
-        x = x + self._scaled(_norm(self, "post_attn_norm", attn))
+        x = self._add(x, _norm(self, "post_attn_norm", attn), 0)
         mlp = self.mlp(_norm(self, "post_attention_layernorm", x))
-        return x + self._scaled(_norm(self, "post_mlp_norm", mlp))
+        return self._add(x, _norm(self, "post_mlp_norm", mlp), 1)
 
-    def _scaled(self, x: Tensor) -> Tensor:
-        return x * self.residual_scale if self.residual_scale else x
+    def _add(self, x: Tensor, branch: Tensor, which: int) -> Tensor:
+        """The residual add after the attention (`which` 0) or the MLP (1)."""
+        if self.residual_mix:
+            a, r = self.residual_mix[2 * which:2 * which + 2]
+            return branch * a + x * r
+        if hasattr(self, "attn_gates"):
+            g, r = op.split(self.mlp_gates if which else self.attn_gates, 2, axis=0)        # [1, hidden] each
+            return branch * g + x * r
+        return x + (branch * self.residual_scale if self.residual_scale else branch)
 
 
 def _norm(layer: nn.Module, name: str, x: Tensor) -> Tensor:

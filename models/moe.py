@@ -36,7 +36,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .config import ConfigField
-from .layers import MLP, Flags, _activation, clamped_glu, glu_limited
+from .layers import MLP, Flags, Norm, _activation, clamped_glu, glu_limited
 
 # The expert count and experts a token takes, as every MoE family's config.json names them.
 EXPERT_FIELDS = (ConfigField("num_experts", ("num_experts", "num_local_experts")),
@@ -77,6 +77,9 @@ class MoESpec:
     expert_scale: bool = False              # each chosen expert's weight times a learned scale of its own, after
                                             # the normalisation (Gemma 4's per_expert_scale)
     gated: bool = True                      # False: experts down(act(up x)), no gate rows (Nemotron-H)
+    expert_norm_eps: float = 0.0            # > 0: each chosen expert's output RMS-normed (this epsilon) with a
+                                            # weight of its own, then weighted (Ergo's post_expert_norm)
+    shared_norm_eps: float = 0.0            # > 0: the shared expert's output RMS-normed with its weight (Ergo)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -122,11 +125,15 @@ class SparseMoE(nn.Module):
             self.shared = MLP(hidden_size, spec.shared_intermediate_size, flags, limit=spec.shared_glu_limit)
             if spec.shared_gated:
                 self.shared_gate = nn.Parameter((1, hidden_size))
+            if spec.shared_norm_eps:
+                self.shared_norm = Norm(hidden_size, spec.shared_norm_eps)
+        if spec.expert_norm_eps:
+            self.expert_norm = nn.Parameter((e, hidden_size), "float32")
 
     def to(self, dtype: str | None = None) -> None:
         super().to(dtype)
         self.router.to("float32")
-        for name in ("choice_bias", "router_bias", "expert_scale"):
+        for name in ("choice_bias", "router_bias", "expert_scale", "expert_norm"):
             if hasattr(self, name):
                 getattr(self, name).to("float32")
 
@@ -155,12 +162,16 @@ class SparseMoE(nn.Module):
         out = _expert_matmul(self._activated(gate_up), self.experts_down, experts, h)            # [T, k, h]
         if spec.expert_bias:
             out = out + op.take(self.experts_down_bias, experts, axis=0)
+        if spec.expert_norm_eps:            # in float32, each route by its expert's weight
+            wide = out if out.dtype == "float32" else out.astype("float32")
+            bare = Norm(h, spec.expert_norm_eps, "rms_noparam")(wide)
+            out = (bare * op.take(self.expert_norm, experts, axis=0)).astype(out.dtype)
         y = op.sum(out if spec.scale_input else out * slots, axis=1)                              # [T, h]
         if hasattr(self, "shared_gate"):
             gate_logit = op.matmul(flat, op.permute_dims(self.shared_gate))                  # [T, 1]
             y = y + op.sigmoid(gate_logit) * self.shared(flat)
         elif hasattr(self, "shared"):
-            y = y + self.shared(flat)
+            y = y + (self.shared_norm(self.shared(flat)) if hasattr(self, "shared_norm") else self.shared(flat))
         return op.reshape(y, (b, s, h))
 
     def _activated(self, gate_up: Tensor) -> Tensor:

@@ -7,11 +7,13 @@ from typing import Any, Callable
 
 from . import (
     alibi,
-    bitnet,
     apertus,
+    beam,
+    bitnet,
     cohere,
     dbrx,
     deepseek,
+    ergo,
     ernie4_5,
     falcon,
     falcon_h1,
@@ -215,6 +217,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("hy_v3", ("HYV3ForCausalLM",), ("hy_v3",), glm4_moe, glm4_moe.HyV3Config, glm4_moe.HyV3ForCausalLM),
     _arch("minicpm5_moe", ("MiniCPM5MoeForCausalLM", "MiniCPM5MoEForCausalLM"), ("minicpm5_moe",), glm4_moe,
           glm4_moe.MiniCPM5MoeConfig, glm4_moe.MiniCPM5MoeForCausalLM),
+    _arch("beam", ("BeamForCausalLM",), ("beam",), beam, beam.BeamConfig, beam.BeamForCausalLM),
+    _arch("ergo", ("ErgoForCausalLM",), ("ergo",), ergo, ergo.ErgoConfig, ergo.ErgoForCausalLM),
     _arch("afmoe", ("AfmoeForCausalLM",), ("afmoe",), glm4_moe, glm4_moe.AfmoeConfig, glm4_moe.AfmoeForCausalLM),
     _arch("kolibri1", ("Kolibri1ForCausalLM",), ("kolibri1",), glm4_moe, glm4_moe.Kolibri1Config,
           glm4_moe.Kolibri1ForCausalLM),

@@ -115,15 +115,24 @@ def query_temperature(scaling: dict | None) -> tuple[float, int] | None:
     return (float(beta), int(original)) if beta else None
 
 
-def position_temperature(q: Tensor, positions: Tensor, beta: float, original: int, offset: int = 0) -> Tensor:
-    """q [batch, seq, heads, head_dim] times 1 + beta * log(1 + floor((position + offset) / original)) (Llama 4's,
-    offset 1, and Ministral 3's attention temperature: 1 within the pretraining context, rising slowly past it)."""
+def position_temperature(q: Tensor, positions: Tensor, beta: float, original: int, offset: int = 0,
+                         form: str = "log_floor") -> Tensor:
+    """q [batch, seq, heads, head_dim] times a scale that follows its position p: with `form` "log_floor",
+    1 + beta * log(1 + floor((p + offset) / original)) (Llama 4's, offset 1, and Ministral 3's attention
+    temperature: 1 within the pretraining context, rising slowly past it); with "power", (1 + (p + offset) /
+    original) ** beta (Beam's scalable softmax on its layers without RoPE: beta 0.1, original 2048, offset 1)."""
+    if form not in ("log_floor", "power"):
+        raise ValueError(f"attention temperature form {form!r} is not one of log_floor, power")
+
     def compute(x: te.Tensor, pos: te.Tensor):
         _, s, _, _ = x.shape
 
         def scaled(b, t, h, i):
-            blocks = tirx.floor((pos[b * s + t] + offset).astype("float32") / np.float32(original))
-            scale = np.float32(1.0) + np.float32(beta) * tirx.log(np.float32(1.0) + blocks)
+            at = (pos[b * s + t] + offset).astype("float32") / np.float32(original)
+            if form == "power":
+                scale = tirx.exp(np.float32(beta) * tirx.log1p(at))
+            else:
+                scale = np.float32(1.0) + np.float32(beta) * tirx.log(np.float32(1.0) + tirx.floor(at))
             return (x[b, t, h, i].astype("float32") * scale).astype(x.dtype)
         return te.compute(x.shape, scaled, name="position_temperature")
     return op.tensor_expr_op(compute, "position_temperature", [q, positions])

@@ -72,11 +72,13 @@ pass `kiln check` against the golden logits the compile stored.
              Param2 MoE: Bailing's names with q/k/v fused (and biased: param2moe), 2 shared experts (param2moe);
              MiniCPM5-MoE: the attention output gated per head (sigmoid) by q_proj's second half; AFMoE: the
              gate its own Linear, EXAONE 4.0's layers, norms around attention and MLP, muP's embedding scale;
-             Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid; Flint: attention
-             sinks on every layer (the KV cache kiln owns), sliding layers with RoPE (past their window)
-             among full ones without; gpt-oss: sinks, alternating sliding layers, YaRN, experts with biases,
-             interleaved gate/up and a clamped SwiGLU, a biased router; granite-swa, granitemoe-swa: Granite's
-             multipliers with sinks, sliding layers and a RoPE base per layer (none on one)
+             Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid; Beam: sliding layers with
+             RoPE and a full one without, its queries scaled by position, the output gated with a bias a head,
+             depth-scaled residual adds; Ergo: residual gates, relu^2 experts each normed by its own weight, its
+             serving layout; Flint: attention sinks on every layer (the KV cache kiln owns), sliding layers with
+             RoPE (past their window) among full ones without; gpt-oss: sinks, alternating sliding layers, YaRN,
+             experts with biases, interleaved gate/up and a clamped SwiGLU, a biased router; granite-swa,
+             granitemoe-swa: Granite's multipliers with sinks, sliding layers and a RoPE base per layer (none on one)
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense;
@@ -354,6 +356,20 @@ CASES = {
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_shared_experts=1, num_hidden_layers=3,
         head_dim=16, route_scale=2.0, global_attn_every_n_layers=2, sliding_window=64, mup_enabled=True,
         pad_token_id=0)),
+    # Beam: sliding (RoPE) / full (no RoPE, queries scaled by position) layers, q/k norms,
+    # the output gated with a bias a head, four norms, depth-scaled residual adds, a grouped router, capped logits
+    "beam": ("BeamForCausalLM", "BeamConfig", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_hidden_layers=3, head_dim=16,
+        n_group=2, topk_group=1, routed_scaling_factor=2.0, sliding_window=64, final_logit_softcapping=3.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=0)),
+    # Ergo: one wqkv, adjacent-pair RoPE on sliding layers, a full one without it and its scores scaled, residual
+    # gates a hidden dim, relu^2 MLPs without gates, each expert's output normed by its own weight, a normed
+    # shared expert, the serving layout's tensors (transposed router, experts [experts, in, out])
+    "ergo": ("ErgoForCausalLM", "ErgoConfig", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_intermediate_size=32,
+        first_dense_intermediate_size=96, num_hidden_layers=3, global_attention_every_n_layers=2, sliding_window=64,
+        global_attention_scale=2.0, rms_norm_eps=1e-5, max_position_embeddings=256, pad_token_id=0)),
     # sliding, sliding, global without RoPE; norms after attention and MLP; experts chosen by logits + bias
     "kolibri1": ("Kolibri1ForCausalLM", "Kolibri1Config", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,
@@ -451,6 +467,19 @@ def test_phi3_longrope_caps_the_context_with_a_note(tmp_path):
     _, config, _ = build(load(tmp_path / "hf"))
     assert config.context_window_size == 128
     assert any("LongRoPE" in n for n in config.notes)
+
+
+@pytest.mark.parametrize("arch", ["beam", "ergo"])
+def test_rope_on_full_layers_without_it_is_refused_by_name(arch):
+    """Beam's and Ergo's full layers attend without RoPE (Beam's queries then scaled by position): a config giving
+    them a RoPE of their own is refused, not run as the released checkpoints' layers."""
+    from kiln.models.registry import find_architecture
+    config_cls = find_architecture({"model_type": arch, "architectures": []}).config_cls
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}
+    with pytest.raises(ValueError, match="RoPE on its full_attention layers"):
+        config_cls.from_hf(dict(SMALL, model_type=arch, num_experts=8, num_experts_per_tok=2,
+                                      moe_intermediate_size=32, rope_parameters=rope))
 
 
 def test_sparse_attention_caps_the_context_at_index_topk_with_a_note(tmp_path):
