@@ -24,7 +24,7 @@ from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightS
 from .config import ConfigField, fields_with, layer_types
 from .glm4_moe import FULL_ROTARY, MLP_LAYER_TYPES, DenseByType, Glm4MoeConfig
 from .layers import Flags
-from .moe import MoESpec
+from .moe import MoESpec, expert_columns
 
 NAMES = dict(LLAMA_NAMES, embed_tokens="tok_embeddings", norm="norm", lm_head="output", layer="layers.{i}",
              input_layernorm="attention_norm", post_attention_layernorm="ffn_norm",
@@ -94,11 +94,6 @@ def residual_gates(w: np.ndarray) -> np.ndarray:
     return np.stack([branch, np.sqrt(1.0 + branch) * np.exp(-0.5 * np.logaddexp(0.0, w))]).astype(np.float32)
 
 
-def _transposed(stacked: np.ndarray) -> np.ndarray:
-    """[experts, in, out] (x @ W[e]) as kiln's expert Linear rows [experts * out, in]."""
-    return stacked.transpose(0, 2, 1).reshape(-1, stacked.shape[1])
-
-
 def weight_map(c: ErgoConfig) -> WeightMap:
     m = decoder_weight_map(c, NAMES)
     for i in range(c.num_hidden_layers):
@@ -114,8 +109,8 @@ def weight_map(c: ErgoConfig) -> WeightMap:
         m.update({
             f"{k}.mlp.router": WeightSpec((f"{ff}.gate_kernel",), np.transpose),
             f"{k}.mlp.choice_bias": [f"{ff}.router_bias"],
-            f"{k}.mlp.experts_gate_up.weight": WeightSpec((f"{ff}.up_proj",), _transposed),
-            f"{k}.mlp.experts_down.weight": WeightSpec((f"{ff}.down_proj",), _transposed),
+            f"{k}.mlp.experts_gate_up.weight": WeightSpec((f"{ff}.up_proj",), expert_columns),
+            f"{k}.mlp.experts_down.weight": WeightSpec((f"{ff}.down_proj",), expert_columns),
             f"{k}.mlp.expert_norm": [f"{ff}.expert_output_norm.scale"],
             f"{k}.mlp.shared.up_proj.weight": WeightSpec((f"{ff}.shared_up_proj",), np.transpose),
             f"{k}.mlp.shared.down_proj.weight": WeightSpec((f"{ff}.shared_down_proj",), np.transpose),

@@ -325,6 +325,12 @@ def expert_matmul_te(x: te.Tensor, weight, experts: te.Tensor, rows: int) -> te.
     return te.compute(total.shape, lambda t, j, c: total[t, j, c].astype(x.dtype), name="expert_matmul_cast")
 
 
+def expert_columns(stacked):
+    """A 3-D [experts, in, out] tensor (x @ W[e]: Aria's, Ergo's experts) as the 2-D [experts * out, in] rows kiln's
+    expert Linear holds."""
+    return stacked.transpose(0, 2, 1).reshape(-1, stacked.shape[1])
+
+
 def expert_rows(stacked):
     """A 3-D [experts, rows, cols] tensor as the 2-D [experts * rows, cols] kiln's expert Linear holds."""
     return stacked.reshape(-1, stacked.shape[-1])

@@ -186,6 +186,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           gpt_neox.GPTNeoXForCausalLM),
     _arch("mixtral", ("MixtralForCausalLM",), ("mixtral",), mixtral, mixtral.MixtralConfig, mixtral.MixtralForCausalLM),
     _arch("phimoe", ("PhimoeForCausalLM",), ("phimoe",), mixtral, mixtral.PhimoeConfig, mixtral.PhimoeForCausalLM),
+    _arch("aria_text", ("AriaTextForCausalLM",), ("aria_text",), mixtral, mixtral.AriaTextConfig,
+          mixtral.AriaTextForCausalLM),
     _arch("qwen2_moe", ("Qwen2MoeForCausalLM",), ("qwen2_moe",), qwen_moe, qwen_moe.Qwen2MoeConfig,
           qwen_moe.Qwen2MoeForCausalLM),
     _arch("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",), qwen_moe, qwen_moe.Qwen3MoeConfig,

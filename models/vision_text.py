@@ -3,7 +3,8 @@
 LLaVA (1.5, NeXT, OneVision, OneVision-1.5, NeXT-Video, Video-LLaVA, ViP-LLaVA), Idefics2 / Idefics3 / SmolVLM,
 InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose language model is llm_config), Aya
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, DeepSeek-VL, Janus,
-MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3 (WRAPPERS) put a vision tower and a projector before a causal language
+MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria (WRAPPERS) put a vision tower and a projector before a causal
+language
 model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...),
 described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Qwen2.5-Omni and Qwen3-Omni
 a vision and an audio tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under
@@ -66,6 +67,7 @@ WRAPPERS = {
     "MiniCPMV4_6ForConditionalGeneration": "MiniCPM-V 4.6", "MiniCPMV4_7ForConditionalGeneration": "MiniCPM-V 4.7",
     "Qwen2_5OmniForConditionalGeneration": "Qwen2.5-Omni", "Qwen3OmniMoeForConditionalGeneration": "Qwen3-Omni",
     "Apertus1p5ForConditionalGeneration": "Apertus 1.5", "MiniMaxM3SparseForConditionalGeneration": "MiniMax-M3",
+    "AriaForConditionalGeneration": "Aria",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector

@@ -75,8 +75,9 @@ pass `kiln check` against the golden logits the compile stored.
              Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid; Beam: sliding layers with
              RoPE and a full one without, its queries scaled by position, the output gated with a bias a head,
              depth-scaled residual adds; Ergo: residual gates, relu^2 experts each normed by its own weight, its
-             serving layout; Flint: attention sinks on every layer (the KV cache kiln owns), sliding layers with
-             RoPE (past their window) among full ones without; gpt-oss: sinks, alternating sliding layers, YaRN,
+             serving layout; aria-text: softmax experts stored as x @ W beside ungated shared ones; Flint: attention
+             sinks on every layer (the KV cache kiln owns), sliding layers with RoPE (past their window) among full
+             ones without; gpt-oss: sinks, alternating sliding layers, YaRN,
              experts with biases, interleaved gate/up and a clamped SwiGLU, a biased router; granite-swa,
              granitemoe-swa: Granite's multipliers with sinks, sliding layers and a RoPE base per layer (none on one)
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
@@ -370,6 +371,9 @@ CASES = {
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_intermediate_size=32,
         first_dense_intermediate_size=96, num_hidden_layers=3, global_attention_every_n_layers=2, sliding_window=64,
         global_attention_scale=2.0, rms_norm_eps=1e-5, max_position_embeddings=256, pad_token_id=0)),
+    # Aria's language model: every MLP experts (fc1 / fc2 as x @ W) beside 2 shared ones, added ungated
+    "aria-text": ("AriaTextForCausalLM", "AriaTextConfig", dict(
+        moe_num_experts=8, moe_topk=3, moe_num_shared_experts=2, intermediate_size=48, pad_token_id=0)),
     # sliding, sliding, global without RoPE; norms after attention and MLP; experts chosen by logits + bias
     "kolibri1": ("Kolibri1ForCausalLM", "Kolibri1Config", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,

@@ -208,6 +208,8 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
         LLAMA, model_type="apertus1p5_text", output_vocab_size=504, pad_token_id=0), dict(
         vision_config=dict(codebook_size=4), audio_config=dict(model_type="wavtokenizer_encoder", codebook_size=4),
         image_token_offset=504, audio_token_offset=508, image_token_id=3, audio_token_id=4)),
+    "AriaForConditionalGeneration": ("AriaConfig", dict(LLAMA, model_type="aria_text", moe_num_experts=4, moe_topk=2,
+                                                         moe_num_shared_experts=1, pad_token_id=0), {}),
     "MiniCPMV4_6ForConditionalGeneration": ("MiniCPMV4_6Config", dict(
         QWEN3, model_type="qwen3_5_text", linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
         linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], pad_token_id=0), {}),
