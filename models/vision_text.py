@@ -4,9 +4,9 @@ LLaVA (1.5, NeXT, OneVision, OneVision-1.5, NeXT-Video, Video-LLaVA, ViP-LLaVA),
 InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose language model is llm_config), Aya
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, DeepSeek-VL, Janus,
 MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria (WRAPPERS) put a vision tower and a projector before a causal
-language
-model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...),
-described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Qwen2.5-Omni and Qwen3-Omni
+language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...),
+described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image
+codes are tokens of its Llama's vocabulary; Qwen2.5-Omni and Qwen3-Omni
 a vision and an audio tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under
 `thinker.`; the whole checkpoint adds a talker and a speech decoder). kiln reads text, so it reads that language
 model: its config is text_config (with the outer eos / bos ids), its tensors the ones under the language model's
@@ -19,7 +19,8 @@ tensors kiln reads).
 Where the language model's tensors are is read from the file, not from the transformers version that wrote it:
 `language_model.model.*` and `language_model.lm_head` (LLaVA's and InternVL's as released, which transformers
 keeps), `model.language_model.*` and `lm_head`, `model.text_model.*` (Idefics2/3, SmolVLM), `thinker.model.*` or
-`thinker.model.language_model.*` and `thinker.lm_head` (the Omni models). Its head is tied to
+`thinker.model.language_model.*` and `thinker.lm_head` (the Omni models), `text_model.*` and `text_model.lm_head`
+(Emu3 as released). Its head is tied to
 the embedding where the file has none, or config.json ties it.
 
 Llama 3.2 Vision (Mllama) is a Llama 3 whose cross-attention layers (`cross_attention_layers`, reading the image)
@@ -67,11 +68,12 @@ WRAPPERS = {
     "MiniCPMV4_6ForConditionalGeneration": "MiniCPM-V 4.6", "MiniCPMV4_7ForConditionalGeneration": "MiniCPM-V 4.7",
     "Qwen2_5OmniForConditionalGeneration": "Qwen2.5-Omni", "Qwen3OmniMoeForConditionalGeneration": "Qwen3-Omni",
     "Apertus1p5ForConditionalGeneration": "Apertus 1.5", "MiniMaxM3SparseForConditionalGeneration": "MiniMax-M3",
-    "AriaForConditionalGeneration": "Aria",
+    "AriaForConditionalGeneration": "Aria", "Emu3ForConditionalGeneration": "Emu3",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
 UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
+          "Emu3ForConditionalGeneration": "VQ-VAE image tokenizer",
           "Qwen2_5OmniThinkerForConditionalGeneration": "vision and audio towers",
           "Qwen3OmniMoeThinkerForConditionalGeneration": "vision and audio towers",
           **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI},
@@ -83,12 +85,13 @@ TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config",
 CUSTOM = ("InternVLChatModel", "KimiK25ForConditionalGeneration", *OMNI)
 # text model types that are another family's model on a text prompt (M-RoPE read as RoPE: models/config.py)
 AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_text": "qwen2",
-             "qwen3_omni_moe_text": "qwen3_moe"}
+             "qwen3_omni_moe_text": "qwen3_moe", "emu3_text_model": "llama"}
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
-            "thinker.model")
+            "thinker.model", "text_model")
 HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.weight",
-         "language_model.output.weight")       # InternLM 2's head (InternVL 2 / 2.5), which keeps its name
+         "language_model.output.weight",       # InternLM 2's head (InternVL 2 / 2.5), which keeps its name
+         "text_model.lm_head.weight")          # Emu3's, as released
 EMBEDDINGS = ("embed_tokens", "tok_embeddings")     # the language model's embedding (InternLM 2's, the second)
 
 

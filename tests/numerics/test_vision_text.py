@@ -210,6 +210,8 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
         image_token_offset=504, audio_token_offset=508, image_token_id=3, audio_token_id=4)),
     "AriaForConditionalGeneration": ("AriaConfig", dict(LLAMA, model_type="aria_text", moe_num_experts=4, moe_topk=2,
                                                          moe_num_shared_experts=1, pad_token_id=0), {}),
+    "Emu3ForConditionalGeneration": ("Emu3Config", dict(LLAMA, model_type="emu3_text_model", pad_token_id=0), dict(
+        vocabulary_map={"<image>": 511, "<|extra_200|>": 510, "<|visual token 000000|>": 509})),
     "MiniCPMV4_6ForConditionalGeneration": ("MiniCPMV4_6Config", dict(
         QWEN3, model_type="qwen3_5_text", linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
         linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], pad_token_id=0), {}),
@@ -305,6 +307,23 @@ def test_an_omni_checkpoint_is_read_as_its_thinkers_language_model(thinker, tmp_
         with torch.no_grad():
             expected = model(input_ids=torch.tensor([IDS])).logits[0].numpy()
         np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
+
+
+def test_emu3_as_released(tmp_path):
+    """Emu3's files keep its language model under text_model.* and its head as text_model.lm_head (transformers renames
+    them on load and back on save): read there, the wrapper's logits on a text prompt."""
+    import torch
+    wrapper = "Emu3ForConditionalGeneration"
+    model, config, tensors = _language_model_only(wrapper, *LIGHT[wrapper])
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([IDS])).logits[0].numpy()
+    released = {("text_model.lm_head.weight" if n == "lm_head.weight" else n.removeprefix("model.")): t
+                for n, t in tensors.items()}
+    assert "text_model.embed_tokens.weight" in released
+    _save(tmp_path / "hf", dict(config.to_dict(), architectures=[wrapper]), released)
+    source = load(tmp_path / "hf")
+    assert "lm_head.weight" in source.weights.names() and "VQ-VAE image tokenizer" in source.notes[0]
+    np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
 
 
 def test_kimi_k25_as_released(tmp_path):
