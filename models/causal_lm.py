@@ -664,10 +664,11 @@ def decoder_weight_map(c: DecoderConfig, names: dict[str, str] = LLAMA_NAMES) ->
         for p in ("weight", "bias") if f.qkv_bias else ("weight",):
             names = [f"{x}.{p}" for x in qkv]
             m[f"{k}.self_attn.qkv_proj.{p}"] = WeightSpec(tuple(names), rope_halves(c)) if c.ADJACENT_ROPE else names
-        if f.qk_norm and (f.qk_norm_kind or f.norm) not in PARAMLESS_NORMS:
-            for x in ("q_norm", "k_norm"):
-                names = [f"{h}.{n[x]}.weight"]
-                m[f"{k}.self_attn.{x}.weight"] = WeightSpec(tuple(names), head_dims_halves(c)) if c.ADJACENT_ROPE \
+        if f.qk_norm and (kind := f.qk_norm_kind or f.norm) not in PARAMLESS_NORMS:
+            for x, p in ((x, p) for x in ("q_norm", "k_norm") for p in ("weight", "bias")[:2 if kind in BIASED_NORMS
+                                                                                            else 1]):
+                names = [f"{h}.{n[x]}.{p}"]
+                m[f"{k}.self_attn.{x}.{p}"] = WeightSpec(tuple(names), head_dims_halves(c)) if c.ADJACENT_ROPE \
                     else names
         mlp = ("gate_proj", "up_proj") if f.gated_mlp else ("up_proj",)
         projs = {"self_attn.o_proj": ([n["o_proj"]], f.o_bias), "mlp.down_proj": ([n["down_proj"]], f.mlp_bias),

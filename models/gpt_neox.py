@@ -2,10 +2,13 @@
 (x + attn(n1(x)) + mlp(n2(x)); `use_parallel_residual`, else one after the other), biases on every
 projection, a plain GELU MLP, RoPE on the first `rotary_pct` of each head, and q/k/v fused per head
 (`query_key_value` rows: head 0's q, k, v, then head 1's; reordered to kiln's all-q, all-k, all-v; a
-GGUF holds them regrouped already, which its reader undoes, models/gguf_arch.py)."""
+GGUF holds them regrouped already, which its reader undoes, models/gguf_arch.py). Adept's Persimmon (and Fuyu's
+language model) is the same one after the other under Llama's layer names, with q and k LayerNormed a head
+(`qk_layernorm`), a relu^2 MLP and RoPE on half of each head by default."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -47,7 +50,28 @@ class GPTNeoXConfig(DecoderConfig):
                      o_bias=self.attention_bias, mlp_bias=True, parallel_residual=self.parallel_residual)
 
 
-GPTNeoXForCausalLM = CausalLM
+@dataclass(frozen=True)
+class PersimmonConfig(GPTNeoXConfig):
+    qk_layernorm: bool = True
+
+    ARCH: ClassVar[str] = "persimmon"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        GPTNeoXConfig.FIELDS, ConfigField("partial_rotary_factor", ("partial_rotary_factor",), default=0.5),
+        ConfigField("activation", ("hidden_act",), default="relu2"),
+        ConfigField("qk_layernorm", ("qk_layernorm",), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        activation = one_of({"relu2": "relu2"}, values["activation"], "hidden_act", cls.ARCH)   # its code's only one
+        return dict(values, activation=activation, parallel_residual=False, attention_bias=True)
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), qk_norm=self.qk_layernorm)
+
+
+PERSIMMON_NAMES = dict(LLAMA_NAMES, norm="model.final_layernorm", o_proj="self_attn.dense", up_proj="mlp.dense_h_to_4h",
+                       down_proj="mlp.dense_4h_to_h", q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm")
+GPTNeoXForCausalLM = PersimmonForCausalLM = CausalLM
 
 
 def _by_kind(heads: int):
@@ -58,9 +82,12 @@ def _by_kind(heads: int):
 
 
 def weight_map(c: GPTNeoXConfig) -> WeightMap:
-    m = decoder_weight_map(c, NAMES)
+    persimmon = isinstance(c, PersimmonConfig)
+    m = decoder_weight_map(c, PERSIMMON_NAMES if persimmon else NAMES)
     for i in range(c.num_hidden_layers):
-        fused, reorder = f"gpt_neox.layers.{i}.attention.query_key_value", _by_kind(c.num_attention_heads)
+        fused = f"model.layers.{i}.self_attn.query_key_value" if persimmon else \
+            f"gpt_neox.layers.{i}.attention.query_key_value"
+        reorder = _by_kind(c.num_attention_heads)
         for p in ("weight", "bias") if c.attention_bias else ("weight",):
             m[f"model.layers.{i}.self_attn.qkv_proj.{p}"] = WeightSpec((f"{fused}.{p}",), reorder)
     return m

@@ -184,6 +184,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("phi", ("PhiForCausalLM",), ("phi",), phi, phi.PhiConfig, phi.PhiForCausalLM),
     _arch("gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), gpt_neox, gpt_neox.GPTNeoXConfig,
           gpt_neox.GPTNeoXForCausalLM),
+    _arch("persimmon", ("PersimmonForCausalLM",), ("persimmon",), gpt_neox, gpt_neox.PersimmonConfig,
+          gpt_neox.PersimmonForCausalLM),
     _arch("mixtral", ("MixtralForCausalLM",), ("mixtral",), mixtral, mixtral.MixtralConfig, mixtral.MixtralForCausalLM),
     _arch("phimoe", ("PhimoeForCausalLM",), ("phimoe",), mixtral, mixtral.PhimoeConfig, mixtral.PhimoeForCausalLM),
     _arch("aria_text", ("AriaTextForCausalLM",), ("aria_text",), mixtral, mixtral.AriaTextConfig,

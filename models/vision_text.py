@@ -6,7 +6,7 @@ Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE
 MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria (WRAPPERS) put a vision tower and a projector before a causal
 language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...),
 described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image
-codes are tokens of its Llama's vocabulary; Qwen2.5-Omni and Qwen3-Omni
+codes are tokens of its Llama's vocabulary; Fuyu a projection of image patches before a Persimmon; Qwen2.5-Omni and Qwen3-Omni
 a vision and an audio tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under
 `thinker.`; the whole checkpoint adds a talker and a speech decoder). kiln reads text, so it reads that language
 model: its config is text_config (with the outer eos / bos ids), its tensors the ones under the language model's
@@ -68,12 +68,13 @@ WRAPPERS = {
     "MiniCPMV4_6ForConditionalGeneration": "MiniCPM-V 4.6", "MiniCPMV4_7ForConditionalGeneration": "MiniCPM-V 4.7",
     "Qwen2_5OmniForConditionalGeneration": "Qwen2.5-Omni", "Qwen3OmniMoeForConditionalGeneration": "Qwen3-Omni",
     "Apertus1p5ForConditionalGeneration": "Apertus 1.5", "MiniMaxM3SparseForConditionalGeneration": "MiniMax-M3",
-    "AriaForConditionalGeneration": "Aria", "Emu3ForConditionalGeneration": "Emu3",
+    "AriaForConditionalGeneration": "Aria", "Emu3ForConditionalGeneration": "Emu3", "FuyuForCausalLM": "Fuyu",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
 UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
           "Emu3ForConditionalGeneration": "VQ-VAE image tokenizer",
+          "FuyuForCausalLM": "image patches' projection (vision_embed_tokens)",
           "Qwen2_5OmniThinkerForConditionalGeneration": "vision and audio towers",
           "Qwen3OmniMoeThinkerForConditionalGeneration": "vision and audio towers",
           **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI},

@@ -18,7 +18,7 @@ pass `kiln check` against the golden logits the compile stored.
     starcoder2  LayerNorm, biases, plain GELU MLP, sliding window on every layer (prompt past it)
     phi2     attention and MLP side by side behind one LayerNorm, a biased head, partial rotary
     gpt-neox attention and MLP side by side behind their own LayerNorms (or one after the other),
-             q/k/v fused per head
+             q/k/v fused per head (persimmon: one after the other, q and k LayerNormed a head, relu^2)
     ernie4_5 RoPE on adjacent pairs of dims (q/k rows reordered at load), biases on every projection
     glm      adjacent-pair RoPE on the first half of each head, q/k/v biases, gate/up stored fused
     glm4     the above with norms on the attention and MLP outputs
@@ -158,6 +158,8 @@ CASES = {
     "stablelm": ("StableLmForCausalLM", "StableLmConfig", dict(use_qkv_bias=True, partial_rotary_factor=0.25)),
     "starcoder2": ("Starcoder2ForCausalLM", "Starcoder2Config", dict(sliding_window=20, max_position_embeddings=256)),
     "phi2": ("PhiForCausalLM", "PhiConfig", dict(num_key_value_heads=4, partial_rotary_factor=0.5)),
+    # Persimmon: NeoX's fused q/k/v one after the other, q and k LayerNormed a head (weight and bias), relu^2
+    "persimmon": ("PersimmonForCausalLM", "PersimmonConfig", dict(num_key_value_heads=4, bos_token_id=1)),
     "gpt-neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(num_key_value_heads=4, hidden_act="gelu")),
     "gpt-neox-sequential": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(num_key_value_heads=4,
                                                                       use_parallel_residual=False)),

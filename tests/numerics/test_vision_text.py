@@ -212,6 +212,7 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
                                                          moe_num_shared_experts=1, pad_token_id=0), {}),
     "Emu3ForConditionalGeneration": ("Emu3Config", dict(LLAMA, model_type="emu3_text_model", pad_token_id=0), dict(
         vocabulary_map={"<image>": 511, "<|extra_200|>": 510, "<|visual token 000000|>": 509})),
+    "FuyuForCausalLM": ("FuyuConfig", dict(LLAMA, model_type="persimmon", num_key_value_heads=4, pad_token_id=0), {}),
     "MiniCPMV4_6ForConditionalGeneration": ("MiniCPMV4_6Config", dict(
         QWEN3, model_type="qwen3_5_text", linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
         linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], pad_token_id=0), {}),
