@@ -7,8 +7,8 @@ MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria (WRAPPERS) put a vision tower
 language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...),
 described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image
 codes are tokens of its Llama's vocabulary; Fuyu a projection of image patches before a Persimmon; Qwen2.5-Omni and
-Qwen3-Omni a vision and an audio tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under
-`thinker.`; the whole checkpoint adds a talker and a speech decoder). kiln reads text, so it reads that language
+Qwen3-Omni a vision and an audio tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights
+under `thinker.`; the whole checkpoint adds a talker and a speech decoder). kiln reads text, so it reads that language
 model: its config is text_config (with the outer eos / bos ids), its tensors the ones under the language model's
 prefix, renamed as the family's own checkpoint names them (`model.*`, `lm_head`), and the towers' are left unread (a
 note says so). On a text prompt the wrapper's forward is the language model's (the image or audio tokens are where
