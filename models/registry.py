@@ -125,6 +125,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           gpt2.GPTBigCodeForCausalLM),
     _arch("gpt_neo", ("GPTNeoForCausalLM",), ("gpt_neo",), gpt_neo, gpt_neo.GPTNeoConfig, gpt_neo.GPTNeoForCausalLM),
     _arch("gptj", ("GPTJForCausalLM",), ("gptj",), gptj, gptj.GPTJConfig, gptj.GPTJForCausalLM),
+    _arch("codegen", ("CodeGenForCausalLM",), ("codegen",), gptj, gptj.CodeGenConfig, gptj.CodeGenForCausalLM),
     _arch("opt", ("OPTForCausalLM",), ("opt",), opt, opt.OPTConfig, opt.OPTForCausalLM),
     _arch("apertus", ("ApertusForCausalLM", "Apertus1p5TextForCausalLM"), ("apertus", "apertus1p5_text"), apertus,
           apertus.ApertusConfig, apertus.ApertusForCausalLM),

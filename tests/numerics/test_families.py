@@ -57,6 +57,7 @@ pass `kiln check` against the golden logits the compile stored.
              ln_mlp with kv groups (40B: q/k/v fused per group), or sequential with biases and per-head q/k/v
     opt      learned positions looked up at position + 2, ReLU MLP, LayerNorm, biases
     gptj     one LayerNorm before attention and MLP side by side, partial adjacent-pair RoPE, a biased head
+             (codegen: q, k and v in one qkv_proj of 4 shards)
     gpt-neo  unscaled attention scores, learned positions, a local (sliding) layer after a global one
              (past the window: test_families_sliding.py)
     olmo     LayerNorm without weight or bias, q/k/v clamped (clip_qkv)
@@ -250,6 +251,9 @@ CASES = {
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=64, ffn_dim=160, num_hidden_layers=2, num_attention_heads=4,
                                                 max_position_embeddings=256, word_embed_proj_dim=64, pad_token_id=1)),
     "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256)),
+    # CodeGen: GPT-J whose q, k, v are one qkv_proj in 4 shards of (q, v, k) rows each
+    "codegen": ("CodeGenForCausalLM", "CodeGenConfig", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
+                                                             n_positions=256, n_ctx=256)),
     "gpt-neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(hidden_size=64, num_layers=2, num_heads=4, window_size=32,
                                                           max_position_embeddings=256,
                                                           attention_types=[[["global", "local"], 1]])),
@@ -449,7 +453,7 @@ def write_family(case: str, dest, seed: int = 0, **extra):
     """The case's transformers model, random weights widened so the tolerance bites, saved with a tokenizer."""
     model_cls, config_cls, overrides = CASES[case]
     overrides = dict(overrides, **extra)
-    own = case in ("gpt2", "opt", "gptj", "gpt-neo", "dbrx", "bloom", "mpt") or \
+    own = case in ("gpt2", "opt", "gptj", "codegen", "gpt-neo", "dbrx", "bloom", "mpt") or \
         case.startswith(("gpt-bigcode", "falcon"))            # their own field names: no SMALL
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if own else dict(SMALL, **overrides)
     model = write_widened(model_cls, config_cls, cfg, dest, seed)
