@@ -2,10 +2,13 @@
 weights — learned absolute positions (the table's first 2 rows unused: OPT looks up position + 2),
 LayerNorm with biases before attention and MLP, a ReLU MLP not gated, biases on every projection
 (`enable_bias`), a tied head. OPT-350m's post-norm layers (`do_layer_norm_before` false) and its
-project_in / project_out (`word_embed_proj_dim` below hidden_size) are refused."""
+project_in / project_out (`word_embed_proj_dim` below hidden_size) are refused. Microsoft's BioGPT (biogpt,
+BioGPT-Large) is the same with GELU, embeddings scaled by sqrt(hidden) (`scale_embedding`) and LayerNorms of
+epsilon 1e-5 whatever layer_norm_eps says (its code builds them with torch's default), under its own names."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -53,7 +56,29 @@ class OPTConfig(DecoderConfig):
                      mlp_bias=self.bias, learned_positions=True)
 
 
-OPTForCausalLM = CausalLM
+@dataclass(frozen=True)
+class BioGptConfig(OPTConfig):
+    scale_embedding: bool = True
+
+    ARCH: ClassVar[str] = "biogpt"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(DECODER_FIELDS, ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
+                     ConfigField("activation", ("hidden_act",), default="gelu")),
+        ConfigField("scale_embedding", ("scale_embedding",), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        return dict(values, norm_eps=1e-5, bias=True,          # nn.LayerNorm(hidden) everywhere: torch's epsilon
+                    activation=one_of(ACTIVATIONS, values["activation"], "hidden_act", cls.ARCH))
+
+    def flags(self) -> Flags:
+        scale = float(np.sqrt(self.hidden_size)) if self.scale_embedding else None
+        return dataclasses.replace(super().flags(), embed_scale=scale)
+
+
+BIOGPT_NAMES = dict(NAMES, embed_tokens="biogpt.embed_tokens", embed_positions="biogpt.embed_positions",
+                    norm="biogpt.layer_norm", layer="biogpt.layers.{i}", lm_head="output_projection")
+OPTForCausalLM = BioGptForCausalLM = CausalLM
 
 
 def _past_offset(table: np.ndarray) -> np.ndarray:
@@ -61,6 +86,7 @@ def _past_offset(table: np.ndarray) -> np.ndarray:
 
 
 def weight_map(c: OPTConfig) -> WeightMap:
-    m = decoder_weight_map(c, NAMES)
-    m["model.embed_positions.weight"] = WeightSpec((f"{NAMES['embed_positions']}.weight",), _past_offset)
+    names = BIOGPT_NAMES if isinstance(c, BioGptConfig) else NAMES
+    m = decoder_weight_map(c, names)
+    m["model.embed_positions.weight"] = WeightSpec((f"{names['embed_positions']}.weight",), _past_offset)
     return m

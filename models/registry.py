@@ -127,6 +127,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("gptj", ("GPTJForCausalLM",), ("gptj",), gptj, gptj.GPTJConfig, gptj.GPTJForCausalLM),
     _arch("codegen", ("CodeGenForCausalLM",), ("codegen",), gptj, gptj.CodeGenConfig, gptj.CodeGenForCausalLM),
     _arch("opt", ("OPTForCausalLM",), ("opt",), opt, opt.OPTConfig, opt.OPTForCausalLM),
+    _arch("biogpt", ("BioGptForCausalLM",), ("biogpt",), opt, opt.BioGptConfig, opt.BioGptForCausalLM),
     _arch("apertus", ("ApertusForCausalLM", "Apertus1p5TextForCausalLM"), ("apertus", "apertus1p5_text"), apertus,
           apertus.ApertusConfig, apertus.ApertusForCausalLM),
     _arch("nanochat", ("NanoChatForCausalLM",), ("nanochat",), nanochat, nanochat.NanoChatConfig,

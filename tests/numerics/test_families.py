@@ -55,7 +55,8 @@ pass `kiln check` against the golden logits the compile stored.
     gpt-bigcode  GPT-2 as Linear weights with one key/value head (and without: c_attn per head)
     falcon   parallel attention and MLP behind one LayerNorm with one kv head (7B), behind ln_attn /
              ln_mlp with kv groups (40B: q/k/v fused per group), or sequential with biases and per-head q/k/v
-    opt      learned positions looked up at position + 2, ReLU MLP, LayerNorm, biases
+    opt      learned positions looked up at position + 2, ReLU MLP, LayerNorm, biases (biogpt: GELU, scaled
+             embeddings, its own names)
     gptj     one LayerNorm before attention and MLP side by side, partial adjacent-pair RoPE, a biased head
              (codegen: q, k and v in one qkv_proj of 4 shards)
     gpt-neo  unscaled attention scores, learned positions, a local (sliding) layer after a global one
@@ -250,6 +251,8 @@ CASES = {
                                                                     bias=True, tie_word_embeddings=False)),
     "opt": ("OPTForCausalLM", "OPTConfig", dict(hidden_size=64, ffn_dim=160, num_hidden_layers=2, num_attention_heads=4,
                                                 max_position_embeddings=256, word_embed_proj_dim=64, pad_token_id=1)),
+    # BioGPT: OPT's positions with GELU, scaled embeddings, LayerNorms at torch's epsilon (layer_norm_eps unread)
+    "biogpt": ("BioGptForCausalLM", "BioGptConfig", dict(num_key_value_heads=4, layer_norm_eps=1e-2, pad_token_id=1)),
     "gptj": ("GPTJForCausalLM", "GPTJConfig", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256)),
     # CodeGen: GPT-J whose q, k, v are one qkv_proj in 4 shards of (q, v, k) rows each
     "codegen": ("CodeGenForCausalLM", "CodeGenConfig", dict(n_embd=64, n_layer=2, n_head=4, rotary_dim=8,
