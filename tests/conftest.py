@@ -94,6 +94,30 @@ def pytest_runtest_teardown(item):
         return (yield)
 
 
+# KILN_TEST_CPU=<file>: each test's CPU seconds (this process's and its waited-for children's, every phase: module and
+# session fixtures count where they set up) appended as "seconds<TAB>test id" lines; what to trim, where wall times
+# mislead (two workers share 2 cores, and a compile's threads the rest: a test's wall time is 2-4x its own work).
+_CPU_LOG = os.environ.get("KILN_TEST_CPU")
+
+
+def _cpu_seconds() -> float:
+    import resource
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_LOG:
+        return (yield)
+    before = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        with open(_CPU_LOG, "a") as log:
+            log.write(f"{_cpu_seconds() - before:.2f}\t{item.nodeid}\n")
+
+
 def has_smollm2() -> bool:
     from kiln.models.packaged import installed
     return installed("smollm2")
