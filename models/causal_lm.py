@@ -247,12 +247,16 @@ class CausalLM(nn.Module):
         self.attention = config.layer_attention()
         self.sliding_window = sliding_window(self.attention)
         self.rope_in_graph = rope_in_graph(self.attention, self.flags)
-        self.model = DecoderStack(config, self.flags, self.attention)
+        self.model = self.stack(config)
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=self.flags.head_bias)
         self.dtype = "float32"
         self.kv_dtype: str | None = None      # the KV cache's, where it is not the compute dtype
         self.owned_layout: OwnedLayout | None = None   # set by own_kv_cache: kiln's cache, not TVM's
+
+    def stack(self, config: DecoderConfig) -> nn.Module:
+        """The layers between the embedding and the head (a family whose layers are not DecoderLayers: its own)."""
+        return DecoderStack(config, self.flags, self.attention)
 
     @property
     def window_mode(self) -> str | None:
@@ -304,7 +308,9 @@ class CausalLM(nn.Module):
         does); the compute dtype's own is the default."""
         self.kv_dtype = None if dtype == self.dtype else dtype
         for layer in self.model.layers:     # its attention, or the one mixer of a family whose layers name it so
-            (layer.self_attn if hasattr(layer, "self_attn") else layer.mixer).kv_dtype = self.kv_dtype
+            for attention in getattr(layer, "attentions", lambda: ())() or \
+                    (layer.self_attn if hasattr(layer, "self_attn") else layer.mixer,):
+                attention.kv_dtype = self.kv_dtype
 
     def _logits(self, hidden: Tensor) -> Tensor:
         if self.config.tie_word_embeddings:

@@ -80,8 +80,13 @@ class MoESpec:
     expert_norm_eps: float = 0.0            # > 0: each chosen expert's output RMS-normed (this epsilon) with a
                                             # weight of its own, then weighted (Ergo's post_expert_norm)
     shared_norm_eps: float = 0.0            # > 0: the shared expert's output RMS-normed with its weight (Ergo)
+    zero_experts: int = 0                   # the last this-many of num_experts are identities: a token that picks
+                                            # one adds x times its weight (LongCat-Flash's zero-computation experts)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.zero_experts < self.num_experts:
+            raise ValueError(f"zero_expert_num ({self.zero_experts}) must leave routed experts of the "
+                             f"{self.num_experts}; fix config.json")
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"num_experts_per_tok ({self.top_k}) must be from 1 to the number of experts "
                              f"({self.num_experts}); fix config.json")
@@ -112,6 +117,7 @@ class SparseMoE(nn.Module):
             self.router_bias = nn.Parameter((e,), "float32")
         if spec.expert_scale:
             self.expert_scale = nn.Parameter((e,), "float32")
+        e -= spec.zero_experts              # the experts with weights (the router's last columns: identities)
         rows = (2 if spec.gated else 1) * i
         if spec.expert_bias:                # every expert's biases, in its rows' order (gate's, then up's)
             self.experts_gate_up_bias = nn.Parameter((e, rows))
@@ -153,6 +159,8 @@ class SparseMoE(nn.Module):
             weights, experts = self._route(logits)
         if spec.expert_scale:
             weights = weights * op.take(self.expert_scale, experts, axis=0)
+        if spec.zero_experts:
+            weights, experts, identity = _identities(weights, experts, spec.num_experts - spec.zero_experts)
         weights = weights if weights.dtype == flat.dtype else weights.astype(flat.dtype)
         slots = op.reshape(weights, (b * s, k, 1))
         x_in = op.reshape(flat, (b * s, 1, h)) * slots if spec.scale_input else flat               # [T, (k,) h]
@@ -167,6 +175,8 @@ class SparseMoE(nn.Module):
             bare = Norm(h, spec.expert_norm_eps, "rms_noparam")(wide)
             out = (bare * op.take(self.expert_norm, experts, axis=0)).astype(out.dtype)
         y = op.sum(out if spec.scale_input else out * slots, axis=1)                              # [T, h]
+        if spec.zero_experts:
+            y = y + flat * (identity if identity.dtype == flat.dtype else identity.astype(flat.dtype))
         if hasattr(self, "shared_gate"):
             gate_logit = op.matmul(flat, op.permute_dims(self.shared_gate))                  # [T, 1]
             y = y + op.sigmoid(gate_logit) * self.shared(flat)
@@ -201,6 +211,15 @@ class SparseMoE(nn.Module):
                 total = total + spec.norm_eps
             weights = weights / (op.maximum(total, op.full((1,), spec.norm_min, "float32")) if spec.norm_min else total)
         return weights * spec.routed_scale if spec.routed_scale != 1.0 else weights, experts
+
+
+def _identities(weights: Tensor, experts: Tensor, real: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The chosen experts past the `real` ones are identities: their weights summed a token ([T, 1], what x is
+    multiplied by), and taken out of the expert matmul (weight 0 on expert 0)."""
+    identity = op.greater_equal(experts, op.full((1,), real, "int32"))
+    zero = op.zeros((1,), "float32")
+    taken = op.sum(op.where(identity, weights, zero), axis=-1, keepdims=True)
+    return op.where(identity, zero, weights), op.where(identity, op.zeros((1,), "int32"), experts), taken
 
 
 def _top_k(probs: Tensor, k: int, choice: Tensor | None = None) -> tuple[Tensor, Tensor]:

@@ -87,6 +87,8 @@ pass `kiln check` against the golden logits the compile stored.
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense;
              sarvam-mla DeepSeek-V3 with Sarvam's defaults, and its original config.json (num_experts,
              rope_scaling deepseek_yarn, vLLM's head_dim)
+    longcat-flash  two latent-attention blocks and dense MLPs a layer, the experts a shortcut beside them with
+             zero-computation (identity) experts, a softmax router choosing with a bias, q and the KV latent scaled
     minicpm3 the same dense, RoPE on halves under LongRoPE, MiniCPM's embedding, residual and logit scales
     mistral4 latent attention with Llama 4's query temperature (past the pretraining context at 8),
              softmax experts from the best groups without a choice bias
@@ -350,6 +352,12 @@ CASES = {
             mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0, llama_4_scaling_beta=0.5))),   # 8: past it at 8
     "youtu": ("YoutuForCausalLM", "YoutuConfig", dict(MLA, bos_token_id=1, pad_token_id=0)),
     # A.X K1: DeepSeek-V3 with a norm on the experts' output (the MoE layers only)
+    # LongCat-Flash: two latent-attention blocks and MLPs a layer, the experts a shortcut beside them, 2 of 10 experts
+    # identities (zero-computation), a softmax router with a choice bias, unnormalised weights scaled; q and the KV
+    # latent scaled
+    "longcat-flash": ("LongcatFlashForCausalLM", "LongcatFlashConfig", dict(
+        MLA, num_layers=2, head_dim=8, ffn_hidden_size=96, expert_ffn_hidden_size=48, n_routed_experts=8,
+        zero_expert_num=2, moe_topk=3, routed_scaling_factor=2.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "axk1": ("AXK1ForCausalLM", "AXK1Config", dict(
         MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
         topk_group=1, num_hidden_layers=3, mlp_layer_types=["dense", "sparse", "sparse"], bos_token_id=1)),
