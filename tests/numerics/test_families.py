@@ -357,7 +357,8 @@ CASES = {
     # latent scaled
     "longcat-flash": ("LongcatFlashForCausalLM", "LongcatFlashConfig", dict(
         MLA, num_layers=2, head_dim=8, ffn_hidden_size=96, expert_ffn_hidden_size=48, n_routed_experts=8,
-        zero_expert_num=2, moe_topk=3, routed_scaling_factor=2.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+        zero_expert_num=2, moe_topk=3, routed_scaling_factor=2.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "axk1": ("AXK1ForCausalLM", "AXK1Config", dict(
         MLA, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, n_shared_experts=1, n_group=2,
         topk_group=1, num_hidden_layers=3, mlp_layer_types=["dense", "sparse", "sparse"], bos_token_id=1)),
