@@ -142,6 +142,10 @@ class DecoderConfig:
         """Layer `layer`'s Flags where its attention differs from the model's (Llama 4's NoPE layers)."""
         return self.flags()
 
+    def layer_kv_heads(self, layer: int) -> int:
+        """Layer `layer`'s KV heads (MiMo-V2-Flash's sliding layers hold twice its full ones'; kv_layers says so)."""
+        return self.num_key_value_heads
+
     def latent_attention(self) -> MLASpec | None:
         """Every layer's multi-head latent attention (models/mla.py), None for plain attention."""
         return None
@@ -219,7 +223,7 @@ class DecoderStack(nn.Module):
             rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None
             latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim),
                                      flags.qkv_bias, rope, flags.attn_temperature) if mla else None
-            return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+            return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.layer_kv_heads(i),
                                 c.head_dim, c.norm_eps, flags, rope,
                                 SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None, latent)
         self.layers = nn.ModuleList([layer(i, a) for i, a in enumerate(attention)])

@@ -72,6 +72,22 @@ def dense_layers(kinds, n: int, first_dense: int) -> tuple[int, ...]:
     return tuple(i for i, k in enumerate(kinds) if k == "dense")
 
 
+def one_partial_rotary(hf: dict, arch: str) -> dict:
+    """RoPE per layer type whose types each give a partial_rotary_factor (Mellum, MiMo-V2-Flash): the one factor as
+    config.json's own, taken out of each type's parameters; a ValueError where the types differ (kiln rotates the
+    same dims on every layer). Other configs are returned as they are."""
+    params = hf.get("rope_parameters")
+    if not (isinstance(params, dict) and "full_attention" in params):
+        return hf
+    partial = {(p or {}).get("partial_rotary_factor", 1.0) for p in params.values()}
+    if len(partial) > 1:
+        raise ValueError(f"{arch} with partial_rotary_factor {sorted(partial)} per layer type is not supported (kiln "
+                         "rotates the same dims on every layer)")
+    return {**hf, "partial_rotary_factor": partial.pop(),
+            "rope_parameters": {t: {k: v for k, v in (p or {}).items() if k != "partial_rotary_factor"}
+                                for t, p in params.items()}}
+
+
 def split_layer_rope(hf: dict, full_theta: float, local_theta: float) -> dict:
     """transformers 5's RoPE per layer type (`rope_parameters: {full_attention: {...}, sliding_attention:
     {...}}`, Gemma 3, OLMo 3) as flat fields: `rope_theta` and `rope_scaling` for full layers,

@@ -49,8 +49,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from .causal_lm import LLAMA_NAMES, CausalLM, WeightMap, WeightSpec, weight_spec
-from .config import ConfigField, dense_layers, fields_with, refuse_unlike
+from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, attention_by_type, weight_spec
+from .config import (ConfigField, dense_layers, fields_with, layer_types, one_partial_rotary, refuse_unlike,
+                     split_layer_rope)
 from .layers import Flags
 from .llama import LlamaConfig
 from .moe import MoESpec, moe_weight_map
@@ -405,11 +406,74 @@ class HyV3Config(DenseByType, Glm4MoeConfig):
         return Flags(qkv_bias=self.attention_bias, qk_norm=True)
 
 
+@dataclass(frozen=True)
+class MiMoV2FlashConfig(DenseByType, Glm4MoeConfig):
+    """Xiaomi's MiMo-V2-Flash: sliding layers (with attention sinks and twice the KV heads) among full ones (the first
+    and every sixth where `layer_types` lists none), each kind its own RoPE base on the first partial_rotary_factor of
+    each head (RoPE in the graph); keys of head_dim, values of v_head_dim, scaled by attention_value_scale (0.707
+    where unwritten: folded into v_proj); DeepSeek-V3's router without shared experts after `mlp_layer_types`' dense
+    layers. Its layers' KV shapes differ, so it runs over the KV cache kiln owns, the values padded to the keys'
+    dims there."""
+
+    v_head_dim: int = 0
+    value_scale: float = 1.0
+    local_rope_theta: float = 10000.0
+
+    ARCH: ClassVar[str] = "mimo_v2_flash"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY,
+                     ConfigField("num_experts", ("n_routed_experts", "num_local_experts")),
+                     ConfigField("first_dense", ("first_k_dense_replace",), default=1),
+                     ConfigField("sliding_window", ("sliding_window",), default=129)),
+        MLP_LAYER_TYPES, ConfigField("v_head_dim", ("v_head_dim",)),
+        ConfigField("value_scale", ("attention_value_scale",), default=0.707),
+        ConfigField("local_rope_theta", ("rope_local_base_freq",), default=10000.0))
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "MiMoV2FlashConfig":
+        if hf.get("sliding_window_size") is not None:     # its own code's: the window past the query itself
+            hf = {**hf, "sliding_window": hf["sliding_window_size"] + 1}
+        hf = split_layer_rope(one_partial_rotary(hf, cls.ARCH), full_theta=5000000.0, local_theta=10000.0)
+        return super().from_hf(hf)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        refuse_unlike(hf, (("attention_bias", False),), cls.ARCH)
+        n, window = values["num_hidden_layers"], values["sliding_window"]
+        types = values["layer_types"] or ["full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention"
+                                          for i in range(n)]
+        if not 0 < values["v_head_dim"] <= values["head_dim"]:
+            raise ValueError(f"v_head_dim {values['v_head_dim']} must be from 1 to head_dim ({values['head_dim']}); "
+                             "fix config.json")
+        values = dict(values, value_scale=values["value_scale"] if values["value_scale"] is not None else 1.0,
+                      routed_scale=values["routed_scale"] if values["routed_scale"] is not None else 1.0)
+        # Llama's adapt drops the layer kinds where nothing slides; here they also say which layers hold what
+        return dict(super().adapt(values, hf, notes), layer_types=layer_types(types, n, hf, pattern=6),
+                    sliding_window=window if window and window < values["context_window_size"] else None)
+
+    def flags(self) -> Flags:
+        return Flags(v_head_dim=self.v_head_dim if self.v_head_dim < self.head_dim else None)
+
+    def layer_flags(self, layer: int) -> Flags:
+        return dataclasses.replace(self.flags(), attn_sinks=self.layer_types[layer] == "sliding_attention")
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.num_key_value_heads * (2 if self.layer_types[layer] == "sliding_attention" else 1)
+
+    def kv_layers(self):
+        n = self.num_hidden_layers
+        return tuple((self.layer_kv_heads(i), self.head_dim) for i in range(n)), tuple(range(n))
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
+            (self.local_rope_theta, None) if t == "sliding_attention" else (self.rope_theta, self.rope_scaling)))
+
+
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM
 MiniMaxM3ForCausalLM = CausalLM
 HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
 BailingMoeV2ForCausalLM = CausalLM
-Kolibri1ForCausalLM = CausalLM
+Kolibri1ForCausalLM = MiMoV2FlashForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",
@@ -455,12 +519,30 @@ def weight_map(c: Glm4MoeConfig) -> WeightMap:
         return moe_weight_map(c, _OWN_NAMES["kolibri1"], dict(LLAMA_NAMES, post_mlp_norm="post_ffn_norm"))
     if isinstance(c, MiniMaxM3Config):
         return _minimax_m3_weight_map(c)
+    if isinstance(c, MiMoV2FlashConfig):
+        return _mimo_v2_flash_weight_map(c)
     if not isinstance(c, SarvamMoeConfig):
         return moe_weight_map(c, _OWN_NAMES.get(c.ARCH, NAMES))
     m = moe_weight_map(c, dict(NAMES, choice_bias="mlp.gate.expert_bias"), BAILING_NAMES)
     for i in range(c.num_hidden_layers):           # q, k and v stored as one tensor, rows [q | k | v]
         for p in ("weight", "bias") if c.attention_bias else ("weight",):
             m[f"model.layers.{i}.self_attn.qkv_proj.{p}"] = [f"model.layers.{i}.{BAILING_QKV}.{p}"]
+    return m
+
+
+def _mimo_v2_flash_weight_map(c: MiMoV2FlashConfig) -> WeightMap:
+    """DeepSeek-V3's names; each layer's q / k / v rows (its KV heads) with the values scaled, the sliding layers'
+    sinks."""
+    m = moe_weight_map(c, NAMES)
+    for i in range(c.num_hidden_layers):
+        k = f"model.layers.{i}.self_attn"
+        keys = (c.num_attention_heads + c.layer_kv_heads(i)) * c.head_dim        # q's and k's rows, then v's
+
+        def scaled(rows, keys=keys):
+            return np.concatenate([rows[:keys], rows[keys:] * np.float32(c.value_scale)])
+        m[f"{k}.qkv_proj.weight"] = WeightSpec(weight_spec(m[f"{k}.qkv_proj.weight"]).hf_names, scaled)
+        if c.layer_types[i] == "sliding_attention":
+            m[f"{k}.sinks"] = [f"{k}.attention_sink_bias"]
     return m
 
 

@@ -84,6 +84,8 @@ class Flags:
     attn_gate_bias: bool = False            # with attn_output_gate: a bias a head added to its gate (Beam)
     residual_mix: tuple[float, float, float, float] | None = None   # x = branch * a + x * r for the attention
                                             # then the MLP: (a, r, a, r) (Beam's depth-scaled residual adds)
+    v_head_dim: int | None = None           # values narrower than keys (MiMo-V2-Flash): padded with zeros to head_dim
+                                            # into attention, the output's padding dropped before o_proj
     residual_gates: bool = False            # x = branch * g + x * r, g and r a value a hidden dim, for the attention
                                             # (attn_gates [2, hidden]: g, r) and the MLP (mlp_gates) (Ergo's)
     attn_sinks: bool = False                # a learned logit per head in every softmax, taking a share of the
@@ -111,6 +113,8 @@ class Flags:
             raise ValueError("a decoder without pre-norms needs sandwich_norms (its norms come after)")
         if self.parallel_residual and not self.pre_norms or self.shared_norm and not self.parallel_residual:
             raise ValueError("parallel_residual needs pre_norms, and shared_norm needs parallel_residual")
+        if self.v_head_dim and self.attn_output_gate:
+            raise ValueError("v_head_dim with attn_output_gate is not supported (a gate a value dim)")
         if self.attn_gate_bias and not self.attn_output_gate:
             raise ValueError("attn_gate_bias needs attn_output_gate (a gate to add the bias to)")
 
@@ -262,8 +266,10 @@ class PagedAttention(nn.Module):
         self.sm_scale = flags.sm_scale(head_dim)
         self.output_gate = flags.attn_output_gate
         q_rows = (2 if self.output_gate else 1) * num_heads
-        self.qkv_proj = nn.Linear(hidden_size, (q_rows + 2 * num_kv_heads) * head_dim, bias=flags.qkv_bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=flags.o_bias)
+        self.v_head_dim = v_dim = flags.v_head_dim or head_dim
+        self.qkv_proj = nn.Linear(hidden_size, (q_rows + num_kv_heads) * head_dim + num_kv_heads * v_dim,
+                                  bias=flags.qkv_bias)
+        self.o_proj = nn.Linear(num_heads * v_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
         self.quant = flags.act_quant
@@ -291,6 +297,11 @@ class PagedAttention(nn.Module):
             q_gate, kv = op.split(qkv, [2 * h], axis=2)
             q, gate = op.split(op.reshape(q_gate, (b, s, h, 2 * self.head_dim)), 2, axis=3)
             qkv = op.concat([q, kv], dim=2)
+        elif self.v_head_dim < self.head_dim:   # values padded with zeros to the keys' dims
+            d, vd = self.head_dim, self.v_head_dim
+            qk, v = op.split(self.qkv_proj(x), [(h + h_kv) * d], axis=2)
+            v = op.concat([op.reshape(v, (b, s, h_kv, vd)), op.zeros((b, s, h_kv, d - vd), v.dtype)], dim=3)
+            qkv = op.concat([op.reshape(qk, (b, s, h + h_kv, d)), v], dim=2)
         else:
             qkv = op.reshape(self.qkv_proj(x), (b, s, h + 2 * h_kv, self.head_dim))   # [b, s, h + 2 h_kv, d]
         if self.clip_qkv:
@@ -308,11 +319,13 @@ class PagedAttention(nn.Module):
             qkv = op.concat([q, k, v], dim=2)
         out = cached_attention(kv_cache, layer_id, qkv, h, self.sm_scale, self.kv_dtype,
                                getattr(self, "sinks", None))                              # [b, s, h, d]
+        if self.v_head_dim < self.head_dim:
+            out = op.split(out, [self.v_head_dim], axis=3)[0]
         if gate is not None:
             if hasattr(self, "gate_bias"):
                 gate = gate + op.reshape(self.gate_bias, (1, 1, h, 1))
             out = out * op.sigmoid(gate)
-        out = _norm(self, "attn_sub_norm", op.reshape(out, (b, s, h * self.head_dim)))
+        out = _norm(self, "attn_sub_norm", op.reshape(out, (b, s, h * self.v_head_dim)))
         return self.o_proj(_quantized(out, self.quant))
 
 

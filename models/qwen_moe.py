@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, LayerAttention, WeightMap, attention_by_type
-from .config import ConfigField, dense_layers, layer_types, split_layer_rope
+from .config import ConfigField, dense_layers, layer_types, one_partial_rotary, split_layer_rope
 from .layers import Flags
 from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 from .qwen2 import Qwen2Config
@@ -86,15 +86,7 @@ class MellumConfig(Qwen3MoeConfig):
 
     @classmethod
     def from_hf(cls, hf: dict) -> "MellumConfig":
-        params = hf.get("rope_parameters")
-        if isinstance(params, dict) and "full_attention" in params:
-            partial = {(p or {}).get("partial_rotary_factor", 1.0) for p in params.values()}
-            if len(partial) > 1:
-                raise ValueError(f"mellum with partial_rotary_factor {sorted(partial)} per layer type is not supported "
-                                 "(kiln rotates the same dims on every layer)")
-            hf = {**hf, "partial_rotary_factor": partial.pop(),
-                  "rope_parameters": {t: {k: v for k, v in (p or {}).items() if k != "partial_rotary_factor"}
-                                      for t, p in params.items()}}
+        hf = one_partial_rotary(hf, cls.ARCH)
         return super().from_hf(split_layer_rope(hf, full_theta=500000.0, local_theta=10000.0))
 
     @classmethod

@@ -226,6 +226,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           glm4_moe.MiniCPM5MoeConfig, glm4_moe.MiniCPM5MoeForCausalLM),
     _arch("beam", ("BeamForCausalLM",), ("beam",), beam, beam.BeamConfig, beam.BeamForCausalLM),
     _arch("ergo", ("ErgoForCausalLM",), ("ergo",), ergo, ergo.ErgoConfig, ergo.ErgoForCausalLM),
+    _arch("mimo_v2_flash", ("MiMoV2FlashForCausalLM",), ("mimo_v2_flash",), glm4_moe, glm4_moe.MiMoV2FlashConfig,
+          glm4_moe.MiMoV2FlashForCausalLM),
     _arch("afmoe", ("AfmoeForCausalLM",), ("afmoe",), glm4_moe, glm4_moe.AfmoeConfig, glm4_moe.AfmoeForCausalLM),
     _arch("kolibri1", ("Kolibri1ForCausalLM",), ("kolibri1",), glm4_moe, glm4_moe.Kolibri1Config,
           glm4_moe.Kolibri1ForCausalLM),

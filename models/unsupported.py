@@ -16,8 +16,6 @@ _UNSUPPORTED = {
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
         ("hy_v4", "Hy V4"),
         ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},
-    "mimo_v2_flash": ("MiMo-V2-Flash", "sliding layers that hold twice the KV heads of its full "
-                                       "ones (one KV cache layout takes one count), and values narrower than keys"),
     "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), where kiln's attention "
                          "kernels take one"),
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),

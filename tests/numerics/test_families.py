@@ -79,9 +79,11 @@ pass `kiln check` against the golden logits the compile stored.
              depth-scaled residual adds; Ergo: residual gates, relu^2 experts each normed by its own weight, its
              serving layout; aria-text: softmax experts stored as x @ W beside ungated shared ones; Flint: attention
              sinks on every layer (the KV cache kiln owns), sliding layers with RoPE (past their window) among full
-             ones without; gpt-oss: sinks, alternating sliding layers, YaRN,
-             experts with biases, interleaved gate/up and a clamped SwiGLU, a biased router; granite-swa,
-             granitemoe-swa: Granite's multipliers with sinks, sliding layers and a RoPE base per layer (none on one)
+             ones without; MiMo-V2-Flash: sinks and twice the KV heads on its sliding layers, values narrower than
+             keys and scaled, RoPE on a third of each head with a base a layer kind; gpt-oss: sinks, alternating
+             sliding layers, YaRN, experts with biases, interleaved gate/up and a clamped SwiGLU, a biased router;
+             granite-swa, granitemoe-swa: Granite's multipliers with sinks, sliding layers and a RoPE base per layer
+             (none on one)
     deepseek-v3, deepseek-v2, glm4-moe-lite, youtu  multi-head latent attention (expanded: values padded
              to the key's dims, RoPE on interleaved pairs or halves, YaRN with its softmax mscale); DeepSeek-V3's
              router, V2's softmax one with groups scored by their best expert, dense layers by list; youtu dense;
@@ -392,6 +394,12 @@ CASES = {
     # Aria's language model: every MLP experts (fc1 / fc2 as x @ W) beside 2 shared ones, added ungated
     "aria-text": ("AriaTextForCausalLM", "AriaTextConfig", dict(
         moe_num_experts=8, moe_topk=3, moe_num_shared_experts=2, intermediate_size=48, pad_token_id=0)),
+    # MiMo-V2-Flash: a full layer, then sliding ones with sinks and twice the KV heads (the KV cache kiln owns), RoPE
+    # on a third of each head with a base a layer kind, values half the keys' width and scaled, DeepSeek-V3's router
+    "mimo-v2-flash": ("MiMoV2FlashForCausalLM", "MiMoV2FlashConfig", dict(
+        num_key_value_heads=1, head_dim=32, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=3,
+        moe_intermediate_size=48, n_group=2, topk_group=1, num_hidden_layers=3, sliding_window=64, pad_token_id=0,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
     # sliding, sliding, global without RoPE; norms after attention and MLP; experts chosen by logits + bias
     "kolibri1": ("Kolibri1ForCausalLM", "Kolibri1Config", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,

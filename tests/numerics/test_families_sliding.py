@@ -4,7 +4,8 @@ Phi-3 and StarCoder2 (every layer slides: TVM's per-sequence window), Cohere2 (s
 in the graph, global ones without), CWM (a Llama with sliding layers among full ones), GPT-Neo (local
 layers among global ones, learned positions), Mellum (experts, sliding layers with their own RoPE base
 around a full one); over the KV cache kiln owns, gpt-oss (sinks) and Phi-3 with LongRoPE (every layer sliding,
-RoPE in the graph), which TVM's cache cannot run (refused with --kv-cache tvm)."""
+RoPE in the graph), which TVM's cache cannot run (refused with --kv-cache tvm), and MiMo-V2-Flash (KV heads a layer
+kind, sinks on the sliding layers, values narrower than keys)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped
          # the KV cache kiln owns (windows masked by position, any chunk): sinks on sliding and full layers;
          # every layer sliding with RoPE in the graph (LongRoPE), which TVM's cache cannot run
          "gpt-oss": dict(sliding_window=WINDOW),
+         # sinks on its sliding layers only, those with twice the full layer's KV heads, values narrower than keys
+         "mimo-v2-flash": dict(sliding_window=WINDOW),
          "phi3-longrope": dict(sliding_window=WINDOW)}
 
 
@@ -56,7 +59,8 @@ def test_prompt_longer_than_the_window_and_decode_match_transformers(family):
     name, art, ref = family
     runner = ModelRunner(Artifact.load(art))
     layout = Artifact.load(art).config.kv_cache
-    assert "sliding" in layout.layer_kinds and (layout.owner == "kiln") == (name in ("gpt-oss", "phi3-longrope"))
+    assert "sliding" in layout.layer_kinds and (layout.owner == "kiln") == (name in ("gpt-oss", "phi3-longrope",
+                                                                                           "mimo-v2-flash"))
     expected = reference_logits(ref, IDS)
     runner.add_sequence(0)
     got, pos = [], 0

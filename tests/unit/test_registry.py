@@ -64,7 +64,7 @@ def test_unknown_architecture_lists_every_family_and_its_names():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("mimo_v2_flash", r"MiMo-V2-Flash \(mimo_v2_flash\) is not supported yet: its sliding layers that hold twice"),
+    ("laguna", r"Laguna \(laguna\) is not supported yet: its query head count per layer"),
     ("minimax", "MiniMax-Text-01 .* linear-attention layers"),
     ("zamba", r"Zamba \(zamba\) .* Mamba state-space layers"),
     ("diffllama", r"DiffLlama \(diffllama\) .* differential attention"),
