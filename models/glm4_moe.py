@@ -431,8 +431,27 @@ class MiMoV2FlashConfig(DenseByType, Glm4MoeConfig):
 
     @classmethod
     def from_hf(cls, hf: dict) -> "MiMoV2FlashConfig":
-        if hf.get("sliding_window_size") is not None:     # its own code's: the window past the query itself
+        """transformers' config, or the released one (its own code's): the window past the query itself
+        (sliding_window_size), the layer kinds as hybrid_layer_pattern (1: sliding), the sliding layers' shapes as
+        swa_* (transformers fixes them: twice the KV heads, the same head sizes, which kiln checks), no
+        rope_parameters (transformers' defaults: 5e6 on full layers, 1e4 on sliding ones, a third of each head)."""
+        if hf.get("sliding_window_size") is not None:
             hf = {**hf, "sliding_window": hf["sliding_window_size"] + 1}
+        if not hf.get("layer_types") and hf.get("hybrid_layer_pattern"):
+            hf = {**hf, "layer_types": ["sliding_attention" if p == 1 else "full_attention"
+                                        for p in hf["hybrid_layer_pattern"]]}
+        kv = hf.get("num_key_value_heads")
+        for key, want in (("swa_num_key_value_heads", 2 * kv if kv else None), ("swa_head_dim", hf.get("head_dim")),
+                          ("swa_v_head_dim", hf.get("v_head_dim")), ("swa_num_attention_heads",
+                                                                     hf.get("num_attention_heads"))):
+            if hf.get(key) is not None and want is not None and hf[key] != want:
+                raise ValueError(f"mimo_v2_flash with {key} {hf[key]} is not supported (transformers runs {want}: "
+                                 "its sliding layers hold twice the full layers' KV heads of the same sizes); fix "
+                                 "config.json")
+        if hf.get("rope_parameters") is None:
+            hf = {**hf, "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.334}}}
         hf = split_layer_rope(one_partial_rotary(hf, cls.ARCH), full_theta=5000000.0, local_theta=10000.0)
         return super().from_hf(hf)
 

@@ -499,6 +499,22 @@ def test_phi3_longrope_caps_the_context_with_a_note(tmp_path):
     assert any("LongRoPE" in n for n in config.notes)
 
 
+def test_mimo_v2_flash_reads_its_released_config(tmp_path):
+    """MiMo-V2-Flash's own config.json (hybrid_layer_pattern, sliding_window_size, swa_* shapes, no rope_parameters):
+    the model transformers' config makes of it; a sliding layer of another shape is refused by name."""
+    from kiln.models.glm4_moe import MiMoV2FlashConfig
+    released = dict(SMALL, model_type="mimo_v2_flash", num_hidden_layers=3, num_key_value_heads=1, head_dim=32,
+                    v_head_dim=16, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48,
+                    hybrid_layer_pattern=[0, 1, 1], sliding_window_size=63, swa_num_key_value_heads=2,
+                    swa_head_dim=32, swa_v_head_dim=16, swa_num_attention_heads=4)
+    c = MiMoV2FlashConfig.from_hf(released)
+    assert c.layer_types == ("full_attention", "sliding_attention", "sliding_attention") and c.sliding_window == 64
+    assert (c.rope_theta, c.local_rope_theta, c.rotary_dim, c.value_scale) == (5000000.0, 10000.0, 10, 0.707)
+    assert [c.layer_kv_heads(i) for i in range(3)] == [1, 2, 2]
+    with pytest.raises(ValueError, match="swa_num_key_value_heads 4"):
+        MiMoV2FlashConfig.from_hf(dict(released, swa_num_key_value_heads=4))
+
+
 @pytest.mark.parametrize("arch", ["beam", "ergo"])
 def test_rope_on_full_layers_without_it_is_refused_by_name(arch):
     """Beam's and Ergo's full layers attend without RoPE (Beam's queries then scaled by position): a config giving
