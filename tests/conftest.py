@@ -23,9 +23,21 @@ from tiny_models import write_tiny_llama  # noqa: E402
 MAX_WORKERS = 4
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, MAX_WORKERS))
+    return max(1, min(_cores(), MAX_WORKERS))
+
+
+# Each xdist worker runs TVM's and torch's thread pools on its share of the cores (set before either starts its pool):
+# with a pool as wide as the machine in each of 2 workers on 2 cores, their threads spin for cores the other worker is
+# using. Measured on 4 files (139 tests, -n 2): 3:17 -> 2:51 wall, 5:30 -> 4:44 user CPU, 32 -> 20 s system.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    _share = str(max(1, _cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("TVM_NUM_THREADS", _share)
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
 
 
 # Collection order, which `--dist loadfile` hands files out in: the files whose tests took longest
