@@ -129,8 +129,8 @@ def position_temperature(q: Tensor, positions: Tensor, beta: float, original: in
 
         def scaled(b, t, h, i):
             at = (pos[b * s + t] + offset).astype("float32") / np.float32(original)
-            if form == "power":
-                scale = tirx.exp(np.float32(beta) * tirx.log1p(at))
+            if form == "power":                # log(1 + at), not log1p: every target's codegen has log
+                scale = tirx.exp(np.float32(beta) * tirx.log(np.float32(1.0) + at))
             else:
                 scale = np.float32(1.0) + np.float32(beta) * tirx.log(np.float32(1.0) + tirx.floor(at))
             return (x[b, t, h, i].astype("float32") * scale).astype(x.dtype)
