@@ -16,12 +16,16 @@ _UNSUPPORTED = {
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
         ("hy_v4", "Hy V4"),
         ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},
-    "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), where kiln's attention "
-                         "kernels take one"),
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
     "paligemma": ("PaliGemma", "prompt attended both ways (a prefix LM: the image and the prompt see each other), "
                                "where kiln's attention is causal"),
     "dory": ("Dory", "recurrent blocks of layers run in loops"),
+    "xglm": ("XGLM", "sinusoidal position embeddings (kiln reads learned position tables or RoPE)"),
+    "openai-gpt": ("GPT-1", "norms after each residual add (post-LN), where kiln's decoder norms before them or on "
+                            "the branch"),
+    "ctrl": ("CTRL", "sinusoidal position embeddings (kiln reads learned position tables or RoPE)"),
+    "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), a partial rotary share per "
+                         "layer kind and a softplus output gate"),
 }
 
 
