@@ -63,9 +63,11 @@ def test_streams_the_same_tokens_as_engine_generate(aengine, tiny_artifacts):
     wait_until_done(aengine)
 
 
+@pytest.mark.alone
 def test_a_stream_interval_gathers_tokens_into_fewer_deltas(tiny_artifacts):
     """`kiln serve --stream-interval 4`: the first token comes at once, then deltas of at least 4
-    tokens until the last; the same tokens and text as one delta a token."""
+    tokens until the last; the same tokens and text as one delta a token. Timed (`alone`): with the other
+    worker busy, a stop's CI once saw the consumer wake only after 7 tokens (its first delta 7)."""
     engine = Engine(tiny_artifacts["tied"], EngineConfig(enable_prefix_cache=False))
     expected = engine.generate(PROMPT, GREEDY)
     a = AsyncEngine(engine, stream_interval=4)
