@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import CausalLM, LayerAttention, WeightMap, WeightSpec, attention_by_type, weight_spec
+from .causal_lm import CausalLM, LayerAttention, WeightMap, WeightSpec, rope_on_sliding_only, weight_spec
 from .config import ConfigField, fields_with, layer_types, refuse_unlike
 from .gemma import NAMES as GEMMA_NAMES
 from .glm4_moe import FULL_ROTARY, MLP_LAYER_TYPES, NAMES, DenseByType, Glm4MoeConfig, gates_after_queries
@@ -83,8 +83,7 @@ class BeamConfig(DenseByType, Glm4MoeConfig):
         return dataclasses.replace(self.flags(), residual_mix=mix, attn_temperature=SSMAX if full else None)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        return attention_by_type(self.layer_types, self.sliding_window,
-                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+        return rope_on_sliding_only(self)
 
 
 BeamForCausalLM = CausalLM

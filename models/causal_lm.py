@@ -200,6 +200,20 @@ def attention_by_type(types, window: int | None, rope: Callable[[str], tuple]) -
                  else LayerAttention("full", None, *rope(t)) for t in types)
 
 
+def rope_on_sliding_only(c, window: int | None = None) -> tuple[LayerAttention, ...]:
+    """c's layers by c.layer_types: sliding ones (of `window`, c.sliding_window where not given) with the model's RoPE,
+    full ones with no positions at all (EXAONE 4, Cohere 2, Flint, OLMo Hybrid, Beam, Ergo)."""
+    return attention_by_type(c.layer_types, c.sliding_window if window is None else window,
+                             lambda t: (c.rope_theta, c.rope_scaling, t == "sliding_attention"))
+
+
+def local_rope_on_sliding(c) -> tuple[LayerAttention, ...]:
+    """c's layers by c.layer_types: sliding ones rotating unscaled by c.local_rope_theta, full ones by the model's RoPE
+    (OLMo 3, Mellum, MiMo-V2-Flash)."""
+    return attention_by_type(c.layer_types, c.sliding_window, lambda t: (
+        (c.local_rope_theta, None) if t == "sliding_attention" else (c.rope_theta, c.rope_scaling)))
+
+
 def rope_in_graph(layers: tuple[LayerAttention, ...], flags: Flags | None = None) -> bool:
     """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none), the cache
     lacks the scaling, q and k are normed after their rotation, or q's scale follows its position."""

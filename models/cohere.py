@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, WeightSpec, \
-    attention_by_type, decoder_weight_map
+    decoder_weight_map, rope_on_sliding_only
 from .config import ConfigField, dense_layers, fields_with, layer_types
 from .layers import Flags
 from .moe import MoESpec, moe_weight_map
@@ -64,8 +64,7 @@ class Cohere2Config(CohereConfig):
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         """Sliding layers rotate q and k; global ones attend with no positions at all."""
         window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
-        return attention_by_type(self.layer_types, window,
-                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+        return rope_on_sliding_only(self, window or 0)
 
 
 @dataclass(frozen=True)

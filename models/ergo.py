@@ -19,7 +19,7 @@ from typing import ClassVar
 import numpy as np
 
 from .beam import sliding_rope
-from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, attention_by_type, \
+from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, rope_on_sliding_only, \
     decoder_weight_map, rope_halves
 from .config import ConfigField, fields_with, layer_types
 from .glm4_moe import FULL_ROTARY, MLP_LAYER_TYPES, DenseByType, Glm4MoeConfig
@@ -74,8 +74,7 @@ class ErgoConfig(DenseByType, Glm4MoeConfig):
         return dataclasses.replace(self.flags(), attn_scale=self.head_dim ** -0.5 * self.global_attention_scale)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        return attention_by_type(self.layer_types, self.sliding_window,
-                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+        return rope_on_sliding_only(self)
 
     def routed(self) -> MoESpec:
         return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, True, self.shared_intermediate_size,

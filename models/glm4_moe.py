@@ -49,7 +49,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, attention_by_type, weight_spec
+from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, local_rope_on_sliding, \
+    weight_spec
 from .config import (ConfigField, dense_layers, fields_with, layer_types, one_partial_rotary, refuse_unlike,
                      split_layer_rope)
 from .layers import Flags
@@ -484,8 +485,7 @@ class MiMoV2FlashConfig(DenseByType, Glm4MoeConfig):
         return tuple((self.layer_kv_heads(i), self.head_dim) for i in range(n)), tuple(range(n))
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
-            (self.local_rope_theta, None) if t == "sliding_attention" else (self.rope_theta, self.rope_scaling)))
+        return local_rope_on_sliding(self)
 
 
 Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausalLM = ExaoneMoeForCausalLM = CausalLM

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, attention_by_type, decoder_weight_map
+from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, decoder_weight_map, \
+    local_rope_on_sliding, rope_on_sliding_only
 from .config import ConfigField, layer_types, split_layer_rope
 from .layers import Flags
 from .llama import LlamaConfig
@@ -53,8 +54,7 @@ class Olmo3Config(Olmo2Config):
                     local_rope_theta=values["rope_theta"] if local is None else local)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
-            (self.local_rope_theta, None) if t == "sliding_attention" else (self.rope_theta, self.rope_scaling)))
+        return local_rope_on_sliding(self)
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,7 @@ class ExaoneLayers:
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         if not self.nope_full_layers:
             return super().layer_attention()
-        return attention_by_type(self.layer_types, self.sliding_window,       # full layers: no RoPE at all
-                                 lambda t: (self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+        return rope_on_sliding_only(self)
 
 
 @dataclass(frozen=True)

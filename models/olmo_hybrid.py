@@ -22,7 +22,8 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from .causal_lm import DecoderConfig, LayerAttention, WeightMap, WeightSpec, attention_by_type, decoder_weight_map
+from .causal_lm import DecoderConfig, LayerAttention, WeightMap, WeightSpec, decoder_weight_map, \
+    rope_on_sliding_only
 from .config import ConfigField, fields_with
 from .layers import Flags
 from .mamba2 import HybridLM, HybridStack, hybrid_weight_map
@@ -181,8 +182,7 @@ class LaraMiniConfig(OlmoHybridConfig):
         return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias, qk_norm=True)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
-            self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+        return rope_on_sliding_only(self)
 
     def layer_moe(self, layer: int) -> MoESpec:
         return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, self.norm_topk_prob,

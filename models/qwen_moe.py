@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from .causal_lm import DECODER_FIELDS, CausalLM, LayerAttention, WeightMap, attention_by_type
+from .causal_lm import DECODER_FIELDS, CausalLM, LayerAttention, WeightMap, local_rope_on_sliding, \
+    rope_on_sliding_only
 from .config import ConfigField, dense_layers, layer_types, one_partial_rotary, split_layer_rope
 from .layers import Flags
 from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
@@ -101,8 +102,7 @@ class MellumConfig(Qwen3MoeConfig):
         return super().adapt(values, hf, notes)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
-            (self.local_rope_theta, None) if t == "sliding_attention" else (self.rope_theta, self.rope_scaling)))
+        return local_rope_on_sliding(self)
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,7 @@ class FlintConfig(Qwen3MoeConfig):
         return replace(super().flags(), attn_sinks=True)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        return attention_by_type(self.layer_types, self.sliding_window, lambda t: (
-            self.rope_theta, self.rope_scaling, t == "sliding_attention"))
+        return rope_on_sliding_only(self)
 
     def layer_moe(self, layer: int) -> MoESpec | None:
         spec = super().layer_moe(layer)
