@@ -243,6 +243,8 @@ LFM2_EXPERTS = {"ffn_gate_exps": "feed_forward.experts.{j}.w1", "ffn_up_exps": "
                 "ffn_down_exps": "feed_forward.experts.{j}.w2"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+PHIMOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
+                "ffn_gate_inp": "block_sparse_moe.gate"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 SEED_OSS_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k != "ffn_norm"},
@@ -874,6 +876,21 @@ def _phi3(reader, arch, tensors, c):
         c["original_max_position_embeddings"] = original
     if "rope_factors_long.weight" in tensors:
         c["rope_scaling"] = _longrope(tensors, original)
+
+
+def _phimoe(reader, arch, tensors, c):
+    """Phi-3.5-MoE (PhiMoeModel's: Phi3MiniModel's keys, the expert counts). LayerNorm at the file's RMS epsilon
+    (its config.json's rms_norm_eps, which PhiMoE's LayerNorms take); cos / sin's factor is the file's
+    rope.scaling.attn_factor, which the converter computes from the context lengths (Phi-3.5-MoE's config says
+    1.2432 as short_mscale and long_mscale, the converter writes 1.1902: kiln runs what the file says, as
+    llama.cpp does). The sparsemixer's threshold is not in the file: the released router_jitter_noise, 0.01."""
+    _phi3(reader, arch, tensors, c)
+    factor = _key(reader, arch, "rope.scaling.attn_factor")
+    if c.get("rope_scaling") and factor is not None:
+        c["rope_scaling"].update(short_mscale=_f32(factor), long_mscale=_f32(factor))
+    c.update(num_local_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"), router_jitter_noise=0.01,
+             attention_bias="blk.0.attn_q.bias" in tensors, lm_head_bias="output.bias" in tensors)
 
 
 def _longrope(tensors: dict, original: int) -> dict:
@@ -1592,6 +1609,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                                  "altup_unembd_proj": "model.altup_unembed_projections.{j}"}),
     "gemma4": GGUFArch("gemma4_text", ("Gemma4ForCausalLM",), GEMMA4_LAYER, GEMMA4_GLOBAL, config=_gemma4),
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
+    "phimoe": GGUFArch("phimoe", ("PhimoeForCausalLM",), PHIMOE_LAYER, config=_phimoe, experts=MIXTRAL_EXPERTS),
     "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",
                      transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),
     "granite": GGUFArch("granite", ("GraniteForCausalLM",), LLAMA_LAYER, permuted=True, config=_granite),

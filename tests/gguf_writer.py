@@ -8,6 +8,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              a sliding window (Mistral) as attention.sliding_window
     gemma*   every *norm.weight stored + 1; no output.weight (tied)
     phi3     fused attn_qkv / ffn_up kept; LongRoPE factors as rope_factors_long / _short
+    phimoe   Phi3MiniModel's keys and LongRoPE factors (cos / sin's factor as the converter computes it, not the
+             config's mscales), the experts stacked, q/k/v and every bias as they are
     gpt2     Conv1D weights transposed to [out, in]; output.weight a copy of token_embd
     olmo3, exaone4  the window and each layer's kind as sliding_window_pattern
     hunyuan  the NTK-alpha RoPE base raised, no scaling
@@ -108,7 +110,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "nemotron_h": "nemotron_h", "mamba2": "mamba2", "mamba": "mamba", "falcon_mamba": "mamba",
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
-             "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum"}
+             "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum",
+             "phimoe": "phimoe"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -375,7 +378,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_indexer_top_k(cfg["index_topk"])
         if cfg.get("indexer_types"):        # the converter's: true where a layer runs its own indexer
             w.add_array(f"{arch}.attention.indexer.types", [t == "full" for t in cfg["indexer_types"]])
-    if arch == "phi3":
+    if arch in ("phi3", "phimoe"):                       # Phi3MiniModel's (PhiMoeModel's too)
         original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
             "original_max_position_embeddings", cfg["max_position_embeddings"])
         w.add_rope_scaling_orig_ctx_len(original)
@@ -1228,7 +1231,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     _, scaling = _rope(cfg)
     if arch in ("llama", "exaone", "llama4", "apertus") and scaling and scaling["rope_type"] == "llama3":
         out["rope_freqs.weight"] = _llama3_factors(cfg, scaling)
-    if arch in ("phi3", "minicpm3") and scaling:
+    if arch in ("phi3", "phimoe", "minicpm3") and scaling:
         out["rope_factors_long.weight"] = np.asarray(scaling["long_factor"], np.float32)
         out["rope_factors_short.weight"] = np.asarray(scaling["short_factor"], np.float32)
     return out

@@ -45,6 +45,8 @@ Llama 4 (experts split and transposed, a shared expert, dense layers between, No
 
 from __future__ import annotations
 
+import math
+
 import gguf
 import numpy as np
 import pytest
@@ -67,6 +69,7 @@ FALCON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_po
 GEMMA = dict(head_dim=16, query_pre_attn_scalar=16, hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
              tie_word_embeddings=True)
 
+PHIMOE_MSCALE = math.sqrt(1 + math.log(512 / 128) / math.log(128))    # Phi3MiniModel's from the context lengths
 
 
 def _hf_case(case: str, **extra) -> tuple[str, str, dict]:
@@ -198,6 +201,10 @@ CASES = {
     # Mistral 4: DeepSeek's latent attention, softmax scores in groups, renormalised and scaled, its 3-D experts as
     # stored, Llama 4's query temperature past 8 positions (as the Mistral-format converter writes it)
     "mistral4": _hf_case("mistral4", norm_topk_prob=True, routed_scaling_factor=2.0),
+    # Phi-3.5-MoE: LayerNorms and every bias, LongRoPE's factors with cos / sin's factor as the converter computes it
+    # (its mscales, which the file does not hold), the sparsemixer at the released threshold
+    "phimoe": _hf_case("phimoe", router_jitter_noise=0.01, rope_parameters=dict(
+        HF_CASES["phimoe"][2]["rope_parameters"], short_mscale=PHIMOE_MSCALE, long_mscale=PHIMOE_MSCALE)),
     "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
                                    prefix_dense_sliding_window_pattern=1),
     # Qwen2-VL / Qwen3-VL / Qwen3-VL-MoE text models as their converters write them: Qwen2 / Qwen3 / Qwen3-MoE
