@@ -315,6 +315,8 @@ class GGUFWeights:
             dims.insert(1, 1)
         if key in self._spec.flattened:
             dims = [int(np.prod(dims))]
+        if key in self._spec.merged:
+            dims = [int(np.prod(dims[:-1])), dims[-1]]
         return tuple(dims)
 
     def get(self, name: str) -> np.ndarray:
@@ -334,7 +336,9 @@ class GGUFWeights:
             data = np.take(data, self._spec.reordered[key][1], axis=1)
         if key in self._spec.squeezed or key in self._spec.flattened:     # the axes the converter squeezed or added
             data = data.reshape(self.shape(name))
-        return np.ascontiguousarray(np.swapaxes(data, -1, -2)) if self._transposed(name) else data
+        if self._transposed(name):
+            data = np.ascontiguousarray(np.swapaxes(data, -1, -2))
+        return data.reshape(self.shape(name)) if key in self._spec.merged else data
 
     def has_raw(self, name: str) -> bool:
         """Whether get_raw can give the tensor's stored blocks (not a tensor rebuilt from two, nor one whose

@@ -243,6 +243,11 @@ LFM2_EXPERTS = {"ffn_gate_exps": "feed_forward.experts.{j}.w1", "ffn_up_exps": "
                 "ffn_down_exps": "feed_forward.experts.{j}.w2"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+DBRX_LAYER = {"attn_norm": "norm_attn_norm.norm_1", "attn_qkv": "norm_attn_norm.attn.Wqkv",
+              "attn_output": "norm_attn_norm.attn.out_proj", "attn_output_norm": "norm_attn_norm.norm_2",
+              "ffn_gate_inp": "ffn.router.layer", "ffn_gate_exps.weight": "ffn.experts.mlp.w1",
+              "ffn_up_exps.weight": "ffn.experts.mlp.v1", "ffn_down_exps.weight": "ffn.experts.mlp.w2"}
+DBRX_GLOBAL = {"token_embd": "transformer.wte", "output_norm": "transformer.norm_f", "output": "lm_head"}
 PHIMOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
                 "ffn_gate_inp": "block_sparse_moe.gate"}
 OLMO2_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("attn_norm", "ffn_norm")}, **QK_NORMS,
@@ -434,6 +439,9 @@ class GGUFArch:
                                                     # layer: the rows of it that tensor is} by the HF config read
                                                     # (Qwen3-Next's ssm_ba: in_proj_b's rows and in_proj_a's)
     parted: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)   # parts', once for_config ran
+    merged: tuple[str, ...] = ()                    # GGUF keys whose HF tensor is 2-D, the converter's [experts,
+                                                    # rows, cols] view of it (DBRX's w1 / v1 / w2: [experts x ffn,
+                                                    # d_model]); read after any transposition
 
     def for_config(self, c: dict) -> "GGUFArch":
         """This architecture's mapping for the HF config its metadata gave: renames and joins applied, and the blocks
@@ -891,6 +899,18 @@ def _phimoe(reader, arch, tensors, c):
     c.update(num_local_experts=_key(reader, arch, "expert_count"),
              num_experts_per_tok=_key(reader, arch, "expert_used_count"), router_jitter_noise=0.01,
              attention_bias="blk.0.attn_q.bias" in tensors, lm_head_bias="output.bias" in tensors)
+
+
+def _dbrx(reader, arch, tensors, c):
+    """DBRX (DbrxModel's keys) in its config.json's nesting: attention's fields in attn_config (clamp_kqv as
+    clip_qkv), the experts' in ffn_config; llama.cpp always divides the chosen experts' weights by their sum, as
+    DBRX's moe_normalize_expert_weights 1 does."""
+    c.update(d_model=c["hidden_size"], n_heads=c["num_attention_heads"], n_layers=c["num_hidden_layers"],
+             max_seq_len=c["max_position_embeddings"],
+             attn_config={"kv_n_heads": c["num_key_value_heads"], "rope_theta": c["rope_theta"],
+                          "clip_qkv": _key(reader, arch, "attention.clamp_kqv")},
+             ffn_config={"ffn_hidden_size": c["intermediate_size"], "moe_num_experts": _key(reader, arch, "expert_count"),
+                         "moe_top_k": _key(reader, arch, "expert_used_count"), "moe_normalize_expert_weights": 1.0})
 
 
 def _longrope(tensors: dict, original: int) -> dict:
@@ -1609,6 +1629,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                                  "altup_unembd_proj": "model.altup_unembed_projections.{j}"}),
     "gemma4": GGUFArch("gemma4_text", ("Gemma4ForCausalLM",), GEMMA4_LAYER, GEMMA4_GLOBAL, config=_gemma4),
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
+    "dbrx": GGUFArch("dbrx", ("DbrxForCausalLM",), DBRX_LAYER, DBRX_GLOBAL, layer_prefix="transformer.blocks",
+                     config=_dbrx, transposed=("ffn_down_exps",),
+                     merged=("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")),
     "phimoe": GGUFArch("phimoe", ("PhimoeForCausalLM",), PHIMOE_LAYER, config=_phimoe, experts=MIXTRAL_EXPERTS),
     "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",
                      transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),

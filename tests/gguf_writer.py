@@ -61,6 +61,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     hy_v3    TextModel's keys with HYV3Model's (the experts' and shared MLP's widths, expert_weights_norm and _scale,
              sigmoid gating); the choice bias as a bare blk.N.exp_probs_b
     cohere2moe Cohere2MoeModel's keys (_cohere2moe); experts stacked, the shared ones as ffn_*_shexp
+    dbrx     DbrxModel's keys (_dbrx); each layer's w1 / v1 / w2 viewed [experts, ffn, d_model] as ffn_gate_exps /
+             ffn_up_exps / ffn_down_exps, w2's last two axes swapped
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
              ffn_up_exps [experts, out, in] and down_proj transposed, their biases split alike; MXFP4 experts
              (`*_blocks` / `*_scales`) repacked as ggml's MXFP4 blocks (the scale byte, then 16 bytes whose low
@@ -111,7 +113,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
              "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum",
-             "phimoe": "phimoe"}
+             "phimoe": "phimoe", "dbrx": "dbrx"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -1188,6 +1190,12 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             hf[f"{name[:-12]}gate_proj.weight"], hf[f"{name[:-12]}up_proj.weight"] = gate, up
         for name in [n for n in hf if n.endswith(".experts.down_proj")]:
             hf[f"{name}.weight"] = hf.pop(name).swapaxes(-1, -2)
+    if arch == "dbrx":             # DbrxModel's: each expert tensor viewed [experts, ffn, d_model], w2 transposed
+        ffn = cfg["ffn_config"]
+        shape = (ffn["moe_num_experts"], ffn["ffn_hidden_size"], cfg["d_model"])
+        hf = {k + ".weight" if k.endswith((".mlp.w1", ".mlp.v1", ".mlp.w2")) else k:
+              (v.reshape(shape).transpose(0, 2, 1) if k.endswith(".mlp.w2") else v.reshape(shape))
+              if k.endswith((".mlp.w1", ".mlp.v1", ".mlp.w2")) else v for k, v in hf.items()}
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
         hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename
@@ -1309,6 +1317,22 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
 
 
 # The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
+def _dbrx(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """DbrxModel's keys: attn_config's and ffn_config's, clip_qkv as clamp_kqv, torch's LayerNorm epsilon."""
+    attn, ffn = cfg["attn_config"], cfg["ffn_config"]
+    w.add_block_count(cfg["n_layers"])
+    w.add_context_length(cfg["max_seq_len"])
+    w.add_embedding_length(cfg["d_model"])
+    w.add_feed_forward_length(ffn["ffn_hidden_size"])
+    w.add_head_count(cfg["n_heads"])
+    w.add_head_count_kv(attn["kv_n_heads"])
+    w.add_rope_freq_base(attn["rope_theta"])
+    w.add_clamp_kqv(attn["clip_qkv"])
+    w.add_expert_count(ffn["moe_num_experts"])
+    w.add_expert_used_count(ffn["moe_top_k"])
+    w.add_layer_norm_eps(1e-5)
+
+
 def _cohere2moe(w: gguf.GGUFWriter, cfg: dict) -> None:
     """Cohere2MoeModel's keys: TextModel's (the dense prefix's width as feed_forward_length, RMSNorm's or the
     LayerNorm's eps, expert_selection_fn as the gating function), the logit scale, the window and each layer's kind,
@@ -1353,4 +1377,4 @@ NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", 
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3,
-            "bloom": _bloom, "mpt": _mpt, "minimax-m3": _minimax_m3}
+            "bloom": _bloom, "mpt": _mpt, "minimax-m3": _minimax_m3, "dbrx": _dbrx}

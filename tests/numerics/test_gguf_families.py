@@ -205,6 +205,8 @@ CASES = {
     # (its mscales, which the file does not hold), the sparsemixer at the released threshold
     "phimoe": _hf_case("phimoe", router_jitter_noise=0.01, rope_parameters=dict(
         HF_CASES["phimoe"][2]["rope_parameters"], short_mscale=PHIMOE_MSCALE, long_mscale=PHIMOE_MSCALE)),
+    # DBRX: q/k/v fused and clamped, LayerNorms without bias, every expert's w1 / v1 / w2 viewed 3-D (w2 transposed)
+    "dbrx": _hf_case("dbrx"),
     "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
                                    prefix_dense_sliding_window_pattern=1),
     # Qwen2-VL / Qwen3-VL / Qwen3-VL-MoE text models as their converters write them: Qwen2 / Qwen3 / Qwen3-MoE
@@ -227,7 +229,7 @@ WRITTEN_AS = {"granitehybrid": "granitehybrid", "granitehybrid-moe": "granitehyb
 def write_hf(case: str, dest, seed: int = 0):
     """The case's transformers model with widened random weights, saved with a tokenizer."""
     model_cls, config_cls, overrides = CASES[case]
-    own = case == "gpt2" or case.startswith(("gpt-bigcode", "falcon"))     # configs that take no SMALL fields
+    own = case in ("gpt2", "dbrx") or case.startswith(("gpt-bigcode", "falcon"))   # configs that take no SMALL fields
     cfg = dict(vocab_size=512, eos_token_id=2, **overrides) if own else dict(SMALL, **overrides)
     return write_widened(model_cls, config_cls, cfg, dest, seed)
 
