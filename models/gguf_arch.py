@@ -243,6 +243,10 @@ LFM2_EXPERTS = {"ffn_gate_exps": "feed_forward.experts.{j}.w1", "ffn_up_exps": "
                 "ffn_down_exps": "feed_forward.experts.{j}.w2"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+GRANITE_SWA_LAYER = {**LLAMA_LAYER, "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp": "block_sparse_moe.router",
+                     "ffn_gate_up_exps.weight": "block_sparse_moe.experts.gate_up_proj",
+                     "ffn_down_exps.weight": "block_sparse_moe.experts.down_proj",
+                     "ffn_up_shexp": "shared_mlp.input_linear", "ffn_down_shexp": "shared_mlp.output_linear"}
 DBRX_LAYER = {"attn_norm": "norm_attn_norm.norm_1", "attn_qkv": "norm_attn_norm.attn.Wqkv",
               "attn_output": "norm_attn_norm.attn.out_proj", "attn_output_norm": "norm_attn_norm.norm_2",
               "ffn_gate_inp": "ffn.router.layer", "ffn_gate_exps.weight": "ffn.experts.mlp.w1",
@@ -1117,6 +1121,28 @@ def _granitemoe(reader, arch, tensors, c):
                  shared_intermediate_size=shared)
 
 
+def _granite_swa(reader, arch, tensors, c):
+    """IBM's Granite with sliding layers and sinks (GraniteSWAModel's: Granite's multipliers, the window and each
+    layer's kind, which layers rotate as attention.rope_pattern, every rotating one by rope.freq_base: transformers'
+    layer_rope_theta with 0 where a layer has none); with experts (expert_count) GraniteMoeSWA, its experts' gate and
+    up rows and the shared MLP's kept fused as stored."""
+    _granite(reader, arch, tensors, c)
+    _sliding_layers(reader, arch, c)
+    pattern = _key(reader, arch, "attention.rope_pattern")
+    if isinstance(pattern, list) and len(pattern) != c["num_hidden_layers"]:
+        raise ModelLoadError(f"GGUF {arch}.attention.rope_pattern lists {len(pattern)} layers for "
+                             f"{c['num_hidden_layers']}; re-convert the model")
+    c.update(model_type="granite_swa", architectures=["GraniteSWAForCausalLM"],
+             layer_rope_theta=[c["rope_theta"] if rotates else 0.0
+                               for rotates in (pattern or [True] * c["num_hidden_layers"])])
+    if (experts := _key(reader, arch, "expert_count")):
+        c.update(model_type="granitemoe_swa", architectures=["GraniteMoeSWAForCausalLM"], num_local_experts=experts,
+                 num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+                 shared_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length", 0))
+    for key in ("num_experts_per_tok", "num_local_experts") if not experts else ():
+        c.pop(key, None)
+
+
 def _granitehybrid(reader, arch, tensors, c):
     """Granite 4.0 as granitehybrid: Mamba-2 layers where head_count_kv is 0 (their sizes: _mamba2), Granite's
     multipliers, experts where expert_count, else the MLP as the shared one (shared_mlp); RoPE unless
@@ -1629,6 +1655,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                                  "altup_unembd_proj": "model.altup_unembed_projections.{j}"}),
     "gemma4": GGUFArch("gemma4_text", ("Gemma4ForCausalLM",), GEMMA4_LAYER, GEMMA4_GLOBAL, config=_gemma4),
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
+    "granite_swa": GGUFArch("granite_swa", ("GraniteSWAForCausalLM",), GRANITE_SWA_LAYER, permuted=True,
+                            config=_granite_swa, also=("granitemoe_swa",)),
     "dbrx": GGUFArch("dbrx", ("DbrxForCausalLM",), DBRX_LAYER, DBRX_GLOBAL, layer_prefix="transformer.blocks",
                      config=_dbrx, transposed=("ffn_down_exps",),
                      merged=("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")),

@@ -61,6 +61,10 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
     hy_v3    TextModel's keys with HYV3Model's (the experts' and shared MLP's widths, expert_weights_norm and _scale,
              sigmoid gating); the choice bias as a bare blk.N.exp_probs_b
     cohere2moe Cohere2MoeModel's keys (_cohere2moe); experts stacked, the shared ones as ffn_*_shexp
+    granite_swa GraniteSWAModel's (Granite MoE SWA's too): Granite's keys, the window and layer kinds, the RoPE layers
+             as attention.rope_pattern; sinks as attn_sinks.weight; the experts' gate_up_proj and down_proj and the
+             shared MLP's input_linear / output_linear as stored (ffn_gate_up_exps, ffn_down_exps, ffn_up_shexp,
+             ffn_down_shexp)
     dbrx     DbrxModel's keys (_dbrx); each layer's w1 / v1 / w2 viewed [experts, ffn, d_model] as ffn_gate_exps /
              ffn_up_exps / ffn_down_exps, w2's last two axes swapped
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
@@ -113,11 +117,11 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
              "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum",
-             "phimoe": "phimoe", "dbrx": "dbrx"}
+             "phimoe": "phimoe", "dbrx": "dbrx", "granite_swa": "granite_swa", "granitemoe_swa": "granite_swa"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
-            "nemotron_h_moe", "mistral3", "afmoe", "internlm2", "minicpm")
+            "nemotron_h_moe", "mistral3", "afmoe", "internlm2", "minicpm", "granite_swa")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
@@ -330,7 +334,9 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         _granite4(w, cfg, arch)
     if cfg["model_type"] == "bamba":
         _bamba(w, cfg)
-    if arch in ("granite", "granitemoe", "granitehybrid", "minicpm"):   # GraniteModel's: each multiplier the
+    if arch == "granite_swa":
+        _granite_swa(w, cfg)
+    if arch in ("granite", "granitemoe", "granitehybrid", "minicpm", "granite_swa"):   # GraniteModel's: each multiplier the
         scales = (("attention_multiplier", w.add_attention_scale),          # config has (MiniCPMModel's: all but
                   ("embedding_multiplier", w.add_embedding_scale),          # the attention's)
                   ("residual_multiplier", w.add_residual_scale), ("logits_scaling", w.add_logit_scale))
@@ -1132,6 +1138,12 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
     n_head = cfg.get("num_attention_heads", cfg.get("n_head"))
     n_kv = cfg.get("num_key_value_heads") or n_head
     out = {}
+    if arch == "granite_swa":       # GraniteSWAModel's names (gguf-py's granite_swa map); experts and shared MLP fused
+        for name in [n for n in hf if re.search(r"\.(sinks|router\.weight|experts\.gate_up_proj|experts\.down_proj|"
+                                                r"shared_mlp\.(input|output)_linear\.weight)$", n)]:
+            i = re.search(r"layers\.(\d+)\.", name).group(1)
+            key = next(k for part, k in GRANITE_SWA_NAMES.items() if part in name)
+            out[f"blk.{i}.{key}.weight"] = np.ascontiguousarray(hf.pop(name), np.float32)
     dense = cfg["model_type"] == "granitemoehybrid" and not cfg.get("num_local_experts")
     for hf_name in [n for n in hf if n.endswith("input_linear.weight")]:   # Granite MoE: gate then up rows
         gate, up = np.split(hf.pop(hf_name), 2, axis=-2)
@@ -1317,6 +1329,25 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
 
 
 # The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
+GRANITE_SWA_NAMES = {".sinks": "attn_sinks", ".router.": "ffn_gate_inp", ".gate_up_proj": "ffn_gate_up_exps",
+                     ".down_proj": "ffn_down_exps", ".input_linear.": "ffn_up_shexp", ".output_linear.": "ffn_down_shexp"}
+
+
+def _granite_swa(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """GraniteSWAModel's own keys: the window, each layer's kind, and which layers rotate from the config's
+    no_rope_layers (1: RoPE). The converter writes one RoPE base: a config whose layer_rope_theta has another (or a
+    0 no_rope_layers does not say) loses it, so the writer refuses it."""
+    w.add_sliding_window(cfg.get("sliding_window", 128))
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+    rotates = [bool(x) for x in cfg.get("no_rope_layers") or [1] * cfg["num_hidden_layers"]]
+    theta = _rope(cfg)[0]
+    if cfg.get("layer_rope_theta") and list(cfg["layer_rope_theta"]) != [theta if r else 0 for r in rotates]:
+        raise ValueError(f"layer_rope_theta {cfg['layer_rope_theta']} is not what GraniteSWAModel writes "
+                         f"(rope_theta {theta} where no_rope_layers is 1)")
+    if cfg.get("no_rope_layers"):
+        w.add_array(f"{w.arch}.attention.rope_pattern", rotates)
+
+
 def _dbrx(w: gguf.GGUFWriter, cfg: dict) -> None:
     """DbrxModel's keys: attn_config's and ffn_config's, clip_qkv as clamp_kqv, torch's LayerNorm epsilon."""
     attn, ffn = cfg["attn_config"], cfg["ffn_config"]
@@ -1373,7 +1404,8 @@ def _cohere2moe(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 # architectures the installed gguf-py does not know yet -> one whose tensor names it maps the same way
 DSA = ("deepseek32", "glm-dsa")     # DeepSeek Sparse Attention: deepseek2 and the indexer's keys and tensors
-NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe"}
+NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", "mellum": "qwen3moe",
+            "granite_swa": "granite"}
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3,

@@ -205,6 +205,10 @@ CASES = {
     # (its mscales, which the file does not hold), the sparsemixer at the released threshold
     "phimoe": _hf_case("phimoe", router_jitter_noise=0.01, rope_parameters=dict(
         HF_CASES["phimoe"][2]["rope_parameters"], short_mscale=PHIMOE_MSCALE, long_mscale=PHIMOE_MSCALE)),
+    # Granite with sliding layers and sinks, a layer without RoPE as no_rope_layers says (rope_pattern); its MoE
+    # with the experts' gate / up rows and the shared MLP's fused as stored
+    "granite-swa": _hf_case("granite-swa", layer_rope_theta=[10000.0, 0, 10000.0], no_rope_layers=[1, 0, 1]),
+    "granitemoe-swa": _hf_case("granitemoe-swa"),
     # DBRX: q/k/v fused and clamped, LayerNorms without bias, every expert's w1 / v1 / w2 viewed 3-D (w2 transposed)
     "dbrx": _hf_case("dbrx"),
     "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
