@@ -319,6 +319,8 @@ ROUTED_LAYER = {**LLAMA_LAYER, **QK_NORMS, "ffn_gate_inp": "mlp.gate",
 AFMOE_LAYER = {**ROUTED_LAYER, "ffn_norm": "pre_mlp_layernorm", "post_attention_norm": "post_attention_layernorm",
                "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj",
                "ffn_gate_inp": "mlp.router.gate", "exp_probs_b.bias": "mlp.expert_bias"}
+MIMO2_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in QK_NORMS and "shexp" not in k},
+               "attn_sinks.weight": "self_attn.attention_sink_bias"}
 GLM4_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k != "ffn_norm"},
                   "post_attention_norm": "post_attention_layernorm"}
 ERNIE_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in QK_NORMS},
@@ -1324,6 +1326,53 @@ def _hy_v3(reader, arch, tensors, c):
                               for i in range(c["num_hidden_layers"])])
 
 
+def _mimo2(reader, arch, tensors, c):
+    """Xiaomi's MiMo-V2-Flash (MimoV2Model's keys): block_count and the per-layer arrays counting the
+    multi-token-prediction layers (nextn_predict_layers: left unread); head_count_kv a layer, the full layers' as
+    num_key_value_heads and the sliding ones' twice that (transformers' fixed shape; another is refused); keys of
+    key_length, values of value_length; the window (as llama.cpp's: the query and window - 1 before it, transformers'
+    sliding_window) and each layer's kind; rope.freq_base on full layers, rope.freq_base_swa on sliding ones, each on
+    rope.dimension_count of each head; attention.value_scale (none: 1, as llama.cpp); DeepSeek-V3's router, the top k
+    always renormalised (llama.cpp's graph); a layer without a router dense; sinks on the layers that store them
+    (transformers': the sliding ones; refused otherwise)."""
+    if "blk.0.attn_qkv.weight" in tensors:
+        raise ModelLoadError(f"this {arch} GGUF stores q, k and v fused (attn_qkv: MiMo-V2.5's qkv_proj), which kiln "
+                             "does not read yet; kiln reads MiMo-V2-Flash's separate attn_q / attn_k / attn_v")
+    _nextn(reader, arch, c)
+    n = c["num_hidden_layers"]
+    kv = c["num_key_value_heads"] if isinstance(c["num_key_value_heads"], list) else [c["num_key_value_heads"]] * n
+    pattern = _key(reader, arch, "attention.sliding_window_pattern")
+    if not isinstance(pattern, list) or len(pattern) < n:
+        raise ModelLoadError(f"this {arch} GGUF's attention.sliding_window_pattern does not list its {n} layers; "
+                             "re-convert the model")
+    sliding = [bool(slides) for slides in pattern[:n]]
+    c.update(sliding_window=_key(reader, arch, "attention.sliding_window"),
+             layer_types=["sliding_attention" if slides else "full_attention" for slides in sliding])
+    full_kv = next((heads for heads, slides in zip(kv, sliding) if not slides), kv[0] // 2 if sliding[0] else kv[0])
+    if [heads for heads in kv[:n]] != [full_kv * (2 if slides else 1) for slides in sliding]:
+        raise ModelLoadError(f"this {arch} GGUF's head_count_kv {list(kv[:n])} is not the full layers' count with "
+                             "twice it on sliding ones, the only shape MiMo-V2-Flash's Hugging Face model has")
+    if [f"blk.{i}.attn_sinks.weight" in tensors for i in range(n)] != sliding:
+        raise ModelLoadError(f"this {arch} GGUF has sinks (attn_sinks) on other layers than its sliding ones, where "
+                             "MiMo-V2-Flash's Hugging Face model has them")
+    head_dim = c["head_dim"]
+    share = _key(reader, arch, "rope.dimension_count", head_dim) / head_dim
+    base_swa = _key(reader, arch, "rope.freq_base_swa")
+    value_scale = _key(reader, arch, "attention.value_scale")
+    _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
+    if c.pop("n_shared_experts"):
+        raise ModelLoadError(f"this {arch} GGUF has shared experts, which MiMo-V2-Flash does not")
+    c.update(num_key_value_heads=full_kv, v_head_dim=_key(reader, arch, "attention.value_length", head_dim),
+             norm_topk_prob=True, attention_value_scale=_f32(value_scale) if value_scale is not None else None,
+             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c["rope_theta"],
+                                                 "partial_rotary_factor": share},
+                              "sliding_attention": {"rope_type": "default", "partial_rotary_factor": share,
+                                                    "rope_theta": _f32(base_swa) if base_swa else c["rope_theta"]}},
+             mlp_layer_types=["sparse" if f"blk.{i}.ffn_gate_inp.weight" in tensors else "dense" for i in range(n)])
+    for key in ("first_k_dense_replace", "rope_theta"):
+        c.pop(key, None)
+
+
 def _dots1(reader, arch, tensors, c):
     """dots.llm1: llama.cpp's graph attends to every position (the file has no window), so every layer is full."""
     _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
@@ -1725,6 +1774,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                            experts=QWEN_EXPERTS),
     "olmoe": GGUFArch("olmoe", ("OlmoeForCausalLM",), OLMOE_LAYER, config=_olmoe, experts=QWEN_EXPERTS),
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
+    "mimo2": GGUFArch("mimo_v2_flash", ("MiMoV2FlashForCausalLM",), MIMO2_LAYER, config=_mimo2, experts=QWEN_EXPERTS),
     "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
                       {**{k: v for k, v in ROUTED_LAYER.items() if k != "exp_probs_b.bias"},

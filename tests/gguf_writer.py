@@ -65,6 +65,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              as attention.rope_pattern; sinks as attn_sinks.weight; the experts' gate_up_proj and down_proj and the
              shared MLP's input_linear / output_linear as stored (ffn_gate_up_exps, ffn_down_exps, ffn_up_shexp,
              ffn_down_shexp)
+    mimo2    MimoV2Model's keys (_mimo2: the three multi-token-prediction layers counted though the checkpoint has
+             none); attention_sink_bias as attn_sinks.weight, the choice bias as exp_probs_b.bias, experts stacked
     dbrx     DbrxModel's keys (_dbrx); each layer's w1 / v1 / w2 viewed [experts, ffn, d_model] as ffn_gate_exps /
              ffn_up_exps / ffn_down_exps, w2's last two axes swapped
     gpt-oss  sinks as attn_sinks.weight; the experts' interleaved gate_up_proj split into ffn_gate_exps /
@@ -117,7 +119,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "falcon_h1": "falcon-h1", "jamba": "jamba", "bamba": "granitehybrid", "ministral3": "mistral3",
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
              "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum",
-             "phimoe": "phimoe", "dbrx": "dbrx", "granite_swa": "granite_swa", "granitemoe_swa": "granite_swa"}
+             "phimoe": "phimoe", "dbrx": "dbrx", "granite_swa": "granite_swa", "granitemoe_swa": "granite_swa",
+             "mimo_v2_flash": "mimo2"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -1210,7 +1213,8 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
               if k.endswith((".mlp.w1", ".mlp.v1", ".mlp.w2")) else v for k, v in hf.items()}
     if arch == "gpt-oss":
         out.update(_gpt_oss_experts(hf))
-        hf = {k + ".weight" if k.endswith(".sinks") else k: v for k, v in hf.items()}   # the converter's rename
+    if arch in ("gpt-oss", "mimo2"):   # the converters' renames
+        hf = {k + ".weight" if k.endswith((".sinks", ".attention_sink_bias")) else k: v for k, v in hf.items()}
     for hf_name, value in _stacked_experts(hf).items():
         value = value.astype(np.float32)
         if hf_name == "lm_head.weight" and (cfg.get("tie_word_embeddings", True) or arch == "gpt2"):
@@ -1348,6 +1352,42 @@ def _granite_swa(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_array(f"{w.arch}.attention.rope_pattern", rotates)
 
 
+MIMO2_NEXTN = 3      # MimoV2Model's: the three multi-token-prediction layers every released MiMo-V2 has, counted
+
+
+def _mimo2(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """MimoV2Model's keys (TextModel's, then its own): block_count and the per-layer arrays counting the three
+    multi-token-prediction layers (sliding, as the converter extends the pattern) whether or not the checkpoint has
+    them; head_count_kv a layer (the sliding layers' twice), key_length the head size and value_length v_head_dim,
+    the window and each layer's kind, each kind's RoPE base, the rotated share as rope.dimension_count, the experts'
+    keys with sigmoid gating, attention.value_scale."""
+    rope, n = cfg["rope_parameters"], cfg["num_hidden_layers"]
+    hybrid = [t == "sliding_attention" for t in cfg["layer_types"]] + [True] * MIMO2_NEXTN
+    w.add_block_count(n + MIMO2_NEXTN)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv([cfg["num_key_value_heads"] * (2 if slides else 1) for slides in hybrid])
+    w.add_rope_freq_base(rope["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["v_head_dim"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_sliding_window_pattern(hybrid)
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_rope_dimension_count(int(cfg["head_dim"] * rope["full_attention"]["partial_rotary_factor"]))
+    if cfg.get("attention_value_scale") is not None:
+        w.add_float32(f"{w.arch}.attention.value_scale", float(cfg["attention_value_scale"]))
+    w.add_nextn_predict_layers(MIMO2_NEXTN)
+
+
 def _dbrx(w: gguf.GGUFWriter, cfg: dict) -> None:
     """DbrxModel's keys: attn_config's and ffn_config's, clip_qkv as clamp_kqv, torch's LayerNorm epsilon."""
     attn, ffn = cfg["attn_config"], cfg["ffn_config"]
@@ -1409,4 +1449,5 @@ NAMED_AS = {"deepseek32": "glm-dsa", "cohere2moe": "glm4moe", "hy_v3": "dots1", 
 OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2moe": _lfm2, "nemotron_h": _nemotron_h,
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3,
-            "bloom": _bloom, "mpt": _mpt, "minimax-m3": _minimax_m3, "dbrx": _dbrx}
+            "bloom": _bloom, "mpt": _mpt, "minimax-m3": _minimax_m3, "dbrx": _dbrx,
+            "mimo2": _mimo2}

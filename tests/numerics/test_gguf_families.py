@@ -209,6 +209,11 @@ CASES = {
     # with the experts' gate / up rows and the shared MLP's fused as stored
     "granite-swa": _hf_case("granite-swa", layer_rope_theta=[10000.0, 0, 10000.0], no_rope_layers=[1, 0, 1]),
     "granitemoe-swa": _hf_case("granitemoe-swa"),
+    # MiMo-V2-Flash: a KV head count a layer and three multi-token-prediction layers counted in every array, values
+    # narrower than keys and scaled, sinks on sliding layers, a RoPE base a layer kind on a third of each head
+    "mimo2": _hf_case("mimo-v2-flash", attention_value_scale=0.5, rope_parameters={
+        kind: {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.334}
+        for kind, theta in (("full_attention", 5e6), ("sliding_attention", 1e4))}),
     # DBRX: q/k/v fused and clamped, LayerNorms without bias, every expert's w1 / v1 / w2 viewed 3-D (w2 transposed)
     "dbrx": _hf_case("dbrx"),
     "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
