@@ -142,18 +142,23 @@ def _model_from_tensors(source, torch, transformers):
     (Llama 3 RoPE factors, Gemma soft-capping, per-layer RoPE bases), and its GPTQ, AWQ and
     compressed-tensors loaders need those packages and their kernels."""
     cfg = dict(source.hf_config, pad_token_id=None)     # no effect on logits; a default may lie outside the vocab
-    cfg.pop("quantization_config", None)
+    qc = cfg.pop("quantization_config", None) or {}
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with _no_init():            # every weight is loaded below: a random init is wasted (SmolLM2: 2.8 s)
         model = _causal_lm(transformers, source.hf_config, lambda cls: (
             cls.from_config if cls is transformers.AutoModelForCausalLM else cls._from_config)(
             config, dtype=torch.float32, attn_implementation="eager"))
+    bitnet = str(qc.get("quant_method", "")).lower() == "bitnet"
+    if bitnet:          # BitNet's Linears as transformers' own (8-bit activations; a GGUF's: AutoBitLinear, offline)
+        from transformers.integrations.bitnet import replace_with_bitnet_linear
+        model = replace_with_bitnet_linear(model, modules_to_not_convert=["lm_head"],
+                                           quantization_config=transformers.BitNetQuantConfig(**qc))
     state = {name: torch.from_numpy(np.asarray(source.weights.get(name), np.float32)) for name in source.weights.names()}
     state = _checkpoint_renames(state, config.model_type, set(model.state_dict()))
     state = _fused_experts(state, set(model.state_dict()), torch)
     if "embed_out.weight" in state and "lm_head.weight" not in state:     # GPT-NeoX's checkpoint name
         state["lm_head.weight"] = state.pop("embed_out.weight")
-    missing, _ = model.load_state_dict(state, strict=False)
+    missing, _ = model.load_state_dict(state, strict=False, assign=bitnet)    # (its Linears were made on meta)
     tied = {"lm_head.weight"} if config.get_text_config().tie_word_embeddings else set()
     missing = [m for m in missing if m not in tied and not m.endswith(("rotary_emb.inv_freq", "attn.bias",
                                                                        "attn.masked_bias"))]

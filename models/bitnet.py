@@ -1,5 +1,6 @@
 """Microsoft BitNet b1.58 (bitnet-b1.58-2B-4T and its -bf16 master weights): a Llama with ternary weights and 8-bit
-activations, a squared-ReLU gated MLP and two more RMSNorms a layer: on the attention output before o_proj
+activations, a squared-ReLU gated MLP (SiLU in 1bitLLM's bitnet_b1_58, which llama.cpp's GGUF bitnet holds) and two
+more RMSNorms a layer: on the attention output before o_proj
 (attn_sub_norm) and on the MLP's hidden before down_proj (ffn_sub_norm).
 
 Where config.json's quantization_config says quant_method "bitnet" (transformers' BitLinear / AutoBitLinear), every
@@ -38,6 +39,7 @@ VALUES_PER_BYTE = 4
 
 @dataclass(frozen=True)
 class BitNetConfig(LlamaConfig):
+    activation: str = "relu2"               # the gated MLP's: relu2 (2B-4T) or silu (1bitLLM's bitnet_b1_58)
     ternary: str | None = None              # how the decoder Linears are stored: "bitlinear" (the output divided by
                                             # weight_scale), "autobitlinear" (times it), "online" (float weights
                                             # made ternary at load); None: a float model, no activation rounding
@@ -48,9 +50,10 @@ class BitNetConfig(LlamaConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        if values.pop("hidden_act") != "relu2":
-            raise ValueError("BitNet with hidden_act other than relu2 is not supported (the released models' is "
-                             "relu2); fix config.json")
+        act = values.pop("hidden_act")
+        if act not in ("relu2", "silu"):
+            raise ValueError(f"BitNet with hidden_act {act!r} is not supported (relu2: bitnet-b1.58-2B-4T's; silu: "
+                             "1bitLLM's bitnet_b1_58, as llama.cpp's GGUF bitnet); fix config.json")
         if values["attention_bias"] or values["mlp_bias"]:
             raise ValueError("BitNet with biases is not supported (the released models have none); fix config.json")
         qc = hf.get("quantization_config") or {}
@@ -69,10 +72,10 @@ class BitNetConfig(LlamaConfig):
             ternary = "online" if mode == "online" else kind
             notes.append(f"BitNet {kind} ({mode}): ternary weights with their scales folded in, activations "
                          "rounded to 8 bits a token before each decoder Linear, as transformers computes")
-        return super().adapt(dict(values, ternary=ternary), hf, notes)
+        return super().adapt(dict(values, ternary=ternary, activation=act), hf, notes)
 
     def flags(self) -> Flags:
-        return Flags(activation="relu2", sub_norms=True, act_quant=self.ternary is not None)
+        return Flags(activation=self.activation, sub_norms=True, act_quant=self.ternary is not None)
 
 
 BitNetForCausalLM = CausalLM

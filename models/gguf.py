@@ -281,6 +281,14 @@ class GGUFWeights:
                 _readable(t)
                 _readable(other)
                 self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{hf_part}.{m.group(3)}"] = _ByHead(t, other)
+        for key in spec.weight_scales:          # each Linear's output scale: the file's <key>.scale, else 1
+            for hf_weight in [n for n in self._tensors if _gguf_key(self._tensors[n].name) == key
+                              and n.endswith(".weight")]:
+                stored = by_name.get(self._tensors[hf_weight].name[:-len("weight")] + "scale")
+                if stored is not None:
+                    _readable(stored)
+                    self.unmapped.remove(stored.name)
+                self._tensors[hf_weight + "_scale"] = stored if stored is not None else _Value(hf_weight, 1.0)
         if spec.from_metadata:                  # values the converter wrote as metadata, a value a layer
             arch, n_layer = _meta(reader, "general.architecture"), spec.blocks or 0
             for hf_part, key in spec.from_metadata.items():

@@ -247,6 +247,8 @@ GRANITE_SWA_LAYER = {**LLAMA_LAYER, "attn_sinks.weight": "self_attn.sinks", "ffn
                      "ffn_gate_up_exps.weight": "block_sparse_moe.experts.gate_up_proj",
                      "ffn_down_exps.weight": "block_sparse_moe.experts.down_proj",
                      "ffn_up_shexp": "shared_mlp.input_linear", "ffn_down_shexp": "shared_mlp.output_linear"}
+BITNET_LAYER = {**LLAMA_LAYER, "attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"}
+BITNET_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 DBRX_LAYER = {"attn_norm": "norm_attn_norm.norm_1", "attn_qkv": "norm_attn_norm.attn.Wqkv",
               "attn_output": "norm_attn_norm.attn.out_proj", "attn_output_norm": "norm_attn_norm.norm_2",
               "ffn_gate_inp": "ffn.router.layer", "ffn_gate_exps.weight": "ffn.experts.mlp.w1",
@@ -445,6 +447,9 @@ class GGUFArch:
                                                     # layer: the rows of it that tensor is} by the HF config read
                                                     # (Qwen3-Next's ssm_ba: in_proj_b's rows and in_proj_a's)
     parted: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)   # parts', once for_config ran
+    weight_scales: tuple[str, ...] = ()             # GGUF keys whose Linear's output llama.cpp multiplies by the
+                                                    # one-value <key>.scale where stored: read as HF's
+                                                    # <name>.weight_scale, 1 where not (BitNet's AutoBitLinear)
     merged: tuple[str, ...] = ()                    # GGUF keys whose HF tensor is 2-D, the converter's [experts,
                                                     # rows, cols] view of it (DBRX's w1 / v1 / w2: [experts x ffn,
                                                     # d_model]); read after any transposition
@@ -905,6 +910,18 @@ def _phimoe(reader, arch, tensors, c):
     c.update(num_local_experts=_key(reader, arch, "expert_count"),
              num_experts_per_tok=_key(reader, arch, "expert_used_count"), router_jitter_noise=0.01,
              attention_bias="blk.0.attn_q.bias" in tensors, lm_head_bias="output.bias" in tensors)
+
+
+def _bitnet(reader, arch, tensors, c):
+    """llama.cpp's bitnet: 1bitLLM's bitnet_b1_58 (SiLU-gated, sub-norms before o_proj and down_proj), its Linears'
+    weights made ternary by the converter (round(W s).clip(-1, 1) / s, s = 1 / mean|W|: transformers' online
+    WeightQuant, already applied) and any output scale as <key>.scale. Read as transformers' BitNet with
+    AutoBitLinear offline (the weights as stored, times weight_scale: the file's, else 1), so each Linear's input
+    is rounded to 8 bits a token as BitNet's BitLinear does (llama.cpp's ternary types round it a block of 256 for
+    their dot products instead)."""
+    c.update(hidden_act="silu", attention_bias=False, mlp_bias=False,
+             quantization_config={"quant_method": "bitnet", "linear_class": "autobitlinear",
+                                  "quantization_mode": "offline"})
 
 
 def _dbrx(reader, arch, tensors, c):
@@ -1706,6 +1723,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
     "granite_swa": GGUFArch("granite_swa", ("GraniteSWAForCausalLM",), GRANITE_SWA_LAYER, permuted=True,
                             config=_granite_swa, also=("granitemoe_swa",)),
+    "bitnet": GGUFArch("bitnet", ("BitNetForCausalLM",), BITNET_LAYER, config=_bitnet, weight_scales=BITNET_LINEARS),
     "dbrx": GGUFArch("dbrx", ("DbrxForCausalLM",), DBRX_LAYER, DBRX_GLOBAL, layer_prefix="transformer.blocks",
                      config=_dbrx, transposed=("ffn_down_exps",),
                      merged=("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")),

@@ -65,6 +65,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              as attention.rope_pattern; sinks as attn_sinks.weight; the experts' gate_up_proj and down_proj and the
              shared MLP's input_linear / output_linear as stored (ffn_gate_up_exps, ffn_down_exps, ffn_up_shexp,
              ffn_down_shexp)
+    bitnet   BitnetModel's: TextModel's keys, RoPE scaled linearly by 1; the decoder Linears made ternary
+             (round(W s).clip(-1, 1) / s, s = 1 / mean|W|), the sub-norms under 1bitLLM's names
     mimo2    MimoV2Model's keys (_mimo2: the three multi-token-prediction layers counted though the checkpoint has
              none); attention_sink_bias as attn_sinks.weight, the choice bias as exp_probs_b.bias, experts stacked
     dbrx     DbrxModel's keys (_dbrx); each layer's w1 / v1 / w2 viewed [experts, ffn, d_model] as ffn_gate_exps /
@@ -120,7 +122,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
              "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum",
              "phimoe": "phimoe", "dbrx": "dbrx", "granite_swa": "granite_swa", "granitemoe_swa": "granite_swa",
-             "mimo_v2_flash": "mimo2"}
+             "mimo_v2_flash": "mimo2", "bitnet": "bitnet"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -389,6 +391,9 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_indexer_top_k(cfg["index_topk"])
         if cfg.get("indexer_types"):        # the converter's: true where a layer runs its own indexer
             w.add_array(f"{arch}.attention.indexer.types", [t == "full" for t in cfg["indexer_types"]])
+    if arch == "bitnet":                                  # BitnetModel's
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(1.0)
     if arch in ("phi3", "phimoe"):                       # Phi3MiniModel's (PhiMoeModel's too)
         original = cfg.get("original_max_position_embeddings") or (scaling or {}).get(
             "original_max_position_embeddings", cfg["max_position_embeddings"])
@@ -1205,6 +1210,10 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
             hf[f"{name[:-12]}gate_proj.weight"], hf[f"{name[:-12]}up_proj.weight"] = gate, up
         for name in [n for n in hf if n.endswith(".experts.down_proj")]:
             hf[f"{name}.weight"] = hf.pop(name).swapaxes(-1, -2)
+    if arch == "bitnet":           # BitnetModel's: 1bitLLM's norm names; each Linear made ternary (weight_quant)
+        hf = {k.replace(".attn_sub_norm.", ".inner_attn_ln.").replace(".ffn_sub_norm.", ".ffn_layernorm."):
+              _bitnet_weight_quant(v) if re.search(r"\.(q|k|v|o|gate|up|down)_proj\.weight$", k) else v
+              for k, v in hf.items()}
     if arch == "dbrx":             # DbrxModel's: each expert tensor viewed [experts, ffn, d_model], w2 transposed
         ffn = cfg["ffn_config"]
         shape = (ffn["moe_num_experts"], ffn["ffn_hidden_size"], cfg["d_model"])
@@ -1353,6 +1362,13 @@ def _granite_swa(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 
 MIMO2_NEXTN = 3      # MimoV2Model's: the three multi-token-prediction layers every released MiMo-V2 has, counted
+
+
+def _bitnet_weight_quant(w: np.ndarray) -> np.ndarray:
+    """BitnetModel.weight_quant: round(W s).clip(-1, 1) / s, s = 1 / mean|W| (at least 1e-5), in float32."""
+    w = w.astype(np.float32)
+    s = np.float32(1) / np.maximum(np.abs(w).mean(dtype=np.float32), np.float32(1e-5))
+    return np.clip(np.round(w * s), -1, 1) / s
 
 
 def _mimo2(w: gguf.GGUFWriter, cfg: dict) -> None:

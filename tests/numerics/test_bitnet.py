@@ -117,3 +117,39 @@ def test_refusals(tmp_path):
     path.write_text(json.dumps(dict(cfg, model_type="llama", architectures=["LlamaForCausalLM"])))
     with pytest.raises(ModelLoadError, match="bitnet, which kiln reads for BitNet models only"):
         load(tmp_path / "hf")
+
+
+def test_gguf_bitnet_reads_as_transformers_bitnet_online(tmp_path):
+    """llama.cpp's GGUF bitnet (1bitLLM's bitnet_b1_58: SiLU-gated) as its converter writes it from the float master
+    weights, each decoder Linear made ternary (round(W s).clip(-1, 1) / s): kiln reads it as transformers' BitNet
+    (AutoBitLinear, every output scale 1), and the logits equal transformers' BitNet run online on the master weights
+    (the same rounding, each Linear's input rounded to 8 bits a token) within 1e-4; `kiln check` passes against
+    transformers on the tensors kiln read."""
+    import torch
+    import transformers
+    from gguf_writer import write_gguf
+    from safetensors.torch import save_file
+    from kiln.models.gguf import load_gguf
+    torch.manual_seed(3)
+    model = transformers.BitNetForCausalLM(transformers.BitNetConfig(**CONFIG, hidden_act="silu"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 else 0.0)
+    dest = tmp_path / "hf"
+    dest.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              str(dest / "model.safetensors"), metadata={"format": "pt"})
+    online = dict(PACKED, linear_class="autobitlinear", quantization_mode="online")
+    (dest / "config.json").write_text(json.dumps(dict(model.config.to_dict(), architectures=["BitNetForCausalLM"],
+                                                      quantization_config=online)))
+    write_tokenizer(dest, CONFIG["vocab_size"])
+    ref = transformers.AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).eval()
+    assert type(ref.model.layers[0].mlp.down_proj).__name__ == "AutoBitLinear"
+    path = write_gguf(dest, tmp_path / "bitnet.gguf")
+    source = load_gguf(path)
+    assert source.hf_config["quantization_config"]["linear_class"] == "autobitlinear"
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
+    with torch.compiler.set_stance("force_eager"):
+        assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
