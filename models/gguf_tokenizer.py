@@ -41,18 +41,135 @@ _QWEN35_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Splits llama.cpp's llama-vocab.cpp transcribes from each family's tokenizer.json (copied from it as written there)
+_JAIS2 = [
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L"
+    '}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\'
+    's{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1'
+    ',2}(?!\\S)|\\s{1}',
+]
+_DEEPSEEK_LLM = [
+    '[\r\n]',
+    '\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ'
+    '-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ'
+    '-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+',
+    '\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+',
+    '\\s+$',
+    '[一-龥ࠀ-一가-\ud7ff]+',
+    '\\p{N}+',
+]
+_DEEPSEEK_V3 = [
+    '\\p{N}{1,3}',
+    '[一-龥\u3040-ゟ゠-ヿ]+',
+    '[!"#$%&\'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}'
+    ']+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+',
+]
+_SPARK2_5 = [
+    '\\p{N}{1,3}',
+    '[一-龥\u3040-ゟ゠-ヿ]+',
+    '[!"#$%&\'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}'
+    ']+| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+',
+    '\\p{N}',
+]
+_YOUTU = [
+    '[가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥\u3040-ゟ゠-ヿ]+',
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?:'"
+    "[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}"
+    "\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV"
+    "][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!"
+    '\\S)|\\s+',
+]
+_DEEPSEEK_CODER = [
+    '[\r\n]',
+    '\\s?\\p{L}+',
+    '\\s?\\p{P}+',
+    '[一-龥ࠀ-一가-\ud7ff]+',
+    '\\p{N}',
+]
+_FALCON = [
+    '[\\p{P}\\$\\+<=>\\^~\\|`]+',
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+    '[0-9][0-9][0-9]',
+]
+_BLOOM = [
+    ' ?[^(\\s|.,!?…。，、।۔،)]+',
+]
+_VIKING = [
+    ' ?[^(\\s|.,!?…。，、।۔،)]+',
+    '\\p{N}',
+]
+_TINY_AYA = [
+    '\\d{1,3}(?=(?:\\d{3})*\\b)',
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+(?:'"
+    "[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}"
+    "\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV"
+    "][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\"
+    's+(?!\\S)|\\s+',
+]
+_BAILINGMOE = [
+    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s"
+    '\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+',
+]
+_SEED_CODER = [
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L"
+    '}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+',
+]
+_UFAKZEKA = [
+    '[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s'
+    '+',
+]
+_EXAONE_MOE = [
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?(?:\\"
+    'p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\'
+    'S)|\\s+',
+]
+_MINICPM5 = [
+    '\\p{N}{1,3}',
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L"
+    '}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+',
+]
+# Mistral's Tekken (Nemo, Small 3, Pixtral): o200k's cased words without contractions, single digits (its
+# tokenizer.json's; llama.cpp approximates the case classes)
+_TEKKEN_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre -> its splits, as llama.cpp's llama_vocab::impl::load names them
 _PRE_SPLITS = {
-    **dict.fromkeys(["default", "gpt-2", "gpt2", "mpt", "olmo", "jais"], [_GPT2_SPLIT]),
+    **dict.fromkeys(["default", "gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling",
+                     "exaone4", "a.x-4.0", "mellum", "gigachat", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de",
+                     "jina-v1-en", "jina-v2-code", "roberta-bpe", "modern-bert"], [_GPT2_SPLIT]),
     # Single digits first (SmolLM's own tokenizer.json: Digits(individual_digits) + ByteLevel).
-    **dict.fromkeys(
-        ["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"], [r"\p{N}", _GPT2_SPLIT]
-    ),
+    **dict.fromkeys(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva", "minerva-7b",
+                     "mellum2"], [r"\p{N}", _GPT2_SPLIT]),
     **dict.fromkeys(["llama-bpe", "llama3", "llama-v3", "smaug-bpe", "falcon3", "dbrx", "lfm2", "falcon-h1", "pixtral",
-                     "midm-2.0"], [_LLAMA3_SPLIT]),
-    **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen"], [_QWEN2_SPLIT]),
-    **dict.fromkeys(["gpt-4o", "minimax-m2"], [_O200K_SPLIT]),
+                     "midm-2.0", "jina-v5-nano", "chatglm-bpe", "glm4", "glm5"], [_LLAMA3_SPLIT]),
+    **dict.fromkeys(["qwen2", "stablelm2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "hunyuan", "solar-open",
+                     "grok-2"], [_QWEN2_SPLIT]),
+    **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], [_O200K_SPLIT]),
     "qwen35": [_QWEN35_SPLIT],
+    "tekken": [_TEKKEN_SPLIT],
+    "deepseek-llm": _DEEPSEEK_LLM,
+    "deepseek-coder": _DEEPSEEK_CODER,
+    **dict.fromkeys(["deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"], _DEEPSEEK_V3),
+    "spark2_5": _SPARK2_5,
+    "youtu": _YOUTU,
+    "falcon": _FALCON,
+    **dict.fromkeys(["bloom", "poro-chat", "gpt3-finnish"], _BLOOM),
+    "viking": _VIKING,
+    "jais-2": _JAIS2,
+    **dict.fromkeys(["tiny_aya", "cohere2moe"], _TINY_AYA),
+    **dict.fromkeys(["bailingmoe", "bailingmoe2", "llada-moe"], _BAILINGMOE),
+    "seed-coder": _SEED_CODER,
+    "ufakzeka": _UFAKZEKA,
+    "exaone-moe": _EXAONE_MOE,
+    "minicpm5": _MINICPM5,
 }
+# Pre-tokenizers whose vocabularies llama.cpp reads with ignore_merges (a whole split that is a token is that token,
+# as these tokenizer.json's BPE says)
+_IGNORE_MERGES = {"llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                  "jina-v5-nano", "glm4", "glm5", "tekken", "youtu", "minicpm5"}
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 _SENTENCEPIECE = ("llama", "gemma4")  # tokenizer.ggml.model values of SentencePiece-style BPE
 # Turn and message ends llama.cpp's vocabulary loader also stops at (its end-of-generation set), by their text
@@ -92,8 +209,10 @@ def _byte_level_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     added = {i for i, ty in enumerate(types) if ty in (_CONTROL, _USER_DEFINED)}
     vocab = {_byte_level_spelling(tok) if i not in added else tok: i for i, tok in enumerate(tokens)}
 
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    splits = _PRE_SPLITS[_meta(reader, "tokenizer.ggml.pre", "default")]
+    pre = _meta(reader, "tokenizer.ggml.pre", "default")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
+                               ignore_merges=pre in _IGNORE_MERGES))
+    splits = _PRE_SPLITS[pre]
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
@@ -109,14 +228,16 @@ def _byte_level_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     return tok
 
 
-def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
+def _sentencepiece_tokenizer(reader: gguf.GGUFReader, each_piece: bool = True) -> Tokenizer:
     """SentencePiece BPE with byte fallback, laid out as transformers lays out the same file.
 
     Gemma (no prefix space) replaces spaces by `▁` in a normalizer and stores runs of spaces as
     user-defined tokens spelled with real spaces; those are respelled as `▁` runs so that BPE reaches
-    them, and its merges rank by position in the file. Llama-style vocabularies prepend `▁` to the
-    first word (tokenizer.ggml.add_space_prefix, default on) and rank merges by score. Gemma 4's file
-    ("gemma4") writes its merges: those are taken as they are.
+    them, and its merges rank by position in the file. Llama-style vocabularies prefix `▁` to the
+    text and to the text after each added token (tokenizer.ggml.add_space_prefix, default on; as llama.cpp and
+    Llama's own tokenizer.json do) and rank merges by score. Gemma 4's file
+    ("gemma4") writes its merges: those are taken as they are. `each_piece` False: the prefix at the text's start
+    only, as sentencepiece itself adds it (models/sp_tokenizer.py's tokenizer.model).
     """
     arch = _meta(reader, "general.architecture")
     gemma = arch.startswith("gemma")
@@ -136,11 +257,14 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True,
                                byte_fallback=True, unk_token=tokens[unk_id] if unk_id is not None else None))
     prefix = not gemma and bool(_meta(reader, "tokenizer.ggml.add_space_prefix", True))
-    if gemma:
-        tok.normalizer = normalizers.Replace(" ", _SPACE)
+    if prefix and not each_piece:        # sentencepiece's dummy prefix: the text's start only
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="first", split=False)
     else:
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SPACE, prepend_scheme="first" if prefix else "never",
-                                                     split=False)
+        # llama.cpp prefixes a space to the text at the start and after every special or user-defined token (as
+        # transformers' Llama tokenizer.json does: a normalizer on each piece between added tokens), even where
+        # the text starts with one (" Hello" -> "▁▁Hello")
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(_SPACE), normalizers.Replace(" ", _SPACE)]) \
+            if prefix else normalizers.Replace(" ", _SPACE)
     steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps + ([decoders.Strip(content=" ", left=1)] if prefix else []))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)

@@ -76,7 +76,7 @@ def build_tokenizer(path: Path, tokenizer_config: dict):
     for key, name in (("unk_id", "unknown"), ("bos_id", "bos")):
         if 0 <= model[key] < len(pieces):
             fields[f"tokenizer.ggml.{name}_token_id"] = model[key]
-    tok = _sentencepiece_tokenizer(_Fields(fields))
+    tok = _sentencepiece_tokenizer(_Fields(fields), each_piece=False)
     added = tokenizer_config.get("added_tokens_decoder") or {}
     for token_id in sorted(added, key=int):
         entry = added[token_id]
