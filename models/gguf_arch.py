@@ -932,7 +932,8 @@ def _dbrx(reader, arch, tensors, c):
              max_seq_len=c["max_position_embeddings"],
              attn_config={"kv_n_heads": c["num_key_value_heads"], "rope_theta": c["rope_theta"],
                           "clip_qkv": _key(reader, arch, "attention.clamp_kqv")},
-             ffn_config={"ffn_hidden_size": c["intermediate_size"], "moe_num_experts": _key(reader, arch, "expert_count"),
+             ffn_config={"ffn_hidden_size": c["intermediate_size"],
+                         "moe_num_experts": _key(reader, arch, "expert_count"),
                          "moe_top_k": _key(reader, arch, "expert_used_count"), "moe_normalize_expert_weights": 1.0})
 
 

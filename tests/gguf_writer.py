@@ -341,9 +341,10 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         _bamba(w, cfg)
     if arch == "granite_swa":
         _granite_swa(w, cfg)
-    if arch in ("granite", "granitemoe", "granitehybrid", "minicpm", "granite_swa"):   # GraniteModel's: each multiplier the
-        scales = (("attention_multiplier", w.add_attention_scale),          # config has (MiniCPMModel's: all but
-                  ("embedding_multiplier", w.add_embedding_scale),          # the attention's)
+    if arch in ("granite", "granitemoe", "granitehybrid", "minicpm", "granite_swa"):
+        # GraniteModel's: each multiplier the config has (MiniCPMModel's: all but the attention's)
+        scales = (("attention_multiplier", w.add_attention_scale),
+                  ("embedding_multiplier", w.add_embedding_scale),
                   ("residual_multiplier", w.add_residual_scale), ("logits_scaling", w.add_logit_scale))
         for key, add in scales[arch == "minicpm":]:
             if cfg.get(key):
@@ -1343,7 +1344,8 @@ def _tokenizer(w: gguf.GGUFWriter, hf_dir: Path, vocab_size: int, pre: str = "gp
 
 # The families whose converter writes its own keys, not TextModel's (_metadata): writer(w, cfg).
 GRANITE_SWA_NAMES = {".sinks": "attn_sinks", ".router.": "ffn_gate_inp", ".gate_up_proj": "ffn_gate_up_exps",
-                     ".down_proj": "ffn_down_exps", ".input_linear.": "ffn_up_shexp", ".output_linear.": "ffn_down_shexp"}
+                     ".down_proj": "ffn_down_exps", ".input_linear.": "ffn_up_shexp",
+                     ".output_linear.": "ffn_down_shexp"}
 
 
 def _granite_swa(w: gguf.GGUFWriter, cfg: dict) -> None:

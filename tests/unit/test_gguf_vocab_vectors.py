@@ -51,6 +51,6 @@ def test_gguf_tokenizer_gives_the_models_own_ids(name, vocab_dir):
     assert len(cases) >= 40
     wrong = [(text, got, want) for text, want in cases
              if (got := tok.encode(text, add_special_tokens=False).ids) != want]
-    assert not wrong, f"{len(wrong)} of {len(cases)} texts differ, first {wrong[0][0]!r}: {wrong[0][1]} != {wrong[0][2]}"
+    assert not wrong, f"{len(wrong)} of {len(cases)} differ; first {wrong[0][0]!r}: {wrong[0][1]} != {wrong[0][2]}"
     for text, ids in cases:
         assert tok.decode(ids, skip_special_tokens=False) == text, text
