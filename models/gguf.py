@@ -467,8 +467,8 @@ class _Rows(_Part):
     rows: np.ndarray
 
     @property
-    def shape(self):
-        return int(self.tensor.shape[0]), len(self.rows)
+    def shape(self):                                # GGUF's order: columns first (a bias: its rows only)
+        return (int(self.tensor.shape[0]), len(self.rows)) if len(self.tensor.shape) > 1 else (len(self.rows),)
 
     @property
     def data(self):

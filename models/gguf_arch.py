@@ -243,6 +243,8 @@ LFM2_EXPERTS = {"ffn_gate_exps": "feed_forward.experts.{j}.w1", "ffn_up_exps": "
                 "ffn_down_exps": "feed_forward.experts.{j}.w2"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+CHATGLM_LAYER = {"attn_norm": "input_layernorm", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+                 "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
 GRANITE_SWA_LAYER = {**LLAMA_LAYER, "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp": "block_sparse_moe.router",
                      "ffn_gate_up_exps.weight": "block_sparse_moe.experts.gate_up_proj",
                      "ffn_down_exps.weight": "block_sparse_moe.experts.down_proj",
@@ -910,6 +912,23 @@ def _phimoe(reader, arch, tensors, c):
     c.update(num_local_experts=_key(reader, arch, "expert_count"),
              num_experts_per_tok=_key(reader, arch, "expert_used_count"), router_jitter_noise=0.01,
              attention_bias="blk.0.attn_q.bias" in tensors, lm_head_bias="output.bias" in tensors)
+
+
+def _chatglm(reader, arch, tensors, c):
+    """ChatGLM3 / GLM-4-9B as ChatGLMModel writes them (GLM-4-9B-chat-hf's model, transformers' Glm): q, k and v fused
+    in attn_qkv with biases (read back as q_proj / k_proj / v_proj: _chatglm_qkv), RoPE on adjacent pairs of
+    rope.dimension_count of each head (half), the gate and up rows fused in ffn_up."""
+    c.update(head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+             attention_bias="blk.0.attn_qkv.bias" in tensors)
+    c["partial_rotary_factor"] = _rotary_share(reader, arch, c)
+
+
+def _chatglm_qkv(c: dict) -> dict[str, dict[str, np.ndarray]]:
+    """attn_qkv's rows: every q head's, every k head's, every v head's (the checkpoint's query_key_value)."""
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    rows = np.arange(q + 2 * kv)
+    return {"attn_qkv": {"self_attn.q_proj": rows[:q], "self_attn.k_proj": rows[q:q + kv],
+                         "self_attn.v_proj": rows[q + kv:]}}
 
 
 def _bitnet(reader, arch, tensors, c):
@@ -1724,6 +1743,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "phi3": GGUFArch("phi3", ("Phi3ForCausalLM",), PHI3_LAYER, config=_phi3),
     "granite_swa": GGUFArch("granite_swa", ("GraniteSWAForCausalLM",), GRANITE_SWA_LAYER, permuted=True,
                             config=_granite_swa, also=("granitemoe_swa",)),
+    "chatglm": GGUFArch("glm", ("GlmForCausalLM",), CHATGLM_LAYER, config=_chatglm, parts=_chatglm_qkv),
     "bitnet": GGUFArch("bitnet", ("BitNetForCausalLM",), BITNET_LAYER, config=_bitnet, weight_scales=BITNET_LINEARS),
     "dbrx": GGUFArch("dbrx", ("DbrxForCausalLM",), DBRX_LAYER, DBRX_GLOBAL, layer_prefix="transformer.blocks",
                      config=_dbrx, transposed=("ffn_down_exps",),

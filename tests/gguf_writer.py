@@ -65,6 +65,8 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
              as attention.rope_pattern; sinks as attn_sinks.weight; the experts' gate_up_proj and down_proj and the
              shared MLP's input_linear / output_linear as stored (ffn_gate_up_exps, ffn_down_exps, ffn_up_shexp,
              ffn_down_shexp)
+    chatglm  ChatGLMModel's (GLM-4-9B's original checkpoint, which transformers' Glm stands for): q, k and v fused
+             as attn_qkv with biases, the gate and up rows fused as ffn_up, RoPE on half of each head, no BOS
     bitnet   BitnetModel's: TextModel's keys, RoPE scaled linearly by 1; the decoder Linears made ternary
              (round(W s).clip(-1, 1) / s, s = 1 / mean|W|), the sub-norms under 1bitLLM's names
     mimo2    MimoV2Model's keys (_mimo2: the three multi-token-prediction layers counted though the checkpoint has
@@ -122,7 +124,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "afmoe": "afmoe", "llama4_text": "llama4", "cohere2_moe": "cohere2moe",
              "mistral4": "mistral4", "apertus": "apertus", "hy_v3": "hy_v3", "mellum": "mellum",
              "phimoe": "phimoe", "dbrx": "dbrx", "granite_swa": "granite_swa", "granitemoe_swa": "granite_swa",
-             "mimo_v2_flash": "mimo2", "bitnet": "bitnet"}
+             "mimo_v2_flash": "mimo2", "bitnet": "bitnet", "glm": "chatglm"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
@@ -149,7 +151,7 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
                       for i in range(cfg["num_hidden_layers"])]
             getattr(w, f"add_xielu_{p}")(values)
     tensors = _ling3_tensors(cfg, hf) if arch == "bailingmoe3" else _minimax_m3_tensors(cfg, hf) \
-        if arch == "minimax-m3" else _tensors(cfg, arch, hf)
+        if arch == "minimax-m3" else _chatglm_tensors(cfg, hf) if arch == "chatglm" else _tensors(cfg, arch, hf)
     if arch == "gemma4":
         _gemma4(w, cfg)
         _gemma4_tokenizer(w, hf_dir)
@@ -1366,6 +1368,44 @@ def _granite_swa(w: gguf.GGUFWriter, cfg: dict) -> None:
 MIMO2_NEXTN = 3      # MimoV2Model's: the three multi-token-prediction layers every released MiMo-V2 has, counted
 
 
+def _chatglm(w: gguf.GGUFWriter, cfg: dict) -> None:
+    """ChatGLMModel's keys, from the original checkpoint's config that transformers' Glm config stands for
+    (seq_length, ffn_hidden_size, multi_query_group_num, layernorm_epsilon, rope_ratio x 10000 as the base):
+    RoPE on half of each head (hidden / heads: kv_channels), no BOS added."""
+    head = cfg["hidden_size"] // cfg["num_attention_heads"]
+    if cfg.get("head_dim") not in (None, head):
+        raise ValueError(f"ChatGLM's heads are hidden_size / num_attention_heads ({head}) wide, not {cfg['head_dim']}")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_dimension_count(int(head * _partial(cfg, 0.5)))
+    w.add_add_bos_token(False)
+    w.add_rope_freq_base(_rope(cfg)[0])
+
+
+def _chatglm_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The original checkpoint's tensors as ChatGLMModel names them: query_key_value (q, k, v rows) as attn_qkv,
+    dense_h_to_4h (the gate rows, then the up rows) as ffn_up."""
+    names = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+             "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_up_proj.weight": "ffn_up.weight",
+             "mlp.down_proj.weight": "ffn_down.weight"}
+    out = {"token_embd.weight": hf["model.embed_tokens.weight"], "output_norm.weight": hf["model.norm.weight"]}
+    if not cfg.get("tie_word_embeddings"):
+        out["output.weight"] = hf["lm_head.weight"]
+    for i in range(cfg["num_hidden_layers"]):
+        k = f"model.layers.{i}"
+        for part in ("weight", "bias"):
+            if f"{k}.self_attn.q_proj.{part}" in hf:
+                out[f"blk.{i}.attn_qkv.{part}"] = np.concatenate(
+                    [hf[f"{k}.self_attn.{x}_proj.{part}"] for x in "qkv"])
+        out.update({f"blk.{i}.{name}": hf[f"{k}.{hf_name}"] for hf_name, name in names.items()})
+    return {name: np.ascontiguousarray(value, np.float32) for name, value in out.items()}
+
+
 def _bitnet_weight_quant(w: np.ndarray) -> np.ndarray:
     """BitnetModel.weight_quant: round(W s).clip(-1, 1) / s, s = 1 / mean|W| (at least 1e-5), in float32."""
     w = w.astype(np.float32)
@@ -1468,4 +1508,4 @@ OWN_KEYS = {"cohere2moe": _cohere2moe, "gemma3n": _gemma3n, "lfm2": _lfm2, "lfm2
             "nemotron_h_moe": _nemotron_h, "mamba2": _mamba2_only, "mamba": _mamba1, "falcon-h1": _falcon_h1,
             "jamba": _jamba, "kimi-linear": _kimi_linear, "bailingmoe2": _bailingmoe2, "bailingmoe3": _bailingmoe3,
             "bloom": _bloom, "mpt": _mpt, "minimax-m3": _minimax_m3, "dbrx": _dbrx,
-            "mimo2": _mimo2}
+            "mimo2": _mimo2, "chatglm": _chatglm}

@@ -214,6 +214,8 @@ CASES = {
     "mimo2": _hf_case("mimo-v2-flash", attention_value_scale=0.5, rope_parameters={
         kind: {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.334}
         for kind, theta in (("full_attention", 5e6), ("sliding_attention", 1e4))}),
+    # GLM-4-9B / ChatGLM3 as chatglm: q, k and v fused with biases (read back split), RoPE on half of each head
+    "chatglm": _hf_case("glm", head_dim=16),
     # DBRX: q/k/v fused and clamped, LayerNorms without bias, every expert's w1 / v1 / w2 viewed 3-D (w2 transposed)
     "dbrx": _hf_case("dbrx"),
     "cohere2moe-sigmoid": _hf_case("cohere2-moe-sigmoid", shared_expert_combination_strategy="average",
