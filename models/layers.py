@@ -59,6 +59,8 @@ class Flags:
                                             # experts' post_mlp_layernorm; kiln's post_mlp_norm)
     pre_norms: bool = True                  # False: no norm before attention and MLP, only after (OLMo 2;
                                             # sandwich_norms must be on)
+    input_norm: bool = True                 # False: no norm before attention alone (ModernBERT decoder's first
+                                            # layer, whose input the embeddings' norm already normed)
     residual_scale: float | None = None     # attention and MLP outputs multiplied by this before the residual
                                             # add (Granite's residual_multiplier)
     parallel_residual: bool = False         # x + attn(n1(x)) + mlp(n2(x)) instead of one after the other
@@ -365,7 +367,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, eps: float, flags: Flags = Flags(), rope: tuple | None = None,
                  mlp: nn.Module | None = None, attention: nn.Module | None = None):
-        if flags.pre_norms:
+        if flags.pre_norms and flags.input_norm:
             self.input_layernorm = Norm(hidden_size, eps, flags.norm)
         self.self_attn = attention if attention is not None else \
             PagedAttention(hidden_size, num_heads, num_kv_heads, head_dim, flags, eps, rope)   # (MLA's, given)

@@ -394,6 +394,14 @@ CASES = {
     # Aria's language model: every MLP experts (fc1 / fc2 as x @ W) beside 2 shared ones, added ungated
     "aria-text": ("AriaTextForCausalLM", "AriaTextConfig", dict(
         moe_num_experts=8, moe_topk=3, moe_num_shared_experts=2, intermediate_size=48, pad_token_id=0)),
+    # ModernBERT's decoder (Ettin): the embeddings normed, the first layer without a norm before attention, global
+    # layers by one RoPE base and sliding ones by another (past the window: test_families_sliding), GeGLU fused in Wi,
+    # LayerNorms without bias, a dense -> GELU -> LayerNorm head before the tied decoder and its bias
+    "modernbert-decoder": ("ModernBertDecoderForCausalLM", "ModernBertDecoderConfig", dict(
+        num_hidden_layers=4, num_key_value_heads=None, local_attention=64, global_attn_every_n_layers=3,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        pad_token_id=0, bos_token_id=1, cls_token_id=1, sep_token_id=2, tie_word_embeddings=True)),
     # MiMo-V2-Flash: a full layer, then sliding ones with sinks and twice the KV heads (the KV cache kiln owns), RoPE
     # on a third of each head with a base a layer kind, values half the keys' width and scaled, DeepSeek-V3's router
     "mimo-v2-flash": ("MiMoV2FlashForCausalLM", "MiMoV2FlashConfig", dict(
@@ -513,6 +521,24 @@ def test_mimo_v2_flash_reads_its_released_config(tmp_path):
     assert [c.layer_kv_heads(i) for i in range(3)] == [1, 2, 2]
     with pytest.raises(ValueError, match="swa_num_key_value_heads 4"):
         MiMoV2FlashConfig.from_hf(dict(released, swa_num_key_value_heads=4))
+
+
+def test_modernbert_decoder_reads_the_hubs_older_config():
+    """The Hub's ModernBERT-decoder config.json (global_attn_every_n_layers, global_rope_theta / local_rope_theta,
+    local_attention; no layer_types or rope_parameters): every third layer global from the first, the window half
+    local_attention, each kind its base; an activation kiln does not run and grouped KV heads are refused."""
+    from kiln.models.modernbert_decoder import ModernBertDecoderConfig
+    hub = dict(SMALL, model_type="modernbert-decoder", num_hidden_layers=6, num_key_value_heads=None,
+               global_attn_every_n_layers=3, global_rope_theta=160000.0, local_rope_theta=10000.0,
+               local_attention=128, max_position_embeddings=7999, norm_eps=1e-5)
+    c = ModernBertDecoderConfig.from_hf(hub)
+    assert c.layer_types == ("full_attention", "sliding_attention", "sliding_attention") * 2
+    assert (c.sliding_window, c.rope_theta, c.local_rope_theta) == (64, 160000.0, 10000.0)
+    assert [a.rope_theta for a in c.layer_attention()] == [160000.0, 10000.0, 10000.0] * 2
+    with pytest.raises(ValueError, match="hidden_activation 'swish' is not supported"):
+        ModernBertDecoderConfig.from_hf(dict(hub, hidden_activation="swish"))
+    with pytest.raises(ValueError, match="num_key_value_heads is not supported"):
+        ModernBertDecoderConfig.from_hf(dict(hub, num_key_value_heads=2))
 
 
 @pytest.mark.parametrize("arch", ["beam", "ergo"])

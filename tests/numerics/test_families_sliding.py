@@ -3,7 +3,8 @@ Gemma 2 (alternating sliding/global layers), Gemma 3 (the same with per-layer Ro
 Phi-3 and StarCoder2 (every layer slides: TVM's per-sequence window), Cohere2 (sliding layers with RoPE
 in the graph, global ones without), CWM (a Llama with sliding layers among full ones), GPT-Neo (local
 layers among global ones, learned positions), Mellum (experts, sliding layers with their own RoPE base
-around a full one); over the KV cache kiln owns, gpt-oss (sinks) and Phi-3 with LongRoPE (every layer sliding,
+around a full one), ModernBERT's decoder (a RoPE base a layer kind, its window half local_attention); over the KV
+cache kiln owns, gpt-oss (sinks) and Phi-3 with LongRoPE (every layer sliding,
 RoPE in the graph), which TVM's cache cannot run (refused with --kv-cache tvm), and MiMo-V2-Flash (KV heads a layer
 kind, sinks on the sliding layers, values narrower than keys)."""
 
@@ -33,6 +34,7 @@ CASES = {"gemma2": dict(sliding_window=WINDOW),          # attention soft-capped
          "cwm": dict(sliding_window=WINDOW),                    # a Llama: 1 full, then 3 sliding, RoPE by the cache
          "gpt-neo": dict(window_size=WINDOW),                   # learned positions: a global layer, then a local one
          "mellum": dict(sliding_window=WINDOW),                 # sliding, full, sliding; RoPE in the graph
+         "modernbert-decoder": dict(local_attention=2 * WINDOW),  # full, 2 sliding, full; a RoPE base a kind
          # the KV cache kiln owns (windows masked by position, any chunk): sinks on sliding and full layers;
          # every layer sliding with RoPE in the graph (LongRoPE), which TVM's cache cannot run
          "gpt-oss": dict(sliding_window=WINDOW),
