@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import CausalLM, LayerAttention, WeightMap, WeightSpec, rope_on_sliding_only, weight_spec
-from .config import ConfigField, fields_with, layer_types, refuse_unlike
+from .config import ConfigField, fields_with, layer_types, refuse_unlike, window_of
 from .gemma import NAMES as GEMMA_NAMES
 from .glm4_moe import FULL_ROTARY, MLP_LAYER_TYPES, NAMES, DenseByType, Glm4MoeConfig, gates_after_queries
 from .layers import Flags
@@ -65,12 +65,12 @@ class BeamConfig(DenseByType, Glm4MoeConfig):
         types = values["layer_types"]
         if not types:                       # transformers' default: every sixth layer full, and the last
             types = ["full_attention" if (i + 1) % 6 == 0 or i == n - 1 else "sliding_attention" for i in range(n)]
-        window = values["sliding_window"]
+        window = window_of(values)
         values = dict(values, groups=values["groups"] or 1, top_groups=values["top_groups"] or 1, use_qk_norm=True,
                       shared_experts=0)
         # Llama's adapt drops the layer kinds where nothing slides; here they also say which layers rotate
         return dict(super().adapt(values, hf, notes), layer_types=layer_types(types, n, hf, pattern=6),
-                    sliding_window=window if window and window < values["context_window_size"] else None)
+                    sliding_window=window)
 
     def flags(self) -> Flags:
         return Flags(qk_norm=True, sandwich_norms=True, attn_output_gate=True, attn_gate_bias=True,

@@ -46,6 +46,13 @@ def one_of(table: dict, value, field: str, arch: str):
     return table[value]
 
 
+def window_of(values: dict) -> int | None:
+    """config.json's sliding window where it slides: None where it is unset, 0, or no shorter than the context (such
+    sliding layers attend to every position: plain attention)."""
+    window = values["sliding_window"]
+    return window if window and window < values["context_window_size"] else None
+
+
 def layer_types(types, n: int, hf: dict, pattern: int) -> tuple[str, ...]:
     """Each of the `n` layers' attention: config.json's `layer_types`, else every `pattern`-th layer global
     (`sliding_window_pattern` where the config writes one: a count, or a string of L (local) and G

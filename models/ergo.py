@@ -21,7 +21,7 @@ import numpy as np
 from .beam import sliding_rope
 from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, rope_on_sliding_only, \
     decoder_weight_map, rope_halves
-from .config import ConfigField, fields_with, layer_types
+from .config import ConfigField, fields_with, layer_types, window_of
 from .glm4_moe import FULL_ROTARY, MLP_LAYER_TYPES, DenseByType, Glm4MoeConfig
 from .layers import Flags
 from .moe import MoESpec, expert_columns
@@ -58,12 +58,11 @@ class ErgoConfig(DenseByType, Glm4MoeConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, window = values["num_hidden_layers"], values["sliding_window"]
+        n, window = values["num_hidden_layers"], window_of(values)
         types = layer_types(values["layer_types"], n, hf, pattern=hf.get("global_attention_every_n_layers") or 4)
         values = dict(values, groups=1, top_groups=1, norm_topk_prob=True, use_qk_norm=True)
         # Llama's adapt drops the layer kinds where nothing slides; here they also say which layers rotate
-        return dict(super().adapt(values, hf, notes), layer_types=types,
-                    sliding_window=window if window and window < values["context_window_size"] else None)
+        return dict(super().adapt(values, hf, notes), layer_types=types, sliding_window=window)
 
     def flags(self) -> Flags:
         return Flags(qk_norm=True, sandwich_norms=True, residual_gates=True, gated_mlp=False, activation="relu2")

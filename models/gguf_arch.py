@@ -243,8 +243,7 @@ LFM2_EXPERTS = {"ffn_gate_exps": "feed_forward.experts.{j}.w1", "ffn_up_exps": "
                 "ffn_down_exps": "feed_forward.experts.{j}.w2"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-CHATGLM_LAYER = {"attn_norm": "input_layernorm", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-                 "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+CHATGLM_LAYER = {k: v for k, v in PHI3_LAYER.items() if k != "attn_qkv"}      # its attn_qkv: GGUFArch.parts
 GRANITE_SWA_LAYER = {**LLAMA_LAYER, "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp": "block_sparse_moe.router",
                      "ffn_gate_up_exps.weight": "block_sparse_moe.experts.gate_up_proj",
                      "ffn_down_exps.weight": "block_sparse_moe.experts.down_proj",

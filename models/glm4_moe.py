@@ -52,7 +52,7 @@ import numpy as np
 from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, WeightSpec, local_rope_on_sliding, \
     weight_spec
 from .config import (ConfigField, dense_layers, fields_with, layer_types, one_partial_rotary, refuse_unlike,
-                     split_layer_rope)
+                     split_layer_rope, window_of)
 from .layers import Flags
 from .llama import LlamaConfig
 from .moe import MoESpec, moe_weight_map
@@ -459,7 +459,7 @@ class MiMoV2FlashConfig(DenseByType, Glm4MoeConfig):
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         refuse_unlike(hf, (("attention_bias", False),), cls.ARCH)
-        n, window = values["num_hidden_layers"], values["sliding_window"]
+        n, window = values["num_hidden_layers"], window_of(values)
         types = values["layer_types"] or ["full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention"
                                           for i in range(n)]
         if not 0 < values["v_head_dim"] <= values["head_dim"]:
@@ -469,7 +469,7 @@ class MiMoV2FlashConfig(DenseByType, Glm4MoeConfig):
                       routed_scale=values["routed_scale"] if values["routed_scale"] is not None else 1.0)
         # Llama's adapt drops the layer kinds where nothing slides; here they also say which layers hold what
         return dict(super().adapt(values, hf, notes), layer_types=layer_types(types, n, hf, pattern=6),
-                    sliding_window=window if window and window < values["context_window_size"] else None)
+                    sliding_window=window)
 
     def flags(self) -> Flags:
         return Flags(v_head_dim=self.v_head_dim if self.v_head_dim < self.head_dim else None)

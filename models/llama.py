@@ -17,7 +17,7 @@ import numpy as np
 
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap,
                         WeightSpec, attention_by_type, decoder_weight_map, prefixed_names)
-from .config import ConfigField, TextModelOf, fields_with, layer_types, one_of
+from .config import ConfigField, TextModelOf, fields_with, layer_types, one_of, window_of
 from .layers import Flags
 from .rope import query_temperature
 
@@ -40,10 +40,7 @@ class LlamaConfig(DecoderConfig):
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         if hf.get("clip_qkv") is not None:
             raise ValueError(f"{cls.ARCH} with clip_qkv is not supported (released checkpoints leave it null)")
-        window, types = values["sliding_window"], values["layer_types"]
-        if not window or window >= values["context_window_size"]:
-            window = None                     # a window as long as the context never slides: plain attention
-        n = values["num_hidden_layers"]
+        window, types, n = window_of(values), values["layer_types"], values["num_hidden_layers"]
         types = layer_types(types, n, hf, pattern=1) if window and types else ()
         if types and "sliding_attention" not in types:
             window, types = None, ()

@@ -15,7 +15,7 @@ from tvm.relax.frontend import nn
 
 from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, Tensor, WeightMap, decoder_weight_map, \
     local_rope_on_sliding
-from .config import ConfigField, fields_with, layer_types, one_of, split_layer_rope
+from .config import ConfigField, fields_with, layer_types, one_of, split_layer_rope, window_of
 from .layers import Flags, Norm, _activation
 from .llama import LlamaConfig
 
@@ -62,16 +62,13 @@ class ModernBertDecoderConfig(LlamaConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, window = values["num_hidden_layers"], values["sliding_window"]
-        types = layer_types(values["layer_types"], n, hf, pattern=3)
-        if not window or window >= values["context_window_size"]:
-            window = None                   # sliding layers that never slide: full, with their own RoPE base
+        types = layer_types(values["layer_types"], values["num_hidden_layers"], hf, pattern=3)
         act, head = (one_of(ACTIVATIONS, values[k], name, cls.ARCH) for k, name in (
             ("activation", "hidden_activation"), ("head_activation", "classifier_activation")))
         if values["num_key_value_heads"] != values["num_attention_heads"]:
             raise ValueError(f"{cls.ARCH} with num_key_value_heads is not supported (its attention has a k and v "
                              "head a q head); fix config.json")
-        return dict(values, sliding_window=window, layer_types=types, activation=act, head_activation=head)
+        return dict(values, sliding_window=window_of(values), layer_types=types, activation=act, head_activation=head)
 
     def flags(self) -> Flags:
         return Flags(norm="layer" if self.norm_bias else "layer_nobias", activation=self.activation,

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from .causal_lm import LLAMA_NAMES, CausalLM, LayerAttention, WeightMap, decoder_weight_map, \
     local_rope_on_sliding, rope_on_sliding_only
-from .config import ConfigField, layer_types, split_layer_rope
+from .config import ConfigField, layer_types, split_layer_rope, window_of
 from .layers import Flags
 from .llama import LlamaConfig
 
@@ -45,12 +45,9 @@ class Olmo3Config(Olmo2Config):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, window = values["num_hidden_layers"], values["sliding_window"]
-        types = layer_types(values["layer_types"], n, hf, pattern=4)
-        if not window or window >= values["context_window_size"]:
-            window = None                   # sliding layers that never slide: full, with their own RoPE base
+        types = layer_types(values["layer_types"], values["num_hidden_layers"], hf, pattern=4)
         local = values["local_rope_theta"]
-        return dict(values, sliding_window=window, layer_types=types,
+        return dict(values, sliding_window=window_of(values), layer_types=types,
                     local_rope_theta=values["rope_theta"] if local is None else local)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, LayerAttention, WeightMap, local_rope_on_sliding, \
     rope_on_sliding_only
-from .config import ConfigField, dense_layers, layer_types, one_partial_rotary, split_layer_rope
+from .config import ConfigField, dense_layers, layer_types, one_partial_rotary, split_layer_rope, window_of
 from .layers import Flags
 from .moe import EXPERT_FIELDS, MoESpec, moe_weight_map
 from .qwen2 import Qwen2Config
@@ -92,12 +92,10 @@ class MellumConfig(Qwen3MoeConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, window = values["num_hidden_layers"], values["sliding_window"]
-        types = tuple(values["layer_types"] or ("full_attention",) * n)
-        types = layer_types(types, n, hf, pattern=1)
-        if not window or window >= values["context_window_size"] or "sliding_attention" not in types:
-            window = None                   # sliding layers that never slide: full, with their own RoPE base
-        values = dict(values, sliding_window=window, layer_types=types,
+        n = values["num_hidden_layers"]
+        types = layer_types(tuple(values["layer_types"] or ("full_attention",) * n), n, hf, pattern=1)
+        values = dict(values, sliding_window=window_of(values) if "sliding_attention" in types else None,
+                      layer_types=types,
                       dense_layers=dense_layers(hf.get("mlp_layer_types"), n, first_dense=0))
         return super().adapt(values, hf, notes)
 

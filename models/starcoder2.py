@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     decoder_weight_map
-from .config import ConfigField, fields_with, one_of
+from .config import ConfigField, fields_with, one_of, window_of
 from .gpt2 import ACTIVATIONS
 from .layers import Flags
 
@@ -33,9 +33,7 @@ class Starcoder2Config(DecoderConfig):
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
         activation = one_of(ACTIVATIONS, values["activation"], "hidden_act", cls.ARCH)
-        window = values["sliding_window"]
-        return dict(values, activation=activation,
-                    sliding_window=window if window and window < values["context_window_size"] else None)
+        return dict(values, activation=activation, sliding_window=window_of(values))
 
     def flags(self) -> Flags:
         return Flags(norm="layer", activation=self.activation, gated_mlp=False, qkv_bias=self.use_bias,
