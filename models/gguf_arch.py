@@ -1124,8 +1124,12 @@ def _stablelm(reader, arch, tensors, c):
 
 
 def _phi2(reader, arch, tensors, c):
+    """Phi-1 / 1.5 / 2 (PhiModel's keys). Its converter writes feed_forward_length as 4 x the width whatever the
+    config says (every released Phi's is): the MLP's width is read from ffn_up's rows."""
     c.update(layer_norm_eps=c.pop("rms_norm_eps"), hidden_act="gelu_new",
              partial_rotary_factor=_rotary_share(reader, arch, c))
+    if "blk.0.ffn_up.weight" in tensors:
+        c["intermediate_size"] = int(tensors["blk.0.ffn_up.weight"].shape[1])
 
 
 def _starcoder2(reader, arch, tensors, c):

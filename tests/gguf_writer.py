@@ -301,7 +301,10 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     w.add_block_count(_block_count(cfg, arch))
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size_mlp" if arch == "llama4" else "intermediate_size"])
+    if arch == "phi2":                                 # PhiModel's: 4 x the width, whatever the config says
+        w.add_feed_forward_length(4 * cfg["hidden_size"])
+    else:
+        w.add_feed_forward_length(cfg["intermediate_size_mlp" if arch == "llama4" else "intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
     if arch in ("stablelm", "phi2", "starcoder2", "gptneox", "command-r", "cohere2", "nemotron", "jais2"):  # LayerNorm
