@@ -1352,7 +1352,8 @@ def _hy_v3(reader, arch, tensors, c):
     """Tencent Hy V3: DeepSeek-V3's router without groups (sigmoid scores with the choice bias exp_probs_b, the top k
     renormalised and scaled), per-head q/k norms, a layer without a router dense (the converter writes no
     leading_dense_block_count; llama.cpp's loader goes by the tensors). transformers' model always renormalises: a
-    file without expert_weights_norm (llama.cpp's default: none) is refused."""
+    file without expert_weights_norm (llama.cpp's default: none) is refused. HYV3Model writes no
+    expert_shared_count: its one shared MLP is known by its tensors (ffn_*_shexp)."""
     _nextn(reader, arch, c)
     _head_dim(reader, arch, c)
     _no_groups(reader, arch)
@@ -1360,6 +1361,8 @@ def _hy_v3(reader, arch, tensors, c):
         raise ModelLoadError(f"this {arch} GGUF does not renormalise its experts' weights (expert_weights_norm), "
                              "which Hy V3 always does; re-convert the model")
     _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
+    if not c["num_shared_experts"] and any(".ffn_up_shexp." in name for name in tensors):
+        c["num_shared_experts"] = 1
     c.update(router_scaling_factor=c.pop("routed_scaling_factor"), route_norm=True,     # HYV3Config's names
              attention_bias="blk.0.attn_q.bias" in tensors,    # dense where a layer has no router (the loader's rule)
              mlp_layer_types=["sparse" if f"blk.{i}.ffn_gate_inp.weight" in tensors else "dense"
@@ -1858,7 +1861,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                           "ffn_down_exps.weight": "mlp.experts.down_proj"}, config=_mistral4,
                          by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
     "minicpm3": GGUFArch("minicpm3", ("MiniCPM3ForCausalLM",), MLA_LAYER, config=_minicpm3),
-    "afmoe": GGUFArch("afmoe", ("AfmoeForCausalLM",), AFMOE_LAYER, permuted=True, config=_afmoe,
+    # AfmoeModel writes q/k rows as they are (its modify_tensors skips LlamaModel's permutation): NeoX RoPE
+    "afmoe": GGUFArch("afmoe", ("AfmoeForCausalLM",), AFMOE_LAYER, config=_afmoe,
                       experts=QWEN_EXPERTS),
     "mistral3": GGUFArch("ministral3", ("Ministral3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_mistral3),
     "granitehybrid": GGUFArch("granitemoehybrid", ("GraniteMoeHybridForCausalLM",),

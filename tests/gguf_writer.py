@@ -128,7 +128,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
 PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
-            "nemotron_h_moe", "mistral3", "afmoe", "internlm2", "minicpm", "granite_swa")
+            "nemotron_h_moe", "mistral3", "internlm2", "minicpm", "granite_swa")
 
 
 def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, default: str = "F32",
@@ -329,7 +329,7 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     if "head_dim" in cfg or arch.startswith("gemma"):
         w.add_key_length(_head_dim(cfg))
         w.add_value_length(_head_dim(cfg))
-    if arch in PERMUTED or arch in ("llama4", "apertus"):   # LlamaModel's keys (these two: q/k rows as they are)
+    if arch in PERMUTED or arch in ("llama4", "apertus", "afmoe"):   # LlamaModel's keys (these: q/k rows as they are)
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(_head_dim(cfg))
         if cfg.get("sliding_window"):
@@ -1098,7 +1098,7 @@ def _experts(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
         w.add_expert_feed_forward_length(ffn)
     shared = next((cfg[k] for k in ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts") if k in cfg),
                   1 if arch == "hunyuan-moe" else None)
-    if shared is not None:
+    if shared is not None and arch != "hy_v3":          # HYV3Model writes none
         w.add_expert_shared_count(shared)
     shared_ffn = cfg.get("shared_expert_intermediate_size")
     if arch in ("exaone-moe", "hy_v3"):
