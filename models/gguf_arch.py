@@ -633,10 +633,16 @@ def _sliding_layers(reader, arch, c) -> bool:
 
 
 def _olmo2(reader, arch, tensors, c):
-    """OLMo 2, or OLMo 3 where the file has a window (llama.cpp writes both as olmo2)."""
+    """OLMo 2, or OLMo 3 where the file has a window (llama.cpp writes both as olmo2): its full layers by rope.freq_base
+    and any rope.scaling, its sliding ones unscaled by rope.freq_base_swa where written (TextModel's, from
+    rope_parameters), else the same base."""
     _qwen3(reader, arch, tensors, c)
     if _sliding_layers(reader, arch, c):
-        c.update(model_type="olmo3", architectures=["Olmo3ForCausalLM"])
+        theta = c.pop("rope_theta")
+        full = {"rope_type": "default", **(rope_scaling(reader, arch) or {}), "rope_theta": theta}
+        local = {"rope_type": "default", "rope_theta": _f32(_key(reader, arch, "rope.freq_base_swa", theta))}
+        c.update(model_type="olmo3", architectures=["Olmo3ForCausalLM"],
+                 rope_parameters={"full_attention": full, "sliding_attention": local})
 
 
 def _exaone4(reader, arch, tensors, c):

@@ -17,6 +17,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import write_tiny_llama  # noqa: E402
 
 
+def _tool(name: str):
+    """tools/<name>.py as a module (the tools are scripts, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LLAMA_CPP_FILES = _tool("llama_cpp_files")      # llama.cpp's tokenizer vectors and converter
+
+
 # `pytest -n auto --dist loadfile` (README "Tests"): a worker a core this process may run on, at most 4.
 # Each worker builds the session fixtures it needs (compiles, transformers references: ~3 GB with
 # SmolLM2's), so more workers mostly repeat those builds.
@@ -196,6 +208,22 @@ def tiny_artifacts(tiny_dirs, tmp_path_factory) -> dict[str, Path]:
     return {k: built_once(tmp_path_factory, f"tiny-artifacts/{k}",
                           lambda out, d=d: kiln.compile(str(d), target="cpu", quant="q0f32", output=out))
             for k, d in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_files() -> Path:
+    """llama.cpp's tokenizer vectors and converter (tools/llama_cpp_files.py); fetched here on CI (CI=true), else
+    skip saying how to fetch them."""
+    import subprocess
+    folder = LLAMA_CPP_FILES.files_dir()
+    if LLAMA_CPP_FILES.is_fetched(folder):
+        return folder
+    if os.environ.get("CI", "").lower() != "true":
+        pytest.skip(f"no llama.cpp files at {folder}: fetch them once with `python tools/llama_cpp_files.py`")
+    try:
+        return LLAMA_CPP_FILES.fetch(folder)
+    except (subprocess.CalledProcessError, SystemExit) as e:
+        pytest.fail(f"fetching llama.cpp's files failed ({e})")
 
 
 @pytest.fixture(scope="session")

@@ -389,6 +389,8 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
     if arch in ("olmo2", "exaone4", "exaone-moe") and cfg.get("sliding_window") is not None:
         w.add_sliding_window(cfg["sliding_window"])
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        if "sliding_attention" in (cfg.get("rope_parameters") or {}):      # TextModel's, OLMo 3's
+            w.add_rope_freq_base_swa(cfg["rope_parameters"]["sliding_attention"]["rope_theta"])
     if arch in ("deepseek2", "mistral4", *DSA):
         _deepseek2(w, cfg)
     if arch in DSA:

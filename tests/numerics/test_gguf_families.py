@@ -128,7 +128,11 @@ CASES = {
     "cohere2": ("Cohere2ForCausalLM", "Cohere2Config", dict(num_hidden_layers=4, sliding_window=32, logit_scale=0.5,
                                                             tie_word_embeddings=True, pad_token_id=0)),
     "olmoe": ("OlmoeForCausalLM", "OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, pad_token_id=0)),
-    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0)),
+    # its sliding layers by a base of their own (rope.freq_base_swa)
+    "olmo3": ("Olmo3ForCausalLM", "Olmo3Config", dict(num_hidden_layers=4, sliding_window=32, pad_token_id=0,
+                                                      rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
     "exaone": ("LlamaForCausalLM", "ExaoneConfig", dict(pad_token_id=0, rope_parameters=dict(
         rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=8.0,
         original_max_position_embeddings=1024))),

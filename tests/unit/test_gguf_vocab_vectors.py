@@ -1,50 +1,22 @@
 """kiln's GGUF tokenizers against real models' own tokenizers: llama.cpp's vocabulary-only GGUFs and the ids each
-model's Hugging Face tokenizer gives for llama.cpp's test texts (tools/llama_vocabs.py fetches them): every text
+model's Hugging Face tokenizer gives for llama.cpp's test texts (tools/llama_cpp_files.py fetches them): every text
 encodes to those ids (byte-level BPE with each pre-tokenizer's splits and Llama 3's whole-word tokens; SentencePiece
 with the prefix space llama.cpp adds even before a leading space; Gemma 4's) and the ids decode back to the text."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
+from conftest import LLAMA_CPP_FILES as VOCABS
 from kiln.models.gguf import MappedReader
 from kiln.models.gguf_tokenizer import build_gguf_tokenizer
 
 pytestmark = pytest.mark.unit
-TOOL = Path(__file__).parents[2] / "tools" / "llama_vocabs.py"
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("llama_vocabs", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-VOCABS = _tool()
-
-
-@pytest.fixture(scope="session")
-def vocab_dir() -> Path:
-    """The fetched vectors; fetched here on CI (CI=true), else skip saying how to fetch them."""
-    folder = VOCABS.vocab_dir()
-    if VOCABS.is_fetched(folder):
-        return folder
-    if os.environ.get("CI", "").lower() != "true":
-        pytest.skip(f"no tokenizer vectors at {folder}: fetch them once with `python tools/llama_vocabs.py`")
-    try:
-        return VOCABS.fetch(folder)
-    except (subprocess.CalledProcessError, SystemExit) as e:
-        pytest.fail(f"fetching llama.cpp's tokenizer vectors failed ({e})")
 
 
 @pytest.mark.parametrize("name", VOCABS.NAMES)
-def test_gguf_tokenizer_gives_the_models_own_ids(name, vocab_dir):
+def test_gguf_tokenizer_gives_the_models_own_ids(name, llama_cpp_files):
+    vocab_dir = llama_cpp_files
     path = VOCABS.files(name, vocab_dir)[0]
     tok = build_gguf_tokenizer(MappedReader(path))
     cases = VOCABS.cases(name, vocab_dir)
