@@ -1732,10 +1732,15 @@ def _falcon(reader, arch, tensors, c):
 
 
 def _starcoder(reader, arch, tensors, c):
-    """GPT-BigCode (StarCoder 1): GPT-2's metadata, one kv head, the head tied where the file has no output."""
+    """GPT-BigCode (StarCoder 1): GPT-2's metadata, one kv head, the head tied where the file has no output. The
+    converter writes head_count_kv 1 even for a GPT-BigCode without multi_query: attn_qkv's rows (3 x the width) say
+    so."""
     tie = "output.weight" not in tensors
+    qkv = tensors.get("blk.0.attn_qkv.weight")
+    mha = qkv is not None and int(qkv.shape[1]) == 3 * c["hidden_size"] != c["hidden_size"] + 2 * (
+        c["hidden_size"] // c["num_attention_heads"])
     _gpt2(reader, arch, tensors, c)
-    c.update(activation_function="gelu_pytorch_tanh", multi_query=True, tie_word_embeddings=tie)
+    c.update(activation_function="gelu_pytorch_tanh", multi_query=not mha, tie_word_embeddings=tie)
 
 
 GGUF_ARCHS: dict[str, GGUFArch] = {

@@ -150,6 +150,9 @@ CASES = {
         rope_type="yarn", rope_theta=10000.0, factor=2.0, original_max_position_embeddings=128))),
     "olmo": ("OlmoForCausalLM", "OlmoConfig", dict(clip_qkv=0.5, pad_token_id=0)),
     "gpt-bigcode": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)),
+    # without multi_query: the converter still writes head_count_kv 1, attn_qkv's rows say otherwise
+    "gpt-bigcode-mha": ("GPTBigCodeForCausalLM", "GPTBigCodeConfig", dict(n_embd=64, n_layer=2, n_head=4,
+                                                                          n_positions=256, multi_query=False)),
     "falcon-7b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, multi_query=True)),
     "falcon-40b": ("FalconForCausalLM", "FalconConfig", dict(FALCON, new_decoder_architecture=True, num_kv_heads=2)),
     "hunyuan": ("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", dict(
