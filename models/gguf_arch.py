@@ -831,7 +831,8 @@ def _gemma4(reader, arch, tensors, c):
 def _gemma3n(reader, arch, tensors, c):
     """llama.cpp's Gemma3NModel: Gemma 3's keys (a width a layer in feed_forward_length), the layer kinds as
     sliding_window_pattern, altup_active_idx / altup_num_inputs, the PLE width, shared_kv_layers, and each
-    layer's activation sparsity as the normal quantile it cuts at (activation_sparsity_scale: 0 for none)."""
+    layer's activation sparsity as the normal quantile it cuts at (activation_sparsity_scale: -inf for none, as the
+    converter writes it; 0 read as none too)."""
     import statistics
     n = c["num_hidden_layers"]
     swa = _key(reader, arch, "attention.sliding_window_pattern")

@@ -474,8 +474,8 @@ def _gemma3n(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_altup_num_inputs(cfg["altup_num_inputs"])
     w.add_embedding_length_per_layer_input(cfg["hidden_size_per_layer_input"])
     w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
-    w.add_activation_sparsity_scale([statistics.NormalDist().inv_cdf(s) if s else 0.0
-                                     for s in cfg["activation_sparsity_pattern"]])
+    w.add_activation_sparsity_scale([statistics.NormalDist().inv_cdf(s) if s else float("-inf")     # the quantile
+                                     for s in cfg["activation_sparsity_pattern"]])                  # of 0, as torch's
     w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
 
 
