@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, WeightSpec, \
     decoder_weight_map, rope_on_sliding_only
-from .config import ConfigField, dense_layers, fields_with, layer_types
+from .config import ConfigField, dense_layers, fields_with, layer_types, window_of
 from .layers import Flags
 from .moe import MoESpec, moe_weight_map
 
@@ -63,8 +63,7 @@ class Cohere2Config(CohereConfig):
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         """Sliding layers rotate q and k; global ones attend with no positions at all."""
-        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
-        return rope_on_sliding_only(self, window or 0)
+        return rope_on_sliding_only(self, window_of(vars(self)) or 0)
 
 
 @dataclass(frozen=True)

@@ -1188,8 +1188,6 @@ def _granite_swa(reader, arch, tensors, c):
         c.update(model_type="granitemoe_swa", architectures=["GraniteMoeSWAForCausalLM"], num_local_experts=experts,
                  num_experts_per_tok=_key(reader, arch, "expert_used_count"),
                  shared_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length", 0))
-    for key in ("num_experts_per_tok", "num_local_experts") if not experts else ():
-        c.pop(key, None)
 
 
 def _granitehybrid(reader, arch, tensors, c):
@@ -1399,7 +1397,7 @@ def _mimo2(reader, arch, tensors, c):
     c.update(sliding_window=_key(reader, arch, "attention.sliding_window"),
              layer_types=["sliding_attention" if slides else "full_attention" for slides in sliding])
     full_kv = next((heads for heads, slides in zip(kv, sliding) if not slides), kv[0] // 2 if sliding[0] else kv[0])
-    if [heads for heads in kv[:n]] != [full_kv * (2 if slides else 1) for slides in sliding]:
+    if list(kv[:n]) != [full_kv * (2 if slides else 1) for slides in sliding]:
         raise ModelLoadError(f"this {arch} GGUF's head_count_kv {list(kv[:n])} is not the full layers' count with "
                              "twice it on sliding ones, the only shape MiMo-V2-Flash's Hugging Face model has")
     if [f"blk.{i}.attn_sinks.weight" in tensors for i in range(n)] != sliding:
@@ -1738,8 +1736,7 @@ def _starcoder(reader, arch, tensors, c):
     so."""
     tie = "output.weight" not in tensors
     qkv = tensors.get("blk.0.attn_qkv.weight")
-    mha = qkv is not None and int(qkv.shape[1]) == 3 * c["hidden_size"] != c["hidden_size"] + 2 * (
-        c["hidden_size"] // c["num_attention_heads"])
+    mha = qkv is not None and int(qkv.shape[1]) == 3 * c["hidden_size"] and c["num_attention_heads"] > 1
     _gpt2(reader, arch, tensors, c)
     c.update(activation_function="gelu_pytorch_tanh", multi_query=not mha, tie_word_embeddings=tie)
 

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import write_tiny_llama  # noqa: E402
 
 
-def _tool(name: str):
-    """tools/<name>.py as a module (the tools are scripts, not a package)."""
+def tool_module(name: str):
+    """tools/<name>.py as a module, loaded afresh (the tools are scripts, not a package)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -26,7 +26,7 @@ def _tool(name: str):
     return module
 
 
-LLAMA_CPP_FILES = _tool("llama_cpp_files")      # llama.cpp's tokenizer vectors and converter
+LLAMA_CPP_FILES = tool_module("llama_cpp_files")      # llama.cpp's tokenizer vectors and converter
 
 
 # `pytest -n auto --dist loadfile` (README "Tests"): a worker a core this process may run on, at most 4.

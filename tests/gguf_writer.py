@@ -1370,9 +1370,6 @@ def _granite_swa(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_array(f"{w.arch}.attention.rope_pattern", rotates)
 
 
-MIMO2_NEXTN = 3      # MimoV2Model's: the three multi-token-prediction layers every released MiMo-V2 has, counted
-
-
 def _chatglm(w: gguf.GGUFWriter, cfg: dict) -> None:
     """ChatGLMModel's keys, from the original checkpoint's config that transformers' Glm config stands for
     (seq_length, ffn_hidden_size, multi_query_group_num, layernorm_epsilon, rope_ratio x 10000 as the base):
@@ -1416,6 +1413,9 @@ def _bitnet_weight_quant(w: np.ndarray) -> np.ndarray:
     w = w.astype(np.float32)
     s = np.float32(1) / np.maximum(np.abs(w).mean(dtype=np.float32), np.float32(1e-5))
     return np.clip(np.round(w * s), -1, 1) / s
+
+
+MIMO2_NEXTN = 3      # MimoV2Model's: the three multi-token-prediction layers every released MiMo-V2 has, counted
 
 
 def _mimo2(w: gguf.GGUFWriter, cfg: dict) -> None:

@@ -5,7 +5,6 @@ passes its golden check against transformers; float32 and 4-bit weights; and a r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,11 +15,11 @@ import numpy as np
 import pytest
 
 import kiln
+from conftest import tool_module
 from kiln.targets import ToolchainError
 
 pytestmark = [pytest.mark.numerics, pytest.mark.slow]
 
-TOOL = Path(__file__).parents[2] / "tools" / "aarch64_root.py"
 PROMPTS = [[1, 2, 3, 4, 5], list(range(20, 60))]
 # Run by the emulated python3 and by this one: greedy tokens, the logits at every position of the
 # second prompt (saved to argv[2]), and `kiln check` against the golden logits.
@@ -45,18 +44,11 @@ print(json.dumps({"machine": platform.machine(), "tokens": [o.token_ids for o in
 """
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("aarch64_root", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def aarch64_root() -> Path:
     """The cached arm64 root; built here on CI (CI=true, as root), else skip saying how to build it.
     Session-scoped so that it is set up (or skips) before the session's compiled artifacts."""
-    tool = _tool()
+    tool = tool_module("aarch64_root")
     if tool.missing_tools():
         pytest.skip(f"QEMU user-mode emulation needs host tools: {tool.missing_tools()}")
     root = tool.root_dir()
@@ -99,7 +91,7 @@ def _drive(python: list[str], env: dict[str, str], artifact: Path, logits: Path)
 
 
 def test_aarch64_library_under_qemu_matches_the_x86_build(aarch64_root, builds, tmp_path):
-    tool, (arm_artifact, x86_artifact) = _tool(), builds
+    tool, (arm_artifact, x86_artifact) = tool_module("aarch64_root"), builds
     native = _drive([sys.executable, "-P"], {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}, x86_artifact,
                     tmp_path / "x86.npy")
     kiln_src = tool.kiln_tree(tmp_path / "src")          # this interpreter's kiln, for the emulated one
@@ -139,7 +131,7 @@ def test_a_recurrent_hybrid_under_qemu_matches_the_x86_build(aarch64_root, tmp_p
     except ToolchainError as e:
         pytest.skip(str(e))
     x86 = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "cpu")
-    tool, native_env = _tool(), {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    tool, native_env = tool_module("aarch64_root"), {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
     native = _drive([sys.executable, "-P"], native_env, x86, tmp_path / "x86.npy")
     emulated_env = tool.python_env(aarch64_root, str(tool.kiln_tree(tmp_path / "src")))
     got = _drive(tool.python_command(aarch64_root), emulated_env, arm, tmp_path / "arm.npy")
@@ -192,7 +184,7 @@ def test_int8_gemv_sdot_under_qemu_matches_numpy_int8_arithmetic(aarch64_root, t
     xs = {f"x{rows}": rng.standard_normal((rows, 1, k)).astype(np.float32) for rows in (1, 3, 6)}
     xs["x1"][0, 0, 32:64] = 0                    # a chunk of zeros: dx 0
     np.savez(tmp_path / "in.npz", **planes, **xs)
-    tool = _tool()
+    tool = tool_module("aarch64_root")
     proc = subprocess.run([*tool.python_command(aarch64_root), "-c", KERNEL_DRIVER, str(tmp_path / "gemv.so"),
                            str(tmp_path / "in.npz"), json.dumps(list(planes)), str(n), str(tmp_path / "out.npz")],
                           capture_output=True, text=True, env=tool.python_env(aarch64_root), timeout=300)

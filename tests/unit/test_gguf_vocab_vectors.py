@@ -16,10 +16,9 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize("name", VOCABS.NAMES)
 def test_gguf_tokenizer_gives_the_models_own_ids(name, llama_cpp_files):
-    vocab_dir = llama_cpp_files
-    path = VOCABS.files(name, vocab_dir)[0]
+    path = VOCABS.files(name, llama_cpp_files)[0]
     tok = build_gguf_tokenizer(MappedReader(path))
-    cases = VOCABS.cases(name, vocab_dir)
+    cases = VOCABS.cases(name, llama_cpp_files)
     assert len(cases) >= 40
     wrong = [(text, got, want) for text, want in cases
              if (got := tok.encode(text, add_special_tokens=False).ids) != want]
