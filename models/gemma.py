@@ -22,7 +22,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap, \
     attention_by_type, decoder_weight_map, prefixed_names
-from .config import ConfigField, fields_with, layer_types, one_of, split_layer_rope, text_model
+from .config import ConfigField, fields_with, layer_types, one_of, split_layer_rope, text_model, window_of
 from .layers import Flags
 
 # HF Gemma names for the four norms of a layer (kiln: input, post_attention = before the MLP,
@@ -73,7 +73,7 @@ class Gemma2Config(DecoderConfig):
         return self.rope_theta, self.rope_scaling
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
+        window = window_of(vars(self))
         return attention_by_type(self.layer_types, window, self.layer_rope)
 
 

@@ -38,7 +38,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 
 from .causal_lm import LayerAttention, OwnedStackLM, WeightMap, WeightSpec, attention_by_type, head_weights
-from .config import ConfigField, text_model
+from .config import ConfigField, text_model, window_of
 from .gemma import _GEMMA_FIELDS, Gemma2Config
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import MoESpec, SparseMoE
@@ -133,7 +133,7 @@ class Gemma4Config(Gemma2Config):
                      qk_norm=True, final_logit_softcap=self.final_logit_softcapping, attn_scale=1.0)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
+        window = window_of(vars(self))
         return attention_by_type(self.layer_types, window, lambda t: (self.rope_theta, None))
 
     def kv_of(self, layer: int) -> tuple[int, int]:

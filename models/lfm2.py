@@ -26,7 +26,7 @@ from tvm.relax.frontend.nn import Tensor, op
 
 from .causal_lm import (DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStackLM, PositionalStack, WeightMap,
                         WeightSpec, head_weights)
-from .config import ConfigField
+from .config import ConfigField, window_of
 from .layers import MLP, Flags, Norm, cached_attention
 from .moe import EXPERT_FIELDS, MoESpec, SparseMoE
 from .rope import apply_rope, inv_freq, proportional
@@ -190,7 +190,7 @@ class Lfm3Config(Lfm2Config):
         return proportional(self.head_dim, theta, partial)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
+        window = window_of(vars(self))
         return tuple(LayerAttention("sliding", window, self.rope_theta, None) if t == "sliding_attention" and window
                      else LayerAttention("full", None, self.rope_theta, None) for t in self.layer_types)
 

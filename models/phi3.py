@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, head_weights
-from .config import ConfigField
+from .config import ConfigField, window_of
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Phi3Config(DecoderConfig):
         return longrope(values, hf, notes)
 
     def layer_attention(self) -> tuple[LayerAttention, ...]:
-        window = self.sliding_window if self.sliding_window and self.sliding_window < self.context_window_size else None
+        window = window_of(vars(self))
         return (LayerAttention("sliding" if window else "full", window, self.rope_theta, self.rope_scaling),) \
             * self.num_hidden_layers
 
