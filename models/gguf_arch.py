@@ -243,7 +243,9 @@ LFM2_EXPERTS = {"ffn_gate_exps": "feed_forward.experts.{j}.w1", "ffn_up_exps": "
                 "ffn_down_exps": "feed_forward.experts.{j}.w2"}
 PHI3_LAYER = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "ffn_up": "mlp.gate_up_proj",
               "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-CHATGLM_LAYER = {k: v for k, v in PHI3_LAYER.items() if k != "attn_qkv"}      # its attn_qkv: GGUFArch.parts
+# attn_qkv (ChatGLM's own checkpoints) by GGUFArch.parts; q, k and v apart as the converter writes transformers' Glm
+CHATGLM_LAYER = {**{k: v for k, v in PHI3_LAYER.items() if k != "attn_qkv"},
+                 **{k: LLAMA_LAYER[k] for k in ("attn_q", "attn_k", "attn_v")}}
 GRANITE_SWA_LAYER = {**LLAMA_LAYER, "attn_sinks.weight": "self_attn.sinks", "ffn_gate_inp": "block_sparse_moe.router",
                      "ffn_gate_up_exps.weight": "block_sparse_moe.experts.gate_up_proj",
                      "ffn_down_exps.weight": "block_sparse_moe.experts.down_proj",
@@ -921,11 +923,13 @@ def _phimoe(reader, arch, tensors, c):
 
 
 def _chatglm(reader, arch, tensors, c):
-    """ChatGLM3 / GLM-4-9B as ChatGLMModel writes them (GLM-4-9B-chat-hf's model, transformers' Glm): q, k and v fused
-    in attn_qkv with biases (read back as q_proj / k_proj / v_proj: _chatglm_qkv), RoPE on adjacent pairs of
-    rope.dimension_count of each head (half), the gate and up rows fused in ffn_up."""
+    """ChatGLM3 / GLM-4-9B as ChatGLMModel writes them (GLM-4-9B-chat-hf's model, transformers' Glm): q, k and v with
+    biases, fused in attn_qkv from ChatGLM's own checkpoints (read back as q_proj / k_proj / v_proj: _chatglm_qkv) or
+    apart from transformers' (-hf) ones, RoPE on adjacent pairs of rope.dimension_count of each head (half), the gate
+    and up rows fused in ffn_up. From an -hf checkpoint the converter writes 1e-5 as the norms' epsilon and the width
+    as the context (ChatGLM's defaults, the keys it looks for being ChatGLM's): kiln runs what the file says."""
     c.update(head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-             attention_bias="blk.0.attn_qkv.bias" in tensors)
+             attention_bias="blk.0.attn_qkv.bias" in tensors or "blk.0.attn_q.bias" in tensors)
     c["partial_rotary_factor"] = _rotary_share(reader, arch, c)
 
 
@@ -1378,8 +1382,10 @@ def _mimo2(reader, arch, tensors, c):
     """Xiaomi's MiMo-V2-Flash (MimoV2Model's keys): block_count and the per-layer arrays counting the
     multi-token-prediction layers (nextn_predict_layers: left unread); head_count_kv a layer, the full layers' as
     num_key_value_heads and the sliding ones' twice that (transformers' fixed shape; another is refused); keys of
-    key_length, values of value_length; the window (as llama.cpp's: the query and window - 1 before it, transformers'
-    sliding_window) and each layer's kind; rope.freq_base on full layers, rope.freq_base_swa on sliding ones, each on
+    key_length, values of value_length; the window, the released config's sliding_window (as the converter writes it):
+    the number of positions before the query a sliding layer sees (SGLang's, MiMo's reference, and transformers'
+    sliding_window - 1; llama.cpp reads it as the query and window - 1 before it, a position short), and each layer's
+    kind; rope.freq_base on full layers, rope.freq_base_swa on sliding ones, each on
     rope.dimension_count of each head; attention.value_scale (none: 1, as llama.cpp); DeepSeek-V3's router, the top k
     always renormalised (llama.cpp's graph); a layer without a router dense; sinks on the layers that store them
     (transformers': the sliding ones; refused otherwise)."""
@@ -1394,7 +1400,7 @@ def _mimo2(reader, arch, tensors, c):
         raise ModelLoadError(f"this {arch} GGUF's attention.sliding_window_pattern does not list its {n} layers; "
                              "re-convert the model")
     sliding = [bool(slides) for slides in pattern[:n]]
-    c.update(sliding_window=_key(reader, arch, "attention.sliding_window"),
+    c.update(sliding_window=_key(reader, arch, "attention.sliding_window") + 1,
              layer_types=["sliding_attention" if slides else "full_attention" for slides in sliding])
     full_kv = next((heads for heads, slides in zip(kv, sliding) if not slides), kv[0] // 2 if sliding[0] else kv[0])
     if list(kv[:n]) != [full_kv * (2 if slides else 1) for slides in sliding]:

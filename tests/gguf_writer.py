@@ -1422,8 +1422,9 @@ def _mimo2(w: gguf.GGUFWriter, cfg: dict) -> None:
     """MimoV2Model's keys (TextModel's, then its own): block_count and the per-layer arrays counting the three
     multi-token-prediction layers (sliding, as the converter extends the pattern) whether or not the checkpoint has
     them; head_count_kv a layer (the sliding layers' twice), key_length the head size and value_length v_head_dim,
-    the window and each layer's kind, each kind's RoPE base, the rotated share as rope.dimension_count, the experts'
-    keys with sigmoid gating, attention.value_scale."""
+    the window (the released config's sliding_window: transformers' - 1) and each layer's kind, each kind's RoPE
+    base, the rotated share as rope.dimension_count, the experts' keys (no gating function: llama.cpp's graph scores
+    by sigmoid), attention.value_scale."""
     rope, n = cfg["rope_parameters"], cfg["num_hidden_layers"]
     hybrid = [t == "sliding_attention" for t in cfg["layer_types"]] + [True] * MIMO2_NEXTN
     w.add_block_count(n + MIMO2_NEXTN)
@@ -1439,10 +1440,9 @@ def _mimo2(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_group_count(cfg["n_group"])
     w.add_expert_group_used_count(cfg["topk_group"])
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_key_length(cfg["head_dim"])
     w.add_value_length(cfg["v_head_dim"])
-    w.add_sliding_window(cfg["sliding_window"])
+    w.add_sliding_window(cfg["sliding_window"] - 1)     # the released config's: the positions before the query
     w.add_sliding_window_pattern(hybrid)
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_rope_dimension_count(int(cfg["head_dim"] * rope["full_attention"]["partial_rotary_factor"]))

@@ -18,6 +18,7 @@ pip downloads the sdist (its index and certificates); only these files are unpac
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -108,6 +109,16 @@ def convert(folder: Path, pairs: list[tuple[str, str]]) -> None:
     sys.path[:0] = [str(folder), str(folder / "gguf-py")]
     import conversion.base
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+    load = conversion.base.ModelBase.load_hparams
+
+    def load_hparams(dir_model: Path, is_mistral_format: bool):
+        # The converter is pinned to transformers 4.57, whose configs keep config.json's keys as written; transformers
+        # 5 folds some into others (GPT-NeoX's rotary_pct into rope_parameters, Granite 4.0's layer_types renamed)
+        # and the converter then misses them: config.json's keys as written, transformers' for the others
+        config = load(dir_model, is_mistral_format)
+        path = Path(dir_model) / "config.json"
+        return config if is_mistral_format or not path.is_file() else {**config, **json.loads(path.read_text())}
+    conversion.base.ModelBase.load_hparams = staticmethod(load_hparams)
     for hf, out in pairs:
         sys.argv = ["convert_hf_to_gguf.py", hf, "--outfile", out, "--outtype", "f32"]
         runpy.run_path(str(folder / "convert_hf_to_gguf.py"), run_name="__main__")

@@ -2,12 +2,14 @@
 it): for each case of test_gguf_families.py it takes, the converter's GGUF holds the writer's metadata (but the
 tokenizer's and general.*) and the same tensors, so what test_gguf_families checks of kiln's reading (logits equal
 transformers') holds for the files llama.cpp writes. Running the converter over the cases found AFMoE's q/k rows kept
-as they are, Hy V3's shared MLP without a count, Phi-2's MLP width written as 4 x the width, OLMo 3's sliding base
-and GPT-BigCode's kv head count 1 without multi_query, which the writer (and kiln's reader) had otherwise.
+as they are, Hy V3's shared MLP without a count, Phi-2's MLP width written as 4 x the width, OLMo 3's sliding base,
+GPT-BigCode's kv head count 1 without multi_query, MiMo-V2-Flash's window as the positions before the query (one less
+than transformers') and GLM-4-9B-chat-hf's q, k and v apart, which the writer (and kiln's reader) had otherwise.
 
-A few configs get the keys their released checkpoints have and transformers' saved one lacks (RELEASED); the other
-cases' converter classes need more than a transformers-saved tiny checkpoint has (CANNOT), or drop what the test
-keeps (gemma3: the embedding rows past the tokenizer's)."""
+Each case's folder is first given what its released checkpoint has and transformers' saved one lacks, where the
+converter reads it (RELEASED config keys, TOKENIZER_CONFIG keys, ADDED_TOKENS); the other cases' converter classes
+need more than a tiny checkpoint can have (CANNOT), or drop what the test keeps (gemma3: the embedding rows past the
+tokenizer's)."""
 
 from __future__ import annotations
 
@@ -18,30 +20,58 @@ import sys
 import gguf
 import numpy as np
 import pytest
+import torch
+import transformers
+
+import kiln
 
 from conftest import LLAMA_CPP_FILES
 from gguf_writer import write_gguf
-from test_gguf_families import CASES, WRITTEN_AS, write_hf
+from test_gguf_families import CASES, IDS, TOL, WRITTEN_AS, write_hf
+from tiny_models import assert_prefill_and_decode_match
 
 pytestmark = pytest.mark.numerics
 CANNOT = {
     **dict.fromkeys(["gemma", "gemma2", "ernie4_5", "ernie4_5-moe", "nemotron", "minicpm3"], "a tokenizer.model"),
-    **dict.fromkeys(["phi3", "phi4-partial-rotary"], "tokenizer_config.json's tokenizer_class"),
-    "gpt-neox": "rotary_pct",
-    **dict.fromkeys(["glm4", "glm4v", "chatglm"], "GLM's chat tokens"),
-    **dict.fromkeys(["glm4-moe", "deepseek2-glm4-moe-lite", "glm-dsa"], "GLM's [gMASK]"),
-    "falcon-7b": "Falcon-7B's own config keys (n_head_kv)", "hunyuan": "Hunyuan's released RoPE scaling",
-    "hunyuan-moe": "per-layer moe_intermediate_size", "deepseek32": "add_bos_token",
-    "mistral4": "the Mistral-format checkpoint", "phimoe": "PhiMoEForCausalLM (its remote code's name)",
-    "mimo2": "the released config's swa_* keys",
-    "exaone": "EXAONE 3's own architecture name (the test saves a Llama)",
-    **dict.fromkeys(["granite4", "granite4-moe"], "layers_block_type"),
+    "falcon-7b": "its view of query_key_value by num_kv_heads, which transformers fills with the head count where "
+                 "multi_query leaves it unset (it then fails on any Falcon-7B)",
+    "hunyuan": "Hunyuan's released RoPE scaling (its converter asserts the 7B's sizes)",
+    "hunyuan-moe": "a tiktoken tokenizer (mergeable_ranks)", "deepseek32": "add_bos_token on the tokenizer",
+    "mistral4": "the Mistral-format checkpoint", "exaone": "EXAONE 3's own architecture name (the test saves a Llama)",
     "gemma3": "nothing it lacks, but it drops the embedding rows past the tokenizer's (the test's 468 of 512)",
+    "chatglm": "nothing, but from transformers' Glm it writes q, k and v apart (the writer writes ChatGLM's own "
+               "checkpoints' attn_qkv), ChatGLM's default epsilon and the width as the context: "
+               "test_chatglm_hf_as_the_converter_writes_it",
 }
 TAKEN = [case for case in CASES if case not in CANNOT and case not in WRITTEN_AS]
-# Keys the released checkpoints' config.json has and transformers' saved one lacks, which the converter reads
-RELEASED = {"gpt2": lambda c: {"n_ctx": c["n_positions"]}, "cohere2": lambda c: {"rotary_pct": 1.0},
-            "minimax-m2": lambda c: {"rotary_dim": int(c["head_dim"] * c["rope_parameters"]["partial_rotary_factor"])}}
+
+
+def _mimo2_released(c: dict) -> dict:
+    """MiMo-V2-Flash's config.json as released: each kind's heads and RoPE as swa_* keys, the layer kinds as
+    hybrid_layer_pattern, the window as the positions before the query (transformers' sliding_window - 1)."""
+    rope, window = c["rope_parameters"], c["sliding_window"] - 1
+    return dict(c, rope_parameters=None, hybrid_layer_pattern=[int(t == "sliding_attention") for t in c["layer_types"]],
+                swa_num_key_value_heads=2 * c["num_key_value_heads"], swa_num_attention_heads=c["num_attention_heads"],
+                swa_head_dim=c["head_dim"], swa_v_head_dim=c["v_head_dim"], topk_method="noaux_tc",
+                sliding_window=window, sliding_window_size=window, layernorm_epsilon=c["rms_norm_eps"],
+                rope_theta=rope["full_attention"]["rope_theta"], swa_rope_theta=rope["sliding_attention"]["rope_theta"],
+                partial_rotary_factor=rope["full_attention"]["partial_rotary_factor"])
+
+
+# Each config.json as the released checkpoints write it, where the converter reads keys transformers' saved one lacks
+RELEASED = {"gpt2": lambda c: dict(c, n_ctx=c["n_positions"]), "cohere2": lambda c: dict(c, rotary_pct=1.0),
+            "minimax-m2": lambda c: dict(c, rotary_dim=int(c["head_dim"] *
+                                                           c["rope_parameters"]["partial_rotary_factor"])),
+            "gpt-neox": lambda c: dict(c, rotary_pct=c["rope_parameters"]["partial_rotary_factor"]),
+            **dict.fromkeys(["granite4", "granite4-moe"],
+                            lambda c: dict(c, layer_types=["attention"] * c["num_hidden_layers"])),
+            "phimoe": lambda c: dict(c, architectures=["PhiMoEForCausalLM"]),     # its remote code's name
+            "mimo2": _mimo2_released}
+# tokenizer_config.json's keys the converter reads: Phi-3 / Phi-4 take a GPT-2 tokenizer's vocabulary by its class
+TOKENIZER_CONFIG = dict.fromkeys(["phi3", "phi4-partial-rotary", "phimoe"], {"tokenizer_class": "GPT2Tokenizer"})
+# Special tokens the converter looks up in the tokenizer: GLM's
+GLM_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>", "[gMASK]"]
+ADDED_TOKENS = dict.fromkeys(["glm4", "glm4v", "glm4-moe", "deepseek2-glm4-moe-lite", "glm-dsa", "chatglm"], GLM_TOKENS)
 # Metadata the converter writes otherwise, by key (after the architecture's name), each read alike by kiln: a value
 # equal to the default where the other leaves it out, a key kiln does not read, or (mistral) the window an older
 # converter wrote, which kiln still reads
@@ -51,7 +81,10 @@ KNOWN = {"mistral": {"attention.sliding_window"}, "stablelm": {"rope.freq_base"}
          "olmo": {"rope.dimension_count", "vocab_size"}, "falcon-40b": {"tensor_data_layout"},
          "deepseek2-v3": {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"},
          "gpt-oss": {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"},
-         "cohere2": {"rope.dimension_count", "rope.scaling.type", "vocab_size"}}
+         "cohere2": {"rope.dimension_count", "rope.scaling.type", "vocab_size"},
+         "gpt-neox": {"attention.head_count_kv", "rope.freq_base"},
+         **dict.fromkeys(["granite4", "granite4-moe"], {"ssm.conv_kernel", "ssm.group_count", "ssm.inner_size",
+                                                        "ssm.state_size", "ssm.time_step_rank"})}
 # Tensors the writer writes that the converter does not: GPT-2's head, a copy of its embedding (older converters
 # wrote it; kiln reads the head tied either way)
 EXTRA_TENSORS = {"gpt2": {"output.weight"}}
@@ -59,20 +92,33 @@ EXTRA_TENSORS = {"gpt2": {"output.weight"}}
 
 @pytest.fixture(scope="module")
 def converted(llama_cpp_files, tmp_path_factory) -> dict:
-    """case -> (its Hugging Face folder, llama.cpp's GGUF of it), every case converted by one converter process."""
+    """case -> (the writer's GGUF of its Hugging Face folder, llama.cpp's GGUF of it), every case converted by one
+    converter process; the writer writes each before the folder gets its released config."""
     root = tmp_path_factory.mktemp("converter")
-    pairs = {case: (root / case / "hf", root / case / "llama.gguf") for case in TAKEN}
-    for case, (hf, _) in pairs.items():
+    pairs = {case: (root / case / "mine.gguf", root / case / "llama.gguf") for case in TAKEN + ["chatglm"]}
+    for case, (mine, _) in pairs.items():
+        hf = root / case / "hf"
         write_hf(case, hf)
-        if case in RELEASED:
-            path = hf / "config.json"
-            config = json.loads(path.read_text())
-            path.write_text(json.dumps(dict(config, **RELEASED[case](config))))
-    args = [str(p) for pair in pairs.values() for p in pair]
+        write_gguf(hf, mine)
+        _release(case, hf)
+    args = [str(p) for case, (_, theirs) in pairs.items() for p in (root / case / "hf", theirs)]
     run = subprocess.run([sys.executable, str(LLAMA_CPP_FILES.__file__), "convert", *args], capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     return pairs
+
+
+def _release(case: str, hf) -> None:
+    """The case's folder as its released checkpoint has it, where the converter needs that."""
+    for name, edit in (("config.json", RELEASED.get(case)), ("tokenizer_config.json", TOKENIZER_CONFIG.get(case))):
+        if edit:
+            path = hf / name
+            value = json.loads(path.read_text())
+            path.write_text(json.dumps(edit(value) if callable(edit) else dict(value, **edit)))
+    if case in ADDED_TOKENS:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(hf)
+        tokenizer.add_special_tokens({"additional_special_tokens": ADDED_TOKENS[case]})
+        tokenizer.save_pretrained(hf)
 
 
 def _fields(reader: gguf.GGUFReader) -> dict:
@@ -82,9 +128,7 @@ def _fields(reader: gguf.GGUFReader) -> dict:
 
 @pytest.mark.parametrize("case", TAKEN)
 def test_the_writer_writes_what_llama_cpps_converter_writes(case, converted, tmp_path):
-    hf, path = converted[case]
-    theirs = gguf.GGUFReader(path)
-    mine = gguf.GGUFReader(write_gguf(hf, tmp_path / "mine.gguf"))
+    theirs, mine = (gguf.GGUFReader(path) for path in converted[case][::-1])
     ta, tb = ({t.name: t for t in r.tensors} for r in (theirs, mine))
     assert sorted(ta) == sorted(set(tb) - EXTRA_TENSORS.get(case, set()))
     for name, t in ta.items():
@@ -105,3 +149,14 @@ def _same(x, y) -> bool:
     if isinstance(x, float) or isinstance(y, float):
         return x is not None and y is not None and np.float32(x) == np.float32(y)
     return x == y
+
+
+def test_chatglm_hf_as_the_converter_writes_it(converted, tmp_path):
+    """A GLM-4-9B-chat-hf GGUF (transformers' Glm through the converter's ChatGLMModel): q, k and v apart with their
+    biases, the norms' epsilon ChatGLM's default 1e-5 (the converter reads ChatGLM's own key, layernorm_epsilon) and
+    the width as the context; kiln runs what the file says, transformers' logits with that epsilon."""
+    theirs = converted["chatglm"][1]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32,
+                                                            rms_norm_eps=1e-5).eval()
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)

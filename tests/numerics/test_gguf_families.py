@@ -217,8 +217,9 @@ CASES = {
     "granite-swa": _hf_case("granite-swa", layer_rope_theta=[10000.0, 0, 10000.0], no_rope_layers=[1, 0, 1]),
     "granitemoe-swa": _hf_case("granitemoe-swa"),
     # MiMo-V2-Flash: a KV head count a layer and three multi-token-prediction layers counted in every array, values
-    # narrower than keys and scaled, sinks on sliding layers, a RoPE base a layer kind on a third of each head
-    "mimo2": _hf_case("mimo-v2-flash", attention_value_scale=0.5, rope_parameters={
+    # narrower than keys and scaled, sinks on sliding layers, a RoPE base a layer kind on a third of each head, the
+    # window (the file's, one short of transformers') shorter than the prompt
+    "mimo2": _hf_case("mimo-v2-flash", attention_value_scale=0.5, sliding_window=8, rope_parameters={
         kind: {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 0.334}
         for kind, theta in (("full_attention", 5e6), ("sliding_attention", 1e4))}),
     # GLM-4-9B / ChatGLM3 as chatglm: q, k and v fused with biases (read back split), RoPE on half of each head
