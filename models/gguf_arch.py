@@ -705,8 +705,10 @@ def _mellum(reader, arch, tensors, c):
 
 def _qwen35(reader, arch, tensors, c):
     """llama.cpp's Qwen3_5TextModel: the DeltaNet's sizes as ssm.* (group_count: key heads, time_step_rank: value
-    heads, state_size: the key head size, inner_size: all value heads' width, conv_kernel), full_attention_interval,
-    the rotated share of each head as rope.dimension_count; qwen35moe: qwen2moe's expert keys."""
+    heads, state_size: the key head size, inner_size: all value heads' width, conv_kernel), each layer's kind as
+    attention.recurrent_layers (true: a DeltaNet layer; the converter's since 2026) where written, else every
+    full_attention_interval-th layer full (llama.cpp's loader alike), the rotated share of each head as
+    rope.dimension_count; qwen35moe: qwen2moe's expert keys."""
     value_heads = _key(reader, arch, "ssm.time_step_rank")
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     c.update(linear_num_key_heads=_key(reader, arch, "ssm.group_count"), linear_num_value_heads=value_heads,
@@ -715,6 +717,9 @@ def _qwen35(reader, arch, tensors, c):
              linear_conv_kernel_dim=_key(reader, arch, "ssm.conv_kernel"),
              full_attention_interval=_key(reader, arch, "full_attention_interval", 4), head_dim=head_dim,
              partial_rotary_factor=_key(reader, arch, "rope.dimension_count", head_dim // 4) / head_dim)
+    recurrent = _key(reader, arch, "attention.recurrent_layers")
+    if isinstance(recurrent, list):
+        c["layer_types"] = ["linear_attention" if r else "full_attention" for r in recurrent[:c["num_hidden_layers"]]]
     if arch in ("qwen35moe", "qwen3next"):
         _qwen_moe(reader, arch, tensors, c)
         c.pop("norm_topk_prob")

@@ -530,6 +530,8 @@ def _qwen35(w: gguf.GGUFWriter, cfg: dict, arch: str) -> None:
     w.add_ssm_group_count(cfg["linear_num_key_heads"])
     w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
     w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+    if cfg.get("layer_types"):             # each layer's kind (true: DeltaNet), the converter's since 2026
+        w.add_array(f"{w.arch}.attention.recurrent_layers", [t == "linear_attention" for t in cfg["layer_types"]])
     w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
     w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
     if arch != "qwen3next":
@@ -550,7 +552,7 @@ def _qwen35_tensors(cfg: dict, hf: dict[str, np.ndarray], tile: bool = True) -> 
     out = {}
     for name, value in hf.items():
         if name.endswith(".A_log"):
-            value = -np.exp(value.astype(np.float32))
+            value = _neg_exp(value)
         elif name.endswith(".dt_bias"):
             name = name.replace(".dt_bias", ".dt_proj.bias")
         elif name.endswith("conv1d.weight"):
@@ -924,7 +926,8 @@ def _mamba2(w: gguf.GGUFWriter, heads: int, head_dim: int, groups: int, state: i
 
 def _nemotron_h(w: gguf.GGUFWriter, cfg: dict) -> None:
     """NemotronHModel's keys (through GraniteHybridModel's): per-layer kv heads and MLP widths (the experts' in a
-    MoE model), no RoPE; a MoE model's expert keys (DeepSeek-V3's, but no expert_group_used_count)."""
+    MoE model), the whole head as rope.dimension_count (TextModel's default: the model has no RoPE); a MoE model's
+    expert keys (DeepSeek-V3's)."""
     kinds = cfg["layers_block_type"]
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(2 ** 20)
@@ -940,7 +943,9 @@ def _nemotron_h(w: gguf.GGUFWriter, cfg: dict) -> None:
         w.add_expert_weights_norm(cfg["norm_topk_prob"])
         w.add_expert_weights_scale(cfg["routed_scaling_factor"])
         w.add_expert_group_count(cfg["n_group"])
+        w.add_expert_group_used_count(cfg["topk_group"])
     w.add_head_count(cfg["num_attention_heads"])
+    w.add_rope_dimension_count(cfg["head_dim"])
     w.add_head_count_kv([cfg["num_key_value_heads"] if k in ("attention", "full_attention") else 0 for k in kinds])
     w.add_layer_norm_eps(cfg["layer_norm_epsilon"])
     w.add_key_length(cfg["head_dim"])
@@ -976,22 +981,30 @@ def _falcon_h1(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_rope_freq_base(_rope(cfg)[0])
 
 
+def _neg_exp(value: np.ndarray) -> np.ndarray:
+    """-exp(x) in float32 as the converters compute A from A_log (torch's exp, which numpy's differs from by an
+    ulp)."""
+    import torch
+    return (-torch.exp(torch.from_numpy(np.ascontiguousarray(value, np.float32)))).numpy()
+
+
 def _falcon_h1_folded(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """FalconH1Model.modify_tensors: every multiplier folded into the weight it scales (in_proj's rows a section of
     z, x, B, C, dt each times its ssm_multipliers entry)."""
     mlp, ssm = cfg["mlp_multipliers"], cfg["ssm_multipliers"]
     inner, bc = cfg["mamba_d_ssm"], cfg["mamba_n_groups"] * cfg["mamba_d_state"]
     ai = cfg["attention_in_multiplier"]
-    scales = {"down_proj.weight": mlp[1], "gate_proj.weight": mlp[0], "k_proj.weight": cfg["key_multiplier"] * ai,
-              "q_proj.weight": ai, "v_proj.weight": ai, "o_proj.weight": cfg["attention_out_multiplier"],
-              "out_proj.weight": cfg["ssm_out_multiplier"], "lm_head.weight": cfg["lm_head_multiplier"],
-              "embed_tokens.weight": cfg["embedding_multiplier"]}
+    scales = {"down_proj.weight": (mlp[1],), "gate_proj.weight": (mlp[0],),
+              "k_proj.weight": (cfg["key_multiplier"], ai), "q_proj.weight": (ai,), "v_proj.weight": (ai,),
+              "o_proj.weight": (cfg["attention_out_multiplier"],), "out_proj.weight": (cfg["ssm_out_multiplier"],),
+              "lm_head.weight": (cfg["lm_head_multiplier"],), "embed_tokens.weight": (cfg["embedding_multiplier"],)}
     out = {}
     for name, value in hf.items():
         value = value.astype(np.float32)
         key = next((k for k in scales if name.endswith(k)), None)
         if key:
-            value = value * scales[key]
+            for scale in scales[key]:        # one after another, as the converter multiplies
+                value = value * scale
         elif name.endswith("in_proj.weight"):
             rows = np.concatenate([np.full(inner, ssm[0]), np.full(inner, ssm[1]), np.full(bc, ssm[2]),
                                    np.full(bc, ssm[3]), np.full(value.shape[0] - 2 * inner - 2 * bc, ssm[4])])
@@ -1050,7 +1063,7 @@ def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
     out = {}
     for name, value in hf.items():
         if name.endswith(".A_log"):
-            value = -np.exp(value.astype(np.float32))
+            value = _neg_exp(value)
             value = value if cfg.get("model_type") in MAMBA1 else value.reshape(-1, 1)
         elif name.endswith((".mamba.D", ".mixer.D")) and cfg.get("model_type") not in MAMBA1:
             value = value.reshape(-1, 1)
@@ -1170,7 +1183,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if dense:
             out[f"blk.{i}.ffn_down.weight"] = hf.pop(f"model.layers.{i}.shared_mlp.output_linear.weight")
     if arch == "kimi-linear":      # KimiLinearModel's: convs [1, channels, 1, taps], A as -exp(A_log), dt_proj.bias
-        hf = {k.replace(".dt_bias", ".dt_proj.bias"): -np.exp(v) if k.endswith(".A_log") else
+        hf = {k.replace(".dt_bias", ".dt_proj.bias"): _neg_exp(v) if k.endswith(".A_log") else
               v.reshape(1, v.shape[0], 1, v.shape[-1]) if k.endswith("_conv1d.weight") else v for k, v in hf.items()}
     for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch in ("deepseek2", "mistral4", "kimi-linear",
                                                                                  *DSA)]:

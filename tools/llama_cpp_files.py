@@ -9,7 +9,7 @@
   runs over the GGUF tests' models to check that tests/gguf_writer.py writes what it writes.
 
     python tools/llama_cpp_files.py                        # fetch once (~77 MB download, ~65 MB kept), print the folder
-    python tools/llama_cpp_files.py convert HF_DIR OUT.gguf [HF_DIR OUT.gguf ...]   # llama.cpp's converter, f32
+    python tools/llama_cpp_files.py convert [--no-mtp] HF_DIR OUT.gguf [...]   # llama.cpp's converter, f32
 
 pip downloads the sdist (its index and certificates); only these files are unpacked, into
 ~/.cache/kiln/llama-cpp/<version> ($KILN_LLAMA_CPP_FILES overrides), whole or not at all.
@@ -18,7 +18,6 @@ pip downloads the sdist (its index and certificates); only these files are unpac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -101,35 +100,41 @@ def fetch(folder: Path) -> Path:
     return folder
 
 
-def convert(folder: Path, pairs: list[tuple[str, str]]) -> None:
-    """Run llama.cpp's converter (its own gguf-py first on the path) on each (HF folder, GGUF path), float32, in this
-    process. Its BPE pre-tokenizer check (a hash of the tokenizer's ids over a text, known only for released
-    tokenizers) is answered "gpt-2", the tests' tokenizers being byte-level BPE with GPT-2's split."""
+def convert(folder: Path, jobs: list[tuple[list[str], str, str]]) -> None:
+    """Run llama.cpp's converter (its own gguf-py first on the path) on each (its flags, HF folder, GGUF path),
+    float32, in this process. Its BPE pre-tokenizer check (a hash of the tokenizer's ids over a text, known only for
+    released tokenizers) is answered "gpt-2", the tests' tokenizers being byte-level BPE with GPT-2's split."""
     import runpy
     sys.path[:0] = [str(folder), str(folder / "gguf-py")]
     import conversion.base
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-    load = conversion.base.ModelBase.load_hparams
 
-    def load_hparams(dir_model: Path, is_mistral_format: bool):
-        # The converter is pinned to transformers 4.57, whose configs keep config.json's keys as written; transformers
-        # 5 folds some into others (GPT-NeoX's rotary_pct into rope_parameters, Granite 4.0's layer_types renamed)
-        # and the converter then misses them: config.json's keys as written, transformers' for the others
-        config = load(dir_model, is_mistral_format)
-        path = Path(dir_model) / "config.json"
-        return config if is_mistral_format or not path.is_file() else {**config, **json.loads(path.read_text())}
-    conversion.base.ModelBase.load_hparams = staticmethod(load_hparams)
-    for hf, out in pairs:
-        sys.argv = ["convert_hf_to_gguf.py", hf, "--outfile", out, "--outtype", "f32"]
+    class AsWritten:
+        """The converter is pinned to transformers 4.57, whose configs keep config.json's keys as written;
+        transformers 5's fold some into others (GPT-NeoX's rotary_pct into rope_parameters, Granite 4.0's layer kinds
+        renamed) and add keys of later models (Nemotron-H's experts' on a dense one), which the converter then
+        misreads: it reads config.json as written (its own fallback where transformers cannot load a config)."""
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            raise ValueError("config.json as written")
+    conversion.base.AutoConfig = AsWritten
+    for flags, hf, out in jobs:
+        sys.argv = ["convert_hf_to_gguf.py", *flags, hf, "--outfile", out, "--outtype", "f32"]
         runpy.run_path(str(folder / "convert_hf_to_gguf.py"), run_name="__main__")
 
 
 def main() -> None:
     if sys.argv[1:2] == ["convert"]:
-        args = sys.argv[2:]
-        if not args or len(args) % 2:
-            raise SystemExit("usage: python tools/llama_cpp_files.py convert HF_DIR OUT.gguf [HF_DIR OUT.gguf ...]")
-        convert(fetch(files_dir()), list(zip(args[::2], args[1::2])))
+        jobs, flags, paths = [], [], []
+        for arg in sys.argv[2:]:
+            (flags if arg.startswith("--") and not paths else paths).append(arg)
+            if len(paths) == 2:
+                jobs.append((flags, *paths))
+                flags, paths = [], []
+        if not jobs or flags or paths:
+            raise SystemExit("usage: python tools/llama_cpp_files.py convert [--flag ...] HF_DIR OUT.gguf "
+                             "[[--flag ...] HF_DIR OUT.gguf ...]   (flags: the converter's, for the pair after them)")
+        convert(fetch(files_dir()), jobs)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dest", type=Path, default=None, help="folder (default: $KILN_LLAMA_CPP_FILES or the cache)")

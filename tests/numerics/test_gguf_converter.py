@@ -28,7 +28,7 @@ import kiln
 from conftest import LLAMA_CPP_FILES
 from gguf_writer import write_gguf
 from test_gguf_families import CASES, IDS, TOL, WRITTEN_AS, write_hf
-from tiny_models import assert_prefill_and_decode_match
+from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
 CANNOT = {
@@ -72,6 +72,56 @@ TOKENIZER_CONFIG = dict.fromkeys(["phi3", "phi4-partial-rotary", "phimoe"], {"to
 # Special tokens the converter looks up in the tokenizer: GLM's
 GLM_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>", "[gMASK]"]
 ADDED_TOKENS = dict.fromkeys(["glm4", "glm4v", "glm4-moe", "deepseek2-glm4-moe-lite", "glm-dsa", "chatglm"], GLM_TOKENS)
+
+
+# The recurrent and hybrid families' GGUF tests' models (each test module's config), with the released checkpoints'
+# config keys the converter reads: Granite 4.0-H's layer kinds as "mamba" / "attention", Bamba's rotated width,
+# Nemotron-H's blocks as hybrid_override_pattern (and a dense one without the experts' keys transformers saves),
+# Mamba-2's width from expand only. Jamba's converter needs a Llama tokenizer (tokenizer.model or Llama 3's BPE).
+_KINDS = {"linear_attention": "mamba", "full_attention": "attention"}
+_BLOCKS = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
+_EXPERT_KEYS = ("num_experts_per_tok", "n_routed_experts", "moe_intermediate_size",
+                "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap", "n_group", "topk_group",
+                "n_shared_experts", "routed_scaling_factor", "norm_topk_prob", "mtp_layers_block_type",
+                "num_nextn_predict_layers", "moe_latent_size")
+
+
+def _nemotron_h_released(c: dict) -> dict:
+    blocks = c["layers_block_type"]
+    c = {k: v for k, v in c.items() if k != "layers_block_type" and ("moe" in blocks or k not in _EXPERT_KEYS)}
+    return dict(c, hybrid_override_pattern="".join(_BLOCKS[b] for b in blocks), num_hidden_layers=len(blocks))
+
+
+def _hybrids() -> dict:
+    """name -> (model class, config class, config, its released config.json from the saved one, converter flags)."""
+    import test_lfm2
+    import test_mamba1
+    import test_mamba2
+    import test_qwen3_5
+    qwen_moe = dict(test_qwen3_5.CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=48)
+    granite = (lambda c: dict(c, layer_types=[_KINDS[t] for t in c["layer_types"]]), [])
+    return {
+        "granitehybrid-moe": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig",
+                              dict(test_mamba2.GRANITE, num_local_experts=4, num_experts_per_tok=2), *granite),
+        "granitehybrid-dense-rope": (*test_mamba2.FAMILIES["granite4-h-dense-rope"], *granite),
+        "bamba": (*test_mamba2.FAMILIES["bamba"], lambda c: dict(c, attn_rotary_emb=int(
+            c["hidden_size"] // c["num_attention_heads"] * c["rope_parameters"]["partial_rotary_factor"])), []),
+        **{name: (*test_mamba2.FAMILIES[name], _nemotron_h_released, []) for name in ("nemotron-h", "nemotron-h-moe")},
+        "mamba2": (*test_mamba2.FAMILIES["mamba2"],
+                   lambda c: {k: v for k, v in c.items() if k != "intermediate_size"}, []),
+        **{name: (*test_mamba2.FAMILIES[name], None, []) for name in ("falcon-h1", "falcon-h1-norm-before-gate")},
+        **{name: (*test_mamba1.FAMILIES[name], None, []) for name in test_mamba1.FAMILIES},
+        "qwen35": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", test_qwen3_5.CONFIG, None, ["--no-mtp"]),
+        "qwen3next": ("Qwen3NextForCausalLM", "Qwen3NextConfig",
+                      dict(qwen_moe, mlp_only_layers=[], decoder_sparse_step=1), None, ["--no-mtp"]),
+        "qwen35moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
+                      {k: v for k, v in qwen_moe.items() if k != "intermediate_size"}, None, ["--no-mtp"]),
+        "lfm2": ("Lfm2ForCausalLM", "Lfm2Config", test_lfm2.CONFIG, None, []),
+    }
+
+
+HYBRIDS = _hybrids()
 # Metadata the converter writes otherwise, by key (after the architecture's name), each read alike by kiln: a value
 # equal to the default where the other leaves it out, a key kiln does not read, or (mistral) the window an older
 # converter wrote, which kiln still reads
@@ -95,22 +145,29 @@ def converted(llama_cpp_files, tmp_path_factory) -> dict:
     """case -> (the writer's GGUF of its Hugging Face folder, llama.cpp's GGUF of it), every case converted by one
     converter process; the writer writes each before the folder gets its released config."""
     root = tmp_path_factory.mktemp("converter")
-    pairs = {case: (root / case / "mine.gguf", root / case / "llama.gguf") for case in TAKEN + ["chatglm"]}
-    for case, (mine, _) in pairs.items():
-        hf = root / case / "hf"
-        write_hf(case, hf)
+    pairs, args = {}, []
+    for case in TAKEN + ["chatglm"] + list(HYBRIDS):
+        hf, mine, theirs = root / case / "hf", root / case / "mine.gguf", root / case / "llama.gguf"
+        if case in HYBRIDS:
+            model_cls, config_cls, cfg, released, flags = HYBRIDS[case]
+            write_widened(model_cls, config_cls, cfg, hf, seed=2)
+        else:
+            write_hf(case, hf)
+            released, flags = RELEASED.get(case), []
         write_gguf(hf, mine)
-        _release(case, hf)
-    args = [str(p) for case, (_, theirs) in pairs.items() for p in (root / case / "hf", theirs)]
+        _release(case, hf, released)
+        pairs[case] = (mine, theirs)
+        args += [*flags, str(hf), str(theirs)]
     run = subprocess.run([sys.executable, str(LLAMA_CPP_FILES.__file__), "convert", *args], capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     return pairs
 
 
-def _release(case: str, hf) -> None:
-    """The case's folder as its released checkpoint has it, where the converter needs that."""
-    for name, edit in (("config.json", RELEASED.get(case)), ("tokenizer_config.json", TOKENIZER_CONFIG.get(case))):
+def _release(case: str, hf, released) -> None:
+    """The case's folder as its released checkpoint has it (`released`: its config.json from the saved one), where the
+    converter needs that."""
+    for name, edit in (("config.json", released), ("tokenizer_config.json", TOKENIZER_CONFIG.get(case))):
         if edit:
             path = hf / name
             value = json.loads(path.read_text())
@@ -126,7 +183,7 @@ def _fields(reader: gguf.GGUFReader) -> dict:
             if not k.startswith(("tokenizer.", "general.", "GGUF."))}
 
 
-@pytest.mark.parametrize("case", TAKEN)
+@pytest.mark.parametrize("case", TAKEN + list(HYBRIDS))
 def test_the_writer_writes_what_llama_cpps_converter_writes(case, converted, tmp_path):
     theirs, mine = (gguf.GGUFReader(path) for path in converted[case][::-1])
     ta, tb = ({t.name: t for t in r.tensors} for r in (theirs, mine))

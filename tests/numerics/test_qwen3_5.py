@@ -183,10 +183,13 @@ def test_qwen35_gguf_matches_transformers(qwen35, tmp_path):
 
 
 def test_qwen35_moe_gguf_matches_transformers(tmp_path):
-    """qwen35moe: qwen35's layers with qwen2moe's stacked experts, shared expert and its gate."""
+    """qwen35moe: qwen35's layers with qwen2moe's stacked experts, shared expert and its gate; the layers' kinds in
+    no period, as attention.recurrent_layers (full_attention_interval written as 4 beside it, which llama.cpp's
+    loader, and kiln, read only where recurrent_layers is not written)."""
     from gguf_writer import write_gguf
     moe = dict(CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-               shared_expert_intermediate_size=48)
+               shared_expert_intermediate_size=48,
+               layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"])
     moe.pop("intermediate_size")
     ref = write_widened("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig", moe, tmp_path / "moe", seed=2)
     path = write_gguf(tmp_path / "moe", tmp_path / "moe.gguf")
