@@ -456,7 +456,6 @@ def _gemma4(w: gguf.GGUFWriter, cfg: dict) -> None:
 
 def _gemma3n(w: gguf.GGUFWriter, cfg: dict) -> None:
     """Gemma3Model's keys, then Gemma3NModel's."""
-    import statistics
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -474,9 +473,18 @@ def _gemma3n(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_altup_num_inputs(cfg["altup_num_inputs"])
     w.add_embedding_length_per_layer_input(cfg["hidden_size_per_layer_input"])
     w.add_shared_kv_layers(cfg["num_kv_shared_layers"])
-    w.add_activation_sparsity_scale([statistics.NormalDist().inv_cdf(s) if s else float("-inf")     # the quantile
-                                     for s in cfg["activation_sparsity_pattern"]])                  # of 0, as torch's
+    w.add_activation_sparsity_scale(_normal_quantiles(cfg["activation_sparsity_pattern"]))
     w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+
+
+def _normal_quantiles(shares: list[float]) -> list[float]:
+    """The standard normal's quantile of each share, in float32 as the converter computes them with torch (the
+    quantile of 0: -inf)."""
+    import torch
+    normal = torch.distributions.normal.Normal(0, 1)
+    return [normal.icdf(torch.tensor(s, dtype=torch.float32)).item() for s in shares]
 
 
 def _lfm2(w: gguf.GGUFWriter, cfg: dict) -> None:
@@ -791,6 +799,7 @@ def _bailingmoe3(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv([1 if t == "full_attention" else 0 for t in kinds])
+    w.add_value_length(cfg["linear_head_dim"])      # TextModel's from head_dim, the KDA's (kiln reads value_length_mla)
     w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_expert_count(cfg["num_experts"])
@@ -855,7 +864,7 @@ def _ling3_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray
         if rest.endswith("_conv1d.weight"):
             value = value.reshape(1, value.shape[0], 1, value.shape[-1])
         elif rest == "attention.A_log":
-            value = np.exp(value).reshape(-1, 1)
+            value = -_neg_exp(value).reshape(-1, 1)      # torch's exp, as the converter
         out[f"blk.{i}.{layer[rest]}"] = np.ascontiguousarray(value)
     return out
 
@@ -865,6 +874,8 @@ def _kimi_linear(w: gguf.GGUFWriter, cfg: dict) -> None:
     says it so), head_count_kv a layer (0 for KDA, 1 for latent attention as MQA), KDA's and MLA's sizes, the
     router's dense prefix, shared experts and scale (no expert_weights_norm: the graph always renormalises)."""
     linear = cfg["linear_attn_config"]
+    if cfg.get("head_dim"):                 # TextModel's (kiln reads value_length_mla)
+        w.add_value_length(cfg["head_dim"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["model_max_length"])
     w.add_embedding_length(cfg["hidden_size"])

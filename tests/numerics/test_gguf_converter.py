@@ -9,7 +9,8 @@ than transformers') and GLM-4-9B-chat-hf's q, k and v apart, which the writer (a
 Each case's folder is first given what its released checkpoint has and transformers' saved one lacks, where the
 converter reads it (RELEASED config keys, TOKENIZER_CONFIG keys, ADDED_TOKENS); the other cases' converter classes
 need more than a tiny checkpoint can have (CANNOT), or drop what the test keeps (gemma3: the embedding rows past the
-tokenizer's)."""
+tokenizer's). The recurrent and hybrid families' GGUF tests' models (HYBRIDS: Mamba-1 / 2, Granite 4.0-H, Bamba,
+Nemotron-H, Falcon-H1, Qwen3.5 / Next, LFM2, Gemma 3n, Kimi Linear, Ling 3) are compared alike."""
 
 from __future__ import annotations
 
@@ -93,31 +94,67 @@ def _nemotron_h_released(c: dict) -> dict:
 
 
 def _hybrids() -> dict:
-    """name -> (model class, config class, config, its released config.json from the saved one, converter flags)."""
+    """name -> (a function writing the test's model into a folder, one making the folder its released checkpoint's
+    where the converter needs that, converter flags)."""
+    import test_gemma3n
+    import test_kimi_linear
     import test_lfm2
     import test_mamba1
     import test_mamba2
     import test_qwen3_5
+
+    def widened(model_cls, config_cls, cfg, seed=2, then=None):
+        def write(hf):
+            write_widened(model_cls, config_cls, cfg, hf, seed=seed)
+            if then:
+                then(hf)
+        return write
+
+    def config(edit):
+        def apply(hf):
+            path = hf / "config.json"
+            path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+        return apply
+
     qwen_moe = dict(test_qwen3_5.CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                     shared_expert_intermediate_size=48)
-    granite = (lambda c: dict(c, layer_types=[_KINDS[t] for t in c["layer_types"]]), [])
+    granite = config(lambda c: dict(c, layer_types=[_KINDS[t] for t in c["layer_types"]]))
+    ling = dict(test_kimi_linear.LING, expert_swiglu_limit_list=[0, 0.3, 0, 0.2],
+                share_expert_swiglu_limit_list=[0, 0.25, 0, 0])
+
+    def ling_released(hf):
+        test_kimi_linear._as_ling_release(hf, kda_layers=(0, 2))
+        config(lambda c: dict(c, norm_topk_prob=c.get("moe_renormalize", True), n_group=c["num_expert_group"],
+                              score_function="sigmoid"))(hf)
+
     return {
-        "granitehybrid-moe": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig",
-                              dict(test_mamba2.GRANITE, num_local_experts=4, num_experts_per_tok=2), *granite),
-        "granitehybrid-dense-rope": (*test_mamba2.FAMILIES["granite4-h-dense-rope"], *granite),
-        "bamba": (*test_mamba2.FAMILIES["bamba"], lambda c: dict(c, attn_rotary_emb=int(
-            c["hidden_size"] // c["num_attention_heads"] * c["rope_parameters"]["partial_rotary_factor"])), []),
-        **{name: (*test_mamba2.FAMILIES[name], _nemotron_h_released, []) for name in ("nemotron-h", "nemotron-h-moe")},
-        "mamba2": (*test_mamba2.FAMILIES["mamba2"],
-                   lambda c: {k: v for k, v in c.items() if k != "intermediate_size"}, []),
-        **{name: (*test_mamba2.FAMILIES[name], None, []) for name in ("falcon-h1", "falcon-h1-norm-before-gate")},
-        **{name: (*test_mamba1.FAMILIES[name], None, []) for name in test_mamba1.FAMILIES},
-        "qwen35": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", test_qwen3_5.CONFIG, None, ["--no-mtp"]),
-        "qwen3next": ("Qwen3NextForCausalLM", "Qwen3NextConfig",
-                      dict(qwen_moe, mlp_only_layers=[], decoder_sparse_step=1), None, ["--no-mtp"]),
-        "qwen35moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
-                      {k: v for k, v in qwen_moe.items() if k != "intermediate_size"}, None, ["--no-mtp"]),
-        "lfm2": ("Lfm2ForCausalLM", "Lfm2Config", test_lfm2.CONFIG, None, []),
+        "granitehybrid-moe": (widened("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig",
+                                      dict(test_mamba2.GRANITE, num_local_experts=4, num_experts_per_tok=2)),
+                              granite, []),
+        "granitehybrid-dense-rope": (widened(*test_mamba2.FAMILIES["granite4-h-dense-rope"]), granite, []),
+        "bamba": (widened(*test_mamba2.FAMILIES["bamba"]), config(lambda c: dict(c, attn_rotary_emb=int(
+            c["hidden_size"] // c["num_attention_heads"] * c["rope_parameters"]["partial_rotary_factor"]))), []),
+        **{name: (widened(*test_mamba2.FAMILIES[name]), config(_nemotron_h_released), [])
+           for name in ("nemotron-h", "nemotron-h-moe")},
+        "mamba2": (widened(*test_mamba2.FAMILIES["mamba2"]),
+                   config(lambda c: {k: v for k, v in c.items() if k != "intermediate_size"}), []),
+        **{name: (widened(*test_mamba2.FAMILIES[name]), None, [])
+           for name in ("falcon-h1", "falcon-h1-norm-before-gate")},
+        **{name: (widened(*test_mamba1.FAMILIES[name]), None, []) for name in test_mamba1.FAMILIES},
+        "qwen35": (widened("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", test_qwen3_5.CONFIG), None, ["--no-mtp"]),
+        "qwen3next": (widened("Qwen3NextForCausalLM", "Qwen3NextConfig",
+                              dict(qwen_moe, mlp_only_layers=[], decoder_sparse_step=1)), None, ["--no-mtp"]),
+        "qwen35moe": (widened("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
+                              {k: v for k, v in qwen_moe.items() if k != "intermediate_size"}), None, ["--no-mtp"]),
+        "lfm2": (widened("Lfm2ForCausalLM", "Lfm2Config", test_lfm2.CONFIG), None, []),
+        "lfm2moe": (widened("Lfm2MoeForCausalLM", "Lfm2MoeConfig", dict(
+            test_lfm2.CONFIG, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, num_dense_layers=1,
+            routed_scaling_factor=2.5, intermediate_size=96)), None, []),
+        "gemma3n": (widened("Gemma3nForCausalLM", "Gemma3nTextConfig",
+                            dict(test_gemma3n.TEXT, vocab_size_per_layer_input=512)), None, []),
+        "kimi-linear": (widened("KimiLinearForCausalLM", "KimiLinearConfig", dict(test_kimi_linear.CONFIG, n_group=1),
+                                then=test_kimi_linear._as_moonshot), None, []),
+        "bailingmoe3": (widened("BailingHybridForCausalLM", "BailingHybridConfig", ling), ling_released, []),
     }
 
 
@@ -148,14 +185,12 @@ def converted(llama_cpp_files, tmp_path_factory) -> dict:
     pairs, args = {}, []
     for case in TAKEN + ["chatglm"] + list(HYBRIDS):
         hf, mine, theirs = root / case / "hf", root / case / "mine.gguf", root / case / "llama.gguf"
-        if case in HYBRIDS:
-            model_cls, config_cls, cfg, released, flags = HYBRIDS[case]
-            write_widened(model_cls, config_cls, cfg, hf, seed=2)
-        else:
-            write_hf(case, hf)
-            released, flags = RELEASED.get(case), []
+        write, released, flags = HYBRIDS.get(case) or (lambda hf: write_hf(case, hf), None, [])
+        write(hf)
         write_gguf(hf, mine)
-        _release(case, hf, released)
+        _release(case, hf)
+        if released:
+            released(hf)
         pairs[case] = (mine, theirs)
         args += [*flags, str(hf), str(theirs)]
     run = subprocess.run([sys.executable, str(LLAMA_CPP_FILES.__file__), "convert", *args], capture_output=True,
@@ -164,10 +199,9 @@ def converted(llama_cpp_files, tmp_path_factory) -> dict:
     return pairs
 
 
-def _release(case: str, hf, released) -> None:
-    """The case's folder as its released checkpoint has it (`released`: its config.json from the saved one), where the
-    converter needs that."""
-    for name, edit in (("config.json", released), ("tokenizer_config.json", TOKENIZER_CONFIG.get(case))):
+def _release(case: str, hf) -> None:
+    """The case's folder as its released checkpoint has it, where the converter needs that."""
+    for name, edit in (("config.json", RELEASED.get(case)), ("tokenizer_config.json", TOKENIZER_CONFIG.get(case))):
         if edit:
             path = hf / name
             value = json.loads(path.read_text())
