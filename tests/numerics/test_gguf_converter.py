@@ -7,10 +7,11 @@ GPT-BigCode's kv head count 1 without multi_query, MiMo-V2-Flash's window as the
 than transformers') and GLM-4-9B-chat-hf's q, k and v apart, which the writer (and kiln's reader) had otherwise.
 
 Each case's folder is first given what its released checkpoint has and transformers' saved one lacks, where the
-converter reads it (RELEASED config keys, TOKENIZER_CONFIG keys, ADDED_TOKENS); the other cases' converter classes
-need more than a tiny checkpoint can have (CANNOT), or drop what the test keeps (gemma3: the embedding rows past the
-tokenizer's). The recurrent and hybrid families' GGUF tests' models (HYBRIDS: Mamba-1 / 2, Granite 4.0-H, Bamba,
-Nemotron-H, Falcon-H1, Qwen3.5 / Next, LFM2, Gemma 3n, Kimi Linear, Ling 3) are compared alike."""
+converter reads it (RELEASED config keys, TOKENIZER_CONFIG keys, ADDED_TOKENS, a SentencePiece model); the other
+cases' converter classes need more than a tiny checkpoint can have (CANNOT), or drop what the test keeps (gemma3: the
+embedding rows past the tokenizer's). The recurrent and hybrid families' GGUF tests' models (HYBRIDS: Mamba-1 / 2,
+Jamba, Granite 4.0-H, Bamba, Nemotron-H, Falcon-H1, Qwen3.5 / Next, LFM2, Gemma 3n, Kimi Linear, Ling 3) are compared
+alike."""
 
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ from tiny_models import assert_prefill_and_decode_match, write_widened
 
 pytestmark = pytest.mark.numerics
 CANNOT = {
-    **dict.fromkeys(["gemma", "gemma2", "ernie4_5", "ernie4_5-moe", "nemotron", "minicpm3"], "a tokenizer.model"),
     "falcon-7b": "its view of query_key_value by num_kv_heads, which transformers fills with the head count where "
                  "multi_query leaves it unset (it then fails on any Falcon-7B)",
     "hunyuan": "Hunyuan's released RoPE scaling (its converter asserts the 7B's sizes)",
@@ -70,6 +70,9 @@ RELEASED = {"gpt2": lambda c: dict(c, n_ctx=c["n_positions"]), "cohere2": lambda
             "mimo2": _mimo2_released}
 # tokenizer_config.json's keys the converter reads: Phi-3 / Phi-4 take a GPT-2 tokenizer's vocabulary by its class
 TOKENIZER_CONFIG = dict.fromkeys(["phi3", "phi4-partial-rotary", "phimoe"], {"tokenizer_class": "GPT2Tokenizer"})
+# Families whose converter takes the vocabulary from a SentencePiece tokenizer.model (one is trained for them: the
+# comparison leaves the tokenizer's keys out)
+SENTENCEPIECE = ("gemma", "gemma2", "ernie4_5", "ernie4_5-moe", "nemotron", "minicpm3", "jamba")
 # Special tokens the converter looks up in the tokenizer: GLM's
 GLM_TOKENS = ["<|endoftext|>", "<|user|>", "<|observation|>", "[gMASK]"]
 ADDED_TOKENS = dict.fromkeys(["glm4", "glm4v", "glm4-moe", "deepseek2-glm4-moe-lite", "glm-dsa", "chatglm"], GLM_TOKENS)
@@ -78,7 +81,7 @@ ADDED_TOKENS = dict.fromkeys(["glm4", "glm4v", "glm4-moe", "deepseek2-glm4-moe-l
 # The recurrent and hybrid families' GGUF tests' models (each test module's config), with the released checkpoints'
 # config keys the converter reads: Granite 4.0-H's layer kinds as "mamba" / "attention", Bamba's rotated width,
 # Nemotron-H's blocks as hybrid_override_pattern (and a dense one without the experts' keys transformers saves),
-# Mamba-2's width from expand only. Jamba's converter needs a Llama tokenizer (tokenizer.model or Llama 3's BPE).
+# Mamba-2's width from expand only. Jamba's converter takes a SentencePiece tokenizer.model.
 _KINDS = {"linear_attention": "mamba", "full_attention": "attention"}
 _BLOCKS = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
 _EXPERT_KEYS = ("num_experts_per_tok", "n_routed_experts", "moe_intermediate_size",
@@ -141,6 +144,7 @@ def _hybrids() -> dict:
         **{name: (widened(*test_mamba2.FAMILIES[name]), None, [])
            for name in ("falcon-h1", "falcon-h1-norm-before-gate")},
         **{name: (widened(*test_mamba1.FAMILIES[name]), None, []) for name in test_mamba1.FAMILIES},
+        "jamba": (widened("JambaForCausalLM", "JambaConfig", test_mamba1.JAMBA), None, []),
         "qwen35": (widened("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", test_qwen3_5.CONFIG), None, ["--no-mtp"]),
         "qwen3next": (widened("Qwen3NextForCausalLM", "Qwen3NextConfig",
                               dict(qwen_moe, mlp_only_layers=[], decoder_sparse_step=1)), None, ["--no-mtp"]),
@@ -169,7 +173,8 @@ KNOWN = {"mistral": {"attention.sliding_window"}, "stablelm": {"rope.freq_base"}
          "deepseek2-v3": {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"},
          "gpt-oss": {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"},
          "cohere2": {"rope.dimension_count", "rope.scaling.type", "vocab_size"},
-         "gpt-neox": {"attention.head_count_kv", "rope.freq_base"},
+         "gpt-neox": {"attention.head_count_kv", "rope.freq_base"}, "gemma": {"rope.freq_base"},
+         "nemotron": {"attention.layer_norm_rms_epsilon", "rope.scaling.type", "vocab_size"},
          **dict.fromkeys(["granite4", "granite4-moe"], {"ssm.conv_kernel", "ssm.group_count", "ssm.inner_size",
                                                         "ssm.state_size", "ssm.time_step_rank"})}
 # Tensors the writer writes that the converter does not: GPT-2's head, a copy of its embedding (older converters
@@ -206,10 +211,29 @@ def _release(case: str, hf) -> None:
             path = hf / name
             value = json.loads(path.read_text())
             path.write_text(json.dumps(edit(value) if callable(edit) else dict(value, **edit)))
+    if case in SENTENCEPIECE:
+        _sentencepiece_model(hf / "tokenizer.model")
     if case in ADDED_TOKENS:
         tokenizer = transformers.AutoTokenizer.from_pretrained(hf)
         tokenizer.add_special_tokens({"additional_special_tokens": ADDED_TOKENS[case]})
         tokenizer.save_pretrained(hf)
+
+
+def _sentencepiece_model(path, vocab_size: int = 300) -> None:
+    """A small SentencePiece BPE model (fewer pieces than the test models' 512 rows: the converter pads the rest)."""
+    import random
+
+    import sentencepiece
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "kiln", "compiler", "hello", "world"]
+    rng = random.Random(0)
+    corpus = path.with_suffix(".txt")
+    corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)))
+    prefix = path.with_suffix("")
+    sentencepiece.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(prefix), vocab_size=vocab_size,
+                                             byte_fallback=True, character_coverage=1.0, minloglevel=2,
+                                             model_type="bpe")
+    corpus.unlink()
+    prefix.with_suffix(".vocab").unlink()
 
 
 def _fields(reader: gguf.GGUFReader) -> dict:

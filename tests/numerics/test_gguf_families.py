@@ -91,7 +91,8 @@ CASES = {
         rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64))),
     "gemma": ("GemmaForCausalLM", "GemmaConfig", dict(head_dim=16, hidden_act="gelu_pytorch_tanh",
                                                        tie_word_embeddings=True)),
-    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(GEMMA, final_logit_softcapping=3.0, sliding_window=4096)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(GEMMA, final_logit_softcapping=3.0, sliding_window=4096,
+                                                         attn_logit_softcapping=2.0)),   # small: the cap bites
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(
         GEMMA, num_hidden_layers=6, sliding_window=4096,     # llama.cpp's pattern: layer 5 global
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
