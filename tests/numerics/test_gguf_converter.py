@@ -36,7 +36,6 @@ pytestmark = pytest.mark.numerics
 CANNOT = {
     "falcon-7b": "its view of query_key_value by num_kv_heads, which transformers fills with the head count where "
                  "multi_query leaves it unset (it then fails on any Falcon-7B)",
-    "hunyuan": "Hunyuan's released RoPE scaling (its converter asserts the 7B's sizes)",
     "hunyuan-moe": "a tiktoken tokenizer (mergeable_ranks)", "deepseek32": "add_bos_token on the tokenizer",
     "mistral4": "the Mistral-format checkpoint", "exaone": "EXAONE 3's own architecture name (the test saves a Llama)",
     "gemma3": "nothing it lacks, but it drops the embedding rows past the tokenizer's (the test's 468 of 512)",
@@ -67,6 +66,7 @@ RELEASED = {"gpt2": lambda c: dict(c, n_ctx=c["n_positions"]), "cohere2": lambda
             **dict.fromkeys(["granite4", "granite4-moe"],
                             lambda c: dict(c, layer_types=["attention"] * c["num_hidden_layers"])),
             "phimoe": lambda c: dict(c, architectures=["PhiMoEForCausalLM"]),     # its remote code's name
+            "hunyuan": lambda c: dict(c, max_position_embeddings=32768),     # the converter asserts a released one
             "mimo2": _mimo2_released}
 # tokenizer_config.json's keys the converter reads: Phi-3 / Phi-4 take a GPT-2 tokenizer's vocabulary by its class
 TOKENIZER_CONFIG = dict.fromkeys(["phi3", "phi4-partial-rotary", "phimoe"], {"tokenizer_class": "GPT2Tokenizer"})
@@ -164,8 +164,8 @@ def _hybrids() -> dict:
 
 HYBRIDS = _hybrids()
 # Metadata the converter writes otherwise, by key (after the architecture's name), each read alike by kiln: a value
-# equal to the default where the other leaves it out, a key kiln does not read, or (mistral) the window an older
-# converter wrote, which kiln still reads
+# equal to the default where the other leaves it out, a key kiln does not read, (mistral) the window an older
+# converter wrote, which kiln still reads, or (hunyuan) the 256k context it writes for any NTK-alpha Hunyuan
 KNOWN = {"mistral": {"attention.sliding_window"}, "stablelm": {"rope.freq_base"}, "phi2": {"rope.freq_base"},
          "mixtral": {"attention.key_length", "attention.value_length"}, "cohere": {"rope.scaling.type"},
          "command-r-plus": {"rope.scaling.type"}, "exaone4": {"vocab_size"}, "exaone-moe": {"vocab_size"},
@@ -174,6 +174,7 @@ KNOWN = {"mistral": {"attention.sliding_window"}, "stablelm": {"rope.freq_base"}
          "gpt-oss": {"rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow"},
          "cohere2": {"rope.dimension_count", "rope.scaling.type", "vocab_size"},
          "gpt-neox": {"attention.head_count_kv", "rope.freq_base"}, "gemma": {"rope.freq_base"},
+         "hunyuan": {"context_length", "rope.scaling.original_context_length"},
          "nemotron": {"attention.layer_norm_rms_epsilon", "rope.scaling.type", "vocab_size"},
          **dict.fromkeys(["granite4", "granite4-moe"], {"ssm.conv_kernel", "ssm.group_count", "ssm.inner_size",
                                                         "ssm.state_size", "ssm.time_step_rank"})}
