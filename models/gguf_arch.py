@@ -648,6 +648,9 @@ def _olmo2(reader, arch, tensors, c):
 
 
 def _exaone4(reader, arch, tensors, c):
+    """EXAONE 4.0, and EXAONE 4.5's text model, whose converter appends its multi-token-prediction layers (counted in
+    block_count, not in the window pattern; left unread)."""
+    _nextn(reader, arch, c)
     _qwen3(reader, arch, tensors, c)
     _sliding_layers(reader, arch, c)
     _llama3_or_scaling(reader, arch, tensors, c)
@@ -708,7 +711,9 @@ def _qwen35(reader, arch, tensors, c):
     heads, state_size: the key head size, inner_size: all value heads' width, conv_kernel), each layer's kind as
     attention.recurrent_layers (true: a DeltaNet layer; the converter's since 2026) where written, else every
     full_attention_interval-th layer full (llama.cpp's loader alike), the rotated share of each head as
-    rope.dimension_count; qwen35moe: qwen2moe's expert keys."""
+    rope.dimension_count; the multi-token-prediction layer the converter keeps from a released checkpoint (counted in
+    block_count, nextn_predict_layers) left unread; qwen35moe: qwen2moe's expert keys."""
+    _nextn(reader, arch, c)
     value_heads = _key(reader, arch, "ssm.time_step_rank")
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     c.update(linear_num_key_heads=_key(reader, arch, "ssm.group_count"), linear_num_value_heads=value_heads,

@@ -386,6 +386,8 @@ def _metadata(w: gguf.GGUFWriter, cfg: dict, arch: str, tensors: dict) -> None:
         w.add_rope_dimension_count(cfg.get("rotary_dim") or int(_partial(cfg) * _head_dim(cfg)))
     if arch == "exaone-moe":
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    if arch == "exaone4" and cfg.get("num_nextn_predict_layers"):     # EXAONE 4.5's text model (Exaone4_5_TextModel)
+        w.add_nextn_predict_layers(cfg["num_nextn_predict_layers"])
     if arch in ("olmo2", "exaone4", "exaone-moe") and cfg.get("sliding_window") is not None:
         w.add_sliding_window(cfg["sliding_window"])
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
@@ -1089,9 +1091,9 @@ def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
 
 
 def _block_count(cfg: dict, arch: str) -> int:
-    """Layers, with the multi-token-prediction ones GLM-4.5's and K-EXAONE's converters append."""
+    """Layers, with the multi-token-prediction ones GLM-4.5's, K-EXAONE's and EXAONE 4.5's converters append."""
     n_layer = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("n_layers")))
-    mtp = arch in ("glm4moe", "exaone-moe") or cfg.get("model_type") == "glm4_moe_lite"
+    mtp = arch in ("glm4moe", "exaone-moe", "exaone4") or cfg.get("model_type") == "glm4_moe_lite"
     return n_layer + (cfg.get("num_nextn_predict_layers") or 0 if mtp else 0)
 
 
@@ -1273,6 +1275,9 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if arch == "nemotron_h_moe":           # its merged experts renamed as a Llama MoE's, which gguf-py maps
             hf_name = re.sub(r"backbone\.layers\.(\d+)\.mixer\.experts\.", r"model.layers.\1.mlp.experts.", hf_name)
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        nextn = re.match(r"model\.layers\.(\d+)\.(eh_proj|enorm|hnorm|shared_head\.norm)\.weight$", hf_name)
+        if name is None and nextn:              # this gguf-py's exaone4 lists no nextn tensors; the converter's does
+            name = f"blk.{nextn[1]}.nextn.{nextn[2].replace('.', '_')}.weight"
         if name is None:
             raise ValueError(f"gguf-py maps no {arch} tensor to {hf_name}")
         if arch in ("gptneox", "bloom") and ".attn_qkv." in name:   # each head's q, k, v -> every q, k, v

@@ -121,6 +121,11 @@ def convert(folder: Path, jobs: list[tuple[list[str], str, str]]) -> None:
     for flags, hf, out in jobs:
         sys.argv = ["convert_hf_to_gguf.py", *flags, hf, "--outfile", out, "--outtype", "f32"]
         runpy.run_path(str(folder / "convert_hf_to_gguf.py"), run_name="__main__")
+        for classes in conversion.base.ModelBase._model_classes.values():    # --no-mtp / --mtp set a flag on the
+            for cls in classes.values():                                    # class for good: cleared for the next job
+                for flag in ("no_mtp", "mtp_only"):
+                    if flag in vars(cls):
+                        delattr(cls, flag)
 
 
 def main() -> None:

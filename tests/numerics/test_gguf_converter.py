@@ -189,11 +189,14 @@ def converted(llama_cpp_files, tmp_path_factory) -> dict:
     converter process; the writer writes each before the folder gets its released config."""
     root = tmp_path_factory.mktemp("converter")
     pairs, args = {}, []
-    for case in TAKEN + ["chatglm"] + list(HYBRIDS):
+    for case in TAKEN + ["chatglm"] + list(HYBRIDS) + ["qwen35-mtp"]:
         hf, mine, theirs = root / case / "hf", root / case / "mine.gguf", root / case / "llama.gguf"
         write, released, flags = HYBRIDS.get(case) or (lambda hf: write_hf(case, hf), None, [])
+        if case == "qwen35-mtp":
+            write, mine = _qwen35_with_mtp, None
         write(hf)
-        write_gguf(hf, mine)
+        if mine:
+            write_gguf(hf, mine)
         _release(case, hf)
         if released:
             released(hf)
@@ -203,6 +206,27 @@ def converted(llama_cpp_files, tmp_path_factory) -> dict:
                          text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     return pairs
+
+
+def _qwen35_with_mtp(hf) -> None:
+    """test_qwen3_5's model with a multi-token-prediction block as Qwen3.5's releases hold one (mtp.*: a full-attention
+    layer, its fc over [embedding; hidden] and three norms; mtp_num_hidden_layers 1), which transformers leaves unread
+    and the converter keeps (block_count one more, nextn_predict_layers 1)."""
+    import test_qwen3_5
+    from safetensors.numpy import load_file, save_file
+    cfg = test_qwen3_5.CONFIG
+    write_widened("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", cfg, hf, seed=1)
+    weights, rng = load_file(hf / "model.safetensors"), np.random.default_rng(0)
+    full = f"model.layers.{cfg['num_hidden_layers'] - 1}."          # the full-attention layer, its shapes
+    weights.update({"mtp.layers.0." + k[len(full):]: rng.normal(0, 0.1, v.shape).astype(np.float32)
+                    for k, v in list(weights.items()) if k.startswith(full)})
+    width = cfg["hidden_size"]
+    weights["mtp.fc.weight"] = rng.normal(0, 0.1, (width, 2 * width)).astype(np.float32)
+    weights.update({f"mtp.{n}.weight": np.ones(width, np.float32)
+                    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")})
+    save_file(weights, hf / "model.safetensors", metadata={"format": "pt"})
+    path = hf / "config.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), mtp_num_hidden_layers=1)))
 
 
 def _release(case: str, hf) -> None:
@@ -276,3 +300,16 @@ def test_chatglm_hf_as_the_converter_writes_it(converted, tmp_path):
                                                             rms_norm_eps=1e-5).eval()
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
+
+
+def test_qwen35_with_its_mtp_layer_as_the_converter_writes_it(converted, tmp_path):
+    """A Qwen3.5 GGUF from a released checkpoint keeps its multi-token-prediction layer (block_count one more than the
+    model's layers, nextn_predict_layers 1, attention.recurrent_layers one longer): kiln leaves it unread and gives
+    transformers' logits (it ran the block as a fifth decoder layer before)."""
+    import test_qwen3_5
+    theirs = converted["qwen35-mtp"][1]
+    reader = gguf.GGUFReader(theirs)
+    assert reader.fields["qwen35.nextn_predict_layers"].contents() == 1
+    ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32).eval()
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, test_qwen3_5.IDS[:12], test_qwen3_5.CHUNKED)

@@ -45,6 +45,7 @@ Llama 4 (experts split and transposed, a shared expert, dense layers between, No
 
 from __future__ import annotations
 
+import json
 import math
 
 import gguf
@@ -313,15 +314,18 @@ def test_a_layer_pattern_of_another_length_and_unjoinable_halves_are_refused(tmp
         load_gguf(path)
 
 
-def test_glm4_moe_multi_token_prediction_layer_is_left_unread(tmp_path):
-    """A GLM-4.5 checkpoint's multi-token-prediction layer (model.layers.<n>: a decoder layer with eh_proj,
-    enorm, hnorm and shared_head.norm) converted after the last as blk.<n> (block_count n + 1,
-    nextn_predict_layers 1): kiln reads n layers and lists every blk.<n> tensor as skipped."""
+@pytest.mark.parametrize("case, mlp", [("glm4-moe", "ffn_gate_exps"), ("exaone4", "ffn_gate")])
+def test_multi_token_prediction_layer_is_left_unread(case, mlp, tmp_path):
+    """A GLM-4.5 (or EXAONE 4.5) checkpoint's multi-token-prediction layer (model.layers.<n>: a decoder layer with
+    eh_proj, enorm, hnorm and shared_head.norm) converted after the last as blk.<n> (block_count n + 1,
+    nextn_predict_layers 1; EXAONE 4.5's window pattern lists the n layers): kiln reads n layers and lists every
+    blk.<n> tensor as skipped."""
     from safetensors.numpy import load_file, save_file
-    write_hf("glm4-moe", tmp_path / "hf")
-    hf_path = tmp_path / "hf" / "model.safetensors"
+    ref = write_hf(case, tmp_path / "hf")
+    hf_path, config = tmp_path / "hf" / "model.safetensors", tmp_path / "hf" / "config.json"
+    config.write_text(json.dumps(dict(json.loads(config.read_text()), num_nextn_predict_layers=1)))
     hf = load_file(str(hf_path))
-    n, width = 3, SMALL["hidden_size"]
+    n, width = ref.config.num_hidden_layers, SMALL["hidden_size"]
     mtp = {k.replace(f".{n - 1}.", f".{n}.", 1): v for k, v in hf.items() if k.startswith(f"model.layers.{n - 1}.")}
     mtp.update({f"model.layers.{n}.eh_proj.weight": np.zeros((width, 2 * width), np.float32),
                 **{f"model.layers.{n}.{norm}.weight": np.ones(width, np.float32)
@@ -332,7 +336,7 @@ def test_glm4_moe_multi_token_prediction_layer_is_left_unread(tmp_path):
     assert source.hf_config["num_hidden_layers"] == n
     assert not [name for name in source.weights.names() if name.startswith(f"model.layers.{n}.")]
     mtp_tensors = {t.name for t in gguf.GGUFReader(path).tensors if t.name.startswith(f"blk.{n}.")}
-    assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.ffn_gate_exps.weight"} <= mtp_tensors
+    assert {f"blk.{n}.nextn.eh_proj.weight", f"blk.{n}.{mlp}.weight"} <= mtp_tensors
     assert mtp_tensors == set(source.weights.unmapped)
 
 
