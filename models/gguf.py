@@ -158,6 +158,7 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
                              "llama.cpp's older layout); kiln reads its 3-D ffn_*_exps tensors (re-convert it with a "
                              "current convert_hf_to_gguf.py) or the Hugging Face checkpoint")
     n_head = _meta(reader, key("attention.head_count"))
+    tensors = _split_fused_qkv(tensors, spec, n_head, _meta(reader, key("attention.head_count_kv"), n_head))
     eps = _meta(reader, key("attention.layer_norm_rms_epsilon"), None)
     config = {
         "model_type": spec.model_type,
@@ -229,6 +230,38 @@ def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
     return None
 
 
+def _fused_qkv(spec: GGUFArch, name: str) -> bool:
+    """Whether `name` is an attn_qkv the architecture otherwise stores as attn_q / attn_k / attn_v: the converter's
+    --fuse-qkv (any architecture with an attn_qkv tensor kind; llama.cpp runs either)."""
+    m = _LAYER_RE.fullmatch(name)
+    return bool(m and m.group(2) == "attn_qkv" and _hf_name(spec, name) is None
+                and _hf_name(spec, f"blk.{m.group(1)}.attn_q.{m.group(3)}"))
+
+
+def _qkv_parts(t, layer: int, n_head: int, n_head_kv) -> dict[str, "_Rows"]:
+    """A fused attn_qkv as the attn_q / attn_k / attn_v tensors the converter fused (every q row, every k row, every
+    v row, each as the architecture stores them: llama's q and k permuted alike), a head size for all three."""
+    heads_kv = n_head_kv[layer] if isinstance(n_head_kv, list) else n_head_kv
+    suffix = t.name.rsplit(".", 1)[1]
+    total = int(t.shape[-1]) if len(t.shape) > 1 else int(t.shape[0])
+    width, left = divmod(total, n_head + 2 * heads_kv)
+    if left:
+        raise ModelLoadError(f"{t.name} has {total} rows, not a head size times {n_head} q heads and twice "
+                             f"{heads_kv} kv heads; re-convert the model without --fuse-qkv")
+    q, kv = n_head * width, heads_kv * width
+    rows = np.arange(total)
+    return {f"blk.{layer}.{kind}.{suffix}": _Rows(t, part)
+            for kind, part in (("attn_q", rows[:q]), ("attn_k", rows[q:q + kv]), ("attn_v", rows[q + kv:]))}
+
+
+def _split_fused_qkv(tensors: dict, spec: GGUFArch, n_head: int, n_head_kv) -> dict:
+    """`tensors` with each --fuse-qkv attn_qkv also seen as its attn_q / attn_k / attn_v (what the architectures'
+    readers look for)."""
+    parts = {name: part for name, t in tensors.items() if _fused_qkv(spec, name)
+             for name, part in _qkv_parts(t, int(_LAYER_RE.fullmatch(name).group(1)), n_head, n_head_kv).items()}
+    return {**tensors, **parts}
+
+
 def _gguf_key(gguf_name: str) -> str:
     """blk.3.attn_qkv.weight -> attn_qkv; blk.0.shortconv.conv.weight -> shortconv.conv; token_embd.weight ->
     token_embd."""
@@ -265,6 +298,11 @@ class GGUFWeights:
                 _readable(t)
                 for part, rows in spec.parted[m.group(2)].items():
                     self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{part}.{m.group(3)}"] = _Rows(t, rows)
+                continue
+            if m and _fused_qkv(spec, t.name):                                  # the converter's --fuse-qkv
+                _readable(t)
+                for name, part in _qkv_parts(t, int(m.group(1)), n_head, n_head_kv).items():
+                    self._tensors[_hf_name(spec, name)] = part
                 continue
             if m and m.group(2) in spec.experts and len(t.shape) == 3:           # every expert's rows, one tensor
                 for j in range(int(t.shape[2])):

@@ -189,11 +189,11 @@ def converted(llama_cpp_files, tmp_path_factory) -> dict:
     converter process; the writer writes each before the folder gets its released config."""
     root = tmp_path_factory.mktemp("converter")
     pairs, args = {}, []
-    for case in TAKEN + ["chatglm"] + list(HYBRIDS) + ["qwen35-mtp"]:
+    for case in TAKEN + ["chatglm"] + list(HYBRIDS) + list(CONVERTED_ONLY):
         hf, mine, theirs = root / case / "hf", root / case / "mine.gguf", root / case / "llama.gguf"
         write, released, flags = HYBRIDS.get(case) or (lambda hf: write_hf(case, hf), None, [])
-        if case == "qwen35-mtp":
-            write, mine = _qwen35_with_mtp, None
+        if case in CONVERTED_ONLY:
+            (write, flags), mine = CONVERTED_ONLY[case], None
         write(hf)
         if mine:
             write_gguf(hf, mine)
@@ -206,6 +206,10 @@ def converted(llama_cpp_files, tmp_path_factory) -> dict:
                          text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     return pairs
+
+
+def _write(case: str):
+    return lambda hf: write_hf(case, hf)
 
 
 def _qwen35_with_mtp(hf) -> None:
@@ -227,6 +231,11 @@ def _qwen35_with_mtp(hf) -> None:
     save_file(weights, hf / "model.safetensors", metadata={"format": "pt"})
     path = hf / "config.json"
     path.write_text(json.dumps(dict(json.loads(path.read_text()), mtp_num_hidden_layers=1)))
+
+
+# Files only the converter writes here, each compiled against transformers below: (write the checkpoint, flags)
+CONVERTED_ONLY = {"qwen35-mtp": (_qwen35_with_mtp, []), "llama-fused-qkv": (_write("llama"), ["--fuse-qkv"]),
+                  "starcoder2-fused-qkv": (_write("starcoder2"), ["--fuse-qkv"])}
 
 
 def _release(case: str, hf) -> None:
@@ -313,3 +322,15 @@ def test_qwen35_with_its_mtp_layer_as_the_converter_writes_it(converted, tmp_pat
     ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32).eval()
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, test_qwen3_5.IDS[:12], test_qwen3_5.CHUNKED)
+
+
+@pytest.mark.parametrize("case", ["llama-fused-qkv", "starcoder2-fused-qkv"])
+def test_fused_qkv_as_the_converter_writes_it(case, converted, tmp_path):
+    """--fuse-qkv (any architecture with an attn_qkv kind; llama.cpp runs either): q, k and v in one attn_qkv, each
+    as the architecture stores it apart (Llama's q and k permuted; StarCoder 2's biases, by which kiln knows it has
+    them), read back as q_proj / k_proj / v_proj."""
+    theirs = converted[case][1]
+    assert "blk.0.attn_qkv.weight" in {t.name for t in gguf.GGUFReader(theirs).tensors}
+    ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32).eval()
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
