@@ -254,11 +254,22 @@ def _qkv_parts(t, layer: int, n_head: int, n_head_kv) -> dict[str, "_Rows"]:
             for kind, part in (("attn_q", rows[:q]), ("attn_k", rows[q:q + kv]), ("attn_v", rows[q + kv:]))}
 
 
+def _fused_gate_up(spec: GGUFArch, name: str) -> bool:
+    """Whether `name` is an ffn_gate_up_exps the architecture otherwise stores as ffn_gate_exps and ffn_up_exps: the
+    converter's --fuse-gate-up-exps (each expert's gate rows, then its up rows)."""
+    m = _LAYER_RE.fullmatch(name)
+    return bool(m and m.group(2) == "ffn_gate_up_exps" and _hf_name(spec, name) is None
+                and "ffn_gate_up_exps" not in spec.experts and {"ffn_gate_exps", "ffn_up_exps"} <= spec.experts.keys())
+
+
 def _split_fused_qkv(tensors: dict, spec: GGUFArch, n_head: int, n_head_kv) -> dict:
-    """`tensors` with each --fuse-qkv attn_qkv also seen as its attn_q / attn_k / attn_v (what the architectures'
-    readers look for)."""
+    """`tensors` with each --fuse-qkv attn_qkv also seen as its attn_q / attn_k / attn_v, and each
+    --fuse-gate-up-exps ffn_gate_up_exps as its ffn_gate_exps and ffn_up_exps (what the architectures' readers look
+    for)."""
     parts = {name: part for name, t in tensors.items() if _fused_qkv(spec, name)
              for name, part in _qkv_parts(t, int(_LAYER_RE.fullmatch(name).group(1)), n_head, n_head_kv).items()}
+    parts.update({name.replace("ffn_gate_up_exps", key): _Half(t, half) for name, t in tensors.items()
+                  if _fused_gate_up(spec, name) for key, half in (("ffn_gate_exps", 0), ("ffn_up_exps", 1))})
     return {**tensors, **parts}
 
 
@@ -298,6 +309,14 @@ class GGUFWeights:
                 _readable(t)
                 for part, rows in spec.parted[m.group(2)].items():
                     self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{part}.{m.group(3)}"] = _Rows(t, rows)
+                continue
+            if m and _fused_gate_up(spec, t.name):                              # --fuse-gate-up-exps
+                _readable(t)
+                for key, half in (("ffn_gate_exps", 0), ("ffn_up_exps", 1)):
+                    for j in range(int(t.shape[2])):
+                        expert = spec.experts[key].format(j=j)
+                        self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{expert}.{m.group(3)}"] = \
+                            _Expert(_Half(t, half), j)
                 continue
             if m and _fused_qkv(spec, t.name):                                  # the converter's --fuse-qkv
                 _readable(t)
@@ -496,6 +515,24 @@ class _Expert(_Part):
     @property
     def data(self):
         return self.tensor.data[self.j]
+
+
+@dataclass(frozen=True, eq=False)
+class _Half(_Part):
+    """Half the rows of each expert of a GGUF 3-D expert tensor (dims cols, rows, experts): the first (`half` 0) or
+    the second (--fuse-gate-up-exps' ffn_gate_up_exps: each expert's gate rows, then its up rows)."""
+
+    half: int
+
+    @property
+    def shape(self):
+        cols, rows, experts = self.tensor.shape
+        return (cols, rows // 2, experts)
+
+    @property
+    def data(self):
+        rows = int(self.tensor.shape[1]) // 2
+        return np.asarray(self.tensor.data)[:, self.half * rows:(self.half + 1) * rows]
 
 
 @dataclass(frozen=True, eq=False)

@@ -235,7 +235,8 @@ def _qwen35_with_mtp(hf) -> None:
 
 # Files only the converter writes here, each compiled against transformers below: (write the checkpoint, flags)
 CONVERTED_ONLY = {"qwen35-mtp": (_qwen35_with_mtp, []), "llama-fused-qkv": (_write("llama"), ["--fuse-qkv"]),
-                  "starcoder2-fused-qkv": (_write("starcoder2"), ["--fuse-qkv"])}
+                  "starcoder2-fused-qkv": (_write("starcoder2"), ["--fuse-qkv"]),
+                  "cohere2moe-fused-gate-up": (_write("cohere2moe"), ["--fuse-gate-up-exps"])}
 
 
 def _release(case: str, hf) -> None:
@@ -324,13 +325,16 @@ def test_qwen35_with_its_mtp_layer_as_the_converter_writes_it(converted, tmp_pat
     assert_prefill_and_decode_match(art, ref, test_qwen3_5.IDS[:12], test_qwen3_5.CHUNKED)
 
 
-@pytest.mark.parametrize("case", ["llama-fused-qkv", "starcoder2-fused-qkv"])
-def test_fused_qkv_as_the_converter_writes_it(case, converted, tmp_path):
-    """--fuse-qkv (any architecture with an attn_qkv kind; llama.cpp runs either): q, k and v in one attn_qkv, each
-    as the architecture stores it apart (Llama's q and k permuted; StarCoder 2's biases, by which kiln knows it has
-    them), read back as q_proj / k_proj / v_proj."""
+@pytest.mark.parametrize("case, fused", [("llama-fused-qkv", "blk.0.attn_qkv.weight"),
+                                         ("starcoder2-fused-qkv", "blk.0.attn_qkv.weight"),
+                                         ("cohere2moe-fused-gate-up", "blk.1.ffn_gate_up_exps.weight")])
+def test_fused_tensors_as_the_converter_writes_them(case, fused, converted, tmp_path):
+    """The converter's --fuse-qkv (any architecture with an attn_qkv kind; llama.cpp runs either): q, k and v in one
+    attn_qkv, each as the architecture stores it apart (Llama's q and k permuted; StarCoder 2's biases, by which kiln
+    knows it has them), read back as q_proj / k_proj / v_proj; --fuse-gate-up-exps: each expert's gate rows, then its
+    up rows, in one ffn_gate_up_exps, read back as its gate_proj and up_proj."""
     theirs = converted[case][1]
-    assert "blk.0.attn_qkv.weight" in {t.name for t in gguf.GGUFReader(theirs).tensors}
+    assert fused in {t.name for t in gguf.GGUFReader(theirs).tensors}
     ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32).eval()
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
