@@ -158,7 +158,7 @@ def gguf_hf_config(reader: gguf.GGUFReader) -> dict:
                              "llama.cpp's older layout); kiln reads its 3-D ffn_*_exps tensors (re-convert it with a "
                              "current convert_hf_to_gguf.py) or the Hugging Face checkpoint")
     n_head = _meta(reader, key("attention.head_count"))
-    tensors = _split_fused_qkv(tensors, spec, n_head, _meta(reader, key("attention.head_count_kv"), n_head))
+    tensors = _split_fused(tensors, spec, n_head, _meta(reader, key("attention.head_count_kv"), n_head))
     eps = _meta(reader, key("attention.layer_norm_rms_epsilon"), None)
     config = {
         "model_type": spec.model_type,
@@ -262,7 +262,7 @@ def _fused_gate_up(spec: GGUFArch, name: str) -> bool:
                 and "ffn_gate_up_exps" not in spec.experts and {"ffn_gate_exps", "ffn_up_exps"} <= spec.experts.keys())
 
 
-def _split_fused_qkv(tensors: dict, spec: GGUFArch, n_head: int, n_head_kv) -> dict:
+def _split_fused(tensors: dict, spec: GGUFArch, n_head: int, n_head_kv) -> dict:
     """`tensors` with each --fuse-qkv attn_qkv also seen as its attn_q / attn_k / attn_v, and each
     --fuse-gate-up-exps ffn_gate_up_exps as its ffn_gate_exps and ffn_up_exps (what the architectures' readers look
     for)."""
