@@ -107,7 +107,38 @@ class MappedReader(gguf.GGUFReader):
 
 
 def _open_reader(path: Path) -> gguf.GGUFReader:
-    """A GGUF reader (MappedReader) over `path`, or a ModelLoadError when the file is not a whole GGUF."""
+    """A GGUF reader (MappedReader) over `path`, or a ModelLoadError when the file is not a whole GGUF. A split GGUF
+    (llama.cpp's gguf-split / the converter's --split-max-*: <name>-00001-of-0000N.gguf, split.count N) is read from
+    its first file: the metadata there, the tensors of every file (`shard_paths`), each file checked alike."""
+    reader = _open_one(path)
+    count = _meta(reader, "split.count", 1)
+    reader.shard_paths = [path]
+    if count <= 1:
+        return reader
+    m = re.fullmatch(r"(.*)-(\d{5})-of-(\d{5})\.gguf", path.name)
+    if _meta(reader, "split.no", 0) != 0 or not m or int(m[2]) != 1 or int(m[3]) != count:
+        first = f"{m[1]}-00001-of-{m[3]}.gguf" if m else f"<name>-00001-of-{count:05d}.gguf"
+        raise ModelLoadError(f"{path} is part {_meta(reader, 'split.no', 0) + 1} of a GGUF split into {count} files; "
+                             f"pass the first, {first} (the others beside it)")
+    for no in range(1, count):
+        shard = path.with_name(f"{m[1]}-{no + 1:05d}-of-{m[3]}.gguf")
+        if not shard.is_file():
+            raise ModelLoadError(f"{path} is split into {count} files and {shard.name} is not beside it; download "
+                                 "every part into one folder")
+        part = _open_one(shard)
+        if _meta(part, "split.no", None) != no:
+            raise ModelLoadError(f"{shard} is not part {no + 1} of {path.name}'s split; download the parts again")
+        reader.tensors = [*reader.tensors, *part.tensors]
+        reader.shard_paths.append(shard)
+    if len(reader.tensors) != _meta(reader, "split.tensors.count", len(reader.tensors)):
+        raise ModelLoadError(f"{path}'s {count} files hold {len(reader.tensors)} tensors, not the "
+                             f"{_meta(reader, 'split.tensors.count')} its split.tensors.count says; download the parts "
+                             "again")
+    return reader
+
+
+def _open_one(path: Path) -> gguf.GGUFReader:
+    """One GGUF file's reader, its tensors checked to lie within it."""
     fix = "re-download or re-convert it"
     try:
         # GGUFReader signals a bad file with assorted errors (ValueError, IndexError,
@@ -721,7 +752,7 @@ def load_gguf(path: Path) -> ModelSource:
         hf_config=config,
         weights=weights,
         write_tokenizer=(lambda d: write_gguf_tokenizer(reader, d)) if has_tokenizer else None,
-        content_hash=content_hash([path]),
+        content_hash=content_hash(reader.shard_paths),
         notes=_notes(weights, config, _arch(reader)[0]),
         stored_quant="GGUF",
     )

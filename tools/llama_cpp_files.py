@@ -9,7 +9,7 @@
   runs over the GGUF tests' models to check that tests/gguf_writer.py writes what it writes.
 
     python tools/llama_cpp_files.py                        # fetch once (~77 MB download, ~65 MB kept), print the folder
-    python tools/llama_cpp_files.py convert [--no-mtp] HF_DIR OUT.gguf [...]   # llama.cpp's converter, f32
+    python tools/llama_cpp_files.py convert [--no-mtp] HF_DIR OUT.gguf [...]   # the converter (f32); flags: --f=v
 
 pip downloads the sdist (its index and certificates); only these files are unpacked, into
 ~/.cache/kiln/llama-cpp/<version> ($KILN_LLAMA_CPP_FILES overrides), whole or not at all.
@@ -137,8 +137,8 @@ def main() -> None:
                 jobs.append((flags, *paths))
                 flags, paths = [], []
         if not jobs or flags or paths:
-            raise SystemExit("usage: python tools/llama_cpp_files.py convert [--flag ...] HF_DIR OUT.gguf "
-                             "[[--flag ...] HF_DIR OUT.gguf ...]   (flags: the converter's, for the pair after them)")
+            raise SystemExit("usage: python tools/llama_cpp_files.py convert [--flag[=value] ...] HF_DIR OUT.gguf "
+                             "[...]   (flags: the converter's, for the pair after them)")
         convert(fetch(files_dir()), jobs)
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

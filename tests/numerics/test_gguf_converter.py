@@ -236,7 +236,8 @@ def _qwen35_with_mtp(hf) -> None:
 # Files only the converter writes here, each compiled against transformers below: (write the checkpoint, flags)
 CONVERTED_ONLY = {"qwen35-mtp": (_qwen35_with_mtp, []), "llama-fused-qkv": (_write("llama"), ["--fuse-qkv"]),
                   "starcoder2-fused-qkv": (_write("starcoder2"), ["--fuse-qkv"]),
-                  "cohere2moe-fused-gate-up": (_write("cohere2moe"), ["--fuse-gate-up-exps"])}
+                  "cohere2moe-fused-gate-up": (_write("cohere2moe"), ["--fuse-gate-up-exps"]),
+                  "llama-split": (_write("llama"), ["--split-max-tensors=8"])}
 
 
 def _release(case: str, hf) -> None:
@@ -338,3 +339,24 @@ def test_fused_tensors_as_the_converter_writes_them(case, fused, converted, tmp_
     ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32).eval()
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
+
+
+def test_a_split_gguf_is_read_from_its_first_file(converted, tmp_path):
+    """--split-max-tensors (llama.cpp's gguf-split alike): llama-00001-of-0000N.gguf holds the metadata and some
+    tensors, the others the rest; kiln reads every part from the first, and names the first where given another, and
+    the missing part where one is not beside it."""
+    import shutil
+    from kiln.models.gguf import load_gguf
+    from kiln.models.source import ModelLoadError
+    parts = sorted(converted["llama-split"][1].parent.glob("llama-*-of-*.gguf"))
+    assert len(parts) == 3
+    ref = transformers.AutoModelForCausalLM.from_pretrained(parts[0].parent / "hf", dtype=torch.float32).eval()
+    art = kiln.compile(str(parts[0]), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    with pytest.raises(ModelLoadError, match=r"part 2 of a GGUF split into 3 files; pass the first, "
+                                                  r"llama-00001-of-00003\.gguf"):
+        load_gguf(parts[1])
+    for part in parts[:2]:
+        shutil.copy(part, tmp_path / part.name)
+    with pytest.raises(ModelLoadError, match=r"llama-00003-of-00003\.gguf is not beside it"):
+        load_gguf(tmp_path / parts[0].name)
