@@ -265,7 +265,7 @@ def _fused_qkv(spec: GGUFArch, name: str) -> bool:
     """Whether `name` is an attn_qkv the architecture otherwise stores as attn_q / attn_k / attn_v: the converter's
     --fuse-qkv (any architecture with an attn_qkv tensor kind; llama.cpp runs either)."""
     m = _LAYER_RE.fullmatch(name)
-    return bool(m and m.group(2) == "attn_qkv" and _hf_name(spec, name) is None
+    return bool(m and m.group(2) == "attn_qkv" and _hf_name(spec, name) is None and "attn_qkv" not in spec.parted
                 and _hf_name(spec, f"blk.{m.group(1)}.attn_q.{m.group(3)}"))
 
 
@@ -329,50 +329,38 @@ class GGUFWeights:
         by_name = {t.name: t for t in reader.tensors}
         halves = {key for pair in (*spec.joined.values(), *spec.by_head.values(), *spec.interleaved.values(),
                                    *spec.concatenated.values()) for key in pair}
-        for t in reader.tensors:
-            m = _LAYER_RE.fullmatch(t.name)
+        for name, t in _split_fused(by_name, spec, n_head, n_head_kv).items():     # a fused tensor: its parts
+            m = _LAYER_RE.fullmatch(name)
             if m and spec.blocks is not None and int(m.group(1)) >= spec.blocks:   # multi-token prediction's
-                self.unmapped.append(t.name)
+                if name == t.name:                                                 # (the file's, not a part)
+                    self.unmapped.append(name)
                 continue
-            if m and m.group(2) in halves:                                      # read back as one tensor below
-                continue
+            if m and (m.group(2) in halves or _fused_qkv(spec, name) or _fused_gate_up(spec, name)):
+                continue                                                        # read back below / as its parts
             if m and m.group(2) in spec.parted:                                 # a tensor a set of its rows
                 _readable(t)
                 for part, rows in spec.parted[m.group(2)].items():
                     self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{part}.{m.group(3)}"] = _Rows(t, rows)
-                continue
-            if m and _fused_gate_up(spec, t.name):                              # --fuse-gate-up-exps
-                _readable(t)
-                for key, half in (("ffn_gate_exps", 0), ("ffn_up_exps", 1)):
-                    for j in range(int(t.shape[2])):
-                        expert = spec.experts[key].format(j=j)
-                        self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{expert}.{m.group(3)}"] = \
-                            _Expert(_Half(t, half), j)
-                continue
-            if m and _fused_qkv(spec, t.name):                                  # the converter's --fuse-qkv
-                _readable(t)
-                for name, part in _qkv_parts(t, int(m.group(1)), n_head, n_head_kv).items():
-                    self._tensors[_hf_name(spec, name)] = part
                 continue
             if m and m.group(2) in spec.experts and len(t.shape) == 3:           # every expert's rows, one tensor
                 for j in range(int(t.shape[2])):
                     expert = spec.experts[m.group(2)].format(j=j)
                     self._tensors[f"{spec.layer_prefix}.{m.group(1)}.{expert}.{m.group(3)}"] = _Expert(t, j)
                 continue
-            g = _GLOBAL_RE.fullmatch(t.name)
+            g = _GLOBAL_RE.fullmatch(name)
             if g and g.group(1) in spec.stacked and len(t.shape) == 3:           # one HF Linear an index
                 for j in range(int(t.shape[2])):
                     self._tensors[f"{spec.stacked[g.group(1)].format(j=j)}.{g.group(2)}"] = _Expert(t, j)
                 continue
-            hf = _hf_name(spec, t.name)
-            if hf is None or t.name in CONFIG_TENSORS:
-                if t.name not in CONFIG_TENSORS:
-                    self.unmapped.append(t.name)
+            hf = _hf_name(spec, name)
+            if hf is None or name in CONFIG_TENSORS:
+                if name not in CONFIG_TENSORS:
+                    self.unmapped.append(name)
                 continue
             _readable(t)
-            if (spec.model_type == "gpt2" and t.name == "output.weight"
+            if (spec.model_type == "gpt2" and name == "output.weight"
                     and _same_bytes(t, by_name.get("token_embd.weight"))):
-                self.unmapped.append(t.name)       # the converter's copy of wte: GPT-2 ties its head
+                self.unmapped.append(name)         # the converter's copy of wte: GPT-2 ties its head
                 continue
             self._tensors[hf] = t
         for hf_part, (first, second) in spec.joined.items():
