@@ -562,7 +562,7 @@ def _qwen35_tensors(cfg: dict, hf: dict[str, np.ndarray], tile: bool = True) -> 
     out = {}
     for name, value in hf.items():
         if name.endswith(".A_log"):
-            value = _neg_exp(value)
+            value = -_exp(value)
         elif name.endswith(".dt_bias"):
             name = name.replace(".dt_bias", ".dt_proj.bias")
         elif name.endswith("conv1d.weight"):
@@ -866,7 +866,7 @@ def _ling3_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray
         if rest.endswith("_conv1d.weight"):
             value = value.reshape(1, value.shape[0], 1, value.shape[-1])
         elif rest == "attention.A_log":
-            value = -_neg_exp(value).reshape(-1, 1)      # torch's exp, as the converter
+            value = _exp(value).reshape(-1, 1)
         out[f"blk.{i}.{layer[rest]}"] = np.ascontiguousarray(value)
     return out
 
@@ -994,11 +994,11 @@ def _falcon_h1(w: gguf.GGUFWriter, cfg: dict) -> None:
     w.add_rope_freq_base(_rope(cfg)[0])
 
 
-def _neg_exp(value: np.ndarray) -> np.ndarray:
-    """-exp(x) in float32 as the converters compute A from A_log (torch's exp, which numpy's differs from by an
+def _exp(value: np.ndarray) -> np.ndarray:
+    """exp(x) in float32 as the converters compute A from A_log (torch's exp, which numpy's differs from by an
     ulp)."""
     import torch
-    return (-torch.exp(torch.from_numpy(np.ascontiguousarray(value, np.float32)))).numpy()
+    return torch.exp(torch.from_numpy(np.ascontiguousarray(value, np.float32))).numpy()
 
 
 def _falcon_h1_folded(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -1076,7 +1076,7 @@ def _mamba2_tensors(cfg: dict, hf: dict[str, np.ndarray]) -> dict[str, np.ndarra
     out = {}
     for name, value in hf.items():
         if name.endswith(".A_log"):
-            value = _neg_exp(value)
+            value = -_exp(value)
             value = value if cfg.get("model_type") in MAMBA1 else value.reshape(-1, 1)
         elif name.endswith((".mamba.D", ".mixer.D")) and cfg.get("model_type") not in MAMBA1:
             value = value.reshape(-1, 1)
@@ -1196,7 +1196,7 @@ def _tensors(cfg: dict, arch: str, hf: dict[str, np.ndarray]) -> dict[str, np.nd
         if dense:
             out[f"blk.{i}.ffn_down.weight"] = hf.pop(f"model.layers.{i}.shared_mlp.output_linear.weight")
     if arch == "kimi-linear":      # KimiLinearModel's: convs [1, channels, 1, taps], A as -exp(A_log), dt_proj.bias
-        hf = {k.replace(".dt_bias", ".dt_proj.bias"): _neg_exp(v) if k.endswith(".A_log") else
+        hf = {k.replace(".dt_bias", ".dt_proj.bias"): -_exp(v) if k.endswith(".A_log") else
               v.reshape(1, v.shape[0], 1, v.shape[-1]) if k.endswith("_conv1d.weight") else v for k, v in hf.items()}
     for hf_name in [n for n in hf if n.endswith("kv_b_proj.weight") and arch in ("deepseek2", "mistral4", "kimi-linear",
                                                                                  *DSA)]:

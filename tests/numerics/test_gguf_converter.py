@@ -114,10 +114,7 @@ def _hybrids() -> dict:
         return write
 
     def config(edit):
-        def apply(hf):
-            path = hf / "config.json"
-            path.write_text(json.dumps(edit(json.loads(path.read_text()))))
-        return apply
+        return lambda hf: _edit_json(hf / "config.json", edit)
 
     qwen_moe = dict(test_qwen3_5.CONFIG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                     shared_expert_intermediate_size=48)
@@ -185,15 +182,15 @@ EXTRA_TENSORS = {"gpt2": {"output.weight"}}
 
 @pytest.fixture(scope="module")
 def converted(llama_cpp_files, tmp_path_factory) -> dict:
-    """case -> (the writer's GGUF of its Hugging Face folder, llama.cpp's GGUF of it), every case converted by one
-    converter process; the writer writes each before the folder gets its released config."""
+    """case -> (the writer's GGUF of its Hugging Face folder, None for CONVERTED_ONLY's; llama.cpp's GGUF of it),
+    every case converted by one converter process; the writer writes each before the folder gets its released
+    config."""
     root = tmp_path_factory.mktemp("converter")
     pairs, args = {}, []
-    for case in TAKEN + ["chatglm"] + list(HYBRIDS) + list(CONVERTED_ONLY):
-        hf, mine, theirs = root / case / "hf", root / case / "mine.gguf", root / case / "llama.gguf"
-        write, released, flags = HYBRIDS.get(case) or (lambda hf: write_hf(case, hf), None, [])
-        if case in CONVERTED_ONLY:
-            (write, flags), mine = CONVERTED_ONLY[case], None
+    for case in TAKEN + list(HYBRIDS) + list(CONVERTED_ONLY):
+        hf, theirs = root / case / "hf", root / case / "llama.gguf"
+        mine = None if case in CONVERTED_ONLY else root / case / "mine.gguf"
+        write, released, flags = HYBRIDS.get(case) or CONVERTED_ONLY.get(case) or (_write(case), None, [])
         write(hf)
         if mine:
             write_gguf(hf, mine)
@@ -229,30 +226,34 @@ def _qwen35_with_mtp(hf) -> None:
     weights.update({f"mtp.{n}.weight": np.ones(width, np.float32)
                     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")})
     save_file(weights, hf / "model.safetensors", metadata={"format": "pt"})
-    path = hf / "config.json"
-    path.write_text(json.dumps(dict(json.loads(path.read_text()), mtp_num_hidden_layers=1)))
+    _edit_json(hf / "config.json", lambda c: dict(c, mtp_num_hidden_layers=1))
 
 
-# Files only the converter writes here, each compiled against transformers below: (write the checkpoint, flags)
-CONVERTED_ONLY = {"qwen35-mtp": (_qwen35_with_mtp, []), "llama-fused-qkv": (_write("llama"), ["--fuse-qkv"]),
-                  "starcoder2-fused-qkv": (_write("starcoder2"), ["--fuse-qkv"]),
-                  "cohere2moe-fused-gate-up": (_write("cohere2moe"), ["--fuse-gate-up-exps"]),
-                  "llama-split": (_write("llama"), ["--split-max-tensors=8"])}
+# Files only the converter writes here, each compiled against transformers below, as HYBRIDS' entries
+CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
+                  "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
+                  "starcoder2-fused-qkv": (_write("starcoder2"), None, ["--fuse-qkv"]),
+                  "cohere2moe-fused-gate-up": (_write("cohere2moe"), None, ["--fuse-gate-up-exps"]),
+                  "llama-split": (_write("llama"), None, ["--split-max-tensors=8"])}
 
 
 def _release(case: str, hf) -> None:
     """The case's folder as its released checkpoint has it, where the converter needs that."""
-    for name, edit in (("config.json", RELEASED.get(case)), ("tokenizer_config.json", TOKENIZER_CONFIG.get(case))):
-        if edit:
-            path = hf / name
-            value = json.loads(path.read_text())
-            path.write_text(json.dumps(edit(value) if callable(edit) else dict(value, **edit)))
+    if case in RELEASED:
+        _edit_json(hf / "config.json", RELEASED[case])
+    if case in TOKENIZER_CONFIG:
+        _edit_json(hf / "tokenizer_config.json", lambda c: dict(c, **TOKENIZER_CONFIG[case]))
     if case in SENTENCEPIECE:
         _sentencepiece_model(hf / "tokenizer.model")
     if case in ADDED_TOKENS:
         tokenizer = transformers.AutoTokenizer.from_pretrained(hf)
         tokenizer.add_special_tokens({"additional_special_tokens": ADDED_TOKENS[case]})
         tokenizer.save_pretrained(hf)
+
+
+def _edit_json(path, edit) -> None:
+    """A JSON file rewritten as `edit` (its dict -> the new dict) makes it."""
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
 
 
 def _sentencepiece_model(path, vocab_size: int = 300) -> None:
