@@ -94,6 +94,7 @@ def weight_map(c: BeamConfig) -> WeightMap:
     for i in range(c.num_hidden_layers):    # the gate rows, from their own Linear, beside each head's q
         attn = f"model.layers.{i}.self_attn"
         q, k, v = weight_spec(m[f"{attn}.qkv_proj.weight"]).hf_names
-        m[f"{attn}.qkv_proj.weight"] = WeightSpec((q, f"{attn}.gate_proj.weight", k, v), gates_after_queries(c))
+        m[f"{attn}.qkv_proj.weight"] = WeightSpec((q, f"{attn}.gate_proj.weight", k, v),
+                                                  gates_after_queries(c.num_attention_heads, c.head_dim))
         m[f"{attn}.gate_bias"] = [f"{attn}.gate_bias"]
     return m

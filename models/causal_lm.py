@@ -63,6 +63,8 @@ class LayerAttention:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
     rope: bool = True                       # False: no positional rotation at all (SmolLM3's NoPE layers)
+    rotary_dim: int | None = None           # the dims of each head RoPE rotates where the layer's own (Laguna's
+                                            # kinds; RoPE then in the graph); None: the config's rotary_dim
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,10 @@ class DecoderConfig:
         """Layer `layer`'s Flags where its attention differs from the model's (Llama 4's NoPE layers)."""
         return self.flags()
 
+    def layer_heads(self, layer: int) -> int:
+        """Layer `layer`'s query heads (Laguna's differ by layer: num_attention_heads_per_layer)."""
+        return self.num_attention_heads
+
     def layer_kv_heads(self, layer: int) -> int:
         """Layer `layer`'s KV heads (MiMo-V2-Flash's sliding layers hold twice its full ones'; kv_layers says so)."""
         return self.num_key_value_heads
@@ -215,9 +221,9 @@ def local_rope_on_sliding(c) -> tuple[LayerAttention, ...]:
 
 
 def rope_in_graph(layers: tuple[LayerAttention, ...], flags: Flags | None = None) -> bool:
-    """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none), the cache
-    lacks the scaling, q and k are normed after their rotation, or q's scale follows its position."""
-    ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling)) for a in layers}
+    """Whether q and k are rotated in the graph: the layers' RoPE differ (or some have none, or rotate dims of their
+    own), the cache lacks the scaling, q and k are normed after their rotation, or q's scale follows its position."""
+    ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling), a.rotary_dim) for a in layers}
     kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
     by_flags = bool(flags and (flags.qk_norm_after_rope or flags.attn_temperature))
     return len(ropes) > 1 or not all(a.rope for a in layers) or bool(kinds & set(GRAPH_SCALINGS)) or by_flags
@@ -234,10 +240,11 @@ class DecoderStack(nn.Module):
 
         def layer(i: int, a: LayerAttention) -> DecoderLayer:
             flags = c.layer_flags(i)
-            rope = inv_freq(c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None
+            rope = inv_freq(a.rotary_dim or c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope \
+                else None
             latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim),
                                      flags.qkv_bias, rope, flags.attn_temperature) if mla else None
-            return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_attention_heads, c.layer_kv_heads(i),
+            return DecoderLayer(c.hidden_size, c.intermediate_size, c.layer_heads(i), c.layer_kv_heads(i),
                                 c.head_dim, c.norm_eps, flags, rope,
                                 SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None, latent)
         self.layers = nn.ModuleList([layer(i, a) for i, a in enumerate(attention)])
@@ -298,6 +305,9 @@ class CausalLM(nn.Module):
         if self.config.kv_layers():
             return ("this model's layers differ in KV head size or share an earlier layer's keys and values, "
                     "and TVM's paged KV cache holds one shape for every layer")
+        c = self.config
+        if len({c.layer_heads(i) for i in range(c.num_hidden_layers)}) > 1:
+            return "this model's layers differ in query heads, and TVM's paged KV cache attends one count for all"
         if self.flags.attn_sinks:
             return ("this model's attention has sinks (a logit per head in every softmax), which TVM's paged KV "
                     "cache cannot apply")

@@ -273,6 +273,7 @@ def _qkv_parts(t, layer: int, n_head: int, n_head_kv) -> dict[str, "_Rows"]:
     """A fused attn_qkv as the attn_q / attn_k / attn_v tensors the converter fused (every q row, every k row, every
     v row, each as the architecture stores them: llama's q and k permuted alike), a head size for all three."""
     heads_kv = n_head_kv[layer] if isinstance(n_head_kv, list) else n_head_kv
+    n_head = n_head[layer] if isinstance(n_head, list) else n_head
     suffix = t.name.rsplit(".", 1)[1]
     total = int(t.shape[-1]) if len(t.shape) > 1 else int(t.shape[0])
     width, left = divmod(total, n_head + 2 * heads_kv)

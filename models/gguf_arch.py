@@ -37,6 +37,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     smollm3  SmolLM3             as llama (q/k rows permuted)
     afmoe    AFMoE (Trinity)     as llama with q/k norms, the attention gate (attn_gate), norms after attention and
                                  MLP, experts as qwen3moe's with exp_probs_b.bias; every 4th layer global, no RoPE
+    laguna   Laguna              as afmoe's names but its gate (attn_gate: g_proj, a row a head or a value dim), the
+                                 choice bias and shared expert under the released names; head_count a layer; RoPE
+                                 a layer kind (rope.*_swa on sliding layers)
     mistral3 Ministral 3         as llama with YaRN (yarn_log_multiplier: mscale_all_dim, mscale 1) and the
                                  queries' temperature (attention.temperature_scale: llama_4_scaling_beta)
     stablelm StableLM 2          as HF (LayerNorm biases); partial rotary as rope.dimension_count
@@ -324,6 +327,8 @@ ROUTED_LAYER = {**LLAMA_LAYER, **QK_NORMS, "ffn_gate_inp": "mlp.gate",
 AFMOE_LAYER = {**ROUTED_LAYER, "ffn_norm": "pre_mlp_layernorm", "post_attention_norm": "post_attention_layernorm",
                "post_ffw_norm": "post_mlp_layernorm", "attn_gate": "self_attn.gate_proj",
                "ffn_gate_inp": "mlp.router.gate", "exp_probs_b.bias": "mlp.expert_bias"}
+LAGUNA_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if "shexp" not in k}, "attn_gate": "self_attn.g_proj",
+                "exp_probs_b.bias": "mlp.experts.e_score_correction_bias", **_mlp("mlp.shared_expert", "_shexp")}
 MIMO2_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k not in QK_NORMS and "shexp" not in k},
                "attn_sinks.weight": "self_attn.attention_sink_bias"}
 GLM4_MOE_LAYER = {**{k: v for k, v in ROUTED_LAYER.items() if k != "ffn_norm"},
@@ -1388,6 +1393,53 @@ def _hy_v3(reader, arch, tensors, c):
                               for i in range(c["num_hidden_layers"])])
 
 
+def _laguna(reader, arch, tensors, c):
+    """Laguna (poolside) as llama.cpp's loader and graph run it: a query head count a layer (head_count an array);
+    where the file has a window, the layers attention.sliding_window_pattern marks (where written: a flag a layer, or
+    a period) else every 4th full from the first, the others sliding; full layers' RoPE by rope.freq_base (YaRN where
+    rope.scaling says so) on rope.dimension_count dims of each head, sliding ones' unscaled by rope.freq_base_swa on
+    rope.dimension_count_swa; the gate a head or a value dim by attn_gate's rows; DeepSeek-V3's router without groups
+    (sigmoid scores, the choice bias, renormalised where expert_weights_norm, times expert_weights_scale), the first
+    leading_dense_block_count layers dense, expert_shared_count (one, where unwritten) ungated shared experts of
+    expert_shared_feed_forward_length. The router's logit cap is written nowhere, and llama.cpp's graph applies none:
+    the file is read without one."""
+    n, heads = c["num_hidden_layers"], c["num_attention_heads"]
+    heads = list(heads) if isinstance(heads, (list, tuple)) else [heads] * n
+    c.update(num_attention_heads=heads[0], num_attention_heads_per_layer=heads)
+    _head_dim(reader, arch, c)
+    _no_groups(reader, arch)
+    _sigmoid_router(reader, arch)
+    if not _key(reader, arch, "expert_weights_norm", False):
+        raise ModelLoadError(f"this {arch} GGUF does not renormalise its experts' weights (expert_weights_norm), "
+                             "which Laguna always does; re-convert the model")
+    if _key(reader, arch, "expert_shared_count", 1) != 1:
+        raise ModelLoadError(f"this {arch} GGUF has {_key(reader, arch, 'expert_shared_count')} shared experts "
+                             "(expert_shared_count), where Laguna has one; re-convert the model")
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads[0]
+    window = _key(reader, arch, "attention.sliding_window") or 0
+    pattern = _key(reader, arch, "attention.sliding_window_pattern", 4)
+    if isinstance(pattern, list):
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [bool(pattern == 0 or i % pattern) for i in range(n)]
+    rotary = _key(reader, arch, "rope.dimension_count", head_dim)
+    full = {"rope_type": "default", "rope_theta": c["rope_theta"], **(rope_scaling(reader, arch) or {}),
+            "partial_rotary_factor": rotary / head_dim}
+    local = {"rope_type": "default", "rope_theta": _f32(_key(reader, arch, "rope.freq_base_swa", c["rope_theta"])),
+             "partial_rotary_factor": _key(reader, arch, "rope.dimension_count_swa", rotary) / head_dim}
+    gate = tensors.get("blk.0.attn_gate.weight")
+    lead = _key(reader, arch, "leading_dense_block_count", 0)
+    c.update(num_experts=_key(reader, arch, "expert_count"), num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
+             shared_expert_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length"),
+             moe_routed_scaling_factor=_f32(_key(reader, arch, "expert_weights_scale", 1.0)),
+             mlp_layer_types=["dense" if i < lead else "sparse" for i in range(n)],
+             gating="per-element" if gate is not None and int(gate.shape[-1]) != heads[0] else True,
+             sliding_window=window or None,
+             layer_types=["sliding_attention" if window and s else "full_attention" for s in sliding],
+             rope_parameters={"full_attention": full, "sliding_attention": local})
+
+
 def _mimo2(reader, arch, tensors, c):
     """Xiaomi's MiMo-V2-Flash (MimoV2Model's keys): block_count and the per-layer arrays counting the
     multi-token-prediction layers (nextn_predict_layers: left unread); head_count_kv a layer, the full layers' as
@@ -1846,6 +1898,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
     "mimo2": GGUFArch("mimo_v2_flash", ("MiMoV2FlashForCausalLM",), MIMO2_LAYER, config=_mimo2, experts=QWEN_EXPERTS),
     "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
+    "laguna": GGUFArch("laguna", ("LagunaForCausalLM",), LAGUNA_LAYER, config=_laguna, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
                       {**{k: v for k, v in ROUTED_LAYER.items() if k != "exp_probs_b.bias"},
                        "ffn_gate_inp": "mlp.router.gate", "exp_probs_b": "mlp.expert_bias",

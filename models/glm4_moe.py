@@ -518,10 +518,9 @@ BAILING_NAMES = dict(LLAMA_NAMES, embed_tokens="model.word_embeddings", o_proj="
 BAILING_QKV = "attention.query_key_value"
 
 
-def gates_after_queries(c: Glm4MoeConfig):
-    """Rows [q (heads x d) | gate (heads x d) | k | v] -> [each head's q, then its gate | k | v] (the
+def gates_after_queries(h: int, d: int):
+    """Rows [q (h heads x d) | gate (h x d) | k | v] -> [each head's q, then its gate | k | v] (the
     layout Flags.attn_output_gate reads)."""
-    h, d = c.num_attention_heads, c.head_dim
     per_head = np.arange(2 * h * d).reshape(2, h, d).transpose(1, 0, 2).reshape(-1)
     return lambda rows: np.concatenate([rows[per_head], rows[2 * h * d:]])
 
@@ -532,7 +531,8 @@ def weight_map(c: Glm4MoeConfig) -> WeightMap:
         for i in range(c.num_hidden_layers):
             key = f"model.layers.{i}.self_attn.qkv_proj.weight"
             q, k, v = weight_spec(m[key]).hf_names
-            m[key] = WeightSpec((q, f"model.layers.{i}.self_attn.gate_proj.weight", k, v), gates_after_queries(c))
+            m[key] = WeightSpec((q, f"model.layers.{i}.self_attn.gate_proj.weight", k, v),
+                                gates_after_queries(c.num_attention_heads, c.head_dim))
         return m
     if isinstance(c, Kolibri1Config):           # its norm after the MLP: post_ffn_norm
         return moe_weight_map(c, _OWN_NAMES["kolibri1"], dict(LLAMA_NAMES, post_mlp_norm="post_ffn_norm"))

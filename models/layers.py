@@ -84,6 +84,9 @@ class Flags:
                                             # gate); the attention output times sigmoid(gate) before o_proj
                                             # (MiniCPM5-MoE)
     attn_gate_bias: bool = False            # with attn_output_gate: a bias a head added to its gate (Beam)
+    attn_head_gate: bool = False            # one gate a head, its rows after v's in qkv_proj (Laguna-XS.2's g_proj):
+                                            # each head's output times act(gate)
+    attn_gate_act: str = "sigmoid"          # the output gate's activation, or "softplus" (Laguna's, in float32)
     residual_mix: tuple[float, float, float, float] | None = None   # x = branch * a + x * r for the attention
                                             # then the MLP: (a, r, a, r) (Beam's depth-scaled residual adds)
     v_head_dim: int | None = None           # values narrower than keys (MiMo-V2-Flash): padded with zeros to head_dim
@@ -119,6 +122,10 @@ class Flags:
             raise ValueError("v_head_dim with attn_output_gate is not supported (a gate a value dim)")
         if self.attn_gate_bias and not self.attn_output_gate:
             raise ValueError("attn_gate_bias needs attn_output_gate (a gate to add the bias to)")
+        if self.attn_head_gate and (self.attn_output_gate or self.v_head_dim):
+            raise ValueError("attn_head_gate is a gate a head in place of attn_output_gate's, over values of head_dim")
+        if self.attn_gate_act not in ("sigmoid", "softplus"):
+            raise ValueError(f"attention gate activation {self.attn_gate_act!r} is not sigmoid or softplus")
 
 
 class Norm(nn.Module):
@@ -266,11 +273,12 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.rope = rope                    # (inverse frequencies, cos/sin factor) when RoPE is in the graph
         self.sm_scale = flags.sm_scale(head_dim)
-        self.output_gate = flags.attn_output_gate
+        self.output_gate, self.head_gate = flags.attn_output_gate, flags.attn_head_gate
+        self.gate_act = flags.attn_gate_act
         q_rows = (2 if self.output_gate else 1) * num_heads
         self.v_head_dim = v_dim = flags.v_head_dim or head_dim
-        self.qkv_proj = nn.Linear(hidden_size, (q_rows + num_kv_heads) * head_dim + num_kv_heads * v_dim,
-                                  bias=flags.qkv_bias)
+        self.qkv_proj = nn.Linear(hidden_size, (q_rows + num_kv_heads) * head_dim + num_kv_heads * v_dim
+                                  + (num_heads if self.head_gate else 0), bias=flags.qkv_bias)
         self.o_proj = nn.Linear(num_heads * v_dim, hidden_size, bias=flags.o_bias)
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
@@ -299,6 +307,9 @@ class PagedAttention(nn.Module):
             q_gate, kv = op.split(qkv, [2 * h], axis=2)
             q, gate = op.split(op.reshape(q_gate, (b, s, h, 2 * self.head_dim)), 2, axis=3)
             qkv = op.concat([q, kv], dim=2)
+        elif self.head_gate:                # q, k and v, then a gate a head
+            qkv, gate = op.split(self.qkv_proj(x), [(h + 2 * h_kv) * self.head_dim], axis=2)
+            qkv, gate = op.reshape(qkv, (b, s, h + 2 * h_kv, self.head_dim)), op.reshape(gate, (b, s, h, 1))
         elif self.v_head_dim < self.head_dim:   # values padded with zeros to the keys' dims
             d, vd = self.head_dim, self.v_head_dim
             qk, v = op.split(self.qkv_proj(x), [(h + h_kv) * d], axis=2)
@@ -326,7 +337,7 @@ class PagedAttention(nn.Module):
         if gate is not None:
             if hasattr(self, "gate_bias"):
                 gate = gate + op.reshape(self.gate_bias, (1, 1, h, 1))
-            out = out * op.sigmoid(gate)
+            out = out * _gate(gate, self.gate_act)
         out = _norm(self, "attn_sub_norm", op.reshape(out, (b, s, h * self.v_head_dim)))
         return self.o_proj(_quantized(out, self.quant))
 
@@ -346,6 +357,14 @@ class PagedAttention(nn.Module):
         h_kv = k.shape[2]
         return (op.reshape(self.q_norm(op.reshape(q, (b, s, h * d))), (b, s, h, d)),
                 op.reshape(self.k_norm(op.reshape(k, (b, s, h_kv * d))), (b, s, h_kv, d)))
+
+
+def _gate(gate: Tensor, act: str) -> Tensor:
+    """The attention output's gate: sigmoid(gate), or softplus(gate) computed in float32 (transformers' Laguna)."""
+    if act == "sigmoid":
+        return op.sigmoid(gate)
+    soft = op.softplus(gate if gate.dtype == "float32" else gate.astype("float32"))
+    return soft if soft.dtype == gate.dtype else soft.astype(gate.dtype)
 
 
 def cached_attention(kv_cache: PagedKVCache, layer_id: int, qkv: Tensor, heads: int, sm_scale: float,

@@ -69,6 +69,8 @@ class MoESpec:
     scale_input: bool = False               # each expert reads x times its weight and the outputs add unweighted
                                             # (Llama 4)
     router_bias: bool = False               # a per-expert bias added to the router's logits (gpt-oss)
+    router_softcap: float = 0.0             # > 0: the router's logits capped, c * tanh(logits / c) (Laguna's
+                                            # moe_router_logit_softcapping)
     expert_bias: bool = False               # each expert's gate/up and down projections have biases (gpt-oss)
     clamped_glu: tuple[float, float] | None = None   # (alpha, limit): gpt-oss's expert activation, (clip(up,
                                             # -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
@@ -153,6 +155,8 @@ class SparseMoE(nn.Module):
         logits = op.matmul(by if by.dtype == "float32" else by.astype("float32"), op.permute_dims(self.router))
         if spec.router_bias:
             logits = logits + self.router_bias
+        if spec.router_softcap:
+            logits = op.tanh(logits / spec.router_softcap) * spec.router_softcap
         if spec.scoring == "sparsemixer":
             weights, experts = _sparsemixer(logits, spec.jitter_eps)
         else:

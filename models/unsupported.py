@@ -24,8 +24,6 @@ _UNSUPPORTED = {
     "openai-gpt": ("GPT-1", "norms after each residual add (post-LN), where kiln's decoder norms before them or on "
                             "the branch"),
     "ctrl": ("CTRL", "sinusoidal position embeddings (kiln reads learned position tables or RoPE)"),
-    "laguna": ("Laguna", "query head count per layer (num_attention_heads_per_layer), a partial rotary share per "
-                         "layer kind and a softplus output gate"),
 }
 
 

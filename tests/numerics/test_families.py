@@ -377,6 +377,21 @@ CASES = {
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, num_shared_experts=1, num_hidden_layers=3,
         head_dim=16, route_scale=2.0, global_attn_every_n_layers=2, sliding_window=64, mup_enabled=True,
         pad_token_id=0)),
+    # Laguna-XS.2's shape: a query head count a layer, a full layer (YaRN on half of each head) then sliding ones
+    # (unscaled RoPE on all of it), a softplus gate a head, a capped sigmoid router, a dense first layer
+    "laguna": ("LagunaForCausalLM", "LagunaConfig", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,
+        num_hidden_layers=4, head_dim=16, num_attention_heads_per_layer=[4, 8, 6, 2], sliding_window=8,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
+        moe_routed_scaling_factor=2.0, moe_router_logit_softcapping=2.0, pad_token_id=0, rope_parameters={
+            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "partial_rotary_factor": 0.5,
+                               "factor": 4.0, "original_max_position_embeddings": 64},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}})),
+    # Laguna-M.1's: every layer full, a softplus gate a value dim, dense layers by mlp_layer_types
+    "laguna-m1": ("LagunaForCausalLM", "LagunaConfig", dict(
+        num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,
+        num_hidden_layers=3, head_dim=16, gating="per-element", mlp_layer_types=["dense", "dense", "sparse"],
+        pad_token_id=0)),
     # Beam: sliding (RoPE) / full (no RoPE, queries scaled by position) layers, q/k norms,
     # the output gated with a bias a head, four norms, depth-scaled residual adds, a grouped router, capped logits
     "beam": ("BeamForCausalLM", "BeamConfig", dict(

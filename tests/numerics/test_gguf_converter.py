@@ -29,6 +29,7 @@ import kiln
 
 from conftest import LLAMA_CPP_FILES
 from gguf_writer import write_gguf
+from test_families import write_family
 from test_gguf_families import CASES, IDS, TOL, WRITTEN_AS, write_hf
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
@@ -234,7 +235,11 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
                   "starcoder2-fused-qkv": (_write("starcoder2"), None, ["--fuse-qkv"]),
                   "cohere2moe-fused-gate-up": (_write("cohere2moe"), None, ["--fuse-gate-up-exps"]),
-                  "llama-split": (_write("llama"), None, ["--split-max-tensors=8"])}
+                  "llama-split": (_write("llama"), None, ["--split-max-tensors=8"]),
+                  "laguna": (lambda hf: write_family("laguna", hf), None, []),
+                  # Laguna-M.1's released config sets no window (transformers' default, 512, the converter writes)
+                  "laguna-m1": (lambda hf: write_family("laguna-m1", hf), lambda hf: _edit_json(
+                      hf / "config.json", lambda c: {k: v for k, v in c.items() if k != "sliding_window"}), [])}
 
 
 def _release(case: str, hf) -> None:
@@ -361,3 +366,22 @@ def test_a_split_gguf_is_read_from_its_first_file(converted, tmp_path):
         shutil.copy(part, tmp_path / part.name)
     with pytest.raises(ModelLoadError, match=r"llama-00003-of-00003\.gguf is not beside it"):
         load_gguf(tmp_path / parts[0].name)
+
+
+def test_laguna_as_the_converter_writes_it(converted, tmp_path):
+    """Laguna-XS.2's shape through the converter (tests/numerics/test_families.py's case: which the test writer does
+    not write): a query head count a layer as head_count's array, each layer kind's RoPE (YaRN on half of each head on
+    the full layer, rope.*_swa on the sliding ones), the gate a head as attn_gate; llama.cpp's pattern (every 4th layer
+    full from the first) where the file writes none. The router's logit cap is written nowhere and llama.cpp applies
+    none: kiln reads the file as llama.cpp runs it, transformers' model without the cap. Laguna-M.1's (no window, a gate
+    a value dim, two dense layers) is read as its config says."""
+    from kiln.models.gguf import load_gguf
+    theirs = converted["laguna"][1]
+    assert gguf.GGUFReader(theirs).fields["laguna.attention.head_count"].contents() == [4, 8, 6, 2]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32,
+                                                            moe_router_logit_softcapping=0.0).eval()
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
+    assert_prefill_and_decode_match(art, ref, IDS, TOL)
+    m1 = load_gguf(converted["laguna-m1"][1]).hf_config
+    assert m1["gating"] == "per-element" and m1["layer_types"] == ["full_attention"] * 3
+    assert m1["mlp_layer_types"] == ["dense", "dense", "sparse"] and m1["num_attention_heads_per_layer"] == [4] * 3

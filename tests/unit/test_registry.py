@@ -64,7 +64,6 @@ def test_unknown_architecture_lists_every_family_and_its_names():
 
 
 @pytest.mark.parametrize("model_type, reason", [
-    ("laguna", r"Laguna \(laguna\) is not supported yet: its query head count per layer"),
     ("xglm", r"XGLM \(xglm\) .* sinusoidal position embeddings"),
     ("openai-gpt", r"GPT-1 \(openai-gpt\) .*\(post-LN\)"),
     ("minimax", "MiniMax-Text-01 .* linear-attention layers"),
