@@ -74,6 +74,8 @@ pass `kiln check` against the golden logits the compile stored.
              Param2 MoE: Bailing's names with q/k/v fused (and biased: param2moe), 2 shared experts (param2moe);
              MiniCPM5-MoE: the attention output gated per head (sigmoid) by q_proj's second half; AFMoE: the
              gate its own Linear, EXAONE 4.0's layers, norms around attention and MLP, muP's embedding scale;
+             Laguna: a query head count a layer, YaRN on half of each head on full layers and plain RoPE on all of it on
+             sliding ones, a softplus gate a head (laguna-m1: a value dim), a capped router;
              Kolibri 1: experts chosen by logits plus the bias, weighted by their sigmoid; Beam: sliding layers with
              RoPE and a full one without, its queries scaled by position, the output gated with a bias a head,
              depth-scaled residual adds; Ergo: residual gates, relu^2 experts each normed by its own weight, its
