@@ -540,6 +540,25 @@ def test_mimo_v2_flash_reads_its_released_config(tmp_path):
         MiMoV2FlashConfig.from_hf(dict(released, swa_num_key_value_heads=4))
 
 
+def test_laguna_reads_its_defaults_and_refuses_what_transformers_would_not_run():
+    """A config.json without rope_parameters, layer kinds or per-layer heads: transformers' defaults (every layer full
+    with YaRN-less RoPE at 500000 on half of each head, the first layer dense); gating_types that disagree with
+    gating, a heads list of another length and the router weights on the input are refused by name."""
+    from kiln.models.laguna import LagunaConfig
+    base = dict(SMALL, model_type="laguna", num_hidden_layers=3, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                moe_intermediate_size=32, shared_expert_intermediate_size=32)
+    c = LagunaConfig.from_hf(base)
+    assert c.layer_types == ("full_attention",) * 3 and c.dense_layers == (0,) and c.head_gate
+    assert [(a.rope_theta, a.rotary_dim) for a in c.layer_attention()] == [(500000.0, 8)] * 3
+    assert [c.layer_heads(i) for i in range(3)] == [4, 4, 4]
+    for extra, match in ((dict(gating="per-head", gating_types=["per_element"] * 3), "disagree with gating"),
+                         (dict(num_attention_heads_per_layer=[4, 8]), "lists 2 layers of the 3"),
+                         (dict(gating=False), "gating False is not supported"),
+                         (dict(moe_apply_router_weight_on_input=True), "moe_apply_router_weight_on_input True")):
+        with pytest.raises(ValueError, match=match):
+            LagunaConfig.from_hf(dict(base, **extra))
+
+
 def test_modernbert_decoder_reads_the_hubs_older_config():
     """The Hub's ModernBERT-decoder config.json (global_attn_every_n_layers, global_rope_theta / local_rope_theta,
     local_attention; no layer_types or rope_parameters): every third layer global from the first, the window half
