@@ -383,8 +383,8 @@ CASES = {
     # (unscaled RoPE on all of it), a softplus gate a head, a capped sigmoid router, a dense first layer
     "laguna": ("LagunaForCausalLM", "LagunaConfig", dict(
         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, shared_expert_intermediate_size=32,
-        num_hidden_layers=4, head_dim=16, num_attention_heads_per_layer=[4, 8, 6, 2], sliding_window=8,
-        layer_types=["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
+        num_hidden_layers=3, head_dim=16, num_attention_heads_per_layer=[4, 8, 2], sliding_window=8,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention"],
         moe_routed_scaling_factor=2.0, moe_router_logit_softcapping=2.0, pad_token_id=0, rope_parameters={
             "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "partial_rotary_factor": 0.5,
                                "factor": 4.0, "original_max_position_embeddings": 64},

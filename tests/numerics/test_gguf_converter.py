@@ -377,7 +377,7 @@ def test_laguna_as_the_converter_writes_it(converted, tmp_path):
     a value dim, two dense layers) is read as its config says."""
     from kiln.models.gguf import load_gguf
     theirs = converted["laguna"][1]
-    assert gguf.GGUFReader(theirs).fields["laguna.attention.head_count"].contents() == [4, 8, 6, 2]
+    assert gguf.GGUFReader(theirs).fields["laguna.attention.head_count"].contents() == [4, 8, 2]
     ref = transformers.AutoModelForCausalLM.from_pretrained(theirs.parent / "hf", dtype=torch.float32,
                                                             moe_router_logit_softcapping=0.0).eval()
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
