@@ -177,17 +177,6 @@ def test_graph_pattern_groups_batch_decode_alone(tiny_dirs):
     assert len(grouped) >= 1
 
 
-def test_a_cuda_artifact_builds_with_the_epilogue(tmp_path, monkeypatch):
-    """`kiln compile` for cuda-sm90 (q4f16) of a Llama wide enough for the MMA GEMV (hidden 256,
-    intermediate 512) with the profile's glu_epilogue: the artifact is written, and its batch_decode
-    (lowered) calls one kernel function for each layer's gate-up projection and activation, and no
-    activation kernel apart; prefill still calls one."""
-    decode, prefill = cuda_artifact_ir(tmp_path, monkeypatch, glu_epilogue=True)
-    assert decode.count("relax_split_relax_nn_silu_relax_multiply(") == 2      # 2 layers
-    assert "split_silu_multiply" not in decode.replace("relax_split_relax_nn_silu_relax_multiply", "")
-    assert "split" in prefill and "silu" in prefill
-
-
 def cuda_artifact_ir(tmp_path, monkeypatch, **fields) -> tuple[str, str]:
     """`kiln compile` for cuda-sm90 (q4f16) of a Llama wide enough for the MMA GEMV (hidden 256,
     intermediate 512) with the profile's `fields` set: the artifact written, its lowered batch_decode

@@ -234,9 +234,14 @@ def test_a_cpu_build_with_the_rewrite_decodes_as_without(tmp_path, monkeypatch):
             np.testing.assert_array_equal(g.argmax(-1), w.argmax(-1))
 
 
-def test_a_cuda_artifact_builds_with_the_prologue(tmp_path, monkeypatch):
-    """`kiln compile` for cuda-sm90 (q4f16) of a 256-wide Llama with norm_prologue and glu_epilogue:
-    the artifact is written; batch_decode (lowered) calls 4 groups and no norm apart, prefill 4 norms."""
+def test_a_cuda_artifact_builds_with_the_prologue_and_the_epilogue(tmp_path, monkeypatch):
+    """`kiln compile` for cuda-sm90 (q4f16) of a Llama wide enough for the MMA GEMV (hidden 256, intermediate 512)
+    with norm_prologue and glu_epilogue: the artifact is written; batch_decode (lowered) calls 4 groups and no norm
+    apart, prefill 4 norms; batch_decode calls one kernel function for each layer's gate-up projection and activation
+    and no activation kernel apart, prefill still one. (One build for both rewrites: each test built its own.)"""
     decode, prefill = cuda_artifact_ir(tmp_path, monkeypatch, norm_prologue=True, glu_epilogue=True)
     assert decode.count("fused_add_norm_") == 4 and "fuse_add_rms_norm" not in decode
     assert prefill.count("fuse_add_rms_norm") == 4
+    assert decode.count("relax_split_relax_nn_silu_relax_multiply(") == 2      # 2 layers
+    assert "split_silu_multiply" not in decode.replace("relax_split_relax_nn_silu_relax_multiply", "")
+    assert "split" in prefill and "silu" in prefill
