@@ -350,7 +350,7 @@ def test_fused_tensors_as_the_converter_writes_them(case, fused, converted, tmp_
 def test_a_split_gguf_is_read_from_its_first_file(converted, tmp_path):
     """--split-max-tensors (llama.cpp's gguf-split alike): llama-00001-of-0000N.gguf holds the metadata and some
     tensors, the others the rest; kiln reads every part from the first, and names the first where given another, and
-    the missing part where one is not beside it."""
+    the missing part where one is not beside it, and a part under another's name."""
     import shutil
     from kiln.models.gguf import load_gguf
     from kiln.models.source import ModelLoadError
@@ -365,6 +365,9 @@ def test_a_split_gguf_is_read_from_its_first_file(converted, tmp_path):
     for part in parts[:2]:
         shutil.copy(part, tmp_path / part.name)
     with pytest.raises(ModelLoadError, match=r"llama-00003-of-00003\.gguf is not beside it"):
+        load_gguf(tmp_path / parts[0].name)
+    shutil.copy(parts[2], tmp_path / parts[1].name)          # the third part under the second's name
+    with pytest.raises(ModelLoadError, match=r"llama-00002-of-00003\.gguf is not part 2 of llama-00001-of-00003"):
         load_gguf(tmp_path / parts[0].name)
 
 

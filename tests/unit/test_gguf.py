@@ -401,3 +401,16 @@ def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
     refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
     with pytest.raises(ModelLoadError, match=refusal):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="rwkv"))
+
+
+def test_a_fused_qkv_of_rows_no_head_layout_gives_is_refused():
+    """A --fuse-qkv attn_qkv whose rows are not a head size times (q heads + 2 kv heads) is refused naming the fix;
+    a head count a layer (Laguna's head_count array) is taken at the tensor's layer."""
+    from types import SimpleNamespace
+    fused = SimpleNamespace(name="blk.1.attn_qkv.weight", shape=[64, 8 * (4 + 2 * 2) + 3])
+    with pytest.raises(ModelLoadError, match=r"blk\.1\.attn_qkv\.weight has 67 rows, not a head size times 4 q heads "
+                                             r"and twice 2 kv heads; re-convert the model without --fuse-qkv"):
+        kg._qkv_parts(fused, 1, [8, 4], 2)
+    parts = kg._qkv_parts(SimpleNamespace(name="blk.1.attn_qkv.weight", shape=[64, 8 * 8]), 1, [8, 4], 2)
+    assert {name: len(part.rows) for name, part in parts.items()} == {
+        "blk.1.attn_q.weight": 32, "blk.1.attn_k.weight": 16, "blk.1.attn_v.weight": 16}
