@@ -1429,7 +1429,8 @@ def _laguna(reader, arch, tensors, c):
              "partial_rotary_factor": _key(reader, arch, "rope.dimension_count_swa", rotary) / head_dim}
     gate = tensors.get("blk.0.attn_gate.weight")
     lead = _key(reader, arch, "leading_dense_block_count", 0)
-    c.update(num_experts=_key(reader, arch, "expert_count"), num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+    c.update(num_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
              moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
              shared_expert_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length"),
              moe_routed_scaling_factor=_f32(_key(reader, arch, "expert_weights_scale", 1.0)),
