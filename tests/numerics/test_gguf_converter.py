@@ -29,7 +29,7 @@ import kiln
 
 from conftest import LLAMA_CPP_FILES
 from gguf_writer import write_gguf
-from test_families import write_family
+from test_families import RENAMED, write_family
 from test_gguf_families import CASES, IDS, TOL, WRITTEN_AS, write_hf
 from tiny_models import assert_prefill_and_decode_match, write_widened
 
@@ -38,7 +38,7 @@ CANNOT = {
     "falcon-7b": "its view of query_key_value by num_kv_heads, which transformers fills with the head count where "
                  "multi_query leaves it unset (it then fails on any Falcon-7B)",
     "hunyuan-moe": "a tiktoken tokenizer (mergeable_ranks)", "deepseek32": "add_bos_token on the tokenizer",
-    "mistral4": "the Mistral-format checkpoint", "exaone": "EXAONE 3's own architecture name (the test saves a Llama)",
+    "mistral4": "the Mistral-format checkpoint",
     "gemma3": "nothing it lacks, but it drops the embedding rows past the tokenizer's (the test's 468 of 512)",
     "chatglm": "nothing, but from transformers' Glm it writes q, k and v apart (the writer writes ChatGLM's own "
                "checkpoints' attn_qkv), ChatGLM's default epsilon and the width as the context: "
@@ -68,7 +68,7 @@ RELEASED = {"gpt2": lambda c: dict(c, n_ctx=c["n_positions"]), "cohere2": lambda
                             lambda c: dict(c, layer_types=["attention"] * c["num_hidden_layers"])),
             "phimoe": lambda c: dict(c, architectures=["PhiMoEForCausalLM"]),     # its remote code's name
             "hunyuan": lambda c: dict(c, max_position_embeddings=32768),     # the converter asserts a released one
-            "mimo2": _mimo2_released}
+            "mimo2": _mimo2_released, "exaone": RENAMED["exaone"]}     # EXAONE 3's own config names
 # tokenizer_config.json's keys the converter reads: Phi-3 / Phi-4 take a GPT-2 tokenizer's vocabulary by its class
 TOKENIZER_CONFIG = dict.fromkeys(["phi3", "phi4-partial-rotary", "phimoe"], {"tokenizer_class": "GPT2Tokenizer"})
 # Families whose converter takes the vocabulary from a SentencePiece tokenizer.model (one is trained for them: the
@@ -174,6 +174,9 @@ KNOWN = {"mistral": {"attention.sliding_window"}, "stablelm": {"rope.freq_base"}
          "gpt-neox": {"attention.head_count_kv", "rope.freq_base"}, "gemma": {"rope.freq_base"},
          "hunyuan": {"context_length", "rope.scaling.original_context_length"},
          "nemotron": {"attention.layer_norm_rms_epsilon", "rope.scaling.type", "vocab_size"},
+         # from EXAONE 3's layer_norm_epsilon the converter writes attention.layer_norm_epsilon, which llama.cpp's exaone
+         # loader does not read (older converters wrote the rms key, as the writer does); kiln reads either
+         "exaone": {"attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.dimension_count"},
          **dict.fromkeys(["granite4", "granite4-moe"], {"ssm.conv_kernel", "ssm.group_count", "ssm.inner_size",
                                                         "ssm.state_size", "ssm.time_step_rank"})}
 # Tensors the writer writes that the converter does not: GPT-2's head, a copy of its embedding (older converters
