@@ -197,10 +197,50 @@ def has_weights(d: Path) -> bool:
     return any(any(d.glob(p)) for p in ("*.safetensors", "pytorch_model*.bin", "*.bin.index.json"))
 
 
+def chat_templates(d: Path) -> tuple[str | list | None, bool]:
+    """The folder's chat templates kept beside tokenizer_config.json, and whether they replace the config's own:
+    chat_template.jinja (the default) and additional_chat_templates/<name>.jinja (named: tool_use, ...), which
+    transformers takes ahead of the config's (its save_pretrained writes them so since 4.5x: a checkpoint saved today
+    has no chat_template in tokenizer_config.json); else a processor's chat_template.json (vision-language
+    checkpoints), for a config without one. (None, False) where the folder has none of them."""
+    named = {}
+    if (d / "chat_template.jinja").is_file():
+        named["default"] = (d / "chat_template.jinja").read_text(encoding="utf-8")
+    if (d / "additional_chat_templates").is_dir():
+        named.update({f.stem: f.read_text(encoding="utf-8")
+                      for f in sorted((d / "additional_chat_templates").glob("*.jinja"))})
+    if named:
+        return (named["default"] if list(named) == ["default"] else
+                [{"name": name, "template": source} for name, source in named.items()]), True
+    if not (d / "chat_template.json").is_file():
+        return None, False
+    try:
+        template = json.loads((d / "chat_template.json").read_text(encoding="utf-8"))["chat_template"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{d / 'chat_template.json'} is not a JSON object with a chat_template "
+                             f"({type(e).__name__}: {e}); fix or re-download it") from None
+    return template, False
+
+
+def _fold_chat_template(template, replaces: bool, config_path: Path) -> bool:
+    """`template` (chat_templates') put into the artifact's tokenizer_config.json, where kiln's tokenizer reads it
+    (written where the folder had none); False where nothing was written."""
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    except json.JSONDecodeError:
+        return False            # left as it is: loading the artifact names the file
+    if template is None or not replaces and config.get("chat_template"):
+        return False
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+    return True
+
+
 def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
     """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one."""
     from .sp_tokenizer import build_tokenizer, tokenizer_config
     built, why = None, None
+    templates = chat_templates(d)
     if not (d / "tokenizer.json").exists() and (d / "tokenizer.model").exists():
         built, why = build_tokenizer(d / "tokenizer.model", tokenizer_config(d))
 
@@ -213,6 +253,8 @@ def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
         if built is not None:
             built.save(str(dest / "tokenizer.json"))
             copied.append("tokenizer.json")
+        if _fold_chat_template(*templates, dest / "tokenizer_config.json") and "tokenizer_config.json" not in copied:
+            copied.append("tokenizer_config.json")
         return copied
 
     if (d / "tokenizer.json").exists():

@@ -60,3 +60,45 @@ def test_the_engine_renders_with_the_given_template(tiny_artifacts):
     tok = Tokenizer.from_dir(tiny_artifacts["tied"])
     assert ids == tok.encode("<start_of_turn>user\nhello there<end_of_turn>\n<start_of_turn>model\n",
                              add_special_tokens=False)
+
+
+def test_a_checkpoints_template_files_reach_the_artifact(tmp_path):
+    """transformers (4.5x on) saves a tokenizer's chat template as chat_template.jinja and named ones under
+    additional_chat_templates/, not in tokenizer_config.json; kiln's artifact tokenizer renders them as transformers
+    does (the .jinja ahead of a config's own, tool_use chosen with tools); a processor's chat_template.json serves
+    where nothing else gives one; a malformed one is refused by name."""
+    import json
+
+    import transformers
+
+    from kiln.models.hf import tokenizer_files
+    from kiln.models.source import ModelLoadError
+    from tiny_models import write_tokenizer
+    write_tokenizer(tmp_path, 300)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    tok.chat_template = {"default": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}",
+                         "tool_use": "[{{ tools | length }} tools]{% for m in messages %}{{ m['content'] }}{% endfor %}"}
+    saved = tmp_path / "saved"
+    tok.save_pretrained(saved)
+    assert (saved / "chat_template.jinja").is_file() and (saved / "additional_chat_templates").is_dir()
+    assert "chat_template" not in json.loads((saved / "tokenizer_config.json").read_text())
+    out = tmp_path / "art"
+    out.mkdir()
+    write, _ = tokenizer_files(saved)
+    assert "tokenizer_config.json" in write(out)
+    ours, theirs = Tokenizer.from_dir(out), transformers.AutoTokenizer.from_pretrained(saved)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    for extra in ({}, {"tools": tools}):
+        assert ours.apply_chat_template(CONVERSATION, **extra) == theirs.apply_chat_template(
+            CONVERSATION, tokenize=False, add_generation_prompt=True, **extra)
+    processor = tmp_path / "processor"
+    processor.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (processor / name).write_text((saved / name).read_text())
+    (processor / "chat_template.json").write_text(json.dumps({"chat_template": "{{ messages[0]['content'] }}!"}))
+    write, _ = tokenizer_files(processor)
+    write(out)
+    assert Tokenizer.from_dir(out).apply_chat_template(CONVERSATION) == "Be brief.!"
+    (processor / "chat_template.json").write_text("[]")
+    with pytest.raises(ModelLoadError, match=r"chat_template\.json is not a JSON object with a chat_template"):
+        tokenizer_files(processor)
