@@ -238,11 +238,17 @@ def _fold_chat_template(template, replaces: bool, config_path: Path) -> bool:
 
 def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
     """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one."""
+    from .bpe_files import build_byte_level_bpe
     from .sp_tokenizer import build_tokenizer, tokenizer_config
-    built, why = None, None
+    built, why, source = None, None, None
     templates = chat_templates(d)
     if not (d / "tokenizer.json").exists() and (d / "tokenizer.model").exists():
         built, why = build_tokenizer(d / "tokenizer.model", tokenizer_config(d))
+        source = "tokenizer.model (SentencePiece BPE, as transformers' fast conversion does)"
+    elif not (d / "tokenizer.json").exists() and (d / "vocab.json").exists() and (d / "merges.txt").exists():
+        model_type = read_config(d / "config.json").get("model_type") if (d / "config.json").exists() else None
+        built, why = build_byte_level_bpe(d, tokenizer_config(d), model_type)
+        source = "vocab.json and merges.txt (byte-level BPE, as transformers' GPT2Tokenizer builds it)"
 
     def write_tokenizer(dest: Path) -> list[str]:
         copied = []
@@ -260,10 +266,10 @@ def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
     if (d / "tokenizer.json").exists():
         notes = []
     elif built is not None:
-        notes = ["tokenizer.json built from tokenizer.model (SentencePiece BPE, as transformers' fast conversion "
-                 "does)"]
+        notes = [f"tokenizer.json built from {source}"]
     else:
-        notes = ["no tokenizer.json" + (f" (its tokenizer.model is {why}, which kiln does not convert)" if why else "")
+        files = "tokenizer.model" if source and source.startswith("tokenizer.model") else "tokenizer"
+        notes = ["no tokenizer.json" + (f" (its {files} is {why}, which kiln does not convert)" if why else "")
                  + ": the artifact takes token ids only (`kiln generate --ids`, token-id prompts on the "
                  "server); put the model's tokenizer.json in the folder and recompile to use text"]
     return write_tokenizer, notes

@@ -75,3 +75,45 @@ def test_a_folder_with_tokenizer_model_only_gets_tokenizer_json(tmp_path):
     (folder / "tokenizer.model").write_bytes(_train(tmp_path, "nfkc", model_type="bpe").read_bytes())
     _, notes = tokenizer_files(folder)
     assert notes[0].startswith("no tokenizer.json (its tokenizer.model is normalizer nmt_nfkc")
+
+
+@pytest.mark.parametrize("add_bos, prefix", [(True, False), (False, True)])
+def test_a_folder_with_gpt2s_slow_files_only_gets_tokenizer_json(tmp_path, add_bos, prefix):
+    """vocab.json and merges.txt without tokenizer.json (OPT's checkpoints, GPT-2 fine-tunes): a tokenizer.json
+    built as transformers' GPT2Tokenizer builds it gives its ids (OPT's BOS prepended, add_prefix_space, the config's
+    special tokens whole, an added token past the vocabulary) and decodes them back; another tokenizer class's files
+    are named in the note."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+    import transformers
+
+    from kiln.models.hf import tokenizer_files
+    from kiln.runtime.tokenizer import Tokenizer
+    from tiny_models import CORPUS
+    folder = tmp_path / "model"
+    folder.mkdir()
+    bpe = HFTokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<s>", "<pad>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    bpe.model.save(str(folder))
+    (folder / "config.json").write_text(json.dumps({"model_type": "opt"}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "</s>", "eos_token": "</s>", "pad_token": "<pad>",
+        "unk_token": "</s>", "add_bos_token": add_bos, "add_prefix_space": prefix, "added_tokens_decoder": {
+            "400": {"content": "<|tool|>", "special": True}}}))
+    write, notes = tokenizer_files(folder)
+    assert notes == ["tokenizer.json built from vocab.json and merges.txt (byte-level BPE, as transformers' "
+                     "GPT2Tokenizer builds it)"]
+    out = tmp_path / "out"
+    out.mkdir()
+    assert "tokenizer.json" in write(out)
+    ours, theirs = Tokenizer.from_dir(out), transformers.AutoTokenizer.from_pretrained(folder)
+    for text in ["The quick brown fox", " spaces   and\nnewlines.", "</s>a<pad>b<|tool|>c", "Compilers 0123!"]:
+        ids = ours.encode(text)
+        assert ids == theirs(text)["input_ids"], text
+        assert ours.decode(ids) == theirs.decode(ids)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer"}))
+    _, notes = tokenizer_files(folder)
+    assert notes[0].startswith("no tokenizer.json (its tokenizer is Qwen2Tokenizer's vocab.json and merges.txt")
