@@ -261,10 +261,14 @@ def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
             copied.append("tokenizer.json")
         if _fold_chat_template(*templates, dest / "tokenizer_config.json") and "tokenizer_config.json" not in copied:
             copied.append("tokenizer_config.json")
+        if "tokenizer.json" in copied and "tokenizer_config.json" not in copied:     # an artifact holds both
+            (dest / "tokenizer_config.json").write_text("{}", encoding="utf-8")
+            copied.append("tokenizer_config.json")
         return copied
 
     if (d / "tokenizer.json").exists():
-        notes = []
+        notes = [] if (d / "tokenizer_config.json").exists() or templates[0] is not None else [
+            "no tokenizer_config.json: special tokens as tokenizer.json and config.json give them (no chat template)"]
     elif built is not None:
         notes = [f"tokenizer.json built from {source}"]
     else:

@@ -77,7 +77,8 @@ def test_a_checkpoints_template_files_reach_the_artifact(tmp_path):
     write_tokenizer(tmp_path, 300)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     tok.chat_template = {"default": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}",
-                         "tool_use": "[{{ tools | length }} tools]{% for m in messages %}{{ m['content'] }}{% endfor %}"}
+                         "tool_use": "[{{ tools | length }} tools]"
+                                     "{% for m in messages %}{{ m['content'] }}{% endfor %}"}
     saved = tmp_path / "saved"
     tok.save_pretrained(saved)
     assert (saved / "chat_template.jinja").is_file() and (saved / "additional_chat_templates").is_dir()

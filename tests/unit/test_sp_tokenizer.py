@@ -117,3 +117,24 @@ def test_a_folder_with_gpt2s_slow_files_only_gets_tokenizer_json(tmp_path, add_b
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer"}))
     _, notes = tokenizer_files(folder)
     assert notes[0].startswith("no tokenizer.json (its tokenizer is Qwen2Tokenizer's vocab.json and merges.txt")
+
+
+def test_a_folder_with_tokenizer_json_alone_gets_a_config_to_match(tmp_path):
+    """tokenizer.json without tokenizer_config.json (transformers loads such a folder): the artifact gets an empty
+    config beside it (an artifact holds both), the note says what is missing, and text encodes as transformers does."""
+    import transformers
+
+    from kiln.models.hf import tokenizer_files
+    from kiln.runtime.tokenizer import Tokenizer
+    from tiny_models import write_tokenizer
+    folder, out = tmp_path / "model", tmp_path / "out"
+    folder.mkdir()
+    out.mkdir()
+    write_tokenizer(folder, 300)
+    (folder / "tokenizer_config.json").unlink()
+    write, notes = tokenizer_files(folder)
+    assert notes == ["no tokenizer_config.json: special tokens as tokenizer.json and config.json give them (no chat "
+                     "template)"]
+    assert set(write(out)) == {"tokenizer.json", "tokenizer_config.json"}
+    text = "The quick <|im_start|>brown fox"
+    assert Tokenizer.from_dir(out).encode(text) == transformers.AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
