@@ -123,6 +123,13 @@ _EXAONE_MOE = [
     'p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\'
     'S)|\\s+',
 ]
+# Laguna's: the text cut into lines and runs of newlines first, then GPT-4's words with single digits (llama.cpp's
+# LAGUNA pre-tokenizer)
+_LAGUNA = [
+    '[^\\n]+|[\\n]+',
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}"
+    '\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+',
+]
 _MINICPM5 = [
     '\\p{N}{1,3}',
     "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L"
@@ -165,6 +172,7 @@ _PRE_SPLITS = {
     "ufakzeka": _UFAKZEKA,
     "exaone-moe": _EXAONE_MOE,
     "minicpm5": _MINICPM5,
+    "laguna": _LAGUNA,
 }
 # Pre-tokenizers whose vocabularies llama.cpp reads with ignore_merges (a whole split that is a token is that token,
 # as these tokenizer.json's BPE says)

@@ -144,6 +144,18 @@ def test_o200k_pre_tokenizer(tmp_path, tiny_hf, pre):
     assert pieces == ["Hello", "World", "\u0120don't", "\u0120", "123", "45", "\u010a\u010a", "x"]
 
 
+def test_laguna_pre_tokenizer(tmp_path, tiny_hf):
+    """tokenizer.ggml.pre "laguna" (poolside's Laguna, as llama.cpp's LAGUNA pre-tokenizer splits): lines and runs of
+    newlines cut apart first, so trailing spaces stay off the newlines; then GPT-4's words, contractions apart, single
+    digits, a carriage return kept with the punctuation before it."""
+    from kiln.models.gguf_tokenizer import build_gguf_tokenizer
+    tok = build_gguf_tokenizer(gguf.GGUFReader(_write_tiny(tmp_path / "laguna.gguf", tiny_hf, pre="laguna")))
+    pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("Hi there  \n\n  it's 2024!\r\nok ")]
+    space, newline = "\u0120", "\u010a"           # byte-level spellings
+    assert pieces == ["Hi", space + "there", 2 * space, 2 * newline, space, space + "it", "'s", space, "2", "0", "2",
+                      "4", "!\u010d", newline, "ok", space]
+
+
 def test_tokenizer_config(tokenizer_dir, gguf_path, hf_tokenizer):
     config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
     assert config["chat_template"] == hf_tokenizer.chat_template and "<|im_start|>" in config["chat_template"]
