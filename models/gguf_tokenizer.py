@@ -123,6 +123,24 @@ _EXAONE_MOE = [
     'p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\'
     'S)|\\s+',
 ]
+# AFMoE's (Trinity): a run of digits as its first len % 3, then threes (llama.cpp's custom AFMoE_digits), CJK and
+# other Asian scripts' runs (from U+8C48, as llama.cpp's source writes the compatibility ideographs' U+F900), then
+# DeepSeek-V3's words
+_AFMOE = [
+    '\\p{N}{1,3}(?=(?:\\p{N}{3})*(?!\\p{N}))',
+    '[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf'
+    '\u0e40-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af'
+    '\u1100-\u11ff]+',
+    _DEEPSEEK_V3[2],
+]
+# Kimi K2's and Kimi Linear's (tokenization_kimi.py's tiktoken pattern, as llama.cpp's custom kimi-k2 split runs
+# it): Han runs, cased words without Han, digits in threes
+_KIMI_K2 = [
+    "[\\p{Han}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&"
+    "[^\\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+"
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
+    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+]
 # Laguna's: the text cut into lines and runs of newlines first, then GPT-4's words with single digits (llama.cpp's
 # LAGUNA pre-tokenizer)
 _LAGUNA = [
@@ -173,6 +191,8 @@ _PRE_SPLITS = {
     "exaone-moe": _EXAONE_MOE,
     "minicpm5": _MINICPM5,
     "laguna": _LAGUNA,
+    "afmoe": _AFMOE,
+    "kimi-k2": _KIMI_K2,
 }
 # Pre-tokenizers whose vocabularies llama.cpp reads with ignore_merges (a whole split that is a token is that token,
 # as these tokenizer.json's BPE says)

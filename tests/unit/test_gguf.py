@@ -144,16 +144,28 @@ def test_o200k_pre_tokenizer(tmp_path, tiny_hf, pre):
     assert pieces == ["Hello", "World", "\u0120don't", "\u0120", "123", "45", "\u010a\u010a", "x"]
 
 
-def test_laguna_pre_tokenizer(tmp_path, tiny_hf):
-    """tokenizer.ggml.pre "laguna" (poolside's Laguna, as llama.cpp's LAGUNA pre-tokenizer splits): lines and runs of
-    newlines cut apart first, so trailing spaces stay off the newlines; then GPT-4's words, contractions apart, single
-    digits, a carriage return kept with the punctuation before it."""
+@pytest.mark.parametrize("pre, text, pieces", [
+    # lines and newline runs cut apart first (trailing spaces stay off the newlines), then GPT-4's words, contractions
+    # apart, single digits, a carriage return kept with the punctuation before it
+    ("laguna", "Hi there  \n\n  it's 2024!\r\nok ",
+     ["Hi", " there", "  ", "\n\n", " ", " it", "'s", " ", "2", "0", "2", "4", "!\r", "\n", "ok", " "]),
+    # a digit run as its first len % 3 digits, then threes; CJK runs apart; DeepSeek-V3's words
+    ("afmoe", "abc 1234567 x12 日本語abc 3.14", ["abc", " ", "1", "234", "567", " x", "12", " ", "日本語", "abc", " ",
+                                            "3", ".", "14"]),
+    # Han runs apart from cased words (an upper run then a lower one is one word), digits in threes, contractions kept
+    ("kimi-k2", "Hello世界World's 12345 HELLOthere DON'T", ["Hello", "世界", "World's", " ", "123", "45",
+                                                          " HELLOthere", " DON'T"]),
+])
+def test_pre_tokenizers_llama_cpp_transcribes(tmp_path, tiny_hf, pre, text, pieces):
+    """tokenizer.ggml.pre values whose splits llama.cpp runs by its own code (no vocabulary vectors here to check them
+    against): Laguna's (laguna), AFMoE's (afmoe: its custom AFMoE_digits), Kimi K2's and Kimi Linear's (kimi-k2: its
+    custom split of tokenization_kimi.py's pattern) pieces, byte-level spelled."""
+    from tokenizers import pre_tokenizers
     from kiln.models.gguf_tokenizer import build_gguf_tokenizer
-    tok = build_gguf_tokenizer(gguf.GGUFReader(_write_tiny(tmp_path / "laguna.gguf", tiny_hf, pre="laguna")))
-    pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("Hi there  \n\n  it's 2024!\r\nok ")]
-    space, newline = "\u0120", "\u010a"           # byte-level spellings
-    assert pieces == ["Hi", space + "there", 2 * space, 2 * newline, space, space + "it", "'s", space, "2", "0", "2",
-                      "4", "!\u010d", newline, "ok", space]
+    tok = build_gguf_tokenizer(gguf.GGUFReader(_write_tiny(tmp_path / f"{pre}.gguf", tiny_hf, pre=pre)))
+    spell = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    assert [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(text)] == [spell.pre_tokenize_str(p)[0][0]
+                                                                         for p in pieces]
 
 
 def test_tokenizer_config(tokenizer_dir, gguf_path, hf_tokenizer):
