@@ -53,8 +53,7 @@ class LagunaConfig(DenseByType, Glm4MoeConfig):
     @classmethod
     def from_hf(cls, hf: dict) -> "LagunaConfig":
         """RoPE per layer kind (transformers' defaults where config.json has none) as the full layers' own fields and
-        the sliding layers' base and share of each head; the gate's kind from `gating` (and `gating_types`, which must
-        agree with it: transformers and vLLM read `gating` alone)."""
+        the sliding layers' base and share of each head."""
         params = hf.get("rope_parameters")
         if not (isinstance(params, dict) and "full_attention" in params):
             params = DEFAULT_ROPE
@@ -70,6 +69,8 @@ class LagunaConfig(DenseByType, Glm4MoeConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        """A query head count a layer (the model's where unlisted); the gate's kind from `gating` (and `gating_types`,
+        which must agree with it: transformers and vLLM read `gating` alone); each layer's kind."""
         refuse_unlike(hf, (("attention_bias", False), ("moe_apply_router_weight_on_input", False)), cls.ARCH)
         n = values["num_hidden_layers"]
         heads = tuple(values["heads_per_layer"] or ()) or (values["num_attention_heads"],) * n
