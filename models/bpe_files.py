@@ -51,3 +51,59 @@ def build_byte_level_bpe(folder: Path, config: dict, model_type: str | None):
 def _text(value) -> str | None:
     """A special token as tokenizer_config.json gives it: a string or an AddedToken dict."""
     return value.get("content") if isinstance(value, dict) else value
+
+
+# tokenization_kimi.py's split (Kimi K2's, Kimi Linear's): llama.cpp's kimi-k2 pre-tokenizer runs the same
+KIMI_PATTERN = (r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
+                r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?"
+                r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+KIMI_RESERVED = 256                         # special ids after the ranks: the config's names, else reserved_token_<id>
+
+
+def build_tiktoken(folder: Path, config: dict):
+    """(a tokenizers.Tokenizer, None) from the folder's tiktoken.model (a base64 token and its rank a line) where its
+    split pattern is known (Kimi's: tokenization_kimi.py beside it), or (None, why not): byte-level BPE whose merges
+    are those tiktoken's ranks make, a whole piece in the vocabulary taken as it is (tiktoken's rule), the
+    KIMI_RESERVED special tokens after the ranks matched whole."""
+    import base64
+
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    if not (folder / "tokenization_kimi.py").is_file():
+        return None, "a tiktoken.model whose split pattern lives in remote code kiln does not know"
+    try:
+        ranks = {base64.b64decode(token): int(rank) for token, rank in
+                 (line.split() for line in (folder / "tiktoken.model").read_text(encoding="utf-8").splitlines()
+                  if line.strip())}
+    except (OSError, ValueError) as e:
+        return None, f"an unreadable tiktoken.model ({type(e).__name__}: {e})"
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        return None, "a tiktoken.model whose ranks are not 0..n-1"
+    from .gguf_tokenizer import _BYTE_TO_UNICODE as spell
+    vocab = {"".join(spell[b] for b in token): rank for token, rank in ranks.items()}
+    try:
+        merges = [tuple("".join(spell[b] for b in part) for part in _tiktoken_pair(ranks, token, rank))
+                  for token, rank in sorted(ranks.items(), key=lambda item: item[1]) if len(token) > 1]
+    except ValueError as e:
+        return None, f"a tiktoken.model kiln cannot read as BPE ({e})"
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(KIMI_PATTERN), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    named = {int(i): entry["content"] for i, entry in (config.get("added_tokens_decoder") or {}).items()}
+    tok.add_special_tokens([AddedToken(named.get(i, f"<|reserved_token_{i}|>"), special=True, normalized=False)
+                            for i in range(len(ranks), len(ranks) + KIMI_RESERVED)])
+    return tok, None
+
+
+def _tiktoken_pair(ranks: dict[bytes, int], token: bytes, rank: int) -> tuple[bytes, bytes]:
+    """The two tokens tiktoken merges last into `token`: its bytes merged lowest rank first, by ranks below its own."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        best = min(((ranks.get(parts[i] + parts[i + 1], rank), i) for i in range(len(parts) - 1)))
+        if best[0] >= rank:
+            break
+        parts[best[1]:best[1] + 2] = [parts[best[1]] + parts[best[1] + 1]]
+    if len(parts) != 2:
+        raise ValueError(f"tiktoken token {token!r} is not two lower-ranked tokens merged")
+    return parts[0], parts[1]

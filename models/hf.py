@@ -238,7 +238,7 @@ def _fold_chat_template(template, replaces: bool, config_path: Path) -> bool:
 
 def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
     """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one."""
-    from .bpe_files import build_byte_level_bpe
+    from .bpe_files import build_byte_level_bpe, build_tiktoken
     from .sp_tokenizer import build_tokenizer, tokenizer_config
     built, why, source = None, None, None
     templates = chat_templates(d)
@@ -249,6 +249,9 @@ def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
         model_type = read_config(d / "config.json").get("model_type") if (d / "config.json").exists() else None
         built, why = build_byte_level_bpe(d, tokenizer_config(d), model_type)
         source = "vocab.json and merges.txt (byte-level BPE, as transformers' GPT2Tokenizer builds it)"
+    elif not (d / "tokenizer.json").exists() and (d / "tiktoken.model").exists():
+        built, why = build_tiktoken(d, tokenizer_config(d))
+        source = "tiktoken.model (byte-level BPE with the merges tiktoken's ranks make, Kimi's split)"
 
     def write_tokenizer(dest: Path) -> list[str]:
         copied = []

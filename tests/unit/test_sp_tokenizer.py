@@ -138,3 +138,57 @@ def test_a_folder_with_tokenizer_json_alone_gets_a_config_to_match(tmp_path):
     assert set(write(out)) == {"tokenizer.json", "tokenizer_config.json"}
     text = "The quick <|im_start|>brown fox"
     assert Tokenizer.from_dir(out).encode(text) == transformers.AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+
+
+def test_a_kimi_folders_tiktoken_model_gets_tokenizer_json(tmp_path):
+    """Kimi K2's and Kimi Linear's checkpoints ship tiktoken.model and tokenization_kimi.py, no tokenizer.json: a
+    tokenizer.json built from the ranks gives tiktoken's own ids under Kimi's split (English, Chinese, digits, a
+    contraction, special tokens whole) and decodes them back; without Kimi's code beside it the note names the file."""
+    import base64
+
+    tiktoken = pytest.importorskip("tiktoken")
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from kiln.models.bpe_files import KIMI_PATTERN
+    from kiln.models.gguf_tokenizer import _BYTE_TO_UNICODE
+    from kiln.models.hf import tokenizer_files
+    from kiln.runtime.tokenizer import Tokenizer
+    from tiny_models import CORPUS
+    bpe = HFTokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    corpus = CORPUS + ["你好世界，编译器把程序变成快速的代码。", "HELLOthere World's 1234567 日本語テキスト"]
+    bpe.train_from_iterator(corpus * 20, trainers.BpeTrainer(vocab_size=700, show_progress=False,
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    unspell = {c: b for b, c in _BYTE_TO_UNICODE.items()}
+    ranks = {bytes(unspell[c] for c in token): i for token, i in bpe.get_vocab().items()}
+    folder = tmp_path / "kimi"
+    folder.mkdir()
+    (folder / "tiktoken.model").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n"
+                                                   for t, r in sorted(ranks.items(), key=lambda x: x[1])))
+    n = len(ranks)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]",
+        "added_tokens_decoder": {str(n): {"content": "[BOS]", "special": True},
+                                 str(n + 1): {"content": "[EOS]", "special": True},
+                                 str(n + 2): {"content": "<|im_end|>", "special": True}}}))
+    (folder / "tokenization_kimi.py").write_text("# Kimi's TikTokenTokenizer (remote code: not run)\n")
+    write, notes = tokenizer_files(folder)
+    assert notes == ["tokenizer.json built from tiktoken.model (byte-level BPE with the merges tiktoken's ranks make, "
+                     "Kimi's split)"]
+    out = tmp_path / "out"
+    out.mkdir()
+    assert "tokenizer.json" in write(out)
+    specials = {"[BOS]": n, "[EOS]": n + 1, "<|im_end|>": n + 2,
+                **{f"<|reserved_token_{i}|>": i for i in range(n + 3, n + 256)}}
+    reference = tiktoken.Encoding("kimi-test", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    ours = Tokenizer.from_dir(out)
+    for text in ["The quick brown fox jumps over the lazy dog.", "你好世界，编译器把程序变成快速的代码。",
+                 "HELLOthere World's 1234567 日本語テキスト", "a<|im_end|>b[EOS]\n\n  code()  ", "Zebras' qux 42!"]:
+        ids = ours.encode(text)
+        assert ids == reference.encode(text, allowed_special="all"), text
+        assert ours.decode(ids) == text
+    (folder / "tokenization_kimi.py").unlink()
+    _, notes = tokenizer_files(folder)
+    assert notes[0].startswith("no tokenizer.json (its tokenizer is a tiktoken.model whose split pattern lives in "
+                               "remote code kiln does not know")
