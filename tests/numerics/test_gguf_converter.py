@@ -174,8 +174,8 @@ KNOWN = {"mistral": {"attention.sliding_window"}, "stablelm": {"rope.freq_base"}
          "gpt-neox": {"attention.head_count_kv", "rope.freq_base"}, "gemma": {"rope.freq_base"},
          "hunyuan": {"context_length", "rope.scaling.original_context_length"},
          "nemotron": {"attention.layer_norm_rms_epsilon", "rope.scaling.type", "vocab_size"},
-         # from EXAONE 3's layer_norm_epsilon the converter writes attention.layer_norm_epsilon, which llama.cpp's exaone
-         # loader does not read (older converters wrote the rms key, as the writer does); kiln reads either
+         # from EXAONE 3's layer_norm_epsilon the converter writes attention.layer_norm_epsilon, which llama.cpp's
+         # exaone loader does not read (older converters wrote the rms key, as the writer does); kiln reads either
          "exaone": {"attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.dimension_count"},
          **dict.fromkeys(["granite4", "granite4-moe"], {"ssm.conv_kernel", "ssm.group_count", "ssm.inner_size",
                                                         "ssm.state_size", "ssm.time_step_rank"})}

@@ -103,12 +103,8 @@ def test_a_folder_with_gpt2s_slow_files_only_gets_tokenizer_json(tmp_path, add_b
         "tokenizer_class": "GPT2Tokenizer", "bos_token": "</s>", "eos_token": "</s>", "pad_token": "<pad>",
         "unk_token": "</s>", "add_bos_token": add_bos, "add_prefix_space": prefix, "added_tokens_decoder": {
             "400": {"content": "<|tool|>", "special": True}}}))
-    write, notes = tokenizer_files(folder)
-    assert notes == ["tokenizer.json built from vocab.json and merges.txt (byte-level BPE, as transformers' "
-                     "GPT2Tokenizer builds it)"]
-    out = tmp_path / "out"
-    out.mkdir()
-    assert "tokenizer.json" in write(out)
+    out = _built(folder, tmp_path / "out", "tokenizer.json built from vocab.json and merges.txt (byte-level BPE, as "
+                 "transformers' GPT2Tokenizer builds it)")
     ours, theirs = Tokenizer.from_dir(out), transformers.AutoTokenizer.from_pretrained(folder)
     for text in ["The quick brown fox", " spaces   and\nnewlines.", "</s>a<pad>b<|tool|>c", "Compilers 0123!"]:
         ids = ours.encode(text)
@@ -173,12 +169,8 @@ def test_a_kimi_folders_tiktoken_model_gets_tokenizer_json(tmp_path):
                                  str(n + 1): {"content": "[EOS]", "special": True},
                                  str(n + 2): {"content": "<|im_end|>", "special": True}}}))
     (folder / "tokenization_kimi.py").write_text("# Kimi's TikTokenTokenizer (remote code: not run)\n")
-    write, notes = tokenizer_files(folder)
-    assert notes == ["tokenizer.json built from tiktoken.model (byte-level BPE with the merges tiktoken's ranks make, "
-                     "Kimi's split)"]
-    out = tmp_path / "out"
-    out.mkdir()
-    assert "tokenizer.json" in write(out)
+    out = _built(folder, tmp_path / "out", "tokenizer.json built from tiktoken.model (byte-level BPE with the merges "
+                 "tiktoken's ranks make, Kimi's split)")
     specials = {"[BOS]": n, "[EOS]": n + 1, "<|im_end|>": n + 2,
                 **{f"<|reserved_token_{i}|>": i for i in range(n + 3, n + 256)}}
     reference = tiktoken.Encoding("kimi-test", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
@@ -192,3 +184,13 @@ def test_a_kimi_folders_tiktoken_model_gets_tokenizer_json(tmp_path):
     _, notes = tokenizer_files(folder)
     assert notes[0].startswith("no tokenizer.json (its tokenizer is a tiktoken.model whose split pattern lives in "
                                "remote code kiln does not know")
+
+
+def _built(folder, out, note: str):
+    """`out`, where tokenizer_files wrote the folder's tokenizer built (its one note `note`) beside the copied files."""
+    from kiln.models.hf import tokenizer_files
+    write, notes = tokenizer_files(folder)
+    assert notes == [note]
+    out.mkdir()
+    assert "tokenizer.json" in write(out)
+    return out
