@@ -542,8 +542,9 @@ def test_mimo_v2_flash_reads_its_released_config(tmp_path):
 
 def test_laguna_reads_its_defaults_and_refuses_what_transformers_would_not_run():
     """A config.json without rope_parameters, layer kinds or per-layer heads: transformers' defaults (every layer full
-    with YaRN-less RoPE at 500000 on half of each head, the first layer dense); gating_types that disagree with
-    gating, a heads list of another length and the router weights on the input are refused by name."""
+    with YaRN-less RoPE at 500000 on half of each head, the first layer dense), which TVM's cache can run; with heads
+    that differ by layer it cannot (kiln's own cache then: `--kv-cache tvm` names why); gating_types that disagree
+    with gating, a heads list of another length and the router weights on the input are refused by name."""
     from kiln.models.laguna import LagunaConfig
     base = dict(SMALL, model_type="laguna", num_hidden_layers=3, head_dim=16, num_experts=8, num_experts_per_tok=2,
                 moe_intermediate_size=32, shared_expert_intermediate_size=32)
@@ -551,6 +552,11 @@ def test_laguna_reads_its_defaults_and_refuses_what_transformers_would_not_run()
     assert c.layer_types == ("full_attention",) * 3 and c.dense_layers == (0,) and c.head_gate
     assert [(a.rope_theta, a.rotary_dim) for a in c.layer_attention()] == [(500000.0, 8)] * 3
     assert [c.layer_heads(i) for i in range(3)] == [4, 4, 4]
+    from kiln.models.causal_lm import CausalLM
+    varied = LagunaConfig.from_hf(dict(base, num_attention_heads_per_layer=[4, 8, 2]))
+    assert CausalLM(varied).tvm_cache_problem() == ("this model's layers differ in query heads, and TVM's paged KV "
+                                                    "cache attends one count for all")
+    assert CausalLM(c).tvm_cache_problem() is None
     for extra, match in ((dict(gating="per-head", gating_types=["per_element"] * 3), "disagree with gating"),
                          (dict(num_attention_heads_per_layer=[4, 8]), "lists 2 layers of the 3"),
                          (dict(gating=False), "gating False is not supported"),
