@@ -1372,6 +1372,14 @@ def _glm4_moe(reader, arch, tensors, c):
              partial_rotary_factor=_rotary_share(reader, arch, c))
 
 
+def _always_renormalised(reader, arch, family: str) -> None:
+    """A family whose transformers model always renormalises its chosen experts' weights: a file without
+    expert_weights_norm (llama.cpp's default: none) is refused."""
+    if not _key(reader, arch, "expert_weights_norm", False):
+        raise ModelLoadError(f"this {arch} GGUF does not renormalise its experts' weights (expert_weights_norm), "
+                             f"which {family} always does; re-convert the model")
+
+
 def _hy_v3(reader, arch, tensors, c):
     """Tencent Hy V3: DeepSeek-V3's router without groups (sigmoid scores with the choice bias exp_probs_b, the top k
     renormalised and scaled), per-head q/k norms, a layer without a router dense (the converter writes no
@@ -1381,9 +1389,7 @@ def _hy_v3(reader, arch, tensors, c):
     _nextn(reader, arch, c)
     _head_dim(reader, arch, c)
     _no_groups(reader, arch)
-    if not _key(reader, arch, "expert_weights_norm", False):
-        raise ModelLoadError(f"this {arch} GGUF does not renormalise its experts' weights (expert_weights_norm), "
-                             "which Hy V3 always does; re-convert the model")
+    _always_renormalised(reader, arch, "Hy V3")
     _deepseek_router(reader, arch, c, "num_experts", "num_shared_experts")
     if not c["num_shared_experts"] and any(".ffn_up_shexp." in name for name in tensors):
         c["num_shared_experts"] = 1
@@ -1408,10 +1414,8 @@ def _laguna(reader, arch, tensors, c):
     c.update(num_attention_heads=heads[0], num_attention_heads_per_layer=heads)
     _head_dim(reader, arch, c)
     _no_groups(reader, arch)
-    _sigmoid_router(reader, arch)
-    if not _key(reader, arch, "expert_weights_norm", False):
-        raise ModelLoadError(f"this {arch} GGUF does not renormalise its experts' weights (expert_weights_norm), "
-                             "which Laguna always does; re-convert the model")
+    _always_renormalised(reader, arch, "Laguna")
+    _deepseek_router(reader, arch, c, "num_experts", "n_shared_experts")
     if _key(reader, arch, "expert_shared_count", 1) != 1:
         raise ModelLoadError(f"this {arch} GGUF has {_key(reader, arch, 'expert_shared_count')} shared experts "
                              "(expert_shared_count), where Laguna has one; re-convert the model")
@@ -1428,13 +1432,8 @@ def _laguna(reader, arch, tensors, c):
     local = {"rope_type": "default", "rope_theta": _f32(_key(reader, arch, "rope.freq_base_swa", c["rope_theta"])),
              "partial_rotary_factor": _key(reader, arch, "rope.dimension_count_swa", rotary) / head_dim}
     gate = tensors.get("blk.0.attn_gate.weight")
-    lead = _key(reader, arch, "leading_dense_block_count", 0)
-    c.update(num_experts=_key(reader, arch, "expert_count"),
-             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
-             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
-             shared_expert_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length"),
-             moe_routed_scaling_factor=_f32(_key(reader, arch, "expert_weights_scale", 1.0)),
-             mlp_layer_types=["dense" if i < lead else "sparse" for i in range(n)],
+    c.update(shared_expert_intermediate_size=_key(reader, arch, "expert_shared_feed_forward_length"),
+             mlp_layer_types=["dense" if i < c["first_k_dense_replace"] else "sparse" for i in range(n)],
              gating="per-element" if gate is not None and int(gate.shape[-1]) != heads[0] else True,
              sliding_window=window or None,
              layer_types=["sliding_attention" if window and s else "full_attention" for s in sliding],
