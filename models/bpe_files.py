@@ -53,11 +53,6 @@ def _text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-# tokenization_kimi.py's split (Kimi K2's, Kimi Linear's): llama.cpp's kimi-k2 pre-tokenizer runs the same
-KIMI_PATTERN = (r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
-                r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?"
-                r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"
-                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 KIMI_RESERVED = 256                         # special ids after the ranks: the config's names, else reserved_token_<id>
 
 
@@ -68,7 +63,10 @@ def build_tiktoken(folder: Path, config: dict):
     KIMI_RESERVED special tokens after the ranks matched whole."""
     import base64
 
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    from .gguf_tokenizer import _BYTE_TO_UNICODE as spell
+    from .gguf_tokenizer import KIMI_K2, byte_level_splits
     if not (folder / "tokenization_kimi.py").is_file():
         return None, "a tiktoken.model whose split pattern lives in remote code kiln does not know"
     try:
@@ -79,7 +77,6 @@ def build_tiktoken(folder: Path, config: dict):
         return None, f"an unreadable tiktoken.model ({type(e).__name__}: {e})"
     if sorted(ranks.values()) != list(range(len(ranks))):
         return None, "a tiktoken.model whose ranks are not 0..n-1"
-    from .gguf_tokenizer import _BYTE_TO_UNICODE as spell
     vocab = {"".join(spell[b] for b in token): rank for token, rank in ranks.items()}
     try:
         merges = [tuple("".join(spell[b] for b in part) for part in _tiktoken_pair(ranks, token, rank))
@@ -87,8 +84,7 @@ def build_tiktoken(folder: Path, config: dict):
     except ValueError as e:
         return None, f"a tiktoken.model kiln cannot read as BPE ({e})"
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False, ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(KIMI_PATTERN), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = byte_level_splits(KIMI_K2)         # tokenization_kimi.py's split (llama.cpp's kimi-k2)
     tok.decoder = decoders.ByteLevel()
     named = {int(i): entry["content"] for i, entry in (config.get("added_tokens_decoder") or {}).items()}
     tok.add_special_tokens([AddedToken(named.get(i, f"<|reserved_token_{i}|>"), special=True, normalized=False)

@@ -135,7 +135,7 @@ _AFMOE = [
 ]
 # Kimi K2's and Kimi Linear's (tokenization_kimi.py's tiktoken pattern, as llama.cpp's custom kimi-k2 split runs
 # it): Han runs, cased words without Han, digits in threes
-_KIMI_K2 = [
+KIMI_K2 = [
     "[\\p{Han}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&"
     "[^\\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+"
     "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+"
@@ -192,7 +192,7 @@ _PRE_SPLITS = {
     "minicpm5": _MINICPM5,
     "laguna": _LAGUNA,
     "afmoe": _AFMOE,
-    "kimi-k2": _KIMI_K2,
+    "kimi-k2": KIMI_K2,
 }
 # Pre-tokenizers whose vocabularies llama.cpp reads with ignore_merges (a whole split that is a token is that token,
 # as these tokenizer.json's BPE says)
@@ -240,11 +240,7 @@ def _byte_level_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     pre = _meta(reader, "tokenizer.ggml.pre", "default")
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
                                ignore_merges=pre in _IGNORE_MERGES))
-    splits = _PRE_SPLITS[pre]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
-        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
+    tok.pre_tokenizer = byte_level_splits(_PRE_SPLITS[pre])
     tok.decoder = decoders.ByteLevel()
     # Control tokens are special (skipped by decode(skip_special_tokens=True));
     # user-defined ones (like <think>) are matched whole but decoded as text.
@@ -254,6 +250,13 @@ def _byte_level_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in user])
     tok.post_processor = _post_processor(reader, tokens) or processors.ByteLevel(trim_offsets=False)
     return tok
+
+
+def byte_level_splits(splits: list[str]) -> pre_tokenizers.PreTokenizer:
+    """Each regex of `splits` cutting the text's pieces in turn (its matches and what lies between them), then the
+    pieces in the byte-level alphabet: the pre-tokenizer of a byte-level BPE (also models/bpe_files.py's tiktoken)."""
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(s), behavior="isolated") for s in splits]
+                                   + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
 def _sentencepiece_tokenizer(reader: gguf.GGUFReader, each_piece: bool = True) -> Tokenizer:

@@ -146,8 +146,7 @@ def test_a_kimi_folders_tiktoken_model_gets_tokenizer_json(tmp_path):
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers
 
-    from kiln.models.bpe_files import KIMI_PATTERN
-    from kiln.models.gguf_tokenizer import _BYTE_TO_UNICODE
+    from kiln.models.gguf_tokenizer import _BYTE_TO_UNICODE, KIMI_K2
     from kiln.models.hf import tokenizer_files
     from kiln.runtime.tokenizer import Tokenizer
     from tiny_models import CORPUS
@@ -173,7 +172,7 @@ def test_a_kimi_folders_tiktoken_model_gets_tokenizer_json(tmp_path):
                  "tiktoken's ranks make, Kimi's split)")
     specials = {"[BOS]": n, "[EOS]": n + 1, "<|im_end|>": n + 2,
                 **{f"<|reserved_token_{i}|>": i for i in range(n + 3, n + 256)}}
-    reference = tiktoken.Encoding("kimi-test", pat_str=KIMI_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+    reference = tiktoken.Encoding("kimi-test", pat_str=KIMI_K2[0], mergeable_ranks=ranks, special_tokens=specials)
     ours = Tokenizer.from_dir(out)
     for text in ["The quick brown fox jumps over the lazy dog.", "你好世界，编译器把程序变成快速的代码。",
                  "HELLOthere World's 1234567 日本語テキスト", "a<|im_end|>b[EOS]\n\n  code()  ", "Zebras' qux 42!"]:
