@@ -173,7 +173,7 @@ def load_hf_dir(d: Path) -> ModelSource:
     method = read_quant_method(d, qc) if qc and fp8 is None and not mxfp4 and bnb is None and not bitnet else None
     kind, files = _weight_files(d)
     weights = SafetensorsWeights(files) if kind == "safetensors" else TorchBinWeights(files)
-    write_tokenizer, notes = tokenizer_files(d)
+    write_tokenizer, notes = tokenizer_files(d, hf_config.get("model_type"))
     if method is not None:
         weights = PrequantizedWeights(weights, method, d)
         notes = [f"{method.describe()}: {weights.quantized()} Linear weights stored quantized", *notes]
@@ -236,8 +236,9 @@ def _fold_chat_template(template, replaces: bool, config_path: Path) -> bool:
     return True
 
 
-def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
-    """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one."""
+def tokenizer_files(d: Path, model_type: str | None = None) -> tuple[Callable[[Path], list[str]], list[str]]:
+    """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one
+    (`model_type`: config.json's, which names GPT-2's tokenizer where tokenizer_config.json names no class)."""
     from .bpe_files import build_byte_level_bpe, build_tiktoken
     from .sp_tokenizer import build_tokenizer, tokenizer_config
     built, why, source = None, None, None
@@ -246,7 +247,6 @@ def tokenizer_files(d: Path) -> tuple[Callable[[Path], list[str]], list[str]]:
         built, why = build_tokenizer(d / "tokenizer.model", tokenizer_config(d))
         source = "tokenizer.model (SentencePiece BPE, as transformers' fast conversion does)"
     elif not (d / "tokenizer.json").exists() and (d / "vocab.json").exists() and (d / "merges.txt").exists():
-        model_type = read_config(d / "config.json").get("model_type") if (d / "config.json").exists() else None
         built, why = build_byte_level_bpe(d, tokenizer_config(d), model_type)
         source = "vocab.json and merges.txt (byte-level BPE, as transformers' GPT2Tokenizer builds it)"
     elif not (d / "tokenizer.json").exists() and (d / "tiktoken.model").exists():

@@ -303,7 +303,7 @@ def load_onnx(path: Path) -> ModelSource:
     wmap = arch.weight_map(config)
     shapes = {n: tuple(int(d) for d in p.shape) for n, p in arch.model_cls(config).named_parameters()}
     refs, how = _map_weights(graph, wmap, shapes, file, arch.name)
-    write_tokenizer, notes = tokenizer_files(cfg_path.parent)
+    write_tokenizer, notes = tokenizer_files(cfg_path.parent, hf_config.get("model_type"))
     notes.append(f"weights from the ONNX graph {file.name}: " + ", ".join(f"{n} {k}" for k, n in how.items() if n))
     files = [cfg_path, file, *_external_files(graph, file.parent)]
     return ModelSource(path=path, format="onnx", hf_config=hf_config,

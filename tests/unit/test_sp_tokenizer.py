@@ -77,12 +77,12 @@ def test_a_folder_with_tokenizer_model_only_gets_tokenizer_json(tmp_path):
     assert notes[0].startswith("no tokenizer.json (its tokenizer.model is normalizer nmt_nfkc")
 
 
-@pytest.mark.parametrize("add_bos, prefix", [(True, False), (False, True)])
-def test_a_folder_with_gpt2s_slow_files_only_gets_tokenizer_json(tmp_path, add_bos, prefix):
+@pytest.mark.parametrize("add_bos, prefix, named", [(True, False, True), (False, True, False)])
+def test_a_folder_with_gpt2s_slow_files_only_gets_tokenizer_json(tmp_path, add_bos, prefix, named):
     """vocab.json and merges.txt without tokenizer.json (OPT's checkpoints, GPT-2 fine-tunes): a tokenizer.json
-    built as transformers' GPT2Tokenizer builds it gives its ids (OPT's BOS prepended, add_prefix_space, the config's
-    special tokens whole, an added token past the vocabulary) and decodes them back; another tokenizer class's files
-    are named in the note."""
+    built as transformers' GPT2Tokenizer builds it (its class named in tokenizer_config.json, or by config.json's
+    model type) gives its ids (OPT's BOS prepended, add_prefix_space, the config's special tokens whole, an added token
+    past the vocabulary) and decodes them back; another tokenizer class's files are named in the note."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers
     import transformers
@@ -100,11 +100,12 @@ def test_a_folder_with_gpt2s_slow_files_only_gets_tokenizer_json(tmp_path, add_b
     bpe.model.save(str(folder))
     (folder / "config.json").write_text(json.dumps({"model_type": "opt"}))
     (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "</s>", "eos_token": "</s>", "pad_token": "<pad>",
+        **({"tokenizer_class": "GPT2Tokenizer"} if named else {}), "bos_token": "</s>", "eos_token": "</s>",
+        "pad_token": "<pad>",
         "unk_token": "</s>", "add_bos_token": add_bos, "add_prefix_space": prefix, "added_tokens_decoder": {
             "400": {"content": "<|tool|>", "special": True}}}))
     out = _built(folder, tmp_path / "out", "tokenizer.json built from vocab.json and merges.txt (byte-level BPE, as "
-                 "transformers' GPT2Tokenizer builds it)")
+                 "transformers' GPT2Tokenizer builds it)", model_type="opt")
     ours, theirs = Tokenizer.from_dir(out), transformers.AutoTokenizer.from_pretrained(folder)
     for text in ["The quick brown fox", " spaces   and\nnewlines.", "</s>a<pad>b<|tool|>c", "Compilers 0123!"]:
         ids = ours.encode(text)
@@ -185,10 +186,10 @@ def test_a_kimi_folders_tiktoken_model_gets_tokenizer_json(tmp_path):
                                "remote code kiln does not know")
 
 
-def _built(folder, out, note: str):
+def _built(folder, out, note: str, model_type: str | None = None):
     """`out`, where tokenizer_files wrote the folder's tokenizer built (its one note `note`) beside the copied files."""
     from kiln.models.hf import tokenizer_files
-    write, notes = tokenizer_files(folder)
+    write, notes = tokenizer_files(folder, model_type)
     assert notes == [note]
     out.mkdir()
     assert "tokenizer.json" in write(out)
