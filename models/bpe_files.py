@@ -19,7 +19,7 @@ def build_byte_level_bpe(folder: Path, config: dict, model_type: str | None):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     kind = config.get("tokenizer_class")
     if kind not in GPT2_CLASSES and not (kind is None and model_type in GPT2_MODEL_TYPES):
-        return None, f"{kind or model_type + ' (no tokenizer_class)'}'s vocab.json and merges.txt"
+        return None, f"{kind or f'{model_type} (no tokenizer_class)'}'s vocab.json and merges.txt"
     try:
         vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
         lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()

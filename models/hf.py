@@ -242,14 +242,14 @@ def tokenizer_files(d: Path, model_type: str | None = None) -> tuple[Callable[[P
     from .bpe_files import build_byte_level_bpe, build_tiktoken
     from .sp_tokenizer import build_tokenizer, tokenizer_config
     built, why, source = None, None, None
-    templates = chat_templates(d)
-    if not (d / "tokenizer.json").exists() and (d / "tokenizer.model").exists():
+    templates, has_json = chat_templates(d), (d / "tokenizer.json").exists()
+    if not has_json and (d / "tokenizer.model").exists():
         built, why = build_tokenizer(d / "tokenizer.model", tokenizer_config(d))
         source = "tokenizer.model (SentencePiece BPE, as transformers' fast conversion does)"
-    elif not (d / "tokenizer.json").exists() and (d / "vocab.json").exists() and (d / "merges.txt").exists():
+    elif not has_json and (d / "vocab.json").exists() and (d / "merges.txt").exists():
         built, why = build_byte_level_bpe(d, tokenizer_config(d), model_type)
         source = "vocab.json and merges.txt (byte-level BPE, as transformers' GPT2Tokenizer builds it)"
-    elif not (d / "tokenizer.json").exists() and (d / "tiktoken.model").exists():
+    elif not has_json and (d / "tiktoken.model").exists():
         built, why = build_tiktoken(d, tokenizer_config(d))
         source = "tiktoken.model (byte-level BPE with the merges tiktoken's ranks make, Kimi's split)"
 
@@ -269,7 +269,7 @@ def tokenizer_files(d: Path, model_type: str | None = None) -> tuple[Callable[[P
             copied.append("tokenizer_config.json")
         return copied
 
-    if (d / "tokenizer.json").exists():
+    if has_json:
         notes = [] if (d / "tokenizer_config.json").exists() or templates[0] is not None else [
             "no tokenizer_config.json: special tokens as tokenizer.json and config.json give them (no chat template)"]
     elif built is not None:

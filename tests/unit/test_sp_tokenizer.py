@@ -114,6 +114,9 @@ def test_a_folder_with_gpt2s_slow_files_only_gets_tokenizer_json(tmp_path, add_b
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer"}))
     _, notes = tokenizer_files(folder)
     assert notes[0].startswith("no tokenizer.json (its tokenizer is Qwen2Tokenizer's vocab.json and merges.txt")
+    (folder / "tokenizer_config.json").write_text("{}")              # no class, no model type: named as such
+    _, notes = tokenizer_files(folder)
+    assert notes[0].startswith("no tokenizer.json (its tokenizer is None (no tokenizer_class)'s vocab.json")
 
 
 def test_a_folder_with_tokenizer_json_alone_gets_a_config_to_match(tmp_path):
