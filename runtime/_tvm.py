@@ -13,7 +13,10 @@ token bitmask, transformers in tests) still works; only tvm_ffi's torch conversi
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 if "tvm_ffi" not in sys.modules and "torch" not in sys.modules:
@@ -36,6 +39,31 @@ from .contract import ArtifactError  # noqa: E402
 _DRIVERS = {"cuda": "the NVIDIA driver", "rocm": "ROCm (HIP)", "vulkan": "a Vulkan driver and loader",
             "opencl": "an OpenCL driver and ICD loader", "metal": "macOS with Metal"}
 _sidecars: dict[str, ctypes.CDLL] = {}            # device kind -> its loaded libtvm_runtime_<kind>
+_first: dict[str, tuple] = {}                    # library path -> its file's identity when this process first loaded it
+_private: dict[tuple, str] = {}                  # (path, a later identity) -> the private link that file loads from
+_private_dir: list[tempfile.TemporaryDirectory] = []
+
+
+def load_library(path: Path) -> tvm.runtime.Module:
+    """The artifact library at `path`, loaded. The dynamic loader keeps a library by its path for the process's
+    life and hands that one out again for the same path, even after the file was replaced (an artifact recompiled
+    with --force into the same folder, in a notebook or a test): a path whose file changed since this process
+    first loaded it is loaded from a private link (or copy) of the new file, so its own functions run."""
+    key = str(Path(path).resolve())
+    st = os.stat(key)
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if _first.setdefault(key, identity) == identity:
+        return tvm.runtime.load_module(key)
+    if (key, identity) not in _private:
+        if not _private_dir:
+            _private_dir.append(tempfile.TemporaryDirectory(prefix="kiln-libs-"))
+        fresh = str(Path(_private_dir[0].name) / f"{len(_private)}-{Path(key).name}")
+        try:
+            os.link(key, fresh)
+        except OSError:                             # another file system
+            shutil.copyfile(key, fresh)
+        _private[key, identity] = fresh
+    return tvm.runtime.load_module(_private[key, identity])
 
 
 def open_device(kind: str, index: int = 0) -> tvm.runtime.Device:
@@ -76,4 +104,4 @@ def _load_sidecar(kind: str) -> None:
                             f"(e.g. `kiln compile MODEL --target cpu`)") from None
 
 
-__all__ = ["open_device", "tvm"]
+__all__ = ["load_library", "open_device", "tvm"]

@@ -31,7 +31,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0)) if has
 
 import numpy as np
 
-from ._tvm import open_device, tvm
+from ._tvm import load_library, open_device, tvm
 from tvm.runtime import ShapeTuple
 from tvm.runtime.vm import VirtualMachine
 
@@ -84,7 +84,7 @@ class ModelRunner:
                              " or recompile with `kiln compile --max-batch-size N`")
         if LIBRARY_GEMM_ENTRY in cfg.entry_functions:      # the library calls it: registered before the load
             library_gemm.register()
-        self.module = tvm.runtime.load_module(str(artifact.lib_path))
+        self.module = load_library(artifact.lib_path)
         self.vm = VirtualMachine(self.module, self.device)
         params, loaded = [], 0
         # A CPU's weights on huge pages (runtime/huge_pages.py), elsewhere the device's own copies.

@@ -192,3 +192,25 @@ def test_a_failing_library_build_stops_the_compile_and_leaves_nothing(tmp_path, 
     with pytest.raises(RuntimeError, match="the TVM build failed here"):
         kiln.compile(str(tiny_dirs["tied"]), quant="q0f32", output=tmp_path / "a", golden=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_artifact_replaced_in_place_runs_its_own_library_in_the_same_process(tmp_path, tiny_artifacts):
+    """A process that ran an artifact and then runs the one a forced recompile put at the same path runs the new
+    library: the dynamic loader hands out the library it loaded for a path again, even after the file was replaced
+    (here the untied model's 15 weights went to the tied one's 14-weight functions: a TVM crash, or with equal
+    shapes silently the old model's kernels). runtime/_tvm.py load_library."""
+    import numpy as np
+    from kiln.runtime.model_runner import ModelRunner
+
+    def logits(art):
+        runner = ModelRunner(Artifact.load(art))
+        runner.add_sequence(0)
+        return runner.verify(0, [1, 5, 9, 2])
+
+    art = tmp_path / "art"
+    shutil.copytree(tiny_artifacts["tied"], art)
+    np.testing.assert_array_equal(logits(art), logits(tiny_artifacts["tied"]))
+    for kind in ("untied", "tied"):                     # replaced, then replaced back with another file again
+        shutil.rmtree(art)
+        shutil.copytree(tiny_artifacts[kind], art)
+        np.testing.assert_array_equal(logits(art), logits(tiny_artifacts[kind]))
