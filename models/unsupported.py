@@ -16,6 +16,11 @@ _UNSUPPORTED = {
     **{t: (name, "sparse attention (an indexer choosing the keys each query reads)") for t, name in (
         ("hy_v4", "Hy V4"),
         ("dots3_note", "dots3"), ("dots3_note_text", "dots3"), ("axk2", "A.X K2"), ("kolibri1_1", "Kolibri 1.1"))},
+    **{t: ("DeepSeek-V4", "compressed sparse attention (keys compressed 4 or 128 to one, an indexer choosing the "
+                          "compressed blocks each query reads) and hyper-connections (several residual streams)")
+       for t in ("deepseek_v4", "deepseek4")},
+    **{t: ("Qwen4-Exp", "hyper-connections (several residual streams mixed by learned matrices) and n-gram "
+                        "embeddings beside its linear-attention layers") for t in ("qwen4_exp", "qwen4_exp_text", "qwen4exp")},
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
     "paligemma": ("PaliGemma", "prompt attended both ways (a prefix LM: the image and the prompt see each other), "
                                "where kiln's attention is causal"),
