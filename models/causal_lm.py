@@ -335,8 +335,8 @@ class CausalLM(nn.Module):
         layer's q, k and v are rounded to it on their way into attention, as llama.cpp's f16 cache
         does); the compute dtype's own is the default."""
         self.kv_dtype = None if dtype == self.dtype else dtype
-        for layer in self.model.layers:     # its attention, or the one mixer of a family whose layers name it so
-            for attention in getattr(layer, "attentions", lambda: ())() or \
+        for layer in self.model.layers:     # its attentions, or the one mixer of a family whose layers name it so
+            for attention in layer.attentions() if hasattr(layer, "attentions") else \
                     (layer.self_attn if hasattr(layer, "self_attn") else layer.mixer,):
                 attention.kv_dtype = self.kv_dtype
 

@@ -117,7 +117,7 @@ class OwnedKVCache:
         flat = op.reshape(qkv, [b * s, fused, d])
         n = flat.shape[0]
         if lay.rope:
-            q, k, v = op.tensor_ir_op(self._kernel("rope", int(h)), "owned_kv_split_rotary",
+            q, k, v = op.tensor_ir_op(self._kernel("rope", int(h), int(h_kv)), "owned_kv_split_rotary",
                                       [flat, self.tables["positions"]], out=[
                                           Tensor.placeholder([n, h, d], qkv.dtype),
                                           Tensor.placeholder([n, h_kv, d], qkv.dtype),
@@ -302,16 +302,17 @@ def _bind(func, **values):
     return func.specialize({p: tirx.const(values[p.name], str(p.ty.dtype)) for p in func.params if p.name in values})
 
 
-def _rope_kernel(lay: OwnedLayout, heads: int):
-    """The split + rotary kernel TVM's cache would run, with RoPE on: qkv of `heads` query heads, positions -> q, k,
-    v (on the CPU kiln's, as kiln's CPU artifacts swap it into TVM's cache, where it rotates whole heads unscaled)."""
+def _rope_kernel(lay: OwnedLayout, heads: int, kv_heads: int):
+    """The split + rotary kernel TVM's cache would run, with RoPE on: qkv of `heads` query heads and `kv_heads` KV
+    heads (a layer's own: Laguna's query heads, Nemotron-NAS's KV heads differ by layer), positions -> q, k, v (on
+    the CPU kiln's, as kiln's CPU artifacts swap it into TVM's cache, where it rotates whole heads unscaled)."""
     from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
     r = lay.rope
     rotary = r.get("rotary_dim") or lay.head_dim
     if _cpu() and not r.get("scaling") and rotary == lay.head_dim:
         from kiln.targets.cpu.attention import split_rotary_cpu
-        func = split_rotary_cpu(r["theta"], 1.0, lay.head_dim, heads, lay.num_kv_heads, lay.dtype)
+        func = split_rotary_cpu(r["theta"], 1.0, lay.head_dim, heads, kv_heads, lay.dtype)
     else:
-        func = llama_rope_with_position_map(r["theta"], 1.0, lay.head_dim, heads, lay.num_kv_heads, lay.dtype,
+        func = llama_rope_with_position_map(r["theta"], 1.0, lay.head_dim, heads, kv_heads, lay.dtype,
                                             r.get("scaling") or {}, rotary)
     return _bind(func, apply_rope=1)
