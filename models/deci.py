@@ -78,7 +78,9 @@ def _block(i: int, entry: dict, heads: int, hidden: int) -> Block:
         return Block(attention, kv, NONE, 0)
     if f.get("replace_with_linear"):
         return Block(attention, kv, LINEAR, 0)
-    mult = f.get("ffn_mult")
+    mult, width = f.get("ffn_mult"), f.get("intermediate_size")
+    if mult is None and isinstance(width, int) and width > 0:        # a width as it is (a GGUF's feed_forward_length)
+        return Block(attention, kv, "mlp", width)
     if not isinstance(mult, (int, float)) or mult <= 0:
         raise ValueError(f"nemotron-nas {where}.ffn.ffn_mult {mult!r} must be a positive number (or set no_op / "
                          "replace_with_linear); fix config.json")

@@ -248,6 +248,8 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
     m = _LAYER_RE.fullmatch(gguf_name)
+    if m and (renamed := spec.renamed_blocks.get(f"blk.{m.group(1)}.{m.group(2)}")) is not None:
+        return f"{spec.layer_prefix}.{m.group(1)}.{renamed}.{m.group(3)}"
     if m and f"{m.group(2)}.{m.group(3)}" in spec.layer_names:            # the whole HF name (a choice bias's)
         return f"{spec.layer_prefix}.{m.group(1)}.{spec.layer_names[f'{m.group(2)}.{m.group(3)}']}"
     if m and m.group(2) in spec.layer_names and m.group(3) != "scale":
@@ -496,8 +498,10 @@ class GGUFWeights:
         return unpermute_rows(rows, n_head) if n_head else rows
 
     def _row_permutation_heads(self, name: str) -> int:
-        """Head count for llama.cpp's row permutation of `name`, 0 when it is not permuted."""
-        return next((n for part, n in self._permuted.items() if part in name), 0)
+        """Head count for llama.cpp's row permutation of `name`, 0 when it is not permuted (a count a layer where the
+        layers' differ: DeciLM's KV heads)."""
+        n = next((n for part, n in self._permuted.items() if part in name), 0)
+        return n[int(re.search(r"\.(\d+)\.self_attn\.", name).group(1))] if isinstance(n, list) else n
 
     def _tensor(self, name: str):
         if name not in self._tensors:
@@ -731,7 +735,8 @@ def load_gguf(path: Path) -> ModelSource:
     config = gguf_hf_config(reader)
     spec = _arch(reader)[1].for_config(config)
     n_head = config.get("num_attention_heads", config.get("n_head"))
-    weights = GGUFWeights(reader, n_head, config.get("num_key_value_heads", n_head), spec)
+    n_head_kv = config.get("num_key_value_heads_per_layer") or config.get("num_key_value_heads", n_head)
+    weights = GGUFWeights(reader, n_head, n_head_kv, spec)
     has_tokenizer = reader.get_field("tokenizer.ggml.model") is not None
     if has_tokenizer:
         _check_tokenizer(reader)

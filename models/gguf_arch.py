@@ -6,6 +6,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     arch     HF model            tensors as llama.cpp stores them
     llama    Llama / Mistral     q/k rows permuted for its RoPE; Llama 3 scaling as rope_freqs.weight
     qwen2    Qwen2               as HF (q/k/v biases)
+    deci     Nemotron-NAS        llama's, head_count / head_count_kv / feed_forward_length a value a layer (0: no
+                                 attention, no KV heads: a Linear stored as attn_output, 0: no MLP); DeciLM-7B
     qwen3    Qwen3               as HF, plus attn_q_norm / attn_k_norm
     llama    Mixtral             experts as 3-D tensors (ffn_{gate,up,down}_exps [experts, rows, cols],
                                  read as each expert's own), the router as ffn_gate_inp
@@ -462,13 +464,18 @@ class GGUFArch:
                                                     # rows, cols] view of it (DBRX's w1 / v1 / w2: [experts x ffn,
                                                     # d_model]); read after any transposition
 
+    block_renames: Callable[[dict], dict[str, str]] = lambda c: {}   # blk.N.<key> -> its HF name under layer N where
+                                                    # that layer's differs from layer_names' by the HF config read
+                                                    # (Nemotron-NAS's Linear in attention's place: attn_output)
+    renamed_blocks: dict[str, str] = field(default_factory=dict)   # block_renames', once for_config ran
+
     def for_config(self, c: dict) -> "GGUFArch":
         """This architecture's mapping for the HF config its metadata gave: renames and joins applied, and the blocks
         after num_hidden_layers (GLM-4.5's and K-EXAONE's multi-token-prediction layers, which the HF model
         does not run) left unread."""
         return dataclasses.replace(self, layer_names={**self.layer_names, **self.renames(c)},
                                    joined={**self.joined, **self.joins(c)}, blocks=c.get("num_hidden_layers"),
-                                   reordered=self.reorder(c), parted=self.parts(c))
+                                   reordered=self.reorder(c), parted=self.parts(c), renamed_blocks=self.block_renames(c))
 
 
 def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
@@ -604,6 +611,32 @@ def _llama3_or_scaling(reader, arch, tensors, c):
         c["rope_scaling"] = llama3_scaling(_tensor_values(tensors["rope_freqs.weight"]), c, reader, arch)
     elif (scaling := rope_scaling(reader, arch)) is not None:
         c["rope_scaling"] = scaling
+
+
+def _deci(reader, arch, tensors, c):
+    """Nemotron-NAS (and DeciLM-7B) as llama.cpp's converter writes it and its deci graph runs it: head_count,
+    head_count_kv and feed_forward_length a value a layer; a layer of no query heads has no attention (nor its
+    norm), one of query heads but no KV heads a Linear in its place (stored as attn_output), one of no MLP width no
+    MLP (nor its norm). Read as the HF config's block_configs, each MLP by its width; Llama 3 RoPE scaling as
+    rope_freqs.weight."""
+    n = c["num_hidden_layers"]
+    heads, kv, ffn = (list(v) if isinstance(v, (list, tuple)) else [v] * n
+                      for v in (c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]))
+    blocks = []
+    for i, (h, k, f) in enumerate(zip(heads, kv, ffn)):
+        if h and k and h % k:
+            raise ModelLoadError(f"this {arch} GGUF gives layer {i} {h} query heads over {k} KV heads, which do not "
+                                 "group evenly; re-convert the model")
+        attention = {"no_op": True} if not h else {"replace_with_linear": True} if not k else {"n_heads_in_group": h // k}
+        blocks.append({"attention": attention, "ffn": {"no_op": True} if not f else {"intermediate_size": f}})
+    c.update(model_type="nemotron-nas", num_attention_heads=max(heads), num_key_value_heads=max(kv),
+             num_key_value_heads_per_layer=kv, intermediate_size=max(ffn), block_configs=blocks)
+    _llama3_or_scaling(reader, arch, tensors, c)
+
+
+def _deci_linear_attention(c: dict) -> dict[str, str]:
+    return {f"blk.{i}.attn_output": "self_attn.linear_attn" for i, b in enumerate(c["block_configs"])
+            if b["attention"].get("replace_with_linear")}
 
 
 def _exaone(reader, arch, tensors, c):
@@ -1898,6 +1931,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "gemma": GGUFArch("gemma", ("GemmaForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_gemma(1, 0)),
     "mimo2": GGUFArch("mimo_v2_flash", ("MiMoV2FlashForCausalLM",), MIMO2_LAYER, config=_mimo2, experts=QWEN_EXPERTS),
     "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
+    "deci": GGUFArch("nemotron-nas", ("DeciLMForCausalLM",), LLAMA_LAYER, permuted=True, config=_deci, also=("deci",),
+                     block_renames=_deci_linear_attention),
     "laguna": GGUFArch("laguna", ("LagunaForCausalLM",), LAGUNA_LAYER, config=_laguna, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
                       {**{k: v for k, v in ROUTED_LAYER.items() if k != "exp_probs_b.bias"},

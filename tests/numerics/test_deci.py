@@ -132,15 +132,30 @@ def test_mlp_widths_follow_ffn_mult():
         (28672, 14336, 256, 768)
 
 
-def write_deci(dest, config: dict = CONFIG):
+def write_deci(dest, config: dict = CONFIG, tokenizer=write_tokenizer):
     from safetensors.torch import save_file
     model = reference(config)
     dest.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items() if "rotary" not in k},
               str(dest / "model.safetensors"))
     (dest / "config.json").write_text(json.dumps(config))
-    write_tokenizer(dest, config["vocab_size"])
+    tokenizer(dest, config["vocab_size"])
     return model
+
+
+# What llama.cpp's converter takes (tests/numerics/test_gguf_converter.py): no Linear in an MLP's place (it has no
+# tensor name for one), a SentencePiece-shaped tokenizer (its deci reads one unless the vocabulary is Llama 3's),
+# no rope_scaling (transformers 5 cannot read this config's Llama 3 scaling without its remote code, which the
+# converter's tokenizer load tries).
+CONVERTER_CONFIG = {k: v for k, v in dict(CONFIG, block_configs=BLOCKS[:3] + [block(linear_attention=True, ffn_mult=1.0)]
+                                          + BLOCKS[4:]).items() if k != "rope_scaling"}
+
+
+def write_for_the_converter(dest):
+    from tiny_models import write_gemma_tokenizer
+    write_deci(dest, CONVERTER_CONFIG, write_gemma_tokenizer)
+    path = dest / "tokenizer_config.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), tokenizer_class="PreTrainedTokenizerFast")))
 
 
 def test_nemotron_nas_layers_match_their_reference(tmp_path):

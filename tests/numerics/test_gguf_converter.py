@@ -240,6 +240,7 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "cohere2moe-fused-gate-up": (_write("cohere2moe"), None, ["--fuse-gate-up-exps"]),
                   "llama-split": (_write("llama"), None, ["--split-max-tensors=8"]),
                   "laguna": (lambda hf: write_family("laguna", hf), None, []),
+                  "deci": (lambda hf: __import__("test_deci").write_for_the_converter(hf), None, []),
                   # Laguna-M.1's released config sets no window (transformers' default, 512, the converter writes)
                   "laguna-m1": (lambda hf: write_family("laguna-m1", hf), lambda hf: _edit_json(
                       hf / "config.json", lambda c: {k: v for k, v in c.items() if k != "sliding_window"}), [])}
@@ -391,3 +392,16 @@ def test_laguna_as_the_converter_writes_it(converted, tmp_path):
     m1 = load_gguf(converted["laguna-m1"][1]).hf_config
     assert m1["gating"] == "per-element" and m1["layer_types"] == ["full_attention"] * 3
     assert m1["mlp_layer_types"] == ["dense", "dense", "sparse"] and m1["num_attention_heads_per_layer"] == [4] * 3
+
+
+def test_nemotron_nas_as_the_converter_writes_it(converted, tmp_path):
+    """Nemotron-NAS (tests/numerics/test_deci.py's layers) through the converter: head_count, head_count_kv and
+    feed_forward_length a value a layer (0 query heads: no attention; 0 KV heads: the Linear in its place, stored as
+    attn_output; 0 width: no MLP), each layer's k rows permuted by its own KV heads."""
+    import test_deci
+    theirs = converted["deci"][1]
+    fields = gguf.GGUFReader(theirs).fields
+    assert fields["deci.attention.head_count_kv"].contents() == [2, 1, 0, 0, 4]
+    assert fields["deci.feed_forward_length"].contents() == [256, 0, 768, 256, 256]
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, test_deci.reference(test_deci.CONVERTER_CONFIG), test_deci.IDS, test_deci.TOL)
