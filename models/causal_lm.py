@@ -148,6 +148,10 @@ class DecoderConfig:
         """Layer `layer`'s query heads (Laguna's differ by layer: num_attention_heads_per_layer)."""
         return self.num_attention_heads
 
+    def layer_intermediate(self, layer: int) -> int:
+        """Layer `layer`'s MLP width (OpenELM's differ by layer: ffn_multipliers)."""
+        return self.intermediate_size
+
     def layer_kv_heads(self, layer: int) -> int:
         """Layer `layer`'s KV heads (MiMo-V2-Flash's sliding layers hold twice its full ones'; kv_layers says so)."""
         return self.num_key_value_heads
@@ -244,7 +248,7 @@ class DecoderStack(nn.Module):
                 else None
             latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim),
                                      flags.qkv_bias, rope, flags.attn_temperature) if mla else None
-            return DecoderLayer(c.hidden_size, c.intermediate_size, c.layer_heads(i), c.layer_kv_heads(i),
+            return DecoderLayer(c.hidden_size, c.layer_intermediate(i), c.layer_heads(i), c.layer_kv_heads(i),
                                 c.head_dim, c.norm_eps, flags, rope,
                                 SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None, latent)
         self.layers = nn.ModuleList([layer(i, a) for i, a in enumerate(attention)])
