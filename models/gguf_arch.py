@@ -6,6 +6,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     arch     HF model            tensors as llama.cpp stores them
     llama    Llama / Mistral     q/k rows permuted for its RoPE; Llama 3 scaling as rope_freqs.weight
     qwen2    Qwen2               as HF (q/k/v biases)
+    openelm  OpenELM             head_count / head_count_kv / feed_forward_length a value a layer, attn_qkv as
+                                 stored, proj_1 split into ffn_gate / ffn_up (joined back)
     deci     Nemotron-NAS        llama's, head_count / head_count_kv / feed_forward_length a value a layer (0: no
                                  attention, no KV heads: a Linear stored as attn_output, 0: no MLP); DeciLM-7B
     qwen3    Qwen3               as HF, plus attn_q_norm / attn_k_norm
@@ -317,6 +319,10 @@ JAMBA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("ffn_norm", 
 BACKBONE_GLOBAL = {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head"}
 GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                       "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
+OPENELM_LAYER = {"attn_qkv": "attn.qkv_proj", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm",
+                 "attn_output": "attn.out_proj", "ffn_down": "ffn.proj_2", "attn_norm": "attn_norm",
+                 "ffn_norm": "ffn_norm"}
+OPENELM_GLOBAL = {"token_embd": "transformer.token_embeddings", "output_norm": "transformer.norm"}
 FALCON_LAYER = {"attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
                 "ffn_up": "mlp.dense_h_to_4h", "ffn_down": "mlp.dense_4h_to_h", "attn_norm": "input_layernorm",
                 "attn_norm_2": "ln_attn"}          # two norms: attn_norm is the MLP's (ln_mlp; renames)
@@ -632,6 +638,18 @@ def _deci(reader, arch, tensors, c):
     c.update(model_type="nemotron-nas", num_attention_heads=max(heads), num_key_value_heads=max(kv),
              num_key_value_heads_per_layer=kv, intermediate_size=max(ffn), block_configs=blocks)
     _llama3_or_scaling(reader, arch, tensors, c)
+
+
+def _openelm(reader, arch, tensors, c):
+    """OpenELM as llama.cpp's converter writes it: head_count, head_count_kv and feed_forward_length a value a layer
+    (read as OpenELM's config names, the widths as they are), q and k normed a head, the head the embedding."""
+    n = c["num_hidden_layers"]
+    heads, kv, widths = (list(v) if isinstance(v, (list, tuple)) else [v] * n
+                         for v in (c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]))
+    c.update(model_dim=c["hidden_size"], num_transformer_layers=n, num_query_heads=heads, num_kv_heads=kv,
+             intermediate_size=widths, rope_freq_constant=c["rope_theta"], max_context_length=c["max_position_embeddings"],
+             share_input_output_layers=True, normalize_qk_projections="blk.0.attn_q_norm.weight" in tensors,
+             num_attention_heads=heads[0], num_key_value_heads=kv[0])
 
 
 def _deci_linear_attention(c: dict) -> dict[str, str]:
@@ -1933,6 +1951,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "glm4moe": GGUFArch("glm4_moe", ("Glm4MoeForCausalLM",), GLM4_MOE_LAYER, config=_glm4_moe, experts=QWEN_EXPERTS),
     "deci": GGUFArch("nemotron-nas", ("DeciLMForCausalLM",), LLAMA_LAYER, permuted=True, config=_deci, also=("deci",),
                      block_renames=_deci_linear_attention),
+    "openelm": GGUFArch("openelm", ("OpenELMForCausalLM",), OPENELM_LAYER, global_names=OPENELM_GLOBAL,
+                        layer_prefix="transformer.layers", config=_openelm, joined={"ffn.proj_1": ("ffn_gate", "ffn_up")}),
     "laguna": GGUFArch("laguna", ("LagunaForCausalLM",), LAGUNA_LAYER, config=_laguna, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
                       {**{k: v for k, v in ROUTED_LAYER.items() if k != "exp_probs_b.bias"},

@@ -68,9 +68,12 @@ class OpenELMConfig(DecoderConfig):
         for i, (q, k) in enumerate(zip(queries, kv)):
             if q % k:
                 raise ValueError(f"openelm layer {i}: {q} query heads do not group over {k} KV heads; fix config.json")
-        divisor = hf.get("ffn_dim_divisor", 256)
-        widths = tuple(make_divisible(m * hidden, divisor)
-                       for m in _per_layer(hf, "ffn_multipliers", n, (int, float)))
+        if isinstance(hf.get("intermediate_size"), list):                  # the widths as they are (a GGUF's)
+            widths = _per_layer(hf, "intermediate_size", n, int)
+        else:
+            divisor = hf.get("ffn_dim_divisor", 256)
+            widths = tuple(make_divisible(m * hidden, divisor)
+                           for m in _per_layer(hf, "ffn_multipliers", n, (int, float)))
         return dict(values, query_heads=queries, kv_heads=kv, widths=widths, num_attention_heads=queries[0],
                     num_key_value_heads=kv[0], intermediate_size=max(widths))
 

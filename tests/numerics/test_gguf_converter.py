@@ -241,6 +241,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "llama-split": (_write("llama"), None, ["--split-max-tensors=8"]),
                   "laguna": (lambda hf: write_family("laguna", hf), None, []),
                   "deci": (lambda hf: __import__("test_deci").write_for_the_converter(hf), None, []),
+                  # OpenELM ships no tokenizer (Apple's use Llama 2's): a SentencePiece one beside it
+                  "openelm": (lambda hf: (__import__("test_openelm").write_openelm(hf, tokenizer=None),
+                                          _sentencepiece_model(hf / "tokenizer.model")), None, []),
                   # Laguna-M.1's released config sets no window (transformers' default, 512, the converter writes)
                   "laguna-m1": (lambda hf: write_family("laguna-m1", hf), lambda hf: _edit_json(
                       hf / "config.json", lambda c: {k: v for k, v in c.items() if k != "sliding_window"}), [])}
@@ -405,3 +408,16 @@ def test_nemotron_nas_as_the_converter_writes_it(converted, tmp_path):
     assert fields["deci.feed_forward_length"].contents() == [256, 0, 768, 256, 256]
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, test_deci.reference(test_deci.CONVERTER_CONFIG), test_deci.IDS, test_deci.TOL)
+
+
+def test_openelm_as_the_converter_writes_it(converted, tmp_path):
+    """OpenELM (tests/numerics/test_openelm.py's) through the converter: heads, KV heads and MLP widths a value a
+    layer, proj_1 split into ffn_gate / ffn_up (joined back), the head the embedding."""
+    import test_openelm
+    theirs = converted["openelm"][1]
+    fields = gguf.GGUFReader(theirs).fields
+    assert fields["openelm.attention.head_count"].contents() == [2, 4, 6]
+    assert fields["openelm.feed_forward_length"].contents() == [32, 128, 256]
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, test_openelm.reference(test_openelm.CONFIG), test_openelm.IDS,
+                                    test_openelm.TOL)
