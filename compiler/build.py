@@ -63,6 +63,7 @@ class CompileOptions:
                                             # it (attention sinks), else TVM's
     decode_activations: str = "exact"       # DECODE_ACTIVATIONS: int8 quantizes the 1-8 row GEMVs' x
     lora: Path | None = None                # a PEFT LoRA adapter's folder, merged into the weights (models/lora.py)
+    tokenizer: Path | None = None           # the tokenizer from here, not the model's (models/tokenizer_from.py)
 
     def validate(self) -> None:
         """Everything checkable before the model is read: the target, the quantization name, the
@@ -122,6 +123,9 @@ def export_model(opts: CompileOptions, progress: Progress | None = None) -> Expo
     if opts.lora is not None:
         from kiln.models.lora import with_adapter
         source = with_adapter(source, opts.lora)
+    if opts.tokenizer is not None:
+        from kiln.models.tokenizer_from import with_tokenizer
+        source = with_tokenizer(source, opts.tokenizer)
     arch, config, model = models.build(source)
     scheme = get_scheme(opts.quant, source, profile.default_quant)
     plan = scheme.apply(model, source, arch.weight_map(config), eight_bit=profile.eight_bit_storage,

@@ -44,8 +44,9 @@ def compile(model: str, target: str = "cpu", quant: str = "auto", output: str | 
     import tempfile
 
     from kiln.compiler import CompileOptions, compile_model
-    if options.get("lora") is not None:
-        options["lora"] = Path(options["lora"])
+    for path in ("lora", "tokenizer"):
+        if options.get(path) is not None:
+            options[path] = Path(options[path])
     opts = CompileOptions(model=model, target=target, quant=quant,
                           output=Path(output) if output else None,
                           dump_ir=Path(dump_ir) if dump_ir else None, **options)

@@ -74,13 +74,18 @@ def main() -> None:
               help="a LoRA adapter trained on MODEL, a PEFT folder (adapter_config.json + "
                    "adapter_model.safetensors) or llama.cpp's LoRA GGUF: merged into its weights (as PEFT's "
                    "merge_and_unload), then compiled")
+@click.option("--tokenizer", type=click.Path(path_type=Path),
+              help="the tokenizer to use instead of MODEL's (for checkpoints that ship none, as OpenELM's): a "
+                   "folder of tokenizer files (tokenizer.json, tokenizer.model, vocab.json + merges.txt; "
+                   "tokenizer_config.json's chat template with them) or a GGUF file")
 @click.option("--force", is_flag=True, help="replace an existing kiln artifact at the output path")
 @click.option("--check", "check_after", is_flag=True,
               help="then run the artifact on its golden prompts (as `kiln check`) if it runs on this machine")
 @click.option("--no-golden", is_flag=True, help="store no golden logits (then `kiln check` has nothing to compare)")
 @_friendly_errors
 def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
-                kv_cache_dtype, kv_cache, decode_activations, lora, force, check_after, no_golden) -> None:
+                kv_cache_dtype, kv_cache, decode_activations, lora, tokenizer, force, check_after,
+                no_golden) -> None:
     """Compile MODEL (HF directory, .gguf or .onnx file, or `smollm2`) into an artifact directory.
 
     Unless --no-golden, the reference's top-k logits on three short prompts go into the artifact
@@ -96,14 +101,15 @@ def compile_cmd(model, target, quant, output, dump_ir, context_window, prefill_c
         if check_after:
             raise click.UsageError("--check runs one artifact; with several targets run `kiln check` on each")
         _compile_many(model, target, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
-                      kv_cache_dtype, kv_cache, decode_activations, lora, force, not no_golden)
+                      kv_cache_dtype, kv_cache, decode_activations, lora, tokenizer, force, not no_golden)
         return
     start = time.perf_counter()
     with CompileProgress() as progress:
         path = kiln.compile(model, target=target, quant=quant, output=output, dump_ir=dump_ir,
                             progress=progress, context_window=context_window, prefill_chunk=prefill_chunk,
                             max_batch_size=max_batch_size, kv_cache_dtype=kv_cache_dtype, kv_cache=kv_cache,
-                            decode_activations=decode_activations, lora=lora, force=force, golden=not no_golden)
+                            decode_activations=decode_activations, lora=lora, tokenizer=tokenizer, force=force,
+                            golden=not no_golden)
     written = json.loads((path / "kiln-config.json").read_text())
     tuned = written.get("tuned_kernels", 0)
     for note in written.get("notes", []):
@@ -144,14 +150,14 @@ def check_cmd(artifact) -> None:
 
 
 def _compile_many(model, spec, quant, output, dump_ir, context_window, prefill_chunk, max_batch_size,
-                  kv_cache_dtype, kv_cache, decode_activations, lora, force, golden) -> None:
+                  kv_cache_dtype, kv_cache, decode_activations, lora, tokenizer, force, golden) -> None:
     from kiln.compiler import CompileOptions
     from kiln.compiler.multi import MANIFEST_NAME, compile_many, parse_targets
     # --dump-ir: DIR/<preset>/
     opts = CompileOptions(model=model, quant=quant, dump_ir=dump_ir, context_window=context_window,
                           prefill_chunk=prefill_chunk, max_batch_size=max_batch_size, kv_cache_dtype=kv_cache_dtype,
-                          kv_cache=kv_cache, decode_activations=decode_activations, lora=lora, force=force,
-                          golden=golden)
+                          kv_cache=kv_cache, decode_activations=decode_activations, lora=lora,
+                          tokenizer=tokenizer, force=force, golden=golden)
     opts.validate()                 # the numbers and the quantization, before any target compiles
     targets, skipped = parse_targets(spec)
     for name, why in skipped.items():

@@ -481,7 +481,8 @@ class GGUFArch:
         does not run) left unread."""
         return dataclasses.replace(self, layer_names={**self.layer_names, **self.renames(c)},
                                    joined={**self.joined, **self.joins(c)}, blocks=c.get("num_hidden_layers"),
-                                   reordered=self.reorder(c), parted=self.parts(c), renamed_blocks=self.block_renames(c))
+                                   reordered=self.reorder(c), parted=self.parts(c),
+                                   renamed_blocks=self.block_renames(c))
 
 
 def _key(reader: gguf.GGUFReader, arch: str, name: str, default=None):
@@ -633,7 +634,8 @@ def _deci(reader, arch, tensors, c):
         if h and k and h % k:
             raise ModelLoadError(f"this {arch} GGUF gives layer {i} {h} query heads over {k} KV heads, which do not "
                                  "group evenly; re-convert the model")
-        attention = {"no_op": True} if not h else {"replace_with_linear": True} if not k else {"n_heads_in_group": h // k}
+        attention = {"no_op": True} if not h else {"replace_with_linear": True} if not k else \
+            {"n_heads_in_group": h // k}
         blocks.append({"attention": attention, "ffn": {"no_op": True} if not f else {"intermediate_size": f}})
     c.update(model_type="nemotron-nas", num_attention_heads=max(heads), num_key_value_heads=max(kv),
              num_key_value_heads_per_layer=kv, intermediate_size=max(ffn), block_configs=blocks)
@@ -647,7 +649,8 @@ def _openelm(reader, arch, tensors, c):
     heads, kv, widths = (list(v) if isinstance(v, (list, tuple)) else [v] * n
                          for v in (c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]))
     c.update(model_dim=c["hidden_size"], num_transformer_layers=n, num_query_heads=heads, num_kv_heads=kv,
-             intermediate_size=widths, rope_freq_constant=c["rope_theta"], max_context_length=c["max_position_embeddings"],
+             intermediate_size=widths, rope_freq_constant=c["rope_theta"],
+             max_context_length=c["max_position_embeddings"],
              share_input_output_layers=True, normalize_qk_projections="blk.0.attn_q_norm.weight" in tensors,
              num_attention_heads=heads[0], num_key_value_heads=kv[0])
 
@@ -1952,7 +1955,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "deci": GGUFArch("nemotron-nas", ("DeciLMForCausalLM",), LLAMA_LAYER, permuted=True, config=_deci, also=("deci",),
                      block_renames=_deci_linear_attention),
     "openelm": GGUFArch("openelm", ("OpenELMForCausalLM",), OPENELM_LAYER, global_names=OPENELM_GLOBAL,
-                        layer_prefix="transformer.layers", config=_openelm, joined={"ffn.proj_1": ("ffn_gate", "ffn_up")}),
+                        layer_prefix="transformer.layers", config=_openelm,
+                        joined={"ffn.proj_1": ("ffn_gate", "ffn_up")}),
     "laguna": GGUFArch("laguna", ("LagunaForCausalLM",), LAGUNA_LAYER, config=_laguna, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
                       {**{k: v for k, v in ROUTED_LAYER.items() if k != "exp_probs_b.bias"},

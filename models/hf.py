@@ -236,6 +236,10 @@ def _fold_chat_template(template, replaces: bool, config_path: Path) -> bool:
     return True
 
 
+# How the notes tokenizer_files gives begin (models/tokenizer_from.py drops them where --tokenizer gives another)
+TOKENIZER_NOTE_STARTS = ("no tokenizer.json", "tokenizer.json built from", "no tokenizer_config.json")
+
+
 def tokenizer_files(d: Path, model_type: str | None = None) -> tuple[Callable[[Path], list[str]], list[str]]:
     """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one
     (`model_type`: config.json's, which names GPT-2's tokenizer where tokenizer_config.json names no class)."""

@@ -20,7 +20,8 @@ _UNSUPPORTED = {
                           "compressed blocks each query reads) and hyper-connections (several residual streams)")
        for t in ("deepseek_v4", "deepseek4")},
     **{t: ("Qwen4-Exp", "hyper-connections (several residual streams mixed by learned matrices) and n-gram "
-                        "embeddings beside its linear-attention layers") for t in ("qwen4_exp", "qwen4_exp_text", "qwen4exp")},
+                        "embeddings beside its linear-attention layers")
+       for t in ("qwen4_exp", "qwen4_exp_text", "qwen4exp")},
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
     "paligemma": ("PaliGemma", "prompt attended both ways (a prefix LM: the image and the prompt see each other), "
                                "where kiln's attention is causal"),

@@ -30,7 +30,7 @@ else:
     import tvm
 
 import tvm.runtime.vm  # noqa: E402,F401  (tvm.runtime does not import its vm submodule itself)
-import tvm_ffi  # noqa: E402  (imported by tvm above, torch hidden: Python functions the VM calls register here)
+import tvm_ffi  # noqa: E402,F401  (imported by tvm above, torch hidden: Python functions the VM calls register here)
 from tvm.libinfo import package_lib_paths  # noqa: E402
 
 from .contract import ArtifactError  # noqa: E402

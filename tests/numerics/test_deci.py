@@ -147,8 +147,8 @@ def write_deci(dest, config: dict = CONFIG, tokenizer=write_tokenizer):
 # tensor name for one), a SentencePiece-shaped tokenizer (its deci reads one unless the vocabulary is Llama 3's),
 # no rope_scaling (transformers 5 cannot read this config's Llama 3 scaling without its remote code, which the
 # converter's tokenizer load tries).
-CONVERTER_CONFIG = {k: v for k, v in dict(CONFIG, block_configs=BLOCKS[:3] + [block(linear_attention=True, ffn_mult=1.0)]
-                                          + BLOCKS[4:]).items() if k != "rope_scaling"}
+CONVERTER_BLOCKS = BLOCKS[:3] + [block(linear_attention=True, ffn_mult=1.0)] + BLOCKS[4:]
+CONVERTER_CONFIG = {k: v for k, v in dict(CONFIG, block_configs=CONVERTER_BLOCKS).items() if k != "rope_scaling"}
 
 
 def write_for_the_converter(dest):
@@ -188,8 +188,9 @@ def test_decilm_7b_reads_its_kv_heads_by_layer_and_tvm_cache_is_refused():
     from kiln.models import registry
     from kiln.models.deci import DeciConfig, DeciForCausalLM
     config = DeciConfig.from_hf(dict(model_type="deci", vocab_size=512, hidden_size=64, intermediate_size=96,
-                                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads_per_layer=[4, 2, 1],
-                                     max_position_embeddings=256, rope_scaling={"type": "dynamic", "factor": 2.0}))
+                                     num_hidden_layers=3, num_attention_heads=4,
+                                     num_key_value_heads_per_layer=[4, 2, 1], max_position_embeddings=256,
+                                     rope_scaling={"type": "dynamic", "factor": 2.0}))
     assert [config.layer_kv_heads(i) for i in range(3)] == [4, 2, 1] and config.rope_scaling is None
     assert any("dynamic NTK" in n for n in config.notes)
     assert {b.intermediate_size for b in config.blocks} == {96}
