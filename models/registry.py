@@ -59,6 +59,7 @@ from . import (
     recurrent_gemma,
     smollm3,
     stablelm,
+    step,
     starcoder2,
     zamba2,
 )
@@ -237,6 +238,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("afmoe", ("AfmoeForCausalLM",), ("afmoe",), glm4_moe, glm4_moe.AfmoeConfig, glm4_moe.AfmoeForCausalLM),
     _arch("deci", ("DeciLMForCausalLM",), ("nemotron-nas", "deci"), deci, deci.DeciConfig, deci.DeciForCausalLM),
     _arch("openelm", ("OpenELMForCausalLM",), ("openelm",), openelm, openelm.OpenELMConfig, openelm.OpenELMForCausalLM),
+    _arch("step3p5", ("Step3p5ForCausalLM",), ("step3p5",), step, step.Step3p5Config, step.Step3p5ForCausalLM),
     _arch("laguna", ("LagunaForCausalLM",), ("laguna",), laguna, laguna.LagunaConfig, laguna.LagunaForCausalLM),
     _arch("kolibri1", ("Kolibri1ForCausalLM",), ("kolibri1",), glm4_moe, glm4_moe.Kolibri1Config,
           glm4_moe.Kolibri1ForCausalLM),

@@ -2,7 +2,7 @@
 
 LLaVA (1.5, NeXT, OneVision, OneVision-1.5, NeXT-Video, Video-LLaVA, ViP-LLaVA), Idefics2 / Idefics3 / SmolVLM,
 InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose language model is llm_config), Aya
-Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, DeepSeek-VL, Janus,
+Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7, DeepSeek-VL, Janus,
 MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria (WRAPPERS) put a vision tower and a projector before a causal
 language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, ...),
 described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image
@@ -69,6 +69,7 @@ WRAPPERS = {
     "Qwen2_5OmniForConditionalGeneration": "Qwen2.5-Omni", "Qwen3OmniMoeForConditionalGeneration": "Qwen3-Omni",
     "Apertus1p5ForConditionalGeneration": "Apertus 1.5", "MiniMaxM3SparseForConditionalGeneration": "MiniMax-M3",
     "AriaForConditionalGeneration": "Aria", "Emu3ForConditionalGeneration": "Emu3", "FuyuForCausalLM": "Fuyu",
+    "Step3p7ForConditionalGeneration": "Step 3.7",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -89,7 +90,8 @@ AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_t
              "qwen3_omni_moe_text": "qwen3_moe", "emu3_text_model": "llama"}
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
-            "thinker.model", "text_model")
+            "thinker.model", "text_model",
+            "model")            # the language model's own names, the towers' beside them (Step 3.7's as released)
 HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.weight",
          "language_model.output.weight",       # InternLM 2's head (InternVL 2 / 2.5), which keeps its name
          "text_model.lm_head.weight")          # Emu3's, as released
