@@ -6,6 +6,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     arch     HF model            tensors as llama.cpp stores them
     llama    Llama / Mistral     q/k rows permuted for its RoPE; Llama 3 scaling as rope_freqs.weight
     qwen2    Qwen2               as HF (q/k/v biases)
+    step35   Step 3.5            head_count a layer, sliding_window_pattern, the full layers' RoPE on half of each
+                                 head, the experts stacked as released (moe.*_proj), norms stored + 1
     openelm  OpenELM             head_count / head_count_kv / feed_forward_length a value a layer, attn_qkv as
                                  stored, proj_1 split into ffn_gate / ffn_up (joined back)
     deci     Nemotron-NAS        llama's, head_count / head_count_kv / feed_forward_length a value a layer (0: no
@@ -319,6 +321,9 @@ JAMBA_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if k not in ("ffn_norm", 
 BACKBONE_GLOBAL = {"token_embd": "backbone.embeddings", "output_norm": "backbone.norm_f", "output": "lm_head"}
 GRANITE_MOE_JOINED = {"block_sparse_moe.input_linear": ("ffn_gate_exps", "ffn_up_exps"),
                       "shared_mlp.input_linear": ("ffn_gate_shexp", "ffn_up_shexp")}
+STEP35_LAYER = {**LLAMA_LAYER, **QK_NORMS, "attn_gate": "self_attn.g_proj", "ffn_gate_inp": "moe.gate",
+                "exp_probs_b.bias": "moe.router_bias", "ffn_gate_exps": "moe.gate_proj", "ffn_up_exps": "moe.up_proj",
+                "ffn_down_exps": "moe.down_proj", **_mlp("share_expert", "_shexp")}
 OPENELM_LAYER = {"attn_qkv": "attn.qkv_proj", "attn_q_norm": "attn.q_norm", "attn_k_norm": "attn.k_norm",
                  "attn_output": "attn.out_proj", "ffn_down": "ffn.proj_2", "attn_norm": "attn_norm",
                  "ffn_norm": "ffn_norm"}
@@ -653,6 +658,46 @@ def _openelm(reader, arch, tensors, c):
              max_context_length=c["max_position_embeddings"],
              share_input_output_layers=True, normalize_qk_projections="blk.0.attn_q_norm.weight" in tensors,
              num_attention_heads=heads[0], num_key_value_heads=kv[0])
+
+
+def _step35(reader, arch, tensors, c):
+    """Step 3.5 as llama.cpp's converter writes it and its step35 graph runs it: head_count a layer (the sliding
+    layers' own), one KV head count, the sliding layers by sliding_window_pattern, the full layers' RoPE on half of
+    each head at rope.freq_base, the sliding ones' on all of it at rope.freq_base_swa, the softmax scaled by the head
+    size (llama.cpp reads no query_pre_attn_scalar), sigmoid routing renormalised where expert_weights_norm, times
+    expert_weights_scale, the first leading_dense_block_count layers dense, the SwiGLU clamps a layer
+    (swiglu_clamp_exp / _shexp), the multi-token-prediction layers (nextn_predict_layers) left unread; the norms
+    stored + 1."""
+    _nextn(reader, arch, c)
+    n = c["num_hidden_layers"]
+    per_layer = lambda v: list(v)[:n] if isinstance(v, (list, tuple)) else [v] * n  # noqa: E731
+    heads, kv = per_layer(c["num_attention_heads"]), per_layer(c["num_key_value_heads"])
+    if len(set(kv)) > 1:
+        raise ModelLoadError(f"this {arch} GGUF gives its layers {sorted(set(kv))} KV heads; Step 3.5 has one count")
+    if "rope_freqs.weight" in tensors or _key(reader, arch, "rope.dimension_count") is not None:
+        raise ModelLoadError(f"this {arch} GGUF scales or narrows its RoPE (rope_freqs / rope.dimension_count), "
+                             "which kiln does not read for Step 3.5 yet; convert the released checkpoint as it is")
+    if _key(reader, arch, "moe_every_n_layers", 1) != 1 or _key(reader, arch, "expert_gating_func", 2) != 2:
+        raise ModelLoadError(f"this {arch} GGUF routes otherwise than Step 3.5 (moe_every_n_layers, "
+                             "expert_gating_func); re-convert the model")
+    sliding = [bool(s) for s in per_layer(_key(reader, arch, "attention.sliding_window_pattern", [False] * n))]
+    types = ["sliding_attention" if s else "full_attention" for s in sliding]
+    dense = _key(reader, arch, "leading_dense_block_count", 0)
+    limits = {hf: [float(v) for v in per_layer(_key(reader, arch, key, [0.0] * n))]
+              for hf, key in (("swiglu_limits", "swiglu_clamp_exp"), ("swiglu_limits_shared", "swiglu_clamp_shexp"))}
+    c.update(model_type="step3p5", num_attention_heads=next((h for h, s in zip(heads, sliding) if not s), heads[0]),
+             num_sliding_attention_heads=next((h for h, s in zip(heads, sliding) if s), heads[0]),
+             num_key_value_heads=kv[0], layer_types=types, sliding_window=_key(reader, arch, "attention.sliding_window"),
+             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c["rope_theta"],
+                                                 "partial_rotary_factor": 0.5},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": _f32(
+                                  _key(reader, arch, "rope.freq_base_swa", c["rope_theta"]))}},
+             n_routed_experts=_key(reader, arch, "expert_count"), num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
+             share_expert_dim=_key(reader, arch, "expert_shared_feed_forward_length", 0),
+             moe_router_scaling_factor=_f32(_key(reader, arch, "expert_weights_scale", 1.0)),
+             norm_expert_weight=bool(_key(reader, arch, "expert_weights_norm", True)),
+             mlp_layer_types=["dense" if i < dense else "sparse" for i in range(n)], **limits)
 
 
 def _deci_linear_attention(c: dict) -> dict[str, str]:
@@ -1957,6 +2002,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "openelm": GGUFArch("openelm", ("OpenELMForCausalLM",), OPENELM_LAYER, global_names=OPENELM_GLOBAL,
                         layer_prefix="transformer.layers", config=_openelm,
                         joined={"ffn.proj_1": ("ffn_gate", "ffn_up")}),
+    "step35": GGUFArch("step3p5", ("Step3p5ForCausalLM",), STEP35_LAYER, config=_step35, norm_shift=1.0),
     "laguna": GGUFArch("laguna", ("LagunaForCausalLM",), LAGUNA_LAYER, config=_laguna, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),
                       {**{k: v for k, v in ROUTED_LAYER.items() if k != "exp_probs_b.bias"},

@@ -241,6 +241,8 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "llama-split": (_write("llama"), None, ["--split-max-tensors=8"]),
                   "laguna": (lambda hf: write_family("laguna", hf), None, []),
                   "deci": (lambda hf: __import__("test_deci").write_for_the_converter(hf), None, []),
+                  "step35": (lambda hf: __import__("test_step").write_released(
+                      hf, __import__("test_step").CONVERTER_TEXT), None, []),
                   # OpenELM ships no tokenizer (Apple's use Llama 2's): a SentencePiece one beside it
                   "openelm": (lambda hf: (__import__("test_openelm").write_openelm(hf, tokenizer=None),
                                           _sentencepiece_model(hf / "tokenizer.model")), None, []),
@@ -421,3 +423,17 @@ def test_openelm_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, test_openelm.reference(test_openelm.CONFIG), test_openelm.IDS,
                                     test_openelm.TOL)
+
+
+def test_step35_as_the_converter_writes_it(converted, tmp_path):
+    """Step-3.5-Flash's released form (tests/numerics/test_step.py's) through the converter: head_count a layer, the
+    sliding layers by sliding_window_pattern, the experts stacked as released, the SwiGLU clamps a layer, the norms
+    stored + 1, its multi-token-prediction layer counted in block_count."""
+    import test_step
+    theirs = converted["step35"][1]
+    fields = gguf.GGUFReader(theirs).fields
+    assert fields["step35.attention.head_count"].contents()[:4] == [4, 8, 8, 4]
+    assert fields["step35.nextn_predict_layers"].contents() == 1
+    ref = test_step.write_released(tmp_path / "ref", test_step.CONVERTER_TEXT)
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, ref, test_step.IDS, test_step.TOL)

@@ -51,13 +51,23 @@ def _released(config: dict) -> dict:
             "swiglu_limits_shared": [0.0, 0.0, 0.5, 0.0, 0.0]}
 
 
+# llama.cpp's converter and step35 graph (tests/numerics/test_gguf_converter.py) scale the softmax by the head size
+CONVERTER_TEXT = dict(TEXT, query_pre_attn_scalar=16)
+
+
+def write_released(dest, text: dict = TEXT):
+    """The model saved by transformers, its config.json as Step-3.5-Flash's; the model returned (the reference)."""
+    ref = write_widened("Step3p7ForConditionalGeneration", "Step3p7Config", dict(text_config=text, vision_config=VISION),
+                        dest)
+    path = dest / "config.json"
+    path.write_text(json.dumps(_released(json.loads(path.read_text()))))
+    return ref
+
+
 @pytest.mark.parametrize("form", ["transformers", "released"])
 def test_step_matches_transformers(form, tmp_path):
-    ref = write_widened("Step3p7ForConditionalGeneration", "Step3p7Config",
-                        dict(text_config=TEXT, vision_config=VISION), tmp_path / "hf")
-    if form == "released":
-        path = tmp_path / "hf" / "config.json"
-        path.write_text(json.dumps(_released(json.loads(path.read_text()))))
+    ref = write_released(tmp_path / "hf") if form == "released" else write_widened(
+        "Step3p7ForConditionalGeneration", "Step3p7Config", dict(text_config=TEXT, vision_config=VISION), tmp_path / "hf")
     art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
     config = Artifact.load(art).config
