@@ -687,12 +687,14 @@ def _step35(reader, arch, tensors, c):
               for hf, key in (("swiglu_limits", "swiglu_clamp_exp"), ("swiglu_limits_shared", "swiglu_clamp_shexp"))}
     c.update(model_type="step3p5", num_attention_heads=next((h for h, s in zip(heads, sliding) if not s), heads[0]),
              num_sliding_attention_heads=next((h for h, s in zip(heads, sliding) if s), heads[0]),
-             num_key_value_heads=kv[0], layer_types=types, sliding_window=_key(reader, arch, "attention.sliding_window"),
+             num_key_value_heads=kv[0], layer_types=types,
+             sliding_window=_key(reader, arch, "attention.sliding_window"),
              rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": c["rope_theta"],
                                                  "partial_rotary_factor": 0.5},
                               "sliding_attention": {"rope_type": "default", "rope_theta": _f32(
                                   _key(reader, arch, "rope.freq_base_swa", c["rope_theta"]))}},
-             n_routed_experts=_key(reader, arch, "expert_count"), num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             n_routed_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
              moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
              share_expert_dim=_key(reader, arch, "expert_shared_feed_forward_length", 0),
              moe_router_scaling_factor=_f32(_key(reader, arch, "expert_weights_scale", 1.0)),

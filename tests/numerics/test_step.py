@@ -57,8 +57,8 @@ CONVERTER_TEXT = dict(TEXT, query_pre_attn_scalar=16)
 
 def write_released(dest, text: dict = TEXT):
     """The model saved by transformers, its config.json as Step-3.5-Flash's; the model returned (the reference)."""
-    ref = write_widened("Step3p7ForConditionalGeneration", "Step3p7Config", dict(text_config=text, vision_config=VISION),
-                        dest)
+    ref = write_widened("Step3p7ForConditionalGeneration", "Step3p7Config",
+                        dict(text_config=text, vision_config=VISION), dest)
     path = dest / "config.json"
     path.write_text(json.dumps(_released(json.loads(path.read_text()))))
     return ref
@@ -67,7 +67,8 @@ def write_released(dest, text: dict = TEXT):
 @pytest.mark.parametrize("form", ["transformers", "released"])
 def test_step_matches_transformers(form, tmp_path):
     ref = write_released(tmp_path / "hf") if form == "released" else write_widened(
-        "Step3p7ForConditionalGeneration", "Step3p7Config", dict(text_config=TEXT, vision_config=VISION), tmp_path / "hf")
+        "Step3p7ForConditionalGeneration", "Step3p7Config", dict(text_config=TEXT, vision_config=VISION),
+        tmp_path / "hf")
     art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, ref, IDS, TOL)
     config = Artifact.load(art).config
