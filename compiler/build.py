@@ -193,12 +193,18 @@ def compile_model(opts: CompileOptions, progress: Progress | None = None, fallba
     with staged_artifact(dest) as stage:
         # The library builds (TVM) while the weights convert (numpy, every core) and then the golden
         # logits compute (torch): a compile takes the longer of the two, not their sum.
-        building = _Background(lambda: _build_into(stage / profile.lib_name, ex.mod, profile, opts.dump_ir, report))
-        names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report, building.check)
-        tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
-        building.check()
-        golden = _write_golden(stage, source, config, opts.golden, fallback, report)
-        facts = building.result()
+        building = _Background(lambda stopped: _build_into(stage / profile.lib_name, ex.mod, profile, opts.dump_ir,
+                                                           _unless_stopped(stopped, report)))
+        try:
+            names = _write_params(stage / PARAMS_DIR, source, arch, config, plan, named_params, report,
+                                  building.check)
+            tokenizer_files = source.write_tokenizer(stage) if source.write_tokenizer else []
+            building.check()
+            golden = _write_golden(stage, source, config, opts.golden, fallback, report)
+            facts = building.result()
+        except BaseException:
+            building.stop()             # the library of a compile that failed: built no further than its phase
+            raise
         report("write", 0, 1)
         write_config(stage, ArtifactConfig(
             kiln_version=_kiln_version(),
@@ -378,17 +384,34 @@ def _build_into(lib: Path, mod, profile: TargetProfile, dump_ir: Path | None, re
     return facts
 
 
+class _Abandoned(Exception):
+    """A background build's compile failed on its main thread: the build stops (nobody waits for it)."""
+
+
+def _unless_stopped(stopped: threading.Event, report: Progress) -> Progress:
+    """`report`, raising _Abandoned once `stopped` is set: a build reports each pipeline phase and its code
+    generation, so an abandoned one stops at the next of them instead of running on beside later work (a test
+    suite's next compiles, a notebook's next cell)."""
+    def checked(*args) -> None:
+        if stopped.is_set():
+            raise _Abandoned("the compile this build belonged to failed")
+        report(*args)
+    return checked
+
+
 class _Background:
-    """fn() on a thread of its own, started at once, under the caller's PassContext (TVM keeps the
-    current one per thread). A daemon: an interrupted compile does not wait for it to exit."""
+    """fn(stopped) on a thread of its own, started at once, under the caller's PassContext (TVM keeps the
+    current one per thread). A daemon: an interrupted compile does not wait for it to exit; `stop()` sets
+    `stopped`, which fn reads to give up at its next step (_unless_stopped: the pipeline's next phase)."""
 
     def __init__(self, fn) -> None:
         ctx, self._done, self._value, self._error = tvm.transform.PassContext.current(), threading.Event(), None, None
+        self._stopped = threading.Event()
 
         def run() -> None:
             try:
                 with ctx:
-                    self._value = fn()
+                    self._value = fn(self._stopped)
             except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
                 self._error = e
             finally:
@@ -396,6 +419,10 @@ class _Background:
 
         # kiln/cli_info.py exit_interrupted finds it by this name
         threading.Thread(target=run, name="kiln-build", daemon=True).start()
+
+    def stop(self) -> None:
+        """Ask fn to give up (the compile it belongs to failed): it stops at its next step, its work lost."""
+        self._stopped.set()
 
     def check(self) -> None:
         """Raise what fn raised, if it has already failed (work beside it can stop early)."""

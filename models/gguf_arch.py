@@ -6,6 +6,7 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     arch     HF model            tensors as llama.cpp stores them
     llama    Llama / Mistral     q/k rows permuted for its RoPE; Llama 3 scaling as rope_freqs.weight
     qwen2    Qwen2               as HF (q/k/v biases)
+    orion    Orion               as HF: the norms' biases (LayerNorms), q/k rows as stored (NeoX RoPE)
     step35   Step 3.5            head_count a layer, sliding_window_pattern, the full layers' RoPE on half of each
                                  head, the experts stacked as released (moe.*_proj), norms stored + 1
     openelm  OpenELM             head_count / head_count_kv / feed_forward_length a value a layer, attn_qkv as
@@ -2004,6 +2005,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "openelm": GGUFArch("openelm", ("OpenELMForCausalLM",), OPENELM_LAYER, global_names=OPENELM_GLOBAL,
                         layer_prefix="transformer.layers", config=_openelm,
                         joined={"ffn.proj_1": ("ffn_gate", "ffn_up")}),
+    "orion": GGUFArch("orion", ("OrionForCausalLM",), LLAMA_LAYER),
     "step35": GGUFArch("step3p5", ("Step3p5ForCausalLM",), STEP35_LAYER, config=_step35, norm_shift=1.0),
     "laguna": GGUFArch("laguna", ("LagunaForCausalLM",), LAGUNA_LAYER, config=_laguna, experts=QWEN_EXPERTS),
     "hy_v3": GGUFArch("hy_v3", ("HYV3ForCausalLM",),

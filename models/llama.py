@@ -3,7 +3,8 @@ attention on every layer when `sliding_window` is below the context, or on the l
 names: Ministral), and the Llamas under other names: InternLM 3 (`qkv_bias` / `bias`), IQuest-Coder,
 Seed-OSS (q/k/v biases apart from o's: `attention_out_bias`), Meta's CWM (3 sliding layers to each
 full one, full first; Llama 3 RoPE scaling by default), Ministral 3 (queries scaled by position) and
-EXAONE 3.0 / 3.5 (LG AI Research: a Llama under GPT-2-like tensor and config names).
+EXAONE 3.0 / 3.5 (LG AI Research: a Llama under GPT-2-like tensor and config names), XVERSE (a Llama under its own
+name) and Orion (LayerNorms with biases).
 The causal-LM base with Llama's defaults (models/causal_lm.py)."""
 
 from __future__ import annotations
@@ -148,6 +149,19 @@ class MiniCPMConfig(MuPScales, LlamaConfig):
 
 
 @dataclass(frozen=True)
+class OrionConfig(LlamaConfig):
+    """OrionStar's Orion-14B (orion, its own code): a Llama whose norms are LayerNorms with biases (config.json names
+    their epsilon rms_norm_eps), the context max_sequence_length where it is given."""
+
+    ARCH: ClassVar[str] = "orion"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        LlamaConfig.FIELDS, ConfigField("context_window_size", ("max_sequence_length", "max_position_embeddings")))
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), norm="layer")
+
+
+@dataclass(frozen=True)
 class SeedOssConfig(LlamaConfig):
     """Seed-OSS (ByteDance): biases on q, k and v (`attention_bias`) apart from o's (`attention_out_bias`)."""
 
@@ -229,6 +243,7 @@ EXAONE_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.wte", norm="transform
                     gate_proj="mlp.c_fc_0", up_proj="mlp.c_fc_1", down_proj="mlp.c_proj")
 
 LlamaForCausalLM = Ministral3ForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
+OrionForCausalLM = CausalLM
 InternLM2ForCausalLM = MiniCPMForCausalLM = CausalLM
 ExaoneForCausalLM = CausalLM
 

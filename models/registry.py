@@ -82,8 +82,9 @@ def _arch(name, hf_architectures, model_types, module, config_cls, model_cls) ->
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
-    _arch("llama", ("LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "IQuestCoderForCausalLM"),
-          ("llama", "mistral", "ministral", "iquestcoder"), llama, llama.LlamaConfig, llama.LlamaForCausalLM),
+    _arch("llama", ("LlamaForCausalLM", "MistralForCausalLM", "MinistralForCausalLM", "IQuestCoderForCausalLM",
+                    "XverseForCausalLM"),
+          ("llama", "mistral", "ministral", "iquestcoder", "xverse"), llama, llama.LlamaConfig, llama.LlamaForCausalLM),
     _arch("llama4", ("Llama4ForCausalLM", "Llama4ForConditionalGeneration"), ("llama4_text", "llama4"), llama4,
           llama4.Llama4Config, llama4.Llama4ForCausalLM),
     _arch("ministral3", ("Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"), ("ministral3", "mistral3"),
@@ -93,6 +94,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           llama.InternLM2ForCausalLM),
     _arch("internlm3", ("InternLM3ForCausalLM",), ("internlm3",), llama, llama.InternLM3Config,
           llama.InternLM3ForCausalLM),
+    _arch("orion", ("OrionForCausalLM",), ("orion",), llama, llama.OrionConfig, llama.OrionForCausalLM),
     _arch("seed_oss", ("SeedOssForCausalLM",), ("seed_oss",), llama, llama.SeedOssConfig, llama.SeedOssForCausalLM),
     _arch("cwm", ("CwmForCausalLM",), ("cwm",), llama, llama.CwmConfig, llama.CwmForCausalLM),
     _arch("exaone", ("ExaoneForCausalLM",), ("exaone",), llama, llama.ExaoneConfig, llama.ExaoneForCausalLM),

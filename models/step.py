@@ -91,6 +91,10 @@ class Step3p5Config(LagunaConfig):
         if hf.get("norm_expert_weight", True) is not True:
             raise ValueError("step3p5 with norm_expert_weight false is not supported (transformers' router always "
                              "renormalises the chosen weights); fix config.json")
+        for key in ("use_head_wise_attn_gate", "zero_centered"):
+            if hf.get(key, True) is not True:
+                raise ValueError(f"step3p5 with {key} {hf[key]!r} is not supported (Step 3.5 / 3.7 and transformers' "
+                                 "model gate every head and center every norm on 1); fix config.json")
         if hf.get("use_bidirectional_attention"):
             raise ValueError("step3p5 with use_bidirectional_attention is not supported (kiln's attention is causal)")
         if any(t not in ("full_attention", "sliding_attention") for t in hf.get("layer_types") or ()):

@@ -241,6 +241,8 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "llama-split": (_write("llama"), None, ["--split-max-tensors=8"]),
                   "laguna": (lambda hf: write_family("laguna", hf), None, []),
                   "deci": (lambda hf: __import__("test_deci").write_for_the_converter(hf), None, []),
+                  "orion": (lambda hf: (__import__("test_orion").write_orion(hf, tokenizer=None),
+                                        _sentencepiece_model(hf / "tokenizer.model")), None, []),
                   "step35": (lambda hf: __import__("test_step").write_released(
                       hf, __import__("test_step").CONVERTER_TEXT), None, []),
                   # OpenELM ships no tokenizer (Apple's use Llama 2's): a SentencePiece one beside it
@@ -437,3 +439,13 @@ def test_step35_as_the_converter_writes_it(converted, tmp_path):
     ref = test_step.write_released(tmp_path / "ref", test_step.CONVERTER_TEXT)
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, ref, test_step.IDS, test_step.TOL)
+
+
+def test_orion_as_the_converter_writes_it(converted, tmp_path):
+    """Orion (tests/numerics/test_orion.py's) through the converter: the LayerNorms' biases, q and k as stored."""
+    import test_orion
+    theirs = converted["orion"][1]
+    assert "blk.0.attn_norm.bias" in {t.name for t in gguf.GGUFReader(theirs).tensors}
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, test_orion.write_orion(tmp_path / "ref", tokenizer=None), test_orion.IDS,
+                                    test_orion.TOL)

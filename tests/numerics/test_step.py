@@ -79,6 +79,7 @@ def test_step_configs_kiln_cannot_run_are_refused_by_name():
     from kiln.models.step import Step3p5Config
     base = dict(TEXT, model_type="step3p5")
     for change, message in ((dict(norm_expert_weight=False), "norm_expert_weight false"),
+                            (dict(use_head_wise_attn_gate=False), "use_head_wise_attn_gate False"),
                             (dict(layer_types=["full_attention", "minimax_m3_sparse"] * 2), "indexed sparse"),
                             (dict(swiglu_limits=[0.0]), "swiglu_limits lists 1 layers of the 4")):
         with pytest.raises(ValueError, match=message):
