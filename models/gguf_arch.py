@@ -626,15 +626,20 @@ def _llama3_or_scaling(reader, arch, tensors, c):
         c["rope_scaling"] = scaling
 
 
+def _per_layer(value, n: int) -> list:
+    """A metadata key that is a value a layer or one for all (head_count, feed_forward_length, ...), a value a layer
+    for the first n (the blocks after them: multi-token prediction's)."""
+    return list(value)[:n] if isinstance(value, (list, tuple)) else [value] * n
+
+
 def _deci(reader, arch, tensors, c):
     """Nemotron-NAS (and DeciLM-7B) as llama.cpp's converter writes it and its deci graph runs it: head_count,
     head_count_kv and feed_forward_length a value a layer; a layer of no query heads has no attention (nor its
     norm), one of query heads but no KV heads a Linear in its place (stored as attn_output), one of no MLP width no
     MLP (nor its norm). Read as the HF config's block_configs, each MLP by its width; Llama 3 RoPE scaling as
     rope_freqs.weight."""
-    n = c["num_hidden_layers"]
-    heads, kv, ffn = (list(v) if isinstance(v, (list, tuple)) else [v] * n
-                      for v in (c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]))
+    heads, kv, ffn = (_per_layer(c[k], c["num_hidden_layers"])
+                      for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size"))
     blocks = []
     for i, (h, k, f) in enumerate(zip(heads, kv, ffn)):
         if h and k and h % k:
@@ -652,8 +657,8 @@ def _openelm(reader, arch, tensors, c):
     """OpenELM as llama.cpp's converter writes it: head_count, head_count_kv and feed_forward_length a value a layer
     (read as OpenELM's config names, the widths as they are), q and k normed a head, the head the embedding."""
     n = c["num_hidden_layers"]
-    heads, kv, widths = (list(v) if isinstance(v, (list, tuple)) else [v] * n
-                         for v in (c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"]))
+    heads, kv, widths = (_per_layer(c[k], n)
+                         for k in ("num_attention_heads", "num_key_value_heads", "intermediate_size"))
     c.update(model_dim=c["hidden_size"], num_transformer_layers=n, num_query_heads=heads, num_kv_heads=kv,
              intermediate_size=widths, rope_freq_constant=c["rope_theta"],
              max_context_length=c["max_position_embeddings"],
@@ -671,7 +676,7 @@ def _step35(reader, arch, tensors, c):
     stored + 1."""
     _nextn(reader, arch, c)
     n = c["num_hidden_layers"]
-    per_layer = lambda v: list(v)[:n] if isinstance(v, (list, tuple)) else [v] * n  # noqa: E731
+    per_layer = lambda v: _per_layer(v, n)  # noqa: E731
     heads, kv = per_layer(c["num_attention_heads"]), per_layer(c["num_key_value_heads"])
     if len(set(kv)) > 1:
         raise ModelLoadError(f"this {arch} GGUF gives its layers {sorted(set(kv))} KV heads; Step 3.5 has one count")

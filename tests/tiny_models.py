@@ -150,6 +150,15 @@ def assert_prefill_and_decode_match(artifact: Path, reference, ids: list[int], t
     assert np.abs(expected).max() > 0.5, "logits too small for the tolerance to mean anything"
 
 
+def widen(model) -> None:
+    """`model`'s parameters drawn again so a 1e-4 tolerance bites: matrices N(0, 0.08), vectors N(0, 0.3) (norm
+    weights around 1, biases around 0)."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
+
+
 def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: int = 0):
     """A transformers model (class names as strings) with random weights widened so a 1e-4 tolerance
     bites (norm weights around 1), saved to dest with a tokenizer; returned in eval mode."""
@@ -157,9 +166,8 @@ def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: 
     import transformers
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg, attn_implementation="eager"))
+    widen(model)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
         for name, b in model.named_buffers():       # a router's choice bias (DeepSeek-V3's), zeros at init;
             if name.endswith(("e_score_correction_bias", ".expert_bias")):    # Gemma 4's layer scalars, ones
                 b.normal_(0.0, 0.3)

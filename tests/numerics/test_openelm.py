@@ -13,7 +13,7 @@ import pytest
 import kiln
 from kiln.runtime import Artifact
 
-from tiny_models import assert_prefill_and_decode_match, write_tokenizer
+from tiny_models import assert_prefill_and_decode_match, widen, write_tokenizer
 
 pytestmark = pytest.mark.numerics
 
@@ -97,9 +97,7 @@ def reference(config: dict):
 
     torch.manual_seed(0)
     model = ForCausalLM()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 else 0.0)
+    widen(model)
     return model.eval()
 
 

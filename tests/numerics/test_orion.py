@@ -10,7 +10,7 @@ import pytest
 
 import kiln
 
-from tiny_models import assert_prefill_and_decode_match, write_tokenizer
+from tiny_models import assert_prefill_and_decode_match, widen, write_tokenizer
 
 pytestmark = pytest.mark.numerics
 
@@ -33,9 +33,7 @@ def write_orion(dest, tokenizer=write_tokenizer):
     for layer in model.model.layers:
         layer.input_layernorm, layer.post_attention_layernorm = norm(), norm()
     model.model.norm = norm()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0.0, 0.08 if p.ndim == 2 else 0.3).add_(1.0 if p.ndim == 1 and "bias" not in name else 0.0)
+    widen(model)
     dest.mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(dest / "model.safetensors"))
     (dest / "config.json").write_text(json.dumps(dict(
