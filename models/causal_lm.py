@@ -240,21 +240,22 @@ class DecoderStack(nn.Module):
             self.embed_positions = nn.Embedding(c.context_window_size, c.hidden_size)
         in_graph = rope_in_graph(attention, flags) and not flags.learned_positions
         self.needs_positions = in_graph or flags.learned_positions
-        mla = c.latent_attention()
-
-        def layer(i: int, a: LayerAttention) -> DecoderLayer:
-            flags = c.layer_flags(i)
-            rope = inv_freq(a.rotary_dim or c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope \
-                else None
-            latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim),
-                                     flags.qkv_bias, rope, flags.attn_temperature) if mla else None
-            return DecoderLayer(c.hidden_size, c.layer_intermediate(i), c.layer_heads(i), c.layer_kv_heads(i),
-                                c.head_dim, c.norm_eps, flags, rope,
-                                SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None, latent)
-        self.layers = nn.ModuleList([layer(i, a) for i, a in enumerate(attention)])
+        self.layers = nn.ModuleList([self.decoder_layer(c, i, c.layer_flags(i), inv_freq(
+            a.rotary_dim or c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None)
+            for i, a in enumerate(attention)])
         self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
         if flags.embed_norm:
             self.embed_norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
+
+    def decoder_layer(self, c: DecoderConfig, i: int, flags: Flags, rope: tuple | None) -> nn.Module:
+        """Layer i, with its flags and its RoPE where the graph applies it (a family whose layers have other parts
+        than DecoderLayer's overrides this: Nemotron-NAS's)."""
+        mla = c.latent_attention()
+        latent = LatentAttention(c.hidden_size, c.num_attention_heads, mla, flags.sm_scale(c.head_dim),
+                                 flags.qkv_bias, rope, flags.attn_temperature) if mla else None
+        return DecoderLayer(c.hidden_size, c.layer_intermediate(i), c.layer_heads(i), c.layer_kv_heads(i),
+                            c.head_dim, c.norm_eps, flags, rope,
+                            SparseMoE(c.hidden_size, moe, flags) if (moe := c.layer_moe(i)) else None, latent)
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache) -> Tensor:
         b, s, d = x.shape

@@ -19,11 +19,10 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 
-from .causal_lm import CausalLM, WeightMap, head_weights, rope_in_graph
+from .causal_lm import CausalLM, DecoderStack, WeightMap, head_weights
 from .config import ConfigField, fields_with
 from .layers import MLP, Flags, Norm, PagedAttention
 from .llama import LlamaConfig
-from .rope import inv_freq
 
 ATTENTION, LINEAR, NONE = "attention", "linear", "none"
 
@@ -140,10 +139,13 @@ class DeciConfig(LlamaConfig):
 
 
 class LinearAttention(nn.Module):
-    """A layer's attention replaced by one Linear (replace_with_linear)."""
+    """A layer's attention replaced by one Linear (replace_with_linear): it reads no KV cache."""
 
     def __init__(self, hidden: int):
         self.linear_attn = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: Tensor, *_cache) -> Tensor:
+        return self.linear_attn(x)
 
 
 class LinearMLP(nn.Module):
@@ -151,6 +153,9 @@ class LinearMLP(nn.Module):
 
     def __init__(self, hidden: int):
         self.linear_mlp = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear_mlp(x)
 
 
 class DeciLayer(nn.Module):
@@ -166,12 +171,9 @@ class DeciLayer(nn.Module):
 
     def forward(self, x: Tensor, kv_cache: PagedKVCache, layer_id: int, positions: Tensor | None) -> Tensor:
         if hasattr(self, "self_attn"):
-            normed = self.input_layernorm(x)
-            x = x + (self.self_attn.linear_attn(normed) if isinstance(self.self_attn, LinearAttention)
-                     else self.self_attn(normed, kv_cache, layer_id, positions))
+            x = x + self.self_attn(self.input_layernorm(x), kv_cache, layer_id, positions)
         if hasattr(self, "mlp"):
-            normed = self.post_attention_layernorm(x)
-            x = x + (self.mlp.linear_mlp(normed) if isinstance(self.mlp, LinearMLP) else self.mlp(normed))
+            x = x + self.mlp(self.post_attention_layernorm(x))
         return x
 
     def attentions(self) -> tuple:
@@ -179,20 +181,11 @@ class DeciLayer(nn.Module):
         return (self.self_attn,) if isinstance(getattr(self, "self_attn", None), PagedAttention) else ()
 
 
-class DeciStack(nn.Module):
-    def __init__(self, c: DeciConfig, flags: Flags, attention):
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.needs_positions = rope_in_graph(attention, flags)
-        rope = inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling) if self.needs_positions else None
-        self.layers = nn.ModuleList([DeciLayer(c, b, flags, rope) for b in c.blocks])
-        self.norm = Norm(c.hidden_size, c.norm_eps)
+class DeciStack(DecoderStack):
+    """The decoder stack, each layer a DeciLayer of its block."""
 
-    def forward(self, x: Tensor, kv_cache: PagedKVCache) -> Tensor:
-        b, s, _ = x.shape
-        positions = kv_cache.get_query_positions(b * s) if self.needs_positions else None
-        for i, layer in enumerate(self.layers):
-            x = layer(x, kv_cache, i, positions)
-        return self.norm(x)
+    def decoder_layer(self, c: DeciConfig, i: int, flags: Flags, rope: tuple | None) -> nn.Module:
+        return DeciLayer(c, c.blocks[i], flags, rope)
 
 
 class DeciForCausalLM(CausalLM):
