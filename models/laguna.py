@@ -120,10 +120,10 @@ class LagunaConfig(DenseByType, Glm4MoeConfig):
 LagunaForCausalLM = CausalLM
 
 
-def weight_map(c: LagunaConfig) -> WeightMap:
-    """The released names (transformers saves them so too): each layer's gate rows from g_proj, after v's rows (a
-    gate a head) or beside each head's q rows (a gate a value dim)."""
-    m = moe_weight_map(c, NAMES)
+def weight_map(c: LagunaConfig, names: dict[str, str] = NAMES) -> WeightMap:
+    """The released names (transformers saves them so too; `names`: the MoE's, moe_weight_map's): each layer's gate
+    rows from g_proj, after v's rows (a gate a head) or beside each head's q rows (a gate a value dim)."""
+    m = moe_weight_map(c, names)
     for i in range(c.num_hidden_layers):
         key = f"model.layers.{i}.self_attn.qkv_proj.weight"
         q, k, v = weight_spec(m[key]).hf_names

@@ -359,12 +359,21 @@ def expert_rows(stacked):
     return stacked.reshape(-1, stacked.shape[-1])
 
 
+def stacked_rows(experts: int):
+    """The released gate and up [experts, rows, cols] each, concatenated ([2 x experts, rows, cols]), as kiln's
+    expert rows: each expert's gate rows, then its up rows (Step 3.5's moe.gate_proj / moe.up_proj)."""
+    def transform(both):
+        return expert_rows(both.reshape(2, experts, *both.shape[1:]).swapaxes(0, 1))
+    return transform
+
+
 def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | None = None) -> dict:
     """The decoder's weight map (causal_lm.decoder_weight_map with `decoder_names`, Llama's HF names by
     default) with each MoE layer's dense MLP entries replaced by its experts': `names` are the HF names
     under a layer of router, expert, gate, up, down, shared, shared_gate, choice_bias (the whole tensor name;
     expert: a format string with {j}), or `fused` in place of expert, gate, up and down: the module holding
-    transformers 5's 3-D gate_up_proj [experts, gate rows + up rows, cols] and down_proj; `shared_proj`: the shared
+    transformers 5's 3-D gate_up_proj [experts, gate rows + up rows, cols] and down_proj, or `stacked` in place of
+    expert: the module holding the gate, up and down names as [experts, rows, cols] each; `shared_proj`: the shared
     expert's gate, up and down names where they are not the experts' (Mixtral-named experts beside a Llama-named
     shared expert: Kimi Linear, MiniMax-M3)."""
     from .causal_lm import LLAMA_NAMES, WeightSpec, decoder_weight_map
@@ -382,6 +391,11 @@ def moe_weight_map(c, names: dict[str, str], decoder_names: dict[str, str] | Non
             fused = f"{hf_layer}.{names['fused']}"
             m[f"{k}.experts_gate_up.weight"] = WeightSpec((f"{fused}.gate_up_proj",), expert_rows)
             m[f"{k}.experts_down.weight"] = WeightSpec((f"{fused}.down_proj",), expert_rows)
+        elif "stacked" in names:            # gate, up and down, each [experts, rows, cols] (Step 3.5's as released)
+            stacked = f"{hf_layer}.{names['stacked']}"
+            m[f"{k}.experts_gate_up.weight"] = WeightSpec(
+                tuple(f"{stacked}.{names[p]}.weight" for p in ("gate", "up")), stacked_rows(spec.num_experts))
+            m[f"{k}.experts_down.weight"] = WeightSpec((f"{stacked}.{names['down']}.weight",), expert_rows)
         else:
             expert = [f"{hf_layer}.{names['expert'].format(j=j)}" for j in range(spec.num_experts)]
             m[f"{k}.experts_gate_up.weight"] = [f"{x}.{names[p]}.weight" for x in expert for p in ("gate", "up")]

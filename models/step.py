@@ -17,14 +17,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-
-from .causal_lm import CausalLM, WeightMap, WeightSpec
+from .causal_lm import CausalLM, WeightMap
 from .config import ConfigField, fields_with
 from .laguna import LagunaConfig
 from .laguna import weight_map as laguna_weight_map
 from .layers import Flags
 from .moe import MoESpec
+
 
 def _released(hf: dict) -> dict:
     """The released config.json's names (Step-3.5-Flash's) as transformers' Step3p7TextConfig reads them: the lists
@@ -125,29 +124,11 @@ class Step3p5Config(LagunaConfig):
 Step3p5ForCausalLM = CausalLM
 
 
-def _stacked(experts: int):
-    """The released moe.gate_proj and moe.up_proj [experts, rows, cols] (concatenated: [2 x experts, ...]) as kiln's
-    rows, each expert's gate rows then its up rows."""
-    def transform(w: np.ndarray) -> np.ndarray:
-        both = w.reshape(2, experts, *w.shape[1:]).swapaxes(0, 1)
-        return both.reshape(-1, w.shape[-1])
-    return transform
+# The released names (transformers writes them so too): the router, its choice bias, the experts stacked under moe,
+# the shared expert
+NAMES = dict(router="moe.gate", choice_bias="moe.router_bias", stacked="moe", gate="gate_proj", up="up_proj",
+             down="down_proj", shared="share_expert")
 
 
 def weight_map(c: Step3p5Config) -> WeightMap:
-    m = laguna_weight_map(c)
-    for i in range(c.num_hidden_layers):
-        spec = c.layer_moe(i)
-        k, h = f"model.layers.{i}.mlp", f"model.layers.{i}"
-        if spec is None:
-            continue
-        m.update({f"{k}.router": [f"{h}.moe.gate.weight"],
-                  f"{k}.choice_bias": [f"{h}.moe.router_bias"],
-                  f"{k}.experts_gate_up.weight": WeightSpec((f"{h}.moe.gate_proj.weight", f"{h}.moe.up_proj.weight"),
-                                                            _stacked(spec.num_experts)),
-                  f"{k}.experts_down.weight": WeightSpec((f"{h}.moe.down_proj.weight",),
-                                                         lambda w: w.reshape(-1, w.shape[-1])),
-                  f"{k}.shared.gate_up_proj.weight": [f"{h}.share_expert.gate_proj.weight",
-                                                      f"{h}.share_expert.up_proj.weight"],
-                  f"{k}.shared.down_proj.weight": [f"{h}.share_expert.down_proj.weight"]})
-    return m
+    return laguna_weight_map(c, NAMES)
