@@ -670,8 +670,9 @@ def _step35(reader, arch, tensors, c):
     """Step 3.5 as llama.cpp's converter writes it and its step35 graph runs it: head_count a layer (the sliding
     layers' own), one KV head count, the sliding layers by sliding_window_pattern, the full layers' RoPE on half of
     each head at rope.freq_base, the sliding ones' on all of it at rope.freq_base_swa, the softmax scaled by the head
-    size (llama.cpp reads no query_pre_attn_scalar), sigmoid routing renormalised where expert_weights_norm, times
-    expert_weights_scale, the first leading_dense_block_count layers dense, the SwiGLU clamps a layer
+    size (llama.cpp reads no query_pre_attn_scalar), DeepSeek-V3's router without groups as Laguna's (_deepseek_router:
+    sigmoid scores, the choice bias, renormalised, which a file must say, times expert_weights_scale, the first
+    leading_dense_block_count layers dense), the SwiGLU clamps a layer
     (swiglu_clamp_exp / _shexp), the multi-token-prediction layers (nextn_predict_layers) left unread; the norms
     stored + 1."""
     _nextn(reader, arch, c)
@@ -683,12 +684,15 @@ def _step35(reader, arch, tensors, c):
     if "rope_freqs.weight" in tensors or _key(reader, arch, "rope.dimension_count") is not None:
         raise ModelLoadError(f"this {arch} GGUF scales or narrows its RoPE (rope_freqs / rope.dimension_count), "
                              "which kiln does not read for Step 3.5 yet; convert the released checkpoint as it is")
-    if _key(reader, arch, "moe_every_n_layers", 1) != 1 or _key(reader, arch, "expert_gating_func", 2) != 2:
-        raise ModelLoadError(f"this {arch} GGUF routes otherwise than Step 3.5 (moe_every_n_layers, "
-                             "expert_gating_func); re-convert the model")
+    if _key(reader, arch, "moe_every_n_layers", 1) != 1:
+        raise ModelLoadError(f"this {arch} GGUF has experts only every {_key(reader, arch, 'moe_every_n_layers')} "
+                             "layers (moe_every_n_layers), where Step 3.5 has them in every layer after the dense "
+                             "ones; re-convert the model")
+    _no_groups(reader, arch)
+    _always_renormalised(reader, arch, "Step 3.5")
+    _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
     sliding = [bool(s) for s in per_layer(_key(reader, arch, "attention.sliding_window_pattern", [False] * n))]
     types = ["sliding_attention" if s else "full_attention" for s in sliding]
-    dense = _key(reader, arch, "leading_dense_block_count", 0)
     limits = {hf: [float(v) for v in per_layer(_key(reader, arch, key, [0.0] * n))]
               for hf, key in (("swiglu_limits", "swiglu_clamp_exp"), ("swiglu_limits_shared", "swiglu_clamp_shexp"))}
     c.update(model_type="step3p5", num_attention_heads=next((h for h, s in zip(heads, sliding) if not s), heads[0]),
@@ -699,13 +703,7 @@ def _step35(reader, arch, tensors, c):
                                                  "partial_rotary_factor": 0.5},
                               "sliding_attention": {"rope_type": "default", "rope_theta": _f32(
                                   _key(reader, arch, "rope.freq_base_swa", c["rope_theta"]))}},
-             n_routed_experts=_key(reader, arch, "expert_count"),
-             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
-             moe_intermediate_size=_key(reader, arch, "expert_feed_forward_length"),
-             share_expert_dim=_key(reader, arch, "expert_shared_feed_forward_length", 0),
-             moe_router_scaling_factor=_f32(_key(reader, arch, "expert_weights_scale", 1.0)),
-             norm_expert_weight=bool(_key(reader, arch, "expert_weights_norm", True)),
-             mlp_layer_types=["dense" if i < dense else "sparse" for i in range(n)], **limits)
+             share_expert_dim=_key(reader, arch, "expert_shared_feed_forward_length", 0), **limits)
 
 
 def _deci_linear_attention(c: dict) -> dict[str, str]:

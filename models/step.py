@@ -71,7 +71,7 @@ class Step3p5Config(LagunaConfig):
         ConfigField("num_experts", ("n_routed_experts", "moe_num_experts")),
         ConfigField("top_k", ("num_experts_per_tok", "moe_top_k")),
         ConfigField("shared_intermediate_size", ("share_expert_dim",), default=0),
-        ConfigField("routed_scale", ("moe_router_scaling_factor",), default=1.0),
+        ConfigField("routed_scale", ("moe_router_scaling_factor", "routed_scaling_factor"), default=1.0),
         ConfigField("first_dense", ("first_k_dense_replace",), default=3),     # transformers' default
         ConfigField("sliding_window", ("sliding_window",), default=None),
         ConfigField("context_window_size", ("max_position_embeddings",)),

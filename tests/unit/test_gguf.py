@@ -438,3 +438,11 @@ def test_a_fused_qkv_of_rows_no_head_layout_gives_is_refused():
     parts = kg._qkv_parts(SimpleNamespace(name="blk.1.attn_qkv.weight", shape=[64, 8 * 8]), 1, [8, 4], 2)
     assert {name: len(part.rows) for name, part in parts.items()} == {
         "blk.1.attn_q.weight": 32, "blk.1.attn_k.weight": 16, "blk.1.attn_v.weight": 16}
+
+
+def test_a_step35_gguf_that_does_not_renormalise_is_refused(tiny_hf, tmp_path):
+    """Step 3.5's router (transformers' and the released code's) always renormalises its chosen experts' weights;
+    llama.cpp does so only where expert_weights_norm says: a file without it is refused, as Laguna's and Hy V3's."""
+    with pytest.raises(ModelLoadError, match=r"does not renormalise its experts' weights \(expert_weights_norm\), "
+                                             "which Step 3.5 always does; re-convert the model"):
+        kg.load_gguf(_write_tiny(tmp_path / "step35.gguf", tiny_hf, arch="step35"))
