@@ -24,10 +24,10 @@ def make_divisible(value: float, divisor: int) -> int:
     return rounded + divisor if rounded < 0.9 * value else rounded
 
 
-def _per_layer(hf: dict, key: str, n: int, kind: type) -> tuple:
+def _per_layer(hf: dict, key: str, n: int, kind: type | tuple[type, ...], what: str) -> tuple:
     values = hf.get(key)
     if not isinstance(values, list) or len(values) != n or not all(isinstance(v, kind) and v > 0 for v in values):
-        raise ValueError(f"openelm {key} must list one positive {kind.__name__} a layer ({n}); fix config.json")
+        raise ValueError(f"openelm {key} must list one positive {what} a layer ({n}); fix config.json")
     return tuple(values)
 
 
@@ -64,16 +64,16 @@ class OpenELMConfig(DecoderConfig):
                 raise ValueError(f"openelm with {key} {hf[key]!r} is not supported (the released checkpoints set "
                                  f"{want!r}); fix config.json")
         n, hidden = values["num_hidden_layers"], values["hidden_size"]
-        queries, kv = _per_layer(hf, "num_query_heads", n, int), _per_layer(hf, "num_kv_heads", n, int)
+        queries, kv = _per_layer(hf, "num_query_heads", n, int, "int"), _per_layer(hf, "num_kv_heads", n, int, "int")
         for i, (q, k) in enumerate(zip(queries, kv)):
             if q % k:
                 raise ValueError(f"openelm layer {i}: {q} query heads do not group over {k} KV heads; fix config.json")
         if isinstance(hf.get("intermediate_size"), list):                  # the widths as they are (a GGUF's)
-            widths = _per_layer(hf, "intermediate_size", n, int)
+            widths = _per_layer(hf, "intermediate_size", n, int, "int")
         else:
             divisor = hf.get("ffn_dim_divisor", 256)
             widths = tuple(make_divisible(m * hidden, divisor)
-                           for m in _per_layer(hf, "ffn_multipliers", n, (int, float)))
+                           for m in _per_layer(hf, "ffn_multipliers", n, (int, float), "number"))
         return dict(values, query_heads=queries, kv_heads=kv, widths=widths, num_attention_heads=queries[0],
                     num_key_value_heads=kv[0], intermediate_size=max(widths))
 

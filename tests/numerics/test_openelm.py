@@ -133,6 +133,7 @@ def test_openelm_widths_and_refusals():
     assert c.tie_word_embeddings and c.norm_eps == 1e-6 and c.context_window_size == 256
     for change, message in ((dict(num_kv_heads=[1, 2]), "num_kv_heads must list one positive int a layer"),
                             (dict(num_kv_heads=[1, 3, 3]), "layer 1: 4 query heads do not group over 3"),
+                            (dict(ffn_multipliers=[1.0]), "ffn_multipliers must list one positive number a layer"),
                             (dict(ffn_with_glu=False), "ffn_with_glu False"),
                             (dict(activation_fn_name="gelu"), "activation_fn_name 'gelu'")):
         with pytest.raises(ValueError, match=message):
