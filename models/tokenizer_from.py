@@ -36,9 +36,10 @@ def with_tokenizer(source: ModelSource, path: str | Path) -> ModelSource:
                                  "tokenizer.json (or tokenizer.model, vocab.json + merges.txt) or a GGUF file")
         from tokenizers import Tokenizer
         size = Tokenizer.from_file(str(Path(tmp) / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
-        digest = hashlib.sha256(source.content_hash.encode())
-        for name in sorted(written):
-            digest.update(name.encode() + b"\0" + (Path(tmp) / name).read_bytes())
+        files = {name: (Path(tmp) / name).read_bytes() for name in written}     # built once: the artifact's
+    digest = hashlib.sha256(source.content_hash.encode())
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name])
     hf = source.hf_config
     vocab = hf.get("vocab_size") or (hf.get("text_config") or {}).get("vocab_size")
     if isinstance(vocab, int) and size > vocab:
@@ -46,7 +47,13 @@ def with_tokenizer(source: ModelSource, path: str | Path) -> ModelSource:
                              "its ids past that would index outside the embedding; pass the tokenizer the model "
                              "was trained with")
     notes = [n for n in source.notes if not n.startswith(TOKENIZER_NOTE_STARTS)]
-    return dataclasses.replace(source, write_tokenizer=writer, content_hash=digest.hexdigest(),
+
+    def write_tokenizer(dest: Path) -> list[str]:
+        for name, data in files.items():
+            (dest / name).write_bytes(data)
+        return list(files)
+
+    return dataclasses.replace(source, write_tokenizer=write_tokenizer, content_hash=digest.hexdigest(),
                                notes=[*notes, f"tokenizer from {given} (--tokenizer, {size} tokens)"])
 
 
