@@ -32,7 +32,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
@@ -69,24 +69,53 @@ def environment_digest(target, *extra: str) -> "hashlib._Hash":
     return digest
 
 
-def hash_functions(digest: "hashlib._Hash", module) -> "hashlib._Hash":
+def hash_functions(digest: "hashlib._Hash", module, saved: "SavedJSON | None" = None) -> "hashlib._Hash":
     """`digest` updated with `module` function by function (its attributes and global infos, then each function
     with its name): a module's JSON writes a node two functions (or a function and the type of the GlobalVar
     naming it) share once, and whether they share it is no part of the code (a kernel whose schedule was kept,
-    targets/schedule_memo.py, shares nothing with the rest of the module; the same kernel scheduled here may)."""
+    targets/schedule_memo.py, shares nothing with the rest of the module; the same kernel scheduled here may).
+    `saved`: each function's JSON as an earlier key of the same build wrote it (the library's key, then its
+    kernels' keys, hash the same PrimFuncs)."""
     import tvm
+    save = saved or tvm.ir.save_json
     for part in (module.attrs, module.global_infos):
         digest.update(tvm.ir.save_json(part).encode() + b"\0" if part is not None else b"-\0")
     for gv, func in module.functions_items():
-        digest.update(gv.name_hint.encode() + b"\0" + tvm.ir.save_json(func).encode() + b"\0")
+        digest.update(gv.name_hint.encode() + b"\0" + save(func).encode() + b"\0")
     return digest
 
 
-def library_key(lowered, profile, target) -> str:
+class SavedJSON:
+    """tvm.ir.save_json of functions, each written once: a build's library key and its kernels' keys
+    (KernelObjects) serialize the same PrimFunc objects (a kernel's JSON was ~a third of all the hashing a
+    tiny family's compile did). Keyed by the object's address, the object held so the address stays its."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, tuple[object, str]] = {}
+
+    def __call__(self, func) -> str:
+        import tvm
+        address = func.__chandle__()
+        kept = self._saved.get(address)
+        if kept is None:
+            kept = self._saved[address] = (func, tvm.ir.save_json(func))
+        return kept[1]
+
+
+def load_kept(text: str):
+    """An object this cache kept as TVM's JSON (save_json), read back. Without tvm.ir.load_json's
+    json_compact.upgrade_json: that rewrites the JSON of older TVM versions in Python (a parse and an
+    indented dump, ~85% of a read), and every file here is keyed on this TVM's version, so it has nothing
+    to upgrade (tests/compiler/test_lib_cache.py reads kept kernels both ways)."""
+    from tvm_ffi.serialization import from_json_graph_str
+    return from_json_graph_str(text)
+
+
+def library_key(lowered, profile, target, saved: SavedJSON | None = None) -> str:
     """What a library built from `lowered` (the module after kiln's pipeline) for `profile` and its
     TVM `target` depends on, hashed."""
     export = f"{profile.export_format}|{profile.system_lib}|{profile.exporter is None}|{profile.lib_name}"
-    return hash_functions(environment_digest(target, export), lowered).hexdigest()[:32]
+    return hash_functions(environment_digest(target, export), lowered, saved).hexdigest()[:32]
 
 
 class CachedLibrary:
@@ -110,6 +139,7 @@ class LibraryCache:
     key: str | None = None
     hit: bool = False
     _lock: object = None
+    _saved: SavedJSON = field(default_factory=SavedJSON)       # the library key's JSON, for its kernels' keys
 
     @classmethod
     def open(cls) -> "LibraryCache | None":
@@ -118,7 +148,7 @@ class LibraryCache:
 
     def kernel_objects(self, target) -> "KernelObjects":
         """Where this cache keeps kernels compiled one object file each, for `target`."""
-        return KernelObjects(self.root / KERNELS, environment_digest(target))
+        return KernelObjects(self.root / KERNELS, environment_digest(target), self._saved)
 
     def entry(self, suffix: str) -> Path:
         return self.root / f"{self.key}{suffix}"
@@ -126,7 +156,7 @@ class LibraryCache:
     def lookup(self, lowered, profile, target) -> CachedLibrary | None:
         """The cached library of this module and target, or None (the caller builds it and keep()s it;
         meanwhile another process asking for the same key waits for it)."""
-        self.key = library_key(lowered, profile, target)
+        self.key = library_key(lowered, profile, target, self._saved)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             if fcntl is not None:
@@ -184,12 +214,12 @@ class KernelObjects:
     compiled again). Written whole or not at all (a rename); no lock: two builds of one kernel write
     the same bytes."""
 
-    def __init__(self, folder: Path, environment: "hashlib._Hash") -> None:
-        self.folder, self._environment = folder, environment
+    def __init__(self, folder: Path, environment: "hashlib._Hash", saved: SavedJSON | None = None) -> None:
+        self.folder, self._environment, self._saved = folder, environment, saved
 
     def key(self, module) -> str:
         """Of a one-kernel module, function by function (hash_functions)."""
-        return hash_functions(self._environment.copy(), module).hexdigest()[:32]
+        return hash_functions(self._environment.copy(), module, self._saved).hexdigest()[:32]
 
     def lookup(self, keys: list[str]) -> dict[str, bytes]:
         """The objects kept for those keys (those with a sound copy), by key."""

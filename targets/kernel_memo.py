@@ -125,8 +125,10 @@ def _rebind(kernel: tirx.PrimFunc, stand_in: tirx.Var, var: tirx.Var) -> tirx.Pr
     for param in kernel.params:
         shape = getattr(param, "shape", None)
         if shape is not None and any(_is_stand_in(d, stand_in) for d in shape):
-            buffer = tirx.decl_buffer([var if _is_stand_in(d, stand_in) else d for d in shape],
-                                      param.dtype, param.name)
+            buffer = tirx.decl_buffer([var if _is_stand_in(d, stand_in) else d for d in shape], param.dtype,
+                                      param.name, strides=param.strides, elem_offset=param.elem_offset,
+                                      scope=param.scope(), data_alignment=param.data_alignment,
+                                      offset_factor=param.offset_factor)     # all but its shape as it was
             return kernel.specialize({param: buffer})
     return None
 
@@ -157,11 +159,11 @@ class _Stored:
         return cls(root / PARSED, digest)
 
     def load(self) -> tirx.PrimFunc | None:
-        from kiln.compiler.lib_cache import read_checked
+        from kiln.compiler.lib_cache import load_kept, read_checked
         for path in self.folder.glob(f"{self.key}-*.json"):
             if (data := read_checked(path, self.key)) is not None:
                 with contextlib.suppress(ValueError, RuntimeError):
-                    return tvm.ir.load_json(data.decode())
+                    return load_kept(data.decode())
         return None
 
     def keep(self, kernel: tirx.PrimFunc) -> None:
@@ -169,25 +171,28 @@ class _Stored:
         keep_checked(self.folder, self.key, tvm.ir.save_json(kernel).encode(), ".json")
 
 
-# TVM's KV-cache kernel builders, by the names relax.frontend.nn.llm.kv_cache calls them by
-KV_CACHE_BUILDERS = (
-    "_kv_cache_transpose_append", "_kv_cache_debug_get_kv", "_compact_kv_copy", "_compact_kv_copy_cpu",
-    "_attention_decode", "_attention_decode_cpu", "_merge_state_inplace", "_merge_state_inplace_cpu",
-    "_attention_prefill", "_attention_prefill_cpu", "_attention_prefill_ragged", "_attention_prefill_ragged_cpu",
-    "tree_attn", "tree_attn_cpu", "tree_attn_with_paged_kv_cache", "tree_attn_with_paged_kv_cache_cpu",
-    "llama_rope_with_position_map",
-)
+# TVM's KV-cache kernel builders, by the names relax.frontend.nn.llm.kv_cache calls them by, each with the
+# name of its argument that is the cache's symbolic page size (None: none is)
+KV_CACHE_BUILDERS = {
+    **dict.fromkeys((
+        "_kv_cache_transpose_append", "_kv_cache_transpose_append_mla", "_kv_cache_debug_get_kv", "_compact_kv_copy",
+        "_compact_kv_copy_cpu", "_attention_decode", "_attention_decode_cpu", "_merge_state_inplace",
+        "_merge_state_inplace_cpu", "_attention_prefill", "_attention_prefill_cpu", "_attention_prefill_ragged",
+        "_attention_prefill_ragged_cpu", "tree_attn", "tree_attn_cpu", "tree_attn_with_paged_kv_cache",
+        "tree_attn_with_paged_kv_cache_cpu", "llama_rope_with_position_map")),
+    "_copy_single_page": "page_size", "_copy_single_page_cpu": "page_size", "_copy_single_page_mla": "page_size",
+}
 _INSTALL = threading.Lock()
 
 
 def memoize_kv_cache_kernels() -> None:
     """Let TVM's paged KV cache (TIRPagedKVCache, which parses ~15 kernels every time a model is
     exported) take its kernels through ``parsed_once``: its builders in the kv_cache module's namespace
-    are replaced, once a process, by memoized ones that return what they would (a builder called
-    with a TIR expression, such as the page copies' symbolic page size, still parses)."""
+    are replaced, once a process, by memoized ones that return what they would (the page copies, over
+    the cache's symbolic page size, come back over the caller's variable)."""
     from tvm.relax.frontend.nn.llm import kv_cache
     with _INSTALL:
-        for name in KV_CACHE_BUILDERS:
+        for name, size in KV_CACHE_BUILDERS.items():
             builder = getattr(kv_cache, name, None)
             if builder is not None and not hasattr(builder, "kernels"):
-                setattr(kv_cache, name, parsed_once()(builder))
+                setattr(kv_cache, name, parsed_once(size)(builder))

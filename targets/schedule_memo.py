@@ -162,11 +162,11 @@ class Scheduled:
 
     def lookup(self, keys: list[str]) -> dict[str, list[tirx.PrimFunc]]:
         """The scheduled kernels kept for those keys, by key (a damaged or unreadable file: none)."""
-        from kiln.compiler.lib_cache import read_kept
+        from kiln.compiler.lib_cache import load_kept, read_kept
         found = {}
         for key, data in read_kept(self.folder, keys, ".json").items():
             with contextlib.suppress(ValueError, RuntimeError):
-                found[key] = list(tvm.ir.load_json(data.decode()))
+                found[key] = list(load_kept(data.decode()))
         return found
 
     def keep(self, key: str, funcs: list[tirx.PrimFunc]) -> None:

@@ -108,3 +108,26 @@ def test_kept_kernel_objects_are_linked_instead_of_compiled(lowered, tmp_path, m
     kept.export_library(str(tmp_path / "lib.so.1"))
     assert kept.reused == 0 and compiled.count(1) == kernels
     np.testing.assert_array_equal(_run(kept, weights, x), expected)
+
+
+def test_kernel_keys_reuse_the_library_keys_json_and_stay_the_same(lowered, tmp_path, monkeypatch):
+    """A build's library key and its kernels' keys serialize the same PrimFuncs: with the library key's
+    SavedJSON the kernels' keys write none again, and they are the keys written without it."""
+    import hashlib
+
+    from kiln.compiler.lib_cache import KernelObjects, SavedJSON, environment_digest, hash_functions
+    mod, target, _ = lowered
+    saves = []
+    real = tvm.ir.save_json
+    monkeypatch.setattr(tvm.ir, "save_json", lambda node: saves.append(type(node).__name__) or real(node))
+    saved = SavedJSON()
+    hash_functions(hashlib.sha256(), mod, saved)                          # the library's key
+    kernels = saves.count("PrimFunc")
+    assert kernels == sum(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items())
+    memoized = codegen.build(mod, target, False, parts=3,
+                             objects=KernelObjects(tmp_path / "kernels", environment_digest(target), saved))
+    assert saves.count("PrimFunc") == kernels                             # no kernel written again
+    memoized.export_library(str(tmp_path / "first.so"))
+    plain = codegen.build(mod, target, False, parts=3,
+                          objects=KernelObjects(tmp_path / "kernels", environment_digest(target)))
+    assert plain.reused == kernels                                        # the same keys, found

@@ -149,3 +149,36 @@ def test_a_builder_given_a_tir_expression_builds_as_is():
     page = tirx.Var("page_size", "int64")
     assert build(page).body.value.same_as(page) and build(page) is not build(page)
     assert len(calls) == 3 and build(16) is build(16) and len(calls) == 4
+
+
+@pytest.mark.parametrize("name, args", [("_copy_single_page_cpu", (2, None, 16, "float32")),
+                                        ("_copy_single_page", (4, None, 64, "float16", "cuda")),
+                                        ("_copy_single_page_mla", (None, 64, "float16", "cuda"))])
+def test_tvm_page_copies_come_back_over_the_callers_page_size(name, args):
+    """TVM's page copies take the cache's symbolic page size: parsed once over the stand-in, each caller's
+    copy is over its own variable, the kernel a fresh parse over it gives."""
+    from tvm.relax.frontend.nn.llm import kv_cache
+    kernel_memo.memoize_kv_cache_kernels()
+    build = getattr(kv_cache, name)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    first, second = tirx.Var("page_size", "int64"), tirx.Var("page_size", "int64")
+
+    def call(fn, page):
+        return fn(*(page if a is None else target if a == "cuda" else a for a in args))
+
+    a = call(build, first)
+    parsed = len(build.kernels)
+    b = call(build, second)
+    assert len(build.kernels) == parsed and parsed >= 1                   # the second call parsed nothing
+    assert any(d.same_as(first) for d in _sizes(a)) and any(d.same_as(second) for d in _sizes(b))
+    assert tvm.ir.save_json(b) == tvm.ir.save_json(call(build.__wrapped__, second))
+
+
+def test_kept_kernels_read_back_without_tvms_upgrade_as_with_it(tmp_path, monkeypatch):
+    """lib_cache.load_kept skips json_compact's upgrade (nothing to upgrade in this TVM's own JSON): what it
+    reads is what tvm.ir.load_json reads."""
+    monkeypatch.setenv("KILN_LIB_CACHE", str(tmp_path))
+    parsed_once(size="rows")(gemv_kernel.__wrapped__)("q4m", 64, 128, 32, 4, tirx.Var("n", "int64"))
+    (kept,) = lib_cache.parsed_kernels()
+    text = kept.path.read_text()
+    assert tvm.ir.save_json(lib_cache.load_kept(text)) == tvm.ir.save_json(tvm.ir.load_json(text)) == text
