@@ -125,16 +125,23 @@ def text_model(hf: dict) -> tuple[dict, str]:
             "model.language_model" if v5 else "language_model.model")
 
 
+# M-RoPE's rope types -> the RoPE each is on a text prompt (HunYuan-VL's XD-RoPE: its NTK "dynamic" at a fixed alpha)
+_AS_ROPE = {"mrope": "default", None: "default", "xdrope": "dynamic"}
+
+
 def mrope_as_rope(text: dict) -> dict:
     """A vision-language text model's config with its M-RoPE (rope_scaling type "mrope", or rope_parameters /
-    rope_scaling with an mrope_section) read as the RoPE it is on a text prompt: its time, height and width
-    sections turn by one position, the token's (Qwen2-VL, Qwen3-VL, GLM-4.1V)."""
+    rope_scaling with an mrope_section; HunYuan-VL's "xdrope" with an xdrope_section) read as the RoPE it is on a
+    text prompt: its time, height and width sections (and HunYuan-VL's image index) turn by one position, the
+    token's (Qwen2-VL, Qwen3-VL, GLM-4.1V, HunYuan-VL)."""
     for key in ("rope_scaling", "rope_parameters"):
         rope = text.get(key)
-        if isinstance(rope, dict) and ("mrope_section" in rope or rope.get("type") == "mrope"):
+        if isinstance(rope, dict) and ({"mrope_section", "xdrope_section"} & rope.keys()
+                                       or rope.get("type") in ("mrope", "xdrope")):
             kind = rope.get("rope_type", rope.get("type"))
-            rope = {k: v for k, v in rope.items() if k not in ("type", "mrope_section", "mrope_interleaved")}
-            text = {**text, key: {**rope, "rope_type": "default" if kind in ("mrope", None) else kind}}
+            rope = {k: v for k, v in rope.items()
+                    if k not in ("type", "mrope_section", "xdrope_section", "mrope_interleaved")}
+            text = {**text, key: {**rope, "rope_type": _AS_ROPE.get(kind, kind)}}
     return text
 
 

@@ -216,7 +216,20 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
     "MiniCPMV4_6ForConditionalGeneration": ("MiniCPMV4_6Config", dict(
         QWEN3, model_type="qwen3_5_text", linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
         linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], pad_token_id=0), {}),
+    "VideoLlama3ForConditionalGeneration": ("VideoLlama3Config", dict(LLAMA, model_type="qwen2"), {}),
+    "Granite4VisionForConditionalGeneration": ("Granite4VisionConfig", dict(
+        LLAMA, model_type="granite4_vision_text", embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.2, logits_scaling=4.0, pad_token_id=0), dict(
+        deepstack_layer_map=[[-1, 0]], spatial_target_layers=[0, 1, 0, 1], downsample_rate="1/2")),
+    "GraniteDoclingForConditionalGeneration": ("GraniteDoclingConfig", dict(
+        LLAMA, model_type="granite_docling_text", embedding_multiplier=2.0, residual_multiplier=0.5,
+        attention_multiplier=0.2, logits_scaling=4.0, pad_token_id=0), dict(vision_config=dict(out_hidden_size=64))),
+    "HunYuanVLForConditionalGeneration": ("HunYuanVLConfig", dict(
+        LLAMA, model_type="hunyuan_vl_text", head_dim=16, pad_token_id=0,
+        rope_parameters=dict(rope_type="xdrope", rope_theta=10000.0, alpha=1000.0, factor=1.0,
+                             xdrope_section=[2, 2, 2, 2])), {}),
 }
+EMBEDDED = ("GraniteDoclingForConditionalGeneration",)          # given the ids' embeddings (the towers are on meta)
 LANGUAGE_MODEL = ("model.language_model", "model.text_model")
 
 
@@ -277,8 +290,10 @@ def _save(dest, config: dict, tensors: dict) -> None:
 def test_the_language_model_read_is_the_wrappers_forward_on_text(wrapper, tmp_path):
     import torch
     model, config, tensors = _language_model_only(wrapper, *LIGHT[wrapper])
-    with torch.no_grad():
-        expected = model(input_ids=torch.tensor([IDS])).logits[0].numpy()
+    ids = torch.tensor([IDS])
+    with torch.no_grad():       # Granite-Docling moves the ids' embeddings to its first parameter's device (a tower's)
+        given = dict(inputs_embeds=model.get_input_embeddings()(ids)) if wrapper in EMBEDDED else dict(input_ids=ids)
+        expected = model(**given).logits[0].numpy()
     _save(tmp_path / "hf", dict(config.to_dict(), architectures=[wrapper]), tensors)
     source = load(tmp_path / "hf")
     (note,) = [n for n in source.notes if "language model" in n]

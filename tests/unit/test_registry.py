@@ -246,3 +246,16 @@ def test_mistral3_reads_its_text_model_under_the_language_model_prefix():
     assert m["lm_head.weight"] == ["lm_head.weight"]
     c = find_architecture(hf).config_cls.from_hf(dict(hf, transformers_version="4.57.0"))
     assert weight_map(c)["lm_head.weight"] == ["language_model.lm_head.weight"]
+
+
+@pytest.mark.parametrize("rope, read", [
+    ({"type": "mrope", "mrope_section": [16, 24, 24]}, {"rope_type": "default"}),          # Qwen2-VL as released
+    ({"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+     {"rope_type": "default", "rope_theta": 5e6}),                                         # Qwen3-VL
+    ({"type": "xdrope", "xdrope_section": [16, 16, 16, 16], "alpha": 1000.0, "factor": 1.0},
+     {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0}),                            # HunYuan-VL as released
+    ({"rope_type": "yarn", "factor": 4.0}, {"rope_type": "yarn", "factor": 4.0}),          # no M-RoPE: as it is
+])
+def test_mrope_is_read_as_the_rope_it_is_on_text(rope, read):
+    from kiln.models.config import mrope_as_rope
+    assert mrope_as_rope({"rope_scaling": rope})["rope_scaling"] == read
