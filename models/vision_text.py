@@ -4,9 +4,10 @@ LLaVA (1.5, NeXT, OneVision, OneVision-1.5, NeXT-Video, Video-LLaVA, ViP-LLaVA),
 InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose language model is llm_config), Aya
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7,
 DeepSeek-VL, Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria, VideoLLaMA 3, Granite 4 Vision,
-Granite-Docling, HunYuan-VL (WRAPPERS) put a vision tower and a
+Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni (WRAPPERS) put a
+vision tower and a
 projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2,
-EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, ...),
+EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, ...),
 described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image
 codes are tokens of its Llama's vocabulary; Fuyu a projection of image patches before a Persimmon; Qwen2.5-Omni and
 Qwen3-Omni a vision and an audio tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights
@@ -74,6 +75,9 @@ WRAPPERS = {
     "Step3p7ForConditionalGeneration": "Step 3.7",
     "VideoLlama3ForConditionalGeneration": "VideoLLaMA 3", "Granite4VisionForConditionalGeneration": "Granite 4 Vision",
     "GraniteDoclingForConditionalGeneration": "Granite-Docling", "HunYuanVLForConditionalGeneration": "HunYuan-VL",
+    "MiniCPMOcrForConditionalGeneration": "MiniCPM-OCR", "QianfanOCRForConditionalGeneration": "Qianfan-OCR",
+    "HyperCLOVAXVisionV2ForConditionalGeneration": "HyperCLOVA X Vision", "Cosmos3OmniForConditionalGeneration":
+    "Cosmos 3 Omni",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -94,7 +98,8 @@ AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_t
              "qwen3_omni_moe_text": "qwen3_moe", "emu3_text_model": "llama",
              # Granite 4 Vision's adds the towers' features into image tokens' states before some layers: none on text
              "granite4_vision_text": "granite", "granite_docling_text": "granite",
-             "hunyuan_vl_text": "hunyuan_v1_dense"}
+             "hunyuan_vl_text": "hunyuan_v1_dense",
+             "qwen3_vl_text": "qwen3"}          # Cosmos 3 Omni's (Qwen3-VL's own checkpoints: their family, qwen3_vl)
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
             "thinker.model", "text_model",

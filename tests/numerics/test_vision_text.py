@@ -228,6 +228,15 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
         LLAMA, model_type="hunyuan_vl_text", head_dim=16, pad_token_id=0,
         rope_parameters=dict(rope_type="xdrope", rope_theta=10000.0, alpha=1000.0, factor=1.0,
                              xdrope_section=[2, 2, 2, 2])), {}),
+    "MiniCPMOcrForConditionalGeneration": ("MiniCPMOcrConfig", dict(
+        QWEN3, model_type="qwen3_5_text", linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, layer_types=["linear_attention", "full_attention"], pad_token_id=0), {}),
+    "QianfanOCRForConditionalGeneration": ("QianfanOCRConfig", QWEN3, {}),
+    "HyperCLOVAXVisionV2ForConditionalGeneration": ("HyperCLOVAXVisionV2Config", dict(
+        LLAMA, model_type="hyperclovax", head_dim=16, embedding_multiplier=2.0, residual_multiplier=0.5,
+        logits_scaling=0.7, pad_token_id=0), {}),
+    "Cosmos3OmniForConditionalGeneration": ("Cosmos3OmniConfig", dict(
+        QWEN3, model_type="qwen3_vl_text", rope_parameters=dict(MROPE, mrope_interleaved=True)), {}),
 }
 EMBEDDED = ("GraniteDoclingForConditionalGeneration",)          # given the ids' embeddings (the towers are on meta)
 LANGUAGE_MODEL = ("model.language_model", "model.text_model")
