@@ -4,7 +4,8 @@ LLaVA (1.5, NeXT, OneVision, OneVision-1.5, NeXT-Video, Video-LLaVA, ViP-LLaVA),
 InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose language model is llm_config), Aya
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7,
 DeepSeek-VL, Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria, VideoLLaMA 3, Granite 4 Vision,
-Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni (WRAPPERS) put a
+Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni, GLM-OCR,
+PaddleOCR-VL (WRAPPERS) put a
 vision tower and a
 projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2,
 EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, ...),
@@ -77,7 +78,7 @@ WRAPPERS = {
     "GraniteDoclingForConditionalGeneration": "Granite-Docling", "HunYuanVLForConditionalGeneration": "HunYuan-VL",
     "MiniCPMOcrForConditionalGeneration": "MiniCPM-OCR", "QianfanOCRForConditionalGeneration": "Qianfan-OCR",
     "HyperCLOVAXVisionV2ForConditionalGeneration": "HyperCLOVA X Vision", "Cosmos3OmniForConditionalGeneration":
-    "Cosmos 3 Omni",
+    "Cosmos 3 Omni", "GlmOcrForConditionalGeneration": "GLM-OCR", "PaddleOCRVLForConditionalGeneration": "PaddleOCR-VL",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -99,7 +100,14 @@ AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_t
              # Granite 4 Vision's adds the towers' features into image tokens' states before some layers: none on text
              "granite4_vision_text": "granite", "granite_docling_text": "granite",
              "hunyuan_vl_text": "hunyuan_v1_dense",
-             "qwen3_vl_text": "qwen3"}          # Cosmos 3 Omni's (Qwen3-VL's own checkpoints: their family, qwen3_vl)
+             "qwen3_vl_text": "qwen3",          # Cosmos 3 Omni's (Qwen3-VL's own checkpoints: their family, qwen3_vl)
+             "glm_ocr_text": "glm4",
+             "paddleocr_vl_text": "llama"}      # Ernie 4.5's layers with RoPE over halves (Ernie's own: over pairs)
+# such a text model's fields as its family reads them: what its class fixes (GLM-OCR's q, k, v have no biases), or
+# reads under another name (PaddleOCR-VL's use_bias, every projection's)
+AS_FAMILY_FIELDS = {"glm_ocr_text": lambda text: {"attention_bias": False},
+                    "paddleocr_vl_text": lambda text: dict.fromkeys(("attention_bias", "mlp_bias"),
+                                                                    bool(text.get("use_bias")))}
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
             "thinker.model", "text_model",
@@ -140,7 +148,8 @@ def text_of(source: ModelSource) -> ModelSource:
               # the wrapper first: transformers' reference for the checkpoint is its class (compiler/golden.py)
               "architectures": [wrapper, *(text.get("architectures") or [])]}
     if text["model_type"] in AS_FAMILY:
-        config = dict(mrope_as_rope(config), model_type=AS_FAMILY[text["model_type"]])
+        config = dict(mrope_as_rope(config), model_type=AS_FAMILY[text["model_type"]],
+                      **AS_FAMILY_FIELDS.get(text["model_type"], lambda _: {})(text))
     layers, rows = None, None
     if wrapper == "MllamaForConditionalGeneration":
         cross = set(text.get("cross_attention_layers") or [])

@@ -237,6 +237,9 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
         logits_scaling=0.7, pad_token_id=0), {}),
     "Cosmos3OmniForConditionalGeneration": ("Cosmos3OmniConfig", dict(
         QWEN3, model_type="qwen3_vl_text", rope_parameters=dict(MROPE, mrope_interleaved=True)), {}),
+    "GlmOcrForConditionalGeneration": ("GlmOcrConfig", dict(GLM4V_TEXT, model_type="glm_ocr_text", head_dim=16), {}),
+    "PaddleOCRVLForConditionalGeneration": ("PaddleOCRVLConfig", dict(
+        LLAMA, model_type="paddleocr_vl_text", head_dim=16, use_bias=True, rope_parameters=MROPE, pad_token_id=0), {}),
 }
 EMBEDDED = ("GraniteDoclingForConditionalGeneration",)          # given the ids' embeddings (the towers are on meta)
 LANGUAGE_MODEL = ("model.language_model", "model.text_model")
