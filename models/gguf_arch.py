@@ -1105,6 +1105,16 @@ def _ernie4_5(reader, arch, tensors, c):
     c["use_bias"] = "blk.0.attn_q.bias" in tensors
 
 
+def _paddleocr(reader, arch, tensors, c):
+    """PaddleOCR-VL's language model as llama.cpp's converter writes it: Ernie 4.5's tensors, every projection biased
+    where use_bias is set, q and k rows as stored (llama.cpp turns its M-RoPE over halves, as the Hugging Face model
+    does), read as the Llama it is on text (models/vision_text.py); the M-RoPE sections unread (a text prompt turns
+    them all by its position)."""
+    _head_dim(reader, arch, c)
+    bias = "blk.0.attn_q.bias" in tensors
+    c.update(attention_bias=bias, mlp_bias=bias)
+
+
 def _glm4(reader, arch, tensors, c):
     """GLM-4-0414; GLM-4.1V's text model where the file has M-RoPE sections (rope.dimension_sections): its q/k
     rows then in NeoX order (the converter's normal_to_neox: llama.cpp's M-RoPE kernel pairs i with i + d/2),
@@ -1994,6 +2004,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                           parts=_qwen3next_ba),
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
+    "paddleocr": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, config=_paddleocr),
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4, reorder=_glm4_rows),
     "command-r": GGUFArch("cohere", ("CohereForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_cohere),
     "cohere2": GGUFArch("cohere2", ("Cohere2ForCausalLM",), LLAMA_LAYER, config=_cohere),

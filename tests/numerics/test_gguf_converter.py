@@ -233,6 +233,23 @@ def _qwen35_with_mtp(hf) -> None:
     _edit_json(hf / "config.json", lambda c: dict(c, mtp_num_hidden_layers=1))
 
 
+# PaddleOCR-VL (transformers' class: a vision tower beside Ernie 4.5's layers with RoPE over halves, every projection
+# biased), with Ernie's SentencePiece tokenizer: the converter keeps its language model (arch paddleocr)
+PADDLEOCR_VL = dict(
+    text_config=dict(model_type="paddleocr_vl_text", vocab_size=512, hidden_size=64, intermediate_size=96,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, use_bias=True,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3]),
+                     pad_token_id=0),
+    vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=14,
+                       image_size=28),
+    image_token_id=511)
+
+
+def _paddleocr_vl(hf) -> None:
+    write_widened("PaddleOCRVLForConditionalGeneration", "PaddleOCRVLConfig", PADDLEOCR_VL, hf, seed=1)
+    _sentencepiece_model(hf / "tokenizer.model")
+
+
 # Files only the converter writes here, each compiled against transformers below, as HYBRIDS' entries
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
@@ -248,6 +265,7 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   # OpenELM ships no tokenizer (Apple's use Llama 2's): a SentencePiece one beside it
                   "openelm": (lambda hf: (__import__("test_openelm").write_openelm(hf, tokenizer=None),
                                           _sentencepiece_model(hf / "tokenizer.model")), None, []),
+                  "paddleocr-vl": (_paddleocr_vl, None, []),
                   # Laguna-M.1's released config sets no window (transformers' default, 512, the converter writes)
                   "laguna-m1": (lambda hf: write_family("laguna-m1", hf), lambda hf: _edit_json(
                       hf / "config.json", lambda c: {k: v for k, v in c.items() if k != "sliding_window"}), [])}
@@ -449,3 +467,14 @@ def test_orion_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, test_orion.write_orion(tmp_path / "ref", tokenizer=None), test_orion.IDS,
                                     test_orion.TOL)
+
+
+def test_paddleocr_vl_as_the_converter_writes_it(converted, tmp_path):
+    """PaddleOCR-VL through the converter: its language model (arch paddleocr: Ernie's biased projections, q and k
+    as stored for RoPE over halves) gives the wrapper's own logits on text."""
+    theirs = converted["paddleocr-vl"][1]
+    assert {"blk.0.attn_q.bias", "blk.0.ffn_up.bias"} <= {t.name for t in gguf.GGUFReader(theirs).tensors}
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = transformers.PaddleOCRVLForConditionalGeneration.from_pretrained(theirs.parent / "hf",
+                                                                                 attn_implementation="eager")
+    assert_prefill_and_decode_match(art, reference.eval(), IDS, TOL)
