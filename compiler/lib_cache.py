@@ -106,7 +106,7 @@ def load_kept(text: str):
     """An object this cache kept as TVM's JSON (save_json), read back. Without tvm.ir.load_json's
     json_compact.upgrade_json: that rewrites the JSON of older TVM versions in Python (a parse and an
     indented dump, ~85% of a read), and every file here is keyed on this TVM's version, so it has nothing
-    to upgrade (tests/compiler/test_lib_cache.py reads kept kernels both ways)."""
+    to upgrade (tests/compiler/test_kernel_memo.py reads a kept kernel both ways)."""
     from tvm_ffi.serialization import from_json_graph_str
     return from_json_graph_str(text)
 
