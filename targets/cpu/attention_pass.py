@@ -28,12 +28,12 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprVisitor, visitor
+from tvm.relax.frontend.nn.llm import kv_cache
 from tvm.relax.frontend.nn.llm.kv_cache import RopeMode
-from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
 
 from .attention import attention_paged_cpu, attention_prefill_ragged_cpu, split_rotary_cpu
 from ..attention_softcap import KILN_KERNEL_ATTR, module_softcap
-from ..kernel_memo import parsed_once
+from ..kernel_memo import memoize_kv_cache_kernels
 
 _CREATE = "vm.builtin.paged_attention_kv_cache_create"
 _CALL_PURE_PACKED = tvm.ir.Op.get("relax.call_pure_packed")
@@ -132,16 +132,14 @@ def _layer_window(create_args: list[relax.Expr]) -> int:
     return int(_prim(sizes.values[_WINDOW_SIZE]) or 0)
 
 
-_tvm_rope = parsed_once()(llama_rope_with_position_map)      # what kiln's RoPE stands in for, parsed once
-
-
 def _rope_replacement(func: tirx.PrimFunc, create_args: list[relax.Expr]) -> tirx.PrimFunc | None:
     """kiln's split_rotary_cpu when ``func`` is exactly TVM's default-scaling RoPE for this cache."""
     h_q, h_kv, d, scale, theta = (_prim(create_args[i]) for i in _ROPE_ARGS)
     if None in (h_q, h_kv, d, scale, theta):
         return None
     dtype = str(func.params[0].dtype)
-    tvm_default = _tvm_rope(theta, scale, int(d), int(h_q), int(h_kv), dtype, {}, int(d))
+    memoize_kv_cache_kernels()          # TVM's RoPE from the memo its cache parsed it into at the export
+    tvm_default = kv_cache.llama_rope_with_position_map(theta, scale, int(d), int(h_q), int(h_kv), dtype, {}, int(d))
     if not tvm_ffi.structural_equal(func.with_attrs(tvm_default.attrs) if func.attrs else func, tvm_default):
         return None                                     # scaled (llama3, yarn, ...) or partial rotary: keep TVM's
     return split_rotary_cpu(theta, scale, int(d), int(h_q), int(h_kv), dtype)
