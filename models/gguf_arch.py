@@ -70,6 +70,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
     hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
                                  RoPE base already raised (rope.freq_base), no scaling
+    hunyuan_vl HunyuanOCR        its language model: as hunyuan-dense, the XD-RoPE base and its NTK alpha written
+                                 apart (rope.freq_base, rope.scaling.alpha: joined as HunYuan's base * alpha ** (d /
+                                 (d - 2))), the XD-RoPE sections (rope.dimension_sections) unread on text
     falcon   Falcon              attn_qkv rows regrouped from each kv group's [q heads, k, v] to every q,
                                  k, v; the new architecture's ln_attn as attn_norm_2, ln_mlp as attn_norm
     starcoder GPT-BigCode        as GPT-2's names, but Linear weights (not transposed), one kv head
@@ -1115,6 +1118,17 @@ def _paddleocr(reader, arch, tensors, c):
     c.update(attention_bias=bias, mlp_bias=bias)
 
 
+def _hunyuan_vl(reader, arch, tensors, c):
+    """HunyuanOCR / HunYuan-VL's language model as llama.cpp's converter writes it (hunyuan_vl): Hunyuan's dense layers
+    (q/k norms after RoPE) with the XD-RoPE base and its NTK alpha written apart (rope.freq_base, rope.scaling.alpha),
+    which llama.cpp joins as HunYuan's own does: base * alpha ** (d / (d - 2)); the XD-RoPE sections unread (a text
+    prompt turns them all by its position: plain RoPE, models/config.py mrope_as_rope)."""
+    _qwen3(reader, arch, tensors, c)
+    if (alpha := _key(reader, arch, "rope.scaling.alpha")):
+        head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        c["rope_theta"] = _f32(np.float32(c["rope_theta"]) * np.float32(alpha) ** np.float32(head / (head - 2)))
+
+
 def _glm4(reader, arch, tensors, c):
     """GLM-4-0414; GLM-4.1V's text model where the file has M-RoPE sections (rope.dimension_sections): its q/k
     rows then in NeoX order (the converter's normal_to_neox: llama.cpp's M-RoPE kernel pairs i with i + d/2),
@@ -2005,6 +2019,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "paddleocr": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, config=_paddleocr),
+    "hunyuan_vl": GGUFArch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), HUNYUAN_LAYER, config=_hunyuan_vl),
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4, reorder=_glm4_rows),
     "command-r": GGUFArch("cohere", ("CohereForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_cohere),
     "cohere2": GGUFArch("cohere2", ("Cohere2ForCausalLM",), LLAMA_LAYER, config=_cohere),

@@ -250,6 +250,18 @@ def _paddleocr_vl(hf) -> None:
     _sentencepiece_model(hf / "tokenizer.model")
 
 
+# HunyuanOCR (transformers' HunYuanVL: a vision tower beside Hunyuan's dense layers under XD-RoPE with an NTK alpha,
+# which transformers saves as dynamic with mrope_section), with a byte-level BPE tokenizer.json: the converter keeps
+# its language model (arch hunyuan_vl: the base and alpha written apart)
+HUNYUAN_VL = dict(
+    text_config=dict({k: v for k, v in PADDLEOCR_VL["text_config"].items() if k != "use_bias"},
+                     model_type="hunyuan_vl_text", rope_parameters=dict(
+                         rope_type="xdrope", rope_theta=10000.0, alpha=1000.0, factor=1.0, xdrope_section=[2, 2, 2, 2])),
+    vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=14,
+                       out_hidden_size=64, text_hidden_size=64, max_image_size=224),
+    image_token_id=511, im_start_id=508, im_end_id=509, im_newline_id=510)
+
+
 # Files only the converter writes here, each compiled against transformers below, as HYBRIDS' entries
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
@@ -266,6 +278,8 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "openelm": (lambda hf: (__import__("test_openelm").write_openelm(hf, tokenizer=None),
                                           _sentencepiece_model(hf / "tokenizer.model")), None, []),
                   "paddleocr-vl": (_paddleocr_vl, None, []),
+                  "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
+                                                          HUNYUAN_VL, hf, seed=1), None, []),
                   # Laguna-M.1's released config sets no window (transformers' default, 512, the converter writes)
                   "laguna-m1": (lambda hf: write_family("laguna-m1", hf), lambda hf: _edit_json(
                       hf / "config.json", lambda c: {k: v for k, v in c.items() if k != "sliding_window"}), [])}
@@ -477,4 +491,15 @@ def test_paddleocr_vl_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = transformers.PaddleOCRVLForConditionalGeneration.from_pretrained(theirs.parent / "hf",
                                                                                  attn_implementation="eager")
+    assert_prefill_and_decode_match(art, reference.eval(), IDS, TOL)
+
+
+def test_hunyuan_ocr_as_the_converter_writes_it(converted, tmp_path):
+    """HunyuanOCR through the converter: its language model (arch hunyuan_vl: the XD-RoPE base and its NTK alpha
+    written apart, joined as HunYuan's) gives the wrapper's own logits on text."""
+    theirs = converted["hunyuan-vl"][1]
+    assert gguf.GGUFReader(theirs).fields["hunyuan_vl.rope.scaling.alpha"].contents() == 1000.0
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = transformers.HunYuanVLForConditionalGeneration.from_pretrained(theirs.parent / "hf",
+                                                                               attn_implementation="eager")
     assert_prefill_and_decode_match(art, reference.eval(), IDS, TOL)
