@@ -32,7 +32,7 @@ from typing import ClassVar
 
 from .causal_lm import CausalLM, WeightMap, decoder_weight_map
 from .config import ConfigField, fields_with
-from .glm4_moe import MLP_LAYER_TYPES, NAMES, ROUTED_FIELDS, DenseByType, Glm4MoeConfig
+from .glm4_moe import MLP_LAYER_TYPES, NAMES, ROUTED_FIELDS, DenseByType, Glm4MoeConfig, V2Router
 from .layers import Flags
 from .llama import MUP_FIELDS, LlamaConfig, MuPScales
 from .mla import MLASpec, latent_weight_map
@@ -109,9 +109,7 @@ class SarvamMLAConfig(DeepseekV3Config):
 
 
 @dataclass(frozen=True)
-class DeepseekV2Config(DeepseekV3Config):
-    group_limited: bool = False             # topk_method group_limited_greedy
-
+class DeepseekV2Config(V2Router, DeepseekV3Config):
     ARCH: ClassVar[str] = "deepseek_v2"
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
         DeepseekV3Config.FIELDS, ConfigField("first_dense", ("first_k_dense_replace",), default=0),
@@ -120,23 +118,11 @@ class DeepseekV2Config(DeepseekV3Config):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        method = hf.get("topk_method") or "greedy"
-        if method not in ("greedy", "group_limited_greedy"):
-            raise ValueError(f"DeepSeek-V2 topk_method {method!r} is not supported (greedy, group_limited_greedy)")
         if hf.get("moe_layer_freq", 1) != 1:
             raise ValueError("DeepSeek-V2 with moe_layer_freq other than 1 is not supported (transformers makes "
                              "every layer after first_k_dense_replace sparse); fix config.json")
-        limited = method == "group_limited_greedy"
-        values = dict(values, group_limited=limited, rope_interleave=True)   # V2 rotates pairs (complex)
-        if not limited:
-            values.update(groups=1, top_groups=1)
-        return super().adapt(values, hf, notes)
-
-    def routed(self) -> MoESpec:
-        # transformers' V2 router: softmax, never renormalised; a group scores its best expert
-        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, False,
-                       self.moe_intermediate_size * self.shared_experts, shared_gated=False, groups=self.groups,
-                       top_groups=self.top_groups, group_score="max", routed_scale=self.routed_scale)
+        # V2 rotates pairs (complex); transformers' V2 router: V2Router's
+        return super().adapt(dict(values, rope_interleave=True), hf, notes)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,9 @@ MLP of `intermediate_size`:
     kolibri1     Aleph Alpha's Kolibri 1: EXAONE 4.0's layers (every 5th global, without RoPE), per-head q/k
                  RMSNorm, norms after attention and MLP too, experts chosen by logits plus the bias (their
                  weights the sigmoid of the logits), an ungated shared expert, every layer sparse
+    deepseek_ocr2_text  DeepSeek-OCR 2's language model: DeepSeek-V2's router (V2Router: softmax, greedy or
+                 group-limited, never renormalised) and ungated shared experts under Llama's multi-head attention
+                 (RoPE on halves), dense layers by `mlp_layer_types`
     hy_v3        Tencent Hy V3: per-head q/k RMSNorm, no groups, the weights always renormalised and
                  scaled by `router_scaling_factor`, dense layers by `mlp_layer_types` (the first where
                  unwritten), its own tensor names (mlp.router.gate, mlp.expert_bias, mlp.shared_mlp)
@@ -181,6 +184,49 @@ class DenseByType:
 
     def layer_moe(self, layer: int) -> MoESpec | None:
         return None if layer in self.dense_layers else self.routed()
+
+
+@dataclass(frozen=True)
+class V2Router:
+    """DeepSeek-V2's router (a mixin first among its bases): softmax scores, the top `num_experts_per_tok` taken
+    greedily or, where `topk_method` is group_limited_greedy, from the best `topk_group` of `n_group` groups by their
+    best expert; never renormalised, times `routed_scaling_factor`; ungated shared experts."""
+
+    group_limited: bool = False             # topk_method group_limited_greedy
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        method = hf.get("topk_method") or "greedy"
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ValueError(f"{cls.ARCH} topk_method {method!r} is not supported (greedy, group_limited_greedy)")
+        limited = method == "group_limited_greedy"
+        values = dict(values, group_limited=limited)
+        if not limited:
+            values.update(groups=1, top_groups=1)
+        return super().adapt(values, hf, notes)
+
+    def routed(self) -> MoESpec:
+        return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, False,
+                       self.moe_intermediate_size * self.shared_experts, shared_gated=False, groups=self.groups,
+                       top_groups=self.top_groups, group_score="max", routed_scale=self.routed_scale)
+
+
+@dataclass(frozen=True)
+class DeepseekOcr2TextConfig(V2Router, DenseByType, Glm4MoeConfig):
+    """DeepSeek-OCR 2's language model (transformers' deepseek_ocr2_text): DeepSeek-V2's experts and router under
+    Llama's multi-head attention (RoPE on halves, q/k/v/o biased where `attention_bias`), dense layers by
+    `mlp_layer_types`."""
+
+    ARCH: ClassVar[str] = "deepseek_ocr2_text"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (*fields_with(Glm4MoeConfig.FIELDS, FULL_ROTARY), MLP_LAYER_TYPES)
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        # its class has no norm_topk_prob, no q/k norms (transformers' config drops the V2 fields it does not use)
+        return super().adapt(dict(values, norm_topk_prob=False, use_qk_norm=False), hf, notes)
+
+    def flags(self) -> Flags:
+        return Flags(qkv_bias=self.attention_bias, o_bias=self.attention_bias)
 
 
 @dataclass(frozen=True)
@@ -492,7 +538,7 @@ Glm4MoeForCausalLM = SolarOpenForCausalLM = Dots1ForCausalLM = MiniMaxM2ForCausa
 MiniMaxM3ForCausalLM = CausalLM
 HyV3ForCausalLM = SarvamMoeForCausalLM = Param2MoeForCausalLM = MiniCPM5MoeForCausalLM = AfmoeForCausalLM = CausalLM
 BailingMoeV2ForCausalLM = CausalLM
-Kolibri1ForCausalLM = MiMoV2FlashForCausalLM = CausalLM
+Kolibri1ForCausalLM = MiMoV2FlashForCausalLM = DeepseekOcr2TextForCausalLM = CausalLM
 
 _OWN_NAMES = {
     "minimax_m2": dict(router="block_sparse_moe.gate", expert="block_sparse_moe.experts.{j}", gate="w1", up="w3",

@@ -77,6 +77,7 @@ WRAPPERS = {
     "MiniCPMOcrForConditionalGeneration": "MiniCPM-OCR", "QianfanOCRForConditionalGeneration": "Qianfan-OCR",
     "HyperCLOVAXVisionV2ForConditionalGeneration": "HyperCLOVA X Vision", "Cosmos3OmniForConditionalGeneration":
     "Cosmos 3 Omni", "GlmOcrForConditionalGeneration": "GLM-OCR", "PaddleOCRVLForConditionalGeneration": "PaddleOCR-VL",
+    "DeepseekOcr2ForConditionalGeneration": "DeepSeek-OCR 2",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -114,6 +115,8 @@ HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.wei
          "language_model.output.weight",       # InternLM 2's head (InternVL 2 / 2.5), which keeps its name
          "text_model.lm_head.weight")          # Emu3's, as released
 EMBEDDINGS = ("embed_tokens", "tok_embeddings")     # the language model's embedding (InternLM 2's, the second)
+# what the language model holds under `model.` where the towers' tensors are there too (Step 3.7, DeepSeek-OCR 2)
+OWN_PARTS = (*EMBEDDINGS, "layers", "norm")
 
 
 def wrapper_of(hf_config: dict) -> str | None:
@@ -159,8 +162,10 @@ def text_of(source: ModelSource) -> ModelSource:
     if (pruned := _pruned_head(config)) is not None:
         config, rows = _pruned_config(config, pruned), pruned
         notes.append(_pruned_note(pruned, text["vocab_size"]))
+    if prefix == "model":       # the towers' tensors beside the language model's (model.sam_model.*, ...)
+        names = [n for n in names if n.split(".")[1] in OWN_PARTS or n == head]
     weights = TextWeights(source.weights, prefix, head, names, layers, rows)
-    left = len(names) - len(weights.names())
+    left = len(held) - len(weights.names())
     note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its "
             f"{UNREAD.get(wrapper, 'vision tower and projector')}"
             f"{' and its cross-attention layers' if layers else ''} ({left} tensors) are not read (prompts are text)")

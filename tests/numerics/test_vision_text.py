@@ -1,7 +1,8 @@
 """models/vision_text.py: a vision-language checkpoint whose language model is a family kiln reads (LLaVA,
 LLaVA-NeXT, LLaVA-OneVision, Idefics3, SmolVLM, InternVL in both formats, Aya Vision, Command A Vision, Voxtral (an
 audio tower); Llama 3.2 Vision without its
-cross-attention layers; GLM-4.1V and GLM-4.5V as GLM-4-0414 and GLM-4.5) compiles as that language model: q0f32 on
+cross-attention layers; GLM-4.1V and GLM-4.5V as GLM-4-0414 and GLM-4.5; DeepSeek-OCR 2's DeepSeek-V2 experts under
+Llama's attention) compiles as that language model: q0f32 on
 the CPU gives transformers' class for the whole checkpoint's logits on a text prompt (every prefill position, the
 last-token prefill, 5 decode steps) within 1e-4 and passes `kiln check`, with a note counting the vision tensors left
 unread; its tensors are found under whichever prefix the file uses (a checkpoint re-saved under model.language_model
@@ -85,12 +86,26 @@ CASES = {   # case -> (class, config class, config), the image token the last id
     # Llama 3.2 Vision: a cross-attention layer between two self-attention ones, 8 image rows past the vocabulary
     "mllama": ("MllamaForConditionalGeneration", "MllamaConfig",
                dict(text_config=MLLAMA_TEXT, vision_config=MLLAMA_VISION, image_token_index=511)),
+    # DeepSeek-OCR 2: DeepSeek-V2's experts (group-limited, biased q/k/v/o) under Llama's multi-head attention, its
+    # language model under the released `model.` names with the SAM and Qwen2 encoders' and the projector's beside it
+    "deepseek-ocr2": ("DeepseekOcr2ForConditionalGeneration", "DeepseekOcr2Config", dict(
+        text_config=dict(LLAMA, model_type="deepseek_ocr2_text", num_hidden_layers=3, num_key_value_heads=4,
+                         attention_bias=True, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2,
+                         moe_intermediate_size=32, routed_scaling_factor=1.5, topk_method="group_limited_greedy",
+                         n_group=4, topk_group=2, mlp_layer_types=["dense", "sparse", "sparse"], pad_token_id=0),
+        vision_config=dict(sam_config=dict(hidden_size=32, output_channels=16, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=64, patch_size=16, window_size=2,
+                                           global_attn_indexes=[0], downsample_channels=[16, 32]),
+                           encoder_config=dict(vocab_size=16, hidden_size=32, intermediate_size=32,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)),
+        image_token_id=511)),
 }
 
 
 FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "idefics3": "llama",
           "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
-          "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama"}
+          "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
+          "deepseek-ocr2": "deepseek_ocr2_text"}
 
 
 def _write(case: str, dest, seed: int = 0):
