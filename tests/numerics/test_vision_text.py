@@ -86,6 +86,11 @@ CASES = {   # case -> (class, config class, config), the image token the last id
     # Llama 3.2 Vision: a cross-attention layer between two self-attention ones, 8 image rows past the vocabulary
     "mllama": ("MllamaForConditionalGeneration", "MllamaConfig",
                dict(text_config=MLLAMA_TEXT, vision_config=MLLAMA_VISION, image_token_index=511)),
+    # GOT-OCR 2.0 (and PP-Chart2Table, the same class): a SAM encoder and convolutions before a Qwen2
+    "got-ocr2": ("GotOcr2ForConditionalGeneration", "GotOcr2Config", dict(
+        text_config=dict(LLAMA, model_type="qwen2"), image_token_index=511,
+        vision_config=dict(hidden_size=32, output_channels=16, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=64, patch_size=16, window_size=2, global_attn_indexes=[0], mlp_dim=32))),
     # DeepSeek-OCR 2: DeepSeek-V2's experts (group-limited, biased q/k/v/o) under Llama's multi-head attention, its
     # language model under the released `model.` names with the SAM and Qwen2 encoders' and the projector's beside it
     "deepseek-ocr2": ("DeepseekOcr2ForConditionalGeneration", "DeepseekOcr2Config", dict(
@@ -105,7 +110,7 @@ CASES = {   # case -> (class, config class, config), the image token the last id
 FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "idefics3": "llama",
           "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
           "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
-          "deepseek-ocr2": "deepseek_ocr2_text"}
+          "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text"}
 
 
 def _write(case: str, dest, seed: int = 0):
