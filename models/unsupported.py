@@ -22,6 +22,8 @@ _UNSUPPORTED = {
     **{t: ("Qwen4-Exp", "hyper-connections (several residual streams mixed by learned matrices) and n-gram "
                         "embeddings beside its linear-attention layers")
        for t in ("qwen4_exp", "qwen4_exp_text", "qwen4exp")},
+    **{t: ("Unlimited-OCR", "reference sliding-window attention (every prompt token kept, the generated ones in a "
+                            "window of sliding_window after them)") for t in ("unlimited_ocr", "unlimited_ocr_text")},
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
     "paligemma": ("PaliGemma", "prompt attended both ways (a prefix LM: the image and the prompt see each other), "
                                "where kiln's attention is causal"),

@@ -71,6 +71,7 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("diffllama", r"DiffLlama \(diffllama\) .* differential attention"),
     ("deepseek_v4", r"DeepSeek-V4 \(deepseek_v4\) .* compressed sparse attention"),
     ("qwen4_exp_text", r"Qwen4-Exp \(qwen4_exp_text\) .* hyper-connections"),
+    ("unlimited_ocr", r"Unlimited-OCR \(unlimited_ocr\) .* reference sliding-window attention"),
 ])
 def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
     with pytest.raises(ModelLoadError, match=reason) as e:
