@@ -113,6 +113,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
                                  mscale_all_dim as 0.1 x it (rope.scaling.yarn_log_multiplier). Kimi K2, Moonlight,
                                  GLM-4.7-Flash (read as V3) and Youtu-LLM (no experts) convert to it too
+    deepseek2-ocr DeepSeek-OCR   its language model: DeepSeek-V2's experts and softmax router (as deepseek2's) under
+                                 multi-head attention with RoPE on halves (llama.cpp's NeoX rope), read as DeepSeek-OCR
+                                 2's (deepseek_ocr2_text); Unlimited-OCR's (a window in the file) refused
     bailingmoe2 Ling 2.0 / Ring 2.0, Sarvam MoE  q/k/v fused (attn_qkv), per-head q/k norms, RoPE on
                                  rope.dimension_count of each head; DeepSeek-V3's router (exp_probs_b.bias: the
                                  expert_bias), the shared expert's width as expert_shared_feed_forward_length;
@@ -1691,6 +1694,13 @@ def _deepseek2(reader, arch, tensors, c):
         _deepseek_router(reader, arch, c, "n_routed_experts", "n_shared_experts")
         c.update(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
         return
+    _v2_router(reader, arch, tensors, c)
+    c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"])
+
+
+def _v2_router(reader, arch, tensors, c):
+    """DeepSeek-V2's softmax router as llama.cpp's deepseek2 graph runs it: the HF counts (_routed_counts), greedy;
+    a file asking for what llama.cpp runs otherwise than DeepSeek-V2's model is refused."""
     _routed_counts(reader, arch, c, "n_routed_experts", "n_shared_experts")
     refused = [key for key, asked in (("expert_weights_norm", c["norm_topk_prob"]), ("expert_group_count",
                                       c["n_group"] > 1), ("exp_probs_b", any("exp_probs_b" in t for t in tensors)))
@@ -1699,7 +1709,26 @@ def _deepseek2(reader, arch, tensors, c):
         raise ModelLoadError(f"this {arch} GGUF routes by softmax with {', '.join(refused)}, which llama.cpp runs as "
                              "DeepSeek-V2's Hugging Face model does not (renormalised weights, groups scored by their "
                              "two best experts, a choice bias); load the Hugging Face checkpoint instead")
-    c.update(model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], topk_method="greedy")
+    c["topk_method"] = "greedy"
+
+
+def _deepseek2_ocr(reader, arch, tensors, c):
+    """DeepSeek-OCR's language model as llama.cpp's converter writes it (deepseek2-ocr): DeepSeek-V2's experts and
+    softmax router (_v2_router) under multi-head attention, RoPE on halves of each whole head (llama.cpp's NeoX
+    rope), the first leading_dense_block_count layers dense: DeepSeek-OCR 2's text model (deepseek_ocr2_text). Its
+    converter writes Unlimited-OCR as it too, with a window llama.cpp does not run (that model keeps every prompt
+    token and windows the generated ones): a file with one is refused."""
+    if (window := _key(reader, arch, "attention.sliding_window")):
+        raise ModelLoadError(f"this {arch} GGUF has a window ({arch}.attention.sliding_window {window}: "
+                             "Unlimited-OCR's reference sliding-window attention), which kiln does not run yet")
+    gating = _key(reader, arch, "expert_gating_func", int(gguf.ExpertGatingFuncType.SOFTMAX))
+    if gating != gguf.ExpertGatingFuncType.SOFTMAX:
+        raise ModelLoadError(f"this {arch} GGUF routes its experts by {gguf.ExpertGatingFuncType(gating).name.lower()}"
+                             " (expert_gating_func), where DeepSeek-OCR's router is a softmax; re-convert the model")
+    _v2_router(reader, arch, tensors, c)
+    dense = c.pop("first_k_dense_replace")
+    c.update(mlp_layer_types=["dense"] * dense + ["sparse"] * (c["num_hidden_layers"] - dense),
+             attention_bias="blk.0.attn_q.bias" in tensors)
 
 
 def _bloom(reader, arch, tensors, c):
@@ -2065,6 +2094,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "kimi-linear": GGUFArch("kimi_linear", ("KimiLinearForCausalLM",), KIMI_LINEAR_LAYER, config=_kimi_linear,
                             experts=MIXTRAL_EXPERTS, values={"ssm_a": lambda a: np.log(-a)},
                             by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
+    "deepseek2-ocr": GGUFArch("deepseek_ocr2_text", ("DeepseekOcr2ForConditionalGeneration",), ROUTED_LAYER,
+                              config=_deepseek2_ocr, experts=QWEN_EXPERTS),
     "deepseek2": GGUFArch("deepseek_v3", ("DeepseekV3ForCausalLM",), DEEPSEEK2_LAYER, config=_deepseek2,
                           experts=QWEN_EXPERTS, also=("deepseek_v2", "youtu"),
                           by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
