@@ -43,6 +43,7 @@ the plain family's); PaliGemma is refused: it attends over its prompt both ways 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from .config import mrope_as_rope
 from .source import ModelLoadError, ModelSource
@@ -202,6 +203,27 @@ def pruned_vocab_of(source: ModelSource) -> ModelSource:
                                notes=[_pruned_note(rows, source.hf_config["vocab_size"]), *source.notes])
 
 
+PHI4_MULTIMODAL = ("phi4_multimodal", "phi4mm")     # transformers' model type, the released one
+
+
+def phi4_multimodal_of(source: ModelSource) -> ModelSource:
+    """Phi-4-multimodal read as the Phi-4-mini it is on text (models/phi3.py): its image and audio embedders
+    (`model.embed_tokens_extend.*`) unread, and in the released form (Phi4MMForCausalLM) each adapted Linear's
+    base weights (`*.base_layer.weight`) read under their own names beside LoRA adapters left unread: the model runs
+    its vision and speech adapters only on images and audio, a text prompt on the base weights."""
+    if source.hf_config.get("model_type") not in PHI4_MULTIMODAL:
+        return source
+    names = source.weights.names()
+    towers = [n for n in names if n.startswith("model.embed_tokens_extend.")]
+    adapters = [n for n in names if re.search(r"\.lora_[AB]\.", n)]
+    unread = set(towers) | set(adapters)
+    weights = TextWeights.renamed(source.weights, {n.replace(".base_layer.", "."): n for n in names if n not in unread})
+    note = (f"Phi-4-multimodal's language model only: its image and audio embedders ({len(towers)} tensors)"
+            f"{f' and LoRA adapters ({len(adapters)})' if adapters else ''} are not read (prompts are text, which "
+            "it runs on the base weights)")
+    return dataclasses.replace(source, weights=weights, notes=[note, *source.notes])
+
+
 def base_model_of(source: ModelSource) -> ModelSource:
     """A checkpoint saved as its base model (transformers' XModel: `embed_tokens`, `layers.*`, `norm` at the root,
     no LM head; decoder embedding models such as Qwen3-Embedding ship so) read as the causal LM its family's
@@ -244,6 +266,13 @@ class TextWeights:
             self._to_inner[f"model.{rest}"] = name
         if head is not None:
             self._to_inner["output.weight" if head.endswith(".output.weight") else "lm_head.weight"] = head
+
+    @classmethod
+    def renamed(cls, inner, to_inner: dict[str, str]) -> "TextWeights":
+        """The source's tensors under other names (name -> the source's)."""
+        weights = cls(inner, "", None, [])
+        weights._to_inner = dict(to_inner)
+        return weights
 
     def names(self) -> list[str]:
         return list(self._to_inner)

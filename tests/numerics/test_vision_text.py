@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from kiln.models import ModelLoadError, load
 from kiln.models.vision_text import WRAPPERS
-from tiny_models import compiles_to_match, write_tokenizer, write_widened
+from tiny_models import assert_prefill_and_decode_match, compiles_to_match, write_tokenizer, write_widened
 
 pytestmark = pytest.mark.numerics
 QUICK_LLVM = True      # compiles at LLVM -O0 (tests/conftest.py _quick_llvm): tiny models, builds most of the time
@@ -455,3 +455,45 @@ def test_minimax_m3_gguf(tmp_path):
     art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art")
     assert_prefill_and_decode_match(art, ref, IDS, TOL, steps=2)
     assert kiln.check(art).ok
+
+
+PHI4_MM = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=1024, original_max_position_embeddings=64,
+               rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                                    short_factor=[1.0 + 0.1 * i for i in range(6)],
+                                    long_factor=[2.0 + 0.5 * i for i in range(6)]),
+               tie_word_embeddings=True, sliding_window=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+               vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=28, patch_size=14, crop_size=28, image_token_id=500),
+               audio_config=dict(hidden_size=32, intermediate_size=64, num_blocks=1, num_attention_heads=2,
+                                 ext_pw_out_channel=32, depthwise_separable_out_channel=32, nemo_conv_channels=32,
+                                 audio_token_id=501))
+
+
+@pytest.mark.parametrize("form", ["transformers", "released"])
+def test_phi4_multimodal_reads_as_phi4_mini(form, tmp_path):
+    """Phi-4-multimodal (Phi-4-mini's layers: partial rotary, LongRoPE, tied head) as transformers saves it and as
+    released (Phi4MMForCausalLM: every adapted Linear's weights as base_layer beside vision and speech LoRA adapters,
+    which a text prompt does not run): its image and audio embedders and the adapters left unread, with a note; the
+    logits transformers' class gives on text."""
+    import kiln
+    ref = write_widened("Phi4MultimodalForCausalLM", "Phi4MultimodalConfig", PHI4_MM, tmp_path / "hf")
+    if form == "released":
+        weights, rng = load_file(tmp_path / "hf" / "model.safetensors"), np.random.default_rng(0)
+        for name in [n for n in weights if n.startswith("model.layers.") and n.endswith("_proj.weight")]:
+            base, out_in = name[:-len(".weight")], weights[name].shape
+            weights[f"{base}.base_layer.weight"] = weights.pop(name)
+            for mode in ("vision", "speech"):
+                weights[f"{base}.lora_A.{mode}.weight"] = rng.normal(0, 0.5, (8, out_in[1])).astype(np.float32)
+                weights[f"{base}.lora_B.{mode}.weight"] = rng.normal(0, 0.5, (out_in[0], 8)).astype(np.float32)
+        save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+        path = tmp_path / "hf" / "config.json"
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), model_type="phi4mm",
+                                        architectures=["Phi4MMForCausalLM"])))
+    (note,) = [n for n in load(tmp_path / "hf").notes if "Phi-4-multimodal" in n]
+    assert "image and audio embedders" in note and ("LoRA adapters (32)" in note) == (form == "released"), note
+    if form == "transformers":
+        _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
+    else:           # transformers' class does not read the released layout: no golden reference
+        art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+        assert_prefill_and_decode_match(art, ref, IDS, TOL)
