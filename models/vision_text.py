@@ -5,7 +5,7 @@ InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose 
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7,
 DeepSeek-VL, Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria, VideoLLaMA 3, Granite 4 Vision,
 Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni, GLM-OCR, PaddleOCR-VL,
-DeepSeek-OCR 2, GOT-OCR 2.0 (WRAPPERS) put a vision tower and a projector before a causal language model of another
+DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge (WRAPPERS) put a vision tower and a projector before a causal language model of another
 family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan,
 HyperCLOVA X, ...), described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Emu3 a
 VQ-VAE whose image codes are tokens of its Llama's vocabulary; Fuyu a projection of image patches before a
@@ -79,6 +79,7 @@ WRAPPERS = {
     "HyperCLOVAXVisionV2ForConditionalGeneration": "HyperCLOVA X Vision", "Cosmos3OmniForConditionalGeneration":
     "Cosmos 3 Omni", "GlmOcrForConditionalGeneration": "GLM-OCR", "PaddleOCRVLForConditionalGeneration": "PaddleOCR-VL",
     "DeepseekOcr2ForConditionalGeneration": "DeepSeek-OCR 2", "GotOcr2ForConditionalGeneration": "GOT-OCR 2.0",
+    "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -88,7 +89,8 @@ UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
           "Qwen2_5OmniThinkerForConditionalGeneration": "vision and audio towers",
           "Qwen3OmniMoeThinkerForConditionalGeneration": "vision and audio towers",
           **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI},
-          "Apertus1p5ForConditionalGeneration": "vision and audio tokenizers"}
+          "Apertus1p5ForConditionalGeneration": "vision and audio tokenizers",
+          "Cosmos3EdgeForConditionalGeneration": "vision tower, projector and generation branch"}
 # where the language model's config is, where not text_config
 TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI}}
 # wrappers transformers has no forward for (their own code, trust_remote_code; a generate-only whole):
@@ -102,7 +104,8 @@ AS_FAMILY = {"glm4v_text": "glm4", "glm4v_moe_text": "glm4_moe", "qwen2_5_omni_t
              "hunyuan_vl_text": "hunyuan_v1_dense",
              "qwen3_vl_text": "qwen3",          # Cosmos 3 Omni's (Qwen3-VL's own checkpoints: their family, qwen3_vl)
              "glm_ocr_text": "glm4",
-             "paddleocr_vl_text": "llama"}      # Ernie 4.5's layers with RoPE over halves (Ernie's own: over pairs)
+             "paddleocr_vl_text": "llama",      # Ernie 4.5's layers with RoPE over halves (Ernie's own: over pairs)
+             "cosmos3_edge_text": "arcee"}      # Llama's attention, relu2's ungated MLP
 # such a text model's fields as its family reads them: what its class fixes (GLM-OCR's q, k, v have no biases), or
 # reads under another name (PaddleOCR-VL's use_bias, every projection's)
 AS_FAMILY_FIELDS = {"glm_ocr_text": lambda text: {"attention_bias": False},
@@ -111,13 +114,22 @@ AS_FAMILY_FIELDS = {"glm_ocr_text": lambda text: {"attention_bias": False},
 # the language model's tensors: under one of these, the family's "model." names after it
 PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
             "thinker.model", "text_model",
-            "model")            # the language model's own names, the towers' beside them (Step 3.7's as released)
+            "model",            # the language model's own names, the towers' beside them (Step 3.7's as released)
+            "")                 # at the root (Cosmos 3 Edge's as released)
 HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.weight",
          "language_model.output.weight",       # InternLM 2's head (InternVL 2 / 2.5), which keeps its name
          "text_model.lm_head.weight")          # Emu3's, as released
 EMBEDDINGS = ("embed_tokens", "tok_embeddings")     # the language model's embedding (InternLM 2's, the second)
 # what the language model holds under `model.` where the towers' tensors are there too (Step 3.7, DeepSeek-OCR 2)
 OWN_PARTS = (*EMBEDDINGS, "layers", "norm")
+# a wrapper's language model tensors named otherwise than its family's checkpoints name them (within a layer), and the
+# tensors among its layers' that the language model does not run (Cosmos 3 Edge's generation branch)
+RENAMED = {"Cosmos3EdgeForConditionalGeneration": (
+    ("self_attn.to_q.", "self_attn.q_proj."), ("self_attn.to_k.", "self_attn.k_proj."),
+    ("self_attn.to_v.", "self_attn.v_proj."), ("self_attn.to_out.", "self_attn.o_proj."),
+    ("mlp.fc1.", "mlp.up_proj."), ("mlp.fc2.", "mlp.down_proj."))}
+NOT_RUN = {"Cosmos3EdgeForConditionalGeneration":
+           r"_moe_gen\.|\.self_attn\.(add_[qkv]_proj|to_add_out|norm_added_[qk]|k_norm_und_for_gen)\."}
 
 
 def wrapper_of(hf_config: dict) -> str | None:
@@ -139,7 +151,7 @@ def text_of(source: ModelSource) -> ModelSource:
                              "the checkpoint's config.json is incomplete (re-download it)")
     names = source.weights.names()
     held = set(names)
-    prefix = next((p for p in PREFIXES if {f"{p}.{e}.weight" for e in EMBEDDINGS} & held), None)
+    prefix = next((p for p in PREFIXES if {f"{p}.{e}.weight".lstrip(".") for e in EMBEDDINGS} & held), None)
     if prefix is None:
         raise ModelLoadError(f"{source.path}: {wrapper}'s language model has no embed_tokens under "
                              f"{' / '.join(PREFIXES)}; kiln reads those layouts (re-save it with transformers)")
@@ -163,9 +175,11 @@ def text_of(source: ModelSource) -> ModelSource:
     if (pruned := _pruned_head(config)) is not None:
         config, rows = _pruned_config(config, pruned), pruned
         notes.append(_pruned_note(pruned, text["vocab_size"]))
-    if prefix == "model":       # the towers' tensors beside the language model's (model.sam_model.*, ...)
-        names = [n for n in names if n.split(".")[1] in OWN_PARTS or n == head]
-    weights = TextWeights(source.weights, prefix, head, names, layers, rows)
+    if prefix in ("model", ""):     # the towers' tensors beside the language model's (model.sam_model.*, ...)
+        names = [n for n in names if n.split(".")[1 if prefix else 0] in OWN_PARTS]
+    if wrapper in NOT_RUN:
+        names = [n for n in names if not re.search(NOT_RUN[wrapper], n)]
+    weights = TextWeights(source.weights, prefix, head, names, layers, rows, RENAMED.get(wrapper, ()))
     left = len(held) - len(weights.names())
     note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its "
             f"{UNREAD.get(wrapper, 'vision tower and projector')}"
@@ -245,13 +259,14 @@ class TextWeights:
     """The language model's tensors under the names its family's own checkpoint gives them (`model.*`, and
     `lm_head.weight` where the wrapper holds a head); every other method of the source it wraps (a stored
     type, stored codes) takes those names too. `layers`: the wrapper's layer index of each of the family's
-    (the others unread); `rows`: the embedding rows read (its first)."""
+    (the others unread); `rows`: the embedding rows read (its first); `renames`: (the wrapper's, the family's) parts
+    of names replaced."""
 
     _BY_NAME = ("tensor_type", "stored_form", "stored_codes", "get_raw")
     EMBEDDING = "model.embed_tokens.weight"
 
     def __init__(self, inner, prefix: str, head: str | None, names: list[str], layers: list[int] | None = None,
-                 rows: int | None = None) -> None:
+                 rows: int | None = None, renames: tuple[tuple[str, str], ...] = ()) -> None:
         self._inner, self._rows, self._to_inner = inner, rows, {}
         ours = {wrapper: i for i, wrapper in enumerate(layers)} if layers is not None else None
         for name in names:
@@ -263,6 +278,8 @@ class TextWeights:
                 if int(index) not in ours:
                     continue
                 rest = f"layers.{ours[int(index)]}.{tail}"
+            for theirs, family in renames:
+                rest = rest.replace(theirs, family)
             self._to_inner[f"model.{rest}"] = name
         if head is not None:
             self._to_inner["output.weight" if head.endswith(".output.weight") else "lm_head.weight"] = head

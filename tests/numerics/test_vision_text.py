@@ -91,6 +91,14 @@ CASES = {   # case -> (class, config class, config), the image token the last id
         text_config=dict(LLAMA, model_type="qwen2"), image_token_index=511,
         vision_config=dict(hidden_size=32, output_channels=16, num_hidden_layers=1, num_attention_heads=2,
                            image_size=64, patch_size=16, window_size=2, global_attn_indexes=[0], mlp_dim=32))),
+    # Cosmos 3 Edge: its reasoner (Llama's attention, relu2's ungated MLP) at the root as released, attention named
+    # to_q / to_k / to_v / to_out; M-RoPE on text as RoPE
+    "cosmos3-edge": ("Cosmos3EdgeForConditionalGeneration", "Cosmos3EdgeConfig", dict(
+        text_config=dict({k: v for k, v in LLAMA.items() if k != "model_type"}, head_dim=16, pad_token_id=0,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2])),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_patches=16, patch_size=4),
+        projector_hidden_size=64, image_token_id=511, video_token_id=510)),
     # DeepSeek-OCR 2: DeepSeek-V2's experts (group-limited, biased q/k/v/o) under Llama's multi-head attention, its
     # language model under the released `model.` names with the SAM and Qwen2 encoders' and the projector's beside it
     "deepseek-ocr2": ("DeepseekOcr2ForConditionalGeneration", "DeepseekOcr2Config", dict(
@@ -110,7 +118,7 @@ CASES = {   # case -> (class, config class, config), the image token the last id
 FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "idefics3": "llama",
           "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
           "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
-          "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text"}
+          "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text", "cosmos3-edge": "arcee"}
 
 
 def _write(case: str, dest, seed: int = 0):
@@ -128,7 +136,7 @@ def test_the_language_model_matches_the_whole_checkpoints_class(case, tmp_path):
     config = _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
     (note,) = [n for n in config.notes if "language model" in n]
     tower = "audio" if case == "voxtral" else "vision"
-    assert f"{tower} tower and projector" in note and "tensors) are not read" in note
+    assert f"{tower} tower" in note and "projector" in note and "tensors) are not read" in note
     assert config.model.arch == FAMILY[case]
 
 
@@ -497,3 +505,27 @@ def test_phi4_multimodal_reads_as_phi4_mini(form, tmp_path):
     else:           # transformers' class does not read the released layout: no golden reference
         art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
         assert_prefill_and_decode_match(art, ref, IDS, TOL)
+
+
+def test_cosmos3_edge_generation_branch_is_left_unread(tmp_path):
+    """Cosmos 3 Edge as released holds its generation branch beside the reasoner (the *_moe_gen layers, the joint
+    attention's add_q/k/v_proj, time and action embedders), which transformers' class drops: unread and counted,
+    the reasoner's logits unchanged."""
+    import torch
+    model_cls, config_cls, cfg = CASES["cosmos3-edge"]
+    ref = write_widened(model_cls, config_cls, cfg, tmp_path / "hf")
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    towers = len(weights) - len([n for n in weights if n.split(".")[0] in ("embed_tokens", "layers", "norm",
+                                                                           "lm_head")])
+    rng = np.random.default_rng(0)
+    generation = {name: rng.normal(0, 1, (64, 64)).astype(np.float32) for name in (
+        "layers.0.mlp_moe_gen.up_proj.weight", "layers.1.input_layernorm_moe_gen.weight",
+        "layers.0.self_attn.add_q_proj.weight", "layers.1.self_attn.to_add_out.weight", "time_embedder.linear.weight",
+        "norm_moe_gen.weight", "proj_in.weight")}
+    save_file({**weights, **generation}, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    source = load(tmp_path / "hf")
+    (note,) = [n for n in source.notes if "language model" in n]
+    assert f"generation branch ({towers + len(generation)} tensors) are not read" in note, note
+    with torch.no_grad():
+        expected = ref(torch.tensor([IDS])).logits[0].numpy()
+    np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
