@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, WeightMap, WeightSpec, decoder_weight_map
-from .config import ConfigField, fields_with
+from .config import ConfigField, fields_with, mrope_as_rope
 from .layers import Flags
 from .moe import MoESpec, moe_weight_map
 
@@ -71,7 +71,39 @@ class Ernie4_5MoeConfig(Ernie4_5Config):
                        norm_min=self.norm_min)
 
 
-Ernie4_5ForCausalLM = Ernie4_5MoeForCausalLM = CausalLM
+@dataclass(frozen=True)
+class Ernie4_5VLMoeTextConfig(Ernie4_5MoeConfig):
+    """ERNIE 4.5 VL's language model (transformers' ernie4_5_vl_moe_text): ERNIE 4.5 MoE whose sparse layers hold a
+    text and a vision set of experts, each with its router and choice-bias row, beside the shared ones. A text
+    token takes the text set (the first `moe_num_experts`, the first of each per-modality list: router
+    `mlp.gate.weight` stored [hidden, experts], choice bias row 0), so on a text prompt the model is ERNIE 4.5 MoE
+    over those; the vision set is not read. Sparse layers by `mlp_layer_types`; its M-RoPE turns a text prompt as
+    RoPE does (models/config.py mrope_as_rope)."""
+
+    ARCH: ClassVar[str] = "ernie4_5_vl_moe_text"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = (
+        *Ernie4_5MoeConfig.FIELDS, ConfigField("mlp_layer_types", ("mlp_layer_types",), default=None))
+
+    @classmethod
+    def from_hf(cls, hf: dict):
+        return super().from_hf(mrope_as_rope(hf))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        text = {f: v[0] if isinstance(v := values[f], (list, tuple)) else v
+                for f in ("num_experts", "moe_intermediate_size", "moe_start", "moe_end")}
+        values = dict(values, **text)
+        if (kinds := values.pop("mlp_layer_types")) is not None:
+            sparse = [i for i, kind in enumerate(kinds) if kind == "sparse"]
+            if sparse and sparse != list(range(sparse[0], sparse[-1] + 1)):
+                raise ValueError(f"ERNIE 4.5 VL with sparse layers {sparse} (mlp_layer_types) not one run is not "
+                                 "supported; fix config.json")
+            values.update(moe_start=sparse[0] if sparse else len(kinds), moe_end=sparse[-1] if sparse else -1,
+                          moe_interval=1)
+        return super().adapt(values, hf, notes)
+
+
+Ernie4_5ForCausalLM = Ernie4_5MoeForCausalLM = Ernie4_5VLMoeTextForCausalLM = CausalLM
 NAMES = dict(router="mlp.gate", expert="mlp.experts.{j}", gate="gate_proj", up="up_proj", down="down_proj",
              shared="mlp.shared_experts", choice_bias="mlp.moe_statics.e_score_correction_bias")
 
@@ -80,7 +112,10 @@ def weight_map(c: Ernie4_5Config) -> WeightMap:
     if not isinstance(c, Ernie4_5MoeConfig):
         return decoder_weight_map(c)
     m = moe_weight_map(c, NAMES)
-    for key, entry in m.items():            # moe_statics holds [1, experts]: one row
+    vl = isinstance(c, Ernie4_5VLMoeTextConfig)
+    for key, entry in m.items():            # moe_statics holds [1, experts]: one row (VL: [text; vision])
         if key.endswith(".choice_bias"):
-            m[key] = WeightSpec(tuple(entry), lambda b: b.reshape(-1))
+            m[key] = WeightSpec(tuple(entry), (lambda b: b[0]) if vl else (lambda b: b.reshape(-1)))
+        elif key.endswith(".router") and vl:    # the text router, stored [hidden, experts]
+            m[key] = WeightSpec(tuple(entry), lambda w: w.T)
     return m

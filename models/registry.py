@@ -218,6 +218,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           ernie4_5.Ernie4_5ForCausalLM),
     _arch("ernie4_5_moe", ("Ernie4_5_MoeForCausalLM",), ("ernie4_5_moe",), ernie4_5, ernie4_5.Ernie4_5MoeConfig,
           ernie4_5.Ernie4_5MoeForCausalLM),
+    _arch("ernie4_5_vl_moe_text", ("Ernie4_5_VLMoeForConditionalGeneration",), ("ernie4_5_vl_moe_text",), ernie4_5,
+          ernie4_5.Ernie4_5VLMoeTextConfig, ernie4_5.Ernie4_5VLMoeTextForCausalLM),
     _arch("glm", ("GlmForCausalLM",), ("glm",), glm, glm.GlmConfig, glm.GlmForCausalLM),
     _arch("glm4", ("Glm4ForCausalLM",), ("glm4",), glm, glm.Glm4Config, glm.Glm4ForCausalLM),
     _arch("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe",), glm4_moe, glm4_moe.Glm4MoeConfig,

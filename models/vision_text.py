@@ -5,7 +5,7 @@ InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose 
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7,
 DeepSeek-VL, Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria, VideoLLaMA 3, Granite 4 Vision,
 Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni, GLM-OCR, PaddleOCR-VL,
-DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge (WRAPPERS) put a vision tower and a projector before a causal language model of another
+DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL (WRAPPERS) put a vision tower and a projector before a causal language model of another
 family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan,
 HyperCLOVA X, ...), described by config.json's text_config; Voxtral an audio tower before a Llama / Mistral; Emu3 a
 VQ-VAE whose image codes are tokens of its Llama's vocabulary; Fuyu a projection of image patches before a
@@ -79,7 +79,7 @@ WRAPPERS = {
     "HyperCLOVAXVisionV2ForConditionalGeneration": "HyperCLOVA X Vision", "Cosmos3OmniForConditionalGeneration":
     "Cosmos 3 Omni", "GlmOcrForConditionalGeneration": "GLM-OCR", "PaddleOCRVLForConditionalGeneration": "PaddleOCR-VL",
     "DeepseekOcr2ForConditionalGeneration": "DeepSeek-OCR 2", "GotOcr2ForConditionalGeneration": "GOT-OCR 2.0",
-    "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge",
+    "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge", "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE 4.5 VL",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -90,7 +90,8 @@ UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
           "Qwen3OmniMoeThinkerForConditionalGeneration": "vision and audio towers",
           **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI},
           "Apertus1p5ForConditionalGeneration": "vision and audio tokenizers",
-          "Cosmos3EdgeForConditionalGeneration": "vision tower, projector and generation branch"}
+          "Cosmos3EdgeForConditionalGeneration": "vision tower, projector and generation branch",
+          "Ernie4_5_VLMoeForConditionalGeneration": "vision tower, projector and vision experts"}
 # where the language model's config is, where not text_config
 TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI}}
 # wrappers transformers has no forward for (their own code, trust_remote_code; a generate-only whole):
@@ -128,8 +129,18 @@ RENAMED = {"Cosmos3EdgeForConditionalGeneration": (
     ("self_attn.to_q.", "self_attn.q_proj."), ("self_attn.to_k.", "self_attn.k_proj."),
     ("self_attn.to_v.", "self_attn.v_proj."), ("self_attn.to_out.", "self_attn.o_proj."),
     ("mlp.fc1.", "mlp.up_proj."), ("mlp.fc2.", "mlp.down_proj."))}
-NOT_RUN = {"Cosmos3EdgeForConditionalGeneration":
-           r"_moe_gen\.|\.self_attn\.(add_[qkv]_proj|to_add_out|norm_added_[qk]|k_norm_und_for_gen)\."}
+# (by the text config: a test of a tensor's name)
+NOT_RUN = {"Cosmos3EdgeForConditionalGeneration": lambda text: re.compile(
+               r"_moe_gen\.|\.self_attn\.(add_[qkv]_proj|to_add_out|norm_added_[qk]|k_norm_und_for_gen)\.").search,
+           # ERNIE 4.5 VL's vision experts (after the text ones) and their router
+           "Ernie4_5_VLMoeForConditionalGeneration": lambda text: lambda name: name.endswith(".mlp.gate.weight_1") or (
+               (m := re.search(r"\.mlp\.experts\.(\d+)\.", name)) is not None
+               and int(m[1]) >= _first(text["moe_num_experts"]))}
+
+
+def _first(value):
+    """A per-modality list's first (the text's) value, or the value."""
+    return value[0] if isinstance(value, (list, tuple)) else value
 
 
 def wrapper_of(hf_config: dict) -> str | None:
@@ -178,7 +189,8 @@ def text_of(source: ModelSource) -> ModelSource:
     if prefix in ("model", ""):     # the towers' tensors beside the language model's (model.sam_model.*, ...)
         names = [n for n in names if n.split(".")[1 if prefix else 0] in OWN_PARTS]
     if wrapper in NOT_RUN:
-        names = [n for n in names if not re.search(NOT_RUN[wrapper], n)]
+        not_run = NOT_RUN[wrapper](text)
+        names = [n for n in names if not not_run(n)]
     weights = TextWeights(source.weights, prefix, head, names, layers, rows, RENAMED.get(wrapper, ()))
     left = len(held) - len(weights.names())
     note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its "

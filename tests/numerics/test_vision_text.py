@@ -99,6 +99,15 @@ CASES = {   # case -> (class, config class, config), the image token the last id
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            num_patches=16, patch_size=4),
         projector_hidden_size=64, image_token_id=511, video_token_id=510)),
+    # ERNIE 4.5 VL: ERNIE 4.5 MoE whose sparse layers hold text and vision experts (a text prompt takes the text ones)
+    "ernie4_5-vl-moe": ("Ernie4_5_VLMoeForConditionalGeneration", "Ernie4_5_VLMoeConfig", dict(
+        text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=[32, 16], moe_k=2,
+                         moe_num_experts=4, moe_num_shared_experts=1, eos_token_id=2, bos_token_id=1,
+                         rope_parameters=dict(rope_type="default", rope_theta=500000.0, mrope_section=[2, 2, 4])),
+        vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64),
+        image_start_token_id=505, image_end_token_id=506, image_token_id=507, video_start_token_id=508,
+        video_end_token_id=509, video_token_id=510)),
     # DeepSeek-OCR 2: DeepSeek-V2's experts (group-limited, biased q/k/v/o) under Llama's multi-head attention, its
     # language model under the released `model.` names with the SAM and Qwen2 encoders' and the projector's beside it
     "deepseek-ocr2": ("DeepseekOcr2ForConditionalGeneration", "DeepseekOcr2Config", dict(
@@ -118,7 +127,8 @@ CASES = {   # case -> (class, config class, config), the image token the last id
 FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "idefics3": "llama",
           "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
           "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
-          "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text", "cosmos3-edge": "arcee"}
+          "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text", "cosmos3-edge": "arcee",
+          "ernie4_5-vl-moe": "ernie4_5_vl_moe_text"}
 
 
 def _write(case: str, dest, seed: int = 0):
