@@ -539,3 +539,47 @@ def test_cosmos3_edge_generation_branch_is_left_unread(tmp_path):
     with torch.no_grad():
         expected = ref(torch.tensor([IDS])).logits[0].numpy()
     np.testing.assert_allclose(_family_logits(source, IDS), expected, atol=1e-5, rtol=0)
+
+
+MOLMO2_TEXT = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                   additional_vocab_size=16, num_hidden_layers=4, intermediate_size=96, max_position_embeddings=256,
+                   rope_parameters=dict(rope_type="default", rope_theta=10000.0), rms_norm_eps=1e-6)
+MOLMO2 = dict(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                 num_key_value_heads=2, head_dim=16, image_size=[28, 28], patch_size=14),
+              adapter_config=dict(vision_feature_layer=[-1], hidden_size=32, num_attention_heads=2,
+                                  num_key_value_heads=2, head_dim=16, intermediate_size=64, text_hidden_size=64),
+              image_start_token_id=512, low_res_image_start_token_id=513, image_end_token_id=514, image_patch_id=515,
+              frame_start_token_id=516, frame_end_token_id=517)
+
+
+@pytest.mark.parametrize("kind, text", [
+    ("qwen3", dict(qk_norm_type="qwen3", norm_after=False)),            # Molmo2-4B / -8B
+    ("olmo", dict(qk_norm_type="olmo", norm_after=True)),                # Molmo2-O
+    ("olmo-scaled-layers", dict(qk_norm_type="olmo", norm_after=True, rope_scaling_layers=[1, 3],
+                                rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                     original_max_position_embeddings=64))),
+    ("qkv-bias", dict(qk_norm_type="qwen3", norm_after=False, qkv_bias=True))])
+def test_molmo2_reads_as_its_language_model(kind, text, tmp_path):
+    """Molmo 2 as transformers saves it (the original code's layout under model.transformer: the embedding in two
+    parts, q/k/v fused, the MLP's up rows before gate's) gives the whole checkpoint's logits on text, for its Qwen3
+    and OLMo forms (RoPE's scaling on the rope_scaling_layers only, q/k/v biases without o's)."""
+    ref = write_widened("Molmo2ForConditionalGeneration", "Molmo2Config",
+                        dict(MOLMO2, text_config=dict(MOLMO2_TEXT, **text)), tmp_path / "hf")
+    config = _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
+    assert config.model.arch == "molmo2" and any("vision tower and adapter are not read" in n for n in config.notes)
+
+
+def test_molmo2_in_its_released_config_form(tmp_path):
+    """Molmo 2's config.json as released (its text config's qkv_bias, layer_norm_eps, rope_theta, use_qk_norm and
+    rope_scaling_layers null: every layer), which transformers reads too: the same logits."""
+    ref = write_widened("Molmo2ForConditionalGeneration", "Molmo2Config",
+                        dict(MOLMO2, text_config=dict(MOLMO2_TEXT, qk_norm_type="qwen3", qkv_bias=True)),
+                        tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    text = {k: v for k, v in config["text_config"].items()
+            if k not in ("rope_parameters", "rms_norm_eps", "attention_bias", "rope_scaling_layers")}
+    config["text_config"] = dict(text, qkv_bias=True, layer_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
+                                 rope_scaling_layers=None, use_qk_norm=True)
+    path.write_text(json.dumps(config))
+    _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
