@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from .causal_lm import DECODER_FIELDS, CausalLM, DecoderConfig, LayerAttention, WeightMap, WeightSpec, \
     decoder_weight_map, rope_on_sliding_only
-from .config import ConfigField, dense_layers, fields_with, layer_types, window_of
+from .config import ConfigField, dense_layers, fields_with, layer_types, mrope_as_rope, window_of
 from .layers import Flags
 from .moe import MoESpec, moe_weight_map
 
@@ -64,6 +64,28 @@ class Cohere2Config(CohereConfig):
     def layer_attention(self) -> tuple[LayerAttention, ...]:
         """Sliding layers rotate q and k; global ones attend with no positions at all."""
         return rope_on_sliding_only(self, window_of(vars(self)) or 0)
+
+
+@dataclass(frozen=True)
+class CohereCompassTextConfig(Cohere2Config):
+    """Cohere Compass's language model (cohere_compass_text, alone or inside CohereCompassForConditionalGeneration):
+    Command R7B's layers with RoPE on halves of each head (not pairs), its RoPE given per layer kind (rope_parameters:
+    the sliding layers' with M-RoPE sections, which turn a text prompt as RoPE does; the full layers' null: no
+    positions), logit_scale unset as 1."""
+
+    ARCH: ClassVar[str] = "cohere_compass_text"
+    ADJACENT_ROPE: ClassVar[bool] = False
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "CohereCompassTextConfig":
+        rope = hf.get("rope_parameters")
+        if isinstance(rope, dict) and {"sliding_attention", "full_attention"} & rope.keys():
+            if rope.get("full_attention") is not None or not rope.get("sliding_attention"):
+                raise ValueError("Cohere Compass with RoPE on its full-attention layers, or none on its sliding ones "
+                                 "(rope_parameters), is not supported: kiln runs Command R7B's layout")
+            hf = dict(hf, rope_parameters=mrope_as_rope({"rope_parameters": rope["sliding_attention"]})[
+                "rope_parameters"])
+        return super().from_hf(dict(hf, logit_scale=1.0) if hf.get("logit_scale") is None else hf)
 
 
 @dataclass(frozen=True)
@@ -137,7 +159,7 @@ class Cohere2MoeConfig(Cohere2Config):
         return dataclasses.replace(super().flags(), norm="rms") if self.rms_norm else super().flags()
 
 
-CohereForCausalLM = Cohere2ForCausalLM = Cohere2MoeForCausalLM = CausalLM
+CohereForCausalLM = Cohere2ForCausalLM = Cohere2MoeForCausalLM = CohereCompassForCausalLM = CausalLM
 
 
 def weight_map(c: CohereConfig) -> WeightMap:

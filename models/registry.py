@@ -278,6 +278,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("youtu", ("YoutuForCausalLM",), ("youtu",), deepseek, deepseek.YoutuConfig, deepseek.YoutuForCausalLM),
     _arch("cohere", ("CohereForCausalLM",), ("cohere",), cohere, cohere.CohereConfig, cohere.CohereForCausalLM),
     _arch("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), cohere, cohere.Cohere2Config, cohere.Cohere2ForCausalLM),
+    _arch("cohere_compass_text", ("CohereCompassForConditionalGeneration", "CohereCompassForCausalLM"),
+          ("cohere_compass_text",), cohere, cohere.CohereCompassTextConfig, cohere.CohereCompassForCausalLM),
     _arch("cohere2_moe", ("Cohere2MoeForCausalLM",), ("cohere2_moe",), cohere, cohere.Cohere2MoeConfig,
           cohere.Cohere2MoeForCausalLM),
     _arch("nemotron", ("NemotronForCausalLM",), ("nemotron",), nemotron, nemotron.NemotronConfig,

@@ -5,18 +5,18 @@ InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose 
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7,
 DeepSeek-VL, Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria, VideoLLaMA 3, Granite 4 Vision,
 Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni, GLM-OCR, PaddleOCR-VL,
-DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL (WRAPPERS) put a vision tower and a projector before a
-causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2, EXAONE 4,
-DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, ...), described by config.json's text_config; Voxtral an
-audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image codes are tokens of its Llama's vocabulary; Fuyu a
-projection of image patches before a Persimmon; Qwen2.5-Omni and Qwen3-Omni a vision and an audio tower before their
-thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under `thinker.`; the whole checkpoint adds a
-talker and a speech decoder). kiln reads text, so it reads that language model: its config is text_config (with the
-outer eos / bos ids), its tensors the ones under the language model's prefix, renamed as the family's own checkpoint
-names them (`model.*`, `lm_head`), and the towers' are left unread (a note says so). On a text prompt the wrapper's
-forward is the language model's (the image or audio tokens are where the projected features go, and a text prompt
-has none), so transformers' class for the whole checkpoint is the reference where it has a forward
-(tests/numerics/test_vision_text.py; CUSTOM: the language model's class over the tensors kiln reads).
+DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL, Cohere Compass (WRAPPERS) put a vision tower and a
+projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2,
+EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, ...), described by config.json's text_config;
+Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image codes are tokens of its Llama's
+vocabulary; Fuyu a projection of image patches before a Persimmon; Qwen2.5-Omni and Qwen3-Omni a vision and an audio
+tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under `thinker.`; the whole
+checkpoint adds a talker and a speech decoder). kiln reads text, so it reads that language model: its config is
+text_config (with the outer eos / bos ids), its tensors the ones under the language model's prefix, renamed as the
+family's own checkpoint names them (`model.*`, `lm_head`), and the towers' are left unread (a note says so). On a
+text prompt the wrapper's forward is the language model's (the image or audio tokens are where the projected
+features go, and a text prompt has none), so transformers' class for the whole checkpoint is the reference where it
+has a forward (tests/numerics/test_vision_text.py; CUSTOM: the language model's class over the tensors kiln reads).
 
 Where the language model's tensors are is read from the file, not from the transformers version that wrote it:
 `language_model.model.*` and `language_model.lm_head` (LLaVA's and InternVL's as released, which transformers
@@ -80,6 +80,7 @@ WRAPPERS = {
     "Cosmos 3 Omni", "GlmOcrForConditionalGeneration": "GLM-OCR", "PaddleOCRVLForConditionalGeneration": "PaddleOCR-VL",
     "DeepseekOcr2ForConditionalGeneration": "DeepSeek-OCR 2", "GotOcr2ForConditionalGeneration": "GOT-OCR 2.0",
     "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge", "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE 4.5 VL",
+    "CohereCompassForConditionalGeneration": "Cohere Compass",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector

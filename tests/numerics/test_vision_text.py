@@ -108,6 +108,16 @@ CASES = {   # case -> (class, config class, config), the image token the last id
         vision_config=dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64),
         image_start_token_id=505, image_end_token_id=506, image_token_id=507, video_start_token_id=508,
         video_end_token_id=509, video_token_id=510)),
+    # Cohere Compass: Command R7B's layers (sliding with RoPE, full without) with RoPE on halves, given per layer kind
+    "cohere-compass": ("CohereCompassForConditionalGeneration", "CohereCompassConfig", dict(
+        text_config=dict(COHERE2, model_type="cohere_compass_text", logit_scale=0.25,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                         num_hidden_layers=3, rope_parameters=dict(
+                             sliding_attention=dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]),
+                             full_attention=None)),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0], patch_size=4),
+        image_token_id=511, video_token_id=510, vision_start_token_id=509, vision_end_token_id=508)),
     # DeepSeek-OCR 2: DeepSeek-V2's experts (group-limited, biased q/k/v/o) under Llama's multi-head attention, its
     # language model under the released `model.` names with the SAM and Qwen2 encoders' and the projector's beside it
     "deepseek-ocr2": ("DeepseekOcr2ForConditionalGeneration", "DeepseekOcr2Config", dict(
@@ -128,7 +138,7 @@ FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "
           "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
           "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
           "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text", "cosmos3-edge": "arcee",
-          "ernie4_5-vl-moe": "ernie4_5_vl_moe_text"}
+          "ernie4_5-vl-moe": "ernie4_5_vl_moe_text", "cohere-compass": "cohere_compass_text"}
 
 
 def _write(case: str, dest, seed: int = 0):
