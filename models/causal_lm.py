@@ -243,9 +243,9 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList([self.decoder_layer(c, i, c.layer_flags(i), inv_freq(
             a.rotary_dim or c.rotary_dim, a.rope_theta, a.rope_scaling) if in_graph and a.rope else None)
             for i, a in enumerate(attention)])
-        self.norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
+        self.norm = Norm(c.hidden_size, c.norm_eps, flags.final_norm_kind or flags.norm)
         if flags.embed_norm:
-            self.embed_norm = Norm(c.hidden_size, c.norm_eps, flags.norm)
+            self.embed_norm = Norm(c.hidden_size, c.norm_eps, flags.embed_norm_kind or flags.norm)
 
     def decoder_layer(self, c: DecoderConfig, i: int, flags: Flags, rope: tuple | None) -> nn.Module:
         """Layer i, with its flags and its RoPE where the graph applies it (a family whose layers have other parts

@@ -77,6 +77,9 @@ class Flags:
     learned_positions: bool = False         # an absolute position table added to the embeddings, no RoPE (GPT-2)
     clip_qkv: float | None = None           # q, k and v clamped to [-c, c] after their projection (OLMo)
     embed_norm: bool = False                # the embeddings normed (the model's norm kind) before the first layer
+    embed_norm_kind: str | None = None      # embed_norm's kind where it is not `norm`'s (Muse Glimmer: rms_noparam)
+    final_norm_kind: str | None = None      # the final norm's kind where it is not `norm`'s (Muse Glimmer: rms)
+    post_norm_eps: float | None = None      # sandwich_norms' post norms' epsilon where their own (Muse Glimmer)
     attn_temperature: tuple | None = None   # (beta, original[, offset[, form]]): q *= 1 + beta * log(1 + floor((pos
                                             # + offset) / original)) after RoPE (Ministral 3; RoPE in the graph),
                                             # or form "power": (1 + (pos + offset) / original) ** beta (Beam)
@@ -393,10 +396,11 @@ class DecoderLayer(nn.Module):
         if flags.pre_norms and not flags.shared_norm:
             self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)   # before the MLP
         self.mlp = mlp if mlp is not None else MLP(hidden_size, intermediate_size, flags, eps)   # (a MoE's, given)
+        post_eps = flags.post_norm_eps or eps
         if flags.sandwich_norms:
-            self.post_attn_norm = Norm(hidden_size, eps, flags.norm)             # on the attention output
+            self.post_attn_norm = Norm(hidden_size, post_eps, flags.norm)        # on the attention output
         if flags.sandwich_norms or flags.mlp_out_norm:
-            self.post_mlp_norm = Norm(hidden_size, eps, flags.norm)              # on the MLP output
+            self.post_mlp_norm = Norm(hidden_size, post_eps, flags.norm)         # on the MLP output
         self.residual_scale, self.parallel = flags.residual_scale, flags.parallel_residual
         self.residual_mix = flags.residual_mix
         if flags.residual_gates:

@@ -80,7 +80,7 @@ WRAPPERS = {
     "Cosmos 3 Omni", "GlmOcrForConditionalGeneration": "GLM-OCR", "PaddleOCRVLForConditionalGeneration": "PaddleOCR-VL",
     "DeepseekOcr2ForConditionalGeneration": "DeepSeek-OCR 2", "GotOcr2ForConditionalGeneration": "GOT-OCR 2.0",
     "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge", "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE 4.5 VL",
-    "CohereCompassForConditionalGeneration": "Cohere Compass",
+    "CohereCompassForConditionalGeneration": "Cohere Compass", "MuseGlimmerForConditionalGeneration": "Muse Glimmer",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector

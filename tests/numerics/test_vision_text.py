@@ -118,6 +118,17 @@ CASES = {   # case -> (class, config class, config), the image token the last id
         vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                            num_position_embeddings=16, deepstack_visual_indexes=[0], patch_size=4),
         image_token_id=511, video_token_id=510, vision_start_token_id=509, vision_end_token_id=508)),
+    # Muse Glimmer: Gemma 2's sandwich norms (the post ones with their own epsilon), a weightless embedding norm,
+    # weightless q/k norms with q scaled, a gated attention output, full layers without RoPE, a plain last norm,
+    # soft-capped logits
+    "muse-glimmer": ("MuseGlimmerForConditionalGeneration", "MuseGlimmerConfig", dict(
+        text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0), post_norm_eps=1e-3,
+                         final_logit_softcapping=4.0, output_multiplier=2.0, eos_token_id=2, bos_token_id=1),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           pos_emb_height=4, pos_emb_width=4, patch_size=4),
+        out_hidden_size=128, projector_hidden_size=64, image_token_id=511, video_token_id=510)),
     # DeepSeek-OCR 2: DeepSeek-V2's experts (group-limited, biased q/k/v/o) under Llama's multi-head attention, its
     # language model under the released `model.` names with the SAM and Qwen2 encoders' and the projector's beside it
     "deepseek-ocr2": ("DeepseekOcr2ForConditionalGeneration", "DeepseekOcr2Config", dict(
@@ -138,7 +149,8 @@ FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "
           "smolvlm": "llama", "internvl": "qwen2", "aya-vision": "cohere2", "mllama": "llama", "glm4v": "glm4",
           "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
           "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text", "cosmos3-edge": "arcee",
-          "ernie4_5-vl-moe": "ernie4_5_vl_moe_text", "cohere-compass": "cohere_compass_text"}
+          "ernie4_5-vl-moe": "ernie4_5_vl_moe_text", "cohere-compass": "cohere_compass_text",
+          "muse-glimmer": "muse_glimmer_text"}
 
 
 def _write(case: str, dest, seed: int = 0):
