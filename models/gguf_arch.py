@@ -70,6 +70,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
     hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
                                  RoPE base already raised (rope.freq_base), no scaling
+    muse-glimmer Muse Glimmer    its language model: Gemma 2's norm names, stored + 1 but the last (stored as it is),
+                                 the attention gate as attn_gate, q/k rows permuted; q_norm / k_norm as the q scale and
+                                 ones; the output multiplier as logit_scale; RoPE on the sliding layers only
     hunyuan_vl HunyuanOCR        its language model: as hunyuan-dense, the XD-RoPE base and its NTK alpha written
                                  apart (rope.freq_base, rope.scaling.alpha: joined as HunYuan's base * alpha ** (d /
                                  (d - 2))), the XD-RoPE sections (rope.dimension_sections) unread on text
@@ -1132,6 +1135,30 @@ def _hunyuan_vl(reader, arch, tensors, c):
         c["rope_theta"] = _f32(np.float32(c["rope_theta"]) * np.float32(alpha) ** np.float32(head / (head - 2)))
 
 
+def _muse_glimmer(reader, arch, tensors, c):
+    """Muse Glimmer's language model as llama.cpp's converter writes it: its four layer norms stored + 1 (the last
+    norm as it is), q and k rows permuted for llama.cpp's RoPE on adjacent pairs, q_norm / k_norm synthesized as
+    qk_scale_factor and ones (the model's q/k norms have no weight), the output multiplier as logit_scale; RoPE on the
+    sliding layers only (llama.cpp's graph), one base for both kinds; the post norms' epsilon llama.cpp's fixed 1e-8."""
+    _head_dim(reader, arch, c)
+    q, k = ([_tensor_values(t) for name, t in tensors.items() if name.endswith(f".attn_{x}_norm.weight")] for x in "qk")
+    scale = q[0][0] if q else None
+    if not q or any(np.any(v != scale) for v in q) or any(np.any(v != 1.0) for v in k):
+        raise ModelLoadError(f"this {arch} GGUF's attn_q_norm / attn_k_norm are not one scale and ones (what its "
+                             "converter writes for the weightless q/k norms); re-convert the model")
+    swa_theta = _key(reader, arch, "rope.freq_base_swa")
+    if swa_theta is not None and _f32(swa_theta) != c["rope_theta"]:
+        raise ModelLoadError(f"this {arch} GGUF's sliding layers rotate by another base (rope.freq_base_swa "
+                             f"{swa_theta}) than its model's; re-convert the model")
+    if not _sliding_layers(reader, arch, c) or "layer_types" not in c:
+        raise ModelLoadError(f"this {arch} GGUF has no attention.sliding_window_pattern (which layers slide, and "
+                             "rotate); re-convert the model")
+    c.update(qk_scale_factor=_f32(scale), output_multiplier=_f32(_key(reader, arch, "logit_scale")),
+             final_logit_softcapping=_f32(_key(reader, arch, "final_logit_softcapping", 0.0)) or None,
+             layer_rope_theta=[c["rope_theta"] if t == "sliding_attention" else 0 for t in c["layer_types"]],
+             post_norm_eps=1e-8)
+
+
 def _glm4(reader, arch, tensors, c):
     """GLM-4-0414; GLM-4.1V's text model where the file has M-RoPE sections (rope.dimension_sections): its q/k
     rows then in NeoX order (the converter's normal_to_neox: llama.cpp's M-RoPE kernel pairs i with i + d/2),
@@ -2048,6 +2075,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "paddleocr": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, config=_paddleocr),
+    "muse-glimmer": GGUFArch("muse_glimmer_text", ("MuseGlimmerForConditionalGeneration",),
+                             {**GEMMA_LAYER, "attn_gate": "self_attn.gate_proj"}, permuted=True, norm_shift=1.0,
+                             unshifted=("output_norm",), config=_muse_glimmer),
     "hunyuan_vl": GGUFArch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), HUNYUAN_LAYER, config=_hunyuan_vl),
     "glm4": GGUFArch("glm4", ("Glm4ForCausalLM",), GLM4_LAYER, config=_glm4, reorder=_glm4_rows),
     "command-r": GGUFArch("cohere", ("CohereForCausalLM",), {**LLAMA_LAYER, **QK_NORMS}, config=_cohere),

@@ -286,6 +286,13 @@ def _deepseek_ocr(hf) -> None:
     _edit_json(hf / "config.json", released)
 
 
+def _muse_glimmer_case() -> tuple[str, str, dict]:
+    """test_vision_text's Muse Glimmer case with its post norms' released epsilon (llama.cpp's graph fixes 1e-8)."""
+    from test_vision_text import CASES as VISION_CASES
+    cls, config_cls, cfg = VISION_CASES["muse-glimmer"]
+    return cls, config_cls, dict(cfg, text_config={k: v for k, v in cfg["text_config"].items() if k != "post_norm_eps"})
+
+
 # Files only the converter writes here, each compiled against transformers below, as HYBRIDS' entries
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
@@ -303,6 +310,7 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                                           _sentencepiece_model(hf / "tokenizer.model")), None, []),
                   "paddleocr-vl": (_paddleocr_vl, None, []),
                   "deepseek-ocr": (_deepseek_ocr, None, []),
+                  "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
                   "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
                                                           HUNYUAN_VL, hf, seed=1), None, []),
                   # Laguna-M.1's released config sets no window (transformers' default, 512, the converter writes)
@@ -538,3 +546,13 @@ def test_deepseek_ocr_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(*_deepseek_ocr_case(), tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_muse_glimmer_as_the_converter_writes_it(converted, tmp_path):
+    """Muse Glimmer through the converter (arch muse-glimmer: its layer norms stored + 1, q/k rows permuted, q_norm /
+    k_norm synthesized as the q scale and ones, the output multiplier as logit_scale): the wrapper's own logits."""
+    theirs = converted["muse-glimmer"][1]
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = transformers.MuseGlimmerForConditionalGeneration.from_pretrained(theirs.parent / "hf",
+                                                                                 attn_implementation="eager")
+    assert_prefill_and_decode_match(art, reference.eval(), IDS, TOL)
