@@ -255,8 +255,9 @@ def _paddleocr_vl(hf) -> None:
 # its language model (arch hunyuan_vl: the base and alpha written apart)
 HUNYUAN_VL = dict(
     text_config=dict({k: v for k, v in PADDLEOCR_VL["text_config"].items() if k != "use_bias"},
-                     model_type="hunyuan_vl_text", rope_parameters=dict(
-                         rope_type="xdrope", rope_theta=10000.0, alpha=1000.0, factor=1.0, xdrope_section=[2, 2, 2, 2])),
+                     model_type="hunyuan_vl_text", rope_parameters=dict(rope_type="xdrope", rope_theta=10000.0,
+                                                                       alpha=1000.0, factor=1.0,
+                                                                       xdrope_section=[2, 2, 2, 2])),
     vision_config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, patch_size=14,
                        out_hidden_size=64, text_hidden_size=64, max_image_size=224),
     image_token_id=511, im_start_id=508, im_end_id=509, im_newline_id=510)
