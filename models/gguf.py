@@ -247,6 +247,8 @@ def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _hf_name(spec: GGUFArch, gguf_name: str) -> str | None:
+    if gguf_name in spec.whole_names:
+        return spec.whole_names[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
     if m and (renamed := spec.renamed_blocks.get(f"blk.{m.group(1)}.{m.group(2)}")) is not None:
         return f"{spec.layer_prefix}.{m.group(1)}.{renamed}.{m.group(3)}"

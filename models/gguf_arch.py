@@ -70,6 +70,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
     hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
                                  RoPE base already raised (rope.freq_base), no scaling
+    hrm_text HRM-Text            block_count the cache's slots, the low stack's layers then the high stack's as the
+                                 blocks, gate / q / k / v and the MLP's gate / up apart, hrm.z_l_init the low state's
+                                 start, hrm.* the loop's counts
     muse-glimmer Muse Glimmer    its language model: Gemma 2's norm names, stored + 1 but the last (stored as it is),
                                  the attention gate as attn_gate, q/k rows permuted; q_norm / k_norm as the q scale and
                                  ones; the output multiplier as logit_scale; RoPE on the sliding layers only
@@ -489,6 +492,8 @@ class GGUFArch:
                                                     # that layer's differs from layer_names' by the HF config read
                                                     # (Nemotron-NAS's Linear in attention's place: attn_output)
     renamed_blocks: dict[str, str] = field(default_factory=dict)   # block_renames', once for_config ran
+    whole_names: dict[str, str] = field(default_factory=dict)   # GGUF tensor names with neither block nor suffix
+                                                    # -> their HF name (HRM-Text's hrm.z_l_init)
 
     def for_config(self, c: dict) -> "GGUFArch":
         """This architecture's mapping for the HF config its metadata gave: renames and joins applied, and the blocks
@@ -1157,6 +1162,22 @@ def _muse_glimmer(reader, arch, tensors, c):
              final_logit_softcapping=_f32(_key(reader, arch, "final_logit_softcapping", 0.0)) or None,
              layer_rope_theta=[c["rope_theta"] if t == "sliding_attention" else 0 for t in c["layer_types"]],
              post_norm_eps=1e-8)
+
+
+def _hrm_text(reader, arch, tensors, c):
+    """HRM-Text as llama.cpp's converter writes it: block_count the cache's slots (layers_per_stack x h_cycles x
+    (l_cycles + 1)), the low stack's layers as blk.0 .. n - 1 and the high stack's after them, each layer's gate, q, k
+    and v apart (attn_gate first: transformers' gqkv_proj order) and the MLP's gate and up apart, the low state's
+    start as hrm.z_l_init; the embedding scale as embedding_scale. Read under kiln's names for that layout
+    (kiln_split_layers: models/hrm_text.py)."""
+    _head_dim(reader, arch, c)
+    per_stack, h, low = (_key(reader, arch, f"hrm.{k}") for k in ("layers_per_stack", "h_cycles", "l_cycles"))
+    if not (per_stack and h and low) or per_stack * h * (low + 1) != c["num_hidden_layers"]:
+        raise ModelLoadError(f"this {arch} GGUF's hrm.layers_per_stack / h_cycles / l_cycles ({per_stack}, {h}, "
+                             f"{low}) do not make its block_count ({c['num_hidden_layers']}); re-convert the model")
+    c.update(num_layers_per_stack=per_stack, H_cycles=h, L_cycles=low, kiln_split_layers=True,
+             embedding_scale=_f32(_key(reader, arch, "embedding_scale", 1.0)),
+             prefix_lm=bool(_key(reader, arch, "hrm.prefix_lm", False)))
 
 
 def _glm4(reader, arch, tensors, c):
@@ -2075,6 +2096,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "paddleocr": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, config=_paddleocr),
+    "hrm_text": GGUFArch("hrm_text", ("HrmTextForCausalLM",), {**LLAMA_LAYER, "attn_gate": "self_attn.gate_proj"},
+                         config=_hrm_text, whole_names={"hrm.z_l_init": "model.z_L_init"}),
     "muse-glimmer": GGUFArch("muse_glimmer_text", ("MuseGlimmerForConditionalGeneration",),
                              {**GEMMA_LAYER, "attn_gate": "self_attn.gate_proj"}, permuted=True, norm_shift=1.0,
                              unshifted=("output_norm",), config=_muse_glimmer),

@@ -311,6 +311,7 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                                           _sentencepiece_model(hf / "tokenizer.model")), None, []),
                   "paddleocr-vl": (_paddleocr_vl, None, []),
                   "deepseek-ocr": (_deepseek_ocr, None, []),
+                  "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
                   "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
                                                           HUNYUAN_VL, hf, seed=1), None, []),
@@ -557,3 +558,13 @@ def test_muse_glimmer_as_the_converter_writes_it(converted, tmp_path):
     reference = transformers.MuseGlimmerForConditionalGeneration.from_pretrained(theirs.parent / "hf",
                                                                                  attn_implementation="eager")
     assert_prefill_and_decode_match(art, reference.eval(), IDS, TOL)
+
+
+def test_hrm_text_as_the_converter_writes_it(converted, tmp_path):
+    """HRM-Text through the converter (arch hrm_text: the cache's slots as block_count, the two stacks' layers as the
+    blocks, gate / q / k / v apart, hrm.z_l_init): transformers' logits."""
+    import test_hrm_text
+    theirs = converted["hrm-text"][1]
+    assert "hrm.z_l_init" in {t.name for t in gguf.GGUFReader(theirs).tensors}
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, test_hrm_text.write_hrm(tmp_path / "ref"), IDS, TOL)
