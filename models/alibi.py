@@ -8,6 +8,10 @@ position j for the query at p (Flags.alibi; over the KV cache kiln owns, targets
     mpt     MPT: Wqkv as q, k, v, no biases, LayerNorms without bias, an exact-GELU MLP expansion_ratio wide,
             clip_qkv, softmax_scale, the head tied; slopes 2^(-alibi_bias_max (h + 1) / n) over the next power
             of two n, odd ones first where the heads are fewer (build_mpt_alibi_tensor)
+    baichuan Baichuan / Baichuan 2 (their own code, BaichuanForCausalLM): Llama's layers with q, k, v stored as one
+            W_pack; the 13B models positioned by ALiBi (BLOOM's slopes), the 7B ones by RoPE (Baichuan-7B's
+            BaiChuanForCausalLM, and hidden_size 4096: vLLM's rule, as config.json says neither); Baichuan 2 (its
+            125,696-token vocabulary) normalises each row of its head at inference (NormHead), so it is read so
 
 BLOOM adds slope * j (the key's position) where MPT adds slope * (j - p): a constant a row apart, which the
 softmax removes. Neither has a trained context length in its config where BLOOM's is absent: 2048 tokens then
@@ -41,6 +45,19 @@ class AlibiConfig(DecoderConfig):
         raise NotImplementedError
 
 
+def closest_power_slopes(n: int) -> np.ndarray:
+    """ALiBi's slopes for n heads as BLOOM (build_alibi_tensor) and Baichuan (_get_interleave) compute them: by the
+    closest power of two of the heads, the rest interleaved from the next; float32."""
+    closest = 2 ** math.floor(math.log2(n))
+    base = np.float32(2 ** (-(2 ** -(math.log2(closest) - 3))))
+    slopes = base ** np.arange(1, 1 + closest, dtype=np.float32)
+    if closest != n:
+        extra = np.float32(2 ** (-(2 ** -(math.log2(2 * closest) - 3))))
+        more = min(closest, n - closest)
+        slopes = np.concatenate([slopes, extra ** np.arange(1, 1 + 2 * more, 2, dtype=np.float32)])
+    return slopes.astype(np.float32)
+
+
 @dataclass(frozen=True)
 class BloomConfig(AlibiConfig):
     ARCH: ClassVar[str] = "bloom"
@@ -67,15 +84,7 @@ class BloomConfig(AlibiConfig):
 
     def alibi_slopes(self) -> np.ndarray:
         """transformers' build_alibi_tensor's slopes, in float32 as it computes them."""
-        n = self.num_attention_heads
-        closest = 2 ** math.floor(math.log2(n))
-        base = np.float32(2 ** (-(2 ** -(math.log2(closest) - 3))))
-        slopes = base ** np.arange(1, 1 + closest, dtype=np.float32)
-        if closest != n:
-            extra = np.float32(2 ** (-(2 ** -(math.log2(2 * closest) - 3))))
-            more = min(closest, n - closest)
-            slopes = np.concatenate([slopes, extra ** np.arange(1, 1 + 2 * more, 2, dtype=np.float32)])
-        return slopes.astype(np.float32)
+        return closest_power_slopes(self.num_attention_heads)
 
 
 @dataclass(frozen=True)
@@ -125,7 +134,35 @@ class MptConfig(AlibiConfig):
         return slopes
 
 
-BloomForCausalLM = MptForCausalLM = CausalLM
+@dataclass(frozen=True)
+class BaichuanConfig(AlibiConfig):
+    alibi: bool = True
+    norm_head: bool = False
+
+    ARCH: ClassVar[str] = "baichuan"
+    BAICHUAN2_VOCAB: ClassVar[int] = 125696
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("context_window_size", ("max_position_embeddings", "model_max_length")))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        rope = "BaiChuanForCausalLM" in (hf.get("architectures") or []) or values["hidden_size"] == 4096
+        norm_head = values["vocab_size"] == cls.BAICHUAN2_VOCAB
+        notes.append(f"read as Baichuan{' 2' if norm_head else ''}'s {'7B' if rope else '13B'} form: "
+                     f"{'RoPE' if rope else 'ALiBi'}{', its head rows normalised (NormHead)' if norm_head else ''}")
+        return dict(values, alibi=not rope, norm_head=norm_head)
+
+    def layer_attention(self) -> tuple[LayerAttention, ...]:
+        return super().layer_attention() if self.alibi else DecoderConfig.layer_attention(self)
+
+    def flags(self) -> Flags:
+        return Flags(alibi=self.alibi)
+
+    def alibi_slopes(self) -> np.ndarray:
+        return closest_power_slopes(self.num_attention_heads)
+
+
+BloomForCausalLM = MptForCausalLM = BaichuanForCausalLM = CausalLM
 
 BLOOM_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.word_embeddings", norm="transformer.ln_f",
                    lm_head="lm_head", layer="transformer.h.{i}", o_proj="self_attention.dense",
@@ -144,6 +181,8 @@ def _by_head(heads: int):
 
 
 def weight_map(c: AlibiConfig) -> WeightMap:
+    if isinstance(c, BaichuanConfig):
+        return _baichuan_weight_map(c)
     bloom = isinstance(c, BloomConfig)
     m = decoder_weight_map(c, BLOOM_NAMES if bloom else MPT_NAMES)
     for i in range(c.num_hidden_layers):
@@ -158,3 +197,19 @@ def weight_map(c: AlibiConfig) -> WeightMap:
         for p in ("weight", "bias"):
             m[f"model.embed_norm.{p}"] = [f"transformer.word_embeddings_layernorm.{p}"]
     return m
+
+
+def _baichuan_weight_map(c: BaichuanConfig) -> WeightMap:
+    """Llama's names, q, k and v as W_pack's rows (kiln's order); Baichuan 2's head rows normalised as its NormHead
+    does at inference (F.normalize: w / max(|w|, 1e-12))."""
+    m = decoder_weight_map(c)
+    for i in range(c.num_hidden_layers):
+        m[f"model.layers.{i}.self_attn.qkv_proj.weight"] = [f"model.layers.{i}.self_attn.W_pack.weight"]
+    if c.norm_head:
+        m["lm_head.weight"] = WeightSpec(("lm_head.weight",), _normalized_rows)
+    return m
+
+
+def _normalized_rows(w: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(w.astype(np.float32), axis=1, keepdims=True)
+    return (w.astype(np.float32) / np.maximum(norms, np.float32(1e-12))).astype(w.dtype)

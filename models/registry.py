@@ -293,6 +293,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("arcee", ("ArceeForCausalLM",), ("arcee",), nemotron, nemotron.ArceeConfig, nemotron.ArceeForCausalLM),
     _arch("bloom", ("BloomForCausalLM",), ("bloom",), alibi, alibi.BloomConfig, alibi.BloomForCausalLM),
     _arch("mpt", ("MptForCausalLM", "MPTForCausalLM"), ("mpt",), alibi, alibi.MptConfig, alibi.MptForCausalLM),
+    _arch("baichuan", ("BaichuanForCausalLM", "BaiChuanForCausalLM"), ("baichuan",), alibi, alibi.BaichuanConfig,
+          alibi.BaichuanForCausalLM),
     _arch("helium", ("HeliumForCausalLM",), ("helium",), helium, helium.HeliumConfig, helium.HeliumForCausalLM),
     _arch("bitnet", ("BitNetForCausalLM",), ("bitnet",), bitnet, bitnet.BitNetConfig, bitnet.BitNetForCausalLM),
     _arch("jais2", ("Jais2ForCausalLM",), ("jais2",), nemotron, nemotron.Jais2Config, nemotron.Jais2ForCausalLM),
