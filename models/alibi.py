@@ -138,11 +138,13 @@ class MptConfig(AlibiConfig):
 class BaichuanConfig(AlibiConfig):
     alibi: bool = True
     norm_head: bool = False
+    split_qkv: bool = False                 # llama.cpp's layout (the GGUF reader's): q, k and v apart
 
     ARCH: ClassVar[str] = "baichuan"
     BAICHUAN2_VOCAB: ClassVar[int] = 125696
     FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
-        DECODER_FIELDS, ConfigField("context_window_size", ("max_position_embeddings", "model_max_length")))
+        DECODER_FIELDS, ConfigField("context_window_size", ("max_position_embeddings", "model_max_length")),
+        ConfigField("split_qkv", ("kiln_split_qkv",), default=False))
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
@@ -203,7 +205,7 @@ def _baichuan_weight_map(c: BaichuanConfig) -> WeightMap:
     """Llama's names, q, k and v as W_pack's rows (kiln's order); Baichuan 2's head rows normalised as its NormHead
     does at inference (F.normalize: w / max(|w|, 1e-12))."""
     m = decoder_weight_map(c)
-    for i in range(c.num_hidden_layers):
+    for i in range(c.num_hidden_layers) if not c.split_qkv else ():
         m[f"model.layers.{i}.self_attn.qkv_proj.weight"] = [f"model.layers.{i}.self_attn.W_pack.weight"]
     if c.norm_head:
         m["lm_head.weight"] = WeightSpec(("lm_head.weight",), _normalized_rows)

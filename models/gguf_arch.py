@@ -70,6 +70,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
     hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
                                  RoPE base already raised (rope.freq_base), no scaling
+    baichuan Baichuan / 2        as llama (q/k rows permuted), W_pack as q, k and v; RoPE for 32 layers, else ALiBi
+                                 (llama.cpp's rule); Baichuan 2's head normalised as the model does (NormHead)
     hrm_text HRM-Text            block_count the cache's slots, the low stack's layers then the high stack's as the
                                  blocks, gate / q / k / v and the MLP's gate / up apart, hrm.z_l_init the low state's
                                  start, hrm.* the loop's counts
@@ -1164,6 +1166,15 @@ def _muse_glimmer(reader, arch, tensors, c):
              post_norm_eps=1e-8)
 
 
+def _baichuan(reader, arch, tensors, c):
+    """Baichuan as llama.cpp's converter writes it: W_pack split into q, k and v (q and k rows permuted as Llama's),
+    read under kiln's names for that layout (kiln_split_qkv: models/alibi.py); RoPE for 32 layers (the 7B models),
+    ALiBi otherwise, as llama.cpp's graph chooses (BLOOM's slopes: its max_alibi_bias 8). Baichuan 2's head is
+    stored as it was trained (the converter does not normalise it): kiln normalises it as the model does."""
+    rope = c["num_hidden_layers"] == 32
+    c.update(architectures=["BaiChuanForCausalLM" if rope else "BaichuanForCausalLM"], kiln_split_qkv=True)
+
+
 def _hrm_text(reader, arch, tensors, c):
     """HRM-Text as llama.cpp's converter writes it: block_count the cache's slots (layers_per_stack x h_cycles x
     (l_cycles + 1)), the low stack's layers as blk.0 .. n - 1 and the high stack's after them, each layer's gate, q, k
@@ -2096,6 +2107,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "paddleocr": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, config=_paddleocr),
+    "baichuan": GGUFArch("baichuan", ("BaichuanForCausalLM",), LLAMA_LAYER, permuted=True, config=_baichuan),
     "hrm_text": GGUFArch("hrm_text", ("HrmTextForCausalLM",), {**LLAMA_LAYER, "attn_gate": "self_attn.gate_proj"},
                          config=_hrm_text, whole_names={"hrm.z_l_init": "model.z_L_init"}),
     "muse-glimmer": GGUFArch("muse_glimmer_text", ("MuseGlimmerForConditionalGeneration",),

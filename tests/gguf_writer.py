@@ -6,6 +6,7 @@ own TensorNameMap (llama.cpp's table), metadata keys through gguf.GGUFWriter, an
 
     llama    q/k rows permuted per head; Llama 3 RoPE scaling as a rope_freqs.weight tensor;
              a sliding window (Mistral) as attention.sliding_window
+    baichuan W_pack split into q, k and v, then as llama (this llama.cpp's converter recurses without end on it)
     gemma*   every *norm.weight stored + 1; no output.weight (tied)
     phi3     fused attn_qkv / ffn_up kept; LongRoPE factors as rope_factors_long / _short
     phimoe   Phi3MiniModel's keys and LongRoPE factors (cos / sin's factor as the converter computes it, not the
@@ -100,7 +101,7 @@ from safetensors.numpy import load_file
 from gguf_quants import quantize
 
 # HF model_type -> GGUF architecture.
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+GGUF_ARCH = {"llama": "llama", "baichuan": "baichuan", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
              "gemma2": "gemma2",
              "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
              "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
@@ -127,7 +128,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "q
              "mimo_v2_flash": "mimo2", "bitnet": "bitnet", "glm": "chatglm"}
 MAMBA1 = ("mamba", "falcon_mamba", "jamba")  # Mamba-1 layers: A [inner, state] and D [inner] as they are
 # the converter's LlamaModel subclasses (q/k rows permuted)
-PERMUTED = ("llama", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
+PERMUTED = ("llama", "baichuan", "granite", "smollm3", "olmo", "granitemoe", "arcee", "granitehybrid", "nemotron_h",
             "nemotron_h_moe", "mistral3", "internlm2", "minicpm", "granite_swa")
 
 
@@ -145,6 +146,11 @@ def write_gguf(hf_dir: Path, path: Path, types: dict[str, str] | None = None, de
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(hf_dir.name)
     hf = load_file(str(hf_dir / "model.safetensors"))
+    if arch == "baichuan":                      # BaichuanModel's: W_pack split into q, k and v (then as llama's)
+        cfg.setdefault("max_position_embeddings", cfg["model_max_length"])     # TextModel's context key, in turn
+        for name in [n for n in hf if n.endswith(".self_attn.W_pack.weight")]:
+            for part, rows in zip(("q", "k", "v"), np.split(hf.pop(name), 3)):
+                hf[name.replace("W_pack", f"{part}_proj")] = rows
     if arch == "apertus":                       # ApertusModel's: xIELU's parameters as metadata, a value a layer
         for p in ("alpha_n", "alpha_p", "beta", "eps"):
             values = [float(hf.pop(f"model.layers.{i}.mlp.act_fn.{p}").reshape(-1)[0])

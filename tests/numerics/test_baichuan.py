@@ -119,3 +119,16 @@ def test_the_reference_is_sensitive_to_what_it_checks(tmp_path):
     base = Reference(w, True, True)(ids).logits
     assert (base - Reference(w, True, False)(ids).logits).abs().max() > 1.0
     assert (base - Reference(w, False, True)(ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("layers", [2, 32])
+def test_baichuan_gguf(layers, tmp_path, monkeypatch):
+    """Baichuan's GGUF (arch baichuan, as BaichuanModel writes it: W_pack as q, k and v, q and k permuted; written
+    by tests/gguf_writer.py, as this llama.cpp's converter recurses without end on it): ALiBi off 32 layers, RoPE at
+    32 (llama.cpp's rule), Baichuan 2's head normalised as the model does; its code's logits."""
+    from gguf_writer import write_gguf
+    monkeypatch.setattr(__import__(__name__), "LAYERS", layers)
+    w = write_baichuan(tmp_path / "hf", "BaichuanForCausalLM", 125696 if layers == 2 else 512)
+    path = write_gguf(tmp_path / "hf", tmp_path / "baichuan.gguf")
+    art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, Reference(w, layers != 32, layers == 2), IDS, 1e-4)

@@ -568,3 +568,4 @@ def test_hrm_text_as_the_converter_writes_it(converted, tmp_path):
     assert "hrm.z_l_init" in {t.name for t in gguf.GGUFReader(theirs).tensors}
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, test_hrm_text.write_hrm(tmp_path / "ref"), IDS, TOL)
+
