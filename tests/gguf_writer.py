@@ -101,8 +101,8 @@ from safetensors.numpy import load_file
 from gguf_quants import quantize
 
 # HF model_type -> GGUF architecture.
-GGUF_ARCH = {"llama": "llama", "baichuan": "baichuan", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
-             "gemma2": "gemma2",
+GGUF_ARCH = {"llama": "llama", "baichuan": "baichuan", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "gemma": "gemma", "gemma2": "gemma2",
              "gemma3_text": "gemma3", "phi3": "phi3", "gpt2": "gpt2", "granite": "granite", "olmo2": "olmo2",
              "smollm3": "smollm3", "stablelm": "stablelm", "phi": "phi2", "starcoder2": "starcoder2",
              "mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_neox": "gptneox",
