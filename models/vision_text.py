@@ -79,6 +79,7 @@ WRAPPERS = {
     "HyperCLOVAXVisionV2ForConditionalGeneration": "HyperCLOVA X Vision", "Cosmos3OmniForConditionalGeneration":
     "Cosmos 3 Omni", "GlmOcrForConditionalGeneration": "GLM-OCR", "PaddleOCRVLForConditionalGeneration": "PaddleOCR-VL",
     "DeepseekOcr2ForConditionalGeneration": "DeepSeek-OCR 2", "GotOcr2ForConditionalGeneration": "GOT-OCR 2.0",
+    "DeepseekOCRForCausalLM": "DeepSeek-OCR", "DeepseekOCR2ForCausalLM": "DeepSeek-OCR 2",
     "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge", "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE 4.5 VL",
     "CohereCompassForConditionalGeneration": "Cohere Compass", "MuseGlimmerForConditionalGeneration": "Muse Glimmer",
 }
@@ -94,7 +95,11 @@ UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
           "Cosmos3EdgeForConditionalGeneration": "vision tower, projector and generation branch",
           "Ernie4_5_VLMoeForConditionalGeneration": "vision tower, projector and vision experts"}
 # where the language model's config is, where not text_config
-TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI}}
+TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI},
+               **dict.fromkeys(("DeepseekOCRForCausalLM", "DeepseekOCR2ForCausalLM"), ("language_config",))}
+# DeepSeek-OCR's own code's language model: a DeepSeek-V2 without latent attention (use_mla false), which is
+# DeepSeek-OCR 2's text model (transformers' deepseek_ocr2_text)
+DEEPSEEK_OCR = ("DeepseekOCRForCausalLM", "DeepseekOCR2ForCausalLM")
 # wrappers transformers has no forward for (their own code, trust_remote_code; a generate-only whole):
 # compiler/golden.py's reference is transformers' model of the language model over the tensors kiln reads
 CUSTOM = ("InternVLChatModel", "KimiK25ForConditionalGeneration", *OMNI)
@@ -173,6 +178,12 @@ def text_of(source: ModelSource) -> ModelSource:
               "tie_word_embeddings": tied,
               # the wrapper first: transformers' reference for the checkpoint is its class (compiler/golden.py)
               "architectures": [wrapper, *(text.get("architectures") or [])]}
+    kind = text["model_type"]
+    if wrapper in DEEPSEEK_OCR:
+        if text.get("use_mla") is not False:
+            raise ModelLoadError(f"{where}: {wrapper}'s language_config has latent attention (use_mla not false), "
+                                 "which DeepSeek-OCR's language model has not; the config.json is not DeepSeek-OCR's")
+        config, kind = dict(config, model_type="deepseek_ocr2_text"), "deepseek_v2 without latent attention"
     if text["model_type"] in AS_FAMILY:
         config = dict(mrope_as_rope(config), model_type=AS_FAMILY[text["model_type"]],
                       **AS_FAMILY_FIELDS.get(text["model_type"], lambda _: {})(text))
@@ -194,7 +205,7 @@ def text_of(source: ModelSource) -> ModelSource:
         names = [n for n in names if not not_run(n)]
     weights = TextWeights(source.weights, prefix, head, names, layers, rows, RENAMED.get(wrapper, ()))
     left = len(held) - len(weights.names())
-    note = (f"{WRAPPERS[wrapper]}'s language model ({text['model_type']}) only: its "
+    note = (f"{WRAPPERS[wrapper]}'s language model ({kind}) only: its "
             f"{UNREAD.get(wrapper, 'vision tower and projector')}"
             f"{' and its cross-attention layers' if layers else ''} ({left} tensors) are not read (prompts are text)")
     return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *notes, *source.notes])

@@ -263,28 +263,9 @@ HUNYUAN_VL = dict(
     image_token_id=511, im_start_id=508, im_end_id=509, im_newline_id=510)
 
 
-# DeepSeek-OCR's language model: test_vision_text's DeepSeek-OCR 2 checkpoint (the same text model: DeepSeek-V2's
-# experts under multi-head attention; its towers' tensors, which the converter skips, under model.) with config.json
-# in DeepSeek-OCR's released form (language_config, first_k_dense_replace, no latent attention), which transformers
-# does not read: the reference is the same model as transformers' DeepSeek-OCR 2 class (the same seed)
-def _deepseek_ocr_case() -> tuple[str, str, dict]:
-    """test_vision_text's DeepSeek-OCR 2 case as DeepSeek-OCR is: greedy routing, no attention biases."""
-    from test_vision_text import CASES as VISION_CASES
-    cls, config_cls, cfg = VISION_CASES["deepseek-ocr2"]
-    return cls, config_cls, dict(cfg, text_config=dict(cfg["text_config"], topk_method="greedy", n_group=None,
-                                                       topk_group=None, attention_bias=False))
-
-
+# DeepSeek-OCR's language model in DeepSeek-OCR's released form (test_vision_text.write_deepseek_ocr_released)
 def _deepseek_ocr(hf) -> None:
-    write_widened(*_deepseek_ocr_case(), hf, seed=1)
-
-    def released(c: dict) -> dict:
-        text = {k: v for k, v in c["text_config"].items() if k not in ("mlp_layer_types", "model_type")}
-        return dict(architectures=["DeepseekOCRForCausalLM"], model_type="deepseek_vl_v2", language_config=dict(
-            text, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", use_mla=False, kv_lora_rank=None,
-            q_lora_rank=None, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0, n_group=1, topk_group=1,
-            topk_method="greedy", first_k_dense_replace=c["text_config"]["mlp_layer_types"].count("dense")))
-    _edit_json(hf / "config.json", released)
+    __import__("test_vision_text").write_deepseek_ocr_released(hf)
 
 
 def _muse_glimmer_case() -> tuple[str, str, dict]:
@@ -546,7 +527,7 @@ def test_deepseek_ocr_as_the_converter_writes_it(converted, tmp_path):
     theirs = converted["deepseek-ocr"][1]
     assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "deepseek2-ocr"
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
-    reference = write_widened(*_deepseek_ocr_case(), tmp_path / "ref", seed=1)
+    reference = write_widened(*__import__("test_vision_text").deepseek_ocr_case(), tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
 
 

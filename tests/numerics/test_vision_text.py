@@ -605,3 +605,37 @@ def test_molmo2_in_its_released_config_form(tmp_path):
                                  rope_scaling_layers=None, use_qk_norm=True)
     path.write_text(json.dumps(config))
     _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
+
+
+def deepseek_ocr_case() -> tuple[str, str, dict]:
+    """CASES' DeepSeek-OCR 2 as DeepSeek-OCR is: greedy routing, no attention biases."""
+    cls, config_cls, cfg = CASES["deepseek-ocr2"]
+    return cls, config_cls, dict(cfg, text_config=dict(cfg["text_config"], topk_method="greedy", n_group=None,
+                                                       topk_group=None, attention_bias=False))
+
+
+def write_deepseek_ocr_released(hf) -> None:
+    """deepseek_ocr_case's model (seed 1) with config.json in DeepSeek-OCR's released form (its own code's:
+    DeepseekOCRForCausalLM, the language model as language_config: DeepSeek-V2 with use_mla false, its dense layers
+    as first_k_dense_replace), which transformers does not read; the tensors as transformers saves them (the released
+    names: model.layers.*, the towers' beside them)."""
+    write_widened(*deepseek_ocr_case(), hf, seed=1)
+    path = hf / "config.json"
+    c = json.loads(path.read_text())
+    text = {k: v for k, v in c["text_config"].items() if k not in ("mlp_layer_types", "model_type")}
+    path.write_text(json.dumps(dict(architectures=["DeepseekOCRForCausalLM"], model_type="deepseek_vl_v2",
+                                    language_config=dict(
+        text, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", use_mla=False, kv_lora_rank=None,
+        q_lora_rank=None, qk_nope_head_dim=0, qk_rope_head_dim=0, v_head_dim=0, n_group=1, topk_group=1,
+        topk_method="greedy", first_k_dense_replace=c["text_config"]["mlp_layer_types"].count("dense")))))
+
+
+def test_deepseek_ocr_in_its_released_form(tmp_path):
+    """DeepSeek-OCR as released (its own code's config: language_config a DeepSeek-V2 without latent attention) reads
+    as DeepSeek-OCR 2's language model: transformers' DeepSeek-OCR 2 class's logits for the same model."""
+    import kiln
+    write_deepseek_ocr_released(tmp_path / "hf")
+    (note,) = [n for n in load(tmp_path / "hf").notes if "language model" in n]
+    assert note.startswith("DeepSeek-OCR's language model (deepseek_v2 without latent attention) only"), note
+    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, write_widened(*deepseek_ocr_case(), tmp_path / "ref", seed=1), IDS, TOL)
