@@ -70,6 +70,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     seed_oss Seed-OSS            as HF (q/k/v biases); the norm before the MLP named post_attention_norm
     hunyuan-dense Hunyuan        as HF, the q/k norms as attn_q_norm / attn_k_norm; the NTK-alpha
                                  RoPE base already raised (rope.freq_base), no scaling
+    chameleon Chameleon          as llama (q/k rows permuted), q_norm / k_norm [heads, head_dim] in llama.cpp's pair
+                                 order (each head's head 0's); the image tokens by their IMGIMG names in the vocabulary
     baichuan Baichuan / 2        as llama (q/k rows permuted), W_pack as q, k and v; RoPE for 32 layers, else ALiBi
                                  (llama.cpp's rule); Baichuan 2's head normalised as the model does (NormHead)
     hrm_text HRM-Text            block_count the cache's slots, the low stack's layers then the high stack's as the
@@ -1166,6 +1168,23 @@ def _muse_glimmer(reader, arch, tensors, c):
              post_norm_eps=1e-8)
 
 
+def _chameleon(reader, arch, tensors, c):
+    """Chameleon as llama.cpp's converter writes it: q/k rows permuted as Llama's, q_norm / k_norm [heads, head_dim]
+    (each head's weight head 0's, its dims in llama.cpp's pair order: read back by reorder), swin_norm; its image
+    tokens named in the vocabulary (IMGIMG*: what vocabulary_map names), whose logits kiln makes the lowest as the
+    model does (llama.cpp masks ids 4 .. 8195, the released vocabulary's)."""
+    tokens = meta(reader, "tokenizer.ggml.tokens", [])
+    c.update(swin_norm=bool(_key(reader, arch, "swin_norm", False)),
+             vocabulary_map={t: i for i, t in enumerate(tokens) if t.startswith("IMGIMG")})
+
+
+def _chameleon_norm_dims(c: dict) -> dict[str, tuple[int, np.ndarray]]:
+    """q_norm / k_norm's dims back from llama.cpp's pair order (the converter's _reverse_hf_permute) to HF's."""
+    head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    stored_at = np.arange(head).reshape(head // 2, 2).T.reshape(-1)   # HF dim k is stored at 2 (k % (d/2)) + k // (d/2)
+    return dict.fromkeys(("attn_q_norm", "attn_k_norm"), (1, stored_at))
+
+
 def _baichuan(reader, arch, tensors, c):
     """Baichuan as llama.cpp's converter writes it: W_pack split into q, k and v (q and k rows permuted as Llama's),
     read under kiln's names for that layout (kiln_split_qkv: models/alibi.py); RoPE for 32 layers (the 7B models),
@@ -2107,6 +2126,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "paddleocr": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, config=_paddleocr),
+    "chameleon": GGUFArch("chameleon", ("ChameleonForConditionalGeneration",), {**LLAMA_LAYER, **QK_NORMS},
+                          permuted=True, config=_chameleon, reorder=_chameleon_norm_dims),
     "baichuan": GGUFArch("baichuan", ("BaichuanForCausalLM",), LLAMA_LAYER, permuted=True, config=_baichuan),
     "hrm_text": GGUFArch("hrm_text", ("HrmTextForCausalLM",), {**LLAMA_LAYER, "attn_gate": "self_attn.gate_proj"},
                          config=_hrm_text, whole_names={"hrm.z_l_init": "model.z_L_init"}),

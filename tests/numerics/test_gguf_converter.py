@@ -292,6 +292,7 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                                           _sentencepiece_model(hf / "tokenizer.model")), None, []),
                   "paddleocr-vl": (_paddleocr_vl, None, []),
                   "deepseek-ocr": (_deepseek_ocr, None, []),
+                  "chameleon": (lambda hf: __import__("test_chameleon").write_for_the_converter(hf), None, []),
                   "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
                   "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
@@ -550,3 +551,14 @@ def test_hrm_text_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, test_hrm_text.write_hrm(tmp_path / "ref"), IDS, TOL)
 
+
+
+def test_chameleon_as_the_converter_writes_it(converted, tmp_path):
+    """Chameleon through the converter (arch chameleon: q/k rows permuted, q_norm / k_norm in llama.cpp's pair order,
+    the image tokens named in the vocabulary): transformers' logits, the image tokens' the lowest."""
+    import test_chameleon
+    theirs = converted["chameleon"][1]
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = test_chameleon.write_for_the_converter(tmp_path / "ref")
+    assert len(reference.model.vocabulary_mapping.image_tokens) == 8
+    assert_prefill_and_decode_match(art, reference, IDS, TOL)
