@@ -1793,7 +1793,8 @@ def _v2_router(reader, arch, tensors, c):
 def _deepseek2_ocr(reader, arch, tensors, c):
     """DeepSeek-OCR's language model as llama.cpp's converter writes it (deepseek2-ocr): DeepSeek-V2's experts and
     softmax router (_v2_router) under multi-head attention, RoPE on halves of each whole head (llama.cpp's NeoX
-    rope), the first leading_dense_block_count layers dense: DeepSeek-OCR 2's text model (deepseek_ocr2_text). Its
+    rope), the first leading_dense_block_count layers dense (first_k_dense_replace, as DeepSeek-OCR's own config
+    gives them): DeepSeek-OCR 2's text model (deepseek_ocr2_text). Its
     converter writes Unlimited-OCR as it too, with a window llama.cpp does not run (that model keeps every prompt
     token and windows the generated ones): a file with one is refused."""
     if (window := _key(reader, arch, "attention.sliding_window")):
@@ -1804,9 +1805,7 @@ def _deepseek2_ocr(reader, arch, tensors, c):
         raise ModelLoadError(f"this {arch} GGUF routes its experts by {gguf.ExpertGatingFuncType(gating).name.lower()}"
                              " (expert_gating_func), where DeepSeek-OCR's router is a softmax; re-convert the model")
     _v2_router(reader, arch, tensors, c)
-    dense = c.pop("first_k_dense_replace")
-    c.update(mlp_layer_types=["dense"] * dense + ["sparse"] * (c["num_hidden_layers"] - dense),
-             attention_bias="blk.0.attn_q.bias" in tensors)
+    c["attention_bias"] = "blk.0.attn_q.bias" in tensors
 
 
 def _bloom(reader, arch, tensors, c):
