@@ -263,11 +263,6 @@ HUNYUAN_VL = dict(
     image_token_id=511, im_start_id=508, im_end_id=509, im_newline_id=510)
 
 
-# DeepSeek-OCR's language model in DeepSeek-OCR's released form (test_vision_text.write_deepseek_ocr_released)
-def _deepseek_ocr(hf) -> None:
-    __import__("test_vision_text").write_deepseek_ocr_released(hf)
-
-
 def _muse_glimmer_case() -> tuple[str, str, dict]:
     """test_vision_text's Muse Glimmer case with its post norms' released epsilon (llama.cpp's graph fixes 1e-8)."""
     from test_vision_text import CASES as VISION_CASES
@@ -291,7 +286,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "openelm": (lambda hf: (__import__("test_openelm").write_openelm(hf, tokenizer=None),
                                           _sentencepiece_model(hf / "tokenizer.model")), None, []),
                   "paddleocr-vl": (_paddleocr_vl, None, []),
-                  "deepseek-ocr": (_deepseek_ocr, None, []),
+                  # DeepSeek-OCR's language model in DeepSeek-OCR's released form
+                  "deepseek-ocr": (lambda hf: __import__("test_vision_text").write_deepseek_ocr_released(hf), None,
+                                   []),
                   "chameleon": (lambda hf: __import__("test_chameleon").write_for_the_converter(hf), None, []),
                   "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
