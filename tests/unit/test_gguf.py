@@ -446,3 +446,32 @@ def test_a_step35_gguf_that_does_not_renormalise_is_refused(tiny_hf, tmp_path):
     with pytest.raises(ModelLoadError, match=r"does not renormalise its experts' weights \(expert_weights_norm\), "
                                              "which Step 3.5 always does; re-convert the model"):
         kg.load_gguf(_write_tiny(tmp_path / "step35.gguf", tiny_hf, arch="step35"))
+
+
+def _metadata_only(path: Path, arch: str, keys: dict) -> gguf.GGUFReader:
+    """A GGUF of `arch` holding only `keys` (after the architecture's name), no tensors; opened."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in keys.items():
+        w.add_key_value(f"{arch}.{key}", value, gguf.GGUFValueType.UINT32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return gguf.GGUFReader(str(path))
+
+
+@pytest.mark.parametrize("arch, keys, c, refusal", [
+    ("deepseek2-ocr", {"attention.sliding_window": 128}, {},
+     r"deepseek2-ocr GGUF has a window .*sliding_window 128: Unlimited-OCR's reference sliding-window attention"),
+    ("hrm_text", {"hrm.layers_per_stack": 2, "hrm.h_cycles": 2, "hrm.l_cycles": 2},
+     dict(num_hidden_layers=8, hidden_size=64, num_attention_heads=4), r"\(2, 2, 2\) do not make its block_count \(8\)"),
+    ("muse-glimmer", {}, dict(hidden_size=64, num_attention_heads=4), r"attn_q_norm / attn_k_norm are not one scale"),
+])
+def test_a_layout_the_family_cannot_read_is_refused_naming_the_key(arch, keys, c, refusal, tmp_path):
+    """deepseek2-ocr with a window (Unlimited-OCR's, which its converter writes under that architecture), hrm_text
+    whose loop counts do not make its block count, muse-glimmer without the q/k norms its converter synthesizes:
+    refused while the config is read, naming the key and the fix."""
+    from kiln.models.gguf_arch import GGUF_ARCHS
+    reader = _metadata_only(tmp_path / "m.gguf", arch, keys)
+    with pytest.raises(ModelLoadError, match=refusal):
+        GGUF_ARCHS[arch].config(reader, arch, {}, dict(c))

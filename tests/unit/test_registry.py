@@ -130,6 +130,17 @@ MLA = dict(ROUTED, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_h
     (dict(BASE, model_type="hunyuan_v1_moe", num_experts=8, moe_topk=[2, 2]), "moe_topk lists 2 values for 4 layers"),
     (dict(BASE, model_type="exaone_moe", **ROUTED, mlp_layer_types=["dense", "moe", "sparse", "sparse"]),
      "mlp_layer_types must list 'dense' or 'sparse'"),
+    (dict(BASE, model_type="deepseek_ocr2_text", **ROUTED, topk_method="noaux_tc"),
+     "deepseek_ocr2_text topk_method 'noaux_tc' is not supported"),
+    (dict(BASE, model_type="ernie4_5_vl_moe_text", moe_num_experts=8, moe_k=2, moe_intermediate_size=[32, 16],
+          mlp_layer_types=["dense", "sparse", "dense", "sparse"]), r"sparse layers \[1, 3\] .* not one run"),
+    (dict(BASE, model_type="cohere_compass_text", rope_parameters={"full_attention": {"rope_theta": 1e4},
+                                                                   "sliding_attention": {"rope_theta": 1e4}}),
+     "RoPE on its full-attention layers"),
+    (dict(BASE, model_type="molmo2_text", qk_norm_type="gemma"), "qk_norm_type 'gemma' is not supported"),
+    (dict(BASE, model_type="muse_glimmer_text", hidden_activation="gelu"), "hidden_activation 'gelu'"),
+    (dict(BASE, model_type="hrm_text", num_key_value_heads=4, attention_bias=True), "HRM-Text with attention_bias"),
+    (dict(BASE, model_type="chameleon", rms_norm_eps=1e-6), "Chameleon with rms_norm_eps 1e-06"),
 ])
 def test_a_config_kiln_cannot_build_is_refused_naming_the_field(hf, message):
     arch = find_architecture(hf)
