@@ -464,7 +464,8 @@ def _metadata_only(path: Path, arch: str, keys: dict) -> gguf.GGUFReader:
     ("deepseek2-ocr", {"attention.sliding_window": 128}, {},
      r"deepseek2-ocr GGUF has a window .*sliding_window 128: Unlimited-OCR's reference sliding-window attention"),
     ("hrm_text", {"hrm.layers_per_stack": 2, "hrm.h_cycles": 2, "hrm.l_cycles": 2},
-     dict(num_hidden_layers=8, hidden_size=64, num_attention_heads=4), r"\(2, 2, 2\) do not make its block_count \(8\)"),
+     dict(num_hidden_layers=8, hidden_size=64, num_attention_heads=4),
+     r"\(2, 2, 2\) do not make its block_count \(8\)"),
     ("muse-glimmer", {}, dict(hidden_size=64, num_attention_heads=4), r"attn_q_norm / attn_k_norm are not one scale"),
 ])
 def test_a_layout_the_family_cannot_read_is_refused_naming_the_key(arch, keys, c, refusal, tmp_path):
