@@ -19,6 +19,17 @@ _UNSUPPORTED = {
     **{t: ("DeepSeek-V4", "compressed sparse attention (keys compressed 4 or 128 to one, an indexer choosing the "
                           "compressed blocks each query reads) and hyper-connections (several residual streams)")
        for t in ("deepseek_v4", "deepseek4")},
+    **{t: ("HY V4 VL", "language model's (HY V4's) sparse attention (an indexer choosing the keys each query reads)")
+       for t in ("hy_v4_vl", "hy_v4_vl_text")},
+    **{t: ("GLM-5-Next", "hyper-connections (several residual streams mixed by Sinkhorn-normalised matrices), "
+                         "Kimi delta attention layers (a recurrent state) and pooled sparse attention")
+       for t in ("glm5_next", "glm5_next_text")},
+    **{t: ("Mistral Large 4", "layers that attend to an earlier layer's latent KV cache, a learned scale of its RoPE "
+                              "frequencies, queries scaled by log(position) and sparse attention (an indexer)")
+       for t in ("mistral_large4", "mistral_large4_text")},
+    **{t: ("Gemma 4 assistant", "multi-token-prediction drafting over the target model's hidden states (not a "
+                                "model of its own: compile the Gemma 4 it drafts for)")
+       for t in ("gemma4_assistant", "gemma4_unified_assistant")},
     **{t: ("Qwen4-Exp", "hyper-connections (several residual streams mixed by learned matrices) and n-gram "
                         "embeddings beside its linear-attention layers")
        for t in ("qwen4_exp", "qwen4_exp_text", "qwen4exp")},

@@ -5,9 +5,10 @@ InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose 
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7,
 DeepSeek-VL, Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria, VideoLLaMA 3, Granite 4 Vision,
 Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni, GLM-OCR, PaddleOCR-VL,
-DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL, Cohere Compass (WRAPPERS) put a vision tower and a
+DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL, Cohere Compass, FastVLM, Perception LM, Nemotron 3 Nano Omni
+(WRAPPERS) put a vision tower and a
 projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2,
-EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, ...), described by config.json's text_config;
+EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, Nemotron-H, ...), described by config.json's text_config;
 Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image codes are tokens of its Llama's
 vocabulary; Fuyu a projection of image patches before a Persimmon; Qwen2.5-Omni and Qwen3-Omni a vision and an audio
 tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under `thinker.`; the whole
@@ -22,7 +23,8 @@ Where the language model's tensors are is read from the file, not from the trans
 `language_model.model.*` and `language_model.lm_head` (LLaVA's and InternVL's as released, which transformers
 keeps), `model.language_model.*` and `lm_head`, `model.text_model.*` (Idefics2/3, SmolVLM), `thinker.model.*` or
 `thinker.model.language_model.*` and `thinker.lm_head` (the Omni models), `text_model.*` and `text_model.lm_head`
-(Emu3 as released). Its head is tied to
+(Emu3 as released), `language_model.backbone.*` (Nemotron 3 Nano Omni's Nemotron-H, read under `backbone.` as that
+family's checkpoints name it: FAMILY_ROOT). Its head is tied to
 the embedding where the file has none, or config.json ties it.
 
 Llama 3.2 Vision (Mllama) is a Llama 3 whose cross-attention layers (`cross_attention_layers`, reading the image)
@@ -82,6 +84,8 @@ WRAPPERS = {
     "DeepseekOCRForCausalLM": "DeepSeek-OCR", "DeepseekOCR2ForCausalLM": "DeepSeek-OCR 2",
     "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge", "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE 4.5 VL",
     "CohereCompassForConditionalGeneration": "Cohere Compass", "MuseGlimmerForConditionalGeneration": "Muse Glimmer",
+    "FastVlmForConditionalGeneration": "FastVLM", "PerceptionLMForConditionalGeneration": "Perception LM",
+    "NemotronH_Omni_Reasoning_V3": "Nemotron 3 Nano Omni",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -93,10 +97,13 @@ UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
           **{omni: "vision and audio towers, talker and speech decoder" for omni in OMNI},
           "Apertus1p5ForConditionalGeneration": "vision and audio tokenizers",
           "Cosmos3EdgeForConditionalGeneration": "vision tower, projector and generation branch",
-          "Ernie4_5_VLMoeForConditionalGeneration": "vision tower, projector and vision experts"}
-# where the language model's config is, where not text_config
-TEXT_CONFIG = {"InternVLChatModel": ("llm_config",), **{omni: ("thinker_config", "text_config") for omni in OMNI},
-               **dict.fromkeys(("DeepseekOCRForCausalLM", "DeepseekOCR2ForCausalLM"), ("language_config",))}
+          "Ernie4_5_VLMoeForConditionalGeneration": "vision tower, projector and vision experts",
+          "NemotronH_Omni_Reasoning_V3": "vision tower and projector (and audio tower, where it has one)"}
+# where the language model's config is, where not text_config (the first of these paths config.json holds)
+TEXT_CONFIG = {"InternVLChatModel": (("llm_config",),), **{omni: (("thinker_config", "text_config"),) for omni in OMNI},
+               **dict.fromkeys(("DeepseekOCRForCausalLM", "DeepseekOCR2ForCausalLM"), (("language_config",),)),
+               # Nemotron 3 Nano Omni as released names it llm_config, transformers text_config
+               "NemotronH_Omni_Reasoning_V3": (("text_config",), ("llm_config",))}
 # DeepSeek-OCR's own code's language model: a DeepSeek-V2 without latent attention (use_mla false), which is
 # DeepSeek-OCR 2's text model (transformers' deepseek_ocr2_text)
 DEEPSEEK_OCR = ("DeepseekOCRForCausalLM", "DeepseekOCR2ForCausalLM")
@@ -119,14 +126,18 @@ AS_FAMILY_FIELDS = {"glm_ocr_text": lambda text: {"attention_bias": False},
                     "paddleocr_vl_text": lambda text: dict.fromkeys(("attention_bias", "mlp_bias"),
                                                                     bool(text.get("use_bias")))}
 # the language model's tensors: under one of these, the family's "model." names after it
-PREFIXES = ("language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
+PREFIXES = ("language_model.backbone",                  # Nemotron 3 Nano Omni's Nemotron-H, as released
+            "language_model.model", "model.language_model", "model.text_model", "thinker.model.language_model",
             "thinker.model", "text_model",
             "model",            # the language model's own names, the towers' beside them (Step 3.7's as released)
             "")                 # at the root (Cosmos 3 Edge's as released)
 HEADS = ("language_model.lm_head.weight", "lm_head.weight", "thinker.lm_head.weight",
          "language_model.output.weight",       # InternLM 2's head (InternVL 2 / 2.5), which keeps its name
          "text_model.lm_head.weight")          # Emu3's, as released
-EMBEDDINGS = ("embed_tokens", "tok_embeddings")     # the language model's embedding (InternLM 2's, the second)
+EMBEDDINGS = ("embed_tokens", "tok_embeddings",     # the language model's embedding (InternLM 2's, the second;
+              "embeddings")                         # Nemotron-H's, the third)
+# text families whose own checkpoints keep the language model's tensors under another root than `model.`
+FAMILY_ROOT = {"nemotron_h": "backbone"}
 # what the language model holds under `model.` where the towers' tensors are there too (Step 3.7, DeepSeek-OCR 2)
 OWN_PARTS = (*EMBEDDINGS, "layers", "norm")
 # a wrapper's language model tensors named otherwise than its family's checkpoints name them (within a layer), and the
@@ -159,7 +170,8 @@ def text_of(source: ModelSource) -> ModelSource:
     wrapper = wrapper_of(source.hf_config)
     if wrapper is None:
         return source
-    hf, where, path = source.hf_config, f"{source.path / 'config.json'}", TEXT_CONFIG.get(wrapper, ("text_config",))
+    hf, where, paths = source.hf_config, f"{source.path / 'config.json'}", TEXT_CONFIG.get(wrapper, (("text_config",),))
+    path = next((p for p in paths if p[0] in hf), paths[0])
     text = hf
     for key in path:
         text = text.get(key) if isinstance(text, dict) else None
@@ -203,7 +215,8 @@ def text_of(source: ModelSource) -> ModelSource:
     if wrapper in NOT_RUN:
         not_run = NOT_RUN[wrapper](text)
         names = [n for n in names if not not_run(n)]
-    weights = TextWeights(source.weights, prefix, head, names, layers, rows, RENAMED.get(wrapper, ()))
+    weights = TextWeights(source.weights, prefix, head, names, layers, rows, RENAMED.get(wrapper, ()),
+                          FAMILY_ROOT.get(config["model_type"], "model"))
     left = len(held) - len(weights.names())
     note = (f"{WRAPPERS[wrapper]}'s language model ({kind}) only: its "
             f"{UNREAD.get(wrapper, 'vision tower and projector')}"
@@ -284,13 +297,13 @@ class TextWeights:
     `lm_head.weight` where the wrapper holds a head); every other method of the source it wraps (a stored
     type, stored codes) takes those names too. `layers`: the wrapper's layer index of each of the family's
     (the others unread); `rows`: the embedding rows read (its first); `renames`: (the wrapper's, the family's) parts
-    of names replaced."""
+    of names replaced; `root`: the family's own root (`backbone` for Nemotron-H)."""
 
     _BY_NAME = ("tensor_type", "stored_form", "stored_codes", "get_raw")
     EMBEDDING = "model.embed_tokens.weight"
 
     def __init__(self, inner, prefix: str, head: str | None, names: list[str], layers: list[int] | None = None,
-                 rows: int | None = None, renames: tuple[tuple[str, str], ...] = ()) -> None:
+                 rows: int | None = None, renames: tuple[tuple[str, str], ...] = (), root: str = "model") -> None:
         self._inner, self._rows, self._to_inner = inner, rows, {}
         ours = {wrapper: i for i, wrapper in enumerate(layers)} if layers is not None else None
         for name in names:
@@ -304,7 +317,7 @@ class TextWeights:
                 rest = f"layers.{ours[int(index)]}.{tail}"
             for theirs, family in renames:
                 rest = rest.replace(theirs, family)
-            self._to_inner[f"model.{rest}"] = name
+            self._to_inner[f"{root}.{rest}"] = name
         if head is not None:
             self._to_inner["output.weight" if head.endswith(".output.weight") else "lm_head.weight"] = head
 

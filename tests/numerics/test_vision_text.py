@@ -142,6 +142,17 @@ CASES = {   # case -> (class, config class, config), the image token the last id
                            encoder_config=dict(vocab_size=16, hidden_size=32, intermediate_size=32,
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)),
         image_token_id=511)),
+    # Nemotron 3 Nano Omni: RADIO before a Nemotron-H (Mamba-2, attention and MoE blocks), saved under
+    # language_model.backbone as released
+    "nemotron-omni": ("NemotronH_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3_Config", dict(
+        text_config=dict(LLAMA, model_type="nemotron_h", head_dim=16, num_hidden_layers=4, pad_token_id=0,
+                         layers_block_type=["mamba", "moe", "attention", "moe"], mamba_num_heads=4, mamba_head_dim=16,
+                         n_groups=2, ssm_state_size=16, n_routed_experts=8, num_experts_per_tok=2,
+                         moe_intermediate_size=32, moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1,
+                         routed_scaling_factor=2.5, tie_word_embeddings=False),
+        vision_config=dict(model_type="radio", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16, max_img_size=64, video_temporal_patch_size=2),
+        vision_hidden_size=32, projector_hidden_size=32, image_token_id=511)),
 }
 
 
@@ -150,7 +161,7 @@ FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "
           "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
           "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text", "cosmos3-edge": "arcee",
           "ernie4_5-vl-moe": "ernie4_5_vl_moe_text", "cohere-compass": "cohere_compass_text",
-          "muse-glimmer": "muse_glimmer_text"}
+          "muse-glimmer": "muse_glimmer_text", "nemotron-omni": "nemotron_h"}
 
 
 def _write(case: str, dest, seed: int = 0):
@@ -300,6 +311,10 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
     "GlmOcrForConditionalGeneration": ("GlmOcrConfig", dict(GLM4V_TEXT, model_type="glm_ocr_text", head_dim=16), {}),
     "PaddleOCRVLForConditionalGeneration": ("PaddleOCRVLConfig", dict(
         LLAMA, model_type="paddleocr_vl_text", head_dim=16, use_bias=True, rope_parameters=MROPE, pad_token_id=0), {}),
+    # FastVLM's and Perception LM's towers are timm's (FastViTHD, PE), which this suite does not install: CLIP's stand in
+    "FastVlmForConditionalGeneration": ("FastVlmConfig", dict(LLAMA, model_type="qwen2"), dict(vision_config=CLIP)),
+    "PerceptionLMForConditionalGeneration": ("PerceptionLMConfig", LLAMA, dict(
+        vision_config=dict(CLIP, model_args={"embed_dim": 32}))),
 }
 EMBEDDED = ("GraniteDoclingForConditionalGeneration",)          # given the ids' embeddings (the towers are on meta)
 LANGUAGE_MODEL = ("model.language_model", "model.text_model")
@@ -639,3 +654,17 @@ def test_deepseek_ocr_in_its_released_form(tmp_path):
     assert note.startswith("DeepSeek-OCR's language model (deepseek_v2 without latent attention) only"), note
     art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, write_widened(*deepseek_ocr_case(), tmp_path / "ref", seed=1), IDS, TOL)
+
+
+def test_nemotron_omni_as_released_names_its_language_model_llm_config(tmp_path):
+    """Nemotron 3 Nano Omni's released config.json holds the language model's config as llm_config (transformers:
+    text_config); either reads the same, its tensors under `backbone.` as Nemotron-H's own checkpoints name them."""
+    _write("nemotron-omni", tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    cfg = json.loads(path.read_text())
+    expected = load(tmp_path / "hf")
+    path.write_text(json.dumps({**{k: v for k, v in cfg.items() if k != "text_config"}, "llm_config": cfg["text_config"]}))
+    source = load(tmp_path / "hf")
+    assert source.hf_config == expected.hf_config and source.hf_config["model_type"] == "nemotron_h"
+    assert "backbone.embeddings.weight" in source.weights.names() and "lm_head.weight" in source.weights.names()
+    assert not any(n.startswith(("model.", "language_model.")) for n in source.weights.names())

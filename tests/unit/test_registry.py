@@ -72,6 +72,10 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("deepseek_v4", r"DeepSeek-V4 \(deepseek_v4\) .* compressed sparse attention"),
     ("qwen4_exp_text", r"Qwen4-Exp \(qwen4_exp_text\) .* hyper-connections"),
     ("unlimited_ocr", r"Unlimited-OCR \(unlimited_ocr\) .* reference sliding-window attention"),
+    ("hy_v4_vl", r"HY V4 VL \(hy_v4_vl\) .* sparse attention"),
+    ("glm5_next", r"GLM-5-Next \(glm5_next\) .* hyper-connections"),
+    ("mistral_large4_text", r"Mistral Large 4 \(mistral_large4_text\) .* an earlier layer's latent KV cache"),
+    ("gemma4_assistant", r"Gemma 4 assistant \(gemma4_assistant\) .* compile the Gemma 4 it drafts for"),
 ])
 def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
     with pytest.raises(ModelLoadError, match=reason) as e:
