@@ -168,10 +168,10 @@ class SparseMoE(nn.Module):
         weights = weights if weights.dtype == flat.dtype else weights.astype(flat.dtype)
         slots = op.reshape(weights, (b * s, k, 1))
         x_in = op.reshape(flat, (b * s, 1, h)) * slots if spec.scale_input else flat               # [T, (k,) h]
-        gate_up = _expert_matmul(x_in, self.experts_gate_up, experts, (2 if spec.gated else 1) * i)   # [T, k, 2i]
+        gate_up = expert_matmul(x_in, self.experts_gate_up, experts, (2 if spec.gated else 1) * i)   # [T, k, 2i]
         if spec.expert_bias:
             gate_up = gate_up + op.take(self.experts_gate_up_bias, experts, axis=0)
-        out = _expert_matmul(self._activated(gate_up), self.experts_down, experts, h)            # [T, k, h]
+        out = expert_matmul(self._activated(gate_up), self.experts_down, experts, h)            # [T, k, h]
         if spec.expert_bias:
             out = out + op.take(self.experts_down_bias, experts, axis=0)
         if spec.expert_norm_eps:            # in float32, each route by its expert's weight
@@ -201,20 +201,24 @@ class SparseMoE(nn.Module):
         return _activation(gate, self.activation) * up
 
     def _route(self, logits: Tensor) -> tuple[Tensor, Tensor]:
-        """(weights [T, k] float32, experts [T, k] int32) from the router's logits (the module docstring)."""
-        spec = self.spec
-        probs = op.softmax(logits, axis=-1) if spec.scoring == "softmax" else op.sigmoid(logits)
-        base = logits if spec.choice_from == "logits" else probs
-        choice = base + self.choice_bias if spec.choice_bias else base
-        if spec.top_groups < spec.groups:
-            choice = _best_groups(choice, spec.groups, spec.top_groups, spec.group_score == "top2")
-        weights, experts = _top_k(probs, spec.top_k, choice)
-        if spec.normalize:
-            total = op.sum(weights, axis=-1, keepdims=True)
-            if spec.norm_eps:
-                total = total + spec.norm_eps
-            weights = weights / (op.maximum(total, op.full((1,), spec.norm_min, "float32")) if spec.norm_min else total)
-        return weights * spec.routed_scale if spec.routed_scale != 1.0 else weights, experts
+        return route(self.spec, logits, getattr(self, "choice_bias", None))
+
+
+def route(spec: MoESpec, logits: Tensor, choice_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(weights [T, k] float32, experts [T, k] int32) from a router's logits (the module docstring; `choice_bias`
+    where spec.choice_bias)."""
+    probs = op.softmax(logits, axis=-1) if spec.scoring == "softmax" else op.sigmoid(logits)
+    base = logits if spec.choice_from == "logits" else probs
+    choice = base + choice_bias if spec.choice_bias else base
+    if spec.top_groups < spec.groups:
+        choice = _best_groups(choice, spec.groups, spec.top_groups, spec.group_score == "top2")
+    weights, experts = _top_k(probs, spec.top_k, choice)
+    if spec.normalize:
+        total = op.sum(weights, axis=-1, keepdims=True)
+        if spec.norm_eps:
+            total = total + spec.norm_eps
+        weights = weights / (op.maximum(total, op.full((1,), spec.norm_min, "float32")) if spec.norm_min else total)
+    return weights * spec.routed_scale if spec.routed_scale != 1.0 else weights, experts
 
 
 def _identities(weights: Tensor, experts: Tensor, real: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -316,7 +320,7 @@ def _best_groups(choice: Tensor, groups: int, top_groups: int, two: bool) -> Ten
     return op.tensor_expr_op(mask, "best_groups", [choice])
 
 
-def _expert_matmul(x: Tensor, linear: nn.Module, experts: Tensor, rows: int) -> Tensor:
+def expert_matmul(x: Tensor, linear: nn.Module, experts: Tensor, rows: int) -> Tensor:
     """expert_matmul_te over nn Tensors: `linear` holds every expert's `rows` rows, float (an nn.Linear)
     or quantized (compiler/quant_modules.QuantizedLinear: its `element` reads its planes)."""
     element = getattr(linear, "element", None)

@@ -8,7 +8,8 @@ Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosm
 DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL, Cohere Compass, FastVLM, Perception LM, Nemotron 3 Nano Omni
 (WRAPPERS) put a vision tower and a
 projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2,
-EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, Nemotron-H, ...), described by config.json's text_config;
+EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, Nemotron-H, ...), described by config.json's
+text_config;
 Voxtral an audio tower before a Llama / Mistral; Emu3 a VQ-VAE whose image codes are tokens of its Llama's
 vocabulary; Fuyu a projection of image patches before a Persimmon; Qwen2.5-Omni and Qwen3-Omni a vision and an audio
 tower before their thinker's Qwen2 / Qwen3-MoE (thinker_config.text_config, weights under `thinker.`; the whole

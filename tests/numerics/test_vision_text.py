@@ -207,7 +207,7 @@ def test_a_wrapper_without_its_language_model_and_paligemma_are_refused(tmp_path
     weights = tmp_path / "hf" / "model.safetensors"
     save_file({n: t for n, t in load_file(str(weights)).items() if "embed_tokens" not in n}, str(weights),
               metadata={"format": "pt"})
-    with pytest.raises(ModelLoadError, match="language model has no embed_tokens under language_model.model"):
+    with pytest.raises(ModelLoadError, match="language model has no embed_tokens under language_model.backbone / language_model.model"):
         load(tmp_path / "hf")
     path.write_text(json.dumps(dict(cfg, model_type="paligemma", architectures=["PaliGemmaForConditionalGeneration"],
                                     text_config=dict(LLAMA, model_type="gemma"))))
@@ -311,7 +311,8 @@ LIGHT = {   # wrapper -> (its config class, its language model's config, more of
     "GlmOcrForConditionalGeneration": ("GlmOcrConfig", dict(GLM4V_TEXT, model_type="glm_ocr_text", head_dim=16), {}),
     "PaddleOCRVLForConditionalGeneration": ("PaddleOCRVLConfig", dict(
         LLAMA, model_type="paddleocr_vl_text", head_dim=16, use_bias=True, rope_parameters=MROPE, pad_token_id=0), {}),
-    # FastVLM's and Perception LM's towers are timm's (FastViTHD, PE), which this suite does not install: CLIP's stand in
+    # FastVLM's and Perception LM's towers are timm's (FastViTHD, PE), which this suite does not install: CLIP's in
+    # their place
     "FastVlmForConditionalGeneration": ("FastVlmConfig", dict(LLAMA, model_type="qwen2"), dict(vision_config=CLIP)),
     "PerceptionLMForConditionalGeneration": ("PerceptionLMConfig", LLAMA, dict(
         vision_config=dict(CLIP, model_args={"embed_dim": 32}))),
@@ -663,7 +664,8 @@ def test_nemotron_omni_as_released_names_its_language_model_llm_config(tmp_path)
     path = tmp_path / "hf" / "config.json"
     cfg = json.loads(path.read_text())
     expected = load(tmp_path / "hf")
-    path.write_text(json.dumps({**{k: v for k, v in cfg.items() if k != "text_config"}, "llm_config": cfg["text_config"]}))
+    released = {k: v for k, v in cfg.items() if k != "text_config"}
+    path.write_text(json.dumps(dict(released, llm_config=cfg["text_config"])))
     source = load(tmp_path / "hf")
     assert source.hf_config == expected.hf_config and source.hf_config["model_type"] == "nemotron_h"
     assert "backbone.embeddings.weight" in source.weights.names() and "lm_head.weight" in source.weights.names()
