@@ -59,8 +59,8 @@ class DogeConfig(DecoderConfig):
             raise ValueError(f"Doge with hidden_act {values['hidden_act']!r} is not supported (silu, gelu or relu)")
         keep = values["keep_window_size"]
         if values["context_window_size"] > keep:
-            notes.append(f"context window capped at keep_window_size ({keep} tokens): past it Doge's dynamic mask keeps "
-                         "each query's keep_window_size highest-biased keys, which kiln does not run")
+            notes.append(f"context window capped at keep_window_size ({keep} tokens): past it Doge's dynamic mask "
+                         "keeps each query's keep_window_size highest-biased keys, which kiln does not run")
             values = dict(values, context_window_size=keep)
         return dict(values, attn_head_dim=values["head_dim"], head_dim=values["head_dim"] + PAD)
 
