@@ -2080,6 +2080,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "nemotron": GGUFArch("nemotron", ("NemotronForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_relu2),
     "jais2": GGUFArch("jais2", ("Jais2ForCausalLM",), LLAMA_LAYER, config=_relu2),
     "arcee": GGUFArch("arcee", ("ArceeForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "xverse": GGUFArch("xverse", ("XverseForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
     "olmo": GGUFArch("olmo", ("OlmoForCausalLM",), LLAMA_LAYER, permuted=True, config=_olmo),
     "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",
                        by_group=("attn_qkv",), config=_falcon,

@@ -266,7 +266,8 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader, each_piece: bool = True) -
     user-defined tokens spelled with real spaces; those are respelled as `▁` runs so that BPE reaches
     them, and its merges rank by position in the file. Llama-style vocabularies prefix `▁` to the
     text and to the text after each added token (tokenizer.ggml.add_space_prefix, default on; as llama.cpp and
-    Llama's own tokenizer.json do) and rank merges by score. Gemma 4's file
+    Llama's own tokenizer.json do) and rank merges by score (by position where the file has no scores: XVERSE's).
+    Gemma 4's file
     ("gemma4") writes its merges: those are taken as they are. `each_piece` False: the prefix at the text's start
     only, as sentencepiece itself adds it (models/sp_tokenizer.py's tokenizer.model).
     """
@@ -277,9 +278,10 @@ def _sentencepiece_tokenizer(reader: gguf.GGUFReader, each_piece: bool = True) -
     respelled = {i for i, t in enumerate(tokens) if gemma and t and not t.strip(" ")}
     if gemma:
         tokens = [_SPACE * len(t) if i in respelled else t for i, t in enumerate(tokens)]
-        priority = {t: -float(i) for i, t in enumerate(tokens)}
-    else:
-        priority = dict(zip(tokens, map(float, _meta(reader, "tokenizer.ggml.scores"))))
+    scores = None if gemma else _meta(reader, "tokenizer.ggml.scores", None)
+    # without scores (Gemma's; XVERSE's, a BPE vocabulary written as llama's), merges rank by the tokens' order,
+    # which is a BPE vocabulary's merge order
+    priority = {t: -float(i) for i, t in enumerate(tokens)} if scores is None else dict(zip(tokens, map(float, scores)))
     vocab = {t: i for i, t in enumerate(tokens)}
     unk_id = _meta(reader, "tokenizer.ggml.unknown_token_id", None)
     gemma4 = _meta(reader, "tokenizer.ggml.model") == "gemma4"

@@ -271,6 +271,17 @@ def _muse_glimmer_case() -> tuple[str, str, dict]:
 
 
 # Files only the converter writes here, each compiled against transformers below, as HYBRIDS' entries
+def _xverse_released(hf) -> None:
+    """The folder as XVERSE's: its architecture, and a tokenizer with a token for every id of the vocabulary (the
+    converter writes each id's; the test's has fewer)."""
+    _edit_json(hf / "config.json", lambda c: dict(c, model_type="xverse", architectures=["XverseForCausalLM"]))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(hf)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(XVERSE["vocab_size"] - len(tokenizer))])
+    tokenizer.save_pretrained(hf)
+
+
+XVERSE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=4, max_position_embeddings=256, eos_token_id=2, bos_token_id=1)
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
                   "starcoder2-fused-qkv": (_write("starcoder2"), None, ["--fuse-qkv"]),
@@ -290,6 +301,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "deepseek-ocr": (lambda hf: __import__("test_vision_text").write_deepseek_ocr_released(hf), None,
                                    []),
                   "chameleon": (lambda hf: __import__("test_chameleon").write_for_the_converter(hf), None, []),
+                  # XVERSE: Llama's layers (its converter un-permutes q/k as for heads == kv heads, as XVERSE's are)
+                  "xverse": (lambda hf: write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, hf, seed=1),
+                             lambda hf: _xverse_released(hf), []),
                   "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
                   "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
@@ -558,4 +572,14 @@ def test_chameleon_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = test_chameleon.write_for_the_converter(tmp_path / "ref")
     assert len(reference.model.vocabulary_mapping.image_tokens) == 8
+    assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_xverse_as_the_converter_writes_it(converted, tmp_path):
+    """XVERSE through the converter (arch xverse: Llama's tensors, q/k rows permuted as Meta's): read as Llama, whose
+    transformers class over the same weights is the reference."""
+    theirs = converted["xverse"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "xverse"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
