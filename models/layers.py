@@ -32,7 +32,8 @@ def scalar(value: float) -> Tensor:
 
 # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron),
 # LayerNorm and RMSNorm without any parameter (OLMo 1, nanochat)
-NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam", "rms_noparam")
+NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam", "rms_noparam",
+         "rms_scaled_1p")               # x * (1 + w), then RMS-normed without a weight (Muse Spark's input-scaled)
 BIASED_NORMS = ("layer", "layer_1p")
 PARAMLESS_NORMS = ("layer_noparam", "rms_noparam")           # neither weight nor bias (OLMo 1, nanochat)
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2", "relu", "xielu")  # relu2: relu(x)^2 (Nemotron, Arcee); xielu:
@@ -80,6 +81,10 @@ class Flags:
     embed_norm_kind: str | None = None      # embed_norm's kind where it is not `norm`'s (Muse Glimmer: rms_noparam)
     final_norm_kind: str | None = None      # the final norm's kind where it is not `norm`'s (Muse Glimmer: rms)
     post_norm_eps: float | None = None      # sandwich_norms' post norms' epsilon where their own (Muse Glimmer)
+    post_attn_norm_kind: str | None = None  # sandwich_norms' post norms' kinds where not `norm`'s (Muse Spark's:
+    post_mlp_norm_kind: str | None = None   # rms_noparam after the attention, rms_scaled_1p after the MLP)
+    attn_out_norm: bool = False             # each head's attention output RMS-normed without a weight, before the
+                                            # output gate and o_proj (Muse Spark's o_norm)
     attn_temperature: tuple | None = None   # (beta, original[, offset[, form]]): q *= 1 + beta * log(1 + floor((pos
                                             # + offset) / original)) after RoPE (Ministral 3; RoPE in the graph),
                                             # or form "power": (1 + (pos + offset) / original) ** beta (Beam)
@@ -148,6 +153,8 @@ class Norm(nn.Module):
             return op.layer_norm(x, x.shape[-1], None, None, eps=self.eps)
         if self.kind == "rms_noparam":
             return op.rms_norm(x, op.ones((x.shape[-1],), x.dtype), axes=[-1], epsilon=self.eps)
+        if self.kind == "rms_scaled_1p":
+            return Norm(int(x.shape[-1]), self.eps, "rms_noparam")(x * (self.weight + 1.0))
         weight = self.weight + 1.0 if self.kind.endswith("_1p") else self.weight
         if len(weight.shape) == 2:             # per row: normed without parameters, then each row's weight
             bare = "layer_noparam" if self.kind.startswith("layer") else "rms_noparam"
@@ -286,6 +293,8 @@ class PagedAttention(nn.Module):
         self.qk_norm_heads, self.norm_after_rope = flags.qk_norm_heads, flags.qk_norm_after_rope
         self.clip_qkv, self.temperature = flags.clip_qkv, flags.attn_temperature
         self.quant = flags.act_quant
+        if flags.attn_out_norm:
+            self.out_norm = Norm(v_dim, eps, "rms_noparam")
         if flags.sub_norms:
             self.attn_sub_norm = Norm(num_heads * head_dim, eps, flags.norm)     # BitNet: before o_proj's input
         if flags.attn_gate_bias:
@@ -337,6 +346,7 @@ class PagedAttention(nn.Module):
                                getattr(self, "sinks", None))                              # [b, s, h, d]
         if self.v_head_dim < self.head_dim:
             out = op.split(out, [self.v_head_dim], axis=3)[0]
+        out = _norm(self, "out_norm", out)
         if gate is not None:
             if hasattr(self, "gate_bias"):
                 gate = gate + op.reshape(self.gate_bias, (1, 1, h, 1))
@@ -397,10 +407,10 @@ class DecoderLayer(nn.Module):
             self.post_attention_layernorm = Norm(hidden_size, eps, flags.norm)   # before the MLP
         self.mlp = mlp if mlp is not None else MLP(hidden_size, intermediate_size, flags, eps)   # (a MoE's, given)
         post_eps = flags.post_norm_eps or eps
-        if flags.sandwich_norms:
-            self.post_attn_norm = Norm(hidden_size, post_eps, flags.norm)        # on the attention output
-        if flags.sandwich_norms or flags.mlp_out_norm:
-            self.post_mlp_norm = Norm(hidden_size, post_eps, flags.norm)         # on the MLP output
+        if flags.sandwich_norms:                                                 # on the attention output
+            self.post_attn_norm = Norm(hidden_size, post_eps, flags.post_attn_norm_kind or flags.norm)
+        if flags.sandwich_norms or flags.mlp_out_norm:                           # on the MLP output
+            self.post_mlp_norm = Norm(hidden_size, post_eps, flags.post_mlp_norm_kind or flags.norm)
         self.residual_scale, self.parallel = flags.residual_scale, flags.parallel_residual
         self.residual_mix = flags.residual_mix
         if flags.residual_gates:

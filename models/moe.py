@@ -81,6 +81,8 @@ class MoESpec:
     gated: bool = True                      # False: experts down(act(up x)), no gate rows (Nemotron-H)
     expert_norm_eps: float = 0.0            # > 0: each chosen expert's output RMS-normed (this epsilon) with a
                                             # weight of its own, then weighted (Ergo's post_expert_norm)
+    expert_norm_shared: bool = False        # with expert_norm_eps: one weight w [width] for every expert, the output
+                                            # times (1 + w) then normed (Muse Spark's input-scaled post_expert_norm)
     shared_norm_eps: float = 0.0            # > 0: the shared expert's output RMS-normed with its weight (Ergo)
     zero_experts: int = 0                   # the last this-many of num_experts are identities: a token that picks
                                             # one adds x times its weight (LongCat-Flash's zero-computation experts)
@@ -109,10 +111,11 @@ class MoESpec:
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, hidden_size: int, spec: MoESpec, flags: Flags):
+    def __init__(self, hidden_size: int, spec: MoESpec, flags: Flags, router_size: int | None = None):
+        """`router_size`: the width of what the router reads where it is not the experts' (forward's `route`)."""
         self.spec, self.activation = spec, flags.activation
         e, i = spec.num_experts, spec.intermediate_size
-        self.router = nn.Parameter((e, hidden_size), "float32")        # kept float: not an nn.Linear
+        self.router = nn.Parameter((e, router_size or hidden_size), "float32")     # kept float: not an nn.Linear
         if spec.choice_bias:
             self.choice_bias = nn.Parameter((e,), "float32")
         if spec.router_bias:
@@ -136,7 +139,7 @@ class SparseMoE(nn.Module):
             if spec.shared_norm_eps:
                 self.shared_norm = Norm(hidden_size, spec.shared_norm_eps)
         if spec.expert_norm_eps:
-            self.expert_norm = nn.Parameter((e, hidden_size), "float32")
+            self.expert_norm = nn.Parameter((hidden_size,) if spec.expert_norm_shared else (e, hidden_size), "float32")
 
     def to(self, dtype: str | None = None) -> None:
         super().to(dtype)
@@ -151,7 +154,7 @@ class SparseMoE(nn.Module):
         b, s, h = x.shape
         spec, k, i = self.spec, self.spec.top_k, self.spec.intermediate_size
         flat = op.reshape(x, (b * s, h))                                # [T, h]
-        by = flat if route is None else op.reshape(route, (b * s, h))
+        by = flat if route is None else op.reshape(route, (b * s, route.shape[-1]))
         logits = op.matmul(by if by.dtype == "float32" else by.astype("float32"), op.permute_dims(self.router))
         if spec.router_bias:
             logits = logits + self.router_bias
@@ -174,7 +177,10 @@ class SparseMoE(nn.Module):
         out = expert_matmul(self._activated(gate_up), self.experts_down, experts, h)            # [T, k, h]
         if spec.expert_bias:
             out = out + op.take(self.experts_down_bias, experts, axis=0)
-        if spec.expert_norm_eps:            # in float32, each route by its expert's weight
+        if spec.expert_norm_eps and spec.expert_norm_shared:        # in float32: scaled by 1 + w, then normed
+            wide = out if out.dtype == "float32" else out.astype("float32")
+            out = Norm(h, spec.expert_norm_eps, "rms_noparam")(wide * (self.expert_norm + 1.0)).astype(out.dtype)
+        elif spec.expert_norm_eps:          # in float32, each route by its expert's weight
             wide = out if out.dtype == "float32" else out.astype("float32")
             bare = Norm(h, spec.expert_norm_eps, "rms_noparam")(wide)
             out = (bare * op.take(self.expert_norm, experts, axis=0)).astype(out.dtype)

@@ -5,8 +5,8 @@ InternVL (its Hugging Face format, and its own code's: InternVLChatModel, whose 
 Vision, Command A Vision, LFM2-VL / LFM3-VL, Ovis2 / Ovis2.5, LightOnOCR, EXAONE 4.5, Kimi K2.5, Step 3.7,
 DeepSeek-VL, Janus, MiniCPM-V 4.6 / 4.7, Apertus 1.5, MiniMax-M3, Aria, VideoLLaMA 3, Granite 4 Vision,
 Granite-Docling, HunYuan-VL, MiniCPM-OCR, Qianfan-OCR, HyperCLOVA X Vision, Cosmos 3 Omni, GLM-OCR, PaddleOCR-VL,
-DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL, Cohere Compass, FastVLM, Perception LM, Nemotron 3 Nano Omni
-(WRAPPERS) put a vision tower and a
+DeepSeek-OCR 2, GOT-OCR 2.0, Cosmos 3 Edge, ERNIE 4.5 VL, Cohere Compass, FastVLM, Perception LM, Nemotron 3 Nano Omni,
+Muse Spark (WRAPPERS) put a vision tower and a
 projector before a causal language model of another family (Llama, Mistral, Qwen2, Qwen3, Qwen3.5, LFM2, Cohere 2,
 EXAONE 4, DeepSeek-V3, Step 3.5, Granite, HunYuan, HyperCLOVA X, Nemotron-H, ...), described by config.json's
 text_config;
@@ -86,7 +86,7 @@ WRAPPERS = {
     "Cosmos3EdgeForConditionalGeneration": "Cosmos 3 Edge", "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE 4.5 VL",
     "CohereCompassForConditionalGeneration": "Cohere Compass", "MuseGlimmerForConditionalGeneration": "Muse Glimmer",
     "FastVlmForConditionalGeneration": "FastVLM", "PerceptionLMForConditionalGeneration": "Perception LM",
-    "NemotronH_Omni_Reasoning_V3": "Nemotron 3 Nano Omni",
+    "NemotronH_Omni_Reasoning_V3": "Nemotron 3 Nano Omni", "MuseSparkForConditionalGeneration": "Muse Spark",
 }
 OMNI = ("Qwen2_5OmniForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration")   # thinker, talker, vocoder
 # what a note says is left unread, where not a vision tower and projector
@@ -99,7 +99,8 @@ UNREAD = {"VoxtralForConditionalGeneration": "audio tower and projector",
           "Apertus1p5ForConditionalGeneration": "vision and audio tokenizers",
           "Cosmos3EdgeForConditionalGeneration": "vision tower, projector and generation branch",
           "Ernie4_5_VLMoeForConditionalGeneration": "vision tower, projector and vision experts",
-          "NemotronH_Omni_Reasoning_V3": "vision tower and projector (and audio tower, where it has one)"}
+          **dict.fromkeys(("NemotronH_Omni_Reasoning_V3", "MuseSparkForConditionalGeneration"),
+                          "vision tower and projector (and audio tower, where it has one)")}
 # where the language model's config is, where not text_config (the first of these paths config.json holds)
 TEXT_CONFIG = {"InternVLChatModel": (("llm_config",),), **{omni: (("thinker_config", "text_config"),) for omni in OMNI},
                **dict.fromkeys(("DeepseekOCRForCausalLM", "DeepseekOCR2ForCausalLM"), (("language_config",),)),

@@ -142,6 +142,21 @@ CASES = {   # case -> (class, config class, config), the image token the last id
                            encoder_config=dict(vocab_size=16, hidden_size=32, intermediate_size=32,
                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)),
         image_token_id=511)),
+    # Muse Spark: Muse Glimmer's layers with residual gates, an o_norm, weightless and input-scaled post norms, and
+    # experts at a pooled width (the router on x, one input-scaled norm on every expert's output)
+    "muse-spark": ("MuseSparkForConditionalGeneration", "MuseSparkConfig", dict(
+        text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=32,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0), post_norm_eps=1e-3,
+                         final_logit_softcapping=4.0, output_multiplier=2.0, eos_token_id=2, bos_token_id=1,
+                         num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, moe_hidden_size=48,
+                         mlp_layer_types=["dense", "sparse", "sparse", "sparse"], routed_scaling_factor=1.5,
+                         residual_gate_temperature=3.0),    # 0.3: float32 error past 1e-4 in transformers too,
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           pos_emb_height=4, pos_emb_width=4, patch_size=4),
+        audio_config=dict(patch_sizes=[4, 2], hidden_sizes=[16, 32], depths=[1, 1], num_hidden_layers=2,
+                          out_hidden_size=64),
+        out_hidden_size=128, projector_hidden_size=64, image_token_id=511, video_token_id=510)),
     # Nemotron 3 Nano Omni: RADIO before a Nemotron-H (Mamba-2, attention and MoE blocks), saved under
     # language_model.backbone as released
     "nemotron-omni": ("NemotronH_Omni_Reasoning_V3", "NemotronH_Omni_Reasoning_V3_Config", dict(
@@ -161,7 +176,8 @@ FAMILY = {"llava": "llama", "llava-next": "llama", "llava-onevision": "qwen2", "
           "glm4v-moe": "glm4_moe", "command-a-vision": "cohere2", "voxtral": "llama",
           "got-ocr2": "qwen2", "deepseek-ocr2": "deepseek_ocr2_text", "cosmos3-edge": "arcee",
           "ernie4_5-vl-moe": "ernie4_5_vl_moe_text", "cohere-compass": "cohere_compass_text",
-          "muse-glimmer": "muse_glimmer_text", "nemotron-omni": "nemotron_h"}
+          "muse-glimmer": "muse_glimmer_text", "nemotron-omni": "nemotron_h",
+          "muse-spark": "muse_spark_text"}
 
 
 def _write(case: str, dest, seed: int = 0):
@@ -207,7 +223,8 @@ def test_a_wrapper_without_its_language_model_and_paligemma_are_refused(tmp_path
     weights = tmp_path / "hf" / "model.safetensors"
     save_file({n: t for n, t in load_file(str(weights)).items() if "embed_tokens" not in n}, str(weights),
               metadata={"format": "pt"})
-    with pytest.raises(ModelLoadError, match="language model has no embed_tokens under language_model.backbone / language_model.model"):
+    with pytest.raises(ModelLoadError, match="language model has no embed_tokens under language_model.backbone / "
+                                             "language_model.model"):
         load(tmp_path / "hf")
     path.write_text(json.dumps(dict(cfg, model_type="paligemma", architectures=["PaliGemmaForConditionalGeneration"],
                                     text_config=dict(LLAMA, model_type="gemma"))))

@@ -145,6 +145,10 @@ MLA = dict(ROUTED, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_h
     (dict(BASE, model_type="muse_glimmer_text", hidden_activation="gelu"), "hidden_activation 'gelu'"),
     (dict(BASE, model_type="hrm_text", num_key_value_heads=4, attention_bias=True), "HRM-Text with attention_bias"),
     (dict(BASE, model_type="chameleon", rms_norm_eps=1e-6), "Chameleon with rms_norm_eps 1e-06"),
+    (dict(BASE, model_type="muse_spark_text", num_local_experts=8, num_experts_per_tok=2,
+          mlp_layer_types=["dense", "moe", "sparse", "sparse"]), "mlp_layer_types must give 'dense' or 'sparse'"),
+    (dict(BASE, model_type="jetmoe", kv_channels=16, num_local_experts=4, num_experts_per_tok=2,
+          activation_function="tanh"), "JetMoE with activation_function 'tanh'"),
 ])
 def test_a_config_kiln_cannot_build_is_refused_naming_the_field(hf, message):
     arch = find_architecture(hf)
