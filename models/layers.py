@@ -33,7 +33,8 @@ def scalar(value: float) -> Tensor:
 # x/rms*w, x/rms*(1+w) (Gemma), LayerNorm with a bias, without one (Cohere), with a bias and 1+w (Nemotron),
 # LayerNorm and RMSNorm without any parameter (OLMo 1, nanochat)
 NORMS = ("rms", "rms_1p", "layer", "layer_nobias", "layer_1p", "layer_noparam", "rms_noparam",
-         "rms_scaled_1p")               # x * (1 + w), then RMS-normed without a weight (Muse Spark's input-scaled)
+         "rms_scaled")                  # x * w, then RMS-normed without a weight (Muse Spark's input-scaled norm,
+                                        # its 1 + w stored)
 BIASED_NORMS = ("layer", "layer_1p")
 PARAMLESS_NORMS = ("layer_noparam", "rms_noparam")           # neither weight nor bias (OLMo 1, nanochat)
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu", "relu2", "relu", "xielu")  # relu2: relu(x)^2 (Nemotron, Arcee); xielu:
@@ -82,7 +83,7 @@ class Flags:
     final_norm_kind: str | None = None      # the final norm's kind where it is not `norm`'s (Muse Glimmer: rms)
     post_norm_eps: float | None = None      # sandwich_norms' post norms' epsilon where their own (Muse Glimmer)
     post_attn_norm_kind: str | None = None  # sandwich_norms' post norms' kinds where not `norm`'s (Muse Spark's:
-    post_mlp_norm_kind: str | None = None   # rms_noparam after the attention, rms_scaled_1p after the MLP)
+    post_mlp_norm_kind: str | None = None   # rms_noparam after the attention, rms_scaled after the MLP)
     attn_out_norm: bool = False             # each head's attention output RMS-normed without a weight, before the
                                             # output gate and o_proj (Muse Spark's o_norm)
     attn_temperature: tuple | None = None   # (beta, original[, offset[, form]]): q *= 1 + beta * log(1 + floor((pos
@@ -153,8 +154,8 @@ class Norm(nn.Module):
             return op.layer_norm(x, x.shape[-1], None, None, eps=self.eps)
         if self.kind == "rms_noparam":
             return op.rms_norm(x, op.ones((x.shape[-1],), x.dtype), axes=[-1], epsilon=self.eps)
-        if self.kind == "rms_scaled_1p":
-            return Norm(int(x.shape[-1]), self.eps, "rms_noparam")(x * (self.weight + 1.0))
+        if self.kind == "rms_scaled":
+            return Norm(int(x.shape[-1]), self.eps, "rms_noparam")(x * self.weight)
         weight = self.weight + 1.0 if self.kind.endswith("_1p") else self.weight
         if len(weight.shape) == 2:             # per row: normed without parameters, then each row's weight
             bare = "layer_noparam" if self.kind.startswith("layer") else "rms_noparam"

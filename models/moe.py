@@ -82,7 +82,8 @@ class MoESpec:
     expert_norm_eps: float = 0.0            # > 0: each chosen expert's output RMS-normed (this epsilon) with a
                                             # weight of its own, then weighted (Ergo's post_expert_norm)
     expert_norm_shared: bool = False        # with expert_norm_eps: one weight w [width] for every expert, the output
-                                            # times (1 + w) then normed (Muse Spark's input-scaled post_expert_norm)
+                                            # times w then normed (Muse Spark's input-scaled post_expert_norm: its
+                                            # 1 + w stored)
     shared_norm_eps: float = 0.0            # > 0: the shared expert's output RMS-normed with its weight (Ergo)
     zero_experts: int = 0                   # the last this-many of num_experts are identities: a token that picks
                                             # one adds x times its weight (LongCat-Flash's zero-computation experts)
@@ -177,9 +178,9 @@ class SparseMoE(nn.Module):
         out = expert_matmul(self._activated(gate_up), self.experts_down, experts, h)            # [T, k, h]
         if spec.expert_bias:
             out = out + op.take(self.experts_down_bias, experts, axis=0)
-        if spec.expert_norm_eps and spec.expert_norm_shared:        # in float32: scaled by 1 + w, then normed
+        if spec.expert_norm_eps and spec.expert_norm_shared:        # in float32: scaled by w, then normed
             wide = out if out.dtype == "float32" else out.astype("float32")
-            out = Norm(h, spec.expert_norm_eps, "rms_noparam")(wide * (self.expert_norm + 1.0)).astype(out.dtype)
+            out = Norm(h, spec.expert_norm_eps, "rms_noparam")(wide * self.expert_norm).astype(out.dtype)
         elif spec.expert_norm_eps:          # in float32, each route by its expert's weight
             wide = out if out.dtype == "float32" else out.astype("float32")
             bare = Norm(h, spec.expert_norm_eps, "rms_noparam")(wide)

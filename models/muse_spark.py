@@ -5,7 +5,8 @@ output gated, full layers without RoPE among sliding ones with it, soft-capped l
     attention    each head's output RMS-normed without a weight before the gate (o_norm: Flags.attn_out_norm)
     residuals    x = alpha * x + beta * branch, beta = sigmoid(g / T), alpha = sqrt(max(sigmoid(-g / T) * (1 + beta),
                  1e-3)), g a value a hidden dim, T residual_gate_temperature (Flags.residual_gates: computed at load)
-    post norms   after the attention without a weight; after the MLP x * (1 + w) normed (rms_scaled_1p)
+    post norms   after the attention without a weight; after the MLP x * (1 + w) normed (rms_scaled: 1 + w stored,
+                 so no kernel adds the 1 before the norm's reduction)
     MoE          the router reads x (float32, its logits times output_multiplier: folded into its weight at load;
                  sigmoid scores, a choice bias, the k best weights normalised + 1e-15, times routed_scaling_factor);
                  the experts run at moe_hidden_size: x pooled down (pre_expert_proj) and RMS-normed (x * (1 + w)),
@@ -65,7 +66,7 @@ class MuseSparkTextConfig(MuseGlimmerTextConfig):
 
     def flags(self) -> Flags:
         return dataclasses.replace(super().flags(), attn_out_norm=True, residual_gates=True,
-                                   post_attn_norm_kind="rms_noparam", post_mlp_norm_kind="rms_scaled_1p")
+                                   post_attn_norm_kind="rms_noparam", post_mlp_norm_kind="rms_scaled")
 
     def moe(self) -> MoESpec:
         return MoESpec(self.num_experts, self.top_k, self.moe_intermediate_size, normalize=True, scoring="sigmoid",
@@ -115,10 +116,12 @@ def weight_map(c: MuseSparkTextConfig) -> WeightMap:
          if not k.endswith(("post_attn_norm.weight", ".mlp.gate_up_proj.weight", ".mlp.down_proj.weight"))}
     gates = residual_gate(c.residual_gate_temperature)
     scaled = lambda w: w * np.float32(c.output_multiplier)          # noqa: E731  the router's logits' multiplier
+    one_plus = lambda w: w + np.float32(1.0)                        # noqa: E731  the input-scaled norms' factor
     for i, sparse in enumerate(c.sparse_layers):
         k = f"model.layers.{i}"
         m[f"{k}.attn_gates"] = WeightSpec((f"{k}.post_attention_residual_gate.gate",), gates)
         m[f"{k}.mlp_gates"] = WeightSpec((f"{k}.post_feedforward_residual_gate.gate",), gates)
+        m[f"{k}.post_mlp_norm.weight"] = WeightSpec((f"{k}.post_feedforward_layernorm.weight",), one_plus)
         if not sparse:
             m[f"{k}.mlp.gate_up_proj.weight"] = [f"{k}.mlp.gate_proj.weight", f"{k}.mlp.up_proj.weight"]
             m[f"{k}.mlp.down_proj.weight"] = [f"{k}.mlp.down_proj.weight"]
@@ -130,5 +133,5 @@ def weight_map(c: MuseSparkTextConfig) -> WeightMap:
         m[f"{experts}.choice_bias"] = [f"{mlp}.gate.e_score_correction_bias"]
         m[f"{experts}.experts_gate_up.weight"] = WeightSpec((f"{experts}.gate_up_proj",), expert_rows)
         m[f"{experts}.experts_down.weight"] = WeightSpec((f"{experts}.down_proj",), expert_rows)
-        m[f"{experts}.expert_norm"] = [f"{experts}.post_expert_norm.weight"]
+        m[f"{experts}.expert_norm"] = WeightSpec((f"{experts}.post_expert_norm.weight",), one_plus)
     return m
