@@ -1808,6 +1808,13 @@ def _deepseek2_ocr(reader, arch, tensors, c):
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
 
 
+def _deepseek(reader, arch, tensors, c):
+    """DeepSeek-MoE as llama.cpp's converter writes it (deepseek): DeepSeek-V2's softmax router (_v2_router) under
+    Llama's attention (q/k rows permuted as Meta's), the first leading_dense_block_count layers dense."""
+    _v2_router(reader, arch, tensors, c)
+    c.pop("topk_method")
+
+
 def _bloom(reader, arch, tensors, c):
     """BloomModel's keys: the LayerNorms' epsilon as BloomConfig names it."""
     c["layer_norm_epsilon"] = c["rms_norm_eps"]
@@ -2180,6 +2187,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "kimi-linear": GGUFArch("kimi_linear", ("KimiLinearForCausalLM",), KIMI_LINEAR_LAYER, config=_kimi_linear,
                             experts=MIXTRAL_EXPERTS, values={"ssm_a": lambda a: np.log(-a)},
                             by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
+    "deepseek": GGUFArch("deepseek", ("DeepseekForCausalLM",), ROUTED_LAYER, permuted=True, config=_deepseek,
+                         experts=QWEN_EXPERTS),
     "deepseek2-ocr": GGUFArch("deepseek_ocr2_text", ("DeepseekOcr2ForConditionalGeneration",), ROUTED_LAYER,
                               config=_deepseek2_ocr, experts=QWEN_EXPERTS),
     "deepseek2": GGUFArch("deepseek_v3", ("DeepseekV3ForCausalLM",), DEEPSEEK2_LAYER, config=_deepseek2,

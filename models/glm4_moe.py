@@ -230,6 +230,23 @@ class DeepseekOcr2TextConfig(V2Router, DenseByType, Glm4MoeConfig):
 
 
 @dataclass(frozen=True)
+class DeepseekMoeConfig(DeepseekOcr2TextConfig):
+    """DeepSeek-MoE (deepseek: deepseek-moe-16b, its own code's DeepseekForCausalLM): DeepSeek-OCR 2's language model,
+    which took its layers (Llama's multi-head attention, softmax routing over fine-grained experts taken greedily,
+    ungated shared experts, the first first_k_dense_replace layers dense), without a routed scale."""
+
+    ARCH: ClassVar[str] = "deepseek"
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        for key, runs in (("norm_topk_prob", False), ("moe_layer_freq", 1), ("scoring_func", "softmax")):
+            if hf.get(key, runs) != runs:
+                raise ValueError(f"DeepSeek-MoE with {key} {hf[key]!r} is not supported (the released checkpoints "
+                                 f"set {runs!r}); fix config.json")
+        return super().adapt(dict(values, routed_scale=1.0), hf, notes)     # its code scales the routed weights never
+
+
+@dataclass(frozen=True)
 class MiniMaxM3Config(DenseByType, MiniMaxM2Config):
     """MiniMax-M3's language model (transformers' minimax_m3_vl_text): MiniMax-M2's with Gemma's norms (x * (1 + w))
     everywhere, q/k normed a head, gpt-oss's clamped SwiGLU in every MLP (experts, the ungated shared expert of

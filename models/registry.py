@@ -253,6 +253,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("hy_v3", ("HYV3ForCausalLM",), ("hy_v3",), glm4_moe, glm4_moe.HyV3Config, glm4_moe.HyV3ForCausalLM),
     _arch("deepseek_ocr2_text", ("DeepseekOcr2ForConditionalGeneration",), ("deepseek_ocr2_text",), glm4_moe,
           glm4_moe.DeepseekOcr2TextConfig, glm4_moe.DeepseekOcr2TextForCausalLM),
+    _arch("deepseek", ("DeepseekForCausalLM",), ("deepseek",), glm4_moe, glm4_moe.DeepseekMoeConfig,
+          glm4_moe.DeepseekOcr2TextForCausalLM),
     _arch("minicpm5_moe", ("MiniCPM5MoeForCausalLM", "MiniCPM5MoEForCausalLM"), ("minicpm5_moe",), glm4_moe,
           glm4_moe.MiniCPM5MoeConfig, glm4_moe.MiniCPM5MoeForCausalLM),
     _arch("beam", ("BeamForCausalLM",), ("beam",), beam, beam.BeamConfig, beam.BeamForCausalLM),

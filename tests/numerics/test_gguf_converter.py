@@ -301,6 +301,7 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "deepseek-ocr": (lambda hf: __import__("test_vision_text").write_deepseek_ocr_released(hf), None,
                                    []),
                   "chameleon": (lambda hf: __import__("test_chameleon").write_for_the_converter(hf), None, []),
+                  "deepseek-moe": (lambda hf: __import__("test_deepseek_moe").write_deepseek_moe(hf), None, []),
                   # XVERSE: Llama's layers (its converter un-permutes q/k as for heads == kv heads, as XVERSE's are)
                   "xverse": (lambda hf: write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, hf, seed=1),
                              lambda hf: _xverse_released(hf), []),
@@ -582,4 +583,14 @@ def test_xverse_as_the_converter_writes_it(converted, tmp_path):
     assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "xverse"
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, tmp_path / "ref", seed=1)
+    assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
+    """DeepSeek-MoE through the converter (arch deepseek: q/k rows permuted, the experts stacked, the shared experts
+    as one MLP, leading dense blocks): the logits of transformers' class for its layers (test_deepseek_moe)."""
+    import test_deepseek_moe
+    theirs = converted["deepseek-moe"][1]
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = write_widened(*test_deepseek_moe.deepseek_moe_case(), tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
