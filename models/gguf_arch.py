@@ -535,11 +535,14 @@ def _head_dim(reader, arch: str, c: dict) -> None:
 
 def rope_scaling(reader, arch: str) -> dict | None:
     """rope.scaling.* -> HF rope_scaling: linear, or YaRN (factor, the pretraining context, its betas
-    where written); none, or a factor of 1, is None. llama.cpp's attn_factor multiplies YaRN's own
+    where written); none, or a factor of 1, is None. A factor without a type is linear, as llama.cpp reads it (its
+    default type; the older key rope.scale_linear too). llama.cpp's attn_factor multiplies YaRN's own
     attention factor; a file that sets it is refused rather than guessed at."""
-    kind = _key(reader, arch, "rope.scaling.type")
+    kind = _key(reader, arch, "rope.scaling.type") or "linear"
     factor = _key(reader, arch, "rope.scaling.factor")
-    if kind in (None, "none") or factor in (None, 1.0):
+    if factor is None:
+        factor = _key(reader, arch, "rope.scale_linear")
+    if kind == "none" or factor in (None, 0.0, 1.0):
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": _f32(factor)}

@@ -405,6 +405,17 @@ def test_a_scaling_the_family_lacks_is_refused_not_dropped(tiny_hf, tmp_path):
         build(source)
 
 
+@pytest.mark.parametrize("meta, read", [
+    ({"rope.scaling.factor": 2.0}, {"rope_type": "linear", "factor": 2.0}),        # no type: llama.cpp's linear
+    ({"rope.scale_linear": 4.0}, {"rope_type": "linear", "factor": 4.0}),          # the older key
+    ({"rope.scaling.type": "none", "rope.scaling.factor": 2.0}, None),             # none: llama.cpp never scales
+    ({"rope.scaling.type": "linear", "rope.scaling.factor": 1.0}, None),
+])
+def test_a_rope_factor_is_read_as_llama_cpp_runs_it(tiny_hf, tmp_path, meta, read):
+    config = kg.load_gguf(_write_tiny(tmp_path / "rope.gguf", tiny_hf, meta=meta)).hf_config
+    assert config.get("rope_scaling") == read
+
+
 def test_yarn_is_read_into_the_config(tiny_hf, tmp_path):
     meta = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 64,
             "rope.scaling.yarn_beta_fast": 16.0}
