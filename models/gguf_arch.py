@@ -427,6 +427,8 @@ GPT2_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_up":
 EXAONE_LAYER = {"attn_q": "attn.attention.q_proj", "attn_k": "attn.attention.k_proj", "attn_v": "attn.attention.v_proj",
                 "attn_output": "attn.attention.out_proj", "ffn_gate": "mlp.c_fc_0", "ffn_up": "mlp.c_fc_1",
                 "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
+QWEN_LAYER = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_gate": "mlp.w2", "ffn_up": "mlp.w1",
+              "ffn_down": "mlp.c_proj", "attn_norm": "ln_1", "ffn_norm": "ln_2"}
 EXAONE_GLOBAL = {"token_embd": "transformer.wte", "output_norm": "transformer.ln_f", "output": "lm_head"}
 GPT2_GLOBAL = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe", "output_norm": "transformer.ln_f",
                "output": "lm_head"}
@@ -1818,6 +1820,11 @@ def _deepseek(reader, arch, tensors, c):
     c.pop("topk_method")
 
 
+def _qwen(reader, arch, tensors, c):
+    """Qwen's (the first's) keys: RoPE over rope.dimension_count of each head (rotary_pct)."""
+    c["partial_rotary_factor"] = _rotary_share(reader, arch, c)
+
+
 def _bloom(reader, arch, tensors, c):
     """BloomModel's keys: the LayerNorms' epsilon as BloomConfig names it."""
     c["layer_norm_epsilon"] = c["rms_norm_eps"]
@@ -2090,6 +2097,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "nemotron": GGUFArch("nemotron", ("NemotronForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_relu2),
     "jais2": GGUFArch("jais2", ("Jais2ForCausalLM",), LLAMA_LAYER, config=_relu2),
     "arcee": GGUFArch("arcee", ("ArceeForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "qwen": GGUFArch("qwen", ("QWenLMHeadModel",), QWEN_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",
+                     config=_qwen),
     "xverse": GGUFArch("xverse", ("XverseForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
     "olmo": GGUFArch("olmo", ("OlmoForCausalLM",), LLAMA_LAYER, permuted=True, config=_olmo),
     "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",

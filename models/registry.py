@@ -106,6 +106,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("cwm", ("CwmForCausalLM",), ("cwm",), llama, llama.CwmConfig, llama.CwmForCausalLM),
     _arch("exaone", ("ExaoneForCausalLM",), ("exaone",), llama, llama.ExaoneConfig, llama.ExaoneForCausalLM),
     _arch("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), qwen2, qwen2.Qwen2Config, qwen2.Qwen2ForCausalLM),
+    _arch("qwen", ("QWenLMHeadModel",), ("qwen",), qwen2, qwen2.QwenConfig, qwen2.QwenForCausalLM),
     _arch("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), qwen3, qwen3.Qwen3Config, qwen3.Qwen3ForCausalLM),
     _arch("gemma", ("GemmaForCausalLM",), ("gemma",), gemma, gemma.GemmaConfig, gemma.GemmaForCausalLM),
     _arch("gemma2", ("Gemma2ForCausalLM",), ("gemma2",), gemma, gemma.Gemma2Config, gemma.Gemma2ForCausalLM),
