@@ -1820,6 +1820,16 @@ def _deepseek(reader, arch, tensors, c):
     c.pop("topk_method")
 
 
+def _pangu(reader, arch, tensors, c):
+    """openPangu-Embedded's keys: Llama's with biases on q, k, v and o (attention_bias), RoPE on halves (unpermuted);
+    an output projection's bias without q's (a layout kiln's Llama has not) is refused."""
+    _head_dim(reader, arch, c)
+    c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+    if c["attention_bias"] != ("blk.0.attn_output.bias" in tensors):
+        raise ModelLoadError(f"this {arch} GGUF has biases on attn_output or attn_q alone, where kiln's Llama has both "
+                             "or neither; load the Hugging Face checkpoint instead")
+
+
 def _qwen(reader, arch, tensors, c):
     """Qwen's (the first's) keys: RoPE over rope.dimension_count of each head (rotary_pct)."""
     c["partial_rotary_factor"] = _rotary_share(reader, arch, c)
@@ -2097,6 +2107,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "nemotron": GGUFArch("nemotron", ("NemotronForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_relu2),
     "jais2": GGUFArch("jais2", ("Jais2ForCausalLM",), LLAMA_LAYER, config=_relu2),
     "arcee": GGUFArch("arcee", ("ArceeForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "pangu-embedded": GGUFArch("llama", ("PanguEmbeddedForCausalLM",), LLAMA_LAYER, config=_pangu),
     "qwen": GGUFArch("qwen", ("QWenLMHeadModel",), QWEN_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",
                      config=_qwen),
     "xverse": GGUFArch("xverse", ("XverseForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),

@@ -280,6 +280,8 @@ def _xverse_released(hf) -> None:
     tokenizer.save_pretrained(hf)
 
 
+PANGU = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, attention_bias=True, eos_token_id=2, bos_token_id=1)
 XVERSE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=4, max_position_embeddings=256, eos_token_id=2, bos_token_id=1)
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
@@ -301,6 +303,11 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "deepseek-ocr": (lambda hf: __import__("test_vision_text").write_deepseek_ocr_released(hf), None,
                                    []),
                   "chameleon": (lambda hf: __import__("test_chameleon").write_for_the_converter(hf), None, []),
+                  # openPangu-Embedded: Llama's layers with biases on q, k, v and o, its tokenizer SentencePiece's
+                  "pangu": (lambda hf: (write_widened("LlamaForCausalLM", "LlamaConfig", PANGU, hf, seed=1),
+                                        _sentencepiece_model(hf / "tokenizer.model")),
+                            lambda hf: _edit_json(hf / "config.json", lambda c: dict(
+                                c, architectures=["PanguEmbeddedForCausalLM"])), []),
                   "deepseek-moe": (lambda hf: __import__("test_deepseek_moe").write_deepseek_moe(hf), None, []),
                   # XVERSE: Llama's layers (its converter un-permutes q/k as for heads == kv heads, as XVERSE's are)
                   "xverse": (lambda hf: write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, hf, seed=1),
@@ -593,4 +600,14 @@ def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
     theirs = converted["deepseek-moe"][1]
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(*test_deepseek_moe.deepseek_moe_case(), tmp_path / "ref", seed=1)
+    assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_pangu_embedded_as_the_converter_writes_it(converted, tmp_path):
+    """openPangu-Embedded through the converter (arch pangu-embedded: Llama's tensors unpermuted, q/k/v/o biases): read
+    as Llama with attention_bias, whose transformers class over the same weights is the reference."""
+    theirs = converted["pangu"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "pangu-embedded"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = write_widened("LlamaForCausalLM", "LlamaConfig", PANGU, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
