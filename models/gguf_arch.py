@@ -90,6 +90,10 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     nemotron Nemotron / Minitron every *norm.weight stored + 1 (LayerNorm1P); biases; partial rotary as
                                  rope.dimension_count; the MLP's up and down only
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
+    xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
+    pangu-embedded openPangu-Embedded  as llama, q/k rows as stored (NeoX RoPE), biases on q, k, v and o
+    qwen     Qwen (the first)    EXAONE's GPT-2-like names, q/k/v as attn_qkv with its bias, ffn_gate w2 and ffn_up
+                                 w1 (feed_forward_length both halves'); read as Qwen2
     arcee    Arcee AFM           as llama (q/k rows permuted), the MLP's up and down only; YaRN as rope.scaling
     granitemoe Granite MoE       as granite; each layer's 3-D input_linear split into ffn_gate_exps and
                                  ffn_up_exps (read back joined), output_linear as ffn_down_exps, the router
@@ -123,6 +127,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  adjacent pairs; experts as glm4moe; V3's router by sigmoid, V2's by softmax;
                                  mscale_all_dim as 0.1 x it (rope.scaling.yarn_log_multiplier). Kimi K2, Moonlight,
                                  GLM-4.7-Flash (read as V3) and Youtu-LLM (no experts) convert to it too
+    deepseek DeepSeek-MoE        as llama (q/k rows permuted) with deepseek2-ocr's experts, softmax router and dense
+                                 leading blocks: read as DeepSeek-OCR 2's language model without a routed scale
     deepseek2-ocr DeepSeek-OCR   its language model: DeepSeek-V2's experts and softmax router (as deepseek2's) under
                                  multi-head attention with RoPE on halves (llama.cpp's NeoX rope), read as DeepSeek-OCR
                                  2's (deepseek_ocr2_text); Unlimited-OCR's (a window in the file) refused
@@ -1813,13 +1819,6 @@ def _deepseek2_ocr(reader, arch, tensors, c):
     c["attention_bias"] = "blk.0.attn_q.bias" in tensors
 
 
-def _deepseek(reader, arch, tensors, c):
-    """DeepSeek-MoE as llama.cpp's converter writes it (deepseek): DeepSeek-V2's softmax router (_v2_router) under
-    Llama's attention (q/k rows permuted as Meta's), the first leading_dense_block_count layers dense."""
-    _v2_router(reader, arch, tensors, c)
-    c.pop("topk_method")
-
-
 def _pangu(reader, arch, tensors, c):
     """openPangu-Embedded's keys: Llama's with biases on q, k, v and o (attention_bias), RoPE on halves (unpermuted);
     an output projection's bias without q's (a layout kiln's Llama has not) is refused."""
@@ -2210,7 +2209,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "kimi-linear": GGUFArch("kimi_linear", ("KimiLinearForCausalLM",), KIMI_LINEAR_LAYER, config=_kimi_linear,
                             experts=MIXTRAL_EXPERTS, values={"ssm_a": lambda a: np.log(-a)},
                             by_head={"self_attn.kv_b_proj": ("attn_k_b", "attn_v_b")}),
-    "deepseek": GGUFArch("deepseek", ("DeepseekForCausalLM",), ROUTED_LAYER, permuted=True, config=_deepseek,
+    "deepseek": GGUFArch("deepseek", ("DeepseekForCausalLM",), ROUTED_LAYER, permuted=True, config=_v2_router,
                          experts=QWEN_EXPERTS),
     "deepseek2-ocr": GGUFArch("deepseek_ocr2_text", ("DeepseekOcr2ForConditionalGeneration",), ROUTED_LAYER,
                               config=_deepseek2_ocr, experts=QWEN_EXPERTS),

@@ -239,10 +239,7 @@ class DeepseekMoeConfig(DeepseekOcr2TextConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        for key, runs in (("norm_topk_prob", False), ("moe_layer_freq", 1), ("scoring_func", "softmax")):
-            if hf.get(key, runs) != runs:
-                raise ValueError(f"DeepSeek-MoE with {key} {hf[key]!r} is not supported (the released checkpoints "
-                                 f"set {runs!r}); fix config.json")
+        refuse_unlike(hf, (("norm_topk_prob", False), ("moe_layer_freq", 1), ("scoring_func", "softmax")), cls.ARCH)
         return super().adapt(dict(values, routed_scale=1.0), hf, notes)     # its code scales the routed weights never
 
 

@@ -71,13 +71,15 @@ class BiasedMoE(SparseMoE):
         super().__init__(c.hidden_size, c.moe(c.intermediate_size), flags)
         self.bias = nn.Parameter((c.hidden_size,))
 
-    def forward(self, x: Tensor, route: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         return super().forward(x) + self.bias
 
 
 class MixtureOfHeads(nn.Module):
     """JetMoE's attention (the module docstring): experts' query and output projections around shared keys and
     values."""
+
+    kv_dtype: str | None = None             # the KV cache's dtype where not the activations' (CausalLM.set_kv_dtype)
 
     def __init__(self, c: JetMoeConfig, rope: tuple | None):
         self.h_kv, self.d, self.k, self.rope = c.num_key_value_heads, c.head_dim, c.top_k, rope
@@ -88,7 +90,7 @@ class MixtureOfHeads(nn.Module):
         self.experts_o = nn.Linear(width, c.num_experts * c.hidden_size, bias=False)
         self.kv_proj = nn.Linear(c.hidden_size, 2 * width, bias=False)
         self.bias = nn.Parameter((c.hidden_size,))
-        self.spec = c.moe(self.h_kv * self.d)
+        self.spec = c.moe(width)
 
     def to(self, dtype: str | None = None) -> None:
         super().to(dtype)
@@ -109,7 +111,7 @@ class MixtureOfHeads(nn.Module):
             q, key = (apply_rope(t, positions, *self.rope) for t in (q, key))
             kv = op.concat([key, value], dim=2)
         out = cached_attention(kv_cache, layer_id, op.concat([q, kv], dim=2), h_kv * k, self.sm_scale,
-                               getattr(self, "kv_dtype", None))                          # [b, s, h_kv k, d]
+                               self.kv_dtype)                                            # [b, s, h_kv k, d]
         out = op.reshape(op.permute_dims(op.reshape(out, (b, s, h_kv, k, d)), [0, 1, 3, 2, 4]), (b * s, k, h_kv * d))
         y = expert_matmul(out, self.experts_o, experts, hidden)                         # [T, k, hidden]
         w = op.reshape(weights if weights.dtype == y.dtype else weights.astype(y.dtype), (b * s, k, 1))

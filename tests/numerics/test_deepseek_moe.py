@@ -56,5 +56,5 @@ def test_deepseek_moe_settings_kiln_does_not_run_are_refused(change, tmp_path):
     path = tmp_path / "hf" / "config.json"
     path.write_text(json.dumps(dict(json.loads(path.read_text()), **change)))
     key, value = next(iter(change.items()))
-    with pytest.raises(ModelLoadError, match=f"DeepSeek-MoE with {key} {value!r} is not supported"):
+    with pytest.raises(ModelLoadError, match=f"deepseek with {key} {value!r} is not supported"):
         build(load(tmp_path / "hf"))
