@@ -28,15 +28,15 @@ def _pieces() -> list[str]:
     return chars + found
 
 
-def _write(path, arch: str, extra: list[tuple[str, int]], add_space_prefix: bool | None):
+def _write(path, arch: str, extra: list[tuple[str, int]], add_space_prefix: bool | None, scores: bool = True):
     pieces = _pieces()
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [t for t, _ in extra] + pieces
     types = [2, 3, 3] + [6] * 256 + [ty for _, ty in extra] + [1] * len(pieces)
-    scores = [0.0] * (3 + 256 + len(extra)) + [-float(i) for i in range(len(pieces))]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
-    w.add_token_scores(scores)
+    if scores:
+        w.add_token_scores([0.0] * (3 + 256 + len(extra)) + [-float(i) for i in range(len(pieces))])
     w.add_token_types(types)
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
@@ -85,3 +85,13 @@ def test_no_space_prefix_when_the_file_says_so(tmp_path):
     assert enc.tokens == ["the", f"{SP}quick", f"{SP}brown", f"{SP}fox"]
     assert tok.decode(enc.ids) == "the quick brown fox"
 
+
+
+def test_a_vocabulary_without_scores_ranks_its_merges_by_token_order(tmp_path):
+    """A llama-model vocabulary written without tokenizer.ggml.scores (XVERSE's, a BPE vocabulary converted as
+    llama's) merges as the same file whose scores fall with the token's position: _write's."""
+    ranked = build_gguf_tokenizer(gguf.GGUFReader(str(_write(tmp_path / "scored.gguf", "llama", [], None))))
+    bare = build_gguf_tokenizer(gguf.GGUFReader(str(_write(tmp_path / "bare.gguf", "llama", [], None, scores=False))))
+    for text in TEXTS:
+        assert bare.encode(text).ids == ranked.encode(text).ids, text
+    assert bare.encode("the lazy dog", add_special_tokens=False).tokens == [f"{SP}the", f"{SP}lazy", f"{SP}dog"]
