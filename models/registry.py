@@ -69,6 +69,7 @@ from . import (
     step,
     starcoder2,
     zamba2,
+    zaya,
 )
 from .source import ModelLoadError
 from .unsupported import unsupported_reason
@@ -307,6 +308,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("baichuan", ("BaichuanForCausalLM", "BaiChuanForCausalLM"), ("baichuan",), alibi, alibi.BaichuanConfig,
           alibi.BaichuanForCausalLM),
     _arch("doge", ("DogeForCausalLM",), ("doge",), doge, doge.DogeConfig, doge.DogeForCausalLM),
+    _arch("zaya", ("ZayaForCausalLM",), ("zaya",), zaya, zaya.ZayaConfig, zaya.ZayaForCausalLM),
     _arch("jetmoe", ("JetMoeForCausalLM", "JetMoEForCausalLM"), ("jetmoe",), jetmoe, jetmoe.JetMoeConfig,
           jetmoe.JetMoeForCausalLM),
     _arch("helium", ("HeliumForCausalLM",), ("helium",), helium, helium.HeliumConfig, helium.HeliumForCausalLM),

@@ -169,7 +169,8 @@ def write_widened(model_cls: str, config_cls: str, cfg: dict, dest: Path, seed: 
     widen(model)
     with torch.no_grad():
         for name, b in model.named_buffers():       # a router's choice bias (DeepSeek-V3's), zeros at init;
-            if name.endswith(("e_score_correction_bias", ".expert_bias")):    # Gemma 4's layer scalars, ones
+            if name.endswith(("e_score_correction_bias", ".expert_bias",      # Gemma 4's layer scalars, ones
+                              "balancing_biases")):                           # (ZAYA's: zeros, its skip's -1)
                 b.normal_(0.0, 0.3)
             elif name.endswith("layer_scalar"):
                 b.normal_(1.0, 0.3)
