@@ -35,6 +35,14 @@ _UNSUPPORTED = {
        for t in ("qwen4_exp", "qwen4_exp_text", "qwen4exp")},
     **{t: ("Unlimited-OCR", "reference sliding-window attention (every prompt token kept, the generated ones in a "
                             "window of sliding_window after them)") for t in ("unlimited_ocr", "unlimited_ocr_text")},
+    **{t: (name, "relative position bias (each query mixes learned bias-by-distance profiles; no RoPE) and short "
+                 "convolutions on keys, values and each block's output (a state beside the KV cache)" + extra)
+       for t, name, extra in (("inkling_text", "Inkling", ""), ("inkling_mm_model", "Inkling", ""),
+                              ("inkling2", "Inkling 2", ", and attention residuals over earlier blocks"),
+                              ("inkling2_text", "Inkling 2", ", and attention residuals over earlier blocks"),
+                              ("inkling2_loop", "Inkling 2 Loop", ", attention residuals and layers run in loops"),
+                              ("inkling2_loop_text", "Inkling 2 Loop", ", attention residuals and layers run in "
+                                                                      "loops"))},
     "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
     "paligemma": ("PaliGemma", "prompt attended both ways (a prefix LM: the image and the prompt see each other), "
                                "where kiln's attention is causal"),

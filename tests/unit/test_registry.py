@@ -76,6 +76,8 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("glm5_next", r"GLM-5-Next \(glm5_next\) .* hyper-connections"),
     ("mistral_large4_text", r"Mistral Large 4 \(mistral_large4_text\) .* an earlier layer's latent KV cache"),
     ("gemma4_assistant", r"Gemma 4 assistant \(gemma4_assistant\) .* compile the Gemma 4 it drafts for"),
+    ("inkling_text", r"Inkling \(inkling_text\) .* relative position bias"),
+    ("inkling2_loop", r"Inkling 2 Loop \(inkling2_loop\) .* layers run in loops"),
 ])
 def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
     with pytest.raises(ModelLoadError, match=reason) as e:
