@@ -91,6 +91,7 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
                                  rope.dimension_count; the MLP's up and down only
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
     xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
+    nanbeige Nanbeige 4.2        as llama (q/k rows permuted); num_loops runs of the layers, skip_loop_final_norm
     pangu-embedded openPangu-Embedded  as llama, q/k rows as stored (NeoX RoPE), biases on q, k, v and o
     qwen     Qwen (the first)    EXAONE's GPT-2-like names, q/k/v as attn_qkv with its bias, ffn_gate w2 and ffn_up
                                  w1 (feed_forward_length both halves'); read as Qwen2
@@ -1829,6 +1830,13 @@ def _pangu(reader, arch, tensors, c):
                              "or neither; load the Hugging Face checkpoint instead")
 
 
+def _nanbeige(reader, arch, tensors, c):
+    """Nanbeige's keys: Llama's, and its loops (num_loops runs of the block_count layers, skip_loop_final_norm)."""
+    _llama(reader, arch, tensors, c)
+    c.update(num_loops=int(_key(reader, arch, "num_loops", 1)),
+             skip_loop_final_norm=bool(_key(reader, arch, "skip_loop_final_norm", False)))
+
+
 def _qwen(reader, arch, tensors, c):
     """Qwen's (the first's) keys: RoPE over rope.dimension_count of each head (rotary_pct)."""
     c["partial_rotary_factor"] = _rotary_share(reader, arch, c)
@@ -2110,6 +2118,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen": GGUFArch("qwen", ("QWenLMHeadModel",), QWEN_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",
                      config=_qwen),
     "xverse": GGUFArch("xverse", ("XverseForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "nanbeige": GGUFArch("nanbeige", ("NanbeigeForCausalLM",), LLAMA_LAYER, permuted=True, config=_nanbeige),
     "olmo": GGUFArch("olmo", ("OlmoForCausalLM",), LLAMA_LAYER, permuted=True, config=_olmo),
     "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",
                        by_group=("attn_qkv",), config=_falcon,

@@ -313,6 +313,8 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "xverse": (lambda hf: write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, hf, seed=1),
                              lambda hf: _xverse_released(hf), []),
                   "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
+                  # Nanbeige 4.2: Llama's layers run in loops (num_loops, skip_loop_final_norm in its config)
+                  "nanbeige": (lambda hf: __import__("test_nanbeige").write_nanbeige(hf, loops=2), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
                   "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
                                                           HUNYUAN_VL, hf, seed=1), None, []),
@@ -601,6 +603,18 @@ def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(*test_deepseek_moe.deepseek_moe_case(), tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_nanbeige_as_the_converter_writes_it(converted, tmp_path):
+    """Nanbeige 4.2 through the converter (arch nanbeige: Llama's tensors, q/k rows permuted, num_loops and
+    skip_loop_final_norm): its looped Llama's logits (test_nanbeige.py's reference)."""
+    import test_nanbeige
+    theirs = converted["nanbeige"][1]
+    fields = gguf.GGUFReader(theirs).fields
+    assert fields["general.architecture"].contents() == "nanbeige" and fields["nanbeige.num_loops"].contents() == 2
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = test_nanbeige.write_nanbeige(tmp_path / "ref", loops=2)
+    assert_prefill_and_decode_match(art, reference, test_nanbeige.IDS, TOL)
 
 
 def test_pangu_embedded_as_the_converter_writes_it(converted, tmp_path):
