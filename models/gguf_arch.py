@@ -92,6 +92,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
     xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
     nanbeige Nanbeige 4.2        as llama (q/k rows permuted); num_loops runs of the layers, skip_loop_final_norm
+    maincoder Maincoder          read as hunyuan-dense: its q/k rows as stored run under RoPE on adjacent pairs
+                                 (read as permuted), the q/k norms' dims in that pair order
     pangu-embedded openPangu-Embedded  as llama, q/k rows as stored (NeoX RoPE), biases on q, k, v and o
     qwen     Qwen (the first)    EXAONE's GPT-2-like names, q/k/v as attn_qkv with its bias, ffn_gate w2 and ffn_up
                                  w1 (feed_forward_length both halves'); read as Qwen2
@@ -1197,6 +1199,26 @@ def _chameleon_norm_dims(c: dict) -> dict[str, tuple[int, np.ndarray]]:
     return dict.fromkeys(("attn_q_norm", "attn_k_norm"), (1, stored_at))
 
 
+def _maincoder(reader, arch, tensors, c):
+    """Maincoder as llama.cpp's converter writes it and its graph runs it: Llama's tensors as the checkpoint holds them
+    under RoPE on adjacent pairs (rotary over the whole head), q and k RMS-normed a head after their rotation: Hunyuan's
+    dense layers once q's and k's rows are read in rotate-half order (`permuted`) and their norms' dims alike
+    (_pair_order_norm_dims)."""
+    _qwen3(reader, arch, tensors, c)
+    if c["attention_bias"] or "blk.0.attn_output.bias" in tensors:
+        raise ModelLoadError(f"this {arch} GGUF has attention biases, which Maincoder's layers have not; re-convert "
+                             "the model")
+    rotary = _key(reader, arch, "rope.dimension_count")
+    if rotary is not None and rotary != c["head_dim"]:
+        raise ModelLoadError(f"this {arch} GGUF rotates {rotary} of each head's {c['head_dim']} dims, where llama.cpp's "
+                             "Maincoder rotates them all; re-convert the model")
+
+
+def _pair_order_norm_dims(c: dict) -> dict[str, tuple[int, np.ndarray]]:
+    """Per-head q/k norm weights [head_dim] whose dims follow llama.cpp's pair order, read back in HF's."""
+    return {k: (0, axis_order) for k, (_, axis_order) in _chameleon_norm_dims(c).items()}
+
+
 def _baichuan(reader, arch, tensors, c):
     """Baichuan as llama.cpp's converter writes it: W_pack split into q, k and v (q and k rows permuted as Llama's),
     read under kiln's names for that layout (kiln_split_qkv: models/alibi.py); RoPE for 32 layers (the 7B models),
@@ -2126,6 +2148,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "starcoder": GGUFArch("gpt_bigcode", ("GPTBigCodeForCausalLM",), GPT2_LAYER, GPT2_GLOBAL,
                           layer_prefix="transformer.h", config=_starcoder),
     "hunyuan-dense": GGUFArch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), HUNYUAN_LAYER, config=_qwen3),
+    "maincoder": GGUFArch("hunyuan_v1_dense", ("HunYuanDenseV1ForCausalLM",), HUNYUAN_LAYER, permuted=True,
+                          config=_maincoder, reorder=_pair_order_norm_dims),
     "smollm3": GGUFArch("smollm3", ("SmolLM3ForCausalLM",), LLAMA_LAYER, permuted=True, config=_smollm3),
     "stablelm": GGUFArch("stablelm", ("StableLmForCausalLM",), LLAMA_LAYER, config=_stablelm),
     "phi2": GGUFArch("phi", ("PhiForCausalLM",), PHI2_LAYER, PHI2_GLOBAL, config=_phi2),

@@ -284,6 +284,27 @@ PANGU = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_la
              num_key_value_heads=2, max_position_embeddings=256, attention_bias=True, eos_token_id=2, bos_token_id=1)
 XVERSE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=4, max_position_embeddings=256, eos_token_id=2, bos_token_id=1)
+MAINCODER = dict(XVERSE, num_key_value_heads=2, head_dim=16, pad_token_id=0)
+
+
+def _maincoder_released(hf) -> None:
+    """test_maincoder_as_the_converter_writes_it's Hunyuan dense model as Maincoder's checkpoint computing it under
+    llama.cpp's reading (its q/k rows taken as pairs for RoPE, q_norm / k_norm after it): q's and k's rows in pair
+    order (the Llama converter's permute), the norms' dims alike, the norms as q_norm / k_norm."""
+    from safetensors.numpy import load_file, save_file
+    d, weights = MAINCODER["head_dim"], load_file(hf / "model.safetensors")
+
+    def pairs(w):                           # each head's rows [half 0 | half 1] -> [(0, 0), (1, 0), (0, 1), ...]
+        return w.reshape(-1, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    out = {}
+    for name, w in weights.items():
+        if name.endswith(("q_proj.weight", "k_proj.weight", "layernorm.weight")) and ".self_attn." in name:
+            w = pairs(w)
+        out[name.replace("query_layernorm", "q_norm").replace("key_layernorm", "k_norm")] = np.ascontiguousarray(w)
+    save_file(out, hf / "model.safetensors", metadata={"format": "pt"})
+    _edit_json(hf / "config.json", lambda c: dict(c, model_type="maincoder", architectures=["MaincoderForCausalLM"]))
+
+
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
                   "starcoder2-fused-qkv": (_write("starcoder2"), None, ["--fuse-qkv"]),
@@ -313,6 +334,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "xverse": (lambda hf: write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, hf, seed=1),
                              lambda hf: _xverse_released(hf), []),
                   "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
+                  # Maincoder: Hunyuan dense's layers as llama.cpp reads its checkpoints (RoPE on adjacent pairs)
+                  "maincoder": (lambda hf: write_widened("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config",
+                                                         MAINCODER, hf, seed=1), _maincoder_released, []),
                   # Nanbeige 4.2: Llama's layers run in loops (num_loops, skip_loop_final_norm in its config)
                   "nanbeige": (lambda hf: __import__("test_nanbeige").write_nanbeige(hf, loops=2), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
@@ -602,6 +626,17 @@ def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
     theirs = converted["deepseek-moe"][1]
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(*test_deepseek_moe.deepseek_moe_case(), tmp_path / "ref", seed=1)
+    assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_maincoder_as_the_converter_writes_it(converted, tmp_path):
+    """Maincoder through the converter (arch maincoder: its q/k rows as stored, which llama.cpp rotates as adjacent
+    pairs before the q/k norms): read as Hunyuan dense with those rows and the norms' dims in rotate-half order, whose
+    transformers class is the reference (the checkpoint was that model's weights laid out as llama.cpp reads them)."""
+    theirs = converted["maincoder"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "maincoder"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = write_widened("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", MAINCODER, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
 
 
