@@ -92,6 +92,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
     xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
     nanbeige Nanbeige 4.2        as llama (q/k rows permuted); num_loops runs of the layers, skip_loop_final_norm
+    bailingmoe Ling v1           read as granitemoeshared: the experts' and shared experts' gate / up joined, the
+                                 renormalised softmax top k as Granite's router
     maincoder Maincoder          read as hunyuan-dense: its q/k rows as stored run under RoPE on adjacent pairs
                                  (read as permuted), the q/k norms' dims in that pair order
     pangu-embedded openPangu-Embedded  as llama, q/k rows as stored (NeoX RoPE), biases on q, k, v and o
@@ -1433,6 +1435,25 @@ def _granitemoe(reader, arch, tensors, c):
                  shared_intermediate_size=shared)
 
 
+def _bailingmoe(reader, arch, tensors, c):
+    """Ling v1 (Ling-lite, Ling-plus, Ling-Coder-lite: llama.cpp's bailingmoe) as llama.cpp's graph runs it: Llama's
+    attention (scale 1 / sqrt(rope.dimension_count)), every layer a softmax over the experts, the best k renormalised
+    (expert_weights_norm), plus the shared experts as one ungated MLP: transformers' Granite MoE Shared without its
+    multipliers (its router's softmax over the k best logits is the renormalised top k). Other routings are refused."""
+    _granite(reader, arch, tensors, c)
+    width = _key(reader, arch, "expert_feed_forward_length")
+    widths = set(width) if isinstance(width, list) else {width}
+    if not _key(reader, arch, "expert_weights_norm", False) or _f32(_key(reader, arch, "expert_weights_scale", 1.0)) \
+            != 1.0 or _key(reader, arch, "leading_dense_block_count", 0) or len(widths) != 1 or None in widths:
+        raise ModelLoadError(f"this {arch} GGUF routes otherwise than Ling v1's released models (the top k renormalised "
+                             "and unscaled, experts in every layer, one expert width); load its Hugging Face checkpoint")
+    width = int(widths.pop())
+    c.update(model_type="granitemoeshared", architectures=["GraniteMoeSharedForCausalLM"], intermediate_size=width,
+             num_local_experts=_key(reader, arch, "expert_count"),
+             num_experts_per_tok=_key(reader, arch, "expert_used_count"),
+             shared_intermediate_size=width * int(_key(reader, arch, "expert_shared_count", 0)))
+
+
 def _granite_swa(reader, arch, tensors, c):
     """IBM's Granite with sliding layers and sinks (GraniteSWAModel's: Granite's multipliers, the window and each
     layer's kind, which layers rotate as attention.rope_pattern, every rotating one by rope.freq_base: transformers'
@@ -2131,6 +2152,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                        config=_exaone),
     "exaone4": GGUFArch("exaone4", ("Exaone4ForCausalLM",), OLMO2_LAYER, config=_exaone4),
     "seed_oss": GGUFArch("seed_oss", ("SeedOssForCausalLM",), SEED_OSS_LAYER, config=_seed_oss),
+    "bailingmoe": GGUFArch("granitemoeshared", ("GraniteMoeSharedForCausalLM",), GRANITE_MOE_LAYER, permuted=True,
+                           config=_bailingmoe, joined=GRANITE_MOE_JOINED),
     "granitemoe": GGUFArch("granitemoe", ("GraniteMoeForCausalLM",), GRANITE_MOE_LAYER, permuted=True,
                            config=_granitemoe, also=("granitemoeshared",), joined=GRANITE_MOE_JOINED),
     "nemotron": GGUFArch("nemotron", ("NemotronForCausalLM",), LLAMA_LAYER, norm_shift=1.0, config=_relu2),

@@ -305,6 +305,41 @@ def _maincoder_released(hf) -> None:
     _edit_json(hf / "config.json", lambda c: dict(c, model_type="maincoder", architectures=["MaincoderForCausalLM"]))
 
 
+LING = dict(vocab_size=512, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=64,
+            attention_multiplier=0.25, max_position_embeddings=256, eos_token_id=2, bos_token_id=1)
+
+
+def _ling_released(hf) -> None:
+    """test_ling_v1_as_the_converter_writes_it's Granite MoE Shared model as Ling v1's checkpoint (BailingMoe's
+    names: word_embeddings, attention.query_key_value / dense, mlp.gate, each expert's gate / up / down, one shared
+    expert of the shared MLP's width; norm_topk_prob, no leading dense layers)."""
+    from safetensors.numpy import load_file, save_file
+    weights, i, out = load_file(hf / "model.safetensors"), LING["intermediate_size"], {}
+    for layer in range(LING["num_hidden_layers"]):
+        k, a = f"model.layers.{layer}", f"model.layers.{layer}.self_attn"
+        out[f"{k}.attention.query_key_value.weight"] = np.concatenate([weights.pop(f"{a}.{x}_proj.weight")
+                                                                       for x in "qkv"])
+        out[f"{k}.attention.dense.weight"] = weights.pop(f"{a}.o_proj.weight")
+        out[f"{k}.mlp.gate.weight"] = weights.pop(f"{k}.block_sparse_moe.router.layer.weight")
+        gate_up, down = (weights.pop(f"{k}.block_sparse_moe.{x}_linear.weight") for x in ("input", "output"))
+        for j in range(LING["num_local_experts"]):
+            e = f"{k}.mlp.experts.{j}"
+            out.update({f"{e}.gate_proj.weight": gate_up[j, :i], f"{e}.up_proj.weight": gate_up[j, i:],
+                        f"{e}.down_proj.weight": down[j]})
+        shared, s = weights.pop(f"{k}.shared_mlp.input_linear.weight"), LING["shared_intermediate_size"]
+        out.update({f"{k}.mlp.shared_experts.gate_proj.weight": shared[:s],
+                    f"{k}.mlp.shared_experts.up_proj.weight": shared[s:],
+                    f"{k}.mlp.shared_experts.down_proj.weight": weights.pop(f"{k}.shared_mlp.output_linear.weight")})
+    out["model.word_embeddings.weight"] = weights.pop("model.embed_tokens.weight")
+    out.update(weights)                 # the norms and the head
+    save_file({k: np.ascontiguousarray(v) for k, v in out.items()}, hf / "model.safetensors", metadata={"format": "pt"})
+    _edit_json(hf / "config.json", lambda c: dict(
+        c, model_type="bailing_moe", architectures=["BailingMoeForCausalLM"], num_experts=LING["num_local_experts"],
+        moe_intermediate_size=i, num_shared_experts=LING["shared_intermediate_size"] // i, first_k_dense_replace=0,
+        norm_topk_prob=True, head_dim=16, norm_head=False))
+
+
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
                   "starcoder2-fused-qkv": (_write("starcoder2"), None, ["--fuse-qkv"]),
@@ -334,6 +369,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "xverse": (lambda hf: write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, hf, seed=1),
                              lambda hf: _xverse_released(hf), []),
                   "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
+                  # Ling v1: Granite MoE Shared's model under BailingMoe's names (its routing is Granite's)
+                  "bailingmoe": (lambda hf: write_widened("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", LING,
+                                                          hf, seed=1), _ling_released, []),
                   # Maincoder: Hunyuan dense's layers as llama.cpp reads its checkpoints (RoPE on adjacent pairs)
                   "maincoder": (lambda hf: write_widened("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config",
                                                          MAINCODER, hf, seed=1), _maincoder_released, []),
@@ -626,6 +664,17 @@ def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
     theirs = converted["deepseek-moe"][1]
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(*test_deepseek_moe.deepseek_moe_case(), tmp_path / "ref", seed=1)
+    assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_ling_v1_as_the_converter_writes_it(converted, tmp_path):
+    """Ling v1 through the converter (arch bailingmoe: q/k/v split from query_key_value and permuted, the experts
+    stacked, the shared experts as ffn_*_shexp, expert_weights_norm): read as Granite MoE Shared, whose transformers
+    class over the same weights is the reference."""
+    theirs = converted["bailingmoe"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "bailingmoe"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = write_widened("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", LING, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
 
 
