@@ -92,6 +92,7 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
     xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
     nanbeige Nanbeige 4.2        as llama (q/k rows permuted); num_loops runs of the layers, skip_loop_final_norm
+    codeshell CodeShell          read as starcoder2 (use_bias, no window): q/k/v as attn_qkv, RoPE on halves
     bailingmoe Ling v1           read as granitemoeshared: the experts' and shared experts' gate / up joined, the
                                  renormalised softmax top k as Granite's router
     maincoder Maincoder          read as hunyuan-dense: its q/k rows as stored run under RoPE on adjacent pairs
@@ -1409,6 +1410,17 @@ def _starcoder2(reader, arch, tensors, c):
              sliding_window=_key(reader, arch, "attention.sliding_window") or None)
 
 
+def _codeshell(reader, arch, tensors, c):
+    """CodeShell as llama.cpp's converter writes it and its graph runs it: LayerNorms with biases, q/k/v (GQA) as one
+    attn_qkv with its bias, RoPE on halves over the whole head, a GELU (tanh) MLP with biases, the head untied:
+    transformers' StarCoder 2 with use_bias and no window."""
+    _starcoder2(reader, arch, tensors, c)
+    if not c["use_bias"] and "blk.0.attn_qkv.bias" not in tensors or rope_scaling(reader, arch) is not None:
+        raise ModelLoadError(f"this {arch} GGUF has no attention biases or scales its RoPE, which CodeShell's does not; "
+                             "re-convert the model")
+    c.update(use_bias=True, sliding_window=None, hidden_act="gelu_pytorch_tanh")
+
+
 def _gptneox(reader, arch, tensors, c):
     c.update(layer_norm_eps=c.pop("rms_norm_eps"), hidden_act="gelu", attention_bias="blk.0.attn_qkv.bias" in tensors,
              rotary_pct=_rotary_share(reader, arch, c),
@@ -2209,6 +2221,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
                           values={"ssm_a": lambda a: np.log(-a)}, squeezed=("ssm_conv1d",), experts=QWEN_EXPERTS,
                           parts=_qwen3next_ba),
     "starcoder2": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_starcoder2),
+    "codeshell": GGUFArch("starcoder2", ("Starcoder2ForCausalLM",), STARCODER2_LAYER, config=_codeshell),
     "ernie4_5": GGUFArch("ernie4_5", ("Ernie4_5ForCausalLM",), LLAMA_LAYER, config=_ernie4_5),
     "paddleocr": GGUFArch("llama", ("LlamaForCausalLM",), LLAMA_LAYER, config=_paddleocr),
     "chameleon": GGUFArch("chameleon", ("ChameleonForConditionalGeneration",), {**LLAMA_LAYER, **QK_NORMS},

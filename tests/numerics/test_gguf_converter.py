@@ -340,6 +340,39 @@ def _ling_released(hf) -> None:
         norm_topk_prob=True, head_dim=16, norm_head=False))
 
 
+CODESHELL = dict(vocab_size=512, hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, use_bias=True, norm_epsilon=1e-5,
+                 tie_word_embeddings=False, sliding_window=None, eos_token_id=2, bos_token_id=1)
+
+
+def _codeshell_released(hf) -> None:
+    """test_codeshell_as_the_converter_writes_it's StarCoder 2 model as CodeShell's checkpoint (its GPT-2-like
+    names: transformer.wte / h.N.ln_1 / attn.c_attn (q, k, v) / attn.c_proj / ln_2 / mlp.c_fc / mlp.c_proj / ln_f;
+    its config's n_embd, n_head, num_query_groups, n_layer, n_positions, layer_norm_epsilon). The converter takes the
+    MLP as 4 x n_embd wide and RoPE's base as 10000, as CodeShell's are."""
+    from safetensors.numpy import load_file, save_file
+    weights, out = load_file(hf / "model.safetensors"), {}
+    names = {"self_attn.o_proj": "attn.c_proj", "input_layernorm": "ln_1", "post_attention_layernorm": "ln_2",
+             "mlp.c_fc": "mlp.c_fc", "mlp.c_proj": "mlp.c_proj"}
+    for layer in range(CODESHELL["num_hidden_layers"]):
+        k, h = f"model.layers.{layer}", f"transformer.h.{layer}"
+        for part in ("weight", "bias"):
+            out[f"{h}.attn.c_attn.{part}"] = np.concatenate([weights.pop(f"{k}.self_attn.{x}_proj.{part}")
+                                                             for x in "qkv"])
+            out.update({f"{h}.{theirs}.{part}": weights.pop(f"{k}.{mine}.{part}") for mine, theirs in names.items()})
+    out.update({"transformer.wte.weight": weights.pop("model.embed_tokens.weight"),
+                "transformer.ln_f.weight": weights.pop("model.norm.weight"),
+                "transformer.ln_f.bias": weights.pop("model.norm.bias"), "lm_head.weight": weights.pop("lm_head.weight")})
+    assert not weights, sorted(weights)
+    save_file(out, hf / "model.safetensors", metadata={"format": "pt"})
+    c = CODESHELL
+    _edit_json(hf / "config.json", lambda cfg: dict(
+        {k: v for k, v in cfg.items() if k not in ("hidden_size", "num_attention_heads", "num_hidden_layers")},
+        model_type="codeshell", architectures=["CodeShellForCausalLM"], n_embd=c["hidden_size"],
+        n_head=c["num_attention_heads"], num_query_groups=c["num_key_value_heads"], n_layer=c["num_hidden_layers"],
+        n_positions=c["max_position_embeddings"], layer_norm_epsilon=c["norm_epsilon"]))
+
+
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
                   "starcoder2-fused-qkv": (_write("starcoder2"), None, ["--fuse-qkv"]),
@@ -369,6 +402,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "xverse": (lambda hf: write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, hf, seed=1),
                              lambda hf: _xverse_released(hf), []),
                   "hrm-text": (lambda hf: __import__("test_hrm_text").write_hrm(hf), None, []),
+                  # CodeShell: StarCoder 2's layers under GPT-2-like names
+                  "codeshell": (lambda hf: write_widened("Starcoder2ForCausalLM", "Starcoder2Config", CODESHELL, hf,
+                                                         seed=1), _codeshell_released, []),
                   # Ling v1: Granite MoE Shared's model under BailingMoe's names (its routing is Granite's)
                   "bailingmoe": (lambda hf: write_widened("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", LING,
                                                           hf, seed=1), _ling_released, []),
@@ -664,6 +700,16 @@ def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
     theirs = converted["deepseek-moe"][1]
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(*test_deepseek_moe.deepseek_moe_case(), tmp_path / "ref", seed=1)
+    assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_codeshell_as_the_converter_writes_it(converted, tmp_path):
+    """CodeShell through the converter (arch codeshell: c_attn as attn_qkv with its bias, LayerNorms with biases, RoPE
+    on halves): read as StarCoder 2 with biases, whose transformers class over the same weights is the reference."""
+    theirs = converted["codeshell"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "codeshell"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = write_widened("Starcoder2ForCausalLM", "Starcoder2Config", CODESHELL, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
 
 
