@@ -53,6 +53,33 @@ _UNSUPPORTED = {
     "ctrl": ("CTRL", "sinusoidal position embeddings (kiln reads learned position tables or RoPE)"),
 }
 
+_DIFFUSION = "masked-diffusion decoding (a block's positions denoised together over steps, attending both ways), not " \
+             "next-token prediction"
+_ENCODER = "encoder (attention both ways, for embeddings), not a causal language model"
+_SPEECH = "speech model (an audio codec or text-to-speech), not a text language model"
+_DRAFT = "speculative-decoding draft head over another model's hidden states (not a model of its own)"
+# llama.cpp's GGUF architectures of such families (general.architecture)
+_UNSUPPORTED.update({
+    **{arch: (name, _DIFFUSION) for arch, name in (("llada", "LLaDA"), ("llada-moe", "LLaDA-MoE"), ("dream", "Dream"),
+                                                   ("rnd1", "RND1"))},
+    **{arch: (name, _ENCODER) for arch, name in (
+        ("bert", "BERT"), ("modern-bert", "ModernBERT"), ("nomic-bert", "Nomic BERT"), ("nomic-bert-moe", "Nomic BERT MoE"),
+        ("neo-bert", "NeoBERT"), ("jina-bert-v2", "Jina BERT v2"), ("jina-bert-v3", "Jina BERT v3"),
+        ("eurobert", "EuroBERT"), ("t5encoder", "T5 encoder"), ("gemma-embedding", "EmbeddingGemma"),
+        ("llama-embed", "Llama embedding model"))},
+    "t5": ("T5", "encoder-decoder layout (the decoder cross-attends to an encoder's output), where kiln runs "
+                 "decoder-only models"),
+    "clip": ("CLIP", "vision or text encoder, not a language model (a multimodal GGUF's projector file: load the "
+                     "language model's GGUF)"),
+    **{arch: (name, _SPEECH) for arch, name in (("wavtokenizer-dec", "WavTokenizer"), ("pockettts", "Pocket TTS"),
+                                                ("qwen3tts", "Qwen3-TTS"))},
+    **{arch: (name, _DRAFT) for arch, name in (("eagle3", "EAGLE-3"), ("dflash", "DFlash"))},
+    **{arch: (name, "RWKV time mixing (a recurrent state) in place of attention")
+       for arch, name in (("rwkv6qwen2", "RWKV-6 Qwen 2"), ("arwkv7", "ARWKV-7"))},
+    "minimax-01": _UNSUPPORTED["minimax"], "glm5-next": _UNSUPPORTED["glm5_next"],
+    "gemma4-assistant": _UNSUPPORTED["gemma4_assistant"], "dots3note": _UNSUPPORTED["dots3_note"],
+})
+
 
 def unsupported_reason(name: str | None) -> str | None:
     """Why a known family (config.json model_type or GGUF architecture `name`) is refused, else None."""

@@ -427,12 +427,17 @@ def test_yarn_is_read_into_the_config(tiny_hf, tmp_path):
 def test_unsupported_architecture_and_tokenizer(tiny_hf, tmp_path):
     listed = re.escape(", ".join(kg.SUPPORTED_ARCHITECTURES))
     assert kg.SUPPORTED_ARCHITECTURES[:4] == ("llama", "qwen2", "qwen3", "gemma2")
-    with pytest.raises(ModelLoadError, match=f"'codeshell' is not supported; supported: {listed}. `kiln models` lists"):
-        kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="codeshell"))
+    with pytest.raises(ModelLoadError, match=f"'talkie' is not supported; supported: {listed}. `kiln models` lists"):
+        kg.load_gguf(_write_tiny(tmp_path / "arch.gguf", tiny_hf, arch="talkie"))
     # a family known to need what kiln lacks: refused with the reason
     with pytest.raises(ModelLoadError, match=r"GGUF architecture RWKV-7 \(rwkv7\) is not supported "
                                              "yet: its recurrent time mixing instead of attention"):
         kg.load_gguf(_write_tiny(tmp_path / "rwkv7.gguf", tiny_hf, arch="rwkv7"))
+    for arch, reason in (("llada", r"LLaDA \(llada\) .* masked-diffusion decoding"),
+                         ("bert", r"BERT \(bert\) .* encoder .*not a causal language model"),
+                         ("eagle3", r"EAGLE-3 \(eagle3\) .* draft head"), ("glm5-next", r"GLM-5-Next \(glm5-next\)")):
+        with pytest.raises(ModelLoadError, match=f"GGUF architecture {reason}"):
+            kg.load_gguf(_write_tiny(tmp_path / f"{arch}.gguf", tiny_hf, arch=arch))
     refusal = r"tokenizer model 'rwkv' is not supported yet; supported: 'gpt2' \(byte-level BPE\), 'llama'"
     with pytest.raises(ModelLoadError, match=refusal):
         kg.load_gguf(_write_tiny(tmp_path / "spm.gguf", tiny_hf, tokenizer_model="rwkv"))
