@@ -76,6 +76,25 @@ _UNSUPPORTED.update({
     **{arch: (name, _DRAFT) for arch, name in (("eagle3", "EAGLE-3"), ("dflash", "DFlash"))},
     **{arch: (name, "RWKV time mixing (a recurrent state) in place of attention")
        for arch, name in (("rwkv6qwen2", "RWKV-6 Qwen 2"), ("arwkv7", "ARWKV-7"))},
+    # transformers' *ForCausalLM classes of encoders and of encoder-decoders' decoders (config.json model_type)
+    **{t: (name, _ENCODER) for t, name in (
+        ("bert", "BERT"), ("roberta", "RoBERTa"), ("xlm-roberta", "XLM-RoBERTa"), ("xlm-roberta-xl", "XLM-RoBERTa-XL"),
+        ("roberta-prelayernorm", "RoBERTa-PreLayerNorm"), ("camembert", "CamemBERT"), ("electra", "ELECTRA"),
+        ("ernie", "ERNIE"), ("megatron-bert", "Megatron-BERT"), ("rembert", "RemBERT"), ("roc_bert", "RoCBert"),
+        ("roformer", "RoFormer"), ("data2vec-text", "Data2Vec text"), ("xmod", "X-MOD"), ("big_bird", "BigBird"),
+        ("bert-generation", "BertGeneration"), ("xlm", "XLM"))},
+    **{t: (name, "encoder-decoder layout (its decoder cross-attends to an encoder's output), where kiln runs "
+                 "decoder-only models") for t, name in (
+        ("bart", "BART"), ("mbart", "mBART"), ("marian", "Marian"), ("pegasus", "Pegasus"), ("blenderbot", "Blenderbot"),
+        ("blenderbot-small", "Blenderbot Small"), ("bigbird_pegasus", "BigBird-Pegasus"), ("plbart", "PLBart"),
+        ("mvp", "MVP"), ("prophetnet", "ProphetNet"), ("whisper", "Whisper"), ("trocr", "TrOCR"))},
+    "blt": ("Byte Latent Transformer", "byte-level local encoder and decoder around a latent transformer over "
+                                       "dynamic patches"),
+    **{t: (name, _SPEECH) for t, name in (("moshi", "Moshi"), ("musicgen", "MusicGen"),
+                                          ("musicgen_melody", "MusicGen Melody"),
+                                          ("moss_transcribe_diarize", "MOSS Transcribe-Diarize"))},
+    "xlnet": ("XLNet", "permutation language modelling with two-stream relative attention"),
+    "reformer": ("Reformer", "locality-sensitive hashing and chunked attention with reversible layers"),
     "minimax-01": _UNSUPPORTED["minimax"], "glm5-next": _UNSUPPORTED["glm5_next"],
     "gemma4-assistant": _UNSUPPORTED["gemma4_assistant"], "dots3note": _UNSUPPORTED["dots3_note"],
 })

@@ -78,6 +78,9 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("gemma4_assistant", r"Gemma 4 assistant \(gemma4_assistant\) .* compile the Gemma 4 it drafts for"),
     ("inkling_text", r"Inkling \(inkling_text\) .* relative position bias"),
     ("inkling2_loop", r"Inkling 2 Loop \(inkling2_loop\) .* layers run in loops"),
+    ("roberta", r"RoBERTa \(roberta\) .* encoder .*not a causal language model"),
+    ("bart", r"BART \(bart\) .* encoder-decoder layout"),
+    ("blt", r"Byte Latent Transformer \(blt\) .* dynamic patches"),
 ])
 def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
     with pytest.raises(ModelLoadError, match=reason) as e:
