@@ -229,7 +229,7 @@ def rope_in_graph(layers: tuple[LayerAttention, ...], flags: Flags | None = None
     own), the cache lacks the scaling, q and k are normed after their rotation, or q's scale follows its position."""
     ropes = {(a.rope, a.rope_theta, repr(a.rope_scaling), a.rotary_dim) for a in layers}
     kinds = {(a.rope_scaling or {}).get("rope_type") for a in layers}
-    by_flags = bool(flags and (flags.qk_norm_after_rope or flags.attn_temperature))
+    by_flags = bool(flags and (flags.qk_norm_after_rope or flags.attn_temperature or flags.rope_in_graph))
     return len(ropes) > 1 or not all(a.rope for a in layers) or bool(kinds & set(GRAPH_SCALINGS)) or by_flags
 
 

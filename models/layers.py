@@ -89,6 +89,8 @@ class Flags:
     attn_temperature: tuple | None = None   # (beta, original[, offset[, form]]): q *= 1 + beta * log(1 + floor((pos
                                             # + offset) / original)) after RoPE (Ministral 3; RoPE in the graph),
                                             # or form "power": (1 + (pos + offset) / original) ** beta (Beam)
+    rope_in_graph: bool = False             # RoPE applied in the graph whatever the layers' (the cache's heads wider
+                                            # than q's and k's: DiffLlama's)
     attn_output_gate: bool = False          # q_proj also writes a gate per head (a head's rows: its q, then its
                                             # gate); the attention output times sigmoid(gate) before o_proj
                                             # (MiniCPM5-MoE)

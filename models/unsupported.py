@@ -43,7 +43,6 @@ _UNSUPPORTED = {
                               ("inkling2_loop", "Inkling 2 Loop", ", attention residuals and layers run in loops"),
                               ("inkling2_loop_text", "Inkling 2 Loop", ", attention residuals and layers run in "
                                                                       "loops"))},
-    "diffllama": ("DiffLlama", "differential attention (two softmax maps subtracted)"),
     "paligemma": ("PaliGemma", "prompt attended both ways (a prefix LM: the image and the prompt see each other), "
                                "where kiln's attention is causal"),
     "dory": ("Dory", "recurrent blocks of layers run in loops"),

@@ -68,7 +68,6 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("openai-gpt", r"GPT-1 \(openai-gpt\) .*\(post-LN\)"),
     ("minimax", "MiniMax-Text-01 .* linear-attention layers"),
     ("zamba", r"Zamba \(zamba\) .* Mamba state-space layers"),
-    ("diffllama", r"DiffLlama \(diffllama\) .* differential attention"),
     ("deepseek_v4", r"DeepSeek-V4 \(deepseek_v4\) .* compressed sparse attention"),
     ("qwen4_exp_text", r"Qwen4-Exp \(qwen4_exp_text\) .* hyper-connections"),
     ("unlimited_ocr", r"Unlimited-OCR \(unlimited_ocr\) .* reference sliding-window attention"),
