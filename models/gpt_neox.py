@@ -69,9 +69,36 @@ class PersimmonConfig(GPTNeoXConfig):
         return dataclasses.replace(super().flags(), qk_norm=self.qk_layernorm)
 
 
+@dataclass(frozen=True)
+class GPTNeoXJapaneseConfig(GPTNeoXConfig):
+    """ABEJA's GPT-NeoX-Japanese: GPT-NeoX's layers one after the other without biases, but for the last layer's
+    attention output (its dense_bias; kiln gives the other layers zeros), the MLP intermediate_multiple_size times
+    the width, RoPE over whole heads by default, the head tied."""
+
+    intermediate_multiple: float = 4.0
+
+    ARCH: ClassVar[str] = "gpt_neox_japanese"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        GPTNeoXConfig.FIELDS, ConfigField("intermediate_size", ("intermediate_size",), default=None),
+        ConfigField("partial_rotary_factor", ("partial_rotary_factor", "rotary_pct"), default=1.0),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
+        ConfigField("intermediate_multiple", ("intermediate_multiple_size",), default=4.0))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        values = super().adapt(values, hf, notes)
+        return dict(values, intermediate_size=int(values["hidden_size"] * values["intermediate_multiple"]),
+                    parallel_residual=False, attention_bias=False)
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), qkv_bias=False, o_bias=True, mlp_bias=False)
+
+
+JAPANESE_NAMES = dict(NAMES, embed_tokens="gpt_neox_japanese.embed_in", norm="gpt_neox_japanese.final_layer_norm",
+                      layer="gpt_neox_japanese.layers.{i}")
 PERSIMMON_NAMES = dict(LLAMA_NAMES, norm="model.final_layernorm", o_proj="self_attn.dense", up_proj="mlp.dense_h_to_4h",
                        down_proj="mlp.dense_4h_to_h", q_norm="self_attn.q_layernorm", k_norm="self_attn.k_layernorm")
-GPTNeoXForCausalLM = PersimmonForCausalLM = CausalLM
+GPTNeoXForCausalLM = PersimmonForCausalLM = GPTNeoXJapaneseForCausalLM = CausalLM
 
 
 def _by_kind(heads: int):
@@ -82,8 +109,16 @@ def _by_kind(heads: int):
 
 
 def weight_map(c: GPTNeoXConfig) -> WeightMap:
-    persimmon = isinstance(c, PersimmonConfig)
-    m = decoder_weight_map(c, PERSIMMON_NAMES if persimmon else NAMES)
+    persimmon, japanese = isinstance(c, PersimmonConfig), isinstance(c, GPTNeoXJapaneseConfig)
+    m = decoder_weight_map(c, PERSIMMON_NAMES if persimmon else JAPANESE_NAMES if japanese else NAMES)
+    if japanese:
+        for i in range(c.num_hidden_layers):
+            layer, last = f"gpt_neox_japanese.layers.{i}", i == c.num_hidden_layers - 1
+            m[f"model.layers.{i}.self_attn.qkv_proj.weight"] = WeightSpec(
+                (f"{layer}.attention.query_key_value.weight",), _by_kind(c.num_attention_heads))
+            m[f"model.layers.{i}.self_attn.o_proj.bias"] = [f"{layer}.attention.dense_bias"] if last else \
+                WeightSpec((f"{layer}.input_layernorm.bias",), np.zeros_like)       # (a tensor of its shape: zeros)
+        return m
     for i in range(c.num_hidden_layers):
         fused = f"model.layers.{i}.self_attn.query_key_value" if persimmon else \
             f"gpt_neox.layers.{i}.attention.query_key_value"

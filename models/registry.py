@@ -208,6 +208,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("phi", ("PhiForCausalLM",), ("phi",), phi, phi.PhiConfig, phi.PhiForCausalLM),
     _arch("gpt_neox", ("GPTNeoXForCausalLM",), ("gpt_neox",), gpt_neox, gpt_neox.GPTNeoXConfig,
           gpt_neox.GPTNeoXForCausalLM),
+    _arch("gpt_neox_japanese", ("GPTNeoXJapaneseForCausalLM",), ("gpt_neox_japanese",), gpt_neox,
+          gpt_neox.GPTNeoXJapaneseConfig, gpt_neox.GPTNeoXJapaneseForCausalLM),
     _arch("persimmon", ("PersimmonForCausalLM",), ("persimmon",), gpt_neox, gpt_neox.PersimmonConfig,
           gpt_neox.PersimmonForCausalLM),
     _arch("mixtral", ("MixtralForCausalLM",), ("mixtral",), mixtral, mixtral.MixtralConfig, mixtral.MixtralForCausalLM),
