@@ -42,7 +42,8 @@ class DiffLlamaConfig(LlamaConfig):
             raise ValueError("diffllama with attention_dropout > 0 is not supported (transformers refuses it too)")
         if values["num_key_value_heads"] % 2 or values["num_attention_heads"] % 2:
             raise ValueError(f"diffllama needs even num_attention_heads and num_key_value_heads (its heads pair up); "
-                             f"got {values['num_attention_heads']} and {values['num_key_value_heads']}; fix config.json")
+                             f"got {values['num_attention_heads']} and {values['num_key_value_heads']}; "
+                             "fix config.json")
         if values["partial_rotary_factor"] != 1.0:
             raise ValueError("diffllama with partial_rotary_factor is not supported (transformers rotates whole heads)")
         values = super().adapt(values, hf, notes)
@@ -120,13 +121,14 @@ def _lambda(layer: int):
 
 def weight_map(c: DiffLlamaConfig) -> WeightMap:
     m = llama_weight_map(c)
-    rows = _paired_value_rows(c)
+    rows, qk = _paired_value_rows(c), (c.num_attention_heads + c.num_key_value_heads) * c.qk_dim
+
+    def paired(w: np.ndarray) -> np.ndarray:            # q's and k's rows, then v's laid out as pairs
+        return np.concatenate([w[:qk], w[qk:][rows]])
     for i in range(c.num_hidden_layers):
         k = a = f"model.layers.{i}.self_attn"
         for part in ("weight", "bias") if c.attention_bias else ("weight",):
-            m[f"{k}.qkv_proj.{part}"] = WeightSpec(tuple(f"{a}.{x}_proj.{part}" for x in "qkv"),
-                                                   lambda w, rows=rows, qk=(c.num_attention_heads + c.num_key_value_heads)
-                                                   * c.qk_dim: np.concatenate([w[:qk], w[qk:][rows]]))
+            m[f"{k}.qkv_proj.{part}"] = WeightSpec(tuple(f"{a}.{x}_proj.{part}" for x in "qkv"), paired)
         m[f"{k}.lambda_full"] = WeightSpec(tuple(f"{a}.lambda_{x}" for x in ("q1", "k1", "q2", "k2")), _lambda(i),
                                            apart=True)
     return m

@@ -1213,8 +1213,8 @@ def _maincoder(reader, arch, tensors, c):
                              "the model")
     rotary = _key(reader, arch, "rope.dimension_count")
     if rotary is not None and rotary != c["head_dim"]:
-        raise ModelLoadError(f"this {arch} GGUF rotates {rotary} of each head's {c['head_dim']} dims, where llama.cpp's "
-                             "Maincoder rotates them all; re-convert the model")
+        raise ModelLoadError(f"this {arch} GGUF rotates {rotary} of each head's {c['head_dim']} dims, where "
+                             "llama.cpp's Maincoder rotates them all; re-convert the model")
 
 
 def _pair_order_norm_dims(c: dict) -> dict[str, tuple[int, np.ndarray]]:
@@ -1416,8 +1416,8 @@ def _codeshell(reader, arch, tensors, c):
     transformers' StarCoder 2 with use_bias and no window."""
     _starcoder2(reader, arch, tensors, c)
     if not c["use_bias"] and "blk.0.attn_qkv.bias" not in tensors or rope_scaling(reader, arch) is not None:
-        raise ModelLoadError(f"this {arch} GGUF has no attention biases or scales its RoPE, which CodeShell's does not; "
-                             "re-convert the model")
+        raise ModelLoadError(f"this {arch} GGUF has no attention biases or scales its RoPE, which CodeShell's does "
+                             "not; re-convert the model")
     c.update(use_bias=True, sliding_window=None, hidden_act="gelu_pytorch_tanh")
 
 
@@ -1457,8 +1457,9 @@ def _bailingmoe(reader, arch, tensors, c):
     widths = set(width) if isinstance(width, list) else {width}
     if not _key(reader, arch, "expert_weights_norm", False) or _f32(_key(reader, arch, "expert_weights_scale", 1.0)) \
             != 1.0 or _key(reader, arch, "leading_dense_block_count", 0) or len(widths) != 1 or None in widths:
-        raise ModelLoadError(f"this {arch} GGUF routes otherwise than Ling v1's released models (the top k renormalised "
-                             "and unscaled, experts in every layer, one expert width); load its Hugging Face checkpoint")
+        raise ModelLoadError(f"this {arch} GGUF routes otherwise than Ling v1's released models (the top k "
+                             "renormalised and unscaled, experts in every layer, one expert width); load its Hugging "
+                             "Face checkpoint")
     width = int(widths.pop())
     c.update(model_type="granitemoeshared", architectures=["GraniteMoeSharedForCausalLM"], intermediate_size=width,
              num_local_experts=_key(reader, arch, "expert_count"),

@@ -62,7 +62,8 @@ _UNSUPPORTED.update({
     **{arch: (name, _DIFFUSION) for arch, name in (("llada", "LLaDA"), ("llada-moe", "LLaDA-MoE"), ("dream", "Dream"),
                                                    ("rnd1", "RND1"))},
     **{arch: (name, _ENCODER) for arch, name in (
-        ("bert", "BERT"), ("modern-bert", "ModernBERT"), ("nomic-bert", "Nomic BERT"), ("nomic-bert-moe", "Nomic BERT MoE"),
+        ("bert", "BERT"), ("modern-bert", "ModernBERT"), ("nomic-bert", "Nomic BERT"),
+        ("nomic-bert-moe", "Nomic BERT MoE"),
         ("neo-bert", "NeoBERT"), ("jina-bert-v2", "Jina BERT v2"), ("jina-bert-v3", "Jina BERT v3"),
         ("eurobert", "EuroBERT"), ("t5encoder", "T5 encoder"), ("gemma-embedding", "EmbeddingGemma"),
         ("llama-embed", "Llama embedding model"))},
@@ -84,7 +85,8 @@ _UNSUPPORTED.update({
         ("bert-generation", "BertGeneration"), ("xlm", "XLM"))},
     **{t: (name, "encoder-decoder layout (its decoder cross-attends to an encoder's output), where kiln runs "
                  "decoder-only models") for t, name in (
-        ("bart", "BART"), ("mbart", "mBART"), ("marian", "Marian"), ("pegasus", "Pegasus"), ("blenderbot", "Blenderbot"),
+        ("bart", "BART"), ("mbart", "mBART"), ("marian", "Marian"), ("pegasus", "Pegasus"),
+        ("blenderbot", "Blenderbot"),
         ("blenderbot-small", "Blenderbot Small"), ("bigbird_pegasus", "BigBird-Pegasus"), ("plbart", "PLBart"),
         ("mvp", "MVP"), ("prophetnet", "ProphetNet"), ("whisper", "Whisper"), ("trocr", "TrOCR"))},
     "blt": ("Byte Latent Transformer", "byte-level local encoder and decoder around a latent transformer over "

@@ -95,7 +95,8 @@ class ZayaConfig(DecoderConfig):
 
     @classmethod
     def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
-        n, types = values["num_hidden_layers"], tuple(values["layer_types"] or ("hybrid",) * values["num_hidden_layers"])
+        n = values["num_hidden_layers"]
+        types = tuple(values["layer_types"] or ("hybrid",) * n)
         if len(types) != n or set(types) - set(TYPES):
             raise ValueError(f"zaya layer_types must give each of the {n} layers one of {', '.join(TYPES)}; got "
                              f"{list(types)}; fix config.json")
@@ -322,7 +323,8 @@ class ZayaForCausalLM(OwnedStackLM):
     """CausalLM's entry functions over ZayaStack; its KV cache always the one kiln owns."""
 
     STACK: ClassVar[type] = ZayaStack
-    OWNED_ONLY: ClassVar[str] = "ZAYA's attention layers keep a window of their last inputs beside their keys and values"
+    OWNED_ONLY: ClassVar[str] = "ZAYA's attention layers keep a window of their last inputs beside their keys and " \
+        "values"
 
 
 def _product_sum(parts: list[np.ndarray]) -> np.ndarray:
@@ -331,7 +333,8 @@ def _product_sum(parts: list[np.ndarray]) -> np.ndarray:
 
 
 def _fused_bias(c: ZayaConfig):
-    """q, k, current and delayed value biases as the fused projection's, the delayed one zero (added after the delay)."""
+    """q, k, current and delayed value biases as the fused projection's, the delayed one zero (added after the
+    delay)."""
     def apply(b: np.ndarray) -> np.ndarray:
         b = np.array(b)
         b[c.qk_channels + c.half_value:] = 0

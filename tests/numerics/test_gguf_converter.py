@@ -362,7 +362,8 @@ def _codeshell_released(hf) -> None:
             out.update({f"{h}.{theirs}.{part}": weights.pop(f"{k}.{mine}.{part}") for mine, theirs in names.items()})
     out.update({"transformer.wte.weight": weights.pop("model.embed_tokens.weight"),
                 "transformer.ln_f.weight": weights.pop("model.norm.weight"),
-                "transformer.ln_f.bias": weights.pop("model.norm.bias"), "lm_head.weight": weights.pop("lm_head.weight")})
+                "transformer.ln_f.bias": weights.pop("model.norm.bias"),
+                "lm_head.weight": weights.pop("lm_head.weight")})
     assert not weights, sorted(weights)
     save_file(out, hf / "model.safetensors", metadata={"format": "pt"})
     c = CODESHELL
