@@ -684,16 +684,6 @@ def test_chameleon_as_the_converter_writes_it(converted, tmp_path):
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
 
 
-def test_xverse_as_the_converter_writes_it(converted, tmp_path):
-    """XVERSE through the converter (arch xverse: Llama's tensors, q/k rows permuted as Meta's): read as Llama, whose
-    transformers class over the same weights is the reference."""
-    theirs = converted["xverse"][1]
-    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "xverse"
-    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
-    reference = write_widened("LlamaForCausalLM", "LlamaConfig", XVERSE, tmp_path / "ref", seed=1)
-    assert_prefill_and_decode_match(art, reference, IDS, TOL)
-
-
 def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
     """DeepSeek-MoE through the converter (arch deepseek: q/k rows permuted, the experts stacked, the shared experts
     as one MLP, leading dense blocks): the logits of transformers' class for its layers (test_deepseek_moe)."""
@@ -704,35 +694,33 @@ def test_deepseek_moe_as_the_converter_writes_it(converted, tmp_path):
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
 
 
-def test_codeshell_as_the_converter_writes_it(converted, tmp_path):
-    """CodeShell through the converter (arch codeshell: c_attn as attn_qkv with its bias, LayerNorms with biases, RoPE
-    on halves): read as StarCoder 2 with biases, whose transformers class over the same weights is the reference."""
-    theirs = converted["codeshell"][1]
-    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "codeshell"
+# case -> (its GGUF architecture, the transformers class (and config class, config) computing it over the same weights)
+READ_AS_STAND_IN = {
+    # XVERSE: Llama's tensors, q/k rows permuted as Meta's; read as Llama
+    "xverse": ("xverse", "LlamaForCausalLM", "LlamaConfig", XVERSE),
+    # openPangu-Embedded: Llama's tensors unpermuted, q/k/v/o biases; read as Llama with attention_bias
+    "pangu": ("pangu-embedded", "LlamaForCausalLM", "LlamaConfig", PANGU),
+    # CodeShell: c_attn as attn_qkv with its bias, LayerNorms with biases, RoPE on halves; read as StarCoder 2 with
+    # biases
+    "codeshell": ("codeshell", "Starcoder2ForCausalLM", "Starcoder2Config", CODESHELL),
+    # Ling v1: q/k/v split from query_key_value and permuted, the experts stacked, the shared experts as ffn_*_shexp,
+    # expert_weights_norm; read as Granite MoE Shared
+    "bailingmoe": ("bailingmoe", "GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", LING),
+    # Maincoder: q/k rows as stored, which llama.cpp rotates as adjacent pairs before the q/k norms; read as Hunyuan
+    # dense with those rows and the norms' dims in rotate-half order (the checkpoint: that model's weights laid out so)
+    "maincoder": ("maincoder", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", MAINCODER),
+}
+
+
+@pytest.mark.parametrize("case", list(READ_AS_STAND_IN))
+def test_families_read_as_another_as_the_converter_writes_them(case, converted, tmp_path):
+    """A family llama.cpp converts under an architecture of its own that kiln reads as a transformers family computing
+    the same (READ_AS_STAND_IN): that class's logits over the same weights."""
+    arch, model_cls, config_cls, config = READ_AS_STAND_IN[case]
+    theirs = converted[case][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == arch
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
-    reference = write_widened("Starcoder2ForCausalLM", "Starcoder2Config", CODESHELL, tmp_path / "ref", seed=1)
-    assert_prefill_and_decode_match(art, reference, IDS, TOL)
-
-
-def test_ling_v1_as_the_converter_writes_it(converted, tmp_path):
-    """Ling v1 through the converter (arch bailingmoe: q/k/v split from query_key_value and permuted, the experts
-    stacked, the shared experts as ffn_*_shexp, expert_weights_norm): read as Granite MoE Shared, whose transformers
-    class over the same weights is the reference."""
-    theirs = converted["bailingmoe"][1]
-    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "bailingmoe"
-    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
-    reference = write_widened("GraniteMoeSharedForCausalLM", "GraniteMoeSharedConfig", LING, tmp_path / "ref", seed=1)
-    assert_prefill_and_decode_match(art, reference, IDS, TOL)
-
-
-def test_maincoder_as_the_converter_writes_it(converted, tmp_path):
-    """Maincoder through the converter (arch maincoder: its q/k rows as stored, which llama.cpp rotates as adjacent
-    pairs before the q/k norms): read as Hunyuan dense with those rows and the norms' dims in rotate-half order, whose
-    transformers class is the reference (the checkpoint was that model's weights laid out as llama.cpp reads them)."""
-    theirs = converted["maincoder"][1]
-    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "maincoder"
-    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
-    reference = write_widened("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", MAINCODER, tmp_path / "ref", seed=1)
+    reference = write_widened(model_cls, config_cls, config, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
 
 
@@ -746,13 +734,3 @@ def test_nanbeige_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = test_nanbeige.write_nanbeige(tmp_path / "ref", loops=2)
     assert_prefill_and_decode_match(art, reference, test_nanbeige.IDS, TOL)
-
-
-def test_pangu_embedded_as_the_converter_writes_it(converted, tmp_path):
-    """openPangu-Embedded through the converter (arch pangu-embedded: Llama's tensors unpermuted, q/k/v/o biases): read
-    as Llama with attention_bias, whose transformers class over the same weights is the reference."""
-    theirs = converted["pangu"][1]
-    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "pangu-embedded"
-    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
-    reference = write_widened("LlamaForCausalLM", "LlamaConfig", PANGU, tmp_path / "ref", seed=1)
-    assert_prefill_and_decode_match(art, reference, IDS, TOL)
