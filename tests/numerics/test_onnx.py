@@ -178,7 +178,9 @@ def test_refusals_say_what_was_found(exports, tmp_path):
     assert "no config.json" in msg and "initializers" in msg and "input_ids" in msg
     cfg = json.loads((d / "config.json").read_text())
     (bare / "config.json").write_text(json.dumps(dict(cfg, architectures=["BertModel"], model_type="bert")))
-    assert "unknown architecture: BertModel" in refusal(bare)
+    assert "BERT (bert) is not supported yet: its encoder" in refusal(bare)       # a family refused by name
+    (bare / "config.json").write_text(json.dumps(dict(cfg, architectures=["RetNetModel"], model_type="retnet")))
+    assert "unknown architecture: RetNetModel" in refusal(bare)
     (bare / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=3)))
     msg = refusal(bare)
     assert "no initializer for" in msg and "model.layers.2." in msg and "config.json" in msg
