@@ -61,7 +61,8 @@ def transformers_reference(source) -> Reference | tuple[None, str]:
             own = (source.format == "hf" and source.stored_quant in (None, "MXFP4")     # transformers reads MXFP4
                    and not _custom_code(source.hf_config) and not source.adapter)    # a LoRA: merged tensors
             read = _hf_model if own else _model_from_tensors
-            model = read(source, torch, transformers).eval()
+            model = read(source, torch, transformers)
+            model = looped(model, source.hf_config, torch).eval()      # Nanbeige's layers in loops; else itself
     except Exception as e:      # an architecture this transformers lacks, a config it rejects
         return None, f"transformers cannot load it ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
     finally:
@@ -94,15 +95,50 @@ def _hf_model(source, torch, transformers):
         return _causal_lm(transformers, hf_config, lambda cls: cls.from_pretrained(path, **load))
 
 
+def _stand_in(hf_config: dict) -> tuple[str, str] | None:
+    """(model type, class) of the transformers class that runs a family whose own code transformers lacks (its config
+    class's STAND_IN), else None."""
+    from kiln.models.registry import find_architecture
+    try:
+        return getattr(find_architecture(hf_config).config_cls, "STAND_IN", None)
+    except Exception:           # not a registered family: transformers decides alone
+        return None
+
+
+def looped(model, hf_config: dict, torch):
+    """`model` (a Llama of transformers) with its layers run num_loops times, its final norm between loops unless
+    skip_loop_final_norm, where config.json loops them (Nanbeige 4.2, as llama.cpp's nanbeige graph runs it); else
+    itself."""
+    loops = hf_config.get("num_loops") or 1
+    if hf_config.get("model_type") != "nanbeige" or loops == 1:
+        return model
+    skip = bool(hf_config.get("skip_loop_final_norm"))
+
+    class Looped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, ids):
+            m = self.inner.model
+            x = m.embed_tokens(ids)
+            positions = torch.arange(ids.shape[1])[None]
+            rope = m.rotary_emb(x, positions)
+            mask = torch.full((ids.shape[1],) * 2, float("-inf")).triu(1)[None, None]
+            for j in range(loops):
+                if j and not skip:
+                    x = m.norm(x)
+                for layer in m.layers:
+                    x = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rope)
+            return type("Output", (), {"logits": self.inner.lm_head(m.norm(x))})
+    return Looped()
+
+
 def _as_stand_in(source, tmp: Path) -> tuple[Path, dict]:
     """(the folder transformers loads, its config): the source's own, or for a format whose code transformers lacks
     but whose computation one of its classes runs (the family's config class STAND_IN: model type, class), a folder
     of links to the source's files with config.json naming that class."""
-    from kiln.models.registry import find_architecture
-    try:
-        stand_in = getattr(find_architecture(source.hf_config).config_cls, "STAND_IN", None)
-    except Exception:           # not a registered family: transformers decides alone
-        stand_in = None
+    stand_in = _stand_in(source.hf_config)
     if stand_in is None:
         return source.path, source.hf_config
     model_type, cls = stand_in
@@ -143,7 +179,10 @@ def _model_from_tensors(source, torch, transformers):
     compressed-tensors loaders need those packages and their kernels."""
     cfg = dict(source.hf_config, pad_token_id=None)     # no effect on logits; a default may lie outside the vocab
     qc = cfg.pop("quantization_config", None) or {}
-    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model_type = cfg.pop("model_type")
+    if (stand_in := _stand_in(source.hf_config)) is not None:
+        model_type, cfg["architectures"] = stand_in[0], [stand_in[1]]
+    config = transformers.AutoConfig.for_model(model_type, **cfg)
     with _no_init():            # every weight is loaded below: a random init is wasted (SmolLM2: 2.8 s)
         model = _causal_lm(transformers, source.hf_config, lambda cls: (
             cls.from_config if cls is transformers.AutoModelForCausalLM else cls._from_config)(

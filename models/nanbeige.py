@@ -26,6 +26,7 @@ class NanbeigeConfig(LlamaConfig):
     physical_layers: int = 0                # the layers with weights (num_hidden_layers: the cache's, every loop's)
 
     ARCH: ClassVar[str] = "nanbeige"
+    STAND_IN: ClassVar[tuple[str, str]] = ("llama", "LlamaForCausalLM")     # its layers (compiler/golden.py loops them)
     FIELDS: ClassVar[tuple[ConfigField, ...]] = (
         *LlamaConfig.FIELDS, ConfigField("num_loops", ("num_loops",), default=1),
         ConfigField("loop_norm", ("skip_loop_final_norm",), default=False))

@@ -1,21 +1,20 @@
 """Nanbeige 4.2 (models/nanbeige.py): a Llama whose layers run num_loops times, the final norm between loops unless
 skip_loop_final_norm, each run of a layer at its own KV-cache slots. Its own code (NanbeigeForCausalLM) is not in
-transformers: the reference is transformers' Llama layers run in those loops (LoopedLlama, llama.cpp's nanbeige
-graph). q0f32 on the CPU gives its logits at every prefill position, the last-token prefill and decode steps;
-test_gguf_converter.py checks llama.cpp's GGUF of the same checkpoint."""
+transformers: the reference is transformers' Llama layers run in those loops (as llama.cpp's nanbeige
+graph; compiler/golden.py looped, `kiln check`'s). q0f32 on the CPU gives its logits at every prefill position, the
+last-token prefill and decode steps; test_gguf_converter.py checks llama.cpp's GGUF of the same checkpoint."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-import kiln
+from kiln.compiler.golden import looped
 from kiln.models import ModelLoadError, build, load
-from tiny_models import assert_prefill_and_decode_match, write_widened
+from tiny_models import compiles_to_match, write_widened
 
 pytestmark = pytest.mark.numerics
 QUICK_LLVM = True
@@ -24,42 +23,23 @@ CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_l
               num_key_value_heads=2, rms_norm_eps=0.05, eos_token_id=2, bos_token_id=1, tie_word_embeddings=False)
 
 
-class LoopedLlama(torch.nn.Module):
-    """transformers' Llama (`llama`) with its layers run `loops` times, normed between loops unless `skip`."""
-
-    def __init__(self, llama, loops: int, skip: bool):
-        super().__init__()
-        self.llama, self.loops, self.skip = llama, loops, skip
-
-    def forward(self, ids):
-        m = self.llama.model
-        x = m.embed_tokens(ids)
-        positions = torch.arange(ids.shape[1])[None]
-        rope = m.rotary_emb(x, positions)
-        mask = torch.full((ids.shape[1],) * 2, float("-inf")).triu(1)[None, None]
-        for j in range(self.loops):
-            if j and not self.skip:
-                x = m.norm(x)
-            for layer in m.layers:
-                x = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rope)
-        return SimpleNamespace(logits=self.llama.lm_head(m.norm(x)))
-
-
-def write_nanbeige(hf, loops: int = 2, skip: bool = False) -> LoopedLlama:
+def write_nanbeige(hf, loops: int = 2, skip: bool = False):
     """A tiny Llama saved as Nanbeige's checkpoint (its config: architectures, model_type, num_loops,
-    skip_loop_final_norm); returns the reference."""
+    skip_loop_final_norm); returns the reference: its layers run in those loops (compiler/golden.py looped, what
+    `kiln check` compares with)."""
     llama = write_widened("LlamaForCausalLM", "LlamaConfig", CONFIG, hf, seed=2)
     path = hf / "config.json"
-    path.write_text(json.dumps(dict(json.loads(path.read_text()), architectures=["NanbeigeForCausalLM"],
-                                    model_type="nanbeige", num_loops=loops, skip_loop_final_norm=skip)))
-    return LoopedLlama(llama, loops, skip).eval()
+    config = dict(json.loads(path.read_text()), architectures=["NanbeigeForCausalLM"], model_type="nanbeige",
+                  num_loops=loops, skip_loop_final_norm=skip)
+    path.write_text(json.dumps(config))
+    return looped(llama, config, torch).eval()
 
 
 @pytest.mark.parametrize("loops, skip", [(2, False), (3, True), (1, False)])
 def test_nanbeige_matches_its_looped_llama(loops, skip, tmp_path):
     ref = write_nanbeige(tmp_path / "hf", loops, skip)
-    art = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
-    assert_prefill_and_decode_match(art, ref, IDS, 1e-4)
+    config = compiles_to_match(tmp_path / "hf", ref, tmp_path / "art", IDS, 1e-4)     # `kiln check`: transformers'
+    assert config.model.config["num_hidden_layers"] == 2 * loops                       # Llama in those loops
 
 
 def test_nanbeige_without_a_whole_loop_count_is_refused(tmp_path):
