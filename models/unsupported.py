@@ -89,6 +89,24 @@ _UNSUPPORTED.update({
         ("blenderbot", "Blenderbot"),
         ("blenderbot-small", "Blenderbot Small"), ("bigbird_pegasus", "BigBird-Pegasus"), ("plbart", "PLBart"),
         ("mvp", "MVP"), ("prophetnet", "ProphetNet"), ("whisper", "Whisper"), ("trocr", "TrOCR"))},
+    **{t: (name, "image-conditioned prompts: the Q-Former's query tokens from an image begin every one (a text prompt "
+                 "alone is its language model's: compile that checkpoint, OPT, Vicuna or Flan-T5)")
+       for t, name in (("blip-2", "BLIP-2"), ("instructblip", "InstructBLIP"),
+                       ("instructblipvideo", "InstructBLIP Video"))},
+    "blip": ("BLIP", "BERT decoder that cross-attends to the image in every layer"),
+    **{t: (name, "encoder-decoder layout (its decoder cross-attends to an image or document encoder's output), where "
+                 "kiln runs decoder-only models") for t, name in (
+        ("florence2", "Florence-2"), ("pix2struct", "Pix2Struct"), ("udop", "UDOP"), ("t5gemma2", "T5Gemma 2"),
+        ("vision-encoder-decoder", "VisionEncoderDecoder"), ("pp_formulanet", "PP-FormulaNet"))},
+    "diffusion_gemma": ("DiffusionGemma", _DIFFUSION),
+    "evolla": ("Evolla", "decoder that cross-attends to a protein encoder's output"),
+    "git": ("GIT", "one BERT-style stack over image tokens and text (norms after the residual adds, the image attended "
+                   "both ways)"),
+    "idefics": ("IDEFICS", "gated cross-attention layers over image features between its Llama layers (Flamingo's)"),
+    **{t: (name, "sinusoidal position embeddings (kiln reads learned position tables or RoPE)")
+       for t, name in (("kosmos-2", "Kosmos-2"), ("kosmos-2.5", "Kosmos-2.5"))},
+    **{t: (name, "vision-language-action policy: it decodes robot actions by flow matching, not text")
+       for t, name in (("pi0", "pi0"), ("pi05", "pi0.5"))},
     "blt": ("Byte Latent Transformer", "byte-level local encoder and decoder around a latent transformer over "
                                        "dynamic patches"),
     **{t: (name, _SPEECH) for t, name in (("moshi", "Moshi"), ("musicgen", "MusicGen"),

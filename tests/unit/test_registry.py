@@ -80,6 +80,8 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("roberta", r"RoBERTa \(roberta\) .* encoder .*not a causal language model"),
     ("bart", r"BART \(bart\) .* encoder-decoder layout"),
     ("blt", r"Byte Latent Transformer \(blt\) .* dynamic patches"),
+    ("blip-2", r"BLIP-2 \(blip-2\) .* Q-Former's query tokens .* compile that checkpoint"),
+    ("pi0", r"pi0 \(pi0\) .* robot actions"),
 ])
 def test_known_families_kiln_cannot_run_are_refused_with_the_reason(model_type, reason):
     with pytest.raises(ModelLoadError, match=reason) as e:
