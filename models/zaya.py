@@ -89,7 +89,7 @@ class ZayaConfig(DecoderConfig):
             raise ValueError(f"zaya with rope_parameters.hybrid_sliding type {local['rope_type']!r} is not supported "
                              "(kiln rotates sliding layers unscaled); fix config.json")
         flat = {k: v for k, v in hf.items() if k != "rope_parameters"}
-        return super().from_hf({**flat, "rope_parameters": {k: v for k, v in full.items()},
+        return super().from_hf({**flat, "rope_parameters": dict(full),
                                 "local_rope_theta": local["rope_theta"],
                                 "local_rotary_factor": local["partial_rotary_factor"]})
 
