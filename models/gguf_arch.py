@@ -95,6 +95,7 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     codeshell CodeShell          read as starcoder2 (use_bias, no window): q/k/v as attn_qkv, RoPE on halves
     bailingmoe Ling v1           read as granitemoeshared: the experts' and shared experts' gate / up joined, the
                                  renormalised softmax top k as Granite's router
+    refact   Refact              read as baichuan's ALiBi form (its q / k / v apart), one KV head
     maincoder Maincoder          read as hunyuan-dense: its q/k rows as stored run under RoPE on adjacent pairs
                                  (read as permuted), the q/k norms' dims in that pair order
     pangu-embedded openPangu-Embedded  as llama, q/k rows as stored (NeoX RoPE), biases on q, k, v and o
@@ -1231,6 +1232,14 @@ def _baichuan(reader, arch, tensors, c):
     c.update(architectures=["BaiChuanForCausalLM" if rope else "BaichuanForCausalLM"], kiln_split_qkv=True)
 
 
+def _refact(reader, arch, tensors, c):
+    """Refact as llama.cpp's converter writes it and its graph runs it: Llama's layers without RoPE, ALiBi (max bias 8:
+    the standard slopes), one KV head, q / k / v apart: Baichuan's ALiBi form (its 13B layers) with those heads."""
+    if "blk.0.attn_output.bias" in tensors or "blk.0.ffn_up.bias" in tensors:
+        raise ModelLoadError(f"this {arch} GGUF has biases, which Refact's layers have not; re-convert the model")
+    c.update(model_type="baichuan", architectures=["BaichuanForCausalLM"], kiln_split_qkv=True)
+
+
 def _hrm_text(reader, arch, tensors, c):
     """HRM-Text as llama.cpp's converter writes it: block_count the cache's slots (layers_per_stack x h_cycles x
     (l_cycles + 1)), the low stack's layers as blk.0 .. n - 1 and the high stack's after them, each layer's gate, q, k
@@ -2228,6 +2237,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "chameleon": GGUFArch("chameleon", ("ChameleonForConditionalGeneration",), {**LLAMA_LAYER, **QK_NORMS},
                           permuted=True, config=_chameleon, reorder=_chameleon_norm_dims),
     "baichuan": GGUFArch("baichuan", ("BaichuanForCausalLM",), LLAMA_LAYER, permuted=True, config=_baichuan),
+    "refact": GGUFArch("baichuan", ("BaichuanForCausalLM",), LLAMA_LAYER, config=_refact),
     "hrm_text": GGUFArch("hrm_text", ("HrmTextForCausalLM",), {**LLAMA_LAYER, "attn_gate": "self_attn.gate_proj"},
                          config=_hrm_text, whole_names={"hrm.z_l_init": "model.z_L_init"}),
     "muse-glimmer": GGUFArch("muse_glimmer_text", ("MuseGlimmerForConditionalGeneration",),

@@ -132,3 +132,59 @@ def test_baichuan_gguf(layers, tmp_path, monkeypatch):
     path = write_gguf(tmp_path / "hf", tmp_path / "baichuan.gguf")
     art = kiln.compile(str(path), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     assert_prefill_and_decode_match(art, Reference(w, layers != 32, layers == 2), IDS, 1e-4)
+
+
+REFACT_FF = 256         # Refact's MLP width: 2/3 of 4 x hidden, up to a multiple of 256 (what the converter computes)
+
+
+class RefactReference:
+    """Refact's forward (GPTRefactForCausalLM, as llama.cpp's refact graph runs it) over its tensors (float32): Llama's
+    layers without RoPE, ALiBi (the standard slopes), one KV head (attn.kv: k's rows, then v's), the MLP's gate and up
+    as one gate_up_proj."""
+
+    def __init__(self, w: dict):
+        self.w = {k: torch.from_numpy(v) for k, v in w.items()}
+
+    def __call__(self, ids: torch.Tensor):
+        w, d, n = self.w, HIDDEN // HEADS, ids.shape[1]
+        rms = lambda x, g: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g     # noqa: E731
+        x = w["transformer.wte.weight"][ids[0]]
+        pos = torch.arange(n, dtype=torch.float32)
+        causal = torch.full((n, n), float("-inf")).triu(1)
+        bias = torch.tensor(_slopes(HEADS))[:, None, None] * pos[None, None, :] + causal
+        for i in range(LAYERS):
+            p = f"transformer.h.{i}."
+            h = rms(x, w[p + "ln_1.weight"])
+            q = (h @ w[p + "attn.q.weight"].T).view(n, HEADS, d).transpose(0, 1)
+            k, v = (h @ w[p + "attn.kv.weight"].T).split(d, dim=-1)
+            o = ((q @ k.T / math.sqrt(d) + bias).softmax(-1) @ v).transpose(0, 1).reshape(n, HIDDEN)
+            x = x + o @ w[p + "attn.c_proj.weight"].T
+            gate, up = (rms(x, w[p + "ln_2.weight"]) @ w[p + "mlp.gate_up_proj.weight"].T).split(REFACT_FF, dim=-1)
+            x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.c_proj.weight"].T
+        return SimpleNamespace(logits=(rms(x, w["transformer.ln_f.weight"]) @ w["lm_head.weight"].T)[None])
+
+
+def write_refact(dest) -> RefactReference:
+    """Random Refact tensors under its checkpoints' names with its config.json (n_embd, n_head, n_layer,
+    n_positions, layer_norm_epsilon), and a tokenizer; the reference over them returned."""
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(1)
+    normal = lambda *shape, s=0.15: rng.normal(0, s, shape).astype(np.float32)      # noqa: E731
+    d = HIDDEN // HEADS
+    w = {"transformer.wte.weight": normal(512, HIDDEN, s=1.0), "transformer.ln_f.weight": 1 + normal(HIDDEN, s=0.3),
+         "lm_head.weight": normal(512, HIDDEN, s=0.3)}
+    for i in range(LAYERS):
+        p = f"transformer.h.{i}."
+        w.update({p + "ln_1.weight": 1 + normal(HIDDEN, s=0.3), p + "ln_2.weight": 1 + normal(HIDDEN, s=0.3),
+                  p + "attn.q.weight": normal(HIDDEN, HIDDEN), p + "attn.kv.weight": normal(2 * d, HIDDEN),
+                  p + "attn.c_proj.weight": normal(HIDDEN, HIDDEN),
+                  p + "mlp.gate_up_proj.weight": normal(2 * REFACT_FF, HIDDEN),
+                  p + "mlp.c_proj.weight": normal(HIDDEN, REFACT_FF)})
+    dest.mkdir(parents=True)
+    save_file(w, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps({
+        "architectures": ["GPTRefactForCausalLM"], "model_type": "gpt_refact", "n_embd": HIDDEN, "n_head": HEADS,
+        "n_layer": LAYERS, "n_positions": 256, "layer_norm_epsilon": 1e-5, "vocab_size": 512, "bos_token_id": 1,
+        "eos_token_id": 2, "tie_word_embeddings": False}))
+    write_tokenizer(dest, 512)
+    return RefactReference(w)

@@ -412,6 +412,8 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   # Maincoder: Hunyuan dense's layers as llama.cpp reads its checkpoints (RoPE on adjacent pairs)
                   "maincoder": (lambda hf: write_widened("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config",
                                                          MAINCODER, hf, seed=1), _maincoder_released, []),
+                  # Refact: Llama's layers with ALiBi and one KV head (its own code; a PyTorch reference of it)
+                  "refact": (lambda hf: __import__("test_baichuan").write_refact(hf), None, []),
                   # Nanbeige 4.2: Llama's layers run in loops (num_loops, skip_loop_final_norm in its config)
                   "nanbeige": (lambda hf: __import__("test_nanbeige").write_nanbeige(hf, loops=2), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
@@ -722,6 +724,18 @@ def test_families_read_as_another_as_the_converter_writes_them(case, converted, 
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(model_cls, config_cls, config, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_refact_as_the_converter_writes_it(converted, tmp_path):
+    """Refact through the converter (arch refact: q, attn.kv split into k and v (one KV head), gate_up_proj split,
+    ALiBi in llama.cpp's graph): read as Baichuan's ALiBi form; the PyTorch reference of its code
+    (test_baichuan.RefactReference) over the same tensors."""
+    import test_baichuan
+    theirs = converted["refact"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "refact"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    reference = test_baichuan.write_refact(tmp_path / "ref")
+    assert_prefill_and_decode_match(art, reference, test_baichuan.IDS, TOL)
 
 
 def test_nanbeige_as_the_converter_writes_it(converted, tmp_path):
