@@ -164,7 +164,51 @@ class BaichuanConfig(AlibiConfig):
         return closest_power_slopes(self.num_attention_heads)
 
 
-BloomForCausalLM = MptForCausalLM = BaichuanForCausalLM = CausalLM
+@dataclass(frozen=True)
+class JaisConfig(AlibiConfig):
+    """JAIS (its own code, JAISLMHeadModel; llama.cpp's jais GGUFs): GPT-2's layers (LayerNorms, biases, Conv1D
+    weights stored [in, out]) with a SwiGLU MLP (c_fc2 the gate, c_fc the up), ALiBi of max bias alibi_bias_max (MPT's
+    slopes), muP's scales: the embeddings times embeddings_scale, the logits times width_scale, scores over head_dim
+    (not its root) where scale_qk_dot_by_d."""
+
+    embeddings_scale: float = 1.0
+    width_scale: float = 1.0
+    scale_qk_dot_by_d: bool = True
+    alibi_bias_max: float = 8.0
+
+    ARCH: ClassVar[str] = "jais"
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        DECODER_FIELDS, ConfigField("norm_eps", ("layer_norm_epsilon", "rms_norm_eps"), default=1e-5),
+        ConfigField("tie_word_embeddings", ("tie_word_embeddings",), default=True),
+        ConfigField("embeddings_scale", ("embeddings_scale", "mup_embeddings_scale"), default=1.0),
+        ConfigField("width_scale", ("width_scale",), default=None),
+        ConfigField("scale_qk_dot_by_d", ("scale_qk_dot_by_d", "mup_scale_qk_dot_by_d"), default=True),
+        ConfigField("alibi_bias_max", ("kiln_alibi_bias_max",), default=8.0))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        refused = [f"{k} {hf[k]!r}" for k, fine in (("position_embedding_type", "alibi"),
+                                                    ("activation_function", "swiglu")) if hf.get(k, fine) != fine]
+        if refused:
+            raise ValueError(f"jais with {', '.join(refused)} is not supported (kiln runs its ALiBi, SwiGLU form); "
+                             "fix config.json")
+        width = values["width_scale"]
+        if width is None:           # muP's output scale: mup_output_alpha x mup_width_scale
+            width = hf.get("mup_output_alpha", 1.0) * hf.get("mup_width_scale", 1.0)
+        return dict(values, width_scale=float(width), embeddings_scale=float(values["embeddings_scale"]))
+
+    def flags(self) -> Flags:
+        d = self.hidden_size // self.num_attention_heads
+        return Flags(norm="layer", activation="silu", qkv_bias=True, o_bias=True, mlp_bias=True, alibi=True,
+                     embed_scale=self.embeddings_scale if self.embeddings_scale != 1.0 else None,
+                     logit_divisor=1.0 / self.width_scale if self.width_scale != 1.0 else None,
+                     attn_scale=1.0 / d if self.scale_qk_dot_by_d else None)
+
+    def alibi_slopes(self) -> np.ndarray:
+        return MptConfig.alibi_slopes(self)
+
+
+BloomForCausalLM = MptForCausalLM = BaichuanForCausalLM = JaisForCausalLM = CausalLM
 
 BLOOM_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.word_embeddings", norm="transformer.ln_f",
                    lm_head="lm_head", layer="transformer.h.{i}", o_proj="self_attention.dense",
@@ -185,6 +229,8 @@ def _by_head(heads: int):
 def weight_map(c: AlibiConfig) -> WeightMap:
     if isinstance(c, BaichuanConfig):
         return _baichuan_weight_map(c)
+    if isinstance(c, JaisConfig):
+        return _jais_weight_map(c)
     bloom = isinstance(c, BloomConfig)
     m = decoder_weight_map(c, BLOOM_NAMES if bloom else MPT_NAMES)
     for i in range(c.num_hidden_layers):
@@ -198,6 +244,30 @@ def weight_map(c: AlibiConfig) -> WeightMap:
     if bloom:
         for p in ("weight", "bias"):
             m[f"model.embed_norm.{p}"] = [f"transformer.word_embeddings_layernorm.{p}"]
+    return m
+
+
+def _jais_weight_map(c: JaisConfig) -> WeightMap:
+    """JAIS's GPT-2 names, its Conv1D weights ([in, out]) transposed; the MLP's gate (c_fc2) rows before its up's."""
+    def conv1d(*names: str) -> WeightSpec:
+        return WeightSpec(names, lambda w: np.ascontiguousarray(w.T), apart=False) if len(names) == 1 else \
+            WeightSpec(names, lambda ws: np.ascontiguousarray(np.concatenate([w.T for w in ws])), apart=True)
+    m: WeightMap = {"model.embed_tokens.weight": ["transformer.wte.weight"],
+                    **{f"model.norm.{p}": [f"transformer.ln_f.{p}"] for p in ("weight", "bias")}}
+    if not c.tie_word_embeddings:
+        m["lm_head.weight"] = ["lm_head.weight"]
+    for i in range(c.num_hidden_layers):
+        k, h = f"model.layers.{i}", f"transformer.h.{i}"
+        for mine, theirs in (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")):
+            m.update({f"{k}.{mine}.{p}": [f"{h}.{theirs}.{p}"] for p in ("weight", "bias")})
+        m[f"{k}.self_attn.qkv_proj.weight"] = conv1d(f"{h}.attn.c_attn.weight")
+        m[f"{k}.self_attn.o_proj.weight"] = conv1d(f"{h}.attn.c_proj.weight")
+        m[f"{k}.mlp.gate_up_proj.weight"] = conv1d(f"{h}.mlp.c_fc2.weight", f"{h}.mlp.c_fc.weight")
+        m[f"{k}.mlp.down_proj.weight"] = conv1d(f"{h}.mlp.c_proj.weight")
+        m.update({f"{k}.self_attn.qkv_proj.bias": [f"{h}.attn.c_attn.bias"],
+                  f"{k}.self_attn.o_proj.bias": [f"{h}.attn.c_proj.bias"],
+                  f"{k}.mlp.gate_up_proj.bias": [f"{h}.mlp.c_fc2.bias", f"{h}.mlp.c_fc.bias"],
+                  f"{k}.mlp.down_proj.bias": [f"{h}.mlp.c_proj.bias"]})
     return m
 
 

@@ -96,6 +96,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     bailingmoe Ling v1           read as granitemoeshared: the experts' and shared experts' gate / up joined, the
                                  renormalised softmax top k as Granite's router
     refact   Refact              read as baichuan's ALiBi form (its q / k / v apart), one KV head
+    jais     JAIS                as HF (GPT-2's names, Conv1D weights transposed back), c_fc2 as ffn_gate, ALiBi of
+                                 attention.max_alibi_bias, muP's scales folded in
     maincoder Maincoder          read as hunyuan-dense: its q/k rows as stored run under RoPE on adjacent pairs
                                  (read as permuted), the q/k norms' dims in that pair order
     pangu-embedded openPangu-Embedded  as llama, q/k rows as stored (NeoX RoPE), biases on q, k, v and o
@@ -1240,6 +1242,14 @@ def _refact(reader, arch, tensors, c):
     c.update(model_type="baichuan", architectures=["BaichuanForCausalLM"], kiln_split_qkv=True)
 
 
+def _jais(reader, arch, tensors, c):
+    """JAIS as llama.cpp's converter writes it: GPT-2's tensors with the SwiGLU's gate as ffn_gate (c_fc2), ALiBi of
+    attention.max_alibi_bias, muP's embedding and output scales folded into those tensors, scores over head_dim (its
+    graph's 1 / d)."""
+    c.update(embeddings_scale=1.0, width_scale=1.0, scale_qk_dot_by_d=True,
+             kiln_alibi_bias_max=_f32(_key(reader, arch, "attention.max_alibi_bias", 8.0)))
+
+
 def _hrm_text(reader, arch, tensors, c):
     """HRM-Text as llama.cpp's converter writes it: block_count the cache's slots (layers_per_stack x h_cycles x
     (l_cycles + 1)), the low stack's layers as blk.0 .. n - 1 and the high stack's after them, each layer's gate, q, k
@@ -2168,6 +2178,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "phimoe": GGUFArch("phimoe", ("PhimoeForCausalLM",), PHIMOE_LAYER, config=_phimoe, experts=MIXTRAL_EXPERTS),
     "gpt2": GGUFArch("gpt2", ("GPT2LMHeadModel",), GPT2_LAYER, GPT2_GLOBAL, layer_prefix="transformer.h",
                      transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down"), config=_gpt2),
+    "jais": GGUFArch("jais", ("JAISLMHeadModel",), {**GPT2_LAYER, "ffn_gate": "mlp.c_fc2"}, GPT2_GLOBAL,
+                     layer_prefix="transformer.h",
+                     transposed=("attn_qkv", "attn_output", "ffn_up", "ffn_down", "ffn_gate"), config=_jais),
     "granite": GGUFArch("granite", ("GraniteForCausalLM",), LLAMA_LAYER, permuted=True, config=_granite),
     "olmo2": GGUFArch("olmo2", ("Olmo2ForCausalLM",), OLMO2_LAYER, config=_olmo2, also=("olmo3",)),
     "exaone": GGUFArch("exaone", ("ExaoneForCausalLM",), EXAONE_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",

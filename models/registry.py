@@ -309,6 +309,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("arcee", ("ArceeForCausalLM",), ("arcee",), nemotron, nemotron.ArceeConfig, nemotron.ArceeForCausalLM),
     _arch("bloom", ("BloomForCausalLM",), ("bloom",), alibi, alibi.BloomConfig, alibi.BloomForCausalLM),
     _arch("mpt", ("MptForCausalLM", "MPTForCausalLM"), ("mpt",), alibi, alibi.MptConfig, alibi.MptForCausalLM),
+    _arch("jais", ("JAISLMHeadModel",), ("jais",), alibi, alibi.JaisConfig, alibi.JaisForCausalLM),
     _arch("baichuan", ("BaichuanForCausalLM", "BaiChuanForCausalLM"), ("baichuan",), alibi, alibi.BaichuanConfig,
           alibi.BaichuanForCausalLM),
     _arch("doge", ("DogeForCausalLM",), ("doge",), doge, doge.DogeConfig, doge.DogeForCausalLM),

@@ -412,6 +412,8 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   # Maincoder: Hunyuan dense's layers as llama.cpp reads its checkpoints (RoPE on adjacent pairs)
                   "maincoder": (lambda hf: write_widened("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config",
                                                          MAINCODER, hf, seed=1), _maincoder_released, []),
+                  # JAIS: GPT-2's layers with SwiGLU, ALiBi and muP scales (its own code; a PyTorch reference of it)
+                  "jais": (lambda hf: __import__("test_jais").write_jais(hf), None, []),
                   # Refact: Llama's layers with ALiBi and one KV head (its own code; a PyTorch reference of it)
                   "refact": (lambda hf: __import__("test_baichuan").write_refact(hf), None, []),
                   # Nanbeige 4.2: Llama's layers run in loops (num_loops, skip_loop_final_norm in its config)
@@ -724,6 +726,16 @@ def test_families_read_as_another_as_the_converter_writes_them(case, converted, 
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = write_widened(model_cls, config_cls, config, tmp_path / "ref", seed=1)
     assert_prefill_and_decode_match(art, reference, IDS, TOL)
+
+
+def test_jais_as_the_converter_writes_it(converted, tmp_path):
+    """JAIS through the converter (arch jais: Conv1D weights transposed, c_fc2 as ffn_gate, muP's embedding and output
+    scales folded into those tensors, max_alibi_bias): the PyTorch reference of its code (test_jais.JaisReference)."""
+    import test_jais
+    theirs = converted["jais"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "jais"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, test_jais.write_jais(tmp_path / "ref"), test_jais.IDS, TOL)
 
 
 def test_refact_as_the_converter_writes_it(converted, tmp_path):
