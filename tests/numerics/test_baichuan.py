@@ -36,6 +36,14 @@ def _slopes(n: int) -> list[float]:
     return power_of_2(closest) + _slopes(2 * closest)[0::2][:n - closest]
 
 
+def causal_alibi(n: int, alibi: bool = True) -> torch.Tensor:
+    """[heads, n, n]: ALiBi's slope_h * j over the keys (Baichuan's _gen_alibi_mask; nothing where not `alibi`) plus
+    the causal mask."""
+    slopes = torch.tensor(_slopes(HEADS)) if alibi else torch.zeros(HEADS)
+    return slopes[:, None, None] * torch.arange(n, dtype=torch.float32)[None, None, :] + \
+        torch.full((n, n), float("-inf")).triu(1)
+
+
 class Reference:
     """Baichuan's forward over the tensors (float32): ALiBi or RoPE, NormHead where Baichuan 2."""
 
@@ -48,8 +56,7 @@ class Reference:
         rms = lambda x, g: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g     # noqa: E731
         x = w["model.embed_tokens.weight"][ids[0]]
         pos = torch.arange(n, dtype=torch.float32)
-        mask = torch.full((n, n), float("-inf")).triu(1)
-        bias = torch.tensor(_slopes(HEADS))[:, None, None] * pos[None, None, :] if self.alibi else 0.0
+        bias = causal_alibi(n, self.alibi)
         inv = 1.0 / 10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
         angles = torch.cat([pos[:, None] * inv[None]] * 2, -1)
 
@@ -63,7 +70,7 @@ class Reference:
             q, k, v = (h @ w[p + "self_attn.W_pack.weight"].T).view(n, 3, HEADS, d).permute(1, 2, 0, 3)
             if not self.alibi:
                 q, k = rope(q), rope(k)
-            scores = q @ k.transpose(-1, -2) / math.sqrt(d) + bias + mask
+            scores = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
             o = (scores.softmax(-1) @ v).permute(1, 0, 2).reshape(n, HIDDEN)
             x = x + o @ w[p + "self_attn.o_proj.weight"].T
             h = rms(x, w[p + "post_attention_layernorm.weight"])
@@ -149,9 +156,7 @@ class RefactReference:
         w, d, n = self.w, HIDDEN // HEADS, ids.shape[1]
         rms = lambda x, g: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * g     # noqa: E731
         x = w["transformer.wte.weight"][ids[0]]
-        pos = torch.arange(n, dtype=torch.float32)
-        causal = torch.full((n, n), float("-inf")).triu(1)
-        bias = torch.tensor(_slopes(HEADS))[:, None, None] * pos[None, None, :] + causal
+        bias = causal_alibi(n)
         for i in range(LAYERS):
             p = f"transformer.h.{i}."
             h = rms(x, w[p + "ln_1.weight"])

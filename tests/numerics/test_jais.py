@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import kiln
-from test_baichuan import _slopes
+from test_baichuan import HEADS, HIDDEN, causal_alibi
 from tiny_models import assert_prefill_and_decode_match, write_tokenizer
 
 pytestmark = pytest.mark.numerics
 QUICK_LLVM = True
 IDS = np.random.default_rng(14).integers(0, 500, size=19).tolist()
-HIDDEN, HEADS, LAYERS, FFN = 96, 6, 2, 160
+LAYERS, FFN = 2, 160           # HIDDEN, HEADS: test_baichuan's (causal_alibi's slopes a head)
 SCALES = dict(mup_embeddings_scale=3.0, mup_output_alpha=0.5, mup_width_scale=0.25)
 
 
@@ -39,9 +39,7 @@ class JaisReference:
         def conv1d(x, name):                        # GPT-2's Conv1D: x @ W + b, W [in, out]
             return x @ w[f"{name}.weight"] + w[f"{name}.bias"]
         x = w["transformer.wte.weight"][ids[0]] * SCALES["mup_embeddings_scale"]
-        pos = torch.arange(n, dtype=torch.float32)
-        bias = torch.tensor(_slopes(HEADS))[:, None, None] * pos[None, None, :] + \
-            torch.full((n, n), float("-inf")).triu(1)
+        bias = causal_alibi(n)
         for i in range(LAYERS):
             p = f"transformer.h.{i}."
             q, k, v = (t.view(n, HEADS, d).transpose(0, 1)
