@@ -29,6 +29,8 @@ import numpy as np
 from .causal_lm import (DECODER_FIELDS, LLAMA_NAMES, CausalLM, DecoderConfig, LayerAttention, WeightMap,
                         WeightSpec, decoder_weight_map)
 from .config import ConfigField, fields_with
+from .gpt2 import CONV1D, _transposed
+from .gpt2 import NAMES as GPT2_NAMES
 from .layers import Flags
 
 BLOOM_CONTEXT = 2048                        # BLOOM's training sequence length, where config.json names none
@@ -124,14 +126,19 @@ class MptConfig(AlibiConfig):
                      attn_scale=self.softmax_scale, alibi=True)
 
     def alibi_slopes(self) -> np.ndarray:
-        """transformers' build_mpt_alibi_tensor's slopes, in float32 as it computes them."""
-        n = self.num_attention_heads
-        wide = 2 ** math.ceil(math.log2(n))
-        powers = np.arange(1, wide + 1, dtype=np.float32) * np.float32(self.alibi_bias_max / wide)
-        slopes = (np.float32(1.0) / np.power(np.float32(2.0), powers)).astype(np.float32)
-        if wide != n:
-            slopes = np.concatenate([slopes[1::2], slopes[::2]])[:n]
-        return slopes
+        return max_bias_slopes(self.num_attention_heads, self.alibi_bias_max)
+
+
+def max_bias_slopes(n: int, max_bias: float) -> np.ndarray:
+    """ALiBi's slopes for n heads of a maximum bias (transformers' build_mpt_alibi_tensor's, llama.cpp's
+    max_alibi_bias): 2^(-max_bias (h + 1) / w) over the next power of two w, odd ones first where the heads are fewer;
+    float32, as MPT computes them."""
+    wide = 2 ** math.ceil(math.log2(n))
+    powers = np.arange(1, wide + 1, dtype=np.float32) * np.float32(max_bias / wide)
+    slopes = (np.float32(1.0) / np.power(np.float32(2.0), powers)).astype(np.float32)
+    if wide != n:
+        slopes = np.concatenate([slopes[1::2], slopes[::2]])[:n]
+    return slopes
 
 
 @dataclass(frozen=True)
@@ -205,11 +212,13 @@ class JaisConfig(AlibiConfig):
                      attn_scale=1.0 / d if self.scale_qk_dot_by_d else None)
 
     def alibi_slopes(self) -> np.ndarray:
-        return MptConfig.alibi_slopes(self)
+        return max_bias_slopes(self.num_attention_heads, self.alibi_bias_max)
 
 
 BloomForCausalLM = MptForCausalLM = BaichuanForCausalLM = JaisForCausalLM = CausalLM
 
+JAIS_NAMES = dict(GPT2_NAMES, gate_proj="mlp.c_fc2", up_proj="mlp.c_fc", o_proj="attn.c_proj",
+                  down_proj="mlp.c_proj")
 BLOOM_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.word_embeddings", norm="transformer.ln_f",
                    lm_head="lm_head", layer="transformer.h.{i}", o_proj="self_attention.dense",
                    up_proj="mlp.dense_h_to_4h", down_proj="mlp.dense_4h_to_h")
@@ -248,26 +257,17 @@ def weight_map(c: AlibiConfig) -> WeightMap:
 
 
 def _jais_weight_map(c: JaisConfig) -> WeightMap:
-    """JAIS's GPT-2 names, its Conv1D weights ([in, out]) transposed; the MLP's gate (c_fc2) rows before its up's."""
-    def conv1d(*names: str) -> WeightSpec:
-        return WeightSpec(names, lambda w: np.ascontiguousarray(w.T), apart=False) if len(names) == 1 else \
-            WeightSpec(names, lambda ws: np.ascontiguousarray(np.concatenate([w.T for w in ws])), apart=True)
-    m: WeightMap = {"model.embed_tokens.weight": ["transformer.wte.weight"],
-                    **{f"model.norm.{p}": [f"transformer.ln_f.{p}"] for p in ("weight", "bias")}}
-    if not c.tie_word_embeddings:
-        m["lm_head.weight"] = ["lm_head.weight"]
+    """GPT-2's weight map (its names, its Conv1D weights [in, out] transposed) with the SwiGLU's gate (c_fc2) rows
+    before its up's (c_fc)."""
+    m = decoder_weight_map(c, JAIS_NAMES)
     for i in range(c.num_hidden_layers):
-        k, h = f"model.layers.{i}", f"transformer.h.{i}"
-        for mine, theirs in (("input_layernorm", "ln_1"), ("post_attention_layernorm", "ln_2")):
-            m.update({f"{k}.{mine}.{p}": [f"{h}.{theirs}.{p}"] for p in ("weight", "bias")})
-        m[f"{k}.self_attn.qkv_proj.weight"] = conv1d(f"{h}.attn.c_attn.weight")
-        m[f"{k}.self_attn.o_proj.weight"] = conv1d(f"{h}.attn.c_proj.weight")
-        m[f"{k}.mlp.gate_up_proj.weight"] = conv1d(f"{h}.mlp.c_fc2.weight", f"{h}.mlp.c_fc.weight")
-        m[f"{k}.mlp.down_proj.weight"] = conv1d(f"{h}.mlp.c_proj.weight")
-        m.update({f"{k}.self_attn.qkv_proj.bias": [f"{h}.attn.c_attn.bias"],
-                  f"{k}.self_attn.o_proj.bias": [f"{h}.attn.c_proj.bias"],
-                  f"{k}.mlp.gate_up_proj.bias": [f"{h}.mlp.c_fc2.bias", f"{h}.mlp.c_fc.bias"],
-                  f"{k}.mlp.down_proj.bias": [f"{h}.mlp.c_proj.bias"]})
+        m[f"model.layers.{i}.self_attn.qkv_proj.bias"] = [f"transformer.h.{i}.attn.c_attn.bias"]
+        for param, conv in CONV1D.items():
+            if param != "mlp.up_proj":
+                m[f"model.layers.{i}.{param}.weight"] = WeightSpec((f"transformer.h.{i}.{conv}.weight",), _transposed)
+        m[f"model.layers.{i}.mlp.gate_up_proj.weight"] = WeightSpec(
+            tuple(f"transformer.h.{i}.mlp.{x}.weight" for x in ("c_fc2", "c_fc")),
+            lambda ws: np.concatenate([_transposed(w) for w in ws]), apart=True)
     return m
 
 

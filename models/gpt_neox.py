@@ -72,8 +72,8 @@ class PersimmonConfig(GPTNeoXConfig):
 @dataclass(frozen=True)
 class GPTNeoXJapaneseConfig(GPTNeoXConfig):
     """ABEJA's GPT-NeoX-Japanese: GPT-NeoX's layers one after the other without biases, but for the last layer's
-    attention output (its dense_bias; kiln gives the other layers zeros), the MLP intermediate_multiple_size times
-    the width, RoPE over whole heads by default, the head tied."""
+    attention output (its dense_bias: that layer's flags), the MLP intermediate_multiple_size times the width, RoPE
+    over whole heads by default, the head tied."""
 
     intermediate_multiple: float = 4.0
 
@@ -91,7 +91,10 @@ class GPTNeoXJapaneseConfig(GPTNeoXConfig):
                     parallel_residual=False, attention_bias=False)
 
     def flags(self) -> Flags:
-        return dataclasses.replace(super().flags(), qkv_bias=False, o_bias=True, mlp_bias=False)
+        return dataclasses.replace(super().flags(), qkv_bias=False, o_bias=False, mlp_bias=False)
+
+    def layer_flags(self, layer: int) -> Flags:
+        return dataclasses.replace(self.flags(), o_bias=layer == self.num_hidden_layers - 1)
 
 
 JAPANESE_NAMES = dict(NAMES, embed_tokens="gpt_neox_japanese.embed_in", norm="gpt_neox_japanese.final_layer_norm",
@@ -113,11 +116,10 @@ def weight_map(c: GPTNeoXConfig) -> WeightMap:
     m = decoder_weight_map(c, PERSIMMON_NAMES if persimmon else JAPANESE_NAMES if japanese else NAMES)
     if japanese:
         for i in range(c.num_hidden_layers):
-            layer, last = f"gpt_neox_japanese.layers.{i}", i == c.num_hidden_layers - 1
             m[f"model.layers.{i}.self_attn.qkv_proj.weight"] = WeightSpec(
-                (f"{layer}.attention.query_key_value.weight",), _by_kind(c.num_attention_heads))
-            m[f"model.layers.{i}.self_attn.o_proj.bias"] = [f"{layer}.attention.dense_bias"] if last else \
-                WeightSpec((f"{layer}.input_layernorm.bias",), np.zeros_like)       # (a tensor of its shape: zeros)
+                (f"gpt_neox_japanese.layers.{i}.attention.query_key_value.weight",), _by_kind(c.num_attention_heads))
+        last = c.num_hidden_layers - 1
+        m[f"model.layers.{last}.self_attn.o_proj.bias"] = [f"gpt_neox_japanese.layers.{last}.attention.dense_bias"]
         return m
     for i in range(c.num_hidden_layers):
         fused = f"model.layers.{i}.self_attn.query_key_value" if persimmon else \
