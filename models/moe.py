@@ -168,7 +168,7 @@ class SparseMoE(nn.Module):
         if spec.expert_scale:
             weights = weights * op.take(self.expert_scale, experts, axis=0)
         if spec.zero_experts:
-            weights, experts, identity = _identities(weights, experts, spec.num_experts - spec.zero_experts)
+            weights, experts, identity = identities(weights, experts, spec.num_experts - spec.zero_experts)
         weights = weights if weights.dtype == flat.dtype else weights.astype(flat.dtype)
         slots = op.reshape(weights, (b * s, k, 1))
         x_in = op.reshape(flat, (b * s, 1, h)) * slots if spec.scale_input else flat               # [T, (k,) h]
@@ -228,9 +228,10 @@ def route(spec: MoESpec, logits: Tensor, choice_bias: Tensor | None = None) -> t
     return weights * spec.routed_scale if spec.routed_scale != 1.0 else weights, experts
 
 
-def _identities(weights: Tensor, experts: Tensor, real: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The chosen experts past the `real` ones are identities: their weights summed a token ([T, 1], what x is
-    multiplied by), and taken out of the expert matmul (weight 0 on expert 0)."""
+def identities(weights: Tensor, experts: Tensor, real: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The chosen experts past the `real` ones are no experts of the matmul (LongCat-Flash's identities, ZAYA's skip):
+    taken out of it (weight 0 on expert 0), and their weights summed a token ([T, 1], what x is multiplied by where
+    they are identities)."""
     identity = op.greater_equal(experts, op.full((1,), real, "int32"))
     zero = op.zeros((1,), "float32")
     taken = op.sum(op.where(identity, weights, zero), axis=-1, keepdims=True)

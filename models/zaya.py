@@ -39,7 +39,7 @@ from .causal_lm import (DECODER_FIELDS, DecoderConfig, LayerAttention, OwnedStac
                         head_weights)
 from .config import ConfigField, fields_with
 from .layers import Norm, _activation, cached_attention
-from .moe import MoESpec, expert_matmul, expert_rows, route
+from .moe import MoESpec, expert_matmul, expert_rows, identities, route
 from .rope import apply_rope, inv_freq
 
 TYPES = ("hybrid", "hybrid_sliding")
@@ -175,7 +175,7 @@ class CCAttention(nn.Module):
         self.c, self.state_layer = c, c.num_hidden_layers + layer
         h, h_kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         a = c.layer_attention()[layer]
-        self.window, self.rope = a.window, inv_freq(a.rotary_dim, a.rope_theta, a.rope_scaling)
+        self.rope = inv_freq(a.rotary_dim, a.rope_theta, a.rope_scaling)
         # q, k, the current value half, the delayed one (its bias apart: it is added after the delay)
         self.qkv_proj = nn.Linear(c.hidden_size, c.qk_channels + 2 * c.half_value, bias=c.attention_bias)
         if c.attention_bias:
@@ -269,9 +269,7 @@ class ZayaMoE(nn.Module):
         y = op.gelu(op.matmul(y, op.permute_dims(self.fc1)) + self.fc1_bias)
         y = op.gelu(op.matmul(y, op.permute_dims(self.fc2)) + self.fc2_bias)
         weights, experts = route(self.spec, op.matmul(y, op.permute_dims(self.out)), self.balancing)   # [T, 1]
-        skip = op.equal(experts, op.full((1,), c.num_experts, "int32"))
-        weights = op.where(skip, op.zeros((1,), "float32"), weights)
-        experts = op.where(skip, op.zeros((1,), "int32"), experts)
+        weights, experts, _ = identities(weights, experts, c.num_experts)      # the skip: no output
         gate, up = op.split(expert_matmul(flat, self.experts_gate_up, experts, 2 * c.intermediate_size), 2, axis=-1)
         out = expert_matmul(_activation(gate, c.hidden_act) * up, self.experts_down, experts, hidden)    # [T, 1, h]
         w = weights if weights.dtype == out.dtype else weights.astype(out.dtype)
