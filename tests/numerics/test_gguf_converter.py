@@ -752,11 +752,14 @@ def test_refact_as_the_converter_writes_it(converted, tmp_path):
 
 def test_nanbeige_as_the_converter_writes_it(converted, tmp_path):
     """Nanbeige 4.2 through the converter (arch nanbeige: Llama's tensors, q/k rows permuted, num_loops and
-    skip_loop_final_norm): its looped Llama's logits (test_nanbeige.py's reference)."""
+    skip_loop_final_norm): its looped Llama's logits (test_nanbeige.py's reference), and `kiln check` compares the
+    GGUF with transformers' Llama over its tensors run in those loops (its STAND_IN, compiler/golden.py looped)."""
     import test_nanbeige
     theirs = converted["nanbeige"][1]
     fields = gguf.GGUFReader(theirs).fields
     assert fields["general.architecture"].contents() == "nanbeige" and fields["nanbeige.num_loops"].contents() == 2
-    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art")
     reference = test_nanbeige.write_nanbeige(tmp_path / "ref", loops=2)
     assert_prefill_and_decode_match(art, reference, test_nanbeige.IDS, TOL)
+    report = kiln.check(art)
+    assert report.ok and report.reference.startswith("transformers"), report.table()
