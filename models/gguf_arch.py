@@ -92,6 +92,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
     xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
     nanbeige Nanbeige 4.2        as llama (q/k rows permuted); num_loops runs of the layers, skip_loop_final_norm
+    smallthinker SmallThinker    as HF (q/k rows as stored), its experts' router as ffn_gate_inp; with a window, the
+                                 sliding layers by sliding_window_pattern (every 4th full, the first) and no RoPE on
+                                 every 4th (llama.cpp's graph's layout, the released 21B's)
     codeshell CodeShell          read as starcoder2 (use_bias, no window): q/k/v as attn_qkv, RoPE on halves
     bailingmoe Ling v1           read as granitemoeshared: the experts' and shared experts' gate / up joined, the
                                  renormalised softmax top k as Granite's router
@@ -240,6 +243,8 @@ QWEN_EXPERTS = {"ffn_gate_exps": "mlp.experts.{j}.gate_proj", "ffn_up_exps": "ml
                 "ffn_down_exps": "mlp.experts.{j}.down_proj"}
 OLMOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
                **QK_NORMS, "ffn_gate_inp": "mlp.gate"}
+SMALLTHINKER_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
+                      "ffn_gate_inp": "block_sparse_moe.primary_router"}
 QWEN_MOE_LAYER = {**{k: v for k, v in LLAMA_LAYER.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
                   "ffn_gate_inp": "mlp.gate", **_mlp("mlp.shared_expert", "_shexp"),
                   "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
@@ -1912,6 +1917,40 @@ def _nanbeige(reader, arch, tensors, c):
              skip_loop_final_norm=bool(_key(reader, arch, "skip_loop_final_norm", False)))
 
 
+def _smallthinker(reader, arch, tensors, c):
+    """SmallThinker's keys as llama.cpp's loader reads them: its experts and their gating (softmax or sigmoid); with a
+    window, each layer's kind from sliding_window_pattern (a list, or every n-th layer full, the first: 4 unless
+    written) and no RoPE on every 4th layer, the first (the graph's fixed step), the released 21B's layout. The window
+    is the file's (SmallThinker's sliding_window_size), which llama.cpp's loader replaces by 4096 (the released
+    models' own). A RoPE base of the sliding layers' own (rope.freq_base_swa, which SmallThinker's code has not) is
+    refused."""
+    _head_dim(reader, arch, c)
+    n, theta = c["num_hidden_layers"], c.get("rope_theta", 10000.0)
+    gating = _key(reader, arch, "expert_gating_func")
+    if gating not in (gguf.ExpertGatingFuncType.SOFTMAX, gguf.ExpertGatingFuncType.SIGMOID):
+        raise ModelLoadError(f"this {arch} GGUF's expert_gating_func is {gating!r}, not softmax (1) or sigmoid "
+                             "(2), SmallThinker's two routings; re-convert the model")
+    window, sliding, rope = _key(reader, arch, "attention.sliding_window"), [False] * n, [True] * n
+    if window:
+        pattern = _key(reader, arch, "attention.sliding_window_pattern", 4)
+        sliding = [bool(x) for x in pattern] if isinstance(pattern, list) else \
+            [pattern == 0 or i % pattern != 0 for i in range(n)]
+        rope = [i % 4 != 0 for i in range(n)]
+        if len(sliding) != n:
+            raise ModelLoadError(f"GGUF {arch}.attention.sliding_window_pattern lists {len(sliding)} layers for {n}; "
+                                 "re-convert the model")
+        if _f32(_key(reader, arch, "rope.freq_base_swa", theta)) != _f32(theta):
+            raise ModelLoadError(f"this {arch} GGUF gives its sliding layers a RoPE base of their own "
+                                 "(rope.freq_base_swa), which SmallThinker's code has not; load the Hugging Face "
+                                 "checkpoint instead")
+    c.update(moe_num_primary_experts=_key(reader, arch, "expert_count"),
+             moe_num_active_primary_experts=_key(reader, arch, "expert_used_count"),
+             moe_ffn_hidden_size=_key(reader, arch, "expert_feed_forward_length"),
+             moe_primary_router_apply_softmax=gating == gguf.ExpertGatingFuncType.SOFTMAX,
+             rope_layout=[int(r) for r in rope], sliding_window_layout=[int(s) for s in sliding],
+             sliding_window_size=window or None)
+
+
 def _qwen(reader, arch, tensors, c):
     """Qwen's (the first's) keys: RoPE over rope.dimension_count of each head (rotary_pct)."""
     c["partial_rotary_factor"] = _rotary_share(reader, arch, c)
@@ -2198,6 +2237,9 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen": GGUFArch("qwen", ("QWenLMHeadModel",), QWEN_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",
                      config=_qwen),
     "xverse": GGUFArch("xverse", ("XverseForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "smallthinker": GGUFArch("smallthinker", ("SmallThinkerForCausalLM",), SMALLTHINKER_LAYER, config=_smallthinker,
+                             experts={f"ffn_{p}_exps": f"block_sparse_moe.experts.{{j}}.{p}" for p in ("gate", "up",
+                                                                                                   "down")}),
     "nanbeige": GGUFArch("nanbeige", ("NanbeigeForCausalLM",), LLAMA_LAYER, permuted=True, config=_nanbeige),
     "olmo": GGUFArch("olmo", ("OlmoForCausalLM",), LLAMA_LAYER, permuted=True, config=_olmo),
     "falcon": GGUFArch("falcon", ("FalconForCausalLM",), FALCON_LAYER, FALCON_GLOBAL, layer_prefix="transformer.h",

@@ -374,6 +374,7 @@ def _codeshell_released(hf) -> None:
         n_positions=c["max_position_embeddings"], layer_norm_epsilon=c["norm_epsilon"]))
 
 
+SMALLTHINKER_4B = dict(softmax=True, tied=False, rope_layout=[1] * 4, sliding_window_layout=[0] * 4)
 CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen35_with_mtp, None, []),
                   "llama-fused-qkv": (_write("llama"), None, ["--fuse-qkv"]),
                   "starcoder2-fused-qkv": (_write("starcoder2"), None, ["--fuse-qkv"]),
@@ -418,6 +419,11 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "refact": (lambda hf: __import__("test_baichuan").write_refact(hf), None, []),
                   # Nanbeige 4.2: Llama's layers run in loops (num_loops, skip_loop_final_norm in its config)
                   "nanbeige": (lambda hf: __import__("test_nanbeige").write_nanbeige(hf, loops=2), None, []),
+                  # SmallThinker: experts routed from the layer's input (its own code; a PyTorch reference of it),
+                  # the 21B's layout (sigmoid routing, a window), the 4B's (softmax, none, an untied head)
+                  "smallthinker": (lambda hf: __import__("test_smallthinker").write_smallthinker(hf), None, []),
+                  "smallthinker-4b": (lambda hf: __import__("test_smallthinker").write_smallthinker(
+                      hf, **SMALLTHINKER_4B), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
                   "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
                                                           HUNYUAN_VL, hf, seed=1), None, []),
@@ -748,6 +754,22 @@ def test_refact_as_the_converter_writes_it(converted, tmp_path):
     art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
     reference = test_baichuan.write_refact(tmp_path / "ref")
     assert_prefill_and_decode_match(art, reference, test_baichuan.IDS, TOL)
+
+
+@pytest.mark.parametrize("case", ["smallthinker", "smallthinker-4b"])
+def test_smallthinker_as_the_converter_writes_it(case, converted, tmp_path):
+    """SmallThinker through the converter (arch smallthinker: the experts stacked, the router as ffn_gate_inp, its
+    gating as expert_gating_func, the window where a layer slides; the layer kinds and NoPE layers llama.cpp's
+    graph's): the PyTorch reference of its code (test_smallthinker.SmallThinkerReference) over the same tensors."""
+    import test_smallthinker
+    theirs = converted[case][1]
+    fields = gguf.GGUFReader(theirs).fields
+    assert fields["general.architecture"].contents() == "smallthinker"
+    assert ("smallthinker.attention.sliding_window" in fields) == (case == "smallthinker")
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    layout = SMALLTHINKER_4B if case == "smallthinker-4b" else {}
+    reference = test_smallthinker.write_smallthinker(tmp_path / "ref", **layout)
+    assert_prefill_and_decode_match(art, reference, test_smallthinker.IDS, TOL)
 
 
 def test_nanbeige_as_the_converter_writes_it(converted, tmp_path):

@@ -1,5 +1,5 @@
-"""SmallThinker (models/smallthinker.py; its own code, SmallThinkerForCausalLM, which transformers does not ship) q0f32 on
-the CPU against a PyTorch reference of that code: Llama attention (NoPE where rope_layout says 0, a window where
+"""SmallThinker (models/smallthinker.py; its own code, SmallThinkerForCausalLM, which transformers does not ship) q0f32
+on the CPU against a PyTorch reference of that code: Llama attention (NoPE where rope_layout says 0, a window where
 sliding_window_layout says 1), every MLP ReGLU experts whose router reads the layer's input, top k by logit weighted by
 their softmax or their sigmoids renormalised; test_gguf_converter.py checks llama.cpp's GGUF of the same checkpoint."""
 
