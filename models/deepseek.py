@@ -13,6 +13,9 @@
     axk1            SK Telecom's A.X K1: DeepSeek-V3 with an RMSNorm on the experts' output (post_mlp_layernorm), dense
                     layers by `mlp_layer_types` (or first_k_dense_replace and moe_layer_freq)
     youtu           Youtu-LLM: latent attention, dense MLPs, tied embeddings
+    plm             PLM (PLM-Team's peripheral models, PLM-1.8B; its own code's PLMForCausalLM, llama.cpp's plm GGUFs):
+                    Youtu's shape (queries by one q_proj) whose MLPs are squared ReLUs without a gate
+                    (down_proj(relu(up_proj x)^2))
     minicpm3        MiniCPM3: Youtu's shape with RoPE on halves (LongRoPE: the short factors), MiniCPM's
                     embedding scale (`scale_emb`), residual scale (scale_depth / sqrt(layers)) and logits
                     divided by hidden_size / dim_model_base
@@ -184,6 +187,21 @@ class YoutuConfig(DeepseekV3Config):
 
 
 @dataclass(frozen=True)
+class PLMConfig(YoutuConfig):
+    ARCH: ClassVar[str] = "plm"
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        if hf.get("hidden_act", "relu2") != "relu2":
+            raise ValueError(f"PLM's MLP is a squared ReLU (hidden_act relu2), not {hf['hidden_act']!r}; fix "
+                             "config.json")
+        return super().adapt(values, hf, notes)
+
+    def flags(self) -> Flags:
+        return dataclasses.replace(super().flags(), activation="relu2", gated_mlp=False)
+
+
+@dataclass(frozen=True)
 class MiniCPM3Config(MuPScales, YoutuConfig):
     ARCH: ClassVar[str] = "minicpm3"
     ROPE_TYPES: ClassVar[tuple[str, ...]] = ("default", "longrope", "su")
@@ -218,7 +236,7 @@ class Mistral4Config(DeepseekV3Config):
 
 DeepseekV2ForCausalLM = DeepseekV3ForCausalLM = SarvamMLAForCausalLM = AXK1ForCausalLM = CausalLM
 Glm4MoeLiteForCausalLM = DeepseekV32ForCausalLM = YoutuForCausalLM = CausalLM
-MiniCPM3ForCausalLM = Mistral4ForCausalLM = CausalLM
+MiniCPM3ForCausalLM = Mistral4ForCausalLM = PLMForCausalLM = CausalLM
 
 
 def weight_map(c: DeepseekV3Config) -> WeightMap:

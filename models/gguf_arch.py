@@ -92,6 +92,8 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
     xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
     nanbeige Nanbeige 4.2        as llama (q/k rows permuted); num_loops runs of the layers, skip_loop_final_norm
+    plm      PLM                 as HF (Youtu's latent attention, attn_kv_b whole, RoPE on adjacent pairs as stored),
+                                 the ungated squared-ReLU MLP's up and down only, the head tied
     smallthinker SmallThinker    as HF (q/k rows as stored), its experts' router as ffn_gate_inp; with a window, the
                                  sliding layers by sliding_window_pattern (every 4th full, the first) and no RoPE on
                                  every 4th (llama.cpp's graph's layout, the released 21B's)
@@ -1917,6 +1919,13 @@ def _nanbeige(reader, arch, tensors, c):
              skip_loop_final_norm=bool(_key(reader, arch, "skip_loop_final_norm", False)))
 
 
+def _plm(reader, arch, tensors, c):
+    """PLM's keys: latent attention's shape (_latent_attention), RoPE on interleaved pairs as its checkpoints store
+    them (llama.cpp's NORM RoPE on q and kv_a_mqa as written), a squared ReLU."""
+    _latent_attention(reader, arch, c)
+    c.update(rope_interleave=True, hidden_act="relu2", tie_word_embeddings="output.weight" not in tensors)
+
+
 def _smallthinker(reader, arch, tensors, c):
     """SmallThinker's keys as llama.cpp's loader reads them: its experts and their gating (softmax or sigmoid); with a
     window, each layer's kind from sliding_window_pattern (a list, or every n-th layer full, the first: 4 unless
@@ -2237,6 +2246,7 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen": GGUFArch("qwen", ("QWenLMHeadModel",), QWEN_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",
                      config=_qwen),
     "xverse": GGUFArch("xverse", ("XverseForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "plm": GGUFArch("plm", ("PLMForCausalLM",), {k: v for k, v in MLA_LAYER.items() if k != "ffn_gate"}, config=_plm),
     "smallthinker": GGUFArch("smallthinker", ("SmallThinkerForCausalLM",), SMALLTHINKER_LAYER, config=_smallthinker,
                              experts={f"ffn_{p}_exps": f"block_sparse_moe.experts.{{j}}.{p}" for p in ("gate", "up",
                                                                                                    "down")}),

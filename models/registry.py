@@ -299,6 +299,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("mistral4", ("Mistral4ForCausalLM",), ("mistral4",), deepseek, deepseek.Mistral4Config,
           deepseek.Mistral4ForCausalLM),
     _arch("youtu", ("YoutuForCausalLM",), ("youtu",), deepseek, deepseek.YoutuConfig, deepseek.YoutuForCausalLM),
+    _arch("plm", ("PLMForCausalLM",), ("plm",), deepseek, deepseek.PLMConfig, deepseek.PLMForCausalLM),
     _arch("cohere", ("CohereForCausalLM",), ("cohere",), cohere, cohere.CohereConfig, cohere.CohereForCausalLM),
     _arch("cohere2", ("Cohere2ForCausalLM",), ("cohere2",), cohere, cohere.Cohere2Config, cohere.Cohere2ForCausalLM),
     _arch("cohere_compass_text", ("CohereCompassForConditionalGeneration", "CohereCompassForCausalLM"),

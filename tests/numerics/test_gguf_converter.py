@@ -424,6 +424,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   "smallthinker": (lambda hf: __import__("test_smallthinker").write_smallthinker(hf), None, []),
                   "smallthinker-4b": (lambda hf: __import__("test_smallthinker").write_smallthinker(
                       hf, **SMALLTHINKER_4B), None, []),
+                  # PLM: Youtu's latent attention with an ungated squared-ReLU MLP (its own code; the reference
+                  # transformers' Youtu with that MLP)
+                  "plm": (lambda hf: __import__("test_plm").write_plm(hf), None, []),
                   "muse-glimmer": (lambda hf: write_widened(*_muse_glimmer_case(), hf, seed=1), None, []),
                   "hunyuan-vl": (lambda hf: write_widened("HunYuanVLForConditionalGeneration", "HunYuanVLConfig",
                                                           HUNYUAN_VL, hf, seed=1), None, []),
@@ -770,6 +773,17 @@ def test_smallthinker_as_the_converter_writes_it(case, converted, tmp_path):
     layout = SMALLTHINKER_4B if case == "smallthinker-4b" else {}
     reference = test_smallthinker.write_smallthinker(tmp_path / "ref", **layout)
     assert_prefill_and_decode_match(art, reference, test_smallthinker.IDS, TOL)
+
+
+def test_plm_as_the_converter_writes_it(converted, tmp_path):
+    """PLM through the converter (arch plm: its tensors as named, kv_b_proj whole, the latent's sizes as kv_lora_rank /
+    key_length / value_length / rope.dimension_count, the head tied): transformers' Youtu attention with PLM's MLP
+    (test_plm.py's reference) over the same weights."""
+    import test_plm
+    theirs = converted["plm"][1]
+    assert gguf.GGUFReader(theirs).fields["general.architecture"].contents() == "plm"
+    art = kiln.compile(str(theirs), target="cpu", quant="q0f32", output=tmp_path / "art", golden=False)
+    assert_prefill_and_decode_match(art, test_plm.write_plm(tmp_path / "ref"), test_plm.IDS, TOL)
 
 
 def test_nanbeige_as_the_converter_writes_it(converted, tmp_path):
