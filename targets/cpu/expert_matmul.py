@@ -99,7 +99,7 @@ class GroupedExpertMatmul(KilnCPURule):
         try:
             body, gemv = grouped_body(m, self.knobs.vector_lanes), gemv_body(m)
         except Exception as err:            # noqa: BLE001 (a kernel the parser refuses: RowReduction's then)
-            logger.warning("GroupedExpertMatmul could not write its kernel: %s", str(err)[-300:])
+            logger.warning("GroupedExpertMatmul could not write its kernel: %s", str(err)[:400])
             return None
         # Up to a slot an expert (decode: a token's experts are distinct, nothing to share), the GEMV
         # where it takes the format, else RowReduction's schedule of the function, but only where its
@@ -285,13 +285,16 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
         def hook(load):
             for plane, buffer, width in zip(sides, buffers, widths):
                 if load.source.same_as(plane) and load.indices[0].same_as(m.row):
-                    return tirx.BufferLoad(buffer, [crow * width + load.indices[1]])
+                    value = tirx.BufferLoad(buffer, [crow * width + load.indices[1]])   # its float32 copy:
+                    return value if plane.dtype == "float32" else tirx.Cast(plane.dtype, value)   # exact back
             return None
         return _rewrite(m.w_expr, [], load=hook)
 
     def weight(buffers, n, c, col):
-        """W[n, col] for the tile's row c, its side planes read from `buffers`."""
-        return _rewrite(from_sides(buffers), [(m.row, n), (m.col, col), (crow, c)])
+        """W[n, col] for the tile's row c, its side planes read from `buffers`, as float32 (a float16 dequantize's
+        value widened: what the function's own float32 product takes)."""
+        value = _rewrite(from_sides(buffers), [(m.row, n), (m.col, col), (crow, c)])
+        return value if _dtype(value) == "float32" else T.Cast("float32", value)
 
     def chosen(s):
         return T.Cast("int64", index[s // k, s % k])

@@ -142,6 +142,30 @@ def test_a_recurrent_hybrid_under_qemu_matches_the_x86_build(aarch64_root, tmp_p
                                    atol=1e-4)
 
 
+def test_a_mixture_of_experts_at_q4f16_under_qemu_matches_the_x86_build(aarch64_root, tmp_path):
+    """OLMoE's experts at q4f16 built for AArch64, whose float16 dequantize the grouped expert kernel now writes
+    (targets/cpu/expert_matmul.py; it fell back to RowReduction's schedule before): the emulated run's logits, prefill
+    and decode, are the x86 build's to float16's rounding (the two builds' kernels sum in other orders; 0.4% of the
+    largest logit measured)."""
+    from tiny_models import write_widened
+    config = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
+                  eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+    write_widened("OlmoeForCausalLM", "OlmoeConfig", config, tmp_path / "hf", seed=1)
+    try:
+        arm = kiln.compile(str(tmp_path / "hf"), target="aarch64", quant="q4f16", output=tmp_path / "aarch64")
+    except ToolchainError as e:
+        pytest.skip(str(e))
+    x86 = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q4f16", output=tmp_path / "cpu")
+    tool, native_env = tool_module("aarch64_root"), {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    _drive([sys.executable, "-P"], native_env, x86, tmp_path / "x86.npy")
+    emulated_env = tool.python_env(aarch64_root, str(tool.kiln_tree(tmp_path / "src")))
+    assert _drive(tool.python_command(aarch64_root), emulated_env, arm, tmp_path / "arm.npy")["machine"] == "aarch64"
+    for name in ("arm.npy", "arm-decode.npy"):
+        want = np.load(tmp_path / name.replace("arm", "x86"))
+        np.testing.assert_allclose(np.load(tmp_path / name), want, rtol=0, atol=0.01 * np.abs(want).max())
+
+
 # Run by the emulated python3: the kernel library on each saved x (argv[2]'s npz: the planes in
 # argv[3]'s order, then x0, x1, ...), its outputs saved to argv[5] (argv[4]: the output width).
 KERNEL_DRIVER = """

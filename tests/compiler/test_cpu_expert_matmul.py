@@ -36,11 +36,12 @@ def _i64(v: int):
 
 
 def expert_func(kind: str | None, per_slot: bool = False, epilogue: str = "weigh", scale_dtype: str = "float16",
-                tokens=None, group: int = 32):
+                tokens=None, group: int = 32, element_dtype: str = "float32"):
     """(PrimFunc, format) of one expert matmul as models/moe.py writes it: kind None is a float32 weight
     (q0f32), else kiln's `kind` planes; x [T, depth] (or [T, k, depth]: Llama 4's per-slot input); then
     `epilogue`: "weigh" (times the slot's router weight, as the down projection fuses), "cast" (float16
-    sums, a float16 scheme's), or "none". `tokens`: a count (static), else symbolic."""
+    sums, a float16 scheme's), or "none". `tokens`: a count (static), else symbolic. `element_dtype`: the dtype the
+    dequantize computes in (float16 where the target's CPU has float16 arithmetic: AArch64's, Android's)."""
     tokens = tirx.Var("tokens", "int64") if tokens is None else _i64(tokens)
     n = EXPERTS * ROWS
     x = te.placeholder((tokens, _i64(TOP_K), _i64(DEPTH)) if per_slot else (tokens, _i64(DEPTH)), "float32", name="x")
@@ -52,7 +53,8 @@ def expert_func(kind: str | None, per_slot: bool = False, epilogue: str = "weigh
         fmt = QuantFormat(kind, group, scale_dtype)
         planes = [te.placeholder(tuple(_i64(d) for d in shape), dtype, name=name)
                   for name, (shape, dtype) in fmt.planes(n, DEPTH).items()]
-        element = lambda row, r: dequantize_element(fmt, "float32", *(planes + [None, None])[:3], row, r)  # noqa: E731
+        element = lambda row, r: dequantize_element(fmt, element_dtype, *(planes + [None, None])[:3], row,  # noqa: E731
+                                                    r)
     out = expert_matmul_te(x, element, experts, ROWS)
     args = [x, experts, *planes]
     if epilogue == "weigh":
@@ -131,6 +133,21 @@ def test_float32_scales_take_the_nibble_decode(kind):
     for tokens in (5, 40):
         got, want = run(lib, func, fmt, tokens, False, "weigh")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{tokens} tokens")
+
+
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_a_float16_dequantize_takes_the_grouped_kernel(kind, lanes):
+    """The dequantize in float16 (AArch64's and Android's q4f16: their CPUs compute in it), its float16 scales read
+    through the tile's float32 copies: the grouped kernel writes (its value widened to float32, as the function's own
+    product takes it) where it fell back to RowReduction before, and gives numpy's product to float16's rounding of
+    each weight."""
+    func, fmt = expert_func(kind, element_dtype="float16")
+    scheduled, lib = build(func, lanes=lanes)
+    assert '"grouped"' in scheduled.script()
+    for tokens in (1, 5, 40):
+        got, want = run(lib, func, fmt, tokens, False, "weigh")
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=f"{tokens} tokens")
 
 
 def test_q6_k_experts_take_the_gemv():
