@@ -39,9 +39,9 @@ def load(path_or_alias: str | Path) -> ModelSource:
     if p.is_dir():
         from .hf import load_hf_dir
         from .onnx import is_onnx_dir, load_onnx
-        from .vision_text import base_model_of, phi4_multimodal_of, pruned_vocab_of, text_of
+        from .vision_text import base_model_of, mllama_text_of, phi4_multimodal_of, pruned_vocab_of, text_of
         source = load_onnx(p) if is_onnx_dir(p) else \
-            pruned_vocab_of(base_model_of(phi4_multimodal_of(text_of(load_hf_dir(p)))))
+            pruned_vocab_of(base_model_of(phi4_multimodal_of(mllama_text_of(text_of(load_hf_dir(p))))))
     elif p.suffix == ".onnx":
         from .onnx import load_onnx
         source = load_onnx(p)

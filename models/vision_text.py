@@ -203,11 +203,7 @@ def text_of(source: ModelSource) -> ModelSource:
                       **AS_FAMILY_FIELDS.get(text["model_type"], lambda _: {})(text))
     layers, rows = None, None
     if wrapper == "MllamaForConditionalGeneration":
-        cross = set(text.get("cross_attention_layers") or [])
-        layers = [i for i in range(text["num_hidden_layers"]) if i not in cross]
-        rows = text["vocab_size"]
-        config = {k: v for k, v in config.items() if k != "cross_attention_layers"}
-        config.update(model_type="llama", num_hidden_layers=len(layers))
+        config, layers, rows = _mllama_as_llama(config)
     notes = []
     if (pruned := _pruned_head(config)) is not None:
         config, rows = _pruned_config(config, pruned), pruned
@@ -224,6 +220,34 @@ def text_of(source: ModelSource) -> ModelSource:
             f"{UNREAD.get(wrapper, 'vision tower and projector')}"
             f"{' and its cross-attention layers' if layers else ''} ({left} tensors) are not read (prompts are text)")
     return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *notes, *source.notes])
+
+
+def _mllama_as_llama(config: dict) -> tuple[dict, list[int], int]:
+    """Llama 3.2 Vision's language model (its config) as the Llama its self-attention layers make: (that config, the
+    layers read, the embedding rows read: the text's, before the image tokens')."""
+    cross = set(config.get("cross_attention_layers") or [])
+    layers = [i for i in range(config["num_hidden_layers"]) if i not in cross]
+    llama = {k: v for k, v in config.items() if k != "cross_attention_layers"}
+    return dict(llama, model_type="llama", num_hidden_layers=len(layers)), layers, config["vocab_size"]
+
+
+def mllama_text_of(source: ModelSource) -> ModelSource:
+    """Llama 3.2 Vision's language model saved alone (transformers' MllamaForCausalLM, model_type mllama_text_model):
+    its self-attention layers read as a Llama (_mllama_as_llama), its cross-attention layers (which a text prompt
+    skips) left unread; transformers' MllamaForCausalLM stays the reference (first in architectures)."""
+    if source.hf_config.get("model_type") != "mllama_text_model" or source.format != "hf":
+        return source
+    config, layers, rows = _mllama_as_llama(source.hf_config)
+    names = source.weights.names()
+    head = "lm_head.weight" if "lm_head.weight" in names else None
+    weights = TextWeights(source.weights, "model", head, [n for n in names if n != head], layers, rows)
+    left = len(names) - len(weights.names())
+    config = dict(config, architectures=["MllamaForCausalLM", "LlamaForCausalLM"],
+                  tie_word_embeddings=head is None or bool(source.hf_config.get("tie_word_embeddings")))
+    cross = sorted(source.hf_config.get("cross_attention_layers") or [])
+    note = (f"Llama 3.2 Vision's language model: its cross-attention layers {cross} ({left} tensors) are not read (a "
+            "text prompt skips them)")
+    return dataclasses.replace(source, hf_config=config, weights=weights, notes=[note, *source.notes])
 
 
 def _pruned_head(config: dict) -> int | None:

@@ -199,6 +199,17 @@ def test_the_language_model_matches_the_whole_checkpoints_class(case, tmp_path):
     assert config.model.arch == FAMILY[case]
 
 
+def test_llama_32_visions_language_model_saved_alone(tmp_path):
+    """transformers' MllamaForCausalLM (model_type mllama_text_model; the language model saved alone): its
+    self-attention layers read as a Llama, the cross-attention layer and the image rows left unread; the whole class is
+    `kiln check`'s reference and the test's."""
+    ref = write_widened("MllamaForCausalLM", "MllamaTextConfig", dict(MLLAMA_TEXT, tie_word_embeddings=False),
+                        tmp_path / "hf", seed=2)
+    config = _compiles_to(tmp_path / "hf", ref, tmp_path / "art")
+    (note,) = [n for n in config.notes if "cross-attention" in n]
+    assert "layers [1]" in note and config.model.arch == "llama" and config.model.config["num_hidden_layers"] == 2
+
+
 def test_the_language_model_under_another_prefix(tmp_path):
     """LLaVA's tensors re-saved under model.language_model.* and lm_head (transformers 5's module names)."""
     ref = _write("llava", tmp_path / "hf", seed=1)
