@@ -114,6 +114,8 @@ _UNSUPPORTED.update({
                                           ("moss_transcribe_diarize", "MOSS Transcribe-Diarize"))},
     "xlnet": ("XLNet", "permutation language modelling with two-stream relative attention"),
     "reformer": ("Reformer", "locality-sensitive hashing and chunked attention with reversible layers"),
+    "cpmant": ("CPM-Ant", "a relative position bias by bucketed distance and segment (T5's kind; no RoPE) and prompt "
+                          "embeddings before the text"),
     "minimax-01": _UNSUPPORTED["minimax"], "glm5-next": _UNSUPPORTED["glm5_next"],
     "gemma4-assistant": _UNSUPPORTED["gemma4_assistant"], "dots3note": _UNSUPPORTED["dots3_note"],
 })

@@ -80,6 +80,7 @@ def test_unknown_architecture_lists_every_family_and_its_names():
     ("roberta", r"RoBERTa \(roberta\) .* encoder .*not a causal language model"),
     ("bart", r"BART \(bart\) .* encoder-decoder layout"),
     ("blt", r"Byte Latent Transformer \(blt\) .* dynamic patches"),
+    ("cpmant", r"CPM-Ant \(cpmant\) .* bucketed distance"),
     ("blip-2", r"BLIP-2 \(blip-2\) .* Q-Former's query tokens .* compile that checkpoint"),
     ("pi0", r"pi0 \(pi0\) .* robot actions"),
 ])
