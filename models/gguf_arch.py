@@ -92,6 +92,9 @@ that, so a GGUF reads like the Hugging Face checkpoint it was converted from:
     jais2    Jais 2              as HF (LayerNorm with biases, biases, the MLP's up and down only)
     xverse   XVERSE              as llama (q/k rows permuted); its BPE vocabulary written as llama's, without scores
     nanbeige Nanbeige 4.2        as llama (q/k rows permuted); num_loops runs of the layers, skip_loop_final_norm
+    cogvlm   CogVLM / CogVLM2    its language expert's tensors (attn_qkv fused, as stored: RoPE on halves; the MLP's
+                                 gate / up / down), read as phi3 (gate and up joined); the vision expert's (vis_*),
+                                 which no text token takes, unread where the file holds them
     plm      PLM                 as HF (Youtu's latent attention, attn_kv_b whole, RoPE on adjacent pairs as stored),
                                  the ungated squared-ReLU MLP's up and down only, the head tied
     smallthinker SmallThinker    as HF (q/k rows as stored), its experts' router as ffn_gate_inp; with a window, the
@@ -1919,6 +1922,12 @@ def _nanbeige(reader, arch, tensors, c):
              skip_loop_final_norm=bool(_key(reader, arch, "skip_loop_final_norm", False)))
 
 
+def _cogvlm(reader, arch, tensors, c):
+    """CogVLM's language expert as llama.cpp's graph runs it on text: Phi-3's layers without a window (its whole
+    head rotated, as NeoX's RoPE pairs halves)."""
+    c["sliding_window"] = None
+
+
 def _plm(reader, arch, tensors, c):
     """PLM's keys: latent attention's shape (_latent_attention), RoPE on interleaved pairs as its checkpoints store
     them (llama.cpp's NORM RoPE on q and kv_a_mqa as written), a squared ReLU."""
@@ -2246,6 +2255,8 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "qwen": GGUFArch("qwen", ("QWenLMHeadModel",), QWEN_LAYER, EXAONE_GLOBAL, layer_prefix="transformer.h",
                      config=_qwen),
     "xverse": GGUFArch("xverse", ("XverseForCausalLM",), LLAMA_LAYER, permuted=True, config=_llama),
+    "cogvlm": GGUFArch("phi3", ("Phi3ForCausalLM",), {k: v for k, v in PHI3_LAYER.items() if k != "ffn_up"},
+                       joined={"mlp.gate_up_proj": ("ffn_gate", "ffn_up")}, config=_cogvlm),
     "plm": GGUFArch("plm", ("PLMForCausalLM",), {k: v for k, v in MLA_LAYER.items() if k != "ffn_gate"}, config=_plm),
     "smallthinker": GGUFArch("smallthinker", ("SmallThinkerForCausalLM",), SMALLTHINKER_LAYER, config=_smallthinker,
                              experts={f"ffn_{p}_exps": f"block_sparse_moe.experts.{{j}}.{p}" for p in ("gate", "up",

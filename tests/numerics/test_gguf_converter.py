@@ -287,6 +287,33 @@ XVERSE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_l
 MAINCODER = dict(XVERSE, num_key_value_heads=2, head_dim=16, pad_token_id=0)
 
 
+COGVLM = dict(XVERSE, num_key_value_heads=4, pad_token_id=0, sliding_window=None)
+
+
+def _cogvlm_released(hf) -> None:
+    """test_families_read_as_another's Phi-3 model as CogVLM's checkpoint: its language expert's tensors (q, k and v
+    as language_expert_query_key_value, the output as language_expert_dense, the MLP as language_mlp's gate / up /
+    down) beside a vision expert's of the same shapes (random: no text token reaches them), its config's
+    architectures CogVLMForCausalLM."""
+    from safetensors.numpy import load_file, save_file
+    weights, rng = load_file(hf / "model.safetensors"), np.random.default_rng(3)
+    ffn = COGVLM["intermediate_size"]
+    for layer in range(COGVLM["num_hidden_layers"]):
+        k = f"model.layers.{layer}"
+        qkv, dense = weights.pop(f"{k}.self_attn.qkv_proj.weight"), weights.pop(f"{k}.self_attn.o_proj.weight")
+        gate_up, down = weights.pop(f"{k}.mlp.gate_up_proj.weight"), weights.pop(f"{k}.mlp.down_proj.weight")
+        for expert, (a, o, g, u, d) in (("language", (qkv, dense, gate_up[:ffn], gate_up[ffn:], down)),
+                                        ("vision", tuple(rng.normal(0, 0.08, t.shape).astype(np.float32)
+                                                         for t in (qkv, dense, gate_up[:ffn], gate_up[ffn:], down)))):
+            weights.update({f"{k}.self_attn.{expert}_expert_query_key_value.weight": a,
+                            f"{k}.self_attn.{expert}_expert_dense.weight": o,
+                            f"{k}.mlp.{expert}_mlp.gate_proj.weight": g, f"{k}.mlp.{expert}_mlp.up_proj.weight": u,
+                            f"{k}.mlp.{expert}_mlp.down_proj.weight": d})
+    save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, hf / "model.safetensors",
+              metadata={"format": "pt"})
+    _edit_json(hf / "config.json", lambda c: dict(c, architectures=["CogVLMForCausalLM"]))
+
+
 def _maincoder_released(hf) -> None:
     """test_maincoder_as_the_converter_writes_it's Hunyuan dense model as Maincoder's checkpoint computing it under
     llama.cpp's reading (its q/k rows taken as pairs for RoPE, q_norm / k_norm after it): q's and k's rows in pair
@@ -413,6 +440,9 @@ CONVERTED_ONLY = {"chatglm": (_write("chatglm"), None, []), "qwen35-mtp": (_qwen
                   # Maincoder: Hunyuan dense's layers as llama.cpp reads its checkpoints (RoPE on adjacent pairs)
                   "maincoder": (lambda hf: write_widened("HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config",
                                                          MAINCODER, hf, seed=1), _maincoder_released, []),
+                  # CogVLM: Phi-3's layers as its language expert's (a vision expert's beside them)
+                  "cogvlm": (lambda hf: write_widened("Phi3ForCausalLM", "Phi3Config", COGVLM, hf, seed=1),
+                             _cogvlm_released, []),
                   # JAIS: GPT-2's layers with SwiGLU, ALiBi and muP scales (its own code; a PyTorch reference of it)
                   "jais": (lambda hf: __import__("test_jais").write_jais(hf), None, []),
                   # Refact: Llama's layers with ALiBi and one KV head (its own code; a PyTorch reference of it)
@@ -722,6 +752,9 @@ READ_AS_STAND_IN = {
     # Maincoder: q/k rows as stored, which llama.cpp rotates as adjacent pairs before the q/k norms; read as Hunyuan
     # dense with those rows and the norms' dims in rotate-half order (the checkpoint: that model's weights laid out so)
     "maincoder": ("maincoder", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", MAINCODER),
+    # CogVLM / CogVLM2: the language expert's fused q/k/v (as stored: RoPE on halves) and MLP, the vision expert's
+    # tensors unread (a text prompt never takes them); read as Phi-3 (q/k/v fused, gate and up joined)
+    "cogvlm": ("cogvlm", "Phi3ForCausalLM", "Phi3Config", COGVLM),
 }
 
 
