@@ -282,13 +282,22 @@ def grouped_body(m: ExpertMatmul, lanes: int) -> tirx.Stmt:
     crow = tirx.Var("tile_row", "int64")
 
     def from_sides(buffers):
-        def hook(load):
+        def copy(load):
+            """The side plane's value `load` reads, from its float32 copy in `buffers` (None: not a side plane's)."""
             for plane, buffer, width in zip(sides, buffers, widths):
                 if load.source.same_as(plane) and load.indices[0].same_as(m.row):
-                    value = tirx.BufferLoad(buffer, [crow * width + load.indices[1]])   # its float32 copy:
-                    return value if plane.dtype == "float32" else tirx.Cast(plane.dtype, value)   # exact back
+                    return tirx.BufferLoad(buffer, [crow * width + load.indices[1]])
             return None
-        return _rewrite(m.w_expr, [], load=hook)
+
+        def hook(load):                     # where the dequantize reads a float16 plane in float16 (AArch64's
+            value = copy(load)              # q4f16), the copy's value rounded back: exactly the plane's
+            return value if value is None or load.source.dtype == "float32" else tirx.Cast(load.source.dtype, value)
+
+        def widened(e):                     # a float16 plane's value widened to float32: the copy itself
+            if isinstance(e, P.Cast) and _dtype(e) == "float32" and isinstance(e.value, X.TensorLoad):
+                return copy(e.value)
+            return None
+        return _rewrite(m.w_expr, [], load=hook, node=widened)
 
     def weight(buffers, n, c, col):
         """W[n, col] for the tile's row c, its side planes read from `buffers`, as float32 (a float16 dequantize's
