@@ -148,10 +148,15 @@ def with_reasoning(message: dict[str, Any]) -> dict[str, Any]:
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
     """The prompts of a completions request: one string or token-id list, or a list of them (each
-    answered as its own choices, `n` per prompt, indices prompt * n + k)."""
-    if req.suffix:
-        raise APIError(400, "suffix (fill-in-the-middle) is not supported; leave it out", "suffix")
+    answered as its own choices, `n` per prompt, indices prompt * n + k). With a suffix each is the text before
+    the hole (fill_in_the_middle)."""
     p = req.prompt
+    if req.suffix is not None:
+        if req.echo:
+            raise APIError(400, "echo cannot be used with suffix (fill-in-the-middle); leave one out", "echo")
+        if not (isinstance(p, str) or (isinstance(p, list) and p and all(isinstance(x, str) for x in p))):
+            raise APIError(400, "suffix (fill-in-the-middle) takes the text before the hole as prompt: a string or "
+                                "a list of strings, not token ids", "prompt")
     if isinstance(p, str):
         return [p]
     if not p:
@@ -159,6 +164,17 @@ def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
     if all(isinstance(t, int) for t in p):
         return [list(p)]
     return list(p)
+
+
+def fill_in_the_middle(tokenizer, prefix: str, suffix: str) -> list[int]:
+    """A completions request's prompt (the text before the hole) and suffix (after it) as the model's FIM prompt
+    (Tokenizer.fim_prompt), or a 400 naming what the model lacks."""
+    ids = tokenizer.fim_prompt(prefix, suffix)
+    if ids is None:
+        raise APIError(400, "suffix (fill-in-the-middle) needs a code model whose vocabulary marks a prefix, a suffix "
+                            "and a middle (<|fim_prefix|>, <fim_prefix>, <｜fim▁begin｜>, <PRE>, ...); this model's "
+                            "has no such tokens: leave suffix out", "suffix")
+    return ids
 
 
 def chat_params(req: ChatCompletionRequest, prompt_len: int, context_window: int) -> SamplingParams:

@@ -26,6 +26,8 @@ generator and aborts the request (its KV pages are freed).
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import os
 import functools
@@ -250,7 +252,12 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         state.check_model(body.model)
         prompts = api.completion_prompts(body)
         params = await state.compile_grammar(api.completion_params(body))
-        ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        if body.suffix is not None:             # fill-in-the-middle: the model's FIM prompt, its FIM ends stop it
+            tokenizer = state.engine.engine._need_tokenizer()
+            ids = [api.fill_in_the_middle(tokenizer, p, body.suffix) for p in prompts]
+            params = dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, *tokenizer.fim_end_ids))
+        else:
+            ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for i in ids:
             state.engine.engine.check_tokens(i)     # before the echo decodes them
         echo = [api.Echo(p if isinstance(p, str) else state.decode(i), i) for p, i in zip(prompts, ids)]

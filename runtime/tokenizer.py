@@ -32,6 +32,20 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# Fill-in-the-middle's (prefix, suffix, middle) tokens by their names in a vocabulary (llama.cpp's list: a code model
+# marks where the prefix and the suffix begin and where the middle it writes goes), and the tokens that end a middle
+# besides EOS (padding, a file or repository separator: what a model writes past the hole).
+FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),       # Qwen2.5 / Qwen3-Coder, CodeGemma
+              ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),             # StarCoder 1 / 2, Granite Code
+              ("<fim-prefix>", "<fim-suffix>", "<fim-middle>"),
+              ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),          # DeepSeek-Coder
+              ("▁<PRE>", "▁<SUF>", "▁<MID>"), ("<PRE>", "<SUF>", "<MID>"),  # Code Llama
+              ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),    # GLM-4.5
+              ("<|prefix|>", "<|suffix|>", "<|middle|>"))                   # Falcon-H1-Tiny-Coder
+FIM_ENDS = ("<|fim_pad|>", "<fim_pad>", "<fim-pad>", "<|file_sep|>", "<file_sep>", "<|fim_repo|>", "<|repo_name|>",
+            "<reponame>")
+
+
 class Tokenizer:
     """A HF ``tokenizers`` tokenizer plus the special tokens and chat template of its config."""
 
@@ -98,6 +112,25 @@ class Tokenizer:
         if text is None:
             text = self._one[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
         return text
+
+    def fim_prompt(self, prefix: str, suffix: str) -> list[int] | None:
+        """The ids of a fill-in-the-middle prompt, as llama.cpp's /infill and the code models' own FIM format build
+        it: BOS where encode adds one, the prefix token, the prefix, the suffix token, the suffix, the middle token
+        (the model writes the middle next); None where the vocabulary has no FIM tokens (FIM_TOKENS)."""
+        marks = next((ids for names in FIM_TOKENS if None not in (ids := [self._tok.token_to_id(n) for n in names])),
+                     None)
+        if marks is None:
+            return None
+        pre, suf, mid = marks
+        bos = [self.bos_token_id] if self.bos_token_id is not None and self.encode("a")[:1] == [self.bos_token_id] \
+            and self.encode("a", add_special_tokens=False)[:1] != [self.bos_token_id] else []
+        return [*bos, pre, *self.encode(prefix, add_special_tokens=False), suf,
+                *self.encode(suffix, add_special_tokens=False), mid]
+
+    @property
+    def fim_end_ids(self) -> tuple[int, ...]:
+        """The vocabulary's FIM_ENDS tokens: a middle stops at them too."""
+        return tuple(i for n in FIM_ENDS if (i := self._tok.token_to_id(n)) is not None)
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)

@@ -16,13 +16,14 @@ CORPUS = [
 ]
 
 
-def write_tokenizer(dest: Path, vocab_size: int) -> None:
-    """A byte-level BPE tokenizer with ChatML special tokens, trained on CORPUS."""
+def write_tokenizer(dest: Path, vocab_size: int, specials: tuple[str, ...] = ()) -> None:
+    """A byte-level BPE tokenizer with ChatML special tokens (and `specials` after them), trained on CORPUS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", *specials],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS * 20, trainer)
     tok.save(str(dest / "tokenizer.json"))

@@ -380,3 +380,28 @@ def test_stop_strings_random_splits():
         first = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
         expected = (text, False) if first < 0 else (text[:first], True)
         assert _run_stops(stops, deltas) == expected, (text, stops, deltas)
+
+
+@pytest.mark.parametrize("marks, bos", [
+    (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), None),         # Qwen2.5-Coder's
+    (("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"), "<s>"),            # DeepSeek-Coder's, after its BOS
+    (("▁<PRE>", "▁<SUF>", "▁<MID>"), "<s>"),                                # Code Llama's
+])
+def test_a_fill_in_the_middle_prompt_is_the_models_own(marks, bos, tiny_json, tmp_path):
+    """prefix mark, the prefix, suffix mark, the suffix, middle mark (llama.cpp's /infill layout), after the BOS that
+    encode adds; the vocabulary's FIM ends (padding, file separator) stop a middle."""
+    tok = HFTokenizer.from_file(str(tiny_json))
+    tok.add_special_tokens([*marks, "<|fim_pad|>", *([bos] if bos else [])])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    _write_config(tmp_path, bos_token=bos, eos_token="<|im_end|>", add_bos_token=bos is not None)
+    fim = Tokenizer.from_dir(tmp_path)
+    ids = fim.fim_prompt("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n")
+    pre, suf, mid = (tok.token_to_id(m) for m in marks)
+    body = [pre, *fim.encode("def add(a, b):\n    return ", add_special_tokens=False), suf,
+            *fim.encode("\n\nprint(add(1, 2))\n", add_special_tokens=False), mid]
+    assert ids == ([tok.token_to_id(bos)] if bos else []) + body
+    assert fim.fim_end_ids == (tok.token_to_id("<|fim_pad|>"),)
+
+
+def test_a_vocabulary_without_fim_tokens_has_no_fim_prompt(tiny):
+    assert tiny.fim_prompt("a", "b") is None and tiny.fim_end_ids == ()

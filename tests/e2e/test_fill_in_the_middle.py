@@ -1,0 +1,65 @@
+"""/v1/completions with a suffix (fill-in-the-middle, what code-completion clients send) through the official openai
+client, on a tiny model whose vocabulary has Qwen2.5-Coder's FIM tokens: the text before the hole (prompt) and after
+it (suffix) become the model's FIM prompt, and the completion is the one its token ids give, streamed or not."""
+
+from __future__ import annotations
+
+import shutil
+
+import openai
+import pytest
+
+import kiln
+from kiln.runtime.engine import EngineConfig
+from kiln.runtime.server import ServerArgs
+from kiln.runtime.tokenizer import Tokenizer
+from test_server import running_server
+from tiny_models import write_tokenizer
+
+pytestmark = pytest.mark.e2e
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>")
+PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs, tmp_path_factory):
+    """The tied tiny Llama with a tokenizer of the same 512 ids holding the FIM tokens, compiled and served."""
+    root = tmp_path_factory.mktemp("fim")
+    shutil.copytree(tiny_dirs["tied"], root / "hf")
+    write_tokenizer(root / "hf", 512, specials=FIM)
+    art = kiln.compile(str(root / "hf"), target="cpu", quant="q0f32", output=root / "art", golden=False)
+    with running_server(art, ServerArgs(model_name="fim", engine=EngineConfig(max_num_seqs=4))) as s:
+        yield s, Tokenizer.from_dir(art)
+
+
+def test_a_suffix_fills_the_middle(server):
+    s, tok = server
+    client = s.client()
+    ids = tok.fim_prompt(PREFIX, SUFFIX)
+    pad = tok.fim_end_ids[0]
+    assert tok.id_to_token(ids[0]) == FIM[0] and tok.id_to_token(ids[-1]) == FIM[2]
+    args = dict(model="fim", max_tokens=12, temperature=0, logit_bias={str(pad): -100})   # no early FIM end here
+    want = client.completions.create(prompt=ids, **args)
+    got = client.completions.create(prompt=PREFIX, suffix=SUFFIX, **args)
+    assert got.choices[0].text == want.choices[0].text and got.usage.prompt_tokens == len(ids)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(prompt=PREFIX, suffix=SUFFIX,
+                                                                             stream=True, **args))
+    assert streamed == want.choices[0].text
+
+
+def test_the_fim_padding_token_ends_a_middle(server):
+    """The vocabulary's FIM ends stop the middle as EOS does (llama.cpp's end-of-generation tokens for infill): the
+    padding token pushed to the top ends it at once."""
+    s, tok = server
+    pad = tok.fim_end_ids[0]
+    got = s.client().completions.create(model="fim", prompt=PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0,
+                                        logit_bias={str(pad): 100})
+    assert got.choices[0].finish_reason == "stop" and got.usage.completion_tokens <= 1
+
+
+@pytest.mark.parametrize("body, param", [(dict(prompt=PREFIX, suffix=SUFFIX, echo=True), "echo"),
+                                         (dict(prompt=[5, 6, 7], suffix=SUFFIX), "prompt")])
+def test_what_a_suffix_cannot_go_with_is_a_400(server, body, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        server[0].client().completions.create(model="fim", max_tokens=4, **body)
+    assert e.value.body["param"] == param
