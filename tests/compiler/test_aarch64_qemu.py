@@ -117,6 +117,20 @@ def test_aarch64_library_under_qemu_matches_the_x86_build(aarch64_root, builds, 
     np.testing.assert_allclose(arm_logits, x86_logits, rtol=0, atol=1e-4)
 
 
+def _both_builds(aarch64_root: Path, tmp_path: Path, quant: str) -> tuple[dict, dict]:
+    """tmp_path/hf built in `quant` for AArch64 and for this CPU, each driven (DRIVER: its logits saved as arm.npy /
+    x86.npy in tmp_path): (the emulated run's result, the native one's)."""
+    try:
+        arm = kiln.compile(str(tmp_path / "hf"), target="aarch64", quant=quant, output=tmp_path / "aarch64")
+    except ToolchainError as e:
+        pytest.skip(str(e))
+    x86 = kiln.compile(str(tmp_path / "hf"), target="cpu", quant=quant, output=tmp_path / "cpu")
+    tool, native_env = tool_module("aarch64_root"), {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    native = _drive([sys.executable, "-P"], native_env, x86, tmp_path / "x86.npy")
+    emulated_env = tool.python_env(aarch64_root, str(tool.kiln_tree(tmp_path / "src")))
+    return _drive(tool.python_command(aarch64_root), emulated_env, arm, tmp_path / "arm.npy"), native
+
+
 def test_a_recurrent_hybrid_under_qemu_matches_the_x86_build(aarch64_root, tmp_path):
     """Qwen3.5's gated DeltaNet layers (their state slots, targets/recurrent.py's CPU kernels) built for AArch64: the
     emulated run gives the x86 build's tokens and logits, prefill and decode, and passes its golden check."""
@@ -126,15 +140,7 @@ def test_a_recurrent_hybrid_under_qemu_matches_the_x86_build(aarch64_root, tmp_p
                   linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=256, eos_token_id=2,
                   bos_token_id=None, pad_token_id=0, tie_word_embeddings=False)      # (test_qwen3_5.py's)
     write_widened("Qwen3_5ForCausalLM", "Qwen3_5TextConfig", config, tmp_path / "hf", seed=1)
-    try:
-        arm = kiln.compile(str(tmp_path / "hf"), target="aarch64", quant="q0f32", output=tmp_path / "aarch64")
-    except ToolchainError as e:
-        pytest.skip(str(e))
-    x86 = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q0f32", output=tmp_path / "cpu")
-    tool, native_env = tool_module("aarch64_root"), {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    native = _drive([sys.executable, "-P"], native_env, x86, tmp_path / "x86.npy")
-    emulated_env = tool.python_env(aarch64_root, str(tool.kiln_tree(tmp_path / "src")))
-    got = _drive(tool.python_command(aarch64_root), emulated_env, arm, tmp_path / "arm.npy")
+    got, native = _both_builds(aarch64_root, tmp_path, "q0f32")
     assert got["machine"] == "aarch64" and got["check_ok"], got["check"]
     assert got["tokens"] == native["tokens"]
     for name in ("arm.npy", "arm-decode.npy"):
@@ -152,15 +158,7 @@ def test_a_mixture_of_experts_at_q4f16_under_qemu_matches_the_x86_build(aarch64_
                   num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
                   eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
     write_widened("OlmoeForCausalLM", "OlmoeConfig", config, tmp_path / "hf", seed=1)
-    try:
-        arm = kiln.compile(str(tmp_path / "hf"), target="aarch64", quant="q4f16", output=tmp_path / "aarch64")
-    except ToolchainError as e:
-        pytest.skip(str(e))
-    x86 = kiln.compile(str(tmp_path / "hf"), target="cpu", quant="q4f16", output=tmp_path / "cpu")
-    tool, native_env = tool_module("aarch64_root"), {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
-    _drive([sys.executable, "-P"], native_env, x86, tmp_path / "x86.npy")
-    emulated_env = tool.python_env(aarch64_root, str(tool.kiln_tree(tmp_path / "src")))
-    assert _drive(tool.python_command(aarch64_root), emulated_env, arm, tmp_path / "arm.npy")["machine"] == "aarch64"
+    assert _both_builds(aarch64_root, tmp_path, "q4f16")[0]["machine"] == "aarch64"
     for name in ("arm.npy", "arm-decode.npy"):
         want = np.load(tmp_path / name.replace("arm", "x86"))
         np.testing.assert_allclose(np.load(tmp_path / name), want, rtol=0, atol=0.01 * np.abs(want).max())
