@@ -246,6 +246,8 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
           ernie4_5.Ernie4_5VLMoeTextConfig, ernie4_5.Ernie4_5VLMoeTextForCausalLM),
     _arch("glm", ("GlmForCausalLM",), ("glm",), glm, glm.GlmConfig, glm.GlmForCausalLM),
     _arch("glm4", ("Glm4ForCausalLM",), ("glm4",), glm, glm.Glm4Config, glm.Glm4ForCausalLM),
+    _arch("chatglm", ("ChatGLMModel", "ChatGLMForConditionalGeneration"), ("chatglm",), glm, glm.ChatGLMConfig,
+          glm.ChatGLMForCausalLM),
     _arch("glm4_moe", ("Glm4MoeForCausalLM",), ("glm4_moe",), glm4_moe, glm4_moe.Glm4MoeConfig,
           glm4_moe.Glm4MoeForCausalLM),
     _arch("solar_open", ("SolarOpenForCausalLM",), ("solar_open",), glm4_moe, glm4_moe.SolarOpenConfig,
