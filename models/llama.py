@@ -66,6 +66,28 @@ class InternLM3Config(LlamaConfig):
 
 
 @dataclass(frozen=True)
+class InternLMConfig(LlamaConfig):
+    """The first InternLM (its own code: InternLMForCausalLM; internlm-7b / -chat-7b / -20b): a Llama whose q, k, v
+    and o have biases where config.json's `bias` says (the MLP none), its RoPE base as `rotary.base` where written.
+    Its dynamic NTK scaling (`rotary.type` dynamic) turns RoPE only past max_position_embeddings, the context kiln
+    serves: within it, plain RoPE."""
+
+    ARCH: ClassVar[str] = "internlm"
+    ROPE_TYPES: ClassVar[tuple[str, ...]] = (*LlamaConfig.ROPE_TYPES, "dynamic")
+    FIELDS: ClassVar[tuple[ConfigField, ...]] = fields_with(
+        LlamaConfig.FIELDS, ConfigField("attention_bias", ("bias", "attention_bias"), default=True))
+
+    @classmethod
+    def adapt(cls, values: dict, hf: dict, notes: list[str]) -> dict:
+        rotary = hf.get("rotary") or {}
+        if rotary.get("type", "dynamic") not in ("dynamic", "origin", "default"):
+            raise ValueError(f"InternLM's rotary type {rotary['type']!r} is not supported (dynamic NTK, which is plain "
+                             "RoPE within the context, or origin)")
+        values = dict(values, rope_theta=float(rotary.get("base", values["rope_theta"])), mlp_bias=False)
+        return super().adapt(values, hf, notes)
+
+
+@dataclass(frozen=True)
 class InternLM2Config(LlamaConfig):
     """InternLM 2 / 2.5 (their own code: InternLM2ForCausalLM; InternVL 2's language model): a Llama whose q, k
     and v are one Linear (attention.wqkv), its rows grouped by KV head (each group's query heads, then its key,
@@ -242,7 +264,8 @@ EXAONE_NAMES = dict(LLAMA_NAMES, embed_tokens="transformer.wte", norm="transform
                     k_proj="attn.attention.k_proj", v_proj="attn.attention.v_proj", o_proj="attn.attention.out_proj",
                     gate_proj="mlp.c_fc_0", up_proj="mlp.c_fc_1", down_proj="mlp.c_proj")
 
-LlamaForCausalLM = Ministral3ForCausalLM = InternLM3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
+LlamaForCausalLM = Ministral3ForCausalLM = SeedOssForCausalLM = CwmForCausalLM = CausalLM
+InternLMForCausalLM = InternLM3ForCausalLM = CausalLM
 OrionForCausalLM = CausalLM
 InternLM2ForCausalLM = MiniCPMForCausalLM = CausalLM
 ExaoneForCausalLM = CausalLM

@@ -103,6 +103,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     _arch("minicpm", ("MiniCPMForCausalLM",), ("minicpm",), llama, llama.MiniCPMConfig, llama.MiniCPMForCausalLM),
     _arch("internlm2", ("InternLM2ForCausalLM",), ("internlm2",), llama, llama.InternLM2Config,
           llama.InternLM2ForCausalLM),
+    _arch("internlm", ("InternLMForCausalLM",), ("internlm",), llama, llama.InternLMConfig, llama.InternLMForCausalLM),
     _arch("internlm3", ("InternLM3ForCausalLM",), ("internlm3",), llama, llama.InternLM3Config,
           llama.InternLM3ForCausalLM),
     _arch("orion", ("OrionForCausalLM",), ("orion",), llama, llama.OrionConfig, llama.OrionForCausalLM),
