@@ -9,7 +9,9 @@ ChatGLM3-6B, glm-4-9b-chat and GLM-4's other first releases, CodeGeeX4), whose c
 ffn_hidden_size, num_layers, kv_channels, multi_query_group_num (with multi_query_attention), seq_length,
 padded_vocab_size, layernorm_epsilon, its RoPE base 10000 x rope_ratio, its q/k/v biases add_qkv_bias, and whose
 tensors sit under transformer.* (q, k and v one query_key_value: every q head's rows, then k's, then v's; gate and
-up one dense_h_to_4h, gate first). The first ChatGLM-6B (2D positions, GELU, post-norm residuals) is refused."""
+up one dense_h_to_4h, gate first). The first ChatGLM-6B (2D positions, GELU, post-norm residuals) is refused. Its
+tokenizer files are not its tokenizer (its code adds the special tokens and the [gMASK]<sop> prefix): without a
+tokenizer.json kiln builds none (models/hf.py OWN_CODE_TOKENIZERS); the -hf release's is the one to pass."""
 
 from __future__ import annotations
 

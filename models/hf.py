@@ -240,6 +240,13 @@ def _fold_chat_template(template, replaces: bool, config_path: Path) -> bool:
 TOKENIZER_NOTE_STARTS = ("no tokenizer.json", "tokenizer.json built from", "no tokenizer_config.json")
 
 
+# Model types whose tokenizer files alone do not make their tokenizer (their code adds special tokens and a prompt
+# prefix): kiln builds none from them, and says why.
+OWN_CODE_TOKENIZERS = {"chatglm": "ChatGLM's own (its special tokens, [gMASK]<sop> and the chat roles, are added by "
+                                  "its Python code; the -hf releases' tokenizer.json holds them: pass it with "
+                                  "--tokenizer)"}
+
+
 def tokenizer_files(d: Path, model_type: str | None = None) -> tuple[Callable[[Path], list[str]], list[str]]:
     """A writer that copies the folder's tokenizer files into an artifact, and the note to give without one
     (`model_type`: config.json's, which names GPT-2's tokenizer where tokenizer_config.json names no class)."""
@@ -247,7 +254,9 @@ def tokenizer_files(d: Path, model_type: str | None = None) -> tuple[Callable[[P
     from .sp_tokenizer import build_tokenizer, tokenizer_config
     built, why, source = None, None, None
     templates, has_json = chat_templates(d), (d / "tokenizer.json").exists()
-    if not has_json and (d / "tokenizer.model").exists():
+    if not has_json and model_type in OWN_CODE_TOKENIZERS:
+        why = OWN_CODE_TOKENIZERS[model_type]
+    elif not has_json and (d / "tokenizer.model").exists():
         built, why = build_tokenizer(d / "tokenizer.model", tokenizer_config(d))
         source = "tokenizer.model (SentencePiece BPE, as transformers' fast conversion does)"
     elif not has_json and (d / "vocab.json").exists() and (d / "merges.txt").exists():

@@ -74,3 +74,13 @@ def test_other_chatglm_layouts_are_refused(config, message, tmp_path):
     write_chatglm(tmp_path, **config)
     with pytest.raises(ModelLoadError, match=message):
         build(load(tmp_path / "chatglm"))
+
+
+def test_chatglms_own_tokenizer_files_are_not_taken_for_its_tokenizer(tmp_path):
+    """Its code adds the special tokens and the [gMASK]<sop> prefix: without a tokenizer.json kiln builds none from
+    its tokenizer.model (a plain SentencePiece would lose them) and names the -hf release's tokenizer.json instead."""
+    write_chatglm(tmp_path)
+    (tmp_path / "chatglm" / "tokenizer.json").unlink()
+    (tmp_path / "chatglm" / "tokenizer.model").write_bytes(b"not read")
+    notes = " ".join(load(tmp_path / "chatglm").notes)
+    assert "ChatGLM's own" in notes and "--tokenizer" in notes and "token ids only" in notes
