@@ -202,13 +202,21 @@ class GrammarCompiler:
         if isinstance(response_format, PreparedFormat):
             compiled = self._xgr.CompiledGrammar.deserialize_json(response_format.serialized, self.tokenizer_info)
         else:
-            compiled = self._compile(schema, key)
+            compiled = self._compile(schema, key, response_format.get("param", "response_format"))
         self._cache[key] = compiled
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return compiled
 
-    def _compile(self, schema: dict | None, schema_json: str) -> xgrammar.CompiledGrammar:
+    def _compile(self, schema: dict | str | None, schema_json: str, param: str = "response_format"
+                 ) -> xgrammar.CompiledGrammar:
+        if schema_json.startswith(("regex:", "grammar:")):     # guided decoding: xgrammar's own languages
+            kind = schema_json.split(":", 1)[0]
+            try:
+                return (self._compiler.compile_regex if kind == "regex" else self._compiler.compile_grammar)(schema)
+            except (RuntimeError, ValueError) as e:
+                raise InvalidRequestError(f"{param} is not a {'regular expression' if kind == 'regex' else 'grammar'}"
+                                          f" kiln compiles: {_reason(e)}", param) from None
         if schema is None:
             # OpenAI's json_object means a JSON object (not any value); compact whitespace keeps
             # greedy decoding from looping on spaces.
@@ -216,10 +224,14 @@ class GrammarCompiler:
         try:
             return self._compiler.compile_json_schema(schema_json, any_whitespace=False)
         except (RuntimeError, ValueError) as e:
-            lines = str(e).strip().splitlines() or [type(e).__name__]
-            reason = re.sub(r"^\[[^\]]*\]\s*\S+\.cc:\d+:\s*", "", lines[-1])   # drop "[time] file.cc:123: "
-            raise InvalidRequestError(f"response_format.json_schema is not a usable JSON schema: {reason}",
-                                      "response_format") from None
+            what = "guided_json" if param == "guided_json" else "response_format.json_schema"
+            raise InvalidRequestError(f"{what} is not a usable JSON schema: {_reason(e)}", param) from None
+
+
+def _reason(error: Exception) -> str:
+    """xgrammar's error's last line without its "[time] file.cc:123: " prefix."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return re.sub(r"^\[[^\]]*\]\s*\S+\.cc:\d+:\s*", "", lines[-1])
 
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterable[int]) -> xgrammar.TokenizerInfo:
@@ -244,9 +256,11 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Iterab
 
 
 def _key(response_format: Mapping[str, Any]) -> str:
-    """The cache key of a json_object / json_schema format (the schema's JSON: key order matters, it
-    orders properties)."""
-    _, schema = _parse_response_format(response_format)
+    """The cache key of a json_object / json_schema / regex / grammar format (the schema's JSON: key order matters,
+    it orders properties; the pattern or grammar tagged with its kind)."""
+    kind, schema = _parse_response_format(response_format)
+    if kind in ("regex", "grammar"):
+        return f"{kind}:{schema}"
     return "json_object" if schema is None else json.dumps(schema)
 
 
@@ -263,6 +277,8 @@ def _parse_response_format(rf: Mapping[str, Any] | None) -> tuple[str, dict | No
     kind = rf.get("type")
     if kind in ("text", "json_object"):
         return kind, None
+    if kind in ("regex", "grammar"):          # guided decoding (openai_api.guided_format): a pattern or EBNF
+        return kind, rf[kind]
     if kind != "json_schema":
         raise InvalidRequestError(f"response_format.type must be text, json_object or json_schema, got {kind!r}",
                                   "response_format")

@@ -12,6 +12,7 @@ Both modes go through Reply.add, so the non-streaming reply is the collected str
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -67,6 +68,13 @@ class _GenerationRequest(BaseModel):
     repetition_penalty: float | None = None   # extension
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    # vLLM's extensions: token ids that end a choice as EOS does, and guided decoding (one at most, not beside a
+    # response_format): a JSON schema, a regular expression, one of some strings, or an EBNF grammar (xgrammar's)
+    stop_token_ids: list[StrictInt] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False              # extension
@@ -210,11 +218,47 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
     return SamplingParams(
         max_tokens=max_tokens, temperature=pick(req.temperature, 1.0), top_p=pick(req.top_p, 1.0),
         top_k=pick(req.top_k, 0), min_p=pick(req.min_p, 0.0), n=pick(req.n, 1), seed=req.seed,
-        stop=pick(req.stop, ()), ignore_eos=req.ignore_eos,
+        stop=pick(req.stop, ()), stop_token_ids=pick(req.stop_token_ids, ()), ignore_eos=req.ignore_eos,
         presence_penalty=pick(req.presence_penalty, 0.0), frequency_penalty=pick(req.frequency_penalty, 0.0),
         repetition_penalty=pick(req.repetition_penalty, 1.0), logit_bias=_logit_bias(req.logit_bias),
-        logprobs=logprobs, top_logprobs=top_logprobs, response_format=req.response_format,
+        logprobs=logprobs, top_logprobs=top_logprobs, response_format=guided_format(req),
         prompt_logprobs=prompt_logprobs)
+
+
+GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:
+    """The request's response_format (OpenAI's types), or its vLLM guided_* field as one: guided_json a json_schema,
+    guided_regex and guided_choice (its strings, any one whole) kiln's "regex", guided_grammar kiln's "grammar"
+    (runtime/grammar.py compiles each; "param" names the field an error is about)."""
+    rf = req.response_format
+    if rf is not None and rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise APIError(400, f"response_format.type must be text, json_object or json_schema, got {rf.get('type')!r}",
+                       "response_format")
+    given = [name for name in GUIDED if getattr(req, name) is not None]
+    if not given:
+        return rf
+    if len(given) > 1 or (rf is not None and rf.get("type") != "text"):
+        other = given[1] if len(given) > 1 else "response_format"
+        raise APIError(400, f"{given[0]} cannot be combined with {other}: send one constraint", other)
+    name, value = given[0], getattr(req, given[0])
+    if name == "guided_json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise APIError(400, f"guided_json is not valid JSON: {e}", name) from None
+        return {"type": "json_schema", "json_schema": {"name": "guided_json", "schema": value}, "param": name}
+    if name == "guided_choice":
+        if not value or not all(value):
+            raise APIError(400, "guided_choice needs one or more non-empty strings", name)
+        grammar = "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+        return {"type": "grammar", "grammar": grammar, "param": name}
+    if not value:
+        raise APIError(400, f"{name} is empty", name)
+    kind = "regex" if name == "guided_regex" else "grammar"
+    return {"type": kind, kind: value, "param": name}
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:

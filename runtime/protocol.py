@@ -35,6 +35,11 @@ MAX_TEMPERATURE = 2.0    # OpenAI's range; higher is noise from the whole vocabu
 MAX_N = 128              # OpenAI's limit; an engine also refuses n above its max_num_seqs
 
 
+# response_format's types: OpenAI's, and kiln's own for guided decoding (vLLM's guided_regex / guided_choice /
+# guided_grammar: openai_api.guided_format), which runtime/grammar.py compiles too
+FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens and when to stop. Validated on construction."""
@@ -97,7 +102,7 @@ class SamplingParams:
         _check(isinstance(self.n, int) and 1 <= self.n <= MAX_N,
                f"n must be an integer in [1, {MAX_N}], got {self.n!r}", "n")
         rf = self.response_format
-        _check(rf is None or (isinstance(rf, Mapping) and rf.get("type") in ("text", "json_object", "json_schema")),
+        _check(rf is None or (isinstance(rf, Mapping) and rf.get("type") in FORMAT_TYPES),
                "response_format.type must be one of text, json_object, json_schema", "response_format")
         _check(self.reasoning_parser in (None, "think", "harmony"),
                f"reasoning_parser must be think, harmony or None, got {self.reasoning_parser!r}", "reasoning_parser")

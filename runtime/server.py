@@ -26,7 +26,6 @@ generator and aborts the request (its KV pages are freed).
 
 from __future__ import annotations
 
-import dataclasses
 
 import asyncio
 import os
@@ -234,7 +233,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
                                             tool_req, api.template_variables(body))
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
-            params = replace(params, response_format=tool_req.forced_format(body.response_format))
+            params = replace(params, response_format=tool_req.forced_format(params.response_format))
         if state.reasoning and (params.response_format or {}).get("type", "text") != "text":
             params = replace(params, reasoning_parser=state.reasoning)     # the grammar shapes the answer only
         params = await state.compile_grammar(params)
@@ -255,7 +254,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         if body.suffix is not None:             # fill-in-the-middle: the model's FIM prompt, its FIM ends stop it
             tokenizer = state.engine.engine._need_tokenizer()
             ids = [api.fill_in_the_middle(tokenizer, p, body.suffix) for p in prompts]
-            params = dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, *tokenizer.fim_end_ids))
+            params = replace(params, stop_token_ids=(*params.stop_token_ids, *tokenizer.fim_end_ids))
         else:
             ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for i in ids:

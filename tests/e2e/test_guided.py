@@ -1,0 +1,74 @@
+"""vLLM's request extensions through the official openai client (extra_body), on the served tiny model (both engine
+placements: test_server's fixture): guided decoding (guided_choice, guided_regex, guided_grammar, guided_json, each
+compiled by xgrammar as response_format's schemas are) and stop_token_ids; what cannot go together is a 400 naming
+the field."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import openai
+import pytest
+
+from test_server import HELLO, MODEL, server  # noqa: F401 (the served tiny model fixture)
+
+pytestmark = pytest.mark.e2e
+
+
+def _chat(server, **extra):
+    return server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=1.0,
+                                                   seed=3, extra_body=extra).choices[0]
+
+
+def test_guided_choice_answers_one_of_its_strings(server):
+    choices = ["red", "green", "deep blue"]
+    for seed in (1, 2, 3):
+        out = server.client().completions.create(model=MODEL, prompt="Pick a colour:", max_tokens=24, seed=seed,
+                                                 temperature=1.0, extra_body={"guided_choice": choices})
+        assert out.choices[0].text in choices and out.choices[0].finish_reason == "stop"
+
+
+def test_guided_regex_and_grammar_shape_the_text(server):
+    out = _chat(server, guided_regex="[0-9]{3}-[a-z]{2}")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", out.message.content) and out.finish_reason == "stop"
+    out = _chat(server, guided_grammar='root ::= "x" digit digit\ndigit ::= [0-9]')
+    assert re.fullmatch(r"x[0-9]{2}", out.message.content)
+
+
+def test_guided_json_follows_its_schema(server):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    for given in (schema, json.dumps(schema)):           # an object, or its JSON text (vLLM takes both)
+        out = server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=60, temperature=1.0,
+                                                      seed=5, extra_body={"guided_json": given})
+        assert out.choices[0].finish_reason == "stop"
+        assert set(json.loads(out.choices[0].message.content)) == {"n"}
+
+
+def test_stop_token_ids_end_a_choice(server, tiny_artifacts):
+    """A token of the greedy run (its first repeat-free one after the first), given as a stop token id, ends the
+    choice there, the text before it returned."""
+    from kiln import Engine, SamplingParams
+    engine = Engine(tiny_artifacts["tied"])
+    prompt = engine.encode("Once upon a time")
+    ids = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0].token_ids
+    j = next(j for j in range(1, len(ids)) if ids[j] not in ids[:j])
+    out = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                             extra_body={"ignore_eos": True, "stop_token_ids": [ids[j]]})
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].text == engine.tokenizer.decode(ids[:j])
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"guided_choice": ["a"], "guided_regex": "b"}, "guided_choice"),
+    ({"guided_regex": "b", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_regex": "[0-9"}, "guided_regex"),
+    ({"guided_grammar": "root ::= "}, "guided_grammar"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"response_format": {"type": "regex", "regex": "a"}}, "response_format"),
+])
+def test_guided_fields_that_cannot_be_run_are_a_400(server, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(server, **extra)
+    assert e.value.body["param"] == param
