@@ -105,9 +105,25 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[Any] | None = None        # runtime/tools.py validates them
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's extensions: the template's generation prompt left out, or the last (assistant) message continued
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     # The chat template's variable of that name (gpt-oss's "Reasoning: low"); refused where it reads none.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None   # extension (vLLM's): more variables of the template
+
+
+def render_options(req: ChatCompletionRequest) -> dict[str, bool]:
+    """render_text's add_generation_prompt and continue_final from the request (vLLM's rules: continuing the final
+    message takes no generation prompt, and the final message must be the assistant's)."""
+    if req.continue_final_message:
+        if req.add_generation_prompt:
+            raise APIError(400, "continue_final_message continues the last message, so it needs add_generation_prompt "
+                                "false (a new turn's prompt would come after it)", "continue_final_message")
+        if req.messages[-1].role != "assistant":
+            raise APIError(400, "continue_final_message continues an assistant's message; the last message is a "
+                                f"{req.messages[-1].role}'s", "continue_final_message")
+    return {"add_generation_prompt": req.add_generation_prompt, "continue_final": req.continue_final_message}
 
 
 def template_variables(req: ChatCompletionRequest) -> dict[str, Any]:

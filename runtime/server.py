@@ -230,7 +230,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         state.check_model(body.model)
         tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
         text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, api.chat_messages(body.messages),
-                                            tool_req, api.template_variables(body))
+                                            tool_req, api.template_variables(body), **api.render_options(body))
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
             params = replace(params, response_format=tool_req.forced_format(params.response_format))

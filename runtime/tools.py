@@ -218,10 +218,12 @@ def render(engine: Any, messages: list[dict], tools: ToolRequest | None,
 
 
 def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
-                variables: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+                variables: dict[str, Any] | None = None, add_generation_prompt: bool = True,
+                continue_final: bool = False) -> tuple[str, list[int]]:
     """The prompt of a chat request with its tools, as text and ids; `variables`: more of the chat
     template's variables (reasoning_effort, chat_template_kwargs), each refused (400) where the template
-    never names it, rather than ignored."""
+    never names it, rather than ignored. `continue_final`: the last (assistant) message left open, the text cut
+    after its content as transformers' continue_final_message cuts it (vLLM's extension), for the reply to go on."""
     tok = engine._need_tokenizer()
     messages = normalize_messages(messages)
     extra: dict[str, Any] = {}
@@ -243,10 +245,22 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
         if tools.prompt_tools(uses) is not None:
             extra["tools"] = tools.prompt_tools(uses)
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, **extra)
+        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
+    if continue_final:
+        text = _cut_after(text, messages[-1].get("content") or "")
     return text, tok.encode(text, add_special_tokens=False)
+
+
+def _cut_after(text: str, final: str) -> str:
+    """`text` up to the end of the last occurrence of `final` (its stripped form where templates trim messages, as
+    Llama 3.1's does), as transformers' continue_final_message cuts the rendered chat."""
+    for content in (final, final.strip()):
+        if content and (at := text.rfind(content)) >= 0:
+            return text[:at + len(content)]
+    raise APIError(400, "continue_final_message: the chat template did not render the final message's content, so "
+                        "there is no place to continue it from", "continue_final_message")
 
 
 class ToolReply(Reply):

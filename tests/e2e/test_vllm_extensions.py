@@ -1,7 +1,7 @@
 """vLLM's request extensions through the official openai client (extra_body), on the served tiny model (both engine
 placements: test_server's fixture): guided decoding (guided_choice, guided_regex, guided_grammar, guided_json, each
-compiled by xgrammar as response_format's schemas are) and stop_token_ids; what cannot go together is a 400 naming
-the field."""
+compiled by xgrammar as response_format's schemas are), stop_token_ids, and a chat's add_generation_prompt and
+continue_final_message; what cannot go together is a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -72,3 +72,33 @@ def test_guided_fields_that_cannot_be_run_are_a_400(server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         _chat(server, **extra)
     assert e.value.body["param"] == param
+
+
+STORY = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "content": "Once upon a"}]
+RENDERED = "<|im_start|>user\nTell me a story<|im_end|>\n<|im_start|>assistant\nOnce upon a"     # the ChatML
+
+
+@pytest.mark.parametrize("extra, prompt", [
+    ({"continue_final_message": True, "add_generation_prompt": False}, RENDERED),
+    ({"add_generation_prompt": False}, RENDERED + "<|im_end|>\n"),
+])
+def test_a_chat_rendered_without_its_generation_prompt_or_continuing_its_last_message(server, extra, prompt):
+    """The chat's reply is the completion of the prompt the template renders so: the assistant's own text continued
+    (its end-of-turn cut off), or the turns as they are, no new turn opened."""
+    client = server.client()
+    chat = client.chat.completions.create(model=MODEL, messages=STORY, max_tokens=8, temperature=0,
+                                          extra_body={"ignore_eos": True, **extra})
+    text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    assert chat.choices[0].message.content == text and chat.usage.prompt_tokens == len(
+        server.engine.engine.tokenizer.encode(prompt, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("messages, extra", [
+    (STORY, {"continue_final_message": True}),                                    # a new turn's prompt after it
+    (STORY[:1], {"continue_final_message": True, "add_generation_prompt": False}),  # the last message the user's
+])
+def test_continuing_what_cannot_be_continued_is_a_400(server, messages, extra):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_body=extra)
+    assert e.value.body["param"] == "continue_final_message"
