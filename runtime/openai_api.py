@@ -71,6 +71,8 @@ class _GenerationRequest(BaseModel):
     # vLLM's extensions: token ids that end a choice as EOS does, and guided decoding (one at most, not beside a
     # response_format): a JSON schema, a regular expression, one of some strings, or an EBNF grammar (xgrammar's)
     stop_token_ids: list[StrictInt] | None = None
+    min_tokens: int | None = None         # no stop before this many tokens
+    include_stop_str_in_output: bool = False
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -235,6 +237,7 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
         max_tokens=max_tokens, temperature=pick(req.temperature, 1.0), top_p=pick(req.top_p, 1.0),
         top_k=pick(req.top_k, 0), min_p=pick(req.min_p, 0.0), n=pick(req.n, 1), seed=req.seed,
         stop=pick(req.stop, ()), stop_token_ids=pick(req.stop_token_ids, ()), ignore_eos=req.ignore_eos,
+        min_tokens=pick(req.min_tokens, 0), include_stop_str_in_output=req.include_stop_str_in_output,
         presence_penalty=pick(req.presence_penalty, 0.0), frequency_penalty=pick(req.frequency_penalty, 0.0),
         repetition_penalty=pick(req.repetition_penalty, 1.0), logit_bias=_logit_bias(req.logit_bias),
         logprobs=logprobs, top_logprobs=top_logprobs, response_format=guided_format(req),

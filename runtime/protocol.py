@@ -52,6 +52,8 @@ class SamplingParams:
     stop: Sequence[str] = ()          # stop strings (not included in the output)
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0               # no stop token or string before this many tokens (vLLM's)
+    include_stop_str_in_output: bool = False   # a stop string that ends the output is kept in it (vLLM's)
     min_p: float = 0.0                # drop tokens with p < min_p * p_max
     repetition_penalty: float = 1.0   # > 1 discourages tokens already in prompt or output (HF/vLLM style)
     frequency_penalty: float = 0.0    # OpenAI: logit -= f * count in output
@@ -69,6 +71,13 @@ class SamplingParams:
         least = 0 if self.prompt_logprobs is not None else 1      # 0: score the prompt only (echo)
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= least,
                f"max_tokens must be an integer >= {least}, got {self.max_tokens!r}", "max_tokens")
+        _check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+               f"min_tokens must be an integer from 0 to max_tokens ({self.max_tokens}), got {self.min_tokens!r}",
+               "min_tokens")
+        rf = self.response_format
+        _check(not self.min_tokens or not isinstance(rf, Mapping) or rf.get("type", "text") == "text",
+               "min_tokens cannot be combined with a response_format or guided decoding (the grammar ends the value "
+               "where it is complete)", "min_tokens")
         _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
                                                 and 0 <= self.prompt_logprobs <= 20),
                f"prompt_logprobs must be an integer in [0, 20], got {self.prompt_logprobs!r}", "prompt_logprobs")

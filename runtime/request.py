@@ -132,6 +132,11 @@ class Request:
         self._taken = (token, logprob)
 
     @property
+    def stops_masked(self) -> frozenset[int]:
+        """The stop token ids its next token may not be (min_tokens not yet reached: the sampler masks them)."""
+        return frozenset(self._stop_ids) if len(self.output_ids) < self.params.min_tokens else frozenset()
+
+    @property
     def end_reason(self) -> str | None:
         """How the token just taken ends the request whatever its text ("stop": a stop token; "length":
         the last of max_tokens), else None. (A stop string or a finished JSON value ends it only when
@@ -147,7 +152,8 @@ class Request:
         grammar = self.active_grammar
         stop_token = token in self._stop_ids or (grammar is not None and token in grammar.stop_token_ids)
         if self._detok is not None and not stop_token:   # a stop token's text is never shown
-            text, hit = self._stops.feed(self._detok.push(token))
+            piece = self._detok.push(token)              # stop strings count from min_tokens on
+            text, hit = (piece, False) if len(self.output_ids) < self.params.min_tokens else self._stops.feed(piece)
         grammar_done = grammar is not None and self._grammar_accepts(token)
         if self._thinking is not None:
             self._thinking.feed(text)
@@ -159,6 +165,8 @@ class Request:
             self.finish_reason = "length"
         if self.finished and not hit:
             text += self._release_held_text()
+        elif hit and self.params.include_stop_str_in_output:
+            text += self._stops.matched
         self._text.add(text)
         delta = StreamDelta(self.index, text, [token], self.finish_reason,
                             [logprob] if logprob is not None and self.logprobs is not None else None)
@@ -183,5 +191,5 @@ class Request:
         tail, hit = self._stops.feed(self._detok.flush())
         if hit:
             self.finish_reason = "stop"
-            return tail
+            return tail + (self._stops.matched if self.params.include_stop_str_in_output else "")
         return tail + self._stops.flush()

@@ -111,8 +111,8 @@ class Sampler:
             repetition_penalty=column(p.repetition_penalty for p in ps),
             frequency_penalty=column(p.frequency_penalty for p in ps),
             presence_penalty=column(p.presence_penalty for p in ps),
-            logit_bias=SparseRows.build((i, list(p.logit_bias), list(p.logit_bias.values()))
-                                        for i, p in enumerate(ps) if p.logit_bias),
+            logit_bias=SparseRows.build((i, list(b), list(b.values())) for i, b in enumerate(map(_bias, requests))
+                                        if b),
             seen=SparseRows.build(_seen_tokens(i, r) for i, r in enumerate(requests)
                                   if r.params.repetition_penalty != 1.0),
             counts=SparseRows.build((i, *np.unique(np.asarray(r.output_ids, np.int64), return_counts=True))
@@ -158,7 +158,15 @@ def raw_logits(request: Request) -> bool:
     # Any grammar, even one waiting for a reasoning model's answer: with overlap, the next step's rows are
     # planned before this token's text shows whether the answer has begun.
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
-            and not p.presence_penalty and getattr(request, "grammar", None) is None)
+            and not p.presence_penalty and getattr(request, "grammar", None) is None
+            and not getattr(request, "stops_masked", ()))
+
+
+def _bias(request) -> dict[int, float]:
+    """A request's logit_bias, with -inf on the stop ids it may not take yet (min_tokens)."""
+    masked = getattr(request, "stops_masked", frozenset())
+    bias = request.params.logit_bias
+    return {**bias, **dict.fromkeys(masked, -np.inf)} if masked else bias
 
 
 def _grammar(request) -> GrammarState | None:

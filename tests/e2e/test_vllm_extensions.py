@@ -46,13 +46,19 @@ def test_guided_json_follows_its_schema(server):
         assert set(json.loads(out.choices[0].message.content)) == {"n"}
 
 
+def _greedy(tiny_artifacts, text: str, n: int = 8) -> tuple[object, list[int], list[int]]:
+    """(an in-process engine over the served artifact, the prompt's ids, its first n greedy tokens)."""
+    from kiln import Engine, SamplingParams
+    engine = Engine(tiny_artifacts["tied"])
+    prompt = engine.encode(text)
+    return engine, prompt, engine.generate([prompt], SamplingParams(max_tokens=n, temperature=0.0,
+                                                                    ignore_eos=True))[0].token_ids
+
+
 def test_stop_token_ids_end_a_choice(server, tiny_artifacts):
     """A token of the greedy run (its first repeat-free one after the first), given as a stop token id, ends the
     choice there, the text before it returned."""
-    from kiln import Engine, SamplingParams
-    engine = Engine(tiny_artifacts["tied"])
-    prompt = engine.encode("Once upon a time")
-    ids = engine.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0].token_ids
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
     j = next(j for j in range(1, len(ids)) if ids[j] not in ids[:j])
     out = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
                                              extra_body={"ignore_eos": True, "stop_token_ids": [ids[j]]})
@@ -67,11 +73,43 @@ def test_stop_token_ids_end_a_choice(server, tiny_artifacts):
     ({"guided_json": "{not json"}, "guided_json"),
     ({"guided_choice": []}, "guided_choice"),
     ({"response_format": {"type": "regex", "regex": "a"}}, "response_format"),
+    ({"guided_regex": "[0-9]+", "min_tokens": 2}, "min_tokens"),
+    ({"min_tokens": 30}, "min_tokens"),                                           # above max_tokens (24)
 ])
 def test_guided_fields_that_cannot_be_run_are_a_400(server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         _chat(server, **extra)
     assert e.value.body["param"] == param
+
+
+def test_min_tokens_holds_back_stop_tokens_and_strings(server, tiny_artifacts):
+    """The greedy run's token j as a stop token id ends it at j; with min_tokens j + 1 it cannot be token j (masked),
+    the j tokens before unchanged. A stop string met in the first min_tokens tokens does not end it either."""
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
+    j = next(j for j in range(1, len(ids)) if ids[j] not in ids[:j])
+    client = server.client()
+    args = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=0)
+    out = client.completions.create(**args, extra_body={"ignore_eos": True, "stop_token_ids": [ids[j]],
+                                                        "min_tokens": j + 1}).choices[0]
+    tokens = out.logprobs.tokens
+    assert len(tokens) >= j + 1 and "".join(tokens[:j]) == engine.tokenizer.decode(ids[:j])
+    assert tokens[j] != engine.tokenizer.decode([ids[j]])
+    first = engine.tokenizer.decode(ids[:1])
+    held = client.completions.create(**args, stop=[first], extra_body={"ignore_eos": True, "min_tokens": 3}).choices[0]
+    assert held.text.startswith(first) and len(held.logprobs.tokens) >= 3
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(server, tiny_artifacts):
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
+    text = engine.tokenizer.decode(ids)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop.strip() and text.index(stop) > 0
+    args = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stop=[stop])
+    cut = server.client().completions.create(**args, extra_body={"ignore_eos": True}).choices[0]
+    kept = server.client().completions.create(**args, extra_body={"ignore_eos": True,
+                                                                  "include_stop_str_in_output": True}).choices[0]
+    assert cut.text == text[:text.index(stop)] and kept.text == cut.text + stop
+    assert kept.finish_reason == cut.finish_reason == "stop"
 
 
 STORY = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "content": "Once upon a"}]
