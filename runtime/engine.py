@@ -273,10 +273,12 @@ class Engine(SynchronousCalls, ModelFront):
         """Queue one prompt; returns its params.n output streams (forked from the prompt's KV)."""
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
-        bad_bias = [t for t in params.logit_bias if not 0 <= t < self.runner.vocab_size]
-        if bad_bias:
-            raise InvalidRequestError(f"logit_bias names token {bad_bias[0]}, outside the vocabulary "
-                                      f"[0, {self.runner.vocab_size})", "logit_bias")
+        for name, named in (("logit_bias", params.logit_bias), ("allowed_token_ids",
+                                                                 params.allowed_token_ids or ())):
+            bad = [t for t in named if not 0 <= t < self.runner.vocab_size]
+            if bad:
+                raise InvalidRequestError(f"{name} names token {bad[0]}, outside the vocabulary "
+                                          f"[0, {self.runner.vocab_size})", name)
         if params.n > self.runner.max_num_seqs:
             raise InvalidRequestError(f"n ({params.n}) is more than the {self.runner.max_num_seqs} sequences this "
                                       "engine runs at once; lower n or raise max_num_seqs (kiln serve --max-num-seqs)",

@@ -73,6 +73,9 @@ class _GenerationRequest(BaseModel):
     stop_token_ids: list[StrictInt] | None = None
     min_tokens: int | None = None         # no stop before this many tokens
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool | None = None   # special tokens' text left out (kiln's default: shown)
+    allowed_token_ids: list[StrictInt] | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=1)   # only the prompt's last this-many tokens
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -238,6 +241,7 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
         top_k=pick(req.top_k, 0), min_p=pick(req.min_p, 0.0), n=pick(req.n, 1), seed=req.seed,
         stop=pick(req.stop, ()), stop_token_ids=pick(req.stop_token_ids, ()), ignore_eos=req.ignore_eos,
         min_tokens=pick(req.min_tokens, 0), include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=bool(req.skip_special_tokens), allowed_token_ids=req.allowed_token_ids,
         presence_penalty=pick(req.presence_penalty, 0.0), frequency_penalty=pick(req.frequency_penalty, 0.0),
         repetition_penalty=pick(req.repetition_penalty, 1.0), logit_bias=_logit_bias(req.logit_bias),
         logprobs=logprobs, top_logprobs=top_logprobs, response_format=guided_format(req),
@@ -245,6 +249,12 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
 
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def truncated(req: _GenerationRequest, ids: list[int]) -> list[int]:
+    """A prompt's ids, only its last truncate_prompt_tokens where the request says (vLLM's extension)."""
+    n = req.truncate_prompt_tokens
+    return ids if n is None else ids[-n:]
 
 
 def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:

@@ -54,6 +54,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0               # no stop token or string before this many tokens (vLLM's)
     include_stop_str_in_output: bool = False   # a stop string that ends the output is kept in it (vLLM's)
+    skip_special_tokens: bool = False # special tokens' text left out of the output (vLLM's; kiln shows them)
+    allowed_token_ids: Sequence[int] | None = None   # the only ids it may sample (vLLM's)
     min_p: float = 0.0                # drop tokens with p < min_p * p_max
     repetition_penalty: float = 1.0   # > 1 discourages tokens already in prompt or output (HF/vLLM style)
     frequency_penalty: float = 0.0    # OpenAI: logit -= f * count in output
@@ -94,6 +96,10 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings", "stop")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.allowed_token_ids is not None:
+            _check(len(self.allowed_token_ids) > 0, "allowed_token_ids must name at least one token id",
+                   "allowed_token_ids")
+            object.__setattr__(self, "allowed_token_ids", tuple(sorted({int(t) for t in self.allowed_token_ids})))
         _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}", "min_p")
         _check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
                f"repetition_penalty must be > 0, got {self.repetition_penalty!r}", "repetition_penalty")

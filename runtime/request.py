@@ -48,7 +48,8 @@ class Request:
                 f"window of {self.context_window} tokens; shorten the prompt or lower max_tokens", "max_tokens")
         seed = self.params.seed
         self.rng = np.random.default_rng(None if seed is None else (seed, self._rng_seed_offset))
-        self._detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer else None
+        self._detok = IncrementalDetokenizer(self.tokenizer, self.params.skip_special_tokens) if self.tokenizer \
+            else None
         self._stops = StopStringMatcher(self.params.stop)
         self._text = GrowingText()
         eos = set() if self.params.ignore_eos else set(self.eos_token_ids)

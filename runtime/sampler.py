@@ -82,6 +82,7 @@ class SamplingBatch:
     grammar_bitmask: np.ndarray      # [g, ceil(vocab / 32)] int32, packed allowed tokens
     num_logprobs: np.ndarray         # [batch] int64, -1 = no logprobs, else how many top alternatives
     rngs: list[np.random.Generator]
+    allowed: tuple[tuple[int, np.ndarray], ...] = ()   # (row, the only ids it may take: allowed_token_ids)
 
 
 @dataclass
@@ -118,6 +119,8 @@ class Sampler:
             counts=SparseRows.build((i, *np.unique(np.asarray(r.output_ids, np.int64), return_counts=True))
                                     for i, r in enumerate(requests)
                                     if (r.params.frequency_penalty or r.params.presence_penalty) and r.output_ids),
+            allowed=tuple((i, np.asarray(p.allowed_token_ids, np.int64)) for i, p in enumerate(ps)
+                          if p.allowed_token_ids is not None),
             grammar_rows=np.asarray(grammar_rows, np.int64),
             grammar_bitmask=_grammar_bitmask([_grammar(requests[i]) for i in grammar_rows]),
             num_logprobs=column((p.top_logprobs if p.needs_logprobs else -1 for p in ps), np.int64),
@@ -159,7 +162,7 @@ def raw_logits(request: Request) -> bool:
     # planned before this token's text shows whether the answer has begun.
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
             and not p.presence_penalty and getattr(request, "grammar", None) is None
-            and not getattr(request, "stops_masked", ()))
+            and not getattr(request, "stops_masked", ()) and p.allowed_token_ids is None)
 
 
 def _bias(request) -> dict[int, float]:
@@ -196,6 +199,11 @@ def process_logits(x: np.ndarray, batch: SamplingBatch) -> None:
     vocab = x.shape[1]
     bias = batch.logit_bias.within(vocab)
     x[bias.rows, bias.ids] += bias.values
+    for row, ids in batch.allowed:                                         # allowed_token_ids: the rest -inf
+        ids = ids[ids < vocab]
+        kept = x[row, ids]
+        x[row] = -np.inf
+        x[row, ids] = kept
     if batch.grammar_rows.size:
         allowed = unpack_bitmask(batch.grammar_bitmask, vocab)            # [g, vocab] bool
         x[batch.grammar_rows] = np.where(allowed, x[batch.grammar_rows], -np.inf)

@@ -231,6 +231,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
         text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, api.chat_messages(body.messages),
                                             tool_req, api.template_variables(body), **api.render_options(body))
+        ids = api.truncated(body, ids)
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
             params = replace(params, response_format=tool_req.forced_format(params.response_format))
@@ -257,9 +258,11 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
             params = replace(params, stop_token_ids=(*params.stop_token_ids, *tokenizer.fim_end_ids))
         else:
             ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        ids = [api.truncated(body, i) for i in ids]
         for i in ids:
             state.engine.engine.check_tokens(i)     # before the echo decodes them
-        echo = [api.Echo(p if isinstance(p, str) else state.decode(i), i) for p, i in zip(prompts, ids)]
+        whole = body.truncate_prompt_tokens is None
+        echo = [api.Echo(p if isinstance(p, str) and whole else state.decode(i), i) for p, i in zip(prompts, ids)]
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_text,
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
                           continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n)

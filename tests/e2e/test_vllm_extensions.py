@@ -75,6 +75,9 @@ def test_stop_token_ids_end_a_choice(server, tiny_artifacts):
     ({"response_format": {"type": "regex", "regex": "a"}}, "response_format"),
     ({"guided_regex": "[0-9]+", "min_tokens": 2}, "min_tokens"),
     ({"min_tokens": 30}, "min_tokens"),                                           # above max_tokens (24)
+    ({"allowed_token_ids": [99999]}, "allowed_token_ids"),
+    ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
 ])
 def test_guided_fields_that_cannot_be_run_are_a_400(server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
@@ -110,6 +113,35 @@ def test_include_stop_str_in_output_keeps_the_stop_string(server, tiny_artifacts
                                                                   "include_stop_str_in_output": True}).choices[0]
     assert cut.text == text[:text.index(stop)] and kept.text == cut.text + stop
     assert kept.finish_reason == cut.finish_reason == "stop"
+
+
+def test_allowed_token_ids_and_skip_special_tokens(server, tiny_artifacts):
+    """allowed_token_ids: every sampled token is one of them; skip_special_tokens: a special token sampled (here the
+    only one allowed besides a word's) leaves no text."""
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
+    client = server.client()
+    allowed = sorted(set(ids[:3]))
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.0, seed=2, logprobs=0,
+                                    extra_body={"ignore_eos": True, "allowed_token_ids": allowed}).choices[0]
+    texts = {engine.tokenizer.decode([t]) for t in allowed}
+    assert out.logprobs.tokens and set(out.logprobs.tokens) <= texts
+    special = engine.tokenizer.encode("<|im_start|>", add_special_tokens=False)
+    assert len(special) == 1 and special[0] in engine.tokenizer.special_token_ids
+    both = dict(model=MODEL, prompt=prompt, max_tokens=6, temperature=0,
+                logit_bias={str(special[0]): 100})                   # the special token every time
+    shown = client.completions.create(**both, extra_body={"ignore_eos": True}).choices[0].text
+    skipped = client.completions.create(**both, extra_body={"ignore_eos": True,
+                                                            "skip_special_tokens": True}).choices[0].text
+    assert shown == "<|im_start|>" * 6 and skipped == ""
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(server, tiny_artifacts):
+    engine, prompt, _ = _greedy(tiny_artifacts, "Once upon a time there was a compiler")
+    client = server.client()
+    args = dict(model=MODEL, max_tokens=6, temperature=0)
+    whole = client.completions.create(prompt=prompt[-4:], **args)
+    cut = client.completions.create(prompt=prompt, **args, extra_body={"truncate_prompt_tokens": 4})
+    assert cut.choices[0].text == whole.choices[0].text and cut.usage.prompt_tokens == 4
 
 
 STORY = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "content": "Once upon a"}]
