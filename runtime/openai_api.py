@@ -113,6 +113,7 @@ class ChatCompletionRequest(_GenerationRequest):
     # vLLM's extensions: the template's generation prompt left out, or the last (assistant) message continued
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None      # a jinja chat template in place of the model's, for this request
     # The chat template's variable of that name (gpt-oss's "Reasoning: low"); refused where it reads none.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None   # extension (vLLM's): more variables of the template
@@ -128,7 +129,8 @@ def render_options(req: ChatCompletionRequest) -> dict[str, bool]:
         if req.messages[-1].role != "assistant":
             raise APIError(400, "continue_final_message continues an assistant's message; the last message is a "
                                 f"{req.messages[-1].role}'s", "continue_final_message")
-    return {"add_generation_prompt": req.add_generation_prompt, "continue_final": req.continue_final_message}
+    return {"add_generation_prompt": req.add_generation_prompt, "continue_final": req.continue_final_message,
+            "template": req.chat_template}
 
 
 def template_variables(req: ChatCompletionRequest) -> dict[str, Any]:

@@ -9,6 +9,7 @@ importing transformers.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -187,15 +188,22 @@ class Tokenizer:
         self._template = None
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, template: str | None = None,
+        **extra: Any
     ) -> str:
-        """Render ``messages`` with the model's jinja2 chat template, as transformers does.
+        """Render ``messages`` with the model's jinja2 chat template (or ``template``'s source), as transformers does.
 
         ``extra`` is passed to the template (e.g. ``tools=[...]``); it overrides the
         special-token variables (bos_token, eos_token, ...) of the same name.
         """
         _validate_messages(messages)
-        template = self._chat_template(has_tools=extra.get("tools") is not None)
+        if template is not None:
+            try:
+                template = _given_template(template)
+            except jinja2.TemplateError as e:
+                raise ValueError(f"the chat template given does not parse: {e}") from None
+        else:
+            template = self._chat_template(has_tools=extra.get("tools") is not None)
         variables: dict[str, Any] = {
             key: token
             for key in ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -225,6 +233,12 @@ class Tokenizer:
             self._template = _jinja_env().from_string(source)
             self._template_source = source
         return self._template
+
+
+@functools.lru_cache(maxsize=16)
+def _given_template(source: str) -> jinja2.Template:
+    """A chat template given with a request, compiled once (the last few kept)."""
+    return _jinja_env().from_string(source)
 
 
 def _validate_messages(messages: list[dict[str, Any]]) -> None:

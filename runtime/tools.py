@@ -219,11 +219,12 @@ def render(engine: Any, messages: list[dict], tools: ToolRequest | None,
 
 def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
                 variables: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-                continue_final: bool = False) -> tuple[str, list[int]]:
+                continue_final: bool = False, template: str | None = None) -> tuple[str, list[int]]:
     """The prompt of a chat request with its tools, as text and ids; `variables`: more of the chat
     template's variables (reasoning_effort, chat_template_kwargs), each refused (400) where the template
     never names it, rather than ignored. `continue_final`: the last (assistant) message left open, the text cut
-    after its content as transformers' continue_final_message cuts it (vLLM's extension), for the reply to go on."""
+    after its content as transformers' continue_final_message cuts it (vLLM's extension), for the reply to go on.
+    `template`: a chat template (jinja) in place of the model's (vLLM's per-request chat_template)."""
     tok = engine._need_tokenizer()
     messages = normalize_messages(messages)
     extra: dict[str, Any] = {}
@@ -231,12 +232,12 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
         field = "reasoning_effort" if name == "reasoning_effort" else "chat_template_kwargs"
         if name in _RESERVED:
             raise APIError(400, f"chat_template_kwargs may not set {name!r}: the request's own fields do", field)
-        if not reads_variable(tok.chat_template, name):
+        if not reads_variable(template or tok.chat_template, name):
             raise APIError(400, f"this model's chat template reads no variable {name!r}, so it would change "
                                 "nothing; leave it out", field)
         extra[name] = value
     if tools is not None:
-        source = tok.chat_template
+        source = template or tok.chat_template
         if not source:
             raise APIError(400, "this model's tokenizer has no chat template, so tools cannot be put in a "
                                 "prompt; send a completions request instead", "tools")
@@ -245,7 +246,8 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
         if tools.prompt_tools(uses) is not None:
             extra["tools"] = tools.prompt_tools(uses)
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, template=template,
+                                       **extra)
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
     if continue_final:

@@ -164,6 +164,22 @@ def test_a_chat_rendered_without_its_generation_prompt_or_continuing_its_last_me
         server.engine.engine.tokenizer.encode(prompt, add_special_tokens=False))
 
 
+def test_a_requests_own_chat_template(server):
+    """chat_template: the reply is the completion of the prompt that template renders; one that does not parse is a
+    400 naming messages (the chat could not be rendered)."""
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}[assistant]"
+    client = server.client()
+    chat = client.chat.completions.create(model=MODEL, messages=STORY[:1], max_tokens=6, temperature=0,
+                                          extra_body={"ignore_eos": True, "chat_template": template})
+    text = client.completions.create(model=MODEL, prompt="[user] Tell me a story\n[assistant]", max_tokens=6,
+                                     temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+    assert chat.choices[0].message.content == text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=STORY[:1], max_tokens=4,
+                                       extra_body={"chat_template": "{% for m in messages %}"})
+    assert e.value.body["param"] == "messages" and "does not parse" in e.value.body["message"]
+
+
 @pytest.mark.parametrize("messages, extra", [
     (STORY, {"continue_final_message": True}),                                    # a new turn's prompt after it
     (STORY[:1], {"continue_final_message": True, "add_generation_prompt": False}),  # the last message the user's
