@@ -280,6 +280,8 @@ def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:
                 value = json.loads(value)
             except ValueError as e:
                 raise APIError(400, f"guided_json is not valid JSON: {e}", name) from None
+        if not isinstance(value, dict):
+            raise APIError(400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name)
         return {"type": "json_schema", "json_schema": {"name": "guided_json", "schema": value}, "param": name}
     if name == "guided_choice":
         if not value or not all(value):

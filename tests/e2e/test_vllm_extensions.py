@@ -71,6 +71,7 @@ def test_stop_token_ids_end_a_choice(server, tiny_artifacts):
     ({"guided_regex": "[0-9"}, "guided_regex"),
     ({"guided_grammar": "root ::= "}, "guided_grammar"),
     ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_json": "[1, 2]"}, "guided_json"),
     ({"guided_choice": []}, "guided_choice"),
     ({"response_format": {"type": "regex", "regex": "a"}}, "response_format"),
     ({"guided_regex": "[0-9]+", "min_tokens": 2}, "min_tokens"),
