@@ -76,6 +76,7 @@ class _GenerationRequest(BaseModel):
     skip_special_tokens: bool | None = None   # special tokens' text left out (kiln's default: shown)
     allowed_token_ids: list[StrictInt] | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=1)   # only the prompt's last this-many tokens
+    return_tokens_as_token_ids: bool = False   # logprobs' tokens as "token_id:N" (exact ids for RL trainers)
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -487,6 +488,13 @@ def chat_message(content: str, reasoning: str, role: bool, whole: bool = False) 
 
 
 # -- token texts for logprobs --------------------------------------------------------------
+def token_id_text(token_id: int) -> tuple[str, bytes]:
+    """A token as vLLM's return_tokens_as_token_ids writes it in logprobs: "token_id:N" (its bytes and text offsets
+    that string's)."""
+    label = f"token_id:{token_id}"
+    return label, label.encode()
+
+
 def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
     """(text, bytes) of one token. A byte-level BPE piece that ends inside a UTF-8 character decodes
     to U+FFFD; its bytes come from the piece itself, and its text is "bytes:\\xNN..." as OpenAI writes it."""

@@ -240,7 +240,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         params = await state.compile_grammar(params)
         kind = functools.partial(tools.ToolReply, tools=tool_req) if tool_req and tool_req.active else api.Reply
         thinking = functools.partial(reasoning.start, state.reasoning, text) if state.reasoning else None
-        reply = kind("chat", state.model_name, len(ids), state.token_text, logprobs=params.needs_logprobs,
+        reply = kind("chat", state.model_name, len(ids), state.token_labels(body), logprobs=params.needs_logprobs,
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body),
                      reasoning=thinking)
         return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
@@ -263,7 +263,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
             state.engine.engine.check_tokens(i)     # before the echo decodes them
         whole = body.truncate_prompt_tokens is None
         echo = [api.Echo(p if isinstance(p, str) and whole else state.decode(i), i) for p, i in zip(prompts, ids)]
-        reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_text,
+        reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_labels(body),
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
                           continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n)
         return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
@@ -331,6 +331,10 @@ class _ServerState:
     def model_card(self, name: str) -> dict:
         return {"id": name, "object": "model", "created": self.started, "owned_by": "kiln",
                 "root": self.model_name, "max_model_len": self.context_window}
+
+    def token_labels(self, body: api.CompletionRequest | api.ChatCompletionRequest) -> api.TokenText:
+        """How the request's logprobs name tokens: their texts, or "token_id:N" (return_tokens_as_token_ids)."""
+        return api.token_id_text if body.return_tokens_as_token_ids else self.token_text
 
     def token_text(self, token_id: int) -> tuple[str, bytes]:
         """A token's text and bytes for logprobs (cached; ids are few)."""

@@ -145,6 +145,20 @@ def test_truncate_prompt_tokens_keeps_the_prompts_end(server, tiny_artifacts):
     assert cut.choices[0].text == whole.choices[0].text and cut.usage.prompt_tokens == 4
 
 
+def test_return_tokens_as_token_ids_names_the_sampled_ids(server, tiny_artifacts):
+    """Logprobs' tokens as "token_id:N", the greedy run's ids in order (completions, with the echoed prompt's; chat)."""
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time", n=6)
+    client = server.client()
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=1, echo=True,
+                                    extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}).choices[0]
+    assert out.logprobs.tokens == [f"token_id:{t}" for t in [*prompt, *ids]]
+    assert all(set(top) <= {f"token_id:{t}" for t in range(512)} for top in out.logprobs.top_logprobs[1:])
+    chat = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0, logprobs=True,
+                                          extra_body={"return_tokens_as_token_ids": True}).choices[0]
+    assert all(re.fullmatch(r"token_id:\d+", c.token) and bytes(c.bytes) == c.token.encode()
+               for c in chat.logprobs.content)
+
+
 STORY = [{"role": "user", "content": "Tell me a story"}, {"role": "assistant", "content": "Once upon a"}]
 RENDERED = "<|im_start|>user\nTell me a story<|im_end|>\n<|im_start|>assistant\nOnce upon a"     # the ChatML
 
