@@ -88,9 +88,10 @@ CHATGLM_NAMES = dict(NAMES, embed_tokens="transformer.embedding.word_embeddings"
 
 def weight_map(c: GlmConfig) -> WeightMap:
     own = isinstance(c, ChatGLMConfig)
-    m = decoder_weight_map(c, CHATGLM_NAMES if own else NAMES)
+    names = CHATGLM_NAMES if own else NAMES
+    m = decoder_weight_map(c, names)
     for i in range(c.num_hidden_layers):                  # gate and up: one stored tensor, gate first
-        h = (CHATGLM_NAMES if own else NAMES)["layer"].format(i=i)
+        h = names["layer"].format(i=i)
         m[f"model.layers.{i}.mlp.gate_up_proj.weight"] = [f"{h}.mlp.dense_h_to_4h.weight" if own
                                                           else f"{h}.mlp.gate_up_proj.weight"]
         if own:                                           # q, k and v: one stored tensor, rows q, k, v

@@ -202,16 +202,15 @@ class GrammarCompiler:
         if isinstance(response_format, PreparedFormat):
             compiled = self._xgr.CompiledGrammar.deserialize_json(response_format.serialized, self.tokenizer_info)
         else:
-            compiled = self._compile(schema, key, response_format.get("param", "response_format"))
+            compiled = self._compile(kind, schema, key, response_format.get("param", "response_format"))
         self._cache[key] = compiled
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return compiled
 
-    def _compile(self, schema: dict | str | None, schema_json: str, param: str = "response_format"
+    def _compile(self, kind: str, schema: dict | str | None, schema_json: str, param: str = "response_format"
                  ) -> xgrammar.CompiledGrammar:
-        if schema_json.startswith(("regex:", "grammar:")):     # guided decoding: xgrammar's own languages
-            kind = schema_json.split(":", 1)[0]
+        if kind in ("regex", "grammar"):                   # guided decoding: xgrammar's own languages
             try:
                 return (self._compiler.compile_regex if kind == "regex" else self._compiler.compile_grammar)(schema)
             except (RuntimeError, ValueError) as e:

@@ -133,9 +133,14 @@ class Request:
         self._taken = (token, logprob)
 
     @property
+    def before_min_tokens(self) -> bool:
+        """Fewer than min_tokens generated: no stop token (the sampler masks them) or stop string ends it yet."""
+        return len(self.output_ids) < self.params.min_tokens
+
+    @property
     def stops_masked(self) -> frozenset[int]:
         """The stop token ids its next token may not be (min_tokens not yet reached: the sampler masks them)."""
-        return frozenset(self._stop_ids) if len(self.output_ids) < self.params.min_tokens else frozenset()
+        return frozenset(self._stop_ids) if self.before_min_tokens else frozenset()
 
     @property
     def end_reason(self) -> str | None:
@@ -154,7 +159,7 @@ class Request:
         stop_token = token in self._stop_ids or (grammar is not None and token in grammar.stop_token_ids)
         if self._detok is not None and not stop_token:   # a stop token's text is never shown
             piece = self._detok.push(token)              # stop strings count from min_tokens on
-            text, hit = (piece, False) if len(self.output_ids) < self.params.min_tokens else self._stops.feed(piece)
+            text, hit = (piece, False) if self.before_min_tokens else self._stops.feed(piece)
         grammar_done = grammar is not None and self._grammar_accepts(token)
         if self._thinking is not None:
             self._thinking.feed(text)

@@ -26,7 +26,6 @@ generator and aborts the request (its KV pages are freed).
 
 from __future__ import annotations
 
-
 import asyncio
 import os
 import functools

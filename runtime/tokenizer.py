@@ -123,10 +123,16 @@ class Tokenizer:
         if marks is None:
             return None
         pre, suf, mid = marks
-        bos = [self.bos_token_id] if self.bos_token_id is not None and self.encode("a")[:1] == [self.bos_token_id] \
-            and self.encode("a", add_special_tokens=False)[:1] != [self.bos_token_id] else []
+        bos = [self.bos_token_id] if self._adds_bos else []
         return [*bos, pre, *self.encode(prefix, add_special_tokens=False), suf,
                 *self.encode(suffix, add_special_tokens=False), mid]
+
+    @functools.cached_property
+    def _adds_bos(self) -> bool:
+        """Whether encode (with its special tokens) puts the BOS token first."""
+        bos = self.bos_token_id
+        plain = self.encode("a", add_special_tokens=False)
+        return bos is not None and self.encode("a")[:1] == [bos] and plain[:1] != [bos]
 
     @property
     def fim_end_ids(self) -> tuple[int, ...]:
