@@ -3,13 +3,13 @@ instant ago and not yet sized, neither breaks registering the collector nor a sc
 
 from __future__ import annotations
 
-import threading
-import time
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
+from kiln.runtime import metrics
 from kiln.runtime.metrics import _SharedCollector
 
 pytestmark = pytest.mark.unit
@@ -22,15 +22,20 @@ def test_a_file_created_but_not_yet_sized_is_waited_for(tmp_path, monkeypatch):
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_SharedCollector())            # reads nothing: once this raised struct.error
 
-    def size_it():
-        time.sleep(0.02)
-        d = MmapedDict(str(starting))                # as a Counter's first inc() in that process writes it
-        d.write_value(mmap_key("kiln_prompt_tokens", "kiln_prompt_tokens_total", (), (), "Prompt tokens."), 7.0, 0.0)
-        d.close()
-    writer = threading.Thread(target=size_it)
-    writer.start()
+    waits = []
+
+    def size_it(seconds):
+        """The other process sizes and writes its file while the scrape waits (its first wait, whole:
+        a writer thread racing the retries could be read between MmapedDict's truncate and its write)."""
+        waits.append(seconds)
+        if len(waits) == 1:
+            d = MmapedDict(str(starting))            # as a Counter's first inc() in that process writes it
+            d.write_value(mmap_key("kiln_prompt_tokens", "kiln_prompt_tokens_total", (), (), "Prompt tokens."),
+                          7.0, 0.0)
+            d.close()
+    monkeypatch.setattr(metrics, "time", SimpleNamespace(sleep=size_it))
     families = {f.name: f for f in _SharedCollector().collect()}      # waits instead of raising
-    writer.join()
+    assert waits == [0.002]                          # the empty file was met once, then read sized
     assert [s.value for s in families["kiln_prompt_tokens"].samples] == [7.0]
 
 
