@@ -134,7 +134,8 @@ class Request:
 
     @property
     def before_min_tokens(self) -> bool:
-        """Fewer than min_tokens generated: no stop token (the sampler masks them) or stop string ends it yet."""
+        """Fewer than min_tokens generated: its next token may not be a stop token (the sampler masks them).
+        (A stop string may end only in a token after the first min_tokens: show() tells the matcher.)"""
         return len(self.output_ids) < self.params.min_tokens
 
     @property
@@ -158,8 +159,8 @@ class Request:
         grammar = self.active_grammar
         stop_token = token in self._stop_ids or (grammar is not None and token in grammar.stop_token_ids)
         if self._detok is not None and not stop_token:   # a stop token's text is never shown
-            piece = self._detok.push(token)              # stop strings count from min_tokens on
-            text, hit = (piece, False) if self.before_min_tokens else self._stops.feed(piece)
+            piece = self._detok.push(token)              # a stop string ends after the first min_tokens (vLLM's)
+            text, hit = self._stops.feed(piece, match=len(self.output_ids) > self.params.min_tokens)
         grammar_done = grammar is not None and self._grammar_accepts(token)
         if self._thinking is not None:
             self._thinking.feed(text)

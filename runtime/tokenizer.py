@@ -355,26 +355,31 @@ class StopStringMatcher:
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop strings must be non-empty strings, got {list(self.stop)!r}")
         self._held = ""
+        self._quiet = 0                     # how many of the held chars were fed unmatched (no stop may end there)
         self.stopped = False
         self.matched: str | None = None     # the stop string that was hit (the first in the text)
 
-    def feed(self, delta: str) -> tuple[str, bool]:
+    def feed(self, delta: str, match: bool = True) -> tuple[str, bool]:
         """Add ``delta``; return (text safe to emit, whether a stop string was hit).
 
         On a hit the returned text ends just before the stop string; later calls return ("", True).
+        ``match`` False (vLLM's min_tokens not yet reached): no stop string may end in this delta, but one it
+        begins and a later delta ends is found, as vLLM finds it, so its start is still held back.
         """
         if self.stopped:
             return "", True
         if not self.stop:                   # no stop strings (most requests): every token passes here
             return delta, False
         text = self._held + delta
-        hits = [(i, s) for s in self.stop if (i := text.find(s)) >= 0]
+        quiet = self._quiet if match else len(text)
+        hits = [(i, s) for s in self.stop if (i := text.find(s, max(0, quiet - len(s) + 1))) >= 0]
         if hits:
             at, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped, self._held = True, ""
             return text[:at], True
         keep = self._partial_stop_suffix(text)
         self._held = text[len(text) - keep:] if keep else ""
+        self._quiet = max(0, quiet - (len(text) - keep))
         return text[: len(text) - keep], False
 
     def flush(self) -> str:

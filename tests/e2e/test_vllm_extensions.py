@@ -103,6 +103,21 @@ def test_min_tokens_holds_back_stop_tokens_and_strings(server, tiny_artifacts):
     assert held.text.startswith(first) and len(held.logprobs.tokens) >= 3
 
 
+def test_a_stop_string_begun_before_min_tokens_ends_after_it(server, tiny_artifacts):
+    """vLLM's min_tokens: a stop string may end only in a token after the first min_tokens, but it may begin before:
+    one from greedy token j - 2's last character to token j's first ends the text with min_tokens j (so the first
+    characters of it, streamed unmatched, were held back), not with min_tokens j + 1."""
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
+    texts = [engine.tokenizer.decode(ids[:n]) for n in range(len(ids) + 1)]
+    j = next(j for j in range(2, len(ids) - 1) if len(texts[j + 1]) > len(texts[j]) > len(texts[j - 1]) > 0)
+    stop = texts[j + 1][len(texts[j - 1]) - 1:len(texts[j]) + 1]
+    args = dict(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stop=[stop])
+    cut = server.client().completions.create(**args, extra_body={"ignore_eos": True, "min_tokens": j}).choices[0]
+    assert cut.finish_reason == "stop" and cut.text == texts[j - 1][:-1]
+    late = server.client().completions.create(**args, extra_body={"ignore_eos": True, "min_tokens": j + 1}).choices[0]
+    assert len(late.text) > len(cut.text) and texts[-1].startswith(late.text)     # cut later, if it recurs
+
+
 def test_include_stop_str_in_output_keeps_the_stop_string(server, tiny_artifacts):
     engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
     text = engine.tokenizer.decode(ids)

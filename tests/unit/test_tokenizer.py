@@ -369,6 +369,21 @@ def test_stop_string_at_very_start_and_earliest_wins():
         StopStringMatcher([""])
 
 
+def test_unmatched_deltas_end_no_stop_string_but_may_begin_one():
+    """min_tokens (vLLM's): a stop string wholly in the deltas fed unmatched does not end the stream; one they begin
+    and a matched delta ends does, so its start is held back (and one ending in the held text is not found later)."""
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.feed("a STOP b ST", match=False) == ("a STOP b ", False)
+    assert matcher.feed("OP", match=True) == ("", True) and matcher.matched == "STOP"
+    held = StopStringMatcher(["ab", "xaby"])
+    assert held.feed("xab", match=False) == ("", False)              # held: a prefix of "xaby", holding "ab"
+    assert held.feed("c") == ("xabc", False)
+    assert held.feed("ab") == ("", True)
+    straddle = StopStringMatcher(["ab", "xaby"])
+    assert straddle.feed("xa", match=False) == ("", False)
+    assert straddle.feed("b") == ("x", True) and straddle.matched == "ab"
+
+
 def test_stop_strings_random_splits():
     rng = random.Random(1)
     alphabet = "ab中🙂 "
