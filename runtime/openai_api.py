@@ -75,6 +75,7 @@ class _GenerationRequest(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool | None = None   # special tokens' text left out (kiln's default: shown)
     allowed_token_ids: list[StrictInt] | None = None
+    bad_words: list[str] | None = None    # words never generated (tokenized as vLLM does, with and without a space)
     truncate_prompt_tokens: int | None = Field(default=None, ge=1)   # only the prompt's last this-many tokens
     return_tokens_as_token_ids: bool = False   # logprobs' tokens as "token_id:N" (exact ids for RL trainers)
     guided_json: dict[str, Any] | str | None = None
@@ -245,6 +246,7 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
         stop=pick(req.stop, ()), stop_token_ids=pick(req.stop_token_ids, ()), ignore_eos=req.ignore_eos,
         min_tokens=pick(req.min_tokens, 0), include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=bool(req.skip_special_tokens), allowed_token_ids=req.allowed_token_ids,
+        bad_words=pick(req.bad_words, ()),
         presence_penalty=pick(req.presence_penalty, 0.0), frequency_penalty=pick(req.frequency_penalty, 0.0),
         repetition_penalty=pick(req.repetition_penalty, 1.0), logit_bias=_logit_bias(req.logit_bias),
         logprobs=logprobs, top_logprobs=top_logprobs, response_format=guided_format(req),

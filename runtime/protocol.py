@@ -56,6 +56,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False   # a stop string that ends the output is kept in it (vLLM's)
     skip_special_tokens: bool = False # special tokens' text left out of the output (vLLM's; kiln shows them)
     allowed_token_ids: Sequence[int] | None = None   # the only ids it may sample (vLLM's)
+    bad_words: Sequence[str] = ()     # words it may not generate (vLLM's: each word's last token banned after the rest)
     min_p: float = 0.0                # drop tokens with p < min_p * p_max
     repetition_penalty: float = 1.0   # > 1 discourages tokens already in prompt or output (HF/vLLM style)
     frequency_penalty: float = 0.0    # OpenAI: logit -= f * count in output
@@ -96,6 +97,9 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings", "stop")
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        _check(not isinstance(self.bad_words, str) and all(isinstance(w, str) and w.strip() for w in self.bad_words),
+               "bad_words must be a list of non-blank strings", "bad_words")
+        object.__setattr__(self, "bad_words", tuple(self.bad_words))
         if self.allowed_token_ids is not None:
             _check(len(self.allowed_token_ids) > 0, "allowed_token_ids must name at least one token id",
                    "allowed_token_ids")

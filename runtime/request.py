@@ -17,7 +17,7 @@ import numpy as np
 from . import reasoning
 from .protocol import GrowingText, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 from .sequence import Sequence
-from .tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from .tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, bad_word_ids
 
 
 @dataclass(eq=False)
@@ -54,6 +54,7 @@ class Request:
         self._text = GrowingText()
         eos = set() if self.params.ignore_eos else set(self.eos_token_ids)
         self._stop_ids = set(self.params.stop_token_ids) | eos
+        self._bad_words = bad_word_ids(self.tokenizer, self.params.bad_words)
         if self.params.needs_logprobs:
             self.logprobs = []
         if self.grammar is not None and self.params.reasoning_parser and self.tokenizer is not None:
@@ -139,9 +140,15 @@ class Request:
         return len(self.output_ids) < self.params.min_tokens
 
     @property
-    def stops_masked(self) -> frozenset[int]:
-        """The stop token ids its next token may not be (min_tokens not yet reached: the sampler masks them)."""
-        return frozenset(self._stop_ids) if self.before_min_tokens else frozenset()
+    def masked_next(self) -> frozenset[int]:
+        """The ids its next token may not be (the sampler masks them): the stop ids while min_tokens is not yet
+        reached, and each bad word's last token where the output ends with the tokens before it."""
+        masked = set(self._stop_ids) if self.before_min_tokens else set()
+        out = self.output_ids
+        for word in self._bad_words:
+            if len(word) == 1 or (len(word) - 1 <= len(out) and out[len(out) - len(word) + 1:] == list(word[:-1])):
+                masked.add(word[-1])
+        return frozenset(masked)
 
     @property
     def end_reason(self) -> str | None:

@@ -162,12 +162,12 @@ def raw_logits(request: Request) -> bool:
     # planned before this token's text shows whether the answer has begun.
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
             and not p.presence_penalty and getattr(request, "grammar", None) is None
-            and not getattr(request, "stops_masked", ()) and p.allowed_token_ids is None)
+            and not getattr(request, "masked_next", ()) and p.allowed_token_ids is None)
 
 
 def _bias(request) -> dict[int, float]:
-    """A request's logit_bias, with -inf on the stop ids it may not take yet (min_tokens)."""
-    masked = getattr(request, "stops_masked", frozenset())
+    """A request's logit_bias, with -inf on the ids it may not take next (min_tokens' stop ids, bad words)."""
+    masked = getattr(request, "masked_next", frozenset())
     bias = request.params.logit_bias
     return {**bias, **dict.fromkeys(masked, -np.inf)} if masked else bias
 

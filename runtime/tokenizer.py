@@ -22,6 +22,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
+from .protocol import InvalidRequestError
+
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 REPLACEMENT_CHAR = "\ufffd"  # what a lossy UTF-8 decode puts where a character is incomplete
 
@@ -341,6 +343,21 @@ class IncrementalDetokenizer:
         self._prefix_text = (self._tokenizer.decode_one(window[0]) if len(window) == 1
                              else self._tokenizer.decode(window))
         return delta
+
+
+def bad_word_ids(tokenizer: Tokenizer | None, words: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """vLLM's bad_words as token sequences: each word (leading spaces stripped) as encoded alone, and as encoded after
+    a space where that gives the same number of tokens with another first one (the word starting a later word)."""
+    if words and tokenizer is None:
+        raise InvalidRequestError("bad_words needs the model's tokenizer; this engine has none", "bad_words")
+    out: list[tuple[int, ...]] = []
+    for word in words:
+        bare = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        out.append(bare)
+        if len(spaced) == len(bare) and spaced[0] != bare[0]:
+            out.append(spaced)
+    return tuple(out)
 
 
 class StopStringMatcher:

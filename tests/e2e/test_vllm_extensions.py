@@ -79,6 +79,7 @@ def test_stop_token_ids_end_a_choice(server, tiny_artifacts):
     ({"allowed_token_ids": [99999]}, "allowed_token_ids"),
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"bad_words": ["  "]}, "bad_words"),
 ])
 def test_guided_fields_that_cannot_be_run_are_a_400(server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
@@ -116,6 +117,28 @@ def test_a_stop_string_begun_before_min_tokens_ends_after_it(server, tiny_artifa
     assert cut.finish_reason == "stop" and cut.text == texts[j - 1][:-1]
     late = server.client().completions.create(**args, extra_body={"ignore_eos": True, "min_tokens": j + 1}).choices[0]
     assert len(late.text) > len(cut.text) and texts[-1].startswith(late.text)     # cut later, if it recurs
+
+
+def _ends(ids: list[int], words) -> list[int]:
+    """Where in ``ids`` one of the token sequences ``words`` ends."""
+    return [i for i in range(len(ids)) for w in words if len(w) <= i + 1 and tuple(ids[i + 1 - len(w):i + 1]) == w]
+
+
+@pytest.mark.parametrize("span", [1, 2])
+def test_bad_words_are_never_generated(server, tiny_artifacts, span):
+    """vLLM's bad_words: a word of the greedy run (one token, or two) is not generated; the run is the greedy one up to
+    the token that would have completed it, which is then another."""
+    from kiln.runtime.tokenizer import bad_word_ids
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
+    word = engine.tokenizer.decode(ids[:span])
+    banned = bad_word_ids(engine.tokenizer, [word])
+    assert tuple(ids[:span]) in banned
+    out = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=0,
+                                             extra_body={"ignore_eos": True, "bad_words": [word],
+                                                         "return_tokens_as_token_ids": True}).choices[0]
+    got = [int(t.removeprefix("token_id:")) for t in out.logprobs.tokens]
+    k = _ends(ids, banned)[0]
+    assert got[:k] == ids[:k] and got[k] != ids[k] and not _ends(got, banned)
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string(server, tiny_artifacts):
