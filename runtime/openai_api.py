@@ -109,6 +109,7 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    echo: bool = False                    # vLLM's: the reply's content begins with the last message's, an assistant's
     tools: list[Any] | None = None        # runtime/tools.py validates them
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -364,11 +365,24 @@ class Echo:
     ids: list[int]
 
 
+def chat_echo(req: ChatCompletionRequest) -> list[Echo] | None:
+    """vLLM's chat `echo`: the reply (an assistant's) begins with the last message's content where that message is an
+    assistant's too (text parts joined by newlines, as vLLM joins them); after any other message nothing is echoed."""
+    last = req.messages[-1]
+    if not req.echo or last.role != "assistant":
+        return None
+    content = last.content or ""
+    if not isinstance(content, str):
+        content = "\n".join(part.get("text", "") for part in content)
+    return [Echo(content, [])]
+
+
 @dataclass
 class Reply:
     """One request's reply, built delta by delta: the chunks of a stream, or the collected response.
     With `echo` (completions), a choice starts with its prompt's text, and its logprobs with the
-    prompt tokens' (from the first delta of the prompt's first choice: prompt_logprobs)."""
+    prompt tokens' (from the first delta of the prompt's first choice: prompt_logprobs); a chat's echo (no ids, no
+    logprobs) starts its content, after any reasoning."""
 
     kind: Literal["chat", "completion"]
     model: str
@@ -397,11 +411,15 @@ class Reply:
         first = delta.index not in self.choices
         choice = self.choices.setdefault(delta.index, _Choice())
         text, lps = delta.text, (delta.logprobs or []) if self.logprobs else []
+        echoed = ""
         if first and self.echo is not None:
-            text, lps = self._echoed(delta) + text, self._echoed_logprobs(delta) + lps
+            echoed, lps = self._echoed(delta), self._echoed_logprobs(delta) + lps
+        if self.kind == "completion":
+            text, echoed = echoed + text, ""
         thought = ""
         if self.reasoning is not None:
             thought, text = self._reason(choice, text, delta.finish_reason is not None)
+        text = echoed + text
         choice.shown.add(text)
         choice.num_tokens += len(delta.token_ids)
         choice.cached_tokens = delta.cached_tokens or choice.cached_tokens

@@ -241,7 +241,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         thinking = functools.partial(reasoning.start, state.reasoning, text) if state.reasoning else None
         reply = kind("chat", state.model_name, len(ids), state.token_labels(body), logprobs=params.needs_logprobs,
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body),
-                     reasoning=thinking)
+                     reasoning=thinking, echo=api.chat_echo(body), n=params.n)
         return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
 
     @app.post("/v1/completions", dependencies=auth, response_model=rm.Completion,

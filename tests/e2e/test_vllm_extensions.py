@@ -217,6 +217,23 @@ def test_a_chat_rendered_without_its_generation_prompt_or_continuing_its_last_me
         server.engine.engine.tokenizer.encode(prompt, add_special_tokens=False))
 
 
+def test_a_chats_echo_begins_the_reply_with_the_assistants_last_message(server):
+    """vLLM's chat echo: continuing the assistant's message, each choice's content (streamed or not) is that message's
+    content and then the reply without echo; after a user's message nothing is echoed."""
+    client = server.client()
+    args = dict(model=MODEL, max_tokens=8, temperature=0,
+                extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    plain = client.chat.completions.create(messages=STORY, **args).choices[0].message.content
+    args["extra_body"] = {**args["extra_body"], "echo": True}
+    echoed = client.chat.completions.create(messages=STORY, n=2, **args)
+    assert [c.message.content for c in echoed.choices] == [STORY[-1]["content"] + plain] * 2
+    stream = client.chat.completions.create(messages=STORY, stream=True, **args)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == STORY[-1]["content"] + plain
+    after_user = dict(model=MODEL, messages=STORY[:1], max_tokens=8, temperature=0)
+    assert (client.chat.completions.create(**after_user, extra_body={"echo": True}).choices[0].message.content
+            == client.chat.completions.create(**after_user).choices[0].message.content)
+
+
 def test_a_requests_own_chat_template(server):
     """chat_template: the reply is the completion of the prompt that template renders; one that does not parse is a
     400 naming messages (the chat could not be rendered)."""
