@@ -114,7 +114,8 @@ class SamplingParams:
             bias = {int(k): float(v) for k, v in dict(self.logit_bias or {}).items()}
         except (TypeError, ValueError):
             raise InvalidRequestError("logit_bias must map token ids to numbers", "logit_bias") from None
-        _check(all(-100 <= v <= 100 for v in bias.values()), "logit_bias values must be in [-100, 100]", "logit_bias")
+        _check(all(-100 <= v <= 100 or v == -math.inf for v in bias.values()),
+               "logit_bias values must be in [-100, 100] (or -inf: never that token)", "logit_bias")
         object.__setattr__(self, "logit_bias", bias)
         _check(isinstance(self.top_logprobs, int) and 0 <= self.top_logprobs <= 20,
                f"top_logprobs must be an integer in [0, 20], got {self.top_logprobs!r}", "top_logprobs")

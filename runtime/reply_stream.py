@@ -49,21 +49,21 @@ async def sse(reply: api.Reply, first: StreamDelta, deltas: AsyncIterator[Stream
         while delta is not None:
             if delta.finish_reason in FAILED:
                 _, message, _, type_, code = FAILED[delta.finish_reason]
-                yield _event(api.error_body(message, type_, code=code))
+                yield event(api.error_body(message, type_, code=code))
                 return
             chunk = reply.add(delta)
             if chunk is not None:
-                yield _event(chunk)
+                yield event(chunk)
             delta = await anext(deltas, None)
     if reply.include_usage:
-        yield _event(reply.usage_chunk())
+        yield event(reply.usage_chunk())
     yield "data: [DONE]\n\n"
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False)    # json.dumps with any option builds an encoder each call
 
 
-def _event(data: dict) -> str:
+def event(data: dict) -> str:
     return f"data: {_JSON.encode(data)}\n\n"
 
 

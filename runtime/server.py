@@ -12,8 +12,8 @@
 Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE: reply_stream.py), POST /v1/embeddings
 (runtime/embeddings_api.py), POST /v1/responses (runtime/responses_api.py), POST /v1/messages and
 /v1/messages/count_tokens (Anthropic's Messages API: runtime/messages_api.py), POST /tokenize, /detokenize,
-GET /tokenizer_info (runtime/tokenize_api.py), GET /v1/models and /v1/models/{id}, GET /health, GET /metrics
-(Prometheus text). With an API key set, the /v1 routes need `Authorization: Bearer <key>` (or `x-api-key: <key>`,
+GET /tokenizer_info (runtime/tokenize_api.py), llama-server's POST /completion and /infill
+(runtime/llama_cpp_api.py), GET /v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus text). With an API key set, the /v1 routes need `Authorization: Bearer <key>` (or `x-api-key: <key>`,
 as Anthropic's clients send it); /health and /metrics stay open.
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
@@ -44,7 +44,7 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from . import embeddings_api, messages_api, reasoning, responses_api, tokenize_api, tools
+from . import embeddings_api, llama_cpp_api, messages_api, reasoning, responses_api, tokenize_api, tools
 from . import openai_api as api
 from . import reply_models as rm
 from .artifact import Artifact
@@ -219,6 +219,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
 
     embeddings_api.install(app, state, auth)
     tokenize_api.install(app, state, auth)
+    llama_cpp_api.install(app, state, auth)
     responses_api.install(app, state, auth)
     messages_api.install(app, state, auth)
 
@@ -359,7 +360,9 @@ class _ServerState:
         return tok.decode(ids) if tok is not None else ""
 
     async def respond(self, request: Request, reply: api.Reply, prompts: list[list[int]], params: SamplingParams,
-                      priority: int, stream: bool, arrival: float) -> Response:
+                      priority: int, stream: bool, arrival: float, events=sse) -> Response:
+        """Generate and answer: ``reply``'s final() as JSON, or ``events``(reply, first delta, the rest) streamed
+        (OpenAI's chunks by default; llama_cpp_api streams llama-server's)."""
         deltas = self.metrics.track(self._generate_all(prompts, params, priority), sum(map(len, prompts)), arrival)
         if not stream:
             if not await collect(request, reply, deltas):
@@ -370,7 +373,7 @@ class _ServerState:
         except BaseException:
             await deltas.aclose()
             raise
-        return EventStream(sse(reply, first, deltas), media_type="text/event-stream",
+        return EventStream(events(reply, first, deltas), media_type="text/event-stream",
                             headers=rm.SSE_HEADERS)
 
 

@@ -120,17 +120,25 @@ class Tokenizer:
         """The ids of a fill-in-the-middle prompt, as llama.cpp's /infill and the code models' own FIM format build
         it: BOS where encode adds one, the prefix token, the prefix, the suffix token, the suffix, the middle token
         (the model writes the middle next); None where the vocabulary has no FIM tokens (FIM_TOKENS)."""
-        marks = next((ids for names in FIM_TOKENS if None not in (ids := [self._tok.token_to_id(n) for n in names])),
-                     None)
+        marks = self.fim_marks()
         if marks is None:
             return None
         pre, suf, mid = marks
-        bos = [self.bos_token_id] if self._adds_bos else []
+        bos = [self.bos_token_id] if self.adds_bos else []
         return [*bos, pre, *self.encode(prefix, add_special_tokens=False), suf,
                 *self.encode(suffix, add_special_tokens=False), mid]
 
+    def fim_marks(self) -> tuple[int, int, int] | None:
+        """The vocabulary's (prefix, suffix, middle) FIM token ids (FIM_TOKENS' first set it has whole), or None."""
+        return next((tuple(ids) for names in FIM_TOKENS
+                     if None not in (ids := [self._tok.token_to_id(n) for n in names])), None)
+
+    def token_id_of(self, names: Iterable[str]) -> int | None:
+        """The id of the first of ``names`` the vocabulary has, or None."""
+        return next((i for n in names if (i := self._tok.token_to_id(n)) is not None), None)
+
     @functools.cached_property
-    def _adds_bos(self) -> bool:
+    def adds_bos(self) -> bool:
         """Whether encode (with its special tokens) puts the BOS token first."""
         bos = self.bos_token_id
         plain = self.encode("a", add_special_tokens=False)

@@ -1,10 +1,13 @@
 """/v1/completions with a suffix (fill-in-the-middle, what code-completion clients send) through the official openai
 client, on a tiny model whose vocabulary has Qwen2.5-Coder's FIM tokens: the text before the hole (prompt) and after
-it (suffix) become the model's FIM prompt, and the completion is the one its token ids give, streamed or not."""
+it (suffix) become the model's FIM prompt, and the completion is the one its token ids give, streamed or not; and
+llama-server's /infill, its repository-level prompt laid out as llama.cpp lays it out."""
 
 from __future__ import annotations
 
 import shutil
+
+import httpx
 
 import openai
 import pytest
@@ -17,7 +20,7 @@ from test_server import running_server
 from tiny_models import write_tokenizer
 
 pytestmark = pytest.mark.e2e
-FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>")
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|fim_repo|>", "<|file_sep|>")
 PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
 
 
@@ -63,3 +66,24 @@ def test_what_a_suffix_cannot_go_with_is_a_400(server, body, param):
     with pytest.raises(openai.BadRequestError) as e:
         server[0].client().completions.create(model="fim", max_tokens=4, **body)
     assert e.value.body["param"] == param
+
+
+def test_llama_servers_infill(server):
+    """/infill: the completion of the ids llama-server's format_prompt_infill builds (in this 256-token context no
+    room is left for input_extra: prefix + prompt, suffix, middle), and a file separator ends it as EOS does."""
+    s, tok = server
+    pre, suf, mid = tok.fim_marks()
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False)
+    ids = [pre, *enc(PREFIX), *enc("a"), suf, *enc(SUFFIX), mid]          # the prompt after the prefix, apart
+    body = {"n_predict": 8, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+    want = httpx.post(f"{s.url}/completion", json={"prompt": ids, **body}, timeout=120).json()
+    got = httpx.post(f"{s.url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "a",
+                                              "input_extra": [{"filename": "util.py", "text": "X = 1\n"}], **body},
+                     timeout=120).json()
+    assert got["tokens"] == want["tokens"] and got["content"] == want["content"]
+    assert got["tokens_evaluated"] == len(ids)
+    sep = tok.token_id_of(["<|file_sep|>"])
+    ended = httpx.post(f"{s.url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 8,
+                                                "temperature": 0, "logit_bias": [[sep, 100]]}, timeout=120).json()
+    assert ended["stop_type"] == "eos" and ended["tokens_predicted"] <= 1

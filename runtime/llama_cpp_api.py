@@ -1,0 +1,386 @@
+"""llama.cpp's own server routes, for the clients written against llama-server (llama.vim, llama.vscode, scripts):
+
+    POST /completion (/completions)  a prompt (text, token ids, or both mixed; several prompts answer an array),
+                                     llama.cpp's sampling fields and defaults, streamed as llama-server streams
+                                     (`data:` events of content and tokens, the last one `stop: true`, no [DONE])
+    POST /infill                     code infilling: input_prefix, input_suffix, input_extra and prompt laid out as
+                                     llama-server's format_prompt_infill lays them out (repository-level where the
+                                     vocabulary has <|fim_repo|> / <|file_sep|>)
+
+Every field llama-server reads is implemented, or refused with a 400 naming it where it asks for what kiln does not
+do (Mirostat, DRY, XTC, typical-p, dynamic temperature, ... set away from their disabled values; presence and
+frequency penalties, which llama.cpp counts over the last repeat_last_n tokens, prompt included). Fields that only
+tune a sampler left off, or llama.cpp's own cache bookkeeping (cache_prompt, n_keep, n_cache_reuse: kiln's prefix
+cache is automatic and an over-long prompt is refused, never shifted), change no output and are accepted.
+Sampling differs in one documented way: kiln applies temperature before top-k / top-p / min-p (vLLM's order);
+llama.cpp last. Greedy decoding (temperature <= 0) is the same either way."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from pydantic import BaseModel, ConfigDict, StrictInt
+
+from . import reply_models as rm
+from .http_errors import FAILED
+from .openai_api import APIError, error_body
+from .protocol import SamplingParams, StreamDelta, TokenLogprob
+from .reply_stream import event
+
+N_BATCH = 2048          # llama-server's default --batch-size: what /infill's prefix and suffix are cut to fit
+REPO_TOKENS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")   # llama.cpp's FIM_REP names
+FILE_SEP_TOKENS = ("<|file_sep|>",)                                                      # its FIM_SEP
+SNIPPET = "\n\n--- snippet ---\n\n"     # what separates input_extra's chunks where the vocabulary has no FIM_SEP
+
+# Fields that turn on a sampler or a behaviour kiln does not implement: accepted at the value that leaves it off.
+OFF = {"typical_p": 1.0, "dynatemp_range": 0.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+       "min_keep": 0, "t_max_predict_ms": 0, "n_indent": 0, "timings_per_token": False, "return_progress": False,
+       "post_sampling_probs": False, "backend_sampling": False, "verbose": False, "grammar_lazy": False,
+       "id_slot": -1, "reasoning_budget_tokens": -1}
+
+
+class LlamaCompletionRequest(BaseModel):
+    """llama-server's /completion body (its defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str | list[StrictInt | str] | list[str | list[StrictInt | str]] = ""
+    model: str | None = None
+    stream: bool = False
+    n_predict: int | None = None                  # -1: until the context is full
+    max_tokens: int | None = None                 # n_predict's aliases
+    max_completion_tokens: int | None = None
+    n_cmpl: int | None = None                     # completions per prompt (alias n)
+    n: int | None = None
+    temperature: float = 0.8                      # <= 0: greedy
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = -1                                # -1: random
+    stop: list[str] = []
+    ignore_eos: bool = False
+    n_probs: int | None = None                    # the top n_probs tokens of each generated one (alias logprobs)
+    logprobs: int | None = None
+    return_tokens: bool = False
+    logit_bias: list[list[Any]] | dict[str, float | bool] | None = None   # [[id or text, bias or false]] or a map
+    grammar: str | None = None                    # GBNF (xgrammar reads llama.cpp's grammar format)
+    json_schema: dict[str, Any] | None = None
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    cache_prompt: bool = True                     # kiln's prefix cache is always on: no output change
+    n_keep: int = 0                               # context shifting: kiln refuses an over-long prompt instead
+    n_discard: int = 0
+    n_cache_reuse: int = 0
+    # set away from OFF's values: refused
+    typical_p: float = 1.0
+    dynatemp_range: float = 0.0
+    mirostat: int = 0
+    dry_multiplier: float = 0.0
+    xtc_probability: float = 0.0
+    min_keep: int = 0
+    t_max_predict_ms: int = 0
+    n_indent: int = 0
+    timings_per_token: bool = False
+    return_progress: bool = False
+    post_sampling_probs: bool = False
+    backend_sampling: bool = False
+    verbose: bool = False
+    grammar_lazy: bool = False
+    id_slot: int = -1
+    reasoning_budget_tokens: int = -1
+    # tune only samplers OFF leaves off: accepted
+    dynatemp_exponent: float = 1.0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] | None = None
+    xtc_threshold: float = 0.1
+    top_n_sigma: float = -1.0                     # < 0: off (refused otherwise)
+
+
+class InfillRequest(LlamaCompletionRequest):
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[dict[str, str]] = []        # [{"filename": ..., "text": ...}], before the FIM prefix
+
+
+class LlamaTopProb(BaseModel):
+    id: int
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class LlamaTokenProb(LlamaTopProb):
+    top_logprobs: list[LlamaTopProb]
+
+
+class LlamaCompletion(BaseModel):
+    index: int
+    content: str
+    tokens: list[int]
+    id_slot: int
+    stop: bool
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    generation_settings: dict[str, Any]
+    prompt: str
+    has_new_line: bool
+    truncated: bool
+    stop_type: str
+    stopping_word: str
+    tokens_cached: int
+    timings: dict[str, float]
+    completion_probabilities: list[LlamaTokenProb] | None = None
+
+
+def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, tokenizer) -> SamplingParams:
+    """The request's SamplingParams (a 400 naming the field where it asks for what kiln does not do)."""
+    for name, off in OFF.items():
+        if getattr(req, name) != off:
+            raise APIError(400, f"{name} {getattr(req, name)!r} asks for a llama.cpp sampler or behaviour kiln does "
+                                f"not implement; leave it out (or {off!r})", name)
+    if req.top_n_sigma >= 0:
+        raise APIError(400, "top_n_sigma (top-n-sigma sampling) is not implemented by kiln; leave it out",
+                       "top_n_sigma")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise APIError(400, f"{name}: llama.cpp counts it over the last repeat_last_n tokens, prompt included, "
+                                "kiln over the generated tokens only (OpenAI's rule): send it to /v1/completions", name)
+    if req.repeat_penalty != 1.0 and req.repeat_last_n < context_window:
+        raise APIError(400, f"repeat_penalty with repeat_last_n {req.repeat_last_n}: kiln penalizes every prompt and "
+                            f"generated token; set repeat_last_n to the context ({context_window}) or more",
+                       "repeat_last_n")
+    if req.seed < -1 or req.seed >= 1 << 32:
+        raise APIError(400, f"seed must be -1 (random) or from 0 to 4294967295, got {req.seed}", "seed")
+    n_predict = next((v for v in (req.n_predict, req.max_tokens, req.max_completion_tokens) if v is not None), -1)
+    if n_predict < -1:
+        raise APIError(400, f"n_predict must be -1 (until the context is full) or >= 0, got {n_predict}", "n_predict")
+    if n_predict == -1:
+        n_predict = max(1, context_window - prompt_len)
+    n_probs = next((v for v in (req.n_probs, req.logprobs) if v is not None), 0)
+    if req.grammar is not None and req.json_schema is not None:
+        raise APIError(400, "send one of grammar and json_schema", "json_schema")
+    return SamplingParams(
+        max_tokens=n_predict, prompt_logprobs=0 if n_predict == 0 else None,
+        temperature=max(req.temperature, 0.0), top_k=req.top_k, top_p=max(req.top_p, 1e-9), min_p=req.min_p,
+        seed=None if req.seed == -1 else req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
+        n=next((v for v in (req.n_cmpl, req.n) if v is not None), 1), repetition_penalty=req.repeat_penalty,
+        logit_bias=logit_bias(req.logit_bias, tokenizer), logprobs=n_probs > 0, top_logprobs=n_probs,
+        response_format=_format(req))
+
+
+def _format(req: LlamaCompletionRequest) -> dict[str, Any] | None:
+    if req.json_schema is not None:
+        schema = req.json_schema or {"type": "object"}            # llama.cpp: an empty schema is any object
+        return {"type": "json_schema", "json_schema": {"name": "json_schema", "schema": schema}, "param": "json_schema"}
+    if req.grammar:
+        return {"type": "grammar", "grammar": req.grammar, "param": "grammar"}
+    return None
+
+
+def logit_bias(given, tokenizer) -> dict[int, float]:
+    """llama.cpp's logit_bias: [[token id or text, bias]] pairs or a {"id or text": bias} map; a text biases each of
+    its tokens, and a bias of false bans the token (-inf)."""
+    pairs = list(given.items()) if isinstance(given, dict) else list(given or ())
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise APIError(400, f"logit_bias entries are [token id or text, bias] pairs, got {pair!r}", "logit_bias")
+        key, bias = pair
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise APIError(400, f"a logit_bias bias is a number or false, got {bias!r}", "logit_bias")
+        if isinstance(key, str) and key.lstrip("-").isdigit():
+            key = int(key)
+        if isinstance(key, int) and not isinstance(key, bool):
+            ids = [key]
+        elif isinstance(key, str) and tokenizer is not None:
+            ids = tokenizer.encode(key, add_special_tokens=False)
+        else:
+            raise APIError(400, f"a logit_bias key is a token id or a text, got {key!r}", "logit_bias")
+        out.update(dict.fromkeys(ids, float(bias)))
+    return out
+
+
+def prompt_ids(prompt, tokenizer) -> list[list[int]]:
+    """llama.cpp's prompt shapes: a text, token ids, ids and texts mixed (one prompt: a text first gets the BOS), or a
+    list of those (several prompts: any list without a bare id in it)."""
+    if isinstance(prompt, list) and not any(isinstance(p, int) for p in prompt):
+        if not prompt:
+            raise APIError(400, "prompt must not be empty", "prompt")
+        return [_one_prompt(p, tokenizer) for p in prompt]
+    return [_one_prompt(prompt, tokenizer)]
+
+
+def _one_prompt(prompt, tokenizer, special: bool = True) -> list[int]:
+    """One prompt's ids; ``special``: a text first is encoded with the tokenizer's BOS (llama.cpp's add_special)."""
+    parts = [prompt] if isinstance(prompt, str) else prompt
+    if any(isinstance(p, str) for p in parts) and tokenizer is None:
+        raise APIError(400, "this artifact has no tokenizer; send the prompt as token ids", "prompt")
+    ids: list[int] = []
+    for i, part in enumerate(parts):
+        ids += [part] if isinstance(part, int) else tokenizer.encode(part, add_special_tokens=special and i == 0)
+    return ids
+
+
+def infill_ids(req: InfillRequest, tokenizer, n_predict: int, context_window: int) -> list[int]:
+    """llama-server's format_prompt_infill: [FIM_REP "myproject\\n"] each input_extra chunk after FIM_SEP and its
+    filename (or a snippet line), [FIM_SEP "filename\\n"], then BOS?, FIM_PRE, the prefix's last 3/4 batch of tokens,
+    the prompt's, FIM_SUF, the suffix's first tokens that fit the batch's last quarter, FIM_MID; of the extra context
+    the last tokens the context leaves past a batch and twice n_predict (none in a context of 2048 or fewer)."""
+    marks = tokenizer.fim_marks() if tokenizer is not None else None
+    if marks is None:
+        raise APIError(400, "/infill needs a code model whose vocabulary marks a prefix, a suffix and a middle "
+                            "(<|fim_prefix|>, <fim_prefix>, <｜fim▁begin｜>, <PRE>, ...); this model's has no such "
+                            "tokens: use /completion", "input_prefix")
+    pre, suf, mid = marks
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)      # noqa: E731
+    repo, sep = tokenizer.token_id_of(REPO_TOKENS), tokenizer.token_id_of(FILE_SEP_TOKENS)
+    extra: list[int] = [repo, *encode("myproject\n")] if repo is not None else []
+    for chunk in req.input_extra:
+        extra += [sep, *encode(chunk.get("filename", "tmp") + "\n")] if sep is not None else encode(SNIPPET)
+        extra += encode(chunk.get("text", ""))
+    if sep is not None:
+        extra += [sep, *encode("filename\n")]
+    prefix, suffix = encode(req.input_prefix), encode(req.input_suffix)
+    middle = _one_prompt(req.prompt, tokenizer, special=False)
+    batch = min(N_BATCH, context_window)                 # llama.cpp's batch is never more than its context
+    prefix = prefix[len(prefix) - min(len(prefix), 3 * (batch // 4)):]
+    suffix = suffix[:max(0, batch // 4 - (2 + len(middle)))]
+    n_extra = min(max(0, context_window - batch - 2 * n_predict), len(extra))
+    bos = [tokenizer.bos_token_id] if tokenizer.adds_bos else []
+    return [*extra[len(extra) - n_extra:], *bos, pre, *prefix, *middle, suf, *suffix, mid]
+
+
+@dataclass
+class LlamaReply:
+    """One /completion call's reply: llama-server's partial results as a stream, its final result(s) at the end."""
+
+    model: str
+    prompts: list[list[int]]
+    prompt_texts: list[str]
+    n: int
+    settings: dict[str, Any]
+    token_text: Any                     # token id -> (text, bytes)
+    stream: bool
+    return_tokens: bool
+    arrival: float = field(default_factory=time.monotonic)
+    choices: dict[int, dict[str, Any]] = field(default_factory=dict)
+    include_usage = False               # reply_stream's protocol
+
+    def add(self, delta: StreamDelta) -> list[dict]:
+        """Record a delta; returns its stream events (a partial result, and the final one when it finishes)."""
+        c = self.choices.setdefault(delta.index, {"text": [], "ids": [], "probs": [], "cached": 0, "first": None})
+        now = time.monotonic()
+        if delta.token_ids and c["first"] is None:
+            c["first"] = now
+        c["text"].append(delta.text)
+        c["ids"] += delta.token_ids
+        c["cached"] = delta.cached_tokens or c["cached"]
+        probs = [self._prob(lp) for lp in delta.logprobs or ()]
+        c["probs"] += probs
+        c["end"], c["reason"], c["word"] = now, delta.finish_reason, delta.stop_string
+        events = []
+        if delta.text or delta.token_ids:
+            partial = {"index": delta.index, "content": delta.text, "tokens": delta.token_ids, "stop": False,
+                       "id_slot": -1, "tokens_predicted": len(c["ids"]),
+                       "tokens_evaluated": len(self.prompts[delta.index // self.n])}
+            if probs:
+                partial["completion_probabilities"] = probs
+            events.append(partial)
+        if delta.finish_reason is not None:
+            events.append(self._final(delta.index))
+        return events
+
+    def _prob(self, lp: TokenLogprob) -> dict:
+        def one(token_id: int, logprob: float) -> dict:
+            text, raw = self.token_text(token_id)
+            return {"id": token_id, "token": text, "bytes": list(raw), "logprob": logprob}
+        return {**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+    def _final(self, index: int) -> dict:
+        c, prompt = self.choices[index], index // self.n
+        text, n_prompt, n_out = "".join(c["text"]), len(self.prompts[prompt]), len(c["ids"])
+        first = c["first"] or c["end"]
+        prompt_ms, predicted_ms = (first - self.arrival) * 1e3, (c["end"] - first) * 1e3
+        stop_type = ("word" if c["word"] is not None else "eos") if c["reason"] == "stop" else "limit"
+        out = {"index": index, "content": "" if self.stream else text,
+               "tokens": [] if self.stream or not self.return_tokens else c["ids"], "id_slot": -1, "stop": True,
+               "model": self.model, "tokens_predicted": n_out, "tokens_evaluated": n_prompt,
+               "generation_settings": self.settings, "prompt": self.prompt_texts[prompt], "has_new_line": "\n" in text,
+               "truncated": False, "stop_type": stop_type, "stopping_word": c["word"] or "",
+               "tokens_cached": c["cached"],
+               "timings": {"prompt_n": n_prompt - c["cached"], "prompt_ms": prompt_ms,
+                           "prompt_per_token_ms": prompt_ms / max(1, n_prompt - c["cached"]),
+                           "prompt_per_second": 1e3 * (n_prompt - c["cached"]) / max(prompt_ms, 1e-9),
+                           "predicted_n": n_out, "predicted_ms": predicted_ms,
+                           "predicted_per_token_ms": predicted_ms / max(1, n_out - 1),
+                           "predicted_per_second": 1e3 * max(0, n_out - 1) / max(predicted_ms, 1e-9)}}
+        if not self.stream and c["probs"]:
+            out["completion_probabilities"] = c["probs"]
+        return out
+
+    def final(self) -> dict | list[dict]:
+        """The non-streaming answer: one result, or an array (several prompts, or n_cmpl > 1), as llama-server's."""
+        results = [self._final(i) for i in sorted(self.choices)]
+        return results[0] if len(results) == 1 else results
+
+
+async def events(reply: LlamaReply, first: StreamDelta, deltas: AsyncIterator[StreamDelta]) -> AsyncIterator[str]:
+    """llama-server's stream: its results as `data:` events, an error as one, and no [DONE] after them."""
+    delta: StreamDelta | None = first
+    while delta is not None:
+        if delta.finish_reason in FAILED:
+            _, message, _, type_, code = FAILED[delta.finish_reason]
+            yield event(error_body(message, type_, code=code))
+            return
+        for chunk in reply.add(delta):
+            yield event(chunk)
+        delta = await anext(deltas, None)
+
+
+def install(app: FastAPI, state, auth: list[Depends]) -> None:
+    """Add the routes; `state` is the server's _ServerState."""
+
+    async def complete(body: LlamaCompletionRequest, request: Request, prompts: list[list[int]]):
+        arrival = time.monotonic()
+        engine = state.engine.engine
+        for ids in prompts:
+            engine.check_tokens(ids)
+        params = sampling(body, max(map(len, prompts)), state.context_window, engine.tokenizer)
+        if engine.tokenizer is not None and not body.ignore_eos:     # llama.cpp's end-of-generation tokens: EOS and
+            params = replace(params, stop_token_ids=(*params.stop_token_ids, *engine.tokenizer.fim_end_ids))  # FIM's
+        params = await state.compile_grammar(params)
+        settings = {**body.model_dump(exclude={"prompt", "input_prefix", "input_suffix", "input_extra"}),
+                    "n_predict": params.max_tokens, "n_ctx": state.context_window, "model": state.model_name}
+        reply = LlamaReply(state.model_name, prompts, [state.decode(p) for p in prompts], params.n, settings,
+                           state.token_text, body.stream, body.return_tokens, arrival)
+        return await state.respond(request, reply, prompts, params, 0, body.stream, arrival, events=events)
+
+    documented = dict(dependencies=auth, response_model=LlamaCompletion | list[LlamaCompletion],
+                      responses=rm.with_stream("llama-server's result (an array for several), or its stream"))
+
+    @app.post("/completion", **documented)
+    @app.post("/completions", include_in_schema=False, **documented)
+    async def completion(body: LlamaCompletionRequest, request: Request):
+        state.check_model(body.model)
+        return await complete(body, request, prompt_ids(body.prompt, state.engine.engine.tokenizer))
+
+    @app.post("/infill", **documented)
+    async def infill(body: InfillRequest, request: Request):
+        state.check_model(body.model)
+        n_predict = next((v for v in (body.n_predict, body.max_tokens, body.max_completion_tokens) if v is not None),
+                         -1)
+        ids = infill_ids(body, state.engine.engine.tokenizer, n_predict, state.context_window)
+        return await complete(body, request, [ids])

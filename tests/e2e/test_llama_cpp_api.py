@@ -1,0 +1,129 @@
+"""llama-server's own /completion route on the served tiny model (both engine placements: test_server's fixture),
+as llama.cpp's clients call it over HTTP: its prompt shapes, defaults, result fields, stream (no [DONE]) and token
+probabilities, against the in-process engine's greedy run; what kiln does not implement is a 400 naming the field.
+/infill is tested beside the FIM model (test_fill_in_the_middle.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import httpx
+import pytest
+
+from test_server import MODEL, server  # noqa: F401 (the served tiny model fixture)
+from test_vllm_extensions import _greedy
+
+pytestmark = pytest.mark.e2e
+GREEDY = {"temperature": 0, "ignore_eos": True, "n_predict": 8}
+
+
+def _post(server, body: dict, path: str = "/completion") -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, timeout=120)
+
+
+def _events(server, body: dict) -> list[str]:
+    with httpx.stream("POST", f"{server.url}/completion", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def test_a_completion_is_the_greedy_run_with_llama_servers_fields(server, tiny_artifacts):
+    engine, prompt, ids = _greedy(tiny_artifacts, "Once upon a time")
+    out = _post(server, {"prompt": "Once upon a time", "return_tokens": True, **GREEDY}).json()
+    assert out["tokens"] == ids and out["content"] == engine.tokenizer.decode(ids)
+    assert out["stop"] is True and out["stop_type"] == "limit" and out["tokens_predicted"] == 8
+    assert out["tokens_evaluated"] == len(prompt) and out["prompt"] == engine.tokenizer.decode(prompt)
+    assert out["model"] == MODEL and out["generation_settings"]["n_predict"] == 8
+    assert out["has_new_line"] == ("\n" in out["content"]) and out["timings"]["predicted_n"] == 8
+    mixed = _post(server, {"prompt": [*prompt[:2], engine.tokenizer.decode(prompt[2:])], **GREEDY}).json()
+    assert mixed["content"] == out["content"] and mixed["tokens"] == []         # tokens only with return_tokens
+    by_ids = _post(server, {"prompt": prompt, **GREEDY}).json()
+    assert by_ids["content"] == out["content"] and by_ids["tokens_evaluated"] == len(prompt)
+    nothing = _post(server, {"prompt": prompt, "n_predict": 0}).json()               # the prompt evaluated only
+    assert (nothing["content"], nothing["tokens_predicted"], nothing["stop_type"]) == ("", 0, "limit")
+
+
+def test_the_stream_sends_content_and_tokens_then_a_final_result(server, tiny_artifacts):
+    engine, _, ids = _greedy(tiny_artifacts, "Once upon a time")
+    lines = _events(server, {"prompt": "Once upon a time", **GREEDY})
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] != "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines]
+    assert [c["stop"] for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert "".join(c["content"] for c in chunks) == engine.tokenizer.decode(ids)
+    assert [t for c in chunks[:-1] for t in c["tokens"]] == ids
+    assert chunks[-1]["content"] == "" and chunks[-1]["stop_type"] == "limit" and chunks[-1]["tokens_predicted"] == 8
+
+
+def test_several_prompts_answer_an_array(server, tiny_artifacts):
+    engine, _, ids = _greedy(tiny_artifacts, "Once upon a time")
+    out = _post(server, {"prompt": ["Once upon a time", "Hello"], **GREEDY, "n_predict": 4}).json()
+    assert [r["index"] for r in out] == [0, 1] and out[0]["content"] == engine.tokenizer.decode(ids[:4])
+    assert out[1]["tokens_evaluated"] == len(engine.encode("Hello"))
+
+
+def test_n_probs_gives_each_tokens_top_probabilities(server, tiny_artifacts):
+    engine, _, ids = _greedy(tiny_artifacts, "Once upon a time")
+    out = _post(server, {"prompt": "Once upon a time", "n_probs": 3, **GREEDY, "n_predict": 4}).json()
+    probs = out["completion_probabilities"]
+    assert [p["id"] for p in probs] == ids[:4]
+    for p in probs:
+        assert len(p["top_logprobs"]) == 3 and p["top_logprobs"][0]["id"] == p["id"]      # greedy: the top one
+        assert math.isclose(p["logprob"], p["top_logprobs"][0]["logprob"]) and p["logprob"] <= 0
+        assert bytes(p["bytes"]).decode(errors="replace") == p["token"] or "\ufffd" in p["token"]
+
+
+def test_stop_words_logit_bias_and_grammar(server, tiny_artifacts):
+    engine, _, ids = _greedy(tiny_artifacts, "Once upon a time")
+    text = engine.tokenizer.decode(ids)
+    word = text[len(text) // 2:len(text) // 2 + 2]
+    out = _post(server, {"prompt": "Once upon a time", "stop": [word], **GREEDY}).json()
+    assert out["content"] == text[:text.index(word)] and out["stop_type"] == "word" and out["stopping_word"] == word
+    banned = _post(server, {"prompt": "Once upon a time", "logit_bias": [[ids[0], False]], "return_tokens": True,
+                            **GREEDY}).json()
+    assert banned["tokens"][0] != ids[0]
+    as_map = _post(server, {"prompt": "Once upon a time", "logit_bias": {str(ids[0]): False}, "return_tokens": True,
+                            **GREEDY}).json()
+    assert as_map["tokens"] == banned["tokens"]
+    shaped = _post(server, {"prompt": "Once upon a time", "grammar": 'root ::= "x" [0-9] [0-9]', "temperature": 0.8,
+                            "seed": 3}).json()
+    assert re.fullmatch(r"x[0-9]{2}", shaped["content"]) and shaped["stop_type"] == "eos"
+
+
+def test_llama_cpp_defaults_and_seeds_sample_reproducibly(server):
+    body = {"prompt": "Once upon a time", "n_predict": 6, "seed": 7, "ignore_eos": True}
+    first, again = _post(server, body).json(), _post(server, body).json()
+    assert first["content"] == again["content"]
+    settings = first["generation_settings"]
+    assert (settings["temperature"], settings["top_k"], settings["top_p"], settings["min_p"]) == (0.8, 40, 0.95, 0.05)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"mirostat": 2}, "mirostat"),
+    ({"dry_multiplier": 0.8}, "dry_multiplier"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"repeat_penalty": 1.1}, "repeat_last_n"),                 # over the last 64 tokens: not kiln's rule
+    ({"seed": -2}, "seed"),
+    ({"grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema"),
+    ({"logit_bias": [[5]]}, "logit_bias"),
+    ({"no_such_field": 1}, "no_such_field"),
+])
+def test_what_kiln_does_not_do_is_a_400_naming_the_field(server, extra, param):
+    r = _post(server, {"prompt": "Once upon a time", "n_predict": 2, **extra})
+    assert r.status_code == 400 and param in json.dumps(r.json()["error"])
+
+
+def test_repeat_penalty_over_the_whole_context_is_kiln_s(server):
+    """repeat_penalty with repeat_last_n covering the context: the /v1/completions repetition_penalty's reply."""
+    window = httpx.get(f"{server.url}/v1/models/{MODEL}").json()["max_model_len"]
+    body = {"prompt": "Once upon a time", **GREEDY, "repeat_penalty": 1.5, "repeat_last_n": window}
+    got = _post(server, body).json()["content"]
+    want = server.client().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                              extra_body={"ignore_eos": True, "repetition_penalty": 1.5})
+    assert got == want.choices[0].text
+
+
+def test_infill_needs_fim_tokens(server):
+    r = _post(server, {"input_prefix": "def f(", "input_suffix": ")\n", "n_predict": 2}, "/infill")
+    assert r.status_code == 400 and "input_prefix" in json.dumps(r.json())

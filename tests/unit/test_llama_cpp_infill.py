@@ -1,0 +1,49 @@
+"""llama-server's /infill prompt (runtime/llama_cpp_api.infill_ids) against its format_prompt_infill, written out by
+hand: in a context past llama.cpp's 2048-token batch the extra files come first (the repository's name, each file
+after a separator and its name, the current file's separator), the prefix keeps its last 1536 tokens and the suffix
+its first 512 less the prompt and two; without FIM_SEP each extra file follows a snippet line."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.runtime.llama_cpp_api import SNIPPET, InfillRequest, infill_ids
+from kiln.runtime.tokenizer import Tokenizer
+from tiny_models import write_tokenizer
+
+pytestmark = pytest.mark.unit
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+def _tokenizer(tmp_path, *more: str) -> Tokenizer:
+    write_tokenizer(tmp_path, 512, specials=(*FIM, *more))
+    return Tokenizer.from_dir(tmp_path)
+
+
+def test_a_repository_level_prompt(tmp_path):
+    tok = _tokenizer(tmp_path, "<|fim_repo|>", "<|file_sep|>")
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False)
+    pre, suf, mid = tok.fim_marks()
+    repo, sep = tok.token_id_of(["<|fim_repo|>"]), tok.token_id_of(["<|file_sep|>"])
+    prefix, suffix = "x = 1\n" * 600, "y = 2\n" * 300
+    assert len(enc(prefix)) > 1536 and len(enc(suffix)) > 512
+    req = InfillRequest(input_prefix=prefix, input_suffix=suffix, prompt="z",
+                        input_extra=[{"filename": "a.py", "text": "A = 0\n"}, {"text": "B = 1\n"}])
+    want = [repo, *enc("myproject\n"), sep, *enc("a.py\n"), *enc("A = 0\n"), sep, *enc("tmp\n"), *enc("B = 1\n"),
+            sep, *enc("filename\n"), pre, *enc(prefix)[-1536:], *enc("z"), suf, *enc(suffix)[:512 - 3], mid]
+    assert infill_ids(req, tok, n_predict=16, context_window=8192) == want
+    extra = want[:want.index(pre)]
+    assert len(extra) > 24
+    cut = infill_ids(req, tok, n_predict=1012, context_window=4096)            # leaves 4096 - 2048 - 2024 = 24
+    assert cut == extra[-24:] + want[len(extra):]
+    assert infill_ids(req, tok, n_predict=1100, context_window=4096)[0] == pre                       # none left
+
+
+def test_extra_files_after_a_snippet_line_without_file_separators(tmp_path):
+    tok = _tokenizer(tmp_path)
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False)
+    pre, suf, mid = tok.fim_marks()
+    req = InfillRequest(input_prefix="p", input_suffix="s", input_extra=[{"filename": "a.py", "text": "A"}])
+    assert infill_ids(req, tok, 8, 8192) == [*enc(SNIPPET), *enc("A"), pre, *enc("p"), suf, *enc("s"), mid]
