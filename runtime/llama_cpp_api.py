@@ -305,8 +305,8 @@ class LlamaReply:
 
     def _prob(self, lp: TokenLogprob) -> dict:
         def one(token_id: int, logprob: float) -> dict:
-            text, raw = self.token_text(token_id)
-            return {"id": token_id, "token": text, "bytes": list(raw), "logprob": logprob}
+            raw = self.token_text(token_id)[1]       # its text: the whole UTF-8 characters of its bytes (llama.cpp's)
+            return {"id": token_id, "token": raw.decode("utf-8", "ignore"), "bytes": list(raw), "logprob": logprob}
         return {**one(lp.token_id, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
 
     def _final(self, index: int) -> dict:
