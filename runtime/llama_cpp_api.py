@@ -12,8 +12,8 @@ do (Mirostat, DRY, XTC, typical-p, dynamic temperature, ... set away from their 
 frequency penalties, which llama.cpp counts over the last repeat_last_n tokens, prompt included). Fields that only
 tune a sampler left off, or llama.cpp's own cache bookkeeping (cache_prompt, n_keep, n_cache_reuse: kiln's prefix
 cache is automatic and an over-long prompt is refused, never shifted), change no output and are accepted.
-Sampling differs in one documented way: kiln applies temperature before top-k / top-p / min-p (vLLM's order);
-llama.cpp last. Greedy decoding (temperature <= 0) is the same either way."""
+Sampling follows llama.cpp's chain: top-k, top-p and min-p choose on the untempered distribution, temperature
+applies to what they kept (SamplingParams.temperature_last; the OpenAI routes temper first, as vLLM does)."""
 
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
         seed=None if req.seed == -1 else req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
         n=next((v for v in (req.n_cmpl, req.n) if v is not None), 1), repetition_penalty=req.repeat_penalty,
         logit_bias=logit_bias(req.logit_bias, tokenizer), logprobs=n_probs > 0, top_logprobs=n_probs,
-        response_format=_format(req))
+        response_format=_format(req), temperature_last=True)
 
 
 def _format(req: LlamaCompletionRequest) -> dict[str, Any] | None:

@@ -8,6 +8,9 @@ sample() turns logits [batch, vocab] into one token per row, in vLLM's order:
     tokens) -> greedy rows: argmax | other rows: temperature -> top_k -> top_p
     -> min_p -> one uniform draw from the request's own np.random.Generator
 
+(A request with temperature_last: top_k -> top_p -> min_p on the untempered
+distribution, then temperature on the tokens kept: llama.cpp's chain.)
+
 Every filter becomes a per-row logit threshold (keep x >= thr; ties at the
 threshold are kept), so a row's token depends only on its own logits,
 parameters and generator: never on which requests share the batch. A seeded
@@ -83,6 +86,7 @@ class SamplingBatch:
     num_logprobs: np.ndarray         # [batch] int64, -1 = no logprobs, else how many top alternatives
     rngs: list[np.random.Generator]
     allowed: tuple[tuple[int, np.ndarray], ...] = ()   # (row, the only ids it may take: allowed_token_ids)
+    temperature_last: np.ndarray | None = None          # [batch] bool: filters before temperature (llama.cpp's)
 
 
 @dataclass
@@ -124,7 +128,9 @@ class Sampler:
             grammar_rows=np.asarray(grammar_rows, np.int64),
             grammar_bitmask=_grammar_bitmask([_grammar(requests[i]) for i in grammar_rows]),
             num_logprobs=column((p.top_logprobs if p.needs_logprobs else -1 for p in ps), np.int64),
-            rngs=[r.rng for r in requests])
+            rngs=[r.rng for r in requests],
+            temperature_last=column((p.temperature_last for p in ps), bool)
+            if any(p.temperature_last for p in ps) else None)
 
     def sample(self, logits: np.ndarray, batch: SamplingBatch) -> SampleResult:
         """logits: [batch, vocab] float32 -> one token (and its logprobs, if asked) per row."""
@@ -138,9 +144,12 @@ class Sampler:
         rows = np.flatnonzero(batch.temperature > 0)
         if rows.size:
             scaled = _take(x, rows)                        # in place when every row samples (no copy)
-            scaled /= batch.temperature[rows, None]
+            late = None if batch.temperature_last is None else batch.temperature_last[rows]
+            first = batch.temperature[rows] if late is None else np.where(late, 1, batch.temperature[rows])
+            scaled /= first[:, None]
             tokens[rows] = _draw(scaled, batch.top_k[rows], batch.top_p[rows], batch.min_p[rows],
-                                 [batch.rngs[i] for i in rows])
+                                 [batch.rngs[i] for i in rows],
+                                 None if late is None else np.where(late, batch.temperature[rows], 1))
         logprobs: list[TokenLogprob | None] = [None] * len(tokens)
         for i, lp in zip(lp_rows, token_logprobs(lp_x, tokens[lp_rows], batch.num_logprobs[lp_rows])):
             logprobs[i] = lp
@@ -162,7 +171,8 @@ def raw_logits(request: Request) -> bool:
     # planned before this token's text shows whether the answer has begun.
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
             and not p.presence_penalty and getattr(request, "grammar", None) is None
-            and not getattr(request, "masked_next", ()) and p.allowed_token_ids is None)
+            and not getattr(request, "masked_next", ()) and p.allowed_token_ids is None
+            and not p.temperature_last)             # the device sampler and speculation temper first
 
 
 def _bias(request) -> dict[int, float]:
@@ -220,7 +230,7 @@ def process_logits(x: np.ndarray, batch: SamplingBatch) -> None:
 
 
 def probabilities(logits_row: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                  min_p: float = 0.0) -> np.ndarray:
+                  min_p: float = 0.0, temperature_last: bool = False) -> np.ndarray:
     """The exact distribution sample() draws a row from (after bias, mask and penalties), float64 [vocab].
 
     Greedy settings (temperature 0 or top_k 1) give a one-hot argmax.
@@ -228,17 +238,19 @@ def probabilities(logits_row: np.ndarray, temperature: float, top_k: int = 0, to
     row = np.asarray(logits_row, np.float32)
     if temperature == 0 or top_k == 1:
         return np.eye(row.size, dtype=np.float64)[int(np.argmax(row))]
-    x = (row / np.float32(temperature))[None]                               # [1, vocab]
-    p = _filtered_weights(x, np.array([top_k]), np.array([top_p], np.float32), np.array([min_p], np.float32))
+    late = np.array([temperature], np.float32) if temperature_last else None
+    x = (row if temperature_last else row / np.float32(temperature))[None]  # [1, vocab]
+    p = _weights(x, np.array([top_k]), np.array([top_p], np.float32), np.array([min_p], np.float32), late)
     return p[0].astype(np.float64) / p[0].sum(dtype=np.float64)
 
 
 # ---- sampling rows -------------------------------------------------------------------
 
 def _draw(x: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
-          rngs: list[np.random.Generator]) -> np.ndarray:
-    """x: [rows, vocab] temperature-scaled logits -> one token per row, one uniform draw each."""
-    weights = _filtered_weights(x, top_k, top_p, min_p)                       # [rows, vocab] unnormalized
+          rngs: list[np.random.Generator], late: np.ndarray | None = None) -> np.ndarray:
+    """x: [rows, vocab] temperature-scaled logits (``late``: the temperatures rows apply after the filters, 1 where
+    x is scaled already) -> one token per row, one uniform draw each."""
+    weights = _weights(x, top_k, top_p, min_p, late)                          # [rows, vocab] unnormalized
     u = np.fromiter((g.random() for g in rngs), np.float64, count=len(rngs))   # [rows] in [0, 1)
     block_cum = _block_cumsum(weights)
     tokens = _cross_index(weights, block_cum, u * block_cum[:, -1], inclusive=True)
@@ -246,6 +258,19 @@ def _draw(x: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray
         if t >= weights.shape[1] or weights[r, t] == 0:
             tokens[r] = np.flatnonzero(weights[r, :t])[-1]
     return tokens
+
+
+def _weights(x: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
+             late: np.ndarray | None) -> np.ndarray:
+    """_filtered_weights, then for the rows with a ``late`` temperature other than 1 the kept tokens' weights
+    exp((x - max) / T): the filters chose on the untempered distribution, the draw is from the tempered one."""
+    weights = _filtered_weights(x, top_k, top_p, min_p)
+    rows = np.array([], np.int64) if late is None else np.flatnonzero(late != 1)
+    if rows.size:
+        sub = x[rows]
+        tempered = np.exp((sub - sub.max(axis=1, keepdims=True)) / late[rows, None])
+        weights[rows] = np.where(weights[rows] > 0, tempered, 0).astype(weights.dtype)
+    return weights
 
 
 def _filtered_weights(x: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray) -> np.ndarray:

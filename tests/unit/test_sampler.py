@@ -84,6 +84,33 @@ def test_distribution_matches_references(kw):
     np.testing.assert_allclose(empirical, expected, atol=0.015)
 
 
+def llama_cpp_reference(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                        min_p: float = 0.0) -> np.ndarray:
+    """llama.cpp's sampler chain: top-k, top-p and min-p on the untempered softmax, then softmax(logits / T) over the
+    tokens they kept."""
+    kept = reference(logits, 1.0, top_k, top_p, min_p) > 0
+    z = np.where(kept, logits.astype(np.float64) / temperature, -np.inf)
+    p = np.exp(z - z.max())
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("kw", FILTERS[1:], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_temperature_last_is_llama_cpps_chain(kw):
+    expected = llama_cpp_reference(LOGITS, **kw)
+    np.testing.assert_allclose(probabilities(LOGITS, **kw, temperature_last=True), expected, atol=1e-6)
+    empirical = _sample_many(SamplingParams(seed=99, temperature_last=True, **kw))
+    assert np.all(empirical[expected == 0] == 0), "a filtered-out token was drawn"
+    np.testing.assert_allclose(empirical, expected, atol=0.015)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=2.0, top_p=0.7), dict(temperature=0.5, min_p=0.2)])
+def test_the_order_changes_what_the_filters_keep(kw):
+    """Hotter, top-p keeps more tokens when it chooses after temperature; colder, min-p keeps fewer."""
+    late, first = (probabilities(LOGITS, **kw, temperature_last=last) for last in (True, False))
+    assert (np.count_nonzero(late) < np.count_nonzero(first)) == (kw["temperature"] > 1)
+    assert np.count_nonzero(late) != np.count_nonzero(first)
+
+
 def test_top_p_keeps_the_token_that_crosses_the_mass():
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
     p = probabilities(logits, 1.0, top_p=0.6)

@@ -1,13 +1,16 @@
-"""llama-server's /infill prompt (runtime/llama_cpp_api.infill_ids) against its format_prompt_infill, written out by
-hand: in a context past llama.cpp's 2048-token batch the extra files come first (the repository's name, each file
-after a separator and its name, the current file's separator), the prefix keeps its last 1536 tokens and the suffix
-its first 512 less the prompt and two; without FIM_SEP each extra file follows a snippet line."""
+"""llama-server's requests as kiln reads them (runtime/llama_cpp_api): the sampling a /completion body asks for, and
+/infill's prompt (infill_ids) against llama-server's format_prompt_infill, written out by hand: in a context past
+llama.cpp's 2048-token batch the extra files come first (the repository's name, each file after a separator and its
+name, the current file's separator), the prefix keeps its last 1536 tokens and the suffix its first 512 less the
+prompt and two; without FIM_SEP each extra file follows a snippet line."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from kiln.runtime.llama_cpp_api import SNIPPET, InfillRequest, infill_ids
+from kiln.runtime.llama_cpp_api import SNIPPET, InfillRequest, LlamaCompletionRequest, infill_ids, sampling
 from kiln.runtime.tokenizer import Tokenizer
 from tiny_models import write_tokenizer
 
@@ -47,3 +50,17 @@ def test_extra_files_after_a_snippet_line_without_file_separators(tmp_path):
     pre, suf, mid = tok.fim_marks()
     req = InfillRequest(input_prefix="p", input_suffix="s", input_extra=[{"filename": "a.py", "text": "A"}])
     assert infill_ids(req, tok, 8, 8192) == [*enc(SNIPPET), *enc("A"), pre, *enc("p"), suf, *enc("s"), mid]
+
+
+def test_a_bodys_sampling(tmp_path):
+    """llama.cpp's defaults and chain order, n_predict -1 as the context's room, logit_bias pairs and maps (false:
+    never; a text: each of its tokens), n_probs as top logprobs."""
+    tok = _tokenizer(tmp_path)
+    p = sampling(LlamaCompletionRequest(prompt="x"), prompt_len=10, context_window=256, tokenizer=tok)
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.temperature_last) == (0.8, 40, 0.95, 0.05, True)
+    assert p.max_tokens == 246 and p.seed is None and not p.logprobs
+    word = tok.encode("upon", add_special_tokens=False)
+    body = LlamaCompletionRequest(prompt="x", n_predict=4, seed=5, n_probs=2, logit_bias=[[7, False], ["upon", 2]])
+    p = sampling(body, 10, 256, tok)
+    assert p.logit_bias == {7: -math.inf, **dict.fromkeys(word, 2.0)} and p.top_logprobs == 2 and p.seed == 5
+    assert sampling(LlamaCompletionRequest(logit_bias={"7": False}), 1, 256, tok).logit_bias == {7: -math.inf}
