@@ -6,6 +6,8 @@
     POST /infill                     code infilling: input_prefix, input_suffix, input_extra and prompt laid out as
                                      llama-server's format_prompt_infill lays them out (repository-level where the
                                      vocabulary has <|fim_repo|> / <|file_sep|>)
+    POST /apply-template             a chat rendered by the model's template, as /v1/chat/completions renders it
+                                     (tools, template variables, generation prompt): {"prompt": text}
 
 Every field llama-server reads is implemented, or refused with a 400 naming it where it asks for what kiln does not
 do (Mirostat, DRY, XTC, typical-p, dynamic temperature, ... set away from their disabled values; presence and
@@ -17,17 +19,20 @@ applies to what they kept (SamplingParams.temperature_last; the OpenAI routes te
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 from fastapi import Depends, FastAPI, Request
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from . import reply_models as rm
+from . import tools
 from .http_errors import FAILED
-from .openai_api import APIError, error_body
+from .openai_api import (APIError, ChatCompletionRequest, ChatMessageParam, chat_messages, error_body, render_options,
+                         template_variables)
 from .protocol import SamplingParams, StreamDelta, TokenLogprob
 from .reply_stream import event
 
@@ -110,6 +115,27 @@ class InfillRequest(LlamaCompletionRequest):
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: list[dict[str, str]] = []        # [{"filename": ..., "text": ...}], before the FIM prefix
+
+
+class ApplyTemplateRequest(BaseModel):
+    """/apply-template's body: the chat fields that shape the rendered prompt (the sampling ones have no use here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    messages: list[ChatMessageParam] = Field(min_length=1)
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class AppliedTemplate(BaseModel):
+    prompt: str
 
 
 class LlamaTopProb(BaseModel):
@@ -376,6 +402,15 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
     async def completion(body: LlamaCompletionRequest, request: Request):
         state.check_model(body.model)
         return await complete(body, request, prompt_ids(body.prompt, state.engine.engine.tokenizer))
+
+    @app.post("/apply-template", dependencies=auth, response_model=AppliedTemplate)
+    async def apply_template(body: ApplyTemplateRequest) -> dict:
+        state.check_model(body.model)
+        chat = ChatCompletionRequest(**body.model_dump(exclude_unset=True))
+        tool_req = tools.ToolRequest.parse(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
+        text, _ = await asyncio.to_thread(tools.render_text, state.engine.engine, chat_messages(chat.messages),
+                                          tool_req, template_variables(chat), **render_options(chat))
+        return {"prompt": text}
 
     @app.post("/infill", **documented)
     async def infill(body: InfillRequest, request: Request):

@@ -12,7 +12,7 @@ import re
 import httpx
 import pytest
 
-from test_server import MODEL, server  # noqa: F401 (the served tiny model fixture)
+from test_server import HELLO, MODEL, server  # noqa: F401 (the served tiny model fixture)
 from test_vllm_extensions import _greedy
 
 pytestmark = pytest.mark.e2e
@@ -141,3 +141,18 @@ def test_llama_servers_tokenize_and_detokenize(server, tiny_artifacts):
     assert _post(server, {"tokens": ids}, "/detokenize").json()["content"] == "Once upon a time"
     refused = _post(server, {"content": "a", "parse_special": False}, "/tokenize")
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "parse_special"
+
+
+def test_apply_template_renders_the_chat_as_the_chat_route_does(server, tiny_artifacts):
+    """/apply-template's prompt, sent to /completion, gives the chat route's greedy reply."""
+    engine, _, _ = _greedy(tiny_artifacts, "x")
+    prompt = _post(server, {"messages": HELLO}, "/apply-template").json()["prompt"]
+    assert prompt == engine.tokenizer.apply_chat_template(HELLO, add_generation_prompt=True)
+    bare = _post(server, {"messages": HELLO, "add_generation_prompt": False}, "/apply-template").json()["prompt"]
+    assert prompt.startswith(bare) and len(prompt) > len(bare)
+    chat = server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, temperature=0,
+                                                   extra_body={"ignore_eos": True})
+    completed = _post(server, {"prompt": prompt, "n_predict": 6, "temperature": 0, "ignore_eos": True}).json()
+    assert completed["content"] == chat.choices[0].message.content
+    refused = _post(server, {"messages": HELLO, "temperature": 0.5}, "/apply-template")
+    assert refused.status_code == 400 and "temperature" in json.dumps(refused.json())
