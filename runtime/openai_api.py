@@ -61,6 +61,8 @@ class _GenerationRequest(BaseModel):
     min_p: float | None = None            # extension
     n: int | None = None
     best_of: int | None = None            # only best_of == n is accepted (no server-side ranking)
+    use_beam_search: bool = False         # vLLM's: the n best of a beam search n wide (runtime/beam_search.py)
+    length_penalty: float | None = None   # beam search's score: cumulative logprob / length ** length_penalty
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = None
@@ -255,6 +257,27 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
 
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+BEAM_REFUSES = ("stop", "stop_token_ids", "min_tokens", "top_p", "top_k", "min_p", "presence_penalty",
+                "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", *GUIDED, "bad_words",
+                "allowed_token_ids", "logprobs", "top_logprobs", "echo", "suffix", "tools")
+
+
+def beam_search_of(req: _GenerationRequest) -> float | None:
+    """The request's length_penalty when it asks for beam search (None when not); what a beam search cannot honour
+    is a 400 naming it (vLLM's beam search reads none of these)."""
+    if not req.use_beam_search:
+        if req.length_penalty is not None:
+            raise APIError(400, "length_penalty scores beams: it needs use_beam_search: true", "length_penalty")
+        return None
+    given = [name for name in BEAM_REFUSES if (v := getattr(req, name, None)) is not None and v is not False
+             and v != [] and v != {}]
+    if given:
+        raise APIError(400, f"{given[0]} cannot be used with use_beam_search (the search ranks whole beams by their "
+                            "logprobs); leave it out", given[0])
+    if (req.n or 1) > 10:
+        raise APIError(400, f"use_beam_search keeps n beams and reads 2 x n alternatives a step (20 at most): n must "
+                            f"be 10 or less, got {req.n}", "n")
+    return 1.0 if req.length_penalty is None else req.length_penalty
 
 
 def truncated(req: _GenerationRequest, ids: list[int]) -> list[int]:

@@ -12,9 +12,10 @@
 Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE: reply_stream.py), POST /v1/embeddings
 (runtime/embeddings_api.py), POST /v1/responses (runtime/responses_api.py), POST /v1/messages and
 /v1/messages/count_tokens (Anthropic's Messages API: runtime/messages_api.py), POST /tokenize, /detokenize,
-GET /tokenizer_info (runtime/tokenize_api.py), llama-server's POST /completion and /infill
-(runtime/llama_cpp_api.py), GET /v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus text). With an API key set, the /v1 routes need `Authorization: Bearer <key>` (or `x-api-key: <key>`,
-as Anthropic's clients send it); /health and /metrics stay open.
+GET /tokenizer_info (runtime/tokenize_api.py), llama-server's POST /completion, /infill and /apply-template
+(runtime/llama_cpp_api.py), GET /v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus text).
+With an API key set, the /v1 routes need `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's
+clients send it); /health and /metrics stay open.
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
 -> Metrics.track -> Reply.add per delta -> SSE chunks, or the collected reply. Every
@@ -45,6 +46,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import embeddings_api, llama_cpp_api, messages_api, reasoning, responses_api, tokenize_api, tools
+from .beam_search import beam_deltas
 from . import openai_api as api
 from . import reply_models as rm
 from .artifact import Artifact
@@ -243,7 +245,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         reply = kind("chat", state.model_name, len(ids), state.token_labels(body), logprobs=params.needs_logprobs,
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body),
                      reasoning=thinking, echo=api.chat_echo(body), n=params.n)
-        return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival)
+        return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival,
+                                   beams=api.beam_search_of(body))
 
     @app.post("/v1/completions", dependencies=auth, response_model=rm.Completion,
               responses=rm.with_stream("A text_completion, or its chunks as a stream"))
@@ -266,7 +269,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_labels(body),
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
                           continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n)
-        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival)
+        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival,
+                                   beams=api.beam_search_of(body))
 
     return app
 
@@ -355,15 +359,20 @@ class _ServerState:
         return replace(params, response_format=prepared)
 
     # -- one generation path ---------------------------------------------------------------
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         tok = self.engine.engine.tokenizer
-        return tok.decode(ids) if tok is not None else ""
+        return tok.decode(ids, skip_special_tokens) if tok is not None else ""
 
     async def respond(self, request: Request, reply: api.Reply, prompts: list[list[int]], params: SamplingParams,
-                      priority: int, stream: bool, arrival: float, events=sse) -> Response:
+                      priority: int, stream: bool, arrival: float, events=sse, beams: float | None = None) -> Response:
         """Generate and answer: ``reply``'s final() as JSON, or ``events``(reply, first delta, the rest) streamed
-        (OpenAI's chunks by default; llama_cpp_api streams llama-server's)."""
-        deltas = self.metrics.track(self._generate_all(prompts, params, priority), sum(map(len, prompts)), arrival)
+        (OpenAI's chunks by default; llama_cpp_api streams llama-server's). ``beams``: a beam search's
+        length_penalty, its best params.n beams the choices (runtime/beam_search.py)."""
+        source = self._generate_all(prompts, params, priority) if beams is None else \
+            beam_deltas(lambda ids, p: self.engine.generate(ids, p, priority=priority), prompts, params,
+                        self.engine.engine.eos_token_ids, self.context_window, beams,
+                        functools.partial(self.decode, skip_special_tokens=params.skip_special_tokens))
+        deltas = self.metrics.track(source, sum(map(len, prompts)), arrival)
         if not stream:
             if not await collect(request, reply, deltas):
                 return Response(status_code=499)    # nobody is listening; nginx's "client closed request"
