@@ -23,16 +23,15 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Literal
+from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictInt
 
 from . import reply_models as rm
 from . import tools
 from .http_errors import FAILED
-from .openai_api import (APIError, ChatCompletionRequest, ChatMessageParam, chat_messages, error_body, render_options,
-                         template_variables)
+from .openai_api import APIError, ChatPrompt, chat_messages, error_body, render_options, template_variables
 from .protocol import SamplingParams, StreamDelta, TokenLogprob
 from .reply_stream import event
 
@@ -115,23 +114,6 @@ class InfillRequest(LlamaCompletionRequest):
     input_prefix: str = ""
     input_suffix: str = ""
     input_extra: list[dict[str, str]] = []        # [{"filename": ..., "text": ...}], before the FIM prefix
-
-
-class ApplyTemplateRequest(BaseModel):
-    """/apply-template's body: the chat fields that shape the rendered prompt (the sampling ones have no use here)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = None
-    messages: list[ChatMessageParam] = Field(min_length=1)
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template: str | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class AppliedTemplate(BaseModel):
@@ -404,12 +386,12 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         return await complete(body, request, prompt_ids(body.prompt, state.engine.engine.tokenizer))
 
     @app.post("/apply-template", dependencies=auth, response_model=AppliedTemplate)
-    async def apply_template(body: ApplyTemplateRequest) -> dict:
+    async def apply_template(body: ChatPrompt) -> dict:
+        """The chat's prompt as /v1/chat/completions renders it (its sampling fields have no use here: refused)."""
         state.check_model(body.model)
-        chat = ChatCompletionRequest(**body.model_dump(exclude_unset=True))
-        tool_req = tools.ToolRequest.parse(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
-        text, _ = await asyncio.to_thread(tools.render_text, state.engine.engine, chat_messages(chat.messages),
-                                          tool_req, template_variables(chat), **render_options(chat))
+        tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
+        text, _ = await asyncio.to_thread(tools.render_text, state.engine.engine, chat_messages(body.messages),
+                                          tool_req, template_variables(body), **render_options(body))
         return {"prompt": text}
 
     @app.post("/infill", **documented)

@@ -106,12 +106,14 @@ class ChatMessageParam(BaseModel):
     tool_call_id: str | None = None                       # the call a tool message answers
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatPrompt(BaseModel):
+    """What renders a chat into its prompt (the chat route's fields; llama-server's /apply-template takes these
+    alone)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None              # must name the served model when given
     messages: list[ChatMessageParam] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    echo: bool = False                    # vLLM's: the reply's content begins with the last message's, an assistant's
     tools: list[Any] | None = None        # runtime/tools.py validates them
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -124,7 +126,14 @@ class ChatCompletionRequest(_GenerationRequest):
     chat_template_kwargs: dict[str, Any] | None = None   # extension (vLLM's): more variables of the template
 
 
-def render_options(req: ChatCompletionRequest) -> dict[str, bool]:
+class ChatCompletionRequest(_GenerationRequest, ChatPrompt):
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    echo: bool = False                    # vLLM's: the reply's content begins with the last message's, an assistant's
+
+
+def render_options(req: ChatPrompt) -> dict[str, bool]:
     """render_text's add_generation_prompt and continue_final from the request (vLLM's rules: continuing the final
     message takes no generation prompt, and the final message must be the assistant's)."""
     if req.continue_final_message:
@@ -138,7 +147,7 @@ def render_options(req: ChatCompletionRequest) -> dict[str, bool]:
             "template": req.chat_template}
 
 
-def template_variables(req: ChatCompletionRequest) -> dict[str, Any]:
+def template_variables(req: ChatPrompt) -> dict[str, Any]:
     """The chat template variables a request sets (reasoning_effort, chat_template_kwargs)."""
     variables = dict(req.chat_template_kwargs or {})
     if req.reasoning_effort is not None:
