@@ -124,6 +124,7 @@ class ChatPrompt(BaseModel):
     # The chat template's variable of that name (gpt-oss's "Reasoning: low"); refused where it reads none.
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None   # extension (vLLM's): more variables of the template
+    documents: list[dict[str, str]] | None = None   # vLLM's: the template's `documents` (RAG templates read them)
 
 
 class ChatCompletionRequest(_GenerationRequest, ChatPrompt):
@@ -147,11 +148,21 @@ def render_options(req: ChatPrompt) -> dict[str, bool]:
             "template": req.chat_template}
 
 
+# The chat template's own inputs, which a request's own fields fill (chat_template_kwargs may not set them).
+TEMPLATE_INPUTS = ("messages", "tools", "add_generation_prompt", "documents", "bos_token", "eos_token")
+
+
 def template_variables(req: ChatPrompt) -> dict[str, Any]:
-    """The chat template variables a request sets (reasoning_effort, chat_template_kwargs)."""
+    """The chat template variables a request sets (reasoning_effort, documents, chat_template_kwargs)."""
     variables = dict(req.chat_template_kwargs or {})
+    for name in variables:
+        if name in TEMPLATE_INPUTS:
+            raise APIError(400, f"chat_template_kwargs may not set {name!r}: the request's own fields do",
+                           "chat_template_kwargs")
     if req.reasoning_effort is not None:
         variables["reasoning_effort"] = req.reasoning_effort
+    if req.documents is not None:
+        variables["documents"] = req.documents
     return variables
 
 

@@ -202,10 +202,6 @@ def _as_text(m: dict) -> dict:
     return {k: v for k, v in m.items() if k != "name"}
 
 
-# Variables a request may not set: the template's own inputs, which the request's fields fill.
-_RESERVED = ("messages", "tools", "add_generation_prompt", "documents", "bos_token", "eos_token")
-
-
 def reads_variable(template: str | None, name: Any) -> bool:
     """Whether a chat template (its source) names the variable `name` anywhere."""
     return isinstance(name, str) and name.isidentifier() and name in json.dumps(template or "")
@@ -221,7 +217,7 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
                 variables: dict[str, Any] | None = None, add_generation_prompt: bool = True,
                 continue_final: bool = False, template: str | None = None) -> tuple[str, list[int]]:
     """The prompt of a chat request with its tools, as text and ids; `variables`: more of the chat
-    template's variables (reasoning_effort, chat_template_kwargs), each refused (400) where the template
+    template's variables (reasoning_effort, documents, chat_template_kwargs), each refused (400) where the template
     never names it, rather than ignored. `continue_final`: the last (assistant) message left open, the text cut
     after its content as transformers' continue_final_message cuts it (vLLM's extension), for the reply to go on.
     `template`: a chat template (jinja) in place of the model's (vLLM's per-request chat_template)."""
@@ -229,9 +225,7 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
     messages = normalize_messages(messages)
     extra: dict[str, Any] = {}
     for name, value in (variables or {}).items():
-        field = "reasoning_effort" if name == "reasoning_effort" else "chat_template_kwargs"
-        if name in _RESERVED:
-            raise APIError(400, f"chat_template_kwargs may not set {name!r}: the request's own fields do", field)
+        field = name if name in ("reasoning_effort", "documents") else "chat_template_kwargs"
         if not reads_variable(template or tok.chat_template, name):
             raise APIError(400, f"this model's chat template reads no variable {name!r}, so it would change "
                                 "nothing; leave it out", field)

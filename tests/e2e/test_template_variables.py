@@ -1,4 +1,4 @@
-"""reasoning_effort (OpenAI's chat field) and chat_template_kwargs (vLLM's extension) reach the chat
+"""reasoning_effort (OpenAI's chat field), documents and chat_template_kwargs (vLLM's extensions) reach the chat
 template as its variables (gpt-oss's template reads reasoning_effort; Qwen3's enable_thinking), through the
 real server and the openai client; a variable the template never reads is refused, not ignored."""
 
@@ -14,6 +14,7 @@ from test_server import running_server
 pytestmark = [pytest.mark.e2e]
 TEMPLATE = ("{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
             "{% if enable_thinking is defined and not enable_thinking %}/no_think\n{% endif %}"
+            "{% for d in documents or [] %}<doc title={{ d.title }}>{{ d.text }}</doc>\n{% endfor %}"
             "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "<|im_start|>assistant\n")
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -38,6 +39,9 @@ def test_reasoning_effort_and_template_kwargs_reach_the_template(client):
     assert low > plain and high > plain                       # "Reasoning: low\n" rendered before the turn
     assert _prompt_tokens(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}}) > plain
     assert _prompt_tokens(client, extra_body={"chat_template_kwargs": {"enable_thinking": True}}) == plain
+    docs = [{"title": "kiln", "text": "A compiler."}, {"title": "tvm", "text": "Its compiler."}]
+    assert _prompt_tokens(client, extra_body={"documents": docs[:1]}) < _prompt_tokens(client,
+                                                                                        extra_body={"documents": docs})
 
 
 def test_variables_the_template_does_not_read_are_refused(client, tiny_artifacts):
@@ -51,3 +55,6 @@ def test_variables_the_template_does_not_read_are_refused(client, tiny_artifacts
     with running_server(tiny_artifacts["tied"], args) as s:
         with pytest.raises(openai.BadRequestError, match="reads no variable 'reasoning_effort'"):
             s.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=1, reasoning_effort="low")
+        with pytest.raises(openai.BadRequestError, match="reads no variable 'documents'"):
+            s.client().chat.completions.create(model="tiny", messages=HELLO, max_tokens=1,
+                                               extra_body={"documents": [{"text": "x"}]})
