@@ -45,8 +45,8 @@ class ModelFront:
         self._grammars = None
         self._grammars_lock = threading.Lock()
 
-    def encode(self, text: str) -> list[int]:
-        return self._need_tokenizer().encode(text)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._need_tokenizer().encode(text, add_special_tokens)
 
     def check_tokens(self, ids: Sequence[int]) -> np.ndarray:
         """``ids`` as int32, or InvalidRequestError for a non-integer or an id outside the vocabulary."""

@@ -132,6 +132,8 @@ class ChatCompletionRequest(_GenerationRequest, ChatPrompt):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     echo: bool = False                    # vLLM's: the reply's content begins with the last message's, an assistant's
+    add_special_tokens: bool = False      # vLLM's: the rendered chat tokenized with the tokenizer's BOS (the template
+                                          # writes its own)
 
 
 def render_options(req: ChatPrompt) -> dict[str, bool]:
@@ -171,6 +173,7 @@ class CompletionRequest(_GenerationRequest):
     logprobs: int | None = None           # number of alternatives per token (0 = only the sampled one)
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool = True       # vLLM's: a text prompt tokenized with the tokenizer's BOS (false: without)
 
 
 # -- requests -> prompt and SamplingParams ------------------------------------------------
@@ -222,10 +225,10 @@ def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
     return list(p)
 
 
-def fill_in_the_middle(tokenizer, prefix: str, suffix: str) -> list[int]:
+def fill_in_the_middle(tokenizer, prefix: str, suffix: str, bos: bool = True) -> list[int]:
     """A completions request's prompt (the text before the hole) and suffix (after it) as the model's FIM prompt
-    (Tokenizer.fim_prompt), or a 400 naming what the model lacks."""
-    ids = tokenizer.fim_prompt(prefix, suffix)
+    (Tokenizer.fim_prompt; ``bos`` False: without the BOS encode adds), or a 400 naming what the model lacks."""
+    ids = tokenizer.fim_prompt(prefix, suffix, bos)
     if ids is None:
         raise APIError(400, "suffix (fill-in-the-middle) needs a code model whose vocabulary marks a prefix, a suffix "
                             "and a middle (<|fim_prefix|>, <fim_prefix>, <｜fim▁begin｜>, <PRE>, ...); this model's "

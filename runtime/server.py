@@ -233,6 +233,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
         text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, api.chat_messages(body.messages),
                                             tool_req, api.template_variables(body), **api.render_options(body))
+        if body.add_special_tokens:                 # vLLM's: the rendered text tokenized with BOS and the like
+            ids = state.engine.engine.encode(text)
         ids = api.truncated(body, ids)
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
@@ -257,10 +259,11 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         params = await state.compile_grammar(api.completion_params(body))
         if body.suffix is not None:             # fill-in-the-middle: the model's FIM prompt, its FIM ends stop it
             tokenizer = state.engine.engine._need_tokenizer()
-            ids = [api.fill_in_the_middle(tokenizer, p, body.suffix) for p in prompts]
+            ids = [api.fill_in_the_middle(tokenizer, p, body.suffix, body.add_special_tokens) for p in prompts]
             params = replace(params, stop_token_ids=(*params.stop_token_ids, *tokenizer.fim_end_ids))
         else:
-            ids = [state.engine.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+            ids = [state.engine.engine.encode(p, body.add_special_tokens) if isinstance(p, str) else list(p)
+                   for p in prompts]
         ids = [api.truncated(body, i) for i in ids]
         for i in ids:
             state.engine.engine.check_tokens(i)     # before the echo decodes them

@@ -116,7 +116,7 @@ class Tokenizer:
             text = self._one[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
         return text
 
-    def fim_prompt(self, prefix: str, suffix: str) -> list[int] | None:
+    def fim_prompt(self, prefix: str, suffix: str, bos: bool = True) -> list[int] | None:
         """The ids of a fill-in-the-middle prompt, as llama.cpp's /infill and the code models' own FIM format build
         it: BOS where encode adds one, the prefix token, the prefix, the suffix token, the suffix, the middle token
         (the model writes the middle next); None where the vocabulary has no FIM tokens (FIM_TOKENS)."""
@@ -124,8 +124,8 @@ class Tokenizer:
         if marks is None:
             return None
         pre, suf, mid = marks
-        bos = [self.bos_token_id] if self.adds_bos else []
-        return [*bos, pre, *self.encode(prefix, add_special_tokens=False), suf,
+        first = [self.bos_token_id] if bos and self.adds_bos else []
+        return [*first, pre, *self.encode(prefix, add_special_tokens=False), suf,
                 *self.encode(suffix, add_special_tokens=False), mid]
 
     def fim_marks(self) -> tuple[int, int, int] | None:
