@@ -172,6 +172,7 @@ def raw_logits(request: Request) -> bool:
     return (not p.logit_bias and p.repetition_penalty == 1.0 and not p.frequency_penalty
             and not p.presence_penalty and getattr(request, "grammar", None) is None
             and not getattr(request, "masked_next", ()) and p.allowed_token_ids is None
+            and not p.bad_words                     # a drafted run of tokens could complete one unmasked
             and not p.temperature_last)             # the device sampler and speculation temper first
 
 

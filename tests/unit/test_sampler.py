@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kiln.runtime.protocol import SamplingParams
-from kiln.runtime.sampler import Sampler, SampleResult, probabilities, process_logits
+from kiln.runtime.sampler import Sampler, SampleResult, probabilities, process_logits, raw_logits
 
 pytestmark = pytest.mark.unit
 
@@ -255,3 +255,11 @@ def test_mixed_batch_32_by_49152():
     sampler = Sampler()
     result = sampler.sample(logits, sampler.prepare(requests))
     assert len(result.tokens) == 32 and all(0 <= t < 49152 for t in result.tokens)
+
+
+def test_what_only_the_host_sampler_honours_keeps_a_request_off_the_device_and_speculation():
+    """raw_logits (the device sampler's and speculative decoding's test): bad words (a drafted run of tokens could
+    complete one with no mask between) and llama.cpp's order (both temper first) send a request to the host."""
+    assert raw_logits(FakeRequest(SamplingParams(temperature=0.7)))
+    assert not raw_logits(FakeRequest(SamplingParams(bad_words=("upon",))))
+    assert not raw_logits(FakeRequest(SamplingParams(temperature=0.7, temperature_last=True)))
