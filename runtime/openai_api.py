@@ -79,6 +79,8 @@ class _GenerationRequest(BaseModel):
     allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None    # words never generated (tokenized as vLLM does, with and without a space)
     truncate_prompt_tokens: int | None = Field(default=None, ge=1)   # only the prompt's last this-many tokens
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)   # vLLM's: each prompt token's logprob and rank,
+                                                                     # and this many likelier alternatives
     return_tokens_as_token_ids: bool = False   # logprobs' tokens as "token_id:N" (exact ids for RL trainers)
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
@@ -242,7 +244,7 @@ def chat_params(req: ChatCompletionRequest, prompt_len: int, context_window: int
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_tokens is None:                 # OpenAI: as long as the context allows
         max_tokens = max(1, context_window - prompt_len)
-    return _params(req, max_tokens, bool(req.logprobs), req.top_logprobs or 0)
+    return _params(req, max_tokens, bool(req.logprobs), req.top_logprobs or 0, prompt_logprobs=req.prompt_logprobs)
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
@@ -252,8 +254,11 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
     if max_tokens == 0 and not req.echo:
         raise APIError(400, "max_tokens 0 generates nothing; it needs echo: true (to score the prompt)", "max_tokens")
     scored = req.echo and (req.logprobs is not None or max_tokens == 0)
+    if scored and req.prompt_logprobs is not None and req.prompt_logprobs != (req.logprobs or 0):
+        raise APIError(400, f"prompt_logprobs ({req.prompt_logprobs}) and echo's logprobs ({req.logprobs or 0}) ask "
+                            "for different numbers of alternatives a prompt token; send one of them", "prompt_logprobs")
     return _params(req, max_tokens, req.logprobs is not None, req.logprobs or 0,
-                   prompt_logprobs=(req.logprobs or 0) if scored else None)
+                   prompt_logprobs=(req.logprobs or 0) if scored else req.prompt_logprobs)
 
 
 def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logprobs: int,
@@ -266,6 +271,9 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
                                   "leave best_of out or set it equal to n", "best_of")
     if req.seed is not None and req.seed < 0:
         raise InvalidRequestError(f"seed must be an integer >= 0, got {req.seed}", "seed")
+    if req.prompt_logprobs is not None and req.stream:
+        raise InvalidRequestError("prompt_logprobs are not available when streaming (as in vLLM); leave out one of "
+                                  "them", "prompt_logprobs")
     return SamplingParams(
         max_tokens=max_tokens, temperature=pick(req.temperature, 1.0), top_p=pick(req.top_p, 1.0),
         top_k=pick(req.top_k, 0), min_p=pick(req.min_p, 0.0), n=pick(req.n, 1), seed=req.seed,
@@ -443,6 +451,7 @@ class Reply:
     echo: list[Echo] | None = None        # per prompt; choice index // n picks it
     n: int = 1
     reasoning: Callable[[], Any] | None = None   # chat: a new reasoning.ReasoningParser for each choice
+    prompt_logprobs: bool = False         # vLLM's prompt_logprobs: a completion's choices (a chat's reply) carry them
     _scored: dict[int, list] = field(default_factory=dict)   # prompt -> its prompt logprobs
 
     def __post_init__(self) -> None:
@@ -457,6 +466,8 @@ class Reply:
         first = delta.index not in self.choices
         choice = self.choices.setdefault(delta.index, _Choice())
         text, lps = delta.text, (delta.logprobs or []) if self.logprobs else []
+        if delta.prompt_logprobs is not None:
+            self._scored[delta.index // self.n] = delta.prompt_logprobs
         echoed = ""
         if first and self.echo is not None:
             echoed, lps = self._echoed(delta), self._echoed_logprobs(delta) + lps
@@ -496,10 +507,7 @@ class Reply:
         return thought, text
 
     def _echoed(self, delta: StreamDelta) -> str:
-        prompt = delta.index // self.n
-        if delta.prompt_logprobs is not None:
-            self._scored[prompt] = delta.prompt_logprobs
-        return self.echo[prompt].text
+        return self.echo[delta.index // self.n].text
 
     def _echoed_logprobs(self, delta: StreamDelta) -> list[TokenLogprob]:
         if not self.logprobs:
@@ -531,8 +539,27 @@ class Reply:
             else:
                 body = {"text": c.text,
                         "logprobs": completion_logprobs(c.logprobs, self.token_text, 0) if self.logprobs else None}
+                if self.prompt_logprobs:
+                    body["prompt_logprobs"] = self._prompt_logprobs(index // self.n)
             choices.append({"index": index, **body, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
-        return {**self._envelope(self.object, choices), "usage": self.usage()}
+        out = {**self._envelope(self.object, choices), "usage": self.usage()}
+        if self.prompt_logprobs and self.kind == "chat":
+            out["prompt_logprobs"] = self._prompt_logprobs(0)
+        return out
+
+    def _prompt_logprobs(self, prompt: int) -> list[dict | None]:
+        """vLLM's prompt_logprobs: None for the first token, then a map of token id (a string) to its logprob, rank and
+        text: the prompt token's own, and its likelier alternatives' (ranked by their place)."""
+        def entry(token_id: int, logprob: float, rank: int | None) -> dict:
+            return {"logprob": logprob, "rank": rank, "decoded_token": self.token_text(token_id)[0]}
+        out: list[dict | None] = []
+        for lp in self._scored.get(prompt, []):
+            if lp is None:
+                out.append(None)
+                continue
+            ranked = {str(t): entry(t, v, i + 1) for i, (t, v) in enumerate(lp.top)}
+            out.append({**ranked, str(lp.token_id): entry(lp.token_id, lp.logprob, lp.rank)})
+        return out
 
     def _envelope(self, object: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": object, "created": self.created, "model": self.model,

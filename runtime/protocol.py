@@ -153,6 +153,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]]      # [(token id, logprob)] best first, len = top_logprobs
+    rank: int | None = None           # a prompt token's: 1 + how many tokens were likelier (vLLM's prompt_logprobs)
 
 
 @dataclass

@@ -26,6 +26,14 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class PromptLogprob(BaseModel):
+    """One entry of vLLM's prompt_logprobs: a token's logprob, its rank (1: the likeliest) and its text."""
+
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
 # -- /v1/chat/completions ---------------------------------------------------------------------
 class TopLogprob(BaseModel):
     token: str
@@ -76,9 +84,11 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None   # vLLM's, when asked
 
 
 # -- /v1/completions --------------------------------------------------------------------------
+
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float | None]    # None: an echoed prompt's first token (nothing scores it)
@@ -92,6 +102,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None
     finish_reason: FinishReason | None
     stop_reason: str | None = None        # vLLM's: the stop string that ended the choice (finish_reason stop)
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None   # vLLM's, when asked
 
 
 class Completion(BaseModel):

@@ -10,7 +10,7 @@ overlapped step).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -104,7 +104,10 @@ class Request:
             return
         targets = np.asarray(prompt[start + 1:start + 1 + rows])
         top = np.full(rows, self.params.prompt_logprobs, np.int64)
-        self.prompt_logprobs[start + 1:start + 1 + rows] = token_logprobs(logits[:rows], targets, top)
+        x = logits[:rows]
+        ranks = (x > x[np.arange(rows), targets][:, None]).sum(axis=1) + 1
+        self.prompt_logprobs[start + 1:start + 1 + rows] = [
+            replace(lp, rank=int(r)) for lp, r in zip(token_logprobs(x, targets, top), ranks)]
 
     def finish_scored(self) -> StreamDelta:
         """A max_tokens=0 request (score the prompt, generate nothing): done once its prompt is computed."""

@@ -246,7 +246,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         thinking = functools.partial(reasoning.start, state.reasoning, text) if state.reasoning else None
         reply = kind("chat", state.model_name, len(ids), state.token_labels(body), logprobs=params.needs_logprobs,
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body),
-                     reasoning=thinking, echo=api.chat_echo(body), n=params.n)
+                     reasoning=thinking, echo=api.chat_echo(body), n=params.n,
+                     prompt_logprobs=body.prompt_logprobs is not None)
         return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival,
                                    beams=api.beam_search_of(body))
 
@@ -271,7 +272,8 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         echo = [api.Echo(p if isinstance(p, str) and whole else state.decode(i), i) for p, i in zip(prompts, ids)]
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_labels(body),
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
-                          continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n)
+                          continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n,
+                          prompt_logprobs=body.prompt_logprobs is not None)
         return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival,
                                    beams=api.beam_search_of(body))
 

@@ -258,3 +258,31 @@ def test_continuing_what_cannot_be_continued_is_a_400(server, messages, extra):
     with pytest.raises(openai.BadRequestError) as e:
         server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_body=extra)
     assert e.value.body["param"] == "continue_final_message"
+
+
+def test_prompt_logprobs_give_each_prompt_tokens_logprob_rank_and_alternatives(server, tiny_artifacts):
+    """vLLM's prompt_logprobs: None for the first prompt token, then the token's own logprob (the engine's prompt
+    scoring's), its rank (1 + the likelier tokens: checked against 20 alternatives) and k ranked alternatives."""
+    from kiln import SamplingParams
+    engine, prompt, _ = _greedy(tiny_artifacts, "Once upon a time there was")
+    wide = engine.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=20))[0].prompt_logprobs
+    client = server.client()
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=2, temperature=0,
+                                    extra_body={"prompt_logprobs": 2})
+    for choice in out.choices:
+        got = choice.model_extra["prompt_logprobs"]
+        assert got[0] is None and len(got) == len(prompt)
+        for token, entry, ref in zip(prompt[1:], got[1:], wide[1:]):
+            own = entry[str(token)]
+            assert own["logprob"] == pytest.approx(ref.logprob, abs=1e-5)
+            likelier = sum(v > ref.logprob + 1e-6 for _, v in ref.top)
+            assert own["rank"] == likelier + 1 or (likelier == 20 and own["rank"] > 20)
+            assert {1, 2} <= {v["rank"] for v in entry.values()} and len(entry) in (2, 3)    # the 2 likeliest too
+            assert own["decoded_token"] == engine.tokenizer.decode([token])
+    chat = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, extra_body={"prompt_logprobs": 0})
+    scored = chat.model_extra["prompt_logprobs"]
+    assert scored[0] is None and all(len(e) == 1 for e in scored[1:]) and len(scored) == chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+    assert e.value.body["param"] == "prompt_logprobs"
