@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictInt, model_validator
 
 from . import reply_models as rm
 from . import tools
@@ -48,9 +48,15 @@ OFF = {"typical_p": 1.0, "dynatemp_range": 0.0, "mirostat": 0, "dry_multiplier":
 
 
 class LlamaCompletionRequest(BaseModel):
-    """llama-server's /completion body (its defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05)."""
+    """llama-server's /completion body (its defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05; a field sent
+    as null is its default, as llama-server reads it)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data: Any) -> Any:
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     prompt: str | list[StrictInt | str] | list[str | list[StrictInt | str]] = ""
     model: str | None = None
@@ -164,7 +170,7 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
         if getattr(req, name):
             raise APIError(400, f"{name}: llama.cpp counts it over the last repeat_last_n tokens, prompt included, "
                                 "kiln over the generated tokens only (OpenAI's rule): send it to /v1/completions", name)
-    if req.repeat_penalty != 1.0 and req.repeat_last_n < context_window:
+    if req.repeat_penalty != 1.0 and -1 < req.repeat_last_n < context_window:      # -1: the context (older servers')
         raise APIError(400, f"repeat_penalty with repeat_last_n {req.repeat_last_n}: kiln penalizes every prompt and "
                             f"generated token; set repeat_last_n to the context ({context_window}) or more",
                        "repeat_last_n")
@@ -180,7 +186,9 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
         raise APIError(400, "send one of grammar and json_schema", "json_schema")
     return SamplingParams(
         max_tokens=n_predict, prompt_logprobs=0 if n_predict == 0 else None,
-        temperature=max(req.temperature, 0.0), top_k=req.top_k, top_p=max(req.top_p, 1e-9), min_p=req.min_p,
+        # top_k, top_p and min_p clamped into their ranges, as llama-server clamps them (top_p 0: the likeliest only)
+        temperature=max(req.temperature, 0.0), top_k=max(req.top_k, 0), top_p=min(max(req.top_p, 1e-9), 1.0),
+        min_p=min(max(req.min_p, 0.0), 1.0),
         seed=None if req.seed == -1 else req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
         n=next((v for v in (req.n_cmpl, req.n) if v is not None), 1), repetition_penalty=req.repeat_penalty,
         logit_bias=logit_bias(req.logit_bias, tokenizer), logprobs=n_probs > 0, top_logprobs=n_probs,

@@ -64,3 +64,12 @@ def test_a_bodys_sampling(tmp_path):
     p = sampling(body, 10, 256, tok)
     assert p.logit_bias == {7: -math.inf, **dict.fromkeys(word, 2.0)} and p.top_logprobs == 2 and p.seed == 5
     assert sampling(LlamaCompletionRequest(logit_bias={"7": False}), 1, 256, tok).logit_bias == {7: -math.inf}
+
+
+def test_nulls_are_defaults_and_ranges_clamp_as_llama_server_reads_them(tmp_path):
+    tok = _tokenizer(tmp_path)
+    body = LlamaCompletionRequest(prompt="x", temperature=None, top_k=-5, top_p=1.5, min_p=None, repeat_penalty=1.2,
+                                  repeat_last_n=-1)                   # -1: the whole context (older llama-servers)
+    p = sampling(body, 5, 256, tok)
+    assert (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty) == (0.8, 0, 1.0, 0.05, 1.2)
+    assert sampling(LlamaCompletionRequest(prompt="x", top_p=0), 5, 256, tok).top_p > 0      # the likeliest only
