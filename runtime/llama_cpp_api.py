@@ -242,6 +242,9 @@ def prompt_ids(prompt, tokenizer) -> list[list[int]]:
 def _one_prompt(prompt, tokenizer, special: bool = True) -> list[int]:
     """One prompt's ids; ``special``: a text first is encoded with the tokenizer's BOS (llama.cpp's add_special)."""
     parts = [prompt] if isinstance(prompt, str) else prompt
+    if not all(isinstance(p, (int, str)) for p in parts):
+        raise APIError(400, "a prompt is a text, token ids, or both in one list (here: one prompt, not several)",
+                       "prompt")
     if any(isinstance(p, str) for p in parts) and tokenizer is None:
         raise APIError(400, "this artifact has no tokenizer; send the prompt as token ids", "prompt")
     ids: list[int] = []

@@ -87,3 +87,10 @@ def test_llama_servers_infill(server):
     ended = httpx.post(f"{s.url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 8,
                                                 "temperature": 0, "logit_bias": [[sep, 100]]}, timeout=120).json()
     assert ended["stop_type"] == "eos" and ended["tokens_predicted"] <= 1
+
+
+def test_infill_takes_one_prompt(server):
+    s, _ = server
+    r = httpx.post(f"{s.url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": [[5, 6]]},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
