@@ -182,6 +182,9 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
     if n_predict == -1:
         n_predict = max(1, context_window - prompt_len)
     n_probs = next((v for v in (req.n_probs, req.logprobs) if v is not None), 0)
+    if not 0 <= n_probs <= 20:
+        raise APIError(400, f"n_probs must be from 0 to 20 (the alternatives kiln returns a token), got {n_probs}",
+                       "n_probs")
     if req.grammar is not None and req.json_schema is not None:
         raise APIError(400, "send one of grammar and json_schema", "json_schema")
     return SamplingParams(

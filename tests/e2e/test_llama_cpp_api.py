@@ -107,6 +107,7 @@ def test_llama_cpp_defaults_and_seeds_sample_reproducibly(server):
     ({"seed": -2}, "seed"),
     ({"grammar": "root ::= \"a\"", "json_schema": {}}, "json_schema"),
     ({"logit_bias": [[5]]}, "logit_bias"),
+    ({"n_probs": 50}, "n_probs"),
     ({"no_such_field": 1}, "no_such_field"),
 ])
 def test_what_kiln_does_not_do_is_a_400_naming_the_field(server, extra, param):
