@@ -14,7 +14,8 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
 
-from .protocol import InvalidRequestError, SamplingParams, StreamDelta
+from .protocol import SamplingParams, StreamDelta
+from .request import check_fits
 
 
 class StepFailed(Exception):
@@ -40,10 +41,7 @@ async def beam_search(generate: Callable[[list[int], SamplingParams], AsyncItera
                       length_penalty: float) -> list[Beam]:
     """The best params.n beams of ``prompt``, best first (``generate``: the engine's stream of one request)."""
     width = params.n
-    if len(prompt) + params.max_tokens > context_window:
-        raise InvalidRequestError(f"the prompt ({len(prompt)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
-                                  f"the context window of {context_window} tokens; shorten the prompt or lower "
-                                  "max_tokens", "max_tokens")
+    check_fits(len(prompt), params.max_tokens, context_window)
     step = replace(params, max_tokens=1, n=1, logprobs=True, top_logprobs=2 * width, ignore_eos=True, stop=())
 
     async def next_token(beam: Beam):

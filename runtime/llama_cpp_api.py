@@ -116,6 +116,12 @@ class LlamaCompletionRequest(BaseModel):
     top_n_sigma: float = -1.0                     # < 0: off (refused otherwise)
 
 
+    @property
+    def predict(self) -> int:
+        """n_predict, else its aliases max_tokens, max_completion_tokens (-1 when none is given)."""
+        return next((v for v in (self.n_predict, self.max_tokens, self.max_completion_tokens) if v is not None), -1)
+
+
 class InfillRequest(LlamaCompletionRequest):
     input_prefix: str = ""
     input_suffix: str = ""
@@ -176,7 +182,7 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
                        "repeat_last_n")
     if req.seed < -1 or req.seed >= 1 << 32:
         raise APIError(400, f"seed must be -1 (random) or from 0 to 4294967295, got {req.seed}", "seed")
-    n_predict = next((v for v in (req.n_predict, req.max_tokens, req.max_completion_tokens) if v is not None), -1)
+    n_predict = req.predict
     if n_predict < -1:
         raise APIError(400, f"n_predict must be -1 (until the context is full) or >= 0, got {n_predict}", "n_predict")
     if n_predict == -1:
@@ -313,7 +319,9 @@ class LlamaReply:
         probs = [self._prob(lp) for lp in delta.logprobs or ()]
         c["probs"] += probs
         c["end"], c["reason"], c["word"] = now, delta.finish_reason, delta.stop_string
-        events = []
+        events: list[dict] = []
+        if not self.stream:                 # collected: final() answers at the end
+            return events
         if delta.text or delta.token_ids:
             partial = {"index": delta.index, "content": delta.text, "tokens": delta.token_ids, "stop": False,
                        "id_slot": -1, "tokens_predicted": len(c["ids"]),
@@ -411,7 +419,5 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
     @app.post("/infill", **documented)
     async def infill(body: InfillRequest, request: Request):
         state.check_model(body.model)
-        n_predict = next((v for v in (body.n_predict, body.max_tokens, body.max_completion_tokens) if v is not None),
-                         -1)
-        ids = infill_ids(body, state.engine.engine.tokenizer, n_predict, state.context_window)
+        ids = infill_ids(body, state.engine.engine.tokenizer, body.predict, state.context_window)
         return await complete(body, request, [ids])

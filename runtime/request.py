@@ -20,6 +20,14 @@ from .sequence import Sequence
 from .tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer, bad_word_ids
 
 
+def check_fits(prompt_len: int, max_tokens: int, context_window: int) -> None:
+    """InvalidRequestError where the prompt and max_tokens together exceed the context window."""
+    if prompt_len + max_tokens > context_window:
+        raise InvalidRequestError(
+            f"the prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds the context "
+            f"window of {context_window} tokens; shorten the prompt or lower max_tokens", "max_tokens")
+
+
 @dataclass(eq=False)
 class Request:
     index: int                          # which prompt (or which of n completions) of the caller's call
@@ -42,10 +50,7 @@ class Request:
         n = len(self.seq.prompt_ids)
         if n == 0:
             raise InvalidRequestError("the prompt is empty; pass some text or token ids", "prompt")
-        if n + self.params.max_tokens > self.context_window:
-            raise InvalidRequestError(
-                f"the prompt ({n} tokens) plus max_tokens ({self.params.max_tokens}) exceeds the context "
-                f"window of {self.context_window} tokens; shorten the prompt or lower max_tokens", "max_tokens")
+        check_fits(n, self.params.max_tokens, self.context_window)
         seed = self.params.seed
         self.rng = np.random.default_rng(None if seed is None else (seed, self._rng_seed_offset))
         self._detok = IncrementalDetokenizer(self.tokenizer, self.params.skip_special_tokens) if self.tokenizer \
@@ -146,6 +151,8 @@ class Request:
     def masked_next(self) -> frozenset[int]:
         """The ids its next token may not be (the sampler masks them): the stop ids while min_tokens is not yet
         reached, and each bad word's last token where the output ends with the tokens before it."""
+        if not self._bad_words and not self.before_min_tokens:     # most requests, every step: nothing to build
+            return frozenset()
         masked = set(self._stop_ids) if self.before_min_tokens else set()
         out = self.output_ids
         for word in self._bad_words:

@@ -230,11 +230,11 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
     async def chat_completions(body: api.ChatCompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         state.check_model(body.model)
+        beams = api.beam_search_of(body)            # what a beam search cannot honour: refused before any work
         tool_req = tools.ToolRequest.parse(body.tools, body.tool_choice, body.parallel_tool_calls)
         text, ids = await asyncio.to_thread(tools.render_text, state.engine.engine, api.chat_messages(body.messages),
-                                            tool_req, api.template_variables(body), **api.render_options(body))
-        if body.add_special_tokens:                 # vLLM's: the rendered text tokenized with BOS and the like
-            ids = state.engine.engine.encode(text)
+                                            tool_req, api.template_variables(body), **api.render_options(body),
+                                            special_tokens=body.add_special_tokens)
         ids = api.truncated(body, ids)
         params = api.chat_params(body, len(ids), state.context_window)
         if tool_req is not None and tool_req.forced:
@@ -248,14 +248,14 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body),
                      reasoning=thinking, echo=api.chat_echo(body), n=params.n,
                      prompt_logprobs=body.prompt_logprobs is not None)
-        return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival,
-                                   beams=api.beam_search_of(body))
+        return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival, beams=beams)
 
     @app.post("/v1/completions", dependencies=auth, response_model=rm.Completion,
               responses=rm.with_stream("A text_completion, or its chunks as a stream"))
     async def completions(body: api.CompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
         state.check_model(body.model)
+        beams = api.beam_search_of(body)            # what a beam search cannot honour: refused before any work
         prompts = api.completion_prompts(body)
         params = await state.compile_grammar(api.completion_params(body))
         if body.suffix is not None:             # fill-in-the-middle: the model's FIM prompt, its FIM ends stop it
@@ -274,8 +274,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
                           continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n,
                           prompt_logprobs=body.prompt_logprobs is not None)
-        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival,
-                                   beams=api.beam_search_of(body))
+        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival, beams=beams)
 
     return app
 

@@ -215,12 +215,14 @@ def render(engine: Any, messages: list[dict], tools: ToolRequest | None,
 
 def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
                 variables: dict[str, Any] | None = None, add_generation_prompt: bool = True,
-                continue_final: bool = False, template: str | None = None) -> tuple[str, list[int]]:
+                continue_final: bool = False, template: str | None = None,
+                special_tokens: bool = False) -> tuple[str, list[int]]:
     """The prompt of a chat request with its tools, as text and ids; `variables`: more of the chat
     template's variables (reasoning_effort, documents, chat_template_kwargs), each refused (400) where the template
     never names it, rather than ignored. `continue_final`: the last (assistant) message left open, the text cut
     after its content as transformers' continue_final_message cuts it (vLLM's extension), for the reply to go on.
-    `template`: a chat template (jinja) in place of the model's (vLLM's per-request chat_template)."""
+    `template`: a chat template (jinja) in place of the model's (vLLM's per-request chat_template).
+    `special_tokens`: the text tokenized with the tokenizer's BOS and the like (vLLM's add_special_tokens)."""
     tok = engine._need_tokenizer()
     messages = normalize_messages(messages)
     extra: dict[str, Any] = {}
@@ -246,7 +248,7 @@ def render_text(engine: Any, messages: list[dict], tools: ToolRequest | None,
         raise APIError(400, str(e), "messages") from None
     if continue_final:
         text = _cut_after(text, messages[-1].get("content") or "")
-    return text, tok.encode(text, add_special_tokens=False)
+    return text, tok.encode(text, add_special_tokens=special_tokens)
 
 
 def _cut_after(text: str, final: str) -> str:
