@@ -12,14 +12,20 @@
 Every field llama-server reads is implemented, or refused with a 400 naming it where it asks for what kiln does not
 do (Mirostat, DRY, XTC, typical-p, dynamic temperature, ... set away from their disabled values; presence and
 frequency penalties, which llama.cpp counts over the last repeat_last_n tokens, prompt included). Fields that only
-tune a sampler left off, or llama.cpp's own cache bookkeeping (cache_prompt, n_keep, n_cache_reuse: kiln's prefix
-cache is automatic and an over-long prompt is refused, never shifted), change no output and are accepted.
+tune a sampler left off, or llama.cpp's own cache bookkeeping (cache_prompt, n_keep, n_cache_reuse, id_slot: kiln's
+prefix cache is automatic and an over-long prompt is refused, never shifted), change no output and are accepted, as
+is t_max_prompt_ms, which llama-server reads and does not act on yet.
 Sampling follows llama.cpp's chain: top-k, top-p and min-p choose on the untempered distribution, temperature
-applies to what they kept (SamplingParams.temperature_last; the OpenAI routes temper first, as vLLM does)."""
+applies to what they kept (SamplingParams.temperature_last; the OpenAI routes temper first, as vLLM does); a
+`samplers` list sets the chain (what it leaves out is off; `infill` adds llama.cpp's infill sampler,
+sampler.infill_candidates). ignore_eos bans the end-of-generation tokens, as llama-server does.
+What the code editors send (llama.vim, llama.vscode) is served: n_indent and t_max_predict_ms end a middle early
+(editor_limits), response_fields picks the result's fields."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -42,9 +48,20 @@ SNIPPET = "\n\n--- snippet ---\n\n"     # what separates input_extra's chunks wh
 
 # Fields that turn on a sampler or a behaviour kiln does not implement: accepted at the value that leaves it off.
 OFF = {"typical_p": 1.0, "dynatemp_range": 0.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
-       "min_keep": 0, "t_max_predict_ms": 0, "n_indent": 0, "timings_per_token": False, "return_progress": False,
+       "min_keep": 0, "timings_per_token": False, "return_progress": False,
        "post_sampling_probs": False, "backend_sampling": False, "verbose": False, "grammar_lazy": False,
-       "id_slot": -1, "reasoning_budget_tokens": -1}
+       "reasoning_budget_tokens": -1}
+
+# llama.cpp's sampler names (common_sampler_types_from_names: canonical, kebab-case, without the underscore, and its
+# aliases) and letters (common_sampler_types_from_chars)
+SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill",
+            "adaptive_p")
+SAMPLER_NAMES = {**{n: n for n in SAMPLERS}, **{n.replace("_", "-"): n for n in SAMPLERS},
+                 **{n.replace("_", ""): n for n in SAMPLERS}, "nucleus": "top_p", "temp": "temperature",
+                 "typ": "typ_p"}
+SAMPLER_CHARS = dict(zip("edskypmxtia", SAMPLERS))
+FILTERS = ("top_k", "top_p", "min_p", "infill")   # the order kiln's sampler applies them in (llama.cpp's default)
+INFILL_TOP_K = 1000     # the infill sampler compares every candidate's text with every other's: top_k bounds them
 
 
 class LlamaCompletionRequest(BaseModel):
@@ -87,6 +104,13 @@ class LlamaCompletionRequest(BaseModel):
     n_keep: int = 0                               # context shifting: kiln refuses an over-long prompt instead
     n_discard: int = 0
     n_cache_reuse: int = 0
+    id_slot: int = -1                             # llama-server's slot: kiln's prefix cache serves every request
+    t_max_prompt_ms: int = -1                     # llama-server reads it and does nothing yet (its TODO): nor kiln
+    # the editors' limits (llama.vim, llama.vscode): see editor_limits
+    n_indent: int = 0                             # a line after the first indented less: the generation ends there
+    t_max_predict_ms: int = -1                    # past this since the first token, a newline ends it
+    samplers: list[str] | str | None = None       # the chain's order (names, or letters as "kpt")
+    response_fields: list[str] = []               # only these fields of the result ("timings/prompt_n": nested)
     # set away from OFF's values: refused
     typical_p: float = 1.0
     dynatemp_range: float = 0.0
@@ -94,15 +118,12 @@ class LlamaCompletionRequest(BaseModel):
     dry_multiplier: float = 0.0
     xtc_probability: float = 0.0
     min_keep: int = 0
-    t_max_predict_ms: int = 0
-    n_indent: int = 0
     timings_per_token: bool = False
     return_progress: bool = False
     post_sampling_probs: bool = False
     backend_sampling: bool = False
     verbose: bool = False
     grammar_lazy: bool = False
-    id_slot: int = -1
     reasoning_budget_tokens: int = -1
     # tune only samplers OFF leaves off: accepted
     dynatemp_exponent: float = 1.0
@@ -176,7 +197,9 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
         if getattr(req, name):
             raise APIError(400, f"{name}: llama.cpp counts it over the last repeat_last_n tokens, prompt included, "
                                 "kiln over the generated tokens only (OpenAI's rule): send it to /v1/completions", name)
-    if req.repeat_penalty != 1.0 and -1 < req.repeat_last_n < context_window:      # -1: the context (older servers')
+    over = chain(req.samplers, req, tokenizer)
+    penalized = req.repeat_penalty != 1.0 and "repetition_penalty" not in over
+    if penalized and -1 < req.repeat_last_n < context_window:      # -1: the context (older servers')
         raise APIError(400, f"repeat_penalty with repeat_last_n {req.repeat_last_n}: kiln penalizes every prompt and "
                             f"generated token; set repeat_last_n to the context ({context_window}) or more",
                        "repeat_last_n")
@@ -193,15 +216,61 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
                        "n_probs")
     if req.grammar is not None and req.json_schema is not None:
         raise APIError(400, "send one of grammar and json_schema", "json_schema")
-    return SamplingParams(
-        max_tokens=n_predict, prompt_logprobs=0 if n_predict == 0 else None,
-        # top_k, top_p and min_p clamped into their ranges, as llama-server clamps them (top_p 0: the likeliest only)
-        temperature=max(req.temperature, 0.0), top_k=max(req.top_k, 0), top_p=min(max(req.top_p, 1e-9), 1.0),
-        min_p=min(max(req.min_p, 0.0), 1.0),
-        seed=None if req.seed == -1 else req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
-        n=next((v for v in (req.n_cmpl, req.n) if v is not None), 1), repetition_penalty=req.repeat_penalty,
-        logit_bias=logit_bias(req.logit_bias, tokenizer), logprobs=n_probs > 0, top_logprobs=n_probs,
-        response_format=_format(req), temperature_last=True)
+    kw = dict(max_tokens=n_predict, prompt_logprobs=0 if n_predict == 0 else None,
+              # top_k, top_p and min_p clamped into their ranges, as llama-server clamps them (top_p 0: the likeliest)
+              temperature=max(req.temperature, 0.0), top_k=max(req.top_k, 0), top_p=min(max(req.top_p, 1e-9), 1.0),
+              min_p=min(max(req.min_p, 0.0), 1.0),
+              seed=None if req.seed == -1 else req.seed, stop=req.stop, ignore_eos=req.ignore_eos,
+              n=next((v for v in (req.n_cmpl, req.n) if v is not None), 1), repetition_penalty=req.repeat_penalty,
+              logit_bias=logit_bias(req.logit_bias, tokenizer), logprobs=n_probs > 0, top_logprobs=n_probs,
+              response_format=_format(req), temperature_last=True)
+    return SamplingParams(**{**kw, **over})
+
+
+def chain(samplers: list[str] | str | None, req: LlamaCompletionRequest, tokenizer) -> dict[str, Any]:
+    """What a `samplers` chain changes in the SamplingParams: a sampler left out of it is off (top_k 0, top_p 1, min_p
+    0, repeat_penalty 1; no temperature: the draw at temperature 1), llama.cpp's infill sampler on where named, and
+    temperature before the filters or after them. Orders kiln's sampler cannot follow, unknown names and samplers kiln
+    does not implement are a 400."""
+    if samplers is None:
+        return {}
+    if isinstance(samplers, str):
+        names = [SAMPLER_CHARS.get(c) for c in samplers]
+        unknown = [c for c, n in zip(samplers, names) if n is None]
+    else:
+        names = [SAMPLER_NAMES.get(n.lower()) for n in samplers]
+        unknown = [n for n, c in zip(samplers, names) if c is None]
+    if unknown:
+        raise APIError(400, f"samplers: unknown sampler {unknown[0]!r}; llama.cpp's are {', '.join(SAMPLERS)} (or "
+                            f"their letters {''.join(SAMPLER_CHARS)})", "samplers")
+    if len(set(names)) < len(names):
+        raise APIError(400, "samplers: name each sampler once", "samplers")
+    if "adaptive_p" in names:
+        raise APIError(400, "samplers: adaptive_p is not implemented by kiln; leave it out", "samplers")
+    order = [n for n in names if n in (*FILTERS, "temperature", "penalties")]
+    filters = [n for n in order if n in FILTERS]
+    if filters != [n for n in FILTERS if n in filters]:
+        raise APIError(400, f"samplers: kiln applies {', '.join(FILTERS)} in that order; got {', '.join(filters)}",
+                       "samplers")
+    rest = [n for n in order if n != "penalties"]
+    if "temperature" in rest[1:-1]:
+        raise APIError(400, "samplers: kiln applies temperature before the filters (top_k, top_p, min_p, infill) or "
+                            "after them, not between", "samplers")
+    if "penalties" in order and req.repeat_penalty != 1.0 and order[0] != "penalties":
+        raise APIError(400, "samplers: kiln applies the repeat penalty before every other sampler; put penalties "
+                            "first", "samplers")
+    out: dict[str, Any] = {"temperature_last": rest[-1:] == ["temperature"], "infill": "infill" in names}
+    out.update({k: v for k, v in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("temperature", 1.0),
+                                  ("repetition_penalty", 1.0)) if ("penalties" if k == "repetition_penalty" else k)
+                not in names})
+    if out["infill"]:
+        if tokenizer is None:
+            raise APIError(400, "samplers: the infill sampler compares token texts; this artifact has no tokenizer",
+                           "samplers")
+        if not 0 < (req.top_k if "top_k" in names else 0) <= INFILL_TOP_K:
+            raise APIError(400, f"samplers: put top_k (1 to {INFILL_TOP_K}) before infill: it compares every "
+                                "candidate's text with every other's (llama.vim and llama.vscode send 40)", "samplers")
+    return out
 
 
 def _format(req: LlamaCompletionRequest) -> dict[str, Any] | None:
@@ -304,6 +373,8 @@ class LlamaReply:
     stream: bool
     return_tokens: bool
     arrival: float = field(default_factory=time.monotonic)
+    id_slot: int = -1
+    fields: list[str] = field(default_factory=list)     # response_fields: only these of the final results
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)
     include_usage = False               # reply_stream's protocol
 
@@ -324,7 +395,7 @@ class LlamaReply:
             return events
         if delta.text or delta.token_ids:
             partial = {"index": delta.index, "content": delta.text, "tokens": delta.token_ids, "stop": False,
-                       "id_slot": -1, "tokens_predicted": len(c["ids"]),
+                       "id_slot": self.id_slot, "tokens_predicted": len(c["ids"]),
                        "tokens_evaluated": len(self.prompts[delta.index // self.n])}
             if probs:
                 partial["completion_probabilities"] = probs
@@ -346,7 +417,8 @@ class LlamaReply:
         prompt_ms, predicted_ms = (first - self.arrival) * 1e3, (c["end"] - first) * 1e3
         stop_type = ("word" if c["word"] is not None else "eos") if c["reason"] == "stop" else "limit"
         out = {"index": index, "content": "" if self.stream else text,
-               "tokens": [] if self.stream or not self.return_tokens else c["ids"], "id_slot": -1, "stop": True,
+               "tokens": [] if self.stream or not self.return_tokens else c["ids"], "id_slot": self.id_slot,
+               "stop": True,
                "model": self.model, "tokens_predicted": n_out, "tokens_evaluated": n_prompt,
                "generation_settings": self.settings, "prompt": self.prompt_texts[prompt], "has_new_line": "\n" in text,
                "truncated": False, "stop_type": stop_type, "stopping_word": c["word"] or "",
@@ -359,12 +431,92 @@ class LlamaReply:
                            "predicted_per_second": 1e3 * max(0, n_out - 1) / max(predicted_ms, 1e-9)}}
         if not self.stream and c["probs"]:
             out["completion_probabilities"] = c["probs"]
-        return out
+        return nested_values(out, self.fields) if self.fields else out
 
     def final(self) -> dict | list[dict]:
         """The non-streaming answer: one result, or an array (several prompts, or n_cmpl > 1), as llama-server's."""
         results = [self._final(i) for i in sorted(self.choices)]
         return results[0] if len(results) == 1 else results
+
+
+def nested_values(result: dict, paths: list[str]) -> dict:
+    """llama-server's response_fields: {path: value} for each "a/b" path the result has (others left out)."""
+    out = {}
+    for path in paths:
+        value: Any = result
+        for key in path.split("/"):
+            if not (isinstance(value, dict) and key in value):
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
+
+
+@dataclass
+class _Lines:
+    """One choice's text as editor_limits reads it."""
+
+    text: str = ""
+    scan: int = 0                   # where the next newline is looked for
+    line: int | None = None         # where the line being checked begins (None: none yet, or it passed)
+    first: float | None = None      # when its first token came
+    done: bool = False
+
+
+def indent_cut(text: str, lines: _Lines, n_indent: int) -> int | None:
+    """Where llama-server's n_indent ends ``text``: at the first character that is not a space or a tab on a line
+    after the first newline, when fewer than n_indent come before it (a blank line too); None while every line so far
+    is indented enough (a line of blanks alone not yet decided)."""
+    while True:
+        if lines.line is None:
+            nl = text.find("\n", lines.scan)
+            if nl < 0:
+                lines.scan = len(text)
+                return None
+            lines.line = nl + 1
+        i = lines.line
+        while i < len(text) and text[i] in " \t":
+            i += 1
+        if i == len(text):
+            return None
+        if i - lines.line < n_indent:
+            return i
+        lines.scan, lines.line = i, None
+
+
+async def editor_limits(deltas: AsyncIterator[StreamDelta], streams: int, n_indent: int, t_max_predict_ms: int,
+                        clock=time.monotonic) -> AsyncIterator[StreamDelta]:
+    """llama-server's limits for editors, on the deltas of ``streams`` choices: n_indent > 0 ends a choice where a line
+    after the first is indented less (its text cut before the line's first character), t_max_predict_ms > 0 where a
+    token with a newline comes that long after the first token; both as a length limit (stop_type "limit"). A choice
+    ended here yields nothing more; when every one has ended the engine's request is aborted (the deltas closed)."""
+    states: dict[int, _Lines] = {}
+    ended = 0
+    try:
+        async for delta in deltas:
+            st = states.setdefault(delta.index, _Lines())
+            if st.done:
+                continue
+            now = clock()
+            if st.first is None and delta.token_ids:
+                st.first = now
+            text = st.text + delta.text
+            cut = indent_cut(text, st, n_indent) if n_indent > 0 else None
+            if cut is not None:
+                text = text[:cut]
+                delta = replace(delta, text=text[len(st.text):], finish_reason="length", stop_string=None)
+            elif (t_max_predict_ms > 0 and delta.finish_reason is None and "\n" in delta.text
+                  and (now - st.first) * 1e3 > t_max_predict_ms):
+                delta = replace(delta, finish_reason="length")
+            st.text = text
+            if delta.finish_reason is not None:
+                st.done, ended = True, ended + 1
+            yield delta
+            if ended == streams:
+                return
+    finally:
+        await deltas.aclose()
 
 
 async def events(reply: LlamaReply, first: StreamDelta, deltas: AsyncIterator[StreamDelta]) -> AsyncIterator[str]:
@@ -389,14 +541,23 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         for ids in prompts:
             engine.check_tokens(ids)
         params = sampling(body, max(map(len, prompts)), state.context_window, engine.tokenizer)
-        if engine.tokenizer is not None and not body.ignore_eos:     # llama.cpp's end-of-generation tokens: EOS and
-            params = replace(params, stop_token_ids=(*params.stop_token_ids, *engine.tokenizer.fim_end_ids))  # FIM's
+        # llama.cpp's end-of-generation tokens: EOS and FIM's ends stop a generation, or with ignore_eos are never taken
+        fim_ends = engine.tokenizer.fim_end_ids if engine.tokenizer is not None else ()
+        params = replace(params, logit_bias={**params.logit_bias,
+                                             **dict.fromkeys((*engine.eos_token_ids, *fim_ends), -math.inf)}) \
+            if body.ignore_eos else replace(params, stop_token_ids=(*params.stop_token_ids, *fim_ends))
         params = await state.compile_grammar(params)
         settings = {**body.model_dump(exclude={"prompt", "input_prefix", "input_suffix", "input_extra"}),
                     "n_predict": params.max_tokens, "n_ctx": state.context_window, "model": state.model_name}
         reply = LlamaReply(state.model_name, prompts, [state.decode(p) for p in prompts], params.n, settings,
-                           state.token_text, body.stream, body.return_tokens, arrival)
-        return await state.respond(request, reply, prompts, params, 0, body.stream, arrival, events=events)
+                           state.token_text, body.stream, body.return_tokens, arrival, body.id_slot,
+                           body.response_fields)
+        limits = None
+        if body.n_indent > 0 or body.t_max_predict_ms > 0:
+            limits = functools.partial(editor_limits, streams=len(prompts) * params.n, n_indent=body.n_indent,
+                                       t_max_predict_ms=body.t_max_predict_ms)
+        return await state.respond(request, reply, prompts, params, 0, body.stream, arrival, events=events,
+                                   limits=limits)
 
     documented = dict(dependencies=auth, response_model=LlamaCompletion | list[LlamaCompletion],
                       responses=rm.with_stream("llama-server's result (an array for several), or its stream"))

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .protocol import GrowingText, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
 from .reasoning import FIELDS as REASONING_FIELDS
+from .tokenizer import piece_bytes
 
 
 class APIError(Exception):
@@ -596,12 +597,8 @@ def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
     text = tokenizer.decode([token_id])
     if "\ufffd" not in text:
         return text, text.encode("utf-8")
-    piece = tokenizer.id_to_token(token_id) or ""
-    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):      # byte-fallback token
-        raw = bytes([int(piece[3:5], 16)])
-    elif piece and all(c in _BYTE_LEVEL for c in piece):
-        raw = bytes(_BYTE_LEVEL[c] for c in piece)
-    else:
+    raw = piece_bytes(tokenizer.id_to_token(token_id) or "")
+    if raw is None:
         return text, text.encode("utf-8")
     try:
         return raw.decode("utf-8"), raw
@@ -609,17 +606,3 @@ def token_text(tokenizer: Any, token_id: int) -> tuple[str, bytes]:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), raw
 
 
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-_BYTE_LEVEL = _byte_level_alphabet()

@@ -58,6 +58,7 @@ class SamplingParams:
     allowed_token_ids: Sequence[int] | None = None   # the only ids it may sample (vLLM's)
     bad_words: Sequence[str] = ()     # words it may not generate (vLLM's: each word's last token banned after the rest)
     temperature_last: bool = False    # top_k / top_p / min_p choose on the untempered distribution (llama.cpp's order)
+    infill: bool = False              # llama.cpp's infill sampler after those filters (sampler.infill_candidates)
     min_p: float = 0.0                # drop tokens with p < min_p * p_max
     repetition_penalty: float = 1.0   # > 1 discourages tokens already in prompt or output (HF/vLLM style)
     frequency_penalty: float = 0.0    # OpenAI: logit -= f * count in output

@@ -51,6 +51,9 @@ class Request:
         if n == 0:
             raise InvalidRequestError("the prompt is empty; pass some text or token ids", "prompt")
         check_fits(n, self.params.max_tokens, self.context_window)
+        if self.params.infill and self.tokenizer is None:
+            raise InvalidRequestError("the infill sampler compares token texts; this artifact has no tokenizer",
+                                      "samplers")
         seed = self.params.seed
         self.rng = np.random.default_rng(None if seed is None else (seed, self._rng_seed_offset))
         self._detok = IncrementalDetokenizer(self.tokenizer, self.params.skip_special_tokens) if self.tokenizer \

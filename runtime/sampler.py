@@ -9,7 +9,9 @@ sample() turns logits [batch, vocab] into one token per row, in vLLM's order:
     -> min_p -> one uniform draw from the request's own np.random.Generator
 
 (A request with temperature_last: top_k -> top_p -> min_p on the untempered
-distribution, then temperature on the tokens kept: llama.cpp's chain.)
+distribution, then temperature on the tokens kept: llama.cpp's chain. One with
+infill: llama.cpp's infill sampler after the filters, before a late temperature:
+infill_candidates.)
 
 Every filter becomes a per-row logit threshold (keep x >= thr; ties at the
 threshold are kept), so a row's token depends only on its own logits,
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -68,6 +70,17 @@ class SparseRows:
 
 
 @dataclass(frozen=True)
+class InfillRow:
+    """A row drawn with llama.cpp's infill sampler: its end-of-generation ids, the token that ends it when no text
+    is likely enough, and each token's text bytes (a special token's: none)."""
+
+    row: int
+    eog: frozenset[int]
+    end: int | None
+    token_bytes: Callable[[int], bytes]
+
+
+@dataclass(frozen=True)
 class SamplingBatch:
     """Everything sample() needs, as arrays over the batch's rows."""
 
@@ -87,6 +100,7 @@ class SamplingBatch:
     rngs: list[np.random.Generator]
     allowed: tuple[tuple[int, np.ndarray], ...] = ()   # (row, the only ids it may take: allowed_token_ids)
     temperature_last: np.ndarray | None = None          # [batch] bool: filters before temperature (llama.cpp's)
+    infill: tuple[InfillRow, ...] = ()                   # rows with llama.cpp's infill sampler
 
 
 @dataclass
@@ -130,7 +144,8 @@ class Sampler:
             num_logprobs=column((p.top_logprobs if p.needs_logprobs else -1 for p in ps), np.int64),
             rngs=[r.rng for r in requests],
             temperature_last=column((p.temperature_last for p in ps), bool)
-            if any(p.temperature_last for p in ps) else None)
+            if any(p.temperature_last for p in ps) else None,
+            infill=tuple(_infill_row(i, r) for i, r in enumerate(requests) if r.params.infill))
 
     def sample(self, logits: np.ndarray, batch: SamplingBatch) -> SampleResult:
         """logits: [batch, vocab] float32 -> one token (and its logprobs, if asked) per row."""
@@ -142,6 +157,13 @@ class Sampler:
         lp_rows = np.flatnonzero(batch.num_logprobs >= 0)
         lp_x = x[lp_rows]                                  # [r, vocab] kept before temperature touches x
         rows = np.flatnonzero(batch.temperature > 0)
+        if batch.infill:
+            for f in batch.infill:
+                late = batch.temperature_last is not None and bool(batch.temperature_last[f.row])
+                if batch.temperature[f.row] > 0 or late:       # greedy, tempered first: the argmax (one candidate)
+                    tokens[f.row] = _infill_token(x[f.row], float(batch.temperature[f.row]), late, batch.top_k[f.row],
+                                                  batch.top_p[f.row], batch.min_p[f.row], batch.rngs[f.row], f)
+            rows = np.setdiff1d(rows, [f.row for f in batch.infill])
         if rows.size:
             scaled = _take(x, rows)                        # in place when every row samples (no copy)
             late = None if batch.temperature_last is None else batch.temperature_last[rows]
@@ -173,7 +195,72 @@ def raw_logits(request: Request) -> bool:
             and not p.presence_penalty and getattr(request, "grammar", None) is None
             and not getattr(request, "masked_next", ()) and p.allowed_token_ids is None
             and not p.bad_words                     # a drafted run of tokens could complete one unmasked
-            and not p.temperature_last)             # the device sampler and speculation temper first
+            and not p.temperature_last              # the device sampler and speculation temper first
+            and not p.infill)
+
+
+def infill_candidates(x: np.ndarray, weights: np.ndarray, eog: frozenset[int], end: int | None,
+                      token_bytes: Callable[[int], bytes]) -> tuple[np.ndarray, int | None]:
+    """llama.cpp's infill sampler (llama_sampler_infill_apply) over a row's candidates (weights > 0, the filters'):
+    the ids left to draw from by their logits, or the one token it forces.
+
+    With p the candidates' probabilities: where 3 * p(end of generation) * candidates > p(text), only the
+    end-of-generation tokens are left. Otherwise a token whose bytes begin another's merges into the likelier of the
+    two (its probability added, the other gone); text tokens under 0.2 are dropped (none left: ``end`` is forced),
+    the rest renormalized, and text tokens under 1 / (texts left + 1) dropped. End-of-generation tokens stay."""
+    cand = np.flatnonzero(weights > 0)
+    cand = cand[np.lexsort((cand, -x[cand]))]                  # llama.cpp's order: likeliest first
+    p = weights[cand].astype(np.float64)
+    p /= p.sum()
+    is_eog = np.fromiter((int(t) in eog for t in cand), bool, count=cand.size)
+    if 3 * p[is_eog].sum() * cand.size > p[~is_eog].sum():
+        return np.sort(cand[is_eog]), None
+    texts = [token_bytes(int(t)) for t in cand]
+    alive = np.ones(cand.size, bool)
+    for i0, a in enumerate(texts):
+        if not a:
+            continue
+        for i1, b in enumerate(texts):
+            if not alive[i0]:
+                break
+            if i0 != i1 and alive[i1] and len(a) <= len(b) and b.startswith(a):
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                p[dst] += p[src]
+                p[src], alive[src] = 0.0, False
+    keep = alive & ((p >= 0.2) | is_eog)
+    n_text = np.count_nonzero(keep & ~is_eog)
+    if n_text == 0:
+        return np.zeros(0, np.int64), end if end is not None else (min(eog) if eog else int(cand[0]))
+    q = np.where(keep, p, 0.0)
+    q /= q.sum()
+    keep &= (q >= 1.0 / (n_text + 1)) | is_eog
+    return np.sort(cand[keep]), None
+
+
+def _infill_token(x: np.ndarray, temperature: float, late: bool, top_k: int, top_p: float, min_p: float,
+                  rng: np.random.Generator, f: InfillRow) -> int:
+    """One row's token through the filters, the infill sampler, then the draw by the logits left (tempered after
+    when ``late``; greedy: the likeliest left). One uniform draw, as a sampled row takes."""
+    if not late:
+        x = x / np.float32(temperature)
+    weights = _filtered_weights(x[None], np.array([top_k]), np.array([top_p], np.float32),
+                                np.array([min_p], np.float32))[0]
+    kept, forced = infill_candidates(x, weights, f.eog, f.end, f.token_bytes)
+    u = rng.random() if temperature > 0 else 0.0
+    if forced is not None:
+        return forced
+    z = x[kept].astype(np.float64)
+    if temperature == 0:
+        return int(kept[np.argmax(z)])
+    w = np.exp((z - z.max()) / (temperature if late else 1.0))
+    cum = np.cumsum(w)
+    return int(kept[min(int(np.searchsorted(cum, u * cum[-1], side="right")), kept.size - 1)])
+
+
+def _infill_row(row: int, request: Request) -> InfillRow:
+    eog = frozenset(request.eos_token_ids) | frozenset(request.params.stop_token_ids)
+    tokenizer = request.tokenizer
+    return InfillRow(row, eog, getattr(tokenizer, "eos_token_id", None), tokenizer.token_bytes)
 
 
 def _bias(request) -> dict[int, float]:

@@ -368,14 +368,18 @@ class _ServerState:
         return tok.decode(ids, skip_special_tokens) if tok is not None else ""
 
     async def respond(self, request: Request, reply: api.Reply, prompts: list[list[int]], params: SamplingParams,
-                      priority: int, stream: bool, arrival: float, events=sse, beams: float | None = None) -> Response:
+                      priority: int, stream: bool, arrival: float, events=sse, beams: float | None = None,
+                      limits=None) -> Response:
         """Generate and answer: ``reply``'s final() as JSON, or ``events``(reply, first delta, the rest) streamed
         (OpenAI's chunks by default; llama_cpp_api streams llama-server's). ``beams``: a beam search's
-        length_penalty, its best params.n beams the choices (runtime/beam_search.py)."""
+        length_penalty, its best params.n beams the choices (runtime/beam_search.py). ``limits``: deltas -> deltas,
+        ending choices early (llama_cpp_api.editor_limits)."""
         source = self._generate_all(prompts, params, priority) if beams is None else \
             beam_deltas(lambda ids, p: self.engine.generate(ids, p, priority=priority), prompts, params,
                         self.engine.engine.eos_token_ids, self.context_window, beams,
                         functools.partial(self.decode, skip_special_tokens=params.skip_special_tokens))
+        if limits is not None:
+            source = limits(source)
         deltas = self.metrics.track(source, sum(map(len, prompts)), arrival)
         if not stream:
             if not await collect(request, reply, deltas):

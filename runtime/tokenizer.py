@@ -49,6 +49,32 @@ FIM_ENDS = ("<|fim_pad|>", "<fim_pad>", "<fim-pad>", "<|file_sep|>", "<file_sep>
             "<reponame>")
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def piece_bytes(piece: str) -> bytes | None:
+    """The bytes a vocabulary piece stands for where it spells them itself: a byte-fallback token ("<0x0A>") or a
+    byte-level BPE piece ("Ġhello"); None for a piece of another kind (its decoded text is its bytes)."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    if piece and all(c in _BYTE_LEVEL for c in piece):
+        return bytes(_BYTE_LEVEL[c] for c in piece)
+    return None
+
+
 class Tokenizer:
     """A HF ``tokenizers`` tokenizer plus the special tokens and chat template of its config."""
 
@@ -60,11 +86,13 @@ class Tokenizer:
         self.eos_token: str | None = _token_text(config.get("eos_token"))
         self.bos_token_id: int | None = self._id_of(self.bos_token)
         self.eos_token_ids: frozenset[int] = self._collect_eos_ids(config)
+        self.eos_token_id: int | None = self._id_of(self.eos_token)
         self.special_token_ids: frozenset[int] = frozenset(
             i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special
         )
         self._maybe_rebuild_post_processor(config)
         self._one: dict[int, str] = {}          # decode_one's
+        self._bytes: dict[int, bytes] = {}      # token_bytes'
         self._template: jinja2.Template | None = None
         self._template_source: str | None = None
 
@@ -115,6 +143,23 @@ class Tokenizer:
         if text is None:
             text = self._one[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
         return text
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """A token's text as bytes, as llama.cpp's token_to_piece writes it with special tokens left out: b"" for a
+        special token, a byte token's byte, a byte-level piece's bytes, a SentencePiece piece with its "▁" a space
+        (remembered: at most one entry per vocabulary id)."""
+        raw = self._bytes.get(token_id)
+        if raw is None:
+            piece = self.id_to_token(token_id) or ""
+            text = self.decode_one(token_id)
+            if token_id in self.special_token_ids:
+                raw = b""
+            elif "\ufffd" in text or piece.startswith("<0x"):
+                raw = piece_bytes(piece) or text.encode("utf-8")
+            else:
+                raw = (" " + text if piece.startswith("▁") and not text.startswith(" ") else text).encode("utf-8")
+            self._bytes[token_id] = raw
+        return raw
 
     def fim_prompt(self, prefix: str, suffix: str, bos: bool = True) -> list[int] | None:
         """The ids of a fill-in-the-middle prompt, as llama.cpp's /infill and the code models' own FIM format build

@@ -25,14 +25,19 @@ PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dirs, tmp_path_factory):
-    """The tied tiny Llama with a tokenizer of the same 512 ids holding the FIM tokens, compiled and served."""
+def fim_artifact(tiny_dirs, tmp_path_factory):
+    """The tied tiny Llama with a tokenizer of the same 512 ids holding the FIM tokens, compiled."""
     root = tmp_path_factory.mktemp("fim")
     shutil.copytree(tiny_dirs["tied"], root / "hf")
     write_tokenizer(root / "hf", 512, specials=FIM)
-    art = kiln.compile(str(root / "hf"), target="cpu", quant="q0f32", output=root / "art", golden=False)
-    with running_server(art, ServerArgs(model_name="fim", engine=EngineConfig(max_num_seqs=4))) as s:
-        yield s, Tokenizer.from_dir(art)
+    return kiln.compile(str(root / "hf"), target="cpu", quant="q0f32", output=root / "art", golden=False)
+
+
+@pytest.fixture(scope="module")
+def server(fim_artifact):
+    """That artifact served."""
+    with running_server(fim_artifact, ServerArgs(model_name="fim", engine=EngineConfig(max_num_seqs=4))) as s:
+        yield s, Tokenizer.from_dir(fim_artifact)
 
 
 def test_a_suffix_fills_the_middle(server):
@@ -94,3 +99,44 @@ def test_infill_takes_one_prompt(server):
     r = httpx.post(f"{s.url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": [[5, 6]]},
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
+# llama.vim's /infill body (its fields and values; n_predict smaller, and t_max_predict_ms long enough that a slow
+# CI step never ends the middle early)
+LLAMA_VIM = {"id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX,
+             "input_extra": [{"filename": "util.py", "text": "X = 1\n"}], "prompt": "", "n_predict": 12,
+             "stop": [], "n_indent": 0, "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"],
+             "stream": False, "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 60_000,
+             "response_fields": ["content", "timings/prompt_n", "timings/predicted_n", "timings/predicted_ms",
+                                 "truncated", "tokens_cached"]}
+
+
+def test_llama_vims_infill_request(server, fim_artifact):
+    """What llama.vim sends is served: its answer has the response_fields alone, and its tokens are the in-process
+    engine's seeded draw through top-k, top-p and llama.cpp's infill sampler at temperature 1 (its chain names no
+    temperature), the FIM ends stopping it as EOS does."""
+    s, tok = server
+    answer = httpx.post(f"{s.url}/infill", json={**LLAMA_VIM, "seed": 11}, timeout=120).json()
+    assert set(answer) == set(LLAMA_VIM["response_fields"]) and answer["truncated"] is False
+    full = httpx.post(f"{s.url}/infill", json={**LLAMA_VIM, "seed": 11, "response_fields": [], "return_tokens": True},
+                      timeout=120).json()
+    assert full["content"] == answer["content"] and full["id_slot"] == 0
+    assert full["generation_settings"]["samplers"] == LLAMA_VIM["samplers"]
+    engine = kiln.Engine(fim_artifact)
+    pre, suf, mid = tok.fim_marks()
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False)
+    prompt = [pre, *enc(PREFIX), suf, *enc(SUFFIX), mid]
+    assert full["tokens_evaluated"] == len(prompt)
+    want = engine.generate([prompt], kiln.SamplingParams(
+        max_tokens=12, seed=11, top_k=40, top_p=0.9, temperature=1.0, infill=True,
+        stop_token_ids=tok.fim_end_ids))[0]
+    assert full["tokens"] == want.token_ids and full["content"] == want.text
+    greedy_late = {**LLAMA_VIM, "samplers": ["top_k", "top_p", "infill", "temperature"], "temperature": 0,
+                   "response_fields": ["content"]}
+    assert httpx.post(f"{s.url}/infill", json=greedy_late, timeout=120).status_code == 200
+
+
+def test_a_samplers_chain_kiln_cannot_follow_is_a_400(server):
+    r = httpx.post(f"{server[0].url}/infill", json={**LLAMA_VIM, "samplers": ["top_p", "infill"]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "samplers"

@@ -157,3 +157,39 @@ def test_apply_template_renders_the_chat_as_the_chat_route_does(server, tiny_art
     assert completed["content"] == chat.choices[0].message.content
     refused = _post(server, {"messages": HELLO, "temperature": 0.5}, "/apply-template")
     assert refused.status_code == 400 and "temperature" in json.dumps(refused.json())
+
+
+def test_n_indent_cuts_the_first_line_indented_less(server):
+    """A grammar writes four lines; with n_indent 4 the answer ends before "c" (indented 2), its blanks kept, as a
+    length limit; the stream sends no more than that."""
+    body = {"prompt": "Once upon a time", "grammar": 'root ::= "a\\n    b\\n  c\\nd"', "temperature": 0,
+            "n_predict": 32, "n_indent": 4}
+    out = _post(server, body).json()
+    assert out["content"] == "a\n    b\n  " and out["stop_type"] == "limit"
+    assert _post(server, {**body, "n_indent": 2}).json()["content"] == "a\n    b\n  c\n"      # "d" is indented 0
+    chunks = [json.loads(line[6:]) for line in _events(server, body)]
+    assert "".join(c["content"] for c in chunks) == out["content"] and chunks[-1]["stop_type"] == "limit"
+
+
+def test_t_max_predict_ms_ends_at_a_newline_past_it(server):
+    """A grammar writes forty short lines; past 1 ms from the first token the next newline ends the answer (kept)."""
+    lines = "".join(f"{i}\\n" for i in range(40))
+    body = {"prompt": "x", "grammar": f'root ::= "{lines}"', "temperature": 0, "n_predict": 200}
+    full = _post(server, body).json()
+    out = _post(server, {**body, "t_max_predict_ms": 1}).json()
+    assert full["stop_type"] == "eos", full
+    assert full["content"].startswith(out["content"]) and len(out["content"]) < len(full["content"])
+    assert out["content"].endswith("\n") and out["stop_type"] == "limit"
+
+
+def test_ignore_eos_never_takes_an_end_token(server, tiny_artifacts):
+    """llama-server's ignore_eos bans the end-of-generation tokens (kiln's OpenAI routes only keep going past them):
+    EOS biased to the top is still never written."""
+    engine, _, _ = _greedy(tiny_artifacts, "Once upon a time")
+    eos = engine.tokenizer.eos_token_id
+    out = _post(server, {"prompt": "Once upon a time", "temperature": 0, "n_predict": 6, "return_tokens": True,
+                         "ignore_eos": True, "logit_bias": [[eos, 100]]}).json()
+    assert len(out["tokens"]) == 6 and eos not in out["tokens"] and out["stop_type"] == "limit"
+    ended = _post(server, {"prompt": "Once upon a time", "temperature": 0, "n_predict": 6, "return_tokens": True,
+                           "logit_bias": [[eos, 100]]}).json()
+    assert ended["tokens_predicted"] == 1 and ended["stop_type"] == "eos"

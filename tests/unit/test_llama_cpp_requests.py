@@ -6,11 +6,17 @@ prompt and two; without FIM_SEP each extra file follows a snippet line."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import re
+import time
 
 import pytest
 
-from kiln.runtime.llama_cpp_api import SNIPPET, InfillRequest, LlamaCompletionRequest, infill_ids, sampling
+from kiln.runtime.llama_cpp_api import (SNIPPET, InfillRequest, LlamaCompletionRequest, editor_limits, infill_ids,
+                                        nested_values, sampling)
+from kiln.runtime.openai_api import APIError
+from kiln.runtime.protocol import StreamDelta
 from kiln.runtime.tokenizer import Tokenizer
 from tiny_models import write_tokenizer
 
@@ -73,3 +79,79 @@ def test_nulls_are_defaults_and_ranges_clamp_as_llama_server_reads_them(tmp_path
     p = sampling(body, 5, 256, tok)
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty) == (0.8, 0, 1.0, 0.05, 1.2)
     assert sampling(LlamaCompletionRequest(prompt="x", top_p=0), 5, 256, tok).top_p > 0      # the likeliest only
+
+
+@pytest.mark.parametrize("samplers, want", [
+    (["top_k", "top_p", "infill"], dict(top_k=40, top_p=0.9, min_p=0.0, temperature=1.0, infill=True)),  # llama.vim's
+    ("kpmt", dict(top_k=40, top_p=0.9, min_p=0.05, temperature=0.8, temperature_last=True, infill=False)),
+    (["temp", "top-k", "minp"], dict(top_k=40, top_p=1.0, min_p=0.05, temperature=0.8, temperature_last=False)),
+    (["penalties", "dry", "top_k", "xtc", "temperature"], dict(top_k=40, top_p=1.0, repetition_penalty=1.2)),
+    ([], dict(top_k=0, top_p=1.0, min_p=0.0, temperature=1.0, repetition_penalty=1.0)),    # the draw alone
+])
+def test_a_samplers_chain_turns_off_what_it_leaves_out(tmp_path, samplers, want):
+    """A sampler not in the chain does nothing (llama.cpp builds the chain from the list alone): its field is off,
+    temperature too (the final draw is at temperature 1); temperature first or last sets the order."""
+    body = LlamaCompletionRequest(prompt="x", top_p=0.9, repeat_penalty=1.2, repeat_last_n=-1, samplers=samplers)
+    p = sampling(body, 5, 256, _tokenizer(tmp_path))
+    assert {k: getattr(p, k) for k in want} == pytest.approx(want)
+
+
+@pytest.mark.parametrize("samplers, says", [
+    (["top_p", "top_k"], "in that order"), (["top_k", "temperature", "top_p"], "not between"),
+    (["top_k", "penalties"], "penalties first"), (["mirostat"], "unknown sampler 'mirostat'"), ("kq", "'q'"),
+    (["adaptive_p"], "not implemented"), (["top_k", "top_k"], "once"), (["top_p", "infill"], "top_k (1 to 1000)"),
+])
+def test_chains_kiln_cannot_follow_are_a_400(tmp_path, samplers, says):
+    body = LlamaCompletionRequest(prompt="x", repeat_penalty=1.2, repeat_last_n=-1, samplers=samplers)
+    with pytest.raises(APIError, match=re.escape(says)) as e:
+        sampling(body, 5, 256, _tokenizer(tmp_path))
+    assert e.value.status == 400
+
+
+def test_response_fields_pick_nested_values():
+    result = {"content": "x", "timings": {"prompt_n": 3, "predicted_ms": 1.5}, "truncated": False}
+    assert nested_values(result, ["content", "timings/prompt_n", "truncated", "nope", "content/x"]) == \
+        {"content": "x", "timings/prompt_n": 3, "truncated": False}
+
+
+def _deltas(*pieces: str | tuple[str, str], closed: list | None = None):
+    """A choice's deltas, one token each ("text" or ("text", finish_reason)); ``closed`` gets True when the consumer
+    closes them early (the engine's request then aborted)."""
+    async def gen():
+        try:
+            for i, piece in enumerate(pieces):
+                text, finish = piece if isinstance(piece, tuple) else (piece, None)
+                yield StreamDelta(0, text, [i], finish)
+        except GeneratorExit:
+            closed.append(True) if closed is not None else None
+            raise
+    return gen()
+
+
+def _limited(deltas, n_indent=0, t_max_predict_ms=0, clock=None):
+    async def run():
+        return [d async for d in editor_limits(deltas, 1, n_indent, t_max_predict_ms, clock=clock or time.monotonic)]
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("pieces, n_indent, text, finish", [
+    (["if x:", "\n    ", "y = 1", "\n", "z = 2", "\n"], 4, "if x:\n    y = 1\n", "length"),   # z's line: no indent
+    (["def f():\n", "  a\n", "    b"], 4, "def f():\n  ", "length"),         # cut before the line's text
+    (["x", "\n", "\n", "    y"], 4, "x\n", "length"),                          # a blank line ends it too
+    (["x = 1", "\n", "    ", "\tq"], 4, "x = 1\n    \tq", None),              # tabs count as one each
+    (["first line unchecked", " z"], 8, "first line unchecked z", None),
+    (["a\n    b\n    c\n", ("    d", "stop")], 4, "a\n    b\n    c\n    d", "stop"),
+])
+def test_n_indent_ends_the_generation_at_the_first_line_indented_less(pieces, n_indent, text, finish):
+    out = _limited(_deltas(*pieces), n_indent=n_indent)
+    assert "".join(d.text for d in out) == text
+    assert [d.finish_reason for d in out] == [None] * (len(out) - 1) + [finish]
+
+
+def test_the_time_limit_ends_at_a_newline_past_it():
+    """t_max_predict_ms counts from the first token; only a token with a newline ends the generation (kept)."""
+    now, closed = iter([0.0, 0.1, 0.3, 0.4, 0.5, 0.6]), []
+    out = _limited(_deltas("a", "\n", "b", "c", "d\ne", "f", closed=closed), t_max_predict_ms=250,
+                   clock=lambda: next(now))
+    assert [d.text for d in out] == ["a", "\n", "b", "c", "d\ne"] and out[-1].finish_reason == "length"
+    assert closed == [True]                                       # the rest is not generated: the request aborted

@@ -29,6 +29,8 @@ class FakeRequest:
     prompt_ids: list[int] = field(default_factory=lambda: [0])
     output_ids: list[int] = field(default_factory=list)
     grammar: object | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+    tokenizer: object | None = None
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.params.seed)
@@ -54,9 +56,9 @@ def reference(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: flo
     return p
 
 
-def _sample_many(params: SamplingParams, logits: np.ndarray = LOGITS, n: int = DRAWS) -> np.ndarray:
+def _sample_many(params: SamplingParams, logits: np.ndarray = LOGITS, n: int = DRAWS, **request) -> np.ndarray:
     """n draws of one request (one generator), as one batch of n identical rows."""
-    request = FakeRequest(params)
+    request = FakeRequest(params, **request)
     sampler = Sampler()
     result = sampler.sample(np.tile(logits, (n, 1)), sampler.prepare([request] * n))
     return np.bincount(result.tokens, minlength=logits.size) / n
@@ -263,3 +265,62 @@ def test_what_only_the_host_sampler_honours_keeps_a_request_off_the_device_and_s
     assert raw_logits(FakeRequest(SamplingParams(temperature=0.7)))
     assert not raw_logits(FakeRequest(SamplingParams(bad_words=("upon",))))
     assert not raw_logits(FakeRequest(SamplingParams(temperature=0.7, temperature_last=True)))
+    assert not raw_logits(FakeRequest(SamplingParams(temperature=0.7, infill=True)))
+
+
+# ---- llama.cpp's infill sampler ------------------------------------------------------------------------------------
+
+@dataclass
+class ByteTexts:
+    """A tokenizer's token_bytes and EOS id, as the infill sampler reads them."""
+
+    texts: list[bytes]
+    eos_token_id: int | None = None
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.texts[token_id]
+
+
+# token 3 ends the generation (a special token: no text); "de" and "d" begin "def"
+TEXTS = ByteTexts([b"def", b"de", b"x", b"", b"d", b"y"], eos_token_id=3)
+PROBS = np.array([0.30, 0.25, 0.21, 0.01, 0.13, 0.10])
+
+
+def _infill_draws(probs: np.ndarray, texts: ByteTexts, **params) -> np.ndarray:
+    return _sample_many(SamplingParams(seed=7, infill=True, temperature_last=True, **params),
+                        np.log(probs).astype(np.float32), eos_token_ids=frozenset({texts.eos_token_id}),
+                        tokenizer=texts)
+
+
+def test_the_infill_sampler_merges_prefixes_then_draws_by_the_logits_left():
+    """"de" (0.25) and "d" (0.13) merge into "def": 0.68 of the mass; "x" keeps 0.21 (>= 0.2), "y" (0.10) is dropped;
+    renormalized over def, x and the end token (0.90), x's 0.233 is under 1 / (2 texts + 1): dropped. Left: "def" and
+    the end token, drawn by their own logits (0.30 : 0.01), not by the merged mass; tempered after, as late."""
+    for temperature, expected_def in ((1.0, 0.30 / 0.31), (0.5, 0.09 / 0.0901)):
+        draws = _infill_draws(PROBS, TEXTS, temperature=temperature)
+        assert set(np.flatnonzero(draws)) <= {0, 3}
+        np.testing.assert_allclose(draws[0], expected_def, atol=0.01)
+    greedy = _infill_draws(PROBS, TEXTS, temperature=0.0)
+    assert greedy[0] == 1.0
+
+
+def test_a_likely_end_leaves_only_the_end_tokens():
+    """3 * p(end) * candidates > p(text): 3 * 0.1 * 4 = 1.2 > 0.9, so the end token is taken even greedy, where the
+    plain argmax would write "def"; with top_k 3 first the end token is no candidate and text goes on."""
+    probs = np.array([0.4, 0.3, 0.2, 0.1])
+    texts = ByteTexts([b"def", b"q", b"x", b""], eos_token_id=3)
+    for temperature in (1.0, 0.0):
+        assert _infill_draws(probs, texts, temperature=temperature)[3] == 1.0
+    kept = _infill_draws(probs, texts, temperature=1.0, top_k=3)
+    assert set(np.flatnonzero(kept)) == {0, 1}                # "x": 0.222 < 1 / (3 texts + 1)
+    np.testing.assert_allclose(kept[0], 0.4 / 0.7, atol=0.015)
+
+
+def test_no_text_likely_enough_forces_the_end_token():
+    """Ten unrelated texts of about 0.1 each and an unlikely end (3 * 0.0001 * 11 candidates < 0.9999): no text
+    reaches 0.2, so the end token is forced."""
+    probs = np.array([0.1] * 10 + [0.0001])
+    texts = ByteTexts([bytes([97 + i]) for i in range(10)] + [b""], eos_token_id=10)
+    draws = _sample_many(SamplingParams(seed=3, infill=True, temperature_last=True), np.log(probs).astype(np.float32),
+                         n=200, eos_token_ids=frozenset({10}), tokenizer=texts)
+    assert draws[10] == 1.0

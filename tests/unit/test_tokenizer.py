@@ -16,6 +16,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from kiln.runtime.tokenizer import _BYTE_LEVEL as BYTE_LEVEL
 from kiln.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 
 pytestmark = pytest.mark.unit
@@ -420,3 +421,26 @@ def test_a_fill_in_the_middle_prompt_is_the_models_own(marks, bos, tiny_json, tm
 
 def test_a_vocabulary_without_fim_tokens_has_no_fim_prompt(tiny):
     assert tiny.fim_prompt("a", "b") is None and tiny.fim_end_ids == ()
+
+
+def test_token_bytes_are_llama_cpps_pieces(tmp_path):
+    """token_bytes, what the infill sampler compares: a byte-level piece's own bytes (a piece ending inside a UTF-8
+    character too), a SentencePiece piece with its "▁" as a space, a byte token's byte, b"" for a special token."""
+    from tiny_models import write_gemma_tokenizer, write_tokenizer
+    (tmp_path / "bpe").mkdir()
+    write_tokenizer(tmp_path / "bpe", 512, specials=("<|im_end|>",))
+    bpe = Tokenizer.from_dir(tmp_path / "bpe")
+    for token_id in range(bpe.vocab_size):
+        piece = bpe.id_to_token(token_id)
+        if piece.startswith("<|"):                             # <|endoftext|>, <|im_end|>...: special
+            assert token_id in bpe.special_token_ids and bpe.token_bytes(token_id) == b""
+        else:
+            assert bpe.token_bytes(token_id) == bytes(BYTE_LEVEL[c] for c in piece), piece
+    (tmp_path / "spm").mkdir()
+    write_gemma_tokenizer(tmp_path / "spm", 512)
+    spm = Tokenizer.from_dir(tmp_path / "spm")
+    for token_id in range(spm.vocab_size):
+        piece = spm.id_to_token(token_id)
+        want = (b"" if piece in ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
+                else bytes([int(piece[3:5], 16)]) if piece.startswith("<0x") else piece.replace("▁", " ").encode())
+        assert spm.token_bytes(token_id) == want, piece
