@@ -8,6 +8,9 @@
                                      vocabulary has <|fim_repo|> / <|file_sep|>)
     POST /apply-template             a chat rendered by the model's template, as /v1/chat/completions renders it
                                      (tools, template variables, generation prompt): {"prompt": text}
+    GET /props                       the server's properties (context size, default sampling, slots, chat template,
+                                     BOS / EOS, modalities); POST /props, which llama-server allows only when started
+                                     with --props, is a 501 (kiln's properties are set at start)
 
 Every field llama-server reads is implemented, or refused with a 400 naming it where it asks for what kiln does not
 do (Mirostat, DRY, XTC, typical-p, dynamic temperature, ... set away from their disabled values; presence and
@@ -34,6 +37,7 @@ from typing import Any, AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, StrictInt, model_validator
 
+from .. import __version__
 from . import reply_models as rm
 from . import tools
 from .http_errors import FAILED
@@ -151,6 +155,22 @@ class InfillRequest(LlamaCompletionRequest):
 
 class AppliedTemplate(BaseModel):
     prompt: str
+
+
+class Props(BaseModel):
+    default_generation_settings: dict[str, Any]
+    total_slots: int
+    model_alias: str
+    model_path: str
+    modalities: dict[str, bool]
+    chat_template: str
+    bos_token: str
+    eos_token: str
+    build_info: str
+    endpoint_slots: bool
+    endpoint_props: bool
+    endpoint_metrics: bool
+    is_sleeping: bool
 
 
 class LlamaTopProb(BaseModel):
@@ -346,6 +366,9 @@ def infill_ids(req: InfillRequest, tokenizer, n_predict: int, context_window: in
     repo, sep = tokenizer.token_id_of(REPO_TOKENS), tokenizer.token_id_of(FILE_SEP_TOKENS)
     extra: list[int] = [repo, *encode("myproject\n")] if repo is not None else []
     for chunk in req.input_extra:
+        if "text" not in chunk:
+            raise APIError(400, 'each input_extra chunk is {"filename": ..., "text": ...}; one has no "text"',
+                           "input_extra")
         extra += [sep, *encode(chunk.get("filename", "tmp") + "\n")] if sep is not None else encode(SNIPPET)
         extra += encode(chunk.get("text", ""))
     if sep is not None:
@@ -576,6 +599,27 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
         text, _ = await asyncio.to_thread(tools.render_text, state.engine.engine, chat_messages(body.messages),
                                           tool_req, template_variables(body), **render_options(body))
         return {"prompt": text}
+
+    @app.get("/props", dependencies=auth, response_model=Props)
+    async def props() -> dict:
+        """llama-server's /props: what its clients read before they send (n_ctx, the defaults, the template)."""
+        front = state.engine.engine
+        tok, path = front.tokenizer, front.artifact.path.resolve()
+        template = tok.chat_template if tok is not None else None
+        defaults = LlamaCompletionRequest().model_dump(exclude={"prompt", "model", "response_fields"})
+        return {"default_generation_settings": {"params": defaults, "n_ctx": state.context_window},
+                "total_slots": state.max_num_seqs, "model_alias": state.model_name, "model_path": str(path),
+                "modalities": {"vision": False, "video": False, "audio": False},
+                "chat_template": template if isinstance(template, str) else "",
+                "bos_token": (tok.bos_token or "") if tok is not None else "",
+                "eos_token": (tok.eos_token or "") if tok is not None else "",
+                "build_info": f"kiln {__version__}", "endpoint_slots": False, "endpoint_props": False,
+                "endpoint_metrics": True, "is_sleeping": False}
+
+    @app.post("/props", dependencies=auth, include_in_schema=False)
+    async def set_props() -> None:
+        raise APIError(501, "kiln's properties are set when it starts (kiln serve's options); they cannot be changed "
+                            "while it serves", type="not_supported_error", code="not_supported")
 
     @app.post("/infill", **documented)
     async def infill(body: InfillRequest, request: Request):

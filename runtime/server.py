@@ -195,6 +195,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
     name = args.model_name or folder
     state = _ServerState(engine, name, tuple(dict.fromkeys(a for a in (*args.aliases, folder) if a != name)),
                          args.api_key)
+    state.max_num_seqs = args.engine.max_num_seqs or engine.engine.artifact.config.max_batch_size
     tok = engine.engine.tokenizer
     state.reasoning = reasoning.resolve(args.reasoning_parser, tok.chat_template if tok is not None else None)
     app = FastAPI(title="kiln", redoc_url=None, responses=ERRORS)   # /docs and /openapi.json describe every route
@@ -317,6 +318,7 @@ class _ServerState:
         self.context_window = engine.engine.artifact.context_window
         self._token_texts: dict[int, tuple[str, bytes]] = {}
         self.reasoning: str | None = None             # the chat replies' reasoning parser (reasoning.THINK, ...)
+        self.max_num_seqs = 0                         # sequences served at once (create_app sets it)
         self.grammar_pool = ThreadPoolExecutor(1, "kiln-grammar", initializer=_lower_priority)
 
     # -- checks (raise APIError, answered by the handlers below) -----------------------------

@@ -140,3 +140,8 @@ def test_llama_vims_infill_request(server, fim_artifact):
 def test_a_samplers_chain_kiln_cannot_follow_is_a_400(server):
     r = httpx.post(f"{server[0].url}/infill", json={**LLAMA_VIM, "samplers": ["top_p", "infill"]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "samplers"
+
+
+def test_an_extra_chunk_without_text_is_a_400(server):
+    r = httpx.post(f"{server[0].url}/infill", json={**LLAMA_VIM, "input_extra": [{"filename": "a.py"}]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_extra"

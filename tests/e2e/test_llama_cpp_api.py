@@ -193,3 +193,17 @@ def test_ignore_eos_never_takes_an_end_token(server, tiny_artifacts):
     ended = _post(server, {"prompt": "Once upon a time", "temperature": 0, "n_predict": 6, "return_tokens": True,
                            "logit_bias": [[eos, 100]]}).json()
     assert ended["tokens_predicted"] == 1 and ended["stop_type"] == "eos"
+
+
+def test_props_tell_the_context_defaults_and_template(server, tiny_artifacts):
+    """GET /props, what llama-server's clients read first: the served context, the default sampling (llama.cpp's),
+    the slots (sequences at once), the chat template and special tokens; POST /props is llama-server's 501."""
+    engine, _, _ = _greedy(tiny_artifacts, "x")
+    props = httpx.get(f"{server.url}/props", timeout=30).json()
+    settings = props["default_generation_settings"]
+    assert settings["n_ctx"] == engine.artifact.context_window and props["total_slots"] == 16
+    assert (settings["params"]["temperature"], settings["params"]["top_k"]) == (0.8, 40)
+    assert props["chat_template"] == engine.tokenizer.chat_template and props["model_alias"] == MODEL
+    assert props["eos_token"] == engine.tokenizer.eos_token and props["modalities"]["vision"] is False
+    changed = httpx.post(f"{server.url}/props", json={"n_ctx": 8}, timeout=30)
+    assert changed.status_code == 501 and changed.json()["error"]["type"] == "not_supported_error"
