@@ -210,6 +210,8 @@ class GrammarCompiler:
 
     def _compile(self, kind: str, schema: dict | str | None, schema_json: str, param: str = "response_format"
                  ) -> xgrammar.CompiledGrammar:
+        if kind == "structural_tag":
+            return self._structural_tag(schema, param)
         if kind in ("regex", "grammar"):                   # guided decoding: xgrammar's own languages
             try:
                 return (self._compiler.compile_regex if kind == "regex" else self._compiler.compile_grammar)(schema)
@@ -223,8 +225,28 @@ class GrammarCompiler:
         try:
             return self._compiler.compile_json_schema(schema_json, any_whitespace=False)
         except (RuntimeError, ValueError) as e:
-            what = "guided_json" if param == "guided_json" else "response_format.json_schema"
+            what = "response_format.json_schema" if param == "response_format" else param
             raise InvalidRequestError(f"{what} is not a usable JSON schema: {_reason(e)}", param) from None
+
+
+    def _structural_tag(self, tag: dict, param: str) -> xgrammar.CompiledGrammar:
+        """xgrammar's structural tag: vLLM's legacy form (structures of begin, JSON schema, end, dispatched where a
+        trigger is written; free text elsewhere) or xgrammar's format tree ({"type": "structural_tag", "format"})."""
+        xgr = self._xgr
+        try:
+            if "structures" in tag:
+                extra = set(tag) - {"type", "structures", "triggers"}
+                if extra:
+                    raise ValueError(f"a structural tag with structures takes triggers beside them, not "
+                                     f"{sorted(extra)}")
+                items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+                         for s in tag["structures"]]
+                return self._compiler.compile_structural_tag(items, list(tag.get("triggers", ())))
+            return self._compiler.compile_structural_tag(json.dumps(tag))
+        except (RuntimeError, ValueError, TypeError, KeyError) as e:
+            raise InvalidRequestError(f"{param} is not a structural tag kiln compiles: {_reason(e)} (vLLM's "
+                                      '{"structures": [{"begin", "schema", "end"}], "triggers": [...]}, or '
+                                      'xgrammar\'s {"type": "structural_tag", "format": {...}})', param) from None
 
 
 def _reason(error: Exception) -> str:
@@ -260,6 +282,8 @@ def _key(response_format: Mapping[str, Any]) -> str:
     kind, schema = _parse_response_format(response_format)
     if kind in ("regex", "grammar"):
         return f"{kind}:{schema}"
+    if kind == "structural_tag":
+        return f"{kind}:{json.dumps(schema)}"
     return "json_object" if schema is None else json.dumps(schema)
 
 
@@ -278,6 +302,11 @@ def _parse_response_format(rf: Mapping[str, Any] | None) -> tuple[str, dict | No
         return kind, None
     if kind in ("regex", "grammar"):          # guided decoding (openai_api.guided_format): a pattern or EBNF
         return kind, rf[kind]
+    if kind == "structural_tag":
+        tag = rf.get("structural_tag", rf)
+        if not isinstance(tag, Mapping):
+            raise InvalidRequestError("a structural tag is a JSON object", rf.get("param", "response_format"))
+        return kind, {k: v for k, v in tag.items() if k != "param"}
     if kind != "json_schema":
         raise InvalidRequestError(f"response_format.type must be text, json_object or json_schema, got {kind!r}",
                                   "response_format")

@@ -48,6 +48,25 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False   # vLLM's extension: usage on every chunk
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs (its guided_* fields since v0.12): one constraint of json, regex, choice, grammar,
+    json_object, structural_tag (xgrammar's, legacy structures-and-triggers or its format tree)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: bool = False      # kiln's JSON is always compact: true is what it does, and false allows
+                                              # whitespace it does not need to write
+    disable_additional_properties: bool = False   # objects without additionalProperties get false
+    disable_fallback: bool = False            # one grammar backend (xgrammar): nothing to fall back from
+    whitespace_pattern: str | None = None     # refused (vLLM's xgrammar backend refuses it too)
+
+
 class _GenerationRequest(BaseModel):
     """Fields shared by both routes. An unknown field is refused (400 naming it), never ignored;
     None means "the default"."""
@@ -87,6 +106,7 @@ class _GenerationRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False              # extension
@@ -288,7 +308,7 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
         prompt_logprobs=prompt_logprobs)
 
 
-GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 BEAM_REFUSES = ("stop", "stop_token_ids", "min_tokens", "top_p", "top_k", "min_p", "presence_penalty",
                 "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", *GUIDED, "bad_words",
                 "allowed_token_ids", "logprobs", "top_logprobs", "echo", "suffix", "tools")
@@ -319,13 +339,16 @@ def truncated(req: _GenerationRequest, ids: list[int]) -> list[int]:
 
 
 def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:
-    """The request's response_format (OpenAI's types), or its vLLM guided_* field as one: guided_json a json_schema,
-    guided_regex and guided_choice (its strings, any one whole) kiln's "regex", guided_grammar kiln's "grammar"
-    (runtime/grammar.py compiles each; "param" names the field an error is about)."""
+    """The request's response_format (OpenAI's types, and vLLM's structural_tag), or its vLLM guided_* field or
+    structured_outputs constraint as one: json a json_schema, regex and choice (its strings, any one whole) kiln's
+    "regex" and "grammar", grammar kiln's "grammar", structural_tag xgrammar's (runtime/grammar.py compiles each;
+    "param" names the field an error is about)."""
     rf = req.response_format
-    if rf is not None and rf.get("type") not in ("text", "json_object", "json_schema"):
-        raise APIError(400, f"response_format.type must be text, json_object or json_schema, got {rf.get('type')!r}",
-                       "response_format")
+    if rf is not None and rf.get("type") not in ("text", "json_object", "json_schema", "structural_tag"):
+        raise APIError(400, f"response_format.type must be text, json_object, json_schema or structural_tag, got "
+                            f"{rf.get('type')!r}", "response_format")
+    if rf is not None and rf.get("type") == "structural_tag":
+        return {"type": "structural_tag", "structural_tag": {k: v for k, v in rf.items()}, "param": "response_format"}
     given = [name for name in GUIDED if getattr(req, name) is not None]
     if not given:
         return rf
@@ -333,24 +356,65 @@ def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:
         other = given[1] if len(given) > 1 else "response_format"
         raise APIError(400, f"{given[0]} cannot be combined with {other}: send one constraint", other)
     name, value = given[0], getattr(req, given[0])
-    if name == "guided_json":
+    if name == "structured_outputs":
+        return _structured_outputs(value)
+    return _constraint(name.removeprefix("guided_"), value, name)
+
+
+def _constraint(kind: str, value: Any, param: str) -> dict[str, Any]:
+    """One guided-decoding constraint (json, regex, choice, grammar, json_object, structural_tag) as a
+    response_format."""
+    if kind == "json_object":
+        return {"type": "json_object", "param": param}
+    if kind in ("json", "structural_tag"):
         if isinstance(value, str):
             try:
                 value = json.loads(value)
             except ValueError as e:
-                raise APIError(400, f"guided_json is not valid JSON: {e}", name) from None
+                raise APIError(400, f"{param} is not valid JSON: {e}", param) from None
         if not isinstance(value, dict):
-            raise APIError(400, f"guided_json must be a JSON schema object, got {type(value).__name__}", name)
-        return {"type": "json_schema", "json_schema": {"name": "guided_json", "schema": value}, "param": name}
-    if name == "guided_choice":
+            raise APIError(400, f"{param} must be a JSON object, got {type(value).__name__}", param)
+        if kind == "structural_tag":
+            return {"type": "structural_tag", "structural_tag": value, "param": param}
+        return {"type": "json_schema", "json_schema": {"name": param, "schema": value}, "param": param}
+    if kind == "choice":
         if not value or not all(value):
-            raise APIError(400, "guided_choice needs one or more non-empty strings", name)
+            raise APIError(400, f"{param} needs one or more non-empty strings", param)
         grammar = "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
-        return {"type": "grammar", "grammar": grammar, "param": name}
+        return {"type": "grammar", "grammar": grammar, "param": param}
     if not value:
-        raise APIError(400, f"{name} is empty", name)
-    kind = "regex" if name == "guided_regex" else "grammar"
-    return {"type": kind, kind: value, "param": name}
+        raise APIError(400, f"{param} is empty", param)
+    return {"type": kind, kind: value, "param": param}
+
+
+def _structured_outputs(so: StructuredOutputs) -> dict[str, Any]:
+    """vLLM's structured_outputs as a response_format: exactly one constraint, its options applied or refused."""
+    kinds = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
+             "json_object": so.json_object or None, "structural_tag": so.structural_tag}
+    given = [k for k, v in kinds.items() if v is not None]
+    if len(given) != 1:
+        raise APIError(400, "structured_outputs takes exactly one of json, regex, choice, grammar, json_object and "
+                            f"structural_tag; got {', '.join(given) or 'none'}", "structured_outputs")
+    if so.whitespace_pattern is not None:
+        raise APIError(400, "structured_outputs.whitespace_pattern is not supported (kiln's JSON is compact, as "
+                            "vLLM's xgrammar backend refuses a pattern too); leave it out", "structured_outputs")
+    out = _constraint(given[0], kinds[given[0]], f"structured_outputs.{given[0]}")
+    if so.disable_additional_properties and out["type"] == "json_schema":
+        out["json_schema"]["schema"] = closed_objects(out["json_schema"]["schema"])
+    return out
+
+
+def closed_objects(schema: Any) -> Any:
+    """The schema with additionalProperties: false on each object schema that does not say (vLLM's
+    disable_additional_properties)."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed_objects(v) for k, v in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:

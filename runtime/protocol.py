@@ -37,7 +37,7 @@ MAX_N = 128              # OpenAI's limit; an engine also refuses n above its ma
 
 # response_format's types: OpenAI's, and kiln's own for guided decoding (vLLM's guided_regex / guided_choice /
 # guided_grammar: openai_api.guided_format), which runtime/grammar.py compiles too
-FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar")
+FORMAT_TYPES = ("text", "json_object", "json_schema", "regex", "grammar", "structural_tag")
 
 
 @dataclass(frozen=True)

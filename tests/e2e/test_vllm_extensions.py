@@ -1,6 +1,7 @@
 """vLLM's request extensions through the official openai client (extra_body), on the served tiny model (both engine
-placements: test_server's fixture): guided decoding (guided_choice, guided_regex, guided_grammar, guided_json, each
-compiled by xgrammar as response_format's schemas are), stop_token_ids, and a chat's add_generation_prompt and
+placements: test_server's fixture): guided decoding (guided_choice, guided_regex, guided_grammar, guided_json, and
+structured_outputs, their form since vLLM 0.12, with xgrammar's structural tags; each compiled by xgrammar as
+response_format's schemas are), stop_token_ids, and a chat's add_generation_prompt and
 continue_final_message; what cannot go together is a 400 naming the field."""
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from test_server import HELLO, MODEL, server  # noqa: F401 (the served tiny mode
 pytestmark = pytest.mark.e2e
 
 
-def _chat(server, **extra):
-    return server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=24, temperature=1.0,
+def _chat(server, max_tokens: int = 24, **extra):
+    return server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=max_tokens, temperature=1.0,
                                                    seed=3, extra_body=extra).choices[0]
 
 
@@ -44,6 +45,44 @@ def test_guided_json_follows_its_schema(server):
                                                       seed=5, extra_body={"guided_json": given})
         assert out.choices[0].finish_reason == "stop"
         assert set(json.loads(out.choices[0].message.content)) == {"n"}
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+def test_structured_outputs_are_vllms_constraints(server):
+    """vLLM's structured_outputs (its guided_* fields since v0.12): each constraint shapes the text, the JSON schema
+    compiled as guided_json's (the same seeded draw)."""
+    json_out = _chat(server, structured_outputs={"json": SCHEMA, "disable_any_whitespace": True}, max_tokens=60)
+    assert json_out.finish_reason == "stop" and set(json.loads(json_out.message.content)) == {"n"}
+    assert json_out.message.content == _chat(server, guided_json=SCHEMA, max_tokens=60).message.content
+    assert re.fullmatch(r"[0-9]{3}", _chat(server, structured_outputs={"regex": "[0-9]{3}"}).message.content)
+    assert _chat(server, structured_outputs={"choice": ["yes", "no"]}).message.content in ("yes", "no")
+    assert re.fullmatch(r"x[0-9]", _chat(server, structured_outputs={"grammar": 'root ::= "x" [0-9]'}).message.content)
+    as_object = _chat(server, structured_outputs={"json_object": True}).message.content
+    assert as_object.startswith("{") and as_object == _chat(server, response_format={"type": "json_object"}).message.content
+
+
+def test_a_structural_tag_shapes_what_its_trigger_begins(server, tiny_artifacts):
+    """xgrammar's structural tags: a tag format is written whole (begin, its content, end); vLLM's legacy form
+    (structures and triggers, in response_format) leaves text free until a trigger is written, then writes the
+    structure's begin and its JSON schema's object: "<" pushed to the top is the trigger here. (A structure's JSON
+    allows any whitespace, as xgrammar compiles it, so the random model is not asked to finish it.)"""
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<a>", "end": "</a>",
+                                                "content": {"type": "regex", "pattern": "[0-9]{2}"}}}
+    for given in (tag, json.dumps(tag)):
+        out = _chat(server, structured_outputs={"structural_tag": given})
+        assert re.fullmatch(r"<a>[0-9]{2}</a>", out.message.content) and out.finish_reason == "stop"
+    engine, _, _ = _greedy(tiny_artifacts, "x")
+    [lt] = engine.tokenizer.encode("<", add_special_tokens=False)
+    legacy = {"type": "structural_tag", "structures": [{"begin": "<a>", "schema": SCHEMA, "end": "</a>"}],
+              "triggers": ["<"]}
+    out = server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=1.0, seed=3,
+                                                  logit_bias={str(lt): 100}, response_format=legacy).choices[0]
+    assert out.message.content.startswith("<a>{")
+    free = server.client().chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=1.0,
+                                                   seed=3, logit_bias={str(lt): 100}).choices[0]
+    assert free.message.content.startswith("<<")                   # unconstrained, "<" is written again
 
 
 def _greedy(tiny_artifacts, text: str, n: int = 8) -> tuple[object, list[int], list[int]]:
@@ -80,6 +119,16 @@ def test_stop_token_ids_end_a_choice(server, tiny_artifacts):
     ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"bad_words": ["  "]}, "bad_words"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"structured_outputs": {}}, "structured_outputs"),
+    ({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": " *"}}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "a"}, "guided_json": SCHEMA}, "structured_outputs"),
+    ({"structured_outputs": {"regex": "[0-9"}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"structural_tag": "{not json"}}, "structured_outputs.structural_tag"),
+    ({"structured_outputs": {"structural_tag": {"type": "structural_tag", "format": {"type": "nope"}}}},
+     "structured_outputs.structural_tag"),
+    ({"response_format": {"type": "structural_tag", "structures": [{"begin": "<a>"}], "triggers": ["<"]}},
+     "response_format"),
 ])
 def test_guided_fields_that_cannot_be_run_are_a_400(server, extra, param):
     with pytest.raises(openai.BadRequestError) as e:

@@ -266,3 +266,31 @@ def test_a_reasoning_reply_is_constrained_after_its_thinking(tokenizer, compiler
     assert not req.finished
     at_once = request("<|im_start|>assistant\n<think>\n\n</think>\n\n")   # the prompt closed it: JSON at once
     assert at_once.active_grammar is at_once.grammar
+
+
+def test_a_structural_tag_accepts_its_tag_and_nothing_else(tokenizer, compiler):
+    """xgrammar's structural tag format tree and vLLM's legacy structures: the state accepts the text the tag
+    describes (begin, a schema's JSON, end) and refuses a wrong begin."""
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<a>", "end": "</a>", "content": {
+        "type": "json_schema", "json_schema": PERSON}}}
+    legacy = {"type": "structural_tag", "structures": [{"begin": "<a>", "schema": PERSON, "end": "</a>"}],
+              "triggers": ["<a"]}
+    text = '<a>{"name": "Bob", "age": 42}</a>'
+    for given in (tag, legacy):
+        state = compiler.compile({"type": "structural_tag", "structural_tag": given})
+        assert all(state.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+        assert state.is_completed()
+    state = compiler.compile({"type": "structural_tag", "structural_tag": tag})
+    assert not all(state.accept(t) for t in tokenizer.encode("<b>", add_special_tokens=False))
+
+
+def test_disable_additional_properties_closes_each_open_object():
+    from kiln.runtime.openai_api import closed_objects
+    schema = {"type": "object", "properties": {"a": {"type": "object"}, "b": {"type": "object",
+                                                                           "additionalProperties": True}},
+              "$defs": {"c": {"properties": {"x": {"type": "integer"}}}}, "anyOf": [{"type": "object"}]}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["properties"]["b"]["additionalProperties"] is True             # said: kept
+    assert closed["$defs"]["c"]["additionalProperties"] is False and closed["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in schema                                   # the given schema untouched
