@@ -107,6 +107,7 @@ class _GenerationRequest(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     structured_outputs: StructuredOutputs | None = None
+    cache_salt: str | None = None         # vLLM's: only requests with the same salt share cached prompt prefixes
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False              # extension
@@ -305,7 +306,7 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
         presence_penalty=pick(req.presence_penalty, 0.0), frequency_penalty=pick(req.frequency_penalty, 0.0),
         repetition_penalty=pick(req.repetition_penalty, 1.0), logit_bias=_logit_bias(req.logit_bias),
         logprobs=logprobs, top_logprobs=top_logprobs, response_format=guided_format(req),
-        prompt_logprobs=prompt_logprobs)
+        prompt_logprobs=prompt_logprobs, cache_salt=req.cache_salt)
 
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")

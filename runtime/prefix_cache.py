@@ -25,6 +25,10 @@ shared system prompt), no entry is released for another that extends it (each st
 answers different queries), and common() says how far a query agrees with the tree
 whether or not an entry ends there (where the scheduler places the next checkpoint).
 
+Salts (vLLM's cache_salt): a sequence with a salt is cached under that salt's own root, so only requests
+with the same salt share its prefix (a tenant's prompts cannot be probed by another's timing); unsalted
+sequences share the common root. Recency and eviction span every root.
+
 Recency: each entry stores its latest use and each node the latest use of any
 entry below it (a logical clock), so match() can walk to the most recently used
 sequence covering the matched prefix, and evict_lru() drops the least recently
@@ -52,7 +56,7 @@ class _Node:
 class PrefixCache:
     def __init__(self, whole: bool = False) -> None:
         self.whole = whole                        # match whole cached sequences only (see the module's docstring)
-        self._root = _Node([], None)
+        self._roots: dict[str | None, _Node] = {None: _Node([], None)}   # per cache salt (None: unsalted)
         self._entries: dict[int, _Node] = {}      # cached seq id -> the node it ends at (a leaf; whole, or inner)
         self._clock = 0
         self.hit_tokens = 0                       # tokens match() found cached
@@ -77,27 +81,27 @@ class PrefixCache:
         return list(self._entries)
 
     # -- lookups ----------------------------------------------------------------------
-    def peek(self, token_ids: Sequence[int]) -> tuple[int | None, int]:
+    def peek(self, token_ids: Sequence[int], salt: str | None = None) -> tuple[int | None, int]:
         """Like match() but changes nothing: no recency update, no counters."""
         if self.whole:
-            return self._deepest_entry(token_ids)
-        node, matched = self._walk(token_ids)
+            return self._deepest_entry(token_ids, salt)
+        node, matched = self._walk(token_ids, salt)
         if matched == 0:
             return None, 0
         return self._freshest_leaf(node).seq_id, matched
 
-    def common(self, token_ids: Sequence[int]) -> int:
+    def common(self, token_ids: Sequence[int], salt: str | None = None) -> int:
         """How many leading tokens of token_ids some cached sequence holds (whether or not one ends there)."""
-        return self._walk(token_ids)[1]
+        return self._walk(token_ids, salt)[1]
 
-    def match(self, token_ids: Sequence[int]) -> tuple[int | None, int]:
+    def match(self, token_ids: Sequence[int], salt: str | None = None) -> tuple[int | None, int]:
         """(cached seq id, length) for the longest cached prefix of token_ids; (None, 0) on a miss.
 
         The id is the most recently used sequence that holds the whole matched prefix:
         fork it at `length` to reuse that KV. The returned sequence becomes the most
-        recently used.
+        recently used. Only sequences cached with the same ``salt`` match.
         """
-        seq_id, matched = self.peek(token_ids)
+        seq_id, matched = self.peek(token_ids, salt)
         self.queried_tokens += len(token_ids)
         self.hit_tokens += matched
         if seq_id is not None:
@@ -105,8 +109,8 @@ class PrefixCache:
         return seq_id, matched
 
     # -- changes ----------------------------------------------------------------------
-    def insert(self, token_ids: Sequence[int], seq_id: int) -> list[int]:
-        """Record that `seq_id` holds KV for exactly `token_ids`; returns the seq ids released.
+    def insert(self, token_ids: Sequence[int], seq_id: int, salt: str | None = None) -> list[int]:
+        """Record that `seq_id` holds KV for exactly `token_ids` (under ``salt``); returns the seq ids released.
 
         [seq_id] when the tokens are already covered by a cached sequence (nothing kept);
         otherwise the ids of cached sequences the new one makes redundant (usually []).
@@ -115,9 +119,15 @@ class PrefixCache:
         """
         if seq_id in self._entries:
             raise ValueError(f"sequence {seq_id} is already in the prefix cache")
-        tokens = list(token_ids)
-        node, i = self._root, 0
-        for child, start, common in self._descend(tokens):
+        root = self._roots.get(salt) or self._roots.setdefault(salt, _Node([], None))
+        released = self._insert(list(token_ids), seq_id, salt, root)
+        if salt is not None and not root.children:       # nothing kept under a new salt: no root for it
+            del self._roots[salt]
+        return released
+
+    def _insert(self, tokens: list[int], seq_id: int, salt: str | None, root: _Node) -> list[int]:
+        node, i = root, 0
+        for child, start, common in self._descend(tokens, salt):
             if common < len(child.key):
                 if start + common == len(tokens) and not self.whole:
                     return [seq_id]                      # ends inside an edge: covered
@@ -125,7 +135,7 @@ class PrefixCache:
                 break
             node, i = child, start + common
         if i == len(tokens):                             # ends at a node: covered (or empty) ...
-            if not self.whole or node.seq_id is not None or node is self._root:
+            if not self.whole or node.seq_id is not None or node is root:
                 return [seq_id]
             node.seq_id = seq_id                         # ... but for a state: an entry inside the tree
             self._entries[seq_id] = node
@@ -167,7 +177,7 @@ class PrefixCache:
             del parent.children[node.key[0]]
             self.cached_tokens -= len(node.key)
             node = parent
-        if node is not self._root and node.seq_id is None and len(node.children) == 1:
+        if node.parent is not None and node.seq_id is None and len(node.children) == 1:
             (only,) = node.children.values()             # merge: a node without an entry never has one child
             only.key = node.key + only.key
             only.parent = node.parent
@@ -175,19 +185,24 @@ class PrefixCache:
             node = only.parent
         while node is not None:                          # recency maxima may have dropped
             node.last_used = max([node.used, *(c.last_used for c in node.children.values())])
+            if node.parent is None and not node.children:
+                for salt in [k for k, root in self._roots.items() if root is node and k is not None]:
+                    del self._roots[salt]                # a salt with nothing cached keeps no root
             node = node.parent
 
     def clear(self) -> list[int]:
         """Drop everything; returns the ids released."""
         released = list(self._entries)
-        self._root, self._entries, self.cached_tokens = _Node([], None), {}, 0
+        self._roots, self._entries, self.cached_tokens = {None: _Node([], None)}, {}, 0
         return released
 
     # -- internals --------------------------------------------------------------------
-    def _descend(self, tokens: Sequence[int]):
-        """The walk down the tree along tokens: (edge's node, tokens matched before it, how many of its key
+    def _descend(self, tokens: Sequence[int], salt: str | None):
+        """The walk down salt's tree along tokens: (edge's node, tokens matched before it, how many of its key
         match) for each edge entered; it ends after an edge matched in part."""
-        node, i = self._root, 0
+        node, i = self._roots.get(salt), 0
+        if node is None:
+            return
         while i < len(tokens):
             child = node.children.get(tokens[i])
             if child is None:
@@ -198,17 +213,17 @@ class PrefixCache:
                 return
             node, i = child, i + common
 
-    def _walk(self, tokens: Sequence[int]) -> tuple[_Node, int]:
+    def _walk(self, tokens: Sequence[int], salt: str | None) -> tuple[_Node | None, int]:
         """(node, matched): every leaf under `node` holds tokens[:matched], the longest cached prefix."""
-        node, matched = self._root, 0
-        for child, start, common in self._descend(tokens):
+        node, matched = self._roots.get(salt), 0
+        for child, start, common in self._descend(tokens, salt):
             node, matched = child, start + common
         return node, matched
 
-    def _deepest_entry(self, tokens: Sequence[int]) -> tuple[int | None, int]:
+    def _deepest_entry(self, tokens: Sequence[int], salt: str | None) -> tuple[int | None, int]:
         """(seq id, length) of the longest cached sequence that is a prefix of tokens; (None, 0) if none."""
         best: tuple[int | None, int] = (None, 0)
-        for child, start, common in self._descend(tokens):
+        for child, start, common in self._descend(tokens, salt):
             if common == len(child.key) and child.seq_id is not None:
                 best = (child.seq_id, start + common)
         return best

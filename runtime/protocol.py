@@ -33,6 +33,8 @@ class InvalidRequestError(ValueError):
 
 MAX_TEMPERATURE = 2.0    # OpenAI's range; higher is noise from the whole vocabulary
 MAX_N = 128              # OpenAI's limit; an engine also refuses n above its max_num_seqs
+MAX_CACHE_SALT = 128     # vLLM's limits on a cache_salt
+CACHE_SALT_FORBIDDEN = "@/\\\x00"
 
 
 # response_format's types: OpenAI's, and kiln's own for guided decoding (vLLM's guided_regex / guided_choice /
@@ -71,6 +73,7 @@ class SamplingParams:
     response_format: Mapping | None = None   # {"type": "json_object"} | {"type": "json_schema", "json_schema": {...}}
     reasoning_parser: str | None = None   # with response_format: the reasoning convention ("think", "harmony") whose
                                           # thinking comes first, unconstrained; the grammar constrains the answer
+    cache_salt: str | None = None     # only requests with the same salt share cached prompt prefixes (vLLM's)
 
     def __post_init__(self) -> None:
         least = 0 if self.prompt_logprobs is not None else 1      # 0: score the prompt only (echo)
@@ -126,6 +129,11 @@ class SamplingParams:
         rf = self.response_format
         _check(rf is None or (isinstance(rf, Mapping) and rf.get("type") in FORMAT_TYPES),
                "response_format.type must be one of text, json_object, json_schema", "response_format")
+        salt = self.cache_salt
+        _check(salt is None or (isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT
+                                and not set(salt) & set(CACHE_SALT_FORBIDDEN)),
+               f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} characters without "
+               f"{', '.join(map(repr, CACHE_SALT_FORBIDDEN))}, got {salt!r}", "cache_salt")
         _check(self.reasoning_parser in (None, "think", "harmony"),
                f"reasoning_parser must be think, harmony or None, got {self.reasoning_parser!r}", "reasoning_parser")
 

@@ -205,7 +205,7 @@ class Scheduler:
         self._release(seq, reason, free=not donate)
         if not donate:
             return [seq.seq_id] if held else []
-        released = self.prefix_cache.insert(seq.token_ids(0, seq.num_computed), seq.seq_id)
+        released = self.prefix_cache.insert(seq.token_ids(0, seq.num_computed), seq.seq_id, seq.cache_salt)
         for seq_id in released:
             self.pages.free(seq_id)
         return released
@@ -319,7 +319,7 @@ class Scheduler:
             parent_id, pos = seq.fork_from
         elif self.prefix_cache is not None:     # (recurrent: fork_from children fork the parent's checkpoint)
             # Query all but the last token: at least one token is computed, so logits come back.
-            parent_id, pos = self.prefix_cache.peek(seq.token_ids(0, seq.num_tokens - 1))
+            parent_id, pos = self.prefix_cache.peek(seq.token_ids(0, seq.num_tokens - 1), seq.cache_salt)
         else:
             return None
         pos = min(pos, seq.num_tokens - 1)
@@ -368,7 +368,7 @@ class Scheduler:
         cache, when that is min_checkpoint tokens or more past `start` (its match)."""
         if self.prefix_cache is None or seq.prompt_logits:
             return None
-        agree = self.prefix_cache.common(seq.token_ids(0, seq.num_tokens - 1))
+        agree = self.prefix_cache.common(seq.token_ids(0, seq.num_tokens - 1), seq.cache_salt)
         return agree if agree - start >= self.config.min_checkpoint else None
 
     def _take_checkpoints(self, batch: ScheduledBatch) -> None:
@@ -380,14 +380,14 @@ class Scheduler:
                 continue
             seq.checkpoint = None
             tokens = seq.token_ids(0, at)
-            if seq.num_computed != at or self.prefix_cache.peek(tokens)[1] == at:
+            if seq.num_computed != at or self.prefix_cache.peek(tokens, seq.cache_salt)[1] == at:
                 continue                 # (an entry ends there already)
             if not self._slot_free() and not self._evict(batch, self._pinned):
                 continue
             if not self.pages.can_fork(seq.seq_id, at, at):
                 continue
             entry = next(self._entry_ids)
-            self.prefix_cache.insert(tokens, entry)
+            self.prefix_cache.insert(tokens, entry, seq.cache_salt)
             self.pages.fork(seq.seq_id, entry, at)
             batch.forks.append((seq.seq_id, entry, at))
             self._pinned.add(entry)
@@ -403,7 +403,7 @@ class Scheduler:
         else:
             parent_id, pos = source
             if self.prefix_cache is not None and parent_id in self.prefix_cache:
-                if self.prefix_cache.match(seq.token_ids(0, seq.num_tokens - 1)) != source:
+                if self.prefix_cache.match(seq.token_ids(0, seq.num_tokens - 1), seq.cache_salt) != source:
                     raise RuntimeError("prefix cache changed between peek and match")
                 self._pinned.add(parent_id)
                 seq.cached_prompt = min(pos, len(seq.prompt_ids))

@@ -34,6 +34,7 @@ class Sequence:
     prompt_logits: bool = False              # compute every prompt token (no prefix reuse), logits at each
     checkpoint: int | None = None            # recurrent layers: the prefill stops here once, its state cached
     cached_prompt: int = 0                   # prompt tokens its admission took from the prefix cache
+    cache_salt: str | None = None            # only sequences with the same salt share cached prefixes (vLLM's)
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

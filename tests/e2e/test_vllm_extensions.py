@@ -335,3 +335,26 @@ def test_prompt_logprobs_give_each_prompt_tokens_logprob_rank_and_alternatives(s
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, stream=True,
                                   extra_body={"prompt_logprobs": 1})
     assert e.value.body["param"] == "prompt_logprobs"
+
+
+def test_cache_salt_keeps_a_cached_prefix_to_its_salt(server):
+    """vLLM's cache_salt: a prompt cached under one salt is reused by that salt's next request (usage's
+    cached_tokens: all but the last prompt token), never by another salt's or an unsalted one; the text is the
+    same either way. A salt vLLM would refuse is a 400."""
+    prompt = "Salted caches keep one tenant's prompts from another's timing. " * 3
+
+    def run(**extra):
+        out = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0,
+                                                 extra_body={"ignore_eos": True, **extra})
+        return out.usage.prompt_tokens_details.cached_tokens, out.choices[0].text, out.usage.prompt_tokens
+
+    cold, text, n = run(cache_salt="tenant-a")
+    assert cold == 0
+    assert run(cache_salt="tenant-b")[0] == 0 and run()[0] == 0
+    warm, warm_text, _ = run(cache_salt="tenant-a")
+    assert warm == n - 1 and warm_text == text
+    assert run()[0] == n - 1                                      # the unsalted request cached its own
+    for bad in ("", "a/b", "x" * 129):
+        with pytest.raises(openai.BadRequestError) as e:
+            run(cache_salt=bad)
+        assert e.value.body["param"] == "cache_salt"

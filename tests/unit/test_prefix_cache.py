@@ -182,3 +182,27 @@ def test_whole_mode_randomized_against_brute_force():
             assert cache.common(query) == brute_force_match(entries, query)
         assert set(cache.seq_ids()) == set(entries)
         assert cache.cached_tokens == len({tuple(t[:i]) for t in entries.values() for i in range(1, len(t) + 1)})
+
+
+def test_a_salt_shares_its_prefixes_only_with_the_same_salt():
+    """vLLM's cache_salt: each salt's sequences match only its own requests, unsalted ones the unsalted; eviction
+    is least recently used over every salt, and a salt with nothing cached keeps no tree."""
+    cache = PrefixCache()
+    assert cache.insert([1, 2, 3], seq_id=1, salt="a") == []
+    assert cache.match([1, 2, 3, 4]) == (None, 0) and cache.match([1, 2, 3, 4], "b") == (None, 0)
+    assert cache.match([1, 2, 3, 4], "a") == (1, 3) and cache.common([1, 2, 9], "a") == 2
+    assert cache.insert([1, 2], seq_id=2, salt="a") == [2]                 # covered within its salt ...
+    assert cache.insert([1, 2], seq_id=3) == [] and cache.match([1, 2, 3]) == (3, 2)   # ... not across salts
+    assert cache.insert([1, 2, 3, 4], seq_id=4, salt="b") == [] and cache.cached_tokens == 3 + 2 + 4
+    assert cache.evict_lru() == 1 and cache.match([1, 2, 3], "a") == (None, 0)         # "a" used longest ago
+    assert set(cache._roots) == {None, "b"}                                 # "a" emptied: its tree is gone
+    assert cache.insert([5], seq_id=5, salt="c") == [] and cache.peek([5], "c") == (5, 1)
+    assert sorted(cache.clear()) == [3, 4, 5] and set(cache._roots) == {None}
+
+
+def test_salted_whole_mode_keeps_states_apart():
+    cache = PrefixCache(whole=True)
+    assert cache.insert([1, 2, 3], seq_id=1, salt="a") == [] and cache.insert([1, 2, 3], seq_id=2) == []
+    assert cache.match([1, 2, 3, 4], "a") == (1, 3) and cache.match([1, 2, 3, 4]) == (2, 3)
+    cache.remove(2)
+    assert cache.match([1, 2, 3, 4]) == (None, 0) and cache.match([1, 2, 3, 4], "a") == (1, 3)
