@@ -288,8 +288,8 @@ class Engine(SynchronousCalls, ModelFront):
             shared = k and (self.runner.shares_kv or self.scheduler.caches_states)
             fork = (requests[0].seq_id, len(ids) - 1) if shared else None
             seq = Sequence(seq_id=next(self._seq_ids), prompt_ids=list(ids), max_tokens=params.max_tokens,
-                           priority=priority, fork_from=fork, prompt_logits=params.prompt_logprobs is not None and not k,
-                           cache_salt=params.cache_salt)
+                           priority=priority, fork_from=fork, cache_salt=params.cache_salt,
+                           prompt_logits=params.prompt_logprobs is not None and not k)
             requests.append(Request(index + k, seq, params, self.runner.context_window, self.eos_token_ids,
                                     self.tokenizer, self._grammar(params), _rng_seed_offset=k))
         if not self.scheduler.fits(len(ids) + params.max_tokens):

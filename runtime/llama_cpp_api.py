@@ -9,8 +9,8 @@
     POST /apply-template             a chat rendered by the model's template, as /v1/chat/completions renders it
                                      (tools, template variables, generation prompt): {"prompt": text}
     GET /props                       the server's properties (context size, default sampling, slots, chat template,
-                                     BOS / EOS, modalities); POST /props, which llama-server allows only when started
-                                     with --props, is a 501 (kiln's properties are set at start)
+                                     BOS / EOS, modalities); they are set when kiln starts: POST /props (llama-server's
+                                     with --props) is a 405
 
 Every field llama-server reads is implemented, or refused with a 400 naming it where it asks for what kiln does not
 do (Mirostat, DRY, XTC, typical-p, dynamic temperature, ... set away from their disabled values; presence and
@@ -615,11 +615,6 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
                 "eos_token": (tok.eos_token or "") if tok is not None else "",
                 "build_info": f"kiln {__version__}", "endpoint_slots": False, "endpoint_props": False,
                 "endpoint_metrics": True, "is_sleeping": False}
-
-    @app.post("/props", dependencies=auth, include_in_schema=False)
-    async def set_props() -> None:
-        raise APIError(501, "kiln's properties are set when it starts (kiln serve's options); they cannot be changed "
-                            "while it serves", type="not_supported_error", code="not_supported")
 
     @app.post("/infill", **documented)
     async def infill(body: InfillRequest, request: Request):

@@ -134,6 +134,48 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
+class Score(BaseModel):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int
+
+
+class ScoreList(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Score]
+    usage: ScoreUsage
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class RerankList(BaseModel):
+    id: str
+    model: str
+    results: list[RerankResult]
+    usage: RerankUsage
+
+
 # -- /v1/models, /tokenizer_info, /health -----------------------------------------------------
 class Model(BaseModel):
     id: str

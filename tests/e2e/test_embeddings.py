@@ -118,3 +118,46 @@ def test_an_embedding_model_saved_as_its_base_model(tmp_path):
             h = model(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
         np.testing.assert_allclose(vector, h / np.linalg.norm(h), atol=TOL, rtol=0)
         assert n == len(ids)
+
+
+def _post(served, path: str, body: dict):
+    import httpx
+    return httpx.post(f"{served.url}{path}", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+
+
+def test_score_and_rerank_are_the_embeddings_cosine(served, tiny_dirs):
+    """vLLM's /v1/score and /v1/rerank with an embedding model: the cosine similarity of the two texts' embeddings
+    (against transformers' pooling); one text_1 for every text_2 or one each; rerank best first, top_n of them."""
+    import transformers
+    from kiln.runtime.tokenizer import Tokenizer
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_dirs["tied"], torch_dtype=torch.float32).eval()
+    tok = Tokenizer.from_dir(tiny_dirs["tied"])
+    query, docs = "paged attention", ["The KV cache lives in pages.", "A fox jumps.", "Batching shares weights."]
+    q = reference_embedding(ref, tok.encode(query))
+    want = [float(q @ reference_embedding(ref, tok.encode(d))) for d in docs]
+    scored = _post(served, "/v1/score", {"model": "tiny-embed", "text_1": query, "text_2": docs}).json()
+    assert [d["index"] for d in scored["data"]] == [0, 1, 2] and scored["object"] == "list"
+    np.testing.assert_allclose([d["score"] for d in scored["data"]], want, atol=TOL, rtol=0)
+    assert scored["usage"]["prompt_tokens"] == sum(len(tok.encode(t)) for t in [query, *docs])
+    pairwise = _post(served, "/score", {"text_1": docs[:2], "text_2": [docs[1], docs[0]]}).json()
+    assert np.isclose(pairwise["data"][0]["score"], pairwise["data"][1]["score"], atol=1e-6)
+    ranked = _post(served, "/v1/rerank", {"query": query, "documents": docs, "top_n": 2}).json()
+    best = sorted(range(3), key=lambda i: -want[i])[:2]
+    assert [r["index"] for r in ranked["results"]] == best
+    assert [r["document"]["text"] for r in ranked["results"]] == [docs[i] for i in best]
+    np.testing.assert_allclose([r["relevance_score"] for r in ranked["results"]], [want[i] for i in best], atol=TOL)
+    bare = _post(served, "/v2/rerank", {"query": query, "documents": docs, "return_documents": False}).json()
+    assert len(bare["results"]) == 3 and "document" not in bare["results"][0]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1"),
+    ("/v1/score", {"text_1": [], "text_2": "c"}, "text_1"),
+    ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
+    ("/v1/rerank", {"query": "q", "documents": ["d"], "top_n": -1}, "top_n"),
+    ("/v1/rerank", {"query": "q", "documents": ["d"], "priority": 2}, "priority"),
+    ("/v1/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+])
+def test_scores_refuse_what_they_cannot_do(served, path, body, param):
+    r = _post(served, path, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
