@@ -28,7 +28,6 @@ What the code editors send (llama.vim, llama.vscode) is served: n_indent and t_m
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -42,6 +41,7 @@ from . import reply_models as rm
 from . import tools
 from .http_errors import FAILED
 from .openai_api import APIError, ChatPrompt, chat_messages, error_body, render_options, template_variables
+from .llama_fields import LlamaServerFields, limits_of, sampling_overrides, timings
 from .protocol import SamplingParams, StreamDelta, TokenLogprob
 from .reply_stream import event
 
@@ -50,27 +50,9 @@ REPO_TOKENS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<repona
 FILE_SEP_TOKENS = ("<|file_sep|>",)                                                      # its FIM_SEP
 SNIPPET = "\n\n--- snippet ---\n\n"     # what separates input_extra's chunks where the vocabulary has no FIM_SEP
 
-# Fields that turn on a sampler or a behaviour kiln does not implement: accepted at the value that leaves it off.
-OFF = {"typical_p": 1.0, "dynatemp_range": 0.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
-       "min_keep": 0, "timings_per_token": False, "return_progress": False,
-       "post_sampling_probs": False, "backend_sampling": False, "verbose": False, "grammar_lazy": False,
-       "reasoning_budget_tokens": -1}
-
-# llama.cpp's sampler names (common_sampler_types_from_names: canonical, kebab-case, without the underscore, and its
-# aliases) and letters (common_sampler_types_from_chars)
-SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature", "infill",
-            "adaptive_p")
-SAMPLER_NAMES = {**{n: n for n in SAMPLERS}, **{n.replace("_", "-"): n for n in SAMPLERS},
-                 **{n.replace("_", ""): n for n in SAMPLERS}, "nucleus": "top_p", "temp": "temperature",
-                 "typ": "typ_p"}
-SAMPLER_CHARS = dict(zip("edskypmxtia", SAMPLERS))
-FILTERS = ("top_k", "top_p", "min_p", "infill")   # the order kiln's sampler applies them in (llama.cpp's default)
-INFILL_TOP_K = 1000     # the infill sampler compares every candidate's text with every other's: top_k bounds them
-
-
-class LlamaCompletionRequest(BaseModel):
+class LlamaCompletionRequest(LlamaServerFields):
     """llama-server's /completion body (its defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05; a field sent
-    as null is its default, as llama-server reads it)."""
+    as null is its default, as llama-server reads it); the fields its OpenAI routes share are llama_fields'."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -101,45 +83,9 @@ class LlamaCompletionRequest(BaseModel):
     grammar: str | None = None                    # GBNF (xgrammar reads llama.cpp's grammar format)
     json_schema: dict[str, Any] | None = None
     repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    cache_prompt: bool = True                     # kiln's prefix cache is always on: no output change
-    n_keep: int = 0                               # context shifting: kiln refuses an over-long prompt instead
-    n_discard: int = 0
-    n_cache_reuse: int = 0
-    id_slot: int = -1                             # llama-server's slot: kiln's prefix cache serves every request
-    t_max_prompt_ms: int = -1                     # llama-server reads it and does nothing yet (its TODO): nor kiln
-    # the editors' limits (llama.vim, llama.vscode): see editor_limits
-    n_indent: int = 0                             # a line after the first indented less: the generation ends there
-    t_max_predict_ms: int = -1                    # past this since the first token, a newline ends it
-    samplers: list[str] | str | None = None       # the chain's order (names, or letters as "kpt")
     response_fields: list[str] = []               # only these fields of the result ("timings/prompt_n": nested)
-    # set away from OFF's values: refused
-    typical_p: float = 1.0
-    dynatemp_range: float = 0.0
-    mirostat: int = 0
-    dry_multiplier: float = 0.0
-    xtc_probability: float = 0.0
-    min_keep: int = 0
-    timings_per_token: bool = False
-    return_progress: bool = False
-    post_sampling_probs: bool = False
-    backend_sampling: bool = False
-    verbose: bool = False
-    grammar_lazy: bool = False
-    reasoning_budget_tokens: int = -1
-    # tune only samplers OFF leaves off: accepted
-    dynatemp_exponent: float = 1.0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
-    dry_sequence_breakers: list[str] | None = None
-    xtc_threshold: float = 0.1
-    top_n_sigma: float = -1.0                     # < 0: off (refused otherwise)
-
 
     @property
     def predict(self) -> int:
@@ -206,23 +152,11 @@ class LlamaCompletion(BaseModel):
 
 def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, tokenizer) -> SamplingParams:
     """The request's SamplingParams (a 400 naming the field where it asks for what kiln does not do)."""
-    for name, off in OFF.items():
-        if getattr(req, name) != off:
-            raise APIError(400, f"{name} {getattr(req, name)!r} asks for a llama.cpp sampler or behaviour kiln does "
-                                f"not implement; leave it out (or {off!r})", name)
-    if req.top_n_sigma >= 0:
-        raise APIError(400, "top_n_sigma (top-n-sigma sampling) is not implemented by kiln; leave it out",
-                       "top_n_sigma")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(req, name):
             raise APIError(400, f"{name}: llama.cpp counts it over the last repeat_last_n tokens, prompt included, "
                                 "kiln over the generated tokens only (OpenAI's rule): send it to /v1/completions", name)
-    over = chain(req.samplers, req, tokenizer)
-    penalized = req.repeat_penalty != 1.0 and "repetition_penalty" not in over
-    if penalized and -1 < req.repeat_last_n < context_window:      # -1: the context (older servers')
-        raise APIError(400, f"repeat_penalty with repeat_last_n {req.repeat_last_n}: kiln penalizes every prompt and "
-                            f"generated token; set repeat_last_n to the context ({context_window}) or more",
-                       "repeat_last_n")
+    over = sampling_overrides(req, req.top_k, req.repeat_penalty, context_window)
     if req.seed < -1 or req.seed >= 1 << 32:
         raise APIError(400, f"seed must be -1 (random) or from 0 to 4294967295, got {req.seed}", "seed")
     n_predict = req.predict
@@ -245,52 +179,6 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
               logit_bias=logit_bias(req.logit_bias, tokenizer), logprobs=n_probs > 0, top_logprobs=n_probs,
               response_format=_format(req), temperature_last=True)
     return SamplingParams(**{**kw, **over})
-
-
-def chain(samplers: list[str] | str | None, req: LlamaCompletionRequest, tokenizer) -> dict[str, Any]:
-    """What a `samplers` chain changes in the SamplingParams: a sampler left out of it is off (top_k 0, top_p 1, min_p
-    0, repeat_penalty 1; no temperature: the draw at temperature 1), llama.cpp's infill sampler on where named, and
-    temperature before the filters or after them. Orders kiln's sampler cannot follow, unknown names and samplers kiln
-    does not implement are a 400."""
-    if samplers is None:
-        return {}
-    if isinstance(samplers, str):
-        names = [SAMPLER_CHARS.get(c) for c in samplers]
-        unknown = [c for c, n in zip(samplers, names) if n is None]
-    else:
-        names = [SAMPLER_NAMES.get(n.lower()) for n in samplers]
-        unknown = [n for n, c in zip(samplers, names) if c is None]
-    if unknown:
-        raise APIError(400, f"samplers: unknown sampler {unknown[0]!r}; llama.cpp's are {', '.join(SAMPLERS)} (or "
-                            f"their letters {''.join(SAMPLER_CHARS)})", "samplers")
-    if len(set(names)) < len(names):
-        raise APIError(400, "samplers: name each sampler once", "samplers")
-    if "adaptive_p" in names:
-        raise APIError(400, "samplers: adaptive_p is not implemented by kiln; leave it out", "samplers")
-    order = [n for n in names if n in (*FILTERS, "temperature", "penalties")]
-    filters = [n for n in order if n in FILTERS]
-    if filters != [n for n in FILTERS if n in filters]:
-        raise APIError(400, f"samplers: kiln applies {', '.join(FILTERS)} in that order; got {', '.join(filters)}",
-                       "samplers")
-    rest = [n for n in order if n != "penalties"]
-    if "temperature" in rest[1:-1]:
-        raise APIError(400, "samplers: kiln applies temperature before the filters (top_k, top_p, min_p, infill) or "
-                            "after them, not between", "samplers")
-    if "penalties" in order and req.repeat_penalty != 1.0 and order[0] != "penalties":
-        raise APIError(400, "samplers: kiln applies the repeat penalty before every other sampler; put penalties "
-                            "first", "samplers")
-    out: dict[str, Any] = {"temperature_last": rest[-1:] == ["temperature"], "infill": "infill" in names}
-    out.update({k: v for k, v in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("temperature", 1.0),
-                                  ("repetition_penalty", 1.0)) if ("penalties" if k == "repetition_penalty" else k)
-                not in names})
-    if out["infill"]:
-        if tokenizer is None:
-            raise APIError(400, "samplers: the infill sampler compares token texts; this artifact has no tokenizer",
-                           "samplers")
-        if not 0 < (req.top_k if "top_k" in names else 0) <= INFILL_TOP_K:
-            raise APIError(400, f"samplers: put top_k (1 to {INFILL_TOP_K}) before infill: it compares every "
-                                "candidate's text with every other's (llama.vim and llama.vscode send 40)", "samplers")
-    return out
 
 
 def _format(req: LlamaCompletionRequest) -> dict[str, Any] | None:
@@ -398,6 +286,7 @@ class LlamaReply:
     arrival: float = field(default_factory=time.monotonic)
     id_slot: int = -1
     fields: list[str] = field(default_factory=list)     # response_fields: only these of the final results
+    timings_per_token: bool = False                      # timings on every partial result too
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)
     include_usage = False               # reply_stream's protocol
 
@@ -422,10 +311,17 @@ class LlamaReply:
                        "tokens_evaluated": len(self.prompts[delta.index // self.n])}
             if probs:
                 partial["completion_probabilities"] = probs
+            if self.timings_per_token:
+                partial["timings"] = self._timings(delta.index)
             events.append(partial)
         if delta.finish_reason is not None:
             events.append(self._final(delta.index))
         return events
+
+    def _timings(self, index: int) -> dict[str, float]:
+        c = self.choices[index]
+        return timings(self.arrival, c["first"], c["end"], len(self.prompts[index // self.n]), c["cached"],
+                       len(c["ids"]))
 
     def _prob(self, lp: TokenLogprob) -> dict:
         def one(token_id: int, logprob: float) -> dict:
@@ -436,8 +332,6 @@ class LlamaReply:
     def _final(self, index: int) -> dict:
         c, prompt = self.choices[index], index // self.n
         text, n_prompt, n_out = "".join(c["text"]), len(self.prompts[prompt]), len(c["ids"])
-        first = c["first"] or c["end"]
-        prompt_ms, predicted_ms = (first - self.arrival) * 1e3, (c["end"] - first) * 1e3
         stop_type = ("word" if c["word"] is not None else "eos") if c["reason"] == "stop" else "limit"
         out = {"index": index, "content": "" if self.stream else text,
                "tokens": [] if self.stream or not self.return_tokens else c["ids"], "id_slot": self.id_slot,
@@ -445,13 +339,7 @@ class LlamaReply:
                "model": self.model, "tokens_predicted": n_out, "tokens_evaluated": n_prompt,
                "generation_settings": self.settings, "prompt": self.prompt_texts[prompt], "has_new_line": "\n" in text,
                "truncated": False, "stop_type": stop_type, "stopping_word": c["word"] or "",
-               "tokens_cached": c["cached"],
-               "timings": {"prompt_n": n_prompt - c["cached"], "prompt_ms": prompt_ms,
-                           "prompt_per_token_ms": prompt_ms / max(1, n_prompt - c["cached"]),
-                           "prompt_per_second": 1e3 * (n_prompt - c["cached"]) / max(prompt_ms, 1e-9),
-                           "predicted_n": n_out, "predicted_ms": predicted_ms,
-                           "predicted_per_token_ms": predicted_ms / max(1, n_out - 1),
-                           "predicted_per_second": 1e3 * max(0, n_out - 1) / max(predicted_ms, 1e-9)}}
+               "tokens_cached": c["cached"], "timings": self._timings(index)}
         if not self.stream and c["probs"]:
             out["completion_probabilities"] = c["probs"]
         return nested_values(out, self.fields) if self.fields else out
@@ -474,72 +362,6 @@ def nested_values(result: dict, paths: list[str]) -> dict:
         else:
             out[path] = value
     return out
-
-
-@dataclass
-class _Lines:
-    """One choice's text as editor_limits reads it."""
-
-    text: str = ""
-    scan: int = 0                   # where the next newline is looked for
-    line: int | None = None         # where the line being checked begins (None: none yet, or it passed)
-    first: float | None = None      # when its first token came
-    done: bool = False
-
-
-def indent_cut(text: str, lines: _Lines, n_indent: int) -> int | None:
-    """Where llama-server's n_indent ends ``text``: at the first character that is not a space or a tab on a line
-    after the first newline, when fewer than n_indent come before it (a blank line too); None while every line so far
-    is indented enough (a line of blanks alone not yet decided)."""
-    while True:
-        if lines.line is None:
-            nl = text.find("\n", lines.scan)
-            if nl < 0:
-                lines.scan = len(text)
-                return None
-            lines.line = nl + 1
-        i = lines.line
-        while i < len(text) and text[i] in " \t":
-            i += 1
-        if i == len(text):
-            return None
-        if i - lines.line < n_indent:
-            return i
-        lines.scan, lines.line = i, None
-
-
-async def editor_limits(deltas: AsyncIterator[StreamDelta], streams: int, n_indent: int, t_max_predict_ms: int,
-                        clock=time.monotonic) -> AsyncIterator[StreamDelta]:
-    """llama-server's limits for editors, on the deltas of ``streams`` choices: n_indent > 0 ends a choice where a line
-    after the first is indented less (its text cut before the line's first character), t_max_predict_ms > 0 where a
-    token with a newline comes that long after the first token; both as a length limit (stop_type "limit"). A choice
-    ended here yields nothing more; when every one has ended the engine's request is aborted (the deltas closed)."""
-    states: dict[int, _Lines] = {}
-    ended = 0
-    try:
-        async for delta in deltas:
-            st = states.setdefault(delta.index, _Lines())
-            if st.done:
-                continue
-            now = clock()
-            if st.first is None and delta.token_ids:
-                st.first = now
-            text = st.text + delta.text
-            cut = indent_cut(text, st, n_indent) if n_indent > 0 else None
-            if cut is not None:
-                text = text[:cut]
-                delta = replace(delta, text=text[len(st.text):], finish_reason="length", stop_string=None)
-            elif (t_max_predict_ms > 0 and delta.finish_reason is None and "\n" in delta.text
-                  and (now - st.first) * 1e3 > t_max_predict_ms):
-                delta = replace(delta, finish_reason="length")
-            st.text = text
-            if delta.finish_reason is not None:
-                st.done, ended = True, ended + 1
-            yield delta
-            if ended == streams:
-                return
-    finally:
-        await deltas.aclose()
 
 
 async def events(reply: LlamaReply, first: StreamDelta, deltas: AsyncIterator[StreamDelta]) -> AsyncIterator[str]:
@@ -574,13 +396,9 @@ def install(app: FastAPI, state, auth: list[Depends]) -> None:
                     "n_predict": params.max_tokens, "n_ctx": state.context_window, "model": state.model_name}
         reply = LlamaReply(state.model_name, prompts, [state.decode(p) for p in prompts], params.n, settings,
                            state.token_text, body.stream, body.return_tokens, arrival, body.id_slot,
-                           body.response_fields)
-        limits = None
-        if body.n_indent > 0 or body.t_max_predict_ms > 0:
-            limits = functools.partial(editor_limits, streams=len(prompts) * params.n, n_indent=body.n_indent,
-                                       t_max_predict_ms=body.t_max_predict_ms)
+                           body.response_fields, body.timings_per_token)
         return await state.respond(request, reply, prompts, params, 0, body.stream, arrival, events=events,
-                                   limits=limits)
+                                   limits=limits_of(body, len(prompts) * params.n))
 
     documented = dict(dependencies=auth, response_model=LlamaCompletion | list[LlamaCompletion],
                       responses=rm.with_stream("llama-server's result (an array for several), or its stream"))

@@ -21,6 +21,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from .protocol import GrowingText, InvalidRequestError, SamplingParams, StreamDelta, TokenLogprob
+from .llama_fields import LlamaServerFields, sampling_overrides, timings
 from .reasoning import FIELDS as REASONING_FIELDS
 from .tokenizer import piece_bytes
 
@@ -67,9 +68,9 @@ class StructuredOutputs(BaseModel):
     whitespace_pattern: str | None = None     # refused (vLLM's xgrammar backend refuses it too)
 
 
-class _GenerationRequest(BaseModel):
-    """Fields shared by both routes. An unknown field is refused (400 naming it), never ignored;
-    None means "the default"."""
+class _GenerationRequest(LlamaServerFields):
+    """Fields shared by both routes (llama-server's own among them, as its clients send them: llama_fields). An
+    unknown field is refused (400 naming it), never ignored; None means "the default"."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -88,6 +89,7 @@ class _GenerationRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None   # extension
+    repeat_penalty: float | None = None   # llama-server's name for it (with repeat_last_n covering the context)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     # vLLM's extensions: token ids that end a choice as EOS does, and guided decoding (one at most, not beside a
@@ -266,10 +268,11 @@ def chat_params(req: ChatCompletionRequest, prompt_len: int, context_window: int
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_tokens is None:                 # OpenAI: as long as the context allows
         max_tokens = max(1, context_window - prompt_len)
-    return _params(req, max_tokens, bool(req.logprobs), req.top_logprobs or 0, prompt_logprobs=req.prompt_logprobs)
+    return _params(req, max_tokens, bool(req.logprobs), req.top_logprobs or 0, context_window,
+                   prompt_logprobs=req.prompt_logprobs)
 
 
-def completion_params(req: CompletionRequest) -> SamplingParams:
+def completion_params(req: CompletionRequest, context_window: int) -> SamplingParams:
     """With echo and logprobs the prompt's tokens are scored too (how lm-eval computes loglikelihoods);
     max_tokens 0 (score only) needs echo, as in OpenAI's API."""
     max_tokens = 16 if req.max_tokens is None else req.max_tokens   # OpenAI's default for completions
@@ -279,14 +282,22 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
     if scored and req.prompt_logprobs is not None and req.prompt_logprobs != (req.logprobs or 0):
         raise APIError(400, f"prompt_logprobs ({req.prompt_logprobs}) and echo's logprobs ({req.logprobs or 0}) ask "
                             "for different numbers of alternatives a prompt token; send one of them", "prompt_logprobs")
-    return _params(req, max_tokens, req.logprobs is not None, req.logprobs or 0,
+    return _params(req, max_tokens, req.logprobs is not None, req.logprobs or 0, context_window,
                    prompt_logprobs=(req.logprobs or 0) if scored else req.prompt_logprobs)
 
 
-def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logprobs: int,
+def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logprobs: int, context_window: int,
             prompt_logprobs: int | None = None) -> SamplingParams:
     def pick(value, default):
         return default if value is None else value
+
+    if None not in (req.repeat_penalty, req.repetition_penalty) and req.repeat_penalty != req.repetition_penalty:
+        raise InvalidRequestError("repeat_penalty is llama-server's name for repetition_penalty; send one of them",
+                                  "repeat_penalty")
+    penalty = pick(req.repetition_penalty, pick(req.repeat_penalty, 1.0))
+    # llama-server's window applies to its repeat_penalty, and to repetition_penalty where repeat_last_n is sent
+    windowed = penalty if req.repeat_penalty is not None or "repeat_last_n" in req.model_fields_set else 1.0
+    over = sampling_overrides(req, pick(req.top_k, 0), windowed, context_window)
 
     if req.best_of is not None and req.best_of != pick(req.n, 1):
         raise InvalidRequestError(f"best_of {req.best_of} is not supported: kiln does not rank candidates; "
@@ -296,7 +307,7 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
     if req.prompt_logprobs is not None and req.stream:
         raise InvalidRequestError("prompt_logprobs are not available when streaming (as in vLLM); leave out one of "
                                   "them", "prompt_logprobs")
-    return SamplingParams(
+    kw = dict(
         max_tokens=max_tokens, temperature=pick(req.temperature, 1.0), top_p=pick(req.top_p, 1.0),
         top_k=pick(req.top_k, 0), min_p=pick(req.min_p, 0.0), n=pick(req.n, 1), seed=req.seed,
         stop=pick(req.stop, ()), stop_token_ids=pick(req.stop_token_ids, ()), ignore_eos=req.ignore_eos,
@@ -304,15 +315,16 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
         skip_special_tokens=bool(req.skip_special_tokens), allowed_token_ids=req.allowed_token_ids,
         bad_words=pick(req.bad_words, ()),
         presence_penalty=pick(req.presence_penalty, 0.0), frequency_penalty=pick(req.frequency_penalty, 0.0),
-        repetition_penalty=pick(req.repetition_penalty, 1.0), logit_bias=_logit_bias(req.logit_bias),
+        repetition_penalty=penalty, logit_bias=_logit_bias(req.logit_bias),
         logprobs=logprobs, top_logprobs=top_logprobs, response_format=guided_format(req),
         prompt_logprobs=prompt_logprobs, cache_salt=req.cache_salt)
+    return SamplingParams(**{**kw, **over})
 
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 BEAM_REFUSES = ("stop", "stop_token_ids", "min_tokens", "top_p", "top_k", "min_p", "presence_penalty",
                 "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", *GUIDED, "bad_words",
-                "allowed_token_ids", "logprobs", "top_logprobs", "echo", "suffix", "tools")
+                "allowed_token_ids", "logprobs", "top_logprobs", "echo", "suffix", "tools", "samplers", "repeat_penalty")
 
 
 def beam_search_of(req: _GenerationRequest) -> float | None:
@@ -472,6 +484,8 @@ class _Choice:
     parser: Any = None                    # chat: its reasoning.ReasoningParser, when the reply has one
     cached_tokens: int = 0                # its prompt's tokens the prefix cache held
     stop_reason: str | None = None        # the stop string that ended it (vLLM's stop_reason)
+    first: float | None = None            # when its first token came (llama-server's timings)
+    end: float = 0.0                      # when its last delta came
 
     @property
     def text(self) -> str:
@@ -518,6 +532,8 @@ class Reply:
     n: int = 1
     reasoning: Callable[[], Any] | None = None   # chat: a new reasoning.ReasoningParser for each choice
     prompt_logprobs: bool = False         # vLLM's prompt_logprobs: a completion's choices (a chat's reply) carry them
+    timings: bool = False                 # llama-server's timings_per_token: timings on every chunk and the response
+    arrival: float = field(default_factory=time.monotonic)
     _scored: dict[int, list] = field(default_factory=dict)   # prompt -> its prompt logprobs
 
     def __post_init__(self) -> None:
@@ -531,6 +547,9 @@ class Reply:
         """Record a delta; returns its stream chunk (None when it carries nothing to show)."""
         first = delta.index not in self.choices
         choice = self.choices.setdefault(delta.index, _Choice())
+        choice.end = time.monotonic()
+        if delta.token_ids and choice.first is None:
+            choice.first = choice.end
         text, lps = delta.text, (delta.logprobs or []) if self.logprobs else []
         if delta.prompt_logprobs is not None:
             self._scored[delta.index // self.n] = delta.prompt_logprobs
@@ -590,6 +609,11 @@ class Reply:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
+    def timings_of(self, index: int) -> dict[str, float]:
+        """llama-server's timings of a choice (its prompt's evaluation, then its tokens)."""
+        c = self.choices[index]
+        return timings(self.arrival, c.first, c.end, self.prompt_tokens, c.cached_tokens, c.num_tokens)
+
     def usage_chunk(self) -> dict:
         return {**self._envelope("chat.completion.chunk" if self.kind == "chat" else "text_completion", []),
                 "usage": self.usage()}
@@ -609,6 +633,8 @@ class Reply:
                     body["prompt_logprobs"] = self._prompt_logprobs(index // self.n)
             choices.append({"index": index, **body, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
         out = {**self._envelope(self.object, choices), "usage": self.usage()}
+        if self.timings and self.choices:
+            out["timings"] = self.timings_of(min(self.choices))
         if self.prompt_logprobs and self.kind == "chat":
             out["prompt_logprobs"] = self._prompt_logprobs(0)
         return out

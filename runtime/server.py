@@ -50,6 +50,7 @@ from .beam_search import beam_deltas
 from . import openai_api as api
 from . import reply_models as rm
 from .artifact import Artifact
+from .llama_fields import limits_of
 from .async_engine import AsyncEngine
 from .engine import Engine, EngineConfig
 from .engine_process import EngineClient, EngineDied, loaded_info
@@ -248,8 +249,9 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         reply = kind("chat", state.model_name, len(ids), state.token_labels(body), logprobs=params.needs_logprobs,
                      include_usage=_include_usage(body), continuous_usage=_continuous_usage(body),
                      reasoning=thinking, echo=api.chat_echo(body), n=params.n,
-                     prompt_logprobs=body.prompt_logprobs is not None)
-        return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival, beams=beams)
+                     prompt_logprobs=body.prompt_logprobs is not None, timings=body.timings_per_token, arrival=arrival)
+        return await state.respond(request, reply, [ids], params, body.priority, body.stream, arrival, beams=beams,
+                                   limits=limits_of(body, params.n))
 
     @app.post("/v1/completions", dependencies=auth, response_model=rm.Completion,
               responses=rm.with_stream("A text_completion, or its chunks as a stream"))
@@ -258,7 +260,7 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         state.check_model(body.model)
         beams = api.beam_search_of(body)            # what a beam search cannot honour: refused before any work
         prompts = api.completion_prompts(body)
-        params = await state.compile_grammar(api.completion_params(body))
+        params = await state.compile_grammar(api.completion_params(body, state.context_window))
         if body.suffix is not None:             # fill-in-the-middle: the model's FIM prompt, its FIM ends stop it
             tokenizer = state.engine.engine._need_tokenizer()
             ids = [api.fill_in_the_middle(tokenizer, p, body.suffix, body.add_special_tokens) for p in prompts]
@@ -274,8 +276,10 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
         reply = api.Reply("completion", state.model_name, sum(map(len, ids)), state.token_labels(body),
                           logprobs=params.needs_logprobs, include_usage=_include_usage(body),
                           continuous_usage=_continuous_usage(body), echo=echo if body.echo else None, n=params.n,
-                          prompt_logprobs=body.prompt_logprobs is not None)
-        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival, beams=beams)
+                          prompt_logprobs=body.prompt_logprobs is not None, timings=body.timings_per_token,
+                          arrival=arrival)
+        return await state.respond(request, reply, ids, params, body.priority, body.stream, arrival, beams=beams,
+                                   limits=limits_of(body, len(ids) * params.n))
 
     return app
 

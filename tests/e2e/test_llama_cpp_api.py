@@ -207,3 +207,46 @@ def test_props_tell_the_context_defaults_and_template(server, tiny_artifacts):
     assert props["chat_template"] == engine.tokenizer.chat_template and props["model_alias"] == MODEL
     assert props["eos_token"] == engine.tokenizer.eos_token and props["modalities"]["vision"] is False
     assert httpx.post(f"{server.url}/props", json={"n_ctx": 8}, timeout=30).status_code == 405
+
+
+# what llama.cpp's web UI sends to /v1/chat/completions (its default settings), max_tokens and seed set
+WEB_UI = {"stream": True, "timings_per_token": True, "temperature": 0.8, "max_tokens": 8, "dynatemp_range": 0,
+          "dynatemp_exponent": 1, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "xtc_probability": 0, "xtc_threshold": 0.1,
+          "typ_p": 1, "repeat_last_n": 64, "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0,
+          "dry_multiplier": 0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+          "samplers": "edkypmxt", "seed": 4, "ignore_eos": True}
+
+
+def test_llama_cpps_web_ui_chats_through_the_openai_route(server):
+    """llama-server's fields on /v1/chat/completions, as its web UI sends them: accepted, its chain followed (temperature
+    last: the reply is /completion's of the same prompt and seed), and timings on every chunk and the response."""
+    messages = [{"role": "user", "content": "Hello"}]
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={"messages": messages, **WEB_UI},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all("timings" in c for c in chunks) and chunks[-1]["timings"]["predicted_n"] == 8
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    whole = _post(server, {"messages": messages, **WEB_UI, "stream": False}, "/v1/chat/completions").json()
+    assert whole["choices"][0]["message"]["content"] == content and whole["timings"]["predicted_n"] == 8
+    prompt = _post(server, {"messages": messages, "add_generation_prompt": True}, "/apply-template").json()["prompt"]
+    completed = _post(server, {"prompt": prompt, "n_predict": 8, "seed": 4, "ignore_eos": True}).json()
+    assert completed["content"] == content
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"mirostat": 2}, "mirostat"), ({"typ_p": 0.9}, "typ_p"), ({"repeat_penalty": 1.2}, "repeat_last_n"),
+    ({"repeat_penalty": 1.1, "repetition_penalty": 1.2}, "repeat_penalty"), ({"samplers": ["top_p", "top_k"]}, "samplers"),
+])
+def test_llama_fields_the_openai_routes_cannot_follow_are_a_400(server, extra, param):
+    r = _post(server, {"prompt": "x", "max_tokens": 2, **extra}, "/v1/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_repeat_penalty_over_the_whole_context_is_repetition_penalty(server):
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    want = _post(server, {**body, "repetition_penalty": 1.5}, "/v1/completions").json()["choices"][0]["text"]
+    got = _post(server, {**body, "repeat_penalty": 1.5, "repeat_last_n": -1}, "/v1/completions").json()
+    assert got["choices"][0]["text"] == want
+    off = _post(server, {**body, "repeat_penalty": 1.5, "repeat_last_n": 0}, "/v1/completions").json()
+    assert off["choices"][0]["text"] == _post(server, body, "/v1/completions").json()["choices"][0]["text"]

@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-from kiln.runtime.llama_cpp_api import (SNIPPET, InfillRequest, LlamaCompletionRequest, editor_limits, infill_ids,
-                                        nested_values, sampling)
-from kiln.runtime.openai_api import APIError
-from kiln.runtime.protocol import StreamDelta
+from kiln.runtime.llama_cpp_api import SNIPPET, InfillRequest, LlamaCompletionRequest, infill_ids, nested_values, sampling
+from kiln.runtime.llama_fields import editor_limits
+from kiln.runtime.protocol import InvalidRequestError, StreamDelta
 from kiln.runtime.tokenizer import Tokenizer
 from tiny_models import write_tokenizer
 
@@ -103,9 +102,9 @@ def test_a_samplers_chain_turns_off_what_it_leaves_out(tmp_path, samplers, want)
 ])
 def test_chains_kiln_cannot_follow_are_a_400(tmp_path, samplers, says):
     body = LlamaCompletionRequest(prompt="x", repeat_penalty=1.2, repeat_last_n=-1, samplers=samplers)
-    with pytest.raises(APIError, match=re.escape(says)) as e:
+    with pytest.raises(InvalidRequestError, match=re.escape(says)) as e:
         sampling(body, 5, 256, _tokenizer(tmp_path))
-    assert e.value.status == 400
+    assert e.value.param == "samplers"
 
 
 def test_response_fields_pick_nested_values():
