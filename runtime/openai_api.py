@@ -324,7 +324,8 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 BEAM_REFUSES = ("stop", "stop_token_ids", "min_tokens", "top_p", "top_k", "min_p", "presence_penalty",
                 "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", *GUIDED, "bad_words",
-                "allowed_token_ids", "logprobs", "top_logprobs", "echo", "suffix", "tools", "samplers", "repeat_penalty")
+                "allowed_token_ids", "logprobs", "top_logprobs", "echo", "suffix", "tools", "samplers",
+                "repeat_penalty")
 
 
 def beam_search_of(req: _GenerationRequest) -> float | None:
