@@ -108,6 +108,8 @@ class _GenerationRequest(LlamaServerFields):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    grammar: str | None = None            # llama-server's names on its OpenAI routes: a GBNF grammar (xgrammar
+    json_schema: dict[str, Any] | str | None = None   # reads it) and a JSON schema
     structured_outputs: StructuredOutputs | None = None
     cache_salt: str | None = None         # vLLM's: only requests with the same salt share cached prompt prefixes
     stream: bool = False
@@ -321,7 +323,8 @@ def _params(req: _GenerationRequest, max_tokens: int, logprobs: bool, top_logpro
     return SamplingParams(**{**kw, **over})
 
 
-GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema",
+          "structured_outputs")
 BEAM_REFUSES = ("stop", "stop_token_ids", "min_tokens", "top_p", "top_k", "min_p", "presence_penalty",
                 "frequency_penalty", "repetition_penalty", "logit_bias", "response_format", *GUIDED, "bad_words",
                 "allowed_token_ids", "logprobs", "top_logprobs", "echo", "suffix", "tools", "samplers",
@@ -372,7 +375,8 @@ def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:
     name, value = given[0], getattr(req, given[0])
     if name == "structured_outputs":
         return _structured_outputs(value)
-    return _constraint(name.removeprefix("guided_"), value, name)
+    kind = name.removeprefix("guided_")
+    return _constraint("json" if kind == "json_schema" else kind, value, name)
 
 
 def _constraint(kind: str, value: Any, param: str) -> dict[str, Any]:

@@ -250,3 +250,17 @@ def test_repeat_penalty_over_the_whole_context_is_repetition_penalty(server):
     assert got["choices"][0]["text"] == want
     off = _post(server, {**body, "repeat_penalty": 1.5, "repeat_last_n": 0}, "/v1/completions").json()
     assert off["choices"][0]["text"] == _post(server, body, "/v1/completions").json()["choices"][0]["text"]
+
+
+def test_llama_servers_grammar_and_json_schema_on_the_openai_routes(server):
+    messages = [{"role": "user", "content": "Hello"}]
+    base = {"messages": messages, "max_tokens": 24, "temperature": 1.0, "seed": 2}
+    shaped = _post(server, {**base, "grammar": 'root ::= "x" [0-9] [0-9]'}, "/v1/chat/completions").json()
+    assert re.fullmatch(r"x[0-9]{2}", shaped["choices"][0]["message"]["content"])
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    out = _post(server, {**base, "json_schema": schema, "max_tokens": 60}, "/v1/chat/completions").json()
+    assert out["choices"][0]["message"]["content"] == _post(
+        server, {**base, "guided_json": schema, "max_tokens": 60}, "/v1/chat/completions").json()["choices"][0][
+        "message"]["content"]
+    both = _post(server, {**base, "grammar": 'root ::= "x"', "json_schema": schema}, "/v1/chat/completions")
+    assert both.status_code == 400 and both.json()["error"]["param"] == "json_schema"
