@@ -207,6 +207,10 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class Version(BaseModel):
+    version: str
+
+
 # -- /v1/responses ----------------------------------------------------------------------------
 class OutputText(BaseModel):
     type: Literal["output_text"]

@@ -49,6 +49,7 @@ from . import embeddings_api, llama_cpp_api, messages_api, reasoning, responses_
 from .beam_search import beam_deltas
 from . import openai_api as api
 from . import reply_models as rm
+from .. import __version__
 from .artifact import Artifact
 from .llama_fields import limits_of
 from .async_engine import AsyncEngine
@@ -207,10 +208,18 @@ def create_app(engine: AsyncEngine | EngineClient, args: ServerArgs = ServerArgs
     auth = [Depends(state.check_api_key)]
 
     @app.get("/health", response_model=rm.Health)
+    @app.get("/v1/health", response_model=rm.Health, include_in_schema=False)      # llama-server's too
+    @app.get("/ping", response_model=rm.Health, include_in_schema=False)           # vLLM's (SageMaker's probe)
+    @app.post("/ping", response_model=rm.Health, include_in_schema=False)
     async def health() -> Response:
         if not engine.alive:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return {"status": "ok"}
+
+    @app.get("/version", response_model=rm.Version)
+    async def version() -> dict:
+        """The server's version (vLLM's /version): kiln's."""
+        return {"version": __version__}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

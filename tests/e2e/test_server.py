@@ -121,6 +121,11 @@ def collect_stream(stream) -> tuple[dict[int, str], dict[int, str | None], list]
 def test_health_models_and_loopback_default(server):
     assert ServerArgs().host == "127.0.0.1"
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    for probe in (httpx.get(f"{server.url}/v1/health"), httpx.get(f"{server.url}/ping"),
+                  httpx.post(f"{server.url}/ping")):                    # llama-server's and vLLM's names for it
+        assert probe.json() == {"status": "ok"}
+    import kiln
+    assert httpx.get(f"{server.url}/version").json() == {"version": kiln.__version__}
     ids = [m.id for m in server.client().models.list()]
     assert ids[0] == MODEL and len(ids) == 2          # the given name, then the artifact folder's as an alias
     reply = server.client().completions.create(model=ids[1], prompt="hi", max_tokens=1)
