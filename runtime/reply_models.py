@@ -76,6 +76,20 @@ class ChatChoice(BaseModel):
     stop_reason: str | None = None        # vLLM's: the stop string that ended the choice (finish_reason stop)
 
 
+class Timings(BaseModel):
+    """llama-server's timings (with timings_per_token): its prompt's evaluation, then its tokens'."""
+
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
 class ChatCompletion(BaseModel):
     id: str
     object: Literal["chat.completion"]
@@ -85,6 +99,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None   # vLLM's, when asked
+    timings: Timings | None = None        # llama-server's, with timings_per_token
 
 
 # -- /v1/completions --------------------------------------------------------------------------
@@ -113,6 +128,7 @@ class Completion(BaseModel):
     system_fingerprint: str | None
     choices: list[CompletionChoice]
     usage: Usage
+    timings: Timings | None = None        # llama-server's, with timings_per_token
 
 
 # -- /v1/embeddings ---------------------------------------------------------------------------
