@@ -9,13 +9,14 @@
     client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="sk-local")
     client.chat.completions.create(model="smollm2-q0f32-cpu", messages=[{"role": "user", "content": "Hi"}])
 
-Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE: reply_stream.py), POST /v1/embeddings
-(runtime/embeddings_api.py), POST /v1/responses (runtime/responses_api.py), POST /v1/messages and
-/v1/messages/count_tokens (Anthropic's Messages API: runtime/messages_api.py), POST /tokenize, /detokenize,
-GET /tokenizer_info (runtime/tokenize_api.py), llama-server's POST /completion, /infill and /apply-template
-(runtime/llama_cpp_api.py), GET /v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus text).
+Routes: POST /v1/chat/completions, POST /v1/completions (streaming as SSE: reply_stream.py; llama-server's fields
+too: llama_fields.py), POST /v1/embeddings, /v1/score and /v1/rerank (runtime/embeddings_api.py), POST
+/v1/responses (runtime/responses_api.py), POST /v1/messages and /v1/messages/count_tokens (Anthropic's Messages API:
+runtime/messages_api.py), POST /tokenize, /detokenize, GET /tokenizer_info (runtime/tokenize_api.py), llama-server's
+POST /completion, /infill, /apply-template and GET /props (runtime/llama_cpp_api.py), GET /v1/models and
+/v1/models/{id}, GET /health (/v1/health, /ping), GET /version, GET /metrics (Prometheus text).
 With an API key set, the /v1 routes need `Authorization: Bearer <key>` (or `x-api-key: <key>`, as Anthropic's
-clients send it); /health and /metrics stay open.
+clients send it); /health, /version and /metrics stay open.
 
 A request's path: parse (openai_api) -> prompt ids + SamplingParams -> AsyncEngine.generate
 -> Metrics.track -> Reply.add per delta -> SSE chunks, or the collected reply. Every
