@@ -23,7 +23,8 @@ applies to what they kept (SamplingParams.temperature_last; the OpenAI routes te
 `samplers` list sets the chain (what it leaves out is off; `infill` adds llama.cpp's infill sampler,
 sampler.infill_candidates). ignore_eos bans the end-of-generation tokens, as llama-server does.
 What the code editors send (llama.vim, llama.vscode) is served: n_indent and t_max_predict_ms end a middle early
-(editor_limits), response_fields picks the result's fields."""
+(llama_fields.editor_limits), response_fields picks the result's fields. The fields llama-server's OpenAI routes read
+too are runtime/llama_fields.py's, shared with kiln's OpenAI routes."""
 
 from __future__ import annotations
 
