@@ -114,7 +114,7 @@ async def cosine_scores(state, left: list[str], right: list[str], truncate: int 
     if truncate not in (None, -1):
         inputs = [state.engine.engine.encode(t)[-truncate:] for t in texts]
     results = await state.engine.embed(inputs)
-    vectors = {t: np.asarray(v, np.float64) / max(np.linalg.norm(v), 1e-12) for t, (v, _) in zip(texts, results)}
+    vectors = {t: np.asarray(v, np.float64) for t, (v, _) in zip(texts, results)}   # unit vectors (Engine.embed)
     return [float(vectors[a] @ vectors[b]) for a, b in zip(left, right)], sum(n for _, n in results)
 
 

@@ -228,7 +228,6 @@ class GrammarCompiler:
             what = "response_format.json_schema" if param == "response_format" else param
             raise InvalidRequestError(f"{what} is not a usable JSON schema: {_reason(e)}", param) from None
 
-
     def _structural_tag(self, tag: dict, param: str) -> xgrammar.CompiledGrammar:
         """xgrammar's structural tag: vLLM's legacy form (structures of begin, JSON schema, end, dispatched where a
         trigger is written; free text elsewhere) or xgrammar's format tree ({"type": "structural_tag", "format"})."""

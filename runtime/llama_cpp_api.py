@@ -41,7 +41,8 @@ from .. import __version__
 from . import reply_models as rm
 from . import tools
 from .http_errors import FAILED
-from .openai_api import APIError, ChatPrompt, chat_messages, error_body, render_options, template_variables
+from .openai_api import (APIError, ChatPrompt, chat_messages, constraint_format, error_body, render_options,
+                         template_variables)
 from .llama_fields import LlamaServerFields, limits_of, sampling_overrides, timings
 from .protocol import SamplingParams, StreamDelta, TokenLogprob
 from .reply_stream import event
@@ -183,11 +184,10 @@ def sampling(req: LlamaCompletionRequest, prompt_len: int, context_window: int, 
 
 
 def _format(req: LlamaCompletionRequest) -> dict[str, Any] | None:
-    if req.json_schema is not None:
-        schema = req.json_schema or {"type": "object"}            # llama.cpp: an empty schema is any object
-        return {"type": "json_schema", "json_schema": {"name": "json_schema", "schema": schema}, "param": "json_schema"}
+    if req.json_schema is not None:                   # llama.cpp: an empty schema is any object
+        return constraint_format("json", req.json_schema or {"type": "object"}, "json_schema")
     if req.grammar:
-        return {"type": "grammar", "grammar": req.grammar, "param": "grammar"}
+        return constraint_format("grammar", req.grammar, "grammar")
     return None
 
 

@@ -365,7 +365,7 @@ def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:
         raise APIError(400, f"response_format.type must be text, json_object, json_schema or structural_tag, got "
                             f"{rf.get('type')!r}", "response_format")
     if rf is not None and rf.get("type") == "structural_tag":
-        return {"type": "structural_tag", "structural_tag": {k: v for k, v in rf.items()}, "param": "response_format"}
+        return {"type": "structural_tag", "structural_tag": dict(rf), "param": "response_format"}
     given = [name for name in GUIDED if getattr(req, name) is not None]
     if not given:
         return rf
@@ -376,10 +376,10 @@ def guided_format(req: _GenerationRequest) -> dict[str, Any] | None:
     if name == "structured_outputs":
         return _structured_outputs(value)
     kind = name.removeprefix("guided_")
-    return _constraint("json" if kind == "json_schema" else kind, value, name)
+    return constraint_format("json" if kind == "json_schema" else kind, value, name)
 
 
-def _constraint(kind: str, value: Any, param: str) -> dict[str, Any]:
+def constraint_format(kind: str, value: Any, param: str) -> dict[str, Any]:
     """One guided-decoding constraint (json, regex, choice, grammar, json_object, structural_tag) as a
     response_format."""
     if kind == "json_object":
@@ -416,7 +416,7 @@ def _structured_outputs(so: StructuredOutputs) -> dict[str, Any]:
     if so.whitespace_pattern is not None:
         raise APIError(400, "structured_outputs.whitespace_pattern is not supported (kiln's JSON is compact, as "
                             "vLLM's xgrammar backend refuses a pattern too); leave it out", "structured_outputs")
-    out = _constraint(given[0], kinds[given[0]], f"structured_outputs.{given[0]}")
+    out = constraint_format(given[0], kinds[given[0]], f"structured_outputs.{given[0]}")
     if so.disable_additional_properties and out["type"] == "json_schema":
         out["json_schema"]["schema"] = closed_objects(out["json_schema"]["schema"])
     return out

@@ -120,14 +120,14 @@ class PrefixCache:
         if seq_id in self._entries:
             raise ValueError(f"sequence {seq_id} is already in the prefix cache")
         root = self._roots.get(salt) or self._roots.setdefault(salt, _Node([], None))
-        released = self._insert(list(token_ids), seq_id, salt, root)
+        released = self._insert(list(token_ids), seq_id, root)
         if salt is not None and not root.children:       # nothing kept under a new salt: no root for it
             del self._roots[salt]
         return released
 
-    def _insert(self, tokens: list[int], seq_id: int, salt: str | None, root: _Node) -> list[int]:
+    def _insert(self, tokens: list[int], seq_id: int, root: _Node) -> list[int]:
         node, i = root, 0
-        for child, start, common in self._descend(tokens, salt):
+        for child, start, common in self._descend(tokens, root):
             if common < len(child.key):
                 if start + common == len(tokens) and not self.whole:
                     return [seq_id]                      # ends inside an edge: covered
@@ -197,10 +197,10 @@ class PrefixCache:
         return released
 
     # -- internals --------------------------------------------------------------------
-    def _descend(self, tokens: Sequence[int], salt: str | None):
-        """The walk down salt's tree along tokens: (edge's node, tokens matched before it, how many of its key
-        match) for each edge entered; it ends after an edge matched in part."""
-        node, i = self._roots.get(salt), 0
+    def _descend(self, tokens: Sequence[int], root: _Node | None):
+        """The walk down a salt's tree (``root``: none yet, nothing to walk) along tokens: (edge's node, tokens
+        matched before it, how many of its key match) for each edge entered; it ends after an edge matched in part."""
+        node, i = root, 0
         if node is None:
             return
         while i < len(tokens):
@@ -216,14 +216,14 @@ class PrefixCache:
     def _walk(self, tokens: Sequence[int], salt: str | None) -> tuple[_Node | None, int]:
         """(node, matched): every leaf under `node` holds tokens[:matched], the longest cached prefix."""
         node, matched = self._roots.get(salt), 0
-        for child, start, common in self._descend(tokens, salt):
+        for child, start, common in self._descend(tokens, node):
             node, matched = child, start + common
         return node, matched
 
     def _deepest_entry(self, tokens: Sequence[int], salt: str | None) -> tuple[int | None, int]:
         """(seq id, length) of the longest cached sequence that is a prefix of tokens; (None, 0) if none."""
         best: tuple[int | None, int] = (None, 0)
-        for child, start, common in self._descend(tokens, salt):
+        for child, start, common in self._descend(tokens, self._roots.get(salt)):
             if common == len(child.key) and child.seq_id is not None:
                 best = (child.seq_id, start + common)
         return best

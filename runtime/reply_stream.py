@@ -53,7 +53,7 @@ async def sse(reply: api.Reply, first: StreamDelta, deltas: AsyncIterator[Stream
                 return
             chunk = reply.add(delta)
             if chunk is not None:
-                if getattr(reply, "timings", False):      # llama-server's timings_per_token
+                if reply.timings:                   # llama-server's timings_per_token
                     chunk["timings"] = reply.timings_of(delta.index)
                 yield event(chunk)
             delta = await anext(deltas, None)

@@ -85,8 +85,8 @@ class Tokenizer:
         self.bos_token: str | None = _token_text(config.get("bos_token"))
         self.eos_token: str | None = _token_text(config.get("eos_token"))
         self.bos_token_id: int | None = self._id_of(self.bos_token)
-        self.eos_token_ids: frozenset[int] = self._collect_eos_ids(config)
         self.eos_token_id: int | None = self._id_of(self.eos_token)
+        self.eos_token_ids: frozenset[int] = self._collect_eos_ids(config)
         self.special_token_ids: frozenset[int] = frozenset(
             i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special
         )
@@ -202,7 +202,7 @@ class Tokenizer:
         extra = config.get("eos_token_ids") or []
         if isinstance(extra, (int, str)):
             extra = [extra]
-        ids = {self._id_of(self.eos_token)}
+        ids = {self.eos_token_id}
         for item in extra:
             ids.add(item if isinstance(item, int) else self._id_of(_token_text(item)))
         return frozenset(i for i in ids if i is not None)
