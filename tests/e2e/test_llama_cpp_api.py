@@ -264,3 +264,15 @@ def test_llama_servers_grammar_and_json_schema_on_the_openai_routes(server):
         "message"]["content"]
     both = _post(server, {**base, "grammar": 'root ::= "x"', "json_schema": schema}, "/v1/chat/completions")
     assert both.status_code == 400 and both.json()["error"]["param"] == "json_schema"
+
+
+def test_timings_per_token_times_every_partial_result(server):
+    """/completion's stream with timings_per_token: each partial result carries llama-server's timings, its
+    predicted_n the tokens so far; without it only the final result has them."""
+    chunks = [json.loads(line[6:]) for line in _events(server, {"prompt": "Once upon a time", **GREEDY,
+                                                                 "timings_per_token": True})]
+    partial = [c for c in chunks if not c["stop"]]
+    assert [c["timings"]["predicted_n"] for c in partial] == [c["tokens_predicted"] for c in partial]
+    assert chunks[-1]["timings"]["predicted_n"] == 8
+    plain = [json.loads(line[6:]) for line in _events(server, {"prompt": "Once upon a time", **GREEDY})]
+    assert all("timings" not in c for c in plain if not c["stop"])
